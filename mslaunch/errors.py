@@ -1,0 +1,34 @@
+"""The exception tree of mslaunch.
+
+Every error the launcher raises on purpose derives from :class:`LaunchError`.
+Only the command-line boundary (:mod:`mslaunch.cli`) catches them; it prints
+the message as one line and exits with :attr:`LaunchError.exit_code`.
+"""
+
+from __future__ import annotations
+
+
+class LaunchError(Exception):
+    """A failure the user can act on; the message is shown as one line."""
+
+    exit_code = 1
+
+
+class UsageError(LaunchError):
+    """Bad command line: unknown flag, bad number, conflicting options."""
+
+    exit_code = 2
+
+
+class HostfileError(UsageError):
+    """A malformed or unreadable host list; the message names FILE:LINE."""
+
+
+class PlanError(LaunchError):
+    """The job cannot be placed on the hosts given (e.g. too few slots)."""
+
+
+class SpawnError(LaunchError):
+    """A rank could not be started (program not found, bad working dir)."""
+
+    exit_code = 127

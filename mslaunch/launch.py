@@ -1,0 +1,122 @@
+"""Running a parsed job: hosts → plan → supervise → report.
+
+This module holds the impure glue around the pure planner: it reads the
+host sources, asks the machine for its core count, a free port and a unique
+job name, then hands the plan to the supervisor (or to Open MPI's mpirun in
+``--mpi openmpi`` mode) and prints the outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from .errors import LaunchError, PlanError
+from .spec import HostEntry, JobSpec, Plan
+
+
+def host_entries(job: JobSpec, environ: Mapping[str, str]) -> Tuple[List[HostEntry], str]:
+    """The hosts to use and where they came from."""
+    if job.hosts:
+        entries = list(job.hosts)
+        if job.host_filter:
+            from .plan import filter_hosts
+            entries = filter_hosts(entries, job.host_filter)
+        return entries, "command line"
+    if "SLURM_JOB_NODELIST" in environ or "SLURM_NODELIST" in environ \
+            or "PBS_NODEFILE" in environ:
+        from .hostfile import allocation_hosts
+        found = allocation_hosts(environ)
+        if found is not None:
+            return list(found[0]), found[1]
+    return [HostEntry(name="localhost", slots=None, origin="this machine")], "this machine"
+
+
+def free_port() -> int:
+    """A TCP port that is free on this machine now (for MASTER_PORT)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def new_kvsname() -> str:
+    return f"kvs_{os.getpid()}_{os.urandom(4).hex()}"
+
+
+def cpu_packages(cpus) -> Dict[int, int]:
+    result = {}
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id") as f:
+                result[cpu] = int(f.read())
+        except (OSError, ValueError):
+            result[cpu] = 0
+    return result
+
+
+def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None) -> Plan:
+    from .plan import make_plan
+    environ = os.environ if environ is None else environ
+    entries, _ = host_entries(job, environ)
+    cpus = sorted(os.sched_getaffinity(0))
+    port = environ.get("MASTER_PORT")
+    master_port = int(port) if port and port.isdigit() else free_port()
+    return make_plan(job, entries, environ, ncores=len(cpus), hostname=os.uname().nodename,
+                     kvsname=new_kvsname(), master_port=master_port, cpus=cpus,
+                     cpu_packages=cpu_packages(cpus) if job.bind_to == "socket" else None)
+
+
+def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
+    pairs = list(job.global_env) + [p for app in job.apps for p in app.env]
+    for name, value in pairs:
+        if value is None and name not in environ and not job.quiet:
+            sys.stderr.write(f"mslaunch: warning: -x {name}: not set in the environment; "
+                             f"not exported\n")
+
+
+def describe_plan(plan: Plan, job: JobSpec) -> str:
+    from .plan import describe_map
+    lines = [describe_map(plan, job.bind_to)]
+    for r in plan.ranks:
+        logs = ""
+        if r.stdout_path:
+            logs = f"  > {r.stdout_path}" + (f"  2> {r.stderr_path}" if r.stderr_path else "")
+        lines.append(f"rank {r.rank} on {r.host.name} in {r.cwd}: "
+                     f"{' '.join(shlex.quote(a) for a in r.argv)}{logs}")
+    return "\n".join(lines) + "\n"
+
+
+def run_job(job: JobSpec) -> int:
+    """Run ``job`` and return mslaunch's exit status."""
+    environ = os.environ
+    if job.mpi == "openmpi":
+        from .ompi import run_openmpi
+        return run_openmpi(job)
+    plan = build_plan(job, environ)
+    _warn_missing_exports(job, environ)
+    if job.dry_run:
+        sys.stdout.write(describe_plan(plan, job))
+        return 0
+    if job.display_map:
+        from .plan import describe_map
+        sys.stdout.write(describe_map(plan, job.bind_to))
+        sys.stdout.flush()
+    remote = sorted({r.host.name for r in plan.ranks if not r.host.local})
+    if remote:
+        raise PlanError(f"host(s) {', '.join(remote)} are not this machine; remote launch "
+                        f"over SSH is not available in this version (use --dry-run to "
+                        f"see the plan)")
+    from .spawn import check_startable
+    check_startable(plan.ranks)
+    from .supervise import Supervisor
+    supervisor = Supervisor(job, plan)
+    result = supervisor.run()
+    if result.message:
+        supervisor.console.message(result.message)
+    return result.exit_code
+
+
+__all__ = ["run_job", "build_plan", "host_entries", "LaunchError"]

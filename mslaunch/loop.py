@@ -1,0 +1,128 @@
+"""A small single-threaded event loop over ``selectors``.
+
+The supervisor, the output relay and the PMI server all register file
+descriptors here.  asyncio is not used on purpose: importing it costs more
+than a whole ``-n 1 true`` launch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import selectors
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+Callback = Callable[[], None]
+
+_READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
+
+
+class Timer:
+    """A handle returned by :meth:`Loop.call_at`; ``cancel()`` disarms it."""
+
+    __slots__ = ("when", "callback", "cancelled")
+
+    def __init__(self, when: float, callback: Callback) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Loop:
+    """Dispatch readiness of file descriptors and timers to callbacks."""
+
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._cbs: Dict[int, List[Optional[Callback]]] = {}
+        self._timers: List[Tuple[float, int, Timer]] = []
+        self._seq = itertools.count()
+
+    # -- file descriptors -------------------------------------------------
+    def _update(self, fd: int) -> None:
+        cbs = self._cbs[fd]
+        events = (_READ if cbs[0] else 0) | (_WRITE if cbs[1] else 0)
+        registered = fd in self._sel.get_map()
+        if events and registered:
+            self._sel.modify(fd, events)
+        elif events:
+            self._sel.register(fd, events)
+        else:
+            if registered:
+                self._sel.unregister(fd)
+            del self._cbs[fd]
+
+    def add_reader(self, fd: int, callback: Callback) -> None:
+        self._cbs.setdefault(fd, [None, None])[0] = callback
+        self._update(fd)
+
+    def remove_reader(self, fd: int) -> None:
+        if fd in self._cbs:
+            self._cbs[fd][0] = None
+            self._update(fd)
+
+    def add_writer(self, fd: int, callback: Callback) -> None:
+        self._cbs.setdefault(fd, [None, None])[1] = callback
+        self._update(fd)
+
+    def remove_writer(self, fd: int) -> None:
+        if fd in self._cbs:
+            self._cbs[fd][1] = None
+            self._update(fd)
+
+    def forget(self, fd: int) -> None:
+        """Drop every callback of ``fd`` (call before closing it)."""
+        if fd in self._cbs:
+            self._cbs[fd] = [None, None]
+            self._update(fd)
+
+    # -- timers -----------------------------------------------------------
+    def call_at(self, when: float, callback: Callback) -> Timer:
+        timer = Timer(when, callback)
+        heapq.heappush(self._timers, (when, next(self._seq), timer))
+        return timer
+
+    def call_later(self, delay: float, callback: Callback) -> Timer:
+        return self.call_at(time.monotonic() + delay, callback)
+
+    # -- running ----------------------------------------------------------
+    def run_once(self, max_wait: Optional[float] = None) -> None:
+        """Wait for one batch of events (or the next timer) and dispatch it."""
+        timeout = max_wait
+        while self._timers and self._timers[0][2].cancelled:
+            heapq.heappop(self._timers)
+        if self._timers:
+            delay = max(0.0, self._timers[0][0] - time.monotonic())
+            timeout = delay if timeout is None else min(timeout, delay)
+        if self._cbs:
+            ready = self._sel.select(timeout)
+        else:
+            ready = []
+            if timeout:
+                time.sleep(timeout)
+        for key, mask in ready:
+            cbs = self._cbs.get(key.fd)
+            if cbs is None:
+                continue
+            if mask & _READ and cbs[0] is not None:
+                cbs[0]()
+            cbs = self._cbs.get(key.fd)
+            if cbs is not None and mask & _WRITE and cbs[1] is not None:
+                cbs[1]()
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, timer = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                timer.cancelled = True
+                timer.callback()
+
+    def run_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.run_once()
+
+    def close(self) -> None:
+        self._sel.close()

@@ -1,0 +1,222 @@
+"""Relay of rank output to the terminal and to per-rank files.
+
+Each rank stream is read in large chunks.  The bytes go unchanged to the
+rank's file (when ``--output-filename`` is given); the terminal copy is cut
+at line ends so that a line of one rank is never spliced into another's.  A
+partial last line waits for its newline (or the stream's end), and when a
+console stream was left mid-line by one source, a newline is put before the
+next source's output.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from typing import Callable, Dict, Optional
+
+from .loop import Loop
+
+CHUNK = 1 << 16
+MAX_PENDING = 1 << 20     # a "line" longer than this is passed on unfinished
+TAIL = 4096               # bytes of stderr kept per rank for the failure summary
+
+
+class Console:
+    """The launcher's own stdout and stderr, shared by all rank streams."""
+
+    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
+        self._fds = {1: out_fd, 2: err_fd}
+        self._open = {1: True, 2: True}
+        self._midline: Dict[int, object] = {}
+
+    def write(self, stream: int, source: object, data: bytes) -> None:
+        if not data or not self._open[stream]:
+            return
+        owner = self._midline.get(stream)
+        if owner is not None and owner is not source:
+            data = b"\n" + data
+        self._midline[stream] = None if data.endswith(b"\n") else source
+        fd = self._fds[stream]
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as err:
+            if err.errno not in (errno.EPIPE, errno.EBADF, errno.EIO):
+                raise
+            self._open[stream] = False   # the reader went away; files still get everything
+
+    def message(self, text: str) -> None:
+        """A line of mslaunch's own on stderr, kept apart from rank lines."""
+        self.write(2, self, text.encode("utf-8", "replace") + b"\n")
+
+
+def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
+                rank_prefix: bool) -> Optional[Callable[[], bytes]]:
+    """Return a function making the prefix of each terminal line, or None."""
+    if tag:
+        fixed = f"[1,{rank}]<{stream}>:".encode()
+    elif rank_prefix:
+        fixed = f"[{rank}] ".encode()
+    else:
+        fixed = b""
+    if timestamp:
+        return lambda: time.ctime().encode() + (fixed or f"<{stream}>:".encode())
+    if fixed:
+        return lambda: fixed
+    return None
+
+
+class RankStream:
+    """One pipe of one rank: copied to a file and, line by line, to the console."""
+
+    def __init__(self, loop: Loop, fd: int, *, stream: int, console: Optional[Console],
+                 file_fd: Optional[int], prefix: Optional[Callable[[], bytes]],
+                 keep_tail: bool, on_eof: Callable[["RankStream"], None]) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.stream = stream
+        self.console = console
+        self.file_fd = file_fd
+        self.prefix = prefix
+        self.keep_tail = keep_tail
+        self.tail = b""
+        self.pending = b""
+        self.nbytes = 0
+        self.closed = False
+        self._on_eof = on_eof
+        loop.add_reader(fd, self.on_readable)
+
+    def on_readable(self) -> None:
+        try:
+            data = os.read(self.fd, CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        self.feed(data)
+
+    def drain(self) -> None:
+        """Read whatever is buffered without blocking, then close."""
+        os.set_blocking(self.fd, False)
+        while not self.closed:
+            try:
+                data = os.read(self.fd, CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self.feed(data)
+        self.close()
+
+    def feed(self, data: bytes) -> None:
+        self.nbytes += len(data)
+        if self.file_fd is not None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.file_fd, view):]
+        if self.keep_tail:
+            self.tail = (self.tail + data)[-TAIL:]
+        if self.console is None:
+            return
+        if self.pending:
+            data = self.pending + data
+            self.pending = b""
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) < MAX_PENDING:
+            self.pending = data
+            return
+        if cut == 0:
+            cut = len(data)
+        self.pending = data[cut:]
+        self._emit(data[:cut])
+
+    def _emit(self, data: bytes) -> None:
+        if self.prefix is not None:
+            lines = data.split(b"\n")
+            last = lines.pop()
+            data = b"".join(self.prefix() + line + b"\n" for line in lines)
+            if last:
+                data += self.prefix() + last
+        self.console.write(self.stream, self, data)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.forget(self.fd)
+        os.close(self.fd)
+        if self.pending and self.console is not None:
+            pending, self.pending = self.pending, b""
+            self._emit(pending)
+        if self.file_fd is not None:
+            os.close(self.file_fd)
+            self.file_fd = None
+        self._on_eof(self)
+
+
+class StdinFanout:
+    """Copies the launcher's stdin to every rank (``--stdin all``)."""
+
+    LIMIT = 1 << 20
+
+    def __init__(self, loop: Loop, source_fd: int, sinks: Dict[int, int]) -> None:
+        self.loop = loop
+        self.source = source_fd
+        self.sinks = dict(sinks)          # rank -> write fd
+        self.buffers: Dict[int, bytearray] = {r: bytearray() for r in sinks}
+        self.eof = False
+        for fd in self.sinks.values():
+            os.set_blocking(fd, False)
+        loop.add_reader(source_fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.source, CHUNK)
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+            self.loop.remove_reader(self.source)
+        for rank in list(self.sinks):
+            self.buffers[rank] += data
+            self._flush(rank)
+        if not self.eof and any(len(b) > self.LIMIT for b in self.buffers.values()):
+            self.loop.remove_reader(self.source)   # back-pressure until ranks read
+
+    def _flush(self, rank: int) -> None:
+        fd = self.sinks.get(rank)
+        if fd is None:
+            return
+        buf = self.buffers[rank]
+        try:
+            while buf:
+                del buf[:os.write(fd, buf)]
+        except BlockingIOError:
+            self.loop.add_writer(fd, lambda r=rank: self._flush(r))
+            return
+        except OSError:
+            buf.clear()       # the rank closed its stdin: drop its copy
+            self.drop(rank)
+            return
+        self.loop.remove_writer(fd)
+        if self.eof:
+            self.drop(rank)
+        elif all(len(b) <= self.LIMIT for b in self.buffers.values()):
+            self.loop.add_reader(self.source, self._read)
+
+    def drop(self, rank: int) -> None:
+        fd = self.sinks.pop(rank, None)
+        if fd is not None:
+            self.loop.forget(fd)
+            os.close(fd)
+
+    def close(self) -> None:
+        for rank in list(self.sinks):
+            self.drop(rank)
+        if not self.eof:
+            self.loop.forget(self.source)

@@ -1,0 +1,284 @@
+"""Placement of ranks on hosts and each rank's environment: pure functions.
+
+:func:`make_plan` takes the parsed :class:`JobSpec`, the host entries, the
+launcher's environment and a few facts about this machine, and returns a
+:class:`Plan`.  It starts nothing and touches no global state, so every
+rule here is tested with tables and property tests.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import PlanError
+from .spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
+
+#: Variables an outer launcher leaves behind; ranks must not inherit them.
+STALE_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDI_")
+STALE_NAMES = ("MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+
+#: Exit status of a job stopped by ``--timeout`` (Open MPI 4 uses the same).
+TIMEOUT_EXIT = 110
+
+
+def scrub_env(environ: Mapping[str, str]) -> Dict[str, str]:
+    """Copy ``environ`` without variables left by an outer MPI launch."""
+    return {k: v for k, v in environ.items()
+            if not k.startswith(STALE_PREFIXES) and k not in STALE_NAMES}
+
+
+def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
+                  is_local=None) -> List[Host]:
+    """Turn host entries into hosts with slot counts.
+
+    All names of this machine collapse into one host (so its ranks share a
+    node id and MPI shared memory); an entry without a count gets ``ncores``
+    slots on this machine and 1 elsewhere.
+    """
+    if is_local is None:
+        from .hostfile import is_local_host as is_local
+    merged: Dict[str, List] = {}  # key -> [name, slots, max_slots, local]
+    for e in entries:
+        local = is_local(e.name)
+        key = "\0local" if local else e.name
+        item = merged.setdefault(key, [hostname if local else e.name, 0, None, local])
+        item[1] += e.slots if e.slots is not None else (ncores if local else 1)
+        if e.max_slots is not None:
+            item[2] = (item[2] or 0) + e.max_slots
+    return [Host(name=name, slots=slots, max_slots=max_slots, local=local, node_id=i)
+            for i, (name, slots, max_slots, local) in enumerate(merged.values())]
+
+
+def filter_hosts(pool: Sequence[HostEntry], wanted: Sequence[HostEntry]) -> List[HostEntry]:
+    """``--hostfile`` gives the pool and ``-H`` picks hosts from it."""
+    names = {w.name for w in wanted}
+    missing = [w.name for w in wanted if w.name not in {p.name for p in pool}]
+    if missing:
+        raise PlanError(f"-H names host(s) not in the hostfile: {', '.join(missing)}")
+    return [p for p in pool if p.name in names]
+
+
+def _describe(hosts: Sequence[Host]) -> str:
+    return ", ".join(f"{h.name}: {h.slots}" + (f" (max {h.max_slots})" if h.max_slots else "")
+                     for h in hosts)
+
+
+def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
+          per_node: Optional[int] = None, oversubscribe: bool = False) -> List[int]:
+    """Return the host index of each rank, in world-rank order.
+
+    ``slot`` fills each host to its capacity before the next; ``node`` deals
+    ranks round-robin.  Capacity is the slot count, or ``per_node``.  Extra
+    ranks need ``oversubscribe`` and are dealt round-robin, never above a
+    host's ``max_slots``.  With ``slot`` each host's ranks are contiguous.
+    """
+    if not hosts:
+        raise PlanError("no hosts to run on")
+    caps = []
+    for h in hosts:
+        cap = h.slots if per_node is None else per_node
+        if per_node is not None and per_node > h.slots and not oversubscribe:
+            raise PlanError(f"{per_node} ranks per host do not fit on {h.name} with "
+                            f"{h.slots} slots; use --oversubscribe")
+        if h.max_slots is not None:
+            cap = min(cap, h.max_slots)
+        caps.append(cap)
+    total = sum(caps)
+    if np is None:
+        np = total
+    if np < 1:
+        raise PlanError("no slots available on the hosts given")
+    counts = [0] * len(hosts)
+    order: List[int] = []
+    if map_by == "node":
+        placed = 0
+        while placed < np:
+            progress = False
+            for i in range(len(hosts)):
+                if placed < np and counts[i] < caps[i]:
+                    counts[i] += 1
+                    order.append(i)
+                    placed += 1
+                    progress = True
+            if not progress:
+                break
+    else:
+        for i, cap in enumerate(caps):
+            take = min(cap, np - sum(counts))
+            counts[i] = take
+    extra = np - sum(counts)
+    if extra > 0:
+        if per_node is not None:
+            raise PlanError(f"{np} ranks requested but {per_node} per host on {len(hosts)} "
+                            f"host(s) place only {total}")
+        if not oversubscribe:
+            raise PlanError(f"not enough slots: {np} ranks requested but the hosts have "
+                            f"{total} slots ({_describe(hosts)}); use --oversubscribe "
+                            f"to run more ranks than slots")
+        while extra > 0:
+            progress = False
+            for i, h in enumerate(hosts):
+                if extra and (h.max_slots is None or counts[i] < h.max_slots):
+                    counts[i] += 1
+                    extra -= 1
+                    progress = True
+                    if map_by == "node":
+                        order.append(i)
+            if not progress:
+                raise PlanError(f"{np} ranks requested but the hosts' max_slots allow only "
+                                f"{sum(counts)} ({_describe(hosts)})")
+    if map_by == "node":
+        return order
+    return [i for i, c in enumerate(counts) for _ in range(c)]
+
+
+def log_paths(directory: Optional[str], jobid_dir: bool, merge: bool, rank: int,
+              size: int) -> Tuple[Optional[str], Optional[str]]:
+    """Open MPI 4's ``DIR/1/rank.N/{stdout,stderr}`` (N padded to the width of size-1)."""
+    if directory is None:
+        return None, None
+    width = len(str(max(size - 1, 0)))
+    parts = [directory, "1", f"rank.{rank:0{width}d}"] if jobid_dir else \
+        [directory, f"rank.{rank:0{width}d}"]
+    base = "/".join(parts)
+    return base + "/stdout", (None if merge else base + "/stderr")
+
+
+def _user_env(base: Dict[str, str], pairs, environ: Mapping[str, str]) -> None:
+    for name, value in pairs:
+        if value is None:
+            if name in environ:
+                base[name] = environ[name]
+        else:
+            base[name] = value
+
+
+def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, str], *,
+              ncores: int, hostname: str, kvsname: str, master_port: int,
+              cpus: Sequence[int] = (), cpu_packages: Optional[Mapping[int, int]] = None,
+              is_local=None) -> Plan:
+    """Place every rank and build its argv, environment, cwd and log paths."""
+    hosts = resolve_hosts(entries, ncores=ncores, hostname=hostname, is_local=is_local)
+    sizes = [a.np for a in job.apps]
+    np_total = None if sizes[0] is None else sum(s or 0 for s in sizes)
+    where = place(hosts, np_total, map_by=job.map_by, per_node=job.per_node,
+                  oversubscribe=job.oversubscribe)
+    size = len(where)
+    app_of: List[int] = []
+    for index, app in enumerate(job.apps):
+        app_of.extend([index] * (app.np if app.np is not None else size))
+
+    # Node ids dense in order of first appearance; local ranks in rank order.
+    node_of_host: Dict[int, int] = {}
+    for h in where:
+        node_of_host.setdefault(h, len(node_of_host))
+    used = [hosts[h] for h in sorted(node_of_host, key=node_of_host.get)]
+    used = [Host(name=h.name, slots=h.slots, max_slots=h.max_slots, local=h.local,
+                 node_id=i) for i, h in enumerate(used)]
+    local_size: Dict[int, int] = {}
+    for h in where:
+        local_size[h] = local_size.get(h, 0) + 1
+    universe = sum(h.slots for h in used)
+    master_host = used[node_of_host[where[0]]]
+    all_local = all(h.local for h in used)
+    master_addr = "127.0.0.1" if all_local else master_host.name
+
+    base = scrub_env(environ) if job.inherit_env else {}
+    if job.prefix:
+        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+            old = base.get(var)
+            base[var] = f"{job.prefix}/{sub}" + (f":{old}" if old else "")
+    _user_env(base, job.global_env, environ)
+    for key, value in job.mca:
+        base["OMPI_MCA_" + key] = value
+
+    mapping = ""
+    if job.mpi == "pmi":
+        from .pmi import process_mapping
+        mapping = process_mapping([node_of_host[h] for h in where])
+
+    ranks: List[RankSpec] = []
+    seen: Dict[int, int] = {}
+    app_envs = []
+    for app in job.apps:
+        env = dict(base)
+        _user_env(env, app.env, environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("MASTER_ADDR", master_addr)
+        env.setdefault("MASTER_PORT", str(master_port))
+        app_envs.append(env)
+    first_rank = [0]
+    for s in sizes[:-1]:
+        first_rank.append(first_rank[-1] + (s or 0))
+    packages: Dict[int, List[int]] = {}
+    if cpu_packages:
+        for cpu in cpus:
+            packages.setdefault(cpu_packages.get(cpu, 0), []).append(cpu)
+
+    for rank, h in enumerate(where):
+        host = used[node_of_host[h]]
+        local_rank = seen.get(h, 0)
+        seen[h] = local_rank + 1
+        lsize = local_size[h]
+        app_index = app_of[rank]
+        app: AppContext = job.apps[app_index]
+        env = dict(app_envs[app_index])
+        env.update({
+            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+            "OMPI_COMM_WORLD_LOCAL_SIZE": str(lsize),
+            "OMPI_COMM_WORLD_NODE_RANK": str(local_rank),
+            "OMPI_UNIVERSE_SIZE": str(universe),
+            "OMPI_NUM_APP_CTX": str(len(job.apps)),
+            "OMPI_APP_CTX_NUM_PROCS": ",".join(str(s if s is not None else size) for s in sizes),
+            "OMPI_FIRST_RANKS": ",".join(str(r) for r in first_rank),
+            "PMI_RANK": str(rank), "PMI_SIZE": str(size), "PMI_HOSTNAME": host.name,
+            "MPI_LOCALRANKID": str(local_rank), "MPI_LOCALNRANKS": str(lsize),
+            "RANK_ID": str(rank), "RANK_SIZE": str(size),
+            "RANK": str(rank), "WORLD_SIZE": str(size),
+            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(lsize),
+            "GROUP_RANK": str(host.node_id),
+            "MSLAUNCH_JOB": kvsname,
+        })
+        if job.mpi != "pmi":
+            for k in ("PMI_RANK", "PMI_SIZE", "PMI_HOSTNAME"):
+                env.pop(k)
+        stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
+                                             job.output.merge_stderr, rank, size)
+        bound: Optional[Tuple[int, ...]] = None
+        if host.local and cpus and job.bind_to in ("core", "hwthread"):
+            bound = (sorted(cpus)[local_rank % len(cpus)],)
+        elif host.local and cpus and job.bind_to == "socket":
+            groups = [tuple(v) for _, v in sorted(packages.items())] or [tuple(sorted(cpus))]
+            bound = groups[local_rank % len(groups)]
+        if job.stdin == "all":
+            stdin = "pipe"
+        elif job.stdin != "none" and int(job.stdin) == rank:
+            stdin = "inherit"
+        else:
+            stdin = "null"
+        ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
+                              local_size=lsize, argv=app.argv, env=env,
+                              cwd=app.wdir or job.launch_dir, stdout_path=stdout_path,
+                              stderr_path=stderr_path, cpus=bound, stdin=stdin))
+    if job.stdin not in ("all", "none") and int(job.stdin) >= size:
+        raise PlanError(f"--stdin {job.stdin}: the job has only {size} ranks")
+    return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
+                process_mapping=mapping, universe_size=universe,
+                master_addr=master_addr, master_port=master_port)
+
+
+def describe_map(plan: Plan, bind: str) -> str:
+    """The ``--display-map`` text, in the spirit of Open MPI's job map."""
+    lines = [" ========================   JOB MAP   ========================", ""]
+    for host in plan.hosts:
+        here = [r for r in plan.ranks if r.host.node_id == host.node_id]
+        lines.append(f" Data for node: {host.name}\tNum slots: {host.slots}\t"
+                     f"Max slots: {host.max_slots or 0}\tNum procs: {len(here)}")
+        for r in here:
+            bound = "N/A" if r.cpus is None else ",".join(map(str, r.cpus))
+            lines.append(f" \tProcess rank: {r.rank}\tApp: {r.app}\t"
+                         f"Local rank: {r.local_rank}\tBound: {bound}")
+        lines.append("")
+    lines.append(" =============================================================")
+    return "\n".join(lines) + "\n"

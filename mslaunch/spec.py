@@ -1,0 +1,155 @@
+"""Frozen value types passed along the pipeline.
+
+``cli`` turns argv into a :class:`JobSpec`; ``hostfile`` yields
+:class:`HostEntry` items; ``plan`` turns both into a :class:`Plan` of
+:class:`RankSpec`; the supervisor returns a :class:`JobResult`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One host as written by the user (hostfile, ``-H``, allocation).
+
+    ``slots`` is None when the source gave no count; the planner then uses
+    the number of cores for this machine and 1 for any other host.
+    """
+
+    name: str
+    slots: Optional[int] = None
+    max_slots: Optional[int] = None
+    origin: str = ""
+
+
+@dataclass(frozen=True)
+class AppContext:
+    """One MPMD context: ``-n 2 -x A=1 prog args``."""
+
+    argv: Tuple[str, ...]
+    np: Optional[int] = None
+    env: Tuple[Tuple[str, Optional[str]], ...] = ()
+    wdir: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How rank output reaches the terminal and files."""
+
+    directory: Optional[str] = None      # --output-filename DIR (absolute)
+    copy_to_terminal: bool = True        # False with DIR:nocopy
+    jobid_dir: bool = True               # False with DIR:nojobid
+    merge_stderr: bool = False
+    tag: bool = False                    # --tag-output
+    timestamp: bool = False              # --timestamp-output
+    rank_prefix: bool = False            # Hydra -l / -prepend-rank
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything the command line asked for, validated but not yet planned."""
+
+    apps: Tuple[AppContext, ...]
+    hosts: Tuple[HostEntry, ...] = ()
+    host_filter: Tuple[HostEntry, ...] = ()
+    map_by: str = "slot"                  # slot | node | ppr
+    per_node: Optional[int] = None        # ppr:N:node, -npernode, -ppn
+    oversubscribe: bool = False
+    bind_to: str = "none"                 # none | core | hwthread | socket
+    report_bindings: bool = False
+    display_map: bool = False
+    dry_run: bool = False
+    output: OutputSpec = OutputSpec()
+    global_env: Tuple[Tuple[str, Optional[str]], ...] = ()
+    inherit_env: bool = True              # False with Hydra -genvnone
+    mca: Tuple[Tuple[str, str], ...] = ()
+    keep_going: bool = False              # abort-on-non-zero disabled
+    stdin: str = "0"                      # "all", "none" or a rank number
+    timeout: Optional[float] = None
+    grace: float = 5.0
+    quiet: bool = False
+    verbose: int = 0
+    mpi: str = "pmi"                      # pmi | openmpi | none
+    pmi_port: bool = False                # serve PMI over TCP, not PMI_FD
+    prefix: Optional[str] = None
+    launch_dir: str = "."
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host the planner places ranks on."""
+
+    name: str
+    slots: int
+    max_slots: Optional[int]
+    local: bool
+    node_id: int
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything needed to start one rank; built by the pure planner."""
+
+    rank: int
+    app: int
+    host: Host
+    local_rank: int
+    local_size: int
+    argv: Tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    stdout_path: Optional[str]
+    stderr_path: Optional[str]
+    cpus: Optional[Tuple[int, ...]] = None
+    stdin: str = "null"                    # inherit | pipe | null
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole job, placed: ranks in world-rank order and the hosts used."""
+
+    ranks: Tuple[RankSpec, ...]
+    hosts: Tuple[Host, ...]
+    kvsname: str
+    process_mapping: str
+    universe_size: int
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """How one rank ended."""
+
+    rank: int
+    host: str
+    pid: int
+    returncode: Optional[int]             # exit status, or None if killed
+    signal: Optional[int] = None
+    reason: str = ""                      # e.g. "called MPI_Abort", "timed out"
+    stderr_tail: bytes = b""
+
+    @property
+    def exit_code(self) -> int:
+        """The code a shell would see: the status, or 128+signal."""
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.returncode or 0
+
+    @property
+    def failed(self) -> bool:
+        return self.signal is not None or bool(self.returncode) or bool(self.reason)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The job's outcome: every rank's result and the launcher's exit code."""
+
+    exit_code: int
+    ranks: Tuple[RankResult, ...] = ()
+    root_cause: Optional[RankResult] = None
+    message: str = ""
+    extra: Mapping[str, str] = field(default_factory=dict)
