@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs, then runs it:  bash scripts/test.sh
+# System packages come from apt (when run as root); Python packages go into
+# .venv.  A piece that cannot be installed fails the run: nothing is skipped
+# for lack of it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_needed=()
+command -v gcc >/dev/null 2>&1 || apt_needed+=(gcc libc6-dev)
+[ -e /usr/include/slurm/pmi2.h ] || apt_needed+=(libpmi2-0-dev)
+command -v ps >/dev/null 2>&1 || apt_needed+=(procps)
+if [ ${#apt_needed[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "scripts/test.sh: need root to apt-get install ${apt_needed[*]}" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${apt_needed[@]}" >/dev/null
+fi
+
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
+exec .venv/bin/python -m pytest -q "$@"

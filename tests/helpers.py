@@ -1,0 +1,112 @@
+"""Shared helpers for tests that run mslaunch as a real command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAMS = os.path.join(REPO, "tests", "programs")
+PY = sys.executable
+STALE = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDI_", "SLURM_", "PBS_", "MASTER_")
+
+
+def clean_env(**extra: str) -> Dict[str, str]:
+    """The test process's environment without launcher leftovers, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(STALE)
+           and k not in ("MPIEXEC_TIMEOUT", "PYTHONUNBUFFERED")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def cmd(*args: str) -> List[str]:
+    return [PY, "-m", "mslaunch", *args]
+
+
+def run(*args: str, input: Optional[bytes] = None, timeout: float = 60,
+        env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+        stdin=None) -> subprocess.CompletedProcess:
+    """Run mslaunch to completion; stdout and stderr are captured as bytes."""
+    return subprocess.run(cmd(*args), input=input, stdin=stdin, capture_output=True,
+                          timeout=timeout, env=env or clean_env(), cwd=cwd)
+
+
+def start(*args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+          **kw) -> subprocess.Popen:
+    return subprocess.Popen(cmd(*args), env=env or clean_env(), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def program(name: str) -> str:
+    return os.path.join(PROGRAMS, name)
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex
+
+
+def tagged_pids(tag: str) -> List[int]:
+    """Pids of live processes whose environment holds ``MSL_TEST_TAG=tag``."""
+    needle = f"MSL_TEST_TAG={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def kill_tagged(tag: str) -> None:
+    """Last-resort cleanup so a failing test leaves nothing behind."""
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def wait_lines(path: str, count: int, timeout: float = 10.0) -> bool:
+    def ready() -> bool:
+        try:
+            with open(path) as f:
+                return len(f.read().splitlines()) >= count
+        except OSError:
+            return False
+    return wait_for(ready, timeout)
+
+
+def one_error_line(stderr: bytes) -> str:
+    """Assert stderr is exactly one 'mslaunch: error: ...' line; return it."""
+    text = stderr.decode()
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    assert lines[0].startswith("mslaunch: error: "), text
+    assert "Traceback" not in text
+    return lines[0]
+
+
+def seq(args: Sequence[str]) -> List[str]:
+    return list(args)

@@ -1,0 +1,230 @@
+"""Pure stages: command-line parsing and the planner (tables and properties)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mslaunch.cli import _Exit, parse_args
+from mslaunch.errors import LaunchError, PlanError, UsageError
+from mslaunch.plan import log_paths, make_plan, place, resolve_hosts, scrub_env
+from mslaunch.spec import Host, HostEntry
+
+
+def hosts(*slots, max_slots=None):
+    return [Host(name=f"n{i}", slots=s, max_slots=(max_slots[i] if max_slots else None),
+                 local=False, node_id=i) for i, s in enumerate(slots)]
+
+
+def plan_for(argv, entries=None, environ=None, ncores=2):
+    job = parse_args(argv, environ=environ or {}, cwd="/work")
+    entries = entries if entries is not None else (list(job.hosts) or
+                                                   [HostEntry("localhost")])
+    return make_plan(job, entries, environ or {"PATH": "/bin"}, ncores=ncores,
+                     hostname="vm", kvsname="kvs_1_ab", master_port=29500, cpus=[0, 1],
+                     is_local=lambda n: n in ("localhost", "vm"))
+
+
+# -- command line ------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["-n", "4", "prog"], ["-np", "4", "prog"], ["--np", "4", "prog"], ["-c", "4", "prog"],
+    ["--n", "4", "prog"], ["-n=4", "prog"], ["--np=4", "prog"],
+])
+def test_np_spellings(argv):
+    assert parse_args(argv, environ={}, cwd="/").apps[0].np == 4
+
+
+@pytest.mark.parametrize("flag", ["-H", "--host", "-host", "-hosts", "--hosts"])
+def test_host_spellings(flag):
+    job = parse_args([flag, "a:2,b", "prog"], environ={}, cwd="/")
+    assert [(h.name, h.slots) for h in job.hosts] == [("a", 2), ("b", 1)]
+
+
+@pytest.mark.parametrize("flag", ["--hostfile", "-hostfile", "--machinefile", "-machinefile",
+                                  "-f"])
+def test_hostfile_spellings(flag, tmp_path):
+    (tmp_path / "hf").write_text("a slots=2\nb:3\n")
+    job = parse_args([flag, "hf", "prog"], environ={}, cwd=str(tmp_path))
+    assert [(h.name, h.slots) for h in job.hosts] == [("a", 2), ("b", 3)]
+
+
+def test_program_and_its_arguments_are_left_alone():
+    job = parse_args(["-n", "2", "python", "-n", "--tag-output", "x"], environ={}, cwd="/")
+    assert job.apps[0].argv == ("python", "-n", "--tag-output", "x")
+    assert not job.output.tag
+
+
+def test_one_and_two_dash_long_options():
+    for dash in ("-", "--"):
+        job = parse_args([f"{dash}bind-to", "core", f"{dash}map-by", "node",
+                          f"{dash}oversubscribe", f"{dash}tag-output", "p"],
+                         environ={}, cwd="/")
+        assert (job.bind_to, job.map_by, job.oversubscribe, job.output.tag) == \
+            ("core", "node", True, True)
+
+
+def test_ppr_npernode_and_ppn():
+    assert parse_args(["--map-by", "ppr:2:node", "p"], environ={}, cwd="/").per_node == 2
+    for flag in ("-npernode", "--npernode", "-N", "-ppn"):
+        assert parse_args([flag, "3", "p"], environ={}, cwd="/").per_node == 3
+    assert parse_args(["--map-by", "slot:OVERSUBSCRIBE", "p"], environ={},
+                      cwd="/").oversubscribe
+
+
+def test_output_filename_suffixes_and_relative_directory():
+    out = parse_args(["--output-filename", "logs", "p"], environ={}, cwd="/w").output
+    assert (out.directory, out.copy_to_terminal, out.jobid_dir) == ("/w/logs", True, True)
+    out = parse_args(["--output-filename", "/x/d:nocopy", "p"], environ={}, cwd="/w").output
+    assert (out.directory, out.copy_to_terminal, out.jobid_dir) == ("/x/d", False, True)
+    out = parse_args(["--output-filename", "d:nojobid,nocopy", "p"], environ={},
+                     cwd="/w").output
+    assert (out.directory, out.copy_to_terminal, out.jobid_dir) == ("/w/d", False, False)
+
+
+def test_timeout_from_flag_or_environment():
+    assert parse_args(["--timeout", "2.5", "p"], environ={}, cwd="/").timeout == 2.5
+    assert parse_args(["p"], environ={"MPIEXEC_TIMEOUT": "7"}, cwd="/").timeout == 7
+    with pytest.raises(UsageError, match="MPIEXEC_TIMEOUT"):
+        parse_args(["p"], environ={"MPIEXEC_TIMEOUT": "soon"}, cwd="/")
+
+
+def test_help_and_version_raise_exit():
+    for flag in ("-h", "--help"):
+        with pytest.raises(_Exit):
+            parse_args([flag], environ={}, cwd="/")
+
+
+_TOKENS = st.sampled_from(["-n", "-np", "2", "0", "-x", "A=1", "A", "-H", "a:2", "a:x",
+                           "--map-by", "node", "ppr:x:node", "--bind-to", "core", ":",
+                           "--timeout", "-1", "prog", "--output-filename", "d:nocopy",
+                           "--stdin", "all", "-genv", "--mca", "k", "v", "-l", "=",
+                           "--bogus", "-", "--", "-wdir", "--grace", "nan", "inf"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_TOKENS, st.text(max_size=6)), max_size=12))
+def test_parser_raises_only_usage_errors(argv):
+    try:
+        parse_args(argv, environ={}, cwd="/")
+    except (UsageError, _Exit):
+        pass
+
+
+# -- planner -------------------------------------------------------------------
+def test_default_fills_hosts_in_order_and_map_by_node_deals_round_robin():
+    assert place(hosts(2, 2), 4) == [0, 0, 1, 1]
+    assert place(hosts(2, 2), 4, map_by="node") == [0, 1, 0, 1]
+    assert place(hosts(2, 2), None) == [0, 0, 1, 1]
+    assert place(hosts(2, 2), 3, map_by="node") == [0, 1, 0]
+    assert place(hosts(4, 4), None, per_node=1) == [0, 1]
+
+
+def test_oversubscription_spills_like_open_mpi():
+    with pytest.raises(PlanError, match="not enough slots.*--oversubscribe"):
+        place(hosts(2, 2), 5)
+    assert place(hosts(2, 2), 5, oversubscribe=True) == [0, 0, 0, 1, 1]
+
+
+def test_max_slots_is_a_hard_limit():
+    hs = hosts(2, 2, max_slots=[2, 3])
+    assert place(hs, 5, oversubscribe=True) == [0, 0, 1, 1, 1]
+    with pytest.raises(PlanError, match="max_slots"):
+        place(hs, 6, oversubscribe=True)
+
+
+def test_ppr_more_than_slots_needs_oversubscribe():
+    with pytest.raises(PlanError, match="oversubscribe"):
+        place(hosts(1), 2, per_node=2)
+    with pytest.raises(PlanError, match="per host"):
+        place(hosts(2, 2), 5, per_node=2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.one_of(st.none(), st.integers(1, 8))),
+                min_size=1, max_size=6),
+       st.one_of(st.none(), st.integers(1, 40)),
+       st.sampled_from(["slot", "node"]), st.booleans(),
+       st.one_of(st.none(), st.integers(1, 4)))
+def test_placement_properties(spec, np, map_by, oversubscribe, per_node):
+    hs = [Host(name=f"n{i}", slots=s, max_slots=(max(m, s) if m else None), local=False,
+               node_id=i) for i, (s, m) in enumerate(spec)]
+    try:
+        where = place(hs, np, map_by=map_by, per_node=per_node, oversubscribe=oversubscribe)
+    except PlanError:
+        return
+    if np is not None:
+        assert len(where) == np            # every rank placed exactly once
+    for i, h in enumerate(hs):
+        count = where.count(i)
+        if not oversubscribe:
+            assert count <= (per_node if per_node is not None else h.slots)
+        if h.max_slots is not None:
+            assert count <= h.max_slots
+    if map_by == "slot":                  # each host's ranks are contiguous
+        seen = []
+        for i in where:
+            if not seen or seen[-1] != i:
+                assert i not in seen
+                seen.append(i)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.integers(1, 20),
+       st.sampled_from(["slot", "node"]))
+def test_local_ranks_are_contiguous_and_zero_based(slots, np, map_by):
+    hl = ",".join(f"h{i}:{s}" for i, s in enumerate(slots))
+    try:
+        plan = plan_for(["-H", hl, "-n", str(np), "--oversubscribe", "--map-by", map_by, "p"])
+    except PlanError:
+        return
+    by_host = {}
+    for r in plan.ranks:
+        by_host.setdefault(r.host.node_id, []).append(r)
+    for ranks in by_host.values():
+        assert [r.local_rank for r in ranks] == list(range(len(ranks)))
+        assert all(r.local_size == len(ranks) for r in ranks)
+        assert [r.rank for r in ranks] == sorted(r.rank for r in ranks)
+    assert [r.rank for r in plan.ranks] == list(range(np))
+
+
+def test_local_names_collapse_into_one_host_with_cores_as_default_slots():
+    hs = resolve_hosts([HostEntry("localhost"), HostEntry("vm", 2), HostEntry("n1")],
+                       ncores=4, hostname="vm", is_local=lambda n: n in ("localhost", "vm"))
+    assert [(h.name, h.slots, h.local) for h in hs] == [("vm", 6, True), ("n1", 1, False)]
+
+
+def test_log_paths_pad_rank_to_width_of_size_minus_one():
+    assert log_paths("/d", True, False, 3, 10) == ("/d/1/rank.3/stdout", "/d/1/rank.3/stderr")
+    assert log_paths("/d", True, False, 3, 11) == ("/d/1/rank.03/stdout",
+                                                   "/d/1/rank.03/stderr")
+    assert log_paths("/d", False, True, 7, 101) == ("/d/rank.007/stdout", None)
+
+
+def test_scrub_env_removes_outer_launcher_variables():
+    env = {"PMI_FD": "3", "PMIX_RANK": "0", "OMPI_COMM_WORLD_RANK": "1", "PRTE_LAUNCHED": "1",
+           "HYDI_CONTROL_FD": "9", "MPI_LOCALRANKID": "0", "HOME": "/root"}
+    assert scrub_env(env) == {"HOME": "/root"}
+
+
+def test_plan_env_user_master_port_and_mca():
+    plan = plan_for(["-n", "2", "-x", "MASTER_PORT=1234", "--mca", "btl", "self", "p"])
+    r = plan.ranks[1]
+    assert r.env["MASTER_PORT"] == "1234" and r.env["OMPI_MCA_btl"] == "self"
+    assert r.env["RANK"] == "1" and r.env["PMI_SIZE"] == "2"
+    assert plan.process_mapping == "(vector,(0,1,2))"
+
+
+def test_remote_plan_uses_rank0_host_as_master():
+    plan = plan_for(["-H", "a:1,b:1", "p"])
+    assert plan.master_addr == "a"
+    assert plan.process_mapping == "(vector,(0,2,1))"
+
+
+def test_stdin_target_must_exist():
+    with pytest.raises(PlanError, match="--stdin 5"):
+        plan_for(["-n", "2", "--stdin", "5", "p"])
+
+
+def test_errors_are_launch_errors():
+    assert issubclass(UsageError, LaunchError) and issubclass(PlanError, LaunchError)
