@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import __version__
 from .errors import LaunchError, UsageError

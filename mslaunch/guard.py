@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Iterable, Set
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, Set
 
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE",
             "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM")

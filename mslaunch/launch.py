@@ -9,9 +9,10 @@ job name, then hands the plan to the supervisor (or to Open MPI's mpirun in
 from __future__ import annotations
 
 import os
-import shlex
 import sys
-from typing import Dict, List, Mapping, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
 
 from .errors import LaunchError, PlanError
 from .spec import HostEntry, JobSpec, Plan
@@ -78,6 +79,8 @@ def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
 
 
 def describe_plan(plan: Plan, job: JobSpec) -> str:
+    import shlex
+
     from .plan import describe_map
     lines = [describe_map(plan, job.bind_to)]
     for r in plan.ranks:

@@ -11,9 +11,11 @@ import heapq
 import itertools
 import selectors
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Tuple
 
-Callback = Callable[[], None]
+    Callback = Callable[[], None]
 
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE

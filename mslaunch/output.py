@@ -13,11 +13,14 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import Callable, Dict, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Optional
 
 from .loop import Loop
 
-CHUNK = 1 << 16
+CHUNK = 1 << 20
+PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: fewer wake-ups when ranks write a lot
 MAX_PENDING = 1 << 20     # a "line" longer than this is passed on unfinished
 TAIL = 4096               # bytes of stderr kept per rank for the failure summary
 
@@ -30,13 +33,13 @@ class Console:
         self._open = {1: True, 2: True}
         self._midline: Dict[int, object] = {}
 
-    def write(self, stream: int, source: object, data: bytes) -> None:
+    def write(self, stream: int, source: object, data) -> None:
         if not data or not self._open[stream]:
             return
         owner = self._midline.get(stream)
         if owner is not None and owner is not source:
             data = b"\n" + data
-        self._midline[stream] = None if data.endswith(b"\n") else source
+        self._midline[stream] = None if data[-1:] == b"\n" else source
         fd = self._fds[stream]
         view = memoryview(data)
         try:
@@ -86,6 +89,11 @@ class RankStream:
         self.nbytes = 0
         self.closed = False
         self._on_eof = on_eof
+        try:
+            import fcntl
+            fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
+        except OSError:
+            pass
         loop.add_reader(fd, self.on_readable)
 
     def on_readable(self) -> None:
@@ -133,11 +141,11 @@ class RankStream:
         if cut == 0:
             cut = len(data)
         self.pending = data[cut:]
-        self._emit(data[:cut])
+        self._emit(data if cut == len(data) else memoryview(data)[:cut])
 
-    def _emit(self, data: bytes) -> None:
+    def _emit(self, data) -> None:
         if self.prefix is not None:
-            lines = data.split(b"\n")
+            lines = bytes(data).split(b"\n")
             last = lines.pop()
             data = b"".join(self.prefix() + line + b"\n" for line in lines)
             if last:

@@ -8,7 +8,9 @@ rule here is tested with tables and property tests.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
@@ -36,7 +38,7 @@ def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
     slots on this machine and 1 elsewhere.
     """
     if is_local is None:
-        from .hostfile import is_local_host as is_local
+        is_local = _is_local
     merged: Dict[str, List] = {}  # key -> [name, slots, max_slots, local]
     for e in entries:
         local = is_local(e.name)
@@ -47,6 +49,13 @@ def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
             item[2] = (item[2] or 0) + e.max_slots
     return [Host(name=name, slots=slots, max_slots=max_slots, local=local, node_id=i)
             for i, (name, slots, max_slots, local) in enumerate(merged.values())]
+
+
+def _is_local(name: str) -> bool:
+    if name == "localhost":
+        return True   # the default host: spare the import of the parsers
+    from .hostfile import is_local_host
+    return is_local_host(name)
 
 
 def filter_hosts(pool: Sequence[HostEntry], wanted: Sequence[HostEntry]) -> List[HostEntry]:

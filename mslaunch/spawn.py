@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Mapping, Optional, Sequence, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence, Tuple
 
 from .errors import SpawnError
 from .spec import RankSpec

@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Dict, List, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional
 
 from .errors import LaunchError
 from .guard import Watchdog, marked_pids

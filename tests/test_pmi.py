@@ -769,7 +769,7 @@ def test_v2_session(harness):
     b.send(pmi.format_v2("abort", {"exitcode": -1, "message": "bye now"}))
     assert b.silent()
     b.close()
-    assert h.rec.aborts == [(1, -1, "bye now")] and h.rec.lost == []
+    assert h.rec.aborts == [(1, 255, "bye now")] and h.rec.lost == []
 
 
 def test_v2_node_attrs_are_per_node(harness):
