@@ -37,10 +37,13 @@ def host_entries(job: JobSpec, environ: Mapping[str, str]) -> Tuple[List[HostEnt
 
 def free_port() -> int:
     """A TCP port that is free on this machine now (for MASTER_PORT)."""
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    import _socket  # the full socket module costs milliseconds at start-up
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
         s.bind(("", 0))
         return s.getsockname()[1]
+    finally:
+        s.close()
 
 
 def new_kvsname() -> str:

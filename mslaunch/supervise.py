@@ -34,7 +34,7 @@ class _Rank:
     """Mutable bookkeeping of one running rank."""
 
     __slots__ = ("spec", "proc", "streams", "code", "signal", "reason", "ended",
-                 "stderr", "exit_order")
+                 "stderr", "exit_order", "pmi_lost")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -46,6 +46,7 @@ class _Rank:
         self.ended = False
         self.stderr: Optional[RankStream] = None
         self.exit_order = 0
+        self.pmi_lost = False
 
     def result(self) -> RankResult:
         tail = self.stderr.tail if self.stderr is not None else b""
@@ -86,6 +87,7 @@ class Supervisor:
         for sig in _FORWARDED:
             self._old_handlers[sig] = signal.signal(sig, _noop)
         self.loop.add_reader(wake_r, lambda: self._on_signals(wake_r))
+        self.started = time.monotonic()
         try:
             self.watchdog = Watchdog(self.plan.kvsname, self.job.grace)
             self._start_all()
@@ -205,6 +207,8 @@ class Supervisor:
         if rank.signal is not None or rank.code:
             self._fail(rank, "", rank.signal + 128 if rank.signal else rank.code or 1,
                        abort=not self.job.keep_going)
+        elif rank.pmi_lost:
+            self._check_lost(rank)
         if rank.proc.group_alive():
             # Leftover children of an ended rank would become orphans.
             rank.proc.signal(signal.SIGCONT)
@@ -257,15 +261,26 @@ class Supervisor:
     # PMI listener ---------------------------------------------------------
     def pmi_abort(self, rank: int, code: int, message: str) -> None:
         r = self.ranks[rank]
+        code &= 0xFF
         self._fail(r, f"called MPI_Abort with exit code {code}", code, abort=True)
 
     def pmi_lost(self, rank: int) -> None:
         r = self.ranks[rank]
-        if r.ended and (r.signal is not None or r.code):
-            return  # already a failure in its own right
-        code = r.code if r.code else 1
-        self._fail(r, "exited without MPI_Finalize (its PMI connection closed early)",
-                   code, abort=True)
+        r.pmi_lost = True
+        if r.ended:
+            self._check_lost(r)
+        else:
+            # The socket closes while the process exits, a moment before its
+            # exit status can be read: let the exit tell a crash from a rank
+            # that left MPI without finalizing.
+            self.loop.call_later(0.2, lambda: self._check_lost(r))
+
+    def _check_lost(self, r: _Rank) -> None:
+        if r.signal is not None or r.code:
+            return  # a failure in its own right, already handled
+        self._fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
+                   if r.ended else "closed its PMI connection without MPI_Finalize",
+                   1, abort=True)
 
     def pmi_log(self, message: str) -> None:
         if not self.job.quiet:
@@ -348,6 +363,10 @@ class Supervisor:
         if self.stdin_fanout is not None:
             self.stdin_fanout.close()
         if self.pmi is not None:
+            if os.environ.get("MSLAUNCH_PMI_STATS"):
+                self.console.message(
+                    f"mslaunch: PMI: {self.pmi.stats['total']} messages from "
+                    f"{len(self.ranks)} ranks in {time.monotonic() - self.started:.3f} s")
             self.pmi.close()
             from .pmi import remove_shm_segments
             remove_shm_segments(self.plan.kvsname)

@@ -1,0 +1,158 @@
+"""Rank wrapper: export every ecosystem's rank variables, then run the program.
+
+    python -m mslaunch.rankenv [--mpi4py] program [args...]
+    python -m mslaunch.rankenv [--mpi4py] script.py [args...]
+    python -m mslaunch.rankenv [--mpi4py] -m module [args...]
+    python -m mslaunch.rankenv [--mpi4py] -c code [args...]
+
+Under any outer launcher (Open MPI's ``mpirun``, Hydra's ``mpiexec``,
+``srun``) it derives rank, size, local rank and local size from the
+launcher's variables (``OMPI_COMM_WORLD_*``, then ``PMI_RANK``/``PMI_SIZE``,
+then ``SLURM_*``) without initialising MPI.  When none are present, or with
+``--mpi4py``, it asks mpi4py's ``COMM_WORLD`` (and a shared-memory split for
+the local values).  It then sets ``RANK_ID``, ``RANK_SIZE``, ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the
+``OMPI_COMM_WORLD_*`` names that are missing.
+
+Python targets (a ``.py`` script, ``-m``, ``-c``) run in this interpreter, so
+an MPI initialised here is the one the program sees; other programs are
+exec'ed with the new environment (which needs the launcher's variables).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
+
+USAGE = "usage: python -m mslaunch.rankenv [--mpi4py] (program | script.py | -m module | -c code) [args...]"
+
+
+class RankEnvError(Exception):
+    """The rank could not be determined or the command line is wrong."""
+
+
+def _ints(environ: Mapping[str, str], *names: str) -> Optional[List[int]]:
+    try:
+        return [int(environ[n]) for n in names]
+    except (KeyError, ValueError):
+        return None
+
+
+def _slurm_local_size(environ: Mapping[str, str]) -> Optional[int]:
+    """Tasks on this node from SLURM_STEP_TASKS_PER_NODE and SLURM_NODEID."""
+    spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    node = _ints(environ, "SLURM_NODEID")
+    if not spec or node is None:
+        return None
+    from .hostfile import expand_tasks_per_node
+    try:
+        counts = expand_tasks_per_node(spec)
+    except Exception:
+        return None
+    return counts[node[0]] if node[0] < len(counts) else None
+
+
+def from_environment(environ: Mapping[str, str]) -> Optional[Tuple[str, int, int, int, int]]:
+    """(source, rank, size, local rank, local size) from launcher variables, or None."""
+    found = _ints(environ, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
+    if found:
+        local = _ints(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
+        return ("Open MPI", *found, *(local or (0, 1)))
+    found = _ints(environ, "PMI_RANK", "PMI_SIZE")
+    if found:
+        local = _ints(environ, "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+        return ("PMI", *found, *(local or (0, 1)))
+    found = _ints(environ, "SLURM_PROCID", "SLURM_NTASKS")
+    if found:
+        local_rank = _ints(environ, "SLURM_LOCALID")
+        local_size = _slurm_local_size(environ)
+        return ("Slurm", *found, local_rank[0] if local_rank else 0, local_size or 1)
+    return None
+
+
+def from_mpi4py() -> Tuple[str, int, int, int, int]:
+    """(source, rank, size, local rank, local size) from mpi4py's COMM_WORLD."""
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise RankEnvError(f"no launcher variables and mpi4py cannot be imported: {err}") \
+            from None
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return "mpi4py", world.Get_rank(), world.Get_size(), node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def rank_variables(rank: int, size: int, local_rank: int, local_size: int,
+                   environ: Mapping[str, str]) -> Dict[str, str]:
+    """The variables to export for one rank."""
+    values = {"RANK_ID": rank, "RANK_SIZE": size, "RANK": rank, "WORLD_SIZE": size,
+              "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": local_size}
+    for name, value in (("OMPI_COMM_WORLD_RANK", rank), ("OMPI_COMM_WORLD_SIZE", size),
+                        ("OMPI_COMM_WORLD_LOCAL_RANK", local_rank),
+                        ("OMPI_COMM_WORLD_LOCAL_SIZE", local_size)):
+        if name not in environ:
+            values[name] = value
+    return {k: str(v) for k, v in values.items()}
+
+
+def _run_python(kind: str, target: str, args: List[str]) -> None:
+    import runpy
+    if kind == "-c":
+        sys.argv = ["-c", *args]
+        sys.path[0] = ""
+        exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+    elif kind == "-m":
+        sys.argv = [target, *args]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    use_mpi4py = False
+    while argv and argv[0] in ("--mpi4py", "--"):
+        use_mpi4py = use_mpi4py or argv[0] == "--mpi4py"
+        argv.pop(0)
+    try:
+        if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
+            raise RankEnvError(USAGE)
+        if argv[0] in ("-m", "-c"):
+            kind, target, args = argv[0], argv[1], argv[2:]
+        elif argv[0].endswith(".py"):
+            kind, target, args = "script", argv[0], argv[1:]
+        else:
+            kind, target, args = "exec", argv[0], argv[1:]
+        found = None if use_mpi4py else from_environment(os.environ)
+        if found is None:
+            if kind == "exec":
+                raise RankEnvError(f"cannot tell the rank of {target!r}: no OMPI_*, PMI_* or "
+                                   f"SLURM_* variables, and mpi4py can only serve Python "
+                                   f"programs run in this interpreter")
+            found = from_mpi4py()
+        _, rank, size, local_rank, local_size = found
+        os.environ.update(rank_variables(rank, size, local_rank, local_size, os.environ))
+        if kind == "exec":
+            try:
+                os.execvp(target, [target, *args])
+            except OSError as err:
+                raise RankEnvError(f"cannot run {target!r}: {err.strerror}") from None
+        _run_python(kind, target, args)
+    except RankEnvError as err:
+        sys.stderr.write(f"mslaunch.rankenv: error: {err}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
