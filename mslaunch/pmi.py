@@ -672,6 +672,16 @@ def _int(text: Optional[str], default: int) -> int:
         return default
 
 
+def _abort(conn: "_Conn", f: Fields) -> None:
+    """``abort`` on either wire: report the rank and its code; no reply."""
+    conn.phase = ABORTED
+    # PMI-2 MPICH sends exitcode=-1 (the MPI_Abort code is lost on that wire)
+    # and exits 255; Slurm's client sends isworld= and msg= and no exitcode.
+    code = _int(f.get("exitcode"), 1)
+    conn.server._emit_abort(conn.rank, code & 0xFF if code < 0 else code,
+                            f.get("message") or f.get("msg", ""))
+
+
 class _V1Protocol:
     """PMI-1 requests of one connection."""
 
@@ -807,12 +817,7 @@ class _V1Protocol:
         self.send("finalize_ack", rc=0)
 
     def abort(self, f: Fields) -> None:
-        self.conn.phase = ABORTED
-        # MPICH sends exitcode=-1 (the MPI_Abort code is lost on this wire) and
-        # exits 255; Slurm's client sends isworld= and msg= and no exitcode.
-        code = _int(f.get("exitcode"), 1)
-        self.conn.server._emit_abort(self.conn.rank, code & 0xFF if code < 0 else code,
-                                     f.get("message") or f.get("msg", ""))
+        _abort(self.conn, f)
 
     def publish_name(self, f: Fields) -> None:
         if self._missing("publish_name", "service", "port", f=f):
@@ -983,12 +988,7 @@ class _V2Protocol:
         self.reply("finalize")
 
     def abort(self, f: Fields) -> None:
-        self.conn.phase = ABORTED
-        # MPICH sends exitcode=-1 (the MPI_Abort code is lost on this wire) and
-        # exits 255; Slurm's client sends isworld= and msg= and no exitcode.
-        code = _int(f.get("exitcode"), 1)
-        self.conn.server._emit_abort(self.conn.rank, code & 0xFF if code < 0 else code,
-                                     f.get("message") or f.get("msg", ""))
+        _abort(self.conn, f)
 
     def spawn(self, f: Fields) -> None:
         self.fail("spawn", "spawn_not_supported_by_mslaunch")()
