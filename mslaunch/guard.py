@@ -117,25 +117,31 @@ class Watchdog:
                 os._exit(0)
         os.close(read_fd)
         self.pid = pid
-
-    def _send(self, line: str) -> None:
-        if self._fd >= 0:
-            try:
-                os.write(self._fd, line.encode() + b"\n")
-            except OSError:
-                pass
+        self._pending: list = []
 
     def add(self, pgid: int) -> None:
-        self._send(f"+{pgid}")
+        """Note a rank group; sent at the next :meth:`flush` (one write, one wake-up)."""
+        self._pending.append(f"+{pgid}\n")
 
     def remove(self, pgid: int) -> None:
-        self._send(f"-{pgid}")
+        self._pending.append(f"-{pgid}\n")
+
+    def flush(self) -> None:
+        # Groups not yet sent when the launcher dies are still found by the
+        # environment marker, so batching costs no safety.
+        if self._fd >= 0 and self._pending:
+            try:
+                os.write(self._fd, "".join(self._pending).encode())
+            except OSError:
+                pass
+        self._pending.clear()
 
     def close(self) -> None:
         """Normal end: the launcher cleaned up itself; the watchdog just exits."""
         if self._fd < 0:
             return
-        self._send("done")
+        self._pending = ["done\n"]
+        self.flush()
         os.close(self._fd)
         self._fd = -1
         try:

@@ -225,6 +225,7 @@ def run_openmpi(job: JobSpec) -> int:
                 if fd is not None:
                     os.close(fd)
         watchdog.add(proc.pid)
+        watchdog.flush()
         _relay(loop, proc, pipes, demux, job, state)
         code = proc.returncode
     finally:

@@ -76,6 +76,7 @@ class Supervisor:
         self.stdin_fanout: Optional[StdinFanout] = None
         self.watchdog: Optional[Watchdog] = None
         self._sweep: Optional[Timer] = None
+        self._flush_timer: Optional[Timer] = None
         self._old_handlers: Dict[int, object] = {}
 
     # -- start ------------------------------------------------------------
@@ -114,7 +115,6 @@ class Supervisor:
                                  appnums=[r.app for r in plan.ranks], listener=self)
             if job.pmi_port:
                 self.pmi.listen_tcp()
-        out = job.output
         stdin_pipes: Dict[int, int] = {}
         try:
             for rank in self.ranks:
@@ -124,9 +124,10 @@ class Supervisor:
         finally:
             if self.pmi is not None:
                 self.pmi.release_child_fds()
+        assert self.watchdog is not None
+        self.watchdog.flush()
         if stdin_pipes:
             self.stdin_fanout = StdinFanout(self.loop, 0, stdin_pipes)
-        del out
 
     def _open_log(self, path: Optional[str]) -> Optional[int]:
         if path is None:
@@ -163,19 +164,17 @@ class Supervisor:
             rank.proc = LocalProcess(spec, env, stdin=stdin, stdout=out_w, stderr=err_w,
                                      pass_fds=pass_fds)
         except LaunchError:
-            for fd in (out_r, out_w, err_r, stdin_w) + files:
-                if fd is not None and fd != out_w or fd == out_w:
-                    if fd is not None:
-                        os.close(fd)
-            if err_r is not None:
-                os.close(err_w)
+            for fd in (out_r, err_r, stdin_w) + files:
+                if fd is not None:
+                    os.close(fd)
             raise
         finally:
-            if isinstance(stdin, int) and spec.stdin == "pipe":
+            # The child has its copies; keep only our ends.
+            os.close(out_w)
+            if err_r is not None:
+                os.close(err_w)
+            if spec.stdin == "pipe":
                 os.close(stdin)
-        os.close(out_w)
-        if err_r is not None:
-            os.close(err_w)
         if stdin_w is not None:
             stdin_pipes[spec.rank] = stdin_w
         assert self.watchdog is not None
@@ -185,12 +184,12 @@ class Supervisor:
         rank.streams.append(RankStream(
             self.loop, out_r, stream=1, console=console, file_fd=files[0],
             prefix=line_prefix(spec.rank, "stdout", **opts), keep_tail=err_r is None,
-            on_eof=self._on_stream_eof))
+            on_eof=_ignore))
         if err_r is not None:
             rank.streams.append(RankStream(
                 self.loop, err_r, stream=2, console=console, file_fd=files[1],
                 prefix=line_prefix(spec.rank, "stderr", **opts), keep_tail=True,
-                on_eof=self._on_stream_eof))
+                on_eof=_ignore))
         rank.stderr = rank.streams[-1]
         self.loop.add_reader(rank.proc.pidfd, lambda: self._on_exit(rank))
         if self.job.report_bindings:
@@ -216,9 +215,13 @@ class Supervisor:
             self._arm_kill()
         elif self.watchdog is not None:
             self.watchdog.remove(rank.proc.pgid)
+            if self._flush_timer is None:
+                self._flush_timer = self.loop.call_later(1.0, self._flush_watchdog)
 
-    def _on_stream_eof(self, stream: RankStream) -> None:
-        pass
+    def _flush_watchdog(self) -> None:
+        self._flush_timer = None
+        if self.watchdog is not None:
+            self.watchdog.flush()
 
     def _on_signals(self, fd: int) -> None:
         try:
@@ -413,6 +416,10 @@ class Supervisor:
 
 
 def _noop(signum, frame) -> None:  # the wakeup fd carries the signal number
+    pass
+
+
+def _ignore(stream: RankStream) -> None:
     pass
 
 
