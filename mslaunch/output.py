@@ -24,6 +24,11 @@ PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: fewer wake-ups when ranks write a lot
 MAX_PENDING = 1 << 20     # a "line" longer than this is passed on unfinished
 TAIL = 4096               # bytes of stderr kept per rank for the failure summary
 
+# One read buffer for all streams: the loop is single-threaded and each chunk
+# is fully passed on before the next read, so no per-read allocation (and no
+# page faults on a fresh megabyte) is needed.
+_BUFFER = bytearray(CHUNK)
+
 
 class Console:
     """The launcher's own stdout and stderr, shared by all rank streams."""
@@ -71,6 +76,12 @@ def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
     return None
 
 
+def _last_newline(data) -> int:
+    if isinstance(data, memoryview) and data.obj is _BUFFER:
+        return _BUFFER.rfind(b"\n", 0, len(data))   # no copy of the chunk
+    return bytes(data).rfind(b"\n")
+
+
 class RankStream:
     """One pipe of one rank: copied to a file and, line by line, to the console."""
 
@@ -96,52 +107,61 @@ class RankStream:
             pass
         loop.add_reader(fd, self.on_readable)
 
-    def on_readable(self) -> None:
+    def _read(self) -> int:
+        """Read one chunk into the shared buffer; 0 at end-of-file."""
         try:
-            data = os.read(self.fd, CHUNK)
+            return os.readv(self.fd, [_BUFFER])
         except BlockingIOError:
-            return
+            return -1
         except OSError:
-            data = b""
-        if not data:
+            return 0
+
+    def on_readable(self) -> None:
+        n = self._read()
+        if n == 0:
             self.close()
-            return
-        self.feed(data)
+        elif n > 0:
+            self.feed(memoryview(_BUFFER)[:n])
 
     def drain(self) -> None:
         """Read whatever is buffered without blocking, then close."""
         os.set_blocking(self.fd, False)
         while not self.closed:
-            try:
-                data = os.read(self.fd, CHUNK)
-            except OSError:
-                data = b""
-            if not data:
+            n = self._read()
+            if n <= 0:
                 break
-            self.feed(data)
+            self.feed(memoryview(_BUFFER)[:n])
         self.close()
 
-    def feed(self, data: bytes) -> None:
-        self.nbytes += len(data)
+    def feed(self, data) -> None:
+        """Pass on one chunk (bytes, or a view that is only valid during the call)."""
+        n = len(data)
+        self.nbytes += n
         if self.file_fd is not None:
             view = memoryview(data)
             while view:
                 view = view[os.write(self.file_fd, view):]
         if self.keep_tail:
-            self.tail = (self.tail + data)[-TAIL:]
+            self.tail = (self.tail + bytes(data[-TAIL:]))[-TAIL:]
         if self.console is None:
             return
-        if self.pending:
-            data = self.pending + data
-            self.pending = b""
-        cut = data.rfind(b"\n") + 1
-        if cut == 0 and len(data) < MAX_PENDING:
-            self.pending = data
-            return
+        cut = _last_newline(data) + 1
         if cut == 0:
-            cut = len(data)
-        self.pending = data[cut:]
-        self._emit(data if cut == len(data) else memoryview(data)[:cut])
+            if len(self.pending) + n < MAX_PENDING:
+                self.pending += bytes(data)
+                return
+            cut = n            # an endless "line": pass it on unfinished
+        if self.prefix is not None:
+            whole = self.pending + bytes(data[:cut])
+            self.pending = bytes(data[cut:])
+            self._emit(whole)
+            return
+        # The partial line held back and the rest of it go out as two writes,
+        # back to back: nothing else can come between them.
+        if self.pending:
+            self.console.write(self.stream, self, self.pending)
+        self.pending = bytes(data[cut:])
+        self.console.write(self.stream, self, data[:cut] if cut < n else data)
 
     def _emit(self, data) -> None:
         if self.prefix is not None:

@@ -1269,11 +1269,12 @@ class PMIServer:
         self._conns[conn.fd] = conn
         return theirs.fileno()
 
-    def release_child_fds(self) -> None:
-        """Close the child ends in the launcher (after spawning)."""
-        for sock in self._child_socks.values():
-            sock.close()
-        self._child_socks.clear()
+    def release_child_fds(self, rank: Optional[int] = None) -> None:
+        """Close the child ends in the launcher (one rank's, or all) after spawning."""
+        for r in ([rank] if rank is not None else list(self._child_socks)):
+            sock = self._child_socks.pop(r, None)
+            if sock is not None:
+                sock.close()
 
     # -- TCP ------------------------------------------------------------------
     def listen_tcp(self, host: str = "127.0.0.1") -> int:

@@ -23,7 +23,7 @@ from .guard import Watchdog, marked_pids
 from .loop import Loop, Timer
 from .output import Console, RankStream, StdinFanout, line_prefix
 from .plan import TIMEOUT_EXIT
-from .spawn import LocalProcess, signal_name
+from .spawn import LocalProcess, seal_inherited_fds, signal_name
 from .spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -89,6 +89,7 @@ class Supervisor:
             self._old_handlers[sig] = signal.signal(sig, _noop)
         self.loop.add_reader(wake_r, lambda: self._on_signals(wake_r))
         self.started = time.monotonic()
+        seal_inherited_fds()
         try:
             self.watchdog = Watchdog(self.plan.kvsname, self.job.grace)
             self._start_all()
@@ -138,14 +139,11 @@ class Supervisor:
     def _start(self, rank: _Rank, stdin_pipes: Dict[int, int]) -> None:
         spec, out = rank.spec, self.job.output
         env = dict(spec.env)
-        pass_fds: List[int] = []
         if self.pmi is not None:
             if self.job.pmi_port:
                 env.update(self.pmi.tcp_env(spec.rank))
             else:
-                fd = self.pmi.child_fd(spec.rank)
-                env["PMI_FD"] = str(fd)
-                pass_fds.append(fd)
+                env["PMI_FD"] = str(self.pmi.child_fd(spec.rank))
         try:
             files = (self._open_log(spec.stdout_path), self._open_log(spec.stderr_path))
         except OSError as err:
@@ -155,21 +153,23 @@ class Supervisor:
         err_r, err_w = (None, out_w) if out.merge_stderr else os.pipe()
         stdin_w = None
         if spec.stdin == "inherit":
-            stdin = None
+            stdin = 0
         elif spec.stdin == "pipe":
             stdin, stdin_w = os.pipe()
         else:
-            stdin = subprocess_devnull()
+            stdin = devnull_fd()
         try:
-            rank.proc = LocalProcess(spec, env, stdin=stdin, stdout=out_w, stderr=err_w,
-                                     pass_fds=pass_fds)
+            rank.proc = LocalProcess(spec, env, stdin=stdin, stdout=out_w, stderr=err_w)
         except LaunchError:
             for fd in (out_r, err_r, stdin_w) + files:
                 if fd is not None:
                     os.close(fd)
             raise
         finally:
-            # The child has its copies; keep only our ends.
+            # The child has its copies; keep only our ends.  Its PMI socket end
+            # must go now: every inheritable descriptor reaches the next rank.
+            if self.pmi is not None:
+                self.pmi.release_child_fds(spec.rank)
             os.close(out_w)
             if err_r is not None:
                 os.close(err_w)
@@ -194,6 +194,9 @@ class Supervisor:
         self.loop.add_reader(rank.proc.pidfd, lambda: self._on_exit(rank))
         if self.job.report_bindings:
             self.console.message(_binding_line(spec, rank.proc.pid))
+        if self.job.verbose:
+            self.console.message(f"mslaunch: started rank {spec.rank} (pid {rank.proc.pid}) "
+                                 f"on {spec.host.name}: {' '.join(spec.argv)}")
 
     # -- events -----------------------------------------------------------
     def _on_exit(self, rank: _Rank) -> None:
@@ -426,7 +429,7 @@ def _ignore(stream: RankStream) -> None:
 _devnull_fd: Optional[int] = None
 
 
-def subprocess_devnull() -> int:
+def devnull_fd() -> int:
     """One shared /dev/null descriptor for ranks that get no stdin."""
     global _devnull_fd
     if _devnull_fd is None:

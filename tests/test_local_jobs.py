@@ -478,6 +478,12 @@ def test_missing_program_is_reported_before_anything_starts(tmp_path):
     assert not marker.exists()
 
 
+def test_verbose_names_each_started_rank():
+    r = run("-v", "-n", "2", "true")
+    assert r.returncode == 0
+    assert re.findall(rb"started rank (\d) \(pid \d+\) on \S+: true", r.stderr) == [b"0", b"1"]
+
+
 def test_help_and_version():
     r = run("--help")
     assert r.returncode == 0 and b"--output-filename" in r.stdout
