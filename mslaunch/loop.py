@@ -1,15 +1,16 @@
-"""A small single-threaded event loop over ``selectors``.
+"""A small single-threaded event loop over epoll.
 
 The supervisor, the output relay and the PMI server all register file
-descriptors here.  asyncio is not used on purpose: importing it costs more
-than a whole ``-n 1 true`` launch.
+descriptors here.  Neither asyncio nor ``selectors`` is used, on purpose:
+their imports cost more than the loop itself (asyncio more than a whole
+``-n 1 true`` launch).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import selectors
+import select
 import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,8 +18,11 @@ if TYPE_CHECKING:
 
     Callback = Callable[[], None]
 
-_READ = selectors.EVENT_READ
-_WRITE = selectors.EVENT_WRITE
+_READ = select.EPOLLIN
+_WRITE = select.EPOLLOUT
+# A hang-up or an error wakes both directions, so the callback sees EOF/EPIPE.
+_READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
+_WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 
 
 class Timer:
@@ -39,7 +43,8 @@ class Loop:
     """Dispatch readiness of file descriptors and timers to callbacks."""
 
     def __init__(self) -> None:
-        self._sel = selectors.DefaultSelector()
+        self._epoll = select.epoll()
+        self._registered: set = set()
         self._cbs: Dict[int, List[Optional[Callback]]] = {}
         self._timers: List[Tuple[float, int, Timer]] = []
         self._seq = itertools.count()
@@ -48,14 +53,26 @@ class Loop:
     def _update(self, fd: int) -> None:
         cbs = self._cbs[fd]
         events = (_READ if cbs[0] else 0) | (_WRITE if cbs[1] else 0)
-        registered = fd in self._sel.get_map()
-        if events and registered:
-            self._sel.modify(fd, events)
-        elif events:
-            self._sel.register(fd, events)
+        if events:
+            # A descriptor closed without forget() leaves epoll by itself; its
+            # number may come back for a new file, hence the fallbacks.
+            try:
+                if fd in self._registered:
+                    self._epoll.modify(fd, events)
+                else:
+                    self._epoll.register(fd, events)
+            except FileNotFoundError:
+                self._epoll.register(fd, events)
+            except FileExistsError:
+                self._epoll.modify(fd, events)
+            self._registered.add(fd)
         else:
-            if registered:
-                self._sel.unregister(fd)
+            if fd in self._registered:
+                self._registered.discard(fd)
+                try:
+                    self._epoll.unregister(fd)
+                except OSError:
+                    pass   # already closed: the kernel dropped it
             del self._cbs[fd]
 
     def add_reader(self, fd: int, callback: Callback) -> None:
@@ -101,19 +118,19 @@ class Loop:
             delay = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = delay if timeout is None else min(timeout, delay)
         if self._cbs:
-            ready = self._sel.select(timeout)
+            ready = self._epoll.poll(-1 if timeout is None else timeout)
         else:
             ready = []
             if timeout:
                 time.sleep(timeout)
-        for key, mask in ready:
-            cbs = self._cbs.get(key.fd)
+        for fd, mask in ready:
+            cbs = self._cbs.get(fd)
             if cbs is None:
                 continue
-            if mask & _READ and cbs[0] is not None:
+            if mask & _READABLE and cbs[0] is not None:
                 cbs[0]()
-            cbs = self._cbs.get(key.fd)
-            if cbs is not None and mask & _WRITE and cbs[1] is not None:
+            cbs = self._cbs.get(fd)
+            if cbs is not None and mask & _WRITABLE and cbs[1] is not None:
                 cbs[1]()
         now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
@@ -127,4 +144,4 @@ class Loop:
             self.run_once()
 
     def close(self) -> None:
-        self._sel.close()
+        self._epoll.close()
