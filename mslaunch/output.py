@@ -87,7 +87,7 @@ class RankStream:
 
     def __init__(self, loop: Loop, fd: int, *, stream: int, console: Optional[Console],
                  file_fd: Optional[int], prefix: Optional[Callable[[], bytes]],
-                 keep_tail: bool, on_eof: Callable[["RankStream"], None]) -> None:
+                 keep_tail: bool) -> None:
         self.loop = loop
         self.fd = fd
         self.stream = stream
@@ -99,7 +99,6 @@ class RankStream:
         self.pending = b""
         self.nbytes = 0
         self.closed = False
-        self._on_eof = on_eof
         try:
             import fcntl
             fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
@@ -184,7 +183,6 @@ class RankStream:
         if self.file_fd is not None:
             os.close(self.file_fd)
             self.file_fd = None
-        self._on_eof(self)
 
 
 class StdinFanout:

@@ -34,7 +34,7 @@ class _Rank:
     """Mutable bookkeeping of one running rank."""
 
     __slots__ = ("spec", "proc", "streams", "code", "signal", "reason", "ended",
-                 "stderr", "exit_order", "pmi_lost")
+                 "stderr", "pmi_lost")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -45,7 +45,6 @@ class _Rank:
         self.reason = ""
         self.ended = False
         self.stderr: Optional[RankStream] = None
-        self.exit_order = 0
         self.pmi_lost = False
 
     def result(self) -> RankResult:
@@ -71,7 +70,6 @@ class Supervisor:
         self.interrupts = 0
         self.killing: Optional[Timer] = None
         self.terminating = False
-        self.exits = 0
         self.pmi = None
         self.stdin_fanout: Optional[StdinFanout] = None
         self.watchdog: Optional[Watchdog] = None
@@ -183,13 +181,11 @@ class Supervisor:
         opts = dict(tag=out.tag, timestamp=out.timestamp, rank_prefix=out.rank_prefix)
         rank.streams.append(RankStream(
             self.loop, out_r, stream=1, console=console, file_fd=files[0],
-            prefix=line_prefix(spec.rank, "stdout", **opts), keep_tail=err_r is None,
-            on_eof=_ignore))
+            prefix=line_prefix(spec.rank, "stdout", **opts), keep_tail=err_r is None))
         if err_r is not None:
             rank.streams.append(RankStream(
                 self.loop, err_r, stream=2, console=console, file_fd=files[1],
-                prefix=line_prefix(spec.rank, "stderr", **opts), keep_tail=True,
-                on_eof=_ignore))
+                prefix=line_prefix(spec.rank, "stderr", **opts), keep_tail=True))
         rank.stderr = rank.streams[-1]
         self.loop.add_reader(rank.proc.pidfd, lambda: self._on_exit(rank))
         if self.job.report_bindings:
@@ -204,8 +200,6 @@ class Supervisor:
         self.loop.forget(rank.proc.pidfd)
         rank.code, rank.signal = rank.proc.reap()
         rank.ended = True
-        self.exits += 1
-        rank.exit_order = self.exits
         if rank.signal is not None or rank.code:
             self._fail(rank, "", rank.signal + 128 if rank.signal else rank.code or 1,
                        abort=not self.job.keep_going)
@@ -419,10 +413,6 @@ class Supervisor:
 
 
 def _noop(signum, frame) -> None:  # the wakeup fd carries the signal number
-    pass
-
-
-def _ignore(stream: RankStream) -> None:
     pass
 
 

@@ -29,7 +29,7 @@ def _relay(chunks, prefix=False):
                 loop, r, stream=1, console=console, file_fd=os.dup(f.fileno()),
                 prefix=line_prefix(source, "stdout", tag=True, timestamp=False,
                                    rank_prefix=False) if prefix else None,
-                keep_tail=True, on_eof=lambda s: None)
+                keep_tail=True)
         for source, data in chunks:
             streams[source].feed(data)
         for s in streams.values():
