@@ -56,6 +56,7 @@ from __future__ import annotations
 import _socket
 import errno
 import os
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -1057,6 +1058,13 @@ class _Conn:
 
     # -- input ----------------------------------------------------------------
     def _on_readable(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._read_and_handle()
+        finally:
+            self.server.busy_seconds += time.perf_counter() - started
+
+    def _read_and_handle(self) -> None:
         try:
             try:
                 data = self.sock.recv(65536)
@@ -1240,6 +1248,7 @@ class PMIServer:
             universe_size=universe_size, appnums=appnums)
         self.size = size
         self.stats: Dict[str, int] = {"total": 0}
+        self.busy_seconds = 0.0   # time spent reading and answering ranks
         self.max_pending = 64 + size
         self._conns: Dict[int, _Conn] = {}
         self._child_socks: Dict[int, socket.socket] = {}

@@ -366,7 +366,8 @@ class Supervisor:
             if os.environ.get("MSLAUNCH_PMI_STATS"):
                 self.console.message(
                     f"mslaunch: PMI: {self.pmi.stats['total']} messages from "
-                    f"{len(self.ranks)} ranks in {time.monotonic() - self.started:.3f} s")
+                    f"{len(self.ranks)} ranks in {self.pmi.busy_seconds:.4f} s "
+                    f"(job {time.monotonic() - self.started:.3f} s)")
             self.pmi.close()
             from .pmi import remove_shm_segments
             remove_shm_segments(self.plan.kvsname)
