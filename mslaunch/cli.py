@@ -432,7 +432,8 @@ def main(argv: Optional[Sequence[str]] = None,
             sys.stdout.write(done.text)
             return done.status
         if run is None:
-            from .launch import run_job as run
+            from .launch import run_job
+            return run_job(job)
         return run(job)
     except LaunchError as err:
         _print_error(str(err))

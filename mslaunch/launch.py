@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Tuple
 
-from .errors import LaunchError, PlanError
+from .errors import PlanError
 from .spec import HostEntry, JobSpec, Plan
 
 
@@ -124,5 +124,3 @@ def run_job(job: JobSpec) -> int:
         supervisor.console.message(result.message)
     return result.exit_code
 
-
-__all__ = ["run_job", "build_plan", "host_entries", "LaunchError"]

@@ -181,7 +181,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     node_of_host: Dict[int, int] = {}
     for h in where:
         node_of_host.setdefault(h, len(node_of_host))
-    used = [hosts[h] for h in sorted(node_of_host, key=node_of_host.get)]
+    used = [hosts[h] for h in sorted(node_of_host, key=node_of_host.__getitem__)]
     used = [Host(name=h.name, slots=h.slots, max_slots=h.max_slots, local=h.local,
                  node_id=i) for i, h in enumerate(used)]
     local_size: Dict[int, int] = {}
@@ -230,7 +230,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         seen[h] = local_rank + 1
         lsize = local_size[h]
         app_index = app_of[rank]
-        app: AppContext = job.apps[app_index]
+        context: AppContext = job.apps[app_index]
         env = dict(app_envs[app_index])
         env.update({
             "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
@@ -267,8 +267,8 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         else:
             stdin = "null"
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
-                              local_size=lsize, argv=app.argv, env=env,
-                              cwd=app.wdir or job.launch_dir, stdout_path=stdout_path,
+                              local_size=lsize, argv=context.argv, env=env,
+                              cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,
                               stderr_path=stderr_path, cpus=bound, stdin=stdin))
     if job.stdin not in ("all", "none") and int(job.stdin) >= size:
         raise PlanError(f"--stdin {job.stdin}: the job has only {size} ranks")

@@ -9,83 +9,86 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    # Type checkers see the standard decorator; at run time the small
+    # equivalent below stands in for it.
+    from dataclasses import dataclass, replace
     from typing import Mapping, Optional, Tuple
-
-_MISSING = object()
-
-
-class FrozenInstanceError(AttributeError):
-    """Raised on an attempt to change a field of a frozen record."""
+else:
+    _MISSING = object()
 
 
-def dataclass(frozen: bool = True):
-    """A frozen dataclass without the ``dataclasses`` module.
-
-    ``dataclasses`` imports ``inspect``; together they cost about 9 ms, more
-    than a whole ``-n 1 true`` launch may spend, so the value types here use
-    this small equivalent: fields and defaults from the class annotations,
-    keyword or positional construction, equality, hashing, ``repr`` and
-    :func:`replace`, and no assignment after construction.
-    """
-    assert frozen
-
-    def wrap(cls):
-        names = tuple(n for klass in reversed(cls.__mro__)
-                      for n in klass.__dict__.get("__annotations__", {}))
-        names = tuple(dict.fromkeys(names))
-        defaults = {n: getattr(cls, n) for n in names if hasattr(cls, n)}
-        for n in defaults:
-            if n in cls.__dict__:
-                delattr(cls, n)
-
-        def __init__(self, *args, **kwargs):
-            if len(args) > len(names):
-                raise TypeError(f"{cls.__name__}: too many arguments")
-            values = dict(zip(names, args))
-            for key, value in kwargs.items():
-                if key not in names or key in values:
-                    raise TypeError(f"{cls.__name__}: unexpected or repeated field {key!r}")
-                values[key] = value
-            for n in names:
-                value = values.get(n, defaults.get(n, _MISSING))
-                if value is _MISSING:
-                    raise TypeError(f"{cls.__name__}: missing field {n!r}")
-                object.__setattr__(self, n, value)
-
-        def _fields(self):
-            return tuple(getattr(self, n) for n in names)
-
-        def __setattr__(self, name, value):
-            raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-        def __delattr__(self, name):
-            raise FrozenInstanceError(f"cannot delete field {name!r}")
-
-        def __eq__(self, other):
-            if other.__class__ is not self.__class__:
-                return NotImplemented
-            return _fields(self) == _fields(other)
-
-        def __hash__(self):
-            return hash(_fields(self))
-
-        def __repr__(self):
-            inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
-            return f"{cls.__name__}({inner})"
-
-        for fn in (__init__, __setattr__, __delattr__, __eq__, __hash__, __repr__):
-            fn.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"
-            setattr(cls, fn.__name__, fn)
-        cls.__dataclass_fields__ = names
-        return cls
-    return wrap
+    class FrozenInstanceError(AttributeError):
+        """Raised on an attempt to change a field of a frozen record."""
 
 
-def replace(record, **changes):
-    """A copy of a frozen record with some fields changed."""
-    values = {n: getattr(record, n) for n in record.__dataclass_fields__}
-    values.update(changes)
-    return record.__class__(**values)
+    def dataclass(frozen: bool = True):
+        """A frozen dataclass without the ``dataclasses`` module.
+
+        ``dataclasses`` imports ``inspect``; together they cost about 9 ms, more
+        than a whole ``-n 1 true`` launch may spend, so the value types here use
+        this small equivalent: fields and defaults from the class annotations,
+        keyword or positional construction, equality, hashing, ``repr`` and
+        :func:`replace`, and no assignment after construction.
+        """
+        assert frozen
+
+        def wrap(cls):
+            names = tuple(n for klass in reversed(cls.__mro__)
+                          for n in klass.__dict__.get("__annotations__", {}))
+            names = tuple(dict.fromkeys(names))
+            defaults = {n: getattr(cls, n) for n in names if hasattr(cls, n)}
+            for n in defaults:
+                if n in cls.__dict__:
+                    delattr(cls, n)
+
+            def __init__(self, *args, **kwargs):
+                if len(args) > len(names):
+                    raise TypeError(f"{cls.__name__}: too many arguments")
+                values = dict(zip(names, args))
+                for key, value in kwargs.items():
+                    if key not in names or key in values:
+                        raise TypeError(f"{cls.__name__}: unexpected or repeated field {key!r}")
+                    values[key] = value
+                for n in names:
+                    value = values.get(n, defaults.get(n, _MISSING))
+                    if value is _MISSING:
+                        raise TypeError(f"{cls.__name__}: missing field {n!r}")
+                    object.__setattr__(self, n, value)
+
+            def _fields(self):
+                return tuple(getattr(self, n) for n in names)
+
+            def __setattr__(self, name, value):
+                raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+            def __delattr__(self, name):
+                raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+            def __eq__(self, other):
+                if other.__class__ is not self.__class__:
+                    return NotImplemented
+                return _fields(self) == _fields(other)
+
+            def __hash__(self):
+                return hash(_fields(self))
+
+            def __repr__(self):
+                inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
+                return f"{cls.__name__}({inner})"
+
+            for fn in (__init__, __setattr__, __delattr__, __eq__, __hash__, __repr__):
+                fn.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"
+                setattr(cls, fn.__name__, fn)
+            cls.__dataclass_fields__ = names
+            return cls
+        return wrap
+
+
+    def replace(record, **changes):
+        """A copy of a frozen record with some fields changed."""
+        values = {n: getattr(record, n) for n in record.__dataclass_fields__}
+        values.update(changes)
+        return record.__class__(**values)
 
 
 @dataclass(frozen=True)

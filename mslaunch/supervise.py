@@ -18,6 +18,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional
 
+    from .pmi import PMIServer
+
 from .errors import LaunchError
 from .guard import Watchdog, marked_pids
 from .loop import Loop, Timer
@@ -66,11 +68,11 @@ class Supervisor:
         self.root: Optional[_Rank] = None
         self.root_code = 0
         self.timed_out = False
-        self.stop_signal: Optional[int] = None
+        self.stop_signal: Optional[int] = None  # the first stop signal received
         self.interrupts = 0
         self.killing: Optional[Timer] = None
         self.terminating = False
-        self.pmi = None
+        self.pmi: Optional[PMIServer] = None
         self.stdin_fanout: Optional[StdinFanout] = None
         self.watchdog: Optional[Watchdog] = None
         self._sweep: Optional[Timer] = None
@@ -238,7 +240,7 @@ class Supervisor:
             return
         if sig in _STOPPING:
             if self.stop_signal is None:
-                self.stop_signal = sig
+                self.stop_signal = int(sig)
             if not self.job.quiet and sig == signal.SIGINT:
                 self.console.message(f"mslaunch: forwarding SIGINT to {len(live)} rank(s); "
                                      f"press Ctrl-C again to kill them")
