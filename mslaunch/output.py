@@ -55,6 +55,9 @@ class Console:
                 raise
             self._open[stream] = False   # the reader went away; files still get everything
 
+    def is_open(self, stream: int) -> bool:
+        return self._open[stream]
+
     def message(self, text: str) -> None:
         """A line of mslaunch's own on stderr, kept apart from rank lines."""
         self.write(2, self, text.encode("utf-8", "replace") + b"\n")
@@ -121,6 +124,13 @@ class RankStream:
             self.close()
         elif n > 0:
             self.feed(memoryview(_BUFFER)[:n])
+            if self.file_fd is None and self.console is not None \
+                    and not self.console.is_open(self.stream):
+                # Nobody reads mslaunch's output any more (``| head``) and
+                # no file wants it: stop reading, so that the rank meets a
+                # broken pipe as it would at the end of a shell pipeline.
+                self.pending = b""
+                self.close()
 
     def drain(self) -> None:
         """Read whatever is buffered without blocking, then close."""

@@ -380,8 +380,11 @@ class Supervisor:
         results = tuple(r.result() for r in self.ranks)
         if self.root is not None:
             root = results[self.root.spec.rank]
+            # A rank stopped by a broken pipe because mslaunch's own reader
+            # went away (``| head``) is the shell's quiet SIGPIPE, not news.
+            quiet = root.signal == signal.SIGPIPE and not self.console.is_open(1)
             return JobResult(exit_code=self.root_code, ranks=results, root_cause=root,
-                             message=self._summary(self.root))
+                             message="" if quiet else self._summary(self.root))
         if self.timed_out:
             return JobResult(exit_code=TIMEOUT_EXIT, ranks=results,
                              message="")

@@ -189,6 +189,20 @@ def test_partial_lines_of_two_ranks_do_not_splice_on_the_terminal():
     assert sorted(out.split("\n")) == ["from-0", "from-1"]
 
 
+def test_a_closed_reader_ends_an_endless_writer_like_a_shell_pipeline():
+    tag = new_tag()
+    p = start("-n", "2", "yes", env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert p.stdout.readline() == b"y\n"
+        p.stdout.close()
+        assert p.wait(timeout=20) == 128 + signal.SIGPIPE
+        assert p.stderr.read() == b""
+        assert wait_for(lambda: tagged_pids(tag) == [], 5)
+    finally:
+        p.kill()
+        kill_tagged(tag)
+
+
 # -- stdin -----------------------------------------------------------------
 READ_STDIN = "import os,sys; print(os.environ['RANK'], repr(sys.stdin.read()))"
 
