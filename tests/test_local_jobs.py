@@ -333,13 +333,15 @@ def _signal_job(tmp_path, sig, leave="yes", second=None):
     try:
         for r in range(2):
             assert wait_lines(str(tmp_path / f"rank{r}.log"), 1)
+        signalled = time.monotonic()
         p.send_signal(sig)
         if second:
             time.sleep(0.3)
             p.send_signal(second)
         out, err = p.communicate(timeout=20)
+        took = time.monotonic() - signalled
         logs = [(tmp_path / f"rank{r}.log").read_text().split() for r in range(2)]
-        return p.returncode, logs, err, tag
+        return p.returncode, logs, err, tag, took
     finally:
         p.kill()
         kill_tagged(tag)
@@ -347,26 +349,25 @@ def _signal_job(tmp_path, sig, leave="yes", second=None):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_stop_signals_are_forwarded(tmp_path, sig):
-    rc, logs, err, tag = _signal_job(tmp_path, sig)
+    rc, logs, err, tag, _ = _signal_job(tmp_path, sig)
     assert all(log == ["ready", sig.name] for log in logs), logs
     assert rc == 128 + sig
     assert tagged_pids(tag) == []
 
 
 def test_ranks_ignoring_sigterm_are_killed_after_grace(tmp_path):
-    t0 = time.monotonic()
-    rc, logs, err, tag = _signal_job(tmp_path, signal.SIGTERM, leave="no")
+    rc, logs, err, tag, took = _signal_job(tmp_path, signal.SIGTERM, leave="no")
     assert logs == [["ready", "SIGTERM"]] * 2
     assert rc == 128 + signal.SIGTERM
-    assert 1.5 < time.monotonic() - t0 < 15
+    assert 1.9 < took < 15
     assert tagged_pids(tag) == []
 
 
 def test_second_sigint_kills_at_once(tmp_path):
-    t0 = time.monotonic()
-    rc, logs, err, tag = _signal_job(tmp_path, signal.SIGINT, leave="no", second=signal.SIGINT)
+    rc, logs, err, tag, took = _signal_job(tmp_path, signal.SIGINT, leave="no",
+                                           second=signal.SIGINT)
     assert logs == [["ready", "SIGINT"]] * 2
-    assert time.monotonic() - t0 < 1.9  # well before the 2 s grace
+    assert took < 1.9  # the second Ctrl-C kills before the 2 s grace is over
     assert rc == 128 + signal.SIGINT
 
 
