@@ -1,7 +1,17 @@
-"""``python -m mslaunch`` runs the command line."""
+"""The ``mslaunch`` command, also run as ``python -m mslaunch``."""
 
+import _signal
 import sys
 
-from .cli import main
 
-sys.exit(main())
+def main() -> int:
+    # Until the supervisor installs its handlers, Ctrl-C simply ends mslaunch
+    # (nothing has started yet) rather than raising KeyboardInterrupt in the
+    # middle of an import, with a traceback.
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    from .cli import main as run
+    return run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -123,13 +124,19 @@ def _canonical(token: str) -> Tuple[Optional[str], Optional[str]]:
     return name, value
 
 
-def _int(flag: str, text: str, minimum: int = 1) -> int:
+MAX_RANKS = 100_000          # beyond this a typo, not a job: refuse it
+MAX_SECONDS = 100_000_000.0  # about three years
+
+
+def _int(flag: str, text: str, minimum: int = 1, maximum: int = MAX_RANKS) -> int:
     try:
         value = int(text)
     except ValueError:
         raise UsageError(f"{flag}: expected a whole number, got {text!r}") from None
     if value < minimum:
         raise UsageError(f"{flag}: must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise UsageError(f"{flag}: at most {maximum}, got {value}")
     return value
 
 
@@ -138,8 +145,9 @@ def _seconds(flag: str, text: str, allow_zero: bool = False) -> float:
         value = float(text)
     except ValueError:
         raise UsageError(f"{flag}: expected a number of seconds, got {text!r}") from None
-    if value != value or value < 0 or (value == 0 and not allow_zero) or value == float("inf"):
-        raise UsageError(f"{flag}: expected a positive number of seconds, got {text!r}")
+    if not (0 < value <= MAX_SECONDS or (value == 0 and allow_zero)):
+        raise UsageError(f"{flag}: expected a number of seconds from 0 to {MAX_SECONDS:.0f}, "
+                         f"got {text!r}")
     return value
 
 
@@ -188,6 +196,13 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             continue
         if token == ":":
             raise UsageError("':' must follow a program (empty MPMD context)")
+        if token == "--":
+            # End of options: the next word is the program, whatever it looks like.
+            if i + 1 >= len(args):
+                raise UsageError("no program given after '--'")
+            ctx.argv.append(args[i + 1])
+            i += 2
+            continue
         name, inline = _canonical(token)
         if name is None:
             ctx.argv.append(token)
@@ -221,6 +236,8 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         elif name == "envlist":
             ctx.env.extend((_env_name(flag, k), None) for k in v.split(",") if k)
         elif name == "wdir":
+            if not v:
+                raise UsageError(f"{flag}: empty directory name")
             ctx.wdir = v
         elif name == "genv":
             genv.append((_env_name(flag, v), values[1]))
@@ -387,6 +404,9 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
     stdin = str(g.get("stdin", "0")).lower()
     if stdin not in ("all", "none"):
         stdin = str(_int("--stdin", stdin, minimum=0))
+        sizes = [c.np for c in contexts]
+        if None not in sizes and int(stdin) >= sum(sizes):  # type: ignore[arg-type]
+            raise UsageError(f"--stdin {stdin}: the job has only {sum(sizes)} ranks")  # type: ignore[arg-type]
 
     timeout = g.get("timeout")
     if timeout is None and environ.get("MPIEXEC_TIMEOUT"):
@@ -416,6 +436,22 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
         launch_dir=cwd)
 
 
+def _ensure_std_fds() -> None:
+    """Open /dev/null on any of fds 0-2 that mslaunch was started without.
+
+    Otherwise the first pipe mslaunch creates would land on, say, fd 1, and
+    its output or a rank's stdin would go to the wrong place.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 def _print_error(message: str) -> None:
     sys.stderr.write(f"mslaunch: error: {message}\n")
     sys.stderr.flush()
@@ -425,6 +461,7 @@ def main(argv: Optional[Sequence[str]] = None,
          run: Optional[Callable[[JobSpec], int]] = None) -> int:
     """Entry point of the ``mslaunch`` command; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
+    _ensure_std_fds()
     try:
         try:
             job = parse_args(argv)

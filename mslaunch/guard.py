@@ -1,13 +1,16 @@
-"""The parent-death guard: no rank outlives a launcher that was SIGKILLed.
+"""The guard against orphans: no rank, and nothing a rank started, outlives the job.
 
 Before the first rank starts, the launcher forks a small watchdog into its
 own session.  The launcher tells it, over a pipe, the process group of every
-rank it starts.  If the pipe reaches end-of-file without the final ``done``
-line, the launcher died abruptly: the watchdog terminates every rank group
-(SIGTERM, then SIGKILL after the grace period) and also every process whose
-initial environment carries this job's ``MSLAUNCH_JOB`` marker, which catches
-ranks started in the instant before their group was reported and
-grandchildren that left their group.
+rank it starts.  When the pipe reaches end-of-file without the final
+``done`` line, the launcher died abruptly (SIGKILL, say); when ``done``
+arrives, the job ended normally.  Either way the watchdog then terminates
+every rank group still alive and every process whose initial environment
+carries this job's ``MSLAUNCH_JOB`` marker (SIGTERM, then SIGKILL after the
+grace period).  The marker catches ranks started in the instant before
+their group was reported, and daemons that left their rank's group with
+``setsid``.  The launcher does not wait for that sweep: it runs beside the
+launcher's exit, off the job's critical path.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def _watch(read_fd: int, marker: str, grace: float) -> None:
     os.closerange(read_fd + 1, 1 << 16)
     groups: Set[int] = set()
     buf = b""
-    while True:
+    done = False
+    while not done:
         try:
             data = os.read(read_fd, 4096)
         except OSError:
@@ -96,12 +100,14 @@ def _watch(read_fd: int, marker: str, grace: float) -> None:
         *lines, buf = buf.split(b"\n")
         for line in lines:
             if line == b"done":
-                return
-            if line[:1] == b"+":
+                done = True
+            elif line[:1] == b"+":
                 groups.add(int(line[1:]))
             elif line[:1] == b"-":
                 groups.discard(int(line[1:]))
-    terminate(groups, marker, grace)
+    # After "done" the launcher has seen every rank group end, and a group id
+    # may already name someone else's group: only the marker counts then.
+    terminate(set() if done else groups, marker, grace)
 
 
 class Watchdog:
@@ -137,14 +143,14 @@ class Watchdog:
         self._pending.clear()
 
     def close(self) -> None:
-        """Normal end: the launcher cleaned up itself; the watchdog just exits."""
+        """Normal end: the watchdog sweeps for leftovers and exits on its own.
+
+        It is not waited for; if the launcher outlives it, the zombie goes
+        with the launcher's own exit.
+        """
         if self._fd < 0:
             return
         self._pending = ["done\n"]
         self.flush()
         os.close(self._fd)
         self._fd = -1
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass

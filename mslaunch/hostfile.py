@@ -552,8 +552,9 @@ def _is_loopback_v4(name: str) -> bool:
 def is_local_host(name: str) -> bool:
     """True if ``name`` denotes this machine, judged without any DNS lookup.
 
-    Loopback names and addresses (127.0.0.0/8, ``::1``, also bracketed) and
-    this machine's hostname in short or full form, compared case-insensitively.
+    Loopback names and addresses (127.0.0.0/8, ``::1``, also bracketed), this
+    machine's hostname in short or full form (compared case-insensitively),
+    and the IPv4 addresses of its interfaces.
     """
     n = name.strip().lower()
     if n.startswith("[") and n.endswith("]"):
@@ -573,4 +574,22 @@ def is_local_host(name: str) -> bool:
             return False
         mapped = addr.ipv4_mapped
         return addr.is_loopback or (mapped is not None and mapped.is_loopback)
-    return n in _local_names()
+    if n in _local_names():
+        return True
+    return n[:1].isdigit() and n in _local_ipv4_addresses()
+
+
+@lru_cache(maxsize=1)
+def _local_ipv4_addresses() -> frozenset:
+    """This machine's IPv4 addresses, from the kernel's routing trie (no DNS)."""
+    found = set()
+    try:
+        with open("/proc/net/fib_trie") as f:
+            previous = ""
+            for line in f:
+                if line.strip() == "/32 host LOCAL":
+                    found.add(previous.strip().lstrip("|-+` ").strip())
+                previous = line
+    except OSError:
+        pass
+    return frozenset(found)

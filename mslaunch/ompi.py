@@ -18,6 +18,7 @@ terminal copy itself.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from typing import Dict, List, Optional, Tuple
 
     from .spec import JobSpec
+
+
+_TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
 
 
 def find_mpirun(environ) -> Tuple[List[str], Dict[str, str]]:
@@ -88,8 +92,9 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[Lis
     for key, value in job.mca:
         if key != "orte_abort_on_non_zero_status":
             cmd += ["--mca", key, value]
-    if job.stdin != "0":
-        cmd += ["--stdin", job.stdin]
+    # Open MPI 5.0 hangs when it forwards stdin to a rank that reads it, so
+    # ranks get none (they read end-of-file); see the README.
+    cmd += ["--stdin", "none"]
     if job.output.merge_stderr:
         cmd.append("--merge-stderr-to-stdout")
     if tagged:
@@ -148,13 +153,24 @@ class _Demux:
         return self.files[key]
 
     def line(self, stream: int, raw: bytes) -> None:
-        text = raw.rstrip(b"\n")
-        parsed = _parse_tag(text)
-        if parsed is None:
+        """One line of mpirun's output: ``[1,N]<stdout>: text`` pieces, or its own."""
+        ends = raw.endswith(b"\n")
+        text = raw[:-1] if ends else raw
+        tags = list(_TAG.finditer(text))
+        if not tags:
             self.console.write(stream, self, raw)      # mpirun's own messages
             return
-        rank, tagged_stream, body = parsed
-        data = body + b"\n"
+        if tags[0].start():
+            self.console.write(stream, self, text[:tags[0].start()])
+        # Open MPI puts a rank's unfinished last line and the next rank's
+        # tagged line on one line: every piece but the last had no newline.
+        for i, tag in enumerate(tags):
+            last = i + 1 == len(tags)
+            body = text[tag.end():len(text) if last else tags[i + 1].start()]
+            self._emit(int(tag.group(1)), 1 if tag.group(2) == b"stdout" else 2,
+                       body + (b"\n" if last and ends else b""))
+
+    def _emit(self, rank: int, tagged_stream: int, data: bytes) -> None:
         fd = self._file(rank, tagged_stream)
         if fd is not None:
             os.write(fd, data)
@@ -168,25 +184,11 @@ class _Demux:
                                              rank_prefix=out.rank_prefix)
         prefix = self.prefixes[key]
         target = 1 if out.merge_stderr else tagged_stream
-        self.console.write(target, self, (prefix() if prefix else b"") + data)  # type: ignore[operator]
+        self.console.write(target, key, (prefix() if prefix else b"") + data)  # type: ignore[operator]
 
     def close(self) -> None:
         for fd in self.files.values():
             os.close(fd)
-
-
-def _parse_tag(text: bytes) -> Optional[Tuple[int, int, bytes]]:
-    if not text.startswith(b"["):
-        return None
-    head, sep, body = text.partition(b">:")
-    if not sep:
-        return None
-    try:
-        ids, stream = head[1:].split(b"]<")
-        _, rank = ids.split(b",")
-        return int(rank), (1 if stream == b"stdout" else 2), body[1:] if body[:1] == b" " else body
-    except ValueError:
-        return None
 
 
 def run_openmpi(job: JobSpec) -> int:
@@ -216,8 +218,8 @@ def run_openmpi(job: JobSpec) -> int:
             r2, stderr = os.pipe()
             pipes = {r1: [1, b""], r2: [2, b""]}
         try:
-            proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr,
-                                    start_new_session=True, cwd=job.launch_dir)
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                    stderr=stderr, start_new_session=True, cwd=job.launch_dir)
         except OSError as err:
             raise LaunchError(f"cannot start Open MPI's mpirun: {err.strerror}") from None
         finally:

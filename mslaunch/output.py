@@ -206,23 +206,47 @@ class StdinFanout:
         self.sinks = dict(sinks)          # rank -> write fd
         self.buffers: Dict[int, bytearray] = {r: bytearray() for r in sinks}
         self.eof = False
+        self.paused = False
         for fd in self.sinks.values():
             os.set_blocking(fd, False)
-        loop.add_reader(source_fd, self._read)
+        try:
+            loop.add_reader(source_fd, self._read)
+            self.pollable = True
+        except OSError:
+            # A regular file or /dev/null cannot be polled (it is always
+            # readable): read it from timers instead.
+            self.pollable = False
+            loop.call_later(0, self._read)
 
     def _read(self) -> None:
         try:
             data = os.read(self.source, CHUNK)
+        except BlockingIOError:
+            return
         except OSError:
             data = b""
         if not data:
             self.eof = True
-            self.loop.remove_reader(self.source)
+            if self.pollable:
+                self.loop.remove_reader(self.source)
         for rank in list(self.sinks):
             self.buffers[rank] += data
             self._flush(rank)
-        if not self.eof and any(len(b) > self.LIMIT for b in self.buffers.values()):
-            self.loop.remove_reader(self.source)   # back-pressure until ranks read
+        if self.eof:
+            return
+        if any(len(b) > self.LIMIT for b in self.buffers.values()):
+            self.paused = True                 # back-pressure until the ranks read
+            if self.pollable:
+                self.loop.remove_reader(self.source)
+        elif not self.pollable:
+            self.loop.call_later(0, self._read)
+
+    def _resume(self) -> None:
+        self.paused = False
+        if self.pollable:
+            self.loop.add_reader(self.source, self._read)
+        else:
+            self.loop.call_later(0, self._read)
 
     def _flush(self, rank: int) -> None:
         fd = self.sinks.get(rank)
@@ -242,8 +266,8 @@ class StdinFanout:
         self.loop.remove_writer(fd)
         if self.eof:
             self.drop(rank)
-        elif all(len(b) <= self.LIMIT for b in self.buffers.values()):
-            self.loop.add_reader(self.source, self._read)
+        elif self.paused and all(len(b) <= self.LIMIT for b in self.buffers.values()):
+            self._resume()
 
     def drop(self, rank: int) -> None:
         fd = self.sinks.pop(rank, None)
@@ -254,5 +278,5 @@ class StdinFanout:
     def close(self) -> None:
         for rank in list(self.sinks):
             self.drop(rank)
-        if not self.eof:
+        if not self.eof and self.pollable:
             self.loop.forget(self.source)

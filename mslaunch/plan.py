@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import PlanError
+from .errors import PlanError, UsageError
 from .spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
 
 #: Variables an outer launcher leaves behind; ranks must not inherit them.
@@ -271,7 +271,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,
                               stderr_path=stderr_path, cpus=bound, stdin=stdin))
     if job.stdin not in ("all", "none") and int(job.stdin) >= size:
-        raise PlanError(f"--stdin {job.stdin}: the job has only {size} ranks")
+        raise UsageError(f"--stdin {job.stdin}: the job has only {size} ranks")
     return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
                 process_mapping=mapping, universe_size=universe,
                 master_addr=master_addr, master_port=master_port)

@@ -32,7 +32,11 @@ USAGE = "usage: python -m mslaunch.rankenv [--mpi4py] (program | script.py | -m 
 
 
 class RankEnvError(Exception):
-    """The rank could not be determined or the command line is wrong."""
+    """The rank could not be determined, or the program cannot run."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code    # 2: usage; 127: the program cannot be run
 
 
 def _ints(environ: Mapping[str, str], *names: str) -> Optional[List[int]]:
@@ -146,11 +150,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             try:
                 os.execvp(target, [target, *args])
             except OSError as err:
-                raise RankEnvError(f"cannot run {target!r}: {err.strerror}") from None
+                raise RankEnvError(f"cannot run {target!r}: {err.strerror}", 127) from None
+        if kind == "script" and not os.path.isfile(target):
+            raise RankEnvError(f"cannot run {target!r}: no such file", 127)
         _run_python(kind, target, args)
     except RankEnvError as err:
         sys.stderr.write(f"mslaunch.rankenv: error: {err}\n")
-        return 2
+        return err.code
     return 0
 
 

@@ -14,6 +14,7 @@ holds is close-on-exec (see :func:`seal_inherited_fds`).
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -91,9 +92,15 @@ class LocalProcess:
                 self.pid = _spawn(spec, path, env, stdin, stdout, stderr)
         except OSError as err:
             raise SpawnError(f"cannot start rank {spec.rank} ({spec.argv[0]}): "
-                             f"{err.strerror or err}") from None
+                             f"{os_error_reason(err)}") from None
         self.pgid = self.pid
-        self.pidfd = os.pidfd_open(self.pid)
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except OSError as err:
+            # Unwatchable, so it must not run: stop it before reporting.
+            self.signal(signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            raise SpawnError(f"cannot watch rank {spec.rank}: {os_error_reason(err)}") from None
 
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to the rank's process group; False if the group is gone."""
@@ -104,7 +111,14 @@ class LocalProcess:
             return False
 
     def group_alive(self) -> bool:
-        return self.signal(0)
+        """Whether a process of the rank's group still runs (zombies do not count).
+
+        A zombie left by an exited rank stays in the group until init reaps
+        it, which can take a while; the slow check runs only in that case.
+        """
+        if not self.signal(0):
+            return False
+        return any_live_member(self.pgid)
 
     def reap(self) -> Tuple[Optional[int], Optional[int]]:
         """Collect the exit status: (exit code, None) or (None, signal number)."""
@@ -153,6 +167,32 @@ def _inheritable(fd: int) -> bool:
         return os.get_inheritable(fd)
     except OSError:
         return False
+
+
+def any_live_member(pgid: int) -> bool:
+    """True if a process of group ``pgid`` is alive and not a zombie."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def os_error_reason(err: OSError) -> str:
+    """A short reason for an OSError, with a hint when descriptors ran out."""
+    if err.errno in (errno.EMFILE, errno.ENFILE):
+        return "too many open files (raise the limit: ulimit -n)"
+    return err.strerror or str(err)
 
 
 def signal_name(sig: int) -> str:

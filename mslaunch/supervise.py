@@ -25,7 +25,7 @@ from .guard import Watchdog, marked_pids
 from .loop import Loop, Timer
 from .output import Console, RankStream, StdinFanout, line_prefix
 from .plan import TIMEOUT_EXIT
-from .spawn import LocalProcess, seal_inherited_fds, signal_name
+from .spawn import LocalProcess, os_error_reason, seal_inherited_fds, signal_name
 from .spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -117,11 +117,14 @@ class Supervisor:
             if job.pmi_port:
                 self.pmi.listen_tcp()
         stdin_pipes: Dict[int, int] = {}
+        _raise_fd_limit(8 * len(self.ranks) + 64)
         try:
             for rank in self.ranks:
-                self._start(rank, stdin_pipes)
-                if self.terminating:
-                    break
+                try:
+                    self._start(rank, stdin_pipes)
+                except OSError as err:
+                    raise LaunchError(f"cannot start rank {rank.spec.rank}: "
+                                      f"{os_error_reason(err)}") from None
         finally:
             if self.pmi is not None:
                 self.pmi.release_child_fds()
@@ -416,6 +419,18 @@ class Supervisor:
             head += f"\nmslaunch: last lines of rank {spec.rank}'s {stream}:\n" + \
                 "\n".join("    " + line for line in lines)
         return head
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Lift the soft open-file limit towards ``needed`` (each rank holds ~5 fds)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _noop(signum, frame) -> None:  # the wakeup fd carries the signal number

@@ -10,6 +10,7 @@ apt_needed=()
 command -v gcc >/dev/null 2>&1 || apt_needed+=(gcc libc6-dev)
 [ -e /usr/include/slurm/pmi2.h ] || apt_needed+=(libpmi2-0-dev)
 command -v ps >/dev/null 2>&1 || apt_needed+=(procps)
+python3 -m venv --help >/dev/null 2>&1 || apt_needed+=(python3-venv)
 if [ ${#apt_needed[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "scripts/test.sh: need root to apt-get install ${apt_needed[*]}" >&2

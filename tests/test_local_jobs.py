@@ -212,6 +212,30 @@ def test_stdin_goes_to_rank_0_only_by_default():
     assert sorted(r.stdout.decode().splitlines()) == ["0 'hello'", "1 ''"]
 
 
+@pytest.mark.parametrize("source", ["file", "devnull", "closed"])
+def test_stdin_all_from_files_devices_or_nothing(tmp_path, source):
+    data = tmp_path / "in"
+    data.write_bytes(b"line\n" * 50000)
+    cmd = [PY, "-m", "mslaunch", "-n", "2", "--stdin", "all", "sh", "-c", "wc -c"]
+    if source == "closed":
+        r = subprocess.run(["sh", "-c", '"$@" <&-', "sh", *cmd], capture_output=True,
+                           env=clean_env(), timeout=60)
+    else:
+        with open(data if source == "file" else os.devnull, "rb") as f:
+            r = subprocess.run(cmd, stdin=f, capture_output=True, env=clean_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    want = "250000" if source == "file" else "0"
+    assert r.stdout.decode().split() == [want, want]
+
+
+def test_closed_stdout_and_stdin_of_mslaunch_are_harmless():
+    r = subprocess.run(["sh", "-c", '"$@" >&- <&-', "sh", PY, "-m", "mslaunch", "-n", "1",
+                        "sh", "-c", "cat; echo done >&2"],
+                       capture_output=True, env=clean_env(), timeout=60)
+    assert r.returncode == 0
+    assert r.stderr == b"done\n"
+
+
 def test_stdin_all_none_and_rank():
     r = run("-n", "3", "--oversubscribe", "--stdin", "all", PY, "-c", READ_STDIN,
             input=b"data\n" * 1000)
@@ -291,6 +315,39 @@ def test_leftover_children_of_a_successful_rank_are_not_orphaned():
                 env=clean_env(MSL_TEST_TAG=tag), timeout=20)
         assert r.returncode == 0 and r.stdout == b"started\n"
         assert wait_for(lambda: tagged_pids(tag) == [], 3)
+    finally:
+        kill_tagged(tag)
+
+
+def test_daemons_that_left_their_rank_group_do_not_outlive_the_job():
+    tag = new_tag()
+    daemon = ("import os, time\n"
+              "if os.fork() == 0:\n"
+              "    os.setsid(); os.closerange(0, 3); time.sleep(60)\n"
+              "print('started', flush=True)\n")
+    try:
+        r = run("-n", "1", "--grace", "1", PY, "-c", daemon, env=clean_env(MSL_TEST_TAG=tag),
+                timeout=30)
+        assert r.returncode == 0 and r.stdout == b"started\n"
+        assert wait_for(lambda: tagged_pids(tag) == [], 5), tagged_pids(tag)
+    finally:
+        kill_tagged(tag)
+
+
+def test_running_out_of_descriptors_is_one_error_line_and_no_orphans():
+    import resource
+    tag = new_tag()
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+
+    try:
+        r = subprocess.run([PY, "-m", "mslaunch", "-n", "40", "--oversubscribe", "sleep", "60"],
+                           env=clean_env(MSL_TEST_TAG=tag), capture_output=True, timeout=60,
+                           preexec_fn=low_limit)
+        assert r.returncode != 0
+        assert "too many open files" in one_error_line(r.stderr)
+        assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
     finally:
         kill_tagged(tag)
 
@@ -439,6 +496,20 @@ def test_hostfile_with_local_names_runs_and_remote_names_are_refused(tmp_path):
     assert "node01" in one_error_line(r.stderr)
 
 
+def test_this_machines_own_addresses_run_locally():
+    from mslaunch.hostfile import _local_ipv4_addresses
+    own = sorted(a for a in _local_ipv4_addresses() if not a.startswith("127."))
+    addr = own[0] if own else "127.0.0.1"
+    r = run("-H", f"{addr}:1", "sh", "-c", "echo $RANK")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"0\n"
+
+
+def test_double_dash_ends_the_options():
+    r = run("-n", "1", "--", "echo", "-n", "x")
+    assert r.returncode == 0 and r.stdout == b"x"
+
+
 def test_slurm_allocation_sizes_the_job(tmp_path):
     env = clean_env(SLURM_JOB_NODELIST="localhost", SLURM_TASKS_PER_NODE="3",
                     SLURM_JOB_NUM_NODES="1")
@@ -470,6 +541,12 @@ def test_pbs_nodefile_sizes_the_job(tmp_path):
     (["-n", "1", "true", ":", "true"], "MPMD"),
     (["--stdin", "many", "true"], "--stdin"),
     (["-x"], "-x: missing value"),
+    (["--timeout", "1e300", "true"], "--timeout"),
+    (["--grace", "inf", "true"], "--grace"),
+    (["-n", "99999999999", "--oversubscribe", "true"], "-n: at most"),
+    (["-n", "2", "--stdin", "5", "true"], "--stdin 5"),
+    (["-wdir", "", "true"], "empty directory"),
+    (["-n", "1", "--"], "after '--'"),
 ])
 def test_bad_input_gives_one_error_line_and_status_2(args, words):
     r = run(*args)

@@ -58,6 +58,25 @@ def test_output_filename_tags_and_exit_code(openmpi, tmp_path):
 
 
 @pytest.mark.openmpi
+def test_partial_lines_and_blank_lines_reach_the_files_exactly(openmpi, tmp_path):
+    text = "a\n\n  lead\ttab\nno newline"
+    r = run("--mpi", "openmpi", "-n", "2", "--output-filename", str(tmp_path), PY, "-c",
+            f"import sys; sys.stdout.write({text!r})", timeout=120)
+    assert r.returncode == 0, r.stderr
+    for rank in range(2):
+        assert (tmp_path / "1" / f"rank.{rank}" / "stdout").read_text() == text
+    assert b"<stdout>" not in r.stdout
+    assert sorted(r.stdout.decode().split("\n")).count("no newline") == 2
+
+
+@pytest.mark.openmpi
+def test_ranks_reading_stdin_do_not_hang(openmpi):
+    r = run("--mpi", "openmpi", "-n", "2", "cat", input=b"hello\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b""
+
+
+@pytest.mark.openmpi
 def test_open_mpi_4_keep_going_spelling_is_translated(openmpi, tmp_path):
     r = run("--mpi", "openmpi", "-mca", "orte_abort_on_non_zero_status", "0", "-n", "2",
             "sh", "-c", f"[ $RANK_ID = 0 ] && exit 3; sleep 1; touch {tmp_path}/survived",
@@ -120,6 +139,13 @@ def test_rank_wrapper_exports_and_execs():
                         "import os, sys; print(os.environ['RANK_ID'], sys.argv[1:])", "a"],
                        env=env, capture_output=True, timeout=30)
     assert r.stdout == b"1 ['a']\n"
+
+
+def test_rank_wrapper_missing_script_is_127():
+    r = subprocess.run([PY, "-m", "mslaunch.rankenv", "/nonexistent/x.py"],
+                       env=clean_env(PMI_RANK="0", PMI_SIZE="1"), capture_output=True)
+    assert r.returncode == 127
+    assert r.stderr.decode().count("\n") == 1 and b"no such file" in r.stderr
 
 
 def test_rank_wrapper_errors_are_one_line():

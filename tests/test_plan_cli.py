@@ -222,8 +222,10 @@ def test_remote_plan_uses_rank0_host_as_master():
 
 
 def test_stdin_target_must_exist():
-    with pytest.raises(PlanError, match="--stdin 5"):
+    with pytest.raises(UsageError, match="--stdin 5"):
         plan_for(["-n", "2", "--stdin", "5", "p"])
+    with pytest.raises(UsageError, match="--stdin 3"):   # size known only after placement
+        plan_for(["-H", "a:2,b:1", "--stdin", "3", "p"])
 
 
 def test_errors_are_launch_errors():

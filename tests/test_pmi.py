@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+
+from conftest import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -851,9 +853,10 @@ def _mpich_libmpi() -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
-requires_mpi4py = pytest.mark.skipif(
-    importlib.util.find_spec("mpi4py") is None or _mpich_libmpi() is None,
-    reason=f"mpi4py with the MPICH wheel (libmpi.so.12) is not installed for {sys.executable}")
+@pytest.fixture
+def requires_mpi4py():
+    require(importlib.util.find_spec("mpi4py") is not None and _mpich_libmpi() is not None,
+            f"mpi4py with the MPICH wheel (libmpi.so.12) installed for {sys.executable}")
 
 
 def rank_env(extra: Dict[str, str]) -> Dict[str, str]:
@@ -919,7 +922,7 @@ def run_mpi(tmp_path: Path, n: int, program: str, *, tcp: bool = False,
         assert pmi.shm_segments(kvsname) == []
 
 
-@requires_mpi4py
+@pytest.mark.usefixtures("requires_mpi4py")
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_mpi_allreduce(tmp_path, n):
@@ -931,7 +934,7 @@ def test_mpi_allreduce(tmp_path, n):
     assert stats["finalize"] == n and stats["init"] == n
 
 
-@requires_mpi4py
+@pytest.mark.usefixtures("requires_mpi4py")
 @pytest.mark.mpi
 def test_mpi_allreduce_tcp(tmp_path):
     codes, outs, rec, stats, _ = run_mpi(tmp_path, 2, "pmi_allreduce.py", tcp=True)
@@ -940,7 +943,7 @@ def test_mpi_allreduce_tcp(tmp_path):
     assert stats["initack"] == 2 and rec.logs == []
 
 
-@requires_mpi4py
+@pytest.mark.usefixtures("requires_mpi4py")
 @pytest.mark.mpi
 def test_mpi_two_claimed_nodes(tmp_path):
     """Round-robin over two claimed nodes: business cards go through the KVS."""
@@ -950,14 +953,14 @@ def test_mpi_two_claimed_nodes(tmp_path):
     assert stats["put"] == 2   # one put per node root thanks to vallen_max
 
 
-@requires_mpi4py
+@pytest.mark.usefixtures("requires_mpi4py")
 @pytest.mark.mpi
 def test_mpi_abort(tmp_path):
     codes, outs, rec, _, _ = run_mpi(tmp_path, 2, "pmi_abort.py")
     assert rec.aborts and rec.aborts[0][:2] == (0, 7), (rec.aborts, outs)
 
 
-@requires_mpi4py
+@pytest.mark.usefixtures("requires_mpi4py")
 @pytest.mark.mpi
 def test_mpi_vanished_rank(tmp_path):
     codes, outs, rec, _, _ = run_mpi(tmp_path, 2, "pmi_vanish.py")
