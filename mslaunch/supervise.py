@@ -77,6 +77,7 @@ class Supervisor:
         self.watchdog: Optional[Watchdog] = None
         self._sweep: Optional[Timer] = None
         self._flush_timer: Optional[Timer] = None
+        self._stdin_is_tty = os.isatty(0)
         self._old_handlers: Dict[int, object] = {}
 
     # -- start ------------------------------------------------------------
@@ -155,9 +156,12 @@ class Supervisor:
         out_r, out_w = os.pipe()
         err_r, err_w = (None, out_w) if out.merge_stderr else os.pipe()
         stdin_w = None
-        if spec.stdin == "inherit":
+        how = spec.stdin
+        if how == "inherit" and self._stdin_is_tty:
+            how = "pipe"     # a background group reading the terminal would be stopped
+        if how == "inherit":
             stdin = 0
-        elif spec.stdin == "pipe":
+        elif how == "pipe":
             stdin, stdin_w = os.pipe()
         else:
             stdin = devnull_fd()
@@ -176,7 +180,7 @@ class Supervisor:
             os.close(out_w)
             if err_r is not None:
                 os.close(err_w)
-            if spec.stdin == "pipe":
+            if how == "pipe":
                 os.close(stdin)
         if stdin_w is not None:
             stdin_pipes[spec.rank] = stdin_w

@@ -581,3 +581,56 @@ def test_help_and_version():
     assert r.returncode == 0 and b"--output-filename" in r.stdout
     r = run("-V")
     assert r.returncode == 0 and r.stdout.startswith(b"mslaunch ")
+
+
+TTY_RANK = r"""
+import os, signal, sys, time
+rank = os.environ['RANK']
+signal.signal(signal.SIGINT, lambda *a: (print(f'rank{rank} got SIGINT', flush=True), os._exit(0)))
+print(f'rank{rank} ready', flush=True)
+if rank == '0':
+    print('rank0 read ' + sys.stdin.readline().strip(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_terminal_stdin_reaches_rank_0_and_ctrl_c_stops_the_job():
+    import pty
+    tag = new_tag()
+    env = clean_env(MSL_TEST_TAG=tag)
+    pid, master = pty.fork()
+    if pid == 0:  # the child: mslaunch as the terminal's foreground job
+        os.execve(PY, [PY, "-m", "mslaunch", "-n", "2", PY, "-c", TTY_RANK], env)
+    seen = b""
+
+    def expect(text: bytes, timeout: float = 20) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while text not in seen and time.monotonic() < deadline:
+            import select
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        assert text in seen, seen
+
+    try:
+        expect(b"rank0 ready")
+        expect(b"rank1 ready")
+        os.write(master, b"hello\n")
+        expect(b"rank0 read hello")
+        os.write(master, b"\x03")           # Ctrl-C typed at the terminal
+        expect(b"rank0 got SIGINT")
+        expect(b"rank1 got SIGINT")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT
+        assert wait_for(lambda: tagged_pids(tag) == [], 5)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        os.close(master)
+        kill_tagged(tag)
