@@ -69,7 +69,6 @@ class Supervisor:
         self.root_code = 0
         self.timed_out = False
         self.stop_signal: Optional[int] = None  # the first stop signal received
-        self.interrupts = 0
         self.killing: Optional[Timer] = None
         self.terminating = False
         self.pmi: Optional[PMIServer] = None
@@ -240,7 +239,6 @@ class Supervisor:
     def _on_signal(self, sig: int) -> None:
         live = [r for r in self.ranks if r.proc is not None and not r.ended]
         if sig == signal.SIGINT and self.stop_signal is not None:
-            self.interrupts += 1
             if not self.job.quiet:
                 self.console.message("mslaunch: second SIGINT: killing all ranks")
             self._signal_groups(signal.SIGKILL)
