@@ -40,10 +40,14 @@ class RankEnvError(Exception):
 
 
 def _ints(environ: Mapping[str, str], *names: str) -> Optional[List[int]]:
+    """The values of ``names`` as (index, count) pairs that make sense, or None."""
     try:
-        return [int(environ[n]) for n in names]
+        values = [int(environ[n]) for n in names]
     except (KeyError, ValueError):
         return None
+    if any(v < 0 for v in values) or (len(values) == 2 and values[0] >= values[1]):
+        return None
+    return values
 
 
 def _slurm_local_size(environ: Mapping[str, str]) -> Optional[int]:
@@ -72,9 +76,9 @@ def from_environment(environ: Mapping[str, str]) -> Optional[Tuple[str, int, int
         return ("PMI", *found, *(local or (0, 1)))
     found = _ints(environ, "SLURM_PROCID", "SLURM_NTASKS")
     if found:
-        local_rank = _ints(environ, "SLURM_LOCALID")
-        local_size = _slurm_local_size(environ)
-        return ("Slurm", *found, local_rank[0] if local_rank else 0, local_size or 1)
+        local = _ints(environ, "SLURM_LOCALID")
+        local_rank = local[0] if local else 0
+        return ("Slurm", *found, local_rank, max(_slurm_local_size(environ) or 1, local_rank + 1))
     return None
 
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, tagged_pids
@@ -161,3 +163,20 @@ def test_rank_variables_keep_existing_open_mpi_names():
     got = rank_variables(1, 4, 0, 2, {"OMPI_COMM_WORLD_RANK": "1"})
     assert got["RANK_ID"] == "1" and got["LOCAL_WORLD_SIZE"] == "2"
     assert "OMPI_COMM_WORLD_RANK" not in got and got["OMPI_COMM_WORLD_SIZE"] == "4"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from([
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]),
+    st.one_of(st.integers(-3, 40).map(str), st.text(max_size=8))))
+@example({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "5", "SLURM_NODEID": "0",
+          "SLURM_STEP_TASKS_PER_NODE": "1"})
+def test_rank_wrapper_reads_any_environment_without_raising(environ):
+    found = from_environment(environ)
+    if found is not None:
+        source, rank, size, local_rank, local_size = found
+        assert source in ("Open MPI", "PMI", "Slurm")
+        assert 0 <= rank < size and 0 <= local_rank < local_size
