@@ -105,6 +105,7 @@ Lifecycle:
   --allow-run-as-root      accepted (mslaunch runs as root without it)
 
 Other:
+  --                       end of options: the next word is the program
   -q, --quiet              fewer messages    -v, --verbose   more messages
   -V, --version            print the version  -h, --help     this help
 """
