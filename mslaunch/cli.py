@@ -20,28 +20,28 @@ if TYPE_CHECKING:
 
 from . import __version__
 from .errors import LaunchError, UsageError
-from .spec import AppContext, HostEntry, JobSpec, OutputSpec
+from .spec import AppContext, HostEntry, JobSpec, OutputSpec, replace
 
-# canonical name -> (number of values, per-context?)
-_OPTIONS: Dict[str, Tuple[int, bool]] = {
-    "np": (1, True), "x": (1, True), "env": (2, True), "envlist": (1, True),
-    "wdir": (1, True),
-    "host": (1, False), "hostfile": (1, False),
-    "genv": (2, False), "genvlist": (1, False), "genvall": (0, False),
-    "genvnone": (0, False), "envall": (0, False), "envnone": (0, False),
-    "mca": (2, False), "prtemca": (2, False), "pmixmca": (2, False),
-    "runtime-options": (1, False),
-    "map-by": (1, False), "npernode": (1, False), "pernode": (0, False),
-    "oversubscribe": (0, False), "nooversubscribe": (0, False),
-    "bind-to": (1, False), "report-bindings": (0, False),
-    "display-map": (0, False), "dry-run": (0, False),
-    "output-filename": (1, False), "merge-stderr-to-stdout": (0, False),
-    "tag-output": (0, False), "timestamp-output": (0, False),
-    "prepend-rank": (0, False), "stdin": (1, False),
-    "allow-run-as-root": (0, False), "timeout": (1, False), "grace": (1, False),
-    "quiet": (0, False), "verbose": (0, False), "version": (0, False),
-    "help": (0, False), "mpi": (1, False), "pmi-port": (0, False),
-    "prefix": (1, False), "disable-auto-cleanup": (0, False),
+# canonical name -> number of values it takes
+_OPTIONS: Dict[str, int] = {
+    "np": 1, "x": 1, "env": 2, "envlist": 1,
+    "wdir": 1,
+    "host": 1, "hostfile": 1,
+    "genv": 2, "genvlist": 1, "genvall": 0,
+    "genvnone": 0, "envall": 0, "envnone": 0,
+    "mca": 2, "prtemca": 2, "pmixmca": 2,
+    "runtime-options": 1,
+    "map-by": 1, "npernode": 1, "pernode": 0,
+    "oversubscribe": 0, "nooversubscribe": 0,
+    "bind-to": 1, "report-bindings": 0,
+    "display-map": 0, "dry-run": 0,
+    "output-filename": 1, "merge-stderr-to-stdout": 0,
+    "tag-output": 0, "timestamp-output": 0,
+    "prepend-rank": 0, "stdin": 1,
+    "allow-run-as-root": 0, "timeout": 1, "grace": 1,
+    "quiet": 0, "verbose": 0, "version": 0,
+    "help": 0, "mpi": 1, "pmi-port": 0,
+    "prefix": 1, "disable-auto-cleanup": 0,
 }
 
 _ALIASES: Dict[str, str] = {
@@ -211,7 +211,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             continue
         if name == "":
             raise UsageError(f"unknown option {token!r} (see mslaunch --help)")
-        nargs = _OPTIONS[name][0]
+        nargs = _OPTIONS[name]
         if inline is not None:
             if nargs != 1:
                 raise UsageError(f"{token}: option takes {nargs} values, not '=VALUE'")
@@ -395,12 +395,9 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
     output = OutputSpec()
     if "output-filename" in g:
         output = _parse_output(str(g["output-filename"]), cwd)
-    output = OutputSpec(directory=output.directory, copy_to_terminal=output.copy_to_terminal,
-                        jobid_dir=output.jobid_dir,
-                        merge_stderr=bool(g.get("merge-stderr-to-stdout")),
-                        tag=bool(g.get("tag-output")),
-                        timestamp=bool(g.get("timestamp-output")),
-                        rank_prefix=bool(g.get("prepend-rank")))
+    output = replace(output, merge_stderr=bool(g.get("merge-stderr-to-stdout")),
+                     tag=bool(g.get("tag-output")), timestamp=bool(g.get("timestamp-output")),
+                     rank_prefix=bool(g.get("prepend-rank")))
 
     stdin = str(g.get("stdin", "0")).lower()
     if stdin not in ("all", "none"):

@@ -12,27 +12,27 @@ import os
 import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Tuple
+    from typing import Dict, List, Mapping, Optional
 
 from .errors import PlanError
 from .spec import HostEntry, JobSpec, Plan
 
 
-def host_entries(job: JobSpec, environ: Mapping[str, str]) -> Tuple[List[HostEntry], str]:
-    """The hosts to use and where they came from."""
+def host_entries(job: JobSpec, environ: Mapping[str, str]) -> List[HostEntry]:
+    """The hosts to use: the command line's, an allocation's, or this machine."""
     if job.hosts:
         entries = list(job.hosts)
         if job.host_filter:
             from .plan import filter_hosts
             entries = filter_hosts(entries, job.host_filter)
-        return entries, "command line"
+        return entries
     if "SLURM_JOB_NODELIST" in environ or "SLURM_NODELIST" in environ \
             or "PBS_NODEFILE" in environ:
         from .hostfile import allocation_hosts
         found = allocation_hosts(environ)
         if found is not None:
-            return list(found[0]), found[1]
-    return [HostEntry(name="localhost", slots=None, origin="this machine")], "this machine"
+            return list(found[0])
+    return [HostEntry(name="localhost", slots=None, origin="this machine")]
 
 
 def free_port() -> int:
@@ -64,7 +64,7 @@ def cpu_packages(cpus) -> Dict[int, int]:
 def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None) -> Plan:
     from .plan import make_plan
     environ = os.environ if environ is None else environ
-    entries, _ = host_entries(job, environ)
+    entries = host_entries(job, environ)
     cpus = sorted(os.sched_getaffinity(0))
     port = environ.get("MASTER_PORT")
     master_port = int(port) if port and port.isdigit() else free_port()
@@ -85,7 +85,7 @@ def describe_plan(plan: Plan, job: JobSpec) -> str:
     import shlex
 
     from .plan import describe_map
-    lines = [describe_map(plan, job.bind_to)]
+    lines = [describe_map(plan)]
     for r in plan.ranks:
         logs = ""
         if r.stdout_path:
@@ -108,7 +108,7 @@ def run_job(job: JobSpec) -> int:
         return 0
     if job.display_map:
         from .plan import describe_map
-        sys.stdout.write(describe_map(plan, job.bind_to))
+        sys.stdout.write(describe_map(plan))
         sys.stdout.flush()
     remote = sorted({r.host.name for r in plan.ranks if not r.host.local})
     if remote:

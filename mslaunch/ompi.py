@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 from .errors import LaunchError
-from .guard import Watchdog, marked_pids
+from .guard import Watchdog
 from .loop import Loop
 from .output import Console, line_prefix
 from .plan import TIMEOUT_EXIT, log_paths
@@ -231,12 +231,7 @@ def run_openmpi(job: JobSpec) -> int:
         _relay(loop, proc, pipes, demux, job, state)
         code = proc.returncode
     finally:
-        # Whatever mpirun left behind (ranks that are not MPI programs, say).
-        for pid in marked_pids(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        # The watchdog's sweep at close() stops whatever mpirun left behind.
         if demux is not None:
             demux.close()
         watchdog.close()

@@ -100,7 +100,6 @@ class RankStream:
         self.keep_tail = keep_tail
         self.tail = b""
         self.pending = b""
-        self.nbytes = 0
         self.closed = False
         try:
             import fcntl
@@ -145,7 +144,6 @@ class RankStream:
     def feed(self, data) -> None:
         """Pass on one chunk (bytes, or a view that is only valid during the call)."""
         n = len(data)
-        self.nbytes += n
         if self.file_fd is not None:
             view = memoryview(data)
             while view:

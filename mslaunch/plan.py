@@ -277,7 +277,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
                 master_addr=master_addr, master_port=master_port)
 
 
-def describe_map(plan: Plan, bind: str) -> str:
+def describe_map(plan: Plan) -> str:
     """The ``--display-map`` text, in the spirit of Open MPI's job map."""
     lines = [" ========================   JOB MAP   ========================", ""]
     for host in plan.hosts:

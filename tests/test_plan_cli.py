@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mslaunch.cli import _Exit, parse_args
-from mslaunch.errors import LaunchError, PlanError, UsageError
+from mslaunch.errors import PlanError, UsageError
 from mslaunch.plan import log_paths, make_plan, place, resolve_hosts, scrub_env
 from mslaunch.spec import Host, HostEntry
 
@@ -227,6 +227,3 @@ def test_stdin_target_must_exist():
     with pytest.raises(UsageError, match="--stdin 3"):   # size known only after placement
         plan_for(["-H", "a:2,b:1", "--stdin", "3", "p"])
 
-
-def test_errors_are_launch_errors():
-    assert issubclass(UsageError, LaunchError) and issubclass(PlanError, LaunchError)
