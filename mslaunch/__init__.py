@@ -1,11 +1,10 @@
 """mslaunch: a fast, trustworthy launcher for MPI and distributed jobs.
 
-The package is a pipeline: ``cli`` parses the command line into a
-``spec.JobSpec``; ``hostfile`` reads host lists; ``plan`` places ranks and
-builds each rank's environment (pure); ``spawn`` starts local processes;
-``supervise`` watches them (exits, abort policy, signals, timeouts) with
-``output`` relaying their streams; ``pmi`` serves the PMI wire protocol
-beside the supervisor.  ``launch`` ties the stages together.
+The package is a pipeline, one subpackage per stage: ``cli`` parses the
+command line into a ``spec.JobSpec``; ``hosts`` reads host lists; ``plan``
+places ranks and builds each rank's environment (pure); ``run`` starts,
+supervises and relays the ranks and guards against orphans; ``pmi`` serves
+the PMI wire protocol beside the supervisor; ``ompi`` delegates to Open MPI.
 """
 
 __version__ = "0.1.0"

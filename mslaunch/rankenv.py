@@ -56,7 +56,7 @@ def _slurm_local_size(environ: Mapping[str, str]) -> Optional[int]:
     node = _ints(environ, "SLURM_NODEID")
     if not spec or node is None:
         return None
-    from .hostfile import expand_tasks_per_node
+    from .hosts.allocation import expand_tasks_per_node
     try:
         counts = expand_tasks_per_node(spec)
     except Exception:

@@ -1,4 +1,4 @@
-"""Tests for mslaunch.hostfile: hostfiles, -H lists, Slurm/PBS allocations."""
+"""Tests for mslaunch.hosts: hostfiles, -H lists, Slurm/PBS allocations."""
 
 from __future__ import annotations
 
@@ -12,17 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch import hostfile as hf
 from mslaunch.errors import HostfileError, UsageError
-from mslaunch.hostfile import (
-    allocation_hosts,
-    expand_nodelist,
-    expand_tasks_per_node,
-    is_local_host,
-    parse_host_list,
-    parse_hostfile,
-    parse_hostfile_text,
-)
+from mslaunch.hosts import local as hf
+from mslaunch.hosts.allocation import allocation_hosts, expand_nodelist, expand_tasks_per_node
+from mslaunch.hosts.hostfile import parse_host_list, parse_hostfile, parse_hostfile_text
+from mslaunch.hosts.local import is_local_host
 from mslaunch.spec import HostEntry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -777,7 +771,7 @@ def test_real_hostname_is_local():
 def test_import_is_cheap():
     # Only modules that the import itself adds count (site may preload some).
     code = ("import sys; sys.path.insert(0, %r); before = set(sys.modules); "
-            "import mslaunch.hostfile; "
+            "import mslaunch.hosts.hostfile, mslaunch.hosts.allocation, mslaunch.hosts.local; "
             "bad = {'socket', 'ipaddress', 'subprocess', 'asyncio'} & (set(sys.modules) - before); "
             "print(sorted(bad))" % REPO)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -85,7 +85,7 @@ def test_wdir_sets_the_working_directory(tmp_path):
 
 
 def test_launcher_environment_is_not_changed_by_rank_environments():
-    code = ("import os, mslaunch.cli as c, mslaunch.launch as l\n"
+    code = ("import os, mslaunch.cli.mpirun as c, mslaunch.run.launch as l\n"
             "before = dict(os.environ)\n"
             "job = c.parse_args(['-n', '2', '-x', 'Z=1', 'true'])\n"
             "l.build_plan(job)\n"
@@ -497,7 +497,7 @@ def test_hostfile_with_local_names_runs_and_remote_names_are_refused(tmp_path):
 
 
 def test_this_machines_own_addresses_run_locally():
-    from mslaunch.hostfile import _local_ipv4_addresses
+    from mslaunch.hosts.local import _local_ipv4_addresses
     own = sorted(a for a in _local_ipv4_addresses() if not a.startswith("127."))
     addr = own[0] if own else "127.0.0.1"
     r = run("-H", f"{addr}:1", "sh", "-c", "echo $RANK")

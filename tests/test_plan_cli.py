@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.cli import _Exit, parse_args
+from mslaunch.cli.common import Exit as _Exit
+from mslaunch.cli.mpirun import parse_args
 from mslaunch.errors import PlanError, UsageError
 from mslaunch.plan import log_paths, make_plan, place, resolve_hosts, scrub_env
 from mslaunch.spec import Host, HostEntry

@@ -18,8 +18,9 @@ from conftest import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch import pmi
-from mslaunch.loop import Loop
+from mslaunch.pmi import mapping, shm, wire
+from mslaunch.pmi import server as pmiserver
+from mslaunch.run.loop import Loop
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
@@ -93,20 +94,20 @@ class Peer:
 
     def v1(self, request: str) -> Tuple[str, Dict[str, str]]:
         self.send(request.encode() + b"\n")
-        return pmi.parse_v1(self.line())
+        return wire.parse_v1(self.line())
 
     def frame(self, timeout: float = 5.0) -> Tuple[str, Dict[str, str]]:
         deadline = time.monotonic() + timeout
         while True:
-            body = pmi.take_frame(self.buf, 1 << 20)
+            body = wire.take_frame(self.buf, 1 << 20)
             if body is not None:
-                return pmi.parse_v2(body.decode())
+                return wire.parse_v2(body.decode())
             if self.eof or time.monotonic() > deadline:
                 raise AssertionError(f"no reply frame (eof={self.eof})")
             self._pull()
 
     def v2(self, cmd: str, **fields: object) -> Tuple[str, Dict[str, str]]:
-        self.send(pmi.format_v2(cmd, {k.replace("_", "-") if k != "thrid" else k: v
+        self.send(wire.format_v2(cmd, {k.replace("_", "-") if k != "thrid" else k: v
                                       for k, v in fields.items()}))
         return self.frame()
 
@@ -134,9 +135,9 @@ class Harness:
                  appnums: Optional[List[int]] = None, universe: int = 0) -> None:
         self.loop = Loop()
         self.rec = Recorder()
-        self.kvsname = pmi.new_kvsname()
-        self.mapping = pmi.process_mapping(node_ids or [0] * size)
-        self.server = pmi.PMIServer(
+        self.kvsname = shm.new_kvsname()
+        self.mapping = mapping.process_mapping(node_ids or [0] * size)
+        self.server = pmiserver.PMIServer(
             self.loop, kvsname=self.kvsname, size=size, process_mapping=self.mapping,
             universe_size=universe or size, appnums=appnums or [0] * size, listener=self.rec)
         self.peers: List[Peer] = []
@@ -212,22 +213,22 @@ cmds = st.from_regex(r"[a-z_\-]{1,20}", fullmatch=True)
 
 @given(cmds, st.dictionaries(keys, v1_values, max_size=8))
 def test_v1_roundtrip(cmd, fields):
-    line = pmi.format_v1(cmd, fields)
+    line = wire.format_v1(cmd, fields)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert pmi.parse_v1(line.decode()) == (cmd, fields)
+    assert wire.parse_v1(line.decode()) == (cmd, fields)
 
 
 @given(cmds, st.dictionaries(keys, v2_values, max_size=8))
 def test_v2_roundtrip(cmd, fields):
-    frame = pmi.format_v2(cmd, fields)
+    frame = wire.format_v2(cmd, fields)
     assert int(frame[:6]) == len(frame) - 6
-    assert pmi.parse_v2(frame[6:].decode()) == (cmd, fields)
+    assert wire.parse_v2(frame[6:].decode()) == (cmd, fields)
 
 
 @given(st.lists(st.tuples(cmds, st.dictionaries(keys, v2_values, max_size=4)), min_size=1, max_size=6),
        st.lists(st.integers(1, 50), min_size=1, max_size=30), st.booleans())
 def test_stream_split_anywhere(messages, cuts, v2):
-    fmt = pmi.format_v2 if v2 else pmi.format_v1
+    fmt = wire.format_v2 if v2 else wire.format_v1
     stream = b"".join(fmt(c, f) for c, f in messages)
     buf, got, pos, i = bytearray(), [], 0, 0
     while pos < len(stream) or buf:
@@ -236,10 +237,10 @@ def test_stream_split_anywhere(messages, cuts, v2):
         buf += stream[pos : pos + step]
         pos += step
         while True:
-            item = pmi.take_frame(buf, 1000) if v2 else pmi.take_line(buf, 1000)
+            item = wire.take_frame(buf, 1000) if v2 else wire.take_line(buf, 1000)
             if item is None:
                 break
-            got.append(pmi.parse_v2(item.decode()) if v2 else pmi.parse_v1(item.decode()))
+            got.append(wire.parse_v2(item.decode()) if v2 else wire.parse_v1(item.decode()))
         if pos >= len(stream) and not buf:
             break
         assert pos < len(stream) + 1000
@@ -248,40 +249,40 @@ def test_stream_split_anywhere(messages, cuts, v2):
 
 @given(st.text(max_size=80))
 def test_parsers_only_raise_wire_error(text):
-    for parse in (pmi.parse_v1, pmi.parse_v2):
+    for parse in (wire.parse_v1, wire.parse_v2):
         try:
             parse(text)
-        except pmi.WireError:
+        except wire.WireError:
             pass
 
 
 def test_v1_details():
-    assert pmi.parse_v1("cmd=put key=a value=x\\ y\\\\z extra=segments=9\n") == (
+    assert wire.parse_v1("cmd=put key=a value=x\\ y\\\\z extra=segments=9\n") == (
         "put", {"key": "a", "value": "x y\\z", "extra": "segments=9"})
-    assert pmi.parse_v1("cmd=get  key=a key=b ") == ("get", {"key": "a"})
+    assert wire.parse_v1("cmd=get  key=a key=b ") == ("get", {"key": "a"})
     for bad in ["get key=a", "cmd=get key=", "cmd=get key= x", "cmd=get =x", "cmd=get k!=x",
                 "cmd=a cmd=b", "cmd=get\tkey=a", "cmd=get bare"]:
-        with pytest.raises(pmi.WireError):
-            pmi.parse_v1(bad)
-    with pytest.raises(pmi.WireError):
-        pmi.format_v1("get_result", {"value": ""})
-    assert pmi.format_v1("x", {"msg": "a b"}) == b"cmd=x msg=a\\ b\n"
+        with pytest.raises(wire.WireError):
+            wire.parse_v1(bad)
+    with pytest.raises(wire.WireError):
+        wire.format_v1("get_result", {"value": ""})
+    assert wire.format_v1("x", {"msg": "a b"}) == b"cmd=x msg=a\\ b\n"
 
 
 def test_v2_details():
-    assert pmi.format_v2("kvs-get", {"key": "a b"}) == b"    20cmd=kvs-get;key=a b;"
-    assert pmi.parse_v2("cmd=x;a=b=c;") == ("x", {"a": "b=c"})
+    assert wire.format_v2("kvs-get", {"key": "a b"}) == b"    20cmd=kvs-get;key=a b;"
+    assert wire.parse_v2("cmd=x;a=b=c;") == ("x", {"a": "b=c"})
     for bad in ["x=1;", "cmd=x;;a=b;", "cmd=x;a=;", "cmd=x;a;"]:
-        with pytest.raises(pmi.WireError):
-            pmi.parse_v2(bad)
-    with pytest.raises(pmi.WireError):
-        pmi.format_v2("x", {"a": "b;c"})
+        with pytest.raises(wire.WireError):
+            wire.parse_v2(bad)
+    with pytest.raises(wire.WireError):
+        wire.format_v2("x", {"a": "b;c"})
     for bad in [b"xx", b"    0cmd=", b"1 2345cmd", b"999999"]:
-        with pytest.raises(pmi.WireError):
-            pmi.take_frame(bytearray(bad), 100)
-    assert pmi.take_frame(bytearray(b"   "), 100) is None
-    with pytest.raises(pmi.WireError):
-        pmi.take_line(bytearray(b"x" * 101), 100)
+        with pytest.raises(wire.WireError):
+            wire.take_frame(bytearray(bad), 100)
+    assert wire.take_frame(bytearray(b"   "), 100) is None
+    with pytest.raises(wire.WireError):
+        wire.take_line(bytearray(b"x" * 101), 100)
 
 
 # ---------------------------------------------------------------------------
@@ -295,8 +296,8 @@ def dense(ids: List[int]) -> List[int]:
 
 @given(st.lists(st.integers(0, 12), min_size=1, max_size=300))
 def test_mapping_roundtrip_random(ids):
-    value = pmi.process_mapping(ids)
-    assert pmi.parse_process_mapping(value, len(ids)) == dense(ids)
+    value = mapping.process_mapping(ids)
+    assert mapping.parse_process_mapping(value, len(ids)) == dense(ids)
 
 
 @st.composite
@@ -319,26 +320,26 @@ def layouts(draw):
 
 @given(layouts())
 def test_mapping_roundtrip_structured(ids):
-    value = pmi.process_mapping(ids)
-    assert pmi.parse_process_mapping(value, len(ids)) == dense(ids)
+    value = mapping.process_mapping(ids)
+    assert mapping.parse_process_mapping(value, len(ids)) == dense(ids)
     assert len(value) < 60, value
 
 
 def test_mapping_examples():
-    assert pmi.process_mapping([5, 5, 5, 5]) == "(vector,(0,1,4))"
-    assert pmi.process_mapping([0, 0, 1, 1]) == "(vector,(0,2,2))"
-    assert pmi.process_mapping([0, 1, 0, 1]) == "(vector,[(0,2,1)]x2)"
-    assert pmi.process_mapping([0, 0, 0, 1]) == "(vector,(0,1,3),1)"
+    assert mapping.process_mapping([5, 5, 5, 5]) == "(vector,(0,1,4))"
+    assert mapping.process_mapping([0, 0, 1, 1]) == "(vector,(0,2,2))"
+    assert mapping.process_mapping([0, 1, 0, 1]) == "(vector,[(0,2,1)]x2)"
+    assert mapping.process_mapping([0, 0, 0, 1]) == "(vector,(0,1,3),1)"
     for k in range(1, 17):
-        value = pmi.process_mapping([r % k for r in range(10000)])
+        value = mapping.process_mapping([r % k for r in range(10000)])
         assert len(value) < 40, value
-        assert pmi.parse_process_mapping(value, 10000) == [r % k for r in range(10000)]
+        assert mapping.parse_process_mapping(value, 10000) == [r % k for r in range(10000)]
     with pytest.raises(ValueError):
-        pmi.process_mapping([])
+        mapping.process_mapping([])
 
 
 def test_parse_mapping_mpich_quirks():
-    parse = pmi.parse_process_mapping
+    parse = mapping.parse_process_mapping
     assert parse("(vector,(0,1,2))", 4) == [0, 0, 0, 0]          # legacy wrap-around
     assert parse("(vector,(0,2,1))", 5) == [0, 1, 0, 1, 0]
     assert parse("(vector,0,0,1,1)", 4) == [0, 0, 1, 1]
@@ -359,7 +360,7 @@ def test_parse_mapping_mpich_quirks():
 @settings(suppress_health_check=[HealthCheck.too_slow])
 def test_parse_mapping_total(text, size):
     try:
-        out = pmi.parse_process_mapping(text, size)
+        out = mapping.parse_process_mapping(text, size)
     except ValueError:
         return
     assert len(out) == size
@@ -370,17 +371,17 @@ def test_parse_mapping_total(text, size):
 # ---------------------------------------------------------------------------
 
 def test_kvsname_and_shm(tmp_path):
-    a, b = pmi.new_kvsname(), pmi.new_kvsname()
+    a, b = shm.new_kvsname(), shm.new_kvsname()
     assert a != b and a.startswith(f"kvs_{os.getpid()}_")
-    assert pmi._fnv1a32(b"") == 0x811C9DC5 and pmi._fnv1a32(b"a") == 0xE40C292C
-    h = f"{pmi._fnv1a32(a.encode()):x}"
+    assert shm._fnv1a32(b"") == 0x811C9DC5 and shm._fnv1a32(b"a") == 0xE40C292C
+    h = f"{shm._fnv1a32(a.encode()):x}"
     mine = [tmp_path / f"mpich_shm_{h}_0", tmp_path / f"mpich_shm_{h}_1"]
     other = tmp_path / f"mpich_shm_{h}0_0"
     for p in mine + [other]:
         p.write_bytes(b"x")
-    assert pmi.shm_segments(a, str(tmp_path)) == sorted(map(str, mine))
-    assert pmi.remove_shm_segments(a, str(tmp_path)) == 2
-    assert pmi.shm_segments(a, str(tmp_path)) == [] and other.exists()
+    assert shm.shm_segments(a, str(tmp_path)) == sorted(map(str, mine))
+    assert shm.remove_shm_segments(a, str(tmp_path)) == 2
+    assert shm.shm_segments(a, str(tmp_path)) == [] and other.exists()
 
 
 def test_constructor_checks():
@@ -388,10 +389,10 @@ def test_constructor_checks():
     common = dict(size=2, process_mapping="(vector,(0,1,2))", universe_size=2, listener=Recorder())
     for bad in ["0", "singinit", "", "has space", "x" * 300]:
         with pytest.raises(ValueError):
-            pmi.PMIServer(loop, kvsname=bad, appnums=[0, 0], **common)
+            pmiserver.PMIServer(loop, kvsname=bad, appnums=[0, 0], **common)
     with pytest.raises(ValueError):
-        pmi.PMIServer(loop, kvsname="kvs_1", appnums=[0], **common)
-    srv = pmi.PMIServer(loop, kvsname="kvs_1", appnums=[0, 0], **common)
+        pmiserver.PMIServer(loop, kvsname="kvs_1", appnums=[0], **common)
+    srv = pmiserver.PMIServer(loop, kvsname="kvs_1", appnums=[0, 0], **common)
     with pytest.raises(ValueError):
         srv.child_fd(2)
     srv.child_fd(0)
@@ -414,7 +415,7 @@ def test_v1_transcript_order(harness):
         r.send(b"cmd=init pmi_version=1 pmi_subversion=1\n")
         assert r.line() == "cmd=response_to_init rc=0 pmi_version=1 pmi_subversion=1"
         r.send(b"cmd=get_maxes\n")
-        assert r.line() == f"cmd=maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max={pmi.VALLEN_MAX}"
+        assert r.line() == f"cmd=maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max={wire.VALLEN_MAX}"
         r.send(b"cmd=get_appnum\n")
         assert r.line() == "cmd=appnum rc=0 appnum=0"
         r.send(b"cmd=get_my_kvsname\n")
@@ -466,9 +467,9 @@ def test_v1_kvs_and_attributes(harness):
     assert b.v1("cmd=get kvsname=other key=card-0")[1]["rc"] == "1"
     assert a.v1(f"cmd=put kvsname={k} key=PMI_process_mapping value=x")[1]["rc"] == "1"
     assert a.v1(f"cmd=put kvsname={k} key={'k' * 65} value=x")[1]["rc"] == "1"
-    assert a.v1(f"cmd=put kvsname={k} key=big value={'v' * (pmi.VALLEN_MAX + 1)}")[1]["rc"] == "1"
-    assert a.v1(f"cmd=put kvsname={k} key=max value={'v' * pmi.VALLEN_MAX}")[1]["rc"] == "0"
-    assert len(b.v1(f"cmd=get kvsname={k} key=max")[1]["value"]) == pmi.VALLEN_MAX
+    assert a.v1(f"cmd=put kvsname={k} key=big value={'v' * (wire.VALLEN_MAX + 1)}")[1]["rc"] == "1"
+    assert a.v1(f"cmd=put kvsname={k} key=max value={'v' * wire.VALLEN_MAX}")[1]["rc"] == "0"
+    assert len(b.v1(f"cmd=get kvsname={k} key=max")[1]["value"]) == wire.VALLEN_MAX
     assert b.v1(f"cmd=get kvsname={k} key=PMI_process_mapping")[1]["value"] == "(vector,(0,2,1))"
     assert b.v1(f"cmd=get kvsname={k} key=PMI_anything")[1] == {"rc": "1", "msg": "key_not_found"}
     assert a.v1("cmd=get_universe_size") == ("universe_size", {"rc": "0", "size": "8"})
@@ -500,7 +501,7 @@ def test_v1_spawn_refused_after_whole_message(harness):
     p.send(first.encode())
     assert p.silent()
     p.send(b"mcmd=spawn\nnprocs=1\nexecname=b\ntotspawns=2\nspawnssofar=2\nargcnt=0\ninfo_num=0\nendcmd\n")
-    cmd, f = pmi.parse_v1(p.line())
+    cmd, f = wire.parse_v1(p.line())
     assert cmd == "spawn_result" and f["rc"] == "1"
     assert p.silent()
     assert p.v1("cmd=get_maxes")[0] == "maxes"
@@ -581,7 +582,7 @@ def test_out_of_order_requests(harness):
 def test_too_many_errors_closes(harness):
     h = harness(2)
     p = h.pair(0)
-    for _ in range(pmi.MAX_ERRORS):
+    for _ in range(wire.MAX_ERRORS):
         assert p.v1("cmd=nope")[1]["rc"] == "1"
     p.send(b"cmd=nope\n")
     assert p.closed_by_server()
@@ -739,7 +740,7 @@ def test_v2_session(harness):
     assert a.v2("job-getid") == ("job-getid-response", {"rc": "0", "jobid": h.kvsname})
     assert a.v2("kvs-put", key="bc-0", value="a b=c") == ("kvs-put-response", {"rc": "0"})
     assert a.v2("kvs-put", key="PMI_x", value="1")[1]["rc"] == "1"
-    a.send(pmi.format_v2("kvs-fence"))
+    a.send(wire.format_v2("kvs-fence"))
     assert a.silent()
     assert b.v2("kvs-fence") == ("kvs-fence-response", {"rc": "0"})
     assert a.frame() == ("kvs-fence-response", {"rc": "0"})
@@ -753,7 +754,7 @@ def test_v2_session(harness):
     assert a.v2("info-getjobattr", key="PMI_mpi_memory_alloc_kinds")[1]["found"] == "FALSE"
     # node attributes: wait=TRUE is parked until the put
     assert a.v2("info-getnodeattr", key="shm", wait="FALSE")[1]["found"] == "FALSE"
-    a.send(pmi.format_v2("info-getnodeattr", {"key": "shm", "wait": "TRUE", "thrid": "0x1"}))
+    a.send(wire.format_v2("info-getnodeattr", {"key": "shm", "wait": "TRUE", "thrid": "0x1"}))
     assert a.silent()
     assert b.v2("info-putnodeattr", key="shm", value="/seg") == ("info-putnodeattr-response", {"rc": "0"})
     assert a.frame() == ("info-getnodeattr-response",
@@ -768,7 +769,7 @@ def test_v2_session(harness):
     assert a.v2("finalize") == ("finalize-response", {"rc": "0"})
     assert a.v2("kvs-get", key="x")[1]["rc"] == "1"            # after finalize
     a.close()
-    b.send(pmi.format_v2("abort", {"exitcode": -1, "message": "bye now"}))
+    b.send(wire.format_v2("abort", {"exitcode": -1, "message": "bye now"}))
     assert b.silent()
     b.close()
     assert h.rec.aborts == [(1, 255, "bye now")] and h.rec.lost == []
@@ -779,7 +780,7 @@ def test_v2_node_attrs_are_per_node(harness):
     peers = [h.pair(r) for r in range(4)]
     for p in peers:
         h.init_v2(p)
-    peers[1].send(pmi.format_v2("info-getnodeattr", {"key": "k", "wait": "TRUE"}))
+    peers[1].send(wire.format_v2("info-getnodeattr", {"key": "k", "wait": "TRUE"}))
     assert peers[0].v2("info-putnodeattr", key="k", value="node0")[1]["rc"] == "0"
     assert peers[2].v2("info-getnodeattr", key="k")[1]["value"] == "node0"
     assert peers[1].silent()                      # node 0's put does not wake node 1
@@ -808,9 +809,9 @@ def test_v2_fence_four_ranks(harness):
     for i, p in enumerate(peers):
         assert p.v2("kvs-put", key=f"k{i}", value=str(i))[1]["rc"] == "0"
     for p in peers[:3]:
-        p.send(pmi.format_v2("kvs-fence"))
+        p.send(wire.format_v2("kvs-fence"))
     assert all(p.silent(0.05) for p in peers[:3])
-    peers[3].send(pmi.format_v2("kvs-fence"))
+    peers[3].send(wire.format_v2("kvs-fence"))
     assert all(p.frame()[0] == "kvs-fence-response" for p in peers)
     assert [peers[0].v2("kvs-get", key=f"k{i}")[1]["value"] for i in range(4)] == ["0", "1", "2", "3"]
 
@@ -824,11 +825,11 @@ def test_v2_over_tcp(harness):
     assert (f["rank"], f["size"]) == ("1", "2")
     bad = h.tcp()
     bad.v1("cmd=init pmi_version=2 pmi_subversion=0")
-    bad.send(pmi.format_v2("fullinit", {"pmirank": 0}))
+    bad.send(wire.format_v2("fullinit", {"pmirank": 0}))
     assert bad.closed_by_server()
     bad = h.tcp()
     bad.v1("cmd=init pmi_version=2 pmi_subversion=0")
-    bad.send(pmi.format_v2("kvs-get", {"key": "x"}))
+    bad.send(wire.format_v2("kvs-get", {"key": "x"}))
     assert bad.closed_by_server()
     assert len(h.rec.logs) == 2
 
@@ -875,9 +876,9 @@ def run_mpi(tmp_path: Path, n: int, program: str, *, tcp: bool = False,
     """Serve PMI for n real ranks; stop them (like the supervisor) on abort or loss."""
     loop = Loop()
     rec = Recorder()
-    kvsname = pmi.new_kvsname()
-    server = pmi.PMIServer(loop, kvsname=kvsname, size=n,
-                           process_mapping=pmi.process_mapping(node_ids or [0] * n),
+    kvsname = shm.new_kvsname()
+    server = pmiserver.PMIServer(loop, kvsname=kvsname, size=n,
+                           process_mapping=mapping.process_mapping(node_ids or [0] * n),
                            universe_size=n, appnums=[0] * n, listener=rec)
     procs: List[subprocess.Popen] = []
     outs = [tmp_path / f"rank{r}.out" for r in range(n)]
@@ -918,8 +919,8 @@ def run_mpi(tmp_path: Path, n: int, program: str, *, tcp: bool = False,
             p.wait()
         server.close()
         loop.close()
-        pmi.remove_shm_segments(kvsname)
-        assert pmi.shm_segments(kvsname) == []
+        shm.remove_shm_segments(kvsname)
+        assert shm.shm_segments(kvsname) == []
 
 
 @pytest.mark.usefixtures("requires_mpi4py")

@@ -5,22 +5,20 @@ where they differ (``-hosts``, ``-f``, ``-ppn``, ``-genv``, ``-l``).  The first
 token that is not an option is the program; everything after it belongs to
 the program, up to a lone ``:`` that starts the next MPMD context.
 
-:func:`main` is the only place that catches :class:`LaunchError`: it prints
-one line and exits with the error's code.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+    from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import __version__
-from .errors import LaunchError, UsageError
-from .spec import AppContext, HostEntry, JobSpec, OutputSpec, replace
+from .. import __version__
+from ..errors import UsageError
+from .common import Exit
+from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, replace
 
 # canonical name -> number of values it takes
 _OPTIONS: Dict[str, int] = {
@@ -249,7 +247,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         elif name in ("genvall", "envall", "allow-run-as-root"):
             pass
         elif name == "host":
-            from .hostfile import parse_host_list
+            from ..hosts.hostfile import parse_host_list
             host_lists.extend(parse_host_list(v, flag))
         elif name == "hostfile":
             hostfiles.append(v)
@@ -299,20 +297,11 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         else:  # remaining boolean flags
             g[name] = True
     if g.get("help"):
-        raise _Exit(_HELP, 0)
+        raise Exit(_HELP, 0)
     if g.get("version"):
-        raise _Exit(f"mslaunch {__version__}\n", 0)
+        raise Exit(f"mslaunch {__version__}\n", 0)
     return _build(contexts, g, host_lists, hostfiles, genv, mca, verbose,
                   keep_going, environ, cwd)
-
-
-class _Exit(Exception):
-    """Raised by --help and --version: text to print and a status."""
-
-    def __init__(self, text: str, status: int) -> None:
-        super().__init__(text)
-        self.text = text
-        self.status = status
 
 
 def _parse_map_by(value: str, per_node: Optional[int]) -> Tuple[str, Optional[int], bool]:
@@ -371,7 +360,7 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
 
     hosts: List[HostEntry] = []
     if hostfiles:
-        from .hostfile import parse_hostfile
+        from ..hosts.hostfile import parse_hostfile
         for path in hostfiles:
             hosts.extend(parse_hostfile(os.path.join(cwd, path)))
     host_filter: Tuple[HostEntry, ...] = ()
@@ -432,46 +421,3 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
         quiet=bool(g.get("quiet")), verbose=verbose, mpi=mpi,
         pmi_port=bool(g.get("pmi-port")), prefix=g.get("prefix"),  # type: ignore[arg-type]
         launch_dir=cwd)
-
-
-def _ensure_std_fds() -> None:
-    """Open /dev/null on any of fds 0-2 that mslaunch was started without.
-
-    Otherwise the first pipe mslaunch creates would land on, say, fd 1, and
-    its output or a rank's stdin would go to the wrong place.
-    """
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-
-
-def _print_error(message: str) -> None:
-    sys.stderr.write(f"mslaunch: error: {message}\n")
-    sys.stderr.flush()
-
-
-def main(argv: Optional[Sequence[str]] = None,
-         run: Optional[Callable[[JobSpec], int]] = None) -> int:
-    """Entry point of the ``mslaunch`` command; returns the exit status."""
-    argv = sys.argv[1:] if argv is None else argv
-    _ensure_std_fds()
-    try:
-        try:
-            job = parse_args(argv)
-        except _Exit as done:
-            sys.stdout.write(done.text)
-            return done.status
-        if run is None:
-            from .launch import run_job
-            return run_job(job)
-        return run(job)
-    except LaunchError as err:
-        _print_error(str(err))
-        return err.exit_code
-    except KeyboardInterrupt:
-        return 130

@@ -23,17 +23,17 @@ import signal
 import subprocess
 import sys
 
-from .errors import LaunchError
-from .guard import Watchdog
-from .loop import Loop
-from .output import Console, line_prefix
-from .plan import TIMEOUT_EXIT, log_paths
+from ..errors import LaunchError
+from ..plan import TIMEOUT_EXIT, log_paths
+from ..run.guard import Watchdog
+from ..run.loop import Loop
+from ..run.output import Console, line_prefix
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Tuple
 
-    from .spec import JobSpec
+    from ..spec import JobSpec
 
 
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
@@ -74,7 +74,7 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[Lis
     if job.hosts:
         entries = job.hosts
         if job.host_filter:
-            from .plan import filter_hosts
+            from ..plan import filter_hosts
             entries = tuple(filter_hosts(entries, job.host_filter))
         cmd += ["--host", ",".join(e.name if e.slots is None else f"{e.name}:{e.slots}"
                                    for e in entries)]

@@ -12,27 +12,10 @@ import os
 import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional
+    from typing import Dict, Mapping, Optional
 
-from .errors import PlanError
-from .spec import HostEntry, JobSpec, Plan
-
-
-def host_entries(job: JobSpec, environ: Mapping[str, str]) -> List[HostEntry]:
-    """The hosts to use: the command line's, an allocation's, or this machine."""
-    if job.hosts:
-        entries = list(job.hosts)
-        if job.host_filter:
-            from .plan import filter_hosts
-            entries = filter_hosts(entries, job.host_filter)
-        return entries
-    if "SLURM_JOB_NODELIST" in environ or "SLURM_NODELIST" in environ \
-            or "PBS_NODEFILE" in environ:
-        from .hostfile import allocation_hosts
-        found = allocation_hosts(environ)
-        if found is not None:
-            return list(found[0])
-    return [HostEntry(name="localhost", slots=None, origin="this machine")]
+from ..errors import PlanError
+from ..spec import JobSpec, Plan
 
 
 def free_port() -> int:
@@ -62,8 +45,9 @@ def cpu_packages(cpus) -> Dict[int, int]:
 
 
 def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None) -> Plan:
-    from .plan import make_plan
+    from ..plan import make_plan
     environ = os.environ if environ is None else environ
+    from ..hosts import host_entries
     entries = host_entries(job, environ)
     cpus = sorted(os.sched_getaffinity(0))
     port = environ.get("MASTER_PORT")
@@ -84,7 +68,7 @@ def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
 def describe_plan(plan: Plan, job: JobSpec) -> str:
     import shlex
 
-    from .plan import describe_map
+    from ..plan import describe_map
     lines = [describe_map(plan)]
     for r in plan.ranks:
         logs = ""
@@ -99,7 +83,7 @@ def run_job(job: JobSpec) -> int:
     """Run ``job`` and return mslaunch's exit status."""
     environ = os.environ
     if job.mpi == "openmpi":
-        from .ompi import run_openmpi
+        from ..ompi.delegate import run_openmpi
         return run_openmpi(job)
     plan = build_plan(job, environ)
     _warn_missing_exports(job, environ)
@@ -107,7 +91,7 @@ def run_job(job: JobSpec) -> int:
         sys.stdout.write(describe_plan(plan, job))
         return 0
     if job.display_map:
-        from .plan import describe_map
+        from ..plan import describe_map
         sys.stdout.write(describe_map(plan))
         sys.stdout.flush()
     remote = sorted({r.host.name for r in plan.ranks if not r.host.local})

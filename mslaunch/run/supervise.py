@@ -18,15 +18,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional
 
-    from .pmi import PMIServer
+    from ..pmi.server import PMIServer
 
-from .errors import LaunchError
+from ..errors import LaunchError
+from ..plan import TIMEOUT_EXIT
+from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 from .guard import Watchdog, marked_pids
 from .loop import Loop, Timer
 from .output import Console, RankStream, StdinFanout, line_prefix
-from .plan import TIMEOUT_EXIT
 from .spawn import LocalProcess, os_error_reason, seal_inherited_fds, signal_name
-from .spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -109,7 +109,7 @@ class Supervisor:
     def _start_all(self) -> None:
         job, plan = self.job, self.plan
         if job.mpi == "pmi":
-            from .pmi import PMIServer
+            from ..pmi.server import PMIServer
             self.pmi = PMIServer(self.loop, kvsname=plan.kvsname, size=len(plan.ranks),
                                  process_mapping=plan.process_mapping,
                                  universe_size=plan.universe_size,
@@ -376,7 +376,7 @@ class Supervisor:
                     f"{len(self.ranks)} ranks in {self.pmi.busy_seconds:.4f} s "
                     f"(job {time.monotonic() - self.started:.3f} s)")
             self.pmi.close()
-            from .pmi import remove_shm_segments
+            from ..pmi.shm import remove_shm_segments
             remove_shm_segments(self.plan.kvsname)
         if self.watchdog is not None:
             self.watchdog.close()

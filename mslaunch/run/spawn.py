@@ -23,13 +23,13 @@ import errno
 import os
 import signal
 
-from .errors import SpawnError
+from ..errors import SpawnError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence, Tuple
 
-    from .spec import RankSpec
+    from ..spec import RankSpec
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across
 # exec, so the ranks get the default actions back.

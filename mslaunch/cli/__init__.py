@@ -1,0 +1,65 @@
+"""The command line: dialects of the launchers mslaunch replaces.
+
+:mod:`.mpirun` reads Open MPI's and MPICH Hydra's spellings into a
+:class:`~mslaunch.spec.JobSpec`.  :func:`main` is the only place that catches
+:class:`~mslaunch.errors.LaunchError`: it prints one line and exits with the
+error's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional, Sequence
+
+    from ..spec import JobSpec
+
+from ..errors import LaunchError
+from .common import Exit
+
+
+def _ensure_std_fds() -> None:
+    """Open /dev/null on any of fds 0-2 that mslaunch was started without.
+
+    Otherwise the first pipe mslaunch creates would land on, say, fd 1, and
+    its output or a rank's stdin would go to the wrong place.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def _print_error(message: str) -> None:
+    sys.stderr.write(f"mslaunch: error: {message}\n")
+    sys.stderr.flush()
+
+
+def main(argv: Optional[Sequence[str]] = None,
+         run: Optional[Callable[[JobSpec], int]] = None) -> int:
+    """Entry point of the ``mslaunch`` command; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    _ensure_std_fds()
+    try:
+        try:
+            from .mpirun import parse_args
+            job = parse_args(argv)
+        except Exit as done:
+            sys.stdout.write(done.text)
+            return done.status
+        if run is None:
+            from ..run.launch import run_job
+            return run_job(job)
+        return run(job)
+    except LaunchError as err:
+        _print_error(str(err))
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,198 @@
+"""Hosts of a resource-manager allocation: Slurm and PBS/Torque.
+
+Slurm's compressed host lists (``node[01-03,07]``) and task counts
+(``2(x3),1``) are expanded here; PBS lists a host once per slot in
+``PBS_NODEFILE``.  Errors are one line naming the variable or FILE:LINE.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from ..errors import HostfileError
+from ..spec import HostEntry
+from .hostfile import (MAX_HOSTS, _GROUP_PAT, _MAX_DIGITS, _RANGE_PAT, _TASKS_PAT, _count,
+                       _name_problem, _show_path)
+
+# ---------------------------------------------------------------------------
+# Slurm
+
+def _expand_group(body: str, expr: str, var: str) -> List[str]:
+    """``01-03,7`` → ``['01', '02', '03', '7']`` (width from the lower bound)."""
+    out: List[str] = []
+    for item in body.split(","):
+        m = re.fullmatch(_RANGE_PAT, item)
+        if not m or len(m.group(1)) > _MAX_DIGITS or len(m.group(2) or "") > _MAX_DIGITS:
+            raise HostfileError(
+                f"{var}: bad range {item!r} in {expr!r} (expected N or N-M, digits only)"
+            )
+        lo_text, hi_text = m.group(1), m.group(2)
+        if hi_text is None:
+            out.append(lo_text)
+            continue
+        lo, hi = int(lo_text), int(hi_text)
+        if hi < lo:
+            raise HostfileError(f"{var}: reversed range {item!r} in {expr!r}")
+        if hi - lo >= MAX_HOSTS or len(out) + hi - lo >= MAX_HOSTS:
+            raise HostfileError(f"{var}: {expr!r} expands to more than {MAX_HOSTS} hosts")
+        width = len(lo_text)
+        out.extend(str(i).zfill(width) for i in range(lo, hi + 1))
+    return out
+
+
+def _split_top(expr: str, var: str) -> List[str]:
+    """Split at commas outside brackets, checking bracket balance."""
+    parts: List[str] = []
+    depth = 0
+    start = 0
+    for i, ch in enumerate(expr):
+        if ch == "[":
+            if depth:
+                raise HostfileError(f"{var}: nested '[' in {expr!r}")
+            depth = 1
+        elif ch == "]":
+            if not depth:
+                raise HostfileError(f"{var}: unbalanced ']' in {expr!r}")
+            depth = 0
+        elif ch == "," and not depth:
+            parts.append(expr[start:i])
+            start = i + 1
+    if depth:
+        raise HostfileError(f"{var}: unbalanced '[' in {expr!r}")
+    parts.append(expr[start:])
+    return parts
+
+
+def expand_nodelist(expr: str, var: str = "SLURM_JOB_NODELIST") -> List[str]:
+    """Expand a Slurm hostlist: ``node[01-03,07],gpu[1-2]n[1-2]`` → names in order.
+
+    Zero padding follows the width of each range's lower bound.  Several
+    bracket groups in one name give their cartesian product, leftmost slowest.
+    Errors are :class:`HostfileError` messages naming ``var``.
+    """
+    expr = expr.strip()
+    if not expr:
+        raise HostfileError(f"{var}: empty node list")
+    names: List[str] = []
+    for part in _split_top(expr, var):
+        if not part:
+            raise HostfileError(f"{var}: empty host name in {expr!r}")
+        # Alternate literal text and bracket groups: lit [grp] lit [grp] lit
+        pieces = re.split(_GROUP_PAT, part)
+        choices: List[List[str]] = []
+        size = 1
+        for index, piece in enumerate(pieces):
+            if index % 2 == 0:
+                choices.append([piece])
+                continue
+            if not piece:
+                raise HostfileError(f"{var}: empty brackets in {expr!r}")
+            group = _expand_group(piece, expr, var)
+            size *= len(group)
+            if len(names) + size > MAX_HOSTS:
+                raise HostfileError(f"{var}: {expr!r} expands to more than {MAX_HOSTS} hosts")
+            choices.append(group)
+        expanded = [""]
+        for options in choices:
+            expanded = [head + tail for head in expanded for tail in options]
+        for name in expanded:
+            problem = _name_problem(name)
+            if problem:
+                raise HostfileError(f"{var}: {problem} in {expr!r}")
+        names.extend(expanded)
+    return names
+
+
+def expand_tasks_per_node(expr: str, var: str = "SLURM_TASKS_PER_NODE") -> List[int]:
+    """Expand Slurm's compressed count list: ``2(x3),1`` → ``[2, 2, 2, 1]``."""
+    out: List[int] = []
+    if not expr.strip():
+        raise HostfileError(f"{var}: empty count list")
+    for item in expr.split(","):
+        m = re.fullmatch(_TASKS_PAT, item.strip())
+        value = _count(m.group(1)) if m else None
+        times = _count(m.group(2)) if m and m.group(2) is not None else 1
+        if value is None or times is None:
+            raise HostfileError(
+                f"{var}: bad item {item!r} in {expr!r} (expected N or N(xM), N and M >= 1)"
+            )
+        if len(out) + times > MAX_HOSTS:
+            raise HostfileError(f"{var}: {expr!r} expands to more than {MAX_HOSTS} counts")
+        out.extend([value] * times)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# allocations
+
+
+def _merge_counts(pairs: List[Tuple[str, int, str]]) -> List[HostEntry]:
+    """``(name, slots, origin)`` triples merged by name, first position kept."""
+    merged: Dict[str, List] = {}
+    for name, slots, origin in pairs:
+        if name in merged:
+            merged[name][0] += slots
+        else:
+            merged[name] = [slots, origin]
+    return [HostEntry(name, slots, None, origin) for name, (slots, origin) in merged.items()]
+
+
+def _slurm_hosts(environ: Mapping[str, str], nvar: str) -> Tuple[List[HostEntry], str]:
+    nval = environ[nvar]
+    names = expand_nodelist(nval, nvar)
+    for cvar in ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE"):
+        cval = environ.get(cvar, "")
+        if cval.strip():
+            counts = expand_tasks_per_node(cval, cvar)
+            if len(counts) != len(names):
+                raise HostfileError(
+                    f"{cvar}={cval!r} gives {len(counts)} counts but "
+                    f"{nvar}={nval!r} lists {len(names)} hosts"
+                )
+            source = f"Slurm allocation ({nvar}={nval}, {cvar}={cval})"
+            break
+    else:
+        counts = [1] * len(names)
+        source = f"Slurm allocation ({nvar}={nval}, 1 slot per node)"
+    entries = _merge_counts([(n, c, nvar) for n, c in zip(names, counts)])
+    return entries, source
+
+
+def _pbs_hosts(path: str) -> Tuple[List[HostEntry], str]:
+    shown = _show_path(path)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise HostfileError(f"PBS_NODEFILE={shown}: cannot read: {reason}") from None
+    pairs: List[Tuple[str, int, str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        problem = _name_problem(name)
+        if problem:
+            raise HostfileError(f"{shown}:{number}: {problem} (from PBS_NODEFILE)")
+        pairs.append((name, 1, f"{shown}:{number}"))
+    if not pairs:
+        raise HostfileError(f"PBS_NODEFILE={shown}: lists no hosts")
+    return _merge_counts(pairs), f"PBS allocation (PBS_NODEFILE={shown})"
+
+
+def allocation_hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntry], str]]:
+    """The hosts of a Slurm or PBS/Torque allocation, with a description.
+
+    Slurm (``SLURM_JOB_NODELIST`` or ``SLURM_NODELIST``) wins over PBS
+    (``PBS_NODEFILE``).  Slot counts come from ``SLURM_TASKS_PER_NODE``, else
+    ``SLURM_JOB_CPUS_PER_NODE``, else 1 per node; for PBS, a host's count is
+    the number of lines naming it.  Returns None when no allocation is present.
+    """
+    for nvar in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if environ.get(nvar, "").strip():
+            return _slurm_hosts(environ, nvar)
+    path = environ.get("PBS_NODEFILE", "")
+    if path:
+        return _pbs_hosts(path)
+    return None

@@ -1,0 +1,226 @@
+"""``PMI_process_mapping``: which node each rank runs on, as MPICH reads it.
+
+:func:`process_mapping` writes the compact ``(vector,...)`` form from the
+placement; :func:`parse_process_mapping` reads one back with MPICH's rules.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Sequence, Tuple
+
+
+def _item_text(item: Tuple[int, int, int]) -> str:
+    start, nodes, per = item
+    return str(start) if nodes == 1 and per == 1 else f"({start},{nodes},{per})"
+
+
+def _prefix_function(seq: Sequence[object]) -> List[int]:
+    pi = [0] * len(seq)
+    k = 0
+    for i in range(1, len(seq)):
+        while k and seq[i] != seq[k]:
+            k = pi[k - 1]
+        if seq[i] == seq[k]:
+            k += 1
+        pi[i] = k
+    return pi
+
+
+def process_mapping(node_ids: Sequence[int]) -> str:
+    """The ``PMI_process_mapping`` value for ranks on the given nodes (rank order).
+
+    Node ids are renumbered densely in order of first appearance.  Runs become
+    ``(start,nodes,ranks_per_node)`` items, and one repeating stretch of items
+    (after at most a few leading items) is written as ``[items]xK``, so block
+    and round-robin layouts stay a few dozen bytes at any size.
+    """
+    if not node_ids:
+        raise ValueError("process_mapping needs at least one rank")
+    dense: Dict[int, int] = {}
+    items: List[Tuple[int, int, int]] = []
+    run_node, run_len = -1, 0
+    blocks: List[Tuple[int, int]] = []
+    for raw in node_ids:
+        node = dense.setdefault(raw, len(dense))
+        if node == run_node:
+            run_len += 1
+        else:
+            if run_len:
+                blocks.append((run_node, run_len))
+            run_node, run_len = node, 1
+    blocks.append((run_node, run_len))
+    for node, count in blocks:
+        if items:
+            start, nodes, per = items[-1]
+            if per == count and node == start + nodes:
+                items[-1] = (start, nodes + 1, per)
+                continue
+        items.append((node, 1, count))
+
+    texts = [_item_text(it) for it in items]
+    cost = [0]
+    for t in texts:
+        cost.append(cost[-1] + len(t) + 1)  # with its comma
+
+    def span(a: int, b: int) -> int:
+        return cost[b] - cost[a]
+
+    best = (span(0, len(items)), 0, 0, 0)  # (length, head, period, repeats)
+    for head in range(min(len(items), 8)):
+        rest = items[head:]
+        pi = _prefix_function(rest)
+        for length in range(2, len(rest) + 1):
+            period = length - pi[length - 1]
+            if length % period or length == period:
+                continue
+            reps = length // period
+            total = span(0, head) + span(head, head + period) + 3 + len(str(reps)) + span(head + length, len(items))
+            if total < best[0]:
+                best = (total, head, period, reps)
+    _, head, period, reps = best
+    if reps:
+        tail = head + period * reps
+        parts = texts[:head] + ["[" + ",".join(texts[head : head + period]) + f"]x{reps}"] + texts[tail:]
+    else:
+        parts = texts
+    return "(vector," + ",".join(parts) + ")"
+
+
+def _strtol(s: str, i: int) -> Tuple[int, int]:
+    """C ``strtol(s+i, &end, 0)``: returns (value, end); end == i if no digits."""
+    j = i
+    n = len(s)
+    while j < n and s[j] in " \t\n\v\f\r":
+        j += 1
+    sign = 1
+    if j < n and s[j] in "+-":
+        sign = -1 if s[j] == "-" else 1
+        j += 1
+    if s.startswith(("0x", "0X"), j) and j + 2 < n and s[j + 2] in "0123456789abcdefABCDEF":
+        base, j = 16, j + 2
+        digits = "0123456789abcdefABCDEF"
+    elif j < n and s[j] == "0":
+        base, digits = 8, "01234567"
+    else:
+        base, digits = 10, "0123456789"
+    k = j
+    while k < n and s[k] in digits:
+        k += 1
+    if k == j:
+        return 0, i
+    return sign * int(s[j:k], base), k
+
+
+def parse_process_mapping(value: str, size: int) -> List[int]:
+    """Node id of each of ``size`` ranks, parsed as MPICH's ``MPL_rankmap_str_to_array``.
+
+    Same grammar and quirks (whitespace, ``strtol`` base-0 numbers, one
+    ``[...]xK`` group, wrapping back to the group or to the first item that
+    starts at node 0 when the items run out), but stricter where MPICH
+    would leave ranks unassigned or loop forever: those raise ValueError, as
+    do negative node ids.
+    """
+    s, n = value, len(value)
+    out: List[int] = []
+
+    def fail(why: str) -> ValueError:
+        return ValueError(f"bad process mapping {value[:60]!r}: {why}")
+
+    def skip(i: int) -> int:
+        while i < n and s[i] in " \t\n\v\f\r":
+            i += 1
+        return i
+
+    def number(i: int) -> Tuple[int, int]:
+        num, j = _strtol(s, i)
+        if j == i:
+            raise fail(f"expected a number at {i}")
+        if num < 0 or num > 2**31 - 1:
+            raise fail(f"number {num} out of range")
+        return num, j
+
+    if size <= 0:
+        return out
+    i = skip(0)
+    if i >= n or s[i] != "(":
+        raise fail("expected '('")
+    i = skip(i + 1)
+    if not s.startswith("vector", i) or (i + 6 < n and (s[i + 6].isalnum() or s[i + 6] in "-_")):
+        raise fail("expected 'vector'")
+    i = skip(i + 6)
+    repeat_start: Optional[int] = None
+    repeat_cont = 0
+    num_repeat = -1
+    expect_comma = True
+    stalled, stall_limit = 0, 4 * n + 16
+    while len(out) < size:
+        stalled += 1
+        if stalled > stall_limit:
+            raise fail("assigns no ranks")
+        i = skip(i)
+        if i >= n:
+            break
+        if expect_comma:
+            if s.startswith("]x", i):
+                i += 2
+                if i >= n or not s[i].isdigit() or repeat_start is None:
+                    raise fail("bad ']x'")
+                if num_repeat == -1:
+                    num_repeat, i = number(i)
+                    repeat_cont = i
+                num_repeat -= 1
+                if num_repeat == 0:
+                    i = repeat_cont
+                else:
+                    i = repeat_start
+                    expect_comma = False
+            elif s[i] == ")":
+                if repeat_start is None:
+                    break
+                i = repeat_start  # legacy: wrap around
+                expect_comma = False
+            elif s[i] == ",":
+                i += 1
+                expect_comma = False
+            else:
+                raise fail(f"expected ',' at {i}")
+        elif s[i] == "[":
+            i += 1
+            repeat_start = i
+        elif s[i] == "(":
+            save = i
+            triple = []
+            i += 1
+            for k in range(3):
+                num, i = number(skip(i))
+                triple.append(num)
+                i = skip(i)
+                if i >= n or s[i] != (")" if k == 2 else ","):
+                    raise fail(f"bad triplet at {save}")
+                i += 1
+            start, nodes, per = triple
+            if repeat_start is None and start == 0:
+                repeat_start = save
+            if nodes > 0 and per > 0:
+                stalled = 0
+            for a in range(nodes if per > 0 else 0):
+                for _ in range(per):
+                    out.append(start + a)
+                    if len(out) == size:
+                        return out
+            expect_comma = True
+        else:
+            save = i
+            node, i = number(i)
+            if repeat_start is None and node == 0:
+                repeat_start = save
+            out.append(node)
+            stalled = 0
+            expect_comma = True
+    if len(out) < size:
+        raise fail(f"covers {len(out)} of {size} ranks")
+    return out
+
+
