@@ -8,32 +8,28 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.run.loop import Loop
-from mslaunch.run.output import Console, RankStream, line_prefix
+from mslaunch.run.output import Console, RankOutput, line_prefix
 
 _piece = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b""))
 
 
 def _relay(chunks, prefix=False):
-    """Feed (source, bytes) chunks through RankStreams; return terminal and file bytes."""
-    loop = Loop()
+    """Feed (source, bytes) chunks through RankOutputs; return terminal and file bytes."""
     with tempfile.TemporaryFile() as term:
         console = Console(out_fd=term.fileno(), err_fd=term.fileno())
-        streams, files = {}, {}
+        sinks, files = {}, {}
         for source in {s for s, _ in chunks}:
-            r, w = os.pipe()
-            os.close(w)
             f = tempfile.TemporaryFile()
             files[source] = f
-            streams[source] = RankStream(
-                loop, r, stream=1, console=console, file_fd=os.dup(f.fileno()),
+            sinks[source] = RankOutput(
+                terminal=console.terminal(1), file_fd=os.dup(f.fileno()),
                 prefix=line_prefix(source, "stdout", tag=True, timestamp=False,
                                    rank_prefix=False) if prefix else None,
                 keep_tail=True)
         for source, data in chunks:
-            streams[source].feed(data)
-        for s in streams.values():
-            s.close()
+            sinks[source].feed(data)
+        for s in sinks.values():
+            s.finish()
         term.seek(0)
         out = term.read()
         kept = {}
@@ -41,7 +37,6 @@ def _relay(chunks, prefix=False):
             f.seek(0)
             kept[source] = f.read()
             f.close()
-        loop.close()
         return out, kept
 
 

@@ -38,8 +38,13 @@ def _ensure_std_fds() -> None:
 
 
 def _print_error(message: str) -> None:
-    sys.stderr.write(f"mslaunch: error: {message}\n")
-    sys.stderr.flush()
+    # One line, whatever the input held: control characters are escaped.
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    try:
+        sys.stderr.write(f"mslaunch: error: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: Optional[Sequence[str]] = None,
@@ -63,3 +68,10 @@ def main(argv: Optional[Sequence[str]] = None,
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except OSError as err:
+        # The machine said no (descriptors, memory, a vanished directory):
+        # one line, not a traceback.
+        from ..run.spawn import os_error_reason
+        where = f" ({err.filename})" if err.filename else ""
+        _print_error(f"{os_error_reason(err)}{where}")
+        return 1

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 from .. import __version__
 from ..errors import UsageError
-from .common import Exit
+from .common import Exit, launch_dir
 from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, replace
 
 # canonical name -> number of values it takes
@@ -172,7 +172,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
                cwd: Optional[str] = None) -> JobSpec:
     """Parse an mpirun-dialect command line into a :class:`JobSpec`."""
     environ = dict(os.environ) if environ is None else environ
-    cwd = os.getcwd() if cwd is None else cwd
+    cwd = launch_dir() if cwd is None else cwd
     contexts: List[_Context] = [_Context()]
     g: Dict[str, object] = {}
     host_lists: List[HostEntry] = []

@@ -13,7 +13,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from ..errors import HostfileError
 from ..spec import HostEntry
 from .hostfile import (MAX_HOSTS, _GROUP_PAT, _MAX_DIGITS, _RANGE_PAT, _TASKS_PAT, _count,
-                       _name_problem, _show_path)
+                       _name_problem, _show_path, _x, read_host_file)
 
 # ---------------------------------------------------------------------------
 # Slurm
@@ -25,7 +25,7 @@ def _expand_group(body: str, expr: str, var: str) -> List[str]:
         m = re.fullmatch(_RANGE_PAT, item)
         if not m or len(m.group(1)) > _MAX_DIGITS or len(m.group(2) or "") > _MAX_DIGITS:
             raise HostfileError(
-                f"{var}: bad range {item!r} in {expr!r} (expected N or N-M, digits only)"
+                f"{var}: bad range {_x(item)} in {_x(expr)} (expected N or N-M, digits only)"
             )
         lo_text, hi_text = m.group(1), m.group(2)
         if hi_text is None:
@@ -33,9 +33,9 @@ def _expand_group(body: str, expr: str, var: str) -> List[str]:
             continue
         lo, hi = int(lo_text), int(hi_text)
         if hi < lo:
-            raise HostfileError(f"{var}: reversed range {item!r} in {expr!r}")
+            raise HostfileError(f"{var}: reversed range {_x(item)} in {_x(expr)}")
         if hi - lo >= MAX_HOSTS or len(out) + hi - lo >= MAX_HOSTS:
-            raise HostfileError(f"{var}: {expr!r} expands to more than {MAX_HOSTS} hosts")
+            raise HostfileError(f"{var}: {_x(expr)} expands to more than {MAX_HOSTS} hosts")
         width = len(lo_text)
         out.extend(str(i).zfill(width) for i in range(lo, hi + 1))
     return out
@@ -49,17 +49,17 @@ def _split_top(expr: str, var: str) -> List[str]:
     for i, ch in enumerate(expr):
         if ch == "[":
             if depth:
-                raise HostfileError(f"{var}: nested '[' in {expr!r}")
+                raise HostfileError(f"{var}: nested '[' in {_x(expr)}")
             depth = 1
         elif ch == "]":
             if not depth:
-                raise HostfileError(f"{var}: unbalanced ']' in {expr!r}")
+                raise HostfileError(f"{var}: unbalanced ']' in {_x(expr)}")
             depth = 0
         elif ch == "," and not depth:
             parts.append(expr[start:i])
             start = i + 1
     if depth:
-        raise HostfileError(f"{var}: unbalanced '[' in {expr!r}")
+        raise HostfileError(f"{var}: unbalanced '[' in {_x(expr)}")
     parts.append(expr[start:])
     return parts
 
@@ -77,7 +77,7 @@ def expand_nodelist(expr: str, var: str = "SLURM_JOB_NODELIST") -> List[str]:
     names: List[str] = []
     for part in _split_top(expr, var):
         if not part:
-            raise HostfileError(f"{var}: empty host name in {expr!r}")
+            raise HostfileError(f"{var}: empty host name in {_x(expr)}")
         # Alternate literal text and bracket groups: lit [grp] lit [grp] lit
         pieces = re.split(_GROUP_PAT, part)
         choices: List[List[str]] = []
@@ -87,11 +87,11 @@ def expand_nodelist(expr: str, var: str = "SLURM_JOB_NODELIST") -> List[str]:
                 choices.append([piece])
                 continue
             if not piece:
-                raise HostfileError(f"{var}: empty brackets in {expr!r}")
+                raise HostfileError(f"{var}: empty brackets in {_x(expr)}")
             group = _expand_group(piece, expr, var)
             size *= len(group)
             if len(names) + size > MAX_HOSTS:
-                raise HostfileError(f"{var}: {expr!r} expands to more than {MAX_HOSTS} hosts")
+                raise HostfileError(f"{var}: {_x(expr)} expands to more than {MAX_HOSTS} hosts")
             choices.append(group)
         expanded = [""]
         for options in choices:
@@ -99,7 +99,7 @@ def expand_nodelist(expr: str, var: str = "SLURM_JOB_NODELIST") -> List[str]:
         for name in expanded:
             problem = _name_problem(name)
             if problem:
-                raise HostfileError(f"{var}: {problem} in {expr!r}")
+                raise HostfileError(f"{var}: {problem} in {_x(expr)}")
         names.extend(expanded)
     return names
 
@@ -115,10 +115,10 @@ def expand_tasks_per_node(expr: str, var: str = "SLURM_TASKS_PER_NODE") -> List[
         times = _count(m.group(2)) if m and m.group(2) is not None else 1
         if value is None or times is None:
             raise HostfileError(
-                f"{var}: bad item {item!r} in {expr!r} (expected N or N(xM), N and M >= 1)"
+                f"{var}: bad item {_x(item)} in {_x(expr)} (expected N or N(xM), N and M >= 1)"
             )
         if len(out) + times > MAX_HOSTS:
-            raise HostfileError(f"{var}: {expr!r} expands to more than {MAX_HOSTS} counts")
+            raise HostfileError(f"{var}: {_x(expr)} expands to more than {MAX_HOSTS} counts")
         out.extend([value] * times)
     return out
 
@@ -147,8 +147,8 @@ def _slurm_hosts(environ: Mapping[str, str], nvar: str) -> Tuple[List[HostEntry]
             counts = expand_tasks_per_node(cval, cvar)
             if len(counts) != len(names):
                 raise HostfileError(
-                    f"{cvar}={cval!r} gives {len(counts)} counts but "
-                    f"{nvar}={nval!r} lists {len(names)} hosts"
+                    f"{cvar}={_x(cval)} gives {len(counts)} counts but "
+                    f"{nvar}={_x(nval)} lists {len(names)} hosts"
                 )
             source = f"Slurm allocation ({nvar}={nval}, {cvar}={cval})"
             break
@@ -161,12 +161,7 @@ def _slurm_hosts(environ: Mapping[str, str], nvar: str) -> Tuple[List[HostEntry]
 
 def _pbs_hosts(path: str) -> Tuple[List[HostEntry], str]:
     shown = _show_path(path)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise HostfileError(f"PBS_NODEFILE={shown}: cannot read: {reason}") from None
+    text = read_host_file(path, "PBS_NODEFILE", sep="=")
     pairs: List[Tuple[str, int, str]] = []
     for number, line in enumerate(text.split("\n"), 1):
         name = line.split("#", 1)[0].strip()
@@ -176,6 +171,9 @@ def _pbs_hosts(path: str) -> Tuple[List[HostEntry], str]:
         if problem:
             raise HostfileError(f"{shown}:{number}: {problem} (from PBS_NODEFILE)")
         pairs.append((name, 1, f"{shown}:{number}"))
+        if len(pairs) > 64 * MAX_HOSTS:
+            raise HostfileError(f"{shown}:{number}: more lines than any allocation has slots "
+                                f"(from PBS_NODEFILE)")
     if not pairs:
         raise HostfileError(f"PBS_NODEFILE={shown}: lists no hosts")
     return _merge_counts(pairs), f"PBS allocation (PBS_NODEFILE={shown})"

@@ -46,8 +46,11 @@ __all__ = [
 
 #: Largest slot count (per line and per host after merging) that is accepted.
 MAX_COUNT = 2**31 - 1
-#: Largest number of names a Slurm nodelist / tasks list may expand to.
-MAX_HOSTS = 1_000_000
+#: Largest number of hosts a hostfile, a Slurm nodelist or a tasks list may
+#: give (as many as the largest job has ranks).
+MAX_HOSTS = 100_000
+#: Largest hostfile (or PBS_NODEFILE) that is read, in bytes.
+MAX_FILE_BYTES = 16 << 20
 
 # Patterns are kept as strings and compiled on first use (through the cache of
 # the ``re`` module) so that importing this module compiles nothing.
@@ -76,6 +79,18 @@ class _Problem(Exception):
 # shared helpers
 
 
+def _x(text: str, limit: int = 40) -> str:
+    """A short, printable, quoted excerpt of input for a message.
+
+    The input may come from a file the user did not mean to show (a
+    mistyped ``--hostfile /etc/shadow``), so messages never echo more than
+    a few characters of it.
+    """
+    if len(text) > limit:
+        return repr(text[:limit]) + "..."
+    return repr(text)
+
+
 def _show_path(path: str) -> str:
     """The file name as shown in messages (quoted if it could break the line)."""
     return path if path.isprintable() else repr(path)
@@ -99,14 +114,14 @@ def _name_problem(name: str, bracketed: bool = False) -> Optional[str]:
     if not name:
         return "empty host name"
     if len(name) > _MAX_NAME:
-        return f"host name is longer than {_MAX_NAME} characters: {name!r}"
+        return f"host name is longer than {_MAX_NAME} characters: {_x(name)}"
     if bracketed:
         if name.count(":") < 2 or not re.fullmatch(_IPV6_PAT, name):
-            return f"invalid IPv6 address {'[' + name + ']'!r}"
+            return f"invalid IPv6 address {_x('[' + name + ']')}"
         return None
     if not re.fullmatch(_HOSTNAME_PAT, name):
         return (
-            f"invalid host name {name!r} "
+            f"invalid host name {_x(name)} "
             "(use letters, digits, '-', '_', '.', or [IPv6] in brackets)"
         )
     return None
@@ -120,16 +135,16 @@ def _split_host(token: str) -> Tuple[str, Optional[str]]:
     if token.startswith("["):
         end = token.find("]")
         if end < 0:
-            raise _Problem(f"missing ']' in {token!r}")
+            raise _Problem(f"missing ']' in {_x(token)}")
         name, rest = token[1:end], token[end + 1:]
         if rest and not rest.startswith(":"):
-            raise _Problem(f"unexpected text after ']' in {token!r}")
+            raise _Problem(f"unexpected text after ']' in {_x(token)}")
         problem = _name_problem(name, bracketed=True)
         if problem:
             raise _Problem(problem)
         return name, (rest[1:] if rest else None)
     if token.count(":") > 1:
-        raise _Problem(f"IPv6 addresses must be written in brackets, e.g. '[::1]:2'; got {token!r}")
+        raise _Problem(f"IPv6 addresses must be written in brackets, e.g. '[::1]:2'; got {_x(token)}")
     name, sep, count = token.partition(":")
     problem = _name_problem(name)
     if problem:
@@ -174,36 +189,36 @@ def _parse_line(line: str) -> Optional[Tuple[str, Optional[int], Optional[int]]]
             tokens.append(tok)
     first = tokens[0]
     if "=" in first:
-        raise _Problem(f"expected a host name before {first!r}")
+        raise _Problem(f"expected a host name before {_x(first)}")
     name, raw = _split_host(first)
     slots: Optional[int] = None
     slots_key = ""
     if raw is not None:
         slots = _count(raw)
         if slots is None:
-            raise _Problem(f"slot count after ':' must be a positive integer, got {raw!r}")
+            raise _Problem(f"slot count after ':' must be a positive integer, got {_x(raw)}")
         slots_key = first
     max_slots: Optional[int] = None
     for tok in tokens[1:]:
         key, eq, value = tok.partition("=")
         lkey = key.lower()
         if lkey in _HYDRA_HINTS:
-            raise _Problem(f"token {tok!r} is not supported ({_HYDRA_HINTS[lkey]})")
+            raise _Problem(f"token {_x(tok)} is not supported ({_HYDRA_HINTS[lkey]})")
         if lkey not in _SLOTS_KEYS and lkey not in _MAX_KEYS:
-            raise _Problem(f"unknown token {tok!r} (expected slots=N or max_slots=M)")
+            raise _Problem(f"unknown token {_x(tok)} (expected slots=N or max_slots=M)")
         if not eq:
-            raise _Problem(f"missing value for {key!r} (expected {key}=N)")
+            raise _Problem(f"missing value for {_x(key)} (expected {key}=N)")
         number = _count(value)
         if number is None:
             limit = f" no larger than {MAX_COUNT}" if _is_digits(value) and value.strip("0") else ""
-            raise _Problem(f"{key} must be a positive integer{limit}, got {value!r}")
+            raise _Problem(f"{key} must be a positive integer{limit}, got {_x(value)}")
         if lkey in _SLOTS_KEYS:
             if slots is not None:
-                raise _Problem(f"slot count given twice ({slots_key!r} and {tok!r})")
+                raise _Problem(f"slot count given twice ({_x(slots_key)} and {_x(tok)})")
             slots, slots_key = number, tok
         else:
             if max_slots is not None:
-                raise _Problem(f"max_slots given twice (second: {tok!r})")
+                raise _Problem(f"max_slots given twice (second: {_x(tok)})")
             max_slots = number
     if slots is not None and max_slots is not None and max_slots < slots:
         raise _Problem(f"max_slots must be >= slots, got slots={slots} max_slots={max_slots}")
@@ -222,25 +237,25 @@ def _merge(acc: Dict[str, _Acc], name: str, slots: Optional[int],
         else:
             what = f"has no slot count here but a count at {entry.origin}"
         raise _Problem(
-            f"host {name!r} {what} (list a host once per slot or give its slots=N, not both)"
+            f"host {_x(name)} {what} (list a host once per slot or give its slots=N, not both)"
         )
     entry.lines += 1
     entry.total += slots or 0
     if max_slots is not None:
         if entry.max_slots is not None and entry.max_slots != max_slots:
             raise _Problem(
-                f"conflicting max_slots for host {name!r}: {max_slots} here, "
+                f"conflicting max_slots for host {_x(name)}: {max_slots} here, "
                 f"{entry.max_slots} at {entry.max_origin}"
             )
         if entry.max_slots is None:
             entry.max_slots, entry.max_origin = max_slots, where
     total = entry.slots
     if total is not None and total > MAX_COUNT:
-        raise _Problem(f"host {name!r} has more than {MAX_COUNT} slots in total")
+        raise _Problem(f"host {_x(name)} has more than {MAX_COUNT} slots in total")
     if entry.lines > 1 and total is not None and entry.max_slots is not None \
             and total > entry.max_slots:
         raise _Problem(
-            f"host {name!r} has {total} slots in total, more than "
+            f"host {_x(name)} has {total} slots in total, more than "
             f"max_slots={entry.max_slots} (set at {entry.max_origin})"
         )
 
@@ -255,6 +270,8 @@ def parse_hostfile_text(text: str, filename: str = "<hostfile>") -> List[HostEnt
             parsed = _parse_line(line.rstrip("\r"))
             if parsed is not None:
                 _merge(acc, *parsed, where)
+                if len(acc) > MAX_HOSTS:
+                    raise _Problem(f"more than {MAX_HOSTS} hosts")
         except _Problem as exc:
             raise HostfileError(f"{where}: {exc}") from None
     if not acc:
@@ -264,15 +281,23 @@ def parse_hostfile_text(text: str, filename: str = "<hostfile>") -> List[HostEnt
 
 def parse_hostfile(path: str) -> List[HostEntry]:
     """Read and parse the hostfile at ``path`` (see the module docstring)."""
+    return parse_hostfile_text(read_host_file(path, "hostfile"), path)
+
+
+def read_host_file(path: str, what: str, sep: str = " ") -> str:
+    """The text of a host list file, at most :data:`MAX_FILE_BYTES` of it."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise HostfileError(f"hostfile {_show_path(path)}: cannot read: {reason}") from None
+        raise HostfileError(f"{what}{sep}{_show_path(path)}: cannot read: {reason}") from None
     except ValueError as exc:  # e.g. an embedded NUL byte in the path
-        raise HostfileError(f"hostfile {_show_path(path)}: cannot read: {exc}") from None
-    return parse_hostfile_text(text, path)
+        raise HostfileError(f"{what}{sep}{_show_path(path)}: cannot read: {exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise HostfileError(f"{what}{sep}{_show_path(path)}: larger than {MAX_FILE_BYTES >> 20} MiB; "
+                            f"not a host list")
+    return data.decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------------------
@@ -291,7 +316,7 @@ def parse_host_list(text: str, flag: str = "-H") -> List[HostEntry]:
     for item in text.split(","):
         item = item.strip()
         if not item:
-            raise UsageError(f"{flag}: empty item in host list {text!r}")
+            raise UsageError(f"{flag}: empty item in host list {_x(text)}")
         try:
             name, raw = _split_host(item)
         except _Problem as exc:
@@ -300,9 +325,9 @@ def parse_host_list(text: str, flag: str = "-H") -> List[HostEntry]:
         if raw is not None:
             slots = _count(raw) or 0
             if not slots:
-                raise UsageError(f"{flag}: bad slot count {raw!r} for host {name!r}")
+                raise UsageError(f"{flag}: bad slot count {_x(raw)} for host {_x(name)}")
         total = order.get(name, 0) + slots
         if total > MAX_COUNT:
-            raise UsageError(f"{flag}: host {name!r} has more than {MAX_COUNT} slots in total")
+            raise UsageError(f"{flag}: host {_x(name)} has more than {MAX_COUNT} slots in total")
         order[name] = total
     return [HostEntry(name, slots, None, flag) for name, slots in order.items()]

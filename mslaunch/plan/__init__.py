@@ -172,8 +172,11 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
 def describe_map(plan: Plan) -> str:
     """The ``--display-map`` text, in the spirit of Open MPI's job map."""
     lines = [" ========================   JOB MAP   ========================", ""]
+    by_node: Dict[int, List[RankSpec]] = {}
+    for r in plan.ranks:
+        by_node.setdefault(r.host.node_id, []).append(r)
     for host in plan.hosts:
-        here = [r for r in plan.ranks if r.host.node_id == host.node_id]
+        here = by_node.get(host.node_id, [])
         lines.append(f" Data for node: {host.name}\tNum slots: {host.slots}\t"
                      f"Max slots: {host.max_slots or 0}\tNum procs: {len(here)}")
         for r in here:

@@ -6,7 +6,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Sequence
 
-from ..errors import PlanError
+from ..errors import PlanError, UsageError
 from ..spec import Host, HostEntry
 
 
@@ -42,25 +42,62 @@ def _is_local(name: str) -> bool:
 def filter_hosts(pool: Sequence[HostEntry], wanted: Sequence[HostEntry]) -> List[HostEntry]:
     """``--hostfile`` gives the pool and ``-H`` picks hosts from it."""
     names = {w.name for w in wanted}
-    missing = [w.name for w in wanted if w.name not in {p.name for p in pool}]
+    have = {p.name for p in pool}
+    missing = [w.name for w in wanted if w.name not in have]
     if missing:
-        raise PlanError(f"-H names host(s) not in the hostfile: {', '.join(missing)}")
+        raise PlanError(f"-H names host(s) not in the hostfile: {_names(missing)}")
     return [p for p in pool if p.name in names]
 
 
-def _describe(hosts: Sequence[Host]) -> str:
-    return ", ".join(f"{h.name}: {h.slots}" + (f" (max {h.max_slots})" if h.max_slots else "")
-                     for h in hosts)
+def _names(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _describe(hosts: Sequence[Host], limit: int = 8) -> str:
+    text = ", ".join(f"{h.name}: {h.slots}" + (f" (max {h.max_slots})" if h.max_slots else "")
+                     for h in hosts[:limit])
+    return text + (f", and {len(hosts) - limit} more host(s)" if len(hosts) > limit else "")
+
+
+def _deal(order: List[int], hosts: Sequence[int], room: List[Optional[int]], count: int) -> int:
+    """Deal up to ``count`` ranks round-robin over ``hosts`` (in order) while they have room.
+
+    ``room[i]`` is how many more host ``i`` takes (None: no limit); ranks are
+    appended to ``order``.  Each round costs the hosts still open, so the
+    whole deal is linear in hosts plus ranks.  Returns how many were dealt.
+    """
+    dealt = 0
+    open_hosts = [i for i in hosts if room[i] is None or room[i] > 0]  # type: ignore[operator]
+    while dealt < count and open_hosts:
+        still = []
+        for i in open_hosts:
+            if dealt == count:
+                break
+            order.append(i)
+            dealt += 1
+            if room[i] is not None:
+                room[i] -= 1  # type: ignore[operator]
+                if room[i] == 0:
+                    continue
+            still.append(i)
+        else:
+            open_hosts = still
+            continue
+        break
+    return dealt
 
 
 def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
-          per_node: Optional[int] = None, oversubscribe: bool = False) -> List[int]:
+          per_node: Optional[int] = None, oversubscribe: bool = False,
+          max_ranks: int = 100_000) -> List[int]:
     """Return the host index of each rank, in world-rank order.
 
     ``slot`` fills each host to its capacity before the next; ``node`` deals
     ranks round-robin.  Capacity is the slot count, or ``per_node``.  Extra
     ranks need ``oversubscribe`` and are dealt round-robin, never above a
     host's ``max_slots``.  With ``slot`` each host's ranks are contiguous.
+    Linear in the number of hosts plus ranks.
     """
     if not hosts:
         raise PlanError("no hosts to run on")
@@ -76,27 +113,25 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
     total = sum(caps)
     if np is None:
         np = total
+        if np > max_ranks:
+            raise UsageError(f"the hosts offer {total} slots, and without -n every slot gets a "
+                             f"rank: more than the limit of {max_ranks} ranks (give -n)")
     if np < 1:
         raise PlanError("no slots available on the hosts given")
-    counts = [0] * len(hosts)
+    everyone = range(len(hosts))
     order: List[int] = []
     if map_by == "node":
-        placed = 0
-        while placed < np:
-            progress = False
-            for i in range(len(hosts)):
-                if placed < np and counts[i] < caps[i]:
-                    counts[i] += 1
-                    order.append(i)
-                    placed += 1
-                    progress = True
-            if not progress:
-                break
+        _deal(order, everyone, list(caps), np)  # type: ignore[arg-type]
+        counts = None
     else:
-        for i, cap in enumerate(caps):
-            take = min(cap, np - sum(counts))
-            counts[i] = take
-    extra = np - sum(counts)
+        counts = []
+        left = np
+        for cap in caps:
+            take = min(cap, left)
+            counts.append(take)
+            left -= take
+    placed = len(order) if counts is None else sum(counts)
+    extra = np - placed
     if extra > 0:
         if per_node is not None:
             raise PlanError(f"{np} ranks requested but {per_node} per host on {len(hosts)} "
@@ -105,18 +140,26 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
             raise PlanError(f"not enough slots: {np} ranks requested but the hosts have "
                             f"{total} slots ({_describe(hosts)}); use --oversubscribe "
                             f"to run more ranks than slots")
-        while extra > 0:
-            progress = False
-            for i, h in enumerate(hosts):
-                if extra and (h.max_slots is None or counts[i] < h.max_slots):
-                    counts[i] += 1
-                    extra -= 1
-                    progress = True
-                    if map_by == "node":
-                        order.append(i)
-            if not progress:
-                raise PlanError(f"{np} ranks requested but the hosts' max_slots allow only "
-                                f"{sum(counts)} ({_describe(hosts)})")
-    if map_by == "node":
+        used = counts if counts is not None else _count_per_host(order, len(hosts))
+        room = [None if h.max_slots is None else h.max_slots - used[i]
+                for i, h in enumerate(hosts)]
+        extras: List[int] = []
+        if _deal(extras, everyone, room, extra) < extra:  # type: ignore[arg-type]
+            allowed = sum(used) + len(extras)
+            raise PlanError(f"{np} ranks requested but the hosts' max_slots allow only "
+                            f"{allowed} ({_describe(hosts)})")
+        if counts is None:
+            order.extend(extras)
+        else:
+            for i in extras:
+                counts[i] += 1
+    if counts is None:
         return order
     return [i for i, c in enumerate(counts) for _ in range(c)]
+
+
+def _count_per_host(order: Sequence[int], nhosts: int) -> List[int]:
+    counts = [0] * nhosts
+    for i in order:
+        counts[i] += 1
+    return counts

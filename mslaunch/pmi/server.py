@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .state import JobState, PMIListener
     from .wire import Fields
 
-from .state import LocalJobState
+from .state import KVS_MAX_BYTES, LocalJobState
 from .wire import (KEYLEN_MAX, KVSNAME_MAX, MAX_ERRORS, MAX_MESSAGE, MAX_OUTPUT,
                    MAX_PREAUTH_MESSAGE, VALLEN_MAX, WireError, _decode, _rx, format_v1,
                    format_v2, parse_v1, parse_v2, take_frame, take_line)
@@ -127,6 +127,7 @@ class _V1Protocol:
         version = f.get("pmi_version")
         if version == "1":
             self.conn.phase = ACTIVE
+            self.conn.server._started(self.conn.rank)
             self.send("response_to_init", rc=0, pmi_version=1, pmi_subversion=1)
         elif version == "2":
             self.send("response_to_init", rc=0, pmi_version=2, pmi_subversion=0)
@@ -158,8 +159,10 @@ class _V1Protocol:
             self.send("put_result", rc=1, msg="reserved_key")
         elif len(key) > KEYLEN_MAX or len(value) > VALLEN_MAX:
             self.send("put_result", rc=1, msg="too_long")
+        elif not self.state.kvs_put(self.conn.rank, key, value):
+            self.conn.violation(lambda: self.send("put_result", rc=1, msg="kvs_full"),
+                                f"the job's key-value space is full ({KVS_MAX_BYTES} bytes)")
         else:
-            self.state.kvs_put(self.conn.rank, key, value)
             self.send("put_result", rc=0)
 
     def get(self, f: Fields) -> None:
@@ -185,6 +188,7 @@ class _V1Protocol:
 
     def finalize(self, f: Fields) -> None:
         self.conn.phase = DONE
+        self.conn.server.finalized.add(self.conn.rank)
         self.send("finalize_ack", rc=0)
 
     def abort(self, f: Fields) -> None:
@@ -285,6 +289,7 @@ class _V2Protocol:
         # On an inherited socket the fd identifies the rank; pmirank is advisory.
         conn.phase = ACTIVE
         rank = conn.rank
+        conn.server._started(rank)
         # Slurm's libpmi2 needs pmi-version/pmi-subversion and takes booleans
         # only as TRUE/FALSE; MPICH reads rank, size and appnum.
         self.reply("fullinit", **{
@@ -302,8 +307,10 @@ class _V2Protocol:
             self.send("kvs-put-response", rc=1, errmsg="reserved_key")
         elif len(key) > KEYLEN_MAX or len(value) > VALLEN_MAX:
             self.send("kvs-put-response", rc=1, errmsg="too_long")
+        elif not self.state.kvs_put(self.conn.rank, key, value):
+            self.conn.violation(self.fail("kvs-put", "kvs_full"),
+                                f"the job's key-value space is full ({KVS_MAX_BYTES} bytes)")
         else:
-            self.state.kvs_put(self.conn.rank, key, value)
             self.reply("kvs-put")
 
     def _found(self, cmd: str) -> Callable[[Optional[str]], None]:
@@ -356,6 +363,7 @@ class _V2Protocol:
 
     def finalize(self, f: Fields) -> None:
         self.conn.phase = DONE
+        self.conn.server.finalized.add(self.conn.rank)
         self.reply("finalize")
 
     def abort(self, f: Fields) -> None:
@@ -396,7 +404,10 @@ class _Conn:
     def log(self, text: str) -> None:
         if not self.logged:
             self.logged = True
-            self.server._emit_log(f"PMI {self.describe()}: {text}")
+            if self.rank is None:
+                self.server._log_stranger(f"PMI {self.describe()}: {text}")
+            else:
+                self.server._emit_log(f"PMI {self.describe()}: {text}")
 
     # -- failure handling ---------------------------------------------------
     def abandon(self, why: str) -> None:
@@ -598,7 +609,11 @@ class PMIServer:
     ``PMI_SIZE``) or, after ``listen_tcp()``, ``tcp_env(rank)``.
     """
 
-    auth_timeout = 5.0
+    #: Seconds an unauthenticated TCP connection may take to present its PMI_ID
+    #: (MPICH sends it right after connecting).
+    auth_timeout = 2.0
+    #: At most this many lines about unauthenticated peers per window of seconds.
+    stranger_log_limit = (5, 10.0)
 
     def __init__(self, loop: Loop, *, kvsname: str, size: int, process_mapping: str,
                  universe_size: int, appnums: Sequence[int], listener: PMIListener,
@@ -624,6 +639,8 @@ class PMIServer:
         self._child_socks: Dict[int, socket.socket] = {}
         self._socketpair_ranks: Set[int] = set()
         self._lost: Set[int] = set()
+        self.started: Set[int] = set()     # ranks that initialized PMI
+        self.finalized: Set[int] = set()   # ranks that finalized it
         self._lsock: Optional[socket.socket] = None
         self._host = ""
         self._port = 0
@@ -631,7 +648,10 @@ class PMIServer:
         self._rank_ids: List[int] = []
         self._tcp_ranks: Set[int] = set()
         self._pending = 0
-        self._refusing = False
+        self._unauth: Dict[int, _Conn] = {}     # oldest first
+        self._stranger_lines = 0
+        self._stranger_suppressed = 0
+        self._stranger_window: Optional[Timer] = None
         self._closed = False
 
     # -- inherited socket -------------------------------------------------------
@@ -709,12 +729,11 @@ class PMIServer:
                     self.loop.remove_reader(lsock.fileno())
                     self.loop.call_later(0.5, self._resume_accept)
                 return
-            if self._pending >= self.max_pending:
-                sock.close()
-                if not self._refusing:
-                    self._refusing = True
-                    self._emit_log(f"PMI listener: {self._pending} unauthenticated connections; refusing more")
-                continue
+            while self._unauth and len(self._unauth) >= self.max_pending:
+                # Make room by closing the longest-waiting stranger: idle
+                # connections must never cost a real rank its place.
+                oldest = next(iter(self._unauth.values()))
+                oldest.abandon("evicted: too many unauthenticated connections")
             try:
                 sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
                 conn = _Conn(self, sock, None, tcp=True)
@@ -722,9 +741,12 @@ class PMIServer:
                 sock.close()
                 continue
             self._pending += 1
+            self._unauth[conn.fd] = conn
             self._conns[conn.fd] = conn
             conn.auth_timer = self.loop.call_later(
                 self.auth_timeout, lambda c=conn: c.abandon("no initack within the time limit"))
+            # A rank sends its PMI_ID right after connecting: read it now.
+            conn._on_readable()
 
     def _resume_accept(self) -> None:
         if self._lsock is not None and not self._closed:
@@ -742,8 +764,7 @@ class PMIServer:
         conn.rank = rank
         conn.phase = READY
         self._pending -= 1
-        if self._pending < self.max_pending:
-            self._refusing = False
+        self._unauth.pop(conn.fd, None)
         if conn.auth_timer is not None:
             conn.auth_timer.cancel()
             conn.auth_timer = None
@@ -763,8 +784,7 @@ class PMIServer:
         self._conns.pop(conn.fd, None)
         if conn.tcp and conn.rank is None:
             self._pending -= 1
-            if self._pending < self.max_pending:
-                self._refusing = False
+            self._unauth.pop(conn.fd, None)
         if conn.rank is not None and conn.phase in (ACTIVE, V2_PRE) and not self._closed:
             if conn.rank not in self._lost:
                 self._lost.add(conn.rank)
@@ -772,6 +792,17 @@ class PMIServer:
                     self.listener.pmi_lost(conn.rank)
                 except Exception as exc:
                     self._emit_log(f"PMI listener.pmi_lost raised {exc!r}")
+
+    def _started(self, rank: Optional[int]) -> None:
+        if rank is None or rank in self.started:
+            return
+        self.started.add(rank)
+        hook = getattr(self.listener, "pmi_started", None)
+        if hook is not None:
+            try:
+                hook(rank)
+            except Exception as exc:
+                self._emit_log(f"PMI listener.pmi_started raised {exc!r}")
 
     def _emit_abort(self, rank: Optional[int], code: int, message: str) -> None:
         try:
@@ -784,6 +815,24 @@ class PMIServer:
             self.listener.pmi_log(message)
         except Exception:
             pass
+
+    def _log_stranger(self, message: str) -> None:
+        """Rate-limited log of unauthenticated peers (a flood must not flood the terminal)."""
+        limit, window = self.stranger_log_limit
+        if self._stranger_window is None:
+            self._stranger_window = self.loop.call_later(window, self._stranger_window_end)
+        if self._stranger_lines < limit:
+            self._stranger_lines += 1
+            self._emit_log(message)
+        else:
+            self._stranger_suppressed += 1
+
+    def _stranger_window_end(self) -> None:
+        self._stranger_window = None
+        self._stranger_lines = 0
+        if self._stranger_suppressed:
+            count, self._stranger_suppressed = self._stranger_suppressed, 0
+            self._emit_log(f"PMI listener: {count} more unauthenticated connection(s) closed")
 
     def close(self) -> None:
         """Unregister and close every socket (no pmi_lost is reported after this)."""

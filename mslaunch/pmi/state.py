@@ -14,6 +14,11 @@ if TYPE_CHECKING:
 from .mapping import parse_process_mapping
 from .wire import VALLEN_MAX
 
+#: Bytes of keys and values one job may store: MPICH puts one business card
+#: (a few kilobytes) per node, so this is room for thousands of nodes, and a
+#: flood of puts from a misbehaving rank cannot exhaust the launcher.
+KVS_MAX_BYTES = 64 << 20
+
 
 class PMIListener:
     """What the PMI server reports to the supervisor (a protocol: any object
@@ -24,6 +29,9 @@ class PMIListener:
     def pmi_lost(self, rank: int) -> None: ...
 
     def pmi_log(self, message: str) -> None: ...
+
+    def pmi_started(self, rank: int) -> None:
+        """Optional: ``rank`` initialized PMI for the first time."""
 
 
 class JobState:
@@ -45,7 +53,8 @@ class JobState:
     def job_attr(self, key: str) -> Optional[str]:
         raise NotImplementedError
 
-    def kvs_put(self, rank: int, key: str, value: str) -> None:
+    def kvs_put(self, rank: int, key: str, value: str) -> bool:
+        """Store a pair; False when the job's key-value space is full."""
         raise NotImplementedError
 
     def kvs_get(self, rank: int, key: str, reply: Callable[[Optional[str]], None]) -> None:
@@ -88,6 +97,7 @@ class LocalJobState(JobState):
         except ValueError:
             self._node_of = [0] * size
         self._kvs: Dict[str, str] = {}
+        self._kvs_bytes = 0
         self._in_barrier: Dict[int, Callable[[], None]] = {}
         self._node_attrs: Dict[Tuple[int, str], str] = {}
         self._node_waiters: Dict[Tuple[int, str], List[Callable[[Optional[str]], None]]] = {}
@@ -99,8 +109,14 @@ class LocalJobState(JobState):
     def job_attr(self, key: str) -> Optional[str]:
         return self._attrs.get(key)
 
-    def kvs_put(self, rank: int, key: str, value: str) -> None:
+    def kvs_put(self, rank: int, key: str, value: str) -> bool:
+        old = self._kvs.get(key)
+        size = self._kvs_bytes + len(key) + len(value) - (len(key) + len(old) if old else 0)
+        if size > KVS_MAX_BYTES:
+            return False
         self._kvs[key] = value
+        self._kvs_bytes = size
+        return True
 
     def kvs_get(self, rank: int, key: str, reply: Callable[[Optional[str]], None]) -> None:
         reply(self._kvs.get(key))

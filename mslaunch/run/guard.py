@@ -1,16 +1,28 @@
 """The guard against orphans: no rank, and nothing a rank started, outlives the job.
 
-Before the first rank starts, the launcher forks a small watchdog into its
-own session.  The launcher tells it, over a pipe, the process group of every
-rank it starts.  When the pipe reaches end-of-file without the final
-``done`` line, the launcher died abruptly (SIGKILL, say); when ``done``
-arrives, the job ended normally.  Either way the watchdog then terminates
-every rank group still alive and every process whose initial environment
-carries this job's ``MSLAUNCH_JOB`` marker (SIGTERM, then SIGKILL after the
-grace period).  The marker catches ranks started in the instant before
-their group was reported, and daemons that left their rank's group with
-``setsid``.  The launcher does not wait for that sweep: it runs beside the
-launcher's exit, off the job's critical path.
+Three mechanisms, strongest first:
+
+* **A cgroup of the job** (cgroup v2, where this process may create one
+  under its own): the launcher forks its watchdog, then moves itself into
+  a new cgroup, so every process started from then on -- ranks, their
+  children, daemons that called ``setsid`` and cleared their environment --
+  is in it and cannot leave it.  At the end the launcher moves back out and
+  the cgroup is emptied with ``cgroup.kill``.
+* **Child subreaper** (when no cgroup can be made): descendants orphaned
+  during the job are re-parented to the launcher instead of init, so it
+  sees and stops them; the watchdog keeps a list of them in case the
+  launcher is killed.
+* **The job marker** ``MSLAUNCH_JOB`` in each rank's environment and the
+  rank process groups, as a last net.
+
+The watchdog is a small fork of the launcher in its own session, made before
+the first rank starts.  The launcher tells it, over a pipe, the process
+group of every rank and the kvsname of every PMI job.  When the pipe
+reaches end-of-file without the final ``done`` line, the launcher died
+abruptly (SIGKILL, say): the watchdog terminates everything of the job
+(SIGCONT and SIGTERM, SIGKILL after the grace period) and removes the jobs'
+MPICH shared-memory segments.  After ``done`` it only empties and removes
+the cgroup and sweeps the marker, off the job's critical path.
 """
 
 from __future__ import annotations
@@ -18,13 +30,18 @@ from __future__ import annotations
 import os
 import signal
 import time
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterable, Set
+    from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE",
             "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM")
+_PR_SET_CHILD_SUBREAPER = 36
 
+
+# ---------------------------------------------------------------------------
+# finding processes
 
 def marked_pids(marker: str) -> Set[int]:
     """Pids of processes whose initial environment holds ``MSLAUNCH_JOB=marker``."""
@@ -44,6 +61,214 @@ def marked_pids(marker: str) -> Set[int]:
     return found
 
 
+def children_of(pid: int) -> List[int]:
+    """The children of ``pid`` (all its threads'), from /proc."""
+    found: List[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def start_time(pid: int) -> Optional[int]:
+    """The start time of ``pid`` in clock ticks (tells a pid from a reused one)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _process_table() -> Dict[int, Tuple[int, int, bytes]]:
+    """pid -> (parent pid, process group, state) of every process, from /proc."""
+    table: Dict[int, Tuple[int, int, bytes]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def _descendants(roots: Iterable[int], table=None) -> Set[int]:
+    """Every process below ``roots`` (one snapshot of /proc)."""
+    table = _process_table() if table is None else table
+    kids: Dict[int, List[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    found: Set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in kids.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+# ---------------------------------------------------------------------------
+# the job's cgroup
+
+def _cgroup2_mount() -> Optional[str]:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return left.split()[4]
+    except OSError:
+        pass
+    return None
+
+
+def _own_cgroup() -> Optional[str]:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+class JobCgroup:
+    """A cgroup v2 directory holding every process of the job (but the watchdog)."""
+
+    def __init__(self, path: str, home: str) -> None:
+        self.path = path
+        self.home = home          # the cgroup the launcher came from
+
+    @classmethod
+    def create(cls, marker: str, watchdog: int) -> Optional[JobCgroup]:
+        """Make the job's cgroup beside this process's own, or None if not allowed.
+
+        Its name carries the watchdog's pid (``mslaunch-<kvsname>-w<pid>``),
+        and the kvsname the launcher's, which tells a stale cgroup from a
+        live job's (see :func:`_remove_stale`).
+        """
+        if os.environ.get("MSLAUNCH_CGROUP", "1") in ("0", "no", "off"):
+            return None
+        mount, own = _cgroup2_mount(), _own_cgroup()
+        if mount is None or own is None:
+            return None
+        home = os.path.normpath(mount + "/" + own)
+        path = os.path.join(home, f"mslaunch-{marker}-w{watchdog}")
+        try:
+            os.mkdir(path, 0o755)
+        except OSError:
+            return None
+        _remove_stale(home)
+        return cls(path, home)
+
+    def enter(self) -> bool:
+        """Move this process into the cgroup (its future children follow)."""
+        try:
+            _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
+            return True
+        except OSError:
+            self.remove()
+            return False
+
+    def leave(self) -> None:
+        try:
+            _write(os.path.join(self.home, "cgroup.procs"), str(os.getpid()))
+        except OSError:
+            pass
+
+    def pids(self) -> Set[int]:
+        try:
+            with open(os.path.join(self.path, "cgroup.procs")) as f:
+                return {int(p) for p in f.read().split()}
+        except (OSError, ValueError):
+            return set()
+
+    def kill(self) -> None:
+        try:
+            _write(os.path.join(self.path, "cgroup.kill"), "1")
+        except OSError:
+            for pid in self.pids():
+                _signal(pid, signal.SIGKILL)
+
+    def remove(self, wait: float = 0.0) -> None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.02)
+
+
+def _remove_stale(home: str) -> None:
+    """Empty and remove job cgroups whose launcher and watchdog both died.
+
+    Such a cgroup (``mslaunch-kvs_<launcher pid>_<hex>-w<watchdog pid>``)
+    has nobody left to stop what is in it; while either pid lives it is
+    someone's, so it is left alone.
+    """
+    try:
+        names = [n for n in os.listdir(home) if n.startswith("mslaunch-kvs_")]
+    except OSError:
+        return
+    for name in names:
+        launcher, _, rest = name[len("mslaunch-kvs_"):].partition("_")
+        watchdog = rest.rpartition("-w")[2]
+        if not (launcher.isdigit() and watchdog.isdigit()) \
+                or _exists(int(launcher)) or _exists(int(watchdog)):
+            continue
+        stale = JobCgroup(os.path.join(home, name), home)
+        if stale.pids():
+            stale.kill()
+            stale.remove(wait=0.5)
+        else:
+            stale.remove()
+
+
+def set_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# ---------------------------------------------------------------------------
+# stopping processes
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
 def _signal_all(groups: Iterable[int], pids: Iterable[int], sig: int) -> bool:
     """Send ``sig`` to groups and pids; return True if any still existed."""
     alive = False
@@ -54,30 +279,55 @@ def _signal_all(groups: Iterable[int], pids: Iterable[int], sig: int) -> bool:
         except OSError:
             pass
     for pid in pids:
-        try:
-            os.kill(pid, sig)
-            alive = True
-        except OSError:
-            pass
+        alive = _signal(pid, sig) or alive
     return alive
 
 
-def terminate(groups: Iterable[int], marker: str, grace: float) -> None:
-    """SIGCONT+SIGTERM every group and marked process, SIGKILL after ``grace``."""
+def terminate(groups: Iterable[int], marker: str, grace: float,
+              cgroup: Optional[JobCgroup] = None, pids: Iterable[int] = ()) -> None:
+    """SIGCONT+SIGTERM everything of the job, SIGKILL after ``grace``.
+
+    Everything: the cgroup's processes, the members of the given groups,
+    the given pids, processes carrying the job marker, and all their
+    descendants.  Zombies do not count as alive.
+    """
     groups = set(groups)
-    pids = marked_pids(marker)
-    _signal_all(groups, pids, signal.SIGCONT)
-    if not _signal_all(groups, pids, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        if not _signal_all(groups, marked_pids(marker) | pids, 0):
-            return
-    _signal_all(groups, marked_pids(marker) | pids, signal.SIGKILL)
+    known = set(pids)
+
+    def everyone() -> Set[int]:
+        table = _process_table()
+        found = known | marked_pids(marker)
+        if cgroup is not None:
+            found |= cgroup.pids()
+        found |= {pid for pid, (_, pgid, _) in table.items() if pgid in groups}
+        found |= _descendants(found, table)
+        me = os.getpid()
+        return {p for p in found if p != me and p in table and table[p][2] != b"Z"}
+
+    # Stop first (no new forks while the list is taken), then terminate.
+    targets = everyone()
+    if targets:
+        _signal_all((), targets, signal.SIGSTOP)
+        targets |= everyone()
+        _signal_all((), targets, signal.SIGTERM)
+        _signal_all((), targets, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if not everyone():
+                break
+        else:
+            _signal_all((), everyone(), signal.SIGKILL)
+    if cgroup is not None:
+        if cgroup.pids():
+            cgroup.kill()
+        cgroup.remove(wait=2.0)
 
 
-def _watch(read_fd: int, marker: str, grace: float) -> None:
+# ---------------------------------------------------------------------------
+# the watchdog process
+
+def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
     os.setsid()
     for name in _IGNORED:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -86,10 +336,24 @@ def _watch(read_fd: int, marker: str, grace: float) -> None:
         os.dup2(null, fd)
     os.closerange(3, read_fd)
     os.closerange(read_fd + 1, 1 << 16)
+    import select
+    cgroup: Optional[JobCgroup] = None
+    poll_children = False
     groups: Set[int] = set()
+    kvsnames: Set[str] = set()
+    adopted: Dict[int, Optional[int]] = {}   # pid -> start time, orphans the launcher adopted
     buf = b""
     done = False
     while not done:
+        if poll_children:
+            # Without a cgroup, remember what the launcher adopted as a
+            # subreaper, so that it can be found should the launcher die.
+            for pid in children_of(parent):
+                if pid not in adopted and pid not in groups:
+                    adopted[pid] = start_time(pid)
+            ready, _, _ = select.select([read_fd], [], [], 0.25)
+            if not ready:
+                continue
         try:
             data = os.read(read_fd, 4096)
         except OSError:
@@ -99,31 +363,63 @@ def _watch(read_fd: int, marker: str, grace: float) -> None:
         buf += data
         *lines, buf = buf.split(b"\n")
         for line in lines:
+            kind, arg = line[:1], line[1:]
             if line == b"done":
                 done = True
-            elif line[:1] == b"+":
-                groups.add(int(line[1:]))
-            elif line[:1] == b"-":
-                groups.discard(int(line[1:]))
-    # After "done" the launcher has seen every rank group end, and a group id
-    # may already name someone else's group: only the marker counts then.
-    terminate(set() if done else groups, marker, grace)
+            elif kind == b"+":
+                groups.add(int(arg))
+            elif kind == b"-":
+                groups.discard(int(arg))
+            elif kind == b"k":
+                kvsnames.add(arg.decode())
+            elif kind == b"c":
+                path = arg.decode()
+                cgroup = JobCgroup(path, os.path.dirname(path))
+            elif kind == b"s":
+                poll_children = True
+    if done:
+        # The launcher saw every rank end; group ids may already name someone
+        # else's group, so only the cgroup and the marker count now.
+        terminate((), marker, grace, cgroup)
+        return
+    live = [pid for pid, started in adopted.items() if start_time(pid) == started]
+    terminate(groups, marker, grace, cgroup, live)
+    from ..pmi.shm import remove_shm_segments
+    for name in kvsnames:
+        remove_shm_segments(name)
 
 
 class Watchdog:
-    """Launcher side of the guard."""
+    """Launcher side of the guard; see the module docstring."""
 
     def __init__(self, marker: str, grace: float) -> None:
+        self.marker = marker
         read_fd, self._fd = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             try:
-                _watch(read_fd, marker, grace)
+                _watch(read_fd, parent, marker, grace)
             finally:
                 os._exit(0)
         os.close(read_fd)
         self.pid = pid
-        self._pending: list = []
+        self._pending: List[str] = []
+        # The watchdog was forked first: it must stay outside the job's cgroup.
+        cgroup = JobCgroup.create(marker, pid)
+        if cgroup is not None and not cgroup.enter():
+            cgroup = None
+        self.cgroup = cgroup
+        self.subreaper = cgroup is None and set_subreaper()
+        if cgroup is not None:
+            self._pending.append(f"c{cgroup.path}\n")
+        elif self.subreaper:
+            self._pending.append("s\n")
+        self.flush()
+
+    @property
+    def mechanism(self) -> str:
+        return "cgroup" if self.cgroup else ("subreaper" if self.subreaper else "marker")
 
     def add(self, pgid: int) -> None:
         """Note a rank group; sent at the next :meth:`flush` (one write, one wake-up)."""
@@ -132,9 +428,13 @@ class Watchdog:
     def remove(self, pgid: int) -> None:
         self._pending.append(f"-{pgid}\n")
 
+    def add_kvsname(self, kvsname: str) -> None:
+        """A PMI job whose shared-memory segments go if the launcher dies."""
+        self._pending.append(f"k{kvsname}\n")
+
     def flush(self) -> None:
         # Groups not yet sent when the launcher dies are still found by the
-        # environment marker, so batching costs no safety.
+        # cgroup or the environment marker, so batching costs no safety.
         if self._fd >= 0 and self._pending:
             try:
                 os.write(self._fd, "".join(self._pending).encode())
@@ -142,15 +442,57 @@ class Watchdog:
                 pass
         self._pending.clear()
 
+    def leftovers(self, ranks: Iterable[int] = ()) -> Set[int]:
+        """Processes of the job other than this one, its watchdog and ``ranks``."""
+        me = os.getpid()
+        skip = {me, self.pid, *ranks}
+        if self.cgroup is not None:
+            found = self.cgroup.pids()
+        else:
+            found = set(children_of(me)) | marked_pids(self.marker)
+            found |= _descendants(found)
+        return {p for p in found - skip if _alive(p)}
+
+    def reap_adopted(self, ranks: Iterable[int]) -> None:
+        """Collect the exit status of adopted orphans (as a subreaper) so no zombie stays."""
+        skip = {self.pid, *ranks}
+        for pid in children_of(os.getpid()):
+            if pid not in skip:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
     def close(self) -> None:
-        """Normal end: the watchdog sweeps for leftovers and exits on its own.
+        """Normal end: leave the cgroup and let the watchdog empty it and exit.
 
         It is not waited for; if the launcher outlives it, the zombie goes
         with the launcher's own exit.
         """
         if self._fd < 0:
             return
+        if self.cgroup is not None:
+            self.cgroup.leave()
         self._pending = ["done\n"]
         self.flush()
         os.close(self._fd)
         self._fd = -1
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+
+
+def _alive(pid: int) -> bool:
+    """True for a live process that is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False

@@ -29,6 +29,17 @@ def free_port() -> int:
         s.close()
 
 
+def _master_port(text: Optional[str]) -> Optional[int]:
+    """``MASTER_PORT`` from the environment, checked; None when unset or empty."""
+    if not text:
+        return None
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:
+        return int(text)
+    from ..errors import UsageError
+    raise UsageError(f"MASTER_PORT={text[:20]!r} in the environment is not a port number "
+                     f"(1-65535)")
+
+
 def new_kvsname() -> str:
     return f"kvs_{os.getpid()}_{os.urandom(4).hex()}"
 
@@ -50,8 +61,7 @@ def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None) -> Pla
     from ..hosts import host_entries
     entries = host_entries(job, environ)
     cpus = sorted(os.sched_getaffinity(0))
-    port = environ.get("MASTER_PORT")
-    master_port = int(port) if port and port.isdigit() else free_port()
+    master_port = _master_port(environ.get("MASTER_PORT")) or free_port()
     return make_plan(job, entries, environ, ncores=len(cpus), hostname=os.uname().nodename,
                      kvsname=new_kvsname(), master_port=master_port, cpus=cpus,
                      cpu_packages=cpu_packages(cpus) if job.bind_to == "socket" else None)

@@ -1,73 +1,293 @@
-"""Relay of rank output to the terminal and to per-rank files.
+"""Relay of rank output to mslaunch's terminal and to per-rank files.
 
-Each rank stream is read in large chunks.  The bytes go unchanged to the
-rank's file (when ``--output-filename`` is given); the terminal copy is cut
-at line ends so that a line of one rank is never spliced into another's.  A
-partial last line waits for its newline (or the stream's end), and when a
-console stream was left mid-line by one source, a newline is put before the
-next source's output.
+Three pieces, so that a remote agent can reuse the middle one:
+
+* :class:`Terminal` -- one output file of mslaunch (its stdout, and its
+  stderr when that is another file).  Writes never block the event loop:
+  they go to a description of the file that mslaunch opened for itself in
+  non-blocking mode (the caller's is never changed), and what the reader
+  does not take yet waits in a bounded queue.  When the queue passes
+  :data:`HIGH_WATER`, the sources writing to it are paused (they stop
+  reading their rank's pipe, so the rank blocks, as in a shell pipeline)
+  until it drains below :data:`LOW_WATER`.  The terminal also owns the
+  "mid-line" state: a line left unfinished by one source is ended with a
+  newline before another source writes, whichever of stdout and stderr
+  they use, so lines of different ranks (and mslaunch's own messages) are
+  never glued together.
+* :class:`RankOutput` -- one stream of one rank: the bytes go unchanged to
+  the rank's file, and to the terminal cut at line ends.  A partial last
+  line waits for its newline or the end of the stream; a line longer than
+  :data:`LONG_LINE` is passed on in pieces (each piece still kept apart
+  from other ranks' output by the terminal's rule).
+* :class:`RankPipe` -- reads one pipe of a local rank on the event loop and
+  feeds a :class:`RankOutput`.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
+from collections import deque
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Optional
+    from typing import Callable, Deque, Dict, Optional, Set
 
-from .loop import Loop
+    from .loop import Loop
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: fewer wake-ups when ranks write a lot
-MAX_PENDING = 1 << 20     # a "line" longer than this is passed on unfinished
+LONG_LINE = 1 << 20       # a "line" longer than this is passed on in pieces
 TAIL = 4096               # bytes of stderr kept per rank for the failure summary
+HIGH_WATER = 8 << 20      # bytes queued for a terminal before its sources pause
+LOW_WATER = 1 << 20       # ... and the level at which they resume
 
-# One read buffer for all streams: the loop is single-threaded and each chunk
-# is fully passed on before the next read, so no per-read allocation (and no
-# page faults on a fresh megabyte) is needed.
+# One read buffer for all pipes: the loop is single-threaded and each chunk
+# is fully passed on (or copied) before the next read.
 _BUFFER = bytearray(CHUNK)
+
+#: Errors meaning "nobody reads this any more": the output is dropped quietly.
+_GONE = (errno.EPIPE, errno.EBADF, errno.EIO, errno.ENXIO, errno.ECONNRESET)
+
+
+def _own_description(fd: int):
+    """A way to write ``fd`` without blocking and without touching the caller's flags.
+
+    Returns ``(fd, send)``: for a pipe, FIFO or terminal, a new non-blocking
+    description of the same file (opened through /proc; O_NONBLOCK on the
+    inherited one would change it for every process sharing it); for a
+    socket, a duplicate written with ``MSG_DONTWAIT``; otherwise (regular
+    files, which never wait for a reader) the descriptor itself.
+    """
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return fd, None
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                           | os.O_NOCTTY), None
+        except OSError as err:
+            if err.errno == errno.ENXIO:   # a FIFO whose reader has gone
+                return -1, None
+    elif stat.S_ISSOCK(mode):
+        import _socket
+        try:
+            sock = _socket.socket(fileno=os.dup(fd))
+            flags = _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL
+            return sock.fileno(), lambda data: sock.send(data, flags)
+        except OSError:
+            pass
+    return fd, None
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
+
+
+class Terminal:
+    """One of mslaunch's own output files, written without ever blocking the loop."""
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.name = name
+        self.fd, self._send = _own_description(fd)
+        self.open = self.fd >= 0
+        self.error = ""                   # why it was closed, for a write error
+        self.loop: Optional[Loop] = None
+        self.queue: Deque[bytes] = deque()
+        self.queued = 0
+        self.dropped = 0                  # bytes given up (stop requested, reader stalled)
+        self.owner: object = None         # the source whose line is unfinished
+        self._waiters: Set[object] = set()
+        self._writer = False
+        self.on_error: Optional[Callable[[Terminal], None]] = None
+
+    # -- writing ------------------------------------------------------------
+    @property
+    def congested(self) -> bool:
+        return self.queued > HIGH_WATER
+
+    def write(self, source: object, data) -> None:
+        """Queue ``data`` (bytes or a view valid only during the call) from ``source``."""
+        if not data or not self.open:
+            return
+        if self.owner is not None and self.owner is not source:
+            data = b"\n" + bytes(data)
+        self.owner = None if data[-1:] == b"\n" else source
+        if not self.queue:
+            try:
+                n = self._write(data)
+            except BlockingIOError:
+                n = 0
+            except OSError as err:
+                self._failed(err)
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+        self.queue.append(bytes(data))
+        self.queued += len(data)
+        self._want_writable()
+
+    def _write(self, data) -> int:
+        if self._send is not None:
+            return self._send(data)
+        return os.write(self.fd, data)
+
+    def flush_some(self) -> None:
+        """Write what the file takes now; called when it is writable."""
+        while self.queue:
+            head = self.queue[0]
+            try:
+                n = self._write(head)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as err:
+                self._failed(err)
+                return
+            self.queued -= n
+            if n < len(head):
+                self.queue[0] = head[n:]
+                break
+            self.queue.popleft()
+        if not self.queue and self._writer and self.loop is not None:
+            self.loop.remove_writer(self.fd)
+            self._writer = False
+        if self.queued <= LOW_WATER:
+            self._wake()
+        if self.queue:
+            self._want_writable()
+
+    def _want_writable(self) -> None:
+        if self._writer or not self.queue:
+            return
+        if self.loop is not None:
+            try:
+                self.loop.add_writer(self.fd, self.flush_some)
+                self._writer = True
+                return
+            except OSError:
+                pass   # not pollable: write with waits below
+        self.wait_until_drained(None)
+
+    def _failed(self, err: OSError) -> None:
+        self.open = False
+        self.queue.clear()
+        self.queued = 0
+        if self._writer and self.loop is not None:
+            self.loop.forget(self.fd)
+            self._writer = False
+        if err.errno not in _GONE:
+            self.error = err.strerror or str(err)
+            if self.on_error is not None:
+                self.on_error(self)
+        self._wake()
+
+    # -- back-pressure ------------------------------------------------------
+    def wait_for_room(self, source: object) -> None:
+        """Remember a paused source; its ``resume()`` is called when there is room."""
+        self._waiters.add(source)
+
+    def _wake(self) -> None:
+        if self._waiters:
+            waiters, self._waiters = self._waiters, set()
+            for source in waiters:
+                source.resume()  # type: ignore[attr-defined]
+
+    def give_up(self) -> None:
+        """Drop what is queued (the job is being stopped and nobody reads)."""
+        self.dropped += self.queued
+        self.queue.clear()
+        self.queued = 0
+        self.open = False
+        if self._writer and self.loop is not None:
+            self.loop.forget(self.fd)
+            self._writer = False
+        self._wake()
+
+    def wait_until_drained(self, deadline: Optional[float]) -> bool:
+        """Block until the queue is written (or ``deadline``); outside the loop only."""
+        import select
+        while self.queue and self.open:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                return False
+            try:
+                select.select([], [self.fd], [], timeout)
+            except (OSError, ValueError):
+                time.sleep(0.01)
+            registered = self._writer
+            self._writer = False
+            self.flush_some()
+            self._writer = registered and bool(self.queue)
+        return not self.queue
 
 
 class Console:
-    """The launcher's own stdout and stderr, shared by all rank streams."""
+    """mslaunch's stdout and stderr; one shared :class:`Terminal` when they are one file."""
 
     def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
-        self._fds = {1: out_fd, 2: err_fd}
-        self._open = {1: True, 2: True}
-        self._midline: Dict[int, object] = {}
+        self.out = Terminal(out_fd, "stdout")
+        self.err = self.out if _same_file(out_fd, err_fd) else Terminal(err_fd, "stderr")
+        self.loop: Optional[Loop] = None
+
+    def terminal(self, stream: int) -> Terminal:
+        return self.out if stream == 1 else self.err
+
+    def terminals(self):
+        return (self.out,) if self.err is self.out else (self.out, self.err)
+
+    def attach(self, loop: Optional[Loop], on_error: Optional[Callable[[Terminal], None]] = None) -> None:
+        """Write through ``loop`` from now on (None: back to waiting writes)."""
+        for t in self.terminals():
+            if t._writer and t.loop is not None:
+                t.loop.remove_writer(t.fd)
+                t._writer = False
+            t.loop = loop
+            t.on_error = on_error
+            t._want_writable()
 
     def write(self, stream: int, source: object, data) -> None:
-        if not data or not self._open[stream]:
-            return
-        owner = self._midline.get(stream)
-        if owner is not None and owner is not source:
-            data = b"\n" + data
-        self._midline[stream] = None if data[-1:] == b"\n" else source
-        fd = self._fds[stream]
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(fd, view):]
-        except OSError as err:
-            if err.errno not in (errno.EPIPE, errno.EBADF, errno.EIO):
-                raise
-            self._open[stream] = False   # the reader went away; files still get everything
+        self.terminal(stream).write(source, data)
 
     def is_open(self, stream: int) -> bool:
-        return self._open[stream]
+        return self.terminal(stream).open
 
     def message(self, text: str) -> None:
         """A line of mslaunch's own on stderr, kept apart from rank lines."""
-        self.write(2, self, text.encode("utf-8", "replace") + b"\n")
+        if not self.err.open and self.out.open and self.err.error:
+            self.out.write(self, text.encode("utf-8", "replace") + b"\n")
+            return
+        self.err.write(self, text.encode("utf-8", "replace") + b"\n")
+
+    @property
+    def pending(self) -> int:
+        return sum(t.queued for t in self.terminals())
+
+    def give_up(self) -> int:
+        """Drop all queued output; returns how many bytes were not delivered."""
+        for t in self.terminals():
+            t.give_up()
+        return sum(t.dropped for t in self.terminals())
+
+    def drain(self, deadline: Optional[float]) -> bool:
+        ok = True
+        for t in self.terminals():
+            ok = t.wait_until_drained(deadline) and ok
+        return ok
 
 
 def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
-                rank_prefix: bool) -> Optional[Callable[[], bytes]]:
+                rank_prefix: bool, jobid: int = 1) -> Optional[Callable[[], bytes]]:
     """Return a function making the prefix of each terminal line, or None."""
     if tag:
-        fixed = f"[1,{rank}]<{stream}>:".encode()
+        fixed = f"[{jobid},{rank}]<{stream}>:".encode()
     elif rank_prefix:
         fixed = f"[{rank}] ".encode()
     else:
@@ -85,76 +305,47 @@ def _last_newline(data) -> int:
     return bytes(data).rfind(b"\n")
 
 
-class RankStream:
-    """One pipe of one rank: copied to a file and, line by line, to the console."""
+class RankOutput:
+    """One stream of one rank: every byte to its file, whole lines to the terminal."""
 
-    def __init__(self, loop: Loop, fd: int, *, stream: int, console: Optional[Console],
-                 file_fd: Optional[int], prefix: Optional[Callable[[], bytes]],
-                 keep_tail: bool) -> None:
-        self.loop = loop
-        self.fd = fd
-        self.stream = stream
-        self.console = console
+    def __init__(self, *, terminal: Optional[Terminal], file_fd: Optional[int],
+                 prefix: Optional[Callable[[], bytes]], keep_tail: bool,
+                 on_error: Optional[Callable[[str], None]] = None,
+                 file_name: str = "") -> None:
+        self.terminal = terminal
         self.file_fd = file_fd
+        self.file_name = file_name
         self.prefix = prefix
         self.keep_tail = keep_tail
+        self.on_error = on_error
         self.tail = b""
         self.pending = b""
-        self.closed = False
-        try:
-            import fcntl
-            fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
-        except OSError:
-            pass
-        loop.add_reader(fd, self.on_readable)
+        self.finished = False
+        self.written = 0
 
-    def _read(self) -> int:
-        """Read one chunk into the shared buffer; 0 at end-of-file."""
-        try:
-            return os.readv(self.fd, [_BUFFER])
-        except BlockingIOError:
-            return -1
-        except OSError:
-            return 0
+    @property
+    def wanted(self) -> bool:
+        """Whether anyone still takes this stream (a file, or an open terminal)."""
+        return self.file_fd is not None or (self.terminal is not None and self.terminal.open)
 
-    def on_readable(self) -> None:
-        n = self._read()
-        if n == 0:
-            self.close()
-        elif n > 0:
-            self.feed(memoryview(_BUFFER)[:n])
-            if self.file_fd is None and self.console is not None \
-                    and not self.console.is_open(self.stream):
-                # Nobody reads mslaunch's output any more (``| head``) and
-                # no file wants it: stop reading, so that the rank meets a
-                # broken pipe as it would at the end of a shell pipeline.
-                self.pending = b""
-                self.close()
-
-    def drain(self) -> None:
-        """Read whatever is buffered without blocking, then close."""
-        os.set_blocking(self.fd, False)
-        while not self.closed:
-            n = self._read()
-            if n <= 0:
-                break
-            self.feed(memoryview(_BUFFER)[:n])
-        self.close()
+    @property
+    def congested(self) -> bool:
+        return self.terminal is not None and self.terminal.open and self.terminal.congested
 
     def feed(self, data) -> None:
         """Pass on one chunk (bytes, or a view that is only valid during the call)."""
         n = len(data)
+        self.written += n
         if self.file_fd is not None:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.file_fd, view):]
+            self._to_file(data)
         if self.keep_tail:
             self.tail = (self.tail + bytes(data[-TAIL:]))[-TAIL:]
-        if self.console is None:
+        term = self.terminal
+        if term is None or not term.open:
             return
         cut = _last_newline(data) + 1
         if cut == 0:
-            if len(self.pending) + n < MAX_PENDING:
+            if len(self.pending) + n < LONG_LINE:
                 self.pending += bytes(data)
                 return
             cut = n            # an endless "line": pass it on unfinished
@@ -163,12 +354,27 @@ class RankStream:
             self.pending = bytes(data[cut:])
             self._emit(whole)
             return
-        # The partial line held back and the rest of it go out as two writes,
-        # back to back: nothing else can come between them.
+        # The partial line held back and the rest of it go out back to back:
+        # nothing else can come between them.
         if self.pending:
-            self.console.write(self.stream, self, self.pending)
+            term.write(self, self.pending)
         self.pending = bytes(data[cut:])
-        self.console.write(self.stream, self, data[:cut] if cut < n else data)
+        term.write(self, data[:cut] if cut < n else data)
+
+    def _to_file(self, data) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.file_fd, view):]  # type: ignore[arg-type]
+        except OSError as err:
+            fd, self.file_fd = self.file_fd, None
+            try:
+                os.close(fd)  # type: ignore[arg-type]
+            except OSError:
+                pass
+            if self.on_error is not None:
+                self.on_error(f"cannot write {self.file_name or 'a rank file'}: "
+                              f"{err.strerror or err}")
 
     def _emit(self, data) -> None:
         if self.prefix is not None:
@@ -177,7 +383,89 @@ class RankStream:
             data = b"".join(self.prefix() + line + b"\n" for line in lines)
             if last:
                 data += self.prefix() + last
-        self.console.write(self.stream, self, data)  # type: ignore[union-attr]
+        self.terminal.write(self, data)  # type: ignore[union-attr]
+
+    def finish(self) -> None:
+        """End of the stream: pass on a partial last line and close the file."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.pending and self.terminal is not None and self.terminal.open:
+            pending, self.pending = self.pending, b""
+            self._emit(pending)
+        if self.file_fd is not None:
+            os.close(self.file_fd)
+            self.file_fd = None
+
+
+class RankPipe:
+    """Reads one output pipe of a local rank on the loop into a :class:`RankOutput`."""
+
+    def __init__(self, loop: Loop, fd: int, sink: RankOutput) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.sink = sink
+        self.closed = False
+        self.paused = False
+        try:
+            import fcntl
+            fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
+        except OSError:
+            pass
+        loop.add_reader(fd, self.on_readable)
+
+    @property
+    def tail(self) -> bytes:
+        return self.sink.tail
+
+    def _read(self) -> int:
+        """Read one chunk into the shared buffer; 0 at end-of-file, -1 if none yet."""
+        try:
+            return os.readv(self.fd, [_BUFFER])
+        except (BlockingIOError, InterruptedError):
+            return -1
+        except OSError:
+            return 0   # EIO: a pseudo-terminal whose last writer has gone
+
+    def on_readable(self) -> None:
+        n = self._read()
+        if n == 0:
+            self.close()
+        elif n > 0:
+            self.sink.feed(memoryview(_BUFFER)[:n])
+            self._after_feed()
+
+    def _after_feed(self) -> None:
+        if not self.sink.wanted:
+            # Nobody reads mslaunch's output any more (``| head``) and no
+            # file wants it: stop reading, so that the rank meets a broken
+            # pipe as it would at the end of a shell pipeline.
+            self.sink.pending = b""
+            self.close()
+        elif self.sink.congested and not self.paused:
+            self.paused = True
+            self.loop.remove_reader(self.fd)
+            self.sink.terminal.wait_for_room(self)  # type: ignore[union-attr]
+
+    def resume(self) -> None:
+        if self.paused and not self.closed:
+            self.paused = False
+            self.loop.add_reader(self.fd, self.on_readable)
+
+    def drain(self) -> bool:
+        """Read what is buffered without waiting; True once end-of-file was seen."""
+        if self.closed:
+            return True
+        os.set_blocking(self.fd, False)
+        while not self.closed:
+            n = self._read()
+            if n < 0:
+                return False
+            if n == 0:
+                break
+            self.sink.feed(memoryview(_BUFFER)[:n])
+        self.close()
+        return True
 
     def close(self) -> None:
         if self.closed:
@@ -185,12 +473,7 @@ class RankStream:
         self.closed = True
         self.loop.forget(self.fd)
         os.close(self.fd)
-        if self.pending and self.console is not None:
-            pending, self.pending = self.pending, b""
-            self._emit(pending)
-        if self.file_fd is not None:
-            os.close(self.file_fd)
-            self.file_fd = None
+        self.sink.finish()
 
 
 class StdinFanout:
@@ -217,16 +500,19 @@ class StdinFanout:
             loop.call_later(0, self._read)
 
     def _read(self) -> None:
+        if self.paused:
+            return
         try:
             data = os.read(self.source, CHUNK)
-        except BlockingIOError:
+        except (BlockingIOError, InterruptedError):
             return
         except OSError:
             data = b""
-        if not data:
+        if not data or not self.sinks:
+            # End of input, or nobody left to read it.
             self.eof = True
             if self.pollable:
-                self.loop.remove_reader(self.source)
+                self.loop.forget(self.source)
         for rank in list(self.sinks):
             self.buffers[rank] += data
             self._flush(rank)
@@ -239,12 +525,13 @@ class StdinFanout:
         elif not self.pollable:
             self.loop.call_later(0, self._read)
 
-    def _resume(self) -> None:
-        self.paused = False
-        if self.pollable:
-            self.loop.add_reader(self.source, self._read)
-        else:
-            self.loop.call_later(0, self._read)
+    def _resume_if_room(self) -> None:
+        if self.paused and all(len(b) <= self.LIMIT for b in self.buffers.values()):
+            self.paused = False
+            if self.pollable:
+                self.loop.add_reader(self.source, self._read)
+            else:
+                self.loop.call_later(0, self._read)
 
     def _flush(self, rank: int) -> None:
         fd = self.sinks.get(rank)
@@ -258,23 +545,26 @@ class StdinFanout:
             self.loop.add_writer(fd, lambda r=rank: self._flush(r))
             return
         except OSError:
-            buf.clear()       # the rank closed its stdin: drop its copy
-            self.drop(rank)
+            self.drop(rank)    # the rank closed its stdin (or exited): drop its copy
             return
         self.loop.remove_writer(fd)
         if self.eof:
             self.drop(rank)
-        elif self.paused and all(len(b) <= self.LIMIT for b in self.buffers.values()):
-            self._resume()
+        else:
+            self._resume_if_room()
 
     def drop(self, rank: int) -> None:
         fd = self.sinks.pop(rank, None)
+        self.buffers.pop(rank, None)
         if fd is not None:
             self.loop.forget(fd)
             os.close(fd)
+        # The others may have been waiting for this rank's backlog.
+        self._resume_if_room()
 
     def close(self) -> None:
         for rank in list(self.sinks):
             self.drop(rank)
         if not self.eof and self.pollable:
             self.loop.forget(self.source)
+        self.eof = True

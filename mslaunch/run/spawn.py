@@ -59,10 +59,32 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
         seen.add(key)
         if not os.path.isdir(r.cwd):
             raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} does not exist")
-        if find_program(r.argv[0], r.env, r.cwd) is None:
+        path = find_program(r.argv[0], r.env, r.cwd)
+        if path is None:
             where = "" if "/" in r.argv[0] else " in PATH"
             raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} not found{where} "
                              f"(or not executable)")
+        problem = _interpreter_problem(path)
+        if problem:
+            raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} {problem}")
+
+
+def _interpreter_problem(path: str) -> Optional[str]:
+    """Why a script's ``#!`` line cannot start it, or None (not a script, or fine)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].strip()
+    if not line:
+        return "has an empty '#!' line"
+    interpreter = os.fsdecode(line.split()[0])
+    if not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
+        return f"names the interpreter {interpreter!r} in its '#!' line, which does not exist"
+    return None
 
 
 def seal_inherited_fds() -> None:
@@ -154,24 +176,17 @@ def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout
 
 def _spawn_bound(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int,
                  stdout: int, stderr: int) -> int:
-    """Like :func:`_spawn`, with the CPU affinity set in the child before exec."""
-    import subprocess
-    cpus = spec.cpus
-    pass_fds = [fd for fd in map(int, os.listdir("/proc/self/fd"))
-                if fd > 2 and _inheritable(fd)]
-    proc = subprocess.Popen(list(spec.argv), executable=path, env=env, cwd=spec.cwd,
-                            stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds,
-                            process_group=0,
-                            preexec_fn=lambda: os.sched_setaffinity(0, cpus))
-    proc.returncode = 0   # LocalProcess.reap collects the status; Popen must not
-    return proc.pid
+    """Like :func:`_spawn`, with the rank's CPU affinity set before it runs.
 
-
-def _inheritable(fd: int) -> bool:
+    A child inherits the affinity of the thread that creates it, so the
+    launcher takes the rank's CPU set for the instant of the spawn.
+    """
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, spec.cpus)  # type: ignore[arg-type]
     try:
-        return os.get_inheritable(fd)
-    except OSError:
-        return False
+        return _spawn(spec, path, env, stdin, stdout, stderr)
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 def any_live_member(pgid: int) -> bool:

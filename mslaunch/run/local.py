@@ -1,0 +1,288 @@
+"""Ranks on this machine: start them, watch them, relay their pipes, stop their leftovers.
+
+:class:`LocalRanks` is the execution half of supervision, with no policy of
+its own, so that the launcher and a remote host's agent run local ranks the
+same way.  It reports to a listener:
+
+* ``rank_started(rank, pid)`` once a rank runs,
+* ``rank_exited(rank, code, signal)`` when its process ends,
+
+and feeds each rank's output into the sinks its owner made (the
+launcher's :class:`~mslaunch.run.output.RankOutput`, or the agent's link).
+It signals rank process groups on request.  When a rank ends and leaves
+processes behind in its group, they get SIGCONT and SIGTERM, and SIGKILL
+after the grace period.  When every rank has ended but a pipe is still held
+open by a process outside the ranks' groups (a daemon that called
+``setsid``), the job's other leftovers are found through the guard and
+stopped the same way; a pipe still open after that is drained and closed,
+so the job never hangs on it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+    from ..spec import RankSpec
+    from .guard import Watchdog
+    from .loop import Loop, Timer
+
+from ..errors import LaunchError
+from .output import RankOutput, RankPipe, StdinFanout
+from .spawn import LocalProcess, os_error_reason
+
+#: Seconds to wait after the last rank ended before a pipe still held open
+#: by something outside the ranks' groups counts as a leftover's.
+_LEFTOVER_DELAY = 0.2
+
+
+class _Local:
+    __slots__ = ("spec", "proc", "pipes", "ended", "code", "signal")
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.spec = spec
+        self.proc: Optional[LocalProcess] = None
+        self.pipes: List[RankPipe] = []
+        self.ended = False
+        self.code: Optional[int] = None
+        self.signal: Optional[int] = None
+
+
+class LocalRanks:
+    """Starts and watches the ranks of a plan that run on this machine."""
+
+    def __init__(self, loop: Loop, specs: Sequence[RankSpec], listener, *,
+                 sinks: Callable[[RankSpec], Tuple[RankOutput, Optional[RankOutput]]],
+                 guard: Watchdog, grace: float, merge_stderr: bool,
+                 pmi=None, pmi_env: Optional[Callable[[int], Dict[str, str]]] = None) -> None:
+        self.loop = loop
+        self.listener = listener
+        self.ranks: Dict[int, _Local] = {s.rank: _Local(s) for s in specs}
+        self.sinks = sinks
+        self.guard = guard
+        self.grace = grace
+        self.merge_stderr = merge_stderr
+        self.pmi = pmi
+        self.pmi_env = pmi_env
+        self.stdin_fanout: Optional[StdinFanout] = None
+        self._stdin_is_tty = os.isatty(0)
+        self._kill_timers: Dict[int, Timer] = {}
+        self._sweep: Optional[Timer] = None
+        self._sweeping = False
+        self._flush_timer: Optional[Timer] = None
+
+    # -- starting -----------------------------------------------------------
+    def start(self) -> None:
+        """Start every rank, in rank order; raises LaunchError if one cannot start."""
+        stdin_pipes: Dict[int, int] = {}
+        try:
+            for local in self.ranks.values():
+                try:
+                    self._start(local, stdin_pipes)
+                except OSError as err:
+                    raise LaunchError(f"cannot start rank {local.spec.rank}: "
+                                      f"{os_error_reason(err)}") from None
+        finally:
+            if self.pmi is not None:
+                self.pmi.release_child_fds()
+            self.guard.flush()
+        if stdin_pipes:
+            self.stdin_fanout = StdinFanout(self.loop, 0, stdin_pipes)
+
+    def _start(self, local: _Local, stdin_pipes: Dict[int, int]) -> None:
+        spec = local.spec
+        env = dict(spec.env)
+        if self.pmi_env is not None:
+            env.update(self.pmi_env(spec.rank))
+        out_sink, err_sink = self.sinks(spec)
+        out_r, out_w = os.pipe()
+        err_r, err_w = (None, out_w) if self.merge_stderr else os.pipe()
+        stdin_w = None
+        how = spec.stdin
+        if how == "inherit" and self._stdin_is_tty:
+            how = "pipe"     # a background group reading the terminal would be stopped
+        if how == "inherit":
+            stdin = 0
+        elif how == "pipe":
+            stdin, stdin_w = os.pipe()
+        else:
+            stdin = devnull_fd()
+        try:
+            local.proc = LocalProcess(spec, env, stdin=stdin, stdout=out_w, stderr=err_w)
+        except LaunchError:
+            for fd in (out_r, err_r, stdin_w):
+                if fd is not None:
+                    os.close(fd)
+            out_sink.finish()
+            if err_sink is not None:
+                err_sink.finish()
+            raise
+        finally:
+            # The child has its copies; keep only our ends.  Its PMI socket end
+            # must go now: every inheritable descriptor reaches the next rank.
+            if self.pmi is not None:
+                self.pmi.release_child_fds(spec.rank)
+            os.close(out_w)
+            if err_r is not None:
+                os.close(err_w)
+            if how == "pipe":
+                os.close(stdin)
+        if stdin_w is not None:
+            stdin_pipes[spec.rank] = stdin_w
+        self.guard.add(local.proc.pgid)
+        local.pipes.append(RankPipe(self.loop, out_r, out_sink))
+        if err_r is not None:
+            local.pipes.append(RankPipe(self.loop, err_r, err_sink))  # type: ignore[arg-type]
+        self.loop.add_reader(local.proc.pidfd, lambda: self._on_exit(local))
+        self.listener.rank_started(spec.rank, local.proc.pid)
+
+    # -- events -------------------------------------------------------------
+    def _on_exit(self, local: _Local) -> None:
+        proc = local.proc
+        assert proc is not None
+        self.loop.forget(proc.pidfd)
+        local.code, local.signal = proc.reap()
+        local.ended = True
+        if self.guard.subreaper:
+            self.guard.reap_adopted(self.pids())
+        if self.stdin_fanout is not None:
+            self.stdin_fanout.drop(local.spec.rank)
+        self.listener.rank_exited(local.spec.rank, local.code, local.signal)
+        if proc.group_alive():
+            # Leftover children of an ended rank would become orphans.
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGTERM)
+            self._kill_later(local)
+        else:
+            self._group_gone(local)
+        self._check_leftovers()
+
+    def _kill_later(self, local: _Local) -> None:
+        rank = local.spec.rank
+        if rank in self._kill_timers:
+            return
+
+        def kill() -> None:
+            self._kill_timers.pop(rank, None)
+            local.proc.signal(signal.SIGKILL)  # type: ignore[union-attr]
+        self._kill_timers[rank] = self.loop.call_later(self.grace, kill)
+        self.loop.call_later(0.05, lambda: self._check_group(local))
+
+    def _check_group(self, local: _Local) -> None:
+        if local.proc is None:
+            return
+        if local.proc.group_alive():
+            self.loop.call_later(0.05, lambda: self._check_group(local))
+            return
+        timer = self._kill_timers.pop(local.spec.rank, None)
+        if timer is not None:
+            timer.cancel()
+        self._group_gone(local)
+
+    def _group_gone(self, local: _Local) -> None:
+        self.guard.remove(local.proc.pgid)  # type: ignore[union-attr]
+        if self._flush_timer is None:
+            self._flush_timer = self.loop.call_later(1.0, self._flush_guard)
+
+    def _flush_guard(self) -> None:
+        self._flush_timer = None
+        self.guard.flush()
+
+    def _check_leftovers(self) -> None:
+        """Once every rank ended, a pipe still open is held by a leftover: stop it."""
+        if self._sweep is not None or not all(r.ended for r in self.ranks.values()):
+            return
+        if all(p.closed for r in self.ranks.values() for p in r.pipes):
+            return
+        self._sweep = self.loop.call_later(_LEFTOVER_DELAY, self._stop_leftovers)
+
+    def _stop_leftovers(self) -> None:
+        if all(p.closed for r in self.ranks.values() for p in r.pipes):
+            return
+        pids = self.guard.leftovers(self.pids())
+        for pid in pids:
+            _signal(pid, signal.SIGCONT)
+            _signal(pid, signal.SIGTERM)
+        self._sweeping = True
+
+        def kill() -> None:
+            for pid in self.guard.leftovers(self.pids()):
+                _signal(pid, signal.SIGKILL)
+            # Whatever still holds a pipe now is out of reach: take what it
+            # wrote so far and close, so that the job can end.
+            self.loop.call_later(0.2, self.close_pipes)
+        self.loop.call_later(self.grace if pids else 0.0, kill)
+
+    def close_pipes(self) -> None:
+        for local in self.ranks.values():
+            for pipe in local.pipes:
+                if not pipe.closed and not pipe.drain():
+                    pipe.close()
+
+    # -- commands -----------------------------------------------------------
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        """Send ``sig`` to the process groups of ``ranks`` (default: all started)."""
+        for rank in (ranks if ranks is not None else self.ranks):
+            local = self.ranks.get(rank)
+            if local is not None and local.proc is not None:
+                local.proc.signal(sig)
+
+    def pids(self) -> List[int]:
+        return [r.proc.pid for r in self.ranks.values() if r.proc is not None]
+
+    @property
+    def busy(self) -> bool:
+        """Whether a rank runs, a rank group has leftovers, or a pipe is open."""
+        return bool(self._kill_timers) or any(
+            (local.proc is not None and not local.ended) or any(not p.closed for p in local.pipes)
+            for local in self.ranks.values())
+
+    def pipes(self) -> List[RankPipe]:
+        return [p for local in self.ranks.values() for p in local.pipes]
+
+    def close(self, grace: float) -> None:
+        """Final cleanup (outside the loop): nothing of these ranks may survive."""
+        import time
+        leftovers = [r for r in self.ranks.values() if r.proc is not None and r.proc.group_alive()]
+        if leftovers:
+            for r in leftovers:
+                r.proc.signal(signal.SIGCONT)  # type: ignore[union-attr]
+                r.proc.signal(signal.SIGTERM)  # type: ignore[union-attr]
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(
+                    r.proc.group_alive() for r in leftovers):  # type: ignore[union-attr]
+                time.sleep(0.02)
+            for r in leftovers:
+                r.proc.signal(signal.SIGKILL)  # type: ignore[union-attr]
+        for r in self.ranks.values():
+            if r.proc is not None and not r.ended:
+                r.proc.signal(signal.SIGKILL)
+                r.code, r.signal = r.proc.reap()
+                r.ended = True
+            for pipe in r.pipes:
+                if not pipe.closed and not pipe.drain():
+                    pipe.close()
+        if self.stdin_fanout is not None:
+            self.stdin_fanout.close()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+_devnull_fd: Optional[int] = None
+
+
+def devnull_fd() -> int:
+    """One shared /dev/null descriptor for ranks that get no stdin."""
+    global _devnull_fd
+    if _devnull_fd is None:
+        _devnull_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    return _devnull_fd
