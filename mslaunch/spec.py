@@ -137,7 +137,7 @@ class JobSpec:
     host_filter: Tuple[HostEntry, ...] = ()
     map_by: str = "slot"                  # slot | node | ppr
     per_node: Optional[int] = None        # ppr:N:node, -npernode, -ppn
-    oversubscribe: bool = False
+    oversubscribe: Optional[bool] = None  # None: only on the implicit local host
     bind_to: str = "none"                 # none | core | hwthread | socket
     report_bindings: bool = False
     display_map: bool = False

@@ -11,14 +11,35 @@ command -v gcc >/dev/null 2>&1 || apt_needed+=(gcc libc6-dev)
 [ -e /usr/include/slurm/pmi2.h ] || apt_needed+=(libpmi2-0-dev)
 command -v ps >/dev/null 2>&1 || apt_needed+=(procps)
 python3 -m venv --help >/dev/null 2>&1 || apt_needed+=(python3-venv)
+# the multi-host SSH test bed (tests/sshbed.py): sshd hosts in network namespaces
+[ -x /usr/sbin/sshd ] || apt_needed+=(openssh-server)
+{ command -v ssh && command -v ssh-keygen; } >/dev/null 2>&1 || apt_needed+=(openssh-client)
+command -v ip >/dev/null 2>&1 || apt_needed+=(iproute2)
+{ command -v nsenter && command -v unshare; } >/dev/null 2>&1 || apt_needed+=(util-linux)
 if [ ${#apt_needed[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "scripts/test.sh: need root to apt-get install ${apt_needed[*]}" >&2
         exit 1
     fi
+    # install services (openssh-server) without starting them: no system sshd on :22
+    made_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        made_policy=1
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${apt_needed[@]}" >/dev/null
+    if [ -n "$made_policy" ]; then
+        rm -f /usr/sbin/policy-rc.d
+        trap - EXIT
+    fi
+fi
+# sshd's privilege separation directory (the test bed creates it too)
+if [ "$(id -u)" = 0 ]; then
+    install -d -m 0755 /run/sshd
 fi
 
 python3 -m venv .venv

@@ -373,7 +373,8 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
     map_by, per_node, oversub = _parse_map_by(str(g.get("map_by", "slot")), per_node)  # type: ignore[arg-type]
     if g.get("per_node") is not None and per_node != g.get("per_node"):
         raise UsageError("-npernode/-ppn conflicts with --map-by ppr:N:node")
-    oversubscribe = bool(g.get("oversubscribe")) or oversub
+    # None: the default, which lets the implicit local host run what -n asks.
+    oversubscribe: Optional[bool] = True if oversub else g.get("oversubscribe")  # type: ignore[assignment]
 
     bind_to = str(g.get("bind_to", "none")).lower().split(":")[0]
     if bind_to == "package":

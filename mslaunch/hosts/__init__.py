@@ -31,4 +31,5 @@ def host_entries(job: JobSpec, environ: Mapping[str, str]) -> List[HostEntry]:
         found = allocation_hosts(environ)
         if found is not None:
             return list(found[0])
-    return [HostEntry(name="localhost", slots=None, origin="this machine")]
+    from ..plan import IMPLICIT_HOST
+    return [HostEntry(name="localhost", slots=None, origin=IMPLICIT_HOST)]

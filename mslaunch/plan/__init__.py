@@ -23,6 +23,9 @@ from .place import filter_hosts, place, resolve_hosts  # noqa: F401 (re-exported
 STALE_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDI_")
 STALE_NAMES = ("MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
+#: The origin of the host entry used when no host list is given.
+IMPLICIT_HOST = "this machine"
+
 #: Exit status of a job stopped by ``--timeout`` (Open MPI 4 uses the same).
 TIMEOUT_EXIT = 110
 
@@ -31,6 +34,18 @@ def scrub_env(environ: Mapping[str, str]) -> Dict[str, str]:
     """Copy ``environ`` without variables left by an outer MPI launch."""
     return {k: v for k, v in environ.items()
             if not k.startswith(STALE_PREFIXES) and k not in STALE_NAMES}
+
+
+def _oversubscribe(job: JobSpec, entries: Sequence[HostEntry]) -> bool:
+    """Whether ranks may outnumber slots.
+
+    Explicit host lists keep Open MPI's slot check; with no host list at all
+    (this machine, implicitly) ``-n`` is run as asked, as Hydra, torchrun and
+    msrun do, unless ``--nooversubscribe`` says otherwise.
+    """
+    if job.oversubscribe is not None:
+        return job.oversubscribe
+    return len(entries) == 1 and entries[0].origin == IMPLICIT_HOST
 
 
 def log_paths(directory: Optional[str], jobid_dir: bool, merge: bool, rank: int,
@@ -63,7 +78,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     sizes = [a.np for a in job.apps]
     np_total = None if sizes[0] is None else sum(s or 0 for s in sizes)
     where = place(hosts, np_total, map_by=job.map_by, per_node=job.per_node,
-                  oversubscribe=job.oversubscribe)
+                  oversubscribe=_oversubscribe(job, entries))
     size = len(where)
     app_of: List[int] = []
     for index, app in enumerate(job.apps):

@@ -377,12 +377,16 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
                 cgroup = JobCgroup(path, os.path.dirname(path))
             elif kind == b"s":
                 poll_children = True
+            elif kind == b"p":
+                pid, _, started = arg.partition(b" ")
+                adopted[int(pid)] = int(started) if started.isdigit() else None
+    live = [pid for pid, started in adopted.items() if start_time(pid) == started]
     if done:
         # The launcher saw every rank end; group ids may already name someone
-        # else's group, so only the cgroup and the marker count now.
-        terminate((), marker, grace, cgroup)
+        # else's group, so only the cgroup, the marker and the leftovers the
+        # launcher handed over count now.
+        terminate((), marker, grace, cgroup, live)
         return
-    live = [pid for pid, started in adopted.items() if start_time(pid) == started]
     terminate(groups, marker, grace, cgroup, live)
     from ..pmi.shm import remove_shm_segments
     for name in kvsnames:
@@ -473,7 +477,11 @@ class Watchdog:
             return
         if self.cgroup is not None:
             self.cgroup.leave()
-        self._pending = ["done\n"]
+        else:
+            # Without a cgroup, what the launcher adopted as a subreaper would
+            # be re-parented to init when it exits: hand it over.
+            self._pending = [f"p{pid} {start_time(pid)}\n" for pid in self.leftovers()]
+        self._pending.append("done\n")
         self.flush()
         os.close(self._fd)
         self._fd = -1

@@ -273,7 +273,8 @@ class Console:
     def give_up(self) -> int:
         """Drop all queued output; returns how many bytes were not delivered."""
         for t in self.terminals():
-            t.give_up()
+            if t.queued:
+                t.give_up()
         return sum(t.dropped for t in self.terminals())
 
     def drain(self, deadline: Optional[float]) -> bool:
