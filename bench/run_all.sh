@@ -21,8 +21,9 @@ if [ "$quick" = 1 ]; then
     relay=(--runs 1 --warmups 0 --mb 8)
     mpi=(--runs 1 --warmups 0 --sizes 2,4)
     pmi=(--runs 1 --warmups 0 --pmi-ranks 8)
+    placement=(--runs 1 --sizes 1000)
 else
-    overhead=() relay=() mpi=() pmi=()
+    overhead=() relay=() mpi=() pmi=() placement=()
 fi
 
 mkdir -p "$here/results"
@@ -39,6 +40,7 @@ status=0
     "$py" "$here/relay_throughput.py" ${relay[@]+"${relay[@]}"} ${common[@]+"${common[@]}"} || status=1
     "$py" "$here/mpi_startup.py" ${mpi[@]+"${mpi[@]}"} ${common[@]+"${common[@]}"} || status=1
     "$py" "$here/mpi_startup.py" --pmi-stats ${pmi[@]+"${pmi[@]}"} ${common[@]+"${common[@]}"} || status=1
+    "$py" "$here/placement.py" ${placement[@]+"${placement[@]}"} || status=1
     exit $status
 } | tee "$out"
 status=${PIPESTATUS[0]}
