@@ -228,13 +228,15 @@ def run_openmpi(job: JobSpec) -> int:
                     os.close(fd)
         watchdog.add(proc.pid)
         watchdog.flush()
-        _relay(loop, proc, pipes, demux, job, state)
+        console.attach(loop)
+        _relay(loop, proc, pipes, demux, job, state, console)
         code = proc.returncode
     finally:
         # The watchdog's sweep at close() stops whatever mpirun left behind.
         if demux is not None:
             demux.close()
         watchdog.close()
+        console.attach(None)
         loop.close()
     if state["timed_out"]:
         return TIMEOUT_EXIT
@@ -244,7 +246,7 @@ def run_openmpi(job: JobSpec) -> int:
 
 
 def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], job: JobSpec,
-           state) -> None:
+           state, console: Console) -> None:
     """Forward signals, enforce --timeout, demultiplex output until mpirun ends."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -262,24 +264,41 @@ def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], j
             if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) and state["stop"] is None:
                 state["stop"] = sig
                 loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
+                loop.call_later(job.grace + 0.5, console.give_up)
             _kill(proc.pid, sig)
 
     def on_timeout() -> None:
         if done["exited"]:
             return
         state["timed_out"] = True
-        Console().message(f"mslaunch: job timed out after {job.timeout:g} s (--timeout); "
-                          f"stopping Open MPI's mpirun; exit status {TIMEOUT_EXIT}")
+        console.message(f"mslaunch: job timed out after {job.timeout:g} s (--timeout); "
+                        f"stopping Open MPI's mpirun; exit status {TIMEOUT_EXIT}")
         _kill(proc.pid, signal.SIGTERM)
         loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
+        loop.call_later(job.grace + 0.5, console.give_up)
 
     def on_exit() -> None:
         loop.forget(pidfd)
         proc.wait()
         done["exited"] = True
 
+    class _Paused:
+        """A pipe of mpirun's not read while the terminal's queue is full."""
+
+        def __init__(self, fd: int, read) -> None:
+            self.fd, self.read = fd, read
+
+        def resume(self) -> None:
+            if self.fd in pipes:
+                loop.add_reader(self.fd, self.read)
+
     def reader(fd: int):
         def read() -> None:
+            for t in console.terminals():
+                if t.congested:
+                    loop.remove_reader(fd)
+                    t.wait_for_room(_Paused(fd, read))
+                    return
             data = os.read(fd, 1 << 16)
             stream, pending = pipes[fd]
             if not data:
@@ -303,7 +322,7 @@ def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], j
             loop.add_reader(fd, reader(fd))
         if job.timeout is not None:
             loop.call_later(job.timeout, on_timeout)
-        loop.run_until(lambda: done["exited"] and not pipes)
+        loop.run_until(lambda: done["exited"] and not pipes and not console.pending)
     finally:
         signal.set_wakeup_fd(old_wakeup)
         for s, h in old.items():
