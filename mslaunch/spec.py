@@ -129,6 +129,19 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
+class SSHSpec:
+    """How remote hosts are reached (command-line settings; ~/.ssh/config otherwise)."""
+
+    config: Optional[str] = None          # --ssh-config FILE
+    user: Optional[str] = None            # --ssh-user
+    port: Optional[int] = None            # --ssh-port
+    identity: Optional[str] = None        # --ssh-identity FILE
+    accept_new: bool = False              # --ssh-accept-new
+    connect_timeout: float = 10.0         # --ssh-timeout
+    remote_python: Optional[str] = None   # --remote-python PATH
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """Everything the command line asked for, validated but not yet planned."""
 
@@ -145,6 +158,7 @@ class JobSpec:
     output: OutputSpec = OutputSpec()
     global_env: Tuple[Tuple[str, Optional[str]], ...] = ()
     inherit_env: bool = True              # False with Hydra -genvnone
+    forward_env: bool = False             # Hydra -genvall: the whole env to remote ranks too
     mca: Tuple[Tuple[str, str], ...] = ()
     keep_going: bool = False              # abort-on-non-zero disabled
     stdin: str = "0"                      # "all", "none" or a rank number
@@ -156,6 +170,7 @@ class JobSpec:
     pmi_port: bool = False                # serve PMI over TCP, not PMI_FD
     prefix: Optional[str] = None
     launch_dir: str = "."
+    ssh: SSHSpec = SSHSpec()
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,12 @@ class RankSpec:
     stderr_path: Optional[str]
     cpus: Optional[Tuple[int, ...]] = None
     stdin: str = "null"                    # inherit | pipe | null
+    # How ``env`` is meant: "launcher" -- the whole environment, built here;
+    # "remote" -- what to set on top of the remote host's login environment
+    # (``path_prefix`` then goes first in its PATH and LD_LIBRARY_PATH);
+    # "none" -- the whole environment (Hydra's -genvnone).
+    inherit: str = "launcher"
+    path_prefix: Optional[str] = None
 
 
 @dataclass(frozen=True)

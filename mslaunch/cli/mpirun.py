@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 from .. import __version__
 from ..errors import UsageError
 from .common import Exit, launch_dir
-from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, replace
+from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
 
 # canonical name -> number of values it takes
 _OPTIONS: Dict[str, int] = {
@@ -40,6 +40,8 @@ _OPTIONS: Dict[str, int] = {
     "quiet": 0, "verbose": 0, "version": 0,
     "help": 0, "mpi": 1, "pmi-port": 0,
     "prefix": 1, "disable-auto-cleanup": 0,
+    "ssh-config": 1, "ssh-user": 1, "ssh-port": 1, "ssh-identity": 1,
+    "ssh-accept-new": 0, "ssh-timeout": 1, "remote-python": 1,
 }
 
 _ALIASES: Dict[str, str] = {
@@ -101,6 +103,16 @@ Lifecycle:
                            delegate to Open MPI's mpirun, or no MPI support
   -pmi-port                serve PMI over TCP (PMI_PORT/PMI_ID) instead of PMI_FD
   --allow-run-as-root      accepted (mslaunch runs as root without it)
+
+Remote hosts (over SSH; hosts that are this machine run without it):
+  --ssh-config FILE        read FILE instead of ~/.ssh/config
+  --ssh-user USER, --ssh-port N, --ssh-identity FILE
+                           override what ~/.ssh/config says for every host
+  --ssh-accept-new         add unknown host keys to ~/.ssh/known_hosts (as
+                           StrictHostKeyChecking=accept-new); a changed key is refused
+  --ssh-timeout SECONDS    connect timeout per host (default 10)
+  --remote-python PATH     the Python that runs the agent on the remote hosts
+                           (default: this Python's path if it exists there, else python3)
 
 Other:
   --                       end of options: the next word is the program
@@ -244,7 +256,9 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             genv.extend((_env_name(flag, k), None) for k in v.split(",") if k)
         elif name in ("genvnone", "envnone"):
             g["inherit_env"] = False
-        elif name in ("genvall", "envall", "allow-run-as-root"):
+        elif name in ("genvall", "envall"):
+            g["forward_env"] = True
+        elif name == "allow-run-as-root":
             pass
         elif name == "host":
             from ..hosts.hostfile import parse_host_list
@@ -294,6 +308,18 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             g["mpi"] = v
         elif name == "prefix":
             g["prefix"] = os.path.join(cwd, v)
+        elif name in ("ssh-config", "ssh-identity"):
+            if not v:
+                raise UsageError(f"{flag}: empty file name")
+            g[name] = os.path.join(cwd, os.path.expanduser(v))
+        elif name == "ssh-port":
+            g[name] = _int(flag, v, maximum=65535)
+        elif name == "ssh-timeout":
+            g[name] = _seconds(flag, v)
+        elif name in ("ssh-user", "remote-python"):
+            if not v or "\0" in v:
+                raise UsageError(f"{flag}: empty value")
+            g[name] = v
         else:  # remaining boolean flags
             g[name] = True
     if g.get("help"):
@@ -416,9 +442,15 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
         bind_to=bind_to, report_bindings=bool(g.get("report-bindings")),
         display_map=bool(g.get("display-map")), dry_run=bool(g.get("dry-run")),
         output=output, global_env=tuple(genv), inherit_env=bool(g.get("inherit_env", True)),
+        forward_env=bool(g.get("forward_env")),
         mca=tuple(mca), keep_going=keep_going, stdin=stdin,
         timeout=timeout,  # type: ignore[arg-type]
         grace=float(g.get("grace", 5.0)),  # type: ignore[arg-type]
         quiet=bool(g.get("quiet")), verbose=verbose, mpi=mpi,
         pmi_port=bool(g.get("pmi-port")), prefix=g.get("prefix"),  # type: ignore[arg-type]
-        launch_dir=cwd)
+        launch_dir=cwd,
+        ssh=SSHSpec(config=g.get("ssh-config"), user=g.get("ssh-user"),  # type: ignore[arg-type]
+                    port=g.get("ssh-port"), identity=g.get("ssh-identity"),  # type: ignore[arg-type]
+                    accept_new=bool(g.get("ssh-accept-new")),
+                    connect_timeout=float(g.get("ssh-timeout", 10.0)),  # type: ignore[arg-type]
+                    remote_python=g.get("remote-python")))  # type: ignore[arg-type]

@@ -99,14 +99,20 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     all_local = all(h.local for h in used)
     master_addr = "127.0.0.1" if all_local else master_host.name
 
-    base = scrub_env(environ) if job.inherit_env else {}
+    # What the command line sets: on every host, on top of the inherited
+    # environment (the launcher's here; the login environment of a remote
+    # host, as Open MPI does it, unless -genvall forwards the launcher's).
+    explicit: Dict[str, str] = {}
+    _user_env(explicit, job.global_env, environ)
+    for key, value in job.mca:
+        explicit["OMPI_MCA_" + key] = value
+    inherited = scrub_env(environ) if job.inherit_env else {}
     if job.prefix:
         for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
-            old = base.get(var)
-            base[var] = f"{job.prefix}/{sub}" + (f":{old}" if old else "")
-    _user_env(base, job.global_env, environ)
-    for key, value in job.mca:
-        base["OMPI_MCA_" + key] = value
+            old = inherited.get(var)
+            inherited[var] = f"{job.prefix}/{sub}" + (f":{old}" if old else "")
+    remote_inherit = "none" if not job.inherit_env else ("launcher" if job.forward_env
+                                                           else "remote")
 
     mapping = ""
     if job.mpi == "pmi":
@@ -115,21 +121,22 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
 
     ranks: List[RankSpec] = []
     seen: Dict[int, int] = {}
-    app_envs = []
+    app_envs = []       # per context: (whole environment, overlay for remote hosts)
     for app in job.apps:
-        env = dict(base)
-        _user_env(env, app.env, environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.setdefault("MASTER_ADDR", master_addr)
-        env.setdefault("MASTER_PORT", str(master_port))
-        app_envs.append(env)
+        overlay = dict(explicit)
+        _user_env(overlay, app.env, environ)
+        # Every rank must agree on the rendezvous, wherever it runs.
+        overlay.setdefault("MASTER_ADDR", environ.get("MASTER_ADDR") or master_addr)
+        overlay.setdefault("MASTER_PORT", str(master_port))
+        whole = dict(inherited)
+        whole.update(overlay)
+        whole.setdefault("PYTHONUNBUFFERED", "1")
+        if remote_inherit == "launcher":
+            overlay = whole
+        app_envs.append((whole, overlay))
     first_rank = [0]
     for s in sizes[:-1]:
         first_rank.append(first_rank[-1] + (s or 0))
-    packages: Dict[int, List[int]] = {}
-    if cpu_packages:
-        for cpu in cpus:
-            packages.setdefault(cpu_packages.get(cpu, 0), []).append(cpu)
 
     for rank, h in enumerate(where):
         host = used[node_of_host[h]]
@@ -138,7 +145,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         lsize = local_size[h]
         app_index = app_of[rank]
         context: AppContext = job.apps[app_index]
-        env = dict(app_envs[app_index])
+        env = dict(app_envs[app_index][0 if host.local else 1])
         env.update({
             "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
             "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
@@ -161,12 +168,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
                 env.pop(k)
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
-        bound: Optional[Tuple[int, ...]] = None
-        if host.local and cpus and job.bind_to in ("core", "hwthread"):
-            bound = (sorted(cpus)[local_rank % len(cpus)],)
-        elif host.local and cpus and job.bind_to == "socket":
-            groups = [tuple(v) for _, v in sorted(packages.items())] or [tuple(sorted(cpus))]
-            bound = groups[local_rank % len(groups)]
+        bound = bind_cpus(job.bind_to, local_rank, cpus, cpu_packages) if host.local else None
         if job.stdin == "all":
             stdin = "pipe"
         elif job.stdin != "none" and int(job.stdin) == rank:
@@ -176,12 +178,29 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
                               local_size=lsize, argv=context.argv, env=env,
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,
-                              stderr_path=stderr_path, cpus=bound, stdin=stdin))
+                              stderr_path=stderr_path, cpus=bound, stdin=stdin,
+                              inherit="launcher" if host.local else remote_inherit,
+                              path_prefix=None if host.local or remote_inherit != "remote"
+                              else job.prefix))
     if job.stdin not in ("all", "none") and int(job.stdin) >= size:
         raise UsageError(f"--stdin {job.stdin}: the job has only {size} ranks")
     return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
                 process_mapping=mapping, universe_size=universe,
                 master_addr=master_addr, master_port=master_port)
+
+
+def bind_cpus(bind_to: str, local_rank: int, cpus: Sequence[int],
+              cpu_packages: Optional[Mapping[int, int]] = None) -> Optional[Tuple[int, ...]]:
+    """The CPUs a rank is bound to on its host (``cpus``: the usable ones), or None."""
+    if not cpus or bind_to not in ("core", "hwthread", "socket"):
+        return None
+    if bind_to in ("core", "hwthread"):
+        return (sorted(cpus)[local_rank % len(cpus)],)
+    packages: Dict[int, List[int]] = {}
+    for cpu in sorted(cpus):
+        packages.setdefault((cpu_packages or {}).get(cpu, 0), []).append(cpu)
+    groups = [tuple(v) for _, v in sorted(packages.items())]
+    return groups[local_rank % len(groups)]
 
 
 def describe_map(plan: Plan) -> str:

@@ -14,7 +14,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Mapping, Optional
 
-from ..errors import PlanError
 from ..spec import JobSpec, Plan
 
 
@@ -104,11 +103,9 @@ def run_job(job: JobSpec) -> int:
         from ..plan import describe_map
         sys.stdout.write(describe_map(plan))
         sys.stdout.flush()
-    remote = sorted({r.host.name for r in plan.ranks if not r.host.local})
-    if remote:
-        raise PlanError(f"host(s) {', '.join(remote)} are not this machine; remote launch "
-                        f"over SSH is not available in this version (use --dry-run to "
-                        f"see the plan)")
+    if any(not r.host.local for r in plan.ranks):
+        from ..remote.ssh import start_import
+        start_import()          # paramiko's import overlaps with the local checks
     from .spawn import check_startable
     check_startable(plan.ranks)
     from .supervise import Supervisor

@@ -58,7 +58,8 @@ class LocalRanks:
     def __init__(self, loop: Loop, specs: Sequence[RankSpec], listener, *,
                  sinks: Callable[[RankSpec], Tuple[RankOutput, Optional[RankOutput]]],
                  guard: Watchdog, grace: float, merge_stderr: bool,
-                 pmi=None, pmi_env: Optional[Callable[[int], Dict[str, str]]] = None) -> None:
+                 pmi=None, pmi_env: Optional[Callable[[int], Dict[str, str]]] = None,
+                 stdin_fd: Optional[int] = 0) -> None:
         self.loop = loop
         self.listener = listener
         self.ranks: Dict[int, _Local] = {s.rank: _Local(s) for s in specs}
@@ -69,7 +70,10 @@ class LocalRanks:
         self.pmi = pmi
         self.pmi_env = pmi_env
         self.stdin_fanout: Optional[StdinFanout] = None
-        self._stdin_is_tty = os.isatty(0)
+        # None: the owner feeds the ranks' stdin pipes (``stdin_pipes``) itself.
+        self.stdin_fd = stdin_fd
+        self.stdin_pipes: Dict[int, int] = {}
+        self._stdin_is_tty = stdin_fd is not None and os.isatty(stdin_fd)
         self._kill_timers: Dict[int, Timer] = {}
         self._sweep: Optional[Timer] = None
         self._sweeping = False
@@ -90,8 +94,10 @@ class LocalRanks:
             if self.pmi is not None:
                 self.pmi.release_child_fds()
             self.guard.flush()
-        if stdin_pipes:
-            self.stdin_fanout = StdinFanout(self.loop, 0, stdin_pipes)
+        if stdin_pipes and self.stdin_fd is not None:
+            self.stdin_fanout = StdinFanout(self.loop, self.stdin_fd, stdin_pipes)
+        else:
+            self.stdin_pipes = stdin_pipes
 
     def _start(self, local: _Local, stdin_pipes: Dict[int, int]) -> None:
         spec = local.spec
@@ -103,10 +109,10 @@ class LocalRanks:
         err_r, err_w = (None, out_w) if self.merge_stderr else os.pipe()
         stdin_w = None
         how = spec.stdin
-        if how == "inherit" and self._stdin_is_tty:
+        if how == "inherit" and (self._stdin_is_tty or self.stdin_fd is None):
             how = "pipe"     # a background group reading the terminal would be stopped
         if how == "inherit":
-            stdin = 0
+            stdin = self.stdin_fd  # type: ignore[assignment]
         elif how == "pipe":
             stdin, stdin_w = os.pipe()
         else:
@@ -137,14 +143,25 @@ class LocalRanks:
         local.pipes.append(RankPipe(self.loop, out_r, out_sink))
         if err_r is not None:
             local.pipes.append(RankPipe(self.loop, err_r, err_sink))  # type: ignore[arg-type]
-        self.loop.add_reader(local.proc.pidfd, lambda: self._on_exit(local))
+        if local.proc.pidfd >= 0:
+            self.loop.add_reader(local.proc.pidfd, lambda: self._on_exit(local))
+        else:
+            self._poll_exit(local)
         self.listener.rank_started(spec.rank, local.proc.pid)
+
+    def _poll_exit(self, local: _Local) -> None:
+        """Without pidfds (Python 3.8), look for the rank's exit every 50 ms."""
+        if local.proc.exited():  # type: ignore[union-attr]
+            self._on_exit(local)
+        else:
+            self.loop.call_later(0.05, lambda: self._poll_exit(local))
 
     # -- events -------------------------------------------------------------
     def _on_exit(self, local: _Local) -> None:
         proc = local.proc
         assert proc is not None
-        self.loop.forget(proc.pidfd)
+        if proc.pidfd >= 0:
+            self.loop.forget(proc.pidfd)
         local.code, local.signal = proc.reap()
         local.ended = True
         if self.guard.subreaper:

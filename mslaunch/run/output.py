@@ -333,6 +333,10 @@ class RankOutput:
     def congested(self) -> bool:
         return self.terminal is not None and self.terminal.open and self.terminal.congested
 
+    def wait_for_room(self, source: object) -> None:
+        """Call ``source.resume()`` once the terminal takes output again."""
+        self.terminal.wait_for_room(source)  # type: ignore[union-attr]
+
     def feed(self, data) -> None:
         """Pass on one chunk (bytes, or a view that is only valid during the call)."""
         n = len(data)
@@ -446,7 +450,7 @@ class RankPipe:
         elif self.sink.congested and not self.paused:
             self.paused = True
             self.loop.remove_reader(self.fd)
-            self.sink.terminal.wait_for_room(self)  # type: ignore[union-attr]
+            self.sink.wait_for_room(self)
 
     def resume(self) -> None:
         if self.paused and not self.closed:
@@ -477,20 +481,76 @@ class RankPipe:
         self.sink.finish()
 
 
+class PipeStdin:
+    """A local rank's stdin pipe, written without blocking from a queue."""
+
+    def __init__(self, loop: Loop, fd: int, on_gone: Callable[[], None],
+                 on_room: Callable[[], None]) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.buffer = bytearray()
+        self.eof = False
+        self.on_gone = on_gone
+        self.on_room = on_room
+        os.set_blocking(fd, False)
+
+    @property
+    def backlog(self) -> int:
+        return len(self.buffer)
+
+    def push(self, data: bytes) -> None:
+        self.buffer += data
+        self._flush()
+
+    def finish(self) -> None:
+        self.eof = True
+        self._flush()
+
+    def _flush(self) -> None:
+        buf = self.buffer
+        try:
+            while buf:
+                del buf[:os.write(self.fd, buf)]
+        except BlockingIOError:
+            self.loop.add_writer(self.fd, self._flush)
+            return
+        except OSError:
+            self.on_gone()      # the rank closed its stdin (or exited): drop its copy
+            return
+        self.loop.remove_writer(self.fd)
+        if self.eof:
+            self.on_gone()
+        else:
+            self.on_room()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.forget(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
 class StdinFanout:
-    """Copies the launcher's stdin to every rank (``--stdin all``)."""
+    """Copies the launcher's stdin to every rank that reads it.
+
+    Sinks are local pipes (:class:`PipeStdin`) or anything with the same
+    ``push``/``finish``/``backlog``/``close``; reading stops while any sink
+    holds more than :data:`LIMIT` bytes not yet taken, and goes on when it
+    has room again or is dropped (a rank that exits without reading).
+    """
 
     LIMIT = 1 << 20
 
-    def __init__(self, loop: Loop, source_fd: int, sinks: Dict[int, int]) -> None:
+    def __init__(self, loop: Loop, source_fd: int, sinks: Dict[int, object]) -> None:
         self.loop = loop
         self.source = source_fd
-        self.sinks = dict(sinks)          # rank -> write fd
-        self.buffers: Dict[int, bytearray] = {r: bytearray() for r in sinks}
+        self.sinks: Dict[int, object] = {}
+        for rank, sink in sinks.items():
+            if isinstance(sink, int):
+                sink = PipeStdin(loop, sink, lambda r=rank: self.drop(r), self.resume_if_room)
+            self.sinks[rank] = sink
         self.eof = False
         self.paused = False
-        for fd in self.sinks.values():
-            os.set_blocking(fd, False)
         try:
             loop.add_reader(source_fd, self._read)
             self.pollable = True
@@ -501,7 +561,7 @@ class StdinFanout:
             loop.call_later(0, self._read)
 
     def _read(self) -> None:
-        if self.paused:
+        if self.paused or self.eof:
             return
         try:
             data = os.read(self.source, CHUNK)
@@ -514,54 +574,33 @@ class StdinFanout:
             self.eof = True
             if self.pollable:
                 self.loop.forget(self.source)
-        for rank in list(self.sinks):
-            self.buffers[rank] += data
-            self._flush(rank)
-        if self.eof:
+            for sink in list(self.sinks.values()):
+                sink.finish()  # type: ignore[attr-defined]
             return
-        if any(len(b) > self.LIMIT for b in self.buffers.values()):
+        for sink in list(self.sinks.values()):
+            sink.push(data)  # type: ignore[attr-defined]
+        if any(s.backlog > self.LIMIT for s in self.sinks.values()):  # type: ignore[attr-defined]
             self.paused = True                 # back-pressure until the ranks read
             if self.pollable:
                 self.loop.remove_reader(self.source)
         elif not self.pollable:
             self.loop.call_later(0, self._read)
 
-    def _resume_if_room(self) -> None:
-        if self.paused and all(len(b) <= self.LIMIT for b in self.buffers.values()):
+    def resume_if_room(self) -> None:
+        if self.paused and all(s.backlog <= self.LIMIT  # type: ignore[attr-defined]
+                               for s in self.sinks.values()):
             self.paused = False
             if self.pollable:
                 self.loop.add_reader(self.source, self._read)
             else:
                 self.loop.call_later(0, self._read)
 
-    def _flush(self, rank: int) -> None:
-        fd = self.sinks.get(rank)
-        if fd is None:
-            return
-        buf = self.buffers[rank]
-        try:
-            while buf:
-                del buf[:os.write(fd, buf)]
-        except BlockingIOError:
-            self.loop.add_writer(fd, lambda r=rank: self._flush(r))
-            return
-        except OSError:
-            self.drop(rank)    # the rank closed its stdin (or exited): drop its copy
-            return
-        self.loop.remove_writer(fd)
-        if self.eof:
-            self.drop(rank)
-        else:
-            self._resume_if_room()
-
     def drop(self, rank: int) -> None:
-        fd = self.sinks.pop(rank, None)
-        self.buffers.pop(rank, None)
-        if fd is not None:
-            self.loop.forget(fd)
-            os.close(fd)
+        sink = self.sinks.pop(rank, None)
+        if sink is not None:
+            sink.close()  # type: ignore[attr-defined]
         # The others may have been waiting for this rank's backlog.
-        self._resume_if_room()
+        self.resume_if_room()
 
     def close(self) -> None:
         for rank in list(self.sinks):

@@ -121,6 +121,10 @@ class LocalProcess:
             raise SpawnError(f"cannot start rank {spec.rank} ({spec.argv[0]}): "
                              f"{os_error_reason(err)}") from None
         self.pgid = self.pid
+        self._status: Optional[int] = None
+        if not hasattr(os, "pidfd_open"):
+            self.pidfd = -1      # Python 3.8: the owner polls exited()
+            return
         try:
             self.pidfd = os.pidfd_open(self.pid)
         except OSError as err:
@@ -147,14 +151,25 @@ class LocalProcess:
             return False
         return any_live_member(self.pgid)
 
+    def exited(self) -> bool:
+        """Collect the exit status if the rank has exited (without waiting)."""
+        if self._status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._status = status
+        return self._status is not None
+
     def reap(self) -> Tuple[Optional[int], Optional[int]]:
         """Collect the exit status: (exit code, None) or (None, signal number)."""
-        _, status = os.waitpid(self.pid, 0)
-        os.close(self.pidfd)
-        self.pidfd = -1
+        status = self._status
+        if status is None:
+            _, status = os.waitpid(self.pid, 0)
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
         if os.WIFSIGNALED(status):
             return None, os.WTERMSIG(status)
-        return os.waitstatus_to_exitcode(status), None
+        return os.WEXITSTATUS(status), None
 
 
 def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout: int,

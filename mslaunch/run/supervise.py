@@ -22,11 +22,14 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
     from ..pmi.server import PMIServer
+    from ..pmi.state import LocalJobState
+    from ..remote.host import RemoteHost
     from .output import Terminal
 
+from ..errors import LaunchError
 from ..plan import TIMEOUT_EXIT
 from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 from .guard import Watchdog
@@ -37,6 +40,14 @@ from .spawn import seal_inherited_fds, signal_name
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: Exit status when a host is lost (its agent, its connection or its network):
+#: no rank's own status can be known then.  ssh and Hydra use the same.
+HOST_LOST_EXIT = 255
+
+# A stop signal that arrives while the remote hosts are being connected
+# (before the event loop runs) is noted here as well.
+_pending_stop: List[int] = []
 
 
 class _Rank:
@@ -86,8 +97,15 @@ class Supervisor:
         self.killing: Optional[Timer] = None
         self._give_up: Optional[Timer] = None
         self.pmi: Optional[PMIServer] = None
+        self.pmi_state: Optional[LocalJobState] = None
+        self.pmi_started_ranks: Set[int] = set()
         self.watchdog: Optional[Watchdog] = None
         self.local: Optional[LocalRanks] = None
+        self.hosts: Dict[str, RemoteHost] = {}
+        self.stdin_fanout = None
+        self._remote_stdin: Dict[int, Any] = {}
+        self._start_error: Optional[Tuple[str, int]] = None
+        self.launched = False
         self._old_handlers: Dict[int, object] = {}
 
     # -- start ------------------------------------------------------------
@@ -96,6 +114,7 @@ class Supervisor:
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        _pending_stop.clear()
         for sig in _FORWARDED:
             self._old_handlers[sig] = signal.signal(sig, _noop)
         self.loop.add_reader(wake_r, lambda: self._on_signals(wake_r))
@@ -123,27 +142,196 @@ class Supervisor:
 
     def _start_all(self) -> None:
         job, plan = self.job, self.plan
+        local_specs = [r for r in plan.ranks if r.host.local]
+        remote_specs: Dict[str, List[RankSpec]] = {}
+        for r in plan.ranks:
+            if not r.host.local:
+                remote_specs.setdefault(r.host.name, []).append(r)
         pmi_env = None
         if job.mpi == "pmi":
+            from ..pmi.state import LocalJobState
+            self.pmi_state = LocalJobState(
+                kvsname=plan.kvsname, size=len(plan.ranks), process_mapping=plan.process_mapping,
+                universe_size=plan.universe_size, appnums=[r.app for r in plan.ranks])
+            assert self.watchdog is not None
+            self.watchdog.add_kvsname(plan.kvsname)
+        if job.mpi == "pmi" and local_specs:
             from ..pmi.server import PMIServer
             self.pmi = PMIServer(self.loop, kvsname=plan.kvsname, size=len(plan.ranks),
                                  process_mapping=plan.process_mapping,
                                  universe_size=plan.universe_size,
-                                 appnums=[r.app for r in plan.ranks], listener=self)
-            assert self.watchdog is not None
-            self.watchdog.add_kvsname(plan.kvsname)
+                                 appnums=[r.app for r in plan.ranks], listener=self,
+                                 state=self.pmi_state)
             if job.pmi_port:
                 self.pmi.listen_tcp()
                 pmi_env = self.pmi.tcp_env
             else:
                 pmi = self.pmi
                 pmi_env = lambda rank: {"PMI_FD": str(pmi.child_fd(rank))}  # noqa: E731
-        _raise_fd_limit(8 * len(self.ranks) + 64)
-        self.local = LocalRanks(self.loop, plan.ranks, self, sinks=self._sinks,
-                                guard=self.watchdog,  # type: ignore[arg-type]
-                                grace=job.grace, merge_stderr=job.output.merge_stderr,
-                                pmi=self.pmi if not job.pmi_port else None, pmi_env=pmi_env)
-        self.local.start()
+        _raise_fd_limit(8 * len(local_specs) + 8 * len(remote_specs) + 64)
+        if remote_specs:
+            self._prepare_hosts(remote_specs)
+        if local_specs:
+            self.local = LocalRanks(self.loop, local_specs, self, sinks=self._sinks,
+                                    guard=self.watchdog,  # type: ignore[arg-type]
+                                    grace=job.grace, merge_stderr=job.output.merge_stderr,
+                                    pmi=self.pmi if not job.pmi_port else None, pmi_env=pmi_env,
+                                    stdin_fd=None if remote_specs else 0)
+            self.local.start()
+        self.launched = True
+        for host in self.hosts.values():
+            host.start()
+        if remote_specs:
+            self._relay_stdin()
+
+    # -- remote hosts ---------------------------------------------------------
+    def _prepare_hosts(self, remote_specs: Dict[str, List[RankSpec]]) -> None:
+        """Start the agents, hand them their ranks, wait until every host is ready.
+
+        Nothing starts anywhere unless every host is ready: a missing program
+        on one host is reported before any rank runs.
+        """
+        import sys
+
+        from ..remote import ssh
+        from ..remote.endpoint import heartbeat_setting
+        from ..remote.host import RemoteHost, job_frame
+        job, plan = self.job, self.plan
+        spec = job.ssh
+        pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]
+        options = ssh.Options(config=spec.config, user=spec.user, port=spec.port,
+                              identity=spec.identity, accept_new=spec.accept_new,
+                              connect_timeout=spec.connect_timeout, pythons=pythons)
+        if job.verbose:
+            self.console.message(f"mslaunch: starting agents on {len(remote_specs)} "
+                                 f"remote host(s) over SSH")
+        conns = ssh.connect_all(list(remote_specs), options, cancelled=_stop_requested)
+        heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"))
+        pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
+        for name, specs in remote_specs.items():
+            host = RemoteHost(self.loop, conns.pop(name), specs, self)
+            self.hosts[name] = host
+            for s in specs:
+                self._sinks(s)
+            host.prepare(job_frame(job, plan, specs, heartbeat, pmi))
+        self.loop.run_until(lambda: self._start_error is not None or self.ending is not None
+                            or all(h.state == "ready" for h in self.hosts.values()))
+        if self._start_error is not None:
+            message, code = self._start_error
+            err = LaunchError(message)
+            err.exit_code = code
+            raise err
+        if self.ending is not None:
+            err = LaunchError(f"stopped by {signal_name(self.stop_signal or 15)} while the "
+                              f"remote hosts were starting")
+            err.exit_code = 128 + (self.stop_signal or 15)
+            raise err
+
+    def _relay_stdin(self) -> None:
+        """The launcher's stdin to the ranks that read it, on this host and others."""
+        from ..remote.host import RemoteStdin
+        sinks: Dict[int, Any] = dict(self.local.stdin_pipes) if self.local else {}
+        for host in self.hosts.values():
+            for spec in host.specs:
+                if spec.stdin != "null":
+                    sinks[spec.rank] = self._remote_stdin[spec.rank] = RemoteStdin(host,
+                                                                                   spec.rank)
+        if sinks:
+            from .output import StdinFanout
+            self.stdin_fanout = StdinFanout(self.loop, 0, sinks)
+            for sink in self._remote_stdin.values():
+                sink.fanout = self.stdin_fanout
+
+    def sink(self, rank: int, stream: int) -> Optional[RankOutput]:
+        outputs = self.ranks[rank].outputs
+        if stream == 1 or (stream == 2 and len(outputs) == 1):
+            return outputs[0] if outputs else None
+        return outputs[1] if stream == 2 and len(outputs) > 1 else None
+
+    def host_ready(self, host: RemoteHost) -> None:
+        pass
+
+    def host_done(self, host: RemoteHost) -> None:
+        pass
+
+    def host_failed(self, host: RemoteHost, message: str, code: object) -> None:
+        if self._start_error is None:
+            self._start_error = (f"on {host.name}: {message}",
+                                 code if isinstance(code, int) and 0 < code < 256 else 1)
+
+    def host_message(self, host: RemoteHost, text: str) -> None:
+        if not self.job.quiet:
+            self.console.message(f"mslaunch: {host.name}: {text}")
+
+    def host_lost(self, host: RemoteHost, reason: str) -> None:
+        if not self.launched:
+            if self._start_error is None:
+                self._start_error = (f"lost host {host.name} before the job started: {reason}",
+                                     HOST_LOST_EXIT)
+            return
+        lost = [r for r in self.ranks if r.spec.rank in host.ranks and not r.ended]
+        for r in lost:
+            r.ended = True
+            if not r.reason:
+                r.reason = f"was lost with its host ({reason})"
+            for out in r.outputs:
+                out.finish()
+        if lost:
+            self._fail(lost[0], lost[0].reason, HOST_LOST_EXIT, abort=True)
+        if not self.job.quiet:
+            self.console.message(f"mslaunch: lost host {host.name}: {reason}")
+
+    def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None:
+        sink = self._remote_stdin.get(rank)
+        if sink is not None:
+            sink.taken(count)
+
+    def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """PMI traffic of a remote host's ranks (see :class:`~mslaunch.pmi.state.RelayJobState`)."""
+        from ..remote import link
+        state = self.pmi_state
+        op = message.get("op")
+        if state is None:
+            raise link.LinkError("PMI frame in a job without PMI")
+        if op in ("abort", "lost", "started"):
+            rank = link.field(message, "rank", int, f"PMI {op}")
+            if rank not in host.ranks:
+                raise link.LinkError(f"PMI {op} for rank {rank}, not on this host")
+            if op == "abort":
+                self.pmi_abort(rank, link.field(message, "code", int, "PMI abort"),
+                               str(message.get("message", "")))
+            elif op == "lost":
+                self.pmi_lost(rank)
+            else:
+                self.pmi_started(rank)
+            return
+        if op == "fence":
+            ranks = link.field(message, "ranks", list, "PMI fence")
+            pairs = link.field(message, "pairs", dict, "PMI fence")
+            if not all(isinstance(r, int) and r in host.ranks for r in ranks) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
+                raise link.LinkError("PMI fence: bad ranks or pairs")
+            problem = state.remote_fence(ranks, pairs, lambda delta: host.send_pmi(
+                {"op": "fence_done", "kvs": state.kvsname, "pairs": delta}))
+            if problem:
+                raise link.LinkError(f"PMI fence: {problem}")
+            return
+        ask = link.field(message, "ask", int, f"PMI {op}")
+
+        def answer(value: object) -> None:
+            host.send_pmi({"op": "answer", "ask": ask, "value": value})
+
+        if op == "get":
+            state.kvs_get(-1, str(link.field(message, "key", str, "PMI get")), answer)
+        elif op == "publish":
+            state.publish(link.field(message, "service", str, "PMI publish"),
+                          link.field(message, "port", str, "PMI publish"), answer)
+        elif op == "lookup":
+            state.lookup(link.field(message, "service", str, "PMI lookup"), answer)
+        elif op == "unpublish":
+            state.unpublish(link.field(message, "service", str, "PMI unpublish"), answer)
+        else:
+            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
 
     def _open_log(self, path: Optional[str]) -> Optional[int]:
         if path is None:
@@ -278,6 +466,7 @@ class Supervisor:
                    1, abort=True)
 
     def pmi_started(self, rank: int) -> None:
+        self.pmi_started_ranks.add(rank)
         # A rank that already ended without MPI can never join this one.
         for r in self.ranks:
             if r.ended and not r.failed:
@@ -285,11 +474,11 @@ class Supervisor:
 
     def _check_left_mpi(self, r: _Rank) -> None:
         """A rank that ended (status 0) without MPI while others use it: they would hang."""
-        pmi = self.pmi
+        started = self.pmi_started_ranks
         rank = r.spec.rank
-        if pmi is None or not pmi.started or rank in pmi.started or r.failed:
+        if not started or rank in started or r.failed:
             return
-        others = sorted(pmi.started)
+        others = sorted(started)
         who = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
         self._fail(r, f"exited with code 0 without joining MPI (it never initialized PMI) "
                       f"while rank(s) {who} did; they would wait for it forever",
@@ -318,6 +507,8 @@ class Supervisor:
     def _signal_all(self, sig: int) -> None:
         if self.local is not None:
             self.local.signal(sig)
+        for host in self.hosts.values():
+            host.signal(sig)
 
     def _arm_kill(self) -> None:
         if self.killing is None:
@@ -337,14 +528,23 @@ class Supervisor:
     def _finished(self) -> bool:
         if self.local is not None and self.local.busy:
             return False
+        if any(h.busy for h in self.hosts.values()):
+            return False
         if not all(o.finished for r in self.ranks for o in r.outputs):
             return False
         return not self.console.pending
 
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
+        for host in self.hosts.values():
+            host.say_bye()
+        if self.stdin_fanout is not None:
+            self.stdin_fanout.close()
         if self.local is not None:
             self.local.close(self.job.grace)
+        deadline = time.monotonic() + self.job.grace + 2.0
+        for host in self.hosts.values():
+            host.close(deadline)
         if self.pmi is not None:
             if os.environ.get("MSLAUNCH_PMI_STATS"):
                 self.console.message(
@@ -416,8 +616,15 @@ def _raise_fd_limit(needed: int) -> None:
             pass
 
 
-def _noop(signum, frame) -> None:  # the wakeup fd carries the signal number
-    pass
+def _noop(signum, frame) -> None:
+    # The wakeup fd carries the signal number to the loop; before the loop
+    # runs (remote hosts connecting) it is noted here too.
+    if signum in _STOPPING:
+        _pending_stop.append(signum)
+
+
+def _stop_requested() -> bool:
+    return bool(_pending_stop)
 
 
 def _binding_line(spec: RankSpec, pid: int) -> str:

@@ -1,0 +1,419 @@
+"""The agent: runs one host's ranks for a launcher on another machine.
+
+It is started over SSH (see :mod:`.bootstrap`), needs nothing on the host
+but Python, and talks to the launcher over its stdin and stdout (see
+:mod:`.link`).  Its life:
+
+1. write the link's start mark and ``HELLO`` (protocol, host name, Python);
+2. on ``JOB``: build this host's ranks -- environment on top of the login
+   environment (or as the launcher forwards it), working directory (the
+   launcher's when it exists here, else the home directory, with a warning),
+   programs found with the ranks' own ``PATH`` -- and answer ``READY``, or
+   ``ERROR`` with the first problem;
+3. on ``START``: start the ranks as the launcher would locally
+   (:class:`~mslaunch.run.local.LocalRanks`: own process groups, pipes, a
+   job cgroup or subreaper, the watchdog), serve them PMI over inherited
+   sockets with the job-wide part relayed to the launcher
+   (:class:`~mslaunch.pmi.state.RelayJobState`), send their output as
+   ``OUTPUT`` frames within the credit the launcher grants, and their exits;
+4. deliver ``SIGNAL`` frames to rank process groups and ``STDIN`` to the
+   ranks that read the launcher's stdin;
+5. when every rank has ended (and every stream and rank group with it),
+   send ``DONE``; on ``BYE`` stop what is left and exit.
+
+If the link ends (end-of-file: the launcher died, the SSH connection
+dropped) or the launcher falls silent for longer than the heartbeat allows
+(a partition sends no end-of-file), every rank of this host is stopped
+(SIGCONT and SIGTERM, SIGKILL after the grace period) before the agent
+exits.  If the agent itself is killed, its watchdog does the same.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Set
+
+from ..errors import LaunchError
+from ..plan import bind_cpus, scrub_env
+from ..run.guard import Watchdog
+from ..run.local import LocalRanks
+from ..run.loop import Loop
+from ..run.spawn import check_startable, seal_inherited_fds
+from ..spec import Host, RankSpec
+from . import link
+from .endpoint import Endpoint
+
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _LinkOutput:
+    """A rank stream whose bytes go to the launcher in ``OUTPUT`` frames."""
+
+    terminal = None
+    tail = b""
+
+    def __init__(self, agent: Agent, rank: int, stream: int) -> None:
+        self.agent = agent
+        self.rank = rank
+        self.stream = stream
+        self.pending = b""
+        self.finished = False
+
+    @property
+    def wanted(self) -> bool:
+        return not self.agent.endpoint.closed
+
+    @property
+    def congested(self) -> bool:
+        return self.agent.credit <= 0
+
+    def wait_for_room(self, source: object) -> None:
+        self.agent.waiting.add(source)
+
+    def feed(self, data) -> None:
+        self.agent.credit -= len(data)
+        self.agent.endpoint.send(link.encode_output(self.rank, self.stream, data))
+
+    def finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.agent.endpoint.send(link.encode_output(self.rank, self.stream, b""))
+
+
+class Agent:
+    """One host's part of a job; see the module docstring."""
+
+    def __init__(self, in_fd: int = 0, out_fd: int = 1) -> None:
+        self.loop = Loop()
+        self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
+                                 on_closed=self._link_closed)
+        self.in_fd, self.out_fd = in_fd, out_fd
+        self.job: Dict[str, Any] = {}
+        self.specs: List[RankSpec] = []
+        self.local: Optional[LocalRanks] = None
+        self.guard: Optional[Watchdog] = None
+        self.pmi = None
+        self.state = None
+        self.credit = 0
+        self.waiting: Set[object] = set()
+        self.exited: Set[int] = set()
+        self.done_sent = False
+        self.finished = False
+        self.grace = 5.0
+        self.reason = ""
+        self._stdin_queues: Dict[int, bytearray] = {}
+        self._stdin_eof: Set[int] = set()
+
+    # -- life -----------------------------------------------------------------
+    def run(self) -> int:
+        for sig in _STOPPING:
+            signal.signal(sig, self._on_stop_signal)
+        try:
+            self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
+                "protocol": link.PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
+                "python": sys.version.split()[0], "cpus": len(os.sched_getaffinity(0))}))
+            self.loop.run_until(lambda: self.finished)
+        finally:
+            self._shutdown()
+        return 0 if not self.reason else 1
+
+    def _on_stop_signal(self, signum, frame) -> None:
+        # Someone stopped the agent itself: end the ranks, then exit.
+        self.reason = self.reason or f"agent stopped by signal {signum}"
+        self.finished = True
+
+    def _link_closed(self, reason: str) -> None:
+        if not self.finished:
+            self.reason = self.reason or f"lost the launcher: {reason}"
+            self.finished = True
+
+    def _shutdown(self) -> None:
+        if self.local is not None:
+            self.local.close(self.grace)
+        if self.pmi is not None:
+            self.pmi.close()
+            from ..pmi.shm import remove_shm_segments
+            remove_shm_segments(self.job.get("kvsname", ""))
+        if self.guard is not None:
+            self.guard.close()
+        if self.reason:
+            try:
+                sys.stderr.write(f"mslaunch agent on {socket.gethostname()}: {self.reason}\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+        if not self.endpoint.closed:
+            self.endpoint.flush(time.monotonic() + 2.0)
+        self.loop.close()
+
+    def fail(self, message: str, code: int = 1) -> None:
+        """Report a problem that ends this host's part of the job."""
+        self.endpoint.send(link.encode(link.ERROR, {"message": message, "code": code}))
+
+    # -- frames from the launcher ------------------------------------------------
+    def _on_frame(self, kind: int, body: bytes) -> None:
+        if kind == link.BEAT:
+            return
+        if kind == link.OUTPUT:
+            raise link.LinkError("OUTPUT frames go the other way")
+        if kind == link.STDIN:
+            rank, _, data = link.decode_binary(body)
+            self._stdin(rank, data)
+            return
+        message = link.decode_json(kind, body)
+        if kind == link.JOB:
+            self._prepare(message)
+        elif kind == link.START:
+            self._start()
+        elif kind == link.SIGNAL:
+            sig = link.field(message, "sig", int, "SIGNAL")
+            ranks = link.optional(message, "ranks", list, "SIGNAL")
+            if self.local is not None and 0 < sig < 65:
+                self.local.signal(sig, ranks)
+        elif kind == link.CREDIT:
+            self.credit += link.field(message, "bytes", int, "CREDIT")
+            if self.credit > 0 and self.waiting:
+                waiting, self.waiting = self.waiting, set()
+                for source in waiting:
+                    source.resume()  # type: ignore[attr-defined]
+        elif kind == link.PMI:
+            self._pmi_from_launcher(message)
+        elif kind == link.BYE:
+            self.finished = True
+        else:
+            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+
+    # -- JOB: this host's ranks ---------------------------------------------------
+    def _prepare(self, job: Dict[str, Any]) -> None:
+        if self.job:
+            raise link.LinkError("a second JOB frame")
+        try:
+            self.job = job
+            self.grace = float(job.get("grace", 5.0))
+            self.credit = int(job.get("credit", 1 << 22))
+            interval, misses = job.get("heartbeat", (1.0, 5))
+            self.endpoint.start_heartbeat(float(interval), int(misses))
+            self.specs = [self._spec(r) for r in job["ranks"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise link.LinkError(f"malformed JOB frame ({err!r})") from None
+        warnings = self._fix_cwd()
+        try:
+            check_startable(self.specs)
+        except LaunchError as err:
+            self.fail(str(err), err.exit_code)
+            return
+        self.endpoint.send(link.encode(link.READY, {"warnings": warnings}))
+
+    def _spec(self, r: Dict[str, Any]) -> RankSpec:
+        job = self.job
+        host = Host(name=job.get("host") or socket.gethostname(), slots=len(job["ranks"]),
+                    max_slots=None, local=True, node_id=int(r.get("node", 0)))
+        env = self._environment(r)
+        cpus = None
+        if job.get("bind_to", "none") != "none":
+            cpus = bind_cpus(job["bind_to"], int(r["local_rank"]), sorted(os.sched_getaffinity(0)))
+        return RankSpec(rank=int(r["rank"]), app=int(r.get("app", 0)), host=host,
+                        local_rank=int(r["local_rank"]), local_size=int(r["local_size"]),
+                        argv=tuple(str(a) for a in r["argv"]), env=env, cwd=str(r["cwd"]),
+                        stdout_path=None, stderr_path=None, cpus=cpus,
+                        stdin=str(r.get("stdin", "null")))
+
+    def _environment(self, r: Dict[str, Any]) -> Dict[str, str]:
+        how = r.get("inherit", "remote")
+        env = scrub_env(os.environ) if how == "remote" else {}
+        prefix = r.get("path_prefix")
+        if prefix:
+            for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+                old = env.get(var)
+                env[var] = f"{prefix}/{sub}" + (f":{old}" if old else "")
+        env.update(self.job.get("common_env") or {})
+        env.update(r.get("env") or {})
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        for key, value in env.items():
+            if not isinstance(key, str) or not isinstance(value, str) or "\0" in key + value:
+                raise ValueError(f"bad environment variable {key!r}")
+        return env
+
+    def _fix_cwd(self) -> List[str]:
+        """The launcher's directory where it exists here; else the home directory."""
+        launch_dir = self.job.get("launch_dir")
+        home = os.path.expanduser("~")
+        warnings = []
+        for i, spec in enumerate(self.specs):
+            if spec.cwd == launch_dir and not os.path.isdir(spec.cwd):
+                if not warnings:
+                    warnings.append(f"working directory {spec.cwd} does not exist here; "
+                                    f"ranks start in {home}")
+                from ..spec import replace
+                self.specs[i] = replace(spec, cwd=home)
+        return warnings
+
+    # -- START ----------------------------------------------------------------
+    def _start(self) -> None:
+        if not self.specs or self.local is not None:
+            raise link.LinkError("START without a JOB, or twice")
+        job = self.job
+        seal_inherited_fds()
+        self.guard = Watchdog(job["kvsname"], self.grace)
+        self.guard.add_kvsname(job["kvsname"])
+        pmi_env = None
+        if job.get("pmi"):
+            self._make_pmi()
+        merge = bool(job.get("merge_stderr"))
+        if self.pmi is not None:
+            pmi = self.pmi
+            if job["pmi"] == "port":
+                pmi.listen_tcp()
+                pmi_env = pmi.tcp_env
+            else:
+                pmi_env = lambda rank: {"PMI_FD": str(pmi.child_fd(rank))}  # noqa: E731
+
+        def sinks(spec: RankSpec):
+            return (_LinkOutput(self, spec.rank, 1),
+                    None if merge else _LinkOutput(self, spec.rank, 2))
+
+        self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
+                                grace=self.grace, merge_stderr=merge,
+                                pmi=self.pmi if job.get("pmi") == "fd" else None,
+                                pmi_env=pmi_env, stdin_fd=None)
+        self._started: Dict[str, int] = {}
+        try:
+            self.local.start()
+        except LaunchError as err:
+            self.fail(str(err), err.exit_code)
+            return
+        finally:
+            if self._started:
+                self.endpoint.send(link.encode(link.STARTED, {"pids": self._started}))
+        for rank, fd in self.local.stdin_pipes.items():
+            os.set_blocking(fd, False)
+            self._stdin_queues[rank] = bytearray()
+        self.loop.call_later(0.1, self._check_done)
+
+    def _make_pmi(self) -> None:
+        from ..pmi.server import PMIServer
+        from ..pmi.state import RelayJobState
+        job = self.job
+        size = int(job["size"])
+        appnums = job.get("appnums") or [0] * size
+        self.state = RelayJobState(
+            kvsname=job["kvsname"], size=size, process_mapping=job.get("process_mapping", ""),
+            universe_size=int(job.get("universe_size", size)), appnums=appnums,
+            local_ranks=[s.rank for s in self.specs], send=self._pmi_up)
+        self.pmi = PMIServer(self.loop, kvsname=job["kvsname"], size=size,
+                             process_mapping=job.get("process_mapping", ""),
+                             universe_size=int(job.get("universe_size", size)),
+                             appnums=appnums, listener=self, state=self.state)
+
+    # -- LocalRanks listener -----------------------------------------------------
+    def rank_started(self, rank: int, pid: int) -> None:
+        self._started[str(rank)] = pid
+
+    def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int]) -> None:
+        self.exited.add(rank)
+        self._drop_stdin(rank)
+        self.endpoint.send(link.encode(link.EXITED, {"rank": rank, "code": code,
+                                                     "signal": sig}))
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self.done_sent or self.local is None:
+            return
+        if len(self.exited) == len(self.specs) and not self.local.busy:
+            self.done_sent = True
+            self.endpoint.send(link.encode(link.DONE))
+        elif len(self.exited) == len(self.specs):
+            self.loop.call_later(0.05, self._check_done)
+
+    # -- PMI ------------------------------------------------------------------
+    def _pmi_up(self, message: Dict[str, object]) -> None:
+        self.endpoint.send(link.encode(link.PMI, message))
+
+    def _pmi_from_launcher(self, message: Dict[str, Any]) -> None:
+        state = self.state
+        if state is None:
+            raise link.LinkError("PMI frame without a PMI job")
+        op = message.get("op")
+        if op == "fence_done":
+            pairs = link.field(message, "pairs", dict, "PMI fence_done")
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
+                raise link.LinkError("PMI fence_done: pairs must be strings")
+            state.fence_done(pairs)
+        elif op == "answer":
+            state.answer(link.field(message, "ask", int, "PMI answer"), message.get("value"))
+        else:
+            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
+
+    def pmi_abort(self, rank: int, code: int, message: str) -> None:
+        self._pmi_up({"op": "abort", "rank": rank, "code": code, "message": message[:200]})
+
+    def pmi_lost(self, rank: int) -> None:
+        self._pmi_up({"op": "lost", "rank": rank})
+
+    def pmi_started(self, rank: int) -> None:
+        self._pmi_up({"op": "started", "rank": rank})
+
+    def pmi_log(self, message: str) -> None:
+        self.endpoint.send(link.encode(link.LOG, {"message": f"PMI: {message}"}))
+
+    # -- stdin ------------------------------------------------------------------
+    def _stdin(self, rank: int, data: bytes) -> None:
+        targets = list(self._stdin_queues) if rank == link.ALL_RANKS else [rank]
+        for r in targets:
+            if r not in self._stdin_queues:
+                continue
+            if data:
+                self._stdin_queues[r] += data
+            else:
+                self._stdin_eof.add(r)
+            self._flush_stdin(r)
+
+    def _flush_stdin(self, rank: int) -> None:
+        queue = self._stdin_queues.get(rank)
+        fd = self.local.stdin_pipes.get(rank) if self.local is not None else None
+        if queue is None or fd is None:
+            return
+        wrote = 0
+        try:
+            while wrote < len(queue):
+                wrote += os.write(fd, queue[wrote:])
+        except BlockingIOError:
+            self.loop.add_writer(fd, lambda r=rank: self._flush_stdin(r))
+        except OSError:
+            self._drop_stdin(rank)     # the rank closed its stdin
+            return
+        finally:
+            if wrote:
+                del queue[:wrote]
+                # Tell the launcher how much was taken: it sends more only then.
+                self.endpoint.send(link.encode(link.CREDIT, {"stdin": wrote, "rank": rank}))
+        if not queue:
+            self.loop.remove_writer(fd)
+            if rank in self._stdin_eof:
+                self._drop_stdin(rank)
+
+    def _drop_stdin(self, rank: int) -> None:
+        fd = self.local.stdin_pipes.pop(rank, None) if self.local is not None else None
+        self._stdin_queues.pop(rank, None)
+        self._stdin_eof.discard(rank)
+        if fd is not None:
+            self.loop.forget(fd)
+            os.close(fd)
+
+
+def main() -> int:
+    """Run the agent on this process's stdin and stdout (as the bootstrap does)."""
+    # Nothing else may write to the link: mslaunch's own output goes to stderr.
+    link_out = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return Agent(0, link_out).run()
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,181 @@
+"""One end of a control link on the event loop: frames in, frames out, heartbeats.
+
+Both the launcher (one endpoint per remote host) and the agent use it.
+Writes never block the loop: what the peer does not take yet is queued.
+Every frame received counts as a sign of life; a :data:`~.link.BEAT` frame
+is sent every ``interval`` seconds, and a peer silent for ``misses``
+intervals is declared lost -- the only way to notice a network partition,
+which sends no end-of-file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections import deque
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Deque, Optional, Tuple
+
+    from ..run.loop import Loop, Timer
+
+from . import link
+
+#: Seconds between heartbeats, and how many may be missed before the peer
+#: counts as lost (override with MSLAUNCH_HEARTBEAT="interval,misses").
+HEARTBEAT = (1.0, 5)
+
+
+def heartbeat_setting(text: Optional[str]) -> Tuple[float, int]:
+    """``MSLAUNCH_HEARTBEAT`` parsed, or the default."""
+    if not text:
+        return HEARTBEAT
+    try:
+        interval, _, misses = text.partition(",")
+        value = (float(interval), int(misses or HEARTBEAT[1]))
+    except ValueError:
+        return HEARTBEAT
+    return value if 0.01 <= value[0] <= 3600 and 1 <= value[1] <= 1000 else HEARTBEAT
+
+
+class Endpoint:
+    """Frames over a pair of non-blocking descriptors (the same one twice for a socket)."""
+
+    def __init__(self, loop: Loop, read_fd: int, write_fd: int, *,
+                 on_frame: Callable[[int, bytes], None], on_closed: Callable[[str], None],
+                 expect_sync: bool = False) -> None:
+        self.loop = loop
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+        self.on_frame = on_frame
+        self.on_closed = on_closed
+        self.reader = link.Reader(expect_sync=expect_sync)
+        self.queue: Deque[bytes] = deque()
+        self.queued = 0
+        self.closed = False
+        self.last_heard = time.monotonic()
+        self._writer = False
+        self._beat: Optional[Timer] = None
+        self._watch: Optional[Timer] = None
+        self.interval, self.misses = HEARTBEAT
+        for fd in {read_fd, write_fd}:
+            os.set_blocking(fd, False)
+        loop.add_reader(read_fd, self._on_readable)
+
+    # -- heartbeats ---------------------------------------------------------
+    def start_heartbeat(self, interval: float, misses: int) -> None:
+        self.interval, self.misses = interval, misses
+        self.last_heard = time.monotonic()
+        self._beat = self.loop.call_later(interval, self._send_beat)
+        self._watch = self.loop.call_later(interval, self._check_peer)
+
+    def _send_beat(self) -> None:
+        if self.closed:
+            return
+        self.send(link.encode(link.BEAT))
+        self._beat = self.loop.call_later(self.interval, self._send_beat)
+
+    def _check_peer(self) -> None:
+        if self.closed:
+            return
+        silent = time.monotonic() - self.last_heard
+        if silent > self.interval * self.misses:
+            self.close(f"no sign of life for {silent:.1f} s (heartbeat every "
+                       f"{self.interval:g} s, {self.misses} missed)")
+            return
+        self._watch = self.loop.call_later(self.interval, self._check_peer)
+
+    # -- input --------------------------------------------------------------
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self.read_fd, 1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            self.close(f"link read failed: {err.strerror}")
+            return
+        if not data:
+            self.close("the link reached end-of-file")
+            return
+        self.last_heard = time.monotonic()
+        try:
+            frames = self.reader.feed(data)
+        except link.LinkError as err:
+            self.close(f"protocol error: {err}")
+            return
+        for kind, body in frames:
+            if self.closed:
+                return
+            try:
+                self.on_frame(kind, body)
+            except link.LinkError as err:
+                self.close(f"protocol error: {err}")
+                return
+
+    # -- output -------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        if not self.queue:
+            try:
+                n = os.write(self.write_fd, data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as err:
+                self._write_failed(err)
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+        self.queue.append(data)
+        self.queued += len(data)
+        if not self._writer:
+            self._writer = True
+            self.loop.add_writer(self.write_fd, self._on_writable)
+
+    def _on_writable(self) -> None:
+        while self.queue:
+            head = self.queue[0]
+            try:
+                n = os.write(self.write_fd, head)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                self._write_failed(err)
+                return
+            self.queued -= n
+            if n < len(head):
+                self.queue[0] = head[n:]
+                return
+            self.queue.popleft()
+        self._writer = False
+        self.loop.remove_writer(self.write_fd)
+
+    def _write_failed(self, err: OSError) -> None:
+        gone = err.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF)
+        self.close("the link was closed by the other side" if gone
+                   else f"link write failed: {err.strerror}")
+
+    def flush(self, deadline: float) -> None:
+        """Write what is queued, waiting up to ``deadline`` (outside the loop)."""
+        import select
+        while self.queue and not self.closed and time.monotonic() < deadline:
+            try:
+                select.select([], [self.write_fd], [], max(0.0, deadline - time.monotonic()))
+            except (OSError, ValueError):
+                return
+            self._on_writable()
+
+    def close(self, reason: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for timer in (self._beat, self._watch):
+            if timer is not None:
+                timer.cancel()
+        for fd in {self.read_fd, self.write_fd}:
+            self.loop.forget(fd)
+        self.queue.clear()
+        self.on_closed(reason)

@@ -1,0 +1,251 @@
+"""The launcher's handle on one remote host: its agent, seen through the link.
+
+A :class:`RemoteHost` sits beside :class:`~mslaunch.run.local.LocalRanks`
+behind the same seam: the supervisor starts, signals and waits for both the
+same way, and hears the same events -- ranks started and exited, output to
+feed into the ranks' sinks, PMI -- so its policy (abort, timeouts, files,
+the summary) is written once.
+
+Output flows under credit: the agent may send ``credit`` bytes of output
+before the launcher grants more, and the launcher grants them back only as
+the terminal takes them, so a stalled reader of mslaunch's output stops the
+ranks on every host (they block in ``write``) while exits, signals and PMI
+keep moving on the same link.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence
+
+    from ..run.loop import Loop
+    from ..spec import JobSpec, Plan, RankSpec
+    from .ssh import AgentConnection
+
+from . import link
+from .endpoint import Endpoint
+
+#: Bytes of output an agent may send before the launcher grants more.
+CREDIT = 8 << 20
+
+
+def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
+              pmi: Optional[str]) -> Dict[str, Any]:
+    """The ``JOB`` frame of one host: its ranks, and what they share said once."""
+    common: Optional[Dict[str, str]] = None
+    for spec in specs:
+        if common is None:
+            common = dict(spec.env)
+        else:
+            for key in [k for k, v in common.items() if spec.env.get(k) != v]:
+                del common[key]
+    common = common or {}
+    ranks = []
+    for spec in specs:
+        ranks.append({
+            "rank": spec.rank, "app": spec.app, "local_rank": spec.local_rank,
+            "local_size": spec.local_size, "node": spec.host.node_id,
+            "argv": list(spec.argv), "cwd": spec.cwd, "stdin": spec.stdin,
+            "inherit": spec.inherit, "path_prefix": spec.path_prefix,
+            "env": {k: v for k, v in spec.env.items() if common.get(k) != v}})
+    contexts: List[int] = []
+    for r in plan.ranks:
+        if r.app == len(contexts):
+            contexts.append(0)
+        contexts[r.app] += 1
+    return {"kvsname": plan.kvsname, "grace": job.grace, "heartbeat": list(heartbeat),
+            "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
+            "size": len(plan.ranks), "universe_size": plan.universe_size,
+            "appnums": [r.app for r in plan.ranks] if len(contexts) > 1 else None,
+            "process_mapping": plan.process_mapping, "bind_to": job.bind_to,
+            "launch_dir": job.launch_dir, "host": specs[0].host.name,
+            "common_env": common, "ranks": ranks}
+
+
+class RemoteHost:
+    """One remote host of the job; see the module docstring."""
+
+    def __init__(self, loop: Loop, conn: AgentConnection, specs: Sequence[RankSpec],
+                 supervisor) -> None:
+        self.loop = loop
+        self.conn = conn
+        self.name = conn.name
+        self.specs = list(specs)
+        self.ranks = {s.rank for s in specs}
+        self.supervisor = supervisor
+        self.state = "new"            # new, prepared, ready, running, done, lost
+        self.error: Optional[Dict[str, Any]] = None
+        self.owed = 0                 # output credit not yet returned
+        self.exited: set = set()
+        self.stdin_taken: Dict[int, int] = {}
+        self.endpoint = Endpoint(loop, conn.fd, conn.fd, on_frame=self._on_frame,
+                                 on_closed=self._on_closed)
+
+    # -- commands -------------------------------------------------------------
+    def prepare(self, frame: Dict[str, Any]) -> None:
+        interval, misses = frame["heartbeat"]
+        self.endpoint.start_heartbeat(interval, misses)
+        self.endpoint.send(link.encode(link.JOB, frame))
+        self.state = "prepared"
+
+    def start(self) -> None:
+        if self.state == "ready":
+            self.state = "running"
+            self.endpoint.send(link.encode(link.START))
+
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        if self.state in ("running", "ready"):
+            body: Dict[str, Any] = {"sig": int(sig)}
+            if ranks is not None:
+                body["ranks"] = [r for r in ranks if r in self.ranks]
+            self.endpoint.send(link.encode(link.SIGNAL, body))
+
+    def send_pmi(self, message: Dict[str, Any]) -> None:
+        self.endpoint.send(link.encode(link.PMI, message))
+
+    def send_stdin(self, rank: int, data: bytes) -> None:
+        self.endpoint.send(link.encode_stdin(rank, data))
+
+    @property
+    def busy(self) -> bool:
+        return self.state not in ("done", "lost")
+
+    def say_bye(self) -> None:
+        """End of the job: the agent stops what is left of its ranks and exits."""
+        import time
+        if not self.endpoint.closed:
+            self.endpoint.send(link.encode(link.BYE))
+            self.endpoint.flush(time.monotonic() + 2.0)
+            if self.state != "lost":
+                self.state = "done"
+            self.endpoint.close("")
+
+    def close(self, deadline: float) -> None:
+        """After :meth:`say_bye`: wait (until ``deadline``) for the agent to exit, then close."""
+        import time
+        self.say_bye()
+        self.conn.wait_exit(deadline)
+        self.conn.close(wait=max(0.1, deadline - time.monotonic()))
+        os.close(self.conn.fd)
+
+    # -- frames from the agent ---------------------------------------------------
+    def _on_frame(self, kind: int, body: bytes) -> None:
+        sup = self.supervisor
+        if kind == link.OUTPUT:
+            rank, stream, data = link.decode_binary(body)
+            self._check_rank(rank)
+            sink = sup.sink(rank, stream)
+            if sink is None:
+                raise link.LinkError(f"output of rank {rank} on stream {stream}")
+            if not data:
+                sink.finish()
+                return
+            sink.feed(data)
+            self.owed += len(data)
+            if sink.congested:
+                sink.wait_for_room(self)
+            elif self.owed >= CREDIT // 4:
+                self.resume()
+            return
+        if kind == link.BEAT:
+            return
+        message = link.decode_json(kind, body)
+        if kind == link.READY:
+            for text in message.get("warnings") or []:
+                sup.host_message(self, str(text))
+            self.state = "ready"
+            sup.host_ready(self)
+        elif kind == link.STARTED:
+            pids = link.field(message, "pids", dict, "STARTED")
+            for rank, pid in pids.items():
+                if not rank.isdigit() or not isinstance(pid, int):
+                    raise link.LinkError("STARTED: bad rank or pid")
+                self._check_rank(int(rank))
+                sup.rank_started(int(rank), pid)
+        elif kind == link.EXITED:
+            rank = link.field(message, "rank", int, "EXITED")
+            self._check_rank(rank)
+            if rank in self.exited:
+                raise link.LinkError(f"rank {rank} exited twice")
+            self.exited.add(rank)
+            code = link.optional(message, "code", int, "EXITED")
+            sig = link.optional(message, "signal", int, "EXITED")
+            sup.rank_exited(rank, code, sig)
+        elif kind == link.PMI:
+            sup.pmi_from_agent(self, message)
+        elif kind == link.CREDIT:
+            rank = link.field(message, "rank", int, "CREDIT")
+            taken = link.field(message, "stdin", int, "CREDIT")
+            sup.stdin_taken(self, rank, taken)
+        elif kind == link.LOG:
+            sup.host_message(self, str(message.get("message", ""))[:500])
+        elif kind == link.ERROR:
+            self.error = message
+            text = str(message.get("message", "unknown error"))[:500]
+            if self.state in ("prepared", "new"):
+                self.state = "lost"
+                sup.host_failed(self, text, message.get("code"))
+            else:
+                self.endpoint.close(f"the agent reported: {text}")
+        elif kind == link.DONE:
+            self.state = "done"
+            sup.host_done(self)
+        else:
+            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+
+    def _check_rank(self, rank: int) -> None:
+        if rank not in self.ranks:
+            raise link.LinkError(f"rank {rank} does not run on this host")
+
+    def resume(self) -> None:
+        """Return the output credit held back (the terminal takes output again)."""
+        if self.owed and not self.endpoint.closed:
+            self.endpoint.send(link.encode(link.CREDIT, {"bytes": self.owed}))
+            self.owed = 0
+
+    def _on_closed(self, reason: str) -> None:
+        if self.state in ("done",) or not reason:
+            return
+        self.state = "lost"
+        tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
+        if tail:
+            reason += f"; the agent said: {tail[-1][:200]}"
+        self.supervisor.host_lost(self, reason)
+
+
+class RemoteStdin:
+    """A remote rank's stdin, as a sink of the launcher's stdin fan-out.
+
+    Bytes go out in ``STDIN`` frames; the agent says how many it wrote to
+    the rank's pipe, and the fan-out stops reading mslaunch's stdin while
+    too many are on their way.
+    """
+
+    def __init__(self, host: RemoteHost, rank: int) -> None:
+        self.host = host
+        self.rank = rank
+        self.sent = 0
+        self.done = 0
+        self.fanout = None
+
+    @property
+    def backlog(self) -> int:
+        return self.sent - self.done
+
+    def push(self, data: bytes) -> None:
+        self.sent += len(data)
+        self.host.send_stdin(self.rank, data)
+
+    def finish(self) -> None:
+        self.host.send_stdin(self.rank, b"")
+
+    def taken(self, count: int) -> None:
+        self.done += count
+        if self.fanout is not None:
+            self.fanout.resume_if_room()
+
+    def close(self) -> None:
+        pass
