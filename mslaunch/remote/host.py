@@ -127,6 +127,8 @@ class RemoteHost:
         """After :meth:`say_bye`: wait (until ``deadline``) for the agent to exit, then close."""
         import time
         self.say_bye()
+        if self.state == "lost":
+            deadline = time.monotonic() + 0.5   # nobody to wait for
         self.conn.wait_exit(deadline)
         self.conn.close(wait=max(0.1, deadline - time.monotonic()))
         os.close(self.conn.fd)

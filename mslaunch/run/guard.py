@@ -12,8 +12,11 @@ Three mechanisms, strongest first:
   during the job are re-parented to the launcher instead of init, so it
   sees and stops them; the watchdog keeps a list of them in case the
   launcher is killed.
-* **The job marker** ``MSLAUNCH_JOB`` in each rank's environment and the
-  rank process groups, as a last net.
+* **The guard's marker** ``MSLAUNCH_GUARD`` in each rank's environment
+  and the rank process groups, as a last net.  The marker names one guard
+  (the launcher's, or one host's agent), not the job, so that the agent of
+  one host never sweeps another host's ranks, even where hosts share a
+  process table.
 
 The watchdog is a small fork of the launcher in its own session, made before
 the first rank starts.  The launcher tells it, over a pipe, the process
@@ -38,14 +41,16 @@ if TYPE_CHECKING:
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE",
             "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM")
 _PR_SET_CHILD_SUBREAPER = 36
+#: The environment variable that ties a rank to the guard that watches it.
+MARKER_VARIABLE = "MSLAUNCH_GUARD"
 
 
 # ---------------------------------------------------------------------------
 # finding processes
 
 def marked_pids(marker: str) -> Set[int]:
-    """Pids of processes whose initial environment holds ``MSLAUNCH_JOB=marker``."""
-    needle = f"MSLAUNCH_JOB={marker}\0".encode()
+    """Pids of processes whose initial environment holds ``MSLAUNCH_GUARD=marker``."""
+    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
     found = set()
     me = os.getpid()
     for entry in os.listdir("/proc"):
@@ -162,9 +167,8 @@ class JobCgroup:
     def create(cls, marker: str, watchdog: int) -> Optional[JobCgroup]:
         """Make the job's cgroup beside this process's own, or None if not allowed.
 
-        Its name carries the watchdog's pid (``mslaunch-<kvsname>-w<pid>``),
-        and the kvsname the launcher's, which tells a stale cgroup from a
-        live job's (see :func:`_remove_stale`).
+        Its name, ``mslaunch-<creator pid>-w<watchdog pid>-<marker>``, tells a
+        stale cgroup from a live job's (see :func:`_remove_stale`).
         """
         if os.environ.get("MSLAUNCH_CGROUP", "1") in ("0", "no", "off"):
             return None
@@ -172,7 +176,7 @@ class JobCgroup:
         if mount is None or own is None:
             return None
         home = os.path.normpath(mount + "/" + own)
-        path = os.path.join(home, f"mslaunch-{marker}-w{watchdog}")
+        path = os.path.join(home, f"mslaunch-{os.getpid()}-w{watchdog}-{marker}")
         try:
             os.mkdir(path, 0o755)
         except OSError:
@@ -224,21 +228,22 @@ class JobCgroup:
 
 
 def _remove_stale(home: str) -> None:
-    """Empty and remove job cgroups whose launcher and watchdog both died.
+    """Empty and remove job cgroups whose creator and watchdog both died.
 
-    Such a cgroup (``mslaunch-kvs_<launcher pid>_<hex>-w<watchdog pid>``)
-    has nobody left to stop what is in it; while either pid lives it is
+    Such a cgroup (``mslaunch-<creator pid>-w<watchdog pid>-<marker>``) has
+    nobody left to stop what is in it; while either pid lives it is
     someone's, so it is left alone.
     """
     try:
-        names = [n for n in os.listdir(home) if n.startswith("mslaunch-kvs_")]
+        names = [n for n in os.listdir(home) if n.startswith("mslaunch-")]
     except OSError:
         return
     for name in names:
-        launcher, _, rest = name[len("mslaunch-kvs_"):].partition("_")
-        watchdog = rest.rpartition("-w")[2]
-        if not (launcher.isdigit() and watchdog.isdigit()) \
-                or _exists(int(launcher)) or _exists(int(watchdog)):
+        parts = name.split("-", 3)
+        if len(parts) < 4 or not parts[1].isdigit() or not parts[2][:1] == "w" \
+                or not parts[2][1:].isdigit():
+            continue
+        if _exists(int(parts[1])) or _exists(int(parts[2][1:])):
             continue
         stale = JobCgroup(os.path.join(home, name), home)
         if stale.pids():

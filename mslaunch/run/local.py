@@ -102,6 +102,8 @@ class LocalRanks:
     def _start(self, local: _Local, stdin_pipes: Dict[int, int]) -> None:
         spec = local.spec
         env = dict(spec.env)
+        from .guard import MARKER_VARIABLE
+        env[MARKER_VARIABLE] = self.guard.marker
         if self.pmi_env is not None:
             env.update(self.pmi_env(spec.rank))
         out_sink, err_sink = self.sinks(spec)

@@ -273,7 +273,7 @@ class Supervisor:
         for r in lost:
             r.ended = True
             if not r.reason:
-                r.reason = f"was lost with its host ({reason})"
+                r.reason = f"was lost with its host: {reason}"
             for out in r.outputs:
                 out.finish()
         if lost:

@@ -1,0 +1,537 @@
+"""Remote hosts over SSH, on real sshd hosts (network namespaces on this machine).
+
+Every guarantee of a local job, across hosts: the seed tutorials' command
+lines, exact output files, the real exit code, signals, no orphan on any
+host after a rank fails, the launcher or an agent is killed, the SSH
+session drops or a host's network goes away, and one clear line for every
+host that cannot be reached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from helpers import PY, REPO, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+
+pytestmark = pytest.mark.remote
+
+FAST_BEAT = "0.3,5"        # heartbeat every 0.3 s, lost after 5 misses
+
+
+@pytest.fixture
+def home(sshbed, tmp_path):
+    return sshbed.make_home(tmp_path / "home")
+
+
+def renv(home: str, **extra: str):
+    env = clean_env(HOME=home, **extra)
+    env.setdefault("UCX_TLS", "tcp")         # MPI between namespace hosts goes over TCP
+    return env
+
+
+def run_remote(home: str, *args: str, timeout: float = 90, env=None, **kw):
+    return subprocess.run(cmd(*args), capture_output=True, timeout=timeout,
+                          env=env or renv(home), **kw)
+
+
+def agents(bed, host, watchdogs: bool = True):
+    """Agent processes on a host (the bootstrap one-liner they were started with),
+    with or without their watchdogs (forks of the agent, hence the same command)."""
+    found = {}
+    for pid in bed.host_pids(host):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"b=sys.stdin.buffer" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                found[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            pass
+    return [pid for pid, parent in found.items() if watchdogs or parent not in found]
+
+
+def no_agents(bed, hosts=None) -> bool:
+    return all(not agents(bed, h) for h in (hosts or bed.hosts))
+
+
+def settle(tag: str, bed, timeout: float = 15) -> None:
+    assert wait_for(lambda: tagged_pids(tag) == [], timeout), tagged_pids(tag)
+    assert wait_for(lambda: no_agents(bed), timeout)
+
+
+# -- the tutorials' command lines ---------------------------------------------------
+
+NET = """
+import os, socket, sys
+print(f"rank {os.environ['RANK_ID']} of {os.environ['RANK_SIZE']} on {socket.gethostname()}"
+      f" data={os.environ.get('DATA_PATH')}", flush=True)
+print(f"err {os.environ['RANK']}", file=sys.stderr, flush=True)
+"""
+
+
+def test_seed_command_line_with_output_files(sshbed, home, tmp_path):
+    tag = new_tag()
+    out = tmp_path / "log_output"
+    r = run_remote(home, "-n", "4", "-H", "h1:2,h2:2", "--output-filename", str(out),
+                   "--merge-stderr-to-stdout", "-x", "MSL_TEST_TAG", PY, "-c", NET,
+                   env=renv(home, MSL_TEST_TAG=tag))
+    assert r.returncode == 0, r.stderr
+    for rank, host in enumerate(["h1", "h1", "h2", "h2"]):
+        data = (out / "1" / f"rank.{rank}" / "stdout").read_text()
+        assert data == f"rank {rank} of 4 on {host} data=None\nerr {rank}\n"
+        assert not (out / "1" / f"rank.{rank}" / "stderr").exists()
+    assert sorted(r.stdout.decode().splitlines()) == sorted(
+        [f"rank {i} of 4 on {h} data=None" for i, h in enumerate(["h1", "h1", "h2", "h2"])]
+        + [f"err {i}" for i in range(4)])
+    settle(tag, sshbed)
+
+
+def test_seed_command_line_with_a_hostfile_and_exports(sshbed, home, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1 slots=2\nh2 slots=2  # two more\n")
+    env = renv(home, DATA_PATH="/data/set one", NOT_EXPORTED="secret")
+    code = ("import os, json; print(json.dumps([os.environ['RANK'], os.environ.get('DATA_PATH'),"
+            " os.environ.get('NOT_EXPORTED'), os.environ['PATH'] == os.environ.get('LPATH'),"
+            " os.getcwd()]))")
+    env["LPATH"] = env["PATH"]
+    r = run_remote(home, "-n", "4", "--hostfile", str(hosts), "-x", "DATA_PATH", "-x", "PATH",
+                   "-x", "LPATH", PY, "-c", code, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = sorted(json.loads(line) for line in r.stdout.decode().splitlines())
+    assert [row[0] for row in rows] == ["0", "1", "2", "3"]
+    for row in rows:
+        assert row[1:] == ["/data/set one", None, True, str(tmp_path)]
+
+
+def test_remote_ranks_get_the_login_environment_not_the_launchers(sshbed, home):
+    env = renv(home, LAUNCHER_ONLY="x")
+    code = "import os; print(os.environ.get('LAUNCHER_ONLY'), os.environ.get('HOME'))"
+    r = run_remote(home, "-H", "h1", "-n", "1", PY, "-c", code, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split() == ["None", "/root"]       # the remote login's HOME
+    r = run_remote(home, "-genvall", "-H", "h1", "-n", "1", PY, "-c", code, env=env)
+    assert r.stdout.decode().split() == ["x", home]             # Hydra's -genvall
+
+
+ODD = ["with space", "quote's \"double\"", "dollar $HOME `x`", "new\nline", "ü-Ω-中",
+       "back\\slash", "*?[glob]", ""]
+
+
+def test_arguments_and_values_arrive_byte_for_byte(sshbed, home):
+    code = "import os, sys; print(repr((sys.argv[1:], os.environb[b'ODD'])))"
+    env = renv(home, ODD="\t".join(ODD) + "\udcff")
+    r = run_remote(home, "-H", "h2", "-n", "1", "-x", "ODD", PY, "-c", code, *ODD, env=env)
+    assert r.returncode == 0, r.stderr
+    expected = (ODD, os.fsencode("\t".join(ODD) + "\udcff"))
+    assert r.stdout.decode("utf-8", "surrogateescape").strip() == repr(expected)
+
+
+def test_working_directory_is_the_launchers_or_home_with_a_warning(sshbed, home, tmp_path):
+    here = tmp_path / "work"
+    here.mkdir()
+    code = "import os; print(os.getcwd())"
+    r = run_remote(home, "-H", "h1", "-n", "1", PY, "-c", code, cwd=str(here))
+    assert r.stdout.decode().strip() == str(here)
+    sshbed.hide_path("h1", str(here))
+    try:
+        # A hidden directory is empty and unreadable from h1: it does not exist there.
+        gone = here / "sub"
+        gone.mkdir()
+        r = run_remote(home, "-H", "h1", "-n", "1", PY, "-c", code, cwd=str(gone))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode().strip() == "/root"
+        assert b"h1: working directory" in r.stderr and b"does not exist here" in r.stderr
+        r = run_remote(home, "-H", "h1", "-n", "1", "-wdir", str(gone), PY, "-c", code)
+        assert r.returncode == 127
+        assert b"h1" in r.stderr and b"working directory" in r.stderr
+    finally:
+        sshbed.unhide_path("h1", str(here))
+
+
+def test_display_map_tag_output_and_summary_name_hosts(sshbed, home):
+    code = ("import os, sys\nr = os.environ['RANK']\nprint('hi', r)\n"
+            "if r == '3': print('bad thing', file=sys.stderr); sys.exit(4)\n"
+            "import time; time.sleep(20)")
+    r = run_remote(home, "--display-map", "--tag-output", "-H", "h1:2,h2:2", "-n", "4",
+                   PY, "-c", code)
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 4, err
+    assert "Data for node: h1" in out and "Data for node: h2" in out
+    assert "[1,3]<stdout>:hi 3" in out
+    assert "mslaunch: rank 3 (pid" in err and " on h2) exited with code 4" in err
+    assert "bad thing" in err
+
+
+# -- failures and signals across hosts -------------------------------------------
+
+def test_a_rank_failing_on_one_host_ends_every_host(sshbed, home):
+    tag = new_tag()
+    code = ("import os, sys, time\n"
+            "if os.environ['RANK'] == '5': time.sleep(0.5); sys.exit(9)\n"
+            "time.sleep(60)")
+    t0 = time.monotonic()
+    r = run_remote(home, "--grace", "2", "-H", "localhost:2,h1:2,h2:2", "-n", "6",
+                   "-x", "MSL_TEST_TAG", PY, "-c", code, env=renv(home, MSL_TEST_TAG=tag))
+    assert r.returncode == 9, r.stderr
+    assert time.monotonic() - t0 < 30
+    assert b"rank 5 (pid" in r.stderr and b"on h2) exited with code 9" in r.stderr
+    settle(tag, sshbed)
+
+
+TRAP = """
+import os, signal, sys, time
+def handler(sig, frame):
+    with open(os.path.join(sys.argv[1], f"{os.environ['RANK']}.{sig}"), "w"):
+        pass
+    if sig != signal.SIGUSR1:
+        sys.exit(0)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(s, handler)
+open(os.path.join(sys.argv[1], f"{os.environ['RANK']}.up"), "w").close()
+for _ in range(600):
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_stop_signals_reach_every_rank_on_every_host(sshbed, home, tmp_path, sig):
+    tag = new_tag()
+    tmp_path = tmp_path / "marks"
+    tmp_path.mkdir()
+    p = subprocess.Popen(cmd("-H", "localhost,h1,h2", "-n", "3", "-x", "MSL_TEST_TAG",
+                             PY, "-c", TRAP, str(tmp_path)), env=renv(home, MSL_TEST_TAG=tag),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: len([f for f in os.listdir(tmp_path) if f.endswith(".up")]) == 3,
+                        30)
+        p.send_signal(sig)
+        p.wait(timeout=30)
+        assert p.returncode == 128 + sig
+        # INT/TERM/HUP reach the ranks as SIGTERM (as Open MPI does) or as
+        # themselves: either way every rank on every host got one.
+        got = sorted(f.split(".")[0] for f in os.listdir(tmp_path) if not f.endswith(".up"))
+        assert got == ["0", "1", "2"], os.listdir(tmp_path)
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+def test_usr1_is_forwarded_to_remote_ranks_and_the_job_goes_on(sshbed, home, tmp_path):
+    tag = new_tag()
+    tmp_path = tmp_path / "marks"
+    tmp_path.mkdir()
+    p = subprocess.Popen(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", PY, "-c", TRAP,
+                             str(tmp_path)), env=renv(home, MSL_TEST_TAG=tag),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: len([f for f in os.listdir(tmp_path) if f.endswith(".up")]) == 2,
+                        30)
+        p.send_signal(signal.SIGUSR1)
+        assert wait_for(lambda: {"0.10", "1.10"} <= set(os.listdir(tmp_path)), 10)
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+def test_timeout_across_hosts_gives_110(sshbed, home):
+    tag = new_tag()
+    r = run_remote(home, "--timeout", "2", "--grace", "1", "-H", "h1,h2", "-n", "2",
+                   "-x", "MSL_TEST_TAG", "sleep", "60", env=renv(home, MSL_TEST_TAG=tag))
+    assert r.returncode == 110, r.stderr
+    settle(tag, sshbed)
+
+
+# -- losing things: the launcher, an agent, the SSH session, the network ------------
+
+def _start_sleepers(home, tag, *extra, hosts="h1,h2"):
+    p = subprocess.Popen(cmd(*extra, "-H", hosts, "-n", str(len(hosts.split(","))),
+                             "-x", "MSL_TEST_TAG", "sleep", "120"),
+                         env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT=FAST_BEAT),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert wait_for(lambda: len(tagged_pids(tag)) >= 3, 30), tagged_pids(tag)
+    return p
+
+
+def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home):
+    tag = new_tag()
+    p = _start_sleepers(home, tag)
+    try:
+        p.kill()
+        p.wait()
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)
+
+
+def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, home):
+    tag = new_tag()
+    p = _start_sleepers(home, tag)
+    try:
+        victims = agents(sshbed, "h2", watchdogs=False)
+        assert len(victims) == 1
+        os.kill(victims[0], signal.SIGKILL)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 255, err
+        assert b"lost host h2" in err
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+def test_a_dropped_ssh_session_ends_the_job(sshbed, home):
+    tag = new_tag()
+    p = _start_sleepers(home, tag)
+    try:
+        assert sshbed.drop_session_children("h1")
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 255, err
+        assert b"lost host h1" in err
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, home):
+    sshbed.require_netns("a network partition")
+    tag = new_tag()
+    p = _start_sleepers(home, tag)
+    try:
+        sshbed.link_down("h2")
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 255, err
+        assert b"lost host h2" in err and b"no sign of life" in err
+        # The agent on h2, cut off, stops its rank by itself.
+        assert wait_for(lambda: tagged_pids(tag) == [], 15), tagged_pids(tag)
+    finally:
+        sshbed.link_up("h2")
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+# -- hosts that cannot be reached ---------------------------------------------------
+
+def test_every_failing_host_is_reported_with_its_stage_and_nothing_runs(sshbed, tmp_path):
+    tag = new_tag()
+    # h2's key is not known, h3 refuses the login, h9 is an address nobody has.
+    unreachable = f"198.18.{sshbed.k}.99"
+    home = sshbed.make_home(tmp_path / "home", known=["h1", "h3", "h4"],
+                            user_config_extra=f"Host h9\n  HostName {unreachable}\n"
+                                              f"  ConnectTimeout 1\n")
+    sshbed.refuse_logins("h3")
+    r = run_remote(home, "-H", "h1,h2,h3,h9", "-n", "4", "-x", "MSL_TEST_TAG", "sleep", "30",
+                   env=renv(home, MSL_TEST_TAG=tag))
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mslaunch: error: "), err
+    assert "h2 (host key: " in err and "ssh-keyscan" in err and "--ssh-accept-new" in err
+    assert "h3 (authentication: " in err
+    assert "h9 (connect: " in err and "timed out" in err
+    assert "3 of 4" in err and "nothing was started" in err
+    settle(tag, sshbed)
+
+
+def test_accept_new_trusts_an_unknown_host_and_records_it(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home", known=[])
+    r = run_remote(home, "-H", "h1", "-n", "1", "hostname")
+    assert r.returncode == 1 and b"host key" in r.stderr
+    r = run_remote(home, "--ssh-accept-new", "-H", "h1", "-n", "1", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"h1\n"
+    assert sshbed.hosts[0].addr in (tmp_path / "home" / ".ssh" / "known_hosts").read_text()
+    r = run_remote(home, "-H", "h1", "-n", "1", "hostname")      # now known
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_changed_host_key_is_always_refused(sshbed, home):
+    sshbed.rekey_host("h2")
+    r = run_remote(home, "--ssh-accept-new", "-H", "h2", "-n", "1", "hostname")
+    assert r.returncode == 1
+    assert b"has CHANGED" in r.stderr and b"ssh-keygen -R" in r.stderr
+
+
+def test_a_host_without_the_python_is_reported(sshbed, home):
+    r = run_remote(home, "--remote-python", "/opt/no/python3", "-H", "h1", "-n", "1", "true")
+    assert r.returncode == 1
+    assert b"h1 (remote Python: mslaunch: no Python interpreter found on h1" in r.stderr
+
+
+def test_the_agent_needs_no_mslaunch_on_the_host(sshbed, home):
+    sshbed.hide_path("h1", os.path.join(REPO, "mslaunch"))
+    try:
+        probe = sshbed.run_in("h1", ["ls", os.path.join(REPO, "mslaunch")])
+        assert probe.stdout.strip() == ""
+        r = run_remote(home, "-H", "h1", "-n", "1", "hostname")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == b"h1\n"
+    finally:
+        sshbed.unhide_path("h1", os.path.join(REPO, "mslaunch"))
+
+
+def test_a_missing_program_on_a_remote_host_starts_nothing(sshbed, home, tmp_path):
+    marker = tmp_path / "ran"
+    r = run_remote(home, "-H", "localhost,h1", "-n", "1", "touch", str(marker), ":",
+                   "-n", "1", "no-such-program-xyz")
+    assert r.returncode == 127, r.stderr
+    assert b"on h1" in r.stderr and b"no-such-program-xyz" in r.stderr
+    assert not marker.exists()
+
+
+def test_ssh_config_include_and_proxyjump(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    ssh = tmp_path / "home" / ".ssh"
+    config = (ssh / "config").read_text()
+    (ssh / "hosts.conf").write_text("Host via2\n  HostName " + sshbed.hosts[1].addr
+                                    + "\n  ProxyJump h1\n")
+    (ssh / "config").write_text("Include hosts.conf\n" + config)
+    with open(ssh / "known_hosts", "a") as f:
+        f.write(sshbed.known_hosts_lines(["h2"])[0] + "\n")
+    r = run_remote(home, "-H", "via2", "-n", "1", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"h2\n"
+
+
+# -- output and input ----------------------------------------------------------
+
+def test_no_byte_of_remote_output_is_lost(sshbed, home, tmp_path):
+    code = ("import os, sys, random\nrandom.seed(int(os.environ['RANK']))\n"
+            "data = random.randbytes(12 << 20)\nsys.stdout.buffer.write(data)\n"
+            "print(__import__('hashlib').sha256(data).hexdigest(), file=sys.stderr)")
+    r = run_remote(home, "-H", "h1,h2", "-n", "2", "--output-filename",
+                   str(tmp_path / "out") + ":nocopy", PY, "-c", code)
+    assert r.returncode == 0, r.stderr
+    for rank in range(2):
+        data = (tmp_path / "out" / "1" / f"rank.{rank}" / "stdout").read_bytes()
+        digest = (tmp_path / "out" / "1" / f"rank.{rank}" / "stderr").read_text().strip()
+        assert len(data) == 12 << 20
+        assert hashlib.sha256(data).hexdigest() == digest
+
+
+def test_lines_of_remote_ranks_are_never_spliced(sshbed, home):
+    code = ("import os, sys\nc = 'ab'[int(os.environ['RANK'])]\n"
+            "for i in range(3000): sys.stdout.write(c * (i % 300 + 1) + '\\n')")
+    r = run_remote(home, "-H", "h1,h2", "-n", "2", PY, "-c", code)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split(b"\n")[:-1]
+    assert len(lines) == 6000
+    assert all(len(set(line)) == 1 for line in lines)
+
+
+def test_stdin_reaches_a_remote_rank_0(sshbed, home):
+    code = "import sys; data = sys.stdin.buffer.read(); print(len(data), data[:5])"
+    r = run_remote(home, "-H", "h1,h2", "-n", "2", PY, "-c", code,
+                   input=b"hello" + os.urandom(3 << 20))
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.decode().splitlines()) == ["0 b''", f"{(3 << 20) + 5} b'hello'"]
+
+
+def test_a_stalled_reader_does_not_stop_the_timeout_of_remote_ranks(sshbed, home):
+    tag = new_tag()
+    flood = "import sys\nwhile True: sys.stdout.write('x' * 800 + '\\n')"
+    r, w = os.pipe()
+    p = subprocess.Popen(cmd("--timeout", "3", "--grace", "1", "-H", "h1,h2", "-n", "2",
+                             "-x", "MSL_TEST_TAG", PY, "-c", flood), stdout=w,
+                         stderr=subprocess.PIPE, env=renv(home, MSL_TEST_TAG=tag))
+    os.close(w)
+    try:
+        p.wait(timeout=60)
+        assert p.returncode == 110, p.stderr.read()
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.wait()
+        os.close(r)
+        kill_tagged(tag)
+
+
+# -- MPI across hosts ------------------------------------------------------------
+
+MPI_PROG = """
+import json, os, socket, sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+shared = c.Split_type(MPI.COMM_TYPE_SHARED)
+members = shared.allgather(c.rank)
+total = c.allreduce(c.rank)
+what = sys.argv[1]
+if what == "abort" and c.rank == 3:
+    c.Abort(17)
+if what == "crash" and c.rank == 2:
+    import ctypes; ctypes.string_at(0)
+if what != "ok":
+    c.Barrier()
+print(json.dumps({"rank": c.rank, "host": socket.gethostname(), "shared": members,
+                  "sum": total, "kvs": os.environ["MSLAUNCH_JOB"]}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def mpich():
+    from conftest import require
+    probe = subprocess.run([PY, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
+                           capture_output=True, env=clean_env(), timeout=60)
+    require(probe.returncode == 0 and b"MPICH" in probe.stdout,
+            "mpi4py with the MPICH wheel (pip install '.[mpi]')")
+
+
+def _segments_of(kvsname: str):
+    from mslaunch.pmi.shm import shm_segments
+    return shm_segments(kvsname)
+
+
+def test_mpi_across_hosts_allreduce_and_shared_memory_groups(sshbed, home, mpich):
+    r = run_remote(home, "-H", "localhost:2,h1:3,h2:1", "-n", "6", "-x", "UCX_TLS", PY, "-c",
+                   MPI_PROG, "ok", timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted((json.loads(x) for x in r.stdout.decode().splitlines()),
+                  key=lambda row: row["rank"])
+    assert [row["sum"] for row in rows] == [15] * 6
+    groups = {0: [0, 1], 1: [0, 1], 2: [2, 3, 4], 3: [2, 3, 4], 4: [2, 3, 4], 5: [5]}
+    assert all(sorted(row["shared"]) == groups[row["rank"]] for row in rows)
+    assert [row["host"] for row in rows][2:] == ["h1", "h1", "h1", "h2"]
+    assert _segments_of(rows[0]["kvs"]) == []
+
+
+@pytest.mark.parametrize("what, code", [("abort", 17), ("crash", 128 + signal.SIGSEGV)])
+def test_mpi_failure_on_a_remote_rank(sshbed, home, mpich, what, code):
+    tag = new_tag()
+    r = run_remote(home, "-H", "h1:2,h2:2", "-n", "4", "-x", "UCX_TLS", "-x", "MSL_TEST_TAG",
+                   PY, "-c", MPI_PROG, what, env=renv(home, MSL_TEST_TAG=tag), timeout=120)
+    assert r.returncode == code, r.stderr
+    rank = 3 if what == "abort" else 2
+    assert f"rank {rank} (pid".encode() in r.stderr
+    settle(tag, sshbed)
+    leftovers = [n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")]
+    kvs = [line for line in r.stdout.decode().splitlines()]
+    for row in kvs:
+        assert _segments_of(json.loads(row)["kvs"]) == [], leftovers
+
+
+def test_mslaunch_with_local_hosts_only_does_not_import_paramiko():
+    code = ("import sys, runpy; sys.argv = ['mslaunch', '-n', '1', 'true'];\n"
+            "try:\n    runpy.run_module('mslaunch', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print('paramiko' in sys.modules, 'cryptography' in sys.modules)")
+    r = subprocess.run([PY, "-c", code], capture_output=True, env=clean_env(), timeout=60)
+    assert r.stdout.decode().split() == ["False", "False"], r.stderr
+
