@@ -108,6 +108,10 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[Lis
         common += ["-x", f"MPI4PY_LIBMPI={libmpi}" if os.path.exists(libmpi)
                    else "MPI4PY_MPIABI=openmpi"]
     for name, value in job.global_env:
+        # --prtemca and --pmixmca are mpirun's own settings: pass them as such.
+        for prefix, flag in (("PRTE_MCA_", "--prtemca"), ("PMIX_MCA_", "--pmixmca")):
+            if name.startswith(prefix) and value is not None:
+                cmd += [flag, name[len(prefix):], value]
         common += _flag_env(name, value, environ)
     for index, app in enumerate(job.apps):
         if index:
