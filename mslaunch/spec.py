@@ -123,6 +123,7 @@ class OutputSpec:
     copy_to_terminal: bool = True        # False with DIR:nocopy
     jobid_dir: bool = True               # False with DIR:nojobid
     merge_stderr: bool = False
+    pty: bool = True                     # rank stdout on a pseudo-terminal (--no-pty: a pipe)
     tag: bool = False                    # --tag-output
     timestamp: bool = False              # --timestamp-output
     rank_prefix: bool = False            # Hydra -l / -prepend-rank

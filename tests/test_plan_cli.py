@@ -127,11 +127,16 @@ def test_oversubscription_spills_like_open_mpi():
     assert place(hosts(2, 2), 5, oversubscribe=True) == [0, 0, 0, 1, 1]
 
 
-def test_max_slots_is_a_hard_limit():
+def test_max_slots_as_open_mpi_4_applies_it():
+    # Oversubscribing ignores max_slots (Open MPI 4.1.4 runs -n 4 on slots=2 max_slots=3).
     hs = hosts(2, 2, max_slots=[2, 3])
-    assert place(hs, 5, oversubscribe=True) == [0, 0, 1, 1, 1]
-    with pytest.raises(PlanError, match="max_slots"):
-        place(hs, 6, oversubscribe=True)
+    assert place(hs, 6, oversubscribe=True) == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(PlanError, match="not enough slots"):
+        place(hs, 5)
+    # A host with max_slots and no slots= has max_slots slots.
+    resolved = resolve_hosts([HostEntry("n1", None, 3)], ncores=2, hostname="vm",
+                             is_local=lambda n: False)
+    assert resolved[0].slots == 3
 
 
 def test_ppr_more_than_slots_needs_oversubscribe():
@@ -160,8 +165,8 @@ def test_placement_properties(spec, np, map_by, oversubscribe, per_node):
         count = where.count(i)
         if not oversubscribe:
             assert count <= (per_node if per_node is not None else h.slots)
-        if h.max_slots is not None:
-            assert count <= h.max_slots
+            if h.max_slots is not None:
+                assert count <= h.max_slots
     if map_by == "slot":                  # each host's ranks are contiguous
         seen = []
         for i in where:
@@ -195,17 +200,23 @@ def test_local_names_collapse_into_one_host_with_cores_as_default_slots():
     assert [(h.name, h.slots, h.local) for h in hs] == [("vm", 6, True), ("n1", 1, False)]
 
 
-def test_log_paths_pad_rank_to_width_of_size_minus_one():
-    assert log_paths("/d", True, False, 3, 10) == ("/d/1/rank.3/stdout", "/d/1/rank.3/stderr")
-    assert log_paths("/d", True, False, 3, 11) == ("/d/1/rank.03/stdout",
+def test_log_paths_pad_rank_to_the_digits_of_np_as_open_mpi_4_1_4():
+    assert log_paths("/d", True, False, 3, 9) == ("/d/1/rank.3/stdout", "/d/1/rank.3/stderr")
+    assert log_paths("/d", True, False, 3, 10) == ("/d/1/rank.03/stdout",
                                                    "/d/1/rank.03/stderr")
-    assert log_paths("/d", False, True, 7, 101) == ("/d/rank.007/stdout", None)
+    assert log_paths("/d", True, False, 3, 11)[0] == "/d/1/rank.03/stdout"
+    assert log_paths("/d", False, True, 7, 100) == ("/d/rank.007/stdout", None)
+    assert log_paths("/d", True, True, 7, 101, jobid=2) == ("/d/2/rank.007/stdout", None)
 
 
-def test_scrub_env_removes_outer_launcher_variables():
+def test_scrub_env_removes_only_the_identity_of_an_outer_launch():
     env = {"PMI_FD": "3", "PMIX_RANK": "0", "OMPI_COMM_WORLD_RANK": "1", "PRTE_LAUNCHED": "1",
-           "HYDI_CONTROL_FD": "9", "MPI_LOCALRANKID": "0", "HOME": "/root"}
-    assert scrub_env(env) == {"HOME": "/root"}
+           "HYDI_CONTROL_FD": "9", "MPI_LOCALRANKID": "0", "HOME": "/root",
+           "OMPI_UNIVERSE_SIZE": "4", "PMIX_NAMESPACE": "x", "PMIX_SERVER_URI2": "y",
+           "OMPI_MCA_orte_hnp_uri": "z", "PMI_SIZE": "2", "PMI_PORT": "h:1", "PMI_ID": "7"}
+    keep = {"HOME": "/root", "OMPI_MCA_btl": "self", "PMIX_MCA_gds": "hash",
+            "PRTE_MCA_plm": "ssh", "PMI_DEBUG": "1", "SLURM_PROCID": "3"}
+    assert scrub_env({**env, **keep}) == keep
 
 
 def test_plan_env_user_master_port_and_mca():

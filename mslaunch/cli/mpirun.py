@@ -34,7 +34,7 @@ _OPTIONS: Dict[str, int] = {
     "bind-to": 1, "report-bindings": 0,
     "display-map": 0, "dry-run": 0,
     "output-filename": 1, "merge-stderr-to-stdout": 0,
-    "tag-output": 0, "timestamp-output": 0,
+    "tag-output": 0, "timestamp-output": 0, "no-pty": 0,
     "prepend-rank": 0, "stdin": 1,
     "allow-run-as-root": 0, "timeout": 1, "grace": 1,
     "quiet": 0, "verbose": 0, "version": 0,
@@ -90,6 +90,7 @@ Output:
   --output-filename DIR[:nocopy][:nojobid]
                            DIR/1/rank.N/stdout and stderr, also copied to the terminal
   --merge-stderr-to-stdout one stream per rank, merged at the source
+  --no-pty                 rank stdout on a pipe, not a pseudo-terminal (as Hydra)
   --tag-output             prefix lines with [1,RANK]<stdout>:
   --timestamp-output       prefix lines with the time
   -l, -prepend-rank        prefix lines with [RANK]
@@ -235,7 +236,8 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         flag = token.split("=", 1)[0]
         v = values[0] if values else ""
         if name == "np":
-            ctx.np = _int(flag, v)
+            # -n 0 means one rank per slot, as in Open MPI 4.
+            ctx.np = _int(flag, v, minimum=0) or None
         elif name == "x":
             if "=" in v:
                 k, val = v.split("=", 1)
@@ -411,7 +413,8 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
     output = OutputSpec()
     if "output-filename" in g:
         output = _parse_output(str(g["output-filename"]), cwd)
-    output = replace(output, merge_stderr=bool(g.get("merge-stderr-to-stdout")),
+    pty = not g.get("no-pty") and environ.get("MSLAUNCH_PTY", "1") not in ("0", "no", "off")
+    output = replace(output, merge_stderr=bool(g.get("merge-stderr-to-stdout")), pty=pty,
                      tag=bool(g.get("tag-output")), timestamp=bool(g.get("timestamp-output")),
                      rank_prefix=bool(g.get("prepend-rank")))
 

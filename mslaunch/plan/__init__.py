@@ -20,8 +20,20 @@ from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
 from .place import filter_hosts, place, resolve_hosts  # noqa: F401 (re-exported)
 
 #: Variables an outer launcher leaves behind; ranks must not inherit them.
-STALE_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDI_")
-STALE_NAMES = ("MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+#: Variables that carry the identity of an outer launch (a rank of another
+#: mpirun, srun or mslaunch starting this one); ranks must not inherit them.
+#: User configuration that Open MPI and Hydra pass through (``OMPI_MCA_*``,
+#: ``PMIX_MCA_*``, ``PRTE_MCA_*``, ``PMI_DEBUG`` ...) is kept.
+STALE_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "PMIX_SERVER_",
+                  "PMIX_DSTORE_", "HYDI_", "MSLAUNCH_GUARD")
+STALE_NAMES = frozenset((
+    "OMPI_UNIVERSE_SIZE", "OMPI_NUM_APP_CTX", "OMPI_APP_CTX_NUM_PROCS", "OMPI_FIRST_RANKS",
+    "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION", "OMPI_WORLD_SIZE",
+    "OMPI_WORLD_LOCAL_SIZE", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
+    "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_ID", "PMIX_HOSTNAME", "PMIX_VERSION",
+    "PMIX_SYSTEM_TMPDIR", "PMIX_GDS_MODULE", "PMIX_SECURITY_MODE", "PMIX_BFROP_BUFFER_TYPE",
+    "PRTE_LAUNCHED", "PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID", "PMI_SPAWNED",
+    "PMI_HOSTNAME", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPI_APPNUM", "MPI_UNIVERSE_SIZE"))
 
 #: The origin of the host entry used when no host list is given.
 IMPLICIT_HOST = "this machine"
@@ -31,7 +43,7 @@ TIMEOUT_EXIT = 110
 
 
 def scrub_env(environ: Mapping[str, str]) -> Dict[str, str]:
-    """Copy ``environ`` without variables left by an outer MPI launch."""
+    """Copy ``environ`` without the identity variables of an outer MPI launch."""
     return {k: v for k, v in environ.items()
             if not k.startswith(STALE_PREFIXES) and k not in STALE_NAMES}
 
@@ -49,12 +61,16 @@ def _oversubscribe(job: JobSpec, entries: Sequence[HostEntry]) -> bool:
 
 
 def log_paths(directory: Optional[str], jobid_dir: bool, merge: bool, rank: int,
-              size: int) -> Tuple[Optional[str], Optional[str]]:
-    """Open MPI 4's ``DIR/1/rank.N/{stdout,stderr}`` (N padded to the width of size-1)."""
+              size: int, jobid: int = 1) -> Tuple[Optional[str], Optional[str]]:
+    """Open MPI 4's ``DIR/JOBID/rank.N/{stdout,stderr}``.
+
+    N is zero-padded to the number of digits of the job's size, as Open MPI
+    4.1.4 does: ``rank.00`` .. ``rank.09`` for 10 ranks, ``rank.000`` .. for 100.
+    """
     if directory is None:
         return None, None
-    width = len(str(max(size - 1, 0)))
-    parts = [directory, "1", f"rank.{rank:0{width}d}"] if jobid_dir else \
+    width = len(str(max(size, 1)))
+    parts = [directory, str(jobid), f"rank.{rank:0{width}d}"] if jobid_dir else \
         [directory, f"rank.{rank:0{width}d}"]
     base = "/".join(parts)
     return base + "/stdout", (None if merge else base + "/stderr")
@@ -153,8 +169,9 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
             "OMPI_COMM_WORLD_NODE_RANK": str(local_rank),
             "OMPI_UNIVERSE_SIZE": str(universe),
             "OMPI_NUM_APP_CTX": str(len(job.apps)),
-            "OMPI_APP_CTX_NUM_PROCS": ",".join(str(s if s is not None else size) for s in sizes),
-            "OMPI_FIRST_RANKS": ",".join(str(r) for r in first_rank),
+            # Open MPI's format: space-separated, one number per context.
+            "OMPI_APP_CTX_NUM_PROCS": " ".join(str(s if s is not None else size) for s in sizes),
+            "OMPI_FIRST_RANKS": " ".join(str(r) for r in first_rank),
             "PMI_RANK": str(rank), "PMI_SIZE": str(size), "PMI_HOSTNAME": host.name,
             "MPI_LOCALRANKID": str(local_rank), "MPI_LOCALNRANKS": str(lsize),
             "RANK_ID": str(rank), "RANK_SIZE": str(size),

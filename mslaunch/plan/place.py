@@ -25,7 +25,9 @@ def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
         local = is_local(e.name)
         key = "\0local" if local else e.name
         item = merged.setdefault(key, [hostname if local else e.name, 0, None, local])
-        item[1] += e.slots if e.slots is not None else (ncores if local else 1)
+        # Open MPI 4.1.4: a line with max_slots but no slots gets max_slots slots.
+        default = e.max_slots if e.max_slots is not None else (ncores if local else 1)
+        item[1] += e.slots if e.slots is not None else default
         if e.max_slots is not None:
             item[2] = (item[2] or 0) + e.max_slots
     return [Host(name=name, slots=slots, max_slots=max_slots, local=local, node_id=i)
@@ -95,9 +97,9 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
 
     ``slot`` fills each host to its capacity before the next; ``node`` deals
     ranks round-robin.  Capacity is the slot count, or ``per_node``.  Extra
-    ranks need ``oversubscribe`` and are dealt round-robin, never above a
-    host's ``max_slots``.  With ``slot`` each host's ranks are contiguous.
-    Linear in the number of hosts plus ranks.
+    ranks need ``oversubscribe`` and are dealt round-robin; as in Open MPI
+    4.1.4, ``max_slots`` does not limit them.  With ``slot`` each host's ranks
+    are contiguous.  Linear in the number of hosts plus ranks.
     """
     if not hosts:
         raise PlanError("no hosts to run on")
@@ -140,14 +142,8 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
             raise PlanError(f"not enough slots: {np} ranks requested but the hosts have "
                             f"{total} slots ({_describe(hosts)}); use --oversubscribe "
                             f"to run more ranks than slots")
-        used = counts if counts is not None else _count_per_host(order, len(hosts))
-        room = [None if h.max_slots is None else h.max_slots - used[i]
-                for i, h in enumerate(hosts)]
         extras: List[int] = []
-        if _deal(extras, everyone, room, extra) < extra:  # type: ignore[arg-type]
-            allowed = sum(used) + len(extras)
-            raise PlanError(f"{np} ranks requested but the hosts' max_slots allow only "
-                            f"{allowed} ({_describe(hosts)})")
+        _deal(extras, everyone, [None] * len(hosts), extra)
         if counts is None:
             order.extend(extras)
         else:

@@ -283,7 +283,7 @@ class Agent:
         self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
                                 grace=self.grace, merge_stderr=merge,
                                 pmi=self.pmi if job.get("pmi") == "fd" else None,
-                                pmi_env=pmi_env, stdin_fd=None)
+                                pmi_env=pmi_env, stdin_fd=None, pty=bool(job.get("pty", True)))
         self._started: Dict[str, int] = {}
         try:
             self.local.start()

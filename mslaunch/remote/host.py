@@ -58,6 +58,7 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
         contexts[r.app] += 1
     return {"kvsname": plan.kvsname, "grace": job.grace, "heartbeat": list(heartbeat),
             "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
+            "pty": job.output.pty,
             "size": len(plan.ranks), "universe_size": plan.universe_size,
             "appnums": [r.app for r in plan.ranks] if len(contexts) > 1 else None,
             "process_mapping": plan.process_mapping, "bind_to": job.bind_to,

@@ -59,7 +59,7 @@ class LocalRanks:
                  sinks: Callable[[RankSpec], Tuple[RankOutput, Optional[RankOutput]]],
                  guard: Watchdog, grace: float, merge_stderr: bool,
                  pmi=None, pmi_env: Optional[Callable[[int], Dict[str, str]]] = None,
-                 stdin_fd: Optional[int] = 0) -> None:
+                 stdin_fd: Optional[int] = 0, pty: bool = True) -> None:
         self.loop = loop
         self.listener = listener
         self.ranks: Dict[int, _Local] = {s.rank: _Local(s) for s in specs}
@@ -67,6 +67,7 @@ class LocalRanks:
         self.guard = guard
         self.grace = grace
         self.merge_stderr = merge_stderr
+        self.pty = pty
         self.pmi = pmi
         self.pmi_env = pmi_env
         self.stdin_fanout: Optional[StdinFanout] = None
@@ -104,10 +105,12 @@ class LocalRanks:
         env = dict(spec.env)
         from .guard import MARKER_VARIABLE
         env[MARKER_VARIABLE] = self.guard.marker
+        # As under Open MPI: PWD is the rank's physical working directory.
+        env["PWD"] = os.path.realpath(spec.cwd)
         if self.pmi_env is not None:
             env.update(self.pmi_env(spec.rank))
         out_sink, err_sink = self.sinks(spec)
-        out_r, out_w = os.pipe()
+        out_r, out_w = open_pty() if self.pty else os.pipe()
         err_r, err_w = (None, out_w) if self.merge_stderr else os.pipe()
         stdin_w = None
         how = spec.stdin
@@ -142,7 +145,10 @@ class LocalRanks:
         if stdin_w is not None:
             stdin_pipes[spec.rank] = stdin_w
         self.guard.add(local.proc.pgid)
-        local.pipes.append(RankPipe(self.loop, out_r, out_sink))
+        proc = local.proc
+        is_pty = self.pty and os.isatty(out_r)
+        local.pipes.append(RankPipe(self.loop, out_r, out_sink, on_abandon=(
+            (lambda: proc.signal(signal.SIGPIPE)) if is_pty else None)))
         if err_r is not None:
             local.pipes.append(RankPipe(self.loop, err_r, err_sink))  # type: ignore[arg-type]
         if local.proc.pidfd >= 0:
@@ -287,6 +293,33 @@ class LocalRanks:
                     pipe.close()
         if self.stdin_fanout is not None:
             self.stdin_fanout.close()
+
+
+def open_pty() -> Tuple[int, int]:
+    """A pseudo-terminal for a rank's stdout, set up as Open MPI sets it up.
+
+    The rank's stdio sees a terminal, so C programs' stdout is line-buffered
+    (lines printed before a crash are not lost) and ``isatty(1)`` is true;
+    but nothing is translated (no ``\n`` to ``\r\n``) and nothing echoed.
+    It is not the rank's controlling terminal.  Falls back to a pipe when
+    no pseudo-terminal can be had (the system's limit is a few thousand).
+    """
+    try:
+        master, slave = os.openpty()
+    except OSError:
+        return os.pipe()
+    import termios
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[0] &= ~(termios.ICRNL | termios.INLCR | termios.IGNCR | termios.IXON
+                      | termios.BRKINT | termios.ISTRIP)
+        attrs[1] &= ~(termios.ONLCR | termios.OCRNL | termios.ONLRET)
+        attrs[3] &= ~(termios.ECHO | termios.ECHOE | termios.ECHOK | termios.ECHONL
+                      | getattr(termios, "ECHOCTL", 0) | getattr(termios, "ECHOKE", 0))
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    except termios.error:
+        pass
+    return master, slave
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -312,10 +312,14 @@ class RankOutput:
     def __init__(self, *, terminal: Optional[Terminal], file_fd: Optional[int],
                  prefix: Optional[Callable[[], bytes]], keep_tail: bool,
                  on_error: Optional[Callable[[str], None]] = None,
-                 file_name: str = "") -> None:
+                 file_name: str = "", file_prefix: Optional[Callable[[], bytes]] = None) -> None:
         self.terminal = terminal
         self.file_fd = file_fd
         self.file_name = file_name
+        # Open MPI 4 writes --tag-output/--timestamp-output prefixes into the
+        # rank files too; here once per line (it repeats them mid-line).
+        self.file_prefix = file_prefix
+        self._file_line_start = True
         self.prefix = prefix
         self.keep_tail = keep_tail
         self.on_error = on_error
@@ -367,6 +371,8 @@ class RankOutput:
         term.write(self, data[:cut] if cut < n else data)
 
     def _to_file(self, data) -> None:
+        if self.file_prefix is not None:
+            data = self._prefix_lines(bytes(data))
         view = memoryview(data)
         try:
             while view:
@@ -380,6 +386,19 @@ class RankOutput:
             if self.on_error is not None:
                 self.on_error(f"cannot write {self.file_name or 'a rank file'}: "
                               f"{err.strerror or err}")
+
+    def _prefix_lines(self, data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        out = []
+        for i, line in enumerate(lines):
+            last = i == len(lines) - 1
+            if last and not line:
+                break                        # the chunk ended with a newline
+            if self._file_line_start or i:
+                out.append(self.file_prefix())  # type: ignore[misc]
+            out.append(line if last else line + b"\n")
+        self._file_line_start = data.endswith(b"\n")
+        return b"".join(out)
 
     def _emit(self, data) -> None:
         if self.prefix is not None:
@@ -406,10 +425,14 @@ class RankOutput:
 class RankPipe:
     """Reads one output pipe of a local rank on the loop into a :class:`RankOutput`."""
 
-    def __init__(self, loop: Loop, fd: int, sink: RankOutput) -> None:
+    def __init__(self, loop: Loop, fd: int, sink: RankOutput,
+                 on_abandon: Optional[Callable[[], None]] = None) -> None:
         self.loop = loop
         self.fd = fd
         self.sink = sink
+        # Called when nobody wants the stream any more; a pseudo-terminal's
+        # writer gets EIO, not EPIPE, so it is told with a SIGPIPE instead.
+        self.on_abandon = on_abandon
         self.closed = False
         self.paused = False
         try:
@@ -446,6 +469,8 @@ class RankPipe:
             # file wants it: stop reading, so that the rank meets a broken
             # pipe as it would at the end of a shell pipeline.
             self.sink.pending = b""
+            if self.on_abandon is not None:
+                self.on_abandon()     # before the close: no EIO is seen first
             self.close()
         elif self.sink.congested and not self.paused:
             self.paused = True

@@ -176,7 +176,7 @@ class Supervisor:
                                     guard=self.watchdog,  # type: ignore[arg-type]
                                     grace=job.grace, merge_stderr=job.output.merge_stderr,
                                     pmi=self.pmi if not job.pmi_port else None, pmi_env=pmi_env,
-                                    stdin_fd=None if remote_specs else 0)
+                                    stdin_fd=None if remote_specs else 0, pty=job.output.pty)
             self.local.start()
         self.launched = True
         for host in self.hosts.values():
@@ -357,6 +357,8 @@ class Supervisor:
                 terminal=terminal.terminal(stream) if terminal else None,
                 file_fd=self._open_log(path), file_name=path or "",
                 prefix=line_prefix(spec.rank, name, **opts),  # type: ignore[arg-type]
+                file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
+                                        rank_prefix=False),
                 keep_tail=(stream == 2 or merged), on_error=self._output_failed))
         return rank.outputs[0], (None if merged else rank.outputs[1])
 
@@ -400,16 +402,18 @@ class Supervisor:
             self._give_up_output()
             return
         if sig in _STOPPING:
+            # As Open MPI does: the ranks are stopped with SIGTERM (SIGKILL after
+            # the grace period), whichever of INT, TERM, HUP mslaunch got, so
+            # that a Ctrl-C of many Python ranks is not many tracebacks.
             live = self._live()
             if self.stop_signal is None:
                 self.stop_signal = int(sig)
                 if not self.job.quiet and sig == signal.SIGINT and live:
-                    self.console.message(f"mslaunch: forwarding SIGINT to {len(live)} rank(s); "
+                    self.console.message(f"mslaunch: SIGINT: stopping {len(live)} rank(s); "
                                          f"press Ctrl-C again to kill them")
             if self.ending is None:
                 self.ending = "signal"
-            self._signal_all(sig)
-            self._arm_kill()
+                self._terminate()
             if not live:
                 self._give_up_output()
         else:
