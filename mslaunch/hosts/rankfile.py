@@ -3,7 +3,7 @@
 One rank per line::
 
     rank 0=node01 slot=0:0-1     # socket 0, its cores 0 and 1
-    rank 1 = +n1 slot = 2        # the second host of the host list, cpu 2
+    rank 1 = +n1 slot = 2        # the second host of the host list, logical cpu 2
 
 ``#`` starts a comment anywhere; blank lines are ignored; spaces are allowed
 around ``=``; the keywords ``rank`` and ``slot`` (or ``slots``) may be in any
@@ -13,9 +13,10 @@ rejected (set a per-host user in ``~/.ssh/config``).
 
 SPEC (``slot=``) is one or more parts separated by ``;`` (the CPUs of all parts):
 
-* ``1``, ``0,1``, ``0-3,6``: logical CPUs.  As in Open MPI 4 these count
-  *cores* (each binds all the core's hardware threads) unless the caller asks
-  for hardware threads (``--use-hwthread-cpus``); see :func:`slot_cpus`.
+* ``1``, ``0,1``, ``0-3,6``: logical CPUs.  As in Open MPI 4 (its mpirun(1):
+  ``slot=1-2`` is "bound to logical cores 1 and 2") these count *cores*, each
+  binding all its hardware threads, unless the caller asks for hardware threads
+  (``--use-hwthread-cpus``); see :func:`slot_cpus`.
 * ``S:C``: cores C of socket S, where C is a list (``0-1``, ``0,2``) or ``*``
   (the whole socket) and counts within the socket; S may also be a list or
   ``*`` (every socket).  ``s0:c1``, ``S0:C1`` and ``p0:1`` are the same with
@@ -30,8 +31,11 @@ first); ``slot=`` is required (4.1.4 fails with a broken help message); a line
 that is not ``rank N=HOST slot=SPEC`` is an error (4.1.4 takes its first word
 for a host name and tries to ssh to it); a spec that names CPUs, sockets or
 cores a host does not have is an error that says which (4.1.4 fails with no
-message); lists before ``:`` and ``p`` letters mean what they say (4.1.4
-reads only the first number, e.g. ``0,1:0`` as ``0:0``).  Whether a rank
+message); a list or range before ``:`` means every socket in it (4.1.4 reads
+only the first number, e.g. ``0,1:0`` as ``0:0``).  ``p`` is taken for
+"package", as the letter forms were understood when measured on a 1-socket
+host (the binding that measurement produced was not recorded); 4.1.4's parser
+may instead read ``pN`` as a cpu number that fails to parse, i.e. cpu 0.  Whether a rank
 missing from the file is an error depends on the job size, so the caller
 checks that with :func:`missing_ranks`.
 
@@ -285,14 +289,15 @@ def _parse_line(line: str) -> Optional[Tuple[int, str, Optional[int], SlotSpec]]
     if len(number) > 6 or int(number) >= MAX_RANKS:
         raise _Problem(f"rank {_x(number)} is too large (at most {MAX_RANKS - 1})")
     rank = int(number)
-    if not eq or not host:
+    if not eq or not host or "=" in host:
         raise _Problem(f"missing host after 'rank {rank}' ({_SHAPE})")
     name, relative = _host(host)
     slot: Optional[SlotSpec] = None
     for tok in tokens[2:]:
         key, eq, value = tok.partition("=")
         if key.lower() in ("user", "username", "user-name", "user_name"):
-            raise _Problem(f"token {_x(tok)} is not supported (set a per-host user in ~/.ssh/config)")
+            raise _Problem(f"token {_x(tok)} is not supported "
+                           "(set a per-host user in ~/.ssh/config)")
         if key.lower() not in ("slot", "slots") or not eq:
             raise _Problem(f"unexpected {_x(tok)} ({_SHAPE})")
         if slot is not None:

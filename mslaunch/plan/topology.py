@@ -29,7 +29,7 @@ from ..spec import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Set, Tuple
 
 __all__ = [
     "KINDS", "MAX_CPUS", "Topology", "binding_map", "binding_words", "count",
@@ -98,7 +98,7 @@ def parse_cpulist(text: str, allow_empty: bool = False) -> Tuple[int, ...]:
         if allow_empty:
             return ()
         raise ValueError("empty cpu list")
-    found = set()
+    found: Set[int] = set()
     for item in body.split(","):
         lo, hi = _cpu_range(item.strip())
         found.update(range(lo, hi + 1))
@@ -327,7 +327,8 @@ def _field_ids(topo: Topology, kind: str) -> Sequence[Hashable]:
         return [row[field] for row in topo.cpus]
     if kind in ("board", "node"):
         return [0] * len(topo.cpus)
-    raise ValueError(f"unknown object kind {_short(str(kind))} (expected one of {', '.join(KINDS)})")
+    raise ValueError(f"unknown object kind {_short(str(kind))} "
+                     f"(expected one of {', '.join(KINDS)})")
 
 
 def objects(topo: Topology, kind: str) -> Tuple[Tuple[int, ...], ...]:
@@ -427,7 +428,10 @@ def report_binding(rank: int, topo: Topology, cpus: Optional[Iterable[int]]) -> 
 
 
 def to_wire(topo: Topology) -> Dict[str, List[Any]]:
-    """A JSON-friendly form: ``{"cpus": [[cpu, core, package, numa, l3], ...], "l2": [...], "l1": [...]}``."""
+    """A JSON-friendly form of ``topo``: plain lists of ints.
+
+    ``{"cpus": [[cpu, core, package, numa, l3], ...], "l2": [...], "l1": [...]}``
+    """
     return {"cpus": [list(row) for row in topo.cpus], "l2": list(topo.l2), "l1": list(topo.l1)}
 
 

@@ -53,6 +53,13 @@ from .endpoint import Endpoint
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+#: Output of a rank is gathered for up to this long, or this many bytes,
+#: before it goes out as one frame: a rank writing many small lines would
+#: otherwise cost a frame (and a terminal write at the launcher) per line.
+GATHER_SECONDS = 0.002
+GATHER_BYTES = 256 << 10
+
+
 class _LinkOutput:
     """A rank stream whose bytes go to the launcher in ``OUTPUT`` frames."""
 
@@ -65,26 +72,41 @@ class _LinkOutput:
         self.stream = stream
         self.pending = b""
         self.finished = False
+        self.gathered = bytearray()
+        self.timer = None
 
     @property
     def wanted(self) -> bool:
-        return not self.agent.endpoint.closed
+        return not self.agent.output_link.closed
 
     @property
     def congested(self) -> bool:
-        return self.agent.credit <= 0
+        return self.agent.credit - len(self.gathered) <= 0
 
     def wait_for_room(self, source: object) -> None:
         self.agent.waiting.add(source)
 
     def feed(self, data) -> None:
-        self.agent.credit -= len(data)
-        self.agent.endpoint.send(link.encode_output(self.rank, self.stream, data))
+        self.gathered += data
+        if len(self.gathered) >= GATHER_BYTES:
+            self.flush()
+        elif self.timer is None:
+            self.timer = self.agent.loop.call_later(GATHER_SECONDS, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.gathered:
+            data, self.gathered = bytes(self.gathered), bytearray()
+            self.agent.credit -= len(data)
+            self.agent.output_link.send(link.encode_output(self.rank, self.stream, data))
 
     def finish(self) -> None:
         if not self.finished:
             self.finished = True
-            self.agent.endpoint.send(link.encode_output(self.rank, self.stream, b""))
+            self.flush()
+            self.agent.output_link.send(link.encode_output(self.rank, self.stream, b""))
 
 
 class Agent:
@@ -95,6 +117,8 @@ class Agent:
         self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
                                  on_closed=self._link_closed)
         self.in_fd, self.out_fd = in_fd, out_fd
+        # Ranks' output goes here: the link itself, or a connection of its own.
+        self.output_link: Endpoint = self.endpoint
         self.job: Dict[str, Any] = {}
         self.specs: List[RankSpec] = []
         self.local: Optional[LocalRanks] = None
@@ -149,8 +173,11 @@ class Agent:
                 sys.stderr.flush()
             except (OSError, ValueError):
                 pass
-        if not self.endpoint.closed:
-            self.endpoint.flush(time.monotonic() + 2.0)
+        for end in {self.output_link, self.endpoint}:
+            if not end.closed:
+                end.flush(time.monotonic() + 2.0)
+        if self.output_link is not self.endpoint:
+            self.output_link.close("")
         self.loop.close()
 
     def fail(self, message: str, code: int = 1) -> None:
@@ -209,7 +236,29 @@ class Agent:
         except LaunchError as err:
             self.fail(str(err), err.exit_code)
             return
-        self.endpoint.send(link.encode(link.READY, {"warnings": warnings}))
+        direct = self._dial_back(job.get("data"))
+        self.endpoint.send(link.encode(link.READY, {"warnings": warnings, "direct": direct}))
+
+    def _dial_back(self, data: Optional[Dict[str, Any]]) -> bool:
+        """Open the connection of its own for output, when the launcher offers one."""
+        if not isinstance(data, dict):
+            return False
+        from .dialback import dial
+        from .endpoint import SocketEndpoint
+        try:
+            sock = dial(list(data["addresses"]), int(data["port"]), str(data["token"]),
+                        data.get("cert"))
+        except (KeyError, TypeError, ValueError):
+            raise link.LinkError("malformed JOB frame (data)") from None
+        if sock is None:
+            return False
+
+        def refuse(kind: int, body: bytes) -> None:
+            raise link.LinkError("the output connection carries nothing inward")
+
+        self.output_link = SocketEndpoint(self.loop, sock, on_frame=refuse,
+                                          on_closed=self._link_closed)
+        return True
 
     def _spec(self, r: Dict[str, Any]) -> RankSpec:
         job = self.job

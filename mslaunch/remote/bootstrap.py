@@ -9,6 +9,11 @@ bootstrap checks the Python version, reads a zip of the launcher's own
 from memory -- nothing is written to the remote disk -- and runs
 :func:`mslaunch.remote.agent.main` on the rest of the stream.
 
+The zip also carries the package compiled by the launcher's interpreter
+(``__code__/<magic>/...``): a remote Python of the same version uses that
+code and compiles nothing, which saves a tenth of a second of CPU per host;
+any other version compiles the sources.
+
 Written in single quotes for the login shell and double quotes inside,
 the command survives sh, bash, zsh, csh and fish alike.
 """
@@ -33,9 +38,10 @@ if sys.version_info < (3, 8):
     sys.stderr.write("mslaunch: the agent needs Python 3.8 or newer; %s is %s\n"
                      % (sys.executable, sys.version.split()[0]))
     sys.exit(126)
-import importlib.abc, importlib.util, io, zipfile
+import importlib.abc, importlib.util, io, marshal, zipfile
 _zip = zipfile.ZipFile(io.BytesIO(b.read(int(b.readline()))))
 _files = {name: _zip.read(name) for name in _zip.namelist()}
+_code = "__code__/" + importlib.util.MAGIC_NUMBER.hex() + "/"
 
 
 class _FromMemory(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -57,7 +63,12 @@ class _FromMemory(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         path = module.__spec__.origin.split("/", 1)[1]
         module.__file__ = module.__spec__.origin
-        exec(compile(_files[path], module.__spec__.origin, "exec"), module.__dict__)
+        compiled = _files.get(_code + path)
+        if compiled is not None:
+            code = marshal.loads(compiled)
+        else:
+            code = compile(_files[path], module.__spec__.origin, "exec")
+        exec(code, module.__dict__)
 
 
 sys.meta_path.insert(0, _FromMemory())
@@ -68,22 +79,55 @@ sys.exit(main())
 _zip_cache: Optional[bytes] = None
 
 
+def _compiled(path: str, origin: str) -> bytes:
+    """The marshalled code of one module: from its cached .pyc when fresh, else compiled."""
+    import importlib.util
+    import marshal
+    try:
+        cached = importlib.util.cache_from_source(path)
+        with open(cached, "rb") as f:
+            head = f.read(16)
+            source = os.stat(path)
+            flags = int.from_bytes(head[4:8], "little")
+            if head[:4] == importlib.util.MAGIC_NUMBER and flags == 0 \
+                    and int.from_bytes(head[8:12], "little") == int(source.st_mtime) & 0xFFFFFFFF \
+                    and int.from_bytes(head[12:16], "little") == source.st_size & 0xFFFFFFFF:
+                # A .pyc names its source file in its code; the agent's names matter
+                # only in tracebacks, so the cached one is fine.
+                return f.read()
+    except (OSError, NotImplementedError, ValueError):
+        pass
+    with open(path, "rb") as f:
+        return marshal.dumps(compile(f.read(), origin, "exec"))
+
+
 def package_zip() -> bytes:
-    """The ``mslaunch`` package's Python sources as a zip (built once per process)."""
+    """The ``mslaunch`` package's sources and code as a zip (built once per process)."""
     global _zip_cache
     if _zip_cache is None:
+        import importlib.util
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         top = os.path.dirname(root)
+        code_dir = "__code__/" + importlib.util.MAGIC_NUMBER.hex() + "/"
         buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
             for folder, dirs, files in os.walk(root):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
                 for name in sorted(files):
                     if name.endswith(".py"):
                         path = os.path.join(folder, name)
-                        z.write(path, os.path.relpath(path, top))
+                        rel = os.path.relpath(path, top)
+                        z.write(path, rel)
+                        z.writestr(code_dir + rel,
+                                   _compiled(path, "<mslaunch agent>/" + rel))
         _zip_cache = buf.getvalue()
     return _zip_cache
+
+
+def prepare_in_background() -> None:
+    """Build the zip in a thread, while paramiko is imported and hosts connect."""
+    import threading
+    threading.Thread(target=package_zip, name="agent-zip", daemon=True).start()
 
 
 def payload() -> bytes:

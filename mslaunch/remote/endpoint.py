@@ -88,17 +88,27 @@ class Endpoint:
         self._watch = self.loop.call_later(self.interval, self._check_peer)
 
     # -- input --------------------------------------------------------------
+    def _recv(self) -> bytes:
+        return os.read(self.read_fd, 1 << 20)
+
+    def _send(self, data) -> int:
+        return os.write(self.write_fd, data)
+
     def _on_readable(self) -> None:
         try:
-            data = os.read(self.read_fd, 1 << 20)
+            data = self._recv()
         except (BlockingIOError, InterruptedError):
             return
         except OSError as err:
-            self.close(f"link read failed: {err.strerror}")
+            self.close(f"link read failed: {err.strerror or err}")
             return
         if not data:
             self.close("the link reached end-of-file")
             return
+        self.deliver(data)
+
+    def deliver(self, data: bytes) -> None:
+        """Bytes received from the peer: cut them into frames and hand those on."""
         self.last_heard = time.monotonic()
         try:
             frames = self.reader.feed(data)
@@ -120,7 +130,7 @@ class Endpoint:
             return
         if not self.queue:
             try:
-                n = os.write(self.write_fd, data)
+                n = self._send(data)
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as err:
@@ -139,7 +149,7 @@ class Endpoint:
         while self.queue:
             head = self.queue[0]
             try:
-                n = os.write(self.write_fd, head)
+                n = self._send(head)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as err:
@@ -179,3 +189,48 @@ class Endpoint:
             self.loop.forget(fd)
         self.queue.clear()
         self.on_closed(reason)
+
+
+class SocketEndpoint(Endpoint):
+    """An :class:`Endpoint` on a socket object (plain or TLS) rather than raw fds."""
+
+    def __init__(self, loop: Loop, sock, **kw) -> None:
+        self.sock = sock
+        sock.setblocking(False)
+        super().__init__(loop, sock.fileno(), sock.fileno(), **kw)
+
+    def _recv(self) -> bytes:
+        import ssl
+        chunks = []
+        try:
+            # A TLS socket may hold decrypted bytes the kernel no longer
+            # signals: read until it would block.
+            while True:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    if chunks:
+                        break
+                    return b""
+                chunks.append(data)
+                if len(chunks) >= 16:
+                    break
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            if not chunks:
+                raise BlockingIOError from None
+        return b"".join(chunks)
+
+    def _send(self, data) -> int:
+        import ssl
+        try:
+            return self.sock.send(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            raise BlockingIOError from None
+
+    def close(self, reason: str = "") -> None:
+        was = self.closed
+        super().close(reason)
+        if not was:
+            try:
+                self.sock.close()
+            except OSError:
+                pass

@@ -84,6 +84,7 @@ class RemoteHost:
         self.stdin_taken: Dict[int, int] = {}
         self.endpoint = Endpoint(loop, conn.fd, conn.fd, on_frame=self._on_frame,
                                  on_closed=self._on_closed)
+        self.output: Optional[Endpoint] = None    # the agent's own output connection
 
     # -- commands -------------------------------------------------------------
     def prepare(self, frame: Dict[str, Any]) -> None:
@@ -123,6 +124,8 @@ class RemoteHost:
             if self.state != "lost":
                 self.state = "done"
             self.endpoint.close("")
+        if self.output is not None:
+            self.output.close("")
 
     def close(self, deadline: float) -> None:
         """After :meth:`say_bye`: wait (until ``deadline``) for the agent to exit, then close."""
@@ -133,6 +136,27 @@ class RemoteHost:
         self.conn.wait_exit(deadline)
         self.conn.close(wait=max(0.1, deadline - time.monotonic()))
         os.close(self.conn.fd)
+
+    def attach_output(self, sock, first: bytes) -> None:
+        """The agent dialled back: its ranks' output arrives on ``sock`` from now on."""
+        from .endpoint import SocketEndpoint
+
+        def on_frame(kind: int, body: bytes) -> None:
+            if kind != link.OUTPUT:
+                raise link.LinkError(f"{link.NAMES[kind]} frame on the output connection")
+            self._on_frame(kind, body)
+
+        def on_closed(reason: str) -> None:
+            if reason and self.state not in ("done", "lost") and not self._output_finished():
+                self.endpoint.close(f"its output connection: {reason}")
+
+        self.output = SocketEndpoint(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
+        if first:
+            self.output.deliver(first)
+
+    def _output_finished(self) -> bool:
+        sup = self.supervisor
+        return all(o.finished for r in self.ranks for o in sup.ranks[r].outputs)
 
     # -- frames from the agent ---------------------------------------------------
     def _on_frame(self, kind: int, body: bytes) -> None:
@@ -210,6 +234,8 @@ class RemoteHost:
             self.owed = 0
 
     def _on_closed(self, reason: str) -> None:
+        if self.output is not None and reason:
+            self.output.close("")
         if self.state in ("done",) or not reason:
             return
         self.state = "lost"

@@ -297,6 +297,17 @@ class AgentConnection:
         except Exception:
             pass
 
+    @property
+    def local_address(self) -> Optional[str]:
+        """This machine's address on the connection to the host (None through a proxy)."""
+        sock = getattr(self.transport, "sock", None)
+        if not isinstance(sock, socket.socket):
+            return None
+        try:
+            return sock.getsockname()[0]
+        except OSError:
+            return None
+
     def wait_exit(self, deadline: float) -> bool:
         """Wait until the agent has closed its end (it exited); False at ``deadline``."""
         self._threads[0].join(max(0.0, deadline - time.monotonic()))

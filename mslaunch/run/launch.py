@@ -104,8 +104,10 @@ def run_job(job: JobSpec) -> int:
         sys.stdout.write(describe_map(plan))
         sys.stdout.flush()
     if any(not r.host.local for r in plan.ranks):
+        from ..remote.bootstrap import prepare_in_background
         from ..remote.ssh import start_import
-        start_import()          # paramiko's import overlaps with the local checks
+        start_import()          # paramiko's import and the agent's package are
+        prepare_in_background() # prepared while the local checks run
     from .spawn import check_startable
     check_startable(plan.ranks)
     from .supervise import Supervisor

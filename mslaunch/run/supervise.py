@@ -106,6 +106,7 @@ class Supervisor:
         self._remote_stdin: Dict[int, Any] = {}
         self._start_error: Optional[Tuple[str, int]] = None
         self.launched = False
+        self.listener = None
         self._old_handlers: Dict[int, object] = {}
 
     # -- start ------------------------------------------------------------
@@ -208,12 +209,22 @@ class Supervisor:
         conns = ssh.connect_all(list(remote_specs), options, cancelled=_stop_requested)
         heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"))
         pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
+        listener = self._output_listener(conns)
         for name, specs in remote_specs.items():
-            host = RemoteHost(self.loop, conns.pop(name), specs, self)
+            conn = conns.pop(name)
+            host = RemoteHost(self.loop, conn, specs, self)
             self.hosts[name] = host
             for s in specs:
                 self._sinks(s)
-            host.prepare(job_frame(job, plan, specs, heartbeat, pmi))
+            frame = job_frame(job, plan, specs, heartbeat, pmi)
+            port = listener.port_of(conn.local_address or "") if listener else None
+            if listener is not None and port is not None:
+                from ..remote.dialback import new_token
+                token = new_token()
+                listener.expect(token, host.attach_output)
+                frame["data"] = {"addresses": [conn.local_address], "port": port,
+                                 "token": token, "cert": listener.cert_pem.decode()}  # type: ignore[union-attr]
+            host.prepare(frame)
         self.loop.run_until(lambda: self._start_error is not None or self.ending is not None
                             or all(h.state == "ready" for h in self.hosts.values()))
         if self._start_error is not None:
@@ -226,6 +237,32 @@ class Supervisor:
                               f"remote hosts were starting")
             err.exit_code = 128 + (self.stop_signal or 15)
             raise err
+
+    def _output_listener(self, conns) -> Any:
+        """A TLS listener for the agents' output connections, or None.
+
+        Rank output then travels in TLS, decrypted by OpenSSL, rather than in
+        the SSH channel, decrypted by paramiko in Python, a few times slower.
+        It listens only on the addresses this machine uses to reach the
+        hosts.  ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH.
+        """
+        if os.environ.get("MSLAUNCH_DIRECT_OUTPUT", "1") in ("0", "no", "off"):
+            return None
+        addresses = [c.local_address for c in conns.values() if c.local_address]
+        if not addresses:
+            return None
+        from ..remote.dialback import Listener
+        try:
+            self.listener = Listener(self.loop, addresses, tls=True, log=self.pmi_log_plain)
+        except Exception as err:   # no cryptography, no ssl: the SSH channel will do
+            if self.job.verbose:
+                self.console.message(f"mslaunch: output stays in the SSH channels ({err})")
+            return None
+        return self.listener
+
+    def pmi_log_plain(self, message: str) -> None:
+        if not self.job.quiet:
+            self.console.message(f"mslaunch: {message}")
 
     def _relay_stdin(self) -> None:
         """The launcher's stdin to the ranks that read it, on this host and others."""
@@ -549,6 +586,8 @@ class Supervisor:
         deadline = time.monotonic() + self.job.grace + 2.0
         for host in self.hosts.values():
             host.close(deadline)
+        if self.listener is not None:
+            self.listener.close()
         if self.pmi is not None:
             if os.environ.get("MSLAUNCH_PMI_STATS"):
                 self.console.message(

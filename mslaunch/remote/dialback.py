@@ -1,0 +1,253 @@
+"""Agents dialling back to the launcher over TCP: listener, credentials, TLS.
+
+Two uses: over SSH, an agent sends its ranks' output on a connection of its
+own to the launcher (paramiko decrypts in Python, a few times slower than a
+TLS socket, whose decryption runs in OpenSSL); under Slurm, where ``srun``
+gives no stdin to its tasks, the whole link goes that way.
+
+The launcher listens only on the addresses given (those the hosts route to
+it), and every connection must prove itself within :data:`AUTH_SECONDS`: it
+sends one line, ``mslaunch-dial <token>``, where the token is a random
+secret the agent got over a trusted path (the SSH link, or the Slurm step's
+environment) and is used once.  With TLS, the launcher's certificate is a
+fresh self-signed one whose PEM the agent also gets over that path and
+pins, so the connection is encrypted and each side knows the other.
+Anything else -- a wrong token, junk, silence -- is closed, and at most a
+few lines a window report it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+    from ..run.loop import Loop, Timer
+
+#: Seconds a new connection has to present its token.
+AUTH_SECONDS = 3.0
+#: Unauthenticated connections kept at once; a new one pushes out the oldest.
+MAX_PENDING = 64
+_HELLO = b"mslaunch-dial "
+
+
+def new_token() -> str:
+    return os.urandom(24).hex()
+
+
+def self_signed() -> Tuple[bytes, bytes]:
+    """A fresh key and self-signed certificate (PEM), valid for two days."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mslaunch launcher")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=10))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _server_context(key_pem: bytes, cert_pem: bytes):
+    import ssl
+    import tempfile
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # load_cert_chain reads files only: a private file that lives for an instant.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "launcher.pem")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(key_pem + cert_pem)
+        context.load_cert_chain(path)
+    return context
+
+
+class _Pending:
+    __slots__ = ("sock", "buf", "timer", "handshaking")
+
+    def __init__(self, sock) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.timer: Optional[Timer] = None
+        self.handshaking = False
+
+
+class Listener:
+    """Accepts dial-back connections on the loop; hands each to its token's owner."""
+
+    def __init__(self, loop: Loop, addresses: Sequence[str], *, tls: bool,
+                 log: Callable[[str], None]) -> None:
+        self.loop = loop
+        self.log = log
+        self.expected: Dict[str, Callable[[object, bytes], None]] = {}
+        self.socks: List[socket.socket] = []
+        self.pending: Dict[int, _Pending] = {}
+        self.cert_pem: Optional[bytes] = None
+        self._context = None
+        if tls:
+            key_pem, self.cert_pem = self_signed()
+            self._context = _server_context(key_pem, self.cert_pem)
+        self._lines = 0
+        self._window_end = 0.0
+        self._suppressed = 0
+        for addr in dict.fromkeys(addresses):
+            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.bind((addr, 0))
+                sock.listen(128)
+                sock.setblocking(False)
+            except OSError:
+                sock.close()
+                continue
+            self.socks.append(sock)
+            loop.add_reader(sock.fileno(), lambda s=sock: self._accept(s))
+
+    def port_of(self, addr: str) -> Optional[int]:
+        for sock in self.socks:
+            if sock.getsockname()[0] == addr:
+                return sock.getsockname()[1]
+        return None
+
+    def expect(self, token: str, on_connection: Callable[[object, bytes], None]) -> None:
+        """Call ``on_connection(sock, first_bytes)`` when a connection presents ``token``.
+
+        ``first_bytes`` is what came after the token line in the same read.
+        A token is used once.
+        """
+        self.expected[token] = on_connection
+
+    # -- accepting ------------------------------------------------------------
+    def _accept(self, lsock: socket.socket) -> None:
+        for _ in range(64):
+            try:
+                sock, _ = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                self._note(f"accept failed: {err.strerror}")
+                return
+            while len(self.pending) >= MAX_PENDING:
+                oldest = next(iter(self.pending.values()))
+                self._drop(oldest, "pushed out by newer connections")
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._context is not None:
+                sock = self._context.wrap_socket(sock, server_side=True,
+                                                 do_handshake_on_connect=False)
+            entry = _Pending(sock)
+            entry.handshaking = self._context is not None
+            self.pending[sock.fileno()] = entry
+            entry.timer = self.loop.call_later(AUTH_SECONDS, lambda e=entry: self._drop(
+                e, "did not present a token in time"))
+            self.loop.add_reader(sock.fileno(), lambda e=entry: self._readable(e))
+            self._readable(entry)
+
+    def _readable(self, entry: _Pending) -> None:
+        import ssl
+        sock = entry.sock
+        try:
+            if entry.handshaking:
+                sock.do_handshake()
+                entry.handshaking = False
+            data = sock.recv(256)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except (OSError, ValueError) as err:
+            self._drop(entry, f"broke off ({err.__class__.__name__})")
+            return
+        if not data:
+            self._drop(entry, "closed before presenting a token")
+            return
+        entry.buf += data
+        if b"\n" not in entry.buf:
+            if len(entry.buf) > 200:
+                self._drop(entry, "sent junk")
+            return
+        line, _, rest = entry.buf.partition(b"\n")
+        token = line[len(_HELLO):].decode("ascii", "replace") if line.startswith(_HELLO) else ""
+        owner = self.expected.pop(token, None)
+        if owner is None:
+            self._drop(entry, "presented a wrong token")
+            return
+        self._release(entry)
+        owner(sock, rest)
+
+    def _release(self, entry: _Pending) -> None:
+        self.pending.pop(entry.sock.fileno(), None)
+        self.loop.forget(entry.sock.fileno())
+        if entry.timer is not None:
+            entry.timer.cancel()
+
+    def _drop(self, entry: _Pending, why: str) -> None:
+        if entry.sock.fileno() not in self.pending:
+            return
+        self._release(entry)
+        try:
+            entry.sock.close()
+        except OSError:
+            pass
+        self._note(f"closed a connection that {why}")
+
+    def _note(self, text: str) -> None:
+        now = time.monotonic()
+        if now > self._window_end:
+            if self._suppressed:
+                self.log(f"link listener: {self._suppressed} more connection(s) closed")
+            self._window_end, self._lines, self._suppressed = now + 10.0, 0, 0
+        if self._lines < 5:
+            self._lines += 1
+            self.log(f"link listener: {text}")
+        else:
+            self._suppressed += 1
+
+    def close(self) -> None:
+        for entry in list(self.pending.values()):
+            self._release(entry)
+            entry.sock.close()
+        for sock in self.socks:
+            self.loop.forget(sock.fileno())
+            sock.close()
+        self.socks.clear()
+
+
+def dial(addresses: Sequence[str], port: int, token: str, cert_pem: Optional[str],
+         timeout: float = 3.0):
+    """The agent's side: connect, check the launcher's certificate, send the token.
+
+    Returns a connected socket (TLS when ``cert_pem`` is given), or None
+    when no address answers; never raises for network trouble.
+    """
+    context = None
+    if cert_pem:
+        import ssl
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.check_hostname = False          # pinned: the one certificate trusted
+        context.load_verify_locations(cadata=cert_pem)
+    for addr in addresses:
+        try:
+            sock = socket.create_connection((addr, port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if context is not None:
+                sock = context.wrap_socket(sock)
+            sock.sendall(_HELLO + token.encode("ascii") + b"\n")
+            sock.settimeout(None)
+            return sock
+        except (OSError, ValueError):
+            continue
+    return None
