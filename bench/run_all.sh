@@ -22,8 +22,9 @@ if [ "$quick" = 1 ]; then
     mpi=(--runs 1 --warmups 0 --sizes 2,4)
     pmi=(--runs 1 --warmups 0 --pmi-ranks 8)
     placement=(--runs 1 --sizes 1000)
+    remote=(--runs 1 --warmups 0 --hosts 2,4 --mb 8)
 else
-    overhead=() relay=() mpi=() pmi=() placement=()
+    overhead=() relay=() mpi=() pmi=() placement=() remote=()
 fi
 
 mkdir -p "$here/results"
@@ -41,6 +42,7 @@ status=0
     "$py" "$here/mpi_startup.py" ${mpi[@]+"${mpi[@]}"} ${common[@]+"${common[@]}"} || status=1
     "$py" "$here/mpi_startup.py" --pmi-stats ${pmi[@]+"${pmi[@]}"} ${common[@]+"${common[@]}"} || status=1
     "$py" "$here/placement.py" ${placement[@]+"${placement[@]}"} || status=1
+    "$py" "$here/remote.py" ${remote[@]+"${remote[@]}"} ${common[@]+"${common[@]}"} || status=1
     exit $status
 } | tee "$out"
 status=${PIPESTATUS[0]}
