@@ -127,6 +127,8 @@ class OutputSpec:
     tag: bool = False                    # --tag-output
     timestamp: bool = False              # --timestamp-output
     rank_prefix: bool = False            # Hydra -l / -prepend-rank
+    xml: bool = False                    # --xml: Open MPI's XML on the terminal
+    xml_file: Optional[str] = None       # --xml-file FILE: ... into FILE
 
 
 @dataclass(frozen=True)
@@ -149,12 +151,27 @@ class JobSpec:
     apps: Tuple[AppContext, ...]
     hosts: Tuple[HostEntry, ...] = ()
     host_filter: Tuple[HostEntry, ...] = ()
-    map_by: str = "slot"                  # slot | node | ppr
+    # --map-by: slot node core hwthread board socket numa l1cache l2cache l3cache
+    map_by: str = "slot"
     per_node: Optional[int] = None        # ppr:N:node, -npernode, -ppn
+    ppr: Optional[Tuple[int, str]] = None  # ppr:N:OBJ for other objects (-npersocket)
+    pe: Optional[int] = None              # :PE=n, --cpus-per-proc
+    rank_by: Optional[str] = None         # --rank-by (None: as mapped)
     oversubscribe: Optional[bool] = None  # None: only on the implicit local host
-    bind_to: str = "none"                 # none | core | hwthread | socket
+    # --bind-to: none hwthread core l1cache l2cache l3cache numa socket board cpu-list
+    bind_to: str = "none"
+    bind_overload: bool = False           # :overload-allowed
+    bind_ordered: bool = False            # cpu-list:ordered
+    cpu_set: Optional[Tuple[int, ...]] = None   # --cpu-set
+    cpu_list: Optional[Tuple[int, ...]] = None  # --cpu-list
+    use_hwthreads: bool = False           # --use-hwthread-cpus
+    nolocal: bool = False                 # -nolocal
+    rankfile: Optional[str] = None        # -rf FILE (absolute)
     report_bindings: bool = False
     display_map: bool = False
+    display_allocation: bool = False
+    display_diffable: bool = False        # --display-diffable-map
+    display_topo: bool = False
     dry_run: bool = False
     output: OutputSpec = OutputSpec()
     global_env: Tuple[Tuple[str, Optional[str]], ...] = ()
@@ -172,6 +189,14 @@ class JobSpec:
     prefix: Optional[str] = None
     launch_dir: str = "."
     ssh: SSHSpec = SSHSpec()
+    index_argv: bool = False              # --index-argv-by-rank
+    report_state: bool = False            # --report-state-on-timeout
+    stack_traces: bool = False            # --get-stack-traces
+    report_pid: Optional[str] = None      # --report-pid -|+|FILE
+    exec_path: Tuple[str, ...] = ()       # -path DIR[:DIR]
+    preload_binary: bool = False          # -s, --preload-binary
+    preload_files: Tuple[str, ...] = ()   # --preload-files A,B (absolute)
+    session_cwd: bool = False             # --set-cwd-to-session-dir
 
 
 @dataclass(frozen=True)
@@ -220,6 +245,7 @@ class Plan:
     universe_size: int
     master_addr: str
     master_port: int
+    topologies: Tuple[object, ...] = ()    # a Topology per host, as hosts
 
 
 @dataclass(frozen=True)

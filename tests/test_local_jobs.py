@@ -484,16 +484,14 @@ def test_dry_run_starts_nothing_and_display_map(tmp_path):
     assert r.returncode == 0 and b"JOB MAP" in r.stdout
 
 
-def test_hostfile_with_local_names_runs_and_remote_names_are_refused(tmp_path):
+def test_hostfile_with_local_names_runs_without_ssh(tmp_path):
+    # (Remote names are tested on real SSH hosts in test_remote.py: a name
+    # that is not one would be looked up in the DNS.)
     hf = tmp_path / "hosts"
     hf.write_text(f"localhost slots=2  # this machine\n{os.uname().nodename}:1\n")
     r = run("--hostfile", str(hf), PY, "-c", "import os; print(os.environ['RANK'])")
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.decode().split()) == ["0", "1", "2"]
-    hf.write_text("node01 slots=2\n")
-    r = run("-f", str(hf), "true")
-    assert r.returncode == 1
-    assert "node01" in one_error_line(r.stderr)
 
 
 def test_this_machines_own_addresses_run_locally():

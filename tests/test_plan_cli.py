@@ -18,12 +18,25 @@ def hosts(*slots, max_slots=None):
                  local=False, node_id=i) for i, s in enumerate(slots)]
 
 
-def plan_for(argv, entries=None, environ=None, ncores=2):
+def machine(cores=2, sockets=1, threads=1):
+    """A topology: ``sockets`` x ``cores`` (per socket) x ``threads``."""
+    from mslaunch.plan.topology import make_topology
+    rows = []
+    for s in range(sockets):
+        for c in range(cores):
+            for t in range(threads):
+                cpu = (s * cores + c) + t * sockets * cores
+                rows.append((cpu, (s, c), s, s, s))
+    return make_topology(rows)
+
+
+def plan_for(argv, entries=None, environ=None, ncores=2, topology=None, remote=None):
     job = parse_args(argv, environ=environ or {}, cwd="/work")
     entries = entries if entries is not None else (list(job.hosts) or
-                                                   [HostEntry("localhost")])
-    return make_plan(job, entries, environ or {"PATH": "/bin"}, ncores=ncores,
-                     hostname="vm", kvsname="kvs_1_ab", master_port=29500, cpus=[0, 1],
+                                                   [HostEntry("localhost", origin="this machine")])
+    return make_plan(job, entries, environ or {"PATH": "/bin"},
+                     topology=topology or machine(ncores), hostname="vm",
+                     kvsname="kvs_1_ab", master_port=29500, remote_topologies=remote,
                      is_local=lambda n: n in ("localhost", "vm"))
 
 

@@ -17,123 +17,23 @@ if TYPE_CHECKING:
 
 from .. import __version__
 from ..errors import UsageError
-from .common import Exit, launch_dir
 from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
+from .common import Exit, launch_dir
+from .options import lookup, nargs as option_nargs
 
-# canonical name -> number of values it takes
-_OPTIONS: Dict[str, int] = {
-    "np": 1, "x": 1, "env": 2, "envlist": 1,
-    "wdir": 1,
-    "host": 1, "hostfile": 1,
-    "genv": 2, "genvlist": 1, "genvall": 0,
-    "genvnone": 0, "envall": 0, "envnone": 0,
-    "mca": 2, "prtemca": 2, "pmixmca": 2,
-    "runtime-options": 1,
-    "map-by": 1, "npernode": 1, "pernode": 0,
-    "oversubscribe": 0, "nooversubscribe": 0,
-    "bind-to": 1, "report-bindings": 0,
-    "display-map": 0, "dry-run": 0,
-    "output-filename": 1, "merge-stderr-to-stdout": 0,
-    "tag-output": 0, "timestamp-output": 0, "no-pty": 0,
-    "prepend-rank": 0, "stdin": 1,
-    "allow-run-as-root": 0, "timeout": 1, "grace": 1,
-    "quiet": 0, "verbose": 0, "version": 0,
-    "help": 0, "mpi": 1, "pmi-port": 0,
-    "prefix": 1, "disable-auto-cleanup": 0,
-    "ssh-config": 1, "ssh-user": 1, "ssh-port": 1, "ssh-identity": 1,
-    "ssh-accept-new": 0, "ssh-timeout": 1, "remote-python": 1,
-}
+def _canonical(token: str) -> Tuple[Optional[str], Optional[str], str]:
+    """``(option name, inline value, disposition)`` of an option token.
 
-_ALIASES: Dict[str, str] = {
-    "n": "np", "c": "np",
-    "H": "host", "hosts": "host",
-    "machinefile": "hostfile", "f": "hostfile", "default-hostfile": "hostfile",
-    "wd": "wdir",
-    "gmca": "mca",
-    "N": "npernode", "ppn": "npernode",
-    "l": "prepend-rank",
-    "do-not-launch": "dry-run",
-    "q": "quiet", "v": "verbose", "V": "version", "h": "help",
-}
-
-_HELP = """\
-usage: mslaunch [options] program [args...] [: [options] program2 [args...]]
-
-A drop-in for mpirun (Open MPI and MPICH Hydra spellings; one or two dashes).
-
-Size and hosts:
-  -n, -np, -c N            number of ranks (default: one per slot)
-  -H, --host, -hosts LIST  hosts as h1:4,h2 (a bare host is one slot)
-  --hostfile, --machinefile, -f FILE
-                           'host slots=N [max_slots=M]' or 'host[:N]' lines
-  (no hosts: a Slurm or PBS allocation, else this machine with one slot per core)
-
-Placement and binding:
-  --map-by slot|node|ppr:N:node   fill hosts in order (default), round-robin, N per host
-  -npernode, -N, -ppn N    N ranks per host
-  --oversubscribe          allow more ranks than slots (never above max_slots)
-  --bind-to none|core|hwthread|socket   CPU affinity (default none)
-  --report-bindings        print each rank's CPU binding
-  --display-map            print where ranks run, then run
-  --dry-run                print the plan (map, commands, logs) and start nothing
-
-Environment and working directory:
-  -x NAME[=VAL]            export to the ranks of this context
-  -genv NAME VAL, -env NAME VAL, -genvlist A,B, -genvnone
-  -mca, --mca KEY VAL      export OMPI_MCA_KEY=VAL; 'orte_abort_on_non_zero_status 0'
-                           (or --prtemca state_base_error_non_zero_exit 0, or
-                           --runtime-options error-nonzero-status=false) keeps going
-  -wdir, --wdir, -wd DIR   working directory of the ranks
-  --prefix DIR             put DIR/bin and DIR/lib first in PATH and LD_LIBRARY_PATH
-
-Output:
-  --output-filename DIR[:nocopy][:nojobid]
-                           DIR/1/rank.N/stdout and stderr, also copied to the terminal
-  --merge-stderr-to-stdout one stream per rank, merged at the source
-  --no-pty                 rank stdout on a pipe, not a pseudo-terminal (as Hydra)
-  --tag-output             prefix lines with [1,RANK]<stdout>:
-  --timestamp-output       prefix lines with the time
-  -l, -prepend-rank        prefix lines with [RANK]
-  --stdin all|none|RANK    who reads mslaunch's stdin (default rank 0)
-
-Lifecycle:
-  --timeout SECONDS        kill the job after SECONDS (also MPIEXEC_TIMEOUT); exit 110
-  --grace SECONDS          SIGTERM-to-SIGKILL delay when stopping ranks (default 5)
-  -disable-auto-cleanup    keep going when a rank fails (same as the mca setting above)
-  --mpi pmi|openmpi|none   MPI support: serve PMI to MPICH-ABI ranks (default),
-                           delegate to Open MPI's mpirun, or no MPI support
-  -pmi-port                serve PMI over TCP (PMI_PORT/PMI_ID) instead of PMI_FD
-  --allow-run-as-root      accepted (mslaunch runs as root without it)
-
-Remote hosts (over SSH; hosts that are this machine run without it):
-  --ssh-config FILE        read FILE instead of ~/.ssh/config
-  --ssh-user USER, --ssh-port N, --ssh-identity FILE
-                           override what ~/.ssh/config says for every host
-  --ssh-accept-new         add unknown host keys to ~/.ssh/known_hosts (as
-                           StrictHostKeyChecking=accept-new); a changed key is refused
-  --ssh-timeout SECONDS    connect timeout per host (default 10)
-  --remote-python PATH     the Python that runs the agent on the remote hosts
-                           (default: this Python's path if it exists there, else python3)
-
-Other:
-  --                       end of options: the next word is the program
-  -q, --quiet              fewer messages    -v, --verbose   more messages
-  -V, --version            print the version  -h, --help     this help
-"""
-
-
-def _canonical(token: str) -> Tuple[Optional[str], Optional[str]]:
-    """Return (option name, inline value) for an option token, or (None, None)."""
+    ``(None, None, "")`` for a word that is not an option (the program).
+    """
     if not token.startswith("-") or token in ("-", "--"):
-        return None, None
+        return None, None, ""
     body = token[2:] if token.startswith("--") else token[1:]
     value = None
     if "=" in body:
         body, value = body.split("=", 1)
-    name = _ALIASES.get(body, body)
-    if name not in _OPTIONS:
-        return "", None
-    return name, value
+    name, how = lookup(body)
+    return name, value, how
 
 
 MAX_RANKS = 100_000          # beyond this a typo, not a job: refuse it
@@ -188,6 +88,8 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     cwd = launch_dir() if cwd is None else cwd
     contexts: List[_Context] = [_Context()]
     g: Dict[str, object] = {}
+    mapping: List[Tuple[str, str]] = []
+    notes: List[str] = []
     host_lists: List[HostEntry] = []
     hostfiles: List[str] = []
     genv: List[Tuple[str, Optional[str]]] = []
@@ -215,14 +117,14 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             ctx.argv.append(args[i + 1])
             i += 2
             continue
-        name, inline = _canonical(token)
+        name, inline, how = _canonical(token)
         if name is None:
             ctx.argv.append(token)
             i += 1
             continue
-        if name == "":
+        if not how:
             raise UsageError(f"unknown option {token!r} (see mslaunch --help)")
-        nargs = _OPTIONS[name]
+        nargs = option_nargs(name)
         if inline is not None:
             if nargs != 1:
                 raise UsageError(f"{token}: option takes {nargs} values, not '=VALUE'")
@@ -235,7 +137,16 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             i += 1 + nargs
         flag = token.split("=", 1)[0]
         v = values[0] if values else ""
-        if name == "np":
+        if how == "refused":
+            from .options import REFUSED
+            raise UsageError(f"{flag}: not supported by mslaunch: {REFUSED[name][1]}")
+        if how == "accepted":
+            from .options import ACCEPTED
+            notes.append(f"{flag} has no effect here: {ACCEPTED[name][1]}")
+            continue
+        if name in _MAPPING:
+            mapping.append((name, v))
+        elif name == "np":
             # -n 0 means one rank per slot, as in Open MPI 4.
             ctx.np = _int(flag, v, minimum=0) or None
         elif name == "x":
@@ -284,18 +195,10 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
                     keep_going = True
         elif name == "disable-auto-cleanup":
             keep_going = True
-        elif name == "map-by":
-            g["map_by"] = v
-        elif name == "npernode":
-            g["per_node"] = _int(flag, v)
-        elif name == "pernode":
-            g["per_node"] = 1
         elif name == "oversubscribe":
             g["oversubscribe"] = True
         elif name == "nooversubscribe":
             g["oversubscribe"] = False
-        elif name == "bind-to":
-            g["bind_to"] = v
         elif name == "output-filename":
             g["output-filename"] = v
         elif name == "stdin":
@@ -318,42 +221,135 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             g[name] = _int(flag, v, maximum=65535)
         elif name == "ssh-timeout":
             g[name] = _seconds(flag, v)
-        elif name in ("ssh-user", "remote-python"):
+        elif name in ("ssh-user", "remote-python", "launch-agent"):
             if not v or "\0" in v:
                 raise UsageError(f"{flag}: empty value")
+            g["remote-python" if name == "launch-agent" else name] = v
+        elif name in ("default-hostfile", "rankfile", "xml-file", "app"):
+            if not v:
+                raise UsageError(f"{flag}: empty file name")
+            g[name] = os.path.join(cwd, v)
+        elif name in ("tune", "am"):
+            tokens = _option_file(name, flag, [os.path.join(cwd, f) for f in v.split(",") if f])
+            args[i:i] = tokens           # read as if written here
+        elif name == "path":
+            g["path"] = tuple(os.path.join(cwd, d) for d in v.split(":") if d)
+            genv.append(("OMPI_exec_path", v))
+        elif name == "preload-files":
+            g[name] = tuple(os.path.join(cwd, f) for f in v.split(",") if f)
+        elif name == "report-pid":
             g[name] = v
+        elif name == "personality":
+            if any(p.strip().lower() not in ("ompi", "mpich", "") for p in v.split(",")):
+                raise UsageError(f"{flag} {v}: only the ompi personality exists here")
+        elif name == "ompi-server":
+            notes.append(f"{flag}: names are published through mslaunch itself")
+        elif name == "display":
+            for word in v.lower().split(","):
+                key = {"map": "display-map", "map-devel": "display-map",
+                       "alloc": "display-allocation", "allocation": "display-allocation",
+                       "bind": "report-bindings", "bindings": "report-bindings",
+                       "topo": "display-topo"}.get(word.strip())
+                if key is None:
+                    raise UsageError(f"{flag} {v}: unknown item {word[:20]!r} (expected "
+                                     f"map, alloc, bind or topo)")
+                g[key] = True
+        elif name == "output":
+            _output_option(flag, v, g, cwd)
         else:  # remaining boolean flags
             g[name] = True
     if g.get("help"):
-        raise Exit(_HELP, 0)
+        from .help import MPIRUN
+        raise Exit(MPIRUN, 0)
     if g.get("version"):
         raise Exit(f"mslaunch {__version__}\n", 0)
-    return _build(contexts, g, host_lists, hostfiles, genv, mca, verbose,
-                  keep_going, environ, cwd)
+    if g.get("app"):
+        contexts = _appfile(str(g["app"]))
+    job = _build(contexts, g, host_lists, hostfiles, genv, mca, verbose,
+                 keep_going, environ, cwd, mapping)
+    if notes and verbose:
+        import sys
+        for note in notes:
+            sys.stderr.write(f"mslaunch: note: {note}\n")
+    return job
 
 
-def _parse_map_by(value: str, per_node: Optional[int]) -> Tuple[str, Optional[int], bool]:
-    """Return (policy, per-node count, oversubscribe) for --map-by VALUE."""
-    policy, _, mods = value.partition(":")
-    policy_l = policy.lower()
-    oversub = False
-    if policy_l.startswith("ppr"):
-        parts = value.split(":")
-        if len(parts) < 3 or parts[2].lower() != "node":
-            raise UsageError(f"--map-by {value}: only ppr:N:node is supported")
-        count = _int("--map-by ppr", parts[1])
-        mods_list = parts[3:]
-        return "slot", count, any(m.upper() == "OVERSUBSCRIBE" for m in mods_list)
-    for mod in filter(None, mods.split(":")):
-        if mod.upper() == "OVERSUBSCRIBE":
-            oversub = True
-        elif mod.upper() not in ("NOOVERSUBSCRIBE", "SPAN", "FILL"):
-            raise UsageError(f"--map-by {value}: unsupported modifier {mod!r}")
-    if policy_l in ("slot", "core", "hwthread", "") :
-        return "slot", per_node, oversub
-    if policy_l == "node":
-        return "node", per_node, oversub
-    raise UsageError(f"--map-by {value}: expected slot, node or ppr:N:node")
+#: Options whose meaning is placement (see :mod:`.mapping`).
+_MAPPING = frozenset(("map-by", "rank-by", "bind-to", "npernode", "pernode", "npersocket",
+                      "ppr", "cpus-per-proc", "bynode", "byslot", "bycore", "bind-to-core",
+                      "bind-to-socket", "cpu-set", "cpu-list"))
+
+
+def _tokens(path: str, what: str) -> List[List[str]]:
+    """The lines of an appfile or tune file as lists of words.
+
+    As Open MPI 4.1.4 reads them: split at white space, no quoting, ``#``
+    starts a comment anywhere, blank lines skipped.
+    """
+    from ..hosts.hostfile import read_host_file
+    text = read_host_file(path, what)
+    return [words for words in (line.split("#", 1)[0].split() for line in text.split("\n"))
+            if words]
+
+
+def _appfile(path: str) -> List[_Context]:
+    """``--app FILE``: one MPMD context per line, each parsed like a command line."""
+    contexts = []
+    for number, words in enumerate(_tokens(path, "appfile"), 1):
+        try:
+            job = parse_args(words, environ={}, cwd=".")
+        except UsageError as err:
+            raise UsageError(f"appfile {path}:{number}: {err}") from None
+        if len(job.apps) != 1:
+            raise UsageError(f"appfile {path}:{number}: one program per line, without ':'")
+        app = job.apps[0]
+        ctx = _Context()
+        ctx.np, ctx.env, ctx.wdir, ctx.argv = app.np, list(app.env), app.wdir, list(app.argv)
+        contexts.append(ctx)
+    if not contexts:
+        raise UsageError(f"appfile {path}: no program in it")
+    return contexts
+
+
+def _option_file(name: str, flag: str, paths: List[str]) -> List[str]:
+    """The options that ``-tune`` files (command-line words) or ``-am`` files
+    (``key = value`` MCA settings) hold, as command-line words."""
+    words: List[str] = []
+    for path in paths:
+        for line in _tokens(path, "tune file" if name == "tune" else "MCA parameter file"):
+            if name == "am":
+                text = " ".join(line)
+                key, eq, value = text.partition("=")
+                if not eq or not key.strip():
+                    raise UsageError(f"{flag} {path}: expected 'key = value' lines, "
+                                     f"got {text[:40]!r}")
+                words += ["--mca", key.strip(), value.strip()]
+            else:
+                words += line
+    for w in words:
+        if w.startswith("-") and _canonical(w)[0] not in ("x", "mca", "env", "genv"):
+            raise UsageError(f"{flag}: only -x and -mca belong in a tune file, not {w[:30]!r}")
+    return words
+
+
+def _output_option(flag: str, value: str, g: Dict[str, object], cwd: str) -> None:
+    """Open MPI 5's ``--output tag,timestamp,merge-stderr-to-stdout,dir=D,file=D``."""
+    for item in value.split(","):
+        word, _, arg = item.partition("=")
+        word = word.strip().lower()
+        if word in ("tag", "tag-detailed", "tag-fullname"):
+            g["tag-output"] = True
+        elif word == "timestamp":
+            g["timestamp-output"] = True
+        elif word in ("merge-stderr-to-stdout", "merge"):
+            g["merge-stderr-to-stdout"] = True
+        elif word in ("dir", "file") and arg:
+            g["output-filename"] = arg
+        elif word == "xml":
+            g["xml"] = True
+        elif word not in ("raw", ""):
+            raise UsageError(f"{flag} {value}: unknown item {word[:20]!r} (expected tag, "
+                             f"timestamp, merge-stderr-to-stdout, dir=DIR or xml)")
 
 
 def _parse_output(value: str, cwd: str) -> OutputSpec:
@@ -374,7 +370,8 @@ def _parse_output(value: str, cwd: str) -> OutputSpec:
 def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[HostEntry],
            hostfiles: List[str], genv: List[Tuple[str, Optional[str]]],
            mca: List[Tuple[str, str]], verbose: int, keep_going: bool,
-           environ: Dict[str, str], cwd: str) -> JobSpec:
+           environ: Dict[str, str], cwd: str,
+           mapping: List[Tuple[str, str]] = ()) -> JobSpec:  # type: ignore[assignment]
     if not contexts[-1].argv:
         if len(contexts) == 1 and not contexts[0].env and contexts[0].np is None:
             raise UsageError("no program given (usage: mslaunch [options] program [args...])")
@@ -397,18 +394,22 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
     elif host_lists:
         hosts = host_lists
 
-    per_node = g.get("per_node")
-    map_by, per_node, oversub = _parse_map_by(str(g.get("map_by", "slot")), per_node)  # type: ignore[arg-type]
-    if g.get("per_node") is not None and per_node != g.get("per_node"):
-        raise UsageError("-npernode/-ppn conflicts with --map-by ppr:N:node")
+    if not hosts and not host_lists and g.get("default-hostfile"):
+        from ..hosts.hostfile import parse_hostfile
+        hosts = parse_hostfile(str(g["default-hostfile"]))
+    from .mapping import mapping_fields
+    placement = mapping_fields(list(mapping))
+    for key in ("display-map", "display-allocation"):
+        if placement.pop(key, False):
+            g[key] = True
     # None: the default, which lets the implicit local host run what -n asks.
-    oversubscribe: Optional[bool] = True if oversub else g.get("oversubscribe")  # type: ignore[assignment]
-
-    bind_to = str(g.get("bind_to", "none")).lower().split(":")[0]
-    if bind_to == "package":
-        bind_to = "socket"
-    if bind_to not in ("none", "core", "hwthread", "socket"):
-        raise UsageError(f"--bind-to {g.get('bind_to')}: expected none, core, hwthread or socket")
+    oversubscribe = placement.pop("oversubscribe", g.get("oversubscribe"))
+    if g.get("use-hwthread-cpus"):
+        placement["use_hwthreads"] = True
+    if g.get("nolocal"):
+        placement["nolocal"] = True
+    if g.get("rankfile"):
+        placement["rankfile"] = g["rankfile"]
 
     output = OutputSpec()
     if "output-filename" in g:
@@ -416,7 +417,9 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
     pty = not g.get("no-pty") and environ.get("MSLAUNCH_PTY", "1") not in ("0", "no", "off")
     output = replace(output, merge_stderr=bool(g.get("merge-stderr-to-stdout")), pty=pty,
                      tag=bool(g.get("tag-output")), timestamp=bool(g.get("timestamp-output")),
-                     rank_prefix=bool(g.get("prepend-rank")))
+                     rank_prefix=bool(g.get("prepend-rank")),
+                     xml=bool(g.get("xml") or g.get("xml-file")),
+                     xml_file=g.get("xml-file"))  # type: ignore[arg-type]
 
     stdin = str(g.get("stdin", "0")).lower()
     if stdin not in ("all", "none"):
@@ -441,9 +444,21 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
 
     return JobSpec(
         apps=apps, hosts=tuple(hosts), host_filter=host_filter,
-        map_by=map_by, per_node=per_node, oversubscribe=oversubscribe,
-        bind_to=bind_to, report_bindings=bool(g.get("report-bindings")),
+        oversubscribe=oversubscribe,  # type: ignore[arg-type]
+        report_bindings=bool(g.get("report-bindings")),
         display_map=bool(g.get("display-map")), dry_run=bool(g.get("dry-run")),
+        display_allocation=bool(g.get("display-allocation")),
+        display_diffable=bool(g.get("display-diffable-map")),
+        display_topo=bool(g.get("display-topo")),
+        index_argv=bool(g.get("index-argv-by-rank")),
+        report_state=bool(g.get("report-state-on-timeout")),
+        stack_traces=bool(g.get("get-stack-traces")),
+        report_pid=g.get("report-pid"),  # type: ignore[arg-type]
+        exec_path=g.get("path", ()),  # type: ignore[arg-type]
+        preload_binary=bool(g.get("preload-binary")),
+        preload_files=g.get("preload-files", ()),  # type: ignore[arg-type]
+        session_cwd=bool(g.get("set-cwd-to-session-dir")),
+        **placement,  # type: ignore[arg-type]
         output=output, global_env=tuple(genv), inherit_env=bool(g.get("inherit_env", True)),
         forward_env=bool(g.get("forward_env")),
         mca=tuple(mca), keep_going=keep_going, stdin=stdin,

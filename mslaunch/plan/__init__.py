@@ -15,9 +15,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import UsageError
+from ..errors import PlanError, UsageError
 from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
+from .mapper import binding, check_overload, locations, rank_order
 from .place import filter_hosts, place, resolve_hosts  # noqa: F401 (re-exported)
+from .topology import Topology, count, make_topology
 
 #: Variables an outer launcher leaves behind; ranks must not inherit them.
 #: Variables that carry the identity of an outer launch (a rank of another
@@ -86,15 +88,48 @@ def _user_env(base: Dict[str, str], pairs, environ: Mapping[str, str]) -> None:
 
 
 def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, str], *,
-              ncores: int, hostname: str, kvsname: str, master_port: int,
-              cpus: Sequence[int] = (), cpu_packages: Optional[Mapping[int, int]] = None,
+              topology: Topology, hostname: str, kvsname: str, master_port: int,
+              remote_topologies: Optional[Mapping[str, Topology]] = None,
               is_local=None) -> Plan:
-    """Place every rank and build its argv, environment, cwd and log paths."""
-    hosts = resolve_hosts(entries, ncores=ncores, hostname=hostname, is_local=is_local)
+    """Place every rank and build its argv, environment, cwd and log paths.
+
+    ``topology`` is this machine's; ``remote_topologies`` those the remote
+    hosts' agents reported (a host not heard from yet counts as one socket
+    of as many cores as it has slots).
+    """
+    remote_topologies = remote_topologies or {}
+    topology = _restricted(topology, job.cpu_set)
+    rankfile = None
+    if job.rankfile:
+        from ..hosts.rankfile import parse_rankfile
+        rankfile = parse_rankfile(job.rankfile)
+        if not job.hosts and len(entries) == 1 and entries[0].origin == IMPLICIT_HOST:
+            # The rankfile names the hosts (relative +nN entries need a host list).
+            counts: Dict[str, int] = {}
+            for e in rankfile:
+                if e.relative is not None:
+                    raise PlanError(f"{e.origin}: a relative host (+n{e.relative}) needs a "
+                                    f"host list (-H, --hostfile or an allocation)")
+                counts[e.host] = counts.get(e.host, 0) + 1
+            entries = [HostEntry(name, n, None, job.rankfile) for name, n in counts.items()]
+    ncores = count(topology, "hwthread" if job.use_hwthreads else "core")
+    cores = {name: count(t, "hwthread" if job.use_hwthreads else "core")
+             for name, t in remote_topologies.items()}
+    hosts = resolve_hosts(entries, ncores=ncores, hostname=hostname, is_local=is_local,
+                          remote_cores=cores)
+    if job.nolocal:
+        hosts = [h for h in hosts if not h.local]
+        if not hosts:
+            raise PlanError("-nolocal: every host of the job is this machine; there is "
+                            "nowhere else to run")
+    topos = [topology if h.local else remote_topologies.get(h.name) or _guess(h.slots)
+             for h in hosts]
     sizes = [a.np for a in job.apps]
     np_total = None if sizes[0] is None else sum(s or 0 for s in sizes)
-    where = place(hosts, np_total, map_by=job.map_by, per_node=job.per_node,
-                  oversubscribe=_oversubscribe(job, entries))
+    if rankfile is not None:
+        where, locs = _from_rankfile(rankfile, hosts, topos, np_total, job)
+    else:
+        where, locs = _mapped(hosts, topos, np_total, job, _oversubscribe(job, entries))
     size = len(where)
     app_of: List[int] = []
     for index, app in enumerate(job.apps):
@@ -104,9 +139,10 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     node_of_host: Dict[int, int] = {}
     for h in where:
         node_of_host.setdefault(h, len(node_of_host))
-    used = [hosts[h] for h in sorted(node_of_host, key=node_of_host.__getitem__)]
-    used = [Host(name=h.name, slots=h.slots, max_slots=h.max_slots, local=h.local,
-                 node_id=i) for i, h in enumerate(used)]
+    order = sorted(node_of_host, key=node_of_host.__getitem__)
+    used = [Host(name=hosts[h].name, slots=hosts[h].slots, max_slots=hosts[h].max_slots,
+                 local=hosts[h].local, node_id=i) for i, h in enumerate(order)]
+    used_topos = tuple(topos[h] for h in order)
     local_size: Dict[int, int] = {}
     for h in where:
         local_size[h] = local_size.get(h, 0) + 1
@@ -137,6 +173,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
 
     ranks: List[RankSpec] = []
     seen: Dict[int, int] = {}
+    bindings: Dict[int, List[Optional[Tuple[int, ...]]]] = {}
     app_envs = []       # per context: (whole environment, overlay for remote hosts)
     for app in job.apps:
         overlay = dict(explicit)
@@ -185,7 +222,9 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
                 env.pop(k)
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
-        bound = bind_cpus(job.bind_to, local_rank, cpus, cpu_packages) if host.local else None
+        bound = locs[rank] if rankfile is not None else \
+            binding(topos[h], locs[rank], local_rank, job)
+        bindings.setdefault(h, []).append(bound)
         if job.stdin == "all":
             stdin = "pipe"
         elif job.stdin != "none" and int(job.stdin) == rank:
@@ -201,39 +240,87 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
                               else job.prefix))
     if job.stdin not in ("all", "none") and int(job.stdin) >= size:
         raise UsageError(f"--stdin {job.stdin}: the job has only {size} ranks")
+    if rankfile is None:
+        for h, bound in bindings.items():
+            check_overload(hosts[h].name, bound, job)
     return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
                 process_mapping=mapping, universe_size=universe,
-                master_addr=master_addr, master_port=master_port)
+                master_addr=master_addr, master_port=master_port, topologies=used_topos)
 
 
-def bind_cpus(bind_to: str, local_rank: int, cpus: Sequence[int],
-              cpu_packages: Optional[Mapping[int, int]] = None) -> Optional[Tuple[int, ...]]:
-    """The CPUs a rank is bound to on its host (``cpus``: the usable ones), or None."""
-    if not cpus or bind_to not in ("core", "hwthread", "socket"):
-        return None
-    if bind_to in ("core", "hwthread"):
-        return (sorted(cpus)[local_rank % len(cpus)],)
-    packages: Dict[int, List[int]] = {}
-    for cpu in sorted(cpus):
-        packages.setdefault((cpu_packages or {}).get(cpu, 0), []).append(cpu)
-    groups = [tuple(v) for _, v in sorted(packages.items())]
-    return groups[local_rank % len(groups)]
+def _restricted(topology: Topology, cpu_set: Optional[Sequence[int]]) -> Topology:
+    """``topology`` with only the ``--cpu-set`` cpus."""
+    if not cpu_set:
+        return topology
+    keep = set(cpu_set)
+    rows = [row for row in topology.cpus if row[0] in keep]
+    if not rows:
+        raise PlanError(f"--cpu-set {','.join(map(str, cpu_set))}: none of these cpus is "
+                        f"usable here (usable: {','.join(map(str, topology.cpu_ids()))})")
+    return make_topology(rows)
+
+
+def _guess(slots: int) -> Topology:
+    """A host not heard from yet: one socket of ``slots`` single-thread cores."""
+    return make_topology((i, i, 0, 0, 0) for i in range(max(slots, 1)))
+
+
+def _mapped(hosts: Sequence[Host], topos: Sequence[Topology], np: Optional[int],
+            job: JobSpec, oversubscribe: bool) -> Tuple[List[int], List[Tuple[int, ...]]]:
+    """Host and location of every rank, in world-rank order (see :mod:`.mapper`)."""
+    per_host = None
+    if job.ppr is not None:
+        n, kind = job.ppr
+        per_host = [n * count(t, kind) for t in topos]
+    where = place(hosts, np, map_by=job.map_by, per_node=job.per_node,
+                  oversubscribe=oversubscribe, per_host=per_host)
+    counts: Dict[int, int] = {}
+    for h in where:
+        counts[h] = counts.get(h, 0) + 1
+    at = {h: iter(locations(topos[h], n, job)) for h, n in counts.items()}
+    locs = [next(at[h]) for h in where]
+    order = rank_order(where, locs, topos, job)
+    return [where[i] for i in order], [locs[i] for i in order]
+
+
+def _from_rankfile(entries, hosts: Sequence[Host], topos: Sequence[Topology],
+                   np: Optional[int], job: JobSpec) -> Tuple[List[int], List[Tuple[int, ...]]]:
+    """Host and cpus of every rank as a rankfile (``-rf``) says."""
+    from ..hosts.rankfile import missing_ranks, slot_cpus
+    size = np if np is not None else len(entries)
+    missing = missing_ranks(entries, size)
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        raise PlanError(f"rankfile {job.rankfile}: no line for rank(s) {shown} of the "
+                        f"{size}; every rank needs a 'rank N=HOST slot=...' line")
+    index = {h.name: i for i, h in enumerate(hosts)}
+    local_index = next((i for i, h in enumerate(hosts) if h.local), None)
+    from .place import _is_local
+    where, locs = [], []
+    for e in entries:
+        if e.rank >= size:
+            continue          # -n asked for fewer ranks than the file lists
+        if e.relative is not None:
+            if e.relative >= len(hosts):
+                raise PlanError(f"{e.origin}: +n{e.relative}, but the job has only "
+                                f"{len(hosts)} host(s)")
+            h = e.relative
+        elif e.host in index:
+            h = index[e.host]
+        elif local_index is not None and _is_local(e.host):
+            h = local_index
+        else:
+            raise PlanError(f"{e.origin}: host {e.host!r} is not one of the job's hosts")
+        try:
+            cpus = slot_cpus(e.slot, topos[h], job.use_hwthreads)
+        except ValueError as err:
+            raise PlanError(f"{e.origin}: on {hosts[h].name}: {err}") from None
+        where.append(h)
+        locs.append(cpus)
+    return where, locs
 
 
 def describe_map(plan: Plan) -> str:
-    """The ``--display-map`` text, in the spirit of Open MPI's job map."""
-    lines = [" ========================   JOB MAP   ========================", ""]
-    by_node: Dict[int, List[RankSpec]] = {}
-    for r in plan.ranks:
-        by_node.setdefault(r.host.node_id, []).append(r)
-    for host in plan.hosts:
-        here = by_node.get(host.node_id, [])
-        lines.append(f" Data for node: {host.name}\tNum slots: {host.slots}\t"
-                     f"Max slots: {host.max_slots or 0}\tNum procs: {len(here)}")
-        for r in here:
-            bound = "N/A" if r.cpus is None else ",".join(map(str, r.cpus))
-            lines.append(f" \tProcess rank: {r.rank}\tApp: {r.app}\t"
-                         f"Local rank: {r.local_rank}\tBound: {bound}")
-        lines.append("")
-    lines.append(" =============================================================")
-    return "\n".join(lines) + "\n"
+    """The ``--display-map`` text, as Open MPI 4 writes it."""
+    from .display import job_map
+    return job_map(plan)

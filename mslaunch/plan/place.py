@@ -4,20 +4,23 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence
+    from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..errors import PlanError, UsageError
 from ..spec import Host, HostEntry
 
 
 def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
-                  is_local=None) -> List[Host]:
+                  is_local=None, remote_cores: Optional[Mapping[str, int]] = None) -> List[Host]:
     """Turn host entries into hosts with slot counts.
 
     All names of this machine collapse into one host (so its ranks share a
     node id and MPI shared memory); an entry without a count gets ``ncores``
-    slots on this machine and 1 elsewhere.
+    slots on this machine, the number of cores a remote host's agent
+    reported (``remote_cores``, as Open MPI's daemons report them), and 1
+    for a remote host not heard from yet.
     """
+    remote_cores = remote_cores or {}
     if is_local is None:
         is_local = _is_local
     merged: Dict[str, List] = {}  # key -> [name, slots, max_slots, local]
@@ -26,7 +29,8 @@ def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
         key = "\0local" if local else e.name
         item = merged.setdefault(key, [hostname if local else e.name, 0, None, local])
         # Open MPI 4.1.4: a line with max_slots but no slots gets max_slots slots.
-        default = e.max_slots if e.max_slots is not None else (ncores if local else 1)
+        default = e.max_slots if e.max_slots is not None else (
+            ncores if local else remote_cores.get(e.name, 1))
         item[1] += e.slots if e.slots is not None else default
         if e.max_slots is not None:
             item[2] = (item[2] or 0) + e.max_slots
@@ -92,7 +96,7 @@ def _deal(order: List[int], hosts: Sequence[int], room: List[Optional[int]], cou
 
 def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
           per_node: Optional[int] = None, oversubscribe: bool = False,
-          max_ranks: int = 100_000) -> List[int]:
+          max_ranks: int = 100_000, per_host: Optional[Sequence[int]] = None) -> List[int]:
     """Return the host index of each rank, in world-rank order.
 
     ``slot`` fills each host to its capacity before the next; ``node`` deals
@@ -104,7 +108,9 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
     if not hosts:
         raise PlanError("no hosts to run on")
     caps = []
-    for h in hosts:
+    for i, h in enumerate(hosts):
+        if per_host is not None:
+            per_node = per_host[i]          # ppr:N:OBJ: N times the host's objects
         cap = h.slots if per_node is None else per_node
         if per_node is not None and per_node > h.slots and not oversubscribe:
             raise PlanError(f"{per_node} ranks per host do not fit on {h.name} with "
@@ -135,6 +141,9 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
     placed = len(order) if counts is None else sum(counts)
     extra = np - placed
     if extra > 0:
+        if per_host is not None:
+            raise PlanError(f"{np} ranks requested but the ppr pattern places only {total} "
+                            f"on {len(hosts)} host(s)")
         if per_node is not None:
             raise PlanError(f"{np} ranks requested but {per_node} per host on {len(hosts)} "
                             f"host(s) place only {total}")

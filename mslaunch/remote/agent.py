@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Set
 
 from ..errors import LaunchError
-from ..plan import bind_cpus, scrub_env
+from ..plan import scrub_env
 from ..run.guard import Watchdog
 from ..run.local import LocalRanks
 from ..run.loop import Loop
@@ -140,9 +140,10 @@ class Agent:
         for sig in _STOPPING:
             signal.signal(sig, self._on_stop_signal)
         try:
+            from ..plan.topology import read_topology, to_wire
             self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
                 "protocol": link.PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
-                "python": sys.version.split()[0], "cpus": len(os.sched_getaffinity(0))}))
+                "python": sys.version.split()[0], "topology": to_wire(read_topology())}))
             self.loop.run_until(lambda: self.finished)
         finally:
             self._shutdown()
@@ -265,9 +266,7 @@ class Agent:
         host = Host(name=job.get("host") or socket.gethostname(), slots=len(job["ranks"]),
                     max_slots=None, local=True, node_id=int(r.get("node", 0)))
         env = self._environment(r)
-        cpus = None
-        if job.get("bind_to", "none") != "none":
-            cpus = bind_cpus(job["bind_to"], int(r["local_rank"]), sorted(os.sched_getaffinity(0)))
+        cpus = tuple(int(c) for c in r["cpus"]) if r.get("cpus") else None
         return RankSpec(rank=int(r["rank"]), app=int(r.get("app", 0)), host=host,
                         local_rank=int(r["local_rank"]), local_size=int(r["local_size"]),
                         argv=tuple(str(a) for a in r["argv"]), env=env, cwd=str(r["cwd"]),

@@ -49,6 +49,7 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
             "rank": spec.rank, "app": spec.app, "local_rank": spec.local_rank,
             "local_size": spec.local_size, "node": spec.host.node_id,
             "argv": list(spec.argv), "cwd": spec.cwd, "stdin": spec.stdin,
+            "cpus": list(spec.cpus) if spec.cpus else None,
             "inherit": spec.inherit, "path_prefix": spec.path_prefix,
             "env": {k: v for k, v in spec.env.items() if common.get(k) != v}})
     contexts: List[int] = []

@@ -12,7 +12,7 @@ import os
 import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Mapping, Optional
+    from typing import Mapping, Optional
 
 from ..spec import JobSpec, Plan
 
@@ -43,27 +43,37 @@ def new_kvsname() -> str:
     return f"kvs_{os.getpid()}_{os.urandom(4).hex()}"
 
 
-def cpu_packages(cpus) -> Dict[int, int]:
-    result = {}
-    for cpu in cpus:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id") as f:
-                result[cpu] = int(f.read())
-        except (OSError, ValueError):
-            result[cpu] = 0
-    return result
-
-
-def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None) -> Plan:
-    from ..plan import make_plan
-    environ = os.environ if environ is None else environ
+def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None,
+               remote_topologies=None) -> Plan:
     from ..hosts import host_entries
+    from ..plan import make_plan
+    from ..plan.topology import read_topology
+    environ = os.environ if environ is None else environ
     entries = host_entries(job, environ)
-    cpus = sorted(os.sched_getaffinity(0))
     master_port = _master_port(environ.get("MASTER_PORT")) or free_port()
-    return make_plan(job, entries, environ, ncores=len(cpus), hostname=os.uname().nodename,
-                     kvsname=new_kvsname(), master_port=master_port, cpus=cpus,
-                     cpu_packages=cpu_packages(cpus) if job.bind_to == "socket" else None)
+    return make_plan(job, entries, environ, topology=read_topology(),
+                     hostname=os.uname().nodename, kvsname=new_kvsname(),
+                     master_port=master_port, remote_topologies=remote_topologies)
+
+
+def _needs_topologies(job: JobSpec, entries) -> bool:
+    """Whether a plan depends on what the remote hosts' agents report (their cpus)."""
+    from ..plan.place import _is_local
+    counts_missing = any(e.slots is None and e.max_slots is None and not _is_local(e.name)
+                         for e in entries)
+    return counts_missing or job.map_by not in ("slot", "node") or bool(
+        job.ppr or job.pe or job.bind_to != "none" or job.use_hwthreads or job.rankfile
+        or job.report_bindings or job.rank_by not in (None, "slot", "node"))
+
+
+def make_plan_again(job: JobSpec, entries, environ, kvsname: str, master_port: int,
+                    topologies) -> Plan:
+    """The plan with the remote hosts' real topologies (the same job name and port)."""
+    from ..plan import make_plan
+    from ..plan.topology import read_topology
+    return make_plan(job, entries, environ, topology=read_topology(),
+                     hostname=os.uname().nodename, kvsname=kvsname, master_port=master_port,
+                     remote_topologies=topologies)
 
 
 def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
@@ -94,24 +104,30 @@ def run_job(job: JobSpec) -> int:
     if job.mpi == "openmpi":
         from ..ompi.delegate import run_openmpi
         return run_openmpi(job)
+    from ..hosts import host_entries
+    entries = host_entries(job, environ)
     plan = build_plan(job, environ)
     _warn_missing_exports(job, environ)
     if job.dry_run:
         sys.stdout.write(describe_plan(plan, job))
         return 0
-    if job.display_map:
-        from ..plan import describe_map
-        sys.stdout.write(describe_map(plan))
-        sys.stdout.flush()
-    if any(not r.host.local for r in plan.ranks):
+    remote = [h.name for h in plan.hosts if not h.local]
+    replan = None
+    if remote:
         from ..remote.bootstrap import prepare_in_background
         from ..remote.ssh import start_import
         start_import()          # paramiko's import and the agent's package are
         prepare_in_background() # prepared while the local checks run
-    from .spawn import check_startable
-    check_startable(plan.ranks)
+        if _needs_topologies(job, entries):
+            # Slots and placement depend on the remote hosts' cpus: connect to
+            # every remote host first, as Open MPI starts its daemons first.
+            from ..plan.place import _is_local
+            remote = [e.name for e in entries if not _is_local(e.name)]
+            kvsname, port = plan.kvsname, plan.master_port
+            replan = lambda topologies: make_plan_again(job, entries, environ, kvsname, port,  # noqa: E731
+                                                        topologies)
     from .supervise import Supervisor
-    supervisor = Supervisor(job, plan)
+    supervisor = Supervisor(job, plan, connect=list(dict.fromkeys(remote)), replan=replan)
     result = supervisor.run()
     if result.message:
         supervisor.console.message(result.message)

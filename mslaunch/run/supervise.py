@@ -22,7 +22,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Set, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
     from ..pmi.server import PMIServer
     from ..pmi.state import LocalJobState
@@ -82,9 +82,14 @@ class _Rank:
 class Supervisor:
     """Runs one job to its end and reports a :class:`JobResult`."""
 
-    def __init__(self, job: JobSpec, plan: Plan, console: Optional[Console] = None) -> None:
+    def __init__(self, job: JobSpec, plan: Plan, console: Optional[Console] = None, *,
+                 connect: Sequence[str] = (), replan=None) -> None:
         self.job = job
         self.plan = plan
+        # Remote hosts to start agents on, and how to plan again with the
+        # topologies they report (None: the plan stands).
+        self.connect = list(connect)
+        self.replan = replan
         self.console = console or Console()
         self.loop = Loop()
         self.ranks = [_Rank(spec) for spec in plan.ranks]
@@ -142,7 +147,11 @@ class Supervisor:
         return self._result()
 
     def _start_all(self) -> None:
+        conns = self._conns = self._connect_agents() if self.connect else {}
         job, plan = self.job, self.plan
+        self._show_plan()
+        from .spawn import check_startable
+        check_startable(plan.ranks)
         local_specs = [r for r in plan.ranks if r.host.local]
         remote_specs: Dict[str, List[RankSpec]] = {}
         for r in plan.ranks:
@@ -171,7 +180,7 @@ class Supervisor:
                 pmi_env = lambda rank: {"PMI_FD": str(pmi.child_fd(rank))}  # noqa: E731
         _raise_fd_limit(8 * len(local_specs) + 8 * len(remote_specs) + 64)
         if remote_specs:
-            self._prepare_hosts(remote_specs)
+            self._prepare_hosts(remote_specs, conns)
         if local_specs:
             self.local = LocalRanks(self.loop, local_specs, self, sinks=self._sinks,
                                     guard=self.watchdog,  # type: ignore[arg-type]
@@ -186,27 +195,59 @@ class Supervisor:
             self._relay_stdin()
 
     # -- remote hosts ---------------------------------------------------------
-    def _prepare_hosts(self, remote_specs: Dict[str, List[RankSpec]]) -> None:
-        """Start the agents, hand them their ranks, wait until every host is ready.
+    def _connect_agents(self) -> Dict[str, Any]:
+        """Start an agent on every remote host; plan again with their topologies.
 
-        Nothing starts anywhere unless every host is ready: a missing program
-        on one host is reported before any rank runs.
+        Agents of hosts the final plan does not use are sent away at once.
         """
         import sys
 
         from ..remote import ssh
-        from ..remote.endpoint import heartbeat_setting
-        from ..remote.host import RemoteHost, job_frame
-        job, plan = self.job, self.plan
+        job = self.job
         spec = job.ssh
         pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]
         options = ssh.Options(config=spec.config, user=spec.user, port=spec.port,
                               identity=spec.identity, accept_new=spec.accept_new,
                               connect_timeout=spec.connect_timeout, pythons=pythons)
         if job.verbose:
-            self.console.message(f"mslaunch: starting agents on {len(remote_specs)} "
+            self.console.message(f"mslaunch: starting agents on {len(self.connect)} "
                                  f"remote host(s) over SSH")
-        conns = ssh.connect_all(list(remote_specs), options, cancelled=_stop_requested)
+        conns = ssh.connect_all(self.connect, options, cancelled=_stop_requested)
+        if self.replan is not None:
+            from ..plan.topology import from_wire
+            topologies = {}
+            for name, conn in conns.items():
+                try:
+                    topologies[name] = from_wire(conn.hello.get("topology"))
+                except ValueError:
+                    pass      # the agent's host could not tell; assume one socket
+            try:
+                self.plan = self.replan(topologies)
+            except BaseException:
+                for conn in conns.values():
+                    conn.close()
+                raise
+            self.ranks = [_Rank(spec) for spec in self.plan.ranks]
+        used = {r.host.name for r in self.plan.ranks if not r.host.local}
+        for name in [n for n in conns if n not in used]:
+            conns.pop(name).close()
+        return conns
+
+    def _show_plan(self) -> None:
+        job, plan = self.job, self.plan
+        if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
+            from ..plan.display import display
+            self.console.write(1, self, display(plan, job).encode())
+
+    def _prepare_hosts(self, remote_specs: Dict[str, List[RankSpec]], conns) -> None:
+        """Hand the agents their ranks; wait until every host is ready.
+
+        Nothing starts anywhere unless every host is ready: a missing program
+        on one host is reported before any rank runs.
+        """
+        from ..remote.endpoint import heartbeat_setting
+        from ..remote.host import RemoteHost, job_frame
+        job, plan = self.job, self.plan
         heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"))
         pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
         listener = self._output_listener(conns)
@@ -577,6 +618,8 @@ class Supervisor:
 
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
+        for conn in getattr(self, "_conns", {}).values():
+            conn.close()          # agents started but never given their ranks
         for host in self.hosts.values():
             host.say_bye()
         if self.stdin_fanout is not None:
