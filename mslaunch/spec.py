@@ -232,6 +232,9 @@ class RankSpec:
     # "none" -- the whole environment (Hydra's -genvnone).
     inherit: str = "launcher"
     path_prefix: Optional[str] = None
+    program: Optional[str] = None          # what to execute when not argv[0]
+    search: Tuple[str, ...] = ()           # -path: directories tried before PATH
+    session_dir: bool = False              # --set-cwd-to-session-dir
 
 
 @dataclass(frozen=True)

@@ -231,13 +231,20 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
             stdin = "inherit"
         else:
             stdin = "null"
+        argv, program = context.argv, None
+        if job.index_argv:
+            # --index-argv-by-rank: argv[0] becomes NAME-RANK; the program is the same.
+            argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]
+        if job.stack_traces:
+            env.setdefault("PYTHONFAULTHANDLER", "1")   # Python ranks dump their stacks
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
-                              local_size=lsize, argv=context.argv, env=env,
+                              local_size=lsize, argv=argv, env=env,
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,
                               stderr_path=stderr_path, cpus=bound, stdin=stdin,
                               inherit="launcher" if host.local else remote_inherit,
                               path_prefix=None if host.local or remote_inherit != "remote"
-                              else job.prefix))
+                              else job.prefix, program=program, search=job.exec_path,
+                              session_dir=job.session_cwd))
     if job.stdin not in ("all", "none") and int(job.stdin) >= size:
         raise UsageError(f"--stdin {job.stdin}: the job has only {size} ranks")
     if rankfile is None:

@@ -203,7 +203,9 @@ class Agent:
         elif kind == link.SIGNAL:
             sig = link.field(message, "sig", int, "SIGNAL")
             ranks = link.optional(message, "ranks", list, "SIGNAL")
-            if self.local is not None and 0 < sig < 65:
+            if message.get("stacks") is True and self.local is not None:
+                self._send_stacks()
+            elif self.local is not None and 0 < sig < 65:
                 self.local.signal(sig, ranks)
         elif kind == link.CREDIT:
             self.credit += link.field(message, "bytes", int, "CREDIT")
@@ -217,6 +219,13 @@ class Agent:
             self.finished = True
         else:
             raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+
+    def _send_stacks(self) -> None:
+        from ..run.stacks import stack_traces
+        live = {r.spec.rank: r.proc.pid for r in self.local.ranks.values()  # type: ignore[union-attr]
+                if r.proc is not None and not r.ended}
+        for block in stack_traces(live, socket.gethostname(), str(self.job.get("jobid", "[0,1]"))):
+            self.endpoint.send(link.encode(link.LOG, {"message": block}))
 
     # -- JOB: this host's ranks ---------------------------------------------------
     def _prepare(self, job: Dict[str, Any]) -> None:

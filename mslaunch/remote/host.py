@@ -57,7 +57,9 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
         if r.app == len(contexts):
             contexts.append(0)
         contexts[r.app] += 1
-    return {"kvsname": plan.kvsname, "grace": job.grace, "heartbeat": list(heartbeat),
+    from ..plan.display import job_id
+    return {"kvsname": plan.kvsname, "jobid": job_id(), "grace": job.grace,
+            "heartbeat": list(heartbeat),
             "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
             "pty": job.output.pty,
             "size": len(plan.ranks), "universe_size": plan.universe_size,
@@ -105,6 +107,11 @@ class RemoteHost:
             if ranks is not None:
                 body["ranks"] = [r for r in ranks if r in self.ranks]
             self.endpoint.send(link.encode(link.SIGNAL, body))
+
+    def request_stacks(self) -> None:
+        """--get-stack-traces: the agent shows its ranks' stacks (LOG frames)."""
+        if self.state == "running":
+            self.endpoint.send(link.encode(link.SIGNAL, {"sig": 0, "stacks": True}))
 
     def send_pmi(self, message: Dict[str, Any]) -> None:
         self.endpoint.send(link.encode(link.PMI, message))

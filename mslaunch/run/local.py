@@ -79,6 +79,7 @@ class LocalRanks:
         self._sweep: Optional[Timer] = None
         self._sweeping = False
         self._flush_timer: Optional[Timer] = None
+        self._session_root: Optional[str] = None
 
     # -- starting -----------------------------------------------------------
     def start(self) -> None:
@@ -100,7 +101,22 @@ class LocalRanks:
         else:
             self.stdin_pipes = stdin_pipes
 
+    def _session_dir(self, rank: int) -> str:
+        """``--set-cwd-to-session-dir``: a fresh directory per rank, removed at the end."""
+        import tempfile
+        if self._session_root is None:
+            top = os.path.join(tempfile.gettempdir(),
+                               f"mslaunch.{os.uname().nodename}.{os.getuid()}")
+            os.makedirs(top, mode=0o700, exist_ok=True)
+            self._session_root = tempfile.mkdtemp(prefix=f"{self.guard.marker}.", dir=top)
+        path = os.path.join(self._session_root, str(rank))
+        os.makedirs(path, exist_ok=True)
+        return path
+
     def _start(self, local: _Local, stdin_pipes: Dict[int, int]) -> None:
+        if local.spec.session_dir:
+            from ..spec import replace
+            local.spec = replace(local.spec, cwd=self._session_dir(local.spec.rank))
         spec = local.spec
         env = dict(spec.env)
         from .guard import MARKER_VARIABLE
@@ -293,6 +309,9 @@ class LocalRanks:
                     pipe.close()
         if self.stdin_fanout is not None:
             self.stdin_fanout.close()
+        if self._session_root is not None:
+            import shutil
+            shutil.rmtree(self._session_root, ignore_errors=True)
 
 
 def open_pty() -> Tuple[int, int]:

@@ -37,12 +37,16 @@ _RESET_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXF
                        if hasattr(signal, n))
 
 
-def find_program(name: str, env: Mapping[str, str], cwd: str) -> Optional[str]:
-    """Resolve ``name`` as exec would with the rank's PATH; None if not found."""
+def find_program(name: str, env: Mapping[str, str], cwd: str,
+                 search: Sequence[str] = ()) -> Optional[str]:
+    """Resolve ``name`` as exec would with the rank's PATH; None if not found.
+
+    ``search`` (``-path``) is tried first, as Open MPI does.
+    """
     if "/" in name:
         path = os.path.join(cwd, name)
         return path if os.access(path, os.X_OK) and not os.path.isdir(path) else None
-    for d in env.get("PATH", os.defpath).split(":"):
+    for d in list(search) + env.get("PATH", os.defpath).split(":"):
         path = os.path.join(cwd, d or ".", name)
         if os.access(path, os.X_OK) and not os.path.isdir(path):
             return path
@@ -53,16 +57,17 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
     """Fail before anything starts if a program or working directory is missing."""
     seen = set()
     for r in ranks:
-        key = (r.argv[0], r.cwd, r.env.get("PATH"))
+        program = r.program or r.argv[0]
+        key = (program, r.cwd, r.env.get("PATH"), r.search)
         if key in seen or not r.host.local:
             continue
         seen.add(key)
-        if not os.path.isdir(r.cwd):
+        if not r.session_dir and not os.path.isdir(r.cwd):
             raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} does not exist")
-        path = find_program(r.argv[0], r.env, r.cwd)
+        path = find_program(program, r.env, r.cwd, r.search)
         if path is None:
-            where = "" if "/" in r.argv[0] else " in PATH"
-            raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} not found{where} "
+            where = "" if "/" in program else " in PATH"
+            raise SpawnError(f"program {program!r} of rank {r.rank} not found{where} "
                              f"(or not executable)")
         problem = _interpreter_problem(path)
         if problem:
@@ -111,7 +116,8 @@ class LocalProcess:
 
     def __init__(self, spec: RankSpec, env: Mapping[str, str], *, stdin: int, stdout: int,
                  stderr: int) -> None:
-        path = find_program(spec.argv[0], env, spec.cwd) or spec.argv[0]
+        program = spec.program or spec.argv[0]
+        path = find_program(program, env, spec.cwd, spec.search) or program
         try:
             if spec.cpus:
                 self.pid = _spawn_bound(spec, path, env, stdin, stdout, stderr)

@@ -444,8 +444,13 @@ class Supervisor:
     def rank_started(self, rank: int, pid: int) -> None:
         r = self.ranks[rank]
         r.pid = pid
-        if self.job.report_bindings:
-            self.console.message(_binding_line(r.spec, pid))
+        if self.job.report_bindings and (r.spec.cpus or self.job.bind_to != "none"):
+            # Open MPI's line, with the launcher's pid; no line for an unbound rank.
+            from ..plan.topology import report_binding
+            topo = self.plan.topologies[r.spec.host.node_id] if self.plan.topologies else None
+            text = report_binding(rank, topo, r.spec.cpus) if topo is not None else \
+                f"MCW rank {rank} bound to cpus {r.spec.cpus}"
+            self.console.message(f"[{r.spec.host.name}:{os.getpid()}] {text}")
         if self.job.verbose:
             self.console.message(f"mslaunch: started rank {rank} (pid {pid}) "
                                  f"on {r.spec.host.name}: {' '.join(r.spec.argv)}")
@@ -501,11 +506,49 @@ class Supervisor:
         if self._finished() or self.ending is not None:
             return
         self.ending = "timeout"
-        live = len(self._live())
+        live = self._live()
         self.console.message(f"mslaunch: job timed out after {self.job.timeout:g} s "
-                             f"(--timeout); terminating {live} rank(s); exit status "
+                             f"(--timeout); terminating {len(live)} rank(s); exit status "
                              f"{TIMEOUT_EXIT}")
+        self._report_hang()
+        if self.job.report_state:
+            self._report_state()
+        if self.job.stack_traces:
+            from ..plan.display import job_id
+            from .stacks import stack_traces
+            self.console.message("mslaunch: waiting for stack traces (this may take a few "
+                                 "moments)...")
+            here = {r.spec.rank: r.pid for r in live if r.spec.host.local}
+            for block in stack_traces(here, os.uname().nodename, job_id()):
+                self.console.message(block)
+            for host in self.hosts.values():
+                host.request_stacks()
+            # Python ranks write their stacks themselves; let them (and the
+            # remote hosts' answers) arrive before the ranks are stopped.
+            self.loop.call_later(3.0 if self.hosts else 1.0, self._terminate)
+            return
         self._terminate()
+
+    def _report_hang(self) -> None:
+        """Name the ranks that had not reached the PMI barrier the others waited in."""
+        state = self.pmi_state
+        missing = state.waiting_for() if state is not None else []
+        if missing and len(missing) < len(self.ranks):
+            shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+            where = sorted({self.ranks[r].spec.host.name for r in missing})
+            self.console.message(f"mslaunch: PMI: {len(self.ranks) - len(missing)} rank(s) were "
+                                 f"waiting in a barrier (MPI_Init or a fence) for rank(s) "
+                                 f"{shown} on {', '.join(where[:8])}, which never entered it")
+
+    def _report_state(self) -> None:
+        from ..plan.display import job_id
+        from .stacks import state_report
+        rows = []
+        for r in self.ranks:
+            state = "RUNNING" if r.pid and not r.ended else ("TERMINATED" if r.ended
+                                                             else "NOT STARTED")
+            rows.append((r.spec.rank, r.spec.host.name, r.pid, state, r.code or 0))
+        self.console.message(state_report(job_id(), rows, len(self.job.apps)).rstrip("\n"))
 
     # -- output errors -------------------------------------------------------
     def _terminal_failed(self, terminal: Terminal) -> None:
@@ -711,13 +754,3 @@ def _noop(signum, frame) -> None:
 
 def _stop_requested() -> bool:
     return bool(_pending_stop)
-
-
-def _binding_line(spec: RankSpec, pid: int) -> str:
-    where = f"[{spec.host.name}:{pid}] MCW rank {spec.rank}"
-    if not spec.cpus:
-        return f"{where} is not bound (or bound to all available processors)"
-    ncpu = os.cpu_count() or 1
-    mask = "/".join("B" if c in spec.cpus else "." for c in range(ncpu))
-    cpus = ",".join(str(c) for c in spec.cpus)
-    return f"{where} bound to cpu {cpus}: [{mask}]"
