@@ -127,7 +127,19 @@ def run_job(job: JobSpec) -> int:
             replan = lambda topologies: make_plan_again(job, entries, environ, kvsname, port,  # noqa: E731
                                                         topologies)
     from .supervise import Supervisor
-    supervisor = Supervisor(job, plan, connect=list(dict.fromkeys(remote)), replan=replan)
+    console = None
+    if job.output.xml_file:
+        # --xml-file: all output, mslaunch's own lines too, into the file.
+        try:
+            fd = os.open(job.output.xml_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                         0o644)
+        except OSError as err:
+            from ..errors import LaunchError
+            raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
+        from .output import Console
+        console = Console(fd, fd)
+    supervisor = Supervisor(job, plan, console, connect=list(dict.fromkeys(remote)),
+                            replan=replan)
     result = supervisor.run()
     if result.message:
         supervisor.console.message(result.message)

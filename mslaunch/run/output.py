@@ -236,6 +236,7 @@ class Console:
         self.out = Terminal(out_fd, "stdout")
         self.err = self.out if _same_file(out_fd, err_fd) else Terminal(err_fd, "stderr")
         self.loop: Optional[Loop] = None
+        self.xml = False          # --xml: mslaunch's own lines become <stderr> elements
 
     def terminal(self, stream: int) -> Terminal:
         return self.out if stream == 1 else self.err
@@ -261,10 +262,17 @@ class Console:
 
     def message(self, text: str) -> None:
         """A line of mslaunch's own on stderr, kept apart from rank lines."""
-        if not self.err.open and self.out.open and self.err.error:
-            self.out.write(self, text.encode("utf-8", "replace") + b"\n")
+        data = text.encode("utf-8", "replace")
+        if self.xml:
+            fmt = xml_element("stderr", None)
+            data = b"".join(fmt(line, True) for line in data.split(b"\n"))
+            self.out.write(self, data)
             return
-        self.err.write(self, text.encode("utf-8", "replace") + b"\n")
+        data += b"\n"
+        if not self.err.open and self.out.open and self.err.error:
+            self.out.write(self, data)
+            return
+        self.err.write(self, data)
 
     @property
     def pending(self) -> int:
@@ -300,6 +308,34 @@ def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
     return None
 
 
+def xml_escape(data: bytes) -> bytes:
+    """Open MPI's escaping in ``--xml`` output: entities, and ``&#NNN;`` for other bytes."""
+    out = bytearray()
+    for b in data:
+        if b == 0x26:
+            out += b"&amp;"
+        elif b == 0x3C:
+            out += b"&lt;"
+        elif b == 0x3E:
+            out += b"&gt;"
+        elif b < 32 or b > 126:
+            out += b"&#%03d;" % b
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+def xml_element(stream: str, rank: Optional[int]) -> Callable[[bytes, bool], bytes]:
+    """The formatter of ``--xml``: one ``<stdout rank="N">...</stdout>`` element per line."""
+    attr = b"" if rank is None else b' rank="%d"' % rank
+    tag = stream.encode()
+
+    def fmt(line: bytes, complete: bool) -> bytes:
+        body = xml_escape(line + (b"\n" if complete else b""))
+        return b"<" + tag + attr + b">" + body + b"</" + tag + b">" + (b"\n" if complete else b"")
+    return fmt
+
+
 def _last_newline(data) -> int:
     if isinstance(data, memoryview) and data.obj is _BUFFER:
         return _BUFFER.rfind(b"\n", 0, len(data))   # no copy of the chunk
@@ -312,7 +348,8 @@ class RankOutput:
     def __init__(self, *, terminal: Optional[Terminal], file_fd: Optional[int],
                  prefix: Optional[Callable[[], bytes]], keep_tail: bool,
                  on_error: Optional[Callable[[str], None]] = None,
-                 file_name: str = "", file_prefix: Optional[Callable[[], bytes]] = None) -> None:
+                 file_name: str = "", file_prefix: Optional[Callable[[], bytes]] = None,
+                 formatter: Optional[Callable[[bytes, bool], bytes]] = None) -> None:
         self.terminal = terminal
         self.file_fd = file_fd
         self.file_name = file_name
@@ -320,7 +357,8 @@ class RankOutput:
         # rank files too; here once per line (it repeats them mid-line).
         self.file_prefix = file_prefix
         self._file_line_start = True
-        self.prefix = prefix
+        self.formatter = formatter        # --xml: each line becomes an element
+        self.prefix = prefix if formatter is None else (lambda: b"")
         self.keep_tail = keep_tail
         self.on_error = on_error
         self.tail = b""
@@ -401,7 +439,13 @@ class RankOutput:
         return b"".join(out)
 
     def _emit(self, data) -> None:
-        if self.prefix is not None:
+        if self.formatter is not None:
+            lines = bytes(data).split(b"\n")
+            last = lines.pop()
+            data = b"".join(self.formatter(line, True) for line in lines)
+            if last:
+                data += self.formatter(last, False)
+        elif self.prefix is not None:
             lines = bytes(data).split(b"\n")
             last = lines.pop()
             data = b"".join(self.prefix() + line + b"\n" for line in lines)

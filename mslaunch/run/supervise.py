@@ -35,7 +35,7 @@ from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 from .guard import Watchdog
 from .local import LocalRanks
 from .loop import Loop, Timer
-from .output import Console, RankOutput, line_prefix
+from .output import Console, RankOutput, line_prefix, xml_element
 from .spawn import seal_inherited_fds, signal_name
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -127,6 +127,11 @@ class Supervisor:
         self.started = time.monotonic()
         seal_inherited_fds()
         self.console.attach(self.loop, self._terminal_failed)
+        if self.job.output.xml:
+            self.console.xml = True
+            self.console.write(1, self, b"<mpirun>\n")
+        if self.job.report_pid:
+            self._report_pid(self.job.report_pid)
         try:
             self.watchdog = Watchdog(self.plan.kvsname, self.job.grace)
             if self.job.verbose:
@@ -142,9 +147,23 @@ class Supervisor:
                 signal.signal(sig, handler)  # type: ignore[arg-type]
             os.close(wake_r)
             os.close(wake_w)
+            if self.job.output.xml:
+                self.console.write(1, self, b"</mpirun>\n")
             self.console.attach(None)
             self.loop.close()
         return self._result()
+
+    def _report_pid(self, where: str) -> None:
+        """--report-pid: ``-`` stdout, ``+`` stderr, else a file."""
+        text = f"{os.getpid()}\n"
+        if where in ("-", "+"):
+            self.console.write(1 if where == "-" else 2, self, text.encode())
+            return
+        try:
+            with open(where, "w") as f:
+                f.write(text)
+        except OSError as err:
+            raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
 
     def _start_all(self) -> None:
         conns = self._conns = self._connect_agents() if self.connect else {}
@@ -432,11 +451,13 @@ class Supervisor:
             if stream == 2 and merged:
                 break
             rank.outputs.append(RankOutput(
-                terminal=terminal.terminal(stream) if terminal else None,
+                # --xml: one document, on stdout
+                terminal=terminal.terminal(1 if out.xml else stream) if terminal else None,
                 file_fd=self._open_log(path), file_name=path or "",
                 prefix=line_prefix(spec.rank, name, **opts),  # type: ignore[arg-type]
                 file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
                                         rank_prefix=False),
+                formatter=xml_element(name, spec.rank) if out.xml else None,
                 keep_tail=(stream == 2 or merged), on_error=self._output_failed))
         return rank.outputs[0], (None if merged else rank.outputs[1])
 
