@@ -134,6 +134,7 @@ class Agent:
         self.reason = ""
         self._stdin_queues: Dict[int, bytearray] = {}
         self._stdin_eof: Set[int] = set()
+        self.preloaded: List[str] = []
 
     # -- life -----------------------------------------------------------------
     def run(self) -> int:
@@ -168,6 +169,11 @@ class Agent:
             remove_shm_segments(self.job.get("kvsname", ""))
         if self.guard is not None:
             self.guard.close()
+        for path in self.preloaded:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         if self.reason:
             try:
                 sys.stderr.write(f"mslaunch agent on {socket.gethostname()}: {self.reason}\n")
@@ -242,6 +248,7 @@ class Agent:
             raise link.LinkError(f"malformed JOB frame ({err!r})") from None
         warnings = self._fix_cwd()
         try:
+            self._preload(job.get("files") or [])
             check_startable(self.specs)
         except LaunchError as err:
             self.fail(str(err), err.exit_code)
@@ -280,7 +287,10 @@ class Agent:
                         local_rank=int(r["local_rank"]), local_size=int(r["local_size"]),
                         argv=tuple(str(a) for a in r["argv"]), env=env, cwd=str(r["cwd"]),
                         stdout_path=None, stderr_path=None, cpus=cpus,
-                        stdin=str(r.get("stdin", "null")))
+                        stdin=str(r.get("stdin", "null")),
+                        program=str(r["program"]) if r.get("program") else None,
+                        search=tuple(str(d) for d in r.get("search") or ()),
+                        session_dir=bool(r.get("session")))
 
     def _environment(self, r: Dict[str, Any]) -> Dict[str, str]:
         how = r.get("inherit", "remote")
@@ -297,6 +307,38 @@ class Agent:
             if not isinstance(key, str) or not isinstance(value, str) or "\0" in key + value:
                 raise ValueError(f"bad environment variable {key!r}")
         return env
+
+    def _preload(self, files: List[Dict[str, Any]]) -> None:
+        """Copy the preloaded files into the ranks' directories (removed at the end)."""
+        import base64
+        for directory in dict.fromkeys(s.cwd for s in self.specs if not s.session_dir):
+            for item in files:
+                name = str(item["name"])
+                if "/" in name or name in ("", ".", ".."):
+                    raise link.LinkError("a preloaded file with a bad name")
+                path = os.path.join(directory, name)
+                data = base64.b64decode(item["data"])
+                try:
+                    with open(path, "rb") as f:
+                        same = f.read(len(data) + 1) == data
+                    if same:
+                        continue       # already there (a shared file system): leave it be
+                    raise LaunchError(f"--preload: {path} on {socket.gethostname()} exists "
+                                      f"and differs; not overwritten")
+                except FileNotFoundError:
+                    pass
+                except OSError as err:
+                    raise LaunchError(f"--preload: cannot read {path} on "
+                                      f"{socket.gethostname()}: {err.strerror}") from None
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                 int(item["mode"]) & 0o777)
+                    with open(fd, "wb") as f:
+                        f.write(data)
+                except OSError as err:
+                    raise LaunchError(f"--preload: cannot write {path} on "
+                                      f"{socket.gethostname()}: {err.strerror}") from None
+                self.preloaded.append(path)
 
     def _fix_cwd(self) -> List[str]:
         """The launcher's directory where it exists here; else the home directory."""

@@ -50,6 +50,7 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
             "local_size": spec.local_size, "node": spec.host.node_id,
             "argv": list(spec.argv), "cwd": spec.cwd, "stdin": spec.stdin,
             "cpus": list(spec.cpus) if spec.cpus else None,
+            "search": list(spec.search), "session": spec.session_dir,
             "inherit": spec.inherit, "path_prefix": spec.path_prefix,
             "env": {k: v for k, v in spec.env.items() if common.get(k) != v}})
     contexts: List[int] = []
@@ -58,7 +59,11 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
             contexts.append(0)
         contexts[r.app] += 1
     from ..plan.display import job_id
-    return {"kvsname": plan.kvsname, "jobid": job_id(), "grace": job.grace,
+    files, programs = _preloads(job, specs)
+    for rank in ranks:
+        if rank["rank"] in programs:
+            rank["program"] = programs[rank["rank"]]
+    return {"kvsname": plan.kvsname, "jobid": job_id(), "grace": job.grace, "files": files,
             "heartbeat": list(heartbeat),
             "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
             "pty": job.output.pty,
@@ -67,6 +72,46 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
             "process_mapping": plan.process_mapping, "bind_to": job.bind_to,
             "launch_dir": job.launch_dir, "host": specs[0].host.name,
             "common_env": common, "ranks": ranks}
+
+
+def _preloads(job: JobSpec, specs: Sequence[RankSpec]):
+    """``--preload-binary`` and ``--preload-files``: what goes to the host's directories.
+
+    Returns the files (name, mode, base64 data) and, for a preloaded binary,
+    the program each rank runs instead (``./NAME`` in its directory).
+    """
+    import base64
+
+    from ..errors import LaunchError
+    from ..run.spawn import find_program
+    wanted: Dict[str, str] = {}            # name in the rank's directory -> local path
+    programs: Dict[int, str] = {}
+    if job.preload_binary:
+        for spec in specs:
+            program = spec.program or spec.argv[0]
+            path = find_program(program, os.environ, job.launch_dir, spec.search)
+            if path is None:
+                raise LaunchError(f"--preload-binary: program {program!r} not found here")
+            name = os.path.basename(path)
+            wanted[name] = path
+            programs[spec.rank] = "./" + name
+    for path in job.preload_files:
+        wanted[os.path.basename(path)] = path
+    files = []
+    total = 0
+    for name, path in wanted.items():
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            mode = os.stat(path).st_mode & 0o777
+        except OSError as err:
+            raise LaunchError(f"--preload: cannot read {path}: {err.strerror}") from None
+        total += len(data)
+        if total > 32 << 20:
+            raise LaunchError("--preload-binary/--preload-files: more than 32 MiB to copy; "
+                              "put large files on a shared file system")
+        files.append({"name": name, "mode": mode, "data": base64.b64encode(data).decode()})
+    return files, programs
 
 
 class RemoteHost:
