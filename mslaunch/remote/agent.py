@@ -49,6 +49,7 @@ from ..run.spawn import check_startable, seal_inherited_fds
 from ..spec import Host, RankSpec
 from . import link
 from .endpoint import Endpoint
+from .jobframe import read_job
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -209,6 +210,8 @@ class Agent:
         elif kind == link.SIGNAL:
             sig = link.field(message, "sig", int, "SIGNAL")
             ranks = link.optional(message, "ranks", list, "SIGNAL")
+            if ranks is not None and not all(type(r) is int for r in ranks):
+                raise link.LinkError("SIGNAL: ranks are not numbers")
             if message.get("stacks") is True and self.local is not None:
                 self._send_stacks()
             elif self.local is not None and 0 < sig < 65:
@@ -230,30 +233,26 @@ class Agent:
         from ..run.stacks import stack_traces
         live = {r.spec.rank: r.proc.pid for r in self.local.ranks.values()  # type: ignore[union-attr]
                 if r.proc is not None and not r.ended}
-        for block in stack_traces(live, socket.gethostname(), str(self.job.get("jobid", "[0,1]"))):
+        for block in stack_traces(live, socket.gethostname(), self.job["jobid"]):
             self.endpoint.send(link.encode(link.LOG, {"message": block}))
 
     # -- JOB: this host's ranks ---------------------------------------------------
-    def _prepare(self, job: Dict[str, Any]) -> None:
+    def _prepare(self, body: Dict[str, Any]) -> None:
         if self.job:
             raise link.LinkError("a second JOB frame")
-        try:
-            self.job = job
-            self.grace = float(job.get("grace", 5.0))
-            self.credit = int(job.get("credit", 1 << 22))
-            interval, misses = job.get("heartbeat", (1.0, 5))
-            self.endpoint.start_heartbeat(float(interval), int(misses))
-            self.specs = [self._spec(r) for r in job["ranks"]]
-        except (KeyError, TypeError, ValueError) as err:
-            raise link.LinkError(f"malformed JOB frame ({err!r})") from None
+        self.job = job = read_job(body)
+        self.grace = job["grace"]
+        self.credit = job["credit"]
+        self.endpoint.start_heartbeat(*job["heartbeat"])
+        self.specs = [self._spec(r) for r in job["ranks"]]
         warnings = self._fix_cwd()
         try:
-            self._preload(job.get("files") or [])
+            self._preload(job["files"])
             check_startable(self.specs)
         except LaunchError as err:
             self.fail(str(err), err.exit_code)
             return
-        direct = self._dial_back(job.get("data"))
+        direct = self._dial_back(job["data"])
         self.endpoint.send(link.encode(link.READY, {"warnings": warnings, "direct": direct}))
 
     def _dial_back(self, data: Optional[Dict[str, Any]]) -> bool:
@@ -262,11 +261,16 @@ class Agent:
             return False
         from .dialback import dial
         from .endpoint import SocketEndpoint
+        addresses, port = data.get("addresses"), data.get("port")
+        token, cert = data.get("token"), data.get("cert")
+        if not (isinstance(addresses, list) and all(isinstance(a, str) for a in addresses)
+                and isinstance(port, int) and 0 < port < 65536 and isinstance(token, str)
+                and token.isascii() and (cert is None or isinstance(cert, str))):
+            raise link.LinkError("JOB: data is not {addresses, port, token, cert}")
         try:
-            sock = dial(list(data["addresses"]), int(data["port"]), str(data["token"]),
-                        data.get("cert"))
-        except (KeyError, TypeError, ValueError):
-            raise link.LinkError("malformed JOB frame (data)") from None
+            sock = dial(addresses, port, token, cert)
+        except ValueError as err:
+            raise link.LinkError(f"JOB: data: {err}") from None
         if sock is None:
             return False
 
@@ -279,33 +283,25 @@ class Agent:
 
     def _spec(self, r: Dict[str, Any]) -> RankSpec:
         job = self.job
-        host = Host(name=job.get("host") or socket.gethostname(), slots=len(job["ranks"]),
-                    max_slots=None, local=True, node_id=int(r.get("node", 0)))
-        env = self._environment(r)
-        cpus = tuple(int(c) for c in r["cpus"]) if r.get("cpus") else None
-        return RankSpec(rank=int(r["rank"]), app=int(r.get("app", 0)), host=host,
-                        local_rank=int(r["local_rank"]), local_size=int(r["local_size"]),
-                        argv=tuple(str(a) for a in r["argv"]), env=env, cwd=str(r["cwd"]),
-                        stdout_path=None, stderr_path=None, cpus=cpus,
-                        stdin=str(r.get("stdin", "null")),
-                        program=str(r["program"]) if r.get("program") else None,
-                        search=tuple(str(d) for d in r.get("search") or ()),
-                        session_dir=bool(r.get("session")))
+        host = Host(name=job["host"] or socket.gethostname(), slots=len(job["ranks"]),
+                    max_slots=None, local=True, node_id=r["node"])
+        return RankSpec(rank=r["rank"], app=r["app"], host=host, local_rank=r["local_rank"],
+                        local_size=r["local_size"], argv=tuple(r["argv"]),
+                        env=self._environment(r), cwd=r["cwd"], stdout_path=None,
+                        stderr_path=None, cpus=tuple(r["cpus"]) if r["cpus"] else None,
+                        stdin=r["stdin"], program=r["program"], search=tuple(r["search"]),
+                        session_dir=r["session"])
 
     def _environment(self, r: Dict[str, Any]) -> Dict[str, str]:
-        how = r.get("inherit", "remote")
-        env = scrub_env(os.environ) if how == "remote" else {}
-        prefix = r.get("path_prefix")
+        env = scrub_env(os.environ) if r["inherit"] == "remote" else {}
+        prefix = r["path_prefix"]
         if prefix:
             for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
                 old = env.get(var)
                 env[var] = f"{prefix}/{sub}" + (f":{old}" if old else "")
-        env.update(self.job.get("common_env") or {})
-        env.update(r.get("env") or {})
+        env.update(self.job["common_env"])
+        env.update(r["env"])
         env.setdefault("PYTHONUNBUFFERED", "1")
-        for key, value in env.items():
-            if not isinstance(key, str) or not isinstance(value, str) or "\0" in key + value:
-                raise ValueError(f"bad environment variable {key!r}")
         return env
 
     def _preload(self, files: List[Dict[str, Any]]) -> None:
@@ -317,7 +313,10 @@ class Agent:
                 if "/" in name or name in ("", ".", ".."):
                     raise link.LinkError("a preloaded file with a bad name")
                 path = os.path.join(directory, name)
-                data = base64.b64decode(item["data"])
+                try:
+                    data = base64.b64decode(item["data"], validate=True)
+                except ValueError:
+                    raise link.LinkError("JOB: a preloaded file is not base64") from None
                 try:
                     with open(path, "rb") as f:
                         same = f.read(len(data) + 1) == data
@@ -342,7 +341,7 @@ class Agent:
 
     def _fix_cwd(self) -> List[str]:
         """The launcher's directory where it exists here; else the home directory."""
-        launch_dir = self.job.get("launch_dir")
+        launch_dir = self.job["launch_dir"]
         home = os.path.expanduser("~")
         warnings = []
         for i, spec in enumerate(self.specs):
@@ -364,9 +363,9 @@ class Agent:
         self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace)
         self.guard.add_kvsname(job["kvsname"])
         pmi_env = None
-        if job.get("pmi"):
+        if job["pmi"]:
             self._make_pmi()
-        merge = bool(job.get("merge_stderr"))
+        merge = job["merge_stderr"]
         if self.pmi is not None:
             pmi = self.pmi
             if job["pmi"] == "port":
@@ -381,8 +380,8 @@ class Agent:
 
         self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
                                 grace=self.grace, merge_stderr=merge,
-                                pmi=self.pmi if job.get("pmi") == "fd" else None,
-                                pmi_env=pmi_env, stdin_fd=None, pty=bool(job.get("pty", True)))
+                                pmi=self.pmi if job["pmi"] == "fd" else None,
+                                pmi_env=pmi_env, stdin_fd=None, pty=job["pty"])
         self._started: Dict[str, int] = {}
         try:
             self.local.start()
@@ -401,15 +400,14 @@ class Agent:
         from ..pmi.server import PMIServer
         from ..pmi.state import RelayJobState
         job = self.job
-        size = int(job["size"])
-        appnums = job.get("appnums") or [0] * size
+        size, appnums = job["size"], job["appnums"]
         self.state = RelayJobState(
-            kvsname=job["kvsname"], size=size, process_mapping=job.get("process_mapping", ""),
-            universe_size=int(job.get("universe_size", size)), appnums=appnums,
+            kvsname=job["kvsname"], size=size, process_mapping=job["process_mapping"],
+            universe_size=job["universe_size"], appnums=appnums,
             local_ranks=[s.rank for s in self.specs], send=self._pmi_up)
         self.pmi = PMIServer(self.loop, kvsname=job["kvsname"], size=size,
-                             process_mapping=job.get("process_mapping", ""),
-                             universe_size=int(job.get("universe_size", size)),
+                             process_mapping=job["process_mapping"],
+                             universe_size=job["universe_size"],
                              appnums=appnums, listener=self, state=self.state)
 
     # -- LocalRanks listener -----------------------------------------------------

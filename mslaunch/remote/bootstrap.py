@@ -29,9 +29,13 @@ if TYPE_CHECKING:
     from typing import Optional, Sequence
 
 #: The one-line program the remote interpreter runs: it reads the bootstrap.
-_TINY = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+#: Its reader has a one-byte buffer: it must not read ahead past the
+#: bootstrap, or the first frames behind it would be lost to the agent,
+#: which reads file descriptor 0 itself.
+_TINY = ("import io;b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
+         "exec(b.read(int(b.readline())))")
 
-#: Runs with ``b``, the interpreter's buffered stdin; reads the package zip.
+#: Runs with ``b``, the one-line program's reader; reads the package zip.
 BOOTSTRAP = r'''
 import sys
 if sys.version_info < (3, 8):

@@ -230,7 +230,8 @@ def dial(addresses: Sequence[str], port: int, token: str, cert_pem: Optional[str
     """The agent's side: connect, check the launcher's certificate, send the token.
 
     Returns a connected socket (TLS when ``cert_pem`` is given), or None
-    when no address answers; never raises for network trouble.
+    when no address answers; never raises for network trouble (ValueError
+    for a certificate that is not one).
     """
     context = None
     if cert_pem:
@@ -238,7 +239,10 @@ def dial(addresses: Sequence[str], port: int, token: str, cert_pem: Optional[str
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.check_hostname = False          # pinned: the one certificate trusted
-        context.load_verify_locations(cadata=cert_pem)
+        try:
+            context.load_verify_locations(cadata=cert_pem)
+        except (ssl.SSLError, ValueError):
+            raise ValueError("the launcher's certificate is not a PEM certificate") from None
     for addr in addresses:
         try:
             sock = socket.create_connection((addr, port), timeout=timeout)

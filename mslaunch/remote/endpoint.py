@@ -123,6 +123,13 @@ class Endpoint:
             except link.LinkError as err:
                 self.close(f"protocol error: {err}")
                 return
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError,
+                    OverflowError) as err:
+                # The handlers check what they read; a value that still slips
+                # through is the peer's fault and must end the link, not us.
+                self.close(f"protocol error: malformed {link.NAMES.get(kind, 'unknown')} "
+                           f"frame ({type(err).__name__})")
+                return
 
     # -- output -------------------------------------------------------------
     def send(self, data: bytes) -> None:

@@ -19,99 +19,19 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence
+    from typing import Any, Dict, Optional, Sequence
 
     from ..run.loop import Loop
-    from ..spec import JobSpec, Plan, RankSpec
+    from ..spec import RankSpec
     from .ssh import AgentConnection
 
 from . import link
 from .endpoint import Endpoint
-
-#: Bytes of output an agent may send before the launcher grants more.
-CREDIT = 8 << 20
+from .jobframe import CREDIT
 
 
-def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
-              pmi: Optional[str]) -> Dict[str, Any]:
-    """The ``JOB`` frame of one host: its ranks, and what they share said once."""
-    common: Optional[Dict[str, str]] = None
-    for spec in specs:
-        if common is None:
-            common = dict(spec.env)
-        else:
-            for key in [k for k, v in common.items() if spec.env.get(k) != v]:
-                del common[key]
-    common = common or {}
-    ranks = []
-    for spec in specs:
-        ranks.append({
-            "rank": spec.rank, "app": spec.app, "local_rank": spec.local_rank,
-            "local_size": spec.local_size, "node": spec.host.node_id,
-            "argv": list(spec.argv), "cwd": spec.cwd, "stdin": spec.stdin,
-            "cpus": list(spec.cpus) if spec.cpus else None,
-            "search": list(spec.search), "session": spec.session_dir,
-            "inherit": spec.inherit, "path_prefix": spec.path_prefix,
-            "env": {k: v for k, v in spec.env.items() if common.get(k) != v}})
-    contexts: List[int] = []
-    for r in plan.ranks:
-        if r.app == len(contexts):
-            contexts.append(0)
-        contexts[r.app] += 1
-    from ..plan.display import job_id
-    files, programs = _preloads(job, specs)
-    for rank in ranks:
-        if rank["rank"] in programs:
-            rank["program"] = programs[rank["rank"]]
-    return {"kvsname": plan.kvsname, "jobid": job_id(), "grace": job.grace, "files": files,
-            "heartbeat": list(heartbeat),
-            "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
-            "pty": job.output.pty,
-            "size": len(plan.ranks), "universe_size": plan.universe_size,
-            "appnums": [r.app for r in plan.ranks] if len(contexts) > 1 else None,
-            "process_mapping": plan.process_mapping, "bind_to": job.bind_to,
-            "launch_dir": job.launch_dir, "host": specs[0].host.name,
-            "common_env": common, "ranks": ranks}
-
-
-def _preloads(job: JobSpec, specs: Sequence[RankSpec]):
-    """``--preload-binary`` and ``--preload-files``: what goes to the host's directories.
-
-    Returns the files (name, mode, base64 data) and, for a preloaded binary,
-    the program each rank runs instead (``./NAME`` in its directory).
-    """
-    import base64
-
-    from ..errors import LaunchError
-    from ..run.spawn import find_program
-    wanted: Dict[str, str] = {}            # name in the rank's directory -> local path
-    programs: Dict[int, str] = {}
-    if job.preload_binary:
-        for spec in specs:
-            program = spec.program or spec.argv[0]
-            path = find_program(program, os.environ, job.launch_dir, spec.search)
-            if path is None:
-                raise LaunchError(f"--preload-binary: program {program!r} not found here")
-            name = os.path.basename(path)
-            wanted[name] = path
-            programs[spec.rank] = "./" + name
-    for path in job.preload_files:
-        wanted[os.path.basename(path)] = path
-    files = []
-    total = 0
-    for name, path in wanted.items():
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-            mode = os.stat(path).st_mode & 0o777
-        except OSError as err:
-            raise LaunchError(f"--preload: cannot read {path}: {err.strerror}") from None
-        total += len(data)
-        if total > 32 << 20:
-            raise LaunchError("--preload-binary/--preload-files: more than 32 MiB to copy; "
-                              "put large files on a shared file system")
-        files.append({"name": name, "mode": mode, "data": base64.b64encode(data).decode()})
-    return files, programs
+#: Frames an agent sends only about started ranks.
+_AFTER_START = (link.STARTED, link.EXITED, link.DONE)
 
 
 class RemoteHost:
@@ -200,7 +120,11 @@ class RemoteHost:
             self._on_frame(kind, body)
 
         def on_closed(reason: str) -> None:
-            if reason and self.state not in ("done", "lost") and not self._output_finished():
+            if not reason or self.state == "lost" or self._output_finished():
+                return
+            if self.endpoint.closed:
+                self._lost_if_cut(reason)
+            else:
                 self.endpoint.close(f"its output connection: {reason}")
 
         self.output = SocketEndpoint(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
@@ -215,6 +139,8 @@ class RemoteHost:
     def _on_frame(self, kind: int, body: bytes) -> None:
         sup = self.supervisor
         if kind == link.OUTPUT:
+            if self.state not in ("running", "done"):
+                raise link.LinkError("OUTPUT before START")
             rank, stream, data = link.decode_binary(body)
             self._check_rank(rank)
             sink = sup.sink(rank, stream)
@@ -233,15 +159,22 @@ class RemoteHost:
         if kind == link.BEAT:
             return
         message = link.decode_json(kind, body)
+        if kind in _AFTER_START and self.state != "running":
+            raise link.LinkError(f"{link.NAMES[kind]} before START")
         if kind == link.READY:
-            for text in message.get("warnings") or []:
-                sup.host_message(self, str(text))
+            if self.state != "prepared":
+                raise link.LinkError("READY before JOB, or twice")
+            warnings = message.get("warnings") or []
+            if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+                raise link.LinkError("READY: warnings are not a list of strings")
+            for text in warnings:
+                sup.host_message(self, text[:500])
             self.state = "ready"
             sup.host_ready(self)
         elif kind == link.STARTED:
             pids = link.field(message, "pids", dict, "STARTED")
             for rank, pid in pids.items():
-                if not rank.isdigit() or not isinstance(pid, int):
+                if not (rank.isascii() and rank.isdigit()) or type(pid) is not int or pid <= 0:
                     raise link.LinkError("STARTED: bad rank or pid")
                 self._check_rank(int(rank))
                 sup.rank_started(int(rank), pid)
@@ -287,10 +220,29 @@ class RemoteHost:
             self.owed = 0
 
     def _on_closed(self, reason: str) -> None:
-        if self.output is not None and reason:
-            self.output.close("")
-        if self.state in ("done",) or not reason:
+        if not reason or self.state == "lost":
+            if self.output is not None:
+                self.output.close("")
             return
+        if self.state == "done":
+            # Every rank ended; the agent should still be waiting for BYE.
+            # Output may yet be on its way on the output connection.
+            if self.output is not None and not self.output.closed:
+                self.loop.call_later(1.0, lambda: self._lost_if_cut(reason))
+            else:
+                self._lost_if_cut(reason)
+            return
+        if self.output is not None:
+            self.output.close("")
+        self._lost(reason)
+
+    def _lost_if_cut(self, reason: str) -> None:
+        if self.state == "done" and not self._output_finished():
+            if self.output is not None:
+                self.output.close("")
+            self._lost(reason)
+
+    def _lost(self, reason: str) -> None:
         self.state = "lost"
         tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
         if tail:

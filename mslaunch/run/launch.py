@@ -14,6 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Optional
 
+from ..pmi.shm import new_kvsname
 from ..spec import JobSpec, Plan
 
 
@@ -37,10 +38,6 @@ def _master_port(text: Optional[str]) -> Optional[int]:
     from ..errors import UsageError
     raise UsageError(f"MASTER_PORT={text[:20]!r} in the environment is not a port number "
                      f"(1-65535)")
-
-
-def new_kvsname() -> str:
-    return f"kvs_{os.getpid()}_{os.urandom(4).hex()}"
 
 
 def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None,

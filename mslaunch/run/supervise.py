@@ -265,7 +265,8 @@ class Supervisor:
         on one host is reported before any rank runs.
         """
         from ..remote.endpoint import heartbeat_setting
-        from ..remote.host import RemoteHost, job_frame
+        from ..remote.host import RemoteHost
+        from ..remote.jobframe import job_frame
         job, plan = self.job, self.plan
         heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"))
         pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
@@ -366,11 +367,15 @@ class Supervisor:
                 self._start_error = (f"lost host {host.name} before the job started: {reason}",
                                      HOST_LOST_EXIT)
             return
-        lost = [r for r in self.ranks if r.spec.rank in host.ranks and not r.ended]
+        # Ranks still running, and ranks that ended but whose output had not
+        # all arrived: both lose something with the host.
+        lost = [r for r in self.ranks if r.spec.rank in host.ranks
+                and (not r.ended or not all(out.finished for out in r.outputs))]
         for r in lost:
-            r.ended = True
             if not r.reason:
-                r.reason = f"was lost with its host: {reason}"
+                r.reason = (f"was lost with its host: {reason}" if not r.ended else
+                            f"lost the end of its output with its host: {reason}")
+            r.ended = True
             for out in r.outputs:
                 out.finish()
         if lost:

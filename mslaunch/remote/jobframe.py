@@ -1,0 +1,245 @@
+"""The ``JOB`` frame: what the launcher tells an agent about its host's ranks.
+
+:func:`job_frame` builds it on the launcher's side; :func:`read_job` is the
+agent's side: it checks every field -- types, ranges, finite numbers, no NUL
+in argv or environment, a kvsname that is safe in file names and in the
+guard's line protocol -- and fills the defaults, so nothing later in the
+agent meets a value of the wrong kind.  A bad frame is a
+:class:`~mslaunch.remote.link.LinkError` (the agent reports a protocol
+error and stops), never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence
+
+    from ..spec import JobSpec, Plan, RankSpec
+
+from .link import LinkError
+
+#: Bytes of output an agent may send before the launcher grants more.
+CREDIT = 8 << 20
+
+_KVSNAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_MAX_RANK = 1 << 24
+
+
+def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
+              pmi: Optional[str]) -> Dict[str, Any]:
+    """The ``JOB`` frame of one host: its ranks, and what they share said once."""
+    common: Optional[Dict[str, str]] = None
+    for spec in specs:
+        if common is None:
+            common = dict(spec.env)
+        else:
+            for key in [k for k, v in common.items() if spec.env.get(k) != v]:
+                del common[key]
+    common = common or {}
+    ranks = []
+    for spec in specs:
+        ranks.append({
+            "rank": spec.rank, "app": spec.app, "local_rank": spec.local_rank,
+            "local_size": spec.local_size, "node": spec.host.node_id,
+            "argv": list(spec.argv), "cwd": spec.cwd, "stdin": spec.stdin,
+            "cpus": list(spec.cpus) if spec.cpus else None,
+            "search": list(spec.search), "session": spec.session_dir,
+            "inherit": spec.inherit, "path_prefix": spec.path_prefix,
+            "env": {k: v for k, v in spec.env.items() if common.get(k) != v}})
+    contexts: List[int] = []
+    for r in plan.ranks:
+        if r.app == len(contexts):
+            contexts.append(0)
+        contexts[r.app] += 1
+    from ..plan.display import job_id
+    files, programs = _preloads(job, specs)
+    for rank in ranks:
+        if rank["rank"] in programs:
+            rank["program"] = programs[rank["rank"]]
+    return {"kvsname": plan.kvsname, "jobid": job_id(), "grace": job.grace, "files": files,
+            "heartbeat": list(heartbeat),
+            "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
+            "pty": job.output.pty,
+            "size": len(plan.ranks), "universe_size": plan.universe_size,
+            "appnums": [r.app for r in plan.ranks] if len(contexts) > 1 else None,
+            "process_mapping": plan.process_mapping, "bind_to": job.bind_to,
+            "launch_dir": job.launch_dir, "host": specs[0].host.name,
+            "common_env": common, "ranks": ranks}
+
+
+def _preloads(job: JobSpec, specs: Sequence[RankSpec]):
+    """``--preload-binary`` and ``--preload-files``: what goes to the host's directories.
+
+    Returns the files (name, mode, base64 data) and, for a preloaded binary,
+    the program each rank runs instead (``./NAME`` in its directory).
+    """
+    import base64
+
+    from ..errors import LaunchError
+    from ..run.spawn import find_program
+    wanted: Dict[str, str] = {}            # name in the rank's directory -> local path
+    programs: Dict[int, str] = {}
+    if job.preload_binary:
+        for spec in specs:
+            program = spec.program or spec.argv[0]
+            path = find_program(program, os.environ, job.launch_dir, spec.search)
+            if path is None:
+                raise LaunchError(f"--preload-binary: program {program!r} not found here")
+            name = os.path.basename(path)
+            wanted[name] = path
+            programs[spec.rank] = "./" + name
+    for path in job.preload_files:
+        wanted[os.path.basename(path)] = path
+    files = []
+    total = 0
+    for name, path in wanted.items():
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            mode = os.stat(path).st_mode & 0o777
+        except OSError as err:
+            raise LaunchError(f"--preload: cannot read {path}: {err.strerror}") from None
+        total += len(data)
+        if total > 32 << 20:
+            raise LaunchError("--preload-binary/--preload-files: more than 32 MiB to copy; "
+                              "put large files on a shared file system")
+        files.append({"name": name, "mode": mode, "data": base64.b64encode(data).decode()})
+    return files, programs
+
+
+# -- the agent's side -----------------------------------------------------------
+
+def _bad(name: str, what: str) -> LinkError:
+    return LinkError(f"JOB: {name} {what}")
+
+
+def _int(value: Any, name: str, low: int = 0, high: int = 1 << 62) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(name, f"is not a whole number in [{low}, {high}]")
+    return value
+
+
+def _number(value: Any, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or not low <= value <= high:
+        raise _bad(name, f"is not a number in [{low}, {high}]")
+    return float(value)
+
+
+def _text(value: Any, name: str, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or "\0" in value or (not empty and not value):
+        raise _bad(name, "is not a string" + ("" if empty else " (non-empty)")
+                   + " without NUL")
+    return value
+
+
+def _maybe_text(value: Any, name: str) -> Optional[str]:
+    return None if value is None else _text(value, name)
+
+
+def _texts(value: Any, name: str, *, empty: bool = True) -> List[str]:
+    if not isinstance(value, list) or (not empty and not value):
+        raise _bad(name, "is not a list" + ("" if empty else " (non-empty)"))
+    return [_text(v, name) for v in value]
+
+
+def _env(value: Any, name: str) -> Dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(name, "is not a mapping")
+    for key, item in value.items():
+        _text(key, f"{name} name", empty=False)
+        if "=" in key:
+            raise _bad(name, f"has a name with '=': {key[:40]!r}")
+        _text(item, f"{name}[{key[:40]!r}]")
+    return value
+
+
+def _choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
+    if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+        raise _bad(name, f"is not one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def _rank(r: Any, size: int) -> Dict[str, Any]:
+    if not isinstance(r, dict):
+        raise _bad("rank entry", "is not a mapping")
+    cpus = r.get("cpus")
+    return {
+        "rank": _int(r.get("rank"), "rank", 0, size - 1),
+        "app": _int(r.get("app", 0), "app", 0, _MAX_RANK),
+        "local_rank": _int(r.get("local_rank"), "local_rank", 0, _MAX_RANK),
+        "local_size": _int(r.get("local_size"), "local_size", 1, _MAX_RANK),
+        "node": _int(r.get("node", 0), "node", 0, _MAX_RANK),
+        "argv": _texts(r.get("argv"), "argv", empty=False),
+        "cwd": _text(r.get("cwd"), "cwd", empty=False),
+        "stdin": _text(r.get("stdin", "null"), "stdin"),
+        "cpus": None if not cpus else [_int(c, "cpus", 0, 1 << 20) for c in
+                                       (cpus if isinstance(cpus, list) else [None])],
+        "search": _texts(r.get("search") or [], "search"),
+        "session": bool(r.get("session")),
+        "inherit": _choice(r.get("inherit", "remote"), "inherit", ("remote", "launcher")),
+        "path_prefix": _maybe_text(r.get("path_prefix"), "path_prefix"),
+        "program": _maybe_text(r.get("program") or None, "program"),
+        "env": _env(r.get("env"), "env"),
+    }
+
+
+def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``JOB`` frame checked and completed with defaults (see the module docstring)."""
+    kvsname = body.get("kvsname")
+    if not isinstance(kvsname, str) or not _KVSNAME.fullmatch(kvsname):
+        raise _bad("kvsname", "is missing or not a name of letters, digits and _.:-")
+    ranks = body.get("ranks")
+    if not isinstance(ranks, list) or not ranks or len(ranks) > _MAX_RANK:
+        raise _bad("ranks", "is not a non-empty list")
+    heartbeat = body.get("heartbeat", [1.0, 5])
+    if not isinstance(heartbeat, list) or len(heartbeat) != 2:
+        raise _bad("heartbeat", "is not [interval, misses]")
+    pmi = _choice(body.get("pmi"), "pmi", (None, "fd", "port"))
+    size = _int(body.get("size", len(ranks)) if pmi is None else body.get("size"),
+                "size", 1, _MAX_RANK)
+    appnums = body.get("appnums")
+    if appnums is not None:
+        if not isinstance(appnums, list) or len(appnums) != size:
+            raise _bad("appnums", f"is not a list of {size} numbers")
+        appnums = [_int(a, "appnums", 0, _MAX_RANK) for a in appnums]
+    files = body.get("files") or []
+    if not isinstance(files, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("name"), str)
+            and isinstance(f.get("data"), str) and not isinstance(f.get("mode"), bool)
+            and isinstance(f.get("mode"), int) for f in files):
+        raise _bad("files", "is not a list of {name, mode, data}")
+    checked = [_rank(r, size) for r in ranks]
+    if len({r["rank"] for r in checked}) != len(checked):
+        raise _bad("ranks", "name a rank twice")
+    data = body.get("data")
+    if data is not None and not isinstance(data, dict):
+        raise _bad("data", "is not a mapping")
+    return {
+        "kvsname": kvsname,
+        "jobid": _text(body.get("jobid", "[0,1]"), "jobid"),
+        "grace": _number(body.get("grace", 5.0), "grace", 0.0, 86400.0),
+        "heartbeat": (_number(heartbeat[0], "heartbeat interval", 0.01, 3600.0),
+                      _int(heartbeat[1], "heartbeat misses", 1, 10000)),
+        "credit": _int(body.get("credit", 1 << 22), "credit", 1, 1 << 40),
+        "merge_stderr": bool(body.get("merge_stderr")),
+        "pty": _choice(body.get("pty", True), "pty", (True, False)),
+        "pmi": pmi,
+        "size": size,
+        "universe_size": _int(body.get("universe_size", size), "universe_size", 1, _MAX_RANK),
+        "appnums": appnums or [0] * size,
+        "process_mapping": _text(body.get("process_mapping") or "", "process_mapping"),
+        "launch_dir": _maybe_text(body.get("launch_dir"), "launch_dir"),
+        "host": _maybe_text(body.get("host"), "host"),
+        "common_env": _env(body.get("common_env"), "common_env"),
+        "files": files,
+        "data": data,
+        "ranks": checked,
+    }

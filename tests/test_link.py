@@ -1,0 +1,1102 @@
+"""The control link between the launcher and its agents: the codec, the real agent
+driven over pipes (no SSH), and the launcher facing a lying agent over a real SSH host.
+
+Every agent here is started the way SSH starts it -- ``sh -c <remote command>`` with
+the bootstrap written to its stdin -- only without SSH in between, so the tests see
+exactly what a launcher sees: the link's start mark, frames, the exit status and
+the agent's stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from helpers import PY, clean_env, cmd, kill_tagged, tagged_pids, wait_for
+from mslaunch.remote import bootstrap, link
+from mslaunch.run.output import CHUNK
+
+Frame = Tuple[int, bytes]
+
+JSON_KINDS = sorted(k for k in link.NAMES if k not in (link.OUTPUT, link.STDIN))
+
+
+# ---------------------------------------------------------------------------
+# strategies
+# ---------------------------------------------------------------------------
+
+#: Text as the launcher carries it: arbitrary bytes (no NUL) through os.fsdecode,
+#: so lone surrogates (surrogateescape) are common; plus arbitrary Unicode text.
+fs_bytes = st.binary(max_size=40).filter(lambda b: b"\0" not in b)
+fs_text = st.one_of(fs_bytes.map(os.fsdecode), st.text(max_size=20))
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70), fs_text),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(fs_text, inner, max_size=4)),
+    max_leaves=12)
+json_bodies = st.one_of(st.none(), st.dictionaries(fs_text, json_values, max_size=5))
+
+
+@st.composite
+def frames(draw) -> Tuple[int, Any]:
+    """``(kind, body)``: a JSON body (None: empty), or ``(rank, stream, data)``."""
+    which = draw(st.sampled_from(["json", "output", "stdin"]))
+    if which == "json":
+        return draw(st.sampled_from(JSON_KINDS)), draw(json_bodies)
+    rank = draw(st.one_of(st.integers(0, 3), st.just(link.ALL_RANKS),
+                          st.integers(0, (1 << 32) - 1)))
+    data = draw(st.binary(max_size=300))
+    if which == "output":
+        return link.OUTPUT, (rank, draw(st.sampled_from([1, 2])), data)
+    return link.STDIN, (rank, 0, data)
+
+
+def encode_frame(kind: int, body: Any) -> bytes:
+    if kind == link.OUTPUT:
+        return link.encode_output(*body)
+    if kind == link.STDIN:
+        return link.encode_stdin(body[0], body[2])
+    return link.encode(kind, body)
+
+
+def decode_frame(kind: int, body: bytes) -> Any:
+    if kind in (link.OUTPUT, link.STDIN):
+        return link.decode_binary(body)
+    return link.decode_json(kind, body)
+
+
+def chunked(data: bytes, cuts: Sequence[int]) -> List[bytes]:
+    """``data`` cut at the (sorted, clipped) positions ``cuts``."""
+    points = sorted({min(max(c, 0), len(data)) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in zip(points, points[1:])]
+
+
+def feed_all(reader: link.Reader, pieces: Sequence[bytes]) -> List[Frame]:
+    out: List[Frame] = []
+    for piece in pieces:
+        out += reader.feed(piece)
+    return out
+
+
+def stops_at_first_frame(data: bytes) -> bool:
+    """Whether a Reader cuts no frame out of ``data``: its first header is invalid, or
+    its first frame is incomplete (then it waits, however the bytes are chunked)."""
+    if header_is_invalid(data):
+        return True
+    try:
+        return link.Reader().feed(data) == []
+    except link.LinkError:
+        return False
+
+
+def header_is_invalid(data: bytes) -> bool:
+    """Whether the first frame header in ``data`` is one the Reader must reject."""
+    if len(data) < 5:
+        return False
+    length, kind = link._HEAD.unpack_from(data)
+    return not 1 <= length <= link.MAX_FRAME or kind not in link.NAMES
+
+
+# ---------------------------------------------------------------------------
+# 1. the codec: property tests
+# ---------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(frames(), max_size=8), st.lists(st.integers(0, 4000), max_size=12))
+def test_frames_survive_any_chunking(sent, cuts):
+    data = b"".join(encode_frame(k, b) for k, b in sent)
+    reader = link.Reader()
+    got = feed_all(reader, chunked(data, cuts))
+    assert not reader.buf
+    assert [k for k, _ in got] == [k for k, _ in sent]
+    for (kind, body), (gkind, gbody) in zip(sent, got):
+        decoded = decode_frame(gkind, gbody)
+        if kind in (link.OUTPUT, link.STDIN):
+            assert decoded == body
+        else:
+            assert decoded == ({} if body is None else body)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.binary(max_size=3000), st.lists(frames(), min_size=1, max_size=4),
+       st.lists(st.integers(0, 4000), max_size=10))
+def test_junk_before_the_sync_mark_is_skipped_and_kept(junk, sent, cuts):
+    # The junk must not itself hold the mark, nor end in a prefix that the mark completes.
+    stream_head = junk + link.SYNC
+    assume(stream_head.find(link.SYNC) == len(junk))
+    frames_data = b"".join(encode_frame(k, b) for k, b in sent)
+    reader = link.Reader(expect_sync=True)
+    got = feed_all(reader, chunked(stream_head + frames_data, cuts))
+    assert reader.synced
+    assert reader.preamble == junk
+    assert [decode_frame(k, b) for k, b in got] == [
+        (b if k in (link.OUTPUT, link.STDIN) else (b or {})) for k, b in sent]
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(fs_bytes, max_size=6), st.dictionaries(fs_bytes.filter(lambda b: b"=" not in b),
+                                                       fs_bytes, max_size=6))
+def test_argv_and_environment_are_carried_byte_for_byte(argv, env):
+    body = {"argv": [os.fsdecode(a) for a in argv],
+            "env": {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}}
+    (kind, raw), = link.Reader().feed(link.encode(link.JOB, body))
+    assert raw.isascii()
+    back = link.decode_json(kind, raw)
+    assert [os.fsencode(a) for a in back["argv"]] == argv
+    assert {os.fsencode(k): os.fsencode(v) for k, v in back["env"].items()} == env
+
+
+def test_preamble_without_a_sync_mark_is_bounded():
+    reader = link.Reader(expect_sync=True)
+    assert reader.feed(b"x" * link.MAX_PREAMBLE) == []
+    with pytest.raises(link.LinkError, match="start mark"):
+        reader.feed(b"y" * (len(link.SYNC) + 1))
+
+
+# ---------------------------------------------------------------------------
+# 2. the codec: fuzz
+# ---------------------------------------------------------------------------
+
+def _cut_and_check(reader: link.Reader, pieces: Sequence[bytes]) -> None:
+    """Feed; every outcome is frames whose bodies decode or raise LinkError."""
+    fed = 0
+    for piece in pieces:
+        fed += len(piece)
+        try:
+            got = reader.feed(piece)
+        except link.LinkError:
+            return
+        assert len(reader.buf) <= fed      # nothing is buffered beyond what came in
+        for kind, body in got:
+            assert kind in link.NAMES
+            try:
+                value = decode_frame(kind, body)
+            except link.LinkError:
+                continue
+            assert isinstance(value, (dict, tuple))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.binary(max_size=2000), st.lists(st.integers(0, 2000), max_size=8), st.booleans())
+def test_random_bytes_give_frames_or_link_error(data, cuts, expect_sync):
+    _cut_and_check(link.Reader(expect_sync=expect_sync), chunked(data, cuts))
+
+
+@settings(max_examples=250, deadline=None, database=None)
+@given(st.lists(frames(), min_size=1, max_size=5), st.lists(st.integers(0, 1 << 16), max_size=6),
+       st.integers(0, 1 << 16), st.lists(st.integers(0, 4000), max_size=6), st.booleans())
+def test_damaged_frames_give_frames_or_link_error(sent, flips, cut, cuts, with_sync):
+    data = bytearray((link.SYNC if with_sync else b"")
+                     + b"".join(encode_frame(k, b) for k, b in sent))
+    for bit in flips:
+        bit %= len(data) * 8
+        data[bit // 8] ^= 1 << (bit % 8)
+    data = bytes(data[:cut % (len(data) + 1)])
+    _cut_and_check(link.Reader(expect_sync=with_sync), chunked(data, cuts))
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.sampled_from(JSON_KINDS), st.one_of(
+    st.binary(max_size=200),
+    st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    json_values.map(lambda v: json.dumps(v).encode("ascii")),
+    st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n)))
+def test_decode_json_returns_an_object_or_raises_link_error(kind, body):
+    try:
+        value = link.decode_json(kind, body)
+    except link.LinkError:
+        return
+    assert isinstance(value, dict)
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 200_000, b'{"a":' * 100_000, b'{"n":' + b"9" * 10_000 + b"}", b"\xff\xfe",
+    b'"\xc3\xa9"', b"NaN", b"null", b"", b"{}garbage", b"\x00"])
+def test_decode_json_hostile_bodies(body):
+    try:
+        value = link.decode_json(link.JOB, body)
+    except link.LinkError:
+        return
+    assert value == {} and body in (b"",)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.integers(link.MAX_FRAME + 1, (1 << 32) - 1), st.sampled_from(sorted(link.NAMES)),
+       st.booleans())
+def test_a_length_above_max_frame_is_refused_from_the_header_alone(length, kind, sync):
+    reader = link.Reader(expect_sync=sync)
+    with pytest.raises(link.LinkError, match="out of range"):
+        reader.feed((link.SYNC if sync else b"") + link._HEAD.pack(length, kind))
+    # ... while the largest allowed length waits for its body without a copy of it.
+    reader = link.Reader()
+    assert reader.feed(link._HEAD.pack(link.MAX_FRAME, kind) + b"{") == []
+    assert len(reader.buf) == 6
+
+
+def test_short_binary_frames_are_link_errors():
+    for body in (b"", b"\0", b"\0\0\0\0"):
+        with pytest.raises(link.LinkError):
+            link.decode_binary(body)
+    assert link.decode_binary(b"\0\0\0\1\2") == (1, 2, b"")
+
+
+# ---------------------------------------------------------------------------
+# the real agent over pipes
+# ---------------------------------------------------------------------------
+
+PAYLOAD = bootstrap.payload()
+SLEEPER = "import time; time.sleep(60)"
+
+
+class AgentProc:
+    """An agent started as SSH would start it, with the launcher's side of the link."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.proc = subprocess.Popen(
+            ["sh", "-c", bootstrap.remote_command([PY])], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(MSL_TEST_TAG=tag))
+        self.fd = self.proc.stdout.fileno()
+        self.reader = link.Reader(expect_sync=True)
+        self.pending: List[Frame] = []
+        self.eof = False
+        self.output: Dict[Tuple[int, int], bytes] = {}
+        self.ended: set = set()
+        try:
+            self.send(PAYLOAD)
+            frame = self.next_frame(15)
+            assert frame is not None and frame[0] == link.HELLO, (frame, self.stderr_now())
+            assert self.reader.preamble == b""
+            self.hello = link.decode_json(*frame)
+        except BaseException:
+            self.cleanup()
+            raise
+
+    # -- link ------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def close_link(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def _pump(self, timeout: float) -> bool:
+        """Read once (up to ``timeout``); False at end-of-file or when nothing came."""
+        if self.eof:
+            return False
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if not ready:
+            return False
+        data = os.read(self.fd, 1 << 16)
+        if not data:
+            self.eof = True
+            return False
+        self.pending += self.reader.feed(data)
+        return True
+
+    def next_frame(self, timeout: float = 5.0, beats: bool = False) -> Optional[Frame]:
+        """The next frame (BEATs skipped unless ``beats``), or None at end-of-file."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while self.pending:
+                kind, body = self.pending.pop(0)
+                if kind == link.BEAT and not beats:
+                    continue
+                if kind == link.OUTPUT:
+                    rank, stream, data = link.decode_binary(body)
+                    if data:
+                        self.output[rank, stream] = self.output.get((rank, stream), b"") + data
+                    else:
+                        self.ended.add((rank, stream))
+                return kind, body
+            if self.eof:
+                return None
+            left = deadline - time.monotonic()
+            assert left > 0, "no frame from the agent in time"
+            self._pump(left)
+
+    def expect(self, wanted: int, timeout: float = 10.0) -> Tuple[Dict[str, Any], List[Frame]]:
+        """Frames up to one of kind ``wanted``: its JSON body and the frames before it."""
+        seen: List[Frame] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.next_frame(max(0.01, deadline - time.monotonic()))
+            assert frame is not None, (f"link ended before {link.NAMES[wanted]}: "
+                                       f"{self.stderr_now()}")
+            if frame[0] == wanted:
+                return link.decode_json(*frame), seen
+            assert frame[0] not in (link.ERROR,), link.decode_json(*frame)
+            seen.append(frame)
+
+    def drain(self, seconds: float) -> List[Frame]:
+        """Everything the agent says for ``seconds`` (it keeps the pipe from filling)."""
+        deadline = time.monotonic() + seconds
+        got: List[Frame] = []
+        while time.monotonic() < deadline and not self.eof:
+            self._pump(deadline - time.monotonic())
+            got += self.pending
+            self.pending = []
+        return got
+
+    # -- process ----------------------------------------------------------------
+    def finish(self, timeout: float) -> Tuple[Optional[int], str]:
+        """Wait (reading the link) until the agent exits: (status or None, stderr)."""
+        deadline = time.monotonic() + timeout
+        while not self.eof and time.monotonic() < deadline:
+            self._pump(deadline - time.monotonic())
+        try:
+            code: Optional[int] = self.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            code = None
+            self.kill()
+        return code, self.stderr_now()
+
+    def stderr_now(self) -> str:
+        if self.proc.poll() is None:
+            return "(agent still running)"
+        if not hasattr(self, "_err"):
+            self._err = self.proc.stderr.read().decode("utf-8", "replace")
+        return self._err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def cleanup(self) -> None:
+        self.kill()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        kill_tagged(self.tag)
+
+
+def one_agent_line(err: str) -> str:
+    """Assert the agent said exactly one line, its own, and no traceback."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mslaunch agent on "), err
+    return lines[0]
+
+
+def no_tagged_processes(tag: str, timeout: float = 5.0) -> None:
+    assert wait_for(lambda: tagged_pids(tag) == [], timeout), tagged_pids(tag)
+
+
+def rank_entry(rank: int, size: int, argv: List[str], cwd: str, **env: str) -> Dict[str, Any]:
+    return {"rank": rank, "app": 0, "local_rank": rank, "local_size": size, "node": 0,
+            "argv": argv, "cwd": cwd, "stdin": "null", "inherit": "launcher",
+            "path_prefix": None, "env": dict(env)}
+
+
+def job_body(tag: str, cwd: str, argvs: List[List[str]], **over: Any) -> Dict[str, Any]:
+    """A JOB frame as jobframe.job_frame builds it, for ``len(argvs)`` ranks on this host."""
+    n = len(argvs)
+    body = {"kvsname": f"kvs_link_{tag[:12]}", "grace": 1.0, "heartbeat": [1.0, 30],
+            "credit": 1 << 22, "merge_stderr": False, "pmi": None, "size": n,
+            "universe_size": n, "appnums": None, "process_mapping": "", "bind_to": "none",
+            "launch_dir": cwd, "host": "linktest",
+            "common_env": {"MSL_TEST_TAG": tag, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            "ranks": [rank_entry(i, n, a, cwd, LINK_RANK=str(i)) for i, a in enumerate(argvs)]}
+    body.update(over)
+    return body
+
+
+@pytest.fixture
+def agents():
+    """Start agents with ``agents.new()``; each is killed and its tag swept afterwards."""
+    started: List[AgentProc] = []
+
+    class Factory:
+        @staticmethod
+        def new() -> AgentProc:
+            a = AgentProc(uuid.uuid4().hex)
+            started.append(a)
+            return a
+
+    yield Factory
+    for a in started:
+        a.cleanup()
+
+
+def _fresh_agent() -> AgentProc:
+    """For hypothesis tests (no function-scoped fixtures there): clean up yourself."""
+    return AgentProc(uuid.uuid4().hex)
+
+
+# ---------------------------------------------------------------------------
+# 3. fuzz of the real agent
+# ---------------------------------------------------------------------------
+
+@settings(max_examples=8, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(min_size=1, max_size=600).filter(stops_at_first_frame))
+def test_agent_survives_random_bytes(data):
+    agent = _fresh_agent()
+    try:
+        agent.send(data)
+        if not header_is_invalid(data):
+            # An incomplete frame: only the end of the link can end the wait.
+            agent.close_link()
+        code, err = agent.finish(5)
+        assert code == 1, err
+        line = one_agent_line(err)
+        assert ("protocol error" in line) != (not header_is_invalid(data)), line
+        no_tagged_processes(agent.tag)
+    finally:
+        agent.cleanup()
+
+
+def _truncatable(tag: str, cwd: str) -> st.SearchStrategy:
+    return st.one_of(
+        st.just(link.encode(link.JOB, job_body(tag, cwd, [[PY, "-c", SLEEPER]]))),
+        st.sampled_from([link.START, link.BYE, link.BEAT]).map(link.encode),
+        st.integers(1, 31).map(lambda s: link.encode(link.SIGNAL, {"sig": s})),
+        st.integers(0, 1 << 20).map(lambda n: link.encode(link.CREDIT, {"bytes": n})),
+        st.binary(max_size=100).map(lambda d: link.encode_stdin(0, d)),
+        st.tuples(st.sampled_from(JSON_KINDS), json_bodies).map(lambda kb: link.encode(*kb)))
+
+
+@settings(max_examples=5, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.booleans())
+def test_agent_gives_up_on_a_truncated_frame(tmp_path_factory, data, start_ranks):
+    cwd = str(tmp_path_factory.getbasetemp())
+    agent = _fresh_agent()
+    try:
+        agent.send(link.encode(link.JOB, job_body(agent.tag, cwd, [[PY, "-c", SLEEPER]],
+                                                  heartbeat=[0.1, 3])))
+        agent.expect(link.READY)
+        if start_ranks:
+            agent.send(link.encode(link.START))
+            started, _ = agent.expect(link.STARTED)
+            assert list(started["pids"]) == ["0"]
+        frame = data.draw(_truncatable(agent.tag, cwd))
+        cut = data.draw(st.integers(1, len(frame) - 1))
+        agent.send(frame[:cut])
+        # The launcher's half frame, then silence: a partitioned network, say.
+        code, err = agent.finish(5)
+        assert code == 1, err
+        assert "no sign of life" in one_agent_line(err)
+        no_tagged_processes(agent.tag)
+    finally:
+        agent.cleanup()
+
+
+WRONG_ORDER = {
+    "START before JOB": ([], [link.encode(link.START)], "START without a JOB"),
+    "START twice": (["job", "start"], [link.encode(link.START)], "START without a JOB, or twice"),
+    "a second JOB": (["job"], ["job"], "a second JOB frame"),
+    "OUTPUT downwards": (["job", "start"], [link.encode_output(0, 1, b"hi")],
+                         "OUTPUT frames go the other way"),
+    "READY downwards": ([], [link.encode(link.READY, {"warnings": []})],
+                        "unexpected READY frame"),
+    "PMI without a PMI job": (["job", "start"], [link.encode(link.PMI, {"op": "answer",
+                                                                       "ask": 1})],
+                              "PMI frame without a PMI job"),
+    "unknown PMI operation": (["pmijob", "start"], [link.encode(link.PMI, {"op": "nonsense"})],
+                              "unknown PMI operation 'nonsense'"),
+    "PMI fence_done with numbers": (["pmijob", "start"],
+                                    [link.encode(link.PMI, {"op": "fence_done",
+                                                            "pairs": {"k": 1}})],
+                                    "PMI fence_done: pairs must be strings"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_ORDER))
+def test_agent_refuses_frames_in_the_wrong_order(agents, tmp_path, case):
+    before, bad, expected = WRONG_ORDER[case]
+    agent = agents.new()
+    job = job_body(agent.tag, str(tmp_path), [[PY, "-c", SLEEPER]] * 2)
+
+    for step in before:
+        if step in ("job", "pmijob"):
+            agent.send(link.encode(link.JOB, dict(job, pmi="fd" if step == "pmijob" else None)))
+            agent.expect(link.READY)
+        else:
+            agent.send(link.encode(link.START))
+            started, _ = agent.expect(link.STARTED)
+            pids = set(started["pids"].values())
+            assert len(pids) == 2
+            assert wait_for(lambda: pids <= set(tagged_pids(agent.tag)), 5)
+    for step in bad:
+        agent.send(link.encode(link.JOB, job) if step == "job" else step)
+    code, err = agent.finish(5)
+    assert code == 1, err
+    line = one_agent_line(err)
+    assert f"protocol error: {expected}" in line, line
+    no_tagged_processes(agent.tag)
+
+
+def _without(key: str):
+    return lambda job: {k: v for k, v in job.items() if k != key}
+
+
+def _set(key: str, value: Any):
+    return lambda job: dict(job, **{key: value})
+
+
+def _set_rank(key: str, value: Any):
+    return lambda job: dict(job, ranks=[dict(job["ranks"][0], **{key: value})])
+
+
+BAD_JOBS = [
+    pytest.param(_without("ranks"), id="ranks missing"),
+    pytest.param(_set("ranks", 5), id="ranks an int"),
+    pytest.param(_set("ranks", "x"), id="ranks a string"),
+    pytest.param(_set("ranks", [["rank", 0]]), id="a rank a list"),
+    pytest.param(_set("heartbeat", 3), id="heartbeat an int"),
+    pytest.param(_set("heartbeat", "fast"), id="heartbeat a string"),
+    pytest.param(_set("heartbeat", ["nan", 3]), id="heartbeat NaN"),
+    pytest.param(_set("credit", "lots"), id="credit a string"),
+    pytest.param(_set("credit", 1e999), id="credit infinite"),
+    pytest.param(_set("grace", [1]), id="grace a list"),
+    pytest.param(_set("common_env", [1, 2]), id="common_env a list"),
+    pytest.param(_set_rank("env", {"A": 1}), id="env value an int"),
+    pytest.param(_set_rank("env", "A=1"), id="env a string"),
+    pytest.param(_set_rank("rank", "zero"), id="rank a word"),
+    pytest.param(_set_rank("node", 1e999), id="node infinite"),
+    pytest.param(_set_rank("argv", 7), id="argv an int"),
+    pytest.param(_set_rank("argv", []), id="argv empty"),
+    pytest.param(_set("data", {"addresses": [5], "port": 9, "token": "t"}),
+                 id="dial-back address a number"),
+    pytest.param(_set("data", {"addresses": ["127.0.0.1"], "port": 9, "token": "t",
+                               "cert": "not a certificate"}), id="dial-back cert garbage"),
+    pytest.param(_without("kvsname"), id="kvsname missing"),
+    pytest.param(lambda job: dict(_without("size")(job), pmi="fd"), id="pmi job without size"),
+    pytest.param(_set("kvsname", "kvs\nk/etc"), id="kvsname with a newline"),
+    pytest.param(_set("files", [{"name": "f", "mode": 420, "data": "***"}]),
+                 id="preloaded file not base64"),
+    pytest.param(_set("pmi", "tcp"), id="pmi kind unknown"),
+    pytest.param(_set_rank("rank", 7), id="rank beyond size"),
+]
+
+
+@pytest.mark.parametrize("mutate", BAD_JOBS)
+def test_agent_refuses_a_malformed_job(agents, tmp_path, mutate):
+    agent = agents.new()
+    job = mutate(job_body(agent.tag, str(tmp_path), [[PY, "-c", SLEEPER]]))
+    agent.send(link.encode(link.JOB, job))
+    # Refused at once, before anything starts: no READY, one line, no traceback.
+    frame = agent.next_frame(5)
+    assert frame is None or frame[0] != link.READY, "a malformed JOB was accepted"
+    code, err = agent.finish(2.0)
+    assert code == 1, err
+    assert "protocol error" in one_agent_line(err)
+    no_tagged_processes(agent.tag)
+
+
+def test_agent_refuses_a_signal_with_malformed_ranks(agents, tmp_path):
+    agent = agents.new()
+    agent.send(link.encode(link.JOB, job_body(agent.tag, str(tmp_path), [[PY, "-c", SLEEPER]])))
+    agent.expect(link.READY)
+    agent.send(link.encode(link.START))
+    agent.expect(link.STARTED)
+    agent.send(link.encode(link.SIGNAL, {"sig": 15, "ranks": [[0]]}))
+    code, err = agent.finish(5)
+    assert code == 1, err
+    assert "protocol error" in one_agent_line(err)
+    no_tagged_processes(agent.tag)
+
+
+def test_frames_right_behind_the_bootstrap_are_not_lost(tmp_path):
+    tag = uuid.uuid4().hex
+    job = job_body(tag, str(tmp_path), [[PY, "-c", SLEEPER]])
+    proc = subprocess.Popen(["sh", "-c", bootstrap.remote_command([PY])], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        proc.stdin.write(PAYLOAD + link.encode(link.JOB, job))
+        proc.stdin.flush()
+        reader = link.Reader(expect_sync=True)
+        kinds: List[int] = []
+        deadline = time.monotonic() + 3
+        while link.READY not in kinds and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 0.1)[0]:
+                data = os.read(proc.stdout.fileno(), 1 << 16)
+                if not data:
+                    break
+                kinds += [k for k, _ in reader.feed(data)]
+        assert kinds[:1] == [link.HELLO]
+        assert link.READY in kinds, "the JOB sent with the bootstrap was never answered"
+    finally:
+        proc.kill()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            f.close()
+        kill_tagged(tag)
+
+
+# ---------------------------------------------------------------------------
+# 4. a whole conversation with the agent, without SSH
+# ---------------------------------------------------------------------------
+
+TALKER = """
+import os, sys
+rank = os.environ["LINK_RANK"].encode()
+sys.stdout.buffer.write(b"rank " + rank + b": " + os.fsencode(sys.argv[1]) + b"|"
+                        + os.environb[b"LINK_BYTES"] + b"\\n")
+sys.stdout.buffer.flush()
+sys.stderr.buffer.write(b"err " + rank + b"\\n")
+sys.exit(3 * int(rank))
+"""
+
+ODD_BYTES = b"caf\xc3\xa9 \xff\xfe\x01 $HOME 'q' \"d\" \\"
+
+
+def test_a_whole_job_through_the_agent(agents, tmp_path):
+    agent = agents.new()
+    assert agent.hello["protocol"] == link.PROTOCOL
+    assert agent.hello["pid"] == agent.proc.pid
+    job = job_body(agent.tag, str(tmp_path),
+                   [[PY, "-c", TALKER, os.fsdecode(ODD_BYTES + b"%d" % i)] for i in range(2)])
+    job["common_env"]["LINK_BYTES"] = os.fsdecode(ODD_BYTES)
+    agent.send(link.encode(link.JOB, job))
+    ready, _ = agent.expect(link.READY)
+    assert ready["warnings"] == []
+    assert not ready.get("direct")          # no dial-back offered: output stays on the link
+    agent.send(link.encode(link.START))
+    started, _ = agent.expect(link.STARTED)
+    assert sorted(started["pids"]) == ["0", "1"]
+    _, frames_seen = agent.expect(link.DONE)
+    exits = {}
+    for kind, body in frames_seen:
+        assert kind in (link.OUTPUT, link.EXITED), (kind, body)
+        if kind == link.EXITED:
+            msg = link.decode_json(kind, body)
+            assert msg["rank"] not in exits
+            exits[msg["rank"]] = (msg["code"], msg["signal"])
+    assert exits == {0: (0, None), 1: (3, None)}
+    for i in range(2):
+        assert agent.output[i, 1] == b"rank %d: %s%d|%s\n" % (i, ODD_BYTES, i, ODD_BYTES)
+        assert agent.output[i, 2] == b"err %d\n" % i
+    assert agent.ended == {(0, 1), (0, 2), (1, 1), (1, 2)}
+    agent.send(link.encode(link.BYE))
+    code, err = agent.finish(5)
+    assert (code, err) == (0, "")
+    no_tagged_processes(agent.tag)
+
+
+#: More than the agent reads at once plus what a rank's pipe holds (1 MiB each at most).
+FLOOD_SIZE = 4 << 20
+FLOOD = """
+import sys
+sys.stdout.buffer.write(b"x" * %d)
+sys.stdout.buffer.flush()
+open(sys.argv[1], "w").close()
+sys.stdout.buffer.write(b"\\nFINAL\\n")
+""" % FLOOD_SIZE
+
+
+def test_output_waits_for_credit(agents, tmp_path):
+    agent = agents.new()
+    marker = tmp_path / "wrote-everything"
+    agent.send(link.encode(link.JOB, job_body(agent.tag, str(tmp_path),
+                                              [[PY, "-c", FLOOD, str(marker)]], credit=1000)))
+    agent.expect(link.READY)
+    agent.send(link.encode(link.START))
+    agent.expect(link.STARTED)
+    # Without credit, the agent stops reading: the rank blocks in write().
+    rest = agent.drain(1.5)
+    assert all(k in (link.OUTPUT, link.BEAT) for k, _ in rest), rest
+    agent.pending = [f for f in rest if f[0] != link.BEAT]
+    while agent.pending:
+        agent.next_frame(0.1)
+    held = len(agent.output.get((0, 1), b""))
+    assert 0 < held <= 1000 + CHUNK
+    assert not marker.exists()
+    assert b"FINAL" not in agent.output.get((0, 1), b"")
+    assert tagged_pids(agent.tag)
+    # Credit granted: the rest flows, the rank finishes.
+    agent.send(link.encode(link.CREDIT, {"bytes": 1 << 30}))
+    exited, _ = agent.expect(link.EXITED)
+    assert (exited["code"], exited["signal"]) == (0, None)
+    agent.expect(link.DONE)
+    assert marker.exists()
+    assert agent.output[0, 1] == b"x" * FLOOD_SIZE + b"\nFINAL\n"
+    agent.send(link.encode(link.BYE))
+    assert agent.finish(5) == (0, "")
+    no_tagged_processes(agent.tag)
+
+
+def test_signal_frame_ends_a_sleeping_rank(agents, tmp_path):
+    agent = agents.new()
+    agent.send(link.encode(link.JOB, job_body(agent.tag, str(tmp_path),
+                                              [[PY, "-c", SLEEPER]] * 2)))
+    agent.expect(link.READY)
+    agent.send(link.encode(link.START))
+    agent.expect(link.STARTED)
+    agent.send(link.encode(link.SIGNAL, {"sig": int(signal.SIGTERM), "ranks": [1]}))
+    exited, _ = agent.expect(link.EXITED)
+    assert exited == {"rank": 1, "code": None, "signal": int(signal.SIGTERM)}
+    agent.send(link.encode(link.SIGNAL, {"sig": int(signal.SIGTERM)}))
+    exited, _ = agent.expect(link.EXITED)
+    assert exited == {"rank": 0, "code": None, "signal": int(signal.SIGTERM)}
+    agent.expect(link.DONE)
+    agent.send(link.encode(link.BYE))
+    assert agent.finish(5) == (0, "")
+    no_tagged_processes(agent.tag)
+
+
+def _started_sleepers(agent: AgentProc, cwd: str, **over: Any) -> None:
+    agent.send(link.encode(link.JOB, job_body(agent.tag, cwd, [[PY, "-c", SLEEPER]] * 2,
+                                              **over)))
+    agent.expect(link.READY)
+    agent.send(link.encode(link.START))
+    started, _ = agent.expect(link.STARTED)
+    assert len(started["pids"]) == 2
+    assert wait_for(lambda: all(p in tagged_pids(agent.tag) for p in started["pids"].values()),
+                    5)
+
+
+def test_end_of_link_stops_the_ranks(agents, tmp_path):
+    agent = agents.new()
+    _started_sleepers(agent, str(tmp_path))
+    agent.close_link()
+    code, err = agent.finish(5)
+    assert code == 1, err
+    assert one_agent_line(err).endswith("lost the launcher: the link reached end-of-file")
+    no_tagged_processes(agent.tag)
+
+
+def test_heartbeat_silence_stops_the_ranks(agents, tmp_path):
+    agent = agents.new()
+    t0 = time.monotonic()
+    _started_sleepers(agent, str(tmp_path), heartbeat=[0.2, 3])
+    beats = agent.drain(2.0)             # the launcher says nothing for 2 s
+    assert any(k == link.BEAT for k, _ in beats)   # the agent's own beats kept coming
+    code, err = agent.finish(3)
+    assert code == 1, err
+    assert "no sign of life" in one_agent_line(err)
+    assert time.monotonic() - t0 < 4
+    no_tagged_processes(agent.tag)
+
+
+# ---------------------------------------------------------------------------
+# 5. the launcher facing a lying agent, over a real SSH host
+# ---------------------------------------------------------------------------
+
+#: Run on the host as its "remote Python": ignores its arguments, says what it is
+#: told to say (part after part), then, if it lingers, reads its stdin until the
+#: launcher closes the link.  ``alarm`` keeps a broken test from leaving it behind.
+FAKE_AGENT = """#!{python}
+import json, os, signal, socket, ssl, struct, sys, time
+signal.alarm(30)
+with open({pidfile!r}, "w") as f:
+    f.write(str(os.getpid()))
+out = sys.stdout.buffer
+inp = sys.stdin.buffer
+booted = False
+
+
+def frame():
+    length, kind = struct.unpack(">IB", inp.read(5))
+    return kind, inp.read(length - 1)
+
+
+def boot():
+    global booted
+    if not booted:
+        booted = True
+        for _ in range(2):
+            inp.read(int(inp.readline()))
+
+
+for i, path in enumerate({parts!r}):
+    if i and {wait_start!r}:
+        boot()
+        while frame()[0] != {start_kind!r}:
+            pass
+    elif i:
+        time.sleep({pause!r})
+    with open(path, "rb") as f:
+        out.write(f.read())
+    out.flush()
+    if i == 0 and {dial!r}:
+        # Read the bootstrap and the JOB frame, and dial back as an agent does.
+        boot()
+        data = json.loads(frame()[1])["data"]
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.load_verify_locations(cadata=data["cert"])
+        conn = context.wrap_socket(socket.create_connection((data["addresses"][0],
+                                                             data["port"]), timeout=5))
+        conn.sendall(b"mslaunch-dial " + data["token"].encode() + b"\\n")
+        with open({dial!r}, "rb") as f:
+            conn.sendall(f.read())
+if {linger!r}:
+    while inp.read1(1 << 16):
+        pass
+else:
+    time.sleep(0.3)
+"""
+
+HELLO = link.SYNC + link.encode(link.HELLO, {"protocol": link.PROTOCOL, "host": "fake",
+                                             "pid": 1, "python": "3"})
+READY = link.encode(link.READY, {"warnings": []})
+GRACE = 0
+#: The launcher holds a lost host's link open for grace + 2 s, waiting for its agent.
+LAUNCH_LIMIT = 15.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _fake_agent(directory, parts: Sequence[bytes], *, pause: float = 0.3,
+                linger: bool = True, dial: Optional[bytes] = None,
+                wait_start: bool = False) -> Tuple[str, str]:
+    """Write a fake agent script into ``directory``: (its path, its pid file).
+
+    With ``dial``, it also opens the output connection the JOB offers and sends
+    ``dial`` on it, after the first part.  With ``wait_start``, every part after
+    the first waits for the launcher's START rather than for ``pause``."""
+    os.makedirs(directory, exist_ok=True)
+    dial_path = None
+    if dial is not None:
+        dial_path = os.path.join(directory, "dial")
+        with open(dial_path, "wb") as f:
+            f.write(dial)
+    paths = []
+    for i, part in enumerate(parts):
+        path = os.path.join(directory, f"part{i}")
+        with open(path, "wb") as f:
+            f.write(part)
+        paths.append(path)
+    script = os.path.join(directory, "fake-python")
+    pidfile = os.path.join(directory, "pid")
+    with open(script, "w") as f:
+        f.write(FAKE_AGENT.format(python=PY, pidfile=pidfile, parts=paths, pause=pause,
+                                  linger=linger, dial=dial_path, wait_start=wait_start,
+                                  start_kind=link.START))
+    os.chmod(script, 0o755)
+    return script, pidfile
+
+
+def _launch(home: str, fake: str, host: str = "h1",
+            timeout: float = LAUNCH_LIMIT) -> Tuple[Optional[int], str, float]:
+    """mslaunch with the fake as remote Python: (status or None if it hung, stderr, seconds)."""
+    env = clean_env(HOME=home, MSLAUNCH_HEARTBEAT="0.2,3")
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd("--grace", str(GRACE), "-H", host, "-n", "1",
+                             "--remote-python", fake, "true"),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    try:
+        _, err = p.communicate(timeout=timeout)
+        code: Optional[int] = p.returncode
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        code = None
+    return code, err.decode("utf-8", "replace"), time.monotonic() - t0
+
+
+def _host_extras(sshbed, host: str) -> set:
+    return {p for p in sshbed.host_pids(host) if not sshbed._is_sshd(p) and _alive(p)}
+
+
+def _check_launcher_error(code: Optional[int], err: str, pattern: str, host: str = "h1",
+                          statuses=(1, 255)) -> None:
+    assert code is not None, f"mslaunch did not end: {err}"
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert code in statuses, (code, err)
+    assert lines[0].startswith("mslaunch: error: ") and host in lines[0], err
+    assert re.search(pattern, lines[0]), (pattern, err)
+
+
+def _fake_gone(pidfile: str) -> None:
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        raise AssertionError("the fake agent never ran") from None
+    assert wait_for(lambda: not _alive(pid), 5), f"the fake agent {pid} is still running"
+
+
+def _run_cases(sshbed, tmp_path, cases: Dict[str, tuple], check=None) -> None:
+    """Run mslaunch against each fake agent in ``cases`` at once: ``name: (parts,
+    pattern[, options of _fake_agent])``; each must fail with one line matching ``pattern``."""
+    home = sshbed.make_home(tmp_path / "home")
+    before = _host_extras(sshbed, "h1")
+    fakes = {name: _fake_agent(tmp_path / f"case{i}", case[0],
+                               **(case[2] if len(case) > 2 else {}))
+             for i, (name, case) in enumerate(cases.items())}
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = dict(zip(cases, pool.map(lambda name: _launch(home, fakes[name][0]),
+                                           cases)))
+    problems = []
+    for name, (code, err, seconds) in results.items():
+        try:
+            (check or _check_launcher_error)(code, err, cases[name][1])
+            assert seconds < LAUNCH_LIMIT, seconds
+            _fake_gone(fakes[name][1])
+        except AssertionError as e:
+            problems.append(f"{name}: {e}")
+    assert not problems, "\n".join(problems)
+    assert wait_for(lambda: _host_extras(sshbed, "h1") <= before, 5), \
+        _host_extras(sshbed, "h1") - before
+
+
+LOST = r"lost host h1 before the job started: "
+BAD = LOST + r"protocol error: "
+MALFORMED = {
+    "junk after HELLO": ([HELLO, b"\xff" * 16], BAD + r"frame length \d+ out of range"),
+    "junk with HELLO": ([HELLO + b"\x7f" * 16], r"frame length \d+ out of range"),
+    "length above MAX_FRAME": ([HELLO, link._HEAD.pack(link.MAX_FRAME + 1, link.READY)],
+                               BAD + r"frame length 67108865 out of range"),
+    "READY not JSON": ([HELLO, link._HEAD.pack(6, link.READY) + b"{nope"],
+                       BAD + r"READY frame is not valid JSON"),
+    "JOB upwards": ([HELLO, link.encode(link.JOB, {})], BAD + r"unexpected JOB frame"),
+    "OUTPUT before START": ([HELLO, link.encode_output(0, 1, b"hi")],
+                            BAD + r"OUTPUT before START"),
+    "EXITED before START": ([HELLO, READY + link.encode(link.EXITED, {"rank": 0, "code": 3})],
+                            BAD + r"EXITED before START"),
+    "STARTED before START": ([HELLO, link.encode(link.STARTED, {"pids": {"0": 1}})],
+                             BAD + r"STARTED before START"),
+    "READY twice": ([HELLO, READY + READY], BAD + r"READY before JOB, or twice"),
+    "READY warnings a number": ([HELLO, link.encode(link.READY, {"warnings": 1})],
+                                BAD + r"READY: warnings are not a list of strings"),
+    "PMI unknown operation": ([HELLO, link.encode(link.PMI, {"op": "nonsense", "ask": 1})],
+                              BAD + r"unknown PMI operation 'nonsense'"),
+    "PMI abort of a foreign rank": ([HELLO, link.encode(link.PMI, {"op": "abort", "rank": 3,
+                                                                   "code": 1})],
+                                    BAD + r"PMI abort for rank 3, not on this host"),
+    "silence after HELLO": ([HELLO], LOST + r"no sign of life"),
+    "another protocol": ([link.SYNC + link.encode(link.HELLO, {"protocol": 2})],
+                         r"agent start: the agent speaks another protocol \(2, expected 1\)"),
+    "no start mark": ([b"Welcome to h1!\n" * 5000], r"agent start: no agent answered"),
+    "end of link after HELLO": ([HELLO], LOST + r"the link reached end-of-file",
+                                {"linger": False}),
+}
+
+
+OUTPUT_BAD = LOST + r"its output connection: protocol error: "
+#: The agent's own connection for output (TLS, dialled back) carries OUTPUT only.
+MALFORMED_OUTPUT = {
+    "output connection: junk": ([HELLO], OUTPUT_BAD + r"frame length \d+ out of range",
+                                {"dial": b"\xee" * 64}),
+    "output connection: READY": ([HELLO], OUTPUT_BAD + r"READY frame on the output connection",
+                                 {"dial": READY}),
+}
+
+
+def test_launcher_refuses_a_lying_agent(sshbed, tmp_path):
+    _run_cases(sshbed, tmp_path, {**MALFORMED, **MALFORMED_OUTPUT})
+
+
+#: Lies told once the job runs: the fake answers READY, waits for START,
+#: then lies.
+RUNNING = r"lost host h1: protocol error: "
+WAIT = {"wait_start": True}
+MALFORMED_RUNNING = {
+    "OUTPUT of a foreign rank": ([HELLO + READY, link.encode_output(5, 1, b"hi")],
+                                 RUNNING + r"rank 5 does not run on this host", WAIT),
+    "OUTPUT on stream 3": ([HELLO + READY, link.encode_output(0, 3, b"x")],
+                           RUNNING + r"output of rank 0 on stream 3", WAIT),
+    "EXITED rank a string": ([HELLO + READY, link.encode(link.EXITED, {"rank": "0"})],
+                             RUNNING + r"EXITED: field 'rank' missing or not int", WAIT),
+    "STARTED bad rank": ([HELLO + READY, link.encode(link.STARTED, {"pids": {"x": 1}})],
+                         RUNNING + r"STARTED: bad rank or pid", WAIT),
+    "STARTED superscript rank": ([HELLO + READY,
+                                  link.encode(link.STARTED, {"pids": {"\u00b2": 5}})],
+                                 RUNNING + r"STARTED: bad rank or pid", WAIT),
+    "STARTED pid zero": ([HELLO + READY, link.encode(link.STARTED, {"pids": {"0": 0}})],
+                         RUNNING + r"STARTED: bad rank or pid", WAIT),
+    "SIGNAL upwards": ([HELLO + READY, link.encode(link.SIGNAL, {"sig": 9})],
+                       RUNNING + r"unexpected SIGNAL frame", WAIT),
+}
+
+
+def _check_running_error(code: Optional[int], err: str, pattern: str) -> None:
+    """A lie after START: the host is lost (status 255), said in lines of mslaunch's own."""
+    assert code is not None, f"mslaunch did not end: {err}"
+    assert "Traceback" not in err, err
+    assert code == 255, (code, err)
+    lines = err.splitlines()
+    assert lines and all(line.startswith("mslaunch: ") for line in lines), err
+    assert any(re.search(pattern, line) for line in lines), (pattern, err)
+
+
+def test_launcher_refuses_a_lying_agent_while_the_job_runs(sshbed, tmp_path):
+    _run_cases(sshbed, tmp_path, MALFORMED_RUNNING, check=_check_running_error)
+
+
+def test_launcher_reports_a_host_lost_while_its_rank_runs(sshbed, tmp_path):
+    # The fake answers READY, waits for START, then its link ends: the job has begun.
+    code, err, _ = _one_case(sshbed, tmp_path, [HELLO + READY, b""])
+    assert code == 255, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("mslaunch: ") for line in lines), err
+    assert "lost host h1: the link reached end-of-file" in lines[0], err
+
+
+garbage = st.one_of(
+    st.binary(min_size=5, max_size=300).filter(header_is_invalid),
+    st.tuples(st.sampled_from([k for k in JSON_KINDS if k != link.BEAT]),
+              st.binary(min_size=1, max_size=200)).filter(
+        lambda kb: not kb[1].lstrip().startswith(b"{")).map(
+        lambda kb: link._HEAD.pack(len(kb[1]) + 1, kb[0]) + kb[1]))
+
+
+@settings(max_examples=1, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(garbage, min_size=4, max_size=4))
+def test_launcher_fuzz_garbage_after_hello(sshbed, tmp_path_factory, payloads):
+    tmp = tmp_path_factory.mktemp("garbage")
+    _run_cases(sshbed, tmp, {f"garbage {i} {p[:24]!r}": ([HELLO, p], r"protocol error|frame")
+                             for i, p in enumerate(payloads)})
+
+
+def _one_case(sshbed, tmp_path, parts: Sequence[bytes], *, linger: bool = False,
+              timeout: float = LAUNCH_LIMIT,
+              wait_start: bool = True) -> Tuple[Optional[int], str, float]:
+    home = sshbed.make_home(tmp_path / "home")
+    fake, pidfile = _fake_agent(tmp_path / "fake", parts, linger=linger,
+                                wait_start=wait_start)
+    result = _launch(home, fake, timeout=timeout)
+    _fake_gone(pidfile)
+    return result
+
+
+def test_launcher_ends_when_a_host_is_lost_after_its_rank_exited(sshbed, tmp_path):
+    # The fake: READY, then after START: STARTED and EXITED, then gone (no end of
+    # the rank's streams, with or without DONE): the end of its output is lost.
+    for i, done in enumerate((b"", link.encode(link.DONE))):
+        code, err, _ = _one_case(sshbed, tmp_path / f"case{i}", [
+            HELLO + READY,
+            link.encode(link.STARTED, {"pids": {"0": 4242}})
+            + link.encode(link.EXITED, {"rank": 0, "code": 0, "signal": None}) + done],
+            timeout=8)
+        assert code is not None, f"mslaunch hung after losing h1: {err}"
+        assert code == 255, err
+        assert "h1" in err and "Traceback" not in err
+        assert "lost the end of its output" in err, err
