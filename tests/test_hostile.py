@@ -392,6 +392,29 @@ def test_processes_that_clear_their_environment_do_not_escape(guard, how, ending
         _kill_sleepers(unique)
 
 
+def test_a_launcher_in_another_pid_namespace_leaves_a_live_job_alone():
+    # Launchers in another pid namespace share the cgroup tree but not the
+    # pids: the names of this job's cgroup must not look stale from there.
+    tag = new_tag()
+    p = start("-v", "-n", "1", PY, "-c", "import time; print('up', flush=True); "
+              "time.sleep(2); print('survived', flush=True)",
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert p.stdout.readline() == b"up\n"
+        for _ in range(2):
+            inner = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *cmd(
+                "-n", "1", "true")], capture_output=True, timeout=60, env=clean_env())
+            assert inner.returncode == 0, inner.stderr
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert out == b"survived\n"
+        assert b"orphan guard: cgroup" in err
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
 # -- 8. SIGKILL of mslaunch and MPICH's shared memory --------------------------------
 
 SHM_RANK = """

@@ -31,6 +31,7 @@ the cgroup and sweeps the marker, off the job's critical path.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -167,8 +168,8 @@ class JobCgroup:
     def create(cls, marker: str, watchdog: int) -> Optional[JobCgroup]:
         """Make the job's cgroup beside this process's own, or None if not allowed.
 
-        Its name, ``mslaunch-<creator pid>-w<watchdog pid>-<marker>``, tells a
-        stale cgroup from a live job's (see :func:`_remove_stale`).
+        Its name, ``mslaunch-<creator pid>-w<watchdog pid>-n<pid namespace>-<marker>``,
+        tells a stale cgroup from a live job's (see :func:`_remove_stale`).
         """
         if os.environ.get("MSLAUNCH_CGROUP", "1") in ("0", "no", "off"):
             return None
@@ -176,7 +177,8 @@ class JobCgroup:
         if mount is None or own is None:
             return None
         home = os.path.normpath(mount + "/" + own)
-        path = os.path.join(home, f"mslaunch-{os.getpid()}-w{watchdog}-{marker}")
+        path = os.path.join(home, f"mslaunch-{os.getpid()}-w{watchdog}-n{_pid_namespace()}-"
+                                  f"{marker}")
         try:
             os.mkdir(path, 0o755)
         except OSError:
@@ -227,23 +229,37 @@ class JobCgroup:
                 time.sleep(0.02)
 
 
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode): pids mean something only inside it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+_STALE_NAME = re.compile(r"mslaunch-(\d+)-w(\d+)-n(\d+)-.")
+
+
 def _remove_stale(home: str) -> None:
     """Empty and remove job cgroups whose creator and watchdog both died.
 
-    Such a cgroup (``mslaunch-<creator pid>-w<watchdog pid>-<marker>``) has
-    nobody left to stop what is in it; while either pid lives it is
-    someone's, so it is left alone.
+    Such a cgroup (``mslaunch-<creator pid>-w<watchdog pid>-n<namespace>-<marker>``)
+    has nobody left to stop what is in it; while either pid lives it is
+    someone's, so it is left alone.  The pids are checked only for cgroups
+    made in this pid namespace: a launcher in another one (a container, an
+    ``unshare --pid``) shares the cgroup tree but not the pids, and its job
+    must not look dead from here.
     """
     try:
-        names = [n for n in os.listdir(home) if n.startswith("mslaunch-")]
+        names = os.listdir(home)
     except OSError:
         return
+    namespace = _pid_namespace()
     for name in names:
-        parts = name.split("-", 3)
-        if len(parts) < 4 or not parts[1].isdigit() or not parts[2][:1] == "w" \
-                or not parts[2][1:].isdigit():
+        found = _STALE_NAME.match(name)
+        if not found or int(found.group(3)) != namespace or not namespace:
             continue
-        if _exists(int(parts[1])) or _exists(int(parts[2][1:])):
+        if _exists(int(found.group(1))) or _exists(int(found.group(2))):
             continue
         stale = JobCgroup(os.path.join(home, name), home)
         if stale.pids():
