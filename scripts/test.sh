@@ -16,6 +16,11 @@ python3 -m venv --help >/dev/null 2>&1 || apt_needed+=(python3-venv)
 { command -v ssh && command -v ssh-keygen; } >/dev/null 2>&1 || apt_needed+=(openssh-client)
 command -v ip >/dev/null 2>&1 || apt_needed+=(iproute2)
 { command -v nsenter && command -v unshare; } >/dev/null 2>&1 || apt_needed+=(util-linux)
+# Open MPI 4.1.4, what the mpirun tutorials install: the reference that tests
+# compare with side by side; Debian's mpi4py built on it; gdb for stack traces
+[ -x /usr/bin/mpirun.openmpi ] || apt_needed+=(openmpi-bin)
+[ -e /usr/lib/python3/dist-packages/mpi4py/__init__.py ] || apt_needed+=(python3-mpi4py)
+command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
 if [ ${#apt_needed[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "scripts/test.sh: need root to apt-get install ${apt_needed[*]}" >&2

@@ -90,6 +90,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     g: Dict[str, object] = {}
     mapping: List[Tuple[str, str]] = []
     notes: List[str] = []
+    warnings: List[str] = []
     host_lists: List[HostEntry] = []
     hostfiles: List[str] = []
     genv: List[Tuple[str, Optional[str]]] = []
@@ -195,6 +196,16 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
                     keep_going = True
         elif name == "disable-auto-cleanup":
             keep_going = True
+        elif name in ("enable-recovery", "max-restarts"):
+            # Open MPI 4.1.4 restarts nothing either: with recovery on, a failed
+            # rank no longer stops the others (and it then exits 0: here the
+            # failed rank's status is kept).
+            keep_going = True
+            if name == "max-restarts":
+                _int(flag, v, minimum=0)
+                warnings.append(f"{flag}: failed ranks are not restarted (nor by Open MPI "
+                                f"4); a failed rank no longer stops the others; msrun mode "
+                                f"restarts MindSpore workers")
         elif name == "oversubscribe":
             g["oversubscribe"] = True
         elif name == "nooversubscribe":
@@ -267,9 +278,11 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         contexts = _appfile(str(g["app"]))
     job = _build(contexts, g, host_lists, hostfiles, genv, mca, verbose,
                  keep_going, environ, cwd, mapping)
-    if notes and verbose:
+    if (notes and verbose) or warnings:
         import sys
-        for note in notes:
+        for warning in warnings:
+            sys.stderr.write(f"mslaunch: warning: {warning}\n")
+        for note in notes if verbose else ():
             sys.stderr.write(f"mslaunch: note: {note}\n")
     return job
 

@@ -31,7 +31,8 @@ IMPLEMENTED: Dict[str, int] = {
     "app": 1, "tune": 1, "am": 1, "launch-agent": 1, "preload-binary": 0,
     "preload-files": 1, "set-cwd-to-session-dir": 0, "ssh-config": 1, "ssh-user": 1,
     "ssh-port": 1, "ssh-identity": 1, "ssh-accept-new": 0, "ssh-timeout": 1,
-    "remote-python": 1, "personality": 1, "ompi-server": 1,
+    "remote-python": 1, "personality": 1, "ompi-server": 1, "enable-recovery": 0,
+    "max-restarts": 1,
 }
 
 #: accepted, no effect here: canonical name -> (number of values, why)
@@ -55,6 +56,7 @@ ACCEPTED: Dict[str, Tuple[int, str]] = {
     "max-vm-size": (1, "there is no persistent virtual machine"),
     "novm": (0, "agents run only on the job's hosts"),
     "disable-recovery": (0, "failed ranks are never restarted in this mode"),
+    "dvm": (0, "there is no persistent virtual machine: the job runs as usual"),
     "allow-run-as-root-confirm": (0, "mslaunch does not refuse root"),
 }
 
@@ -63,14 +65,13 @@ REFUSED: Dict[str, Tuple[int, str]] = {
     "debug": (0, "there is no parallel debugger interface; attach gdb -p to a rank "
                  "(--report-pid, -v show pids) or use --get-stack-traces with --timeout"),
     "debugger": (1, "there is no parallel debugger interface; attach gdb -p to a rank"),
-    "report-events": (1, "there is no tool event interface"),
-    "report-uri": (1, "mslaunch has no contact URI: ranks reach it through PMI"),
+    "report-events": (1, "there is no tool event interface; use -v for each rank's start "
+                         "and end, --report-pid FILE for mslaunch's pid"),
+    "report-uri": (1, "mslaunch has no contact URI: ranks reach it through PMI; use "
+                      "--report-pid FILE to find mslaunch"),
     "xterm": (1, "no ranks are shown in xterms; use --output-filename DIR or --tag-output"),
-    "dvm": (0, "there is no persistent virtual machine: every mslaunch runs one job"),
-    "hnp": (1, "there is no persistent virtual machine to submit to"),
-    "enable-recovery": (0, "failed ranks are not restarted in the mpirun dialect; msrun "
-                           "mode restarts MindSpore workers (MS_ENABLE_RECOVERY=1)"),
-    "max-restarts": (1, "failed ranks are not restarted in the mpirun dialect"),
+    "hnp": (1, "there is no persistent virtual machine to submit to; run mslaunch "
+               "with the job's hosts (-H, --hostfile) instead"),
 }
 
 #: other spellings -> canonical name
@@ -82,6 +83,89 @@ ALIASES: Dict[str, str] = {
     "cf": "cartofile", "tv": "debug", "d": "debug-devel", "s": "preload-binary",
     "hwthread-cpus": "use-hwthread-cpus",
 }
+
+
+#: Every option line of Open MPI 4.1.4's ``mpirun --help all`` (spellings joined by ``|``).
+OPEN_MPI_4: Tuple[str, ...] = (
+    "-allow-run-as-root|--allow-run-as-root", "-am", "--app", "--bind-to",
+    "-bind-to-core|--bind-to-core", "-bind-to-socket|--bind-to-socket", "-bycore|--bycore",
+    "-bynode|--bynode", "-byslot|--byslot", "-c|-np|--np", "-cf|--cartofile",
+    "-continuous|--continuous", "-cpu-list|--cpu-list", "-cpu-set|--cpu-set",
+    "-cpus-per-proc|--cpus-per-proc", "-cpus-per-rank|--cpus-per-rank",
+    "-d|-debug-devel|--debug-devel", "-debug|--debug", "-debug-daemons|--debug-daemons",
+    "-debug-daemons-file|--debug-daemons-file", "-debugger|--debugger",
+    "-default-hostfile|--default-hostfile", "-disable-recovery|--disable-recovery",
+    "-display-allocation|--display-allocation",
+    "-display-devel-allocation|--display-devel-allocation",
+    "-display-devel-map|--display-devel-map", "-display-diffable-map|--display-diffable-map",
+    "-display-map|--display-map", "-display-topo|--display-topo",
+    "-do-not-launch|--do-not-launch", "-do-not-resolve|--do-not-resolve", "-dvm|--dvm",
+    "-enable-instant-on-support|--enable-instant-on-support",
+    "-enable-recovery|--enable-recovery", "-fwd-mpirun-port|--fwd-mpirun-port",
+    "-get-stack-traces|--get-stack-traces", "-gmca|--gmca", "-h|--help", "-H|-host|--host",
+    "-hnp|--hnp", "-hostfile|--hostfile", "-index-argv-by-rank|--index-argv-by-rank",
+    "-launch-agent|--launch-agent", "-leave-session-attached|--leave-session-attached",
+    "-machinefile|--machinefile", "--map-by", "-max-restarts|--max-restarts",
+    "-max-vm-size|--max-vm-size", "-mca|--mca",
+    "-merge-stderr-to-stdout|--merge-stderr-to-stdout", "-N", "-n|--n", "-nolocal|--nolocal",
+    "-nooversubscribe|--nooversubscribe", "--noprefix", "-novm|--novm", "-npernode|--npernode",
+    "-npersocket|--npersocket", "-ompi-server|--ompi-server",
+    "-output-filename|--output-filename", "-output-proctable|--output-proctable",
+    "-oversubscribe|--oversubscribe", "-path|--path", "-pernode|--pernode",
+    "-personality|--personality", "--ppr", "--prefix", "--preload-files", "-q|--quiet",
+    "--rank-by", "-report-bindings|--report-bindings",
+    "-report-child-jobs-separately|--report-child-jobs-separately",
+    "-report-events|--report-events", "-report-pid|--report-pid",
+    "-report-state-on-timeout|--report-state-on-timeout", "-report-uri|--report-uri",
+    "-rf|--rankfile", "-s|--preload-binary",
+    "-set-cwd-to-session-dir|--set-cwd-to-session-dir", "-show-progress|--show-progress",
+    "-stdin|--stdin", "-tag-output|--tag-output", "-timeout|--timeout",
+    "-timestamp-output|--timestamp-output", "-tune", "-tv|--tv",
+    "-use-hwthread-cpus|--use-hwthread-cpus", "-use-regexp|--use-regexp", "-v|--verbose",
+    "-V|--version", "-wd|--wd", "-wdir|--wdir", "-x", "-xml|--xml", "-xml-file|--xml-file",
+    "-xterm|--xterm",
+)
+
+#: Where an implemented option behaves other than in Open MPI 4.1.4.
+DIFFERS: Dict[str, str] = {
+    "np": "no `-n` or `-n 0`: one rank per slot; with no host list this machine runs "
+          "what `-n` asks (oversubscribing; `--nooversubscribe` refuses)",
+    "bind-to": "default none (Open MPI 4: core up to 2 ranks, then socket)",
+    "oversubscribe": "ignores `max_slots`, as Open MPI 4 does",
+    "merge-stderr-to-stdout": "merged at the source, so the terminal copy is merged too "
+                              "(Open MPI 4 merges only in the files)",
+    "timeout": "exit status 110, as Open MPI 4; ranks get SIGTERM, then SIGKILL after "
+               "`--grace` seconds (Open MPI: 1 s)",
+    "get-stack-traces": "Python ranks: the Python stacks of all threads; others: gdb or "
+                        "eu-stack",
+    "enable-recovery": "a failed rank no longer stops the others and the exit status stays "
+                       "its own (Open MPI 4.1.4 exits 0); nothing is restarted, as there",
+    "max-restarts": "as `--enable-recovery`, with a warning: nothing is restarted, as in "
+                    "Open MPI 4.1.4",
+    "launch-agent": "the Python that runs the agent on remote hosts",
+    "personality": "only `ompi`",
+    "ompi-server": "names are published through mslaunch's PMI server",
+    "stdin": "also `all`: every rank reads a copy",
+    "output-filename": "also Open MPI 5's `DIR:nocopy`, `DIR:nojobid`",
+    "x": "variables of an outer launch are never inherited; `-x` can set them",
+    "report-bindings": "no line for a rank that is not bound (bindings default to none)",
+}
+
+
+def markdown_table() -> str:
+    """The README's table of Open MPI 4.1.4's options and what mslaunch does with each."""
+    rows = ["| Open MPI 4.1.4 option | in mslaunch |", "|---|---|"]
+    for line in OPEN_MPI_4:
+        name, how = lookup(line.split("|")[-1].lstrip("-"))
+        spelled = ", ".join(f"`{s}`" for s in line.split("|"))
+        if how == "implemented":
+            what = "implemented" + (f": {DIFFERS[name]}" if name in DIFFERS else "")
+        elif how == "accepted":
+            what = f"accepted, no effect: {ACCEPTED[name][1]}"
+        else:
+            what = f"refused: {REFUSED[name][1]}"
+        rows.append(f"| {spelled} | {what} |")
+    return "\n".join(rows) + "\n"
 
 
 def lookup(body: str) -> Tuple[str, str]:

@@ -21,7 +21,6 @@ from .mapper import binding, check_overload, locations, rank_order
 from .place import filter_hosts, place, resolve_hosts  # noqa: F401 (re-exported)
 from .topology import Topology, count, make_topology
 
-#: Variables an outer launcher leaves behind; ranks must not inherit them.
 #: Variables that carry the identity of an outer launch (a rank of another
 #: mpirun, srun or mslaunch starting this one); ranks must not inherit them.
 #: User configuration that Open MPI and Hydra pass through (``OMPI_MCA_*``,

@@ -41,12 +41,13 @@ def find_program(name: str, env: Mapping[str, str], cwd: str,
                  search: Sequence[str] = ()) -> Optional[str]:
     """Resolve ``name`` as exec would with the rank's PATH; None if not found.
 
-    ``search`` (``-path``) is tried first, as Open MPI does.
+    As Open MPI does, ``search`` (``-path``) is tried first and the rank's
+    working directory last, so ``mpirun -n 2 prog`` runs ``./prog``.
     """
     if "/" in name:
         path = os.path.join(cwd, name)
         return path if os.access(path, os.X_OK) and not os.path.isdir(path) else None
-    for d in list(search) + env.get("PATH", os.defpath).split(":"):
+    for d in list(search) + env.get("PATH", os.defpath).split(":") + [cwd]:
         path = os.path.join(cwd, d or ".", name)
         if os.access(path, os.X_OK) and not os.path.isdir(path):
             return path
@@ -66,7 +67,7 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
             raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} does not exist")
         path = find_program(program, r.env, r.cwd, r.search)
         if path is None:
-            where = "" if "/" in program else " in PATH"
+            where = "" if "/" in program else " in PATH or the working directory"
             raise SpawnError(f"program {program!r} of rank {r.rank} not found{where} "
                              f"(or not executable)")
         problem = _interpreter_problem(path)

@@ -64,7 +64,7 @@ def stack_traces(ranks: Dict[int, int], host: str, jobid: str) -> List[str]:
                 pass
             continue
         argv = _debugger(pid)
-        head = f"STACK TRACE FOR PROC [{jobid[:-1]},{rank}] ({host}, PID {pid})"
+        head = f"STACK TRACE FOR PROC [{jobid},{rank}] ({host}, PID {pid})"
         if not argv:
             blocks.append(f"{head}\n\tFailed to find gdb or eu-stack on {host} to obtain "
                           f"stack traces")
@@ -77,7 +77,7 @@ def stack_traces(ranks: Dict[int, int], host: str, jobid: str) -> List[str]:
             blocks.append(f"{head}\n\t{argv[0]}: {err.strerror}")
     deadline = time.monotonic() + DEBUGGER_SECONDS
     for rank, pid, proc in started:
-        head = f"STACK TRACE FOR PROC [{jobid[:-1]},{rank}] ({host}, PID {pid})"
+        head = f"STACK TRACE FOR PROC [{jobid},{rank}] ({host}, PID {pid})"
         try:
             out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -89,16 +89,18 @@ def stack_traces(ranks: Dict[int, int], host: str, jobid: str) -> List[str]:
     return blocks
 
 
-def state_report(jobid: str, rows: List[Tuple[int, str, int, str, int]], napps: int) -> str:
+def state_report(jobid: str, rows: List[Tuple[int, str, int, str, int]], napps: int,
+                 reported: int) -> str:
     """``--report-state-on-timeout``: Open MPI's job and rank state block.
 
-    ``rows`` are ``(rank, host, pid, state, exit code)``.
+    ``rows`` are ``(rank, host, pid, state, exit code)``; ``reported`` counts
+    the ranks that registered with the process manager (PMI initialized).
     """
     launched = sum(1 for r in rows if r[2])
     ended = sum(1 for r in rows if r[3] != "RUNNING")
     lines = [f"DATA FOR JOB: {jobid}",
              f"\tNum apps: {napps}\tNum procs: {len(rows)}\tJobState: RUNNING\tAbort: False",
-             f"\tNum launched: {launched}\tNum reported: {launched}\tNum terminated: {ended}",
+             f"\tNum launched: {launched}\tNum reported: {reported}\tNum terminated: {ended}",
              "", "\tProcs:"]
     for rank, host, pid, state, code in rows:
         lines.append(f"\t\tRank: {rank}\tNode: {host}\tPID: {pid}\tState: {state}\t"

@@ -476,7 +476,7 @@ class Supervisor:
             topo = self.plan.topologies[r.spec.host.node_id] if self.plan.topologies else None
             text = report_binding(rank, topo, r.spec.cpus) if topo is not None else \
                 f"MCW rank {rank} bound to cpus {r.spec.cpus}"
-            self.console.message(f"[{r.spec.host.name}:{os.getpid()}] {text}")
+            self.console.message(f"[{r.spec.host.name}:{os.getpid():05d}] {text}")
         if self.job.verbose:
             self.console.message(f"mslaunch: started rank {rank} (pid {pid}) "
                                  f"on {r.spec.host.name}: {' '.join(r.spec.argv)}")
@@ -574,7 +574,8 @@ class Supervisor:
             state = "RUNNING" if r.pid and not r.ended else ("TERMINATED" if r.ended
                                                              else "NOT STARTED")
             rows.append((r.spec.rank, r.spec.host.name, r.pid, state, r.code or 0))
-        self.console.message(state_report(job_id(), rows, len(self.job.apps)).rstrip("\n"))
+        self.console.message(state_report(job_id(), rows, len(self.job.apps),
+                                          len(self.pmi_started_ranks)).rstrip("\n"))
 
     # -- output errors -------------------------------------------------------
     def _terminal_failed(self, terminal: Terminal) -> None:
