@@ -197,6 +197,10 @@ class JobSpec:
     preload_binary: bool = False          # -s, --preload-binary
     preload_files: Tuple[str, ...] = ()   # --preload-files A,B (absolute)
     session_cwd: bool = False             # --set-cwd-to-session-dir
+    # Hydra's -usize: MPI_UNIVERSE_SIZE over PMI (None: unknown, as Hydra's
+    # default; 0: SYSTEM, the job's slots; N: N)
+    usize: Optional[int] = None
+    novm: bool = False                    # --novm: agents only on hosts with ranks
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,35 @@ class RankSpec:
     program: Optional[str] = None          # what to execute when not argv[0]
     search: Tuple[str, ...] = ()           # -path: directories tried before PATH
     session_dir: bool = False              # --set-cwd-to-session-dir
+    # Open MPI's job number: 1 for the job mslaunch was asked to run, 2, 3 ...
+    # for jobs its ranks spawned (MPI_Comm_spawn); ``rank`` is within the job.
+    job: int = 1
+    # The process's number among all of the launcher's processes (the first
+    # job's ranks, then spawned ones), when it is not ``rank``.
+    index: Optional[int] = None
+
+    @property
+    def key(self) -> int:
+        """The process's number among all of the launcher's (see ``index``)."""
+        return self.rank if self.index is None else self.index
+
+
+@dataclass(frozen=True)
+class SpawnCommand:
+    """One command of an ``MPI_Comm_spawn(_multiple)``, as the PMI client sent it."""
+
+    program: str
+    args: Tuple[str, ...]
+    nprocs: int
+    info: Tuple[Tuple[str, str], ...] = ()     # MPI_Info keys: host, wdir, path, ...
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    """A spawn: its commands and the pairs put into the new job's key-value space."""
+
+    commands: Tuple[SpawnCommand, ...]
+    preput: Tuple[Tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,6 +282,10 @@ class Plan:
     master_addr: str
     master_port: int
     topologies: Tuple[object, ...] = ()    # a Topology per host, as hosts
+    oversubscribe: bool = False            # whether ranks may outnumber slots
+    # Hosts of the host list the job's ranks do not use: room for spawned jobs
+    # (node ids follow those of ``hosts``).
+    spare_hosts: Tuple[Host, ...] = ()
 
 
 @dataclass(frozen=True)

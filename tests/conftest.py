@@ -18,3 +18,23 @@ def require(ok: bool, reason: str) -> None:
     if REQUIRE_ALL:
         pytest.fail(f"required for this test run: {reason}")
     pytest.skip(reason)
+
+
+_mpich_probe = []
+
+
+def mpich_ready() -> bool:
+    """Whether this interpreter's mpi4py runs on the MPICH wheel (probed once)."""
+    if not _mpich_probe:
+        import subprocess
+        from helpers import PY, clean_env
+        probe = subprocess.run([PY, "-c", "from mpi4py import MPI; "
+                                "print(MPI.Get_library_version())"],
+                               capture_output=True, env=clean_env(), timeout=60)
+        _mpich_probe.append(probe.returncode == 0 and b"MPICH" in probe.stdout)
+    return _mpich_probe[0]
+
+
+@pytest.fixture(scope="session")
+def mpich():
+    require(mpich_ready(), "mpi4py with the MPICH wheel (pip install '.[mpi]')")

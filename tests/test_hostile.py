@@ -18,22 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import require
 from helpers import (PY, REPO, clean_env, cmd, kill_tagged, new_tag, one_error_line, run, start,
                      tagged_pids, wait_for)
 
 FLOOD = "import sys\nwhile True: sys.stdout.write('x' * 800 + '\\n')"
-
-
-def _mpich_ready() -> bool:
-    probe = subprocess.run([PY, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
-                           capture_output=True, env=clean_env(), timeout=60)
-    return probe.returncode == 0 and b"MPICH" in probe.stdout
-
-
-@pytest.fixture(scope="module")
-def mpich():
-    require(_mpich_ready(), "mpi4py with the MPICH wheel (pip install '.[mpi]')")
 
 
 def _no_orphans(tag: str, timeout: float = 10) -> None:

@@ -4,30 +4,26 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 
 import pytest
 
-from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, program, run, start, tagged_pids
 
 pytestmark = pytest.mark.mpi
 
 
-def _mpich_ready() -> bool:
-    probe = subprocess.run([PY, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
-                           capture_output=True, env=clean_env(), timeout=60)
-    return probe.returncode == 0 and b"MPICH" in probe.stdout
-
-
 @pytest.fixture(scope="module", autouse=True)
-def mpich():
-    require(_mpich_ready(), "mpi4py with the MPICH wheel (pip install '.[mpi]')")
+def _needs_mpich(mpich):
+    pass
 
 
-def shm_segments():
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm"))
+def job_segments(out: bytes):
+    """The shared-memory segments left by the job that printed its name in ``out``
+    (only its own: other jobs on this machine may hold segments of theirs)."""
+    from mslaunch.pmi.shm import shm_segments
+    [kvs] = [json.loads(line)["kvs"] for line in out.decode().splitlines() if '"kvs"' in line]
+    return shm_segments(kvs)
 
 
 def rows(out: bytes):
@@ -78,7 +74,7 @@ def test_mpi_abort_ends_the_job_with_its_code_and_no_leftovers():
         assert time.monotonic() - t0 < 30
         assert b"rank 2" in r.stderr and b"MPI_Abort with exit code 7" in r.stderr
         assert tagged_pids(tag) == []
-        assert shm_segments() == []
+        assert job_segments(r.stdout) == []
     finally:
         kill_tagged(tag)
 
@@ -93,7 +89,7 @@ def test_rank_crashing_inside_a_collective_ends_the_job_within_the_grace_period(
         assert time.monotonic() - t0 < 20
         assert b"rank 1" in r.stderr and b"SIGKILL" in r.stderr
         assert tagged_pids(tag) == []
-        assert shm_segments() == []
+        assert job_segments(r.stdout) == []
     finally:
         kill_tagged(tag)
 
@@ -106,7 +102,7 @@ def test_rank_leaving_without_finalize_ends_the_job_even_with_exit_0():
         assert r.returncode == 1, r.stderr
         assert b"without MPI_Finalize" in r.stderr
         assert tagged_pids(tag) == []
-        assert shm_segments() == []
+        assert job_segments(r.stdout) == []
     finally:
         kill_tagged(tag)
 
@@ -139,3 +135,39 @@ def test_pmi_stats_line():
             env=clean_env(MSLAUNCH_PMI_STATS="1"), timeout=120)
     assert r.returncode == 0
     assert b"mslaunch: PMI: " in r.stderr and b" messages from 2 ranks" in r.stderr
+
+
+def test_pmi_trace_with_two_v():
+    r = run("-v", "-v", "-n", "2", PY, program("mpi_job.py"), "basic", timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.decode().splitlines()
+    for rank in (0, 1):
+        assert f"mslaunch: PMI: rank {rank} -> cmd=init pmi_version=1 pmi_subversion=1" in lines
+        assert f"mslaunch: PMI: rank {rank} <- cmd=barrier_out rc=0" in lines
+        assert f"mslaunch: PMI: rank {rank} -> cmd=finalize" in lines
+    # Every request has its reply, in order, on the rank's own line
+    sent = [x for x in lines if x.startswith("mslaunch: PMI: rank 0 -> ")]
+    got = [x for x in lines if x.startswith("mslaunch: PMI: rank 0 <- ")]
+    assert len(sent) == len(got) > 5
+    r = run("-v", "-n", "2", PY, program("mpi_job.py"), "basic", timeout=120)
+    assert b"cmd=" not in r.stderr
+
+
+def test_timeout_names_the_ranks_missing_from_the_barrier():
+    late = ("import os, time\nif os.environ['PMI_RANK'] == '2': time.sleep(60)\n"
+            "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()")
+    r = run("--timeout", "3", "--grace", "1", "-n", "3", PY, "-c", late, timeout=60)
+    assert r.returncode == 110, r.stderr
+    host = os.uname().nodename
+    assert (f"mslaunch: PMI: 2 rank(s) initialized MPI and wait in MPI_Init for rank(s) 2 "
+            f"on {host}, which never did").encode() in r.stderr
+    # All initialized, one missing from a PMI barrier the others entered
+    fence = ("import os, socket, time\n"
+             "s = socket.socket(fileno=int(os.environ['PMI_FD'])); f = s.makefile('rb')\n"
+             "s.sendall(b'cmd=init pmi_version=1 pmi_subversion=1\\n'); f.readline()\n"
+             "if os.environ['PMI_RANK'] == '2': time.sleep(60)\n"
+             "s.sendall(b'cmd=barrier_in\\n'); f.readline()\n")
+    r = run("--timeout", "2", "--grace", "1", "-n", "3", PY, "-c", fence, timeout=60)
+    assert r.returncode == 110, r.stderr
+    assert (f"mslaunch: PMI: 2 rank(s) were waiting in a barrier (MPI_Init or a fence) for "
+            f"rank(s) 2 on {host}, which never entered it").encode() in r.stderr

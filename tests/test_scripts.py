@@ -65,4 +65,4 @@ def test_readme_options_table_is_the_codes():
                          "mslaunch.cli.options.markdown_table() -->")
     end = readme.index("<!-- end of options table -->")
     shown = readme[readme.index("\n", begin) + 1:end]
-    assert shown == markdown_table()
+    assert shown == markdown_table(), "run: python scripts/options_table.py"

@@ -70,6 +70,8 @@ Lifecycle:
   --mpi pmi|openmpi|none   MPI support: serve PMI to MPICH-ABI ranks (default),
                            delegate to Open MPI's mpirun, or no MPI support
   -pmi-port                serve PMI over TCP (PMI_PORT/PMI_ID) instead of PMI_FD
+  -usize SYSTEM|INFINITE|N MPI_UNIVERSE_SIZE over PMI: the job's slots, unknown
+                           (the default, as Hydra's), or N
   --allow-run-as-root      accepted (mslaunch runs as root without it)
 
 Remote hosts (over SSH; hosts that are this machine run without it):

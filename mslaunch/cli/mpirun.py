@@ -253,6 +253,10 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         elif name == "personality":
             if any(p.strip().lower() not in ("ompi", "mpich", "") for p in v.split(",")):
                 raise UsageError(f"{flag} {v}: only the ompi personality exists here")
+        elif name == "usize":
+            word = v.upper()
+            g[name] = 0 if word == "SYSTEM" else (None if word == "INFINITE" else
+                                                   _int(flag, v, minimum=1))
         elif name == "ompi-server":
             notes.append(f"{flag}: names are published through mslaunch itself")
         elif name == "display":
@@ -471,6 +475,8 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
         preload_binary=bool(g.get("preload-binary")),
         preload_files=g.get("preload-files", ()),  # type: ignore[arg-type]
         session_cwd=bool(g.get("set-cwd-to-session-dir")),
+        usize=g.get("usize"),  # type: ignore[arg-type]
+        novm=bool(g.get("novm")),
         **placement,  # type: ignore[arg-type]
         output=output, global_env=tuple(genv), inherit_env=bool(g.get("inherit_env", True)),
         forward_env=bool(g.get("forward_env")),

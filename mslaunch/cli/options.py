@@ -32,7 +32,7 @@ IMPLEMENTED: Dict[str, int] = {
     "preload-files": 1, "set-cwd-to-session-dir": 0, "ssh-config": 1, "ssh-user": 1,
     "ssh-port": 1, "ssh-identity": 1, "ssh-accept-new": 0, "ssh-timeout": 1,
     "remote-python": 1, "personality": 1, "ompi-server": 1, "enable-recovery": 0,
-    "max-restarts": 1,
+    "max-restarts": 1, "usize": 1, "novm": 0,
 }
 
 #: accepted, no effect here: canonical name -> (number of values, why)
@@ -54,7 +54,6 @@ ACCEPTED: Dict[str, Tuple[int, str]] = {
     "show-progress": (0, "starting is reported with -v"),
     "use-regexp": (0, "host lists are always sent whole"),
     "max-vm-size": (1, "there is no persistent virtual machine"),
-    "novm": (0, "agents run only on the job's hosts"),
     "disable-recovery": (0, "failed ranks are never restarted in this mode"),
     "dvm": (0, "there is no persistent virtual machine: the job runs as usual"),
     "allow-run-as-root-confirm": (0, "mslaunch does not refuse root"),
@@ -143,6 +142,8 @@ DIFFERS: Dict[str, str] = {
     "max-restarts": "as `--enable-recovery`, with a warning: nothing is restarted, as in "
                     "Open MPI 4.1.4",
     "launch-agent": "the Python that runs the agent on remote hosts",
+    "novm": "agents start only on hosts that run ranks; by default, as Open MPI's daemons, "
+            "on every host of the list, so that spawned jobs can use them",
     "personality": "only `ompi`",
     "ompi-server": "names are published through mslaunch's PMI server",
     "stdin": "also `all`: every rank reads a copy",

@@ -123,12 +123,13 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
                             "nowhere else to run")
     topos = [topology if h.local else remote_topologies.get(h.name) or _guess(h.slots)
              for h in hosts]
+    oversubscribe = _oversubscribe(job, entries)
     sizes = [a.np for a in job.apps]
     np_total = None if sizes[0] is None else sum(s or 0 for s in sizes)
     if rankfile is not None:
         where, locs = _from_rankfile(rankfile, hosts, topos, np_total, job)
     else:
-        where, locs = _mapped(hosts, topos, np_total, job, _oversubscribe(job, entries))
+        where, locs = _mapped(hosts, topos, np_total, job, oversubscribe)
     size = len(where)
     app_of: List[int] = []
     for index, app in enumerate(job.apps):
@@ -142,6 +143,9 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     used = [Host(name=hosts[h].name, slots=hosts[h].slots, max_slots=hosts[h].max_slots,
                  local=hosts[h].local, node_id=i) for i, h in enumerate(order)]
     used_topos = tuple(topos[h] for h in order)
+    spare = tuple(Host(name=h.name, slots=h.slots, max_slots=h.max_slots, local=h.local,
+                       node_id=len(used) + i)
+                  for i, h in enumerate(h for j, h in enumerate(hosts) if j not in node_of_host))
     local_size: Dict[int, int] = {}
     for h in where:
         local_size[h] = local_size.get(h, 0) + 1
@@ -150,18 +154,6 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     all_local = all(h.local for h in used)
     master_addr = "127.0.0.1" if all_local else master_host.name
 
-    # What the command line sets: on every host, on top of the inherited
-    # environment (the launcher's here; the login environment of a remote
-    # host, as Open MPI does it, unless -genvall forwards the launcher's).
-    explicit: Dict[str, str] = {}
-    _user_env(explicit, job.global_env, environ)
-    for key, value in job.mca:
-        explicit["OMPI_MCA_" + key] = value
-    inherited = scrub_env(environ) if job.inherit_env else {}
-    if job.prefix:
-        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
-            old = inherited.get(var)
-            inherited[var] = f"{job.prefix}/{sub}" + (f":{old}" if old else "")
     remote_inherit = "none" if not job.inherit_env else ("launcher" if job.forward_env
                                                            else "remote")
 
@@ -173,22 +165,9 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     ranks: List[RankSpec] = []
     seen: Dict[int, int] = {}
     bindings: Dict[int, List[Optional[Tuple[int, ...]]]] = {}
-    app_envs = []       # per context: (whole environment, overlay for remote hosts)
-    for app in job.apps:
-        overlay = dict(explicit)
-        _user_env(overlay, app.env, environ)
-        # Every rank must agree on the rendezvous, wherever it runs.
-        overlay.setdefault("MASTER_ADDR", environ.get("MASTER_ADDR") or master_addr)
-        overlay.setdefault("MASTER_PORT", str(master_port))
-        whole = dict(inherited)
-        whole.update(overlay)
-        whole.setdefault("PYTHONUNBUFFERED", "1")
-        if remote_inherit == "launcher":
-            overlay = whole
-        app_envs.append((whole, overlay))
-    first_rank = [0]
-    for s in sizes[:-1]:
-        first_rank.append(first_rank[-1] + (s or 0))
+    # per context: (whole environment, overlay for remote hosts)
+    app_envs = [context_environment(job, app.env, environ, master_addr, master_port)
+                for app in job.apps]
 
     for rank, h in enumerate(where):
         host = used[node_of_host[h]]
@@ -198,27 +177,10 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         app_index = app_of[rank]
         context: AppContext = job.apps[app_index]
         env = dict(app_envs[app_index][0 if host.local else 1])
-        env.update({
-            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
-            "OMPI_COMM_WORLD_LOCAL_SIZE": str(lsize),
-            "OMPI_COMM_WORLD_NODE_RANK": str(local_rank),
-            "OMPI_UNIVERSE_SIZE": str(universe),
-            "OMPI_NUM_APP_CTX": str(len(job.apps)),
-            # Open MPI's format: space-separated, one number per context.
-            "OMPI_APP_CTX_NUM_PROCS": " ".join(str(s if s is not None else size) for s in sizes),
-            "OMPI_FIRST_RANKS": " ".join(str(r) for r in first_rank),
-            "PMI_RANK": str(rank), "PMI_SIZE": str(size), "PMI_HOSTNAME": host.name,
-            "MPI_LOCALRANKID": str(local_rank), "MPI_LOCALNRANKS": str(lsize),
-            "RANK_ID": str(rank), "RANK_SIZE": str(size),
-            "RANK": str(rank), "WORLD_SIZE": str(size),
-            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(lsize),
-            "GROUP_RANK": str(host.node_id),
-            "MSLAUNCH_JOB": kvsname,
-        })
-        if job.mpi != "pmi":
-            for k in ("PMI_RANK", "PMI_SIZE", "PMI_HOSTNAME"):
-                env.pop(k)
+        env.update(rank_variables(rank=rank, size=size, local_rank=local_rank,
+                                  local_size=lsize, group=host.node_id, host=host.name,
+                                  universe=universe, sizes=sizes, kvsname=kvsname,
+                                  pmi=job.mpi == "pmi"))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
         bound = locs[rank] if rankfile is not None else \
@@ -251,7 +213,69 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
             check_overload(hosts[h].name, bound, job)
     return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
                 process_mapping=mapping, universe_size=universe,
-                master_addr=master_addr, master_port=master_port, topologies=used_topos)
+                master_addr=master_addr, master_port=master_port, topologies=used_topos,
+                oversubscribe=oversubscribe, spare_hosts=spare)
+
+
+def context_environment(job: JobSpec, context_env, environ: Mapping[str, str],
+                        master_addr: str, master_port: int) -> Tuple[Dict[str, str],
+                                                                     Dict[str, str]]:
+    """The environment of one context's ranks: (whole, for this machine; overlay,
+    for a remote host's login environment unless the launcher's is forwarded).
+
+    What the command line sets goes on top of the inherited environment (the
+    launcher's here; the login environment of a remote host, as Open MPI
+    does it, unless -genvall forwards the launcher's).
+    """
+    overlay: Dict[str, str] = {}
+    _user_env(overlay, job.global_env, environ)
+    for key, value in job.mca:
+        overlay["OMPI_MCA_" + key] = value
+    inherited = scrub_env(environ) if job.inherit_env else {}
+    if job.prefix:
+        for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
+            old = inherited.get(var)
+            inherited[var] = f"{job.prefix}/{sub}" + (f":{old}" if old else "")
+    _user_env(overlay, context_env, environ)
+    # Every rank must agree on the rendezvous, wherever it runs.
+    overlay.setdefault("MASTER_ADDR", environ.get("MASTER_ADDR") or master_addr)
+    overlay.setdefault("MASTER_PORT", str(master_port))
+    whole = dict(inherited)
+    whole.update(overlay)
+    whole.setdefault("PYTHONUNBUFFERED", "1")
+    if job.inherit_env and job.forward_env:
+        overlay = whole
+    return whole, overlay
+
+
+def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, group: int,
+                   host: str, universe: int, sizes: Sequence[Optional[int]], kvsname: str,
+                   pmi: bool) -> Dict[str, str]:
+    """Every ecosystem's identity variables of one rank (Open MPI, PMI, MindSpore,
+    PyTorch); ``sizes`` are the MPMD contexts' sizes (None: the whole job)."""
+    first_rank = [0]
+    for n in sizes[:-1]:
+        first_rank.append(first_rank[-1] + (n or 0))
+    env = {
+        "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+        "OMPI_COMM_WORLD_NODE_RANK": str(local_rank),
+        "OMPI_UNIVERSE_SIZE": str(universe),
+        "OMPI_NUM_APP_CTX": str(len(sizes)),
+        # Open MPI's format: space-separated, one number per context.
+        "OMPI_APP_CTX_NUM_PROCS": " ".join(str(n if n is not None else size) for n in sizes),
+        "OMPI_FIRST_RANKS": " ".join(str(r) for r in first_rank),
+        "MPI_LOCALRANKID": str(local_rank), "MPI_LOCALNRANKS": str(local_size),
+        "RANK_ID": str(rank), "RANK_SIZE": str(size),
+        "RANK": str(rank), "WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_size),
+        "GROUP_RANK": str(group),
+        "MSLAUNCH_JOB": kvsname,
+    }
+    if pmi:
+        env.update({"PMI_RANK": str(rank), "PMI_SIZE": str(size), "PMI_HOSTNAME": host})
+    return env
 
 
 def _restricted(topology: Topology, cpu_set: Optional[Sequence[int]]) -> Topology:

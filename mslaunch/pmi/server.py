@@ -43,6 +43,11 @@ def _int(text: Optional[str], default: int) -> int:
         return default
 
 
+def _word(text: str) -> str:
+    """A message as one token of the wire (no spaces, no separators)."""
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in text[:200]) or "error"
+
+
 def _abort(conn: "_Conn", f: Fields) -> None:
     """``abort`` on either wire: report the rank and its code; no reply."""
     conn.phase = ABORTED
@@ -216,7 +221,8 @@ class _V1Protocol:
             else self.send("unpublish_result", rc=1, msg="service_not_found")))
 
     def spawn(self, f: Fields) -> None:
-        self.send("spawn_result", rc=1, msg="spawn_not_supported_by_mslaunch")
+        self.conn.spawn(lambda error, jobid=None: self.send("spawn_result", rc=0)
+                        if error is None else self.send("spawn_result", rc=1, msg=_word(error)))
 
 
 class _V2Protocol:
@@ -292,9 +298,12 @@ class _V2Protocol:
         conn.server._started(rank)
         # Slurm's libpmi2 needs pmi-version/pmi-subversion and takes booleans
         # only as TRUE/FALSE; MPICH reads rank, size and appnum.
-        self.reply("fullinit", **{
+        fields: Dict[str, object] = {
             "rank": rank, "size": self.state.size, "appnum": self.state.appnum(rank),
-            "pmi-version": 2, "pmi-subversion": 0, "pmiverbose": "FALSE", "debugged": "FALSE"})
+            "pmi-version": 2, "pmi-subversion": 0, "pmiverbose": "FALSE", "debugged": "FALSE"}
+        if conn.server.spawner:
+            fields["spawner-jobid"] = conn.server.spawner   # this job was spawned
+        self.reply("fullinit", **fields)
 
     def job_getid(self, f: Fields) -> None:
         self.reply("job-getid", jobid=self.state.kvsname)
@@ -370,7 +379,8 @@ class _V2Protocol:
         _abort(self.conn, f)
 
     def spawn(self, f: Fields) -> None:
-        self.fail("spawn", "spawn_not_supported_by_mslaunch")()
+        self.conn.spawn(lambda error, jobid=None: self.reply("spawn", jobid=jobid)
+                        if error is None else self.fail("spawn", _word(error))())
 
 
 class _Conn:
@@ -387,8 +397,9 @@ class _Conn:
         self.outbuf = bytearray()
         self.proto: Optional[object] = None  # _V1Protocol or _V2Protocol once detected
         self.wire = ""
-        self.mcmd: Optional[List[Tuple[str, str]]] = None
+        self.mcmd: Optional[List[List[Tuple[str, str]]]] = None
         self.mcmd_bytes = 0
+        self.spawn_request: object = None    # the SpawnRequest being read, or its problem
         self.waiting = 0
         self.pumping = False
         self.closed = False
@@ -476,6 +487,8 @@ class _Conn:
                     break
                 cmd, fields = msg
                 self.server._count(cmd)
+                if self.server.trace:
+                    self.server._trace(self, "->", cmd, fields)
                 self.proto.handle(cmd, fields)  # type: ignore[attr-defined]
         except WireError as exc:
             self.abandon(str(exc))
@@ -494,6 +507,13 @@ class _Conn:
         while True:
             if self.wire == "v2":
                 body = take_frame(self.inbuf, limit)
+                if body is not None and body.startswith(b"cmd=spawn;"):
+                    from .spawn import spawn_from_v2, v2_pairs
+                    try:
+                        self.spawn_request = spawn_from_v2(v2_pairs(_decode(body))[1:])
+                    except ValueError as err:
+                        self.spawn_request = str(err)
+                    return "spawn", {}
                 return None if body is None else parse_v2(_decode(body))
             line = take_line(self.inbuf, limit)
             if line is None:
@@ -506,26 +526,31 @@ class _Conn:
                 return msg
 
     def _mcmd_line(self, text: str) -> Optional[Tuple[str, Fields]]:
-        # The spawn form: one key=value per line, segments closed by `endcmd`,
-        # complete when spawnssofar == totspawns at an `endcmd`.
+        # The spawn form: one key=value per line, a segment per command closed
+        # by `endcmd`; complete when spawnssofar == totspawns at an `endcmd`.
         if self.mcmd is None:
-            self.mcmd, self.mcmd_bytes = [], 0
+            self.mcmd, self.mcmd_bytes = [[]], 0
         self.mcmd_bytes += len(text) + 1
         if self.mcmd_bytes > MAX_MESSAGE:
             raise WireError("multi-line spawn message too long")
+        segment = self.mcmd[-1]
         if text != "endcmd":
             key, sep, value = text.partition("=")
             if not sep or not _rx.KEY.fullmatch(key):
                 raise WireError(f"bad line in multi-line message: {text[:40]!r}")
-            self.mcmd.append((key, value))
+            segment.append((key, value))
             return None
-        pairs = dict(reversed(self.mcmd))  # first occurrence wins...
-        last = dict(self.mcmd)             # ...but the segment counter is the latest
-        total, sofar = _int(pairs.get("totspawns"), 0), _int(last.get("spawnssofar"), 0)
-        if sofar < total:
+        fields = dict(segment)
+        if _int(fields.get("spawnssofar"), 0) < _int(fields.get("totspawns"), 0):
+            self.mcmd.append([])
             return None
-        self.mcmd = None
-        return "spawn", {k: v for k, v in pairs.items() if k != "mcmd"}
+        segments, self.mcmd = self.mcmd, None
+        from .spawn import spawn_from_v1
+        try:
+            self.spawn_request = spawn_from_v1(segments)
+        except ValueError as err:
+            self.spawn_request = str(err)
+        return "spawn", {}
 
     def switch_to_v2(self) -> None:
         self.wire, self.proto = "v2", _V2Protocol(self)
@@ -552,6 +577,19 @@ class _Conn:
                 self.abandon(f"internal error {exc!r}")
         return reply
 
+    def spawn(self, answer: Callable[..., None]) -> None:
+        """Hand the spawn request just read to the listener; ``answer(error[, jobid])``."""
+        request, self.spawn_request = self.spawn_request, None
+        if isinstance(request, str) or request is None:
+            self.log(f"a malformed spawn request ({request})")
+            answer(request or "malformed")
+            return
+        hook = getattr(self.server.listener, "pmi_spawn", None)
+        if hook is None:
+            answer("spawn_not_supported_here")
+            return
+        hook(self.rank, request, self.deferred(answer))
+
     def enter_barrier(self, answer: Callable[[], None]) -> None:
         reply = self.deferred(answer)
         try:
@@ -563,6 +601,8 @@ class _Conn:
     def send(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.server.trace:
+            self.server._trace_sent(self, data)
         if not self.outbuf:
             try:
                 sent = self.sock.send(data, _socket.MSG_NOSIGNAL)
@@ -617,7 +657,7 @@ class PMIServer:
 
     def __init__(self, loop: Loop, *, kvsname: str, size: int, process_mapping: str,
                  universe_size: int, appnums: Sequence[int], listener: PMIListener,
-                 state: Optional[JobState] = None) -> None:
+                 state: Optional[JobState] = None, spawner: Optional[str] = None) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
         if len(appnums) != size:
@@ -628,6 +668,8 @@ class PMIServer:
             raise ValueError(f"unusable kvsname {kvsname!r}")
         self.loop = loop
         self.listener = listener
+        self.spawner = spawner        # the kvsname of the job that spawned this one
+        self.trace = False            # every message to the listener's pmi_log (-v -v)
         self.state: JobState = state or LocalJobState(
             kvsname=kvsname, size=size, process_mapping=process_mapping,
             universe_size=universe_size, appnums=appnums)
@@ -809,6 +851,20 @@ class PMIServer:
             self.listener.pmi_abort(rank if rank is not None else -1, code, message)
         except Exception as exc:
             self._emit_log(f"PMI listener.pmi_abort raised {exc!r}")
+
+    def _trace(self, conn: _Conn, arrow: str, cmd: str, fields: Fields) -> None:
+        if cmd == "spawn" and conn.spawn_request is not None:
+            what = f"cmd=spawn {conn.spawn_request!r}"[:2000]
+        else:
+            what = " ".join([f"cmd={cmd}"] + [f"{k}={v}" for k, v in fields.items()])
+        self._emit_log(f"{conn.describe()} {arrow} {what}")
+
+    def _trace_sent(self, conn: _Conn, data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        if conn.wire == "v2":
+            text = text[6:].replace(";", " ").strip()
+        for line in text.splitlines():
+            self._emit_log(f"{conn.describe()} <- {line}")
 
     def _emit_log(self, message: str) -> None:
         try:

@@ -11,6 +11,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+    from ..spec import SpawnRequest
+
 from .mapping import parse_process_mapping
 from .wire import VALLEN_MAX
 
@@ -32,6 +34,12 @@ class PMIListener:
 
     def pmi_started(self, rank: int) -> None:
         """Optional: ``rank`` initialized PMI for the first time."""
+
+    def pmi_spawn(self, rank: int, request: SpawnRequest,
+                  reply: Callable[..., None]) -> None:
+        """Optional: ``rank`` asks for a new job; ``reply(None, kvsname)`` once it
+        runs, ``reply(problem)`` when it cannot.  Without it spawns are refused."""
+        reply("spawn_not_supported_here")
 
 
 class JobState:
@@ -90,7 +98,8 @@ class LocalJobState(JobState):
     """
 
     def __init__(self, *, kvsname: str, size: int, process_mapping: str,
-                 universe_size: int, appnums: Sequence[int]) -> None:
+                 universe_size: int, appnums: Sequence[int],
+                 names: Optional[Dict[str, str]] = None) -> None:
         self.kvsname = kvsname
         self.size = size
         self.universe_size = universe_size
@@ -110,7 +119,9 @@ class LocalJobState(JobState):
         self._since_barrier: Dict[str, str] = {}
         self._node_attrs: Dict[Tuple[int, str], str] = {}
         self._node_waiters: Dict[Tuple[int, str], List[Callable[[Optional[str]], None]]] = {}
-        self._names: Dict[str, str] = {}
+        # Published names; jobs that share them (a job and those it spawned)
+        # pass the same dictionary.
+        self._names: Dict[str, str] = {} if names is None else names
 
     def appnum(self, rank: int) -> int:
         return self._appnums[rank]
@@ -240,7 +251,7 @@ class RelayJobState(LocalJobState):
         if value is not None:
             reply(value)
         else:
-            self._ask({"op": "get", "key": key}, reply)
+            self.ask({"op": "get", "key": key}, reply)
 
     def barrier(self, rank: int, done: Callable[[], None]) -> None:
         if rank in self._entered:
@@ -264,15 +275,15 @@ class RelayJobState(LocalJobState):
         return sorted(self._local - set(self._entered))
 
     def publish(self, service: str, port: str, reply: Callable[[bool], None]) -> None:
-        self._ask({"op": "publish", "service": service, "port": port}, reply)
+        self.ask({"op": "publish", "service": service, "port": port}, reply)
 
     def lookup(self, service: str, reply: Callable[[Optional[str]], None]) -> None:
-        self._ask({"op": "lookup", "service": service}, reply)
+        self.ask({"op": "lookup", "service": service}, reply)
 
     def unpublish(self, service: str, reply: Callable[[bool], None]) -> None:
-        self._ask({"op": "unpublish", "service": service}, reply)
+        self.ask({"op": "unpublish", "service": service}, reply)
 
-    def _ask(self, message: Dict[str, object], reply: Callable[..., None]) -> None:
+    def ask(self, message: Dict[str, object], reply: Callable[..., None]) -> None:
         self._next_ask += 1
         self._asks[self._next_ask] = reply
         message["ask"] = self._next_ask
@@ -280,7 +291,7 @@ class RelayJobState(LocalJobState):
         self._send(message)
 
     def answer(self, ask: int, value: object) -> None:
-        """The launcher's reply to :meth:`_ask` number ``ask``."""
+        """The launcher's reply to :meth:`ask` number ``ask``."""
         reply = self._asks.pop(ask, None)
         if reply is not None:
             reply(value)

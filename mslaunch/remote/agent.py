@@ -49,7 +49,8 @@ from ..run.spawn import check_startable, seal_inherited_fds
 from ..spec import Host, RankSpec
 from . import link
 from .endpoint import Endpoint
-from .jobframe import read_job
+from ..pmi.job import PMIJob
+from .jobframe import read_job, read_spawned
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -124,8 +125,8 @@ class Agent:
         self.specs: List[RankSpec] = []
         self.local: Optional[LocalRanks] = None
         self.guard: Optional[Watchdog] = None
-        self.pmi = None
-        self.state = None
+        self.pmi_jobs: Dict[str, PMIJob] = {}     # by kvsname: the job's, and spawned ones
+        self.probe = None                          # see mslaunch.ompi.singleton
         self.credit = 0
         self.waiting: Set[object] = set()
         self.exited: Set[int] = set()
@@ -164,10 +165,13 @@ class Agent:
     def _shutdown(self) -> None:
         if self.local is not None:
             self.local.close(self.grace)
-        if self.pmi is not None:
-            self.pmi.close()
+        if self.pmi_jobs:
             from ..pmi.shm import remove_shm_segments
-            remove_shm_segments(self.job.get("kvsname", ""))
+            for pj in self.pmi_jobs.values():
+                pj.close()
+                remove_shm_segments(pj.kvsname)
+        if self.probe is not None:
+            self.probe.close()
         if self.guard is not None:
             self.guard.close()
         for path in self.preloaded:
@@ -232,7 +236,7 @@ class Agent:
     def _send_stacks(self) -> None:
         from ..run.stacks import stack_traces
         live = {r.spec.rank: r.proc.pid for r in self.local.ranks.values()  # type: ignore[union-attr]
-                if r.proc is not None and not r.ended}
+                if r.proc is not None and not r.ended and r.spec.job == 1}
         for block in stack_traces(live, socket.gethostname(), self.job["jobid"]):
             self.endpoint.send(link.encode(link.LOG, {"message": block}))
 
@@ -290,7 +294,7 @@ class Agent:
                         env=self._environment(r), cwd=r["cwd"], stdout_path=None,
                         stderr_path=None, cpus=tuple(r["cpus"]) if r["cpus"] else None,
                         stdin=r["stdin"], program=r["program"], search=tuple(r["search"]),
-                        session_dir=r["session"])
+                        session_dir=r["session"], job=r["job"], index=r["key"])
 
     def _environment(self, r: Dict[str, Any]) -> Dict[str, str]:
         env = scrub_env(os.environ) if r["inherit"] == "remote" else {}
@@ -355,32 +359,31 @@ class Agent:
 
     # -- START ----------------------------------------------------------------
     def _start(self) -> None:
-        if not self.specs or self.local is not None:
+        if not self.job or self.local is not None:
             raise link.LinkError("START without a JOB, or twice")
         job = self.job
         seal_inherited_fds()
         # The marker names this host's guard: the job's name and this agent.
         self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace)
         self.guard.add_kvsname(job["kvsname"])
-        pmi_env = None
+        pmi = pmi_env = None
         if job["pmi"]:
-            self._make_pmi()
+            from ..ompi.singleton import SingletonProbe
+            try:
+                self.probe = SingletonProbe(self.guard.marker)
+            except OSError:
+                pass
+            self._watch_singletons()
+            pj = self._pmi_job(1, job["kvsname"], job, self.specs, None)
+            pmi, pmi_env = pj.inherited, pj.env
         merge = job["merge_stderr"]
-        if self.pmi is not None:
-            pmi = self.pmi
-            if job["pmi"] == "port":
-                pmi.listen_tcp()
-                pmi_env = pmi.tcp_env
-            else:
-                pmi_env = lambda rank: {"PMI_FD": str(pmi.child_fd(rank))}  # noqa: E731
 
         def sinks(spec: RankSpec):
-            return (_LinkOutput(self, spec.rank, 1),
-                    None if merge else _LinkOutput(self, spec.rank, 2))
+            return (_LinkOutput(self, spec.key, 1),
+                    None if merge else _LinkOutput(self, spec.key, 2))
 
         self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
-                                grace=self.grace, merge_stderr=merge,
-                                pmi=self.pmi if job["pmi"] == "fd" else None,
+                                grace=self.grace, merge_stderr=merge, pmi=pmi,
                                 pmi_env=pmi_env, stdin_fd=None, pty=job["pty"])
         self._started: Dict[str, int] = {}
         try:
@@ -396,25 +399,67 @@ class Agent:
             self._stdin_queues[rank] = bytearray()
         self.loop.call_later(0.1, self._check_done)
 
-    def _make_pmi(self) -> None:
-        from ..pmi.server import PMIServer
+    def _pmi_job(self, number: int, kvsname: str, job: Dict[str, Any],
+                 specs: List[RankSpec], spawner: Optional[str]) -> PMIJob:
+        """PMI for this host's ranks of one job, the job-wide part at the launcher."""
         from ..pmi.state import RelayJobState
-        job = self.job
         size, appnums = job["size"], job["appnums"]
-        self.state = RelayJobState(
-            kvsname=job["kvsname"], size=size, process_mapping=job["process_mapping"],
+        state = RelayJobState(
+            kvsname=kvsname, size=size, process_mapping=job["process_mapping"],
             universe_size=job["universe_size"], appnums=appnums,
-            local_ranks=[s.rank for s in self.specs], send=self._pmi_up)
-        self.pmi = PMIServer(self.loop, kvsname=job["kvsname"], size=size,
-                             process_mapping=job["process_mapping"],
-                             universe_size=job["universe_size"],
-                             appnums=appnums, listener=self, state=self.state)
+            local_ranks=[s.rank for s in specs], send=self._pmi_up)
+        pj = PMIJob(self, number=number, state=state, keys={s.rank: s.key for s in specs},
+                    spawner=spawner)
+        pj.probe = self.probe
+        pj.serve(self.loop, appnums, job["process_mapping"], tcp=job["pmi"] == "port",
+                 trace=bool(self.job.get("trace")))
+        self.pmi_jobs[kvsname] = pj
+        if self.guard is not None and number != 1:
+            self.guard.add_kvsname(kvsname)
+        return pj
+
+    def _spawned(self, message: Dict[str, Any]) -> None:
+        """A job spawned elsewhere has processes here: start them now."""
+        job = read_spawned(message)
+        if self.local is None or job["kvs"] in self.pmi_jobs:
+            raise link.LinkError("a spawned job before START, or twice")
+        specs = [self._spec(r) for r in job["ranks"]]
+        known = {s.key for s in self.specs}
+        if any(s.key in known for s in specs):
+            raise link.LinkError("a spawned job reuses a process number")
+        self.specs += specs
+        self.done_sent = False
+        self._started = {}
+        pj = self._pmi_job(job["number"], job["kvs"], job, specs, job["spawner"])
+        error = None
+        try:
+            check_startable(specs)
+            self.local.add(specs, pj.inherited, pj.env)
+        except LaunchError as err:
+            error = str(err)
+        finally:
+            if self._started:
+                self.endpoint.send(link.encode(link.STARTED, {"pids": self._started}))
+        self._pmi_up({"op": "spawned", "kvs": job["kvs"], "error": error})
+        self.loop.call_later(0.1, self._check_done)
 
     # -- LocalRanks listener -----------------------------------------------------
     def rank_started(self, rank: int, pid: int) -> None:
         self._started[str(rank)] = pid
 
+    def _report_singletons(self) -> None:
+        """Ranks that started Open MPI alone (see mslaunch.ompi.singleton): tell the launcher."""
+        if self.probe is not None:
+            for key, size in self.probe.check():
+                self._pmi_up({"op": "singleton", "rank": key, "size": size})
+
+    def _watch_singletons(self) -> None:
+        self._report_singletons()
+        if self.probe is not None and not self.finished:
+            self.loop.call_later(0.5, self._watch_singletons)
+
     def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int]) -> None:
+        self._report_singletons()
         self.exited.add(rank)
         self._drop_stdin(rank)
         self.endpoint.send(link.encode(link.EXITED, {"rank": rank, "code": code,
@@ -435,31 +480,53 @@ class Agent:
         self.endpoint.send(link.encode(link.PMI, message))
 
     def _pmi_from_launcher(self, message: Dict[str, Any]) -> None:
-        state = self.state
-        if state is None:
-            raise link.LinkError("PMI frame without a PMI job")
         op = message.get("op")
+        if op == "job":
+            self._spawned(message)
+            return
+        if op not in ("fence_done", "answer"):
+            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
         if op == "fence_done":
             pairs = link.field(message, "pairs", dict, "PMI fence_done")
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
                 raise link.LinkError("PMI fence_done: pairs must be strings")
-            state.fence_done(pairs)
-        elif op == "answer":
-            state.answer(link.field(message, "ask", int, "PMI answer"), message.get("value"))
+        if not self.pmi_jobs:
+            raise link.LinkError("PMI frame without a PMI job")
+        pj = self.pmi_jobs.get(str(message.get("kvs", "")))
+        if pj is None:
+            raise link.LinkError("PMI frame for an unknown job")
+        if op == "fence_done":
+            pj.state.fence_done(pairs)  # type: ignore[attr-defined]
         else:
-            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
+            pj.state.answer(link.field(message, "ask", int, "PMI answer"),  # type: ignore[attr-defined]
+                            message.get("value"))
 
-    def pmi_abort(self, rank: int, code: int, message: str) -> None:
-        self._pmi_up({"op": "abort", "rank": rank, "code": code, "message": message[:200]})
+    # -- what the PMI servers report (keys of the launcher's numbering) ----------
+    def pmi_abort(self, key: int, code: int, message: str) -> None:
+        self._pmi_up({"op": "abort", "rank": key, "code": code, "message": message[:200]})
 
-    def pmi_lost(self, rank: int) -> None:
-        self._pmi_up({"op": "lost", "rank": rank})
+    def pmi_lost(self, key: int) -> None:
+        self._pmi_up({"op": "lost", "rank": key})
 
-    def pmi_started(self, rank: int) -> None:
-        self._pmi_up({"op": "started", "rank": rank})
+    def pmi_started(self, pj: PMIJob, rank: int) -> None:
+        self._pmi_up({"op": "started", "rank": pj.keys[rank]})
 
     def pmi_log(self, message: str) -> None:
         self.endpoint.send(link.encode(link.LOG, {"message": f"PMI: {message}"}))
+
+    def pmi_spawn(self, pj: PMIJob, rank: int, request, reply) -> None:
+        """A rank here spawns: the launcher places and starts the new job."""
+        from .jobframe import spawn_request_body
+
+        def answered(value: object) -> None:
+            if isinstance(value, list) and value and (value[0] is None or isinstance(
+                    value[0], str)):
+                reply(*value[:2])
+            else:
+                reply("the launcher gave no usable answer")
+
+        pj.state.ask(dict(spawn_request_body(request), op="spawn",  # type: ignore[attr-defined]
+                          rank=pj.keys[rank]), answered)
 
     # -- stdin ------------------------------------------------------------------
     def _stdin(self, rank: int, data: bytes) -> None:

@@ -43,7 +43,7 @@ class RemoteHost:
         self.conn = conn
         self.name = conn.name
         self.specs = list(specs)
-        self.ranks = {s.rank for s in specs}
+        self.ranks = {s.key for s in specs}
         self.supervisor = supervisor
         self.state = "new"            # new, prepared, ready, running, done, lost
         self.error: Optional[Dict[str, Any]] = None
@@ -53,6 +53,7 @@ class RemoteHost:
         self.endpoint = Endpoint(loop, conn.fd, conn.fd, on_frame=self._on_frame,
                                  on_closed=self._on_closed)
         self.output: Optional[Endpoint] = None    # the agent's own output connection
+        self._spawns: Dict[str, Any] = {}          # kvsname -> callback(problem)
 
     # -- commands -------------------------------------------------------------
     def prepare(self, frame: Dict[str, Any]) -> None:
@@ -72,6 +73,21 @@ class RemoteHost:
             if ranks is not None:
                 body["ranks"] = [r for r in ranks if r in self.ranks]
             self.endpoint.send(link.encode(link.SIGNAL, body))
+
+    def spawn(self, pj, specs: Sequence[RankSpec], mapping: str, done) -> None:
+        """Start a spawned job's processes on this host; ``done(problem or None)``."""
+        from .jobframe import spawn_frame
+        if self.state not in ("running", "done") or self.endpoint.closed:
+            done(f"host {self.name} is not running")
+            return
+        self.specs += specs
+        self.ranks.update(s.key for s in specs)
+        self.state = "running"            # busy again until the agent is done anew
+        self._spawns[pj.kvsname] = done
+        self.send_pmi(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,
+                                  mapping, [pj.state.appnum(r) for r in range(pj.size)],
+                                  pj.state.universe_size,
+                                  self.supervisor.job.pmi_port))
 
     def request_stacks(self) -> None:
         """--get-stack-traces: the agent shows its ranks' stacks (LOG frames)."""
@@ -188,7 +204,14 @@ class RemoteHost:
             sig = link.optional(message, "signal", int, "EXITED")
             sup.rank_exited(rank, code, sig)
         elif kind == link.PMI:
-            sup.pmi_from_agent(self, message)
+            if message.get("op") == "spawned":
+                done = self._spawns.pop(str(message.get("kvs")), None)
+                if done is None:
+                    raise link.LinkError("PMI spawned: for no spawn")
+                error = message.get("error")
+                done(str(error)[:300] if error is not None else None)
+            else:
+                sup.pmi_from_agent(self, message)
         elif kind == link.CREDIT:
             rank = link.field(message, "rank", int, "CREDIT")
             taken = link.field(message, "stdin", int, "CREDIT")
@@ -204,6 +227,8 @@ class RemoteHost:
             else:
                 self.endpoint.close(f"the agent reported: {text}")
         elif kind == link.DONE:
+            if self._spawns:
+                return   # sent before the agent heard of the spawn: it will say DONE again
             self.state = "done"
             sup.host_done(self)
         else:
@@ -244,6 +269,9 @@ class RemoteHost:
 
     def _lost(self, reason: str) -> None:
         self.state = "lost"
+        spawns, self._spawns = self._spawns, {}
+        for done in spawns.values():
+            done(f"lost host {self.name}")
         tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
         if tail:
             reason += f"; the agent said: {tail[-1][:200]}"

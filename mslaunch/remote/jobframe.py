@@ -30,9 +30,10 @@ _KVSNAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _MAX_RANK = 1 << 24
 
 
-def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
-              pmi: Optional[str]) -> Dict[str, Any]:
-    """The ``JOB`` frame of one host: its ranks, and what they share said once."""
+def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], heartbeat,
+              pmi: Optional[str], universe: int = -1) -> Dict[str, Any]:
+    """The ``JOB`` frame of one host: its ranks (maybe none yet), and what they share
+    said once."""
     common: Optional[Dict[str, str]] = None
     for spec in specs:
         if common is None:
@@ -41,16 +42,7 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
             for key in [k for k, v in common.items() if spec.env.get(k) != v]:
                 del common[key]
     common = common or {}
-    ranks = []
-    for spec in specs:
-        ranks.append({
-            "rank": spec.rank, "app": spec.app, "local_rank": spec.local_rank,
-            "local_size": spec.local_size, "node": spec.host.node_id,
-            "argv": list(spec.argv), "cwd": spec.cwd, "stdin": spec.stdin,
-            "cpus": list(spec.cpus) if spec.cpus else None,
-            "search": list(spec.search), "session": spec.session_dir,
-            "inherit": spec.inherit, "path_prefix": spec.path_prefix,
-            "env": {k: v for k, v in spec.env.items() if common.get(k) != v}})
+    ranks = rank_entries(specs, common)
     contexts: List[int] = []
     for r in plan.ranks:
         if r.app == len(contexts):
@@ -59,17 +51,38 @@ def job_frame(job: JobSpec, plan: Plan, specs: Sequence[RankSpec], heartbeat,
     from ..plan.display import job_id
     files, programs = _preloads(job, specs)
     for rank in ranks:
-        if rank["rank"] in programs:
-            rank["program"] = programs[rank["rank"]]
+        if rank["key"] in programs:
+            rank["program"] = programs[rank["key"]]
     return {"kvsname": plan.kvsname, "jobid": job_id(), "grace": job.grace, "files": files,
             "heartbeat": list(heartbeat),
             "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
             "pty": job.output.pty,
-            "size": len(plan.ranks), "universe_size": plan.universe_size,
+            "size": len(plan.ranks), "universe_size": universe,
             "appnums": [r.app for r in plan.ranks] if len(contexts) > 1 else None,
             "process_mapping": plan.process_mapping, "bind_to": job.bind_to,
-            "launch_dir": job.launch_dir, "host": specs[0].host.name,
-            "common_env": common, "ranks": ranks}
+            "launch_dir": job.launch_dir, "host": host,
+            "common_env": common, "ranks": ranks, "trace": job.verbose >= 2}
+
+
+def rank_entries(specs: Sequence[RankSpec], common: Dict[str, str]) -> List[Dict[str, Any]]:
+    """The ranks of a ``JOB`` frame (or of a spawned job): what differs from ``common``."""
+    return [{
+        "rank": spec.rank, "key": spec.key, "job": spec.job, "app": spec.app,
+        "local_rank": spec.local_rank, "local_size": spec.local_size,
+        "node": spec.host.node_id, "argv": list(spec.argv), "cwd": spec.cwd,
+        "stdin": spec.stdin, "cpus": list(spec.cpus) if spec.cpus else None,
+        "search": list(spec.search), "session": spec.session_dir, "inherit": spec.inherit,
+        "path_prefix": spec.path_prefix, "program": spec.program,
+        "env": {k: v for k, v in spec.env.items() if common.get(k) != v}} for spec in specs]
+
+
+def spawn_frame(number: int, kvsname: str, spawner: str, specs: Sequence[RankSpec],
+                size: int, mapping: str, appnums: Sequence[int], universe: int,
+                tcp: bool) -> Dict[str, Any]:
+    """The ``PMI`` message that starts a spawned job's processes on a host."""
+    return {"op": "job", "kvs": kvsname, "number": number, "spawner": spawner, "size": size,
+            "process_mapping": mapping, "appnums": list(appnums), "universe_size": universe,
+            "pmi": "port" if tcp else "fd", "ranks": rank_entries(specs, {})}
 
 
 def _preloads(job: JobSpec, specs: Sequence[RankSpec]):
@@ -92,7 +105,7 @@ def _preloads(job: JobSpec, specs: Sequence[RankSpec]):
                 raise LaunchError(f"--preload-binary: program {program!r} not found here")
             name = os.path.basename(path)
             wanted[name] = path
-            programs[spec.rank] = "./" + name
+            programs[spec.key] = "./" + name
     for path in job.preload_files:
         wanted[os.path.basename(path)] = path
     files = []
@@ -171,8 +184,11 @@ def _rank(r: Any, size: int) -> Dict[str, Any]:
     if not isinstance(r, dict):
         raise _bad("rank entry", "is not a mapping")
     cpus = r.get("cpus")
+    rank = _int(r.get("rank"), "rank", 0, size - 1)
     return {
-        "rank": _int(r.get("rank"), "rank", 0, size - 1),
+        "rank": rank,
+        "key": _int(r.get("key", rank), "key", 0, 1 << 40),
+        "job": _int(r.get("job", 1), "job", 1, 1 << 20),
         "app": _int(r.get("app", 0), "app", 0, _MAX_RANK),
         "local_rank": _int(r.get("local_rank"), "local_rank", 0, _MAX_RANK),
         "local_size": _int(r.get("local_size"), "local_size", 1, _MAX_RANK),
@@ -191,14 +207,80 @@ def _rank(r: Any, size: int) -> Dict[str, Any]:
     }
 
 
-def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
-    """The ``JOB`` frame checked and completed with defaults (see the module docstring)."""
-    kvsname = body.get("kvsname")
-    if not isinstance(kvsname, str) or not _KVSNAME.fullmatch(kvsname):
-        raise _bad("kvsname", "is missing or not a name of letters, digits and _.:-")
-    ranks = body.get("ranks")
+def _ranks(ranks: Any, size: int) -> List[Dict[str, Any]]:
     if not isinstance(ranks, list) or not ranks or len(ranks) > _MAX_RANK:
         raise _bad("ranks", "is not a non-empty list")
+    checked = [_rank(r, size) for r in ranks]
+    if len({r["rank"] for r in checked}) != len(checked) or \
+            len({r["key"] for r in checked}) != len(checked):
+        raise _bad("ranks", "name a rank twice")
+    return checked
+
+
+def _kvsname(value: Any) -> str:
+    if not isinstance(value, str) or not _KVSNAME.fullmatch(value):
+        raise _bad("kvsname", "is missing or not a name of letters, digits and _.:-")
+    return value
+
+
+def read_spawned(body: Dict[str, Any]) -> Dict[str, Any]:
+    """A spawned job's message (:func:`spawn_frame`), checked."""
+    size = _int(body.get("size"), "size", 1, _MAX_RANK)
+    appnums = body.get("appnums")
+    if not isinstance(appnums, list) or len(appnums) != size:
+        raise _bad("appnums", f"is not a list of {size} numbers")
+    return {"kvs": _kvsname(body.get("kvs")), "spawner": _kvsname(body.get("spawner")),
+            "number": _int(body.get("number"), "number", 2, 1 << 20), "size": size,
+            "process_mapping": _text(body.get("process_mapping") or "", "process_mapping"),
+            "appnums": [_int(a, "appnums", 0, _MAX_RANK) for a in appnums],
+            "universe_size": _int(body.get("universe_size"), "universe_size", -1, 1 << 40),
+            "pmi": _choice(body.get("pmi"), "pmi", ("fd", "port")),
+            "ranks": _ranks(body.get("ranks"), size)}
+
+
+def spawn_request_body(request) -> Dict[str, Any]:
+    """A :class:`~mslaunch.spec.SpawnRequest` as an agent relays it."""
+    return {"commands": [{"program": c.program, "args": list(c.args), "nprocs": c.nprocs,
+                          "info": [list(p) for p in c.info]} for c in request.commands],
+            "preput": [list(p) for p in request.preput]}
+
+
+def read_spawn(body: Dict[str, Any]):
+    """The :class:`~mslaunch.spec.SpawnRequest` an agent relayed (LinkError if malformed)."""
+    from ..pmi.spawn import MAX_ARGS, MAX_COMMANDS, MAX_INFO, MAX_PREPUT, MAX_PROCS
+    from ..spec import SpawnCommand, SpawnRequest
+
+    def pairs(value: Any, name: str, most: int):
+        if not isinstance(value, list) or len(value) > most or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in value):
+            raise _bad(name, "is not a list of [key, value] strings")
+        return tuple((p[0], p[1]) for p in value)
+
+    commands = body.get("commands")
+    if not isinstance(commands, list) or not 0 < len(commands) <= MAX_COMMANDS:
+        raise _bad("spawn commands", "are not a non-empty list")
+    out = []
+    for c in commands:
+        if not isinstance(c, dict):
+            raise _bad("spawn command", "is not a mapping")
+        args = _texts(c.get("args"), "spawn args")
+        if len(args) > MAX_ARGS:
+            raise _bad("spawn args", "are too many")
+        out.append(SpawnCommand(program=_text(c.get("program"), "spawn program", empty=False),
+                                args=tuple(args),
+                                nprocs=_int(c.get("nprocs"), "spawn nprocs", 1, MAX_PROCS),
+                                info=pairs(c.get("info"), "spawn info", MAX_INFO)))
+    return SpawnRequest(commands=tuple(out),
+                        preput=pairs(body.get("preput"), "spawn preput", MAX_PREPUT))
+
+
+def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``JOB`` frame checked and completed with defaults (see the module docstring)."""
+    kvsname = _kvsname(body.get("kvsname"))
+    ranks = body.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) > _MAX_RANK:
+        raise _bad("ranks", "is not a list")
     heartbeat = body.get("heartbeat", [1.0, 5])
     if not isinstance(heartbeat, list) or len(heartbeat) != 2:
         raise _bad("heartbeat", "is not [interval, misses]")
@@ -216,9 +298,7 @@ def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
             and isinstance(f.get("data"), str) and not isinstance(f.get("mode"), bool)
             and isinstance(f.get("mode"), int) for f in files):
         raise _bad("files", "is not a list of {name, mode, data}")
-    checked = [_rank(r, size) for r in ranks]
-    if len({r["rank"] for r in checked}) != len(checked):
-        raise _bad("ranks", "name a rank twice")
+    checked = _ranks(ranks, size) if ranks else []
     data = body.get("data")
     if data is not None and not isinstance(data, dict):
         raise _bad("data", "is not a mapping")
@@ -233,7 +313,7 @@ def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
         "pty": _choice(body.get("pty", True), "pty", (True, False)),
         "pmi": pmi,
         "size": size,
-        "universe_size": _int(body.get("universe_size", size), "universe_size", 1, _MAX_RANK),
+        "universe_size": _int(body.get("universe_size", size), "universe_size", -1, _MAX_RANK),
         "appnums": appnums or [0] * size,
         "process_mapping": _text(body.get("process_mapping") or "", "process_mapping"),
         "launch_dir": _maybe_text(body.get("launch_dir"), "launch_dir"),
@@ -241,5 +321,6 @@ def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
         "common_env": _env(body.get("common_env"), "common_env"),
         "files": files,
         "data": data,
+        "trace": bool(body.get("trace")),
         "ranks": checked,
     }

@@ -412,6 +412,9 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
     from ..pmi.shm import remove_shm_segments
     for name in kvsnames:
         remove_shm_segments(name)
+    if kvsnames:
+        from ..ompi.singleton import probe_path, remove_probe
+        remove_probe(probe_path(marker))
 
 
 class Watchdog:

@@ -109,6 +109,10 @@ def run_job(job: JobSpec) -> int:
         sys.stdout.write(describe_plan(plan, job))
         return 0
     remote = [h.name for h in plan.hosts if not h.local]
+    if job.mpi == "pmi" and not job.novm:
+        # As Open MPI starts a daemon on every host of the allocation: hosts the
+        # first job leaves free stay ready for the jobs its ranks spawn.
+        remote += [h.name for h in plan.spare_hosts if not h.local]
     replan = None
     if remote:
         from ..remote.bootstrap import prepare_in_background

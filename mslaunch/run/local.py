@@ -41,19 +41,26 @@ _LEFTOVER_DELAY = 0.2
 
 
 class _Local:
-    __slots__ = ("spec", "proc", "pipes", "ended", "code", "signal")
+    __slots__ = ("spec", "proc", "pipes", "ended", "code", "signal", "pmi", "pmi_env")
 
-    def __init__(self, spec: RankSpec) -> None:
+    def __init__(self, spec: RankSpec, pmi, pmi_env) -> None:
         self.spec = spec
         self.proc: Optional[LocalProcess] = None
         self.pipes: List[RankPipe] = []
         self.ended = False
         self.code: Optional[int] = None
         self.signal: Optional[int] = None
+        self.pmi = pmi             # the PMI server of the rank's job (inherited socket)
+        self.pmi_env = pmi_env     # the PMI variables of a rank: rank -> dict
 
 
 class LocalRanks:
-    """Starts and watches the ranks of a plan that run on this machine."""
+    """Starts and watches the ranks of a plan that run on this machine.
+
+    Ranks are known by their :attr:`~mslaunch.spec.RankSpec.key`, unique
+    among all of the launcher's processes; ranks of jobs spawned later
+    join with :meth:`add`.
+    """
 
     def __init__(self, loop: Loop, specs: Sequence[RankSpec], listener, *,
                  sinks: Callable[[RankSpec], Tuple[RankOutput, Optional[RankOutput]]],
@@ -62,14 +69,12 @@ class LocalRanks:
                  stdin_fd: Optional[int] = 0, pty: bool = True) -> None:
         self.loop = loop
         self.listener = listener
-        self.ranks: Dict[int, _Local] = {s.rank: _Local(s) for s in specs}
+        self.ranks: Dict[int, _Local] = {s.key: _Local(s, pmi, pmi_env) for s in specs}
         self.sinks = sinks
         self.guard = guard
         self.grace = grace
         self.merge_stderr = merge_stderr
         self.pty = pty
-        self.pmi = pmi
-        self.pmi_env = pmi_env
         self.stdin_fanout: Optional[StdinFanout] = None
         # None: the owner feeds the ranks' stdin pipes (``stdin_pipes``) itself.
         self.stdin_fd = stdin_fd
@@ -85,21 +90,37 @@ class LocalRanks:
     def start(self) -> None:
         """Start every rank, in rank order; raises LaunchError if one cannot start."""
         stdin_pipes: Dict[int, int] = {}
+        self._start_some(list(self.ranks.values()), stdin_pipes)
+        if stdin_pipes and self.stdin_fd is not None:
+            self.stdin_fanout = StdinFanout(self.loop, self.stdin_fd, stdin_pipes)
+        else:
+            self.stdin_pipes = stdin_pipes
+
+    def add(self, specs: Sequence[RankSpec], pmi=None,
+            pmi_env: Optional[Callable[[int], Dict[str, str]]] = None) -> None:
+        """Start more ranks now (a spawned job's); their stdin is /dev/null."""
+        added = []
+        for spec in specs:
+            if spec.key in self.ranks:
+                raise ValueError(f"process {spec.key} is already known")
+            added.append(self.ranks.setdefault(spec.key, _Local(spec, pmi, pmi_env)))
+        if self._sweep is not None:       # every earlier rank had ended: not any more
+            self._sweep.cancel()
+            self._sweep = None
+        self._start_some(added, {})
+
+    def _start_some(self, locals_: List[_Local], stdin_pipes: Dict[int, int]) -> None:
         try:
-            for local in self.ranks.values():
+            for local in locals_:
                 try:
                     self._start(local, stdin_pipes)
                 except OSError as err:
                     raise LaunchError(f"cannot start rank {local.spec.rank}: "
                                       f"{os_error_reason(err)}") from None
         finally:
-            if self.pmi is not None:
-                self.pmi.release_child_fds()
+            for pmi in {id(x.pmi): x.pmi for x in locals_ if x.pmi is not None}.values():
+                pmi.release_child_fds()
             self.guard.flush()
-        if stdin_pipes and self.stdin_fd is not None:
-            self.stdin_fanout = StdinFanout(self.loop, self.stdin_fd, stdin_pipes)
-        else:
-            self.stdin_pipes = stdin_pipes
 
     def _session_dir(self, rank: int) -> str:
         """``--set-cwd-to-session-dir``: a fresh directory per rank, removed at the end."""
@@ -116,15 +137,15 @@ class LocalRanks:
     def _start(self, local: _Local, stdin_pipes: Dict[int, int]) -> None:
         if local.spec.session_dir:
             from ..spec import replace
-            local.spec = replace(local.spec, cwd=self._session_dir(local.spec.rank))
+            local.spec = replace(local.spec, cwd=self._session_dir(local.spec.key))
         spec = local.spec
         env = dict(spec.env)
         from .guard import MARKER_VARIABLE
         env[MARKER_VARIABLE] = self.guard.marker
         # As under Open MPI: PWD is the rank's physical working directory.
         env["PWD"] = os.path.realpath(spec.cwd)
-        if self.pmi_env is not None:
-            env.update(self.pmi_env(spec.rank))
+        if local.pmi_env is not None:
+            env.update(local.pmi_env(spec.rank))
         out_sink, err_sink = self.sinks(spec)
         out_r, out_w = open_pty() if self.pty else os.pipe()
         err_r, err_w = (None, out_w) if self.merge_stderr else os.pipe()
@@ -151,15 +172,15 @@ class LocalRanks:
         finally:
             # The child has its copies; keep only our ends.  Its PMI socket end
             # must go now: every inheritable descriptor reaches the next rank.
-            if self.pmi is not None:
-                self.pmi.release_child_fds(spec.rank)
+            if local.pmi is not None:
+                local.pmi.release_child_fds(spec.rank)
             os.close(out_w)
             if err_r is not None:
                 os.close(err_w)
             if how == "pipe":
                 os.close(stdin)
         if stdin_w is not None:
-            stdin_pipes[spec.rank] = stdin_w
+            stdin_pipes[spec.key] = stdin_w
         self.guard.add(local.proc.pgid)
         proc = local.proc
         is_pty = self.pty and os.isatty(out_r)
@@ -171,7 +192,7 @@ class LocalRanks:
             self.loop.add_reader(local.proc.pidfd, lambda: self._on_exit(local))
         else:
             self._poll_exit(local)
-        self.listener.rank_started(spec.rank, local.proc.pid)
+        self.listener.rank_started(spec.key, local.proc.pid)
 
     def _poll_exit(self, local: _Local) -> None:
         """Without pidfds (Python 3.8), look for the rank's exit every 50 ms."""
@@ -191,8 +212,8 @@ class LocalRanks:
         if self.guard.subreaper:
             self.guard.reap_adopted(self.pids())
         if self.stdin_fanout is not None:
-            self.stdin_fanout.drop(local.spec.rank)
-        self.listener.rank_exited(local.spec.rank, local.code, local.signal)
+            self.stdin_fanout.drop(local.spec.key)
+        self.listener.rank_exited(local.spec.key, local.code, local.signal)
         if proc.group_alive():
             # Leftover children of an ended rank would become orphans.
             proc.signal(signal.SIGCONT)
@@ -203,7 +224,7 @@ class LocalRanks:
         self._check_leftovers()
 
     def _kill_later(self, local: _Local) -> None:
-        rank = local.spec.rank
+        rank = local.spec.key
         if rank in self._kill_timers:
             return
 
@@ -219,7 +240,7 @@ class LocalRanks:
         if local.proc.group_alive():
             self.loop.call_later(0.05, lambda: self._check_group(local))
             return
-        timer = self._kill_timers.pop(local.spec.rank, None)
+        timer = self._kill_timers.pop(local.spec.key, None)
         if timer is not None:
             timer.cancel()
         self._group_gone(local)
@@ -242,7 +263,8 @@ class LocalRanks:
         self._sweep = self.loop.call_later(_LEFTOVER_DELAY, self._stop_leftovers)
 
     def _stop_leftovers(self) -> None:
-        if all(p.closed for r in self.ranks.values() for p in r.pipes):
+        if all(p.closed for r in self.ranks.values() for p in r.pipes) or \
+                not all(r.ended for r in self.ranks.values()):
             return
         pids = self.guard.leftovers(self.pids())
         for pid in pids:
@@ -251,6 +273,8 @@ class LocalRanks:
         self._sweeping = True
 
         def kill() -> None:
+            if not all(r.ended for r in self.ranks.values()):
+                return                    # a spawned job started meanwhile
             for pid in self.guard.leftovers(self.pids()):
                 _signal(pid, signal.SIGKILL)
             # Whatever still holds a pipe now is out of reach: take what it

@@ -22,11 +22,10 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-    from ..pmi.server import PMIServer
-    from ..pmi.state import LocalJobState
     from ..remote.host import RemoteHost
+    from .jobs import MPIJobs
     from .output import Terminal
 
 from ..errors import LaunchError
@@ -101,9 +100,7 @@ class Supervisor:
         self.undelivered = 0
         self.killing: Optional[Timer] = None
         self._give_up: Optional[Timer] = None
-        self.pmi: Optional[PMIServer] = None
-        self.pmi_state: Optional[LocalJobState] = None
-        self.pmi_started_ranks: Set[int] = set()
+        self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
         self.watchdog: Optional[Watchdog] = None
         self.local: Optional[LocalRanks] = None
         self.hosts: Dict[str, RemoteHost] = {}
@@ -176,27 +173,14 @@ class Supervisor:
         for r in plan.ranks:
             if not r.host.local:
                 remote_specs.setdefault(r.host.name, []).append(r)
-        pmi_env = None
+        pmi, pmi_env = None, None
         if job.mpi == "pmi":
-            from ..pmi.state import LocalJobState
-            self.pmi_state = LocalJobState(
-                kvsname=plan.kvsname, size=len(plan.ranks), process_mapping=plan.process_mapping,
-                universe_size=plan.universe_size, appnums=[r.app for r in plan.ranks])
-            assert self.watchdog is not None
-            self.watchdog.add_kvsname(plan.kvsname)
-        if job.mpi == "pmi" and local_specs:
-            from ..pmi.server import PMIServer
-            self.pmi = PMIServer(self.loop, kvsname=plan.kvsname, size=len(plan.ranks),
-                                 process_mapping=plan.process_mapping,
-                                 universe_size=plan.universe_size,
-                                 appnums=[r.app for r in plan.ranks], listener=self,
-                                 state=self.pmi_state)
-            if job.pmi_port:
-                self.pmi.listen_tcp()
-                pmi_env = self.pmi.tcp_env
-            else:
-                pmi = self.pmi
-                pmi_env = lambda rank: {"PMI_FD": str(pmi.child_fd(rank))}  # noqa: E731
+            from .jobs import MPIJobs
+            self.mpi_jobs = MPIJobs(self)
+            pmi, pmi_env = self.mpi_jobs.start_first(bool(local_specs))
+            self._watch_singletons()
+        for name in conns:
+            remote_specs.setdefault(name, [])     # spare hosts, for spawned jobs
         _raise_fd_limit(8 * len(local_specs) + 8 * len(remote_specs) + 64)
         if remote_specs:
             self._prepare_hosts(remote_specs, conns)
@@ -204,7 +188,7 @@ class Supervisor:
             self.local = LocalRanks(self.loop, local_specs, self, sinks=self._sinks,
                                     guard=self.watchdog,  # type: ignore[arg-type]
                                     grace=job.grace, merge_stderr=job.output.merge_stderr,
-                                    pmi=self.pmi if not job.pmi_port else None, pmi_env=pmi_env,
+                                    pmi=pmi, pmi_env=pmi_env,
                                     stdin_fd=None if remote_specs else 0, pty=job.output.pty)
             self.local.start()
         self.launched = True
@@ -212,6 +196,37 @@ class Supervisor:
             host.start()
         if remote_specs:
             self._relay_stdin()
+
+    def _watch_singletons(self) -> None:
+        assert self.mpi_jobs is not None
+        self.mpi_jobs.check_singletons()
+        if self.ending is None:
+            self.loop.call_later(0.5, self._watch_singletons)
+
+    @property
+    def may_oversubscribe(self) -> bool:
+        return self.plan.oversubscribe
+
+    def add_ranks(self, specs: Sequence[RankSpec]) -> None:
+        """Processes of a spawned job join the supervision (keys follow on)."""
+        for spec in specs:
+            assert spec.key == len(self.ranks), "keys are dense"
+            self.ranks.append(_Rank(spec))
+            if not spec.host.local:
+                self._sinks(spec)        # local ranks get theirs as they start
+
+    def start_local(self, specs: Sequence[RankSpec], pmi, pmi_env) -> None:
+        """Start a spawned job's processes on this machine."""
+        if self.local is None:
+            job = self.job
+            self.local = LocalRanks(self.loop, specs, self, sinks=self._sinks,
+                                    guard=self.watchdog,  # type: ignore[arg-type]
+                                    grace=job.grace, merge_stderr=job.output.merge_stderr,
+                                    pmi=pmi, pmi_env=pmi_env, stdin_fd=None,
+                                    pty=job.output.pty)
+            self.local.start()
+        else:
+            self.local.add(specs, pmi, pmi_env)
 
     # -- remote hosts ---------------------------------------------------------
     def _connect_agents(self) -> Dict[str, Any]:
@@ -248,6 +263,8 @@ class Supervisor:
                 raise
             self.ranks = [_Rank(spec) for spec in self.plan.ranks]
         used = {r.host.name for r in self.plan.ranks if not r.host.local}
+        if job.mpi == "pmi" and not job.novm:
+            used |= {h.name for h in self.plan.spare_hosts if not h.local}
         for name in [n for n in conns if n not in used]:
             conns.pop(name).close()
         return conns
@@ -277,7 +294,8 @@ class Supervisor:
             self.hosts[name] = host
             for s in specs:
                 self._sinks(s)
-            frame = job_frame(job, plan, specs, heartbeat, pmi)
+            frame = job_frame(job, plan, name, specs, heartbeat, pmi,
+                              self.mpi_jobs.universe() if self.mpi_jobs else -1)
             port = listener.port_of(conn.local_address or "") if listener else None
             if listener is not None and port is not None:
                 from ..remote.dialback import new_token
@@ -332,8 +350,8 @@ class Supervisor:
         for host in self.hosts.values():
             for spec in host.specs:
                 if spec.stdin != "null":
-                    sinks[spec.rank] = self._remote_stdin[spec.rank] = RemoteStdin(host,
-                                                                                   spec.rank)
+                    sinks[spec.key] = self._remote_stdin[spec.key] = RemoteStdin(host,
+                                                                                 spec.key)
         if sinks:
             from .output import StdinFanout
             self.stdin_fanout = StdinFanout(self.loop, 0, sinks)
@@ -369,7 +387,7 @@ class Supervisor:
             return
         # Ranks still running, and ranks that ended but whose output had not
         # all arrived: both lose something with the host.
-        lost = [r for r in self.ranks if r.spec.rank in host.ranks
+        lost = [r for r in self.ranks if r.spec.key in host.ranks
                 and (not r.ended or not all(out.finished for out in r.outputs))]
         for r in lost:
             if not r.reason:
@@ -389,51 +407,11 @@ class Supervisor:
             sink.taken(count)
 
     def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
-        """PMI traffic of a remote host's ranks (see :class:`~mslaunch.pmi.state.RelayJobState`)."""
-        from ..remote import link
-        state = self.pmi_state
-        op = message.get("op")
-        if state is None:
+        """PMI traffic of a remote host's ranks (see :class:`~.jobs.MPIJobs`)."""
+        if self.mpi_jobs is None:
+            from ..remote import link
             raise link.LinkError("PMI frame in a job without PMI")
-        if op in ("abort", "lost", "started"):
-            rank = link.field(message, "rank", int, f"PMI {op}")
-            if rank not in host.ranks:
-                raise link.LinkError(f"PMI {op} for rank {rank}, not on this host")
-            if op == "abort":
-                self.pmi_abort(rank, link.field(message, "code", int, "PMI abort"),
-                               str(message.get("message", "")))
-            elif op == "lost":
-                self.pmi_lost(rank)
-            else:
-                self.pmi_started(rank)
-            return
-        if op == "fence":
-            ranks = link.field(message, "ranks", list, "PMI fence")
-            pairs = link.field(message, "pairs", dict, "PMI fence")
-            if not all(isinstance(r, int) and r in host.ranks for r in ranks) or not all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
-                raise link.LinkError("PMI fence: bad ranks or pairs")
-            problem = state.remote_fence(ranks, pairs, lambda delta: host.send_pmi(
-                {"op": "fence_done", "kvs": state.kvsname, "pairs": delta}))
-            if problem:
-                raise link.LinkError(f"PMI fence: {problem}")
-            return
-        ask = link.field(message, "ask", int, f"PMI {op}")
-
-        def answer(value: object) -> None:
-            host.send_pmi({"op": "answer", "ask": ask, "value": value})
-
-        if op == "get":
-            state.kvs_get(-1, str(link.field(message, "key", str, "PMI get")), answer)
-        elif op == "publish":
-            state.publish(link.field(message, "service", str, "PMI publish"),
-                          link.field(message, "port", str, "PMI publish"), answer)
-        elif op == "lookup":
-            state.lookup(link.field(message, "service", str, "PMI lookup"), answer)
-        elif op == "unpublish":
-            state.unpublish(link.field(message, "service", str, "PMI unpublish"), answer)
-        else:
-            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
+        self.mpi_jobs.from_agent(host, message)
 
     def _open_log(self, path: Optional[str]) -> Optional[int]:
         if path is None:
@@ -448,7 +426,7 @@ class Supervisor:
 
     def _sinks(self, spec: RankSpec):
         """The output sinks of one rank: stdout (merged or not) and stderr."""
-        out, rank = self.job.output, self.ranks[spec.rank]
+        out, rank = self.job.output, self.ranks[spec.key]
         terminal = self.console if out.copy_to_terminal else None
         opts = dict(tag=out.tag, timestamp=out.timestamp, rank_prefix=out.rank_prefix)
         merged = out.merge_stderr
@@ -459,17 +437,19 @@ class Supervisor:
                 # --xml: one document, on stdout
                 terminal=terminal.terminal(1 if out.xml else stream) if terminal else None,
                 file_fd=self._open_log(path), file_name=path or "",
-                prefix=line_prefix(spec.rank, name, **opts),  # type: ignore[arg-type]
+                prefix=line_prefix(spec.rank, name, jobid=spec.job,
+                                   **opts),  # type: ignore[arg-type]
                 file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
-                                        rank_prefix=False),
+                                        rank_prefix=False, jobid=spec.job),
                 formatter=xml_element(name, spec.rank) if out.xml else None,
                 keep_tail=(stream == 2 or merged), on_error=self._output_failed))
         return rank.outputs[0], (None if merged else rank.outputs[1])
 
     # -- rank events --------------------------------------------------------
-    def rank_started(self, rank: int, pid: int) -> None:
-        r = self.ranks[rank]
+    def rank_started(self, key: int, pid: int) -> None:
+        r = self.ranks[key]
         r.pid = pid
+        rank = r.spec.rank
         if self.job.report_bindings and (r.spec.cpus or self.job.bind_to != "none"):
             # Open MPI's line, with the launcher's pid; no line for an unbound rank.
             from ..plan.topology import report_binding
@@ -478,19 +458,22 @@ class Supervisor:
                 f"MCW rank {rank} bound to cpus {r.spec.cpus}"
             self.console.message(f"[{r.spec.host.name}:{os.getpid():05d}] {text}")
         if self.job.verbose:
-            self.console.message(f"mslaunch: started rank {rank} (pid {pid}) "
+            job = f" of job {r.spec.job}" if r.spec.job != 1 else ""
+            self.console.message(f"mslaunch: started rank {rank}{job} (pid {pid}) "
                                  f"on {r.spec.host.name}: {' '.join(r.spec.argv)}")
 
-    def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int]) -> None:
-        r = self.ranks[rank]
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None:
+        if self.mpi_jobs is not None:
+            self.mpi_jobs.check_singletons()
+        r = self.ranks[key]
         r.code, r.signal, r.ended = code, sig, True
         if sig is not None or code:
             self._fail(r, "", 128 + sig if sig is not None else code or 1,
                        abort=not self.job.keep_going)
         elif r.pmi_lost:
             self._check_lost(r)
-        else:
-            self._check_left_mpi(r)
+        elif self.mpi_jobs is not None:
+            self.mpi_jobs.check_left_mpi(r)
 
     def _on_signals(self, fd: int) -> None:
         try:
@@ -544,7 +527,7 @@ class Supervisor:
             from .stacks import stack_traces
             self.console.message("mslaunch: waiting for stack traces (this may take a few "
                                  "moments)...")
-            here = {r.spec.rank: r.pid for r in live if r.spec.host.local}
+            here = {r.spec.rank: r.pid for r in live if r.spec.host.local and r.spec.job == 1}
             for block in stack_traces(here, os.uname().nodename, job_id()):
                 self.console.message(block)
             for host in self.hosts.values():
@@ -556,15 +539,9 @@ class Supervisor:
         self._terminate()
 
     def _report_hang(self) -> None:
-        """Name the ranks that had not reached the PMI barrier the others waited in."""
-        state = self.pmi_state
-        missing = state.waiting_for() if state is not None else []
-        if missing and len(missing) < len(self.ranks):
-            shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
-            where = sorted({self.ranks[r].spec.host.name for r in missing})
-            self.console.message(f"mslaunch: PMI: {len(self.ranks) - len(missing)} rank(s) were "
-                                 f"waiting in a barrier (MPI_Init or a fence) for rank(s) "
-                                 f"{shown} on {', '.join(where[:8])}, which never entered it")
+        """Name the ranks the others were waiting for in MPI (see :meth:`MPIJobs.hang_report`)."""
+        for line in self.mpi_jobs.hang_report() if self.mpi_jobs is not None else []:
+            self.console.message(f"mslaunch: PMI: {line}")
 
     def _report_state(self) -> None:
         from ..plan.display import job_id
@@ -575,7 +552,8 @@ class Supervisor:
                                                              else "NOT STARTED")
             rows.append((r.spec.rank, r.spec.host.name, r.pid, state, r.code or 0))
         self.console.message(state_report(job_id(), rows, len(self.job.apps),
-                                          len(self.pmi_started_ranks)).rstrip("\n"))
+                                          self.mpi_jobs.reported() if self.mpi_jobs
+                                          else 0).rstrip("\n"))
 
     # -- output errors -------------------------------------------------------
     def _terminal_failed(self, terminal: Terminal) -> None:
@@ -615,25 +593,6 @@ class Supervisor:
             return  # a failure in its own right, already handled
         self._fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
                    if r.ended else "closed its PMI connection without MPI_Finalize",
-                   1, abort=True)
-
-    def pmi_started(self, rank: int) -> None:
-        self.pmi_started_ranks.add(rank)
-        # A rank that already ended without MPI can never join this one.
-        for r in self.ranks:
-            if r.ended and not r.failed:
-                self._check_left_mpi(r)
-
-    def _check_left_mpi(self, r: _Rank) -> None:
-        """A rank that ended (status 0) without MPI while others use it: they would hang."""
-        started = self.pmi_started_ranks
-        rank = r.spec.rank
-        if not started or rank in started or r.failed:
-            return
-        others = sorted(started)
-        who = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
-        self._fail(r, f"exited with code 0 without joining MPI (it never initialized PMI) "
-                      f"while rank(s) {who} did; they would wait for it forever",
                    1, abort=True)
 
     def pmi_log(self, message: str) -> None:
@@ -701,15 +660,12 @@ class Supervisor:
             host.close(deadline)
         if self.listener is not None:
             self.listener.close()
-        if self.pmi is not None:
+        if self.mpi_jobs is not None:
             if os.environ.get("MSLAUNCH_PMI_STATS"):
                 self.console.message(
-                    f"mslaunch: PMI: {self.pmi.stats['total']} messages from "
-                    f"{len(self.ranks)} ranks in {self.pmi.busy_seconds:.4f} s "
+                    f"mslaunch: PMI: {self.mpi_jobs.stats(len(self.ranks))} "
                     f"(job {time.monotonic() - self.started:.3f} s)")
-            self.pmi.close()
-            from ..pmi.shm import remove_shm_segments
-            remove_shm_segments(self.plan.kvsname)
+            self.mpi_jobs.close()
         if self.watchdog is not None:
             self.watchdog.close()
         if self.undelivered:
@@ -720,7 +676,7 @@ class Supervisor:
     def _result(self) -> JobResult:
         results = tuple(r.result() for r in self.ranks)
         if self.root is not None:
-            root = results[self.root.spec.rank]
+            root = results[self.root.spec.key]
             # A rank stopped by a broken pipe because mslaunch's own reader
             # went away (``| head``) is the shell's quiet SIGPIPE, not news.
             quiet = root.signal == signal.SIGPIPE and not self.console.is_open(1)
@@ -737,7 +693,8 @@ class Supervisor:
 
     def _summary(self, rank: _Rank) -> str:
         spec = rank.spec
-        who = f"rank {spec.rank} (pid {rank.pid or '?'} on {spec.host.name})"
+        job = f" of spawned job {spec.job}" if spec.job != 1 else ""
+        who = f"rank {spec.rank}{job} (pid {rank.pid or '?'} on {spec.host.name})"
         if rank.reason:
             what = rank.reason
         elif rank.signal is not None:

@@ -1,6 +1,7 @@
 """An mpi4py rank program for tests: python mpi_job.py CHECK [args].
 
-Each check prints one JSON line per rank (or fails loudly):
+Each check prints one JSON line per rank (or fails loudly); abort, crash and
+noinit print the job's name ({"kvs": ...}) from rank 0 first:
   basic     allreduce, bcast, a point-to-point ring, Comm.Split, shared groups
   abort N   rank size-1 calls MPI.Abort(N) after a barrier; the others wait in one
   crash     rank 1 dies by SIGKILL inside an allreduce loop; others keep reducing
@@ -18,6 +19,9 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 check = sys.argv[1]
+if check in ("abort", "crash", "noinit") and rank == 0:
+    # The job's name: its shared-memory segments are named after it.
+    print(json.dumps({"kvs": os.environ["MSLAUNCH_JOB"]}), flush=True)
 
 if check == "basic":
     total = comm.allreduce(rank)

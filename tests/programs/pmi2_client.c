@@ -4,6 +4,8 @@
  *   argv[1]: "abort"     the last rank calls PMI2_Abort after init
  *            "nodeattr"  also Info_PutNodeAttr / GetNodeAttr(wait)
  *            "multinode" a business-card style put / fence / get exchange
+ *            "spawn"     rank 0 spawns two copies of this program ("child"),
+ *                        with one pair put into their key-value space
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +64,27 @@ int main(int argc, char **argv)
             CHK(PMI2_KVS_Get(jobid, r, key, val, sizeof(val), &out_len));
             printf("[%d] got %s=%s (len %d)\n", rank, key, val, out_len);
         }
+    }
+    if (!strcmp(mode, "spawn") && rank == 0) {
+        const char *cmds[1] = { argv[0] };
+        int argcs[1] = { 2 };
+        const char *child_args[3] = { "child", "with space", NULL };
+        const char **argvs[1] = { child_args };
+        int maxprocs[1] = { 2 };
+        int info_sizes[1] = { 0 };
+        const struct MPID_Info *infos[1] = { NULL };
+        struct MPID_Info pre = { 0, 0, 0, NULL, "PARENT_KEY", "from-the-parent" };
+        const struct MPID_Info *preput[1] = { &pre };
+        char child_job[256];
+        int errors[2];
+        CHK(PMI2_Job_Spawn(1, cmds, argcs, argvs, maxprocs, info_sizes, infos, 1, preput,
+                           child_job, sizeof child_job, errors));
+        printf("[%d] spawned job %s\n", rank, child_job);
+    }
+    if (!strcmp(mode, "child")) {
+        CHK(PMI2_KVS_Get(jobid, PMI2_ID_NULL, "PARENT_KEY", val, sizeof(val), &out_len));
+        printf("[%d] child of %d spawned=%d args=%s|%s key=%s\n", rank, size, spawned,
+               argv[1], argc > 2 ? argv[2] : "", val);
     }
     CHK(PMI2_Info_GetJobAttr("universeSize", val, sizeof(val), &found));
     printf("[%d/%d] spawned=%d appnum=%d jobid=%s universeSize=%s\n", rank, size, spawned,

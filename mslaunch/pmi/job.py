@@ -1,0 +1,101 @@
+"""One MPI job's PMI in this process: its state, the server of its ranks here,
+and the numbering between the two.
+
+A launcher runs one job, and one more for every ``MPI_Comm_spawn``; each
+has its kvsname, its :class:`~mslaunch.pmi.state.JobState` and, when some
+of its ranks run on this host, a :class:`~mslaunch.pmi.server.PMIServer`.
+Ranks are numbered within their job on the PMI wire, and by their
+:attr:`~mslaunch.spec.RankSpec.key` everywhere else; a :class:`PMIJob` is
+the server's listener and hands its events on to its owner (the
+supervisor, or a remote host's agent) with the key of the rank concerned.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Mapping, Optional, Set
+
+    from ..run.loop import Loop
+    from ..ompi.singleton import SingletonProbe
+    from ..spec import SpawnRequest
+    from .server import PMIServer
+    from .state import JobState
+
+
+class PMIJob:
+    """See the module docstring; ``keys`` maps this host's ranks of the job to keys."""
+
+    def __init__(self, owner, *, number: int, state: JobState, keys: Mapping[int, int],
+                 spawner: Optional[str] = None) -> None:
+        self.owner = owner
+        self.number = number
+        self.state = state
+        self.kvsname = state.kvsname
+        self.size = state.size
+        self.keys: Dict[int, int] = dict(keys)
+        self.spawner = spawner          # the kvsname of the job that spawned this one
+        self.started: Set[int] = set()  # ranks (of the job) that initialized PMI
+        self.context_env: tuple = ()    # the -x exports its processes were given
+        self.probe: Optional[SingletonProbe] = None   # where Open MPI ranks report
+        self.server: Optional[PMIServer] = None
+        self.tcp = False
+        self._env: Optional[Callable[[int], Dict[str, str]]] = None
+
+    def serve(self, loop: Loop, appnums, process_mapping: str, tcp: bool,
+              trace: bool = False) -> None:
+        """Serve PMI to this job's ranks on this host (inherited sockets or TCP);
+        ``trace``: every message to the owner's log (``-v -v``)."""
+        from .server import PMIServer
+        state = self.state
+        self.server = server = PMIServer(
+            loop, kvsname=self.kvsname, size=self.size, process_mapping=process_mapping,
+            universe_size=state.universe_size, appnums=appnums,
+            listener=self, state=state,  # type: ignore[arg-type]
+            spawner=self.spawner)
+        server.trace = trace
+        self.tcp = tcp
+        if tcp:
+            server.listen_tcp()
+            self._env = server.tcp_env
+        else:
+            self._env = lambda rank: {"PMI_FD": str(server.child_fd(rank))}
+
+    @property
+    def inherited(self):
+        """The server whose sockets ranks inherit (None over TCP, or without a server)."""
+        return None if self.tcp else self.server
+
+    def env(self, rank: int) -> Dict[str, str]:
+        """The PMI variables of one of this job's ranks started here."""
+        assert self._env is not None, "serve() first"
+        env = self._env(rank)
+        if self.probe is not None:
+            env.update(self.probe.env(self.keys[rank]))
+        return env
+
+    # -- the server's listener ------------------------------------------------
+    def pmi_abort(self, rank: int, code: int, message: str) -> None:
+        if rank in self.keys:
+            self.owner.pmi_abort(self.keys[rank], code, message)
+
+    def pmi_lost(self, rank: int) -> None:
+        if rank in self.keys:
+            self.owner.pmi_lost(self.keys[rank])
+
+    def pmi_log(self, message: str) -> None:
+        self.owner.pmi_log(message if self.number == 1 else f"job {self.number}: {message}")
+
+    def pmi_started(self, rank: int) -> None:
+        self.started.add(rank)
+        if rank in self.keys:
+            self.owner.pmi_started(self, rank)
+
+    def pmi_spawn(self, rank: int, request: SpawnRequest,
+                  reply: Callable[..., None]) -> None:
+        self.owner.pmi_spawn(self, rank, request, reply)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None

@@ -1,0 +1,328 @@
+"""The MPI jobs of a launch: the first one, and every job its ranks spawn.
+
+:class:`MPIJobs` keeps each job's PMI (:class:`~mslaunch.pmi.job.PMIJob`),
+answers what remote hosts' agents relay for their ranks, and carries out
+``MPI_Comm_spawn``: the new job is placed on the job's hosts
+(:func:`~mslaunch.plan.spawn.plan_spawn`), gets a kvsname and a key-value
+space holding the pairs the parent put for it (``PARENT_ROOT_PORT_NAME``),
+and its processes join the supervision of the launch -- the same failure
+policy, output relay and files, signals, timeouts, orphan guard and
+shared-memory cleanup as the first job's ranks.  The spawning rank's
+request is answered once every new process has started, or with the
+reason it could not be (the parent's ``MPI_Comm_spawn`` then fails and
+the job goes on).  Published names are shared by all jobs, so that a
+parent and its children can meet with ``MPI_Publish_name`` and
+``MPI_Lookup_name``.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
+
+    from ..ompi.singleton import SingletonProbe
+    from ..pmi.server import PMIServer
+    from ..remote.host import RemoteHost
+    from ..spec import RankSpec, SpawnRequest
+
+from ..errors import LaunchError, PlanError
+from ..pmi.job import PMIJob
+from ..pmi.state import LocalJobState
+
+
+class MPIJobs:
+    """The launch's MPI jobs; see the module docstring.  ``sup`` is the Supervisor."""
+
+    def __init__(self, sup) -> None:
+        self.sup = sup
+        self.jobs: Dict[str, PMIJob] = {}        # by kvsname
+        self.first: Optional[PMIJob] = None
+        self.names: Dict[str, str] = {}          # published names, of every job
+        self.probe: Optional[SingletonProbe] = None   # see mslaunch.ompi.singleton
+
+    # -- the first job ------------------------------------------------------------
+    def start_first(self, local: bool):
+        """The first job's PMI; returns (inherited server, env function) for its local ranks."""
+        sup = self.sup
+        plan, job = sup.plan, sup.job
+        from ..ompi.singleton import SingletonProbe
+        try:
+            self.probe = SingletonProbe(sup.watchdog.marker)
+        except OSError:
+            self.probe = None                    # no temporary directory: no check
+        appnums = [r.app for r in plan.ranks]
+        first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
+                          {r.rank: r.key for r in plan.ranks}, None)
+        self.first = first
+        if not local:
+            return None, None
+        first.serve(sup.loop, appnums, plan.process_mapping, tcp=job.pmi_port,
+                    trace=job.verbose >= 2)
+        return first.inherited, first.env
+
+    def universe(self) -> int:
+        """``MPI_UNIVERSE_SIZE`` as Hydra gives it: ``-usize`` if given, else unknown (-1)."""
+        usize = self.sup.job.usize
+        if usize is None:
+            return -1
+        return usize or self.sup.plan.universe_size
+
+    def _new(self, number: int, kvsname: str, size: int, mapping: str, appnums,
+             keys: Dict[int, int], spawner: Optional[str]) -> PMIJob:
+        state = LocalJobState(kvsname=kvsname, size=size, process_mapping=mapping,
+                              universe_size=self.universe(), appnums=appnums,
+                              names=self.names)
+        pj = PMIJob(self, number=number, state=state, keys=keys, spawner=spawner)
+        pj.probe = self.probe
+        self.jobs[kvsname] = pj
+        if self.sup.watchdog is not None:
+            self.sup.watchdog.add_kvsname(kvsname)
+        return pj
+
+    def of(self, spec: RankSpec) -> Optional[PMIJob]:
+        for pj in self.jobs.values():
+            if pj.number == spec.job:
+                return pj
+        return None
+
+    # -- what the PMI servers report -------------------------------------------------
+    def pmi_abort(self, key: int, code: int, message: str) -> None:
+        self.sup.pmi_abort(key, code, message)
+
+    def pmi_lost(self, key: int) -> None:
+        self.sup.pmi_lost(key)
+
+    def pmi_log(self, message: str) -> None:
+        self.sup.pmi_log(message)
+
+    def pmi_started(self, pj: PMIJob, rank: int) -> None:
+        # A rank that already ended without MPI can never join its job now.
+        sup = self.sup
+        for r in sup.ranks:
+            if r.spec.job == pj.number and r.ended and not r.failed:
+                self.check_left_mpi(r)
+
+    def check_left_mpi(self, r) -> None:
+        """A rank that ended (status 0) without MPI while its job uses it: they would hang."""
+        pj = self.of(r.spec)
+        if pj is None or not pj.started or r.spec.rank in pj.started or r.failed:
+            return
+        others = sorted(pj.started)
+        who = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
+        self.sup._fail(r, f"exited with code 0 without joining MPI (it never initialized "
+                          f"PMI) while rank(s) {who} did; they would wait for it forever",
+                       1, abort=True)
+
+    def check_singletons(self) -> None:
+        """End the launch if a rank here started Open MPI alone (see mslaunch.ompi.singleton)."""
+        if self.probe is not None:
+            for key, size in self.probe.check():
+                self.singleton(key, size)
+
+    def singleton(self, key: int, size: int) -> None:
+        from ..ompi.singleton import singleton_message
+        r = self.sup.ranks[key]
+        pj = self.of(r.spec)
+        if size == 1 and pj is not None and pj.size > 1:
+            self.sup._fail(r, singleton_message(), 1, abort=True)
+
+    def hang_report(self) -> List[str]:
+        """Why a job may hang: ranks that never initialized MPI while the others of
+        their job did (they wait for them in ``MPI_Init``), or ranks missing from a
+        barrier others wait in."""
+        lines = []
+        for pj in self.jobs.values():
+            job = f" of job {pj.number}" if pj.number != 1 else ""
+            live = {r.spec.rank for r in self.sup.ranks
+                    if r.spec.job == pj.number and not r.ended}
+            never = sorted(r for r in live if r not in pj.started)
+            if pj.started and never:
+                lines.append(f"{len(pj.started)} rank(s){job} initialized MPI and wait in "
+                             f"MPI_Init for rank(s) {self._ranks(pj, never)}, which never "
+                             f"did")
+                continue
+            missing = pj.state.waiting_for()  # type: ignore[attr-defined]
+            if missing and len(missing) < pj.size:
+                lines.append(f"{pj.size - len(missing)} rank(s){job} were waiting in a "
+                             f"barrier (MPI_Init or a fence) for rank(s) "
+                             f"{self._ranks(pj, missing)}, which never entered it")
+        return lines
+
+    def _ranks(self, pj: PMIJob, ranks: List[int]) -> str:
+        """``1, 2 on host`` for ranks of ``pj`` (at most 16 shown)."""
+        shown = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
+        keys = [pj.keys.get(r) for r in ranks]
+        hosts = sorted({self.sup.ranks[k].spec.host.name for k in keys if k is not None})
+        return f"{shown} on {', '.join(hosts[:8])}"
+
+    def reported(self) -> int:
+        return len(self.first.started) if self.first is not None else 0
+
+    # -- agents --------------------------------------------------------------
+    def from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """PMI traffic of a remote host's ranks (see :class:`~mslaunch.pmi.state.RelayJobState`)."""
+        from ..remote import link
+        op = message.get("op")
+        if not self.jobs:
+            raise link.LinkError("PMI frame in a job without PMI")
+        if op in ("abort", "lost", "started", "singleton"):
+            key = link.field(message, "rank", int, f"PMI {op}")
+            if key not in host.ranks:
+                raise link.LinkError(f"PMI {op} for rank {key}, not on this host")
+            if op == "singleton":
+                self.singleton(key, link.field(message, "size", int, "PMI singleton"))
+            elif op == "abort":
+                self.sup.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
+                                   str(message.get("message", "")))
+            elif op == "lost":
+                self.sup.pmi_lost(key)
+            else:
+                spec = self.sup.ranks[key].spec
+                pj = self.of(spec)
+                if pj is not None:
+                    pj.started.add(spec.rank)
+                    self.pmi_started(pj, spec.rank)
+            return
+        if op not in ("fence", "get", "publish", "lookup", "unpublish", "spawn"):
+            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
+        pj = self.jobs.get(str(message.get("kvs", "")))
+        if pj is None:
+            raise link.LinkError(f"PMI {op} for an unknown job")
+        state = pj.state
+        if op == "fence":
+            ranks = link.field(message, "ranks", list, "PMI fence")
+            pairs = link.field(message, "pairs", dict, "PMI fence")
+            if not all(type(r) is int and pj.keys.get(r, -1) in host.ranks for r in ranks) \
+                    or not all(isinstance(k, str) and isinstance(v, str)
+                               for k, v in pairs.items()):
+                raise link.LinkError("PMI fence: bad ranks or pairs")
+            problem = state.remote_fence(ranks, pairs, lambda delta: host.send_pmi(  # type: ignore[attr-defined]
+                {"op": "fence_done", "kvs": pj.kvsname, "pairs": delta}))
+            if problem:
+                raise link.LinkError(f"PMI fence: {problem}")
+            return
+        ask = link.field(message, "ask", int, f"PMI {op}")
+
+        def answer(*value: object) -> None:
+            host.send_pmi({"op": "answer", "kvs": pj.kvsname, "ask": ask,
+                           "value": list(value) if op == "spawn" else value[0]})
+
+        if op == "get":
+            state.kvs_get(-1, str(link.field(message, "key", str, "PMI get")), answer)
+        elif op == "publish":
+            state.publish(link.field(message, "service", str, "PMI publish"),
+                          link.field(message, "port", str, "PMI publish"), answer)
+        elif op == "lookup":
+            state.lookup(link.field(message, "service", str, "PMI lookup"), answer)
+        elif op == "unpublish":
+            state.unpublish(link.field(message, "service", str, "PMI unpublish"), answer)
+        elif op == "spawn":
+            from ..remote.jobframe import read_spawn
+            key = link.field(message, "rank", int, "PMI spawn")
+            if key not in host.ranks:
+                raise link.LinkError(f"PMI spawn for rank {key}, not on this host")
+            self.pmi_spawn(pj, self.sup.ranks[key].spec.rank, read_spawn(message), answer)
+
+    # -- MPI_Comm_spawn ---------------------------------------------------------
+    def pmi_spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
+                  reply: Callable[..., None]) -> None:
+        sup = self.sup
+        number = max(pj.number for pj in self.jobs.values()) + 1
+        kvsname = f"{sup.plan.kvsname}_{number}"
+        who = f"rank {rank}" + (f" of job {parent.number}" if parent.number != 1 else "")
+        if sup.ending is not None:
+            reply("the job is ending")
+            return
+        spawner = next(r.spec for r in sup.ranks
+                       if r.spec.job == parent.number and r.spec.rank == rank)
+        context_env = sup.job.apps[spawner.app].env if parent.number == 1 else \
+            parent.context_env
+        try:
+            specs, mapping = self._plan(request, number, kvsname, context_env)
+            self._check_programs(specs)
+        except (PlanError, LaunchError) as err:
+            sup.pmi_log(f"{who} could not spawn: {err}")
+            reply(str(err))
+            return
+        pj = self._new(number, kvsname, len(specs), mapping, [s.app for s in specs],
+                       {s.rank: s.key for s in specs}, parent.kvsname)
+        pj.context_env = context_env
+        for key, value in request.preput:
+            pj.state.kvs_put(-1, key, value)
+        if sup.job.verbose:
+            sup.console.message(f"mslaunch: {who} spawned job {number}: {len(specs)} "
+                                f"process(es) of {request.commands[0].program}")
+        local = [s for s in specs if s.host.local]
+        remote: Dict[str, List[RankSpec]] = {}
+        for s in specs:
+            if not s.host.local:
+                remote.setdefault(s.host.name, []).append(s)
+        sup.add_ranks(specs)
+        waiting = set(remote)
+        failed: List[str] = []
+
+        def host_answered(name: str, problem: Optional[str]) -> None:
+            if problem:
+                failed.append(f"on {name}: {problem}")
+            waiting.discard(name)
+            if not waiting:
+                if failed:
+                    sup.pmi_log(f"{who} could not spawn: {failed[0]}")
+                reply(failed[0]) if failed else reply(None, kvsname)
+
+        if local:
+            pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
+                     trace=sup.job.verbose >= 2)
+            try:
+                sup.start_local(local, pj.inherited, pj.env)
+            except LaunchError as err:
+                # What did start stays part of the job: the failure policy ends it.
+                sup.pmi_log(f"{who} could not spawn: {err}")
+                reply(str(err))
+                return
+        if not remote:
+            reply(None, kvsname)
+            return
+        for name, host_specs in remote.items():
+            sup.hosts[name].spawn(pj, host_specs, mapping, lambda problem, n=name:
+                                  host_answered(n, problem))
+
+    def _plan(self, request: SpawnRequest, number: int, kvsname: str, context_env):
+        from ..plan.place import _is_local
+        from ..plan.spawn import plan_spawn
+        sup = self.sup
+        live: Dict[str, int] = {}
+        for r in sup.ranks:
+            if not r.ended:
+                live[r.spec.host.name] = live.get(r.spec.host.name, 0) + 1
+        return plan_spawn(sup.job, sup.plan, request, number=number, kvsname=kvsname,
+                          first_key=len(sup.ranks), live=live, environ=os.environ,
+                          oversubscribe=sup.may_oversubscribe, is_local=_is_local,
+                          hosts=sup.plan.hosts + tuple(h for h in sup.plan.spare_hosts
+                                                       if h.local or h.name in sup.hosts),
+                          context_env=context_env)
+
+    @staticmethod
+    def _check_programs(specs) -> None:
+        from .spawn import check_startable
+        check_startable([s for s in specs if s.host.local])
+
+    # -- end ------------------------------------------------------------------
+    def close(self) -> None:
+        from ..pmi.shm import remove_shm_segments
+        for pj in self.jobs.values():
+            pj.close()
+            remove_shm_segments(pj.kvsname)
+        if self.probe is not None:
+            self.probe.close()
+
+    def stats(self, ranks: int) -> str:
+        """``MSLAUNCH_PMI_STATS``: messages served and time spent, all jobs together."""
+        servers: List[PMIServer] = [pj.server for pj in self.jobs.values()
+                                    if pj.server is not None]
+        total = sum(s.stats["total"] for s in servers)
+        busy = sum(s.busy_seconds for s in servers)
+        return f"{total} messages from {ranks} ranks in {busy:.4f} s"
