@@ -221,6 +221,8 @@ def add_launcher_args(parser: argparse.ArgumentParser, runs: int) -> None:
 
 def launchers_from_args(args: argparse.Namespace) -> List[Launcher]:
     """The launchers selected by ``--launchers``, in that order; missing ones are reported."""
+    global MEASURE_TREE
+    MEASURE_TREE = not (args.mslaunch or args.mslaunch_console)
     wanted = [k.strip() for k in args.launchers.split(",") if k.strip()]
     out: List[Launcher] = []
     for key in wanted:
@@ -242,12 +244,21 @@ def launchers_from_args(args: argparse.Namespace) -> List[Launcher]:
     return out
 
 
+#: Whether mslaunch runs from the working tree (``python -m mslaunch`` with the
+#: repository first on PYTHONPATH).  An installed mslaunch (``--mslaunch-console``,
+#: ``--mslaunch``) must not see the tree: it would import the sources, and with
+#: PYTHONDONTWRITEBYTECODE recompile every module on every run.
+MEASURE_TREE = True
+
+
 def base_environ() -> Dict[str, str]:
-    """This process's environment without stale launcher variables, PYTHONPATH=repo first."""
+    """This process's environment without stale launcher variables (and, when the
+    working tree is measured, with the repository first on PYTHONPATH)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(_STALE_PREFIXES) and k not in _STALE_NAMES}
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
+    if MEASURE_TREE:
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
     return env
 
 

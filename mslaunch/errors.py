@@ -32,3 +32,10 @@ class SpawnError(LaunchError):
     """A rank could not be started (program not found, bad working dir)."""
 
     exit_code = 127
+
+
+def os_error_reason(err: OSError) -> str:
+    """A short reason for an OSError, with a hint when descriptors ran out."""
+    if err.errno in (24, 23):          # EMFILE, ENFILE (no import: no descriptor needed)
+        return "too many open files (raise the limit: ulimit -n)"
+    return err.strerror or str(err)

@@ -70,6 +70,12 @@ def tagged_pids(tag: str) -> List[int]:
     return found
 
 
+def all_gone(tag: str, timeout: float = 5.0) -> bool:
+    """Whether every process tagged ``tag`` is gone (within ``timeout``: mslaunch's
+    watchdog removes the job's cgroup just after mslaunch has exited)."""
+    return wait_for(lambda: tagged_pids(tag) == [], timeout, 0.01)
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -352,3 +352,24 @@ def test_binding_text_hwt_ranges():
 def test_binding_text_of_a_restricted_topology():
     topo = tree("2s4c2t", allowed={1, 9, 4, 6})
     assert describe_binding(topo, {9}) == "socket 0[core 0[hwt 1]]: [.B][./.]"
+
+
+def test_the_topology_cache_is_used_and_survives_garbage(tmp_path):
+    import marshal
+    import subprocess
+    from helpers import clean_env, cmd
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path))
+    show = cmd("--display-topo", "-n", "1", "true")
+    first = subprocess.run(show, capture_output=True, env=env, timeout=60)
+    assert first.returncode == 0, first.stderr
+    [cache] = list((tmp_path / "mslaunch").glob("topology-*"))
+    key, wire = marshal.loads(cache.read_bytes())
+    assert wire["cpus"]
+    # A cache that lies about this host is not believed: its key does not match
+    cache.write_bytes(marshal.dumps((b"another boot", {"cpus": [[0, 0, 0, 0, 0]]})))
+    again = subprocess.run(show, capture_output=True, env=env, timeout=60)
+    assert again.stdout == first.stdout
+    for junk in (b"", b"\x00garbage", marshal.dumps((key, {"cpus": "nonsense"}))):
+        cache.write_bytes(junk)
+        r = subprocess.run(show, capture_output=True, env=env, timeout=60)
+        assert r.returncode == 0 and r.stdout == first.stdout, r.stderr

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec
 
-from ..errors import LaunchError
+from ..errors import LaunchError, os_error_reason
 from .common import Exit
 
 
@@ -71,7 +71,6 @@ def main(argv: Optional[Sequence[str]] = None,
     except OSError as err:
         # The machine said no (descriptors, memory, a vanished directory):
         # one line, not a traceback.
-        from ..run.spawn import os_error_reason
         where = f" ({err.filename})" if err.filename else ""
         _print_error(f"{os_error_reason(err)}{where}")
         return 1

@@ -248,6 +248,59 @@ def read_topology(root: str = "/sys/devices/system",
     return make_topology(rows)
 
 
+def host_key() -> Optional[bytes]:
+    """What this host's topology, as seen from here, depends on: the boot, the
+    online CPUs and this process's affinity (None if that cannot be told)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read(64)
+        with open("/sys/devices/system/cpu/online", "rb") as f:
+            online = f.read(4096)
+        return b"%s|%s|%r" % (boot.strip(), online.strip(), sorted(os.sched_getaffinity(0)))
+    except (OSError, AttributeError):
+        return None
+
+
+def cache_path(name: str) -> str:
+    """``name`` in mslaunch's per-user cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(home, "mslaunch", name)
+
+
+def cached_topology() -> Topology:
+    """This host's topology (:func:`read_topology`), from a cache file while right.
+
+    sysfs costs some 10 reads per CPU (milliseconds on a laptop, far more on
+    a large host), on every launch.  The cache (``~/.cache/mslaunch``, or
+    ``$XDG_CACHE_HOME``) holds the topology with what it depends on: the
+    boot, the online CPUs and this process's affinity; anything else
+    changed reads sysfs again.  A cache that cannot be read or written is
+    simply not used.
+    """
+    import marshal
+    key = host_key()
+    if key is None:
+        return read_topology()
+    path = cache_path(f"topology-{os.uname().nodename[:64]}")
+    try:
+        with open(path, "rb") as f:
+            saved_key, wire = marshal.load(f)
+        if saved_key == key:
+            return from_wire(wire)
+    except (OSError, EOFError, ValueError, TypeError):
+        pass
+    topo = read_topology()
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            marshal.dump((key, to_wire(topo)), f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return topo
+
+
 def _read_caches(base: str, cpu: int, caches: Dict[int, Dict[int, Hashable]]) -> None:
     """Note the L1d, L2 and L3 of ``cpu`` (and of the CPUs sharing them)."""
     need = {level for level in (1, 2, 3) if cpu not in caches[level]}

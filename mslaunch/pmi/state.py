@@ -99,12 +99,15 @@ class LocalJobState(JobState):
 
     def __init__(self, *, kvsname: str, size: int, process_mapping: str,
                  universe_size: int, appnums: Sequence[int],
-                 names: Optional[Dict[str, str]] = None) -> None:
+                 names: Optional[Dict[str, str]] = None,
+                 hwloc_xml: Optional[str] = None) -> None:
         self.kvsname = kvsname
         self.size = size
         self.universe_size = universe_size
         self._appnums = list(appnums)
         self._attrs: Dict[str, str] = {"universeSize": str(universe_size)}
+        if hwloc_xml:
+            self._attrs["PMI_hwloc_xmlfile"] = hwloc_xml    # see mslaunch.pmi.hwloc
         # A mapping the client cannot hold is served as a miss (see module doc).
         if process_mapping and len(process_mapping) < VALLEN_MAX:
             self._attrs["PMI_process_mapping"] = process_mapping
@@ -230,9 +233,10 @@ class RelayJobState(LocalJobState):
 
     def __init__(self, *, kvsname: str, size: int, process_mapping: str, universe_size: int,
                  appnums: Sequence[int], local_ranks: Sequence[int],
-                 send: Callable[[Dict[str, object]], None]) -> None:
+                 send: Callable[[Dict[str, object]], None],
+                 hwloc_xml: Optional[str] = None) -> None:
         super().__init__(kvsname=kvsname, size=size, process_mapping=process_mapping,
-                         universe_size=universe_size, appnums=appnums)
+                         universe_size=universe_size, appnums=appnums, hwloc_xml=hwloc_xml)
         self._local = set(local_ranks)
         self._send = send
         self._entered: Dict[int, Callable[[], None]] = {}

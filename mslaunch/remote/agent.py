@@ -31,7 +31,8 @@ exits.  If the agent itself is killed, its watchdog does the same.
 from __future__ import annotations
 
 import os
-import signal
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
 import socket
 import sys
 import time
@@ -143,10 +144,10 @@ class Agent:
         for sig in _STOPPING:
             signal.signal(sig, self._on_stop_signal)
         try:
-            from ..plan.topology import read_topology, to_wire
+            from ..plan.topology import cached_topology, to_wire
             self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
                 "protocol": link.PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
-                "python": sys.version.split()[0], "topology": to_wire(read_topology())}))
+                "python": sys.version.split()[0], "topology": to_wire(cached_topology())}))
             self.loop.run_until(lambda: self.finished)
         finally:
             self._shutdown()
@@ -407,7 +408,8 @@ class Agent:
         state = RelayJobState(
             kvsname=kvsname, size=size, process_mapping=job["process_mapping"],
             universe_size=job["universe_size"], appnums=appnums,
-            local_ranks=[s.rank for s in specs], send=self._pmi_up)
+            local_ranks=[s.rank for s in specs], send=self._pmi_up,
+            hwloc_xml=self.guard.hwloc_xml() if self.guard is not None else None)
         pj = PMIJob(self, number=number, state=state, keys={s.rank: s.key for s in specs},
                     spawner=spawner)
         pj.probe = self.probe

@@ -31,8 +31,8 @@ the cgroup and sweeps the marker, off the job's critical path.
 from __future__ import annotations
 
 import os
-import re
-import signal
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
 import time
 
 TYPE_CHECKING = False
@@ -165,10 +165,10 @@ class JobCgroup:
         self.home = home          # the cgroup the launcher came from
 
     @classmethod
-    def create(cls, marker: str, watchdog: int) -> Optional[JobCgroup]:
+    def create(cls, marker: str, launcher: int, watchdog: int) -> Optional[JobCgroup]:
         """Make the job's cgroup beside this process's own, or None if not allowed.
 
-        Its name, ``mslaunch-<creator pid>-w<watchdog pid>-n<pid namespace>-<marker>``,
+        Its name, ``mslaunch-<launcher pid>-w<watchdog pid>-n<pid namespace>-<marker>``,
         tells a stale cgroup from a live job's (see :func:`_remove_stale`).
         """
         if os.environ.get("MSLAUNCH_CGROUP", "1") in ("0", "no", "off"):
@@ -177,7 +177,7 @@ class JobCgroup:
         if mount is None or own is None:
             return None
         home = os.path.normpath(mount + "/" + own)
-        path = os.path.join(home, f"mslaunch-{os.getpid()}-w{watchdog}-n{_pid_namespace()}-"
+        path = os.path.join(home, f"mslaunch-{launcher}-w{watchdog}-n{_pid_namespace()}-"
                                   f"{marker}")
         try:
             os.mkdir(path, 0o755)
@@ -186,10 +186,10 @@ class JobCgroup:
         _remove_stale(home)
         return cls(path, home)
 
-    def enter(self) -> bool:
-        """Move this process into the cgroup (its future children follow)."""
+    def enter(self, pid: int) -> bool:
+        """Move process ``pid`` into the cgroup (its future children follow)."""
         try:
-            _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
+            _write(os.path.join(self.path, "cgroup.procs"), str(pid))
             return True
         except OSError:
             self.remove()
@@ -237,7 +237,14 @@ def _pid_namespace() -> int:
         return 0
 
 
-_STALE_NAME = re.compile(r"mslaunch-(\d+)-w(\d+)-n(\d+)-.")
+def _stale_name(name: str) -> Optional[Tuple[int, int, int]]:
+    """(creator pid, watchdog pid, pid namespace) of a job cgroup's name, or None."""
+    parts = name.split("-", 4)
+    if len(parts) < 5 or parts[0] != "mslaunch" or not parts[4] or not parts[1].isdigit() \
+            or parts[2][:1] != "w" or not parts[2][1:].isdigit() \
+            or parts[3][:1] != "n" or not parts[3][1:].isdigit():
+        return None
+    return int(parts[1]), int(parts[2][1:]), int(parts[3][1:])
 
 
 def _remove_stale(home: str) -> None:
@@ -256,10 +263,10 @@ def _remove_stale(home: str) -> None:
         return
     namespace = _pid_namespace()
     for name in names:
-        found = _STALE_NAME.match(name)
-        if not found or int(found.group(3)) != namespace or not namespace:
+        found = _stale_name(name)
+        if found is None or found[2] != namespace or not namespace:
             continue
-        if _exists(int(found.group(1))) or _exists(int(found.group(2))):
+        if _exists(found[0]) or _exists(found[1]):
             continue
         stale = JobCgroup(os.path.join(home, name), home)
         if stale.pids():
@@ -304,16 +311,34 @@ def _signal_all(groups: Iterable[int], pids: Iterable[int], sig: int) -> bool:
     return alive
 
 
+def _wait_gone(pid: int, limit: float) -> None:
+    """Wait (at most ``limit`` seconds) until process ``pid`` has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        import select
+        select.select([fd], [], [], limit)
+        os.close(fd)
+        return
+    deadline = time.monotonic() + limit
+    while _exists(pid) and os.getppid() == pid and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def terminate(groups: Iterable[int], marker: str, grace: float,
-              cgroup: Optional[JobCgroup] = None, pids: Iterable[int] = ()) -> None:
+              cgroup: Optional[JobCgroup] = None, pids: Iterable[int] = (),
+              spare: Iterable[int] = ()) -> None:
     """SIGCONT+SIGTERM everything of the job, SIGKILL after ``grace``.
 
     Everything: the cgroup's processes, the members of the given groups,
     the given pids, processes carrying the job marker, and all their
-    descendants.  Zombies do not count as alive.
+    descendants -- but ``spare``.  Zombies do not count as alive.
     """
     groups = set(groups)
     known = set(pids)
+    spared = set(spare)
 
     def everyone() -> Set[int]:
         table = _process_table()
@@ -323,7 +348,8 @@ def terminate(groups: Iterable[int], marker: str, grace: float,
         found |= {pid for pid, (_, pgid, _) in table.items() if pgid in groups}
         found |= _descendants(found, table)
         me = os.getpid()
-        return {p for p in found if p != me and p in table and table[p][2] != b"Z"}
+        return {p for p in found if p != me and p not in spared and p in table
+                and table[p][2] != b"Z"}
 
     # Stop first (no new forks while the list is taken), then terminate.
     targets = everyone()
@@ -340,7 +366,10 @@ def terminate(groups: Iterable[int], marker: str, grace: float,
         else:
             _signal_all((), everyone(), signal.SIGKILL)
     if cgroup is not None:
-        if cgroup.pids():
+        inside = cgroup.pids()
+        if inside & spared:
+            _signal_all((), inside - spared, signal.SIGKILL)   # never the spared
+        elif inside:
             cgroup.kill()
         cgroup.remove(wait=2.0)
 
@@ -348,8 +377,29 @@ def terminate(groups: Iterable[int], marker: str, grace: float,
 # ---------------------------------------------------------------------------
 # the watchdog process
 
-def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
+def _settle(parent: int, marker: str, answer_fd: int) -> Optional[JobCgroup]:
+    """Put the launcher into a new job cgroup (the watchdog itself stays out) and
+    tell it where, or that there is none, through ``answer_fd``.
+
+    The first move of a process into a new cgroup waits for the kernel (an
+    RCU grace period: 5 to 20 ms), as long as a small job's whole launch;
+    the launcher goes on planning meanwhile and waits for the answer only
+    before its first rank starts.
+    """
+    cgroup = JobCgroup.create(marker, parent, os.getpid())
+    if cgroup is not None and not cgroup.enter(parent):
+        cgroup = None
+    try:
+        os.write(answer_fd, (cgroup.path if cgroup is not None else "").encode() + b"\n")
+    except OSError:
+        pass
+    os.close(answer_fd)
+    return cgroup
+
+
+def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int) -> None:
     os.setsid()
+    cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
     for name in _IGNORED:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     null = os.open(os.devnull, os.O_RDWR)
@@ -358,7 +408,6 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
     os.closerange(3, read_fd)
     os.closerange(read_fd + 1, 1 << 16)
     import select
-    cgroup: Optional[JobCgroup] = None
     poll_children = False
     groups: Set[int] = set()
     kvsnames: Set[str] = set()
@@ -393,11 +442,11 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
                 groups.discard(int(arg))
             elif kind == b"k":
                 kvsnames.add(arg.decode())
-            elif kind == b"c":
-                path = arg.decode()
-                cgroup = JobCgroup(path, os.path.dirname(path))
             elif kind == b"s":
                 poll_children = True
+            elif kind == b"h":
+                from ..pmi.hwloc import write_xml
+                write_xml(arg.decode())       # for the next job on this host
             elif kind == b"p":
                 pid, _, started = arg.partition(b" ")
                 adopted[int(pid)] = int(started) if started.isdigit() else None
@@ -405,8 +454,14 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
     if done:
         # The launcher saw every rank end; group ids may already name someone
         # else's group, so only the cgroup, the marker and the leftovers the
-        # launcher handed over count now.
-        terminate((), marker, grace, cgroup, live)
+        # launcher handed over count now.  The launcher does not leave the
+        # cgroup (a move costs the kernel a grace period, 5 to 20 ms, on its
+        # way out): wait for it to exit first.
+        _wait_gone(parent, 30.0)
+        if cgroup is not None and not cgroup.pids() - {parent}:
+            cgroup.remove(wait=2.0)       # the usual end: nothing left inside
+            return
+        terminate((), marker, grace, cgroup, live, spare=(parent,))
         return
     terminate(groups, marker, grace, cgroup, live)
     from ..pmi.shm import remove_shm_segments
@@ -420,33 +475,58 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float) -> None:
 class Watchdog:
     """Launcher side of the guard; see the module docstring."""
 
-    def __init__(self, marker: str, grace: float) -> None:
+    def __init__(self, marker: str, grace: float, *, background: bool = False) -> None:
         self.marker = marker
         read_fd, self._fd = os.pipe()
+        answer_r, answer_w = os.pipe()
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             try:
-                _watch(read_fd, parent, marker, grace)
+                os.close(answer_r)
+                _watch(read_fd, parent, marker, grace, answer_w)
             finally:
                 os._exit(0)
         os.close(read_fd)
+        os.close(answer_w)
         self.pid = pid
         self._pending: List[str] = []
-        # The watchdog was forked first: it must stay outside the job's cgroup.
-        cgroup = JobCgroup.create(marker, pid)
-        if cgroup is not None and not cgroup.enter():
-            cgroup = None
-        self.cgroup = cgroup
-        self.subreaper = cgroup is None and set_subreaper()
-        if cgroup is not None:
-            self._pending.append(f"c{cgroup.path}\n")
-        elif self.subreaper:
-            self._pending.append("s\n")
+        self.cgroup: Optional[JobCgroup] = None
+        self.subreaper = False
+        self._answer = answer_r
+        if not background:
+            self.ready()
+
+    def ready(self) -> None:
+        """Return once this process is in the job's cgroup (or a subreaper): before
+        the first rank starts, so that it starts inside (see :func:`_settle`)."""
+        if self._answer < 0:
+            return
+        answer = b""
+        while not answer.endswith(b"\n"):
+            try:
+                chunk = os.read(self._answer, 4096)
+            except InterruptedError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            answer += chunk
+        os.close(self._answer)
+        self._answer = -1
+        path = answer.strip().decode()
+        if path:
+            self.cgroup = JobCgroup(path, os.path.dirname(path))
+        else:
+            self.subreaper = set_subreaper()
+            if self.subreaper:
+                self._pending.append("s\n")
         self.flush()
 
     @property
     def mechanism(self) -> str:
+        self.ready()
         return "cgroup" if self.cgroup else ("subreaper" if self.subreaper else "marker")
 
     def add(self, pgid: int) -> None:
@@ -456,6 +536,17 @@ class Watchdog:
     def remove(self, pgid: int) -> None:
         self._pending.append(f"-{pgid}\n")
 
+    def hwloc_xml(self) -> Optional[str]:
+        """This host's hwloc topology file for MPICH's ranks, or None -- and when
+        there is none yet, the watchdog writes one for the next job (see
+        :mod:`mslaunch.pmi.hwloc`)."""
+        from ..pmi.hwloc import xml_path
+        path = xml_path()
+        if path is None or os.path.isfile(path):
+            return path
+        self._pending.append(f"h{path}\n")
+        return None
+
     def add_kvsname(self, kvsname: str) -> None:
         """A PMI job whose shared-memory segments go if the launcher dies."""
         self._pending.append(f"k{kvsname}\n")
@@ -463,6 +554,7 @@ class Watchdog:
     def flush(self) -> None:
         # Groups not yet sent when the launcher dies are still found by the
         # cgroup or the environment marker, so batching costs no safety.
+        self.ready()
         if self._fd >= 0 and self._pending:
             try:
                 os.write(self._fd, "".join(self._pending).encode())
@@ -472,6 +564,7 @@ class Watchdog:
 
     def leftovers(self, ranks: Iterable[int] = ()) -> Set[int]:
         """Processes of the job other than this one, its watchdog and ``ranks``."""
+        self.ready()
         me = os.getpid()
         skip = {me, self.pid, *ranks}
         if self.cgroup is not None:
@@ -492,16 +585,15 @@ class Watchdog:
                     pass
 
     def close(self) -> None:
-        """Normal end: leave the cgroup and let the watchdog empty it and exit.
+        """Normal end: the watchdog empties the cgroup once this process has exited.
 
         It is not waited for; if the launcher outlives it, the zombie goes
         with the launcher's own exit.
         """
         if self._fd < 0:
             return
-        if self.cgroup is not None:
-            self.cgroup.leave()
-        else:
+        self.ready()
+        if self.cgroup is None:
             # Without a cgroup, what the launcher adopted as a subreaper would
             # be re-parented to init when it exits: hand it over.
             self._pending = [f"p{pid} {start_time(pid)}\n" for pid in self.leftovers()]

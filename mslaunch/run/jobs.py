@@ -42,6 +42,7 @@ class MPIJobs:
         self.first: Optional[PMIJob] = None
         self.names: Dict[str, str] = {}          # published names, of every job
         self.probe: Optional[SingletonProbe] = None   # see mslaunch.ompi.singleton
+        self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.hwloc
 
     # -- the first job ------------------------------------------------------------
     def start_first(self, local: bool):
@@ -53,6 +54,7 @@ class MPIJobs:
             self.probe = SingletonProbe(sup.watchdog.marker)
         except OSError:
             self.probe = None                    # no temporary directory: no check
+        self.hwloc_xml = sup.watchdog.hwloc_xml()
         appnums = [r.app for r in plan.ranks]
         first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
                           {r.rank: r.key for r in plan.ranks}, None)
@@ -74,7 +76,7 @@ class MPIJobs:
              keys: Dict[int, int], spawner: Optional[str]) -> PMIJob:
         state = LocalJobState(kvsname=kvsname, size=size, process_mapping=mapping,
                               universe_size=self.universe(), appnums=appnums,
-                              names=self.names)
+                              names=self.names, hwloc_xml=self.hwloc_xml)
         pj = PMIJob(self, number=number, state=state, keys=keys, spawner=spawner)
         pj.probe = self.probe
         self.jobs[kvsname] = pj

@@ -41,15 +41,17 @@ def _master_port(text: Optional[str]) -> Optional[int]:
 
 
 def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None,
-               remote_topologies=None) -> Plan:
+               remote_topologies=None, kvsname: Optional[str] = None,
+               entries=None) -> Plan:
     from ..hosts import host_entries
     from ..plan import make_plan
-    from ..plan.topology import read_topology
+    from ..plan.topology import cached_topology
     environ = os.environ if environ is None else environ
-    entries = host_entries(job, environ)
+    if entries is None:
+        entries = host_entries(job, environ)
     master_port = _master_port(environ.get("MASTER_PORT")) or free_port()
-    return make_plan(job, entries, environ, topology=read_topology(),
-                     hostname=os.uname().nodename, kvsname=new_kvsname(),
+    return make_plan(job, entries, environ, topology=cached_topology(),
+                     hostname=os.uname().nodename, kvsname=kvsname or new_kvsname(),
                      master_port=master_port, remote_topologies=remote_topologies)
 
 
@@ -67,8 +69,8 @@ def make_plan_again(job: JobSpec, entries, environ, kvsname: str, master_port: i
                     topologies) -> Plan:
     """The plan with the remote hosts' real topologies (the same job name and port)."""
     from ..plan import make_plan
-    from ..plan.topology import read_topology
-    return make_plan(job, entries, environ, topology=read_topology(),
+    from ..plan.topology import cached_topology
+    return make_plan(job, entries, environ, topology=cached_topology(),
                      hostname=os.uname().nodename, kvsname=kvsname, master_port=master_port,
                      remote_topologies=topologies)
 
@@ -101,13 +103,24 @@ def run_job(job: JobSpec) -> int:
     if job.mpi == "openmpi":
         from ..ompi.delegate import run_openmpi
         return run_openmpi(job)
+    if job.dry_run:
+        sys.stdout.write(describe_plan(build_plan(job, environ), job))
+        return 0
+    # The orphan guard first (a small fork, before more is imported), so that
+    # it settles into the job's cgroup while the job is planned.
+    from .guard import Watchdog
+    watchdog = Watchdog(new_kvsname(), job.grace, background=True)
+    try:
+        return _run(job, environ, watchdog)
+    finally:
+        watchdog.close()      # after an error before the supervisor took it over
+
+
+def _run(job: JobSpec, environ, watchdog) -> int:
     from ..hosts import host_entries
     entries = host_entries(job, environ)
-    plan = build_plan(job, environ)
+    plan = build_plan(job, environ, entries=entries, kvsname=watchdog.marker)
     _warn_missing_exports(job, environ)
-    if job.dry_run:
-        sys.stdout.write(describe_plan(plan, job))
-        return 0
     remote = [h.name for h in plan.hosts if not h.local]
     if job.mpi == "pmi" and not job.novm:
         # As Open MPI starts a daemon on every host of the allocation: hosts the
@@ -140,7 +153,7 @@ def run_job(job: JobSpec) -> int:
         from .output import Console
         console = Console(fd, fd)
     supervisor = Supervisor(job, plan, console, connect=list(dict.fromkeys(remote)),
-                            replan=replan)
+                            replan=replan, watchdog=watchdog)
     result = supervisor.run()
     if result.message:
         supervisor.console.message(result.message)

@@ -21,7 +21,8 @@ so the job never hangs on it.
 from __future__ import annotations
 
 import os
-import signal
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class LocalRanks:
         self._start_some(added, {})
 
     def _start_some(self, locals_: List[_Local], stdin_pipes: Dict[int, int]) -> None:
+        self.guard.ready()          # ranks start inside the job's cgroup
         try:
             for local in locals_:
                 try:

@@ -19,11 +19,11 @@ holds is close-on-exec (see :func:`seal_inherited_fds`).
 
 from __future__ import annotations
 
-import errno
 import os
-import signal
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
 
-from ..errors import SpawnError
+from ..errors import SpawnError, os_error_reason  # noqa: F401 (re-exported)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -230,15 +230,10 @@ def any_live_member(pgid: int) -> bool:
     return False
 
 
-def os_error_reason(err: OSError) -> str:
-    """A short reason for an OSError, with a hint when descriptors ran out."""
-    if err.errno in (errno.EMFILE, errno.ENFILE):
-        return "too many open files (raise the limit: ulimit -n)"
-    return err.strerror or str(err)
-
-
 def signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
+    """``SIGTERM`` for 15 (without the signal module's enum)."""
+    for name in dir(signal):
+        if name.startswith("SIG") and not name.startswith("SIG_") \
+                and getattr(signal, name) == sig:
+            return name
+    return f"signal {sig}"

@@ -17,7 +17,8 @@ the grace period has passed with the terminal's reader still not reading.
 from __future__ import annotations
 
 import os
-import signal
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
 import time
 
 TYPE_CHECKING = False
@@ -82,7 +83,8 @@ class Supervisor:
     """Runs one job to its end and reports a :class:`JobResult`."""
 
     def __init__(self, job: JobSpec, plan: Plan, console: Optional[Console] = None, *,
-                 connect: Sequence[str] = (), replan=None) -> None:
+                 connect: Sequence[str] = (), replan=None,
+                 watchdog: Optional[Watchdog] = None) -> None:
         self.job = job
         self.plan = plan
         # Remote hosts to start agents on, and how to plan again with the
@@ -101,7 +103,7 @@ class Supervisor:
         self.killing: Optional[Timer] = None
         self._give_up: Optional[Timer] = None
         self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
-        self.watchdog: Optional[Watchdog] = None
+        self.watchdog: Optional[Watchdog] = watchdog   # started early by run_job, or here
         self.local: Optional[LocalRanks] = None
         self.hosts: Dict[str, RemoteHost] = {}
         self.stdin_fanout = None
@@ -130,7 +132,8 @@ class Supervisor:
         if self.job.report_pid:
             self._report_pid(self.job.report_pid)
         try:
-            self.watchdog = Watchdog(self.plan.kvsname, self.job.grace)
+            if self.watchdog is None:
+                self.watchdog = Watchdog(self.plan.kvsname, self.job.grace)
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
             self._start_all()
