@@ -10,8 +10,10 @@ Open MPI (4 and 5) then writes that file in ``MPI_Init``, from
 ignores both.  A file that says "out of a total of 1" from a rank whose
 job has more ranks is a singleton, and the job ends with one line saying
 to use ``--mpi openmpi``.  (An Open MPI ``mpirun`` started by a rank
-writes the file too, but with its own job's size, which is not 1 unless
-it runs one process.)
+writes the file too, with its own job's size: Open MPI 4's says
+``ess=pmi`` there and ``ess=singleton`` in a singleton; for Open MPI 5,
+whose files do not differ, a rank that runs an Open MPI launcher in its
+process tree is not taken for a singleton.)
 """
 
 from __future__ import annotations
@@ -31,6 +33,49 @@ def _world_size(head: bytes) -> Optional[int]:
         return None
     digits = head[at + len(_TOTAL):].split(b")", 1)[0]
     return int(digits) if digits.isdigit() else None
+
+
+def _read_regular(path: str) -> Optional[bytes]:
+    """The start of a regular file, without ever blocking (a rank could put a FIFO
+    or a device where Open MPI writes)."""
+    import stat
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_LAUNCHERS = frozenset(("mpirun", "mpiexec", "orterun", "prterun", "prted", "orted",
+                        "ompirun_wrapper", "mpirun.openmpi", "mpiexec.openmpi"))
+
+
+def runs_a_launcher(pid: int) -> bool:
+    """Whether an Open MPI launcher runs in ``pid``'s process tree (a rank that
+    starts a job of its own writes the same probe file, from that job's rank 0)."""
+    todo, seen = [pid], set()
+    while todo and len(seen) < 10000:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/comm", "rb") as f:
+                if f.read().strip().decode("ascii", "replace") in _LAUNCHERS:
+                    return True
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children", "rb") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def probe_path(marker: str) -> str:
@@ -68,16 +113,17 @@ class SingletonProbe:
         except OSError:
             return []
         for name in names:
-            if not name.isdigit() or int(name) in self.seen:
+            if not (name.isascii() and name.isdigit()) or len(name) > 9 \
+                    or int(name) in self.seen:
                 continue
-            try:
-                with open(os.path.join(self.path, name), "rb") as f:
-                    head = f.read(4096)
-            except OSError:
+            head = _read_regular(os.path.join(self.path, name))
+            if head is None:
                 continue
             size = _world_size(head)
             if size is None:
                 continue          # still being written: the next check reads it
+            if b"ess=pmi " in head:
+                size = 0          # Open MPI 4 under its own mpirun (a rank's nested job)
             self.seen[int(name)] = size
             found.append((int(name), size))
         return found

@@ -42,9 +42,14 @@ def _named_hosts(command: SpawnCommand, hosts: Sequence[Host], launch_dir: str,
         if key in ("host", "hosts"):
             names += [n.strip() for n in value.split(",") if n.strip()]
         elif key == "hostfile":
+            import stat
+
             from ..hosts.hostfile import parse_hostfile
             path = os.path.join(launch_dir, value)
             try:
+                # A rank names it: never a FIFO or a device the launcher would block on.
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    raise PlanError(f"info hostfile={value[:40]!r}: not a regular file")
                 names += [e.name for e in parse_hostfile(path)]
             except OSError as err:
                 raise PlanError(f"info hostfile={value[:40]!r}: {err.strerror}") from None

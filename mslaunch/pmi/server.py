@@ -416,9 +416,9 @@ class _Conn:
         if not self.logged:
             self.logged = True
             if self.rank is None:
-                self.server._log_stranger(f"PMI {self.describe()}: {text}")
+                self.server._log_stranger(f"{self.describe()}: {text}")
             else:
-                self.server._emit_log(f"PMI {self.describe()}: {text}")
+                self.server._emit_log(f"{self.describe()}: {text}")
 
     # -- failure handling ---------------------------------------------------
     def abandon(self, why: str) -> None:
@@ -509,11 +509,17 @@ class _Conn:
                 body = take_frame(self.inbuf, limit)
                 if body is not None and body.startswith(b"cmd=spawn;"):
                     from .spawn import spawn_from_v2, v2_pairs
+                    fields: Fields = {}
                     try:
-                        self.spawn_request = spawn_from_v2(v2_pairs(_decode(body))[1:])
+                        pairs = v2_pairs(_decode(body))[1:]
+                        # The reply echoes the client thread's id, as every reply does.
+                        thrid = [v for k, v in pairs if k == "thrid"]
+                        if thrid and thrid[0]:
+                            fields["thrid"] = thrid[0]
+                        self.spawn_request = spawn_from_v2([p for p in pairs if p[0] != "thrid"])
                     except ValueError as err:
                         self.spawn_request = str(err)
-                    return "spawn", {}
+                    return "spawn", fields
                 return None if body is None else parse_v2(_decode(body))
             line = take_line(self.inbuf, limit)
             if line is None:
@@ -754,7 +760,7 @@ class PMIServer:
         try:
             self._accept_some()
         except Exception as exc:  # never let a peer break the loop
-            self._emit_log(f"PMI listener: internal error {exc!r}")
+            self._emit_log(f"listener: internal error {exc!r}")
 
     def _accept_some(self) -> None:
         lsock = self._lsock
@@ -767,7 +773,7 @@ class PMIServer:
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._emit_log(f"PMI listener: accept failed ({exc.strerror}); pausing")
+                    self._emit_log(f"listener: accept failed ({exc.strerror}); pausing")
                     self.loop.remove_reader(lsock.fileno())
                     self.loop.call_later(0.5, self._resume_accept)
                 return
@@ -833,7 +839,7 @@ class PMIServer:
                 try:
                     self.listener.pmi_lost(conn.rank)
                 except Exception as exc:
-                    self._emit_log(f"PMI listener.pmi_lost raised {exc!r}")
+                    self._emit_log(f"listener.pmi_lost raised {exc!r}")
 
     def _started(self, rank: Optional[int]) -> None:
         if rank is None or rank in self.started:
@@ -844,13 +850,13 @@ class PMIServer:
             try:
                 hook(rank)
             except Exception as exc:
-                self._emit_log(f"PMI listener.pmi_started raised {exc!r}")
+                self._emit_log(f"listener.pmi_started raised {exc!r}")
 
     def _emit_abort(self, rank: Optional[int], code: int, message: str) -> None:
         try:
             self.listener.pmi_abort(rank if rank is not None else -1, code, message)
         except Exception as exc:
-            self._emit_log(f"PMI listener.pmi_abort raised {exc!r}")
+            self._emit_log(f"listener.pmi_abort raised {exc!r}")
 
     def _trace(self, conn: _Conn, arrow: str, cmd: str, fields: Fields) -> None:
         if cmd == "spawn" and conn.spawn_request is not None:
@@ -888,7 +894,7 @@ class PMIServer:
         self._stranger_lines = 0
         if self._stranger_suppressed:
             count, self._stranger_suppressed = self._stranger_suppressed, 0
-            self._emit_log(f"PMI listener: {count} more unauthenticated connection(s) closed")
+            self._emit_log(f"listener: {count} more unauthenticated connection(s) closed")
 
     def close(self) -> None:
         """Unregister and close every socket (no pmi_lost is reported after this)."""

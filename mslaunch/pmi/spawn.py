@@ -79,8 +79,18 @@ def spawn_from_v1(segments: Sequence[Pairs]) -> SpawnRequest:
                               _numbered(seg, "preput_val_", npre, 0, "spawn preput")))
         commands.append(SpawnCommand(program=seg["execname"], args=tuple(args),
                                      nprocs=nprocs, info=tuple(info)))
+    return _request(commands, preput, total)
+
+
+def _request(commands, preput, total: int) -> SpawnRequest:
+    from .wire import KEYLEN_MAX, VALLEN_MAX
     if total > MAX_PROCS:
         raise ValueError(f"a spawn of {total} processes")
+    for key, value in preput:
+        # The pairs go into the new job's key-value space: the limits of put.
+        if not key or len(key) > KEYLEN_MAX or len(value) > VALLEN_MAX:
+            raise ValueError(f"a preput pair beyond the key-value limits ({KEYLEN_MAX} "
+                             f"characters of key, {VALLEN_MAX} of value)")
     return SpawnRequest(commands=tuple(commands), preput=tuple(preput))
 
 
@@ -119,9 +129,7 @@ def spawn_from_v2(pairs: Pairs) -> SpawnRequest:
                         _numbered(seg, "infoval", ninfo, 0, "spawn info")))
         commands.append(SpawnCommand(program=program, args=tuple(args), nprocs=nprocs,
                                      info=tuple(info)))
-    if total > MAX_PROCS:
-        raise ValueError(f"a spawn of {total} processes")
-    return SpawnRequest(commands=tuple(commands), preput=tuple(preput))
+    return _request(commands, preput, total)
 
 
 def v2_pairs(body: str) -> List[Tuple[str, str]]:

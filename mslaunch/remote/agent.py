@@ -429,8 +429,6 @@ class Agent:
         known = {s.key for s in self.specs}
         if any(s.key in known for s in specs):
             raise link.LinkError("a spawned job reuses a process number")
-        self.specs += specs
-        self.done_sent = False
         self._started = {}
         pj = self._pmi_job(job["number"], job["kvs"], job, specs, job["spawner"])
         error = None
@@ -439,7 +437,14 @@ class Agent:
             self.local.add(specs, pj.inherited, pj.env)
         except LaunchError as err:
             error = str(err)
+            # Only what started is this host's to see through; the rest never will.
+            for s in specs:
+                entry = self.local.ranks.get(s.key)
+                if entry is not None and entry.proc is None:
+                    del self.local.ranks[s.key]
         finally:
+            self.specs += [s for s in specs if s.key in self.local.ranks]
+            self.done_sent = False
             if self._started:
                 self.endpoint.send(link.encode(link.STARTED, {"pids": self._started}))
         self._pmi_up({"op": "spawned", "kvs": job["kvs"], "error": error})
@@ -452,8 +457,13 @@ class Agent:
     def _report_singletons(self) -> None:
         """Ranks that started Open MPI alone (see mslaunch.ompi.singleton): tell the launcher."""
         if self.probe is not None:
+            from ..ompi.singleton import runs_a_launcher
+            pids = {r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local
+                                                      else ()) if r.proc is not None}
             for key, size in self.probe.check():
-                self._pmi_up({"op": "singleton", "rank": key, "size": size})
+                nested = size == 1 and key in pids and runs_a_launcher(pids[key])
+                self._pmi_up({"op": "singleton", "rank": key, "size": size,
+                              "launcher": nested})
 
     def _watch_singletons(self) -> None:
         self._report_singletons()

@@ -269,13 +269,14 @@ class RemoteHost:
 
     def _lost(self, reason: str) -> None:
         self.state = "lost"
-        spawns, self._spawns = self._spawns, {}
-        for done in spawns.values():
-            done(f"lost host {self.name}")
         tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
         if tail:
             reason += f"; the agent said: {tail[-1][:200]}"
+        # The job lost what was starting there too (a failure), then the spawn fails.
         self.supervisor.host_lost(self, reason)
+        spawns, self._spawns = self._spawns, {}
+        for done in spawns.values():
+            done(f"lost host {self.name}")
 
 
 class RemoteStdin:

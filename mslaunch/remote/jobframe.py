@@ -248,7 +248,7 @@ def spawn_request_body(request) -> Dict[str, Any]:
 def read_spawn(body: Dict[str, Any]):
     """The :class:`~mslaunch.spec.SpawnRequest` an agent relayed (LinkError if malformed)."""
     from ..pmi.spawn import MAX_ARGS, MAX_COMMANDS, MAX_INFO, MAX_PREPUT, MAX_PROCS
-    from ..spec import SpawnCommand, SpawnRequest
+    from ..spec import SpawnCommand
 
     def pairs(value: Any, name: str, most: int):
         if not isinstance(value, list) or len(value) > most or not all(
@@ -271,8 +271,12 @@ def read_spawn(body: Dict[str, Any]):
                                 args=tuple(args),
                                 nprocs=_int(c.get("nprocs"), "spawn nprocs", 1, MAX_PROCS),
                                 info=pairs(c.get("info"), "spawn info", MAX_INFO)))
-    return SpawnRequest(commands=tuple(out),
-                        preput=pairs(body.get("preput"), "spawn preput", MAX_PREPUT))
+    from ..pmi.spawn import _request
+    try:
+        return _request(out, pairs(body.get("preput"), "spawn preput", MAX_PREPUT),
+                        sum(c.nprocs for c in out))
+    except ValueError as err:
+        raise _bad("spawn", str(err)) from None
 
 
 def read_job(body: Dict[str, Any]) -> Dict[str, Any]:

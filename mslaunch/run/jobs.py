@@ -107,6 +107,16 @@ class MPIJobs:
             if r.spec.job == pj.number and r.ended and not r.failed:
                 self.check_left_mpi(r)
 
+    def process_ended(self, spec: RankSpec) -> None:
+        """A spawned job whose processes here have all ended needs its server no more
+        (its TCP listener, under -pmi-port, would otherwise stay to the end)."""
+        pj = self.of(spec)
+        if pj is None or pj.number == 1 or pj.server is None:
+            return
+        if all(r.ended for r in self.sup.ranks
+               if r.spec.job == pj.number and r.spec.host.local):
+            pj.close()
+
     def check_left_mpi(self, r) -> None:
         """A rank that ended (status 0) without MPI while its job uses it: they would hang."""
         pj = self.of(r.spec)
@@ -124,12 +134,18 @@ class MPIJobs:
             for key, size in self.probe.check():
                 self.singleton(key, size)
 
-    def singleton(self, key: int, size: int) -> None:
-        from ..ompi.singleton import singleton_message
+    def singleton(self, key: int, size: int, nested_launcher: bool = False) -> None:
+        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.ompi.singleton)."""
+        from ..ompi.singleton import runs_a_launcher, singleton_message
+        if not 0 <= key < len(self.sup.ranks):
+            return
         r = self.sup.ranks[key]
         pj = self.of(r.spec)
-        if size == 1 and pj is not None and pj.size > 1:
-            self.sup._fail(r, singleton_message(), 1, abort=True)
+        if size != 1 or pj is None or pj.size < 2 or nested_launcher:
+            return
+        if r.spec.host.local and r.pid and not r.ended and runs_a_launcher(r.pid):
+            return
+        self.sup._fail(r, singleton_message(), 1, abort=True)
 
     def hang_report(self) -> List[str]:
         """Why a job may hang: ranks that never initialized MPI while the others of
@@ -175,7 +191,8 @@ class MPIJobs:
             if key not in host.ranks:
                 raise link.LinkError(f"PMI {op} for rank {key}, not on this host")
             if op == "singleton":
-                self.singleton(key, link.field(message, "size", int, "PMI singleton"))
+                self.singleton(key, link.field(message, "size", int, "PMI singleton"),
+                               message.get("launcher") is True)
             elif op == "abort":
                 self.sup.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
                                    str(message.get("message", "")))
@@ -266,14 +283,20 @@ class MPIJobs:
         waiting = set(remote)
         failed: List[str] = []
 
+        def give_up(problem: str) -> None:
+            # The spawn fails in the parent only: what did start of it is
+            # stopped and forgotten, outside the failure policy.
+            sup.pmi_log(f"{who} could not spawn: {problem}")
+            sup.abandon([s.key for s in specs])
+            pj.close()
+            reply(problem)
+
         def host_answered(name: str, problem: Optional[str]) -> None:
             if problem:
                 failed.append(f"on {name}: {problem}")
             waiting.discard(name)
             if not waiting:
-                if failed:
-                    sup.pmi_log(f"{who} could not spawn: {failed[0]}")
-                reply(failed[0]) if failed else reply(None, kvsname)
+                give_up(failed[0]) if failed else reply(None, kvsname)
 
         if local:
             pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
@@ -281,9 +304,7 @@ class MPIJobs:
             try:
                 sup.start_local(local, pj.inherited, pj.env)
             except LaunchError as err:
-                # What did start stays part of the job: the failure policy ends it.
-                sup.pmi_log(f"{who} could not spawn: {err}")
-                reply(str(err))
+                give_up(str(err))
                 return
         if not remote:
             reply(None, kvsname)

@@ -53,7 +53,8 @@ _pending_stop: List[int] = []
 class _Rank:
     """Mutable bookkeeping of one rank."""
 
-    __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost")
+    __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost",
+                 "discarded")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -64,6 +65,7 @@ class _Rank:
         self.reason = ""
         self.ended = False
         self.pmi_lost = False
+        self.discarded = False    # of a spawn that failed: stopped, not a failure
 
     @property
     def failed(self) -> bool:
@@ -210,6 +212,24 @@ class Supervisor:
     def may_oversubscribe(self) -> bool:
         return self.plan.oversubscribe
 
+    def abandon(self, keys: Sequence[int]) -> None:
+        """Processes of a spawn that failed: kill what started, end what never did,
+        and keep all of them out of the failure policy."""
+        for key in keys:
+            r = self.ranks[key]
+            r.discarded = True
+            if r.ended:
+                continue
+            if r.pid:
+                if r.spec.host.local and self.local is not None:
+                    self.local.signal(signal.SIGKILL, [key])
+                elif r.spec.host.name in self.hosts:
+                    self.hosts[r.spec.host.name].signal(signal.SIGKILL, [key])
+            else:
+                r.ended = True
+                for out in r.outputs:
+                    out.finish()
+
     def add_ranks(self, specs: Sequence[RankSpec]) -> None:
         """Processes of a spawned job join the supervision (keys follow on)."""
         for spec in specs:
@@ -220,6 +240,8 @@ class Supervisor:
 
     def start_local(self, specs: Sequence[RankSpec], pmi, pmi_env) -> None:
         """Start a spawned job's processes on this machine."""
+        live = sum(1 for r in self.ranks if r.spec.host.local and not r.ended)
+        _raise_fd_limit(8 * (live + len(specs)) + 64)
         if self.local is None:
             job = self.job
             self.local = LocalRanks(self.loop, specs, self, sinks=self._sinks,
@@ -470,6 +492,10 @@ class Supervisor:
             self.mpi_jobs.check_singletons()
         r = self.ranks[key]
         r.code, r.signal, r.ended = code, sig, True
+        if self.mpi_jobs is not None:
+            self.mpi_jobs.process_ended(r.spec)
+        if r.discarded:
+            return
         if sig is not None or code:
             self._fail(r, "", 128 + sig if sig is not None else code or 1,
                        abort=not self.job.keep_going)
@@ -604,6 +630,8 @@ class Supervisor:
 
     # -- policy -----------------------------------------------------------
     def _fail(self, rank: _Rank, reason: str, code: int, *, abort: bool) -> None:
+        if rank.discarded:
+            return
         if reason and not rank.reason:
             rank.reason = reason
         if self.root is None and self.ending is None and (abort or self.job.keep_going):
