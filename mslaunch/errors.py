@@ -34,6 +34,15 @@ class SpawnError(LaunchError):
     exit_code = 127
 
 
+def one_line(text: str, limit: int = 500) -> str:
+    """``text`` cut to ``limit`` characters with control characters escaped, so
+    that what a peer or a file supplies can never break a message in two."""
+    text = str(text)[:limit]
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def os_error_reason(err: OSError) -> str:
     """A short reason for an OSError, with a hint when descriptors ran out."""
     if err.errno in (24, 23):          # EMFILE, ENFILE (no import: no descriptor needed)

@@ -129,6 +129,7 @@ class OutputSpec:
     rank_prefix: bool = False            # Hydra -l / -prepend-rank
     xml: bool = False                    # --xml: Open MPI's XML on the terminal
     xml_file: Optional[str] = None       # --xml-file FILE: ... into FILE
+    label_prefix: bool = False           # lines on the terminal start "[label] " (msrun)
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,39 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
+class MsrunSpec:
+    """An msrun command line (MindSpore's launcher), validated but not yet run."""
+
+    argv: Tuple[str, ...]                 # python script args..., as msrun runs it
+    worker_num: int = 8
+    local_worker_num: int = 8
+    master_addr: str = "127.0.0.1"
+    master_port: int = 8118
+    node_rank: int = -1
+    log_dir: str = "."                    # absolute
+    join: bool = False
+    cluster_time_out: int = 600           # seconds; negative: wait for ever
+    # --bind_core / --bind_numa: None (off), "auto" (split the CPUs), or a map
+    # of ("deviceN" | "scheduler", cpu list text) pairs
+    bind_core: Optional[object] = None
+    bind_numa: Optional[object] = None
+    sim_level: int = -1
+    sim_rank_id: int = -1
+    rank_table_file: str = ""
+    worker_log_name: str = ""
+    tail_worker_log: str = "-1"           # node ids (local indices) whose logs --join shows
+    launch_dir: str = "."
+    # mslaunch's own additions
+    service_port: Optional[int] = None    # the node service (default master_port + 1)
+    secret_file: Optional[str] = None
+    tls_config: Optional[str] = None      # msrun's config.json (cert paths, ciphers)
+    max_restarts: int = 3                 # per process, with MS_ENABLE_RECOVERY=1
+    grace: float = 5.0
+    verbose: int = 0
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
 class Host:
     """A host the planner places ranks on."""
 
@@ -245,6 +279,11 @@ class RankSpec:
     # The process's number among all of the launcher's processes (the first
     # job's ranks, then spawned ones), when it is not ``rank``.
     index: Optional[int] = None
+    # What messages call the process when not "rank N" (msrun: "worker 3",
+    # "scheduler"), and whether its output reaches the terminal (None: as
+    # the job's output settings say).
+    label: Optional[str] = None
+    console: Optional[bool] = None
 
     @property
     def key(self) -> int:

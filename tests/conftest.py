@@ -20,6 +20,16 @@ def require(ok: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture
+def bin_dir(tmp_path):
+    """``python`` on PATH as msrun wants it (the venv's, as an activated venv has)."""
+    from helpers import PY
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "python").symlink_to(PY)
+    return d
+
+
 _mpich_probe = []
 
 

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec
 
-from ..errors import LaunchError, os_error_reason
-from .common import Exit
+from ..errors import LaunchError, one_line, os_error_reason
+from .common import Exit, is_msrun
 
 
 def _ensure_std_fds() -> None:
@@ -39,12 +39,28 @@ def _ensure_std_fds() -> None:
 
 def _print_error(message: str) -> None:
     # One line, whatever the input held: control characters are escaped.
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    text = one_line(message, len(message))
     try:
         sys.stderr.write(f"mslaunch: error: {text}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def _msrun(argv: Sequence[str]) -> int:
+    """MindSpore's msrun command line (see :mod:`.msrun` and :mod:`mslaunch.msrun`)."""
+    for word in argv:
+        for verb in ("--wait_job=", "--stop_job="):
+            if word.startswith(verb):
+                from ..msrun.record import wait_job
+                return wait_job(os.path.abspath(word[len(verb):]), stop=verb == "--stop_job=")
+    from .msrun import parse_msrun
+    spec = parse_msrun(argv)
+    if spec.join:
+        from ..msrun.node import run_node
+        return run_node(spec)
+    from ..msrun.record import detach
+    return detach(spec)
 
 
 def main(argv: Optional[Sequence[str]] = None,
@@ -54,6 +70,8 @@ def main(argv: Optional[Sequence[str]] = None,
     _ensure_std_fds()
     try:
         try:
+            if is_msrun(argv):
+                return _msrun(argv)
             from .mpirun import parse_args
             job = parse_args(argv)
         except Exit as done:

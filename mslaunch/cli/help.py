@@ -1,6 +1,6 @@
 """``mslaunch --help``: both dialects, grouped by topic."""
 
-MPIRUN = """\
+TEXT = """\
 usage: mslaunch [options] program [args...] [: [options] program2 [args...]]
        mslaunch --worker_num=N --local_worker_num=M [msrun options] script [args...]
 
@@ -91,4 +91,31 @@ Other:
   --                       end of options: the next word is the program
   -q, --quiet              fewer messages    -v, --verbose   more messages
   -V, --version            print the version  -h, --help     this help
+
+msrun dialect (MindSpore's msrun command lines; --name=value or --name value):
+  --worker_num N           workers of the whole job (default 8)
+  --local_worker_num N     workers on this node (default 8)
+  --master_addr ADDR       the master node (default 127.0.0.1); it runs the scheduler
+  --master_port N          the scheduler's port (default 8118)
+  --node_rank N            this node's rank: its workers are N*local+i (default -1:
+                           ranks in the order nodes join)
+  --log_dir DIR            scheduler.log and worker_<rank>.log go here (default .)
+  --join True|False        wait for the job (default False: return at once and
+                           leave a supervisor, see --wait_job / --stop_job)
+  --cluster_time_out S     seconds for every worker to join (default 600; <0: for ever)
+  --bind_core True|False|MAP   pin workers to CPUs: equal blocks, or
+                           '{"device0":["0-3"],"scheduler":["4"]}'
+  --bind_numa True|False|MAP|FILE.json   pin workers to NUMA nodes' CPUs
+  --sim_level N, --sim_rank_id N, --rank_table_file FILE
+  --worker_log_name NAME   log name pattern ({ip}, {hostname} replaced)
+  --tail_worker_log IDS    which workers' output --join=True shows (default all)
+ mslaunch's own, in this dialect:
+  --node_service_port N    the node service of a multi-node job (default master_port+1)
+  --secret_file FILE       the job's secret (default: $MSLAUNCH_SECRET, else
+                           ~/.mslaunch/secret, made on first use)
+  --tls_config FILE        TLS for the node service (msrun's config.json fields)
+  --max_restarts N         restarts per worker with MS_ENABLE_RECOVERY=1 (default 3)
+  --grace SECONDS          SIGTERM-to-SIGKILL delay (default 5)
+  --wait_job=DIR, --stop_job=DIR   wait for / stop the --join=False job of DIR
+  --verbose, --quiet       more / fewer messages
 """

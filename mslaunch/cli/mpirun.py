@@ -274,8 +274,8 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         else:  # remaining boolean flags
             g[name] = True
     if g.get("help"):
-        from .help import MPIRUN
-        raise Exit(MPIRUN, 0)
+        from .help import TEXT
+        raise Exit(TEXT, 0)
     if g.get("version"):
         raise Exit(f"mslaunch {__version__}\n", 0)
     if g.get("app"):

@@ -10,7 +10,8 @@ frames::
 
 ``OUTPUT`` and ``STDIN`` frames have a small binary header before their
 bytes; every other body is a JSON object (UTF-8), so that nothing received
-is ever executed or unpickled.  Strings of the job (argv, environment,
+is ever executed or unpickled.  ``NODE`` frames are the msrun-mode node
+service's (:mod:`mslaunch.msrun.service`), on a link of their own.  Strings of the job (argv, environment,
 paths) are carried as text with ``surrogateescape``, so any bytes but NUL
 arrive byte for byte.  Malformed input raises :class:`LinkError` with a
 short description; the caller ends the link with a message naming the host.
@@ -35,11 +36,11 @@ MAX_FRAME = 64 << 20
 MAX_PREAMBLE = 64 << 10
 
 HELLO, JOB, READY, START, STARTED, OUTPUT, EXITED, SIGNAL, CREDIT, STDIN, PMI, BEAT, \
-    ERROR, BYE, DONE, LOG = range(1, 17)
+    ERROR, BYE, DONE, LOG, NODE = range(1, 18)
 NAMES = {HELLO: "HELLO", JOB: "JOB", READY: "READY", START: "START", STARTED: "STARTED",
          OUTPUT: "OUTPUT", EXITED: "EXITED", SIGNAL: "SIGNAL", CREDIT: "CREDIT",
          STDIN: "STDIN", PMI: "PMI", BEAT: "BEAT", ERROR: "ERROR", BYE: "BYE", DONE: "DONE",
-         LOG: "LOG"}
+         LOG: "LOG", NODE: "NODE"}
 _BINARY = (OUTPUT, STDIN)
 _HEAD = struct.Struct(">IB")
 _RANK_STREAM = struct.Struct(">IB")

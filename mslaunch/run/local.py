@@ -110,6 +110,19 @@ class LocalRanks:
             self._sweep = None
         self._start_some(added, {})
 
+    def restart(self, key: int) -> None:
+        """Start an ended rank again, as it was (msrun's recovery); LaunchError if it
+        cannot be.  What is left of its old process group is killed first."""
+        local = self.ranks[key]
+        if local.proc is not None and local.proc.group_alive():
+            local.proc.signal(signal.SIGKILL)
+        timer = self._kill_timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        local.proc, local.pipes, local.ended = None, [], False
+        local.code = local.signal = None
+        self._start_some([local], {})
+
     def _start_some(self, locals_: List[_Local], stdin_pipes: Dict[int, int]) -> None:
         self.guard.ready()          # ranks start inside the job's cgroup
         try:

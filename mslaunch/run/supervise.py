@@ -54,7 +54,7 @@ class _Rank:
     """Mutable bookkeeping of one rank."""
 
     __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost",
-                 "discarded")
+                 "discarded", "restarts", "last_end")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -66,6 +66,8 @@ class _Rank:
         self.ended = False
         self.pmi_lost = False
         self.discarded = False    # of a spawn that failed: stopped, not a failure
+        self.restarts = 0         # times started again (msrun's recovery)
+        self.last_end = ""        # how the previous run ended, for the log's marker
 
     @property
     def failed(self) -> bool:
@@ -86,7 +88,8 @@ class Supervisor:
 
     def __init__(self, job: JobSpec, plan: Plan, console: Optional[Console] = None, *,
                  connect: Sequence[str] = (), replan=None,
-                 watchdog: Optional[Watchdog] = None) -> None:
+                 watchdog: Optional[Watchdog] = None, loop: Optional[Loop] = None,
+                 cluster=None, restarts: int = 0, on_started=None) -> None:
         self.job = job
         self.plan = plan
         # Remote hosts to start agents on, and how to plan again with the
@@ -94,7 +97,13 @@ class Supervisor:
         self.connect = list(connect)
         self.replan = replan
         self.console = console or Console()
-        self.loop = Loop()
+        self.loop = loop or Loop()
+        # Other nodes of an msrun-mode job (see mslaunch.msrun.node.Cluster):
+        # told when this node ends the job, and telling it through remote_stop.
+        self.cluster = cluster
+        self.remote: Optional[Tuple[int, str]] = None
+        self.restarts = restarts            # per process, on failure (msrun's recovery)
+        self.on_started = on_started        # called with {label: pid} once all run
         self.ranks = [_Rank(spec) for spec in plan.ranks]
         self.root: Optional[_Rank] = None
         self.root_code = 0
@@ -152,8 +161,12 @@ class Supervisor:
             if self.job.output.xml:
                 self.console.write(1, self, b"</mpirun>\n")
             self.console.attach(None)
-            self.loop.close()
-        return self._result()
+            if self.cluster is None:
+                self.loop.close()          # else the node runner's, closed there
+        result = self._result()
+        if self.cluster is not None:
+            self.cluster.finished(result.exit_code)
+        return result
 
     def _report_pid(self, where: str) -> None:
         """--report-pid: ``-`` stdout, ``+`` stderr, else a file."""
@@ -201,6 +214,8 @@ class Supervisor:
             host.start()
         if remote_specs:
             self._relay_stdin()
+        if self.on_started is not None:
+            self.on_started({r.spec.label or f"rank {r.spec.rank}": r.pid for r in self.ranks})
 
     def _watch_singletons(self) -> None:
         assert self.mpi_jobs is not None
@@ -438,13 +453,27 @@ class Supervisor:
             raise link.LinkError("PMI frame in a job without PMI")
         self.mpi_jobs.from_agent(host, message)
 
-    def _open_log(self, path: Optional[str]) -> Optional[int]:
+    def _open_log(self, path: Optional[str], rank: _Rank) -> Optional[int]:
+        """A rank's output file: new, or appended to after a marker line when the
+        process is started again (msrun's recovery)."""
         if path is None:
             return None
         from ..errors import LaunchError
+        how = os.O_APPEND if rank.restarts else os.O_TRUNC
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | how | os.O_CLOEXEC, 0o644)
+            if rank.restarts:
+                # Its own line, even when the last run ended mid-line.
+                lead = b""
+                if os.fstat(fd).st_size:
+                    with open(path, "rb") as f:
+                        f.seek(-1, os.SEEK_END)
+                        lead = b"" if f.read(1) == b"\n" else b"\n"
+                os.write(fd, lead + (f"mslaunch: restart {rank.restarts} of {self.restarts} "
+                                     f"of {rank.spec.label or 'rank ' + str(rank.spec.rank)} "
+                                     f"after {rank.last_end}\n").encode())
+            return fd
         except OSError as err:
             raise LaunchError(f"cannot create output file: {err.filename}: {err.strerror}") \
                 from None
@@ -452,18 +481,20 @@ class Supervisor:
     def _sinks(self, spec: RankSpec):
         """The output sinks of one rank: stdout (merged or not) and stderr."""
         out, rank = self.job.output, self.ranks[spec.key]
-        terminal = self.console if out.copy_to_terminal else None
+        shown = out.copy_to_terminal if spec.console is None else spec.console
+        terminal = self.console if shown else None
         opts = dict(tag=out.tag, timestamp=out.timestamp, rank_prefix=out.rank_prefix)
         merged = out.merge_stderr
+        label = (f"[{spec.label}] ".encode() if out.label_prefix and spec.label else None)
         for stream, name, path in ((1, "stdout", spec.stdout_path), (2, "stderr", spec.stderr_path)):
             if stream == 2 and merged:
                 break
             rank.outputs.append(RankOutput(
                 # --xml: one document, on stdout
                 terminal=terminal.terminal(1 if out.xml else stream) if terminal else None,
-                file_fd=self._open_log(path), file_name=path or "",
-                prefix=line_prefix(spec.rank, name, jobid=spec.job,
-                                   **opts),  # type: ignore[arg-type]
+                file_fd=self._open_log(path, rank), file_name=path or "",
+                prefix=(lambda p=label: p) if label else line_prefix(
+                    spec.rank, name, jobid=spec.job, **opts),  # type: ignore[arg-type]
                 file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
                                         rank_prefix=False, jobid=spec.job),
                 formatter=xml_element(name, spec.rank) if out.xml else None,
@@ -484,7 +515,8 @@ class Supervisor:
             self.console.message(f"[{r.spec.host.name}:{os.getpid():05d}] {text}")
         if self.job.verbose:
             job = f" of job {r.spec.job}" if r.spec.job != 1 else ""
-            self.console.message(f"mslaunch: started rank {rank}{job} (pid {pid}) "
+            who = r.spec.label or f"rank {rank}{job}"
+            self.console.message(f"mslaunch: started {who} (pid {pid}) "
                                  f"on {r.spec.host.name}: {' '.join(r.spec.argv)}")
 
     def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None:
@@ -496,6 +528,8 @@ class Supervisor:
             self.mpi_jobs.process_ended(r.spec)
         if r.discarded:
             return
+        if (sig is not None or code) and self._restart(r):
+            return
         if sig is not None or code:
             self._fail(r, "", 128 + sig if sig is not None else code or 1,
                        abort=not self.job.keep_going)
@@ -503,6 +537,38 @@ class Supervisor:
             self._check_lost(r)
         elif self.mpi_jobs is not None:
             self.mpi_jobs.check_left_mpi(r)
+
+    def _restart(self, r: _Rank) -> bool:
+        """msrun's recovery: start a failed process again, while restarts are left."""
+        if not self.restarts or self.ending is not None or not r.spec.host.local \
+                or self.local is None:
+            return False
+        if r.restarts >= self.restarts:
+            r.reason = (f"{self._how_ended(r)}, after {r.restarts} restart(s) "
+                        f"(the limit, --max_restarts)")
+            return False
+        r.restarts += 1
+        r.last_end = self._how_ended(r)
+        if not self.job.quiet:
+            self.console.message(f"mslaunch: {r.spec.label or 'rank ' + str(r.spec.rank)} "
+                                 f"{r.last_end}; starting it again ({r.restarts} of "
+                                 f"{self.restarts} restarts)")
+        r.outputs = []
+        r.code = r.signal = None
+        r.ended = False
+        try:
+            self.local.restart(r.spec.key)
+        except LaunchError as err:
+            r.ended = True
+            r.reason = f"could not be started again: {err}"
+            return False
+        return True
+
+    @staticmethod
+    def _how_ended(r: _Rank) -> str:
+        if r.signal is not None:
+            return f"was killed by signal {r.signal} ({signal_name(r.signal)})"
+        return f"exited with code {r.code}"
 
     def _on_signals(self, fd: int) -> None:
         try:
@@ -534,6 +600,8 @@ class Supervisor:
                                          f"press Ctrl-C again to kill them")
             if self.ending is None:
                 self.ending = "signal"
+                self._tell_cluster(128 + int(sig), f"stopped by {signal_name(int(sig))} on "
+                                                   f"{os.uname().nodename}")
                 self._terminate()
             if not live:
                 self._give_up_output()
@@ -595,6 +663,7 @@ class Supervisor:
         self.console.message(f"mslaunch: error: {message}; stopping the job")
         if self.ending is None:
             self.ending = "output"
+            self._tell_cluster(1, message)
             self._terminate()
 
     # -- PMI listener ---------------------------------------------------------
@@ -639,7 +708,22 @@ class Supervisor:
             self.root_code = code
         if abort and self.ending is None:
             self.ending = "failure"
+            self._tell_cluster(code, self._summary(rank).split("\n", 1)[0][len("mslaunch: "):])
             self._terminate()
+
+    def _tell_cluster(self, code: int, message: str) -> None:
+        if self.cluster is not None:
+            self.cluster.failed(code, message)
+
+    def remote_stop(self, code: int, message: str) -> None:
+        """Another node (or the node service) ends the job: stop here too, with ``code``."""
+        if self.ending is not None:
+            return
+        self.ending = "remote"
+        self.remote = (code, message)
+        if not self.job.quiet:
+            self.console.message(f"mslaunch: {message}; stopping this node's processes")
+        self._terminate()
 
     def _terminate(self) -> None:
         self._signal_all(signal.SIGCONT)
@@ -720,12 +804,15 @@ class Supervisor:
                              message=f"mslaunch: stopped by {signal_name(self.stop_signal)}")
         if self.ending == "output":
             return JobResult(exit_code=1, ranks=results)
+        if self.ending == "remote" and self.remote is not None:
+            return JobResult(exit_code=self.remote[0], ranks=results)
         return JobResult(exit_code=0, ranks=results)
 
     def _summary(self, rank: _Rank) -> str:
         spec = rank.spec
         job = f" of spawned job {spec.job}" if spec.job != 1 else ""
-        who = f"rank {spec.rank}{job} (pid {rank.pid or '?'} on {spec.host.name})"
+        name = spec.label or f"rank {spec.rank}{job}"
+        who = f"{name} (pid {rank.pid or '?'} on {spec.host.name})"
         if rank.reason:
             what = rank.reason
         elif rank.signal is not None:
@@ -737,13 +824,15 @@ class Supervisor:
             head = f"mslaunch: {len(failed)} of {len(self.ranks)} rank(s) failed; first: {who} {what}"
         else:
             others = sum(1 for r in self.ranks if r is not rank and r.pid)
+            kind = "process(es)" if spec.label else "rank(s)"
             head = f"mslaunch: {who} {what}; terminated the job" + \
-                (f" ({others} other rank(s))" if others else "")
+                (f" ({others} other {kind})" if others else "")
         tail = rank.tail
         lines = tail.decode("utf-8", "replace").rstrip("\n").split("\n")[-10:]
         if tail.strip():
             stream = "stdout+stderr" if self.job.output.merge_stderr else "stderr"
-            head += f"\nmslaunch: last lines of rank {spec.rank}'s {stream}:\n" + \
+            whose = f"{spec.label}'s log" if spec.label else f"rank {spec.rank}'s {stream}"
+            head += f"\nmslaunch: last lines of {whose}:\n" + \
                 "\n".join("    " + line for line in lines)
         return head
 

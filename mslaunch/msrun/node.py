@@ -1,0 +1,281 @@
+"""Running one node of an msrun-mode job.
+
+The node whose addresses include ``--master_addr`` starts MindSpore's
+scheduler (the task script with ``MS_ROLE=MS_SCHED``); every node starts its
+local workers.  A job of one node needs nothing else.  A job of several
+nodes forms through the node service (:mod:`.service`): every node
+registers, gets its workers' ranks, and from then on learns at once when
+any node fails, is stopped or vanishes.  The processes run under the same
+supervisor as mpirun-style jobs (orphan guard, failure policy, signals,
+log files), with msrun's log names and console lines.
+
+``--join=True`` waits for the job here.  ``--join=False`` (msrun's default)
+returns once the processes run, leaving a detached supervisor (its own
+session, deaf to the terminal's hang-up) that keeps every guarantee and
+keeps a record of the job in the log directory (:mod:`.record`).
+
+With ``MS_ENABLE_RECOVERY=1`` a process that fails is started again, with
+the same identity and log file (appended to, after a marker line), up to
+``--max_restarts`` times each; the others keep running.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import LaunchError
+from ..spec import JobSpec, MsrunSpec, OutputSpec, Plan, RankSpec
+
+
+def master_address(spec: MsrunSpec) -> Tuple[bool, List[str]]:
+    """Whether this node is the master (msrun's rule: master_addr is one of its
+    addresses), and the addresses to reach the master by."""
+    from ..hosts.local import is_local_host
+    name = spec.master_addr
+    if is_local_host(name):
+        return True, [name if name not in ("localhost",) else "127.0.0.1"]
+    import socket
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except OSError as err:
+        raise LaunchError(f"--master_addr={name[:60]}: cannot resolve it "
+                          f"({err.strerror or err})") from None
+    addresses = list(dict.fromkeys(str(i[4][0]) for i in infos))
+    return any(is_local_host(a) for a in addresses), addresses
+
+
+def _messages(spec: MsrunSpec, procs: Sequence[RankSpec]) -> List[str]:
+    """msrun's own console lines for the processes started (users grep them)."""
+    command = " ".join(spec.argv)
+    lines = []
+    for p in procs:
+        if p.label == "scheduler":
+            lines.append(f"Start scheduler process, log file:{p.stdout_path}. "
+                         f"Execute command: {command}")
+            continue
+        rank = p.env.get("RANK_ID")
+        exported = f" Environment variable [RANK_ID={rank}] is exported." if rank else \
+            " The rank id will be assigned by the scheduler."
+        lines.append(f"Start worker process with rank id:{rank if rank else 'None'}, "
+                     f"log file:{p.stdout_path}.{exported} Execute command: {command}")
+    return lines
+
+
+def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobSpec, Plan]:
+    from ..spec import AppContext, Host
+    job = JobSpec(
+        apps=(AppContext(argv=spec.argv),), mpi="none", grace=spec.grace, quiet=spec.quiet,
+        verbose=spec.verbose, stdin="none", launch_dir=spec.launch_dir, keep_going=False,
+        output=OutputSpec(directory=spec.log_dir, copy_to_terminal=spec.join,
+                          merge_stderr=True, label_prefix=True))
+    host = Host(name=os.uname().nodename, slots=len(procs), max_slots=None, local=True,
+                node_id=0)
+    plan = Plan(ranks=tuple(procs), hosts=(host,), kvsname=kvsname, process_mapping="",
+                universe_size=spec.worker_num, master_addr=spec.master_addr,
+                master_port=spec.master_port)
+    return job, plan
+
+
+class Cluster:
+    """The supervisor's view of the other nodes (see :class:`~.service.NodeLink`)."""
+
+    def __init__(self, link, service) -> None:
+        self.link = link
+        self.service = service
+
+    def failed(self, code: int, message: str) -> None:
+        """This node ends the job: the others must stop too, with ``code``."""
+        if self.link is not None:
+            self.link.stop(code, message)
+
+    def finished(self, code: int) -> None:
+        if self.link is not None and code == 0:
+            self.link.done()
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+        if self.service is not None:
+            self.service.close()
+
+
+def run_node(spec: MsrunSpec, announce=None) -> int:
+    """Run this node's part of the job to its end; the exit status.
+
+    ``announce(lines)`` (the detached case) receives msrun's console lines and
+    the pids once every process runs, instead of the terminal.
+    """
+    from ..pmi.shm import new_kvsname
+    from ..run.loop import Loop
+    from .plan import node_processes
+    loop = Loop()
+    master, addresses = master_address(spec)
+    multi = spec.worker_num > spec.local_worker_num
+    try:
+        os.makedirs(spec.log_dir, mode=0o700, exist_ok=True)
+    except OSError as err:
+        raise LaunchError(f"--log_dir {spec.log_dir}: {err.strerror}") from None
+    link = service = None
+    ranks: Optional[List[int]] = None
+    if multi and spec.sim_level < 0:
+        ranks, link, service, stopped = _rendezvous(spec, loop, master, addresses)
+        if stopped is not None:
+            code, text = stopped
+            _say(f"mslaunch: error: {text}")
+            if link is not None:
+                link.close()
+            if service is not None:
+                service.close()
+            loop.close()
+            return code
+    from ..plan.topology import cached_topology, objects
+    topo = cached_topology()
+    procs = node_processes(spec, scheduler=master, ranks=ranks, environ=os.environ,
+                           hostname=os.uname().nodename, ip=addresses[0] if master else
+                           _own_address(addresses), cpus=topo.cpu_ids(),
+                           numa=objects(topo, "numa") if spec.bind_numa else ())
+    job, plan = _job(spec, new_kvsname(), procs)
+    lines = _messages(spec, procs)
+    if announce is None and not spec.quiet:
+        for line in lines:
+            _say(line)
+    from ..run.supervise import Supervisor
+    cluster = Cluster(link, service)
+    recovery = os.environ.get("MS_ENABLE_RECOVERY") == "1"
+    sup = Supervisor(job, plan, loop=loop, cluster=cluster,
+                     restarts=spec.max_restarts if recovery else 0,
+                     on_started=(lambda pids: announce(lines, pids)) if announce else None)
+    if link is not None:
+        link.on_stop = sup.remote_stop
+    try:
+        result = sup.run()
+        if result.message:
+            sup.console.message(result.message)
+        code = result.exit_code
+        if service is not None and code == 0:
+            code = _wait_for_the_others(service, loop, spec, sup.console.message)
+    finally:
+        cluster.close()
+        loop.close()
+    return code
+
+
+def _wait_for_the_others(service, loop, spec: MsrunSpec, say) -> int:
+    """The master's processes are done: the service stays until every node is,
+    and the job's status is the first failure anywhere (0 if none)."""
+    import signal as _signal
+    stops: List[int] = []
+    old = {sig: _signal.signal(sig, lambda signum, frame: stops.append(signum))
+           for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)}
+
+    def tick() -> None:
+        if stops and service.stopped is None:
+            from ..run.spawn import signal_name
+            service.stop(128 + stops[0], f"stopped by {signal_name(stops[0])} on "
+                                         f"{os.uname().nodename}")
+        if not service.settled():
+            loop.call_later(0.1, tick)
+
+    if not service.settled() and not spec.quiet and spec.verbose:
+        say("mslaunch: this node is done; waiting for the other nodes of the job")
+    tick()
+    try:
+        loop.run_until(service.settled)
+    finally:
+        for sig, handler in old.items():
+            _signal.signal(sig, handler)
+    if service.stopped is not None:
+        if not spec.quiet:
+            say(f"mslaunch: {service.stopped['message']}")
+        return int(service.stopped["code"])
+    return 0
+
+
+def _own_address(addresses: Sequence[str]) -> str:
+    """This node's address towards the master (for ``{ip}`` in log names)."""
+    import socket
+    for addr in addresses:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((addr, 9))
+                return str(s.getsockname()[0])
+        except OSError:
+            continue
+    return "127.0.0.1"
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str]):
+    """Join the job: host the service if master, register, wait for this node's ranks.
+
+    Returns ``(ranks, link, service, stopped)``; ``stopped`` is ``(code, text)``
+    when the job ended before this node could start (refused, time out,
+    another node's failure, a stop signal).
+    """
+    import signal as _signal
+    import time
+
+    from ..remote.endpoint import heartbeat_setting
+    from .secret import load_secret
+    from .service import NodeLink, NodeService
+    from .tls import context, read_config
+    secret = load_secret(spec.secret_file)
+    tls_path = spec.tls_config or os.environ.get("MSLAUNCH_TLS_CONFIG")
+    config = read_config(tls_path) if tls_path else None
+
+    def warn(text: str) -> None:
+        if not spec.quiet:
+            sys.stderr.write(f"mslaunch: {text}\n")
+
+    port = spec.service_port or spec.master_port + 1
+    service = None
+    if master:
+        service = NodeService(loop, address=addresses[0], port=port, secret=secret,
+                              worker_num=spec.worker_num, time_out=spec.cluster_time_out,
+                              tls=context(config, True, warn) if config else None,
+                              log=warn if spec.verbose else (lambda _text: None))
+    state: Dict[str, Any] = {}
+    deadline = None if spec.cluster_time_out < 0 else time.monotonic() + spec.cluster_time_out
+    link = NodeLink(loop, addresses=addresses, port=port, secret=secret,
+                    tls=context(config, False, warn) if config else None,
+                    node_rank=spec.node_rank, workers=spec.local_worker_num,
+                    deadline=deadline,
+                    heartbeat=heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT")),
+                    on_ranks=lambda ranks: state.setdefault("ranks", ranks),
+                    on_stop=lambda code, text: state.setdefault("stop", (code, text)))
+    stops: List[int] = []
+    old = {sig: _signal.signal(sig, lambda signum, frame: stops.append(signum))
+           for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)}
+
+    def tick() -> None:                 # wake up now and then to see a stop signal
+        if not stops:
+            loop.call_later(0.1, tick)
+
+    tick()
+    try:
+        loop.run_until(lambda: "ranks" in state or "stop" in state or bool(stops))
+    finally:
+        for sig, handler in old.items():
+            _signal.signal(sig, handler)
+    if stops:
+        from ..run.spawn import signal_name
+        code = 128 + stops[0]
+        text = f"stopped by {signal_name(stops[0])} while the job was forming"
+        link.stop(code, text)
+        return None, link, service, (code, text)
+    if "stop" in state:
+        return None, link, service, state["stop"]
+    return state["ranks"], link, service, None

@@ -1,0 +1,189 @@
+"""One node's processes in msrun mode (pure): scheduler, workers, environment, logs.
+
+The environment is msrun 2.10's, measured (``MS_ROLE``, ``MS_SCHED_HOST``,
+``MS_SCHED_PORT``, ``MS_WORKER_NUM``, ``MS_TOPO_TIMEOUT``, ``RANK_SIZE``; for
+the scheduler ``RANK_ID=0``; for worker i ``DEVICE_ID=i`` and, when its rank
+is known, ``MS_NODE_ID`` and ``RANK_ID``), built per process: nothing leaks
+from one process to the next as it does in msrun, where every worker
+inherits the scheduler's ``RANK_ID=0``.  A worker whose rank is unknown gets
+no ``RANK_ID`` at all.  Workers also get the variables other launchers give
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``) where they are known.
+
+Logs are ``scheduler.log`` and ``worker_<id>.log`` (``--worker_log_name``
+with ``{ip}`` and ``{hostname}`` replaced) in the log directory; the id is
+the worker's rank when known, else its index on the node, as in msrun.
+``--bind_core`` pins each process to CPUs: True splits this node's CPUs
+into equal contiguous blocks per local worker, the last taking the
+remainder (the scheduler is not pinned), and the JSON map form gives
+``deviceN`` (the N-th local worker) and ``scheduler`` their CPUs;
+``MSRUN_CPU_LIST`` says which.  ``--bind_numa`` does the same with NUMA
+nodes (True spreads the workers over the nodes; the map gives node
+numbers); its ``.json`` file form is passed on as ``MSRUN_BIND_FILE``.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import PlanError
+from ..spec import Host, MsrunSpec, RankSpec
+
+
+def worker_ids(spec: MsrunSpec, assigned: Optional[Sequence[int]]) -> List[Optional[int]]:
+    """The rank of each local worker: as assigned by the node service, or as msrun
+    computes it (one node: i; ``--node_rank``: node_rank * local + i), else None."""
+    local = spec.local_worker_num
+    if assigned is not None:
+        return list(assigned)
+    if spec.local_worker_num == spec.worker_num:
+        return list(range(local))
+    if spec.node_rank >= 0:
+        return [spec.node_rank * local + i for i in range(local)]
+    return [None] * local
+
+
+def _blocks(cpus: Sequence[int], n: int) -> List[Tuple[int, ...]]:
+    """``cpus`` in ``n`` equal contiguous blocks, the last taking the remainder."""
+    size = max(len(cpus) // n, 1)
+    out = []
+    for i in range(n):
+        block = cpus[i * size:(i + 1) * size] if i < n - 1 else cpus[i * size:]
+        out.append(tuple(block) or (cpus[i % len(cpus)],))
+    return out
+
+
+def _cpulist(cpus: Sequence[int]) -> str:
+    """``0-3,5`` for (0, 1, 2, 3, 5)."""
+    parts: List[str] = []
+    run: List[int] = []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
+def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
+             numa: Sequence[Sequence[int]] = ()
+             ) -> Tuple[Optional[Tuple[int, ...]], List[Optional[Tuple[int, ...]]]]:
+    """CPUs of the scheduler and of each local worker (None: not pinned).
+
+    ``--bind_core`` names CPUs; ``--bind_numa`` names NUMA nodes (``numa``:
+    the CPUs of each node, by number) and pins to all their CPUs -- memory
+    then comes from those nodes by the kernel's local-first policy.  When
+    both are given, ``--bind_core`` decides.
+    """
+    local = spec.local_worker_num
+    flag, mode = "bind_core", spec.bind_core
+    if mode is None and spec.bind_numa not in (None,) and not (
+            isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file"):
+        flag, mode = "bind_numa", spec.bind_numa
+    if mode is None:
+        return None, [None] * local
+    usable = set(cpus)
+    nodes = [tuple(c for c in node if c in usable) for node in numa] or [tuple(sorted(cpus))]
+    if mode == "auto":
+        if flag == "bind_core":
+            return None, list(_blocks(sorted(cpus), local))
+        # Workers spread over the nodes in equal contiguous groups, as the CPUs are.
+        return None, [nodes[i * len(nodes) // local] or None for i in range(local)]
+    from ..plan.topology import parse_cpulist
+    given: Dict[str, Tuple[int, ...]] = {}
+    for key, text in mode:            # type: ignore[union-attr]
+        chosen = parse_cpulist(text)
+        if flag == "bind_numa":
+            missing = [n for n in chosen if n >= len(nodes) or not nodes[n]]
+            if missing:
+                raise PlanError(f"--bind_numa: {key} names NUMA node {missing[0]}, which this "
+                                f"node does not have (it has {len(nodes)})")
+            given[key] = tuple(sorted({c for n in chosen for c in nodes[n]}))
+            continue
+        missing = [c for c in chosen if c not in usable]
+        if missing:
+            raise PlanError(f"--bind_core: {key} names CPU {missing[0]}, which this node "
+                            f"does not have (usable: {_cpulist(cpus)})")
+        given[key] = tuple(chosen)
+    devices = sorted((int(k[6:]), v) for k, v in given.items() if k != "scheduler")
+    workers: List[Optional[Tuple[int, ...]]] = [None] * local
+    for i, (_, value) in enumerate(devices[:local]):
+        workers[i] = value
+    return (given.get("scheduler") if scheduler else None), workers
+
+
+def log_name(spec: MsrunSpec, worker_id: int, hostname: str, ip: str) -> str:
+    base = spec.worker_log_name or "worker"
+    base = base.replace("{ip}", ip).replace("{hostname}", hostname)
+    return os.path.join(spec.log_dir, f"{base}_{worker_id}.log")
+
+
+def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence[int]],
+                   environ: Mapping[str, str], hostname: str, ip: str,
+                   cpus: Sequence[int], numa: Sequence[Sequence[int]] = (),
+                   first_key: int = 0) -> Tuple[RankSpec, ...]:
+    """This node's processes: the scheduler (if it runs here), then its workers."""
+    from ..plan import scrub_env
+    host = Host(name=hostname, slots=spec.local_worker_num + (1 if scheduler else 0),
+                max_slots=None, local=True, node_id=0)
+    base = scrub_env(environ)
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    sim = spec.sim_level >= 0
+    common: Dict[str, str] = {"RANK_SIZE": str(spec.worker_num)}
+    if sim:
+        common["MS_SIMULATION_LEVEL"] = str(spec.sim_level)
+    else:
+        common.update({"MS_SCHED_HOST": spec.master_addr, "MS_SCHED_PORT": str(spec.master_port),
+                       "MS_TOPO_TIMEOUT": str(spec.cluster_time_out),
+                       "MS_WORKER_NUM": str(spec.worker_num)})
+    if spec.rank_table_file:
+        common["RANK_TABLE_FILE"] = spec.rank_table_file
+    if isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file":
+        common["MSRUN_BIND_FILE"] = spec.bind_numa[1]
+    sched_cpus, worker_cpus = bindings(spec, cpus, scheduler, numa)
+    ids = worker_ids(spec, ranks)
+    procs: List[RankSpec] = []
+    key = first_key
+
+    def add(label: str, env: Dict[str, str], log: str, bound, local_rank: int,
+            rank: int, console: bool) -> None:
+        nonlocal key
+        if bound:
+            env["MSRUN_CPU_LIST"] = _cpulist(bound)
+        procs.append(RankSpec(
+            rank=rank, app=0, host=host, local_rank=local_rank,
+            local_size=spec.local_worker_num, argv=spec.argv, env=env, cwd=spec.launch_dir,
+            stdout_path=log, stderr_path=None, cpus=bound, stdin="null", index=key,
+            label=label, console=console))
+        key += 1
+
+    if scheduler and not sim:
+        env = dict(base, **common, MS_ROLE="MS_SCHED", RANK_ID="0")
+        add("scheduler", env, os.path.join(spec.log_dir, "scheduler.log"), sched_cpus, -1, -1,
+            False)
+    tailed = None if spec.tail_worker_log == "-1" else \
+        {int(x) for x in spec.tail_worker_log.split(",")}
+    count = 1 if sim and spec.sim_rank_id >= 0 else spec.local_worker_num
+    for i in range(count):
+        rank = spec.sim_rank_id if sim and spec.sim_rank_id >= 0 else ids[i]
+        env = dict(base, **common, DEVICE_ID=str(i))
+        if not sim:
+            env["MS_ROLE"] = "MS_WORKER"
+        if rank is not None:
+            env.update({"MS_NODE_ID": str(rank), "RANK_ID": str(rank), "RANK": str(rank)})
+        env.update({"WORLD_SIZE": str(spec.worker_num), "LOCAL_RANK": str(i),
+                    "LOCAL_WORLD_SIZE": str(spec.local_worker_num),
+                    "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port)})
+        wid = rank if rank is not None else i
+        console = spec.join and (tailed is None or wid in tailed)
+        add(f"worker {wid}", env, log_name(spec, wid, hostname, ip), worker_cpus[i], i,
+            rank if rank is not None else i, console)
+    return tuple(procs)

@@ -1,0 +1,543 @@
+"""The node service of a multi-node msrun-mode job, and each node's link to it.
+
+The same command runs on every node.  The node whose addresses include
+``--master_addr`` hosts the service (on ``--node_service_port``, default
+``--master_port`` + 1: MindSpore's scheduler keeps ``--master_port``); every
+node, that one included, connects to it, proves it knows the job's secret
+(:mod:`.secret`; inside TLS with :mod:`.tls`), and registers its local
+workers.  The service hands out ranks -- ``--node_rank`` * local + i when a
+node gives its rank, else the lowest free ranks in the order nodes
+register -- and refuses a node whose workers would go beyond
+``--worker_num`` or whose ranks another node holds.  From then on the
+service is how one node's failure, Ctrl-C or timeout ends the job on every
+node within a moment, each exiting with the root cause's status: a node
+sends ``stop`` and the service tells every other node to stop.  A node that
+vanishes (its link ends, or heartbeats stop) stops the job the same way,
+named.  If not every worker has joined after ``--cluster_time_out``
+seconds, every node ends with one line saying how many came from where.
+
+Messages are the agents' link frames (:mod:`mslaunch.remote.link`), kind
+``NODE``, a JSON object each.  Until a peer has proven the secret its
+frames may be at most 4 KiB and it has :data:`AUTH_SECONDS` to do so; at
+most :data:`MAX_PENDING` such peers are kept, the oldest pushed out first;
+a peer that breaks the protocol is cut off with one rate-limited log line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    from ..run.loop import Loop, Timer
+
+from ..remote import link
+from ..remote.endpoint import SocketEndpoint
+from ..errors import one_line
+from . import secret as auth
+
+PROTOCOL = 1
+AUTH_SECONDS = 5.0
+MAX_PENDING = 64
+PREAUTH_FRAME = 4096
+HANDSHAKE_SECONDS = 5.0
+#: Exit status when a node of the job is lost (ssh and Hydra use the same).
+NODE_LOST_EXIT = 255
+
+
+def encode(message: Dict[str, Any]) -> bytes:
+    return link.encode(link.NODE, message)
+
+
+def _heartbeat(value: Any) -> Tuple[float, int]:
+    """A node's heartbeat setting ``[interval, misses]``, within sane bounds."""
+    if not isinstance(value, list) or len(value) != 2 or \
+            not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise link.LinkError("bad heartbeat setting")
+    interval, misses = float(value[0]), int(value[1])
+    if not (0.01 <= interval <= 3600 and 1 <= misses <= 1000):
+        raise link.LinkError("heartbeat setting out of range")
+    return interval, misses
+
+
+class _Peer:
+    """One node's connection at the service."""
+
+    def __init__(self, service: NodeService, sock, address: str) -> None:
+        self.service = service
+        self.address = address
+        self.nonce = auth.new_nonce()
+        self.authenticated = False
+        self.handshaking = service.tls is not None
+        self.endpoint: Optional[SocketEndpoint] = None
+        self.sock = sock
+        self.timer: Optional[Timer] = None
+        self.info: Dict[str, Any] = {}
+        self.ranks: List[int] = []
+        self.state = "new"            # new, joined, done, stopped, gone
+
+    def name(self) -> str:
+        host = self.info.get("host") or self.address
+        return f"{one_line(host, 64)} (pid {self.info.get('pid', '?')})"
+
+
+class NodeService:
+    """The master node's service; see the module docstring."""
+
+    def __init__(self, loop: Loop, *, address: str, port: int, secret: bytes,
+                 worker_num: int, time_out: int, tls=None,
+                 log: Callable[[str], None]) -> None:
+        self.loop = loop
+        self.secret = secret
+        self.worker_num = worker_num
+        self.tls = tls
+        self.log = log
+        self.peers: Dict[int, _Peer] = {}          # by socket fd
+        self.taken: Dict[int, _Peer] = {}          # rank -> node
+        self.stopped: Optional[Dict[str, Any]] = None
+        self.started = time.monotonic()
+        self._lines = 0
+        self._window_end = 0.0
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((address, port))
+            self.sock.listen(128)
+        except OSError as err:
+            self.sock.close()
+            from ..errors import LaunchError
+            raise LaunchError(f"the node service cannot listen on {address}:{port}: "
+                              f"{err.strerror} (another job there? --node_service_port "
+                              f"picks another port)") from None
+        self.sock.setblocking(False)
+        loop.add_reader(self.sock.fileno(), self._accept)
+        self.deadline: Optional[Timer] = None
+        if time_out >= 0:
+            self.deadline = loop.call_later(max(time_out, 0), self._time_out)
+
+    # -- connections --------------------------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                self._note(f"accept failed: {err.strerror}")
+                return
+            pending = [p for p in self.peers.values() if not p.authenticated]
+            if len(pending) >= MAX_PENDING:
+                self._drop(pending[0], "too many unproven connections; the oldest is dropped")
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_side=True,
+                                            do_handshake_on_connect=False)
+            peer = _Peer(self, sock, addr[0])
+            self.peers[sock.fileno()] = peer
+            peer.timer = self.loop.call_later(
+                AUTH_SECONDS, lambda p=peer: self._drop(p, f"no proof of the secret within {AUTH_SECONDS:g} s"))
+            if peer.handshaking:
+                self.loop.add_reader(sock.fileno(), lambda p=peer: self._handshake(p))
+                self._handshake(peer)
+            else:
+                self._open(peer)
+
+    def _handshake(self, peer: _Peer) -> None:
+        import ssl
+        try:
+            peer.sock.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "reason", None) or err.__class__.__name__
+            self._drop(peer, f"TLS handshake failed ({reason})")
+            return
+        self.loop.forget(peer.sock.fileno())
+        peer.handshaking = False
+        self._open(peer)
+
+    def _open(self, peer: _Peer) -> None:
+        peer.endpoint = SocketEndpoint(self.loop, peer.sock,
+                                       on_frame=lambda k, b, p=peer: self._frame(p, k, b),
+                                       on_closed=lambda why, p=peer: self._closed(p, why))
+        peer.endpoint.reader.max_frame = PREAUTH_FRAME
+        peer.endpoint.send(encode({"op": "hello", "protocol": PROTOCOL,
+                                   "nonce": peer.nonce}))
+
+    def _drop(self, peer: _Peer, why: str) -> None:
+        if self.peers.pop(peer.sock.fileno(), None) is None:
+            return
+        if peer.timer is not None:
+            peer.timer.cancel()
+        if peer.endpoint is not None:
+            peer.endpoint.on_closed = lambda _why: None
+            peer.endpoint.close("")
+        else:
+            self.loop.forget(peer.sock.fileno())
+            try:
+                peer.sock.close()
+            except OSError:
+                pass
+        self._note(f"closed a connection from {peer.address}: {why}")
+
+    def _note(self, text: str) -> None:
+        # At most five lines per ten seconds about peers that were turned away.
+        now = time.monotonic()
+        if now > self._window_end:
+            self._window_end, self._lines = now + 10.0, 0
+        self._lines += 1
+        if self._lines <= 5:
+            self.log(f"node service: {text}")
+
+    # -- messages ---------------------------------------------------------------
+    def _frame(self, peer: _Peer, kind: int, body: bytes) -> None:
+        if kind == link.BEAT:
+            return
+        if kind != link.NODE:
+            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+        message = link.decode_json(kind, body)
+        op = message.get("op")
+        if not peer.authenticated:
+            if op != "auth":
+                self._drop(peer, f"{str(op)[:20]!r} before proof of the secret")
+                return
+            if message.get("protocol") != PROTOCOL:
+                self._refuse(peer, f"this node speaks another protocol "
+                                   f"({one_line(message.get('protocol'), 10)}, the service "
+                                   f"{PROTOCOL}): run the same mslaunch on every node")
+                return
+            theirs = message.get("nonce")
+            if not auth.valid_nonce(theirs) or not auth.check(
+                    self.secret, "node", peer.nonce, theirs, message.get("proof")):
+                self._refuse(peer, "this node's secret is not the job's: "
+                                   + auth.mismatch_hint())
+                self._note(f"refused {peer.address}: wrong secret")
+                return
+            peer.authenticated = True
+            if peer.timer is not None:
+                peer.timer.cancel()
+            assert peer.endpoint is not None
+            peer.endpoint.reader.max_frame = 1 << 20
+            interval, misses = _heartbeat(message.get("heartbeat"))
+            peer.endpoint.send(encode({"op": "welcome", "proof": auth.proof(
+                self.secret, "service", theirs, peer.nonce)}))
+            peer.endpoint.start_heartbeat(float(interval), int(misses))
+            return
+        if op == "register":
+            self._register(peer, message)
+        elif op == "stop":
+            self._node_stopped(peer, message)
+        elif op == "done":
+            peer.state = "done"
+        else:
+            raise link.LinkError(f"unknown node message {str(op)[:20]!r}")
+
+    def _refuse(self, peer: _Peer, text: str) -> None:
+        if peer.endpoint is not None:
+            peer.endpoint.send(encode({"op": "refuse", "message": text}))
+            peer.endpoint.flush(time.monotonic() + 1.0)
+        self.peers.pop(peer.sock.fileno(), None)
+        if peer.timer is not None:
+            peer.timer.cancel()
+        if peer.endpoint is not None:
+            peer.endpoint.on_closed = lambda _why: None
+            peer.endpoint.close("")
+
+    def _register(self, peer: _Peer, message: Dict[str, Any]) -> None:
+        if peer.state != "new":
+            raise link.LinkError("a node registered twice")
+        workers = link.field(message, "workers", int, "register")
+        node_rank = link.field(message, "node_rank", int, "register")
+        peer.info = {"host": str(message.get("host", ""))[:64],
+                     "pid": message.get("pid") if isinstance(message.get("pid"), int) else "?",
+                     "workers": workers}
+        if self.stopped is not None:
+            self._refuse(peer, f"the job has already ended: {self.stopped['message']}")
+            return
+        if not 1 <= workers <= self.worker_num:
+            self._refuse(peer, f"{workers} local workers is not within 1..{self.worker_num}")
+            return
+        if node_rank >= 0:
+            wanted = [node_rank * workers + i for i in range(workers)]
+            if wanted[-1] >= self.worker_num:
+                self._refuse(peer, f"--node_rank={node_rank} gives ranks {wanted[0]}-"
+                                   f"{wanted[-1]}, beyond --worker_num={self.worker_num}")
+                return
+            clash = [r for r in wanted if r in self.taken]
+            if clash:
+                other = self.taken[clash[0]]
+                self._refuse(peer, f"--node_rank={node_rank}: rank {clash[0]} belongs to "
+                                   f"node {other.name()} already; give each node its own "
+                                   f"--node_rank")
+                return
+        else:
+            free = [r for r in range(self.worker_num) if r not in self.taken]
+            wanted = free[:workers]
+        if len(wanted) < workers:
+            have = sum(len(p.ranks) for p in self.peers.values())
+            self._refuse(peer, f"the job has {have} of its {self.worker_num} workers already; "
+                               f"this node's {workers} are {workers - len(wanted)} too many "
+                               f"(check --worker_num and --local_worker_num)")
+            return
+        peer.ranks = wanted
+        peer.state = "joined"
+        for r in wanted:
+            self.taken[r] = peer
+        assert peer.endpoint is not None
+        peer.endpoint.send(encode({"op": "ranks", "ranks": wanted}))
+        if len(self.taken) == self.worker_num and self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    # -- the end ------------------------------------------------------------------
+    def _node_stopped(self, peer: _Peer, message: Dict[str, Any]) -> None:
+        peer.state = "stopped"
+        code = message.get("code")
+        text = one_line(message.get("message", ""))
+        self.stop(code if isinstance(code, int) and 0 < code < 256 else 1,
+                  f"on {peer.name()}: {text}" if text else f"node {peer.name()} stopped",
+                  exclude=peer)
+
+    def _closed(self, peer: _Peer, why: str) -> None:
+        self.peers.pop(peer.sock.fileno(), None)
+        if peer.timer is not None:
+            peer.timer.cancel()
+        if not peer.authenticated:
+            self._note(f"closed a connection from {peer.address}: {why or 'it went away'}")
+            return
+        if peer.state in ("joined", "new") and self.stopped is None:
+            peer.state = "gone"
+            self.stop(NODE_LOST_EXIT, f"lost node {peer.name()}: {why or 'its link ended'}")
+
+    def _time_out(self) -> None:
+        self.deadline = None
+        if len(self.taken) >= self.worker_num or self.stopped is not None:
+            return
+        nodes = [p for p in self.peers.values() if p.ranks]
+        seen = ", ".join(f"{p.name()} with {len(p.ranks)}" for p in nodes[:8]) or "none"
+        self.stop(1, f"cluster time out: only {len(self.taken)} of {self.worker_num} workers "
+                     f"joined in {int(time.monotonic() - self.started)} s (nodes: {seen}); "
+                     f"{self.worker_num - len(self.taken)} missing")
+
+    def stop(self, code: int, text: str, exclude: Optional[_Peer] = None) -> None:
+        """End the job on every node (the first stop is the root cause)."""
+        if self.stopped is not None:
+            return
+        self.stopped = {"code": code, "message": text}
+        for peer in list(self.peers.values()):
+            if peer is not exclude and peer.authenticated and peer.endpoint is not None:
+                peer.endpoint.send(encode({"op": "stop", "code": code, "message": text}))
+
+    def settled(self) -> bool:
+        """Whether the job is over for the service: stopped, or every worker has
+        joined and every node is done."""
+        if self.stopped is not None:
+            return all(p.state != "joined" or p.endpoint is None or p.endpoint.closed
+                       for p in self.peers.values())
+        return len(self.taken) >= self.worker_num and all(
+            p.state in ("done", "stopped") for p in self.peers.values() if p.authenticated)
+
+    def close(self) -> None:
+        for peer in list(self.peers.values()):
+            if peer.endpoint is not None:
+                peer.endpoint.on_closed = lambda _why: None
+                peer.endpoint.flush(time.monotonic() + 1.0)
+                peer.endpoint.close("")
+        self.peers.clear()
+        self.loop.forget(self.sock.fileno())
+        self.sock.close()
+
+
+class NodeLink:
+    """A node's connection to the service: rendezvous, then stop in both directions.
+
+    ``on_ranks(ranks)`` once the service has given this node its ranks,
+    ``on_stop(code, message)`` when the job must end (another node's failure,
+    the service refusing this node, the service lost).
+    """
+
+    def __init__(self, loop: Loop, *, addresses: List[str], port: int, secret: bytes,
+                 tls=None, node_rank: int, workers: int, deadline: Optional[float],
+                 heartbeat, on_ranks: Callable[[List[int]], None],
+                 on_stop: Callable[[int, str], None]) -> None:
+        self.loop = loop
+        self.addresses = addresses
+        self.port = port
+        self.secret = secret
+        self.tls = tls
+        self.register = {"op": "register", "node_rank": node_rank, "workers": workers,
+                         "host": os.uname().nodename, "pid": os.getpid()}
+        self.deadline = deadline
+        self.heartbeat = heartbeat
+        self.on_ranks = on_ranks
+        self.on_stop = on_stop
+        self.endpoint: Optional[SocketEndpoint] = None
+        self.nonce = auth.new_nonce()
+        self.state = "connecting"    # connecting, proving, registering, joined, ended
+        self.last_error = ""
+        self.connected = ""
+        self._handshaking = None
+        self._try = loop.call_later(0, self._connect)
+
+    def _connect(self) -> None:
+        self._try = None
+        if self.state != "connecting":
+            return
+        for addr in self.addresses:
+            try:
+                # Blocking, 2 s at most: the kernel completes a TCP connect by
+                # itself, even to the service in this very process.
+                sock = socket.create_connection((addr, self.port), timeout=2.0)
+            except OSError as err:
+                self.last_error = err.strerror or str(err)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            self.connected = f"{addr}:{self.port}"
+            if self.tls is None:
+                self._open(sock)
+                return
+            # The TLS handshake is driven by the loop: on the master node the
+            # other side of it is the service, served by this same loop.
+            self.state = "handshaking"
+            tls = self._handshaking = self.tls.wrap_socket(sock, do_handshake_on_connect=False)
+            self._try = self.loop.call_later(
+                HANDSHAKE_SECONDS, lambda: self._tls_failed(tls, "it timed out"))
+            self._handshake(tls)
+            return
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self._end(1, f"no node service at {self.addresses[0]}:{self.port} "
+                         f"({self.last_error}); is the master node's mslaunch running?")
+            return
+        self._try = self.loop.call_later(0.2, self._connect)   # the master may start later
+
+    def _handshake(self, sock) -> None:
+        import ssl
+        fd = sock.fileno()
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.loop.remove_writer(fd)
+            self.loop.add_reader(fd, lambda: self._handshake(sock))
+            return
+        except ssl.SSLWantWriteError:
+            self.loop.add_writer(fd, lambda: self._handshake(sock))
+            return
+        except (OSError, ValueError) as err:
+            self._tls_failed(sock, str(getattr(err, "reason", None) or err))
+            return
+        self.loop.forget(fd)
+        self._handshaking = None
+        if self._try is not None:
+            self._try.cancel()
+            self._try = None
+        self._open(sock)
+
+    def _tls_failed(self, sock, reason: str) -> None:
+        self._handshaking = None
+        self.loop.forget(sock.fileno())
+        try:
+            sock.close()
+        except OSError:
+            pass
+        self._end(1, f"TLS with the node service at {self.connected} failed ({reason}): "
+                     f"do all nodes use the same --tls_config, with certificates from its CA?")
+
+    def _open(self, sock) -> None:
+        self.state = "proving"
+        self.endpoint = SocketEndpoint(self.loop, sock, on_frame=self._frame,
+                                       on_closed=self._closed)
+
+    def _frame(self, kind: int, body: bytes) -> None:
+        if kind == link.BEAT:
+            return
+        if kind != link.NODE:
+            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+        message = link.decode_json(kind, body)
+        op = message.get("op")
+        assert self.endpoint is not None
+        if op == "refuse":
+            self._end(1, f"the node service refused this node: "
+                         f"{one_line(message.get('message', ''))}")
+        elif op == "stop":
+            code = message.get("code")
+            self._end(code if isinstance(code, int) and 0 < code < 256 else 1,
+                      one_line(message.get("message", ""), 600))
+        elif self.state == "proving" and op == "hello":
+            nonce = message.get("nonce")
+            if not auth.valid_nonce(nonce):
+                raise link.LinkError("hello without a valid nonce")
+            self.their_nonce = nonce
+            self.endpoint.send(encode({
+                "op": "auth", "protocol": PROTOCOL, "nonce": self.nonce,
+                "proof": auth.proof(self.secret, "node", nonce, self.nonce),
+                "heartbeat": list(self.heartbeat)}))
+        elif self.state == "proving" and op == "welcome":
+            if not auth.check(self.secret, "service", self.nonce, self.their_nonce,
+                              message.get("proof")):
+                self._end(1, "the node service does not know this job's secret (another "
+                             "job's service on that port?): " + auth.mismatch_hint())
+                return
+            self.state = "registering"
+            self.endpoint.start_heartbeat(*self.heartbeat)
+            self.endpoint.send(encode(self.register))
+        elif self.state == "registering" and op == "ranks":
+            ranks = message.get("ranks")
+            if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
+                raise link.LinkError("ranks are not numbers")
+            self.state = "joined"
+            self.on_ranks(ranks)
+        else:
+            raise link.LinkError(f"unexpected node message {str(op)[:20]!r}")
+
+    def _closed(self, why: str) -> None:
+        if self.state == "proving":
+            # Cut off before any greeting: the two sides disagree about TLS, or
+            # the service refused this node's certificate.
+            self._end(1, f"the node service at {self.connected} closed the connection "
+                         f"before greeting this node ({why or 'no reason given'}): do all "
+                         f"nodes use TLS alike (the same --tls_config, with certificates "
+                         f"from its CA)?")
+        elif self.state != "ended":
+            self._end(NODE_LOST_EXIT, f"lost the node service: {why or 'its link ended'}")
+
+    def _end(self, code: int, text: str) -> None:
+        if self.state == "ended":
+            return
+        self.state = "ended"
+        if self._try is not None:
+            self._try.cancel()
+        self.on_stop(code, text)
+
+    # -- this node's news -------------------------------------------------------
+    def stop(self, code: int, text: str) -> None:
+        """This node ends the job (a failure here, a signal, a timeout)."""
+        if self.state == "ended" or self.endpoint is None or self.endpoint.closed:
+            return
+        self.state = "ended"
+        self.endpoint.send(encode({"op": "stop", "code": code, "message": text[:500]}))
+        self.endpoint.flush(time.monotonic() + 2.0)
+
+    def done(self) -> None:
+        """Every process here ended well."""
+        if self.state == "ended" or self.endpoint is None or self.endpoint.closed:
+            return
+        self.state = "ended"
+        self.endpoint.send(encode({"op": "done"}))
+        self.endpoint.flush(time.monotonic() + 2.0)
+
+    def close(self) -> None:
+        self.state = "ended"
+        if self._try is not None:
+            self._try.cancel()
+        if self._handshaking is not None:
+            self.loop.forget(self._handshaking.fileno())
+            self._handshaking.close()
+        if self.endpoint is not None and not self.endpoint.closed:
+            self.endpoint.close("")
