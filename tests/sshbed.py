@@ -679,6 +679,14 @@ class SSHBed:
         net, nh = self._net(h, "run_in")
         return net.run(nh, argv, timeout=timeout, **kw)
 
+    def spawn_in(self, host: HostRef, argv: Sequence[str], **popen_kw) -> subprocess.Popen:
+        """Start ``argv`` inside the host without SSH, in a session of its own
+        (``subprocess.Popen`` keywords accepted; stdin is /dev/null, output is
+        discarded unless redirected).  The bed's teardown ends it if it still runs."""
+        h = self.host(host)
+        net, nh = self._net(h, "spawn_in")
+        return net.spawn(nh, argv, **popen_kw)
+
     def hide_path(self, host: HostRef, path: str) -> None:
         """Make ``path`` look empty on one host only (e.g. "python missing").
 
