@@ -67,8 +67,12 @@ def read_config(path: str) -> Dict[str, Any]:
 
 def _load_identity(path: str, password: Optional[str]) -> Tuple[bytes, bytes, Any]:
     """(key PEM, certificate chain PEM, certificate) from a PKCS#12 or PEM file."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+    except ImportError:
+        raise LaunchError("TLS for the node service needs the cryptography package "
+                          "(pip install 'mslaunch[tls]')") from None
     try:
         with open(path, "rb") as f:
             data = f.read(1 << 20)
