@@ -143,6 +143,7 @@ class SSHSpec:
     accept_new: bool = False              # --ssh-accept-new
     connect_timeout: float = 10.0         # --ssh-timeout
     remote_python: Optional[str] = None   # --remote-python PATH
+    launcher: str = "auto"                # --launcher auto|ssh|slurm|local
 
 
 @dataclass(frozen=True)

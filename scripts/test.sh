@@ -21,12 +21,17 @@ command -v ip >/dev/null 2>&1 || apt_needed+=(iproute2)
 [ -x /usr/bin/mpirun.openmpi ] || apt_needed+=(openmpi-bin)
 [ -e /usr/lib/python3/dist-packages/mpi4py/__init__.py ] || apt_needed+=(python3-mpi4py)
 command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
+# the Slurm test bed (tests/slurmbed.py): munged, slurmctld and one slurmd per
+# network-namespace node, none of them started as a service
+{ [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun; } >/dev/null 2>&1 || apt_needed+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || apt_needed+=(munge)
 if [ ${#apt_needed[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "scripts/test.sh: need root to apt-get install ${apt_needed[*]}" >&2
         exit 1
     fi
-    # install services (openssh-server) without starting them: no system sshd on :22
+    # install services (openssh-server, munge, slurm) without starting them: no
+    # system sshd on :22, no system munged or Slurm daemons
     made_policy=
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d

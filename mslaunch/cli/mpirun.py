@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__
-from ..errors import UsageError
+from ..errors import UsageError, one_line
 from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
 from .common import Exit, launch_dir
 from .options import lookup, nargs as option_nargs
@@ -179,6 +179,18 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             host_lists.extend(parse_host_list(v, flag))
         elif name == "hostfile":
             hostfiles.append(v)
+        elif name == "launcher" or (name == "mca" and v == "plm"):
+            word = values[1] if name == "mca" else v
+            # Open MPI's plm components and Hydra's launcher names.
+            g["launcher"] = {"rsh": "ssh", "fork": "local", "isolated": "local"}.get(word, word)
+            if g["launcher"] not in ("auto", "ssh", "slurm", "local"):
+                raise UsageError(f"{flag} {one_line(word, 30)}: expected ssh, slurm, local or "
+                                 f"auto (srun inside a Slurm allocation, else ssh)")
+            if g["launcher"] == "slurm":
+                from ..remote.slurm import choose
+                choose("slurm", environ)
+            if name == "mca":
+                mca.append((v, values[1]))
         elif name == "mca":
             mca.append((v, values[1]))
             if v == "orte_abort_on_non_zero_status" and _falsy(values[1]):
@@ -490,4 +502,5 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
                     port=g.get("ssh-port"), identity=g.get("ssh-identity"),  # type: ignore[arg-type]
                     accept_new=bool(g.get("ssh-accept-new")),
                     connect_timeout=float(g.get("ssh-timeout", 10.0)),  # type: ignore[arg-type]
-                    remote_python=g.get("remote-python")))  # type: ignore[arg-type]
+                    remote_python=g.get("remote-python"),  # type: ignore[arg-type]
+                    launcher=str(g.get("launcher", "auto"))))

@@ -32,7 +32,7 @@ IMPLEMENTED: Dict[str, int] = {
     "preload-files": 1, "set-cwd-to-session-dir": 0, "ssh-config": 1, "ssh-user": 1,
     "ssh-port": 1, "ssh-identity": 1, "ssh-accept-new": 0, "ssh-timeout": 1,
     "remote-python": 1, "personality": 1, "ompi-server": 1, "enable-recovery": 0,
-    "max-restarts": 1, "usize": 1, "novm": 0,
+    "max-restarts": 1, "usize": 1, "novm": 0, "launcher": 1,
 }
 
 #: accepted, no effect here: canonical name -> (number of values, why)
@@ -75,7 +75,7 @@ REFUSED: Dict[str, Tuple[int, str]] = {
 
 #: other spellings -> canonical name
 ALIASES: Dict[str, str] = {
-    "n": "np", "c": "np", "H": "host", "hosts": "host", "machinefile": "hostfile",
+    "bootstrap": "launcher", "n": "np", "c": "np", "H": "host", "hosts": "host", "machinefile": "hostfile",
     "f": "hostfile", "wd": "wdir", "gmca": "mca", "N": "npernode", "ppn": "npernode",
     "l": "prepend-rank", "do-not-launch": "dry-run", "q": "quiet", "v": "verbose",
     "V": "version", "h": "help", "rf": "rankfile", "cpus-per-rank": "cpus-per-proc",

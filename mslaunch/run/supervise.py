@@ -283,10 +283,20 @@ class Supervisor:
         options = ssh.Options(config=spec.config, user=spec.user, port=spec.port,
                               identity=spec.identity, accept_new=spec.accept_new,
                               connect_timeout=spec.connect_timeout, pythons=pythons)
+        from ..remote import slurm
+        how = slurm.choose(spec.launcher, os.environ)
+        if how == "local":
+            raise LaunchError(f"--launcher local: {', '.join(self.connect[:4])} "
+                              f"{'is' if len(self.connect) == 1 else 'are'} not this machine")
         if job.verbose:
             self.console.message(f"mslaunch: starting agents on {len(self.connect)} "
-                                 f"remote host(s) over SSH")
-        conns = ssh.connect_all(self.connect, options, cancelled=_stop_requested)
+                                 f"remote host(s) " + ("with srun" if how == "slurm"
+                                                       else "over SSH"))
+        conns: Dict[str, Any]
+        if how == "slurm":
+            conns = dict(slurm.connect_all(self.connect, pythons, cancelled=_stop_requested))
+        else:
+            conns = dict(ssh.connect_all(self.connect, options, cancelled=_stop_requested))
         if self.replan is not None:
             from ..plan.topology import from_wire
             topologies = {}

@@ -1,0 +1,350 @@
+"""Agents started with ``srun`` inside a Slurm allocation, dialling back over TCP.
+
+One job step starts one agent on every remote node of the plan, as Hydra
+starts its proxies::
+
+    srun --nodelist=h1,h2 -N 2 -n 2 --ntasks-per-node=1 --kill-on-bad-exit
+         --mpi=none --cpu-bind=none --input=none --overlap [--external-launcher]
+         /bin/sh -c '<find a Python, run the dial program>' ...
+
+The step has no stdin, so each agent dials back: the launcher listens on the
+addresses it has towards the nodes (found from the nodes' addresses, Slurm's
+``NodeAddr`` first, without sending a packet), and each node's agent
+presents the token of its node (``SLURMD_NODENAME``), a random secret that
+reaches it in the step's environment, never in argv, and is removed from
+the environment before anything else runs.  The launcher then sends the
+same bootstrap and package as over SSH (:mod:`.bootstrap`) on that
+connection, and from there on the link is the SSH mode's: ranks, output,
+PMI, signals, heartbeats, the agent's own lifeline.
+
+srun itself runs in a session of its own, so that a Ctrl-C at the terminal
+reaches only mslaunch (srun would print status on one SIGINT and kill its
+tasks at once on two), and its signal handling is never used: signals,
+grace and exit codes travel over the link.  When the job ends, the agents
+exit and the step ends with them; a step still there a moment later is
+ended with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from ..errors import LaunchError, UsageError, one_line
+from . import bootstrap, link
+
+#: Seconds for every agent to dial back once srun runs.
+AGENT_TIMEOUT = 60.0
+LAUNCHERS = ("auto", "ssh", "slurm", "local")
+
+#: The dial program: drop the step's own variables (the ranks' identity is
+#: mslaunch's, not the agent's task's), connect to the launcher, present this
+#: node's token, make the connection stdin and stdout, then read the bootstrap
+#: as over SSH.  Single quotes only, for the ``sh -c`` double quotes around it.
+_DIAL = ("import io,os,socket;e=os.environ;"
+         "[e.pop(k) for k in list(e) if k.startswith(('SLURM_STEP','SLURM_PROCID',"
+         "'SLURM_LOCALID','SLURM_NODEID','SLURM_TASK','SLURM_CPU_BIND','SLURM_GTIDS',"
+         "'SLURM_NTASKS','SLURM_NPROCS','SLURM_SRUN','SLURM_LAUNCH','SLURM_DISTRIBUTION',"
+         "'SLURM_UMASK','SLURM_PRIO'))];"
+         "t=dict(x.split('=',1) for x in e.pop('MSLAUNCH_DIAL_TOKENS').split())"
+         ".get(e.get('SLURMD_NODENAME',''));"
+         "a,p=e.pop('MSLAUNCH_DIAL').rsplit(':',1);"
+         "t or exit('mslaunch: this node is not one the launcher started an agent for');"
+         "s=socket.create_connection((a,int(p)),30);s.settimeout(None);"
+         "s.sendall(('mslaunch-dial '+t+chr(10)).encode());"
+         "os.dup2(s.fileno(),0);os.dup2(s.fileno(),1);s.close();"
+         "b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
+         "exec(b.read(int(b.readline())))")
+
+
+def in_allocation(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get("SLURM_JOB_ID")) and bool(
+        environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+
+
+def choose(launcher: str, environ: Mapping[str, str]) -> str:
+    """"ssh", "slurm" or "local" for ``--launcher`` (auto: srun inside an allocation)."""
+    if launcher == "auto":
+        return "slurm" if in_allocation(environ) else "ssh"
+    if launcher == "slurm" and not in_allocation(environ):
+        raise UsageError("--launcher slurm: not inside a Slurm allocation (no SLURM_JOB_ID "
+                         "and node list); run mslaunch within salloc or sbatch")
+    return launcher
+
+
+def _allocation_nodes(environ: Mapping[str, str]) -> List[str]:
+    from ..hosts.allocation import expand_nodelist
+    text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    return expand_nodelist(text)
+
+
+def _run(argv: Sequence[str], timeout: float = 30) -> str:
+    import subprocess
+    try:
+        r = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise LaunchError(f"{argv[0]}: {err}") from None
+    return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else ""
+
+
+def node_addresses(names: Sequence[str]) -> Dict[str, str]:
+    """Each node's address: Slurm's ``NodeAddr``, else the name's resolution."""
+    found: Dict[str, str] = {}
+    text = _run(["scontrol", "-o", "show", "node", ",".join(names)])
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        name, addr = fields.get("NodeName"), fields.get("NodeAddr")
+        if name in names and addr:
+            found[name] = addr
+    for name in names:
+        if name not in found:
+            try:
+                found[name] = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
+            except (OSError, UnicodeError):
+                raise LaunchError(f"--launcher slurm: cannot find the address of node "
+                                  f"{name} (neither scontrol nor the resolver knows it)") \
+                    from None
+    return found
+
+
+def route_address(addr: str) -> str:
+    """This machine's address towards ``addr`` (no packet is sent: a UDP connect
+    only asks the kernel for the route)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((addr, 9))
+            return s.getsockname()[0]
+        except OSError as err:
+            raise LaunchError(f"--launcher slurm: no route to node address {addr}: "
+                              f"{err.strerror}") from None
+
+
+def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str) -> List[str]:
+    n = len(names)
+    argv = ["srun", f"--nodelist={','.join(names)}", f"--nodes={n}", f"--ntasks={n}",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--mpi=none", "--cpu-bind=none",
+            "--input=none", "--overlap", "--job-name=mslaunch-agents"]
+    if _version_at_least(version, (23, 11)):
+        argv.append("--external-launcher")
+    script = ('for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "'
+              + _DIAL + '"; fi; done; echo "mslaunch: no Python interpreter found on '
+              '$(hostname) (tried: $*); use --remote-python PATH" >&2; exit 127')
+    return argv + ["/bin/sh", "-c", script, "mslaunch-agent", *pythons]
+
+
+def _version_at_least(text: str, wanted) -> bool:
+    words = text.split()
+    parts = words[-1].split(".") if words else []
+    try:
+        return tuple(int(p) for p in parts[:2]) >= wanted
+    except ValueError:
+        return False
+
+
+class _Step:
+    """The srun process that runs every agent of the job, and its stderr's tail."""
+
+    def __init__(self, argv: Sequence[str], env: Dict[str, str]) -> None:
+        import subprocess
+        import threading
+        try:
+            self.proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        except OSError as err:
+            raise LaunchError(f"cannot run srun: {err.strerror}") from None
+        self.tail = b""
+        self.open = 0
+        self._reader = threading.Thread(target=self._read, daemon=True, name="srun-output")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.tail = (self.tail + line)[-4096:]
+
+    def last_line(self) -> str:
+        """What srun and the agents said last: the last line that is not srun's own
+        report of ending the step (which follows the real cause)."""
+        lines = self.tail.decode("utf-8", "replace").strip().splitlines()
+        useful = [ln for ln in lines if ln.strip() and not ln.startswith(
+            ("srun: Force Terminated", "srun: error: Timed out", "slurmstepd: error: ***"))]
+        pick = useful or lines
+        return one_line(pick[-1], 300) if pick else ""
+
+    def end(self, wait: float) -> None:
+        """Wait up to ``wait`` s for the step to end (its agents exited), then end it."""
+        import signal
+        import subprocess
+        try:
+            self.proc.wait(max(wait, 0.05))
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            try:
+                self.proc.send_signal(sig)
+                self.proc.wait(grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+            except OSError:
+                return
+
+
+class SrunAgentConnection:
+    """A running agent that dialled back: the same face as SSH's ``AgentConnection``."""
+
+    def __init__(self, name: str, sock: socket.socket, hello: Dict[str, Any],
+                 step: _Step) -> None:
+        self.name = name
+        self.hello = hello
+        self._sock = sock
+        self._step = step
+        step.open += 1
+        self.fd = os.dup(sock.fileno())
+        os.set_blocking(self.fd, False)
+        self._address = sock.getsockname()[0]
+
+    @property
+    def stderr_tail(self) -> bytes:
+        return self._step.tail
+
+    @property
+    def local_address(self) -> Optional[str]:
+        return self._address
+
+    def wait_exit(self, deadline: float) -> bool:
+        """Wait until the agent has closed its end of the link (it exited)."""
+        sock = self._sock
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _, _ = select.select([sock], [], [], left)
+            if not ready:
+                return False
+            try:
+                if not sock.recv(1 << 16):
+                    return True
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return True
+
+    def close(self, wait: float = 1.0) -> None:
+        if self._sock.fileno() < 0:
+            return
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        self._step.open -= 1
+        if self._step.open <= 0:
+            self._step.end(wait)
+
+
+def connect_all(names: Sequence[str], pythons: Sequence[str], *,
+                cancelled: Optional[Callable[[], bool]] = None,
+                environ: Optional[Mapping[str, str]] = None) -> Dict[str, SrunAgentConnection]:
+    """Start an agent on every node in ``names`` with one srun step; all or none."""
+    from .dialback import new_token
+    environ = os.environ if environ is None else environ
+    nodes = set(_allocation_nodes(environ))
+    stray = [n for n in names if n not in nodes]
+    if stray:
+        raise LaunchError(f"--launcher slurm: {', '.join(stray[:4])} "
+                          f"{'is' if len(stray) == 1 else 'are'} not a node of Slurm job "
+                          f"{environ.get('SLURM_JOB_ID')} (its nodes: "
+                          f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
+                          f"--launcher ssh for hosts outside the allocation")
+    addresses = node_addresses(names)
+    mine = route_address(addresses[names[0]])
+    listener = socket.socket(socket.AF_INET6 if ":" in mine else socket.AF_INET)
+    listener.bind((mine, 0))
+    listener.listen(min(len(names), 1024))
+    port = listener.getsockname()[1]
+    tokens = {name: new_token() for name in names}
+    env = dict(environ)
+    env["MSLAUNCH_DIAL"] = f"{mine}:{port}"
+    env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
+    owner = {t: n for n, t in tokens.items()}
+    step = _Step(srun_argv(names, pythons, _run(["srun", "--version"])), env)
+    done: Dict[str, SrunAgentConnection] = {}
+    deadline = time.monotonic() + AGENT_TIMEOUT
+    payload = bootstrap.payload()
+    try:
+        while len(done) < len(names):
+            if cancelled is not None and cancelled():
+                err = LaunchError("stopped while starting the agents with srun")
+                err.exit_code = 130
+                raise err
+            if step.proc.poll() is not None:
+                raise LaunchError(f"srun ended (status {step.proc.returncode}) before every "
+                                  f"agent started: {step.last_line() or 'no message'}")
+            if time.monotonic() > deadline:
+                missing = [n for n in names if n not in done]
+                raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
+                                  f"within {AGENT_TIMEOUT:g} s (srun said: "
+                                  f"{step.last_line() or 'nothing'})")
+            ready, _, _ = select.select([listener], [], [], 0.1)
+            if not ready:
+                continue
+            sock, _ = listener.accept()
+            try:
+                name, hello = _greet(sock, owner, payload)
+            except (OSError, link.LinkError, ValueError):
+                sock.close()          # not one of ours, or broke off: keep waiting
+                continue
+            done[name] = SrunAgentConnection(name, sock, hello, step)
+    except BaseException:
+        for conn in done.values():
+            conn.close(0)
+        if not done:
+            step.end(0)
+        raise
+    finally:
+        listener.close()
+    return done
+
+
+def _greet(sock: socket.socket, owner: Dict[str, str], payload: bytes):
+    """Read a dialling agent's token, send it the bootstrap, read its HELLO."""
+    sock.settimeout(5.0)
+    buf = b""
+    while b"\n" not in buf:
+        data = sock.recv(256)
+        if not data or len(buf) > 200:
+            raise ValueError("no token")
+        buf += data
+    line, _, rest = buf.partition(b"\n")
+    token = line[len(b"mslaunch-dial "):].decode("ascii", "replace")
+    name = owner.pop(token, None) if line.startswith(b"mslaunch-dial ") else None
+    if name is None or rest:
+        raise ValueError("wrong token")
+    sock.settimeout(AGENT_TIMEOUT)
+    sock.sendall(payload)
+    reader = link.Reader(expect_sync=True)
+    frames: List = []
+    while not frames:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise LaunchError(f"the agent on {name} ended before it said hello")
+        frames = reader.feed(data)
+    kind, body = frames[0]
+    hello = link.decode_json(kind, body) if kind == link.HELLO else {}
+    if kind != link.HELLO or hello.get("protocol") != link.PROTOCOL or len(frames) > 1 \
+            or reader.buf:
+        raise LaunchError(f"the agent on {name} speaks another protocol")
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return name, hello

@@ -1,0 +1,181 @@
+"""mslaunch inside a real Slurm allocation: agents started with srun, dialling back.
+
+The cluster is the Slurm test bed (:mod:`slurmbed`): slurmctld and one slurmd
+per network-namespace node (h1, h2), clients in the root namespace.  Under
+``salloc`` mslaunch runs in the root namespace, which is not a node, so every
+node's ranks run under an agent that ``srun`` started there; under ``sbatch``
+mslaunch runs on h1 and starts h1's ranks itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from helpers import PY, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+
+pytestmark = pytest.mark.remote
+
+SHOW = ("import os, socket; print(os.environ['OMPI_COMM_WORLD_RANK'], socket.gethostname(), "
+        "os.environ.get('SLURM_PROCID', '-'), flush=True)")
+
+
+def benv(bed, tag: str, **extra: str):
+    return bed.env(base=clean_env(MSL_TEST_TAG=tag, UCX_TLS="tcp",
+                                  MSLAUNCH_HEARTBEAT="0.3,5", **extra))
+
+
+def salloc(bed, tag: str, *args: str, nodes: int = 2, per_node: int = 2, **kw):
+    """``salloc -N nodes --ntasks-per-node=per_node mslaunch ARGS`` (running)."""
+    return bed.popen(["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", "-Q",
+                      *cmd(*args)], env=None, base_env=benv(bed, tag), stdout=-1, stderr=-1,
+                     **kw)
+
+
+def finish(p, timeout: float = 60):
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def left_on_nodes(bed, tag: str) -> list:
+    return [pid for pid in tagged_pids(tag) if os.path.exists(f"/proc/{pid}")]
+
+
+def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbed, tmp_path):
+    tag = new_tag()
+    p = salloc(slurmbed, tag, "-n", "4", "--output-filename", str(tmp_path / "log"),
+               "--merge-stderr-to-stdout", "-v", PY, "-c", SHOW, cwd=tmp_path)
+    rc, out, err = finish(p)
+    assert rc == 0, err
+    rows = sorted(line.split() for line in out.splitlines() if line[:1].isdigit())
+    assert [r[:2] for r in rows] == [["0", "h1"], ["1", "h1"], ["2", "h2"], ["3", "h2"]], out
+    assert all(r[2] == "-" for r in rows), "the agent's srun task identity leaked to ranks"
+    assert "with srun" in err, err
+    for rank, host in enumerate(["h1", "h1", "h2", "h2"]):
+        text = (tmp_path / "log" / "1" / f"rank.{rank}" / "stdout").read_text()
+        assert text.split()[:2] == [str(rank), host]
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
+    assert all(not slurmbed.task_pids(h) for h in (1, 2))
+
+
+def test_mpi_allreduce_across_nodes(slurmbed, mpich, tmp_path):
+    tag = new_tag()
+    code = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
+            "print(c.rank, socket.gethostname(), c.allreduce(1), flush=True)")
+    p = salloc(slurmbed, tag, "-n", "4", "-x", "UCX_TLS", PY, "-c", code, cwd=tmp_path)
+    rc, out, err = finish(p, 120)
+    assert rc == 0, err
+    rows = sorted(line.split() for line in out.splitlines())
+    assert rows == [["0", "h1", "4"], ["1", "h1", "4"], ["2", "h2", "4"], ["3", "h2", "4"]]
+
+
+def test_a_failing_rank_on_one_node_ends_every_node_with_its_code(slurmbed, tmp_path):
+    tag = new_tag()
+    code = ("import os, sys, time; r = int(os.environ['OMPI_COMM_WORLD_RANK']); "
+            "time.sleep(0.5) if r == 3 else time.sleep(60); sys.exit(7)")
+    t0 = time.monotonic()
+    p = salloc(slurmbed, tag, "-n", "4", "--grace", "1", PY, "-c", code, cwd=tmp_path)
+    rc, out, err = finish(p)
+    assert rc == 7, err
+    assert time.monotonic() - t0 < 30
+    assert "rank 3" in err and "h2" in err, err
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return 0
+
+
+def _running(bed, tag, count: int = 4):
+    p = salloc(bed, tag, "-n", str(count), "--grace", "1", PY, "-c",
+               "import time; print('up', flush=True); time.sleep(120)")
+    # Every rank started (each one carries the tag; so do mslaunch and srun).
+    assert wait_for(lambda: len([pid for h in (1, 2) for pid in bed.task_pids(h)
+                                 if pid in set(tagged_pids(tag))]) >= count + 2, 30), \
+        bed.diagnostics()
+    return p
+
+
+def test_ctrl_c_stops_every_node(slurmbed):
+    tag = new_tag()
+    p = _running(slurmbed, tag)
+    launcher = [pid for pid in tagged_pids(tag) if b"mslaunch" in
+                open(f"/proc/{pid}/cmdline", "rb").read() and pid != p.pid]
+    try:
+        os.kill(launcher[0], signal.SIGINT)
+        rc, out, err = finish(p)
+        assert rc == 130, err
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
+    finally:
+        kill_tagged(tag)
+
+
+@pytest.mark.parametrize("fault", ["agent", "slurmd", "scancel"])
+def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed, fault):
+    tag = new_tag()
+    p = _running(slurmbed, tag)
+    try:
+        if fault == "agent":
+            # The agent, not its watchdog (a fork of it, with the same command line):
+            # the watchdog is what stops the ranks of an agent that was killed.
+            agents = {pid for pid in slurmbed.task_pids(2) if pid in set(tagged_pids(tag))
+                      and b"mslaunch-dial" in open(f"/proc/{pid}/cmdline", "rb").read()}
+            top = [pid for pid in agents if _parent(pid) not in agents]
+            assert len(top) == 1, agents
+            os.kill(top[0], signal.SIGKILL)
+        elif fault == "slurmd":
+            slurmbed.crash(2)
+        else:
+            job = slurmbed.run(["squeue", "-h", "-o", "%i"]).stdout.split()
+            assert job
+            slurmbed.run(["scancel", *job])
+        rc, out, err = finish(p)
+        assert rc != 0
+        if fault == "agent":
+            assert rc == 255 and "h2" in err, err
+        elif fault == "slurmd":
+            # Everything on h2 is SIGKILLed at once: a rank's death may be
+            # reported before its agent's, and then it is the job's cause.
+            assert rc in (137, 255) and "h2" in err, err
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 15), \
+            left_on_nodes(slurmbed, tag)
+    finally:
+        kill_tagged(tag)
+
+
+def test_an_sbatch_script_runs_unchanged_with_the_batch_node_local(slurmbed, tmp_path):
+    tag = new_tag()
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n"
+                      f"exec {PY} -m mslaunch -n 4 {PY} -c \"{SHOW}\"\n")
+    script.chmod(0o755)
+    out_file = tmp_path / "out.txt"
+    r = slurmbed.run(["sbatch", "-N", "2", "--ntasks-per-node=2", "-o", str(out_file),
+                      "--parsable", str(script)], base_env=benv(slurmbed, tag), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    state = slurmbed.wait_job(r.stdout.strip().split(";")[0], timeout=90)
+    text = out_file.read_text()
+    assert state.get("JobState") == "COMPLETED", (state, text)
+    rows = sorted(line.split()[:2] for line in text.splitlines() if line[:1].isdigit())
+    assert rows == [["0", "h1"], ["1", "h1"], ["2", "h2"], ["3", "h2"]], text
+
+
+def test_launcher_choice_outside_and_inside_an_allocation(slurmbed, tmp_path):
+    r = slurmbed.run(cmd("--launcher", "slurm", "-n", "1", "true"),
+                     base_env=clean_env())
+    assert r.returncode == 2 and "not inside a Slurm allocation" in r.stderr
+    tag = new_tag()
+    p = salloc(slurmbed, tag, "--launcher", "local", "-n", "2", "true", nodes=1, per_node=2)
+    rc, out, err = finish(p)
+    assert rc == 1 and "--launcher local: h1 is not this machine" in err, err
+    p = salloc(slurmbed, tag, "-H", "h1,198.51.100.9", "--launcher", "slurm", "-n", "2",
+               "true", nodes=1, per_node=2)
+    rc, out, err = finish(p)
+    assert rc == 1 and "198.51.100.9 is not a node of Slurm job" in err, err
