@@ -1,0 +1,115 @@
+"""Inside a Slurm allocation: mslaunch's srun-started agents against Hydra ``-launcher slurm``.
+
+The cluster is the Slurm test bed of ``tests/slurmbed.py`` (root; slurmctld
+and one slurmd per network namespace on this machine).  For each node count
+H (2, 4, 8) the script takes one allocation, ``salloc -N H
+--ntasks-per-node=1``, and inside it runs both launchers round-robin, one
+rank per node (the launcher itself runs outside the nodes, so every rank is
+remote):
+
+1. ``-n H python -c pass``;
+2. mpi4py Init + ``allreduce`` + Finalize with ``UCX_TLS=tcp`` (the sum is
+   checked).
+
+mslaunch starts its agents with one ``srun`` step that dials back; Hydra
+runs ``srun`` with its ``hydra_pmi_proxy``, which connects back to the
+runner's host name (mapped to the runner's bed address on the nodes).
+
+    python bench/slurm.py [--runs 7] [--nodes 2,4,8]
+
+Run it with the interpreter that has mslaunch installed (not editable),
+mpi4py and the mpich wheel; see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Sequence
+
+import _common as C
+
+sys.path.insert(0, str(C.REPO_ROOT / "tests"))
+
+MPI_CODE = ("from mpi4py import MPI; c = MPI.COMM_WORLD; s = c.allreduce(1); "
+            "print(s) if c.rank == 0 else None")
+
+
+def inner(args) -> int:
+    """Runs inside the allocation: time each launcher, print JSON."""
+    n = int(os.environ["SLURM_JOB_NUM_NODES"])
+    py = sys.executable
+    launchers = {"mslaunch": [args.mslaunch_cmd, "--launcher", "slurm", "-x", "UCX_TLS"],
+                 "hydra": [args.hydra_cmd, "-launcher", "slurm", "-genv", "UCX_TLS", "tcp"]}
+    cases = {"pass": [py, "-c", "pass"], "mpi": [py, "-c", MPI_CODE]}
+    times: Dict[str, List[float]] = {f"{k}/{c}": [] for k in launchers for c in cases}
+    env = dict(os.environ, UCX_TLS="tcp")
+    for i in range(args.runs + 1):
+        order = list(launchers.items())
+        order = order[i % 2:] + order[:i % 2]
+        for case, program in cases.items():
+            for key, prefix in order:
+                t0 = time.monotonic()
+                r = subprocess.run([*prefix, "-n", str(n), *program], env=env,
+                                   capture_output=True, timeout=120)
+                took = time.monotonic() - t0
+                ok = r.returncode == 0 and (case != "mpi" or r.stdout.split() == [str(n).encode()])
+                if not ok:
+                    sys.stderr.write(f"{key} {case} -n {n} failed ({r.returncode}): "
+                                     f"{r.stderr.decode(errors='replace')[-300:]}\n")
+                    times[f"{key}/{case}"].append(float("nan"))
+                elif i:
+                    times[f"{key}/{case}"].append(took)
+    print(json.dumps(times))
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--nodes", default="2,4,8")
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mslaunch-cmd", default=os.path.join(os.path.dirname(sys.executable),
+                                                               "mslaunch"))
+    parser.add_argument("--hydra-cmd", default=None)
+    args = parser.parse_args(argv)
+    if args.inner:
+        return inner(args)
+    hydra = C.find_hydra(args.hydra_cmd)
+    if hydra is None:
+        raise SystemExit("no Hydra mpiexec (the mpich wheel) found")
+    from slurmbed import SlurmBed
+    sizes = [int(x) for x in args.nodes.split(",")]
+    rows = ["| nodes | mslaunch `python -c pass` | Hydra | ratio | mslaunch MPI allreduce | "
+            "Hydra | ratio |", "|---|---|---|---|---|---|---|"]
+    with SlurmBed(nodes=max(sizes), cpus=2) as bed:
+        for n in sizes:
+            r = bed.run(["salloc", "-N", str(n), "--ntasks-per-node=1", "-Q", sys.executable,
+                         os.path.abspath(__file__), "--inner", "--runs", str(args.runs),
+                         "--mslaunch-cmd", args.mslaunch_cmd, "--hydra-cmd",
+                         hydra.prefix[0]], timeout=1200,
+                        base_env=dict(C.base_environ(), UCX_TLS="tcp"))
+            if r.returncode != 0 or not r.stdout.strip():
+                raise SystemExit(f"{n} nodes failed: {r.stderr[-600:]}")
+            sys.stderr.write(r.stderr)
+            t = json.loads(r.stdout.strip().splitlines()[-1])
+
+            def med(key: str) -> float:
+                return statistics.median(t[key]) * 1000 if t[key] else float("nan")
+            rows.append(f"| {n} | {med('mslaunch/pass'):.0f} | {med('hydra/pass'):.0f} | "
+                        f"{med('mslaunch/pass') / med('hydra/pass'):.2f}× | "
+                        f"{med('mslaunch/mpi'):.0f} | {med('hydra/mpi'):.0f} | "
+                        f"{med('mslaunch/mpi') / med('hydra/mpi'):.2f}× |")
+    print(f"**Inside a Slurm allocation** (ms, median of {args.runs}; one rank per node, "
+          f"every rank remote)\n")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
