@@ -1100,3 +1100,37 @@ def test_launcher_ends_when_a_host_is_lost_after_its_rank_exited(sshbed, tmp_pat
         assert code == 255, err
         assert "h1" in err and "Traceback" not in err
         assert "lost the end of its output" in err, err
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="0123456789abcdef", max_size=48), st.binary(max_size=40),
+       st.binary(max_size=260))
+def test_the_dial_token_line_is_read_whole_or_not_at_all(token, rest, junk):
+    from mslaunch.remote.dialback import read_token
+    line = b"mslaunch-dial " + token.encode() + b"\n"
+    for cut in range(len(line)):
+        assert read_token(line[:cut]) is None
+    assert read_token(line + rest) == (token, rest)
+    try:
+        got = read_token(junk)
+    except ValueError:
+        assert b"\n" not in junk and len(junk) > 200
+    else:
+        assert got is None or junk.startswith(b"mslaunch-dial ") or got[0] == ""
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(JSON_KINDS), st.integers(0, 3), st.binary(max_size=4))
+def test_an_agent_greeting_is_hello_of_this_protocol_and_keeps_what_follows(kind, protocol,
+                                                                            tail):
+    # ``tail``: the start of a frame header, not yet a frame
+    first = link.encode(kind, {"protocol": protocol})
+    after = link.encode(link.BEAT)
+    reader = link.Reader(expect_sync=True)
+    frames = reader.feed(link.SYNC + first + after + tail)
+    if kind == link.HELLO and protocol == link.PROTOCOL:
+        greeting, rest = link.hello(frames, reader)
+        assert greeting["protocol"] == protocol and rest == after + tail
+    else:
+        with pytest.raises(link.LinkError, match="another protocol"):
+            link.hello(frames, reader)

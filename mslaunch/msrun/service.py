@@ -53,6 +53,15 @@ def encode(message: Dict[str, Any]) -> bytes:
     return link.encode(link.NODE, message)
 
 
+def _message(kind: int, body: bytes) -> Optional[Dict[str, Any]]:
+    """A node frame's message; None for a heartbeat; LinkError for any other frame."""
+    if kind == link.BEAT:
+        return None
+    if kind != link.NODE:
+        raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+    return link.decode_json(kind, body)
+
+
 def _heartbeat(value: Any) -> Tuple[float, int]:
     """A node's heartbeat setting ``[interval, misses]``, within sane bounds."""
     if not isinstance(value, list) or len(value) != 2 or \
@@ -197,11 +206,9 @@ class NodeService:
 
     # -- messages ---------------------------------------------------------------
     def _frame(self, peer: _Peer, kind: int, body: bytes) -> None:
-        if kind == link.BEAT:
+        message = _message(kind, body)
+        if message is None:
             return
-        if kind != link.NODE:
-            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
-        message = link.decode_json(kind, body)
         op = message.get("op")
         if not peer.authenticated:
             if op != "auth":
@@ -455,11 +462,9 @@ class NodeLink:
                                        on_closed=self._closed)
 
     def _frame(self, kind: int, body: bytes) -> None:
-        if kind == link.BEAT:
+        message = _message(kind, body)
+        if message is None:
             return
-        if kind != link.NODE:
-            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
-        message = link.decode_json(kind, body)
         op = message.get("op")
         assert self.endpoint is not None
         if op == "refuse":

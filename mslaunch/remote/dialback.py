@@ -76,6 +76,19 @@ def _server_context(key_pem: bytes, cert_pem: bytes):
     return context
 
 
+def read_token(buf: bytes) -> Optional[Tuple[str, bytes]]:
+    """The token of a dialling connection's first line, and what came after it;
+    None until the line is whole, ValueError past 200 bytes without one.  A line
+    that is not ``mslaunch-dial TOKEN`` gives the empty token, which no one expects."""
+    if b"\n" not in buf:
+        if len(buf) > 200:
+            raise ValueError("no token line")
+        return None
+    line, _, rest = buf.partition(b"\n")
+    token = line[len(_HELLO):].decode("ascii", "replace") if line.startswith(_HELLO) else ""
+    return token, rest
+
+
 class _Pending:
     __slots__ = ("sock", "buf", "timer", "handshaking")
 
@@ -174,12 +187,14 @@ class Listener:
             self._drop(entry, "closed before presenting a token")
             return
         entry.buf += data
-        if b"\n" not in entry.buf:
-            if len(entry.buf) > 200:
-                self._drop(entry, "sent junk")
+        try:
+            found = read_token(entry.buf)
+        except ValueError:
+            self._drop(entry, "sent junk")
             return
-        line, _, rest = entry.buf.partition(b"\n")
-        token = line[len(_HELLO):].decode("ascii", "replace") if line.startswith(_HELLO) else ""
+        if found is None:
+            return
+        token, rest = found
         owner = self.expected.pop(token, None)
         if owner is None:
             self._drop(entry, "presented a wrong token")

@@ -135,6 +135,18 @@ class Reader:
         return frames
 
 
+def hello(frames: List[Tuple[int, bytes]], reader: "Reader") -> Tuple[Dict[str, Any], bytes]:
+    """An agent's first frames: its ``HELLO`` (LinkError unless it speaks this
+    protocol), and the bytes after it, frames and all, for the link to read on."""
+    kind, body = frames[0]
+    greeting = decode_json(kind, body) if kind == HELLO else {}
+    if kind != HELLO or greeting.get("protocol") != PROTOCOL:
+        raise LinkError(f"the agent speaks another protocol "
+                        f"({str(greeting.get('protocol'))[:10]}, expected {PROTOCOL})")
+    rest = b"".join(_HEAD.pack(len(b) + 1, k) + b for k, b in frames[1:])
+    return greeting, rest + bytes(reader.buf)
+
+
 def field(body: Dict[str, Any], name: str, kind: type, what: str = "") -> Any:
     """``body[name]`` checked to be of ``kind`` (``int`` excludes bool)."""
     value = body.get(name)

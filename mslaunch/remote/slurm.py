@@ -319,16 +319,16 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
 
 def _greet(sock: socket.socket, owner: Dict[str, str], payload: bytes):
     """Read a dialling agent's token, send it the bootstrap, read its HELLO."""
+    from .dialback import read_token
     sock.settimeout(5.0)
     buf = b""
-    while b"\n" not in buf:
+    while (found := read_token(buf)) is None:
         data = sock.recv(256)
-        if not data or len(buf) > 200:
+        if not data:
             raise ValueError("no token")
         buf += data
-    line, _, rest = buf.partition(b"\n")
-    token = line[len(b"mslaunch-dial "):].decode("ascii", "replace")
-    name = owner.pop(token, None) if line.startswith(b"mslaunch-dial ") else None
+    token, rest = found
+    name = owner.pop(token, None)
     if name is None or rest:
         raise ValueError("wrong token")
     sock.settimeout(AGENT_TIMEOUT)
@@ -340,11 +340,12 @@ def _greet(sock: socket.socket, owner: Dict[str, str], payload: bytes):
         if not data:
             raise LaunchError(f"the agent on {name} ended before it said hello")
         frames = reader.feed(data)
-    kind, body = frames[0]
-    hello = link.decode_json(kind, body) if kind == link.HELLO else {}
-    if kind != link.HELLO or hello.get("protocol") != link.PROTOCOL or len(frames) > 1 \
-            or reader.buf:
-        raise LaunchError(f"the agent on {name} speaks another protocol")
+    try:
+        hello, rest = link.hello(frames, reader)
+    except link.LinkError as err:
+        raise LaunchError(f"the agent on {name}: {err}") from None
+    if rest:      # the agent says nothing more until it has its job
+        raise LaunchError(f"the agent on {name} sent frames before its job")
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return name, hello

@@ -558,14 +558,12 @@ class _Connector:
         except Exception as err:
             channel.close()
             raise HostFailure("agent start", _reason(err)) from None
-        kind, body = frames[0]
-        hello = link.decode_json(kind, body) if kind == link.HELLO else {}
-        if kind != link.HELLO or hello.get("protocol") != link.PROTOCOL:
+        try:
+            hello, leftover = link.hello(frames, reader)
+        except link.LinkError as err:
             channel.close()
-            raise HostFailure("agent start", f"the agent speaks another protocol "
-                              f"({hello.get('protocol')!r}, expected {link.PROTOCOL})")
-        leftover = b"".join(link._HEAD.pack(len(b) + 1, k) + b for k, b in frames[1:])
-        return AgentConnection(name, transport, channel, leftover + bytes(reader.buf), hello)
+            raise HostFailure("agent start", str(err)) from None
+        return AgentConnection(name, transport, channel, leftover, hello)
 
     def _start_failure(self, channel) -> HostFailure:
         deadline = time.monotonic() + 2

@@ -292,11 +292,10 @@ class Supervisor:
             self.console.message(f"mslaunch: starting agents on {len(self.connect)} "
                                  f"remote host(s) " + ("with srun" if how == "slurm"
                                                        else "over SSH"))
-        conns: Dict[str, Any]
-        if how == "slurm":
-            conns = dict(slurm.connect_all(self.connect, pythons, cancelled=_stop_requested))
-        else:
-            conns = dict(ssh.connect_all(self.connect, options, cancelled=_stop_requested))
+        conns: Dict[str, Any] = (
+            slurm.connect_all(self.connect, pythons, cancelled=_stop_requested)
+            if how == "slurm" else ssh.connect_all(self.connect, options,
+                                                   cancelled=_stop_requested))
         if self.replan is not None:
             from ..plan.topology import from_wire
             topologies = {}
