@@ -6,9 +6,13 @@ almost nothing).  The launcher's stdout is a pipe that the harness drains and
 counts; its stderr is drained too.  Contenders:
 
 - ``Popen floor``: ranks write straight into the harness's pipe (no relay).
-- ``mslaunch`` (pipe), ``mslaunch --output-filename DIR`` (per-rank files
-  *and* the terminal copy), ``mslaunch --output-filename DIR:nocopy``
-  (files only).
+- ``pty floor``: each rank writes to a pseudo-terminal of its own, copied to
+  the harness's pipe by a bare loop (``bench/pty_floor.py``): the kernel's
+  cost of a terminal, which bounds every relay that gives ranks one.
+- ``mslaunch`` (its stdout a pipe; each rank's stdout a pseudo-terminal,
+  the default), ``mslaunch --output-filename DIR`` (per-rank files *and* the
+  terminal copy), ``mslaunch --output-filename DIR:nocopy`` (files only);
+  the same three with ``--no-pty`` (ranks write to pipes, as under Hydra).
 - ``Hydra mpiexec`` (pipe) and ``-outfile-pattern DIR/out.%r`` (files only).
 - ``Open MPI mpirun`` (pipe) and ``--output-filename DIR/out`` (Open MPI
   5.0.11 treats the value as a file prefix, ``out.<jobid>.<rank>.out``, and
@@ -72,10 +76,22 @@ def variants(launchers: Sequence[C.Launcher]) -> List[Variant]:
                                lambda d: ["--output-filename", d], copies=True))
             out.append(Variant(l.variant("mslaunch-nocopy", "mslaunch --output-filename DIR:nocopy"),
                                lambda d: ["--output-filename", d + ":nocopy"], copies=False))
+            if "--no-pty" not in l.args:
+                plain = l.variant("mslaunch-nopty", "mslaunch --no-pty", ["--no-pty"])
+                out.append(Variant(plain))
+                out.append(Variant(plain.variant("mslaunch-nopty-files",
+                                                 "mslaunch --no-pty --output-filename DIR"),
+                                   lambda d: ["--output-filename", d], copies=True))
+                out.append(Variant(plain.variant("mslaunch-nopty-nocopy",
+                                                 "mslaunch --no-pty --output-filename DIR:nocopy"),
+                                   lambda d: ["--output-filename", d + ":nocopy"], copies=False))
         elif l.kind == "hydra":
             out.append(Variant(l.variant("hydra-files", "Hydra -outfile-pattern DIR/out.%r"),
                                lambda d: ["-outfile-pattern", os.path.join(d, "out.%r")],
                                copies=False))
+        elif l.kind == "floor":
+            out.append(Variant(C.Launcher("floor-pty", "pty floor (bench/pty_floor.py)", "floor",
+                                          (sys.executable, str(C.BENCH_DIR / "pty_floor.py")))))
         elif l.kind == "openmpi":
             out.append(Variant(l.variant("openmpi-files", "Open MPI --output-filename DIR/out"),
                                lambda d: ["--output-filename", os.path.join(d, "out")],
@@ -161,9 +177,11 @@ def main(argv: Sequence[str]) -> int:
                             "bytes check", "× floor"], table))
     print("\nMiB/s = total bytes / wall time of the whole command; net MiB/s = total bytes / "
           "(median wall − median wall of the same job writing 0 MiB).")
-    pairs = [("mslaunch / Hydra, pipe", "mslaunch", "hydra"),
-             ("mslaunch / Open MPI, pipe", "mslaunch", "openmpi"),
-             ("mslaunch DIR:nocopy / Hydra files", "mslaunch-nocopy", "hydra-files"),
+    pairs = [("mslaunch (pty) / Hydra, pipe", "mslaunch", "hydra"),
+             ("mslaunch (pty) / pty floor", "mslaunch", "floor-pty"),
+             ("mslaunch (pty) / Open MPI, pipe", "mslaunch", "openmpi"),
+             ("mslaunch --no-pty / Hydra, pipe", "mslaunch-nopty", "hydra"),
+             ("mslaunch --no-pty DIR:nocopy / Hydra files", "mslaunch-nopty-nocopy", "hydra-files"),
              ("mslaunch DIR:nocopy / Open MPI files", "mslaunch-nocopy", "openmpi-files"),
              ("mslaunch DIR (files + copy) / mslaunch pipe", "mslaunch-files", "mslaunch")]
     lines = [f"- {name}: {C.ratio(rate(results[(case, a)].median()), rate(results[(case, b)].median()))}"

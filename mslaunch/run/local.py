@@ -371,7 +371,11 @@ def open_pty() -> Tuple[int, int]:
         attrs = termios.tcgetattr(slave)
         attrs[0] &= ~(termios.ICRNL | termios.INLCR | termios.IGNCR | termios.IXON
                       | termios.BRKINT | termios.ISTRIP)
-        attrs[1] &= ~(termios.ONLCR | termios.OCRNL | termios.ONLRET)
+        # Output processing off altogether: the bytes are the same as with
+        # only ONLCR/OCRNL cleared (Open MPI's setting), but n_tty then copies
+        # whole blocks instead of examining every character, which doubles
+        # what a pseudo-terminal can carry.
+        attrs[1] &= ~(termios.OPOST | termios.ONLCR | termios.OCRNL | termios.ONLRET)
         attrs[3] &= ~(termios.ECHO | termios.ECHOE | termios.ECHOK | termios.ECHONL
                       | getattr(termios, "ECHOCTL", 0) | getattr(termios, "ECHOKE", 0))
         termios.tcsetattr(slave, termios.TCSANOW, attrs)

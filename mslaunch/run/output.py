@@ -47,6 +47,8 @@ LOW_WATER = 1 << 20       # ... and the level at which they resume
 # One read buffer for all pipes: the loop is single-threaded and each chunk
 # is fully passed on (or copied) before the next read.
 _BUFFER = bytearray(CHUNK)
+_VIEW = memoryview(_BUFFER)
+REFILL = 64 << 10         # a pseudo-terminal is read again while this much room is left
 
 #: Errors meaning "nobody reads this any more": the output is dropped quietly.
 _GONE = (errno.EPIPE, errno.EBADF, errno.EIO, errno.ENXIO, errno.ECONNRESET)
@@ -479,11 +481,15 @@ class RankPipe:
         self.on_abandon = on_abandon
         self.closed = False
         self.paused = False
-        try:
-            import fcntl
-            fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
-        except OSError:
-            pass
+        self.pty = os.isatty(fd)
+        if self.pty:
+            os.set_blocking(fd, False)     # our own master end: read until empty
+        else:
+            try:
+                import fcntl
+                fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
+            except OSError:
+                pass
         loop.add_reader(fd, self.on_readable)
 
     @property
@@ -491,20 +497,37 @@ class RankPipe:
         return self.sink.tail
 
     def _read(self) -> int:
-        """Read one chunk into the shared buffer; 0 at end-of-file, -1 if none yet."""
-        try:
-            return os.readv(self.fd, [_BUFFER])
-        except (BlockingIOError, InterruptedError):
-            return -1
-        except OSError:
-            return 0   # EIO: a pseudo-terminal whose last writer has gone
+        """Fill the shared buffer with what is there; 0 at end-of-file, -1 if none yet.
+
+        A pipe gives up to a whole chunk in one read, but a pseudo-terminal
+        gives at most a few KiB (its line discipline's buffer), so reads are
+        repeated until the descriptor is empty or the buffer nearly full:
+        the chunk is then passed on once, not per few KiB.  End-of-file seen
+        after some bytes is seen again by the next call.
+        """
+        filled = 0
+        n = -1
+        while filled <= CHUNK - REFILL:
+            try:
+                n = os.readv(self.fd, [_VIEW[filled:]])
+            except (BlockingIOError, InterruptedError):
+                n = -1
+                break
+            except OSError:
+                n = 0   # EIO: a pseudo-terminal whose last writer has gone
+            if n == 0:
+                break
+            filled += n
+            if not self.pty:
+                break
+        return filled if filled else (0 if n == 0 else -1)
 
     def on_readable(self) -> None:
         n = self._read()
         if n == 0:
             self.close()
         elif n > 0:
-            self.sink.feed(memoryview(_BUFFER)[:n])
+            self.sink.feed(_VIEW[:n])
             self._after_feed()
 
     def _after_feed(self) -> None:
@@ -537,7 +560,7 @@ class RankPipe:
                 return False
             if n == 0:
                 break
-            self.sink.feed(memoryview(_BUFFER)[:n])
+            self.sink.feed(_VIEW[:n])
         self.close()
         return True
 
