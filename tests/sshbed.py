@@ -249,6 +249,7 @@ class SSHBed:
         self._extra_conf: List[str] = []
         self._hide_count = 0
         self._started = False
+        self._borrowed: Optional[NetBed] = None   # namespaces owned by another bed
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "SSHBed":
@@ -259,8 +260,14 @@ class SSHBed:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self, n_hosts: int = DEFAULT_HOSTS) -> "SSHBed":
-        """Build the bed with ``n_hosts`` hosts ``h1``..``hN``; clean up and raise on failure."""
+    def start(self, n_hosts: int = DEFAULT_HOSTS, net: Optional[NetBed] = None) -> "SSHBed":
+        """Build the bed with ``n_hosts`` hosts ``h1``..``hN``; clean up and raise on failure.
+
+        With ``net``, the sshds run in the hosts ``h1``..``hN`` of that
+        existing :class:`NetBed` (e.g. a Slurm bed's nodes) instead of new
+        namespaces; :meth:`stop` then ends the sshds and leaves the
+        namespaces to their owner.
+        """
         if self._started or self.hosts:
             raise SSHBedError("a bed is started once; make a new SSHBed")
         if not 1 <= n_hosts <= 200:
@@ -278,7 +285,14 @@ class SSHBed:
         try:
             os.makedirs(self.bin_dir, exist_ok=True)
             self._prepare_run_dir()
-            if self.mode == "netns":
+            if net is not None:
+                self.mode, self._borrowed = "netns", net
+                by_name = {nh.name: nh for nh in net.hosts}
+                self.net, self.k = net, net.k
+                for i in range(1, n_hosts + 1):
+                    nh = by_name[f"h{i}"]
+                    self.hosts.append(self._new_host(i, nh.addr, 22, nh))
+            elif self.mode == "netns":
                 self.net = NetBed(os.path.join(self.dir, "net"), PREFIX_BASE)
                 self.net.create([f"h{i}" for i in range(1, n_hosts + 1)])
                 self.k = self.net.k
@@ -314,7 +328,7 @@ class SSHBed:
             return
         t0 = time.monotonic()
         try:
-            if self.net is not None:
+            if self.net is not None and self._borrowed is None:
                 self.net.teardown()
             else:
                 def tree() -> List[int]:
@@ -341,6 +355,8 @@ class SSHBed:
                     pass
                 self._record = None
             self._started = False
+            if self._borrowed is not None:
+                self.net = self._borrowed = None
             with _LIVE_LOCK:
                 if self in _LIVE:
                     _LIVE.remove(self)

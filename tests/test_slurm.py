@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Dict, Optional
 
 import pytest
 
@@ -28,11 +29,12 @@ def benv(bed, tag: str, **extra: str):
                                   MSLAUNCH_HEARTBEAT="0.3,5", **extra))
 
 
-def salloc(bed, tag: str, *args: str, nodes: int = 2, per_node: int = 2, **kw):
+def salloc(bed, tag: str, *args: str, nodes: int = 2, per_node: int = 2,
+           extra_env: Optional[Dict[str, str]] = None, **kw):
     """``salloc -N nodes --ntasks-per-node=per_node mslaunch ARGS`` (running)."""
     return bed.popen(["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", "-Q",
-                      *cmd(*args)], env=None, base_env=benv(bed, tag), stdout=-1, stderr=-1,
-                     **kw)
+                      *cmd(*args)], env=None, base_env=benv(bed, tag, **(extra_env or {})),
+                     stdout=-1, stderr=-1, **kw)
 
 
 def finish(p, timeout: float = 60):
@@ -117,7 +119,7 @@ def test_ctrl_c_stops_every_node(slurmbed):
         kill_tagged(tag)
 
 
-@pytest.mark.parametrize("fault", ["agent", "slurmd", "scancel"])
+@pytest.mark.parametrize("fault", ["agent", "slurmd", "scancel", "srun"])
 def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed, fault):
     tag = new_tag()
     p = _running(slurmbed, tag)
@@ -132,6 +134,14 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
             os.kill(top[0], signal.SIGKILL)
         elif fault == "slurmd":
             slurmbed.crash(2)
+        elif fault == "srun":
+            # srun's tasks outlive a SIGKILL of srun: mslaunch must end them itself.
+            sruns = [pid for pid in tagged_pids(tag)
+                     if b"mslaunch-agents" in open(f"/proc/{pid}/cmdline", "rb").read()
+                     and open(f"/proc/{pid}/comm").read().strip() == "srun"]
+            top = [pid for pid in sruns if _parent(pid) not in sruns]   # not srun's helper
+            assert len(top) == 1, sruns
+            os.kill(top[0], signal.SIGKILL)
         else:
             job = slurmbed.run(["squeue", "-h", "-o", "%i"]).stdout.split()
             assert job
@@ -140,6 +150,8 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
         assert rc != 0
         if fault == "agent":
             assert rc == 255 and "h2" in err, err
+        elif fault == "srun":
+            assert rc == 255 and "srun, which ran the agents, ended (killed by SIGKILL)" in err, err
         elif fault == "slurmd":
             # Everything on h2 is SIGKILLed at once: a rank's death may be
             # reported before its agent's, and then it is the job's cause.
@@ -179,3 +191,39 @@ def test_launcher_choice_outside_and_inside_an_allocation(slurmbed, tmp_path):
                "true", nodes=1, per_node=2)
     rc, out, err = finish(p)
     assert rc == 1 and "198.51.100.9 is not a node of Slurm job" in err, err
+
+
+
+ANCESTRY = ("import os, socket\n"
+            "pid, names = os.getppid(), []\n"
+            "while pid > 1:\n"
+            "    with open(f'/proc/{pid}/stat') as f: st = f.read()\n"
+            "    names.append(st[st.index('(') + 1:st.rindex(')')])\n"
+            "    pid = int(st[st.rindex(')') + 2:].split()[1])\n"
+            "print(os.environ['OMPI_COMM_WORLD_RANK'], socket.gethostname(),\n"
+            "      'sshd' in names, 'slurmstepd' in names, flush=True)\n")
+
+
+def test_launcher_ssh_inside_the_allocation_uses_ssh_on_the_same_nodes(slurmbed, tmp_path):
+    """``--launcher ssh`` in an allocation: the agents come over SSH, not from an srun step."""
+    from sshbed import SSHBed
+
+    ssh_bed = SSHBed(str(tmp_path / "sshd")).start(2, net=slurmbed.net)
+    with ssh_bed:
+        home = ssh_bed.make_home(tmp_path / "home")
+        for launcher, via in (("ssh", ["True", "False"]), ("slurm", ["False", "True"])):
+            tag = new_tag()
+            p = salloc(slurmbed, tag, "--launcher", launcher, "-n", "4", "-v",
+                       "--output-filename", str(tmp_path / launcher), PY, "-c", ANCESTRY,
+                       cwd=tmp_path, extra_env={"HOME": home})
+            rc, out, err = finish(p, 90)
+            assert rc == 0, err
+            rows = sorted(line.split() for line in out.splitlines() if line[:1].isdigit())
+            # Each rank's ancestors: sshd over SSH, slurmstepd from the srun step.
+            assert rows == [[str(r), h, *via] for r, h in enumerate(["h1", "h1", "h2", "h2"])], \
+                (launcher, out, err)
+            assert ("over SSH" in err) == (launcher == "ssh"), err
+            assert (tmp_path / launcher / "1" / "rank.3" / "stdout").read_text().split()[:2] == \
+                ["3", "h2"]
+            assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), \
+                left_on_nodes(slurmbed, tag)

@@ -270,7 +270,9 @@ class RemoteHost:
     def _lost(self, reason: str) -> None:
         self.state = "lost"
         tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
-        if tail:
+        if self.conn.ended_because:
+            reason = self.conn.ended_because
+        elif tail:
             reason += f"; the agent said: {tail[-1][:200]}"
         # The job lost what was starting there too (a failure), then the spawn fails.
         self.supervisor.host_lost(self, reason)

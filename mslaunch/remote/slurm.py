@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError, UsageError, one_line
+from ..run.spawn import signal_name
 from . import bootstrap, link
 
 #: Seconds for every agent to dial back once srun runs.
@@ -163,6 +164,9 @@ class _Step:
             raise LaunchError(f"cannot run srun: {err.strerror}") from None
         self.tail = b""
         self.open = 0
+        self.closing = False          # mslaunch itself is ending the step
+        self.ended_because = ""
+        self.links: List[socket.socket] = []
         self._reader = threading.Thread(target=self._read, daemon=True, name="srun-output")
         self._reader.start()
 
@@ -170,6 +174,38 @@ class _Step:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.tail = (self.tail + line)[-4096:]
+        code = self.proc.wait()
+        # srun gone while agents still run (srun killed: its tasks live on,
+        # unseen by Slurm's own tools): the job ends as when a node is lost.
+        # Cutting a link makes its agent stop its ranks and the launcher
+        # report the node.  A link whose agent has closed it (the normal end,
+        # after which srun ends) is left alone; one with unread bytes is
+        # looked at again.
+        how = f"killed by {signal_name(-code)}" if code < 0 else f"status {code}"
+        because = f"srun, which ran the agents, ended ({how})"
+        if code < 0 and not self.closing:
+            # srun itself was killed; its agents may go down with it, and
+            # their links' end should then be reported as this.
+            self.ended_because = because
+        deadline = time.monotonic() + 5.0
+        todo = list(self.links)
+        while todo and not self.closing and time.monotonic() < deadline:
+            time.sleep(0.2)
+            for sock in list(todo):
+                try:
+                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                        continue                     # unread bytes: not known yet
+                except BlockingIOError:
+                    if self.closing:
+                        return
+                    self.ended_because = because
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                except OSError:
+                    pass
+                todo.remove(sock)
 
     def last_line(self) -> str:
         """What srun and the agents said last: the last line that is not srun's own
@@ -210,6 +246,7 @@ class SrunAgentConnection:
         self._sock = sock
         self._step = step
         step.open += 1
+        step.links.append(sock)
         self.fd = os.dup(sock.fileno())
         os.set_blocking(self.fd, False)
         self._address = sock.getsockname()[0]
@@ -217,6 +254,10 @@ class SrunAgentConnection:
     @property
     def stderr_tail(self) -> bytes:
         return self._step.tail
+
+    @property
+    def ended_because(self) -> str:
+        return self._step.ended_because
 
     @property
     def local_address(self) -> Optional[str]:
@@ -243,6 +284,7 @@ class SrunAgentConnection:
     def close(self, wait: float = 1.0) -> None:
         if self._sock.fileno() < 0:
             return
+        self._step.closing = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

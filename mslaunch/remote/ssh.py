@@ -246,6 +246,7 @@ class AgentConnection:
         self.channel = channel
         self.hello = hello
         self.stderr_tail = b""
+        self.ended_because = ""     # the seam's "why the link was cut", when known here
         ours, theirs = socket.socketpair()
         self._sock = theirs
         self.fd = ours.detach()
