@@ -1,4 +1,4 @@
-"""Inside a Slurm allocation: mslaunch's srun-started agents against Hydra ``-launcher slurm``.
+"""Inside a Slurm allocation: mslaunch's srun-started agents against SSH and Hydra ``-launcher slurm``.
 
 The cluster is the Slurm test bed of ``tests/slurmbed.py`` (root; slurmctld
 and one slurmd per network namespace on this machine).  For each node count
@@ -11,7 +11,9 @@ remote):
 2. mpi4py Init + ``allreduce`` + Finalize with ``UCX_TLS=tcp`` (the sum is
    checked).
 
-mslaunch starts its agents with one ``srun`` step that dials back; Hydra
+mslaunch starts its agents with one ``srun`` step that dials back, or
+(``--launcher ssh``, the same nodes, each running an sshd of the SSH test
+bed in its namespace) over SSH; Hydra
 runs ``srun`` with its ``hydra_pmi_proxy``, which connects back to the
 runner's host name (mapped to the runner's bed address on the nodes).
 
@@ -45,17 +47,19 @@ def inner(args) -> int:
     n = int(os.environ["SLURM_JOB_NUM_NODES"])
     py = sys.executable
     launchers = {"mslaunch": [args.mslaunch_cmd, "--launcher", "slurm", "-x", "UCX_TLS"],
+                 "mslaunch-ssh": [args.mslaunch_cmd, "--launcher", "ssh", "-x", "UCX_TLS"],
                  "hydra": [args.hydra_cmd, "-launcher", "slurm", "-genv", "UCX_TLS", "tcp"]}
     cases = {"pass": [py, "-c", "pass"], "mpi": [py, "-c", MPI_CODE]}
     times: Dict[str, List[float]] = {f"{k}/{c}": [] for k in launchers for c in cases}
     env = dict(os.environ, UCX_TLS="tcp")
     for i in range(args.runs + 1):
         order = list(launchers.items())
-        order = order[i % 2:] + order[:i % 2]
+        order = order[i % len(order):] + order[:i % len(order)]
         for case, program in cases.items():
             for key, prefix in order:
+                run_env = dict(env, HOME=args.ssh_home) if key == "mslaunch-ssh" else env
                 t0 = time.monotonic()
-                r = subprocess.run([*prefix, "-n", str(n), *program], env=env,
+                r = subprocess.run([*prefix, "-n", str(n), *program], env=run_env,
                                    capture_output=True, timeout=120)
                 took = time.monotonic() - t0
                 ok = r.returncode == 0 and (case != "mpi" or r.stdout.split() == [str(n).encode()])
@@ -77,22 +81,30 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--mslaunch-cmd", default=os.path.join(os.path.dirname(sys.executable),
                                                                "mslaunch"))
     parser.add_argument("--hydra-cmd", default=None)
+    parser.add_argument("--ssh-home", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inner:
         return inner(args)
     hydra = C.find_hydra(args.hydra_cmd)
     if hydra is None:
         raise SystemExit("no Hydra mpiexec (the mpich wheel) found")
+    import tempfile
     from slurmbed import SlurmBed
+    from sshbed import SSHBed
     sizes = [int(x) for x in args.nodes.split(",")]
-    rows = ["| nodes | mslaunch `python -c pass` | Hydra | ratio | mslaunch MPI allreduce | "
-            "Hydra | ratio |", "|---|---|---|---|---|---|---|"]
+    rows = ["| nodes | `python -c pass`: mslaunch, srun | mslaunch, SSH | Hydra, srun | "
+            "srun / Hydra | MPI allreduce: mslaunch, srun | mslaunch, SSH | Hydra, srun | "
+            "srun / Hydra |", "|---|---|---|---|---|---|---|---|---|"]
     with SlurmBed(nodes=max(sizes), cpus=2) as bed:
+        # An sshd on every node, for mslaunch --launcher ssh on the same nodes.
+        ssh_dir = tempfile.mkdtemp(prefix="slurm-bench-ssh-")
+        ssh_bed = SSHBed(ssh_dir).start(max(sizes), net=bed.net)
+        home = ssh_bed.make_home(os.path.join(ssh_dir, "home"))
         for n in sizes:
             r = bed.run(["salloc", "-N", str(n), "--ntasks-per-node=1", "-Q", sys.executable,
                          os.path.abspath(__file__), "--inner", "--runs", str(args.runs),
                          "--mslaunch-cmd", args.mslaunch_cmd, "--hydra-cmd",
-                         hydra.prefix[0]], timeout=1200,
+                         hydra.prefix[0], "--ssh-home", home], timeout=1200,
                         base_env=dict(C.base_environ(), UCX_TLS="tcp"))
             if r.returncode != 0 or not r.stdout.strip():
                 raise SystemExit(f"{n} nodes failed: {r.stderr[-600:]}")
@@ -101,10 +113,13 @@ def main(argv: Sequence[str]) -> int:
 
             def med(key: str) -> float:
                 return statistics.median(t[key]) * 1000 if t[key] else float("nan")
-            rows.append(f"| {n} | {med('mslaunch/pass'):.0f} | {med('hydra/pass'):.0f} | "
+            rows.append(f"| {n} | {med('mslaunch/pass'):.0f} | {med('mslaunch-ssh/pass'):.0f} | "
+                        f"{med('hydra/pass'):.0f} | "
                         f"{med('mslaunch/pass') / med('hydra/pass'):.2f}× | "
-                        f"{med('mslaunch/mpi'):.0f} | {med('hydra/mpi'):.0f} | "
+                        f"{med('mslaunch/mpi'):.0f} | {med('mslaunch-ssh/mpi'):.0f} | "
+                        f"{med('hydra/mpi'):.0f} | "
                         f"{med('mslaunch/mpi') / med('hydra/mpi'):.2f}× |")
+        ssh_bed.stop()
     print(f"**Inside a Slurm allocation** (ms, median of {args.runs}; one rank per node, "
           f"every rank remote)\n")
     print("\n".join(rows))
