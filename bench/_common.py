@@ -62,6 +62,20 @@ _STALE_PREFIXES = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "PRTE_", "OMPI_COMM_WORLD
 _STALE_NAMES = ("PRTE_LAUNCHED", "MPICH_PMI_VERSION", "MPIR_CVAR_PMI_VERSION",
                 "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "OPAL_PREFIX")
 
+#: A rank writing argv[1] MiB to stdout as fast as it can: 1 MiB blocks of
+#: 10485 lines of 100 bytes and one of 76, each block with one os.write loop.
+LINE_WRITER = (
+    "import os, sys\n"
+    "line = b'x' * 99 + b'\\n'\n"
+    "block = line * 10485 + b'x' * 75 + b'\\n'\n"
+    "assert len(block) == 1 << 20\n"
+    "whole = memoryview(block)\n"
+    "for _ in range(int(sys.argv[1])):\n"
+    "    view = whole\n"
+    "    while view:\n"
+    "        view = view[os.write(1, view):]\n"
+)
+
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 PIPE_SIZE = 1 << 20
 READ_SIZE = 1 << 20

@@ -41,17 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import _common as C
 
 MIB = 1 << 20
-WRITER = (
-    "import os, sys\n"
-    "line = b'x' * 99 + b'\\n'\n"
-    "block = line * 10485 + b'x' * 75 + b'\\n'\n"
-    "assert len(block) == 1 << 20\n"
-    "whole = memoryview(block)\n"
-    "for _ in range(int(sys.argv[1])):\n"
-    "    view = whole\n"
-    "    while view:\n"
-    "        view = view[os.write(1, view):]\n"
-)
+WRITER = C.LINE_WRITER
 
 
 @dataclass(frozen=True)

@@ -81,18 +81,8 @@ MPI_PROGRAM = (
     "    print(total, MPI.Get_library_version().splitlines()[0], flush=True)\n"
     "MPI.Finalize()\n"
 )
-# as bench/relay_throughput.py: 1 MiB blocks of 10485 lines of 100 bytes + one of 76
-WRITER = (
-    "import os, sys\n"
-    "line = b'x' * 99 + b'\\n'\n"
-    "block = line * 10485 + b'x' * 75 + b'\\n'\n"
-    "assert len(block) == 1 << 20\n"
-    "whole = memoryview(block)\n"
-    "for _ in range(int(sys.argv[1])):\n"
-    "    view = whole\n"
-    "    while view:\n"
-    "        view = view[os.write(1, view):]\n"
-)
+# the same writer as bench/relay_throughput.py: 1 MiB blocks of 10485 lines of 100 bytes + one of 76
+WRITER = C.LINE_WRITER
 LONG, SHORT, PER_MIB = b"x" * 99, b"x" * 75, 10485
 RELAY_HOSTS = 2
 KINDS = ("mslaunch", "hydra")

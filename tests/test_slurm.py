@@ -135,13 +135,14 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
         elif fault == "slurmd":
             slurmbed.crash(2)
         elif fault == "srun":
-            # srun's tasks outlive a SIGKILL of srun: mslaunch must end them itself.
+            # srun's tasks outlive a SIGKILL of srun's process group (srun and
+            # its helper): mslaunch must notice and end them itself.
             sruns = [pid for pid in tagged_pids(tag)
                      if b"mslaunch-agents" in open(f"/proc/{pid}/cmdline", "rb").read()
                      and open(f"/proc/{pid}/comm").read().strip() == "srun"]
             top = [pid for pid in sruns if _parent(pid) not in sruns]   # not srun's helper
             assert len(top) == 1, sruns
-            os.kill(top[0], signal.SIGKILL)
+            os.killpg(top[0], signal.SIGKILL)
         else:
             job = slurmbed.run(["squeue", "-h", "-o", "%i"]).stdout.split()
             assert job

@@ -198,9 +198,8 @@ class LocalRanks:
             stdin_pipes[spec.key] = stdin_w
         self.guard.add(local.proc.pgid)
         proc = local.proc
-        is_pty = self.pty and os.isatty(out_r)
-        local.pipes.append(RankPipe(self.loop, out_r, out_sink, on_abandon=(
-            (lambda: proc.signal(signal.SIGPIPE)) if is_pty else None)))
+        local.pipes.append(RankPipe(self.loop, out_r, out_sink,
+                                    on_abandon=lambda: proc.signal(signal.SIGPIPE)))
         if err_r is not None:
             local.pipes.append(RankPipe(self.loop, err_r, err_sink))  # type: ignore[arg-type]
         if local.proc.pidfd >= 0:

@@ -476,8 +476,8 @@ class RankPipe:
         self.loop = loop
         self.fd = fd
         self.sink = sink
-        # Called when nobody wants the stream any more; a pseudo-terminal's
-        # writer gets EIO, not EPIPE, so it is told with a SIGPIPE instead.
+        # Called when nobody wants a pseudo-terminal's stream any more: its
+        # writer would get EIO, not EPIPE, so it is told with a SIGPIPE instead.
         self.on_abandon = on_abandon
         self.closed = False
         self.paused = False
@@ -536,7 +536,7 @@ class RankPipe:
             # file wants it: stop reading, so that the rank meets a broken
             # pipe as it would at the end of a shell pipeline.
             self.sink.pending = b""
-            if self.on_abandon is not None:
+            if self.pty and self.on_abandon is not None:
                 self.on_abandon()     # before the close: no EIO is seen first
             self.close()
         elif self.sink.congested and not self.paused:
