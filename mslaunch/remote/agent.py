@@ -250,6 +250,9 @@ class Agent:
         self.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
         self.specs = [self._spec(r) for r in job["ranks"]]
+        # The guard's cgroup takes the kernel 5 to 20 ms to enter: made now, it is
+        # ready by START.  The marker names this host's guard: the job and this agent.
+        self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace, background=True)
         warnings = self._fix_cwd()
         try:
             self._preload(job["files"])
@@ -364,8 +367,7 @@ class Agent:
             raise link.LinkError("START without a JOB, or twice")
         job = self.job
         seal_inherited_fds()
-        # The marker names this host's guard: the job's name and this agent.
-        self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace)
+        assert self.guard is not None
         self.guard.add_kvsname(job["kvsname"])
         pmi = pmi_env = None
         if job["pmi"]:
@@ -591,6 +593,13 @@ def main() -> int:
     link_out = os.dup(1)
     os.dup2(2, 1)
     try:
-        return Agent(0, link_out).run()
+        code = Agent(0, link_out).run()
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    # Everything is closed and sent; tearing the interpreter down would only
+    # keep the launcher waiting for the end of the link.
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)

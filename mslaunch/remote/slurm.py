@@ -135,10 +135,8 @@ def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str) -> Lis
             "--input=none", "--overlap", "--job-name=mslaunch-agents"]
     if _version_at_least(version, (23, 11)):
         argv.append("--external-launcher")
-    script = ('for p in "$@"; do if command -v "$p" >/dev/null 2>&1; then exec "$p" -c "'
-              + _DIAL + '"; fi; done; echo "mslaunch: no Python interpreter found on '
-              '$(hostname) (tried: $*); use --remote-python PATH" >&2; exit 127')
-    return argv + ["/bin/sh", "-c", script, "mslaunch-agent", *pythons]
+    return argv + ["/bin/sh", "-c", bootstrap.interpreter_script(_DIAL), "mslaunch-agent",
+                   *pythons]
 
 
 def _version_at_least(text: str, wanted) -> bool:
