@@ -62,6 +62,39 @@ def self_signed() -> Tuple[bytes, bytes]:
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)
 
 
+def direct_output() -> bool:
+    """Whether agents send output on a connection of their own (unless
+    ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps it in the SSH channels)."""
+    return os.environ.get("MSLAUNCH_DIRECT_OUTPUT", "1") not in ("0", "no", "off")
+
+
+_tls: Dict[str, object] = {}
+
+
+def prepare_tls() -> None:
+    """Make the launcher's key, certificate and TLS context now (in a thread, while
+    the hosts connect), so that :class:`Listener` finds them made."""
+    if "ready" in _tls:
+        return
+    import threading
+    with _tls.setdefault("lock", threading.Lock()):  # type: ignore[attr-defined]
+        if "ready" not in _tls:
+            try:
+                key_pem, cert_pem = self_signed()
+                _tls["value"] = (cert_pem, _server_context(key_pem, cert_pem))
+            except Exception as err:   # no cryptography, no ssl: Listener says so
+                _tls["error"] = err
+            _tls["ready"] = True
+
+
+def _tls_credentials():
+    """(certificate PEM, server context), made once per process."""
+    prepare_tls()
+    if "error" in _tls:
+        raise _tls["error"]  # type: ignore[misc]
+    return _tls["value"]
+
+
 def _server_context(key_pem: bytes, cert_pem: bytes):
     import ssl
     import tempfile
@@ -112,8 +145,7 @@ class Listener:
         self.cert_pem: Optional[bytes] = None
         self._context = None
         if tls:
-            key_pem, self.cert_pem = self_signed()
-            self._context = _server_context(key_pem, self.cert_pem)
+            self.cert_pem, self._context = _tls_credentials()
         self._lines = 0
         self._window_end = 0.0
         self._suppressed = 0

@@ -83,6 +83,43 @@ _paramiko: Dict[str, Any] = {}
 _import_done = threading.Event()
 
 
+def _paramiko_version() -> Optional[str]:
+    """paramiko's version from its ``dist-info`` directory, without importlib.metadata."""
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("paramiko-") and name.endswith(".dist-info"):
+                return name[len("paramiko-"):-len(".dist-info")]
+    return None
+
+
+class _Metadata:
+    """Stands in for :mod:`importlib.metadata` while paramiko is imported.
+
+    paramiko's ``__init__`` asks it for its own version only, and the module
+    (with :mod:`email` and :mod:`zipfile` behind it) costs about 15 ms, on
+    the path of every remote launch.  Anything else is the real module's.
+    """
+
+    def __init__(self, version: str) -> None:
+        self.__name__ = "importlib.metadata"
+        self._version = version
+
+    def version(self, name: str) -> str:
+        return self._version if name == "paramiko" else self.__getattr__("version")(name)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):     # the import system's look-ups (__spec__...)
+            raise AttributeError(name)
+        if sys.modules.get("importlib.metadata") is self:
+            del sys.modules["importlib.metadata"]
+        import importlib.metadata
+        return getattr(importlib.metadata, name)
+
+
 def _import_paramiko() -> None:
     try:
         # paramiko.config imports invoke when it is installed (for Match
@@ -90,11 +127,18 @@ def _import_paramiko() -> None:
         blocked = "invoke" not in sys.modules
         if blocked:
             sys.modules["invoke"] = None  # type: ignore[assignment]
+        stand_in = None
+        if "importlib.metadata" not in sys.modules:
+            version = _paramiko_version()
+            if version is not None:
+                stand_in = sys.modules["importlib.metadata"] = _Metadata(version)  # type: ignore
         try:
             import paramiko
         finally:
             if blocked:
                 sys.modules.pop("invoke", None)
+            if stand_in is not None and sys.modules.get("importlib.metadata") is stand_in:
+                del sys.modules["importlib.metadata"]
         _paramiko["module"] = paramiko
     except Exception as err:  # ImportError, or a broken install
         _paramiko["error"] = err
@@ -151,20 +195,27 @@ def _expand_includes(path: str, depth: int = 0) -> str:
 
 
 class _Config:
-    """``~/.ssh/config`` (or ``--ssh-config``) as paramiko reads it, Include expanded."""
+    """``~/.ssh/config`` (or ``--ssh-config``), Include expanded (see :mod:`.sshconfig`)."""
 
-    def __init__(self, paramiko, path: Optional[str]) -> None:
-        self.config = paramiko.SSHConfig()
+    def __init__(self, path: Optional[str]) -> None:
+        from .sshconfig import ConfigError, SSHConfig
         path = path or os.path.join(_home(), ".ssh", "config")
-        if os.path.exists(path):
-            import io
-            self.config.parse(io.StringIO(_expand_includes(path)))
+        self.error: Optional[str] = None
+        try:
+            self.config = SSHConfig(_expand_includes(path) if os.path.exists(path) else "",
+                                    origin=path)
+        except ConfigError as err:
+            self.config = SSHConfig()
+            self.error = str(err)
 
     def lookup(self, name: str) -> Dict[str, Any]:
+        from .sshconfig import ConfigError
+        if self.error is not None:
+            raise HostFailure("resolve", self.error)
         try:
-            return dict(self.config.lookup(name))
-        except Exception as err:  # a Match exec, a bad token...
-            raise HostFailure("resolve", f"~/.ssh/config: {err}") from None
+            return self.config.lookup(name)
+        except ConfigError as err:
+            raise HostFailure("resolve", str(err)) from None
 
 
 # ---------------------------------------------------------------------------
@@ -340,20 +391,22 @@ class _Connector:
     def __init__(self, options: Options, pythons: Sequence[str]) -> None:
         self.options = options
         self.command = bootstrap.remote_command(pythons)
-        self.payload = bootstrap.payload()
-        self.sockets: Dict[str, Tuple[Any, float]] = {}
+        self.config = _Config(options.config)
         self.paramiko = None
-        self.config = None
         self.known: Optional[_KnownHosts] = None
         self.sshd_slots: Dict[Tuple[str, int], threading.Semaphore] = {}
         self.jumps: Dict[str, Any] = {}
         self.lock = threading.Lock()
 
     def settings(self, name: str) -> Dict[str, Any]:
-        cfg = self.config.lookup(name)  # type: ignore[union-attr]
+        cfg = self.config.lookup(name)
         opts = self.options
-        port = opts.port or int(cfg.get("port", 22))
-        user = opts.user or cfg.get("user") or _local_user()
+        try:
+            port = opts.port or int(cfg.get("port", 22))
+        except ValueError:
+            raise HostFailure("resolve", f"~/.ssh/config: Port {cfg['port']!r} of {name} "
+                                         f"is not a number") from None
+        user = opts.user or cfg.get("user") or self.config.config.local_user
         identities = [opts.identity] if opts.identity else list(cfg.get("identityfile") or [])
         timeout = opts.connect_timeout
         if "connecttimeout" in cfg:
@@ -364,7 +417,9 @@ class _Connector:
         return {"hostname": cfg.get("hostname", name), "port": port, "user": user,
                 "identities": identities, "timeout": timeout,
                 "identities_only": str(cfg.get("identitiesonly", "no")).lower() == "yes",
-                "proxyjump": cfg.get("proxyjump"), "proxycommand": cfg.get("proxycommand"),
+                "proxyjump": cfg.get("proxyjump"),
+                "proxycommand": None if str(cfg.get("proxycommand", "none")).lower() == "none"
+                else cfg["proxycommand"],
                 "alias": cfg.get("hostkeyalias"),
                 "accept_new": opts.accept_new or str(cfg.get("stricthostkeychecking", "")
                                                       ).lower() in ("accept-new", "no", "off"),
@@ -534,7 +589,7 @@ class _Connector:
         except Exception as err:
             raise HostFailure("agent start", f"cannot run a command: {_reason(err)}") from None
         try:
-            channel.sendall(self.payload)
+            channel.sendall(bootstrap.payload())
             reader = link.Reader(expect_sync=True)
             deadline = time.monotonic() + AGENT_TIMEOUT
             frames: List[Tuple[int, bytes]] = []
@@ -579,22 +634,33 @@ class _Connector:
         stage = "remote Python" if status in (126, 127) else "agent start"
         return HostFailure(stage, last[:300])
 
+    def _paramiko_ready(self) -> None:
+        """Wait for paramiko's import (once); read the known hosts."""
+        with self.lock:
+            if self.paramiko is None:
+                paramiko = paramiko_module()
+                self.known = _KnownHosts(paramiko)
+                self.paramiko = paramiko
+
     def connect(self, name: str) -> AgentConnection:
         s = self.settings(name)
-        transport = self.transport(name, s, self.sockets.pop(name, (None, 0))[0])
+        sock = None
+        if not s["proxycommand"] and str(s["proxyjump"] or "none").lower() == "none":
+            # The TCP connection, and sshd's start of a session process, go
+            # ahead while paramiko is still being imported.
+            sock, _ = self.open_socket(s)
+        try:
+            self._paramiko_ready()
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+        transport = self.transport(name, s, sock)
         try:
             return self.start_agent(name, transport)
         except BaseException:
             transport.close()
             raise
-
-
-def _local_user() -> str:
-    import getpass
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "root" if os.geteuid() == 0 else str(os.geteuid())
 
 
 def _reason(err: BaseException) -> str:
@@ -626,13 +692,6 @@ def connect_all(names: Sequence[str], options: Options,
                     return
                 name = todo.pop(0)
             try:
-                if connector.paramiko is None:
-                    with lock:
-                        if connector.paramiko is None:
-                            paramiko = paramiko_module()
-                            connector.config = _Config(paramiko, options.config)
-                            connector.known = _KnownHosts(paramiko)
-                            connector.paramiko = paramiko
                 conn = connector.connect(name)
             except HostFailure as err:
                 with lock:

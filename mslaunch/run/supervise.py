@@ -374,12 +374,12 @@ class Supervisor:
         It listens only on the addresses this machine uses to reach the
         hosts.  ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH.
         """
-        if os.environ.get("MSLAUNCH_DIRECT_OUTPUT", "1") in ("0", "no", "off"):
+        from ..remote.dialback import Listener, direct_output
+        if not direct_output():
             return None
         addresses = [c.local_address for c in conns.values() if c.local_address]
         if not addresses:
             return None
-        from ..remote.dialback import Listener
         try:
             self.listener = Listener(self.loop, addresses, tls=True, log=self.pmi_log_plain)
         except Exception as err:   # no cryptography, no ssl: the SSH channel will do
