@@ -1201,13 +1201,13 @@ def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tm
     # gets a bundle of its own.
     import shutil
     copy = tmp_path / "pkg"
-    shutil.copytree(os.path.join(os.path.dirname(bootstrap.__file__), "..", ".."),
-                    copy, ignore=shutil.ignore_patterns("__pycache__", "tests", ".git", ".venv",
-                                                        "bench", "*.egg-info"))
+    shutil.copytree(os.path.dirname(os.path.dirname(bootstrap.__file__)), copy / "mslaunch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "mslaunch" / "spec.py").write_text((copy / "mslaunch" / "spec.py").read_text()
                                                + "\n# changed\n")
     env2 = dict(env, PYTHONPATH=str(copy))
-    third = subprocess.run([PY, "-c", probe], env=env2, capture_output=True, check=True,
+    third = subprocess.run([PY, "-c", probe + "; assert b.__file__.startswith(sys.argv[1])",
+                            str(copy)], env=env2, capture_output=True, check=True,
                            cwd=tmp_path).stdout
     assert len(list((tmp_path / "cache" / "mslaunch").glob("agent-*.bundle"))) == 2
     assert third != first

@@ -213,7 +213,10 @@ def prepare_in_background() -> None:
         package_bundle()
         from . import dialback
         if dialback.direct_output():
-            dialback.prepare_tls()
+            try:
+                dialback.tls_credentials()
+            except Exception:       # said by the Listener that asks for them
+                pass
 
     threading.Thread(target=prepare, name="agent-bundle", daemon=True).start()
 

@@ -18,13 +18,14 @@ few lines a window report it.
 
 from __future__ import annotations
 
+import _thread
 import os
 import socket
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..run.loop import Loop, Timer
 
@@ -68,31 +69,26 @@ def direct_output() -> bool:
     return os.environ.get("MSLAUNCH_DIRECT_OUTPUT", "1") not in ("0", "no", "off")
 
 
-_tls: Dict[str, object] = {}
+_tls_lock = _thread.allocate_lock()
+#: (certificate PEM, server context, None), or (None, None, the error), once made.
+_tls: List[tuple] = []
 
 
-def prepare_tls() -> None:
-    """Make the launcher's key, certificate and TLS context now (in a thread, while
-    the hosts connect), so that :class:`Listener` finds them made."""
-    if "ready" in _tls:
-        return
-    import threading
-    with _tls.setdefault("lock", threading.Lock()):  # type: ignore[attr-defined]
-        if "ready" not in _tls:
+def tls_credentials() -> Tuple[bytes, Any]:
+    """The launcher's certificate (PEM) and TLS server context, made once per
+    process: in the background while the hosts connect (see
+    :func:`mslaunch.remote.bootstrap.prepare_in_background`), or here."""
+    with _tls_lock:
+        if not _tls:
             try:
                 key_pem, cert_pem = self_signed()
-                _tls["value"] = (cert_pem, _server_context(key_pem, cert_pem))
+                _tls.append((cert_pem, _server_context(key_pem, cert_pem), None))
             except Exception as err:   # no cryptography, no ssl: Listener says so
-                _tls["error"] = err
-            _tls["ready"] = True
-
-
-def _tls_credentials():
-    """(certificate PEM, server context), made once per process."""
-    prepare_tls()
-    if "error" in _tls:
-        raise _tls["error"]  # type: ignore[misc]
-    return _tls["value"]
+                _tls.append((None, None, err))
+    cert_pem, context, error = _tls[0]
+    if error is not None:
+        raise error
+    return cert_pem, context
 
 
 def _server_context(key_pem: bytes, cert_pem: bytes):
@@ -145,7 +141,7 @@ class Listener:
         self.cert_pem: Optional[bytes] = None
         self._context = None
         if tls:
-            self.cert_pem, self._context = _tls_credentials()
+            self.cert_pem, self._context = tls_credentials()
         self._lines = 0
         self._window_end = 0.0
         self._suppressed = 0

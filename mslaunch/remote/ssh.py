@@ -198,19 +198,20 @@ class _Config:
     """``~/.ssh/config`` (or ``--ssh-config``), Include expanded (see :mod:`.sshconfig`)."""
 
     def __init__(self, path: Optional[str]) -> None:
-        from .sshconfig import ConfigError, SSHConfig
+        from .sshconfig import ConfigError, SSHConfig, login_name
         path = path or os.path.join(_home(), ".ssh", "config")
-        self.error: Optional[str] = None
+        self.local_user = login_name()
+        self.config: Optional[SSHConfig] = None
+        self.error = ""
         try:
             self.config = SSHConfig(_expand_includes(path) if os.path.exists(path) else "",
-                                    origin=path)
-        except ConfigError as err:
-            self.config = SSHConfig()
+                                    origin=path, local_user=self.local_user)
+        except ConfigError as err:    # said for every host, which all use the file
             self.error = str(err)
 
     def lookup(self, name: str) -> Dict[str, Any]:
         from .sshconfig import ConfigError
-        if self.error is not None:
+        if self.config is None:
             raise HostFailure("resolve", self.error)
         try:
             return self.config.lookup(name)
@@ -392,7 +393,7 @@ class _Connector:
         self.options = options
         self.command = bootstrap.remote_command(pythons)
         self.config = _Config(options.config)
-        self.paramiko = None
+        self.paramiko: Any = None
         self.known: Optional[_KnownHosts] = None
         self.sshd_slots: Dict[Tuple[str, int], threading.Semaphore] = {}
         self.jumps: Dict[str, Any] = {}
@@ -406,7 +407,7 @@ class _Connector:
         except ValueError:
             raise HostFailure("resolve", f"~/.ssh/config: Port {cfg['port']!r} of {name} "
                                          f"is not a number") from None
-        user = opts.user or cfg.get("user") or self.config.config.local_user
+        user = opts.user or cfg.get("user") or self.config.local_user
         identities = [opts.identity] if opts.identity else list(cfg.get("identityfile") or [])
         timeout = opts.connect_timeout
         if "connecttimeout" in cfg:

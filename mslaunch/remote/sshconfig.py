@@ -134,7 +134,7 @@ class SSHConfig:
                  local_user: Optional[str] = None) -> None:
         self.lines = parse(text, origin)
         self.origin = origin
-        self.local_user = local_user or _local_user()
+        self.local_user = local_user or login_name()
 
     def lookup(self, host: str) -> Dict[str, object]:
         """The settings that apply to ``host``: keyword (lower case) -> value
@@ -167,8 +167,8 @@ class SSHConfig:
                 active = self._match(number, original, args, found, final)
             elif active and keyword != "include":
                 if keyword in _MULTIPLE:
-                    values = found.setdefault(keyword, [])
-                    values.extend(a for a in args if a not in values)  # type: ignore[attr-defined]
+                    values: List[str] = found.setdefault(keyword, [])  # type: ignore[assignment]
+                    values.extend(a for a in args if a not in values)
                 elif keyword not in found:
                     found[keyword] = list(args) if keyword in _LISTS else " ".join(args)
 
@@ -302,7 +302,7 @@ class SSHConfig:
         return "".join(out)
 
 
-def _local_user() -> str:
+def login_name() -> str:
     """This process's user name, from the password database, as OpenSSH takes it."""
     import pwd
     try:
