@@ -426,6 +426,17 @@ def main(argv: Sequence[str]) -> int:
         C.log("bench: no launcher to run")
         return 2
     by_key: Dict[str, C.Launcher] = {l.key: l for l in launchers}
+    # The relay is also run as Hydra runs it: ranks on pipes, output in plain TCP.
+    relay_launchers = list(launchers)
+    if "mslaunch" in by_key:
+        ms = by_key["mslaunch"]
+        at = relay_launchers.index(ms) + 1
+        relay_launchers[at:at] = [
+            ms.variant("mslaunch-pipes", "mslaunch --no-pty", ["--no-pty"]),
+            ms.variant("mslaunch-plain", "mslaunch --no-pty, plain TCP output", ["--no-pty"],
+                       {"MSLAUNCH_OUTPUT_TLS": "0"})]
+    relay_only = {l.key for l in relay_launchers} - set(by_key)
+    by_key.update({l.key: l for l in relay_launchers})
     sizes = sorted({int(x) for x in args.hosts.split(",") if x.strip()})
     which = {c.strip() for c in args.cases.split(",") if c.strip()}
     if which - {"launch", "mpi", "relay"}:
@@ -499,6 +510,8 @@ def main(argv: Sequence[str]) -> int:
         def execute(case: str, key: str) -> C.Outcome:
             kind, n, mb = cases[case]
             l, b = by_key[key], beds[n]
+            if key in relay_only and kind != "relay":
+                return C.Outcome()
             if (key, n) in preflight:
                 return C.Outcome(error=preflight[(key, n)])
             if kind == "launch":
@@ -643,7 +656,7 @@ def main(argv: Sequence[str]) -> int:
             return None if not seconds else total / MIB / seconds
 
         rows = []
-        for l in launchers:
+        for l in relay_launchers:
             s, z = results[("relay", l.key)], results[("relay 0", l.key)]
             wall, zero = s.median(), z.median()
             med, best = rate(wall), rate(s.minimum())
@@ -665,9 +678,14 @@ def main(argv: Sequence[str]) -> int:
                                 "wall s median", "0 MiB wall ms", "launcher CPU s",
                                 "bytes check", "spliced lines, median (max)"], rows))
         if "mslaunch" in by_key and "hydra" in by_key:
-            r = C.ratio(rate(results[("relay", "mslaunch")].median()),
-                        rate(results[("relay", "hydra")].median()))
-            print(f"\nmslaunch / Hydra throughput: {r} (higher is better for mslaunch).")
+            hydra = rate(results[("relay", "hydra")].median())
+            print()
+            for l in (l for l in relay_launchers if l.kind == "mslaunch"):
+                r = C.ratio(rate(results[("relay", l.key)].median()), hydra)
+                print(f"- {l.label} / Hydra throughput: {r} (higher is better for mslaunch)")
+            print("\nmslaunch gives remote ranks a pseudo-terminal, as Open MPI does (output "
+                  "line-buffered as on a terminal), and sends their output in TLS; Hydra's "
+                  "ranks write to pipes and its proxies send output in plain TCP.")
         print("\nBytes check: total bytes, the number of `x` and of newlines are exactly what the "
               "ranks wrote. Spliced lines: lines of the relayed stream that are not one of the two "
               "lines the ranks write, i.e. pieces of two ranks' lines joined (no line "

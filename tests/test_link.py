@@ -252,6 +252,155 @@ def test_short_binary_frames_are_link_errors():
     assert link.decode_binary(b"\0\0\0\1\2") == (1, 2, b"")
 
 
+def read_in_place(reader: link.Reader, data: bytes, sizes: Sequence[int]) -> List[Frame]:
+    """Feed ``data`` as a receiver does: into :meth:`Reader.room`, ``sizes`` bytes a
+    time; bodies are copied at once, as views are only good until the next read.
+    The last OUTPUT view is held on to, as a careless consumer might."""
+    out: List[Frame] = []
+    held = None
+    pos, i = 0, 0
+    while pos < len(data):
+        want = max(1, sizes[i % len(sizes)] if sizes else 1 << 16)
+        i += 1
+        room = reader.room(want)
+        n = min(len(room), want, len(data) - pos)
+        room[:n] = data[pos:pos + n]
+        del room
+        pos += n
+        for kind, body in reader.received(n):
+            assert (type(body) is memoryview) == (kind == link.OUTPUT)
+            if kind == link.OUTPUT:
+                held = body
+            out.append((kind, bytes(body)))
+    del held
+    return out
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(frames(), max_size=8), st.lists(st.integers(1, 3000), max_size=6),
+       st.booleans(), st.binary(max_size=200))
+def test_frames_read_in_place_are_the_frames_fed(sent, sizes, sync, junk):
+    data = b"".join(encode_frame(k, b) for k, b in sent)
+    if sync:
+        data = junk.replace(link.SYNC, b"") + link.SYNC + data
+    expected = link.Reader(expect_sync=sync).feed(data)
+    reader = link.Reader(expect_sync=sync)
+    assert read_in_place(reader, data, sizes) == expected
+    assert not reader.buf
+
+
+def test_a_frame_larger_than_the_buffer_grows_it_and_it_shrinks_after():
+    big = link.encode(link.JOB, {"x": "y" * (link.KEEP + 100)})
+    data = big + link.encode_output(1, 1, b"z" * 1000)
+    reader = link.Reader()
+    got = read_in_place(reader, data, [1 << 16])
+    assert [k for k, _ in got] == [link.JOB, link.OUTPUT]
+    assert got[0][1] == big[5:]
+    assert len(reader._mem) <= link.KEEP
+
+
+# ---------------------------------------------------------------------------
+# endpoints: frames through a real socket, plain or TLS, with a full send buffer
+# ---------------------------------------------------------------------------
+
+def _endpoint_pair(tls: bool):
+    import socket
+    import ssl
+
+    from mslaunch.remote import dialback
+    if not tls:
+        return socket.socketpair()
+    cert, server_context = dialback.tls_credentials()
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        client_context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client_context.check_hostname = False
+        client_context.load_verify_locations(cadata=cert.decode())
+        with ThreadPoolExecutor(1) as pool:
+            accepted = pool.submit(lambda: server_context.wrap_socket(
+                listener.accept()[0], server_side=True))
+            client = client_context.wrap_socket(
+                socket.create_connection(listener.getsockname()))
+            server = accepted.result(10)
+    finally:
+        listener.close()
+    return client, server
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+@settings(max_examples=25, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 300_000), min_size=1, max_size=12))
+def test_output_frames_cross_a_socket_whole_from_reused_buffers(tls, sizes):
+    import socket
+
+    from mslaunch.remote.endpoint import SocketEndpoint
+    from mslaunch.run.loop import Loop
+    loop = Loop()
+    a, b = _endpoint_pair(tls)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)   # most sends are left queued
+    got: List[Frame] = []
+    closed: List[str] = []
+    sender = SocketEndpoint(loop, a, on_frame=lambda k, body: None, on_closed=closed.append)
+    receiver = SocketEndpoint(loop, b, on_frame=lambda k, body: got.append((k, bytes(body))),
+                              on_closed=closed.append)
+    scratch = bytearray(max(sizes))
+    expected = []
+    try:
+        for i, size in enumerate(sizes):
+            data = bytes([65 + i % 26]) * size
+            scratch[:size] = data
+            sender.send_parts((link.output_head(i, 1, size), memoryview(scratch)[:size]))
+            scratch[:] = b"#" * len(scratch)          # the agent's next read
+            sender.send(link.encode(link.BEAT))
+            expected += [link.encode_output(i, 1, data)[5:], b""]
+        deadline = time.monotonic() + 30
+        loop.run_until(lambda: len(got) == len(expected) or bool(closed)
+                       or time.monotonic() > deadline)
+        assert closed == []
+        assert [body for _, body in got] == expected
+    finally:
+        sender.close()
+        receiver.close()
+        loop.close()
+
+
+def test_a_tls_record_read_only_in_part_is_not_left_behind():
+    """The first read has room for 64 KiB; the TLS records of a frame ending 5
+    bytes past it leave those bytes decrypted inside the TLS object, where the
+    loop cannot see them, and nothing else comes to wake it."""
+    from mslaunch.remote.endpoint import FIRST_READ, SocketEndpoint
+    from mslaunch.run.loop import Loop
+    import fcntl
+    import struct
+    import termios
+    loop = Loop()
+    a, b = _endpoint_pair(True)
+    head = link.output_head(0, 1, 0)
+    data = b"q" * (FIRST_READ - len(head) + 5)
+    a.sendall(link.output_head(0, 1, len(data)))     # two records ...
+    a.sendall(data)                                  # ... and four more
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:               # all of them arrived
+        waiting = struct.unpack("i", fcntl.ioctl(b.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        if waiting >= len(head) + len(data) + 5 * 16:
+            break
+        time.sleep(0.01)
+    got: List[Frame] = []
+    closed: List[str] = []
+    sender = SocketEndpoint(loop, a, on_frame=lambda k, body: None, on_closed=closed.append)
+    receiver = SocketEndpoint(loop, b, on_frame=lambda k, body: got.append((k, bytes(body))),
+                              on_closed=closed.append)
+    try:
+        deadline = time.monotonic() + 5
+        loop.run_until(lambda: bool(got) or bool(closed) or time.monotonic() > deadline)
+        assert closed == [] and got == [(link.OUTPUT, link.encode_output(0, 1, data)[5:])]
+    finally:
+        sender.close()
+        receiver.close()
+        loop.close()
+
+
 # ---------------------------------------------------------------------------
 # the real agent over pipes
 # ---------------------------------------------------------------------------

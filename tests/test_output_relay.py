@@ -8,13 +8,15 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.run.output import Console, RankOutput, line_prefix
+from mslaunch.run.loop import Loop
+from mslaunch.run.output import Console, RankOutput, _last_newline, line_prefix
 
 _piece = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b""))
 
 
-def _relay(chunks, prefix=False):
-    """Feed (source, bytes) chunks through RankOutputs; return terminal and file bytes."""
+def _relay(chunks, prefix=False, views=False):
+    """Feed (source, bytes) chunks through RankOutputs; return terminal and file bytes.
+    With ``views``, each chunk is fed as a view of a buffer scribbled over after it."""
     with tempfile.TemporaryFile() as term:
         console = Console(out_fd=term.fileno(), err_fd=term.fileno())
         sinks, files = {}, {}
@@ -26,7 +28,7 @@ def _relay(chunks, prefix=False):
                 prefix=line_prefix(source, "stdout", tag=True, timestamp=False,
                                    rank_prefix=False) if prefix else None,
                 keep_tail=True)
-        for source, data in chunks:
+        for source, data in _scribbled_views(chunks) if views else chunks:
             sinks[source].feed(data)
         for s in sinks.values():
             s.finish()
@@ -84,3 +86,72 @@ def test_tagged_lines_carry_their_own_rank(chunks):
         per_source.setdefault(rank, []).append(body)
     for source in kept:
         assert per_source.get(source, []) == _lines(kept[source])
+
+
+# -- views: the remote path hands on views of a buffer that is reused ------------
+
+def _scribbled_views(chunks, size=64):
+    """The chunks as views of one scratch buffer, overwritten after each use."""
+    scratch = bytearray(max([size] + [len(d) for _, d in chunks]))
+    for source, data in chunks:
+        scratch[:len(data)] = data
+        yield source, memoryview(scratch)[:len(data)]
+        scratch[:] = b"#" * len(scratch)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_chunks, st.booleans())
+def test_views_of_a_reused_buffer_relay_like_bytes(chunks, prefix):
+    assert _relay(chunks, prefix, views=True) == _relay(chunks, prefix)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.lists(st.integers(0, 90_000), max_size=4),
+       st.integers(0, 90_000), st.integers(0, 50))
+def test_last_newline_of_any_view_is_rfind(noise, newlines, size, offset):
+    data = bytearray((noise.replace(b"\n", b"") * (size // max(1, len(noise)) + 1))[:size]
+                     if noise.replace(b"\n", b"") else b"x" * size)
+    for at in newlines:
+        if at < len(data):
+            data[at] = 10
+    backing = bytearray(b"\n" * offset) + data + b"\n"     # newlines outside the view
+    view = memoryview(backing)[offset:offset + len(data)]
+    assert _last_newline(view) == bytes(data).rfind(b"\n")
+    assert _last_newline(bytes(data)) == bytes(data).rfind(b"\n")
+
+
+def test_a_slow_pipe_gets_every_byte_of_views_whose_buffer_is_reused():
+    """Writes to a full pipe queue a copy of what is left, never the caller's view."""
+    import threading
+    read_fd, write_fd = os.pipe()
+    got = bytearray()
+
+    def reader():
+        while True:
+            data = os.read(read_fd, 4096)
+            if not data:
+                return
+            got.extend(data)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        loop = Loop()
+        console = Console(out_fd=write_fd, err_fd=write_fd)
+        console.attach(loop)
+        sink = RankOutput(terminal=console.terminal(1), file_fd=None, prefix=None,
+                          keep_tail=False)
+        line = b"".join(b"%07d\n" % i for i in range(40_000))      # 320 KB of lines
+        chunks = [(0, line[a:a + 50_000]) for a in range(0, len(line), 50_000)]
+        for _, view in _scribbled_views(chunks):
+            sink.feed(view)                 # the pipe is full after the first
+        sink.finish()
+        assert console.pending > 0
+        loop.run_until(lambda: console.pending == 0)
+        console.attach(None)
+        loop.close()
+    finally:
+        os.close(write_fd)
+        thread.join(10)
+        os.close(read_fd)
+    assert bytes(got) == line

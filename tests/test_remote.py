@@ -427,6 +427,26 @@ def test_no_byte_of_remote_output_is_lost(sshbed, home, tmp_path):
         assert hashlib.sha256(data).hexdigest() == digest
 
 
+@pytest.mark.parametrize("transport", [{}, {"MSLAUNCH_OUTPUT_TLS": "0"},
+                                       {"MSLAUNCH_DIRECT_OUTPUT": "0"}],
+                         ids=["tls", "plain-tcp", "ssh-channel"])
+def test_large_remote_output_reaches_the_terminal_whole(sshbed, home, transport):
+    """Megabytes of lines from two hosts at once, through each way output can
+    travel, to mslaunch's stdout: every line of every rank, in order, unspliced."""
+    code = ("import os, sys\nr = os.environ['RANK']\nout = sys.stdout.buffer\n"
+            "for i in range(60000): out.write(b'%s %06d ' % (r.encode(), i) + b'x' * (i % 200)"
+            " + b'\\n')")
+    r = run_remote(home, "--no-pty", "-H", "h1,h2", "-n", "2", PY, "-c", code,
+                   env=renv(home, **transport))
+    assert r.returncode == 0, r.stderr
+    per_rank = {"0": [], "1": []}
+    for line in r.stdout.split(b"\n")[:-1]:
+        rank, number, tail = line.split(b" ")
+        assert tail == b"x" * (int(number) % 200), line[:80]
+        per_rank[rank.decode()].append(int(number))
+    assert per_rank == {"0": list(range(60000)), "1": list(range(60000))}
+
+
 def test_lines_of_remote_ranks_are_never_spliced(sshbed, home):
     code = ("import os, sys\nc = 'ab'[int(os.environ['RANK'])]\n"
             "for i in range(3000): sys.stdout.write(c * (i % 300 + 1) + '\\n')")

@@ -90,6 +90,13 @@ class _LinkOutput:
         self.agent.waiting.add(source)
 
     def feed(self, data) -> None:
+        if not self.gathered and len(data) >= GATHER_BYTES:
+            # A large read goes out as it is, its header written in front of
+            # the view rather than both copied into one frame.
+            self.agent.credit -= len(data)
+            self.agent.output_link.send_parts(
+                (link.output_head(self.rank, self.stream, len(data)), data))
+            return
         self.gathered += data
         if len(self.gathered) >= GATHER_BYTES:
             self.flush()

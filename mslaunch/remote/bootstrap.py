@@ -212,7 +212,7 @@ def prepare_in_background() -> None:
     def prepare() -> None:
         package_bundle()
         from . import dialback
-        if dialback.direct_output():
+        if dialback.direct_output() and dialback.output_tls():
             try:
                 dialback.tls_credentials()
             except Exception:       # said by the Listener that asks for them

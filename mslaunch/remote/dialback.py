@@ -69,6 +69,12 @@ def direct_output() -> bool:
     return os.environ.get("MSLAUNCH_DIRECT_OUTPUT", "1") not in ("0", "no", "off")
 
 
+def output_tls() -> bool:
+    """Whether output connections are TLS (unless ``MSLAUNCH_OUTPUT_TLS=0``:
+    plain TCP, still token-checked, as Hydra and Open MPI send output)."""
+    return os.environ.get("MSLAUNCH_OUTPUT_TLS", "1") not in ("0", "no", "off")
+
+
 _tls_lock = _thread.allocate_lock()
 #: (certificate PEM, server context, None), or (None, None, the error), once made.
 _tls: List[tuple] = []

@@ -26,6 +26,9 @@ from . import link
 #: Seconds between heartbeats, and how many may be missed before the peer
 #: counts as lost (override with MSLAUNCH_HEARTBEAT="interval,misses").
 HEARTBEAT = (1.0, 5)
+#: Bytes read per wake-up at first, and at most (doubling while reads fill it).
+FIRST_READ = 64 << 10
+MOST_READ = 1 << 20
 
 
 def heartbeat_setting(text: Optional[str]) -> Tuple[float, int]:
@@ -52,7 +55,8 @@ class Endpoint:
         self.on_frame = on_frame
         self.on_closed = on_closed
         self.reader = link.Reader(expect_sync=expect_sync)
-        self.queue: Deque[bytes] = deque()
+        self._want = FIRST_READ
+        self.queue: Deque[memoryview] = deque()
         self.queued = 0
         self.closed = False
         self.last_heard = time.monotonic()
@@ -88,33 +92,51 @@ class Endpoint:
         self._watch = self.loop.call_later(self.interval, self._check_peer)
 
     # -- input --------------------------------------------------------------
-    def _recv(self) -> bytes:
-        return os.read(self.read_fd, 1 << 20)
+    def _recv_into(self, view) -> int:
+        return os.readv(self.read_fd, [view])
 
-    def _send(self, data) -> int:
-        return os.write(self.write_fd, data)
+    def _buffered(self) -> bool:
+        """Whether received bytes wait where the loop cannot see them (TLS)."""
+        return False
 
     def _on_readable(self) -> None:
-        try:
-            data = self._recv()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as err:
-            self.close(f"link read failed: {err.strerror or err}")
-            return
-        if not data:
-            self.close("the link reached end-of-file")
-            return
-        self.deliver(data)
+        while True:
+            room = self.reader.room(self._want)
+            try:
+                n = self._recv_into(room)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                self.close(f"link read failed: {err.strerror or err}")
+                return
+            finally:
+                del room
+            if not n:
+                self.close("the link reached end-of-file")
+                return
+            if n >= self._want and self._want < MOST_READ:
+                self._want *= 2          # a busy link reads in larger pieces
+            self.last_heard = time.monotonic()
+            try:
+                frames = self.reader.received(n)
+            except link.LinkError as err:
+                self.close(f"protocol error: {err}")
+                return
+            self._dispatch(frames)
+            if self.closed or not self._buffered():
+                return
 
     def deliver(self, data: bytes) -> None:
-        """Bytes received from the peer: cut them into frames and hand those on."""
+        """Bytes received from the peer elsewhere: cut them into frames and hand those on."""
         self.last_heard = time.monotonic()
         try:
             frames = self.reader.feed(data)
         except link.LinkError as err:
             self.close(f"protocol error: {err}")
             return
+        self._dispatch(frames)
+
+    def _dispatch(self, frames) -> None:
         for kind, body in frames:
             if self.closed:
                 return
@@ -133,24 +155,39 @@ class Endpoint:
 
     # -- output -------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        if self.closed or not data:
+        self.send_parts((data,))
+
+    def send_parts(self, parts) -> None:
+        """Send ``parts`` back to back: bytes, or views valid only during the call
+        (copied if they must wait)."""
+        if self.closed:
             return
-        if not self.queue:
+        rest = [p for p in parts if len(p)]
+        if not self.queue and rest:
             try:
-                n = self._send(data)
+                n = self._send_parts(rest)
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as err:
                 self._write_failed(err)
                 return
-            if n == len(data):
-                return
-            data = data[n:]
-        self.queue.append(data)
-        self.queued += len(data)
-        if not self._writer:
+            while rest and n >= len(rest[0]):
+                n -= len(rest.pop(0))
+            if n:
+                rest[0] = memoryview(rest[0])[n:]
+        for part in rest:
+            kept = memoryview(part if type(part) is bytes else bytes(part))
+            self.queue.append(kept)
+            self.queued += len(kept)
+        if self.queue and not self._writer:
             self._writer = True
             self.loop.add_writer(self.write_fd, self._on_writable)
+
+    def _send(self, data) -> int:
+        return os.write(self.write_fd, data)
+
+    def _send_parts(self, parts) -> int:
+        return os.writev(self.write_fd, parts)
 
     def _on_writable(self) -> None:
         while self.queue:
@@ -203,28 +240,35 @@ class SocketEndpoint(Endpoint):
 
     def __init__(self, loop: Loop, sock, **kw) -> None:
         self.sock = sock
+        self._tls = hasattr(sock, "pending")
         sock.setblocking(False)
         super().__init__(loop, sock.fileno(), sock.fileno(), **kw)
 
-    def _recv(self) -> bytes:
+    def _recv_into(self, view) -> int:
+        if not self._tls:
+            return self.sock.recv_into(view)
         import ssl
-        chunks = []
+        filled = 0
         try:
-            # A TLS socket may hold decrypted bytes the kernel no longer
-            # signals: read until it would block.
-            while True:
-                data = self.sock.recv(1 << 20)
-                if not data:
-                    if chunks:
-                        break
-                    return b""
-                chunks.append(data)
-                if len(chunks) >= 16:
+            # One TLS record per call: read on until the view is full or the
+            # socket is empty.
+            while filled < len(view):
+                n = self.sock.recv_into(view[filled:])
+                if not n:
                     break
-        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            if not chunks:
+                filled += n
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            if not filled:
                 raise BlockingIOError from None
-        return b"".join(chunks)
+        except BlockingIOError:
+            if not filled:
+                raise
+        return filled
+
+    def _buffered(self) -> bool:
+        # A record decrypted only in part (the view was full) stays inside
+        # the TLS object, and the kernel no longer signals it.
+        return self._tls and self.sock.pending() > 0
 
     def _send(self, data) -> int:
         import ssl
@@ -232,6 +276,21 @@ class SocketEndpoint(Endpoint):
             return self.sock.send(data)
         except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
             raise BlockingIOError from None
+
+    def _send_parts(self, parts) -> int:
+        if not self._tls:
+            return self.sock.sendmsg(parts)
+        # TLS: one part at a time.  A part that cannot go whole raises
+        # "want write" and must be offered again unchanged: it is queued whole.
+        sent = 0
+        for part in parts:
+            try:
+                sent += self._send(part)
+            except BlockingIOError:
+                if not sent:
+                    raise
+                break
+        return sent
 
     def close(self, reason: str = "") -> None:
         was = self.closed

@@ -34,6 +34,8 @@ SYNC = b"\0mslaunch-link-1\0"
 MAX_FRAME = 64 << 20
 #: Bytes of junk a remote shell may print before :data:`SYNC`.
 MAX_PREAMBLE = 64 << 10
+#: Largest receive buffer a reader keeps once it is empty again.
+KEEP = 4 << 20
 
 HELLO, JOB, READY, START, STARTED, OUTPUT, EXITED, SIGNAL, CREDIT, STDIN, PMI, BEAT, \
     ERROR, BYE, DONE, LOG, NODE = range(1, 18)
@@ -44,6 +46,7 @@ NAMES = {HELLO: "HELLO", JOB: "JOB", READY: "READY", START: "START", STARTED: "S
 _BINARY = (OUTPUT, STDIN)
 _HEAD = struct.Struct(">IB")
 _RANK_STREAM = struct.Struct(">IB")
+_OUTPUT_HEAD = struct.Struct(">IBIB")
 #: ``STDIN`` rank meaning "every rank that reads stdin".
 ALL_RANKS = 0xFFFFFFFF
 
@@ -63,8 +66,12 @@ def encode(kind: int, body: Optional[Dict[str, Any]] = None) -> bytes:
 
 def encode_output(rank: int, stream: int, data) -> bytes:
     """One ``OUTPUT`` frame: ``stream`` 1 or 2 of ``rank``; empty data is end-of-stream."""
-    return _HEAD.pack(len(data) + 1 + _RANK_STREAM.size, OUTPUT) + \
-        _RANK_STREAM.pack(rank, stream) + bytes(data)
+    return output_head(rank, stream, len(data)) + bytes(data)
+
+
+def output_head(rank: int, stream: int, size: int) -> bytes:
+    """The start of an ``OUTPUT`` frame whose ``size`` bytes of data follow it."""
+    return _OUTPUT_HEAD.pack(size + 1 + _RANK_STREAM.size, OUTPUT, rank, stream)
 
 
 def encode_stdin(rank: int, data: bytes) -> bytes:
@@ -95,43 +102,87 @@ def decode_json(kind: int, body: bytes) -> Dict[str, Any]:
 
 
 class Reader:
-    """Cuts frames out of the bytes received so far."""
+    """Cuts frames out of the bytes received so far.
+
+    Bytes come in two ways: :meth:`feed` copies them in, or a receiver reads
+    straight into :meth:`room` and says how many with :meth:`received`.  The
+    latter hands ``OUTPUT`` bodies on as views into the buffer, valid only
+    until the next read into it (the output path copies what it keeps); all
+    other bodies are bytes.
+    """
 
     def __init__(self, expect_sync: bool = False, max_frame: int = MAX_FRAME) -> None:
-        self.buf = bytearray()
+        self._mem = bytearray()
+        self._start = 0          # the first byte not yet cut into a frame
+        self._end = 0            # the end of the bytes received
         self.synced = not expect_sync
         self.preamble = b""          # what came before the sync mark
         self.max_frame = max_frame
 
-    def feed(self, data: bytes) -> List[Tuple[int, bytes]]:
+    @property
+    def buf(self) -> bytes:
+        """The bytes received but not yet cut into frames."""
+        return bytes(self._mem[self._start:self._end])
+
+    def feed(self, data) -> List[Tuple[int, bytes]]:
         """Add received bytes; return the complete frames as ``(kind, body)``."""
-        self.buf += data
+        n = len(data)
+        self.room(n)[:n] = data
+        return [(kind, body if type(body) is bytes else bytes(body))
+                for kind, body in self.received(n)]
+
+    def room(self, want: int) -> memoryview:
+        """Writable space for at least ``want`` more bytes: a view of the buffer.
+
+        The buffer is replaced, never resized in place, so that a view still
+        held somewhere cannot make this fail."""
+        mem, pending = self._mem, self._end - self._start
+        if len(mem) - self._end < want:
+            if pending + want > len(mem):
+                new = bytearray(max(pending + want, 2 * len(mem)))
+                new[:pending] = memoryview(mem)[self._start:self._end]
+                self._mem = new
+            elif pending:
+                view = memoryview(mem)
+                view[:pending] = view[self._start:self._end]   # memmove: overlap is fine
+            self._start, self._end = 0, pending
+        return memoryview(self._mem)[self._end:]
+
+    def received(self, n: int) -> List[Tuple[int, Any]]:
+        """``n`` bytes were written into :meth:`room`: the frames now complete."""
+        self._end += n
+        mem = self._mem
         if not self.synced:
-            at = self.buf.find(SYNC)
+            at = mem.find(SYNC, self._start, self._end)
             if at < 0:
-                if len(self.buf) > MAX_PREAMBLE + len(SYNC):
+                if self._end - self._start > MAX_PREAMBLE + len(SYNC):
                     raise LinkError("no agent answered (the remote side printed "
-                                    f"{len(self.buf)} bytes but never the link's start mark)")
+                                    f"{self._end - self._start} bytes but never the "
+                                    "link's start mark)")
                 return []
-            self.preamble = bytes(self.buf[:at])
-            del self.buf[:at + len(SYNC)]
+            self.preamble = bytes(mem[self._start:at])
+            self._start = at + len(SYNC)
             self.synced = True
-        frames = []
-        buf = self.buf
-        pos = 0
-        while len(buf) - pos >= _HEAD.size:
-            length, kind = _HEAD.unpack_from(buf, pos)
+        frames: List[Tuple[int, Any]] = []
+        pos, end = self._start, self._end
+        view = memoryview(mem)
+        while end - pos >= _HEAD.size:
+            length, kind = _HEAD.unpack_from(mem, pos)
             if length < 1 or length > self.max_frame:
                 raise LinkError(f"frame length {length} out of range")
             if kind not in NAMES:
                 raise LinkError(f"unknown frame kind {kind}")
-            end = pos + 4 + length
-            if len(buf) < end:
+            stop = pos + 4 + length
+            if stop > end:
                 break
-            frames.append((kind, bytes(buf[pos + _HEAD.size:end])))
-            pos = end
-        if pos:
-            del buf[:pos]
+            body = view[pos + _HEAD.size:stop]
+            frames.append((kind, body if kind == OUTPUT else bytes(body)))
+            pos = stop
+        if pos == end:
+            pos = end = 0            # all cut: the next read starts at the front
+            if len(mem) > KEEP:
+                self._mem = bytearray()   # after a large frame
+        self._start, self._end = pos, end
         return frames
 
 

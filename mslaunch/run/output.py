@@ -102,10 +102,11 @@ class Terminal:
         self.open = self.fd >= 0
         self.error = ""                   # why it was closed, for a write error
         self.loop: Optional[Loop] = None
-        self.queue: Deque[bytes] = deque()
+        self.queue: Deque[memoryview] = deque()
         self.queued = 0
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
         self.owner: object = None         # the source whose line is unfinished
+        self._grow = self.open and self._send is None
         self._waiters: Set[object] = set()
         self._writer = False
         self.on_error: Optional[Callable[[Terminal], None]] = None
@@ -132,10 +133,27 @@ class Terminal:
                 return
             if n == len(data):
                 return
-            data = data[n:]
-        self.queue.append(bytes(data))
-        self.queued += len(data)
+            if self._grow:
+                self._grow_pipe()
+        else:
+            n = 0
+        # Queued as views of bytes of its own: a partial write then slices
+        # the view instead of copying the rest.
+        rest = memoryview(data)[n:] if type(data) is bytes else memoryview(bytes(data[n:]))
+        self.queue.append(rest)
+        self.queued += len(rest)
         self._want_writable()
+
+    def _grow_pipe(self) -> None:
+        # The reader falls behind: a pipe of 1 MiB instead of 64 KiB takes a
+        # burst in one write and lets it read in larger pieces.  Once only.
+        self._grow = False
+        try:
+            if stat.S_ISFIFO(os.fstat(self.fd).st_mode):
+                import fcntl
+                fcntl.fcntl(self.fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
+        except OSError:
+            pass   # over the user's pipe allowance: keep the size it has
 
     def _write(self, data) -> int:
         if self._send is not None:
@@ -339,9 +357,20 @@ def xml_element(stream: str, rank: Optional[int]) -> Callable[[bytes, bool], byt
 
 
 def _last_newline(data) -> int:
-    if isinstance(data, memoryview) and data.obj is _BUFFER:
+    if not isinstance(data, memoryview):
+        return data.rfind(b"\n")
+    if data.obj is _BUFFER:
         return _BUFFER.rfind(b"\n", 0, len(data))   # no copy of the chunk
-    return bytes(data).rfind(b"\n")
+    # Another view (a remote host's frame): look back from its end in
+    # growing windows, copying about as much as the last line is long.
+    end, size = len(data), 4096
+    while end > 0:
+        start = max(0, end - size)
+        at = bytes(data[start:end]).rfind(b"\n")
+        if at >= 0:
+            return start + at
+        end, size = start, size * 4
+    return -1
 
 
 class RankOutput:

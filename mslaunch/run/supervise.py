@@ -351,7 +351,7 @@ class Supervisor:
                 token = new_token()
                 listener.expect(token, host.attach_output)
                 frame["data"] = {"addresses": [conn.local_address], "port": port,
-                                 "token": token, "cert": listener.cert_pem.decode()}  # type: ignore[union-attr]
+                                 "token": token, "cert": listener.cert_pem and listener.cert_pem.decode()}
             host.prepare(frame)
         self.loop.run_until(lambda: self._start_error is not None or self.ending is not None
                             or all(h.state == "ready" for h in self.hosts.values()))
@@ -372,16 +372,18 @@ class Supervisor:
         Rank output then travels in TLS, decrypted by OpenSSL, rather than in
         the SSH channel, decrypted by paramiko in Python, a few times slower.
         It listens only on the addresses this machine uses to reach the
-        hosts.  ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH.
+        hosts.  ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH;
+        ``MSLAUNCH_OUTPUT_TLS=0`` makes it plain TCP.
         """
-        from ..remote.dialback import Listener, direct_output
+        from ..remote.dialback import Listener, direct_output, output_tls
         if not direct_output():
             return None
         addresses = [c.local_address for c in conns.values() if c.local_address]
         if not addresses:
             return None
         try:
-            self.listener = Listener(self.loop, addresses, tls=True, log=self.pmi_log_plain)
+            self.listener = Listener(self.loop, addresses, tls=output_tls(),
+                                     log=self.pmi_log_plain)
         except Exception as err:   # no cryptography, no ssl: the SSH channel will do
             if self.job.verbose:
                 self.console.message(f"mslaunch: output stays in the SSH channels ({err})")
