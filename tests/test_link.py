@@ -401,6 +401,41 @@ def test_a_tls_record_read_only_in_part_is_not_left_behind():
         loop.close()
 
 
+@pytest.mark.parametrize("ending", ["peer closes", "we close"])
+def test_a_tls_connection_decrypted_in_a_thread_gives_every_frame_then_ends(ending):
+    from mslaunch.remote.endpoint import InboundTLSEndpoint, SocketEndpoint
+    from mslaunch.run.loop import Loop
+    loop = Loop()
+    a, b = _endpoint_pair(True)
+    got: List[Frame] = []
+    closed: List[str] = []
+    sender = SocketEndpoint(loop, a, on_frame=lambda k, body: None, on_closed=lambda r: None)
+    receiver = InboundTLSEndpoint(loop, b, on_frame=lambda k, body: got.append((k, bytes(body))),
+                                  on_closed=closed.append)
+    thread = receiver._thread
+    expected = [link.encode_output(i % 3, 1, bytes([48 + i % 10]) * (i * 7919 % 200_000))[5:]
+                for i in range(60)]
+    try:
+        for body in expected:
+            sender.send(link._HEAD.pack(len(body) + 1, link.OUTPUT) + body)
+        deadline = time.monotonic() + 30
+        loop.run_until(lambda: len(got) == len(expected) or bool(closed)
+                       or time.monotonic() > deadline)
+        assert closed == [] and [body for _, body in got] == expected
+        if ending == "peer closes":
+            sender.close()
+            loop.run_until(lambda: bool(closed) or time.monotonic() > deadline)
+            assert closed == ["the link reached end-of-file"]
+        else:
+            receiver.close("done")          # the thread is waiting for bytes that never come
+            assert closed == ["done"]
+        assert wait_for(lambda: not thread.is_alive(), 5)
+    finally:
+        sender.close()
+        receiver.close()
+        loop.close()
+
+
 # ---------------------------------------------------------------------------
 # the real agent over pipes
 # ---------------------------------------------------------------------------

@@ -29,6 +29,8 @@ HEARTBEAT = (1.0, 5)
 #: Bytes read per wake-up at first, and at most (doubling while reads fill it).
 FIRST_READ = 64 << 10
 MOST_READ = 1 << 20
+#: Decrypted bytes an inbound TLS connection's thread holds for the loop at most.
+BACKLOG = 16 << 20
 
 
 def heartbeat_setting(text: Optional[str]) -> Tuple[float, int]:
@@ -300,3 +302,112 @@ class SocketEndpoint(Endpoint):
                 self.sock.close()
             except OSError:
                 pass
+
+
+class InboundTLSEndpoint(SocketEndpoint):
+    """A TLS connection that is only read (an agent's output connection),
+    decrypted by a thread of its own: OpenSSL lets go of the GIL, so the loop
+    passes one chunk on while the next is decrypted.  The thread hands whole
+    buffers over and wakes the loop through a pipe."""
+
+    def __init__(self, loop: Loop, sock, **kw) -> None:
+        import threading
+        super().__init__(loop, sock, **kw)
+        loop.forget(self.read_fd)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._cond = threading.Condition()
+        self._chunks: Deque[Tuple[bytearray, int, Optional[str]]] = deque()
+        self._backlog = 0
+        self._stop = False
+        loop.add_reader(self._wake_r, self._collect)
+        self._thread = threading.Thread(target=self._pump, name="output-tls", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        import select
+        import ssl
+        size = FIRST_READ
+        while True:
+            buf = bytearray(size)
+            view = memoryview(buf)
+            filled, end = 0, None
+            while filled < size and not self._stop:
+                try:
+                    n = self.sock.recv_into(view[filled:])
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError) as err:
+                    if filled:
+                        break
+                    out = [self.sock] if isinstance(err, ssl.SSLWantWriteError) else []
+                    try:
+                        select.select([] if out else [self.sock], out, [], 0.5)
+                    except (OSError, ValueError):
+                        end = "link read failed: closed"
+                        break
+                    continue
+                except (OSError, ValueError) as err:
+                    end = f"link read failed: {getattr(err, 'strerror', None) or err}"
+                    break
+                if not n:
+                    end = ""
+                    break
+                filled += n
+            del view
+            if self._stop:
+                return
+            if filled == size and size < MOST_READ:
+                size *= 2
+            with self._cond:
+                self._chunks.append((buf, filled, end))
+                self._backlog += filled
+                first = len(self._chunks) == 1
+            if first:
+                try:
+                    os.write(self._wake_w, b"!")
+                except OSError:
+                    return
+            if end is not None:
+                return
+            with self._cond:     # the agent keeps to its credit; this bounds one that does not
+                while self._backlog > BACKLOG and not self._stop:
+                    self._cond.wait(0.5)
+
+    def _collect(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+        with self._cond:
+            chunks = list(self._chunks)
+            self._chunks.clear()
+            self._backlog = 0
+            self._cond.notify()
+        for buf, n, end in chunks:
+            if self.closed:
+                return
+            if n:
+                self.last_heard = time.monotonic()
+                try:
+                    frames = self.reader.adopt(buf, n)
+                except link.LinkError as err:
+                    self.close(f"protocol error: {err}")
+                    return
+                self._dispatch(frames)
+            if end is not None and not self.closed:
+                self.close(end or "the link reached end-of-file")
+
+    def close(self, reason: str = "") -> None:
+        if self.closed:
+            return
+        import socket
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self.loop.forget(self._wake_r)
+        try:
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)   # wakes the thread
+        except OSError:
+            pass
+        self._thread.join(5)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        super().close(reason)

@@ -128,7 +128,7 @@ class RemoteHost:
 
     def attach_output(self, sock, first: bytes) -> None:
         """The agent dialled back: its ranks' output arrives on ``sock`` from now on."""
-        from .endpoint import SocketEndpoint
+        from .endpoint import InboundTLSEndpoint, SocketEndpoint
 
         def on_frame(kind: int, body: bytes) -> None:
             if kind != link.OUTPUT:
@@ -143,7 +143,8 @@ class RemoteHost:
             else:
                 self.endpoint.close(f"its output connection: {reason}")
 
-        self.output = SocketEndpoint(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
+        kind = InboundTLSEndpoint if hasattr(sock, "pending") else SocketEndpoint
+        self.output = kind(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
         if first:
             self.output.deliver(first)
 

@@ -131,6 +131,15 @@ class Reader:
         return [(kind, body if type(body) is bytes else bytes(body))
                 for kind, body in self.received(n)]
 
+    def adopt(self, buf: bytearray, n: int) -> List[Tuple[int, Any]]:
+        """The frames of ``buf[:n]``, a buffer handed over for good: read in
+        place unless part of a frame is still pending."""
+        if self._start == self._end:
+            self._mem, self._start, self._end = buf, 0, 0
+        else:
+            self.room(n)[:n] = memoryview(buf)[:n]
+        return self.received(n)
+
     def room(self, want: int) -> memoryview:
         """Writable space for at least ``want`` more bytes: a view of the buffer.
 
