@@ -303,6 +303,46 @@ def test_a_frame_larger_than_the_buffer_grows_it_and_it_shrinks_after():
 # endpoints: frames through a real socket, plain or TLS, with a full send buffer
 # ---------------------------------------------------------------------------
 
+def test_the_launchers_certificate_is_a_self_signed_ca_for_two_days():
+    """Its DER is put together by hand: held against cryptography's parser and
+    OpenSSL's handshake (here, and in every TLS endpoint test below)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from mslaunch.remote import dialback
+    serials = set()
+    for _ in range(20):      # signatures and serials of every length the DER must encode
+        key_pem, cert_pem = dialback.self_signed()
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = load_pem_private_key(key_pem, None)
+        assert cert.public_key().public_numbers() == key.public_key().public_numbers()
+        cert.public_key().verify(cert.signature, cert.tbs_certificate_bytes,
+                                 ec.ECDSA(hashes.SHA256()))
+        assert cert.version == x509.Version.v3 and cert.issuer == cert.subject
+        assert cert.subject.rfc4514_string() == "CN=mslaunch launcher"
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
+        assert constraints.critical and constraints.value.ca
+        now = datetime.datetime.now(datetime.timezone.utc)
+        assert cert.not_valid_before_utc < now < cert.not_valid_after_utc
+        assert cert.not_valid_after_utc - now > datetime.timedelta(days=1, hours=23)
+        serials.add(cert.serial_number)
+        assert 0 < cert.serial_number < 1 << 127
+    assert len(serials) == 20
+
+
+def test_making_the_credentials_does_not_import_x509():
+    code = ("import sys\nfrom mslaunch.remote import dialback\ndialback.tls_credentials()\n"
+            "print('cryptography.x509' in sys.modules)")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=clean_env(),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def _endpoint_pair(tls: bool):
     import socket
     import ssl

@@ -222,3 +222,23 @@ def test_paramiko_is_imported_without_importlib_metadata():
     assert r.returncode == 0, r.stderr
     first, real = r.stdout.split("\n")[:2]
     assert first == f"False {real}"
+
+
+def test_ssh_connections_send_without_nagle(tmp_path):
+    """paramiko writes some messages back to back; with Nagle's algorithm the
+    second waited for a delayed ACK, 40 ms twice per handshake."""
+    import socket
+
+    from mslaunch.remote import ssh
+    config = tmp_path / "config"
+    config.write_text("")
+    connector = ssh._Connector(ssh.Options(config=str(config)), ["python3"])
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        sock, addr = connector.open_socket({"hostname": "127.0.0.1", "port": port,
+                                            "timeout": 5.0})
+        try:
+            assert addr == ("127.0.0.1", port)
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        finally:
+            sock.close()

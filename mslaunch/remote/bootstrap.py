@@ -36,7 +36,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 #: The one-line program the remote interpreter runs: it reads the bootstrap.
 #: Its reader has a one-byte buffer: it must not read ahead past the
@@ -205,20 +205,35 @@ def _save(path: str, data: bytes) -> None:
         pass
 
 
-def prepare_in_background() -> None:
+def prepare_in_background(after: Optional[Callable[[], None]] = None) -> None:
     """Read or build the bundle, then make the launcher's TLS credentials for the
-    agents' output connections, in a thread, while paramiko is imported and
-    hosts connect."""
+    agents' output connections, in a thread, while hosts connect.
+
+    The credentials wait for ``after`` (paramiko's import): made at the same
+    time, their own imports would hold up paramiko's, which every host
+    waits for, while they are needed only once the agents run."""
     def prepare() -> None:
         package_bundle()
         from . import dialback
         if dialback.direct_output() and dialback.output_tls():
+            if after is not None:
+                after()
             try:
                 dialback.tls_credentials()
             except Exception:       # said by the Listener that asks for them
                 pass
 
-    threading.Thread(target=prepare, name="agent-bundle", daemon=True).start()
+    finish_before_exit(threading.Thread(target=prepare, name="agent-bundle", daemon=True))
+
+
+def finish_before_exit(thread: threading.Thread) -> None:
+    """Start ``thread``, and wait for it (a few seconds at most) when the
+    interpreter exits: a daemon thread stopped inside ``cryptography``'s Rust
+    code (its import, a key being made) aborts the process, which would turn
+    an early error's exit status into 134."""
+    import atexit
+    thread.start()
+    atexit.register(thread.join, 5.0)
 
 
 def payload() -> bytes:

@@ -40,27 +40,73 @@ def new_token() -> str:
     return os.urandom(24).hex()
 
 
+def _der(tag: int, content: bytes) -> bytes:
+    n = len(content)
+    size = bytes([n]) if n < 0x80 else \
+        bytes([0x80 | ((n.bit_length() + 7) // 8)]) + n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return bytes([tag]) + size + content
+
+
+def _oid(text: str) -> bytes:
+    arcs = [int(x) for x in text.split(".")]
+    out = bytearray([40 * arcs[0] + arcs[1]])
+    for arc in arcs[2:]:
+        chunk = [arc & 0x7F]
+        while arc > 0x7F:
+            arc >>= 7
+            chunk.append(0x80 | (arc & 0x7F))
+        out += bytes(reversed(chunk))
+    return _der(0x06, bytes(out))
+
+
+def _seq(*items: bytes) -> bytes:
+    return _der(0x30, b"".join(items))
+
+
 def self_signed() -> Tuple[bytes, bytes]:
-    """A fresh key and self-signed certificate (PEM), valid for two days."""
+    """A fresh P-256 key and a self-signed CA certificate for it (PEM), valid
+    for two days.
+
+    The certificate is put together here (DER by hand) rather than with
+    ``cryptography.x509``, whose import costs some 30 ms on the path of
+    every remote launch; the key and the signature are ``cryptography``'s,
+    whose modules paramiko has loaded already."""
+    import base64
     import datetime
 
-    from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mslaunch launcher")])
+    ecdsa_sha256 = _seq(_oid("1.2.840.10045.4.3.2"))
+    name = _seq(_der(0x31, _seq(_oid("2.5.4.3"), _der(0x0C, b"mslaunch launcher"))))
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=10))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+
+    def utc_time(when: datetime.datetime) -> bytes:
+        return _der(0x17, when.strftime("%y%m%d%H%M%SZ").encode("ascii"))
+
+    serial = int.from_bytes(os.urandom(16), "big") >> 1          # positive, below 2**127
+    ca = _seq(_oid("2.5.29.19"), _der(0x01, b"\xff"),           # basicConstraints, critical
+              _der(0x04, _seq(_der(0x01, b"\xff"))))            # cA TRUE
+    tbs = _seq(
+        _der(0xA0, _der(0x02, b"\x02")),                         # v3
+        _der(0x02, serial.to_bytes(16, "big").lstrip(b"\0") or b"\0"),
+        ecdsa_sha256, name,
+        _seq(utc_time(now - datetime.timedelta(minutes=10)),
+             utc_time(now + datetime.timedelta(days=2))),
+        name,
+        key.public_key().public_bytes(serialization.Encoding.DER,
+                                      serialization.PublicFormat.SubjectPublicKeyInfo),
+        _der(0xA3, _seq(ca)))
+    signature = key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+    cert = _seq(tbs, ecdsa_sha256, _der(0x03, b"\0" + signature))
+    text = base64.b64encode(cert).decode("ascii")
+    cert_pem = ("-----BEGIN CERTIFICATE-----\n"
+                + "".join(text[i:i + 64] + "\n" for i in range(0, len(text), 64))
+                + "-----END CERTIFICATE-----\n").encode("ascii")
     key_pem = key.private_bytes(serialization.Encoding.PEM,
                                 serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
-    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+    return key_pem, cert_pem
 
 
 def direct_output() -> bool:
@@ -99,10 +145,19 @@ def tls_credentials() -> Tuple[bytes, Any]:
 
 def _server_context(key_pem: bytes, cert_pem: bytes):
     import ssl
-    import tempfile
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # load_cert_chain reads files only: a private file that lives for an instant.
+    # load_cert_chain reads files only: an anonymous file in memory (Linux),
+    # else a private file that lives for an instant.
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("mslaunch-launcher-pem", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, key_pem + cert_pem)
+            context.load_cert_chain(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+        return context
+    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "launcher.pem")
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:

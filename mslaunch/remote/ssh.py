@@ -151,7 +151,13 @@ def start_import() -> None:
     if not _paramiko and not _import_done.is_set() and "thread" not in _paramiko:
         thread = threading.Thread(target=_import_paramiko, name="import-paramiko", daemon=True)
         _paramiko["thread"] = thread
-        thread.start()
+        bootstrap.finish_before_exit(thread)
+
+
+def import_finished() -> None:
+    """Wait until paramiko's import, once started, has succeeded or failed."""
+    if "thread" in _paramiko or _import_done.is_set():
+        _import_done.wait()
 
 
 def paramiko_module():
@@ -442,6 +448,10 @@ class _Connector:
             try:
                 sock.connect(addr)
                 sock.settimeout(None)
+                # paramiko sends some messages back to back (NEWKEYS, then
+                # the service request): with Nagle on, the second waits for
+                # the ACK of the first, which the server delays by up to 40 ms.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock, addr
             except OSError as err:
                 sock.close()
