@@ -303,6 +303,31 @@ def test_a_frame_larger_than_the_buffer_grows_it_and_it_shrinks_after():
 # endpoints: frames through a real socket, plain or TLS, with a full send buffer
 # ---------------------------------------------------------------------------
 
+def test_waiting_on_a_descriptor_above_1023():
+    """A launcher with many hosts holds such descriptors; select() cannot watch them."""
+    import resource
+    import socket
+
+    from mslaunch.run.loop import wait_fd
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2100:
+        if hard != resource.RLIM_INFINITY and hard < 2100:
+            pytest.fail(f"RLIMIT_NOFILE hard limit {hard} is below 2100")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2100, hard))
+    a, b = socket.socketpair()
+    high = os.dup2(b.fileno(), 2000)
+    try:
+        assert not wait_fd(high, False, 0.05)
+        assert wait_fd(high, True, 0.05)
+        a.send(b"x")
+        assert wait_fd(high, False, 1.0)
+    finally:
+        os.close(high)
+        a.close()
+        b.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_the_launchers_certificate_is_a_self_signed_ca_for_two_days():
     """Its DER is put together by hand: held against cryptography's parser and
     OpenSSL's handshake (here, and in every TLS endpoint test below)."""

@@ -216,10 +216,10 @@ class Endpoint:
 
     def flush(self, deadline: float) -> None:
         """Write what is queued, waiting up to ``deadline`` (outside the loop)."""
-        import select
+        from ..run.loop import wait_fd
         while self.queue and not self.closed and time.monotonic() < deadline:
             try:
-                select.select([], [self.write_fd], [], max(0.0, deadline - time.monotonic()))
+                wait_fd(self.write_fd, True, deadline - time.monotonic())
             except (OSError, ValueError):
                 return
             self._on_writable()
@@ -324,8 +324,9 @@ class InboundTLSEndpoint(SocketEndpoint):
         self._thread.start()
 
     def _pump(self) -> None:
-        import select
         import ssl
+
+        from ..run.loop import wait_fd
         size = FIRST_READ
         while True:
             buf = bytearray(size)
@@ -337,9 +338,8 @@ class InboundTLSEndpoint(SocketEndpoint):
                 except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError) as err:
                     if filled:
                         break
-                    out = [self.sock] if isinstance(err, ssl.SSLWantWriteError) else []
                     try:
-                        select.select([] if out else [self.sock], out, [], 0.5)
+                        wait_fd(self.sock, isinstance(err, ssl.SSLWantWriteError), 0.5)
                     except (OSError, ValueError):
                         end = "link read failed: closed"
                         break

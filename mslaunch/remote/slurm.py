@@ -28,7 +28,6 @@ ended with SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import os
-import select
 import socket
 import time
 
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError, UsageError, one_line
+from ..run.loop import wait_fd
 from ..run.spawn import signal_name
 from . import bootstrap, link
 
@@ -268,8 +268,7 @@ class SrunAgentConnection:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            ready, _, _ = select.select([sock], [], [], left)
-            if not ready:
+            if not wait_fd(sock, False, left):
                 return False
             try:
                 if not sock.recv(1 << 16):
@@ -336,8 +335,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
                                   f"within {AGENT_TIMEOUT:g} s (srun said: "
                                   f"{step.last_line() or 'nothing'})")
-            ready, _, _ = select.select([listener], [], [], 0.1)
-            if not ready:
+            if not wait_fd(listener, False, 0.1):
                 continue
             sock, _ = listener.accept()
             try:

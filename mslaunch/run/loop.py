@@ -25,6 +25,19 @@ _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 
 
+def wait_fd(fd, write: bool = False, timeout: Optional[float] = None) -> bool:
+    """Wait until ``fd`` (or an object with ``fileno()``) is readable, or writable
+    with ``write``, for at most ``timeout`` seconds (None: no limit); True if it is.
+
+    ``poll``, not ``select``: a launcher with many hosts holds descriptors
+    above 1023, which ``select`` cannot watch.  A hang-up or an error counts
+    as ready, so that the caller's next read or write sees it."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    wait = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    return bool(poller.poll(wait))
+
+
 class Timer:
     """A handle returned by :meth:`Loop.call_at`; ``cancel()`` disarms it."""
 

@@ -233,13 +233,13 @@ class Terminal:
 
     def wait_until_drained(self, deadline: Optional[float]) -> bool:
         """Block until the queue is written (or ``deadline``); outside the loop only."""
-        import select
+        from .loop import wait_fd
         while self.queue and self.open:
             timeout = None if deadline is None else deadline - time.monotonic()
             if timeout is not None and timeout <= 0:
                 return False
             try:
-                select.select([], [self.fd], [], timeout)
+                wait_fd(self.fd, True, timeout)
             except (OSError, ValueError):
                 time.sleep(0.01)
             registered = self._writer
