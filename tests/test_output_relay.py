@@ -150,8 +150,11 @@ def test_a_slow_pipe_gets_every_byte_of_views_whose_buffer_is_reused():
         loop.run_until(lambda: console.pending == 0)
         console.attach(None)
         loop.close()
+        if console.out.fd != write_fd:
+            os.close(console.out.fd)        # its own description of the pipe
     finally:
         os.close(write_fd)
         thread.join(10)
-        os.close(read_fd)
+    assert not thread.is_alive()            # the reader saw end-of-file
+    os.close(read_fd)
     assert bytes(got) == line

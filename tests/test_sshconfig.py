@@ -242,3 +242,35 @@ def test_ssh_connections_send_without_nagle(tmp_path):
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         finally:
             sock.close()
+
+
+def test_ssh_connections_acknowledge_at_once():
+    """Linux delays ACKs once a connection looks interactive, and sshd holds a
+    small packet back until the one before is acknowledged: the socket
+    paramiko reads from asks for a quick ACK after every read."""
+    import socket
+
+    from mslaunch.remote import ssh
+    asked = []
+
+    class Watched(socket.socket):          # a real socket that notes its options
+        def setsockopt(self, *args):
+            asked.append(args)
+            return super().setsockopt(*args)
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        plain = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        client = Watched(fileno=plain.detach())
+        wrapped = ssh._QuickAck(client)
+        try:
+            for word in (b"one", b"two"):
+                peer.send(word)
+                assert wrapped.recv(3) == word
+                assert asked[-1] == (socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+                asked.clear()
+                assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK)
+            assert wrapped.getpeername() == peer.getsockname()     # the rest is the socket's
+        finally:
+            client.close()
+            peer.close()

@@ -360,6 +360,8 @@ class AgentConnection:
     def local_address(self) -> Optional[str]:
         """This machine's address on the connection to the host (None through a proxy)."""
         sock = getattr(self.transport, "sock", None)
+        if isinstance(sock, _QuickAck):
+            sock = sock.socket
         if not isinstance(sock, socket.socket):
             return None
         try:
@@ -390,6 +392,33 @@ class AgentConnection:
         except Exception:
             pass
         self._sock.close()
+
+
+class _QuickAck:
+    """A TCP socket for paramiko that acknowledges what it receives at once.
+
+    sshd (which keeps Nagle's algorithm on for commands without a terminal)
+    holds a small packet back until its previous one is acknowledged, and
+    Linux delays acknowledgements by up to 40 ms once a connection looks
+    interactive: the channel's opening waited that long.  ``TCP_QUICKACK``
+    does not stick, so it is set again after every read."""
+
+    _OPTION = getattr(socket, "TCP_QUICKACK", None)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+
+    def recv(self, size: int) -> bytes:
+        data = self.socket.recv(size)
+        if self._OPTION is not None:
+            try:
+                self.socket.setsockopt(socket.IPPROTO_TCP, self._OPTION, 1)
+            except OSError:
+                pass
+        return data
+
+    def __getattr__(self, name: str):
+        return getattr(self.socket, name)
 
 
 class _Connector:
@@ -475,7 +504,8 @@ class _Connector:
         addr = (s["hostname"], s["port"])
         slot = self._sshd_slot(addr)
         with slot:
-            transport = paramiko.Transport(sock)
+            transport = paramiko.Transport(_QuickAck(sock) if isinstance(sock, socket.socket)
+                                           else sock)
             try:
                 transport.start_client(timeout=s["timeout"])
             except Exception as err:
