@@ -436,9 +436,16 @@ def test_large_remote_output_reaches_the_terminal_whole(sshbed, home, transport)
     code = ("import os, sys\nr = os.environ['RANK']\nout = sys.stdout.buffer\n"
             "for i in range(60000): out.write(b'%s %06d ' % (r.encode(), i) + b'x' * (i % 200)"
             " + b'\\n')")
-    r = run_remote(home, "--no-pty", "-H", "h1,h2", "-n", "2", PY, "-c", code,
+    r = run_remote(home, "-v", "--no-pty", "-H", "h1,h2", "-n", "2", PY, "-c", code,
                    env=renv(home, **transport))
     assert r.returncode == 0, r.stderr
+    way = {"tls": "TLS", "plain-tcp": "plain TCP"}.get(
+        {"MSLAUNCH_OUTPUT_TLS": "plain-tcp", "MSLAUNCH_DIRECT_OUTPUT": "ssh-channel"}.get(
+            next(iter(transport), ""), "tls"))
+    for host in ("h1", "h2"):
+        said = f"mslaunch: {host}: output on a connection of its own ({way})".encode()
+        assert said in r.stderr if way else b"on a connection of its own" not in r.stderr, \
+            r.stderr[-2000:]
     per_rank = {"0": [], "1": []}
     for line in r.stdout.split(b"\n")[:-1]:
         rank, number, tail = line.split(b" ")

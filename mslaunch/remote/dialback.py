@@ -84,12 +84,12 @@ def self_signed() -> Tuple[bytes, bytes]:
     def utc_time(when: datetime.datetime) -> bytes:
         return _der(0x17, when.strftime("%y%m%d%H%M%SZ").encode("ascii"))
 
-    serial = int.from_bytes(os.urandom(16), "big") >> 1          # positive, below 2**127
+    serial = int.from_bytes(os.urandom(16), "big") >> 1 | 1      # in 1 .. 2**127
     ca = _seq(_oid("2.5.29.19"), _der(0x01, b"\xff"),           # basicConstraints, critical
               _der(0x04, _seq(_der(0x01, b"\xff"))))            # cA TRUE
     tbs = _seq(
         _der(0xA0, _der(0x02, b"\x02")),                         # v3
-        _der(0x02, serial.to_bytes(16, "big").lstrip(b"\0") or b"\0"),
+        _der(0x02, serial.to_bytes(serial.bit_length() // 8 + 1, "big")),   # sign bit 0
         ecdsa_sha256, name,
         _seq(utc_time(now - datetime.timedelta(minutes=10)),
              utc_time(now + datetime.timedelta(days=2))),
@@ -150,13 +150,16 @@ def _server_context(key_pem: bytes, cert_pem: bytes):
     # load_cert_chain reads files only: an anonymous file in memory (Linux),
     # else a private file that lives for an instant.
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("mslaunch-launcher-pem", os.MFD_CLOEXEC)
         try:
-            os.write(fd, key_pem + cert_pem)
-            context.load_cert_chain(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-        return context
+            fd = os.memfd_create("mslaunch-launcher-pem", os.MFD_CLOEXEC)
+            try:
+                os.write(fd, key_pem + cert_pem)
+                context.load_cert_chain(f"/proc/self/fd/{fd}")
+            finally:
+                os.close(fd)
+            return context
+        except OSError:         # no memfd, no /proc: the file below
+            pass
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "launcher.pem")

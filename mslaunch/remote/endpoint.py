@@ -31,6 +31,8 @@ FIRST_READ = 64 << 10
 MOST_READ = 1 << 20
 #: Decrypted bytes an inbound TLS connection's thread holds for the loop at most.
 BACKLOG = 16 << 20
+#: Seconds between an idle decrypting thread's looks at whether it should stop.
+IDLE_CHECK = 5.0
 
 
 def heartbeat_setting(text: Optional[str]) -> Tuple[float, int]:
@@ -319,9 +321,17 @@ class InboundTLSEndpoint(SocketEndpoint):
         self._chunks: Deque[Tuple[bytearray, int, Optional[str]]] = deque()
         self._backlog = 0
         self._stop = False
+        self._thread: Optional[threading.Thread] = threading.Thread(
+            target=self._pump, name="output-tls", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:      # no thread to be had: read on the loop, as other links do
+            self._thread = None
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            loop.add_reader(self.read_fd, self._on_readable)
+            return
         loop.add_reader(self._wake_r, self._collect)
-        self._thread = threading.Thread(target=self._pump, name="output-tls", daemon=True)
-        self._thread.start()
 
     def _pump(self) -> None:
         import ssl
@@ -338,8 +348,8 @@ class InboundTLSEndpoint(SocketEndpoint):
                 except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError) as err:
                     if filled:
                         break
-                    try:
-                        wait_fd(self.sock, isinstance(err, ssl.SSLWantWriteError), 0.5)
+                    try:     # close() shuts the socket down, which ends the wait
+                        wait_fd(self.sock, isinstance(err, ssl.SSLWantWriteError), IDLE_CHECK)
                     except (OSError, ValueError):
                         end = "link read failed: closed"
                         break
@@ -354,8 +364,11 @@ class InboundTLSEndpoint(SocketEndpoint):
             del view
             if self._stop:
                 return
+            del buf[filled:]          # the loop keeps it until read: no more than was read
             if filled == size and size < MOST_READ:
                 size *= 2
+            elif filled < size // 4 and size > FIRST_READ:
+                size //= 2
             with self._cond:
                 self._chunks.append((buf, filled, end))
                 self._backlog += filled
@@ -369,7 +382,7 @@ class InboundTLSEndpoint(SocketEndpoint):
                 return
             with self._cond:     # the agent keeps to its credit; this bounds one that does not
                 while self._backlog > BACKLOG and not self._stop:
-                    self._cond.wait(0.5)
+                    self._cond.wait(IDLE_CHECK)
 
     def _collect(self) -> None:
         try:
@@ -399,15 +412,17 @@ class InboundTLSEndpoint(SocketEndpoint):
         if self.closed:
             return
         import socket
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self.loop.forget(self._wake_r)
-        try:
-            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)   # wakes the thread
-        except OSError:
-            pass
-        self._thread.join(5)
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
+        if self._thread is not None:
+            with self._cond:
+                self._stop = True
+                self._cond.notify()
+            self.loop.forget(self._wake_r)
+            try:
+                socket.socket.shutdown(self.sock, socket.SHUT_RDWR)   # wakes the thread
+            except OSError:
+                pass
+            self._thread.join(5)
+            if not self._thread.is_alive():   # else its wake-up pipe outlives it
+                for fd in (self._wake_r, self._wake_w):
+                    os.close(fd)
         super().close(reason)

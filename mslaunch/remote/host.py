@@ -143,8 +143,12 @@ class RemoteHost:
             else:
                 self.endpoint.close(f"its output connection: {reason}")
 
-        kind = InboundTLSEndpoint if hasattr(sock, "pending") else SocketEndpoint
+        tls = hasattr(sock, "pending")
+        kind = InboundTLSEndpoint if tls else SocketEndpoint
         self.output = kind(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
+        if self.supervisor.job.verbose:
+            self.supervisor.host_message(
+                self, f"output on a connection of its own ({'TLS' if tls else 'plain TCP'})")
         if first:
             self.output.deliver(first)
 
