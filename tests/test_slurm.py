@@ -119,6 +119,38 @@ def test_ctrl_c_stops_every_node(slurmbed):
         kill_tagged(tag)
 
 
+def _kill_srun(tag: str) -> None:
+    """SIGKILL srun's process group (srun and its helper); its tasks outlive it,
+    so mslaunch must notice and end them itself."""
+    sruns = [pid for pid in tagged_pids(tag)
+             if b"mslaunch-agents" in open(f"/proc/{pid}/cmdline", "rb").read()
+             and open(f"/proc/{pid}/comm").read().strip() == "srun"]
+    top = [pid for pid in sruns if _parent(pid) not in sruns]   # not srun's helper
+    assert len(top) == 1, sruns
+    os.killpg(top[0], signal.SIGKILL)
+
+
+def test_a_killed_srun_is_noticed_after_unused_agents_were_let_go(slurmbed):
+    """Placement by core needs every node's agent first; the one the plan leaves
+    without ranks is closed at once, which must not make mslaunch take srun's
+    later end for its own doing."""
+    tag = new_tag()
+    p = salloc(slurmbed, tag, "--mpi", "none", "--map-by", "core", "-n", "1", "--grace", "1",
+               PY, "-c", "import time; print('up', flush=True); time.sleep(120)")
+    try:
+        assert wait_for(lambda: any(pid in set(tagged_pids(tag)) for h in (1, 2)
+                                    for pid in slurmbed.task_pids(h)
+                                    if b"time.sleep" in open(f"/proc/{pid}/cmdline", "rb")
+                                    .read()), 30), slurmbed.diagnostics()
+        _kill_srun(tag)
+        rc, out, err = finish(p)
+        assert rc == 255 and "srun, which ran the agents, ended (killed by SIGKILL)" in err, err
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 15), \
+            left_on_nodes(slurmbed, tag)
+    finally:
+        kill_tagged(tag)
+
+
 @pytest.mark.parametrize("fault", ["agent", "slurmd", "scancel", "srun"])
 def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed, fault):
     tag = new_tag()
@@ -135,14 +167,7 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
         elif fault == "slurmd":
             slurmbed.crash(2)
         elif fault == "srun":
-            # srun's tasks outlive a SIGKILL of srun's process group (srun and
-            # its helper): mslaunch must notice and end them itself.
-            sruns = [pid for pid in tagged_pids(tag)
-                     if b"mslaunch-agents" in open(f"/proc/{pid}/cmdline", "rb").read()
-                     and open(f"/proc/{pid}/comm").read().strip() == "srun"]
-            top = [pid for pid in sruns if _parent(pid) not in sruns]   # not srun's helper
-            assert len(top) == 1, sruns
-            os.killpg(top[0], signal.SIGKILL)
+            _kill_srun(tag)
         else:
             job = slurmbed.run(["squeue", "-h", "-o", "%i"]).stdout.split()
             assert job

@@ -334,34 +334,22 @@ class InboundTLSEndpoint(SocketEndpoint):
         loop.add_reader(self._wake_r, self._collect)
 
     def _pump(self) -> None:
-        import ssl
-
         from ..run.loop import wait_fd
         size = FIRST_READ
-        while True:
-            buf = bytearray(size)
-            view = memoryview(buf)
-            filled, end = 0, None
-            while filled < size and not self._stop:
-                try:
-                    n = self.sock.recv_into(view[filled:])
-                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError) as err:
-                    if filled:
-                        break
-                    try:     # close() shuts the socket down, which ends the wait
-                        wait_fd(self.sock, isinstance(err, ssl.SSLWantWriteError), IDLE_CHECK)
-                    except (OSError, ValueError):
-                        end = "link read failed: closed"
-                        break
-                    continue
-                except (OSError, ValueError) as err:
-                    end = f"link read failed: {getattr(err, 'strerror', None) or err}"
-                    break
-                if not n:
-                    end = ""
-                    break
-                filled += n
-            del view
+        buf = bytearray(size)
+        while not self._stop:
+            try:
+                filled = self._recv_into(memoryview(buf))
+            except BlockingIOError:
+                try:     # close() shuts the socket down, which ends the wait
+                    wait_fd(self.sock, False, IDLE_CHECK)
+                except (OSError, ValueError):
+                    pass     # the next read says what is wrong
+                continue
+            except (OSError, ValueError) as err:
+                filled, end = 0, f"link read failed: {getattr(err, 'strerror', None) or err}"
+            else:
+                end = None if filled else ""
             if self._stop:
                 return
             del buf[filled:]          # the loop keeps it until read: no more than was read
@@ -383,6 +371,7 @@ class InboundTLSEndpoint(SocketEndpoint):
             with self._cond:     # the agent keeps to its credit; this bounds one that does not
                 while self._backlog > BACKLOG and not self._stop:
                     self._cond.wait(IDLE_CHECK)
+            buf = bytearray(size)
 
     def _collect(self) -> None:
         try:

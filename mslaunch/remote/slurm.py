@@ -42,7 +42,6 @@ from . import bootstrap, link
 
 #: Seconds for every agent to dial back once srun runs.
 AGENT_TIMEOUT = 60.0
-LAUNCHERS = ("auto", "ssh", "slurm", "local")
 
 #: The dial program: drop the step's own variables (the ranks' identity is
 #: mslaunch's, not the agent's task's), connect to the launcher, present this
@@ -281,13 +280,16 @@ class SrunAgentConnection:
     def close(self, wait: float = 1.0) -> None:
         if self._sock.fileno() < 0:
             return
-        self._step.closing = True
+        self._step.open -= 1
+        if self._step.open <= 0:
+            # The step ends because mslaunch ends it.  Closing only some links
+            # (agents the plan does not use) must not hide a killed srun later.
+            self._step.closing = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
-        self._step.open -= 1
         if self._step.open <= 0:
             self._step.end(wait)
 

@@ -129,9 +129,13 @@ def _run(job: JobSpec, environ, watchdog) -> int:
     replan = None
     if remote:
         from ..remote.bootstrap import prepare_in_background
-        from ..remote.ssh import import_finished, start_import
-        start_import()          # paramiko's import and the agent's package are
-        prepare_in_background(import_finished)   # prepared while the local checks run
+        from ..remote.slurm import choose
+        if choose(job.ssh.launcher, environ) == "ssh":
+            from ..remote.ssh import import_finished, start_import
+            start_import()      # paramiko's import and the agent's package are
+            prepare_in_background(import_finished)   # prepared while the local checks run
+        else:                   # srun starts the agents: no paramiko
+            prepare_in_background()
         if _needs_topologies(job, entries):
             # Slots and placement depend on the remote hosts' cpus: connect to
             # every remote host first, as Open MPI starts its daemons first.

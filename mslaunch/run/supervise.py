@@ -308,14 +308,14 @@ class Supervisor:
                 self.plan = self.replan(topologies)
             except BaseException:
                 for conn in conns.values():
-                    conn.close()
+                    _let_go(conn)
                 raise
             self.ranks = [_Rank(spec) for spec in self.plan.ranks]
         used = {r.host.name for r in self.plan.ranks if not r.host.local}
         if job.mpi == "pmi" and not job.novm:
             used |= {h.name for h in self.plan.spare_hosts if not h.local}
         for name in [n for n in conns if n not in used]:
-            conns.pop(name).close()
+            _let_go(conns.pop(name))
         return conns
 
     def _show_plan(self) -> None:
@@ -774,7 +774,7 @@ class Supervisor:
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
         for conn in getattr(self, "_conns", {}).values():
-            conn.close()          # agents started but never given their ranks
+            _let_go(conn)         # agents started but never given their ranks
         for host in self.hosts.values():
             host.say_bye()
         if self.stdin_fanout is not None:
@@ -846,6 +846,19 @@ class Supervisor:
             head += f"\nmslaunch: last lines of {whose}:\n" + \
                 "\n".join("    " + line for line in lines)
         return head
+
+
+def _let_go(conn) -> None:
+    """Send an agent that will get no ranks away: ``BYE`` (it exits 0), then close.
+
+    Only cutting the link would make it exit 1, and under Slurm that ends
+    every other agent of the step (srun runs them with ``--kill-on-bad-exit``)."""
+    from ..remote import link
+    try:
+        os.write(conn.fd, link.encode(link.BYE))
+    except OSError:
+        pass
+    conn.close()
 
 
 def _raise_fd_limit(needed: int) -> None:
