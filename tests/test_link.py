@@ -1495,3 +1495,49 @@ def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tm
                            cwd=tmp_path).stdout
     assert len(list((tmp_path / "cache" / "mslaunch").glob("agent-*.bundle"))) == 2
     assert third != first
+
+
+def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
+    # An agent's connection is accepted, then a flood of strangers arrives
+    # before its token does (a busy host): the strangers wait in the kernel's
+    # queue instead of pushing the agent out.
+    import socket as socket_mod
+
+    from mslaunch.remote import dialback
+    from mslaunch.run.loop import Loop
+    loop = Loop()
+    lines: List[str] = []
+    listener = dialback.Listener(loop, ["127.0.0.1"], tls=False, log=lines.append)
+    got: List[bytes] = []
+    token = dialback.new_token()
+    listener.expect(token, lambda sock, first: got.append(first))
+    port = listener.port_of("127.0.0.1")
+    assert port is not None
+    agent = socket_mod.create_connection(("127.0.0.1", port), timeout=2)
+    strangers = []
+    try:
+        deadline = time.monotonic() + 1
+        while not listener.pending and time.monotonic() < deadline:
+            loop.run_once(0.01)
+        assert len(listener.pending) == 1
+        for _ in range(dialback.MAX_PENDING + 40):
+            strangers.append(socket_mod.create_connection(("127.0.0.1", port), timeout=2))
+            loop.run_once(0)
+        assert len(listener.pending) == dialback.MAX_PENDING
+        assert not lines, lines
+        agent.sendall(b"mslaunch-dial " + token.encode() + b"\nfirst")
+        deadline = time.monotonic() + 2
+        while not got and time.monotonic() < deadline:
+            loop.run_once(0.01)
+        assert got == [b"first"]
+        # The strangers that had their time make room for the queued ones.
+        deadline = time.monotonic() + 3
+        while not lines and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        assert lines and "pushed out by newer connections" in lines[0]
+        assert len(listener.pending) <= dialback.MAX_PENDING
+    finally:
+        for s in strangers + [agent]:
+            s.close()
+        listener.close()
+        loop.close()

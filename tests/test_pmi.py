@@ -711,6 +711,25 @@ def test_tcp_preauth_limits(harness):
     assert good.line().startswith("cmd=initack rc=0 rank=1")
 
 
+def test_a_rank_slow_to_speak_is_not_evicted_by_a_flood_of_strangers(harness):
+    # The rank's connection is accepted, then it is descheduled for a moment
+    # before it sends its PMI_ID, while strangers keep connecting: a full
+    # table of strangers waits (in the kernel's queue) instead of evicting it.
+    h = harness(2)
+    h.server.max_pending = 3
+    h.server.evict_grace = 1.0
+    rank = h.tcp()
+    strangers = [h.tcp() for _ in range(8)]
+    for _ in range(20):
+        h.loop.run_once(0.01)
+    rank.send(f"cmd=initack pmiid={h.server.tcp_env(0)['PMI_ID']}\n".encode())
+    assert rank.line().startswith("cmd=initack rc=0 rank=0")
+    assert not any("evicted" in line for line in h.rec.logs)
+    # Strangers that had their time are evicted in turn, oldest first.
+    assert strangers[0].closed_by_server()
+    assert any("evicted" in line for line in h.rec.logs)
+
+
 @given(st.binary(min_size=1, max_size=200))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_fuzz_never_breaks_the_loop(harness, data):

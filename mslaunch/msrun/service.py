@@ -19,7 +19,8 @@ seconds, every node ends with one line saying how many came from where.
 Messages are the agents' link frames (:mod:`mslaunch.remote.link`), kind
 ``NODE``, a JSON object each.  Until a peer has proven the secret its
 frames may be at most 4 KiB and it has :data:`AUTH_SECONDS` to do so; at
-most :data:`MAX_PENDING` such peers are kept, the oldest pushed out first;
+most :data:`MAX_PENDING` such peers are kept, the oldest pushed out first
+(once it has had a moment to speak);
 a peer that breaks the protocol is cut off with one rate-limited log line.
 """
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 from ..remote import link
 from ..remote.endpoint import SocketEndpoint
+from ..run.loop import make_room
 from ..errors import one_line
 from . import secret as auth
 
@@ -85,6 +87,7 @@ class _Peer:
         self.endpoint: Optional[SocketEndpoint] = None
         self.sock = sock
         self.timer: Optional[Timer] = None
+        self.accepted = time.monotonic()
         self.info: Dict[str, Any] = {}
         self.ranks: List[int] = []
         self.state = "new"            # new, joined, done, stopped, gone
@@ -132,6 +135,12 @@ class NodeService:
     # -- connections --------------------------------------------------------------
     def _accept(self) -> None:
         for _ in range(64):
+            wait = make_room(lambda: [p for p in self.peers.values() if not p.authenticated],
+                             MAX_PENDING, lambda p: self._drop(
+                                 p, "too many unproven connections; the oldest is dropped"))
+            if wait:
+                self.loop.pause_reader(self.sock.fileno(), wait)
+                return
             try:
                 sock, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -139,9 +148,6 @@ class NodeService:
             except OSError as err:
                 self._note(f"accept failed: {err.strerror}")
                 return
-            pending = [p for p in self.peers.values() if not p.authenticated]
-            if len(pending) >= MAX_PENDING:
-                self._drop(pending[0], "too many unproven connections; the oldest is dropped")
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .state import JobState, PMIListener
     from .wire import Fields
 
+from ..run.loop import STRANGER_GRACE, make_room
 from .state import KVS_MAX_BYTES, LocalJobState
 from .wire import (KEYLEN_MAX, KVSNAME_MAX, MAX_ERRORS, MAX_MESSAGE, MAX_OUTPUT,
                    MAX_PREAUTH_MESSAGE, VALLEN_MAX, WireError, _decode, _rx, format_v1,
@@ -406,6 +407,7 @@ class _Conn:
         self.logged = False
         self.errors = 0
         self.auth_timer: Optional[Timer] = None
+        self.accepted = time.monotonic()
         sock.setblocking(False)
         server.loop.add_reader(self.fd, self._on_readable)
 
@@ -658,6 +660,8 @@ class PMIServer:
     #: Seconds an unauthenticated TCP connection may take to present its PMI_ID
     #: (MPICH sends it right after connecting).
     auth_timeout = 2.0
+    #: Seconds a stranger is safe from newer ones (see ``run.loop.make_room``).
+    evict_grace = STRANGER_GRACE
     #: At most this many lines about unauthenticated peers per window of seconds.
     stranger_log_limit = (5, 10.0)
 
@@ -767,6 +771,14 @@ class PMIServer:
         for _ in range(64):
             if lsock is None or self._closed:
                 return
+            # Idle strangers must never cost a real rank its place: the
+            # longest-waiting one makes room, once it has had its time.
+            wait = make_room(self._unauth.values, self.max_pending,
+                             lambda c: c.abandon("evicted: too many unauthenticated connections"),
+                             self.evict_grace)
+            if wait:
+                self.loop.pause_reader(lsock.fileno(), wait)
+                return
             try:
                 sock, _addr = lsock.accept()
             except (BlockingIOError, InterruptedError):
@@ -774,14 +786,8 @@ class PMIServer:
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self._emit_log(f"listener: accept failed ({exc.strerror}); pausing")
-                    self.loop.remove_reader(lsock.fileno())
-                    self.loop.call_later(0.5, self._resume_accept)
+                    self.loop.pause_reader(lsock.fileno(), 0.5)
                 return
-            while self._unauth and len(self._unauth) >= self.max_pending:
-                # Make room by closing the longest-waiting stranger: idle
-                # connections must never cost a real rank its place.
-                oldest = next(iter(self._unauth.values()))
-                oldest.abandon("evicted: too many unauthenticated connections")
             try:
                 sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
                 conn = _Conn(self, sock, None, tcp=True)
@@ -795,10 +801,6 @@ class PMIServer:
                 self.auth_timeout, lambda c=conn: c.abandon("no initack within the time limit"))
             # A rank sends its PMI_ID right after connecting: read it now.
             conn._on_readable()
-
-    def _resume_accept(self) -> None:
-        if self._lsock is not None and not self._closed:
-            self.loop.add_reader(self._lsock.fileno(), self._on_accept)
 
     def _authenticate(self, conn: _Conn, pmiid: Optional[str]) -> bool:
         rank = self._ids.get(int(pmiid)) if pmiid and _rx.PMI_ID.fullmatch(pmiid) else None

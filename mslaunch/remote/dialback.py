@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 #: Seconds a new connection has to present its token.
 AUTH_SECONDS = 3.0
-#: Unauthenticated connections kept at once; a new one pushes out the oldest.
+#: Unauthenticated connections kept at once; a new one pushes out the oldest
+#: once that one has had a moment to present its token.
 MAX_PENDING = 64
 _HELLO = b"mslaunch-dial "
 
@@ -183,13 +184,14 @@ def read_token(buf: bytes) -> Optional[Tuple[str, bytes]]:
 
 
 class _Pending:
-    __slots__ = ("sock", "buf", "timer", "handshaking")
+    __slots__ = ("sock", "buf", "timer", "handshaking", "accepted")
 
     def __init__(self, sock) -> None:
         self.sock = sock
         self.buf = b""
         self.timer: Optional[Timer] = None
         self.handshaking = False
+        self.accepted = time.monotonic()
 
 
 class Listener:
@@ -238,7 +240,13 @@ class Listener:
 
     # -- accepting ------------------------------------------------------------
     def _accept(self, lsock: socket.socket) -> None:
+        from ..run.loop import make_room
         for _ in range(64):
+            wait = make_room(self.pending.values, MAX_PENDING,
+                             lambda e: self._drop(e, "pushed out by newer connections"))
+            if wait:
+                self.loop.pause_reader(lsock.fileno(), wait)
+                return
             try:
                 sock, _ = lsock.accept()
             except (BlockingIOError, InterruptedError):
@@ -246,9 +254,6 @@ class Listener:
             except OSError as err:
                 self._note(f"accept failed: {err.strerror}")
                 return
-            while len(self.pending) >= MAX_PENDING:
-                oldest = next(iter(self.pending.values()))
-                self._drop(oldest, "pushed out by newer connections")
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._context is not None:

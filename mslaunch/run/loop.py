@@ -14,7 +14,7 @@ import select
 import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sized, Tuple
 
     Callback = Callable[[], None]
 
@@ -23,6 +23,36 @@ _WRITE = select.EPOLLOUT
 # A hang-up or an error wakes both directions, so the callback sees EOF/EPIPE.
 _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
+
+
+#: Seconds an unproven connection to one of our listeners is safe from being
+#: pushed out by newer ones (see :func:`make_room`).
+STRANGER_GRACE = 0.25
+
+
+def make_room(strangers: Callable[[], Sized], limit: int, drop: Callable[[Any], None],
+              grace: float = STRANGER_GRACE) -> float:
+    """Room for one more unproven connection on a listener: 0.0, or seconds to wait.
+
+    ``strangers()`` gives the connections not yet proven, oldest first, each
+    with ``accepted`` (its ``time.monotonic()``); ``drop`` closes one and
+    takes it out of them.  The oldest are pushed out while ``limit`` are
+    held, but only once they have had ``grace`` seconds: a real peer speaks
+    right after connecting, yet on a busy machine that can come some
+    milliseconds after the accept, and a flood of newer connections must not
+    push it out first.  When every one is younger the caller stops accepting
+    for the time returned (:meth:`Loop.pause_reader`); new connections wait
+    in the kernel's queue meanwhile.
+    """
+    while True:
+        held = strangers()
+        if len(held) < limit:
+            return 0.0
+        oldest = next(iter(held))  # type: ignore[call-overload]
+        wait = oldest.accepted + grace - time.monotonic()
+        if wait > 0:
+            return wait
+        drop(oldest)
 
 
 def wait_fd(fd, write: bool = False, timeout: Optional[float] = None) -> bool:
@@ -61,6 +91,7 @@ class Loop:
         self._cbs: Dict[int, List[Optional[Callback]]] = {}
         self._timers: List[Tuple[float, int, Timer]] = []
         self._seq = itertools.count()
+        self._paused: Dict[int, Timer] = {}
 
     # -- file descriptors -------------------------------------------------
     def _update(self, fd: int) -> None:
@@ -89,13 +120,35 @@ class Loop:
             del self._cbs[fd]
 
     def add_reader(self, fd: int, callback: Callback) -> None:
+        self._unpause(fd)
         self._cbs.setdefault(fd, [None, None])[0] = callback
         self._update(fd)
 
     def remove_reader(self, fd: int) -> None:
+        self._unpause(fd)
         if fd in self._cbs:
             self._cbs[fd][0] = None
             self._update(fd)
+
+    def pause_reader(self, fd: int, seconds: float) -> None:
+        """Stop reading ``fd`` for ``seconds``, then read it again with the same
+        callback, unless it was added, removed or forgotten meanwhile."""
+        cbs = self._cbs.get(fd)
+        if cbs is None or cbs[0] is None:
+            return
+        callback = cbs[0]
+        self.remove_reader(fd)
+
+        def resume() -> None:
+            if self._paused.get(fd) is timer:
+                self.add_reader(fd, callback)
+
+        timer = self._paused[fd] = self.call_later(seconds, resume)
+
+    def _unpause(self, fd: int) -> None:
+        timer = self._paused.pop(fd, None)
+        if timer is not None:
+            timer.cancel()
 
     def add_writer(self, fd: int, callback: Callback) -> None:
         self._cbs.setdefault(fd, [None, None])[1] = callback
@@ -108,6 +161,7 @@ class Loop:
 
     def forget(self, fd: int) -> None:
         """Drop every callback of ``fd`` (call before closing it)."""
+        self._unpause(fd)
         if fd in self._cbs:
             self._cbs[fd] = [None, None]
             self._update(fd)
