@@ -24,12 +24,13 @@ needs_ssh = pytest.mark.skipif(SSH is None and not os.environ.get("CI"),
                                reason="needs OpenSSH's ssh client")
 
 
-def ssh_g(config: str, host: str, home: str) -> Dict[str, List[str]]:
-    """What ``ssh -G`` says for ``host`` under ``config``: keyword -> values."""
+def ssh_g(config: str, host: str, home: str, *options: str) -> Dict[str, List[str]]:
+    """What ``ssh -G [options]`` says for ``host`` under ``config``: keyword -> values."""
     path = os.path.join(home, "config")
     with open(path, "w") as f:
         f.write(config)
-    r = subprocess.run([SSH or "ssh", "-G", "-F", path, host], capture_output=True, text=True,
+    r = subprocess.run([SSH or "ssh", "-G", "-F", path, *options, host],
+                       capture_output=True, text=True,
                        env={"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                        stdin=subprocess.DEVNULL, timeout=30)
     assert r.returncode == 0, (config, r.stderr)
@@ -162,9 +163,11 @@ SETTING = st.one_of(
 )
 CRITERION = st.one_of(
     st.just("all"), st.sampled_from(["final", "!final", "canonical", "!canonical"]),
-    st.tuples(st.sampled_from(["host", "originalhost", "user", "localuser",
-                               "!host", "!originalhost", "!user"]),
-              PATTERN_LIST).map(" ".join))
+    st.tuples(st.sampled_from(["host", "originalhost", "!host", "!originalhost"]),
+              PATTERN_LIST).map(" ".join),
+    st.tuples(st.sampled_from(["user", "localuser", "!user"]),
+              st.lists(st.sampled_from(["root", "u1", "u2", "u3", "u*", "!u1", "*"]),
+                       min_size=1, max_size=3).map(",".join)).map(" ".join))
 HEADER = st.one_of(st.lists(PATTERNS, min_size=1, max_size=3).map(lambda p: "Host " + " ".join(p)),
                    st.lists(CRITERION, min_size=1, max_size=3).map(
                        lambda c: "Match " + " ".join(c)))
@@ -188,14 +191,18 @@ def _fix_match_all(config: str) -> str:
 @needs_ssh
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
-@given(CONFIG.map(_fix_match_all))
-def test_lookup_agrees_with_openssh(tmp_path_factory, config):
+@given(CONFIG.map(_fix_match_all), st.sampled_from([None, "u1", "u3"]),
+       st.sampled_from([None, 2222]))
+def test_lookup_agrees_with_openssh(tmp_path_factory, config, user, port):
+    # user, port: --ssh-user/--ssh-port, given to ssh as -l/-p (set before
+    # the file is read: they win, and Match user sees them)
     home = str(tmp_path_factory.mktemp("home"))
     ours = SSHConfig(config)
+    options = (["-l", user] if user else []) + (["-p", str(port)] if port else [])
     for name in NAMES:
-        theirs = ssh_g(config, name, home)
-        mine = ours.lookup(name)
-        shown = f"config:\n{config}\nhost {name}: ours {mine}, ssh -G {theirs}"
+        theirs = ssh_g(config, name, home, *options)
+        mine = ours.lookup(name, user, port)
+        shown = f"config:\n{config}\nhost {name} {options}: ours {mine}, ssh -G {theirs}"
         assert theirs["hostname"] == [mine.get("hostname", name)], shown
         assert theirs["user"] == [mine.get("user", ours.local_user)], shown
         assert theirs["port"] == [mine.get("port", "22")], shown
@@ -273,3 +280,23 @@ def test_ssh_connections_acknowledge_at_once():
         finally:
             client.close()
             peer.close()
+
+
+def test_ssh_user_and_port_are_for_the_job_hosts_not_their_jump_hosts(tmp_path):
+    """As ``ssh -l bob -p 2222 -J ...``: the options win over the file for the
+    host itself (and ``Match user`` sees them); a jump host gets its
+    ProxyJump entry's user and port, else its own settings."""
+    from mslaunch.remote import ssh
+    config = tmp_path / "config"
+    config.write_text("Match user bob\n  IdentityFile /k/bob\n"
+                      "Host dest\n  User alice\n  Port 22\n  ProxyJump jump\n"
+                      "Host jump\n  User carol\n  Port 2200\n")
+    connector = ssh._Connector(ssh.Options(config=str(config), user="bob", port=2222), ["python3"])
+    dest = connector.settings("dest")
+    assert (dest["user"], dest["port"], dest["identities"]) == ("bob", 2222, ["/k/bob"])
+    hop = connector._hop_settings("jump")
+    assert (hop["user"], hop["port"], hop["identities"]) == ("carol", 2200, [])
+    hop = connector._hop_settings("bob@jump:2300")
+    assert (hop["user"], hop["port"], hop["identities"]) == ("bob", 2300, ["/k/bob"])
+    plain = ssh._Connector(ssh.Options(config=str(config)), ["python3"]).settings("dest")
+    assert (plain["user"], plain["port"], plain["identities"]) == ("alice", 22, [])

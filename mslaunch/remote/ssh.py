@@ -215,12 +215,13 @@ class _Config:
         except ConfigError as err:    # said for every host, which all use the file
             self.error = str(err)
 
-    def lookup(self, name: str) -> Dict[str, Any]:
+    def lookup(self, name: str, user: Optional[str] = None,
+               port: Optional[int] = None) -> Dict[str, Any]:
         from .sshconfig import ConfigError
         if self.config is None:
             raise HostFailure("resolve", self.error)
         try:
-            return self.config.lookup(name)
+            return self.config.lookup(name, user, port)
         except ConfigError as err:
             raise HostFailure("resolve", str(err)) from None
 
@@ -435,14 +436,19 @@ class _Connector:
         self.lock = threading.Lock()
 
     def settings(self, name: str) -> Dict[str, Any]:
-        cfg = self.config.lookup(name)
+        return self._settings(name, self.options.user, self.options.port)
+
+    def _settings(self, name: str, user: Optional[str], port: Optional[int]) -> Dict[str, Any]:
+        # user and port: what ssh's -l and -p would say (for a jump host, its
+        # ProxyJump entry's; --ssh-user/--ssh-port are for the hosts of the job).
         opts = self.options
+        cfg = self.config.lookup(name, user, port)
         try:
-            port = opts.port or int(cfg.get("port", 22))
+            port = int(cfg.get("port", 22))
         except ValueError:
             raise HostFailure("resolve", f"~/.ssh/config: Port {cfg['port']!r} of {name} "
                                          f"is not a number") from None
-        user = opts.user or cfg.get("user") or self.config.local_user
+        user = cfg.get("user") or self.config.local_user
         identities = [opts.identity] if opts.identity else list(cfg.get("identityfile") or [])
         timeout = opts.connect_timeout
         if "connecttimeout" in cfg:
@@ -544,11 +550,7 @@ class _Connector:
     def _hop_settings(self, hop: str) -> Dict[str, Any]:
         user, _, rest = hop.rpartition("@")
         host, _, port = rest.partition(":")
-        s = self.settings(host)
-        if user:
-            s["user"] = user
-        if port:
-            s["port"] = int(port)
+        s = self._settings(host, user or None, int(port) if port else None)
         s["proxyjump"] = None
         return s
 

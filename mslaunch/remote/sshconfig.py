@@ -136,11 +136,21 @@ class SSHConfig:
         self.origin = origin
         self.local_user = local_user or login_name()
 
-    def lookup(self, host: str) -> Dict[str, object]:
+    def lookup(self, host: str, user: Optional[str] = None,
+               port: Optional[int] = None) -> Dict[str, object]:
         """The settings that apply to ``host``: keyword (lower case) -> value
-        (a list for ``IdentityFile`` and the known-hosts files)."""
+        (a list for ``IdentityFile`` and the known-hosts files).
+
+        ``user`` and ``port`` are the command line's (``ssh -l``/``-p``): as
+        in OpenSSH they are set before the file is read, so they win over
+        its ``User``/``Port``, and ``Match user`` and ``%r``/``%p`` see them.
+        """
         original = host.lower()
         found: Dict[str, object] = {}
+        if user:
+            found["user"] = user
+        if port:
+            found["port"] = str(port)
         self._pass(original, original, found, final=False)
         if self.final_pass:
             # As OpenSSH: the final reading matches Host against the name
