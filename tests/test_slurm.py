@@ -63,6 +63,88 @@ def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbe
     assert all(not slurmbed.task_pids(h) for h in (1, 2))
 
 
+def _listening_ports(pid: int) -> list:
+    """The TCP ports ``pid`` listens on (this network namespace's tables)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:
+                    ports.append((cols[1].rsplit(":", 1)[0], int(cols[1].rsplit(":", 1)[1], 16)))
+    return ports
+
+
+def test_a_stranger_on_the_dial_back_port_does_not_hold_up_the_agents(slurmbed, tmp_path):
+    """While the agents start (slowed here by a remote Python that waits), a
+    stranger connects to the port they dial back to and trickles bytes that
+    never make a token: the agents are greeted all the same, and the stranger
+    is cut off."""
+    import socket
+    import threading
+    tag = new_tag()
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 3\nexec {PY} \"$@\"\n")
+    slow.chmod(0o755)
+    p = salloc(slurmbed, tag, "--remote-python", str(slow), "-n", "2", PY, "-c", SHOW,
+               per_node=1)
+    stop = threading.Event()
+    cut = []
+
+    def trickle(port: int) -> None:
+        with socket.create_connection((address, port), 5) as s:
+            s.settimeout(0.5)
+            while not stop.is_set():
+                try:
+                    s.sendall(b"x")
+                    if s.recv(1) == b"":
+                        cut.append(True)
+                        return
+                except socket.timeout:
+                    continue
+                except OSError:
+                    cut.append(True)
+                    return
+
+    try:
+        def port_of_launcher():
+            for pid in tagged_pids(tag):
+                try:
+                    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                    if argv[1:3] != [b"-m", b"mslaunch"]:
+                        continue      # not the launcher (salloc, srun)
+                    ports = _listening_ports(pid)
+                except OSError:
+                    continue
+                # the dial-back listener is on the address towards the nodes
+                ports = [x for x in ports if x[0].strip("0")]
+                if ports:
+                    return ports[0]
+            return None
+        assert wait_for(lambda: port_of_launcher() is not None, 20), "no dial-back port seen"
+        hexaddr, port = port_of_launcher()
+        address = socket.inet_ntoa(bytes.fromhex(hexaddr)[::-1])
+        stranger = threading.Thread(target=trickle, args=(port,))
+        stranger.start()
+        rc, out, err = finish(p, timeout=45)   # the agents wait 60 s for a greeting
+        assert rc == 0, err
+        assert sorted(line.split()[1] for line in out.splitlines()) == ["h1", "h2"], out
+        assert wait_for(lambda: bool(cut), 10), "the stranger was never cut off"
+    finally:
+        stop.set()
+        p.kill()
+        p.wait()
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
+
+
 def test_mpi_allreduce_across_nodes(slurmbed, mpich, tmp_path):
     tag = new_tag()
     code = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "

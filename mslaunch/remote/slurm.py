@@ -28,6 +28,7 @@ ended with SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import time
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError, UsageError, one_line
-from ..run.loop import wait_fd
+from ..run.loop import make_room, wait_fd
 from ..run.spawn import signal_name
 from . import bootstrap, link
 
@@ -321,8 +322,12 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     owner = {t: n for n, t in tokens.items()}
     step = _Step(srun_argv(names, pythons, _run(["srun", "--version"])), env)
     done: Dict[str, SrunAgentConnection] = {}
+    greeting: Dict[int, _Greeting] = {}
     deadline = time.monotonic() + AGENT_TIMEOUT
     payload = bootstrap.payload()
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    accepting = True
     try:
         while len(done) < len(names):
             if cancelled is not None and cancelled():
@@ -337,15 +342,42 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
                                   f"within {AGENT_TIMEOUT:g} s (srun said: "
                                   f"{step.last_line() or 'nothing'})")
-            if not wait_fd(listener, False, 0.1):
-                continue
-            sock, _ = listener.accept()
-            try:
-                name, hello = _greet(sock, owner, payload)
-            except (OSError, link.LinkError, ValueError):
-                sock.close()          # not one of ours, or broke off: keep waiting
-                continue
-            done[name] = SrunAgentConnection(name, sock, hello, step)
+            # Every agent is greeted at once: each takes a while to unpack the
+            # package and say hello, and a stranger that never speaks must not
+            # hold up the others.
+            for g in [g for g in greeting.values() if g.overdue()]:
+                _drop(poller, greeting, g)
+            room = not make_room(lambda: [g for g in greeting.values() if g.name is None],
+                                 MAX_STRANGERS, lambda g: _drop(poller, greeting, g))
+            if room != accepting:
+                accepting = room
+                if room:
+                    poller.register(listener, select.POLLIN)
+                else:
+                    poller.unregister(listener)
+            for fd, _ in poller.poll(100):
+                if fd == listener.fileno():
+                    try:
+                        sock, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    sock.setblocking(False)
+                    greeting[sock.fileno()] = _Greeting(sock)
+                    poller.register(sock, select.POLLIN)
+                    continue
+                g = greeting.get(fd)
+                if g is None:
+                    continue
+                try:
+                    hello = g.on_readable(owner, payload)
+                except (OSError, link.LinkError, ValueError):
+                    _drop(poller, greeting, g)   # not one of ours, or broke off
+                    continue
+                if hello is not None:
+                    poller.unregister(fd)
+                    del greeting[fd]
+                    g.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    done[g.name] = SrunAgentConnection(g.name, g.sock, hello, step)  # type: ignore[index]
     except BaseException:
         for conn in done.values():
             conn.close(0)
@@ -353,39 +385,72 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
             step.end(0)
         raise
     finally:
+        for g in greeting.values():
+            g.sock.close()
         listener.close()
     return done
 
 
-def _greet(sock: socket.socket, owner: Dict[str, str], payload: bytes):
-    """Read a dialling agent's token, send it the bootstrap, read its HELLO."""
-    from .dialback import read_token
-    sock.settimeout(5.0)
-    buf = b""
-    while (found := read_token(buf)) is None:
-        data = sock.recv(256)
+#: Connections that have not yet presented a node's token, kept at once.
+MAX_STRANGERS = 64
+#: Seconds a connection has to present its token.
+TOKEN_SECONDS = 5.0
+
+
+class _Greeting:
+    """One dialled-back connection being greeted: its token, then the bootstrap
+    sent and the agent's ``HELLO`` awaited."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.accepted = time.monotonic()
+        self.buf = b""
+        self.name: Optional[str] = None          # known once the token is
+        self.reader = link.Reader(expect_sync=True)
+
+    def overdue(self) -> bool:
+        return self.name is None and time.monotonic() - self.accepted > TOKEN_SECONDS
+
+    def on_readable(self, owner: Dict[str, str], payload: bytes) -> Optional[Dict[str, Any]]:
+        """Read what came; the agent's greeting once it is complete, else None."""
+        from .dialback import read_token
+        try:
+            data = self.sock.recv(256 if self.name is None else 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return None
+        if self.name is None:
+            if not data:
+                raise ValueError("no token")
+            self.buf += data
+            found = read_token(self.buf)
+            if found is None:
+                return None
+            token, rest = found
+            name = owner.pop(token, None)
+            if name is None or rest:
+                raise ValueError("wrong token")
+            self.name = name
+            self.sock.settimeout(AGENT_TIMEOUT)  # the agent reads it all at once
+            self.sock.sendall(payload)
+            self.sock.setblocking(False)
+            return None
         if not data:
-            raise ValueError("no token")
-        buf += data
-    token, rest = found
-    name = owner.pop(token, None)
-    if name is None or rest:
-        raise ValueError("wrong token")
-    sock.settimeout(AGENT_TIMEOUT)
-    sock.sendall(payload)
-    reader = link.Reader(expect_sync=True)
-    frames: List = []
-    while not frames:
-        data = sock.recv(1 << 16)
-        if not data:
-            raise LaunchError(f"the agent on {name} ended before it said hello")
-        frames = reader.feed(data)
-    try:
-        hello, rest = link.hello(frames, reader)
-    except link.LinkError as err:
-        raise LaunchError(f"the agent on {name}: {err}") from None
-    if rest:      # the agent says nothing more until it has its job
-        raise LaunchError(f"the agent on {name} sent frames before its job")
-    sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return name, hello
+            raise LaunchError(f"the agent on {self.name} ended before it said hello")
+        frames = self.reader.feed(data)
+        if not frames:
+            return None
+        try:
+            hello, rest = link.hello(frames, self.reader)
+        except link.LinkError as err:
+            raise LaunchError(f"the agent on {self.name}: {err}") from None
+        if rest:      # the agent says nothing more until it has its job
+            raise LaunchError(f"the agent on {self.name} sent frames before its job")
+        self.sock.setblocking(True)
+        return hello
+
+
+def _drop(poller, greeting: Dict[int, _Greeting], g: _Greeting) -> None:
+    fd = g.sock.fileno()
+    if greeting.pop(fd, None) is not None:
+        poller.unregister(fd)
+    g.sock.close()
