@@ -30,7 +30,7 @@ from mslaunch.run.output import CHUNK
 
 Frame = Tuple[int, bytes]
 
-JSON_KINDS = sorted(k for k in link.NAMES if k not in (link.OUTPUT, link.STDIN))
+JSON_KINDS = sorted(k for k in link.NAMES if k not in (link.OUTPUT, link.STDIN, link.LINES))
 
 
 # ---------------------------------------------------------------------------
@@ -1540,4 +1540,257 @@ def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
         for s in strangers + [agent]:
             s.close()
         listener.close()
+        loop.close()
+
+
+# ---------------------------------------------------------------------------
+# LINES frames, and the plain output connection that splices them
+# ---------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 255), st.binary(max_size=300),
+       st.integers(0, 310))
+def test_lines_frames_decode_to_what_was_sent_or_are_refused(rank, stream, data, whole):
+    frame = link.lines_head(rank, stream, len(data), whole) + data
+    (kind, body), = link.Reader().feed(frame)
+    assert kind == link.LINES
+    honest = whole <= len(data) and (whole == 0 or data[whole - 1:whole] == b"\n")
+    if honest:
+        assert link.decode_lines(body) == (rank, stream, whole, data)
+    else:
+        with pytest.raises(link.LinkError):
+            link.decode_lines(body)
+
+
+class _Host:
+    """What a splicing endpoint asks of its RemoteHost: the sink of a rank's
+    stream, and to be told of bytes passed on."""
+
+    def __init__(self, sinks) -> None:
+        self.sinks = sinks
+        self.taken = 0
+
+    def output_sink(self, rank: int, stream: int):
+        if (rank, stream) not in self.sinks:
+            raise link.LinkError(f"output of rank {rank} on stream {stream}")
+        return self.sinks[rank, stream]
+
+    def output_taken(self, sink, count: int) -> None:
+        self.taken += count
+
+
+def _lines_frames(rank: int, text: bytes, cuts: Sequence[int]) -> bytes:
+    """``text`` as the agent sends it: LINES frames cut at ``cuts``, then end-of-stream."""
+    out, at = [], 0
+    for cut in list(cuts) + [len(text)]:
+        cut = max(at, min(cut, len(text)))
+        piece = text[at:cut]
+        if piece:
+            out.append(link.lines_head(rank, 1, len(piece), piece.rfind(b"\n") + 1) + piece)
+        at = cut
+    return b"".join(out) + link.encode_output(rank, 1, b"")
+
+
+def _splice_run(texts, cuts, *, to_pipe: bool, slow: bool, tmp_path=None, close_after=None,
+                local: int = 0):
+    """Send each of ``texts`` as one agent would, over a socket of its own, to
+    splicing endpoints that share one terminal (a pipe read by a thread, or a
+    file), while ``local`` lines ``L:n`` are written to it the ordinary way
+    (as a local rank's); returns what the terminal's file got, and each sink."""
+    import socket
+    import threading
+
+    from mslaunch.remote.splice import SplicingEndpoint
+    from mslaunch.run.loop import Loop
+    from mslaunch.run.output import RankOutput, Terminal
+    loop = Loop()
+    got = bytearray()
+    if to_pipe:
+        r, w = os.pipe()
+
+        def read() -> None:
+            while True:
+                if slow:
+                    time.sleep(0.001)
+                chunk = os.read(r, 1 << 16)
+                if not chunk:
+                    break
+                got.extend(chunk)
+                if close_after is not None and len(got) >= close_after:
+                    break
+            os.close(r)
+        reader = threading.Thread(target=read)
+        reader.start()
+    else:
+        path = tmp_path / "terminal"
+        w = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    term = Terminal(w, "stdout")
+    term.loop = loop
+    sinks = {(i, 1): RankOutput(terminal=term, file_fd=None, prefix=None, keep_tail=False)
+             for i in range(len(texts))}
+    host = _Host(sinks)
+    closed: List[str] = []
+    ends, senders = [], []
+    try:
+        for i, text in enumerate(texts):
+            a, b = socket.socketpair()
+
+            def on_frame(kind, body, i=i):
+                if kind == link.OUTPUT:
+                    rank, stream, data = link.decode_binary(body)
+                    sink = host.output_sink(rank, stream)
+                    if data:
+                        sink.feed(data)
+                    else:
+                        sink.finish()
+                else:
+                    raise link.LinkError("unexpected")
+            ends.append(SplicingEndpoint(loop, b, on_frame=on_frame, on_closed=closed.append,
+                                         host=host))
+            data = _lines_frames(i, text, cuts)
+
+            def send(a=a, data=data) -> None:
+                # in pieces, now and then: a splice then waits for the socket
+                # in the middle of a frame, with room in the pipe for others
+                for at in range(0, len(data), 7919):
+                    a.sendall(data[at:at + 7919])
+                    if at % 5 == 0:
+                        time.sleep(0.0002)
+                a.close()
+            t = threading.Thread(target=send)
+            t.start()
+            senders.append(t)
+        written = [0]
+
+        def write_local() -> None:
+            term.write(written, b"L:%06d\n" % written[0])
+            written[0] += 1
+            if written[0] < local:
+                loop.call_later(0.0002, write_local)
+        if local:
+            write_local()
+        deadline = time.monotonic() + 60
+        loop.run_until(lambda: (len(closed) == len(texts) and written[0] >= local)
+                       or time.monotonic() > deadline)
+        for t in senders:
+            t.join()
+        term.wait_until_drained(time.monotonic() + 30)
+    finally:
+        for e in ends:
+            e.close()
+        if term.fd != w:
+            os.close(term.fd)
+        os.close(w)
+        if to_pipe:
+            reader.join()
+        loop.close()
+    if not to_pipe:
+        got = bytearray((tmp_path / "terminal").read_bytes())
+    return bytes(got), sinks, closed
+
+
+TEXT_LINES = st.lists(st.binary(max_size=120).map(lambda b: b.replace(b"\n", b".")),
+                      min_size=1, max_size=400)
+
+
+def _check_unmixed(texts, cuts, slow: bool) -> None:
+    got, sinks, closed = _splice_run(texts, sorted(cuts), to_pipe=True, slow=slow, local=300)
+    assert closed == ["the link reached end-of-file"] * len(texts)
+    per_source = {i: [] for i in range(len(texts))}
+    local = []
+    for line in got.split(b"\n")[:-1]:
+        source, _, _ = line.partition(b":")
+        if source == b"L":
+            local.append(line)
+        else:
+            per_source[int(source)].append(line + b"\n")
+    assert {i: b"".join(v) for i, v in per_source.items()} == dict(enumerate(texts))
+    assert local == [b"L:%06d" % i for i in range(300)]
+    assert all(s.written == len(texts[i]) and s.finished for (i, _), s in sinks.items())
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(TEXT_LINES, min_size=1, max_size=3), st.lists(st.integers(0, 50_000),
+                                                               max_size=8), st.booleans())
+def test_spliced_lines_of_several_agents_arrive_whole_and_unmixed(texts, cuts, slow):
+    _check_unmixed([b"".join(b"%d:%s\n" % (i, line) for line in lines)
+                    for i, lines in enumerate(texts)], cuts, slow)
+
+
+def test_spliced_lines_stay_whole_while_others_write_between_frames():
+    # Three agents' megabytes, sent in pieces: splices often wait for the
+    # socket in the middle of a line while the local rank writes.
+    texts = [b"".join(b"%d:%06d %s\n" % (i, n, b"z" * (n % 97)) for n in range(20000))
+             for i in range(3)]
+    _check_unmixed(texts, list(range(0, 2_000_000, 300_000)), False)
+
+
+def test_lines_are_spliced_unseen_into_a_pipe_and_read_into_a_file(tmp_path, monkeypatch):
+    import mslaunch.run.output as output
+    text = b"".join(b"line %06d %s\n" % (i, b"y" * (i % 300)) for i in range(20000)) + b"tail"
+    spliced = []
+    real = output.Terminal.splice_from
+    monkeypatch.setattr(output.Terminal, "splice_from",
+                        lambda self, fd, n: spliced.append(real(self, fd, n)) or spliced[-1])
+    got, _, _ = _splice_run([text], [1 << 20, 3 << 20], to_pipe=True, slow=False)
+    assert got == text
+    assert sum(spliced) > len(text) * 0.9
+    spliced.clear()
+    got, _, _ = _splice_run([text], [1 << 20], to_pipe=False, slow=False, tmp_path=tmp_path)
+    assert got == text and spliced == []   # a file takes no splice: read, then written
+
+
+def test_a_reader_gone_in_the_middle_of_a_splice_ends_it_quietly():
+    # More than a pipe holds even of spliced pages (a slot each, up to 32 KiB)
+    text = b"".join(b"%08d\n" % i for i in range(2_000_000))
+    got, sinks, closed = _splice_run([text], [], to_pipe=True, slow=True, close_after=100_000)
+    assert closed == ["the link reached end-of-file"]
+    assert len(got) >= 100_000 and text.startswith(bytes(got[:100_000]))
+    assert not sinks[0, 1].terminal.open
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda r, s, w, d: link.lines_head(r, s, len(d), w) + d,
+              st.integers(0, 2), st.integers(0, 3), st.integers(0, 50), st.binary(max_size=40)),
+    st.builds(lambda r, d: link.encode_output(r, 1, d), st.integers(0, 2),
+              st.binary(max_size=40))), max_size=6))
+def test_a_splicing_endpoint_fed_anything_ends_with_a_reason_never_an_exception(chunks):
+    import socket
+
+    from mslaunch.remote.splice import SplicingEndpoint
+    from mslaunch.run.loop import Loop
+    from mslaunch.run.output import RankOutput, Terminal
+    loop = Loop()
+    r, w = os.pipe()
+    term = Terminal(w, "stdout")
+    term.loop = loop
+    host = _Host({(0, 1): RankOutput(terminal=term, file_fd=None, prefix=None, keep_tail=False)})
+    a, b = socket.socketpair()
+    closed: List[str] = []
+
+    def on_frame(kind, body):
+        if kind != link.OUTPUT:
+            raise link.LinkError("not output")
+        rank, stream, data = link.decode_binary(body)
+        host.output_sink(rank, stream).feed(data)
+    end = SplicingEndpoint(loop, b, on_frame=on_frame, on_closed=closed.append, host=host)
+    try:
+        a.sendall(b"".join(chunks))
+        a.close()
+        deadline = time.monotonic() + 5
+        while not closed and time.monotonic() < deadline:
+            loop.run_once(0.01)
+            while select.select([r], [], [], 0)[0]:
+                if not os.read(r, 1 << 16):
+                    break
+        assert len(closed) == 1 and closed[0], closed
+        assert "Traceback" not in closed[0]
+    finally:
+        end.close()
+        if term.fd != w:
+            os.close(term.fd)
+        os.close(w)
+        os.close(r)
         loop.close()

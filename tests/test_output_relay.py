@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mslaunch.run.loop import Loop
-from mslaunch.run.output import Console, RankOutput, _last_newline, line_prefix
+from mslaunch.run.output import Console, RankOutput, last_newline, line_prefix
 
 _piece = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b""))
 
@@ -116,8 +116,8 @@ def test_last_newline_of_any_view_is_rfind(noise, newlines, size, offset):
             data[at] = 10
     backing = bytearray(b"\n" * offset) + data + b"\n"     # newlines outside the view
     view = memoryview(backing)[offset:offset + len(data)]
-    assert _last_newline(view) == bytes(data).rfind(b"\n")
-    assert _last_newline(bytes(data)) == bytes(data).rfind(b"\n")
+    assert last_newline(view) == bytes(data).rfind(b"\n")
+    assert last_newline(bytes(data)) == bytes(data).rfind(b"\n")
 
 
 def test_a_slow_pipe_gets_every_byte_of_views_whose_buffer_is_reused():

@@ -46,6 +46,7 @@ from ..plan import scrub_env
 from ..run.guard import Watchdog
 from ..run.local import LocalRanks
 from ..run.loop import Loop
+from ..run.output import last_newline
 from ..run.spawn import check_startable, seal_inherited_fds
 from ..spec import Host, RankSpec
 from . import link
@@ -93,9 +94,7 @@ class _LinkOutput:
         if not self.gathered and len(data) >= GATHER_BYTES:
             # A large read goes out as it is, its header written in front of
             # the view rather than both copied into one frame.
-            self.agent.credit -= len(data)
-            self.agent.output_link.send_parts(
-                (link.output_head(self.rank, self.stream, len(data)), data))
+            self._send(data)
             return
         self.gathered += data
         if len(self.gathered) >= GATHER_BYTES:
@@ -108,9 +107,21 @@ class _LinkOutput:
             self.timer.cancel()
             self.timer = None
         if self.gathered:
-            data, self.gathered = bytes(self.gathered), bytearray()
-            self.agent.credit -= len(data)
-            self.agent.output_link.send(link.encode_output(self.rank, self.stream, data))
+            data, self.gathered = self.gathered, bytearray()
+            self._send(data)
+
+    def _send(self, data) -> None:
+        self.agent.credit -= len(data)
+        if self.agent.lines:
+            # A plain connection of its own: say where the whole lines end,
+            # so the launcher can splice them to its stdout unseen.
+            head = link.lines_head(self.rank, self.stream, len(data), last_newline(data) + 1)
+        else:
+            head = link.output_head(self.rank, self.stream, len(data))
+        if type(data) is bytearray:      # gathered: one piece (one TLS record, not two)
+            self.agent.output_link.send(bytes(head + data))
+        else:
+            self.agent.output_link.send_parts((head, data))
 
     def finish(self) -> None:
         if not self.finished:
@@ -129,6 +140,7 @@ class Agent:
         self.in_fd, self.out_fd = in_fd, out_fd
         # Ranks' output goes here: the link itself, or a connection of its own.
         self.output_link: Endpoint = self.endpoint
+        self.lines = False          # output as LINES frames (see _LinkOutput._send)
         self.job: Dict[str, Any] = {}
         self.specs: List[RankSpec] = []
         self.local: Optional[LocalRanks] = None
@@ -294,6 +306,7 @@ class Agent:
 
         self.output_link = SocketEndpoint(self.loop, sock, on_frame=refuse,
                                           on_closed=self._link_closed)
+        self.lines = cert is None
         return True
 
     def _spec(self, r: Dict[str, Any]) -> RankSpec:

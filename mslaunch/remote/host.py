@@ -131,9 +131,13 @@ class RemoteHost:
         from .endpoint import InboundTLSEndpoint, SocketEndpoint
 
         def on_frame(kind: int, body: bytes) -> None:
-            if kind != link.OUTPUT:
+            if kind == link.LINES:       # read whole: its line ends do not matter here
+                rank, stream, _, data = link.decode_lines(body)
+                self._output(rank, stream, data)
+            elif kind == link.OUTPUT:
+                self._output(*link.decode_binary(body))
+            else:
                 raise link.LinkError(f"{link.NAMES[kind]} frame on the output connection")
-            self._on_frame(kind, body)
 
         def on_closed(reason: str) -> None:
             if not reason or self.state == "lost" or self._output_finished():
@@ -144,8 +148,15 @@ class RemoteHost:
                 self.endpoint.close(f"its output connection: {reason}")
 
         tls = hasattr(sock, "pending")
-        kind = InboundTLSEndpoint if tls else SocketEndpoint
-        self.output = kind(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
+        if tls:
+            self.output = InboundTLSEndpoint(self.loop, sock, on_frame=on_frame,
+                                             on_closed=on_closed)
+        elif hasattr(os, "splice"):
+            from .splice import SplicingEndpoint
+            self.output = SplicingEndpoint(self.loop, sock, on_frame=on_frame,
+                                           on_closed=on_closed, host=self)
+        else:
+            self.output = SocketEndpoint(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
         if self.supervisor.job.verbose:
             self.supervisor.host_message(
                 self, f"output on a connection of its own ({'TLS' if tls else 'plain TCP'})")
@@ -160,22 +171,7 @@ class RemoteHost:
     def _on_frame(self, kind: int, body: bytes) -> None:
         sup = self.supervisor
         if kind == link.OUTPUT:
-            if self.state not in ("running", "done"):
-                raise link.LinkError("OUTPUT before START")
-            rank, stream, data = link.decode_binary(body)
-            self._check_rank(rank)
-            sink = sup.sink(rank, stream)
-            if sink is None:
-                raise link.LinkError(f"output of rank {rank} on stream {stream}")
-            if not data:
-                sink.finish()
-                return
-            sink.feed(data)
-            self.owed += len(data)
-            if sink.congested:
-                sink.wait_for_room(self)
-            elif self.owed >= CREDIT // 4:
-                self.resume()
+            self._output(*link.decode_binary(body))
             return
         if kind == link.BEAT:
             return
@@ -238,6 +234,33 @@ class RemoteHost:
             sup.host_done(self)
         else:
             raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+
+    def _output(self, rank: int, stream: int, data) -> None:
+        sink = self.output_sink(rank, stream)
+        if not data:
+            sink.finish()
+            return
+        sink.feed(data)
+        self.output_taken(sink, len(data))
+
+    def output_sink(self, rank: int, stream: int):
+        """Where output of ``rank`` on ``stream`` goes (LinkError if it may not come)."""
+        if self.state not in ("running", "done"):
+            raise link.LinkError("OUTPUT before START")
+        self._check_rank(rank)
+        sink = self.supervisor.sink(rank, stream)
+        if sink is None:
+            raise link.LinkError(f"output of rank {rank} on stream {stream}")
+        return sink
+
+    def output_taken(self, sink, count: int) -> None:
+        """``count`` bytes of output were passed on: their credit goes back,
+        unless the terminal is full (then when it has room)."""
+        self.owed += count
+        if sink.congested:
+            sink.wait_for_room(self)
+        elif self.owed >= CREDIT // 4:
+            self.resume()
 
     def _check_rank(self, rank: int) -> None:
         if rank not in self.ranks:

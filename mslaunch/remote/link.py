@@ -8,8 +8,8 @@ frames::
 
     frame := length (4 bytes, big-endian; kind and body) | kind (1 byte) | body
 
-``OUTPUT`` and ``STDIN`` frames have a small binary header before their
-bytes; every other body is a JSON object (UTF-8), so that nothing received
+``OUTPUT``, ``LINES`` and ``STDIN`` frames have a small binary header before
+their bytes; every other body is a JSON object (UTF-8), so that nothing received
 is ever executed or unpickled.  ``NODE`` frames are the msrun-mode node
 service's (:mod:`mslaunch.msrun.service`), on a link of their own.  Strings of the job (argv, environment,
 paths) are carried as text with ``surrogateescape``, so any bytes but NUL
@@ -38,15 +38,19 @@ MAX_PREAMBLE = 64 << 10
 KEEP = 4 << 20
 
 HELLO, JOB, READY, START, STARTED, OUTPUT, EXITED, SIGNAL, CREDIT, STDIN, PMI, BEAT, \
-    ERROR, BYE, DONE, LOG, NODE = range(1, 18)
+    ERROR, BYE, DONE, LOG, NODE, LINES = range(1, 19)
 NAMES = {HELLO: "HELLO", JOB: "JOB", READY: "READY", START: "START", STARTED: "STARTED",
          OUTPUT: "OUTPUT", EXITED: "EXITED", SIGNAL: "SIGNAL", CREDIT: "CREDIT",
          STDIN: "STDIN", PMI: "PMI", BEAT: "BEAT", ERROR: "ERROR", BYE: "BYE", DONE: "DONE",
-         LOG: "LOG", NODE: "NODE"}
-_BINARY = (OUTPUT, STDIN)
+         LOG: "LOG", NODE: "NODE", LINES: "LINES"}
+_BINARY = (OUTPUT, STDIN, LINES)
 _HEAD = struct.Struct(">IB")
 _RANK_STREAM = struct.Struct(">IB")
 _OUTPUT_HEAD = struct.Struct(">IBIB")
+#: ``LINES``: an ``OUTPUT`` frame that also says how many of its first bytes
+#: end with a newline (``whole``), so that a receiver may pass those on
+#: without looking at them (plain output connections only).
+LINES_HEAD = struct.Struct(">IBIBI")
 #: ``STDIN`` rank meaning "every rank that reads stdin".
 ALL_RANKS = 0xFFFFFFFF
 
@@ -72,6 +76,23 @@ def encode_output(rank: int, stream: int, data) -> bytes:
 def output_head(rank: int, stream: int, size: int) -> bytes:
     """The start of an ``OUTPUT`` frame whose ``size`` bytes of data follow it."""
     return _OUTPUT_HEAD.pack(size + 1 + _RANK_STREAM.size, OUTPUT, rank, stream)
+
+
+def lines_head(rank: int, stream: int, size: int, whole: int) -> bytes:
+    """The start of a ``LINES`` frame whose ``size`` bytes of data follow it, the
+    first ``whole`` of them ending with a newline (0: none does)."""
+    return LINES_HEAD.pack(size + LINES_HEAD.size - 4, LINES, rank, stream, whole)
+
+
+def decode_lines(body) -> Tuple[int, int, int, Any]:
+    """``(rank, stream, whole, data)`` of a ``LINES`` body."""
+    if len(body) < LINES_HEAD.size - _HEAD.size:
+        raise LinkError("short LINES frame")
+    rank, stream, whole = struct.unpack_from(">IBI", body)
+    data = body[LINES_HEAD.size - _HEAD.size:]
+    if whole > len(data) or (whole and data[whole - 1:whole] != b"\n"):
+        raise LinkError("LINES: its whole lines do not end where it says")
+    return rank, stream, whole, data
 
 
 def encode_stdin(rank: int, data: bytes) -> bytes:
@@ -106,9 +127,9 @@ class Reader:
 
     Bytes come in two ways: :meth:`feed` copies them in, or a receiver reads
     straight into :meth:`room` and says how many with :meth:`received`.  The
-    latter hands ``OUTPUT`` bodies on as views into the buffer, valid only
-    until the next read into it (the output path copies what it keeps); all
-    other bodies are bytes.
+    latter hands ``OUTPUT`` and ``LINES`` bodies on as views into the buffer,
+    valid only until the next read into it (the output path copies what it
+    keeps); all other bodies are bytes.
     """
 
     def __init__(self, expect_sync: bool = False, max_frame: int = MAX_FRAME) -> None:
@@ -185,7 +206,7 @@ class Reader:
             if stop > end:
                 break
             body = view[pos + _HEAD.size:stop]
-            frames.append((kind, body if kind == OUTPUT else bytes(body)))
+            frames.append((kind, body if kind in (OUTPUT, LINES) else bytes(body)))
             pos = stop
         if pos == end:
             pos = end = 0            # all cut: the next read starts at the front

@@ -107,9 +107,17 @@ class Terminal:
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
         self.owner: object = None         # the source whose line is unfinished
         self._grow = self.open and self._send is None
+        try:
+            self._fifo = self._grow and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
+        except OSError:
+            self._fifo = False
         self._waiters: Set[object] = set()
         self._writer = False
         self.on_error: Optional[Callable[[Terminal], None]] = None
+        self.splicing: object = None      # the source whose lines go in by splice(2)
+        self._splice_waiter: Optional[Callable[[], None]] = None
+        self._splice_turns: Deque[Callable[[], None]] = deque()
+        self._turn: object = None         # the timer of the next source's turn
 
     # -- writing ------------------------------------------------------------
     @property
@@ -123,7 +131,7 @@ class Terminal:
         if self.owner is not None and self.owner is not source:
             data = b"\n" + bytes(data)
         self.owner = None if data[-1:] == b"\n" else source
-        if not self.queue:
+        if not self.queue and self.splicing is None:
             try:
                 n = self._write(data)
             except BlockingIOError:
@@ -162,6 +170,15 @@ class Terminal:
 
     def flush_some(self) -> None:
         """Write what the file takes now; called when it is writable."""
+        if self.splicing is not None:
+            # Nothing else goes in until the splice is done; it may go on now.
+            waiter, self._splice_waiter = self._splice_waiter, None
+            if self._writer and self.loop is not None:
+                self.loop.remove_writer(self.fd)
+                self._writer = False
+            if waiter is not None:
+                waiter()
+            return
         while self.queue:
             head = self.queue[0]
             try:
@@ -181,8 +198,94 @@ class Terminal:
             self._writer = False
         if self.queued <= LOW_WATER:
             self._wake()
+        self._next_splice()
         if self.queue:
             self._want_writable()
+
+    # -- splicing ------------------------------------------------------------
+    def begin_splice(self, source: object, lead: bytes) -> bool:
+        """Hand the file to ``source`` for whole lines moved in around this
+        process (``splice(2)`` from a socket), after ``lead``: its unfinished
+        line, which they complete.  True if the file is a pipe with nothing
+        queued and took ``lead`` whole; other sources' writes then queue
+        until :meth:`end_splice`."""
+        if (not self.open or not self._fifo or self.queue or self.splicing is not None
+                or self.loop is None):
+            return False
+        if self.owner is not None and self.owner is not source:
+            lead = b"\n" + lead
+        if lead:
+            if len(lead) > 4096:      # PIPE_BUF: a larger write could go in part
+                return False
+            try:
+                os.write(self.fd, lead)   # up to PIPE_BUF a pipe takes all or nothing
+            except BlockingIOError:
+                return False
+            except OSError as err:
+                self._failed(err)
+                return False
+        self.owner = None
+        self.splicing = source
+        return True
+
+    @property
+    def splice_busy(self) -> bool:
+        """Whether a splice would have to wait (another is on or has the next
+        turn, or bytes are queued)."""
+        return self.open and (self.splicing is not None or self._turn is not None
+                              or bool(self.queue))
+
+    def wait_to_splice(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no splice is on and nothing is queued (or the
+        file is closed): sources take turns, in the order they asked."""
+        self._splice_turns.append(callback)
+
+    def _next_splice(self) -> None:
+        # The turn is called on the loop's next round, not inside the caller
+        # (a chain of hosts would nest), and held for it meanwhile.
+        if self._splice_turns and not self.splice_busy and self.loop is not None:
+            self._turn = self.loop.call_later(0, self._take_turn)
+
+    def _take_turn(self) -> None:
+        self._turn = None
+        if self._splice_turns:
+            self._splice_turns.popleft()()
+        self._next_splice()
+
+    def _closed_for_splices(self) -> None:
+        self._next_splice()       # those waiting learn that the file is gone
+
+    def splice_from(self, fd: int, count: int) -> int:
+        """Move up to ``count`` bytes from ``fd`` (a socket) into the file, unseen;
+        BlockingIOError when the socket is empty or the pipe full."""
+        return os.splice(fd, self.fd, count, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """While splicing: call ``callback`` once the full pipe takes bytes again."""
+        if self._grow:
+            self._grow_pipe()
+        self._splice_waiter = callback
+        if not self._writer and self.loop is not None:
+            self.loop.add_writer(self.fd, self.flush_some)
+            self._writer = True
+
+    def end_splice(self) -> None:
+        """The splice is over (its last byte was a newline, or it was given up)."""
+        self.splicing = None
+        self._splice_waiter = None
+        if self._writer and self.loop is not None and not self.queue:
+            self.loop.remove_writer(self.fd)
+            self._writer = False
+        self._want_writable()
+        self._next_splice()
+
+    def refuse_splices(self) -> None:
+        """The file turned out not to take spliced bytes: no more are tried."""
+        self._fifo = False
+
+    def writing_failed(self, err: OSError) -> None:
+        """A write into the file by another way (a splice) failed."""
+        self._failed(err)
 
     def _want_writable(self) -> None:
         if self._writer or not self.queue:
@@ -199,6 +302,7 @@ class Terminal:
     def _failed(self, err: OSError) -> None:
         self.open = False
         self.queue.clear()
+        self._closed_for_splices()
         self.queued = 0
         if self._writer and self.loop is not None:
             self.loop.forget(self.fd)
@@ -222,10 +326,12 @@ class Terminal:
 
     def give_up(self) -> None:
         """Drop what is queued (the job is being stopped and nobody reads)."""
+        self.splicing = None
         self.dropped += self.queued
         self.queue.clear()
         self.queued = 0
         self.open = False
+        self._closed_for_splices()
         if self._writer and self.loop is not None:
             self.loop.forget(self.fd)
             self._writer = False
@@ -234,6 +340,8 @@ class Terminal:
     def wait_until_drained(self, deadline: Optional[float]) -> bool:
         """Block until the queue is written (or ``deadline``); outside the loop only."""
         from .loop import wait_fd
+        if self.splicing is not None:
+            self.end_splice()      # the loop has stopped: the splice will not go on
         while self.queue and self.open:
             timeout = None if deadline is None else deadline - time.monotonic()
             if timeout is not None and timeout <= 0:
@@ -356,7 +464,8 @@ def xml_element(stream: str, rank: Optional[int]) -> Callable[[bytes, bool], byt
     return fmt
 
 
-def _last_newline(data) -> int:
+def last_newline(data) -> int:
+    """Where the last newline of ``data`` (bytes or a view) is; -1 if none."""
     if not isinstance(data, memoryview):
         return data.rfind(b"\n")
     if data.obj is _BUFFER:
@@ -397,6 +506,15 @@ class RankOutput:
         self.finished = False
         self.written = 0
 
+    def splice_terminal(self) -> Optional[Terminal]:
+        """The terminal this stream's whole lines may be spliced into unseen, or
+        None: a rank file, prefixes, ``--xml`` or a kept tail need the bytes."""
+        term = self.terminal
+        if (term is None or not term.open or self.file_fd is not None or self.prefix is not None
+                or self.keep_tail):
+            return None
+        return term
+
     @property
     def wanted(self) -> bool:
         """Whether anyone still takes this stream (a file, or an open terminal)."""
@@ -421,7 +539,7 @@ class RankOutput:
         term = self.terminal
         if term is None or not term.open:
             return
-        cut = _last_newline(data) + 1
+        cut = last_newline(data) + 1
         if cut == 0:
             if len(self.pending) + n < LONG_LINE:
                 self.pending += bytes(data)
