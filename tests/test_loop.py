@@ -72,3 +72,47 @@ def test_make_room_pushes_out_only_strangers_that_had_their_time():
     assert make_room(held.values, 2, drop, grace=0.5) == 0.0 and dropped == [0, 1]
     wait = make_room(held.values, 1, drop, grace=0.5)
     assert 0.4 < wait <= 0.5 and dropped == [0, 1] and list(held) == [2]
+
+
+ACCEPT_WITHOUT_DESCRIPTORS = r"""
+import os, resource, socket, subprocess, sys, time
+from mslaunch.run.loop import Loop, accept_strangers
+loop = Loop()
+lsock = socket.socket()
+lsock.bind(("127.0.0.1", 0))
+lsock.listen(64)
+lsock.setblocking(False)
+port = lsock.getsockname()[1]
+# connections made by a child, so that they cost this process nothing
+child = subprocess.Popen([sys.executable, "-c",
+    "import socket, sys, time\n"
+    "s = [socket.create_connection(('127.0.0.1', %d)) for _ in range(20)]\n"
+    "sys.stdout.write('ok'); sys.stdout.flush(); time.sleep(30)" % port],
+    stdout=subprocess.PIPE)
+assert child.stdout.read(2) == b"ok"
+held, notes, calls = [], [], [0]
+def on_accept():
+    calls[0] += 1
+    for sock, _ in accept_strangers(loop, lsock, lambda: held, 100, held.remove, notes.append):
+        held.append(sock)
+loop.add_reader(lsock.fileno(), on_accept)
+used = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+end = time.monotonic() + 1.2
+while time.monotonic() < end:
+    loop.run_once(0.05)
+child.kill()
+print(len(held), calls[0], len(notes), notes[0] if notes else "")
+"""
+
+
+def test_a_listener_out_of_descriptors_rests_instead_of_spinning():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", ACCEPT_WITHOUT_DESCRIPTORS],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    held, calls, notes, first = r.stdout.split(maxsplit=3)
+    # a few accepted until the limit; then a look every 0.5 s, not thousands
+    assert 0 < int(held) < 20 and int(calls) <= 6 and int(notes) >= 1, r.stdout
+    assert "accept failed" in first and "Too many open files" in first

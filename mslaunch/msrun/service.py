@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 from ..remote import link
 from ..remote.endpoint import SocketEndpoint
-from ..run.loop import make_room
+from ..run.loop import accept_strangers
 from ..errors import one_line
 from . import secret as auth
 
@@ -134,22 +134,10 @@ class NodeService:
 
     # -- connections --------------------------------------------------------------
     def _accept(self) -> None:
-        for _ in range(64):
-            wait = make_room(lambda: [p for p in self.peers.values() if not p.authenticated],
-                             MAX_PENDING, lambda p: self._drop(
-                                 p, "too many unproven connections; the oldest is dropped"))
-            if wait:
-                self.loop.pause_reader(self.sock.fileno(), wait)
-                return
-            try:
-                sock, addr = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as err:
-                self._note(f"accept failed: {err.strerror}")
-                return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for sock, addr in accept_strangers(
+                self.loop, self.sock, lambda: [p for p in self.peers.values() if not p.authenticated],
+                MAX_PENDING, lambda p: self._drop(
+                    p, "too many unproven connections; the oldest is dropped"), self._note):
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_side=True,
                                             do_handshake_on_connect=False)

@@ -9,7 +9,6 @@ inherited sockets (``PMI_FD``) or listens on TCP (``PMI_PORT``/``PMI_ID``).
 from __future__ import annotations
 
 import _socket
-import errno
 import os
 import time
 
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     from .state import JobState, PMIListener
     from .wire import Fields
 
-from ..run.loop import STRANGER_GRACE, make_room
+from ..run.loop import STRANGER_GRACE, accept_strangers
 from .state import KVS_MAX_BYTES, LocalJobState
 from .wire import (KEYLEN_MAX, KVSNAME_MAX, MAX_ERRORS, MAX_MESSAGE, MAX_OUTPUT,
                    MAX_PREAUTH_MESSAGE, VALLEN_MAX, WireError, _decode, _rx, format_v1,
@@ -768,28 +767,18 @@ class PMIServer:
 
     def _accept_some(self) -> None:
         lsock = self._lsock
-        for _ in range(64):
-            if lsock is None or self._closed:
-                return
-            # Idle strangers must never cost a real rank its place: the
-            # longest-waiting one makes room, once it has had its time.
-            wait = make_room(self._unauth.values, self.max_pending,
-                             lambda c: c.abandon("evicted: too many unauthenticated connections"),
-                             self.evict_grace)
-            if wait:
-                self.loop.pause_reader(lsock.fileno(), wait)
-                return
-            try:
-                sock, _addr = lsock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._emit_log(f"listener: accept failed ({exc.strerror}); pausing")
-                    self.loop.pause_reader(lsock.fileno(), 0.5)
+        if lsock is None or self._closed:
+            return
+        # Idle strangers must never cost a real rank its place: the
+        # longest-waiting one makes room, once it has had its time.
+        for sock, _addr in accept_strangers(
+                self.loop, lsock, self._unauth.values, self.max_pending,
+                lambda c: c.abandon("evicted: too many unauthenticated connections"),
+                lambda text: self._emit_log(f"listener: {text}"), self.evict_grace):
+            if self._closed:
+                sock.close()
                 return
             try:
-                sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
                 conn = _Conn(self, sock, None, tcp=True)
             except OSError:
                 sock.close()

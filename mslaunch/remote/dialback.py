@@ -240,22 +240,10 @@ class Listener:
 
     # -- accepting ------------------------------------------------------------
     def _accept(self, lsock: socket.socket) -> None:
-        from ..run.loop import make_room
-        for _ in range(64):
-            wait = make_room(self.pending.values, MAX_PENDING,
-                             lambda e: self._drop(e, "pushed out by newer connections"))
-            if wait:
-                self.loop.pause_reader(lsock.fileno(), wait)
-                return
-            try:
-                sock, _ = lsock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as err:
-                self._note(f"accept failed: {err.strerror}")
-                return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        from ..run.loop import accept_strangers
+        for sock, _ in accept_strangers(self.loop, lsock, self.pending.values, MAX_PENDING,
+                                        lambda e: self._drop(e, "pushed out by newer connections"),
+                                        self._note):
             if self._context is not None:
                 sock = self._context.wrap_socket(sock, server_side=True,
                                                  do_handshake_on_connect=False)

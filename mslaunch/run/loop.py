@@ -14,7 +14,7 @@ import select
 import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sized, Tuple
+    from typing import Any, Callable, Dict, Iterator, List, Optional, Sized, Tuple
 
     Callback = Callable[[], None]
 
@@ -53,6 +53,43 @@ def make_room(strangers: Callable[[], Sized], limit: int, drop: Callable[[Any], 
         if wait > 0:
             return wait
         drop(oldest)
+
+
+def accept_strangers(loop: "Loop", lsock, strangers: Callable[[], Sized], limit: int,
+                     drop: Callable[[Any], None], note: Callable[[str], None],
+                     grace: float = STRANGER_GRACE) -> Iterator[Tuple[Any, Any]]:
+    """The connections waiting on the listening socket ``lsock`` (64 at most
+    per call), each ``(sock, address)``, non-blocking and without Nagle's
+    delay; before each, room is made among the unproven (:func:`make_room`).
+
+    When there is no room yet, or the process is out of descriptors or
+    memory (said once through ``note``), the listener rests: new connections
+    wait in the kernel's queue meanwhile.
+    """
+    import errno
+
+    import _socket
+    for _ in range(64):
+        wait = make_room(strangers, limit, drop, grace)
+        if wait:
+            loop.pause_reader(lsock.fileno(), wait)
+            return
+        try:
+            sock, address = lsock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            note(f"accept failed: {err.strerror}")
+            if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                loop.pause_reader(lsock.fileno(), 0.5)
+            return
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        except OSError:
+            sock.close()        # reset before we got to it
+            continue
+        yield sock, address
 
 
 def wait_fd(fd, write: bool = False, timeout: Optional[float] = None) -> bool:
