@@ -39,6 +39,7 @@ util-linux (``nsenter``, ``unshare``).
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import json
 import os
@@ -47,7 +48,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -720,9 +723,169 @@ class NetBed:
                 h.uts_fd = h.mnt_fd = None
             destroy_resources(self.prefix, self.uplink)
         finally:
-            if self._record:
-                try:
-                    os.unlink(self._record)
-                except FileNotFoundError:
-                    pass
-                self._record = None
+            remove_record(self._record)
+            self._record = None
+
+
+def remove_record(path: Optional[str]) -> None:
+    """Delete a bed's state file (see :func:`claim_k`), if it has one."""
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+# --------------------------------------------------------------------------- beds
+
+_LIVE: List["Bed"] = []
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_all_live() -> None:
+    for bed in list(_LIVE):
+        try:
+            bed.stop()
+        except Exception as e:  # pragma: no cover - last resort at exit
+            print(f"{type(bed).__name__}: cleanup of {bed.dir} failed: {e}", file=sys.stderr)
+
+
+class Bed:
+    """What every test bed shares: :meth:`start` builds it once (cleaning up
+    and raising on failure), :meth:`stop` removes it (idempotent, and at the
+    interpreter's exit for a bed still up), ``with`` does both, and each
+    records how long it took.  A bed says what it needs in :meth:`_check`
+    (raising before anything is made), builds in :meth:`_build` and removes
+    in :meth:`_teardown`."""
+
+    dir: str
+
+    def __init__(self) -> None:
+        self.setup_seconds = 0.0
+        self.teardown_seconds = 0.0
+        self._started = False
+
+    def __enter__(self):
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._started
+
+    def start(self, *args, **kw):
+        self._check(*args, **kw)
+        t0 = time.monotonic()
+        self._started = True
+        with _LIVE_LOCK:
+            _LIVE.append(self)
+        try:
+            self._build(*args, **kw)
+        except BaseException:
+            self.stop()
+            raise
+        self.setup_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        t0 = time.monotonic()
+        try:
+            self._teardown()
+        finally:
+            self._started = False
+            with _LIVE_LOCK:
+                if self in _LIVE:
+                    _LIVE.remove(self)
+            self.teardown_seconds = time.monotonic() - t0
+
+    def _check(self, *args, **kw) -> None:
+        raise NotImplementedError
+
+    def _build(self, *args, **kw) -> None:
+        raise NotImplementedError
+
+    def _teardown(self) -> None:
+        raise NotImplementedError
+
+
+class BedPool:
+    """A test session's beds: :meth:`get` shares one per configuration (built on
+    first use; a failure to build is remembered and raised again), :meth:`new`
+    gives the caller one of its own; :meth:`close` stops them all.  ``build``
+    makes and starts a bed, raising the test's outcome when it cannot."""
+
+    def __init__(self, build: Callable[..., Bed]) -> None:
+        self.build = build
+        self._shared: Dict[object, Bed] = {}
+        self._errors: Dict[object, BaseException] = {}
+        self._private: List[Bed] = []
+
+    @property
+    def beds(self) -> List[Bed]:
+        return [b for b in list(self._shared.values()) + self._private if b.running]
+
+    def get(self, key: object, *args, **kw) -> Bed:
+        if key in self._errors:
+            raise self._errors[key]
+        bed = self._shared.get(key)
+        if bed is None:
+            try:
+                bed = self.build(*args, **kw)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:   # pytest's fail and skip outcomes too
+                self._errors[key] = e
+                raise
+            self._shared[key] = bed
+        return bed
+
+    def new(self, *args, **kw) -> Bed:
+        bed = self.build(*args, **kw)
+        self._private.append(bed)
+        return bed
+
+    def close(self) -> None:
+        for bed in list(self._shared.values()) + self._private:
+            bed.stop()
+        self._shared.clear()
+        self._private.clear()
+
+
+def _pool_beds(pools: Iterable[BedPool]) -> List[Bed]:
+    return [b for pool in pools for b in pool.beds]
+
+
+def log_offsets(pools: Iterable[BedPool]) -> Dict[str, int]:
+    """The sizes of every running bed's log files now (see :func:`log_tails`)."""
+    return {path: os.path.getsize(path) if os.path.exists(path) else 0
+            for b in _pool_beds(pools) for path in b.log_files()}  # type: ignore[attr-defined]
+
+
+def restore_dirty(pools: Iterable[BedPool]) -> None:
+    """Undo the faults a test left on the beds it shares with others."""
+    for b in _pool_beds(pools):
+        if b.dirty:  # type: ignore[attr-defined]
+            b.restore()  # type: ignore[attr-defined]
+
+
+def log_tails(pools: Iterable[BedPool], offsets: Dict[str, int]) -> str:
+    """What the beds' daemons logged since ``offsets`` (4000 bytes a file at most)."""
+    parts = []
+    for b in _pool_beds(pools):
+        for path in b.log_files():  # type: ignore[attr-defined]
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    new = f.read()[-4000:].decode(errors="replace")
+            except OSError:
+                continue
+            if new.strip():
+                parts.append(f"--- {path}\n{new}")
+    return "\n".join(parts)

@@ -49,7 +49,6 @@ Needs root, slurm-wlm and munge (Debian 12: Slurm 22.05.8), iproute2, util-linux
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import socket
@@ -57,7 +56,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from typing import (Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
@@ -157,20 +155,7 @@ def _sweep_stale() -> None:
     netbed.preclean_stale(PREFIX_BASE)
 
 
-_LIVE: List["SlurmBed"] = []
-_LIVE_LOCK = threading.Lock()
-
-
-@atexit.register
-def _stop_all_live() -> None:
-    for bed in list(_LIVE):
-        try:
-            bed.stop()
-        except Exception as e:  # pragma: no cover - last resort at exit
-            print(f"slurmbed: cleanup of {bed.dir} failed: {e}", file=sys.stderr)
-
-
-class SlurmBed:
+class SlurmBed(netbed.Bed):
     """slurmctld + N slurmd nodes ``h1``..``hN``; see the module docstring.
 
     ``SlurmBed(directory, nodes=2).start()`` builds it (or ``with SlurmBed(...) as bed:``),
@@ -185,6 +170,7 @@ class SlurmBed:
                  ready_timeout: float = 30.0) -> None:
         if not 1 <= nodes <= 200:
             raise SlurmBedError(f"nodes must be in 1..200, not {nodes}")
+        super().__init__()
         self._own_dir = directory is None
         self.dir = os.path.abspath(str(directory) if directory else
                                    tempfile.mkdtemp(prefix="slurmbed-"))
@@ -202,27 +188,15 @@ class SlurmBed:
         self.munge_dir = ""
         self.daemons: Dict[str, subprocess.Popen] = {}  # "munged", "slurmctld", "h1", ...
         self.dirty = False
-        self.setup_seconds = 0.0
-        self.teardown_seconds = 0.0
         self._clients: List[subprocess.Popen] = []
         self._links_down: Set[str] = set()
-        self._started = False
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "SlurmBed":
-        if not self._started:
-            self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def running(self) -> bool:
-        return self._started
-
     def start(self) -> "SlurmBed":
         """Build the bed and wait until every node is idle; clean up and raise on failure."""
+        return super().start()
+
+    def _check(self) -> None:
         if self._started or self.net is not None:
             raise SlurmBedError("a bed is started once; make a new SlurmBed")
         missing = netbed.missing_tools(REQUIRED_TOOLS)
@@ -231,64 +205,46 @@ class SlurmBed:
                                 + " (apt-get install slurm-wlm munge iproute2 util-linux)")
         if self.runner in self.nodes + ["ctl"]:
             raise SlurmBedError(f"this machine's hostname {self.runner!r} is a bed node name")
-        t0 = time.monotonic()
-        self._started = True
-        with _LIVE_LOCK:
-            _LIVE.append(self)
-        try:
-            for sub in ("ctld", "spool"):
-                os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
-            _sweep_stale()
-            self.net = NetBed(self.dir, PREFIX_BASE, K_RANGE)
-            self.net.create([("ctl", 2)] + self.nodes)
-            self._start_munged()
-            self._write_conf()
-            self.daemons["slurmctld"] = self.net.spawn(
-                self._host("ctl"), [SLURMCTLD, "-D", "-i", "-f", self.conf],
-                log=os.path.join(self.dir, "slurmctld.out"), env=self._daemon_env())
-            # slurmd retries a failed registration only after a pause: start nodes once ctld answers
-            self._wait("slurmctld to answer", lambda: "UP" in self.run(
-                ["scontrol", "ping"], timeout=10).stdout, self.ready_timeout)
-            for name in self.nodes:
-                self._spawn_slurmd(name)
-            self.wait_idle(timeout=self.ready_timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.setup_seconds = time.monotonic() - t0
-        return self
 
-    def stop(self) -> None:
-        """Kill clients and daemons, delete namespaces and munge files (idempotent)."""
-        if not self._started:
-            return
-        t0 = time.monotonic()
-        try:
-            for p in self._clients:
-                self._kill_tree(p)
-            self._clients = []
-            if self.net is not None:
-                self.net.teardown()  # SIGKILLs every process in the namespaces, munged included
-            # clients started by others with env(), e.g. srun under a launcher under test
-            netbed.kill_until_gone(lambda: _stale_pids({"tag": self.tag}), "the bed's clients")
-            if self.munge_dir:
-                shutil.rmtree(self.munge_dir, ignore_errors=True)
-            if self.proctrack == "proctrack/cgroup":
-                for name in self.nodes:  # fails (harmlessly) while another bed uses the same name
-                    top = f"/sys/fs/cgroup/freezer/slurm_{name}"
-                    for root, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
-                        try:
-                            os.rmdir(root)
-                        except OSError:
-                            pass
-            if self._own_dir:
-                shutil.rmtree(self.dir, ignore_errors=True)
-        finally:
-            self._started = False
-            with _LIVE_LOCK:
-                if self in _LIVE:
-                    _LIVE.remove(self)
-            self.teardown_seconds = time.monotonic() - t0
+    def _build(self) -> None:
+        for sub in ("ctld", "spool"):
+            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
+        _sweep_stale()
+        self.net = NetBed(self.dir, PREFIX_BASE, K_RANGE)
+        self.net.create([("ctl", 2)] + self.nodes)
+        self._start_munged()
+        self._write_conf()
+        self.daemons["slurmctld"] = self.net.spawn(
+            self._host("ctl"), [SLURMCTLD, "-D", "-i", "-f", self.conf],
+            log=os.path.join(self.dir, "slurmctld.out"), env=self._daemon_env())
+        # slurmd retries a failed registration only after a pause: start nodes once ctld answers
+        self._wait("slurmctld to answer", lambda: "UP" in self.run(
+            ["scontrol", "ping"], timeout=10).stdout, self.ready_timeout)
+        for name in self.nodes:
+            self._spawn_slurmd(name)
+        self.wait_idle(timeout=self.ready_timeout)
+
+    def _teardown(self) -> None:
+        """Kill clients and daemons, delete namespaces and munge files."""
+        for p in self._clients:
+            self._kill_tree(p)
+        self._clients = []
+        if self.net is not None:
+            self.net.teardown()  # SIGKILLs every process in the namespaces, munged included
+        # clients started by others with env(), e.g. srun under a launcher under test
+        netbed.kill_until_gone(lambda: _stale_pids({"tag": self.tag}), "the bed's clients")
+        if self.munge_dir:
+            shutil.rmtree(self.munge_dir, ignore_errors=True)
+        if self.proctrack == "proctrack/cgroup":
+            for name in self.nodes:  # fails (harmlessly) while another bed uses the same name
+                top = f"/sys/fs/cgroup/freezer/slurm_{name}"
+                for root, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                    try:
+                        os.rmdir(root)
+                    except OSError:
+                        pass
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # ----------------------------------------------------------------- building
     def _start_munged(self) -> None:
@@ -675,21 +631,15 @@ def _unavailable(reason: str) -> None:
     pytest.skip(msg)
 
 
-class SlurmBedPool:
+class SlurmBedPool(netbed.BedPool):
     """Session-wide beds: :meth:`get` shares one bed per configuration, :meth:`new` is yours."""
 
     def __init__(self, base_dir: str) -> None:
         self.base_dir = base_dir
-        self._shared: Dict[Tuple, SlurmBed] = {}
-        self._errors: Dict[Tuple, str] = {}
-        self._private: List[SlurmBed] = []
         self._count = 0
+        super().__init__(self._make)
 
-    @property
-    def beds(self) -> List[SlurmBed]:
-        return [b for b in list(self._shared.values()) + self._private if b.running]
-
-    def _build(self, nodes: int, **kw) -> SlurmBed:
+    def _make(self, nodes: int, **kw) -> SlurmBed:
         reason = unavailable_reason()
         if reason:
             _unavailable(reason)
@@ -702,33 +652,17 @@ class SlurmBedPool:
             _unavailable(f"{type(e).__name__}: {e}")
         return bed
 
-    def get(self, nodes: int = 2, cpus: int = 2, extra_conf: Sequence[str] = (), **kw) -> SlurmBed:
+    def get(self, nodes: int = 2, cpus: int = 2,  # type: ignore[override]
+            extra_conf: Sequence[str] = (), **kw) -> SlurmBed:
         """The session's shared bed of this configuration (built on first use)."""
         key = (nodes, cpus, tuple(extra_conf), tuple(sorted(kw.items())))
-        if key in self._errors:
-            _unavailable(self._errors[key])
-        bed = self._shared.get(key)
-        if bed is None:
-            try:
-                bed = self._build(nodes, cpus=cpus, extra_conf=extra_conf, **kw)
-            except (pytest.fail.Exception, pytest.skip.Exception) as e:
-                self._errors[key] = str(e).replace("Slurm test bed unavailable: ", "", 1)
-                raise
-            self._shared[key] = bed
-        return bed
+        return super().get(key, nodes, cpus=cpus, extra_conf=extra_conf,  # type: ignore[return-value]
+                           **kw)
 
-    def new(self, nodes: int = 2, cpus: int = 2, extra_conf: Sequence[str] = (),
-            **kw) -> SlurmBed:
+    def new(self, nodes: int = 2, cpus: int = 2,  # type: ignore[override]
+            extra_conf: Sequence[str] = (), **kw) -> SlurmBed:
         """A bed of the caller's own, stopped at session end (or earlier by its ``stop()``)."""
-        bed = self._build(nodes, cpus=cpus, extra_conf=extra_conf, **kw)
-        self._private.append(bed)
-        return bed
-
-    def close(self) -> None:
-        for bed in list(self._shared.values()) + self._private:
-            bed.stop()
-        self._shared.clear()
-        self._private.clear()
+        return super().new(nodes, cpus=cpus, extra_conf=extra_conf, **kw)  # type: ignore[return-value]
 
 
 _POOLS: List[SlurmBedPool] = []
@@ -755,14 +689,9 @@ def slurmbed(slurmbeds: SlurmBedPool) -> SlurmBed:
 @pytest.fixture(autouse=True)
 def _slurmbed_restore(request):
     """Remember the log sizes before each test; afterwards undo faults left on shared beds."""
-    request.node._slurmbed_log_sizes = {
-        path: os.path.getsize(path) if os.path.exists(path) else 0
-        for pool in _POOLS for b in pool.beds for path in b.log_files()}
+    request.node._slurmbed_log_sizes = netbed.log_offsets(_POOLS)
     yield
-    for pool in _POOLS:
-        for b in pool.beds:
-            if b.dirty:
-                b.restore()
+    netbed.restore_dirty(_POOLS)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -770,19 +699,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     sizes = getattr(item, "_slurmbed_log_sizes", None)
-    if rep.when != "call" or not rep.failed or sizes is None:
-        return
-    parts = []
-    for pool in _POOLS:
-        for b in pool.beds:
-            for path in b.log_files():
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(sizes.get(path, 0))
-                        new = f.read()[-4000:].decode(errors="replace")
-                except OSError:
-                    continue
-                if new.strip():
-                    parts.append(f"--- {path}\n{new}")
-    if parts:
-        rep.sections.append(("slurm logs", "\n".join(parts)))
+    if rep.when == "call" and rep.failed and sizes is not None:
+        tails = netbed.log_tails(_POOLS, sizes)
+        if tails:
+            rep.sections.append(("slurm logs", tails))

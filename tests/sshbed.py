@@ -82,7 +82,6 @@ failures (stale beds of crashed runs are removed by the next run).
 
 from __future__ import annotations
 
-import atexit
 import os
 import pwd
 import random
@@ -92,10 +91,9 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -168,21 +166,6 @@ class SSHHost:
 
 HostRef = Union[SSHHost, str, int]
 
-_LIVE: List["SSHBed"] = []
-_LIVE_LOCK = threading.Lock()
-
-
-def _stop_all_live() -> None:
-    for bed in list(_LIVE):
-        try:
-            bed.stop()
-        except Exception as e:  # pragma: no cover - last resort at exit
-            print(f"sshbed: cleanup of {bed.dir} failed: {e}", file=sys.stderr)
-
-
-atexit.register(_stop_all_live)
-
-
 def _keygen(path: str, comment: str) -> subprocess.Popen:
     for p in (path, path + ".pub"):
         if os.path.exists(p):
@@ -220,7 +203,7 @@ def _tail(path: str, n: int = 20) -> str:
         return ""
 
 
-class SSHBed:
+class SSHBed(netbed.Bed):
     """N sshd hosts; see the module docstring.
 
     ``SSHBed(directory).start(n)`` builds it (``with SSHBed(d) as bed:`` also
@@ -229,6 +212,7 @@ class SSHBed:
     """
 
     def __init__(self, directory: Optional[str] = None, mode: Optional[str] = None) -> None:
+        super().__init__()
         self.dir = os.path.abspath(str(directory) if directory else
                                    tempfile.mkdtemp(prefix="sshbed-"))
         self.mode = mode
@@ -243,23 +227,12 @@ class SSHBed:
         self.net: Optional[NetBed] = None
         self.k: Optional[int] = None
         self.dirty = False
-        self.setup_seconds = 0.0
-        self.teardown_seconds = 0.0
         self._record: Optional[str] = None
         self._extra_conf: List[str] = []
         self._hide_count = 0
-        self._started = False
         self._borrowed: Optional[NetBed] = None   # namespaces owned by another bed
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "SSHBed":
-        if not self._started:
-            self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def start(self, n_hosts: int = DEFAULT_HOSTS, net: Optional[NetBed] = None) -> "SSHBed":
         """Build the bed with ``n_hosts`` hosts ``h1``..``hN``; clean up and raise on failure.
 
@@ -268,6 +241,9 @@ class SSHBed:
         namespaces; :meth:`stop` then ends the sshds and leaves the
         namespaces to their owner.
         """
+        return super().start(n_hosts, net)
+
+    def _check(self, n_hosts: int, net: Optional[NetBed]) -> None:
         if self._started or self.hosts:
             raise SSHBedError("a bed is started once; make a new SSHBed")
         if not 1 <= n_hosts <= 200:
@@ -278,55 +254,44 @@ class SSHBed:
                               + " (openssh-server, openssh-client, iproute2, util-linux)")
         if self.mode is None:
             self.mode, self.mode_reason = detect_mode()
-        t0 = time.monotonic()
-        self._started = True
-        with _LIVE_LOCK:
-            _LIVE.append(self)
-        try:
-            os.makedirs(self.bin_dir, exist_ok=True)
-            self._prepare_run_dir()
-            if net is not None:
-                self.mode, self._borrowed = "netns", net
-                by_name = {nh.name: nh for nh in net.hosts}
-                self.net, self.k = net, net.k
-                for i in range(1, n_hosts + 1):
-                    nh = by_name[f"h{i}"]
-                    self.hosts.append(self._new_host(i, nh.addr, 22, nh))
-            elif self.mode == "netns":
-                self.net = NetBed(os.path.join(self.dir, "net"), PREFIX_BASE)
-                self.net.create([f"h{i}" for i in range(1, n_hosts + 1)])
-                self.k = self.net.k
-                for i, nh in enumerate(self.net.hosts, 1):
-                    self.hosts.append(self._new_host(i, nh.addr, 22, nh))
-            elif self.mode == "loopback":
-                self.k, self._record = netbed.claim_k(PREFIX_BASE, network=False,
-                                                      info={"dir": self.dir, "mode": "loopback"})
-                addrs = [f"127.{self.k}.0.{10 + i}" for i in range(1, n_hosts + 1)]
-                port = self._free_port(addrs)
-                for i, a in enumerate(addrs, 1):
-                    self.hosts.append(self._new_host(i, a, port, None))
-            else:
-                raise SSHBedError(f"unknown mode {self.mode!r}")
-            self._make_keys()
-            self._write_client_files()
-            for h in self.hosts:
-                self._write_conf(h)
-            self._check_conf(self.hosts[0])
-            for h in self.hosts:
-                self._spawn_sshd(h)
-            self._wait_ready(self.hosts)
-            self._update_record()
-        except BaseException:
-            self.stop()
-            raise
-        self.setup_seconds = time.monotonic() - t0
-        return self
 
-    def stop(self) -> None:
-        """Remove every process, namespace, link and state file of the bed (idempotent)."""
-        if not self._started:
-            return
-        t0 = time.monotonic()
+    def _build(self, n_hosts: int, net: Optional[NetBed]) -> None:
+        os.makedirs(self.bin_dir, exist_ok=True)
+        self._prepare_run_dir()
+        if net is not None:
+            self.mode, self._borrowed = "netns", net
+            by_name = {nh.name: nh for nh in net.hosts}
+            self.net, self.k = net, net.k
+            for i in range(1, n_hosts + 1):
+                nh = by_name[f"h{i}"]
+                self.hosts.append(self._new_host(i, nh.addr, 22, nh))
+        elif self.mode == "netns":
+            self.net = NetBed(os.path.join(self.dir, "net"), PREFIX_BASE)
+            self.net.create([f"h{i}" for i in range(1, n_hosts + 1)])
+            self.k = self.net.k
+            for i, nh in enumerate(self.net.hosts, 1):
+                self.hosts.append(self._new_host(i, nh.addr, 22, nh))
+        elif self.mode == "loopback":
+            self.k, self._record = netbed.claim_k(PREFIX_BASE, network=False,
+                                                  info={"dir": self.dir, "mode": "loopback"})
+            addrs = [f"127.{self.k}.0.{10 + i}" for i in range(1, n_hosts + 1)]
+            port = self._free_port(addrs)
+            for i, a in enumerate(addrs, 1):
+                self.hosts.append(self._new_host(i, a, port, None))
+        else:
+            raise SSHBedError(f"unknown mode {self.mode!r}")
+        self._make_keys()
+        self._write_client_files()
+        for h in self.hosts:
+            self._write_conf(h)
+        self._check_conf(self.hosts[0])
+        for h in self.hosts:
+            self._spawn_sshd(h)
+        self._wait_ready(self.hosts)
+        self._update_record()
+
+    def _teardown(self) -> None:
+        """Remove every process, namespace, link and state file of the bed."""
         try:
             if self.net is not None and self._borrowed is None:
                 self.net.teardown()
@@ -348,23 +313,10 @@ class SSHBed:
                     h.proc = None
                 h.pid = None
         finally:
-            if self._record:
-                try:
-                    os.unlink(self._record)
-                except FileNotFoundError:
-                    pass
-                self._record = None
-            self._started = False
+            netbed.remove_record(self._record)
+            self._record = None
             if self._borrowed is not None:
                 self.net = self._borrowed = None
-            with _LIVE_LOCK:
-                if self in _LIVE:
-                    _LIVE.remove(self)
-            self.teardown_seconds = time.monotonic() - t0
-
-    @property
-    def running(self) -> bool:
-        return self._started
 
     # ----------------------------------------------------------------- building
     @staticmethod
@@ -818,34 +770,23 @@ class SSHBed:
                 self.restart_sshd(h)
         self.dirty = False
 
-    def log_sizes(self) -> Dict[str, int]:
-        out = {}
-        for h in self.hosts:
-            try:
-                out[h.log] = os.path.getsize(h.log)
-            except OSError:
-                out[h.log] = 0
-        return out
+    def log_files(self) -> List[str]:
+        return [h.log for h in self.hosts]
+
 
 
 # ------------------------------------------------------------------ pytest part
 
 
-class SSHBedPool:
+class SSHBedPool(netbed.BedPool):
     """Session-wide beds: :meth:`get` shares a bed per host count; :meth:`new` gives your own."""
 
     def __init__(self, base_dir: str) -> None:
         self.base_dir = base_dir
-        self._shared: Dict[int, SSHBed] = {}
-        self._errors: Dict[int, str] = {}
-        self._private: List[SSHBed] = []
         self._count = 0
+        super().__init__(self._make)
 
-    @property
-    def beds(self) -> List[SSHBed]:
-        return list(self._shared.values()) + [b for b in self._private if b.running]
-
-    def _build(self, n: int) -> SSHBed:
+    def _make(self, n: int) -> SSHBed:
         mode, reason = detect_mode()
         if mode != "netns" and strict() and not os.environ.get("MSLAUNCH_SSHBED_MODE"):
             _unavailable("network namespaces are required when CI=true or "
@@ -859,31 +800,13 @@ class SSHBedPool:
             _unavailable(f"{type(e).__name__}: {e}")
         return bed
 
-    def get(self, n_hosts: int = DEFAULT_HOSTS) -> SSHBed:
+    def get(self, n_hosts: int = DEFAULT_HOSTS) -> SSHBed:  # type: ignore[override]
         """The session's shared bed with exactly ``n_hosts`` hosts (built on first use)."""
-        if n_hosts in self._errors:
-            pytest.fail(self._errors[n_hosts], pytrace=False)
-        bed = self._shared.get(n_hosts)
-        if bed is None:
-            try:
-                bed = self._build(n_hosts)
-            except pytest.fail.Exception as e:
-                self._errors[n_hosts] = str(e)
-                raise
-            self._shared[n_hosts] = bed
-        return bed
+        return super().get(n_hosts, n_hosts)  # type: ignore[return-value]
 
-    def new(self, n_hosts: int = DEFAULT_HOSTS) -> SSHBed:
+    def new(self, n_hosts: int = DEFAULT_HOSTS) -> SSHBed:  # type: ignore[override]
         """A bed of the caller's own, stopped at session end (or by its ``stop()``)."""
-        bed = self._build(n_hosts)
-        self._private.append(bed)
-        return bed
-
-    def close(self) -> None:
-        for bed in list(self._shared.values()) + self._private:
-            bed.stop()
-        self._shared.clear()
-        self._private.clear()
+        return super().new(n_hosts)  # type: ignore[return-value]
 
 
 _POOLS: List[SSHBedPool] = []
@@ -920,38 +843,17 @@ def sshbed(sshbeds: SSHBedPool) -> SSHBed:
 @pytest.fixture(autouse=True)
 def _sshbed_restore(request):
     """After each test, undo the faults a test left on a shared bed; remember log offsets."""
-    beds = [b for pool in _POOLS for b in pool.beds]
-    sizes: Dict[str, int] = {}
-    for b in beds:
-        sizes.update(b.log_sizes())
-    request.node._sshbed_log_sizes = sizes
+    request.node._sshbed_log_sizes = netbed.log_offsets(_POOLS)
     yield
-    for pool in _POOLS:
-        for b in pool.beds:
-            if b.dirty:
-                b.restore()
+    netbed.restore_dirty(_POOLS)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
-    if rep.when != "call" or not rep.failed:
-        return
     sizes = getattr(item, "_sshbed_log_sizes", None)
-    if sizes is None:
-        return
-    parts = []
-    for pool in _POOLS:
-        for b in pool.beds:
-            for h in b.hosts:
-                try:
-                    with open(h.log, "rb") as f:
-                        f.seek(sizes.get(h.log, 0))
-                        new = f.read()[-4000:].decode(errors="replace")
-                except OSError:
-                    continue
-                if new.strip():
-                    parts.append(f"--- {h.name} ({h.log})\n{new}")
-    if parts:
-        rep.sections.append(("sshd logs", "\n".join(parts)))
+    if rep.when == "call" and rep.failed and sizes is not None:
+        tails = netbed.log_tails(_POOLS, sizes)
+        if tails:
+            rep.sections.append(("sshd logs", tails))
