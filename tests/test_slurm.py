@@ -56,6 +56,8 @@ def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbe
     assert [r[:2] for r in rows] == [["0", "h1"], ["1", "h1"], ["2", "h2"], ["3", "h2"]], out
     assert all(r[2] == "-" for r in rows), "the agent's srun task identity leaked to ranks"
     assert "with srun" in err, err
+    for host in ("h1", "h2"):    # plain, as the link itself is
+        assert f"mslaunch: {host}: output on a connection of its own (plain TCP)" in err, err
     for rank, host in enumerate(["h1", "h1", "h2", "h2"]):
         text = (tmp_path / "log" / "1" / f"rank.{rank}" / "stdout").read_text()
         assert text.split()[:2] == [str(rank), host]

@@ -122,6 +122,7 @@ class Supervisor:
         self._start_error: Optional[Tuple[str, int]] = None
         self.launched = False
         self.listener = None
+        self._srun = False                # the agents were started by srun
         self._old_handlers: Dict[int, object] = {}
 
     # -- start ------------------------------------------------------------
@@ -292,6 +293,7 @@ class Supervisor:
             self.console.message(f"mslaunch: starting agents on {len(self.connect)} "
                                  f"remote host(s) " + ("with srun" if how == "slurm"
                                                        else "over SSH"))
+        self._srun = how == "slurm"
         conns: Dict[str, Any] = (
             slurm.connect_all(self.connect, pythons, cancelled=_stop_requested)
             if how == "slurm" else ssh.connect_all(self.connect, options,
@@ -373,7 +375,9 @@ class Supervisor:
         the SSH channel, decrypted by paramiko in Python, a few times slower.
         It listens only on the addresses this machine uses to reach the
         hosts.  ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH;
-        ``MSLAUNCH_OUTPUT_TLS=0`` makes it plain TCP.
+        ``MSLAUNCH_OUTPUT_TLS=0`` makes it plain TCP.  So are the connections of
+        agents that srun started: their link is plain TCP already, and output
+        in TLS beside it would hide nothing the link does not show.
         """
         from ..remote.dialback import Listener, direct_output, output_tls
         if not direct_output():
@@ -382,7 +386,7 @@ class Supervisor:
         if not addresses:
             return None
         try:
-            self.listener = Listener(self.loop, addresses, tls=output_tls(),
+            self.listener = Listener(self.loop, addresses, tls=output_tls() and not self._srun,
                                      log=self.pmi_log_plain)
         except Exception as err:   # no cryptography, no ssl: the SSH channel will do
             if self.job.verbose:
