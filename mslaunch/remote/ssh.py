@@ -459,9 +459,8 @@ class _Connector:
         return {"hostname": cfg.get("hostname", name), "port": port, "user": user,
                 "identities": identities, "timeout": timeout,
                 "identities_only": str(cfg.get("identitiesonly", "no")).lower() == "yes",
-                "proxyjump": cfg.get("proxyjump"),
-                "proxycommand": None if str(cfg.get("proxycommand", "none")).lower() == "none"
-                else cfg["proxycommand"],
+                "proxyjump": _unless_none(cfg.get("proxyjump")),
+                "proxycommand": _unless_none(cfg.get("proxycommand")),
                 "alias": cfg.get("hostkeyalias"),
                 "accept_new": opts.accept_new or str(cfg.get("stricthostkeychecking", "")
                                                       ).lower() in ("accept-new", "no", "off"),
@@ -503,7 +502,7 @@ class _Connector:
                 sock = paramiko.ProxyCommand(s["proxycommand"])
             except Exception as err:
                 raise HostFailure("connect", f"ProxyCommand failed: {err}") from None
-        elif s["proxyjump"] and sock is None and s["proxyjump"].lower() != "none":
+        elif s["proxyjump"] and sock is None:
             sock = self.through_jump(s)
         elif sock is None:
             sock, _ = self.open_socket(s)
@@ -688,7 +687,7 @@ class _Connector:
     def connect(self, name: str) -> AgentConnection:
         s = self.settings(name)
         sock = None
-        if not s["proxycommand"] and str(s["proxyjump"] or "none").lower() == "none":
+        if not s["proxycommand"] and not s["proxyjump"]:
             # The TCP connection, and sshd's start of a session process, go
             # ahead while paramiko is still being imported.
             sock, _ = self.open_socket(s)
@@ -779,6 +778,11 @@ def connect_all(names: Sequence[str], options: Options,
             conn.close()
         raise LaunchError(describe_failures(failures, len(names)))
     return done
+
+
+def _unless_none(value: Any) -> Any:
+    """A ProxyJump or ProxyCommand setting; None for none (OpenSSH's "none" too)."""
+    return None if value is None or str(value).lower() == "none" else value
 
 
 def describe_failures(failures: Dict[str, HostFailure], total: int) -> str:

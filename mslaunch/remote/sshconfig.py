@@ -114,8 +114,13 @@ def _equals_first(line: str) -> bool:
 
 def match_list(name: str, patterns: str) -> bool:
     """OpenSSH's pattern lists: comma-separated, ``!`` negates and vetoes."""
+    return match_patterns(name, patterns.split(","))
+
+
+def match_patterns(name: str, patterns: Sequence[str]) -> bool:
+    """Whether ``name`` matches one of ``patterns`` and no negated one (``!``)."""
     matched = False
-    for pattern in patterns.split(","):
+    for pattern in patterns:
         pattern = pattern.strip().lower()
         negated = pattern.startswith("!")
         if negated:
@@ -156,8 +161,7 @@ class SSHConfig:
             # As OpenSSH: the final reading matches Host against the name
             # HostName gave, and a HostName first found in it is not used.
             had_name = "hostname" in found
-            target = str(found.get("hostname", original)).replace("%h", original).lower()
-            self._pass(target, original, found, final=True)
+            self._pass(self._hostname(original, found).lower(), original, found, final=True)
             if not had_name:
                 found.pop("hostname", None)
         return self._expand(original, found)
@@ -172,7 +176,7 @@ class SSHConfig:
         active = True
         for number, keyword, args in self.lines:
             if keyword == "host":
-                active = self._host_matches(host, args)
+                active = match_patterns(host, args)
             elif keyword == "match":
                 active = self._match(number, original, args, found, final)
             elif active and keyword != "include":
@@ -181,18 +185,6 @@ class SSHConfig:
                     values.extend(a for a in args if a not in values)
                 elif keyword not in found:
                     found[keyword] = list(args) if keyword in _LISTS else " ".join(args)
-
-    @staticmethod
-    def _host_matches(host: str, patterns: Sequence[str]) -> bool:
-        matched = False
-        for pattern in patterns:
-            pattern = pattern.lower()
-            if pattern.startswith("!"):
-                if fnmatch.fnmatchcase(host, pattern[1:]):
-                    return False
-            elif fnmatch.fnmatchcase(host, pattern):
-                matched = True
-        return matched
 
     def _match(self, number: int, original: str, args: List[str],
                found: Dict[str, object], final: bool) -> bool:
@@ -214,8 +206,7 @@ class SSHConfig:
                 arg = args[i + 1]
                 i += 2
                 if word == "host":
-                    target = str(found.get("hostname", original))
-                    hit = match_list(target.replace("%h", original).lower(), arg)
+                    hit = match_list(self._hostname(original, found).lower(), arg)
                 elif word == "originalhost":
                     hit = match_list(original, arg)
                 elif word == "user":
@@ -242,10 +233,16 @@ class SSHConfig:
         except OSError as err:
             raise ConfigError(f"{where}: Match exec {command!r}: {err.strerror}") from None
 
+    def _hostname(self, original: str, found: Dict[str, object]) -> str:
+        """The ``HostName`` found so far, its tokens expanded; else the name given."""
+        if "hostname" not in found:
+            return original
+        return self._tokens(str(found["hostname"]), "%h", original, {}, self.origin)
+
     def _expand(self, original: str, found: Dict[str, object]) -> Dict[str, object]:
         where = self.origin
         if "hostname" in found:
-            found["hostname"] = self._tokens(str(found["hostname"]), "%h", original, {}, where)
+            found["hostname"] = self._hostname(original, found)
         for key, allowed in _TOKENS.items():
             if key == "hostname" or key not in found:
                 continue
