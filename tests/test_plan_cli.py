@@ -252,3 +252,30 @@ def test_stdin_target_must_exist():
     with pytest.raises(UsageError, match="--stdin 3"):   # size known only after placement
         plan_for(["-H", "a:2,b:1", "--stdin", "3", "p"])
 
+
+
+@pytest.mark.parametrize("argv,launcher", [
+    ([], "auto"),
+    (["--launcher", "ssh"], "ssh"), (["-launcher", "rsh"], "ssh"), (["-bootstrap", "fork"], "local"),
+    (["--mca", "plm", "rsh"], "ssh"), (["-mca", "plm", "isolated"], "local"),
+    (["--mca", "plm", "^slurm"], "ssh"), (["--mca", "plm", "^rsh,ssh"], "slurm"),
+    (["--mca", "plm", "slurm,rsh"], "auto"), (["--mca", "plm", "^slurm,rsh"], "local"),
+    (["--mca", "plm", "rsh,isolated"], "ssh"),
+])
+def test_launcher_choices(argv, launcher):
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "h[1-2]"}
+    job = parse_args(argv + ["-n", "1", "prog"], environ=environ, cwd="/")
+    assert job.ssh.launcher == launcher
+
+
+@pytest.mark.parametrize("argv", [["--launcher", "pbs"], ["--mca", "plm", "tm"],
+                                  ["--mca", "plm", "^"], ["--mca", "plm", "rsh,,slurm"],
+                                  ["--launcher", "^slurm"]])
+def test_unknown_launchers_are_refused_naming_the_flag(argv):
+    with pytest.raises(UsageError, match=argv[0]):
+        parse_args(argv + ["-n", "1", "prog"], environ={}, cwd="/")
+
+
+def test_slurm_outside_an_allocation_is_refused():
+    with pytest.raises(Exception, match="allocation|SLURM"):
+        parse_args(["--mca", "plm", "^rsh", "-n", "1", "prog"], environ={}, cwd="/")

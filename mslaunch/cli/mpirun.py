@@ -81,6 +81,30 @@ class _Context:
         self.argv: List[str] = []
 
 
+#: Open MPI's plm components and Hydra's launcher names, as mslaunch's launchers.
+_LAUNCHER_NAMES = {"auto": "auto", "ssh": "ssh", "rsh": "ssh", "slurm": "slurm",
+                   "local": "local", "fork": "local", "isolated": "local"}
+
+
+def _launcher(word: str, flag: str, component_list: bool) -> str:
+    """``--launcher``, or an MCA ``plm`` value: one name, or (Open MPI) a list to
+    choose from, or ``^`` and a list of those to leave out."""
+    names = [w.strip() for w in word.lstrip("^").split(",")] if component_list else [word]
+    unknown = [w for w in names if w not in _LAUNCHER_NAMES]
+    if unknown or not all(names):
+        raise UsageError(f"{flag} {one_line(word, 30)}: expected ssh, slurm, local or "
+                         f"auto (srun inside a Slurm allocation, else ssh)"
+                         + (", or Open MPI's rsh or ^ and a list" if component_list else ""))
+    chosen = {_LAUNCHER_NAMES[w] for w in names}
+    if component_list and word.startswith("^"):
+        chosen = {"ssh", "slurm"} - chosen    # the remote launchers not left out
+    if "auto" in chosen or chosen >= {"ssh", "slurm"}:
+        return "auto"
+    if len(chosen) == 1:
+        return chosen.pop()
+    return "local" if not chosen else sorted(chosen - {"local"})[0]
+
+
 def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
                cwd: Optional[str] = None) -> JobSpec:
     """Parse an mpirun-dialect command line into a :class:`JobSpec`."""
@@ -181,11 +205,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             hostfiles.append(v)
         elif name == "launcher" or (name == "mca" and v == "plm"):
             word = values[1] if name == "mca" else v
-            # Open MPI's plm components and Hydra's launcher names.
-            g["launcher"] = {"rsh": "ssh", "fork": "local", "isolated": "local"}.get(word, word)
-            if g["launcher"] not in ("auto", "ssh", "slurm", "local"):
-                raise UsageError(f"{flag} {one_line(word, 30)}: expected ssh, slurm, local or "
-                                 f"auto (srun inside a Slurm allocation, else ssh)")
+            g["launcher"] = _launcher(word, flag, name == "mca")
             if g["launcher"] == "slurm":
                 from ..remote.slurm import choose
                 choose("slurm", environ)
