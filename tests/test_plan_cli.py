@@ -279,3 +279,13 @@ def test_unknown_launchers_are_refused_naming_the_flag(argv):
 def test_slurm_outside_an_allocation_is_refused():
     with pytest.raises(Exception, match="allocation|SLURM"):
         parse_args(["--mca", "plm", "^rsh", "-n", "1", "prog"], environ={}, cwd="/")
+
+
+def test_an_appfile_line_is_read_in_the_launchers_environment(tmp_path):
+    app = tmp_path / "app"
+    app.write_text("--launcher slurm -n 1 prog\n")
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "h[1-2]"}
+    job = parse_args(["--app", str(app)], environ=environ, cwd="/")
+    assert [list(a.argv) for a in job.apps] == [["prog"]]
+    with pytest.raises(UsageError, match=r"appfile .*:1:"):
+        parse_args(["--app", str(app)], environ={}, cwd="/")

@@ -311,7 +311,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     if g.get("version"):
         raise Exit(f"mslaunch {__version__}\n", 0)
     if g.get("app"):
-        contexts = _appfile(str(g["app"]))
+        contexts = _appfile(str(g["app"]), environ)
     job = _build(contexts, g, host_lists, hostfiles, genv, mca, verbose,
                  keep_going, environ, cwd, mapping)
     if (notes and verbose) or warnings:
@@ -341,12 +341,12 @@ def _tokens(path: str, what: str) -> List[List[str]]:
             if words]
 
 
-def _appfile(path: str) -> List[_Context]:
+def _appfile(path: str, environ: Dict[str, str]) -> List[_Context]:
     """``--app FILE``: one MPMD context per line, each parsed like a command line."""
     contexts = []
     for number, words in enumerate(_tokens(path, "appfile"), 1):
         try:
-            job = parse_args(words, environ={}, cwd=".")
+            job = parse_args(words, environ=environ, cwd=".")
         except UsageError as err:
             raise UsageError(f"appfile {path}:{number}: {err}") from None
         if len(job.apps) != 1:
