@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
 from .hostfile import _is_digits
 
 _ETC_HOSTS = "/etc/hosts"
@@ -105,3 +109,19 @@ def _local_ipv4_addresses() -> frozenset:
         pass
     return frozenset(found)
 
+
+
+def route_address(addr: str) -> Optional[str]:
+    """This machine's address towards ``addr``, or None without a route.
+
+    No packet is sent: connecting a UDP socket only asks the kernel's
+    routing table which source address it would use.
+    """
+    import socket
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None

@@ -198,15 +198,11 @@ def _wait_for_the_others(service, loop, spec: MsrunSpec, say) -> int:
 
 def _own_address(addresses: Sequence[str]) -> str:
     """This node's address towards the master (for ``{ip}`` in log names)."""
-    import socket
+    from ..hosts.local import route_address
     for addr in addresses:
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect((addr, 9))
-                return str(s.getsockname()[0])
-        except OSError:
-            continue
+        mine = route_address(addr)
+        if mine:
+            return mine
     return "127.0.0.1"
 
 

@@ -116,16 +116,12 @@ def node_addresses(names: Sequence[str]) -> Dict[str, str]:
 
 
 def route_address(addr: str) -> str:
-    """This machine's address towards ``addr`` (no packet is sent: a UDP connect
-    only asks the kernel for the route)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((addr, 9))
-            return s.getsockname()[0]
-        except OSError as err:
-            raise LaunchError(f"--launcher slurm: no route to node address {addr}: "
-                              f"{err.strerror}") from None
+    """This machine's address towards node address ``addr``."""
+    from ..hosts.local import route_address as route
+    mine = route(addr)
+    if mine is None:
+        raise LaunchError(f"--launcher slurm: no route to node address {addr}")
+    return mine
 
 
 def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str) -> List[str]:
