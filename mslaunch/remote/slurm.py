@@ -95,24 +95,18 @@ def _run(argv: Sequence[str], timeout: float = 30) -> str:
     return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else ""
 
 
-def node_addresses(names: Sequence[str]) -> Dict[str, str]:
-    """Each node's address: Slurm's ``NodeAddr``, else the name's resolution."""
-    found: Dict[str, str] = {}
-    text = _run(["scontrol", "-o", "show", "node", ",".join(names)])
+def node_address(name: str) -> str:
+    """A node's address: Slurm's ``NodeAddr``, else the name's resolution."""
+    text = _run(["scontrol", "-o", "show", "node", name])
     for line in text.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        name, addr = fields.get("NodeName"), fields.get("NodeAddr")
-        if name in names and addr:
-            found[name] = addr
-    for name in names:
-        if name not in found:
-            try:
-                found[name] = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
-            except (OSError, UnicodeError):
-                raise LaunchError(f"--launcher slurm: cannot find the address of node "
-                                  f"{name} (neither scontrol nor the resolver knows it)") \
-                    from None
-    return found
+        if fields.get("NodeName") == name and fields.get("NodeAddr"):
+            return fields["NodeAddr"]
+    try:
+        return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (OSError, UnicodeError):
+        raise LaunchError(f"--launcher slurm: cannot find the address of node {name} "
+                          f"(neither scontrol nor the resolver knows it)") from None
 
 
 def route_address(addr: str) -> str:
@@ -305,8 +299,9 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                           f"{environ.get('SLURM_JOB_ID')} (its nodes: "
                           f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
                           f"--launcher ssh for hosts outside the allocation")
-    addresses = node_addresses(names)
-    mine = route_address(addresses[names[0]])
+    # The address this machine has towards the first node is the one they
+    # all dial (the nodes of an allocation share a network).
+    mine = route_address(node_address(names[0]))
     listener = socket.socket(socket.AF_INET6 if ":" in mine else socket.AF_INET)
     listener.bind((mine, 0))
     listener.listen(min(len(names), 1024))
