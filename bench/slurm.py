@@ -98,32 +98,42 @@ def main(argv: Sequence[str]) -> int:
     with SlurmBed(nodes=max(sizes), cpus=2) as bed:
         # An sshd on every node, for mslaunch --launcher ssh on the same nodes.
         ssh_dir = tempfile.mkdtemp(prefix="slurm-bench-ssh-")
-        ssh_bed = SSHBed(ssh_dir).start(max(sizes), net=bed.net)
-        home = ssh_bed.make_home(os.path.join(ssh_dir, "home"))
-        for n in sizes:
-            r = bed.run(["salloc", "-N", str(n), "--ntasks-per-node=1", "-Q", sys.executable,
-                         os.path.abspath(__file__), "--inner", "--runs", str(args.runs),
-                         "--mslaunch-cmd", args.mslaunch_cmd, "--hydra-cmd",
-                         hydra.prefix[0], "--ssh-home", home], timeout=1200,
-                        base_env=dict(C.base_environ(), UCX_TLS="tcp"))
-            if r.returncode != 0 or not r.stdout.strip():
-                raise SystemExit(f"{n} nodes failed: {r.stderr[-600:]}")
-            sys.stderr.write(r.stderr)
-            t = json.loads(r.stdout.strip().splitlines()[-1])
-
-            def med(key: str) -> float:
-                return statistics.median(t[key]) * 1000 if t[key] else float("nan")
-            rows.append(f"| {n} | {med('mslaunch/pass'):.0f} | {med('mslaunch-ssh/pass'):.0f} | "
-                        f"{med('hydra/pass'):.0f} | "
-                        f"{med('mslaunch/pass') / med('hydra/pass'):.2f}× | "
-                        f"{med('mslaunch/mpi'):.0f} | {med('mslaunch-ssh/mpi'):.0f} | "
-                        f"{med('hydra/mpi'):.0f} | "
-                        f"{med('mslaunch/mpi') / med('hydra/mpi'):.2f}× |")
-        ssh_bed.stop()
+        ssh_bed = SSHBed(ssh_dir)
+        try:
+            ssh_bed.start(max(sizes), net=bed.net)
+            home = ssh_bed.make_home(os.path.join(ssh_dir, "home"))
+            rows += _rounds(args, bed, sizes, home, hydra)
+        finally:
+            ssh_bed.stop()
     print(f"**Inside a Slurm allocation** (ms, median of {args.runs}; one rank per node, "
           f"every rank remote)\n")
     print("\n".join(rows))
     return 0
+
+
+def _rounds(args, bed, sizes, home, hydra) -> List[str]:
+    """One allocation per node count; a table row for each."""
+    rows = []
+    for n in sizes:
+        r = bed.run(["salloc", "-N", str(n), "--ntasks-per-node=1", "-Q", sys.executable,
+                     os.path.abspath(__file__), "--inner", "--runs", str(args.runs),
+                     "--mslaunch-cmd", args.mslaunch_cmd, "--hydra-cmd",
+                     hydra.prefix[0], "--ssh-home", home], timeout=1200,
+                    base_env=dict(C.base_environ(), UCX_TLS="tcp"))
+        if r.returncode != 0 or not r.stdout.strip():
+            raise SystemExit(f"{n} nodes failed: {r.stderr[-600:]}")
+        sys.stderr.write(r.stderr)
+        t = json.loads(r.stdout.strip().splitlines()[-1])
+
+        def med(key: str) -> float:
+            return statistics.median(t[key]) * 1000 if t[key] else float("nan")
+        rows.append(f"| {n} | {med('mslaunch/pass'):.0f} | {med('mslaunch-ssh/pass'):.0f} | "
+                    f"{med('hydra/pass'):.0f} | "
+                    f"{med('mslaunch/pass') / med('hydra/pass'):.2f}× | "
+                    f"{med('mslaunch/mpi'):.0f} | {med('mslaunch-ssh/mpi'):.0f} | "
+                    f"{med('hydra/mpi'):.0f} | "
+                    f"{med('mslaunch/mpi') / med('hydra/mpi'):.2f}× |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def _all_pids() -> List[int]:
     return [int(e) for e in os.listdir("/proc") if e.isdigit()]
 
 
-def _ppid(pid: int) -> Optional[int]:
+def parent_pid(pid: int) -> Optional[int]:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return int(f.read().rsplit(b")", 1)[1].split()[1])
@@ -174,7 +174,7 @@ def children_map() -> Dict[int, List[int]]:
     """``{ppid: [child pids]}`` for every live process."""
     kids: Dict[int, List[int]] = {}
     for pid in _all_pids():
-        pp = _ppid(pid)
+        pp = parent_pid(pid)
         if pp is not None:
             kids.setdefault(pp, []).append(pid)
     return kids

@@ -17,6 +17,7 @@ from typing import Dict, Optional
 import pytest
 
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from netbed import parent_pid
 
 pytestmark = pytest.mark.remote
 
@@ -171,14 +172,6 @@ def test_a_failing_rank_on_one_node_ends_every_node_with_its_code(slurmbed, tmp_
     assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
 
 
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError):
-        return 0
-
-
 def _running(bed, tag, count: int = 4):
     p = salloc(bed, tag, "-n", str(count), "--grace", "1", PY, "-c",
                "import time; print('up', flush=True); time.sleep(120)")
@@ -209,7 +202,7 @@ def _kill_srun(tag: str) -> None:
     sruns = [pid for pid in tagged_pids(tag)
              if b"mslaunch-agents" in open(f"/proc/{pid}/cmdline", "rb").read()
              and open(f"/proc/{pid}/comm").read().strip() == "srun"]
-    top = [pid for pid in sruns if _parent(pid) not in sruns]   # not srun's helper
+    top = [pid for pid in sruns if parent_pid(pid) not in sruns]   # not srun's helper
     assert len(top) == 1, sruns
     os.killpg(top[0], signal.SIGKILL)
 
@@ -245,7 +238,7 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
             # the watchdog is what stops the ranks of an agent that was killed.
             agents = {pid for pid in slurmbed.task_pids(2) if pid in set(tagged_pids(tag))
                       and b"mslaunch-dial" in open(f"/proc/{pid}/cmdline", "rb").read()}
-            top = [pid for pid in agents if _parent(pid) not in agents]
+            top = [pid for pid in agents if parent_pid(pid) not in agents]
             assert len(top) == 1, agents
             os.kill(top[0], signal.SIGKILL)
         elif fault == "slurmd":
