@@ -1497,6 +1497,37 @@ def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tm
     assert third != first
 
 
+def test_bundles_of_other_versions_go_after_a_day(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old, recent, other = cache / "agent-old.bundle", cache / "agent-new.bundle", cache / "other"
+    for path in (old, recent, other):
+        path.write_bytes(b"x")
+    two_days = time.time() - 2 * 86400
+    os.utime(old, (two_days, two_days))
+    os.utime(other, (two_days, two_days))
+    bootstrap._save(str(cache / "agent-this.bundle"), b"bundle")
+    assert sorted(p.name for p in cache.iterdir()) == ["agent-new.bundle", "agent-this.bundle",
+                                                       "other"]
+    assert (cache / "agent-this.bundle").read_bytes() == b"bundle"
+
+
+def test_a_background_preparation_is_waited_for_at_exit(tmp_path):
+    """An early exit (a bad host name, say) while the bundle or the credentials
+    are still being made waits for that thread instead of stopping it midway."""
+    done = tmp_path / "done"
+    code = ("import threading, time, pathlib\n"
+            "from mslaunch.remote.bootstrap import finish_before_exit\n"
+            "def work():\n"
+            "    time.sleep(0.5)\n"
+            f"    pathlib.Path({str(done)!r}).write_text('yes')\n"
+            "finish_before_exit(threading.Thread(target=work, daemon=True))\n"
+            "raise SystemExit(3)\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, timeout=30)
+    assert r.returncode == 3, r.stderr
+    assert done.read_text() == "yes"
+
+
 def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
     # An agent's connection is accepted, then a flood of strangers arrives
     # before its token does (a busy host): the strangers wait in the kernel's

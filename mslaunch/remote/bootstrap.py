@@ -205,9 +205,11 @@ def _save(path: str, data: bytes) -> None:
         pass
 
 
-def prepare_in_background(after: Optional[Callable[[], None]] = None) -> None:
-    """Read or build the bundle, then make the launcher's TLS credentials for the
-    agents' output connections, in a thread, while hosts connect.
+def prepare_in_background(after: Optional[Callable[[], None]] = None, *,
+                          credentials: bool = True) -> None:
+    """Read or build the bundle, then (with ``credentials``) make the launcher's
+    TLS credentials for the agents' output connections, in a thread, while
+    hosts connect.
 
     The credentials wait for ``after`` (paramiko's import): made at the same
     time, their own imports would hold up paramiko's, which every host
@@ -215,7 +217,7 @@ def prepare_in_background(after: Optional[Callable[[], None]] = None) -> None:
     def prepare() -> None:
         package_bundle()
         from . import dialback
-        if dialback.direct_output() and dialback.output_tls():
+        if credentials and dialback.direct_output() and dialback.output_tls():
             if after is not None:
                 after()
             try:

@@ -134,8 +134,8 @@ def _run(job: JobSpec, environ, watchdog) -> int:
             from ..remote.ssh import import_finished, start_import
             start_import()      # paramiko's import and the agent's package are
             prepare_in_background(import_finished)   # prepared while the local checks run
-        else:                   # srun starts the agents: no paramiko
-            prepare_in_background()
+        else:                   # srun starts the agents: no paramiko, and plain output
+            prepare_in_background(credentials=False)
         if _needs_topologies(job, entries):
             # Slots and placement depend on the remote hosts' cpus: connect to
             # every remote host first, as Open MPI starts its daemons first.
