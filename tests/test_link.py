@@ -1825,3 +1825,205 @@ def test_a_splicing_endpoint_fed_anything_ends_with_a_reason_never_an_exception(
         os.close(w)
         os.close(r)
         loop.close()
+
+
+class _SpliceBench:
+    """A Terminal on a pipe nobody reads unless asked, and splicing endpoints
+    fed by this test through socket pairs (TCP with ``tcp``)."""
+
+    def __init__(self, hosts: int = 1, tcp: bool = False) -> None:
+        import socket
+
+        from mslaunch.remote.splice import SplicingEndpoint
+        from mslaunch.run.loop import Loop
+        from mslaunch.run.output import RankOutput, Terminal
+        self.loop = Loop()
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        self.term = Terminal(self.w, "stdout")
+        self.term.loop = self.loop
+        self.sinks = {(i, 1): RankOutput(terminal=self.term, file_fd=None, prefix=None,
+                                         keep_tail=False) for i in range(hosts)}
+        self.host = _Host(self.sinks)
+        self.closed: List[str] = []
+        self.ends, self.agents = [], []
+        for _ in range(hosts):
+            if tcp:
+                listener = socket.create_server(("127.0.0.1", 0))
+                a = socket.create_connection(listener.getsockname())
+                b, _ = listener.accept()
+                listener.close()
+            else:
+                a, b = socket.socketpair()
+
+            def on_frame(kind, body):
+                rank, stream, data = link.decode_binary(body)
+                sink = self.host.output_sink(rank, stream)
+                sink.feed(data) if data else sink.finish()
+            self.ends.append(SplicingEndpoint(self.loop, b, on_frame=on_frame,
+                                              on_closed=self.closed.append, host=self.host))
+            self.agents.append(a)
+
+    def run(self, seconds: float, read: bool = False) -> bytes:
+        got = bytearray()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.loop.run_once(0.01)
+            while read:
+                try:
+                    chunk = os.read(self.r, 1 << 20)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                got += chunk
+        return bytes(got)
+
+    def close(self) -> None:
+        for e in self.ends:
+            e.close()
+        for a in self.agents:
+            a.close()
+        if self.term.fd != self.w:
+            os.close(self.term.fd)
+        os.close(self.w)
+        os.close(self.r)
+        self.loop.close()
+
+
+def _lines(rank: int, data: bytes) -> bytes:
+    return link.lines_head(rank, 1, len(data), data.rfind(b"\n") + 1) + data
+
+
+def test_giving_up_a_terminal_mid_splice_still_ends_the_connection():
+    """mslaunch stopped while nobody reads its stdout and a splice waits for room:
+    the connection is still read to its end (not left waiting for ever)."""
+    import threading
+    bench = _SpliceBench()
+    try:
+        frame = _lines(0, b"x" * 99 + b"\n")
+        big = _lines(0, (b"y" * 99 + b"\n") * 200_000) + link.encode_output(0, 1, b"")
+        sender = threading.Thread(target=lambda: (bench.agents[0].sendall(frame + big),
+                                                  bench.agents[0].close()))
+        sender.start()
+        bench.run(0.5)
+        assert bench.term.splicing is bench.sinks[0, 1]     # waiting for the pipe
+        bench.term.give_up()
+        bench.run(2)
+        sender.join(5)
+        assert bench.sinks[0, 1].finished and bench.closed == ["the link reached end-of-file"]
+    finally:
+        bench.close()
+
+
+def test_a_connection_reset_mid_splice_ends_the_link_not_the_terminal():
+    import socket
+    import struct
+    bench = _SpliceBench(hosts=2, tcp=True)
+    try:
+        a = bench.agents[0]
+        a.sendall(_lines(0, b"0:one\n0:two\n0:three\n")[:-4])
+        bench.run(0.1, read=True)
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        a.close()                                         # a reset, not an end
+        bench.run(0.2, read=True)
+        assert bench.closed and "reset" in bench.closed[0].lower(), bench.closed
+        assert bench.term.open and bench.term.splicing is None
+        bench.agents[1].sendall(_lines(1, b"1:still here\n"))
+        assert b"1:still here\n" in bench.run(0.3, read=True)
+    finally:
+        bench.close()
+
+
+def test_a_splice_cut_short_leaves_its_line_unfinished_for_the_next_source():
+    bench = _SpliceBench()
+    try:
+        bench.agents[0].sendall(_lines(0, b"0:first\n0:second line\n")[:-8])
+        bench.run(0.1)
+        bench.agents[0].close()                           # the agent is gone mid-line
+        bench.run(0.1)
+        bench.term.write(object(), b"mslaunch: lost host h1\n")
+        got = bench.run(0.1, read=True)
+        assert got == b"0:first\n0:seco\nmslaunch: lost host h1\n", got
+    finally:
+        bench.close()
+
+
+def test_a_late_rest_of_a_frame_gives_the_terminal_back_to_the_others():
+    from mslaunch.remote.splice import STALL_SECONDS
+    bench = _SpliceBench(hosts=2)
+    try:
+        first = _lines(0, b"0:a\n0:b" + b"b" * 10 + b"\n")
+        bench.agents[0].sendall(first[:-5])               # the rest is late
+        got = bench.run(0.05, read=True)
+        bench.agents[1].sendall(_lines(1, b"1:x\n"))
+        got += bench.run(STALL_SECONDS + 0.3, read=True)
+        assert b"1:x\n" in got and bench.term.splicing is None
+        bench.agents[0].sendall(first[-5:])
+        got += bench.run(0.2, read=True)
+        # 0's line is ended where the splice stopped, 1's line stands whole
+        assert got == b"0:a\n0:bbbbbbb\n1:x\nbbbb\n", got
+    finally:
+        bench.close()
+
+
+def test_remote_lines_keep_flowing_while_a_local_rank_keeps_the_queue_busy():
+    """A local rank writes faster than mslaunch's stdout is read, so bytes are
+    always queued: a remote host's lines still get through (read and queued
+    between the local ones) rather than waiting for an empty queue."""
+    import threading
+    bench = _SpliceBench()
+    got = bytearray()
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            time.sleep(0.002)
+            try:
+                got.extend(os.read(bench.r, 1 << 16))
+            except BlockingIOError:
+                pass
+
+    class Local:
+        paused = False
+
+        def resume(self) -> None:
+            self.paused = False
+    local = Local()
+
+    def produce() -> None:
+        if not local.paused:
+            bench.term.write(local, (b"L" * 1023 + b"\n") * 64)
+            if bench.term.congested:
+                local.paused = True
+                bench.term.wait_for_room(local)
+        bench.loop.call_later(0.001, produce)
+    reader = threading.Thread(target=read)
+    try:
+        bench.term.write(local, (b"L" * 1023 + b"\n") * 1280)
+        produce()
+        reader.start()
+        sent = b"".join(b"0:%05d\n" % i for i in range(2000))
+        bench.agents[0].sendall(_lines(0, sent[:7000]) + _lines(0, sent[7000:]))
+        bench.run(2)
+        stop.set()
+        reader.join()
+        remote = b"".join(line + b"\n" for line in bytes(got).split(b"\n")
+                          if line.startswith(b"0:"))
+        assert remote == sent
+    finally:
+        stop.set()
+        bench.close()
+
+
+def test_bytes_that_came_with_the_token_start_the_stream():
+    bench = _SpliceBench()
+    try:
+        stream = _lines(0, b"0:hello\n0:world\n") + _lines(0, b"0:more\n")
+        bench.ends[0].deliver(stream[:9])                 # cut inside the first head
+        bench.agents[0].sendall(stream[9:])
+        bench.agents[0].close()
+        assert bench.run(0.3, read=True) == b"0:hello\n0:world\n0:more\n"
+        assert bench.closed == ["the link reached end-of-file"]
+    finally:
+        bench.close()

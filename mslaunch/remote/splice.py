@@ -27,7 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional, Tuple
 
-    from ..run.loop import Loop
+    from ..run.loop import Loop, Timer
     from ..run.output import RankOutput, Terminal
     from .host import RemoteHost
 
@@ -41,6 +41,9 @@ _RANK_STREAM = 5
 _LENGTH_KIND = struct.Struct(">IB")
 #: A body buffer larger than this is let go after its frame.
 _KEEP = 4 << 20
+#: Seconds a splice waits for the rest of its frame before it gives the
+#: terminal back and reads that rest the ordinary way.
+STALL_SECONDS = 0.2
 
 
 class SplicingEndpoint(SocketEndpoint):
@@ -61,7 +64,14 @@ class SplicingEndpoint(SocketEndpoint):
         self._after: Tuple[int, int, int] = (0, 0, 0)   # rank, stream, bytes after the splice
         self._lines: Tuple[int, int, int, int] = (0, 0, 0, 0)   # rank, stream, whole, size
         self._waiting = False          # for the terminal, the frame's body unread
+        self._early = bytearray()      # bytes that came with the token, read first
+        self._stall: Optional[Timer] = None
         super().__init__(loop, sock, **kw)
+
+    def deliver(self, data: bytes) -> None:
+        """Bytes of the connection read before it was handed over (with the token)."""
+        self._early += data
+        self._on_readable()
 
     def _on_readable(self) -> None:
         try:
@@ -75,6 +85,11 @@ class SplicingEndpoint(SocketEndpoint):
 
     def _recv(self, view) -> int:
         """Bytes read into ``view``; 0 if none yet; closes the link at end-of-file."""
+        if self._early:
+            n = min(len(view), len(self._early))
+            view[:n] = self._early[:n]
+            del self._early[:n]
+            return n
         try:
             n = self.sock.recv_into(view)
         except (BlockingIOError, InterruptedError):
@@ -130,7 +145,8 @@ class SplicingEndpoint(SocketEndpoint):
         the frame left in the socket (copying it out would cost more)."""
         rank, stream, whole, size = self._lines
         sink = self.host.output_sink(rank, stream)
-        term = sink.splice_terminal() if whole else None
+        # (bytes that came with the token cannot be spliced: read, then)
+        term = sink.splice_terminal() if whole and not self._early else None
         if term is not None and term.splice_busy:
             self._waiting = True
             self.loop.remove_reader(self.read_fd)
@@ -183,8 +199,6 @@ class SplicingEndpoint(SocketEndpoint):
         term, sink = self._term, self._sink
         assert term is not None and sink is not None
         if term.splicing is not sink or not term.open:
-            if term.splicing is sink:
-                term.end_splice()
             self._read_rest()    # the terminal was closed or given up meanwhile
             return True
         try:
@@ -195,18 +209,24 @@ class SplicingEndpoint(SocketEndpoint):
                 # and leave the rest in the socket meanwhile.
                 self.loop.remove_reader(self.read_fd)
                 term.when_writable(self._pipe_writable)
+            elif self._stall is None:
+                # The rest of the frame is late: others must not wait on this
+                # connection for long (their lines then start a line of their own).
+                self._stall = self.loop.call_later(STALL_SECONDS, self._stalled)
             return False
         except OSError as err:
-            if err.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                term.refuse_splices()         # this file cannot take them after all
+            if err.errno == errno.EPIPE:
+                term.writing_failed(err)          # the reader has gone: the rest is dropped
+            elif err.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                term.refuse_splices()             # this file cannot take them after all
             else:
-                term.writing_failed(err)      # the reader has gone
-            term.end_splice()
+                raise                             # the connection's trouble
             self._read_rest()
             return True
         if not n:
             self.close("the link reached end-of-file")
             return False
+        self._no_stall()
         self.last_heard = time.monotonic()
         self._left -= n
         sink.written += n
@@ -224,9 +244,28 @@ class SplicingEndpoint(SocketEndpoint):
     def _read_rest(self) -> None:
         """The rest of the frame is read as bytes instead, and handed on as
         ``OUTPUT``: the sink writes them the ordinary way, or drops them."""
+        self._let_go()
         rank, stream, rest = self._after
-        left, self._left, self._sink, self._term = self._left, 0, None, None
+        left, self._left = self._left, 0
         self._expect(link.OUTPUT, left + rest, (rank, stream))
+
+    def _let_go(self) -> None:
+        """Give the terminal back before the frame's whole lines are all in: the
+        line in progress counts as unfinished there."""
+        self._no_stall()
+        if self._term is not None and self._term.splicing is self._sink:
+            self._term.end_splice(whole=False)
+        self._term = self._sink = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self._left and not self.closed:
+            self._read_rest()
+
+    def _no_stall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
 
     def _pipe_writable(self) -> None:
         if not self.closed:
@@ -234,7 +273,5 @@ class SplicingEndpoint(SocketEndpoint):
             self._on_readable()
 
     def close(self, reason: str = "") -> None:
-        if self._term is not None and self._term.splicing is self._sink:
-            self._term.end_splice()
-        self._term = self._sink = None
+        self._let_go()
         super().close(reason)

@@ -69,7 +69,9 @@ def accept_strangers(loop: "Loop", lsock, strangers: Callable[[], Sized], limit:
     import errno
 
     import _socket
-    for _ in range(64):
+    for turn in range(64):
+        if turn and not wait_fd(lsock, False, 0):
+            return             # nobody else waits: no stranger is pushed out for nothing
         wait = make_room(strangers, limit, drop, grace)
         if wait:
             loop.pause_reader(lsock.fileno(), wait)

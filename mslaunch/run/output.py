@@ -209,8 +209,7 @@ class Terminal:
         line, which they complete.  True if the file is a pipe with nothing
         queued and took ``lead`` whole; other sources' writes then queue
         until :meth:`end_splice`."""
-        if (not self.open or not self._fifo or self.queue or self.splicing is not None
-                or self.loop is None):
+        if not self.can_splice or self.queue or self.splicing is not None:
             return False
         if self.owner is not None and self.owner is not source:
             lead = b"\n" + lead
@@ -229,11 +228,14 @@ class Terminal:
         return True
 
     @property
+    def can_splice(self) -> bool:
+        """Whether bytes may be spliced into the file at all (an open pipe)."""
+        return self.open and self._fifo and self.loop is not None
+
+    @property
     def splice_busy(self) -> bool:
-        """Whether a splice would have to wait (another is on or has the next
-        turn, or bytes are queued)."""
-        return self.open and (self.splicing is not None or self._turn is not None
-                              or bool(self.queue))
+        """Whether a splice would have to wait for another (on, or next)."""
+        return self.open and (self.splicing is not None or self._turn is not None)
 
     def wait_to_splice(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once no splice is on and nothing is queued (or the
@@ -253,7 +255,12 @@ class Terminal:
         self._next_splice()
 
     def _closed_for_splices(self) -> None:
-        self._next_splice()       # those waiting learn that the file is gone
+        # Those waiting, for their turn or for the pipe, learn that the file
+        # is gone (on the loop's next round, not inside whatever closed it).
+        waiter, self._splice_waiter = self._splice_waiter, None
+        if waiter is not None and self.loop is not None:
+            self.loop.call_later(0, waiter)
+        self._next_splice()
 
     def splice_from(self, fd: int, count: int) -> int:
         """Move up to ``count`` bytes from ``fd`` (a socket) into the file, unseen;
@@ -269,8 +276,12 @@ class Terminal:
             self.loop.add_writer(self.fd, self.flush_some)
             self._writer = True
 
-    def end_splice(self) -> None:
-        """The splice is over (its last byte was a newline, or it was given up)."""
+    def end_splice(self, whole: bool = True) -> None:
+        """The splice is over: its last byte was a newline (``whole``), or it
+        was cut short, and its line is left unfinished (the next source's
+        bytes then start on a line of their own)."""
+        if not whole and self.splicing is not None:
+            self.owner = self.splicing
         self.splicing = None
         self._splice_waiter = None
         if self._writer and self.loop is not None and not self.queue:
@@ -341,7 +352,7 @@ class Terminal:
         """Block until the queue is written (or ``deadline``); outside the loop only."""
         from .loop import wait_fd
         if self.splicing is not None:
-            self.end_splice()      # the loop has stopped: the splice will not go on
+            self.end_splice(False)     # the loop has stopped: the splice will not go on
         while self.queue and self.open:
             timeout = None if deadline is None else deadline - time.monotonic()
             if timeout is not None and timeout <= 0:
@@ -409,7 +420,7 @@ class Console:
     def give_up(self) -> int:
         """Drop all queued output; returns how many bytes were not delivered."""
         for t in self.terminals():
-            if t.queued:
+            if t.queued or t.splicing is not None:
                 t.give_up()
         return sum(t.dropped for t in self.terminals())
 
@@ -510,8 +521,8 @@ class RankOutput:
         """The terminal this stream's whole lines may be spliced into unseen, or
         None: a rank file, prefixes, ``--xml`` or a kept tail need the bytes."""
         term = self.terminal
-        if (term is None or not term.open or self.file_fd is not None or self.prefix is not None
-                or self.keep_tail):
+        if (term is None or not term.can_splice or self.file_fd is not None
+                or self.prefix is not None or self.keep_tail):
             return None
         return term
 
