@@ -360,11 +360,14 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 if g is None:
                     continue
                 try:
+                    g.send_some()
                     hello = g.on_readable(owner, payload)
                 except (OSError, link.LinkError, ValueError):
                     _drop(poller, greeting, g)   # not one of ours, or broke off
                     continue
-                if hello is not None:
+                if hello is None:
+                    poller.modify(fd, select.POLLIN | (select.POLLOUT if g.out else 0))
+                else:
                     poller.unregister(fd)
                     del greeting[fd]
                     g.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -398,9 +401,18 @@ class _Greeting:
         self.buf = b""
         self.name: Optional[str] = None          # known once the token is
         self.reader = link.Reader(expect_sync=True)
+        self.out: Optional[memoryview] = None    # the bootstrap, while it is being sent
 
     def overdue(self) -> bool:
         return self.name is None and time.monotonic() - self.accepted > TOKEN_SECONDS
+
+    def send_some(self) -> None:
+        if self.out is not None:
+            try:
+                sent = self.sock.send(self.out)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.out = self.out[sent:] or None
 
     def on_readable(self, owner: Dict[str, str], payload: bytes) -> Optional[Dict[str, Any]]:
         """Read what came; the agent's greeting once it is complete, else None."""
@@ -421,9 +433,8 @@ class _Greeting:
             if name is None or rest:
                 raise ValueError("wrong token")
             self.name = name
-            self.sock.settimeout(AGENT_TIMEOUT)  # the agent reads it all at once
-            self.sock.sendall(payload)
-            self.sock.setblocking(False)
+            self.out = memoryview(payload)   # sent as the agent takes it, beside the others
+            self.send_some()
             return None
         if not data:
             raise LaunchError(f"the agent on {self.name} ended before it said hello")
