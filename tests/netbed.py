@@ -40,6 +40,7 @@ util-linux (``nsenter``, ``unshare``).
 from __future__ import annotations
 
 import atexit
+import copy
 import ipaddress
 import json
 import os
@@ -744,7 +745,7 @@ _LIVE_LOCK = threading.Lock()
 
 @atexit.register
 def _stop_all_live() -> None:
-    for bed in list(_LIVE):
+    for bed in reversed(list(_LIVE)):   # the last started first: it may use an earlier one's hosts
         try:
             bed.stop()
         except Exception as e:  # pragma: no cover - last resort at exit
@@ -833,7 +834,9 @@ class BedPool:
 
     def get(self, key: object, *args, **kw) -> Bed:
         if key in self._errors:
-            raise self._errors[key]
+            # a copy without the first failure's frames (they would pile up)
+            error = copy.copy(self._errors[key])
+            raise error.with_traceback(None)
         bed = self._shared.get(key)
         if bed is None:
             try:
@@ -864,8 +867,14 @@ def _pool_beds(pools: Iterable[BedPool]) -> List[Bed]:
 
 def log_offsets(pools: Iterable[BedPool]) -> Dict[str, int]:
     """The sizes of every running bed's log files now (see :func:`log_tails`)."""
-    return {path: os.path.getsize(path) if os.path.exists(path) else 0
-            for b in _pool_beds(pools) for path in b.log_files()}  # type: ignore[attr-defined]
+    sizes = {}
+    for b in _pool_beds(pools):
+        for path in b.log_files():  # type: ignore[attr-defined]
+            try:
+                sizes[path] = os.path.getsize(path)
+            except OSError:
+                sizes[path] = 0
+    return sizes
 
 
 def restore_dirty(pools: Iterable[BedPool]) -> None:

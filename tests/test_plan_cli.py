@@ -276,16 +276,21 @@ def test_unknown_launchers_are_refused_naming_the_flag(argv):
         parse_args(argv + ["-n", "1", "prog"], environ={}, cwd="/")
 
 
-def test_slurm_outside_an_allocation_is_refused():
-    with pytest.raises(Exception, match="allocation|SLURM"):
+def test_slurm_outside_an_allocation_is_refused_naming_the_flag_given():
+    with pytest.raises(UsageError, match=r"^--mca plm \^rsh: not inside a Slurm allocation"):
         parse_args(["--mca", "plm", "^rsh", "-n", "1", "prog"], environ={}, cwd="/")
 
 
-def test_an_appfile_line_is_read_in_the_launchers_environment(tmp_path):
+def test_an_appfile_line_may_not_choose_the_launcher(tmp_path):
+    """It is the whole job's choice; a line alone has no environment to check it in
+    (and a bad MPIEXEC_TIMEOUT is not a line's fault either)."""
     app = tmp_path / "app"
-    app.write_text("--launcher slurm -n 1 prog\n")
-    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "h[1-2]"}
-    job = parse_args(["--app", str(app)], environ=environ, cwd="/")
-    assert [list(a.argv) for a in job.apps] == [["prog"]]
-    with pytest.raises(UsageError, match=r"appfile .*:1:"):
-        parse_args(["--app", str(app)], environ={}, cwd="/")
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "h[1-2]", "MPIEXEC_TIMEOUT": "abc"}
+    for line in ("--launcher slurm -n 1 prog", "-n 1 --mca plm ^rsh prog", "-bootstrap ssh prog"):
+        app.write_text(line + "\n")
+        with pytest.raises(UsageError, match=r"appfile .*:1: how agents start"):
+            parse_args(["--timeout", "10", "--app", str(app)], environ=environ, cwd="/")
+    app.write_text("-n 2 prog\n")
+    job = parse_args(["--timeout", "10", "--launcher", "slurm", "--app", str(app)],
+                     environ=environ, cwd="/")
+    assert job.ssh.launcher == "slurm" and [list(a.argv) for a in job.apps] == [["prog"]]

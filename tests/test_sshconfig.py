@@ -154,7 +154,8 @@ PATTERNS = st.sampled_from(["a1", "a2", "b1", "*", "a*", "?1", "!a1", "!b*", "*.
                             "a1.example"])
 PATTERN_LIST = st.lists(PATTERNS, min_size=1, max_size=3).map(",".join)
 SETTING = st.one_of(
-    st.sampled_from(["a1", "b1", "%h.example", "c9"]).map(lambda v: f"HostName {v}"),
+    st.sampled_from(["a1", "b1", "%h.example", "c9", "B1.Example"]).map(lambda v: f"HostName {v}"),
+    st.sampled_from(["nc %h %p", "none"]).map(lambda v: f"ProxyCommand {v}"),
     st.sampled_from(["root", "u1", "u2"]).map(lambda v: f"User {v}"),
     st.integers(1, 65535).map(lambda v: f"Port {v}"),
     st.sampled_from(["/k/1", "/k/2", "/k/3"]).map(lambda v: f"IdentityFile {v}"),
@@ -208,6 +209,9 @@ def test_lookup_agrees_with_openssh(tmp_path_factory, config, user, port):
         assert theirs["port"] == [mine.get("port", "22")], shown
         assert theirs.get("proxyjump") == ([mine["proxyjump"]] if "proxyjump" in mine
                                            else None), shown
+        # the first of ProxyJump and ProxyCommand wins ("none" too)
+        assert ("proxycommand" in theirs) == (
+            str(mine.get("proxycommand", "none")).lower() != "none"), shown
         assert theirs["connecttimeout"] == [mine.get("connecttimeout", "none")], shown
         if mine.get("identityfile"):
             assert theirs["identityfile"] == mine["identityfile"], shown
@@ -300,3 +304,10 @@ def test_ssh_user_and_port_are_for_the_job_hosts_not_their_jump_hosts(tmp_path):
     assert (hop["user"], hop["port"], hop["identities"]) == ("bob", 2300, ["/k/bob"])
     plain = ssh._Connector(ssh.Options(config=str(config)), ["python3"]).settings("dest")
     assert (plain["user"], plain["port"], plain["identities"]) == ("alice", 22, [])
+    # --ssh-identity too is ssh -i for the job's hosts, not for their jump hosts
+    config.write_text("Host jump\n  IdentityFile /k/jump\n")
+    with_key = ssh._Connector(ssh.Options(config=str(config), identity="/k/mine"), ["python3"])
+    assert with_key.settings("dest")["identities"] == ["/k/mine"]
+    assert with_key._hop_settings("jump")["identities"] == ["/k/jump"]
+    with pytest.raises(ssh.HostFailure, match="ProxyJump jump:22x: the port is not a number"):
+        with_key._hop_settings("jump:22x")

@@ -205,10 +205,15 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             hostfiles.append(v)
         elif name == "launcher" or (name == "mca" and v == "plm"):
             word = values[1] if name == "mca" else v
-            g["launcher"] = _launcher(word, flag, name == "mca")
+            said = f"{flag} plm" if name == "mca" else flag
+            g["launcher"] = _launcher(word, said, name == "mca")
             if g["launcher"] == "slurm":
                 from ..remote.slurm import choose
-                choose("slurm", environ)
+                try:
+                    choose("slurm", environ)
+                except UsageError as err:
+                    raise UsageError(f"{said} {one_line(word, 30)}: "
+                                     f"{str(err).split(': ', 1)[-1]}") from None
             if name == "mca":
                 mca.append((v, values[1]))
         elif name == "mca":
@@ -311,7 +316,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     if g.get("version"):
         raise Exit(f"mslaunch {__version__}\n", 0)
     if g.get("app"):
-        contexts = _appfile(str(g["app"]), environ)
+        contexts = _appfile(str(g["app"]))
     job = _build(contexts, g, host_lists, hostfiles, genv, mca, verbose,
                  keep_going, environ, cwd, mapping)
     if (notes and verbose) or warnings:
@@ -341,12 +346,19 @@ def _tokens(path: str, what: str) -> List[List[str]]:
             if words]
 
 
-def _appfile(path: str, environ: Dict[str, str]) -> List[_Context]:
-    """``--app FILE``: one MPMD context per line, each parsed like a command line."""
+def _appfile(path: str) -> List[_Context]:
+    """``--app FILE``: one MPMD context per line, each parsed like a command line
+    (without the environment, which is the whole job's)."""
     contexts = []
     for number, words in enumerate(_tokens(path, "appfile"), 1):
+        if any(w.lstrip("-") in ("launcher", "bootstrap") for w in words) or any(
+                w.lstrip("-") == "mca" and words[i + 1:i + 2] == ["plm"]
+                for i, w in enumerate(words)):
+            # (parsed alone, it would be checked against no environment)
+            raise UsageError(f"appfile {path}:{number}: how agents start is the whole "
+                             f"job's choice: give --launcher (or --mca plm) on the command line")
         try:
-            job = parse_args(words, environ=environ, cwd=".")
+            job = parse_args(words, environ={}, cwd=".")
         except UsageError as err:
             raise UsageError(f"appfile {path}:{number}: {err}") from None
         if len(job.apps) != 1:

@@ -436,11 +436,13 @@ class _Connector:
         self.lock = threading.Lock()
 
     def settings(self, name: str) -> Dict[str, Any]:
-        return self._settings(name, self.options.user, self.options.port)
+        opts = self.options
+        return self._settings(name, opts.user, opts.port, opts.identity)
 
-    def _settings(self, name: str, user: Optional[str], port: Optional[int]) -> Dict[str, Any]:
-        # user and port: what ssh's -l and -p would say (for a jump host, its
-        # ProxyJump entry's; --ssh-user/--ssh-port are for the hosts of the job).
+    def _settings(self, name: str, user: Optional[str], port: Optional[int],
+                  identity: Optional[str] = None) -> Dict[str, Any]:
+        # user, port, identity: what ssh's -l, -p and -i would say (for a jump
+        # host, its ProxyJump entry's; --ssh-* are for the hosts of the job).
         opts = self.options
         cfg = self.config.lookup(name, user, port)
         try:
@@ -449,7 +451,7 @@ class _Connector:
             raise HostFailure("resolve", f"~/.ssh/config: Port {cfg['port']!r} of {name} "
                                          f"is not a number") from None
         user = cfg.get("user") or self.config.local_user
-        identities = [opts.identity] if opts.identity else list(cfg.get("identityfile") or [])
+        identities = [identity] if identity else list(cfg.get("identityfile") or [])
         timeout = opts.connect_timeout
         if "connecttimeout" in cfg:
             try:
@@ -549,6 +551,8 @@ class _Connector:
     def _hop_settings(self, hop: str) -> Dict[str, Any]:
         user, _, rest = hop.rpartition("@")
         host, _, port = rest.partition(":")
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise HostFailure("resolve", f"ProxyJump {hop}: the port is not a number")
         s = self._settings(host, user or None, int(port) if port else None)
         s["proxyjump"] = None
         return s

@@ -48,6 +48,7 @@ _FILE_TOKENS = "%CdhikLlnpru"
 _TOKENS = {"hostname": "%h", "identityfile": _FILE_TOKENS, "userknownhostsfile": _FILE_TOKENS,
            "globalknownhostsfile": _FILE_TOKENS, "proxycommand": "%hnpr",
            "proxyjump": "%hnpr"}
+_PROXIES = ("proxyjump", "proxycommand")
 _MATCH_WORDS = {"all", "canonical", "final", "exec", "host", "originalhost", "user",
                 "localuser"}
 
@@ -183,7 +184,9 @@ class SSHConfig:
                 if keyword in _MULTIPLE:
                     values: List[str] = found.setdefault(keyword, [])  # type: ignore[assignment]
                     values.extend(a for a in args if a not in values)
-                elif keyword not in found:
+                elif keyword not in found and not (keyword in _PROXIES
+                                                   and any(p in found for p in _PROXIES)):
+                    # (ProxyJump and ProxyCommand: the first of either wins)
                     found[keyword] = list(args) if keyword in _LISTS else " ".join(args)
 
     def _match(self, number: int, original: str, args: List[str],
@@ -241,8 +244,8 @@ class SSHConfig:
 
     def _expand(self, original: str, found: Dict[str, object]) -> Dict[str, object]:
         where = self.origin
-        if "hostname" in found:
-            found["hostname"] = self._hostname(original, found)
+        if "hostname" in found:       # lower case, as ssh connects and looks up keys
+            found["hostname"] = self._hostname(original, found).lower()
         for key, allowed in _TOKENS.items():
             if key == "hostname" or key not in found:
                 continue
