@@ -1895,10 +1895,13 @@ def _lines(rank: int, data: bytes) -> bytes:
     return link.lines_head(rank, 1, len(data), data.rfind(b"\n") + 1) + data
 
 
-def test_giving_up_a_terminal_mid_splice_still_ends_the_connection():
+def test_giving_up_a_terminal_mid_splice_still_ends_the_connection(monkeypatch):
     """mslaunch stopped while nobody reads its stdout and a splice waits for room:
     the connection is still read to its end (not left waiting for ever)."""
     import threading
+
+    from mslaunch.remote import splice
+    monkeypatch.setattr(splice, "STALL_SECONDS", 60.0)   # a slow sender must not end it
     bench = _SpliceBench()
     try:
         frame = _lines(0, b"x" * 99 + b"\n")
@@ -1906,8 +1909,11 @@ def test_giving_up_a_terminal_mid_splice_still_ends_the_connection():
         sender = threading.Thread(target=lambda: (bench.agents[0].sendall(frame + big),
                                                   bench.agents[0].close()))
         sender.start()
-        bench.run(0.5)
+        deadline = time.monotonic() + 20
+        while bench.term._splice_waiter is None and time.monotonic() < deadline:
+            bench.run(0.05)
         assert bench.term.splicing is bench.sinks[0, 1]     # waiting for the pipe
+        assert bench.term._splice_waiter is not None
         bench.term.give_up()
         bench.run(2)
         sender.join(5)
