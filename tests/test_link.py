@@ -105,7 +105,7 @@ def header_is_invalid(data: bytes) -> bool:
     """Whether the first frame header in ``data`` is one the Reader must reject."""
     if len(data) < 5:
         return False
-    length, kind = link._HEAD.unpack_from(data)
+    length, kind = link.HEAD.unpack_from(data)
     return not 1 <= length <= link.MAX_FRAME or kind not in link.NAMES
 
 
@@ -238,10 +238,10 @@ def test_decode_json_hostile_bodies(body):
 def test_a_length_above_max_frame_is_refused_from_the_header_alone(length, kind, sync):
     reader = link.Reader(expect_sync=sync)
     with pytest.raises(link.LinkError, match="out of range"):
-        reader.feed((link.SYNC if sync else b"") + link._HEAD.pack(length, kind))
+        reader.feed((link.SYNC if sync else b"") + link.HEAD.pack(length, kind))
     # ... while the largest allowed length waits for its body without a copy of it.
     reader = link.Reader()
-    assert reader.feed(link._HEAD.pack(link.MAX_FRAME, kind) + b"{") == []
+    assert reader.feed(link.HEAD.pack(link.MAX_FRAME, kind) + b"{") == []
     assert len(reader.buf) == 6
 
 
@@ -485,7 +485,7 @@ def test_a_tls_connection_decrypted_in_a_thread_gives_every_frame_then_ends(endi
                 for i in range(60)]
     try:
         for body in expected:
-            sender.send(link._HEAD.pack(len(body) + 1, link.OUTPUT) + body)
+            sender.send(link.HEAD.pack(len(body) + 1, link.OUTPUT) + body)
         deadline = time.monotonic() + 30
         loop.run_until(lambda: len(got) == len(expected) or bool(closed)
                        or time.monotonic() > deadline)
@@ -1255,9 +1255,9 @@ BAD = LOST + r"protocol error: "
 MALFORMED = {
     "junk after HELLO": ([HELLO, b"\xff" * 16], BAD + r"frame length \d+ out of range"),
     "junk with HELLO": ([HELLO + b"\x7f" * 16], r"frame length \d+ out of range"),
-    "length above MAX_FRAME": ([HELLO, link._HEAD.pack(link.MAX_FRAME + 1, link.READY)],
+    "length above MAX_FRAME": ([HELLO, link.HEAD.pack(link.MAX_FRAME + 1, link.READY)],
                                BAD + r"frame length 67108865 out of range"),
-    "READY not JSON": ([HELLO, link._HEAD.pack(6, link.READY) + b"{nope"],
+    "READY not JSON": ([HELLO, link.HEAD.pack(6, link.READY) + b"{nope"],
                        BAD + r"READY frame is not valid JSON"),
     "JOB upwards": ([HELLO, link.encode(link.JOB, {})], BAD + r"unexpected JOB frame"),
     "OUTPUT before START": ([HELLO, link.encode_output(0, 1, b"hi")],
@@ -1349,7 +1349,7 @@ garbage = st.one_of(
     st.tuples(st.sampled_from([k for k in JSON_KINDS if k != link.BEAT]),
               st.binary(min_size=1, max_size=200)).filter(
         lambda kb: not kb[1].lstrip().startswith(b"{")).map(
-        lambda kb: link._HEAD.pack(len(kb[1]) + 1, kb[0]) + kb[1]))
+        lambda kb: link.HEAD.pack(len(kb[1]) + 1, kb[0]) + kb[1]))
 
 
 @settings(max_examples=1, deadline=None, database=None,

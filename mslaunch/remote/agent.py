@@ -119,7 +119,7 @@ class _LinkOutput:
         else:
             head = link.output_head(self.rank, self.stream, len(data))
         if type(data) is bytearray:      # gathered: one piece (one TLS record, not two)
-            self.agent.output_link.send(bytes(head + data))
+            self.agent.output_link.send(head + data)     # bytes + bytearray: bytes
         else:
             self.agent.output_link.send_parts((head, data))
 

@@ -43,9 +43,9 @@ NAMES = {HELLO: "HELLO", JOB: "JOB", READY: "READY", START: "START", STARTED: "S
          OUTPUT: "OUTPUT", EXITED: "EXITED", SIGNAL: "SIGNAL", CREDIT: "CREDIT",
          STDIN: "STDIN", PMI: "PMI", BEAT: "BEAT", ERROR: "ERROR", BYE: "BYE", DONE: "DONE",
          LOG: "LOG", NODE: "NODE", LINES: "LINES"}
-_BINARY = (OUTPUT, STDIN, LINES)
-_HEAD = struct.Struct(">IB")
-_RANK_STREAM = struct.Struct(">IB")
+#: A frame's head (length, kind), and the rank and stream that open a binary body.
+HEAD = struct.Struct(">IB")
+RANK_STREAM = struct.Struct(">IB")
 _OUTPUT_HEAD = struct.Struct(">IBIB")
 #: ``LINES``: an ``OUTPUT`` frame that also says how many of its first bytes
 #: end with a newline (``whole``), so that a receiver may pass those on
@@ -65,7 +65,7 @@ def encode(kind: int, body: Optional[Dict[str, Any]] = None) -> bytes:
                                                separators=(",", ":")).encode("ascii")
     if len(data) + 1 > MAX_FRAME:
         raise LinkError(f"{NAMES.get(kind, kind)} frame of {len(data)} bytes is too large")
-    return _HEAD.pack(len(data) + 1, kind) + data
+    return HEAD.pack(len(data) + 1, kind) + data
 
 
 def encode_output(rank: int, stream: int, data) -> bytes:
@@ -75,7 +75,7 @@ def encode_output(rank: int, stream: int, data) -> bytes:
 
 def output_head(rank: int, stream: int, size: int) -> bytes:
     """The start of an ``OUTPUT`` frame whose ``size`` bytes of data follow it."""
-    return _OUTPUT_HEAD.pack(size + 1 + _RANK_STREAM.size, OUTPUT, rank, stream)
+    return _OUTPUT_HEAD.pack(size + 1 + RANK_STREAM.size, OUTPUT, rank, stream)
 
 
 def lines_head(rank: int, stream: int, size: int, whole: int) -> bytes:
@@ -86,10 +86,10 @@ def lines_head(rank: int, stream: int, size: int, whole: int) -> bytes:
 
 def decode_lines(body) -> Tuple[int, int, int, Any]:
     """``(rank, stream, whole, data)`` of a ``LINES`` body."""
-    if len(body) < LINES_HEAD.size - _HEAD.size:
+    if len(body) < LINES_HEAD.size - HEAD.size:
         raise LinkError("short LINES frame")
     rank, stream, whole = struct.unpack_from(">IBI", body)
-    data = body[LINES_HEAD.size - _HEAD.size:]
+    data = body[LINES_HEAD.size - HEAD.size:]
     if whole > len(data) or (whole and data[whole - 1:whole] != b"\n"):
         raise LinkError("LINES: its whole lines do not end where it says")
     return rank, stream, whole, data
@@ -97,16 +97,16 @@ def decode_lines(body) -> Tuple[int, int, int, Any]:
 
 def encode_stdin(rank: int, data: bytes) -> bytes:
     """One ``STDIN`` frame for ``rank`` (or :data:`ALL_RANKS`); empty data is end-of-file."""
-    return _HEAD.pack(len(data) + 1 + _RANK_STREAM.size, STDIN) + \
-        _RANK_STREAM.pack(rank, 0) + data
+    return HEAD.pack(len(data) + 1 + RANK_STREAM.size, STDIN) + \
+        RANK_STREAM.pack(rank, 0) + data
 
 
 def decode_binary(body: bytes) -> Tuple[int, int, bytes]:
     """``(rank, stream, data)`` of an ``OUTPUT`` or ``STDIN`` body."""
-    if len(body) < _RANK_STREAM.size:
+    if len(body) < RANK_STREAM.size:
         raise LinkError("short binary frame")
-    rank, stream = _RANK_STREAM.unpack_from(body)
-    return rank, stream, body[_RANK_STREAM.size:]
+    rank, stream = RANK_STREAM.unpack_from(body)
+    return rank, stream, body[RANK_STREAM.size:]
 
 
 def decode_json(kind: int, body: bytes) -> Dict[str, Any]:
@@ -120,6 +120,17 @@ def decode_json(kind: int, body: bytes) -> Dict[str, Any]:
     if not isinstance(value, dict):
         raise LinkError(f"{NAMES.get(kind, kind)} frame is not a JSON object")
     return value
+
+
+def check_head(buf, at: int = 0, max_frame: int = MAX_FRAME) -> Tuple[int, int]:
+    """The ``(length, kind)`` of the frame head at ``buf[at:]``; LinkError if
+    the length is out of range or the kind unknown."""
+    length, kind = HEAD.unpack_from(buf, at)
+    if length < 1 or length > max_frame:
+        raise LinkError(f"frame length {length} out of range")
+    if kind not in NAMES:
+        raise LinkError(f"unknown frame kind {kind}")
+    return length, kind
 
 
 class Reader:
@@ -196,16 +207,12 @@ class Reader:
         frames: List[Tuple[int, Any]] = []
         pos, end = self._start, self._end
         view = memoryview(mem)
-        while end - pos >= _HEAD.size:
-            length, kind = _HEAD.unpack_from(mem, pos)
-            if length < 1 or length > self.max_frame:
-                raise LinkError(f"frame length {length} out of range")
-            if kind not in NAMES:
-                raise LinkError(f"unknown frame kind {kind}")
+        while end - pos >= HEAD.size:
+            length, kind = check_head(mem, pos, self.max_frame)
             stop = pos + 4 + length
             if stop > end:
                 break
-            body = view[pos + _HEAD.size:stop]
+            body = view[pos + HEAD.size:stop]
             frames.append((kind, body if kind in (OUTPUT, LINES) else bytes(body)))
             pos = stop
         if pos == end:
@@ -224,7 +231,7 @@ def hello(frames: List[Tuple[int, bytes]], reader: "Reader") -> Tuple[Dict[str, 
     if kind != HELLO or greeting.get("protocol") != PROTOCOL:
         raise LinkError(f"the agent speaks another protocol "
                         f"({str(greeting.get('protocol'))[:10]}, expected {PROTOCOL})")
-    rest = b"".join(_HEAD.pack(len(b) + 1, k) + b for k, b in frames[1:])
+    rest = b"".join(HEAD.pack(len(b) + 1, k) + b for k, b in frames[1:])
     return greeting, rest + bytes(reader.buf)
 
 

@@ -20,7 +20,6 @@ byte.
 from __future__ import annotations
 
 import errno
-import struct
 import time
 
 TYPE_CHECKING = False
@@ -35,12 +34,8 @@ from ..run.loop import wait_fd
 from . import link
 from .endpoint import SocketEndpoint
 
-_HEAD = 5                        # length and kind
+_HEAD = link.HEAD.size           # length and kind
 _LINES = link.LINES_HEAD.size    # ... and rank, stream, whole
-_RANK_STREAM = 5
-_LENGTH_KIND = struct.Struct(">IB")
-#: A body buffer larger than this is let go after its frame.
-_KEEP = 4 << 20
 #: Seconds a splice waits for the rest of its frame before it gives the
 #: terminal back and reads that rest the ordinary way.
 STALL_SECONDS = 0.2
@@ -61,7 +56,6 @@ class SplicingEndpoint(SocketEndpoint):
         self._left = 0                 # bytes still to splice
         self._sink: Optional[RankOutput] = None
         self._term: Optional[Terminal] = None
-        self._after: Tuple[int, int, int] = (0, 0, 0)   # rank, stream, bytes after the splice
         self._lines: Tuple[int, int, int, int] = (0, 0, 0, 0)   # rank, stream, whole, size
         self._waiting = False          # for the terminal, the frame's body unread
         self._early = bytearray()      # bytes that came with the token, read first
@@ -119,12 +113,8 @@ class SplicingEndpoint(SocketEndpoint):
         return True
 
     def _head_done(self) -> None:
-        length, kind = _LENGTH_KIND.unpack_from(self._head)
+        length, kind = link.check_head(self._head)
         if self._need == _HEAD:
-            if length < 1 or length > link.MAX_FRAME:
-                raise link.LinkError(f"frame length {length} out of range")
-            if kind not in link.NAMES:
-                raise link.LinkError(f"unknown frame kind {kind}")
             if kind == link.LINES:
                 if length < _LINES - 4:
                     raise link.LinkError("short LINES frame")
@@ -155,7 +145,6 @@ class SplicingEndpoint(SocketEndpoint):
         if term is not None and term.begin_splice(sink, sink.pending):
             sink.pending = b""
             self._sink, self._term, self._left = sink, term, whole
-            self._after = (rank, stream, size - whole)
             return
         self._expect(link.OUTPUT, size, (rank, stream))
 
@@ -175,11 +164,11 @@ class SplicingEndpoint(SocketEndpoint):
     def _expect(self, kind: int, size: int, rank_stream: Optional[Tuple[int, int]] = None) -> None:
         """Read a body of ``size`` bytes next; with ``rank_stream``, laid out as
         an ``OUTPUT`` body (LINES data read whole, or the rest of a splice)."""
-        start = _RANK_STREAM if rank_stream else 0
+        start = link.RANK_STREAM.size if rank_stream else 0
         if len(self._body) < start + size:
             self._body = bytearray(start + size)
         if rank_stream:
-            link._RANK_STREAM.pack_into(self._body, 0, *rank_stream)
+            link.RANK_STREAM.pack_into(self._body, 0, *rank_stream)
         self._kind, self._at, self._end = kind, start, start + size
         if not size:
             self._body_done()
@@ -190,7 +179,7 @@ class SplicingEndpoint(SocketEndpoint):
         self._at, self._got, self._need = -1, 0, _HEAD
         self._dispatch([(kind, body if kind == link.OUTPUT else bytes(body))])
         del body
-        if len(self._body) > _KEEP:
+        if len(self._body) > link.KEEP:
             self._body = bytearray(64 << 10)
 
     # -- splicing --------------------------------------------------------------
@@ -233,10 +222,10 @@ class SplicingEndpoint(SocketEndpoint):
         self.host.output_taken(sink, n)
         if not self._left:
             term.end_splice()
-            rank, stream, rest = self._after
             self._sink, self._term = None, None
-            if rest:
-                self._expect(link.OUTPUT, rest, (rank, stream))
+            rank, stream, whole, size = self._lines
+            if size > whole:
+                self._expect(link.OUTPUT, size - whole, (rank, stream))
             else:
                 self._at, self._got, self._need = -1, 0, _HEAD
         return True
@@ -245,9 +234,9 @@ class SplicingEndpoint(SocketEndpoint):
         """The rest of the frame is read as bytes instead, and handed on as
         ``OUTPUT``: the sink writes them the ordinary way, or drops them."""
         self._let_go()
-        rank, stream, rest = self._after
+        rank, stream, whole, size = self._lines
         left, self._left = self._left, 0
-        self._expect(link.OUTPUT, left + rest, (rank, stream))
+        self._expect(link.OUTPUT, left + size - whole, (rank, stream))
 
     def _let_go(self) -> None:
         """Give the terminal back before the frame's whole lines are all in: the

@@ -106,11 +106,12 @@ class Terminal:
         self.queued = 0
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
         self.owner: object = None         # the source whose line is unfinished
-        self._grow = self.open and self._send is None
         try:
-            self._fifo = self._grow and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
+            pipe = self.open and self._send is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
         except OSError:
-            self._fifo = False
+            pipe = False
+        self._grow = pipe                 # grown once, when its reader falls behind
+        self._splices = pipe              # whether splice(2) may write into it
         self._waiters: Set[object] = set()
         self._writer = False
         self.on_error: Optional[Callable[[Terminal], None]] = None
@@ -157,9 +158,8 @@ class Terminal:
         # burst in one write and lets it read in larger pieces.  Once only.
         self._grow = False
         try:
-            if stat.S_ISFIFO(os.fstat(self.fd).st_mode):
-                import fcntl
-                fcntl.fcntl(self.fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
+            import fcntl
+            fcntl.fcntl(self.fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
         except OSError:
             pass   # over the user's pipe allowance: keep the size it has
 
@@ -230,7 +230,7 @@ class Terminal:
     @property
     def can_splice(self) -> bool:
         """Whether bytes may be spliced into the file at all (an open pipe)."""
-        return self.open and self._fifo and self.loop is not None
+        return self.open and self._splices and self.loop is not None
 
     @property
     def splice_busy(self) -> bool:
@@ -238,8 +238,8 @@ class Terminal:
         return self.open and (self.splicing is not None or self._turn is not None)
 
     def wait_to_splice(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once no splice is on and nothing is queued (or the
-        file is closed): sources take turns, in the order they asked."""
+        """Call ``callback`` once no other splice is on (or the file is closed):
+        sources take turns, in the order they asked."""
         self._splice_turns.append(callback)
 
     def _next_splice(self) -> None:
@@ -292,7 +292,7 @@ class Terminal:
 
     def refuse_splices(self) -> None:
         """The file turned out not to take spliced bytes: no more are tried."""
-        self._fifo = False
+        self._splices = False
 
     def writing_failed(self, err: OSError) -> None:
         """A write into the file by another way (a splice) failed."""
