@@ -28,7 +28,6 @@ ended with SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import os
-import select
 import socket
 import time
 
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError, UsageError, one_line
-from ..run.loop import make_room, wait_fd
+from ..run.loop import Loop, accept_strangers, wait_fd
 from ..run.spawn import signal_name
 from . import bootstrap, link
 
@@ -316,9 +315,45 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     greeting: Dict[int, _Greeting] = {}
     deadline = time.monotonic() + AGENT_TIMEOUT
     payload = bootstrap.payload()
-    poller = select.poll()
-    poller.register(listener, select.POLLIN)
-    accepting = True
+    # Every agent is greeted at once: each takes a while to unpack the package
+    # and say hello, and a stranger that never speaks must not hold up the others.
+    loop = Loop()
+
+    def drop(g: _Greeting) -> None:
+        if greeting.get(g.sock.fileno()) is g:
+            del greeting[g.sock.fileno()]
+            loop.forget(g.sock.fileno())
+            g.sock.close()
+
+    def accept() -> None:
+        for sock, _ in accept_strangers(loop, listener,
+                                        lambda: [g for g in greeting.values() if g.name is None],
+                                        MAX_STRANGERS, drop, lambda text: None):
+            g = greeting[sock.fileno()] = _Greeting(sock)
+            loop.add_reader(sock.fileno(), lambda g=g: ready(g))
+            loop.call_later(TOKEN_SECONDS, lambda g=g: g.name is None and drop(g))
+
+    def ready(g: _Greeting) -> None:
+        try:
+            g.send_some()
+            hello = g.on_readable(owner, payload)
+        except (OSError, link.LinkError, ValueError):
+            drop(g)           # not one of ours, or broke off
+            return
+        fd = g.sock.fileno()
+        if hello is None:     # the bootstrap goes as the agent takes it
+            if g.out:
+                loop.add_writer(fd, lambda: ready(g))
+            else:
+                loop.remove_writer(fd)
+            return
+        loop.forget(fd)
+        del greeting[fd]
+        g.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        done[g.name] = SrunAgentConnection(g.name, g.sock, hello, step)  # type: ignore[index]
+
+    listener.setblocking(False)
+    loop.add_reader(listener.fileno(), accept)
     try:
         while len(done) < len(names):
             if cancelled is not None and cancelled():
@@ -333,45 +368,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
                                   f"within {AGENT_TIMEOUT:g} s (srun said: "
                                   f"{step.last_line() or 'nothing'})")
-            # Every agent is greeted at once: each takes a while to unpack the
-            # package and say hello, and a stranger that never speaks must not
-            # hold up the others.
-            for g in [g for g in greeting.values() if g.overdue()]:
-                _drop(poller, greeting, g)
-            room = not make_room(lambda: [g for g in greeting.values() if g.name is None],
-                                 MAX_STRANGERS, lambda g: _drop(poller, greeting, g))
-            if room != accepting:
-                accepting = room
-                if room:
-                    poller.register(listener, select.POLLIN)
-                else:
-                    poller.unregister(listener)
-            for fd, _ in poller.poll(100):
-                if fd == listener.fileno():
-                    try:
-                        sock, _ = listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    sock.setblocking(False)
-                    greeting[sock.fileno()] = _Greeting(sock)
-                    poller.register(sock, select.POLLIN)
-                    continue
-                g = greeting.get(fd)
-                if g is None:
-                    continue
-                try:
-                    g.send_some()
-                    hello = g.on_readable(owner, payload)
-                except (OSError, link.LinkError, ValueError):
-                    _drop(poller, greeting, g)   # not one of ours, or broke off
-                    continue
-                if hello is None:
-                    poller.modify(fd, select.POLLIN | (select.POLLOUT if g.out else 0))
-                else:
-                    poller.unregister(fd)
-                    del greeting[fd]
-                    g.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    done[g.name] = SrunAgentConnection(g.name, g.sock, hello, step)  # type: ignore[index]
+            loop.run_once(0.1)
     except BaseException:
         for conn in done.values():
             conn.close(0)
@@ -381,6 +378,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     finally:
         for g in greeting.values():
             g.sock.close()
+        loop.close()
         listener.close()
     return done
 
@@ -402,9 +400,6 @@ class _Greeting:
         self.name: Optional[str] = None          # known once the token is
         self.reader = link.Reader(expect_sync=True)
         self.out: Optional[memoryview] = None    # the bootstrap, while it is being sent
-
-    def overdue(self) -> bool:
-        return self.name is None and time.monotonic() - self.accepted > TOKEN_SECONDS
 
     def send_some(self) -> None:
         if self.out is not None:
@@ -451,8 +446,3 @@ class _Greeting:
         return hello
 
 
-def _drop(poller, greeting: Dict[int, _Greeting], g: _Greeting) -> None:
-    fd = g.sock.fileno()
-    if greeting.pop(fd, None) is not None:
-        poller.unregister(fd)
-    g.sock.close()
