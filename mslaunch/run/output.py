@@ -105,6 +105,7 @@ class Terminal:
         self.queue: Deque[memoryview] = deque()
         self.queued = 0
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
+        self.given_up = False
         self.owner: object = None         # the source whose line is unfinished
         try:
             pipe = self.open and self._send is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
@@ -128,6 +129,8 @@ class Terminal:
     def write(self, source: object, data) -> None:
         """Queue ``data`` (bytes or a view valid only during the call) from ``source``."""
         if not data or not self.open:
+            if self.given_up:
+                self.dropped += len(data)
             return
         if self.owner is not None and self.owner is not source:
             data = b"\n" + bytes(data)
@@ -226,6 +229,12 @@ class Terminal:
         self.owner = None
         self.splicing = source
         return True
+
+    @property
+    def holding(self) -> bool:
+        """Whether output waits for this file: queued, being spliced, or
+        waiting for its turn to be."""
+        return bool(self.queued or self.splicing is not None or self._splice_turns)
 
     @property
     def can_splice(self) -> bool:
@@ -336,7 +345,9 @@ class Terminal:
                 source.resume()  # type: ignore[attr-defined]
 
     def give_up(self) -> None:
-        """Drop what is queued (the job is being stopped and nobody reads)."""
+        """Drop what is queued, and what comes later (the job is being stopped
+        and nobody reads)."""
+        self.given_up = True
         self.splicing = None
         self.dropped += self.queued
         self.queue.clear()
@@ -414,14 +425,20 @@ class Console:
         self.err.write(self, data)
 
     @property
-    def pending(self) -> int:
-        return sum(t.queued for t in self.terminals())
+    def pending(self) -> bool:
+        """Whether output waits for a terminal: queued, or being spliced, or
+        left in a socket until a splice's turn."""
+        return any(t.holding for t in self.terminals())
 
-    def give_up(self) -> int:
-        """Drop all queued output; returns how many bytes were not delivered."""
+    def give_up(self) -> None:
+        """Drop all output held for a terminal, and what comes for it later."""
         for t in self.terminals():
-            if t.queued or t.splicing is not None:
+            if t.holding:
                 t.give_up()
+
+    @property
+    def dropped(self) -> int:
+        """Bytes of output given up."""
         return sum(t.dropped for t in self.terminals())
 
     def drain(self, deadline: Optional[float]) -> bool:
@@ -549,6 +566,8 @@ class RankOutput:
             self.tail = (self.tail + bytes(data[-TAIL:]))[-TAIL:]
         term = self.terminal
         if term is None or not term.open:
+            if term is not None:
+                term.write(self, data)    # counted, if given up
             return
         cut = last_newline(data) + 1
         if cut == 0:
@@ -618,7 +637,7 @@ class RankOutput:
         if self.finished:
             return
         self.finished = True
-        if self.pending and self.terminal is not None and self.terminal.open:
+        if self.pending and self.terminal is not None:
             pending, self.pending = self.pending, b""
             self._emit(pending)
         if self.file_fd is not None:

@@ -110,7 +110,6 @@ class Supervisor:
         self.ending: Optional[str] = None     # failure | timeout | signal | output
         self.stop_signal: Optional[int] = None
         self.output_error = ""
-        self.undelivered = 0
         self.killing: Optional[Timer] = None
         self._give_up: Optional[Timer] = None
         self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
@@ -764,7 +763,7 @@ class Supervisor:
 
     def _give_up_output(self) -> None:
         if self.console.pending:
-            self.undelivered = self.console.give_up()
+            self.console.give_up()
 
     def _finished(self) -> bool:
         if self.local is not None and self.local.busy:
@@ -798,8 +797,8 @@ class Supervisor:
             self.mpi_jobs.close()
         if self.watchdog is not None:
             self.watchdog.close()
-        if self.undelivered:
-            self.console.message(f"mslaunch: {self.undelivered} byte(s) of rank output were "
+        if self.console.dropped:
+            self.console.message(f"mslaunch: {self.console.dropped} byte(s) of rank output were "
                                  f"not delivered: the terminal was not being read when the "
                                  f"job was stopped")
 
