@@ -1122,11 +1122,12 @@ for i, path in enumerate({parts!r}):
         # Read the bootstrap and the JOB frame, and dial back as an agent does.
         boot()
         data = json.loads(frame()[1])["data"]
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.check_hostname = False
-        context.load_verify_locations(cadata=data["cert"])
-        conn = context.wrap_socket(socket.create_connection((data["addresses"][0],
-                                                             data["port"]), timeout=5))
+        conn = socket.create_connection((data["addresses"][0], data["port"]), timeout=5)
+        if data.get("cert"):
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname = False
+            context.load_verify_locations(cadata=data["cert"])
+            conn = context.wrap_socket(conn)
         conn.sendall(b"mslaunch-dial " + data["token"].encode() + b"\\n")
         with open({dial!r}, "rb") as f:
             conn.sendall(f.read())
@@ -1183,10 +1184,10 @@ def _fake_agent(directory, parts: Sequence[bytes], *, pause: float = 0.3,
     return script, pidfile
 
 
-def _launch(home: str, fake: str, host: str = "h1",
-            timeout: float = LAUNCH_LIMIT) -> Tuple[Optional[int], str, float]:
+def _launch(home: str, fake: str, host: str = "h1", timeout: float = LAUNCH_LIMIT,
+            **env_vars: str) -> Tuple[Optional[int], str, float]:
     """mslaunch with the fake as remote Python: (status or None if it hung, stderr, seconds)."""
-    env = clean_env(HOME=home, MSLAUNCH_HEARTBEAT="0.2,3")
+    env = clean_env(HOME=home, MSLAUNCH_HEARTBEAT="0.2,3", **env_vars)
     t0 = time.monotonic()
     p = subprocess.Popen(cmd("--grace", str(GRACE), "-H", host, "-n", "1",
                              "--remote-python", fake, "true"),
@@ -1228,15 +1229,17 @@ def _fake_gone(pidfile: str) -> None:
 
 def _run_cases(sshbed, tmp_path, cases: Dict[str, tuple], check=None) -> None:
     """Run mslaunch against each fake agent in ``cases`` at once: ``name: (parts,
-    pattern[, options of _fake_agent])``; each must fail with one line matching ``pattern``."""
+    pattern[, options of _fake_agent, and ``env`` for mslaunch])``; each must fail with
+    one line matching ``pattern``."""
     home = sshbed.make_home(tmp_path / "home")
     before = _host_extras(sshbed, "h1")
-    fakes = {name: _fake_agent(tmp_path / f"case{i}", case[0],
-                               **(case[2] if len(case) > 2 else {}))
+    options = {name: dict(case[2]) if len(case) > 2 else {} for name, case in cases.items()}
+    envs = {name: options[name].pop("env", {}) for name in cases}
+    fakes = {name: _fake_agent(tmp_path / f"case{i}", case[0], **options[name])
              for i, (name, case) in enumerate(cases.items())}
     with ThreadPoolExecutor(max_workers=12) as pool:
-        results = dict(zip(cases, pool.map(lambda name: _launch(home, fakes[name][0]),
-                                           cases)))
+        results = dict(zip(cases, pool.map(lambda name: _launch(home, fakes[name][0],
+                                                                **envs[name]), cases)))
     problems = []
     for name, (code, err, seconds) in results.items():
         try:
@@ -1284,12 +1287,14 @@ MALFORMED = {
 
 
 OUTPUT_BAD = LOST + r"its output connection: protocol error: "
-#: The agent's own connection for output (TLS, dialled back) carries OUTPUT only.
+#: The agent's own connection for output (dialled back, plain or TLS) carries
+#: OUTPUT and LINES only.
 MALFORMED_OUTPUT = {
-    "output connection: junk": ([HELLO], OUTPUT_BAD + r"frame length \d+ out of range",
-                                {"dial": b"\xee" * 64}),
-    "output connection: READY": ([HELLO], OUTPUT_BAD + r"READY frame on the output connection",
-                                 {"dial": READY}),
+    f"output connection{way}: {what}": ([HELLO], OUTPUT_BAD + pattern,
+                                        {"dial": sent, "env": {"MSLAUNCH_OUTPUT_TLS": tls}})
+    for way, tls in (("", "0"), (" in TLS", "1"))
+    for what, pattern, sent in (("junk", r"frame length \d+ out of range", b"\xee" * 64),
+                                ("READY", r"READY frame on the output connection", READY))
 }
 
 

@@ -1,9 +1,10 @@
 """Agents dialling back to the launcher over TCP: listener, credentials, TLS.
 
 Two uses: over SSH, an agent sends its ranks' output on a connection of its
-own to the launcher (paramiko decrypts in Python, a few times slower than a
-TLS socket, whose decryption runs in OpenSSL); under Slurm, where ``srun``
-gives no stdin to its tasks, the whole link goes that way.
+own to the launcher (paramiko decrypts in Python, many times slower than a
+plain socket the launcher splices from, or a TLS one OpenSSL decrypts);
+under Slurm, where ``srun`` gives no stdin to its tasks, the whole link
+goes that way.
 
 The launcher listens only on the addresses given (those the hosts route to
 it), and every connection must prove itself within :data:`AUTH_SECONDS`: it
@@ -117,9 +118,10 @@ def direct_output() -> bool:
 
 
 def output_tls() -> bool:
-    """Whether output connections are TLS (unless ``MSLAUNCH_OUTPUT_TLS=0``:
-    plain TCP, still token-checked, as Hydra and Open MPI send output)."""
-    return os.environ.get("MSLAUNCH_OUTPUT_TLS", "1") not in ("0", "no", "off")
+    """Whether output connections are TLS (``MSLAUNCH_OUTPUT_TLS=1``).  By
+    default they are plain TCP, token-checked, as Hydra's proxies and Open
+    MPI's daemons send output: that lets the launcher splice it."""
+    return os.environ.get("MSLAUNCH_OUTPUT_TLS", "0") not in ("", "0", "no", "off")
 
 
 _tls_lock = _thread.allocate_lock()

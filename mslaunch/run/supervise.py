@@ -368,13 +368,14 @@ class Supervisor:
             raise err
 
     def _output_listener(self, conns) -> Any:
-        """A TLS listener for the agents' output connections, or None.
+        """A listener for the agents' output connections, or None.
 
-        Rank output then travels in TLS, decrypted by OpenSSL, rather than in
-        the SSH channel, decrypted by paramiko in Python, a few times slower.
-        It listens only on the addresses this machine uses to reach the
-        hosts.  ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH;
-        ``MSLAUNCH_OUTPUT_TLS=0`` makes it plain TCP.  So are the connections of
+        Rank output then travels in plain TCP (token-checked, spliced into
+        mslaunch's stdout where it can be) rather than in the SSH channel,
+        decrypted by paramiko in Python, many times slower.  It listens only
+        on the addresses this machine uses to reach the hosts.
+        ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH;
+        ``MSLAUNCH_OUTPUT_TLS=1`` puts the connections in TLS, except those of
         agents that srun started: their link is plain TCP already, and output
         in TLS beside it would hide nothing the link does not show.
         """
