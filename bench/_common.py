@@ -202,6 +202,9 @@ def find_openmpi(path: Optional[str]) -> Optional[Launcher]:
             return None
     launcher = Launcher("openmpi", LABELS["openmpi"], "openmpi", (exe,), env=tuple(env.items()))
     version = _first_line([exe, "--version"], launcher.environ(base_environ()), want="open mpi")
+    if version == "?":      # Open MPI 4 names its runtime: "mpirun (OpenRTE) 4.1.4"
+        version = _first_line([exe, "--version"], launcher.environ(base_environ()),
+                              want="openrte").replace("OpenRTE", "Open MPI")
     return dataclasses.replace(launcher, version=version)
 
 
