@@ -1,4 +1,5 @@
-"""Remote launch over SSH: mslaunch against Hydra ``mpiexec -launcher ssh``.
+"""Remote launch over SSH: mslaunch against Hydra ``mpiexec -launcher ssh``
+and Open MPI 4's ``mpirun``.
 
 The hosts are the SSH test bed of ``tests/sshbed.py``: one real OpenSSH
 ``sshd`` per network namespace on this machine (``h1`` .. ``hN``, each with its
@@ -19,7 +20,12 @@ Contenders, each with one rank per host:
   absolute path on each host (the hosts share this file system, so no
   ``PATH`` set-up is needed), and the proxy connects back to the runner's
   hostname, which each host's ``/etc/hosts`` maps to the runner's bed
-  address.
+  address;
+- Open MPI 4 ``mpirun -H h1,..,hH --mca plm_rsh_agent HOME/bin/ssh``
+  (Debian's ``mpirun.openmpi``, 4.1.4, unless ``--ompi`` names another),
+  which starts ``orted`` on each host over OpenSSH; its ranks' stdout is a
+  pseudo-terminal, as mslaunch's by default.  It runs cases 1 and 3 (its
+  MPI is not the MPICH that case 2 measures).
 
 Cases (all in the same interleaved rounds):
 
@@ -62,6 +68,7 @@ own logins do; the header says which.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import selectors
@@ -95,10 +102,13 @@ MPI_PROGRAM = (
 WRITER = C.LINE_WRITER
 LONG, SHORT, PER_MIB = b"x" * 99, b"x" * 75, 10485
 RELAY_HOSTS = 2
-KINDS = ("mslaunch", "hydra")
+KINDS = ("mslaunch", "hydra", "openmpi")
+#: Debian's Open MPI 4 (the 4.1.4 the tutorials install); ``--ompi`` overrides.
+OMPI4 = "/usr/bin/mpirun.openmpi"
 SELF_EVERY = 0.02     # s between VmHWM reads of the launcher in timed runs
 TREE_EVERY = 0.01     # s between /proc scans in the untimed footprint run
-RATIOS = [("mslaunch / Hydra", "mslaunch", "hydra")]
+RATIOS = [("mslaunch / Hydra", "mslaunch", "hydra"),
+          ("mslaunch / Open MPI 4", "mslaunch", "openmpi")]
 
 
 # --------------------------------------------------------------------------- one measured run
@@ -402,7 +412,8 @@ def median_info(s: C.Samples, name: str) -> Optional[float]:
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     C.add_launcher_args(parser, runs=7)
-    parser.set_defaults(launchers="mslaunch,hydra")
+    parser.set_defaults(launchers="mslaunch,hydra,openmpi",
+                        ompi=OMPI4 if os.path.exists(OMPI4) else None)
     parser.add_argument("--hosts", default="2,4,8,16",
                         help="host counts of cases 1 and 2 (default 2,4,8,16)")
     parser.add_argument("--mb", type=int, default=128,
@@ -419,22 +430,23 @@ def main(argv: Sequence[str]) -> int:
     wanted = [k.strip() for k in args.launchers.split(",") if k.strip()]
     skipped = [k for k in wanted if k not in KINDS]
     if skipped:
-        C.log(f"bench: remote.py compares mslaunch and Hydra only; skipped {','.join(skipped)}")
+        C.log(f"bench: remote.py compares {', '.join(KINDS)} only; skipped {','.join(skipped)}")
     args.launchers = ",".join(k for k in wanted if k in KINDS)
-    launchers = C.launchers_from_args(args)
+    launchers = [dataclasses.replace(l, label="Open MPI 4 mpirun") if l.kind == "openmpi"
+                 and " 4." in l.version else l for l in C.launchers_from_args(args)]
     if not launchers:
         C.log("bench: no launcher to run")
         return 2
     by_key: Dict[str, C.Launcher] = {l.key: l for l in launchers}
-    # The relay is also run as Hydra runs it: ranks on pipes, output in plain TCP.
+    # The relay is also run as Hydra runs it (ranks on pipes), and with output in TLS.
     relay_launchers = list(launchers)
     if "mslaunch" in by_key:
         ms = by_key["mslaunch"]
         at = relay_launchers.index(ms) + 1
         relay_launchers[at:at] = [
             ms.variant("mslaunch-pipes", "mslaunch --no-pty", ["--no-pty"]),
-            ms.variant("mslaunch-plain", "mslaunch --no-pty, plain TCP output", ["--no-pty"],
-                       {"MSLAUNCH_OUTPUT_TLS": "0"})]
+            ms.variant("mslaunch-tls", "mslaunch --no-pty, output in TLS", ["--no-pty"],
+                       {"MSLAUNCH_OUTPUT_TLS": "1"})]
     relay_only = {l.key for l in relay_launchers} - set(by_key)
     by_key.update({l.key: l for l in relay_launchers})
     sizes = sorted({int(x) for x in args.hosts.split(",") if x.strip()})
@@ -458,6 +470,8 @@ def main(argv: Sequence[str]) -> int:
         hosts = ",".join(b.hosts)
         if l.kind == "mslaunch":
             extra = ["-H", hosts] + (["-x", "UCX_TLS"] if mpi else [])
+        elif l.kind == "openmpi":
+            extra = ["-H", hosts, "--mca", "plm_rsh_agent", b.ssh]
         else:
             extra = ["-launcher", "ssh", "-launcher-exec", b.ssh, "-hosts", hosts]
             extra += ["-genv", "UCX_TLS", "tcp"] if mpi else []
@@ -510,7 +524,7 @@ def main(argv: Sequence[str]) -> int:
         def execute(case: str, key: str) -> C.Outcome:
             kind, n, mb = cases[case]
             l, b = by_key[key], beds[n]
-            if key in relay_only and kind != "relay":
+            if key in relay_only and kind != "relay" or l.kind == "openmpi" and kind == "mpi":
                 return C.Outcome()
             if (key, n) in preflight:
                 return C.Outcome(error=preflight[(key, n)])
@@ -677,15 +691,17 @@ def main(argv: Sequence[str]) -> int:
         print(C.markdown_table(["launcher", "MiB/s median", "MiB/s best", "net MiB/s",
                                 "wall s median", "0 MiB wall ms", "launcher CPU s",
                                 "bytes check", "spliced lines, median (max)"], rows))
-        if "mslaunch" in by_key and "hydra" in by_key:
-            hydra = rate(results[("relay", "hydra")].median())
-            print()
+        print()
+        for other in (l for l in relay_launchers if l.kind != "mslaunch"):
+            theirs = rate(results[("relay", other.key)].median())
             for l in (l for l in relay_launchers if l.kind == "mslaunch"):
-                r = C.ratio(rate(results[("relay", l.key)].median()), hydra)
-                print(f"- {l.label} / Hydra throughput: {r} (higher is better for mslaunch)")
-            print("\nmslaunch gives remote ranks a pseudo-terminal, as Open MPI does (output "
-                  "line-buffered as on a terminal), and sends their output in TLS; Hydra's "
-                  "ranks write to pipes and its proxies send output in plain TCP.")
+                r = C.ratio(rate(results[("relay", l.key)].median()), theirs)
+                print(f"- {l.label} / {other.label} throughput: {r} (higher is better for "
+                      f"mslaunch)")
+        print("\nmslaunch gives remote ranks a pseudo-terminal by default, as Open MPI does "
+              "(output line-buffered as on a terminal); Hydra's ranks write to pipes. "
+              "Hydra's proxies and Open MPI's daemons send output in plain TCP, as mslaunch's "
+              "agents do unless `MSLAUNCH_OUTPUT_TLS=1`.")
         print("\nBytes check: total bytes, the number of `x` and of newlines are exactly what the "
               "ranks wrote. Spliced lines: lines of the relayed stream that are not one of the two "
               "lines the ranks write, i.e. pieces of two ranks' lines joined (no line "
