@@ -458,6 +458,17 @@ def test_too_many_ranks_is_an_error_naming_slots_and_oversubscribe():
     assert "3 ranks" in line and "2 slots" in line and "--oversubscribe" in line
 
 
+@pytest.mark.parametrize("argv", [["-n", "1", "true"],
+                                  ["--worker_num=1", "--local_worker_num=1", "true"]],
+                         ids=["mpirun", "msrun"])
+def test_a_switch_set_to_neither_on_nor_off_is_one_error_line(argv):
+    r = run(*argv, env=clean_env(MSLAUNCH_PTY="off", MSLAUNCH_OUTPUT_TLS="tls"))
+    assert r.returncode == 2
+    assert one_error_line(r.stderr) == ("mslaunch: error: MSLAUNCH_OUTPUT_TLS='tls': not a "
+                                        "switch value (on: 1, yes, true, on; off: 0, no, "
+                                        "false, off)")
+
+
 def test_bind_to_core_sets_affinity_and_report_bindings():
     ncpu = len(os.sched_getaffinity(0))
     r = run("-n", "2", "--oversubscribe", "--bind-to", "core", "--report-bindings", PY, "-c",

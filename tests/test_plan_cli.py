@@ -294,3 +294,37 @@ def test_an_appfile_line_may_not_choose_the_launcher(tmp_path):
     job = parse_args(["--timeout", "10", "--launcher", "slurm", "--app", str(app)],
                      environ=environ, cwd="/")
     assert job.ssh.launcher == "slurm" and [list(a.argv) for a in job.apps] == [["prog"]]
+
+
+# -- mslaunch's own on/off environment variables ---------------------------------
+
+def test_switches_take_every_spelling_of_on_and_off_and_refuse_the_rest():
+    from mslaunch.switches import SWITCHES, check_switches, switch
+    for name, default in SWITCHES.items():
+        assert switch(name, {}) is default and switch(name, {name: " "}) is default
+        for on in ("1", "yes", "TRUE", " on ", "Y", "t"):
+            check_switches({name: on})
+            assert switch(name, {name: on}) is True
+        for off in ("0", "No", "false", "OFF", "n", "F "):
+            check_switches({name: off})
+            assert switch(name, {name: off}) is False
+        with pytest.raises(UsageError, match=f"^{name}='2': not a switch value"):
+            check_switches({name: "2"})
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(["MSLAUNCH_PTY", "MSLAUNCH_CGROUP", "MSLAUNCH_DIRECT_OUTPUT",
+                        "MSLAUNCH_OUTPUT_TLS"]),
+       st.one_of(st.text(max_size=8), st.sampled_from(["on", " Off", "YES", "0", "1 "])))
+def test_a_switch_is_read_as_checked(name, value):
+    """Whatever the value: refused naming the variable, or read as what it says."""
+    from mslaunch.switches import SWITCHES, check_switches, switch
+    try:
+        check_switches({name: value})
+    except UsageError as err:
+        assert str(err).startswith(f"{name}=") and "\n" not in str(err)
+        assert switch(name, {name: value}) is SWITCHES[name]
+        return
+    word = value.strip().lower()
+    assert switch(name, {name: value}) is (
+        SWITCHES[name] if not word else word in ("1", "true", "yes", "on", "t", "y"))

@@ -70,6 +70,8 @@ def main(argv: Optional[Sequence[str]] = None,
     _ensure_std_fds()
     try:
         try:
+            from ..switches import check_switches
+            check_switches(os.environ)
             if is_msrun(argv):
                 return _msrun(argv)
             from .mpirun import parse_args

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 from .. import __version__
 from ..errors import UsageError, one_line
 from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
+from ..switches import switch
 from .common import Exit, launch_dir
 from .options import lookup, nargs as option_nargs
 
@@ -475,7 +476,7 @@ def _build(contexts: List[_Context], g: Dict[str, object], host_lists: List[Host
     output = OutputSpec()
     if "output-filename" in g:
         output = _parse_output(str(g["output-filename"]), cwd)
-    pty = not g.get("no-pty") and environ.get("MSLAUNCH_PTY", "1") not in ("0", "no", "off")
+    pty = not g.get("no-pty") and switch("MSLAUNCH_PTY", environ)
     output = replace(output, merge_stderr=bool(g.get("merge-stderr-to-stdout")), pty=pty,
                      tag=bool(g.get("tag-output")), timestamp=bool(g.get("timestamp-output")),
                      rank_prefix=bool(g.get("prepend-rank")),

@@ -24,6 +24,8 @@ import os
 import socket
 import time
 
+from ..switches import switch
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -114,14 +116,14 @@ def self_signed() -> Tuple[bytes, bytes]:
 def direct_output() -> bool:
     """Whether agents send output on a connection of their own (unless
     ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps it in the SSH channels)."""
-    return os.environ.get("MSLAUNCH_DIRECT_OUTPUT", "1") not in ("0", "no", "off")
+    return switch("MSLAUNCH_DIRECT_OUTPUT")
 
 
 def output_tls() -> bool:
     """Whether output connections are TLS (``MSLAUNCH_OUTPUT_TLS=1``).  By
     default they are plain TCP, token-checked, as Hydra's proxies and Open
     MPI's daemons send output: that lets the launcher splice it."""
-    return os.environ.get("MSLAUNCH_OUTPUT_TLS", "0") not in ("", "0", "no", "off")
+    return switch("MSLAUNCH_OUTPUT_TLS")
 
 
 _tls_lock = _thread.allocate_lock()

@@ -35,6 +35,8 @@ import os
 import _signal as signal
 import time
 
+from ..switches import switch
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Set, Tuple
@@ -171,7 +173,7 @@ class JobCgroup:
         Its name, ``mslaunch-<launcher pid>-w<watchdog pid>-n<pid namespace>-<marker>``,
         tells a stale cgroup from a live job's (see :func:`_remove_stale`).
         """
-        if os.environ.get("MSLAUNCH_CGROUP", "1") in ("0", "no", "off"):
+        if not switch("MSLAUNCH_CGROUP"):
             return None
         mount, own = _cgroup2_mount(), _own_cgroup()
         if mount is None or own is None:

@@ -1,0 +1,47 @@
+"""mslaunch's own on/off environment variables: which there are, what they accept.
+
+:func:`check_switches` runs first on every command line, so that a value
+that is neither on nor off is one clear error rather than a guess; the
+stages that read a switch later (:func:`switch`) then know its value is good.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
+
+#: Each switch and its value when unset (or set to the empty string).
+SWITCHES = {
+    "MSLAUNCH_PTY": True,             # ranks' stdout a pseudo-terminal
+    "MSLAUNCH_CGROUP": True,          # the job's processes in a cgroup of their own
+    "MSLAUNCH_DIRECT_OUTPUT": True,   # agents send output on a connection of its own
+    "MSLAUNCH_OUTPUT_TLS": False,     # ... in TLS
+}
+_OFF = ("0", "false", "no", "off", "f", "n")
+_ON = ("1", "true", "yes", "on", "t", "y")
+
+
+def _parse(value: str) -> Optional[bool]:
+    word = value.strip().lower()
+    return False if word in _OFF else True if word in _ON else None
+
+
+def switch(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """The value of the switch ``name``: its default when unset, empty or not
+    understood (which :func:`check_switches` has refused on the command line)."""
+    value = (os.environ if environ is None else environ).get(name, "")
+    parsed = _parse(value) if value.strip() else None
+    return SWITCHES[name] if parsed is None else parsed
+
+
+def check_switches(environ: Mapping[str, str]) -> None:
+    """UsageError naming the first switch set to something neither on nor off."""
+    for name in SWITCHES:
+        value = environ.get(name, "")
+        if value.strip() and _parse(value) is None:
+            from .errors import UsageError
+            raise UsageError(f"{name}={value!r}: not a switch value (on: 1, yes, true, on; "
+                             f"off: 0, no, false, off)")
