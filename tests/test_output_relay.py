@@ -133,8 +133,9 @@ def test_a_slow_pipe_gets_every_byte_of_views_whose_buffer_is_reused():
                 return
             got.extend(data)
 
+    # The reader starts once everything is fed: a reader already running
+    # could keep the pipe from ever filling, and nothing would be queued.
     thread = threading.Thread(target=reader)
-    thread.start()
     try:
         loop = Loop()
         console = Console(out_fd=write_fd, err_fd=write_fd)
@@ -146,14 +147,17 @@ def test_a_slow_pipe_gets_every_byte_of_views_whose_buffer_is_reused():
         for _, view in _scribbled_views(chunks):
             sink.feed(view)                 # the pipe is full after the first
         sink.finish()
-        assert console.pending > 0
-        loop.run_until(lambda: console.pending == 0)
+        assert console.out.queued > 0
+        thread.start()
+        loop.run_until(lambda: not console.pending)
         console.attach(None)
         loop.close()
         if console.out.fd != write_fd:
             os.close(console.out.fd)        # its own description of the pipe
     finally:
         os.close(write_fd)
+        if not thread.is_alive() and thread.ident is None:
+            thread.start()                  # (failed before it started) it sees end-of-file
         thread.join(10)
     assert not thread.is_alive()            # the reader saw end-of-file
     os.close(read_fd)
