@@ -10,6 +10,7 @@ mslaunch runs on h1 and starts h1's ranks itself.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from typing import Dict, Optional
@@ -146,6 +147,29 @@ def test_a_stranger_on_the_dial_back_port_does_not_hold_up_the_agents(slurmbed, 
         p.kill()
         p.wait()
     assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
+
+
+def test_a_stalled_reader_does_not_stop_the_timeout_of_ranks_under_srun(slurmbed, tmp_path):
+    """Output left in the agents' sockets for a splice into a pipe nobody
+    reads is given up once the stopped job's grace period ends, and counted."""
+    tag = new_tag()
+    flood = "import sys\nwhile True: sys.stdout.write('x' * 800 + '\\n')"
+    r, w = os.pipe()
+    p = slurmbed.popen(["salloc", "-N", "2", "--ntasks-per-node=1", "-Q",
+                        *cmd("--timeout", "3", "--grace", "1", "-n", "2", PY, "-c", flood)],
+                       env=None, base_env=benv(slurmbed, tag), stdout=w, stderr=-1,
+                       cwd=tmp_path)
+    os.close(w)
+    try:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 110, err
+        assert re.search(rb"mslaunch: \d+ byte\(s\) of rank output were not delivered", err), err
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
+    finally:
+        p.kill()
+        p.wait()
+        os.close(r)
+        kill_tagged(tag)
 
 
 def test_mpi_allreduce_across_nodes(slurmbed, mpich, tmp_path):
