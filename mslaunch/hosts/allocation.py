@@ -8,7 +8,10 @@ Slurm's compressed host lists (``node[01-03,07]``) and task counts
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Mapping, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..errors import HostfileError
 from ..spec import HostEntry

@@ -31,7 +31,10 @@ that cannot be read or holds no hosts gives ``hostfile FILE: problem``.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 from ..errors import HostfileError, UsageError
 from ..spec import HostEntry
