@@ -84,14 +84,30 @@ def _allocation_nodes(environ: Mapping[str, str]) -> List[str]:
     return expand_nodelist(text)
 
 
-def _run(argv: Sequence[str], timeout: float = 30) -> str:
+def _start(argv: Sequence[str]) -> Any:
+    """A Slurm client started (its stdout piped), for :func:`_output`."""
     import subprocess
     try:
-        r = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True,
-                           timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as err:
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+    except OSError as err:
         raise LaunchError(f"{argv[0]}: {err}") from None
-    return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else ""
+
+
+def _output(p: Any, timeout: float = 30) -> str:
+    """What a client of :func:`_start` printed, "" if it failed; it is reaped."""
+    import subprocess
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise LaunchError(f"{p.args[0]}: no answer within {timeout:g} s") from None
+    return out.decode("utf-8", "replace") if p.returncode == 0 else ""
+
+
+def _run(argv: Sequence[str], timeout: float = 30) -> str:
+    return _output(_start(argv), timeout)
 
 
 def node_address(name: str) -> str:
@@ -298,9 +314,14 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                           f"{environ.get('SLURM_JOB_ID')} (its nodes: "
                           f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
                           f"--launcher ssh for hosts outside the allocation")
-    # The address this machine has towards the first node is the one they
-    # all dial (the nodes of an allocation share a network).
-    mine = route_address(node_address(names[0]))
+    # srun's version (which options it takes) is asked beside the address.
+    version = _start(["srun", "--version"])
+    try:
+        # The address this machine has towards the first node is the one
+        # they all dial (the nodes of an allocation share a network).
+        mine = route_address(node_address(names[0]))
+    finally:
+        srun_version = _output(version)
     listener = socket.socket(socket.AF_INET6 if ":" in mine else socket.AF_INET)
     listener.bind((mine, 0))
     listener.listen(min(len(names), 1024))
@@ -310,7 +331,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     env["MSLAUNCH_DIAL"] = f"{mine}:{port}"
     env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
     owner = {t: n for n, t in tokens.items()}
-    step = _Step(srun_argv(names, pythons, _run(["srun", "--version"])), env)
+    step = _Step(srun_argv(names, pythons, srun_version), env)
     done: Dict[str, SrunAgentConnection] = {}
     greeting: Dict[int, _Greeting] = {}
     deadline = time.monotonic() + AGENT_TIMEOUT
