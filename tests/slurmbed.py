@@ -1,7 +1,6 @@
 """A real Slurm cluster on this one machine, for tests of ``srun``-based launching.
 
-The bed (see /work/shared/reference/slurm-testbed.md for the measured recipe)
-is built on :mod:`netbed` with prefix ``sl`` and K in 240..254 (the SSH bed
+The bed is built on :mod:`netbed` with prefix ``sl`` and K in 240..254 (the SSH bed
 uses 20..219):
 
 * ``ctl`` (``198.18.K.2``): ``slurmctld -D`` and a private ``munged``;
@@ -14,7 +13,7 @@ uses 20..219):
 
 Steps and batch scripts run inside their node's namespaces (slurmd forks
 slurmstepd, which forks the tasks) as root, with srun's environment and the
-shared filesystem, so ``srun /work/main/.venv/bin/python -c 'import mslaunch'``
+shared filesystem, so ``srun <the test's own python> -c 'import mslaunch'``
 works.  A server in the test process must listen on :attr:`gateway` (or the
 wildcard) to be reachable from tasks; on the nodes the runner's hostname
 resolves to that address, in the root namespace ``h1`` does not resolve.

@@ -1,6 +1,6 @@
 """msrun mode on one node: MindSpore's command lines, environment, logs, failures.
 
-The golden environment is msrun 2.10's, measured (shared/reference msrun.md):
+The golden environment is msrun 2.10's, as measured on a real msrun:
 scheduler ``MS_ROLE=MS_SCHED MS_SCHED_HOST MS_SCHED_PORT MS_TOPO_TIMEOUT
 MS_WORKER_NUM RANK_ID=0 RANK_SIZE``; worker i ``DEVICE_ID=i MS_NODE_ID=i
 MS_ROLE=MS_WORKER MS_SCHED_HOST MS_SCHED_PORT MS_TOPO_TIMEOUT MS_WORKER_NUM
