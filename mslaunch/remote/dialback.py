@@ -220,7 +220,7 @@ class Listener:
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.bind((addr, 0))
-                sock.listen(128)
+                sock.listen(1024)          # every host may dial at once (the kernel caps it)
                 sock.setblocking(False)
             except OSError:
                 sock.close()

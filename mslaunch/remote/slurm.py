@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError, UsageError, one_line
-from ..run.loop import Loop, accept_strangers, wait_fd
+from ..run.loop import Loop, wait_fd
 from ..run.spawn import signal_name
 from . import bootstrap, link
 
@@ -304,7 +304,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 cancelled: Optional[Callable[[], bool]] = None,
                 environ: Optional[Mapping[str, str]] = None) -> Dict[str, SrunAgentConnection]:
     """Start an agent on every node in ``names`` with one srun step; all or none."""
-    from .dialback import new_token
+    from .dialback import Listener, new_token
     environ = os.environ if environ is None else environ
     nodes = set(_allocation_nodes(environ))
     stray = [n for n in names if n not in nodes]
@@ -322,46 +322,41 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
         mine = route_address(node_address(names[0]))
     finally:
         srun_version = _output(version)
-    listener = socket.socket(socket.AF_INET6 if ":" in mine else socket.AF_INET)
-    listener.bind((mine, 0))
-    listener.listen(min(len(names), 1024))
-    port = listener.getsockname()[1]
+    # Every agent is greeted at once: each takes a while to unpack the package
+    # and say hello, and a stranger that never speaks must not hold up the
+    # others (the listener cuts it off, as it does on the output connections).
+    loop = Loop()
+    listener = Listener(loop, [mine], tls=False, log=lambda text: None)
+    port = listener.port_of(mine)
+    if port is None:
+        loop.close()
+        raise LaunchError(f"--launcher slurm: cannot listen on {mine}, this machine's "
+                          f"address towards node {names[0]}")
     tokens = {name: new_token() for name in names}
     env = dict(environ)
     env["MSLAUNCH_DIAL"] = f"{mine}:{port}"
     env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
-    owner = {t: n for n, t in tokens.items()}
-    step = _Step(srun_argv(names, pythons, srun_version), env)
     done: Dict[str, SrunAgentConnection] = {}
-    greeting: Dict[int, _Greeting] = {}
-    deadline = time.monotonic() + AGENT_TIMEOUT
+    greeting: Dict[str, _Greeting] = {}
     payload = bootstrap.payload()
-    # Every agent is greeted at once: each takes a while to unpack the package
-    # and say hello, and a stranger that never speaks must not hold up the others.
-    loop = Loop()
 
-    def drop(g: _Greeting) -> None:
-        if greeting.get(g.sock.fileno()) is g:
-            del greeting[g.sock.fileno()]
-            loop.forget(g.sock.fileno())
-            g.sock.close()
-
-    def accept() -> None:
-        for sock, _ in accept_strangers(loop, listener,
-                                        lambda: [g for g in greeting.values() if g.name is None],
-                                        MAX_STRANGERS, drop, lambda text: None):
-            g = greeting[sock.fileno()] = _Greeting(sock)
-            loop.add_reader(sock.fileno(), lambda g=g: ready(g))
-            loop.call_later(TOKEN_SECONDS, lambda g=g: g.name is None and drop(g))
+    def presented(name: str, sock: socket.socket, rest: bytes) -> None:
+        if rest:              # an agent says nothing before it has the bootstrap
+            sock.close()
+            return
+        g = greeting[name] = _Greeting(name, sock, payload)
+        loop.add_reader(sock.fileno(), lambda: ready(g))
+        ready(g)
 
     def ready(g: _Greeting) -> None:
-        try:
-            g.send_some()
-            hello = g.on_readable(owner, payload)
-        except (OSError, link.LinkError, ValueError):
-            drop(g)           # not one of ours, or broke off
-            return
         fd = g.sock.fileno()
+        try:
+            hello = g.on_ready()
+        except (OSError, link.LinkError):
+            del greeting[g.name]      # broke off
+            loop.forget(fd)
+            g.sock.close()
+            return
         if hello is None:     # the bootstrap goes as the agent takes it
             if g.out:
                 loop.add_writer(fd, lambda: ready(g))
@@ -369,12 +364,13 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 loop.remove_writer(fd)
             return
         loop.forget(fd)
-        del greeting[fd]
-        g.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        done[g.name] = SrunAgentConnection(g.name, g.sock, hello, step)  # type: ignore[index]
+        del greeting[g.name]
+        done[g.name] = SrunAgentConnection(g.name, g.sock, hello, step)
 
-    listener.setblocking(False)
-    loop.add_reader(listener.fileno(), accept)
+    for name, token in tokens.items():
+        listener.expect(token, lambda sock, rest, name=name: presented(name, sock, rest))
+    step = _Step(srun_argv(names, pythons, srun_version), env)
+    deadline = time.monotonic() + AGENT_TIMEOUT
     try:
         while len(done) < len(names):
             if cancelled is not None and cancelled():
@@ -399,58 +395,31 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     finally:
         for g in greeting.values():
             g.sock.close()
-        loop.close()
         listener.close()
+        loop.close()
     return done
 
 
-#: Connections that have not yet presented a node's token, kept at once.
-MAX_STRANGERS = 64
-#: Seconds a connection has to present its token.
-TOKEN_SECONDS = 5.0
-
-
 class _Greeting:
-    """One dialled-back connection being greeted: its token, then the bootstrap
-    sent and the agent's ``HELLO`` awaited."""
+    """An agent that presented its node's token: the bootstrap is sent as it
+    takes it, and its ``HELLO`` awaited."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, name: str, sock: socket.socket, payload: bytes) -> None:
+        self.name = name
         self.sock = sock
-        self.accepted = time.monotonic()
-        self.buf = b""
-        self.name: Optional[str] = None          # known once the token is
         self.reader = link.Reader(expect_sync=True)
-        self.out: Optional[memoryview] = None    # the bootstrap, while it is being sent
+        self.out: Optional[memoryview] = memoryview(payload)   # what is left to send
 
-    def send_some(self) -> None:
+    def on_ready(self) -> Optional[Dict[str, Any]]:
+        """Send and read what can be; the agent's greeting once it is complete."""
         if self.out is not None:
             try:
-                sent = self.sock.send(self.out)
+                self.out = self.out[self.sock.send(self.out):] or None
             except (BlockingIOError, InterruptedError):
-                return
-            self.out = self.out[sent:] or None
-
-    def on_readable(self, owner: Dict[str, str], payload: bytes) -> Optional[Dict[str, Any]]:
-        """Read what came; the agent's greeting once it is complete, else None."""
-        from .dialback import read_token
+                pass
         try:
-            data = self.sock.recv(256 if self.name is None else 1 << 16)
+            data = self.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
-            return None
-        if self.name is None:
-            if not data:
-                raise ValueError("no token")
-            self.buf += data
-            found = read_token(self.buf)
-            if found is None:
-                return None
-            token, rest = found
-            name = owner.pop(token, None)
-            if name is None or rest:
-                raise ValueError("wrong token")
-            self.name = name
-            self.out = memoryview(payload)   # sent as the agent takes it, beside the others
-            self.send_some()
             return None
         if not data:
             raise LaunchError(f"the agent on {self.name} ended before it said hello")
