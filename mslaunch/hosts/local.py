@@ -110,7 +110,6 @@ def _local_ipv4_addresses() -> frozenset:
     return frozenset(found)
 
 
-
 def route_address(addr: str) -> Optional[str]:
     """This machine's address towards ``addr``, or None without a route.
 

@@ -51,6 +51,7 @@ _OUTPUT_HEAD = struct.Struct(">IBIB")
 #: end with a newline (``whole``), so that a receiver may pass those on
 #: without looking at them (plain output connections only).
 LINES_HEAD = struct.Struct(">IBIBI")
+_LINES_BODY = struct.Struct(">IBI")      # the part of LINES_HEAD in the body
 #: ``STDIN`` rank meaning "every rank that reads stdin".
 ALL_RANKS = 0xFFFFFFFF
 
@@ -86,10 +87,10 @@ def lines_head(rank: int, stream: int, size: int, whole: int) -> bytes:
 
 def decode_lines(body) -> Tuple[int, int, int, Any]:
     """``(rank, stream, whole, data)`` of a ``LINES`` body."""
-    if len(body) < LINES_HEAD.size - HEAD.size:
+    if len(body) < _LINES_BODY.size:
         raise LinkError("short LINES frame")
-    rank, stream, whole = struct.unpack_from(">IBI", body)
-    data = body[LINES_HEAD.size - HEAD.size:]
+    rank, stream, whole = _LINES_BODY.unpack_from(body)
+    data = body[_LINES_BODY.size:]
     if whole > len(data) or (whole and data[whole - 1:whole] != b"\n"):
         raise LinkError("LINES: its whole lines do not end where it says")
     return rank, stream, whole, data

@@ -565,9 +565,10 @@ class RankOutput:
         if self.keep_tail:
             self.tail = (self.tail + bytes(data[-TAIL:]))[-TAIL:]
         term = self.terminal
-        if term is None or not term.open:
-            if term is not None:
-                term.write(self, data)    # counted, if given up
+        if term is None:
+            return
+        if not term.open:
+            term.write(self, data)        # counted, if given up
             return
         cut = last_newline(data) + 1
         if cut == 0:
