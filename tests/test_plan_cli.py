@@ -253,7 +253,6 @@ def test_stdin_target_must_exist():
         plan_for(["-H", "a:2,b:1", "--stdin", "3", "p"])
 
 
-
 @pytest.mark.parametrize("argv,launcher", [
     ([], "auto"),
     (["--launcher", "ssh"], "ssh"), (["-launcher", "rsh"], "ssh"), (["-bootstrap", "fork"], "local"),
