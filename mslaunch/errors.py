@@ -7,6 +7,13 @@ the message as one line and exits with :attr:`LaunchError.exit_code`.
 
 from __future__ import annotations
 
+#: Exit status of a job stopped by ``--timeout`` (Open MPI 4 uses the same).
+TIMEOUT_EXIT = 110
+
+#: Exit status when a host is lost (its agent, its connection or its network):
+#: no rank's own status can be known then.  ssh and Hydra use the same.
+HOST_LOST_EXIT = 255
+
 
 class LaunchError(Exception):
     """A failure the user can act on; the message is shown as one line."""

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from helpers import PY, clean_env, cmd, kill_tagged, tagged_pids, wait_for
 from mslaunch.remote import bootstrap, link
-from mslaunch.run.output import CHUNK
+from mslaunch.machine.output import CHUNK
 
 Frame = Tuple[int, bytes]
 
@@ -308,7 +308,7 @@ def test_waiting_on_a_descriptor_above_1023():
     import resource
     import socket
 
-    from mslaunch.run.loop import wait_fd
+    from mslaunch.machine.loop import wait_fd
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2100:
         if hard != resource.RLIM_INFINITY and hard < 2100:
@@ -403,7 +403,7 @@ def test_output_frames_cross_a_socket_whole_from_reused_buffers(tls, sizes):
     import socket
 
     from mslaunch.remote.endpoint import SocketEndpoint
-    from mslaunch.run.loop import Loop
+    from mslaunch.machine.loop import Loop
     loop = Loop()
     a, b = _endpoint_pair(tls)
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)   # most sends are left queued
@@ -438,7 +438,7 @@ def test_a_tls_record_read_only_in_part_is_not_left_behind():
     bytes past it leave those bytes decrypted inside the TLS object, where the
     loop cannot see them, and nothing else comes to wake it."""
     from mslaunch.remote.endpoint import FIRST_READ, SocketEndpoint
-    from mslaunch.run.loop import Loop
+    from mslaunch.machine.loop import Loop
     import fcntl
     import struct
     import termios
@@ -472,7 +472,7 @@ def test_a_tls_record_read_only_in_part_is_not_left_behind():
 @pytest.mark.parametrize("ending", ["peer closes", "we close"])
 def test_a_tls_connection_decrypted_in_a_thread_gives_every_frame_then_ends(ending):
     from mslaunch.remote.endpoint import InboundTLSEndpoint, SocketEndpoint
-    from mslaunch.run.loop import Loop
+    from mslaunch.machine.loop import Loop
     loop = Loop()
     a, b = _endpoint_pair(True)
     got: List[Frame] = []
@@ -508,7 +508,7 @@ def test_without_a_thread_to_spare_a_tls_connection_is_read_on_the_loop(monkeypa
     import threading
 
     from mslaunch.remote.endpoint import InboundTLSEndpoint, SocketEndpoint
-    from mslaunch.run.loop import Loop
+    from mslaunch.machine.loop import Loop
     loop = Loop()
     a, b = _endpoint_pair(True)
     got: List[Frame] = []
@@ -1540,7 +1540,7 @@ def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
     import socket as socket_mod
 
     from mslaunch.remote import dialback
-    from mslaunch.run.loop import Loop
+    from mslaunch.machine.loop import Loop
     loop = Loop()
     lines: List[str] = []
     listener = dialback.Listener(loop, ["127.0.0.1"], tls=False, log=lines.append)
@@ -1637,8 +1637,8 @@ def _splice_run(texts, cuts, *, to_pipe: bool, slow: bool, tmp_path=None, close_
     import threading
 
     from mslaunch.remote.splice import SplicingEndpoint
-    from mslaunch.run.loop import Loop
-    from mslaunch.run.output import RankOutput, Terminal
+    from mslaunch.machine.loop import Loop
+    from mslaunch.machine.output import RankOutput, Terminal
     loop = Loop()
     got = bytearray()
     if to_pipe:
@@ -1762,7 +1762,7 @@ def test_spliced_lines_stay_whole_while_others_write_between_frames():
 
 
 def test_lines_are_spliced_unseen_into_a_pipe_and_read_into_a_file(tmp_path, monkeypatch):
-    import mslaunch.run.output as output
+    import mslaunch.machine.output as output
     text = b"".join(b"line %06d %s\n" % (i, b"y" * (i % 300)) for i in range(20000)) + b"tail"
     spliced = []
     real = output.Terminal.splice_from
@@ -1796,8 +1796,8 @@ def test_a_splicing_endpoint_fed_anything_ends_with_a_reason_never_an_exception(
     import socket
 
     from mslaunch.remote.splice import SplicingEndpoint
-    from mslaunch.run.loop import Loop
-    from mslaunch.run.output import RankOutput, Terminal
+    from mslaunch.machine.loop import Loop
+    from mslaunch.machine.output import RankOutput, Terminal
     loop = Loop()
     r, w = os.pipe()
     term = Terminal(w, "stdout")
@@ -1840,8 +1840,8 @@ class _SpliceBench:
         import socket
 
         from mslaunch.remote.splice import SplicingEndpoint
-        from mslaunch.run.loop import Loop
-        from mslaunch.run.output import RankOutput, Terminal
+        from mslaunch.machine.loop import Loop
+        from mslaunch.machine.output import RankOutput, Terminal
         self.loop = Loop()
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)

@@ -26,7 +26,7 @@ from mslaunch.msrun import secret as auth
 from mslaunch.msrun import service as svc
 from mslaunch.msrun import tls
 from mslaunch.remote import link
-from mslaunch.run.loop import Loop
+from mslaunch.machine.loop import Loop
 from mslaunch.spec import MsrunSpec
 
 FAST = settings(max_examples=120, deadline=None,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, tagged_pids, wait_for
-from mslaunch.ompi.delegate import find_mpirun
+from mslaunch.job.openmpi import find_mpirun
 from mslaunch.rankenv import from_environment, rank_variables
 
 FAST = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]   # skip slow network probing

@@ -8,8 +8,8 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.run.loop import Loop
-from mslaunch.run.output import Console, RankOutput, last_newline, line_prefix
+from mslaunch.machine.loop import Loop
+from mslaunch.machine.output import Console, RankOutput, last_newline, line_prefix
 
 _piece = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b""))
 

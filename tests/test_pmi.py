@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from mslaunch.pmi import mapping, shm, wire
 from mslaunch.pmi import server as pmiserver
-from mslaunch.run.loop import Loop
+from mslaunch.machine.loop import Loop
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"

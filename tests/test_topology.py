@@ -1,4 +1,4 @@
-"""Tests for mslaunch.plan.topology: sysfs reading, objects, wire form, binding text."""
+"""Tests for mslaunch.machine.topology: sysfs reading, objects, wire form, binding text."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.plan.topology import (KINDS, MAX_CPUS, Topology, binding_map, binding_words, count,
+from mslaunch.machine.topology import (KINDS, MAX_CPUS, Topology, binding_map, binding_words, count,
                                     describe_binding, from_wire, make_topology, objects,
                                     parse_cpulist, read_topology, report_binding, to_wire)
 
@@ -140,7 +140,7 @@ def test_unknown_kind():
 def test_import_is_cheap():
     # Only modules the import itself adds count (site may preload some).
     code = ("import sys; sys.path.insert(0, %r); before = set(sys.modules); "
-            "import mslaunch.plan.topology; "
+            "import mslaunch.machine.topology; "
             "added = set(sys.modules) - before; "
             "print(sorted(m for m in added if m != 'os' and m.split('.')[0] != 'mslaunch'))"
             % REPO)

@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None,
             sys.stdout.write(done.text)
             return done.status
         if run is None:
-            from ..run.launch import run_job
+            from ..job.launch import run_job
             return run_job(job)
         return run(job)
     except LaunchError as err:

@@ -111,7 +111,7 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     the pids once every process runs, instead of the terminal.
     """
     from ..pmi.shm import new_kvsname
-    from ..run.loop import Loop
+    from ..machine.loop import Loop
     from .plan import node_processes
     loop = Loop()
     master, addresses = master_address(spec)
@@ -133,7 +133,7 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
                 service.close()
             loop.close()
             return code
-    from ..plan.topology import cached_topology, objects
+    from ..machine.topology import cached_topology, objects
     topo = cached_topology()
     procs = node_processes(spec, scheduler=master, ranks=ranks, environ=os.environ,
                            hostname=os.uname().nodename, ip=addresses[0] if master else
@@ -144,7 +144,7 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     if announce is None and not spec.quiet:
         for line in lines:
             _say(line)
-    from ..run.supervise import Supervisor
+    from ..job.supervise import Supervisor
     cluster = Cluster(link, service)
     recovery = os.environ.get("MS_ENABLE_RECOVERY") == "1"
     sup = Supervisor(job, plan, loop=loop, cluster=cluster,
@@ -175,7 +175,7 @@ def _wait_for_the_others(service, loop, spec: MsrunSpec, say) -> int:
 
     def tick() -> None:
         if stops and service.stopped is None:
-            from ..run.spawn import signal_name
+            from ..machine.spawn import signal_name
             service.stop(128 + stops[0], f"stopped by {signal_name(stops[0])} on "
                                          f"{os.uname().nodename}")
         if not service.settled():
@@ -267,7 +267,7 @@ def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str]):
         for sig, handler in old.items():
             _signal.signal(sig, handler)
     if stops:
-        from ..run.spawn import signal_name
+        from ..machine.spawn import signal_name
         code = 128 + stops[0]
         text = f"stopped by {signal_name(stops[0])} while the job was forming"
         link.stop(code, text)

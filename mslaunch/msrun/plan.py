@@ -97,7 +97,7 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
             return None, list(_blocks(sorted(cpus), local))
         # Workers spread over the nodes in equal contiguous groups, as the CPUs are.
         return None, [nodes[i * len(nodes) // local] or None for i in range(local)]
-    from ..plan.topology import parse_cpulist
+    from ..machine.topology import parse_cpulist
     given: Dict[str, Tuple[int, ...]] = {}
     for key, text in mode:            # type: ignore[union-attr]
         chosen = parse_cpulist(text)

@@ -34,11 +34,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    from ..run.loop import Loop, Timer
+    from ..machine.loop import Loop, Timer
 
 from ..remote import link
 from ..remote.endpoint import SocketEndpoint
-from ..run.loop import accept_strangers
+from ..machine.loop import accept_strangers
 from ..errors import one_line
 from . import secret as auth
 

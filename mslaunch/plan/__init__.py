@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import PlanError, UsageError
+from ..hosts import IMPLICIT_HOST
 from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
 from .mapper import binding, check_overload, locations, rank_order
-from .place import filter_hosts, place, resolve_hosts  # noqa: F401 (re-exported)
-from .topology import Topology, count, make_topology
+from .place import place, resolve_hosts
+from ..machine.topology import Topology, count, make_topology
 
 #: Variables that carry the identity of an outer launch (a rank of another
 #: mpirun, srun or mslaunch starting this one); ranks must not inherit them.
@@ -35,12 +36,6 @@ STALE_NAMES = frozenset((
     "PMIX_SYSTEM_TMPDIR", "PMIX_GDS_MODULE", "PMIX_SECURITY_MODE", "PMIX_BFROP_BUFFER_TYPE",
     "PRTE_LAUNCHED", "PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID", "PMI_SPAWNED",
     "PMI_HOSTNAME", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPI_APPNUM", "MPI_UNIVERSE_SIZE"))
-
-#: The origin of the host entry used when no host list is given.
-IMPLICIT_HOST = "this machine"
-
-#: Exit status of a job stopped by ``--timeout`` (Open MPI 4 uses the same).
-TIMEOUT_EXIT = 110
 
 
 def scrub_env(environ: Mapping[str, str]) -> Dict[str, str]:
@@ -159,7 +154,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
 
     mapping = ""
     if job.mpi == "pmi":
-        from ..pmi.mapping import process_mapping
+        from .mapping import process_mapping
         mapping = process_mapping([node_of_host[h] for h in where])
 
     ranks: List[RankSpec] = []
@@ -325,7 +320,7 @@ def _from_rankfile(entries, hosts: Sequence[Host], topos: Sequence[Topology],
                         f"{size}; every rank needs a 'rank N=HOST slot=...' line")
     index = {h.name: i for i, h in enumerate(hosts)}
     local_index = next((i for i, h in enumerate(hosts) if h.local), None)
-    from .place import _is_local
+    from ..hosts import is_local
     where, locs = [], []
     for e in entries:
         if e.rank >= size:
@@ -337,7 +332,7 @@ def _from_rankfile(entries, hosts: Sequence[Host], topos: Sequence[Topology],
             h = e.relative
         elif e.host in index:
             h = index[e.host]
-        elif local_index is not None and _is_local(e.host):
+        elif local_index is not None and is_local(e.host):
             h = local_index
         else:
             raise PlanError(f"{e.origin}: host {e.host!r} is not one of the job's hosts")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec, Plan, RankSpec
 
-from .topology import binding_map, binding_words, objects
+from ..machine.topology import binding_map, binding_words, objects
 
 
 def job_id() -> str:

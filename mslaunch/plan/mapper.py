@@ -2,7 +2,7 @@
 
 After :func:`~mslaunch.plan.place.place` has decided how many ranks each host
 gets, this module does the rest of Open MPI's mapping, ranking and binding
-on each host's :class:`~mslaunch.plan.topology.Topology` (pure functions):
+on each host's :class:`~mslaunch.machine.topology.Topology` (pure functions):
 
 * ``--map-by``: ``slot``, ``node``, ``core``, ``hwthread`` and ``board``
   take the host's processing units (cores, or hardware threads with
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..spec import JobSpec
 
 from ..errors import PlanError
-from .topology import CPU, Topology, objects
+from ..machine.topology import CPU, Topology, objects
 
 #: Mapping objects that deal ranks round-robin over themselves.
 SPREAD = ("socket", "package", "numa", "l1cache", "l2cache", "l3cache")

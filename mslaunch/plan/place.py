@@ -22,7 +22,7 @@ def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
     """
     remote_cores = remote_cores or {}
     if is_local is None:
-        is_local = _is_local
+        from ..hosts import is_local
     merged: Dict[str, List] = {}  # key -> [name, slots, max_slots, local]
     for e in entries:
         local = is_local(e.name)
@@ -36,23 +36,6 @@ def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,
             item[2] = (item[2] or 0) + e.max_slots
     return [Host(name=name, slots=slots, max_slots=max_slots, local=local, node_id=i)
             for i, (name, slots, max_slots, local) in enumerate(merged.values())]
-
-
-def _is_local(name: str) -> bool:
-    if name == "localhost":
-        return True   # the default host: spare the import of the parsers
-    from ..hosts.local import is_local_host
-    return is_local_host(name)
-
-
-def filter_hosts(pool: Sequence[HostEntry], wanted: Sequence[HostEntry]) -> List[HostEntry]:
-    """``--hostfile`` gives the pool and ``-H`` picks hosts from it."""
-    names = {w.name for w in wanted}
-    have = {p.name for p in pool}
-    missing = [w.name for w in wanted if w.name not in have]
-    if missing:
-        raise PlanError(f"-H names host(s) not in the hostfile: {_names(missing)}")
-    return [p for p in pool if p.name in names]
 
 
 def _names(names: Sequence[str], limit: int = 8) -> str:

@@ -3,7 +3,7 @@
 MPICH-ABI ranks (e.g. mpi4py on the PyPI ``mpich`` wheel) need a process
 manager to tell them their rank, size, kvsname and node map, to exchange
 business cards through a key-value space, and to run barriers.  This package
-is that process manager; it runs inside the launcher's :class:`~mslaunch.run.loop.Loop`.
+is that process manager; it runs inside the launcher's :class:`~mslaunch.machine.loop.Loop`.
 
 Layers (kept apart so that a later per-host agent can sit between the ranks
 and the launcher):
@@ -50,6 +50,6 @@ A peer that breaks the grammar, floods, or never reads its replies is cut off
 and reported with one :meth:`PMIListener.pmi_log` line; a parseable but
 misplaced request gets an ``rc=1`` reply.  No exception leaves a loop callback.
 
-:mod:`.mapping` writes and parses ``PMI_process_mapping``; :mod:`.shm` names
+:mod:`mslaunch.plan.mapping` writes and parses ``PMI_process_mapping``; :mod:`.shm` names
 and removes MPICH's shared-memory segments of a job.
 """

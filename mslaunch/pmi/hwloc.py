@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def xml_path() -> Optional[str]:
     """Where this host's topology file is (or would be) kept; None if unknown."""
-    from ..plan.topology import cache_path, host_key
+    from ..machine.topology import cache_path, host_key
     key = host_key()
     if key is None:
         return None
@@ -32,10 +32,15 @@ def xml_path() -> Optional[str]:
     return cache_path(f"hwloc-{os.uname().nodename[:64]}-{_fnv1a32(key):08x}.xml")
 
 
-def cached_xml() -> Optional[str]:
-    """The path of this host's topology file if it exists, else None."""
+def xml_for_ranks(guard) -> Optional[str]:
+    """This host's topology file for MPICH's ranks, or None -- and when there
+    is none yet, ``guard`` (the orphan guard's watchdog, given
+    :data:`GUARD_TASKS`) writes one for the next job."""
     path = xml_path()
-    return path if path is not None and os.path.isfile(path) else None
+    if path is None or os.path.isfile(path):
+        return path
+    guard.task("hwloc", path)
+    return None
 
 
 def _library():
@@ -78,3 +83,8 @@ def write_xml(path: str) -> bool:
         return False
     finally:
         lib.hwloc_topology_destroy(topo)
+
+
+#: The orphan guard's tasks for PMI jobs: the file is written in its watchdog
+#: (see :func:`xml_for_ranks`).
+GUARD_TASKS = {"hwloc": write_xml}

@@ -16,8 +16,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, Mapping, Optional, Set
 
-    from ..run.loop import Loop
-    from ..ompi.singleton import SingletonProbe
+    from ..machine.loop import Loop
+    from .singleton import SingletonProbe
     from ..spec import SpawnRequest
     from .server import PMIServer
     from .state import JobState

@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     import socket
     from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-    from ..run.loop import Loop, Timer
+    from ..machine.loop import Loop, Timer
     from .state import JobState, PMIListener
     from .wire import Fields
 
-from ..run.loop import STRANGER_GRACE, accept_strangers
+from ..machine.loop import STRANGER_GRACE, accept_strangers
 from .state import KVS_MAX_BYTES, LocalJobState
 from .wire import (KEYLEN_MAX, KVSNAME_MAX, MAX_ERRORS, MAX_MESSAGE, MAX_OUTPUT,
                    MAX_PREAUTH_MESSAGE, VALLEN_MAX, WireError, _decode, _rx, format_v1,

@@ -11,7 +11,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List
+    from typing import List, Sequence
 
 
 def new_kvsname() -> str:
@@ -48,3 +48,15 @@ def remove_shm_segments(kvsname: str, shm_dir: str = "/dev/shm") -> int:
     return removed
 
 
+
+
+
+def after_launcher_death(kvsnames: Sequence[str], marker: str) -> None:
+    """The orphan guard's ``on_death`` hook for PMI jobs (see
+    :class:`mslaunch.machine.guard.Watchdog`): the segments of every kvsname
+    it kept, and the singleton probe of its marker, are removed."""
+    for name in kvsnames:
+        remove_shm_segments(name)
+    if kvsnames:
+        from .singleton import probe_path, remove_probe
+        remove_probe(probe_path(marker))

@@ -11,7 +11,7 @@ but Python, and talks to the launcher over its stdin and stdout (see
    programs found with the ranks' own ``PATH`` -- and answer ``READY``, or
    ``ERROR`` with the first problem;
 3. on ``START``: start the ranks as the launcher would locally
-   (:class:`~mslaunch.run.local.LocalRanks`: own process groups, pipes, a
+   (:class:`~mslaunch.machine.local.LocalRanks`: own process groups, pipes, a
    job cgroup or subreaper, the watchdog), serve them PMI over inherited
    sockets with the job-wide part relayed to the launcher
    (:class:`~mslaunch.pmi.state.RelayJobState`), send their output as
@@ -43,15 +43,17 @@ if TYPE_CHECKING:
 
 from ..errors import LaunchError
 from ..plan import scrub_env
-from ..run.guard import Watchdog
-from ..run.local import LocalRanks
-from ..run.loop import Loop
-from ..run.output import last_newline
-from ..run.spawn import check_startable, seal_inherited_fds
+from ..machine.guard import Watchdog
+from ..machine.local import LocalRanks
+from ..machine.loop import Loop
+from ..machine.output import last_newline
+from ..machine.spawn import check_startable, seal_inherited_fds
 from ..spec import Host, RankSpec
 from . import link
 from .endpoint import Endpoint
+from ..pmi.hwloc import GUARD_TASKS, xml_for_ranks
 from ..pmi.job import PMIJob
+from ..pmi.shm import after_launcher_death
 from .jobframe import read_job, read_spawned
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -146,7 +148,7 @@ class Agent:
         self.local: Optional[LocalRanks] = None
         self.guard: Optional[Watchdog] = None
         self.pmi_jobs: Dict[str, PMIJob] = {}     # by kvsname: the job's, and spawned ones
-        self.probe = None                          # see mslaunch.ompi.singleton
+        self.probe = None                          # see mslaunch.pmi.singleton
         self.credit = 0
         self.waiting: Set[object] = set()
         self.exited: Set[int] = set()
@@ -163,7 +165,7 @@ class Agent:
         for sig in _STOPPING:
             signal.signal(sig, self._on_stop_signal)
         try:
-            from ..plan.topology import cached_topology, to_wire
+            from ..machine.topology import cached_topology, to_wire
             self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
                 "protocol": link.PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
                 "python": sys.version.split()[0], "topology": to_wire(cached_topology())}))
@@ -254,7 +256,7 @@ class Agent:
             raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
 
     def _send_stacks(self) -> None:
-        from ..run.stacks import stack_traces
+        from ..machine.stacks import stack_traces
         live = {r.spec.rank: r.proc.pid for r in self.local.ranks.values()  # type: ignore[union-attr]
                 if r.proc is not None and not r.ended and r.spec.job == 1}
         for block in stack_traces(live, socket.gethostname(), self.job["jobid"]):
@@ -271,7 +273,8 @@ class Agent:
         self.specs = [self._spec(r) for r in job["ranks"]]
         # The guard's cgroup takes the kernel 5 to 20 ms to enter: made now, it is
         # ready by START.  The marker names this host's guard: the job and this agent.
-        self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace, background=True)
+        self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace, background=True,
+                              tasks=GUARD_TASKS, on_death=after_launcher_death)
         warnings = self._fix_cwd()
         try:
             self._preload(job["files"])
@@ -388,10 +391,10 @@ class Agent:
         job = self.job
         seal_inherited_fds()
         assert self.guard is not None
-        self.guard.add_kvsname(job["kvsname"])
+        self.guard.keep(job["kvsname"])
         pmi = pmi_env = None
         if job["pmi"]:
-            from ..ompi.singleton import SingletonProbe
+            from ..pmi.singleton import SingletonProbe
             try:
                 self.probe = SingletonProbe(self.guard.marker)
             except OSError:
@@ -431,7 +434,7 @@ class Agent:
             kvsname=kvsname, size=size, process_mapping=job["process_mapping"],
             universe_size=job["universe_size"], appnums=appnums,
             local_ranks=[s.rank for s in specs], send=self._pmi_up,
-            hwloc_xml=self.guard.hwloc_xml() if self.guard is not None else None)
+            hwloc_xml=xml_for_ranks(self.guard) if self.guard is not None else None)
         pj = PMIJob(self, number=number, state=state, keys={s.rank: s.key for s in specs},
                     spawner=spawner)
         pj.probe = self.probe
@@ -439,7 +442,7 @@ class Agent:
                  trace=bool(self.job.get("trace")))
         self.pmi_jobs[kvsname] = pj
         if self.guard is not None and number != 1:
-            self.guard.add_kvsname(kvsname)
+            self.guard.keep(kvsname)
         return pj
 
     def _spawned(self, message: Dict[str, Any]) -> None:
@@ -477,9 +480,9 @@ class Agent:
         self._started[str(rank)] = pid
 
     def _report_singletons(self) -> None:
-        """Ranks that started Open MPI alone (see mslaunch.ompi.singleton): tell the launcher."""
+        """Ranks that started Open MPI alone (see mslaunch.pmi.singleton): tell the launcher."""
         if self.probe is not None:
-            from ..ompi.singleton import runs_a_launcher
+            from ..pmi.singleton import runs_a_launcher
             pids = {r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local
                                                       else ()) if r.proc is not None}
             for key, size in self.probe.check():

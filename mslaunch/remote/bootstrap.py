@@ -166,7 +166,7 @@ def _read_or_build() -> None:
     global _bundle_cache
     import hashlib
     import importlib.util
-    from ..plan.topology import cache_path
+    from ..machine.topology import cache_path
     files = _package_files()
     key = hashlib.sha256(importlib.util.MAGIC_NUMBER)
     for path, name in files:

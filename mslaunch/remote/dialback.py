@@ -30,7 +30,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-    from ..run.loop import Loop, Timer
+    from ..machine.loop import Loop, Timer
 
 #: Seconds a new connection has to present its token.
 AUTH_SECONDS = 3.0
@@ -244,7 +244,7 @@ class Listener:
 
     # -- accepting ------------------------------------------------------------
     def _accept(self, lsock: socket.socket) -> None:
-        from ..run.loop import accept_strangers
+        from ..machine.loop import accept_strangers
         for sock, _ in accept_strangers(self.loop, lsock, self.pending.values, MAX_PENDING,
                                         lambda e: self._drop(e, "pushed out by newer connections"),
                                         self._note):

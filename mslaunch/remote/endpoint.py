@@ -19,7 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Deque, Optional, Tuple
 
-    from ..run.loop import Loop, Timer
+    from ..machine.loop import Loop, Timer
 
 from . import link
 
@@ -218,7 +218,7 @@ class Endpoint:
 
     def flush(self, deadline: float) -> None:
         """Write what is queued, waiting up to ``deadline`` (outside the loop)."""
-        from ..run.loop import wait_fd
+        from ..machine.loop import wait_fd
         while self.queue and not self.closed and time.monotonic() < deadline:
             try:
                 wait_fd(self.write_fd, True, deadline - time.monotonic())
@@ -334,7 +334,7 @@ class InboundTLSEndpoint(SocketEndpoint):
         loop.add_reader(self._wake_r, self._collect)
 
     def _pump(self) -> None:
-        from ..run.loop import wait_fd
+        from ..machine.loop import wait_fd
         size = FIRST_READ
         buf = bytearray(size)
         while not self._stop:

@@ -1,6 +1,6 @@
 """The launcher's handle on one remote host: its agent, seen through the link.
 
-A :class:`RemoteHost` sits beside :class:`~mslaunch.run.local.LocalRanks`
+A :class:`RemoteHost` sits beside :class:`~mslaunch.machine.local.LocalRanks`
 behind the same seam: the supervisor starts, signals and waits for both the
 same way, and hears the same events -- ranks started and exited, output to
 feed into the ranks' sinks, PMI -- so its policy (abort, timeouts, files,
@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Sequence
 
-    from ..run.loop import Loop
+    from ..machine.loop import Loop
     from ..spec import RankSpec
     from .ssh import AgentConnection
 

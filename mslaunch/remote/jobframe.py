@@ -94,7 +94,7 @@ def _preloads(job: JobSpec, specs: Sequence[RankSpec]):
     import base64
 
     from ..errors import LaunchError
-    from ..run.spawn import find_program
+    from ..machine.spawn import find_program
     wanted: Dict[str, str] = {}            # name in the rank's directory -> local path
     programs: Dict[int, str] = {}
     if job.preload_binary:

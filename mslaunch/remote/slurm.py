@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import LaunchError, UsageError, one_line
-from ..run.loop import Loop, wait_fd
-from ..run.spawn import signal_name
+from ..machine.loop import Loop, wait_fd
+from ..machine.spawn import signal_name
 from . import bootstrap, link
 
 #: Seconds for every agent to dial back once srun runs.

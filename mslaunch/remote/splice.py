@@ -24,13 +24,19 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple
+    from typing import Optional, Protocol, Tuple
 
-    from ..run.loop import Loop, Timer
-    from ..run.output import RankOutput, Terminal
-    from .host import RemoteHost
+    from ..machine.loop import Loop, Timer
+    from ..machine.output import RankOutput, Terminal
 
-from ..run.loop import wait_fd
+    class OutputOwner(Protocol):
+        """Where spliced frames' ranks have their sinks (a :class:`~.host.RemoteHost`)."""
+
+        def output_sink(self, rank: int, stream: int) -> Optional[RankOutput]: ...
+
+        def output_taken(self, sink: RankOutput, count: int) -> None: ...
+
+from ..machine.loop import wait_fd
 from . import link
 from .endpoint import SocketEndpoint
 
@@ -44,7 +50,7 @@ STALL_SECONDS = 0.2
 class SplicingEndpoint(SocketEndpoint):
     """See the module docstring; frames are read head first, one at a time."""
 
-    def __init__(self, loop: Loop, sock, *, host: RemoteHost, **kw) -> None:
+    def __init__(self, loop: Loop, sock, *, host: OutputOwner, **kw) -> None:
         self.host = host
         self._head = bytearray(_LINES)
         self._got = 0                  # bytes of the head read

@@ -8,7 +8,7 @@ same way.  It reports to a listener:
 * ``rank_exited(rank, code, signal)`` when its process ends,
 
 and feeds each rank's output into the sinks its owner made (the
-launcher's :class:`~mslaunch.run.output.RankOutput`, or the agent's link).
+launcher's :class:`~mslaunch.machine.output.RankOutput`, or the agent's link).
 It signals rank process groups on request.  When a rank ends and leaves
 processes behind in its group, they get SIGCONT and SIGTERM, and SIGKILL
 after the grace period.  When every rank has ended but a pipe is still held

@@ -20,12 +20,16 @@ Three mechanisms, strongest first:
 
 The watchdog is a small fork of the launcher in its own session, made before
 the first rank starts.  The launcher tells it, over a pipe, the process
-group of every rank and the kvsname of every PMI job.  When the pipe
-reaches end-of-file without the final ``done`` line, the launcher died
-abruptly (SIGKILL, say): the watchdog terminates everything of the job
-(SIGCONT and SIGTERM, SIGKILL after the grace period) and removes the jobs'
-MPICH shared-memory segments.  After ``done`` it only empties and removes
-the cgroup and sweeps the marker, off the job's critical path.
+group of every rank, and what its owner keeps for a clean-up (the
+kvsname of every PMI job, say).  When the pipe reaches end-of-file without
+the final ``done`` line, the launcher died abruptly (SIGKILL, say): the
+watchdog terminates everything of the job (SIGCONT and SIGTERM, SIGKILL
+after the grace period) and then calls its owner's ``on_death`` hook with
+what was kept.  After ``done`` it only empties and removes the cgroup and
+sweeps the marker, off the job's critical path.  The owner may also hand it
+named tasks to run off that path (its ``tasks`` hook).
+
+The guard knows no MPI: those hooks are passed in by its owner.
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ from ..switches import switch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Optional, Set, Tuple
+    from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+    #: Named tasks the watchdog runs when told (``Watchdog.task``).
+    Tasks = Mapping[str, Callable[[str], object]]
+    #: Called in the watchdog after the job was stopped because the launcher
+    #: died, with what was kept (``Watchdog.keep``) and the guard's marker.
+    OnDeath = Callable[[Sequence[str], str], None]
 
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE",
             "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM")
@@ -399,7 +409,8 @@ def _settle(parent: int, marker: str, answer_fd: int) -> Optional[JobCgroup]:
     return cgroup
 
 
-def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int) -> None:
+def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
+           tasks: Tasks, on_death: Optional[OnDeath]) -> None:
     os.setsid()
     cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
     for name in _IGNORED:
@@ -412,7 +423,7 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int)
     import select
     poll_children = False
     groups: Set[int] = set()
-    kvsnames: Set[str] = set()
+    kept: List[str] = []
     adopted: Dict[int, Optional[int]] = {}   # pid -> start time, orphans the launcher adopted
     buf = b""
     done = False
@@ -443,12 +454,13 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int)
             elif kind == b"-":
                 groups.discard(int(arg))
             elif kind == b"k":
-                kvsnames.add(arg.decode())
+                kept.append(arg.decode())
             elif kind == b"s":
                 poll_children = True
-            elif kind == b"h":
-                from ..pmi.hwloc import write_xml
-                write_xml(arg.decode())       # for the next job on this host
+            elif kind == b"t":
+                name, _, value = arg.decode().partition(" ")
+                if name in tasks:
+                    tasks[name](value)
             elif kind == b"p":
                 pid, _, started = arg.partition(b" ")
                 adopted[int(pid)] = int(started) if started.isdigit() else None
@@ -466,18 +478,15 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int)
         terminate((), marker, grace, cgroup, live, spare=(parent,))
         return
     terminate(groups, marker, grace, cgroup, live)
-    from ..pmi.shm import remove_shm_segments
-    for name in kvsnames:
-        remove_shm_segments(name)
-    if kvsnames:
-        from ..ompi.singleton import probe_path, remove_probe
-        remove_probe(probe_path(marker))
+    if on_death is not None:
+        on_death(kept, marker)
 
 
 class Watchdog:
     """Launcher side of the guard; see the module docstring."""
 
-    def __init__(self, marker: str, grace: float, *, background: bool = False) -> None:
+    def __init__(self, marker: str, grace: float, *, background: bool = False,
+                 tasks: Optional[Tasks] = None, on_death: Optional[OnDeath] = None) -> None:
         self.marker = marker
         read_fd, self._fd = os.pipe()
         answer_r, answer_w = os.pipe()
@@ -486,7 +495,7 @@ class Watchdog:
         if pid == 0:
             try:
                 os.close(answer_r)
-                _watch(read_fd, parent, marker, grace, answer_w)
+                _watch(read_fd, parent, marker, grace, answer_w, tasks or {}, on_death)
             finally:
                 os._exit(0)
         os.close(read_fd)
@@ -538,20 +547,13 @@ class Watchdog:
     def remove(self, pgid: int) -> None:
         self._pending.append(f"-{pgid}\n")
 
-    def hwloc_xml(self) -> Optional[str]:
-        """This host's hwloc topology file for MPICH's ranks, or None -- and when
-        there is none yet, the watchdog writes one for the next job (see
-        :mod:`mslaunch.pmi.hwloc`)."""
-        from ..pmi.hwloc import xml_path
-        path = xml_path()
-        if path is None or os.path.isfile(path):
-            return path
-        self._pending.append(f"h{path}\n")
-        return None
+    def task(self, name: str, arg: str) -> None:
+        """Have the watchdog run its task ``name`` with ``arg`` (off the job's path)."""
+        self._pending.append(f"t{name} {arg}\n")
 
-    def add_kvsname(self, kvsname: str) -> None:
-        """A PMI job whose shared-memory segments go if the launcher dies."""
-        self._pending.append(f"k{kvsname}\n")
+    def keep(self, item: str) -> None:
+        """Keep ``item`` for the ``on_death`` hook, should the launcher die."""
+        self._pending.append(f"k{item}\n")
 
     def flush(self) -> None:
         # Groups not yet sent when the launcher dies are still found by the

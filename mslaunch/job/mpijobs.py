@@ -23,12 +23,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
-    from ..ompi.singleton import SingletonProbe
+    from ..pmi.singleton import SingletonProbe
     from ..pmi.server import PMIServer
     from ..remote.host import RemoteHost
     from ..spec import RankSpec, SpawnRequest
 
 from ..errors import LaunchError, PlanError
+from ..pmi.hwloc import xml_for_ranks
 from ..pmi.job import PMIJob
 from ..pmi.state import LocalJobState
 
@@ -41,7 +42,7 @@ class MPIJobs:
         self.jobs: Dict[str, PMIJob] = {}        # by kvsname
         self.first: Optional[PMIJob] = None
         self.names: Dict[str, str] = {}          # published names, of every job
-        self.probe: Optional[SingletonProbe] = None   # see mslaunch.ompi.singleton
+        self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.singleton
         self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.hwloc
 
     # -- the first job ------------------------------------------------------------
@@ -49,12 +50,12 @@ class MPIJobs:
         """The first job's PMI; returns (inherited server, env function) for its local ranks."""
         sup = self.sup
         plan, job = sup.plan, sup.job
-        from ..ompi.singleton import SingletonProbe
+        from ..pmi.singleton import SingletonProbe
         try:
             self.probe = SingletonProbe(sup.watchdog.marker)
         except OSError:
             self.probe = None                    # no temporary directory: no check
-        self.hwloc_xml = sup.watchdog.hwloc_xml()
+        self.hwloc_xml = xml_for_ranks(sup.watchdog)
         appnums = [r.app for r in plan.ranks]
         first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
                           {r.rank: r.key for r in plan.ranks}, None)
@@ -81,7 +82,7 @@ class MPIJobs:
         pj.probe = self.probe
         self.jobs[kvsname] = pj
         if self.sup.watchdog is not None:
-            self.sup.watchdog.add_kvsname(kvsname)
+            self.sup.watchdog.keep(kvsname)
         return pj
 
     def of(self, spec: RankSpec) -> Optional[PMIJob]:
@@ -129,14 +130,14 @@ class MPIJobs:
                        1, abort=True)
 
     def check_singletons(self) -> None:
-        """End the launch if a rank here started Open MPI alone (see mslaunch.ompi.singleton)."""
+        """End the launch if a rank here started Open MPI alone (see mslaunch.pmi.singleton)."""
         if self.probe is not None:
             for key, size in self.probe.check():
                 self.singleton(key, size)
 
     def singleton(self, key: int, size: int, nested_launcher: bool = False) -> None:
-        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.ompi.singleton)."""
-        from ..ompi.singleton import runs_a_launcher, singleton_message
+        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.singleton)."""
+        from ..pmi.singleton import runs_a_launcher, singleton_message
         if not 0 <= key < len(self.sup.ranks):
             return
         r = self.sup.ranks[key]
@@ -314,7 +315,7 @@ class MPIJobs:
                                   host_answered(n, problem))
 
     def _plan(self, request: SpawnRequest, number: int, kvsname: str, context_env):
-        from ..plan.place import _is_local
+        from ..hosts import is_local
         from ..plan.spawn import plan_spawn
         sup = self.sup
         live: Dict[str, int] = {}
@@ -323,14 +324,14 @@ class MPIJobs:
                 live[r.spec.host.name] = live.get(r.spec.host.name, 0) + 1
         return plan_spawn(sup.job, sup.plan, request, number=number, kvsname=kvsname,
                           first_key=len(sup.ranks), live=live, environ=os.environ,
-                          oversubscribe=sup.may_oversubscribe, is_local=_is_local,
+                          oversubscribe=sup.may_oversubscribe, is_local=is_local,
                           hosts=sup.plan.hosts + tuple(h for h in sup.plan.spare_hosts
                                                        if h.local or h.name in sup.hosts),
                           context_env=context_env)
 
     @staticmethod
     def _check_programs(specs) -> None:
-        from .spawn import check_startable
+        from ..machine.spawn import check_startable
         check_startable([s for s in specs if s.host.local])
 
     # -- end ------------------------------------------------------------------

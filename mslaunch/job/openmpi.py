@@ -24,10 +24,11 @@ import subprocess
 import sys
 
 from ..errors import LaunchError
-from ..plan import TIMEOUT_EXIT, log_paths
-from ..run.guard import Watchdog
-from ..run.loop import Loop
-from ..run.output import Console, line_prefix
+from ..errors import TIMEOUT_EXIT
+from ..plan import log_paths
+from ..machine.guard import Watchdog
+from ..machine.loop import Loop
+from ..machine.output import Console, line_prefix
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[Lis
     if job.hosts:
         entries = job.hosts
         if job.host_filter:
-            from ..plan import filter_hosts
+            from ..hosts import filter_hosts
             entries = tuple(filter_hosts(entries, job.host_filter))
         cmd += ["--host", ",".join(e.name if e.slots is None else f"{e.name}:{e.slots}"
                                    for e in entries)]

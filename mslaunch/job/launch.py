@@ -14,7 +14,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Optional
 
-from ..pmi.shm import new_kvsname
+from ..pmi.hwloc import GUARD_TASKS
+from ..pmi.shm import after_launcher_death, new_kvsname
 from ..spec import JobSpec, Plan
 
 
@@ -45,7 +46,7 @@ def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None,
                entries=None) -> Plan:
     from ..hosts import host_entries
     from ..plan import make_plan
-    from ..plan.topology import cached_topology
+    from ..machine.topology import cached_topology
     environ = os.environ if environ is None else environ
     if entries is None:
         entries = host_entries(job, environ)
@@ -57,8 +58,8 @@ def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None,
 
 def _needs_topologies(job: JobSpec, entries) -> bool:
     """Whether a plan depends on what the remote hosts' agents report (their cpus)."""
-    from ..plan.place import _is_local
-    counts_missing = any(e.slots is None and e.max_slots is None and not _is_local(e.name)
+    from ..hosts import is_local
+    counts_missing = any(e.slots is None and e.max_slots is None and not is_local(e.name)
                          for e in entries)
     return counts_missing or job.map_by not in ("slot", "node") or bool(
         job.ppr or job.pe or job.bind_to != "none" or job.use_hwthreads or job.rankfile
@@ -69,7 +70,7 @@ def make_plan_again(job: JobSpec, entries, environ, kvsname: str, master_port: i
                     topologies) -> Plan:
     """The plan with the remote hosts' real topologies (the same job name and port)."""
     from ..plan import make_plan
-    from ..plan.topology import cached_topology
+    from ..machine.topology import cached_topology
     return make_plan(job, entries, environ, topology=cached_topology(),
                      hostname=os.uname().nodename, kvsname=kvsname, master_port=master_port,
                      remote_topologies=topologies)
@@ -101,15 +102,16 @@ def run_job(job: JobSpec) -> int:
     """Run ``job`` and return mslaunch's exit status."""
     environ = os.environ
     if job.mpi == "openmpi":
-        from ..ompi.delegate import run_openmpi
+        from .openmpi import run_openmpi
         return run_openmpi(job)
     if job.dry_run:
         sys.stdout.write(describe_plan(build_plan(job, environ), job))
         return 0
     # The orphan guard first (a small fork, before more is imported), so that
     # it settles into the job's cgroup while the job is planned.
-    from .guard import Watchdog
-    watchdog = Watchdog(new_kvsname(), job.grace, background=True)
+    from ..machine.guard import Watchdog
+    watchdog = Watchdog(new_kvsname(), job.grace, background=True, tasks=GUARD_TASKS,
+                        on_death=after_launcher_death)
     try:
         return _run(job, environ, watchdog)
     finally:
@@ -139,8 +141,8 @@ def _run(job: JobSpec, environ, watchdog) -> int:
         if _needs_topologies(job, entries):
             # Slots and placement depend on the remote hosts' cpus: connect to
             # every remote host first, as Open MPI starts its daemons first.
-            from ..plan.place import _is_local
-            remote = [e.name for e in entries if not _is_local(e.name)]
+            from ..hosts import is_local
+            remote = [e.name for e in entries if not is_local(e.name)]
             kvsname, port = plan.kvsname, plan.master_port
             replan = lambda topologies: make_plan_again(job, entries, environ, kvsname, port,  # noqa: E731
                                                         topologies)
@@ -154,7 +156,7 @@ def _run(job: JobSpec, environ, watchdog) -> int:
         except OSError as err:
             from ..errors import LaunchError
             raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
-        from .output import Console
+        from ..machine.output import Console
         console = Console(fd, fd)
     supervisor = Supervisor(job, plan, console, connect=list(dict.fromkeys(remote)),
                             replan=replan, watchdog=watchdog)

@@ -1,7 +1,7 @@
 """Supervision of a running job: the policy.
 
 The :class:`Supervisor` starts every rank of a :class:`Plan` through
-:class:`~mslaunch.run.local.LocalRanks` and runs one event loop over their
+:class:`~mslaunch.machine.local.LocalRanks` and runs one event loop over their
 output, their exits, the PMI sockets, mslaunch's terminal and a self-pipe
 for signals.  The first rank that fails (non-zero exit, death by a signal,
 ``MPI_Abort``, leaving MPI without finalizing, or exiting while its peers
@@ -26,24 +26,21 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Tuple
 
     from ..remote.host import RemoteHost
-    from .jobs import MPIJobs
-    from .output import Terminal
+    from .mpijobs import MPIJobs
+    from ..machine.output import Terminal
 
-from ..errors import LaunchError
-from ..plan import TIMEOUT_EXIT
+from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT, LaunchError
 from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
-from .guard import Watchdog
-from .local import LocalRanks
-from .loop import Loop, Timer
-from .output import Console, RankOutput, line_prefix, xml_element
-from .spawn import seal_inherited_fds, signal_name
+from ..pmi.hwloc import GUARD_TASKS
+from ..pmi.shm import after_launcher_death
+from ..machine.guard import Watchdog
+from ..machine.local import LocalRanks
+from ..machine.loop import Loop, Timer
+from ..machine.output import Console, RankOutput, line_prefix, xml_element
+from ..machine.spawn import seal_inherited_fds, signal_name
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-#: Exit status when a host is lost (its agent, its connection or its network):
-#: no rank's own status can be known then.  ssh and Hydra use the same.
-HOST_LOST_EXIT = 255
 
 # A stop signal that arrives while the remote hosts are being connected
 # (before the event loop runs) is noted here as well.
@@ -144,7 +141,9 @@ class Supervisor:
             self._report_pid(self.job.report_pid)
         try:
             if self.watchdog is None:
-                self.watchdog = Watchdog(self.plan.kvsname, self.job.grace)
+                self.watchdog = Watchdog(self.plan.kvsname, self.job.grace,
+                                         tasks=GUARD_TASKS,
+                                         on_death=after_launcher_death)
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
             self._start_all()
@@ -184,7 +183,7 @@ class Supervisor:
         conns = self._conns = self._connect_agents() if self.connect else {}
         job, plan = self.job, self.plan
         self._show_plan()
-        from .spawn import check_startable
+        from ..machine.spawn import check_startable
         check_startable(plan.ranks)
         local_specs = [r for r in plan.ranks if r.host.local]
         remote_specs: Dict[str, List[RankSpec]] = {}
@@ -193,7 +192,7 @@ class Supervisor:
                 remote_specs.setdefault(r.host.name, []).append(r)
         pmi, pmi_env = None, None
         if job.mpi == "pmi":
-            from .jobs import MPIJobs
+            from .mpijobs import MPIJobs
             self.mpi_jobs = MPIJobs(self)
             pmi, pmi_env = self.mpi_jobs.start_first(bool(local_specs))
             self._watch_singletons()
@@ -298,7 +297,7 @@ class Supervisor:
             if how == "slurm" else ssh.connect_all(self.connect, options,
                                                    cancelled=_stop_requested))
         if self.replan is not None:
-            from ..plan.topology import from_wire
+            from ..machine.topology import from_wire
             topologies = {}
             for name, conn in conns.items():
                 try:
@@ -408,7 +407,7 @@ class Supervisor:
                     sinks[spec.key] = self._remote_stdin[spec.key] = RemoteStdin(host,
                                                                                  spec.key)
         if sinks:
-            from .output import StdinFanout
+            from ..machine.output import StdinFanout
             self.stdin_fanout = StdinFanout(self.loop, 0, sinks)
             for sink in self._remote_stdin.values():
                 sink.fanout = self.stdin_fanout
@@ -523,7 +522,7 @@ class Supervisor:
         rank = r.spec.rank
         if self.job.report_bindings and (r.spec.cpus or self.job.bind_to != "none"):
             # Open MPI's line, with the launcher's pid; no line for an unbound rank.
-            from ..plan.topology import report_binding
+            from ..machine.topology import report_binding
             topo = self.plan.topologies[r.spec.host.node_id] if self.plan.topologies else None
             text = report_binding(rank, topo, r.spec.cpus) if topo is not None else \
                 f"MCW rank {rank} bound to cpus {r.spec.cpus}"
@@ -636,7 +635,7 @@ class Supervisor:
             self._report_state()
         if self.job.stack_traces:
             from ..plan.display import job_id
-            from .stacks import stack_traces
+            from ..machine.stacks import stack_traces
             self.console.message("mslaunch: waiting for stack traces (this may take a few "
                                  "moments)...")
             here = {r.spec.rank: r.pid for r in live if r.spec.host.local and r.spec.job == 1}
@@ -657,7 +656,7 @@ class Supervisor:
 
     def _report_state(self) -> None:
         from ..plan.display import job_id
-        from .stacks import state_report
+        from ..machine.stacks import state_report
         rows = []
         for r in self.ranks:
             state = "RUNNING" if r.pid and not r.ended else ("TERMINATED" if r.ended

@@ -1,0 +1,9 @@
+"""The mechanisms of one machine, which the launcher and every host's agent stand on.
+
+No policy and no MPI here: the :mod:`.loop` (epoll, timers), :mod:`.spawn`
+(``posix_spawn`` of one rank), :mod:`.local` (ranks on this machine: start,
+exits through pidfds, leftovers), :mod:`.output` (the terminal, rank sinks,
+pipe readers, stdin), :mod:`.guard` (the orphan guard; its MPI clean-up is a
+hook its owner passes in), :mod:`.stacks` (stack traces of hung ranks) and
+:mod:`.topology` (this machine's cores from sysfs, the per-user cache).
+"""
