@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mslaunch.machine.loop import Loop
-from mslaunch.machine.output import Console, RankOutput, last_newline, line_prefix
+from mslaunch.machine.output import RankOutput, last_newline, line_prefix
+from mslaunch.machine.terminal import Console
 
 _piece = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b""))
 

@@ -18,7 +18,8 @@ from conftest import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.pmi import mapping, shm, wire
+from mslaunch.plan import mapping
+from mslaunch.pmi import files as shm, wire
 from mslaunch.pmi import server as pmiserver
 from mslaunch.machine.loop import Loop
 

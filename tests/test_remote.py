@@ -519,7 +519,7 @@ print(json.dumps({"rank": c.rank, "host": socket.gethostname(), "shared": member
 
 
 def _segments_of(kvsname: str):
-    from mslaunch.pmi.shm import shm_segments
+    from mslaunch.pmi.files import shm_segments
     return shm_segments(kvsname)
 
 

@@ -20,7 +20,7 @@ import time
 import pytest
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
 
-from mslaunch.pmi.shm import shm_segments
+from mslaunch.pmi.files import shm_segments
 
 # -- a raw PMI client ------------------------------------------------------------
 # argv[1]: JSON steps (or @FILE holding them); a dict of steps is keyed by PMI_RANK
@@ -623,7 +623,7 @@ def _probe_junk(name: str, hazard: str):
 
 
 @pytest.mark.parametrize("name", [
-    _probe_junk("\u00b2", "pmi/singleton.py SingletonProbe.check: name.isdigit() is true for "
+    _probe_junk("\u00b2", "pmi/files.py SingletonProbe.check: name.isdigit() is true for "
                 "'\u00b2' (superscript two) but int(name) raises ValueError"),
     _probe_junk("99999", "job/mpijobs.py MPIJobs.singleton: self.sup.ranks[key] with the key "
                 "99999 taken from the file name raises IndexError (from_agent checks "

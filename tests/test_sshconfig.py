@@ -221,7 +221,7 @@ def test_paramiko_is_imported_without_importlib_metadata():
     """paramiko asks importlib.metadata for its own version only; mslaunch answers
     from the dist-info directory and leaves the real module unimported."""
     probe = ("import sys, importlib.util\n"
-             "from mslaunch.remote import ssh\n"
+             "from mslaunch.remote import paramiko_import as ssh\n"
              "ssh._import_paramiko()\n"
              "import paramiko\n"
              "print('importlib.metadata' in sys.modules, paramiko.__version__)\n"

@@ -1,6 +1,17 @@
-"""``mslaunch --help``: both dialects, grouped by topic."""
+"""``mslaunch --help``: both dialects, grouped by topic.
 
-TEXT = """\
+The mpirun dialect's part is made from the option records of :mod:`.options`:
+each record's ``help`` is ``"LEFT\\tRIGHT"`` (the spellings, then what they do,
+from column 28) or a whole line; a newline in it continues at column 28.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Tuple
+
+_HEAD = """\
 usage: mslaunch [options] program [args...] [: [options] program2 [args...]]
        mslaunch --worker_num=N --local_worker_num=M [msrun options] script [args...]
 
@@ -9,89 +20,16 @@ and for MindSpore's msrun (its --flag=value options; see "msrun dialect" below).
 Every option of Open MPI 4.1.4's `mpirun --help all` is implemented, accepted
 with a note (-v shows it), or refused with a hint.
 
-Size and hosts:
-  -n, -np, -c N            number of ranks (0 or none: one per slot)
-  -H, --host, -hosts LIST  hosts as h1:4,h2 (a bare host is one slot)
-  --hostfile, --machinefile, -f FILE
-                           'host slots=N [max_slots=M]' or 'host[:N]' lines
-  --default-hostfile FILE  the hostfile used when no other host list is given
-  -rf, --rankfile FILE     'rank N=HOST slot=SPEC' lines: host and cpus of each rank
-  --app FILE               one MPMD context per line ('-n 2 prog args')
-  -nolocal                 no ranks on this machine
-  (no hosts: a Slurm or PBS allocation, else this machine, which runs what -n asks)
+"""
 
-Placement and binding:
-  --map-by POLICY[:PE=n][:OVERSUBSCRIBE]   slot (default), node, core, hwthread,
-                           socket, numa, l1cache, l2cache, l3cache, board, ppr:N:OBJ
-  --rank-by POLICY         slot, node, core, hwthread, socket, numa, ... (default: as mapped)
-  --bind-to POLICY[:overload-allowed|:ordered]   none (default), hwthread, core,
-                           l1cache, l2cache, l3cache, socket, numa, board, cpu-list
-  -npernode, -N, -ppn N    N ranks per host     -npersocket N   N ranks per socket
-  --ppr N:OBJ              N ranks per object   --cpus-per-proc N   N cpus per rank
-  --use-hwthread-cpus      count hardware threads, not cores, as slots and cpus
-  --cpu-set LIST           use only these cpus   --cpu-list LIST   bind to these cpus
-  --oversubscribe, --nooversubscribe   allow / forbid more ranks than slots
-  -bynode, -byslot, -bycore, --bind-to-core, --bind-to-socket   old spellings
-  --report-bindings        print each rank's binding as Open MPI does
-  --display-map, --display-allocation, --display-diffable-map, --display-topo
-  --dry-run, --do-not-launch   print the plan (map, commands, logs), start nothing
+#: lines of a section that belong to no option: (before its options, after them)
+_PROSE: Dict[str, Tuple[str, str]] = {
+    "Size and hosts": ("", "(no hosts: a Slurm or PBS allocation, else this machine, "
+                           "which runs what -n asks)"),
+    "Other": ("--\tend of options: the next word is the program", ""),
+}
 
-Environment and working directory:
-  -x NAME[=VAL]            export to the ranks of this context
-  -genv NAME VAL, -env NAME VAL, -genvlist A,B, -genvnone, -genvall
-  -mca, --mca KEY VAL      export OMPI_MCA_KEY=VAL; 'orte_abort_on_non_zero_status 0'
-                           (or --prtemca state_base_error_non_zero_exit 0, or
-                           --runtime-options error-nonzero-status=false) keeps going
-  -tune FILE, -am FILE     options (-x, -mca) / MCA settings (key = value) from files
-  -wdir, --wdir, -wd DIR   working directory of the ranks
-  --set-cwd-to-session-dir each rank in a fresh directory of its own
-  -path DIR[:DIR]          look for the program in these directories first
-  --prefix DIR             put DIR/bin and DIR/lib first in PATH and LD_LIBRARY_PATH
-  --index-argv-by-rank     argv[0] of each rank becomes NAME-RANK
-
-Output:
-  --output-filename DIR[:nocopy][:nojobid]
-                           DIR/1/rank.N/stdout and stderr, also copied to the terminal
-  --merge-stderr-to-stdout one stream per rank, merged at the source
-  --tag-output             prefix lines with [1,RANK]<stdout>: (also in the files)
-  --timestamp-output       prefix lines with the time (also in the files)
-  --xml, --xml-file FILE   Open MPI's XML form of the output
-  -l, -prepend-rank        prefix lines with [RANK] (Hydra)
-  --no-pty                 rank stdout on a pipe, not a pseudo-terminal (as Hydra)
-  --stdin all|none|RANK    who reads mslaunch's stdin (default rank 0)
-
-Lifecycle:
-  --timeout SECONDS        stop the job after SECONDS (also MPIEXEC_TIMEOUT); exit 110
-  --report-state-on-timeout   on timeout, print the state of every rank
-  --get-stack-traces       on timeout, print every rank's stacks first
-  --grace SECONDS          SIGTERM-to-SIGKILL delay when stopping ranks (default 5)
-  -disable-auto-cleanup    keep going when a rank fails (same as the mca setting above)
-  --report-pid -|+|FILE    print mslaunch's pid to stdout, stderr or FILE
-  --mpi pmi|openmpi|none   MPI support: serve PMI to MPICH-ABI ranks (default),
-                           delegate to Open MPI's mpirun, or no MPI support
-  -pmi-port                serve PMI over TCP (PMI_PORT/PMI_ID) instead of PMI_FD
-  -usize SYSTEM|INFINITE|N MPI_UNIVERSE_SIZE over PMI: the job's slots, unknown
-                           (the default, as Hydra's), or N
-  --allow-run-as-root      accepted (mslaunch runs as root without it)
-
-Remote hosts (over SSH; hosts that are this machine run without it):
-  --ssh-config FILE        read FILE instead of ~/.ssh/config
-  --ssh-user USER, --ssh-port N, --ssh-identity FILE
-                           override what ~/.ssh/config says for every host
-  --ssh-accept-new         add unknown host keys to ~/.ssh/known_hosts (as
-                           StrictHostKeyChecking=accept-new); a changed key is refused
-  --ssh-timeout SECONDS    connect timeout per host (default 10)
-  --remote-python PATH, --launch-agent PATH
-                           the Python that runs the agent on the remote hosts
-                           (default: this Python's path if it exists there, else python3)
-  -s, --preload-binary     copy the program to the remote hosts' working directories
-  --preload-files A,B      copy these files there too
-
-Other:
-  --                       end of options: the next word is the program
-  -q, --quiet              fewer messages    -v, --verbose   more messages
-  -V, --version            print the version  -h, --help     this help
-
+_MSRUN = """\
 msrun dialect (MindSpore's msrun command lines; --name=value or --name value):
   --worker_num N           workers of the whole job (default 8)
   --local_worker_num N     workers on this node (default 8)
@@ -119,3 +57,33 @@ msrun dialect (MindSpore's msrun command lines; --name=value or --name value):
   --wait_job=DIR, --stop_job=DIR   wait for / stop the --join=False job of DIR
   --verbose, --quiet       more / fewer messages
 """
+
+_INDENT = " " * 27
+
+
+def _entry(text: str) -> str:
+    """One option's help lines."""
+    left, tab, right = text.partition("\t")
+    first, *more = (right if tab else text).split("\n")
+    if not tab:
+        head = f"  {first}\n"
+    elif len(left) < len(_INDENT) - 2:
+        head = f"  {left:<24} {first}\n"
+    else:
+        head = f"  {left}\n{_INDENT}{first}\n"
+    return head + "".join(f"{_INDENT}{line}\n" for line in more)
+
+
+def mpirun_sections() -> str:
+    """The ``--help`` of the mpirun dialect: a section per titled group of options."""
+    from .options import SECTIONS
+    sections = []
+    for title, options in SECTIONS:
+        if title:
+            before, after = _PROSE.get(title, ("", ""))
+            entries = [before, *(option.help for option in options), after]
+            sections.append(f"{title}:\n" + "".join(_entry(e) for e in entries if e))
+    return "\n".join(sections)
+
+
+TEXT = _HEAD + mpirun_sections() + "\n" + _MSRUN

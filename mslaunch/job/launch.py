@@ -14,8 +14,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Optional
 
-from ..pmi.hwloc import GUARD_TASKS
-from ..pmi.shm import after_launcher_death, new_kvsname
+from ..pmi.files import GUARD_TASKS, after_launcher_death, new_kvsname
+from ..plan import agent_hosts
 from ..spec import JobSpec, Plan
 
 
@@ -41,16 +41,19 @@ def _master_port(text: Optional[str]) -> Optional[int]:
                      f"(1-65535)")
 
 
-def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None,
-               remote_topologies=None, kvsname: Optional[str] = None,
-               entries=None) -> Plan:
-    from ..hosts import host_entries
-    from ..plan import make_plan
+def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
+               entries=None, kvsname: Optional[str] = None, master_port: Optional[int] = None,
+               remote_topologies=None) -> Plan:
+    """The job's plan; planned again with the remote hosts' real topologies, it
+    keeps the first plan's ``kvsname`` and ``master_port``."""
     from ..machine.topology import cached_topology
+    from ..plan import make_plan
     environ = os.environ if environ is None else environ
     if entries is None:
+        from ..hosts import host_entries
         entries = host_entries(job, environ)
-    master_port = _master_port(environ.get("MASTER_PORT")) or free_port()
+    if master_port is None:
+        master_port = _master_port(environ.get("MASTER_PORT")) or free_port()
     return make_plan(job, entries, environ, topology=cached_topology(),
                      hostname=os.uname().nodename, kvsname=kvsname or new_kvsname(),
                      master_port=master_port, remote_topologies=remote_topologies)
@@ -64,16 +67,6 @@ def _needs_topologies(job: JobSpec, entries) -> bool:
     return counts_missing or job.map_by not in ("slot", "node") or bool(
         job.ppr or job.pe or job.bind_to != "none" or job.use_hwthreads or job.rankfile
         or job.report_bindings or job.rank_by not in (None, "slot", "node"))
-
-
-def make_plan_again(job: JobSpec, entries, environ, kvsname: str, master_port: int,
-                    topologies) -> Plan:
-    """The plan with the remote hosts' real topologies (the same job name and port)."""
-    from ..plan import make_plan
-    from ..machine.topology import cached_topology
-    return make_plan(job, entries, environ, topology=cached_topology(),
-                     hostname=os.uname().nodename, kvsname=kvsname, master_port=master_port,
-                     remote_topologies=topologies)
 
 
 def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
@@ -123,29 +116,21 @@ def _run(job: JobSpec, environ, watchdog) -> int:
     entries = host_entries(job, environ)
     plan = build_plan(job, environ, entries=entries, kvsname=watchdog.marker)
     _warn_missing_exports(job, environ)
-    remote = [h.name for h in plan.hosts if not h.local]
-    if job.mpi == "pmi" and not job.novm:
-        # As Open MPI starts a daemon on every host of the allocation: hosts the
-        # first job leaves free stay ready for the jobs its ranks spawn.
-        remote += [h.name for h in plan.spare_hosts if not h.local]
-    replan = None
+    remote = agent_hosts(plan, job)
+    replan, starter = None, None
     if remote:
-        from ..remote.bootstrap import prepare_in_background
-        from ..remote.slurm import choose
-        if choose(job.ssh.launcher, environ) == "ssh":
-            from ..remote.ssh import import_finished, start_import
-            start_import()      # paramiko's import and the agent's package are
-            prepare_in_background(import_finished)   # prepared while the local checks run
-        else:                   # srun starts the agents: no paramiko, and plain output
-            prepare_in_background(credentials=False)
+        from ..remote.starter import starter_for
+        starter = starter_for(job.ssh, environ)     # the one choice of the job's starter
+        starter.prepare()       # in the background, while the local checks run
         if _needs_topologies(job, entries):
             # Slots and placement depend on the remote hosts' cpus: connect to
             # every remote host first, as Open MPI starts its daemons first.
             from ..hosts import is_local
-            remote = [e.name for e in entries if not is_local(e.name)]
+            remote = list(dict.fromkeys(e.name for e in entries if not is_local(e.name)))
             kvsname, port = plan.kvsname, plan.master_port
-            replan = lambda topologies: make_plan_again(job, entries, environ, kvsname, port,  # noqa: E731
-                                                        topologies)
+            replan = lambda topologies: build_plan(  # noqa: E731
+                job, environ, entries=entries, kvsname=kvsname, master_port=port,
+                remote_topologies=topologies)
     from .supervise import Supervisor
     console = None
     if job.output.xml_file:
@@ -156,10 +141,10 @@ def _run(job: JobSpec, environ, watchdog) -> int:
         except OSError as err:
             from ..errors import LaunchError
             raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
-        from ..machine.output import Console
+        from ..machine.terminal import Console
         console = Console(fd, fd)
-    supervisor = Supervisor(job, plan, console, connect=list(dict.fromkeys(remote)),
-                            replan=replan, watchdog=watchdog)
+    supervisor = Supervisor(job, plan, console, connect=remote, starter=starter, replan=replan,
+                            watchdog=watchdog)
     result = supervisor.run()
     if result.message:
         supervisor.console.message(result.message)

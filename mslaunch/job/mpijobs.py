@@ -23,13 +23,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
-    from ..pmi.singleton import SingletonProbe
+    from ..pmi.files import SingletonProbe
     from ..pmi.server import PMIServer
     from ..remote.host import RemoteHost
     from ..spec import RankSpec, SpawnRequest
+    from .seams import JobView
 
 from ..errors import LaunchError, PlanError
-from ..pmi.hwloc import xml_for_ranks
+from ..pmi.files import xml_for_ranks
 from ..pmi.job import PMIJob
 from ..pmi.state import LocalJobState
 
@@ -37,20 +38,20 @@ from ..pmi.state import LocalJobState
 class MPIJobs:
     """The launch's MPI jobs; see the module docstring.  ``sup`` is the Supervisor."""
 
-    def __init__(self, sup) -> None:
+    def __init__(self, sup: JobView) -> None:
         self.sup = sup
         self.jobs: Dict[str, PMIJob] = {}        # by kvsname
         self.first: Optional[PMIJob] = None
         self.names: Dict[str, str] = {}          # published names, of every job
-        self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.singleton
-        self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.hwloc
+        self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.files
+        self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.files
 
     # -- the first job ------------------------------------------------------------
     def start_first(self, local: bool):
         """The first job's PMI; returns (inherited server, env function) for its local ranks."""
         sup = self.sup
         plan, job = sup.plan, sup.job
-        from ..pmi.singleton import SingletonProbe
+        from ..pmi.files import SingletonProbe
         try:
             self.probe = SingletonProbe(sup.watchdog.marker)
         except OSError:
@@ -125,19 +126,19 @@ class MPIJobs:
             return
         others = sorted(pj.started)
         who = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
-        self.sup._fail(r, f"exited with code 0 without joining MPI (it never initialized "
+        self.sup.fail(r, f"exited with code 0 without joining MPI (it never initialized "
                           f"PMI) while rank(s) {who} did; they would wait for it forever",
                        1, abort=True)
 
     def check_singletons(self) -> None:
-        """End the launch if a rank here started Open MPI alone (see mslaunch.pmi.singleton)."""
+        """End the launch if a rank here started Open MPI alone (see mslaunch.pmi.files)."""
         if self.probe is not None:
             for key, size in self.probe.check():
                 self.singleton(key, size)
 
     def singleton(self, key: int, size: int, nested_launcher: bool = False) -> None:
-        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.singleton)."""
-        from ..pmi.singleton import runs_a_launcher, singleton_message
+        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.files)."""
+        from ..pmi.files import runs_a_launcher, singleton_message
         if not 0 <= key < len(self.sup.ranks):
             return
         r = self.sup.ranks[key]
@@ -146,7 +147,7 @@ class MPIJobs:
             return
         if r.spec.host.local and r.pid and not r.ended and runs_a_launcher(r.pid):
             return
-        self.sup._fail(r, singleton_message(), 1, abort=True)
+        self.sup.fail(r, singleton_message(), 1, abort=True)
 
     def hang_report(self) -> List[str]:
         """Why a job may hang: ranks that never initialized MPI while the others of
@@ -324,7 +325,7 @@ class MPIJobs:
                 live[r.spec.host.name] = live.get(r.spec.host.name, 0) + 1
         return plan_spawn(sup.job, sup.plan, request, number=number, kvsname=kvsname,
                           first_key=len(sup.ranks), live=live, environ=os.environ,
-                          oversubscribe=sup.may_oversubscribe, is_local=is_local,
+                          oversubscribe=sup.plan.oversubscribe, is_local=is_local,
                           hosts=sup.plan.hosts + tuple(h for h in sup.plan.spare_hosts
                                                        if h.local or h.name in sup.hosts),
                           context_env=context_env)
@@ -336,7 +337,7 @@ class MPIJobs:
 
     # -- end ------------------------------------------------------------------
     def close(self) -> None:
-        from ..pmi.shm import remove_shm_segments
+        from ..pmi.files import remove_shm_segments
         for pj in self.jobs.values():
             pj.close()
             remove_shm_segments(pj.kvsname)

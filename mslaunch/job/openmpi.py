@@ -28,7 +28,8 @@ from ..errors import TIMEOUT_EXIT
 from ..plan import log_paths
 from ..machine.guard import Watchdog
 from ..machine.loop import Loop
-from ..machine.output import Console, line_prefix
+from ..machine.output import line_prefix
+from ..machine.terminal import Console
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -2,8 +2,11 @@
 
 No policy and no MPI here: the :mod:`.loop` (epoll, timers), :mod:`.spawn`
 (``posix_spawn`` of one rank), :mod:`.local` (ranks on this machine: start,
-exits through pidfds, leftovers), :mod:`.output` (the terminal, rank sinks,
-pipe readers, stdin), :mod:`.guard` (the orphan guard; its MPI clean-up is a
-hook its owner passes in), :mod:`.stacks` (stack traces of hung ranks) and
-:mod:`.topology` (this machine's cores from sysfs, the per-user cache).
+exits through pidfds, leftovers), :mod:`.terminal` (mslaunch's stdout and
+stderr, never blocking), :mod:`.output` (rank sinks, pipe readers),
+:mod:`.stdin` (the launcher's stdin to the ranks), :mod:`.guard` (the orphan
+guard; its MPI clean-up is a hook its owner passes in), :mod:`.procs`
+(finding and stopping processes), :mod:`.stacks` (stack traces of hung
+ranks) and :mod:`.topology` (this machine's cores from sysfs, the per-user
+cache).
 """

@@ -29,7 +29,8 @@ what was kept.  After ``done`` it only empties and removes the cgroup and
 sweeps the marker, off the job's critical path.  The owner may also hand it
 named tasks to run off that path (its ``tasks`` hook).
 
-The guard knows no MPI: those hooks are passed in by its owner.
+The guard knows no MPI: those hooks are passed in by its owner.  Finding
+and stopping the processes (``/proc``, signals) is done by :mod:`.procs`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import _signal as signal
 import time
 
 from ..switches import switch
+from .procs import alive, children_of, descendants, exists, marked_pids, send_signal, start_time
+from .procs import terminate, wait_gone
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,85 +57,6 @@ if TYPE_CHECKING:
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE",
             "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM")
 _PR_SET_CHILD_SUBREAPER = 36
-#: The environment variable that ties a rank to the guard that watches it.
-MARKER_VARIABLE = "MSLAUNCH_GUARD"
-
-
-# ---------------------------------------------------------------------------
-# finding processes
-
-def marked_pids(marker: str) -> Set[int]:
-    """Pids of processes whose initial environment holds ``MSLAUNCH_GUARD=marker``."""
-    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
-    found = set()
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if env.startswith(needle) or b"\0" + needle in env:
-            found.add(int(entry))
-    return found
-
-
-def children_of(pid: int) -> List[int]:
-    """The children of ``pid`` (all its threads'), from /proc."""
-    found: List[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                found.extend(int(p) for p in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return found
-
-
-def start_time(pid: int) -> Optional[int]:
-    """The start time of ``pid`` in clock ticks (tells a pid from a reused one)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _process_table() -> Dict[int, Tuple[int, int, bytes]]:
-    """pid -> (parent pid, process group, state) of every process, from /proc."""
-    table: Dict[int, Tuple[int, int, bytes]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
-        except (OSError, IndexError, ValueError):
-            continue
-    return table
-
-
-def _descendants(roots: Iterable[int], table=None) -> Set[int]:
-    """Every process below ``roots`` (one snapshot of /proc)."""
-    table = _process_table() if table is None else table
-    kids: Dict[int, List[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        kids.setdefault(ppid, []).append(pid)
-    found: Set[int] = set()
-    todo = list(roots)
-    while todo:
-        for child in kids.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 # ---------------------------------------------------------------------------
@@ -225,7 +149,7 @@ class JobCgroup:
             _write(os.path.join(self.path, "cgroup.kill"), "1")
         except OSError:
             for pid in self.pids():
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
 
     def remove(self, wait: float = 0.0) -> None:
         deadline = time.monotonic() + wait
@@ -278,7 +202,7 @@ def _remove_stale(home: str) -> None:
         found = _stale_name(name)
         if found is None or found[2] != namespace or not namespace:
             continue
-        if _exists(found[0]) or _exists(found[1]):
+        if exists(found[0]) or exists(found[1]):
             continue
         stale = JobCgroup(os.path.join(home, name), home)
         if stale.pids():
@@ -296,94 +220,6 @@ def set_subreaper() -> bool:
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-
-
-# ---------------------------------------------------------------------------
-# stopping processes
-
-def _signal(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except OSError:
-        return False
-
-
-def _signal_all(groups: Iterable[int], pids: Iterable[int], sig: int) -> bool:
-    """Send ``sig`` to groups and pids; return True if any still existed."""
-    alive = False
-    for pgid in groups:
-        try:
-            os.killpg(pgid, sig)
-            alive = True
-        except OSError:
-            pass
-    for pid in pids:
-        alive = _signal(pid, sig) or alive
-    return alive
-
-
-def _wait_gone(pid: int, limit: float) -> None:
-    """Wait (at most ``limit`` seconds) until process ``pid`` has exited."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = -1
-    if fd >= 0:
-        import select
-        select.select([fd], [], [], limit)
-        os.close(fd)
-        return
-    deadline = time.monotonic() + limit
-    while _exists(pid) and os.getppid() == pid and time.monotonic() < deadline:
-        time.sleep(0.005)
-
-
-def terminate(groups: Iterable[int], marker: str, grace: float,
-              cgroup: Optional[JobCgroup] = None, pids: Iterable[int] = (),
-              spare: Iterable[int] = ()) -> None:
-    """SIGCONT+SIGTERM everything of the job, SIGKILL after ``grace``.
-
-    Everything: the cgroup's processes, the members of the given groups,
-    the given pids, processes carrying the job marker, and all their
-    descendants -- but ``spare``.  Zombies do not count as alive.
-    """
-    groups = set(groups)
-    known = set(pids)
-    spared = set(spare)
-
-    def everyone() -> Set[int]:
-        table = _process_table()
-        found = known | marked_pids(marker)
-        if cgroup is not None:
-            found |= cgroup.pids()
-        found |= {pid for pid, (_, pgid, _) in table.items() if pgid in groups}
-        found |= _descendants(found, table)
-        me = os.getpid()
-        return {p for p in found if p != me and p not in spared and p in table
-                and table[p][2] != b"Z"}
-
-    # Stop first (no new forks while the list is taken), then terminate.
-    targets = everyone()
-    if targets:
-        _signal_all((), targets, signal.SIGSTOP)
-        targets |= everyone()
-        _signal_all((), targets, signal.SIGTERM)
-        _signal_all((), targets, signal.SIGCONT)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            if not everyone():
-                break
-        else:
-            _signal_all((), everyone(), signal.SIGKILL)
-    if cgroup is not None:
-        inside = cgroup.pids()
-        if inside & spared:
-            _signal_all((), inside - spared, signal.SIGKILL)   # never the spared
-        elif inside:
-            cgroup.kill()
-        cgroup.remove(wait=2.0)
 
 
 # ---------------------------------------------------------------------------
@@ -471,7 +307,7 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         # launcher handed over count now.  The launcher does not leave the
         # cgroup (a move costs the kernel a grace period, 5 to 20 ms, on its
         # way out): wait for it to exit first.
-        _wait_gone(parent, 30.0)
+        wait_gone(parent, 30.0)
         if cgroup is not None and not cgroup.pids() - {parent}:
             cgroup.remove(wait=2.0)       # the usual end: nothing left inside
             return
@@ -575,8 +411,8 @@ class Watchdog:
             found = self.cgroup.pids()
         else:
             found = set(children_of(me)) | marked_pids(self.marker)
-            found |= _descendants(found)
-        return {p for p in found - skip if _alive(p)}
+            found |= descendants(found)
+        return {p for p in found - skip if alive(p)}
 
     def reap_adopted(self, ranks: Iterable[int]) -> None:
         """Collect the exit status of adopted orphans (as a subreaper) so no zombie stays."""
@@ -605,22 +441,3 @@ class Watchdog:
         self.flush()
         os.close(self._fd)
         self._fd = -1
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-
-
-def _alive(pid: int) -> bool:
-    """True for a live process that is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False

@@ -31,9 +31,10 @@ if TYPE_CHECKING:
     from ..spec import RankSpec
     from .guard import Watchdog
     from .loop import Loop, Timer
+    from .stdin import StdinFanout
 
 from ..errors import LaunchError
-from .output import RankOutput, RankPipe, StdinFanout
+from .output import RankOutput, RankPipe
 from .spawn import LocalProcess, os_error_reason
 
 #: Seconds to wait after the last rank ended before a pipe still held open
@@ -93,6 +94,7 @@ class LocalRanks:
         stdin_pipes: Dict[int, int] = {}
         self._start_some(list(self.ranks.values()), stdin_pipes)
         if stdin_pipes and self.stdin_fd is not None:
+            from .stdin import StdinFanout
             self.stdin_fanout = StdinFanout(self.loop, self.stdin_fd, stdin_pipes)
         else:
             self.stdin_pipes = stdin_pipes
@@ -155,7 +157,7 @@ class LocalRanks:
             local.spec = replace(local.spec, cwd=self._session_dir(local.spec.key))
         spec = local.spec
         env = dict(spec.env)
-        from .guard import MARKER_VARIABLE
+        from .procs import MARKER_VARIABLE
         env[MARKER_VARIABLE] = self.guard.marker
         # As under Open MPI: PWD is the rank's physical working directory.
         env["PWD"] = os.path.realpath(spec.cwd)
@@ -323,15 +325,18 @@ class LocalRanks:
     def pipes(self) -> List[RankPipe]:
         return [p for local in self.ranks.values() for p in local.pipes]
 
-    def close(self, grace: float) -> None:
-        """Final cleanup (outside the loop): nothing of these ranks may survive."""
+    def release(self) -> None:
+        """The job is over (see :meth:`close`); nothing to tell anyone here."""
+
+    def close(self, deadline: float) -> None:
+        """Final cleanup (outside the loop): nothing of these ranks may survive;
+        what ignores SIGTERM is killed at ``deadline``."""
         import time
         leftovers = [r for r in self.ranks.values() if r.proc is not None and r.proc.group_alive()]
         if leftovers:
             for r in leftovers:
                 r.proc.signal(signal.SIGCONT)  # type: ignore[union-attr]
                 r.proc.signal(signal.SIGTERM)  # type: ignore[union-attr]
-            deadline = time.monotonic() + grace
             while time.monotonic() < deadline and any(
                     r.proc.group_alive() for r in leftovers):  # type: ignore[union-attr]
                 time.sleep(0.02)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import select
 import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Iterator, List, Optional, Sized, Tuple
+    from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Sized, Tuple
 
     Callback = Callable[[], None]
 
@@ -244,6 +245,43 @@ class Loop:
             if not timer.cancelled:
                 timer.cancelled = True
                 timer.callback()
+
+    def catch_signals(self, signals: Sequence[int], handler: Callable[[int], None],
+                      early: Optional[Callable[[int], None]] = None) -> Callable[[], None]:
+        """Deliver ``signals`` to ``handler(signum)`` on this loop; returns the
+        function that puts back what was there before.
+
+        The signals travel through a wake-up pipe (``signal.set_wakeup_fd``),
+        so a signal that arrives while the loop waits in epoll wakes it; the
+        Python-level handler only calls ``early(signum)``, if given, for what
+        must be noted even while the loop does not run.
+        """
+        import _signal as signal   # the C module: no enum import
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        note = (lambda signum, frame: early(signum)) if early else (lambda signum, frame: None)
+        old = {sig: signal.signal(sig, note) for sig in signals}
+
+        def on_wake() -> None:
+            try:
+                data = os.read(wake_r, 512)
+            except BlockingIOError:
+                return
+            for sig in data:
+                handler(sig)
+
+        def restore() -> None:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, previous in old.items():
+                signal.signal(sig, previous)
+            self.forget(wake_r)
+            os.close(wake_r)
+            os.close(wake_w)
+
+        self.add_reader(wake_r, on_wake)
+        return restore
 
     def run_until(self, done: Callable[[], bool]) -> None:
         while not done():

@@ -1,451 +1,43 @@
 """Relay of rank output to mslaunch's terminal and to per-rank files.
 
-Three pieces, so that a remote agent can reuse the middle one:
+Two pieces, so that a remote agent can reuse the first one:
 
-* :class:`Terminal` -- one output file of mslaunch (its stdout, and its
-  stderr when that is another file).  Writes never block the event loop:
-  they go to a description of the file that mslaunch opened for itself in
-  non-blocking mode (the caller's is never changed), and what the reader
-  does not take yet waits in a bounded queue.  When the queue passes
-  :data:`HIGH_WATER`, the sources writing to it are paused (they stop
-  reading their rank's pipe, so the rank blocks, as in a shell pipeline)
-  until it drains below :data:`LOW_WATER`.  The terminal also owns the
-  "mid-line" state: a line left unfinished by one source is ended with a
-  newline before another source writes, whichever of stdout and stderr
-  they use, so lines of different ranks (and mslaunch's own messages) are
-  never glued together.
 * :class:`RankOutput` -- one stream of one rank: the bytes go unchanged to
-  the rank's file, and to the terminal cut at line ends.  A partial last
-  line waits for its newline or the end of the stream; a line longer than
-  :data:`LONG_LINE` is passed on in pieces (each piece still kept apart
-  from other ranks' output by the terminal's rule).
+  the rank's file, and to the terminal (a :class:`~.terminal.Terminal`)
+  cut at line ends.  A partial last line waits for its newline or the end
+  of the stream; a line longer than :data:`LONG_LINE` is passed on in
+  pieces (each piece still kept apart from other ranks' output by the
+  terminal's rule).
 * :class:`RankPipe` -- reads one pipe of a local rank on the event loop and
   feeds a :class:`RankOutput`.
+
+:func:`rank_sinks` makes a rank's sinks as its job asks (files, prefixes,
+``--xml``), and :func:`open_log` its files.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import time
-from collections import deque
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Deque, Dict, Optional, Set
+    from typing import Callable, List, Optional
 
+    from ..spec import OutputSpec, RankSpec
     from .loop import Loop
+    from .terminal import Console, Terminal
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: fewer wake-ups when ranks write a lot
 LONG_LINE = 1 << 20       # a "line" longer than this is passed on in pieces
 TAIL = 4096               # bytes of stderr kept per rank for the failure summary
-HIGH_WATER = 8 << 20      # bytes queued for a terminal before its sources pause
-LOW_WATER = 1 << 20       # ... and the level at which they resume
 
 # One read buffer for all pipes: the loop is single-threaded and each chunk
 # is fully passed on (or copied) before the next read.
 _BUFFER = bytearray(CHUNK)
 _VIEW = memoryview(_BUFFER)
 REFILL = 64 << 10         # a pseudo-terminal is read again while this much room is left
-
-#: Errors meaning "nobody reads this any more": the output is dropped quietly.
-_GONE = (errno.EPIPE, errno.EBADF, errno.EIO, errno.ENXIO, errno.ECONNRESET)
-
-
-def _own_description(fd: int):
-    """A way to write ``fd`` without blocking and without touching the caller's flags.
-
-    Returns ``(fd, send)``: for a pipe, FIFO or terminal, a new non-blocking
-    description of the same file (opened through /proc; O_NONBLOCK on the
-    inherited one would change it for every process sharing it); for a
-    socket, a duplicate written with ``MSG_DONTWAIT``; otherwise (regular
-    files, which never wait for a reader) the descriptor itself.
-    """
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return fd, None
-    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
-        try:
-            return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
-                           | os.O_NOCTTY), None
-        except OSError as err:
-            if err.errno == errno.ENXIO:   # a FIFO whose reader has gone
-                return -1, None
-    elif stat.S_ISSOCK(mode):
-        import _socket
-        try:
-            sock = _socket.socket(fileno=os.dup(fd))
-            flags = _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL
-            return sock.fileno(), lambda data: sock.send(data, flags)
-        except OSError:
-            pass
-    return fd, None
-
-
-def _same_file(a: int, b: int) -> bool:
-    try:
-        sa, sb = os.fstat(a), os.fstat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
-
-
-class Terminal:
-    """One of mslaunch's own output files, written without ever blocking the loop."""
-
-    def __init__(self, fd: int, name: str) -> None:
-        self.name = name
-        self.fd, self._send = _own_description(fd)
-        self.open = self.fd >= 0
-        self.error = ""                   # why it was closed, for a write error
-        self.loop: Optional[Loop] = None
-        self.queue: Deque[memoryview] = deque()
-        self.queued = 0
-        self.dropped = 0                  # bytes given up (stop requested, reader stalled)
-        self.given_up = False
-        self.owner: object = None         # the source whose line is unfinished
-        try:
-            pipe = self.open and self._send is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
-        except OSError:
-            pipe = False
-        self._grow = pipe                 # grown once, when its reader falls behind
-        self._splices = pipe              # whether splice(2) may write into it
-        self._waiters: Set[object] = set()
-        self._writer = False
-        self.on_error: Optional[Callable[[Terminal], None]] = None
-        self.splicing: object = None      # the source whose lines go in by splice(2)
-        self._splice_waiter: Optional[Callable[[], None]] = None
-        self._splice_turns: Deque[Callable[[], None]] = deque()
-        self._turn: object = None         # the timer of the next source's turn
-
-    # -- writing ------------------------------------------------------------
-    @property
-    def congested(self) -> bool:
-        return self.queued > HIGH_WATER
-
-    def write(self, source: object, data) -> None:
-        """Queue ``data`` (bytes or a view valid only during the call) from ``source``."""
-        if not data or not self.open:
-            if self.given_up:
-                self.dropped += len(data)
-            return
-        if self.owner is not None and self.owner is not source:
-            data = b"\n" + bytes(data)
-        self.owner = None if data[-1:] == b"\n" else source
-        if not self.queue and self.splicing is None:
-            try:
-                n = self._write(data)
-            except BlockingIOError:
-                n = 0
-            except OSError as err:
-                self._failed(err)
-                return
-            if n == len(data):
-                return
-            if self._grow:
-                self._grow_pipe()
-        else:
-            n = 0
-        # Queued as views of bytes of its own: a partial write then slices
-        # the view instead of copying the rest.
-        rest = memoryview(data)[n:] if type(data) is bytes else memoryview(bytes(data[n:]))
-        self.queue.append(rest)
-        self.queued += len(rest)
-        self._want_writable()
-
-    def _grow_pipe(self) -> None:
-        # The reader falls behind: a pipe of 1 MiB instead of 64 KiB takes a
-        # burst in one write and lets it read in larger pieces.  Once only.
-        self._grow = False
-        try:
-            import fcntl
-            fcntl.fcntl(self.fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
-        except OSError:
-            pass   # over the user's pipe allowance: keep the size it has
-
-    def _write(self, data) -> int:
-        if self._send is not None:
-            return self._send(data)
-        return os.write(self.fd, data)
-
-    def flush_some(self) -> None:
-        """Write what the file takes now; called when it is writable."""
-        if self.splicing is not None:
-            # Nothing else goes in until the splice is done; it may go on now.
-            waiter, self._splice_waiter = self._splice_waiter, None
-            if self._writer and self.loop is not None:
-                self.loop.remove_writer(self.fd)
-                self._writer = False
-            if waiter is not None:
-                waiter()
-            return
-        while self.queue:
-            head = self.queue[0]
-            try:
-                n = self._write(head)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as err:
-                self._failed(err)
-                return
-            self.queued -= n
-            if n < len(head):
-                self.queue[0] = head[n:]
-                break
-            self.queue.popleft()
-        if not self.queue and self._writer and self.loop is not None:
-            self.loop.remove_writer(self.fd)
-            self._writer = False
-        if self.queued <= LOW_WATER:
-            self._wake()
-        self._next_splice()
-        if self.queue:
-            self._want_writable()
-
-    # -- splicing ------------------------------------------------------------
-    def begin_splice(self, source: object, lead: bytes) -> bool:
-        """Hand the file to ``source`` for whole lines moved in around this
-        process (``splice(2)`` from a socket), after ``lead``: its unfinished
-        line, which they complete.  True if the file is a pipe with nothing
-        queued and took ``lead`` whole; other sources' writes then queue
-        until :meth:`end_splice`."""
-        if not self.can_splice or self.queue or self.splicing is not None:
-            return False
-        if self.owner is not None and self.owner is not source:
-            lead = b"\n" + lead
-        if lead:
-            if len(lead) > 4096:      # PIPE_BUF: a larger write could go in part
-                return False
-            try:
-                os.write(self.fd, lead)   # up to PIPE_BUF a pipe takes all or nothing
-            except BlockingIOError:
-                return False
-            except OSError as err:
-                self._failed(err)
-                return False
-        self.owner = None
-        self.splicing = source
-        return True
-
-    @property
-    def holding(self) -> bool:
-        """Whether output waits for this file: queued, being spliced, or
-        waiting for its turn to be."""
-        return bool(self.queued or self.splicing is not None or self._splice_turns)
-
-    @property
-    def can_splice(self) -> bool:
-        """Whether bytes may be spliced into the file at all (an open pipe)."""
-        return self.open and self._splices and self.loop is not None
-
-    @property
-    def splice_busy(self) -> bool:
-        """Whether a splice would have to wait for another (on, or next)."""
-        return self.open and (self.splicing is not None or self._turn is not None)
-
-    def wait_to_splice(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once no other splice is on (or the file is closed):
-        sources take turns, in the order they asked."""
-        self._splice_turns.append(callback)
-
-    def _next_splice(self) -> None:
-        # The turn is called on the loop's next round, not inside the caller
-        # (a chain of hosts would nest), and held for it meanwhile.
-        if self._splice_turns and not self.splice_busy and self.loop is not None:
-            self._turn = self.loop.call_later(0, self._take_turn)
-
-    def _take_turn(self) -> None:
-        self._turn = None
-        if self._splice_turns:
-            self._splice_turns.popleft()()
-        self._next_splice()
-
-    def _closed_for_splices(self) -> None:
-        # Those waiting, for their turn or for the pipe, learn that the file
-        # is gone (on the loop's next round, not inside whatever closed it).
-        waiter, self._splice_waiter = self._splice_waiter, None
-        if waiter is not None and self.loop is not None:
-            self.loop.call_later(0, waiter)
-        self._next_splice()
-
-    def splice_from(self, fd: int, count: int) -> int:
-        """Move up to ``count`` bytes from ``fd`` (a socket) into the file, unseen;
-        BlockingIOError when the socket is empty or the pipe full."""
-        return os.splice(fd, self.fd, count, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
-
-    def when_writable(self, callback: Callable[[], None]) -> None:
-        """While splicing: call ``callback`` once the full pipe takes bytes again."""
-        if self._grow:
-            self._grow_pipe()
-        self._splice_waiter = callback
-        if not self._writer and self.loop is not None:
-            self.loop.add_writer(self.fd, self.flush_some)
-            self._writer = True
-
-    def end_splice(self, whole: bool = True) -> None:
-        """The splice is over: its last byte was a newline (``whole``), or it
-        was cut short, and its line is left unfinished (the next source's
-        bytes then start on a line of their own)."""
-        if not whole and self.splicing is not None:
-            self.owner = self.splicing
-        self.splicing = None
-        self._splice_waiter = None
-        if self._writer and self.loop is not None and not self.queue:
-            self.loop.remove_writer(self.fd)
-            self._writer = False
-        self._want_writable()
-        self._next_splice()
-
-    def refuse_splices(self) -> None:
-        """The file turned out not to take spliced bytes: no more are tried."""
-        self._splices = False
-
-    def writing_failed(self, err: OSError) -> None:
-        """A write into the file by another way (a splice) failed."""
-        self._failed(err)
-
-    def _want_writable(self) -> None:
-        if self._writer or not self.queue:
-            return
-        if self.loop is not None:
-            try:
-                self.loop.add_writer(self.fd, self.flush_some)
-                self._writer = True
-                return
-            except OSError:
-                pass   # not pollable: write with waits below
-        self.wait_until_drained(None)
-
-    def _failed(self, err: OSError) -> None:
-        self.open = False
-        self.queue.clear()
-        self._closed_for_splices()
-        self.queued = 0
-        if self._writer and self.loop is not None:
-            self.loop.forget(self.fd)
-            self._writer = False
-        if err.errno not in _GONE:
-            self.error = err.strerror or str(err)
-            if self.on_error is not None:
-                self.on_error(self)
-        self._wake()
-
-    # -- back-pressure ------------------------------------------------------
-    def wait_for_room(self, source: object) -> None:
-        """Remember a paused source; its ``resume()`` is called when there is room."""
-        self._waiters.add(source)
-
-    def _wake(self) -> None:
-        if self._waiters:
-            waiters, self._waiters = self._waiters, set()
-            for source in waiters:
-                source.resume()  # type: ignore[attr-defined]
-
-    def give_up(self) -> None:
-        """Drop what is queued, and what comes later (the job is being stopped
-        and nobody reads)."""
-        self.given_up = True
-        self.splicing = None
-        self.dropped += self.queued
-        self.queue.clear()
-        self.queued = 0
-        self.open = False
-        self._closed_for_splices()
-        if self._writer and self.loop is not None:
-            self.loop.forget(self.fd)
-            self._writer = False
-        self._wake()
-
-    def wait_until_drained(self, deadline: Optional[float]) -> bool:
-        """Block until the queue is written (or ``deadline``); outside the loop only."""
-        from .loop import wait_fd
-        if self.splicing is not None:
-            self.end_splice(False)     # the loop has stopped: the splice will not go on
-        while self.queue and self.open:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                return False
-            try:
-                wait_fd(self.fd, True, timeout)
-            except (OSError, ValueError):
-                time.sleep(0.01)
-            registered = self._writer
-            self._writer = False
-            self.flush_some()
-            self._writer = registered and bool(self.queue)
-        return not self.queue
-
-
-class Console:
-    """mslaunch's stdout and stderr; one shared :class:`Terminal` when they are one file."""
-
-    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
-        self.out = Terminal(out_fd, "stdout")
-        self.err = self.out if _same_file(out_fd, err_fd) else Terminal(err_fd, "stderr")
-        self.loop: Optional[Loop] = None
-        self.xml = False          # --xml: mslaunch's own lines become <stderr> elements
-
-    def terminal(self, stream: int) -> Terminal:
-        return self.out if stream == 1 else self.err
-
-    def terminals(self):
-        return (self.out,) if self.err is self.out else (self.out, self.err)
-
-    def attach(self, loop: Optional[Loop], on_error: Optional[Callable[[Terminal], None]] = None) -> None:
-        """Write through ``loop`` from now on (None: back to waiting writes)."""
-        for t in self.terminals():
-            if t._writer and t.loop is not None:
-                t.loop.remove_writer(t.fd)
-                t._writer = False
-            t.loop = loop
-            t.on_error = on_error
-            t._want_writable()
-
-    def write(self, stream: int, source: object, data) -> None:
-        self.terminal(stream).write(source, data)
-
-    def is_open(self, stream: int) -> bool:
-        return self.terminal(stream).open
-
-    def message(self, text: str) -> None:
-        """A line of mslaunch's own on stderr, kept apart from rank lines."""
-        data = text.encode("utf-8", "replace")
-        if self.xml:
-            fmt = xml_element("stderr", None)
-            data = b"".join(fmt(line, True) for line in data.split(b"\n"))
-            self.out.write(self, data)
-            return
-        data += b"\n"
-        if not self.err.open and self.out.open and self.err.error:
-            self.out.write(self, data)
-            return
-        self.err.write(self, data)
-
-    @property
-    def pending(self) -> bool:
-        """Whether output waits for a terminal: queued, or being spliced, or
-        left in a socket until a splice's turn."""
-        return any(t.holding for t in self.terminals())
-
-    def give_up(self) -> None:
-        """Drop all output held for a terminal, and what comes for it later."""
-        for t in self.terminals():
-            if t.holding:
-                t.give_up()
-
-    @property
-    def dropped(self) -> int:
-        """Bytes of output given up."""
-        return sum(t.dropped for t in self.terminals())
-
-    def drain(self, deadline: Optional[float]) -> bool:
-        ok = True
-        for t in self.terminals():
-            ok = t.wait_until_drained(deadline) and ok
-        return ok
 
 
 def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
@@ -462,34 +54,6 @@ def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
     if fixed:
         return lambda: fixed
     return None
-
-
-def xml_escape(data: bytes) -> bytes:
-    """Open MPI's escaping in ``--xml`` output: entities, and ``&#NNN;`` for other bytes."""
-    out = bytearray()
-    for b in data:
-        if b == 0x26:
-            out += b"&amp;"
-        elif b == 0x3C:
-            out += b"&lt;"
-        elif b == 0x3E:
-            out += b"&gt;"
-        elif b < 32 or b > 126:
-            out += b"&#%03d;" % b
-        else:
-            out.append(b)
-    return bytes(out)
-
-
-def xml_element(stream: str, rank: Optional[int]) -> Callable[[bytes, bool], bytes]:
-    """The formatter of ``--xml``: one ``<stdout rank="N">...</stdout>`` element per line."""
-    attr = b"" if rank is None else b' rank="%d"' % rank
-    tag = stream.encode()
-
-    def fmt(line: bytes, complete: bool) -> bytes:
-        body = xml_escape(line + (b"\n" if complete else b""))
-        return b"<" + tag + attr + b">" + body + b"</" + tag + b">" + (b"\n" if complete else b"")
-    return fmt
 
 
 def last_newline(data) -> int:
@@ -751,130 +315,58 @@ class RankPipe:
         self.sink.finish()
 
 
-class PipeStdin:
-    """A local rank's stdin pipe, written without blocking from a queue."""
+# -- a rank's sinks and log files ------------------------------------------------
 
-    def __init__(self, loop: Loop, fd: int, on_gone: Callable[[], None],
-                 on_room: Callable[[], None]) -> None:
-        self.loop = loop
-        self.fd = fd
-        self.buffer = bytearray()
-        self.eof = False
-        self.on_gone = on_gone
-        self.on_room = on_room
-        os.set_blocking(fd, False)
+def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
+               limit: int, last_end: str, on_error: Callable[[str], None]) -> List[RankOutput]:
+    """The sinks of one rank: stdout (with stderr when merged), then stderr.
 
-    @property
-    def backlog(self) -> int:
-        return len(self.buffer)
-
-    def push(self, data: bytes) -> None:
-        self.buffer += data
-        self._flush()
-
-    def finish(self) -> None:
-        self.eof = True
-        self._flush()
-
-    def _flush(self) -> None:
-        buf = self.buffer
-        try:
-            while buf:
-                del buf[:os.write(self.fd, buf)]
-        except BlockingIOError:
-            self.loop.add_writer(self.fd, self._flush)
-            return
-        except OSError:
-            self.on_gone()      # the rank closed its stdin (or exited): drop its copy
-            return
-        self.loop.remove_writer(self.fd)
-        if self.eof:
-            self.on_gone()
-        else:
-            self.on_room()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            self.loop.forget(self.fd)
-            os.close(self.fd)
-            self.fd = -1
+    ``restarts`` is how often the process was started again (msrun's recovery,
+    at most ``limit``); its files are then appended to, after a marker line
+    saying how the last run ended (``last_end``)."""
+    shown = out.copy_to_terminal if spec.console is None else spec.console
+    terminal = console if shown else None
+    opts = dict(tag=out.tag, timestamp=out.timestamp, rank_prefix=out.rank_prefix)
+    label = (f"[{spec.label}] ".encode() if out.label_prefix and spec.label else None)
+    marker = (f"mslaunch: restart {restarts} of {limit} of "
+              f"{spec.label or 'rank ' + str(spec.rank)} after {last_end}\n") if restarts else ""
+    from .terminal import xml_element
+    sinks = []
+    for stream, name, path in ((1, "stdout", spec.stdout_path), (2, "stderr", spec.stderr_path)):
+        if stream == 2 and out.merge_stderr:
+            break
+        sinks.append(RankOutput(
+            # --xml: one document, on stdout
+            terminal=terminal.terminal(1 if out.xml else stream) if terminal else None,
+            file_fd=open_log(path, marker), file_name=path or "",
+            prefix=(lambda p=label: p) if label else line_prefix(
+                spec.rank, name, jobid=spec.job, **opts),  # type: ignore[arg-type]
+            file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
+                                    rank_prefix=False, jobid=spec.job),
+            formatter=xml_element(name, spec.rank) if out.xml else None,
+            keep_tail=(stream == 2 or out.merge_stderr), on_error=on_error))
+    return sinks
 
 
-class StdinFanout:
-    """Copies the launcher's stdin to every rank that reads it.
-
-    Sinks are local pipes (:class:`PipeStdin`) or anything with the same
-    ``push``/``finish``/``backlog``/``close``; reading stops while any sink
-    holds more than :data:`LIMIT` bytes not yet taken, and goes on when it
-    has room again or is dropped (a rank that exits without reading).
-    """
-
-    LIMIT = 1 << 20
-
-    def __init__(self, loop: Loop, source_fd: int, sinks: Dict[int, object]) -> None:
-        self.loop = loop
-        self.source = source_fd
-        self.sinks: Dict[int, object] = {}
-        for rank, sink in sinks.items():
-            if isinstance(sink, int):
-                sink = PipeStdin(loop, sink, lambda r=rank: self.drop(r), self.resume_if_room)
-            self.sinks[rank] = sink
-        self.eof = False
-        self.paused = False
-        try:
-            loop.add_reader(source_fd, self._read)
-            self.pollable = True
-        except OSError:
-            # A regular file or /dev/null cannot be polled (it is always
-            # readable): read it from timers instead.
-            self.pollable = False
-            loop.call_later(0, self._read)
-
-    def _read(self) -> None:
-        if self.paused or self.eof:
-            return
-        try:
-            data = os.read(self.source, CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data or not self.sinks:
-            # End of input, or nobody left to read it.
-            self.eof = True
-            if self.pollable:
-                self.loop.forget(self.source)
-            for sink in list(self.sinks.values()):
-                sink.finish()  # type: ignore[attr-defined]
-            return
-        for sink in list(self.sinks.values()):
-            sink.push(data)  # type: ignore[attr-defined]
-        if any(s.backlog > self.LIMIT for s in self.sinks.values()):  # type: ignore[attr-defined]
-            self.paused = True                 # back-pressure until the ranks read
-            if self.pollable:
-                self.loop.remove_reader(self.source)
-        elif not self.pollable:
-            self.loop.call_later(0, self._read)
-
-    def resume_if_room(self) -> None:
-        if self.paused and all(s.backlog <= self.LIMIT  # type: ignore[attr-defined]
-                               for s in self.sinks.values()):
-            self.paused = False
-            if self.pollable:
-                self.loop.add_reader(self.source, self._read)
-            else:
-                self.loop.call_later(0, self._read)
-
-    def drop(self, rank: int) -> None:
-        sink = self.sinks.pop(rank, None)
-        if sink is not None:
-            sink.close()  # type: ignore[attr-defined]
-        # The others may have been waiting for this rank's backlog.
-        self.resume_if_room()
-
-    def close(self) -> None:
-        for rank in list(self.sinks):
-            self.drop(rank)
-        if not self.eof and self.pollable:
-            self.loop.forget(self.source)
-        self.eof = True
+def open_log(path: Optional[str], marker: str = "") -> Optional[int]:
+    """A rank's output file, new -- or, with a ``marker`` (a process started
+    again), appended to after that line."""
+    if path is None:
+        return None
+    how = os.O_APPEND if marker else os.O_TRUNC
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | how | os.O_CLOEXEC, 0o644)
+        if marker:
+            # Its own line, even when the last run ended mid-line.
+            lead = b""
+            if os.fstat(fd).st_size:
+                with open(path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    lead = b"" if f.read(1) == b"\n" else b"\n"
+            os.write(fd, lead + marker.encode())
+        return fd
+    except OSError as err:
+        from ..errors import LaunchError
+        raise LaunchError(f"cannot create output file: {err.filename}: {err.strerror}") \
+            from None

@@ -82,11 +82,18 @@ def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobS
 
 
 class Cluster:
-    """The supervisor's view of the other nodes (see :class:`~.service.NodeLink`)."""
+    """The supervisor's view of this node and the others (its
+    :class:`~mslaunch.job.seams.NodeHooks`; see :class:`~.service.NodeLink`)."""
 
-    def __init__(self, link, service) -> None:
+    def __init__(self, link, service, restarts: int = 0, announce=None) -> None:
         self.link = link
         self.service = service
+        self.restarts = restarts
+        self.announce = announce        # called with {label: pid} once all run
+
+    def started(self, pids) -> None:
+        if self.announce is not None:
+            self.announce(pids)
 
     def failed(self, code: int, message: str) -> None:
         """This node ends the job: the others must stop too, with ``code``."""
@@ -110,7 +117,7 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     ``announce(lines)`` (the detached case) receives msrun's console lines and
     the pids once every process runs, instead of the terminal.
     """
-    from ..pmi.shm import new_kvsname
+    from ..pmi.files import new_kvsname
     from ..machine.loop import Loop
     from .plan import node_processes
     loop = Loop()
@@ -145,11 +152,10 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
         for line in lines:
             _say(line)
     from ..job.supervise import Supervisor
-    cluster = Cluster(link, service)
     recovery = os.environ.get("MS_ENABLE_RECOVERY") == "1"
-    sup = Supervisor(job, plan, loop=loop, cluster=cluster,
-                     restarts=spec.max_restarts if recovery else 0,
-                     on_started=(lambda pids: announce(lines, pids)) if announce else None)
+    cluster = Cluster(link, service, restarts=spec.max_restarts if recovery else 0,
+                      announce=(lambda pids: announce(lines, pids)) if announce else None)
+    sup = Supervisor(job, plan, loop=loop, node=cluster)
     if link is not None:
         link.on_stop = sup.remote_stop
     try:

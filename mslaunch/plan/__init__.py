@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 from ..errors import PlanError, UsageError
 from ..hosts import IMPLICIT_HOST
 from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
-from .mapper import binding, check_overload, locations, rank_order
-from .place import place, resolve_hosts
+from .place import binding, check_overload, locations, place, rank_order, resolve_hosts
 from ..machine.topology import Topology, count, make_topology
 
 #: Variables that carry the identity of an outer launch (a rank of another
@@ -292,7 +291,7 @@ def _guess(slots: int) -> Topology:
 
 def _mapped(hosts: Sequence[Host], topos: Sequence[Topology], np: Optional[int],
             job: JobSpec, oversubscribe: bool) -> Tuple[List[int], List[Tuple[int, ...]]]:
-    """Host and location of every rank, in world-rank order (see :mod:`.mapper`)."""
+    """Host and location of every rank, in world-rank order (see :mod:`.place`)."""
     per_host = None
     if job.ppr is not None:
         n, kind = job.ppr
@@ -349,3 +348,13 @@ def describe_map(plan: Plan) -> str:
     """The ``--display-map`` text, as Open MPI 4 writes it."""
     from .display import job_map
     return job_map(plan)
+
+
+def agent_hosts(plan: Plan, job: JobSpec) -> List[str]:
+    """The remote hosts that get an agent: those with ranks, and -- as Open MPI
+    starts a daemon on every host of the allocation -- the hosts the first job
+    leaves free, kept ready for the jobs its ranks may spawn."""
+    hosts = [h for h in plan.hosts if not h.local]
+    if job.mpi == "pmi" and not job.novm:
+        hosts += [h for h in plan.spare_hosts if not h.local]
+    return list(dict.fromkeys(h.name for h in hosts))

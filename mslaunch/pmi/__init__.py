@@ -12,11 +12,19 @@ and the launcher):
     PMI-1 text lines (``cmd=x key=value ...\\n``), :func:`parse_v2`/:func:`format_v2`
     for the PMI-2 frames (``%6u`` length + ``cmd=x;key=value;...;``) and
     :func:`take_line`/:func:`take_frame` to cut them out of a byte stream.
-(b) **Per-connection protocol handlers** (:mod:`.server`) -- ``_V1Protocol`` and ``_V2Protocol``
+(b) **Connections and the server** (:mod:`.server`) -- ``_Conn`` owns one
+    rank's socket, the input/output buffers and the framing, and the phase
+    of the connection (named at the end of this module);
+    :class:`~.server.PMIServer` hands out inherited sockets (``PMI_FD``) or
+    listens on TCP (``PMI_PORT``/``PMI_ID``) and authenticates its peers.
+(c) **Command handlers** (:mod:`.commands`) -- ``V1Handler`` and ``V2Handler``
     turn one parsed request into job-state calls and replies, enforcing the
-    order init -> ... -> finalize; ``_Conn`` owns the socket, the input/output
-    buffers and the framing.
-(c) **Job state** (:mod:`.state`) -- :class:`JobState` is the only thing the handlers talk to:
+    order init -> ... -> finalize, and read the spawn request's own forms
+    (decoded by :mod:`.spawn`).  They see their connection only through the
+    small ``Conn`` protocol named there.  A connection imports the module when
+    its first message arrives, so a job whose ranks never speak PMI does not
+    load it.
+(d) **Job state** (:mod:`.state`) -- :class:`JobState` is all the handlers know of the job:
     KVS, barrier/fence counting, node attributes, published names.  Every call
     that might need the launcher answers through a callback, so an agent can
     substitute a state that relays puts/gets to the launcher and aggregates its
@@ -50,6 +58,16 @@ A peer that breaks the grammar, floods, or never reads its replies is cut off
 and reported with one :meth:`PMIListener.pmi_log` line; a parseable but
 misplaced request gets an ``rc=1`` reply.  No exception leaves a loop callback.
 
-:mod:`mslaunch.plan.mapping` writes and parses ``PMI_process_mapping``; :mod:`.shm` names
-and removes MPICH's shared-memory segments of a job.
+:mod:`mslaunch.plan.mapping` writes and parses ``PMI_process_mapping``; :mod:`.files`
+holds what PMI jobs keep on a host's file systems (MPICH's shared-memory
+segments, the hwloc topology file, the Open MPI singleton probe) and the
+orphan guard's hooks that remove it.
 """
+
+# The phases of a connection, shared by the server and the command handlers.
+NEW = "new"            # TCP, not yet authenticated; rank unknown
+READY = "ready"        # rank known, no init yet
+V2_PRE = "v2-pre"      # PMI-2 init done, waiting for fullinit
+ACTIVE = "active"      # initialized
+DONE = "done"          # finalized
+ABORTED = "aborted"

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, Mapping, Optional, Set
 
     from ..machine.loop import Loop
-    from .singleton import SingletonProbe
+    from .files import SingletonProbe
     from ..spec import SpawnRequest
     from .server import PMIServer
     from .state import JobState

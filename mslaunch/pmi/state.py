@@ -23,8 +23,9 @@ KVS_MAX_BYTES = 64 << 20
 
 
 class PMIListener:
-    """What the PMI server reports to the supervisor (a protocol: any object
-    with these three methods will do)."""
+    """What the PMI server reports to the supervisor (a protocol of five
+    methods: any object with the first three will do; ``pmi_started`` and
+    ``pmi_spawn`` are optional)."""
 
     def pmi_abort(self, rank: int, code: int, message: str) -> None: ...
 
@@ -107,7 +108,7 @@ class LocalJobState(JobState):
         self._appnums = list(appnums)
         self._attrs: Dict[str, str] = {"universeSize": str(universe_size)}
         if hwloc_xml:
-            self._attrs["PMI_hwloc_xmlfile"] = hwloc_xml    # see mslaunch.pmi.hwloc
+            self._attrs["PMI_hwloc_xmlfile"] = hwloc_xml    # see mslaunch.pmi.files
         # A mapping the client cannot hold is served as a miss (see module doc).
         if process_mapping and len(process_mapping) < VALLEN_MAX:
             self._attrs["PMI_process_mapping"] = process_mapping

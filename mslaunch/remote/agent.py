@@ -26,6 +26,9 @@ dropped) or the launcher falls silent for longer than the heartbeat allows
 (a partition sends no end-of-file), every rank of this host is stopped
 (SIGCONT and SIGTERM, SIGKILL after the grace period) before the agent
 exits.  If the agent itself is killed, its watchdog does the same.
+
+The streams (output sinks, credit, the stdin relay) are :mod:`.agentio`'s,
+the PMI side :mod:`.agentpmi`'s.
 """
 
 from __future__ import annotations
@@ -46,90 +49,16 @@ from ..plan import scrub_env
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks
 from ..machine.loop import Loop
-from ..machine.output import last_newline
 from ..machine.spawn import check_startable, seal_inherited_fds
 from ..spec import Host, RankSpec
 from . import link
 from .endpoint import Endpoint
-from ..pmi.hwloc import GUARD_TASKS, xml_for_ranks
-from ..pmi.job import PMIJob
-from ..pmi.shm import after_launcher_death
+from ..pmi.files import GUARD_TASKS, after_launcher_death
+from .agentio import LinkOutput, Outflow, StdinRelay
+from .agentpmi import AgentPMI
 from .jobframe import read_job, read_spawned
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-#: Output of a rank is gathered for up to this long, or this many bytes,
-#: before it goes out as one frame: a rank writing many small lines would
-#: otherwise cost a frame (and a terminal write at the launcher) per line.
-GATHER_SECONDS = 0.002
-GATHER_BYTES = 256 << 10
-
-
-class _LinkOutput:
-    """A rank stream whose bytes go to the launcher in ``OUTPUT`` frames."""
-
-    terminal = None
-    tail = b""
-
-    def __init__(self, agent: Agent, rank: int, stream: int) -> None:
-        self.agent = agent
-        self.rank = rank
-        self.stream = stream
-        self.pending = b""
-        self.finished = False
-        self.gathered = bytearray()
-        self.timer = None
-
-    @property
-    def wanted(self) -> bool:
-        return not self.agent.output_link.closed
-
-    @property
-    def congested(self) -> bool:
-        return self.agent.credit - len(self.gathered) <= 0
-
-    def wait_for_room(self, source: object) -> None:
-        self.agent.waiting.add(source)
-
-    def feed(self, data) -> None:
-        if not self.gathered and len(data) >= GATHER_BYTES:
-            # A large read goes out as it is, its header written in front of
-            # the view rather than both copied into one frame.
-            self._send(data)
-            return
-        self.gathered += data
-        if len(self.gathered) >= GATHER_BYTES:
-            self.flush()
-        elif self.timer is None:
-            self.timer = self.agent.loop.call_later(GATHER_SECONDS, self.flush)
-
-    def flush(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.gathered:
-            data, self.gathered = self.gathered, bytearray()
-            self._send(data)
-
-    def _send(self, data) -> None:
-        self.agent.credit -= len(data)
-        if self.agent.lines:
-            # A plain connection of its own: say where the whole lines end,
-            # so the launcher can splice them to its stdout unseen.
-            head = link.lines_head(self.rank, self.stream, len(data), last_newline(data) + 1)
-        else:
-            head = link.output_head(self.rank, self.stream, len(data))
-        if type(data) is bytearray:      # gathered: one piece (one TLS record, not two)
-            self.agent.output_link.send(head + data)     # bytes + bytearray: bytes
-        else:
-            self.agent.output_link.send_parts((head, data))
-
-    def finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.flush()
-            self.agent.output_link.send(link.encode_output(self.rank, self.stream, b""))
 
 
 class Agent:
@@ -140,24 +69,19 @@ class Agent:
         self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
                                  on_closed=self._link_closed)
         self.in_fd, self.out_fd = in_fd, out_fd
-        # Ranks' output goes here: the link itself, or a connection of its own.
-        self.output_link: Endpoint = self.endpoint
-        self.lines = False          # output as LINES frames (see _LinkOutput._send)
+        # Ranks' output goes to the link itself, or a connection of its own.
+        self.output = Outflow(self.loop, self.endpoint)
+        self.stdin = StdinRelay(self.loop, self.endpoint)
+        self.pmi = AgentPMI(self.loop, self.endpoint, on_job=self._spawned)
         self.job: Dict[str, Any] = {}
         self.specs: List[RankSpec] = []
         self.local: Optional[LocalRanks] = None
         self.guard: Optional[Watchdog] = None
-        self.pmi_jobs: Dict[str, PMIJob] = {}     # by kvsname: the job's, and spawned ones
-        self.probe = None                          # see mslaunch.pmi.singleton
-        self.credit = 0
-        self.waiting: Set[object] = set()
         self.exited: Set[int] = set()
         self.done_sent = False
         self.finished = False
         self.grace = 5.0
         self.reason = ""
-        self._stdin_queues: Dict[int, bytearray] = {}
-        self._stdin_eof: Set[int] = set()
         self.preloaded: List[str] = []
 
     # -- life -----------------------------------------------------------------
@@ -186,14 +110,8 @@ class Agent:
 
     def _shutdown(self) -> None:
         if self.local is not None:
-            self.local.close(self.grace)
-        if self.pmi_jobs:
-            from ..pmi.shm import remove_shm_segments
-            for pj in self.pmi_jobs.values():
-                pj.close()
-                remove_shm_segments(pj.kvsname)
-        if self.probe is not None:
-            self.probe.close()
+            self.local.close(time.monotonic() + self.grace)
+        self.pmi.close()
         if self.guard is not None:
             self.guard.close()
         for path in self.preloaded:
@@ -207,11 +125,11 @@ class Agent:
                 sys.stderr.flush()
             except (OSError, ValueError):
                 pass
-        for end in {self.output_link, self.endpoint}:
+        for end in {self.output.link, self.endpoint}:
             if not end.closed:
                 end.flush(time.monotonic() + 2.0)
-        if self.output_link is not self.endpoint:
-            self.output_link.close("")
+        if self.output.link is not self.endpoint:
+            self.output.link.close("")
         self.loop.close()
 
     def fail(self, message: str, code: int = 1) -> None:
@@ -226,7 +144,7 @@ class Agent:
             raise link.LinkError("OUTPUT frames go the other way")
         if kind == link.STDIN:
             rank, _, data = link.decode_binary(body)
-            self._stdin(rank, data)
+            self.stdin.feed(rank, data)
             return
         message = link.decode_json(kind, body)
         if kind == link.JOB:
@@ -243,13 +161,9 @@ class Agent:
             elif self.local is not None and 0 < sig < 65:
                 self.local.signal(sig, ranks)
         elif kind == link.CREDIT:
-            self.credit += link.field(message, "bytes", int, "CREDIT")
-            if self.credit > 0 and self.waiting:
-                waiting, self.waiting = self.waiting, set()
-                for source in waiting:
-                    source.resume()  # type: ignore[attr-defined]
+            self.output.grant(link.field(message, "bytes", int, "CREDIT"))
         elif kind == link.PMI:
-            self._pmi_from_launcher(message)
+            self.pmi.from_launcher(message)
         elif kind == link.BYE:
             self.finished = True
         else:
@@ -268,13 +182,15 @@ class Agent:
             raise link.LinkError("a second JOB frame")
         self.job = job = read_job(body)
         self.grace = job["grace"]
-        self.credit = job["credit"]
+        self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
         self.specs = [self._spec(r) for r in job["ranks"]]
         # The guard's cgroup takes the kernel 5 to 20 ms to enter: made now, it is
         # ready by START.  The marker names this host's guard: the job and this agent.
         self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace, background=True,
                               tasks=GUARD_TASKS, on_death=after_launcher_death)
+        self.pmi.guard = self.guard
+        self.pmi.trace = bool(job.get("trace"))
         warnings = self._fix_cwd()
         try:
             self._preload(job["files"])
@@ -307,9 +223,9 @@ class Agent:
         def refuse(kind: int, body: bytes) -> None:
             raise link.LinkError("the output connection carries nothing inward")
 
-        self.output_link = SocketEndpoint(self.loop, sock, on_frame=refuse,
+        self.output.link = SocketEndpoint(self.loop, sock, on_frame=refuse,
                                           on_closed=self._link_closed)
-        self.lines = cert is None
+        self.output.lines = cert is None
         return True
 
     def _spec(self, r: Dict[str, Any]) -> RankSpec:
@@ -394,19 +310,15 @@ class Agent:
         self.guard.keep(job["kvsname"])
         pmi = pmi_env = None
         if job["pmi"]:
-            from ..pmi.singleton import SingletonProbe
-            try:
-                self.probe = SingletonProbe(self.guard.marker)
-            except OSError:
-                pass
+            self.pmi.start_probe(self.guard.marker)
             self._watch_singletons()
-            pj = self._pmi_job(1, job["kvsname"], job, self.specs, None)
+            pj = self.pmi.new_job(1, job["kvsname"], job, self.specs, None)
             pmi, pmi_env = pj.inherited, pj.env
         merge = job["merge_stderr"]
 
         def sinks(spec: RankSpec):
-            return (_LinkOutput(self, spec.key, 1),
-                    None if merge else _LinkOutput(self, spec.key, 2))
+            return (LinkOutput(self.output, spec.key, 1),
+                    None if merge else LinkOutput(self.output, spec.key, 2))
 
         self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
                                 grace=self.grace, merge_stderr=merge, pmi=pmi,
@@ -420,42 +332,20 @@ class Agent:
         finally:
             if self._started:
                 self.endpoint.send(link.encode(link.STARTED, {"pids": self._started}))
-        for rank, fd in self.local.stdin_pipes.items():
-            os.set_blocking(fd, False)
-            self._stdin_queues[rank] = bytearray()
+        self.stdin.attach(self.local.stdin_pipes)
         self.loop.call_later(0.1, self._check_done)
-
-    def _pmi_job(self, number: int, kvsname: str, job: Dict[str, Any],
-                 specs: List[RankSpec], spawner: Optional[str]) -> PMIJob:
-        """PMI for this host's ranks of one job, the job-wide part at the launcher."""
-        from ..pmi.state import RelayJobState
-        size, appnums = job["size"], job["appnums"]
-        state = RelayJobState(
-            kvsname=kvsname, size=size, process_mapping=job["process_mapping"],
-            universe_size=job["universe_size"], appnums=appnums,
-            local_ranks=[s.rank for s in specs], send=self._pmi_up,
-            hwloc_xml=xml_for_ranks(self.guard) if self.guard is not None else None)
-        pj = PMIJob(self, number=number, state=state, keys={s.rank: s.key for s in specs},
-                    spawner=spawner)
-        pj.probe = self.probe
-        pj.serve(self.loop, appnums, job["process_mapping"], tcp=job["pmi"] == "port",
-                 trace=bool(self.job.get("trace")))
-        self.pmi_jobs[kvsname] = pj
-        if self.guard is not None and number != 1:
-            self.guard.keep(kvsname)
-        return pj
 
     def _spawned(self, message: Dict[str, Any]) -> None:
         """A job spawned elsewhere has processes here: start them now."""
         job = read_spawned(message)
-        if self.local is None or job["kvs"] in self.pmi_jobs:
+        if self.local is None or job["kvs"] in self.pmi.jobs:
             raise link.LinkError("a spawned job before START, or twice")
         specs = [self._spec(r) for r in job["ranks"]]
         known = {s.key for s in self.specs}
         if any(s.key in known for s in specs):
             raise link.LinkError("a spawned job reuses a process number")
         self._started = {}
-        pj = self._pmi_job(job["number"], job["kvs"], job, specs, job["spawner"])
+        pj = self.pmi.new_job(job["number"], job["kvs"], job, specs, job["spawner"])
         error = None
         try:
             check_startable(specs)
@@ -472,7 +362,7 @@ class Agent:
             self.done_sent = False
             if self._started:
                 self.endpoint.send(link.encode(link.STARTED, {"pids": self._started}))
-        self._pmi_up({"op": "spawned", "kvs": job["kvs"], "error": error})
+        self.pmi.up({"op": "spawned", "kvs": job["kvs"], "error": error})
         self.loop.call_later(0.1, self._check_done)
 
     # -- LocalRanks listener -----------------------------------------------------
@@ -480,25 +370,26 @@ class Agent:
         self._started[str(rank)] = pid
 
     def _report_singletons(self) -> None:
-        """Ranks that started Open MPI alone (see mslaunch.pmi.singleton): tell the launcher."""
-        if self.probe is not None:
-            from ..pmi.singleton import runs_a_launcher
+        """Ranks that started Open MPI alone (see mslaunch.pmi.files): tell the launcher."""
+        probe = self.pmi.probe
+        if probe is not None:
+            from ..pmi.files import runs_a_launcher
             pids = {r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local
                                                       else ()) if r.proc is not None}
-            for key, size in self.probe.check():
+            for key, size in probe.check():
                 nested = size == 1 and key in pids and runs_a_launcher(pids[key])
-                self._pmi_up({"op": "singleton", "rank": key, "size": size,
-                              "launcher": nested})
+                self.pmi.up({"op": "singleton", "rank": key, "size": size,
+                             "launcher": nested})
 
     def _watch_singletons(self) -> None:
         self._report_singletons()
-        if self.probe is not None and not self.finished:
+        if self.pmi.probe is not None and not self.finished:
             self.loop.call_later(0.5, self._watch_singletons)
 
     def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int]) -> None:
         self._report_singletons()
         self.exited.add(rank)
-        self._drop_stdin(rank)
+        self.stdin.drop(rank)
         self.endpoint.send(link.encode(link.EXITED, {"rank": rank, "code": code,
                                                      "signal": sig}))
         self._check_done()
@@ -511,103 +402,6 @@ class Agent:
             self.endpoint.send(link.encode(link.DONE))
         elif len(self.exited) == len(self.specs):
             self.loop.call_later(0.05, self._check_done)
-
-    # -- PMI ------------------------------------------------------------------
-    def _pmi_up(self, message: Dict[str, object]) -> None:
-        self.endpoint.send(link.encode(link.PMI, message))
-
-    def _pmi_from_launcher(self, message: Dict[str, Any]) -> None:
-        op = message.get("op")
-        if op == "job":
-            self._spawned(message)
-            return
-        if op not in ("fence_done", "answer"):
-            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
-        if op == "fence_done":
-            pairs = link.field(message, "pairs", dict, "PMI fence_done")
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
-                raise link.LinkError("PMI fence_done: pairs must be strings")
-        if not self.pmi_jobs:
-            raise link.LinkError("PMI frame without a PMI job")
-        pj = self.pmi_jobs.get(str(message.get("kvs", "")))
-        if pj is None:
-            raise link.LinkError("PMI frame for an unknown job")
-        if op == "fence_done":
-            pj.state.fence_done(pairs)  # type: ignore[attr-defined]
-        else:
-            pj.state.answer(link.field(message, "ask", int, "PMI answer"),  # type: ignore[attr-defined]
-                            message.get("value"))
-
-    # -- what the PMI servers report (keys of the launcher's numbering) ----------
-    def pmi_abort(self, key: int, code: int, message: str) -> None:
-        self._pmi_up({"op": "abort", "rank": key, "code": code, "message": message[:200]})
-
-    def pmi_lost(self, key: int) -> None:
-        self._pmi_up({"op": "lost", "rank": key})
-
-    def pmi_started(self, pj: PMIJob, rank: int) -> None:
-        self._pmi_up({"op": "started", "rank": pj.keys[rank]})
-
-    def pmi_log(self, message: str) -> None:
-        self.endpoint.send(link.encode(link.LOG, {"message": f"PMI: {message}"}))
-
-    def pmi_spawn(self, pj: PMIJob, rank: int, request, reply) -> None:
-        """A rank here spawns: the launcher places and starts the new job."""
-        from .jobframe import spawn_request_body
-
-        def answered(value: object) -> None:
-            if isinstance(value, list) and value and (value[0] is None or isinstance(
-                    value[0], str)):
-                reply(*value[:2])
-            else:
-                reply("the launcher gave no usable answer")
-
-        pj.state.ask(dict(spawn_request_body(request), op="spawn",  # type: ignore[attr-defined]
-                          rank=pj.keys[rank]), answered)
-
-    # -- stdin ------------------------------------------------------------------
-    def _stdin(self, rank: int, data: bytes) -> None:
-        targets = list(self._stdin_queues) if rank == link.ALL_RANKS else [rank]
-        for r in targets:
-            if r not in self._stdin_queues:
-                continue
-            if data:
-                self._stdin_queues[r] += data
-            else:
-                self._stdin_eof.add(r)
-            self._flush_stdin(r)
-
-    def _flush_stdin(self, rank: int) -> None:
-        queue = self._stdin_queues.get(rank)
-        fd = self.local.stdin_pipes.get(rank) if self.local is not None else None
-        if queue is None or fd is None:
-            return
-        wrote = 0
-        try:
-            while wrote < len(queue):
-                wrote += os.write(fd, queue[wrote:])
-        except BlockingIOError:
-            self.loop.add_writer(fd, lambda r=rank: self._flush_stdin(r))
-        except OSError:
-            self._drop_stdin(rank)     # the rank closed its stdin
-            return
-        finally:
-            if wrote:
-                del queue[:wrote]
-                # Tell the launcher how much was taken: it sends more only then.
-                self.endpoint.send(link.encode(link.CREDIT, {"stdin": wrote, "rank": rank}))
-        if not queue:
-            self.loop.remove_writer(fd)
-            if rank in self._stdin_eof:
-                self._drop_stdin(rank)
-
-    def _drop_stdin(self, rank: int) -> None:
-        fd = self.local.stdin_pipes.pop(rank, None) if self.local is not None else None
-        self._stdin_queues.pop(rank, None)
-        self._stdin_eof.discard(rank)
-        if fd is not None:
-            self.loop.forget(fd)
-            os.close(fd)
 
 
 def main() -> int:

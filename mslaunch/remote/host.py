@@ -19,16 +19,41 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Sequence
+    from typing import Any, Dict, Iterable, Optional, Protocol, Sequence
 
     from ..machine.loop import Loop
+    from ..machine.output import RankOutput
     from ..spec import RankSpec
-    from .ssh import AgentConnection
+    from .starter import AgentConnection
+
+    class HostListener(Protocol):
+        """What a host reports to (the job's supervisor)."""
+
+        def rank_started(self, key: int, pid: int) -> None: ...
+
+        def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None: ...
+
+        def sink(self, rank: int, stream: int) -> Optional[RankOutput]: ...
+
+        def outputs_finished(self, keys: Iterable[int]) -> bool: ...
+
+        def host_message(self, host: RemoteHost, text: str) -> None: ...
+
+        def host_failed(self, host: RemoteHost, message: str, code: object) -> None: ...
+
+        def host_lost(self, host: RemoteHost, reason: str) -> None: ...
+
+        def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None: ...
+
+        def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None: ...
 
 from . import link
 from .endpoint import Endpoint
 from .jobframe import CREDIT
 
+
+#: Seconds an agent has, past the job's grace period, to stop its ranks and exit.
+EXIT_MARGIN = 2.0
 
 #: Frames an agent sends only about started ranks.
 _AFTER_START = (link.STARTED, link.EXITED, link.DONE)
@@ -38,13 +63,16 @@ class RemoteHost:
     """One remote host of the job; see the module docstring."""
 
     def __init__(self, loop: Loop, conn: AgentConnection, specs: Sequence[RankSpec],
-                 supervisor) -> None:
+                 supervisor: HostListener, *, pmi_port: bool = False,
+                 verbose: int = 0) -> None:
         self.loop = loop
         self.conn = conn
         self.name = conn.name
         self.specs = list(specs)
         self.ranks = {s.key for s in specs}
         self.supervisor = supervisor
+        self.pmi_port = pmi_port
+        self.verbose = verbose
         self.state = "new"            # new, prepared, ready, running, done, lost
         self.error: Optional[Dict[str, Any]] = None
         self.owed = 0                 # output credit not yet returned
@@ -87,7 +115,7 @@ class RemoteHost:
         self.send_pmi(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,
                                   mapping, [pj.state.appnum(r) for r in range(pj.size)],
                                   pj.state.universe_size,
-                                  self.supervisor.job.pmi_port))
+                                  self.pmi_port))
 
     def request_stacks(self) -> None:
         """--get-stack-traces: the agent shows its ranks' stacks (LOG frames)."""
@@ -104,6 +132,9 @@ class RemoteHost:
     def busy(self) -> bool:
         return self.state not in ("done", "lost")
 
+    def release(self) -> None:
+        self.say_bye()
+
     def say_bye(self) -> None:
         """End of the job: the agent stops what is left of its ranks and exits."""
         import time
@@ -117,9 +148,11 @@ class RemoteHost:
             self.output.close("")
 
     def close(self, deadline: float) -> None:
-        """After :meth:`say_bye`: wait (until ``deadline``) for the agent to exit, then close."""
+        """After :meth:`say_bye`: wait for the agent to exit (until ``deadline`` and
+        :data:`EXIT_MARGIN` more), then close."""
         import time
         self.say_bye()
+        deadline += EXIT_MARGIN
         if self.state == "lost":
             deadline = time.monotonic() + 0.5   # nobody to wait for
         self.conn.wait_exit(deadline)
@@ -157,15 +190,14 @@ class RemoteHost:
                                            on_closed=on_closed, host=self)
         else:
             self.output = SocketEndpoint(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
-        if self.supervisor.job.verbose:
+        if self.verbose:
             self.supervisor.host_message(
                 self, f"output on a connection of its own ({'TLS' if tls else 'plain TCP'})")
         if first:
             self.output.deliver(first)
 
     def _output_finished(self) -> bool:
-        sup = self.supervisor
-        return all(o.finished for r in self.ranks for o in sup.ranks[r].outputs)
+        return self.supervisor.outputs_finished(self.ranks)
 
     # -- frames from the agent ---------------------------------------------------
     def _on_frame(self, kind: int, body: bytes) -> None:
@@ -187,7 +219,6 @@ class RemoteHost:
             for text in warnings:
                 sup.host_message(self, text[:500])
             self.state = "ready"
-            sup.host_ready(self)
         elif kind == link.STARTED:
             pids = link.field(message, "pids", dict, "STARTED")
             for rank, pid in pids.items():
@@ -231,7 +262,6 @@ class RemoteHost:
             if self._spawns:
                 return   # sent before the agent heard of the spawn: it will say DONE again
             self.state = "done"
-            sup.host_done(self)
         else:
             raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
 

@@ -33,7 +33,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchError, UsageError, one_line
 from ..machine.loop import Loop, wait_fd
@@ -69,7 +69,11 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
 
 
 def choose(launcher: str, environ: Mapping[str, str]) -> str:
-    """"ssh", "slurm" or "local" for ``--launcher`` (auto: srun inside an allocation)."""
+    """"ssh", "slurm" or "local" for ``--launcher`` (auto: srun inside an allocation).
+
+    The one place where the job's starter is chosen (see
+    :func:`.starter.starter_for`); it raises UsageError for ``slurm`` outside
+    an allocation."""
     if launcher == "auto":
         return "slurm" if in_allocation(environ) else "ssh"
     if launcher == "slurm" and not in_allocation(environ):
@@ -306,22 +310,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     """Start an agent on every node in ``names`` with one srun step; all or none."""
     from .dialback import Listener, new_token
     environ = os.environ if environ is None else environ
-    nodes = set(_allocation_nodes(environ))
-    stray = [n for n in names if n not in nodes]
-    if stray:
-        raise LaunchError(f"--launcher slurm: {', '.join(stray[:4])} "
-                          f"{'is' if len(stray) == 1 else 'are'} not a node of Slurm job "
-                          f"{environ.get('SLURM_JOB_ID')} (its nodes: "
-                          f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
-                          f"--launcher ssh for hosts outside the allocation")
-    # srun's version (which options it takes) is asked beside the address.
-    version = _start(["srun", "--version"])
-    try:
-        # The address this machine has towards the first node is the one
-        # they all dial (the nodes of an allocation share a network).
-        mine = route_address(node_address(names[0]))
-    finally:
-        srun_version = _output(version)
+    mine, srun_version = _dial_address(names, environ)
     # Every agent is greeted at once: each takes a while to unpack the package
     # and say hello, and a stranger that never speaks must not hold up the
     # others (the listener cuts it off, as it does on the output connections).
@@ -370,22 +359,8 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     for name, token in tokens.items():
         listener.expect(token, lambda sock, rest, name=name: presented(name, sock, rest))
     step = _Step(srun_argv(names, pythons, srun_version), env)
-    deadline = time.monotonic() + AGENT_TIMEOUT
     try:
-        while len(done) < len(names):
-            if cancelled is not None and cancelled():
-                err = LaunchError("stopped while starting the agents with srun")
-                err.exit_code = 130
-                raise err
-            if step.proc.poll() is not None:
-                raise LaunchError(f"srun ended (status {step.proc.returncode}) before every "
-                                  f"agent started: {step.last_line() or 'no message'}")
-            if time.monotonic() > deadline:
-                missing = [n for n in names if n not in done]
-                raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
-                                  f"within {AGENT_TIMEOUT:g} s (srun said: "
-                                  f"{step.last_line() or 'nothing'})")
-            loop.run_once(0.1)
+        _await_agents(loop, step, names, done, cancelled)
     except BaseException:
         for conn in done.values():
             conn.close(0)
@@ -398,6 +373,71 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
         listener.close()
         loop.close()
     return done
+
+
+def _dial_address(names: Sequence[str], environ: Mapping[str, str]) -> Tuple[str, str]:
+    """The address the agents dial (this machine's towards the nodes), and srun's
+    version; LaunchError for a host outside the allocation."""
+    nodes = set(_allocation_nodes(environ))
+    stray = [n for n in names if n not in nodes]
+    if stray:
+        raise LaunchError(f"--launcher slurm: {', '.join(stray[:4])} "
+                          f"{'is' if len(stray) == 1 else 'are'} not a node of Slurm job "
+                          f"{environ.get('SLURM_JOB_ID')} (its nodes: "
+                          f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
+                          f"--launcher ssh for hosts outside the allocation")
+    # srun's version (which options it takes) is asked beside the address.
+    version = _start(["srun", "--version"])
+    try:
+        # The address this machine has towards the first node is the one
+        # they all dial (the nodes of an allocation share a network).
+        mine = route_address(node_address(names[0]))
+    finally:
+        srun_version = _output(version)
+    return mine, srun_version
+
+
+def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
+                  done: Dict[str, SrunAgentConnection],
+                  cancelled: Optional[Callable[[], bool]]) -> None:
+    """Run ``loop`` until every agent of ``names`` is in ``done``; LaunchError when
+    stopped, when srun ends first, or at the timeout."""
+    deadline = time.monotonic() + AGENT_TIMEOUT
+    while len(done) < len(names):
+        if cancelled is not None and cancelled():
+            err = LaunchError("stopped while starting the agents with srun")
+            err.exit_code = 130
+            raise err
+        if step.proc.poll() is not None:
+            raise LaunchError(f"srun ended (status {step.proc.returncode}) before every "
+                              f"agent started: {step.last_line() or 'no message'}")
+        if time.monotonic() > deadline:
+            missing = [n for n in names if n not in done]
+            raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
+                              f"within {AGENT_TIMEOUT:g} s (srun said: "
+                              f"{step.last_line() or 'nothing'})")
+        loop.run_once(0.1)
+
+
+class SrunStarter:
+    """The :class:`~.starter.Starter` that starts agents with one srun step of the
+    Slurm allocation ``environ`` is in."""
+
+    plain_link = True         # the agents dial back in plain TCP
+
+    def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> None:
+        self.pythons = list(pythons)
+        self.environ = environ
+
+    def prepare(self) -> None:
+        """The agent's package, in the background (no paramiko, and plain output)."""
+        bootstrap.prepare_in_background(credentials=False)
+
+    def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
+              say: Optional[Callable[[str], None]] = None) -> Dict[str, SrunAgentConnection]:
+        if say is not None:
+            say(f"mslaunch: starting agents on {len(names)} remote host(s) with srun")
+        return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ)
 
 
 class _Greeting:

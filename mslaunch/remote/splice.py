@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from typing import Optional, Protocol, Tuple
 
     from ..machine.loop import Loop, Timer
-    from ..machine.output import RankOutput, Terminal
+    from ..machine.output import RankOutput
+    from ..machine.terminal import Terminal
 
     class OutputOwner(Protocol):
         """Where spliced frames' ranks have their sinks (a :class:`~.host.RemoteHost`)."""

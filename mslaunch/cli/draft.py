@@ -1,0 +1,383 @@
+"""The job an mpirun-dialect command line is building, and how each option changes it.
+
+:class:`Draft` holds what the options said so far, in command-line order;
+the functions here are the ``apply`` of the option records in
+:mod:`.options` (each takes the draft, the flag as spelled and its values).
+:mod:`.mpirun` turns the finished draft into a :class:`~mslaunch.spec.JobSpec`.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+    from ..spec import HostEntry
+
+    Apply = Callable[["Draft", str, Sequence[str]], Optional[List[str]]]
+
+from ..errors import UsageError, one_line
+
+MAX_RANKS = 100_000          # beyond this a typo, not a job: refuse it
+MAX_SECONDS = 100_000_000.0  # about three years
+
+
+def check_int(flag: str, text: str, minimum: int = 1, maximum: int = MAX_RANKS) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{flag}: expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{flag}: must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise UsageError(f"{flag}: at most {maximum}, got {value}")
+    return value
+
+
+def check_seconds(flag: str, text: str, allow_zero: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{flag}: expected a number of seconds, got {text!r}") from None
+    if not (0 < value <= MAX_SECONDS or (value == 0 and allow_zero)):
+        raise UsageError(f"{flag}: expected a number of seconds from 0 to {MAX_SECONDS:.0f}, "
+                         f"got {text!r}")
+    return value
+
+
+def _env_name(flag: str, name: str) -> str:
+    if not name or "=" in name or "\0" in name or name[0].isdigit():
+        raise UsageError(f"{flag}: bad environment variable name {name!r}")
+    return name
+
+
+def falsy(value: str) -> bool:
+    return value.strip().lower() in ("0", "false", "no", "off", "f", "n")
+
+
+class Context:
+    """One MPMD context as it is read: ``-n 2 -x A=1 prog args``."""
+
+    def __init__(self) -> None:
+        self.np: Optional[int] = None
+        self.env: List[Tuple[str, Optional[str]]] = []
+        self.wdir: Optional[str] = None
+        self.argv: List[str] = []
+
+
+class Draft:
+    """What the options of one command line said so far (later ones win)."""
+
+    def __init__(self, environ: Dict[str, str], cwd: str,
+                 option_file: Callable[[str, str, List[str]], List[str]]) -> None:
+        self.environ = environ
+        self.cwd = cwd
+        self.option_file = option_file     # the words of -tune and -am files
+        self.contexts: List[Context] = [Context()]
+        self.mapping: List[Tuple[str, str]] = []      # placement options, in order
+        self.notes: List[str] = []
+        self.warnings: List[str] = []
+        self.host_lists: List[HostEntry] = []
+        self.hostfiles: List[str] = []
+        self.genv: List[Tuple[str, Optional[str]]] = []
+        self.mca: List[Tuple[str, str]] = []
+        self.verbose = 0
+        self.keep_going = False
+        self.inherit_env = True
+        self.forward_env = False
+        self.launcher = "auto"
+        self.oversubscribe: Optional[bool] = None
+        self.output_filename: Optional[str] = None
+        self.stdin = "0"
+        self.timeout: Optional[float] = None
+        self.grace = 5.0
+        self.mpi: Optional[str] = None
+        self.prefix: Optional[str] = None
+        self.ssh_config: Optional[str] = None
+        self.ssh_identity: Optional[str] = None
+        self.ssh_user: Optional[str] = None
+        self.ssh_port: Optional[int] = None
+        self.ssh_timeout = 10.0
+        self.remote_python: Optional[str] = None
+        self.default_hostfile: Optional[str] = None
+        self.rankfile: Optional[str] = None
+        self.xml_file: Optional[str] = None
+        self.app: Optional[str] = None
+        self.path: Tuple[str, ...] = ()
+        self.preload_files: Tuple[str, ...] = ()
+        self.report_pid: Optional[str] = None
+        self.usize: Optional[int] = None
+        # on/off options (see turn_on)
+        self.help = self.version = self.quiet = self.dry_run = self.no_pty = False
+        self.use_hwthread_cpus = self.nolocal = self.report_bindings = False
+        self.display_map = self.display_allocation = self.display_diffable_map = False
+        self.display_topo = self.merge_stderr = self.tag_output = False
+        self.timestamp_output = self.xml = self.prepend_rank = self.index_argv = False
+        self.report_state = self.stack_traces = self.pmi_port = self.preload_binary = False
+        self.session_cwd = self.ssh_accept_new = self.novm = False
+
+    @property
+    def ctx(self) -> Context:
+        """The MPMD context being read."""
+        return self.contexts[-1]
+
+
+# -- factories of apply functions ---------------------------------------------
+
+def turn_on(attr: str) -> Apply:
+    """An option without values that sets ``attr`` of the draft."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        setattr(d, attr, True)
+    return apply
+
+
+def store(attr: str, value: object) -> Apply:
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        setattr(d, attr, value)
+    return apply
+
+
+def place(name: str) -> Apply:
+    """A placement option: kept in order for :func:`.mapping.mapping_fields`."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        d.mapping.append((name, values[0] if values else ""))
+    return apply
+
+
+def keep(attr: str) -> Apply:
+    """The value as given."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        setattr(d, attr, values[0])
+    return apply
+
+
+def some_value(attr: str) -> Apply:
+    """A value that must not be empty."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        if not values[0] or "\0" in values[0]:
+            raise UsageError(f"{flag}: empty value")
+        setattr(d, attr, values[0])
+    return apply
+
+
+def file_name(attr: str, expand_user: bool = False) -> Apply:
+    """A file name, made absolute from the launch directory."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        if not values[0]:
+            raise UsageError(f"{flag}: empty file name")
+        name = os.path.expanduser(values[0]) if expand_user else values[0]
+        setattr(d, attr, os.path.join(d.cwd, name))
+    return apply
+
+
+def seconds(attr: str, allow_zero: bool = False) -> Apply:
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        setattr(d, attr, check_seconds(flag, values[0], allow_zero=allow_zero))
+    return apply
+
+
+def keep_going(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.keep_going = True
+
+
+# -- ranks and their environment ----------------------------------------------
+
+def set_np(d: Draft, flag: str, values: Sequence[str]) -> None:
+    # -n 0 means one rank per slot, as in Open MPI 4.
+    d.ctx.np = check_int(flag, values[0], minimum=0) or None
+
+
+def export(d: Draft, flag: str, values: Sequence[str]) -> None:
+    """``-x NAME[=VALUE]``."""
+    name, eq, value = values[0].partition("=")
+    d.ctx.env.append((_env_name(flag, name), value if eq else None))
+
+
+def set_env(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.ctx.env.append((_env_name(flag, values[0]), values[1]))
+
+
+def env_list(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.ctx.env.extend((_env_name(flag, k), None) for k in values[0].split(",") if k)
+
+
+def set_genv(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.genv.append((_env_name(flag, values[0]), values[1]))
+
+
+def genv_list(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.genv.extend((_env_name(flag, k), None) for k in values[0].split(",") if k)
+
+
+def set_wdir(d: Draft, flag: str, values: Sequence[str]) -> None:
+    if not values[0]:
+        raise UsageError(f"{flag}: empty directory name")
+    d.ctx.wdir = values[0]
+
+
+def prefixed_env(prefix: str, keep_going_key: str = "") -> Apply:
+    """``--prtemca``, ``--pmixmca``: variables for the ranks, with a prefix."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        if keep_going_key and values[0] == keep_going_key and falsy(values[1]):
+            d.keep_going = True
+        d.genv.append((prefix + values[0], values[1]))
+    return apply
+
+
+def set_mca(d: Draft, flag: str, values: Sequence[str]) -> None:
+    key, value = values
+    if key == "plm":
+        set_launcher(d, f"{flag} plm", value, component_list=True)
+    elif key == "orte_abort_on_non_zero_status" and falsy(value):
+        d.keep_going = True
+    d.mca.append((key, value))
+
+
+def runtime_options(d: Draft, flag: str, values: Sequence[str]) -> None:
+    for item in values[0].split(","):
+        key, _, val = item.partition("=")
+        if key.strip() == "error-nonzero-status" and falsy(val or "true"):
+            d.keep_going = True
+
+
+def max_restarts(d: Draft, flag: str, values: Sequence[str]) -> None:
+    # Open MPI 4.1.4 restarts nothing either: with recovery on, a failed rank
+    # no longer stops the others (and it then exits 0: here the failed rank's
+    # status is kept).
+    d.keep_going = True
+    check_int(flag, values[0], minimum=0)
+    d.warnings.append(f"{flag}: failed ranks are not restarted (nor by Open MPI 4); a failed "
+                      f"rank no longer stops the others; msrun mode restarts MindSpore workers")
+
+
+def set_path(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.path = tuple(os.path.join(d.cwd, p) for p in values[0].split(":") if p)
+    d.genv.append(("OMPI_exec_path", values[0]))
+
+
+def set_prefix(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.prefix = os.path.join(d.cwd, values[0])
+
+
+def preload_files(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.preload_files = tuple(os.path.join(d.cwd, f) for f in values[0].split(",") if f)
+
+
+def read_options(name: str) -> Apply:
+    """``-tune FILE,...`` and ``-am FILE,...``: their words are read as if written here."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> List[str]:
+        paths = [os.path.join(d.cwd, f) for f in values[0].split(",") if f]
+        return d.option_file(name, flag, paths)
+    return apply
+
+
+# -- hosts ---------------------------------------------------------------------
+
+def add_hosts(d: Draft, flag: str, values: Sequence[str]) -> None:
+    from ..hosts.hostfile import parse_host_list
+    d.host_lists.extend(parse_host_list(values[0], flag))
+
+
+def add_hostfile(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.hostfiles.append(values[0])
+
+
+#: Open MPI's plm components and Hydra's launcher names, as mslaunch's launchers.
+_LAUNCHER_NAMES = {"auto": "auto", "ssh": "ssh", "rsh": "ssh", "slurm": "slurm",
+                   "local": "local", "fork": "local", "isolated": "local"}
+
+
+def _launcher(word: str, flag: str, component_list: bool) -> str:
+    """``--launcher``, or an MCA ``plm`` value: one name, or (Open MPI) a list to
+    choose from, or ``^`` and a list of those to leave out."""
+    names = [w.strip() for w in word.lstrip("^").split(",")] if component_list else [word]
+    unknown = [w for w in names if w not in _LAUNCHER_NAMES]
+    if unknown or not all(names):
+        raise UsageError(f"{flag} {one_line(word, 30)}: expected ssh, slurm, local or "
+                         f"auto (srun inside a Slurm allocation, else ssh)"
+                         + (", or Open MPI's rsh or ^ and a list" if component_list else ""))
+    chosen = {_LAUNCHER_NAMES[w] for w in names}
+    if component_list and word.startswith("^"):
+        chosen = {"ssh", "slurm"} - chosen    # the remote launchers not left out
+    if "auto" in chosen or chosen >= {"ssh", "slurm"}:
+        return "auto"
+    if len(chosen) == 1:
+        return chosen.pop()
+    return "local" if not chosen else sorted(chosen - {"local"})[0]
+
+
+def set_launcher(d: Draft, said: str, word: str, component_list: bool = False) -> None:
+    d.launcher = _launcher(word, said, component_list)
+    if d.launcher == "slurm":
+        from ..remote.slurm import choose
+        try:
+            choose("slurm", d.environ)
+        except UsageError as err:
+            raise UsageError(f"{said} {one_line(word, 30)}: "
+                             f"{str(err).split(': ', 1)[-1]}") from None
+
+
+def launcher(d: Draft, flag: str, values: Sequence[str]) -> None:
+    set_launcher(d, flag, values[0])
+
+
+# -- other values ------------------------------------------------------------
+
+def count_verbose(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.verbose += 1
+
+
+def ssh_port(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.ssh_port = check_int(flag, values[0], maximum=65535)
+
+
+def personality(d: Draft, flag: str, values: Sequence[str]) -> None:
+    if any(p.strip().lower() not in ("ompi", "mpich", "") for p in values[0].split(",")):
+        raise UsageError(f"{flag} {values[0]}: only the ompi personality exists here")
+
+
+def usize(d: Draft, flag: str, values: Sequence[str]) -> None:
+    word = values[0].upper()
+    d.usize = 0 if word == "SYSTEM" else (None if word == "INFINITE" else
+                                          check_int(flag, values[0], minimum=1))
+
+
+def ompi_server(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.notes.append(f"{flag}: names are published through mslaunch itself")
+
+
+_DISPLAY = {"map": "display_map", "map-devel": "display_map",
+            "alloc": "display_allocation", "allocation": "display_allocation",
+            "bind": "report_bindings", "bindings": "report_bindings", "topo": "display_topo"}
+
+
+def display(d: Draft, flag: str, values: Sequence[str]) -> None:
+    """Open MPI 5's ``--display map,alloc,bind,topo``."""
+    for word in values[0].lower().split(","):
+        attr = _DISPLAY.get(word.strip())
+        if attr is None:
+            raise UsageError(f"{flag} {values[0]}: unknown item {word[:20]!r} (expected "
+                             f"map, alloc, bind or topo)")
+        setattr(d, attr, True)
+
+
+def output(d: Draft, flag: str, values: Sequence[str]) -> None:
+    """Open MPI 5's ``--output tag,timestamp,merge-stderr-to-stdout,dir=D,file=D``."""
+    for item in values[0].split(","):
+        word, _, arg = item.partition("=")
+        word = word.strip().lower()
+        if word in ("tag", "tag-detailed", "tag-fullname"):
+            d.tag_output = True
+        elif word == "timestamp":
+            d.timestamp_output = True
+        elif word in ("merge-stderr-to-stdout", "merge"):
+            d.merge_stderr = True
+        elif word in ("dir", "file") and arg:
+            d.output_filename = arg
+        elif word == "xml":
+            d.xml = True
+        elif word not in ("raw", ""):
+            raise UsageError(f"{flag} {values[0]}: unknown item {word[:20]!r} (expected tag, "
+                             f"timestamp, merge-stderr-to-stdout, dir=DIR or xml)")

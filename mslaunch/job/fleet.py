@@ -1,0 +1,202 @@
+"""The remote hosts of a job: their agents, brought up before any rank starts.
+
+A :class:`Fleet` starts an agent on every remote host through the job's
+starter (:mod:`mslaunch.remote.starter`: paramiko's SSH or srun, chosen once),
+plans the job again once with the topologies the agents report, sends away
+the agents the final plan leaves without ranks, hands the others their
+ranks in a job frame (:mod:`mslaunch.remote.jobframe`), opens the listener
+the agents dial back to with their ranks' output, and relays the launcher's
+stdin to remote ranks.  Imported only by jobs with remote hosts.
+
+The policy stays with the supervisor: the hosts (:class:`~mslaunch.remote.host.RemoteHost`)
+report ranks started and ended, output, and a lost host to it.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
+
+    from ..remote.host import RemoteHost, RemoteStdin
+    from ..remote.starter import Starter
+    from ..spec import RankSpec
+    from .seams import JobView
+
+from ..errors import LaunchError
+from ..machine.spawn import signal_name
+from ..plan import agent_hosts
+
+
+class Fleet:
+    """See the module docstring; ``sup`` is the job's supervisor."""
+
+    def __init__(self, sup: JobView, cancelled: Callable[[], bool]) -> None:
+        self.sup = sup
+        self.cancelled = cancelled            # a stop signal came while connecting
+        self.hosts: Dict[str, RemoteHost] = {}
+        self.conns: Dict[str, Any] = {}       # started, not yet handed their ranks
+        self.listener = None
+        self.start_error: Optional[tuple] = None
+        self.plain_link = False               # the agents' links are plain TCP (srun)
+        self._stdin: Dict[int, RemoteStdin] = {}
+
+    # -- bringing the hosts up ---------------------------------------------------
+    def connect(self, names: List[str], starter: Starter, replan) -> None:
+        """Start an agent on every host of ``names`` with ``starter``; plan again
+        with their topologies (``replan``, or None: the plan stands).  Agents of
+        hosts the final plan does not use are sent away at once."""
+        sup = self.sup
+        job = sup.job
+        conns = starter.start(names, cancelled=self.cancelled,
+                              say=sup.console.message if job.verbose else None)
+        self.plain_link = starter.plain_link
+        self.conns = conns
+        if replan is not None:
+            from ..machine.topology import from_wire
+            topologies = {}
+            for name, conn in conns.items():
+                try:
+                    topologies[name] = from_wire(conn.hello.get("topology"))
+                except ValueError:
+                    pass      # the agent's host could not tell; assume one socket
+            try:
+                sup.replanned(replan(topologies))
+            except BaseException:
+                self.let_go_all()
+                raise
+        used = set(agent_hosts(sup.plan, job))
+        for name in [n for n in conns if n not in used]:
+            let_go(conns.pop(name))
+
+    def prepare(self, remote_specs: Dict[str, List[RankSpec]]) -> None:
+        """Hand the agents their ranks; wait until every host is ready.
+
+        Nothing starts anywhere unless every host is ready: a missing program
+        on one host is reported before any rank runs.
+        """
+        from ..remote.endpoint import heartbeat_setting
+        from ..remote.host import RemoteHost
+        from ..remote.jobframe import job_frame
+        sup = self.sup
+        job, plan, conns = sup.job, sup.plan, self.conns
+        for name in conns:
+            remote_specs.setdefault(name, [])     # spare hosts, for spawned jobs
+        heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"))
+        pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
+        listener = self._output_listener()
+        for name, specs in remote_specs.items():
+            conn = conns.pop(name)
+            host = RemoteHost(sup.loop, conn, specs, sup, pmi_port=job.pmi_port,
+                              verbose=job.verbose)
+            self.hosts[name] = host
+            for s in specs:
+                sup.make_sinks(s)
+            frame = job_frame(job, plan, name, specs, heartbeat, pmi,
+                              sup.mpi_jobs.universe() if sup.mpi_jobs else -1)
+            port = listener.port_of(conn.local_address or "") if listener else None
+            if listener is not None and port is not None:
+                from ..remote.dialback import new_token
+                token = new_token()
+                listener.expect(token, host.attach_output)
+                frame["data"] = {"addresses": [conn.local_address], "port": port,
+                                 "token": token,
+                                 "cert": listener.cert_pem and listener.cert_pem.decode()}
+            host.prepare(frame)
+        sup.loop.run_until(lambda: self.start_error is not None or sup.ending is not None
+                           or all(h.state == "ready" for h in self.hosts.values()))
+        if self.start_error is not None:
+            message, code = self.start_error
+            err = LaunchError(message)
+            err.exit_code = code
+            raise err
+        if sup.ending is not None:
+            stop = sup.stop_signal or 15
+            err = LaunchError(f"stopped by {signal_name(stop)} while the remote hosts were "
+                              f"starting")
+            err.exit_code = 128 + stop
+            raise err
+
+    def _output_listener(self) -> Any:
+        """A listener for the agents' output connections, or None.
+
+        Rank output then travels in plain TCP (token-checked, spliced into
+        mslaunch's stdout where it can be) rather than in the SSH channel,
+        decrypted by paramiko in Python, many times slower.  It listens only
+        on the addresses this machine uses to reach the hosts.
+        ``MSLAUNCH_DIRECT_OUTPUT=0`` keeps everything in SSH;
+        ``MSLAUNCH_OUTPUT_TLS=1`` puts the connections in TLS, except those of
+        agents that srun started: their link is plain TCP already, and output
+        in TLS beside it would hide nothing the link does not show.
+        """
+        from ..remote.dialback import Listener, direct_output, output_tls
+        if not direct_output():
+            return None
+        addresses = [c.local_address for c in self.conns.values() if c.local_address]
+        if not addresses:
+            return None
+        sup = self.sup
+        try:
+            self.listener = Listener(sup.loop, addresses, tls=output_tls() and not self.plain_link,
+                                     log=sup.log)
+        except Exception as err:   # no cryptography, no ssl: the SSH channel will do
+            if sup.job.verbose:
+                sup.console.message(f"mslaunch: output stays in the SSH channels ({err})")
+            return None
+        return self.listener
+
+    def failed(self, host: RemoteHost, message: str, code: object) -> None:
+        """A host could not get ready: the launch fails with ``message``."""
+        if self.start_error is None:
+            self.start_error = (f"on {host.name}: {message}",
+                                code if isinstance(code, int) and 0 < code < 256 else 1)
+
+    # -- stdin --------------------------------------------------------------------
+    def relay_stdin(self, local_pipes: Dict[int, int]):
+        """The launcher's stdin to the ranks that read it, here (``local_pipes``) and
+        on the hosts; returns the fan-out, or None when no rank reads stdin."""
+        from ..remote.host import RemoteStdin
+        sinks: Dict[int, Any] = dict(local_pipes)
+        for host in self.hosts.values():
+            for spec in host.specs:
+                if spec.stdin != "null":
+                    sinks[spec.key] = self._stdin[spec.key] = RemoteStdin(host, spec.key)
+        if not sinks:
+            return None
+        from ..machine.stdin import StdinFanout
+        fanout = StdinFanout(self.sup.loop, 0, sinks)
+        for sink in self._stdin.values():
+            sink.fanout = fanout
+        return fanout
+
+    def stdin_taken(self, rank: int, count: int) -> None:
+        sink = self._stdin.get(rank)
+        if sink is not None:
+            sink.taken(count)
+
+    # -- end ----------------------------------------------------------------------
+    def let_go_all(self) -> None:
+        """Agents started but never given their ranks go."""
+        for conn in self.conns.values():
+            let_go(conn)
+        self.conns = {}
+
+    def close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+
+
+def let_go(conn) -> None:
+    """Send an agent that will get no ranks away: ``BYE`` (it exits 0), then close.
+
+    Only cutting the link would make it exit 1, and under Slurm that ends
+    every other agent of the step (srun runs them with ``--kill-on-bad-exit``)."""
+    from ..remote import link
+    try:
+        os.write(conn.fd, link.encode(link.BYE))
+    except OSError:
+        pass
+    conn.close()
+    os.close(conn.fd)

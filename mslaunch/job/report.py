@@ -1,0 +1,148 @@
+"""What the supervisor tells the user about a job that did not simply succeed.
+
+The failure summary (the root cause, how many others were stopped, the last
+lines of its stderr), the state report of ``--report-state-on-timeout``, the
+ranks a hung MPI job waited for, the stack traces of ``--get-stack-traces``,
+``--report-pid``, ``--report-bindings`` and ``-v``'s lines of started ranks,
+and msrun's recovery of a failed process.  Imported only when one of them is
+wanted.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List
+
+    from ..machine.local import LocalRanks
+    from .seams import JobView, RankState
+
+from ..errors import LaunchError
+from ..machine.spawn import signal_name
+
+#: Lines of the root cause's stderr shown under the summary.
+TAIL_LINES = 10
+
+
+def how_ended(r: RankState) -> str:
+    """``exited with code N`` or ``was killed by signal N (NAME)``."""
+    if r.signal is not None:
+        return f"was killed by signal {r.signal} ({signal_name(r.signal)})"
+    return f"exited with code {r.code}"
+
+
+def summary(sup: JobView, rank: RankState) -> str:
+    """The lines that name the root cause of a failed job."""
+    spec = rank.spec
+    job = f" of spawned job {spec.job}" if spec.job != 1 else ""
+    name = spec.label or f"rank {spec.rank}{job}"
+    who = f"{name} (pid {rank.pid or '?'} on {spec.host.name})"
+    what = rank.reason or how_ended(rank)
+    if sup.job.keep_going and sup.ending != "failure":
+        failed = [r for r in sup.ranks if r.failed]
+        head = (f"mslaunch: {len(failed)} of {len(sup.ranks)} rank(s) failed; "
+                f"first: {who} {what}")
+    else:
+        others = sum(1 for r in sup.ranks if r is not rank and r.pid)
+        kind = "process(es)" if spec.label else "rank(s)"
+        head = f"mslaunch: {who} {what}; terminated the job" + \
+            (f" ({others} other {kind})" if others else "")
+    tail = rank.tail
+    if tail.strip():
+        lines = tail.decode("utf-8", "replace").rstrip("\n").split("\n")[-TAIL_LINES:]
+        stream = "stdout+stderr" if sup.job.output.merge_stderr else "stderr"
+        whose = f"{spec.label}'s log" if spec.label else f"rank {spec.rank}'s {stream}"
+        head += f"\nmslaunch: last lines of {whose}:\n" + \
+            "\n".join("    " + line for line in lines)
+    return head
+
+
+def report_pid(sup: JobView, where: str) -> None:
+    """--report-pid: ``-`` stdout, ``+`` stderr, else a file."""
+    text = f"{os.getpid()}\n"
+    if where in ("-", "+"):
+        sup.console.write(1 if where == "-" else 2, sup, text.encode())
+        return
+    try:
+        with open(where, "w") as f:
+            f.write(text)
+    except OSError as err:
+        raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
+
+
+def timed_out(sup: JobView, live: List[RankState]) -> float:
+    """What is said when ``--timeout`` ends the job; returns how long to wait
+    before the ranks are stopped (for the stack traces to arrive)."""
+    for line in sup.mpi_jobs.hang_report() if sup.mpi_jobs is not None else []:
+        sup.console.message(f"mslaunch: PMI: {line}")
+    if sup.job.report_state:
+        _report_state(sup)
+    if not sup.job.stack_traces:
+        return 0.0
+    from ..machine.stacks import stack_traces
+    from ..plan.display import job_id
+    sup.console.message("mslaunch: waiting for stack traces (this may take a few moments)...")
+    here = {r.spec.rank: r.pid for r in live if r.spec.host.local and r.spec.job == 1}
+    for block in stack_traces(here, os.uname().nodename, job_id()):
+        sup.console.message(block)
+    for host in sup.hosts.values():
+        host.request_stacks()
+    # Python ranks write their stacks themselves; let them (and the remote
+    # hosts' answers) arrive before the ranks are stopped.
+    return 3.0 if sup.hosts else 1.0
+
+
+def _report_state(sup: JobView) -> None:
+    from ..machine.stacks import state_report
+    from ..plan.display import job_id
+    rows = []
+    for r in sup.ranks:
+        state = "RUNNING" if r.pid and not r.ended else ("TERMINATED" if r.ended
+                                                         else "NOT STARTED")
+        rows.append((r.spec.rank, r.spec.host.name, r.pid, state, r.code or 0))
+    sup.console.message(state_report(job_id(), rows, len(sup.job.apps),
+                                     sup.mpi_jobs.reported() if sup.mpi_jobs
+                                     else 0).rstrip("\n"))
+
+
+def rank_started(sup: JobView, r: RankState) -> None:
+    """--report-bindings (Open MPI's line, with the launcher's pid; none for an
+    unbound rank) and -v's line for a rank that started."""
+    spec, job = r.spec, sup.job
+    if job.report_bindings and (spec.cpus or job.bind_to != "none"):
+        from ..machine.topology import report_binding
+        topo = sup.plan.topologies[spec.host.node_id] if sup.plan.topologies else None
+        text = report_binding(spec.rank, topo, spec.cpus) if topo is not None else \
+            f"MCW rank {spec.rank} bound to cpus {spec.cpus}"
+        sup.console.message(f"[{spec.host.name}:{os.getpid():05d}] {text}")
+    if job.verbose:
+        of_job = f" of job {spec.job}" if spec.job != 1 else ""
+        who = spec.label or f"rank {spec.rank}{of_job}"
+        sup.console.message(f"mslaunch: started {who} (pid {r.pid}) "
+                            f"on {spec.host.name}: {' '.join(spec.argv)}")
+
+
+def restart(sup: JobView, local: LocalRanks, r: RankState) -> bool:
+    """msrun's recovery: start a failed process again, while restarts are left
+    (``sup.restarts`` per process); False when it is not."""
+    if r.restarts >= sup.restarts:
+        r.reason = f"{how_ended(r)}, after {r.restarts} restart(s) (the limit, --max_restarts)"
+        return False
+    r.restarts += 1
+    r.last_end = how_ended(r)
+    if not sup.job.quiet:
+        sup.console.message(f"mslaunch: {r.spec.label or 'rank ' + str(r.spec.rank)} "
+                            f"{r.last_end}; starting it again ({r.restarts} of "
+                            f"{sup.restarts} restarts)")
+    r.outputs = []
+    r.code = r.signal = None
+    r.ended = False
+    try:
+        local.restart(r.spec.key)
+    except LaunchError as err:
+        r.ended = True
+        r.reason = f"could not be started again: {err}"
+        return False
+    return True

@@ -1,0 +1,114 @@
+"""The seams of the job layer, named as ``typing.Protocol`` classes.
+
+Modules import this one only inside ``if TYPE_CHECKING:`` blocks: it costs
+nothing at run time, and the pieces around the supervisor (the fleet of
+remote hosts, the PMI job set, the reports) name what they use of it here
+instead of importing it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Container, Dict, List, Optional, Protocol, Sequence
+
+from ..machine.guard import Watchdog
+from ..machine.loop import Loop
+from ..machine.output import RankOutput
+from ..machine.terminal import Console
+from ..spec import JobSpec, Plan, RankSpec
+
+
+class RankHandle(Protocol):
+    """Ranks of one place: this machine (:class:`~mslaunch.machine.local.LocalRanks`)
+    or one remote host's agent (:class:`~mslaunch.remote.host.RemoteHost`)."""
+
+    ranks: Container[int]       # the keys of its ranks
+
+    @property
+    def busy(self) -> bool:
+        """A rank runs, or output or an exit is still to come."""
+
+    def start(self) -> None:
+        """Start the ranks (a remote host: those its agent was prepared with)."""
+
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        """Send ``sig`` to the process groups of ``ranks`` (default: all)."""
+
+    def release(self) -> None:
+        """The job is over: let go without waiting (an agent is told BYE)."""
+
+    def close(self, deadline: float) -> None:
+        """Nothing of these ranks may survive; wait until ``deadline`` at most."""
+
+
+class NodeHooks(Protocol):
+    """One node of an msrun-mode job, as the supervisor sees it
+    (:class:`mslaunch.msrun.node.Cluster`)."""
+
+    restarts: int               # per process, on failure (msrun's recovery)
+
+    def started(self, pids: Dict[str, int]) -> None:
+        """Every process runs (by label)."""
+
+    def failed(self, code: int, message: str) -> None:
+        """This node ends the job: the other nodes must stop too, with ``code``."""
+
+    def finished(self, code: int) -> None:
+        """This node's part ended with ``code``."""
+
+
+class RankState(Protocol):
+    """The supervisor's bookkeeping of one rank."""
+
+    spec: RankSpec
+    pid: int
+    outputs: List[RankOutput]
+    code: Optional[int]
+    signal: Optional[int]
+    reason: str
+    ended: bool
+    restarts: int
+    last_end: str
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def tail(self) -> bytes: ...
+
+
+class JobView(Protocol):
+    """What the fleet, the PMI job set and the reports use of the supervisor."""
+
+    job: JobSpec
+    plan: Plan
+    console: Console
+    loop: Loop
+    ranks: List[RankState]
+    ending: Optional[str]
+    stop_signal: Optional[int]
+    restarts: int
+    watchdog: Optional[Watchdog]
+    mpi_jobs: Any
+
+    @property
+    def hosts(self) -> Dict[str, Any]: ...
+
+    def log(self, message: str) -> None: ...
+
+    def make_sinks(self, spec: RankSpec) -> Any: ...
+
+    def replanned(self, plan: Plan) -> None: ...
+
+    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool) -> None: ...
+
+    def pmi_abort(self, rank: int, code: int, message: str) -> None: ...
+
+    def pmi_lost(self, rank: int) -> None: ...
+
+    def pmi_log(self, message: str) -> None: ...
+
+    def add_ranks(self, specs: Sequence[RankSpec]) -> None: ...
+
+    def abandon(self, keys: Sequence[int]) -> None: ...
+
+    def start_local(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any) -> None: ...

@@ -1,0 +1,217 @@
+"""Processes of this machine: finding them in /proc and stopping them.
+
+What the orphan guard (:mod:`.guard`) stands on: processes are found by
+the guard's marker in their initial environment, as children or
+descendants of others, or by process group, and told apart from a later
+process with the same pid by their start time; :func:`terminate` stops
+all of a job's processes and what they started.
+"""
+
+from __future__ import annotations
+
+import os
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Iterable, List, Optional, Protocol, Set, Tuple
+
+    class Cgroup(Protocol):
+        """What :func:`terminate` needs of the job's cgroup (the guard's ``JobCgroup``)."""
+
+        def pids(self) -> Set[int]: ...
+
+        def kill(self) -> None: ...
+
+        def remove(self, wait: float = 0.0) -> None: ...
+
+#: The environment variable that ties a rank to the guard that watches it.
+MARKER_VARIABLE = "MSLAUNCH_GUARD"
+
+
+# ---------------------------------------------------------------------------
+# finding processes
+
+def marked_pids(marker: str) -> Set[int]:
+    """Pids of processes whose initial environment holds ``MSLAUNCH_GUARD=marker``."""
+    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
+    found = set()
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if env.startswith(needle) or b"\0" + needle in env:
+            found.add(int(entry))
+    return found
+
+
+def children_of(pid: int) -> List[int]:
+    """The children of ``pid`` (all its threads'), from /proc."""
+    found: List[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def start_time(pid: int) -> Optional[int]:
+    """The start time of ``pid`` in clock ticks (tells a pid from a reused one)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _process_table() -> Dict[int, Tuple[int, int, bytes]]:
+    """pid -> (parent pid, process group, state) of every process, from /proc."""
+    table: Dict[int, Tuple[int, int, bytes]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(roots: Iterable[int], table=None) -> Set[int]:
+    """Every process below ``roots`` (one snapshot of /proc)."""
+    table = _process_table() if table is None else table
+    kids: Dict[int, List[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    found: Set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in kids.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def exists(pid: int) -> bool:
+    """True while ``pid`` names a process (a zombie too)."""
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+
+
+def alive(pid: int) -> bool:
+    """True for a live process that is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+# ---------------------------------------------------------------------------
+# stopping processes
+
+def send_signal(pid: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid``; False if it could not be (gone, or not ours)."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def _signal_all(groups: Iterable[int], pids: Iterable[int], sig: int) -> bool:
+    """Send ``sig`` to groups and pids; return True if any still existed."""
+    alive = False
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+            alive = True
+        except OSError:
+            pass
+    for pid in pids:
+        alive = send_signal(pid, sig) or alive
+    return alive
+
+
+def wait_gone(pid: int, limit: float) -> None:
+    """Wait (at most ``limit`` seconds) until process ``pid`` has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        import select
+        select.select([fd], [], [], limit)
+        os.close(fd)
+        return
+    deadline = time.monotonic() + limit
+    while exists(pid) and os.getppid() == pid and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def terminate(groups: Iterable[int], marker: str, grace: float,
+              cgroup: Optional[Cgroup] = None, pids: Iterable[int] = (),
+              spare: Iterable[int] = ()) -> None:
+    """SIGCONT+SIGTERM everything of the job, SIGKILL after ``grace``.
+
+    Everything: the cgroup's processes, the members of the given groups,
+    the given pids, processes carrying the job marker, and all their
+    descendants -- but ``spare``.  Zombies do not count as alive.
+    """
+    groups = set(groups)
+    known = set(pids)
+    spared = set(spare)
+
+    def everyone() -> Set[int]:
+        table = _process_table()
+        found = known | marked_pids(marker)
+        if cgroup is not None:
+            found |= cgroup.pids()
+        found |= {pid for pid, (_, pgid, _) in table.items() if pgid in groups}
+        found |= descendants(found, table)
+        me = os.getpid()
+        return {p for p in found if p != me and p not in spared and p in table
+                and table[p][2] != b"Z"}
+
+    # Stop first (no new forks while the list is taken), then terminate.
+    targets = everyone()
+    if targets:
+        _signal_all((), targets, signal.SIGSTOP)
+        targets |= everyone()
+        _signal_all((), targets, signal.SIGTERM)
+        _signal_all((), targets, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if not everyone():
+                break
+        else:
+            _signal_all((), everyone(), signal.SIGKILL)
+    if cgroup is not None:
+        inside = cgroup.pids()
+        if inside & spared:
+            _signal_all((), inside - spared, signal.SIGKILL)   # never the spared
+        elif inside:
+            cgroup.kill()
+        cgroup.remove(wait=2.0)

@@ -1,0 +1,149 @@
+"""The launcher's stdin, copied to the ranks that read it.
+
+Input, not output, though fed much the same way: :class:`StdinFanout`
+reads the launcher's stdin on the event loop and pushes each chunk to
+every sink (a local rank's pipe, :class:`PipeStdin`, or a remote host's
+stand-in); a sink's pipe is written without blocking, from a queue.
+Needed only when some rank reads stdin through a pipe: imported then.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict
+
+    from .loop import Loop
+
+CHUNK = 1 << 20           # bytes of stdin read at once
+
+
+class PipeStdin:
+    """A local rank's stdin pipe, written without blocking from a queue."""
+
+    def __init__(self, loop: Loop, fd: int, on_gone: Callable[[], None],
+                 on_room: Callable[[], None]) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.buffer = bytearray()
+        self.eof = False
+        self.on_gone = on_gone
+        self.on_room = on_room
+        os.set_blocking(fd, False)
+
+    @property
+    def backlog(self) -> int:
+        return len(self.buffer)
+
+    def push(self, data: bytes) -> None:
+        self.buffer += data
+        self._flush()
+
+    def finish(self) -> None:
+        self.eof = True
+        self._flush()
+
+    def _flush(self) -> None:
+        buf = self.buffer
+        try:
+            while buf:
+                del buf[:os.write(self.fd, buf)]
+        except BlockingIOError:
+            self.loop.add_writer(self.fd, self._flush)
+            return
+        except OSError:
+            self.on_gone()      # the rank closed its stdin (or exited): drop its copy
+            return
+        self.loop.remove_writer(self.fd)
+        if self.eof:
+            self.on_gone()
+        else:
+            self.on_room()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.forget(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
+class StdinFanout:
+    """Copies the launcher's stdin to every rank that reads it.
+
+    Sinks are local pipes (:class:`PipeStdin`) or anything with the same
+    ``push``/``finish``/``backlog``/``close``; reading stops while any sink
+    holds more than :data:`LIMIT` bytes not yet taken, and goes on when it
+    has room again or is dropped (a rank that exits without reading).
+    """
+
+    LIMIT = 1 << 20
+
+    def __init__(self, loop: Loop, source_fd: int, sinks: Dict[int, object]) -> None:
+        self.loop = loop
+        self.source = source_fd
+        self.sinks: Dict[int, object] = {}
+        for rank, sink in sinks.items():
+            if isinstance(sink, int):
+                sink = PipeStdin(loop, sink, lambda r=rank: self.drop(r), self.resume_if_room)
+            self.sinks[rank] = sink
+        self.eof = False
+        self.paused = False
+        try:
+            loop.add_reader(source_fd, self._read)
+            self.pollable = True
+        except OSError:
+            # A regular file or /dev/null cannot be polled (it is always
+            # readable): read it from timers instead.
+            self.pollable = False
+            loop.call_later(0, self._read)
+
+    def _read(self) -> None:
+        if self.paused or self.eof:
+            return
+        try:
+            data = os.read(self.source, CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data or not self.sinks:
+            # End of input, or nobody left to read it.
+            self.eof = True
+            if self.pollable:
+                self.loop.forget(self.source)
+            for sink in list(self.sinks.values()):
+                sink.finish()  # type: ignore[attr-defined]
+            return
+        for sink in list(self.sinks.values()):
+            sink.push(data)  # type: ignore[attr-defined]
+        if any(s.backlog > self.LIMIT for s in self.sinks.values()):  # type: ignore[attr-defined]
+            self.paused = True                 # back-pressure until the ranks read
+            if self.pollable:
+                self.loop.remove_reader(self.source)
+        elif not self.pollable:
+            self.loop.call_later(0, self._read)
+
+    def resume_if_room(self) -> None:
+        if self.paused and all(s.backlog <= self.LIMIT  # type: ignore[attr-defined]
+                               for s in self.sinks.values()):
+            self.paused = False
+            if self.pollable:
+                self.loop.add_reader(self.source, self._read)
+            else:
+                self.loop.call_later(0, self._read)
+
+    def drop(self, rank: int) -> None:
+        sink = self.sinks.pop(rank, None)
+        if sink is not None:
+            sink.close()  # type: ignore[attr-defined]
+        # The others may have been waiting for this rank's backlog.
+        self.resume_if_room()
+
+    def close(self) -> None:
+        for rank in list(self.sinks):
+            self.drop(rank)
+        if not self.eof and self.pollable:
+            self.loop.forget(self.source)
+        self.eof = True

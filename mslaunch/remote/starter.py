@@ -1,0 +1,111 @@
+"""The seam between the launcher and what starts its agents on remote hosts.
+
+A :class:`Starter` starts one agent on each named host and hands back, for
+each, an :class:`AgentConnection`: the launcher's end of that agent's link
+(see :mod:`.link`) and what the launcher needs to know of the agent.  The
+starters are paramiko's SSH (:class:`.ssh.SSHStarter`) and Slurm's srun
+(:class:`.slurm.SrunStarter`); :func:`starter_for` makes the job's, as
+:func:`.slurm.choose` decides.  The launcher uses only what the two
+protocols below say, whichever starter it has.
+
+The protocols are for type checkers: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence
+
+    from ..spec import SSHSpec
+
+    class AgentConnection(Protocol):
+        """A running agent, as a starter hands it to the launcher.
+
+        ``fd`` is the launcher's end of the link (the caller closes it after
+        :meth:`close`); ``hello`` is the agent's ``HELLO`` message (host,
+        Python, topology); ``local_address`` is this machine's address
+        towards the host (None when the way there does not tell, as through
+        a proxy), which the agent can dial back for its output connection;
+        ``stderr_tail`` is the end of what the agent wrote to its stderr and
+        ``ended_because`` what the starter knows of why the link ended ("" if
+        nothing), both shown when the host is lost.
+        """
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def fd(self) -> int: ...
+        @property
+        def hello(self) -> Dict[str, Any]: ...
+        @property
+        def local_address(self) -> Optional[str]: ...
+        @property
+        def stderr_tail(self) -> bytes: ...
+        @property
+        def ended_because(self) -> str: ...
+
+        def wait_exit(self, deadline: float) -> bool:
+            """Wait until the agent has closed its end (it exited); False at ``deadline``."""
+
+        def close(self, wait: float = 1.0) -> None:
+            """Close the link (the agent sees end-of-file and exits), waiting up to ``wait`` s."""
+
+    class Starter(Protocol):
+        """Starts the job's agents on remote hosts.
+
+        ``plain_link`` is true when the links travel in plain TCP: the
+        agents' output connections beside them then stay plain too.
+        """
+
+        @property
+        def plain_link(self) -> bool: ...
+
+        def prepare(self) -> None:
+            """Begin, in the background, what :meth:`start` will need (the agent's
+            package, a module to import), while the job is still being planned."""
+
+        def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
+                  say: Optional[Callable[[str], None]] = None) -> Dict[str, AgentConnection]:
+            """An agent on every host of ``names``, by name; all of them or none
+            (LaunchError, exit code 130 when ``cancelled`` turned true while
+            waiting).  ``say``, when given, is told (verbose) what starts them."""
+
+from ..errors import LaunchError
+
+
+class _NoStarter:
+    """``--launcher local``: remote hosts cannot be reached; saying so is :meth:`start`'s."""
+
+    plain_link = True
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
+              say: Optional[Callable[[str], None]] = None) -> Dict[str, AgentConnection]:
+        raise LaunchError(f"--launcher local: {', '.join(names[:4])} "
+                          f"{'is' if len(names) == 1 else 'are'} not this machine")
+
+
+def starter_for(spec: SSHSpec, environ: Mapping[str, str],
+                pythons: Optional[Sequence[str]] = None) -> Starter:
+    """The starter of a job whose remote hosts are reached as ``spec`` says.
+
+    ``spec.launcher`` decides, through :func:`.slurm.choose` (UsageError for
+    ``slurm`` outside an allocation).  ``pythons`` are the interpreters the
+    agents try on the hosts: ``--remote-python``, else this one's path, then
+    ``python3``.  Nothing is started or read yet.
+    """
+    from .slurm import SrunStarter, choose
+    how = choose(spec.launcher, environ)
+    if pythons is None:
+        pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]
+    if how == "slurm":
+        return SrunStarter(pythons, environ)
+    if how == "local":
+        return _NoStarter()
+    from .ssh import SSHStarter
+    return SSHStarter(spec, pythons)
