@@ -6,8 +6,9 @@ Three mechanisms, strongest first:
   under its own): the launcher forks its watchdog, then moves itself into
   a new cgroup, so every process started from then on -- ranks, their
   children, daemons that called ``setsid`` and cleared their environment --
-  is in it and cannot leave it.  At the end the launcher moves back out and
-  the cgroup is emptied with ``cgroup.kill``.
+  is in it and cannot leave it.  The launcher stays inside to its end (a
+  move out would cost the kernel a grace period); once it has exited, the
+  watchdog empties the cgroup with ``cgroup.kill`` and removes it.
 * **Child subreaper** (when no cgroup can be made): descendants orphaned
   during the job are re-parented to the launcher instead of init, so it
   sees and stops them; the watchdog keeps a list of them in case the
@@ -130,12 +131,6 @@ class JobCgroup:
         except OSError:
             self.remove()
             return False
-
-    def leave(self) -> None:
-        try:
-            _write(os.path.join(self.home, "cgroup.procs"), str(os.getpid()))
-        except OSError:
-            pass
 
     def pids(self) -> Set[int]:
         try:

@@ -84,7 +84,6 @@ class LocalRanks:
         self._stdin_is_tty = stdin_fd is not None and os.isatty(stdin_fd)
         self._kill_timers: Dict[int, Timer] = {}
         self._sweep: Optional[Timer] = None
-        self._sweeping = False
         self._flush_timer: Optional[Timer] = None
         self._session_root: Optional[str] = None
 
@@ -211,7 +210,7 @@ class LocalRanks:
         self.listener.rank_started(spec.key, local.proc.pid)
 
     def _poll_exit(self, local: _Local) -> None:
-        """Without pidfds (Python 3.8), look for the rank's exit every 50 ms."""
+        """Without pidfds (an agent on Python 3.8), look for the rank's exit every 50 ms."""
         if local.proc.exited():  # type: ignore[union-attr]
             self._on_exit(local)
         else:
@@ -286,7 +285,6 @@ class LocalRanks:
         for pid in pids:
             _signal(pid, signal.SIGCONT)
             _signal(pid, signal.SIGTERM)
-        self._sweeping = True
 
         def kill() -> None:
             if not all(r.ended for r in self.ranks.values()):

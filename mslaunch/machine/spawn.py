@@ -130,7 +130,7 @@ class LocalProcess:
         self.pgid = self.pid
         self._status: Optional[int] = None
         if not hasattr(os, "pidfd_open"):
-            self.pidfd = -1      # Python 3.8: the owner polls exited()
+            self.pidfd = -1      # an agent's Python 3.8: the owner polls exited()
             return
         try:
             self.pidfd = os.pidfd_open(self.pid)

@@ -170,13 +170,6 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
     return [i for i, c in enumerate(counts) for _ in range(c)]
 
 
-def _count_per_host(order: Sequence[int], nhosts: int) -> List[int]:
-    counts = [0] * nhosts
-    for i in order:
-        counts[i] += 1
-    return counts
-
-
 # -- inside a host: mapping, ranking, binding ---------------------------------------
 
 #: Mapping objects that deal ranks round-robin over themselves.

@@ -26,7 +26,7 @@ What OpenSSH (``ssh_config(5)``) does, and this does too:
   ``IdentityFile`` and the known-hosts files; ``%%``, ``%h``, ``%n``,
   ``%p``, ``%r`` in ``ProxyCommand`` and ``ProxyJump``.
 
-``Include`` is expanded by the caller (:func:`mslaunch.remote.ssh`), in place.
+``Include`` is expanded by the caller (:func:`mslaunch.remote.sshfiles.expand_includes`), in place.
 Host names are compared in lower case, as OpenSSH lowers them.
 """
 
