@@ -7,6 +7,10 @@ the message as one line and exits with :attr:`LaunchError.exit_code`.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
 #: Exit status of a job stopped by ``--timeout`` (Open MPI 4 uses the same).
 TIMEOUT_EXIT = 110
 
@@ -16,9 +20,16 @@ HOST_LOST_EXIT = 255
 
 
 class LaunchError(Exception):
-    """A failure the user can act on; the message is shown as one line."""
+    """A failure the user can act on; the message is shown as one line.
+
+    ``exit_code`` is mslaunch's exit status for it: the class's, unless given."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", exit_code: Optional[int] = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class UsageError(LaunchError):

@@ -109,15 +109,11 @@ class Fleet:
                            or all(h.state == "ready" for h in self.hosts.values()))
         if self.start_error is not None:
             message, code = self.start_error
-            err = LaunchError(message)
-            err.exit_code = code
-            raise err
+            raise LaunchError(message, code)
         if sup.ending is not None:
             stop = sup.stop_signal or 15
-            err = LaunchError(f"stopped by {signal_name(stop)} while the remote hosts were "
-                              f"starting")
-            err.exit_code = 128 + stop
-            raise err
+            raise LaunchError(f"stopped by {signal_name(stop)} while the remote hosts were "
+                              f"starting", 128 + stop)
 
     def _output_listener(self) -> Any:
         """A listener for the agents' output connections, or None.

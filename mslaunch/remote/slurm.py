@@ -405,9 +405,7 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
     deadline = time.monotonic() + AGENT_TIMEOUT
     while len(done) < len(names):
         if cancelled is not None and cancelled():
-            err = LaunchError("stopped while starting the agents with srun")
-            err.exit_code = 130
-            raise err
+            raise LaunchError("stopped while starting the agents with srun", 130)
         if step.proc.poll() is not None:
             raise LaunchError(f"srun ended (status {step.proc.returncode}) before every "
                               f"agent started: {step.last_line() or 'no message'}")

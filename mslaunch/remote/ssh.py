@@ -305,9 +305,7 @@ def connect_all(names: Sequence[str], options: Options,
                     todo.clear()
                     for conn in done.values():
                         conn.close()
-                err = LaunchError("stopped while connecting to the remote hosts")
-                err.exit_code = 130
-                raise err
+                raise LaunchError("stopped while connecting to the remote hosts", 130)
     for transport in connector.jumps.values():
         if not isinstance(transport, type(lock)) and failures and not done:
             try:
