@@ -254,24 +254,19 @@ def run_openmpi(job: JobSpec) -> int:
 def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], job: JobSpec,
            state, console: Console) -> None:
     """Forward signals, enforce --timeout, demultiplex output until mpirun ends."""
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-    old = {s: signal.signal(s, lambda *_: None) for s in forwarded}
     pidfd = os.pidfd_open(proc.pid)
     done = {"exited": False}
 
-    def on_signal() -> None:
-        for sig in os.read(wake_r, 64):
-            if sig == signal.SIGINT and state["stop"] is not None:
-                _killpg(proc.pid, signal.SIGKILL)
-                continue
-            if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) and state["stop"] is None:
-                state["stop"] = sig
-                loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
-                loop.call_later(job.grace + 0.5, console.give_up)
-            _kill(proc.pid, sig)
+    def on_signal(sig: int) -> None:
+        if sig == signal.SIGINT and state["stop"] is not None:
+            _killpg(proc.pid, signal.SIGKILL)
+            return
+        if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) and state["stop"] is None:
+            state["stop"] = sig
+            loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
+            loop.call_later(job.grace + 0.5, console.give_up)
+        _kill(proc.pid, sig)
 
     def on_timeout() -> None:
         if done["exited"]:
@@ -321,8 +316,8 @@ def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], j
                 demux.line(stream, line + b"\n")  # type: ignore[union-attr]
         return read
 
+    restore_signals = loop.catch_signals(forwarded, on_signal)
     try:
-        loop.add_reader(wake_r, on_signal)
         loop.add_reader(pidfd, on_exit)
         for fd in list(pipes):
             loop.add_reader(fd, reader(fd))
@@ -330,11 +325,7 @@ def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], j
             loop.call_later(job.timeout, on_timeout)
         loop.run_until(lambda: done["exited"] and not pipes and not console.pending)
     finally:
-        signal.set_wakeup_fd(old_wakeup)
-        for s, h in old.items():
-            signal.signal(s, h)
-        os.close(wake_r)
-        os.close(wake_w)
+        restore_signals()
         if not done["exited"]:
             _killpg(proc.pid, signal.SIGKILL)
             proc.wait()
