@@ -22,6 +22,17 @@ not exist, none of its namespaces exist and ``198.18.K.0/24`` has no route.
 The state file names the creating process; :func:`preclean_stale` removes beds
 whose creator is dead (crashed runs) and never touches a live run's bed.
 
+Every :class:`Bed` (SSH, Slurm) also has a tag, put in the environment of its
+daemons and clients (``MSLAUNCH_TESTBED_TAG``), and an owner record
+(``{prefix_base}-{tag}.owner.json`` in the same directory) naming the creating
+process, the tag, the inodes of the bed's network namespaces and the paths to
+delete with it.  :func:`sweep_stale`, run before a bed is built, removes what a
+dead run's bed left: its tagged processes and their descendants, everything in
+a recorded namespace that holds a tagged process, the recorded paths.  It finds
+namespaces by inode, not by /run/netns: a bed built in a private mount
+namespace has its /run/netns mounts there only, and they vanish with it while
+its daemons live on.
+
 Daemons and commands enter a host with ``nsenter``, not ``ip netns exec``: the
 latter remounts ``/sys`` and hides ``/sys/fs/cgroup``.  The bed creates each
 host's UTS and mount namespaces once with
@@ -53,6 +64,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -60,6 +72,7 @@ NETNS_DIR = "/run/netns"
 SUBNET_BASE = "198.18"
 DEFAULT_K_RANGE = range(20, 220)  # 240 and up belong to the Slurm bed
 _SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TAG_VAR = "MSLAUNCH_TESTBED_TAG"  # in the environment of a bed's daemons and clients
 _ROUTE_TYPES = {"unicast", "local", "broadcast", "multicast", "throw", "unreachable",
                 "prohibit", "blackhole", "nat", "anycast"}
 
@@ -389,6 +402,77 @@ def preclean_stale(prefix_base: str) -> List[str]:
     return cleaned
 
 
+def tagged_pids(tag: str, netns: Iterable[Sequence[int]] = ()) -> List[int]:
+    """Live processes of the bed tagged ``tag``: those carrying ``TAG_VAR=tag`` in
+    their environment or their command line (a daemon that sets its process title,
+    as sshd does, writes it over its environment) and their descendants, and
+    everything in a namespace of ``netns`` (``[dev, inode]`` pairs) that holds a
+    tagged process (the tag check guards against an inode reused by a newer
+    namespace)."""
+    if not tag:
+        return []
+    needle = f"{TAG_VAR}={tag}".encode()
+    ids = {tuple(x) for x in netns}
+    tagged: set = set()
+    tagged_ns: set = set()
+    by_ns: Dict[Tuple[int, int], List[int]] = {}
+    for pid in _all_pids():
+        try:
+            st = os.stat(f"/proc/{pid}/ns/net")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                env += b"\0" + f.read()
+        except OSError:
+            continue
+        ns = (st.st_dev, st.st_ino)
+        if ns in ids:
+            by_ns.setdefault(ns, []).append(pid)
+        if needle in env:
+            tagged.add(pid)
+            tagged_ns.add(ns)
+    for ns in ids & tagged_ns:
+        tagged.update(by_ns[ns])
+    kids = children_map()
+    todo = list(tagged)
+    while todo:
+        for kid in kids.get(todo.pop(), []):
+            if kid not in tagged:
+                tagged.add(kid)
+                todo.append(kid)
+    return [p for p in tagged if p != os.getpid() and process_alive(p)]
+
+
+def sweep_stale(prefix_base: str) -> List[str]:
+    """Remove what the beds of ``prefix_base`` left whose creator is dead (see the
+    module docstring), then their namespaces and links (:func:`preclean_stale`);
+    return the owner records removed."""
+    d = state_dir()
+    removed = []
+    for entry in sorted(os.listdir(d)):
+        if not (entry.startswith(prefix_base + "-") and entry.endswith(".owner.json")):
+            continue
+        path = os.path.join(d, entry)
+        rec = read_record(path)
+        if rec is None:  # being written right now, or garbage: only old garbage goes
+            try:
+                if time.time() - os.stat(path).st_mtime < 60:
+                    continue
+            except OSError:
+                continue
+        elif not record_is_stale(rec):
+            continue
+        else:
+            kill_until_gone(lambda: tagged_pids(rec.get("tag", ""), rec.get("netns", [])),
+                            f"stale bed {entry}")
+            for gone in rec.get("remove", []):
+                shutil.rmtree(gone, ignore_errors=True)
+        remove_record(path)
+        removed.append(entry)
+    preclean_stale(prefix_base)
+    return removed
+
+
 def _used_networks() -> List[ipaddress.IPv4Network]:
     """IPv4 networks that have a route (any table) in the root namespace, default excluded."""
     r = ip_cmd(["-4", "-o", "route", "show", "table", "all"], check=False)
@@ -524,6 +608,14 @@ class NetBed:
     def namespaces(self) -> List[str]:
         """Every namespace this bed created."""
         return list(self._created)
+
+    def namespace_ids(self) -> List[List[int]]:
+        """``[dev, inode]`` of each host's network namespace (for an owner record)."""
+        ids = []
+        for h in self.hosts:
+            st = os.stat(os.path.join(NETNS_DIR, h.netns))
+            ids.append([st.st_dev, st.st_ino])
+        return ids
 
     def host(self, name: str) -> NetHost:
         for h in self.hosts:
@@ -753,19 +845,44 @@ def _stop_all_live() -> None:
 
 
 class Bed:
-    """What every test bed shares: :meth:`start` builds it once (cleaning up
-    and raising on failure), :meth:`stop` removes it (idempotent, and at the
-    interpreter's exit for a bed still up), ``with`` does both, and each
+    """What every test bed shares: :meth:`start` removes the beds of dead runs
+    (:func:`sweep_stale`) and builds this one once (cleaning up and raising on
+    failure), :meth:`stop` removes it (idempotent, and at the interpreter's exit
+    for a bed still up): its own teardown, then every process carrying its tag
+    and their descendants, then its owner record.  ``with`` does both, and each
     records how long it took.  A bed says what it needs in :meth:`_check`
-    (raising before anything is made), builds in :meth:`_build` and removes
-    in :meth:`_teardown`."""
+    (raising before anything is made), builds in :meth:`_build`, giving its
+    daemons :meth:`tag_env` and writing :meth:`record_owner` once its namespaces
+    exist, and removes in :meth:`_teardown`."""
 
     dir: str
+    prefix_base = ""
 
     def __init__(self) -> None:
         self.setup_seconds = 0.0
         self.teardown_seconds = 0.0
         self._started = False
+        self.tag = f"{os.getpid()}-{uuid.uuid4().hex}"
+        self._owner: Optional[str] = None
+
+    def tag_env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """``base`` (default: os.environ) with the bed's tag."""
+        return dict(os.environ if base is None else base, **{TAG_VAR: self.tag})
+
+    def record_owner(self, netns: Iterable[Sequence[int]] = (),
+                     remove: Iterable[str] = ()) -> None:
+        """Write the owner record, by which a later run removes what a crash of
+        this one left: the namespaces ``netns`` hold, the paths ``remove``."""
+        me = os.getpid()
+        path = os.path.join(state_dir(), f"{self.prefix_base}-{self.tag}.owner.json")
+        _write_json(path, {"pid": me, "pid_start": process_start_time(me), "tag": self.tag,
+                           "netns": [list(x) for x in netns], "remove": list(remove)},
+                    exclusive=False)
+        self._owner = path
+
+    def kill_tagged(self) -> None:
+        """SIGKILL every process carrying the bed's tag, and their descendants."""
+        kill_until_gone(lambda: tagged_pids(self.tag), f"the processes of {self.dir}")
 
     def __enter__(self):
         if not self._started:
@@ -786,6 +903,8 @@ class Bed:
         with _LIVE_LOCK:
             _LIVE.append(self)
         try:
+            if self.prefix_base:
+                sweep_stale(self.prefix_base)
             self._build(*args, **kw)
         except BaseException:
             self.stop()
@@ -798,7 +917,13 @@ class Bed:
             return
         t0 = time.monotonic()
         try:
-            self._teardown()
+            try:
+                self._teardown()
+            finally:
+                if self.prefix_base:
+                    self.kill_tagged()
+                remove_record(self._owner)
+                self._owner = None
         finally:
             self._started = False
             with _LIVE_LOCK:

@@ -21,16 +21,16 @@ resolves to that address, in the root namespace ``h1`` does not resolve.
 Nothing under /etc, /run/munge or /var is used: configuration, state, spool
 and logs live in the bed's directory, munged's key and socket in
 ``/run/mslaunch-testbeds/slK.munge`` (munged wants o+x on every directory of
-the socket path), next to an ``owner.json`` that names the creating process,
-the bed's namespace inodes and its tag.  Teardown SIGKILLs everything in the
-bed's namespaces (munged included), the clients started with
-:meth:`SlurmBed.popen` and any process whose environment carries the bed's
-tag (:meth:`SlurmBed.env` adds it, so an ``srun`` started by a launcher under
-test is found too), then deletes the namespaces.  A bed left by a crashed run
-is removed the same way by the next run.  Always give clients
-:meth:`SlurmBed.env`: without ``SLURM_CONF`` they look the controller up in
-DNS (SRV records of the search domain).  Killed daemons can stay zombies of
-init for a few seconds (slurmstepd is double-forked).
+the socket path); the bed's owner record (see :mod:`netbed`) names the
+creating process, the bed's namespace inodes, its tag and that directory.
+Teardown SIGKILLs everything in the bed's namespaces (munged included), the
+clients started with :meth:`SlurmBed.popen` and any process whose environment
+carries the bed's tag, with its descendants (:meth:`SlurmBed.env` adds it, so
+an ``srun`` started by a launcher under test is found too), then deletes the
+namespaces.  A bed left by a crashed run is removed the same way by the next
+run.  Always give clients :meth:`SlurmBed.env`: without ``SLURM_CONF`` they
+look the controller up in DNS (SRV records of the search domain).  Killed
+daemons can stay zombies of init for a few seconds (slurmstepd is double-forked).
 
 Pytest use (``pytest_plugins = ["slurmbed"]``)::
 
@@ -56,9 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from typing import (Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
-                    Union)
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Union
 
 import pytest
 
@@ -74,7 +72,7 @@ MUNGED, SLURMCTLD, SLURMD = "/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbi
 CLIENTS = ("salloc", "srun", "sbatch", "sinfo", "squeue", "scontrol", "scancel")
 REQUIRED_TOOLS = (MUNGED, SLURMCTLD, SLURMD) + CLIENTS + ("ip", "nsenter", "unshare")
 SLURMD_PORT = 6818
-TAG_VAR = "MSLAUNCH_SLURMBED_TAG"  # in the daemons' and clients' environment
+TAG_VAR = netbed.TAG_VAR  # in the daemons' and clients' environment
 # Slurm clients read these as option defaults; a test's environment must not leak them in
 _CLIENT_ENV_PREFIXES = ("SLURM_", "SALLOC_", "SBATCH_", "SRUN_", "SQUEUE_", "SINFO_",
                         "SCANCEL_", "SCONTROL_")
@@ -98,62 +96,6 @@ def _tail(path: str, n: int = 25) -> str:
         return ""
 
 
-def _stale_pids(rec: dict) -> List[int]:
-    """Live processes of a dead run's bed: those carrying its tag in their environment
-    (daemons, clients), and everything in a recorded network namespace that holds a
-    tagged process.  Namespaces are found by inode, not by /run/netns: a bed built in
-    a private mount namespace (scripts/test.sh, /tmp/pt) has its /run/netns mounts
-    there only, and they vanish with it while the daemons live on.  The tag check
-    guards against a namespace inode reused by a newer namespace."""
-    if not rec.get("tag"):
-        return []
-    tag = f"{TAG_VAR}={rec['tag']}".encode()
-    ids = {tuple(x) for x in rec.get("netns", [])}
-    tagged: Set[int] = set()
-    tagged_ns: Set[Tuple[int, int]] = set()
-    by_ns: Dict[Tuple[int, int], List[int]] = {}
-    for pid in netbed._all_pids():
-        try:
-            st = os.stat(f"/proc/{pid}/ns/net")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        ns = (st.st_dev, st.st_ino)
-        if ns in ids:
-            by_ns.setdefault(ns, []).append(pid)
-        if tag in env:
-            tagged.add(pid)
-            tagged_ns.add(ns)
-    for ns in ids & tagged_ns:
-        tagged.update(by_ns[ns])
-    return [p for p in tagged if p != os.getpid() and netbed.process_alive(p)]
-
-
-def _sweep_stale() -> None:
-    """Remove the beds of dead runs: their processes, munge directories, namespaces."""
-    d = netbed.state_dir()
-    for entry in os.listdir(d):
-        if not (entry.startswith(PREFIX_BASE) and entry.endswith(".munge")):
-            continue
-        path = os.path.join(d, entry)
-        rec = netbed.read_record(os.path.join(path, "owner.json"))
-        if rec is None:  # being created right now, or garbage
-            try:
-                if time.time() - os.stat(path).st_mtime < 60:
-                    continue
-            except OSError:
-                continue
-        elif not netbed.record_is_stale(rec):
-            continue
-        else:
-            netbed.kill_until_gone(lambda: _stale_pids(rec), f"stale bed {entry}")
-            if rec.get("dir"):  # a temporary directory the bed made for itself
-                shutil.rmtree(rec["dir"], ignore_errors=True)
-        shutil.rmtree(path, ignore_errors=True)
-    netbed.preclean_stale(PREFIX_BASE)
-
-
 class SlurmBed(netbed.Bed):
     """slurmctld + N slurmd nodes ``h1``..``hN``; see the module docstring.
 
@@ -162,6 +104,8 @@ class SlurmBed(netbed.Bed):
     removed by :meth:`stop`) keeps slurm.conf, state, spool and logs.
     ``extra_conf`` lines are appended to slurm.conf (e.g. ``SlurmdTimeout=5``).
     """
+
+    prefix_base = PREFIX_BASE
 
     def __init__(self, directory: Optional[str] = None, nodes: int = 2, cpus: int = 2,
                  extra_conf: Iterable[str] = (), proctrack: str = "proctrack/linuxproc",
@@ -182,7 +126,6 @@ class SlurmBed(netbed.Bed):
         self.ready_timeout = ready_timeout
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.runner = socket.gethostname().split(".")[0]
-        self.tag = f"{os.getpid()}-{uuid.uuid4().hex}"
         self.net: Optional[NetBed] = None
         self.munge_dir = ""
         self.daemons: Dict[str, subprocess.Popen] = {}  # "munged", "slurmctld", "h1", ...
@@ -208,7 +151,6 @@ class SlurmBed(netbed.Bed):
     def _build(self) -> None:
         for sub in ("ctld", "spool"):
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
-        _sweep_stale()
         self.net = NetBed(self.dir, PREFIX_BASE, K_RANGE)
         self.net.create([("ctl", 2)] + self.nodes)
         self._start_munged()
@@ -231,7 +173,7 @@ class SlurmBed(netbed.Bed):
         if self.net is not None:
             self.net.teardown()  # SIGKILLs every process in the namespaces, munged included
         # clients started by others with env(), e.g. srun under a launcher under test
-        netbed.kill_until_gone(lambda: _stale_pids({"tag": self.tag}), "the bed's clients")
+        self.kill_tagged()
         if self.munge_dir:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
         if self.proctrack == "proctrack/cgroup":
@@ -249,15 +191,12 @@ class SlurmBed(netbed.Bed):
     def _start_munged(self) -> None:
         assert self.net is not None
         d = os.path.join(netbed.state_dir(), self.net.prefix + ".munge")
-        shutil.rmtree(d, ignore_errors=True)  # an empty leftover: _sweep_stale ran before the claim
+        self.record_owner(netns=self.net.namespace_ids(),
+                          remove=[d] + ([self.dir] if self._own_dir else []))
+        shutil.rmtree(d, ignore_errors=True)  # an empty leftover: the sweep ran before the claim
         os.mkdir(d)
         os.chmod(d, 0o755)  # munged: o+x and no group/other write on the socket's directories
         self.munge_dir = d
-        netns = [os.stat(os.path.join(netbed.NETNS_DIR, h.netns)) for h in self.net.hosts]
-        netbed._write_json(os.path.join(d, "owner.json"), {
-            "pid": os.getpid(), "pid_start": netbed.process_start_time(os.getpid()),
-            "tag": self.tag, "dir": self.dir if self._own_dir else None,
-            "netns": [[st.st_dev, st.st_ino] for st in netns]}, exclusive=False)
         key = os.path.join(d, "munge.key")
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
         with os.fdopen(fd, "wb") as f:

@@ -77,7 +77,8 @@ starting the system sshd), ``ssh``/``ssh-keygen`` (openssh-client), ``ip``
 (iproute2), ``nsenter``/``unshare`` (util-linux).  ``scripts/test.sh``
 installs them.  Nothing listens on a wildcard address of the root namespace,
 and the bed removes every process, namespace and link it created, also after
-failures (stale beds of crashed runs are removed by the next run).
+failures (the next run removes the beds of crashed runs: their sshds carry the
+bed's tag, see :mod:`netbed`).
 """
 
 from __future__ import annotations
@@ -211,6 +212,8 @@ class SSHBed(netbed.Bed):
     ``mode`` is ``"netns"``, ``"loopback"`` or None (detect).
     """
 
+    prefix_base = PREFIX_BASE
+
     def __init__(self, directory: Optional[str] = None, mode: Optional[str] = None) -> None:
         super().__init__()
         self.dir = os.path.abspath(str(directory) if directory else
@@ -280,6 +283,8 @@ class SSHBed(netbed.Bed):
                 self.hosts.append(self._new_host(i, a, port, None))
         else:
             raise SSHBedError(f"unknown mode {self.mode!r}")
+        own = self.net is not None and self._borrowed is None
+        self.record_owner(netns=self.net.namespace_ids() if own else ())
         self._make_keys()
         self._write_client_files()
         for h in self.hosts:
@@ -443,13 +448,16 @@ class SSHBed(netbed.Bed):
             raise SSHBedError(f"{SSHD} -t -f {h.conf} failed: {r.stderr.strip()}")
 
     def _spawn_sshd(self, h: SSHHost) -> None:
-        argv = [SSHD, "-D", "-e", "-f", h.conf]
+        # The tag on the command line marks the listener (its title overwrites its
+        # environment), and SetEnv every session's processes.
+        argv = [SSHD, "-D", "-e", "-f", h.conf, "-o", f"SetEnv={netbed.TAG_VAR}={self.tag}"]
         if self.net is not None and h.net is not None:
-            h.proc = self.net.spawn(h.net, argv, log=h.log)
+            h.proc = self.net.spawn(h.net, argv, log=h.log, env=self.tag_env())
         else:
             with open(h.log, "ab") as log:
                 h.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          env=self.tag_env())
         h.pid = h.proc.pid
 
     @staticmethod

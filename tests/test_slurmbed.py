@@ -8,11 +8,14 @@ import sys
 import threading
 from typing import TYPE_CHECKING, List
 
+import pytest
+
 import netbed
 
 if TYPE_CHECKING:
     from slurmbed import SlurmBed, SlurmBedPool
 
+pytestmark = pytest.mark.remote
 
 
 def test_srun_runs_on_both_nodes(slurmbed: SlurmBed):

@@ -15,18 +15,21 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-import paramiko
 import pytest
 
 import netbed
 
 if TYPE_CHECKING:
+    import paramiko
+
     from sshbed import SSHBed, SSHBedPool
 
+pytestmark = pytest.mark.remote
 
 
 def paramiko_connect(home: str, name: str, timeout: float = 10) -> paramiko.SSHClient:
     """Connect to ``name`` as configured in ``home``/.ssh/config."""
+    import paramiko
     cfg = paramiko.SSHConfig.from_path(os.path.join(home, ".ssh", "config"))
     opts = cfg.lookup(name)
     client = paramiko.SSHClient()
@@ -74,6 +77,7 @@ def test_hostnames_over_paramiko_and_openssh(sshbed: SSHBed, tmp_path):
 
 
 def test_known_hosts_is_enforced(sshbed: SSHBed, tmp_path):
+    import paramiko
     home = sshbed.make_home(tmp_path / "home", known=["h1"])
     paramiko_connect(home, "h1").close()
     with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
@@ -134,6 +138,7 @@ def test_hide_path_on_one_host_only(sshbed: SSHBed, tmp_path):
 
 
 def test_rekey_and_refused_logins_then_restore(sshbed: SSHBed, tmp_path):
+    import paramiko
     home = sshbed.make_home(tmp_path / "home")
     sshbed.rekey_host("h4")
     with pytest.raises(paramiko.BadHostKeyException):

@@ -1,0 +1,116 @@
+"""The agent's bundle: sources for another Python, the launcher's cache, and the
+background preparation waited for at exit."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+import uuid
+from typing import Any, Dict, List, Tuple
+
+from helpers import PY, clean_env, kill_tagged
+from mslaunch.remote import bootstrap, link
+
+def _hello_from(payload: bytes, tag: str) -> Dict[str, Any]:
+    """Start the remote command on ``payload``; its HELLO, then close its link."""
+    proc = subprocess.Popen(["sh", "-c", bootstrap.remote_command([PY])], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.flush()
+        reader = link.Reader(expect_sync=True)
+        got: List[Tuple[int, bytes]] = []
+        deadline = time.monotonic() + 15
+        while not got and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 0.1)[0]:
+                data = os.read(proc.stdout.fileno(), 1 << 16)
+                if not data:
+                    break
+                got = reader.feed(data)
+        assert got and got[0][0] == link.HELLO, proc.stderr.read1(4096) if not got else got
+        proc.stdin.close()          # the link ends: the agent exits (1: launcher lost)
+        proc.wait(10)
+        err = proc.stderr.read().decode(errors="replace")
+        assert "Traceback" not in err and "lost the launcher" in err, err
+        return link.decode_json(*got[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            f.close()
+        kill_tagged(tag)
+
+
+def test_a_python_of_another_version_compiles_the_sources():
+    # The bundle's code is for a bytecode version no interpreter has: the
+    # agent must import every module it needs from the sources instead.
+    bundle = bootstrap.build_bundle(bootstrap._package_files(), b"\0\0\r\n")
+    source = bootstrap.BOOTSTRAP.encode()
+    payload = b"%d\n%s%d\n%s" % (len(source), source, len(bundle), bundle)
+    hello = _hello_from(payload, uuid.uuid4().hex)
+    assert hello["protocol"] == link.PROTOCOL
+
+
+def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tmp_path):
+    probe = ("import sys; from mslaunch.remote import bootstrap as b; "
+             "sys.stdout.buffer.write(b.package_bundle())")
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    first = subprocess.run([PY, "-c", probe], env=env, capture_output=True, check=True,
+                           cwd=tmp_path).stdout
+    files = list((tmp_path / "cache" / "mslaunch").glob("agent-*.bundle"))
+    assert len(files) == 1 and files[0].read_bytes() == first
+    # Read back from the cache: the same bytes, even if the file was altered
+    # meanwhile (proof that it was read, not rebuilt).
+    files[0].write_bytes(first + b"x")
+    again = subprocess.run([PY, "-c", probe], env=env, capture_output=True, check=True,
+                           cwd=tmp_path).stdout
+    assert again == first + b"x"
+    # A package whose files differ (here: a copy with one module touched)
+    # gets a bundle of its own.
+    import shutil
+    copy = tmp_path / "pkg"
+    shutil.copytree(os.path.dirname(os.path.dirname(bootstrap.__file__)), copy / "mslaunch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "mslaunch" / "spec.py").write_text((copy / "mslaunch" / "spec.py").read_text()
+                                               + "\n# changed\n")
+    env2 = dict(env, PYTHONPATH=str(copy))
+    third = subprocess.run([PY, "-c", probe + "; assert b.__file__.startswith(sys.argv[1])",
+                            str(copy)], env=env2, capture_output=True, check=True,
+                           cwd=tmp_path).stdout
+    assert len(list((tmp_path / "cache" / "mslaunch").glob("agent-*.bundle"))) == 2
+    assert third != first
+
+
+def test_bundles_of_other_versions_go_after_a_day(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old, recent, other = cache / "agent-old.bundle", cache / "agent-new.bundle", cache / "other"
+    for path in (old, recent, other):
+        path.write_bytes(b"x")
+    two_days = time.time() - 2 * 86400
+    os.utime(old, (two_days, two_days))
+    os.utime(other, (two_days, two_days))
+    bootstrap._save(str(cache / "agent-this.bundle"), b"bundle")
+    assert sorted(p.name for p in cache.iterdir()) == ["agent-new.bundle", "agent-this.bundle",
+                                                       "other"]
+    assert (cache / "agent-this.bundle").read_bytes() == b"bundle"
+
+
+def test_a_background_preparation_is_waited_for_at_exit(tmp_path):
+    """An early exit (a bad host name, say) while the bundle or the credentials
+    are still being made waits for that thread instead of stopping it midway."""
+    done = tmp_path / "done"
+    code = ("import threading, time, pathlib\n"
+            "from mslaunch.remote.bootstrap import finish_before_exit\n"
+            "def work():\n"
+            "    time.sleep(0.5)\n"
+            f"    pathlib.Path({str(done)!r}).write_text('yes')\n"
+            "finish_before_exit(threading.Thread(target=work, daemon=True))\n"
+            "raise SystemExit(3)\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, timeout=30)
+    assert r.returncode == 3, r.stderr
+    assert done.read_text() == "yes"

@@ -1,0 +1,118 @@
+"""Dial-back: the launcher's certificate and credentials, the token line an
+agent dials back with, and the listener that waits for it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import List
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import PY, clean_env
+
+def test_the_launchers_certificate_is_a_self_signed_ca_for_two_days():
+    """Its DER is put together by hand: held against cryptography's parser and
+    OpenSSL's handshake (here, and in every TLS endpoint test)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from mslaunch.remote import dialback
+    import warnings
+    serials = set()
+    for _ in range(400):     # signatures and serials of every length the DER must encode
+        key_pem, cert_pem = dialback.self_signed()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")      # cryptography warns of a negative serial
+            cert = x509.load_pem_x509_certificate(cert_pem)
+        key = load_pem_private_key(key_pem, None)
+        assert cert.public_key().public_numbers() == key.public_key().public_numbers()
+        cert.public_key().verify(cert.signature, cert.tbs_certificate_bytes,
+                                 ec.ECDSA(hashes.SHA256()))
+        assert cert.version == x509.Version.v3 and cert.issuer == cert.subject
+        assert cert.subject.rfc4514_string() == "CN=mslaunch launcher"
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
+        assert constraints.critical and constraints.value.ca
+        now = datetime.datetime.now(datetime.timezone.utc)
+        assert cert.not_valid_before_utc < now < cert.not_valid_after_utc
+        assert cert.not_valid_after_utc - now > datetime.timedelta(days=1, hours=23)
+        serials.add(cert.serial_number)
+        assert 0 < cert.serial_number < 1 << 127
+    assert len(serials) == 400
+
+
+def test_making_the_credentials_does_not_import_x509():
+    code = ("import sys\nfrom mslaunch.remote import dialback\ndialback.tls_credentials()\n"
+            "print('cryptography.x509' in sys.modules)")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=clean_env(),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="0123456789abcdef", max_size=48), st.binary(max_size=40),
+       st.binary(max_size=260))
+def test_the_dial_token_line_is_read_whole_or_not_at_all(token, rest, junk):
+    from mslaunch.remote.dialback import read_token
+    line = b"mslaunch-dial " + token.encode() + b"\n"
+    for cut in range(len(line)):
+        assert read_token(line[:cut]) is None
+    assert read_token(line + rest) == (token, rest)
+    try:
+        got = read_token(junk)
+    except ValueError:
+        assert b"\n" not in junk and len(junk) > 200
+    else:
+        assert got is None or junk.startswith(b"mslaunch-dial ") or got[0] == ""
+
+
+def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
+    # An agent's connection is accepted, then a flood of strangers arrives
+    # before its token does (a busy host): the strangers wait in the kernel's
+    # queue instead of pushing the agent out.
+    import socket as socket_mod
+
+    from mslaunch.remote import dialback
+    from mslaunch.machine.loop import Loop
+    loop = Loop()
+    lines: List[str] = []
+    listener = dialback.Listener(loop, ["127.0.0.1"], tls=False, log=lines.append)
+    got: List[bytes] = []
+    token = dialback.new_token()
+    listener.expect(token, lambda sock, first: got.append(first))
+    port = listener.port_of("127.0.0.1")
+    assert port is not None
+    agent = socket_mod.create_connection(("127.0.0.1", port), timeout=2)
+    strangers = []
+    try:
+        deadline = time.monotonic() + 1
+        while not listener.pending and time.monotonic() < deadline:
+            loop.run_once(0.01)
+        assert len(listener.pending) == 1
+        for _ in range(dialback.MAX_PENDING + 40):
+            strangers.append(socket_mod.create_connection(("127.0.0.1", port), timeout=2))
+            loop.run_once(0)
+        assert len(listener.pending) == dialback.MAX_PENDING
+        assert not lines, lines
+        agent.sendall(b"mslaunch-dial " + token.encode() + b"\nfirst")
+        deadline = time.monotonic() + 2
+        while not got and time.monotonic() < deadline:
+            loop.run_once(0.01)
+        assert got == [b"first"]
+        # The strangers that had their time make room for the queued ones.
+        deadline = time.monotonic() + 3
+        while not lines and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        assert lines and "pushed out by newer connections" in lines[0]
+        assert len(listener.pending) <= dialback.MAX_PENDING
+    finally:
+        for s in strangers + [agent]:
+            s.close()
+        listener.close()
+        loop.close()
