@@ -97,26 +97,8 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         from ..hosts.rankfile import parse_rankfile
         rankfile = parse_rankfile(job.rankfile)
         if not job.hosts and len(entries) == 1 and entries[0].origin == IMPLICIT_HOST:
-            # The rankfile names the hosts (relative +nN entries need a host list).
-            counts: Dict[str, int] = {}
-            for e in rankfile:
-                if e.relative is not None:
-                    raise PlanError(f"{e.origin}: a relative host (+n{e.relative}) needs a "
-                                    f"host list (-H, --hostfile or an allocation)")
-                counts[e.host] = counts.get(e.host, 0) + 1
-            entries = [HostEntry(name, n, None, job.rankfile) for name, n in counts.items()]
-    ncores = count(topology, "hwthread" if job.use_hwthreads else "core")
-    cores = {name: count(t, "hwthread" if job.use_hwthreads else "core")
-             for name, t in remote_topologies.items()}
-    hosts = resolve_hosts(entries, ncores=ncores, hostname=hostname, is_local=is_local,
-                          remote_cores=cores)
-    if job.nolocal:
-        hosts = [h for h in hosts if not h.local]
-        if not hosts:
-            raise PlanError("-nolocal: every host of the job is this machine; there is "
-                            "nowhere else to run")
-    topos = [topology if h.local else remote_topologies.get(h.name) or _guess(h.slots)
-             for h in hosts]
+            entries = _rankfile_hosts(rankfile, job.rankfile)
+    hosts, topos = _hosts(job, entries, topology, remote_topologies, hostname, is_local)
     oversubscribe = _oversubscribe(job, entries)
     sizes = [a.np for a in job.apps]
     np_total = None if sizes[0] is None else sum(s or 0 for s in sizes)
@@ -124,68 +106,99 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         where, locs = _from_rankfile(rankfile, hosts, topos, np_total, job)
     else:
         where, locs = _mapped(hosts, topos, np_total, job, oversubscribe)
-    size = len(where)
-    app_of: List[int] = []
-    for index, app in enumerate(job.apps):
-        app_of.extend([index] * (app.np if app.np is not None else size))
-
     # Node ids dense in order of first appearance; local ranks in rank order.
     node_of_host: Dict[int, int] = {}
     for h in where:
         node_of_host.setdefault(h, len(node_of_host))
-    order = sorted(node_of_host, key=node_of_host.__getitem__)
     used = [Host(name=hosts[h].name, slots=hosts[h].slots, max_slots=hosts[h].max_slots,
-                 local=hosts[h].local, node_id=i) for i, h in enumerate(order)]
-    used_topos = tuple(topos[h] for h in order)
+                 local=hosts[h].local, node_id=i) for i, h in enumerate(node_of_host)]
     spare = tuple(Host(name=h.name, slots=h.slots, max_slots=h.max_slots, local=h.local,
                        node_id=len(used) + i)
                   for i, h in enumerate(h for j, h in enumerate(hosts) if j not in node_of_host))
-    local_size: Dict[int, int] = {}
-    for h in where:
-        local_size[h] = local_size.get(h, 0) + 1
     universe = sum(h.slots for h in used)
-    master_host = used[node_of_host[where[0]]]
-    all_local = all(h.local for h in used)
-    master_addr = "127.0.0.1" if all_local else master_host.name
-
-    remote_inherit = "none" if not job.inherit_env else ("launcher" if job.forward_env
-                                                           else "remote")
-
+    master_addr = "127.0.0.1" if all(h.local for h in used) else used[0].name
     mapping = ""
     if job.mpi == "pmi":
         from .mapping import process_mapping
         mapping = process_mapping([node_of_host[h] for h in where])
+    app_envs = [context_environment(job, app.env, environ, master_addr, master_port)
+                for app in job.apps]
+    ranks, bindings = _ranks(job, where, [used[node_of_host[h]] for h in where], locs,
+                             topos, rankfile is not None, app_envs, universe, kvsname)
+    if job.stdin not in ("all", "none") and int(job.stdin) >= len(where):
+        raise UsageError(f"--stdin {job.stdin}: the job has only {len(where)} ranks")
+    if rankfile is None:
+        for h, bound in bindings.items():
+            check_overload(hosts[h].name, bound, job)
+    return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
+                process_mapping=mapping, universe_size=universe,
+                master_addr=master_addr, master_port=master_port,
+                topologies=tuple(topos[h] for h in node_of_host),
+                oversubscribe=oversubscribe, spare_hosts=spare)
 
+
+def _rankfile_hosts(rankfile, path: str) -> List[HostEntry]:
+    """The hosts a rankfile names, when no host list was given (relative
+    ``+nN`` entries need one)."""
+    counts: Dict[str, int] = {}
+    for e in rankfile:
+        if e.relative is not None:
+            raise PlanError(f"{e.origin}: a relative host (+n{e.relative}) needs a "
+                            f"host list (-H, --hostfile or an allocation)")
+        counts[e.host] = counts.get(e.host, 0) + 1
+    return [HostEntry(name, n, None, path) for name, n in counts.items()]
+
+
+def _hosts(job: JobSpec, entries: Sequence[HostEntry], topology: Topology,
+           remote_topologies: Mapping[str, Topology], hostname: str,
+           is_local) -> Tuple[List[Host], List[Topology]]:
+    """The job's hosts with their slot counts, and the topology of each."""
+    unit = "hwthread" if job.use_hwthreads else "core"
+    hosts = resolve_hosts(entries, ncores=count(topology, unit), hostname=hostname,
+                          is_local=is_local,
+                          remote_cores={name: count(t, unit)
+                                        for name, t in remote_topologies.items()})
+    if job.nolocal:
+        hosts = [h for h in hosts if not h.local]
+        if not hosts:
+            raise PlanError("-nolocal: every host of the job is this machine; there is "
+                            "nowhere else to run")
+    topos = [topology if h.local else remote_topologies.get(h.name) or _guess(h.slots)
+             for h in hosts]
+    return hosts, topos
+
+
+def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, topos,
+           from_rankfile: bool, app_envs, universe: int, kvsname: str):
+    """Every rank's :class:`RankSpec`, and the cpus bound on each host (by host index)."""
+    size = len(where)
+    sizes = [a.np for a in job.apps]
+    app_of: List[int] = []
+    for index, app in enumerate(job.apps):
+        app_of.extend([index] * (app.np if app.np is not None else size))
+    local_size: Dict[int, int] = {}
+    for h in where:
+        local_size[h] = local_size.get(h, 0) + 1
+    remote_inherit = "none" if not job.inherit_env else ("launcher" if job.forward_env
+                                                           else "remote")
     ranks: List[RankSpec] = []
     seen: Dict[int, int] = {}
     bindings: Dict[int, List[Optional[Tuple[int, ...]]]] = {}
-    # per context: (whole environment, overlay for remote hosts)
-    app_envs = [context_environment(job, app.env, environ, master_addr, master_port)
-                for app in job.apps]
-
     for rank, h in enumerate(where):
-        host = used[node_of_host[h]]
+        host = host_of[rank]
         local_rank = seen.get(h, 0)
         seen[h] = local_rank + 1
-        lsize = local_size[h]
         app_index = app_of[rank]
         context: AppContext = job.apps[app_index]
-        env = dict(app_envs[app_index][0 if host.local else 1])
+        env = dict(app_envs[app_index][0 if host.local else 1])   # whole, or remote overlay
         env.update(rank_variables(rank=rank, size=size, local_rank=local_rank,
-                                  local_size=lsize, group=host.node_id, host=host.name,
-                                  universe=universe, sizes=sizes, kvsname=kvsname,
-                                  pmi=job.mpi == "pmi"))
+                                  local_size=local_size[h], group=host.node_id,
+                                  host=host.name, universe=universe, sizes=sizes,
+                                  kvsname=kvsname, pmi=job.mpi == "pmi"))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
-        bound = locs[rank] if rankfile is not None else \
-            binding(topos[h], locs[rank], local_rank, job)
+        bound = locs[rank] if from_rankfile else binding(topos[h], locs[rank], local_rank, job)
         bindings.setdefault(h, []).append(bound)
-        if job.stdin == "all":
-            stdin = "pipe"
-        elif job.stdin != "none" and int(job.stdin) == rank:
-            stdin = "inherit"
-        else:
-            stdin = "null"
         argv, program = context.argv, None
         if job.index_argv:
             # --index-argv-by-rank: argv[0] becomes NAME-RANK; the program is the same.
@@ -193,22 +206,22 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
         if job.stack_traces:
             env.setdefault("PYTHONFAULTHANDLER", "1")   # Python ranks dump their stacks
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
-                              local_size=lsize, argv=argv, env=env,
+                              local_size=local_size[h], argv=argv, env=env,
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,
-                              stderr_path=stderr_path, cpus=bound, stdin=stdin,
+                              stderr_path=stderr_path, cpus=bound, stdin=_stdin_of(job, rank),
                               inherit="launcher" if host.local else remote_inherit,
                               path_prefix=None if host.local or remote_inherit != "remote"
                               else job.prefix, program=program, search=job.exec_path,
                               session_dir=job.session_cwd))
-    if job.stdin not in ("all", "none") and int(job.stdin) >= size:
-        raise UsageError(f"--stdin {job.stdin}: the job has only {size} ranks")
-    if rankfile is None:
-        for h, bound in bindings.items():
-            check_overload(hosts[h].name, bound, job)
-    return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
-                process_mapping=mapping, universe_size=universe,
-                master_addr=master_addr, master_port=master_port, topologies=used_topos,
-                oversubscribe=oversubscribe, spare_hosts=spare)
+    return ranks, bindings
+
+
+def _stdin_of(job: JobSpec, rank: int) -> str:
+    if job.stdin == "all":
+        return "pipe"
+    if job.stdin != "none" and int(job.stdin) == rank:
+        return "inherit"
+    return "null"
 
 
 def context_environment(job: JobSpec, context_env, environ: Mapping[str, str],
