@@ -29,7 +29,7 @@ from ..plan import log_paths
 from ..machine.guard import Watchdog
 from ..machine.loop import Loop
 from ..machine.output import line_prefix
-from ..machine.terminal import Console
+from ..machine.terminal import GIVE_UP_AFTER, Console
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], j
         if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) and state["stop"] is None:
             state["stop"] = sig
             loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
-            loop.call_later(job.grace + 0.5, console.give_up)
+            loop.call_later(job.grace + GIVE_UP_AFTER, console.give_up)
         _kill(proc.pid, sig)
 
     def on_timeout() -> None:
@@ -276,7 +276,7 @@ def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], j
                         f"stopping Open MPI's mpirun; exit status {TIMEOUT_EXIT}")
         _kill(proc.pid, signal.SIGTERM)
         loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
-        loop.call_later(job.grace + 0.5, console.give_up)
+        loop.call_later(job.grace + GIVE_UP_AFTER, console.give_up)
 
     def on_exit() -> None:
         loop.forget(pidfd)

@@ -41,7 +41,7 @@ from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
-from ..machine.terminal import Console
+from ..machine.terminal import GIVE_UP_AFTER, Console
 from ..machine.spawn import seal_inherited_fds, signal_name
 from ..pmi.files import GUARD_TASKS, after_launcher_death
 from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
@@ -50,6 +50,12 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sign
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _pending_stop: List[int] = []          # see _note_stop
+
+#: Seconds between looks for Open MPI singletons among the ranks.
+SINGLETON_POLL = 0.5
+#: Seconds a closed PMI connection waits for its process's exit status (a crash
+#: and a rank that left MPI without finalizing look the same until then).
+LOST_PMI_SETTLE = 0.2
 
 
 class _Rank:
@@ -222,7 +228,7 @@ class Supervisor:
         assert self.mpi_jobs is not None
         self.mpi_jobs.check_singletons()
         if self.ending is None:
-            self.loop.call_later(0.5, self._watch_singletons)
+            self.loop.call_later(SINGLETON_POLL, self._watch_singletons)
 
     def abandon(self, keys: Sequence[int]) -> None:
         """Processes of a spawn that failed: kill what started, end what never did,
@@ -431,7 +437,7 @@ class Supervisor:
             # The socket closes while the process exits, a moment before its
             # exit status can be read: let the exit tell a crash from a rank
             # that left MPI without finalizing.
-            self.loop.call_later(0.2, lambda: self._check_lost(r))
+            self.loop.call_later(LOST_PMI_SETTLE, lambda: self._check_lost(r))
 
     def _check_lost(self, r: _Rank) -> None:
         if r.signal is not None or r.code:
@@ -491,7 +497,7 @@ class Supervisor:
             self.killing = self.loop.call_later(self.job.grace, self._kill_all)
         if self._give_up is None:
             # A stopped job does not wait for a terminal nobody reads.
-            self._give_up = self.loop.call_later(self.job.grace + 0.5, self._give_up_output)
+            self._give_up = self.loop.call_later(self.job.grace + GIVE_UP_AFTER, self._give_up_output)
 
     def _kill_all(self) -> None:
         self.killing = None

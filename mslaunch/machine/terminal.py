@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: a slow reader's pipe takes a burst in one write
 HIGH_WATER = 8 << 20      # bytes queued for a terminal before its sources pause
 LOW_WATER = 1 << 20       # ... and the level at which they resume
+#: Seconds past a stopped job's grace period after which output that mslaunch's
+#: reader has not taken is given up (a stopped job does not wait for it).
+GIVE_UP_AFTER = 0.5
 
 #: Errors meaning "nobody reads this any more": the output is dropped quietly.
 _GONE = (errno.EPIPE, errno.EBADF, errno.EIO, errno.ENXIO, errno.ECONNRESET)
