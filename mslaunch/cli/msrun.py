@@ -86,8 +86,8 @@ def _binding(flag: str, text: str):
     return tuple(pairs)
 
 
-def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
-    """msrun's command line to a :class:`MsrunSpec` (UsageError with one line if bad)."""
+def _read_options(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
+    """The ``--name=value`` / ``--name value`` options, and the words after them."""
     values: Dict[str, str] = {}
     i = 0
     while i < len(argv):
@@ -114,15 +114,21 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
             i += 1
         values[name] = value
         i += 1
-    rest = list(argv[i:])
+    return values, list(argv[i:])
+
+
+def _task_argv(rest: List[str]) -> Tuple[str, ...]:
     if not rest:
         raise UsageError("msrun dialect: no task script given (the last word should be "
                          "the script, e.g. net.py)")
     script = rest[0]
     # msrun runs "python SCRIPT ARGS", unless the script is an interpreter itself.
-    argv_out = tuple(rest) if os.path.basename(script) in ("python", "python3", "pytest") \
+    return tuple(rest) if os.path.basename(script) in ("python", "python3", "pytest") \
         else ("python", *rest)
 
+
+def _layout(values: Dict[str, str]) -> Tuple[int, int, int, int]:
+    """worker_num, local_worker_num, master_port and node_rank, checked together."""
     worker_num = _int("worker_num", values.get("worker_num", "8"), 1)
     local = _int("local_worker_num", values.get("local_worker_num", "8"), 1)
     if local > worker_num:
@@ -133,11 +139,24 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         raise UsageError(f"--node_rank={node_rank}: with --local_worker_num={local} its "
                          f"workers would be ranks {node_rank * local}-"
                          f"{(node_rank + 1) * local - 1}, beyond --worker_num={worker_num}")
+    return worker_num, local, port, node_rank
+
+
+def _master_addr(values: Dict[str, str]) -> str:
     master = values.get("master_addr", "127.0.0.1").strip()
     if master.startswith("[") and master.endswith("]"):
         master = master[1:-1]
     if not master or any(c.isspace() for c in master) or len(master) > 253:
         raise UsageError(f"--master_addr={master[:40]!r}: expected an IP address or host name")
+    return master
+
+
+def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
+    """msrun's command line to a :class:`MsrunSpec` (UsageError with one line if bad)."""
+    values, rest = _read_options(argv)
+    argv_out = _task_argv(rest)
+    worker_num, local, port, node_rank = _layout(values)
+    master = _master_addr(values)
     sim_level = _int("sim_level", values.get("sim_level", "-1"), -1, 3)
     cwd = launch_dir()
     log_dir = os.path.normpath(os.path.join(cwd, values.get("log_dir", "") or "."))

@@ -113,6 +113,139 @@ def _strtol(s: str, i: int) -> Tuple[int, int]:
     return sign * int(s[j:k], base), k
 
 
+_SPACE = " \t\n\v\f\r"
+
+
+class _MappingReader:
+    """A cursor over one mapping string, with MPICH's ``[...]xK`` group state."""
+
+    def __init__(self, value: str, size: int) -> None:
+        self.s, self.n, self.size = value, len(value), size
+        self.i = 0
+        self.out: List[int] = []
+        self.repeat_start: Optional[int] = None   # where wrapping resumes
+        self.repeat_cont = 0                       # just after ``]xK``
+        self.num_repeat = -1                       # passes left; -1: K not read yet
+        self.expect_comma = True
+
+    def fail(self, why: str) -> ValueError:
+        return ValueError(f"bad process mapping {self.s[:60]!r}: {why}")
+
+    def skip(self, i: int) -> int:
+        while i < self.n and self.s[i] in _SPACE:
+            i += 1
+        return i
+
+    def number(self, i: int) -> Tuple[int, int]:
+        num, j = _strtol(self.s, i)
+        if j == i:
+            raise self.fail(f"expected a number at {i}")
+        if num < 0 or num > 2**31 - 1:
+            raise self.fail(f"number {num} out of range")
+        return num, j
+
+    def header(self) -> None:
+        """``(vector``, with whitespace around the parenthesis."""
+        s, n = self.s, self.n
+        i = self.skip(0)
+        if i >= n or s[i] != "(":
+            raise self.fail("expected '('")
+        i = self.skip(i + 1)
+        after = s[i + 6] if i + 6 < n else ""
+        if not s.startswith("vector", i) or (after and (after.isalnum() or after in "-_")):
+            raise self.fail("expected 'vector'")
+        self.i = self.skip(i + 6)
+
+    def separator(self) -> bool:
+        """After an item: ``,``, ``]xK`` or ``)``; False when the list ends."""
+        s, i = self.s, self.i
+        if s.startswith("]x", i):
+            i += 2
+            if i >= self.n or not s[i].isdigit() or self.repeat_start is None:
+                raise self.fail("bad ']x'")
+            if self.num_repeat == -1:
+                self.num_repeat, i = self.number(i)
+                self.repeat_cont = i
+            self.num_repeat -= 1
+            if self.num_repeat == 0:
+                self.i = self.repeat_cont
+            else:
+                self.i = self.repeat_start
+                self.expect_comma = False
+        elif s[i] == ")":
+            if self.repeat_start is None:
+                return False
+            self.i = self.repeat_start  # legacy: wrap around
+            self.expect_comma = False
+        elif s[i] == ",":
+            self.i = i + 1
+            self.expect_comma = False
+        else:
+            raise self.fail(f"expected ',' at {i}")
+        return True
+
+    def triplet(self) -> bool:
+        """``(start,nodes,per)``; True if it assigns ranks."""
+        save = i = self.i
+        triple = []
+        i += 1
+        for k in range(3):
+            num, i = self.number(self.skip(i))
+            triple.append(num)
+            i = self.skip(i)
+            if i >= self.n or self.s[i] != (")" if k == 2 else ","):
+                raise self.fail(f"bad triplet at {save}")
+            i += 1
+        self.i = i
+        start, nodes, per = triple
+        if self.repeat_start is None and start == 0:
+            self.repeat_start = save
+        out = self.out
+        for a in range(nodes if per > 0 else 0):
+            for _ in range(per):
+                out.append(start + a)
+                if len(out) == self.size:
+                    return True
+        self.expect_comma = True
+        return nodes > 0 and per > 0
+
+    def plain(self) -> None:
+        """A single node id."""
+        save = self.i
+        node, self.i = self.number(self.i)
+        if self.repeat_start is None and node == 0:
+            self.repeat_start = save
+        self.out.append(node)
+        self.expect_comma = True
+
+    def items(self) -> List[int]:
+        """Read items, wrapping as MPICH does, until every rank has a node."""
+        out, size = self.out, self.size
+        stalled, stall_limit = 0, 4 * self.n + 16
+        while len(out) < size:
+            stalled += 1
+            if stalled > stall_limit:
+                raise self.fail("assigns no ranks")
+            self.i = self.skip(self.i)
+            if self.i >= self.n:
+                break
+            if self.expect_comma:
+                if not self.separator():
+                    break
+            elif self.s[self.i] == "[":
+                self.i += 1
+                self.repeat_start = self.i
+            elif self.s[self.i] == "(":
+                if self.triplet():
+                    stalled = 0
+            else:
+                self.plain()
+                stalled = 0
+        if len(out) < size:
+            raise self.fail(f"covers {len(out)} of {size} ranks")
+        return out
+
+
 def parse_process_mapping(value: str, size: int) -> List[int]:
     """Node id of each of ``size`` ranks, parsed as MPICH's ``MPL_rankmap_str_to_array``.
 
@@ -122,105 +255,8 @@ def parse_process_mapping(value: str, size: int) -> List[int]:
     would leave ranks unassigned or loop forever: those raise ValueError, as
     do negative node ids.
     """
-    s, n = value, len(value)
-    out: List[int] = []
-
-    def fail(why: str) -> ValueError:
-        return ValueError(f"bad process mapping {value[:60]!r}: {why}")
-
-    def skip(i: int) -> int:
-        while i < n and s[i] in " \t\n\v\f\r":
-            i += 1
-        return i
-
-    def number(i: int) -> Tuple[int, int]:
-        num, j = _strtol(s, i)
-        if j == i:
-            raise fail(f"expected a number at {i}")
-        if num < 0 or num > 2**31 - 1:
-            raise fail(f"number {num} out of range")
-        return num, j
-
     if size <= 0:
-        return out
-    i = skip(0)
-    if i >= n or s[i] != "(":
-        raise fail("expected '('")
-    i = skip(i + 1)
-    if not s.startswith("vector", i) or (i + 6 < n and (s[i + 6].isalnum() or s[i + 6] in "-_")):
-        raise fail("expected 'vector'")
-    i = skip(i + 6)
-    repeat_start: Optional[int] = None
-    repeat_cont = 0
-    num_repeat = -1
-    expect_comma = True
-    stalled, stall_limit = 0, 4 * n + 16
-    while len(out) < size:
-        stalled += 1
-        if stalled > stall_limit:
-            raise fail("assigns no ranks")
-        i = skip(i)
-        if i >= n:
-            break
-        if expect_comma:
-            if s.startswith("]x", i):
-                i += 2
-                if i >= n or not s[i].isdigit() or repeat_start is None:
-                    raise fail("bad ']x'")
-                if num_repeat == -1:
-                    num_repeat, i = number(i)
-                    repeat_cont = i
-                num_repeat -= 1
-                if num_repeat == 0:
-                    i = repeat_cont
-                else:
-                    i = repeat_start
-                    expect_comma = False
-            elif s[i] == ")":
-                if repeat_start is None:
-                    break
-                i = repeat_start  # legacy: wrap around
-                expect_comma = False
-            elif s[i] == ",":
-                i += 1
-                expect_comma = False
-            else:
-                raise fail(f"expected ',' at {i}")
-        elif s[i] == "[":
-            i += 1
-            repeat_start = i
-        elif s[i] == "(":
-            save = i
-            triple = []
-            i += 1
-            for k in range(3):
-                num, i = number(skip(i))
-                triple.append(num)
-                i = skip(i)
-                if i >= n or s[i] != (")" if k == 2 else ","):
-                    raise fail(f"bad triplet at {save}")
-                i += 1
-            start, nodes, per = triple
-            if repeat_start is None and start == 0:
-                repeat_start = save
-            if nodes > 0 and per > 0:
-                stalled = 0
-            for a in range(nodes if per > 0 else 0):
-                for _ in range(per):
-                    out.append(start + a)
-                    if len(out) == size:
-                        return out
-            expect_comma = True
-        else:
-            save = i
-            node, i = number(i)
-            if repeat_start is None and node == 0:
-                repeat_start = save
-            out.append(node)
-            stalled = 0
-            expect_comma = True
-    if len(out) < size:
-        raise fail(f"covers {len(out)} of {size} ranks")
-    return out
-
-
+        return []
+    reader = _MappingReader(value, size)
+    reader.header()
+    return reader.items()
