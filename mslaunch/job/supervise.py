@@ -196,7 +196,8 @@ class Supervisor:
             self.mpi_jobs = MPIJobs(self)
             pmi, pmi_env = self.mpi_jobs.start_first(bool(local_specs))
             self._watch_singletons()
-        remote = self.fleet is not None
+        # Hosts left after the re-plan (the plan may have sent every agent away).
+        remote = self.fleet is not None and bool(self.fleet.conns)
         _raise_fd_limit(8 * len(local_specs) + 8 * len(self.connect) + 64)
         if remote:
             self.fleet.prepare(remote_specs)
@@ -522,9 +523,13 @@ class Supervisor:
             handle.release()
         if self.stdin_fanout is not None:
             self.stdin_fanout.close()
+        if self.local is not None:
+            self.local.close(time.monotonic() + self.job.grace)
+        # Then the hosts share one grace period more (their agents were told BYE
+        # already and stop their ranks meanwhile).
         deadline = time.monotonic() + self.job.grace
-        for handle in self._handles():
-            handle.close(deadline)
+        for host in self.hosts.values():
+            host.close(deadline)
         if self.fleet is not None:
             self.fleet.close_listener()
         if self.mpi_jobs is not None:
