@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.errors import HOST_LOST_EXIT, TIMEOUT_EXIT
@@ -88,12 +88,15 @@ class PolicyUnderTest(Supervisor):
         super().__init__(job, build_plan(job, {}), Console(null, null),
                          watchdog=StandInGuard(), **kw)  # type: ignore[arg-type]
         self.script: List[Tuple[float, int, Optional[int]]] = []   # (when, key, code)
+        self.events: List[Tuple[float, Callable[[], object]]] = []  # (when, what), once started
         self.stand_in: Optional[StandInRanks] = None
 
     def _local_ranks(self, specs, pmi, pmi_env, stdin_fd):
         self.stand_in = StandInRanks(self, [s.key for s in specs], **self.stand_in_options)
         for when, key, code in self.script:
             self.loop.call_later(when, lambda k=key, c=code: self.stand_in.exit(k, c))
+        for when, what in self.events:
+            self.loop.call_later(when, what)
         return self.stand_in
 
     stand_in_options: Dict[str, object] = {}
@@ -126,13 +129,7 @@ def test_a_clean_job_exits_zero_and_signals_nobody():
 
 def test_a_rank_killed_by_a_signal_is_reported_with_its_name():
     sup = PolicyUnderTest(["-n", "2"])
-    orig = sup._local_ranks
-
-    def local_ranks(*a, **kw):
-        handle = orig(*a, **kw)
-        sup.loop.call_later(0.02, lambda: handle.exit(0, None, signal.SIGSEGV))
-        return handle
-    sup._local_ranks = local_ranks  # type: ignore[method-assign]
+    sup.events = [(0.02, lambda: sup.stand_in.exit(0, None, signal.SIGSEGV))]
     result = sup.run()
     assert result.exit_code == 128 + signal.SIGSEGV
     assert "killed by signal 11 (SIGSEGV)" in result.message
@@ -158,13 +155,7 @@ def test_timeout_ends_the_job_with_status_110():
 
 def test_a_stop_signal_stops_the_ranks_and_exits_128_plus_it():
     sup = PolicyUnderTest(["-n", "2"])
-    orig = sup._local_ranks
-
-    def local_ranks(*a, **kw):
-        handle = orig(*a, **kw)
-        sup.loop.call_later(0.02, lambda: os.kill(os.getpid(), signal.SIGTERM))
-        return handle
-    sup._local_ranks = local_ranks  # type: ignore[method-assign]
+    sup.events = [(0.02, lambda: os.kill(os.getpid(), signal.SIGTERM))]
     result = sup.run()
     assert result.exit_code == 128 + signal.SIGTERM
     assert result.message == "mslaunch: stopped by SIGTERM"
@@ -177,13 +168,7 @@ def test_a_stop_signal_stops_the_ranks_and_exits_128_plus_it():
 def test_other_signals_are_forwarded_to_every_rank():
     sup = PolicyUnderTest(["-n", "2"])
     sup.script = [(0.2, 0, 0), (0.2, 1, 0)]
-    orig = sup._local_ranks
-
-    def local_ranks(*a, **kw):
-        handle = orig(*a, **kw)
-        sup.loop.call_later(0.02, lambda: os.kill(os.getpid(), signal.SIGUSR1))
-        return handle
-    sup._local_ranks = local_ranks  # type: ignore[method-assign]
+    sup.events = [(0.02, lambda: os.kill(os.getpid(), signal.SIGUSR1))]
     result = sup.run()
     assert result.exit_code == 0
     assert (signal.SIGUSR1, None) in sup.stand_in.signals
