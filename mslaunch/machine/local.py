@@ -30,11 +30,12 @@ if TYPE_CHECKING:
 
     from ..spec import RankSpec
     from .guard import Watchdog
+    from .output import RankSink
     from .loop import Loop, Timer
     from .stdin import StdinFanout
 
 from ..errors import LaunchError
-from .output import RankOutput, RankPipe
+from .output import RankPipe
 from .spawn import LocalProcess, os_error_reason
 
 #: Seconds to wait after the last rank ended before a pipe still held open
@@ -65,7 +66,7 @@ class LocalRanks:
     """
 
     def __init__(self, loop: Loop, specs: Sequence[RankSpec], listener, *,
-                 sinks: Callable[[RankSpec], Tuple[RankOutput, Optional[RankOutput]]],
+                 sinks: Callable[[RankSpec], Tuple[RankSink, Optional[RankSink]]],
                  guard: Watchdog, grace: float, merge_stderr: bool,
                  pmi=None, pmi_env: Optional[Callable[[int], Dict[str, str]]] = None,
                  stdin_fd: Optional[int] = 0, pty: bool = True) -> None:

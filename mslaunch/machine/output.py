@@ -25,8 +25,29 @@ if TYPE_CHECKING:
     from typing import Callable, List, Optional
 
     from ..spec import OutputSpec, RankSpec
+    from typing import Protocol
+
     from .loop import Loop
     from .terminal import Console, Terminal
+
+    class RankSink(Protocol):
+        """Where a :class:`RankPipe` puts a rank's stream: a :class:`RankOutput`
+        in the launcher, the agent's link (``remote.agentio.LinkOutput``) on a host."""
+
+        tail: bytes                  # the end of the stream, for the failure summary
+        pending: bytes               # an unfinished last line, held back
+
+        @property
+        def wanted(self) -> bool: ...
+
+        @property
+        def congested(self) -> bool: ...
+
+        def wait_for_room(self, source: object) -> None: ...
+
+        def feed(self, data) -> None: ...
+
+        def finish(self) -> None: ...
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: fewer wake-ups when ranks write a lot
@@ -213,7 +234,7 @@ class RankOutput:
 class RankPipe:
     """Reads one output pipe of a local rank on the loop into a :class:`RankOutput`."""
 
-    def __init__(self, loop: Loop, fd: int, sink: RankOutput,
+    def __init__(self, loop: Loop, fd: int, sink: RankSink,
                  on_abandon: Optional[Callable[[], None]] = None) -> None:
         self.loop = loop
         self.fd = fd

@@ -49,7 +49,9 @@ class Outflow:
 
 
 class LinkOutput:
-    """A rank stream whose bytes go to the launcher in ``OUTPUT`` frames."""
+    """A rank stream whose bytes go to the launcher in ``OUTPUT`` frames
+    (a :class:`~mslaunch.machine.output.RankSink`, as the launcher's
+    :class:`~mslaunch.machine.output.RankOutput` is)."""
 
     terminal = None
     tail = b""
