@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .mpijobs import MPIJobs
     from .seams import NodeHooks, RankHandle
 
-from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT, LaunchError
+from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks
 from ..machine.loop import Loop, Timer
