@@ -236,6 +236,8 @@ class MsrunSpec:
     grace: float = 5.0
     verbose: int = 0
     quiet: bool = False
+    log_dir_given: str = ""               # --log_dir as typed, for msrun's console lines
+    pty: bool = False                     # processes' stdout a pty (msrun: its log files)
 
 
 @dataclass(frozen=True)

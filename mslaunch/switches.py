@@ -37,6 +37,18 @@ def switch(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     return SWITCHES[name] if parsed is None else parsed
 
 
+def pty_wanted(environ: Mapping[str, str], no_pty: bool, default: bool) -> bool:
+    """Whether ranks' stdout is a pseudo-terminal, the one rule of both dialects:
+    ``--no-pty`` says no; else ``MSLAUNCH_PTY`` when set; else the dialect's
+    default (mpirun's dialect: yes, as Open MPI; msrun's: no, as msrun, whose
+    processes write to their log files)."""
+    if no_pty:
+        return False
+    value = environ.get("MSLAUNCH_PTY", "")
+    parsed = _parse(value) if value.strip() else None
+    return default if parsed is None else parsed
+
+
 def check_switches(environ: Mapping[str, str]) -> None:
     """UsageError naming the first switch set to something neither on nor off."""
     for name in SWITCHES:

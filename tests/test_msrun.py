@@ -269,8 +269,8 @@ def test_recovery_starts_a_failed_worker_again(bin_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert b"worker 1 exited with code 3; starting it again (1 of 3 restarts)" in r.stderr
     text = (tmp_path / "l" / "worker_1.log").read_text()
-    first, marker, second = text.partition("mslaunch: restart 1 of 3 of worker 1 after exited "
-                                           "with code 3\n")
+    first, marker, second = text.partition("mslaunch: restart 1 of 3 of worker 1 (the previous "
+                                           "run exited with code 3)\n")
     assert marker and env_of(first)["RANK_ID"] == "1" and env_of(second)["RANK_ID"] == "1"
     assert env_of(second)["MS_NODE_ID"] == "1"
     assert all_gone(tag), tagged_pids(tag)

@@ -300,7 +300,7 @@ def test_a_failed_worker_on_another_node_is_started_again(job, tmp_path):
     j.start(h2, 2, "--node_rank=1", "--max_restarts=2")
     assert j.wait() == [0, 0], transcript(j)
     log = j.nodes[1].logs()["worker_3.log"]
-    assert "mslaunch: restart 1 of 2 of worker 3 after exited with code 3\n" in log, log
+    assert "mslaunch: restart 1 of 2 of worker 3 (the previous run exited with code 3)\n" in log, log
     assert log.count('"RANK_ID": "3"') == 2
     j.settle()
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 from .. import __version__
 from ..errors import UsageError
 from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
-from ..switches import switch
+from ..switches import pty_wanted
 from .common import Exit, launch_dir
 from .draft import Context, Draft, check_int, check_seconds, falsy
 from .options import SPELLINGS, words_of
@@ -212,7 +212,7 @@ def _output(d: Draft) -> OutputSpec:
     output = OutputSpec()
     if d.output_filename is not None:
         output = _parse_output(d.output_filename, d.cwd)
-    pty = not d.no_pty and switch("MSLAUNCH_PTY", d.environ)
+    pty = pty_wanted(d.environ, no_pty=d.no_pty, default=True)
     return replace(output, merge_stderr=d.merge_stderr, pty=pty, tag=d.tag_output,
                    timestamp=d.timestamp_output, rank_prefix=d.prepend_rank,
                    xml=bool(d.xml or d.xml_file), xml_file=d.xml_file)

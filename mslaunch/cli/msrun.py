@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from ..errors import UsageError, one_line
 from ..spec import MsrunSpec
+from ..switches import pty_wanted
 from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, Exit, launch_dir
 
 OPTIONS, EXTRAS = MSRUN_OPTIONS, MSRUN_EXTRAS
@@ -95,13 +96,13 @@ def _read_options(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
         if word in ("-h", "--help"):
             from .help import TEXT
             raise Exit(TEXT, 0)
-        if word in ("--verbose", "--quiet"):       # mslaunch's own, without a value
+        if word in ("--verbose", "--quiet", "--no-pty"):   # mslaunch's own, without a value
             values[word[2:]] = "1"
             i += 1
             continue
         if word.startswith("-") and not word.startswith("--") and len(word) > 1:
             raise UsageError(f"unknown msrun option '{one_line(word, 40)}' (msrun's options are "
-                             f"--name=value; mslaunch's --verbose and --quiet)")
+                             f"--name=value; mslaunch's --verbose, --quiet and --no-pty)")
         if not word.startswith("--"):
             break
         name, sep, value = word[2:].partition("=")
@@ -182,6 +183,8 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         grace=float(_int("grace", values.get("grace", "5"), 0)),
         verbose=int(_bool("verbose", values.get("verbose", "0"))),
         quiet=_bool("quiet", values.get("quiet", "0")),
+        log_dir_given=values.get("log_dir", ""),
+        pty=pty_wanted(os.environ, no_pty="no-pty" in values, default=False),
     )
     if spec.service_port is None and port == 65535:
         raise UsageError("--master_port=65535 leaves no port for the node service "
