@@ -8,7 +8,10 @@ from one process to the next as it does in msrun, where every worker
 inherits the scheduler's ``RANK_ID=0``.  A worker whose rank is unknown gets
 no ``RANK_ID`` at all.  Workers also get the variables other launchers give
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``) where they are known.
+``MASTER_ADDR``, ``MASTER_PORT`` -- a free port, not the scheduler's) where
+they are known.  What importing MindSpore puts in msrun's own environment
+reaches every process too (:func:`mindspore_defaults`), so that OpenMP and
+OpenBLAS start with MindSpore's thread count rather than every core.
 
 Logs are ``scheduler.log`` and ``worker_<id>.log`` (``--worker_log_name``
 with ``{ip}`` and ``{hostname}`` replaced) in the log directory; the id is
@@ -16,10 +19,14 @@ the worker's rank when known, else its index on the node, as in msrun.
 ``--bind_core`` pins each process to CPUs: True splits this node's CPUs
 into equal contiguous blocks per local worker, the last taking the
 remainder (the scheduler is not pinned), and the JSON map form gives
-``deviceN`` (the N-th local worker) and ``scheduler`` their CPUs;
-``MSRUN_CPU_LIST`` says which.  ``--bind_numa`` does the same with NUMA
-nodes (True spreads the workers over the nodes; the map gives node
-numbers); its ``.json`` file form is passed on as ``MSRUN_BIND_FILE``.
+``deviceN`` (the N-th local worker) and ``scheduler`` their CPUs.
+``--bind_numa`` does the same with NUMA nodes (True spreads the workers
+over the nodes; the map gives node numbers); its ``.json`` file form is
+passed on as ``MSRUN_BIND_FILE``.  As in msrun, the True forms tell each
+worker its CPUs in ``MSRUN_CPU_LIST``, a Python list (``[0, 1]``: MindSpore
+reads it with ``ast.literal_eval``); the map forms leave it unset.
+``--sim_level`` with ``--sim_rank_id`` dry-runs that one rank as the node's
+only worker (``worker_0.log``, no ``MS_NODE_ID``), as msrun does.
 """
 
 from __future__ import annotations
@@ -136,6 +143,22 @@ def log_name(spec: MsrunSpec, worker_id: int, hostname: str, ip: str) -> str:
     return os.path.join(spec.log_dir, f"{base}_{worker_id}.log")
 
 
+def _common_env(spec: MsrunSpec, sched_host: str) -> Dict[str, str]:
+    """msrun's variables that every process of the node gets."""
+    common: Dict[str, str] = {"RANK_SIZE": str(spec.worker_num),
+                              "MS_WORKER_NUM": str(spec.worker_num)}
+    if spec.sim_level >= 0:
+        common["MS_SIMULATION_LEVEL"] = str(spec.sim_level)
+    else:
+        common.update({"MS_SCHED_HOST": sched_host, "MS_SCHED_PORT": str(spec.master_port),
+                       "MS_TOPO_TIMEOUT": str(spec.cluster_time_out)})
+    if spec.rank_table_file:
+        common["RANK_TABLE_FILE"] = spec.rank_table_file
+    if isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file":
+        common["MSRUN_BIND_FILE"] = spec.bind_numa[1]
+    return common
+
+
 def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence[int]],
                    environ: Mapping[str, str], hostname: str, ip: str,
                    cpus: Sequence[int], numa: Sequence[Sequence[int]] = (),
@@ -155,17 +178,7 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
         base.setdefault(name, value)
     sim = spec.sim_level >= 0
     sched_host = sched_host or spec.master_addr
-    common: Dict[str, str] = {"RANK_SIZE": str(spec.worker_num),
-                              "MS_WORKER_NUM": str(spec.worker_num)}
-    if sim:
-        common["MS_SIMULATION_LEVEL"] = str(spec.sim_level)
-    else:
-        common.update({"MS_SCHED_HOST": sched_host, "MS_SCHED_PORT": str(spec.master_port),
-                       "MS_TOPO_TIMEOUT": str(spec.cluster_time_out)})
-    if spec.rank_table_file:
-        common["RANK_TABLE_FILE"] = spec.rank_table_file
-    if isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file":
-        common["MSRUN_BIND_FILE"] = spec.bind_numa[1]
+    common = _common_env(spec, sched_host)
     sched_cpus, worker_cpus = bindings(spec, cpus, scheduler, numa)
     single = sim and spec.sim_rank_id >= 0
     if single:    # msrun dry-runs that one rank as the only local worker

@@ -107,9 +107,7 @@ class NodeService:
         self.loop = loop
         self.master_port = master_port
         self.refused_by: Dict[str, str] = {}       # refused node -> why (for the time out)
-        self._refused_say = refused or log
-        self._said = 0
-        self._said_window = 0.0
+        self._refused_say = refused or log         # said without -v too
         self.secret = secret
         self.worker_num = worker_num
         self.tls = tls
@@ -195,14 +193,14 @@ class NodeService:
                 pass
         self._note(f"closed a connection from {peer.address}: {why}")
 
-    def _note(self, text: str) -> None:
+    def _note(self, text: str, say: Optional[Callable[[str], None]] = None) -> None:
         # At most five lines per ten seconds about peers that were turned away.
         now = time.monotonic()
         if now > self._window_end:
             self._window_end, self._lines = now + 10.0, 0
         self._lines += 1
         if self._lines <= 5:
-            self.log(f"node service: {text}")
+            (say or self.log)(f"node service: {text}")
 
     # -- messages ---------------------------------------------------------------
     def _frame(self, peer: _Peer, kind: int, body: bytes) -> None:
@@ -247,12 +245,7 @@ class NodeService:
     def _refuse(self, peer: _Peer, text: str) -> None:
         who = peer.name() if peer.info else peer.address
         self.refused_by[who] = text
-        now = time.monotonic()          # at most five such lines per ten seconds
-        if now > self._said_window:
-            self._said_window, self._said = now + 10.0, 0
-        self._said += 1
-        if self._said <= 5:
-            self._refused_say(f"node service: refused node {who}: {text}")
+        self._note(f"refused node {who}: {text}", self._refused_say)
         if peer.endpoint is not None:
             peer.endpoint.send(encode({"op": "refuse", "message": text}))
             peer.endpoint.flush(time.monotonic() + 1.0)
