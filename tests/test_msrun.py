@@ -258,6 +258,15 @@ def test_sim_level_runs_workers_without_a_scheduler(bin_dir, tmp_path):
     w = env_of(got["worker_0.log"])
     assert (w["RANK_ID"], w["MS_WORKER_NUM"], w["DEVICE_ID"]) == ("3", "4", "0")
     assert "MS_NODE_ID" not in w
+    # as msrun: MS_SIMULATION_LEVEL in the environment is a dry run, RANK_ID its rank
+    r = msrun(["--worker_num=4", "--local_worker_num=4", f"--log_dir={tmp_path / 'env'}",
+               "--join=True", TASK], ms_env(bin_dir, MS_SIMULATION_LEVEL="1", RANK_ID="2"),
+              tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = logs(tmp_path / "env")
+    assert sorted(got) == ["worker_0.log"]
+    w = env_of(got["worker_0.log"])
+    assert (w["RANK_ID"], w["MS_SIMULATION_LEVEL"]) == ("2", "1") and "MS_ROLE" not in w
 
 
 @pytest.mark.parametrize("args, words", [

@@ -158,7 +158,7 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
     argv_out = _task_argv(rest)
     worker_num, local, port, node_rank = _layout(values)
     master = _master_addr(values)
-    sim_level = _int("sim_level", values.get("sim_level", "-1"), -1, 3)
+    sim_level, sim_rank_id = _simulation(values, worker_num, local)
     cwd = launch_dir()
     log_dir = os.path.normpath(os.path.join(cwd, values.get("log_dir", "") or "."))
     service = values.get("node_service_port")
@@ -170,7 +170,7 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         bind_core=_binding("bind_core", values.get("bind_core", "False")),
         bind_numa=_binding("bind_numa", values.get("bind_numa", "False")),
         sim_level=sim_level,
-        sim_rank_id=_int("sim_rank_id", values.get("sim_rank_id", "-1"), -1, worker_num - 1),
+        sim_rank_id=sim_rank_id,
         rank_table_file=values.get("rank_table_file", ""),
         worker_log_name=values.get("worker_log_name", ""),
         tail_worker_log=_tail(values.get("tail_worker_log", "-1"), worker_num),
@@ -190,6 +190,25 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         raise UsageError("--master_port=65535 leaves no port for the node service "
                          "(master_port + 1); give --node_service_port")
     return spec
+
+
+def _simulation(values: Dict[str, str], worker_num: int, local: int) -> Tuple[int, int]:
+    """``--sim_level`` and ``--sim_rank_id`` as msrun reads them: a dry run also
+    when ``MS_SIMULATION_LEVEL`` is set, the rank from ``RANK_ID`` when not
+    given, and one process (rank 0) for more than 128 local workers."""
+    level = _int("sim_level", values.get("sim_level", "-1"), -1, 3)
+    rank = _int("sim_rank_id", values.get("sim_rank_id", "-1"), -1, worker_num - 1)
+    given = os.environ.get("MS_SIMULATION_LEVEL", "").strip()
+    if level < 0 and given:
+        level = _int("sim_level (from MS_SIMULATION_LEVEL)", given, 0, 3)
+    if level < 0:
+        return level, rank
+    if rank < 0 and os.environ.get("RANK_ID", "").strip():
+        rank = _int("sim_rank_id (from RANK_ID)", os.environ["RANK_ID"].strip(), -1,
+                    worker_num - 1)
+    if rank < 0 and local > 128:
+        rank = 0
+    return level, rank
 
 
 def _tail(text: str, workers: int) -> str:
