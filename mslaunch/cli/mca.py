@@ -133,9 +133,10 @@ def _default_dash_host(d: Draft, said: str, value: str) -> None:
         d.default_hosts = parse_host_list(value.strip(), said)
 
 
-def _refuse_if_set(instead: str) -> Handler:
+def _refuse_if_set(instead: str, harmless: Tuple[str, ...] = ("", "0", "false")) -> Handler:
+    """Refused unless the value is one that asks for nothing (the default)."""
     def apply(d: Draft, said: str, value: str) -> None:
-        if value.strip() and value.strip() not in ("0", "false"):
+        if value.strip().lower() not in harmless:
             raise UsageError(f"{said}: not supported by mslaunch: {instead}")
     return apply
 
@@ -163,19 +164,31 @@ _impl(valued(D.file_name("default_hostfile"), ("", "none")), "orte_default_hostf
 _impl(_default_dash_host, "orte_default_dash_host", note="hosts used when no other list is given")
 _impl(_default_slots, "orte_set_default_slots",
       note="slots of a hostfile host without `slots=`: a number, `cores` (default) or `hwthreads`")
-_impl(on("tag_output"), "orte_tag_output")
-_impl(on("timestamp_output"), "orte_timestamp_output")
-_impl(on("xml"), "orte_xml_output")
-_impl(valued(D.file_name("xml_file")), "orte_xml_file")
-_impl(on("quiet"), "orte_execute_quiet")
-_impl(on("dry_run"), "orte_do_not_launch")
-_impl(on("novm"), "orte_no_vm")
+_impl(on("tag_output"), "orte_tag_output",
+      note="as `--tag-output`")
+_impl(on("timestamp_output"), "orte_timestamp_output",
+      note="as `--timestamp-output`")
+_impl(on("xml"), "orte_xml_output",
+      note="as `--xml`")
+_impl(valued(D.file_name("xml_file")), "orte_xml_file",
+      note="as `--xml-file`")
+_impl(on("quiet"), "orte_execute_quiet",
+      note="as `--quiet`")
+_impl(on("dry_run"), "orte_do_not_launch",
+      note="as `--do-not-launch`")
+_impl(on("novm"), "orte_no_vm",
+      note="as `--novm`")
 _impl(on("display_allocation"), "orte_display_alloc", "orte_display_devel_alloc",
-      "ras_base_display_alloc", "ras_base_display_devel_alloc")
-_impl(_keep_going_unless, "orte_abort_on_non_zero_status")
-_impl(_recovery, "orte_enable_recovery")
-_impl(_max_restarts, "orte_max_restarts")
-_impl(valued(D.file_name("rankfile")), "orte_rankfile", "rmaps_rank_file_path")
+      "ras_base_display_alloc", "ras_base_display_devel_alloc",
+      note="as `--display-allocation`")
+_impl(_keep_going_unless, "orte_abort_on_non_zero_status",
+      note="false: keep going, as `-disable-auto-cleanup`")
+_impl(_recovery, "orte_enable_recovery",
+      note="as `--enable-recovery`")
+_impl(_max_restarts, "orte_max_restarts",
+      note="as `--max-restarts`")
+_impl(valued(D.file_name("rankfile")), "orte_rankfile", "rmaps_rank_file_path",
+      note="as `--rankfile`")
 _impl(_launch_agent, "orte_launch_agent", note="as `--launch-agent`; `orted` (the default) "
       "changes nothing")
 _impl(_rsh_agent, "plm_rsh_agent", "orte_rsh_agent",
@@ -183,29 +196,56 @@ _impl(_rsh_agent, "plm_rsh_agent", "orte_rsh_agent",
 _impl(_rsh_args, "plm_rsh_args", note="arguments of that command")
 _impl(_launcher, "plm", note="as `--launcher`: `rsh`/`ssh` is SSH, `slurm` srun, `isolated` "
       "this machine; a list or `^` and those left out")
-_impl(_oversubscribe(True), "rmaps_base_oversubscribe")
-_impl(_oversubscribe(False), "rmaps_base_no_oversubscribe")
-_impl(valued(D.place("map-by")), "rmaps_base_mapping_policy", "rmaps_base_schedule_policy")
-_impl(valued(D.place("rank-by")), "rmaps_base_ranking_policy")
-_impl(on_place("pernode"), "rmaps_base_pernode", "rmaps_ppr_pernode")
-_impl(_per("npernode"), "rmaps_base_n_pernode", "rmaps_ppr_n_pernode")
-_impl(_per("npersocket"), "rmaps_base_n_persocket", "rmaps_ppr_n_persocket")
-_impl(valued(D.place("ppr")), "rmaps_base_pattern", "rmaps_ppr_pattern")
-_impl(on_place("bycore"), "rmaps_base_bycore")
-_impl(on_place("byslot"), "rmaps_base_byslot")
-_impl(on_place("bynode"), "rmaps_base_bynode")
-_impl(_cpus_per_proc, "rmaps_base_cpus_per_proc", "rmaps_base_cpus_per_rank")
-_impl(on("nolocal"), "rmaps_base_no_schedule_local")
-_impl(on("display_map"), "rmaps_base_display_map", "rmaps_base_display_devel_map")
-_impl(on("display_topo"), "rmaps_base_display_topo_with_map")
-_impl(on("display_diffable_map"), "rmaps_base_display_diffable_map")
-_impl(valued(D.place("bind-to")), "hwloc_base_binding_policy")
-_impl(on_place("bind-to-core"), "hwloc_base_bind_to_core")
-_impl(on_place("bind-to-socket"), "hwloc_base_bind_to_socket")
-_impl(on("report_bindings"), "hwloc_base_report_bindings")
-_impl(valued(D.place("cpu-list")), "hwloc_base_cpu_list", "hwloc_base_slot_list")
-_impl(valued(D.place("cpu-set")), "hwloc_base_cpu_set")
-_impl(on("use_hwthread_cpus"), "hwloc_base_use_hwthreads_as_cpus")
+_impl(_oversubscribe(True), "rmaps_base_oversubscribe",
+      note="as `--oversubscribe` (it ignores `max_slots`)")
+_impl(_oversubscribe(False), "rmaps_base_no_oversubscribe",
+      note="as `--nooversubscribe`")
+_impl(valued(D.place("map-by")), "rmaps_base_mapping_policy", "rmaps_base_schedule_policy",
+      note="as `--map-by`")
+_impl(valued(D.place("rank-by")), "rmaps_base_ranking_policy",
+      note="as `--rank-by`")
+_impl(on_place("pernode"), "rmaps_base_pernode", "rmaps_ppr_pernode",
+      note="as `--pernode`")
+_impl(_per("npernode"), "rmaps_base_n_pernode", "rmaps_ppr_n_pernode",
+      note="as `-npernode`")
+_impl(_per("npersocket"), "rmaps_base_n_persocket", "rmaps_ppr_n_persocket",
+      note="as `-npersocket`")
+_impl(valued(D.place("ppr")), "rmaps_base_pattern", "rmaps_ppr_pattern",
+      note="as `--ppr`")
+_impl(on_place("bycore"), "rmaps_base_bycore",
+      note="as `-bycore`")
+_impl(on_place("byslot"), "rmaps_base_byslot",
+      note="as `-byslot`")
+_impl(on_place("bynode"), "rmaps_base_bynode",
+      note="as `-bynode`")
+_impl(_cpus_per_proc, "rmaps_base_cpus_per_proc", "rmaps_base_cpus_per_rank",
+      note="as `--cpus-per-proc`")
+_impl(on("nolocal"), "rmaps_base_no_schedule_local",
+      note="as `-nolocal`")
+_impl(on("display_map"), "rmaps_base_display_map", "rmaps_base_display_devel_map",
+      note="as `--display-map`")
+_impl(on("display_topo"), "rmaps_base_display_topo_with_map",
+      note="as `--display-topo`")
+_impl(on("display_diffable_map"), "rmaps_base_display_diffable_map",
+      note="as `--display-diffable-map`")
+_impl(valued(D.place("bind-to")), "hwloc_base_binding_policy",
+      note="as `--bind-to`")
+_impl(on_place("bind-to-core"), "hwloc_base_bind_to_core",
+      note="as `--bind-to-core`")
+_impl(on_place("bind-to-socket"), "hwloc_base_bind_to_socket",
+      note="as `--bind-to-socket`")
+_impl(on("report_bindings"), "hwloc_base_report_bindings",
+      note="as `--report-bindings`")
+_impl(valued(D.place("cpu-list")), "hwloc_base_cpu_list", "hwloc_base_slot_list",
+      note="as `--cpu-list`")
+_impl(valued(D.place("cpu-set")), "hwloc_base_cpu_set",
+      note="as `--cpu-set`")
+_impl(on("use_hwthread_cpus"), "hwloc_base_use_hwthreads_as_cpus",
+      note="as `--use-hwthread-cpus`")
+_impl(on("merge_stderr"), "iof_base_redirect_app_stderr_to_stdout",
+      note="as `--merge-stderr-to-stdout`")
+_impl(valued(D.seconds("grace", allow_zero=True)), "odls_base_sigkill_timeout",
+      note="as `--grace`: seconds from SIGTERM to SIGKILL")
 
 # -- refused when set: no such mechanism here ------------------------------------
 for _name, _instead in (
@@ -215,9 +255,9 @@ for _name, _instead in (
         ("ras_base_multiplier", "give the slots in the hostfile or -H"),
         ("hwloc_base_topo_file", "topologies are read from each host"),
         ("rmaps_base_topology", "topologies are read from each host"),
-        ("orte_base_user_debugger", "attach gdb -p to a rank"),
         ("orte_server", "names are published through mslaunch's PMI server; do not set it")):
-    PARAMS[_name] = ("refused", _refuse_if_set(_instead), _instead)
+    PARAMS[_name] = ("refused", _refuse_if_set(
+        _instead, ("", "1") if _name == "ras_base_multiplier" else ("", "0", "false")), _instead)
 
 # -- accepted, no effect ----------------------------------------------------------
 _acc("mslaunch keeps host names as given (it never shortens them)",
@@ -232,7 +272,7 @@ _acc("there are no session directories but --set-cwd-to-session-dir's",
 _acc("use -v", "orte_debug", "orte_debug_verbose", "orte_debug_daemons",
      "orte_debug_daemons_file", "orte_progress_thread_debug", "orte_report_silent_errors",
      "orte_report_launch_progress", "orte_base_help_aggregate")
-_acc("there is no debugger interface", "orte_output_debugger_proctable",
+_acc("there is no debugger interface", "orte_output_debugger_proctable", "orte_base_user_debugger",
      "orte_debugger_test_daemon", "orte_debugger_test_attach", "orte_debugger_check_rate")
 _acc("there are no daemons", "orte_daemon_spin", "orte_daemon_fail", "orte_daemon_fail_delay",
      "orte_leave_session_attached", "orte_fwd_mpirun_port", "orte_daemon_cores",
