@@ -18,7 +18,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, NamedTuple, Optional, Tuple
+    from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .errors import UsageError, one_line
 
@@ -103,3 +103,13 @@ def boolean(value: str) -> Optional[bool]:
 def param_file_list(value: str) -> Tuple[str, ...]:
     """The files ``mca_base_param_files`` names (``:`` or ``,`` separated)."""
     return tuple(p for p in value.replace(",", ":").split(":") if p.strip())
+
+
+def command_line_params(argv: Sequence[str]) -> Dict[str, str]:
+    """``--mca NAME VALUE`` settings (``-mca``, ``--gmca``) written in ``argv``, by name
+    (the last of a name wins)."""
+    found: Dict[str, str] = {}
+    for i, word in enumerate(argv[:-2]):
+        if word in ("-mca", "--mca", "-gmca", "--gmca"):
+            found[argv[i + 1]] = argv[i + 2]
+    return found

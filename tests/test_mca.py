@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import REPO, clean_env, run
+from helpers import PY, REPO, clean_env, run
 from conftest import require
 from mslaunch.cli import mpirun
 from mslaunch.cli.mca import FAMILIES, PARAMS, lookup, markdown_table
@@ -237,3 +237,58 @@ def test_boolean_is_open_mpis(word):
         assert b is False
     elif b is not None:
         assert b == (int(w) != 0)
+
+
+# -- side by side with Open MPI 4.1.4 ----------------------------------------------------
+
+OMPIRUN = "/usr/bin/mpirun.openmpi"
+
+
+def _side_by_side(tmp_path, args, env):
+    require(os.access(OMPIRUN, os.X_OK), f"{OMPIRUN} (Debian's openmpi-bin 4.1.4)")
+    full = env_in(tmp_path, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                  **env)
+    got = []
+    for argv in ([OMPIRUN, *args], [PY, "-m", "mslaunch", *args]):
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=full,
+                           cwd=str(tmp_path), timeout=60)
+        got.append((r.returncode, sorted(r.stdout.splitlines())))
+    return got
+
+
+@pytest.mark.parametrize("case", [
+    "env-hostfile", "user-file", "env-over-user-file", "tune-oversubscribe", "env-tag",
+    "flag-over-tune", "default-slots", "param-files"])
+def test_same_as_open_mpi_4(tmp_path, hostfile, case):
+    one = tmp_path / "one"
+    one.write_text("localhost slots=1\n")
+    conf = tmp_path / ".openmpi" / "mca-params.conf"
+    conf.parent.mkdir()
+    tune = tmp_path / "tune"
+    tune.write_text("orte_tag_output = 1\n--mca rmaps_base_oversubscribe 1\n")
+    bare = tmp_path / "bare"
+    bare.write_text("localhost\n")
+    env = {}
+    args = ["hostname"]
+    if case == "env-hostfile":
+        env = {"OMPI_MCA_orte_default_hostfile": str(hostfile)}
+    elif case in ("user-file", "env-over-user-file"):
+        conf.write_text(f"# the user's\norte_default_hostfile = {hostfile}\n")
+        if case == "env-over-user-file":
+            env = {"OMPI_MCA_orte_default_hostfile": str(one)}
+    elif case == "tune-oversubscribe":
+        args = ["--tune", str(tune), "-H", "localhost:1", "-n", "2", "echo", "x"]
+    elif case == "env-tag":
+        env = {"OMPI_MCA_orte_tag_output": "1"}
+        args = ["-n", "1", "echo", "hi"]
+    elif case == "flag-over-tune":
+        args = ["--mca", "orte_tag_output", "0", "--tune", str(tune), "-H", "localhost:2",
+                "-n", "2", "echo", "hi"]
+    elif case == "default-slots":
+        env = {"OMPI_MCA_orte_set_default_slots": str(SLOTS)}
+        args = ["--hostfile", str(bare), "hostname"]
+    else:
+        env = {"OMPI_MCA_mca_base_param_files": str(tune)}
+        args = ["-H", "localhost:1", "-n", "2", "echo", "hi"]
+    ompi_result, ours = _side_by_side(tmp_path, args, env)
+    assert ompi_result[0] == 0 and ours == ompi_result

@@ -73,6 +73,7 @@ class Draft:
     def __init__(self, environ: Dict[str, str], cwd: str,
                  option_file: Callable[[Draft, str, str, List[str]], List[str]]) -> None:
         self.environ = environ
+        self.argv: Sequence[str] = ()      # the whole command line (see optfiles)
         self.cwd = cwd
         self.option_file = option_file     # applies -tune and -am files; their -x words
         self.contexts: List[Context] = [Context()]

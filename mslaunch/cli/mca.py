@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     Handler = Callable[[Draft, str, str], None]
 
 from ..errors import UsageError, one_line
-from ..mcafile import ENV_PREFIX, boolean, environment_params, param_file_list, parse_param_file
+from ..mcafile import (ENV_PREFIX, boolean, command_line_params, environment_params,
+                       param_file_list, parse_param_file)
 from . import draft as D
 
 #: The installation-wide file of Debian's Open MPI (``$sysconfdir/openmpi-mca-params.conf``).
@@ -361,20 +362,11 @@ def _file_settings(path: str) -> List[Tuple[str, str, str]]:
             for s in parse_param_file(text, path) if s.kind == "mca"]
 
 
-def _command_line_names(argv: Sequence[str]) -> Dict[str, str]:
-    """``--mca NAME VALUE`` settings written on the command line, by name."""
-    names: Dict[str, str] = {}
-    for i, word in enumerate(argv[:-2]):
-        if word in ("-mca", "--mca", "-gmca", "--gmca"):
-            names[argv[i + 1]] = argv[i + 2]
-    return names
-
-
 def settings_below_command_line(environ: Dict[str, str], argv: Sequence[str],
                                 sysconf: str = SYSTEM_FILE) -> List[Tuple[str, str, str]]:
     """``(name, value, source)`` of the parameters of mpirun's families set in files
     and variables and not on the command line, weakest source first."""
-    given = _command_line_names(argv)
+    given = command_line_params(argv)
     files_value = given.get("mca_base_param_files",
                             environ.get(ENV_PREFIX + "mca_base_param_files"))
     if files_value is not None:

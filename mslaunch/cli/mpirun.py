@@ -35,6 +35,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     """
     d = Draft(dict(os.environ) if environ is None else environ,
               launch_dir() if cwd is None else cwd, _option_file)
+    d.argv = argv
     if defaults:
         _environment_defaults(d, argv)
     args = list(argv)
@@ -72,6 +73,26 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
 
 #: Open MPI's installation-wide parameter file (Debian's place) and the user's.
 _MCA_FILES = ("/etc/openmpi/openmpi-mca-params.conf", ".openmpi/mca-params.conf")
+#: How the names of the parameters that mpirun itself reads begin (see mca.py).
+_MPIRUN_PARAMS = ("orte_", "rmaps", "hwloc", "plm", "ras", "mca_base_param_files",
+                  "iof_base_redirect", "odls_base_sigkill")
+
+
+def _names_mpirun_params(path: str) -> bool:
+    """Whether a parameter file sets one of mpirun's own parameters (a quick look:
+    most hold only the ranks' parameters, and then mca.py is not even imported)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 24).decode("utf-8", "replace")
+    except OSError:
+        return False
+    for line in text.split("\n"):
+        words = line.replace("=", " ").split()
+        if words and not words[0].startswith("#"):
+            name = words[1] if words[0].startswith("-") and len(words) > 1 else words[0]
+            if name.startswith(_MPIRUN_PARAMS):
+                return True
+    return False
 
 
 def _environment_defaults(d: Draft, argv: Sequence[str]) -> None:
@@ -79,8 +100,9 @@ def _environment_defaults(d: Draft, argv: Sequence[str]) -> None:
     Intel MPI's variables (see :mod:`.mca`, :mod:`.hydraenv`)."""
     env = d.environ
     home = env.get("HOME")
-    if (any(k.startswith("OMPI_MCA_") for k in env) or os.path.exists(_MCA_FILES[0])
-            or (home and os.path.exists(os.path.join(home, _MCA_FILES[1])))):
+    if (any(k.startswith("OMPI_MCA_") and k[9:].startswith(_MPIRUN_PARAMS) for k in env)
+            or "mca_base_param_files" in argv or _names_mpirun_params(_MCA_FILES[0])
+            or (home and _names_mpirun_params(os.path.join(home, _MCA_FILES[1])))):
         from .mca import apply_defaults
         apply_defaults(d, argv)
     if any(k.startswith(("HYDRA_", "I_MPI_", "MPIEXEC_P", "MPICH_PORT")) for k in env):

@@ -59,18 +59,20 @@ def option_file(d: Draft, name: str, flag: str, paths: List[str]) -> List[str]:
     named by file and line in errors); their ``-x`` settings as command-line words.
 
     Both take ``name = value``, ``--mca name value`` and ``-x NAME[=VALUE]``
-    lines, as Open MPI 4.1.4's ``-tune`` does.
+    lines, as Open MPI 4.1.4's ``-tune`` does.  A ``--mca`` of the command line
+    wins over a file's setting of the same name, wherever it is written.
     """
-    from ..mcafile import parse_param_file
+    from ..mcafile import command_line_params, parse_param_file
     from .mca import apply_param
     what = "tune file" if name == "tune" else "MCA parameter file"
     words: List[str] = []
+    given = command_line_params(d.argv)
     for path in paths:
         from ..hosts.hostfile import read_host_file
         for s in parse_param_file(read_host_file(path, what), f"{flag} {path}"):
             if s.kind == "x":
                 words += ["-x", s.name if s.value is None else f"{s.name}={s.value}"]
-            else:
+            elif s.name not in given:
                 apply_param(d, s.name, s.value or "", f"{flag} {path}:{s.line}: {s.name}")
                 d.mca.append((s.name, s.value or ""))
     return words
