@@ -292,3 +292,44 @@ def test_same_as_open_mpi_4(tmp_path, hostfile, case):
         args = ["-H", "localhost:1", "-n", "2", "echo", "hi"]
     ompi_result, ours = _side_by_side(tmp_path, args, env)
     assert ompi_result[0] == 0 and ours == ompi_result
+
+
+# -- Hydra's -ppn: blocks that wrap around the hosts ------------------------------------
+
+def test_hydra_ppn_places_blocks_in_turn_as_hydra():
+    # Hydra 5.0.2, -n 5 -ppn 2 -hosts localhost,127.0.0.1: PMI_HOSTNAME of ranks 0..4 is
+    # localhost localhost 127.0.0.1 127.0.0.1 localhost.
+    from mslaunch.plan import place
+    from mslaunch.spec import Host
+    two = [Host(name=n, slots=1, max_slots=None, local=False, node_id=i)
+           for i, n in enumerate(("a", "b"))]
+    assert place(two, 5, per_node=2, wrap=True) == [0, 0, 1, 1, 0]
+    assert place(two, None, per_node=2, wrap=True) == [0, 0, 1, 1]
+    job = mpirun.parse_args(["-ppn", "2", "prog"], environ={}, cwd="/")
+    assert (job.per_node, job.per_node_wrap) == (2, True)
+    job = mpirun.parse_args(["-npernode", "2", "prog"], environ={}, cwd="/")
+    assert (job.per_node, job.per_node_wrap) == (2, False)
+    job = mpirun.parse_args(["prog"], environ={"I_MPI_PERHOST": "3"}, cwd="/")
+    assert (job.per_node, job.per_node_wrap) == (3, True)
+    job = mpirun.parse_args(["-npernode", "1", "prog"], environ={"I_MPI_PERHOST": "3"}, cwd="/")
+    assert (job.per_node, job.per_node_wrap) == (1, False)
+
+
+HYDRA = os.path.join(os.path.dirname(PY), "mpiexec.hydra")
+
+
+@pytest.mark.parametrize("args, env", [
+    (["hostname"], {"HYDRA_HOST_FILE": "hf2"}),
+    (["-n", "3", "-ppn", "1", "-hosts", "localhost", "hostname"], {}),
+    (["-n", "2", "hostname"], {"MPIEXEC_PORT_RANGE": "20000:20100", "HYDRA_RMK": "user"}),
+])
+def test_same_as_hydra(tmp_path, args, env):
+    require(os.access(HYDRA, os.X_OK), "Hydra 5.0.2 of the mpich wheel (pip install '.[mpi]')")
+    (tmp_path / "hf2").write_text(f"localhost:{SLOTS}\n")
+    full = env_in(tmp_path, **env)
+    got = []
+    for argv in ([HYDRA, *args], [PY, "-m", "mslaunch", *args]):
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=full,
+                           cwd=str(tmp_path), timeout=60)
+        got.append((r.returncode, len(r.stdout.splitlines())))
+    assert got[0][0] == 0 and got[1] == got[0]
