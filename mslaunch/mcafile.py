@@ -44,7 +44,7 @@ def _name(text: str, where: str) -> str:
 
 
 def parse_param_file(text: str, origin: str) -> Tuple[Setting, ...]:
-    """The settings of a parameter file's text; ``origin`` names it in errors (``FILE:LINE: ...``)."""
+    """The settings in a parameter file's text; ``origin`` names it in errors (``FILE:LINE:``)."""
     out: List[Setting] = []
     for number, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()

@@ -1,4 +1,4 @@
-"""Open MPI 4.1.4's own MCA parameters (``orte_*``, ``rmaps_*``, ``hwloc_base_*``, ``plm_*``, ``ras_*``).
+"""The MCA parameters that Open MPI 4.1.4's mpirun itself reads (``orte_*``, ``rmaps_*``, ...
 
 Each parameter that Open MPI's ``mpirun`` reads has a record here: what it does
 to the job being built (most are an option of :mod:`.options` under another
@@ -165,31 +165,50 @@ _impl(valued(D.file_name("default_hostfile"), ("", "none")), "orte_default_hostf
 _impl(_default_dash_host, "orte_default_dash_host", note="hosts used when no other list is given")
 _impl(_default_slots, "orte_set_default_slots",
       note="slots of a hostfile host without `slots=`: a number, `cores` (default) or `hwthreads`")
-_impl(on("tag_output"), "orte_tag_output",
-      note="as `--tag-output`")
-_impl(on("timestamp_output"), "orte_timestamp_output",
-      note="as `--timestamp-output`")
-_impl(on("xml"), "orte_xml_output",
-      note="as `--xml`")
-_impl(valued(D.file_name("xml_file")), "orte_xml_file",
-      note="as `--xml-file`")
-_impl(on("quiet"), "orte_execute_quiet",
-      note="as `--quiet`")
-_impl(on("dry_run"), "orte_do_not_launch",
-      note="as `--do-not-launch`")
-_impl(on("novm"), "orte_no_vm",
-      note="as `--novm`")
-_impl(on("display_allocation"), "orte_display_alloc", "orte_display_devel_alloc",
-      "ras_base_display_alloc", "ras_base_display_devel_alloc",
-      note="as `--display-allocation`")
+#: Parameters that are an option of the same meaning: (handler, option, names...)
+_AS_OPTION: Tuple[Tuple[object, ...], ...] = (
+    (on("tag_output"), "--tag-output", "orte_tag_output"),
+    (on("timestamp_output"), "--timestamp-output", "orte_timestamp_output"),
+    (on("xml"), "--xml", "orte_xml_output"),
+    (valued(D.file_name("xml_file")), "--xml-file", "orte_xml_file"),
+    (on("quiet"), "--quiet", "orte_execute_quiet"),
+    (on("dry_run"), "--do-not-launch", "orte_do_not_launch"),
+    (on("novm"), "--novm", "orte_no_vm"),
+    (on("display_allocation"), "--display-allocation",
+     "orte_display_alloc", "orte_display_devel_alloc", "ras_base_display_alloc",
+     "ras_base_display_devel_alloc"),
+    (_recovery, "--enable-recovery", "orte_enable_recovery"),
+    (_max_restarts, "--max-restarts", "orte_max_restarts"),
+    (valued(D.file_name("rankfile")), "--rankfile", "orte_rankfile", "rmaps_rank_file_path"),
+    (_oversubscribe(False), "--nooversubscribe", "rmaps_base_no_oversubscribe"),
+    (valued(D.place("map-by")), "--map-by",
+     "rmaps_base_mapping_policy", "rmaps_base_schedule_policy"),
+    (valued(D.place("rank-by")), "--rank-by", "rmaps_base_ranking_policy"),
+    (on_place("pernode"), "--pernode", "rmaps_base_pernode", "rmaps_ppr_pernode"),
+    (_per("npernode"), "-npernode", "rmaps_base_n_pernode", "rmaps_ppr_n_pernode"),
+    (_per("npersocket"), "-npersocket", "rmaps_base_n_persocket", "rmaps_ppr_n_persocket"),
+    (valued(D.place("ppr")), "--ppr", "rmaps_base_pattern", "rmaps_ppr_pattern"),
+    (on_place("bycore"), "-bycore", "rmaps_base_bycore"),
+    (on_place("byslot"), "-byslot", "rmaps_base_byslot"),
+    (on_place("bynode"), "-bynode", "rmaps_base_bynode"),
+    (_cpus_per_proc, "--cpus-per-proc", "rmaps_base_cpus_per_proc", "rmaps_base_cpus_per_rank"),
+    (on("nolocal"), "-nolocal", "rmaps_base_no_schedule_local"),
+    (on("display_map"), "--display-map", "rmaps_base_display_map", "rmaps_base_display_devel_map"),
+    (on("display_topo"), "--display-topo", "rmaps_base_display_topo_with_map"),
+    (on("display_diffable_map"), "--display-diffable-map", "rmaps_base_display_diffable_map"),
+    (valued(D.place("bind-to")), "--bind-to", "hwloc_base_binding_policy"),
+    (on_place("bind-to-core"), "--bind-to-core", "hwloc_base_bind_to_core"),
+    (on_place("bind-to-socket"), "--bind-to-socket", "hwloc_base_bind_to_socket"),
+    (on("report_bindings"), "--report-bindings", "hwloc_base_report_bindings"),
+    (valued(D.place("cpu-list")), "--cpu-list", "hwloc_base_cpu_list", "hwloc_base_slot_list"),
+    (valued(D.place("cpu-set")), "--cpu-set", "hwloc_base_cpu_set"),
+    (on("use_hwthread_cpus"), "--use-hwthread-cpus", "hwloc_base_use_hwthreads_as_cpus"),
+    (on("merge_stderr"), "--merge-stderr-to-stdout", "iof_base_redirect_app_stderr_to_stdout"),
+)
+for _handler, _option, *_names in _AS_OPTION:
+    _impl(_handler, *_names, note=f"as `{_option}`")  # type: ignore[arg-type]
 _impl(_keep_going_unless, "orte_abort_on_non_zero_status",
       note="false: keep going, as `-disable-auto-cleanup`")
-_impl(_recovery, "orte_enable_recovery",
-      note="as `--enable-recovery`")
-_impl(_max_restarts, "orte_max_restarts",
-      note="as `--max-restarts`")
-_impl(valued(D.file_name("rankfile")), "orte_rankfile", "rmaps_rank_file_path",
-      note="as `--rankfile`")
 _impl(_launch_agent, "orte_launch_agent", note="as `--launch-agent`; `orted` (the default) "
       "changes nothing")
 _impl(_rsh_agent, "plm_rsh_agent", "orte_rsh_agent",
@@ -199,52 +218,6 @@ _impl(_launcher, "plm", note="as `--launcher`: `rsh`/`ssh` is SSH, `slurm` srun,
       "this machine; a list or `^` and those left out")
 _impl(_oversubscribe(True), "rmaps_base_oversubscribe",
       note="as `--oversubscribe` (it ignores `max_slots`)")
-_impl(_oversubscribe(False), "rmaps_base_no_oversubscribe",
-      note="as `--nooversubscribe`")
-_impl(valued(D.place("map-by")), "rmaps_base_mapping_policy", "rmaps_base_schedule_policy",
-      note="as `--map-by`")
-_impl(valued(D.place("rank-by")), "rmaps_base_ranking_policy",
-      note="as `--rank-by`")
-_impl(on_place("pernode"), "rmaps_base_pernode", "rmaps_ppr_pernode",
-      note="as `--pernode`")
-_impl(_per("npernode"), "rmaps_base_n_pernode", "rmaps_ppr_n_pernode",
-      note="as `-npernode`")
-_impl(_per("npersocket"), "rmaps_base_n_persocket", "rmaps_ppr_n_persocket",
-      note="as `-npersocket`")
-_impl(valued(D.place("ppr")), "rmaps_base_pattern", "rmaps_ppr_pattern",
-      note="as `--ppr`")
-_impl(on_place("bycore"), "rmaps_base_bycore",
-      note="as `-bycore`")
-_impl(on_place("byslot"), "rmaps_base_byslot",
-      note="as `-byslot`")
-_impl(on_place("bynode"), "rmaps_base_bynode",
-      note="as `-bynode`")
-_impl(_cpus_per_proc, "rmaps_base_cpus_per_proc", "rmaps_base_cpus_per_rank",
-      note="as `--cpus-per-proc`")
-_impl(on("nolocal"), "rmaps_base_no_schedule_local",
-      note="as `-nolocal`")
-_impl(on("display_map"), "rmaps_base_display_map", "rmaps_base_display_devel_map",
-      note="as `--display-map`")
-_impl(on("display_topo"), "rmaps_base_display_topo_with_map",
-      note="as `--display-topo`")
-_impl(on("display_diffable_map"), "rmaps_base_display_diffable_map",
-      note="as `--display-diffable-map`")
-_impl(valued(D.place("bind-to")), "hwloc_base_binding_policy",
-      note="as `--bind-to`")
-_impl(on_place("bind-to-core"), "hwloc_base_bind_to_core",
-      note="as `--bind-to-core`")
-_impl(on_place("bind-to-socket"), "hwloc_base_bind_to_socket",
-      note="as `--bind-to-socket`")
-_impl(on("report_bindings"), "hwloc_base_report_bindings",
-      note="as `--report-bindings`")
-_impl(valued(D.place("cpu-list")), "hwloc_base_cpu_list", "hwloc_base_slot_list",
-      note="as `--cpu-list`")
-_impl(valued(D.place("cpu-set")), "hwloc_base_cpu_set",
-      note="as `--cpu-set`")
-_impl(on("use_hwthread_cpus"), "hwloc_base_use_hwthreads_as_cpus",
-      note="as `--use-hwthread-cpus`")
-_impl(on("merge_stderr"), "iof_base_redirect_app_stderr_to_stdout",
-      note="as `--merge-stderr-to-stdout`")
 _impl(valued(D.seconds("grace", allow_zero=True)), "odls_base_sigkill_timeout",
       note="as `--grace`: seconds from SIGTERM to SIGKILL")
 
