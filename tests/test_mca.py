@@ -114,6 +114,9 @@ def test_tag_output_and_bad_values_name_their_source(tmp_path):
                                  f"expected a whole number, got 'x'\n")
     r = run("--mca", "rmaps_base_oversubscribe", "maybe", "-n", "1", "true", env=env_in(tmp_path))
     assert r.returncode == 2 and b"--mca rmaps_base_oversubscribe: expected a boolean" in r.stderr
+    r = run("-n", "1", "true", env=env_in(tmp_path, OMPI_MCA_rmaps_base_mapping_policy="bogus"))
+    assert r.returncode == 2 and r.stderr.startswith(
+        b"mslaunch: error: OMPI_MCA_rmaps_base_mapping_policy (environment): --map-by bogus: ")
 
 
 def test_accepted_parameters_are_noted_with_v(tmp_path):

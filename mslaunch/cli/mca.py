@@ -66,6 +66,20 @@ def valued(apply_option: D.Apply, none: Tuple[str, ...] = ("",)) -> Handler:
     return apply
 
 
+def placed(name: str) -> Handler:
+    """A placement option with one value, checked here so that an error names the source."""
+    def apply(d: Draft, said: str, value: str) -> None:
+        if not value.strip():
+            return
+        from .mapping import mapping_fields
+        try:
+            mapping_fields([(name, value.strip())])
+        except UsageError as err:
+            raise UsageError(f"{said}: {err}") from None
+        d.mapping.append((name, value.strip()))
+    return apply
+
+
 def _keep_going_unless(d: Draft, said: str, value: str) -> None:
     if not _flag(said, value):
         d.keep_going = True
@@ -181,13 +195,13 @@ _AS_OPTION: Tuple[Tuple[object, ...], ...] = (
     (_max_restarts, "--max-restarts", "orte_max_restarts"),
     (valued(D.file_name("rankfile")), "--rankfile", "orte_rankfile", "rmaps_rank_file_path"),
     (_oversubscribe(False), "--nooversubscribe", "rmaps_base_no_oversubscribe"),
-    (valued(D.place("map-by")), "--map-by",
+    (placed("map-by"), "--map-by",
      "rmaps_base_mapping_policy", "rmaps_base_schedule_policy"),
-    (valued(D.place("rank-by")), "--rank-by", "rmaps_base_ranking_policy"),
+    (placed("rank-by"), "--rank-by", "rmaps_base_ranking_policy"),
     (on_place("pernode"), "--pernode", "rmaps_base_pernode", "rmaps_ppr_pernode"),
     (_per("npernode"), "-npernode", "rmaps_base_n_pernode", "rmaps_ppr_n_pernode"),
     (_per("npersocket"), "-npersocket", "rmaps_base_n_persocket", "rmaps_ppr_n_persocket"),
-    (valued(D.place("ppr")), "--ppr", "rmaps_base_pattern", "rmaps_ppr_pattern"),
+    (placed("ppr"), "--ppr", "rmaps_base_pattern", "rmaps_ppr_pattern"),
     (on_place("bycore"), "-bycore", "rmaps_base_bycore"),
     (on_place("byslot"), "-byslot", "rmaps_base_byslot"),
     (on_place("bynode"), "-bynode", "rmaps_base_bynode"),
@@ -196,12 +210,12 @@ _AS_OPTION: Tuple[Tuple[object, ...], ...] = (
     (on("display_map"), "--display-map", "rmaps_base_display_map", "rmaps_base_display_devel_map"),
     (on("display_topo"), "--display-topo", "rmaps_base_display_topo_with_map"),
     (on("display_diffable_map"), "--display-diffable-map", "rmaps_base_display_diffable_map"),
-    (valued(D.place("bind-to")), "--bind-to", "hwloc_base_binding_policy"),
+    (placed("bind-to"), "--bind-to", "hwloc_base_binding_policy"),
     (on_place("bind-to-core"), "--bind-to-core", "hwloc_base_bind_to_core"),
     (on_place("bind-to-socket"), "--bind-to-socket", "hwloc_base_bind_to_socket"),
     (on("report_bindings"), "--report-bindings", "hwloc_base_report_bindings"),
-    (valued(D.place("cpu-list")), "--cpu-list", "hwloc_base_cpu_list", "hwloc_base_slot_list"),
-    (valued(D.place("cpu-set")), "--cpu-set", "hwloc_base_cpu_set"),
+    (placed("cpu-list"), "--cpu-list", "hwloc_base_cpu_list", "hwloc_base_slot_list"),
+    (placed("cpu-set"), "--cpu-set", "hwloc_base_cpu_set"),
     (on("use_hwthread_cpus"), "--use-hwthread-cpus", "hwloc_base_use_hwthreads_as_cpus"),
     (on("merge_stderr"), "--merge-stderr-to-stdout", "iof_base_redirect_app_stderr_to_stdout"),
 )

@@ -95,7 +95,7 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("npernode", "N"), 1, D.place("npernode"), "-npernode, -N, -ppn N\t"
                "N ranks per host     -npersocket N   N ranks per socket"),
         # Hydra's spelling: its own rule (ranks wrap around the hosts, never refused)
-        Option(("ppn",), 1, D.place("ppn")),
+        Option(("ppn", "perhost"), 1, D.place("ppn")),
         Option(("npersocket",), 1, D.place("npersocket")),
         Option(("pernode",), 0, D.place("pernode")),
         Option(("ppr",), 1, D.place("ppr"),
