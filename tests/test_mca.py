@@ -336,3 +336,22 @@ def test_same_as_hydra(tmp_path, args, env):
                            cwd=str(tmp_path), timeout=60)
         got.append((r.returncode, len(r.stdout.splitlines())))
     assert got[0][0] == 0 and got[1] == got[0]
+
+
+def test_hydra_variables_map_onto_options(tmp_path):
+    def job(**env):
+        return mpirun.parse_args(["prog"], environ=dict(env), cwd=str(tmp_path))
+    assert job(HYDRA_ENV="all").forward_env and not job().forward_env
+    assert job(HYDRA_DEBUG="1").verbose == 1 and job(HYDRA_DEBUG="0").verbose == 0
+    assert job(MPIEXEC_TIMEOUT="7").timeout == 7.0
+    with pytest.raises(UsageError, match=r"^HYDRA_ENV=bogus \(environment\): expected 'all'$"):
+        job(HYDRA_ENV="bogus")
+    with pytest.raises(UsageError, match=r"^I_MPI_PERHOST \(environment\): expected a whole"):
+        job(I_MPI_PERHOST="x")
+    assert job(I_MPI_PERHOST="all").per_node is None
+    # the command line wins: -f over HYDRA_HOST_FILE
+    (tmp_path / "a").write_text("localhost:3\n")
+    (tmp_path / "b").write_text("localhost:1\n")
+    assert [h.slots for h in job(HYDRA_HOST_FILE="a").hosts] == [3]
+    assert [h.slots for h in mpirun.parse_args(["-f", "b", "prog"], environ={
+        "HYDRA_HOST_FILE": "a"}, cwd=str(tmp_path)).hosts] == [1]
