@@ -341,18 +341,21 @@ def _read(path: str) -> Optional[str]:
         raise UsageError(f"MCA parameter file {path}: {err.strerror}") from None
 
 
-def _file_settings(path: str) -> List[Tuple[str, str, str]]:
+def _file_settings(path: str) -> List[Tuple[str, str, Optional[str], str]]:
     text = _read(path)
     if text is None:
         return []
-    return [(s.name, s.value or "", f"{path}:{s.line}: {s.name}")
-            for s in parse_param_file(text, path) if s.kind == "mca"]
+    return [(s.kind, s.name, s.value, f"{path}:{s.line}: {s.name}")
+            for s in parse_param_file(text, path)]
 
 
 def settings_below_command_line(environ: Dict[str, str], argv: Sequence[str],
-                                sysconf: str = SYSTEM_FILE) -> List[Tuple[str, str, str]]:
-    """``(name, value, source)`` of the parameters of mpirun's families set in files
-    and variables and not on the command line, weakest source first."""
+                                sysconf: str = SYSTEM_FILE
+                                ) -> Tuple[List[Tuple[str, str, str]],
+                                           List[Tuple[str, Optional[str]]]]:
+    """The parameters of mpirun's families set in files and variables and not on
+    the command line, as ``(name, value, source)``, weakest source first; and
+    the variables the files export (``-x NAME[=VALUE]`` lines)."""
     given = command_line_params(argv)
     files_value = given.get("mca_base_param_files",
                             environ.get(ENV_PREFIX + "mca_base_param_files"))
@@ -362,19 +365,27 @@ def settings_below_command_line(environ: Dict[str, str], argv: Sequence[str],
         home = environ.get("HOME")
         paths = [sysconf] + ([os.path.join(home, USER_FILE)] if home else [])
     found: Dict[str, Tuple[str, str]] = {}
+    exports: List[Tuple[str, Optional[str]]] = []
     for path in paths:
-        for name, value, said in _file_settings(path):
-            found[name] = (value, said)
+        for kind, name, value, said in _file_settings(path):
+            if kind == "x":
+                exports.append((name, value))
+            else:
+                found[name] = (value or "", said)
     for name, value in environment_params(environ):
         found[name] = (value, f"{ENV_PREFIX}{name} (environment)")
-    return [(name, value, said) for name, (value, said) in found.items()
-            if name not in given and lookup(name) is not None]
+    params = [(name, value, said) for name, (value, said) in found.items()
+              if name not in given and lookup(name) is not None]
+    return params, exports
 
 
 def apply_defaults(d: Draft, argv: Sequence[str]) -> None:
-    """Apply the parameters set below the command line to a fresh draft."""
-    for name, value, said in settings_below_command_line(d.environ, argv):
+    """Apply the parameters set below the command line to a fresh draft; the
+    files' ``-x`` variables go to every rank, as Open MPI exports them."""
+    params, exports = settings_below_command_line(d.environ, argv)
+    for name, value, said in params:
         apply_param(d, name, value, said)
+    d.genv.extend(exports)
 
 
 def markdown_table() -> str:

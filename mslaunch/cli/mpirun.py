@@ -79,8 +79,9 @@ _MPIRUN_PARAMS = ("orte_", "rmaps", "hwloc", "plm", "ras", "mca_base_param_files
 
 
 def _names_mpirun_params(path: str) -> bool:
-    """Whether a parameter file sets one of mpirun's own parameters (a quick look:
-    most hold only the ranks' parameters, and then mca.py is not even imported)."""
+    """Whether a parameter file sets one of mpirun's own parameters or exports a
+    variable (a quick look: most files hold only the ranks' parameters, and
+    then mca.py is not even imported)."""
     try:
         with open(path, "rb") as f:
             text = f.read(1 << 24).decode("utf-8", "replace")
@@ -90,7 +91,7 @@ def _names_mpirun_params(path: str) -> bool:
         words = line.replace("=", " ").split()
         if words and not words[0].startswith("#"):
             name = words[1] if words[0].startswith("-") and len(words) > 1 else words[0]
-            if name.startswith(_MPIRUN_PARAMS):
+            if name.startswith(_MPIRUN_PARAMS) or words[0] in ("-x", "--x"):
                 return True
     return False
 
