@@ -140,14 +140,15 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("envnone",), 0, D.store("inherit_env", False)),
         Option(("genvall",), 0, D.store("forward_env", True)),
         Option(("envall",), 0, D.store("forward_env", True)),
-        Option(("mca", "gmca"), 2, _set_mca, "-mca, --mca KEY VAL\texport OMPI_MCA_KEY=VAL; "
-               "'orte_abort_on_non_zero_status 0'\n(or --prtemca state_base_error_non_zero_exit "
-               "0, or\n--runtime-options error-nonzero-status=false) keeps going"),
+        Option(("mca", "gmca"), 2, _set_mca, "-mca, --mca KEY VAL\texport OMPI_MCA_KEY=VAL; mpirun's own (orte_*, rmaps_*, "
+               "hwloc_*,\nplm_*, ras_*) take effect, also from OMPI_MCA_* and parameter files;\n"
+               "'orte_abort_on_non_zero_status 0' (or --prtemca\nstate_base_error_non_zero_exit 0, "
+               "or --runtime-options\nerror-nonzero-status=false) keeps going"),
         Option(("prtemca",), 2, D.prefixed_env("PRTE_MCA_", "state_base_error_non_zero_exit")),
         Option(("pmixmca",), 2, D.prefixed_env("PMIX_MCA_")),
         Option(("runtime-options",), 1, D.runtime_options),
-        Option(("tune",), 1, D.read_options("tune"), "-tune FILE, -am FILE\toptions (-x, -mca) "
-               "/ MCA settings (key = value) from files"),
+        Option(("tune",), 1, D.read_options("tune"), "-tune FILE, -am FILE\tMCA settings ('key = value', "
+               "'--mca key value') and -x from files"),
         Option(("am",), 1, D.read_options("am")),
         Option(("wdir", "wd"), 1, D.set_wdir, "-wdir, --wdir, -wd DIR\tworking directory of "
                "the ranks"),
