@@ -358,3 +358,14 @@ def test_hydra_variables_map_onto_options(tmp_path):
     assert [h.slots for h in job(HYDRA_HOST_FILE="a").hosts] == [3]
     assert [h.slots for h in mpirun.parse_args(["-f", "b", "prog"], environ={
         "HYDRA_HOST_FILE": "a"}, cwd=str(tmp_path)).hosts] == [1]
+
+
+def test_a_default_hostfile_that_fails_names_who_named_it(tmp_path):
+    missing = str(tmp_path / "missing")
+    r = run("-n", "1", "true", env=env_in(tmp_path, OMPI_MCA_orte_default_hostfile=missing))
+    assert r.returncode == 2 and r.stderr.decode() == (
+        f"mslaunch: error: OMPI_MCA_orte_default_hostfile (environment): hostfile {missing}: "
+        f"cannot read: No such file or directory\n")
+    r = run("-n", "1", "true", env=env_in(tmp_path, HYDRA_HOST_FILE=missing))
+    assert r.returncode == 2 and r.stderr.startswith(
+        b"mslaunch: error: HYDRA_HOST_FILE (environment): hostfile ")

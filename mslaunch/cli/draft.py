@@ -124,6 +124,7 @@ class Draft:
         self.default_slots: Optional[int] = None   # orte_set_default_slots N
         self.default_hosts: List[HostEntry] = []   # orte_default_dash_host
         self.perhost: Optional[int] = None         # I_MPI_PERHOST N
+        self.hostfile_source: Tuple[str, str] = ("", "")  # (default hostfile, who named it)
 
     @property
     def ctx(self) -> Context:

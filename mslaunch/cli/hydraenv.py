@@ -41,6 +41,7 @@ def apply_hydra_environment(d: Draft) -> None:
         if env.get(var) and d.default_hostfile is None:
             import os
             d.default_hostfile = os.path.join(d.cwd, env[var])
+            d.hostfile_source = (d.default_hostfile, f"{var} (environment)")
     if env.get("HYDRA_ENV"):
         if env["HYDRA_ENV"].strip().lower() != "all":
             raise UsageError(f"HYDRA_ENV={one_line(env['HYDRA_ENV'], 20)} (environment): "

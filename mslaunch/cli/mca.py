@@ -114,6 +114,12 @@ def _cpus_per_proc(d: Draft, said: str, value: str) -> None:
         d.mapping.append(("cpus-per-proc", value.strip()))
 
 
+def _default_hostfile(d: Draft, said: str, value: str) -> None:
+    if value.strip() not in ("", "none"):
+        D.file_name("default_hostfile")(d, said, [value.strip()])
+        d.hostfile_source = (d.default_hostfile or "", said)
+
+
 def _default_slots(d: Draft, said: str, value: str) -> None:
     word = value.strip().lower()
     if word in ("", "none", "core", "cores"):
@@ -174,7 +180,7 @@ def _acc(note: str, *names: str) -> None:
 
 
 # -- implemented: as the option of the same meaning ---------------------------
-_impl(valued(D.file_name("default_hostfile"), ("", "none")), "orte_default_hostfile",
+_impl(_default_hostfile, "orte_default_hostfile",
       note="as `--default-hostfile`; `-H`, `--hostfile` win over it")
 _impl(_default_dash_host, "orte_default_dash_host", note="hosts used when no other list is given")
 _impl(_default_slots, "orte_set_default_slots",

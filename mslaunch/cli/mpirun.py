@@ -252,8 +252,15 @@ def _hosts(d: Draft) -> Tuple[List[HostEntry], Tuple[HostEntry, ...]]:
         hosts = d.host_lists
     if not hosts and not d.host_lists:
         if d.default_hostfile:
+            from ..errors import HostfileError
             from ..hosts.hostfile import parse_hostfile
-            hosts = parse_hostfile(d.default_hostfile)
+            try:
+                hosts = parse_hostfile(d.default_hostfile)
+            except HostfileError as err:
+                path, said = d.hostfile_source
+                if path != d.default_hostfile:
+                    raise
+                raise HostfileError(f"{said}: {err}") from None
         elif d.default_hosts:
             hosts = list(d.default_hosts)
     if d.default_slots is not None:
