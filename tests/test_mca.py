@@ -261,7 +261,7 @@ def _side_by_side(tmp_path, args, env):
 
 @pytest.mark.parametrize("case", [
     "env-hostfile", "user-file", "env-over-user-file", "tune-oversubscribe", "env-tag",
-    "flag-over-tune", "default-slots", "param-files", "user-file-x"])
+    "flag-over-tune", "default-slots", "param-files", "user-file-x", "dash-host", "n-pernode"])
 def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     one = tmp_path / "one"
     one.write_text("localhost slots=1\n")
@@ -290,6 +290,11 @@ def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     elif case == "default-slots":
         env = {"OMPI_MCA_orte_set_default_slots": str(SLOTS)}
         args = ["--hostfile", str(bare), "hostname"]
+    elif case == "dash-host":
+        env = {"OMPI_MCA_orte_default_dash_host": f"localhost:{SLOTS}"}
+    elif case == "n-pernode":
+        env = {"OMPI_MCA_rmaps_base_n_pernode": "1"}
+        args = ["-H", "localhost:2", "hostname"]
     elif case == "user-file-x":
         conf.write_text("-x FROM_CONF=5\n--mca orte_tag_output 1\n")
         args = ["-n", "1", "printenv", "FROM_CONF"]
