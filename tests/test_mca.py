@@ -374,3 +374,31 @@ def test_a_default_hostfile_that_fails_names_who_named_it(tmp_path):
     r = run("-n", "1", "true", env=env_in(tmp_path, HYDRA_HOST_FILE=missing))
     assert r.returncode == 2 and r.stderr.startswith(
         b"mslaunch: error: HYDRA_HOST_FILE (environment): hostfile ")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({}, optional={
+    "system": st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True),
+    "user": st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True),
+    "env": st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True),
+    "flag": st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True)}))
+def test_the_strongest_source_wins(tmp_path_factory, where):
+    # system file < user file < OMPI_MCA_* < --mca (which the command line applies itself)
+    from mslaunch.cli.mca import settings_below_command_line
+    home = tmp_path_factory.mktemp("home")
+    (home / ".openmpi").mkdir()
+    system = home / "system.conf"
+    if "system" in where:
+        system.write_text(f"orte_xml_file = {where['system']}\n")
+    if "user" in where:
+        (home / ".openmpi" / "mca-params.conf").write_text(f"orte_xml_file={where['user']}\n")
+    environ = {"HOME": str(home)}
+    if "env" in where:
+        environ["OMPI_MCA_orte_xml_file"] = where["env"]
+    argv = ["--mca", "orte_xml_file", where["flag"], "prog"] if "flag" in where else ["prog"]
+    params, _ = settings_below_command_line(environ, argv, sysconf=str(system))
+    expect = [where[k] for k in ("system", "user", "env") if k in where]
+    if "flag" in where or not expect:
+        assert params == []
+    else:
+        assert [(n, v) for n, v, _ in params] == [("orte_xml_file", expect[-1])]
