@@ -352,8 +352,7 @@ def test_hydra_variables_map_onto_options(tmp_path):
     assert job(HYDRA_ENV="all").forward_env and not job().forward_env
     assert job(HYDRA_DEBUG="1").verbose == 1 and job(HYDRA_DEBUG="0").verbose == 0
     assert job(MPIEXEC_TIMEOUT="7").timeout == 7.0
-    with pytest.raises(UsageError, match=r"^HYDRA_ENV=bogus \(environment\): expected 'all'$"):
-        job(HYDRA_ENV="bogus")
+    assert not job(HYDRA_ENV="none").forward_env      # Hydra 5.0.2 ignores it too
     with pytest.raises(UsageError, match=r"^I_MPI_PERHOST \(environment\): expected a whole"):
         job(I_MPI_PERHOST="x")
     assert job(I_MPI_PERHOST="all").per_node is None

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from .draft import Draft
 
-from ..errors import UsageError, one_line
+from ..errors import one_line
 from .draft import check_int
 
 #: Variables with no effect here, and why (``-v`` prints it when one is set).
@@ -43,10 +43,11 @@ def apply_hydra_environment(d: Draft) -> None:
             d.default_hostfile = os.path.join(d.cwd, env[var])
             d.hostfile_source = (d.default_hostfile, f"{var} (environment)")
     if env.get("HYDRA_ENV"):
-        if env["HYDRA_ENV"].strip().lower() != "all":
-            raise UsageError(f"HYDRA_ENV={one_line(env['HYDRA_ENV'], 20)} (environment): "
-                             f"expected 'all'")
-        d.forward_env = True
+        if env["HYDRA_ENV"].strip().lower() == "all":
+            d.forward_env = True
+        else:              # Hydra 5.0.2 ignores any other value too
+            d.notes.append(f"HYDRA_ENV={one_line(env['HYDRA_ENV'], 20)} (environment) has no "
+                           f"effect here: only 'all' (as -genvall) means something")
     if env.get("HYDRA_DEBUG", "0").strip() not in ("", "0"):
         d.verbose += 1
     if env.get("I_MPI_PERHOST"):
