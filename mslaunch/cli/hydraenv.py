@@ -1,9 +1,9 @@
 """The variables through which MPICH's Hydra and Intel MPI's mpiexec are configured.
 
 Read before the command line, which overrides them (``MPIEXEC_TIMEOUT`` is
-read with ``--timeout``).  The launcher and
-bootstrap variables (``HYDRA_LAUNCHER``, ``I_MPI_HYDRA_BOOTSTRAP``, ...) are
-read where the agents are started.
+read with ``--timeout``).  The launcher and bootstrap variables
+(``HYDRA_LAUNCHER``, ``I_MPI_HYDRA_BOOTSTRAP``, ...) are not read here: they
+choose how the agents start.
 """
 
 from __future__ import annotations
