@@ -333,6 +333,7 @@ HYDRA = os.path.join(os.path.dirname(PY), "mpiexec.hydra")
     (["hostname"], {"HYDRA_HOST_FILE": "hf2"}),
     (["-n", "3", "-ppn", "1", "-hosts", "localhost", "hostname"], {}),
     (["-n", "2", "hostname"], {"MPIEXEC_PORT_RANGE": "20000:20100", "HYDRA_RMK": "user"}),
+    (["-rmk", "user", "-ppn", "1", "-n", "2", "-hosts", "localhost", "hostname"], {}),
 ])
 def test_same_as_hydra(tmp_path, args, env):
     require(os.access(HYDRA, os.X_OK), "Hydra 5.0.2 of the mpich wheel (pip install '.[mpi]')")
