@@ -54,6 +54,10 @@ class Fleet:
                               say=sup.console.message if job.verbose else None)
         self.plain_link = starter.plain_link
         self.conns = conns
+        if job.verbose:
+            for name in sorted(conns):
+                sup.console.message(f"mslaunch: {name}: agent "
+                                    f"{conns[name].hello.get('package') or 'started'}")
         if replan is not None:
             from ..machine.topology import from_wire
             topologies = {}

@@ -327,13 +327,12 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
     done: Dict[str, SrunAgentConnection] = {}
     greeting: Dict[str, _Greeting] = {}
-    payload = bootstrap.payload()
 
     def presented(name: str, sock: socket.socket, rest: bytes) -> None:
         if rest:              # an agent says nothing before it has the bootstrap
             sock.close()
             return
-        g = greeting[name] = _Greeting(name, sock, payload)
+        g = greeting[name] = _Greeting(name, sock)
         loop.add_reader(sock.fileno(), lambda: ready(g))
         ready(g)
 
@@ -439,14 +438,14 @@ class SrunStarter:
 
 
 class _Greeting:
-    """An agent that presented its node's token: the bootstrap is sent as it
-    takes it, and its ``HELLO`` awaited."""
+    """An agent that presented its node's token: greeted (:class:`.bootstrap.Handshake`),
+    what it is sent going as it takes it, and its ``HELLO`` awaited."""
 
-    def __init__(self, name: str, sock: socket.socket, payload: bytes) -> None:
+    def __init__(self, name: str, sock: socket.socket) -> None:
         self.name = name
         self.sock = sock
-        self.reader = link.Reader(expect_sync=True)
-        self.out: Optional[memoryview] = memoryview(payload)   # what is left to send
+        self.handshake = bootstrap.Handshake()
+        self.out: Optional[memoryview] = memoryview(self.handshake.take())  # left to send
 
     def on_ready(self) -> Optional[Dict[str, Any]]:
         """Send and read what can be; the agent's greeting once it is complete."""
@@ -461,16 +460,21 @@ class _Greeting:
             return None
         if not data:
             raise LaunchError(f"the agent on {self.name} ended before it said hello")
-        frames = self.reader.feed(data)
-        if not frames:
-            return None
         try:
-            hello, rest = link.hello(frames, self.reader)
+            greeted = self.handshake.feed(data)
         except link.LinkError as err:
             raise LaunchError(f"the agent on {self.name}: {err}") from None
+        more = self.handshake.take()
+        if more:              # the package, which the agent asked for
+            self.out = memoryview(bytes(self.out or b"") + more)
+            try:
+                self.out = self.out[self.sock.send(self.out):] or None
+            except (BlockingIOError, InterruptedError):
+                pass
+        if greeted is None:
+            return None
+        hello, rest = greeted
         if rest:      # the agent says nothing more until it has its job
             raise LaunchError(f"the agent on {self.name} sent frames before its job")
         self.sock.setblocking(True)
         return hello
-
-
