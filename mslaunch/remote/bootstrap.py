@@ -347,7 +347,7 @@ class Handshake:
     way the agent started, in words; ``sent`` counts the bytes given out.
     """
 
-    def __init__(self, reuse: Optional[bool] = None) -> None:
+    def __init__(self, reuse: Optional[bool] = None, name: str = "") -> None:
         from ..switches import switch
         from .. import __version__
         from .link import Reader
@@ -363,6 +363,7 @@ class Handshake:
         self.package = ""
         self.reader = Reader(expect_sync=True)
         self._answer = b""
+        self.name = name
 
     def take(self) -> bytes:
         """What is to be sent to the agent now (b"" for nothing)."""
@@ -373,7 +374,7 @@ class Handshake:
     def feed(self, data: bytes) -> Optional[Tuple[Dict[str, object], bytes]]:
         """Bytes from the agent; its ``HELLO`` (with ``package`` added) and the bytes
         after it once it came, else None.  LinkError for what breaks the protocol."""
-        from . import link
+        from . import link, timeline
         if not self.package:
             self._answer += data
             at = self._answer.find(MARK)
@@ -386,6 +387,8 @@ class Handshake:
             words = self._answer[at + len(MARK):end].decode("utf-8", "replace")
             how, _, why = words.partition(" ")
             data, self._answer = self._answer[end + 1:], b""
+            timeline.mark("agent answered: " + ("started from the host's package" if how ==
+                                                "host" else "asked for the package"), self.name)
             if how == "host":
                 self.package = (f"started from the host's mslaunch at {why} "
                                 f"({self.sent} bytes sent)")
@@ -399,6 +402,7 @@ class Handshake:
             return None
         hello, rest = link.hello(frames, self.reader)
         hello["package"] = self.package
+        timeline.mark("agent said hello", self.name)
         return hello, rest
 
 

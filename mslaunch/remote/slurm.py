@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 from ..errors import LaunchError, UsageError, one_line
 from ..machine.loop import Loop, wait_fd
 from ..machine.spawn import signal_name
-from . import bootstrap, link
+from . import bootstrap, link, timeline
 
 #: Seconds for every agent to dial back once srun runs.
 AGENT_TIMEOUT = 60.0
@@ -310,7 +310,9 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     """Start an agent on every node in ``names`` with one srun step; all or none."""
     from .dialback import Listener, new_token
     environ = os.environ if environ is None else environ
+    timeline.mark("Slurm client calls (srun --version, scontrol show node)")
     mine, srun_version = _dial_address(names, environ)
+    timeline.mark("Slurm client calls done")
     # Every agent is greeted at once: each takes a while to unpack the package
     # and say hello, and a stranger that never speaks must not hold up the
     # others (the listener cuts it off, as it does on the output connections).
@@ -332,6 +334,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
         if rest:              # an agent says nothing before it has the bootstrap
             sock.close()
             return
+        timeline.mark("dialled back", name)
         g = greeting[name] = _Greeting(name, sock)
         loop.add_reader(sock.fileno(), lambda: ready(g))
         ready(g)
@@ -358,6 +361,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     for name, token in tokens.items():
         listener.expect(token, lambda sock, rest, name=name: presented(name, sock, rest))
     step = _Step(srun_argv(names, pythons, srun_version), env)
+    timeline.mark("srun started")
     try:
         _await_agents(loop, step, names, done, cancelled)
     except BaseException:
@@ -444,7 +448,7 @@ class _Greeting:
     def __init__(self, name: str, sock: socket.socket) -> None:
         self.name = name
         self.sock = sock
-        self.handshake = bootstrap.Handshake()
+        self.handshake = bootstrap.Handshake(name=name)
         self.out: Optional[memoryview] = memoryview(self.handshake.take())  # left to send
 
     def on_ready(self) -> Optional[Dict[str, Any]]:

@@ -165,7 +165,7 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
     except Exception as err:
         raise HostFailure("agent start", f"cannot run a command: {short_reason(err)}") from None
     try:
-        handshake = bootstrap.Handshake()
+        handshake = bootstrap.Handshake(name=name)
         channel.sendall(handshake.take())
         deadline = time.monotonic() + AGENT_TIMEOUT
         greeted = None
