@@ -380,6 +380,8 @@ class Handshake:
             at = self._answer.find(MARK)
             end = self._answer.find(b"\n", at) if at >= 0 else -1
             if end < 0:
+                if at < 0 and link.SYNC in self._answer:
+                    raise link.LinkError("the agent started without answering the bootstrap")
                 if len(self._answer) > link.MAX_PREAMBLE + 1024:
                     raise link.LinkError("no agent answered (the remote side printed "
                                          f"{len(self._answer)} bytes but no bootstrap answer)")
