@@ -167,3 +167,18 @@ def test_srun_a_host_whose_copy_is_broken_is_sent_the_package(slurmbed, tmp_path
     wrapper = host_install(tmp_path, broken=True)
     err = srun_job(slurmbed, tmp_path, wrapper)
     assert err.count("agent package sent (") == 2 and "differs from the launcher's" in err, err
+
+
+def test_srun_timeline_with_two_v(slurmbed, tmp_path):
+    """``-v -v`` prints the phases of bringing the nodes up, once, in order."""
+    tag = new_tag()
+    p = salloc(slurmbed, tag, "-v", "-v", "-n", "2", PY, "-c", SHOW, per_node=1, cwd=tmp_path)
+    rc, out, err = finish(p)
+    assert rc == 0 and ranks_ran(out.encode()), err
+    assert err.count("mslaunch: timeline (ms since mslaunch started):") == 1, err
+    events = ["Slurm client calls (", "srun started", "dialled back (first h", "agent answered: ",
+              "agent said hello (first h", "ready (programs checked)", "ranks started (h"]
+    lines = err.splitlines()
+    at = [next(i for i, line in enumerate(lines) if event in line) for event in events]
+    assert at == sorted(at), err
+    assert wait_for(lambda: not tagged_pids(tag), 10)
