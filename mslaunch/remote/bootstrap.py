@@ -4,10 +4,18 @@ The remote command is the same on every host and needs nothing installed:
 ``/bin/sh`` finds an interpreter (the launcher's own path if it exists there,
 then ``python3``; or only ``--remote-python``) and runs a one-line program
 that reads a length-prefixed bootstrap from stdin and executes it.  The
-bootstrap checks the Python version, reads a bundle of the launcher's own
-``mslaunch`` package (so the agent always matches the launcher), imports it
-from memory -- nothing is written to the remote disk -- and runs
+bootstrap checks the Python version and looks for the ``mslaunch`` the
+host's Python would import (its path and site-packages, not ``.pth``
+files).  When that copy has the launcher's version and the same digest (a
+SHA-256 of every module's name and source, hashed here from the host's
+files, as :func:`package_digest` hashes the launcher's) and imports, the
+agent runs from it, and the launcher sends nothing more.  Otherwise the
+bootstrap asks for, and reads, a bundle of the launcher's own package (so
+the agent always matches the launcher) and imports it from memory --
+nothing is written to the remote disk.  Either way it says which on stdout
+before the link starts (:data:`MARK`), and runs
 :func:`mslaunch.remote.agent.main` on the rest of the stream.
+:class:`Handshake` is the launcher's side of this, shared by every starter.
 
 The bundle is a marshalled dict with every module's source and, for the
 launcher's Python version, its compiled code, each compressed on its own:
