@@ -11,6 +11,7 @@ the package imports from memory and writes nothing.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -92,6 +93,9 @@ def test_ssh_agents_start_from_the_hosts_identical_mslaunch(sshbed, home, tmp_pa
         assert f"mslaunch: {host}: agent started from the host's mslaunch at {root} (" \
             in err, err
     assert imported_from(wrapper)
+    # What the launcher sent before the job: the bootstrap alone.
+    sent = [int(n) for n in re.findall(r"host's mslaunch at .* \((\d+) bytes sent\)", err)]
+    assert len(sent) == 2 and all(n < 16 << 10 for n in sent), err
     assert wait_for(lambda: not tagged_pids(tag), 10)
 
 
