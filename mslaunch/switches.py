@@ -19,6 +19,7 @@ SWITCHES = {
     "MSLAUNCH_CGROUP": True,          # the job's processes in a cgroup of their own
     "MSLAUNCH_DIRECT_OUTPUT": True,   # agents send output on a connection of its own
     "MSLAUNCH_OUTPUT_TLS": False,     # ... in TLS
+    "MSLAUNCH_HOST_PACKAGE": True,    # agents start from the host's identical mslaunch
 }
 _OFF = ("0", "false", "no", "off", "f", "n")
 _ON = ("1", "true", "yes", "on", "t", "y")
