@@ -165,5 +165,5 @@ def pytest_sessionfinish(session, exitstatus) -> None:
                 f"(removed now): " + ", ".join(sorted(os.path.basename(p)
                                                       for p in left.values())))
         if rep is not None:
-            rep.write_line(text, red=True)
+            rep.write_sep("=", text, red=True)
         session.exitstatus = 1

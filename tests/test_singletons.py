@@ -74,13 +74,16 @@ def _check_refused(r) -> None:
     assert lines[0].startswith("mslaunch: rank ") and "--mpi openmpi" in lines[0]
 
 
-def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4):
+@pytest.mark.parametrize("seconds", ["0", "3"])
+def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
+    # Noticed as the ranks exit, or while they run: then each singleton has
+    # its own orted below it, which is no nested Open MPI job.
     tag = new_tag()
     env = {"PATH": "/usr/bin:/bin", "MSL_TEST_TAG": tag, "HOME": os.environ.get("HOME", "/")}
     env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
-    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW],
+    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
                        capture_output=True, env=env, timeout=120)
-    _check_refused(r)        # noticed as the ranks exit
+    _check_refused(r)
     assert wait_for(lambda: tagged_pids(tag) == [], 10)
     kill_tagged(tag)
 
