@@ -1,10 +1,10 @@
 """The suite leaves /dev/shm as it found it: a pytest plugin (loaded by conftest.py).
 
-Other jobs on the machine create files in /dev/shm too; a file counts as the
-suite's when one of the suite's processes was seen holding it: a thread samples,
-every fraction of a second, the /dev/shm files that the processes below pytest
-(the test beds' hosts and daemons included) or carrying a test tag in their
-environment have open or mapped.  At the end, every such file that is still there
+Other jobs on the machine (other test sessions too) create files in /dev/shm;
+a file counts as this session's when one of its processes was seen holding it:
+a thread samples, every fraction of a second, the /dev/shm files that the
+processes below pytest (the test beds' hosts and daemons included) or carrying
+this session's tag in their environment have open or mapped.  At the end, every such file that is still there
 and was not there at the start, and that no process holds any more, is reported,
 removed, and fails the run.
 
@@ -20,7 +20,8 @@ import threading
 from typing import Dict, Iterable, Set, Tuple
 
 SHM = "/dev/shm"
-TAGS = (b"MSL_TEST_TAG=", b"MSLAUNCH_TESTBED_TAG=")
+#: In the environment of this session's processes (other sessions may run at once).
+SESSION_VAR = "MSL_TEST_SESSION"
 Ident = Tuple[int, int]          # (device, inode)
 
 
@@ -74,17 +75,17 @@ def _table() -> Dict[int, int]:
     return table
 
 
-def _tagged(pid: int) -> bool:
+def _tagged(pid: int, needle: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
+            return needle in f.read().split(b"\0")
     except OSError:
         return False
-    return any(tag in env for tag in TAGS)
 
 
-def suite_processes(root: int) -> Set[int]:
-    """The processes below ``root``, and the tagged ones elsewhere (daemons that left)."""
+def suite_processes(root: int, needle: bytes) -> Set[int]:
+    """The processes below ``root``, and elsewhere (daemons that left) those whose
+    environment holds ``needle``, this session's ``SESSION_VAR=...``."""
     table = _table()
     kids: Dict[int, list] = {}
     for pid, ppid in table.items():
@@ -95,7 +96,8 @@ def suite_processes(root: int) -> Set[int]:
             if child not in found:
                 found.add(child)
                 todo.append(child)
-    found |= {pid for pid in table if pid not in found and pid != root and _tagged(pid)}
+    found |= {pid for pid in table
+              if pid not in found and pid != root and _tagged(pid, needle)}
     return found
 
 
@@ -110,6 +112,9 @@ class ShmWatch:
     """Samples what the suite's processes hold in /dev/shm (see the module docstring)."""
 
     def __init__(self, interval: float = 0.2) -> None:
+        import uuid
+        os.environ[SESSION_VAR] = uuid.uuid4().hex
+        self.needle = f"{SESSION_VAR}={os.environ[SESSION_VAR]}".encode()
         self.start = set(shm_files())
         self.seen: Set[Ident] = set()
         self.interval = interval
@@ -122,7 +127,7 @@ class ShmWatch:
         while not self.stop.wait(self.interval):
             if not os.path.isdir(SHM):
                 return
-            self.seen |= in_use(suite_processes(me)) - self.start
+            self.seen |= in_use(suite_processes(me, self.needle)) - self.start
 
     def finish(self) -> Dict[Ident, str]:
         """Stop sampling; remove and return the suite's files left in /dev/shm."""

@@ -154,12 +154,12 @@ class MPIJobs:
         self.sup.fail(r, singleton_message(), 1, abort=True)
 
     def _note_leftovers(self) -> None:
-        """What this host's Open MPI ranks made in /dev/shm, just before they are stopped."""
+        """Stop this host's ranks, noting what their Open MPI processes made in /dev/shm."""
         from ..pmi.files import SingletonFiles
         sup = self.sup
         if self.leftovers is None:
             self.leftovers = SingletonFiles(sup.watchdog.keep if sup.watchdog else None)
-        self.leftovers.note([x.pid for x in sup.ranks
+        self.leftovers.stop([x.pid for x in sup.ranks
                              if x.spec.host.local and x.pid and not x.ended])
         if sup.watchdog is not None:
             sup.watchdog.flush()

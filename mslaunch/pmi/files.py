@@ -37,10 +37,10 @@ not taken for a singleton.)
 **What refused singletons leave in /dev/shm.**  Open MPI 5 creates its
 shared-memory segment (``sm_segment.<host>.<uid>.<jobid>.<n>``) in
 ``MPI_Init``, and a singleton has no server to remove it after it: stopped
-(or even ending normally) it stays.  When a job is refused, just before its
-ranks are stopped (by the launcher, and by each agent as the stop reaches
-it), the files under /dev/shm that their Open MPI processes (those mapping
-``libopen-pal``) have open or mapped are noted -- only
+(or even ending normally) it stays.  When a job is refused, its ranks are
+frozen (SIGSTOP) before they are stopped (by the launcher, and by each agent
+as the stop reaches it), and the files under /dev/shm that their Open MPI
+processes (those mapping ``libopen-pal``) have open or mapped are noted -- only
 regular files of this user, created since the process that has them
 started -- and, once the job is over, removed if nobody has them open or
 mapped any more (:class:`SingletonFiles`).  No name is ever guessed.
@@ -336,50 +336,70 @@ def _started_at(pid: int) -> Optional[float]:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
-def _shm_paths(pid: int) -> Tuple[bool, Set[str]]:
-    """(whether ``pid`` is an Open MPI process, the /dev/shm paths it has mapped or open)."""
-    paths: Set[str] = set()
+def _holdings(pid: int) -> Tuple[bool, Dict[str, Tuple[int, int]]]:
+    """Whether ``pid`` is an Open MPI process, and the /dev/shm files it has mapped
+    or open: path -> (device, inode)."""
+    held: Dict[str, Tuple[int, int]] = {}
     ompi = False
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
             for line in f:
                 fields = line.split(None, 5)
-                name = fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape") \
-                    if len(fields) == 6 else ""
+                if len(fields) < 6:
+                    continue
+                name = fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape")
                 if name.startswith(SHM_DIR + "/"):
-                    paths.add(name)
+                    major, minor = fields[3].split(b":")
+                    held[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
                 elif "/libopen-pal.so" in name:
                     ompi = True
         for fd in os.listdir(f"/proc/{pid}/fd"):
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
             if target.startswith(SHM_DIR + "/"):
-                paths.add(target)
-    except OSError:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+                held[target] = (st.st_dev, st.st_ino)
+    except (OSError, ValueError):
         pass
-    return ompi, paths
+    return ompi, held
+
+
+def runs_open_mpi(pids: Sequence[int]) -> bool:
+    """Whether a process among ``pids`` or below them has Open MPI loaded."""
+    from ..machine.procs import descendants
+    return any(_holdings(pid)[0] for pid in set(pids) | descendants(pids))
 
 
 def _in_use() -> Set[Tuple[int, int]]:
     """(device, inode) of every /dev/shm file a process visible here has open or mapped."""
     used: Set[Tuple[int, int]] = set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/maps", "rb") as f:
-                for line in f:
-                    fields = line.split(None, 5)
-                    if len(fields) == 6 and fields[5].startswith(SHM_DIR.encode() + b"/"):
-                        major, minor = fields[3].split(b":")
-                        used.add((os.makedev(int(major, 16), int(minor, 16)),
-                                  int(fields[4])))
-            for fd in os.listdir(f"/proc/{entry}/fd"):
-                if os.readlink(f"/proc/{entry}/fd/{fd}").startswith(SHM_DIR + "/"):
-                    st = os.stat(f"/proc/{entry}/fd/{fd}")
-                    used.add((st.st_dev, st.st_ino))
-        except (OSError, ValueError):
-            continue
+        if entry.isdigit():
+            used.update(_holdings(int(entry))[1].values())
     return used
+
+
+def _signal_groups(groups: Iterable[int], sig: int) -> None:
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+
+
+def _wait_stopped(groups: Sequence[int], wait: float = 0.5) -> None:
+    """Until the leaders of ``groups`` are stopped or gone (SIGSTOP is asynchronous)."""
+    pending = list(groups)
+    deadline = time.monotonic() + wait
+    while pending and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pending[-1]}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = b"X"
+        if state in (b"T", b"t", b"Z", b"X"):
+            pending.pop()
+        else:
+            time.sleep(0.001)
 
 
 class SingletonFiles:
@@ -393,23 +413,37 @@ class SingletonFiles:
         self.keep = keep
         self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
 
-    def note(self, pids: Sequence[int]) -> None:
-        """Note what the Open MPI processes among ``pids`` and their descendants created
-        (just before they are stopped)."""
+    def stop(self, groups: Sequence[int]) -> None:
+        """Stop the rank process groups ``groups`` with SIGTERM (as the job's stop
+        that follows would), noting first, while they are frozen (SIGSTOP, so that
+        no rank still in ``MPI_Init`` makes a file unseen), what their Open MPI
+        processes created in /dev/shm."""
+        import _signal
+        _signal_groups(groups, _signal.SIGSTOP)
+        _wait_stopped(groups)
+        try:
+            self._note(groups)
+        finally:
+            # SIGTERM waits while they are stopped, and is their first act after SIGCONT.
+            _signal_groups(groups, _signal.SIGTERM)
+            _signal_groups(groups, _signal.SIGCONT)
+
+    def _note(self, pids: Sequence[int]) -> None:
         import stat
         from ..machine.procs import descendants
         me = os.geteuid()
         for pid in sorted(set(pids) | descendants(pids)):
-            ompi, paths = _shm_paths(pid)
-            started = _started_at(pid) if ompi and paths else None
-            for path in paths if started is not None else ():
+            ompi, held = _holdings(pid)
+            started = _started_at(pid) if ompi and held else None
+            for path, ident in held.items() if started is not None else ():
                 try:
                     st = os.lstat(path)
                 except OSError:
                     continue
                 if os.path.dirname(path) != SHM_DIR or not stat.S_ISREG(st.st_mode) \
-                        or st.st_uid != me or "\n" in path or "\t" in path \
-                        or _birth(path, st) < started - 0.02 or path in self.files:
+                        or (st.st_dev, st.st_ino) != ident or st.st_uid != me \
+                        or "\n" in path or "\t" in path or path in self.files \
+                        or _birth(path, st) < started - 0.02:
                     continue
                 self.files[path] = (st.st_dev, st.st_ino)
                 if self.keep is not None:
@@ -419,7 +453,7 @@ class SingletonFiles:
         """Take back a file from its ``keep`` form."""
         path, _, ident = item.partition("\t")
         dev, _, ino = ident.partition("\t")
-        if dev.isdigit() and ino.isdigit():
+        if os.path.dirname(path) == SHM_DIR and dev.isdigit() and ino.isdigit():
             self.files[path] = (int(dev), int(ino))
 
     def remove(self) -> int:

@@ -48,14 +48,14 @@ class AgentPMI:
             pass
 
     def stopping(self, pids: List[int]) -> None:
-        """The ranks ``pids`` are about to be stopped: note what their Open MPI
-        processes made in /dev/shm, to be removed once they are gone."""
-        from ..pmi.files import SingletonFiles
-        if self.probe is None or not pids:
+        """The ranks ``pids`` (process group leaders) are to be stopped: stop them,
+        noting what their Open MPI processes made in /dev/shm (removed by :meth:`close`)."""
+        from ..pmi.files import SingletonFiles, runs_open_mpi
+        if self.probe is None or not pids or not runs_open_mpi(pids):
             return
         if self.leftovers is None:
             self.leftovers = SingletonFiles(self.guard.keep if self.guard else None)
-        self.leftovers.note(pids)
+        self.leftovers.stop(pids)
         if self.guard is not None:
             self.guard.flush()
 
