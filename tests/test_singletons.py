@@ -183,3 +183,26 @@ def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
         p.kill()
         p.wait()
         kill_tagged(tag)
+
+
+def test_only_files_the_singletons_created_are_removed(ompi5, tmp_path):
+    """A file the ranks map but found there (another job's, say) stays; one they
+    created goes, whatever its name."""
+    tag = new_tag()
+    theirs = f"/dev/shm/mslaunch-test-{tag}-older"
+    with open(theirs, "wb") as f:
+        f.truncate(4096)
+    try:
+        r = run("-n", "2", PY, program("singleton_shm.py"), str(tmp_path), "30",
+                f"map={theirs}", f"make=/dev/shm/mslaunch-test-{tag}-made",
+                env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag), timeout=120)
+        _check_refused(r)
+        files = held_files(tmp_path)
+        made = [p for p in files.values() if f"{tag}-made" in p]
+        assert made and any("sm_segment" in p for p in files.values()), files
+        assert still_there(files) == [theirs]
+    finally:
+        kill_tagged(tag)
+        for name in os.listdir("/dev/shm"):
+            if tag in name:
+                os.unlink(os.path.join("/dev/shm", name))
