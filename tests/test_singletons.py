@@ -14,6 +14,7 @@ import signal
 import subprocess
 
 import pytest
+from hypothesis import given, strategies as st
 
 from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
@@ -206,3 +207,23 @@ def test_only_files_the_singletons_created_are_removed(ompi5, tmp_path):
         for name in os.listdir("/dev/shm"):
             if tag in name:
                 os.unlink(os.path.join("/dev/shm", name))
+
+
+names = st.text(st.characters(blacklist_characters="/\t\n\0", blacklist_categories=("Cs",)),
+                min_size=1, max_size=60).filter(lambda n: n not in (".", ".."))
+
+
+@given(names, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_a_noted_file_survives_the_watchdogs_pipe(name, dev, ino):
+    from mslaunch.pmi.files import kept_item, read_kept_item
+    item = kept_item("/dev/shm/" + name, (dev, ino))
+    assert "\n" not in item and item.startswith("/")
+    assert read_kept_item(item) == ("/dev/shm/" + name, (dev, ino))
+
+
+@given(st.text(max_size=80))
+def test_what_is_not_a_noted_file_is_not_taken_for_one(item):
+    from mslaunch.pmi.files import read_kept_item
+    found = read_kept_item(item)
+    assert found is None or (found[0].startswith("/dev/shm/") and "/" not in found[0][9:])
+    assert read_kept_item("kvs_12_ab" + item.replace("\t", "")) is None

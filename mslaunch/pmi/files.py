@@ -402,6 +402,22 @@ def _wait_stopped(groups: Sequence[int], wait: float = 0.5) -> None:
             time.sleep(0.001)
 
 
+def kept_item(path: str, ident: Tuple[int, int]) -> str:
+    """A noted file as the watchdog keeps it: one line, starting with ``/`` (a
+    kvsname never does)."""
+    return f"{path}\t{ident[0]}\t{ident[1]}"
+
+
+def read_kept_item(item: str) -> Optional[Tuple[str, Tuple[int, int]]]:
+    """``(path, (device, inode))`` of a :func:`kept_item`, or None if it is not one."""
+    path, _, ident = item.partition("\t")
+    dev, _, ino = ident.partition("\t")
+    if os.path.dirname(path) != SHM_DIR or not (dev.isascii() and dev.isdigit()
+                                                and ino.isascii() and ino.isdigit()):
+        return None
+    return path, (int(dev), int(ino))
+
+
 class SingletonFiles:
     """The /dev/shm files of refused Open MPI singletons; see the module docstring.
 
@@ -442,19 +458,19 @@ class SingletonFiles:
                     continue
                 if os.path.dirname(path) != SHM_DIR or not stat.S_ISREG(st.st_mode) \
                         or (st.st_dev, st.st_ino) != ident or st.st_uid != me \
-                        or "\n" in path or "\t" in path or path in self.files \
+                        or not path.isprintable() or path in self.files \
                         or _birth(path, st) < started - 0.02:
                     continue
                 self.files[path] = (st.st_dev, st.st_ino)
                 if self.keep is not None:
-                    self.keep(f"{path}\t{st.st_dev}\t{st.st_ino}")
+                    self.keep(kept_item(path, (st.st_dev, st.st_ino)))
 
     def restore(self, item: str) -> None:
-        """Take back a file from its ``keep`` form."""
-        path, _, ident = item.partition("\t")
-        dev, _, ino = ident.partition("\t")
-        if os.path.dirname(path) == SHM_DIR and dev.isdigit() and ino.isdigit():
-            self.files[path] = (int(dev), int(ino))
+        """Take back a file from its ``keep`` form (:func:`kept_item`)."""
+        found = read_kept_item(item)
+        if found is not None:
+            self.files[found[0]] = found[1]
+
 
     def remove(self) -> int:
         """Unlink the noted files that are still the same and nobody has open or mapped."""
