@@ -19,6 +19,8 @@ import os
 import threading
 from typing import Dict, Iterable, Set, Tuple
 
+import pytest
+
 SHM = "/dev/shm"
 #: In the environment of this session's processes (other sessions may run at once).
 SESSION_VAR = "MSL_TEST_SESSION"
@@ -160,6 +162,7 @@ def pytest_sessionstart(session) -> None:
         _watch.append(ShmWatch())
 
 
+@pytest.hookimpl(trylast=True)      # after the session's fixtures (the test beds) are gone
 def pytest_sessionfinish(session, exitstatus) -> None:
     if not _watch:
         return
