@@ -1,0 +1,113 @@
+"""Frameworks that find their job in mpirun's environment, for real.
+
+jax's ``distributed.initialize()`` with no arguments recognises Open MPI 4's
+mpirun by ``OMPI_MCA_orte_hnp_uri``; PyTorch's ``env://`` reads
+``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``.  Real jax (CPU
+wheel) and real torch (CPU wheel), on this machine and across two test hosts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+
+import pytest
+
+from conftest import require
+from helpers import PY, clean_env, run
+
+JAX = """
+import json, jax
+import numpy as np
+from jax.experimental import multihost_utils
+jax.distributed.initialize()
+gathered = multihost_utils.process_allgather(np.int32(jax.process_index()))
+print(json.dumps({"index": jax.process_index(), "count": jax.process_count(),
+                  "gathered": [int(x) for x in gathered]}), flush=True)
+jax.distributed.shutdown()
+"""
+
+TORCH = """
+import json, os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+t = torch.tensor([dist.get_rank() + 1])
+dist.all_reduce(t)
+print(json.dumps({"rank": dist.get_rank(), "size": dist.get_world_size(), "sum": int(t)}),
+      flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def jax_ready():
+    require(importlib.util.find_spec("jax") is not None, "jax (pip install jax jaxlib)")
+
+
+@pytest.fixture(scope="module")
+def torch_ready():
+    require(importlib.util.find_spec("torch") is not None, "torch (pip install torch==2.13.0)")
+
+
+def _rows(stdout: bytes):
+    return sorted((json.loads(x) for x in stdout.decode().splitlines() if x.startswith("{")),
+                  key=lambda row: row.get("index", row.get("rank")))
+
+
+def test_jax_distributed_initialize_forms_the_job_with_no_arguments(jax_ready):
+    r = run("-n", "2", PY, "-c", JAX, timeout=180)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert _rows(r.stdout) == [{"index": i, "count": 2, "gathered": [0, 1]} for i in (0, 1)]
+
+
+def test_jax_coordinator_port_is_a_free_one(jax_ready):
+    # The port jax would derive from a job id is held here: mslaunch picks another id.
+    from mslaunch.job.launch import ompi_jobid
+    from mslaunch.plan import coordinator_port
+    first = coordinator_port(ompi_jobid(0))
+    held = socket.socket()
+    try:
+        held.bind(("", first))
+        for _ in range(20):
+            jobid = ompi_jobid(0)
+            assert jobid % 65536 == 0                  # an Open MPI job family's id
+            assert coordinator_port(jobid) != first
+    finally:
+        held.close()
+
+
+def test_the_hnp_uri_names_rank_0s_host_and_the_users_master_addr_wins():
+    code = "import os; print(os.environ['OMPI_MCA_orte_hnp_uri'])"
+    r = run("-n", "2", PY, "-c", code)
+    assert r.returncode == 0, r.stderr
+    uris = set(r.stdout.decode().split())
+    assert len(uris) == 1
+    uri = uris.pop()
+    jobid, rest = uri.split(".0;tcp://")
+    assert rest == f"127.0.0.1:{int(jobid) // 4096 % 4096 + 61440}"
+    r = run("-n", "1", PY, "-c", code, env=clean_env(MASTER_ADDR="10.1.2.3"))
+    assert r.stdout.decode().strip().split(";")[1].startswith("tcp://10.1.2.3:")
+    # an outer launch's value never leaks in; -x sets it
+    r = run("-n", "1", PY, "-c", code, env=clean_env(OMPI_MCA_orte_hnp_uri="7.0;tcp://9.9.9.9:1"))
+    assert "9.9.9.9" not in r.stdout.decode()
+    r = run("-x", "OMPI_MCA_orte_hnp_uri=7.0;tcp://9.9.9.9:1", "-n", "1", PY, "-c", code)
+    assert r.stdout.decode().strip() == "7.0;tcp://9.9.9.9:1"
+
+
+def test_torch_gloo_env_init_all_reduce(torch_ready):
+    r = run("-n", "2", PY, "-c", TORCH, timeout=180)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert _rows(r.stdout) == [{"rank": i, "size": 2, "sum": 3} for i in (0, 1)]
+
+
+@pytest.mark.remote
+def test_jax_and_torch_across_two_hosts(sshbed, tmp_path, jax_ready, torch_ready):
+    home = sshbed.make_home(tmp_path / "home")
+    h1, h2 = (h.name for h in sshbed.hosts[:2])
+    env = clean_env(HOME=home)
+    r = run("-H", f"{h1}:1,{h2}:1", "-n", "2", PY, "-c", JAX, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert _rows(r.stdout) == [{"index": i, "count": 2, "gathered": [0, 1]} for i in (0, 1)]
+    r = run("-H", f"{h1}:1,{h2}:1", "-n", "2", PY, "-c", TORCH, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert _rows(r.stdout) == [{"rank": i, "size": 2, "sum": 3} for i in (0, 1)]
