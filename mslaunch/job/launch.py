@@ -125,7 +125,8 @@ def run_job(job: JobSpec) -> int:
     environ = os.environ
     if job.mpi == "openmpi":
         from .openmpi import run_openmpi
-        return run_openmpi(job)
+        port = _master_port(environ.get("MASTER_PORT")) or free_port()
+        return run_openmpi(job, port, ompi_jobid(port))
     if job.dry_run:
         sys.stdout.write(describe_plan(build_plan(job, environ), job))
         return 0
