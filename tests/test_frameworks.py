@@ -71,6 +71,21 @@ def test_jax_distributed_initialize_forms_the_job_with_no_arguments(jax_ready, m
     assert _rows(r.stdout) == [{"index": i, "count": 2, "gathered": [0, 1]} for i in (0, 1)]
 
 
+def test_jax_forms_the_same_job_under_open_mpi_4s_mpirun(jax_ready):
+    """The reference: Open MPI 4.1.4's mpirun gives jax the same job."""
+    import os
+    import subprocess
+    mpirun = "/usr/bin/mpirun.openmpi"
+    require(os.access(mpirun, os.X_OK), "Open MPI 4.1.4's mpirun (apt-get install openmpi-bin)")
+    env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    ref = subprocess.run([mpirun, "--oversubscribe", "-n", "2", PY, "-c", JAX],
+                         capture_output=True, env=env, timeout=180)
+    ours = run("-n", "2", PY, "-c", JAX, timeout=180)
+    assert ref.returncode == 0 and ours.returncode == 0, (ref.stderr[-2000:], ours.stderr)
+    assert _rows(ours.stdout) == _rows(ref.stdout) == [
+        {"index": i, "count": 2, "gathered": [0, 1]} for i in (0, 1)]
+
+
 def test_jax_coordinator_port_is_a_free_one(jax_ready):
     # The port jax would derive from a job id is held here: mslaunch picks another id.
     from mslaunch.job.launch import ompi_jobid
