@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 from ..errors import LaunchError, UsageError, one_line
 from ..machine.loop import Loop, wait_fd
 from ..machine.spawn import signal_name
-from . import bootstrap, link
+from . import bootstrap, link, timeline
 
 #: Seconds for every agent to dial back once srun runs.
 AGENT_TIMEOUT = 60.0
@@ -46,7 +46,8 @@ AGENT_TIMEOUT = 60.0
 #: The dial program: drop the step's own variables (the ranks' identity is
 #: mslaunch's, not the agent's task's), connect to the launcher, present this
 #: node's token, make the connection stdin and stdout, then read the bootstrap
-#: as over SSH.  Single quotes only, for the ``sh -c`` double quotes around it.
+#: as over SSH.  TCP_NODELAY (6, 1): the agent's hello follows the bootstrap's
+#: answer at once, and would otherwise wait for the launcher's delayed ACK.  Single quotes only, for the ``sh -c`` double quotes around it.
 _DIAL = ("import io,os,socket;e=os.environ;"
          "[e.pop(k) for k in list(e) if k.startswith(('SLURM_STEP','SLURM_PROCID',"
          "'SLURM_LOCALID','SLURM_NODEID','SLURM_TASK','SLURM_CPU_BIND','SLURM_GTIDS',"
@@ -56,7 +57,7 @@ _DIAL = ("import io,os,socket;e=os.environ;"
          ".get(e.get('SLURMD_NODENAME',''));"
          "a,p=e.pop('MSLAUNCH_DIAL').rsplit(':',1);"
          "t or exit('mslaunch: this node is not one the launcher started an agent for');"
-         "s=socket.create_connection((a,int(p)),30);s.settimeout(None);"
+         "s=socket.create_connection((a,int(p)),30);s.settimeout(None);s.setsockopt(6,1,1);"
          "s.sendall(('mslaunch-dial '+t+chr(10)).encode());"
          "os.dup2(s.fileno(),0);os.dup2(s.fileno(),1);s.close();"
          "b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
@@ -114,13 +115,46 @@ def _run(argv: Sequence[str], timeout: float = 30) -> str:
     return _output(_start(argv), timeout)
 
 
-def node_address(name: str) -> str:
-    """A node's address: Slurm's ``NodeAddr``, else the name's resolution."""
-    text = _run(["scontrol", "-o", "show", "node", name])
+def _node_addresses(text: str) -> Dict[str, str]:
+    """``NodeName`` to ``NodeAddr`` in what ``scontrol -o show node`` printed."""
+    found = {}
     for line in text.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if fields.get("NodeName") == name and fields.get("NodeAddr"):
-            return fields["NodeAddr"]
+        if fields.get("NodeName") and fields.get("NodeAddr"):
+            found[fields["NodeName"]] = fields["NodeAddr"]
+    return found
+
+
+class _Lookups:
+    """What the step needs from Slurm's clients -- srun's version, the
+    allocation's node addresses -- asked side by side as soon as the starter
+    is made ready, while mslaunch still plans the job."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+        self._version = _start(["srun", "--version"])
+        self._nodes = _start(["scontrol", "-o", "show", "node", nodelist]) if nodelist else None
+        self._answers: Dict[str, Any] = {}
+
+    def srun_version(self) -> str:
+        if "version" not in self._answers:
+            self._answers["version"] = _output(self._version)
+        return self._answers["version"]
+
+    def node_addresses(self) -> Dict[str, str]:
+        if "nodes" not in self._answers:
+            self._answers["nodes"] = _node_addresses(_output(self._nodes)) if self._nodes else {}
+        return self._answers["nodes"]
+
+
+def node_address(name: str, known: Optional[Mapping[str, str]] = None) -> str:
+    """A node's address: Slurm's ``NodeAddr`` (from ``known``, else asked), else
+    the name's resolution."""
+    found = known.get(name) if known is not None else None
+    if found is None:
+        found = _node_addresses(_run(["scontrol", "-o", "show", "node", name])).get(name)
+    if found:
+        return found
     try:
         return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
     except (OSError, UnicodeError):
@@ -306,11 +340,14 @@ class SrunAgentConnection:
 
 def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 cancelled: Optional[Callable[[], bool]] = None,
-                environ: Optional[Mapping[str, str]] = None) -> Dict[str, SrunAgentConnection]:
+                environ: Optional[Mapping[str, str]] = None,
+                lookups: Optional[_Lookups] = None) -> Dict[str, SrunAgentConnection]:
     """Start an agent on every node in ``names`` with one srun step; all or none."""
     from .dialback import Listener, new_token
     environ = os.environ if environ is None else environ
-    mine, srun_version = _dial_address(names, environ)
+    timeline.mark("waiting for Slurm client calls (srun --version, scontrol show node)")
+    mine, srun_version = _dial_address(names, environ, lookups)
+    timeline.mark("Slurm client calls done")
     # Every agent is greeted at once: each takes a while to unpack the package
     # and say hello, and a stranger that never speaks must not hold up the
     # others (the listener cuts it off, as it does on the output connections).
@@ -327,13 +364,13 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
     done: Dict[str, SrunAgentConnection] = {}
     greeting: Dict[str, _Greeting] = {}
-    payload = bootstrap.payload()
 
     def presented(name: str, sock: socket.socket, rest: bytes) -> None:
         if rest:              # an agent says nothing before it has the bootstrap
             sock.close()
             return
-        g = greeting[name] = _Greeting(name, sock, payload)
+        timeline.mark("dialled back", name)
+        g = greeting[name] = _Greeting(name, sock)
         loop.add_reader(sock.fileno(), lambda: ready(g))
         ready(g)
 
@@ -359,6 +396,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     for name, token in tokens.items():
         listener.expect(token, lambda sock, rest, name=name: presented(name, sock, rest))
     step = _Step(srun_argv(names, pythons, srun_version), env)
+    timeline.mark("srun started")
     try:
         _await_agents(loop, step, names, done, cancelled)
     except BaseException:
@@ -375,7 +413,8 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     return done
 
 
-def _dial_address(names: Sequence[str], environ: Mapping[str, str]) -> Tuple[str, str]:
+def _dial_address(names: Sequence[str], environ: Mapping[str, str],
+                  lookups: Optional[_Lookups] = None) -> Tuple[str, str]:
     """The address the agents dial (this machine's towards the nodes), and srun's
     version; LaunchError for a host outside the allocation."""
     nodes = set(_allocation_nodes(environ))
@@ -386,14 +425,14 @@ def _dial_address(names: Sequence[str], environ: Mapping[str, str]) -> Tuple[str
                           f"{environ.get('SLURM_JOB_ID')} (its nodes: "
                           f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
                           f"--launcher ssh for hosts outside the allocation")
-    # srun's version (which options it takes) is asked beside the address.
-    version = _start(["srun", "--version"])
+    # srun's version (which options it takes) is asked beside the addresses.
+    lookups = lookups or _Lookups(environ)
     try:
         # The address this machine has towards the first node is the one
         # they all dial (the nodes of an allocation share a network).
-        mine = route_address(node_address(names[0]))
+        mine = route_address(node_address(names[0], lookups.node_addresses()))
     finally:
-        srun_version = _output(version)
+        srun_version = lookups.srun_version()
     return mine, srun_version
 
 
@@ -426,27 +465,34 @@ class SrunStarter:
     def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> None:
         self.pythons = list(pythons)
         self.environ = environ
+        self._lookups: Optional[_Lookups] = None
 
     def prepare(self) -> None:
-        """The agent's package, in the background (no paramiko, and plain output)."""
+        """The agent's package, in the background (no paramiko, and plain output),
+        and Slurm's answers the step needs."""
         bootstrap.prepare_in_background(credentials=False)
+        try:
+            self._lookups = _Lookups(os.environ if self.environ is None else self.environ)
+        except LaunchError:         # no srun or scontrol: start() says so
+            pass
 
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
               say: Optional[Callable[[str], None]] = None) -> Dict[str, SrunAgentConnection]:
         if say is not None:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with srun")
-        return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ)
+        return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ,
+                           lookups=self._lookups)
 
 
 class _Greeting:
-    """An agent that presented its node's token: the bootstrap is sent as it
-    takes it, and its ``HELLO`` awaited."""
+    """An agent that presented its node's token: greeted (:class:`.bootstrap.Handshake`),
+    what it is sent going as it takes it, and its ``HELLO`` awaited."""
 
-    def __init__(self, name: str, sock: socket.socket, payload: bytes) -> None:
+    def __init__(self, name: str, sock: socket.socket) -> None:
         self.name = name
         self.sock = sock
-        self.reader = link.Reader(expect_sync=True)
-        self.out: Optional[memoryview] = memoryview(payload)   # what is left to send
+        self.handshake = bootstrap.Handshake(name=name)
+        self.out: Optional[memoryview] = memoryview(self.handshake.take())  # left to send
 
     def on_ready(self) -> Optional[Dict[str, Any]]:
         """Send and read what can be; the agent's greeting once it is complete."""
@@ -461,16 +507,21 @@ class _Greeting:
             return None
         if not data:
             raise LaunchError(f"the agent on {self.name} ended before it said hello")
-        frames = self.reader.feed(data)
-        if not frames:
-            return None
         try:
-            hello, rest = link.hello(frames, self.reader)
+            greeted = self.handshake.feed(data)
         except link.LinkError as err:
             raise LaunchError(f"the agent on {self.name}: {err}") from None
+        more = self.handshake.take()
+        if more:              # the package, which the agent asked for
+            self.out = memoryview(bytes(self.out or b"") + more)
+            try:
+                self.out = self.out[self.sock.send(self.out):] or None
+            except (BlockingIOError, InterruptedError):
+                pass
+        if greeted is None:
+            return None
+        hello, rest = greeted
         if rest:      # the agent says nothing more until it has its job
             raise LaunchError(f"the agent on {self.name} sent frames before its job")
         self.sock.setblocking(True)
         return hello
-
-
