@@ -326,6 +326,7 @@ class Plan:
     universe_size: int
     master_addr: str
     master_port: int
+    ompi_jobid: int = 0                    # Open MPI's job id in OMPI_MCA_orte_hnp_uri
     topologies: Tuple[object, ...] = ()    # a Topology per host, as hosts
     oversubscribe: bool = False            # whether ranks may outnumber slots
     # Hosts of the host list the job's ranks do not use: room for spawned jobs

@@ -57,7 +57,12 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'
 # Real MindSpore (CPU wheel, about 800 MB) for msrun mode's real jobs; numpy<2 as its
 # workers need it (with numpy 2 a PYNATIVE worker never unregisters).
-.venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2'
+# Frameworks that find their job in mpirun's environment (tests/test_frameworks.py):
+# jax's CPU wheel (0.6, which runs on numpy 1; jax 0.10 needs numpy 2), torch's CPU build only
+# (the plain torch==2.13.0 pulls CUDA packages; +cpu fails rather than fetching them
+# when no CPU wheel is reachable).  One resolve, so that numpy stays below 2.
+.venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2' 'jax<0.7' 'jaxlib<0.7' \
+    'torch==2.13.0+cpu'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 # Tests make up host names; none may ever be looked up beyond this machine.
 # As root, the suite runs in a mount namespace of its own whose resolver is

@@ -30,6 +30,32 @@ def free_port() -> int:
         s.close()
 
 
+def ompi_jobid(avoid: int) -> int:
+    """An Open MPI job id whose port for jax's coordinator (see
+    :func:`..plan.coordinator_port`) is free on this machine now.
+
+    Open MPI's own ids are ``family << 16``, so jax derives one of 256
+    ports, 16 apart; mslaunch picks its id the same way, but only a family
+    whose port is free (and is not ``avoid``, the job's MASTER_PORT)."""
+    import _socket
+    from ..plan import coordinator_port
+    start = os.urandom(1)[0]
+    for i in range(256):
+        family = (start + i) % 256
+        port = coordinator_port(family << 16)
+        if port == avoid:
+            continue
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            s.bind(("", port))
+            return family << 16
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return start << 16       # none free: jax reports the port it cannot bind
+
+
 def _master_port(text: Optional[str]) -> Optional[int]:
     """``MASTER_PORT`` from the environment, checked; None when unset or empty."""
     if not text:
@@ -43,9 +69,9 @@ def _master_port(text: Optional[str]) -> Optional[int]:
 
 def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
                entries=None, kvsname: Optional[str] = None, master_port: Optional[int] = None,
-               remote_topologies=None) -> Plan:
+               remote_topologies=None, jobid: Optional[int] = None) -> Plan:
     """The job's plan; planned again with the remote hosts' real topologies, it
-    keeps the first plan's ``kvsname`` and ``master_port``."""
+    keeps the first plan's ``kvsname``, ``master_port`` and Open MPI job id."""
     from ..machine.topology import cached_topology
     from ..plan import make_plan
     environ = os.environ if environ is None else environ
@@ -54,9 +80,12 @@ def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
         entries = host_entries(job, environ)
     if master_port is None:
         master_port = _master_port(environ.get("MASTER_PORT")) or free_port()
+    if jobid is None:
+        jobid = ompi_jobid(master_port)
     return make_plan(job, entries, environ, topology=cached_topology(),
                      hostname=os.uname().nodename, kvsname=kvsname or new_kvsname(),
-                     master_port=master_port, remote_topologies=remote_topologies)
+                     master_port=master_port, remote_topologies=remote_topologies,
+                     ompi_jobid=jobid)
 
 
 def _needs_topologies(job: JobSpec, entries) -> bool:
@@ -96,7 +125,8 @@ def run_job(job: JobSpec) -> int:
     environ = os.environ
     if job.mpi == "openmpi":
         from .openmpi import run_openmpi
-        return run_openmpi(job)
+        port = _master_port(environ.get("MASTER_PORT")) or free_port()
+        return run_openmpi(job, port, ompi_jobid(port))
     if job.dry_run:
         sys.stdout.write(describe_plan(build_plan(job, environ), job))
         return 0
@@ -127,10 +157,10 @@ def _run(job: JobSpec, environ, watchdog) -> int:
             # every remote host first, as Open MPI starts its daemons first.
             from ..hosts import is_local
             remote = list(dict.fromkeys(e.name for e in entries if not is_local(e.name)))
-            kvsname, port = plan.kvsname, plan.master_port
+            kvsname, port, jobid = plan.kvsname, plan.master_port, plan.ompi_jobid
             replan = lambda topologies: build_plan(  # noqa: E731
                 job, environ, entries=entries, kvsname=kvsname, master_port=port,
-                remote_topologies=topologies)
+                remote_topologies=topologies, jobid=jobid)
     from .supervise import Supervisor
     console = None
     if job.output.xml_file:

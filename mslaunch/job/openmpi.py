@@ -33,7 +33,7 @@ from ..machine.terminal import GIVE_UP_AFTER, Console
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import Dict, List, Optional, Sequence, Tuple
 
     from ..spec import JobSpec
 
@@ -67,8 +67,27 @@ def _flag_env(name: str, value: Optional[str], environ) -> List[str]:
     return ["-x", f"{name}={value}"]
 
 
-def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[List[str], Dict[str, str]]:
-    """Translate ``job`` to an Open MPI 5 mpirun command line and its environment."""
+def rendezvous_env(job: JobSpec, environ, master_port: int, jobid: int) -> List[str]:
+    """``-x`` flags for what frameworks read in the default mode and Open MPI 5
+    does not give: ``MASTER_ADDR``/``MASTER_PORT`` and Open MPI 4's
+    ``OMPI_MCA_orte_hnp_uri`` (jax); rank 0 runs on the first host of ``--host``,
+    else here.  Set variables of the launcher's are kept."""
+    from ..hosts import is_local
+    from ..plan import hnp_uri
+    first = job.hosts[0].name if job.hosts else "localhost"
+    addr = environ.get("MASTER_ADDR") or ("127.0.0.1" if is_local(first) else first)
+    flags = []
+    for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", str(master_port)),
+                        ("OMPI_MCA_orte_hnp_uri", hnp_uri(jobid, addr))):
+        if name not in environ and not any(n == name for n, _ in job.global_env):
+            flags += ["-x", f"{name}={value}"]
+    return flags
+
+
+def build_command(job: JobSpec, environ, marker: str, tagged: bool,
+                  rendezvous: Sequence[str] = ()) -> Tuple[List[str], Dict[str, str]]:
+    """Translate ``job`` to an Open MPI 5 mpirun command line and its environment
+    (``rendezvous``: the flags of :func:`rendezvous_env`)."""
     launcher, extra_env = find_mpirun(environ)
     cmd = list(launcher)
     if os.geteuid() == 0:
@@ -101,7 +120,7 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool) -> Tuple[Lis
         cmd.append("--merge-stderr-to-stdout")
     if tagged:
         cmd += ["--output", "tag"]
-    common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}"]
+    common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}", *rendezvous]
     if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
         # mpi4py loads MPICH's libmpi.so.12 first when both wheels are
         # installed; point it at Open MPI's library (never set both names).
@@ -197,13 +216,16 @@ class _Demux:
             os.close(fd)
 
 
-def run_openmpi(job: JobSpec) -> int:
-    """Run ``job`` under Open MPI's mpirun; return mslaunch's exit status."""
+def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
+    """Run ``job`` under Open MPI's mpirun; return mslaunch's exit status.
+    ``master_port`` and ``jobid`` are what the default mode would give (see
+    :func:`rendezvous_env`)."""
     environ = os.environ
     out = job.output
     tagged = bool(out.directory or out.tag or out.timestamp or out.rank_prefix)
     marker = f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
-    cmd, extra_env = build_command(job, environ, marker, tagged)
+    cmd, extra_env = build_command(job, environ, marker, tagged,
+                                   rendezvous_env(job, environ, master_port, jobid))
     if job.dry_run:
         import shlex
         sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")

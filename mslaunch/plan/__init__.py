@@ -83,7 +83,7 @@ def _user_env(base: Dict[str, str], pairs, environ: Mapping[str, str]) -> None:
 def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, str], *,
               topology: Topology, hostname: str, kvsname: str, master_port: int,
               remote_topologies: Optional[Mapping[str, Topology]] = None,
-              is_local=None) -> Plan:
+              is_local=None, ompi_jobid: int = 0) -> Plan:
     """Place every rank and build its argv, environment, cwd and log paths.
 
     ``topology`` is this machine's; ``remote_topologies`` those the remote
@@ -121,7 +121,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     if job.mpi == "pmi":
         from .mapping import process_mapping
         mapping = process_mapping([node_of_host[h] for h in where])
-    app_envs = [context_environment(job, app.env, environ, master_addr, master_port)
+    app_envs = [context_environment(job, app.env, environ, master_addr, master_port, ompi_jobid)
                 for app in job.apps]
     ranks, bindings = _ranks(job, where, [used[node_of_host[h]] for h in where], locs,
                              topos, rankfile is not None, app_envs, universe, kvsname)
@@ -132,7 +132,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
             check_overload(hosts[h].name, bound, job)
     return Plan(ranks=tuple(ranks), hosts=tuple(used), kvsname=kvsname,
                 process_mapping=mapping, universe_size=universe,
-                master_addr=master_addr, master_port=master_port,
+                master_addr=master_addr, master_port=master_port, ompi_jobid=ompi_jobid,
                 topologies=tuple(topos[h] for h in node_of_host),
                 oversubscribe=oversubscribe, spare_hosts=spare)
 
@@ -225,8 +225,8 @@ def _stdin_of(job: JobSpec, rank: int) -> str:
 
 
 def context_environment(job: JobSpec, context_env, environ: Mapping[str, str],
-                        master_addr: str, master_port: int) -> Tuple[Dict[str, str],
-                                                                     Dict[str, str]]:
+                        master_addr: str, master_port: int,
+                        ompi_jobid: int = 0) -> Tuple[Dict[str, str], Dict[str, str]]:
     """The environment of one context's ranks: (whole, for this machine; overlay,
     for a remote host's login environment unless the launcher's is forwarded).
 
@@ -247,12 +247,39 @@ def context_environment(job: JobSpec, context_env, environ: Mapping[str, str],
     # Every rank must agree on the rendezvous, wherever it runs.
     overlay.setdefault("MASTER_ADDR", environ.get("MASTER_ADDR") or master_addr)
     overlay.setdefault("MASTER_PORT", str(master_port))
+    # What frameworks that detect Open MPI 4's mpirun look for (see hnp_uri).
+    overlay.setdefault("OMPI_MCA_orte_hnp_uri", hnp_uri(ompi_jobid, overlay["MASTER_ADDR"]))
     whole = dict(inherited)
     whole.update(overlay)
     whole.setdefault("PYTHONUNBUFFERED", "1")
     if job.inherit_env and job.forward_env:
         overlay = whole
     return whole, overlay
+
+
+#: jax's Open MPI detector takes its coordinator's port from the job id in
+#: ``OMPI_MCA_orte_hnp_uri``: ``jobid // 4096 % 4096 + COORDINATOR_PORT_BASE``.
+COORDINATOR_PORT_BASE = 61440
+
+
+def coordinator_port(jobid: int) -> int:
+    """The port jax derives from an Open MPI job id."""
+    return jobid // 4096 % 4096 + COORDINATOR_PORT_BASE
+
+
+def hnp_uri(jobid: int, addr: str) -> str:
+    """Open MPI 4's ``OMPI_MCA_orte_hnp_uri`` (``JOBID.0;tcp://ADDR:PORT``) naming
+    ``addr``, rank 0's host, as the contact: jax's ``distributed.initialize()``
+    takes its coordinator's address from it, and the port from ``jobid``.
+
+    Open MPI's ranks decide whether mpirun launched them from
+    ``orte_local_daemon_uri``, never set here, so an Open MPI program still
+    starts as a singleton that the singleton probe notices (Open MPI 5 does
+    not read the variable at all)."""
+    port = coordinator_port(jobid)
+    if ":" in addr:
+        return f"{jobid}.0;tcp6://[{addr.strip('[]')}]:{port}"
+    return f"{jobid}.0;tcp://{addr}:{port}"
 
 
 def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, group: int,

@@ -128,7 +128,8 @@ def plan_spawn(job: JobSpec, plan: Plan, request: SpawnRequest, *, number: int,
         local_size[h] = local_size.get(h, 0) + 1
     sizes = [c.nprocs for c in request.commands]
     universe = sum(h.slots for h in hosts)
-    envs = context_environment(job, context_env, environ, plan.master_addr, plan.master_port)
+    envs = context_environment(job, context_env, environ, plan.master_addr, plan.master_port,
+                               plan.ompi_jobid)
     remote_inherit = "none" if not job.inherit_env else ("launcher" if job.forward_env
                                                            else "remote")
     specs: List[RankSpec] = []
