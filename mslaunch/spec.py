@@ -144,6 +144,10 @@ class SSHSpec:
     connect_timeout: float = 10.0         # --ssh-timeout
     remote_python: Optional[str] = None   # --remote-python PATH
     launcher: str = "auto"                # --launcher auto|ssh|slurm|local
+    # plm_rsh_agent / Hydra's -launcher-exec: "A [ARGS] : B ..." (the first found
+    # on PATH runs "A [ARGS] [rsh_args] HOST 'command'"); "" = paramiko.
+    rsh_agent: str = ""
+    rsh_args: str = ""                    # plm_rsh_args (alone: the OpenSSH client's)
 
 
 @dataclass(frozen=True)
