@@ -11,6 +11,7 @@ Bad commands give one error line naming the host and the command.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -253,4 +254,75 @@ def test_an_unreachable_host_is_named_by_the_ssh_client(sshbed, tmp_path):
     err = r.stderr.decode()
     assert r.returncode == 1 and len(err.splitlines()) == 1, err
     assert "h9 (ended with status 255" in err and unreachable in err
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+# -- Grid Engine and LSF: their agents, chosen inside their allocations ------------------
+
+def _stand_in(bed, path, expect: str) -> None:
+    """``CMD [expected options] HOST command``: the command run on HOST (its
+    namespaces entered), as qrsh -inherit and blaunch do; other options refused."""
+    cases = "".join(f"  {h.name}) pid={h.pid};;\n" for h in bed.hosts)
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\nfor o in {expect}; do [ \"$1\" = \"$o\" ] || "
+                "{ echo \"stand-in: unexpected option $1\" >&2; exit 2; }; shift; done\n"
+                "host=$1; shift\ncase $host in\n" + cases +
+                "  *) echo \"error: $host is not a host of this job\" >&2; exit 1;;\nesac\n"
+                "exec nsenter -t $pid -n -u -m -- /bin/sh -c \"$*\" </dev/null\n")
+    os.chmod(path, 0o755)
+
+
+def test_grid_engine_hosts_slots_and_qrsh_inherit(sshbed, tmp_path):
+    sshbed.require_netns("the qrsh stand-in")
+    qrsh_dir = tmp_path / "sge" / "bin" / "lx-amd64"
+    qrsh_dir.mkdir(parents=True)
+    _stand_in(sshbed, qrsh_dir / "qrsh", "-inherit -nostdin -V")
+    pe = tmp_path / "pe_hostfile"
+    pe.write_text("h1 2 all.q@h1 UNDEFINED\nh2 1 all.q@h2 UNDEFINED\n")
+    env = renv(str(tmp_path), PE_HOSTFILE=str(pe), JOB_ID="42", SGE_ROOT=str(tmp_path / "sge"),
+               ARC="lx-amd64")
+    r = run_rsh(str(tmp_path), "hostname", env=env)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == [b"h1", b"h1", b"h2"]
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+def test_lsf_hosts_slots_and_blaunch(sshbed, tmp_path):
+    sshbed.require_netns("the blaunch stand-in")
+    bindir = tmp_path / "lsf"
+    bindir.mkdir()
+    _stand_in(sshbed, bindir / "blaunch", "")
+    for extra in ({"LSB_MCPU_HOSTS": "h3 1 h4 2"},
+                  {"LSB_DJOB_HOSTFILE": str(tmp_path / "djob")}):
+        (tmp_path / "djob").write_text("h3\nh4\nh4\n")
+        env = renv(str(tmp_path), LSB_JOBID="7", LSF_BINDIR=str(bindir), **extra)
+        r = run_rsh(str(tmp_path), "hostname", env=env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.split()) == [b"h3", b"h4", b"h4"]
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+# -- Kubernetes' MPI Operator v1: kubexec.sh as the rsh agent -----------------------------
+
+def test_mpi_operator_v1_launcher_runs_mpi_on_the_worker_pods(sshbed, tmp_path, mpich):
+    from test_remote import MPI_PROG
+    sshbed.require_netns("the kubexec stand-in")
+    # The operator's kubexec.sh takes pod names: these map to the bed's hosts.
+    script = kubexec(sshbed, tmp_path)
+    text = open(script).read().replace("  h1)", "  job-worker-0)").replace("  h2)",
+                                                                          "  job-worker-1)")
+    with open(script, "w") as f:
+        f.write(text)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("job-worker-0 slots=2\njob-worker-1 slots=2\n")
+    env = renv(str(tmp_path), OMPI_MCA_plm_rsh_agent=script, OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    r = run_rsh(str(tmp_path), "--hostfile", str(hostfile), "-np", "4", "-x", "UCX_TLS",
+                PY, "-c", MPI_PROG, "ok", env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted((json.loads(x) for x in r.stdout.decode().splitlines()),
+                  key=lambda row: row["rank"])
+    assert [row["host"] for row in rows] == ["h1", "h1", "h2", "h2"]
+    assert [row["sum"] for row in rows] == [6] * 4
+    assert all(sorted(row["shared"]) == ([0, 1] if row["rank"] < 2 else [2, 3]) for row in rows)
     assert wait_for(lambda: no_agents(sshbed), 15)

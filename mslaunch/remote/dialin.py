@@ -59,6 +59,8 @@ class StartingProcess:
     """A process that started agents (srun, an rsh command): its output's tail,
     and the cut of its agents' links when it ends under them."""
 
+    ran = "agent"             # what it ran, as its end is reported
+
     def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]], what: str) -> None:
         import subprocess
         import threading
@@ -92,7 +94,7 @@ class StartingProcess:
         # end, after which the process ends) is left alone; one with unread
         # bytes is looked at again.
         how = f"killed by {signal_name(-code)}" if code < 0 else f"status {code}"
-        because = f"{self.what}, which ran the agent, ended ({how})"
+        because = f"{self.what}, which ran the {self.ran}, ended ({how})"
         if code < 0 and not self.closing:
             self.ended_because = because
         deadline = time.monotonic() + 5.0

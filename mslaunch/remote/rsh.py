@@ -35,7 +35,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
     from ..machine.loop import Loop
     from ..spec import SSHSpec
@@ -74,6 +74,22 @@ def agent_words(agent: str, args: str, environ: Mapping[str, str],
     raise LaunchError(f"{setting} {one_line(agent, 60)}: "
                       f"{' nor '.join(tried)} {'is' if len(tried) == 1 else 'are'} "
                       f"not found on PATH; no remote host can be reached")
+
+
+def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
+    """The rsh agent of the Grid Engine or LSF job ``environ`` is in, as Open MPI
+    and Hydra use them, and how to name it in messages."""
+    from ..hosts.allocation import in_grid_engine
+    if in_grid_engine(environ):
+        # Open MPI: $SGE_ROOT/bin/$ARC/qrsh, else qrsh on PATH.
+        qrsh = os.path.join(environ["SGE_ROOT"], "bin", environ["ARC"], "qrsh")
+        if not os.access(qrsh, os.X_OK):
+            qrsh = "qrsh"
+        return f"{shlex.quote(qrsh)} -inherit -nostdin -V", "Grid Engine's qrsh -inherit"
+    blaunch = os.path.join(environ.get("LSF_BINDIR", ""), "blaunch")
+    if not (environ.get("LSF_BINDIR") and os.access(blaunch, os.X_OK)):
+        blaunch = "blaunch"
+    return shlex.quote(blaunch), "LSF's blaunch"
 
 
 def remote_command(pythons: Sequence[str], dial: str, token: str) -> str:

@@ -153,6 +153,8 @@ def _version_at_least(text: str, wanted) -> bool:
 class _Step(StartingProcess):
     """The srun process that runs every agent of the job, and its stderr's tail."""
 
+    ran = "agents"
+
     def __init__(self, argv: Sequence[str], env: Dict[str, str]) -> None:
         super().__init__(argv, env, "srun")
 

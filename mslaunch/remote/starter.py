@@ -108,8 +108,14 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
         return SrunStarter(pythons, environ)
     if how == "local":
         return _NoStarter()
-    if spec.rsh_agent or spec.rsh_args:
+    agent, setting = spec.rsh_agent, "plm_rsh_agent"
+    if not agent and spec.launcher == "auto":
+        from ..hosts.allocation import in_grid_engine, in_lsf
+        if in_grid_engine(environ) or in_lsf(environ):
+            from .rsh import engine_agent
+            agent, setting = engine_agent(environ)
+    if agent or spec.rsh_args:
         from .rsh import RshStarter
-        return RshStarter(spec, pythons, environ)
+        return RshStarter(spec, pythons, environ, agent, setting)
     from .ssh import SSHStarter
     return SSHStarter(spec, pythons)
