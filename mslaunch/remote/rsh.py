@@ -71,9 +71,11 @@ def agent_words(agent: str, args: str, environ: Mapping[str, str],
                 raise UsageError(f"plm_rsh_args {one_line(args, 60)}: {err}") from None
     if not tried:
         raise UsageError(f"{setting}: empty command")
-    raise LaunchError(f"{setting} {one_line(agent, 60)}: "
-                      f"{' nor '.join(tried)} {'is' if len(tried) == 1 else 'are'} "
-                      f"not found on PATH; no remote host can be reached")
+    missing = tried[0] if len(tried) == 1 else "neither " + " nor ".join(tried)
+    shown = f"{setting} '{one_line(agent, 60)}'" if setting == "plm_rsh_agent" else setting
+    raise LaunchError(f"{shown}: {missing} is on PATH; no remote host can be reached"
+                      if len(tried) > 1 else
+                      f"{shown}: {missing} is not on PATH; no remote host can be reached")
 
 
 def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
@@ -85,11 +87,11 @@ def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
         qrsh = os.path.join(environ["SGE_ROOT"], "bin", environ["ARC"], "qrsh")
         if not os.access(qrsh, os.X_OK):
             qrsh = "qrsh"
-        return f"{shlex.quote(qrsh)} -inherit -nostdin -V", "Grid Engine's qrsh -inherit"
+        return f"{shlex.quote(qrsh)} -inherit -nostdin -V", "inside a Grid Engine job"
     blaunch = os.path.join(environ.get("LSF_BINDIR", ""), "blaunch")
     if not (environ.get("LSF_BINDIR") and os.access(blaunch, os.X_OK)):
         blaunch = "blaunch"
-    return shlex.quote(blaunch), "LSF's blaunch"
+    return shlex.quote(blaunch), "inside an LSF job"
 
 
 def remote_command(pythons: Sequence[str], dial: str, token: str) -> str:
