@@ -210,7 +210,8 @@ def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, home, 
 # -- commands that do not start an agent ------------------------------------------------
 
 @pytest.mark.parametrize("agent, said", [
-    ("/no/such/rsh : nosuchrsh", "plm_rsh_agent '/no/such/rsh : nosuchrsh': neither /no/such/rsh nor nosuchrsh is on PATH"),
+    ("/no/such/rsh : nosuchrsh", "plm_rsh_agent '/no/such/rsh : nosuchrsh': neither "
+                                 "/no/such/rsh nor nosuchrsh is on PATH"),
     ("sh -c 'echo denied >&2; exit 3' x", "h2 (ended with status 3 before the agent dialled "
                                            "back: denied)"),
     ("sh -c 'echo Welcome to junk; echo more junk' x", "h2 (ended with status 0 before the "

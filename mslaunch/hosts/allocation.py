@@ -243,9 +243,12 @@ def allocation_hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntr
     description.
 
     Slurm (``SLURM_JOB_NODELIST`` or ``SLURM_NODELIST``) wins over PBS
-    (``PBS_NODEFILE``), PBS over Grid Engine, Grid Engine over LSF.  Slot counts come from ``SLURM_TASKS_PER_NODE``, else
-    ``SLURM_JOB_CPUS_PER_NODE``, else 1 per node; for PBS, a host's count is
-    the number of lines naming it.  Returns None when no allocation is present.
+    (``PBS_NODEFILE``), PBS over Grid Engine, Grid Engine over LSF.  Slot
+    counts come from ``SLURM_TASKS_PER_NODE``, else ``SLURM_JOB_CPUS_PER_NODE``,
+    else 1 per node; for PBS and ``LSB_DJOB_HOSTFILE``, a host's count is the
+    number of lines naming it; ``PE_HOSTFILE`` and ``LSB_MCPU_HOSTS`` give
+    counts (a host named twice adds up).  Returns None when no allocation is
+    present.
     """
     for nvar in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if environ.get(nvar, "").strip():
