@@ -321,3 +321,37 @@ def test_mpi_operator_v1_launcher_runs_mpi_on_the_worker_pods(sshbed, tmp_path, 
     assert [row["sum"] for row in rows] == [6] * 4
     assert all(sorted(row["shared"]) == ([0, 1] if row["rank"] < 2 else [2, 3]) for row in rows)
     assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+@pytest.fixture
+def gridengine(sshbed, tmp_path):
+    import gebed
+    from conftest import require
+    require(not gebed.missing(), "Grid Engine (apt-get install gridengine-master "
+                                 "gridengine-exec gridengine-client): "
+                                 + ", ".join(gebed.missing()))
+    sshbed.require_netns("a Grid Engine cell")
+    cell = gebed.GridEngine(sshbed, str(tmp_path / "ge")).start()
+    yield cell
+    cell.stop()
+
+
+def test_a_real_grid_engine_job_runs_ranks_through_qrsh_inherit(sshbed, gridengine, tmp_path):
+    from helpers import REPO
+    job = tmp_path / "job.sh"
+    job.write_text(f"#!/bin/sh\nPYTHONPATH={REPO} {PY} -m mslaunch -v {PY} -c "
+                   "'import os,socket;print(os.environ[\"OMPI_COMM_WORLD_RANK\"],"
+                   "socket.gethostname())'\necho rc=$?\n")
+    job.chmod(0o755)
+    out, err = tmp_path / "out", tmp_path / "err"
+    r = gridengine.qsub(str(job), 4, str(out), str(err))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    lines = out.read_text().splitlines()
+    assert lines[-1] == "rc=0", (lines, err.read_text())
+    # $round_robin: one slot on each of the bed's hosts, in PE_HOSTFILE's order.
+    rows = [ln.split() for ln in lines[:-1]]
+    assert sorted(r[0] for r in rows) == [str(i) for i in range(4)], lines
+    assert sorted(r[1] for r in rows) == sorted(h.name for h in sshbed.hosts), lines
+    said = err.read_text()
+    assert "qrsh -inherit -nostdin -V HOST" in said, said
+    assert wait_for(lambda: no_agents(sshbed), 15)
