@@ -58,3 +58,10 @@ def test_the_starter_follows_the_settings():
     with pytest.raises(LaunchError, match="^inside an LSF job: blaunch is not on PATH"):
         kind(dict(path, LSB_JOBID="1", LSB_MCPU_HOSTS="a 1"))
     assert kind(dict(path, LSB_JOBID="1", LSB_MCPU_HOSTS="a 1"), launcher="ssh") == "SSHStarter"
+
+
+def test_an_appfile_line_may_not_choose_the_rsh_agent(tmp_path):
+    app = tmp_path / "app"
+    app.write_text("-launcher-exec /k.sh -n 1 prog\n")
+    with pytest.raises(UsageError, match=r"appfile .*:1: how agents start"):
+        parse_args(["--app", str(app)], environ={}, cwd="/")
