@@ -520,3 +520,27 @@ def environment_note(launchers: Sequence[Launcher], runs: int, warmups: int,
     return (f"_finished {time.strftime('%Y-%m-%d %H:%M:%S')}, {platform.node()}, {cpus} CPUs, "
             f"load avg {load}; median of {runs} runs after {warmups} warm-up rounds"
             f"{', contenders interleaved round-robin' if interleaved else ''}._  \n_{versions}_")
+
+
+def host_rx_bytes(net: Any, names: Sequence[str]) -> Dict[str, int]:
+    """Bytes each host of a network bed (``tests/netbed.py``) has received so far:
+    what its port on the bed's switch has sent it, every protocol and sender
+    counted (TCP/IP and SSH overhead included)."""
+    import json as _json
+    r = subprocess.run(["ip", "-n", net.switch_ns, "-s", "-j", "link", "show"],
+                       capture_output=True, text=True, check=True)
+    found = {}
+    for entry in _json.loads(r.stdout):
+        name = entry.get("ifname", "")
+        if name[:1] == "p" and name[1:] in names:
+            found[name[1:]] = int(entry["stats64"]["tx"]["bytes"])
+    return found
+
+
+def bytes_per_host(net: Any, names: Sequence[str], run: Callable[[], Any]) -> Tuple[int, int]:
+    """``run()``, and the least and most bytes any host of ``names`` received meanwhile."""
+    before = host_rx_bytes(net, names)
+    run()
+    after = host_rx_bytes(net, names)
+    got = [after[n] - before[n] for n in names]
+    return min(got), max(got)

@@ -515,10 +515,21 @@ def main(argv: Sequence[str]) -> int:
         # placement check and memory footprint, not timed: every host runs exactly one rank
         preflight: Dict[Tuple[str, int], str] = {}
         footprint: Dict[Tuple[str, int], Optional[int]] = {}
+        received: Dict[Tuple[str, int], Tuple[int, int]] = {}
         for n in bed_sizes:
             for l in launchers:
-                m = run_measured(command(l, beds[n], n, HOSTNAME, False), environ(l, beds[n], False),
-                                 keep_stdout=True, timeout=args.timeout, sample="tree")
+                runs: List[Measured] = []
+                received[(l.label, n)] = C.bytes_per_host(
+                    beds[n].bed.net, beds[n].hosts, lambda: runs.append(run_measured(
+                        command(l, beds[n], n, HOSTNAME, False), environ(l, beds[n], False),
+                        keep_stdout=True, timeout=args.timeout, sample="tree")))
+                m = runs[0]
+                if l.kind == "mslaunch":      # and with the package sent to every host
+                    received[(l.label + ", package sent", n)] = C.bytes_per_host(
+                        beds[n].bed.net, beds[n].hosts, lambda: run_measured(
+                            command(l, beds[n], n, HOSTNAME, False),
+                            dict(environ(l, beds[n], False), MSLAUNCH_HOST_PACKAGE="0"),
+                            timeout=args.timeout))
                 footprint[(l.key, n)] = m.tree_kib
                 # The names, not the lines: Hydra may splice two ranks' lines
                 # ("h3h8\n"), which loses no name.
@@ -718,6 +729,16 @@ def main(argv: Sequence[str]) -> int:
               "atomicity); the bytes are still all there.")
         print()
 
+    print("**Bytes received per host** (one untimed `hostname` job, every byte the host's "
+          "network port delivered: SSH, TCP/IP headers, output connections; least and most "
+          "over the hosts)\n")
+    labels_sent = sorted({label for label, _ in received},
+                         key=lambda x: (not x.startswith("mslaunch"), x))
+    print(C.markdown_table(["launcher"] + [f"{n} hosts" for n in bed_sizes],
+                           [[label] + [f"{received[(label, n)][0]}–{received[(label, n)][1]}"
+                                       if (label, n) in received else "" for n in bed_sizes]
+                            for label in labels_sent]))
+    print()
     notes = C.failures(results, labels)
     if notes:
         print(notes + "\n")

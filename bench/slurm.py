@@ -52,6 +52,8 @@ def inner(args) -> int:
     cases = {"pass": [py, "-c", "pass"], "mpi": [py, "-c", MPI_CODE]}
     times: Dict[str, List[float]] = {f"{k}/{c}": [] for k in launchers for c in cases}
     env = dict(os.environ, UCX_TLS="tcp")
+    if args.switch_ns:
+        times.update(_bytes_per_node(args, launchers, env, n))
     for i in range(args.runs + 1):
         order = list(launchers.items())
         order = order[i % len(order):] + order[:i % len(order)]
@@ -73,6 +75,25 @@ def inner(args) -> int:
     return 0
 
 
+def _bytes_per_node(args, launchers, env, n: int) -> Dict[str, List[float]]:
+    """Bytes each node received during one untimed ``hostname`` job of each
+    launcher (and of mslaunch with the package sent): the least and the most."""
+    from types import SimpleNamespace
+    names = subprocess.run(["scontrol", "show", "hostnames"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    net = SimpleNamespace(switch_ns=args.switch_ns)
+    program = [sys.executable, "-c", "import socket; print(socket.gethostname())"]
+    variants = [(key, prefix, {}) for key, prefix in launchers.items()]
+    variants.insert(1, ("mslaunch-sent", launchers["mslaunch"], {"MSLAUNCH_HOST_PACKAGE": "0"}))
+    got: Dict[str, List[float]] = {}
+    for key, prefix, extra in variants:
+        run_env = dict(env, HOME=args.ssh_home, **extra) if key == "mslaunch-ssh" else \
+            dict(env, **extra)
+        got[f"bytes/{key}"] = list(C.bytes_per_host(net, names, lambda: subprocess.run(
+            [*prefix, "-n", str(n), *program], env=run_env, capture_output=True, timeout=120)))
+    return got
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
@@ -82,6 +103,7 @@ def main(argv: Sequence[str]) -> int:
                                                                "mslaunch"))
     parser.add_argument("--hydra-cmd", default=None)
     parser.add_argument("--ssh-home", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--switch-ns", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inner:
         return inner(args)
@@ -107,7 +129,13 @@ def main(argv: Sequence[str]) -> int:
             ssh_bed.stop()
     print(f"**Inside a Slurm allocation** (ms, median of {args.runs}; one rank per node, "
           f"every rank remote)\n")
-    print("\n".join(rows))
+    print("\n".join(r for r in rows if not r.startswith("bytes")))
+    print("\n**Bytes received per node** (one untimed `hostname` job: every byte the node's "
+          "network port delivered, Slurm's own step launch included; least–most over the "
+          "nodes)\n")
+    print("| nodes | mslaunch, srun | mslaunch, srun, package sent | mslaunch, SSH | Hydra, srun |")
+    print("|---|---|---|---|---|")
+    print("\n".join(r[len("bytes"):] for r in rows if r.startswith("bytes")))
     return 0
 
 
@@ -118,7 +146,8 @@ def _rounds(args, bed, sizes, home, hydra) -> List[str]:
         r = bed.run(["salloc", "-N", str(n), "--ntasks-per-node=1", "-Q", sys.executable,
                      os.path.abspath(__file__), "--inner", "--runs", str(args.runs),
                      "--mslaunch-cmd", args.mslaunch_cmd, "--hydra-cmd",
-                     hydra.prefix[0], "--ssh-home", home], timeout=1200,
+                     hydra.prefix[0], "--ssh-home", home, "--switch-ns", bed.net.switch_ns],
+                    timeout=1200,
                     base_env=dict(C.base_environ(), UCX_TLS="tcp"))
         if r.returncode != 0 or not r.stdout.strip():
             raise SystemExit(f"{n} nodes failed: {r.stderr[-600:]}")
@@ -133,6 +162,9 @@ def _rounds(args, bed, sizes, home, hydra) -> List[str]:
                     f"{med('mslaunch/mpi'):.0f} | {med('mslaunch-ssh/mpi'):.0f} | "
                     f"{med('hydra/mpi'):.0f} | "
                     f"{med('mslaunch/mpi') / med('hydra/mpi'):.2f}× |")
+        rows.append("bytes| " + str(n) + " | " + " | ".join(
+            "–".join(str(int(x)) for x in t.get(f"bytes/{key}", []))
+            for key in ("mslaunch", "mslaunch-sent", "mslaunch-ssh", "hydra")) + " |")
     return rows
 
 

@@ -144,10 +144,8 @@ class SSHSpec:
     connect_timeout: float = 10.0         # --ssh-timeout
     remote_python: Optional[str] = None   # --remote-python PATH
     launcher: str = "auto"                # --launcher auto|ssh|slurm|local
-    # plm_rsh_agent / Hydra's -launcher-exec: "A [ARGS] : B ..." (the first found
-    # on PATH runs "A [ARGS] [rsh_args] HOST 'command'"); "" = paramiko.
-    rsh_agent: str = ""
-    rsh_args: str = ""                    # plm_rsh_args (alone: the OpenSSH client's)
+    rsh_agent: str = ""                   # plm_rsh_agent ("ssh : rsh"); "": paramiko
+    rsh_args: str = ""                    # plm_rsh_args: extra arguments of rsh_agent
 
 
 @dataclass(frozen=True)
@@ -160,6 +158,7 @@ class JobSpec:
     # --map-by: slot node core hwthread board socket numa l1cache l2cache l3cache
     map_by: str = "slot"
     per_node: Optional[int] = None        # ppr:N:node, -npernode, -ppn
+    per_node_wrap: bool = False           # Hydra's -ppn: more ranks wrap around the hosts
     ppr: Optional[Tuple[int, str]] = None  # ppr:N:OBJ for other objects (-npersocket)
     pe: Optional[int] = None              # :PE=n, --cpus-per-proc
     rank_by: Optional[str] = None         # --rank-by (None: as mapped)
@@ -240,6 +239,8 @@ class MsrunSpec:
     grace: float = 5.0
     verbose: int = 0
     quiet: bool = False
+    log_dir_given: str = ""               # --log_dir as typed, for msrun's console lines
+    pty: bool = False                     # processes' stdout a pty (msrun: its log files)
 
 
 @dataclass(frozen=True)

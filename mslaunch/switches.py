@@ -19,6 +19,7 @@ SWITCHES = {
     "MSLAUNCH_CGROUP": True,          # the job's processes in a cgroup of their own
     "MSLAUNCH_DIRECT_OUTPUT": True,   # agents send output on a connection of its own
     "MSLAUNCH_OUTPUT_TLS": False,     # ... in TLS
+    "MSLAUNCH_HOST_PACKAGE": True,    # agents start from the host's identical mslaunch
 }
 _OFF = ("0", "false", "no", "off", "f", "n")
 _ON = ("1", "true", "yes", "on", "t", "y")
@@ -35,6 +36,18 @@ def switch(name: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     value = (os.environ if environ is None else environ).get(name, "")
     parsed = _parse(value) if value.strip() else None
     return SWITCHES[name] if parsed is None else parsed
+
+
+def pty_wanted(environ: Mapping[str, str], no_pty: bool, default: bool) -> bool:
+    """Whether ranks' stdout is a pseudo-terminal, the one rule of both dialects:
+    ``--no-pty`` says no; else ``MSLAUNCH_PTY`` when set; else the dialect's
+    default (mpirun's dialect: yes, as Open MPI; msrun's: no, as msrun, whose
+    processes write to their log files)."""
+    if no_pty:
+        return False
+    value = environ.get("MSLAUNCH_PTY", "")
+    parsed = _parse(value) if value.strip() else None
+    return default if parsed is None else parsed
 
 
 def check_switches(environ: Mapping[str, str]) -> None:

@@ -58,6 +58,9 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
+# Real MindSpore (CPU wheel, about 800 MB) for msrun mode's real jobs; numpy<2 as its
+# workers need it (with numpy 2 a PYNATIVE worker never unregisters).
+.venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 # Tests make up host names; none may ever be looked up beyond this machine.
 # As root, the suite runs in a mount namespace of its own whose resolver is

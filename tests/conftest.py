@@ -8,7 +8,7 @@ import pytest
 REQUIRE_ALL = os.environ.get("MSLAUNCH_TEST_REQUIRE_ALL") == "1"
 
 # The multi-host SSH test bed's fixtures (sshbed, sshbeds).
-pytest_plugins = ["sshbed", "slurmbed"]
+pytest_plugins = ["sshbed", "slurmbed", "shmcheck"]
 
 
 def require(ok: bool, reason: str) -> None:

@@ -52,7 +52,9 @@ class AgentProc:
             self.send(PAYLOAD)
             frame = self.next_frame(15)
             assert frame is not None and frame[0] == link.HELLO, (frame, self.stderr_now())
-            assert self.reader.preamble == b""
+            # nothing before the link's start but the bootstrap's answer
+            assert self.reader.preamble.startswith(bootstrap.MARK + b"need ")
+            assert self.reader.preamble.count(b"\n") == 1, self.reader.preamble
             self.hello = link.decode_json(*frame)
         except BaseException:
             self.cleanup()

@@ -49,7 +49,7 @@ def test_a_python_of_another_version_compiles_the_sources():
     # The bundle's code is for a bytecode version no interpreter has: the
     # agent must import every module it needs from the sources instead.
     bundle = bootstrap.build_bundle(bootstrap._package_files(), b"\0\0\r\n")
-    source = bootstrap.BOOTSTRAP.encode()
+    source = ("_W = None\n" + bootstrap.BOOTSTRAP).encode()
     payload = b"%d\n%s%d\n%s" % (len(source), source, len(bundle), bundle)
     hello = _hello_from(payload, uuid.uuid4().hex)
     assert hello["protocol"] == link.PROTOCOL
@@ -57,7 +57,8 @@ def test_a_python_of_another_version_compiles_the_sources():
 
 def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tmp_path):
     probe = ("import sys; from mslaunch.remote import bootstrap as b; "
-             "sys.stdout.buffer.write(b.package_bundle())")
+             "sys.stdout.buffer.write(b'%s\\n%s' % (b.package_bundle()[1].encode(), "
+             "b.package_bundle()[0]))")
     env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
     first = subprocess.run([PY, "-c", probe], env=env, capture_output=True, check=True,
                            cwd=tmp_path).stdout

@@ -9,6 +9,7 @@ RANK_ID=i RANK_SIZE``.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -69,15 +70,27 @@ def test_the_tutorials_command_line_runs_unchanged(bin_dir, tmp_path):
         assert w["ms_env"] == sorted(WORKER)
         # the other launchers' variables, where known
         assert (w["RANK"], w["WORLD_SIZE"], w["LOCAL_RANK"], w["LOCAL_WORLD_SIZE"],
-                w["MASTER_ADDR"], w["MASTER_PORT"]) == (str(i), "2", str(i), "2",
-                                                       "127.0.0.1", "8118")
+                w["MASTER_ADDR"]) == (str(i), "2", str(i), "2", "127.0.0.1")
+        # MASTER_PORT: a free port, the same for all, not the one MindSpore's scheduler holds
+        assert w["MASTER_PORT"].isdigit() and w["MASTER_PORT"] != "8118"
+        assert w["MASTER_PORT"] == env_of(got["worker_0.log"])["MASTER_PORT"]
+        # what importing MindSpore gives msrun's children, computed as MindSpore does
+        online = os.sysconf("SC_NPROCESSORS_ONLN")
+        assert (w["OMP_NUM_THREADS"], w["HCCL_CONNECT_TIMEOUT"],
+                w["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]) == (
+                    str(min(max(online // 8, 1), 16)), "600", "python")
+        assert w["isatty"] == [False, False]          # msrun's processes write to files
         assert got[f"worker_{i}.log"].endswith(f"stderr of MS_WORKER {i}\n")
     out = r.stdout.decode().splitlines()
-    assert out[0] == (f"Start scheduler process, log file:{log_dir}/scheduler.log. "
-                      f"Execute command: python {TASK}")
-    assert out[1] == (f"Start worker process with rank id:0, log file:{log_dir}/worker_0.log. "
-                      f"Environment variable [RANK_ID=0] is exported. Execute command: "
-                      f"python {TASK}")
+    # msrun's console lines: the log paths under --log_dir as typed
+    assert out[:4] == [
+        f"Start scheduler process, log file:msrun_log/scheduler.log. Execute command: "
+        f"python {TASK}",
+        f"Start worker process with rank id:0, log file:msrun_log/worker_0.log. "
+        f"Environment variable [RANK_ID=0] is exported. Execute command: python {TASK}",
+        f"Start worker process with rank id:1, log file:msrun_log/worker_1.log. "
+        f"Environment variable [RANK_ID=1] is exported. Execute command: python {TASK}",
+        "Distributed job is spawned. Waiting all processes to exit..."]
     # --join=True: the workers' output on the console, prefixed; not the scheduler's
     assert "[worker 1] stderr of MS_WORKER 1" in out
     assert not any(line.startswith("[scheduler]") or '"MS_SCHED"' in line for line in out)
@@ -167,8 +180,9 @@ def test_bind_core_true_splits_the_cpus_and_the_map_form_is_honoured(bin_dir, tm
     for i in range(2):
         w = env_of(got[f"worker_{i}.log"])
         assert w["affinity"] == blocks[i]
-        assert w["MSRUN_CPU_LIST"] == (f"{blocks[i][0]}-{blocks[i][-1]}" if len(blocks[i]) > 1
-                                       else str(blocks[i][0]))
+        # msrun's format, read back by MindSpore with ast.literal_eval
+        assert w["MSRUN_CPU_LIST"] == str(blocks[i])
+        assert ast.literal_eval(w["MSRUN_CPU_LIST"]) == blocks[i]
     assert env_of(got["scheduler.log"])["affinity"] == cpus        # not pinned
     first, last = cpus[0], cpus[-1]
     mapping = json.dumps({"device0": [str(last)], "device1": [str(first)],
@@ -180,6 +194,8 @@ def test_bind_core_true_splits_the_cpus_and_the_map_form_is_honoured(bin_dir, tm
     assert env_of(got["worker_0.log"])["affinity"] == [last]
     assert env_of(got["worker_1.log"])["affinity"] == [first]
     assert env_of(got["scheduler.log"])["affinity"] == [last]
+    # msrun leaves MSRUN_CPU_LIST unset for the map form
+    assert not any("MSRUN_CPU_LIST" in env_of(text) for text in got.values())
 
 
 def test_bind_numa_pins_to_the_cpus_of_numa_nodes():
@@ -208,7 +224,9 @@ def test_bind_numa_on_this_machine_and_its_file_form(bin_dir, tmp_path):
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'a'}",
                "--join=True", "--bind_numa=True", TASK], env, tmp_path)
     assert r.returncode == 0, r.stderr
-    assert env_of(logs(tmp_path / "a")["worker_0.log"])["MSRUN_CPU_LIST"] == node0
+    from mslaunch.machine.topology import parse_cpulist
+    assert env_of(logs(tmp_path / "a")["worker_0.log"])["MSRUN_CPU_LIST"] == \
+        str(list(parse_cpulist(node0)))
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'b'}",
                "--join=True", "--bind_numa=bind.json", TASK], env, tmp_path)
     assert r.returncode == 0, r.stderr
@@ -229,11 +247,26 @@ def test_sim_level_runs_workers_without_a_scheduler(bin_dir, tmp_path):
     assert sorted(got) == ["worker_0.log", "worker_1.log"]
     w = env_of(got["worker_0.log"])
     assert w["MS_SIMULATION_LEVEL"] == "1" and "MS_ROLE" not in w and "MS_SCHED_HOST" not in w
+    assert w["MS_WORKER_NUM"] == "2"                 # msrun exports it in a dry run too
     r = msrun(["--worker_num=4", "--local_worker_num=4", f"--log_dir={tmp_path / 'one'}",
                "--join=True", "--sim_level=0", "--sim_rank_id=3", TASK], ms_env(bin_dir),
               tmp_path)
     assert r.returncode == 0, r.stderr
-    assert sorted(logs(tmp_path / "one")) == ["worker_3.log"]
+    # msrun dry-runs the one rank as the only local worker: worker_0.log, no node id
+    got = logs(tmp_path / "one")
+    assert sorted(got) == ["worker_0.log"]
+    w = env_of(got["worker_0.log"])
+    assert (w["RANK_ID"], w["MS_WORKER_NUM"], w["DEVICE_ID"]) == ("3", "4", "0")
+    assert "MS_NODE_ID" not in w
+    # as msrun: MS_SIMULATION_LEVEL in the environment is a dry run, RANK_ID its rank
+    r = msrun(["--worker_num=4", "--local_worker_num=4", f"--log_dir={tmp_path / 'env'}",
+               "--join=True", TASK], ms_env(bin_dir, MS_SIMULATION_LEVEL="1", RANK_ID="2"),
+              tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = logs(tmp_path / "env")
+    assert sorted(got) == ["worker_0.log"]
+    w = env_of(got["worker_0.log"])
+    assert (w["RANK_ID"], w["MS_SIMULATION_LEVEL"]) == ("2", "1") and "MS_ROLE" not in w
 
 
 @pytest.mark.parametrize("args, words", [
@@ -269,8 +302,8 @@ def test_recovery_starts_a_failed_worker_again(bin_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert b"worker 1 exited with code 3; starting it again (1 of 3 restarts)" in r.stderr
     text = (tmp_path / "l" / "worker_1.log").read_text()
-    first, marker, second = text.partition("mslaunch: restart 1 of 3 of worker 1 after exited "
-                                           "with code 3\n")
+    first, marker, second = text.partition("mslaunch: restart 1 of 3 of worker 1 (the previous "
+                                           "run exited with code 3)\n")
     assert marker and env_of(first)["RANK_ID"] == "1" and env_of(second)["RANK_ID"] == "1"
     assert env_of(second)["MS_NODE_ID"] == "1"
     assert all_gone(tag), tagged_pids(tag)
@@ -332,3 +365,40 @@ def test_help_shows_both_dialects(args):
     from mslaunch.cli.common import MSRUN_EXTRAS, MSRUN_OPTIONS
     for name in MSRUN_OPTIONS + MSRUN_EXTRAS:
         assert f"--{name}" in r.stdout, name
+
+
+@pytest.mark.parametrize("dialect, flag, value, tty", [
+    ("msrun", False, None, False), ("msrun", False, "1", True), ("msrun", False, "0", False),
+    ("msrun", True, "1", False),
+    ("mpirun", False, None, True), ("mpirun", False, "0", False), ("mpirun", True, "1", False),
+])
+def test_pty_or_pipes_by_one_rule_in_both_dialects(bin_dir, tmp_path, dialect, flag, value,
+                                                   tty):
+    """msrun's processes write to files (no terminal); mpirun's get a pty. --no-pty
+    and MSLAUNCH_PTY then decide the same way in either dialect."""
+    extra = {"MSLAUNCH_PTY": value} if value is not None else {}
+    env = ms_env(bin_dir, **extra)
+    if value is None:
+        env.pop("MSLAUNCH_PTY", None)
+    no_pty = ["--no-pty"] if flag else []
+    if dialect == "msrun":
+        r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'l'}",
+                   "--join=True", *no_pty, TASK], env, tmp_path)
+        assert r.returncode == 0, r.stderr
+        seen = env_of(logs(tmp_path / "l")["worker_0.log"])["isatty"][0]
+    else:
+        r = msrun(["-n", "1", *no_pty, "python", "-c",
+                   "import sys; print(sys.stdout.isatty())"], env, tmp_path)
+        assert r.returncode == 0, r.stderr
+        seen = r.stdout.decode().strip() == "True"
+    assert seen is tty
+
+
+def test_pty_wanted_is_the_one_rule():
+    from mslaunch.switches import pty_wanted
+    for default in (True, False):
+        assert pty_wanted({}, no_pty=False, default=default) is default
+        assert pty_wanted({"MSLAUNCH_PTY": ""}, no_pty=False, default=default) is default
+        assert pty_wanted({"MSLAUNCH_PTY": "yes"}, no_pty=False, default=default) is True
+        assert pty_wanted({"MSLAUNCH_PTY": "off"}, no_pty=False, default=default) is False
+        assert pty_wanted({"MSLAUNCH_PTY": "1"}, no_pty=True, default=default) is False

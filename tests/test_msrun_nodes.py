@@ -81,10 +81,12 @@ class Job:
         self.start(h2, 2, "--node_rank=1")
         assert wait_for(lambda: len(self.envs()) == 4, 30), transcript(self)
 
-    def start(self, host, local: int, *flags: str, env=None, task=TASK) -> Node:
+    def start(self, host, local: int, *flags: str, env=None, task=TASK,
+              master_addr: str = "") -> Node:
         log_dir = self.tmp / f"log_{host.name}_{len(self.nodes)}"
         argv = cmd(f"--worker_num={self.workers}", f"--local_worker_num={local}",
-                   f"--master_addr={self.master.addr}", f"--master_port={self.port}",
+                   f"--master_addr={master_addr or self.master.addr}",
+                   f"--master_port={self.port}",
                    f"--log_dir={log_dir}", "--join=True",
                    f"--cluster_time_out={self.time_out}", *flags, task)
         proc = self.bed.spawn_in(host, argv, env=env or self.env, cwd=str(self.tmp),
@@ -285,6 +287,11 @@ def test_a_node_with_another_secret_is_refused_with_a_hint(job):
     assert "secret is not the job's" in intruder.out, intruder.out
     assert "MSLAUNCH_SECRET" in intruder.out
     assert j.nodes[0].wait() == 1          # the job never formed: cluster time out
+    # the master says so too, without -v, and names the refused node at the time out
+    master = j.nodes[0].out
+    assert f"node service: refused node {h2.addr}: this node's secret is not the job's" \
+        in master, master
+    assert "cluster time out" in master and f"refused: {h2.addr} (this node's secret" in master
     j.settle()
 
 
@@ -300,7 +307,7 @@ def test_a_failed_worker_on_another_node_is_started_again(job, tmp_path):
     j.start(h2, 2, "--node_rank=1", "--max_restarts=2")
     assert j.wait() == [0, 0], transcript(j)
     log = j.nodes[1].logs()["worker_3.log"]
-    assert "mslaunch: restart 1 of 2 of worker 3 after exited with code 3\n" in log, log
+    assert "mslaunch: restart 1 of 2 of worker 3 (the previous run exited with code 3)\n" in log, log
     assert log.count('"RANK_ID": "3"') == 2
     j.settle()
 
@@ -446,3 +453,31 @@ def _connects(addr: str, port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+# -- real MindSpore ---------------------------------------------------------------
+
+def test_real_mindspore_across_two_nodes_with_the_master_named_by_host_name(job):
+    """One all-reduce over MindSpore's CPU collectives, one worker on each of two
+    nodes, ``--master_addr`` the master's name from the hosts' /etc/hosts."""
+    import importlib.util
+    import os
+    from conftest import require
+    from helpers import PY
+    require(importlib.util.find_spec("mindspore") is not None,
+            "MindSpore's CPU wheel (pip install mindspore==2.10.0 'numpy<2')")
+    j = job(2, time_out=60)
+    j.env["PATH"] = f"{os.path.dirname(PY)}:{j.env['PATH']}"    # the venv's python
+    h1, h2 = j.bed.hosts[:2]
+    for host in (h1, h2):
+        j.start(host, 1, task=program("ms_real.py"), master_addr=h1.name)
+    assert j.wait(110) == [0, 0], transcript(j)
+    ports = set()
+    for n in j.nodes:
+        (text,) = [t for name, t in n.logs().items() if name.startswith("worker_")]
+        (row,) = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        assert (row["size"], row["sum"]) == (2, 3.0), text[-2000:]
+        assert row["at_exec"]["MS_SCHED_HOST"] == h1.addr       # the name, resolved
+        ports.add(row["at_exec"]["MASTER_PORT"])
+    assert len(ports) == 1 and str(j.port) not in ports        # one free port for all
+    j.settle()

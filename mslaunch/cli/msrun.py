@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from ..errors import UsageError, one_line
 from ..spec import MsrunSpec
+from ..switches import pty_wanted
 from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, Exit, launch_dir
 
 OPTIONS, EXTRAS = MSRUN_OPTIONS, MSRUN_EXTRAS
@@ -95,13 +96,13 @@ def _read_options(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
         if word in ("-h", "--help"):
             from .help import TEXT
             raise Exit(TEXT, 0)
-        if word in ("--verbose", "--quiet"):       # mslaunch's own, without a value
+        if word in ("--verbose", "--quiet", "--no-pty"):   # mslaunch's own, without a value
             values[word[2:]] = "1"
             i += 1
             continue
         if word.startswith("-") and not word.startswith("--") and len(word) > 1:
             raise UsageError(f"unknown msrun option '{one_line(word, 40)}' (msrun's options are "
-                             f"--name=value; mslaunch's --verbose and --quiet)")
+                             f"--name=value; mslaunch's --verbose, --quiet and --no-pty)")
         if not word.startswith("--"):
             break
         name, sep, value = word[2:].partition("=")
@@ -157,7 +158,7 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
     argv_out = _task_argv(rest)
     worker_num, local, port, node_rank = _layout(values)
     master = _master_addr(values)
-    sim_level = _int("sim_level", values.get("sim_level", "-1"), -1, 3)
+    sim_level, sim_rank_id = _simulation(values, worker_num, local)
     cwd = launch_dir()
     log_dir = os.path.normpath(os.path.join(cwd, values.get("log_dir", "") or "."))
     service = values.get("node_service_port")
@@ -169,7 +170,7 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         bind_core=_binding("bind_core", values.get("bind_core", "False")),
         bind_numa=_binding("bind_numa", values.get("bind_numa", "False")),
         sim_level=sim_level,
-        sim_rank_id=_int("sim_rank_id", values.get("sim_rank_id", "-1"), -1, worker_num - 1),
+        sim_rank_id=sim_rank_id,
         rank_table_file=values.get("rank_table_file", ""),
         worker_log_name=values.get("worker_log_name", ""),
         tail_worker_log=_tail(values.get("tail_worker_log", "-1"), worker_num),
@@ -182,11 +183,32 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         grace=float(_int("grace", values.get("grace", "5"), 0)),
         verbose=int(_bool("verbose", values.get("verbose", "0"))),
         quiet=_bool("quiet", values.get("quiet", "0")),
+        log_dir_given=values.get("log_dir", ""),
+        pty=pty_wanted(os.environ, no_pty="no-pty" in values, default=False),
     )
     if spec.service_port is None and port == 65535:
         raise UsageError("--master_port=65535 leaves no port for the node service "
                          "(master_port + 1); give --node_service_port")
     return spec
+
+
+def _simulation(values: Dict[str, str], worker_num: int, local: int) -> Tuple[int, int]:
+    """``--sim_level`` and ``--sim_rank_id`` as msrun reads them: a dry run also
+    when ``MS_SIMULATION_LEVEL`` is set, the rank from ``RANK_ID`` when not
+    given, and one process (rank 0) for more than 128 local workers."""
+    level = _int("sim_level", values.get("sim_level", "-1"), -1, 3)
+    rank = _int("sim_rank_id", values.get("sim_rank_id", "-1"), -1, worker_num - 1)
+    given = os.environ.get("MS_SIMULATION_LEVEL", "").strip()
+    if level < 0 and given:
+        level = _int("sim_level (from MS_SIMULATION_LEVEL)", given, 0, 3)
+    if level < 0:
+        return level, rank
+    if rank < 0 and os.environ.get("RANK_ID", "").strip():
+        rank = _int("sim_rank_id (from RANK_ID)", os.environ["RANK_ID"].strip(), -1,
+                    worker_num - 1)
+    if rank < 0 and local > 128:
+        rank = 0
+    return level, rank
 
 
 def _tail(text: str, workers: int) -> str:

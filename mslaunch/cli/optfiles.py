@@ -10,10 +10,10 @@ if TYPE_CHECKING:
     from typing import Callable, List
 
     from ..spec import JobSpec
+    from .draft import Draft
 
 from ..errors import UsageError
 from .draft import Context
-from .options import split_option
 
 
 def _tokens(path: str, what: str) -> List[List[str]]:
@@ -41,7 +41,7 @@ def appfile(path: str, parse: Callable[..., JobSpec]) -> List[Context]:
             raise UsageError(f"appfile {path}:{number}: how agents start is the whole "
                              f"job's choice: give --launcher (or --mca plm) on the command line")
         try:
-            job = parse(words, environ={}, cwd=".")
+            job = parse(words, environ={}, cwd=".", defaults=False)
         except UsageError as err:
             raise UsageError(f"appfile {path}:{number}: {err}") from None
         if len(job.apps) != 1:
@@ -55,22 +55,25 @@ def appfile(path: str, parse: Callable[..., JobSpec]) -> List[Context]:
     return contexts
 
 
-def option_file(name: str, flag: str, paths: List[str]) -> List[str]:
-    """The options that ``-tune`` files (command-line words) or ``-am`` files
-    (``key = value`` MCA settings) hold, as command-line words."""
+def option_file(d: Draft, name: str, flag: str, paths: List[str]) -> List[str]:
+    """Apply the MCA settings of ``-tune`` or ``-am`` files to the draft (each
+    named by file and line in errors); their ``-x`` settings as command-line words.
+
+    Both take ``name = value``, ``--mca name value`` and ``-x NAME[=VALUE]``
+    lines, as Open MPI 4.1.4's ``-tune`` does.  A ``--mca`` of the command line
+    wins over a file's setting of the same name, wherever it is written.
+    """
+    from ..mcafile import command_line_params, parse_param_file
+    from .mca import apply_param
+    what = "tune file" if name == "tune" else "MCA parameter file"
     words: List[str] = []
+    given = command_line_params(d.argv)
     for path in paths:
-        for line in _tokens(path, "tune file" if name == "tune" else "MCA parameter file"):
-            if name == "am":
-                text = " ".join(line)
-                key, eq, value = text.partition("=")
-                if not eq or not key.strip():
-                    raise UsageError(f"{flag} {path}: expected 'key = value' lines, "
-                                     f"got {text[:40]!r}")
-                words += ["--mca", key.strip(), value.strip()]
-            else:
-                words += line
-    for w in words:
-        if w.startswith("-") and split_option(w)[0] not in ("x", "mca", "env", "genv"):
-            raise UsageError(f"{flag}: only -x and -mca belong in a tune file, not {w[:30]!r}")
+        from ..hosts.hostfile import read_host_file
+        for s in parse_param_file(read_host_file(path, what), f"{flag} {path}"):
+            if s.kind == "x":
+                words += ["-x", s.name if s.value is None else f"{s.name}={s.value}"]
+            elif s.name not in given:
+                apply_param(d, s.name, s.value or "", f"{flag} {path}:{s.line}: {s.name}")
+                d.mca.append((s.name, s.value or ""))
     return words

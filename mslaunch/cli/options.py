@@ -13,7 +13,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, NamedTuple, Optional, Tuple
+    from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
     from .draft import Apply
 
@@ -49,6 +49,11 @@ else:
 
         def __repr__(self) -> str:
             return f"Option{tuple.__repr__(self)}"
+
+
+def _set_mca(d: D.Draft, flag: str, values: Sequence[str]) -> None:
+    from .mca import set_mca     # Open MPI's own parameters: only when one is given
+    set_mca(d, flag, values)
 
 
 def _accepted(names: Tuple[str, ...], nargs: int, why: str) -> Option:
@@ -88,8 +93,10 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                ":ordered]   none (default), hwthread, core,\nl1cache, l2cache, l3cache, socket, "
                "numa, board, cpu-list",
                note="default none (Open MPI 4: core up to 2 ranks, then socket)"),
-        Option(("npernode", "N", "ppn"), 1, D.place("npernode"), "-npernode, -N, -ppn N\t"
+        Option(("npernode", "N"), 1, D.place("npernode"), "-npernode, -N, -ppn N\t"
                "N ranks per host     -npersocket N   N ranks per socket"),
+        # Hydra's spelling: its own rule (ranks wrap around the hosts, never refused)
+        Option(("ppn", "perhost"), 1, D.place("ppn")),
         Option(("npersocket",), 1, D.place("npersocket")),
         Option(("pernode",), 0, D.place("pernode")),
         Option(("ppr",), 1, D.place("ppr"),
@@ -134,14 +141,15 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("envnone",), 0, D.store("inherit_env", False)),
         Option(("genvall",), 0, D.store("forward_env", True)),
         Option(("envall",), 0, D.store("forward_env", True)),
-        Option(("mca", "gmca"), 2, D.set_mca, "-mca, --mca KEY VAL\texport OMPI_MCA_KEY=VAL; "
-               "'orte_abort_on_non_zero_status 0'\n(or --prtemca state_base_error_non_zero_exit "
-               "0, or\n--runtime-options error-nonzero-status=false) keeps going"),
+        Option(("mca", "gmca"), 2, _set_mca, "-mca, --mca KEY VAL\texport OMPI_MCA_KEY=VAL; mpirun's own (orte_*, rmaps_*, "
+               "hwloc_*,\nplm_*, ras_*) take effect, also from OMPI_MCA_* and parameter files;\n"
+               "'orte_abort_on_non_zero_status 0' (or --prtemca\nstate_base_error_non_zero_exit 0, "
+               "or --runtime-options\nerror-nonzero-status=false) keeps going"),
         Option(("prtemca",), 2, D.prefixed_env("PRTE_MCA_", "state_base_error_non_zero_exit")),
         Option(("pmixmca",), 2, D.prefixed_env("PMIX_MCA_")),
         Option(("runtime-options",), 1, D.runtime_options),
-        Option(("tune",), 1, D.read_options("tune"), "-tune FILE, -am FILE\toptions (-x, -mca) "
-               "/ MCA settings (key = value) from files"),
+        Option(("tune",), 1, D.read_options("tune"), "-tune FILE, -am FILE\tMCA settings ('key = value', "
+               "'--mca key value') and -x from files"),
         Option(("am",), 1, D.read_options("am")),
         Option(("wdir", "wd"), 1, D.set_wdir, "-wdir, --wdir, -wd DIR\tworking directory of "
                "the ranks"),
@@ -272,6 +280,7 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         _accepted(("disable-recovery",), 0, "failed ranks are never restarted in this mode"),
         _accepted(("dvm",), 0, "there is no persistent virtual machine: the job runs as usual"),
         _accepted(("allow-run-as-root-confirm",), 0, "mslaunch does not refuse root"),
+        _accepted(("rmk",), 1, "mslaunch finds Slurm and PBS allocations by itself"),
     )),
     ("", (  # refused, with what to use instead
         _refused(("debug", "tv"), 0, "there is no parallel debugger interface; attach gdb -p "

@@ -9,7 +9,7 @@ MPI Operator too) and ``I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS`` its
 arguments; ``-launcher rsh`` alone means ``rsh``.  ``HYDRA_LAUNCHER``,
 ``HYDRA_BOOTSTRAP`` and ``I_MPI_HYDRA_BOOTSTRAP`` choose the launcher as
 ``-launcher`` does.  Open MPI's ``plm_rsh_agent`` and ``plm_rsh_args``
-(``--mca`` or ``OMPI_MCA_*``) do the same.  Extra arguments alone mean
+(from any MCA source, read in :mod:`.mca`) do the same.  Extra arguments alone mean
 the OpenSSH client with them, as in both.  Nothing set: paramiko.
 The command line wins over the environment.
 """
@@ -56,11 +56,9 @@ def rsh_settings(d: Draft) -> Tuple[str, str, str]:
                 set_launcher(d, name, env[name].strip())
                 d.launcher_word = env[name].strip()
                 break
-    mca = dict(d.mca)
-    agent = d.rsh_exec or mca.get("plm_rsh_agent", "") or _first(env, _EXEC_VARS) \
-        or env.get("OMPI_MCA_plm_rsh_agent", "")
-    args = d.rsh_exec_args or mca.get("plm_rsh_args", "") or _first(env, _ARGS_VARS) \
-        or env.get("OMPI_MCA_plm_rsh_args", "")
+    # d.rsh_agent and d.rsh_args: plm_rsh_agent/args from every MCA source (mca.py).
+    agent = d.rsh_exec or d.rsh_agent or _first(env, _EXEC_VARS)
+    args = d.rsh_exec_args or d.rsh_args or _first(env, _ARGS_VARS)
     if not agent and d.launcher_word == "rsh":
         agent = "rsh"
     return d.launcher, agent, args

@@ -48,12 +48,21 @@ class Fleet:
         """Start an agent on every host of ``names`` with ``starter``; plan again
         with their topologies (``replan``, or None: the plan stands).  Agents of
         hosts the final plan does not use are sent away at once."""
+        from ..remote import timeline
         sup = self.sup
         job = sup.job
+        if job.verbose >= 2:
+            timeline.print_when_ranks_start(sup.console.message)
+        timeline.mark("starting the agents")
         conns = starter.start(names, cancelled=self.cancelled,
                               say=sup.console.message if job.verbose else None)
         self.plain_link = starter.plain_link
         self.conns = conns
+        if job.verbose:
+            for name in sorted(conns):
+                sup.console.message(f"mslaunch: {name}: agent "
+                                    f"{conns[name].hello.get('package') or 'started'}")
+        timeline.mark("every agent said hello")
         if replan is not None:
             from ..machine.topology import from_wire
             topologies = {}
@@ -84,6 +93,8 @@ class Fleet:
         job, plan, conns = sup.job, sup.plan, self.conns
         for name in conns:
             remote_specs.setdefault(name, [])     # spare hosts, for spawned jobs
+        from ..remote import timeline
+        timeline.mark("sending the agents their ranks")
         heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"))
         pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
         listener = self._output_listener()

@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
-    from ..pmi.files import SingletonProbe
+    from ..pmi.files import SingletonFiles, SingletonProbe
     from ..pmi.server import PMIServer
     from ..remote.host import RemoteHost
     from ..spec import RankSpec, SpawnRequest
@@ -45,6 +45,7 @@ class MPIJobs:
         self.names: Dict[str, str] = {}          # published names, of every job
         self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.files
         self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.files
+        self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
 
     # -- the first job ------------------------------------------------------------
     def start_first(self, local: bool):
@@ -145,9 +146,23 @@ class MPIJobs:
         pj = self.of(r.spec)
         if size != 1 or pj is None or pj.size < 2 or nested_launcher:
             return
-        if r.spec.host.local and r.pid and not r.ended and runs_a_launcher(r.pid):
+        if r.spec.host.local and r.pid and not r.ended and self.probe is not None \
+                and key not in self.probe.certain and runs_a_launcher(r.pid):
             return
+        if self.sup.ending is None:
+            self._note_leftovers()
         self.sup.fail(r, singleton_message(), 1, abort=True)
+
+    def _note_leftovers(self) -> None:
+        """Stop this host's ranks, noting what their Open MPI processes made in /dev/shm."""
+        from ..pmi.files import SingletonFiles
+        sup = self.sup
+        if self.leftovers is None:
+            self.leftovers = SingletonFiles(sup.watchdog.keep if sup.watchdog else None)
+        self.leftovers.stop([x.pid for x in sup.ranks
+                             if x.spec.host.local and x.pid and not x.ended])
+        if sup.watchdog is not None:
+            sup.watchdog.flush()
 
     def hang_report(self) -> List[str]:
         """Why a job may hang: ranks that never initialized MPI while the others of
@@ -343,6 +358,8 @@ class MPIJobs:
             remove_shm_segments(pj.kvsname)
         if self.probe is not None:
             self.probe.close()
+        if self.leftovers is not None:
+            self.leftovers.remove()
 
     def stats(self, ranks: int) -> str:
         """``MSLAUNCH_PMI_STATS``: messages served and time spent, all jobs together."""

@@ -56,7 +56,23 @@ def summary(sup: JobView, rank: RankState) -> str:
         whose = f"{spec.label}'s log" if spec.label else f"rank {spec.rank}'s {stream}"
         head += f"\nmslaunch: last lines of {whose}:\n" + \
             "\n".join("    " + line for line in lines)
+        if not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
+            head += "\n" + _msrun_hint(sup, spec.argv)
     return head
+
+
+#: In MindSpore's error when init() finds neither msrun's variables nor Open MPI's.
+MINDSPORE_WANTS_MPIRUN = b"without using 'mpirun'"
+
+
+def _msrun_hint(sup: JobView, argv) -> str:
+    """The msrun-dialect command line that starts this MindSpore script."""
+    words = list(argv[1:]) if argv and os.path.basename(argv[0]).startswith("python") \
+        else list(argv)
+    n = len(sup.ranks)
+    return (f"mslaunch: MindSpore wants its own launcher's variables: run it in msrun's "
+            f"dialect, e.g. mslaunch --worker_num={n} --local_worker_num={n} "
+            f"{' '.join(words)}")
 
 
 def report_pid(sup: JobView, where: str) -> None:

@@ -350,7 +350,8 @@ def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
     opts = dict(tag=out.tag, timestamp=out.timestamp, rank_prefix=out.rank_prefix)
     label = (f"[{spec.label}] ".encode() if out.label_prefix and spec.label else None)
     marker = (f"mslaunch: restart {restarts} of {limit} of "
-              f"{spec.label or 'rank ' + str(spec.rank)} after {last_end}\n") if restarts else ""
+              f"{spec.label or 'rank ' + str(spec.rank)} (the previous run {last_end})\n"
+              ) if restarts else ""
     from .terminal import xml_element
     sinks = []
     for stream, name, path in ((1, "stdout", spec.stdout_path), (2, "stderr", spec.stderr_path)):

@@ -34,19 +34,29 @@ from ..spec import JobSpec, MsrunSpec, OutputSpec, Plan, RankSpec
 
 def master_address(spec: MsrunSpec) -> Tuple[bool, List[str]]:
     """Whether this node is the master (msrun's rule: master_addr is one of its
-    addresses), and the addresses to reach the master by."""
+    addresses), and the addresses to reach the master by: IP addresses, the
+    first as msrun picks it (the first answer of ``getaddrinfo``), which is
+    what MindSpore's scheduler is told (it accepts only an IP)."""
     from ..hosts.local import is_local_host
-    name = spec.master_addr
-    if is_local_host(name):
-        return True, [name if name not in ("localhost",) else "127.0.0.1"]
+    import ipaddress
     import socket
+    name = spec.master_addr
     try:
-        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        return is_local_host(name), [str(ipaddress.ip_address(name))]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except OSError as err:
         raise LaunchError(f"--master_addr={name[:60]}: cannot resolve it "
                           f"({err.strerror or err})") from None
     addresses = list(dict.fromkeys(str(i[4][0]) for i in infos))
-    return any(is_local_host(a) for a in addresses), addresses
+    return is_local_host(name) or any(is_local_host(a) for a in addresses), addresses
+
+
+def shown_path(spec: MsrunSpec, path: Optional[str]) -> str:
+    """A log's path as msrun prints it: under ``--log_dir`` as typed."""
+    return os.path.join(spec.log_dir_given, os.path.basename(path or ""))
 
 
 def _messages(spec: MsrunSpec, procs: Sequence[RankSpec]) -> List[str]:
@@ -55,14 +65,17 @@ def _messages(spec: MsrunSpec, procs: Sequence[RankSpec]) -> List[str]:
     lines = []
     for p in procs:
         if p.label == "scheduler":
-            lines.append(f"Start scheduler process, log file:{p.stdout_path}. "
+            lines.append(f"Start scheduler process, log file:{shown_path(spec, p.stdout_path)}. "
                          f"Execute command: {command}")
             continue
         rank = p.env.get("RANK_ID")
         exported = f" Environment variable [RANK_ID={rank}] is exported." if rank else \
             " The rank id will be assigned by the scheduler."
         lines.append(f"Start worker process with rank id:{rank if rank else 'None'}, "
-                     f"log file:{p.stdout_path}.{exported} Execute command: {command}")
+                     f"log file:{shown_path(spec, p.stdout_path)}.{exported} "
+                     f"Execute command: {command}")
+    if spec.join:
+        lines.append("Distributed job is spawned. Waiting all processes to exit...")
     return lines
 
 
@@ -72,7 +85,7 @@ def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobS
         apps=(AppContext(argv=spec.argv),), mpi="none", grace=spec.grace, quiet=spec.quiet,
         verbose=spec.verbose, stdin="none", launch_dir=spec.launch_dir, keep_going=False,
         output=OutputSpec(directory=spec.log_dir, copy_to_terminal=spec.join,
-                          merge_stderr=True, label_prefix=True))
+                          merge_stderr=True, label_prefix=True, pty=spec.pty))
     host = Host(name=os.uname().nodename, slots=len(procs), max_slots=None, local=True,
                 node_id=0)
     plan = Plan(ranks=tuple(procs), hosts=(host,), kvsname=kvsname, process_mapping="",
@@ -129,8 +142,11 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
         raise LaunchError(f"--log_dir {spec.log_dir}: {err.strerror}") from None
     link = service = None
     ranks: Optional[List[int]] = None
+    from ..job.launch import free_port
+    port = free_port()
     if multi and spec.sim_level < 0:
-        ranks, link, service, stopped = _rendezvous(spec, loop, master, addresses)
+        ranks, link, service, stopped = _rendezvous(spec, loop, master, addresses, port)
+        port = (link.master_port or port) if link is not None else port
         if stopped is not None:
             code, text = stopped
             _say(f"mslaunch: error: {text}")
@@ -143,6 +159,8 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     from ..machine.topology import cached_topology, objects
     topo = cached_topology()
     procs = node_processes(spec, scheduler=master, ranks=ranks, environ=os.environ,
+                           sched_host=addresses[0], master_port=port,
+                           online_cpus=os.sysconf("SC_NPROCESSORS_ONLN"),
                            hostname=os.uname().nodename, ip=addresses[0] if master else
                            _own_address(addresses), cpus=topo.cpu_ids(),
                            numa=objects(topo, "numa") if spec.bind_numa else ())
@@ -220,9 +238,11 @@ def _say(line: str) -> None:
         pass
 
 
-def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str]):
+def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: int):
     """Join the job: host the service if master, register, wait for this node's ranks.
 
+    The master's service hands every node the master's free ``port`` for
+    ``MASTER_PORT`` (``link.master_port``).
     Returns ``(ranks, link, service, stopped)``; ``stopped`` is ``(code, text)``
     when the job ended before this node could start (refused, time out,
     another node's failure, a stop signal).
@@ -242,11 +262,12 @@ def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str]):
         if not spec.quiet:
             sys.stderr.write(f"mslaunch: {text}\n")
 
-    port = spec.service_port or spec.master_port + 1
+    free, port = port, spec.service_port or spec.master_port + 1
     service = None
     if master:
         service = NodeService(loop, address=addresses[0], port=port, secret=secret,
                               worker_num=spec.worker_num, time_out=spec.cluster_time_out,
+                              master_port=free, refused=warn,
                               tls=context(config, True, warn) if config else None,
                               log=warn if spec.verbose else (lambda _text: None))
     state: Dict[str, Any] = {}

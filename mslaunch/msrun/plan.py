@@ -8,7 +8,10 @@ from one process to the next as it does in msrun, where every worker
 inherits the scheduler's ``RANK_ID=0``.  A worker whose rank is unknown gets
 no ``RANK_ID`` at all.  Workers also get the variables other launchers give
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``) where they are known.
+``MASTER_ADDR``, ``MASTER_PORT`` -- a free port, not the scheduler's) where
+they are known.  What importing MindSpore puts in msrun's own environment
+reaches every process too (:func:`mindspore_defaults`), so that OpenMP and
+OpenBLAS start with MindSpore's thread count rather than every core.
 
 Logs are ``scheduler.log`` and ``worker_<id>.log`` (``--worker_log_name``
 with ``{ip}`` and ``{hostname}`` replaced) in the log directory; the id is
@@ -16,10 +19,14 @@ the worker's rank when known, else its index on the node, as in msrun.
 ``--bind_core`` pins each process to CPUs: True splits this node's CPUs
 into equal contiguous blocks per local worker, the last taking the
 remainder (the scheduler is not pinned), and the JSON map form gives
-``deviceN`` (the N-th local worker) and ``scheduler`` their CPUs;
-``MSRUN_CPU_LIST`` says which.  ``--bind_numa`` does the same with NUMA
-nodes (True spreads the workers over the nodes; the map gives node
-numbers); its ``.json`` file form is passed on as ``MSRUN_BIND_FILE``.
+``deviceN`` (the N-th local worker) and ``scheduler`` their CPUs.
+``--bind_numa`` does the same with NUMA nodes (True spreads the workers
+over the nodes; the map gives node numbers); its ``.json`` file form is
+passed on as ``MSRUN_BIND_FILE``.  As in msrun, the True forms tell each
+worker its CPUs in ``MSRUN_CPU_LIST``, a Python list (``[0, 1]``: MindSpore
+reads it with ``ast.literal_eval``); the map forms leave it unset.
+``--sim_level`` with ``--sim_rank_id`` dry-runs that one rank as the node's
+only worker (``worker_0.log``, no ``MS_NODE_ID``), as msrun does.
 """
 
 from __future__ import annotations
@@ -120,44 +127,75 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
     return (given.get("scheduler") if scheduler else None), workers
 
 
+def mindspore_defaults(online_cpus: int) -> Dict[str, str]:
+    """What importing MindSpore puts in msrun's own environment, which its
+    processes inherit: ``OMP_NUM_THREADS`` as MindSpore's ``SetOMPThreadNum``
+    computes it (online CPUs / 2 / 4, within 1..16), ``HCCL_CONNECT_TIMEOUT``
+    and ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION``; each only where unset."""
+    threads = min(max(online_cpus // 2 // 4, 1), 16)
+    return {"OMP_NUM_THREADS": str(threads), "HCCL_CONNECT_TIMEOUT": "600",
+            "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+
+
 def log_name(spec: MsrunSpec, worker_id: int, hostname: str, ip: str) -> str:
     base = spec.worker_log_name or "worker"
     base = base.replace("{ip}", ip).replace("{hostname}", hostname)
     return os.path.join(spec.log_dir, f"{base}_{worker_id}.log")
 
 
+def _common_env(spec: MsrunSpec, sched_host: str) -> Dict[str, str]:
+    """msrun's variables that every process of the node gets."""
+    common: Dict[str, str] = {"RANK_SIZE": str(spec.worker_num),
+                              "MS_WORKER_NUM": str(spec.worker_num)}
+    if spec.sim_level >= 0:
+        common["MS_SIMULATION_LEVEL"] = str(spec.sim_level)
+    else:
+        common.update({"MS_SCHED_HOST": sched_host, "MS_SCHED_PORT": str(spec.master_port),
+                       "MS_TOPO_TIMEOUT": str(spec.cluster_time_out)})
+    if spec.rank_table_file:
+        common["RANK_TABLE_FILE"] = spec.rank_table_file
+    if isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file":
+        common["MSRUN_BIND_FILE"] = spec.bind_numa[1]
+    return common
+
+
 def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence[int]],
                    environ: Mapping[str, str], hostname: str, ip: str,
                    cpus: Sequence[int], numa: Sequence[Sequence[int]] = (),
-                   first_key: int = 0) -> Tuple[RankSpec, ...]:
-    """This node's processes: the scheduler (if it runs here), then its workers."""
+                   first_key: int = 0, sched_host: Optional[str] = None,
+                   master_port: Optional[int] = None,
+                   online_cpus: int = 1) -> Tuple[RankSpec, ...]:
+    """This node's processes: the scheduler (if it runs here), then its workers.
+
+    ``sched_host`` is the master's IP (MindSpore takes no name), ``master_port``
+    the workers' ``MASTER_PORT`` (a free port, not the scheduler's)."""
     from ..plan import scrub_env
     host = Host(name=hostname, slots=spec.local_worker_num + (1 if scheduler else 0),
                 max_slots=None, local=True, node_id=0)
     base = scrub_env(environ)
     base.setdefault("PYTHONUNBUFFERED", "1")
+    for name, value in mindspore_defaults(online_cpus).items():
+        base.setdefault(name, value)
     sim = spec.sim_level >= 0
-    common: Dict[str, str] = {"RANK_SIZE": str(spec.worker_num)}
-    if sim:
-        common["MS_SIMULATION_LEVEL"] = str(spec.sim_level)
-    else:
-        common.update({"MS_SCHED_HOST": spec.master_addr, "MS_SCHED_PORT": str(spec.master_port),
-                       "MS_TOPO_TIMEOUT": str(spec.cluster_time_out),
-                       "MS_WORKER_NUM": str(spec.worker_num)})
-    if spec.rank_table_file:
-        common["RANK_TABLE_FILE"] = spec.rank_table_file
-    if isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file":
-        common["MSRUN_BIND_FILE"] = spec.bind_numa[1]
+    sched_host = sched_host or spec.master_addr
+    common = _common_env(spec, sched_host)
     sched_cpus, worker_cpus = bindings(spec, cpus, scheduler, numa)
-    ids = worker_ids(spec, ranks)
+    single = sim and spec.sim_rank_id >= 0
+    if single:    # msrun dry-runs that one rank as the only local worker
+        from ..spec import replace
+        ids = worker_ids(replace(spec, local_worker_num=1), ranks)
+    else:
+        ids = worker_ids(spec, ranks)
+    auto = spec.bind_core == "auto" or (spec.bind_core is None and spec.bind_numa == "auto")
     procs: List[RankSpec] = []
     key = first_key
 
     def add(label: str, env: Dict[str, str], log: str, bound, local_rank: int,
             rank: int, console: bool) -> None:
         nonlocal key
-        if bound:
-            env["MSRUN_CPU_LIST"] = _cpulist(bound)
+        if bound and auto and local_rank >= 0:
+            # msrun's format, which MindSpore reads back with ast.literal_eval
+            env["MSRUN_CPU_LIST"] = str(list(bound))
         procs.append(RankSpec(
             rank=rank, app=0, host=host, local_rank=local_rank,
             local_size=spec.local_worker_num, argv=spec.argv, env=env, cwd=spec.launch_dir,
@@ -171,18 +209,21 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
             False)
     tailed = None if spec.tail_worker_log == "-1" else \
         {int(x) for x in spec.tail_worker_log.split(",")}
-    count = 1 if sim and spec.sim_rank_id >= 0 else spec.local_worker_num
-    for i in range(count):
-        rank = spec.sim_rank_id if sim and spec.sim_rank_id >= 0 else ids[i]
+    for i in range(1 if single else spec.local_worker_num):
+        node_id = ids[i]
+        rank = spec.sim_rank_id if single else node_id
         env = dict(base, **common, DEVICE_ID=str(i))
         if not sim:
             env["MS_ROLE"] = "MS_WORKER"
+        if node_id is not None:
+            env["MS_NODE_ID"] = str(node_id)
         if rank is not None:
-            env.update({"MS_NODE_ID": str(rank), "RANK_ID": str(rank), "RANK": str(rank)})
+            env.update({"RANK_ID": str(rank), "RANK": str(rank)})
         env.update({"WORLD_SIZE": str(spec.worker_num), "LOCAL_RANK": str(i),
                     "LOCAL_WORLD_SIZE": str(spec.local_worker_num),
-                    "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port)})
-        wid = rank if rank is not None else i
+                    "MASTER_ADDR": sched_host,
+                    "MASTER_PORT": str(master_port or spec.master_port)})
+        wid = node_id if node_id is not None else i
         console = spec.join and (tailed is None or wid in tailed)
         add(f"worker {wid}", env, log_name(spec, wid, hostname, ip), worker_cpus[i], i,
             rank if rank is not None else i, console)

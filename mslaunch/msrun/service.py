@@ -102,8 +102,12 @@ class NodeService:
 
     def __init__(self, loop: Loop, *, address: str, port: int, secret: bytes,
                  worker_num: int, time_out: int, tls=None,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], master_port: int = 0,
+                 refused: Optional[Callable[[str], None]] = None) -> None:
         self.loop = loop
+        self.master_port = master_port
+        self.refused_by: Dict[str, str] = {}       # refused node -> why (for the time out)
+        self._refused_say = refused or log         # said without -v too
         self.secret = secret
         self.worker_num = worker_num
         self.tls = tls
@@ -189,14 +193,14 @@ class NodeService:
                 pass
         self._note(f"closed a connection from {peer.address}: {why}")
 
-    def _note(self, text: str) -> None:
+    def _note(self, text: str, say: Optional[Callable[[str], None]] = None) -> None:
         # At most five lines per ten seconds about peers that were turned away.
         now = time.monotonic()
         if now > self._window_end:
             self._window_end, self._lines = now + 10.0, 0
         self._lines += 1
         if self._lines <= 5:
-            self.log(f"node service: {text}")
+            (say or self.log)(f"node service: {text}")
 
     # -- messages ---------------------------------------------------------------
     def _frame(self, peer: _Peer, kind: int, body: bytes) -> None:
@@ -218,7 +222,6 @@ class NodeService:
                     self.secret, "node", peer.nonce, theirs, message.get("proof")):
                 self._refuse(peer, "this node's secret is not the job's: "
                                    + auth.mismatch_hint())
-                self._note(f"refused {peer.address}: wrong secret")
                 return
             peer.authenticated = True
             if peer.timer is not None:
@@ -240,6 +243,9 @@ class NodeService:
             raise link.LinkError(f"unknown node message {str(op)[:20]!r}")
 
     def _refuse(self, peer: _Peer, text: str) -> None:
+        who = peer.name() if peer.info else peer.address
+        self.refused_by[who] = text
+        self._note(f"refused node {who}: {text}", self._refused_say)
         if peer.endpoint is not None:
             peer.endpoint.send(encode({"op": "refuse", "message": text}))
             peer.endpoint.flush(time.monotonic() + 1.0)
@@ -291,7 +297,8 @@ class NodeService:
         for r in wanted:
             self.taken[r] = peer
         assert peer.endpoint is not None
-        peer.endpoint.send(encode({"op": "ranks", "ranks": wanted}))
+        peer.endpoint.send(encode({"op": "ranks", "ranks": wanted,
+                                   "master_port": self.master_port}))
         if len(self.taken) == self.worker_num and self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
@@ -324,7 +331,10 @@ class NodeService:
         seen = ", ".join(f"{p.name()} with {len(p.ranks)}" for p in nodes[:8]) or "none"
         self.stop(1, f"cluster time out: only {len(self.taken)} of {self.worker_num} workers "
                      f"joined in {int(time.monotonic() - self.started)} s (nodes: {seen}); "
-                     f"{self.worker_num - len(self.taken)} missing")
+                     f"{self.worker_num - len(self.taken)} missing" + (
+                         "; refused: " + "; ".join(f"{k} ({v[:80]})" for k, v in
+                                                   list(self.refused_by.items())[:4])
+                         if self.refused_by else ""))
 
     def stop(self, code: int, text: str, exclude: Optional[_Peer] = None) -> None:
         """End the job on every node (the first stop is the root cause)."""
@@ -378,6 +388,7 @@ class NodeLink:
         self.heartbeat = heartbeat
         self.on_ranks = on_ranks
         self.on_stop = on_stop
+        self.master_port = 0         # the master's MASTER_PORT, with the ranks
         self.endpoint: Optional[SocketEndpoint] = None
         self.nonce = auth.new_nonce()
         self.state = "connecting"    # connecting, proving, registering, joined, ended
@@ -491,6 +502,9 @@ class NodeLink:
             if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
                 raise link.LinkError("ranks are not numbers")
             self.state = "joined"
+            port = message.get("master_port")
+            if type(port) is int and 0 < port < 65536:
+                self.master_port = port
             self.on_ranks(ranks)
         else:
             raise link.LinkError(f"unexpected node message {str(op)[:20]!r}")

@@ -310,7 +310,7 @@ def _mapped(hosts: Sequence[Host], topos: Sequence[Topology], np: Optional[int],
         n, kind = job.ppr
         per_host = [n * count(t, kind) for t in topos]
     where = place(hosts, np, map_by=job.map_by, per_node=job.per_node,
-                  oversubscribe=oversubscribe, per_host=per_host)
+                  oversubscribe=oversubscribe, per_host=per_host, wrap=job.per_node_wrap)
     counts: Dict[int, int] = {}
     for h in where:
         counts[h] = counts.get(h, 0) + 1

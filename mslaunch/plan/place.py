@@ -101,9 +101,24 @@ def _deal(order: List[int], hosts: Sequence[int], room: List[Optional[int]], cou
     return dealt
 
 
+def _wrap(nhosts: int, np: Optional[int], per_node: int) -> List[int]:
+    """Hydra's ``-ppn N``: N ranks per host in turn (without ``-n``: N on each host once)."""
+    left = per_node * nhosts if np is None else np
+    order: List[int] = []
+    while left > 0:
+        for i in range(nhosts):
+            take = min(per_node, left)
+            order.extend([i] * take)
+            left -= take
+            if not left:
+                break
+    return order
+
+
 def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
           per_node: Optional[int] = None, oversubscribe: bool = False,
-          max_ranks: int = 100_000, per_host: Optional[Sequence[int]] = None) -> List[int]:
+          max_ranks: int = 100_000, per_host: Optional[Sequence[int]] = None,
+          wrap: bool = False) -> List[int]:
     """Return the host index of each rank, in world-rank order.
 
     ``slot`` fills each host to its capacity before the next; ``node`` deals
@@ -111,7 +126,12 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
     ranks need ``oversubscribe`` and are dealt round-robin; as in Open MPI
     4.1.4, ``max_slots`` does not limit them.  With ``slot`` each host's ranks
     are contiguous.  Linear in the number of hosts plus ranks.
+
+    ``wrap`` is Hydra's ``-ppn``: blocks of ``per_node`` ranks go to the hosts
+    in turn, around the list again as long as ranks are left; never refused.
     """
+    if wrap and per_node is not None and hosts:
+        return _wrap(len(hosts), np, per_node)
     if not hosts:
         raise PlanError("no hosts to run on")
     caps = []

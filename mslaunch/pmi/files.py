@@ -29,9 +29,21 @@ ignores both.  A file that says "out of a total of 1" from a rank whose
 job has more ranks is a singleton, and the job ends with one line saying
 to use ``--mpi openmpi``.  (An Open MPI ``mpirun`` started by a rank
 writes the file too, with its own job's size: Open MPI 4's says
-``ess=pmi`` there and ``ess=singleton`` in a singleton; for Open MPI 5,
-whose files do not differ, a rank that runs an Open MPI launcher in its
-process tree is not taken for a singleton.)
+``ess=pmi`` there and ``ess=singleton`` in a singleton -- whose own
+``orted`` is no launcher of a nested job; for Open MPI 5, whose files do
+not differ, a rank that runs an Open MPI launcher in its process tree is
+not taken for a singleton.)
+
+**What refused singletons leave in /dev/shm.**  Open MPI 5 creates its
+shared-memory segment (``sm_segment.<host>.<uid>.<jobid>.<n>``) in
+``MPI_Init``, and a singleton has no server to remove it after it: stopped
+(or even ending normally) it stays.  When a job is refused, its ranks are
+frozen (SIGSTOP) before they are stopped (by the launcher, and by each agent
+as the stop reaches it), and the files under /dev/shm that their Open MPI
+processes (those mapping ``libopen-pal``) have open or mapped are noted -- only
+regular files of this user, created since the process that has them
+started -- and, once the job is over, removed if nobody has them open or
+mapped any more (:class:`SingletonFiles`).  No name is ever guessed.
 
 The orphan guard's hooks for PMI jobs are here too (:data:`GUARD_TASKS`,
 :func:`after_launcher_death`): should the launcher die, its watchdog removes
@@ -42,10 +54,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 
 # -- job names and MPICH's segments ---------------------------------------------
@@ -87,13 +100,19 @@ def remove_shm_segments(kvsname: str, shm_dir: str = "/dev/shm") -> int:
 
 
 
-def after_launcher_death(kvsnames: Sequence[str], marker: str) -> None:
+def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     """The orphan guard's ``on_death`` hook for PMI jobs (see
     :class:`mslaunch.machine.guard.Watchdog`): the segments of every kvsname
-    it kept, and the singleton probe of its marker, are removed."""
-    for name in kvsnames:
-        remove_shm_segments(name)
-    if kvsnames:
+    it kept, the files of refused singletons (:class:`SingletonFiles`) and
+    the singleton probe of its marker are removed."""
+    files = SingletonFiles()
+    for item in kept:
+        if item.startswith("/"):
+            files.restore(item)
+        else:
+            remove_shm_segments(item)
+    files.remove()
+    if kept:
         remove_probe(probe_path(marker))
 
 
@@ -244,6 +263,7 @@ class SingletonProbe:
         self.path = probe_path(marker)
         os.mkdir(self.path, 0o700)      # OSError if it exists: never someone else's
         self.seen: Dict[int, int] = {}
+        self.certain: Set[int] = set()   # keys that are singletons whatever runs below them
 
     def env(self, key: int) -> Dict[str, str]:
         return {"OMPI_MCA_mpi_show_mca_params": "enviro",
@@ -268,6 +288,8 @@ class SingletonProbe:
                 continue          # still being written: the next check reads it
             if b"ess=pmi " in head:
                 size = 0          # Open MPI 4 under its own mpirun (a rank's nested job)
+            elif b"ess=singleton " in head:
+                self.certain.add(int(name))   # Open MPI 4: its orted is no nested launcher
             self.seen[int(name)] = size
             found.append((int(name), size))
         return found
@@ -280,3 +302,188 @@ def singleton_message(library: str = "Open MPI") -> str:
     return (f"started {library} as a singleton (rank 0 of 1): mslaunch serves MPICH's PMI "
             f"by default and {library} does not speak it, so every rank would run alone; "
             f"run the job with --mpi openmpi")
+
+
+# -- what refused singletons leave in /dev/shm ----------------------------------------
+
+SHM_DIR = "/dev/shm"
+_STATX_BTIME = 0x800
+
+
+def _birth(path: str, st: os.stat_result) -> float:
+    """When ``path`` was created (statx's birth time), else its change time."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)
+        # statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_BTIME, buf)
+        if libc.statx(-100, os.fsencode(path), 0x100, _STATX_BTIME, buf) == 0 \
+                and int.from_bytes(buf.raw[0:4], "little") & _STATX_BTIME:
+            return (int.from_bytes(buf.raw[80:88], "little", signed=True)
+                    + int.from_bytes(buf.raw[88:92], "little") / 1e9)
+    except (OSError, AttributeError):
+        pass
+    return st.st_ctime
+
+
+def _started_at(pid: int) -> Optional[float]:
+    """When ``pid`` started, in wall-clock seconds (to a clock tick)."""
+    from ..machine.procs import start_time
+    ticks = start_time(pid)
+    if ticks is None:
+        return None
+    since_boot = ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+
+
+def _holdings(pid: int) -> Tuple[bool, Dict[str, Tuple[int, int]]]:
+    """Whether ``pid`` is an Open MPI process, and the /dev/shm files it has mapped
+    or open: path -> (device, inode)."""
+    held: Dict[str, Tuple[int, int]] = {}
+    ompi = False
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) < 6:
+                    continue
+                name = fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape")
+                if name.startswith(SHM_DIR + "/"):
+                    major, minor = fields[3].split(b":")
+                    held[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+                elif "/libopen-pal.so" in name:
+                    ompi = True
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith(SHM_DIR + "/"):
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+                held[target] = (st.st_dev, st.st_ino)
+    except (OSError, ValueError):
+        pass
+    return ompi, held
+
+
+def runs_open_mpi(pids: Sequence[int]) -> bool:
+    """Whether a process among ``pids`` or below them has Open MPI loaded."""
+    from ..machine.procs import descendants
+    return any(_holdings(pid)[0] for pid in set(pids) | descendants(pids))
+
+
+def _in_use() -> Set[Tuple[int, int]]:
+    """(device, inode) of every /dev/shm file a process visible here has open or mapped."""
+    used: Set[Tuple[int, int]] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            used.update(_holdings(int(entry))[1].values())
+    return used
+
+
+def _signal_groups(groups: Iterable[int], sig: int) -> None:
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+
+
+def _wait_stopped(groups: Sequence[int], wait: float = 0.5) -> None:
+    """Until the leaders of ``groups`` are stopped or gone (SIGSTOP is asynchronous)."""
+    pending = list(groups)
+    deadline = time.monotonic() + wait
+    while pending and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pending[-1]}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = b"X"
+        if state in (b"T", b"t", b"Z", b"X"):
+            pending.pop()
+        else:
+            time.sleep(0.001)
+
+
+def kept_item(path: str, ident: Tuple[int, int]) -> str:
+    """A noted file as the watchdog keeps it: one line, starting with ``/`` (a
+    kvsname never does)."""
+    return f"{path}\t{ident[0]}\t{ident[1]}"
+
+
+def read_kept_item(item: str) -> Optional[Tuple[str, Tuple[int, int]]]:
+    """``(path, (device, inode))`` of a :func:`kept_item`, or None if it is not one."""
+    path, _, ident = item.partition("\t")
+    dev, _, ino = ident.partition("\t")
+    if os.path.dirname(path) != SHM_DIR or not (dev.isascii() and dev.isdigit()
+                                                and ino.isascii() and ino.isdigit()):
+        return None
+    return path, (int(dev), int(ino))
+
+
+class SingletonFiles:
+    """The /dev/shm files of refused Open MPI singletons; see the module docstring.
+
+    ``keep`` (the guard's :meth:`~mslaunch.machine.guard.Watchdog.keep`) is
+    told every file, so that the watchdog removes them should the launcher die.
+    """
+
+    def __init__(self, keep: Optional[Callable[[str], None]] = None) -> None:
+        self.keep = keep
+        self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
+
+    def stop(self, groups: Sequence[int]) -> None:
+        """Stop the rank process groups ``groups`` with SIGTERM (as the job's stop
+        that follows would), noting first, while they are frozen (SIGSTOP, so that
+        no rank still in ``MPI_Init`` makes a file unseen), what their Open MPI
+        processes created in /dev/shm."""
+        import _signal
+        _signal_groups(groups, _signal.SIGSTOP)
+        _wait_stopped(groups)
+        try:
+            self._note(groups)
+        finally:
+            # SIGTERM waits while they are stopped, and is their first act after SIGCONT.
+            _signal_groups(groups, _signal.SIGTERM)
+            _signal_groups(groups, _signal.SIGCONT)
+
+    def _note(self, pids: Sequence[int]) -> None:
+        import stat
+        from ..machine.procs import descendants
+        me = os.geteuid()
+        for pid in sorted(set(pids) | descendants(pids)):
+            ompi, held = _holdings(pid)
+            started = _started_at(pid) if ompi and held else None
+            for path, ident in held.items() if started is not None else ():
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if os.path.dirname(path) != SHM_DIR or not stat.S_ISREG(st.st_mode) \
+                        or (st.st_dev, st.st_ino) != ident or st.st_uid != me \
+                        or not path.isprintable() or path in self.files \
+                        or _birth(path, st) < started - 0.02:
+                    continue
+                self.files[path] = (st.st_dev, st.st_ino)
+                if self.keep is not None:
+                    self.keep(kept_item(path, (st.st_dev, st.st_ino)))
+
+    def restore(self, item: str) -> None:
+        """Take back a file from its ``keep`` form (:func:`kept_item`)."""
+        found = read_kept_item(item)
+        if found is not None:
+            self.files[found[0]] = found[1]
+
+    def remove(self) -> int:
+        """Unlink the noted files that are still the same and nobody has open or mapped."""
+        if not self.files:
+            return 0
+        used = _in_use()
+        removed = 0
+        for path, ident in self.files.items():
+            try:
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == ident and ident not in used:
+                    os.unlink(path)
+                    removed += 1
+            except OSError:
+                pass
+        self.files.clear()
+        return removed

@@ -108,8 +108,13 @@ class Agent:
             self.reason = self.reason or f"lost the launcher: {reason}"
             self.finished = True
 
+    def _live_pids(self) -> List[int]:
+        return [r.proc.pid for r in (self.local.ranks.values() if self.local else ())
+                if r.proc is not None and not r.ended]
+
     def _shutdown(self) -> None:
         if self.local is not None:
+            self.pmi.stopping(self._live_pids())
             self.local.close(time.monotonic() + self.grace)
         self.pmi.close()
         if self.guard is not None:
@@ -159,6 +164,8 @@ class Agent:
             if message.get("stacks") is True and self.local is not None:
                 self._send_stacks()
             elif self.local is not None and 0 < sig < 65:
+                if sig == signal.SIGTERM and ranks is None:
+                    self.pmi.stopping(self._live_pids())
                 self.local.signal(sig, ranks)
         elif kind == link.CREDIT:
             self.output.grant(link.field(message, "bytes", int, "CREDIT"))
@@ -377,7 +384,8 @@ class Agent:
             pids = {r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local
                                                       else ()) if r.proc is not None}
             for key, size in probe.check():
-                nested = size == 1 and key in pids and runs_a_launcher(pids[key])
+                nested = size == 1 and key in pids and key not in probe.certain \
+                    and runs_a_launcher(pids[key])
                 self.pmi.up({"op": "singleton", "rank": key, "size": size,
                              "launcher": nested})
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..machine.guard import Watchdog
     from ..machine.loop import Loop
-    from ..pmi.files import SingletonProbe
+    from ..pmi.files import SingletonFiles, SingletonProbe
     from ..spec import RankSpec
     from .endpoint import Endpoint
 
@@ -35,6 +35,7 @@ class AgentPMI:
         self.on_job = on_job
         self.jobs: Dict[str, PMIJob] = {}     # by kvsname: the job's, and spawned ones
         self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.files
+        self.leftovers: Optional[SingletonFiles] = None   # of Open MPI ranks stopped here
         self.guard: Optional[Watchdog] = None
         self.trace = False
 
@@ -45,6 +46,18 @@ class AgentPMI:
             self.probe = SingletonProbe(marker)
         except OSError:
             pass
+
+    def stopping(self, pids: List[int]) -> None:
+        """The ranks ``pids`` (process group leaders) are to be stopped: stop them,
+        noting what their Open MPI processes made in /dev/shm (removed by :meth:`close`)."""
+        from ..pmi.files import SingletonFiles, runs_open_mpi
+        if self.probe is None or not pids or not runs_open_mpi(pids):
+            return
+        if self.leftovers is None:
+            self.leftovers = SingletonFiles(self.guard.keep if self.guard else None)
+        self.leftovers.stop(pids)
+        if self.guard is not None:
+            self.guard.flush()
 
     def new_job(self, number: int, kvsname: str, job: Dict[str, Any],
                 specs: List[RankSpec], spawner: Optional[str]) -> PMIJob:
@@ -67,7 +80,8 @@ class AgentPMI:
         return pj
 
     def close(self) -> None:
-        """Stop serving; remove the jobs' shared memory segments and the probe."""
+        """Stop serving; remove the jobs' shared memory segments, the probe, and what
+        stopped Open MPI ranks left (call it once the ranks are gone)."""
         if self.jobs:
             from ..pmi.files import remove_shm_segments
             for pj in self.jobs.values():
@@ -75,6 +89,8 @@ class AgentPMI:
                 remove_shm_segments(pj.kvsname)
         if self.probe is not None:
             self.probe.close()
+        if self.leftovers is not None:
+            self.leftovers.remove()
 
     # -- the launcher's side -----------------------------------------------------
     def up(self, message: Dict[str, object]) -> None:

@@ -4,10 +4,18 @@ The remote command is the same on every host and needs nothing installed:
 ``/bin/sh`` finds an interpreter (the launcher's own path if it exists there,
 then ``python3``; or only ``--remote-python``) and runs a one-line program
 that reads a length-prefixed bootstrap from stdin and executes it.  The
-bootstrap checks the Python version, reads a bundle of the launcher's own
-``mslaunch`` package (so the agent always matches the launcher), imports it
-from memory -- nothing is written to the remote disk -- and runs
+bootstrap checks the Python version and looks for the ``mslaunch`` the
+host's Python would import (its path and site-packages, not ``.pth``
+files).  When that copy has the launcher's version and the same digest (a
+SHA-256 of every module's name and source, hashed here from the host's
+files, as :func:`package_digest` hashes the launcher's) and imports, the
+agent runs from it, and the launcher sends nothing more.  Otherwise the
+bootstrap asks for, and reads, a bundle of the launcher's own package (so
+the agent always matches the launcher) and imports it from memory --
+nothing is written to the remote disk.  Either way it says which on stdout
+before the link starts (:data:`MARK`), and runs
 :func:`mslaunch.remote.agent.main` on the rest of the stream.
+:class:`Handshake` is the launcher's side of this, shared by every starter.
 
 The bundle is a marshalled dict with every module's source and, for the
 launcher's Python version, its compiled code, each compressed on its own:
@@ -45,13 +53,94 @@ if TYPE_CHECKING:
 _TINY = ("import io;b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
          "exec(b.read(int(b.readline())))")
 
-#: Runs with ``b``, the one-line program's reader; reads the package bundle.
+#: Runs with ``b``, the one-line program's reader, and ``_W``: the launcher's
+#: (version, package digest), or None not to look at the host's package.
+#: Says on stdout, after :data:`MARK`, which way the agent starts: ``host
+#: PATH`` (the host's own copy, identical to the launcher's, is imported), or
+#: ``need WHY``, and then reads the bundle.
 BOOTSTRAP = r'''
-import sys
+import sys, os
 if sys.version_info < (3, 8):
     sys.stderr.write("mslaunch: the agent needs Python 3.8 or newer; %s is %s\n"
                      % (sys.executable, sys.version.split()[0]))
     sys.exit(126)
+
+
+def _digest(top, root):
+    try:
+        from _sha256 import sha256
+    except ImportError:
+        try:
+            from _sha2 import sha256
+        except ImportError:
+            from hashlib import sha256
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found += [os.path.join(folder, f) for f in files if f.endswith(".py")]
+    h = sha256()
+    for name, path in sorted((os.path.relpath(p, top).replace(os.sep, "/"), p) for p in found):
+        with open(path, "rb") as f:
+            data = f.read()
+        h.update(b"%s\0%d\0" % (name.encode("utf-8", "surrogateescape"), len(data)))
+        h.update(data)
+    return h.hexdigest()
+
+
+def _host_package():
+    if _W is None:
+        return None, "not looked for (MSLAUNCH_HOST_PACKAGE=0)"
+    dirs = [p for p in sys.path if p]
+    try:
+        import site
+        if sys.prefix == sys.base_prefix and os.getuid() == os.geteuid():
+            dirs.append(site.getusersitepackages())
+        dirs += site.getsitepackages()
+    except Exception:
+        pass
+    for top in dirs:
+        root = os.path.join(top, "mslaunch")
+        if os.path.isfile(os.path.join(root, "__init__.py")):
+            break
+    else:
+        return None, "no mslaunch on the host's Python path"
+    try:
+        with open(os.path.join(root, "__init__.py"), "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        version = text.split("__version__ = ", 1)[1].split()[0].strip("'\"") \
+            if "__version__ = " in text else "?"
+        if version != _W[0]:
+            return None, "the host's mslaunch %s at %s is not the launcher's %s" % (
+                version, root, _W[0])
+        if _digest(top, root) != _W[1]:
+            return None, "the host's mslaunch %s at %s differs from the launcher's" % (
+                version, root)
+    except (OSError, ValueError) as err:
+        return None, "the host's mslaunch at %s cannot be read (%s)" % (root, err)
+    finder = sys.modules["_frozen_importlib_external"].PathFinder
+
+    class _FromHost:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            return finder.find_spec(name, [top]) if name == "mslaunch" else None
+
+    sys.meta_path.insert(0, _FromHost)
+    try:
+        from mslaunch.remote.agent import main
+        return main, root
+    except Exception as err:
+        sys.meta_path.remove(_FromHost)
+        for name in [m for m in sys.modules if m.split(".")[0] == "mslaunch"]:
+            del sys.modules[name]
+        return None, "the host's mslaunch at %s does not import (%s: %s)" % (
+            root, type(err).__name__, str(err)[:100])
+
+
+_main, _why = _host_package()
+os.write(1, ("%s%s %s\n" % ("\0mslaunch-package ", "host" if _main else "need",
+                            _why.replace("\n", " "))).encode("utf-8", "replace"))
+if _main is not None:
+    sys.exit(_main())
 import marshal, zlib
 _bundle = marshal.loads(b.read(int(b.readline())))
 _sources = _bundle["sources"]
@@ -95,12 +184,14 @@ from mslaunch.remote.agent import main
 sys.exit(main())
 '''
 
+#: What the bootstrap writes before its one-line answer.
+MARK = b"\0mslaunch-package "
+
 #: The marshal format of the bundle: version 4 is read by every Python from 3.4.
 _MARSHAL_VERSION = 4
 
-_bundle_cache: Optional[bytes] = None
+_bundle_cache: Optional[Tuple[bytes, str]] = None
 _bundle_lock = threading.Lock()
-_payload_cache: List[bytes] = []
 
 
 def _package_files() -> List[Tuple[str, str]]:
@@ -153,8 +244,22 @@ def build_bundle(files: Sequence[Tuple[str, str]], magic: bytes) -> bytes:
                          _MARSHAL_VERSION)
 
 
-def package_bundle() -> bytes:
-    """The installed ``mslaunch`` package as a bundle, from the cache while it matches."""
+def package_digest(files: Sequence[Tuple[str, str]]) -> str:
+    """The SHA-256 of ``files`` ((path, name) pairs): names and sources, in name
+    order, as the bootstrap hashes the host's own copy of the package."""
+    import hashlib
+    digest = hashlib.sha256()
+    for path, name in sorted(files, key=lambda f: f[1]):
+        with open(path, "rb") as f:
+            data = f.read()
+        digest.update(b"%s\0%d\0" % (name.encode("utf-8", "surrogateescape"), len(data)))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def package_bundle() -> Tuple[bytes, str]:
+    """The installed ``mslaunch`` package as a bundle, and its digest, from the
+    cache while it matches."""
     if _bundle_cache is None:
         with _bundle_lock:
             if _bundle_cache is None:
@@ -168,20 +273,23 @@ def _read_or_build() -> None:
     import importlib.util
     from ..machine.topology import cache_path
     files = _package_files()
-    key = hashlib.sha256(importlib.util.MAGIC_NUMBER)
+    key = hashlib.sha256(b"2\0" + importlib.util.MAGIC_NUMBER)
     for path, name in files:
         st = os.stat(path)
         key.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     cached = cache_path(f"agent-{key.hexdigest()[:24]}.bundle")
     try:
         with open(cached, "rb") as f:
-            _bundle_cache = f.read()
-        return
-    except OSError:
+            digest, _, bundle = f.read().partition(b"\n")
+        if len(digest) == 64:
+            _bundle_cache = bundle, digest.decode("ascii")
+            return
+    except (OSError, UnicodeDecodeError):
         pass
     bundle = build_bundle(files, importlib.util.MAGIC_NUMBER)
-    _save(cached, bundle)
-    _bundle_cache = bundle
+    digest = package_digest(files)
+    _save(cached, digest.encode("ascii") + b"\n" + bundle)
+    _bundle_cache = bundle, digest
 
 
 def _save(path: str, data: bytes) -> None:
@@ -238,12 +346,80 @@ def finish_before_exit(thread: threading.Thread) -> None:
     atexit.register(thread.join, 5.0)
 
 
+class Handshake:
+    """The launcher's side of an agent's start, whatever carries the bytes.
+
+    :meth:`take` gives what to send (the bootstrap first; the package bundle
+    if the agent asks for it); :meth:`feed` reads what the agent says: the
+    bootstrap's answer, then the link's ``HELLO``.  ``package`` says which
+    way the agent started, in words; ``sent`` counts the bytes given out.
+    """
+
+    def __init__(self, reuse: Optional[bool] = None, name: str = "") -> None:
+        from ..switches import switch
+        from .. import __version__
+        from .link import Reader
+        bundle, digest = package_bundle()
+        self.reuse = switch("MSLAUNCH_HOST_PACKAGE") if reuse is None else reuse
+        want = (__version__, digest) if self.reuse else None
+        source = (f"_W = {want!r}\n" + BOOTSTRAP).encode()
+        self._out = b"%d\n%s" % (len(source), source)
+        self._bundle = b"%d\n%s" % (len(bundle), bundle)
+        if not self.reuse:           # asked for anyway: sent at once
+            self._out += self._bundle
+        self.sent = 0
+        self.package = ""
+        self.reader = Reader(expect_sync=True)
+        self._answer = b""
+        self.name = name
+
+    def take(self) -> bytes:
+        """What is to be sent to the agent now (b"" for nothing)."""
+        out, self._out = self._out, b""
+        self.sent += len(out)
+        return out
+
+    def feed(self, data: bytes) -> Optional[Tuple[Dict[str, object], bytes]]:
+        """Bytes from the agent; its ``HELLO`` (with ``package`` added) and the bytes
+        after it once it came, else None.  LinkError for what breaks the protocol."""
+        from . import link, timeline
+        if not self.package:
+            self._answer += data
+            at = self._answer.find(MARK)
+            end = self._answer.find(b"\n", at) if at >= 0 else -1
+            if end < 0:
+                if at < 0 and link.SYNC in self._answer:
+                    raise link.LinkError("the agent started without answering the bootstrap")
+                if len(self._answer) > link.MAX_PREAMBLE + 1024:
+                    raise link.LinkError("no agent answered (the remote side printed "
+                                         f"{len(self._answer)} bytes but no bootstrap answer)")
+                return None
+            words = self._answer[at + len(MARK):end].decode("utf-8", "replace")
+            how, _, why = words.partition(" ")
+            data, self._answer = self._answer[end + 1:], b""
+            timeline.mark("agent answered: " + ("started from the host's package" if how ==
+                                                "host" else "asked for the package"), self.name)
+            if how == "host":
+                self.package = (f"started from the host's mslaunch at {why} "
+                                f"({self.sent} bytes sent)")
+            else:
+                if self.reuse:
+                    self._out += self._bundle
+                self.package = (f"package sent ({(self.sent + len(self._out)) // 1024} KiB): "
+                                f"{why or 'asked for'}")
+        frames = self.reader.feed(data)
+        if not frames:
+            return None
+        hello, rest = link.hello(frames, self.reader)
+        hello["package"] = self.package
+        timeline.mark("agent said hello", self.name)
+        return hello, rest
+
+
 def payload() -> bytes:
-    """What the launcher writes to the remote command's stdin before the link starts."""
-    if not _payload_cache:
-        source, bundle = BOOTSTRAP.encode(), package_bundle()
-        _payload_cache.append(b"%d\n%s%d\n%s" % (len(source), source, len(bundle), bundle))
-    return _payload_cache[0]
+    """The bootstrap and the bundle at once, for an agent that does not look at its
+    host's own package."""
+    return Handshake(reuse=False).take()
 
 
 def shell_quote(word: str) -> str:

@@ -4,7 +4,7 @@ When the command that starts the agents gives them no stdin (``srun
 --input=none``, ``kubectl exec`` without ``-i``), each agent connects back
 to the launcher over TCP, presents a one-time token (see :mod:`.dialback`),
 and reads the same bootstrap and package as over SSH on that connection
-(:mod:`.bootstrap`).  Here are the launcher's pieces: the one-line program
+(:mod:`.bootstrap`'s :class:`~.bootstrap.Handshake`).  Here are the launcher's pieces: the one-line program
 the agents run (:func:`dial_program`), the loop that greets them
 (:func:`greet`), the process that started them (:class:`StartingProcess`:
 its output's tail, and what its end means) and the launcher's end of a
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 from ..errors import LaunchError, one_line
 from ..machine.loop import Loop, wait_fd
 from ..machine.spawn import signal_name
-from . import bootstrap, link
+from . import bootstrap, link, timeline
 
 
 def dial_program(prelude: str, token: str) -> str:
@@ -48,7 +48,9 @@ def dial_program(prelude: str, token: str) -> str:
             "s=next((k for k,(x,q) in zip(c,A) if not(k.settimeout(10) or "
             "k.connect_ex((x,int(q))))),None);"
             "s or exit('mslaunch: cannot reach the launcher at '+a);"
-            "s.settimeout(None);"
+            # TCP_NODELAY (6, 1): the agent's hello follows the bootstrap's answer
+            # at once, and would otherwise wait for the launcher's delayed ACK.
+            "s.settimeout(None);s.setsockopt(6,1,1);"
             "s.sendall(('mslaunch-dial '+t+chr(10)).encode());"
             "os.dup2(s.fileno(),0);os.dup2(s.fileno(),1);s.close();"
             "b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
@@ -234,13 +236,13 @@ def greet(addresses: Sequence[str], tokens: Mapping[str, str],
     done: Dict[str, DialedConnection] = {}
     greeting: Dict[str, _Greeting] = {}
     procs: Dict[str, StartingProcess] = {}
-    payload = bootstrap.payload()
 
     def presented(name: str, sock: socket.socket, rest: bytes) -> None:
         if rest:              # an agent says nothing before it has the bootstrap
             sock.close()
             return
-        g = greeting[name] = _Greeting(name, sock, payload)
+        timeline.mark("dialled back", name)
+        g = greeting[name] = _Greeting(name, sock)
         loop.add_reader(sock.fileno(), lambda: ready(g))
         ready(g)
 
@@ -284,14 +286,14 @@ def greet(addresses: Sequence[str], tokens: Mapping[str, str],
 
 
 class _Greeting:
-    """An agent that presented its host's token: the bootstrap is sent as it
-    takes it, and its ``HELLO`` awaited."""
+    """An agent that presented its node's token: greeted (:class:`.bootstrap.Handshake`),
+    what it is sent going as it takes it, and its ``HELLO`` awaited."""
 
-    def __init__(self, name: str, sock: socket.socket, payload: bytes) -> None:
+    def __init__(self, name: str, sock: socket.socket) -> None:
         self.name = name
         self.sock = sock
-        self.reader = link.Reader(expect_sync=True)
-        self.out: Optional[memoryview] = memoryview(payload)   # what is left to send
+        self.handshake = bootstrap.Handshake(name=name)
+        self.out: Optional[memoryview] = memoryview(self.handshake.take())  # left to send
 
     def on_ready(self) -> Optional[Dict[str, Any]]:
         """Send and read what can be; the agent's greeting once it is complete."""
@@ -306,13 +308,20 @@ class _Greeting:
             return None
         if not data:
             raise LaunchError(f"the agent on {self.name} ended before it said hello")
-        frames = self.reader.feed(data)
-        if not frames:
-            return None
         try:
-            hello, rest = link.hello(frames, self.reader)
+            greeted = self.handshake.feed(data)
         except link.LinkError as err:
             raise LaunchError(f"the agent on {self.name}: {err}") from None
+        more = self.handshake.take()
+        if more:              # the package, which the agent asked for
+            self.out = memoryview(bytes(self.out or b"") + more)
+            try:
+                self.out = self.out[self.sock.send(self.out):] or None
+            except (BlockingIOError, InterruptedError):
+                pass
+        if greeted is None:
+            return None
+        hello, rest = greeted
         if rest:      # the agent says nothing more until it has its job
             raise LaunchError(f"the agent on {self.name} sent frames before its job")
         self.sock.setblocking(True)

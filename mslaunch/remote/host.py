@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
         def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None: ...
 
-from . import link
+from . import link, timeline
 from .endpoint import Endpoint
 from .jobframe import CREDIT
 
@@ -73,6 +73,7 @@ class RemoteHost:
         self.supervisor = supervisor
         self.pmi_port = pmi_port
         self.verbose = verbose
+        self.started_seen = False
         self.state = "new"            # new, prepared, ready, running, done, lost
         self.error: Optional[Dict[str, Any]] = None
         self.owed = 0                 # output credit not yet returned
@@ -93,6 +94,7 @@ class RemoteHost:
     def start(self) -> None:
         if self.state == "ready":
             self.state = "running"
+            timeline.mark("start sent", self.name)
             self.endpoint.send(link.encode(link.START))
 
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
@@ -219,7 +221,11 @@ class RemoteHost:
             for text in warnings:
                 sup.host_message(self, text[:500])
             self.state = "ready"
+            timeline.mark("ready (programs checked)", self.name)
         elif kind == link.STARTED:
+            if not self.started_seen:
+                self.started_seen = True
+                timeline.ranks_started(self.name)
             pids = link.field(message, "pids", dict, "STARTED")
             for rank, pid in pids.items():
                 if not (rank.isascii() and rank.isdigit()) or type(pid) is not int or pid <= 0:

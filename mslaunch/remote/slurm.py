@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 from ..errors import LaunchError, UsageError, one_line
 from ..machine.loop import Loop
-from . import bootstrap
+from . import bootstrap, timeline
 from .dialin import DialedConnection, StartingProcess, dial_program, greet
 
 #: Seconds for every agent to dial back once srun runs.
@@ -46,7 +46,7 @@ AGENT_TIMEOUT = 60.0
 #: The dial program: drop the step's own variables (the ranks' identity is
 #: mslaunch's, not the agent's task's), connect to the launcher, present this
 #: node's token, make the connection stdin and stdout, then read the bootstrap
-#: as over SSH.  Single quotes only, for the ``sh -c`` double quotes around it.
+#: as over SSH (see :func:`.dialin.dial_program`).
 _DIAL = dial_program(
     "[e.pop(k) for k in list(e) if k.startswith(('SLURM_STEP','SLURM_PROCID',"
     "'SLURM_LOCALID','SLURM_NODEID','SLURM_TASK','SLURM_CPU_BIND','SLURM_GTIDS',"
@@ -107,13 +107,46 @@ def _run(argv: Sequence[str], timeout: float = 30) -> str:
     return _output(_start(argv), timeout)
 
 
-def node_address(name: str) -> str:
-    """A node's address: Slurm's ``NodeAddr``, else the name's resolution."""
-    text = _run(["scontrol", "-o", "show", "node", name])
+def _node_addresses(text: str) -> Dict[str, str]:
+    """``NodeName`` to ``NodeAddr`` in what ``scontrol -o show node`` printed."""
+    found = {}
     for line in text.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if fields.get("NodeName") == name and fields.get("NodeAddr"):
-            return fields["NodeAddr"]
+        if fields.get("NodeName") and fields.get("NodeAddr"):
+            found[fields["NodeName"]] = fields["NodeAddr"]
+    return found
+
+
+class _Lookups:
+    """What the step needs from Slurm's clients -- srun's version, the
+    allocation's node addresses -- asked side by side as soon as the starter
+    is made ready, while mslaunch still plans the job."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+        self._version = _start(["srun", "--version"])
+        self._nodes = _start(["scontrol", "-o", "show", "node", nodelist]) if nodelist else None
+        self._answers: Dict[str, Any] = {}
+
+    def srun_version(self) -> str:
+        if "version" not in self._answers:
+            self._answers["version"] = _output(self._version)
+        return self._answers["version"]
+
+    def node_addresses(self) -> Dict[str, str]:
+        if "nodes" not in self._answers:
+            self._answers["nodes"] = _node_addresses(_output(self._nodes)) if self._nodes else {}
+        return self._answers["nodes"]
+
+
+def node_address(name: str, known: Optional[Mapping[str, str]] = None) -> str:
+    """A node's address: Slurm's ``NodeAddr`` (from ``known``, else asked), else
+    the name's resolution."""
+    found = known.get(name) if known is not None else None
+    if found is None:
+        found = _node_addresses(_run(["scontrol", "-o", "show", "node", name])).get(name)
+    if found:
+        return found
     try:
         return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
     except (OSError, UnicodeError):
@@ -171,11 +204,14 @@ SrunAgentConnection = DialedConnection
 
 def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 cancelled: Optional[Callable[[], bool]] = None,
-                environ: Optional[Mapping[str, str]] = None) -> Dict[str, SrunAgentConnection]:
+                environ: Optional[Mapping[str, str]] = None,
+                lookups: Optional[_Lookups] = None) -> Dict[str, SrunAgentConnection]:
     """Start an agent on every node in ``names`` with one srun step; all or none."""
     from .dialback import new_token
     environ = os.environ if environ is None else environ
-    mine, srun_version = _dial_address(names, environ)
+    timeline.mark("waiting for Slurm client calls (srun --version, scontrol show node)")
+    mine, srun_version = _dial_address(names, environ, lookups)
+    timeline.mark("Slurm client calls done")
     tokens = {name: new_token() for name in names}
 
     def start(dial: str, procs: Dict[str, StartingProcess]) -> None:
@@ -184,6 +220,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
         env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
         step = _Step(srun_argv(names, pythons, srun_version), env)
         procs.update((name, step) for name in names)
+        timeline.mark("srun started")
 
     def wait(loop: Loop, done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess]) -> None:
@@ -192,7 +229,8 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     return greet([mine], tokens, start, wait)
 
 
-def _dial_address(names: Sequence[str], environ: Mapping[str, str]) -> Tuple[str, str]:
+def _dial_address(names: Sequence[str], environ: Mapping[str, str],
+                  lookups: Optional[_Lookups] = None) -> Tuple[str, str]:
     """The address the agents dial (this machine's towards the nodes), and srun's
     version; LaunchError for a host outside the allocation."""
     nodes = set(_allocation_nodes(environ))
@@ -203,14 +241,14 @@ def _dial_address(names: Sequence[str], environ: Mapping[str, str]) -> Tuple[str
                           f"{environ.get('SLURM_JOB_ID')} (its nodes: "
                           f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
                           f"--launcher ssh for hosts outside the allocation")
-    # srun's version (which options it takes) is asked beside the address.
-    version = _start(["srun", "--version"])
+    # srun's version (which options it takes) is asked beside the addresses.
+    lookups = lookups or _Lookups(environ)
     try:
         # The address this machine has towards the first node is the one
         # they all dial (the nodes of an allocation share a network).
-        mine = route_address(node_address(names[0]))
+        mine = route_address(node_address(names[0], lookups.node_addresses()))
     finally:
-        srun_version = _output(version)
+        srun_version = lookups.srun_version()
     return mine, srun_version
 
 
@@ -243,13 +281,20 @@ class SrunStarter:
     def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> None:
         self.pythons = list(pythons)
         self.environ = environ
+        self._lookups: Optional[_Lookups] = None
 
     def prepare(self) -> None:
-        """The agent's package, in the background (no paramiko, and plain output)."""
+        """The agent's package, in the background (no paramiko, and plain output),
+        and Slurm's answers the step needs."""
         bootstrap.prepare_in_background(credentials=False)
+        try:
+            self._lookups = _Lookups(os.environ if self.environ is None else self.environ)
+        except LaunchError:         # no srun or scontrol: start() says so
+            pass
 
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
               say: Optional[Callable[[str], None]] = None) -> Dict[str, SrunAgentConnection]:
         if say is not None:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with srun")
-        return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ)
+        return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ,
+                           lookups=self._lookups)

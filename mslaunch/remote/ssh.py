@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..spec import SSHSpec
 
 from ..errors import LaunchError
-from . import bootstrap
+from . import bootstrap, timeline
 from .paramiko_import import import_finished, paramiko_module, start_import
 from .sshchannel import SSHAgentConnection, _QuickAck, start_agent
 from .sshfiles import Config, HostFailure, KnownHosts, authenticate, short_reason
@@ -239,13 +239,16 @@ class _Connector:
             # The TCP connection, and sshd's start of a session process, go
             # ahead while paramiko is still being imported.
             sock, _ = self.open_socket(s)
+            timeline.mark("TCP connected", name)
         try:
             self._paramiko_ready()
         except BaseException:
             if sock is not None:
                 sock.close()
             raise
+        timeline.mark("paramiko imported", name)
         transport = self.transport(name, s, sock)
+        timeline.mark("SSH logged in", name)
         try:
             return start_agent(name, transport, self.command)
         except BaseException:

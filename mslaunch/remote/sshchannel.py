@@ -157,19 +157,20 @@ class _QuickAck:
 
 
 def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
-    """Run ``command`` on ``transport``, send the bootstrap, and await the agent's ``HELLO``."""
+    """Run ``command`` on ``transport``, greet the agent (:class:`.bootstrap.Handshake`)
+    and await its ``HELLO``."""
     try:
         channel = transport.open_session(timeout=30)
         channel.exec_command(command)
     except Exception as err:
         raise HostFailure("agent start", f"cannot run a command: {short_reason(err)}") from None
     try:
-        channel.sendall(bootstrap.payload())
-        reader = link.Reader(expect_sync=True)
+        handshake = bootstrap.Handshake(name=name)
+        channel.sendall(handshake.take())
         deadline = time.monotonic() + AGENT_TIMEOUT
-        frames: List[Tuple[int, bytes]] = []
+        greeted = None
         channel.settimeout(1.0)
-        while not frames:
+        while greeted is None:
             if time.monotonic() > deadline:
                 raise HostFailure("agent start", f"no answer within {AGENT_TIMEOUT:g} s")
             try:
@@ -178,7 +179,10 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
                 continue
             if not data:
                 raise _start_failure(channel)
-            frames = reader.feed(data)
+            greeted = handshake.feed(data)
+            more = handshake.take()
+            if more:
+                channel.sendall(more)
         channel.settimeout(None)
     except HostFailure:
         channel.close()
@@ -189,11 +193,7 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
     except Exception as err:
         channel.close()
         raise HostFailure("agent start", short_reason(err)) from None
-    try:
-        hello, leftover = link.hello(frames, reader)
-    except link.LinkError as err:
-        channel.close()
-        raise HostFailure("agent start", str(err)) from None
+    hello, leftover = greeted
     return SSHAgentConnection(name, transport, channel, leftover, hello)
 
 

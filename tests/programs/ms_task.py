@@ -15,12 +15,14 @@ import time
 KEYS = ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_TOPO_TIMEOUT", "MS_WORKER_NUM",
         "RANK_ID", "RANK_SIZE", "DEVICE_ID", "MS_NODE_ID", "MS_SIMULATION_LEVEL",
         "RANK_TABLE_FILE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR", "MASTER_PORT", "MSRUN_CPU_LIST", "MSRUN_BIND_FILE")
+        "MASTER_ADDR", "MASTER_PORT", "MSRUN_CPU_LIST", "MSRUN_BIND_FILE", "OMP_NUM_THREADS",
+        "HCCL_CONNECT_TIMEOUT", "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
 env = os.environ
 row = {k: env[k] for k in KEYS if k in env}
 row["ms_env"] = sorted(k for k in env if k.startswith(("MS_", "RANK_", "DEVICE_")))
 row["affinity"] = sorted(os.sched_getaffinity(0))
 row["argv"] = sys.argv[1:]
+row["isatty"] = [sys.stdout.isatty(), sys.stderr.isatty()]
 print(json.dumps(row), flush=True)
 print(f"stderr of {env.get('MS_ROLE')} {env.get('RANK_ID')}", file=sys.stderr, flush=True)
 worker = env.get("MS_ROLE") != "MS_SCHED"

@@ -1,0 +1,70 @@
+"""The phases of bringing up remote hosts, timed, for ``-v -v``.
+
+The starters, the agents' greeting and the hosts mark what happens (an event,
+for one host or for all); when the first rank has started on a remote host,
+the marks so far are given, once, to the printer the job set (if any), one
+line per event, measured from the moment this process started.  An event of
+many hosts is one line: when the first host got there, and the last.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Tuple
+
+_marks: List[Tuple[float, str, str]] = []
+_printer: List[Callable[[str], None]] = []
+
+
+def mark(event: str, host: str = "") -> None:
+    """``event`` happened now (to ``host``, or to the job when "")."""
+    _marks.append((time.monotonic(), event, host))
+
+
+def print_when_ranks_start(printer: Callable[[str], None]) -> None:
+    """Give the timeline to ``printer`` when the first remote rank has started."""
+    _printer[:] = [printer]
+
+
+def ranks_started(host: str) -> None:
+    """Ranks run on ``host``: the timeline is printed the first time."""
+    mark("ranks started", host)
+    if _printer:
+        printer = _printer.pop()
+        for line in report():
+            printer(line)
+
+
+def _process_start() -> Optional[float]:
+    """When this process started, on the monotonic clock (None where /proc cannot tell)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.monotonic() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def report() -> List[str]:
+    """The lines of the timeline so far."""
+    start = _process_start()
+    origin = start if start is not None else (_marks[0][0] if _marks else 0.0)
+    events: Dict[str, List[Tuple[float, str]]] = {}
+    for when, event, host in _marks:
+        events.setdefault(event, []).append((when, host))
+    lines = ["mslaunch: timeline (ms since mslaunch started):"]
+    for event, seen in sorted(events.items(), key=lambda e: e[1][0][0]):
+        first = (seen[0][0] - origin) * 1000
+        if len(seen) == 1:
+            host = f" ({seen[0][1]})" if seen[0][1] else ""
+            lines.append(f"mslaunch:   {first:8.1f}  {event}{host}")
+        else:
+            last = (seen[-1][0] - origin) * 1000
+            lines.append(f"mslaunch:   {first:8.1f}  {event} (first {seen[0][1]}; last "
+                         f"{seen[-1][1]} at {last:.1f}; {len(seen)} hosts)")
+    return lines

@@ -1,0 +1,43 @@
+"""An Open MPI rank that records the /dev/shm files it holds after MPI_Init, then waits.
+
+argv: OUT_DIR SECONDS [ignore-term] [map=PATH] [make=PATH].  Writes
+OUT_DIR/shm.<pid>, a line "<device> <inode> <path>" per file; with
+ignore-term, a SIGTERM is not obeyed but noted as OUT_DIR/term.<pid>;
+map=PATH maps an existing file, make=PATH creates and maps PATH.<pid>.
+"""
+
+import mmap
+import os
+import signal
+import sys
+import time
+
+from mpi4py import MPI  # noqa: F401  (MPI_Init: Open MPI creates its segment)
+
+out, seconds = sys.argv[1], float(sys.argv[2])
+kept = []
+for arg in sys.argv[3:]:
+    if arg == "ignore-term":
+        signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(out, f"term.{os.getpid()}"),
+                                                      "w").close())
+    elif arg.startswith(("map=", "make=")):
+        path = arg.split("=", 1)[1]
+        if arg.startswith("make="):
+            path = f"{path}.{os.getpid()}"
+            with open(path, "wb") as f:
+                f.truncate(4096)
+        with open(path, "r+b") as f:
+            kept.append(mmap.mmap(f.fileno(), 4096))
+held = set()
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+            path = fields[5].strip()
+            st = os.stat(path)
+            held.add(f"{st.st_dev} {st.st_ino} {path}")
+tmp = os.path.join(out, f".shm.{os.getpid()}")
+with open(tmp, "w") as f:
+    f.write("".join(line + "\n" for line in sorted(held)))
+os.rename(tmp, os.path.join(out, f"shm.{os.getpid()}"))
+time.sleep(seconds)

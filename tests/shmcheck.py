@@ -1,0 +1,177 @@
+"""The suite leaves /dev/shm as it found it: a pytest plugin (loaded by conftest.py).
+
+Other jobs on the machine (other test sessions too) create files in /dev/shm;
+a file counts as this session's when one of its processes was seen holding it:
+a thread samples, every fraction of a second, the /dev/shm files that the
+processes below pytest (the test beds' hosts and daemons included) or carrying
+this session's tag in their environment have open or mapped.  At the end, every such file that is still there
+and was not there at the start, and that no process holds any more, is reported,
+removed, and fails the run.
+
+Tests whose Open MPI leaves files by its own design (a singleton that ends
+normally has nobody to remove its segment) send its segments elsewhere with
+:func:`private_shm` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Iterable, Set, Tuple
+
+import pytest
+
+SHM = "/dev/shm"
+#: In the environment of this session's processes (other sessions may run at once).
+SESSION_VAR = "MSL_TEST_SESSION"
+Ident = Tuple[int, int]          # (device, inode)
+
+
+def shm_files() -> Dict[Ident, str]:
+    """The regular files directly in /dev/shm, by (device, inode)."""
+    found = {}
+    try:
+        with os.scandir(SHM) as entries:
+            for e in entries:
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        found[(st.st_dev, st.st_ino)] = e.path
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return found
+
+
+def held_by(pid: int) -> Set[Ident]:
+    """The /dev/shm files ``pid`` has mapped or open."""
+    held: Set[Ident] = set()
+    prefix = SHM.encode() + b"/"
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith(prefix):
+                    major, minor = fields[3].split(b":")
+                    held.add((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(SHM + "/"):
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+                held.add((st.st_dev, st.st_ino))
+    except (OSError, ValueError):
+        pass
+    return held
+
+
+def _table() -> Dict[int, int]:
+    """pid -> parent pid of every process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    table[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return table
+
+
+def _tagged(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return needle in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def suite_processes(root: int, needle: bytes) -> Set[int]:
+    """The processes below ``root``, and elsewhere (daemons that left) those whose
+    environment holds ``needle``, this session's ``SESSION_VAR=...``."""
+    table = _table()
+    kids: Dict[int, list] = {}
+    for pid, ppid in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in kids.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    found |= {pid for pid in table
+              if pid not in found and pid != root and _tagged(pid, needle)}
+    return found
+
+
+def in_use(pids: Iterable[int]) -> Set[Ident]:
+    held: Set[Ident] = set()
+    for pid in pids:
+        held |= held_by(pid)
+    return held
+
+
+class ShmWatch:
+    """Samples what the suite's processes hold in /dev/shm (see the module docstring)."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        import uuid
+        os.environ[SESSION_VAR] = uuid.uuid4().hex
+        self.needle = f"{SESSION_VAR}={os.environ[SESSION_VAR]}".encode()
+        self.start = set(shm_files())
+        self.seen: Set[Ident] = set()
+        self.interval = interval
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="shmcheck", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self.stop.wait(self.interval):
+            if not os.path.isdir(SHM):
+                return
+            self.seen |= in_use(suite_processes(me, self.needle)) - self.start
+
+    def finish(self) -> Dict[Ident, str]:
+        """Stop sampling; remove and return the suite's files left in /dev/shm."""
+        self.stop.set()
+        self.thread.join()
+        now = shm_files()
+        left = {i: p for i, p in now.items() if i in self.seen and i not in self.start}
+        if left:
+            held = in_use(int(e) for e in os.listdir("/proc") if e.isdigit())
+            left = {i: p for i, p in left.items() if i not in held}
+        for path in left.values():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return left
+
+
+def private_shm(directory: str) -> Dict[str, str]:
+    """Environment that puts Open MPI's (4 and 5) shared-memory segments in ``directory``."""
+    return {"OMPI_MCA_btl_sm_backing_directory": directory,
+            "OMPI_MCA_btl_vader_backing_directory": directory}
+
+
+_watch = []
+
+
+def pytest_sessionstart(session) -> None:
+    if os.path.isdir(SHM) and not hasattr(session.config, "workerinput"):
+        _watch.append(ShmWatch())
+
+
+@pytest.hookimpl(trylast=True)      # after the session's fixtures (the test beds) are gone
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if not _watch:
+        return
+    left = _watch.pop().finish()
+    if left:
+        rep = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = (f"shmcheck: the suite's processes left {len(left)} file(s) in {SHM} "
+                f"(removed now): " + ", ".join(sorted(os.path.basename(p)
+                                                      for p in left.values())))
+        if rep is not None:
+            rep.write_sep("=", text, red=True)
+        session.exitstatus = 1

@@ -1,0 +1,188 @@
+"""Agents start from the host's own mslaunch when it is the launcher's, byte for
+byte, and are sent the package otherwise: over SSH and under srun.
+
+The host's "installed" mslaunch is a copy of this checkout's package in a
+temporary directory, put on the agent's Python path by a ``--remote-python``
+wrapper (the hosts share this machine's file system).  Whether the agent
+imported that copy shows in the copy itself: Python writes the compiled
+modules it imports from there into its ``__pycache__``; an agent that was sent
+the package imports from memory and writes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from helpers import PY, REPO, clean_env, cmd, new_tag, tagged_pids, wait_for
+from test_slurm import finish, salloc
+
+pytestmark = pytest.mark.remote
+
+SHOW = "import os, socket; print(os.environ['OMPI_COMM_WORLD_RANK'], socket.gethostname())"
+
+
+def host_install(tmp_path: Path, *, version: Optional[str] = None,
+                 broken: bool = False, bad_bytecode: bool = False) -> Path:
+    """A copy of the package in ``tmp_path/site`` (another ``version``, or one
+    module ``broken``, or a compiled module that does not load) and a Python
+    wrapper that has it on its path; the wrapper's path."""
+    site = tmp_path / "site"
+    shutil.copytree(Path(REPO) / "mslaunch", site / "mslaunch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = site / "mslaunch" / "__init__.py"
+    if version is not None:
+        text = init.read_text()
+        assert '__version__ = "' in text
+        init.write_text(text.replace('__version__ = "', f'__version__ = "{version}', 1))
+    if broken:
+        (site / "mslaunch" / "remote" / "agent.py").write_text("this is not Python\n")
+    if bad_bytecode:
+        # The sources are the launcher's; the agent's compiled module, which
+        # Python trusts by its header (source time and size), is garbage.
+        subprocess.run([PY, "-m", "compileall", "-q", str(site / "mslaunch")], check=True)
+        pyc = next((site / "mslaunch" / "remote" / "__pycache__").glob("agent.*.pyc"))
+        pyc.write_bytes(pyc.read_bytes()[:16] + b"\xff" * 64)
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nunset PYTHONDONTWRITEBYTECODE\n"
+                       f"PYTHONPATH={site} exec {PY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def imported_from(wrapper: Path) -> bool:
+    """Whether an agent imported the copy (its compiled agent module was written)."""
+    cache = wrapper.parent / "site" / "mslaunch" / "remote" / "__pycache__"
+    return any(p.name.startswith("agent.") for p in cache.glob("*.pyc")) if cache.exists() \
+        else False
+
+
+def ssh_run(home: str, wrapper: Optional[Path], tag: str, *extra: str):
+    env = clean_env(HOME=home, MSL_TEST_TAG=tag)
+    python = ["--remote-python", str(wrapper)] if wrapper else []
+    return subprocess.run(cmd("-v", *python, "-n", "2", "-H", "h1,h2", "-x", "MSL_TEST_TAG",
+                              *extra, PY, "-c", SHOW), capture_output=True, timeout=90,
+                          env=env)
+
+
+def ranks_ran(out: bytes) -> bool:
+    return sorted(out.decode().split("\n")[:-1]) == ["0 h1", "1 h2"]
+
+
+@pytest.fixture
+def home(sshbed, tmp_path):
+    return sshbed.make_home(tmp_path / "home")
+
+
+# -- over SSH ------------------------------------------------------------------
+
+
+def test_ssh_agents_start_from_the_hosts_identical_mslaunch(sshbed, home, tmp_path):
+    wrapper = host_install(tmp_path)
+    tag = new_tag()
+    r = ssh_run(home, wrapper, tag)
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    err = r.stderr.decode()
+    root = tmp_path / "site" / "mslaunch"
+    for host in ("h1", "h2"):
+        assert f"mslaunch: {host}: agent started from the host's mslaunch at {root} (" \
+            in err, err
+    assert imported_from(wrapper)
+    # What the launcher sent before the job: the bootstrap alone.
+    sent = [int(n) for n in re.findall(r"host's mslaunch at .* \((\d+) bytes sent\)", err)]
+    assert len(sent) == 2 and all(n < 16 << 10 for n in sent), err
+    assert wait_for(lambda: not tagged_pids(tag), 10)
+
+
+def test_ssh_a_host_without_mslaunch_is_sent_the_package(sshbed, home, tmp_path):
+    # A Python with nothing installed: a fresh virtual environment.
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    r = ssh_run(home, tmp_path / "venv" / "bin" / "python", new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    for host in ("h1", "h2"):
+        assert f"mslaunch: {host}: agent package sent (" in r.stderr.decode()
+    assert "no mslaunch on the host's Python path" in r.stderr.decode()
+
+
+def test_ssh_a_host_with_another_version_is_sent_the_package(sshbed, home, tmp_path):
+    wrapper = host_install(tmp_path, version="0.0.0.other")
+    r = ssh_run(home, wrapper, new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    err = r.stderr.decode()
+    assert err.count("agent package sent (") == 2, err
+    assert "mslaunch 0.0.0.other" in err and "is not the launcher's" in err, err
+    assert not imported_from(wrapper)
+
+
+@pytest.mark.parametrize("how", ["broken", "bad_bytecode"])
+def test_ssh_a_host_whose_copy_is_broken_is_sent_the_package(sshbed, home, tmp_path, how):
+    wrapper = host_install(tmp_path, **{how: True})
+    r = ssh_run(home, wrapper, new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    err = r.stderr.decode()
+    assert err.count("agent package sent (") == 2, err
+    assert ("differs from the launcher's" if how == "broken" else "does not import") in err
+
+
+def test_ssh_the_switch_sends_the_package_to_every_host(sshbed, home, tmp_path):
+    wrapper = host_install(tmp_path)
+    env_off = clean_env(HOME=home, MSLAUNCH_HOST_PACKAGE="0")
+    r = subprocess.run(cmd("-v", "--remote-python", str(wrapper), "-n", "2", "-H", "h1,h2",
+                           PY, "-c", SHOW), capture_output=True, timeout=90, env=env_off)
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    assert r.stderr.decode().count("not looked for (MSLAUNCH_HOST_PACKAGE=0)") == 2
+
+
+# -- under srun ------------------------------------------------------------------
+
+
+def srun_job(bed, tmp_path: Path, wrapper: Path):
+    tag = new_tag()
+    p = salloc(bed, tag, "-v", "--remote-python", str(wrapper), "-n", "2", PY, "-c", SHOW,
+               per_node=1, cwd=tmp_path)
+    rc, out, err = finish(p)
+    assert rc == 0 and ranks_ran(out.encode()), err
+    assert wait_for(lambda: not tagged_pids(tag), 10)
+    return err
+
+
+def test_srun_agents_start_from_the_hosts_identical_mslaunch(slurmbed, tmp_path):
+    wrapper = host_install(tmp_path)
+    err = srun_job(slurmbed, tmp_path, wrapper)
+    for host in ("h1", "h2"):
+        assert f"mslaunch: {host}: agent started from the host's mslaunch at " \
+               f"{tmp_path / 'site' / 'mslaunch'} (" in err, err
+    assert imported_from(wrapper)
+
+
+def test_srun_a_host_with_another_version_is_sent_the_package(slurmbed, tmp_path):
+    wrapper = host_install(tmp_path, version="0.0.0.other")
+    err = srun_job(slurmbed, tmp_path, wrapper)
+    assert err.count("agent package sent (") == 2 and "is not the launcher's" in err, err
+    assert not imported_from(wrapper)
+
+
+def test_srun_a_host_whose_copy_is_broken_is_sent_the_package(slurmbed, tmp_path):
+    wrapper = host_install(tmp_path, broken=True)
+    err = srun_job(slurmbed, tmp_path, wrapper)
+    assert err.count("agent package sent (") == 2 and "differs from the launcher's" in err, err
+
+
+def test_srun_timeline_with_two_v(slurmbed, tmp_path):
+    """``-v -v`` prints the phases of bringing the nodes up, once, in order."""
+    tag = new_tag()
+    p = salloc(slurmbed, tag, "-v", "-v", "-n", "2", PY, "-c", SHOW, per_node=1, cwd=tmp_path)
+    rc, out, err = finish(p)
+    assert rc == 0 and ranks_ran(out.encode()), err
+    assert err.count("mslaunch: timeline (ms since mslaunch started):") == 1, err
+    events = ["Slurm client calls (", "srun started", "dialled back (first h", "agent answered: ",
+              "agent said hello (first h", "ready (programs checked)", "ranks started (h"]
+    lines = err.splitlines()
+    at = [next(i for i, line in enumerate(lines) if event in line) for event in events]
+    assert at == sorted(at), err
+    assert wait_for(lambda: not tagged_pids(tag), 10)
