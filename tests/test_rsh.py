@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -310,10 +311,12 @@ def test_mpi_operator_v1_launcher_runs_mpi_on_the_worker_pods(sshbed, tmp_path, 
         f.write(text)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("job-worker-0 slots=2\njob-worker-1 slots=2\n")
-    env = renv(str(tmp_path), OMPI_MCA_plm_rsh_agent=script, OMPI_ALLOW_RUN_AS_ROOT="1",
+    # The launcher pod's environment, as the operator's controller sets it.
+    env = renv(str(tmp_path), OMPI_MCA_plm_rsh_agent=script,
+               OMPI_MCA_orte_default_hostfile=str(hostfile), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    r = run_rsh(str(tmp_path), "--hostfile", str(hostfile), "-np", "4", "-x", "UCX_TLS",
-                PY, "-c", MPI_PROG, "ok", env=env, timeout=120)
+    r = run_rsh(str(tmp_path), "-np", "4", "-x", "UCX_TLS", PY, "-c", MPI_PROG, "ok",
+                env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     rows = sorted((json.loads(x) for x in r.stdout.decode().splitlines()),
                   key=lambda row: row["rank"])
@@ -354,4 +357,32 @@ def test_a_real_grid_engine_job_runs_ranks_through_qrsh_inherit(sshbed, gridengi
     assert sorted(r[1] for r in rows) == sorted(h.name for h in sshbed.hosts), lines
     said = err.read_text()
     assert "qrsh -inherit -nostdin -V HOST" in said, said
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+def test_mpi_operator_v2_launcher_reaches_the_workers_sshd_with_openssh(sshbed, tmp_path, mpich):
+    """v2: sshd in the workers, the launcher pod's ssh and its settings."""
+    from test_remote import MPI_PROG
+    workers = {f"job-worker-{i}.job.default.svc": h for i, h in enumerate(sshbed.hosts[:2])}
+    extra = "".join(f"Host {name}\n  HostName {h.addr}\n  Port {h.port}\n"
+                    for name, h in workers.items())
+    home = sshbed.make_home(tmp_path / "home", user_config_extra=extra)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{name} slots=2\n" for name in workers))
+    # The pod's ssh reads its config (here through HOME/bin/ssh, which passes -F).
+    env = renv(home, PATH=f"{home}/bin:" + os.environ["PATH"],
+               OMPI_MCA_orte_keep_fqdn_hostnames="true",
+               OMPI_MCA_orte_default_hostfile=str(hostfile),
+               OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))   # no paramiko way there
+    with open(os.path.join(home, "bin", "ssh"), "w") as f:
+        f.write(f'#!/bin/sh\nexec {shutil.which("ssh")} -F "{cfg_of(home)}" "$@"\n')
+    r = run_rsh(home, "-np", "4", "-x", "UCX_TLS", PY, "-c", MPI_PROG, "ok", env=env,
+                timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted((json.loads(x) for x in r.stdout.decode().splitlines()),
+                  key=lambda row: row["rank"])
+    assert [row["host"] for row in rows] == ["h1", "h1", "h2", "h2"]
+    assert [row["sum"] for row in rows] == [6] * 4
     assert wait_for(lambda: no_agents(sshbed), 15)
