@@ -15,6 +15,8 @@ Contenders, each with one rank per host:
 
 - mslaunch ``-H h1,..,hH`` (default ``--mpi pmi`` mode: an agent per host,
   PMI relayed per host);
+- the same with the OpenSSH client as the rsh agent (``--mca plm_rsh_agent
+  HOME/bin/ssh``): agents started by ``ssh``, dialling back over TCP;
 - Hydra ``mpiexec.hydra -launcher ssh -launcher-exec HOME/bin/ssh
   -hosts h1,..,hH``.  Hydra starts ``<its own bin dir>/hydra_pmi_proxy`` by
   absolute path on each host (the hosts share this file system, so no
@@ -108,6 +110,7 @@ OMPI4 = "/usr/bin/mpirun.openmpi"
 SELF_EVERY = 0.02     # s between VmHWM reads of the launcher in timed runs
 TREE_EVERY = 0.01     # s between /proc scans in the untimed footprint run
 RATIOS = [("mslaunch / Hydra", "mslaunch", "hydra"),
+          ("mslaunch with the OpenSSH client / Hydra", "mslaunch-openssh", "hydra"),
           ("mslaunch / Open MPI 4", "mslaunch", "openmpi")]
 
 
@@ -437,6 +440,11 @@ def main(argv: Sequence[str]) -> int:
     if not launchers:
         C.log("bench: no launcher to run")
         return 2
+    if "mslaunch" in {l.key for l in launchers}:
+        # The OpenSSH client as the rsh agent (``--mca plm_rsh_agent``), beside paramiko.
+        ms = next(l for l in launchers if l.key == "mslaunch")
+        launchers.insert(launchers.index(ms) + 1, ms.variant(
+            "mslaunch-openssh", "mslaunch, OpenSSH client as rsh agent", []))
     by_key: Dict[str, C.Launcher] = {l.key: l for l in launchers}
     # The relay is also run as Hydra runs it (ranks on pipes), and with output in TLS.
     relay_launchers = list(launchers)
@@ -470,6 +478,8 @@ def main(argv: Sequence[str]) -> int:
         hosts = ",".join(b.hosts)
         if l.kind == "mslaunch":
             extra = ["-H", hosts] + (["-x", "UCX_TLS"] if mpi else [])
+            if l.key == "mslaunch-openssh":
+                extra += ["--mca", "plm_rsh_agent", b.ssh]
         elif l.kind == "openmpi":
             extra = ["-H", hosts, "--mca", "plm_rsh_agent", b.ssh]
         else:

@@ -25,6 +25,9 @@ command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
 # network-namespace node, none of them started as a service
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun; } >/dev/null 2>&1 || apt_needed+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || apt_needed+=(munge)
+# the Grid Engine cell (tests/gebed.py): Debian's 8.1.9, no daemon started as a service
+{ [ -x /usr/sbin/sge_qmaster ] && [ -x /usr/sbin/sge_execd ] && command -v qsub; } >/dev/null 2>&1 \
+    || apt_needed+=(gridengine-master gridengine-exec gridengine-client)
 if [ ${#apt_needed[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "scripts/test.sh: need root to apt-get install ${apt_needed[*]}" >&2

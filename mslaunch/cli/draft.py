@@ -89,6 +89,9 @@ class Draft:
         self.inherit_env = True
         self.forward_env = False
         self.launcher = "auto"
+        self.launcher_word: Optional[str] = None    # as given (-launcher rsh means rsh)
+        self.rsh_exec = ""                          # -launcher-exec, -bootstrap-exec
+        self.rsh_exec_args = ""                     # -bootstrap-exec-args
         self.oversubscribe: Optional[bool] = None
         self.output_filename: Optional[str] = None
         self.stdin = "0"
@@ -320,6 +323,7 @@ def set_launcher(d: Draft, said: str, word: str, component_list: bool = False) -
 
 def launcher(d: Draft, flag: str, values: Sequence[str]) -> None:
     set_launcher(d, flag, values[0])
+    d.launcher_word = values[0]
 
 
 # -- other values ------------------------------------------------------------

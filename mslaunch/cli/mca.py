@@ -275,9 +275,10 @@ _acc("there are no daemons", "orte_daemon_spin", "orte_daemon_fail", "orte_daemo
 _acc("the remote command runs through the login shell the host gives",
      "orte_assume_same_shell", "plm_rsh_assume_same_shell", "plm_rsh_force_rsh",
      "plm_rsh_pass_environ_mca_params", "plm_rsh_pass_libpath", "plm_rsh_chdir")
-_acc("Grid Engine's and LoadLeveler's own starters are not used here", "plm_rsh_disable_qrsh",
-     "plm_rsh_daemonize_qrsh", "plm_rsh_disable_llspawn", "plm_rsh_daemonize_llspawn",
-     "ras_gridengine_show_jobid")
+_acc("inside Grid Engine the agents start with `qrsh -inherit` (`plm_rsh_agent` or "
+     "`--launcher ssh` chooses another way); LoadLeveler's starter is not used",
+     "plm_rsh_disable_qrsh", "plm_rsh_daemonize_qrsh", "plm_rsh_disable_llspawn",
+     "plm_rsh_daemonize_llspawn", "ras_gridengine_show_jobid")
 _acc("srun is started with mslaunch's own arguments", "plm_slurm_args", "plm_slurm_warning",
      "ras_slurm_dyn_allocate_timeout", "ras_slurm_enable_dyn_alloc", "ras_slurm_config_file",
      "ras_slurm_enable_rolling_alloc", "ras_slurm_use_entire_allocation")

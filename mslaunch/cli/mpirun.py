@@ -24,6 +24,7 @@ from ..switches import pty_wanted
 from .common import Exit, launch_dir
 from .draft import Context, Draft, check_int, check_seconds
 from .options import SPELLINGS, words_of
+from .rshagent import rsh_settings
 
 
 def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
@@ -203,6 +204,7 @@ def _build(d: Draft) -> JobSpec:
         timeout = check_seconds("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
     keep_going = d.keep_going
     mpi = _mpi(d)
+    launcher, rsh_agent, rsh_args = rsh_settings(d)
     return JobSpec(
         apps=apps, hosts=tuple(hosts), host_filter=host_filter,
         oversubscribe=oversubscribe,  # type: ignore[arg-type]
@@ -220,7 +222,7 @@ def _build(d: Draft) -> JobSpec:
         ssh=SSHSpec(config=d.ssh_config, user=d.ssh_user, port=d.ssh_port,
                     identity=d.ssh_identity, accept_new=d.ssh_accept_new,
                     connect_timeout=float(d.ssh_timeout), remote_python=d.remote_python,
-                    launcher=d.launcher, rsh_agent=d.rsh_agent, rsh_args=d.rsh_args))
+                    launcher=launcher, rsh_agent=rsh_agent, rsh_args=rsh_args))
 
 
 def _apps(d: Draft) -> Tuple[AppContext, ...]:

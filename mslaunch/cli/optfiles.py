@@ -33,7 +33,8 @@ def appfile(path: str, parse: Callable[..., JobSpec]) -> List[Context]:
     command line (without the environment, which is the whole job's)."""
     contexts = []
     for number, words in enumerate(_tokens(path, "appfile"), 1):
-        if any(w.lstrip("-") in ("launcher", "bootstrap") for w in words) or any(
+        if any(w.lstrip("-") in ("launcher", "bootstrap", "launcher-exec", "bootstrap-exec",
+                                 "bootstrap-exec-args") for w in words) or any(
                 w.lstrip("-") == "mca" and words[i + 1:i + 2] == ["plm"]
                 for i, w in enumerate(words)):
             # (parsed alone, it would be checked against no environment)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .draft import Apply
 
 from . import draft as D
+from . import rshagent as R
 
 if TYPE_CHECKING:
     class Option(NamedTuple):
@@ -238,7 +239,12 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "\tcopy the program to the remote hosts' working directories"),
         Option(("preload-files",), 1, D.preload_files,
                "--preload-files A,B\tcopy these files there too"),
-        Option(("launcher", "bootstrap"), 1, D.launcher),
+        Option(("launcher", "bootstrap"), 1, D.launcher, "-launcher ssh|rsh|slurm|local, "
+               "-launcher-exec CMD\tstart the agents with\n'CMD [ARGS] HOST command' "
+               "(also -bootstrap-exec, --mca plm_rsh_agent 'ssh : rsh');\n"
+               "-bootstrap-exec-args ARGS (--mca plm_rsh_args) adds ARGS"),
+        Option(("launcher-exec", "bootstrap-exec"), 1, R.set_exec),
+        Option(("bootstrap-exec-args",), 1, R.set_exec_args),
         Option(("novm",), 0, D.turn_on("novm"), note="agents start only on hosts that run "
                "ranks; by default, as Open MPI's daemons, on every host of the list, so that "
                "spawned jobs can use them"),

@@ -28,7 +28,7 @@ def host_entries(job: JobSpec, environ: Mapping[str, str]) -> List[HostEntry]:
             entries = filter_hosts(entries, job.host_filter)
         return entries
     if "SLURM_JOB_NODELIST" in environ or "SLURM_NODELIST" in environ \
-            or "PBS_NODEFILE" in environ:
+            or "PBS_NODEFILE" in environ or "PE_HOSTFILE" in environ or "LSB_JOBID" in environ:
         from .allocation import allocation_hosts
         found = allocation_hosts(environ)
         if found is not None:

@@ -1,8 +1,12 @@
-"""Hosts of a resource-manager allocation: Slurm and PBS/Torque.
+"""Hosts of a resource-manager allocation: Slurm, PBS/Torque, Grid Engine, LSF.
 
 Slurm's compressed host lists (``node[01-03,07]``) and task counts
 (``2(x3),1``) are expanded here; PBS lists a host once per slot in
-``PBS_NODEFILE``.  Errors are one line naming the variable or FILE:LINE.
+``PBS_NODEFILE``; Grid Engine's ``PE_HOSTFILE`` has ``HOST SLOTS QUEUE
+PROCESSORS`` lines (Open MPI reads it when ``JOB_ID``, ``SGE_ROOT`` and
+``ARC`` are set too); LSF's ``LSB_DJOB_HOSTFILE`` lists a host once per slot,
+``LSB_MCPU_HOSTS`` is ``HOST N HOST N ...`` (both with ``LSB_JOBID``).
+Errors are one line naming the variable or FILE:LINE.
 """
 
 from __future__ import annotations
@@ -162,9 +166,9 @@ def _slurm_hosts(environ: Mapping[str, str], nvar: str) -> Tuple[List[HostEntry]
     return entries, source
 
 
-def _pbs_hosts(path: str) -> Tuple[List[HostEntry], str]:
+def _pbs_hosts(path: str, var: str = "PBS_NODEFILE") -> Tuple[List[HostEntry], str]:
     shown = _show_path(path)
-    text = read_host_file(path, "PBS_NODEFILE", sep="=")
+    text = read_host_file(path, var, sep="=")
     pairs: List[Tuple[str, int, str]] = []
     for number, line in enumerate(text.split("\n"), 1):
         name = line.split("#", 1)[0].strip()
@@ -172,23 +176,79 @@ def _pbs_hosts(path: str) -> Tuple[List[HostEntry], str]:
             continue
         problem = _name_problem(name)
         if problem:
-            raise HostfileError(f"{shown}:{number}: {problem} (from PBS_NODEFILE)")
+            raise HostfileError(f"{shown}:{number}: {problem} (from {var})")
         pairs.append((name, 1, f"{shown}:{number}"))
         if len(pairs) > 64 * MAX_HOSTS:
             raise HostfileError(f"{shown}:{number}: more lines than any allocation has slots "
-                                f"(from PBS_NODEFILE)")
+                                f"(from {var})")
     if not pairs:
-        raise HostfileError(f"PBS_NODEFILE={shown}: lists no hosts")
+        raise HostfileError(f"{var}={shown}: lists no hosts")
     return _merge_counts(pairs), f"PBS allocation (PBS_NODEFILE={shown})"
 
 
+def in_grid_engine(environ: Mapping[str, str]) -> bool:
+    """Inside a Grid Engine parallel environment, as Open MPI tells."""
+    return all(environ.get(v) for v in ("PE_HOSTFILE", "JOB_ID", "SGE_ROOT", "ARC"))
+
+
+def in_lsf(environ: Mapping[str, str]) -> bool:
+    """Inside an LSF job with its hosts."""
+    return bool(environ.get("LSB_JOBID")) and bool(
+        environ.get("LSB_DJOB_HOSTFILE") or environ.get("LSB_MCPU_HOSTS", "").strip())
+
+
+def _grid_engine_hosts(path: str) -> Tuple[List[HostEntry], str]:
+    shown = _show_path(path)
+    text = read_host_file(path, "PE_HOSTFILE")
+    pairs: List[Tuple[str, int, str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        words = line.split()
+        if not words:
+            continue
+        problem = _name_problem(words[0])
+        if problem:
+            raise HostfileError(f"{shown}:{number}: {problem} (from PE_HOSTFILE)")
+        slots = _count(words[1]) if len(words) > 1 else None
+        if slots is None:
+            raise HostfileError(f"{shown}:{number}: expected 'HOST SLOTS QUEUE PROCESSORS', "
+                                f"got {_x(line.strip())} (from PE_HOSTFILE)")
+        pairs.append((words[0], slots, f"{shown}:{number}"))
+    if not pairs:
+        raise HostfileError(f"PE_HOSTFILE={shown}: lists no hosts")
+    return _merge_counts(pairs), f"Grid Engine allocation (PE_HOSTFILE={shown})"
+
+
+def _lsf_hosts(environ: Mapping[str, str]) -> Tuple[List[HostEntry], str]:
+    path = environ.get("LSB_DJOB_HOSTFILE", "")
+    if path:
+        entries, _ = _pbs_hosts(path, "LSB_DJOB_HOSTFILE")
+        return entries, f"LSF allocation (LSB_DJOB_HOSTFILE={_show_path(path)})"
+    text = environ["LSB_MCPU_HOSTS"]
+    words = text.split()
+    if len(words) % 2:
+        raise HostfileError(f"LSB_MCPU_HOSTS={_x(text)}: expected 'HOST N HOST N ...'")
+    pairs: List[Tuple[str, int, str]] = []
+    for name, count in zip(words[::2], words[1::2]):
+        problem = _name_problem(name)
+        slots = _count(count)
+        if problem or slots is None:
+            raise HostfileError(f"LSB_MCPU_HOSTS: {problem or f'bad slot count {_x(count)}'}"
+                                f" for {_x(name)}")
+        pairs.append((name, slots, "LSB_MCPU_HOSTS"))
+    return _merge_counts(pairs), f"LSF allocation (LSB_MCPU_HOSTS={text.strip()})"
+
+
 def allocation_hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntry], str]]:
-    """The hosts of a Slurm or PBS/Torque allocation, with a description.
+    """The hosts of a Slurm, PBS/Torque, Grid Engine or LSF allocation, with a
+    description.
 
     Slurm (``SLURM_JOB_NODELIST`` or ``SLURM_NODELIST``) wins over PBS
-    (``PBS_NODEFILE``).  Slot counts come from ``SLURM_TASKS_PER_NODE``, else
-    ``SLURM_JOB_CPUS_PER_NODE``, else 1 per node; for PBS, a host's count is
-    the number of lines naming it.  Returns None when no allocation is present.
+    (``PBS_NODEFILE``), PBS over Grid Engine, Grid Engine over LSF.  Slot
+    counts come from ``SLURM_TASKS_PER_NODE``, else ``SLURM_JOB_CPUS_PER_NODE``,
+    else 1 per node; for PBS and ``LSB_DJOB_HOSTFILE``, a host's count is the
+    number of lines naming it; ``PE_HOSTFILE`` and ``LSB_MCPU_HOSTS`` give
+    counts (a host named twice adds up).  Returns None when no allocation is
+    present.
     """
     for nvar in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if environ.get(nvar, "").strip():
@@ -196,4 +256,8 @@ def allocation_hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntr
     path = environ.get("PBS_NODEFILE", "")
     if path:
         return _pbs_hosts(path)
+    if in_grid_engine(environ):
+        return _grid_engine_hosts(environ["PE_HOSTFILE"])
+    if in_lsf(environ):
+        return _lsf_hosts(environ)
     return None

@@ -110,6 +110,11 @@ def _local_ipv4_addresses() -> frozenset:
     return frozenset(found)
 
 
+def local_ipv4_addresses() -> frozenset:
+    """This machine's IPv4 addresses (loopback ones too)."""
+    return _local_ipv4_addresses()
+
+
 def route_address(addr: str) -> Optional[str]:
     """This machine's address towards ``addr``, or None without a route.
 

@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchError, UsageError, one_line
-from ..machine.loop import Loop, wait_fd
-from ..machine.spawn import signal_name
-from . import bootstrap, link, timeline
+from ..machine.loop import Loop
+from . import bootstrap, timeline
+from .dialin import DialedConnection, StartingProcess, dial_program, greet
 
 #: Seconds for every agent to dial back once srun runs.
 AGENT_TIMEOUT = 60.0
@@ -46,22 +46,14 @@ AGENT_TIMEOUT = 60.0
 #: The dial program: drop the step's own variables (the ranks' identity is
 #: mslaunch's, not the agent's task's), connect to the launcher, present this
 #: node's token, make the connection stdin and stdout, then read the bootstrap
-#: as over SSH.  TCP_NODELAY (6, 1): the agent's hello follows the bootstrap's
-#: answer at once, and would otherwise wait for the launcher's delayed ACK.  Single quotes only, for the ``sh -c`` double quotes around it.
-_DIAL = ("import io,os,socket;e=os.environ;"
-         "[e.pop(k) for k in list(e) if k.startswith(('SLURM_STEP','SLURM_PROCID',"
-         "'SLURM_LOCALID','SLURM_NODEID','SLURM_TASK','SLURM_CPU_BIND','SLURM_GTIDS',"
-         "'SLURM_NTASKS','SLURM_NPROCS','SLURM_SRUN','SLURM_LAUNCH','SLURM_DISTRIBUTION',"
-         "'SLURM_UMASK','SLURM_PRIO'))];"
-         "t=dict(x.split('=',1) for x in e.pop('MSLAUNCH_DIAL_TOKENS').split())"
-         ".get(e.get('SLURMD_NODENAME',''));"
-         "a,p=e.pop('MSLAUNCH_DIAL').rsplit(':',1);"
-         "t or exit('mslaunch: this node is not one the launcher started an agent for');"
-         "s=socket.create_connection((a,int(p)),30);s.settimeout(None);s.setsockopt(6,1,1);"
-         "s.sendall(('mslaunch-dial '+t+chr(10)).encode());"
-         "os.dup2(s.fileno(),0);os.dup2(s.fileno(),1);s.close();"
-         "b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
-         "exec(b.read(int(b.readline())))")
+#: as over SSH (see :func:`.dialin.dial_program`).
+_DIAL = dial_program(
+    "[e.pop(k) for k in list(e) if k.startswith(('SLURM_STEP','SLURM_PROCID',"
+    "'SLURM_LOCALID','SLURM_NODEID','SLURM_TASK','SLURM_CPU_BIND','SLURM_GTIDS',"
+    "'SLURM_NTASKS','SLURM_NPROCS','SLURM_SRUN','SLURM_LAUNCH','SLURM_DISTRIBUTION',"
+    "'SLURM_UMASK','SLURM_PRIO'))];",
+    "dict(x.split('=',1) for x in e.pop('MSLAUNCH_DIAL_TOKENS').split())"
+    ".get(e.get('SLURMD_NODENAME',''))")
 
 
 def in_allocation(environ: Mapping[str, str]) -> bool:
@@ -191,151 +183,23 @@ def _version_at_least(text: str, wanted) -> bool:
         return False
 
 
-class _Step:
+class _Step(StartingProcess):
     """The srun process that runs every agent of the job, and its stderr's tail."""
 
+    ran = "agents"
+
     def __init__(self, argv: Sequence[str], env: Dict[str, str]) -> None:
-        import subprocess
-        import threading
-        try:
-            self.proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        except OSError as err:
-            raise LaunchError(f"cannot run srun: {err.strerror}") from None
-        self.tail = b""
-        self.open = 0
-        self.closing = False          # mslaunch itself is ending the step
-        self.ended_because = ""
-        self.links: List[socket.socket] = []
-        self._reader = threading.Thread(target=self._read, daemon=True, name="srun-output")
-        self._reader.start()
+        super().__init__(argv, env, "srun")
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.tail = (self.tail + line)[-4096:]
-        code = self.proc.wait()
-        # srun gone while agents still run (srun killed: its tasks live on,
-        # unseen by Slurm's own tools): the job ends as when a node is lost.
-        # Cutting a link makes its agent stop its ranks and the launcher
-        # report the node.  A link whose agent has closed it (the normal end,
-        # after which srun ends) is left alone; one with unread bytes is
-        # looked at again.
-        how = f"killed by {signal_name(-code)}" if code < 0 else f"status {code}"
-        because = f"srun, which ran the agents, ended ({how})"
-        if code < 0 and not self.closing:
-            # srun itself was killed; its agents may go down with it, and
-            # their links' end should then be reported as this.
-            self.ended_because = because
-        deadline = time.monotonic() + 5.0
-        todo = list(self.links)
-        while todo and not self.closing and time.monotonic() < deadline:
-            time.sleep(0.2)
-            for sock in list(todo):
-                try:
-                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
-                        continue                     # unread bytes: not known yet
-                except BlockingIOError:
-                    if self.closing:
-                        return
-                    self.ended_because = because
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                except OSError:
-                    pass
-                todo.remove(sock)
-
-    def last_line(self) -> str:
+    def last_line(self, skip: Sequence[str] = ()) -> str:
         """What srun and the agents said last: the last line that is not srun's own
         report of ending the step (which follows the real cause)."""
-        lines = self.tail.decode("utf-8", "replace").strip().splitlines()
-        useful = [ln for ln in lines if ln.strip() and not ln.startswith(
-            ("srun: Force Terminated", "srun: error: Timed out", "slurmstepd: error: ***"))]
-        pick = useful or lines
-        return one_line(pick[-1], 300) if pick else ""
-
-    def end(self, wait: float) -> None:
-        """Wait up to ``wait`` s for the step to end (its agents exited), then end it."""
-        import signal
-        import subprocess
-        try:
-            self.proc.wait(max(wait, 0.05))
-            return
-        except subprocess.TimeoutExpired:
-            pass
-        for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-            try:
-                self.proc.send_signal(sig)
-                self.proc.wait(grace)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-            except OSError:
-                return
+        return super().last_line(("srun: Force Terminated", "srun: error: Timed out",
+                                  "slurmstepd: error: ***"))
 
 
-class SrunAgentConnection:
-    """A running agent that dialled back: the same face as SSH's ``AgentConnection``."""
-
-    def __init__(self, name: str, sock: socket.socket, hello: Dict[str, Any],
-                 step: _Step) -> None:
-        self.name = name
-        self.hello = hello
-        self._sock = sock
-        self._step = step
-        step.open += 1
-        step.links.append(sock)
-        self.fd = os.dup(sock.fileno())
-        os.set_blocking(self.fd, False)
-        self._address = sock.getsockname()[0]
-
-    @property
-    def stderr_tail(self) -> bytes:
-        return self._step.tail
-
-    @property
-    def ended_because(self) -> str:
-        return self._step.ended_because
-
-    @property
-    def local_address(self) -> Optional[str]:
-        return self._address
-
-    def wait_exit(self, deadline: float) -> bool:
-        """Wait until the agent has closed its end of the link (it exited)."""
-        sock = self._sock
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if not wait_fd(sock, False, left):
-                return False
-            try:
-                if not sock.recv(1 << 16):
-                    return True
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                return True
-
-    def close(self, wait: float = 1.0) -> None:
-        if self._sock.fileno() < 0:
-            return
-        self._step.open -= 1
-        if self._step.open <= 0:
-            # The step ends because mslaunch ends it.  Closing only some links
-            # (agents the plan does not use) must not hide a killed srun later.
-            self._step.closing = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-        if self._step.open <= 0:
-            self._step.end(wait)
+#: The launcher's end of an srun agent's link.
+SrunAgentConnection = DialedConnection
 
 
 def connect_all(names: Sequence[str], pythons: Sequence[str], *,
@@ -343,74 +207,26 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 environ: Optional[Mapping[str, str]] = None,
                 lookups: Optional[_Lookups] = None) -> Dict[str, SrunAgentConnection]:
     """Start an agent on every node in ``names`` with one srun step; all or none."""
-    from .dialback import Listener, new_token
+    from .dialback import new_token
     environ = os.environ if environ is None else environ
     timeline.mark("waiting for Slurm client calls (srun --version, scontrol show node)")
     mine, srun_version = _dial_address(names, environ, lookups)
     timeline.mark("Slurm client calls done")
-    # Every agent is greeted at once: each takes a while to unpack the package
-    # and say hello, and a stranger that never speaks must not hold up the
-    # others (the listener cuts it off, as it does on the output connections).
-    loop = Loop()
-    listener = Listener(loop, [mine], tls=False, log=lambda text: None)
-    port = listener.port_of(mine)
-    if port is None:
-        loop.close()
-        raise LaunchError(f"--launcher slurm: cannot listen on {mine}, this machine's "
-                          f"address towards node {names[0]}")
     tokens = {name: new_token() for name in names}
-    env = dict(environ)
-    env["MSLAUNCH_DIAL"] = f"{mine}:{port}"
-    env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
-    done: Dict[str, SrunAgentConnection] = {}
-    greeting: Dict[str, _Greeting] = {}
 
-    def presented(name: str, sock: socket.socket, rest: bytes) -> None:
-        if rest:              # an agent says nothing before it has the bootstrap
-            sock.close()
-            return
-        timeline.mark("dialled back", name)
-        g = greeting[name] = _Greeting(name, sock)
-        loop.add_reader(sock.fileno(), lambda: ready(g))
-        ready(g)
+    def start(dial: str, procs: Dict[str, StartingProcess]) -> None:
+        env = dict(environ)
+        env["MSLAUNCH_DIAL"] = dial
+        env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
+        step = _Step(srun_argv(names, pythons, srun_version), env)
+        procs.update((name, step) for name in names)
+        timeline.mark("srun started")
 
-    def ready(g: _Greeting) -> None:
-        fd = g.sock.fileno()
-        try:
-            hello = g.on_ready()
-        except (OSError, link.LinkError):
-            del greeting[g.name]      # broke off
-            loop.forget(fd)
-            g.sock.close()
-            return
-        if hello is None:     # the bootstrap goes as the agent takes it
-            if g.out:
-                loop.add_writer(fd, lambda: ready(g))
-            else:
-                loop.remove_writer(fd)
-            return
-        loop.forget(fd)
-        del greeting[g.name]
-        done[g.name] = SrunAgentConnection(g.name, g.sock, hello, step)
+    def wait(loop: Loop, done: Dict[str, DialedConnection],
+             procs: Dict[str, StartingProcess]) -> None:
+        _await_agents(loop, procs[names[0]], names, done, cancelled)  # type: ignore[arg-type]
 
-    for name, token in tokens.items():
-        listener.expect(token, lambda sock, rest, name=name: presented(name, sock, rest))
-    step = _Step(srun_argv(names, pythons, srun_version), env)
-    timeline.mark("srun started")
-    try:
-        _await_agents(loop, step, names, done, cancelled)
-    except BaseException:
-        for conn in done.values():
-            conn.close(0)
-        if not done:
-            step.end(0)
-        raise
-    finally:
-        for g in greeting.values():
-            g.sock.close()
-        listener.close()
-        loop.close()
-    return done
+    return greet([mine], tokens, start, wait)
 
 
 def _dial_address(names: Sequence[str], environ: Mapping[str, str],
@@ -482,46 +298,3 @@ class SrunStarter:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with srun")
         return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ,
                            lookups=self._lookups)
-
-
-class _Greeting:
-    """An agent that presented its node's token: greeted (:class:`.bootstrap.Handshake`),
-    what it is sent going as it takes it, and its ``HELLO`` awaited."""
-
-    def __init__(self, name: str, sock: socket.socket) -> None:
-        self.name = name
-        self.sock = sock
-        self.handshake = bootstrap.Handshake(name=name)
-        self.out: Optional[memoryview] = memoryview(self.handshake.take())  # left to send
-
-    def on_ready(self) -> Optional[Dict[str, Any]]:
-        """Send and read what can be; the agent's greeting once it is complete."""
-        if self.out is not None:
-            try:
-                self.out = self.out[self.sock.send(self.out):] or None
-            except (BlockingIOError, InterruptedError):
-                pass
-        try:
-            data = self.sock.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
-            return None
-        if not data:
-            raise LaunchError(f"the agent on {self.name} ended before it said hello")
-        try:
-            greeted = self.handshake.feed(data)
-        except link.LinkError as err:
-            raise LaunchError(f"the agent on {self.name}: {err}") from None
-        more = self.handshake.take()
-        if more:              # the package, which the agent asked for
-            self.out = memoryview(bytes(self.out or b"") + more)
-            try:
-                self.out = self.out[self.sock.send(self.out):] or None
-            except (BlockingIOError, InterruptedError):
-                pass
-        if greeted is None:
-            return None
-        hello, rest = greeted
-        if rest:      # the agent says nothing more until it has its job
-            raise LaunchError(f"the agent on {self.name} sent frames before its job")
-        self.sock.setblocking(True)
-        return hello

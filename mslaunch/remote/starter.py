@@ -3,7 +3,8 @@
 A :class:`Starter` starts one agent on each named host and hands back, for
 each, an :class:`AgentConnection`: the launcher's end of that agent's link
 (see :mod:`.link`) and what the launcher needs to know of the agent.  The
-starters are paramiko's SSH (:class:`.ssh.SSHStarter`) and Slurm's srun
+starters are paramiko's SSH (:class:`.ssh.SSHStarter`), an rsh agent such as
+the OpenSSH client (:class:`.rsh.RshStarter`) and Slurm's srun
 (:class:`.slurm.SrunStarter`); :func:`starter_for` makes the job's, as
 :func:`.slurm.choose` decides.  The launcher uses only what the two
 protocols below say, whichever starter it has.
@@ -107,5 +108,14 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
         return SrunStarter(pythons, environ)
     if how == "local":
         return _NoStarter()
+    agent, setting = spec.rsh_agent, "plm_rsh_agent"
+    if not agent and spec.launcher == "auto":
+        from ..hosts.allocation import in_grid_engine, in_lsf
+        if in_grid_engine(environ) or in_lsf(environ):
+            from .rsh import engine_agent
+            agent, setting = engine_agent(environ)
+    if agent or spec.rsh_args:
+        from .rsh import RshStarter
+        return RshStarter(spec, pythons, environ, agent, setting)
     from .ssh import SSHStarter
     return SSHStarter(spec, pythons)

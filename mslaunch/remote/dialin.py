@@ -1,0 +1,328 @@
+"""Agents that dial back: the launcher's side, shared by srun and rsh agents.
+
+When the command that starts the agents gives them no stdin (``srun
+--input=none``, ``kubectl exec`` without ``-i``), each agent connects back
+to the launcher over TCP, presents a one-time token (see :mod:`.dialback`),
+and reads the same bootstrap and package as over SSH on that connection
+(:mod:`.bootstrap`'s :class:`~.bootstrap.Handshake`).  Here are the launcher's pieces: the one-line program
+the agents run (:func:`dial_program`), the loop that greets them
+(:func:`greet`), the process that started them (:class:`StartingProcess`:
+its output's tail, and what its end means) and the launcher's end of a
+link (:class:`DialedConnection`).
+
+The starting process (srun, ssh, kubectl...) is only the way there: once
+an agent dialled, the link is the TCP connection.  When that process ends
+while a link is still open and quiet, the link is cut, so that the agent
+stops its ranks and the launcher reports the host lost, naming the
+process and how it ended -- as Open MPI treats the end of an ssh session
+as the loss of its daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from ..errors import LaunchError, one_line
+from ..machine.loop import Loop, wait_fd
+from ..machine.spawn import signal_name
+from . import bootstrap, link, timeline
+
+
+def dial_program(prelude: str, token: str) -> str:
+    """The one-line program an agent runs: ``prelude`` (Python statements, each
+    ending in ``;``), then it takes its token (the Python expression ``token``)
+    and ``MSLAUNCH_DIAL`` (``ADDR:PORT[,ADDR:PORT...]``, tried in turn) out of
+    the environment, connects, presents the token, makes the connection its stdin and stdout
+    and reads the bootstrap as over SSH.  Single quotes only, for the ``sh
+    -c`` double quotes around it."""
+    return ("import io,os,socket;e=os.environ;" + prelude + "t=" + token + ";"
+            "a=e.pop('MSLAUNCH_DIAL');A=[x.rsplit(':',1) for x in a.split(',')];"
+            "t or exit('mslaunch: this host is not one the launcher started an agent for');"
+            "c=[socket.socket(socket.AF_INET6 if ':' in x else socket.AF_INET) for x,q in A];"
+            "s=next((k for k,(x,q) in zip(c,A) if not(k.settimeout(10) or "
+            "k.connect_ex((x,int(q))))),None);"
+            "s or exit('mslaunch: cannot reach the launcher at '+a);"
+            # TCP_NODELAY (6, 1): the agent's hello follows the bootstrap's answer
+            # at once, and would otherwise wait for the launcher's delayed ACK.
+            "s.settimeout(None);s.setsockopt(6,1,1);"
+            "s.sendall(('mslaunch-dial '+t+chr(10)).encode());"
+            "os.dup2(s.fileno(),0);os.dup2(s.fileno(),1);s.close();"
+            "b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
+            "exec(b.read(int(b.readline())))")
+
+
+class StartingProcess:
+    """A process that started agents (srun, an rsh command): its output's tail,
+    and the cut of its agents' links when it ends under them."""
+
+    ran = "agent"             # what it ran, as its end is reported
+
+    def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]], what: str) -> None:
+        import subprocess
+        import threading
+        self.what = what
+        try:
+            self.proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        except OSError as err:
+            raise LaunchError(f"cannot run {what}: {err.strerror}") from None
+        self.tail = b""
+        self.open = 0
+        self.closing = False          # mslaunch itself is ending the process
+        self.ended_because = ""
+        self.links: List[socket.socket] = []
+        threading.Thread(target=self._read, daemon=True, name=f"{what}-output").start()
+        threading.Thread(target=self._watch, daemon=True, name=f"{what}-watch").start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.tail = (self.tail + line)[-4096:]
+
+    def _watch(self) -> None:
+        # Its output may stay open in processes it left behind: the end of
+        # the process itself is what counts.
+        code = self.proc.wait()
+        # Gone while agents still run: the job ends as when a host is lost.
+        # Cutting a link makes its agent stop its ranks and the launcher
+        # report the host.  A link whose agent has closed it (the normal
+        # end, after which the process ends) is left alone; one with unread
+        # bytes is looked at again.
+        how = f"killed by {signal_name(-code)}" if code < 0 else f"status {code}"
+        because = f"{self.what}, which ran the {self.ran}, ended ({how})"
+        if code < 0 and not self.closing:
+            self.ended_because = because
+        deadline = time.monotonic() + 5.0
+        todo = list(self.links)
+        while todo and not self.closing and time.monotonic() < deadline:
+            time.sleep(0.2)
+            for sock in list(todo):
+                try:
+                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                        continue                     # unread bytes: not known yet
+                except BlockingIOError:
+                    if self.closing:
+                        return
+                    self.ended_because = because
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                except OSError:
+                    pass
+                todo.remove(sock)
+
+    def last_line(self, skip: Sequence[str] = ()) -> str:
+        """What the process said last: the last line not starting with ``skip``."""
+        lines = self.tail.decode("utf-8", "replace").strip().splitlines()
+        useful = [ln for ln in lines if ln.strip() and not ln.startswith(tuple(skip))]
+        pick = useful or lines
+        return one_line(pick[-1], 300) if pick else ""
+
+    def end(self, wait: float) -> None:
+        """Wait up to ``wait`` s for the process to end (its agents exited), then
+        end its process group."""
+        import signal
+        import subprocess
+        try:
+            self.proc.wait(max(wait, 0.05))
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except OSError:
+                return
+            try:
+                self.proc.wait(grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+class DialedConnection:
+    """A running agent that dialled back: the :class:`~.starter.AgentConnection`
+    of srun and rsh agents."""
+
+    def __init__(self, name: str, sock: socket.socket, hello: Dict[str, Any],
+                 starter: StartingProcess) -> None:
+        self.name = name
+        self.hello = hello
+        self._sock = sock
+        self._step = starter
+        starter.open += 1
+        starter.links.append(sock)
+        self.fd = os.dup(sock.fileno())
+        os.set_blocking(self.fd, False)
+        self._address = sock.getsockname()[0]
+
+    @property
+    def stderr_tail(self) -> bytes:
+        return self._step.tail
+
+    @property
+    def ended_because(self) -> str:
+        return self._step.ended_because
+
+    @property
+    def local_address(self) -> Optional[str]:
+        return self._address
+
+    def wait_exit(self, deadline: float) -> bool:
+        """Wait until the agent has closed its end of the link (it exited)."""
+        sock = self._sock
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not wait_fd(sock, False, left):
+                return False
+            try:
+                if not sock.recv(1 << 16):
+                    return True
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return True
+
+    def close(self, wait: float = 1.0) -> None:
+        if self._sock.fileno() < 0:
+            return
+        self._step.open -= 1
+        if self._step.open <= 0:
+            # The process ends because mslaunch ends it.  Closing only some
+            # links (agents the plan does not use) must not hide a kill later.
+            self._step.closing = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        if self._step.open <= 0:
+            self._step.end(wait)
+
+
+def greet(addresses: Sequence[str], tokens: Mapping[str, str],
+          start: Callable[[str, Dict[str, StartingProcess]], None],
+          wait: Callable[[Loop, Dict[str, DialedConnection], Dict[str, StartingProcess]], None]
+          ) -> Dict[str, DialedConnection]:
+    """Listen on ``addresses``, start the agents, greet each that presents its
+    host's token (from ``tokens``, by host name), until ``wait`` returns.
+
+    ``start(dial, procs)`` starts the agents, ``dial`` being the ``MSLAUNCH_DIAL``
+    value, and puts the starting process of each host in ``procs`` (by name).
+    ``wait(loop, done, procs)`` runs the loop until every agent is in ``done``,
+    or raises; then the agents already greeted are closed and every starting
+    process ended: all or none."""
+    from .dialback import Listener
+    # Every agent is greeted at once: each takes a while to unpack the package
+    # and say hello, and a stranger that never speaks must not hold up the
+    # others (the listener cuts it off, as it does on the output connections).
+    loop = Loop()
+    listener = Listener(loop, list(addresses), tls=False, log=lambda text: None)
+    usable = [a for a in addresses if listener.port_of(a) is not None]
+    if not usable:
+        loop.close()
+        raise LaunchError(f"cannot listen for the agents on {', '.join(addresses[:4])}, "
+                          f"this machine's address(es) towards the hosts")
+    done: Dict[str, DialedConnection] = {}
+    greeting: Dict[str, _Greeting] = {}
+    procs: Dict[str, StartingProcess] = {}
+
+    def presented(name: str, sock: socket.socket, rest: bytes) -> None:
+        if rest:              # an agent says nothing before it has the bootstrap
+            sock.close()
+            return
+        timeline.mark("dialled back", name)
+        g = greeting[name] = _Greeting(name, sock)
+        loop.add_reader(sock.fileno(), lambda: ready(g))
+        ready(g)
+
+    def ready(g: _Greeting) -> None:
+        fd = g.sock.fileno()
+        try:
+            hello = g.on_ready()
+        except (OSError, link.LinkError):
+            del greeting[g.name]      # broke off
+            loop.forget(fd)
+            g.sock.close()
+            return
+        if hello is None:     # the bootstrap goes as the agent takes it
+            if g.out:
+                loop.add_writer(fd, lambda: ready(g))
+            else:
+                loop.remove_writer(fd)
+            return
+        loop.forget(fd)
+        del greeting[g.name]
+        done[g.name] = DialedConnection(g.name, g.sock, hello, procs[g.name])
+
+    for name, token in tokens.items():
+        listener.expect(token, lambda sock, rest, name=name: presented(name, sock, rest))
+    try:
+        start(",".join(f"{a}:{listener.port_of(a)}" for a in usable), procs)
+        wait(loop, done, procs)
+    except BaseException:
+        for conn in done.values():
+            conn.close(0)
+        for proc in set(procs.values()):
+            proc.closing = True
+            proc.end(0)
+        raise
+    finally:
+        for g in greeting.values():
+            g.sock.close()
+        listener.close()
+        loop.close()
+    return done
+
+
+class _Greeting:
+    """An agent that presented its node's token: greeted (:class:`.bootstrap.Handshake`),
+    what it is sent going as it takes it, and its ``HELLO`` awaited."""
+
+    def __init__(self, name: str, sock: socket.socket) -> None:
+        self.name = name
+        self.sock = sock
+        self.handshake = bootstrap.Handshake(name=name)
+        self.out: Optional[memoryview] = memoryview(self.handshake.take())  # left to send
+
+    def on_ready(self) -> Optional[Dict[str, Any]]:
+        """Send and read what can be; the agent's greeting once it is complete."""
+        if self.out is not None:
+            try:
+                self.out = self.out[self.sock.send(self.out):] or None
+            except (BlockingIOError, InterruptedError):
+                pass
+        try:
+            data = self.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return None
+        if not data:
+            raise LaunchError(f"the agent on {self.name} ended before it said hello")
+        try:
+            greeted = self.handshake.feed(data)
+        except link.LinkError as err:
+            raise LaunchError(f"the agent on {self.name}: {err}") from None
+        more = self.handshake.take()
+        if more:              # the package, which the agent asked for
+            self.out = memoryview(bytes(self.out or b"") + more)
+            try:
+                self.out = self.out[self.sock.send(self.out):] or None
+            except (BlockingIOError, InterruptedError):
+                pass
+        if greeted is None:
+            return None
+        hello, rest = greeted
+        if rest:      # the agent says nothing more until it has its job
+            raise LaunchError(f"the agent on {self.name} sent frames before its job")
+        self.sock.setblocking(True)
+        return hello

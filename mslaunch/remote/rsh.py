@@ -1,0 +1,206 @@
+"""Agents started by an rsh agent: any command run as ``CMD [ARGS] HOST 'command'``.
+
+This is Open MPI's ``plm_rsh_agent`` / ``plm_rsh_args`` and Hydra's
+``-launcher ssh|rsh -launcher-exec CMD``: the OpenSSH client itself (with
+everything ``ssh_config`` offers: Kerberos, certificates, ``ControlMaster``,
+hardware keys), ``rsh``, Grid Engine's ``qrsh -inherit``, LSF's ``blaunch``,
+the MPI Operator's ``kubexec.sh`` (``kubectl exec POD -- /bin/sh -c "$*"``).
+The last word is one command line, which the remote side runs through a
+shell; it needs nothing on the host but ``/bin/sh`` and Python 3.8.
+
+Such a command need not forward stdin, so the agent dials back, as under
+srun (:mod:`.dialin`): the command line carries the launcher's addresses
+and a one-time token in the agent's environment (``env`` in front of the
+interpreter, so no token is left in the agent's argv); the launcher sends
+the bootstrap on the connection the token opens.  A host the launcher cannot
+resolve (a pod's name, an alias of ``ssh_config``) is given every address of
+this machine, tried in turn.
+
+Each host has its own command process, in a session of its own.  When it
+ends before its agent dialled back, or the agent does not dial back in
+time, the start fails with one line naming the host and the command, and
+every command started is ended.  When it ends under a running agent (the
+SSH session or the ``kubectl exec`` dropped), the link is cut: the agent
+stops its ranks and the job ends with the host lost, as Open MPI's daemon
+is lost with its ssh session.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+    from ..machine.loop import Loop
+    from ..spec import SSHSpec
+
+from ..errors import LaunchError, UsageError, one_line
+from . import bootstrap
+from .dialin import DialedConnection, StartingProcess, dial_program, greet
+
+#: Open MPI's default ``plm_rsh_agent``: the first found on PATH is used.
+DEFAULT_AGENT = "ssh : rsh"
+
+_DIAL = dial_program("", "e.pop('MSLAUNCH_DIAL_TOKEN','')")
+
+
+def agent_words(agent: str, args: str, environ: Mapping[str, str],
+                setting: str = "plm_rsh_agent") -> List[str]:
+    """The command (and arguments) that reaches a host: the first alternative of
+    ``agent`` (Open MPI's ``A : B`` list) found on ``PATH``, then ``args``."""
+    tried = []
+    for alternative in agent.split(":"):
+        try:
+            words = shlex.split(alternative)
+        except ValueError as err:
+            raise UsageError(f"{setting} {one_line(agent, 60)}: {err}") from None
+        if not words:
+            continue
+        tried.append(words[0])
+        found = shutil.which(words[0], path=environ.get("PATH", os.defpath))
+        if found is not None:
+            try:
+                return words + shlex.split(args)
+            except ValueError as err:
+                raise UsageError(f"plm_rsh_args {one_line(args, 60)}: {err}") from None
+    if not tried:
+        raise UsageError(f"{setting}: empty command")
+    missing = tried[0] if len(tried) == 1 else "neither " + " nor ".join(tried)
+    shown = f"{setting} '{one_line(agent, 60)}'" if setting == "plm_rsh_agent" else setting
+    raise LaunchError(f"{shown}: {missing} is on PATH; no remote host can be reached"
+                      if len(tried) > 1 else
+                      f"{shown}: {missing} is not on PATH; no remote host can be reached")
+
+
+def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
+    """The rsh agent of the Grid Engine or LSF job ``environ`` is in, as Open MPI
+    and Hydra use them, and how to name it in messages."""
+    from ..hosts.allocation import in_grid_engine
+    if in_grid_engine(environ):
+        # Open MPI: $SGE_ROOT/bin/$ARC/qrsh, else qrsh on PATH.
+        qrsh = os.path.join(environ["SGE_ROOT"], "bin", environ["ARC"], "qrsh")
+        if not os.access(qrsh, os.X_OK):
+            qrsh = "qrsh"
+        return f"{shlex.quote(qrsh)} -inherit -nostdin -V", "inside a Grid Engine job"
+    blaunch = os.path.join(environ.get("LSF_BINDIR", ""), "blaunch")
+    if not (environ.get("LSF_BINDIR") and os.access(blaunch, os.X_OK)):
+        blaunch = "blaunch"
+    return shlex.quote(blaunch), "inside an LSF job"
+
+
+def remote_command(pythons: Sequence[str], dial: str, token: str) -> str:
+    """The command line an agent's host runs: the interpreter search of
+    :mod:`.bootstrap`, running the dial program with ``dial`` and ``token``."""
+    return (f"exec env MSLAUNCH_DIAL={dial} MSLAUNCH_DIAL_TOKEN={token} /bin/sh -c "
+            + bootstrap.shell_quote(bootstrap.interpreter_script(_DIAL)) + " mslaunch-agent "
+            + " ".join(bootstrap.shell_quote(p) for p in pythons))
+
+
+def dial_addresses(names: Sequence[str]) -> List[str]:
+    """The addresses the agents on ``names`` are told to dial: this machine's
+    towards them, or (for a name this machine cannot resolve) all of its own,
+    loopback last."""
+    from ..hosts.local import local_ipv4_addresses, route_address
+    found: List[str] = []
+    for name in names:
+        try:
+            addr = str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
+        except (OSError, UnicodeError):
+            break
+        mine = route_address(addr)
+        if mine is None or mine.startswith("127.") or mine == "::1":
+            break
+        if mine not in found:
+            found.append(mine)
+    else:
+        return found
+    everything = sorted(local_ipv4_addresses(), key=lambda a: (a.startswith("127."), a))
+    return found + [a for a in everything if a not in found]
+
+
+def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[str], *,
+                timeout: float, cancelled: Optional[Callable[[], bool]] = None
+                ) -> Dict[str, DialedConnection]:
+    """Start an agent on every host in ``names`` with ``words + [host, command]``;
+    all of them or none (LaunchError)."""
+    from .dialback import new_token
+    tokens = {name: new_token() for name in names}
+    shown = " ".join(words)
+
+    def start(dial: str, procs: Dict[str, StartingProcess]) -> None:
+        for name in names:
+            argv = list(words) + [name, remote_command(pythons, dial, tokens[name])]
+            procs[name] = StartingProcess(argv, None, os.path.basename(words[0]))
+
+    def wait(loop: Loop, done: Dict[str, DialedConnection],
+             procs: Dict[str, StartingProcess]) -> None:
+        deadline = time.monotonic() + timeout
+        while len(done) < len(names):
+            if cancelled is not None and cancelled():
+                raise LaunchError(f"stopped while starting the agents with {words[0]}", 130)
+            ended = [n for n in names if n not in done and procs[n].proc.poll() is not None]
+            late = time.monotonic() > deadline
+            if ended or late:
+                raise LaunchError(_failure(names, done, procs, shown, timeout, late))
+            loop.run_once(0.1)
+
+    return greet(dial_addresses(names), tokens, start, wait)
+
+
+def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
+             procs: Dict[str, StartingProcess], shown: str, timeout: float,
+             late: bool) -> str:
+    """One line: every host whose agent is not there, and why (before the
+    deadline, only those whose command ended)."""
+    parts = []
+    for name in names:
+        if name in done:
+            continue
+        proc = procs[name]
+        said = proc.last_line()
+        code = proc.proc.poll()
+        if code is None and not late:
+            continue
+        if code is None:
+            parts.append(f"{name} (did not dial back within {timeout:g} s"
+                         + (f"; it said: {said}" if said else "") + ")")
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"status {code}"
+            parts.append(f"{name} (ended with {how} before the agent dialled back"
+                         + (f": {said}" if said else "") + ")")
+    missing = len(parts)
+    return (f"cannot start the job's agent on {missing} of {len(names)} remote host(s) "
+            f"with '{one_line(shown, 200)} HOST ...'; nothing was started: "
+            + "; ".join(parts[:6]) + (f" and {missing - 6} more" if missing > 6 else ""))
+
+
+class RshStarter:
+    """The :class:`~.starter.Starter` that starts agents with an rsh agent."""
+
+    plain_link = True         # the agents dial back in plain TCP
+
+    def __init__(self, spec: SSHSpec, pythons: Sequence[str], environ: Mapping[str, str],
+                 agent: str = "", setting: str = "plm_rsh_agent") -> None:
+        self.words = agent_words(agent or spec.rsh_agent or DEFAULT_AGENT, spec.rsh_args,
+                                 environ, setting)
+        self.pythons = list(pythons)
+        # The command must reach the host and start Python there.
+        self.timeout = 3 * spec.connect_timeout
+
+    def prepare(self) -> None:
+        """The agent's package, in the background (no paramiko, and plain output)."""
+        bootstrap.prepare_in_background(credentials=False)
+
+    def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
+              say: Optional[Callable[[str], None]] = None) -> Dict[str, DialedConnection]:
+        if say is not None:
+            say(f"mslaunch: starting agents on {len(names)} remote host(s) with "
+                f"{' '.join(self.words)} HOST")
+        return connect_all(names, self.words, self.pythons, timeout=self.timeout,
+                           cancelled=cancelled)

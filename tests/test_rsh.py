@@ -1,0 +1,388 @@
+"""Agents started by an rsh agent, on real sshd hosts (network namespaces).
+
+The OpenSSH client itself (``--mca plm_rsh_agent ssh``, Hydra's
+``-launcher-exec``) and a stand-in for the MPI Operator v1's ``kubexec.sh``
+(``kubectl exec POD -- /bin/sh -c "$*"``, no stdin: here ``nsenter`` into the
+host's namespaces) start the same agent as paramiko, which dials back.  The
+SSH faults matrix runs on both: the launcher, an agent or the command
+killed, the session dropped, the host partitioned; no orphan on any host.
+Bad commands give one error line naming the host and the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from helpers import PY, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from test_remote import FAST_BEAT, agents, no_agents, renv, settle
+
+pytestmark = pytest.mark.remote
+
+
+@pytest.fixture
+def home(sshbed, tmp_path):
+    """A HOME whose ssh_config is elsewhere (``CFG``): paramiko, which reads
+    ``$HOME/.ssh/config``, cannot reach the hosts; ``ssh -F CFG`` can."""
+    home = sshbed.make_home(tmp_path / "home")
+    os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
+    return home
+
+
+def cfg_of(home: str) -> str:
+    return os.path.join(os.path.dirname(home), "ssh_config")
+
+
+def kubexec(bed, directory) -> str:
+    """A ``kubexec.sh`` whose ``kubectl exec POD`` enters host POD's namespaces."""
+    bed.require_netns("the kubexec stand-in")
+    cases = "".join(f"  {h.name}) pid={h.pid};;\n" for h in bed.hosts)
+    path = os.path.join(str(directory), "kubexec.sh")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n# kubectl exec $POD -- /bin/sh -c \"$*\" (no -i)\n"
+                "pod=$1; shift\ncase $pod in\n" + cases +
+                "  *) echo \"Error from server (NotFound): pods \\\"$pod\\\" not found\" >&2;"
+                " exit 1;;\nesac\n"
+                # The remote side outlives a dropped kubectl exec, as in Kubernetes.
+                "nsenter -t $pid -n -u -m -- /bin/sh -c \"$*\" </dev/null &\nwait $!\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+@pytest.fixture(params=["ssh", "kubexec"])
+def way(request, sshbed, home, tmp_path):
+    """The options that start the agents with the OpenSSH client or kubexec.sh."""
+    if request.param == "ssh":
+        return ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args",
+                f"-F {cfg_of(home)}"]
+    return ["--mca", "plm_rsh_agent", kubexec(sshbed, tmp_path)]
+
+
+def run_rsh(home, *args, env=None, timeout=90):
+    return subprocess.run(cmd(*args), capture_output=True, timeout=timeout,
+                          env=env or renv(home))
+
+
+def test_ranks_output_files_and_exit_code_through_the_agent(sshbed, home, way, tmp_path):
+    prog = ("import os,socket,sys;r=int(os.environ['OMPI_COMM_WORLD_RANK']);"
+            "print('rank',r,socket.gethostname(),flush=True);"
+            "sys.stdout.write('x'*300000+'\\n');sys.exit(7 if r==1 else 0)")
+    r = run_rsh(home, *way, "-H", "h1,h2", "-n", "2", "--output-filename",
+                str(tmp_path / "out"), PY, "-c", prog)
+    assert r.returncode == 7, r.stderr
+    lines = r.stdout.decode().splitlines()
+    assert "rank 0 h1" in lines and "rank 1 h2" in lines
+    assert r.stdout.count(b"x" * 300000 + b"\n") == 2
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+def test_hydra_launcher_exec_and_its_variables_start_the_openssh_client(sshbed, home, tmp_path):
+    r = run_rsh(home, "-launcher", "ssh", "-launcher-exec", "ssh", "-bootstrap-exec-args",
+                f"-F {cfg_of(home)}", "-hosts", "h1,h3", "-n", "2", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == [b"h1", b"h3"]
+    r = run_rsh(home, "-hosts", "h2", "-n", "1", "hostname",
+                env=renv(home, HYDRA_LAUNCHER_EXEC="ssh",
+                         HYDRA_LAUNCHER_EXTRA_ARGS=f"-F {cfg_of(home)}"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"h2\n"
+    # Extra arguments alone: the OpenSSH client with them (paramiko has no -F).
+    r = run_rsh(home, "-hosts", "h4", "-n", "1", "hostname",
+                env=renv(home, I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS="-F /nonexistent/cfg"))
+    assert r.returncode == 1 and b"h4" in r.stderr and b"/nonexistent/cfg" in r.stderr
+
+
+def test_signals_and_stdin_reach_remote_ranks(sshbed, home, way):
+    prog = ("import sys;print(sys.stdin.read().upper(),flush=True)")
+    p = subprocess.run(cmd(*way, "-H", "h2", "-n", "1", PY, "-c", prog), input=b"hello",
+                       capture_output=True, timeout=60, env=renv(home))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == b"HELLO\n"
+
+
+# -- the faults matrix ----------------------------------------------------------------
+
+def _start_sleepers(home, tag, way, hosts="h1,h2"):
+    p = subprocess.Popen(cmd(*way, "-H", hosts, "-n", str(len(hosts.split(","))),
+                             "-x", "MSL_TEST_TAG", "sleep", "120"),
+                         env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT=FAST_BEAT),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert wait_for(lambda: len(_sleeps(tag)) == len(hosts.split(",")), 30), p.poll()
+    return p
+
+
+def _sleeps(tag):
+    found = []
+    for pid in tagged_pids(tag):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"sleep\0"):
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _commands(tag, name):
+    """The launcher's rsh command processes (they carry the launcher's environment)."""
+    found = []
+    for pid in tagged_pids(tag):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(words[0]) in (b"ssh", b"sh") and name.encode() in words[:6]:
+            found.append(pid)
+    return found
+
+
+def _ends_with_host_lost(p, tag, bed, host, *also):
+    try:
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 255, err
+        assert f"lost host {host}".encode() in err, err
+        for text in also:
+            assert text.encode() in err, err
+        settle(tag, bed)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home, way):
+    tag = new_tag()
+    p = _start_sleepers(home, tag, way)
+    try:
+        p.kill()
+        p.wait()
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)
+
+
+def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, home, way):
+    tag = new_tag()
+    p = _start_sleepers(home, tag, way)
+    victims = agents(sshbed, "h2", watchdogs=False)
+    assert len(victims) == 1
+    os.kill(victims[0], signal.SIGKILL)
+    _ends_with_host_lost(p, tag, sshbed, "h2")
+
+
+def test_the_command_dying_ends_the_job_and_the_remote_ranks(sshbed, home, way):
+    # The SSH client or kubectl exec killed: the remote agent lives on, unseen;
+    # the launcher cuts its link, the agent stops its rank.
+    tag = new_tag()
+    p = _start_sleepers(home, tag, way)
+    victims = _commands(tag, "h1")
+    assert victims, tagged_pids(tag)
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    _ends_with_host_lost(p, tag, sshbed, "h1", "which ran the agent, ended (killed by SIGKILL)")
+
+
+def test_a_dropped_ssh_session_ends_the_job(sshbed, home):
+    tag = new_tag()
+    p = _start_sleepers(home, tag, ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                                    f"-F {cfg_of(home)}"])
+    assert sshbed.drop_session_children("h1")
+    _ends_with_host_lost(p, tag, sshbed, "h1")
+
+
+def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, home, way):
+    sshbed.require_netns("a network partition")
+    tag = new_tag()
+    p = _start_sleepers(home, tag, way)
+    sshbed.link_down("h2")
+    try:
+        # The agent on h2, cut off, stops its rank by itself.
+        _ends_with_host_lost(p, tag, sshbed, "h2", "no sign of life")
+    finally:
+        sshbed.link_up("h2")
+
+
+# -- commands that do not start an agent ------------------------------------------------
+
+@pytest.mark.parametrize("agent, said", [
+    ("/no/such/rsh : nosuchrsh", "plm_rsh_agent '/no/such/rsh : nosuchrsh': neither "
+                                 "/no/such/rsh nor nosuchrsh is on PATH"),
+    ("sh -c 'echo denied >&2; exit 3' x", "h2 (ended with status 3 before the agent dialled "
+                                           "back: denied)"),
+    ("sh -c 'echo Welcome to junk; echo more junk' x", "h2 (ended with status 0 before the "
+                                                        "agent dialled back: more junk)"),
+    ("sh -c 'exec sleep 60' x", "h2 (did not dial back within 3 s"),
+])
+def test_a_bad_command_gives_one_line_and_starts_nothing(sshbed, home, tmp_path, agent, said):
+    tag = new_tag()
+    # h1 is reached (its agent dials back) and must be stopped again.
+    wrapper = tmp_path / "either.sh"
+    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = h1 ]; then exec ssh -F {cfg_of(home)} "
+                       f"\"$@\"; fi\nexec {agent} \"$@\"\n")
+    wrapper.chmod(0o755)
+    real = agent if agent.startswith("/no/") else str(wrapper)
+    r = run_rsh(home, "--ssh-timeout", "1", "--mca", "plm_rsh_agent", real, "-H", "h1,h2",
+                "-n", "2", "-x", "MSL_TEST_TAG", "sleep", "30",
+                env=renv(home, MSL_TEST_TAG=tag))
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mslaunch: error: "), err
+    assert said in err
+    if not agent.startswith("/no/"):
+        assert f"with '{wrapper} HOST ...'" in err and "1 of 2" in err
+    settle(tag, sshbed)
+
+
+def test_an_unreachable_host_is_named_by_the_ssh_client(sshbed, tmp_path):
+    unreachable = f"198.18.{sshbed.k}.99"
+    home = sshbed.make_home(tmp_path / "home", user_config_extra=f"Host h9\n  HostName "
+                            f"{unreachable}\n  ConnectTimeout 1\n")
+    os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
+    r = run_rsh(home, "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                f"-F {cfg_of(home)}", "-H", "h1,h9", "-n", "2", "true")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    assert "h9 (ended with status 255" in err and unreachable in err
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+# -- Grid Engine and LSF: their agents, chosen inside their allocations ------------------
+
+def _stand_in(bed, path, expect: str) -> None:
+    """``CMD [expected options] HOST command``: the command run on HOST (its
+    namespaces entered), as qrsh -inherit and blaunch do; other options refused."""
+    cases = "".join(f"  {h.name}) pid={h.pid};;\n" for h in bed.hosts)
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\nfor o in {expect}; do [ \"$1\" = \"$o\" ] || "
+                "{ echo \"stand-in: unexpected option $1\" >&2; exit 2; }; shift; done\n"
+                "host=$1; shift\ncase $host in\n" + cases +
+                "  *) echo \"error: $host is not a host of this job\" >&2; exit 1;;\nesac\n"
+                "exec nsenter -t $pid -n -u -m -- /bin/sh -c \"$*\" </dev/null\n")
+    os.chmod(path, 0o755)
+
+
+def test_grid_engine_hosts_slots_and_qrsh_inherit(sshbed, tmp_path):
+    sshbed.require_netns("the qrsh stand-in")
+    qrsh_dir = tmp_path / "sge" / "bin" / "lx-amd64"
+    qrsh_dir.mkdir(parents=True)
+    _stand_in(sshbed, qrsh_dir / "qrsh", "-inherit -nostdin -V")
+    pe = tmp_path / "pe_hostfile"
+    pe.write_text("h1 2 all.q@h1 UNDEFINED\nh2 1 all.q@h2 UNDEFINED\n")
+    env = renv(str(tmp_path), PE_HOSTFILE=str(pe), JOB_ID="42", SGE_ROOT=str(tmp_path / "sge"),
+               ARC="lx-amd64")
+    r = run_rsh(str(tmp_path), "hostname", env=env)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == [b"h1", b"h1", b"h2"]
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+def test_lsf_hosts_slots_and_blaunch(sshbed, tmp_path):
+    sshbed.require_netns("the blaunch stand-in")
+    bindir = tmp_path / "lsf"
+    bindir.mkdir()
+    _stand_in(sshbed, bindir / "blaunch", "")
+    for extra in ({"LSB_MCPU_HOSTS": "h3 1 h4 2"},
+                  {"LSB_DJOB_HOSTFILE": str(tmp_path / "djob")}):
+        (tmp_path / "djob").write_text("h3\nh4\nh4\n")
+        env = renv(str(tmp_path), LSB_JOBID="7", LSF_BINDIR=str(bindir), **extra)
+        r = run_rsh(str(tmp_path), "hostname", env=env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.split()) == [b"h3", b"h4", b"h4"]
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+# -- Kubernetes' MPI Operator v1: kubexec.sh as the rsh agent -----------------------------
+
+def test_mpi_operator_v1_launcher_runs_mpi_on_the_worker_pods(sshbed, tmp_path, mpich):
+    from test_remote import MPI_PROG
+    sshbed.require_netns("the kubexec stand-in")
+    # The operator's kubexec.sh takes pod names: these map to the bed's hosts.
+    script = kubexec(sshbed, tmp_path)
+    text = open(script).read().replace("  h1)", "  job-worker-0)").replace("  h2)",
+                                                                          "  job-worker-1)")
+    with open(script, "w") as f:
+        f.write(text)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("job-worker-0 slots=2\njob-worker-1 slots=2\n")
+    # The launcher pod's environment, as the operator's controller sets it.
+    env = renv(str(tmp_path), OMPI_MCA_plm_rsh_agent=script,
+               OMPI_MCA_orte_default_hostfile=str(hostfile), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    r = run_rsh(str(tmp_path), "-np", "4", "-x", "UCX_TLS", PY, "-c", MPI_PROG, "ok",
+                env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted((json.loads(x) for x in r.stdout.decode().splitlines()),
+                  key=lambda row: row["rank"])
+    assert [row["host"] for row in rows] == ["h1", "h1", "h2", "h2"]
+    assert [row["sum"] for row in rows] == [6] * 4
+    assert all(sorted(row["shared"]) == ([0, 1] if row["rank"] < 2 else [2, 3]) for row in rows)
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+@pytest.fixture
+def gridengine(sshbed, tmp_path):
+    import gebed
+    from conftest import require
+    require(not gebed.missing(), "Grid Engine (apt-get install gridengine-master "
+                                 "gridengine-exec gridengine-client): "
+                                 + ", ".join(gebed.missing()))
+    sshbed.require_netns("a Grid Engine cell")
+    cell = gebed.GridEngine(sshbed, str(tmp_path / "ge")).start()
+    yield cell
+    cell.stop()
+
+
+def test_a_real_grid_engine_job_runs_ranks_through_qrsh_inherit(sshbed, gridengine, tmp_path):
+    from helpers import REPO
+    job = tmp_path / "job.sh"
+    job.write_text(f"#!/bin/sh\nPYTHONPATH={REPO} {PY} -m mslaunch -v {PY} -c "
+                   "'import os,socket;print(os.environ[\"OMPI_COMM_WORLD_RANK\"],"
+                   "socket.gethostname())'\necho rc=$?\n")
+    job.chmod(0o755)
+    out, err = tmp_path / "out", tmp_path / "err"
+    r = gridengine.qsub(str(job), 4, str(out), str(err))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    lines = out.read_text().splitlines()
+    assert lines[-1] == "rc=0", (lines, err.read_text())
+    # $round_robin: one slot on each of the bed's hosts, in PE_HOSTFILE's order.
+    rows = [ln.split() for ln in lines[:-1]]
+    assert sorted(r[0] for r in rows) == [str(i) for i in range(4)], lines
+    assert sorted(r[1] for r in rows) == sorted(h.name for h in sshbed.hosts), lines
+    said = err.read_text()
+    assert "qrsh -inherit -nostdin -V HOST" in said, said
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+def test_mpi_operator_v2_launcher_reaches_the_workers_sshd_with_openssh(sshbed, tmp_path, mpich):
+    """v2: sshd in the workers, the launcher pod's ssh and its settings."""
+    from test_remote import MPI_PROG
+    workers = {f"job-worker-{i}.job.default.svc": h for i, h in enumerate(sshbed.hosts[:2])}
+    extra = "".join(f"Host {name}\n  HostName {h.addr}\n  Port {h.port}\n"
+                    for name, h in workers.items())
+    home = sshbed.make_home(tmp_path / "home", user_config_extra=extra)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{name} slots=2\n" for name in workers))
+    # The pod's ssh reads its config (here through HOME/bin/ssh, which passes -F).
+    env = renv(home, PATH=f"{home}/bin:" + os.environ["PATH"],
+               OMPI_MCA_orte_keep_fqdn_hostnames="true",
+               OMPI_MCA_orte_default_hostfile=str(hostfile),
+               OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))   # no paramiko way there
+    with open(os.path.join(home, "bin", "ssh"), "w") as f:
+        f.write(f'#!/bin/sh\nexec {shutil.which("ssh")} -F "{cfg_of(home)}" "$@"\n')
+    r = run_rsh(home, "-np", "4", "-x", "UCX_TLS", PY, "-c", MPI_PROG, "ok", env=env,
+                timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted((json.loads(x) for x in r.stdout.decode().splitlines()),
+                  key=lambda row: row["rank"])
+    assert [row["host"] for row in rows] == ["h1", "h1", "h2", "h2"]
+    assert [row["sum"] for row in rows] == [6] * 4
+    assert wait_for(lambda: no_agents(sshbed), 15)

@@ -1,0 +1,67 @@
+"""Which rsh agent the command line and the environment choose (Open MPI's and
+Hydra's spellings), and which starter a job gets from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from mslaunch.cli.mpirun import parse_args
+from mslaunch.errors import LaunchError, UsageError
+from mslaunch.remote.starter import starter_for
+
+CFG = "-F /etc/cfg"
+
+
+@pytest.mark.parametrize("argv, environ, agent, args", [
+    ([], {}, "", ""),
+    (["--mca", "plm_rsh_agent", "ssh : rsh"], {}, "ssh : rsh", ""),
+    (["--mca", "plm_rsh_args", CFG], {}, "", CFG),
+    ([], {"OMPI_MCA_plm_rsh_agent": "/etc/mpi/kubexec.sh"}, "/etc/mpi/kubexec.sh", ""),
+    (["-launcher", "rsh"], {}, "rsh", ""),
+    (["-launcher", "ssh"], {}, "", ""),
+    (["-launcher", "rsh", "-launcher-exec", "/k.sh"], {}, "/k.sh", ""),
+    (["-bootstrap-exec", "/k.sh", "-bootstrap-exec-args", CFG], {}, "/k.sh", CFG),
+    ([], {"HYDRA_LAUNCHER_EXEC": "/a", "HYDRA_BOOTSTRAP_EXEC": "/b"}, "/a", ""),
+    ([], {"I_MPI_HYDRA_BOOTSTRAP_EXEC": "/i", "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": CFG},
+     "/i", CFG),
+    ([], {"HYDRA_LAUNCH_EXTRA_ARGS": CFG}, "", CFG),
+    ([], {"HYDRA_LAUNCHER_EXTRA_ARGS": CFG}, "", CFG),
+    ([], {"HYDRA_LAUNCHER": "rsh"}, "rsh", ""),
+    (["-launcher-exec", "/flag"], {"HYDRA_LAUNCHER_EXEC": "/env"}, "/flag", ""),
+])
+def test_rsh_agent_settings(argv, environ, agent, args):
+    job = parse_args(argv + ["-n", "1", "prog"], environ=environ, cwd="/")
+    assert (job.ssh.rsh_agent, job.ssh.rsh_args) == (agent, args)
+
+
+def test_hydra_launcher_variables_choose_the_launcher_and_the_flag_wins():
+    job = parse_args(["-n", "1", "prog"], environ={"HYDRA_BOOTSTRAP": "fork"}, cwd="/")
+    assert job.ssh.launcher == "local"
+    job = parse_args(["-launcher", "ssh", "-n", "1", "prog"],
+                     environ={"I_MPI_HYDRA_BOOTSTRAP": "fork"}, cwd="/")
+    assert job.ssh.launcher == "ssh"
+    with pytest.raises(UsageError, match="^HYDRA_LAUNCHER pbs: expected"):
+        parse_args(["-n", "1", "prog"], environ={"HYDRA_LAUNCHER": "pbs"}, cwd="/")
+
+
+def test_the_starter_follows_the_settings():
+    def kind(environ, **spec):
+        job = parse_args(["-n", "1", "prog"], environ=environ, cwd="/")
+        from mslaunch.spec import replace
+        return type(starter_for(replace(job.ssh, **spec), environ)).__name__
+    path = {"PATH": "/usr/bin:/bin"}
+    assert kind(path) == "SSHStarter"
+    assert kind(path, rsh_agent="sh") == "RshStarter"
+    assert kind(path, rsh_args=CFG) == "RshStarter"           # the OpenSSH client
+    assert kind(dict(path, LSB_JOBID="1", LSB_MCPU_HOSTS="a 1", LSF_BINDIR="/bin"),
+                rsh_agent="sh") == "RshStarter"
+    with pytest.raises(LaunchError, match="^inside an LSF job: blaunch is not on PATH"):
+        kind(dict(path, LSB_JOBID="1", LSB_MCPU_HOSTS="a 1"))
+    assert kind(dict(path, LSB_JOBID="1", LSB_MCPU_HOSTS="a 1"), launcher="ssh") == "SSHStarter"
+
+
+def test_an_appfile_line_may_not_choose_the_rsh_agent(tmp_path):
+    app = tmp_path / "app"
+    app.write_text("-launcher-exec /k.sh -n 1 prog\n")
+    with pytest.raises(UsageError, match=r"appfile .*:1: how agents start"):
+        parse_args(["--app", str(app)], environ={}, cwd="/")
