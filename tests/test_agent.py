@@ -181,7 +181,7 @@ def no_tagged_processes(tag: str, timeout: float = 5.0) -> None:
 
 
 def rank_entry(rank: int, size: int, argv: List[str], cwd: str, **env: str) -> Dict[str, Any]:
-    return {"rank": rank, "app": 0, "local_rank": rank, "local_size": size, "node": 0,
+    return {"rank": rank, "app": 0, "local_rank": rank, "local_size": size, "node_id": 0,
             "argv": argv, "cwd": cwd, "stdin": "null", "inherit": "launcher",
             "path_prefix": None, "env": dict(env)}
 
@@ -352,7 +352,7 @@ BAD_JOBS = [
     pytest.param(_set_rank("env", {"A": 1}), id="env value an int"),
     pytest.param(_set_rank("env", "A=1"), id="env a string"),
     pytest.param(_set_rank("rank", "zero"), id="rank a word"),
-    pytest.param(_set_rank("node", 1e999), id="node infinite"),
+    pytest.param(_set_rank("node_id", 1e999), id="node_id infinite"),
     pytest.param(_set_rank("argv", 7), id="argv an int"),
     pytest.param(_set_rank("argv", []), id="argv empty"),
     pytest.param(_set("data", {"addresses": [5], "port": 9, "token": "t"}),

@@ -24,6 +24,7 @@ from mslaunch.cli.msrun import EXTRAS, OPTIONS, parse_msrun
 from mslaunch.errors import LaunchError, UsageError
 from mslaunch.msrun import secret as auth
 from mslaunch.msrun import service as svc
+from mslaunch.msrun.nodelink import NodeLink
 from mslaunch.msrun import tls
 from mslaunch.remote import link
 from mslaunch.machine.loop import Loop
@@ -140,7 +141,7 @@ hostile_bytes = st.one_of(
 def join(loop: Loop, port: int, workers: int = 1) -> dict:
     """A real node's link to the service on ``port``; its outcome lands in the dict."""
     state: dict = {}
-    state["link"] = svc.NodeLink(
+    state["link"] = NodeLink(
         loop, addresses=["127.0.0.1"], port=port, secret=SECRET, node_rank=-1,
         workers=workers, deadline=time.monotonic() + 3, heartbeat=(1.0, 5),
         on_ranks=lambda ranks: state.setdefault("ranks", ranks),

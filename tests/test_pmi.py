@@ -151,7 +151,7 @@ class Harness:
         return peer
 
     def tcp(self) -> Peer:
-        if self.server._lsock is None:
+        if self.server.door is None:
             self.server.listen_tcp()
         env = self.server.tcp_env(0)
         host, port = env["PMI_PORT"].split(":")
@@ -693,7 +693,7 @@ def test_tcp_silent_peer_times_out(harness):
     slow.send(b"cmd=initack pm")   # partial line, never finished
     assert silent.closed_by_server(3) and slow.closed_by_server(3)
     assert len(h.rec.logs) == 2 and "time" in h.rec.logs[0]
-    assert h.server._pending == 0
+    assert h.server.door.pending == 0
 
 
 def test_tcp_preauth_limits(harness):

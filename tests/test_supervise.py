@@ -206,7 +206,7 @@ def test_a_lost_host_fails_its_ranks_with_255_and_stops_the_rest():
         # rank 1 lives on a remote host, behind the same seam
         sup.fleet = StandInFleet({"h1": host})     # started by the supervisor, after this
         sup.loop.call_later(0.03, lambda: (host.running.clear(),
-                                           sup.host_lost(host, "connection reset")))
+                                           sup.ranks_lost(host.ranks, "connection reset")))
         return handle
     sup._local_ranks = local_ranks  # type: ignore[method-assign]
     result = sup.run()

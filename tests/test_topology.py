@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.machine.topology import (KINDS, MAX_CPUS, Topology, binding_map, binding_words, count,
-                                    describe_binding, from_wire, make_topology, objects,
-                                    parse_cpulist, read_topology, report_binding, to_wire)
+from mslaunch.machine.bindings import binding_map, binding_words, describe_binding, report_binding
+from mslaunch.machine.topology import (KINDS, MAX_CPUS, Topology, count, from_wire, make_topology,
+                                    objects, parse_cpulist, read_topology, to_wire)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = os.path.join(REPO, "tests", "data", "topology")

@@ -8,8 +8,9 @@ ranks in a job frame (:mod:`mslaunch.remote.jobframe`), opens the listener
 the agents dial back to with their ranks' output, and relays the launcher's
 stdin to remote ranks.  Imported only by jobs with remote hosts.
 
-The policy stays with the supervisor: the hosts (:class:`~mslaunch.remote.host.RemoteHost`)
-report ranks started and ended, output, and a lost host to it.
+The fleet is what the hosts (:class:`~mslaunch.remote.host.RemoteHost`) report
+to; the policy stays with the supervisor, which hears from it of ranks
+started and ended, and of ranks lost with a host.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
+    from ..machine.output import RankOutput
     from ..remote.host import RemoteHost, RemoteStdin
     from ..remote.starter import Starter
     from ..spec import RankSpec
     from .seams import JobView
 
-from ..errors import LaunchError
+from ..errors import HOST_LOST_EXIT, LaunchError
 from ..machine.spawn import signal_name
 from ..plan import agent_hosts
 
@@ -100,7 +102,7 @@ class Fleet:
         listener = self._output_listener()
         for name, specs in remote_specs.items():
             conn = conns.pop(name)
-            host = RemoteHost(sup.loop, conn, specs, sup, pmi_port=job.pmi_port,
+            host = RemoteHost(sup.loop, conn, specs, self, pmi_port=job.pmi_port,
                               verbose=job.verbose)
             self.hosts[name] = host
             for s in specs:
@@ -154,11 +156,48 @@ class Fleet:
             return None
         return self.listener
 
-    def failed(self, host: RemoteHost, message: str, code: object) -> None:
+    # -- what the hosts report (mslaunch.remote.host.HostListener) -------------------
+    def rank_started(self, key: int, pid: int) -> None:
+        self.sup.rank_started(key, pid)
+
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None:
+        self.sup.rank_exited(key, code, sig)
+
+    def sink(self, rank: int, stream: int) -> Optional[RankOutput]:
+        outputs = self.sup.ranks[rank].outputs
+        if stream == 1 or (stream == 2 and len(outputs) == 1):
+            return outputs[0] if outputs else None
+        return outputs[1] if stream == 2 and len(outputs) > 1 else None
+
+    def outputs_finished(self, keys) -> bool:
+        return all(o.finished for k in keys for o in self.sup.ranks[k].outputs)
+
+    def host_failed(self, host: RemoteHost, message: str, code: object) -> None:
         """A host could not get ready: the launch fails with ``message``."""
         if self.start_error is None:
             self.start_error = (f"on {host.name}: {message}",
                                 code if isinstance(code, int) and 0 < code < 256 else 1)
+
+    def host_message(self, host: RemoteHost, text: str) -> None:
+        if not self.sup.job.quiet:
+            self.sup.console.message(f"mslaunch: {host.name}: {text}")
+
+    def host_lost(self, host: RemoteHost, reason: str) -> None:
+        if not self.sup.launched:
+            if self.start_error is None:
+                self.start_error = (f"lost host {host.name} before the job started: "
+                                    f"{reason}", HOST_LOST_EXIT)
+            return
+        self.sup.ranks_lost(host.ranks, reason)
+        if not self.sup.job.quiet:
+            self.sup.console.message(f"mslaunch: lost host {host.name}: {reason}")
+
+    def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """PMI traffic of a remote host's ranks (see :class:`~.mpijobs.MPIJobs`)."""
+        if self.sup.mpi_jobs is None:
+            from ..remote import link
+            raise link.LinkError("PMI frame in a job without PMI")
+        self.sup.mpi_jobs.from_agent(host, message)
 
     # -- stdin --------------------------------------------------------------------
     def relay_stdin(self, local_pipes: Dict[int, int]):
@@ -178,7 +217,7 @@ class Fleet:
             sink.fanout = fanout
         return fanout
 
-    def stdin_taken(self, rank: int, count: int) -> None:
+    def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None:
         sink = self._stdin.get(rank)
         if sink is not None:
             sink.taken(count)

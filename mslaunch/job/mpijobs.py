@@ -34,6 +34,12 @@ from ..pmi.files import xml_for_ranks
 from ..pmi.job import PMIJob
 from ..pmi.state import LocalJobState
 
+#: Seconds between looks for Open MPI singletons among the ranks.
+SINGLETON_POLL = 0.5
+#: Seconds a closed PMI connection waits for its process's exit status (a crash
+#: and a rank that left MPI without finalizing look the same until then).
+LOST_PMI_SETTLE = 0.2
+
 
 class MPIJobs:
     """The launch's MPI jobs; see the module docstring.  ``sup`` is the Supervisor."""
@@ -95,13 +101,34 @@ class MPIJobs:
 
     # -- what the PMI servers report -------------------------------------------------
     def pmi_abort(self, key: int, code: int, message: str) -> None:
-        self.sup.pmi_abort(key, code, message)
+        r = self.sup.ranks[key]
+        code &= 0xFF
+        # An abort must never look like success: a code that is 0 modulo 256
+        # (MPI_Abort(comm, 0) or 256) ends the job with status 1.
+        shown = f"exit code {code}" if code else "exit code 0 (exit status 1)"
+        self.sup.fail(r, f"called MPI_Abort with {shown}", code or 1, abort=True)
 
     def pmi_lost(self, key: int) -> None:
-        self.sup.pmi_lost(key)
+        r = self.sup.ranks[key]
+        r.pmi_lost = True
+        if r.ended:
+            self.check_lost(r)
+        else:
+            # The socket closes while the process exits, a moment before its
+            # exit status can be read: let the exit tell a crash from a rank
+            # that left MPI without finalizing.
+            self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r))
+
+    def check_lost(self, r) -> None:
+        """Rank ``r``'s PMI connection closed: a failure unless its exit is one already."""
+        if r.signal is not None or r.code:
+            return  # a failure in its own right, already handled
+        self.sup.fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
+                      if r.ended else "closed its PMI connection without MPI_Finalize",
+                      1, abort=True)
 
     def pmi_log(self, message: str) -> None:
-        self.sup.pmi_log(message)
+        self.sup.log(f"PMI: {message}")
 
     def pmi_started(self, pj: PMIJob, rank: int) -> None:
         # A rank that already ended without MPI can never join its job now.
@@ -130,6 +157,12 @@ class MPIJobs:
         self.sup.fail(r, f"exited with code 0 without joining MPI (it never initialized "
                           f"PMI) while rank(s) {who} did; they would wait for it forever",
                        1, abort=True)
+
+    def watch_singletons(self) -> None:
+        """Look for Open MPI singletons now and then, until the job ends."""
+        self.check_singletons()
+        if self.sup.ending is None:
+            self.sup.loop.call_later(SINGLETON_POLL, self.watch_singletons)
 
     def check_singletons(self) -> None:
         """End the launch if a rank here started Open MPI alone (see mslaunch.pmi.files)."""
@@ -211,10 +244,10 @@ class MPIJobs:
                 self.singleton(key, link.field(message, "size", int, "PMI singleton"),
                                message.get("launcher") is True)
             elif op == "abort":
-                self.sup.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
-                                   str(message.get("message", "")))
+                self.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
+                               str(message.get("message", "")))
             elif op == "lost":
-                self.sup.pmi_lost(key)
+                self.pmi_lost(key)
             else:
                 spec = self.sup.ranks[key].spec
                 pj = self.of(spec)
@@ -280,7 +313,7 @@ class MPIJobs:
             specs, mapping = self._plan(request, number, kvsname, context_env)
             self._check_programs(specs)
         except (PlanError, LaunchError) as err:
-            sup.pmi_log(f"{who} could not spawn: {err}")
+            self.pmi_log(f"{who} could not spawn: {err}")
             reply(str(err))
             return
         pj = self._new(number, kvsname, len(specs), mapping, [s.app for s in specs],
@@ -303,7 +336,7 @@ class MPIJobs:
         def give_up(problem: str) -> None:
             # The spawn fails in the parent only: what did start of it is
             # stopped and forgotten, outside the failure policy.
-            sup.pmi_log(f"{who} could not spawn: {problem}")
+            self.pmi_log(f"{who} could not spawn: {problem}")
             sup.abandon([s.key for s in specs])
             pj.close()
             reply(problem)

@@ -128,7 +128,7 @@ def rank_started(sup: JobView, r: RankState) -> None:
     unbound rank) and -v's line for a rank that started."""
     spec, job = r.spec, sup.job
     if job.report_bindings and (spec.cpus or job.bind_to != "none"):
-        from ..machine.topology import report_binding
+        from ..machine.bindings import report_binding
         topo = sup.plan.topologies[spec.host.node_id] if sup.plan.topologies else None
         text = report_binding(spec.rank, topo, spec.cpus) if topo is not None else \
             f"MCW rank {spec.rank} bound to cpus {spec.cpus}"

@@ -66,6 +66,7 @@ class RankState(Protocol):
     signal: Optional[int]
     reason: str
     ended: bool
+    pmi_lost: bool
     restarts: int
     last_end: str
 
@@ -85,6 +86,7 @@ class JobView(Protocol):
     loop: Loop
     ranks: List[RankState]
     ending: Optional[str]
+    launched: bool
     stop_signal: Optional[int]
     restarts: int
     watchdog: Optional[Watchdog]
@@ -101,11 +103,11 @@ class JobView(Protocol):
 
     def fail(self, rank: RankState, reason: str, code: int, *, abort: bool) -> None: ...
 
-    def pmi_abort(self, rank: int, code: int, message: str) -> None: ...
+    def rank_started(self, key: int, pid: int) -> None: ...
 
-    def pmi_lost(self, rank: int) -> None: ...
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None: ...
 
-    def pmi_log(self, message: str) -> None: ...
+    def ranks_lost(self, keys: Any, reason: str) -> None: ...
 
     def add_ranks(self, specs: Sequence[RankSpec]) -> None: ...
 

@@ -26,7 +26,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
+    from typing import Dict, List, Optional, Sequence, Tuple
 
     from ..machine.output import RankOutput
     from ..machine.terminal import Terminal
@@ -42,7 +42,7 @@ from ..machine.local import LocalRanks
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER, Console
-from ..machine.spawn import seal_inherited_fds, signal_name
+from ..machine.spawn import raise_fd_limit, seal_inherited_fds, signal_name
 from ..pmi.files import GUARD_TASKS, after_launcher_death
 from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 
@@ -50,13 +50,6 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sign
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _pending_stop: List[int] = []          # see _note_stop
-
-#: Seconds between looks for Open MPI singletons among the ranks.
-SINGLETON_POLL = 0.5
-#: Seconds a closed PMI connection waits for its process's exit status (a crash
-#: and a rank that left MPI without finalizing look the same until then).
-LOST_PMI_SETTLE = 0.2
-
 
 class _Rank:
     """Mutable bookkeeping of one rank."""
@@ -195,10 +188,10 @@ class Supervisor:
             from .mpijobs import MPIJobs
             self.mpi_jobs = MPIJobs(self)
             pmi, pmi_env = self.mpi_jobs.start_first(bool(local_specs))
-            self._watch_singletons()
+            self.mpi_jobs.watch_singletons()
         # Hosts left after the re-plan (the plan may have sent every agent away).
         remote = self.fleet is not None and bool(self.fleet.conns)
-        _raise_fd_limit(8 * len(local_specs) + 8 * len(self.connect) + 64)
+        raise_fd_limit(8 * len(local_specs) + 8 * len(self.connect) + 64)
         if remote:
             self.fleet.prepare(remote_specs)
         if local_specs:
@@ -224,12 +217,6 @@ class Supervisor:
         """The plan made again with the remote hosts' topologies (before any rank runs)."""
         self.plan = plan
         self.ranks = [_Rank(spec) for spec in plan.ranks]
-
-    def _watch_singletons(self) -> None:
-        assert self.mpi_jobs is not None
-        self.mpi_jobs.check_singletons()
-        if self.ending is None:
-            self.loop.call_later(SINGLETON_POLL, self._watch_singletons)
 
     def abandon(self, keys: Sequence[int]) -> None:
         """Processes of a spawn that failed: kill what started, end what never did,
@@ -259,7 +246,7 @@ class Supervisor:
     def start_local(self, specs: Sequence[RankSpec], pmi, pmi_env) -> None:
         """Start a spawned job's processes on this machine."""
         live = sum(1 for r in self.ranks if r.spec.host.local and not r.ended)
-        _raise_fd_limit(8 * (live + len(specs)) + 64)
+        raise_fd_limit(8 * (live + len(specs)) + 64)
         if self.local is None:
             self.local = self._local_ranks(specs, pmi, pmi_env, stdin_fd=None)
             self.local.start()
@@ -272,34 +259,19 @@ class Supervisor:
             from ..plan.display import display
             self.console.write(1, self, display(plan, job).encode())
 
-    # -- remote hosts (see mslaunch.remote.host.HostListener) ------------------
+    def make_sinks(self, spec: RankSpec) -> Tuple[RankOutput, Optional[RankOutput]]:
+        """The output sinks of one rank: stdout (merged or not) and stderr."""
+        rank = self.ranks[spec.key]
+        rank.outputs.extend(rank_sinks(self.job.output, spec, self.console, rank.restarts,
+                                       self.restarts, rank.last_end, self._output_failed))
+        return rank.outputs[0], (rank.outputs[1] if len(rank.outputs) > 1 else None)
 
-    def sink(self, rank: int, stream: int) -> Optional[RankOutput]:
-        outputs = self.ranks[rank].outputs
-        if stream == 1 or (stream == 2 and len(outputs) == 1):
-            return outputs[0] if outputs else None
-        return outputs[1] if stream == 2 and len(outputs) > 1 else None
-
-    def outputs_finished(self, keys) -> bool:
-        return all(o.finished for k in keys for o in self.ranks[k].outputs)
-
-    def host_failed(self, host: RemoteHost, message: str, code: object) -> None:
-        if self.fleet is not None:
-            self.fleet.failed(host, message, code)
-
-    def host_message(self, host: RemoteHost, text: str) -> None:
-        if not self.job.quiet:
-            self.console.message(f"mslaunch: {host.name}: {text}")
-
-    def host_lost(self, host: RemoteHost, reason: str) -> None:
-        if not self.launched:
-            if self.fleet is not None and self.fleet.start_error is None:
-                self.fleet.start_error = (f"lost host {host.name} before the job started: "
-                                          f"{reason}", HOST_LOST_EXIT)
-            return
+    # -- rank events --------------------------------------------------------
+    def ranks_lost(self, keys, reason: str) -> None:
+        """A remote host was lost with ranks ``keys`` on it (see :class:`~.fleet.Fleet`)."""
         # Ranks still running, and ranks that ended but whose output had not
         # all arrived: both lose something with the host.
-        lost = [r for r in self.ranks if r.spec.key in host.ranks
+        lost = [r for r in self.ranks if r.spec.key in keys
                 and (not r.ended or not all(out.finished for out in r.outputs))]
         for r in lost:
             if not r.reason:
@@ -310,28 +282,7 @@ class Supervisor:
                 out.finish()
         if lost:
             self.fail(lost[0], lost[0].reason, HOST_LOST_EXIT, abort=True)
-        if not self.job.quiet:
-            self.console.message(f"mslaunch: lost host {host.name}: {reason}")
 
-    def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None:
-        if self.fleet is not None:
-            self.fleet.stdin_taken(rank, count)
-
-    def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
-        """PMI traffic of a remote host's ranks (see :class:`~.mpijobs.MPIJobs`)."""
-        if self.mpi_jobs is None:
-            from ..remote import link
-            raise link.LinkError("PMI frame in a job without PMI")
-        self.mpi_jobs.from_agent(host, message)
-
-    def make_sinks(self, spec: RankSpec) -> Tuple[RankOutput, Optional[RankOutput]]:
-        """The output sinks of one rank: stdout (merged or not) and stderr."""
-        rank = self.ranks[spec.key]
-        rank.outputs.extend(rank_sinks(self.job.output, spec, self.console, rank.restarts,
-                                       self.restarts, rank.last_end, self._output_failed))
-        return rank.outputs[0], (rank.outputs[1] if len(rank.outputs) > 1 else None)
-
-    # -- rank events --------------------------------------------------------
     def rank_started(self, key: int, pid: int) -> None:
         r = self.ranks[key]
         r.pid = pid
@@ -357,7 +308,7 @@ class Supervisor:
             self.fail(r, "", 128 + sig if sig is not None else code or 1,
                        abort=not self.job.keep_going)
         elif r.pmi_lost:
-            self._check_lost(r)
+            self.mpi_jobs.check_lost(r)
         elif self.mpi_jobs is not None:
             self.mpi_jobs.check_left_mpi(r)
 
@@ -419,36 +370,6 @@ class Supervisor:
             self.ending = "output"
             self._tell_cluster(1, message)
             self._terminate()
-
-    # -- PMI listener ---------------------------------------------------------
-    def pmi_abort(self, rank: int, code: int, message: str) -> None:
-        r = self.ranks[rank]
-        code &= 0xFF
-        # An abort must never look like success: a code that is 0 modulo 256
-        # (MPI_Abort(comm, 0) or 256) ends the job with status 1.
-        shown = f"exit code {code}" if code else "exit code 0 (exit status 1)"
-        self.fail(r, f"called MPI_Abort with {shown}", code or 1, abort=True)
-
-    def pmi_lost(self, rank: int) -> None:
-        r = self.ranks[rank]
-        r.pmi_lost = True
-        if r.ended:
-            self._check_lost(r)
-        else:
-            # The socket closes while the process exits, a moment before its
-            # exit status can be read: let the exit tell a crash from a rank
-            # that left MPI without finalizing.
-            self.loop.call_later(LOST_PMI_SETTLE, lambda: self._check_lost(r))
-
-    def _check_lost(self, r: _Rank) -> None:
-        if r.signal is not None or r.code:
-            return  # a failure in its own right, already handled
-        self.fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
-                   if r.ended else "closed its PMI connection without MPI_Finalize",
-                   1, abort=True)
-
-    def pmi_log(self, message: str) -> None:
-        self.log(f"PMI: {message}")
 
     def log(self, message: str) -> None:
         """One line of mslaunch's own, unless --quiet."""
@@ -565,18 +486,6 @@ class Supervisor:
         if self.ending == "remote" and self.remote is not None:
             return JobResult(exit_code=self.remote[0], ranks=results)
         return JobResult(exit_code=0, ranks=results)
-
-
-def _raise_fd_limit(needed: int) -> None:
-    """Lift the soft open-file limit towards ``needed`` (each rank holds ~5 fds)."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            pass
 
 
 def _note_stop(signum: int) -> None:

@@ -237,3 +237,15 @@ def signal_name(sig: int) -> str:
                 and getattr(signal, name) == sig:
             return name
     return f"signal {sig}"
+
+
+def raise_fd_limit(needed: int) -> None:
+    """Lift the soft open-file limit towards ``needed`` (each rank holds ~5 fds)."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass

@@ -17,8 +17,8 @@ is 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, ...  (hwloc inserts Group objects for
 unusual nestings; this reader does not.)
 
 :func:`to_wire` / :func:`from_wire` carry a topology between hosts as plain
-lists of ints; :func:`describe_binding` writes Open MPI 4's
-``--report-bindings`` text.  Importing this module imports nothing but ``os``.
+lists of ints; :mod:`.bindings` writes a binding as Open MPI 4 does.
+Importing this module imports nothing but ``os``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Set, Tuple
 
 __all__ = [
-    "KINDS", "MAX_CPUS", "Topology", "binding_map", "binding_words", "count",
-    "describe_binding", "from_wire", "make_topology", "objects", "parse_cpulist",
-    "read_topology", "report_binding", "to_wire",
+    "KINDS", "MAX_CPUS", "Topology", "count", "from_wire", "make_topology", "objects",
+    "parse_cpulist", "read_topology", "to_wire",
 ]
 
 #: CPU numbers (OS numbers, object ids) are below this; also the most CPUs a
@@ -125,22 +124,6 @@ def _cpu_number(text: str, item: str) -> int:
 
 def _short(text: str, limit: int = 20) -> str:
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
-
-
-def _ranges(values: Iterable[int]) -> str:
-    """``0-3,8`` for {0, 1, 2, 3, 8}."""
-    out: List[str] = []
-    start = prev = None
-    for v in sorted(set(values)):
-        if prev is not None and v == prev + 1:
-            prev = v
-            continue
-        if start is not None:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = v
-    if start is not None:
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(out)
 
 
 # ---------------------------------------------------------------------------
@@ -401,79 +384,6 @@ def objects(topo: Topology, kind: str) -> Tuple[Tuple[int, ...], ...]:
 def count(topo: Topology, kind: str) -> int:
     """How many objects of ``kind`` (see :func:`objects`) the topology has."""
     return len(set(_field_ids(topo, kind)))
-
-
-# ---------------------------------------------------------------------------
-# --report-bindings
-
-
-def binding_words(topo: Topology, cpus: Iterable[int]) -> str:
-    """Open MPI 4's ``socket 0[core 1[hwt 0-1]], ...`` for a set of CPUs.
-
-    As ``opal_hwloc_base_cset2str``: one item per bound core, in order of
-    socket then core; the core number is the core's logical index over the
-    whole host (not within its socket); ``hwt`` lists which of the core's
-    threads are bound, by their position in the core, as ranges.
-    """
-    chosen = set(cpus)
-    threads: Dict[Tuple[int, int], List[int]] = {}
-    position: Dict[int, int] = {}
-    for row in topo.cpus:
-        hwt = position.get(row[CORE], 0)
-        position[row[CORE]] = hwt + 1
-        if row[CPU] in chosen:
-            threads.setdefault((row[PACKAGE], row[CORE]), []).append(hwt)
-    return ", ".join(f"socket {s}[core {c}[hwt {_ranges(threads[s, c])}]]"
-                     for s, c in sorted(threads))
-
-
-def binding_map(topo: Topology, cpus: Iterable[int]) -> str:
-    """Open MPI 4's mask ``[BB/..][../..]`` for a set of CPUs.
-
-    As ``opal_hwloc_base_cset2mapstr``: one bracket per socket, its cores
-    separated by ``/``, one character per hardware thread: ``B`` bound,
-    ``.`` not.
-    """
-    chosen = set(cpus)
-    sockets: Dict[int, Dict[int, List[str]]] = {}
-    for row in topo.cpus:
-        core = sockets.setdefault(row[PACKAGE], {}).setdefault(row[CORE], [])
-        core.append("B" if row[CPU] in chosen else ".")
-    return "".join("[" + "/".join("".join(sockets[s][c]) for c in sorted(sockets[s])) + "]"
-                   for s in sorted(sockets))
-
-
-def describe_binding(topo: Topology, cpus: Iterable[int]) -> Optional[str]:
-    """``socket 0[core 0[hwt 0]]: [B/.]`` as in ``--report-bindings``, or None.
-
-    None stands for Open MPI's "not bound (or bound to all available
-    processors)": the set covers every CPU of the topology or none of them.
-    CPUs that are not in the topology are ignored.
-
-    Assumptions (from Open MPI 4.1's ``opal/mca/hwloc/base/hwloc_base_util.c``
-    as remembered, checked only against the 1-socket 2-core output measured
-    for 4.1.4): the text is ``cset2str`` + ``": "`` + ``cset2mapstr``; core
-    numbers in the text are host-wide logical indexes; the mask shows only the
-    CPUs of this topology (4.1.4 may also show CPUs that are online but
-    outside the allowed set, as ``.``).
-    """
-    known = set(topo.cpu_ids())
-    chosen = known.intersection(cpus)
-    if not chosen or chosen == known:
-        return None
-    return f"{binding_words(topo, chosen)}: {binding_map(topo, chosen)}"
-
-
-def report_binding(rank: int, topo: Topology, cpus: Optional[Iterable[int]]) -> str:
-    """The ``MCW rank N ...`` text of one ``--report-bindings`` line.
-
-    Open MPI prefixes ``[host:pid] `` and writes it to stderr; a rank with no
-    binding at all (``--bind-to none``) gets no line, so callers skip it.
-    """
-    text = None if cpus is None else describe_binding(topo, cpus)
-    if text is None:
-        return f"MCW rank {rank} is not bound (or bound to all available processors)"
-    return f"MCW rank {rank} bound to {text}"
 
 
 # ---------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobS
 
 class Cluster:
     """The supervisor's view of this node and the others (its
-    :class:`~mslaunch.job.seams.NodeHooks`; see :class:`~.service.NodeLink`)."""
+    :class:`~mslaunch.job.seams.NodeHooks`; see :class:`~.nodelink.NodeLink`)."""
 
     def __init__(self, link, service, restarts: int = 0, announce=None) -> None:
         self.link = link
@@ -252,7 +252,8 @@ def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port:
 
     from ..remote.endpoint import heartbeat_setting
     from .secret import load_secret
-    from .service import NodeLink, NodeService
+    from .nodelink import NodeLink
+    from .service import NodeService
     from .tls import context, read_config
     secret = load_secret(spec.secret_file)
     tls_path = spec.tls_config or os.environ.get("MSLAUNCH_TLS_CONFIG")

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec, Plan, RankSpec
 
-from ..machine.topology import binding_map, binding_words, objects
+from ..machine.bindings import binding_map, binding_words
+from ..machine.topology import objects
 
 
 def job_id() -> str:

@@ -3,7 +3,8 @@
 ``_Conn`` owns a socket, its buffers and the framing, and hands each request
 to the handler of its wire (:mod:`.commands`, imported when the first message
 arrives); :class:`PMIServer` hands out inherited sockets (``PMI_FD``) or
-listens on TCP (``PMI_PORT``/``PMI_ID``) and authenticates its peers.
+listens on TCP (``PMI_PORT``/``PMI_ID``) through its door (:mod:`.tcp`),
+which authenticates the peers.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop, Timer
     from .commands import V1Handler, V2Handler
     from .state import JobState, PMIListener
+    from .tcp import TCPDoor
     from .wire import Fields
 
-from ..machine.loop import STRANGER_GRACE, accept_strangers
+from ..machine.loop import STRANGER_GRACE
 from . import ABORTED, ACTIVE, DONE, NEW, READY, V2_PRE
 from .state import LocalJobState
 from .wire import (KVSNAME_MAX, MAX_ERRORS, MAX_MESSAGE, MAX_OUTPUT, MAX_PREAUTH_MESSAGE,
-                   WireError, _decode, _rx, take_frame, take_line)
+                   WireError, _decode, take_frame, take_line)
 
 
 class _Conn:
@@ -61,7 +63,7 @@ class _Conn:
         if not self.logged:
             self.logged = True
             if self.rank is None:
-                self.server._log_stranger(f"{self.describe()}: {text}")
+                self.server.door.log_stranger(f"{self.describe()}: {text}")  # type: ignore[union-attr]
             else:
                 self.server._emit_log(f"{self.describe()}: {text}")
 
@@ -173,7 +175,7 @@ class _Conn:
 
     def authenticate(self, pmiid: Optional[str]) -> bool:
         """Present a TCP peer's secret (``initack pmiid=``, ``fullinit pmirank=``)."""
-        return self.server._authenticate(self, pmiid)
+        return self.server.door is not None and self.server.door.authenticate(self, pmiid)
 
     def initialized(self) -> None:
         self.phase = ACTIVE
@@ -310,17 +312,7 @@ class PMIServer:
         self._lost: Set[int] = set()
         self.started: Set[int] = set()     # ranks that initialized PMI
         self.finalized: Set[int] = set()   # ranks that finalized it
-        self._lsock: Optional[socket.socket] = None
-        self._host = ""
-        self._port = 0
-        self._ids: Dict[int, int] = {}
-        self._rank_ids: List[int] = []
-        self._tcp_ranks: Set[int] = set()
-        self._pending = 0
-        self._unauth: Dict[int, _Conn] = {}     # oldest first
-        self._stranger_lines = 0
-        self._stranger_suppressed = 0
-        self._stranger_window: Optional[Timer] = None
+        self.door: Optional[TCPDoor] = None    # after listen_tcp(): see .tcp
         self._closed = False
 
     # -- inherited socket -------------------------------------------------------
@@ -344,88 +336,21 @@ class PMIServer:
             if sock is not None:
                 sock.close()
 
-    # -- TCP ------------------------------------------------------------------
+    # -- TCP (see .tcp) ------------------------------------------------------------
     def listen_tcp(self, host: str = "127.0.0.1") -> int:
         """Listen for ``PMI_PORT`` clients on an IPv4 address; returns the port."""
-        if self._lsock is not None:
+        if self.door is not None:
             raise RuntimeError("already listening")
-        import socket
-        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            lsock.bind((host, 0))
-            lsock.listen(min(socket.SOMAXCONN, max(128, self.size)))
-            lsock.setblocking(False)
-        except OSError:
-            lsock.close()
-            raise
-        self._lsock = lsock
-        self._host = "127.0.0.1" if host in ("", "0.0.0.0") else host
-        self._port = lsock.getsockname()[1]
-        # MPICH atoi()s PMI_ID and sends it back with %d: positive 31-bit ints.
-        while len(self._ids) < self.size:
-            self._ids.setdefault(int.from_bytes(os.urandom(4), "big") % (2**31 - 1) + 1, len(self._ids))
-        self._rank_ids = [0] * self.size
-        for pmi_id, rank in self._ids.items():
-            self._rank_ids[rank] = pmi_id
-        self.loop.add_reader(lsock.fileno(), self._on_accept)
-        return self._port
+        from .tcp import TCPDoor
+        self.door = TCPDoor(self, lambda sock: _Conn(self, sock, None, tcp=True))
+        return self.door.listen(host)
 
     def tcp_env(self, rank: int) -> Dict[str, str]:
         """``PMI_PORT`` and ``PMI_ID`` for a rank that connects over TCP."""
         self._check_rank(rank)
-        if self._lsock is None:
+        if self.door is None:
             raise RuntimeError("listen_tcp() first")
-        return {"PMI_PORT": f"{self._host}:{self._port}", "PMI_ID": str(self._rank_ids[rank])}
-
-    def _on_accept(self) -> None:
-        try:
-            self._accept_some()
-        except Exception as exc:  # never let a peer break the loop
-            self._emit_log(f"listener: internal error {exc!r}")
-
-    def _accept_some(self) -> None:
-        lsock = self._lsock
-        if lsock is None or self._closed:
-            return
-        # Idle strangers must never cost a real rank its place: the
-        # longest-waiting one makes room, once it has had its time.
-        for sock, _addr in accept_strangers(
-                self.loop, lsock, self._unauth.values, self.max_pending,
-                lambda c: c.abandon("evicted: too many unauthenticated connections"),
-                lambda text: self._emit_log(f"listener: {text}"), self.evict_grace):
-            if self._closed:
-                sock.close()
-                return
-            try:
-                conn = _Conn(self, sock, None, tcp=True)
-            except OSError:
-                sock.close()
-                continue
-            self._pending += 1
-            self._unauth[conn.fd] = conn
-            self._conns[conn.fd] = conn
-            conn.auth_timer = self.loop.call_later(
-                self.auth_timeout, lambda c=conn: c.abandon("no initack within the time limit"))
-            # A rank sends its PMI_ID right after connecting: read it now.
-            conn._on_readable()
-
-    def _authenticate(self, conn: _Conn, pmiid: Optional[str]) -> bool:
-        rank = self._ids.get(int(pmiid)) if pmiid and _rx.PMI_ID.fullmatch(pmiid) else None
-        if rank is None:
-            conn.abandon("wrong PMI_ID")
-            return False
-        if rank in self._tcp_ranks:
-            conn.abandon(f"PMI_ID of rank {rank} used twice")
-            return False
-        self._tcp_ranks.add(rank)
-        conn.rank = rank
-        conn.phase = READY
-        self._pending -= 1
-        self._unauth.pop(conn.fd, None)
-        if conn.auth_timer is not None:
-            conn.auth_timer.cancel()
-            conn.auth_timer = None
-        return True
+        return self.door.env(rank)
 
     # -- bookkeeping ----------------------------------------------------------
     def _check_rank(self, rank: int) -> None:
@@ -442,9 +367,8 @@ class PMIServer:
 
     def _conn_closed(self, conn: _Conn) -> None:
         self._conns.pop(conn.fd, None)
-        if conn.tcp and conn.rank is None:
-            self._pending -= 1
-            self._unauth.pop(conn.fd, None)
+        if conn.tcp and conn.rank is None and self.door is not None:
+            self.door.closed(conn)
         if conn.rank is not None and conn.phase in (ACTIVE, V2_PRE) and not self._closed:
             if conn.rank not in self._lost:
                 self._lost.add(conn.rank)
@@ -490,32 +414,12 @@ class PMIServer:
         except Exception:
             pass
 
-    def _log_stranger(self, message: str) -> None:
-        """Rate-limited log of unauthenticated peers (a flood must not flood the terminal)."""
-        limit, window = self.stranger_log_limit
-        if self._stranger_window is None:
-            self._stranger_window = self.loop.call_later(window, self._stranger_window_end)
-        if self._stranger_lines < limit:
-            self._stranger_lines += 1
-            self._emit_log(message)
-        else:
-            self._stranger_suppressed += 1
-
-    def _stranger_window_end(self) -> None:
-        self._stranger_window = None
-        self._stranger_lines = 0
-        if self._stranger_suppressed:
-            count, self._stranger_suppressed = self._stranger_suppressed, 0
-            self._emit_log(f"listener: {count} more unauthenticated connection(s) closed")
-
     def close(self) -> None:
         """Unregister and close every socket (no pmi_lost is reported after this)."""
         self._closed = True
         for conn in list(self._conns.values()):
             conn.close()
         self.release_child_fds()
-        if self._lsock is not None:
-            self.loop.forget(self._lsock.fileno())
-            self._lsock.close()
-            self._lsock = None
+        if self.door is not None:
+            self.door.close()
 

@@ -50,7 +50,7 @@ from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks
 from ..machine.loop import Loop
 from ..machine.spawn import check_startable, seal_inherited_fds
-from ..spec import Host, RankSpec
+from ..spec import RankSpec, replace
 from . import link
 from .endpoint import Endpoint
 from ..pmi.files import GUARD_TASKS, after_launcher_death
@@ -187,11 +187,11 @@ class Agent:
     def _prepare(self, body: Dict[str, Any]) -> None:
         if self.job:
             raise link.LinkError("a second JOB frame")
-        self.job = job = read_job(body)
+        self.job = job = read_job(body, socket.gethostname())
         self.grace = job["grace"]
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
-        self.specs = [self._spec(r) for r in job["ranks"]]
+        self.specs = [self._spec(spec) for spec in job["ranks"]]
         # The guard's cgroup takes the kernel 5 to 20 ms to enter: made now, it is
         # ready by START.  The marker names this host's guard: the job and this agent.
         self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace, background=True,
@@ -235,28 +235,18 @@ class Agent:
         self.output.lines = cert is None
         return True
 
-    def _spec(self, r: Dict[str, Any]) -> RankSpec:
-        job = self.job
-        host = Host(name=job["host"] or socket.gethostname(), slots=len(job["ranks"]),
-                    max_slots=None, local=True, node_id=r["node"])
-        return RankSpec(rank=r["rank"], app=r["app"], host=host, local_rank=r["local_rank"],
-                        local_size=r["local_size"], argv=tuple(r["argv"]),
-                        env=self._environment(r), cwd=r["cwd"], stdout_path=None,
-                        stderr_path=None, cpus=tuple(r["cpus"]) if r["cpus"] else None,
-                        stdin=r["stdin"], program=r["program"], search=tuple(r["search"]),
-                        session_dir=r["session"], job=r["job"], index=r["key"])
-
-    def _environment(self, r: Dict[str, Any]) -> Dict[str, str]:
-        env = scrub_env(os.environ) if r["inherit"] == "remote" else {}
-        prefix = r["path_prefix"]
+    def _spec(self, spec: RankSpec) -> RankSpec:
+        """A rank as the frame sent it, with its whole environment composed here."""
+        env = scrub_env(os.environ) if spec.inherit == "remote" else {}
+        prefix = spec.path_prefix
         if prefix:
             for var, sub in (("PATH", "bin"), ("LD_LIBRARY_PATH", "lib")):
                 old = env.get(var)
                 env[var] = f"{prefix}/{sub}" + (f":{old}" if old else "")
         env.update(self.job["common_env"])
-        env.update(r["env"])
+        env.update(spec.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
+        return replace(spec, env=env)
 
     def _preload(self, files: List[Dict[str, Any]]) -> None:
         """Copy the preloaded files into the ranks' directories (removed at the end)."""
@@ -303,7 +293,6 @@ class Agent:
                 if not warnings:
                     warnings.append(f"working directory {spec.cwd} does not exist here; "
                                     f"ranks start in {home}")
-                from ..spec import replace
                 self.specs[i] = replace(spec, cwd=home)
         return warnings
 
@@ -344,10 +333,10 @@ class Agent:
 
     def _spawned(self, message: Dict[str, Any]) -> None:
         """A job spawned elsewhere has processes here: start them now."""
-        job = read_spawned(message)
+        job = read_spawned(message, self.job["host"], len(self.job["ranks"]))
         if self.local is None or job["kvs"] in self.pmi.jobs:
             raise link.LinkError("a spawned job before START, or twice")
-        specs = [self._spec(r) for r in job["ranks"]]
+        specs = [self._spec(spec) for spec in job["ranks"]]
         known = {s.key for s in self.specs}
         if any(s.key in known for s in specs):
             raise link.LinkError("a spawned job reuses a process number")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .starter import AgentConnection
 
     class HostListener(Protocol):
-        """What a host reports to (the job's supervisor)."""
+        """What a host reports to (the job's fleet, which tells the supervisor)."""
 
         def rank_started(self, key: int, pid: int) -> None: ...
 

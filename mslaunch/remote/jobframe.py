@@ -19,8 +19,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence
 
-    from ..spec import JobSpec, Plan, RankSpec
+    from ..spec import JobSpec, Plan
 
+from ..spec import Host, RankSpec, replace
 from .link import LinkError
 
 #: Bytes of output an agent may send before the launcher grants more.
@@ -42,7 +43,6 @@ def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], he
             for key in [k for k, v in common.items() if spec.env.get(k) != v]:
                 del common[key]
     common = common or {}
-    ranks = rank_entries(specs, common)
     contexts: List[int] = []
     for r in plan.ranks:
         if r.app == len(contexts):
@@ -50,9 +50,8 @@ def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], he
         contexts[r.app] += 1
     from ..plan.display import job_id
     files, programs = _preloads(job, specs)
-    for rank in ranks:
-        if rank["key"] in programs:
-            rank["program"] = programs[rank["key"]]
+    ranks = rank_entries([replace(s, program=programs[s.key]) if s.key in programs else s
+                          for s in specs], common)
     return {"kvsname": plan.kvsname, "jobid": job_id(), "grace": job.grace, "files": files,
             "heartbeat": list(heartbeat),
             "credit": CREDIT, "merge_stderr": job.output.merge_stderr, "pmi": pmi,
@@ -64,16 +63,26 @@ def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], he
             "common_env": common, "ranks": ranks, "trace": job.verbose >= 2}
 
 
+#: The :class:`~mslaunch.spec.RankSpec` fields a frame carries under their own
+#: names, besides ``host`` (its ``node_id`` alone) and ``env`` (what differs
+#: from the frame's common environment).  The rest -- output paths, label,
+#: console -- are the launcher's own business.
+RANK_FIELDS = ("rank", "index", "job", "app", "local_rank", "local_size", "argv", "cwd",
+               "stdin", "cpus", "search", "session_dir", "inherit", "path_prefix", "program")
+
+
 def rank_entries(specs: Sequence[RankSpec], common: Dict[str, str]) -> List[Dict[str, Any]]:
-    """The ranks of a ``JOB`` frame (or of a spawned job): what differs from ``common``."""
-    return [{
-        "rank": spec.rank, "key": spec.key, "job": spec.job, "app": spec.app,
-        "local_rank": spec.local_rank, "local_size": spec.local_size,
-        "node": spec.host.node_id, "argv": list(spec.argv), "cwd": spec.cwd,
-        "stdin": spec.stdin, "cpus": list(spec.cpus) if spec.cpus else None,
-        "search": list(spec.search), "session": spec.session_dir, "inherit": spec.inherit,
-        "path_prefix": spec.path_prefix, "program": spec.program,
-        "env": {k: v for k, v in spec.env.items() if common.get(k) != v}} for spec in specs]
+    """The ranks of a ``JOB`` frame (or of a spawned job): their own fields, and
+    of their environment what differs from ``common``; :func:`read_job` and
+    :func:`read_spawned` rebuild them."""
+    entries = []
+    for spec in specs:
+        entry: Dict[str, Any] = {name: getattr(spec, name) for name in RANK_FIELDS}
+        entry.update(argv=list(spec.argv), search=list(spec.search),
+                     cpus=list(spec.cpus) if spec.cpus else None, node_id=spec.host.node_id,
+                     env={k: v for k, v in spec.env.items() if common.get(k) != v})
+        entries.append(entry)
+    return entries
 
 
 def spawn_frame(number: int, kvsname: str, spawner: str, specs: Sequence[RankSpec],
@@ -180,39 +189,42 @@ def _choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
     return value
 
 
-def _rank(r: Any, size: int) -> Dict[str, Any]:
+def _rank(r: Any, size: int, name: str, slots: int) -> RankSpec:
+    """One rank entry checked and rebuilt; its ``env`` is the entry's alone (the
+    agent composes the whole environment), its host is ``name`` on this machine."""
     if not isinstance(r, dict):
         raise _bad("rank entry", "is not a mapping")
     cpus = r.get("cpus")
-    rank = _int(r.get("rank"), "rank", 0, size - 1)
-    return {
-        "rank": rank,
-        "key": _int(r.get("key", rank), "key", 0, 1 << 40),
-        "job": _int(r.get("job", 1), "job", 1, 1 << 20),
-        "app": _int(r.get("app", 0), "app", 0, _MAX_RANK),
-        "local_rank": _int(r.get("local_rank"), "local_rank", 0, _MAX_RANK),
-        "local_size": _int(r.get("local_size"), "local_size", 1, _MAX_RANK),
-        "node": _int(r.get("node", 0), "node", 0, _MAX_RANK),
-        "argv": _texts(r.get("argv"), "argv", empty=False),
-        "cwd": _text(r.get("cwd"), "cwd", empty=False),
-        "stdin": _text(r.get("stdin", "null"), "stdin"),
-        "cpus": None if not cpus else [_int(c, "cpus", 0, 1 << 20) for c in
-                                       (cpus if isinstance(cpus, list) else [None])],
-        "search": _texts(r.get("search") or [], "search"),
-        "session": bool(r.get("session")),
-        "inherit": _choice(r.get("inherit", "remote"), "inherit", ("remote", "launcher")),
-        "path_prefix": _maybe_text(r.get("path_prefix"), "path_prefix"),
-        "program": _maybe_text(r.get("program") or None, "program"),
-        "env": _env(r.get("env"), "env"),
-    }
+    index = r.get("index")
+    return RankSpec(
+        rank=_int(r.get("rank"), "rank", 0, size - 1),
+        index=None if index is None else _int(index, "index", 0, 1 << 40),
+        job=_int(r.get("job", 1), "job", 1, 1 << 20),
+        app=_int(r.get("app", 0), "app", 0, _MAX_RANK),
+        host=Host(name=name, slots=slots, max_slots=None, local=True,
+                  node_id=_int(r.get("node_id", 0), "node_id", 0, _MAX_RANK)),
+        local_rank=_int(r.get("local_rank"), "local_rank", 0, _MAX_RANK),
+        local_size=_int(r.get("local_size"), "local_size", 1, _MAX_RANK),
+        argv=tuple(_texts(r.get("argv"), "argv", empty=False)),
+        env=_env(r.get("env"), "env"),
+        cwd=_text(r.get("cwd"), "cwd", empty=False),
+        stdout_path=None, stderr_path=None,
+        stdin=_text(r.get("stdin", "null"), "stdin"),
+        cpus=None if not cpus else tuple(_int(c, "cpus", 0, 1 << 20) for c in
+                                         (cpus if isinstance(cpus, list) else [None])),
+        search=tuple(_texts(r.get("search") or [], "search")),
+        session_dir=bool(r.get("session_dir")),
+        inherit=_choice(r.get("inherit", "remote"), "inherit", ("remote", "launcher")),
+        path_prefix=_maybe_text(r.get("path_prefix"), "path_prefix"),
+        program=_maybe_text(r.get("program") or None, "program"))
 
 
-def _ranks(ranks: Any, size: int) -> List[Dict[str, Any]]:
+def _ranks(ranks: Any, size: int, name: str, slots: int) -> List[RankSpec]:
     if not isinstance(ranks, list) or not ranks or len(ranks) > _MAX_RANK:
         raise _bad("ranks", "is not a non-empty list")
-    checked = [_rank(r, size) for r in ranks]
-    if len({r["rank"] for r in checked}) != len(checked) or \
-            len({r["key"] for r in checked}) != len(checked):
+    checked = [_rank(r, size, name, slots) for r in ranks]
+    if len({r.rank for r in checked}) != len(checked) or \
+            len({r.key for r in checked}) != len(checked):
         raise _bad("ranks", "name a rank twice")
     return checked
 
@@ -223,8 +235,9 @@ def _kvsname(value: Any) -> str:
     return value
 
 
-def read_spawned(body: Dict[str, Any]) -> Dict[str, Any]:
-    """A spawned job's message (:func:`spawn_frame`), checked."""
+def read_spawned(body: Dict[str, Any], name: str, slots: int) -> Dict[str, Any]:
+    """A spawned job's message (:func:`spawn_frame`), checked; its ``ranks`` are
+    :class:`~mslaunch.spec.RankSpec` records on host ``name`` (see :func:`_rank`)."""
     size = _int(body.get("size"), "size", 1, _MAX_RANK)
     appnums = body.get("appnums")
     if not isinstance(appnums, list) or len(appnums) != size:
@@ -235,7 +248,7 @@ def read_spawned(body: Dict[str, Any]) -> Dict[str, Any]:
             "appnums": [_int(a, "appnums", 0, _MAX_RANK) for a in appnums],
             "universe_size": _int(body.get("universe_size"), "universe_size", -1, 1 << 40),
             "pmi": _choice(body.get("pmi"), "pmi", ("fd", "port")),
-            "ranks": _ranks(body.get("ranks"), size)}
+            "ranks": _ranks(body.get("ranks"), size, name, slots)}
 
 
 def spawn_request_body(request) -> Dict[str, Any]:
@@ -279,8 +292,10 @@ def read_spawn(body: Dict[str, Any]):
         raise _bad("spawn", str(err)) from None
 
 
-def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
-    """The ``JOB`` frame checked and completed with defaults (see the module docstring)."""
+def read_job(body: Dict[str, Any], here: str) -> Dict[str, Any]:
+    """The ``JOB`` frame checked and completed with defaults (see the module
+    docstring); its ``ranks`` are :class:`~mslaunch.spec.RankSpec` records on the
+    host the frame names, or ``here`` (see :func:`_rank`)."""
     kvsname = _kvsname(body.get("kvsname"))
     ranks = body.get("ranks")
     if not isinstance(ranks, list) or len(ranks) > _MAX_RANK:
@@ -302,7 +317,8 @@ def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
             and isinstance(f.get("data"), str) and not isinstance(f.get("mode"), bool)
             and isinstance(f.get("mode"), int) for f in files):
         raise _bad("files", "is not a list of {name, mode, data}")
-    checked = _ranks(ranks, size) if ranks else []
+    host = _maybe_text(body.get("host"), "host") or here
+    checked = _ranks(ranks, size, host, len(ranks)) if ranks else []
     data = body.get("data")
     if data is not None and not isinstance(data, dict):
         raise _bad("data", "is not a mapping")
@@ -321,7 +337,7 @@ def read_job(body: Dict[str, Any]) -> Dict[str, Any]:
         "appnums": appnums or [0] * size,
         "process_mapping": _text(body.get("process_mapping") or "", "process_mapping"),
         "launch_dir": _maybe_text(body.get("launch_dir"), "launch_dir"),
-        "host": _maybe_text(body.get("host"), "host"),
+        "host": host,
         "common_env": _env(body.get("common_env"), "common_env"),
         "files": files,
         "data": data,

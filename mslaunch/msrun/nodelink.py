@@ -1,0 +1,216 @@
+"""Each node's link to the node service of a multi-node msrun-mode job.
+
+A :class:`NodeLink` connects to the service (:mod:`.service`) at one of the
+master's addresses, proves it knows the job's secret (:mod:`.secret`, inside
+TLS with :mod:`.tls` when asked), registers the node's workers and gets its
+ranks back; from then on it carries ``stop`` both ways and the heartbeats.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List, Optional
+
+    from ..machine.loop import Loop
+
+from ..remote import link
+from ..remote.endpoint import SocketEndpoint
+from ..errors import one_line
+from . import secret as auth
+from .service import HANDSHAKE_SECONDS, NODE_LOST_EXIT, PROTOCOL, encode, node_message
+
+
+class NodeLink:
+    """A node's connection to the service: rendezvous, then stop in both directions.
+
+    ``on_ranks(ranks)`` once the service has given this node its ranks,
+    ``on_stop(code, message)`` when the job must end (another node's failure,
+    the service refusing this node, the service lost).
+    """
+
+    def __init__(self, loop: Loop, *, addresses: List[str], port: int, secret: bytes,
+                 tls=None, node_rank: int, workers: int, deadline: Optional[float],
+                 heartbeat, on_ranks: Callable[[List[int]], None],
+                 on_stop: Callable[[int, str], None]) -> None:
+        self.loop = loop
+        self.addresses = addresses
+        self.port = port
+        self.secret = secret
+        self.tls = tls
+        self.register = {"op": "register", "node_rank": node_rank, "workers": workers,
+                         "host": os.uname().nodename, "pid": os.getpid()}
+        self.deadline = deadline
+        self.heartbeat = heartbeat
+        self.on_ranks = on_ranks
+        self.on_stop = on_stop
+        self.master_port = 0         # the master's MASTER_PORT, with the ranks
+        self.endpoint: Optional[SocketEndpoint] = None
+        self.nonce = auth.new_nonce()
+        self.state = "connecting"    # connecting, proving, registering, joined, ended
+        self.last_error = ""
+        self.connected = ""
+        self._handshaking = None
+        self._try = loop.call_later(0, self._connect)
+
+    def _connect(self) -> None:
+        self._try = None
+        if self.state != "connecting":
+            return
+        for addr in self.addresses:
+            try:
+                # Blocking, 2 s at most: the kernel completes a TCP connect by
+                # itself, even to the service in this very process.
+                sock = socket.create_connection((addr, self.port), timeout=2.0)
+            except OSError as err:
+                self.last_error = err.strerror or str(err)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            self.connected = f"{addr}:{self.port}"
+            if self.tls is None:
+                self._open(sock)
+                return
+            # The TLS handshake is driven by the loop: on the master node the
+            # other side of it is the service, served by this same loop.
+            self.state = "handshaking"
+            tls = self._handshaking = self.tls.wrap_socket(sock, do_handshake_on_connect=False)
+            self._try = self.loop.call_later(
+                HANDSHAKE_SECONDS, lambda: self._tls_failed(tls, "it timed out"))
+            self._handshake(tls)
+            return
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self._end(1, f"no node service at {self.addresses[0]}:{self.port} "
+                         f"({self.last_error}); is the master node's mslaunch running?")
+            return
+        self._try = self.loop.call_later(0.2, self._connect)   # the master may start later
+
+    def _handshake(self, sock) -> None:
+        import ssl
+        fd = sock.fileno()
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.loop.remove_writer(fd)
+            self.loop.add_reader(fd, lambda: self._handshake(sock))
+            return
+        except ssl.SSLWantWriteError:
+            self.loop.add_writer(fd, lambda: self._handshake(sock))
+            return
+        except (OSError, ValueError) as err:
+            self._tls_failed(sock, str(getattr(err, "reason", None) or err))
+            return
+        self.loop.forget(fd)
+        self._handshaking = None
+        if self._try is not None:
+            self._try.cancel()
+            self._try = None
+        self._open(sock)
+
+    def _tls_failed(self, sock, reason: str) -> None:
+        self._handshaking = None
+        self.loop.forget(sock.fileno())
+        try:
+            sock.close()
+        except OSError:
+            pass
+        self._end(1, f"TLS with the node service at {self.connected} failed ({reason}): "
+                     f"do all nodes use the same --tls_config, with certificates from its CA?")
+
+    def _open(self, sock) -> None:
+        self.state = "proving"
+        self.endpoint = SocketEndpoint(self.loop, sock, on_frame=self._frame,
+                                       on_closed=self._closed)
+
+    def _frame(self, kind: int, body: bytes) -> None:
+        message = node_message(kind, body)
+        if message is None:
+            return
+        op = message.get("op")
+        assert self.endpoint is not None
+        if op == "refuse":
+            self._end(1, f"the node service refused this node: "
+                         f"{one_line(message.get('message', ''))}")
+        elif op == "stop":
+            code = message.get("code")
+            self._end(code if isinstance(code, int) and 0 < code < 256 else 1,
+                      one_line(message.get("message", ""), 600))
+        elif self.state == "proving" and op == "hello":
+            nonce = message.get("nonce")
+            if not auth.valid_nonce(nonce):
+                raise link.LinkError("hello without a valid nonce")
+            self.their_nonce = nonce
+            self.endpoint.send(encode({
+                "op": "auth", "protocol": PROTOCOL, "nonce": self.nonce,
+                "proof": auth.proof(self.secret, "node", nonce, self.nonce),
+                "heartbeat": list(self.heartbeat)}))
+        elif self.state == "proving" and op == "welcome":
+            if not auth.check(self.secret, "service", self.nonce, self.their_nonce,
+                              message.get("proof")):
+                self._end(1, "the node service does not know this job's secret (another "
+                             "job's service on that port?): " + auth.mismatch_hint())
+                return
+            self.state = "registering"
+            self.endpoint.start_heartbeat(*self.heartbeat)
+            self.endpoint.send(encode(self.register))
+        elif self.state == "registering" and op == "ranks":
+            ranks = message.get("ranks")
+            if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
+                raise link.LinkError("ranks are not numbers")
+            self.state = "joined"
+            port = message.get("master_port")
+            if type(port) is int and 0 < port < 65536:
+                self.master_port = port
+            self.on_ranks(ranks)
+        else:
+            raise link.LinkError(f"unexpected node message {str(op)[:20]!r}")
+
+    def _closed(self, why: str) -> None:
+        if self.state == "proving":
+            # Cut off before any greeting: the two sides disagree about TLS, or
+            # the service refused this node's certificate.
+            self._end(1, f"the node service at {self.connected} closed the connection "
+                         f"before greeting this node ({why or 'no reason given'}): do all "
+                         f"nodes use TLS alike (the same --tls_config, with certificates "
+                         f"from its CA)?")
+        elif self.state != "ended":
+            self._end(NODE_LOST_EXIT, f"lost the node service: {why or 'its link ended'}")
+
+    def _end(self, code: int, text: str) -> None:
+        if self.state == "ended":
+            return
+        self.state = "ended"
+        if self._try is not None:
+            self._try.cancel()
+        self.on_stop(code, text)
+
+    # -- this node's news -------------------------------------------------------
+    def stop(self, code: int, text: str) -> None:
+        """This node ends the job (a failure here, a signal, a timeout)."""
+        if self.state == "ended" or self.endpoint is None or self.endpoint.closed:
+            return
+        self.state = "ended"
+        self.endpoint.send(encode({"op": "stop", "code": code, "message": text[:500]}))
+        self.endpoint.flush(time.monotonic() + 2.0)
+
+    def done(self) -> None:
+        """Every process here ended well."""
+        if self.state == "ended" or self.endpoint is None or self.endpoint.closed:
+            return
+        self.state = "ended"
+        self.endpoint.send(encode({"op": "done"}))
+        self.endpoint.flush(time.monotonic() + 2.0)
+
+    def close(self) -> None:
+        self.state = "ended"
+        if self._try is not None:
+            self._try.cancel()
+        if self._handshaking is not None:
+            self.loop.forget(self._handshaking.fileno())
+            self._handshaking.close()
+        if self.endpoint is not None and not self.endpoint.closed:
+            self.endpoint.close("")

@@ -1,0 +1,160 @@
+"""The TCP door of a PMI server: ``PMI_PORT`` clients, let in by their ``PMI_ID``.
+
+A :class:`TCPDoor` listens on an IPv4 address, hands each rank a secret
+``PMI_ID``, accepts connections without letting idle strangers crowd out
+real ranks (:func:`~mslaunch.machine.loop.accept_strangers`), gives each
+stranger ``auth_timeout`` seconds to present its secret, and logs strangers
+at a bounded rate.  Imported only when a job serves PMI over TCP.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+    from typing import Any, Callable, Dict, List, Optional, Set
+
+    from ..machine.loop import Timer
+
+    # The server's types, not imported: the server imports this module.
+    PMIServer = Any
+    _Conn = Any
+
+from ..machine.loop import accept_strangers
+from . import READY
+from .wire import _rx
+
+
+class TCPDoor:
+    """The listening socket of ``server`` and the peers not yet authenticated.
+
+    ``make_conn`` wraps an accepted socket in the server's connection type.
+    The limits (``auth_timeout``, ``max_pending``, ``evict_grace``,
+    ``stranger_log_limit``) are read from the server, where they are set.
+    """
+
+    def __init__(self, server: PMIServer, make_conn: Callable[[socket.socket], _Conn]) -> None:
+        self.server = server
+        self.make_conn = make_conn
+        self.lsock: Optional[socket.socket] = None
+        self.host = ""
+        self.port = 0
+        self.ids: Dict[int, int] = {}           # PMI_ID -> rank
+        self.rank_ids: List[int] = []
+        self.ranks: Set[int] = set()            # ranks that have come in
+        self.pending = 0
+        self.unauth: Dict[int, _Conn] = {}      # oldest first
+        self._stranger_lines = 0
+        self._stranger_suppressed = 0
+        self._stranger_window: Optional[Timer] = None
+
+    def listen(self, host: str) -> int:
+        """Listen on ``host``; returns the port."""
+        import socket
+        server = self.server
+        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            lsock.bind((host, 0))
+            lsock.listen(min(socket.SOMAXCONN, max(128, server.size)))
+            lsock.setblocking(False)
+        except OSError:
+            lsock.close()
+            raise
+        self.lsock = lsock
+        self.host = "127.0.0.1" if host in ("", "0.0.0.0") else host
+        self.port = lsock.getsockname()[1]
+        # MPICH atoi()s PMI_ID and sends it back with %d: positive 31-bit ints.
+        while len(self.ids) < server.size:
+            self.ids.setdefault(int.from_bytes(os.urandom(4), "big") % (2**31 - 1) + 1,
+                                len(self.ids))
+        self.rank_ids = [0] * server.size
+        for pmi_id, rank in self.ids.items():
+            self.rank_ids[rank] = pmi_id
+        server.loop.add_reader(lsock.fileno(), self._on_accept)
+        return self.port
+
+    def env(self, rank: int) -> Dict[str, str]:
+        """``PMI_PORT`` and ``PMI_ID`` of ``rank``."""
+        return {"PMI_PORT": f"{self.host}:{self.port}", "PMI_ID": str(self.rank_ids[rank])}
+
+    def _on_accept(self) -> None:
+        try:
+            self._accept_some()
+        except Exception as exc:  # never let a peer break the loop
+            self.server._emit_log(f"listener: internal error {exc!r}")
+
+    def _accept_some(self) -> None:
+        lsock, server = self.lsock, self.server
+        if lsock is None or server._closed:
+            return
+        # Idle strangers must never cost a real rank its place: the
+        # longest-waiting one makes room, once it has had its time.
+        for sock, _addr in accept_strangers(
+                server.loop, lsock, self.unauth.values, server.max_pending,
+                lambda c: c.abandon("evicted: too many unauthenticated connections"),
+                lambda text: server._emit_log(f"listener: {text}"), server.evict_grace):
+            if server._closed:
+                sock.close()
+                return
+            try:
+                conn = self.make_conn(sock)
+            except OSError:
+                sock.close()
+                continue
+            self.pending += 1
+            self.unauth[conn.fd] = conn
+            server._conns[conn.fd] = conn
+            conn.auth_timer = server.loop.call_later(
+                server.auth_timeout, lambda c=conn: c.abandon("no initack within the time limit"))
+            # A rank sends its PMI_ID right after connecting: read it now.
+            conn._on_readable()
+
+    def authenticate(self, conn: _Conn, pmiid: Optional[str]) -> bool:
+        """Let ``conn`` in as the rank whose secret ``pmiid`` is, or cut it off."""
+        rank = self.ids.get(int(pmiid)) if pmiid and _rx.PMI_ID.fullmatch(pmiid) else None
+        if rank is None:
+            conn.abandon("wrong PMI_ID")
+            return False
+        if rank in self.ranks:
+            conn.abandon(f"PMI_ID of rank {rank} used twice")
+            return False
+        self.ranks.add(rank)
+        conn.rank = rank
+        conn.phase = READY
+        self.pending -= 1
+        self.unauth.pop(conn.fd, None)
+        if conn.auth_timer is not None:
+            conn.auth_timer.cancel()
+            conn.auth_timer = None
+        return True
+
+    def closed(self, conn: _Conn) -> None:
+        """A stranger's connection closed before it authenticated."""
+        self.pending -= 1
+        self.unauth.pop(conn.fd, None)
+
+    def log_stranger(self, message: str) -> None:
+        """Rate-limited log of unauthenticated peers (a flood must not flood the terminal)."""
+        limit, window = self.server.stranger_log_limit
+        if self._stranger_window is None:
+            self._stranger_window = self.server.loop.call_later(window, self._window_end)
+        if self._stranger_lines < limit:
+            self._stranger_lines += 1
+            self.server._emit_log(message)
+        else:
+            self._stranger_suppressed += 1
+
+    def _window_end(self) -> None:
+        self._stranger_window = None
+        self._stranger_lines = 0
+        if self._stranger_suppressed:
+            count, self._stranger_suppressed = self._stranger_suppressed, 0
+            self.server._emit_log(f"listener: {count} more unauthenticated connection(s) closed")
+
+    def close(self) -> None:
+        if self.lsock is not None:
+            self.server.loop.forget(self.lsock.fileno())
+            self.lsock.close()
+            self.lsock = None
