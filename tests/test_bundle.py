@@ -115,3 +115,18 @@ def test_a_background_preparation_is_waited_for_at_exit(tmp_path):
     r = subprocess.run([PY, "-c", code], capture_output=True, timeout=30)
     assert r.returncode == 3, r.stderr
     assert done.read_text() == "yes"
+
+
+def test_every_host_is_sent_the_one_bundle_object_not_a_copy_of_its_own():
+    # At 16 hosts a copy of the bundle per handshake (and per remainder that
+    # paramiko's sendall slices off) was most of the launcher's peak memory.
+    first = bootstrap.Handshake(reuse=False).take_parts()
+    second = bootstrap.Handshake(reuse=False).take_parts()
+    assert len(first) == 2 and first[1] is second[1] is bootstrap.framed_bundle()
+    size = len(bootstrap.package_bundle()[0])
+    assert first[1].startswith(b"%d\n" % size) and len(first[1]) == len(b"%d\n" % size) + size
+    asked = bootstrap.Handshake(reuse=True)
+    asked.take_parts()
+    asked.feed(bootstrap.MARK + b"need no mslaunch here\n")
+    assert asked.take_parts() == [bootstrap.framed_bundle()]
+    assert asked.take_parts()[0:1] == [] and asked.take() == b""

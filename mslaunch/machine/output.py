@@ -55,8 +55,9 @@ LONG_LINE = 1 << 20       # a "line" longer than this is passed on in pieces
 TAIL = 4096               # bytes of stderr kept per rank for the failure summary
 
 # One read buffer for all pipes: the loop is single-threaded and each chunk
-# is fully passed on (or copied) before the next read.
-_BUFFER = bytearray(CHUNK)
+# is fully passed on (or copied) before the next read.  Made by the first
+# RankPipe: a launcher whose ranks are all remote reads no pipe.
+_BUFFER = bytearray()
 _VIEW = memoryview(_BUFFER)
 REFILL = 64 << 10         # a pseudo-terminal is read again while this much room is left
 
@@ -242,6 +243,10 @@ class RankPipe:
         # Called when nobody wants a pseudo-terminal's stream any more: its
         # writer would get EIO, not EPIPE, so it is told with a SIGPIPE instead.
         self.on_abandon = on_abandon
+        global _BUFFER, _VIEW
+        if not _BUFFER:
+            _BUFFER = bytearray(CHUNK)
+            _VIEW = memoryview(_BUFFER)
         self.closed = False
         self.paused = False
         self.pty = os.isatty(fd)

@@ -190,7 +190,8 @@ MARK = b"\0mslaunch-package "
 #: The marshal format of the bundle: version 4 is read by every Python from 3.4.
 _MARSHAL_VERSION = 4
 
-_bundle_cache: Optional[Tuple[bytes, str]] = None
+_bundle_cache: Optional[Tuple[memoryview, str]] = None
+_framed: Optional[bytes] = None      # the bundle as sent: its length, a newline, itself
 _bundle_lock = threading.Lock()
 
 
@@ -257,9 +258,9 @@ def package_digest(files: Sequence[Tuple[str, str]]) -> str:
     return digest.hexdigest()
 
 
-def package_bundle() -> Tuple[bytes, str]:
-    """The installed ``mslaunch`` package as a bundle, and its digest, from the
-    cache while it matches."""
+def package_bundle() -> Tuple[memoryview, str]:
+    """The installed ``mslaunch`` package as a bundle (a view of :func:`framed_bundle`),
+    and its digest, from the cache while it matches."""
     if _bundle_cache is None:
         with _bundle_lock:
             if _bundle_cache is None:
@@ -268,7 +269,6 @@ def package_bundle() -> Tuple[bytes, str]:
 
 
 def _read_or_build() -> None:
-    global _bundle_cache
     import hashlib
     import importlib.util
     from ..machine.topology import cache_path
@@ -280,16 +280,32 @@ def _read_or_build() -> None:
     cached = cache_path(f"agent-{key.hexdigest()[:24]}.bundle")
     try:
         with open(cached, "rb") as f:
-            digest, _, bundle = f.read().partition(b"\n")
+            digest = f.readline().rstrip(b"\n")
+            bundle = f.read()
         if len(digest) == 64:
-            _bundle_cache = bundle, digest.decode("ascii")
+            _keep(bundle, digest.decode("ascii"))
             return
     except (OSError, UnicodeDecodeError):
         pass
     bundle = build_bundle(files, importlib.util.MAGIC_NUMBER)
     digest = package_digest(files)
     _save(cached, digest.encode("ascii") + b"\n" + bundle)
-    _bundle_cache = bundle, digest
+    _keep(bundle, digest)
+
+
+def _keep(bundle: bytes, digest: str) -> None:
+    """Hold the bundle once, as it is sent (:func:`framed_bundle`)."""
+    global _bundle_cache, _framed
+    head = b"%d\n" % len(bundle)
+    _framed = head + bundle
+    _bundle_cache = memoryview(_framed)[len(head):], digest
+
+
+def framed_bundle() -> bytes:
+    """The bundle as the bootstrap reads it (its length on a line, then itself),
+    made once: every host is sent this one object, never a copy of its own."""
+    package_bundle()
+    return _framed  # type: ignore[return-value]
 
 
 def _save(path: str, data: bytes) -> None:
@@ -350,7 +366,9 @@ class Handshake:
     """The launcher's side of an agent's start, whatever carries the bytes.
 
     :meth:`take` gives what to send (the bootstrap first; the package bundle
-    if the agent asks for it); :meth:`feed` reads what the agent says: the
+    if the agent asks for it), :meth:`take_parts` the same in pieces (the
+    bundle is then the one object all hosts share: at many hosts, a copy per
+    host was most of the launcher's memory); :meth:`feed` reads what the agent says: the
     bootstrap's answer, then the link's ``HELLO``.  ``package`` says which
     way the agent started, in words; ``sent`` counts the bytes given out.
     """
@@ -359,14 +377,13 @@ class Handshake:
         from ..switches import switch
         from .. import __version__
         from .link import Reader
-        bundle, digest = package_bundle()
+        digest = package_bundle()[1]
         self.reuse = switch("MSLAUNCH_HOST_PACKAGE") if reuse is None else reuse
         want = (__version__, digest) if self.reuse else None
         source = (f"_W = {want!r}\n" + BOOTSTRAP).encode()
-        self._out = b"%d\n%s" % (len(source), source)
-        self._bundle = b"%d\n%s" % (len(bundle), bundle)
+        self._out: List[bytes] = [b"%d\n%s" % (len(source), source)]
         if not self.reuse:           # asked for anyway: sent at once
-            self._out += self._bundle
+            self._out.append(framed_bundle())
         self.sent = 0
         self.package = ""
         self.reader = Reader(expect_sync=True)
@@ -375,8 +392,12 @@ class Handshake:
 
     def take(self) -> bytes:
         """What is to be sent to the agent now (b"" for nothing)."""
-        out, self._out = self._out, b""
-        self.sent += len(out)
+        return b"".join(self.take_parts())
+
+    def take_parts(self) -> List[bytes]:
+        """What is to be sent to the agent now, as pieces to send back to back."""
+        out, self._out = self._out, []
+        self.sent += sum(len(part) for part in out)
         return out
 
     def feed(self, data: bytes) -> Optional[Tuple[Dict[str, object], bytes]]:
@@ -404,8 +425,9 @@ class Handshake:
                                 f"({self.sent} bytes sent)")
             else:
                 if self.reuse:
-                    self._out += self._bundle
-                self.package = (f"package sent ({(self.sent + len(self._out)) // 1024} KiB): "
+                    self._out.append(framed_bundle())
+                left = sum(len(part) for part in self._out)
+                self.package = (f"package sent ({(self.sent + left) // 1024} KiB): "
                                 f"{why or 'asked for'}")
         frames = self.reader.feed(data)
         if not frames:

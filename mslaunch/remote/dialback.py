@@ -210,8 +210,12 @@ class Listener:
         self.pending: Dict[int, _Pending] = {}
         self.cert_pem: Optional[bytes] = None
         self._context = None
+        # What a TLS socket raises for "not yet" (ssl, and its 1.5 MiB, only then).
+        self._wants: Tuple[type, ...] = ()
         if tls:
+            import ssl
             self.cert_pem, self._context = tls_credentials()
+            self._wants = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
         self._lines = 0
         self._window_end = 0.0
         self._suppressed = 0
@@ -260,14 +264,13 @@ class Listener:
             self._readable(entry)
 
     def _readable(self, entry: _Pending) -> None:
-        import ssl
         sock = entry.sock
         try:
             if entry.handshaking:
                 sock.do_handshake()
                 entry.handshaking = False
             data = sock.recv(256)
-        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        except (BlockingIOError, *self._wants):
             return
         except (OSError, ValueError) as err:
             self._drop(entry, f"broke off ({err.__class__.__name__})")

@@ -27,7 +27,7 @@ from . import link
 #: counts as lost (override with MSLAUNCH_HEARTBEAT="interval,misses").
 HEARTBEAT = (1.0, 5)
 #: Bytes read per wake-up at first, and at most (doubling while reads fill it).
-FIRST_READ = 64 << 10
+FIRST_READ = 16 << 10
 MOST_READ = 1 << 20
 #: Decrypted bytes an inbound TLS connection's thread holds for the loop at most.
 BACKLOG = 16 << 20

@@ -56,7 +56,7 @@ class SplicingEndpoint(SocketEndpoint):
         self._head = bytearray(_LINES)
         self._got = 0                  # bytes of the head read
         self._need = _HEAD             # bytes of head wanted now
-        self._body = bytearray(64 << 10)
+        self._body = bytearray()       # grown to the largest body read
         self._at = -1                  # where the body's next byte goes; -1: reading a head
         self._end = 0
         self._kind = 0                 # the kind handed on with the body
@@ -173,7 +173,7 @@ class SplicingEndpoint(SocketEndpoint):
         an ``OUTPUT`` body (LINES data read whole, or the rest of a splice)."""
         start = link.RANK_STREAM.size if rank_stream else 0
         if len(self._body) < start + size:
-            self._body = bytearray(start + size)
+            self._body = bytearray(max(start + size, 2 * len(self._body), 4096))
         if rank_stream:
             link.RANK_STREAM.pack_into(self._body, 0, *rank_stream)
         self._kind, self._at, self._end = kind, start, start + size
@@ -187,7 +187,7 @@ class SplicingEndpoint(SocketEndpoint):
         self._dispatch([(kind, body if kind == link.OUTPUT else bytes(body))])
         del body
         if len(self._body) > link.KEEP:
-            self._body = bytearray(64 << 10)
+            self._body = bytearray()
 
     # -- splicing --------------------------------------------------------------
     def _splice(self) -> bool:

@@ -17,11 +17,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
+from ..machine.loop import wait_fd
 from . import bootstrap, link
 from .sshfiles import HostFailure, short_reason
 
 #: Seconds for the remote side to answer once the command runs.
 AGENT_TIMEOUT = 60.0
+#: Bytes handed to the channel at a time (paramiko's packets are at most 32 KiB).
+SEND_PIECE = 32 << 10
 
 
 class SSHAgentConnection:
@@ -70,10 +73,13 @@ class SSHAgentConnection:
     def _down(self) -> None:
         try:
             while True:
+                # Waited for first: a blocked recv() would hold its whole
+                # buffer, a quarter MiB per host, for as long as the link is quiet.
+                wait_fd(self._sock)
                 data = self._sock.recv(1 << 18)
                 if not data:
                     break
-                self.channel.sendall(data)
+                _send_parts(self.channel, [data])
         except (OSError, EOFError, Exception):
             pass
         try:
@@ -166,7 +172,7 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
         raise HostFailure("agent start", f"cannot run a command: {short_reason(err)}") from None
     try:
         handshake = bootstrap.Handshake(name=name)
-        channel.sendall(handshake.take())
+        _send_parts(channel, handshake.take_parts())
         deadline = time.monotonic() + AGENT_TIMEOUT
         greeted = None
         channel.settimeout(1.0)
@@ -180,9 +186,7 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
             if not data:
                 raise _start_failure(channel)
             greeted = handshake.feed(data)
-            more = handshake.take()
-            if more:
-                channel.sendall(more)
+            _send_parts(channel, handshake.take_parts())
         channel.settimeout(None)
     except HostFailure:
         channel.close()
@@ -195,6 +199,19 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
         raise HostFailure("agent start", short_reason(err)) from None
     hello, leftover = greeted
     return SSHAgentConnection(name, transport, channel, leftover, hello)
+
+
+def _send_parts(channel, parts: List[bytes]) -> None:
+    """Send ``parts`` in pieces of at most :data:`SEND_PIECE` bytes: paramiko's
+    ``sendall`` copies what is left of its argument after every packet, and
+    the package bundle, shared by all hosts, must not be copied per host."""
+    for part in parts:
+        view = memoryview(part)
+        while view:
+            piece = bytes(view[:SEND_PIECE])
+            while piece:
+                piece = piece[channel.send(piece):]
+            view = view[SEND_PIECE:]
 
 
 def _start_failure(channel) -> HostFailure:
