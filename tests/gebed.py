@@ -71,6 +71,11 @@ class GridEngine:
             self._run(self.hosts[0], ["qconf", "-mattr", "queue", "hostlist",
                                       " ".join(self.hosts), "all.q"])
             self._run(self.hosts[0], ["qconf", "-mattr", "queue", "slots", "2", "all.q"])
+            # A loaded machine (the hosts share its cores and its load average)
+            # would put the queue in alarm at the default np_load_avg=1.75 and
+            # nothing would be dispatched.
+            self._run(self.hosts[0], ["qconf", "-rattr", "queue", "load_thresholds",
+                                      "NONE", "all.q"])
             self._schedule_every_second()
             self._wait(self._all_up, "every sge_execd to report")
         except BaseException:
@@ -117,7 +122,8 @@ class GridEngine:
         conf = self._run(self.hosts[0], ["qconf", "-ssconf"]).stdout
         path = os.path.join(self.dir, "sched")
         with open(path, "w") as f:
-            f.write(re.sub(r"(?m)^schedule_interval\s.*$", "schedule_interval 0:0:1", conf))
+            conf = re.sub(r"(?m)^schedule_interval\s.*$", "schedule_interval 0:0:1", conf)
+            f.write(re.sub(r"(?m)^job_load_adjustments\s.*$", "job_load_adjustments NONE", conf))
         self._run(self.hosts[0], ["qconf", "-Msconf", path])
 
     def stop(self) -> None:

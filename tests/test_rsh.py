@@ -69,9 +69,15 @@ def run_rsh(home, *args, env=None, timeout=90):
 
 
 def test_ranks_output_files_and_exit_code_through_the_agent(sshbed, home, way, tmp_path):
-    prog = ("import os,socket,sys;r=int(os.environ['OMPI_COMM_WORLD_RANK']);"
+    # rank 1 fails only once rank 0 has written everything (a marker file on
+    # the shared file system): its failure must not stop rank 0 before it ran
+    marker = tmp_path / "rank0-done"
+    prog = ("import os,socket,sys,time;r=int(os.environ['OMPI_COMM_WORLD_RANK']);"
             "print('rank',r,socket.gethostname(),flush=True);"
-            "sys.stdout.write('x'*300000+'\\n');sys.exit(7 if r==1 else 0)")
+            "sys.stdout.write('x'*300000+'\\n');sys.stdout.flush();"
+            f"r==0 and open({str(marker)!r},'w').close();"
+            f"r==1 and [time.sleep(0.01) for _ in iter(lambda: os.path.exists({str(marker)!r}), True)];"
+            "sys.exit(7 if r==1 else 0)")
     r = run_rsh(home, *way, "-H", "h1,h2", "-n", "2", "--output-filename",
                 str(tmp_path / "out"), PY, "-c", prog)
     assert r.returncode == 7, r.stderr

@@ -293,15 +293,27 @@ class _Greeting:
         self.name = name
         self.sock = sock
         self.handshake = bootstrap.Handshake(name=name)
-        self.out: Optional[memoryview] = memoryview(self.handshake.take())  # left to send
+        self.out: List[memoryview] = []                     # left to send, in pieces
+        self._queue()
+
+    def _queue(self) -> None:
+        """Queue what the handshake has to send (the package is one shared object,
+        sent from as it is, never copied per agent) and send what the socket takes."""
+        self.out.extend(memoryview(part) for part in self.handshake.take_parts())
+        while self.out:
+            head = self.out[0]
+            try:
+                n = self.sock.send(head)
+            except (BlockingIOError, InterruptedError):
+                return
+            if n < len(head):
+                self.out[0] = head[n:]
+                return
+            del self.out[0]
 
     def on_ready(self) -> Optional[Dict[str, Any]]:
         """Send and read what can be; the agent's greeting once it is complete."""
-        if self.out is not None:
-            try:
-                self.out = self.out[self.sock.send(self.out):] or None
-            except (BlockingIOError, InterruptedError):
-                pass
+        self._queue()
         try:
             data = self.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -312,13 +324,7 @@ class _Greeting:
             greeted = self.handshake.feed(data)
         except link.LinkError as err:
             raise LaunchError(f"the agent on {self.name}: {err}") from None
-        more = self.handshake.take()
-        if more:              # the package, which the agent asked for
-            self.out = memoryview(bytes(self.out or b"") + more)
-            try:
-                self.out = self.out[self.sock.send(self.out):] or None
-            except (BlockingIOError, InterruptedError):
-                pass
+        self._queue()         # the package, if the agent asked for it
         if greeted is None:
             return None
         hello, rest = greeted

@@ -195,8 +195,12 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
         channel.close()
         raise HostFailure("agent start", str(err)) from None
     except Exception as err:
+        # A command that ended at once (no Python there) closes the channel
+        # while the bootstrap is still going out: its status and stderr say why.
+        failure = _start_failure(channel) if channel.closed or channel.exit_status_ready() \
+            else HostFailure("agent start", short_reason(err))
         channel.close()
-        raise HostFailure("agent start", short_reason(err)) from None
+        raise failure from None
     hello, leftover = greeted
     return SSHAgentConnection(name, transport, channel, leftover, hello)
 
