@@ -198,6 +198,7 @@ class Agent:
                               tasks=GUARD_TASKS, on_death=after_launcher_death)
         self.pmi.guard = self.guard
         self.pmi.trace = bool(job.get("trace"))
+        self.pmi.port_range = job["port_range"]
         warnings = self._fix_cwd()
         try:
             self._preload(job["files"])
