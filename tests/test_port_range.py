@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, clean_env, cmd, one_error_line, run
+from helpers import PY, clean_env, cmd, one_error_line, run, socket_inodes
 from mslaunch.cli.hydraenv import port_range
 from mslaunch.errors import UsageError
 
@@ -121,15 +121,10 @@ WAIT = ("import os, sys; print(os.environ['PMI_PORT'], os.environ['MASTER_PORT']
 
 
 def _launcher_sockets(pid: int):
-    """(state, local port, remote port) of the TCP sockets process ``pid`` holds."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
+    """(state, local port, remote port) of the TCP sockets process ``pid`` holds,
+    but not those it inherited from its parent (salloc's, under Slurm)."""
+    from netbed import parent_pid
+    inodes = socket_inodes(pid) - socket_inodes(parent_pid(pid))
     found = []
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as f:
@@ -166,3 +161,38 @@ def test_remote_agents_and_the_launcher_listen_in_the_range(sshbed, tmp_path, ho
     accepted = [local for state, local, remote in socks if state == "01" and remote != 22]
     assert accepted, socks                  # the agent's connection (link or output)
     assert all(low <= port <= high for port in listening + accepted), (socks, low, high)
+
+
+@pytest.mark.remote
+def test_srun_agents_and_the_launcher_listen_in_the_range(slurmbed):
+    from helpers import new_tag, tagged_pids, wait_for
+    from test_slurm import salloc
+    tag = new_tag()
+    low, high = _free_range(8)
+    p = salloc(slurmbed, tag, "-n", "2", "-pmi-port", PY, "-c", WAIT, per_node=1,
+               extra_env={"MPIEXEC_PORT_RANGE": f"{low}:{high}"}, stdin=subprocess.PIPE)
+
+    def launcher():
+        for pid in tagged_pids(tag):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[1:3] == [b"-m", b"mslaunch"]:
+                        return pid
+            except OSError:
+                continue
+        return None
+
+    try:
+        lines = [p.stdout.readline(), p.stdout.readline()]
+        assert wait_for(lambda: launcher() is not None, 10)
+        socks = _launcher_sockets(launcher())
+    finally:
+        p.stdin.write(b"go\n")
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    for pmi, master in _ports(b"".join(lines)):
+        assert low <= pmi <= high and low <= master <= high, (lines, low, high)
+    accepted = [local for state, local, _ in socks if state == "01"]
+    assert accepted, socks                  # the agents' links, dialled in
+    assert all(low <= port <= high for state, port, _ in socks if state in ("01", "0A")), \
+        (socks, low, high)
