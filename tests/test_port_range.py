@@ -196,3 +196,32 @@ def test_srun_agents_and_the_launcher_listen_in_the_range(slurmbed):
     assert accepted, socks                  # the agents' links, dialled in
     assert all(low <= port <= high for state, port, _ in socks if state in ("01", "0A")), \
         (socks, low, high)
+
+
+@pytest.mark.remote
+def test_an_agent_with_no_free_port_of_the_range_is_one_error_line(sshbed, tmp_path):
+    from test_remote import renv
+    sshbed.require_netns("a port taken on the host only")
+    home = sshbed.make_home(tmp_path / "home")
+    low, high = _free_range(1)
+    h1 = sshbed.hosts[0]
+    # The port is taken in h1's network only: the launcher's side is free.
+    taker = subprocess.Popen(
+        ["nsenter", "-t", str(h1.pid), "-n", "--", PY, "-c",
+         f"import socket, sys; s = socket.socket(); s.bind(('', {low})); s.listen();"
+         " print('ok', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert taker.stdout.readline() == b"ok\n"
+        r = subprocess.run(cmd("-H", h1.name, "-n", "1", "-pmi-port", PY, "-c", SHOW),
+                           capture_output=True, timeout=90,
+                           env=renv(home, MPIEXEC_PORT_RANGE=f"{low}:{high}"))
+    finally:
+        taker.stdin.close()
+        taker.wait(10)
+    # As for any failure an agent reports: the host's line, then its ranks', 255.
+    lines = r.stderr.decode().splitlines()
+    assert r.returncode == 255 and r.stdout == b"" and len(lines) == 2, r.stderr.decode()
+    assert lines[0].startswith(f"mslaunch: lost host {h1.name}: the agent reported: no free ")
+    assert lines[1].startswith("mslaunch: rank 0 ")
+    assert all(f"MPIEXEC_PORT_RANGE {low}:{high}" in line for line in lines), lines

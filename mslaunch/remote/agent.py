@@ -309,7 +309,11 @@ class Agent:
         if job["pmi"]:
             self.pmi.start_probe(self.guard.marker)
             self._watch_singletons()
-            pj = self.pmi.new_job(1, job["kvsname"], job, self.specs, None)
+            try:
+                pj = self.pmi.new_job(1, job["kvsname"], job, self.specs, None)
+            except LaunchError as err:      # no free port of the job's range here
+                self.fail(str(err), err.exit_code)
+                return
             pmi, pmi_env = pj.inherited, pj.env
         merge = job["merge_stderr"]
 
