@@ -191,6 +191,8 @@ class JobSpec:
     verbose: int = 0
     mpi: str = "pmi"                      # pmi | openmpi | none
     pmi_port: bool = False                # serve PMI over TCP, not PMI_FD
+    # MPICH_PORT_RANGE / MPIEXEC_PORT_RANGE: the ports mslaunch listens on (None: any)
+    port_range: Optional[Tuple[int, int]] = None
     prefix: Optional[str] = None
     launch_dir: str = "."
     ssh: SSHSpec = SSHSpec()

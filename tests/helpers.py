@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(REPO, "tests", "programs")
@@ -116,3 +116,16 @@ def one_error_line(stderr: bytes) -> str:
 
 def seq(args: Sequence[str]) -> List[str]:
     return list(args)
+
+
+def socket_inodes(pid: int) -> Set[str]:
+    """The inodes of the sockets process ``pid`` holds (as /proc/net/tcp names them)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes

@@ -114,3 +114,19 @@ def test_a_bad_rank_entry_is_a_link_error(field, value):
     entry = dict(rank_entries([spec], {})[0], **{field: value})
     with pytest.raises(link.LinkError, match=f"JOB: {field}"):
         read_job({"kvsname": "k", "size": 1, "ranks": [entry]}, "here")
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.none() | st.lists(st.integers(-3, 70000) | st.booleans() | st.floats() | text,
+                            max_size=3))
+def test_the_port_range_is_read_back_or_refused(value):
+    body = {"kvsname": "k", "size": 1, "ranks": [], "port_range": value}
+    good = value is None or (
+        len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and 1 <= value[0] <= value[1] <= 65535)
+    if good:
+        got = read_job(on_the_wire(body), "here")["port_range"]
+        assert got == (None if value is None else tuple(value))
+    else:
+        with pytest.raises(link.LinkError, match="JOB: port_range"):
+            read_job(on_the_wire(body), "here")

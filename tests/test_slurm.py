@@ -17,7 +17,8 @@ from typing import Dict, Optional
 
 import pytest
 
-from helpers import PY, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import (PY, clean_env, cmd, kill_tagged, new_tag, socket_inodes, tagged_pids,
+                     wait_for)
 from netbed import parent_pid
 
 pytestmark = pytest.mark.remote
@@ -69,14 +70,7 @@ def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbe
 
 def _listening_ports(pid: int) -> list:
     """The TCP ports ``pid`` listens on (this network namespace's tables)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
+    inodes = socket_inodes(pid)
     ports = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:

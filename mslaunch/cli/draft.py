@@ -113,6 +113,7 @@ class Draft:
         self.preload_files: Tuple[str, ...] = ()
         self.report_pid: Optional[str] = None
         self.usize: Optional[int] = None
+        self.port_range: Optional[Tuple[int, int]] = None   # see hydraenv
         # on/off options (see turn_on)
         self.help = self.version = self.quiet = self.dry_run = self.no_pty = False
         self.use_hwthread_cpus = self.nolocal = self.report_bindings = False

@@ -213,7 +213,7 @@ def _build(d: Draft) -> JobSpec:
         display_topo=d.display_topo, index_argv=d.index_argv, report_state=d.report_state,
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,
         preload_binary=d.preload_binary, preload_files=d.preload_files,
-        session_cwd=d.session_cwd, usize=d.usize, novm=d.novm,
+        session_cwd=d.session_cwd, usize=d.usize, novm=d.novm, port_range=d.port_range,
         **placement,  # type: ignore[arg-type]
         output=output, global_env=tuple(d.genv), inherit_env=d.inherit_env,
         forward_env=d.forward_env, mca=tuple(d.mca), keep_going=keep_going, stdin=stdin,

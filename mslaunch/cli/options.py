@@ -280,7 +280,8 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         _accepted(("disable-recovery",), 0, "failed ranks are never restarted in this mode"),
         _accepted(("dvm",), 0, "there is no persistent virtual machine: the job runs as usual"),
         _accepted(("allow-run-as-root-confirm",), 0, "mslaunch does not refuse root"),
-        _accepted(("rmk",), 1, "mslaunch finds Slurm and PBS allocations by itself"),
+        _accepted(("rmk",), 1,
+                  "mslaunch finds Slurm, PBS, Grid Engine and LSF allocations by itself"),
     )),
     ("", (  # refused, with what to use instead
         _refused(("debug", "tv"), 0, "there is no parallel debugger interface; attach gdb -p "

@@ -149,7 +149,7 @@ class Fleet:
         sup = self.sup
         try:
             self.listener = Listener(sup.loop, addresses, tls=output_tls() and not self.plain_link,
-                                     log=sup.log)
+                                     log=sup.log, port_range=sup.job.port_range)
         except Exception as err:   # no cryptography, no ssl: the SSH channel will do
             if sup.job.verbose:
                 sup.console.message(f"mslaunch: output stays in the SSH channels ({err})")

@@ -12,15 +12,19 @@ import os
 import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional
+    from typing import Mapping, Optional, Tuple
 
 from ..pmi.files import GUARD_TASKS, after_launcher_death, new_kvsname
 from ..plan import agent_hosts
 from ..spec import JobSpec, Plan
 
 
-def free_port() -> int:
-    """A TCP port that is free on this machine now (for MASTER_PORT)."""
+def free_port(port_range: Optional[Tuple[int, int]] = None) -> int:
+    """A TCP port that is free on this machine now (for MASTER_PORT), of
+    ``port_range`` if given (LaunchError when none of it is free)."""
+    if port_range is not None:
+        from ..machine.ports import free_port_in
+        return free_port_in(port_range)
     import _socket  # the full socket module costs milliseconds at start-up
     s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
@@ -79,7 +83,7 @@ def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
         from ..hosts import host_entries
         entries = host_entries(job, environ)
     if master_port is None:
-        master_port = _master_port(environ.get("MASTER_PORT")) or free_port()
+        master_port = _master_port(environ.get("MASTER_PORT")) or free_port(job.port_range)
     if jobid is None:
         jobid = ompi_jobid(master_port)
     return make_plan(job, entries, environ, topology=cached_topology(),
@@ -125,7 +129,7 @@ def run_job(job: JobSpec) -> int:
     environ = os.environ
     if job.mpi == "openmpi":
         from .openmpi import run_openmpi
-        port = _master_port(environ.get("MASTER_PORT")) or free_port()
+        port = _master_port(environ.get("MASTER_PORT")) or free_port(job.port_range)
         return run_openmpi(job, port, ompi_jobid(port))
     if job.dry_run:
         sys.stdout.write(describe_plan(build_plan(job, environ), job))
@@ -150,7 +154,8 @@ def _run(job: JobSpec, environ, watchdog) -> int:
     replan, starter = None, None
     if remote:
         from ..remote.starter import starter_for
-        starter = starter_for(job.ssh, environ)     # the one choice of the job's starter
+        # the one choice of the job's starter
+        starter = starter_for(job.ssh, environ, port_range=job.port_range)
         starter.prepare()       # in the background, while the local checks run
         if _needs_topologies(job, entries):
             # Slots and placement depend on the remote hosts' cpus: connect to

@@ -71,7 +71,7 @@ class MPIJobs:
         if not local:
             return None, None
         first.serve(sup.loop, appnums, plan.process_mapping, tcp=job.pmi_port,
-                    trace=job.verbose >= 2)
+                    trace=job.verbose >= 2, port_range=job.port_range)
         return first.inherited, first.env
 
     def universe(self) -> int:
@@ -350,7 +350,7 @@ class MPIJobs:
 
         if local:
             pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
-                     trace=sup.job.verbose >= 2)
+                     trace=sup.job.verbose >= 2, port_range=sup.job.port_range)
             try:
                 sup.start_local(local, pj.inherited, pj.env)
             except LaunchError as err:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Mapping, Optional, Set
+    from typing import Callable, Dict, Mapping, Optional, Set, Tuple
 
     from ..machine.loop import Loop
     from .files import SingletonProbe
@@ -43,9 +43,10 @@ class PMIJob:
         self._env: Optional[Callable[[int], Dict[str, str]]] = None
 
     def serve(self, loop: Loop, appnums, process_mapping: str, tcp: bool,
-              trace: bool = False) -> None:
-        """Serve PMI to this job's ranks on this host (inherited sockets or TCP);
-        ``trace``: every message to the owner's log (``-v -v``)."""
+              trace: bool = False, port_range: Optional[Tuple[int, int]] = None) -> None:
+        """Serve PMI to this job's ranks on this host (inherited sockets or TCP, on a
+        port of ``port_range`` if given); ``trace``: every message to the owner's log
+        (``-v -v``)."""
         from .server import PMIServer
         state = self.state
         self.server = server = PMIServer(
@@ -56,7 +57,7 @@ class PMIJob:
         server.trace = trace
         self.tcp = tcp
         if tcp:
-            server.listen_tcp()
+            server.listen_tcp(port_range=port_range)
             self._env = server.tcp_env
         else:
             self._env = lambda rank: {"PMI_FD": str(server.child_fd(rank))}

@@ -337,13 +337,15 @@ class PMIServer:
                 sock.close()
 
     # -- TCP (see .tcp) ------------------------------------------------------------
-    def listen_tcp(self, host: str = "127.0.0.1") -> int:
-        """Listen for ``PMI_PORT`` clients on an IPv4 address; returns the port."""
+    def listen_tcp(self, host: str = "127.0.0.1",
+                   port_range: Optional[Tuple[int, int]] = None) -> int:
+        """Listen for ``PMI_PORT`` clients on an IPv4 address, on a port of
+        ``port_range`` if given; returns the port."""
         if self.door is not None:
             raise RuntimeError("already listening")
         from .tcp import TCPDoor
         self.door = TCPDoor(self, lambda sock: _Conn(self, sock, None, tcp=True))
-        return self.door.listen(host)
+        return self.door.listen(host, port_range)
 
     def tcp_env(self, rank: int) -> Dict[str, str]:
         """``PMI_PORT`` and ``PMI_ID`` for a rank that connects over TCP."""

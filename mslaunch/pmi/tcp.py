@@ -14,7 +14,7 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
-    from typing import Any, Callable, Dict, List, Optional, Set
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
     from ..machine.loop import Timer
 
@@ -50,16 +50,20 @@ class TCPDoor:
         self._stranger_suppressed = 0
         self._stranger_window: Optional[Timer] = None
 
-    def listen(self, host: str) -> int:
-        """Listen on ``host``; returns the port."""
+    def listen(self, host: str, port_range: Optional[Tuple[int, int]] = None) -> int:
+        """Listen on ``host``, on a port of ``port_range`` if given; returns the port."""
         import socket
         server = self.server
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            lsock.bind((host, 0))
+            if port_range is None:
+                lsock.bind((host, 0))
+            else:
+                from ..machine.ports import bind_in_range
+                bind_in_range(lsock, host, port_range)
             lsock.listen(min(socket.SOMAXCONN, max(128, server.size)))
             lsock.setblocking(False)
-        except OSError:
+        except BaseException:
             lsock.close()
             raise
         self.lsock = lsock

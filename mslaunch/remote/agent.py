@@ -198,6 +198,7 @@ class Agent:
                               tasks=GUARD_TASKS, on_death=after_launcher_death)
         self.pmi.guard = self.guard
         self.pmi.trace = bool(job.get("trace"))
+        self.pmi.port_range = job["port_range"]
         warnings = self._fix_cwd()
         try:
             self._preload(job["files"])
@@ -308,7 +309,11 @@ class Agent:
         if job["pmi"]:
             self.pmi.start_probe(self.guard.marker)
             self._watch_singletons()
-            pj = self.pmi.new_job(1, job["kvsname"], job, self.specs, None)
+            try:
+                pj = self.pmi.new_job(1, job["kvsname"], job, self.specs, None)
+            except LaunchError as err:      # no free port of the job's range here
+                self.fail(str(err), err.exit_code)
+                return
             pmi, pmi_env = pj.inherited, pj.env
         merge = job["merge_stderr"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from ..machine.guard import Watchdog
     from ..machine.loop import Loop
@@ -38,6 +38,7 @@ class AgentPMI:
         self.leftovers: Optional[SingletonFiles] = None   # of Open MPI ranks stopped here
         self.guard: Optional[Watchdog] = None
         self.trace = False
+        self.port_range: Optional[Tuple[int, int]] = None   # of the JOB frame
 
     def start_probe(self, marker: str) -> None:
         """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.pmi.files`)."""
@@ -73,7 +74,7 @@ class AgentPMI:
                     spawner=spawner)
         pj.probe = self.probe
         pj.serve(self.loop, appnums, job["process_mapping"], tcp=job["pmi"] == "port",
-                 trace=self.trace)
+                 trace=self.trace, port_range=self.port_range)
         self.jobs[kvsname] = pj
         if self.guard is not None and number != 1:
             self.guard.keep(kvsname)

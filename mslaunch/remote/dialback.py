@@ -24,6 +24,7 @@ import os
 import socket
 import time
 
+from ..errors import LaunchError
 from ..switches import switch
 
 TYPE_CHECKING = False
@@ -202,7 +203,8 @@ class Listener:
     """Accepts dial-back connections on the loop; hands each to its token's owner."""
 
     def __init__(self, loop: Loop, addresses: Sequence[str], *, tls: bool,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None],
+                 port_range: Optional[Tuple[int, int]] = None) -> None:
         self.loop = loop
         self.log = log
         self.expected: Dict[str, Callable[[object, bytes], None]] = {}
@@ -223,12 +225,20 @@ class Listener:
             family = socket.AF_INET6 if ":" in addr else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                sock.bind((addr, 0))
+                if port_range is None:
+                    sock.bind((addr, 0))
+                else:          # no free port of the range: an error, not a lesser listener
+                    from ..machine.ports import bind_in_range
+                    bind_in_range(sock, addr, port_range)
                 sock.listen(1024)          # every host may dial at once (the kernel caps it)
                 sock.setblocking(False)
             except OSError:
                 sock.close()
                 continue
+            except LaunchError:        # the range is full: no listener at all
+                sock.close()
+                self.close()
+                raise
             self.socks.append(sock)
             loop.add_reader(sock.fileno(), lambda s=sock: self._accept(s))
 

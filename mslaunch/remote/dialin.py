@@ -26,7 +26,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchError, one_line
 from ..machine.loop import Loop, wait_fd
@@ -212,8 +212,8 @@ class DialedConnection:
 
 def greet(addresses: Sequence[str], tokens: Mapping[str, str],
           start: Callable[[str, Dict[str, StartingProcess]], None],
-          wait: Callable[[Loop, Dict[str, DialedConnection], Dict[str, StartingProcess]], None]
-          ) -> Dict[str, DialedConnection]:
+          wait: Callable[[Loop, Dict[str, DialedConnection], Dict[str, StartingProcess]], None],
+          port_range: Optional[Tuple[int, int]] = None) -> Dict[str, DialedConnection]:
     """Listen on ``addresses``, start the agents, greet each that presents its
     host's token (from ``tokens``, by host name), until ``wait`` returns.
 
@@ -221,13 +221,18 @@ def greet(addresses: Sequence[str], tokens: Mapping[str, str],
     value, and puts the starting process of each host in ``procs`` (by name).
     ``wait(loop, done, procs)`` runs the loop until every agent is in ``done``,
     or raises; then the agents already greeted are closed and every starting
-    process ended: all or none."""
+    process ended: all or none.  The listener takes a port of ``port_range`` if given."""
     from .dialback import Listener
     # Every agent is greeted at once: each takes a while to unpack the package
     # and say hello, and a stranger that never speaks must not hold up the
     # others (the listener cuts it off, as it does on the output connections).
     loop = Loop()
-    listener = Listener(loop, list(addresses), tls=False, log=lambda text: None)
+    try:
+        listener = Listener(loop, list(addresses), tls=False, log=lambda text: None,
+                            port_range=port_range)
+    except LaunchError:
+        loop.close()
+        raise
     usable = [a for a in addresses if listener.port_of(a) is not None]
     if not usable:
         loop.close()

@@ -17,7 +17,7 @@ import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
     from ..spec import JobSpec, Plan
 
@@ -60,7 +60,8 @@ def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], he
             "appnums": [r.app for r in plan.ranks] if len(contexts) > 1 else None,
             "process_mapping": plan.process_mapping, "bind_to": job.bind_to,
             "launch_dir": job.launch_dir, "host": host,
-            "common_env": common, "ranks": ranks, "trace": job.verbose >= 2}
+            "common_env": common, "ranks": ranks, "trace": job.verbose >= 2,
+            "port_range": list(job.port_range) if job.port_range else None}
 
 
 #: The :class:`~mslaunch.spec.RankSpec` fields a frame carries under their own
@@ -292,6 +293,16 @@ def read_spawn(body: Dict[str, Any]):
         raise _bad("spawn", str(err)) from None
 
 
+def _port_range(value: Any) -> Optional[Tuple[int, int]]:
+    """The job's port range (``[low, high]``, 1 <= low <= high <= 65535) or None."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise _bad("port_range", "is not [low, high]")
+    low = _int(value[0], "port_range", 1, 65535)
+    return low, _int(value[1], "port_range", low, 65535)
+
+
 def read_job(body: Dict[str, Any], here: str) -> Dict[str, Any]:
     """The ``JOB`` frame checked and completed with defaults (see the module
     docstring); its ``ranks`` are :class:`~mslaunch.spec.RankSpec` records on the
@@ -342,5 +353,6 @@ def read_job(body: Dict[str, Any], here: str) -> Dict[str, Any]:
         "files": files,
         "data": data,
         "trace": bool(body.get("trace")),
+        "port_range": _port_range(body.get("port_range")),
         "ranks": checked,
     }

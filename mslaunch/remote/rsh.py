@@ -125,8 +125,8 @@ def dial_addresses(names: Sequence[str]) -> List[str]:
 
 
 def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[str], *,
-                timeout: float, cancelled: Optional[Callable[[], bool]] = None
-                ) -> Dict[str, DialedConnection]:
+                timeout: float, cancelled: Optional[Callable[[], bool]] = None,
+                port_range: Optional[Tuple[int, int]] = None) -> Dict[str, DialedConnection]:
     """Start an agent on every host in ``names`` with ``words + [host, command]``;
     all of them or none (LaunchError)."""
     from .dialback import new_token
@@ -150,7 +150,7 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
                 raise LaunchError(_failure(names, done, procs, shown, timeout, late))
             loop.run_once(0.1)
 
-    return greet(dial_addresses(names), tokens, start, wait)
+    return greet(dial_addresses(names), tokens, start, wait, port_range)
 
 
 def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
@@ -186,7 +186,9 @@ class RshStarter:
     plain_link = True         # the agents dial back in plain TCP
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str], environ: Mapping[str, str],
-                 agent: str = "", setting: str = "plm_rsh_agent") -> None:
+                 agent: str = "", setting: str = "plm_rsh_agent",
+                 port_range: Optional[Tuple[int, int]] = None) -> None:
+        self.port_range = port_range
         self.words = agent_words(agent or spec.rsh_agent or DEFAULT_AGENT, spec.rsh_args,
                                  environ, setting)
         self.pythons = list(pythons)
@@ -203,4 +205,4 @@ class RshStarter:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with "
                 f"{' '.join(self.words)} HOST")
         return connect_all(names, self.words, self.pythons, timeout=self.timeout,
-                           cancelled=cancelled)
+                           cancelled=cancelled, port_range=self.port_range)

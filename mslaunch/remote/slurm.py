@@ -205,7 +205,8 @@ SrunAgentConnection = DialedConnection
 def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 cancelled: Optional[Callable[[], bool]] = None,
                 environ: Optional[Mapping[str, str]] = None,
-                lookups: Optional[_Lookups] = None) -> Dict[str, SrunAgentConnection]:
+                lookups: Optional[_Lookups] = None,
+                port_range: Optional[Tuple[int, int]] = None) -> Dict[str, SrunAgentConnection]:
     """Start an agent on every node in ``names`` with one srun step; all or none."""
     from .dialback import new_token
     environ = os.environ if environ is None else environ
@@ -226,7 +227,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
              procs: Dict[str, StartingProcess]) -> None:
         _await_agents(loop, procs[names[0]], names, done, cancelled)  # type: ignore[arg-type]
 
-    return greet([mine], tokens, start, wait)
+    return greet([mine], tokens, start, wait, port_range)
 
 
 def _dial_address(names: Sequence[str], environ: Mapping[str, str],
@@ -278,8 +279,10 @@ class SrunStarter:
 
     plain_link = True         # the agents dial back in plain TCP
 
-    def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None,
+                 port_range: Optional[Tuple[int, int]] = None) -> None:
         self.pythons = list(pythons)
+        self.port_range = port_range
         self.environ = environ
         self._lookups: Optional[_Lookups] = None
 
@@ -297,4 +300,4 @@ class SrunStarter:
         if say is not None:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with srun")
         return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ,
-                           lookups=self._lookups)
+                           lookups=self._lookups, port_range=self.port_range)

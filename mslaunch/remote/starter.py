@@ -18,7 +18,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence
+    from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
 
     from ..spec import SSHSpec
 
@@ -92,20 +92,22 @@ class _NoStarter:
 
 
 def starter_for(spec: SSHSpec, environ: Mapping[str, str],
-                pythons: Optional[Sequence[str]] = None) -> Starter:
+                pythons: Optional[Sequence[str]] = None,
+                port_range: Optional[Tuple[int, int]] = None) -> Starter:
     """The starter of a job whose remote hosts are reached as ``spec`` says.
 
     ``spec.launcher`` decides, through :func:`.slurm.choose` (UsageError for
     ``slurm`` outside an allocation).  ``pythons`` are the interpreters the
     agents try on the hosts: ``--remote-python``, else this one's path, then
-    ``python3``.  Nothing is started or read yet.
+    ``python3``.  The agents that dial in (srun, an rsh agent) are listened for
+    on a port of ``port_range`` if given.  Nothing is started or read yet.
     """
     from .slurm import SrunStarter, choose
     how = choose(spec.launcher, environ)
     if pythons is None:
         pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]
     if how == "slurm":
-        return SrunStarter(pythons, environ)
+        return SrunStarter(pythons, environ, port_range)
     if how == "local":
         return _NoStarter()
     agent, setting = spec.rsh_agent, "plm_rsh_agent"
@@ -116,6 +118,6 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
             agent, setting = engine_agent(environ)
     if agent or spec.rsh_args:
         from .rsh import RshStarter
-        return RshStarter(spec, pythons, environ, agent, setting)
+        return RshStarter(spec, pythons, environ, agent, setting, port_range)
     from .ssh import SSHStarter
     return SSHStarter(spec, pythons)
