@@ -119,6 +119,8 @@ class ShmWatch:
         self.needle = f"{SESSION_VAR}={os.environ[SESSION_VAR]}".encode()
         self.start = set(shm_files())
         self.seen: Set[Ident] = set()
+        self.first: Dict[Ident, str] = {}     # the test running when a file was first seen
+        self.test = ""
         self.interval = interval
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="shmcheck", daemon=True)
@@ -129,10 +131,14 @@ class ShmWatch:
         while not self.stop.wait(self.interval):
             if not os.path.isdir(SHM):
                 return
-            self.seen |= in_use(suite_processes(me, self.needle)) - self.start
+            new = in_use(suite_processes(me, self.needle)) - self.start - self.seen
+            for ident in new:
+                self.first[ident] = self.test
+            self.seen |= new
 
     def finish(self) -> Dict[Ident, str]:
-        """Stop sampling; remove and return the suite's files left in /dev/shm."""
+        """Stop sampling; remove the suite's files left in /dev/shm and return them,
+        each with the test that was running when it was first seen."""
         self.stop.set()
         self.thread.join()
         now = shm_files()
@@ -145,7 +151,8 @@ class ShmWatch:
                 os.unlink(path)
             except OSError:
                 pass
-        return left
+        return {i: f"{os.path.basename(p)} (seen first during {self.first.get(i) or '?'})"
+                for i, p in left.items()}
 
 
 def private_shm(directory: str) -> Dict[str, str]:
@@ -155,6 +162,11 @@ def private_shm(directory: str) -> Dict[str, str]:
 
 
 _watch = []
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    if _watch:
+        _watch[0].test = nodeid
 
 
 def pytest_sessionstart(session) -> None:
@@ -170,8 +182,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if left:
         rep = session.config.pluginmanager.get_plugin("terminalreporter")
         text = (f"shmcheck: the suite's processes left {len(left)} file(s) in {SHM} "
-                f"(removed now): " + ", ".join(sorted(os.path.basename(p)
-                                                      for p in left.values())))
+                f"(removed now): " + ", ".join(sorted(left.values())))
         if rep is not None:
             rep.write_sep("=", text, red=True)
         session.exitstatus = 1

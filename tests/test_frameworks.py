@@ -184,10 +184,12 @@ def test_open_mpi_programs_are_still_refused_as_singletons_with_the_hnp_uri(libr
         uri = f"{65536 * 7}.0;tcp://127.0.0.1:{listener.getsockname()[1]}"
         if library == "4":
             env = clean_env(PATH="/usr/bin:/bin")
-            argv = [found, "-c", SHOW]
+            argv = [found, "-c", SHOW, "20"]
         else:
             env = clean_env(MPI4PY_LIBMPI=found)
-            argv = [PY, "-c", SHOW]
+            # still running when the probe looks (an Open MPI 5 singleton that ends
+            # by itself first leaves its segment behind, with or without mslaunch)
+            argv = [PY, "-c", SHOW, "20"]
         for extra in ([], ["-x", f"OMPI_MCA_orte_hnp_uri={uri}"]):
             r = run(*extra, "-n", "2", *argv, env=env, timeout=120)
             _check_refused(r)
