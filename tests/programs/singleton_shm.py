@@ -12,15 +12,17 @@ import signal
 import sys
 import time
 
-from mpi4py import MPI  # noqa: F401  (MPI_Init: Open MPI creates its segment)
-
 out, seconds = sys.argv[1], float(sys.argv[2])
+if "ignore-term" in sys.argv[3:]:
+    # before MPI_Init: the refusal may come while the rank is still in it
+    signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(out, f"term.{os.getpid()}"),
+                                                  "w").close())
+
+from mpi4py import MPI  # noqa: E402,F401  (MPI_Init: Open MPI creates its segment)
+
 kept = []
 for arg in sys.argv[3:]:
-    if arg == "ignore-term":
-        signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(out, f"term.{os.getpid()}"),
-                                                      "w").close())
-    elif arg.startswith(("map=", "make=")):
+    if arg.startswith(("map=", "make=")):
         path = arg.split("=", 1)[1]
         if arg.startswith("make="):
             path = f"{path}.{os.getpid()}"
