@@ -103,10 +103,28 @@ def suite_processes(root: int, needle: bytes) -> Set[int]:
     return found
 
 
-def in_use(pids: Iterable[int]) -> Set[Ident]:
+_skipped: Dict[int, bool] = {}
+
+
+def _mindspore(pid: int) -> bool:
+    """Whether ``pid`` is a MindSpore process of msrun mode (decided once per pid):
+    those are not sampled.  They never run Open MPI, and reading the maps of
+    MindSpore's many-threaded processes five times a second made their
+    cluster's start-up time out."""
+    if pid not in _skipped:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                _skipped[pid] = any(v.startswith(b"MS_ROLE=") for v in f.read().split(b"\0"))
+        except OSError:
+            _skipped[pid] = False
+    return _skipped[pid]
+
+
+def in_use(pids: Iterable[int], sampling: bool = False) -> Set[Ident]:
     held: Set[Ident] = set()
     for pid in pids:
-        held |= held_by(pid)
+        if not (sampling and _mindspore(pid)):
+            held |= held_by(pid)
     return held
 
 
@@ -131,7 +149,7 @@ class ShmWatch:
         while not self.stop.wait(self.interval):
             if not os.path.isdir(SHM):
                 return
-            new = in_use(suite_processes(me, self.needle)) - self.start - self.seen
+            new = in_use(suite_processes(me, self.needle), sampling=True) - self.start - self.seen
             for ident in new:
                 self.first[ident] = self.test
             self.seen |= new

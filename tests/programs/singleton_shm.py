@@ -1,7 +1,8 @@
 """An Open MPI rank that records the /dev/shm files it holds after MPI_Init, then waits.
 
 argv: OUT_DIR SECONDS [ignore-term] [map=PATH] [make=PATH].  Writes
-OUT_DIR/shm.<pid>, a line "<device> <inode> <path>" per file; with
+OUT_DIR/shm.<pid>, a line "<device> <inode> <path>" per file it made (or
+mapped with map=); with
 ignore-term, a SIGTERM is not obeyed but noted as OUT_DIR/term.<pid>;
 map=PATH maps an existing file, make=PATH creates and maps PATH.<pid>.
 """
@@ -17,6 +18,22 @@ if "ignore-term" in sys.argv[3:]:
     # before MPI_Init: the refusal may come while the rank is still in it
     signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(out, f"term.{os.getpid()}"),
                                                   "w").close())
+
+
+def _idents() -> set:
+    found = set()
+    for name in os.listdir("/dev/shm"):
+        try:
+            st = os.lstat(os.path.join("/dev/shm", name))
+        except OSError:
+            continue
+        found.add((st.st_dev, st.st_ino))
+    return found
+
+
+# What was there before: a segment of the same name left by an earlier job is
+# opened again, not made, so it is not this rank's (map= files are recorded).
+before = _idents()
 
 from mpi4py import MPI  # noqa: E402,F401  (MPI_Init: Open MPI creates its segment)
 
@@ -37,7 +54,9 @@ with open("/proc/self/maps") as maps:
         if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
             path = fields[5].strip()
             st = os.stat(path)
-            held.add(f"{st.st_dev} {st.st_ino} {path}")
+            if (st.st_dev, st.st_ino) not in before or any(
+                    arg == f"map={path}" for arg in sys.argv[3:]):
+                held.add(f"{st.st_dev} {st.st_ino} {path}")
 tmp = os.path.join(out, f".shm.{os.getpid()}")
 with open(tmp, "w") as f:
     f.write("".join(line + "\n" for line in sorted(held)))
