@@ -78,7 +78,8 @@ class StartingProcess:
         self.closing = False          # mslaunch itself is ending the process
         self.ended_because = ""
         self.links: List[socket.socket] = []
-        threading.Thread(target=self._read, daemon=True, name=f"{what}-output").start()
+        self._reader = threading.Thread(target=self._read, daemon=True, name=f"{what}-output")
+        self._reader.start()
         threading.Thread(target=self._watch, daemon=True, name=f"{what}-watch").start()
 
     def _read(self) -> None:
@@ -119,8 +120,12 @@ class StartingProcess:
                     pass
                 todo.remove(sock)
 
-    def last_line(self, skip: Sequence[str] = ()) -> str:
-        """What the process said last: the last line not starting with ``skip``."""
+    def last_line(self, skip: Sequence[str] = (), wait: float = 0.0) -> str:
+        """What the process said last: the last line not starting with ``skip``.
+        When it has ended, up to ``wait`` s go to reading what it wrote just
+        before (its output may stay open in processes it left behind)."""
+        if wait and self.proc.poll() is not None:
+            self._reader.join(wait)
         lines = self.tail.decode("utf-8", "replace").strip().splitlines()
         useful = [ln for ln in lines if ln.strip() and not ln.startswith(tuple(skip))]
         pick = useful or lines

@@ -163,8 +163,8 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
         if name in done:
             continue
         proc = procs[name]
-        said = proc.last_line()
         code = proc.proc.poll()
+        said = proc.last_line(wait=0.5)
         if code is None and not late:
             continue
         if code is None:
