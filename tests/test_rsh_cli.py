@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import run
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.errors import LaunchError, UsageError
 from mslaunch.remote.starter import starter_for
@@ -65,3 +66,15 @@ def test_an_appfile_line_may_not_choose_the_rsh_agent(tmp_path):
     app.write_text("-launcher-exec /k.sh -n 1 prog\n")
     with pytest.raises(UsageError, match=r"appfile .*:1: how agents start"):
         parse_args(["--app", str(app)], environ={}, cwd="/")
+
+
+@pytest.mark.parametrize("flags", [["--ssh-user", "bob"], ["--ssh-port", "2222"],
+                                   ["--ssh-identity", "/dev/null"], ["--ssh-accept-new"]])
+def test_mslaunchs_own_ssh_flags_with_an_rsh_agent_are_one_error_line(flags):
+    # The agent is 'true' (it reaches nothing): were the flags let through, the
+    # job would fail later, saying that the agent never dialled back.
+    r = run("--mca", "plm_rsh_agent", "true", *flags, "-H", "192.0.2.7", "-n", "1", "true")
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"mslaunch: error: {flags[0]}: "), err
+    assert "plm_rsh_args" in err

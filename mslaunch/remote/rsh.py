@@ -189,6 +189,7 @@ class RshStarter:
                  agent: str = "", setting: str = "plm_rsh_agent",
                  port_range: Optional[Tuple[int, int]] = None) -> None:
         self.port_range = port_range
+        self.spec = spec
         self.words = agent_words(agent or spec.rsh_agent or DEFAULT_AGENT, spec.rsh_args,
                                  environ, setting)
         self.pythons = list(pythons)
@@ -201,6 +202,17 @@ class RshStarter:
 
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
               say: Optional[Callable[[str], None]] = None) -> Dict[str, DialedConnection]:
+        spec = self.spec
+        given = [flag for flag, value in (("--ssh-user", spec.user), ("--ssh-port", spec.port),
+                                          ("--ssh-identity", spec.identity),
+                                          ("--ssh-config", spec.config),
+                                          ("--ssh-accept-new", spec.accept_new or None))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: mslaunch's own SSH settings do not reach "
+                             f"the rsh agent '{one_line(' '.join(self.words), 80)}'; give the "
+                             f"agent's own arguments instead (plm_rsh_args, "
+                             f"-bootstrap-exec-args), e.g. '-l USER -p PORT -i FILE'")
         if say is not None:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with "
                 f"{' '.join(self.words)} HOST")
