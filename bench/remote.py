@@ -126,6 +126,7 @@ class Measured:
     machine_cpu: float = 0.0    # busy CPU seconds of the whole machine during the run
     hwm_kib: Optional[int] = None    # the launcher process's own peak RSS (VmHWM)
     tree_kib: Optional[int] = None   # largest sampled RSS sum of the launcher and descendants
+    fds: Optional[int] = None        # the launcher process's largest sampled count of open fds
 
 
 def _machine_cpu() -> float:
@@ -149,6 +150,14 @@ def _vm_hwm_kib(pid: int) -> Optional[int]:
     except (OSError, ValueError):
         pass
     return None
+
+
+def _open_fds(pid: int) -> Optional[int]:
+    """How many descriptors a live process has open now (its ``/proc/PID/fd``)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
 
 
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -203,6 +212,7 @@ def run_measured(argv: Sequence[str], env: Dict[str, str], *, keep_stdout: bool 
     every = TREE_EVERY if sample == "tree" else SELF_EVERY
     hwm: Optional[int] = None
     tree: Optional[int] = None
+    fds: Optional[int] = None
     cpu0 = _machine_cpu()
     start = time.perf_counter()
     try:
@@ -237,6 +247,7 @@ def run_measured(argv: Sequence[str], env: Dict[str, str], *, keep_stdout: bool 
                 continue
             if sample and status is None and now >= next_sample:
                 hwm = _vm_hwm_kib(proc.pid) or hwm
+                fds = max(fds or 0, _open_fds(proc.pid) or 0) or fds
                 if sample == "tree":
                     tree = max(tree or 0, _tree_rss_kib(proc.pid))
                 next_sample = now + every
@@ -277,7 +288,7 @@ def run_measured(argv: Sequence[str], env: Dict[str, str], *, keep_stdout: bool 
         C._kill_group(proc.pid)
     res = C.RunResult(seconds, code, count, b"", tail, timed_out)
     cpu = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
-    return Measured(res, kept, cpu, machine, hwm, tree)
+    return Measured(res, kept, cpu, machine, hwm, tree, fds)
 
 
 def check_relay(chunks: Sequence[bytes], ranks: int, mb: int) -> Tuple[Optional[str], int]:
@@ -571,7 +582,7 @@ def main(argv: Sequence[str]) -> int:
             if err is None and kind == "relay":
                 err, spliced = check_relay(m.chunks, n, mb)
             m.chunks = []
-            info: Dict[str, object] = {"cpu": m.cpu, "rss": m.hwm_kib,
+            info: Dict[str, object] = {"cpu": m.cpu, "rss": m.hwm_kib, "fds": m.fds,
                                        "machine": m.machine_cpu, "spliced": spliced}
             return C.Outcome(m.res.seconds, err, info)
 
@@ -631,7 +642,7 @@ def main(argv: Sequence[str]) -> int:
         headers = ["hosts"]
         for l in launchers:
             headers += [f"{l.label} CPU ms", "CPU ms / host", "own peak RSS MiB",
-                        "RSS with children MiB"]
+                        "RSS with children MiB", "open fds"]
         headers += [f"machine CPU ms, {l.label}" for l in launchers]
         rows = []
         series: Dict[Tuple[str, str], List[Tuple[int, Optional[float]]]] = {}
@@ -641,14 +652,17 @@ def main(argv: Sequence[str]) -> int:
             for l in launchers:
                 s = results[(c, l.key)]
                 cpu, rss = median_info(s, "cpu"), median_info(s, "rss")
+                fds = median_info(s, "fds")
                 tree = footprint.get((l.key, n))
                 row += ["FAIL" if s.error else C.ms(cpu) if cpu is not None else "–",
                         f"{cpu * 1e3 / n:.0f}" if cpu is not None else "–",
                         f"{rss / 1024:.1f}" if rss is not None else "–",
-                        f"{tree / 1024:.0f}" if tree else "–"]
+                        f"{tree / 1024:.0f}" if tree else "–",
+                        f"{fds:.0f}" if fds is not None else "–"]
                 series.setdefault((l.key, "cpu"), []).append((n, cpu))
                 series.setdefault((l.key, "rss"), []).append((n, rss))
                 series.setdefault((l.key, "tree"), []).append((n, float(tree) if tree else None))
+                series.setdefault((l.key, "fds"), []).append((n, fds))
             for l in launchers:
                 mc = median_info(results[(c, l.key)], "machine")
                 row.append(C.ms(mc) if mc is not None else "–")
@@ -658,7 +672,8 @@ def main(argv: Sequence[str]) -> int:
         for l in launchers:
             growth += [fitted(series[(l.key, "cpu")], 1e3, ".0f"), "",
                        fitted(series[(l.key, "rss")], 1 / 1024, ".2f"),
-                       fitted(series[(l.key, "tree")], 1 / 1024, ".1f")]
+                       fitted(series[(l.key, "tree")], 1 / 1024, ".1f"),
+                       fitted(series[(l.key, "fds")], 1, ".1f")]
         growth += [fitted(series[(l.key, "machine")], 1e3, ".0f") for l in launchers]
         rows.append(growth)
         print("\nLauncher CPU and memory (medians of the same runs, except the RSS with "
@@ -672,6 +687,9 @@ def main(argv: Sequence[str]) -> int:
               f"descendants (Hydra's `ssh` clients, mslaunch's watchdog), scanned every "
               f"{TREE_EVERY * 1e3:.0f} ms during the untimed placement-check run; shared pages "
               "count once per process.\n"
+              "- Open fds: the most descriptors the launcher process held at once "
+              f"(`/proc/PID/fd`, read with `VmHWM`); Hydra's pipes to its `ssh` clients count, "
+              "mslaunch's SSH sockets count.\n"
               "- Machine CPU: busy time of the whole machine (`/proc/stat`) during the run: "
               "launcher, sshd, agents or proxies, ranks (and anything else running).\n")
         print(C.markdown_table(headers, rows))

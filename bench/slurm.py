@@ -107,6 +107,9 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.inner:
         return inner(args)
+    # The installed mslaunch is measured: the source tree stays off PYTHONPATH (it
+    # would be imported, and recompiled on every run, by the launcher and the agents).
+    C.MEASURE_TREE = False
     hydra = C.find_hydra(args.hydra_cmd)
     if hydra is None:
         raise SystemExit("no Hydra mpiexec (the mpich wheel) found")

@@ -27,12 +27,27 @@ pytestmark = pytest.mark.remote
 SHOW = "import os, socket; print(os.environ['OMPI_COMM_WORLD_RANK'], socket.gethostname())"
 
 
-def host_install(tmp_path: Path, *, version: Optional[str] = None,
-                 broken: bool = False, bad_bytecode: bool = False) -> Path:
+def host_install(tmp_path: Path, *, version: Optional[str] = None, broken: bool = False,
+                 bad_bytecode: bool = False, layout: str = "pythonpath") -> Path:
     """A copy of the package in ``tmp_path/site`` (another ``version``, or one
     module ``broken``, or a compiled module that does not load) and a Python
-    wrapper that has it on its path; the wrapper's path."""
+    wrapper that has it on its path; the wrapper's path.
+
+    ``layout`` says how the wrapper's Python finds the copy: ``pythonpath``
+    (``PYTHONPATH``), ``venv`` (installed in a virtual environment's
+    site-packages, ``tmp_path/site`` a link to it; the wrapper runs the
+    environment's Python with no ``PYTHONPATH``), ``pth`` (in ``tmp_path/site``,
+    named by a ``.pth`` file of such an environment, as an editable install)."""
     site = tmp_path / "site"
+    venv_python = None
+    if layout != "pythonpath":
+        subprocess.run([PY, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+        venv_python = tmp_path / "venv" / "bin" / "python"
+        (packages,) = (tmp_path / "venv" / "lib").glob("python3*/site-packages")
+        if layout == "venv":
+            site.symlink_to(packages)
+        else:
+            (packages / "mslaunch_dev.pth").write_text(f"# a development copy\n{site}\n")
     shutil.copytree(Path(REPO) / "mslaunch", site / "mslaunch",
                     ignore=shutil.ignore_patterns("__pycache__"))
     init = site / "mslaunch" / "__init__.py"
@@ -49,8 +64,9 @@ def host_install(tmp_path: Path, *, version: Optional[str] = None,
         pyc = next((site / "mslaunch" / "remote" / "__pycache__").glob("agent.*.pyc"))
         pyc.write_bytes(pyc.read_bytes()[:16] + b"\xff" * 64)
     wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\nunset PYTHONDONTWRITEBYTECODE\n"
-                       f"PYTHONPATH={site} exec {PY} \"$@\"\n")
+    run = f"PYTHONPATH={site} exec {PY}" if venv_python is None else \
+        f"unset PYTHONPATH\nexec {venv_python}"
+    wrapper.write_text(f"#!/bin/sh\nunset PYTHONDONTWRITEBYTECODE\n{run} \"$@\"\n")
     wrapper.chmod(0o755)
     return wrapper
 
@@ -82,13 +98,14 @@ def home(sshbed, tmp_path):
 # -- over SSH ------------------------------------------------------------------
 
 
-def test_ssh_agents_start_from_the_hosts_identical_mslaunch(sshbed, home, tmp_path):
-    wrapper = host_install(tmp_path)
+@pytest.mark.parametrize("layout", ["pythonpath", "venv", "pth"])
+def test_ssh_agents_start_from_the_hosts_identical_mslaunch(sshbed, home, tmp_path, layout):
+    wrapper = host_install(tmp_path, layout=layout)
     tag = new_tag()
     r = ssh_run(home, wrapper, tag)
     assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
     err = r.stderr.decode()
-    root = tmp_path / "site" / "mslaunch"
+    root = (tmp_path / "site").resolve() / "mslaunch"
     for host in ("h1", "h2"):
         assert f"mslaunch: {host}: agent started from the host's mslaunch at {root} (" \
             in err, err
@@ -151,12 +168,13 @@ def srun_job(bed, tmp_path: Path, wrapper: Path):
     return err
 
 
-def test_srun_agents_start_from_the_hosts_identical_mslaunch(slurmbed, tmp_path):
-    wrapper = host_install(tmp_path)
+@pytest.mark.parametrize("layout", ["pythonpath", "venv"])
+def test_srun_agents_start_from_the_hosts_identical_mslaunch(slurmbed, tmp_path, layout):
+    wrapper = host_install(tmp_path, layout=layout)
     err = srun_job(slurmbed, tmp_path, wrapper)
     for host in ("h1", "h2"):
         assert f"mslaunch: {host}: agent started from the host's mslaunch at " \
-               f"{tmp_path / 'site' / 'mslaunch'} (" in err, err
+               f"{(tmp_path / 'site').resolve() / 'mslaunch'} (" in err, err
     assert imported_from(wrapper)
 
 

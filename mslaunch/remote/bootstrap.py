@@ -5,8 +5,9 @@ The remote command is the same on every host and needs nothing installed:
 then ``python3``; or only ``--remote-python``) and runs a one-line program
 that reads a length-prefixed bootstrap from stdin and executes it.  The
 bootstrap checks the Python version and looks for the ``mslaunch`` the
-host's Python would import (its path and site-packages, not ``.pth``
-files).  When that copy has the launcher's version and the same digest (a
+host's Python would import: its path, its site-packages (a virtual
+environment's too, which ``-S`` leaves unread) and the directories named
+in their ``.pth`` files (whose ``import`` lines are not run).  When that copy has the launcher's version and the same digest (a
 SHA-256 of every module's name and source, hashed here from the host's
 files, as :func:`package_digest` hashes the launcher's) and imports, the
 agent runs from it, and the launcher sends nothing more.  Otherwise the
@@ -93,9 +94,28 @@ def _host_package():
     dirs = [p for p in sys.path if p]
     try:
         import site
-        if sys.prefix == sys.base_prefix and os.getuid() == os.geteuid():
+        # -S leaves a virtual environment's pyvenv.cfg unread: find it as site does.
+        here = os.path.dirname(os.path.abspath(sys.executable))
+        prefixes = [sys.prefix]
+        for d in (here, os.path.dirname(here)):
+            cfg = os.path.join(d, "pyvenv.cfg")
+            if os.path.isfile(cfg):
+                with open(cfg, "rb") as f:
+                    shared = b"include-system-site-packages = true" in f.read().lower()
+                prefixes = [d, sys.prefix] if shared else [d]
+                break
+        if prefixes[0] == sys.base_prefix and os.getuid() == os.geteuid():
             dirs.append(site.getusersitepackages())
-        dirs += site.getsitepackages()
+        sites = site.getsitepackages(prefixes)
+        dirs += sites
+        for d in sites:
+            # plain directory lines of .pth files (an editable install); no code is run
+            for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
+                if name.endswith(".pth"):
+                    with open(os.path.join(d, name), "rb") as f:
+                        dirs += [os.path.join(d, line.strip().decode("utf-8", "replace"))
+                                 for line in f.read().splitlines()
+                                 if line.strip() and not line.startswith((b"#", b"import"))]
     except Exception:
         pass
     for top in dirs:
