@@ -32,6 +32,16 @@ def rows(text: str) -> list:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
+def mindspore_flake(console: str, logs: dict) -> bool:
+    """A failure of MindSpore 2.10's own, seen now and then on a loaded 2-core
+    machine: a worker that printed its result then crashed in MindSpore's
+    teardown (SIGSEGV at interpreter exit), or a worker whose registration
+    with the scheduler never went through (the cluster's formation timed out)."""
+    printed = all(rows(logs.get(f"worker_{i}.log", "")) for i in range(2))
+    return (printed and "(SIGSEGV)" in console) or \
+        "Failed to initialize distributed job cluster" in console
+
+
 def venv_env(**extra: str) -> dict:
     """``python`` on PATH is the venv's own (as msrun wants an activated venv)."""
     env = clean_env(**extra)
@@ -43,14 +53,18 @@ def test_a_real_mindspore_job_with_a_host_name_as_master_addr(tmp_path):
     need_mindspore()
     tag = new_tag()
     env = venv_env(MSL_TEST_TAG=tag)
-    port = 20000 + os.getpid() % 20000
     try:
-        r = subprocess.run(cmd("--worker_num=2", "--local_worker_num=2",
-                               "--master_addr=localhost", f"--master_port={port}",
-                               "--log_dir=L", "--join=True", "--cluster_time_out=60",
-                               "--bind_core=True", REAL),
-                           capture_output=True, env=env, cwd=tmp_path, timeout=110)
-        logs = {p.name: p.read_text() for p in (tmp_path / "L").iterdir()}
+        for attempt in range(2):
+            port = 20000 + (os.getpid() + attempt) % 20000
+            r = subprocess.run(cmd("--worker_num=2", "--local_worker_num=2",
+                                   "--master_addr=localhost", f"--master_port={port}",
+                                   f"--log_dir=L{attempt}", "--join=True",
+                                   "--cluster_time_out=60", "--bind_core=True", REAL),
+                               capture_output=True, env=env, cwd=tmp_path, timeout=110)
+            logs = {p.name: p.read_text() for p in (tmp_path / f"L{attempt}").iterdir()}
+            if r.returncode == 0 or not mindspore_flake(r.stdout.decode(), logs):
+                break
+            print(f"attempt {attempt}: MindSpore's own failure, not mslaunch's; again")
         assert r.returncode == 0, (r.stdout.decode()[-3000:], logs.get("scheduler.log", "")[-2000:])
         online = os.sysconf("SC_NPROCESSORS_ONLN")
         for i in range(2):
