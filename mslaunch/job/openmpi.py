@@ -380,7 +380,7 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
         import shlex
         sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
         return 0
-    sup = supervisor(job, plan)
+    sup = supervisor(job, plan, Watchdog(plan.kvsname, job.grace))
     return exit_status(sup.run(), sup.ending)
 
 
@@ -406,15 +406,14 @@ def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int) -> Plan:
                 universe_size=1, master_addr="", master_port=master_port, ompi_jobid=jobid)
 
 
-def supervisor(job: JobSpec, plan: Plan) -> Supervisor:
-    """The supervisor of :func:`mpirun_plan`'s ``plan``, with its watchdog.
+def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog) -> Supervisor:
+    """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``.
 
     What it does here is signals, ``--timeout`` and the grace period; mpirun
     itself reports and displays what was asked, and says why ranks failed."""
     policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
                      quiet=True, launch_dir=job.launch_dir)
-    return Supervisor(policy, plan, watchdog=Watchdog(plan.kvsname, job.grace),
-                      hooks=Delegate(job, _tagged(job)))
+    return Supervisor(policy, plan, watchdog=watchdog, hooks=Delegate(job, _tagged(job)))
 
 
 def exit_status(result: JobResult, ending: Optional[str]) -> int:
