@@ -272,6 +272,7 @@ class MpirunHandle:
 
     @property
     def busy(self) -> bool:
+        """mpirun runs, or output of its is still to come."""
         return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
 
     def start(self) -> None:
@@ -315,6 +316,7 @@ class MpirunHandle:
             self.pidfd = -1
 
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        """``sig`` to mpirun, SIGKILL to its process group; nothing once it is reaped."""
         if self.proc is None or self.proc.returncode is not None:
             return
         try:
