@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
+from typing import List
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import require
-from helpers import PY, clean_env, kill_tagged, new_tag, run, tagged_pids, wait_for
-from mslaunch.job.openmpi import find_mpirun
+from helpers import PY, clean_env, kill_tagged, new_tag, run, start, tagged_pids, wait_for
+from mslaunch.cli.mpirun import parse_args
+from mslaunch.job.launch import free_port
+from mslaunch.job.openmpi import exit_status, find_mpirun, mpirun_plan, supervisor
+from mslaunch.spec import JobResult, RankResult
 from mslaunch.rankenv import from_environment, rank_variables
 
 FAST = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]   # skip slow network probing
@@ -102,6 +108,141 @@ def test_mpi_abort_and_timeout_under_open_mpi(openmpi):
         assert b"timed out" in r.stderr
         # Whatever Open MPI leaves is swept by the watchdog as mslaunch exits.
         assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+    finally:
+        kill_tagged(tag)
+
+
+class StandInGuard:
+    """The orphan guard's part that the mpirun handle uses, without the watchdog's fork."""
+
+    marker = "test"
+    mechanism = "stand-in"
+
+    def __init__(self) -> None:
+        self.groups: List[int] = []
+
+    def add(self, pgid: int) -> None:
+        self.groups.append(pgid)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def in_process(*argv: str, tag: str):
+    """The Open MPI mode's supervisor of ``argv``, to run in this process."""
+    env = clean_env(MSL_TEST_TAG=tag)
+    job = parse_args(["--mpi", "openmpi", *argv], environ=env, cwd=os.getcwd())
+    guard = StandInGuard()
+    return supervisor(job, mpirun_plan(job, env, free_port(), 0), guard), guard  # type: ignore[arg-type]
+
+
+@pytest.mark.openmpi
+def test_timeout_and_a_stop_signal_are_the_supervisors(openmpi, capfd):
+    tag = new_tag()
+    try:
+        sup, guard = in_process("--timeout", "1", "--grace", "2", "-n", "2", "sleep", "30", tag=tag)
+        result = sup.run()
+        mpirun = result.ranks[0]
+        assert sup.ending == "timeout" and exit_status(result, sup.ending) == 110
+        assert guard.groups == [mpirun.pid] and mpirun.returncode is not None
+        assert result.message == ""
+        err = capfd.readouterr().err
+        assert "(--timeout); terminating Open MPI's mpirun; exit status 110" in err
+
+        sup, guard = in_process("-n", "2", "sleep", "30", tag=tag)
+        sup.loop.call_later(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        result = sup.run()
+        mpirun = result.ranks[0]
+        assert sup.ending == "signal" and sup.stop_signal == signal.SIGTERM
+        assert mpirun.signal is None and mpirun.returncode in (0, 1)     # mpirun ended itself
+        assert exit_status(result, sup.ending) == 128 + signal.SIGTERM
+        assert "mslaunch" not in capfd.readouterr().err              # mpirun speaks for the ranks
+        assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+    finally:
+        kill_tagged(tag)
+
+
+@pytest.mark.parametrize("ending, returncode, sig, expected", [
+    (None, 0, None, 0), ("failure", 4, None, 4), ("failure", None, 9, 137),
+    ("timeout", 1, None, 110), ("timeout", None, 9, 110),
+    ("signal", 0, None, 130), ("signal", 1, None, 130),          # mpirun's plain 0 or 1
+    ("signal", 7, None, 7), ("signal", None, 9, 137),            # mpirun's own status
+])
+def test_the_exit_status_is_mpiruns(ending, returncode, sig, expected):
+    mpirun = RankResult(rank=0, host="here", pid=1, returncode=returncode, signal=sig)
+    supervisors = {None: 0, "failure": mpirun.exit_code, "timeout": 110, "signal": 130}
+    assert exit_status(JobResult(exit_code=supervisors[ending], ranks=(mpirun,)), ending) == expected
+
+
+def _ready(p: subprocess.Popen, count: int) -> None:
+    """Wait until ``count`` ranks have printed their ``ready`` line."""
+    seen = 0
+    while seen < count:
+        line = p.stdout.readline()      # type: ignore[union-attr]
+        assert line, p.stderr.read()    # type: ignore[union-attr]
+        seen += line.strip() == b"ready"
+
+
+@pytest.mark.openmpi
+def test_signals_reach_the_ranks_through_mpirun(openmpi):
+    trap = "trap 'echo got USR1 $RANK_ID; exit 0' USR1; echo ready; while :; do sleep 0.1; done"
+    p = start("--mpi", "openmpi", "-n", "2", "sh", "-c", trap)
+    with p:
+        _ready(p, 2)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert sorted(line for line in out.decode().splitlines() if line.startswith("got")) == \
+        ["got USR1 0", "got USR1 1"]
+    # A second SIGINT kills mpirun at once, before it has stopped the ranks itself.
+    p = start("--mpi", "openmpi", "-n", "2", "sh", "-c", "echo ready; sleep 30")
+    with p:
+        _ready(p, 2)
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGKILL
+
+
+def _name(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+@pytest.mark.openmpi
+def test_a_stopped_mpirun_is_continued_before_it_is_asked_to_stop(openmpi):
+    p = start("--mpi", "openmpi", "--grace", "20", "-n", "1", "sh", "-c", "echo ready; sleep 30")
+    with p:
+        _ready(p, 1)
+        with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+            kids = [int(pid) for pid in f.read().split()]
+        [mpirun] = [pid for pid in kids if _name(pid) == "prterun"]   # not the watchdog
+        os.kill(mpirun, signal.SIGSTOP)
+        began = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    # SIGCONT, then SIGTERM: mpirun stops its ranks and ends, long before the
+    # grace period's SIGKILL.
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert time.monotonic() - began < 10
+
+
+@pytest.mark.openmpi
+def test_mslaunch_killed_leaves_nothing_of_mpirun(openmpi):
+    tag = new_tag()
+    try:
+        p = start("--mpi", "openmpi", "-n", "2", "sh", "-c", "echo ready; sleep 60",
+                  env=clean_env(MSL_TEST_TAG=tag))
+        with p:
+            _ready(p, 2)
+            assert len(tagged_pids(tag)) >= 3        # mslaunch, mpirun and the ranks at least
+            p.kill()
+            p.communicate(timeout=30)
+        assert wait_for(lambda: tagged_pids(tag) == [], 20), tagged_pids(tag)
     finally:
         kill_tagged(tag)
 

@@ -8,11 +8,13 @@ other rank variables before the program starts.  Open MPI 4 spellings that
 Open MPI 5 silently ignores are translated (``orte_abort_on_non_zero_status``
 becomes ``--prtemca state_base_error_non_zero_exit``).
 
-mslaunch stays in charge of what it promises everywhere: the watchdog, signal
-forwarding, ``--timeout`` (exit 110), and Open MPI 4's output layout: with
-``--output-filename``, ``--tag-output`` or ``--timestamp-output`` it asks
-mpirun to tag every line and writes ``DIR/1/rank.N/{stdout,stderr}`` and the
-terminal copy itself.
+mpirun runs under the common supervisor (:mod:`.supervise`), as the job's one
+process behind the rank-handle seam (:class:`MpirunHandle`, brought in by the
+:class:`Delegate` hooks), so that the watchdog, signal forwarding, ``--timeout``
+(exit 110) and the grace period are the default mode's.  mslaunch also keeps
+Open MPI 4's output layout: with ``--output-filename``, ``--tag-output`` or
+``--timestamp-output`` it asks mpirun to tag every line and writes
+``DIR/1/rank.N/{stdout,stderr}`` and the terminal copy itself.
 """
 
 from __future__ import annotations
@@ -22,20 +24,22 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 from ..errors import LaunchError
-from ..errors import TIMEOUT_EXIT
 from ..plan import log_paths
 from ..machine.guard import Watchdog
-from ..machine.loop import Loop
-from ..machine.output import line_prefix
-from ..machine.terminal import GIVE_UP_AFTER, Console
+from ..machine.output import RankPipe, line_prefix
+from ..spec import Host, JobSpec, Plan, RankSpec
+from .supervise import Supervisor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Sequence, Tuple
 
-    from ..spec import JobSpec
+    from ..machine.terminal import Console
+    from ..spec import JobResult
+    from .seams import JobView
 
 
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
@@ -216,156 +220,213 @@ class _Demux:
             os.close(fd)
 
 
-def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
-    """Run ``job`` under Open MPI's mpirun; return mslaunch's exit status.
-    ``master_port`` and ``jobid`` are what the default mode would give (see
-    :func:`rendezvous_env`)."""
-    environ = os.environ
-    out = job.output
-    tagged = bool(out.directory or out.tag or out.timestamp or out.rank_prefix)
-    marker = f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
-    cmd, extra_env = build_command(job, environ, marker, tagged,
-                                   rendezvous_env(job, environ, master_port, jobid))
-    if job.dry_run:
-        import shlex
-        sys.stdout.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
-        return 0
-    env = dict(environ)
-    env.update(extra_env)
-    env["MSLAUNCH_JOB"] = env["MSLAUNCH_GUARD"] = marker
-    console = Console()
-    loop = Loop()
-    demux = _Demux(job, console) if tagged else None
-    pipes = {}
-    watchdog = Watchdog(marker, job.grace)
-    state = {"stop": None, "timed_out": False, "interrupts": 0}
-    try:
+class _Lines:
+    """One stream of mpirun's (1: stdout, 2: stderr) as a :class:`RankPipe`'s sink:
+    whole lines to the demultiplexer, read no faster than the terminal takes them."""
+
+    tail = b""
+    wanted = True            # mpirun is read to its end, whoever still reads mslaunch
+
+    def __init__(self, demux: _Demux, stream: int) -> None:
+        self.demux = demux
+        self.stream = stream
+        self.pending = b""
+
+    @property
+    def congested(self) -> bool:
+        return any(t.congested for t in self.demux.console.terminals())
+
+    def wait_for_room(self, source) -> None:
+        for t in self.demux.console.terminals():
+            if t.congested:
+                t.wait_for_room(source)
+                return
+        source.resume()
+
+    def feed(self, data) -> None:
+        *lines, self.pending = (self.pending + bytes(data)).split(b"\n")
+        for line in lines:
+            self.demux.line(self.stream, line + b"\n")
+
+    def finish(self) -> None:
+        if self.pending:
+            pending, self.pending = self.pending, b""
+            self.demux.line(self.stream, pending)
+
+
+class MpirunHandle:
+    """Open MPI's mpirun behind the rank-handle seam (:class:`~.seams.RankHandle`):
+    the job's one process as the supervisor sees it (key 0), in a session of its
+    own.  Signals go to mpirun, which passes them on to the ranks; SIGKILL goes
+    to its process group."""
+
+    ranks = (0,)
+
+    def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux]) -> None:
+        self.sup = sup
+        self.spec = spec
+        self.demux = demux
+        self.proc: Optional[subprocess.Popen] = None
+        self.pidfd = -1
+        self.pipes: List[RankPipe] = []
+
+    @property
+    def busy(self) -> bool:
+        """mpirun runs, or output of its is still to come."""
+        return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
+
+    def start(self) -> None:
+        reads: List[Tuple[int, int]] = []
         stdout = stderr = None
-        if demux is not None:
+        if self.demux is not None:         # else mslaunch's own stdout and stderr
             r1, stdout = os.pipe()
             r2, stderr = os.pipe()
-            pipes = {r1: [1, b""], r2: [2, b""]}
+            reads = [(r1, 1), (r2, 2)]
         try:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
-                                    stderr=stderr, start_new_session=True, cwd=job.launch_dir)
+            self.proc = subprocess.Popen(self.spec.argv, env=self.spec.env,
+                                         stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                         start_new_session=True, cwd=self.spec.cwd)
         except OSError as err:
+            for fd, _ in reads:
+                os.close(fd)
             raise LaunchError(f"cannot start Open MPI's mpirun: {err.strerror}") from None
         finally:
             for fd in (stdout, stderr):
                 if fd is not None:
                     os.close(fd)
-        watchdog.add(proc.pid)
-        watchdog.flush()
-        console.attach(loop)
-        _relay(loop, proc, pipes, demux, job, state, console)
-        code = proc.returncode
-    finally:
-        # The watchdog's sweep at close() stops whatever mpirun left behind.
-        if demux is not None:
-            demux.close()
-        watchdog.close()
-        console.attach(None)
-        loop.close()
-    if state["timed_out"]:
-        return TIMEOUT_EXIT
-    if state["stop"] is not None and code in (0, 1):
-        return 128 + state["stop"]  # type: ignore[operator]
-    return code if code >= 0 else 128 - code
+        pid = self.proc.pid
+        guard = self.sup.watchdog
+        guard.add(pid)    # type: ignore[union-attr]
+        guard.flush()     # type: ignore[union-attr]
+        self.pidfd = os.pidfd_open(pid)
+        self.sup.loop.add_reader(self.pidfd, self._on_exit)
+        self.pipes = [RankPipe(self.sup.loop, fd, _Lines(self.demux, stream))  # type: ignore[arg-type]
+                      for fd, stream in reads]
+        self.sup.rank_started(0, pid)
 
+    def _on_exit(self) -> None:
+        self._forget_pidfd()
+        code = self.proc.wait()  # type: ignore[union-attr]
+        self.sup.rank_exited(0, code if code >= 0 else None, -code if code < 0 else None)
 
-def _relay(loop: Loop, proc: subprocess.Popen, pipes, demux: Optional[_Demux], job: JobSpec,
-           state, console: Console) -> None:
-    """Forward signals, enforce --timeout, demultiplex output until mpirun ends."""
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-    pidfd = os.pidfd_open(proc.pid)
-    done = {"exited": False}
+    def _forget_pidfd(self) -> None:
+        if self.pidfd >= 0:
+            self.sup.loop.forget(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
 
-    def on_signal(sig: int) -> None:
-        if sig == signal.SIGINT and state["stop"] is not None:
-            _killpg(proc.pid, signal.SIGKILL)
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        """``sig`` to mpirun, SIGKILL to its process group; nothing once it is reaped."""
+        if self.proc is None or self.proc.returncode is not None:
             return
-        if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) and state["stop"] is None:
-            state["stop"] = sig
-            loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
-            loop.call_later(job.grace + GIVE_UP_AFTER, console.give_up)
-        _kill(proc.pid, sig)
+        try:
+            if sig == signal.SIGKILL:
+                os.killpg(self.proc.pid, sig)
+            else:
+                os.kill(self.proc.pid, sig)
+        except OSError:
+            pass
 
-    def on_timeout() -> None:
-        if done["exited"]:
-            return
-        state["timed_out"] = True
-        console.message(f"mslaunch: job timed out after {job.timeout:g} s (--timeout); "
-                        f"stopping Open MPI's mpirun; exit status {TIMEOUT_EXIT}")
-        _kill(proc.pid, signal.SIGTERM)
-        loop.call_later(job.grace, lambda: _killpg(proc.pid, signal.SIGKILL))
-        loop.call_later(job.grace + GIVE_UP_AFTER, console.give_up)
+    def release(self) -> None:
+        """The job is over; nothing to tell anyone (see :meth:`close`)."""
 
-    def on_exit() -> None:
-        loop.forget(pidfd)
-        proc.wait()
-        done["exited"] = True
-
-    class _Paused:
-        """A pipe of mpirun's not read while the terminal's queue is full."""
-
-        def __init__(self, fd: int, read) -> None:
-            self.fd, self.read = fd, read
-
-        def resume(self) -> None:
-            if self.fd in pipes:
-                loop.add_reader(self.fd, self.read)
-
-    def reader(fd: int):
-        def read() -> None:
-            for t in console.terminals():
-                if t.congested:
-                    loop.remove_reader(fd)
-                    t.wait_for_room(_Paused(fd, read))
-                    return
-            data = os.read(fd, 1 << 16)
-            stream, pending = pipes[fd]
-            if not data:
-                loop.forget(fd)
-                os.close(fd)
-                if pending:
-                    demux.line(stream, pending)  # type: ignore[union-attr]
-                del pipes[fd]
-                return
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            pipes[fd][1] = pending
-            for line in lines:
-                demux.line(stream, line + b"\n")  # type: ignore[union-attr]
-        return read
-
-    restore_signals = loop.catch_signals(forwarded, on_signal)
-    try:
-        loop.add_reader(pidfd, on_exit)
-        for fd in list(pipes):
-            loop.add_reader(fd, reader(fd))
-        if job.timeout is not None:
-            loop.call_later(job.timeout, on_timeout)
-        loop.run_until(lambda: done["exited"] and not pipes and not console.pending)
-    finally:
-        restore_signals()
-        if not done["exited"]:
-            _killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(pidfd)
+    def close(self, deadline: float) -> None:
+        """Outside the loop: mpirun gets until ``deadline`` to end after a SIGTERM.
+        The watchdog's sweep, when it is closed, stops whatever mpirun left behind."""
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            self.signal(signal.SIGTERM)
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                proc.wait()
+        self._forget_pidfd()
+        for pipe in self.pipes:
+            if not pipe.closed and not pipe.drain():
+                pipe.close()
+        if self.demux is not None:
+            self.demux.close()
 
 
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
+class Delegate:
+    """The Open MPI mode's hooks into the supervisor (:class:`~.seams.ModeHooks`):
+    this machine's one process is mpirun (:class:`MpirunHandle`)."""
+
+    restarts = 0
+
+    def __init__(self, job: JobSpec, tagged: bool) -> None:
+        self.job = job
+        self.tagged = tagged      # whether mpirun tags its lines, for _Demux to split
+
+    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> MpirunHandle:
+        demux = _Demux(self.job, sup.console) if self.tagged else None
+        return MpirunHandle(sup, specs[0], demux)
+
+    def started(self, pids: Dict[str, int]) -> None:
+        pass
+
+    def failed(self, code: int, message: str) -> None:
+        pass
+
+    def finished(self, code: int) -> None:
         pass
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
+def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
+    """Run ``job`` under Open MPI's mpirun; return mslaunch's exit status.
+    ``master_port`` and ``jobid`` are what the default mode would give (see
+    :func:`rendezvous_env`)."""
+    plan = mpirun_plan(job, os.environ, master_port, jobid)
+    if job.dry_run:
+        import shlex
+        sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
+        return 0
+    sup = supervisor(job, plan, Watchdog(plan.kvsname, job.grace))
+    return exit_status(sup.run(), sup.ending)
+
+
+def _tagged(job: JobSpec) -> bool:
+    """Whether mpirun tags its lines for mslaunch to split (:class:`_Demux`)."""
+    out = job.output
+    return bool(out.directory or out.tag or out.timestamp or out.rank_prefix)
+
+
+def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int) -> Plan:
+    """The plan of ``job`` as mslaunch runs it: one process, Open MPI's mpirun."""
+    marker = f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
+    cmd, extra_env = build_command(job, environ, marker, _tagged(job),
+                                   rendezvous_env(job, environ, master_port, jobid))
+    env = dict(environ)
+    env.update(extra_env)
+    env["MSLAUNCH_JOB"] = env["MSLAUNCH_GUARD"] = marker
+    here = Host(name=os.uname().nodename, slots=1, max_slots=None, local=True, node_id=0)
+    mpirun = RankSpec(rank=0, app=0, host=here, local_rank=0, local_size=1, argv=tuple(cmd),
+                      env=env, cwd=job.launch_dir, stdout_path=None, stderr_path=None,
+                      label="Open MPI's mpirun")
+    return Plan(ranks=(mpirun,), hosts=(here,), kvsname=marker, process_mapping="",
+                universe_size=1, master_addr="", master_port=master_port, ompi_jobid=jobid)
+
+
+def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog) -> Supervisor:
+    """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``.
+
+    What it does here is signals, ``--timeout`` and the grace period; mpirun
+    itself reports and displays what was asked, and says why ranks failed."""
+    policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
+                     quiet=True, launch_dir=job.launch_dir)
+    return Supervisor(policy, plan, watchdog=watchdog, hooks=Delegate(job, _tagged(job)))
+
+
+def exit_status(result: JobResult, ending: Optional[str]) -> int:
+    """mpirun's exit status is the job's -- but for ``--timeout``'s, and for a stop
+    signal's 128+N when mpirun ends with a plain 0 or 1 (``ending``: the
+    supervisor's)."""
+    mpirun = result.ranks[0]
+    if ending == "signal" and (mpirun.signal is not None
+                               or mpirun.returncode not in (None, 0, 1)):
+        return mpirun.exit_code
+    return result.exit_code
 
 
 __all__ = ["run_openmpi", "build_command", "find_mpirun"]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..machine.local import LocalRanks
     from .seams import JobView, RankState
 
-from ..errors import LaunchError
+from ..errors import TIMEOUT_EXIT, LaunchError
 from ..machine.spawn import signal_name
 
 #: Lines of the root cause's stderr shown under the summary.
@@ -91,6 +91,11 @@ def report_pid(sup: JobView, where: str) -> None:
 def timed_out(sup: JobView, live: List[RankState]) -> float:
     """What is said when ``--timeout`` ends the job; returns how long to wait
     before the ranks are stopped (for the stack traces to arrive)."""
+    # One process with a name of its own (the Open MPI mode's mpirun) is named.
+    what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
+        f"{len(live)} rank(s)"
+    sup.console.message(f"mslaunch: job timed out after {sup.job.timeout:g} s (--timeout); "
+                        f"terminating {what}; exit status {TIMEOUT_EXIT}")
     for line in sup.mpi_jobs.hang_report() if sup.mpi_jobs is not None else []:
         sup.console.message(f"mslaunch: PMI: {line}")
     if sup.job.report_state:

@@ -18,8 +18,9 @@ from ..spec import JobSpec, Plan, RankSpec
 
 
 class RankHandle(Protocol):
-    """Ranks of one place: this machine (:class:`~mslaunch.machine.local.LocalRanks`)
-    or one remote host's agent (:class:`~mslaunch.remote.host.RemoteHost`)."""
+    """Ranks of one place: this machine (:class:`~mslaunch.machine.local.LocalRanks`),
+    one remote host's agent (:class:`~mslaunch.remote.host.RemoteHost`), or Open
+    MPI's mpirun standing for all of them (:class:`~mslaunch.job.openmpi.MpirunHandle`)."""
 
     ranks: Container[int]       # the keys of its ranks
 
@@ -40,20 +41,25 @@ class RankHandle(Protocol):
         """Nothing of these ranks may survive; wait until ``deadline`` at most."""
 
 
-class NodeHooks(Protocol):
-    """One node of an msrun-mode job, as the supervisor sees it
-    (:class:`mslaunch.msrun.node.Cluster`)."""
+class ModeHooks(Protocol):
+    """What a mode built on the supervisor adds to it: one node of an msrun-mode
+    job (:class:`mslaunch.msrun.node.Cluster`), or the Open MPI-backed mode's
+    mpirun (:class:`mslaunch.job.openmpi.Delegate`)."""
 
     restarts: int               # per process, on failure (msrun's recovery)
+
+    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
+        """The handle of this machine's processes ``specs``, started by the mode
+        itself; None: the supervisor's own (:class:`~mslaunch.machine.local.LocalRanks`)."""
 
     def started(self, pids: Dict[str, int]) -> None:
         """Every process runs (by label)."""
 
     def failed(self, code: int, message: str) -> None:
-        """This node ends the job: the other nodes must stop too, with ``code``."""
+        """The job ends here with ``code`` (msrun: the other nodes must stop too)."""
 
     def finished(self, code: int) -> None:
-        """This node's part ended with ``code``."""
+        """This machine's part ended with ``code``."""
 
 
 class RankState(Protocol):

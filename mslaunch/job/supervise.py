@@ -3,9 +3,10 @@
 The :class:`Supervisor` starts every rank of a :class:`Plan` through its
 rank handles -- :class:`~mslaunch.machine.local.LocalRanks` for this machine,
 one :class:`~mslaunch.remote.host.RemoteHost` per remote host, brought up by
-the :class:`~.fleet.Fleet` -- and runs one event loop over their output,
+the :class:`~.fleet.Fleet`, or a mode's own (the Open MPI mode's mpirun, see
+:class:`~.seams.ModeHooks`) -- and runs one event loop over their output,
 their exits, the PMI sockets, mslaunch's terminal and a self-pipe for
-signals.  Both kinds of handle sit behind one seam (:class:`~.seams.RankHandle`),
+signals.  Every handle sits behind one seam (:class:`~.seams.RankHandle`),
 so the policy is written once.  The first rank that fails (non-zero exit, death by a signal,
 ``MPI_Abort``, leaving MPI without finalizing, or exiting while its peers
 wait for it in MPI) is the root cause: the other ranks' process groups get
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ..remote.starter import Starter
     from .fleet import Fleet
     from .mpijobs import MPIJobs
-    from .seams import NodeHooks, RankHandle
+    from .seams import ModeHooks, RankHandle
 
 from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
 from ..machine.guard import Watchdog
@@ -42,7 +43,7 @@ from ..machine.local import LocalRanks
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER, Console
-from ..machine.spawn import raise_fd_limit, seal_inherited_fds, signal_name
+from ..machine.spawn import check_startable, raise_fd_limit, seal_inherited_fds, signal_name
 from ..pmi.files import GUARD_TASKS, after_launcher_death
 from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
 
@@ -91,7 +92,7 @@ class Supervisor:
                  connect: Sequence[str] = (), starter: Optional[Starter] = None,
                  replan=None,
                  watchdog: Optional[Watchdog] = None, loop: Optional[Loop] = None,
-                 node: Optional[NodeHooks] = None) -> None:
+                 hooks: Optional[ModeHooks] = None) -> None:
         self.job = job
         self.plan = plan
         # Remote hosts to start agents on, what starts them (mslaunch.remote.starter),
@@ -100,13 +101,14 @@ class Supervisor:
         self.starter = starter
         self.replan = replan
         self.console = console or Console()
+        self._own_loop = loop is None        # else the caller's, closed there
         self.loop = loop or Loop()
-        # One node of an msrun-mode job (see mslaunch.msrun.node.Cluster): the
-        # other nodes are told when this one ends the job, and tell it through
-        # remote_stop; failed processes may be started again (its restarts).
-        self.node = node
+        # A mode built on the supervisor (seams.ModeHooks): one node of an msrun job
+        # (msrun.node.Cluster: the other nodes hear when this one ends the job, it from
+        # remote_stop; failed processes start again), or the Open MPI mode's mpirun.
+        self.hooks = hooks
         self.remote: Optional[Tuple[int, str]] = None
-        self.restarts = node.restarts if node is not None else 0
+        self.restarts = hooks.restarts if hooks is not None else 0
         self.ranks = [_Rank(spec) for spec in plan.ranks]
         self.root: Optional[_Rank] = None
         self.root_code = 0
@@ -117,7 +119,7 @@ class Supervisor:
         self._give_up: Optional[Timer] = None
         self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
         self.watchdog: Optional[Watchdog] = watchdog   # started early by run_job, or here
-        self.local: Optional[LocalRanks] = None
+        self.local: Optional[LocalRanks] = None   # or a mode's own handle (ModeHooks)
         self.fleet: Optional[Fleet] = None        # the remote hosts, if any
         self.stdin_fanout = None
         self.launched = False
@@ -161,11 +163,11 @@ class Supervisor:
             if self.job.output.xml:
                 self.console.write(1, self, b"</mpirun>\n")
             self.console.attach(None)
-            if self.node is None:
-                self.loop.close()          # else the node runner's, closed there
+            if self._own_loop:
+                self.loop.close()
         result = self._result()
-        if self.node is not None:
-            self.node.finished(result.exit_code)
+        if self.hooks is not None:
+            self.hooks.finished(result.exit_code)
         return result
 
     def _start_all(self) -> None:
@@ -176,9 +178,10 @@ class Supervisor:
             self.fleet.connect(self.connect, self.starter, self.replan)
             plan = self.plan                  # planned again with the hosts' topologies
         self._show_plan()
-        from ..machine.spawn import check_startable
-        check_startable(plan.ranks)
         local_specs = [r for r in plan.ranks if r.host.local]
+        own = self.hooks.local_handle(self, local_specs) if self.hooks is not None else None
+        if own is None:               # a mode's own handle says why it cannot start
+            check_startable(plan.ranks)
         remote_specs: Dict[str, List[RankSpec]] = {}
         for r in plan.ranks:
             if not r.host.local:
@@ -195,15 +198,15 @@ class Supervisor:
         if remote:
             self.fleet.prepare(remote_specs)
         if local_specs:
-            self.local = self._local_ranks(local_specs, pmi, pmi_env,
-                                           stdin_fd=None if remote else 0)
+            self.local = own or self._local_ranks(  # type: ignore[assignment]
+                local_specs, pmi, pmi_env, stdin_fd=None if remote else 0)
         self.launched = True
         for handle in self._handles():
             handle.start()
         if remote:
             self.stdin_fanout = self.fleet.relay_stdin(self.local.stdin_pipes if self.local else {})
-        if self.node is not None:
-            self.node.started({r.spec.label or f"rank {r.spec.rank}": r.pid for r in self.ranks})
+        if self.hooks is not None:
+            self.hooks.started({r.spec.label or f"rank {r.spec.rank}": r.pid for r in self.ranks})
 
     def _local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                      stdin_fd: Optional[int]) -> LocalRanks:
@@ -346,12 +349,8 @@ class Supervisor:
         if self._finished() or self.ending is not None:
             return
         self.ending = "timeout"
-        live = self._live()
-        self.console.message(f"mslaunch: job timed out after {self.job.timeout:g} s "
-                             f"(--timeout); terminating {len(live)} rank(s); exit status "
-                             f"{TIMEOUT_EXIT}")
         from .report import timed_out
-        wait = timed_out(self, live)
+        wait = timed_out(self, self._live())
         if wait:
             self.loop.call_later(wait, self._terminate)
         else:
@@ -392,8 +391,8 @@ class Supervisor:
             self._terminate()
 
     def _tell_cluster(self, code: int, message: str) -> None:
-        if self.node is not None:
-            self.node.failed(code, message)
+        if self.hooks is not None:
+            self.hooks.failed(code, message)
 
     def remote_stop(self, code: int, message: str) -> None:
         """Another node (or the node service) ends the job: stop here too, with ``code``."""

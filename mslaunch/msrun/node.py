@@ -96,13 +96,16 @@ def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobS
 
 class Cluster:
     """The supervisor's view of this node and the others (its
-    :class:`~mslaunch.job.seams.NodeHooks`; see :class:`~.nodelink.NodeLink`)."""
+    :class:`~mslaunch.job.seams.ModeHooks`; see :class:`~.nodelink.NodeLink`)."""
 
     def __init__(self, link, service, restarts: int = 0, announce=None) -> None:
         self.link = link
         self.service = service
         self.restarts = restarts
         self.announce = announce        # called with {label: pid} once all run
+
+    def local_handle(self, sup, specs):
+        return None                     # the supervisor's own LocalRanks
 
     def started(self, pids) -> None:
         if self.announce is not None:
@@ -173,7 +176,7 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     recovery = os.environ.get("MS_ENABLE_RECOVERY") == "1"
     cluster = Cluster(link, service, restarts=spec.max_restarts if recovery else 0,
                       announce=(lambda pids: announce(lines, pids)) if announce else None)
-    sup = Supervisor(job, plan, loop=loop, node=cluster)
+    sup = Supervisor(job, plan, loop=loop, hooks=cluster)
     if link is not None:
         link.on_stop = sup.remote_stop
     try:
