@@ -1,9 +1,11 @@
-"""A small single-threaded event loop over epoll.
+"""A small single-threaded event loop over epoll, and the queued writer on it.
 
 The supervisor, the output relay and the PMI server all register file
 descriptors here.  Neither asyncio nor ``selectors`` is used, on purpose:
 their imports cost more than the loop itself (asyncio more than a whole
-``-n 1 true`` launch).
+``-n 1 true`` launch).  :class:`QueuedWriter` is every non-blocking writer's
+queue (mslaunch's terminals, the links, PMI connections, the ranks' stdin):
+it lives here, in a module every one of them imports anyway.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import itertools
 import os
 import select
 import time
+from collections import deque
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Sized, Tuple
+    from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Sized,
+                        Tuple, Union)
 
     Callback = Callable[[], None]
 
@@ -289,3 +294,207 @@ class Loop:
 
     def close(self) -> None:
         self._epoll.close()
+
+
+IOV_MAX = 1024          # most parts one writev or sendmsg takes (Linux's UIO_MAXIOV)
+
+
+class QueuedWriter:
+    """Bytes for one descriptor, written without ever blocking the loop.
+
+    What the file does not take at once waits in :attr:`queue`, in order,
+    for the loop to find the file writable.  A ``bytes`` object waits as it
+    is (the rest of one written in part as a view of it); other buffers,
+    views valid only during the call, are copied once if they must wait.
+    Written with ``os.write``/``os.writev``, or with ``send``/``sendmsg``
+    and :attr:`send_flags` by an owner that sets :attr:`sock`.  The owner
+    keeps its policy in the ``on_*`` hooks it overrides.
+    """
+
+    sock: Any = None
+    send_flags = 0
+    high_water = 1 << 62
+    low_water = 0
+    #: The errors that mean "not now": the write waits for the loop.
+    again: Tuple[type, ...] = (BlockingIOError, InterruptedError)
+
+    def __init__(self, loop: Optional[Loop], fd: int) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.queue: Deque[Union[bytes, memoryview]] = deque()
+        self.queued = 0
+        self._registered = False      # flush_some is the loop's writer callback for fd
+        self._above = False           # past high_water, not yet down to low_water
+
+    # -- hooks --------------------------------------------------------------
+    def on_write_error(self, err: OSError) -> None:
+        """A write failed (not for want of room); the queue has been dropped."""
+
+    def on_empty(self) -> None:
+        """What waited has all been written by :meth:`flush_some`."""
+
+    def on_high_water(self) -> None:
+        """More than :attr:`high_water` bytes wait."""
+
+    def on_low_water(self) -> None:
+        """No more than :attr:`low_water` bytes wait, after more than :attr:`high_water` did."""
+
+    # -- writing ------------------------------------------------------------
+    def put(self, data) -> bool:
+        """Write ``data`` (bytes, or a buffer valid only during the call) after
+        what waits; True if some of it is left waiting."""
+        if not self.queue:
+            try:
+                n = os.write(self.fd, data) if self.sock is None else self.sock.send(data, self.send_flags)
+            except self.again:
+                n = 0
+            except OSError as err:
+                self._write_error(err)
+                return False
+            if n == len(data):
+                return False
+            self._hold(data, n)
+        elif data:
+            self._hold(data, 0)
+        return True
+
+    def put_parts(self, parts) -> bool:
+        """Write ``parts`` back to back (as :meth:`put`, in one ``writev``);
+        True if some are left waiting."""
+        rest = [p for p in parts if len(p)]
+        if not rest:
+            return False
+        n = 0
+        if not self.queue:
+            try:
+                n = self._write_parts(rest[:IOV_MAX] if len(rest) > IOV_MAX else rest)
+            except self.again:
+                n = 0
+            except OSError as err:
+                self._write_error(err)
+                return False
+        queue = self.queue
+        held = self.queued
+        for part in rest:
+            size = len(part)
+            if n >= size:
+                n -= size
+                continue
+            if type(part) is not bytes:
+                part = bytes(memoryview(part)[n:])
+            elif n:
+                part = memoryview(part)[n:]
+            n = 0
+            queue.append(part)
+            held += len(part)
+        if held == self.queued:
+            return False
+        self.queued = held
+        self._waiting()
+        return True
+
+    def hold(self, data) -> None:
+        """Queue ``data`` without trying to write it now."""
+        if data:
+            self._hold(data, 0)
+
+    def _hold(self, data, n: int) -> None:
+        if type(data) is not bytes:       # a buffer the caller may reuse: copied
+            data, n = bytes(memoryview(data)[n:]), 0
+        rest = memoryview(data)[n:] if n else data
+        self.queue.append(rest)
+        self.queued += len(rest)
+        self._waiting()
+
+    def _waiting(self) -> None:
+        self._await_writable()
+        if not self._above and self.queued > self.high_water:
+            self._above = True
+            self.on_high_water()
+
+    def _write_parts(self, parts: List[Any]) -> int:
+        sock = self.sock
+        if sock is None:
+            return os.writev(self.fd, parts)
+        return sock.sendmsg(parts, (), self.send_flags)
+
+    def flush_some(self) -> None:
+        """Write what the file takes now; the loop calls it when the file is writable."""
+        queue = self.queue
+        if not queue:
+            self._unregister()
+            return
+        while queue:
+            try:
+                if len(queue) == 1:
+                    head = queue[0]
+                    asked = len(head)
+                    n = (os.write(self.fd, head) if self.sock is None
+                         else self.sock.send(head, self.send_flags))
+                else:
+                    batch = list(itertools.islice(queue, IOV_MAX))
+                    asked = sum(map(len, batch))
+                    n = self._write_parts(batch)
+            except self.again:
+                break
+            except OSError as err:
+                self._write_error(err)
+                return
+            self.queued -= n
+            full = n < asked      # the file took less than it was offered
+            while n:
+                head = queue[0]
+                size = len(head)
+                if n < size:
+                    queue[0] = head[n:] if type(head) is memoryview else memoryview(head)[n:]
+                    break
+                n -= size
+                queue.popleft()
+            if full:
+                break
+        if not queue:
+            self._unregister()
+        if self._above and self.queued <= self.low_water:
+            self._above = False
+            self.on_low_water()
+        if not self.queue:
+            self.on_empty()
+
+    def _write_error(self, err: OSError) -> None:
+        self.discard()
+        self.on_write_error(err)
+
+    # -- waiting --------------------------------------------------------------
+    def _await_writable(self) -> None:
+        """Have the loop call :meth:`flush_some` once the file is writable."""
+        if not self._registered and self.queue:
+            self.loop.add_writer(self.fd, self.flush_some)  # type: ignore[union-attr]
+            self._registered = True
+
+    def _unregister(self) -> None:
+        if self._registered:
+            self._registered = False
+            self.loop.remove_writer(self.fd)  # type: ignore[union-attr]
+
+    def discard(self) -> int:
+        """Drop what waits (and the loop's callback); returns how many bytes that was."""
+        dropped = self.queued
+        self.queue.clear()
+        self.queued = 0
+        self._above = False
+        self._unregister()
+        return dropped
+
+    def drain(self, deadline: Optional[float]) -> bool:
+        """Write what waits, blocking until ``deadline`` (``time.monotonic()``;
+        None: no limit); outside the loop only.  True if nothing is left."""
+        while self.queue:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                return False
+            try:
+                wait_fd(self.fd, True, timeout)
+            except (OSError, ValueError):
+                time.sleep(0.01)
+            self.flush_some()
+        return True

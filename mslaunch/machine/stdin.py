@@ -3,7 +3,8 @@
 Input, not output, though fed much the same way: :class:`StdinFanout`
 reads the launcher's stdin on the event loop and pushes each chunk to
 every sink (a local rank's pipe, :class:`PipeStdin`, or a remote host's
-stand-in); a sink's pipe is written without blocking, from a queue.
+stand-in); a sink's pipe is written without blocking, from a queue
+(:class:`~.loop.QueuedWriter`).
 Needed only when some rank reads stdin through a pipe: imported then.
 """
 
@@ -17,53 +18,54 @@ if TYPE_CHECKING:
 
     from .loop import Loop
 
+from .loop import QueuedWriter
+
 CHUNK = 1 << 20           # bytes of stdin read at once
 
 
-class PipeStdin:
-    """A local rank's stdin pipe, written without blocking from a queue."""
+class PipeStdin(QueuedWriter):
+    """A local rank's stdin pipe, written without blocking from a queue.
+
+    ``on_room`` is called whenever all it was given is written, ``on_gone``
+    once that includes the end of the input, or when the rank stops reading
+    (it closed its stdin, or exited).
+    """
 
     def __init__(self, loop: Loop, fd: int, on_gone: Callable[[], None],
                  on_room: Callable[[], None]) -> None:
-        self.loop = loop
-        self.fd = fd
-        self.buffer = bytearray()
+        super().__init__(loop, fd)
         self.eof = False
+        self.gone = False               # a write failed: the rank reads no more
         self.on_gone = on_gone
         self.on_room = on_room
         os.set_blocking(fd, False)
 
     @property
     def backlog(self) -> int:
-        return len(self.buffer)
+        return self.queued
 
     def push(self, data: bytes) -> None:
-        self.buffer += data
-        self._flush()
+        if not self.put(data) and not self.gone:     # all written at once
+            self.on_room()
 
     def finish(self) -> None:
         self.eof = True
-        self._flush()
+        if not self.queue:
+            self.on_gone()
 
-    def _flush(self) -> None:
-        buf = self.buffer
-        try:
-            while buf:
-                del buf[:os.write(self.fd, buf)]
-        except BlockingIOError:
-            self.loop.add_writer(self.fd, self._flush)
-            return
-        except OSError:
-            self.on_gone()      # the rank closed its stdin (or exited): drop its copy
-            return
-        self.loop.remove_writer(self.fd)
+    def on_empty(self) -> None:
         if self.eof:
             self.on_gone()
         else:
             self.on_room()
 
+    def on_write_error(self, err: OSError) -> None:
+        self.gone = True        # the rank closed its stdin (or exited): drop its copy
+        self.on_gone()
+
     def close(self) -> None:
         if self.fd >= 0:
+            self.discard()
             self.loop.forget(self.fd)
             os.close(self.fd)
             self.fd = -1

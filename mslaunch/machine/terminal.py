@@ -25,7 +25,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 from collections import deque
 
 TYPE_CHECKING = False
@@ -33,6 +32,8 @@ if TYPE_CHECKING:
     from typing import Callable, Deque, Optional, Set
 
     from .loop import Loop
+
+from .loop import QueuedWriter
 
 PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: a slow reader's pipe takes a burst in one write
 HIGH_WATER = 8 << 20      # bytes queued for a terminal before its sources pause
@@ -48,32 +49,32 @@ _GONE = (errno.EPIPE, errno.EBADF, errno.EIO, errno.ENXIO, errno.ECONNRESET)
 def _own_description(fd: int):
     """A way to write ``fd`` without blocking and without touching the caller's flags.
 
-    Returns ``(fd, send)``: for a pipe, FIFO or terminal, a new non-blocking
-    description of the same file (opened through /proc; O_NONBLOCK on the
-    inherited one would change it for every process sharing it); for a
-    socket, a duplicate written with ``MSG_DONTWAIT``; otherwise (regular
-    files, which never wait for a reader) the descriptor itself.
+    Returns ``(fd, sock, flags)``: for a pipe, FIFO or terminal, a new
+    non-blocking description of the same file (opened through /proc;
+    O_NONBLOCK on the inherited one would change it for every process
+    sharing it); for a socket, a duplicate written with ``MSG_DONTWAIT``;
+    otherwise (regular files, which never wait for a reader) the descriptor
+    itself.
     """
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
-        return fd, None
+        return fd, None, 0
     if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
         try:
             return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
-                           | os.O_NOCTTY), None
+                           | os.O_NOCTTY), None, 0
         except OSError as err:
             if err.errno == errno.ENXIO:   # a FIFO whose reader has gone
-                return -1, None
+                return -1, None, 0
     elif stat.S_ISSOCK(mode):
         import _socket
         try:
             sock = _socket.socket(fileno=os.dup(fd))
-            flags = _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL
-            return sock.fileno(), lambda data: sock.send(data, flags)
+            return sock.fileno(), sock, _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL
         except OSError:
             pass
-    return fd, None
+    return fd, None, 0
 
 
 def _same_file(a: int, b: int) -> bool:
@@ -84,28 +85,30 @@ def _same_file(a: int, b: int) -> bool:
     return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
 
 
-class Terminal:
+class Terminal(QueuedWriter):
     """One of mslaunch's own output files, written without ever blocking the loop."""
 
+    high_water = HIGH_WATER
+    low_water = LOW_WATER
+
     def __init__(self, fd: int, name: str) -> None:
+        fd, sock, flags = _own_description(fd)
+        super().__init__(None, fd)
+        if sock is not None:
+            self.sock, self.send_flags = sock, flags
         self.name = name
-        self.fd, self._send = _own_description(fd)
         self.open = self.fd >= 0
         self.error = ""                   # why it was closed, for a write error
-        self.loop: Optional[Loop] = None
-        self.queue: Deque[memoryview] = deque()
-        self.queued = 0
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
         self.given_up = False
         self.owner: object = None         # the source whose line is unfinished
         try:
-            pipe = self.open and self._send is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
+            pipe = self.open and sock is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
         except OSError:
             pipe = False
         self._grow = pipe                 # grown once, when its reader falls behind
         self._splices = pipe              # whether splice(2) may write into it
         self._waiters: Set[object] = set()
-        self._writer = False
         self.on_error: Optional[Callable[[Terminal], None]] = None
         self.splicing: object = None      # the source whose lines go in by splice(2)
         self._splice_waiter: Optional[Callable[[], None]] = None
@@ -126,26 +129,10 @@ class Terminal:
         if self.owner is not None and self.owner is not source:
             data = b"\n" + bytes(data)
         self.owner = None if data[-1:] == b"\n" else source
-        if not self.queue and self.splicing is None:
-            try:
-                n = self._write(data)
-            except BlockingIOError:
-                n = 0
-            except OSError as err:
-                self._failed(err)
-                return
-            if n == len(data):
-                return
-            if self._grow:
-                self._grow_pipe()
-        else:
-            n = 0
-        # Queued as views of bytes of its own: a partial write then slices
-        # the view instead of copying the rest.
-        rest = memoryview(data)[n:] if type(data) is bytes else memoryview(bytes(data[n:]))
-        self.queue.append(rest)
-        self.queued += len(rest)
-        self._want_writable()
+        if self.queue or self.splicing is not None:
+            self.hold(data)               # behind what waits, or the splice's until it ends
+        elif self.put(data) and self._grow:
+            self._grow_pipe()             # the file did not take it all at once
 
     def _grow_pipe(self) -> None:
         # The reader falls behind: a pipe of 1 MiB instead of 64 KiB takes a
@@ -157,44 +144,17 @@ class Terminal:
         except OSError:
             pass   # over the user's pipe allowance: keep the size it has
 
-    def _write(self, data) -> int:
-        if self._send is not None:
-            return self._send(data)
-        return os.write(self.fd, data)
-
     def flush_some(self) -> None:
         """Write what the file takes now; called when it is writable."""
         if self.splicing is not None:
             # Nothing else goes in until the splice is done; it may go on now.
             waiter, self._splice_waiter = self._splice_waiter, None
-            if self._writer and self.loop is not None:
-                self.loop.remove_writer(self.fd)
-                self._writer = False
+            self._unregister()
             if waiter is not None:
                 waiter()
             return
-        while self.queue:
-            head = self.queue[0]
-            try:
-                n = self._write(head)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as err:
-                self._failed(err)
-                return
-            self.queued -= n
-            if n < len(head):
-                self.queue[0] = head[n:]
-                break
-            self.queue.popleft()
-        if not self.queue and self._writer and self.loop is not None:
-            self.loop.remove_writer(self.fd)
-            self._writer = False
-        if self.queued <= LOW_WATER:
-            self._wake()
+        super().flush_some()
         self._next_splice()
-        if self.queue:
-            self._want_writable()
 
     # -- splicing ------------------------------------------------------------
     def begin_splice(self, source: object, lead: bytes) -> bool:
@@ -272,9 +232,9 @@ class Terminal:
         if self._grow:
             self._grow_pipe()
         self._splice_waiter = callback
-        if not self._writer and self.loop is not None:
+        if not self._registered and self.loop is not None:
             self.loop.add_writer(self.fd, self.flush_some)
-            self._writer = True
+            self._registered = True
 
     def end_splice(self, whole: bool = True) -> None:
         """The splice is over: its last byte was a newline (``whole``), or it
@@ -284,10 +244,9 @@ class Terminal:
             self.owner = self.splicing
         self.splicing = None
         self._splice_waiter = None
-        if self._writer and self.loop is not None and not self.queue:
-            self.loop.remove_writer(self.fd)
-            self._writer = False
-        self._want_writable()
+        if not self.queue:
+            self._unregister()
+        self._await_writable()
         self._next_splice()
 
     def refuse_splices(self) -> None:
@@ -298,26 +257,24 @@ class Terminal:
         """A write into the file by another way (a splice) failed."""
         self._failed(err)
 
-    def _want_writable(self) -> None:
-        if self._writer or not self.queue:
+    def _await_writable(self) -> None:
+        if self._registered or not self.queue:
             return
         if self.loop is not None:
             try:
-                self.loop.add_writer(self.fd, self.flush_some)
-                self._writer = True
+                super()._await_writable()
                 return
             except OSError:
                 pass   # not pollable: write with waits below
         self.wait_until_drained(None)
 
+    def on_write_error(self, err: OSError) -> None:
+        self._failed(err)
+
     def _failed(self, err: OSError) -> None:
         self.open = False
-        self.queue.clear()
+        self.discard()
         self._closed_for_splices()
-        self.queued = 0
-        if self._writer and self.loop is not None:
-            self.loop.forget(self.fd)
-            self._writer = False
         if err.errno not in _GONE:
             self.error = err.strerror or str(err)
             if self.on_error is not None:
@@ -328,6 +285,9 @@ class Terminal:
     def wait_for_room(self, source: object) -> None:
         """Remember a paused source; its ``resume()`` is called when there is room."""
         self._waiters.add(source)
+
+    def on_low_water(self) -> None:
+        self._wake()
 
     def _wake(self) -> None:
         if self._waiters:
@@ -340,34 +300,16 @@ class Terminal:
         and nobody reads)."""
         self.given_up = True
         self.splicing = None
-        self.dropped += self.queued
-        self.queue.clear()
-        self.queued = 0
+        self.dropped += self.discard()
         self.open = False
         self._closed_for_splices()
-        if self._writer and self.loop is not None:
-            self.loop.forget(self.fd)
-            self._writer = False
         self._wake()
 
     def wait_until_drained(self, deadline: Optional[float]) -> bool:
         """Block until the queue is written (or ``deadline``); outside the loop only."""
-        from .loop import wait_fd
         if self.splicing is not None:
             self.end_splice(False)     # the loop has stopped: the splice will not go on
-        while self.queue and self.open:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                return False
-            try:
-                wait_fd(self.fd, True, timeout)
-            except (OSError, ValueError):
-                time.sleep(0.01)
-            registered = self._writer
-            self._writer = False
-            self.flush_some()
-            self._writer = registered and bool(self.queue)
-        return not self.queue
+        return self.drain(deadline)
 
 
 class Console:
@@ -388,12 +330,10 @@ class Console:
     def attach(self, loop: Optional[Loop], on_error: Optional[Callable[[Terminal], None]] = None) -> None:
         """Write through ``loop`` from now on (None: back to waiting writes)."""
         for t in self.terminals():
-            if t._writer and t.loop is not None:
-                t.loop.remove_writer(t.fd)
-                t._writer = False
+            t._unregister()
             t.loop = loop
             t.on_error = on_error
-            t._want_writable()
+            t._await_writable()
 
     def write(self, stream: int, source: object, data) -> None:
         self.terminal(stream).write(source, data)

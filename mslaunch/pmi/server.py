@@ -24,25 +24,27 @@ if TYPE_CHECKING:
     from .tcp import TCPDoor
     from .wire import Fields
 
-from ..machine.loop import STRANGER_GRACE
+from ..machine.loop import STRANGER_GRACE, QueuedWriter
 from . import ABORTED, ACTIVE, DONE, NEW, READY, V2_PRE
 from .state import LocalJobState
 from .wire import (KVSNAME_MAX, MAX_ERRORS, MAX_MESSAGE, MAX_OUTPUT, MAX_PREAUTH_MESSAGE,
                    WireError, _decode, take_frame, take_line)
 
 
-class _Conn:
+class _Conn(QueuedWriter):
     """One PMI connection: socket, buffers, framing, request ordering."""
 
+    send_flags = _socket.MSG_NOSIGNAL
+    high_water = MAX_OUTPUT       # replies a peer leaves unread before it is cut off
+
     def __init__(self, server: "PMIServer", sock: socket.socket, rank: Optional[int], tcp: bool) -> None:
+        super().__init__(server.loop, sock.fileno())
         self.server = server
         self.sock = sock
-        self.fd = sock.fileno()
         self.rank = rank
         self.tcp = tcp
         self.phase = NEW if rank is None else READY
         self.inbuf = bytearray()
-        self.outbuf = bytearray()
         self.proto: Optional[Union[V1Handler, V2Handler]] = None  # once the wire is known
         self.wire = ""
         self.spawn_request: object = None    # the SpawnRequest just read, or its problem
@@ -88,6 +90,7 @@ class _Conn:
         self.closed = True
         if self.auth_timer is not None:
             self.auth_timer.cancel()
+        self.discard()
         self.server.loop.forget(self.fd)
         try:
             self.sock.close()
@@ -235,36 +238,18 @@ class _Conn:
             return
         if self.server.trace:
             self.server._trace_sent(self, data)
-        if not self.outbuf:
-            try:
-                sent = self.sock.send(data, _socket.MSG_NOSIGNAL)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                self.close()
-                return
-            if sent == len(data):
-                return
-            self.outbuf += data[sent:]
-            self.server.loop.add_writer(self.fd, self._on_writable)
-        else:
-            self.outbuf += data
-        if len(self.outbuf) > MAX_OUTPUT:
-            self.abandon(f"does not read its replies ({len(self.outbuf)} bytes queued)")
+        self.put(data)
 
-    def _on_writable(self) -> None:
+    def on_write_error(self, err: OSError) -> None:
+        self.close()
+
+    def on_high_water(self) -> None:
+        self.abandon(f"does not read its replies ({self.queued} bytes queued)")
+
+    def flush_some(self) -> None:
         try:
-            try:
-                sent = self.sock.send(self.outbuf, _socket.MSG_NOSIGNAL)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.close()
-                return
-            del self.outbuf[:sent]
-            if not self.outbuf:
-                self.server.loop.remove_writer(self.fd)
-        except Exception as exc:
+            super().flush_some()
+        except Exception as exc:  # never let a peer break the loop
             self.abandon(f"internal error {exc!r}")
 
 

@@ -1,7 +1,8 @@
 """One end of a control link on the event loop: frames in, frames out, heartbeats.
 
 Both the launcher (one endpoint per remote host) and the agent use it.
-Writes never block the loop: what the peer does not take yet is queued.
+Writes never block the loop: what the peer does not take yet is queued
+(:class:`~..machine.loop.QueuedWriter`).
 Every frame received counts as a sign of life; a :data:`~.link.BEAT` frame
 is sent every ``interval`` seconds, and a peer silent for ``misses``
 intervals is declared lost -- the only way to notice a network partition,
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
     from ..machine.loop import Loop, Timer
 
+from ..machine.loop import QueuedWriter
 from . import link
 
 #: Seconds between heartbeats, and how many may be missed before the peer
@@ -47,24 +49,21 @@ def heartbeat_setting(text: Optional[str]) -> Tuple[float, int]:
     return value if 0.01 <= value[0] <= 3600 and 1 <= value[1] <= 1000 else HEARTBEAT
 
 
-class Endpoint:
+class Endpoint(QueuedWriter):
     """Frames over a pair of non-blocking descriptors (the same one twice for a socket)."""
 
     def __init__(self, loop: Loop, read_fd: int, write_fd: int, *,
                  on_frame: Callable[[int, bytes], None], on_closed: Callable[[str], None],
                  expect_sync: bool = False) -> None:
-        self.loop = loop
+        super().__init__(loop, write_fd)
         self.read_fd = read_fd
         self.write_fd = write_fd
         self.on_frame = on_frame
         self.on_closed = on_closed
         self.reader = link.Reader(expect_sync=expect_sync)
         self._want = FIRST_READ
-        self.queue: Deque[memoryview] = deque()
-        self.queued = 0
         self.closed = False
         self.last_heard = time.monotonic()
-        self._writer = False
         self._beat: Optional[Timer] = None
         self._watch: Optional[Timer] = None
         self.interval, self.misses = HEARTBEAT
@@ -159,72 +158,24 @@ class Endpoint:
 
     # -- output -------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        self.send_parts((data,))
+        """Send ``data``: bytes, or a view valid only during the call (copied if it must wait)."""
+        if not self.closed:
+            self.put(data)
 
     def send_parts(self, parts) -> None:
-        """Send ``parts`` back to back: bytes, or views valid only during the call
-        (copied if they must wait)."""
-        if self.closed:
-            return
-        rest = [p for p in parts if len(p)]
-        if not self.queue and rest:
-            try:
-                n = self._send_parts(rest)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError as err:
-                self._write_failed(err)
-                return
-            while rest and n >= len(rest[0]):
-                n -= len(rest.pop(0))
-            if n:
-                rest[0] = memoryview(rest[0])[n:]
-        for part in rest:
-            kept = memoryview(part if type(part) is bytes else bytes(part))
-            self.queue.append(kept)
-            self.queued += len(kept)
-        if self.queue and not self._writer:
-            self._writer = True
-            self.loop.add_writer(self.write_fd, self._on_writable)
+        """Send ``parts`` back to back, as :meth:`send` does one."""
+        if not self.closed:
+            self.put_parts(parts)
 
-    def _send(self, data) -> int:
-        return os.write(self.write_fd, data)
-
-    def _send_parts(self, parts) -> int:
-        return os.writev(self.write_fd, parts)
-
-    def _on_writable(self) -> None:
-        while self.queue:
-            head = self.queue[0]
-            try:
-                n = self._send(head)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as err:
-                self._write_failed(err)
-                return
-            self.queued -= n
-            if n < len(head):
-                self.queue[0] = head[n:]
-                return
-            self.queue.popleft()
-        self._writer = False
-        self.loop.remove_writer(self.write_fd)
-
-    def _write_failed(self, err: OSError) -> None:
+    def on_write_error(self, err: OSError) -> None:
         gone = err.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF)
         self.close("the link was closed by the other side" if gone
                    else f"link write failed: {err.strerror}")
 
     def flush(self, deadline: float) -> None:
         """Write what is queued, waiting up to ``deadline`` (outside the loop)."""
-        from ..machine.loop import wait_fd
-        while self.queue and not self.closed and time.monotonic() < deadline:
-            try:
-                wait_fd(self.write_fd, True, deadline - time.monotonic())
-            except (OSError, ValueError):
-                return
-            self._on_writable()
+        if not self.closed:
+            self.drain(deadline)
 
     def close(self, reason: str = "") -> None:
         if self.closed:
@@ -233,9 +184,9 @@ class Endpoint:
         for timer in (self._beat, self._watch):
             if timer is not None:
                 timer.cancel()
+        self.discard()
         for fd in {self.read_fd, self.write_fd}:
             self.loop.forget(fd)
-        self.queue.clear()
         self.on_closed(reason)
 
 
@@ -245,6 +196,11 @@ class SocketEndpoint(Endpoint):
     def __init__(self, loop: Loop, sock, **kw) -> None:
         self.sock = sock
         self._tls = hasattr(sock, "pending")
+        if self._tls:
+            import ssl
+            # A record that cannot go whole wants to be offered again unchanged.
+            self.again = (BlockingIOError, InterruptedError, ssl.SSLWantWriteError,
+                          ssl.SSLWantReadError)
         sock.setblocking(False)
         super().__init__(loop, sock.fileno(), sock.fileno(), **kw)
 
@@ -274,14 +230,7 @@ class SocketEndpoint(Endpoint):
         # the TLS object, and the kernel no longer signals it.
         return self._tls and self.sock.pending() > 0
 
-    def _send(self, data) -> int:
-        import ssl
-        try:
-            return self.sock.send(data)
-        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
-            raise BlockingIOError from None
-
-    def _send_parts(self, parts) -> int:
+    def _write_parts(self, parts) -> int:
         if not self._tls:
             return self.sock.sendmsg(parts)
         # TLS: one part at a time.  A part that cannot go whole raises
@@ -289,8 +238,8 @@ class SocketEndpoint(Endpoint):
         sent = 0
         for part in parts:
             try:
-                sent += self._send(part)
-            except BlockingIOError:
+                sent += self.sock.send(part)
+            except self.again:
                 if not sent:
                     raise
                 break
