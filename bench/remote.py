@@ -466,6 +466,10 @@ def main(argv: Sequence[str]) -> int:
             ms.variant("mslaunch-pipes", "mslaunch --no-pty", ["--no-pty"]),
             ms.variant("mslaunch-tls", "mslaunch --no-pty, output in TLS", ["--no-pty"],
                        {"MSLAUNCH_OUTPUT_TLS": "1"})]
+    # The local pty floor (bench/pty_floor.py): the same writers on this machine, each on
+    # a pseudo-terminal copied by a bare loop, in the same rounds as the remote relay.
+    relay_launchers.append(C.Launcher("pty-floor", "local pty floor", "floor",
+                                      (sys.executable, str(C.BENCH_DIR / "pty_floor.py"))))
     relay_only = {l.key for l in relay_launchers} - set(by_key)
     by_key.update({l.key: l for l in relay_launchers})
     sizes = sorted({int(x) for x in args.hosts.split(",") if x.strip()})
@@ -487,6 +491,8 @@ def main(argv: Sequence[str]) -> int:
 
     def command(l: C.Launcher, b: Bed, n: int, program: Sequence[str], mpi: bool) -> List[str]:
         hosts = ",".join(b.hosts)
+        if l.kind == "floor":
+            return l.argv(n, program)
         if l.kind == "mslaunch":
             extra = ["-H", hosts] + (["-x", "UCX_TLS"] if mpi else [])
             if l.key == "mslaunch-openssh":
