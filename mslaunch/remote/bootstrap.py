@@ -108,22 +108,33 @@ def _host_package():
             dirs.append(site.getusersitepackages())
         sites = site.getsitepackages(prefixes)
         dirs += sites
+    except Exception:
+        sites = []
+
+    def _pth_dirs():
+        # plain directory lines of .pth files (an editable install); no code is run
         for d in sites:
-            # plain directory lines of .pth files (an editable install); no code is run
             for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
                 if name.endswith(".pth"):
                     with open(os.path.join(d, name), "rb") as f:
-                        dirs += [os.path.join(d, line.strip().decode("utf-8", "replace"))
-                                 for line in f.read().splitlines()
-                                 if line.strip() and not line.startswith((b"#", b"import"))]
-    except Exception:
-        pass
-    for top in dirs:
-        root = os.path.join(top, "mslaunch")
-        if os.path.isfile(os.path.join(root, "__init__.py")):
-            break
-    else:
+                        for line in f.read().splitlines():
+                            if line.strip() and not line.startswith((b"#", b"import")):
+                                yield os.path.join(d, line.strip().decode("utf-8", "replace"))
+
+    def _found(candidates):
+        for top in candidates:
+            root = os.path.join(top, "mslaunch")
+            if os.path.isfile(os.path.join(root, "__init__.py")):
+                return top, root
+        return None
+
+    try:
+        hit = _found(dirs) or _found(_pth_dirs())
+    except OSError:
+        hit = None
+    if hit is None:
         return None, "no mslaunch on the host's Python path"
+    top, root = hit
     try:
         with open(os.path.join(root, "__init__.py"), "rb") as f:
             text = f.read().decode("utf-8", "replace")
