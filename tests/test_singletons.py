@@ -141,6 +141,13 @@ def held_files(out) -> dict:
     return found
 
 
+def termed_and_recorded(out) -> bool:
+    """Whether a rank noted its SIGTERM and has recorded its files: it notes the
+    signal at once, even in MPI_Init, and records its files once MPI_Init returns."""
+    names = set(os.listdir(out))
+    return any(n.startswith("term.") and "shm." + n[5:] in names for n in names)
+
+
 def still_there(files: dict) -> list:
     left = []
     for ident, path in files.items():
@@ -169,13 +176,13 @@ def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path):
 def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
     """The watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
     tag = new_tag()
-    p = subprocess.Popen(cmd("--grace", "3", "-n", "2", PY, program("singleton_shm.py"),
+    p = subprocess.Popen(cmd("--grace", "10", "-n", "2", PY, program("singleton_shm.py"),
                              str(tmp_path), "60", "ignore-term"),
                          env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # refused: the ranks got their SIGTERM, and mslaunch waits out its grace
-        assert wait_for(lambda: any(n.startswith("term.") for n in os.listdir(tmp_path)), 60)
+        assert wait_for(lambda: termed_and_recorded(tmp_path), 60), os.listdir(tmp_path)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
         files = held_files(tmp_path)

@@ -191,11 +191,10 @@ class MPIJobs:
         from ..pmi.files import SingletonFiles
         sup = self.sup
         if self.leftovers is None:
-            self.leftovers = SingletonFiles(sup.watchdog.keep if sup.watchdog else None)
+            dog = sup.watchdog
+            self.leftovers = SingletonFiles(dog.keep if dog else None, dog.flush if dog else None)
         self.leftovers.stop([x.pid for x in sup.ranks
-                             if x.spec.host.local and x.pid and not x.ended])
-        if sup.watchdog is not None:
-            sup.watchdog.flush()
+                             if x.spec.host.local and x.pid and not x.ended], sup.loop)
 
     def hang_report(self) -> List[str]:
         """Why a job may hang: ranks that never initialized MPI while the others of

@@ -42,8 +42,10 @@ frozen (SIGSTOP) before they are stopped (by the launcher, and by each agent
 as the stop reaches it), and the files under /dev/shm that their Open MPI
 processes (those mapping ``libopen-pal``) have open or mapped are noted -- only
 regular files of this user, created since the process that has them
-started -- and, once the job is over, removed if nobody has them open or
-mapped any more (:class:`SingletonFiles`).  No name is ever guessed.
+started -- and noted again while they still run (one that handles SIGTERM,
+or was still in ``MPI_Init``, may make its segment after the stop); once the
+job is over they are removed if nobody has them open or mapped any more
+(:class:`SingletonFiles`).  No name is ever guessed.
 
 The orphan guard's hooks for PMI jobs are here too (:data:`GUARD_TASKS`,
 :func:`after_launcher_death`): should the launcher die, its watchdog removes
@@ -59,6 +61,8 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+    from ..machine.loop import Loop
 
 
 # -- job names and MPICH's segments ---------------------------------------------
@@ -307,6 +311,8 @@ def singleton_message(library: str = "Open MPI") -> str:
 # -- what refused singletons leave in /dev/shm ----------------------------------------
 
 SHM_DIR = "/dev/shm"
+#: How often the files of stopped singletons that still run are noted again.
+RENOTE = 0.1
 _STATX_BTIME = 0x800
 
 
@@ -425,15 +431,22 @@ class SingletonFiles:
     told every file, so that the watchdog removes them should the launcher die.
     """
 
-    def __init__(self, keep: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(self, keep: Optional[Callable[[str], None]] = None,
+                 flush: Optional[Callable[[], None]] = None) -> None:
         self.keep = keep
+        self.flush = flush
         self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
+        self.watched: Set[int] = set()                # stopped groups' leaders still alive
 
-    def stop(self, groups: Sequence[int]) -> None:
+    def stop(self, groups: Sequence[int], loop: Optional[Loop] = None) -> None:
         """Stop the rank process groups ``groups`` with SIGTERM (as the job's stop
         that follows would), noting first, while they are frozen (SIGSTOP, so that
         no rank still in ``MPI_Init`` makes a file unseen), what their Open MPI
-        processes created in /dev/shm."""
+        processes created in /dev/shm.  With ``loop``, what they make later is
+        noted too, every :data:`RENOTE` seconds until they are gone: a rank that
+        handles SIGTERM goes on, and one that was in ``MPI_Init`` makes its
+        segment only after the stop (its handler, if in Python, waits for
+        ``MPI_Init`` to return)."""
         import _signal
         _signal_groups(groups, _signal.SIGSTOP)
         _wait_stopped(groups)
@@ -443,6 +456,22 @@ class SingletonFiles:
             # SIGTERM waits while they are stopped, and is their first act after SIGCONT.
             _signal_groups(groups, _signal.SIGTERM)
             _signal_groups(groups, _signal.SIGCONT)
+            if self.flush is not None:
+                self.flush()
+        if loop is not None:
+            if not self.watched:
+                loop.call_later(RENOTE, lambda: self._renote(loop))
+            self.watched.update(groups)
+
+    def _renote(self, loop: Loop) -> None:
+        from ..machine.procs import alive
+        self.watched = {pid for pid in self.watched if alive(pid)}
+        if self.watched:
+            before = len(self.files)
+            self._note(sorted(self.watched))
+            if len(self.files) != before and self.flush is not None:
+                self.flush()
+            loop.call_later(RENOTE, lambda: self._renote(loop))
 
     def _note(self, pids: Sequence[int]) -> None:
         import stat

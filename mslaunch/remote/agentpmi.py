@@ -55,10 +55,10 @@ class AgentPMI:
         if self.probe is None or not pids or not runs_open_mpi(pids):
             return
         if self.leftovers is None:
-            self.leftovers = SingletonFiles(self.guard.keep if self.guard else None)
-        self.leftovers.stop(pids)
-        if self.guard is not None:
-            self.guard.flush()
+            guard = self.guard
+            self.leftovers = SingletonFiles(guard.keep if guard else None,
+                                            guard.flush if guard else None)
+        self.leftovers.stop(pids, self.loop)
 
     def new_job(self, number: int, kvsname: str, job: Dict[str, Any],
                 specs: List[RankSpec], spawner: Optional[str]) -> PMIJob:

@@ -11,13 +11,22 @@ import mmap
 import os
 import signal
 import sys
+import threading
 import time
 
 out, seconds = sys.argv[1], float(sys.argv[2])
 if "ignore-term" in sys.argv[3:]:
-    # before MPI_Init: the refusal may come while the rank is still in it
-    signal.signal(signal.SIGTERM, lambda *_: open(os.path.join(out, f"term.{os.getpid()}"),
-                                                  "w").close())
+    # Before MPI_Init, since the refusal may come while the rank is still in it; and
+    # not a Python handler, which would run only once MPI_Init returns (a second or
+    # more under load: past a short --grace, so the SIGKILL came first).  SIGTERM
+    # is blocked in every thread (Open MPI's inherit the mask) and taken by sigwait.
+    def _note_terms() -> None:
+        while True:
+            signal.sigwait({signal.SIGTERM})
+            open(os.path.join(out, f"term.{os.getpid()}"), "w").close()
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_note_terms, daemon=True).start()
 
 
 def _idents() -> set:
