@@ -261,7 +261,8 @@ def _side_by_side(tmp_path, args, env):
 
 @pytest.mark.parametrize("case", [
     "env-hostfile", "user-file", "env-over-user-file", "tune-oversubscribe", "env-tag",
-    "flag-over-tune", "default-slots", "param-files", "user-file-x", "dash-host", "n-pernode"])
+    "flag-over-tune", "env-over-tune", "env-over-tune-ranks", "gmca", "default-slots",
+    "param-files", "user-file-x", "dash-host", "n-pernode"])
 def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     one = tmp_path / "one"
     one.write_text("localhost slots=1\n")
@@ -287,6 +288,17 @@ def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     elif case == "flag-over-tune":
         args = ["--mca", "orte_tag_output", "0", "--tune", str(tune), "-H", "localhost:2",
                 "-n", "2", "echo", "hi"]
+    elif case == "env-over-tune":
+        # an OMPI_MCA_* variable wins over a -tune file's setting of the same name
+        env = {"OMPI_MCA_orte_tag_output": "0"}
+        args = ["--tune", str(tune), "-H", "localhost:2", "-n", "2", "echo", "hi"]
+    elif case == "env-over-tune-ranks":
+        # ... for the ranks' parameters too
+        tune.write_text("--mca btl_tcp_if_include eth9\n")
+        env = {"OMPI_MCA_btl_tcp_if_include": "lo"}
+        args = ["--tune", str(tune), "-n", "1", "printenv", "OMPI_MCA_btl_tcp_if_include"]
+    elif case == "gmca":
+        args = ["--gmca", "orte_tag_output", "1", "-n", "1", "echo", "hi"]
     elif case == "default-slots":
         env = {"OMPI_MCA_orte_set_default_slots": str(SLOTS)}
         args = ["--hostfile", str(bare), "hostname"]

@@ -61,13 +61,16 @@ def option_file(d: Draft, name: str, flag: str, paths: List[str]) -> List[str]:
 
     Both take ``name = value``, ``--mca name value`` and ``-x NAME[=VALUE]``
     lines, as Open MPI 4.1.4's ``-tune`` does.  A ``--mca`` of the command line
-    wins over a file's setting of the same name, wherever it is written.
+    wins over a file's setting of the same name, wherever it is written, and so
+    does an ``OMPI_MCA_*`` variable (for mpirun's parameters and the ranks' alike,
+    as measured with Open MPI 4.1.4).
     """
     from ..mcafile import command_line_params, parse_param_file
     from .mca import apply_param
     what = "tune file" if name == "tune" else "MCA parameter file"
     words: List[str] = []
-    given = command_line_params(d.argv)
+    given = set(command_line_params(d.argv))
+    given.update(k[9:] for k in d.environ if k.startswith("OMPI_MCA_"))
     for path in paths:
         from ..hosts.hostfile import read_host_file
         for s in parse_param_file(read_host_file(path, what), f"{flag} {path}"):
