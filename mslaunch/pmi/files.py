@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
     from ..machine.loop import Loop
+    from ..spec import RankSpec
 
 
 # -- job names and MPICH's segments ---------------------------------------------
@@ -118,6 +119,7 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     files.remove()
     if kept:
         remove_probe(probe_path(marker))
+        remove_probe(backing_path(marker))
 
 
 # -- the hwloc topology file ------------------------------------------------------
@@ -251,27 +253,55 @@ def probe_path(marker: str) -> str:
     return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"mslaunch-ompi-{marker[:120]}")
 
 
+def backing_path(marker: str) -> str:
+    """The /dev/shm directory of the ranks' Open MPI segments, of the launcher or
+    agent whose guard has ``marker``."""
+    return os.path.join(SHM_DIR, f"mslaunch-ompi-{marker[:120]}")
+
+
 def remove_probe(path: str) -> None:
+    """Remove a directory of this module (the probe's, the segments') and what is in it."""
     try:
         for name in os.listdir(path):
-            os.unlink(os.path.join(path, name))
+            try:
+                os.unlink(os.path.join(path, name))
+            except IsADirectoryError:
+                import shutil
+                shutil.rmtree(os.path.join(path, name), ignore_errors=True)
         os.rmdir(path)
     except OSError:
         pass
 
 
+#: Where Open MPI 5 (btl/sm) and 4 (btl/vader) put their shared-memory segments.
+BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory")
+
+
 class SingletonProbe:
     """The directory Open MPI ranks write to, and what was found there."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, specs: Iterable[RankSpec] = ()) -> None:
         self.path = probe_path(marker)
         os.mkdir(self.path, 0o700)      # OSError if it exists: never someone else's
         self.seen: Dict[int, int] = {}
         self.certain: Set[int] = set()   # keys that are singletons whatever runs below them
+        # Open MPI's segments in a directory of the job's own (unless the user
+        # chose one): whatever a singleton leaves there goes with the directory,
+        # also from one that ended before it could be noted.
+        self.backing: Optional[str] = None
+        if not any(name in dict(spec.env) for spec in specs for name in BACKING_VARIABLES):
+            try:
+                os.mkdir(backing_path(marker), 0o700)
+                self.backing = backing_path(marker)
+            except OSError:
+                pass
 
     def env(self, key: int) -> Dict[str, str]:
-        return {"OMPI_MCA_mpi_show_mca_params": "enviro",
-                "OMPI_MCA_mpi_show_mca_params_file": os.path.join(self.path, str(key))}
+        env = {"OMPI_MCA_mpi_show_mca_params": "enviro",
+               "OMPI_MCA_mpi_show_mca_params_file": os.path.join(self.path, str(key))}
+        if self.backing is not None:
+            env.update((name, self.backing) for name in BACKING_VARIABLES)
+        return env
 
     def check(self) -> List[Tuple[int, int]]:
         """``(key, world size)`` of every rank that started Open MPI since the last check."""
@@ -300,6 +330,8 @@ class SingletonProbe:
 
     def close(self) -> None:
         remove_probe(self.path)
+        if self.backing is not None:
+            remove_probe(self.backing)
 
 
 def singleton_message(library: str = "Open MPI") -> str:

@@ -307,7 +307,7 @@ class Agent:
         self.guard.keep(job["kvsname"])
         pmi = pmi_env = None
         if job["pmi"]:
-            self.pmi.start_probe(self.guard.marker)
+            self.pmi.start_probe(self.guard.marker, self.specs)
             self._watch_singletons()
             try:
                 pj = self.pmi.new_job(1, job["kvsname"], job, self.specs, None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..machine.guard import Watchdog
     from ..machine.loop import Loop
@@ -40,11 +40,11 @@ class AgentPMI:
         self.trace = False
         self.port_range: Optional[Tuple[int, int]] = None   # of the JOB frame
 
-    def start_probe(self, marker: str) -> None:
+    def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
         """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.pmi.files`)."""
         from ..pmi.files import SingletonProbe
         try:
-            self.probe = SingletonProbe(marker)
+            self.probe = SingletonProbe(marker, specs)
         except OSError:
             pass
 
