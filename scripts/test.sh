@@ -69,10 +69,14 @@ python3 -m venv .venv
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 # Tests make up host names; none may ever be looked up beyond this machine.
 # As root, the suite runs in a mount namespace of its own whose resolver is
-# loopback only (nothing listens there: lookups fail at once).
+# loopback only (nothing listens there: lookups fail at once), and whose
+# /dev/shm is an empty tmpfs of its own: whatever is left there at the end is
+# the suite's, and fails it (tests/shmcheck.py).
 if [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
     exec unshare --mount --propagation private sh -c '
         conf=$(mktemp) && printf "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n" > "$conf" &&
-        mount --bind "$conf" /etc/resolv.conf && exec "$@"' sh .venv/bin/python -m pytest -q "$@"
+        mount --bind "$conf" /etc/resolv.conf &&
+        mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm &&
+        MSL_TEST_OWN_SHM=1 exec "$@"' sh .venv/bin/python -m pytest -q "$@"
 fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,16 +1,17 @@
 """The suite leaves /dev/shm as it found it: a pytest plugin (loaded by conftest.py).
 
-Other jobs on the machine (other test sessions too) create files in /dev/shm;
+The README's test command runs the suite in a mount namespace of its own
+with a /dev/shm of its own (an empty tmpfs) and says so in ``OWN_SHM_VAR``:
+then everything there at the end that was not there at the start is the
+suite's, however briefly it was held, and nothing needs sampling.
+
+Otherwise other jobs on the machine (other test sessions too) create files in /dev/shm;
 a file counts as this session's when one of its processes was seen holding it:
 a thread samples, every fraction of a second, the /dev/shm files that the
 processes below pytest (the test beds' hosts and daemons included) or carrying
 this session's tag in their environment have open or mapped.  At the end, every such file that is still there
 and was not there at the start, and that no process holds any more, is reported,
 removed, and fails the run.
-
-Tests whose Open MPI leaves files by its own design (a singleton that ends
-normally has nobody to remove its segment) send its segments elsewhere with
-:func:`private_shm` instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import pytest
 SHM = "/dev/shm"
 #: In the environment of this session's processes (other sessions may run at once).
 SESSION_VAR = "MSL_TEST_SESSION"
+#: Set by scripts/test.sh when /dev/shm is a tmpfs of the suite's own.
+OWN_SHM_VAR = "MSL_TEST_OWN_SHM"
 Ident = Tuple[int, int]          # (device, inode)
 
 
@@ -135,14 +138,18 @@ class ShmWatch:
         import uuid
         os.environ[SESSION_VAR] = uuid.uuid4().hex
         self.needle = f"{SESSION_VAR}={os.environ[SESSION_VAR]}".encode()
+        self.own = os.environ.get(OWN_SHM_VAR) == "1"
         self.start = set(shm_files())
+        self.start_names = set(os.listdir(SHM)) if self.own else set()
+        self.named: Dict[str, str] = {}       # own /dev/shm: a new name -> its test
         self.seen: Set[Ident] = set()
         self.first: Dict[Ident, str] = {}     # the test running when a file was first seen
         self.test = ""
         self.interval = interval
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="shmcheck", daemon=True)
-        self.thread.start()
+        if not self.own:
+            self.thread.start()
 
     def _run(self) -> None:
         me = os.getpid()
@@ -157,6 +164,8 @@ class ShmWatch:
     def finish(self) -> Dict[Ident, str]:
         """Stop sampling; remove the suite's files left in /dev/shm and return them,
         each with the test that was running when it was first seen."""
+        if self.own:
+            return self._finish_own()
         self.stop.set()
         self.thread.join()
         now = shm_files()
@@ -172,11 +181,33 @@ class ShmWatch:
         return {i: f"{os.path.basename(p)} (seen first during {self.first.get(i) or '?'})"
                 for i, p in left.items()}
 
+    def next_test(self, nodeid: str) -> None:
+        if self.own:      # what is new since the last test started is that test's
+            for name in set(os.listdir(SHM)) - self.start_names - set(self.named):
+                self.named[name] = self.test
+        self.test = nodeid
 
-def private_shm(directory: str) -> Dict[str, str]:
-    """Environment that puts Open MPI's (4 and 5) shared-memory segments in ``directory``."""
-    return {"OMPI_MCA_btl_sm_backing_directory": directory,
-            "OMPI_MCA_btl_vader_backing_directory": directory}
+    def _finish_own(self) -> Dict[Ident, str]:
+        """In a /dev/shm of the suite's own: whatever is new there is the suite's
+        (files, and directories with what is in them)."""
+        import shutil
+        left = {}
+        for name in sorted(set(os.listdir(SHM)) - self.start_names):
+            path = os.path.join(SHM, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            left[(st.st_dev, st.st_ino)] = (f"{name} (made during "
+                                            f"{self.named.get(name) or self.test or '?'})")
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        return left
 
 
 _watch = []
@@ -184,7 +215,7 @@ _watch = []
 
 def pytest_runtest_logstart(nodeid, location) -> None:
     if _watch:
-        _watch[0].test = nodeid
+        _watch[0].next_test(nodeid)
 
 
 def pytest_sessionstart(session) -> None:

@@ -1,0 +1,54 @@
+"""The suite's /dev/shm check (tests/shmcheck.py) fails a run that leaves a file
+there, and passes one that removes what it made: a small suite run by pytest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import clean_env, new_tag
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+LEAK = '''
+import os, subprocess, sys, time
+
+def test_makes_a_file():
+    path = "/dev/shm/{name}"
+    # a child makes it and holds it {hold} s, as a rank would
+    subprocess.run([sys.executable, "-c",
+                    "import time; f = open(%r, 'wb'); f.write(b'x'); time.sleep({hold})" % path],
+                   check=True)
+    if {remove}:
+        os.unlink(path)
+'''
+
+
+@pytest.mark.parametrize("remove", [False, True])
+def test_a_file_left_in_dev_shm_fails_the_run(tmp_path, remove):
+    own = os.environ.get("MSL_TEST_OWN_SHM") == "1"
+    name = f"mslaunch-test-{new_tag()}"
+    # In a /dev/shm of the suite's own, a file held for no time at all is caught;
+    # otherwise the sampler needs a few of its rounds.
+    (tmp_path / "test_leak.py").write_text(
+        LEAK.format(name=name, hold=0 if own else 1.0, remove=remove))
+    env = clean_env(PYTHONPATH=HERE + os.pathsep + clean_env()["PYTHONPATH"])
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "shmcheck", str(tmp_path / "test_leak.py")],
+                       capture_output=True, env=env, cwd=str(tmp_path), timeout=120)
+    out = r.stdout.decode()
+    try:
+        if remove:
+            assert r.returncode == 0, out
+            assert "shmcheck" not in out
+        else:
+            assert r.returncode == 1, out
+            assert f"shmcheck: the suite's processes left 1 file(s) in /dev/shm" in out, out
+            assert name in out and "test_makes_a_file" in out, out
+            assert not os.path.exists(f"/dev/shm/{name}")      # removed by the check
+    finally:
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
