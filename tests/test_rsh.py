@@ -366,24 +366,46 @@ def test_a_real_grid_engine_job_runs_ranks_through_qrsh_inherit(sshbed, gridengi
     assert wait_for(lambda: no_agents(sshbed), 15)
 
 
-def test_mpi_operator_v2_launcher_reaches_the_workers_sshd_with_openssh(sshbed, tmp_path, mpich):
-    """v2: sshd in the workers, the launcher pod's ssh and its settings."""
+#: The launcher pod's variables of MPI Operator v2 (v2beta1), by MPI implementation, as
+#: its controller sets them (mpi_job_controller.go), and its hostfile's line for a worker.
+V2_LAUNCHER = {
+    "OpenMPI": ({"OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                 "OMPI_MCA_orte_default_hostfile": "{hostfile}",
+                 "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+                 "OMPI_MCA_orte_set_default_slots": "2",
+                 "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+                "{name} slots=2\n"),
+    "Intel": ({"I_MPI_HYDRA_HOST_FILE": "{hostfile}",
+               "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "-o ConnectionAttempts=10",
+               "I_MPI_PERHOST": "2"},
+              "{name}:2\n"),
+    "MPICH": ({"HYDRA_HOST_FILE": "{hostfile}",
+               "HYDRA_LAUNCH_EXTRA_ARGS": "-o ConnectionAttempts=10"},
+              "{name}:2\n"),
+}
+
+
+@pytest.mark.parametrize("implementation", sorted(V2_LAUNCHER))
+def test_mpi_operator_v2_launcher_reaches_the_workers_sshd_with_openssh(
+        sshbed, tmp_path, mpich, implementation):
+    """v2: sshd in the workers, the launcher pod's ssh and the controller's settings
+    for each MPI implementation it knows."""
     from test_remote import MPI_PROG
     workers = {f"job-worker-{i}.job.default.svc": h for i, h in enumerate(sshbed.hosts[:2])}
     extra = "".join(f"Host {name}\n  HostName {h.addr}\n  Port {h.port}\n"
                     for name, h in workers.items())
     home = sshbed.make_home(tmp_path / "home", user_config_extra=extra)
+    variables, line = V2_LAUNCHER[implementation]
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{name} slots=2\n" for name in workers))
+    hostfile.write_text("".join(line.format(name=name) for name in workers))
     # The pod's ssh reads its config (here through HOME/bin/ssh, which passes -F).
     env = renv(home, PATH=f"{home}/bin:" + os.environ["PATH"],
-               OMPI_MCA_orte_keep_fqdn_hostnames="true",
-               OMPI_MCA_orte_default_hostfile=str(hostfile),
-               OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+               **{k: v.format(hostfile=hostfile) for k, v in variables.items()})
     os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))   # no paramiko way there
+    said = tmp_path / "ssh-args"
     with open(os.path.join(home, "bin", "ssh"), "w") as f:
-        f.write(f'#!/bin/sh\nexec {shutil.which("ssh")} -F "{cfg_of(home)}" "$@"\n')
+        f.write(f'#!/bin/sh\necho "$@" >> "{said}"\n'
+                f'exec {shutil.which("ssh")} -F "{cfg_of(home)}" "$@"\n')
     r = run_rsh(home, "-np", "4", "-x", "UCX_TLS", PY, "-c", MPI_PROG, "ok", env=env,
                 timeout=120)
     assert r.returncode == 0, r.stderr
@@ -391,4 +413,9 @@ def test_mpi_operator_v2_launcher_reaches_the_workers_sshd_with_openssh(sshbed, 
                   key=lambda row: row["rank"])
     assert [row["host"] for row in rows] == ["h1", "h1", "h2", "h2"]
     assert [row["sum"] for row in rows] == [6] * 4
+    # the operator's extra arguments reached the ssh that started each worker's agent
+    calls = said.read_text().splitlines()
+    assert sorted(c.split(" job-worker-")[1].split()[0] for c in calls) == ["0.job.default.svc",
+                                                                          "1.job.default.svc"]
+    assert all(c.startswith("-o ConnectionAttempts=10 ") for c in calls), calls
     assert wait_for(lambda: no_agents(sshbed), 15)
