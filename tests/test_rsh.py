@@ -84,6 +84,9 @@ def test_ranks_output_files_and_exit_code_through_the_agent(sshbed, home, way, t
     lines = r.stdout.decode().splitlines()
     assert "rank 0 h1" in lines and "rank 1 h2" in lines
     assert r.stdout.count(b"x" * 300000 + b"\n") == 2
+    for rank, host in ((0, "h1"), (1, "h2")):    # and the same bytes in Open MPI 4's files
+        data = (tmp_path / "out" / "1" / f"rank.{rank}" / "stdout").read_bytes()
+        assert data == f"rank {rank} {host}\n".encode() + b"x" * 300000 + b"\n"
     assert wait_for(lambda: no_agents(sshbed), 15)
 
 
@@ -103,12 +106,40 @@ def test_hydra_launcher_exec_and_its_variables_start_the_openssh_client(sshbed, 
     assert r.returncode == 1 and b"h4" in r.stderr and b"/nonexistent/cfg" in r.stderr
 
 
-def test_signals_and_stdin_reach_remote_ranks(sshbed, home, way):
+def test_stdin_reaches_remote_ranks(sshbed, home, way):
     prog = ("import sys;print(sys.stdin.read().upper(),flush=True)")
     p = subprocess.run(cmd(*way, "-H", "h2", "-n", "1", PY, "-c", prog), input=b"hello",
                        capture_output=True, timeout=60, env=renv(home))
     assert p.returncode == 0, p.stderr
     assert p.stdout == b"HELLO\n"
+
+
+def test_signals_reach_remote_ranks(sshbed, home, way, tmp_path):
+    """SIGUSR1 is forwarded and the job goes on; SIGINT stops every rank (130)."""
+    from test_remote import TRAP
+    tag = new_tag()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    p = subprocess.Popen(cmd(*way, "-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", PY, "-c",
+                             TRAP, str(marks)), env=renv(home, MSL_TEST_TAG=tag),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: {"0.up", "1.up"} <= set(os.listdir(marks)), 30)
+        p.send_signal(signal.SIGUSR1)
+        assert wait_for(lambda: {"0.10", "1.10"} <= set(os.listdir(marks)), 10)
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=30) == 128 + signal.SIGINT
+        # SIGINT reaches the ranks as SIGTERM (as Open MPI does) or as itself
+        got = sorted(f.split(".")[0] for f in os.listdir(marks)
+                     if f.split(".")[1] in (str(int(signal.SIGINT)), str(int(signal.SIGTERM))))
+        assert got == ["0", "1"], os.listdir(marks)
+        assert wait_for(lambda: tagged_pids(tag) == [], 15)
+        assert wait_for(lambda: no_agents(sshbed), 15)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
 
 
 # -- the faults matrix ----------------------------------------------------------------
