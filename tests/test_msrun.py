@@ -83,14 +83,16 @@ def test_the_tutorials_command_line_runs_unchanged(bin_dir, tmp_path):
         assert got[f"worker_{i}.log"].endswith(f"stderr of MS_WORKER {i}\n")
     out = r.stdout.decode().splitlines()
     # msrun's console lines: the log paths under --log_dir as typed
-    assert out[:4] == [
+    assert out[:3] == [
         f"Start scheduler process, log file:msrun_log/scheduler.log. Execute command: "
         f"python {TASK}",
         f"Start worker process with rank id:0, log file:msrun_log/worker_0.log. "
         f"Environment variable [RANK_ID=0] is exported. Execute command: python {TASK}",
         f"Start worker process with rank id:1, log file:msrun_log/worker_1.log. "
-        f"Environment variable [RANK_ID=1] is exported. Execute command: python {TASK}",
-        "Distributed job is spawned. Waiting all processes to exit..."]
+        f"Environment variable [RANK_ID=1] is exported. Execute command: python {TASK}"]
+    # ... and msrun's logger's line on stderr
+    assert "Distributed job is spawned. Waiting all processes to exit..." in \
+        r.stderr.decode().splitlines()
     # --join=True: the workers' output on the console, prefixed; not the scheduler's
     assert "[worker 1] stderr of MS_WORKER 1" in out
     assert not any(line.startswith("[scheduler]") or '"MS_SCHED"' in line for line in out)
@@ -236,6 +238,23 @@ def test_bind_numa_on_this_machine_and_its_file_form(bin_dir, tmp_path):
                "--join=True", '--bind_numa={"device0":["63"]}', TASK], env, tmp_path)
     assert r.returncode == 1 and r.stderr.count(b"\n") == 1, r.stderr
     assert b"--bind_numa: device0 names NUMA node 63" in r.stderr
+    # the map form pins, and leaves MSRUN_CPU_LIST unset (as for --bind_core's)
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'd'}",
+               "--join=True", '--bind_numa={"device0":["0"]}', TASK], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    w = env_of(logs(tmp_path / "d")["worker_0.log"])
+    assert w["affinity"] == list(parse_cpulist(node0)) and "MSRUN_CPU_LIST" not in w
+
+
+def test_threads_the_user_set_are_kept(bin_dir, tmp_path):
+    env = ms_env(bin_dir, OMP_NUM_THREADS="3", HCCL_CONNECT_TIMEOUT="77")
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'a'}",
+               "--join=True", TASK], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = logs(tmp_path / "a")
+    for name in ("worker_0.log", "scheduler.log"):
+        w = env_of(got[name])
+        assert (w["OMP_NUM_THREADS"], w["HCCL_CONNECT_TIMEOUT"]) == ("3", "77")
     assert not (tmp_path / "c" / "worker_0.log").exists()
 
 
@@ -402,3 +421,13 @@ def test_pty_wanted_is_the_one_rule():
         assert pty_wanted({"MSLAUNCH_PTY": "yes"}, no_pty=False, default=default) is True
         assert pty_wanted({"MSLAUNCH_PTY": "off"}, no_pty=False, default=default) is False
         assert pty_wanted({"MSLAUNCH_PTY": "1"}, no_pty=True, default=default) is False
+
+
+def test_the_hint_for_mindspore_scripts_fits_the_job():
+    from mslaunch.job.report import msrun_hint
+    assert msrun_hint(["vm", "vm"], ["python", "net.py", "--lr", "0.1"]).endswith(
+        "e.g. mslaunch --worker_num=2 --local_worker_num=2 net.py --lr 0.1")
+    # several hosts: per node, with the master and each node's rank; words quoted
+    assert msrun_hint(["a", "a", "b", "b"], ["/usr/bin/python3", "my net.py"]).endswith(
+        "e.g. mslaunch --worker_num=4 --local_worker_num=2 'my net.py' on each of the 2 nodes, "
+        "with --master_addr=a and --node_rank=0..1")

@@ -14,7 +14,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List
+    from typing import Dict, List, Sequence
 
     from ..machine.local import LocalRanks
     from .seams import JobView, RankState
@@ -57,7 +57,7 @@ def summary(sup: JobView, rank: RankState) -> str:
         head += f"\nmslaunch: last lines of {whose}:\n" + \
             "\n".join("    " + line for line in lines)
         if not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
-            head += "\n" + _msrun_hint(sup, spec.argv)
+            head += "\n" + msrun_hint([r.spec.host.name for r in sup.ranks], spec.argv)
     return head
 
 
@@ -65,14 +65,24 @@ def summary(sup: JobView, rank: RankState) -> str:
 MINDSPORE_WANTS_MPIRUN = b"without using 'mpirun'"
 
 
-def _msrun_hint(sup: JobView, argv) -> str:
-    """The msrun-dialect command line that starts this MindSpore script."""
+def msrun_hint(hosts: Sequence[str], argv: Sequence[str]) -> str:
+    """The msrun-dialect command line that starts this MindSpore script, whose
+    ranks ran on ``hosts`` (a name per rank)."""
+    import shlex
     words = list(argv[1:]) if argv and os.path.basename(argv[0]).startswith("python") \
         else list(argv)
-    n = len(sup.ranks)
-    return (f"mslaunch: MindSpore wants its own launcher's variables: run it in msrun's "
-            f"dialect, e.g. mslaunch --worker_num={n} --local_worker_num={n} "
-            f"{' '.join(words)}")
+    per_host: Dict[str, int] = {}
+    for name in hosts:
+        per_host[name] = per_host.get(name, 0) + 1
+    line = (f"mslaunch: MindSpore wants its own launcher's variables: run it in msrun's "
+            f"dialect, e.g. mslaunch --worker_num={len(hosts)} "
+            f"--local_worker_num={max(per_host.values(), default=0)} "
+            f"{' '.join(shlex.quote(w) for w in words)}")
+    if len(per_host) > 1:
+        first = next(iter(per_host))
+        line += (f" on each of the {len(per_host)} nodes, with --master_addr={first} and "
+                 f"--node_rank=0..{len(per_host) - 1}")
+    return line
 
 
 def report_pid(sup: JobView, where: str) -> None:

@@ -74,9 +74,12 @@ def _messages(spec: MsrunSpec, procs: Sequence[RankSpec]) -> List[str]:
         lines.append(f"Start worker process with rank id:{rank if rank else 'None'}, "
                      f"log file:{shown_path(spec, p.stdout_path)}.{exported} "
                      f"Execute command: {command}")
-    if spec.join:
-        lines.append("Distributed job is spawned. Waiting all processes to exit...")
     return lines
+
+
+#: With --join=True; msrun's logger writes it to stderr (with MindSpore's log
+#: prefix, not copied: mslaunch is no MindSpore process).
+SPAWNED = "Distributed job is spawned. Waiting all processes to exit..."
 
 
 def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobSpec, Plan]:
@@ -172,6 +175,8 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     if announce is None and not spec.quiet:
         for line in lines:
             _say(line)
+        if spec.join:
+            _say(SPAWNED, sys.stderr)
     from ..job.supervise import Supervisor
     recovery = os.environ.get("MS_ENABLE_RECOVERY") == "1"
     cluster = Cluster(link, service, restarts=spec.max_restarts if recovery else 0,
@@ -233,10 +238,11 @@ def _own_address(addresses: Sequence[str]) -> str:
     return "127.0.0.1"
 
 
-def _say(line: str) -> None:
+def _say(line: str, stream=None) -> None:
+    stream = stream or sys.stdout
     try:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        stream.write(line + "\n")
+        stream.flush()
     except (OSError, ValueError):
         pass
 
