@@ -466,12 +466,22 @@ def test_real_mindspore_across_two_nodes_with_the_master_named_by_host_name(job)
     from helpers import PY
     require(importlib.util.find_spec("mindspore") is not None,
             "MindSpore's CPU wheel (pip install mindspore==2.10.0 'numpy<2')")
-    j = job(2, time_out=60)
-    j.env["PATH"] = f"{os.path.dirname(PY)}:{j.env['PATH']}"    # the venv's python
-    h1, h2 = j.bed.hosts[:2]
-    for host in (h1, h2):
-        j.start(host, 1, task=program("ms_real.py"), master_addr=h1.name)
-    assert j.wait(110) == [0, 0], transcript(j)
+    from test_msrun_mindspore import mindspore_flake
+    for attempt in range(2):
+        j = job(2, time_out=60)
+        j.tmp = j.tmp / f"attempt{attempt}"
+        j.tmp.mkdir()
+        j.env["PATH"] = f"{os.path.dirname(PY)}:{j.env['PATH']}"    # the venv's python
+        h1, h2 = j.bed.hosts[:2]
+        for host in (h1, h2):
+            j.start(host, 1, task=program("ms_real.py"), master_addr=h1.name)
+        codes = j.wait(110)
+        logs = {name: text for n in j.nodes for name, text in n.logs().items()}
+        if codes == [0, 0] or not mindspore_flake(transcript(j), logs):
+            break
+        print(f"attempt {attempt}: MindSpore's own failure, not mslaunch's; again")
+        j.cleanup()
+    assert codes == [0, 0], transcript(j)
     ports = set()
     for n in j.nodes:
         (text,) = [t for name, t in n.logs().items() if name.startswith("worker_")]
