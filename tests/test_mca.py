@@ -126,6 +126,10 @@ def test_accepted_parameters_are_noted_with_v(tmp_path):
     assert (b"note: OMPI_MCA_orte_keep_fqdn_hostnames (environment) has no effect here"
             in r.stderr)
     assert b"keep_fqdn" not in run("-n", "1", "true", env=env).stderr
+    # the parameters of Open MPI's other runtime frameworks, which its daemons read
+    r = run("-v", "-n", "1", "true", env=env_in(tmp_path, OMPI_MCA_oob_tcp_if_include="lo"))
+    assert (b"note: OMPI_MCA_oob_tcp_if_include (environment) has no effect here: a parameter "
+            b"of Open MPI's own runtime" in r.stderr), r.stderr
     r = run("--mca", "orte_fork_agent", "valgrind", "-n", "1", "true", env=env)
     assert r.returncode == 2 and b"orte_fork_agent: not supported" in r.stderr
 

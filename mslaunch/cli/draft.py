@@ -22,6 +22,11 @@ from ..errors import UsageError, one_line
 
 MAX_RANKS = 100_000          # beyond this a typo, not a job: refuse it
 MAX_SECONDS = 100_000_000.0  # about three years
+#: Open MPI 4.1.4's runtime (ORTE) frameworks other than the ones whose parameters
+#: mpirun's options mirror (orte, rmaps, hwloc, plm, ras): see mca.py.
+RUNTIME_FRAMEWORKS = ("errmgr_", "ess_", "filem_", "grpcomm_", "iof_", "odls_", "oob_",
+                      "regx_", "rml_", "routed_", "rtc_", "schizo_", "state_", "snapc_",
+                      "sstore_", "dfs_")
 
 
 def check_int(flag: str, text: str, minimum: int = 1, maximum: int = MAX_RANKS) -> int:

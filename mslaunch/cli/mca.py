@@ -8,9 +8,11 @@ reach the ranks as ``OMPI_MCA_*`` variables, as under Open MPI.
 
 Sources, weakest first (as Open MPI 4.1.4 ranks them): the installation-wide
 ``openmpi-mca-params.conf`` and ``$HOME/.openmpi/mca-params.conf`` (or the
-files ``mca_base_param_files`` names instead), ``OMPI_MCA_*`` variables, then
-the command line (``-tune``/``-am`` files, ``--mca``), where the options that
-mean the same thing are read in order with them.
+files ``mca_base_param_files`` names instead), ``-tune``/``-am`` files,
+``OMPI_MCA_*`` variables, then ``--mca``, where the options that mean the same
+thing are read in order with them.  The parameters of Open MPI's other runtime
+frameworks (:data:`RUNTIME`: ``oob_*``, ``odls_*``, ...) are noted as having no
+effect.
 """
 
 from __future__ import annotations
@@ -303,6 +305,11 @@ _acc("mslaunch has one mapper; placement follows the options above", "rmaps", "r
 #: Name endings that are accepted in every family: component verbosity and priority.
 SUFFIXES = (("_verbose", "use -v"), ("_priority", "mslaunch has one component for this"))
 FAMILIES = ("orte_", "rmaps_", "hwloc_", "plm_", "ras_")
+#: Open MPI 4.1.4's other runtime (ORTE) frameworks, which its mpirun and daemons
+#: read: their parameters have no effect here (mslaunch's own runtime does their work).
+RUNTIME = D.RUNTIME_FRAMEWORKS
+RUNTIME_NOTE = ("a parameter of Open MPI's own runtime, whose work mslaunch's does its own "
+                "way")
 
 
 def lookup(name: str) -> Optional[Tuple[str, Optional[Handler], str]]:
@@ -314,6 +321,8 @@ def lookup(name: str) -> Optional[Tuple[str, Optional[Handler], str]]:
     record = PARAMS.get(name)
     if record is not None:
         return record
+    if name.startswith(RUNTIME):
+        return ("accepted", None, RUNTIME_NOTE)
     if not name.startswith(FAMILIES):
         return None
     for suffix, note in SUFFIXES:
@@ -409,6 +418,9 @@ def markdown_table() -> str:
         rows.append(f"| {spelled} | {words[kind]}{': ' + note if note else ''} |")
     for suffix, note in SUFFIXES:
         rows.append(f"| any other `*{suffix}` of these families | accepted, no effect: {note} |")
+    spelled = ", ".join(f"`{p}*`" for p in RUNTIME)
+    rows.append(f"| any parameter of Open MPI's other runtime frameworks: {spelled} | "
+                f"accepted, no effect: {RUNTIME_NOTE} |")
     return "\n".join(rows) + "\n"
 
 

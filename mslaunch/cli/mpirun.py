@@ -22,7 +22,7 @@ from ..errors import UsageError
 from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
 from ..switches import pty_wanted
 from .common import Exit, launch_dir
-from .draft import Context, Draft, check_int, check_seconds
+from .draft import RUNTIME_FRAMEWORKS, Context, Draft, check_int, check_seconds
 from .options import SPELLINGS, words_of
 from .rshagent import rsh_settings
 
@@ -76,7 +76,7 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
 _MCA_FILES = ("/etc/openmpi/openmpi-mca-params.conf", ".openmpi/mca-params.conf")
 #: How the names of the parameters that mpirun itself reads begin (see mca.py).
 _MPIRUN_PARAMS = ("orte_", "rmaps", "hwloc", "plm", "ras", "mca_base_param_files",
-                  "iof_base_redirect", "odls_base_sigkill")
+                  *RUNTIME_FRAMEWORKS)
 
 
 def _names_mpirun_params(path: str) -> bool:
