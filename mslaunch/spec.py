@@ -143,6 +143,7 @@ class SSHSpec:
     accept_new: bool = False              # --ssh-accept-new
     connect_timeout: float = 10.0         # --ssh-timeout
     remote_python: Optional[str] = None   # --remote-python PATH
+    agent_wrapper: Tuple[str, ...] = ()   # --launch-agent 'WRAPPER... orted': runs the agent
     launcher: str = "auto"                # --launcher auto|ssh|slurm|local
     rsh_agent: str = ""                   # plm_rsh_agent ("ssh : rsh"); "": paramiko
     rsh_args: str = ""                    # plm_rsh_args: extra arguments of rsh_agent

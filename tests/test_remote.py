@@ -248,6 +248,22 @@ def test_usr1_is_forwarded_to_remote_ranks_and_the_job_goes_on(sshbed, home, tmp
         kill_tagged(tag)
 
 
+def test_a_launch_agent_wrapper_runs_the_agents_over_paramiko(sshbed, home, tmp_path):
+    from test_slurm import wrapper_script
+    r = run_remote(home, "--mca", "orte_launch_agent", f"{wrapper_script(tmp_path)} orted",
+                   "-H", "h1,h2", "-n", "2", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == [b"h1", b"h2"]
+    assert sorted((tmp_path / "wrapped").read_text().split("\n")[:-1]) == \
+        ["h1 /bin/sh", "h2 /bin/sh"]
+    # a wrapper that is not there: one line naming the host
+    r = run_remote(home, "--launch-agent", "/nonexistent/wrap orted", "-H", "h1", "-n", "1",
+                   "true")
+    assert r.returncode != 0 and b"h1" in r.stderr and b"Traceback" not in r.stderr, r.stderr
+    settle_agents = wait_for(lambda: no_agents(sshbed), 15)
+    assert settle_agents
+
+
 def test_timeout_across_hosts_gives_110(sshbed, home):
     tag = new_tag()
     r = run_remote(home, "--timeout", "2", "--grace", "1", "-H", "h1,h2", "-n", "2",

@@ -106,6 +106,19 @@ def test_hydra_launcher_exec_and_its_variables_start_the_openssh_client(sshbed, 
     assert r.returncode == 1 and b"h4" in r.stderr and b"/nonexistent/cfg" in r.stderr
 
 
+def test_a_launch_agent_wrapper_runs_the_agents(sshbed, home, way, tmp_path):
+    """Open MPI's --launch-agent 'WRAPPER... orted' (a container's runner, say): the
+    agent runs through WRAPPER, with the launcher's own dial-back variables."""
+    from test_slurm import wrapper_script
+    r = run_rsh(home, *way, "--launch-agent", f"{wrapper_script(tmp_path)} orted",
+                "-H", "h1,h2", "-n", "2", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == [b"h1", b"h2"]
+    assert sorted((tmp_path / "wrapped").read_text().split("\n")[:-1]) == \
+        ["h1 env", "h2 env"]
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
 def test_stdin_reaches_remote_ranks(sshbed, home, way):
     prog = ("import sys;print(sys.stdin.read().upper(),flush=True)")
     p = subprocess.run(cmd(*way, "-H", "h2", "-n", "1", PY, "-c", prog), input=b"hello",

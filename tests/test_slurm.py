@@ -68,6 +68,28 @@ def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbe
     assert all(not slurmbed.task_pids(h) for h in (1, 2))
 
 
+def wrapper_script(tmp_path) -> str:
+    """A launch agent's wrapper (a container's runner, say) that notes where it ran."""
+    path = tmp_path / "wrap.sh"
+    path.write_text(f'#!/bin/sh\necho "$(hostname) $1" >> {tmp_path / "wrapped"}\nexec "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_launch_agent_wrapper_runs_the_agents_under_srun(slurmbed, tmp_path):
+    tag = new_tag()
+    p = salloc(slurmbed, tag, "--launch-agent", f"{wrapper_script(tmp_path)} orted", "-n", "4",
+               PY, "-c", SHOW, cwd=tmp_path)
+    rc, out, err = finish(p)
+    assert rc == 0, err
+    assert sorted(line.split()[1] for line in out.splitlines() if line[:1].isdigit()) == \
+        ["h1", "h1", "h2", "h2"]
+    # each node's agent was started through the wrapper, with the interpreter search
+    assert sorted((tmp_path / "wrapped").read_text().split("\n")[:-1]) == \
+        ["h1 /bin/sh", "h2 /bin/sh"]
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
+
+
 def _listening_ports(pid: int) -> list:
     """The TCP ports ``pid`` listens on (this network namespace's tables)."""
     inodes = socket_inodes(pid)

@@ -110,6 +110,7 @@ class Draft:
         self.ssh_port: Optional[int] = None
         self.ssh_timeout = 10.0
         self.remote_python: Optional[str] = None
+        self.agent_wrapper: Tuple[str, ...] = ()
         self.default_hostfile: Optional[str] = None
         self.rankfile: Optional[str] = None
         self.xml_file: Optional[str] = None
@@ -177,6 +178,27 @@ def some_value(attr: str) -> Apply:
             raise UsageError(f"{flag}: empty value")
         setattr(d, attr, values[0])
     return apply
+
+
+def set_launch_agent(d: Draft, said: str, value: str) -> None:
+    """Open MPI's launch agent, ``[WRAPPER...] PROGRAM``: its daemon (``orted``,
+    ``prted``, by name or path: the default interpreters) or the Python that runs
+    the agent; the words before it run the agent (a container's runner, say)."""
+    import shlex
+    try:
+        words = shlex.split(value)
+    except ValueError as err:
+        raise UsageError(f"{said}: cannot read {one_line(value, 60)!r} as words "
+                         f"({str(err).lower()})") from None
+    if not words or any("\0" in w for w in words):
+        raise UsageError(f"{said}: empty value")
+    d.agent_wrapper = tuple(words[:-1])
+    if os.path.basename(words[-1]) not in ("orted", "prted"):
+        d.remote_python = words[-1]
+
+
+def launch_agent(d: Draft, flag: str, values: Sequence[str]) -> None:
+    set_launch_agent(d, flag, values[0])
 
 
 def file_name(attr: str, expand_user: bool = False) -> Apply:

@@ -146,8 +146,8 @@ def _rsh_args(d: Draft, said: str, value: str) -> None:
 
 
 def _launch_agent(d: Draft, said: str, value: str) -> None:
-    if value.strip() not in ("", "orted"):
-        d.remote_python = value.strip()
+    if value.strip():
+        D.set_launch_agent(d, said, value)
 
 
 def _default_dash_host(d: Draft, said: str, value: str) -> None:
@@ -232,7 +232,7 @@ for _handler, _option, *_names in _AS_OPTION:
 _impl(_keep_going_unless, "orte_abort_on_non_zero_status",
       note="false: keep going, as `-disable-auto-cleanup`")
 _impl(_launch_agent, "orte_launch_agent", note="as `--launch-agent`; `orted` (the default) "
-      "changes nothing")
+      "changes nothing, `WRAPPER... orted` runs the agent through WRAPPER")
 _impl(_rsh_agent, "plm_rsh_agent", "orte_rsh_agent",
       note="the command that starts the agents (`ssh : rsh`: the first found)")
 _impl(_rsh_args, "plm_rsh_args", note="arguments of that command")

@@ -222,6 +222,7 @@ def _build(d: Draft) -> JobSpec:
         ssh=SSHSpec(config=d.ssh_config, user=d.ssh_user, port=d.ssh_port,
                     identity=d.ssh_identity, accept_new=d.ssh_accept_new,
                     connect_timeout=float(d.ssh_timeout), remote_python=d.remote_python,
+                    agent_wrapper=d.agent_wrapper,
                     launcher=launcher, rsh_agent=rsh_agent, rsh_args=rsh_args))
 
 

@@ -233,8 +233,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("remote-python",), 1, D.some_value("remote_python"), "--remote-python PATH, "
                "--launch-agent PATH\tthe Python that runs the agent on the remote hosts\n"
                "(default: this Python's path if it exists there, else python3)"),
-        Option(("launch-agent",), 1, D.some_value("remote_python"),
-               note="the Python that runs the agent on remote hosts"),
+        Option(("launch-agent",), 1, D.launch_agent,
+               note="the Python that runs the agent on remote hosts; `WRAPPER... orted` runs "
+                    "the agent through WRAPPER (a container's runner, say)"),
         Option(("preload-binary", "s"), 0, D.turn_on("preload_binary"), "-s, --preload-binary"
                "\tcopy the program to the remote hosts' working directories"),
         Option(("preload-files",), 1, D.preload_files,

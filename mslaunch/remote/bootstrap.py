@@ -488,7 +488,13 @@ def interpreter_script(program: str) -> str:
             '$(hostname) (tried: $*); use --remote-python PATH" >&2; exit 127')
 
 
-def remote_command(pythons: Sequence[str]) -> str:
+def agent_argv(program: str, pythons: Sequence[str], wrapper: Sequence[str] = ()) -> List[str]:
+    """The command that runs ``program`` with the first of ``pythons`` found on the
+    host, inside ``wrapper`` (Open MPI's launch agent ``WRAPPER... orted``, a
+    container's runner, say) if given."""
+    return [*wrapper, "/bin/sh", "-c", interpreter_script(program), "mslaunch-agent", *pythons]
+
+
+def remote_command(pythons: Sequence[str], wrapper: Sequence[str] = ()) -> str:
     """The command line run on every remote host (see the module docstring)."""
-    return ("exec /bin/sh -c " + shell_quote(interpreter_script(_TINY)) + " mslaunch-agent "
-            + " ".join(shell_quote(p) for p in pythons))
+    return "exec " + " ".join(shell_quote(w) for w in agent_argv(_TINY, pythons, wrapper))

@@ -94,12 +94,15 @@ def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
     return shlex.quote(blaunch), "inside an LSF job"
 
 
-def remote_command(pythons: Sequence[str], dial: str, token: str) -> str:
+def remote_command(pythons: Sequence[str], dial: str, token: str,
+                   wrapper: Sequence[str] = ()) -> str:
     """The command line an agent's host runs: the interpreter search of
-    :mod:`.bootstrap`, running the dial program with ``dial`` and ``token``."""
-    return (f"exec env MSLAUNCH_DIAL={dial} MSLAUNCH_DIAL_TOKEN={token} /bin/sh -c "
-            + bootstrap.shell_quote(bootstrap.interpreter_script(_DIAL)) + " mslaunch-agent "
-            + " ".join(bootstrap.shell_quote(p) for p in pythons))
+    :mod:`.bootstrap`, running the dial program with ``dial`` and ``token``
+    (set inside ``wrapper``, which need not pass its environment on)."""
+    words = bootstrap.agent_argv(_DIAL, pythons)
+    return " ".join(["exec", *(bootstrap.shell_quote(w) for w in wrapper), "env",
+                     f"MSLAUNCH_DIAL={dial}", f"MSLAUNCH_DIAL_TOKEN={token}",
+                     *(bootstrap.shell_quote(w) for w in words)])
 
 
 def dial_addresses(names: Sequence[str]) -> List[str]:
@@ -126,7 +129,8 @@ def dial_addresses(names: Sequence[str]) -> List[str]:
 
 def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[str], *,
                 timeout: float, cancelled: Optional[Callable[[], bool]] = None,
-                port_range: Optional[Tuple[int, int]] = None) -> Dict[str, DialedConnection]:
+                port_range: Optional[Tuple[int, int]] = None,
+                wrapper: Sequence[str] = ()) -> Dict[str, DialedConnection]:
     """Start an agent on every host in ``names`` with ``words + [host, command]``;
     all of them or none (LaunchError)."""
     from .dialback import new_token
@@ -135,7 +139,7 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
 
     def start(dial: str, procs: Dict[str, StartingProcess]) -> None:
         for name in names:
-            argv = list(words) + [name, remote_command(pythons, dial, tokens[name])]
+            argv = list(words) + [name, remote_command(pythons, dial, tokens[name], wrapper)]
             procs[name] = StartingProcess(argv, None, os.path.basename(words[0]))
 
     def wait(loop: Loop, done: Dict[str, DialedConnection],
@@ -217,4 +221,5 @@ class RshStarter:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with "
                 f"{' '.join(self.words)} HOST")
         return connect_all(names, self.words, self.pythons, timeout=self.timeout,
-                           cancelled=cancelled, port_range=self.port_range)
+                           cancelled=cancelled, port_range=self.port_range,
+                           wrapper=spec.agent_wrapper)

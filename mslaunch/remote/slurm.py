@@ -163,15 +163,15 @@ def route_address(addr: str) -> str:
     return mine
 
 
-def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str) -> List[str]:
+def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str,
+              wrapper: Sequence[str] = ()) -> List[str]:
     n = len(names)
     argv = ["srun", f"--nodelist={','.join(names)}", f"--nodes={n}", f"--ntasks={n}",
             "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--mpi=none", "--cpu-bind=none",
             "--input=none", "--overlap", "--job-name=mslaunch-agents"]
     if _version_at_least(version, (23, 11)):
         argv.append("--external-launcher")
-    return argv + ["/bin/sh", "-c", bootstrap.interpreter_script(_DIAL), "mslaunch-agent",
-                   *pythons]
+    return argv + bootstrap.agent_argv(_DIAL, pythons, wrapper)
 
 
 def _version_at_least(text: str, wanted) -> bool:
@@ -206,7 +206,8 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
                 cancelled: Optional[Callable[[], bool]] = None,
                 environ: Optional[Mapping[str, str]] = None,
                 lookups: Optional[_Lookups] = None,
-                port_range: Optional[Tuple[int, int]] = None) -> Dict[str, SrunAgentConnection]:
+                port_range: Optional[Tuple[int, int]] = None,
+                wrapper: Sequence[str] = ()) -> Dict[str, SrunAgentConnection]:
     """Start an agent on every node in ``names`` with one srun step; all or none."""
     from .dialback import new_token
     environ = os.environ if environ is None else environ
@@ -219,7 +220,7 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
         env = dict(environ)
         env["MSLAUNCH_DIAL"] = dial
         env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
-        step = _Step(srun_argv(names, pythons, srun_version), env)
+        step = _Step(srun_argv(names, pythons, srun_version, wrapper), env)
         procs.update((name, step) for name in names)
         timeline.mark("srun started")
 
@@ -280,8 +281,10 @@ class SrunStarter:
     plain_link = True         # the agents dial back in plain TCP
 
     def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None,
-                 port_range: Optional[Tuple[int, int]] = None) -> None:
+                 port_range: Optional[Tuple[int, int]] = None,
+                 wrapper: Sequence[str] = ()) -> None:
         self.pythons = list(pythons)
+        self.wrapper = tuple(wrapper)
         self.port_range = port_range
         self.environ = environ
         self._lookups: Optional[_Lookups] = None
@@ -300,4 +303,5 @@ class SrunStarter:
         if say is not None:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with srun")
         return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ,
-                           lookups=self._lookups, port_range=self.port_range)
+                           lookups=self._lookups, port_range=self.port_range,
+                           wrapper=self.wrapper)

@@ -56,7 +56,7 @@ class Options:
     def __init__(self, *, config: Optional[str] = None, user: Optional[str] = None,
                  port: Optional[int] = None, identity: Optional[str] = None,
                  accept_new: bool = False, connect_timeout: float = 10.0,
-                 pythons: Sequence[str] = ()) -> None:
+                 pythons: Sequence[str] = (), wrapper: Sequence[str] = ()) -> None:
         self.config = config
         self.user = user
         self.port = port
@@ -64,6 +64,7 @@ class Options:
         self.accept_new = accept_new
         self.connect_timeout = connect_timeout
         self.pythons = tuple(pythons)
+        self.wrapper = tuple(wrapper)
 
 
 class _Connector:
@@ -71,7 +72,7 @@ class _Connector:
 
     def __init__(self, options: Options, pythons: Sequence[str]) -> None:
         self.options = options
-        self.command = bootstrap.remote_command(pythons)
+        self.command = bootstrap.remote_command(pythons, options.wrapper)
         self.config = Config(options.config)
         self.paramiko: Any = None
         self.known: Optional[KnownHosts] = None
@@ -349,7 +350,8 @@ class SSHStarter:
     def __init__(self, spec: SSHSpec, pythons: Sequence[str]) -> None:
         self.options = Options(config=spec.config, user=spec.user, port=spec.port,
                                identity=spec.identity, accept_new=spec.accept_new,
-                               connect_timeout=spec.connect_timeout, pythons=pythons)
+                               connect_timeout=spec.connect_timeout, pythons=pythons,
+                               wrapper=spec.agent_wrapper)
 
     def prepare(self) -> None:
         """paramiko's import and the agent's package, in the background."""

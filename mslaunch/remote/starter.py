@@ -107,7 +107,7 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
     if pythons is None:
         pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]
     if how == "slurm":
-        return SrunStarter(pythons, environ, port_range)
+        return SrunStarter(pythons, environ, port_range, spec.agent_wrapper)
     if how == "local":
         return _NoStarter()
     agent, setting = spec.rsh_agent, "plm_rsh_agent"
