@@ -290,6 +290,10 @@ def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home):
         p.kill()
         p.wait()
         settle(tag, sshbed)
+        # nor its directories (its marker, kvs_<pid>_..., names them), here or on the hosts
+        mine = f"mslaunch-ompi-kvs_{p.pid}_"
+        assert wait_for(lambda: not [n for d in ("/dev/shm", "/tmp") for n in os.listdir(d)
+                                     if n.startswith(mine)], 10)
     finally:
         kill_tagged(tag)
 

@@ -108,8 +108,9 @@ def remove_shm_segments(kvsname: str, shm_dir: str = "/dev/shm") -> int:
 def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     """The orphan guard's ``on_death`` hook for PMI jobs (see
     :class:`mslaunch.machine.guard.Watchdog`): the segments of every kvsname
-    it kept, the files of refused singletons (:class:`SingletonFiles`) and
-    the singleton probe of its marker are removed."""
+    it kept, the files of refused singletons (:class:`SingletonFiles`), and
+    the directories of its marker (the singleton probe's, the segments') are
+    removed."""
     files = SingletonFiles()
     for item in kept:
         if item.startswith("/"):
@@ -117,9 +118,10 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
         else:
             remove_shm_segments(item)
     files.remove()
-    if kept:
-        remove_probe(probe_path(marker))
-        remove_probe(backing_path(marker))
+    # By the marker, not by what was kept: the launcher may have died before it
+    # told the watchdog anything (no rank of its own had started yet).
+    remove_probe(probe_path(marker))
+    remove_probe(backing_path(marker))
 
 
 # -- the hwloc topology file ------------------------------------------------------
@@ -289,7 +291,9 @@ class SingletonProbe:
         # chose one): whatever a singleton leaves there goes with the directory,
         # also from one that ended before it could be noted.
         self.backing: Optional[str] = None
-        if not any(name in dict(spec.env) for spec in specs for name in BACKING_VARIABLES):
+        specs = list(specs)
+        if specs and not any(name in dict(spec.env) for spec in specs
+                             for name in BACKING_VARIABLES):
             try:
                 os.mkdir(backing_path(marker), 0o700)
                 self.backing = backing_path(marker)
