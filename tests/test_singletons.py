@@ -169,7 +169,7 @@ def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path):
 def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
     """The watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
     tag = new_tag()
-    p = subprocess.Popen(cmd("--grace", "10", "-n", "2", PY, program("singleton_shm.py"),
+    p = subprocess.Popen(cmd("--grace", "5", "-n", "2", PY, program("singleton_shm.py"),
                              str(tmp_path), "60", "ignore-term"),
                          env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
