@@ -17,7 +17,10 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from conftest import require
 from helpers import (all_gone, clean_env, cmd, kill_tagged, new_tag, program, tagged_pids,
                      wait_for)
 
@@ -244,6 +247,56 @@ def test_bind_numa_on_this_machine_and_its_file_form(bin_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     w = env_of(logs(tmp_path / "d")["worker_0.log"])
     assert w["affinity"] == list(parse_cpulist(node0)) and "MSRUN_CPU_LIST" not in w
+
+
+def _mindspores_concat():
+    """MindSpore's own function that puts its CPU plugin first in LD_LIBRARY_PATH,
+    read from its installed source (importing MindSpore takes seconds)."""
+    import importlib.util
+    import textwrap
+    found = importlib.util.find_spec("mindspore")
+    require(found is not None, "MindSpore's CPU wheel (pip install mindspore==2.10.0 'numpy<2')")
+    path = os.path.join(list(found.submodule_search_locations)[0], "run_check",
+                        "_check_version.py")
+    text = open(path).read()
+    start = text.index("    def _concat_variable(")
+    end = text.index("\n\n", start)
+    namespace = {"os": os}
+    exec(textwrap.dedent(text[start:end]), namespace)
+    return namespace["_concat_variable"], list(found.submodule_search_locations)[0]
+
+
+@given(st.lists(st.sampled_from(["", "/a", "/b", "/usr/lib", "PLUGIN"]), max_size=5))
+@settings(max_examples=100, deadline=None)
+def test_ld_library_path_is_as_importing_mindspore_makes_it(parts):
+    from mslaunch.msrun.plan import first_on_path
+    concat, _ = _mindspores_concat()
+    entry = "/x/mindspore/lib/plugin/cpu"
+    value = ":".join(p.replace("PLUGIN", entry) for p in parts) if parts else None
+    saved = os.environ.get("LD_LIBRARY_PATH")
+    try:
+        if value is None:
+            os.environ.pop("LD_LIBRARY_PATH", None)
+        else:
+            os.environ["LD_LIBRARY_PATH"] = value
+        concat("LD_LIBRARY_PATH", entry)
+        assert first_on_path(value, entry) == os.environ["LD_LIBRARY_PATH"]
+    finally:
+        if saved is None:
+            os.environ.pop("LD_LIBRARY_PATH", None)
+        else:
+            os.environ["LD_LIBRARY_PATH"] = saved
+
+
+def test_workers_get_mindspores_plugin_first_in_ld_library_path(bin_dir, tmp_path):
+    _, top = _mindspores_concat()
+    plugin = os.path.join(top, "lib", "plugin/cpu")
+    env = ms_env(bin_dir, LD_LIBRARY_PATH="/opt/x:" + plugin)
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'a'}",
+               "--join=True", TASK], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    for name, text in logs(tmp_path / "a").items():
+        assert env_of(text)["LD_LIBRARY_PATH"] == f"{plugin}:/opt/x", name
 
 
 def test_threads_the_user_set_are_kept(bin_dir, tmp_path):

@@ -54,6 +54,21 @@ def master_address(spec: MsrunSpec) -> Tuple[bool, List[str]]:
     return is_local_host(name) or any(is_local_host(a) for a in addresses), addresses
 
 
+def mindspore_lib() -> Optional[str]:
+    """MindSpore's ``lib`` directory with its CPU plugin, where this Python would
+    import MindSpore from (found, not imported: that costs seconds); else None."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec("mindspore")
+    except (ImportError, ValueError):
+        return None
+    for top in (found.submodule_search_locations or ()) if found is not None else ():
+        lib = os.path.join(top, "lib")
+        if os.path.isdir(os.path.join(lib, "plugin", "cpu")):
+            return lib
+    return None
+
+
 def shown_path(spec: MsrunSpec, path: Optional[str]) -> str:
     """A log's path as msrun prints it: under ``--log_dir`` as typed."""
     return os.path.join(spec.log_dir_given, os.path.basename(path or ""))
@@ -167,6 +182,7 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     procs = node_processes(spec, scheduler=master, ranks=ranks, environ=os.environ,
                            sched_host=addresses[0], master_port=port,
                            online_cpus=os.sysconf("SC_NPROCESSORS_ONLN"),
+                           ms_lib=mindspore_lib(),
                            hostname=os.uname().nodename, ip=addresses[0] if master else
                            _own_address(addresses), cpus=topo.cpu_ids(),
                            numa=objects(topo, "numa") if spec.bind_numa else ())

@@ -137,6 +137,17 @@ def mindspore_defaults(online_cpus: int) -> Dict[str, str]:
             "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
 
 
+def first_on_path(value: Optional[str], entry: str) -> str:
+    """``entry`` put first in a ``:``-separated list (moved there if it is in it),
+    as MindSpore puts its CPU plugin's directory in ``LD_LIBRARY_PATH``."""
+    paths = value.split(":") if value else []
+    if not paths:
+        return entry
+    if paths[0] == entry:
+        return value or entry
+    return ":".join([entry] + [p for p in paths if p != entry])
+
+
 def log_name(spec: MsrunSpec, worker_id: int, hostname: str, ip: str) -> str:
     base = spec.worker_log_name or "worker"
     base = base.replace("{ip}", ip).replace("{hostname}", hostname)
@@ -164,11 +175,13 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
                    cpus: Sequence[int], numa: Sequence[Sequence[int]] = (),
                    first_key: int = 0, sched_host: Optional[str] = None,
                    master_port: Optional[int] = None,
-                   online_cpus: int = 1) -> Tuple[RankSpec, ...]:
+                   online_cpus: int = 1, ms_lib: Optional[str] = None) -> Tuple[RankSpec, ...]:
     """This node's processes: the scheduler (if it runs here), then its workers.
 
     ``sched_host`` is the master's IP (MindSpore takes no name), ``master_port``
-    the workers' ``MASTER_PORT`` (a free port, not the scheduler's)."""
+    the workers' ``MASTER_PORT`` (a free port, not the scheduler's), ``ms_lib``
+    MindSpore's ``lib`` directory, whose ``plugin/cpu`` importing MindSpore puts
+    first in msrun's ``LD_LIBRARY_PATH``."""
     from ..plan import scrub_env
     host = Host(name=hostname, slots=spec.local_worker_num + (1 if scheduler else 0),
                 max_slots=None, local=True, node_id=0)
@@ -176,6 +189,9 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
     base.setdefault("PYTHONUNBUFFERED", "1")
     for name, value in mindspore_defaults(online_cpus).items():
         base.setdefault(name, value)
+    if ms_lib is not None:
+        base["LD_LIBRARY_PATH"] = first_on_path(base.get("LD_LIBRARY_PATH"),
+                                                os.path.join(ms_lib, "plugin/cpu"))
     sim = spec.sim_level >= 0
     sched_host = sched_host or spec.master_addr
     common = _common_env(spec, sched_host)
