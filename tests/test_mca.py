@@ -350,6 +350,8 @@ HYDRA = os.path.join(os.path.dirname(PY), "mpiexec.hydra")
     (["-n", "3", "-ppn", "1", "-hosts", "localhost", "hostname"], {}),
     (["-n", "2", "hostname"], {"MPIEXEC_PORT_RANGE": "20000:20100", "HYDRA_RMK": "user"}),
     (["-rmk", "user", "-ppn", "1", "-n", "2", "-hosts", "localhost", "hostname"], {}),
+    (["-n", "2", "printenv", "MSL_TEST_SEEN"], {"HYDRA_ENV": "all", "MSL_TEST_SEEN": "1"}),
+    (["-n", "2", "hostname"], {"HYDRA_DEBUG": "0", "HYDRA_LAUNCHER": "ssh"}),
 ])
 def test_same_as_hydra(tmp_path, args, env):
     require(os.access(HYDRA, os.X_OK), "Hydra 5.0.2 of the mpich wheel (pip install '.[mpi]')")
@@ -361,6 +363,17 @@ def test_same_as_hydra(tmp_path, args, env):
                            cwd=str(tmp_path), timeout=60)
         got.append((r.returncode, len(r.stdout.splitlines())))
     assert got[0][0] == 0 and got[1] == got[0]
+
+
+def test_hydra_variables_without_effect_are_noted_with_v(tmp_path):
+    env = env_in(tmp_path, HYDRA_RMK="user", MPIEXEC_PREFIX_STDOUT="[%r]",
+                 MPIEXEC_PREFIX_STDERR="[%r]")
+    r = run("-v", "-n", "1", "true", env=env)
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.decode().splitlines() if line.startswith("mslaunch: note:")]
+    for name in ("HYDRA_RMK", "MPIEXEC_PREFIX_STDOUT", "MPIEXEC_PREFIX_STDERR"):
+        assert any(f"note: {name} (environment) has no effect here" in n for n in notes), notes
+    assert run("-n", "1", "true", env=env).stderr == b""      # only with -v
 
 
 def test_hydra_variables_map_onto_options(tmp_path):
