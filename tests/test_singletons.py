@@ -255,7 +255,7 @@ names = st.text(st.characters(blacklist_characters="/\t\n\0", blacklist_categori
 
 @given(names, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
 def test_a_noted_file_survives_the_watchdogs_pipe(name, dev, ino):
-    from mslaunch.pmi.files import kept_item, read_kept_item
+    from mslaunch.pmi.singletons import kept_item, read_kept_item
     item = kept_item("/dev/shm/" + name, (dev, ino))
     assert "\n" not in item and item.startswith("/")
     assert read_kept_item(item) == ("/dev/shm/" + name, (dev, ino))
@@ -263,7 +263,7 @@ def test_a_noted_file_survives_the_watchdogs_pipe(name, dev, ino):
 
 @given(st.text(max_size=80))
 def test_what_is_not_a_noted_file_is_not_taken_for_one(item):
-    from mslaunch.pmi.files import read_kept_item
+    from mslaunch.pmi.singletons import read_kept_item
     found = read_kept_item(item)
     assert found is None or (found[0].startswith("/dev/shm/") and "/" not in found[0][9:])
     assert read_kept_item("kvs_12_ab" + item.replace("\t", "")) is None

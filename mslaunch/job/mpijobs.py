@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
-    from ..pmi.files import SingletonFiles, SingletonProbe
+    from ..pmi.singletons import SingletonFiles, SingletonProbe
     from ..pmi.server import PMIServer
     from ..remote.host import RemoteHost
     from ..spec import RankSpec, SpawnRequest
@@ -49,8 +49,8 @@ class MPIJobs:
         self.jobs: Dict[str, PMIJob] = {}        # by kvsname
         self.first: Optional[PMIJob] = None
         self.names: Dict[str, str] = {}          # published names, of every job
-        self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.files
-        self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.files
+        self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.singletons
+        self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.singletons
         self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
 
     # -- the first job ------------------------------------------------------------
@@ -58,7 +58,7 @@ class MPIJobs:
         """The first job's PMI; returns (inherited server, env function) for its local ranks."""
         sup = self.sup
         plan, job = sup.plan, sup.job
-        from ..pmi.files import SingletonProbe
+        from ..pmi.singletons import SingletonProbe
         try:
             self.probe = SingletonProbe(sup.watchdog.marker,
                                         [r for r in plan.ranks if r.host.local])
@@ -166,14 +166,14 @@ class MPIJobs:
             self.sup.loop.call_later(SINGLETON_POLL, self.watch_singletons)
 
     def check_singletons(self) -> None:
-        """End the launch if a rank here started Open MPI alone (see mslaunch.pmi.files)."""
+        """End the launch if a rank here started Open MPI alone (see mslaunch.pmi.singletons)."""
         if self.probe is not None:
             for key, size in self.probe.check():
                 self.singleton(key, size)
 
     def singleton(self, key: int, size: int, nested_launcher: bool = False) -> None:
-        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.files)."""
-        from ..pmi.files import runs_a_launcher, singleton_message
+        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.singletons)."""
+        from ..pmi.singletons import runs_a_launcher, singleton_message
         if not 0 <= key < len(self.sup.ranks):
             return
         r = self.sup.ranks[key]
@@ -189,7 +189,7 @@ class MPIJobs:
 
     def _note_leftovers(self) -> None:
         """Stop this host's ranks, noting what their Open MPI processes made in /dev/shm."""
-        from ..pmi.files import SingletonFiles
+        from ..pmi.singletons import SingletonFiles
         sup = self.sup
         if self.leftovers is None:
             dog = sup.watchdog

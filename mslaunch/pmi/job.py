@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, Mapping, Optional, Set, Tuple
 
     from ..machine.loop import Loop
-    from .files import SingletonProbe
+    from .singletons import SingletonProbe
     from ..spec import SpawnRequest
     from .server import PMIServer
     from .state import JobState

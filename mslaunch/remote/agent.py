@@ -371,10 +371,10 @@ class Agent:
         self._started[str(rank)] = pid
 
     def _report_singletons(self) -> None:
-        """Ranks that started Open MPI alone (see mslaunch.pmi.files): tell the launcher."""
+        """Ranks that started Open MPI alone (see mslaunch.pmi.singletons): tell the launcher."""
         probe = self.pmi.probe
         if probe is not None:
-            from ..pmi.files import runs_a_launcher
+            from ..pmi.singletons import runs_a_launcher
             pids = {r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local
                                                       else ()) if r.proc is not None}
             for key, size in probe.check():

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..machine.guard import Watchdog
     from ..machine.loop import Loop
-    from ..pmi.files import SingletonFiles, SingletonProbe
+    from ..pmi.singletons import SingletonFiles, SingletonProbe
     from ..spec import RankSpec
     from .endpoint import Endpoint
 
@@ -34,15 +34,15 @@ class AgentPMI:
         self.end = end
         self.on_job = on_job
         self.jobs: Dict[str, PMIJob] = {}     # by kvsname: the job's, and spawned ones
-        self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.files
+        self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.singletons
         self.leftovers: Optional[SingletonFiles] = None   # of Open MPI ranks stopped here
         self.guard: Optional[Watchdog] = None
         self.trace = False
         self.port_range: Optional[Tuple[int, int]] = None   # of the JOB frame
 
     def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
-        """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.pmi.files`)."""
-        from ..pmi.files import SingletonProbe
+        """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.pmi.singletons`)."""
+        from ..pmi.singletons import SingletonProbe
         try:
             self.probe = SingletonProbe(marker, specs)
         except OSError:
@@ -51,7 +51,7 @@ class AgentPMI:
     def stopping(self, pids: List[int]) -> None:
         """The ranks ``pids`` (process group leaders) are to be stopped: stop them,
         noting what their Open MPI processes made in /dev/shm (removed by :meth:`close`)."""
-        from ..pmi.files import SingletonFiles, runs_open_mpi
+        from ..pmi.singletons import SingletonFiles, runs_open_mpi
         if self.probe is None or not pids or not runs_open_mpi(pids):
             return
         if self.leftovers is None:
