@@ -78,3 +78,33 @@ def test_mslaunchs_own_ssh_flags_with_an_rsh_agent_are_one_error_line(flags):
     assert r.returncode == 2, err
     assert err.count("\n") == 1 and err.startswith(f"mslaunch: error: {flags[0]}: "), err
     assert "plm_rsh_args" in err
+
+
+@pytest.mark.parametrize("value, python, wrapper", [
+    ("orted", None, ()),
+    ("/opt/ompi/bin/orted", None, ()),
+    ("prted", None, ()),
+    ("enroot start IMAGE orted", None, ("enroot", "start", "IMAGE")),
+    ("singularity exec 'my image.sif' orted", None, ("singularity", "exec", "my image.sif")),
+    ("orted --mca foo bar", None, ()),                   # the daemon's arguments: dropped
+    ("wrap orted -d", None, ("wrap",)),
+    ("/opt/py/bin/python3", "/opt/py/bin/python3", ()),
+    ("env A=1 /opt/py/bin/python3", "/opt/py/bin/python3", ("env", "A=1")),
+])
+def test_launch_agent_is_read_as_open_mpi_reads_it(value, python, wrapper):
+    for argv, environ in ((["--launch-agent", value], {}),
+                          (["--mca", "orte_launch_agent", value], {}),
+                          ([], {"OMPI_MCA_orte_launch_agent": value})):
+        job = parse_args([*argv, "-H", "h1", "true"], environ={"HOME": "/", **environ},
+                         cwd=".")
+        assert (job.ssh.remote_python, job.ssh.agent_wrapper) == (python, wrapper), argv
+    # the last setting wins, the default included
+    job = parse_args(["--launch-agent", "orted", "-H", "h1", "true"], cwd=".",
+                     environ={"HOME": "/", "OMPI_MCA_orte_launch_agent": "/opt/py/bin/python3"})
+    assert job.ssh.remote_python is None
+
+
+def test_a_launch_agent_that_is_not_words_is_one_line():
+    r = run("--launch-agent", "wrap 'orted", "-H", "h1", "true")
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1, r.stderr
+    assert b"--launch-agent: cannot read" in r.stderr and b"no closing quotation" in r.stderr

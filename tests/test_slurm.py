@@ -69,9 +69,11 @@ def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbe
 
 
 def wrapper_script(tmp_path) -> str:
-    """A launch agent's wrapper (a container's runner, say) that notes where it ran."""
+    """A launch agent's wrapper (a container's runner, say) that notes where it ran,
+    and passes on none of its environment but PATH (as some runners do not)."""
     path = tmp_path / "wrap.sh"
-    path.write_text(f'#!/bin/sh\necho "$(hostname) $1" >> {tmp_path / "wrapped"}\nexec "$@"\n')
+    path.write_text(f'#!/bin/sh\necho "$(hostname) $1" >> {tmp_path / "wrapped"}\n'
+                    f'exec env -i PATH="$PATH" "$@"\n')
     path.chmod(0o755)
     return str(path)
 
@@ -84,9 +86,8 @@ def test_a_launch_agent_wrapper_runs_the_agents_under_srun(slurmbed, tmp_path):
     assert rc == 0, err
     assert sorted(line.split()[1] for line in out.splitlines() if line[:1].isdigit()) == \
         ["h1", "h1", "h2", "h2"]
-    # each node's agent was started through the wrapper, with the interpreter search
-    assert sorted((tmp_path / "wrapped").read_text().split("\n")[:-1]) == \
-        ["h1 /bin/sh", "h2 /bin/sh"]
+    # each node's agent was started through the wrapper, the dial-back variables set inside
+    assert sorted((tmp_path / "wrapped").read_text().split("\n")[:-1]) == ["h1 env", "h2 env"]
     assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
 
 

@@ -181,9 +181,12 @@ def some_value(attr: str) -> Apply:
 
 
 def set_launch_agent(d: Draft, said: str, value: str) -> None:
-    """Open MPI's launch agent, ``[WRAPPER...] PROGRAM``: its daemon (``orted``,
-    ``prted``, by name or path: the default interpreters) or the Python that runs
-    the agent; the words before it run the agent (a container's runner, say)."""
+    """Open MPI's launch agent, ``[WRAPPER...] PROGRAM [ARGS...]``, as Open MPI
+    reads it: the first word naming its daemon (``orted``, ``prted``, by name or
+    path) is the program, and the default interpreters run the agent; without
+    one, the last word is the Python to use.  The words before the program run
+    the agent (a container's runner, say); the daemon's own arguments after it
+    mean nothing to mslaunch's agent (``-v`` says so)."""
     import shlex
     try:
         words = shlex.split(value)
@@ -192,9 +195,13 @@ def set_launch_agent(d: Draft, said: str, value: str) -> None:
                          f"({str(err).lower()})") from None
     if not words or any("\0" in w for w in words):
         raise UsageError(f"{said}: empty value")
-    d.agent_wrapper = tuple(words[:-1])
-    if os.path.basename(words[-1]) not in ("orted", "prted"):
-        d.remote_python = words[-1]
+    daemon = [i for i, w in enumerate(words) if os.path.basename(w) in ("orted", "prted")]
+    at = daemon[0] if daemon else len(words) - 1
+    d.agent_wrapper = tuple(words[:at])
+    d.remote_python = None if daemon else words[at]
+    if words[at + 1:]:
+        d.notes.append(f"{said}: the daemon's arguments {one_line(' '.join(words[at + 1:]), 60)!r} "
+                       f"have no effect on mslaunch's agent")
 
 
 def launch_agent(d: Draft, flag: str, values: Sequence[str]) -> None:

@@ -10,9 +10,11 @@ starts its proxies::
 The step has no stdin, so each agent dials back: the launcher listens on the
 addresses it has towards the nodes (found from the nodes' addresses, Slurm's
 ``NodeAddr`` first, without sending a packet), and each node's agent
-presents the token of its node (``SLURMD_NODENAME``), a random secret that
-reaches it in the step's environment, never in argv, and is removed from
-the environment before anything else runs.  The launcher then sends the
+presents the token of its node (``SLURMD_NODENAME``, else its short host
+name), a random secret that reaches it in the step's environment, never in
+argv, and is removed from the environment before anything else runs.  (Inside
+a launch agent's wrapper, which need not pass the environment on, the two
+variables are set again by ``env`` on the command line, as over an rsh agent.)  The launcher then sends the
 same bootstrap and package as over SSH (:mod:`.bootstrap`) on that
 connection, and from there on the link is the SSH mode's: ranks, output,
 PMI, signals, heartbeats, the agent's own lifeline.
@@ -53,7 +55,7 @@ _DIAL = dial_program(
     "'SLURM_NTASKS','SLURM_NPROCS','SLURM_SRUN','SLURM_LAUNCH','SLURM_DISTRIBUTION',"
     "'SLURM_UMASK','SLURM_PRIO'))];",
     "dict(x.split('=',1) for x in e.pop('MSLAUNCH_DIAL_TOKENS').split())"
-    ".get(e.get('SLURMD_NODENAME',''))")
+    ".get(e.get('SLURMD_NODENAME') or socket.gethostname().split('.')[0])")
 
 
 def in_allocation(environ: Mapping[str, str]) -> bool:
@@ -164,14 +166,18 @@ def route_address(addr: str) -> str:
 
 
 def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str,
-              wrapper: Sequence[str] = ()) -> List[str]:
+              wrapper: Sequence[str] = (), dial_env: Sequence[str] = ()) -> List[str]:
+    """The srun step of the agents; inside a ``wrapper`` (a container's runner,
+    which need not pass its environment on) the dial-back variables ``dial_env``
+    are set again by ``env``."""
     n = len(names)
     argv = ["srun", f"--nodelist={','.join(names)}", f"--nodes={n}", f"--ntasks={n}",
             "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--mpi=none", "--cpu-bind=none",
             "--input=none", "--overlap", "--job-name=mslaunch-agents"]
     if _version_at_least(version, (23, 11)):
         argv.append("--external-launcher")
-    return argv + bootstrap.agent_argv(_DIAL, pythons, wrapper)
+    inside = [*wrapper, "env", *dial_env] if wrapper else []
+    return argv + inside + bootstrap.agent_argv(_DIAL, pythons)
 
 
 def _version_at_least(text: str, wanted) -> bool:
@@ -220,7 +226,8 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
         env = dict(environ)
         env["MSLAUNCH_DIAL"] = dial
         env["MSLAUNCH_DIAL_TOKENS"] = " ".join(f"{n}={t}" for n, t in tokens.items())
-        step = _Step(srun_argv(names, pythons, srun_version, wrapper), env)
+        dial_env = [f"{k}={env[k]}" for k in ("MSLAUNCH_DIAL", "MSLAUNCH_DIAL_TOKENS")]
+        step = _Step(srun_argv(names, pythons, srun_version, wrapper, dial_env), env)
         procs.update((name, step) for name in names)
         timeline.mark("srun started")
 
