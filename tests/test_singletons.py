@@ -113,6 +113,21 @@ def test_the_same_program_runs_with_mpi_openmpi(ompi5):
     assert [line.split(" Open MPI")[0] for line in lines] == ["rank 0 of 2", "rank 1 of 2"]
 
 
+def test_a_rank_that_runs_its_own_open_mpi_job_is_told_what_it_passes_on(ompi5):
+    """Not refused (its world is the nested job's); said once: the nested job's
+    ranks inherit the segments' directory, which only this host has."""
+    from mslaunch.job.openmpi import find_mpirun
+    argv, extra = find_mpirun(os.environ)
+    inner = " ".join([*argv, "--allow-run-as-root", "--oversubscribe", "-n", "2", PY, "-c",
+                      "'from mpi4py import MPI; print(MPI.COMM_WORLD.size)'"])
+    r = run("-n", "2", "sh", "-c", inner, env=clean_env(MPI4PY_LIBMPI=ompi5, **extra),
+            timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [b"2"] * 4
+    notes = [line for line in r.stderr.decode().splitlines() if "an Open MPI job of its own" in line]
+    assert len(notes) == 1 and "--mpi none" in notes[0], r.stderr
+
+
 def test_mpich_ranks_are_not_mistaken_for_singletons(mpich):
     r = run("-n", "2", PY, "-c", SHOW, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -201,6 +216,43 @@ def test_singletons_that_end_by_themselves_leave_nothing_in_dev_shm(ompi5, tmp_p
     files = held_files(tmp_path)
     assert files, os.listdir(tmp_path)
     assert still_there(files) == []
+
+
+@pytest.mark.parametrize("where", ["environment", "user's file", "param_files", "tune"])
+def test_a_backing_directory_the_user_chose_is_kept(ompi5, tmp_path, where):
+    """Open MPI's segments go where the user said, wherever Open MPI reads it from."""
+    import shutil
+    mine = f"/dev/shm/mslaunch-test-{new_tag()}"     # the program notes only /dev/shm files
+    os.mkdir(mine)
+    try:
+        _run_with_backing_chosen(ompi5, tmp_path, where, mine)
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+
+
+def _run_with_backing_chosen(ompi5, tmp_path, where: str, mine: str) -> None:
+    home = tmp_path / "home"
+    (home / ".openmpi").mkdir(parents=True)
+    conf = tmp_path / "params.conf"
+    env, args = {"HOME": str(home)}, []
+    if where == "environment":
+        env["OMPI_MCA_btl_sm_backing_directory"] = str(mine)
+    elif where == "user's file":
+        (home / ".openmpi" / "mca-params.conf").write_text(
+            f"btl_sm_backing_directory = {mine}\n")
+    elif where == "param_files":
+        conf.write_text(f"btl_sm_backing_directory = {mine}\n")
+        env["OMPI_MCA_mca_base_param_files"] = str(conf)
+    else:
+        conf.write_text(f"--mca btl_sm_backing_directory {mine}\n")
+        args = ["--tune", str(conf)]
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run(*args, "-n", "1", PY, program("singleton_shm.py"), str(out), "0",
+            env=clean_env(MPI4PY_LIBMPI=ompi5, **env), timeout=120)
+    assert r.returncode == 0, r.stderr
+    files = held_files(out)
+    assert files and all(p.startswith(f"{mine}/") for p in files.values()), files
 
 
 @pytest.mark.parametrize("how", ["timeout", "killed"])

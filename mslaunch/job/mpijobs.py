@@ -52,6 +52,7 @@ class MPIJobs:
         self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.singletons
         self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.singletons
         self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
+        self.nested_said = False
 
     # -- the first job ------------------------------------------------------------
     def start_first(self, local: bool):
@@ -178,14 +179,30 @@ class MPIJobs:
             return
         r = self.sup.ranks[key]
         pj = self.of(r.spec)
-        if size != 1 or pj is None or pj.size < 2 or nested_launcher:
+        if pj is None:
             return
-        if r.spec.host.local and r.pid and not r.ended and self.probe is not None \
-                and key not in self.probe.certain and runs_a_launcher(r.pid):
+        if size != 1 or nested_launcher or (
+                r.spec.host.local and r.pid and not r.ended and self.probe is not None
+                and key not in self.probe.certain and runs_a_launcher(r.pid)):
+            self._nested(r)
+            return
+        if pj.size < 2:
             return
         if self.sup.ending is None:
             self._note_leftovers()
         self.sup.fail(r, singleton_message(), 1, abort=True)
+
+    def _nested(self, r) -> None:
+        """A rank runs an Open MPI job of its own: say once what it inherits."""
+        from ..pmi.singletons import BACKING_VARIABLES
+        if self.nested_said or any(n in dict(r.spec.env) for n in BACKING_VARIABLES) or (
+                r.spec.host.local and self.probe is not None and self.probe.backing is None):
+            return                # the user's own directory, or none of this job's
+        self.nested_said = True
+        self.sup.log(f"rank {r.spec.rank} runs an Open MPI job of its own; its ranks inherit "
+                     f"OMPI_MCA_btl_sm/vader_backing_directory, a directory of this job on "
+                     f"{r.spec.host.name} only: on other hosts their shared memory is off "
+                     f"(--mpi none for a job of launchers, or set the variables yourself)")
 
     def _note_leftovers(self) -> None:
         """Stop this host's ranks, noting what their Open MPI processes made in /dev/shm."""

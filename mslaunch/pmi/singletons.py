@@ -130,6 +130,37 @@ def remove_probe(path: str) -> None:
 BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory")
 
 
+#: Open MPI's own installation-wide parameter files that may name a backing
+#: directory (Debian's; an installation's ``etc`` under ``OPAL_PREFIX``).
+_SYSTEM_PARAM_FILES = ("/etc/openmpi/openmpi-mca-params.conf",)
+
+
+def backing_chosen(env: Dict[str, str]) -> bool:
+    """Whether a rank's Open MPI would find a backing directory chosen for it:
+    in its environment, or in a parameter file it reads (the user's, the
+    installation's, those ``mca_base_param_files`` or a ``-tune`` file names)."""
+    if any(name in env for name in BACKING_VARIABLES):
+        return True
+    from ..errors import UsageError
+    from ..mcafile import param_file_list, parse_param_file
+    wanted = {name[len("OMPI_MCA_"):] for name in BACKING_VARIABLES}
+    files = list(param_file_list(env.get("OMPI_MCA_mca_base_param_files", ""))) or [
+        os.path.join(env.get("HOME") or os.environ.get("HOME") or "/", ".openmpi",
+                     "mca-params.conf"), *_SYSTEM_PARAM_FILES,
+        *([os.path.join(env["OPAL_PREFIX"], "etc", "openmpi-mca-params.conf")]
+          if env.get("OPAL_PREFIX") else [])]
+    files += param_file_list(env.get("OMPI_MCA_mca_base_envar_file_prefix", ""))
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                text = f.read(1 << 20)
+            if any(s.name in wanted for s in parse_param_file(text, path)):
+                return True
+        except (OSError, UsageError):
+            continue          # as Open MPI, which reads what it can
+    return False
+
+
 class SingletonProbe:
     """The directory Open MPI ranks write to, and what was found there."""
 
@@ -143,8 +174,7 @@ class SingletonProbe:
         # also from one that ended before it could be noted.
         self.backing: Optional[str] = None
         specs = list(specs)
-        if specs and not any(name in dict(spec.env) for spec in specs
-                             for name in BACKING_VARIABLES):
+        if specs and not any(backing_chosen(dict(spec.env)) for spec in specs):
             try:
                 os.mkdir(backing_path(marker), 0o700)
                 self.backing = backing_path(marker)
