@@ -138,7 +138,9 @@ class ShmWatch:
         import uuid
         os.environ[SESSION_VAR] = uuid.uuid4().hex
         self.needle = f"{SESSION_VAR}={os.environ[SESSION_VAR]}".encode()
-        self.own = os.environ.get(OWN_SHM_VAR) == "1"
+        # Only a fresh tmpfs of its own is empty at the start: with the variable
+        # set by mistake on a shared /dev/shm, the check samples as elsewhere.
+        self.own = os.environ.get(OWN_SHM_VAR) == "1" and not os.listdir(SHM)
         self.start = set(shm_files())
         self.start_names = set(os.listdir(SHM)) if self.own else set()
         self.named: Dict[str, str] = {}       # own /dev/shm: a new name -> its test

@@ -484,3 +484,7 @@ def test_the_hint_for_mindspore_scripts_fits_the_job():
     assert msrun_hint(["a", "a", "b", "b"], ["/usr/bin/python3", "my net.py"]).endswith(
         "e.g. mslaunch --worker_num=4 --local_worker_num=2 'my net.py' on each of the 2 nodes, "
         "with --master_addr=a and --node_rank=0..1")
+    # uneven: each node its own count
+    assert msrun_hint(["a", "a", "a", "b"], ["python", "net.py"]).endswith(
+        "--worker_num=4 --local_worker_num=N net.py on each of the 2 nodes, with "
+        "--master_addr=a and --node_rank=0..1 (N: 3 on a, 1 on b)")

@@ -74,14 +74,17 @@ def msrun_hint(hosts: Sequence[str], argv: Sequence[str]) -> str:
     per_host: Dict[str, int] = {}
     for name in hosts:
         per_host[name] = per_host.get(name, 0) + 1
+    counts = sorted(set(per_host.values()))
+    local = str(counts[0]) if len(counts) == 1 else "N"
     line = (f"mslaunch: MindSpore wants its own launcher's variables: run it in msrun's "
-            f"dialect, e.g. mslaunch --worker_num={len(hosts)} "
-            f"--local_worker_num={max(per_host.values(), default=0)} "
+            f"dialect, e.g. mslaunch --worker_num={len(hosts)} --local_worker_num={local} "
             f"{' '.join(shlex.quote(w) for w in words)}")
     if len(per_host) > 1:
         first = next(iter(per_host))
         line += (f" on each of the {len(per_host)} nodes, with --master_addr={first} and "
                  f"--node_rank=0..{len(per_host) - 1}")
+        if len(counts) > 1:
+            line += " (N: " + ", ".join(f"{n} on {h}" for h, n in per_host.items()) + ")"
     return line
 
 
