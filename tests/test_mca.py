@@ -265,7 +265,8 @@ def _side_by_side(tmp_path, args, env):
 
 @pytest.mark.parametrize("case", [
     "env-hostfile", "user-file", "env-over-user-file", "tune-oversubscribe", "env-tag",
-    "flag-over-tune", "env-over-tune", "env-over-tune-ranks", "gmca", "default-slots",
+    "flag-over-tune", "env-over-tune", "env-over-tune-ranks", "gmca", "tune-in-env",
+    "tune-flag-over-tune-in-env", "empty-env", "default-slots",
     "param-files", "user-file-x", "dash-host", "n-pernode"])
 def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     one = tmp_path / "one"
@@ -301,6 +302,17 @@ def test_same_as_open_mpi_4(tmp_path, hostfile, case):
         tune.write_text("--mca btl_tcp_if_include eth9\n")
         env = {"OMPI_MCA_btl_tcp_if_include": "lo"}
         args = ["--tune", str(tune), "-n", "1", "printenv", "OMPI_MCA_btl_tcp_if_include"]
+    elif case in ("tune-in-env", "tune-flag-over-tune-in-env"):
+        # -tune's own parameter in the environment; a -tune flag replaces it
+        env = {"OMPI_MCA_mca_base_envar_file_prefix": str(tune)}
+        other = tmp_path / "other"
+        other.write_text("-x FROM_TUNE=7\n")
+        args = ["-n", "1", "sh", "-c", "echo hi $FROM_TUNE"]
+        if case == "tune-flag-over-tune-in-env":
+            args = ["--tune", str(other), *args]
+    elif case == "empty-env":
+        env = {"OMPI_MCA_orte_tag_output": ""}
+        args = ["-n", "1", "echo", "hi"]
     elif case == "gmca":
         args = ["--gmca", "orte_tag_output", "1", "-n", "1", "echo", "hi"]
     elif case == "default-slots":

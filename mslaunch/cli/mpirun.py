@@ -40,6 +40,15 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     if defaults:
         _environment_defaults(d, argv)
     args = list(argv)
+    tune = d.environ.get("OMPI_MCA_mca_base_envar_file_prefix", "")
+    if defaults and tune and not any(words_of(a)[0] == "tune" for a in argv):
+        # -tune's own parameter, set in the environment (-tune replaces it)
+        said = "OMPI_MCA_mca_base_envar_file_prefix (environment)"
+        try:
+            args[:0] = d.option_file(d, "tune", said,
+                                     [os.path.join(d.cwd, f) for f in tune.split(",") if f])
+        except UsageError as err:
+            raise UsageError(f"{said}: {err}") from None
     i = 0
     while i < len(args):
         token = args[i]
