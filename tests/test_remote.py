@@ -285,6 +285,7 @@ def _start_sleepers(home, tag, *extra, hosts="h1,h2"):
 
 def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home):
     tag = new_tag()
+    began = time.time() - 1
     p = _start_sleepers(home, tag)
     try:
         p.kill()
@@ -292,8 +293,18 @@ def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home):
         settle(tag, sshbed)
         # nor its directories (its marker, kvs_<pid>_..., names them), here or on the hosts
         mine = f"mslaunch-ompi-kvs_{p.pid}_"
-        assert wait_for(lambda: not [n for d in ("/dev/shm", "/tmp") for n in os.listdir(d)
-                                     if n.startswith(mine)], 10)
+
+        def left() -> list:
+            found = []
+            for d in ("/dev/shm", "/tmp"):
+                for n in os.listdir(d):
+                    try:     # made by this launcher, not an older one of the same pid
+                        if n.startswith(mine) and os.stat(os.path.join(d, n)).st_ctime >= began:
+                            found.append(n)
+                    except OSError:
+                        pass
+            return found
+        assert wait_for(lambda: not left(), 10), left()
     finally:
         kill_tagged(tag)
 
