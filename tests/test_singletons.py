@@ -149,6 +149,12 @@ def held_files(out) -> dict:
     return found
 
 
+def processes_and_files_gone(tag: str, files: dict) -> None:
+    """The job's processes (by their tag) are gone, and then the files they noted."""
+    assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
+    assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+
+
 def termed_and_recorded(out) -> bool:
     """Whether a rank noted its SIGTERM and has recorded its files: it notes the
     signal at once, even in MPI_Init, and records its files once MPI_Init returns."""
@@ -195,8 +201,7 @@ def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
         p.wait(timeout=30)
         files = held_files(tmp_path)
         assert files
-        assert wait_for(lambda: tagged_pids(tag) == [], 30)
-        assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+        processes_and_files_gone(tag, files)
     finally:
         p.kill()
         p.wait()
@@ -270,8 +275,7 @@ def test_open_mpi_segments_go_when_the_job_is_stopped(ompi5, tmp_path, how):
         if how == "killed":
             p.send_signal(signal.SIGKILL)
         assert p.wait(timeout=60) == (110 if how == "timeout" else -signal.SIGKILL)
-        assert wait_for(lambda: tagged_pids(tag) == [], 30)
-        assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
+        processes_and_files_gone(tag, files)
     finally:
         p.kill()
         p.wait()
