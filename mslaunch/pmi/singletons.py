@@ -33,12 +33,13 @@ job is over they are removed if nobody has them open or mapped any more
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+    from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
     from ..machine.loop import Loop
     from ..spec import RankSpec
@@ -135,30 +136,39 @@ BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_ba
 _SYSTEM_PARAM_FILES = ("/etc/openmpi/openmpi-mca-params.conf",)
 
 
-def backing_chosen(env: Dict[str, str]) -> bool:
+def backing_chosen(env: Mapping[str, str]) -> bool:
     """Whether a rank's Open MPI would find a backing directory chosen for it:
     in its environment, or in a parameter file it reads (the user's, the
     installation's, those ``mca_base_param_files`` or a ``-tune`` file names)."""
     if any(name in env for name in BACKING_VARIABLES):
         return True
-    from ..errors import UsageError
-    from ..mcafile import param_file_list, parse_param_file
-    wanted = {name[len("OMPI_MCA_"):] for name in BACKING_VARIABLES}
-    files = list(param_file_list(env.get("OMPI_MCA_mca_base_param_files", ""))) or [
+    files = [p for p in env.get("OMPI_MCA_mca_base_param_files", "").replace(",", ":")
+             .split(":") if p.strip()] or [
         os.path.join(env.get("HOME") or os.environ.get("HOME") or "/", ".openmpi",
                      "mca-params.conf"), *_SYSTEM_PARAM_FILES,
         *([os.path.join(env["OPAL_PREFIX"], "etc", "openmpi-mca-params.conf")]
           if env.get("OPAL_PREFIX") else [])]
-    files += param_file_list(env.get("OMPI_MCA_mca_base_envar_file_prefix", ""))
-    for path in files:
-        try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as f:
-                text = f.read(1 << 20)
-            if any(s.name in wanted for s in parse_param_file(text, path)):
-                return True
-        except (OSError, UsageError):
-            continue          # as Open MPI, which reads what it can
-    return False
+    files += [p for p in env.get("OMPI_MCA_mca_base_envar_file_prefix", "").split(",") if p]
+    return any(_names_backing(path) for path in files)
+
+
+@functools.lru_cache(maxsize=64)
+def _names_backing(path: str) -> bool:
+    """Whether the parameter file ``path`` sets a backing directory (read once a job)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return False          # as Open MPI, which reads what it can
+    if "backing_directory" not in text:
+        return False          # most files (Debian's): no parser needed
+    from ..errors import UsageError
+    from ..mcafile import parse_param_file
+    wanted = {name[len("OMPI_MCA_"):] for name in BACKING_VARIABLES}
+    try:
+        return any(s.name in wanted for s in parse_param_file(text, path))
+    except UsageError:
+        return False
 
 
 class SingletonProbe:
@@ -174,7 +184,7 @@ class SingletonProbe:
         # also from one that ended before it could be noted.
         self.backing: Optional[str] = None
         specs = list(specs)
-        if specs and not any(backing_chosen(dict(spec.env)) for spec in specs):
+        if specs and not any(backing_chosen(spec.env) for spec in specs):
             try:
                 os.mkdir(backing_path(marker), 0o700)
                 self.backing = backing_path(marker)
