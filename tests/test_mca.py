@@ -266,7 +266,8 @@ def _side_by_side(tmp_path, args, env):
 @pytest.mark.parametrize("case", [
     "env-hostfile", "user-file", "env-over-user-file", "tune-oversubscribe", "env-tag",
     "flag-over-tune", "env-over-tune", "env-over-tune-ranks", "gmca", "tune-in-env",
-    "tune-flag-over-tune-in-env", "empty-env", "default-slots",
+    "tune-flag-over-tune-in-env", "tune-word-of-the-program", "tune-by-mca", "empty-env",
+    "empty-env-over-user-file", "default-slots",
     "param-files", "user-file-x", "dash-host", "n-pernode"])
 def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     one = tmp_path / "one"
@@ -310,7 +311,17 @@ def test_same_as_open_mpi_4(tmp_path, hostfile, case):
         args = ["-n", "1", "sh", "-c", "echo hi $FROM_TUNE"]
         if case == "tune-flag-over-tune-in-env":
             args = ["--tune", str(other), *args]
-    elif case == "empty-env":
+    elif case == "tune-word-of-the-program":
+        # a -tune among the program's own words replaces nothing
+        (tmp_path / "x.tune").write_text("-x FROM_TUNE=7\n")
+        env = {"OMPI_MCA_mca_base_envar_file_prefix": str(tmp_path / "x.tune")}
+        args = ["-n", "1", "sh", "-c", "echo $FROM_TUNE", "sh", "--tune"]
+    elif case == "tune-by-mca":
+        args = ["--mca", "mca_base_envar_file_prefix", str(tune), "-n", "1", "echo", "hi"]
+    elif case in ("empty-env", "empty-env-over-user-file"):
+        # empty: the default, over what the files say
+        if case == "empty-env-over-user-file":
+            conf.write_text("orte_tag_output = 1\n")
         env = {"OMPI_MCA_orte_tag_output": ""}
         args = ["-n", "1", "echo", "hi"]
     elif case == "gmca":

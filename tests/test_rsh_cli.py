@@ -88,6 +88,9 @@ def test_mslaunchs_own_ssh_flags_with_an_rsh_agent_are_one_error_line(flags):
     ("singularity exec 'my image.sif' orted", None, ("singularity", "exec", "my image.sif")),
     ("orted --mca foo bar", None, ()),                   # the daemon's arguments: dropped
     ("wrap orted -d", None, ("wrap",)),
+    # the last word naming the daemon is the program, as Open MPI finds it
+    ("singularity exec -B /opt/ompi/bin/orted:/usr/bin/orted img.sif orted", None,
+     ("singularity", "exec", "-B", "/opt/ompi/bin/orted:/usr/bin/orted", "img.sif")),
     ("/opt/py/bin/python3", "/opt/py/bin/python3", ()),
     ("env A=1 /opt/py/bin/python3", "/opt/py/bin/python3", ("env", "A=1")),
 ])
@@ -102,6 +105,10 @@ def test_launch_agent_is_read_as_open_mpi_reads_it(value, python, wrapper):
     job = parse_args(["--launch-agent", "orted", "-H", "h1", "true"], cwd=".",
                      environ={"HOME": "/", "OMPI_MCA_orte_launch_agent": "/opt/py/bin/python3"})
     assert job.ssh.remote_python is None
+    # --remote-python is mslaunch's own: an orted launch agent leaves it
+    job = parse_args(["--remote-python", "/p/python3", "--launch-agent", "wrap orted", "-H", "h1",
+                      "true"], environ={"HOME": "/"}, cwd=".")
+    assert (job.ssh.remote_python, job.ssh.agent_wrapper) == ("/p/python3", ("wrap",))
 
 
 def test_a_launch_agent_that_is_not_words_is_one_line():

@@ -223,7 +223,8 @@ def test_singletons_that_end_by_themselves_leave_nothing_in_dev_shm(ompi5, tmp_p
     assert still_there(files) == []
 
 
-@pytest.mark.parametrize("where", ["environment", "user's file", "param_files", "tune"])
+@pytest.mark.parametrize("where", ["environment", "user's file", "param_files", "tune",
+                                   "tune in the environment", "after a bad line"])
 def test_a_backing_directory_the_user_chose_is_kept(ompi5, tmp_path, where):
     """Open MPI's segments go where the user said, wherever Open MPI reads it from."""
     import shutil
@@ -242,9 +243,13 @@ def _run_with_backing_chosen(ompi5, tmp_path, where: str, mine: str) -> None:
     env, args = {"HOME": str(home)}, []
     if where == "environment":
         env["OMPI_MCA_btl_sm_backing_directory"] = str(mine)
-    elif where == "user's file":
+    elif where in ("user's file", "after a bad line"):
+        bad = "a line Open MPI skips\n" if where == "after a bad line" else ""
         (home / ".openmpi" / "mca-params.conf").write_text(
-            f"btl_sm_backing_directory = {mine}\n")
+            f"{bad}btl_sm_backing_directory = {mine}\n")
+    elif where == "tune in the environment":
+        conf.write_text(f"btl_sm_backing_directory = {mine}\n")
+        env["OMPI_MCA_mca_base_envar_file_prefix"] = str(conf)
     elif where == "param_files":
         conf.write_text(f"btl_sm_backing_directory = {mine}\n")
         env["OMPI_MCA_mca_base_param_files"] = str(conf)

@@ -111,6 +111,7 @@ class Draft:
         self.ssh_timeout = 10.0
         self.remote_python: Optional[str] = None
         self.agent_wrapper: Tuple[str, ...] = ()
+        self.agent_python: Optional[str] = None   # the launch agent's Python, if it names one
         self.default_hostfile: Optional[str] = None
         self.rankfile: Optional[str] = None
         self.xml_file: Optional[str] = None
@@ -182,9 +183,9 @@ def some_value(attr: str) -> Apply:
 
 def set_launch_agent(d: Draft, said: str, value: str) -> None:
     """Open MPI's launch agent, ``[WRAPPER...] PROGRAM [ARGS...]``, as Open MPI
-    reads it: the first word naming its daemon (``orted``, ``prted``, by name or
-    path) is the program, and the default interpreters run the agent; without
-    one, the last word is the Python to use.  The words before the program run
+    reads it: the last word naming its daemon (``orted``, ``prted``, by name or
+    path) is the program, and the interpreters ``--remote-python`` or the
+    defaults name run the agent; without one, the last word is the Python to use.  The words before the program run
     the agent (a container's runner, say); the daemon's own arguments after it
     mean nothing to mslaunch's agent (``-v`` says so)."""
     import shlex
@@ -196,9 +197,9 @@ def set_launch_agent(d: Draft, said: str, value: str) -> None:
     if not words or any("\0" in w for w in words):
         raise UsageError(f"{said}: empty value")
     daemon = [i for i, w in enumerate(words) if os.path.basename(w) in ("orted", "prted")]
-    at = daemon[0] if daemon else len(words) - 1
+    at = daemon[-1] if daemon else len(words) - 1
     d.agent_wrapper = tuple(words[:at])
-    d.remote_python = None if daemon else words[at]
+    d.agent_python = None if daemon else words[at]
     if words[at + 1:]:
         d.notes.append(f"{said}: the daemon's arguments {one_line(' '.join(words[at + 1:]), 60)!r} "
                        f"have no effect on mslaunch's agent")

@@ -389,8 +389,10 @@ def settings_below_command_line(environ: Dict[str, str], argv: Sequence[str],
             else:
                 found[name] = (value or "", said)
     for name, value in environment_params(environ):
-        if value.strip():          # an empty variable leaves the default, as in Open MPI
+        if value.strip():
             found[name] = (value, f"{ENV_PREFIX}{name} (environment)")
+        else:                      # empty: the default, over what the files say (Open MPI)
+            found.pop(name, None)
     params = [(name, value, said) for name, (value, said) in found.items()
               if name not in given and lookup(name) is not None]
     return params, exports

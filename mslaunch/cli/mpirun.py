@@ -40,15 +40,8 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
     if defaults:
         _environment_defaults(d, argv)
     args = list(argv)
-    tune = d.environ.get("OMPI_MCA_mca_base_envar_file_prefix", "")
-    if defaults and tune and not any(words_of(a)[0] == "tune" for a in argv):
-        # -tune's own parameter, set in the environment (-tune replaces it)
-        said = "OMPI_MCA_mca_base_envar_file_prefix (environment)"
-        try:
-            args[:0] = d.option_file(d, "tune", said,
-                                     [os.path.join(d.cwd, f) for f in tune.split(",") if f])
-        except UsageError as err:
-            raise UsageError(f"{said}: {err}") from None
+    if defaults:
+        args[:0] = _tune_parameter(d, argv)
     i = 0
     while i < len(args):
         token = args[i]
@@ -119,6 +112,46 @@ def _environment_defaults(d: Draft, argv: Sequence[str]) -> None:
     if any(k.startswith(("HYDRA_", "I_MPI_", "MPIEXEC_P", "MPICH_PORT")) for k in env):
         from .hydraenv import apply_hydra_environment
         apply_hydra_environment(d)
+
+
+def _before_program(argv: Sequence[str]) -> Dict[str, List[str]]:
+    """The options written before the program, by name, with their values
+    (the program's own words are not options; a bad line is left to the parser)."""
+    found: Dict[str, List[str]] = {}
+    i = 0
+    while i < len(argv):
+        body, inline = words_of(argv[i])
+        option = SPELLINGS.get(body) if body is not None else None
+        if option is None:
+            break
+        try:
+            values, i = _values(option, argv[i], inline, list(argv), i)
+        except UsageError:
+            break
+        found.setdefault(option.name, []).extend(values)
+    return found
+
+
+def _tune_parameter(d: Draft, argv: Sequence[str]) -> List[str]:
+    """``mca_base_envar_file_prefix``, ``-tune``'s own parameter, given with
+    ``--mca`` or in the environment: its files are read as ``-tune``'s (a ``-tune``
+    flag replaces it)."""
+    given = _before_program(argv)
+    if "tune" in given:
+        return []
+    mca = given.get("mca", [])
+    from_flag = [mca[k + 1] for k in range(0, len(mca) - 1, 2)
+                 if mca[k] == "mca_base_envar_file_prefix"]
+    value = from_flag[-1] if from_flag else d.environ.get("OMPI_MCA_mca_base_envar_file_prefix")
+    if not value:
+        return []
+    said = ("--mca mca_base_envar_file_prefix" if from_flag
+            else "OMPI_MCA_mca_base_envar_file_prefix (environment)")
+    try:
+        return d.option_file(d, "tune", said,
+                             [os.path.join(d.cwd, f) for f in value.split(",") if f])
+    except UsageError as err:      # a file that cannot be read names its file only
+        raise UsageError(str(err) if said in str(err) else f"{said}: {err}") from None
 
 
 def _option_file(d: Draft, name: str, flag: str, paths: List[str]) -> List[str]:
@@ -230,7 +263,8 @@ def _build(d: Draft) -> JobSpec:
         pmi_port=d.pmi_port, prefix=d.prefix, launch_dir=d.cwd,
         ssh=SSHSpec(config=d.ssh_config, user=d.ssh_user, port=d.ssh_port,
                     identity=d.ssh_identity, accept_new=d.ssh_accept_new,
-                    connect_timeout=float(d.ssh_timeout), remote_python=d.remote_python,
+                    connect_timeout=float(d.ssh_timeout),
+                    remote_python=d.remote_python or d.agent_python,
                     agent_wrapper=d.agent_wrapper,
                     launcher=launcher, rsh_agent=rsh_agent, rsh_args=rsh_args))
 

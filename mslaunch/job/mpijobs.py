@@ -172,7 +172,8 @@ class MPIJobs:
             for key, size in self.probe.check():
                 self.singleton(key, size)
 
-    def singleton(self, key: int, size: int, nested_launcher: bool = False) -> None:
+    def singleton(self, key: int, size: int, nested_launcher: bool = False,
+                  backing: Optional[bool] = None) -> None:
         """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.singletons)."""
         from ..pmi.singletons import runs_a_launcher, singleton_message
         if not 0 <= key < len(self.sup.ranks):
@@ -184,7 +185,7 @@ class MPIJobs:
         if size != 1 or nested_launcher or (
                 r.spec.host.local and r.pid and not r.ended and self.probe is not None
                 and key not in self.probe.certain and runs_a_launcher(r.pid)):
-            self._nested(r)
+            self._nested(r, backing)
             return
         if pj.size < 2:
             return
@@ -192,11 +193,13 @@ class MPIJobs:
             self._note_leftovers()
         self.sup.fail(r, singleton_message(), 1, abort=True)
 
-    def _nested(self, r) -> None:
-        """A rank runs an Open MPI job of its own: say once what it inherits."""
-        from ..pmi.singletons import BACKING_VARIABLES
-        if self.nested_said or any(n in dict(r.spec.env) for n in BACKING_VARIABLES) or (
-                r.spec.host.local and self.probe is not None and self.probe.backing is None):
+    def _nested(self, r, backing: Optional[bool]) -> None:
+        """A rank runs an Open MPI job of its own: say once what it inherits
+        (``backing``: whether its host gave it the job's segment directory;
+        None: this machine's probe knows)."""
+        if backing is None:
+            backing = self.probe is not None and self.probe.backing is not None
+        if self.nested_said or not backing:
             return                # the user's own directory, or none of this job's
         self.nested_said = True
         self.sup.log(f"rank {r.spec.rank} runs an Open MPI job of its own; its ranks inherit "
@@ -259,7 +262,8 @@ class MPIJobs:
                 raise link.LinkError(f"PMI {op} for rank {key}, not on this host")
             if op == "singleton":
                 self.singleton(key, link.field(message, "size", int, "PMI singleton"),
-                               message.get("launcher") is True)
+                               message.get("launcher") is True,
+                               backing=message.get("backing") is True)
             elif op == "abort":
                 self.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
                                str(message.get("message", "")))

@@ -165,10 +165,13 @@ def _names_backing(path: str) -> bool:
     from ..errors import UsageError
     from ..mcafile import parse_param_file
     wanted = {name[len("OMPI_MCA_"):] for name in BACKING_VARIABLES}
-    try:
-        return any(s.name in wanted for s in parse_param_file(text, path))
-    except UsageError:
-        return False
+    for line in text.split("\n"):       # a bad line hides no other, as in Open MPI
+        try:
+            if any(s.name in wanted for s in parse_param_file(line, path)):
+                return True
+        except UsageError:
+            continue
+    return False
 
 
 class SingletonProbe:

@@ -381,6 +381,7 @@ class Agent:
                 nested = size == 1 and key in pids and key not in probe.certain \
                     and runs_a_launcher(pids[key])
                 self.pmi.up({"op": "singleton", "rank": key, "size": size,
+                             "backing": probe.backing is not None,
                              "launcher": nested})
 
     def _watch_singletons(self) -> None:
