@@ -124,7 +124,8 @@ def test_a_rank_that_runs_its_own_open_mpi_job_is_told_what_it_passes_on(ompi5):
             timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [b"2"] * 4
-    notes = [line for line in r.stderr.decode().splitlines() if "an Open MPI job of its own" in line]
+    notes = [line for line in r.stderr.decode().splitlines()
+             if "an Open MPI job of its own" in line]
     assert len(notes) == 1 and "--mpi none" in notes[0], r.stderr
 
 

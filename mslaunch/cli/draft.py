@@ -184,10 +184,11 @@ def some_value(attr: str) -> Apply:
 def set_launch_agent(d: Draft, said: str, value: str) -> None:
     """Open MPI's launch agent, ``[WRAPPER...] PROGRAM [ARGS...]``, as Open MPI
     reads it: the last word naming its daemon (``orted``, ``prted``, by name or
-    path) is the program, and the interpreters ``--remote-python`` or the
-    defaults name run the agent; without one, the last word is the Python to use.  The words before the program run
-    the agent (a container's runner, say); the daemon's own arguments after it
-    mean nothing to mslaunch's agent (``-v`` says so)."""
+    path) is the program, and the interpreters of ``--remote-python`` or the
+    defaults run the agent; without one, the last word is the Python to use.
+    The words before the program run the agent (a container's runner, say);
+    the daemon's own arguments after it mean nothing to mslaunch's agent
+    (``-v`` says so)."""
     import shlex
     try:
         words = shlex.split(value)
@@ -201,8 +202,9 @@ def set_launch_agent(d: Draft, said: str, value: str) -> None:
     d.agent_wrapper = tuple(words[:at])
     d.agent_python = None if daemon else words[at]
     if words[at + 1:]:
-        d.notes.append(f"{said}: the daemon's arguments {one_line(' '.join(words[at + 1:]), 60)!r} "
-                       f"have no effect on mslaunch's agent")
+        rest = one_line(" ".join(words[at + 1:]), 60)
+        d.notes.append(f"{said}: the daemon's arguments {rest!r} have no effect on "
+                       f"mslaunch's agent")
 
 
 def launch_agent(d: Draft, flag: str, values: Sequence[str]) -> None:

@@ -118,14 +118,15 @@ def _before_program(argv: Sequence[str]) -> Dict[str, List[str]]:
     """The options written before the program, by name, with their values
     (the program's own words are not options; a bad line is left to the parser)."""
     found: Dict[str, List[str]] = {}
+    words = list(argv)
     i = 0
-    while i < len(argv):
-        body, inline = words_of(argv[i])
+    while i < len(words):
+        body, inline = words_of(words[i])
         option = SPELLINGS.get(body) if body is not None else None
         if option is None:
             break
         try:
-            values, i = _values(option, argv[i], inline, list(argv), i)
+            values, i = _values(option, words[i], inline, words, i)
         except UsageError:
             break
         found.setdefault(option.name, []).extend(values)

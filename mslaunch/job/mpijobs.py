@@ -50,7 +50,7 @@ class MPIJobs:
         self.first: Optional[PMIJob] = None
         self.names: Dict[str, str] = {}          # published names, of every job
         self.probe: Optional[SingletonProbe] = None   # see mslaunch.pmi.singletons
-        self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.singletons
+        self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.files
         self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
         self.nested_said = False
 

@@ -80,7 +80,7 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     it kept, the files of refused singletons (:class:`SingletonFiles`), and
     the directories of its marker (the singleton probe's, the segments') are
     removed."""
-    from .singletons import SingletonFiles, backing_path, probe_path, remove_probe
+    from .singletons import SingletonFiles, backing_path, probe_path, remove_directory
     files = SingletonFiles()
     for item in kept:
         if item.startswith("/"):
@@ -90,8 +90,8 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     files.remove()
     # By the marker, not by what was kept: the launcher may have died before it
     # told the watchdog anything (no rank of its own had started yet).
-    remove_probe(probe_path(marker))
-    remove_probe(backing_path(marker))
+    remove_directory(probe_path(marker))
+    remove_directory(backing_path(marker))
 
 
 # -- the hwloc topology file ------------------------------------------------------

@@ -113,7 +113,7 @@ def backing_path(marker: str) -> str:
     return os.path.join(SHM_DIR, f"mslaunch-ompi-{marker[:120]}")
 
 
-def remove_probe(path: str) -> None:
+def remove_directory(path: str) -> None:
     """Remove a directory of this module (the probe's, the segments') and what is in it."""
     try:
         for name in os.listdir(path):
@@ -142,6 +142,7 @@ def backing_chosen(env: Mapping[str, str]) -> bool:
     installation's, those ``mca_base_param_files`` or a ``-tune`` file names)."""
     if any(name in env for name in BACKING_VARIABLES):
         return True
+    # mcafile.param_file_list's reading, without importing it at every PMI job's start
     files = [p for p in env.get("OMPI_MCA_mca_base_param_files", "").replace(",", ":")
              .split(":") if p.strip()] or [
         os.path.join(env.get("HOME") or os.environ.get("HOME") or "/", ".openmpi",
@@ -227,9 +228,9 @@ class SingletonProbe:
         return found
 
     def close(self) -> None:
-        remove_probe(self.path)
+        remove_directory(self.path)
         if self.backing is not None:
-            remove_probe(self.backing)
+            remove_directory(self.backing)
 
 
 def singleton_message(library: str = "Open MPI") -> str:

@@ -14,9 +14,9 @@ presents the token of its node (``SLURMD_NODENAME``, else its short host
 name), a random secret that reaches it in the step's environment, never in
 argv, and is removed from the environment before anything else runs.  (Inside
 a launch agent's wrapper, which need not pass the environment on, the two
-variables are set again by ``env`` on the command line, as over an rsh agent.)  The launcher then sends the
-same bootstrap and package as over SSH (:mod:`.bootstrap`) on that
-connection, and from there on the link is the SSH mode's: ranks, output,
+variables are set again by ``env`` on the command line, as over an rsh
+agent.)  The launcher then sends the same bootstrap and package as over SSH
+(:mod:`.bootstrap`) on that connection, and from there on the link is the SSH mode's: ranks, output,
 PMI, signals, heartbeats, the agent's own lifeline.
 
 srun itself runs in a session of its own, so that a Ctrl-C at the terminal
