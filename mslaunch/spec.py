@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     # Type checkers see the standard decorator; at run time the small
     # equivalent below stands in for it.
     from dataclasses import dataclass, replace
-    from typing import Mapping, Optional, Tuple
+    from typing import Dict, Mapping, Optional, Tuple
 else:
     _MISSING = object()
 
@@ -369,3 +369,25 @@ class JobResult:
     ranks: Tuple[RankResult, ...] = ()
     root_cause: Optional[RankResult] = None
     message: str = ""
+
+
+#: Variables that carry the identity of an outer launch (a rank of another
+#: mpirun, srun or mslaunch starting this one); ranks must not inherit them.
+#: User configuration that Open MPI and Hydra pass through (``OMPI_MCA_*``,
+#: ``PMIX_MCA_*``, ``PRTE_MCA_*``, ``PMI_DEBUG`` ...) is kept.
+STALE_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "PMIX_SERVER_",
+                  "PMIX_DSTORE_", "HYDI_", "MSLAUNCH_GUARD")
+STALE_NAMES = frozenset((
+    "OMPI_UNIVERSE_SIZE", "OMPI_NUM_APP_CTX", "OMPI_APP_CTX_NUM_PROCS", "OMPI_FIRST_RANKS",
+    "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION", "OMPI_WORLD_SIZE",
+    "OMPI_WORLD_LOCAL_SIZE", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
+    "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_ID", "PMIX_HOSTNAME", "PMIX_VERSION",
+    "PMIX_SYSTEM_TMPDIR", "PMIX_GDS_MODULE", "PMIX_SECURITY_MODE", "PMIX_BFROP_BUFFER_TYPE",
+    "PRTE_LAUNCHED", "PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID", "PMI_SPAWNED",
+    "PMI_HOSTNAME", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPI_APPNUM", "MPI_UNIVERSE_SIZE"))
+
+
+def scrub_env(environ: Mapping[str, str]) -> Dict[str, str]:
+    """Copy ``environ`` without the identity variables of an outer MPI launch."""
+    return {k: v for k, v in environ.items()
+            if not k.startswith(STALE_PREFIXES) and k not in STALE_NAMES}

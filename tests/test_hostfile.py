@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _socket
 import os
 import re
 import socket
@@ -706,7 +707,7 @@ def fake_host(monkeypatch, tmp_path):
     etc = tmp_path / "hosts"
     etc.write_text("127.0.0.1 localhost\n127.0.1.1 vm.example.com vm  # me\n"
                    "10.0.0.9 other.example.com other\n")
-    monkeypatch.setattr(socket, "gethostname", lambda: "vm")
+    monkeypatch.setattr(_socket, "gethostname", lambda: "vm")
     monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "vm", "", "", "")))
     monkeypatch.setattr(hf, "_ETC_HOSTS", str(etc))
     hf._local_names.cache_clear()
@@ -730,7 +731,7 @@ def test_is_local_host(fake_host, name, local):
 
 
 def test_is_local_host_fqdn_hostname(monkeypatch, tmp_path):
-    monkeypatch.setattr(socket, "gethostname", lambda: "Box.Lab.Example")
+    monkeypatch.setattr(_socket, "gethostname", lambda: "Box.Lab.Example")
     monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "Box.Lab.Example", "", "", "")))
     monkeypatch.setattr(hf, "_ETC_HOSTS", str(tmp_path / "none"))
     hf._local_names.cache_clear()
@@ -752,9 +753,13 @@ def test_is_local_host_caches_and_never_resolves(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("DNS lookup attempted")
 
-    monkeypatch.setattr(socket, "gethostname", fake)
-    for name in ("getaddrinfo", "getfqdn", "gethostbyname", "gethostbyname_ex", "gethostbyaddr"):
-        monkeypatch.setattr(socket, name, forbidden)
+    # mslaunch asks the C module (the socket module costs a launch milliseconds)
+    monkeypatch.setattr(_socket, "gethostname", fake)
+    for module in (socket, _socket):
+        for name in ("getaddrinfo", "getfqdn", "gethostbyname", "gethostbyname_ex",
+                     "gethostbyaddr"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, forbidden)
     try:
         assert is_local_host("cachedhost")
         assert not is_local_host("elsewhere")
@@ -777,3 +782,27 @@ def test_import_is_cheap():
             "print(sorted(bad))" % REPO)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- the hand-written checks hold to the regular expressions they replace ------------------
+
+_GRAMMAR_TEXT = st.text(alphabet="aZ09_.-:%fF[]()x,\n é٣", max_size=14)
+
+
+@given(_GRAMMAR_TEXT)
+def test_name_checks_match_their_regular_expressions(text):
+    from mslaunch.hosts import hostfile as h
+    assert h._is_hostname(text) == bool(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", text))
+    assert h._is_ipv6_text(text) == bool(
+        re.fullmatch(r"[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.\-]+)?", text))
+    assert h._is_digits(text) == bool(re.fullmatch(r"[0-9]+", text))
+
+
+@given(_GRAMMAR_TEXT)
+def test_slurm_list_pieces_match_their_regular_expressions(text):
+    from mslaunch.hosts import allocation as a
+    m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", text)
+    assert a.range_parts(text) == (m.groups() if m else None)
+    m = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", text)
+    assert a.task_parts(text) == (m.groups() if m else None)
+    assert a.bracket_split(text) == re.split(r"\[([^\]]*)\]", text)

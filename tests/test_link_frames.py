@@ -243,3 +243,105 @@ def test_lines_frames_decode_to_what_was_sent_or_are_refused(rank, stream, data,
     else:
         with pytest.raises(link.LinkError):
             link.decode_lines(body)
+
+
+# -- the link's JSON, through the C accelerator without the json package -------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner,
+                                                                 max_size=5),
+    max_leaves=30)
+
+
+def test_the_agent_imports_none_of_the_costly_standard_modules():
+    """Where the interpreter has ``_json`` (CPython), the link's codec drives it:
+    an agent (``-S``, as it runs) imports neither ``json`` nor ``re``, nor
+    ``socket``, ``enum`` or ``collections`` -- each milliseconds of every host's start."""
+    from mslaunch.remote import wirejson
+    assert wirejson._fast is not None
+    code = ("import sys; from mslaunch.remote import agent, dialback, link; "
+            "link.decode_json(1, link.encode(1, {'a': [1, 'x']})[5:]); "
+            "print(sorted(m for m in ('json', 're', 'enum', 'socket', 'collections', "
+            "'selectors', 'subprocess', 'hashlib', 'mslaunch.plan') if m in sys.modules))")
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])},
+                         check=True).stdout
+    assert out.strip() == "[]", out
+
+
+@given(_json_values)
+def test_the_link_codec_writes_and_reads_as_the_json_package(value):
+    import json
+
+    from mslaunch.remote import wirejson
+    text = wirejson.dumps(value)
+    assert text == json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    assert wirejson.loads(text) == json.loads(text)
+
+
+@given(st.one_of(st.text(max_size=60), st.sampled_from([
+    "", " ", "[1,", "{\"a\":}", "1 2", "[1] x", "NaN", "-Infinity", " {} ", "\ufeff{}",
+    "[" * 3000 + "]" * 3000, "\"\\ud800\"", "01", "1.", "tru", "{\"a\" 1}"])))
+def test_the_link_codec_refuses_what_the_json_package_refuses(text):
+    import json
+
+    from mslaunch.remote import wirejson
+    try:
+        expected = json.loads(text)
+    except (ValueError, RecursionError):
+        with pytest.raises((ValueError, RecursionError)):
+            wirejson.loads(text)
+        return
+    got = wirejson.loads(text)
+    assert got == expected or (got != got and expected != expected)   # NaN
+
+
+def test_the_link_codec_refuses_what_cannot_be_json():
+    from mslaunch.remote import wirejson
+    with pytest.raises(TypeError):
+        wirejson.dumps({"a": object()})
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError):
+        wirejson.dumps(loop)
+
+
+def test_the_link_codec_without_the_json_package_reads_and_refuses_as_the_package(tmp_path):
+    """In an agent the json package is not loaded, and the accelerator then
+    reports some errors without an exception of its own: every text must still
+    give the package's value or a ValueError (checked against the package here)."""
+    import json
+    import random
+    import subprocess
+    import sys
+    rng = random.Random(7)
+    pieces = ['{', '}', '[', ']', ',', ':', '"', '\\', 'u', '1', '-', '.', 'e', 'a', ' ',
+              'nope', 'true', 'null', 'NaN', '"k"', '\\u12', '\\ud800']
+    texts = ['{nope', '[1,', '{"a":}', '{"a" 1}', '"abc', '{"a":1,}', '[' * 5000]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(600)]
+    (tmp_path / "texts").write_text(json.dumps(texts))
+    code = ("import json as _j, sys; sys.modules.pop('json', None); "
+            "sys.modules.pop('json.decoder', None); sys.modules.pop('json.scanner', None)\n"
+            "from mslaunch.remote import wirejson\n"
+            "out = []\n"
+            f"texts = _j.loads(open({str(tmp_path / 'texts')!r}).read())\n"
+            "assert 'json.decoder' not in sys.modules\n"
+            "for t in texts:\n"
+            "    try:\n"
+            "        out.append(['ok', repr(wirejson.loads(t))])\n"
+            "    except (ValueError, RecursionError):\n"
+            "        out.append(['error', ''])\n"
+            "print(_j.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
+    assert r.returncode == 0, r.stderr
+    for text, (how, value) in zip(texts, json.loads(r.stdout)):
+        try:
+            expected = ["ok", repr(json.loads(text))]
+        except (ValueError, RecursionError):
+            expected = ["error", ""]
+        assert [how, value] == expected, text

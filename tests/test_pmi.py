@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from conftest import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.plan import mapping
+from mslaunch import procmap as mapping
 from mslaunch.pmi import files as shm, wire
 from mslaunch.pmi import server as pmiserver
 from mslaunch.machine.loop import Loop
@@ -987,3 +988,40 @@ def test_mpi_vanished_rank(tmp_path):
     codes, outs, rec, _, _ = run_mpi(tmp_path, 2, "pmi_vanish.py")
     assert rec.lost == [1], outs
     assert codes[1] == 0
+
+
+# -- the wire's hand-written checks hold to the regular expressions they replace -------
+
+_WIRE_TEXT = st.text(alphabet="ab09_/-= \\\x00\x1f\x7f;é\t", max_size=24)
+
+
+@given(_WIRE_TEXT)
+def test_wire_checks_match_their_regular_expressions(text):
+    from mslaunch.pmi import wire
+    assert wire.has_control(text) == bool(re.search(r"[\x00-\x1f\x7f]", text))
+    assert wire.is_key(text) == bool(re.fullmatch(r"[A-Za-z0-9_/\-]+", text))
+    assert wire.is_pmi_id(text) == bool(re.fullmatch(r"[1-9][0-9]{0,9}", text))
+    raw = text.encode()
+    assert wire._v2_header(raw) == bool(re.fullmatch(rb" *[0-9]+ *", raw))
+
+
+@given(_WIRE_TEXT.filter(lambda t: not re.search(r"[\x00-\x1f\x7f]", t)),
+       st.integers(0, 24))
+def test_wire_v1_tokens_match_their_regular_expression(text, pos):
+    from mslaunch.pmi import wire
+    pos = min(pos, len(text))
+    m = re.compile(r" *([A-Za-z0-9_/\-]+)=((?:\\.|\\$|[^ \\])+)").match(text, pos)
+    expected = None if m is None else (m.group(1), re.sub(r"\\(.)", r"\1", m.group(2)),
+                                       m.end())
+    assert wire.v1_token(text, pos) == expected
+
+
+def test_a_pmi_exchange_imports_no_regular_expressions():
+    """Parsing and formatting PMI messages (an agent's, the launcher's) needs no ``re``."""
+    code = ("import sys; from mslaunch.pmi import wire; "
+            "wire.parse_v1('cmd=put kvsname=k key=a value=b\\\\ c\\n'); "
+            "wire.parse_v2('cmd=fullinit;pmirank=0;'); wire.take_frame(bytearray(b'    10cmd=x;a=b;'), 99); "
+            "wire.format_v1('put', {'key': 'a b'}); print('re' in sys.modules)")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(Path(__file__).parents[1])}, check=True).stdout
+    assert out.strip() == "False", out

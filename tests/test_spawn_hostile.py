@@ -360,7 +360,7 @@ def test_a_spawn_while_the_job_is_being_stopped_is_refused(launch, tmp_path):
 
 def test_pmi_keys_in_preput_do_not_change_the_childrens_job_attributes(launch):
     child = [INIT, ["v1", "cmd=get key=PMI_process_mapping"], ["v1", "cmd=get key=mine"], FIN]
-    from mslaunch.plan.mapping import process_mapping
+    from mslaunch.procmap import process_mapping
     preput = [("PMI_process_mapping", "(vector,(0,99,1))"), ("PMI_size", "9"),
               ("mine", "\u00e9t\u00e9=1 2")]
     r = launch("--tag-output", steps=[INIT, *spawn1(seg(exe=PY, args=[r_raw(), json.dumps(child)],

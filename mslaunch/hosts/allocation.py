@@ -11,30 +11,63 @@ Errors are one line naming the variable or FILE:LINE.
 
 from __future__ import annotations
 
-import re
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..errors import HostfileError
 from ..spec import HostEntry
-from .hostfile import (MAX_HOSTS, _GROUP_PAT, _MAX_DIGITS, _RANGE_PAT, _TASKS_PAT, _count,
+from .hostfile import (MAX_HOSTS, _MAX_DIGITS, _count, _is_digits,
                        _name_problem, _show_path, _x, read_host_file)
 
 # ---------------------------------------------------------------------------
 # Slurm
 
+def range_parts(item: str) -> Optional[Tuple[str, Optional[str]]]:
+    """``([0-9]+)(?:-([0-9]+))?``: the bounds of ``N`` or ``N-M``, or None."""
+    low, dash, high = item.partition("-")
+    if not _is_digits(low) or (dash and not _is_digits(high)):
+        return None
+    return low, high if dash else None
+
+
+def task_parts(item: str) -> Optional[Tuple[str, Optional[str]]]:
+    """``([0-9]+)(?:\\(x([0-9]+)\\))?``: the count and repeat of ``N`` or ``N(xM)``."""
+    count, paren, rest = item.partition("(")
+    if not _is_digits(count):
+        return None
+    if not paren:
+        return count, None
+    if not (rest[:1] == "x" and rest[-1:] == ")" and _is_digits(rest[1:-1])):
+        return None
+    return count, rest[1:-1]
+
+
+def bracket_split(part: str) -> List[str]:
+    """``re.split(r"\\[([^\\]]*)\\]", part)``: literal text and bracket groups in
+    turn, for a name whose brackets are balanced and not nested."""
+    pieces: List[str] = []
+    at = 0
+    while True:
+        opening = part.find("[", at)
+        closing = part.find("]", opening + 1) if opening >= 0 else -1
+        if closing < 0:
+            pieces.append(part[at:])
+            return pieces
+        pieces += [part[at:opening], part[opening + 1:closing]]
+        at = closing + 1
+
+
 def _expand_group(body: str, expr: str, var: str) -> List[str]:
     """``01-03,7`` → ``['01', '02', '03', '7']`` (width from the lower bound)."""
     out: List[str] = []
     for item in body.split(","):
-        m = re.fullmatch(_RANGE_PAT, item)
-        if not m or len(m.group(1)) > _MAX_DIGITS or len(m.group(2) or "") > _MAX_DIGITS:
+        m = range_parts(item)
+        if not m or len(m[0]) > _MAX_DIGITS or len(m[1] or "") > _MAX_DIGITS:
             raise HostfileError(
                 f"{var}: bad range {_x(item)} in {_x(expr)} (expected N or N-M, digits only)"
             )
-        lo_text, hi_text = m.group(1), m.group(2)
+        lo_text, hi_text = m
         if hi_text is None:
             out.append(lo_text)
             continue
@@ -86,7 +119,7 @@ def expand_nodelist(expr: str, var: str = "SLURM_JOB_NODELIST") -> List[str]:
         if not part:
             raise HostfileError(f"{var}: empty host name in {_x(expr)}")
         # Alternate literal text and bracket groups: lit [grp] lit [grp] lit
-        pieces = re.split(_GROUP_PAT, part)
+        pieces = bracket_split(part)
         choices: List[List[str]] = []
         size = 1
         for index, piece in enumerate(pieces):
@@ -117,9 +150,9 @@ def expand_tasks_per_node(expr: str, var: str = "SLURM_TASKS_PER_NODE") -> List[
     if not expr.strip():
         raise HostfileError(f"{var}: empty count list")
     for item in expr.split(","):
-        m = re.fullmatch(_TASKS_PAT, item.strip())
-        value = _count(m.group(1)) if m else None
-        times = _count(m.group(2)) if m and m.group(2) is not None else 1
+        m = task_parts(item.strip())
+        value = _count(m[0]) if m else None
+        times = _count(m[1]) if m and m[1] is not None else 1
         if value is None or times is None:
             raise HostfileError(
                 f"{var}: bad item {_x(item)} in {_x(expr)} (expected N or N(xM), N and M >= 1)"

@@ -8,31 +8,44 @@ this machine; its ranks then start without SSH.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Callable, List, Optional
 
 from .hostfile import _is_digits
 
 _ETC_HOSTS = "/etc/hosts"
+def _once(func: Callable[[], frozenset]) -> Callable[[], frozenset]:
+    """``functools.lru_cache(maxsize=1)`` for a function of no arguments, with its
+    ``cache_clear``; ``functools`` (with ``collections``) costs a launch milliseconds."""
+    kept: List[frozenset] = []
+
+    def once() -> frozenset:
+        if not kept:
+            kept.append(func())
+        return kept[0]
+    once.cache_clear = kept.clear  # type: ignore[attr-defined]
+    once.__doc__ = func.__doc__
+    return once
+
+
 _LOOPBACK_NAMES = frozenset({
     "localhost", "localhost.localdomain", "localhost6", "localhost6.localdomain6",
     "ip6-localhost", "ip6-loopback",
 })
 
 
-@lru_cache(maxsize=1)
+@_once
 def _local_names() -> frozenset:
     """This machine's names, lower-cased: hostname, short form, full form.
 
     The full name is taken from ``/etc/hosts`` lines that also list the
     hostname; no resolver call is made (they can hang on a broken DNS).
     """
-    import socket
+    import _socket
 
-    raw = {socket.gethostname()}
+    raw = {_socket.gethostname()}
     uname = getattr(os, "uname", None)
     if uname is not None:
         raw.add(uname().nodename)
@@ -94,7 +107,7 @@ def is_local_host(name: str) -> bool:
     return n[:1].isdigit() and n in _local_ipv4_addresses()
 
 
-@lru_cache(maxsize=1)
+@_once
 def _local_ipv4_addresses() -> frozenset:
     """This machine's IPv4 addresses, from the kernel's routing trie (no DNS)."""
     found = set()
@@ -121,11 +134,16 @@ def route_address(addr: str) -> Optional[str]:
     No packet is sent: connecting a UDP socket only asks the kernel's
     routing table which source address it would use.
     """
-    import socket
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    import _socket
+    family = _socket.AF_INET6 if ":" in addr else _socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((addr, 9))
-            return str(s.getsockname()[0])
+        s = _socket.socket(family, _socket.SOCK_DGRAM)
     except OSError:
         return None
+    try:
+        s.connect((addr, 9))
+        return str(s.getsockname()[0])
+    except OSError:
+        return None
+    finally:
+        s.close()

@@ -15,7 +15,11 @@ import itertools
 import os
 import select
 import time
-from collections import deque
+try:
+    # The C type itself: the ``collections`` package costs milliseconds to import.
+    from _collections import deque
+except ImportError:
+    from collections import deque
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

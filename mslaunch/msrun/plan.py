@@ -182,7 +182,7 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
     the workers' ``MASTER_PORT`` (a free port, not the scheduler's), ``ms_lib``
     MindSpore's ``lib`` directory, whose ``plugin/cpu`` importing MindSpore puts
     first in msrun's ``LD_LIBRARY_PATH``."""
-    from ..plan import scrub_env
+    from ..spec import scrub_env
     host = Host(name=hostname, slots=spec.local_worker_num + (1 if scheduler else 0),
                 max_slots=None, local=True, node_id=0)
     base = scrub_env(environ)

@@ -18,30 +18,9 @@ if TYPE_CHECKING:
 from ..errors import PlanError, UsageError
 from ..hosts import IMPLICIT_HOST
 from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
+from ..spec import scrub_env  # noqa: F401 (the plan's rule; the agent's too)
 from .place import binding, check_overload, locations, place, rank_order, resolve_hosts
 from ..machine.topology import Topology, count, make_topology
-
-#: Variables that carry the identity of an outer launch (a rank of another
-#: mpirun, srun or mslaunch starting this one); ranks must not inherit them.
-#: User configuration that Open MPI and Hydra pass through (``OMPI_MCA_*``,
-#: ``PMIX_MCA_*``, ``PRTE_MCA_*``, ``PMI_DEBUG`` ...) is kept.
-STALE_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_", "PMIX_SERVER_",
-                  "PMIX_DSTORE_", "HYDI_", "MSLAUNCH_GUARD")
-STALE_NAMES = frozenset((
-    "OMPI_UNIVERSE_SIZE", "OMPI_NUM_APP_CTX", "OMPI_APP_CTX_NUM_PROCS", "OMPI_FIRST_RANKS",
-    "OMPI_ARGV", "OMPI_COMMAND", "OMPI_FILE_LOCATION", "OMPI_WORLD_SIZE",
-    "OMPI_WORLD_LOCAL_SIZE", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
-    "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_ID", "PMIX_HOSTNAME", "PMIX_VERSION",
-    "PMIX_SYSTEM_TMPDIR", "PMIX_GDS_MODULE", "PMIX_SECURITY_MODE", "PMIX_BFROP_BUFFER_TYPE",
-    "PRTE_LAUNCHED", "PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID", "PMI_SPAWNED",
-    "PMI_HOSTNAME", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPI_APPNUM", "MPI_UNIVERSE_SIZE"))
-
-
-def scrub_env(environ: Mapping[str, str]) -> Dict[str, str]:
-    """Copy ``environ`` without the identity variables of an outer MPI launch."""
-    return {k: v for k, v in environ.items()
-            if not k.startswith(STALE_PREFIXES) and k not in STALE_NAMES}
-
 
 def _oversubscribe(job: JobSpec, entries: Sequence[HostEntry]) -> bool:
     """Whether ranks may outnumber slots.
@@ -119,7 +98,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     master_addr = "127.0.0.1" if all(h.local for h in used) else used[0].name
     mapping = ""
     if job.mpi == "pmi":
-        from .mapping import process_mapping
+        from ..procmap import process_mapping
         mapping = process_mapping([node_of_host[h] for h in where])
     app_envs = [context_environment(job, app.env, environ, master_addr, master_port, ompi_jobid)
                 for app in job.apps]

@@ -121,7 +121,7 @@ def plan_spawn(job: JobSpec, plan: Plan, request: SpawnRequest, *, number: int,
     node_of: Dict[int, int] = {}
     for h in where:
         node_of.setdefault(h, len(node_of))
-    from .mapping import process_mapping
+    from ..procmap import process_mapping
     mapping = process_mapping([node_of[h] for h in where])
     local_size: Dict[int, int] = {}
     for h in where:

@@ -58,7 +58,7 @@ A peer that breaks the grammar, floods, or never reads its replies is cut off
 and reported with one :meth:`PMIListener.pmi_log` line; a parseable but
 misplaced request gets an ``rc=1`` reply.  No exception leaves a loop callback.
 
-:mod:`mslaunch.plan.mapping` writes and parses ``PMI_process_mapping``; :mod:`.files`
+:mod:`mslaunch.procmap` writes and parses ``PMI_process_mapping``; :mod:`.files`
 holds what PMI jobs keep on a host's file systems (MPICH's shared-memory
 segments, the hwloc topology file, the Open MPI singleton probe) and the
 orphan guard's hooks that remove it.

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 from . import ABORTED, ACTIVE, DONE, NEW, READY, V2_PRE
 from .state import KVS_MAX_BYTES
-from .wire import (KEYLEN_MAX, KVSNAME_MAX, MAX_MESSAGE, VALLEN_MAX, WireError, _decode, _rx,
+from .wire import (KEYLEN_MAX, KVSNAME_MAX, MAX_MESSAGE, VALLEN_MAX, WireError, _decode, is_key,
                    format_v1, format_v2, parse_v1, parse_v2)
 
 
@@ -99,7 +99,7 @@ class V1Handler:
         segment = self.mcmd[-1]
         if text != "endcmd":
             key, sep, value = text.partition("=")
-            if not sep or not _rx.KEY.fullmatch(key):
+            if not sep or not is_key(key):
                 raise WireError(f"bad line in multi-line message: {text[:40]!r}")
             segment.append((key, value))
             return None

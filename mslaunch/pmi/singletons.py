@@ -33,7 +33,6 @@ job is over they are removed if nobody has them open or mapped any more
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -153,9 +152,20 @@ def backing_chosen(env: Mapping[str, str]) -> bool:
     return any(_names_backing(path) for path in files)
 
 
-@functools.lru_cache(maxsize=64)
+#: What :func:`_names_backing` found, per file (``functools`` would cost an agent
+#: its import of ``collections``).
+_NAMES_BACKING: Dict[str, bool] = {}
+
+
 def _names_backing(path: str) -> bool:
     """Whether the parameter file ``path`` sets a backing directory (read once a job)."""
+    known = _NAMES_BACKING.get(path)
+    if known is None:
+        known = _NAMES_BACKING[path] = _read_names_backing(path)
+    return known
+
+
+def _read_names_backing(path: str) -> bool:
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             text = f.read(1 << 20)

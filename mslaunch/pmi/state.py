@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from ..spec import SpawnRequest
 
-from ..plan.mapping import parse_process_mapping
+from ..procmap import parse_process_mapping
 from .wire import VALLEN_MAX
 
 #: Bytes of keys and values one job may store: MPICH puts one business card

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 from ..machine.loop import accept_strangers
 from . import READY
-from .wire import _rx
+from .wire import is_pmi_id
 
 
 class TCPDoor:
@@ -117,7 +117,7 @@ class TCPDoor:
 
     def authenticate(self, conn: _Conn, pmiid: Optional[str]) -> bool:
         """Let ``conn`` in as the rank whose secret ``pmiid`` is, or cut it off."""
-        rank = self.ids.get(int(pmiid)) if pmiid and _rx.PMI_ID.fullmatch(pmiid) else None
+        rank = self.ids.get(int(pmiid)) if pmiid and is_pmi_id(pmiid) else None
         if rank is None:
             conn.abandon("wrong PMI_ID")
             return False

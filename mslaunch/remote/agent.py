@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 # The C module: the same calls as signal's, without importing enum (milliseconds).
 import _signal as signal
-import socket
+import _socket
 import sys
 import time
 
@@ -45,12 +45,11 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Set
 
 from ..errors import LaunchError
-from ..plan import scrub_env
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks
 from ..machine.loop import Loop
 from ..machine.spawn import check_startable, seal_inherited_fds
-from ..spec import RankSpec, replace
+from ..spec import RankSpec, replace, scrub_env
 from . import link
 from .endpoint import Endpoint
 from ..pmi.files import GUARD_TASKS, after_launcher_death
@@ -59,6 +58,15 @@ from .agentpmi import AgentPMI
 from .jobframe import read_job, read_spawned
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _warm_up() -> None:
+    """Import what the job's start needs (its output connection, PMI, pseudo-
+    terminals) while the launcher answers the greeting: this host would only wait."""
+    import termios  # noqa: F401
+
+    from ..pmi import server, singletons  # noqa: F401
+    from . import dialback  # noqa: F401
 
 
 class Agent:
@@ -91,8 +99,9 @@ class Agent:
         try:
             from ..machine.topology import cached_topology, to_wire
             self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
-                "protocol": link.PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
+                "protocol": link.PROTOCOL, "host": _socket.gethostname(), "pid": os.getpid(),
                 "python": sys.version.split()[0], "topology": to_wire(cached_topology())}))
+            _warm_up()
             self.loop.run_until(lambda: self.finished)
         finally:
             self._shutdown()
@@ -126,7 +135,7 @@ class Agent:
                 pass
         if self.reason:
             try:
-                sys.stderr.write(f"mslaunch agent on {socket.gethostname()}: {self.reason}\n")
+                sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: {self.reason}\n")
                 sys.stderr.flush()
             except (OSError, ValueError):
                 pass
@@ -180,14 +189,14 @@ class Agent:
         from ..machine.stacks import stack_traces
         live = {r.spec.rank: r.proc.pid for r in self.local.ranks.values()  # type: ignore[union-attr]
                 if r.proc is not None and not r.ended and r.spec.job == 1}
-        for block in stack_traces(live, socket.gethostname(), self.job["jobid"]):
+        for block in stack_traces(live, _socket.gethostname(), self.job["jobid"]):
             self.endpoint.send(link.encode(link.LOG, {"message": block}))
 
     # -- JOB: this host's ranks ---------------------------------------------------
     def _prepare(self, body: Dict[str, Any]) -> None:
         if self.job:
             raise link.LinkError("a second JOB frame")
-        self.job = job = read_job(body, socket.gethostname())
+        self.job = job = read_job(body, _socket.gethostname())
         self.grace = job["grace"]
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
@@ -251,6 +260,8 @@ class Agent:
 
     def _preload(self, files: List[Dict[str, Any]]) -> None:
         """Copy the preloaded files into the ranks' directories (removed at the end)."""
+        if not files:
+            return
         import base64
         for directory in dict.fromkeys(s.cwd for s in self.specs if not s.session_dir):
             for item in files:
@@ -267,13 +278,13 @@ class Agent:
                         same = f.read(len(data) + 1) == data
                     if same:
                         continue       # already there (a shared file system): leave it be
-                    raise LaunchError(f"--preload: {path} on {socket.gethostname()} exists "
+                    raise LaunchError(f"--preload: {path} on {_socket.gethostname()} exists "
                                       f"and differs; not overwritten")
                 except FileNotFoundError:
                     pass
                 except OSError as err:
                     raise LaunchError(f"--preload: cannot read {path} on "
-                                      f"{socket.gethostname()}: {err.strerror}") from None
+                                      f"{_socket.gethostname()}: {err.strerror}") from None
                 try:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
                                  int(item["mode"]) & 0o777)
@@ -281,7 +292,7 @@ class Agent:
                         f.write(data)
                 except OSError as err:
                     raise LaunchError(f"--preload: cannot write {path} on "
-                                      f"{socket.gethostname()}: {err.strerror}") from None
+                                      f"{_socket.gethostname()}: {err.strerror}") from None
                 self.preloaded.append(path)
 
     def _fix_cwd(self) -> List[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections import deque
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
 
     from ..machine.loop import Loop, Timer
 
-from ..machine.loop import QueuedWriter
+from ..machine.loop import QueuedWriter, deque
 from . import link
 
 #: Seconds between heartbeats, and how many may be missed before the peer

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,7 +26,8 @@ from .link import LinkError
 #: Bytes of output an agent may send before the launcher grants more.
 CREDIT = 8 << 20
 
-_KVSNAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+#: What a kvsname is made of (no ``re``: the agent would import it only for this).
+_KVSNAME = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 _MAX_RANK = 1 << 24
 
 
@@ -231,7 +231,8 @@ def _ranks(ranks: Any, size: int, name: str, slots: int) -> List[RankSpec]:
 
 
 def _kvsname(value: Any) -> str:
-    if not isinstance(value, str) or not _KVSNAME.fullmatch(value):
+    if not isinstance(value, str) or not 0 < len(value) <= 128 \
+            or not _KVSNAME.issuperset(value):
         raise _bad("kvsname", "is missing or not a name of letters, digits and _.:-")
     return value
 

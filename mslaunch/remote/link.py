@@ -19,8 +19,9 @@ short description; the caller ends the link with a message naming the host.
 
 from __future__ import annotations
 
-import json
 import struct
+
+from .wirejson import dumps, loads
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,8 +63,7 @@ class LinkError(ValueError):
 
 def encode(kind: int, body: Optional[Dict[str, Any]] = None) -> bytes:
     """One JSON frame."""
-    data = b"" if body is None else json.dumps(body, ensure_ascii=True,
-                                               separators=(",", ":")).encode("ascii")
+    data = b"" if body is None else dumps(body).encode("ascii")
     if len(data) + 1 > MAX_FRAME:
         raise LinkError(f"{NAMES.get(kind, kind)} frame of {len(data)} bytes is too large")
     return HEAD.pack(len(data) + 1, kind) + data
@@ -115,7 +115,7 @@ def decode_json(kind: int, body: bytes) -> Dict[str, Any]:
     if not body:
         return {}
     try:
-        value = json.loads(body.decode("ascii"))
+        value = loads(body.decode("ascii"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise LinkError(f"{NAMES.get(kind, kind)} frame is not valid JSON") from None
     if not isinstance(value, dict):
