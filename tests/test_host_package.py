@@ -116,6 +116,36 @@ def test_ssh_agents_start_from_the_hosts_identical_mslaunch(sshbed, home, tmp_pa
     assert wait_for(lambda: not tagged_pids(tag), 10)
 
 
+def test_ssh_the_hosts_digest_is_kept_and_an_edit_is_still_seen(sshbed, home, tmp_path):
+    """The host's digest of its copy is kept in the user's cache with the files'
+    sizes and times: the next job reads it instead of hashing every source,
+    and an edit that keeps a file's size is still seen (its time changed)."""
+    installed = host_install(tmp_path)
+    wrapper = tmp_path / "python-with-cache"          # the hosts' cache: a directory of its own
+    wrapper.write_text(f"#!/bin/sh\nXDG_CACHE_HOME={tmp_path / 'cache'} exec {installed} \"$@\"\n")
+    wrapper.chmod(0o755)
+    r = ssh_run(home, wrapper, new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    kept = list((tmp_path / "cache" / "mslaunch").glob("host-digest-*"))
+    assert len(kept) == 1, kept
+    from mslaunch.remote.bootstrap import _package_files, package_digest
+    assert kept[0].read_text().split()[1] == package_digest(_package_files())
+    stamp = kept[0].read_text().split()[0]
+    module = tmp_path / "site" / "mslaunch" / "remote" / "slurm.py"
+    original = module.read_bytes()
+    module.write_bytes(original.replace(b"#: ", b"#:-", 1))      # the same size
+    assert len(module.read_bytes()) == len(original)
+    r = ssh_run(home, wrapper, new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    err = r.stderr.decode()
+    assert err.count("agent package sent (") == 2 and "differs from the launcher's" in err, err
+    assert kept[0].read_text().split()[0] != stamp
+    module.write_bytes(original)
+    r = ssh_run(home, wrapper, new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    assert r.stderr.decode().count("agent started from the host's mslaunch") == 2, r.stderr
+
+
 def test_ssh_a_host_without_mslaunch_is_sent_the_package(sshbed, home, tmp_path):
     # A Python with nothing installed: a fresh virtual environment.
     subprocess.run([PY, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
@@ -198,7 +228,8 @@ def test_srun_timeline_with_two_v(slurmbed, tmp_path):
     rc, out, err = finish(p)
     assert rc == 0 and ranks_ran(out.encode()), err
     assert err.count("mslaunch: timeline (ms since mslaunch started):") == 1, err
-    events = ["Slurm client calls (", "srun started", "dialled back (first h", "agent answered: ",
+    # The step starts while the launcher builds its supervisor, before it waits for the agents.
+    events = ["srun started", "starting the agents", "dialled back (first h", "agent answered: ",
               "agent said hello (first h", "ready (programs checked)", "ranks started (h"]
     lines = err.splitlines()
     at = [next(i for i, line in enumerate(lines) if event in line) for event in events]

@@ -145,14 +145,16 @@ def test_a_stranger_on_the_dial_back_port_does_not_hold_up_the_agents(slurmbed, 
                     ports = _listening_ports(pid)
                 except OSError:
                     continue
-                # the dial-back listener is on the address towards the nodes
-                ports = [x for x in ports if x[0].strip("0")]
+                # the dial-back listener: IPv4, on every address (the agents
+                # dial the address Slurm gives them) or the one towards the nodes
+                ports = [x for x in ports if len(x[0]) == 8]
                 if ports:
                     return ports[0]
             return None
         assert wait_for(lambda: port_of_launcher() is not None, 20), "no dial-back port seen"
         hexaddr, port = port_of_launcher()
-        address = socket.inet_ntoa(bytes.fromhex(hexaddr)[::-1])
+        address = socket.inet_ntoa(bytes.fromhex(hexaddr)[::-1]) if hexaddr.strip("0") \
+            else slurmbed.gateway
         stranger = threading.Thread(target=trickle, args=(port,))
         stranger.start()
         rc, out, err = finish(p, timeout=45)   # the agents wait 60 s for a greeting
@@ -371,3 +373,45 @@ def test_launcher_ssh_inside_the_allocation_uses_ssh_on_the_same_nodes(slurmbed,
                 ["3", "h2"]
             assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), \
                 left_on_nodes(slurmbed, tag)
+
+
+def test_a_job_that_fails_after_the_step_started_leaves_nothing(slurmbed, tmp_path):
+    """The step starts as soon as the nodes are known, while the launcher builds
+    its supervisor; an error after that (here the --xml-file cannot be made)
+    ends it: one line, and no srun or agent is left."""
+    tag = new_tag()
+    p = salloc(slurmbed, tag, "--xml-file", str(tmp_path / "no" / "such" / "out.xml"),
+               "-n", "2", PY, "-c", SHOW, per_node=1)
+    rc, out, err = finish(p)
+    assert rc == 1 and err.count("mslaunch:") == 1 and "--xml-file" in err, err
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
+
+
+def test_srun_is_asked_its_version_once_per_installation(slurmbed, tmp_path):
+    """srun's version (whether it takes --external-launcher) is kept in the
+    cache with srun's path, size and time, so later jobs start the step without
+    asking; a changed srun is asked again."""
+    real = [d for d in os.environ.get("PATH", "").split(":")
+            if os.access(os.path.join(d or ".", "srun"), os.X_OK)]
+    assert real, "srun is not on PATH"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    asked = tmp_path / "asked"
+    srun = bindir / "srun"
+    srun.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && echo asked >> {asked}\n"
+                    f"exec {os.path.join(real[0], 'srun')} \"$@\"\n")
+    srun.chmod(0o755)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def job() -> int:
+        tag = new_tag()
+        rc, out, err = finish(salloc(slurmbed, tag, "-n", "2", PY, "-c", SHOW, per_node=1,
+                                     extra_env=env))
+        assert rc == 0 and len(out.splitlines()) == 2, err
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
+        return len(asked.read_text().splitlines()) if asked.exists() else 0
+
+    assert job() == 1
+    assert job() == 1
+    os.utime(srun, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    assert job() == 2

@@ -32,6 +32,17 @@ from ..machine.spawn import signal_name
 from ..plan import agent_hosts
 
 
+def _warm_up(pmi: bool) -> None:
+    """Import now what the job needs once every agent has said hello: the
+    agents are on their way (srun's step) and this process would only wait."""
+    from ..machine import stdin  # noqa: F401
+    from ..plan import display  # noqa: F401
+    from ..remote import endpoint, host, jobframe, splice  # noqa: F401
+    if pmi:
+        from . import mpijobs  # noqa: F401
+        from ..pmi import server, singletons  # noqa: F401
+
+
 class Fleet:
     """See the module docstring; ``sup`` is the job's supervisor."""
 
@@ -56,6 +67,8 @@ class Fleet:
         if job.verbose >= 2:
             timeline.print_when_ranks_start(sup.console.message)
         timeline.mark("starting the agents")
+        if starter.begun:
+            _warm_up(job.mpi == "pmi")
         conns = starter.start(names, cancelled=self.cancelled,
                               say=sup.console.message if job.verbose else None)
         self.plain_link = starter.plain_link

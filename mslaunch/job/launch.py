@@ -12,7 +12,7 @@ import os
 import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Tuple
+    from typing import List, Mapping, Optional, Tuple
 
 from ..pmi.files import GUARD_TASKS, after_launcher_death, new_kvsname
 from ..plan import agent_hosts
@@ -156,7 +156,6 @@ def _run(job: JobSpec, environ, watchdog) -> int:
         from ..remote.starter import starter_for
         # the one choice of the job's starter
         starter = starter_for(job.ssh, environ, port_range=job.port_range)
-        starter.prepare()       # in the background, while the local checks run
         if _needs_topologies(job, entries):
             # Slots and placement depend on the remote hosts' cpus: connect to
             # every remote host first, as Open MPI starts its daemons first.
@@ -166,6 +165,17 @@ def _run(job: JobSpec, environ, watchdog) -> int:
             replan = lambda topologies: build_plan(  # noqa: E731
                 job, environ, entries=entries, kvsname=kvsname, master_port=port,
                 remote_topologies=topologies, jobid=jobid)
+        # In the background, while the supervisor is built (srun's step starts here).
+        starter.prepare(remote)
+    try:
+        return _supervise(job, plan, remote, starter, replan, watchdog)
+    finally:
+        if starter is not None:
+            starter.close()      # what prepare began, if the job failed before using it
+
+
+def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
+               watchdog) -> int:
     from .supervise import Supervisor
     console = None
     if job.output.xml_file:

@@ -112,6 +112,53 @@ def seal_inherited_fds() -> None:
                 pass
 
 
+class Helper:
+    """A process that works for the launcher (srun, an rsh command), in a session
+    of its own: stdin from /dev/null, stdout and stderr into one pipe, whose
+    read end is :attr:`stdout`.  Started with ``posix_spawn`` as the ranks are,
+    so the launcher imports no :mod:`subprocess` before it.
+
+    One thread waits for it (:meth:`wait`, which reaps it); :meth:`poll` only
+    tells what that thread saw.  ``env`` None is this process's environment.
+    """
+
+    def __init__(self, argv: Sequence[str], env: Optional[Mapping[str, str]]) -> None:
+        env = os.environ if env is None else env
+        # As exec would: a name with a slash from here, else along PATH only.
+        path = find_program(argv[0], env, os.getcwd() if "/" in argv[0] else "/") \
+            if argv else None
+        if path is None:
+            raise FileNotFoundError(2, "No such file or directory", argv[0] if argv else "")
+        # As subprocess's close_fds: nothing the launcher inherited goes on.
+        seal_inherited_fds()
+        r, w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.pid = os.posix_spawn(path, list(argv), env, setsid=True,
+                                      setsigdef=_RESET_SIGNALS, file_actions=[
+                                          (os.POSIX_SPAWN_DUP2, null, 0),
+                                          (os.POSIX_SPAWN_DUP2, w, 1),
+                                          (os.POSIX_SPAWN_DUP2, w, 2)])
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+            os.close(null)
+        self.stdout = open(r, "rb")
+        self.returncode: Optional[int] = None
+
+    def wait(self) -> int:
+        """Wait for its end: its exit status, or minus the signal that ended it."""
+        _, status = os.waitpid(self.pid, 0)
+        self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) \
+            else os.WEXITSTATUS(status)
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        return self.returncode
+
+
 class LocalProcess:
     """One rank running on this machine."""
 

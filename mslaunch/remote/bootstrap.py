@@ -39,12 +39,13 @@ the command survives sh, bash, zsh, csh and fish alike.
 
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 #: The one-line program the remote interpreter runs: it reads the bootstrap.
@@ -79,13 +80,41 @@ def _digest(top, root):
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         found += [os.path.join(folder, f) for f in files if f.endswith(".py")]
+    named = sorted((os.path.relpath(p, top).replace(os.sep, "/"), p) for p in found)
+    # Hashing the sources is most of the agent's start; the digest is kept, in
+    # the user's cache, with the files' names, sizes and times, which Python's
+    # own bytecode cache trusts as well.
+    stamp = sha256()
+    for name, path in named:
+        st = os.stat(path)
+        stamp.update(b"%s\0%d\0%d\0%d\0" % (name.encode("utf-8", "surrogateescape"),
+                                           st.st_size, st.st_mtime_ns, st.st_ino))
+    stamp = stamp.hexdigest()
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME")
+                         or os.path.join(os.path.expanduser("~"), ".cache"), "mslaunch",
+                         "host-digest-" + sha256(os.fsencode(root)).hexdigest()[:24])
+    try:
+        with open(cache, "rb") as f:
+            saved = f.read(200).split()
+        if len(saved) == 2 and saved[0] == stamp.encode():
+            return saved[1].decode()
+    except (OSError, UnicodeDecodeError):
+        pass
     h = sha256()
-    for name, path in sorted((os.path.relpath(p, top).replace(os.sep, "/"), p) for p in found):
+    for name, path in named:
         with open(path, "rb") as f:
             data = f.read()
         h.update(b"%s\0%d\0" % (name.encode("utf-8", "surrogateescape"), len(data)))
         h.update(data)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    try:
+        os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+        with open(cache + ".%d" % os.getpid(), "wb") as f:
+            f.write(("%s %s\n" % (stamp, digest)).encode())
+        os.replace(cache + ".%d" % os.getpid(), cache)
+    except OSError:
+        pass
+    return digest
 
 
 def _host_package():
@@ -223,7 +252,7 @@ _MARSHAL_VERSION = 4
 
 _bundle_cache: Optional[Tuple[memoryview, str]] = None
 _framed: Optional[bytes] = None      # the bundle as sent: its length, a newline, itself
-_bundle_lock = threading.Lock()
+_bundle_lock = _thread.allocate_lock()
 
 
 def _package_files() -> List[Tuple[str, str]]:
@@ -279,8 +308,7 @@ def build_bundle(files: Sequence[Tuple[str, str]], magic: bytes) -> bytes:
 def package_digest(files: Sequence[Tuple[str, str]]) -> str:
     """The SHA-256 of ``files`` ((path, name) pairs): names and sources, in name
     order, as the bootstrap hashes the host's own copy of the package."""
-    import hashlib
-    digest = hashlib.sha256()
+    digest = _sha256()
     for path, name in sorted(files, key=lambda f: f[1]):
         with open(path, "rb") as f:
             data = f.read()
@@ -299,12 +327,30 @@ def package_bundle() -> Tuple[memoryview, str]:
     return _bundle_cache  # type: ignore[return-value]
 
 
+def _sha256(data: bytes = b""):
+    """A SHA-256 object from the interpreter's own module when it has one:
+    ``hashlib`` loads OpenSSL, milliseconds of a launch, for a few hashes."""
+    try:
+        from _sha256 import sha256
+    except ImportError:
+        try:
+            from _sha2 import sha256  # type: ignore[no-redef]
+        except ImportError:
+            from hashlib import sha256
+    return sha256(data)
+
+
+def _magic() -> bytes:
+    """The interpreter's bytecode version (``importlib.util``'s, without its imports)."""
+    import sys
+    return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
+
+
 def _read_or_build() -> None:
-    import hashlib
-    import importlib.util
     from ..machine.topology import cache_path
     files = _package_files()
-    key = hashlib.sha256(b"2\0" + importlib.util.MAGIC_NUMBER)
+    magic = _magic()
+    key = _sha256(b"2\0" + magic)
     for path, name in files:
         st = os.stat(path)
         key.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
@@ -318,7 +364,7 @@ def _read_or_build() -> None:
             return
     except (OSError, UnicodeDecodeError):
         pass
-    bundle = build_bundle(files, importlib.util.MAGIC_NUMBER)
+    bundle = build_bundle(files, magic)
     digest = package_digest(files)
     _save(cached, digest.encode("ascii") + b"\n" + bundle)
     _keep(bundle, digest)
@@ -380,6 +426,7 @@ def prepare_in_background(after: Optional[Callable[[], None]] = None, *,
             except Exception:       # said by the Listener that asks for them
                 pass
 
+    import threading
     finish_before_exit(threading.Thread(target=prepare, name="agent-bundle", daemon=True))
 
 

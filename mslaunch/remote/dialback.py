@@ -19,9 +19,9 @@ few lines a window report it.
 
 from __future__ import annotations
 
+import _socket
 import _thread
 import os
-import socket
 import time
 
 from ..errors import LaunchError
@@ -29,6 +29,7 @@ from ..switches import switch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..machine.loop import Loop, Timer
@@ -199,6 +200,16 @@ class _Pending:
         self.accepted = time.monotonic()
 
 
+class _Listening(_socket.socket):
+    """A listening socket made without the :mod:`socket` module, which costs an
+    srun step's start milliseconds; accepted connections are full sockets."""
+
+    def accept(self) -> Tuple[socket.socket, Any]:
+        import socket
+        fd, address = self._accept()
+        return socket.socket(self.family, self.type, self.proto, fileno=fd), address
+
+
 class Listener:
     """Accepts dial-back connections on the loop; hands each to its token's owner."""
 
@@ -208,7 +219,7 @@ class Listener:
         self.loop = loop
         self.log = log
         self.expected: Dict[str, Callable[[object, bytes], None]] = {}
-        self.socks: List[socket.socket] = []
+        self.socks: List[_Listening] = []
         self.pending: Dict[int, _Pending] = {}
         self.cert_pem: Optional[bytes] = None
         self._context = None
@@ -222,9 +233,15 @@ class Listener:
         self._window_end = 0.0
         self._suppressed = 0
         for addr in dict.fromkeys(addresses):
-            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            family = _socket.AF_INET6 if ":" in addr else _socket.AF_INET
             try:
+                sock = _Listening(family, _socket.SOCK_STREAM)
+            except OSError:            # no IPv6 here
+                continue
+            try:
+                if family == _socket.AF_INET6:
+                    # "::" takes IPv6 only: IPv4 has a listener of its own if wanted.
+                    sock.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY, 1)
                 if port_range is None:
                     sock.bind((addr, 0))
                 else:          # no free port of the range: an error, not a lesser listener
@@ -257,7 +274,7 @@ class Listener:
         self.expected[token] = on_connection
 
     # -- accepting ------------------------------------------------------------
-    def _accept(self, lsock: socket.socket) -> None:
+    def _accept(self, lsock: _Listening) -> None:
         from ..machine.loop import accept_strangers
         for sock, _ in accept_strangers(self.loop, lsock, self.pending.values, MAX_PENDING,
                                         lambda e: self._drop(e, "pushed out by newer connections"),
@@ -342,6 +359,31 @@ class Listener:
         self.socks.clear()
 
 
+def _connect(addr: str, port: int, timeout: float, tls: bool):
+    """A TCP connection to ``addr``, without Nagle's delay.  Without TLS it is
+    the C module's socket: importing ``socket`` would cost the agent 10 ms."""
+    if tls:
+        import socket
+        sock = socket.create_connection((addr, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    last: Optional[OSError] = None
+    # A str host goes through the idna codec, whose import brings ``re``.
+    host = addr.encode("ascii") if addr.isascii() else addr
+    for family, kind, proto, _, where in _socket.getaddrinfo(host, port, 0,
+                                                             _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(where)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as err:
+            sock.close()
+            last = err
+    raise last or OSError(f"no address for {addr}")
+
+
 def dial(addresses: Sequence[str], port: int, token: str, cert_pem: Optional[str],
          timeout: float = 3.0):
     """The agent's side: connect, check the launcher's certificate, send the token.
@@ -362,8 +404,7 @@ def dial(addresses: Sequence[str], port: int, token: str, cert_pem: Optional[str
             raise ValueError("the launcher's certificate is not a PEM certificate") from None
     for addr in addresses:
         try:
-            sock = socket.create_connection((addr, port), timeout=timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = _connect(addr, port, timeout, context is not None)
             if context is not None:
                 sock = context.wrap_socket(sock)
             sock.sendall(_HELLO + token.encode("ascii") + b"\n")

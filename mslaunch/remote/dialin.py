@@ -20,12 +20,13 @@ as the loss of its daemon.
 
 from __future__ import annotations
 
+import _socket
 import os
-import socket
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchError, one_line
@@ -41,7 +42,8 @@ def dial_program(prelude: str, token: str) -> str:
     the environment, connects, presents the token, makes the connection its stdin and stdout
     and reads the bootstrap as over SSH.  Single quotes only, for the ``sh
     -c`` double quotes around it."""
-    return ("import io,os,socket;e=os.environ;" + prelude + "t=" + token + ";"
+    # ``_socket``, the C module: ``socket`` would cost the agent's start 10 ms.
+    return ("import io,os,_socket as socket;e=os.environ;" + prelude + "t=" + token + ";"
             "a=e.pop('MSLAUNCH_DIAL');A=[x.rsplit(':',1) for x in a.split(',')];"
             "t or exit('mslaunch: this host is not one the launcher started an agent for');"
             "c=[socket.socket(socket.AF_INET6 if ':' in x else socket.AF_INET) for x,q in A];"
@@ -64,33 +66,33 @@ class StartingProcess:
     ran = "agent"             # what it ran, as its end is reported
 
     def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]], what: str) -> None:
-        import subprocess
-        import threading
+        from ..machine.spawn import Helper
         self.what = what
         try:
-            self.proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = Helper(argv, env)
         except OSError as err:
             raise LaunchError(f"cannot run {what}: {err.strerror}") from None
+        import threading          # after the start: srun's step waits for nothing here
         self.tail = b""
         self.open = 0
         self.closing = False          # mslaunch itself is ending the process
         self.ended_because = ""
         self.links: List[socket.socket] = []
+        self._ended = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"{what}-output")
         self._reader.start()
         threading.Thread(target=self._watch, daemon=True, name=f"{what}-watch").start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.tail = (self.tail + line)[-4096:]
+        with self.proc.stdout:
+            for line in self.proc.stdout:
+                self.tail = (self.tail + line)[-4096:]
 
     def _watch(self) -> None:
         # Its output may stay open in processes it left behind: the end of
         # the process itself is what counts.
         code = self.proc.wait()
+        self._ended.set()
         # Gone while agents still run: the job ends as when a host is lost.
         # Cutting a link makes its agent stop its ranks and the launcher
         # report the host.  A link whose agent has closed it (the normal
@@ -106,14 +108,14 @@ class StartingProcess:
             time.sleep(0.2)
             for sock in list(todo):
                 try:
-                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    if sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT):
                         continue                     # unread bytes: not known yet
                 except BlockingIOError:
                     if self.closing:
                         return
                     self.ended_because = because
                     try:
-                        sock.shutdown(socket.SHUT_RDWR)
+                        sock.shutdown(_socket.SHUT_RDWR)
                     except OSError:
                         pass
                 except OSError:
@@ -135,22 +137,17 @@ class StartingProcess:
         """Wait up to ``wait`` s for the process to end (its agents exited), then
         end its process group."""
         import signal
-        import subprocess
-        try:
-            self.proc.wait(max(wait, 0.05))
+        # The watching thread reaps it: its event says so at once, where
+        # Popen.wait(timeout) would look again only after growing sleeps.
+        if self._ended.wait(max(wait, 0.05)):
             return
-        except subprocess.TimeoutExpired:
-            pass
         for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.proc.pid, sig)
             except OSError:
                 return
-            try:
-                self.proc.wait(grace)
+            if self._ended.wait(grace):
                 return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 class DialedConnection:
@@ -207,7 +204,7 @@ class DialedConnection:
             # links (agents the plan does not use) must not hide a kill later.
             self._step.closing = True
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.shutdown(_socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
@@ -227,72 +224,114 @@ def greet(addresses: Sequence[str], tokens: Mapping[str, str],
     ``wait(loop, done, procs)`` runs the loop until every agent is in ``done``,
     or raises; then the agents already greeted are closed and every starting
     process ended: all or none.  The listener takes a port of ``port_range`` if given."""
-    from .dialback import Listener
-    # Every agent is greeted at once: each takes a while to unpack the package
-    # and say hello, and a stranger that never speaks must not hold up the
-    # others (the listener cuts it off, as it does on the output connections).
-    loop = Loop()
-    try:
-        listener = Listener(loop, list(addresses), tls=False, log=lambda text: None,
-                            port_range=port_range)
-    except LaunchError:
-        loop.close()
-        raise
-    usable = [a for a in addresses if listener.port_of(a) is not None]
-    if not usable:
-        loop.close()
-        raise LaunchError(f"cannot listen for the agents on {', '.join(addresses[:4])}, "
-                          f"this machine's address(es) towards the hosts")
-    done: Dict[str, DialedConnection] = {}
-    greeting: Dict[str, _Greeting] = {}
-    procs: Dict[str, StartingProcess] = {}
+    greeter = Greeter(addresses, tokens, port_range)
+    greeter.begin(start)
+    return greeter.finish(wait)
 
-    def presented(name: str, sock: socket.socket, rest: bytes) -> None:
+
+class Greeter:
+    """:func:`greet` in two steps, so that the agents may be started early and
+    greeted later: the kernel holds their connections meanwhile.
+
+    ``shown``, when given, stands for each address in the ``MSLAUNCH_DIAL``
+    value (``*``: the agent puts its own idea of the launcher's address there).
+    """
+
+    def __init__(self, addresses: Sequence[str], tokens: Mapping[str, str],
+                 port_range: Optional[Tuple[int, int]] = None,
+                 shown: Optional[str] = None) -> None:
+        from .dialback import Listener
+        # Every agent is greeted at once: each takes a while to unpack the package
+        # and say hello, and a stranger that never speaks must not hold up the
+        # others (the listener cuts it off, as it does on the output connections).
+        self.loop = loop = Loop()
+        try:
+            self.listener = Listener(loop, list(addresses), tls=False, log=lambda text: None,
+                                     port_range=port_range)
+        except LaunchError:
+            loop.close()
+            raise
+        usable = [a for a in addresses if self.listener.port_of(a) is not None]
+        if not usable:
+            self.listener.close()
+            loop.close()
+            raise LaunchError(f"cannot listen for the agents on {', '.join(addresses[:4])}, "
+                              f"this machine's address(es) towards the hosts")
+        self.dial = ",".join(f"{shown or a}:{self.listener.port_of(a)}" for a in usable)
+        self.done: Dict[str, DialedConnection] = {}
+        self.greeting: Dict[str, _Greeting] = {}
+        self.procs: Dict[str, StartingProcess] = {}
+        self.closed = False
+        for name, token in tokens.items():
+            self.listener.expect(token, lambda sock, rest, name=name:
+                                 self._presented(name, sock, rest))
+
+    def _presented(self, name: str, sock: socket.socket, rest: bytes) -> None:
         if rest:              # an agent says nothing before it has the bootstrap
             sock.close()
             return
         timeline.mark("dialled back", name)
-        g = greeting[name] = _Greeting(name, sock)
-        loop.add_reader(sock.fileno(), lambda: ready(g))
-        ready(g)
+        g = self.greeting[name] = _Greeting(name, sock)
+        self.loop.add_reader(sock.fileno(), lambda: self._ready(g))
+        self._ready(g)
 
-    def ready(g: _Greeting) -> None:
+    def _ready(self, g: _Greeting) -> None:
         fd = g.sock.fileno()
         try:
             hello = g.on_ready()
         except (OSError, link.LinkError):
-            del greeting[g.name]      # broke off
-            loop.forget(fd)
+            del self.greeting[g.name]      # broke off
+            self.loop.forget(fd)
             g.sock.close()
             return
         if hello is None:     # the bootstrap goes as the agent takes it
             if g.out:
-                loop.add_writer(fd, lambda: ready(g))
+                self.loop.add_writer(fd, lambda: self._ready(g))
             else:
-                loop.remove_writer(fd)
+                self.loop.remove_writer(fd)
             return
-        loop.forget(fd)
-        del greeting[g.name]
-        done[g.name] = DialedConnection(g.name, g.sock, hello, procs[g.name])
+        self.loop.forget(fd)
+        del self.greeting[g.name]
+        self.done[g.name] = DialedConnection(g.name, g.sock, hello, self.procs[g.name])
 
-    for name, token in tokens.items():
-        listener.expect(token, lambda sock, rest, name=name: presented(name, sock, rest))
-    try:
-        start(",".join(f"{a}:{listener.port_of(a)}" for a in usable), procs)
-        wait(loop, done, procs)
-    except BaseException:
-        for conn in done.values():
+    def begin(self, start: Callable[[str, Dict[str, StartingProcess]], None]) -> None:
+        """Start the agents (see :func:`greet`); on failure nothing is left."""
+        try:
+            start(self.dial, self.procs)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def finish(self, wait: Callable[[Loop, Dict[str, DialedConnection],
+                                     Dict[str, StartingProcess]], None]
+               ) -> Dict[str, DialedConnection]:
+        """Greet the agents until ``wait`` returns (see :func:`greet`)."""
+        try:
+            wait(self.loop, self.done, self.procs)
+        except BaseException:
+            self.abandon()
+            raise
+        self._close()
+        return self.done
+
+    def abandon(self) -> None:
+        """Close the agents greeted so far and end every starting process."""
+        for conn in self.done.values():
             conn.close(0)
-        for proc in set(procs.values()):
+        for proc in set(self.procs.values()):
             proc.closing = True
             proc.end(0)
-        raise
-    finally:
-        for g in greeting.values():
+        self._close()
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for g in self.greeting.values():
             g.sock.close()
-        listener.close()
-        loop.close()
-    return done
+        self.greeting.clear()
+        self.listener.close()
+        self.loop.close()
 
 
 class _Greeting:

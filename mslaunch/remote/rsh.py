@@ -188,6 +188,7 @@ class RshStarter:
     """The :class:`~.starter.Starter` that starts agents with an rsh agent."""
 
     plain_link = True         # the agents dial back in plain TCP
+    begun = False             # the agents start in start()
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str], environ: Mapping[str, str],
                  agent: str = "", setting: str = "plm_rsh_agent",
@@ -200,9 +201,12 @@ class RshStarter:
         # The command must reach the host and start Python there.
         self.timeout = 3 * spec.connect_timeout
 
-    def prepare(self) -> None:
+    def prepare(self, names: Sequence[str] = ()) -> None:
         """The agent's package, in the background (no paramiko, and plain output)."""
         bootstrap.prepare_in_background(credentials=False)
+
+    def close(self) -> None:
+        pass
 
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
               say: Optional[Callable[[str], None]] = None) -> Dict[str, DialedConnection]:

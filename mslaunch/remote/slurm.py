@@ -30,7 +30,6 @@ ended with SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 TYPE_CHECKING = False
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
 from ..errors import LaunchError, UsageError, one_line
 from ..machine.loop import Loop
 from . import bootstrap, timeline
-from .dialin import DialedConnection, StartingProcess, dial_program, greet
+from .dialin import DialedConnection, Greeter, StartingProcess, dial_program, greet
 
 #: Seconds for every agent to dial back once srun runs.
 AGENT_TIMEOUT = 60.0
@@ -49,7 +48,11 @@ AGENT_TIMEOUT = 60.0
 #: mslaunch's, not the agent's task's), connect to the launcher, present this
 #: node's token, make the connection stdin and stdout, then read the bootstrap
 #: as over SSH (see :func:`.dialin.dial_program`).
+#: A ``*`` in ``MSLAUNCH_DIAL`` is the launcher's address as the node's slurmd
+#: saw srun's request come from (``SLURM_LAUNCH_NODE_IPADDR``): the agents of
+#: a step started before any address lookup dial that (see :class:`SrunStarter`).
 _DIAL = dial_program(
+    "e['MSLAUNCH_DIAL']=e['MSLAUNCH_DIAL'].replace('*',e.get('SLURM_LAUNCH_NODE_IPADDR','*'));"
     "[e.pop(k) for k in list(e) if k.startswith(('SLURM_STEP','SLURM_PROCID',"
     "'SLURM_LOCALID','SLURM_NODEID','SLURM_TASK','SLURM_CPU_BIND','SLURM_GTIDS',"
     "'SLURM_NTASKS','SLURM_NPROCS','SLURM_SRUN','SLURM_LAUNCH','SLURM_DISTRIBUTION',"
@@ -149,6 +152,7 @@ def node_address(name: str, known: Optional[Mapping[str, str]] = None) -> str:
         found = _node_addresses(_run(["scontrol", "-o", "show", "node", name])).get(name)
     if found:
         return found
+    import socket
     try:
         return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
     except (OSError, UnicodeError):
@@ -221,7 +225,14 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
     mine, srun_version = _dial_address(names, environ, lookups)
     timeline.mark("Slurm client calls done")
     tokens = {name: new_token() for name in names}
+    start = _step_starter(names, pythons, srun_version, wrapper, tokens, environ)
+    return greet([mine], tokens, start, _waiter(names, cancelled), port_range)
 
+
+def _step_starter(names: Sequence[str], pythons: Sequence[str], srun_version: str,
+                  wrapper: Sequence[str], tokens: Mapping[str, str],
+                  environ: Mapping[str, str]) -> Callable[[str, Dict[str, Any]], None]:
+    """What starts the step, given the ``MSLAUNCH_DIAL`` value (see :func:`.dialin.greet`)."""
     def start(dial: str, procs: Dict[str, StartingProcess]) -> None:
         env = dict(environ)
         env["MSLAUNCH_DIAL"] = dial
@@ -230,26 +241,22 @@ def connect_all(names: Sequence[str], pythons: Sequence[str], *,
         step = _Step(srun_argv(names, pythons, srun_version, wrapper, dial_env), env)
         procs.update((name, step) for name in names)
         timeline.mark("srun started")
+    return start
 
+
+def _waiter(names: Sequence[str], cancelled: Optional[Callable[[], bool]]):
+    """What waits for the agents of ``names`` (see :func:`.dialin.greet`)."""
     def wait(loop: Loop, done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess]) -> None:
         _await_agents(loop, procs[names[0]], names, done, cancelled)  # type: ignore[arg-type]
-
-    return greet([mine], tokens, start, wait, port_range)
+    return wait
 
 
 def _dial_address(names: Sequence[str], environ: Mapping[str, str],
                   lookups: Optional[_Lookups] = None) -> Tuple[str, str]:
     """The address the agents dial (this machine's towards the nodes), and srun's
     version; LaunchError for a host outside the allocation."""
-    nodes = set(_allocation_nodes(environ))
-    stray = [n for n in names if n not in nodes]
-    if stray:
-        raise LaunchError(f"--launcher slurm: {', '.join(stray[:4])} "
-                          f"{'is' if len(stray) == 1 else 'are'} not a node of Slurm job "
-                          f"{environ.get('SLURM_JOB_ID')} (its nodes: "
-                          f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
-                          f"--launcher ssh for hosts outside the allocation")
+    _check_nodes(names, environ)
     # srun's version (which options it takes) is asked beside the addresses.
     lookups = lookups or _Lookups(environ)
     try:
@@ -259,6 +266,49 @@ def _dial_address(names: Sequence[str], environ: Mapping[str, str],
     finally:
         srun_version = lookups.srun_version()
     return mine, srun_version
+
+
+def _check_nodes(names: Sequence[str], environ: Mapping[str, str]) -> None:
+    """LaunchError for a host outside the allocation."""
+    nodes = set(_allocation_nodes(environ))
+    stray = [n for n in names if n not in nodes]
+    if stray:
+        raise LaunchError(f"--launcher slurm: {', '.join(stray[:4])} "
+                          f"{'is' if len(stray) == 1 else 'are'} not a node of Slurm job "
+                          f"{environ.get('SLURM_JOB_ID')} (its nodes: "
+                          f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
+                          f"--launcher ssh for hosts outside the allocation")
+
+
+def cached_srun_version(environ: Mapping[str, str]) -> str:
+    """What ``srun --version`` prints, asked once per installation of srun (its
+    path, inode, size and time in the cache file), not before every job."""
+    from ..machine.spawn import find_program
+    from ..machine.topology import cache_path
+    path = find_program("srun", environ, "/")
+    if path is None:
+        raise LaunchError("cannot run srun: it is not on PATH")
+    st = os.stat(path)
+    key = f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
+    cache = cache_path("srun-version")
+    try:
+        with open(cache, encoding="utf-8", errors="replace") as f:
+            lines = f.read(4096).split("\n")
+        if lines[0] + "\n" == key and len(lines) > 1 and lines[1].strip():
+            return lines[1].strip()
+    except OSError:
+        pass
+    version = _run(["srun", "--version"]).strip()
+    if version:
+        try:
+            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+            tmp = f"{cache}.{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(key + version + "\n")
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+    return version
 
 
 def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
@@ -295,20 +345,77 @@ class SrunStarter:
         self.port_range = port_range
         self.environ = environ
         self._lookups: Optional[_Lookups] = None
+        self._early: Optional[Tuple[List[str], Greeter]] = None
+        self._early_error: Optional[LaunchError] = None
 
-    def prepare(self) -> None:
-        """The agent's package, in the background (no paramiko, and plain output),
-        and Slurm's answers the step needs."""
+    def prepare(self, names: Sequence[str] = ()) -> None:
+        """The agent's package, in the background (no paramiko, and plain output);
+        and, for the hosts ``names``, the step itself.
+
+        The step starts here, while mslaunch still builds its supervisor: its
+        agents dial ``SLURM_LAUNCH_NODE_IPADDR`` (a listener on every address;
+        their tokens keep strangers out) and their connections wait in the
+        kernel until :meth:`start` greets them.  srun's version comes from the
+        cache, so no Slurm client runs first.  Inside a launch agent's wrapper,
+        which need not pass Slurm's variables on, the agents are told the
+        address found from ``scontrol`` instead, asked here beside the planning."""
+        environ = os.environ if self.environ is None else self.environ
+        if names and not self.wrapper:
+            try:
+                self._early = (list(names), _start_early(names, self.pythons, environ,
+                                                        self.port_range))
+            except LaunchError as err:        # start() says so, where errors are said
+                self._early_error = err
+            # The package is wanted once the first agent dials, some 50 ms on.
+            bootstrap.prepare_in_background(credentials=False)
+            return
         bootstrap.prepare_in_background(credentials=False)
         try:
-            self._lookups = _Lookups(os.environ if self.environ is None else self.environ)
+            self._lookups = _Lookups(environ)
         except LaunchError:         # no srun or scontrol: start() says so
             pass
+
+    @property
+    def begun(self) -> bool:
+        return self._early is not None
 
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
               say: Optional[Callable[[str], None]] = None) -> Dict[str, SrunAgentConnection]:
         if say is not None:
             say(f"mslaunch: starting agents on {len(names)} remote host(s) with srun")
+        early, self._early = self._early, None
+        if early is not None:
+            if early[0] == list(names):
+                return early[1].finish(_waiter(names, cancelled))
+            early[1].abandon()
+        if self._early_error is not None:
+            raise self._early_error
         return connect_all(names, self.pythons, cancelled=cancelled, environ=self.environ,
                            lookups=self._lookups, port_range=self.port_range,
                            wrapper=self.wrapper)
+
+    def close(self) -> None:
+        """End a step :meth:`prepare` started that :meth:`start` did not take."""
+        early, self._early = self._early, None
+        if early is not None:
+            early[1].abandon()
+
+
+#: Where the early step's agents are listened for: every IPv4 address, and
+#: every IPv6 one where this machine has IPv6 (Slurm may give either).
+_EVERYWHERE = ("0.0.0.0", "::")
+
+
+def _start_early(names: Sequence[str], pythons: Sequence[str], environ: Mapping[str, str],
+                 port_range: Optional[Tuple[int, int]]) -> Greeter:
+    """The step of :meth:`SrunStarter.prepare`, started; its greeter."""
+    from .dialback import new_token
+    _check_nodes(names, environ)
+    version = cached_srun_version(environ)
+    tokens = {name: new_token() for name in names}
+    try:
+        greeter = Greeter(_EVERYWHERE, tokens, port_range, shown="*")
+    except LaunchError:               # a port range with room for one of the two
+        greeter = Greeter(_EVERYWHERE[:1], tokens, port_range, shown="*")
+    greeter.begin(_step_starter(names, pythons, version, (), tokens, environ))
+    return greeter

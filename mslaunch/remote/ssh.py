@@ -346,6 +346,7 @@ class SSHStarter:
     """The :class:`~.starter.Starter` that starts agents over SSH with paramiko."""
 
     plain_link = False        # the links travel in SSH channels
+    begun = False             # the agents start in start()
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str]) -> None:
         self.options = Options(config=spec.config, user=spec.user, port=spec.port,
@@ -353,10 +354,13 @@ class SSHStarter:
                                connect_timeout=spec.connect_timeout, pythons=pythons,
                                wrapper=spec.agent_wrapper)
 
-    def prepare(self) -> None:
+    def prepare(self, names: Sequence[str] = ()) -> None:
         """paramiko's import and the agent's package, in the background."""
         start_import()
         bootstrap.prepare_in_background(import_finished)
+
+    def close(self) -> None:
+        pass
 
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
               say: Optional[Callable[[str], None]] = None) -> Dict[str, SSHAgentConnection]:

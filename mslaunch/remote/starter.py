@@ -64,9 +64,20 @@ if TYPE_CHECKING:
         @property
         def plain_link(self) -> bool: ...
 
-        def prepare(self) -> None:
+        @property
+        def begun(self) -> bool:
+            """:meth:`prepare` already started the agents (srun's step): until
+            :meth:`start` has them, the launcher has nothing to wait for but them."""
+
+        def prepare(self, names: Sequence[str] = ()) -> None:
             """Begin, in the background, what :meth:`start` will need (the agent's
-            package, a module to import), while the job is still being planned."""
+            package, a module to import), while the job is still being planned;
+            given the hosts :meth:`start` will be given, a starter may begin
+            starting their agents (srun does)."""
+
+        def close(self) -> None:
+            """End what :meth:`prepare` began that :meth:`start` did not take (the
+            job failed before it started its hosts)."""
 
         def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
                   say: Optional[Callable[[str], None]] = None) -> Dict[str, AgentConnection]:
@@ -81,8 +92,12 @@ class _NoStarter:
     """``--launcher local``: remote hosts cannot be reached; saying so is :meth:`start`'s."""
 
     plain_link = True
+    begun = False
 
-    def prepare(self) -> None:
+    def prepare(self, names: Sequence[str] = ()) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
