@@ -326,6 +326,37 @@ def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, home):
         kill_tagged(tag)
 
 
+def test_a_sigkilled_agent_s_guard_keeps_the_job_s_grace(sshbed, home):
+    """An agent's guard starts before its job arrives (so that its cgroup is
+    ready when the ranks start) and takes the job's --grace then: a rank that
+    ignores SIGTERM is killed about a second after its agent, not five."""
+    tag = new_tag()
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('up', flush=True); time.sleep(120)")
+    p = subprocess.Popen(cmd("--grace", "1", "-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG",
+                             PY, "-c", stubborn),
+                         env=renv(home, MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: len(tagged_pids(tag)) >= 3, 30), tagged_pids(tag)
+        (victim,) = agents(sshbed, "h2", watchdogs=False)
+        ranks = [pid for pid in tagged_pids(tag)
+                 if f"PPid:\t{victim}\n" in open(f"/proc/{pid}/status").read()]
+        assert len(ranks) == 1, ranks
+        time.sleep(0.5)                       # the rank ignores SIGTERM by now
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_for(lambda: not os.path.exists(f"/proc/{ranks[0]}"), 10)
+        assert time.monotonic() - killed < 4.0     # the job's grace, not the default 5 s
+        p.communicate(timeout=30)
+        assert p.returncode == 255
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
 def test_a_dropped_ssh_session_ends_the_job(sshbed, home):
     tag = new_tag()
     p = _start_sleepers(home, tag)

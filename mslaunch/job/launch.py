@@ -166,7 +166,7 @@ def _run(job: JobSpec, environ, watchdog) -> int:
                 job, environ, entries=entries, kvsname=kvsname, master_port=port,
                 remote_topologies=topologies, jobid=jobid)
         # In the background, while the supervisor is built (srun's step starts here).
-        starter.prepare(remote)
+        starter.prepare(remote, plan.kvsname)
     try:
         return _supervise(job, plan, remote, starter, replan, watchdog)
     finally:

@@ -286,6 +286,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
                 groups.discard(int(arg))
             elif kind == b"k":
                 kept.append(arg.decode())
+            elif kind == b"g":
+                grace = float(arg)
             elif kind == b"s":
                 poll_children = True
             elif kind == b"t":
@@ -381,6 +383,11 @@ class Watchdog:
     def task(self, name: str, arg: str) -> None:
         """Have the watchdog run its task ``name`` with ``arg`` (off the job's path)."""
         self._pending.append(f"t{name} {arg}\n")
+
+    def set_grace(self, grace: float) -> None:
+        """The grace between SIGTERM and SIGKILL from now on (a guard made before
+        its job said what the job's is)."""
+        self._pending.append(f"g{float(grace)!r}\n")
 
     def keep(self, item: str) -> None:
         """Keep ``item`` for the ``on_death`` hook, should the launcher die."""

@@ -72,7 +72,7 @@ def _warm_up() -> None:
 class Agent:
     """One host's part of a job; see the module docstring."""
 
-    def __init__(self, in_fd: int = 0, out_fd: int = 1) -> None:
+    def __init__(self, in_fd: int = 0, out_fd: int = 1, job: str = "") -> None:
         self.loop = Loop()
         self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
                                  on_closed=self._link_closed)
@@ -91,12 +91,17 @@ class Agent:
         self.grace = 5.0
         self.reason = ""
         self.preloaded: List[str] = []
+        self.named = job              # the job's name from the greeting ("" if none)
 
     # -- life -----------------------------------------------------------------
     def run(self) -> int:
         for sig in _STOPPING:
             signal.signal(sig, self._on_stop_signal)
         try:
+            if self.named:
+                # The guard's cgroup takes the kernel 5 to 20 ms to enter: made
+                # before the greeting, it is ready by the time the ranks start.
+                self.guard = self._new_guard(self.named, self.grace)
             from ..machine.topology import cached_topology, to_wire
             self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
                 "protocol": link.PROTOCOL, "host": _socket.gethostname(), "pid": os.getpid(),
@@ -201,10 +206,10 @@ class Agent:
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
         self.specs = [self._spec(spec) for spec in job["ranks"]]
-        # The guard's cgroup takes the kernel 5 to 20 ms to enter: made now, it is
-        # ready by START.  The marker names this host's guard: the job and this agent.
-        self.guard = Watchdog(f"{job['kvsname']}.{os.getpid()}", self.grace, background=True,
-                              tasks=GUARD_TASKS, on_death=after_launcher_death)
+        if self.guard is not None:           # made at the greeting, named as this job
+            self.guard.set_grace(self.grace)
+        else:
+            self.guard = self._new_guard(job["kvsname"], self.grace)
         self.pmi.guard = self.guard
         self.pmi.trace = bool(job.get("trace"))
         self.pmi.port_range = job["port_range"]
@@ -307,6 +312,12 @@ class Agent:
                                     f"ranks start in {home}")
                 self.specs[i] = replace(spec, cwd=home)
         return warnings
+
+    @staticmethod
+    def _new_guard(kvsname: str, grace: float) -> Watchdog:
+        """This host's guard; its marker names the job and this agent."""
+        return Watchdog(f"{kvsname}.{os.getpid()}", grace, background=True,
+                        tasks=GUARD_TASKS, on_death=after_launcher_death)
 
     # -- START ----------------------------------------------------------------
     def _start(self) -> None:
@@ -418,13 +429,14 @@ class Agent:
             self.loop.call_later(0.05, self._check_done)
 
 
-def main() -> int:
-    """Run the agent on this process's stdin and stdout (as the bootstrap does)."""
+def main(job: str = "") -> int:
+    """Run the agent on this process's stdin and stdout (as the bootstrap does);
+    ``job`` is the job's name its greeting gave, if any."""
     # Nothing else may write to the link: mslaunch's own output goes to stderr.
     link_out = os.dup(1)
     os.dup2(2, 1)
     try:
-        code = Agent(0, link_out).run()
+        code = Agent(0, link_out, job).run()
     except KeyboardInterrupt:
         code = 130
     # Everything is closed and sent; tearing the interpreter down would only

@@ -55,13 +55,15 @@ if TYPE_CHECKING:
 _TINY = ("import io;b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
          "exec(b.read(int(b.readline())))")
 
-#: Runs with ``b``, the one-line program's reader, and ``_W``: the launcher's
-#: (version, package digest), or None not to look at the host's package.
+#: Runs with ``b``, the one-line program's reader, ``_W``: the launcher's
+#: (version, package digest), or None not to look at the host's package, and
+#: ``_J``: the job's name, which the agent's guard takes at once ("" if none).
 #: Says on stdout, after :data:`MARK`, which way the agent starts: ``host
 #: PATH`` (the host's own copy, identical to the launcher's, is imported), or
 #: ``need WHY``, and then reads the bundle.
 BOOTSTRAP = r'''
 import sys, os
+_J = globals().get("_J", "")
 if sys.version_info < (3, 8):
     sys.stderr.write("mslaunch: the agent needs Python 3.8 or newer; %s is %s\n"
                      % (sys.executable, sys.version.split()[0]))
@@ -200,7 +202,7 @@ _main, _why = _host_package()
 os.write(1, ("%s%s %s\n" % ("\0mslaunch-package ", "host" if _main else "need",
                             _why.replace("\n", " "))).encode("utf-8", "replace"))
 if _main is not None:
-    sys.exit(_main())
+    sys.exit(_main(_J))
 import marshal, zlib
 _bundle = marshal.loads(b.read(int(b.readline())))
 _sources = _bundle["sources"]
@@ -241,7 +243,7 @@ class _FromMemory:
 
 sys.meta_path.insert(0, _FromMemory)
 from mslaunch.remote.agent import main
-sys.exit(main())
+sys.exit(main(_J))
 '''
 
 #: What the bootstrap writes before its one-line answer.
@@ -253,6 +255,9 @@ _MARSHAL_VERSION = 4
 _bundle_cache: Optional[Tuple[memoryview, str]] = None
 _framed: Optional[bytes] = None      # the bundle as sent: its length, a newline, itself
 _bundle_lock = _thread.allocate_lock()
+#: The name of the job the agents are greeted for (its kvsname), given by the
+#: starter's ``prepare``: an agent's guard takes it before the job arrives.
+_job_name = ""
 
 
 def _package_files() -> List[Tuple[str, str]]:
@@ -407,14 +412,18 @@ def _save(path: str, data: bytes) -> None:
 
 
 def prepare_in_background(after: Optional[Callable[[], None]] = None, *,
-                          credentials: bool = True) -> None:
+                          credentials: bool = True, job: str = "") -> None:
     """Read or build the bundle, then (with ``credentials``) make the launcher's
     TLS credentials for the agents' output connections, in a thread, while
     hosts connect.
 
     The credentials wait for ``after`` (paramiko's import): made at the same
     time, their own imports would hold up paramiko's, which every host
-    waits for, while they are needed only once the agents run."""
+    waits for, while they are needed only once the agents run.  ``job`` names
+    the job in every greeting from now on (see :data:`_job_name`)."""
+    global _job_name
+    _job_name = job
+
     def prepare() -> None:
         package_bundle()
         from . import dialback
@@ -458,7 +467,7 @@ class Handshake:
         digest = package_bundle()[1]
         self.reuse = switch("MSLAUNCH_HOST_PACKAGE") if reuse is None else reuse
         want = (__version__, digest) if self.reuse else None
-        source = (f"_W = {want!r}\n" + BOOTSTRAP).encode()
+        source = (f"_W = {want!r}\n_J = {_job_name!r}\n" + BOOTSTRAP).encode()
         self._out: List[bytes] = [b"%d\n%s" % (len(source), source)]
         if not self.reuse:           # asked for anyway: sent at once
             self._out.append(framed_bundle())

@@ -201,9 +201,9 @@ class RshStarter:
         # The command must reach the host and start Python there.
         self.timeout = 3 * spec.connect_timeout
 
-    def prepare(self, names: Sequence[str] = ()) -> None:
+    def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
         """The agent's package, in the background (no paramiko, and plain output)."""
-        bootstrap.prepare_in_background(credentials=False)
+        bootstrap.prepare_in_background(credentials=False, job=job)
 
     def close(self) -> None:
         pass

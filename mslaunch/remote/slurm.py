@@ -348,7 +348,7 @@ class SrunStarter:
         self._early: Optional[Tuple[List[str], Greeter]] = None
         self._early_error: Optional[LaunchError] = None
 
-    def prepare(self, names: Sequence[str] = ()) -> None:
+    def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
         """The agent's package, in the background (no paramiko, and plain output);
         and, for the hosts ``names``, the step itself.
 
@@ -367,9 +367,9 @@ class SrunStarter:
             except LaunchError as err:        # start() says so, where errors are said
                 self._early_error = err
             # The package is wanted once the first agent dials, some 50 ms on.
-            bootstrap.prepare_in_background(credentials=False)
+            bootstrap.prepare_in_background(credentials=False, job=job)
             return
-        bootstrap.prepare_in_background(credentials=False)
+        bootstrap.prepare_in_background(credentials=False, job=job)
         try:
             self._lookups = _Lookups(environ)
         except LaunchError:         # no srun or scontrol: start() says so

@@ -354,10 +354,10 @@ class SSHStarter:
                                connect_timeout=spec.connect_timeout, pythons=pythons,
                                wrapper=spec.agent_wrapper)
 
-    def prepare(self, names: Sequence[str] = ()) -> None:
+    def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
         """paramiko's import and the agent's package, in the background."""
         start_import()
-        bootstrap.prepare_in_background(import_finished)
+        bootstrap.prepare_in_background(import_finished, job=job)
 
     def close(self) -> None:
         pass

@@ -69,11 +69,12 @@ if TYPE_CHECKING:
             """:meth:`prepare` already started the agents (srun's step): until
             :meth:`start` has them, the launcher has nothing to wait for but them."""
 
-        def prepare(self, names: Sequence[str] = ()) -> None:
+        def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
             """Begin, in the background, what :meth:`start` will need (the agent's
             package, a module to import), while the job is still being planned;
             given the hosts :meth:`start` will be given, a starter may begin
-            starting their agents (srun does)."""
+            starting their agents (srun does).  ``job`` (the kvsname) names the
+            job to the agents as they are greeted."""
 
         def close(self) -> None:
             """End what :meth:`prepare` began that :meth:`start` did not take (the
@@ -94,7 +95,7 @@ class _NoStarter:
     plain_link = True
     begun = False
 
-    def prepare(self, names: Sequence[str] = ()) -> None:
+    def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
         pass
 
     def close(self) -> None:
