@@ -7,6 +7,7 @@ import subprocess
 import time
 from typing import List
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,3 +117,58 @@ def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
             s.close()
         listener.close()
         loop.close()
+
+
+def test_the_early_step_s_agents_are_told_one_port_held_in_both_families():
+    """srun's agents dial the address Slurm gives them, IPv4 or IPv6, at the one
+    port in MSLAUNCH_DIAL: this process must hold that port in both families, so
+    that no other process can take it in the family the launcher did not bind
+    (an agent would present its token there)."""
+    import errno
+    import socket
+
+    from mslaunch.remote.dialin import Greeter
+    from mslaunch.remote.slurm import _EVERYWHERE
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    greeter = Greeter(_EVERYWHERE[0], {"h1": "t" * 48})
+    try:
+        entries = greeter.dial.split(",")
+        assert len(entries) == 1 and entries[0].startswith("::"), greeter.dial
+        port = int(entries[0].rsplit(":", 1)[1])
+        for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+            with socket.socket(family, socket.SOCK_STREAM) as stranger:
+                if family == socket.AF_INET6:
+                    stranger.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                with pytest.raises(OSError) as err:
+                    stranger.bind((address, port))
+                assert err.value.errno == errno.EADDRINUSE
+        # an IPv4 agent reaches it, and the launcher sees its own plain address
+        with socket.create_connection(("127.0.0.1", port), 5):
+            pass
+    finally:
+        greeter.abandon()
+    from mslaunch.remote.dialin import plain_address
+    assert plain_address("::ffff:10.1.2.3") == "10.1.2.3" and plain_address("::1") == "::1"
+
+
+@pytest.mark.parametrize("node, address, said", [
+    ("h1", None, "mslaunch: srun gave no SLURM_LAUNCH_NODE_IPADDR to dial"),
+    ("h9", "127.0.0.1", "mslaunch: this host is not one the launcher started an agent for"),
+    ("h1", "127.0.0.1", "mslaunch: cannot reach the launcher at 127.0.0.1:9"),
+])
+def test_an_srun_agent_that_cannot_dial_says_why_in_one_line(node, address, said):
+    """The early step's agents dial SLURM_LAUNCH_NODE_IPADDR with their node's
+    token (the interpreter runs with -S: no exit() builtin); each way of failing
+    is one line, not a traceback."""
+    import os
+    import sys
+
+    from mslaunch.remote.slurm import _DIAL
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(MSLAUNCH_DIAL="*:9", MSLAUNCH_DIAL_TOKENS="h1=t", SLURMD_NODENAME=node)
+    if address:
+        env["SLURM_LAUNCH_NODE_IPADDR"] = address
+    r = subprocess.run([sys.executable, "-S", "-c", _DIAL], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1 and r.stderr.strip() == said, r

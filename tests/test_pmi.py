@@ -1020,7 +1020,8 @@ def test_a_pmi_exchange_imports_no_regular_expressions():
     """Parsing and formatting PMI messages (an agent's, the launcher's) needs no ``re``."""
     code = ("import sys; from mslaunch.pmi import wire; "
             "wire.parse_v1('cmd=put kvsname=k key=a value=b\\\\ c\\n'); "
-            "wire.parse_v2('cmd=fullinit;pmirank=0;'); wire.take_frame(bytearray(b'    10cmd=x;a=b;'), 99); "
+            "wire.parse_v2('cmd=fullinit;pmirank=0;'); "
+            "wire.take_frame(bytearray(b'    10cmd=x;a=b;'), 99); "
             "wire.format_v1('put', {'key': 'a b'}); print('re' in sys.modules)")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(Path(__file__).parents[1])}, check=True).stdout

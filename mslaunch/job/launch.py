@@ -165,9 +165,10 @@ def _run(job: JobSpec, environ, watchdog) -> int:
             replan = lambda topologies: build_plan(  # noqa: E731
                 job, environ, entries=entries, kvsname=kvsname, master_port=port,
                 remote_topologies=topologies, jobid=jobid)
-        # In the background, while the supervisor is built (srun's step starts here).
-        starter.prepare(remote, plan.kvsname)
     try:
+        if starter is not None:
+            # In the background, while the supervisor is built (srun's step starts here).
+            starter.prepare(remote, plan.kvsname)
         return _supervise(job, plan, remote, starter, replan, watchdog)
     finally:
         if starter is not None:

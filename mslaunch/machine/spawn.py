@@ -112,6 +112,21 @@ def seal_inherited_fds() -> None:
                 pass
 
 
+_sealed = False       # seal_inherited_fds has run for the helpers
+
+
+def exec_path(name: str, env: Mapping[str, str]) -> Optional[str]:
+    """``name`` as exec finds it: a name with a slash as it is, else the first
+    executable along the environment's PATH (empty entries: here)."""
+    if "/" in name:
+        return name
+    for folder in env.get("PATH", os.defpath).split(":"):
+        path = os.path.join(folder or ".", name)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
+
+
 class Helper:
     """A process that works for the launcher (srun, an rsh command), in a session
     of its own: stdin from /dev/null, stdout and stderr into one pipe, whose
@@ -123,14 +138,16 @@ class Helper:
     """
 
     def __init__(self, argv: Sequence[str], env: Optional[Mapping[str, str]]) -> None:
+        global _sealed
         env = os.environ if env is None else env
-        # As exec would: a name with a slash from here, else along PATH only.
-        path = find_program(argv[0], env, os.getcwd() if "/" in argv[0] else "/") \
-            if argv else None
+        path = exec_path(argv[0], env) if argv else None
         if path is None:
             raise FileNotFoundError(2, "No such file or directory", argv[0] if argv else "")
-        # As subprocess's close_fds: nothing the launcher inherited goes on.
-        seal_inherited_fds()
+        if not _sealed:
+            # As subprocess's close_fds: nothing the launcher inherited goes on
+            # (what it opens itself is close-on-exec already).
+            seal_inherited_fds()
+            _sealed = True
         r, w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -150,7 +167,13 @@ class Helper:
 
     def wait(self) -> int:
         """Wait for its end: its exit status, or minus the signal that ended it."""
-        _, status = os.waitpid(self.pid, 0)
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            # Reaped by someone else (a subreaper's sweep of adopted orphans):
+            # its status is gone, as subprocess also takes it.
+            self.returncode = 0
+            return 0
         self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) \
             else os.WEXITSTATUS(status)
         return self.returncode

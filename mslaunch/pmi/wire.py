@@ -72,6 +72,10 @@ def v1_token(line: str, pos: int) -> Optional[Tuple[str, str, int]]:
         return None
     key = line[start:pos]
     pos += 1
+    stop = line.find(" ", pos)
+    stop = end if stop < 0 else stop
+    if "\\" not in line[pos:stop]:          # no escape: the value runs to the space
+        return (key, line[pos:stop], stop) if stop > pos else None
     value: List[str] = []
     while pos < end:
         ch = line[pos]

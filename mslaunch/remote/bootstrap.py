@@ -109,13 +109,17 @@ def _digest(top, root):
         h.update(b"%s\0%d\0" % (name.encode("utf-8", "surrogateescape"), len(data)))
         h.update(data)
     digest = h.hexdigest()
+    tmp = "%s.%s.%d" % (cache, os.uname().nodename[:64], os.getpid())
     try:
         os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-        with open(cache + ".%d" % os.getpid(), "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(("%s %s\n" % (stamp, digest)).encode())
-        os.replace(cache + ".%d" % os.getpid(), cache)
+        os.replace(tmp, cache)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     return digest
 
 

@@ -240,8 +240,12 @@ class Listener:
                 continue
             try:
                 if family == _socket.AF_INET6:
-                    # "::" takes IPv6 only: IPv4 has a listener of its own if wanted.
-                    sock.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY, 1)
+                    # The wildcard "::" takes both families on one port (an IPv4
+                    # peer shows as ::ffff:a.b.c.d): no other process can then
+                    # take the same port in the other family.  A given IPv6
+                    # address takes IPv6 only.
+                    sock.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY,
+                                    0 if addr == "::" else 1)
                 if port_range is None:
                     sock.bind((addr, 0))
                 else:          # no free port of the range: an error, not a lesser listener

@@ -43,13 +43,14 @@ def dial_program(prelude: str, token: str) -> str:
     and reads the bootstrap as over SSH.  Single quotes only, for the ``sh
     -c`` double quotes around it."""
     # ``_socket``, the C module: ``socket`` would cost the agent's start 10 ms.
-    return ("import io,os,_socket as socket;e=os.environ;" + prelude + "t=" + token + ";"
+    # sys.exit: under -S there is no exit() builtin.
+    return ("import io,os,sys,_socket as socket;e=os.environ;" + prelude + "t=" + token + ";"
             "a=e.pop('MSLAUNCH_DIAL');A=[x.rsplit(':',1) for x in a.split(',')];"
-            "t or exit('mslaunch: this host is not one the launcher started an agent for');"
+            "t or sys.exit('mslaunch: this host is not one the launcher started an agent for');"
             "c=[socket.socket(socket.AF_INET6 if ':' in x else socket.AF_INET) for x,q in A];"
             "s=next((k for k,(x,q) in zip(c,A) if not(k.settimeout(10) or "
             "k.connect_ex((x,int(q))))),None);"
-            "s or exit('mslaunch: cannot reach the launcher at '+a);"
+            "s or sys.exit('mslaunch: cannot reach the launcher at '+a);"
             # TCP_NODELAY (6, 1): the agent's hello follows the bootstrap's answer
             # at once, and would otherwise wait for the launcher's delayed ACK.
             "s.settimeout(None);s.setsockopt(6,1,1);"
@@ -150,6 +151,14 @@ class StartingProcess:
                 return
 
 
+def plain_address(address: str) -> str:
+    """``address`` without the IPv4-mapped form a dual-stack listener gives
+    (``::ffff:10.0.0.1`` is ``10.0.0.1``)."""
+    if address.lower().startswith("::ffff:") and "." in address:
+        return address[7:]
+    return address
+
+
 class DialedConnection:
     """A running agent that dialled back: the :class:`~.starter.AgentConnection`
     of srun and rsh agents."""
@@ -164,7 +173,7 @@ class DialedConnection:
         starter.links.append(sock)
         self.fd = os.dup(sock.fileno())
         os.set_blocking(self.fd, False)
-        self._address = sock.getsockname()[0]
+        self._address = plain_address(sock.getsockname()[0])
 
     @property
     def stderr_tail(self) -> bytes:

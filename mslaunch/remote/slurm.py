@@ -52,7 +52,9 @@ AGENT_TIMEOUT = 60.0
 #: saw srun's request come from (``SLURM_LAUNCH_NODE_IPADDR``): the agents of
 #: a step started before any address lookup dial that (see :class:`SrunStarter`).
 _DIAL = dial_program(
-    "e['MSLAUNCH_DIAL']=e['MSLAUNCH_DIAL'].replace('*',e.get('SLURM_LAUNCH_NODE_IPADDR','*'));"
+    "L=e.get('SLURM_LAUNCH_NODE_IPADDR','');d=e['MSLAUNCH_DIAL'];"
+    "'*' in d and not L and sys.exit('mslaunch: srun gave no SLURM_LAUNCH_NODE_IPADDR to dial');"
+    "e['MSLAUNCH_DIAL']=d.replace('*',L);"
     "[e.pop(k) for k in list(e) if k.startswith(('SLURM_STEP','SLURM_PROCID',"
     "'SLURM_LOCALID','SLURM_NODEID','SLURM_TASK','SLURM_CPU_BIND','SLURM_GTIDS',"
     "'SLURM_NTASKS','SLURM_NPROCS','SLURM_SRUN','SLURM_LAUNCH','SLURM_DISTRIBUTION',"
@@ -283,14 +285,14 @@ def _check_nodes(names: Sequence[str], environ: Mapping[str, str]) -> None:
 def cached_srun_version(environ: Mapping[str, str]) -> str:
     """What ``srun --version`` prints, asked once per installation of srun (its
     path, inode, size and time in the cache file), not before every job."""
-    from ..machine.spawn import find_program
-    from ..machine.topology import cache_path
-    path = find_program("srun", environ, "/")
-    if path is None:
-        raise LaunchError("cannot run srun: it is not on PATH")
-    st = os.stat(path)
-    key = f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
-    cache = cache_path("srun-version")
+    from ..machine.spawn import exec_path
+    path = exec_path("srun", environ)
+    try:
+        st = os.stat(path or "srun")
+    except OSError:
+        raise LaunchError("cannot run srun: it is not on PATH") from None
+    key = f"{os.path.realpath(path or 'srun')} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
+    cache = _version_cache()
     try:
         with open(cache, encoding="utf-8", errors="replace") as f:
             lines = f.read(4096).split("\n")
@@ -300,15 +302,23 @@ def cached_srun_version(environ: Mapping[str, str]) -> str:
         pass
     version = _run(["srun", "--version"]).strip()
     if version:
+        tmp = f"{cache}.{os.uname().nodename[:64]}.{os.getpid()}"
         try:
             os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-            tmp = f"{cache}.{os.getpid()}"
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(key + version + "\n")
             os.replace(tmp, cache)
         except OSError:
-            pass
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return version
+
+
+def _version_cache() -> str:
+    from ..machine.topology import cache_path
+    return cache_path("srun-version")
 
 
 def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
@@ -321,8 +331,17 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
         if cancelled is not None and cancelled():
             raise LaunchError("stopped while starting the agents with srun", 130)
         if step.proc.poll() is not None:
+            said = step.last_line(wait=0.5) or "no message"
+            if "external-launcher" in said:
+                # The cached version is not this srun's (a wrapper script in front
+                # of another Slurm): asked again next time.
+                try:
+                    os.unlink(_version_cache())
+                except OSError:
+                    pass
+                said += " (srun's version is asked again on the next run)"
             raise LaunchError(f"srun ended (status {step.proc.returncode}) before every "
-                              f"agent started: {step.last_line() or 'no message'}")
+                              f"agent started: {said}")
         if time.monotonic() > deadline:
             missing = [n for n in names if n not in done]
             raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
@@ -401,9 +420,11 @@ class SrunStarter:
             early[1].abandon()
 
 
-#: Where the early step's agents are listened for: every IPv4 address, and
-#: every IPv6 one where this machine has IPv6 (Slurm may give either).
-_EVERYWHERE = ("0.0.0.0", "::")
+#: Where the early step's agents are listened for: every address of both
+#: families on one port where this machine has IPv6 (Slurm may give either),
+#: else every IPv4 one.  One port only: an agent must never try a port this
+#: process does not hold.
+_EVERYWHERE = (("::",), ("0.0.0.0",))
 
 
 def _start_early(names: Sequence[str], pythons: Sequence[str], environ: Mapping[str, str],
@@ -414,8 +435,8 @@ def _start_early(names: Sequence[str], pythons: Sequence[str], environ: Mapping[
     version = cached_srun_version(environ)
     tokens = {name: new_token() for name in names}
     try:
-        greeter = Greeter(_EVERYWHERE, tokens, port_range, shown="*")
-    except LaunchError:               # a port range with room for one of the two
-        greeter = Greeter(_EVERYWHERE[:1], tokens, port_range, shown="*")
+        greeter = Greeter(_EVERYWHERE[0], tokens, port_range, shown="*")
+    except LaunchError:               # no IPv6 here
+        greeter = Greeter(_EVERYWHERE[1], tokens, port_range, shown="*")
     greeter.begin(_step_starter(names, pythons, version, (), tokens, environ))
     return greeter
