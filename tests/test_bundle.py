@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Dict, List, Tuple
 
 from helpers import PY, clean_env, kill_tagged
-from mslaunch.remote import bootstrap, link
+from mslaunch.remote import bootstrap, bundle, link
 
 def _hello_from(payload: bytes, tag: str) -> Dict[str, Any]:
     """Start the remote command on ``payload``; its HELLO, then close its link."""
@@ -48,15 +48,15 @@ def _hello_from(payload: bytes, tag: str) -> Dict[str, Any]:
 def test_a_python_of_another_version_compiles_the_sources():
     # The bundle's code is for a bytecode version no interpreter has: the
     # agent must import every module it needs from the sources instead.
-    bundle = bootstrap.build_bundle(bootstrap._package_files(), b"\0\0\r\n")
+    built = bundle.build_bundle(bundle._package_files(), b"\0\0\r\n")
     source = ("_W = None\n" + bootstrap.BOOTSTRAP).encode()
-    payload = b"%d\n%s%d\n%s" % (len(source), source, len(bundle), bundle)
+    payload = b"%d\n%s%d\n%s" % (len(source), source, len(built), built)
     hello = _hello_from(payload, uuid.uuid4().hex)
     assert hello["protocol"] == link.PROTOCOL
 
 
 def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tmp_path):
-    probe = ("import sys; from mslaunch.remote import bootstrap as b; "
+    probe = ("import sys; from mslaunch.remote import bundle as b; "
              "sys.stdout.buffer.write(b'%s\\n%s' % (b.package_bundle()[1].encode(), "
              "b.package_bundle()[0]))")
     env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
@@ -95,7 +95,7 @@ def test_bundles_of_other_versions_go_after_a_day(tmp_path):
     two_days = time.time() - 2 * 86400
     os.utime(old, (two_days, two_days))
     os.utime(other, (two_days, two_days))
-    bootstrap._save(str(cache / "agent-this.bundle"), b"bundle")
+    bundle._save(str(cache / "agent-this.bundle"), b"bundle")
     assert sorted(p.name for p in cache.iterdir()) == ["agent-new.bundle", "agent-this.bundle",
                                                        "other"]
     assert (cache / "agent-this.bundle").read_bytes() == b"bundle"
@@ -122,11 +122,11 @@ def test_every_host_is_sent_the_one_bundle_object_not_a_copy_of_its_own():
     # paramiko's sendall slices off) was most of the launcher's peak memory.
     first = bootstrap.Handshake(reuse=False).take_parts()
     second = bootstrap.Handshake(reuse=False).take_parts()
-    assert len(first) == 2 and first[1] is second[1] is bootstrap.framed_bundle()
-    size = len(bootstrap.package_bundle()[0])
+    assert len(first) == 2 and first[1] is second[1] is bundle.framed_bundle()
+    size = len(bundle.package_bundle()[0])
     assert first[1].startswith(b"%d\n" % size) and len(first[1]) == len(b"%d\n" % size) + size
     asked = bootstrap.Handshake(reuse=True)
     asked.take_parts()
     asked.feed(bootstrap.MARK + b"need no mslaunch here\n")
-    assert asked.take_parts() == [bootstrap.framed_bundle()]
+    assert asked.take_parts() == [bundle.framed_bundle()]
     assert asked.take_parts()[0:1] == [] and asked.take() == b""

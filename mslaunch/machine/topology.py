@@ -250,6 +250,22 @@ def cache_path(name: str) -> str:
     return os.path.join(home, "mslaunch", name)
 
 
+def save_whole(path: str, data: bytes) -> None:
+    """Write a cache file whole (under a name of this host and process, then
+    renamed: caches may be shared by hosts), or not at all."""
+    tmp = f"{path}.{os.uname().nodename[:64]}.{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def cached_topology() -> Topology:
     """This host's topology (:func:`read_topology`), from a cache file while right.
 
@@ -273,14 +289,7 @@ def cached_topology() -> Topology:
     except (OSError, EOFError, ValueError, TypeError):
         pass
     topo = read_topology()
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            marshal.dump((key, to_wire(topo)), f)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    save_whole(path, marshal.dumps((key, to_wire(topo))))
     return topo
 
 

@@ -302,17 +302,8 @@ def cached_srun_version(environ: Mapping[str, str]) -> str:
         pass
     version = _run(["srun", "--version"]).strip()
     if version:
-        tmp = f"{cache}.{os.uname().nodename[:64]}.{os.getpid()}"
-        try:
-            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(key + version + "\n")
-            os.replace(tmp, cache)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        from ..machine.topology import save_whole
+        save_whole(cache, (key + version + "\n").encode("utf-8"))
     return version
 
 
