@@ -129,8 +129,11 @@ def test_the_early_step_s_agents_are_told_one_port_held_in_both_families():
 
     from mslaunch.remote.dialin import Greeter
     from mslaunch.remote.slurm import _EVERYWHERE
-    if not socket.has_ipv6:
-        pytest.skip("no IPv6 here")
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::", 0))
+    except OSError:
+        pytest.skip("no IPv6 here: the IPv4 listener alone is used")
     greeter = Greeter(_EVERYWHERE[0], {"h1": "t" * 48})
     try:
         entries = greeter.dial.split(",")
@@ -172,3 +175,36 @@ def test_an_srun_agent_that_cannot_dial_says_why_in_one_line(node, address, said
     r = subprocess.run([sys.executable, "-S", "-c", _DIAL], env=env, capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 1 and r.stderr.strip() == said, r
+
+
+@pytest.mark.parametrize("said, expected, cleared", [
+    (["srun: error: Unable to create step for job 7: Invalid generic resource"],
+     "srun ended (status 1) before every agent started: srun: error: Unable to create step "
+     "for job 7: Invalid generic resource", False),
+    # an srun older than the cached version: getopt's line, then Slurm's hint
+    (["srun: unrecognized option '--external-launcher'",
+      'Try "srun --help" for more information'],
+     "srun ended (status 1) before every agent started: srun: unrecognized option "
+     "'--external-launcher' (srun's version is asked again on the next run)", True),
+])
+def test_an_srun_that_ends_before_its_agents_gives_one_line(tmp_path, monkeypatch, said,
+                                                              expected, cleared):
+    from mslaunch.errors import LaunchError
+    from mslaunch.machine.loop import Loop
+    from mslaunch.remote import slurm
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = slurm._version_cache()
+    os_ = __import__("os")
+    os_.makedirs(os_.path.dirname(cache))
+    with open(cache, "w") as f:
+        f.write("/usr/bin/srun 1 2 3\nslurm 23.11.1\n")
+    script = "; ".join(f"echo {line!r} >&2" for line in said) + "; exit 1"
+    step = slurm._Step(["sh", "-c", script], dict(os_.environ))
+    loop = Loop()
+    try:
+        with pytest.raises(LaunchError) as err:
+            slurm._await_agents(loop, step, ["h1"], {}, None)
+    finally:
+        loop.close()
+    assert str(err.value) == expected
+    assert os_.path.exists(cache) is not cleared

@@ -196,3 +196,20 @@ def test_spawn_over_the_pmi_port():
     r = spawn_run("-pmi-port", "-n", "1", PY, SPAWN, "basic", "2")
     assert r.returncode == 0, r.stderr
     assert len(parents(r.stdout)[0]["children"]) == 2
+
+
+def test_a_helper_is_known_until_its_waiter_reaps_it_and_tells_its_end():
+    """srun and rsh commands start as helpers: the orphan guard's sweep of adopted
+    children skips them while they are known, so their waiter gets their status."""
+    from mslaunch.machine.spawn import Helper, helper_pids
+    helper = Helper(["sh", "-c", "echo said; exit 3"], None)
+    assert helper.pid in helper_pids()
+    assert helper.wait() == 3 and helper.poll() == 3
+    assert helper.pid not in helper_pids()
+    assert helper.stdout.read() == b"said\n"
+    helper.stdout.close()
+    killed = Helper(["sh", "-c", "kill -TERM $$"], None)
+    assert killed.wait() == -15
+    killed.stdout.close()
+    with pytest.raises(FileNotFoundError):
+        Helper(["no-such-program-here"], {"PATH": "/nonexistent"})

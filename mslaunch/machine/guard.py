@@ -387,7 +387,12 @@ class Watchdog:
     def set_grace(self, grace: float) -> None:
         """The grace between SIGTERM and SIGKILL from now on (a guard made before
         its job said what the job's is)."""
-        self._pending.append(f"g{float(grace)!r}\n")
+        # Written at once, not with the next flush: that one waits for the cgroup.
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, f"g{float(grace)!r}\n".encode())
+            except OSError:
+                pass
 
     def keep(self, item: str) -> None:
         """Keep ``item`` for the ``on_death`` hook, should the launcher die."""
@@ -418,7 +423,8 @@ class Watchdog:
 
     def reap_adopted(self, ranks: Iterable[int]) -> None:
         """Collect the exit status of adopted orphans (as a subreaper) so no zombie stays."""
-        skip = {self.pid, *ranks}
+        from .spawn import helper_pids
+        skip = {self.pid, *ranks, *helper_pids()}     # helpers have a waiter of their own
         for pid in children_of(os.getpid()):
             if pid not in skip:
                 try:

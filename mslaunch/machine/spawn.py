@@ -27,7 +27,7 @@ from ..errors import SpawnError, os_error_reason  # noqa: F401 (re-exported)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Sequence, Tuple
+    from typing import Mapping, Optional, Sequence, Set, Tuple
 
     from ..spec import RankSpec
 
@@ -113,6 +113,12 @@ def seal_inherited_fds() -> None:
 
 
 _sealed = False       # seal_inherited_fds has run for the helpers
+_helpers: Set[int] = set()   # the helpers not yet reaped
+
+
+def helper_pids() -> Set[int]:
+    """The processes :class:`Helper` started that its waiter has not reaped."""
+    return set(_helpers)
 
 
 def exec_path(name: str, env: Mapping[str, str]) -> Optional[str]:
@@ -164,16 +170,18 @@ class Helper:
             os.close(null)
         self.stdout = open(r, "rb")
         self.returncode: Optional[int] = None
+        _helpers.add(self.pid)
 
     def wait(self) -> int:
         """Wait for its end: its exit status, or minus the signal that ended it."""
         try:
             _, status = os.waitpid(self.pid, 0)
         except ChildProcessError:
-            # Reaped by someone else (a subreaper's sweep of adopted orphans):
-            # its status is gone, as subprocess also takes it.
-            self.returncode = 0
-            return 0
+            # Reaped by someone else (the guard's sweep skips helpers): its
+            # status is gone, as subprocess also takes it.
+            status = 0
+        finally:
+            _helpers.discard(self.pid)
         self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) \
             else os.WEXITSTATUS(status)
         return self.returncode

@@ -55,7 +55,7 @@ from .endpoint import Endpoint
 from ..pmi.files import GUARD_TASKS, after_launcher_death
 from .agentio import LinkOutput, Outflow, StdinRelay
 from .agentpmi import AgentPMI
-from .jobframe import read_job, read_spawned
+from .jobframe import is_kvsname, read_job, read_spawned
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -91,7 +91,8 @@ class Agent:
         self.grace = 5.0
         self.reason = ""
         self.preloaded: List[str] = []
-        self.named = job              # the job's name from the greeting ("" if none)
+        # The job's name from the greeting ("" if none or not a name): the guard's.
+        self.named = job if is_kvsname(job) else ""
 
     # -- life -----------------------------------------------------------------
     def run(self) -> int:
@@ -206,9 +207,11 @@ class Agent:
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
         self.specs = [self._spec(spec) for spec in job["ranks"]]
-        if self.guard is not None:           # made at the greeting, named as this job
-            self.guard.set_grace(self.grace)
+        if self.guard is not None and self.named == job["kvsname"]:
+            self.guard.set_grace(self.grace)     # made at the greeting, for this job
         else:
+            if self.guard is not None:
+                self.guard.close()
             self.guard = self._new_guard(job["kvsname"], self.grace)
         self.pmi.guard = self.guard
         self.pmi.trace = bool(job.get("trace"))

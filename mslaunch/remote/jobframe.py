@@ -230,9 +230,13 @@ def _ranks(ranks: Any, size: int, name: str, slots: int) -> List[RankSpec]:
     return checked
 
 
+def is_kvsname(value: Any) -> bool:
+    """Whether ``value`` is a job's name: 1 to 128 letters, digits and ``_.:-``."""
+    return isinstance(value, str) and 0 < len(value) <= 128 and _KVSNAME.issuperset(value)
+
+
 def _kvsname(value: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= 128 \
-            or not _KVSNAME.issuperset(value):
+    if not is_kvsname(value):
         raise _bad("kvsname", "is missing or not a name of letters, digits and _.:-")
     return value
 

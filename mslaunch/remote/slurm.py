@@ -203,11 +203,11 @@ class _Step(StartingProcess):
     def __init__(self, argv: Sequence[str], env: Dict[str, str]) -> None:
         super().__init__(argv, env, "srun")
 
-    def last_line(self, skip: Sequence[str] = ()) -> str:
+    def last_line(self, skip: Sequence[str] = (), wait: float = 0.0) -> str:
         """What srun and the agents said last: the last line that is not srun's own
         report of ending the step (which follows the real cause)."""
         return super().last_line(("srun: Force Terminated", "srun: error: Timed out",
-                                  "slurmstepd: error: ***"))
+                                  "slurmstepd: error: ***", *skip), wait)
 
 
 #: The launcher's end of an srun agent's link.
@@ -288,10 +288,12 @@ def cached_srun_version(environ: Mapping[str, str]) -> str:
     from ..machine.spawn import exec_path
     path = exec_path("srun", environ)
     try:
-        st = os.stat(path or "srun")
+        st = os.stat(path) if path else None
     except OSError:
-        raise LaunchError("cannot run srun: it is not on PATH") from None
-    key = f"{os.path.realpath(path or 'srun')} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
+        st = None
+    if path is None or st is None:
+        raise LaunchError("cannot run srun: it is not on PATH")
+    key = f"{os.path.realpath(path)} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
     cache = _version_cache()
     try:
         with open(cache, encoding="utf-8", errors="replace") as f:
@@ -300,7 +302,7 @@ def cached_srun_version(environ: Mapping[str, str]) -> str:
             return lines[1].strip()
     except OSError:
         pass
-    version = _run(["srun", "--version"]).strip()
+    version = _run([path, "--version"]).strip()
     if version:
         from ..machine.topology import save_whole
         save_whole(cache, (key + version + "\n").encode("utf-8"))
@@ -323,14 +325,17 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
             raise LaunchError("stopped while starting the agents with srun", 130)
         if step.proc.poll() is not None:
             said = step.last_line(wait=0.5) or "no message"
-            if "external-launcher" in said:
+            refused = [line for line in step.tail.decode("utf-8", "replace").splitlines()
+                       if "external-launcher" in line]
+            if refused:
                 # The cached version is not this srun's (a wrapper script in front
                 # of another Slurm): asked again next time.
                 try:
                     os.unlink(_version_cache())
                 except OSError:
                     pass
-                said += " (srun's version is asked again on the next run)"
+                said = (f"{one_line(refused[-1], 200)} (srun's version is asked again "
+                        f"on the next run)")
             raise LaunchError(f"srun ended (status {step.proc.returncode}) before every "
                               f"agent started: {said}")
         if time.monotonic() > deadline:
