@@ -130,3 +130,24 @@ def test_every_host_is_sent_the_one_bundle_object_not_a_copy_of_its_own():
     asked.feed(bootstrap.MARK + b"need no mslaunch here\n")
     assert asked.take_parts() == [bundle.framed_bundle()]
     assert asked.take_parts()[0:1] == [] and asked.take() == b""
+
+
+def test_the_host_keeps_its_digest_and_drops_those_unused_for_a_day(tmp_path, monkeypatch):
+    """The bootstrap's digest of the host's copy is the launcher's digest; it is
+    kept in the cache, and digests of copies not hashed for a day go then."""
+    import sys
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kept = tmp_path / "mslaunch"
+    kept.mkdir()
+    (kept / "host-digest-old").write_text("a b\n")
+    os.utime(kept / "host-digest-old", (time.time() - 2 * 86400,) * 2)
+    (kept / "host-digest-new").write_text("a b\n")
+    code = bootstrap.BOOTSTRAP.split("def _digest", 1)[1].split("\ndef _host_package", 1)[0]
+    space: Dict[str, Any] = {"os": os, "sys": sys}
+    exec("def _digest" + code, space)
+    root = os.path.dirname(os.path.dirname(bootstrap.__file__))
+    digest = space["_digest"](os.path.dirname(root), root)
+    assert digest == bundle.package_digest(bundle._package_files())
+    names = sorted(p.name for p in kept.iterdir())
+    assert "host-digest-old" not in names and "host-digest-new" in names and len(names) == 2
+    assert space["_digest"](os.path.dirname(root), root) == digest       # from the cache

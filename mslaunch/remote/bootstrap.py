@@ -103,7 +103,14 @@ def _digest(top, root):
     digest = h.hexdigest()
     tmp = "%s.%s.%d" % (cache, os.uname().nodename[:64], os.getpid())
     try:
-        os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+        folder = os.path.dirname(cache)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        # Digests of copies not hashed for a day go (a temporary environment's).
+        import time
+        for old in os.listdir(folder):
+            if old.startswith("host-digest-") and "." not in old and \
+                    os.stat(os.path.join(folder, old)).st_mtime < time.time() - 86400:
+                os.unlink(os.path.join(folder, old))
         with open(tmp, "wb") as f:
             f.write(("%s %s\n" % (stamp, digest)).encode())
         os.replace(tmp, cache)
