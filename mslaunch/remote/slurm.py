@@ -7,17 +7,24 @@ starts its proxies::
          --mpi=none --cpu-bind=none --input=none --overlap [--external-launcher]
          /bin/sh -c '<find a Python, run the dial program>' ...
 
-The step has no stdin, so each agent dials back: the launcher listens on the
-addresses it has towards the nodes (found from the nodes' addresses, Slurm's
-``NodeAddr`` first, without sending a packet), and each node's agent
-presents the token of its node (``SLURMD_NODENAME``, else its short host
-name), a random secret that reaches it in the step's environment, never in
-argv, and is removed from the environment before anything else runs.  (Inside
-a launch agent's wrapper, which need not pass the environment on, the two
-variables are set again by ``env`` on the command line, as over an rsh
-agent.)  The launcher then sends the same bootstrap and package as over SSH
-(:mod:`.bootstrap`) on that connection, and from there on the link is the SSH mode's: ranks, output,
-PMI, signals, heartbeats, the agent's own lifeline.
+The step has no stdin, so each agent dials back.  The step starts in
+:meth:`SrunStarter.prepare`, as soon as the plan names its nodes and before
+the launcher builds its supervisor: the launcher listens on one port of
+every address (one dual-stack socket where it has IPv6), the agents dial
+the address srun's request came from (``SLURM_LAUNCH_NODE_IPADDR``), and
+srun's version comes from the cache (:func:`cached_srun_version`), so no
+Slurm client runs first.  Inside a launch agent's wrapper, which need not
+pass the environment on, the launcher listens instead on the addresses it
+has towards the nodes (Slurm's ``NodeAddr`` first, without sending a
+packet), asked beside the planning, and the dial-back variables are set
+again by ``env`` on the command line, as over an rsh agent.  Each node's
+agent presents the token of its node (``SLURMD_NODENAME``, else its short
+host name), a random secret that reaches it in the step's environment,
+never in argv, and is removed from the environment before anything else
+runs.  The launcher then sends the same bootstrap and package as over SSH
+(:mod:`.bootstrap`) on that connection, and from there on the link is the
+SSH mode's: ranks, output, PMI, signals, heartbeats, the agent's own
+lifeline.
 
 srun itself runs in a session of its own, so that a Ctrl-C at the terminal
 reaches only mslaunch (srun would print status on one SIGINT and kill its
