@@ -4,11 +4,12 @@ When the command that starts the agents gives them no stdin (``srun
 --input=none``, ``kubectl exec`` without ``-i``), each agent connects back
 to the launcher over TCP, presents a one-time token (see :mod:`.dialback`),
 and reads the same bootstrap and package as over SSH on that connection
-(:mod:`.bootstrap`'s :class:`~.bootstrap.Handshake`).  Here are the launcher's pieces: the one-line program
-the agents run (:func:`dial_program`), the loop that greets them
-(:func:`greet`, or :class:`Greeter` in two steps: start now, greet later), the process that started them (:class:`StartingProcess`:
-its output's tail, and what its end means) and the launcher's end of a
-link (:class:`DialedConnection`).
+(:mod:`.bootstrap`'s :class:`~.bootstrap.Handshake`).  Here are the
+launcher's pieces: the one-line program the agents run
+(:func:`dial_program`), the loop that greets them (:func:`greet`, or
+:class:`Greeter` in two steps: start now, greet later), the process that
+started them (:class:`StartingProcess`: its output's tail, and what its end
+means) and the launcher's end of a link (:class:`DialedConnection`).
 
 The starting process (srun, ssh, kubectl...) is only the way there: once
 an agent dialled, the link is the TCP connection.  When that process ends
