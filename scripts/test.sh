@@ -67,6 +67,9 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2' 'jax<0.7' 'jaxlib<0.7' \
     'torch==2.13.0+cpu'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
+# Three pytest workers, each module whole on one of them (see tests/conftest.py): most
+# of the suite waits on children, daemons and timeouts, not on the CPU.
+parallel="-n 3 --dist loadgroup --no-loadscope-reorder"
 # Tests make up host names; none may ever be looked up beyond this machine.
 # As root, the suite runs in a mount namespace of its own whose resolver is
 # loopback only (nothing listens there: lookups fail at once), and whose
@@ -75,8 +78,8 @@ export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a pie
 if [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
     exec unshare --mount --propagation private sh -c '
         conf=$(mktemp) && printf "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n" > "$conf" &&
-        mount --bind "$conf" /etc/resolv.conf &&
+        mount --bind "$conf" /etc/resolv.conf && rm -f "$conf" &&
         mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm &&
-        MSL_TEST_OWN_SHM=1 exec "$@"' sh .venv/bin/python -m pytest -q "$@"
+        MSL_TEST_OWN_SHM=1 exec "$@"' sh .venv/bin/python -m pytest -q $parallel "$@"
 fi
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q $parallel "$@"

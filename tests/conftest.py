@@ -4,6 +4,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No time limit on an example: speed is the benchmarks' business (bench/), and the
+# suite's parallel workers and other jobs share the machine.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 REQUIRE_ALL = os.environ.get("MSLAUNCH_TEST_REQUIRE_ALL") == "1"
 
@@ -48,3 +54,33 @@ def mpich_ready() -> bool:
 @pytest.fixture(scope="session")
 def mpich():
     require(mpich_ready(), "mpi4py with the MPICH wheel (pip install '.[mpi]')")
+
+
+# --- running in parallel (pytest-xdist, as scripts/test.sh does) -----------------
+# Each module runs whole on one worker (its module fixtures are made once), and
+# the modules that share the session's Slurm cluster run on the same worker, so
+# one cluster is built.  Modules are handed out longest first (measured times),
+# so that no long one starts last.
+_SLURM_MODULES = ("test_slurm", "test_slurmbed", "test_host_package", "test_port_range")
+_LONGEST_FIRST = ("test_msrun_mindspore", "test_remote", "test_msrun_nodes", "test_rsh",
+                  "slurm", "test_singletons", "test_frameworks", "test_hostile",
+                  "test_spawn_hostile", "test_ompi4", "test_msrun", "test_pmi",
+                  "test_lying_agent", "test_local_jobs", "test_msrun_wire", "test_spawn",
+                  "test_splice")
+
+
+def _group(item) -> str:
+    module = item.module.__name__ if getattr(item, "module", None) else item.nodeid
+    return "slurm" if module in _SLURM_MODULES else module
+
+
+@pytest.hookimpl(tryfirst=True)     # before xdist reads the groups
+def pytest_collection_modifyitems(session, config, items) -> None:
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    groups = [_group(item) for item in items]
+    order = sorted(range(len(items)), key=lambda i: rank.get(groups[i], len(rank)))
+    items[:] = [items[i] for i in order]
+    for i, item in enumerate(items):
+        item.add_marker(pytest.mark.xdist_group(groups[order[i]]))

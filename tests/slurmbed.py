@@ -132,6 +132,7 @@ class SlurmBed(netbed.Bed):
         self.dirty = False
         self._clients: List[subprocess.Popen] = []
         self._links_down: Set[str] = set()
+        self._crashed: Set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "SlurmBed":
@@ -424,12 +425,15 @@ class SlurmBed(netbed.Bed):
 
     def cancel_all(self, timeout: float = 30) -> None:
         """Kill the clients started by :meth:`popen`, cancel every job, wait for idle nodes."""
+        self._cancel()
+        self.wait_idle(timeout=timeout)
+
+    def _cancel(self) -> None:
         for p in self._clients:
             self._kill_tree(p)
         self._clients = []
         if self.run(["squeue", "-h", "-o", "%i"], timeout=20).stdout.strip():
             self.run(["scancel", "--user", str(os.getuid())], timeout=20)
-        self.wait_idle(timeout=timeout)
 
     def job_state(self, job_id: Union[int, str]) -> Dict[str, str]:
         """``scontrol show job -o`` as a dict (``JobState``, ``ExitCode``, ``NodeList`` ...);
@@ -488,6 +492,7 @@ class SlurmBed(netbed.Bed):
         """SIGKILL everything in node ``host`` (slurmd, slurmstepd, tasks); return the pids."""
         assert self.net is not None
         self.dirty = True
+        self._crashed.add(self.name(host))
         return self.net.kill_host(self._host(host))
 
     def restart_slurmd(self, host: HostRef, wait: bool = True,
@@ -540,8 +545,18 @@ class SlurmBed(netbed.Bed):
             st = states.get(name, "")
             # a node marked down re-registers only when its slurmd starts (or at the next ping)
             if p is None or p.poll() is not None or st.endswith("*") or st.startswith("down"):
-                self.restart_slurmd(name, wait=False)
-        self.cancel_all(timeout)
+                self.restart_slurmd(name, wait=name in self._crashed)
+        self._cancel()
+        # A job that was running or ending on a crashed node stays "completing" until
+        # slurmctld asks the node again (minutes): taking the node down and back ends it.
+        states = self.node_states()
+        for name in sorted(self._crashed):
+            if states.get(name) != "idle":
+                for state in ("DOWN Reason=bed-restore", "RESUME"):
+                    self.run(["scontrol", "update", f"NodeName={name}", *f"State={state}".split()],
+                             timeout=20)
+        self._crashed.clear()
+        self.wait_idle(timeout=timeout)
         self.dirty = False
 
     def log_files(self) -> List[str]:

@@ -380,12 +380,18 @@ def test_same_as_hydra(tmp_path, args, env):
     require(os.access(HYDRA, os.X_OK), "Hydra 5.0.2 of the mpich wheel (pip install '.[mpi]')")
     (tmp_path / "hf2").write_text(f"localhost:{SLOTS}\n")
     full = env_in(tmp_path, **env)
-    got = []
+    got, said = [], []
     for argv in ([HYDRA, *args], [PY, "-m", "mslaunch", *args]):
-        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=full,
-                           cwd=str(tmp_path), timeout=60)
+        # Hydra itself now and then dies of SIGPIPE on a busy machine (its proxy's
+        # socket closed under it): the reference is taken again; mslaunch runs once.
+        for _ in range(3 if argv[0] == HYDRA else 1):
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=full,
+                               cwd=str(tmp_path), timeout=60)
+            if r.returncode >= 0:
+                break
         got.append((r.returncode, len(r.stdout.splitlines())))
-    assert got[0][0] == 0 and got[1] == got[0]
+        said.append(r.stderr.decode(errors="replace")[-2000:])
+    assert got[0][0] == 0 and got[1] == got[0], (got, said)
 
 
 def test_hydra_variables_without_effect_are_noted_with_v(tmp_path):

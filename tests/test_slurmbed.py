@@ -78,6 +78,7 @@ def test_sbatch_wait_writes_output(slurmbed: SlurmBed, tmp_path):
 
 
 def test_crash_and_restart(slurmbed: SlurmBed):
+    slurmbed.wait_idle()        # no job of an earlier test still ending on h2
     assert slurmbed.host_pids(2)
     killed = slurmbed.crash(2)
     assert killed and not slurmbed.host_pids(2)
