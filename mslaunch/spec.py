@@ -293,6 +293,8 @@ class RankSpec:
     # the job's output settings say).
     label: Optional[str] = None
     console: Optional[bool] = None
+    # A session of its own rather than only a process group (msrun's workers).
+    session: bool = False
 
     @property
     def key(self) -> int:

@@ -64,6 +64,7 @@ def test_the_tutorials_command_line_runs_unchanged(bin_dir, tmp_path):
         "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118",
         "MS_TOPO_TIMEOUT": "300", "MS_WORKER_NUM": "2", "RANK_ID": "0", "RANK_SIZE": "2"}
     assert sched["ms_env"] == sorted(SCHED)          # nothing else of msrun's kind
+    assert sched["session_leader"] is False          # msrun's workers only get sessions
     for i in range(2):
         w = env_of(got[f"worker_{i}.log"])
         assert {k: w.get(k) for k in WORKER} == {
@@ -83,6 +84,7 @@ def test_the_tutorials_command_line_runs_unchanged(bin_dir, tmp_path):
                 w["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]) == (
                     str(min(max(online // 8, 1), 16)), "600", "python")
         assert w["isatty"] == [False, False]          # msrun's processes write to files
+        assert w["session_leader"] is True
         assert got[f"worker_{i}.log"].endswith(f"stderr of MS_WORKER {i}\n")
     out = r.stdout.decode().splitlines()
     # msrun's console lines: the log paths under --log_dir as typed

@@ -267,8 +267,10 @@ def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout
     if spec.cwd != here:
         os.chdir(spec.cwd)
     try:
-        return os.posix_spawn(path, list(spec.argv), env, file_actions=actions, setpgroup=0,
-                              setsigdef=_RESET_SIGNALS)
+        # A new session is a new process group as well (both: setpgid fails, EPERM).
+        group = {"setsid": True} if spec.session else {"setpgroup": 0}
+        return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
+                              setsigdef=_RESET_SIGNALS, **group)
     finally:
         if spec.cwd != here:
             os.chdir(here)

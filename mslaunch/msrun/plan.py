@@ -212,11 +212,14 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
         if bound and auto and local_rank >= 0:
             # msrun's format, which MindSpore reads back with ast.literal_eval
             env["MSRUN_CPU_LIST"] = str(list(bound))
+        # Workers get sessions of their own, as msrun gives them: in the launcher's
+        # session (one scheduling autogroup) a CPU-bound worker lost MindSpore
+        # 2.10's connect race to the scheduler for 30 to 60 s.
         procs.append(RankSpec(
             rank=rank, app=0, host=host, local_rank=local_rank,
             local_size=spec.local_worker_num, argv=spec.argv, env=env, cwd=spec.launch_dir,
             stdout_path=log, stderr_path=None, cpus=bound, stdin="null", index=key,
-            label=label, console=console))
+            label=label, console=console, session=local_rank >= 0))
         key += 1
 
     if scheduler and not sim:

@@ -23,6 +23,7 @@ row["ms_env"] = sorted(k for k in env if k.startswith(("MS_", "RANK_", "DEVICE_"
 row["affinity"] = sorted(os.sched_getaffinity(0))
 row["argv"] = sys.argv[1:]
 row["isatty"] = [sys.stdout.isatty(), sys.stderr.isatty()]
+row["session_leader"] = os.getsid(0) == os.getpid()
 print(json.dumps(row), flush=True)
 print(f"stderr of {env.get('MS_ROLE')} {env.get('RANK_ID')}", file=sys.stderr, flush=True)
 worker = env.get("MS_ROLE") != "MS_SCHED"
