@@ -213,8 +213,8 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
             # msrun's format, which MindSpore reads back with ast.literal_eval
             env["MSRUN_CPU_LIST"] = str(list(bound))
         # Workers get sessions of their own, as msrun gives them: in the launcher's
-        # session (one scheduling autogroup) a CPU-bound worker lost MindSpore
-        # 2.10's connect race to the scheduler for 30 to 60 s.
+        # session (one scheduling autogroup) a worker bound to one CPU kept losing
+        # MindSpore 2.10's connect race to the scheduler for tens of seconds.
         procs.append(RankSpec(
             rank=rank, app=0, host=host, local_rank=local_rank,
             local_size=spec.local_worker_num, argv=spec.argv, env=env, cwd=spec.launch_dir,
