@@ -21,6 +21,10 @@ def clean_env(**extra: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(STALE)
            and k not in ("MPIEXEC_TIMEOUT", "PYTHONUNBUFFERED")}
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    # The test beds add and remove network interfaces in this namespace while other
+    # workers' ranks start; UCX (MPICH's wheel) then writes errors about an interface
+    # gone between its listing and its query into the ranks' stdout.
+    env.setdefault("UCX_LOG_LEVEL", "fatal")
     env.update(extra)
     return env
 
