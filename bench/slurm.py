@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,7 @@ def main(argv: Sequence[str]) -> int:
             rows += _rounds(args, bed, sizes, home, hydra)
         finally:
             ssh_bed.stop()
+            shutil.rmtree(ssh_dir, ignore_errors=True)
     print(f"**Inside a Slurm allocation** (ms, median of {args.runs}; one rank per node, "
           f"every rank remote)\n")
     print("\n".join(r for r in rows if not r.startswith("bytes")))

@@ -202,7 +202,7 @@ def start_ready(*args: str, count: int, **kw) -> subprocess.Popen:
 
 
 @pytest.mark.openmpi
-def test_signals_reach_the_ranks_through_mpirun(openmpi):
+def test_signals_reach_the_ranks_through_mpirun(openmpi, tmp_path):
     trap = "trap 'echo got USR1 $RANK_ID; exit 0' USR1; echo ready; while :; do sleep 0.1; done"
     p = start_ready("--mpi", "openmpi", "-n", "2", "sh", "-c", trap, count=2)
     with p:
@@ -211,14 +211,20 @@ def test_signals_reach_the_ranks_through_mpirun(openmpi):
     assert p.returncode == 0, err
     assert sorted(line for line in out.decode().splitlines() if line.startswith("got")) == \
         ["got USR1 0", "got USR1 1"]
-    # A second SIGINT kills mpirun at once, before it has stopped the ranks itself.
-    p = start_ready("--mpi", "openmpi", "-n", "2", "sh", "-c", "echo ready; sleep 30", count=2)
+    # A second SIGINT kills mpirun at once, before it has stopped the ranks itself;
+    # what mpirun kept in its session directory does not stay behind.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = start_ready("--mpi", "openmpi", "-n", "2", "sh", "-c", "echo ready; sleep 30", count=2,
+                    env=clean_env(TMPDIR=str(tmp)))
     with p:
+        assert [n.name for n in tmp.iterdir()][0].startswith("mslaunch-ompi-")
         p.send_signal(signal.SIGINT)
         time.sleep(0.1)
         p.send_signal(signal.SIGINT)
         p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGKILL
+    assert list(tmp.iterdir()) == []
 
 
 def _name(pid: int) -> str:
@@ -245,16 +251,18 @@ def test_a_stopped_mpirun_is_continued_before_it_is_asked_to_stop(openmpi):
 
 
 @pytest.mark.openmpi
-def test_mslaunch_killed_leaves_nothing_of_mpirun(openmpi):
+def test_mslaunch_killed_leaves_nothing_of_mpirun(openmpi, tmp_path):
     tag = new_tag()
     try:
         p = start_ready("--mpi", "openmpi", "-n", "2", "sh", "-c", "echo ready; sleep 60",
-                        count=2, env=clean_env(MSL_TEST_TAG=tag))
+                        count=2, env=clean_env(MSL_TEST_TAG=tag, TMPDIR=str(tmp_path)))
         with p:
             assert len(tagged_pids(tag)) >= 3        # mslaunch, mpirun and the ranks at least
+            assert list(tmp_path.iterdir())          # mpirun's session directory
             p.kill()
             p.communicate(timeout=30)
         assert wait_for(lambda: tagged_pids(tag) == [], 20), tagged_pids(tag)
+        assert wait_for(lambda: list(tmp_path.iterdir()) == [], 10), list(tmp_path.iterdir())
     finally:
         kill_tagged(tag)
 

@@ -30,6 +30,8 @@ from ..errors import LaunchError
 from ..plan import log_paths
 from ..machine.guard import Watchdog
 from ..machine.output import RankPipe, line_prefix
+from ..pmi.files import after_launcher_death
+from ..pmi.singletons import probe_path, remove_directory
 from ..spec import Host, JobSpec, Plan, RankSpec
 from .supervise import Supervisor
 
@@ -89,13 +91,17 @@ def rendezvous_env(job: JobSpec, environ, master_port: int, jobid: int) -> List[
 
 
 def build_command(job: JobSpec, environ, marker: str, tagged: bool,
-                  rendezvous: Sequence[str] = ()) -> Tuple[List[str], Dict[str, str]]:
+                  rendezvous: Sequence[str] = (), session_base: Optional[str] = None
+                  ) -> Tuple[List[str], Dict[str, str]]:
     """Translate ``job`` to an Open MPI 5 mpirun command line and its environment
-    (``rendezvous``: the flags of :func:`rendezvous_env`)."""
+    (``rendezvous``: the flags of :func:`rendezvous_env`; ``session_base``: where
+    mpirun keeps its session directory, unless the user chose a place)."""
     launcher, extra_env = find_mpirun(environ)
     cmd = list(launcher)
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
+    if session_base and not _tmpdir_chosen(job, environ):
+        cmd += ["--prtemca", "prte_tmpdir_base", session_base]
     if job.hosts:
         entries = job.hosts
         if job.host_filter:
@@ -150,6 +156,13 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool,
             cmd += _flag_env(name, value, environ)
         cmd += [sys.executable, "-m", "mslaunch.rankenv", *app.argv]
     return cmd, extra_env
+
+
+def _tmpdir_chosen(job: JobSpec, environ) -> bool:
+    """Whether the user named the base of mpirun's session directory."""
+    names = [name for name, _ in job.global_env] + list(environ)
+    return any(key == "prte_tmpdir_base" for key, _ in job.mca) or \
+        any(name.endswith("MCA_prte_tmpdir_base") for name in names)
 
 
 class _Demux:
@@ -377,13 +390,32 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
     """Run ``job`` under Open MPI's mpirun; return mslaunch's exit status.
     ``master_port`` and ``jobid`` are what the default mode would give (see
     :func:`rendezvous_env`)."""
-    plan = mpirun_plan(job, os.environ, master_port, jobid)
+    marker = _marker()
+    # mpirun's session directory goes in one of mslaunch's own, removed when the job
+    # ends, and by the guard should mslaunch die: mpirun killed (a second Ctrl-C,
+    # the grace period's end) leaves its own behind.
+    base = None if job.dry_run else probe_path(marker)
+    if base:
+        try:
+            os.mkdir(base, 0o700)
+        except OSError:
+            base = None
+    plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base)
     if job.dry_run:
         import shlex
         sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
         return 0
-    sup = supervisor(job, plan, Watchdog(plan.kvsname, job.grace))
-    return exit_status(sup.run(), sup.ending)
+    try:
+        sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death))
+        return exit_status(sup.run(), sup.ending)
+    finally:
+        if base:
+            remove_directory(base)
+
+
+def _marker() -> str:
+    """The job's name for its guard and its ranks (``MSLAUNCH_JOB``)."""
+    return f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
 
 
 def _tagged(job: JobSpec) -> bool:
@@ -392,11 +424,13 @@ def _tagged(job: JobSpec) -> bool:
     return bool(out.directory or out.tag or out.timestamp or out.rank_prefix)
 
 
-def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int) -> Plan:
+def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
+                marker: Optional[str] = None, session_base: Optional[str] = None) -> Plan:
     """The plan of ``job`` as mslaunch runs it: one process, Open MPI's mpirun."""
-    marker = f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
+    marker = marker or _marker()
     cmd, extra_env = build_command(job, environ, marker, _tagged(job),
-                                   rendezvous_env(job, environ, master_port, jobid))
+                                   rendezvous_env(job, environ, master_port, jobid),
+                                   session_base)
     env = dict(environ)
     env.update(extra_env)
     env["MSLAUNCH_JOB"] = env["MSLAUNCH_GUARD"] = marker
