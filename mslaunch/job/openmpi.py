@@ -400,12 +400,12 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
             os.mkdir(base, 0o700)
         except OSError:
             base = None
-    plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base)
-    if job.dry_run:
-        import shlex
-        sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
-        return 0
     try:
+        plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base)
+        if job.dry_run:
+            import shlex
+            sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
+            return 0
         sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death))
         return exit_status(sup.run(), sup.ending)
     finally:
