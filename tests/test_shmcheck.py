@@ -39,8 +39,7 @@ def test_a_file_left_in_dev_shm_fails_the_run(tmp_path, remove):
     env = clean_env(PYTHONPATH=HERE + os.pathsep + clean_env()["PYTHONPATH"])
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
             "-p", "shmcheck", str(tmp_path / "test_leak.py")]
-    if own:
-        env["MSL_TEST_OWN_SHM"] = "1"
+    if own:                     # (the variable goes through clean_env)
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                 'mount -t tmpfs tmpfs /dev/shm || exit 99; "$@"; rc=$?; '
                 'echo "left:$(ls -A /dev/shm)"; exit $rc', "sh", *argv]
