@@ -295,8 +295,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
                 if name in tasks:
                     tasks[name](value)
             elif kind == b"p":
-                pid, _, started = arg.partition(b" ")
-                adopted[int(pid)] = int(started) if started.isdigit() else None
+                number, _, started = arg.partition(b" ")
+                adopted[int(number)] = int(started) if started.isdigit() else None
     live = [pid for pid, started in adopted.items() if start_time(pid) == started]
     if done:
         # The launcher saw every rank end; group ids may already name someone

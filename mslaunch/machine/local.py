@@ -171,7 +171,8 @@ class LocalRanks:
         if how == "inherit" and (self._stdin_is_tty or self.stdin_fd is None):
             how = "pipe"     # a background group reading the terminal would be stopped
         if how == "inherit":
-            stdin = self.stdin_fd  # type: ignore[assignment]
+            assert self.stdin_fd is not None
+            stdin = self.stdin_fd
         elif how == "pipe":
             stdin, stdin_w = os.pipe()
         else:

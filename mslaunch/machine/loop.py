@@ -24,7 +24,7 @@ except ImportError:
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Sized,
-                        Tuple, Union)
+                        Tuple, Type, Union)
 
     Callback = Callable[[], None]
 
@@ -320,7 +320,7 @@ class QueuedWriter:
     high_water = 1 << 62
     low_water = 0
     #: The errors that mean "not now": the write waits for the loop.
-    again: Tuple[type, ...] = (BlockingIOError, InterruptedError)
+    again: Tuple[Type[BaseException], ...] = (BlockingIOError, InterruptedError)
 
     def __init__(self, loop: Optional[Loop], fd: int) -> None:
         self.loop = loop

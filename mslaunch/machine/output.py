@@ -73,9 +73,12 @@ def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
         fixed = b""
     if timestamp:
         return lambda: time.ctime().encode() + (fixed or f"<{stream}>:".encode())
-    if fixed:
-        return lambda: fixed
-    return None
+    return fixed_prefix(fixed) if fixed else None
+
+
+def fixed_prefix(fixed: bytes) -> Callable[[], bytes]:
+    """A prefix function that always makes ``fixed``."""
+    return lambda: fixed
 
 
 def last_newline(data) -> int:
@@ -236,7 +239,7 @@ class RankPipe:
     """Reads one output pipe of a local rank on the loop into a :class:`RankOutput`."""
 
     def __init__(self, loop: Loop, fd: int, sink: RankSink,
-                 on_abandon: Optional[Callable[[], None]] = None) -> None:
+                 on_abandon: Optional[Callable[[], object]] = None) -> None:
         self.loop = loop
         self.fd = fd
         self.sink = sink
@@ -366,8 +369,8 @@ def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
             # --xml: one document, on stdout
             terminal=terminal.terminal(1 if out.xml else stream) if terminal else None,
             file_fd=open_log(path, marker), file_name=path or "",
-            prefix=(lambda p=label: p) if label else line_prefix(
-                spec.rank, name, jobid=spec.job, **opts),  # type: ignore[arg-type]
+            prefix=fixed_prefix(label) if label else line_prefix(
+                spec.rank, name, jobid=spec.job, **opts),
             file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
                                     rank_prefix=False, jobid=spec.job),
             formatter=xml_element(name, spec.rank) if out.xml else None,

@@ -10,11 +10,12 @@ Needed only when some rank reads stdin through a pipe: imported then.
 
 from __future__ import annotations
 
+import functools
 import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict
+    from typing import Callable, Dict, Mapping
 
     from .loop import Loop
 
@@ -30,6 +31,8 @@ class PipeStdin(QueuedWriter):
     once that includes the end of the input, or when the rank stops reading
     (it closed its stdin, or exited).
     """
+
+    loop: Loop
 
     def __init__(self, loop: Loop, fd: int, on_gone: Callable[[], None],
                  on_room: Callable[[], None]) -> None:
@@ -82,13 +85,14 @@ class StdinFanout:
 
     LIMIT = 1 << 20
 
-    def __init__(self, loop: Loop, source_fd: int, sinks: Dict[int, object]) -> None:
+    def __init__(self, loop: Loop, source_fd: int, sinks: Mapping[int, object]) -> None:
         self.loop = loop
         self.source = source_fd
         self.sinks: Dict[int, object] = {}
         for rank, sink in sinks.items():
             if isinstance(sink, int):
-                sink = PipeStdin(loop, sink, lambda r=rank: self.drop(r), self.resume_if_room)
+                sink = PipeStdin(loop, sink, functools.partial(self.drop, rank),
+                                 self.resume_if_room)
             self.sinks[rank] = sink
         self.eof = False
         self.paused = False

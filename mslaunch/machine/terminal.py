@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 from collections import deque
 
 TYPE_CHECKING = False
@@ -107,7 +108,8 @@ class Terminal(QueuedWriter):
         except OSError:
             pipe = False
         self._grow = pipe                 # grown once, when its reader falls behind
-        self._splices = pipe              # whether splice(2) may write into it
+        # whether splice(2) may write into it (os.splice is Python 3.10's)
+        self._splices = pipe and sys.version_info >= (3, 10)
         self._waiters: Set[object] = set()
         self.on_error: Optional[Callable[[Terminal], None]] = None
         self.splicing: object = None      # the source whose lines go in by splice(2)
@@ -225,6 +227,8 @@ class Terminal(QueuedWriter):
     def splice_from(self, fd: int, count: int) -> int:
         """Move up to ``count`` bytes from ``fd`` (a socket) into the file, unseen;
         BlockingIOError when the socket is empty or the pipe full."""
+        if sys.version_info < (3, 10):
+            raise OSError(errno.ENOSYS, "os.splice needs Python 3.10")
         return os.splice(fd, self.fd, count, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
 
     def when_writable(self, callback: Callable[[], None]) -> None:

@@ -10,13 +10,14 @@ the launcher grants (:class:`Outflow`); each rank stream is a
 
 from __future__ import annotations
 
+import functools
 import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Optional, Set
 
-    from ..machine.loop import Loop
+    from ..machine.loop import Loop, Timer
     from .endpoint import Endpoint
 
 from ..machine.output import last_newline
@@ -63,7 +64,7 @@ class LinkOutput:
         self.pending = b""
         self.finished = False
         self.gathered = bytearray()
-        self.timer = None
+        self.timer: Optional[Timer] = None
 
     @property
     def wanted(self) -> bool:
@@ -156,7 +157,7 @@ class StdinRelay:
             while wrote < len(queue):
                 wrote += os.write(fd, queue[wrote:])
         except BlockingIOError:
-            self.loop.add_writer(fd, lambda r=rank: self.flush(r))
+            self.loop.add_writer(fd, functools.partial(self.flush, rank))
         except OSError:
             self.drop(rank)     # the rank closed its stdin
             return
