@@ -66,19 +66,20 @@ def _slurm_local_size(environ: Mapping[str, str]) -> Optional[int]:
 
 def from_environment(environ: Mapping[str, str]) -> Optional[Tuple[str, int, int, int, int]]:
     """(source, rank, size, local rank, local size) from launcher variables, or None."""
-    found = _ints(environ, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
-    if found:
-        local = _ints(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
-        return ("Open MPI", *found, *(local or (0, 1)))
-    found = _ints(environ, "PMI_RANK", "PMI_SIZE")
-    if found:
-        local = _ints(environ, "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
-        return ("PMI", *found, *(local or (0, 1)))
+    for source, world, node in (
+            ("Open MPI", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+             ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")),
+            ("PMI", ("PMI_RANK", "PMI_SIZE"), ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"))):
+        found = _ints(environ, *world)
+        if found:
+            local_rank, local_size = _ints(environ, *node) or (0, 1)
+            return source, found[0], found[1], local_rank, local_size
     found = _ints(environ, "SLURM_PROCID", "SLURM_NTASKS")
     if found:
         local = _ints(environ, "SLURM_LOCALID")
         local_rank = local[0] if local else 0
-        return ("Slurm", *found, local_rank, max(_slurm_local_size(environ) or 1, local_rank + 1))
+        return ("Slurm", found[0], found[1], local_rank,
+                max(_slurm_local_size(environ) or 1, local_rank + 1))
     return None
 
 

@@ -11,7 +11,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional
+    from typing import Callable, List, Optional, Set
 
 from .hostfile import _is_digits
 
@@ -57,7 +57,7 @@ def _local_names() -> frozenset:
             lines = fh.read().split("\n")
     except OSError:
         lines = []
-    found = set()
+    found: Set[str] = set()
     for line in lines:
         aliases = [a.lower().rstrip(".") for a in line.split("#", 1)[0].split()[1:]]
         if names.intersection(aliases):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
     from ..spec import JobSpec
 
@@ -156,8 +156,8 @@ def place(hosts: Sequence[Host], np: Optional[int], *, map_by: str = "slot",
     everyone = range(len(hosts))
     order: List[int] = []
     if map_by == "node":
-        _deal(order, everyone, list(caps), np)  # type: ignore[arg-type]
-        counts = None
+        _deal(order, everyone, list(caps), np)
+        counts: Optional[List[int]] = None
     else:
         counts = []
         left = np
@@ -289,18 +289,18 @@ def binding(topo: Topology, loc: Tuple[int, ...], local_rank: int,
     if not loc:
         return None
     if kind == "hwthread":
-        first = {}
+        first: Dict[int, int] = {}
         for row in topo.cpus:
             first.setdefault(row[1], row[CPU])
         cores = {row[CPU]: row[1] for row in topo.cpus}
         picked = []
         for cpu in loc:
             lead = first[cores[cpu]]
-            chosen = cpu if job.use_hwthreads else lead
-            if chosen not in picked:
-                picked.append(chosen)
+            thread = cpu if job.use_hwthreads else lead
+            if thread not in picked:
+                picked.append(thread)
         return tuple(sorted(picked))
-    chosen = set()
+    chosen: Set[int] = set()
     inside = set(loc)
     for group in objects(topo, "node" if kind == "board" else kind):
         if inside.intersection(group):

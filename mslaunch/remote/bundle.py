@@ -111,7 +111,7 @@ def _sha256(data: bytes = b""):
         from _sha256 import sha256
     except ImportError:
         try:
-            from _sha2 import sha256  # type: ignore[no-redef]
+            from _sha2 import sha256
         except ImportError:
             from hashlib import sha256
     return sha256(data)
@@ -134,10 +134,10 @@ def _read_or_build() -> None:
     cached = cache_path(f"agent-{key.hexdigest()[:24]}.bundle")
     try:
         with open(cached, "rb") as f:
-            digest = f.readline().rstrip(b"\n")
+            line = f.readline().rstrip(b"\n")
             bundle = f.read()
-        if len(digest) == 64:
-            _keep(bundle, digest.decode("ascii"))
+        if len(line) == 64:
+            _keep(bundle, line.decode("ascii"))
             return
     except (OSError, UnicodeDecodeError):
         pass

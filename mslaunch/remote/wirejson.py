@@ -39,7 +39,7 @@ class _Context:
 def _accelerated() -> Optional[Tuple[Callable[[Any], str], Callable[[str], Any]]]:
     try:
         import _json
-        scan = _json.make_scanner(_Context())
+        scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # any decoder-like object
     except (ImportError, AttributeError, TypeError):
         return None
 
