@@ -51,6 +51,13 @@ def _int(text: Optional[str], default: int) -> int:
         return default
 
 
+def _rank(conn: Conn) -> int:
+    """The rank of an authenticated connection (the only kind past NEW)."""
+    rank = conn.rank
+    assert rank is not None, "a request before authentication"
+    return rank
+
+
 def _word(text: str) -> str:
     """A message as one token of the wire (no spaces, no separators)."""
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in text[:200]) or "error"
@@ -183,7 +190,7 @@ class V1Handler:
         self.send("maxes", rc=0, kvsname_max=KVSNAME_MAX, keylen_max=KEYLEN_MAX, vallen_max=VALLEN_MAX)
 
     def get_appnum(self, f: Fields) -> None:
-        self.send("appnum", rc=0, appnum=self.state.appnum(self.conn.rank))
+        self.send("appnum", rc=0, appnum=self.state.appnum(_rank(self.conn)))
 
     def get_my_kvsname(self, f: Fields) -> None:
         self.send("my_kvsname", rc=0, kvsname=self.state.kvsname)
@@ -201,7 +208,7 @@ class V1Handler:
             self.send("put_result", rc=1, msg="reserved_key")
         elif len(key) > KEYLEN_MAX or len(value) > VALLEN_MAX:
             self.send("put_result", rc=1, msg="too_long")
-        elif not self.state.kvs_put(self.conn.rank, key, value):
+        elif not self.state.kvs_put(_rank(self.conn), key, value):
             self.conn.violation(lambda: self.send("put_result", rc=1, msg="kvs_full"),
                                 f"the job's key-value space is full ({KVS_MAX_BYTES} bytes)")
         else:
@@ -223,7 +230,7 @@ class V1Handler:
         elif key.startswith("PMI_"):
             answer(self.state.job_attr(key))
         else:
-            self.state.kvs_get(self.conn.rank, key, self.conn.deferred(answer))
+            self.state.kvs_get(_rank(self.conn), key, self.conn.deferred(answer))
 
     def barrier_in(self, f: Fields) -> None:
         self.conn.enter_barrier(lambda: self.send("barrier_out", rc=0))
@@ -348,7 +355,7 @@ class V2Handler:
                 return
         # On an inherited socket the fd identifies the rank; pmirank is advisory.
         conn.initialized()
-        rank = conn.rank
+        rank = _rank(conn)
         # Slurm's libpmi2 needs pmi-version/pmi-subversion and takes booleans
         # only as TRUE/FALSE; MPICH reads rank, size and appnum.
         fields: Dict[str, object] = {
@@ -369,7 +376,7 @@ class V2Handler:
             self.send("kvs-put-response", rc=1, errmsg="reserved_key")
         elif len(key) > KEYLEN_MAX or len(value) > VALLEN_MAX:
             self.send("kvs-put-response", rc=1, errmsg="too_long")
-        elif not self.state.kvs_put(self.conn.rank, key, value):
+        elif not self.state.kvs_put(_rank(self.conn), key, value):
             self.conn.violation(self.fail("kvs-put", "kvs_full"),
                                 f"the job's key-value space is full ({KVS_MAX_BYTES} bytes)")
         else:
@@ -386,7 +393,7 @@ class V2Handler:
         if f.get("jobid", self.state.kvsname) != self.state.kvsname:
             answer(None)
         else:
-            self.state.kvs_get(self.conn.rank, f["key"], self.conn.deferred(answer))
+            self.state.kvs_get(_rank(self.conn), f["key"], self.conn.deferred(answer))
 
     def kvs_fence(self, f: Fields) -> None:
         self.conn.enter_barrier(lambda: self.reply("kvs-fence"))
@@ -397,12 +404,12 @@ class V2Handler:
 
     def info_putnodeattr(self, f: Fields) -> None:
         if self._need("info-putnodeattr", f, "key", "value"):
-            self.state.node_attr_put(self.conn.rank, f["key"], f["value"])
+            self.state.node_attr_put(_rank(self.conn), f["key"], f["value"])
             self.reply("info-putnodeattr")
 
     def info_getnodeattr(self, f: Fields) -> None:
         if self._need("info-getnodeattr", f, "key"):
-            self.state.node_attr_get(self.conn.rank, f["key"], f.get("wait") == "TRUE",
+            self.state.node_attr_get(_rank(self.conn), f["key"], f.get("wait") == "TRUE",
                                      self.conn.deferred(self._found("info-getnodeattr")))
 
     def name_publish(self, f: Fields) -> None:

@@ -15,7 +15,6 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
     from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
     from ..machine.loop import Loop, Timer
@@ -37,7 +36,7 @@ class _Conn(QueuedWriter):
     send_flags = _socket.MSG_NOSIGNAL
     high_water = MAX_OUTPUT       # replies a peer leaves unread before it is cut off
 
-    def __init__(self, server: "PMIServer", sock: socket.socket, rank: Optional[int], tcp: bool) -> None:
+    def __init__(self, server: "PMIServer", sock: _socket.socket, rank: Optional[int], tcp: bool) -> None:
         super().__init__(server.loop, sock.fileno())
         self.server = server
         self.sock = sock
@@ -292,7 +291,7 @@ class PMIServer:
         self.busy_seconds = 0.0   # time spent reading and answering ranks
         self.max_pending = 64 + size
         self._conns: Dict[int, _Conn] = {}
-        self._child_socks: Dict[int, socket.socket] = {}
+        self._child_socks: Dict[int, _socket.socket] = {}
         self._socketpair_ranks: Set[int] = set()
         self._lost: Set[int] = set()
         self.started: Set[int] = set()     # ranks that initialized PMI

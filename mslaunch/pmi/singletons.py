@@ -82,7 +82,8 @@ _LAUNCHERS = frozenset(("mpirun", "mpiexec", "orterun", "prterun", "prted", "ort
 def runs_a_launcher(pid: int) -> bool:
     """Whether an Open MPI launcher runs in ``pid``'s process tree (a rank that
     starts a job of its own writes the same probe file, from that job's rank 0)."""
-    todo, seen = [pid], set()
+    todo: List[int] = [pid]
+    seen: Set[int] = set()
     while todo and len(seen) < 10000:
         p = todo.pop()
         if p in seen:
@@ -421,7 +422,9 @@ class SingletonFiles:
         for pid in sorted(set(pids) | descendants(pids)):
             ompi, held = _holdings(pid)
             started = _started_at(pid) if ompi and held else None
-            for path, ident in held.items() if started is not None else ():
+            if started is None:
+                continue
+            for path, ident in held.items():
                 try:
                     st = os.lstat(path)
                 except OSError:
