@@ -52,7 +52,7 @@ class SpawnError(LaunchError):
     exit_code = 127
 
 
-def one_line(text: str, limit: int = 500) -> str:
+def one_line(text: object, limit: int = 500) -> str:
     """``text`` cut to ``limit`` characters with control characters escaped, so
     that what a peer or a file supplies can never break a message in two."""
     text = str(text)[:limit]

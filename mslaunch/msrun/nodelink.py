@@ -16,7 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, List, Optional
 
-    from ..machine.loop import Loop
+    from ..machine.loop import Loop, Timer
 
 from ..remote import link
 from ..remote.endpoint import SocketEndpoint
@@ -55,7 +55,7 @@ class NodeLink:
         self.last_error = ""
         self.connected = ""
         self._handshaking = None
-        self._try = loop.call_later(0, self._connect)
+        self._try: Optional[Timer] = loop.call_later(0, self._connect)
 
     def _connect(self) -> None:
         self._try = None
@@ -141,7 +141,7 @@ class NodeLink:
                       one_line(message.get("message", ""), 600))
         elif self.state == "proving" and op == "hello":
             nonce = message.get("nonce")
-            if not auth.valid_nonce(nonce):
+            if not isinstance(nonce, str) or not auth.valid_nonce(nonce):
                 raise link.LinkError("hello without a valid nonce")
             self.their_nonce = nonce
             self.endpoint.send(encode({

@@ -106,7 +106,8 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
         return None, [nodes[i * len(nodes) // local] or None for i in range(local)]
     from ..machine.topology import parse_cpulist
     given: Dict[str, Tuple[int, ...]] = {}
-    for key, text in mode:            # type: ignore[union-attr]
+    assert isinstance(mode, tuple)    # the map form: (key, CPU list) pairs
+    for key, text in mode:
         chosen = parse_cpulist(text)
         if flag == "bind_numa":
             missing = [n for n in chosen if n >= len(nodes) or not nodes[n]]

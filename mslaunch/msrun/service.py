@@ -26,6 +26,7 @@ a peer that breaks the protocol is cut off with one rate-limited log line.
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 
@@ -146,10 +147,10 @@ class NodeService:
                                             do_handshake_on_connect=False)
             peer = _Peer(self, sock, addr[0])
             self.peers[sock.fileno()] = peer
-            peer.timer = self.loop.call_later(
-                AUTH_SECONDS, lambda p=peer: self._drop(p, f"no proof of the secret within {AUTH_SECONDS:g} s"))
+            peer.timer = self.loop.call_later(AUTH_SECONDS, functools.partial(
+                self._drop, peer, f"no proof of the secret within {AUTH_SECONDS:g} s"))
             if peer.handshaking:
-                self.loop.add_reader(sock.fileno(), lambda p=peer: self._handshake(p))
+                self.loop.add_reader(sock.fileno(), functools.partial(self._handshake, peer))
                 self._handshake(peer)
             else:
                 self._open(peer)
@@ -217,7 +218,7 @@ class NodeService:
                                    f"{PROTOCOL}): run the same mslaunch on every node")
                 return
             theirs = message.get("nonce")
-            if not auth.valid_nonce(theirs) or not auth.check(
+            if not isinstance(theirs, str) or not auth.valid_nonce(theirs) or not auth.check(
                     self.secret, "node", peer.nonce, theirs, message.get("proof")):
                 self._refuse(peer, "this node's secret is not the job's: "
                                    + auth.mismatch_hint())

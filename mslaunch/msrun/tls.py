@@ -23,6 +23,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
+
 from ..errors import LaunchError
 
 _FIELDS = ("server_cert_path", "client_cert_path", "ca_cert_path", "crl_path", "cipher_list",
@@ -79,6 +81,7 @@ def _load_identity(path: str, password: Optional[str]) -> Tuple[bytes, bytes, An
     except OSError as err:
         raise LaunchError(f"TLS: {path}: {err.strerror}") from None
     secret = password.encode() if password else None
+    key: Optional[PrivateKeyTypes]
     try:
         if data.lstrip().startswith(b"-----"):
             key = serialization.load_pem_private_key(data, secret)
