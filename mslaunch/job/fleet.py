@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
     from ..machine.output import RankOutput
+    from ..remote.dialback import Listener
     from ..remote.host import RemoteHost, RemoteStdin
     from ..remote.starter import Starter
     from ..spec import RankSpec
@@ -51,7 +52,7 @@ class Fleet:
         self.cancelled = cancelled            # a stop signal came while connecting
         self.hosts: Dict[str, RemoteHost] = {}
         self.conns: Dict[str, Any] = {}       # started, not yet handed their ranks
-        self.listener = None
+        self.listener: Optional[Listener] = None
         self.start_error: Optional[tuple] = None
         self.plain_link = False               # the agents' links are plain TCP (srun)
         self._stdin: Dict[int, RemoteStdin] = {}
@@ -69,8 +70,8 @@ class Fleet:
         timeline.mark("starting the agents")
         if starter.begun:
             _warm_up(job.mpi == "pmi")
-        conns = starter.start(names, cancelled=self.cancelled,
-                              say=sup.console.message if job.verbose else None)
+        conns = dict(starter.start(names, cancelled=self.cancelled,
+                                   say=sup.console.message if job.verbose else None))
         self.plain_link = starter.plain_link
         self.conns = conns
         if job.verbose:

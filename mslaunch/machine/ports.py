@@ -16,7 +16,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
+    import _socket
     from typing import Set, Tuple
 
 from ..errors import LaunchError
@@ -28,7 +28,7 @@ RANGE_NAME = "MPICH_PORT_RANGE/MPIEXEC_PORT_RANGE"
 _promised: Set[int] = set()
 
 
-def bind_in_range(sock: socket.socket, host: str, port_range: Tuple[int, int]) -> int:
+def bind_in_range(sock: _socket.socket, host: str, port_range: Tuple[int, int]) -> int:
     """Bind ``sock`` to ``host`` and a free port of ``port_range`` (inclusive); returns
     the port.  A port in use (or, for a listener, one the kernel keeps) is skipped;
     any other error is raised as it is."""
@@ -56,7 +56,7 @@ def free_port_in(port_range: Tuple[int, int]) -> int:
     import _socket
     s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
-        port = bind_in_range(s, "", port_range)  # type: ignore[arg-type]
+        port = bind_in_range(s, "", port_range)
     finally:
         s.close()
     _promised.add(port)

@@ -307,7 +307,7 @@ class Agent:
         """The launcher's directory where it exists here; else the home directory."""
         launch_dir = self.job["launch_dir"]
         home = os.path.expanduser("~")
-        warnings = []
+        warnings: List[str] = []
         for i, spec in enumerate(self.specs):
             if spec.cwd == launch_dir and not os.path.isdir(spec.cwd):
                 if not warnings:

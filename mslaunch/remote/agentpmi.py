@@ -106,6 +106,7 @@ class AgentPMI:
             return
         if op not in ("fence_done", "answer"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
+        pairs: Dict[Any, Any] = {}      # from the wire: checked below
         if op == "fence_done":
             pairs = link.field(message, "pairs", dict, "PMI fence_done")
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):

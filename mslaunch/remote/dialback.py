@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import _socket
 import _thread
+import functools
 import os
 import time
 
@@ -30,7 +31,7 @@ from ..switches import switch
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
     from ..machine.loop import Loop, Timer
 
@@ -206,7 +207,7 @@ class _Listening(_socket.socket):
 
     def accept(self) -> Tuple[socket.socket, Any]:
         import socket
-        fd, address = self._accept()
+        fd, address = self._accept()  # type: ignore[attr-defined]  # C method typeshed omits
         return socket.socket(self.family, self.type, self.proto, fileno=fd), address
 
 
@@ -223,12 +224,12 @@ class Listener:
         self.pending: Dict[int, _Pending] = {}
         self.cert_pem: Optional[bytes] = None
         self._context = None
-        # What a TLS socket raises for "not yet" (ssl, and its 1.5 MiB, only then).
-        self._wants: Tuple[type, ...] = ()
+        # What a socket raises for "not yet" (ssl, and its 1.5 MiB, only with TLS).
+        self._wants: Tuple[Type[BaseException], ...] = (BlockingIOError,)
         if tls:
             import ssl
             self.cert_pem, self._context = tls_credentials()
-            self._wants = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
+            self._wants = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
         self._lines = 0
         self._window_end = 0.0
         self._suppressed = 0
@@ -261,7 +262,7 @@ class Listener:
                 self.close()
                 raise
             self.socks.append(sock)
-            loop.add_reader(sock.fileno(), lambda s=sock: self._accept(s))
+            loop.add_reader(sock.fileno(), functools.partial(self._accept, sock))
 
     def port_of(self, addr: str) -> Optional[int]:
         for sock in self.socks:
@@ -289,9 +290,9 @@ class Listener:
             entry = _Pending(sock)
             entry.handshaking = self._context is not None
             self.pending[sock.fileno()] = entry
-            entry.timer = self.loop.call_later(AUTH_SECONDS, lambda e=entry: self._drop(
-                e, "did not present a token in time"))
-            self.loop.add_reader(sock.fileno(), lambda e=entry: self._readable(e))
+            entry.timer = self.loop.call_later(AUTH_SECONDS, functools.partial(
+                self._drop, entry, "did not present a token in time"))
+            self.loop.add_reader(sock.fileno(), functools.partial(self._readable, entry))
             self._readable(entry)
 
     def _readable(self, entry: _Pending) -> None:
@@ -301,7 +302,7 @@ class Listener:
                 sock.do_handshake()
                 entry.handshaking = False
             data = sock.recv(256)
-        except (BlockingIOError, *self._wants):
+        except self._wants:
             return
         except (OSError, ValueError) as err:
             self._drop(entry, f"broke off ({err.__class__.__name__})")
@@ -368,9 +369,9 @@ def _connect(addr: str, port: int, timeout: float, tls: bool):
     the C module's socket: importing ``socket`` would cost the agent 10 ms."""
     if tls:
         import socket
-        sock = socket.create_connection((addr, port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        full = socket.create_connection((addr, port), timeout=timeout)
+        full.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return full
     last: Optional[OSError] = None
     # A str host goes through the idna codec, whose import brings ``re``.
     host = addr.encode("ascii") if addr.isascii() else addr

@@ -22,6 +22,7 @@ as the loss of its daemon.
 from __future__ import annotations
 
 import _socket
+import functools
 import os
 import time
 
@@ -273,8 +274,7 @@ class Greeter:
         self.procs: Dict[str, StartingProcess] = {}
         self.closed = False
         for name, token in tokens.items():
-            self.listener.expect(token, lambda sock, rest, name=name:
-                                 self._presented(name, sock, rest))
+            self.listener.expect(token, functools.partial(self._presented, name))
 
     def _presented(self, name: str, sock: socket.socket, rest: bytes) -> None:
         if rest:              # an agent says nothing before it has the bootstrap

@@ -51,6 +51,8 @@ def heartbeat_setting(text: Optional[str]) -> Tuple[float, int]:
 class Endpoint(QueuedWriter):
     """Frames over a pair of non-blocking descriptors (the same one twice for a socket)."""
 
+    loop: Loop
+
     def __init__(self, loop: Loop, read_fd: int, write_fd: int, *,
                  on_frame: Callable[[int, bytes], None], on_closed: Callable[[str], None],
                  expect_sync: bool = False) -> None:
@@ -286,6 +288,7 @@ class InboundTLSEndpoint(SocketEndpoint):
         size = FIRST_READ
         buf = bytearray(size)
         while not self._stop:
+            end: Optional[str]
             try:
                 filled = self._recv_into(memoryview(buf))
             except BlockingIOError:

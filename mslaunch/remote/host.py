@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from ..machine.loop import Loop
     from ..machine.output import RankOutput
+    from ..machine.stdin import StdinFanout
     from ..spec import RankSpec
     from .starter import AgentConnection
 
@@ -358,7 +359,7 @@ class RemoteStdin:
         self.rank = rank
         self.sent = 0
         self.done = 0
-        self.fanout = None
+        self.fanout: Optional[StdinFanout] = None
 
     @property
     def backlog(self) -> int:

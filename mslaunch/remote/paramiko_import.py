@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _paramiko_version() -> Optional[str]:
     return None
 
 
-class _Metadata:
+class _Metadata(types.ModuleType):
     """Stands in for :mod:`importlib.metadata` while paramiko is imported.
 
     paramiko's ``__init__`` asks it for its own version only, and the module
@@ -45,7 +46,7 @@ class _Metadata:
     """
 
     def __init__(self, version: str) -> None:
-        self.__name__ = "importlib.metadata"
+        super().__init__("importlib.metadata")
         self._version = version
 
     def version(self, name: str) -> str:
@@ -87,11 +88,11 @@ def _import_paramiko() -> None:
         blocked = "invoke" not in sys.modules
         if blocked:
             sys.modules["invoke"] = None  # type: ignore[assignment]
-        stand_in = None
+        stand_in: Optional[_Metadata] = None
         if "importlib.metadata" not in sys.modules:
             version = _paramiko_version()
             if version is not None:
-                stand_in = sys.modules["importlib.metadata"] = _Metadata(version)  # type: ignore
+                stand_in = sys.modules["importlib.metadata"] = _Metadata(version)
         try:
             import paramiko
         finally:

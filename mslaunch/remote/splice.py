@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     class OutputOwner(Protocol):
         """Where spliced frames' ranks have their sinks (a :class:`~.host.RemoteHost`)."""
 
-        def output_sink(self, rank: int, stream: int) -> Optional[RankOutput]: ...
+        def output_sink(self, rank: int, stream: int) -> RankOutput: ...
 
         def output_taken(self, sink: RankOutput, count: int) -> None: ...
 
@@ -64,7 +64,7 @@ class SplicingEndpoint(SocketEndpoint):
         self._sink: Optional[RankOutput] = None
         self._term: Optional[Terminal] = None
         self._lines: Tuple[int, int, int, int] = (0, 0, 0, 0)   # rank, stream, whole, size
-        self._waiting = False          # for the terminal, the frame's body unread
+        self._parked = False           # for the terminal, the frame's body unread
         self._early = bytearray()      # bytes that came with the token, read first
         self._stall: Optional[Timer] = None
         super().__init__(loop, sock, **kw)
@@ -76,7 +76,7 @@ class SplicingEndpoint(SocketEndpoint):
 
     def _on_readable(self) -> None:
         try:
-            while (not self.closed and not self._waiting
+            while (not self.closed and not self._parked
                    and (self._splice() if self._left else self._read())):
                 pass
         except link.LinkError as err:
@@ -145,7 +145,7 @@ class SplicingEndpoint(SocketEndpoint):
         # (bytes that came with the token cannot be spliced: read, then)
         term = sink.splice_terminal() if whole and not self._early else None
         if term is not None and term.splice_busy:
-            self._waiting = True
+            self._parked = True
             self.loop.remove_reader(self.read_fd)
             term.wait_to_splice(self._turn)
             return
@@ -156,16 +156,16 @@ class SplicingEndpoint(SocketEndpoint):
         self._expect(link.OUTPUT, size, (rank, stream))
 
     def _turn(self) -> None:
-        if self.closed or not self._waiting:
+        if self.closed or not self._parked:
             return
-        self._waiting = False
+        self._parked = False
         self.loop.add_reader(self.read_fd, self._on_readable)
         try:
             self._begin()
         except link.LinkError as err:
             self.close(f"protocol error: {err}")
             return
-        if not self._waiting:
+        if not self._parked:
             self._on_readable()
 
     def _expect(self, kind: int, size: int, rank_stream: Optional[Tuple[int, int]] = None) -> None:

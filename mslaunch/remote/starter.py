@@ -81,7 +81,7 @@ if TYPE_CHECKING:
             job failed before it started its hosts)."""
 
         def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
-                  say: Optional[Callable[[str], None]] = None) -> Dict[str, AgentConnection]:
+                  say: Optional[Callable[[str], None]] = None) -> Mapping[str, AgentConnection]:
             """An agent on every host of ``names``, by name; all of them or none
             (LaunchError, exit code 130 when ``cancelled`` turned true while
             waiting).  ``say``, when given, is told (verbose) what starts them."""
