@@ -60,6 +60,7 @@ class MPIJobs:
         sup = self.sup
         plan, job = sup.plan, sup.job
         from ..pmi.singletons import SingletonProbe
+        assert sup.watchdog is not None         # started before any rank
         try:
             self.probe = SingletonProbe(sup.watchdog.marker,
                                         [r for r in plan.ranks if r.host.local])

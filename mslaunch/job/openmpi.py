@@ -120,9 +120,9 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool,
         cmd += ["--display", "map"]
     if job.keep_going:
         cmd += ["--prtemca", "state_base_error_non_zero_exit", "0"]
-    for key, value in job.mca:
+    for key, setting in job.mca:
         if key != "orte_abort_on_non_zero_status":
-            cmd += ["--mca", key, value]
+            cmd += ["--mca", key, setting]
     # Open MPI 5.0 hangs when it forwards stdin to a rank that reads it, so
     # ranks get none (they read end-of-file); see the README.
     cmd += ["--stdin", "none"]
@@ -134,8 +134,8 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool,
     if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
         # mpi4py loads MPICH's libmpi.so.12 first when both wheels are
         # installed; point it at Open MPI's library (never set both names).
-        prefix = extra_env.get("OPAL_PREFIX")
-        libmpi = os.path.join(prefix, "lib", "libmpi.so.40") if prefix else ""
+        opal = extra_env.get("OPAL_PREFIX")
+        libmpi = os.path.join(opal, "lib", "libmpi.so.40") if opal else ""
         common += ["-x", f"MPI4PY_LIBMPI={libmpi}" if os.path.exists(libmpi)
                    else "MPI4PY_MPIABI=openmpi"]
     for name, value in job.global_env:
@@ -190,8 +190,9 @@ class _Demux:
             size = sum(a.np or 0 for a in self.job.apps) or rank + 1
             paths = log_paths(out.directory, out.jobid_dir, out.merge_stderr, rank, size)
             path = paths[0] if key[1] == 1 else paths[1]
-            os.makedirs(os.path.dirname(path), exist_ok=True)  # type: ignore[arg-type]
-            self.files[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # type: ignore[arg-type]
+            assert path is not None             # stderr merged: no key of stream 2
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.files[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         return self.files[key]
 
     def line(self, stream: int, raw: bytes) -> None:
@@ -304,9 +305,9 @@ class MpirunHandle:
                 os.close(fd)
             raise LaunchError(f"cannot start Open MPI's mpirun: {err.strerror}") from None
         finally:
-            for fd in (stdout, stderr):
-                if fd is not None:
-                    os.close(fd)
+            for end in (stdout, stderr):
+                if end is not None:
+                    os.close(end)
         pid = self.proc.pid
         guard = self.sup.watchdog
         guard.add(pid)    # type: ignore[union-attr]

@@ -101,7 +101,7 @@ def report_pid(sup: JobView, where: str) -> None:
         raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
 
 
-def timed_out(sup: JobView, live: List[RankState]) -> float:
+def timed_out(sup: JobView, live: Sequence[RankState]) -> float:
     """What is said when ``--timeout`` ends the job; returns how long to wait
     before the ranks are stopped (for the stack traces to arrive)."""
     # One process with a name of its own (the Open MPI mode's mpirun) is named.
@@ -147,8 +147,9 @@ def rank_started(sup: JobView, r: RankState) -> None:
     spec, job = r.spec, sup.job
     if job.report_bindings and (spec.cpus or job.bind_to != "none"):
         from ..machine.bindings import report_binding
+        from ..machine.topology import Topology
         topo = sup.plan.topologies[spec.host.node_id] if sup.plan.topologies else None
-        text = report_binding(spec.rank, topo, spec.cpus) if topo is not None else \
+        text = report_binding(spec.rank, topo, spec.cpus) if isinstance(topo, Topology) else \
             f"MCW rank {spec.rank} bound to cpus {spec.cpus}"
         sup.console.message(f"[{spec.host.name}:{os.getpid():05d}] {text}")
     if job.verbose:

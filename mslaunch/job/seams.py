@@ -22,7 +22,9 @@ class RankHandle(Protocol):
     one remote host's agent (:class:`~mslaunch.remote.host.RemoteHost`), or Open
     MPI's mpirun standing for all of them (:class:`~mslaunch.job.openmpi.MpirunHandle`)."""
 
-    ranks: Container[int]       # the keys of its ranks
+    @property
+    def ranks(self) -> Container[int]:
+        """The keys of its ranks."""
 
     @property
     def busy(self) -> bool:
@@ -73,6 +75,7 @@ class RankState(Protocol):
     reason: str
     ended: bool
     pmi_lost: bool
+    discarded: bool
     restarts: int
     last_end: str
 
@@ -90,13 +93,15 @@ class JobView(Protocol):
     plan: Plan
     console: Console
     loop: Loop
-    ranks: List[RankState]
     ending: Optional[str]
     launched: bool
     stop_signal: Optional[int]
     restarts: int
     watchdog: Optional[Watchdog]
     mpi_jobs: Any
+
+    @property
+    def ranks(self) -> Sequence[RankState]: ...
 
     @property
     def hosts(self) -> Dict[str, Any]: ...

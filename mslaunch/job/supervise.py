@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..remote.starter import Starter
     from .fleet import Fleet
     from .mpijobs import MPIJobs
-    from .seams import ModeHooks, RankHandle
+    from .seams import ModeHooks, RankHandle, RankState
 
 from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
 from ..machine.guard import Watchdog
@@ -110,7 +110,7 @@ class Supervisor:
         self.remote: Optional[Tuple[int, str]] = None
         self.restarts = hooks.restarts if hooks is not None else 0
         self.ranks = [_Rank(spec) for spec in plan.ranks]
-        self.root: Optional[_Rank] = None
+        self.root: Optional[RankState] = None
         self.root_code = 0
         self.ending: Optional[str] = None     # failure | timeout | signal | output
         self.stop_signal: Optional[int] = None
@@ -174,6 +174,7 @@ class Supervisor:
         job, plan = self.job, self.plan
         if self.connect:
             from .fleet import Fleet
+            assert self.starter is not None     # hosts to connect come with their starter
             self.fleet = Fleet(self, _stop_requested)
             self.fleet.connect(self.connect, self.starter, self.replan)
             plan = self.plan                  # planned again with the hosts' topologies
@@ -193,18 +194,19 @@ class Supervisor:
             pmi, pmi_env = self.mpi_jobs.start_first(bool(local_specs))
             self.mpi_jobs.watch_singletons()
         # Hosts left after the re-plan (the plan may have sent every agent away).
-        remote = self.fleet is not None and bool(self.fleet.conns)
+        fleet = self.fleet if self.fleet is not None and self.fleet.conns else None
+        remote = fleet is not None
         raise_fd_limit(8 * len(local_specs) + 8 * len(self.connect) + 64)
-        if remote:
-            self.fleet.prepare(remote_specs)
+        if fleet is not None:
+            fleet.prepare(remote_specs)
         if local_specs:
             self.local = own or self._local_ranks(  # type: ignore[assignment]
                 local_specs, pmi, pmi_env, stdin_fd=None if remote else 0)
         self.launched = True
         for handle in self._handles():
             handle.start()
-        if remote:
-            self.stdin_fanout = self.fleet.relay_stdin(self.local.stdin_pipes if self.local else {})
+        if fleet is not None:
+            self.stdin_fanout = fleet.relay_stdin(self.local.stdin_pipes if self.local else {})
         if self.hooks is not None:
             self.hooks.started({r.spec.label or f"rank {r.spec.rank}": r.pid for r in self.ranks})
 
@@ -310,7 +312,7 @@ class Supervisor:
         if sig is not None or code:
             self.fail(r, "", 128 + sig if sig is not None else code or 1,
                        abort=not self.job.keep_going)
-        elif r.pmi_lost:
+        elif r.pmi_lost and self.mpi_jobs is not None:
             self.mpi_jobs.check_lost(r)
         elif self.mpi_jobs is not None:
             self.mpi_jobs.check_left_mpi(r)
@@ -376,7 +378,7 @@ class Supervisor:
             self.console.message(f"mslaunch: {message}")
 
     # -- policy -----------------------------------------------------------
-    def fail(self, rank: _Rank, reason: str, code: int, *, abort: bool) -> None:
+    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool) -> None:
         if rank.discarded:
             return
         if reason and not rank.reason:
