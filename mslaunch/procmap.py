@@ -76,7 +76,8 @@ def process_mapping(node_ids: Sequence[int]) -> str:
             if length % period or length == period:
                 continue
             reps = length // period
-            total = span(0, head) + span(head, head + period) + 3 + len(str(reps)) + span(head + length, len(items))
+            total = (span(0, head) + span(head, head + period) + 3 + len(str(reps))
+                     + span(head + length, len(items)))
             if total < best[0]:
                 best = (total, head, period, reps)
     _, head, period, reps = best

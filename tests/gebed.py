@@ -53,7 +53,7 @@ class GridEngine:
                                         SGE_EXECD_PORT=str(port + 1))
 
     # -- start and stop ---------------------------------------------------------
-    def start(self) -> "GridEngine":
+    def start(self) -> GridEngine:
         try:
             self._make_cell()
             self._run(self.hosts[0], ["/usr/sbin/sge_qmaster"])

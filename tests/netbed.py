@@ -831,7 +831,7 @@ def remove_record(path: Optional[str]) -> None:
 
 # --------------------------------------------------------------------------- beds
 
-_LIVE: List["Bed"] = []
+_LIVE: List[Bed] = []
 _LIVE_LOCK = threading.Lock()
 
 

@@ -135,7 +135,7 @@ class SlurmBed(netbed.Bed):
         self._crashed: Set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "SlurmBed":
+    def start(self) -> SlurmBed:
         """Build the bed and wait until every node is idle; clean up and raise on failure."""
         return super().start()
 

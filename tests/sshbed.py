@@ -236,7 +236,7 @@ class SSHBed(netbed.Bed):
         self._borrowed: Optional[NetBed] = None   # namespaces owned by another bed
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, n_hosts: int = DEFAULT_HOSTS, net: Optional[NetBed] = None) -> "SSHBed":
+    def start(self, n_hosts: int = DEFAULT_HOSTS, net: Optional[NetBed] = None) -> SSHBed:
         """Build the bed with ``n_hosts`` hosts ``h1``..``hN``; clean up and raise on failure.
 
         With ``net``, the sshds run in the hosts ``h1``..``hN`` of that
@@ -523,7 +523,7 @@ class SSHBed(netbed.Bed):
         return [netbed._tool("ssh"), "-F", self.ssh_config, self.host(host).name, *command]
 
     # ------------------------------------------------------------------- homes
-    def make_home(self, path: Union[str, "os.PathLike[str]"],
+    def make_home(self, path: Union[str, os.PathLike[str]],
                   hosts: Optional[Sequence[HostRef]] = None, user_config_extra: str = "",
                   known: Optional[Sequence[HostRef]] = None) -> str:
         """Create a HOME for a test: ``~/.ssh/{config,id_ed25519,id_ed25519.pub,known_hosts}``.

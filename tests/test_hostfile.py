@@ -331,7 +331,8 @@ def test_property_valid_hostfiles(case):
     assert parse(text) == expected
 
 
-HOSTFILE_ALPHABET = st.sampled_from(list("ab01:=# \t\n[].-_,@%xslotmaxcpun") + ["slots", "max_slots", "count", "::1", "\r"])
+HOSTFILE_ALPHABET = st.sampled_from(list("ab01:=# \t\n[].-_,@%xslotmaxcpun")
+                                    + ["slots", "max_slots", "count", "::1", "\r"])
 
 
 @FAST
@@ -469,7 +470,8 @@ NODELIST_ERRORS = [
     ("a[1[2]]", "SLURM_JOB_NODELIST: nested '[' in 'a[1[2]]'"),
     ("node[3-1]", "SLURM_JOB_NODELIST: reversed range '3-1' in 'node[3-1]'"),
     ("node[a-c]", "SLURM_JOB_NODELIST: bad range 'a-c' in 'node[a-c]' (expected N or N-M, digits only)"),
-    ("node[1-2-3]", "SLURM_JOB_NODELIST: bad range '1-2-3' in 'node[1-2-3]' (expected N or N-M, digits only)"),
+    ("node[1-2-3]",
+     "SLURM_JOB_NODELIST: bad range '1-2-3' in 'node[1-2-3]' (expected N or N-M, digits only)"),
     ("node[1,]", "SLURM_JOB_NODELIST: bad range '' in 'node[1,]' (expected N or N-M, digits only)"),
     ("node[ 1]", "SLURM_JOB_NODELIST: bad range ' 1' in 'node[ 1]' (expected N or N-M, digits only)"),
     ("node[]", "SLURM_JOB_NODELIST: empty brackets in 'node[]'"),
@@ -482,7 +484,8 @@ NODELIST_ERRORS = [
                "(use letters, digits, '-', '_', '.', or [IPv6] in brackets) in '-[1-2]'"),
     ("n[0-1000000]", "SLURM_JOB_NODELIST: 'n[0-1000000]' expands to more than 100000 hosts"),
     ("n[1-100001]", "SLURM_JOB_NODELIST: 'n[1-100001]' expands to more than 100000 hosts"),
-    ("a[0-999]b[0-999]c[0-9]", "SLURM_JOB_NODELIST: 'a[0-999]b[0-999]c[0-9]' expands to more than 100000 hosts"),
+    ("a[0-999]b[0-999]c[0-9]",
+     "SLURM_JOB_NODELIST: 'a[0-999]b[0-999]c[0-9]' expands to more than 100000 hosts"),
     ("n[" + "9" * 30 + "]", "SLURM_JOB_NODELIST: bad range '" + "9" * 30 + "' in 'n[" + "9" * 30
      + "]' (expected N or N-M, digits only)"),
 ]

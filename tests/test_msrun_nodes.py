@@ -46,7 +46,7 @@ class Node:
             self.proc.kill()
             out, _ = self.proc.communicate()
             self.out = out.decode(errors="replace")
-            raise AssertionError(f"node {self.host.name} hangs:\n{self.out}")
+            raise AssertionError(f"node {self.host.name} hangs:\n{self.out}") from None
         self.out = out.decode(errors="replace")
         return self.proc.returncode
 

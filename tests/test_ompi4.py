@@ -637,7 +637,7 @@ def test_every_help_all_option_is_known():
     r = subprocess.run([PY, "-c", DRIVER, json.dumps(argvs)], capture_output=True, timeout=60,
                        env=clean_env(), cwd=REPO, check=False)
     assert r.returncode == 0, r.stderr
-    for argv, (rc, err) in json.loads(r.stdout).items():
+    for argv, (_rc, err) in json.loads(r.stdout).items():
         assert "unknown option" not in err, (argv, err)
 
 

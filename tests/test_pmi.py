@@ -51,7 +51,7 @@ class Recorder:
 class Peer:
     """A test client; the server runs on the same thread, so every wait pumps the loop."""
 
-    def __init__(self, h: "Harness", sock: socket.socket) -> None:
+    def __init__(self, h: Harness, sock: socket.socket) -> None:
         self.h = h
         self.sock = sock
         sock.setblocking(False)

@@ -51,7 +51,7 @@ def test_a_file_left_in_dev_shm_fails_the_run(tmp_path, remove):
             assert "shmcheck" not in out
         else:
             assert r.returncode == 1, out
-            assert f"shmcheck: the suite's processes left 1 file(s) in /dev/shm" in out, out
+            assert "shmcheck: the suite's processes left 1 file(s) in /dev/shm" in out, out
             assert name in out and "test_makes_a_file" in out, out
             # removed by the check
             assert ("left:\n" in out) if own else not os.path.exists(f"/dev/shm/{name}")

@@ -141,7 +141,8 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("envnone",), 0, D.store("inherit_env", False)),
         Option(("genvall",), 0, D.store("forward_env", True)),
         Option(("envall",), 0, D.store("forward_env", True)),
-        Option(("mca", "gmca"), 2, _set_mca, "-mca, --mca KEY VAL\texport OMPI_MCA_KEY=VAL; mpirun's own (orte_*, rmaps_*, "
+        Option(("mca", "gmca"), 2, _set_mca,
+               "-mca, --mca KEY VAL\texport OMPI_MCA_KEY=VAL; mpirun's own (orte_*, rmaps_*, "
                "hwloc_*,\nplm_*, ras_*) take effect, also from OMPI_MCA_* and parameter files;\n"
                "'orte_abort_on_non_zero_status 0' (or --prtemca\nstate_base_error_non_zero_exit 0, "
                "or --runtime-options\nerror-nonzero-status=false) keeps going"),

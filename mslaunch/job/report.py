@@ -14,7 +14,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Sequence
+    from typing import Dict, Sequence
 
     from ..machine.local import LocalRanks
     from .seams import JobView, RankState

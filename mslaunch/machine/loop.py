@@ -65,7 +65,7 @@ def make_room(strangers: Callable[[], Sized], limit: int, drop: Callable[[Any], 
         drop(oldest)
 
 
-def accept_strangers(loop: "Loop", lsock, strangers: Callable[[], Sized], limit: int,
+def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: int,
                      drop: Callable[[Any], None], note: Callable[[str], None],
                      grace: float = STRANGER_GRACE) -> Iterator[Tuple[Any, Any]]:
     """The connections waiting on the listening socket ``lsock`` (64 at most

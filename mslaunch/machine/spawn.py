@@ -23,7 +23,7 @@ import os
 # The C module: the same calls as signal's, without importing enum (milliseconds).
 import _signal as signal
 
-from ..errors import SpawnError, os_error_reason  # noqa: F401 (re-exported)
+from ..errors import SpawnError, os_error_reason     # both also re-exported
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ ranks back; from then on it carries ``stop`` both ways and the heartbeats.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -80,7 +81,7 @@ class NodeLink:
             self.state = "handshaking"
             tls = self._handshaking = self.tls.wrap_socket(sock, do_handshake_on_connect=False)
             self._try = self.loop.call_later(
-                HANDSHAKE_SECONDS, lambda: self._tls_failed(tls, "it timed out"))
+                HANDSHAKE_SECONDS, functools.partial(self._tls_failed, tls, "it timed out"))
             self._handshake(tls)
             return
         if self.deadline is not None and time.monotonic() > self.deadline:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 from ..errors import PlanError, UsageError
 from ..hosts import IMPLICIT_HOST
 from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
-from ..spec import scrub_env  # noqa: F401 (the plan's rule; the agent's too)
+from ..spec import scrub_env     # the plan's rule; the agent's too
 from .place import binding, check_overload, locations, place, rank_order, resolve_hosts
 from ..machine.topology import Topology, count, make_topology
 

@@ -15,7 +15,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
+    from typing import Callable, Dict, FrozenSet, Optional, Sequence, Set, Tuple, Union
 
     from ..machine.loop import Loop, Timer
     from .commands import V1Handler, V2Handler
@@ -36,7 +36,7 @@ class _Conn(QueuedWriter):
     send_flags = _socket.MSG_NOSIGNAL
     high_water = MAX_OUTPUT       # replies a peer leaves unread before it is cut off
 
-    def __init__(self, server: "PMIServer", sock: _socket.socket, rank: Optional[int], tcp: bool) -> None:
+    def __init__(self, server: PMIServer, sock: _socket.socket, rank: Optional[int], tcp: bool) -> None:
         super().__init__(server.loop, sock.fileno())
         self.server = server
         self.sock = sock

@@ -7,7 +7,8 @@ that reads a length-prefixed bootstrap from stdin and executes it.  The
 bootstrap checks the Python version and looks for the ``mslaunch`` the
 host's Python would import: its path, its site-packages (a virtual
 environment's too, which ``-S`` leaves unread) and the directories named
-in their ``.pth`` files (whose ``import`` lines are not run).  When that copy has the launcher's version and the same digest (a
+in their ``.pth`` files (whose ``import`` lines are not run).  When that
+copy has the launcher's version and the same digest (a
 SHA-256 of every module's name and source, hashed here from the host's
 files, as :func:`.bundle.package_digest` hashes the launcher's) and imports, the
 agent runs from it, and the launcher sends nothing more.  Otherwise the
@@ -30,8 +31,6 @@ the command survives sh, bash, zsh, csh and fish alike.
 """
 
 from __future__ import annotations
-
-import os
 
 from .bundle import framed_bundle, package_bundle
 

@@ -224,7 +224,7 @@ class Reader:
         return frames
 
 
-def hello(frames: List[Tuple[int, bytes]], reader: "Reader") -> Tuple[Dict[str, Any], bytes]:
+def hello(frames: List[Tuple[int, bytes]], reader: Reader) -> Tuple[Dict[str, Any], bytes]:
     """An agent's first frames: its ``HELLO`` (LinkError unless it speaks this
     protocol), and the bytes after it, frames and all, for the link to read on."""
     kind, body = frames[0]

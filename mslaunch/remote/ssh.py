@@ -176,7 +176,7 @@ class _Connector:
         """A channel to the host through its ``ProxyJump`` host(s)."""
         hops = [h.strip() for h in s["proxyjump"].split(",") if h.strip()]
         transport = None
-        for i, hop in enumerate(hops + [None]):
+        for hop in hops + [None]:
             target = s if hop is None else self._hop_settings(hop)
             if transport is None:
                 transport = self._jump_transport(hop, target)

@@ -15,7 +15,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional
 
 from ..machine.loop import wait_fd
 from . import bootstrap, link

@@ -118,7 +118,7 @@ class KnownHosts:
     def _load(self, path: str) -> None:
         try:
             self.keys.load(os.path.expanduser(path))
-        except (OSError, IOError):
+        except OSError:
             pass
         except Exception:   # a line paramiko cannot read (e.g. @cert-authority)
             pass
