@@ -619,7 +619,7 @@ def help_all_options():
 
 def test_every_help_all_option_is_known():
     from mslaunch.cli.options import OPEN_MPI_4, lookup, nargs
-    # The README's table lists exactly the live --help all's option lines.
+    # The options reference's table lists exactly the live --help all's option lines.
     r = ompi("--help", "all", timeout=20)
     lines = [m.group(1) for m in map(OPTION_LINE.match, text(r.stdout).splitlines()) if m]
     assert sorted(lines) == sorted(OPEN_MPI_4)

@@ -408,7 +408,8 @@ def apply_defaults(d: Draft, argv: Sequence[str]) -> None:
 
 
 def markdown_table() -> str:
-    """The README's table of Open MPI 4.1.4's mpirun parameters and what mslaunch does."""
+    """The MCA reference's table (docs/reference/mca.md) of Open MPI 4.1.4's mpirun parameters
+    and what mslaunch does."""
     rows = ["| MCA parameter | in mslaunch |", "|---|---|"]
     groups: Dict[Tuple[str, str], List[str]] = {}
     for name, (kind, _, note) in PARAMS.items():

@@ -387,7 +387,8 @@ OPEN_MPI_4: Tuple[str, ...] = (
 
 
 def markdown_table() -> str:
-    """The README's table of Open MPI 4.1.4's options and what mslaunch does with each."""
+    """The options reference's table (docs/reference/options.md) of Open MPI 4.1.4's options
+    and what mslaunch does with each."""
     rows = ["| Open MPI 4.1.4 option | in mslaunch |", "|---|---|"]
     for line in OPEN_MPI_4:
         option = SPELLINGS[line.split("|")[-1].lstrip("-")]

@@ -124,7 +124,7 @@ def build_command(job: JobSpec, environ, marker: str, tagged: bool,
         if key != "orte_abort_on_non_zero_status":
             cmd += ["--mca", key, setting]
     # Open MPI 5.0 hangs when it forwards stdin to a rank that reads it, so
-    # ranks get none (they read end-of-file); see the README.
+    # ranks get none (they read end-of-file); see docs/guides/mpi.md.
     cmd += ["--stdin", "none"]
     if job.output.merge_stderr:
         cmd.append("--merge-stderr-to-stdout")
