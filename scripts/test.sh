@@ -67,6 +67,58 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2' 'jax<0.7' 'jaxlib<0.7' \
     'torch==2.13.0+cpu'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
+
+# The checks before the suite: the linter and the type checker with the
+# project's settings (pyproject.toml), and the docs, in which a broken link or
+# anchor fails the build.
+.venv/bin/ruff check mslaunch tests scripts
+.venv/bin/mypy
+site=$(mktemp -d)
+.venv/bin/mkdocs build --strict --quiet -d "$site" || { rm -rf "$site"; exit 1; }
+rm -rf "$site"
+
+# The Python versions the package promises (tests/pythons.py reads them from
+# setup.cfg and the agent's bootstrap): each interpreter must be found here, or
+# installed from Debian's packages, or the run fails.
+need_python() {
+    local found
+    if found=$(python3 tests/pythons.py "$1"); then
+        echo "$found"
+        return 0
+    fi
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq >&2
+        if apt-cache show "python$1-venv" >/dev/null 2>&1; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                "python$1" "python$1-venv" >/dev/null
+            if found=$(python3 tests/pythons.py "$1"); then
+                echo "$found"
+                return 0
+            fi
+        fi
+    fi
+    echo "scripts/test.sh: no Python $1 found (looked on PATH, in /usr/bin, /usr/local/bin" \
+         "and pyenv's versions) and none installable from Debian's packages; install" \
+         "one (pyenv install $1) and run again" >&2
+    return 1
+}
+claims=$(python3 tests/pythons.py claims)
+read -r oldest newest host_floor <<< "$claims"
+# A smoke subset of the suite on the oldest and the newest, with the package
+# installed from its wheel in a virtual environment of each.
+for version in "$oldest" "$newest"; do
+    python=$(need_python "$version")
+    venv=".venv-py$version"
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q 'pytest>=7' pytest-timeout 'hypothesis>=6' . >/dev/null
+    echo "scripts/test.sh: smoke tests on Python $version"
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        tests/test_pythons.py::test_every_place_names_the_same_pythons tests/test_hostfile.py tests/test_options_table.py tests/test_loop.py \
+        tests/test_local_jobs.py tests/test_supervise.py -m 'not remote'
+done
+# ... and the oldest Python a remote host may have, for tests/test_pythons.py's agents
+MSLAUNCH_TEST_HOST_PYTHON=$(need_python "$host_floor")
+export MSLAUNCH_TEST_HOST_PYTHON
 # Three pytest workers, each module whole on one of them (see tests/conftest.py): most
 # of the suite waits on children, daemons and timeouts, not on the CPU.
 parallel="-n 3 --dist loadgroup --no-loadscope-reorder"
