@@ -110,7 +110,8 @@ for version in "$oldest" "$newest"; do
     python=$(need_python "$version")
     venv=".venv-py$version"
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q 'pytest>=7' pytest-timeout 'hypothesis>=6' . >/dev/null
+    "$venv/bin/python" -m pip install -q 'pytest>=7' pytest-timeout 'hypothesis>=6' >/dev/null
+    "$venv/bin/python" -m pip install -q --force-reinstall --no-deps . >/dev/null
     echo "scripts/test.sh: smoke tests on Python $version"
     "$venv/bin/python" -m pytest -q -p no:cacheprovider \
         tests/test_pythons.py::test_every_place_names_the_same_pythons tests/test_hostfile.py tests/test_options_table.py tests/test_loop.py \
