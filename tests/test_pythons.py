@@ -96,8 +96,7 @@ def host_python():
 
 @pytest.mark.remote
 @pytest.mark.parametrize("way", ["host", "sent"])
-def test_an_agent_runs_on_the_oldest_host_python(sshbed, tmp_path, host_python, way):
-    pytest.importorskip("mpi4py")
+def test_an_agent_runs_on_the_oldest_host_python(sshbed, mpich, tmp_path, host_python, way):
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
     python = host_python
