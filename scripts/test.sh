@@ -113,9 +113,10 @@ for version in "$oldest" "$newest"; do
     "$venv/bin/python" -m pip install -q 'pytest>=7' pytest-timeout 'hypothesis>=6' >/dev/null
     "$venv/bin/python" -m pip install -q --force-reinstall --no-deps . >/dev/null
     echo "scripts/test.sh: smoke tests on Python $version"
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-        tests/test_pythons.py::test_every_place_names_the_same_pythons tests/test_hostfile.py tests/test_options_table.py tests/test_loop.py \
-        tests/test_local_jobs.py tests/test_supervise.py -m 'not remote'
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider -m 'not remote' \
+        tests/test_pythons.py::test_every_place_names_the_same_pythons \
+        tests/test_hostfile.py tests/test_options_table.py tests/test_loop.py \
+        tests/test_local_jobs.py tests/test_supervise.py
 done
 # ... and the oldest Python a remote host may have, for tests/test_pythons.py's agents
 MSLAUNCH_TEST_HOST_PYTHON=$(need_python "$host_floor")
