@@ -14,7 +14,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Sequence
+    from typing import Dict, List, Sequence
 
     from ..machine.local import LocalRanks
     from .seams import JobView, RankState
@@ -101,7 +101,7 @@ def report_pid(sup: JobView, where: str) -> None:
         raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
 
 
-def timed_out(sup: JobView, live: Sequence[RankState]) -> float:
+def timed_out(sup: JobView, live: List[RankState]) -> float:
     """What is said when ``--timeout`` ends the job; returns how long to wait
     before the ranks are stopped (for the stack traces to arrive)."""
     # One process with a name of its own (the Open MPI mode's mpirun) is named.

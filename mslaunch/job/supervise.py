@@ -317,7 +317,7 @@ class Supervisor:
         elif self.mpi_jobs is not None:
             self.mpi_jobs.check_left_mpi(r)
 
-    def _live(self) -> List[_Rank]:
+    def _live(self) -> List[RankState]:
         return [r for r in self.ranks if r.pid and not r.ended]
 
     def _on_signal(self, sig: int) -> None:
