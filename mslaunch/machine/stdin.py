@@ -15,9 +15,19 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Mapping
+    from typing import Callable, Dict, Mapping, Protocol, Union
 
     from .loop import Loop
+
+    class StdinSink(Protocol):
+        """Where a rank's copy of the input goes: a local pipe (:class:`PipeStdin`)
+        or a remote host's stand-in for its rank."""
+
+        @property
+        def backlog(self) -> int: ...
+        def push(self, data: bytes) -> None: ...
+        def finish(self) -> None: ...
+        def close(self) -> None: ...
 
 from .loop import QueuedWriter
 
@@ -85,10 +95,11 @@ class StdinFanout:
 
     LIMIT = 1 << 20
 
-    def __init__(self, loop: Loop, source_fd: int, sinks: Mapping[int, object]) -> None:
+    def __init__(self, loop: Loop, source_fd: int,
+                 sinks: Mapping[int, Union[int, StdinSink]]) -> None:
         self.loop = loop
         self.source = source_fd
-        self.sinks: Dict[int, object] = {}
+        self.sinks: Dict[int, StdinSink] = {}
         for rank, sink in sinks.items():
             if isinstance(sink, int):
                 sink = PipeStdin(loop, sink, functools.partial(self.drop, rank),
@@ -120,11 +131,11 @@ class StdinFanout:
             if self.pollable:
                 self.loop.forget(self.source)
             for sink in list(self.sinks.values()):
-                sink.finish()  # type: ignore[attr-defined]
+                sink.finish()
             return
         for sink in list(self.sinks.values()):
-            sink.push(data)  # type: ignore[attr-defined]
-        if any(s.backlog > self.LIMIT for s in self.sinks.values()):  # type: ignore[attr-defined]
+            sink.push(data)
+        if any(s.backlog > self.LIMIT for s in self.sinks.values()):
             self.paused = True                 # back-pressure until the ranks read
             if self.pollable:
                 self.loop.remove_reader(self.source)
@@ -132,7 +143,7 @@ class StdinFanout:
             self.loop.call_later(0, self._read)
 
     def resume_if_room(self) -> None:
-        if self.paused and all(s.backlog <= self.LIMIT  # type: ignore[attr-defined]
+        if self.paused and all(s.backlog <= self.LIMIT
                                for s in self.sinks.values()):
             self.paused = False
             if self.pollable:
@@ -143,7 +154,7 @@ class StdinFanout:
     def drop(self, rank: int) -> None:
         sink = self.sinks.pop(rank, None)
         if sink is not None:
-            sink.close()  # type: ignore[attr-defined]
+            sink.close()
         # The others may have been waiting for this rank's backlog.
         self.resume_if_room()
 
