@@ -70,11 +70,12 @@ export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a pie
 
 # The checks before the suite: the linter and the type checker with the
 # project's settings (pyproject.toml), and the docs, in which a broken link or
-# anchor fails the build.
+# anchor fails the build (not with --quiet, which hides the warnings that
+# --strict counts).
 .venv/bin/ruff check mslaunch tests scripts
 .venv/bin/mypy
 site=$(mktemp -d)
-.venv/bin/mkdocs build --strict --quiet -d "$site" || { rm -rf "$site"; exit 1; }
+.venv/bin/mkdocs build --strict -d "$site" || { rm -rf "$site"; exit 1; }
 rm -rf "$site"
 
 # The Python versions the package promises (tests/pythons.py reads them from
