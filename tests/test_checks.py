@@ -35,25 +35,32 @@ def tool(name: str) -> str:
     return found
 
 
-def checked_by_mypy(tmp_path, source: str) -> str:
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory):
+    """One cache for the module's runs (the standard library is read once)."""
+    return tmp_path_factory.mktemp("mypy-cache")
+
+
+def checked_by_mypy(tmp_path, cache, source: str) -> str:
     """mypy's report on one module, with the project's settings."""
     module = tmp_path / "probe.py"
     module.write_text(source)
     r = subprocess.run([tool("mypy"), "--config-file", os.path.join(REPO, "pyproject.toml"),
-                        "--cache-dir", str(tmp_path / "cache"), str(module)],
+                        "--cache-dir", str(cache), str(module)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     return r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("case", sorted(MYPY_CASES))
-def test_mypy_settings_catch(tmp_path, case):
+def test_mypy_settings_catch(tmp_path, mypy_cache, case):
     source, code = MYPY_CASES[case]
-    report = checked_by_mypy(tmp_path, source)
+    report = checked_by_mypy(tmp_path, mypy_cache, source)
     assert f"[{code}]" in report, report
 
 
-def test_mypy_passes_a_clean_module(tmp_path):
-    report = checked_by_mypy(tmp_path, "import os\n\ndef f() -> int:\n    return os.getpid()\n")
+def test_mypy_passes_a_clean_module(tmp_path, mypy_cache):
+    report = checked_by_mypy(tmp_path, mypy_cache,
+                             "import os\n\ndef f() -> int:\n    return os.getpid()\n")
     assert "Success" in report, report
 
 
