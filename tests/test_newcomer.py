@@ -133,3 +133,91 @@ def test_library_messages_are_one_line_each_with_two_v(listeners, tmp_path):
     text = r.stderr.decode()
     assert r.returncode == 1 and "Traceback" not in text and "  File " not in text, text
     assert "mslaunch: debug: paramiko.transport: " in text, text
+
+
+# -- torchrun's and msrun's habits ------------------------------------------------------
+
+def _error_of(argv: List[str], cwd: Optional[str] = None) -> str:
+    """mslaunch's stderr for a command line that is refused before anything runs."""
+    r = run(*argv, cwd=cwd, timeout=30)
+    assert r.returncode == 2, r
+    return _one_error_line(r.stderr)
+
+
+def test_a_python_script_that_is_not_executable_runs_with_python(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("import os, sys\nprint('hello from', os.environ['RANK'], "
+                      "os.path.basename(sys.argv[0]), sys.argv[1:])\n")
+    script.chmod(0o644)
+    r = run("-n", "2", "hello.py", "a", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.decode().splitlines()) == [
+        "hello from 0 hello.py ['a']", "hello from 1 hello.py ['a']"]
+    r = run("-v", "-n", "1", "hello.py", cwd=str(tmp_path))
+    assert b"note: hello.py is not executable: running it as 'python" in r.stderr, r.stderr
+
+
+def test_a_script_with_a_hash_bang_that_is_not_executable_runs_with_its_interpreter(tmp_path):
+    script = tmp_path / "job"
+    script.write_text(f"#!{PY} -u\nimport os, sys\nprint(sys.executable == {PY!r}, "
+                      f"os.environ['RANK'])\n")
+    script.chmod(0o644)
+    r = run("-n", "2", "./job", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == [b"0", b"1", b"True", b"True"]
+
+
+def test_a_script_that_cannot_run_is_refused_with_what_to_type(tmp_path):
+    (tmp_path / "bad").write_text("#!/no/such/python3\nprint(1)\n")
+    line = _error_of(["-n", "2", "bad"], cwd=str(tmp_path))
+    assert "'/no/such/python3'" in line and "does not exist" in line
+    assert "mslaunch [options] python3 bad" in line
+    (tmp_path / "plain.sh").write_text("echo hi\n")
+    r = run("-n", "1", "plain.sh", cwd=str(tmp_path))
+    assert r.returncode == 127
+    line = _one_error_line(r.stderr)
+    assert "is not executable: chmod +x plain.sh" in line
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--nproc_per_node=2"], "that is torchrun's; in mslaunch: -n 2 (ranks of the whole job) "
+                             "or -N 2 (ranks per host"),
+    (["--nproc-per-node", "4"], "-n 4 (ranks of the whole job) or -N 4"),
+    (["--nnodes=2"], "-H h1,h2 or --hostfile FILE"),
+    (["--node-rank", "0"], "one mslaunch command starts the ranks of every host"),
+    (["--master_addr=10.0.0.1"], "MASTER_ADDR is set for the ranks"),
+    (["--master-port", "29500"], "MASTER_PORT is set for the ranks"),
+    (["--rdzv_backend=c10d"], "there is no rendezvous"),
+    (["--rdzv-endpoint=h1:29400"], "there is no rendezvous"),
+    (["--standalone"], "without -H or --hostfile the job runs on this machine"),
+    (["--max_restarts=3"], "nothing is restarted in this dialect"),
+    (["--hostfiel", "hf"], "(did you mean --hostfile? see mslaunch --help)"),
+    (["--tag-ouput"], "(did you mean --tag-output?"),
+    (["--oversubscrib"], "(did you mean --oversubscribe?"),
+])
+def test_torchrun_flags_and_misspellings_get_the_mslaunch_spelling(argv, expected):
+    # -n 1 first: some of torchrun's words are msrun's too, which would switch dialects
+    line = _error_of(["-n", "1", *argv, "x.py"])
+    assert line.startswith(f"mslaunch: error: unknown option {argv[0]!r}")
+    assert expected in line, line
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--worker_num=16", "--nproc_per_node=8"], "in mslaunch: --local_worker_num=8"),
+    (["--node_rank=0", "--nnodes=2"], "--worker_num=(nodes x --local_worker_num)"),
+    (["--worker_num=2", "--rdzv_endpoint=h1:29400"], "--master_addr=HOST --master_port=PORT"),
+    (["--worker_num=2", "--local_workr_num=2"], "(did you mean --local_worker_num?"),
+])
+def test_torchrun_flags_in_msruns_dialect_get_msruns_spelling(argv, expected):
+    line = _error_of([*argv, "x.py"])
+    assert "msrun dialect: unknown option" in line and expected in line, line
+
+
+def test_msruns_default_worker_count_is_named_as_a_default():
+    line = _error_of(["--worker_num=2", "x.py"])
+    assert ("--local_worker_num=8 (msrun's default, not given) is more than --worker_num=2; "
+            "give --local_worker_num=2 for one node") in line, line
+    line = _error_of(["--local_worker_num=2", "--worker_num=2", "--node_rank=1", "x.py"])
+    assert "(msrun's default" not in line
+    line = _error_of(["--local_worker_num=9", "x.py"])
+    assert "--worker_num=8 (msrun's default, not given); give --worker_num=9 or more" in line

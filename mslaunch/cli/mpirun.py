@@ -51,7 +51,10 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             continue
         option = SPELLINGS.get(body)
         if option is None:
-            raise UsageError(f"unknown option {token!r} (see mslaunch --help)")
+            from .hints import unknown_option
+            after = inline if inline is not None else (args[i + 1] if i + 1 < len(args)
+                                                       else None)
+            raise UsageError(unknown_option(token, body, after, SPELLINGS))
         values, i = _values(option, token, inline, args, i)
         more = _apply(d, option, token.split("=", 1)[0], values)
         if more:
@@ -280,9 +283,15 @@ def _apps(d: Draft) -> Tuple[AppContext, ...]:
                          + (" of the last ':' context" if len(contexts) > 1 else ""))
     if len(contexts) > 1 and any(c.np is None for c in contexts):
         raise UsageError("every MPMD context needs -n when ':' separates programs")
-    return tuple(AppContext(argv=tuple(c.argv), np=c.np, env=tuple(c.env),
-                            wdir=os.path.join(d.cwd, c.wdir) if c.wdir else None)
-                 for c in contexts)
+    from .scripts import interpreted
+    apps = []
+    for c in contexts:
+        wdir = os.path.join(d.cwd, c.wdir) if c.wdir else None
+        argv, note = interpreted(c.argv, wdir or d.cwd, d.environ, d.path)
+        if note:
+            d.notes.append(note)
+        apps.append(AppContext(argv=tuple(argv), np=c.np, env=tuple(c.env), wdir=wdir))
+    return tuple(apps)
 
 
 def _hosts(d: Draft) -> Tuple[List[HostEntry], Tuple[HostEntry, ...]]:

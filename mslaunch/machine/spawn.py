@@ -67,6 +67,11 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
             raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} does not exist")
         path = find_program(program, r.env, r.cwd, r.search)
         if path is None:
+            there = os.path.join(r.cwd, program)
+            if os.path.isfile(there):
+                raise SpawnError(f"program {program!r} of rank {r.rank} is not executable: "
+                                 f"chmod +x {program}, or name its interpreter "
+                                 f"(mslaunch [options] bash {program})")
             where = "" if "/" in program else " in PATH or the working directory"
             raise SpawnError(f"program {program!r} of rank {r.rank} not found{where} "
                              f"(or not executable)")
