@@ -12,6 +12,8 @@ import threading
 from typing import Dict, List, Optional
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import PY, REPO, clean_env, cmd, run
 
@@ -221,3 +223,183 @@ def test_msruns_default_worker_count_is_named_as_a_default():
     assert "(msrun's default" not in line
     line = _error_of(["--local_worker_num=9", "x.py"])
     assert "--worker_num=8 (msrun's default, not given); give --worker_num=9 or more" in line
+
+
+# -- failures that people and tools can read -----------------------------------------
+
+KEEP_GOING = ["--mca", "orte_abort_on_non_zero_status", "0"]
+# ranks 1 and 2 fail first (in either order), then 3, then 5
+FATES = ("import os, sys, time\nr = int(os.environ['RANK'])\ntime.sleep(0.3 * (r > 2) * r)\n"
+         "if r in (1, 2): sys.exit(3)\nif r == 3: os.kill(os.getpid(), 9)\n"
+         "if r == 5: sys.exit(4)\n")
+
+
+def test_keep_going_lists_every_failed_rank_with_its_host(tmp_path):
+    r = run(*KEEP_GOING, "-n", "6", "--oversubscribe", PY, "-c", FATES)
+    assert r.returncode == 3
+    err = r.stderr.decode()
+    host = os.uname().nodename
+    assert "mslaunch: 4 of 6 rank(s) failed; first: rank " in err, err
+    assert "mslaunch: the failed ranks:\n" in err, err
+    assert f"    ranks 1-2 on {host} exited with code 3\n" in err, err
+    assert f"    rank 3 on {host} was killed by signal 9 (SIGKILL)\n" in err, err
+    assert f"    rank 5 on {host} exited with code 4" in err, err
+    assert "rank 0 on" not in err and "rank 4 on" not in err
+
+
+LIBRARY = """
+def deep(n):
+    if n == 0:
+        raise ValueError("the library says no")
+    return deep(n - 1)
+"""
+
+USER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import biglib
+
+def prepare():
+    print("some output first", file=sys.stderr)
+
+def train():
+    return biglib.deep(12)   # the user's own line
+
+prepare()
+train()
+"""
+
+
+def test_the_tail_of_a_python_failure_keeps_the_users_own_frame(tmp_path):
+    lib = tmp_path / "lib" / "python3.99" / "site-packages"
+    lib.mkdir(parents=True)
+    (lib / "biglib.py").write_text(LIBRARY)
+    (tmp_path / "train.py").write_text(USER)
+    r = run("-n", "2", PY, "train.py", str(lib), cwd=str(tmp_path))
+    assert r.returncode == 1
+    err = r.stderr.decode()
+    shown = err[err.index("mslaunch: last lines of rank "):].splitlines()[1:]
+    assert shown[0] == "    Traceback (most recent call last):", err
+    # the user's last frame and its line, the raising frame, the exception
+    assert any('train.py", line 10, in train' in line for line in shown), err
+    assert any("biglib.deep(12)   # the user's own line" in line for line in shown), err
+    assert any("frames not shown" in line for line in shown), err
+    assert any('biglib.py", line 4, in deep' in line for line in shown), err
+    assert shown[-1] == "    ValueError: the library says no", err
+    assert len(shown) <= 14, err
+
+
+def test_shown_tail_in_short():
+    from mslaunch.job.tails import shown_tail
+    plain = "\n".join(f"line {i}" for i in range(30))
+    assert shown_tail(plain) == [f"line {i}" for i in range(20, 30)]
+    short = "Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n" \
+            "    f()\nKeyError: 'x'\n"
+    assert shown_tail(short) == short.rstrip("\n").split("\n")
+    frames = "".join(f'  File "/usr/lib/python3.11/site-packages/m.py", line {i}, in f\n'
+                     f"    f()\n" for i in range(20))
+    cut = frames + "RuntimeError: deep\n"          # its header and the user's frame cut off
+    out = shown_tail(cut)
+    assert out[0] == "Traceback (most recent call last):" and out[-1] == "RuntimeError: deep"
+    assert out[1] == "  ... 19 frames not shown ..." and len(out) == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([
+    "Traceback (most recent call last):", '  File "/home/u/x.py", line 3, in f',
+    '  File "/v/lib/python3.12/site-packages/t.py", line 9, in g', "    code()",
+    "    ^^^^^^", "ValueError: v", "During handling of the above exception, another "
+    "exception occurred:", "", "plain output", "  [Previous line repeated 5 more times]"]),
+    max_size=60))
+def test_shown_tail_never_fails_and_keeps_the_end(lines):
+    from mslaunch.job.tails import TAIL_LINES, shown_tail
+    text = "\n".join(lines)
+    out = shown_tail(text)
+    last = text.rstrip("\n").split("\n")[-1]
+    assert out and out[-1] in (last, "    ...") or out[-1] == last
+    assert len(out) <= TAIL_LINES + 12
+    original = set(text.split("\n"))
+    for line in out:
+        assert line in original or line.startswith(("  ... ", "Traceback (")) \
+            or line == "    ...", line
+
+
+def _report(path) -> Dict:
+    with open(path) as f:
+        report = json.load(f)
+    assert report["format"] == "mslaunch-job-report" and report["version"] == 1
+    return report
+
+
+def test_the_json_report_of_a_job_names_every_ranks_end(tmp_path):
+    path = tmp_path / "job.json"
+    r = run(*KEEP_GOING, "--report-json", str(path), "-n", "6", "--oversubscribe", PY, "-c",
+            FATES)
+    assert r.returncode == 3
+    report = _report(path)
+    host = os.uname().nodename
+    assert report["status"] == "failed" and report["exit_code"] == 3
+    first = report["first_failure"]
+    assert report["message"].startswith(f"4 of 6 rank(s) failed; first: rank {first['rank']} ")
+    assert first["rank"] in (1, 2) and first["exit_code"] == 3
+    ends = {r["rank"]: (r["exit_code"], r["signal"], r["signal_name"]) for r in report["ranks"]}
+    assert ends == {0: (0, None, None), 1: (3, None, None), 2: (3, None, None),
+                    3: (None, 9, "SIGKILL"), 4: (0, None, None), 5: (4, None, None)}
+    for rank in report["ranks"]:
+        assert rank["host"] == host and rank["pid"] > 0 and rank["name"] == f"rank {rank['rank']}"
+        assert report["start"] <= rank["start"] <= rank["end"] <= report["end"]
+    assert report["launcher"]["host"] == host
+
+
+def test_the_json_report_of_a_success_a_timeout_and_a_job_that_never_started(tmp_path,
+                                                                            listeners):
+    path = tmp_path / "ok.json"
+    r = run("--report-json", str(path), "-n", "2", "true")
+    assert r.returncode == 0 and r.stderr == b""
+    report = _report(path)
+    assert report["status"] == "succeeded" and report["exit_code"] == 0
+    assert report["first_failure"] is None and [x["exit_code"] for x in report["ranks"]] == [0, 0]
+    r = run("--report-json", str(path), "--timeout", "1", "-n", "2", "sleep", "30")
+    assert r.returncode == 110
+    report = _report(path)
+    assert report["status"] == "timed-out" and report["exit_code"] == 110
+    assert {x["signal_name"] for x in report["ranks"]} == {"SIGTERM"}
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(_bad_hosts_config(listeners))
+    r = subprocess.run(cmd("--report-json", str(path), "-H", "dropped", "-n", "1", "true"),
+                       capture_output=True, timeout=60, env=clean_env(HOME=str(home)))
+    assert r.returncode == 1
+    report = _report(path)
+    assert report["status"] == "not-started" and report["exit_code"] == 1
+    assert report["ranks"] == [] and "dropped (connect: " in report["message"]
+
+
+def test_msrun_mode_reports_every_process_in_its_record_and_on_request(tmp_path, bin_dir):
+    script = tmp_path / "net.py"
+    script.write_text("import os, sys\nif os.environ.get('RANK_ID') == '1': sys.exit(7)\n")
+    env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = subprocess.run(cmd("--worker_num=2", "--local_worker_num=2", "--join=True",
+                           "--report_json=job.json", "net.py"), cwd=str(tmp_path), env=env,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 7, r.stderr
+    report = _report(tmp_path / "job.json")
+    assert report["status"] == "failed" and report["exit_code"] == 7
+    names = {x["name"]: x for x in report["ranks"]}
+    assert set(names) == {"scheduler", "worker 0", "worker 1"}
+    assert names["worker 1"]["exit_code"] == 7 and report["first_failure"]["name"] == "worker 1"
+    # --join=False: the record it always keeps has the same fields, its own unchanged
+    logs = tmp_path / "logs"
+    r = subprocess.run(cmd("--worker_num=2", "--local_worker_num=2", f"--log_dir={logs}",
+                           "net.py"), cwd=str(tmp_path), env=env, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(cmd(f"--wait_job={logs}"), env=env, capture_output=True, timeout=60)
+    assert r.returncode == 7
+    record = _report(logs / "mslaunch_job.json")
+    assert record["state"] == "ended" and record["exit_code"] == 7
+    assert isinstance(record["supervisor"], int) and record["log_dir"] == str(logs)
+    processes = {p["name"]: p for p in record["processes"]}
+    assert set(processes) == {"scheduler", "worker 0", "worker 1"}
+    assert processes["worker 1"]["exit_code"] == 7 and processes["worker 1"]["pid"] > 0
+    assert processes["worker 1"]["host"] == os.uname().nodename

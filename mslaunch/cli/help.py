@@ -56,6 +56,7 @@ msrun dialect (MindSpore's msrun command lines; --name=value or --name value):
   --grace SECONDS          SIGTERM-to-SIGKILL delay (default 5)
   --wait_job=DIR, --stop_job=DIR   wait for / stop the --join=False job of DIR
   --verbose, --quiet       more / fewer messages
+  --report_json FILE       the job's report (JSON) at its end, as --report-json
   --no-pty                 no pseudo-terminal for the processes (the default here,
                            as under msrun; MSLAUNCH_PTY=1 gives them one)
 """

@@ -258,6 +258,7 @@ def _build(d: Draft) -> JobSpec:
         display_allocation=display_allocation, display_diffable=d.display_diffable_map,
         display_topo=d.display_topo, index_argv=d.index_argv, report_state=d.report_state,
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,
+        report_json=d.report_json,
         preload_binary=d.preload_binary, preload_files=d.preload_files,
         session_cwd=d.session_cwd, usize=d.usize, novm=d.novm, port_range=d.port_range,
         **placement,  # type: ignore[arg-type]

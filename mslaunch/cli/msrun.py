@@ -196,6 +196,8 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         quiet=_bool("quiet", values.get("quiet", "0")),
         log_dir_given=values.get("log_dir", ""),
         pty=pty_wanted(os.environ, no_pty="no-pty" in values, default=False),
+        report_json=os.path.join(cwd, values["report_json"]) if values.get("report_json")
+        else None,
     )
     if spec.service_port is None and port == 65535:
         raise UsageError("--master_port=65535 leaves no port for the node service "

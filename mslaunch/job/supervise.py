@@ -56,7 +56,7 @@ class _Rank:
     """Mutable bookkeeping of one rank."""
 
     __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost",
-                 "discarded", "restarts", "last_end")
+                 "discarded", "restarts", "last_end", "start", "end")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -70,6 +70,8 @@ class _Rank:
         self.discarded = False    # of a spawn that failed: stopped, not a failure
         self.restarts = 0         # times started again (msrun's recovery)
         self.last_end = ""        # how the previous run ended, for the log's marker
+        self.start: Optional[float] = None   # wall clock, for the job report
+        self.end: Optional[float] = None
 
     @property
     def failed(self) -> bool:
@@ -80,9 +82,12 @@ class _Rank:
         return self.outputs[-1].tail if self.outputs else b""
 
     def result(self) -> RankResult:
-        return RankResult(rank=self.spec.rank, host=self.spec.host.name, pid=self.pid,
+        spec = self.spec
+        return RankResult(rank=spec.rank, host=spec.host.name, pid=self.pid,
                           returncode=self.code, signal=self.signal, reason=self.reason,
-                          stderr_tail=self.tail)
+                          stderr_tail=self.tail, name=spec.label or f"rank {spec.rank}",
+                          job=spec.job, start=self.start,
+                          end=self.end, restarts=self.restarts)
 
 
 class Supervisor:
@@ -280,6 +285,8 @@ class Supervisor:
             if not r.reason:
                 r.reason = (f"was lost with its host: {reason}" if not r.ended else
                             f"lost the end of its output with its host: {reason}")
+            if not r.ended:
+                r.end = time.time()
             r.ended = True
             for out in r.outputs:
                 out.finish()
@@ -289,6 +296,8 @@ class Supervisor:
     def rank_started(self, key: int, pid: int) -> None:
         r = self.ranks[key]
         r.pid = pid
+        if r.start is None:
+            r.start = time.time()
         if self.job.verbose or self.job.report_bindings:
             from .report import rank_started
             rank_started(self, r)
@@ -298,6 +307,7 @@ class Supervisor:
             self.mpi_jobs.check_singletons()
         r = self.ranks[key]
         r.code, r.signal, r.ended = code, sig, True
+        r.end = time.time()
         if self.mpi_jobs is not None:
             self.mpi_jobs.process_ended(r.spec)
         if r.discarded:
@@ -474,16 +484,18 @@ class Supervisor:
             quiet = root.signal == signal.SIGPIPE and not self.console.is_open(1)
             from .report import summary
             return JobResult(exit_code=self.root_code, ranks=results, root_cause=root,
-                             message="" if quiet else summary(self, self.root))
+                             message="" if quiet else summary(self, self.root),
+                             ending=self.ending or "failure")
         if self.ending == "timeout":
-            return JobResult(exit_code=TIMEOUT_EXIT, ranks=results)
+            return JobResult(exit_code=TIMEOUT_EXIT, ranks=results, ending="timeout")
         if self.ending == "signal" and self.stop_signal is not None:
             return JobResult(exit_code=128 + self.stop_signal, ranks=results,
-                             message=f"mslaunch: stopped by {signal_name(self.stop_signal)}")
+                             message=f"mslaunch: stopped by {signal_name(self.stop_signal)}",
+                             ending="signal")
         if self.ending == "output":
-            return JobResult(exit_code=1, ranks=results)
+            return JobResult(exit_code=1, ranks=results, ending="output")
         if self.ending == "remote" and self.remote is not None:
-            return JobResult(exit_code=self.remote[0], ranks=results)
+            return JobResult(exit_code=self.remote[0], ranks=results, ending="remote")
         return JobResult(exit_code=0, ranks=results)
 
 

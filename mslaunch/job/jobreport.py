@@ -1,0 +1,100 @@
+"""The job report: a JSON record of a finished job, for tools.
+
+Written on request (``--report-json FILE`` in the mpirun dialect,
+``--report_json=FILE`` in msrun's) and merged into msrun mode's
+``mslaunch_job.json``.  The format is stable: fields are only ever added,
+and ``version`` is raised when one changes meaning (see the reference page
+``docs/reference/job-report.md``)::
+
+    {"format": "mslaunch-job-report", "version": 1,
+     "status": "succeeded" | "failed" | "timed-out" | "stopped" | "output-failed"
+               | "stopped-by-peer" | "not-started",
+     "exit_code": N, "message": "...", "start": T, "end": T,
+     "launcher": {"pid": N, "host": "...", "version": "..."},
+     "first_failure": null | RANK,
+     "ranks": [RANK, ...]}
+
+    RANK = {"rank": N, "job": N, "name": "rank N" | "worker N" | ...,
+            "host": "...", "pid": N | null, "start": T | null, "end": T | null,
+            "exit_code": N | null, "signal": N | null, "signal_name": "SIGKILL" | null,
+            "reason": "...", "restarts": N}
+
+Times are seconds since the epoch (floats), as this machine's clock saw the
+events; ``exit_code`` is null for a rank killed by a signal or never ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional
+
+    from ..spec import JobResult, RankResult
+
+from .. import __version__
+from ..errors import LaunchError
+from ..machine.spawn import signal_name
+
+FORMAT = "mslaunch-job-report"
+VERSION = 1
+
+#: JobResult.ending -> the report's status (None: the job ran to its end).
+_STATUS = {"failure": "failed", "timeout": "timed-out", "signal": "stopped",
+           "output": "output-failed", "remote": "stopped-by-peer"}
+
+
+def rank_record(r: RankResult) -> Dict[str, Any]:
+    """One rank (or process) of the report."""
+    return {"rank": r.rank, "job": r.job, "name": r.name or f"rank {r.rank}", "host": r.host,
+            "pid": r.pid or None, "start": r.start, "end": r.end,
+            "exit_code": r.returncode if r.signal is None else None, "signal": r.signal,
+            "signal_name": signal_name(r.signal) if r.signal is not None else None,
+            "reason": r.reason, "restarts": r.restarts}
+
+
+def status_of(result: JobResult) -> str:
+    if result.ending in _STATUS:
+        return _STATUS[result.ending]
+    if result.root_cause is not None or result.exit_code:
+        return "failed"
+    return "succeeded"
+
+
+def build(result: Optional[JobResult], start: float, error: str = "",
+          exit_code: Optional[int] = None) -> Dict[str, Any]:
+    """The report of a job that ran (``result``), or that could not start (``error``)."""
+    ranks = [rank_record(r) for r in result.ranks] if result is not None else []
+    first = None
+    if result is not None and result.root_cause is not None:
+        first = rank_record(result.root_cause)
+    message = error or (result.message.split("\n", 1)[0] if result is not None else "")
+    if message.startswith("mslaunch: "):
+        message = message[len("mslaunch: "):]
+    return {
+        "format": FORMAT, "version": VERSION,
+        "status": status_of(result) if result is not None else "not-started",
+        "exit_code": result.exit_code if result is not None else exit_code,
+        "message": message, "start": start, "end": time.time(),
+        "launcher": {"pid": os.getpid(), "host": os.uname().nodename, "version": __version__},
+        "first_failure": first, "ranks": ranks,
+    }
+
+
+def write(path: str, report: Dict[str, Any], flag: str = "--report-json") -> None:
+    """Write the report to ``path`` whole (a reader never sees half of it)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise LaunchError(f"{flag} {path}: {err.strerror}") from None
