@@ -403,3 +403,79 @@ def test_msrun_mode_reports_every_process_in_its_record_and_on_request(tmp_path,
     assert set(processes) == {"scheduler", "worker 0", "worker 1"}
     assert processes["worker 1"]["exit_code"] == 7 and processes["worker 1"]["pid"] > 0
     assert processes["worker 1"]["host"] == os.uname().nodename
+
+
+# -- --help: examples, the docs, a topic ------------------------------------------------
+
+def test_help_has_examples_and_points_to_the_docs():
+    r = run("--help")
+    assert r.returncode == 0
+    out = r.stdout.decode()
+    assert "\nexamples:\n  mslaunch -n 4 python train.py" in out
+    assert "docs/" in out and "mslaunch --help TOPIC" in out
+    assert run("--help", "all").stdout.decode() == out
+
+
+@pytest.mark.parametrize("topic, has, lacks", [
+    ("mapping", ["Placement and binding:", "--map-by", "--bind-to"], ["--output-filename"]),
+    ("binding", ["--bind-to"], ["--ssh-config"]),
+    ("output", ["--output-filename", "--tag-output"], ["--map-by"]),
+    ("remote", ["--ssh-config", "--launch-agent"], ["--map-by"]),
+    ("msrun", ["--local_worker_num", "--report_json"], ["--map-by"]),
+    ("torchrun", ["--nproc_per_node", "--rdzv_endpoint", "--local_worker_num=N"], ["--map-by"]),
+    ("examples", ["mslaunch -n 2 hello.py"], ["--map-by"]),
+])
+def test_help_with_a_topic_prints_that_topic(topic, has, lacks):
+    r = run("--help", topic)
+    assert r.returncode == 0 and r.stderr == b""
+    out = r.stdout.decode()
+    for text in has:
+        assert text in out, (topic, text)
+    for text in lacks:
+        assert text not in out, (topic, text)
+    assert "docs/" in out
+
+
+def test_help_with_an_unknown_topic_names_the_topics():
+    r = run("-h", "nosuch")
+    assert r.returncode == 2 and r.stdout == b""
+    line = _one_error_line(r.stderr)
+    assert "--help 'nosuch': no such topic" in line and "mapping" in line
+
+
+# -- Python: mslaunch.run ------------------------------------------------------------------
+
+RUN_FROM_PYTHON = """
+import sys
+import mslaunch
+assert [m for m in sys.modules if m.startswith("mslaunch")] == ["mslaunch"], "not lazy"
+print("ok", mslaunch.run(["-n", "2", "true"]), flush=True)
+print("failed", mslaunch.run(["-n", "2", sys.executable, "-c",
+                              "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"]),
+      flush=True)
+print("usage", mslaunch.run(["--no-such-option", "x"]), flush=True)
+try:
+    mslaunch.run("-n 2 true")
+except TypeError as err:
+    print("string refused", flush=True)
+print("still here", flush=True)
+"""
+
+
+def test_run_from_python_returns_the_status_and_the_interpreter_goes_on(tmp_path):
+    r = subprocess.run([PY, "-c", RUN_FROM_PYTHON], capture_output=True, timeout=60,
+                       env=clean_env(), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().splitlines() == ["ok 0", "failed 3", "usage 2", "string refused",
+                                              "still here"], r
+    assert b"unknown option '--no-such-option'" in r.stderr
+
+
+def test_the_package_docstring_names_only_subpackages_that_exist():
+    import re
+    import mslaunch
+    named = set(re.findall(r"``([a-z_.]+)``", mslaunch.__doc__ or "")) - {"mslaunch"}
+    assert {"cli", "job", "machine", "remote", "pmi", "plan"} <= named
+    for name in named:
+        path = os.path.join(REPO, "mslaunch", *name.split("."))
+        assert os.path.isdir(path) or os.path.isfile(path + ".py"), name

@@ -60,8 +60,10 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
         if more:
             args[i:i] = more           # read as if written here
     if d.help:
-        from .help import TEXT
-        raise Exit(TEXT, 0)
+        # --help TOPIC: the word after it (which the loop took for the program)
+        from .help import help_text
+        words = d.contexts[0].argv
+        raise Exit(help_text(words[0] if words else None), 0)
     if d.version:
         raise Exit(f"mslaunch {__version__}\n", 0)
     if d.app:
