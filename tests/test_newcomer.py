@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 from typing import Dict, List, Optional
 
@@ -479,3 +478,31 @@ def test_the_package_docstring_names_only_subpackages_that_exist():
     for name in named:
         path = os.path.join(REPO, "mslaunch", *name.split("."))
         assert os.path.isdir(path) or os.path.isfile(path + ".py"), name
+
+
+# -- the documentation says what the code does -------------------------------------------
+
+def _doc(*path: str) -> str:
+    with open(os.path.join(REPO, "docs", *path)) as f:
+        return f.read()
+
+
+def test_the_torchrun_guide_has_every_torchrun_option_mslaunch_answers():
+    from mslaunch.cli.hints import TORCHRUN, TORCHRUN_MSRUN
+    text = _doc("guides", "torchrun.md")
+    for name in [*TORCHRUN, *TORCHRUN_MSRUN]:
+        assert f"`--{name}" in text, name
+
+
+def test_the_job_report_page_names_every_field_of_the_report():
+    from mslaunch.job import jobreport
+    from mslaunch.spec import JobResult, RankResult
+    text = _doc("reference", "job-report.md")
+    rank = RankResult(rank=0, host="h", pid=1, returncode=3)
+    report = jobreport.build(JobResult(exit_code=3, ranks=(rank,), root_cause=rank), 0.0)
+    assert f'"version": {jobreport.VERSION}' in text and jobreport.FORMAT in text
+    for key in [*report, *report["ranks"][0], *report["launcher"]]:
+        assert f"`{key}`" in text, key
+    for status in ("succeeded", "failed", "timed-out", "stopped", "output-failed",
+                   "stopped-by-peer", "not-started"):
+        assert f'`"{status}"`' in text, status

@@ -27,13 +27,14 @@ TORCHRUN: Dict[str, str] = {
     "nproc_per_node": "-n {n} (ranks of the whole job) or -N {n} (ranks per host, with -H or "
                       "--hostfile)",
     "nnodes": _NODES,
-    "node_rank": _ONE_COMMAND + " (RANK, LOCAL_RANK, NODE_RANK are set for each rank)",
+    "node_rank": _ONE_COMMAND + " (RANK, LOCAL_RANK and GROUP_RANK, the host's number, "
+                                "are set for each rank)",
     "master_addr": "nothing: MASTER_ADDR is set for the ranks (the first host); export "
                    "MASTER_ADDR=HOST to choose it",
     "master_port": "nothing: MASTER_PORT is set for the ranks (a free port); export "
                    "MASTER_PORT=N to choose it",
     "rdzv_backend": _RENDEZVOUS, "rdzv_endpoint": _RENDEZVOUS, "rdzv_id": _RENDEZVOUS,
-    "rdzv_conf": _RENDEZVOUS, "rdzv_timeout": _RENDEZVOUS,
+    "rdzv_conf": _RENDEZVOUS,
     "standalone": "nothing: without -H or --hostfile the job runs on this machine",
     "max_restarts": "nothing is restarted in this dialect: a failed rank stops the job "
                     "(--mca orte_abort_on_non_zero_status 0 lets the others go on); msrun's "
