@@ -8,8 +8,8 @@ better.  :func:`route` gives such a library's loggers a handler of
 mslaunch's: nothing is shown by default (the failure reaches the user
 through mslaunch's own error line), and with ``-v -v`` each message is one
 ``mslaunch: debug: LOGGER: ...`` line, never a traceback.  The library's
-warnings are silenced too, and a thread that dies of an exception is one
-line, not a traceback.
+warnings are silenced too, and a thread of mslaunch's that dies of an
+exception is one line, not a traceback.
 
 The ``logging`` and ``warnings`` modules are imported only by :func:`route`,
 which runs when a library that needs it is imported.
@@ -71,13 +71,33 @@ def _handler() -> Any:
     return OneLine()
 
 
-def _thread_died(args: Any) -> None:
-    """``threading.excepthook``: a thread that died of an exception, in one line."""
-    if args.exc_type is SystemExit:
-        return
-    name = args.thread.name if args.thread is not None else "a thread"
-    reason = one_line(str(args.exc_value) or args.exc_type.__name__, 300)
-    _write(f"mslaunch: internal error in {name}: {args.exc_type.__name__}: {reason}\n")
+def _ours(args: Any) -> bool:
+    """Whether a thread that died runs mslaunch's code or a routed library's
+    (paramiko's transport): the module of a frame of its traceback, or of its class."""
+    owners = ("mslaunch", *_routed)
+    tb = args.exc_traceback
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0] in owners:
+            return True
+        tb = tb.tb_next
+    return (type(args.thread).__module__ or "").split(".")[0] in owners
+
+
+def _thread_hook(before: Any) -> Any:
+    """``threading.excepthook``: a thread of mslaunch's that died of an exception is
+    one line; any other thread (of a program that calls :func:`mslaunch.run`)
+    is left to the hook that was there before."""
+    def hook(args: Any) -> None:
+        if args.thread is None or not _ours(args):
+            before(args)
+            return
+        if args.exc_type is SystemExit:
+            return
+        reason = one_line(str(args.exc_value) or args.exc_type.__name__, 300)
+        _write(f"mslaunch: internal error in {args.thread.name}: "
+               f"{args.exc_type.__name__}: {reason}\n")
+    hook.mslaunch = True  # type: ignore[attr-defined]
+    return hook
 
 
 def route(names: Sequence[str]) -> None:
@@ -94,4 +114,5 @@ def route(names: Sequence[str]) -> None:
         logger.propagate = False       # never up to the root's or the last resort's
         warnings.filterwarnings("ignore", module=rf"{name}(\.|$)")
         _routed.append(name)
-    threading.excepthook = _thread_died
+    if not getattr(threading.excepthook, "mslaunch", False):
+        threading.excepthook = _thread_hook(threading.excepthook)

@@ -506,3 +506,40 @@ def test_the_job_report_page_names_every_field_of_the_report():
     for status in ("succeeded", "failed", "timed-out", "stopped", "output-failed",
                    "stopped-by-peer", "not-started"):
         assert f'`"{status}"`' in text, status
+
+
+THREAD_DIES = """
+import threading
+from mslaunch import liblogs
+liblogs.route(["paramiko"])
+space = {"__name__": "mslaunch.somewhere"}
+exec("def fails():\\n    raise ValueError('lost')\\n", space)
+def users():
+    raise KeyError("the user's own")
+for target, name in ((space["fails"], "connect-0"), (users, "user-thread")):
+    t = threading.Thread(target=target, name=name)
+    t.start()
+    t.join()
+print("went on")
+"""
+
+
+def test_a_thread_of_mslaunchs_that_dies_is_one_line_and_others_keep_their_traceback():
+    r = subprocess.run([PY, "-c", THREAD_DIES], capture_output=True, timeout=30, env=clean_env())
+    err = r.stderr.decode()
+    assert r.returncode == 0 and r.stdout == b"went on\n", err
+    assert "mslaunch: internal error in connect-0: ValueError: lost\n" in err
+    # a thread of the program that called mslaunch is not mslaunch's to quieten
+    assert "KeyError: \"the user's own\"" in err and err.count("Traceback") == 1, err
+
+
+def test_an_unexpected_error_is_one_line():
+    import contextlib
+    import io
+    from mslaunch.cli import main
+    errs = io.StringIO()
+    with contextlib.redirect_stderr(errs):
+        status = main(["-n", "1", "true"], run=lambda job: [][1])
+    assert status == 1
+    assert errs.getvalue() == ("mslaunch: error: internal error: IndexError: list index out of "
+                               "range (a bug in mslaunch; MSLAUNCH_TRACEBACK=1 shows where)\n")

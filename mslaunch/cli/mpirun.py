@@ -286,13 +286,17 @@ def _apps(d: Draft) -> Tuple[AppContext, ...]:
                          + (" of the last ':' context" if len(contexts) > 1 else ""))
     if len(contexts) > 1 and any(c.np is None for c in contexts):
         raise UsageError("every MPMD context needs -n when ':' separates programs")
-    from .scripts import interpreted
+    from ..machine.spawn import find_program
     apps = []
     for c in contexts:
         wdir = os.path.join(d.cwd, c.wdir) if c.wdir else None
-        argv, note = interpreted(c.argv, wdir or d.cwd, d.environ, d.path)
-        if note:
-            d.notes.append(note)
+        argv = c.argv
+        if find_program(argv[0], d.environ, wdir or d.cwd, d.path) is None:
+            # a script without its execute bit runs with its interpreter
+            from .scripts import interpreted
+            argv, note = interpreted(argv, wdir or d.cwd, d.environ, d.path)
+            if note:
+                d.notes.append(note)
         apps.append(AppContext(argv=tuple(argv), np=c.np, env=tuple(c.env), wdir=wdir))
     return tuple(apps)
 
