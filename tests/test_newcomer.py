@@ -539,7 +539,8 @@ def test_an_unexpected_error_is_one_line():
     from mslaunch.cli import main
     errs = io.StringIO()
     with contextlib.redirect_stderr(errs):
-        status = main(["-n", "1", "true"], run=lambda job: [][1])
+        status = main(["-n", "1", "true"], run=lambda job: int("a bug"))
     assert status == 1
-    assert errs.getvalue() == ("mslaunch: error: internal error: IndexError: list index out of "
-                               "range (a bug in mslaunch; MSLAUNCH_TRACEBACK=1 shows where)\n")
+    assert errs.getvalue() == ("mslaunch: error: internal error: ValueError: invalid literal for "
+                               "int() with base 10: 'a bug' (a bug in mslaunch; "
+                               "MSLAUNCH_TRACEBACK=1 shows where)\n")
