@@ -374,6 +374,17 @@ def test_the_json_report_of_a_success_a_timeout_and_a_job_that_never_started(tmp
     assert report["ranks"] == [] and "dropped (connect: " in report["message"]
 
 
+def test_a_report_that_could_not_be_written_is_refused_before_the_job_starts(tmp_path):
+    marker = tmp_path / "ran"
+    for argv in (["--report-json", str(tmp_path / "no" / "r.json"), "-n", "1"],
+                 ["--worker_num=1", "--local_worker_num=1", "--join=True",
+                  f"--report_json={tmp_path / 'no' / 'r.json'}"]):
+        r = run(*argv, "touch", str(marker), cwd=str(tmp_path))
+        assert r.returncode == 2 and not marker.exists()
+        line = _one_error_line(r.stderr)
+        assert f"r.json: no directory {tmp_path / 'no'}" in line, line
+
+
 def test_msrun_mode_reports_every_process_in_its_record_and_on_request(tmp_path, bin_dir):
     script = tmp_path / "net.py"
     script.write_text("import os, sys\nif os.environ.get('RANK_ID') == '1': sys.exit(7)\n")

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..spec import JobResult, RankResult
 
 from .. import __version__
-from ..errors import LaunchError
+from ..errors import LaunchError, UsageError
 from ..machine.spawn import signal_name
 
 FORMAT = "mslaunch-job-report"
@@ -82,6 +82,15 @@ def build(result: Optional[JobResult], start: float, error: str = "",
         "launcher": {"pid": os.getpid(), "host": os.uname().nodename, "version": __version__},
         "first_failure": first, "ranks": ranks,
     }
+
+
+def check_writable(path: str, flag: str = "--report-json") -> None:
+    """Refuse, before the job starts, a report that could not be written at its end."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise UsageError(f"{flag} {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK | os.X_OK) or os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: cannot be written here")
 
 
 def write(path: str, report: Dict[str, Any], flag: str = "--report-json") -> None:

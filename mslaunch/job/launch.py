@@ -131,6 +131,7 @@ def run_job(job: JobSpec) -> int:
         return _run_job(job)
     import time
     from . import jobreport
+    jobreport.check_writable(job.report_json)
     started = time.time()
     try:
         code = _run_job(job, started)
@@ -215,6 +216,10 @@ def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
         supervisor.console.message(result.message)
     if job.report_json is not None:
         from . import jobreport
-        jobreport.write(job.report_json, jobreport.build(result, started))
+        try:
+            jobreport.write(job.report_json, jobreport.build(result, started))
+        except LaunchError as err:      # the job's own status stays the news
+            supervisor.console.message(f"mslaunch: error: {err}")
+            return result.exit_code or err.exit_code
     return result.exit_code
 

@@ -154,6 +154,9 @@ def run_node(spec: MsrunSpec, announce=None, on_result=None) -> int:
     ``--report_json`` the report is written to that file too.
     """
     import time
+    if spec.report_json:
+        from ..job.jobreport import check_writable
+        check_writable(spec.report_json, "--report_json")
     started = time.time()
     try:
         result = _run_node(spec, announce)
@@ -163,7 +166,11 @@ def run_node(spec: MsrunSpec, announce=None, on_result=None) -> int:
         raise
     code, job_result = result
     if spec.report_json or on_result is not None:
-        _report(spec, on_result, job_result, started, "", code)
+        try:
+            _report(spec, on_result, job_result, started, "", code)
+        except LaunchError as err:      # the job's own status stays the news
+            _say(f"mslaunch: error: {err}", sys.stderr)
+            return code or err.exit_code
     return code
 
 
