@@ -143,7 +143,8 @@ def _torchrun() -> str:
             lines.append("in msrun's dialect:\n")
         for name, what in table.items():
             what = what.replace("{n}", "N").replace("{dir}", "DIR")
-            lines.append(_entry(f"--{name}\t" + "\n".join(textwrap.wrap(what, 52))))
+            dashes = "-" if len(name) == 1 else "--"
+            lines.append(_entry(f"{dashes}{name}\t" + "\n".join(textwrap.wrap(what, 52))))
     return lines[0] + "\n" + "".join(lines[1:])
 
 

@@ -41,7 +41,7 @@ TORCHRUN: Dict[str, str] = {
                     "dialect restarts failed workers (--max_restarts N with MS_ENABLE_RECOVERY=1)",
     "no_python": "nothing: the program runs as given (mslaunch -n 2 ./prog); a .py file "
                  "that is not executable runs with python",
-    "module": "mslaunch -n 2 python -m MODULE",
+    "module": "mslaunch -n 2 python -m MODULE", "m": "mslaunch -n 2 python -m MODULE",
     "run_path": "nothing: the program runs as given",
     "log_dir": "--output-filename {dir} (each rank's stdout and stderr in {dir}/1/rank.R/)",
     "redirects": "--output-filename DIR (files), --merge-stderr-to-stdout",
