@@ -555,3 +555,19 @@ def test_an_unexpected_error_is_one_line():
     assert errs.getvalue() == ("mslaunch: error: internal error: ValueError: invalid literal for "
                                "int() with base 10: 'a bug' (a bug in mslaunch; "
                                "MSLAUNCH_TRACEBACK=1 shows where)\n")
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text("abcdefghijklmnopqrstuvwxyz_-0123456789", min_size=1, max_size=20),
+       value=st.text(min_size=0, max_size=12))
+def test_any_unknown_option_in_msruns_dialect_is_one_line(name, value):
+    from mslaunch.cli.common import MSRUN_EXTRAS, MSRUN_OPTIONS
+    from mslaunch.cli.msrun import parse_msrun
+    from mslaunch.errors import UsageError
+    if name in MSRUN_OPTIONS + MSRUN_EXTRAS or name in ("help", "verbose", "quiet", "no-pty"):
+        return
+    with pytest.raises(UsageError) as err:
+        parse_msrun(["--worker_num=2", f"--{name}={value}", "x.py"])
+    text = str(err.value)
+    assert text.startswith("msrun dialect: unknown option ") and name in text, text
+    assert text.isprintable() and "mslaunch" in text, text
