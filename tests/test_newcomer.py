@@ -571,3 +571,44 @@ def test_any_unknown_option_in_msruns_dialect_is_one_line(name, value):
     text = str(err.value)
     assert text.startswith("msrun dialect: unknown option ") and name in text, text
     assert text.isprintable() and "mslaunch" in text, text
+
+
+def test_the_json_report_of_a_stopped_job(tmp_path):
+    import signal
+    import time
+    path = tmp_path / "job.json"
+    p = subprocess.Popen(cmd("--report-json", str(path), "-n", "2", "sh", "-c",
+                             f"touch {tmp_path}/up$RANK; exec sleep 30"),
+                         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"up{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGTERM
+    report = _report(path)
+    assert report["status"] == "stopped" and report["exit_code"] == 143
+    assert report["message"] == "stopped by SIGTERM"
+    assert [x["signal_name"] for x in report["ranks"]] == ["SIGTERM", "SIGTERM"]
+
+
+def test_the_json_report_names_the_remote_host_of_each_rank(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    path = tmp_path / "job.json"
+    r = subprocess.run(cmd("--report-json", str(path), "-H", "h1,h2", "-n", "2", "sh", "-c",
+                           "echo $$; exit $RANK"), capture_output=True, timeout=90,
+                       env=clean_env(HOME=home))
+    assert r.returncode == 1, r.stderr
+    report = _report(path)
+    pids = sorted(int(w) for w in r.stdout.split())
+    ranks = {x["rank"]: x for x in report["ranks"]}
+    assert ranks[0]["host"] == "h1" and ranks[1]["host"] == "h2"
+    assert (ranks[0]["exit_code"], ranks[1]["exit_code"]) == (0, 1)
+    assert sorted(x["pid"] for x in report["ranks"]) == pids
+    assert report["first_failure"]["host"] == "h2"
