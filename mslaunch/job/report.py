@@ -1,7 +1,8 @@
 """What the supervisor tells the user about a job that did not simply succeed.
 
-The failure summary (the root cause, how many others were stopped, the last
-lines of its stderr), the state report of ``--report-state-on-timeout``, the
+The failure summary (the root cause, how many others were stopped or, when
+the job keeps going, every failed rank; the end of the root cause's stderr,
+a long Python traceback shortened by :mod:`.tails`), the state report of ``--report-state-on-timeout``, the
 ranks a hung MPI job waited for, the stack traces of ``--get-stack-traces``,
 ``--report-pid``, ``--report-bindings`` and ``-v``'s lines of started ranks,
 and msrun's recovery of a failed process.  Imported only when one of them is
