@@ -205,7 +205,6 @@ def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
             fd = os.open(job.output.xml_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                          0o644)
         except OSError as err:
-            from ..errors import LaunchError
             raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
         from ..machine.terminal import Console
         console = Console(fd, fd)
