@@ -297,7 +297,10 @@ def _apps(d: Draft) -> Tuple[AppContext, ...]:
         if find_program(argv[0], d.environ, wdir or d.cwd, d.path) is None:
             # a script without its execute bit runs with its interpreter
             from .scripts import interpreted
-            argv, note = interpreted(argv, wdir or d.cwd, d.environ, d.path)
+            typed = list(d.argv)
+            before = typed[:len(typed) - len(argv)] if len(contexts) == 1 and \
+                typed[len(typed) - len(argv):] == list(argv) else None
+            argv, note = interpreted(argv, wdir or d.cwd, d.environ, d.path, before)
             if note:
                 d.notes.append(note)
         apps.append(AppContext(argv=tuple(argv), np=c.np, env=tuple(c.env), wdir=wdir))

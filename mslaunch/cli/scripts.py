@@ -43,10 +43,21 @@ def _shebang(path: str) -> Optional[Tuple[str, ...]]:
     return (interpreter, arg) if arg else (interpreter,)
 
 
+def _command(before: Optional[Sequence[str]], run: Sequence[str]) -> str:
+    """The mslaunch command line to type: the options given, then ``run``."""
+    import shlex
+    options = " ".join(shlex.quote(w) for w in before) if before is not None else "[options]"
+    return " ".join(["mslaunch", *([options] if options else []),
+                     *(shlex.quote(w) for w in run)])
+
+
 def interpreted(argv: Sequence[str], cwd: str, environ: Mapping[str, str],
-                search: Sequence[str] = ()) -> Tuple[List[str], str]:
+                search: Sequence[str] = (),
+                before: Optional[Sequence[str]] = None) -> Tuple[List[str], str]:
     """``argv`` with the interpreter put first when its program is a script that
-    is not executable; and a note saying so ("" when unchanged)."""
+    is not executable; and a note saying so ("" when unchanged).  ``before``:
+    the options written before the program, for the command line an error
+    proposes (None: unknown)."""
     program = argv[0]
     if find_program(program, environ, cwd, search) is not None:
         return list(argv), ""
@@ -56,9 +67,12 @@ def interpreted(argv: Sequence[str], cwd: str, environ: Mapping[str, str],
     words = _shebang(path)
     if words is not None:
         if not words[0] or not os.access(words[0], os.X_OK) or os.path.isdir(words[0]):
+            # the interpreter's name, found in PATH: "/opt/x/python3" or "/usr/bin/env python3"
+            guess = os.path.basename(words[-1].split()[0] if words[0].endswith("/env") and
+                                     len(words) > 1 else words[0]) or "sh"
             raise UsageError(f"program {program!r} is not executable, and the interpreter "
                              f"its '#!' line names ({words[0] or 'none'!r}) does not exist; "
-                             f"name one: mslaunch [options] python3 {program}")
+                             f"name one: {_command(before, [guess, *argv])}")
         run = [*words, *argv]
     elif program.endswith(".py"):
         python = next((p for p in ("python", "python3")

@@ -71,7 +71,7 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
             if os.path.isfile(there):
                 raise SpawnError(f"program {program!r} of rank {r.rank} is not executable: "
                                  f"chmod +x {program}, or name its interpreter "
-                                 f"(mslaunch [options] bash {program})")
+                                 f"(mslaunch [options] sh {program})")
             where = "" if "/" in program else " in PATH or the working directory"
             raise SpawnError(f"program {program!r} of rank {r.rank} not found{where} "
                              f"(or not executable)")
