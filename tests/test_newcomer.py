@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, REPO, clean_env, cmd, run
+from helpers import PY, REPO, clean_env, cmd, run, wait_for
+from test_remote import no_agents
 
 # -- never a traceback: every kind of SSH failure is one line -------------------------
 
@@ -123,6 +124,26 @@ def test_every_ssh_failure_kind_together_is_one_line_naming_each_host(sshbed, li
     assert "h2 (host key: " in errors[0] and "CHANGED" in errors[0], text
     assert "h3 (authentication: " in errors[0], text
     assert "6 of 6" in errors[0], text
+
+
+@pytest.mark.parametrize("kind", [*BAD_KINDS, "key-changed", "login-refused"])
+def test_every_ssh_failure_kind_through_the_openssh_client_is_one_line(sshbed, listeners,
+                                                                       tmp_path, kind):
+    home = sshbed.make_home(tmp_path / "home", user_config_extra=_bad_hosts_config(listeners)
+                            + "Host silent\n  ConnectTimeout 2\n")
+    host = {"key-changed": "h2", "login-refused": "h3"}.get(kind, kind)
+    if kind == "key-changed":
+        sshbed.rekey_host("h2")
+    if kind == "login-refused":
+        sshbed.refuse_logins("h3")
+    config = os.path.join(home, ".ssh", "config")
+    r = subprocess.run(cmd("--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                           f"-F {config}", "-H", f"h1,{host}", "-n", "2", "true"),
+                       capture_output=True, timeout=120, env=clean_env(HOME=home))
+    assert r.returncode == 1
+    line = _one_error_line(r.stderr)
+    assert f"nothing was started: {host} (" in line and "1 of 2" in line, line
+    assert wait_for(lambda: no_agents(sshbed), 15)
 
 
 def test_library_messages_are_one_line_each_with_two_v(listeners, tmp_path):
