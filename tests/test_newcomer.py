@@ -322,6 +322,14 @@ def test_shown_tail_in_short():
     out = shown_tail(cut)
     assert out[0] == "Traceback (most recent call last):" and out[-1] == "RuntimeError: deep"
     assert out[1] == "  ... 19 frames not shown ..." and len(out) == 5
+    # a rank on a pseudo-terminal: CR LF, and Python 3.13's colours
+    coloured = ("Traceback (most recent call last):\r\n"
+                '  File \x1b[35m"/home/u/net.py"\x1b[0m, line \x1b[35m3\x1b[0m, in '
+                '\x1b[35m<module>\x1b[0m\r\n    main()\r\n' + frames.replace("\n", "\r\n")
+                + "\x1b[1;35mRuntimeError\x1b[0m: \x1b[35mdeep\x1b[0m\r\n")
+    out = shown_tail(coloured)
+    assert out[1] == '  File "/home/u/net.py", line 3, in <module>' and out[2] == "    main()"
+    assert out[-1] == "RuntimeError: deep" and "\x1b" not in "".join(out)
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,7 +9,8 @@ the ``Traceback (most recent call last):`` line, the last frame of the
 user's own code (a file outside ``site-packages``, ``dist-packages`` and the
 standard library), the innermost frame (where it raised), and the exception
 to its end; a ``... N frames ...`` line stands for each run of frames left
-out.  Anything else is the last lines, as before.
+out.  Anything else is the last lines, as before.  Terminal colours and
+carriage returns are left out of what is shown.
 """
 
 from __future__ import annotations
@@ -85,9 +86,18 @@ def _short_traceback(lines: List[str], start: int, limit: int) -> Optional[List[
     return out + exception
 
 
+def _plain(text: str) -> List[str]:
+    """The lines of a stream without terminal colours and carriage returns (a rank
+    on a pseudo-terminal ends lines with CR LF; Python 3.13 colours tracebacks there)."""
+    if "\x1b" in text:
+        import re
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    return [line.rstrip("\r") for line in text.rstrip("\r\n").split("\n")]
+
+
 def shown_tail(text: str, limit: int = TAIL_LINES) -> List[str]:
     """The lines of a failed rank's stream to show (see the module's docstring)."""
-    lines = text.rstrip("\n").split("\n")
+    lines = _plain(text)
     start = max((k for k, line in enumerate(lines) if line.startswith(_HEADER)), default=-1)
     if start >= 0:
         short = _short_traceback(lines, start, limit)
