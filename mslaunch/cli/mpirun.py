@@ -55,9 +55,6 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             after = inline if inline is not None else (args[i + 1] if i + 1 < len(args)
                                                        else None)
             raise UsageError(unknown_option(token, body, after, SPELLINGS))
-        if option.name == "help" and inline is not None:
-            args[i:i + 1] = [token.split("=", 1)[0], inline]     # --help=TOPIC
-            continue
         values, i = _values(option, token, inline, args, i)
         more = _apply(d, option, token.split("=", 1)[0], values)
         if more:
