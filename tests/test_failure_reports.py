@@ -23,6 +23,7 @@ def listeners():
     for listener in made.values():
         listener.stop()
 
+
 # -- failures that people and tools can read -----------------------------------------
 
 KEEP_GOING = ["--mca", "orte_abort_on_non_zero_status", "0"]
