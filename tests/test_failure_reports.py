@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 from typing import Dict
 
@@ -277,3 +278,42 @@ def test_the_json_report_names_the_remote_host_of_each_rank(sshbed, tmp_path):
     assert (ranks[0]["exit_code"], ranks[1]["exit_code"]) == (0, 1)
     assert sorted(x["pid"] for x in report["ranks"]) == pids
     assert report["first_failure"]["host"] == "h2"
+
+
+def test_a_report_into_a_fifo_or_through_a_symlink_is_written_there_not_replaced(tmp_path):
+    # A FIFO (a tool reading the report as it comes, like `--report-json >(jq .)`),
+    # /dev/stdout or a device is written in place: replacing it with a file would
+    # leave the reader waiting, or, as root, replace /dev/stdout itself.
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        r = run("--report-json", str(fifo), "-n", "1", "true")
+        assert r.returncode == 0 and r.stderr == b"", r.stderr
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+        data = os.read(reader, 1 << 16)
+    finally:
+        os.close(reader)
+    assert json.loads(data)["status"] == "succeeded"
+    # A symlink stays one: its file gets the report.
+    target = tmp_path / "reports" / "last.json"
+    target.parent.mkdir()
+    link = tmp_path / "job.json"
+    link.symlink_to(target)
+    r = run("--report-json", str(link), "-n", "1", "true")
+    assert r.returncode == 0 and link.is_symlink() and _report(target)["exit_code"] == 0
+    # A descriptor (/dev/stdout, /dev/fd/N) is written in place: a file behind it
+    # keeps the ranks' output and gets the report after it.
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as f:
+        r = subprocess.run(cmd("--report-json", "/dev/fd/1", "-n", "1", "echo", "hi"),
+                           stdout=f, stderr=subprocess.PIPE, timeout=60, env=clean_env())
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    head, _, rest = out.read_bytes().partition(b"\n")
+    assert head == b"hi" and json.loads(rest)["status"] == "succeeded"
+    # Nobody reads the FIFO: one error line, no hang, and the job's status kept (1 for
+    # a job that succeeded, as for any report that could not be written at the end).
+    r = run("--report-json", str(fifo), "-n", "1", "true", timeout=30)
+    assert r.returncode == 1 and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    line = _one_error_line(r.stderr)
+    assert f"--report-json {fifo}: " in line and "no reader" in line, line

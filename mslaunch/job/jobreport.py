@@ -25,8 +25,10 @@ events; ``exit_code`` is null for a rank killed by a signal or never ended.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import time
 
 TYPE_CHECKING = False
@@ -94,16 +96,49 @@ def check_writable(path: str, flag: str = "--report-json") -> None:
 
 
 def write(path: str, report: Dict[str, Any], flag: str = "--report-json") -> None:
-    """Write the report to ``path`` whole (a reader never sees half of it)."""
+    """Write the report to ``path``.  A regular file (or a new one) is written
+    whole, a temporary file renamed over it, so a reader never sees half of it;
+    a symlink's file gets it, the link stays.  A FIFO, a terminal, a device or a
+    descriptor (``/dev/stdout``, ``/dev/fd/N``) is written in place, never
+    replaced (a file behind a descriptor is appended to)."""
+    data = (json.dumps(report, indent=1) + "\n").encode()
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = stat.S_IFREG                 # a new file (or a dangling link's)
+    try:
+        if stat.S_ISREG(mode) and not os.path.abspath(path).startswith(("/dev/", "/proc/")):
+            _replace(os.path.realpath(path), data)
+        else:
+            _write_in_place(path, data)
+    except OSError as err:
+        reason = "a FIFO with no reader" if err.errno == errno.ENXIO and \
+            stat.S_ISFIFO(mode) else err.strerror
+        raise LaunchError(f"{flag} {path}: {reason}") from None
+
+
+def _replace(path: str, data: bytes) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
-    except OSError as err:
+    except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise LaunchError(f"{flag} {path}: {err.strerror}") from None
+        raise
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    # O_NONBLOCK: a FIFO nobody reads fails (ENXIO) instead of blocking the end
+    # of the job; blocking again for the writes themselves.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        os.set_blocking(fd, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
