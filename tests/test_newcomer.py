@@ -365,6 +365,30 @@ def test_run_from_python_returns_the_status_and_the_interpreter_goes_on(tmp_path
     assert b"unknown option '--no-such-option'" in r.stderr
 
 
+RUN_AGAIN = """
+import os, sys
+import mslaunch
+def fds():
+    return sorted(os.listdir("/proc/self/fd"))
+mslaunch.run(["-n", "2", "true"])       # the first job may keep what every job shares
+before = fds()
+for argv in (["-n", "2", "true"], ["-n", "1", "false"], ["--xml-file", "out.xml", "-n", "1", "true"],
+             ["--worker_num=1", "--local_worker_num=1", "--join=True", "--log_dir=logs", "true"]):
+    mslaunch.run(argv)
+print(" ".join(before), "|", " ".join(fds()), flush=True)
+"""
+
+
+def test_run_from_python_leaves_no_descriptor_behind(tmp_path):
+    # stdout and stderr are pipes here (mslaunch writes them through descriptors of
+    # its own), the --xml-file its file: each job closes what it opened.
+    r = subprocess.run([PY, "-c", RUN_AGAIN], capture_output=True, timeout=120,
+                       env=clean_env(), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    before, after = r.stdout.decode().splitlines()[-1].split(" | ")
+    assert before == after, r.stdout
+
+
 def test_the_package_docstring_names_only_subpackages_that_exist():
     import re
     import mslaunch

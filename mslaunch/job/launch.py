@@ -207,18 +207,21 @@ def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
         except OSError as err:
             raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
         from ..machine.terminal import Console
-        console = Console(fd, fd)
+        console = Console(fd, fd, owned=True)
     supervisor = Supervisor(job, plan, console, connect=remote, starter=starter, replan=replan,
                             watchdog=watchdog)
-    result = supervisor.run()
-    if result.message:
-        supervisor.console.message(result.message)
-    if job.report_json is not None:
-        from . import jobreport
-        try:
-            jobreport.write(job.report_json, jobreport.build(result, started))
-        except LaunchError as err:      # the job's own status stays the news
-            supervisor.console.message(f"mslaunch: error: {err}")
-            return result.exit_code or err.exit_code
-    return result.exit_code
+    try:
+        result = supervisor.run()
+        if result.message:
+            supervisor.console.message(result.message)
+        if job.report_json is not None:
+            from . import jobreport
+            try:
+                jobreport.write(job.report_json, jobreport.build(result, started))
+            except LaunchError as err:      # the job's own status stays the news
+                supervisor.console.message(f"mslaunch: error: {err}")
+                return result.exit_code or err.exit_code
+        return result.exit_code
+    finally:
+        supervisor.console.close()
 

@@ -246,6 +246,7 @@ def _run_node(spec: MsrunSpec, announce):
     finally:
         cluster.close()
         loop.close()
+        sup.console.close()
     return code, result
 
 
