@@ -237,6 +237,16 @@ def test_a_script_that_cannot_run_is_refused_with_what_to_type(tmp_path):
     assert r.returncode == 127
     line = _one_error_line(r.stderr)
     assert "is not executable: chmod +x plain.sh" in line
+    # A compiled program without its bit: sh cannot run it, so only chmod is proposed.
+    with open("/bin/true", "rb") as src:
+        (tmp_path / "a.out").write_bytes(src.read())
+    (tmp_path / "net.py").mkdir()
+    for program, says in (("a.out", "is not executable: chmod +x a.out"),
+                          ("net.py", "is a directory")):
+        r = run("-n", "1", program, cwd=str(tmp_path))
+        assert r.returncode == 127
+        line = _one_error_line(r.stderr)
+        assert line.endswith(f"program {program!r} of rank 0 {says}"), line
 
 
 @pytest.mark.parametrize("argv, expected", [

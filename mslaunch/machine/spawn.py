@@ -67,14 +67,8 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
             raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} does not exist")
         path = find_program(program, r.env, r.cwd, r.search)
         if path is None:
-            there = os.path.join(r.cwd, program)
-            if os.path.isfile(there):
-                raise SpawnError(f"program {program!r} of rank {r.rank} is not executable: "
-                                 f"chmod +x {program}, or name its interpreter "
-                                 f"(mslaunch [options] sh {program})")
-            where = "" if "/" in program else " in PATH or the working directory"
-            raise SpawnError(f"program {program!r} of rank {r.rank} not found{where} "
-                             f"(or not executable)")
+            raise SpawnError(f"program {program!r} of rank {r.rank} "
+                             f"{_why_not_found(program, r.cwd)}")
         problem = _interpreter_problem(path)
         if problem:
             raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} {problem}")
@@ -96,6 +90,26 @@ def _interpreter_problem(path: str) -> Optional[str]:
     if not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
         return f"names the interpreter {interpreter!r} in its '#!' line, which does not exist"
     return None
+
+
+def _why_not_found(program: str, cwd: str) -> str:
+    """Why ``program`` cannot be run, and what to type, for the error line."""
+    there = os.path.join(cwd, program)
+    if os.path.isdir(there):
+        return "is a directory"
+    if not os.path.isfile(there):
+        where = "" if "/" in program else " in PATH or the working directory"
+        return f"not found{where} (or not executable)"
+    import shlex
+    try:
+        with open(there, "rb") as f:
+            binary = f.read(4) == b"\x7fELF"
+    except OSError:
+        binary = False
+    word = shlex.quote(program)
+    # A compiled program only needs its bit; a text file without '#!' is a shell script.
+    return f"is not executable: chmod +x {word}" + (
+        "" if binary else f", or name its interpreter (mslaunch [options] sh {word})")
 
 
 def seal_inherited_fds() -> None:
