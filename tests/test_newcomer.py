@@ -227,6 +227,17 @@ def test_a_script_with_a_hash_bang_that_is_not_executable_runs_with_its_interpre
     assert sorted(r.stdout.split()) == [b"0", b"1", b"True", b"True"]
 
 
+def test_a_script_named_like_an_option_or_with_a_tab_in_its_hash_bang_runs(tmp_path):
+    # "python -v.py" would be python's -v option: the file is named by a path.
+    (tmp_path / "-v.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")
+    r = run("-n", "1", "--", "-v.py", "-x", cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout == b"ran ['-x']\n", r
+    # The kernel ends the interpreter's name at a space or a tab.
+    (tmp_path / "job").write_text(f"#!{PY}\t-S\nimport sys\nprint(sys.flags.no_site)\n")
+    r = run("-n", "1", "job", cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout == b"1\n", r
+
+
 def test_a_script_that_cannot_run_is_refused_with_what_to_type(tmp_path):
     (tmp_path / "bad").write_text("#!/no/such/python3\nprint(1)\n")
     line = _error_of(["-n", "2", "bad"], cwd=str(tmp_path))

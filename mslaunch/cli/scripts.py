@@ -37,9 +37,10 @@ def _shebang(path: str) -> Optional[Tuple[str, ...]]:
     if not head.startswith(b"#!"):
         return None
     line = os.fsdecode(head[2:].split(b"\n", 1)[0]).strip()
-    # Linux passes everything after the interpreter as one argument.
-    interpreter, _, arg = line.partition(" ")
-    arg = arg.strip()
+    # Linux ends the interpreter at a space or a tab, and passes everything
+    # after it as one argument.
+    end = next((k for k, c in enumerate(line) if c in " \t"), len(line))
+    interpreter, arg = line[:end], line[end:].strip(" \t")
     return (interpreter, arg) if arg else (interpreter,)
 
 
@@ -65,6 +66,8 @@ def interpreted(argv: Sequence[str], cwd: str, environ: Mapping[str, str],
     if not os.path.isfile(path):
         return list(argv), ""
     words = _shebang(path)
+    # The file as the interpreter's argument: a name like "-v.py" is not an option.
+    named = [os.path.join(".", program) if program.startswith("-") else program, *argv[1:]]
     if words is not None:
         if not words[0] or not os.access(words[0], os.X_OK) or os.path.isdir(words[0]):
             # the interpreter's name, found in PATH: "/opt/x/python3" or "/usr/bin/env python3"
@@ -73,14 +76,14 @@ def interpreted(argv: Sequence[str], cwd: str, environ: Mapping[str, str],
             raise UsageError(f"program {program!r} is not executable, and the interpreter "
                              f"its '#!' line names ({words[0] or 'none'!r}) does not exist; "
                              f"name one: {_command(before, [guess, *argv])}")
-        run = [*words, *argv]
+        run = [*words, *named]
     elif program.endswith(".py"):
         python = next((p for p in ("python", "python3")
                        if find_program(p, environ, cwd) is not None), None)
         if python is None:
             raise UsageError(f"program {program!r} is not executable, and there is no python "
                              f"or python3 in PATH to run it with")
-        run = [python, *argv]
+        run = [python, *named]
     else:
         return list(argv), ""
     shown = " ".join(run[:len(run) - len(argv) + 1])
