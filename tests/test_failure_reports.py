@@ -112,6 +112,34 @@ def test_shown_tail_in_short():
     assert out[-1] == "RuntimeError: deep" and "\x1b" not in "".join(out)
 
 
+def test_shown_tail_keeps_the_first_cause_of_a_chained_traceback_and_is_printable():
+    from mslaunch.job.tails import LINE_CHARS, shown_tail
+    first = ("Traceback (most recent call last):\n"
+             '  File "/home/u/net.py", line 8, in main\n    load()\n'
+             '  File "/usr/lib/python3.11/json/decoder.py", line 353, in raw_decode\n'
+             "    obj, end = self.scan_once(s, idx)\n"
+             "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)\n\n")
+    second = ("Traceback (most recent call last):\n"
+              '  File "/home/u/net.py", line 14, in <module>\n    main()\n'
+              '  File "/home/u/net.py", line 10, in main\n    fallback()\n'
+              "TypeError: expected str, not int\n")
+    for chained in ("During handling of the above exception, another exception occurred:",
+                    "The above exception was the direct cause of the following exception:"):
+        out = shown_tail(first + chained + "\n\n" + second)
+        assert out == ["json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)",
+                       "", chained, ""] + second.rstrip("\n").split("\n"), out
+    # A binary blob, a progress bar rewritten with CR, a line with no end: printable
+    # lines of bounded length, a terminal's view of the bar.
+    blob = bytes(range(256)).decode("utf-8", "replace") * 3
+    bar = " 10%|#         |\r 50%|#####     |\r 90%|######### |\n"
+    out = shown_tail(bar + "x" * 20000 + "\n" + blob)
+    assert out[0] == " 90%|######### |" and out[1].endswith(f"... ({20000 - LINE_CHARS} more "
+                                                             "characters)")
+    assert all(line.replace("\t", " ").isprintable() and len(line) < LINE_CHARS + 40
+               for line in out), out
+    assert "\\x07" in "".join(out) and "\x1b" not in "".join(out)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from([
     "Traceback (most recent call last):", '  File "/home/u/x.py", line 3, in f',

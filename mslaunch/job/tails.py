@@ -9,8 +9,14 @@ the ``Traceback (most recent call last):`` line, the last frame of the
 user's own code (a file outside ``site-packages``, ``dist-packages`` and the
 standard library), the innermost frame (where it raised), and the exception
 to its end; a ``... N frames ...`` line stands for each run of frames left
-out.  Anything else is the last lines, as before.  Terminal colours and
-carriage returns are left out of what is shown.
+out.  A traceback raised while handling another (``During handling of the
+above exception...``) is preceded by the last line of that other exception,
+often the first cause.  Anything else is the last lines, as before.
+
+What is shown is mslaunch's own message, printable whatever the rank wrote:
+terminal colours are left out, a line rewritten with carriage returns (a
+progress bar) is what a terminal showed last, other control characters are
+escaped (``\\x07``), and a line is cut at :data:`LINE_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -23,8 +29,12 @@ if TYPE_CHECKING:
 TAIL_LINES = 10
 #: Lines shown of a traceback's exception (its message can be long).
 EXCEPTION_LINES = 8
+#: Characters shown of one line (a rank may write a blob with no newline).
+LINE_CHARS = 500
 
 _HEADER = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3", "<frozen ",
             "<string>")
 
@@ -87,18 +97,49 @@ def _short_traceback(lines: List[str], start: int, limit: int) -> Optional[List[
 
 
 def _plain(text: str) -> List[str]:
-    """The lines of a stream without terminal colours and carriage returns (a rank
-    on a pseudo-terminal ends lines with CR LF; Python 3.13 colours tracebacks there)."""
+    """The lines of a stream as the module says (a rank on a pseudo-terminal ends
+    lines with CR LF; Python 3.13 colours tracebacks there)."""
+    import re
     if "\x1b" in text:
-        import re
         text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
-    return [line.rstrip("\r") for line in text.rstrip("\r\n").split("\n")]
+    lines = [line.rstrip("\r").rsplit("\r", 1)[-1]
+             for line in text.rstrip("\r\n").split("\n")]
+    if not all(line.isprintable() for line in lines):
+        control = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+        lines = [control.sub(lambda m: f"\\x{ord(m.group()):02x}", line) for line in lines]
+    return [line if len(line) <= LINE_CHARS else
+            f"{line[:LINE_CHARS]}... ({len(line) - LINE_CHARS} more characters)"
+            for line in lines]
+
+
+def _cause(lines: List[str], start: int) -> List[str]:
+    """For a traceback at ``start`` raised while handling another exception: the
+    last line of that exception and the line that says so ([] if none)."""
+    k = start - 1
+    while k >= 0 and not lines[k].strip():
+        k -= 1
+    if k < 0 or lines[k] not in _CHAINED:
+        return []
+    said = k - 1
+    while said >= 0 and not lines[said].strip():
+        said -= 1
+    before = [lines[said], *_blank(lines, said + 1, k)] \
+        if said >= 0 and not lines[said].startswith(" ") else []
+    return before + [lines[k], *_blank(lines, k + 1, start)]
+
+
+def _blank(lines: List[str], first: int, end: int) -> List[str]:
+    """The first blank line of ``lines[first:end]``, if any (as a list)."""
+    return [line for line in lines[first:end] if not line.strip()][:1]
 
 
 def shown_tail(text: str, limit: int = TAIL_LINES) -> List[str]:
     """The lines of a failed rank's stream to show (see the module's docstring)."""
     lines = _plain(text)
     start = max((k for k, line in enumerate(lines) if line.startswith(_HEADER)), default=-1)
+    cause = _cause(lines, start) if start > 0 else []
+    if cause:
+        return cause + (_short_traceback(lines, start, limit) or lines[start:][-limit:])
     if start >= 0:
         short = _short_traceback(lines, start, limit)
     else:
