@@ -260,6 +260,17 @@ def test_a_script_that_cannot_run_is_refused_with_what_to_type(tmp_path):
         assert line.endswith(f"program {program!r} of rank 0 {says}"), line
 
 
+def test_stack_traces_without_a_timeout_say_they_do_nothing():
+    r = run("--get-stack-traces", "-n", "1", "true")
+    assert r.returncode == 0
+    assert r.stderr.decode() == ("mslaunch: warning: --get-stack-traces acts on a timeout only, "
+                                 "and none is set: add --timeout SECONDS (or set "
+                                 "MPIEXEC_TIMEOUT)\n"), r.stderr
+    r = run("--get-stack-traces", "--report-state-on-timeout", "--timeout", "30", "-n", "1",
+            "true")
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--nproc_per_node=2"], "that is torchrun's; in mslaunch: -n 2 (ranks of the whole job) "
                              "or -N 2 (ranks per host"),

@@ -250,6 +250,11 @@ def _build(d: Draft) -> JobSpec:
     timeout = d.timeout
     if timeout is None and d.environ.get("MPIEXEC_TIMEOUT"):
         timeout = check_seconds("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
+    for flag, given in (("--get-stack-traces", d.stack_traces),
+                        ("--report-state-on-timeout", d.report_state)):
+        if given and timeout is None:       # Open MPI 4 ignores them without a word
+            d.warnings.append(f"{flag} acts on a timeout only, and none is set: add "
+                              f"--timeout SECONDS (or set MPIEXEC_TIMEOUT)")
     keep_going = d.keep_going
     mpi = _mpi(d)
     launcher, rsh_agent, rsh_args = rsh_settings(d)
