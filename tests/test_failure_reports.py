@@ -345,3 +345,10 @@ def test_a_report_into_a_fifo_or_through_a_symlink_is_written_there_not_replaced
     assert r.returncode == 1 and stat.S_ISFIFO(os.lstat(fifo).st_mode)
     line = _one_error_line(r.stderr)
     assert f"--report-json {fifo}: " in line and "no reader" in line, line
+    # A job that cannot start keeps its own error (and status) too.
+    r = run("--report-json", str(fifo), "-n", "1", "no-such-program-here", timeout=30)
+    assert r.returncode == 127
+    assert r.stderr.decode().splitlines() == [
+        f"mslaunch: error: --report-json {fifo}: a FIFO with no reader",
+        "mslaunch: error: program 'no-such-program-here' of rank 0 not found in PATH or the "
+        "working directory (or not executable)"], r.stderr

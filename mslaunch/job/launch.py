@@ -136,8 +136,11 @@ def run_job(job: JobSpec) -> int:
     try:
         code = _run_job(job, started)
     except LaunchError as err:
-        jobreport.write(job.report_json, jobreport.build(None, started, error=str(err),
-                                                         exit_code=err.exit_code))
+        try:
+            jobreport.write(job.report_json, jobreport.build(None, started, error=str(err),
+                                                             exit_code=err.exit_code))
+        except LaunchError as failed:      # the job's own error stays the news
+            sys.stderr.write(f"mslaunch: error: {failed}\n")
         raise
     if job.mpi == "openmpi":       # its ranks are mpirun's: the job's outcome only
         from ..spec import JobResult

@@ -26,7 +26,12 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+    from ..spec import JobResult
+
+    Announce = Callable[[List[str], Dict[str, int]], None]
+    OnResult = Callable[[Dict[str, Any]], None]
 
 from ..errors import LaunchError
 from ..spec import JobSpec, MsrunSpec, OutputSpec, Plan, RankSpec
@@ -145,7 +150,8 @@ class Cluster:
             self.service.close()
 
 
-def run_node(spec: MsrunSpec, announce=None, on_result=None) -> int:
+def run_node(spec: MsrunSpec, announce: Optional[Announce] = None,
+             on_result: Optional[OnResult] = None) -> int:
     """Run this node's part of the job to its end; the exit status.
 
     ``announce(lines)`` (the detached case) receives msrun's console lines and
@@ -162,7 +168,10 @@ def run_node(spec: MsrunSpec, announce=None, on_result=None) -> int:
         result = _run_node(spec, announce)
     except LaunchError as err:
         if spec.report_json or on_result is not None:
-            _report(spec, on_result, None, started, str(err), err.exit_code)
+            try:
+                _report(spec, on_result, None, started, str(err), err.exit_code)
+            except LaunchError as failed:   # the job's own error stays the news
+                _say(f"mslaunch: error: {failed}", sys.stderr)
         raise
     code, job_result = result
     if spec.report_json or on_result is not None:
@@ -174,8 +183,8 @@ def run_node(spec: MsrunSpec, announce=None, on_result=None) -> int:
     return code
 
 
-def _report(spec: MsrunSpec, on_result, result, started: float, error: str,
-            code: int) -> None:
+def _report(spec: MsrunSpec, on_result: Optional[OnResult], result: Optional[JobResult],
+            started: float, error: str, code: int) -> None:
     from ..job import jobreport
     report = jobreport.build(result, started, error=error, exit_code=code)
     report["exit_code"] = code           # this node's, after waiting for the others
@@ -185,7 +194,7 @@ def _report(spec: MsrunSpec, on_result, result, started: float, error: str,
         on_result(report)
 
 
-def _run_node(spec: MsrunSpec, announce):
+def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobResult]:
     from ..pmi.files import new_kvsname
     from ..machine.loop import Loop
     from .plan import node_processes
