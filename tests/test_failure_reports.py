@@ -308,6 +308,19 @@ def test_the_json_report_names_the_remote_host_of_each_rank(sshbed, tmp_path):
     assert report["first_failure"]["host"] == "h2"
 
 
+def test_a_report_to_a_device_needs_no_writable_directory(monkeypatch):
+    # Not root (whose os.access says yes to everything): /dev is not the user's to
+    # write, /dev/stdout is.
+    from mslaunch.errors import UsageError
+    from mslaunch.job.jobreport import check_writable
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: p != "/dev" and real(p, mode))
+    check_writable("/dev/stdout")
+    check_writable("/dev/null")
+    with pytest.raises(UsageError, match="/dev/report.json: cannot be written here"):
+        check_writable("/dev/report.json")
+
+
 def test_a_report_into_a_fifo_or_through_a_symlink_is_written_there_not_replaced(tmp_path):
     # A FIFO (a tool reading the report as it comes, like `--report-json >(jq .)`),
     # /dev/stdout or a device is written in place: replacing it with a file would

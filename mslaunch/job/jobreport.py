@@ -91,7 +91,14 @@ def check_writable(path: str, flag: str = "--report-json") -> None:
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         raise UsageError(f"{flag} {path}: no directory {directory}")
-    if not os.access(directory, os.W_OK | os.X_OK) or os.path.isdir(path):
+    mode = _mode(path)
+    if stat.S_ISDIR(mode):
+        ok = False
+    elif _in_place(path, mode):
+        ok = os.access(path, os.W_OK)       # its directory need not be writable
+    else:
+        ok = os.access(directory, os.W_OK | os.X_OK)
+    if not ok:
         raise UsageError(f"{flag} {path}: cannot be written here")
 
 
@@ -102,19 +109,30 @@ def write(path: str, report: Dict[str, Any], flag: str = "--report-json") -> Non
     descriptor (``/dev/stdout``, ``/dev/fd/N``) is written in place, never
     replaced (a file behind a descriptor is appended to)."""
     data = (json.dumps(report, indent=1) + "\n").encode()
+    mode = _mode(path)
     try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        mode = stat.S_IFREG                 # a new file (or a dangling link's)
-    try:
-        if stat.S_ISREG(mode) and not os.path.abspath(path).startswith(("/dev/", "/proc/")):
-            _replace(os.path.realpath(path), data)
-        else:
+        if _in_place(path, mode):
             _write_in_place(path, data)
+        else:
+            _replace(os.path.realpath(path), data)
     except OSError as err:
         reason = "a FIFO with no reader" if err.errno == errno.ENXIO and \
             stat.S_ISFIFO(mode) else err.strerror
         raise LaunchError(f"{flag} {path}: {reason}") from None
+
+
+def _mode(path: str) -> int:
+    """The file type of ``path`` (a symlink followed); a regular file's if none yet."""
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return stat.S_IFREG
+
+
+def _in_place(path: str, mode: int) -> bool:
+    """Whether the report is written into the file as it is: a FIFO, a terminal,
+    a device, or a descriptor's name (``/dev/stdout`` even for a file behind it)."""
+    return not stat.S_ISREG(mode) or os.path.abspath(path).startswith(("/dev/", "/proc/"))
 
 
 def _replace(path: str, data: bytes) -> None:
