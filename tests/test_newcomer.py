@@ -286,6 +286,9 @@ def test_stack_traces_without_a_timeout_say_they_do_nothing():
     (["--hostfiel", "hf"], "(did you mean --hostfile? see mslaunch --help)"),
     (["--tag-ouput"], "(did you mean --tag-output?"),
     (["--oversubscrib"], "(did you mean --oversubscribe?"),
+    (["--worker-num=2", "--local-worker-num=2"], "(did you mean msrun's --worker_num? see "
+                                                 "mslaunch --help msrun)"),
+    (["--workr_num=2"], "(did you mean msrun's --worker_num?"),
 ])
 def test_torchrun_flags_and_misspellings_get_the_mslaunch_spelling(argv, expected):
     # -n 1 first: some of torchrun's words are msrun's too, which would switch dialects

@@ -106,4 +106,11 @@ def unknown_option(token: str, body: str, value: Optional[str], names: Iterable[
     if near is not None:
         dashes = "--" if msrun or len(near) > 1 else "-"
         return f"unknown option {shown} (did you mean {dashes}{near}? see mslaunch --help)"
+    if not msrun:
+        # msrun's options, written with '-' or misspelled, leave its dialect unseen
+        from .common import MSRUN_EXTRAS, MSRUN_OPTIONS
+        near = closest(body.replace("-", "_"), MSRUN_OPTIONS + MSRUN_EXTRAS)
+        if near is not None:
+            return (f"unknown option {shown} (did you mean msrun's --{near}? "
+                    f"see mslaunch --help msrun)")
     return f"unknown option {shown} (see mslaunch --help)"
