@@ -414,6 +414,20 @@ print(" ".join(before), "|", " ".join(fds()), flush=True)
 """
 
 
+def test_run_from_python_shows_library_messages_only_in_the_job_that_asked(tmp_path):
+    program = ("import logging, mslaunch\nfrom mslaunch import liblogs\n"
+               "liblogs.route(['some_library'])\n"
+               "mslaunch.run(['-v', '-v', '-n', '1', 'true'])\n"
+               "logging.getLogger('some_library').warning('after a verbose job')\n"
+               "mslaunch.run(['-n', '1', 'true'])\n"
+               "logging.getLogger('some_library').warning('after a quiet job')\n")
+    r = subprocess.run([PY, "-c", program], capture_output=True, timeout=60, env=clean_env(),
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert b"mslaunch: debug: some_library: after a verbose job" in r.stderr
+    assert b"after a quiet job" not in r.stderr, r.stderr
+
+
 def test_run_from_python_leaves_no_descriptor_behind(tmp_path):
     # stdout and stderr are pipes here (mslaunch writes them through descriptors of
     # its own), the --xml-file its file: each job closes what it opened.

@@ -79,7 +79,7 @@ def main(argv: Optional[Sequence[str]] = None,
         except Exit as done:
             sys.stdout.write(done.text)
             return done.status
-        if job.verbose >= 2:
+        if job.verbose >= 2 or "mslaunch.liblogs" in sys.modules:   # (a job run before)
             from ..liblogs import set_verbosity
             set_verbosity(job.verbose)
         if run is None:
