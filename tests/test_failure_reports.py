@@ -199,6 +199,7 @@ def test_the_json_report_of_a_success_a_timeout_and_a_job_that_never_started(tmp
     assert r.returncode == 110
     report = _report(path)
     assert report["status"] == "timed-out" and report["exit_code"] == 110
+    assert report["message"] == "the job timed out (--timeout)"
     assert {x["signal_name"] for x in report["ranks"]} == {"SIGTERM"}
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)

@@ -47,6 +47,10 @@ VERSION = 1
 #: JobResult.ending -> the report's status (None: the job ran to its end).
 _STATUS = {"failure": "failed", "timeout": "timed-out", "signal": "stopped",
            "output": "output-failed", "remote": "stopped-by-peer"}
+#: The message of an ending whose line mslaunch printed while the job ran.
+_SAID = {"timed-out": "the job timed out (--timeout)",
+         "output-failed": "mslaunch's output could not be written",
+         "stopped-by-peer": "another node stopped the job"}
 
 
 def rank_record(r: RankResult) -> Dict[str, Any]:
@@ -76,11 +80,11 @@ def build(result: Optional[JobResult], start: float, error: str = "",
     message = error or (result.message.split("\n", 1)[0] if result is not None else "")
     if message.startswith("mslaunch: "):
         message = message[len("mslaunch: "):]
+    status = status_of(result) if result is not None else "not-started"
     return {
-        "format": FORMAT, "version": VERSION,
-        "status": status_of(result) if result is not None else "not-started",
+        "format": FORMAT, "version": VERSION, "status": status,
         "exit_code": result.exit_code if result is not None else exit_code,
-        "message": message, "start": start, "end": time.time(),
+        "message": message or _SAID.get(status, ""), "start": start, "end": time.time(),
         "launcher": {"pid": os.getpid(), "host": os.uname().nodename, "version": __version__},
         "first_failure": first, "ranks": ranks,
     }
