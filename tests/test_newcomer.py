@@ -227,6 +227,22 @@ def test_a_script_with_a_hash_bang_that_is_not_executable_runs_with_its_interpre
     assert sorted(r.stdout.split()) == [b"0", b"1", b"True", b"True"]
 
 
+def test_an_executable_script_the_kernel_cannot_start_is_refused_with_the_fix(tmp_path):
+    # "Exec format error" and "No such file or directory" for a file that is there.
+    (tmp_path / "train.py").write_text("print('no #! line')\n")
+    (tmp_path / "win.py").write_bytes(f"#!{PY}\r\nprint('CR LF')\r\n".encode())
+    for name, says in (("train.py", "has no '#!' line to run it with: add '#!/usr/bin/env "
+                                    "python3' as its first line, or name python (mslaunch "
+                                    "[options] python train.py)"),
+                       ("win.py", "has a '#!' line ending in a carriage return (Windows line "
+                                  "ends): convert it (dos2unix win.py)")):
+        (tmp_path / name).chmod(0o755)
+        r = run("-n", "1", name, cwd=str(tmp_path))
+        assert r.returncode == 127
+        line = _one_error_line(r.stderr)
+        assert line.startswith(f"mslaunch: error: program {name!r} of rank 0 {says}"), line
+
+
 def test_a_script_named_like_an_option_or_with_a_tab_in_its_hash_bang_runs(tmp_path):
     # "python -v.py" would be python's -v option: the file is named by a path.
     (tmp_path / "-v.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")

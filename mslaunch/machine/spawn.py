@@ -69,21 +69,32 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
         if path is None:
             raise SpawnError(f"program {program!r} of rank {r.rank} "
                              f"{_why_not_found(program, r.cwd)}")
-        problem = _interpreter_problem(path)
+        problem = _interpreter_problem(path, program)
         if problem:
             raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} {problem}")
 
 
-def _interpreter_problem(path: str) -> Optional[str]:
+def _interpreter_problem(path: str, program: str) -> Optional[str]:
     """Why a script's ``#!`` line cannot start it, or None (not a script, or fine)."""
     try:
         with open(path, "rb") as f:
             head = f.read(256)
     except OSError:
         return None
+    import shlex
+    word = shlex.quote(program)
     if not head.startswith(b"#!"):
+        if program.endswith(".py") and not head.startswith(b"\x7fELF"):
+            # The kernel refuses it (ENOEXEC); only a shell would try it, as sh.
+            return (f"has no '#!' line to run it with: add '#!/usr/bin/env python3' as its "
+                    f"first line, or name python (mslaunch [options] python {word})")
         return None
-    line = head[2:].split(b"\n", 1)[0].strip()
+    line = head[2:].split(b"\n", 1)[0]
+    if line.endswith(b"\r"):
+        # The kernel looks for an interpreter whose name ends in CR: "No such file".
+        return (f"has a '#!' line ending in a carriage return (Windows line ends): "
+                f"convert it (dos2unix {word}) or name its interpreter")
+    line = line.strip()
     if not line:
         return "has an empty '#!' line"
     interpreter = os.fsdecode(line.split()[0])
