@@ -424,7 +424,8 @@ def fds():
 mslaunch.run(["-n", "2", "true"])       # the first job may keep what every job shares
 before = fds()
 for argv in (["-n", "2", "true"], ["-n", "1", "false"], ["--xml-file", "out.xml", "-n", "1", "true"],
-             ["--worker_num=1", "--local_worker_num=1", "--join=True", "--log_dir=logs", "true"]):
+             ["--worker_num=1", "--local_worker_num=1", "--join=True", "--log_dir=logs", "true"],
+             ["--mpi", "openmpi", "-n", "1", "true"]):
     mslaunch.run(argv)
 print(" ".join(before), "|", " ".join(fds()), flush=True)
 """
