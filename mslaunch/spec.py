@@ -201,6 +201,7 @@ class JobSpec:
     report_state: bool = False            # --report-state-on-timeout
     stack_traces: bool = False            # --get-stack-traces
     report_pid: Optional[str] = None      # --report-pid -|+|FILE
+    report_json: Optional[str] = None     # --report-json FILE (see job.jobreport)
     exec_path: Tuple[str, ...] = ()       # -path DIR[:DIR]
     preload_binary: bool = False          # -s, --preload-binary
     preload_files: Tuple[str, ...] = ()   # --preload-files A,B (absolute)
@@ -244,6 +245,7 @@ class MsrunSpec:
     quiet: bool = False
     log_dir_given: str = ""               # --log_dir as typed, for msrun's console lines
     pty: bool = False                     # processes' stdout a pty (msrun: its log files)
+    report_json: Optional[str] = None     # --report_json FILE (see job.jobreport)
 
 
 @dataclass(frozen=True)
@@ -350,6 +352,11 @@ class RankResult:
     signal: Optional[int] = None
     reason: str = ""                      # e.g. "called MPI_Abort", "timed out"
     stderr_tail: bytes = b""
+    name: str = ""                        # "rank N", or the process's label (msrun mode)
+    job: int = 1                          # the spawned job it belongs to (1: the first)
+    start: Optional[float] = None         # wall-clock seconds: when it started (None: never)
+    end: Optional[float] = None           # and when its end was seen
+    restarts: int = 0                     # times started again (msrun's recovery)
 
     @property
     def exit_code(self) -> int:
@@ -371,6 +378,8 @@ class JobResult:
     ranks: Tuple[RankResult, ...] = ()
     root_cause: Optional[RankResult] = None
     message: str = ""
+    # how the job ended: None (it ran to its end), failure, timeout, signal, output, remote
+    ending: Optional[str] = None
 
 
 #: Variables that carry the identity of an outer launch (a rank of another

@@ -111,7 +111,9 @@ def test_an_unknown_flag_is_one_line_naming_it(body, dashes, tail):
         return
     with pytest.raises(UsageError) as err:
         parse([token, "prog"])
-    assert str(err.value) == f"unknown option {token!r} (see mslaunch --help)"
+    # (torchrun's options get their mslaunch spelling, a near miss a "did you mean")
+    assert str(err.value).startswith(f"unknown option {token!r}")
+    assert "\n" not in str(err.value) and "mslaunch" in str(err.value)
     out, errs = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errs):
         # (-n first: a word of msrun's dialect first would switch to that dialect)

@@ -79,6 +79,9 @@ def main(argv: Optional[Sequence[str]] = None,
         except Exit as done:
             sys.stdout.write(done.text)
             return done.status
+        if job.verbose >= 2 or "mslaunch.liblogs" in sys.modules:   # (a job run before)
+            from ..liblogs import set_verbosity
+            set_verbosity(job.verbose)
         if run is None:
             from ..job.launch import run_job
             return run_job(job)
@@ -93,4 +96,11 @@ def main(argv: Optional[Sequence[str]] = None,
         # one line, not a traceback.
         where = f" ({err.filename})" if err.filename else ""
         _print_error(f"{os_error_reason(err)}{where}")
+        return 1
+    except Exception as err:
+        # A bug of mslaunch's: still one line (MSLAUNCH_TRACEBACK=1 shows where).
+        if os.environ.get("MSLAUNCH_TRACEBACK") == "1":
+            raise
+        _print_error(f"internal error: {type(err).__name__}: {err} (a bug in mslaunch; "
+                     f"MSLAUNCH_TRACEBACK=1 shows where)")
         return 1

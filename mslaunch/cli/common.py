@@ -30,7 +30,7 @@ MSRUN_OPTIONS = (
     "rank_table_file", "worker_log_name", "tail_worker_log",
 )
 MSRUN_EXTRAS = ("node_service_port", "secret_file", "tls_config", "max_restarts", "grace",
-                "wait_job", "stop_job", "verbose", "quiet")
+                "wait_job", "stop_job", "verbose", "quiet", "report_json")
 
 
 def is_msrun(argv) -> bool:

@@ -119,6 +119,7 @@ class Draft:
         self.path: Tuple[str, ...] = ()
         self.preload_files: Tuple[str, ...] = ()
         self.report_pid: Optional[str] = None
+        self.report_json: Optional[str] = None
         self.usize: Optional[int] = None
         self.port_range: Optional[Tuple[int, int]] = None   # see hydraenv
         # on/off options (see turn_on)

@@ -1,15 +1,17 @@
-"""``mslaunch --help``: both dialects, grouped by topic.
+"""``mslaunch --help``: both dialects, grouped by topic; ``--help TOPIC``: one of them.
 
 The mpirun dialect's part is made from the option records of :mod:`.options`:
 each record's ``help`` is ``"LEFT\\tRIGHT"`` (the spellings, then what they do,
 from column 28) or a whole line; a newline in it continues at column 28.
+A topic is a section's name, or the name Open MPI 4's ``mpirun --help TOPIC``
+gives it (``mapping``, ``binding``, ``output``, ``launch``...).
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Tuple
+    from typing import Dict, Optional, Tuple
 
 _HEAD = """\
 usage: mslaunch [options] program [args...] [: [options] program2 [args...]]
@@ -19,6 +21,9 @@ A drop-in for mpirun (Open MPI 4/5 and MPICH Hydra spellings; one or two dashes)
 and for MindSpore's msrun (its --flag=value options; see "msrun dialect" below).
 Every option of Open MPI 4.1.4's `mpirun --help all` is implemented, accepted
 with a note (-v shows it), or refused with a hint.
+A program that is a script without its execute bit runs with its interpreter:
+its '#!' line's, or the python of PATH for a .py file -- as msrun and torchrun
+run a script (mpirun would refuse it, and nothing else can be meant).
 
 """
 
@@ -56,9 +61,48 @@ msrun dialect (MindSpore's msrun command lines; --name=value or --name value):
   --grace SECONDS          SIGTERM-to-SIGKILL delay (default 5)
   --wait_job=DIR, --stop_job=DIR   wait for / stop the --join=False job of DIR
   --verbose, --quiet       more / fewer messages
+  --report_json FILE       the job's report (JSON) at its end, as --report-json
   --no-pty                 no pseudo-terminal for the processes (the default here,
                            as under msrun; MSLAUNCH_PTY=1 gives them one)
 """
+
+_EXAMPLES = """\
+examples:
+  mslaunch -n 4 python train.py             4 ranks on this machine
+  mslaunch -n 2 hello.py                    a .py file that is not executable runs
+                                            with python (as msrun and torchrun do)
+  mslaunch -H node1:4,node2:4 python x.py   8 ranks on two hosts over SSH
+  mslaunch --hostfile hosts -N 2 ./a.out    2 ranks per host of a hostfile
+  mslaunch --mca orte_abort_on_non_zero_status 0 --report-json job.json -n 4 ./a.out
+                                            keep going when a rank fails; a JSON report
+  mslaunch --worker_num=8 --local_worker_num=8 --join=True net.py   msrun's dialect
+"""
+
+_DOCS = """\
+More: mslaunch --help TOPIC, one of:
+  {topics}.
+Documentation: README.md and docs/ in mslaunch's source: every option and MCA
+parameter (docs/reference/), torchrun users (docs/guides/torchrun.md), the job
+report (docs/reference/job-report.md), Python use (docs/reference/python-api.md).
+"""
+
+#: topic -> the title of its section in :data:`.options.SECTIONS`, or a text of its own
+#: (Open MPI 4's names for its own help topics too)
+TOPICS: Dict[str, str] = {
+    "hosts": "Size and hosts", "size": "Size and hosts", "launch": "Size and hosts",
+    "mapping": "Placement and binding", "placement": "Placement and binding",
+    "binding": "Placement and binding", "ranking": "Placement and binding",
+    "environment": "Environment and working directory", "env": "Environment and "
+    "working directory", "tuning": "Environment and working directory",
+    "mca": "Environment and working directory",
+    "output": "Output", "input": "Output",
+    "lifecycle": "Lifecycle", "failures": "Lifecycle", "debug": "Lifecycle",
+    "fault-tolerance": "Lifecycle",
+    "remote": "Remote hosts", "ssh": "Remote hosts",
+    "other": "Other",
+    "msrun": "msrun", "torchrun": "torchrun", "examples": "examples",
+    "all": "all", "general": "all",
+}
 
 _INDENT = " " * 27
 
@@ -86,6 +130,53 @@ def mpirun_sections() -> str:
             entries = [before, *(option.help for option in options), after]
             sections.append(f"{title}:\n" + "".join(_entry(e) for e in entries if e))
     return "\n".join(sections)
+
+
+def _torchrun() -> str:
+    """torchrun's options and their mslaunch spellings (the hints' table)."""
+    from .hints import TORCHRUN, TORCHRUN_MSRUN
+    lines = ["torchrun's options in mslaunch (in the mpirun dialect, then in msrun's, which\n"
+             "has torchrun's nodes):"]
+    import textwrap
+    for table in (TORCHRUN, TORCHRUN_MSRUN):
+        if table is TORCHRUN_MSRUN:
+            lines.append("in msrun's dialect:\n")
+        for name, what in table.items():
+            what = what.replace("{n}", "N").replace("{dir}", "DIR")
+            dashes = "-" if len(name) == 1 else "--"
+            lines.append(_entry(f"{dashes}{name}\t" + "\n".join(textwrap.wrap(what, 52))))
+    return lines[0] + "\n" + "".join(lines[1:])
+
+
+def _topic_list() -> str:
+    return ", ".join(dict.fromkeys(("hosts", "mapping", "environment", "output", "lifecycle",
+                                    "remote", "other", "msrun", "torchrun", "examples",
+                                    "all")))
+
+
+def help_text(topic: Optional[str] = None) -> str:
+    """``--help`` (all of it, with examples), or ``--help TOPIC``; UsageError for an
+    unknown topic."""
+    docs = _DOCS.format(topics=_topic_list())
+    if topic is None or TOPICS.get(topic.lower()) == "all":
+        return TEXT + "\n" + _EXAMPLES + "\n" + docs
+    what = TOPICS.get(topic.lower())
+    if what is None:
+        from ..errors import UsageError
+        from ..errors import one_line
+        raise UsageError(f"--help {one_line(topic, 40)!r}: no such topic (topics: "
+                         f"{_topic_list()})")
+    if what == "msrun":
+        body = _MSRUN
+    elif what == "torchrun":
+        body = _torchrun()
+    elif what == "examples":
+        body = _EXAMPLES
+    else:
+        body = next(section for section in mpirun_sections().split("\n\n")
+                    if section.startswith(what))
+        body = body.rstrip("\n") + "\n"
+    return body + "\n" + docs
 
 
 TEXT = _HEAD + mpirun_sections() + "\n" + _MSRUN

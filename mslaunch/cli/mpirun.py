@@ -51,14 +51,19 @@ def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
             continue
         option = SPELLINGS.get(body)
         if option is None:
-            raise UsageError(f"unknown option {token!r} (see mslaunch --help)")
+            from .hints import unknown_option
+            after = inline if inline is not None else (args[i + 1] if i + 1 < len(args)
+                                                       else None)
+            raise UsageError(unknown_option(token, body, after, SPELLINGS))
         values, i = _values(option, token, inline, args, i)
         more = _apply(d, option, token.split("=", 1)[0], values)
         if more:
             args[i:i] = more           # read as if written here
     if d.help:
-        from .help import TEXT
-        raise Exit(TEXT, 0)
+        # --help TOPIC: the word after it (which the loop took for the program)
+        from .help import help_text
+        words = d.contexts[0].argv
+        raise Exit(help_text(words[0] if words else None), 0)
     if d.version:
         raise Exit(f"mslaunch {__version__}\n", 0)
     if d.app:
@@ -245,6 +250,11 @@ def _build(d: Draft) -> JobSpec:
     timeout = d.timeout
     if timeout is None and d.environ.get("MPIEXEC_TIMEOUT"):
         timeout = check_seconds("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
+    for flag, given in (("--get-stack-traces", d.stack_traces),
+                        ("--report-state-on-timeout", d.report_state)):
+        if given and timeout is None:       # Open MPI 4 ignores them without a word
+            d.warnings.append(f"{flag} acts on a timeout only, and none is set: add "
+                              f"--timeout SECONDS (or set MPIEXEC_TIMEOUT)")
     keep_going = d.keep_going
     mpi = _mpi(d)
     launcher, rsh_agent, rsh_args = rsh_settings(d)
@@ -255,6 +265,7 @@ def _build(d: Draft) -> JobSpec:
         display_allocation=display_allocation, display_diffable=d.display_diffable_map,
         display_topo=d.display_topo, index_argv=d.index_argv, report_state=d.report_state,
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,
+        report_json=d.report_json,
         preload_binary=d.preload_binary, preload_files=d.preload_files,
         session_cwd=d.session_cwd, usize=d.usize, novm=d.novm, port_range=d.port_range,
         **placement,  # type: ignore[arg-type]
@@ -280,9 +291,22 @@ def _apps(d: Draft) -> Tuple[AppContext, ...]:
                          + (" of the last ':' context" if len(contexts) > 1 else ""))
     if len(contexts) > 1 and any(c.np is None for c in contexts):
         raise UsageError("every MPMD context needs -n when ':' separates programs")
-    return tuple(AppContext(argv=tuple(c.argv), np=c.np, env=tuple(c.env),
-                            wdir=os.path.join(d.cwd, c.wdir) if c.wdir else None)
-                 for c in contexts)
+    from ..machine.spawn import find_program
+    apps = []
+    for c in contexts:
+        wdir = os.path.join(d.cwd, c.wdir) if c.wdir else None
+        argv = c.argv
+        if find_program(argv[0], d.environ, wdir or d.cwd, d.path) is None:
+            # a script without its execute bit runs with its interpreter
+            from .scripts import interpreted
+            typed = list(d.argv)
+            before = typed[:len(typed) - len(argv)] if len(contexts) == 1 and \
+                typed[len(typed) - len(argv):] == list(argv) else None
+            argv, note = interpreted(argv, wdir or d.cwd, d.environ, d.path, before)
+            if note:
+                d.notes.append(note)
+        apps.append(AppContext(argv=tuple(argv), np=c.np, env=tuple(c.env), wdir=wdir))
+    return tuple(apps)
 
 
 def _hosts(d: Draft) -> Tuple[List[HostEntry], Tuple[HostEntry, ...]]:

@@ -94,8 +94,8 @@ def _read_options(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
     while i < len(argv):
         word = argv[i]
         if word in ("-h", "--help"):
-            from .help import TEXT
-            raise Exit(TEXT, 0)
+            from .help import help_text
+            raise Exit(help_text(), 0)
         if word in ("--verbose", "--quiet", "--no-pty"):   # mslaunch's own, without a value
             values[word[2:]] = "1"
             i += 1
@@ -107,7 +107,10 @@ def _read_options(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
             break
         name, sep, value = word[2:].partition("=")
         if name not in OPTIONS and name not in EXTRAS:
-            raise UsageError(f"unknown msrun option '--{one_line(name, 40)}' (see mslaunch --help)")
+            from .hints import unknown_option
+            after = value if sep else (argv[i + 1] if i + 1 < len(argv) else None)
+            raise UsageError("msrun dialect: " + unknown_option(
+                word, name, after, OPTIONS + EXTRAS, msrun=True))
         if not sep:
             if i + 1 >= len(argv):
                 raise UsageError(f"--{name}: missing value")
@@ -132,14 +135,22 @@ def _layout(values: Dict[str, str]) -> Tuple[int, int, int, int]:
     """worker_num, local_worker_num, master_port and node_rank, checked together."""
     worker_num = _int("worker_num", values.get("worker_num", "8"), 1)
     local = _int("local_worker_num", values.get("local_worker_num", "8"), 1)
+    # A value the user never typed is named as msrun's default.
+    said_local = f"--local_worker_num={local}" if "local_worker_num" in values else \
+        f"--local_worker_num={local} (msrun's default, not given)"
+    said_workers = f"--worker_num={worker_num}" if "worker_num" in values else \
+        f"--worker_num={worker_num} (msrun's default, not given)"
     if local > worker_num:
-        raise UsageError(f"--local_worker_num={local} is more than --worker_num={worker_num}")
+        fix = (f"; give --local_worker_num={worker_num} for one node" if "local_worker_num"
+               not in values else f"; give --worker_num={local} or more"
+               if "worker_num" not in values else "")
+        raise UsageError(f"{said_local} is more than {said_workers}{fix}")
     port = _int("master_port", values.get("master_port", "8118"), 1, 65535)
     node_rank = _int("node_rank", values.get("node_rank", "-1"), -1)
     if node_rank >= 0 and (node_rank + 1) * local > worker_num:
-        raise UsageError(f"--node_rank={node_rank}: with --local_worker_num={local} its "
+        raise UsageError(f"--node_rank={node_rank}: with {said_local} its "
                          f"workers would be ranks {node_rank * local}-"
-                         f"{(node_rank + 1) * local - 1}, beyond --worker_num={worker_num}")
+                         f"{(node_rank + 1) * local - 1}, beyond {said_workers}")
     return worker_num, local, port, node_rank
 
 
@@ -185,6 +196,8 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         quiet=_bool("quiet", values.get("quiet", "0")),
         log_dir_given=values.get("log_dir", ""),
         pty=pty_wanted(os.environ, no_pty="no-pty" in values, default=False),
+        report_json=os.path.join(cwd, values["report_json"]) if values.get("report_json")
+        else None,
     )
     if spec.service_port is None and port == 65535:
         raise UsageError("--master_port=65535 leaves no port for the node service "

@@ -207,6 +207,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "warning: nothing is restarted, as in Open MPI 4.1.4"),
         Option(("report-pid",), 1, D.keep("report_pid"),
                "--report-pid -|+|FILE\tprint mslaunch's pid to stdout, stderr or FILE"),
+        Option(("report-json",), 1, D.file_name("report_json"), "--report-json FILE\twrite the "
+               "job's report to FILE at its end: every\nrank's host, pid, start, end, exit "
+               "code or signal\n(JSON; docs/reference/job-report.md)"),
         Option(("mpi",), 1, D.keep("mpi"), "--mpi pmi|openmpi|none\tMPI support: serve PMI to "
                "MPICH-ABI ranks (default),\ndelegate to Open MPI's mpirun, or no MPI support"),
         Option(("pmi-port",), 0, D.turn_on("pmi_port"),

@@ -14,6 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Tuple
 
+from ..errors import LaunchError
 from ..pmi.files import GUARD_TASKS, after_launcher_death, new_kvsname
 from ..plan import agent_hosts
 from ..spec import JobSpec, Plan
@@ -125,7 +126,29 @@ def describe_plan(plan: Plan, job: JobSpec) -> str:
 
 
 def run_job(job: JobSpec) -> int:
-    """Run ``job`` and return mslaunch's exit status."""
+    """Run ``job`` and return mslaunch's exit status (and write its report, if asked)."""
+    if job.report_json is None or job.dry_run:
+        return _run_job(job)
+    import time
+    from . import jobreport
+    jobreport.check_writable(job.report_json)
+    started = time.time()
+    try:
+        code = _run_job(job, started)
+    except LaunchError as err:
+        try:
+            jobreport.write(job.report_json, jobreport.build(None, started, error=str(err),
+                                                             exit_code=err.exit_code))
+        except LaunchError as failed:      # the job's own error stays the news
+            sys.stderr.write(f"mslaunch: error: {failed}\n")
+        raise
+    if job.mpi == "openmpi":       # its ranks are mpirun's: the job's outcome only
+        from ..spec import JobResult
+        jobreport.write(job.report_json, jobreport.build(JobResult(exit_code=code), started))
+    return code
+
+
+def _run_job(job: JobSpec, started: float = 0.0) -> int:
     environ = os.environ
     if job.mpi == "openmpi":
         from .openmpi import run_openmpi
@@ -140,12 +163,12 @@ def run_job(job: JobSpec) -> int:
     watchdog = Watchdog(new_kvsname(), job.grace, background=True, tasks=GUARD_TASKS,
                         on_death=after_launcher_death)
     try:
-        return _run(job, environ, watchdog)
+        return _run(job, environ, watchdog, started)
     finally:
         watchdog.close()      # after an error before the supervisor took it over
 
 
-def _run(job: JobSpec, environ, watchdog) -> int:
+def _run(job: JobSpec, environ, watchdog, started: float) -> int:
     from ..hosts import host_entries
     entries = host_entries(job, environ)
     plan = build_plan(job, environ, entries=entries, kvsname=watchdog.marker)
@@ -169,14 +192,14 @@ def _run(job: JobSpec, environ, watchdog) -> int:
         if starter is not None:
             # In the background, while the supervisor is built (srun's step starts here).
             starter.prepare(remote, plan.kvsname)
-        return _supervise(job, plan, remote, starter, replan, watchdog)
+        return _supervise(job, plan, remote, starter, replan, watchdog, started)
     finally:
         if starter is not None:
             starter.close()      # what prepare began, if the job failed before using it
 
 
 def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
-               watchdog) -> int:
+               watchdog, started: float) -> int:
     from .supervise import Supervisor
     console = None
     if job.output.xml_file:
@@ -185,14 +208,23 @@ def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
             fd = os.open(job.output.xml_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                          0o644)
         except OSError as err:
-            from ..errors import LaunchError
             raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
         from ..machine.terminal import Console
-        console = Console(fd, fd)
+        console = Console(fd, fd, owned=True)
     supervisor = Supervisor(job, plan, console, connect=remote, starter=starter, replan=replan,
                             watchdog=watchdog)
-    result = supervisor.run()
-    if result.message:
-        supervisor.console.message(result.message)
-    return result.exit_code
+    try:
+        result = supervisor.run()
+        if result.message:
+            supervisor.console.message(result.message)
+        if job.report_json is not None:
+            from . import jobreport
+            try:
+                jobreport.write(job.report_json, jobreport.build(result, started))
+            except LaunchError as err:      # the job's own status stays the news
+                supervisor.console.message(f"mslaunch: error: {err}")
+                return result.exit_code or err.exit_code
+        return result.exit_code
+    finally:
+        supervisor.console.close()
 

@@ -408,7 +408,10 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
             sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
             return 0
         sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death))
-        return exit_status(sup.run(), sup.ending)
+        try:
+            return exit_status(sup.run(), sup.ending)
+        finally:
+            sup.console.close()
     finally:
         if base:
             remove_directory(base)

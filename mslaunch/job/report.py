@@ -1,7 +1,8 @@
 """What the supervisor tells the user about a job that did not simply succeed.
 
-The failure summary (the root cause, how many others were stopped, the last
-lines of its stderr), the state report of ``--report-state-on-timeout``, the
+The failure summary (the root cause, how many others were stopped or, when
+the job keeps going, every failed rank; the end of the root cause's stderr,
+a long Python traceback shortened by :mod:`.tails`), the state report of ``--report-state-on-timeout``, the
 ranks a hung MPI job waited for, the stack traces of ``--get-stack-traces``,
 ``--report-pid``, ``--report-bindings`` and ``-v``'s lines of started ranks,
 and msrun's recovery of a failed process.  Imported only when one of them is
@@ -14,7 +15,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Sequence
+    from typing import Dict, List, Sequence, Tuple
 
     from ..machine.local import LocalRanks
     from .seams import JobView, RankState
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 from ..errors import TIMEOUT_EXIT, LaunchError
 from ..machine.spawn import signal_name
 
-#: Lines of the root cause's stderr shown under the summary.
-TAIL_LINES = 10
+#: Lines listing the failed ranks of a keep-going job (grouped by host and end).
+FAILED_LINES = 20
 
 
 def how_ended(r: RankState) -> str:
@@ -44,6 +45,8 @@ def summary(sup: JobView, rank: RankState) -> str:
         failed = [r for r in sup.ranks if r.failed]
         head = (f"mslaunch: {len(failed)} of {len(sup.ranks)} rank(s) failed; "
                 f"first: {who} {what}")
+        if len(failed) > 1:
+            head += "\n" + failed_ranks(failed, bool(sup.job.report_json))
     else:
         others = sum(1 for r in sup.ranks if r is not rank and r.pid)
         kind = "process(es)" if spec.label else "rank(s)"
@@ -51,7 +54,8 @@ def summary(sup: JobView, rank: RankState) -> str:
             (f" ({others} other {kind})" if others else "")
     tail = rank.tail
     if tail.strip():
-        lines = tail.decode("utf-8", "replace").rstrip("\n").split("\n")[-TAIL_LINES:]
+        from .tails import shown_tail
+        lines = shown_tail(tail.decode("utf-8", "replace"))
         stream = "stdout+stderr" if sup.job.output.merge_stderr else "stderr"
         whose = f"{spec.label}'s log" if spec.label else f"rank {spec.rank}'s {stream}"
         head += f"\nmslaunch: last lines of {whose}:\n" + \
@@ -59,6 +63,38 @@ def summary(sup: JobView, rank: RankState) -> str:
         if not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
             head += "\n" + msrun_hint([r.spec.host.name for r in sup.ranks], spec.argv)
     return head
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """``0-3, 5, 7-8`` for the numbers 0 1 2 3 5 7 8."""
+    parts: List[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = parts[-1].split("-")[0] + f"-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
+def failed_ranks(failed: Sequence[RankState], report: bool) -> str:
+    """Every failed rank of a keep-going job, a line per host and way of ending."""
+    groups: Dict[Tuple[str, str, str], List[int]] = {}
+    for r in failed:
+        spec = r.spec
+        job = f"job {spec.job} " if spec.job != 1 else ""
+        name = spec.label or f"{job}rank"
+        key = (name, spec.host.name, r.reason or how_ended(r))
+        groups.setdefault(key, []).append(spec.rank)
+    lines = []
+    for (name, host, what), ranks in groups.items():
+        who = name if name != "rank" and not name.endswith(" rank") else \
+            f"{name}{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}"
+        lines.append(f"    {who} on {host} {what}")
+    if len(lines) > FAILED_LINES:
+        more = len(lines) - FAILED_LINES + 1
+        lines[FAILED_LINES - 1:] = [f"    ... and {more} more line(s)"
+                                    + ("" if report else " (--report-json FILE has every rank)")]
+    return "mslaunch: the failed ranks:\n" + "\n".join(lines)
 
 
 #: In MindSpore's error when init() finds neither msrun's variables nor Open MPI's.

@@ -7,10 +7,10 @@ the :class:`~.fleet.Fleet`, or a mode's own (the Open MPI mode's mpirun, see
 :class:`~.seams.ModeHooks`) -- and runs one event loop over their output,
 their exits, the PMI sockets, mslaunch's terminal and a self-pipe for
 signals.  Every handle sits behind one seam (:class:`~.seams.RankHandle`),
-so the policy is written once.  The first rank that fails (non-zero exit, death by a signal,
-``MPI_Abort``, leaving MPI without finalizing, or exiting while its peers
-wait for it in MPI) is the root cause: the other ranks' process groups get
-SIGCONT and SIGTERM, and SIGKILL after the grace period.  The same happens
+so the policy is written once.  The first rank that fails (non-zero exit,
+death by a signal, ``MPI_Abort``, leaving MPI without finalizing, or exiting
+while its peers wait for it in MPI) is the root cause: the other ranks'
+process groups get SIGCONT and SIGTERM, and SIGKILL after the grace period.  The same happens
 on ``--timeout``, on a stop signal, and when output cannot be written (a
 full disk, a rank file over ``ulimit -f``).  The job is over when every
 rank has been reaped, every output stream has ended and mslaunch's
@@ -52,11 +52,12 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _pending_stop: List[int] = []          # see _note_stop
 
+
 class _Rank:
     """Mutable bookkeeping of one rank."""
 
     __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost",
-                 "discarded", "restarts", "last_end")
+                 "discarded", "restarts", "last_end", "start", "end")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -70,6 +71,8 @@ class _Rank:
         self.discarded = False    # of a spawn that failed: stopped, not a failure
         self.restarts = 0         # times started again (msrun's recovery)
         self.last_end = ""        # how the previous run ended, for the log's marker
+        self.start: Optional[float] = None   # wall clock, for the job report
+        self.end: Optional[float] = None     # (set where it is seen to end)
 
     @property
     def failed(self) -> bool:
@@ -80,9 +83,11 @@ class _Rank:
         return self.outputs[-1].tail if self.outputs else b""
 
     def result(self) -> RankResult:
-        return RankResult(rank=self.spec.rank, host=self.spec.host.name, pid=self.pid,
-                          returncode=self.code, signal=self.signal, reason=self.reason,
-                          stderr_tail=self.tail)
+        s = self.spec
+        return RankResult(rank=s.rank, host=s.host.name, pid=self.pid, returncode=self.code,
+                          signal=self.signal, reason=self.reason, stderr_tail=self.tail,
+                          name=s.label or f"rank {s.rank}", job=s.job, start=self.start,
+                          end=self.end, restarts=self.restarts)
 
 
 class Supervisor:
@@ -178,7 +183,9 @@ class Supervisor:
             self.fleet = Fleet(self, _stop_requested)
             self.fleet.connect(self.connect, self.starter, self.replan)
             plan = self.plan                  # planned again with the hosts' topologies
-        self._show_plan()
+        if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
+            from ..plan.display import display
+            self.console.write(1, self, display(plan, job).encode())
         local_specs = [r for r in plan.ranks if r.host.local]
         own = self.hooks.local_handle(self, local_specs) if self.hooks is not None else None
         if own is None:               # a mode's own handle says why it cannot start
@@ -258,12 +265,6 @@ class Supervisor:
         else:
             self.local.add(specs, pmi, pmi_env)
 
-    def _show_plan(self) -> None:
-        job, plan = self.job, self.plan
-        if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
-            from ..plan.display import display
-            self.console.write(1, self, display(plan, job).encode())
-
     def make_sinks(self, spec: RankSpec) -> Tuple[RankOutput, Optional[RankOutput]]:
         """The output sinks of one rank: stdout (merged or not) and stderr."""
         rank = self.ranks[spec.key]
@@ -282,7 +283,7 @@ class Supervisor:
             if not r.reason:
                 r.reason = (f"was lost with its host: {reason}" if not r.ended else
                             f"lost the end of its output with its host: {reason}")
-            r.ended = True
+            r.end, r.ended = (r.end if r.ended else time.time()), True
             for out in r.outputs:
                 out.finish()
         if lost:
@@ -291,6 +292,7 @@ class Supervisor:
     def rank_started(self, key: int, pid: int) -> None:
         r = self.ranks[key]
         r.pid = pid
+        r.start = time.time() if r.start is None else r.start   # (msrun's restarts)
         if self.job.verbose or self.job.report_bindings:
             from .report import rank_started
             rank_started(self, r)
@@ -299,7 +301,7 @@ class Supervisor:
         if self.mpi_jobs is not None:
             self.mpi_jobs.check_singletons()
         r = self.ranks[key]
-        r.code, r.signal, r.ended = code, sig, True
+        r.code, r.signal, r.ended, r.end = code, sig, True, time.time()
         if self.mpi_jobs is not None:
             self.mpi_jobs.process_ended(r.spec)
         if r.discarded:
@@ -325,7 +327,7 @@ class Supervisor:
             if not self.job.quiet:
                 self.console.message("mslaunch: second SIGINT: killing all ranks")
             self._signal_all(signal.SIGKILL)
-            self._give_up_output()
+            self.console.give_up()
             return
         if sig in _STOPPING:
             # As Open MPI does: the ranks are stopped with SIGTERM (SIGKILL after
@@ -343,7 +345,7 @@ class Supervisor:
                                                    f"{os.uname().nodename}")
                 self._terminate()
             if not live:
-                self._give_up_output()
+                self.console.give_up()
         else:
             self._signal_all(sig)
 
@@ -420,15 +422,11 @@ class Supervisor:
             self.killing = self.loop.call_later(self.job.grace, self._kill_all)
         if self._give_up is None:
             # A stopped job does not wait for a terminal nobody reads.
-            self._give_up = self.loop.call_later(self.job.grace + GIVE_UP_AFTER, self._give_up_output)
+            self._give_up = self.loop.call_later(self.job.grace + GIVE_UP_AFTER, self.console.give_up)
 
     def _kill_all(self) -> None:
         self.killing = None
         self._signal_all(signal.SIGKILL)
-
-    def _give_up_output(self) -> None:
-        if self.console.pending:
-            self.console.give_up()
 
     def _finished(self) -> bool:
         if any(handle.busy for handle in self._handles()):
@@ -476,17 +474,19 @@ class Supervisor:
             quiet = root.signal == signal.SIGPIPE and not self.console.is_open(1)
             from .report import summary
             return JobResult(exit_code=self.root_code, ranks=results, root_cause=root,
-                             message="" if quiet else summary(self, self.root))
-        if self.ending == "timeout":
-            return JobResult(exit_code=TIMEOUT_EXIT, ranks=results)
-        if self.ending == "signal" and self.stop_signal is not None:
-            return JobResult(exit_code=128 + self.stop_signal, ranks=results,
-                             message=f"mslaunch: stopped by {signal_name(self.stop_signal)}")
-        if self.ending == "output":
-            return JobResult(exit_code=1, ranks=results)
-        if self.ending == "remote" and self.remote is not None:
-            return JobResult(exit_code=self.remote[0], ranks=results)
-        return JobResult(exit_code=0, ranks=results)
+                             message="" if quiet else summary(self, self.root),
+                             ending=self.ending or "failure")
+        ending, message = self.ending, ""
+        if ending == "signal" and self.stop_signal is not None:
+            code, message = 128 + self.stop_signal, f"mslaunch: stopped by " \
+                f"{signal_name(self.stop_signal)}"
+        elif ending == "remote" and self.remote is not None:
+            code = self.remote[0]
+        elif ending in ("timeout", "output"):
+            code = TIMEOUT_EXIT if ending == "timeout" else 1
+        else:
+            code, ending = 0, None
+        return JobResult(exit_code=code, ranks=results, message=message, ending=ending)
 
 
 def _note_stop(signum: int) -> None:

@@ -34,8 +34,11 @@ if TYPE_CHECKING:
         """Where a :class:`RankPipe` puts a rank's stream: a :class:`RankOutput`
         in the launcher, the agent's link (``remote.agentio.LinkOutput``) on a host."""
 
-        tail: bytes                  # the end of the stream, for the failure summary
         pending: bytes               # an unfinished last line, held back
+
+        @property
+        def tail(self) -> bytes:
+            """The end of the stream, for the failure summary."""
 
         @property
         def wanted(self) -> bool: ...
@@ -52,7 +55,9 @@ if TYPE_CHECKING:
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20       # F_SETPIPE_SZ: fewer wake-ups when ranks write a lot
 LONG_LINE = 1 << 20       # a "line" longer than this is passed on in pieces
-TAIL = 4096               # bytes of stderr kept per rank for the failure summary
+# Bytes of stderr kept per rank for the failure summary: enough for a Python
+# traceback through a deep library to still hold the user's own frame.
+TAIL = 16384
 
 # One read buffer for all pipes: the loop is single-threaded and each chunk
 # is fully passed on (or copied) before the next read.  Made by the first
@@ -118,7 +123,7 @@ class RankOutput:
         self.prefix = prefix if formatter is None else (lambda: b"")
         self.keep_tail = keep_tail
         self.on_error = on_error
-        self.tail = b""
+        self._tail = bytearray()
         self.pending = b""
         self.finished = False
         self.written = 0
@@ -141,6 +146,11 @@ class RankOutput:
     def congested(self) -> bool:
         return self.terminal is not None and self.terminal.open and self.terminal.congested
 
+    @property
+    def tail(self) -> bytes:
+        """The last :data:`TAIL` bytes of the stream (kept with ``keep_tail``)."""
+        return bytes(self._tail[-TAIL:])
+
     def wait_for_room(self, source: object) -> None:
         """Call ``source.resume()`` once the terminal takes output again."""
         self.terminal.wait_for_room(source)  # type: ignore[union-attr]
@@ -152,7 +162,9 @@ class RankOutput:
         if self.file_fd is not None:
             self._to_file(data)
         if self.keep_tail:
-            self.tail = (self.tail + bytes(data[-TAIL:]))[-TAIL:]
+            self._tail += data[-TAIL:]
+            if len(self._tail) > 2 * TAIL:       # trimmed now and then, not every time
+                del self._tail[:-TAIL]
         term = self.terminal
         if term is None:
             return

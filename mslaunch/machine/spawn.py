@@ -67,30 +67,60 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
             raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} does not exist")
         path = find_program(program, r.env, r.cwd, r.search)
         if path is None:
-            where = "" if "/" in program else " in PATH or the working directory"
-            raise SpawnError(f"program {program!r} of rank {r.rank} not found{where} "
-                             f"(or not executable)")
-        problem = _interpreter_problem(path)
+            raise SpawnError(f"program {program!r} of rank {r.rank} "
+                             f"{_why_not_found(program, r.cwd)}")
+        problem = _interpreter_problem(path, program)
         if problem:
             raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} {problem}")
 
 
-def _interpreter_problem(path: str) -> Optional[str]:
+def _interpreter_problem(path: str, program: str) -> Optional[str]:
     """Why a script's ``#!`` line cannot start it, or None (not a script, or fine)."""
     try:
         with open(path, "rb") as f:
             head = f.read(256)
     except OSError:
         return None
+    import shlex
+    word = shlex.quote(program)
     if not head.startswith(b"#!"):
+        if program.endswith(".py") and not head.startswith(b"\x7fELF"):
+            # The kernel refuses it (ENOEXEC); only a shell would try it, as sh.
+            return (f"has no '#!' line to run it with: add '#!/usr/bin/env python3' as its "
+                    f"first line, or name python (mslaunch [options] python {word})")
         return None
-    line = head[2:].split(b"\n", 1)[0].strip()
+    line = head[2:].split(b"\n", 1)[0]
+    if line.endswith(b"\r"):
+        # The kernel looks for an interpreter whose name ends in CR: "No such file".
+        return (f"has a '#!' line ending in a carriage return (Windows line ends): "
+                f"convert it (dos2unix {word}) or name its interpreter")
+    line = line.strip()
     if not line:
         return "has an empty '#!' line"
     interpreter = os.fsdecode(line.split()[0])
     if not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
         return f"names the interpreter {interpreter!r} in its '#!' line, which does not exist"
     return None
+
+
+def _why_not_found(program: str, cwd: str) -> str:
+    """Why ``program`` cannot be run, and what to type, for the error line."""
+    there = os.path.join(cwd, program)
+    if os.path.isdir(there):
+        return "is a directory"
+    if not os.path.isfile(there):
+        where = "" if "/" in program else " in PATH or the working directory"
+        return f"not found{where} (or not executable)"
+    import shlex
+    try:
+        with open(there, "rb") as f:
+            binary = f.read(4) == b"\x7fELF"
+    except OSError:
+        binary = False
+    word = shlex.quote(program)
+    # A compiled program only needs its bit; a text file without '#!' is a shell script.
+    return f"is not executable: chmod +x {word}" + (
+        "" if binary else f", or name its interpreter (mslaunch [options] sh {word})")
 
 
 def seal_inherited_fds() -> None:

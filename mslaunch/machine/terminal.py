@@ -93,8 +93,10 @@ class Terminal(QueuedWriter):
     low_water = LOW_WATER
 
     def __init__(self, fd: int, name: str) -> None:
+        given = fd
         fd, sock, flags = _own_description(fd)
         super().__init__(None, fd)
+        self._own = fd not in (given, -1)     # a descriptor of its own, for close()
         if sock is not None:
             self.sock, self.send_flags = sock, flags
         self.name = name
@@ -309,6 +311,15 @@ class Terminal(QueuedWriter):
         self._closed_for_splices()
         self._wake()
 
+    def close(self) -> None:
+        """Close the descriptor this terminal opened itself (the given one stays)."""
+        if self._own:
+            self._own = self.open = False
+            if self.sock is not None:
+                self.sock.close()
+            else:
+                os.close(self.fd)
+
     def wait_until_drained(self, deadline: Optional[float]) -> bool:
         """Block until the queue is written (or ``deadline``); outside the loop only."""
         if self.splicing is not None:
@@ -319,7 +330,9 @@ class Terminal(QueuedWriter):
 class Console:
     """mslaunch's stdout and stderr; one shared :class:`Terminal` when they are one file."""
 
-    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
+    def __init__(self, out_fd: int = 1, err_fd: int = 2, owned: bool = False) -> None:
+        # owned: the descriptors given are the console's to close (--xml-file's)
+        self._given = sorted({out_fd, err_fd}) if owned else []
         self.out = Terminal(out_fd, "stdout")
         self.err = self.out if _same_file(out_fd, err_fd) else Terminal(err_fd, "stderr")
         self.loop: Optional[Loop] = None
@@ -381,6 +394,15 @@ class Console:
         for t in self.terminals():
             ok = t.wait_until_drained(deadline) and ok
         return ok
+
+    def close(self) -> None:
+        """Once the job's last line is written: close the descriptors the console
+        opened (a process that runs jobs one after another keeps none of them)."""
+        for t in self.terminals():
+            t.close()
+        for fd in self._given:
+            os.close(fd)
+        self._given = []
 
 
 def xml_escape(data: bytes) -> bytes:

@@ -26,7 +26,12 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+    from ..spec import JobResult
+
+    Announce = Callable[[List[str], Dict[str, int]], None]
+    OnResult = Callable[[Dict[str, Any]], None]
 
 from ..errors import LaunchError
 from ..spec import JobSpec, MsrunSpec, OutputSpec, Plan, RankSpec
@@ -145,12 +150,51 @@ class Cluster:
             self.service.close()
 
 
-def run_node(spec: MsrunSpec, announce=None) -> int:
+def run_node(spec: MsrunSpec, announce: Optional[Announce] = None,
+             on_result: Optional[OnResult] = None) -> int:
     """Run this node's part of the job to its end; the exit status.
 
     ``announce(lines)`` (the detached case) receives msrun's console lines and
-    the pids once every process runs, instead of the terminal.
+    the pids once every process runs, instead of the terminal; ``on_result``
+    the job's report (:mod:`mslaunch.job.jobreport`) at its end.  With
+    ``--report_json`` the report is written to that file too.
     """
+    import time
+    if spec.report_json:
+        from ..job.jobreport import check_writable
+        check_writable(spec.report_json, "--report_json")
+    started = time.time()
+    try:
+        result = _run_node(spec, announce)
+    except LaunchError as err:
+        if spec.report_json or on_result is not None:
+            try:
+                _report(spec, on_result, None, started, str(err), err.exit_code)
+            except LaunchError as failed:   # the job's own error stays the news
+                _say(f"mslaunch: error: {failed}", sys.stderr)
+        raise
+    code, job_result = result
+    if spec.report_json or on_result is not None:
+        try:
+            _report(spec, on_result, job_result, started, "", code)
+        except LaunchError as err:      # the job's own status stays the news
+            _say(f"mslaunch: error: {err}", sys.stderr)
+            return code or err.exit_code
+    return code
+
+
+def _report(spec: MsrunSpec, on_result: Optional[OnResult], result: Optional[JobResult],
+            started: float, error: str, code: int) -> None:
+    from ..job import jobreport
+    report = jobreport.build(result, started, error=error, exit_code=code)
+    report["exit_code"] = code           # this node's, after waiting for the others
+    if spec.report_json:
+        jobreport.write(spec.report_json, report, "--report_json")
+    if on_result is not None:
+        on_result(report)
+
+
+def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobResult]:
     from ..pmi.files import new_kvsname
     from ..machine.loop import Loop
     from .plan import node_processes
@@ -176,7 +220,8 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
             if service is not None:
                 service.close()
             loop.close()
-            return code
+            from ..spec import JobResult
+            return code, JobResult(exit_code=code, message=text, ending="remote")
     from ..machine.topology import cached_topology, objects
     topo = cached_topology()
     procs = node_processes(spec, scheduler=master, ranks=ranks, environ=os.environ,
@@ -210,7 +255,8 @@ def run_node(spec: MsrunSpec, announce=None) -> int:
     finally:
         cluster.close()
         loop.close()
-    return code
+        sup.console.close()
+    return code, result
 
 
 def _wait_for_the_others(service, loop, spec: MsrunSpec, say) -> int:

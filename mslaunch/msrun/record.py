@@ -10,7 +10,12 @@ nothing is orphaned.  Its messages go to ``mslaunch.log`` in the log
 directory, and it keeps ``mslaunch_job.json`` there up to date::
 
     {"supervisor": PID, "state": "running" | "ended", "exit_code": null | N,
-     "log_dir": ..., "processes": [{"name": "worker 0", "pid": ..., "log": ...}]}
+     "log_dir": ..., "processes": [{"name": "worker 0", "pid": ...}]}
+
+Once the job has ended, the record also holds the fields of the job report
+(:mod:`mslaunch.job.jobreport`: ``format``, ``version``, ``status``,
+``first_failure``, ``ranks`` ...), and each process the report's fields of
+its rank (``host``, ``start``, ``end``, ``exit_code``, ``signal`` ...).
 
 ``mslaunch --wait_job=LOG_DIR`` waits for the job and exits with its
 status; ``mslaunch --stop_job=LOG_DIR`` stops it (SIGTERM to the
@@ -131,9 +136,17 @@ def _supervise(spec: MsrunSpec, news_fd: int, run_node) -> int:
         os.close(news_fd)
         told.append(True)
 
+    def finished(report: Dict[str, Any]) -> None:
+        # The job report's fields join the record's (whose keys stay as they were);
+        # each process gains its host, times and exit code or signal.
+        keep = {k: record[k] for k in ("supervisor", "state", "log_dir", "started")}
+        record.update(report)
+        record.update(keep)
+        record["processes"] = report["ranks"]
+
     code = 1
     try:
-        code = run_node(spec, announce=announce)
+        code = run_node(spec, announce=announce, on_result=finished)
     except LaunchError as err:
         code = err.exit_code
         if not told:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Optional
 
 from ..errors import LaunchError
+from ..liblogs import route
 from . import bootstrap
 
 _paramiko: Dict[str, Any] = {}
@@ -83,6 +84,9 @@ def _few_arenas() -> None:
 
 def _import_paramiko() -> None:
     try:
+        # Its transport thread logs failures with their tracebacks, and
+        # cryptography warns about algorithms: mslaunch's to route (one line).
+        route(("paramiko", "cryptography", "nacl", "bcrypt"))
         # paramiko.config imports invoke when it is installed (for Match
         # exec); that costs a tenth of a second and is not needed here.
         blocked = "invoke" not in sys.modules

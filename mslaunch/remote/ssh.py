@@ -163,7 +163,14 @@ class _Connector:
             except Exception as err:
                 transport.close()
                 raise HostFailure("connect", f"SSH handshake with {s['hostname']} failed: "
-                                             f"{short_reason(err)}") from None
+                                             f"{handshake_reason(err)}") from None
+            if not getattr(transport, "initial_kex_done", True):
+                # start_client returns at its timeout without a word; paramiko's
+                # thread would go on waiting for the banner (15 s more).
+                transport.close()
+                raise HostFailure("connect", f"SSH handshake with {s['hostname']} timed out "
+                                             f"after {s['timeout']:g} s (no SSH answer: a slow "
+                                             f"or overloaded sshd, or not an SSH server)")
             try:
                 self.check_host_key(transport, s)
                 authenticate(self.paramiko, transport, s)
@@ -321,6 +328,21 @@ def connect_all(names: Sequence[str], options: Options,
             conn.close()
         raise LaunchError(describe_failures(failures, len(names)))
     return done
+
+
+def handshake_reason(err: BaseException) -> str:
+    """Why paramiko's handshake failed, in a user's words (its own are terse)."""
+    text = short_reason(err)
+    if text.startswith("Indecipherable protocol version"):
+        said = text.split('"', 1)[1].rstrip('"') if '"' in text else ""
+        return (f"not an SSH server: it answered {said[:60]!r}" if said.strip() else
+                "not an SSH server: no SSH banner")
+    if text.startswith("Error reading SSH protocol banner"):
+        return ("no SSH banner: the other end closed or reset the connection without "
+                "speaking SSH (not an SSH server, or sshd's MaxStartups dropping connections)")
+    if isinstance(err, (EOFError, ConnectionError)) or text == "Negotiation failed.":
+        return "the connection was closed during the key exchange"
+    return text
 
 
 def _unless_none(value: Any) -> Any:
