@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 from .. import __version__
 from ..errors import UsageError
-from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
+from ..spec import STALL_SECONDS, AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
 from ..switches import pty_wanted
 from .common import Exit, launch_dir
 from .draft import RUNTIME_FRAMEWORKS, Context, Draft, check_int, check_seconds
@@ -246,6 +246,10 @@ def _build(d: Draft) -> JobSpec:
     if timeout is None and d.environ.get("MPIEXEC_TIMEOUT"):
         timeout = check_seconds("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
     keep_going = d.keep_going
+    stall = d.stall_report
+    if stall is None:
+        # --get-stack-traces without --timeout: the stacks when the job stalls, sooner
+        stall = 60.0 if d.stack_traces and timeout is None else STALL_SECONDS
     mpi = _mpi(d)
     launcher, rsh_agent, rsh_args = rsh_settings(d)
     return JobSpec(
@@ -255,6 +259,7 @@ def _build(d: Draft) -> JobSpec:
         display_allocation=display_allocation, display_diffable=d.display_diffable_map,
         display_topo=d.display_topo, index_argv=d.index_argv, report_state=d.report_state,
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,
+        stall_report=stall or None, stall_exit=d.stall_exit,
         preload_binary=d.preload_binary, preload_files=d.preload_files,
         session_cwd=d.session_cwd, usize=d.usize, novm=d.novm, port_range=d.port_range,
         **placement,  # type: ignore[arg-type]

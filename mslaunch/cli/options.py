@@ -193,8 +193,16 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("report-state-on-timeout",), 0, D.turn_on("report_state"),
                "--report-state-on-timeout   on timeout, print the state of every rank"),
         Option(("get-stack-traces",), 0, D.turn_on("stack_traces"),
-               "--get-stack-traces\ton timeout, print every rank's stacks first",
-               note="Python ranks: the Python stacks of all threads; others: gdb or eu-stack"),
+               "--get-stack-traces\ton timeout, print every rank's stacks first, merged\n"
+               "(without --timeout: --stall-report 60)",
+               note="one merged report labelled with ranks and hosts, read without stopping "
+               "a rank (Python frames from the rank itself, native frames with eu-stack or "
+               "gdb); without `--timeout` it means `--stall-report 60` (Open MPI: no effect)"),
+        Option(("stall-report",), 1, D.seconds("stall_report", allow_zero=True),
+               "--stall-report SECONDS\tprint every rank's stacks, merged, once no rank has\n"
+               "written and no stack changed for SECONDS (default 300; 0: off)"),
+        Option(("stall-exit",), 0, D.turn_on("stall_exit"),
+               "--stall-exit\tand then end the job, exit status 111"),
         Option(("grace",), 1, D.seconds("grace", allow_zero=True), "--grace SECONDS\t"
                "SIGTERM-to-SIGKILL delay when stopping ranks (default 5)"),
         Option(("disable-auto-cleanup",), 0, D.keep_going, "-disable-auto-cleanup\tkeep going "

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
 from ..machine.guard import Watchdog
-from ..machine.local import LocalRanks
+from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER, Console
@@ -51,12 +51,15 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sign
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _pending_stop: List[int] = []          # see _note_stop
+#: Seconds between looks at how much each rank has written (see _note_output).
+OUTPUT_EVERY = 2.0
 
 class _Rank:
     """Mutable bookkeeping of one rank."""
 
     __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost",
-                 "discarded", "restarts", "last_end")
+                 "discarded", "restarts", "last_end", "started_at", "ended_at", "written",
+                 "last_output")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -70,6 +73,9 @@ class _Rank:
         self.discarded = False    # of a spawn that failed: stopped, not a failure
         self.restarts = 0         # times started again (msrun's recovery)
         self.last_end = ""        # how the previous run ended, for the log's marker
+        self.started_at = self.ended_at = 0.0   # monotonic (mslaunch-top's timeline)
+        self.written = 0          # output bytes, and when they last grew (see _note_output)
+        self.last_output: Optional[float] = None
 
     @property
     def failed(self) -> bool:
@@ -123,6 +129,10 @@ class Supervisor:
         self.fleet: Optional[Fleet] = None        # the remote hosts, if any
         self.stdin_fanout = None
         self.launched = False
+        self.control = None        # (socket, path): mslaunch-stacks and mslaunch-top
+        self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
+        self.inspector = None      # made on the first connection (see .inspect)
+        self.stall = None          # --stall-report's watcher (see .stall)
 
     @property
     def hosts(self) -> Dict[str, RemoteHost]:
@@ -153,7 +163,12 @@ class Supervisor:
                                          on_death=after_launcher_death)
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
+            self._open_control()
             self._start_all()
+            self.loop.call_later(OUTPUT_EVERY, self._note_output)
+            if self.job.stall_report and self.hooks is None:
+                from .stall import StallWatch
+                self.stall = StallWatch(self, self.job.stall_report, self.job.stall_exit)
             if self.job.timeout is not None:
                 self.loop.call_later(self.job.timeout, self._on_timeout)
             self.loop.run_until(self._finished)
@@ -211,10 +226,15 @@ class Supervisor:
     def _local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                      stdin_fd: Optional[int]) -> LocalRanks:
         job = self.job
+        if self.dumps is None and self.watchdog is not None and any(
+                python_program(s) for s in specs):
+            from ..machine.pydump import make_dir
+            self.dumps = make_dir(self.watchdog)
         return LocalRanks(self.loop, specs, self, sinks=self.make_sinks,
                           guard=self.watchdog,  # type: ignore[arg-type]
                           grace=job.grace, merge_stderr=job.output.merge_stderr,
-                          pmi=pmi, pmi_env=pmi_env, stdin_fd=stdin_fd, pty=job.output.pty)
+                          pmi=pmi, pmi_env=pmi_env, stdin_fd=stdin_fd, pty=job.output.pty,
+                          dumps=self.dumps)
 
     def replanned(self, plan: Plan) -> None:
         """The plan made again with the remote hosts' topologies (before any rank runs)."""
@@ -289,6 +309,7 @@ class Supervisor:
     def rank_started(self, key: int, pid: int) -> None:
         r = self.ranks[key]
         r.pid = pid
+        r.started_at = time.monotonic()
         if self.job.verbose or self.job.report_bindings:
             from .report import rank_started
             rank_started(self, r)
@@ -298,6 +319,7 @@ class Supervisor:
             self.mpi_jobs.check_singletons()
         r = self.ranks[key]
         r.code, r.signal, r.ended = code, sig, True
+        r.ended_at = time.monotonic()
         if self.mpi_jobs is not None:
             self.mpi_jobs.process_ended(r.spec)
         if r.discarded:
@@ -350,10 +372,13 @@ class Supervisor:
             return
         self.ending = "timeout"
         from .report import timed_out
-        wait = timed_out(self, self._live())
-        if wait:
-            self.loop.call_later(wait, self._terminate)
-        else:
+        if not timed_out(self, self._live(), self._terminate):
+            self._terminate()
+
+    def end_stalled(self) -> None:
+        """``--stall-exit``: the stall report was printed; end the job."""
+        if self.ending is None:
+            self.ending = "stall"
             self._terminate()
 
     # -- output errors -------------------------------------------------------
@@ -435,8 +460,51 @@ class Supervisor:
             return False
         return not self.console.pending
 
+    # -- looking inside (see .inspect) ----------------------------------------------
+    def _open_control(self) -> None:
+        """The job's control socket, for mslaunch-stacks and mslaunch-top."""
+        from ..machine.guard import control_listener, private_dir
+        where = private_dir()
+        made = control_listener(where, f"{os.getpid()}.sock") if where else None
+        if made is None:
+            if self.job.verbose:
+                self.log("no control socket (no private directory for it): "
+                         "mslaunch-stacks and mslaunch-top cannot attach")
+            return
+        self.control = made
+        self.watchdog.private(made[1])  # type: ignore[union-attr]
+        self.loop.add_reader(made[0].fileno(), self._control_ready)
+        if self.job.verbose:
+            self.log(f"see inside this job from another terminal: mslaunch-stacks {os.getpid()}"
+                     f" (every rank's stacks), mslaunch-top {os.getpid()} (a live view)")
+
+    def _control_ready(self) -> None:
+        if self.inspector is None:
+            from .inspect import Inspector
+            self.inspector = Inspector(self, self.control[0], self.dumps)  # type: ignore[index]
+        self.inspector.accept()  # type: ignore[attr-defined]
+
+    def _note_output(self) -> None:
+        """When each rank last wrote output (mslaunch-top, --stall-report), to a few seconds."""
+        now = time.monotonic()
+        for r in self.ranks:
+            written = sum(o.written for o in r.outputs)
+            if written != r.written or r.last_output is None:
+                r.written, r.last_output = written, now
+        self.loop.call_later(OUTPUT_EVERY, self._note_output)
+
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
+        if self.control is not None:
+            from ..machine.guard import remove_private
+            self.loop.forget(self.control[0].fileno())
+            if self.inspector is not None:
+                self.inspector.close()
+            self.control[0].close()
+            remove_private(self.control[1])
+        if self.dumps is not None:
+            from ..machine.guard import remove_private
+            remove_private(self.dumps)
         if self.fleet is not None:
             self.fleet.let_go_all()
         for handle in self._handles():
@@ -477,6 +545,9 @@ class Supervisor:
                              message="" if quiet else summary(self, self.root))
         if self.ending == "timeout":
             return JobResult(exit_code=TIMEOUT_EXIT, ranks=results)
+        if self.ending == "stall":
+            from .stall import STALL_EXIT
+            return JobResult(exit_code=STALL_EXIT, ranks=results)
         if self.ending == "signal" and self.stop_signal is not None:
             return JobResult(exit_code=128 + self.stop_signal, ranks=results,
                              message=f"mslaunch: stopped by {signal_name(self.stop_signal)}")

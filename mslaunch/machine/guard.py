@@ -255,6 +255,7 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
     poll_children = False
     groups: Set[int] = set()
     kept: List[str] = []
+    private: List[str] = []       # the job's control socket and dump directories
     adopted: Dict[int, Optional[int]] = {}   # pid -> start time, orphans the launcher adopted
     buf = b""
     done = False
@@ -286,6 +287,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
                 groups.discard(int(arg))
             elif kind == b"k":
                 kept.append(arg.decode())
+            elif kind == b"c":
+                private.append(arg.decode())
             elif kind == b"g":
                 grace = float(arg)
             elif kind == b"s":
@@ -311,6 +314,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         terminate((), marker, grace, cgroup, live, spare=(parent,))
         return
     terminate(groups, marker, grace, cgroup, live)
+    for path in private:
+        remove_private(path)
     if on_death is not None:
         on_death(kept, marker)
 
@@ -398,6 +403,11 @@ class Watchdog:
         """Keep ``item`` for the ``on_death`` hook, should the launcher die."""
         self._pending.append(f"k{item}\n")
 
+    def private(self, path: str) -> None:
+        """Remove ``path`` (a socket, or a flat directory of this user) should the
+        launcher die (see :func:`control_listener`)."""
+        self._pending.append(f"c{path}\n")
+
     def flush(self) -> None:
         # Groups not yet sent when the launcher dies are still found by the
         # cgroup or the environment marker, so batching costs no safety.
@@ -449,3 +459,68 @@ class Watchdog:
         self.flush()
         os.close(self._fd)
         self._fd = -1
+
+
+# -- the job's control socket -------------------------------------------------------
+
+def private_dir() -> Optional[str]:
+    """This user's directory for job control sockets: ``$XDG_RUNTIME_DIR/mslaunch``,
+    else ``$TMPDIR/mslaunch-UID``; made 0700, and used only if it is this user's,
+    not a link, and open to nobody else (None otherwise)."""
+    uid = os.getuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = os.path.join(runtime, "mslaunch") if runtime.startswith("/") else \
+        os.path.join(os.environ.get("TMPDIR", "") or "/tmp", f"mslaunch-{uid}")
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    import stat as _stat
+    try:
+        st = os.lstat(base)
+    except OSError:
+        return None
+    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        return None
+    return base
+
+
+def control_listener(directory: str, name: str):
+    """A listening Unix socket ``directory/name`` (no TCP port: only processes that
+    may enter this user's private directory can connect); None if it cannot be made."""
+    import _socket
+    path = os.path.join(directory, name)
+    try:
+        os.unlink(path)              # a dead launcher's of the same pid
+    except OSError:
+        pass
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        return None
+    sock.setblocking(False)
+    return sock, path
+
+
+def remove_private(path: str) -> None:
+    """Remove a control socket, or a flat directory of dumps, quietly."""
+    try:
+        names = os.listdir(path)
+    except NotADirectoryError:
+        names = None
+    except OSError:
+        return
+    try:
+        if names is None:
+            os.unlink(path)
+            return
+        for name in names:
+            os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    except OSError:
+        pass

@@ -1,0 +1,131 @@
+"""Hangs reported without a timeout: ``--stall-report S``, and ``--timeout``'s stacks.
+
+:class:`StallWatch` looks at the job every few seconds.  While any rank
+writes output, nothing else happens: a job that prints costs a timer.  Once
+no rank has written for a sampling interval, it reads every rank's stacks
+(see :func:`.inspect.gather`: Python ranks dump their own, native frames
+are read with a pause of milliseconds).  When no rank has written and no
+rank's stack has changed between samples for ``S`` seconds, the merged
+report is printed (the job goes on); it is printed again only when the
+picture changes (another rank set, another frame), and the watch starts
+over once a rank writes again.  With ``--stall-exit`` the job is ended
+there instead, with exit status :data:`STALL_EXIT`.
+
+A rank computing moves between samples; one validating or checkpointing
+writes, or its stack moves, while the others wait in a collective: the
+others' stacks stay the same but its own does not, so the job does not
+count as stalled.  What does look stalled is one C call longer than ``S``
+with the same native frames all along (a huge single read, say): the
+report says so and the job goes on.
+
+:func:`timeout_stacks` is ``--timeout`` with ``--get-stack-traces``: the
+same merged, labelled report, read without stopping a rank, before the
+job is ended.
+"""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, List, Optional, Tuple
+
+    from ..stacktree import RankStacks
+    from .seams import JobView
+
+#: Exit status of a job ended by ``--stall-exit`` (``--timeout``'s is 110).
+STALL_EXIT = 111
+#: ``--stall-report``'s seconds when it is not given (see the docs' reasoning).
+DEFAULT_SECONDS = 300.0  # the same as mslaunch.spec.STALL_SECONDS
+#: Seconds each rank has to answer one sample.
+SAMPLE_TIMEOUT = 10.0
+
+
+def interval(seconds: float) -> float:
+    """Seconds between samples: a quarter of ``S``, from 0.5 s to a minute."""
+    return min(60.0, max(0.5, seconds / 4))
+
+
+class StallWatch:
+    """See the module docstring; ``sup`` is the job's supervisor."""
+
+    def __init__(self, sup: JobView, seconds: float, end_job: bool = False) -> None:
+        self.sup = sup
+        self.seconds = seconds
+        self.end_job = end_job
+        self.every = interval(seconds)
+        self.written = -1
+        self.quiet_since = time.monotonic()
+        self.signature: Optional[Tuple[Any, ...]] = None
+        self.same_since = 0.0
+        self.reported: Optional[Tuple[Any, ...]] = None
+        self.sampling = False
+        self.samples = 0
+        sup.loop.call_later(self.every, self._tick)
+
+    def _tick(self) -> None:
+        sup = self.sup
+        if sup.ending is not None:
+            return
+        sup.loop.call_later(self.every, self._tick)
+        now = time.monotonic()
+        written = sum(o.written for r in sup.ranks for o in r.outputs)
+        if written != self.written:
+            self.written, self.quiet_since = written, now
+            self.signature = None            # the picture moved: start over
+            self.reported = None
+            return
+        if self.sampling or now - self.quiet_since < self.every:
+            return
+        if not any(r.pid and not r.ended for r in sup.ranks):
+            return
+        self.sampling = True
+        from .inspect import gather
+        gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
+               lambda stacks: self._sampled(stacks, written))
+
+    def _sampled(self, stacks: List[RankStacks], written: int) -> None:
+        from ..stacktree import merge, signature
+        self.sampling = False
+        self.samples += 1
+        sup = self.sup
+        now = time.monotonic()
+        if sup.ending is not None or written != sum(o.written for r in sup.ranks
+                                                      for o in r.outputs):
+            return
+        report = merge(stacks)
+        sig = signature(report)
+        if sig != self.signature:
+            self.signature, self.same_since = sig, now
+            return
+        quiet = now - self.quiet_since
+        if now - self.same_since + self.every < self.seconds or quiet < self.seconds:
+            return
+        if sig == self.reported:
+            return
+        self.reported = sig
+        from .inspect import report_text
+        _, text = report_text(stacks, sup, f"stalled for {quiet:.0f} s (no output, no stack "
+                                           f"changed; --stall-report {self.seconds:g}): stacks")
+        sup.console.message(text.rstrip("\n"))
+        if self.end_job:
+            sup.console.message(f"mslaunch: ending the stalled job (--stall-exit); "
+                                f"exit status {STALL_EXIT}")
+            end: Callable[[], None] = sup.end_stalled  # type: ignore[attr-defined]
+            end()
+        elif not sup.job.quiet:
+            sup.console.message("mslaunch: the job goes on; this report comes again if the "
+                                "picture changes (end it with Ctrl-C, or run with --stall-exit)")
+
+
+def timeout_stacks(sup: JobView, then: Callable[[], None]) -> None:
+    """``--get-stack-traces`` on ``--timeout``: print the merged report, then ``then()``."""
+    from .inspect import gather, report_text
+
+    def done(stacks: List[RankStacks]) -> None:
+        _, text = report_text(stacks, sup, "stacks at the timeout")
+        sup.console.message(text.rstrip("\n"))
+        then()
+    sup.console.message("mslaunch: reading every rank's stacks (the ranks keep running)...")
+    gather(sup, SAMPLE_TIMEOUT, getattr(sup, "dumps", None), done)
