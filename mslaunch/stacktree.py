@@ -36,6 +36,7 @@ class RankStacks:
     note: str = ""
     answered: bool = True
     state: str = ""
+    cpu: float = -1.0          # CPU seconds used so far (-1: unknown)
 
     def key(self) -> Tuple[Any, ...]:
         """What two ranks must share to be in one class."""
@@ -212,7 +213,7 @@ def to_json(report: Report) -> Dict[str, Any]:
     """The report as plain data (see :func:`from_json`)."""
     return {"title": report.title,
             "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "state": r.state,
-                       "answered": r.answered, "note": r.note,
+                       "answered": r.answered, "note": r.note, "cpu": r.cpu,
                        "threads": [list(t) for t in r.threads]} for r in report.ranks],
             "classes": [list(c) for c in report.classes],
             "outliers": list(report.outliers), "no_answer": list(report.silent),
@@ -245,8 +246,19 @@ def ranks_from_json(items: Any) -> List[RankStacks]:
                               threads=tuple(tuple(t) for t in threads),
                               note=str(item.get("note") or ""),
                               answered=bool(item.get("answered", True)),
-                              state=str(item.get("state") or "")))
+                              state=str(item.get("state") or ""),
+                              cpu=_number(item.get("cpu"))))
     return out
+
+
+def _number(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else -1.0
+
+
+def in_call(r: RankStacks, prefixes: Tuple[str, ...]) -> bool:
+    """Whether the main thread of ``r`` is inside a frame starting with one of ``prefixes``."""
+    return bool(r.threads) and any(f.startswith(prefixes) for f in r.threads[0])
 
 
 def from_json(data: Dict[str, Any]) -> Report:

@@ -101,7 +101,13 @@ def _rank_stacks(r: RankState, entry: Optional[Dict[str, Any]]) -> RankStacks:
                       note=str(entry.get("note") or "")[:1000] if ok else
                       "the agent's answer was malformed",
                       answered=bool(entry.get("answered", True)),
-                      state=str(entry.get("state") or "")[:4])
+                      state=str(entry.get("state") or "")[:4],
+                      cpu=_cpu(entry.get("cpu")))
+
+
+def _cpu(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else -1.0
 
 
 def last_line(r: RankState) -> str:

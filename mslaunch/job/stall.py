@@ -29,7 +29,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from ..stacktree import RankStacks
     from .seams import JobView
@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 STALL_EXIT = 111
 #: ``--stall-report``'s seconds when it is not given (see the docs' reasoning).
 DEFAULT_SECONDS = 300.0  # the same as mslaunch.spec.STALL_SECONDS
+#: A rank using more of a CPU than this between samples, outside a
+#: communication call (:data:`COMMUNICATION`), computes.
+BUSY_SHARE = 0.25
+COMMUNICATION = ("MPI_", "PMPI_", "nccl", "shmem_", "gloo::")
 #: Seconds each rank has to answer one sample.
 SAMPLE_TIMEOUT = 10.0
 
@@ -62,6 +66,7 @@ class StallWatch:
         self.reported: Optional[Tuple[Any, ...]] = None
         self.sampling = False
         self.samples = 0
+        self.cpu: Dict[int, Tuple[float, float]] = {}     # rank -> (when, CPU seconds)
         sup.loop.call_later(self.every, self._tick)
 
     def _tick(self) -> None:
@@ -85,6 +90,25 @@ class StallWatch:
         gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
                lambda stacks: self._sampled(stacks, written))
 
+    def _computing(self, stacks: List[RankStacks], now: float) -> bool:
+        """Whether a rank used most of a CPU since the last sample outside a
+        communication call: it computes (a hot loop on one line looks the same
+        from one sample to the next), so the job is not stalled.  A rank that
+        spins inside MPI waits, however busy."""
+        from ..stacktree import in_call
+        busy = False
+        for r in stacks:
+            before = self.cpu.get(r.rank)
+            self.cpu[r.rank] = (now, r.cpu)
+            share = 0.0
+            if before is not None and r.cpu >= 0 and before[1] >= 0 and now > before[0]:
+                share = (r.cpu - before[1]) / (now - before[0])
+            # Runnable (on a loaded machine a computing rank may get little CPU),
+            # or using the CPU, and not waiting in a communication call.
+            if (r.state == "R" or share > BUSY_SHARE) and not in_call(r, COMMUNICATION):
+                busy = True
+        return busy
+
     def _sampled(self, stacks: List[RankStacks], written: int) -> None:
         from ..stacktree import merge, signature
         self.sampling = False
@@ -96,7 +120,8 @@ class StallWatch:
             return
         report = merge(stacks)
         sig = signature(report)
-        if sig != self.signature:
+        busy = self._computing(stacks, now)
+        if sig != self.signature or busy:
             self.signature, self.same_since = sig, now
             return
         quiet = now - self.quiet_since

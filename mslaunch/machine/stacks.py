@@ -162,7 +162,18 @@ def _combine(r: Dict[str, Any]) -> Dict[str, Any]:
         threads = [native.labels(f, below_python=False) for f in
                    [main] + [f for tid, f in frames.items() if f is not main] if f]
     return {"threads": [list(t) for t in threads], "note": "; ".join(notes),
-            "state": r["state"], "answered": bool(threads) or not r.get("late")}
+            "state": r["state"], "answered": bool(threads) or not r.get("late"),
+            "cpu": cpu_seconds(r["pid"])}
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time ``pid`` has used (user and system), or -1.0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return -1.0
 
 
 def _pyspy_threads(text: str, notes: List[str]) -> List[Tuple[str, ...]]:
