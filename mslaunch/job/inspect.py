@@ -234,6 +234,10 @@ class Inspector:
                 return
             sent.append(True)
             now = time.monotonic()
+            for r in sup.ranks:          # when each rank last wrote, to this look
+                written = sum(o.written for o in r.outputs)
+                if written != r.written:  # type: ignore[attr-defined]
+                    r.written, r.last_output = written, now  # type: ignore[attr-defined]
             start = getattr(sup, "started", now)
             reply({"job": self.info(), "rows": top_rows(sup, rows, now),
                    "events": [[round(t, 3), text] for t, text in timeline(sup)],
