@@ -208,3 +208,32 @@ def test_stuck_rank_two_plus_two_on_ssh_hosts(sshbed, tmp_path):
     finally:
         kill_tagged(tag)
     assert wait_for(lambda: tagged_pids(tag) == [], 15)
+
+
+def test_a_rank_that_cannot_answer_by_the_deadline_is_a_class_of_its_own(tmp_path):
+    """A stopped rank writes no dump; with no native reader on PATH nothing else can
+    be read of it: it is reported as giving no answer, the others as usual."""
+    tag = new_tag()
+    (tmp_path / "idle.py").write_text("import time\ndef idle_4711():\n    time.sleep(60)\n"
+                                      "idle_4711()\n")
+    env = clean_env(MSL_TEST_TAG=tag, PATH="/nonexistent")
+    p = start("-n", "3", PY, str(tmp_path / "idle.py"), env=env)
+    try:
+        data = until(p.pid, lambda d: len(d["ranks"]) == 3 and all(
+            main_frames(d, r) for r in range(3)))
+        victim = [r["pid"] for r in data["ranks"] if r["rank"] == 2][0]
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.monotonic()
+        r = stacks(p.pid, "--json", "--timeout", "2")
+        assert time.monotonic() - t0 < 15
+        data = json.loads(r.stdout)
+        assert data["no_answer"] == [2] and data["classes"] == [[0, 1], [2]], data
+        assert data["outliers"] == []
+        text = render(from_json(data))
+        assert "no answer: rank 2 on " in text and "(no answer by the deadline)" in text, text
+        assert "neither eu-stack (elfutils) nor gdb is installed" in text, text
+        os.kill(victim, signal.SIGCONT)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

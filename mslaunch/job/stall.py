@@ -67,7 +67,7 @@ class StallWatch:
         self.sampling = False
         self.samples = 0
         self.cpu: Dict[int, Tuple[float, float]] = {}     # rank -> (when, CPU seconds)
-        sup.loop.call_later(self.every, self._tick)
+        self._tick()       # made one interval into the job (see Supervisor._watch_stall)
 
     def _tick(self) -> None:
         sup = self.sup

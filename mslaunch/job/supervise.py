@@ -167,8 +167,9 @@ class Supervisor:
             self._start_all()
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
             if self.job.stall_report and self.hooks is None:
-                from .stall import StallWatch
-                self.stall = StallWatch(self, self.job.stall_report, self.job.stall_exit)
+                # The watch itself is imported at its first look: a short job never needs it.
+                self.loop.call_later(min(60.0, max(0.5, self.job.stall_report / 4)),
+                                     self._watch_stall)
             if self.job.timeout is not None:
                 self.loop.call_later(self.job.timeout, self._on_timeout)
             self.loop.run_until(self._finished)
@@ -483,6 +484,12 @@ class Supervisor:
             from .inspect import Inspector
             self.inspector = Inspector(self, self.control[0], self.dumps)  # type: ignore[index]
         self.inspector.accept()  # type: ignore[attr-defined]
+
+    def _watch_stall(self) -> None:
+        if self.ending is None:
+            from .stall import StallWatch
+            self.stall = StallWatch(self, self.job.stall_report,  # type: ignore[arg-type]
+                                    self.job.stall_exit)
 
     def _note_output(self) -> None:
         """When each rank last wrote output (mslaunch-top, --stall-report), to a few seconds."""
