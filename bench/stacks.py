@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import _common as C
 
@@ -75,7 +75,10 @@ def tree(pid: int) -> List[int]:
     return out
 
 
-def measure(argv: Sequence[str], env: Dict[str, str], ranks: int, runs: int) -> Dict[str, object]:
+def measure(argv: Sequence[str], env: Dict[str, str], ranks: int, runs: int,
+            elsewhere: Optional[Callable[[], List[int]]] = None) -> Dict[str, object]:
+    """Time ``mslaunch-stacks`` on the job ``argv`` starts; ``elsewhere`` lists the
+    processes on other hosts (agents and their ranks) whose CPU counts too."""
     job = subprocess.Popen(list(argv), env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -91,7 +94,7 @@ def measure(argv: Sequence[str], env: Dict[str, str], ranks: int, runs: int) -> 
                 raise SystemExit(f"bench: the job never showed {ranks} ranks: {r.stderr[-300:]}")
             time.sleep(1.0)
         time.sleep(1.0)
-        procs = tree(job.pid)
+        procs = tree(job.pid) + (elsewhere() if elsewhere else [])
         before = sum(cpu(p) for p in procs)
         walls = []
         for _ in range(runs):
@@ -153,8 +156,10 @@ def main(argv: Sequence[str]) -> int:
             per = max(1, n // args.hosts)
             spec = ",".join(f"{h}:{per}" for h in bed.hosts)
             renv = dict(env, HOME=bed.home)
+            def remote_pids() -> List[int]:
+                return [p for h in bed.bed.hosts for p in bed.bed.host_pids(h)]
             res = measure(launch + ["-H", spec, "-n", str(per * args.hosts), sys.executable,
-                                    "-c", IDLE], renv, per * args.hosts, args.runs)
+                                    "-c", IDLE], renv, per * args.hosts, args.runs, remote_pids)
             rows.append((f"{per * args.hosts} Python ranks on {args.hosts} SSH hosts", res))
         finally:
             R.stop_beds(beds)

@@ -237,3 +237,27 @@ def test_a_rank_that_cannot_answer_by_the_deadline_is_a_class_of_its_own(tmp_pat
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def _private_files(pid: int):
+    from mslaunch.machine.guard import private_dir
+    base = private_dir()
+    return [n for n in os.listdir(base) if n == f"{pid}.sock" or n.endswith(f".{pid}.py")]
+
+
+@pytest.mark.parametrize("how", ["ends", "killed"])
+def test_the_control_socket_and_dump_directory_go_with_the_job(how):
+    """Removed at the job's end, and by the guard when the launcher is killed."""
+    tag = new_tag()
+    p = start("-n", "2", PY, "-c", "import time; time.sleep(60)", env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: len(_private_files(p.pid)) == 2, 30), _private_files(p.pid)
+        from mslaunch.machine.guard import private_dir
+        mode = os.stat(private_dir()).st_mode & 0o777
+        assert mode == 0o700
+        p.send_signal(signal.SIGKILL if how == "killed" else signal.SIGTERM)
+        p.communicate(timeout=30)
+        assert wait_for(lambda: _private_files(p.pid) == [], 15), _private_files(p.pid)
+    finally:
+        kill_tagged(tag)
+    assert wait_for(lambda: tagged_pids(tag) == [], 15)

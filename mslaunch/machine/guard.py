@@ -507,8 +507,9 @@ def control_listener(directory: str, name: str):
     return sock, path
 
 
-def remove_private(path: str) -> None:
-    """Remove a control socket, or a flat directory of dumps, quietly."""
+def remove_private(path: str, depth: int = 2) -> None:
+    """Remove a control socket, or a directory of dumps (two levels at most: the
+    hook's bytecode cache), quietly."""
     try:
         names = os.listdir(path)
     except NotADirectoryError:
@@ -520,7 +521,11 @@ def remove_private(path: str) -> None:
             os.unlink(path)
             return
         for name in names:
-            os.unlink(os.path.join(path, name))
+            inner = os.path.join(path, name)
+            if depth > 1 and os.path.isdir(inner) and not os.path.islink(inner):
+                remove_private(inner, depth - 1)
+            else:
+                os.unlink(inner)
         os.rmdir(path)
     except OSError:
         pass
