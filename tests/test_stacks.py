@@ -261,3 +261,22 @@ def test_the_control_socket_and_dump_directory_go_with_the_job(how):
     finally:
         kill_tagged(tag)
     assert wait_for(lambda: tagged_pids(tag) == [], 15)
+
+
+def test_a_python_rank_without_the_hook_is_read_by_py_spy(tmp_path):
+    """``python -I`` ignores PYTHONPATH, so mslaunch's hook does not run; py-spy
+    (the ``stacks`` extra) reads its Python frames from outside."""
+    from mslaunch.machine.stacks import _which
+    require(_which("py-spy") is not None, "py-spy (pip install 'mslaunch[stacks]')")
+    tag = new_tag()
+    (tmp_path / "isolated.py").write_text(
+        "import time\ndef isolated_4711():\n    time.sleep(60)\nisolated_4711()\n")
+    p = start("-n", "1", PY, "-I", str(tmp_path / "isolated.py"),
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: any("isolated_4711" in f for f in main_frames(d, 0)))
+        assert any("isolated_4711 (" in f for f in main_frames(data, 0)), data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

@@ -101,3 +101,25 @@ def test_verbose_says_how_to_attach():
     assert r.returncode == 0, r.stderr
     line = [x for x in r.stderr.decode().splitlines() if "mslaunch-top" in x]
     assert len(line) == 1 and "mslaunch-stacks " in line[0], r.stderr
+
+
+@pytest.mark.remote
+def test_a_snapshot_shows_the_ranks_of_every_host(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    p = start("-n", "4", "-H", "h1:2,h2:2", "-x", "MSL_TEST_TAG", PY, "-c", TICKER,
+              env=clean_env(HOME=home, MSL_TEST_TAG=tag))
+    try:
+        def rows():
+            r = snapshot(p.pid)
+            lines = r.stdout.decode().splitlines()
+            return [x.split() for x in lines[2:6]] if r.returncode == 0 else []
+        assert wait_for(lambda: len(rows()) == 4 and all(
+            row[3] in ("S", "R") and row[5] != "-" for row in rows()), 60, 0.5), rows()
+        got = rows()
+        assert [(row[0], row[1]) for row in got] == [("0", "h1"), ("1", "h1"), ("2", "h2"),
+                                                     ("3", "h2")]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+        kill_tagged(tag)

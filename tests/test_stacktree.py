@@ -1,0 +1,94 @@
+"""The merged stack report and the stack readers' parsers (properties, and examples)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mslaunch.machine import native, pydump
+from mslaunch.stacktree import (RankStacks, from_json, label, merge, rank_ranges, render,
+                                to_json)
+
+FRAMES = st.sampled_from(["main (a.py:3)", "step (a.py:9)", "load_batch (a.py:5)",
+                          "PMPI_Allreduce (libmpi.so.12)", "?? (libmpi.so.12)", "poll (libc.so.6)"])
+THREAD = st.lists(FRAMES, min_size=1, max_size=6).map(tuple)
+RANK = st.builds(lambda threads, host, answered, note: (threads, host, answered, note),
+                 st.lists(THREAD, max_size=3).map(tuple), st.sampled_from(["h1", "h2", "h3"]),
+                 st.booleans(), st.sampled_from(["", "no native frames: not permitted"]))
+
+
+def stacks_of(items):
+    return [RankStacks(rank=i, host=h, pid=1000 + i, threads=t if a else (), note=n, answered=a)
+            for i, (t, h, a, n) in enumerate(items)]
+
+
+@given(st.lists(RANK, min_size=1, max_size=24))
+def test_every_rank_is_in_one_class_and_outliers_are_outside_the_biggest(items):
+    report = merge(stacks_of(items))
+    seen = sorted(r for c in report.classes for r in c)
+    assert seen == list(range(len(items)))
+    if report.outliers:
+        assert not set(report.outliers) & set(report.classes[0])
+        assert len(report.classes[0]) > len(report.classes[1])
+    assert set(report.silent) == {i for i, it in enumerate(items) if not it[2]}
+    assert not set(report.outliers) & set(report.silent)
+
+
+@given(st.lists(RANK, min_size=1, max_size=24))
+def test_json_round_trips_and_text_names_every_rank(items):
+    report = merge(stacks_of(items), "title")
+    data = json.loads(json.dumps(to_json(report)))
+    assert to_json(from_json(data)) == data
+    text = render(report)
+    assert text.startswith("title\n") and text.endswith("\n")
+
+
+@given(st.sets(st.integers(0, 200), min_size=1))
+def test_rank_ranges_cover_exactly_the_ranks(ranks):
+    got = set()
+    for part in rank_ranges(ranks).split(","):
+        a, _, b = part.partition("-")
+        got |= set(range(int(a), int(b or a) + 1))
+    assert got == ranks
+
+
+def test_labels_read_as_documented():
+    assert label({0: "h1", 1: "h1", 2: "h2"}) == "ranks 0-2 (3) on h1,h2"
+    assert label({3: "h2"}) == "rank 3 on h2"
+    assert rank_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+
+
+@given(st.text())
+def test_the_parsers_take_any_text(text):
+    pydump.parse(text)
+    native.parse(text)
+    native.refusal(text)
+
+
+def test_a_faulthandler_dump_parses_main_thread_first_innermost_last():
+    dump = ('Thread 0x00007f0000000001 (most recent call first):\n'
+            '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+            '  File "/x/t.py", line 4 in worker\n\n'
+            'Current thread 0x00007f0000000002 (most recent call first):\n'
+            '  File "/x/t.py", line 9 in load_batch\n'
+            '  File "<frozen importlib._bootstrap>", line 241 in _call\n'
+            '  File "/x/t.py", line 12 in <module>\n')
+    assert pydump.parse(dump) == [("<module> (t.py:12)", "load_batch (t.py:9)"),
+                                  ("worker (t.py:4)", "wait (threading.py:320)")]
+
+
+def test_native_frames_below_python_stop_at_the_mpi_call():
+    text = ("PID 1 - process\nTID 1:\n"
+            "#0  0x1 __sched_yield - /lib/libc.so.6\n"
+            "#1  0x2 - /v/lib/libmpi.so.12\n"
+            "#2  0x3 ucp_worker_progress - /v/lib/libucp.so.0\n"
+            "#3  0x4 PMPI_Allreduce - /v/lib/libmpi.so.12\n"
+            "#4  0x5 __pyx_pw_allreduce - /v/MPI.so\n"
+            "#5  0x6 _PyEval_EvalFrameDefault - /v/libpython3.11.so\n"
+            "#6  0x7 main - /v/python3.11\n")
+    [frames] = native.parse(text).values()
+    assert native.labels(frames, below_python=True) == (
+        "__pyx_pw_allreduce (MPI.so)", "PMPI_Allreduce (libmpi.so.12)")
+    assert native.labels(frames, below_python=False)[0] == "main (python3.11)"
