@@ -293,9 +293,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                   "mslaunch finds Slurm, PBS, Grid Engine and LSF allocations by itself"),
     )),
     ("", (  # refused, with what to use instead
-        _refused(("debug", "tv"), 0, "there is no parallel debugger interface; attach gdb -p "
-                 "to a rank (--report-pid, -v show pids) or use --get-stack-traces with "
-                 "--timeout"),
+        _refused(("debug", "tv"), 0, "there is no parallel debugger interface; "
+                 "`mslaunch-stacks` shows every rank's stacks of a running job, or attach "
+                 "gdb -p to a rank (-v shows pids)"),
         _refused(("debugger",), 1,
                  "there is no parallel debugger interface; attach gdb -p to a rank"),
         _refused(("report-events",), 1, "there is no tool event interface; use -v for each "

@@ -2,7 +2,8 @@
 
 The failure summary (the root cause, how many others were stopped, the last
 lines of its stderr), the state report of ``--report-state-on-timeout``, the
-ranks a hung MPI job waited for, the stack traces of ``--get-stack-traces``,
+ranks a hung MPI job waited for (the merged stacks of ``--get-stack-traces``
+are :mod:`.stall`'s),
 ``--report-pid``, ``--report-bindings`` and ``-v``'s lines of started ranks,
 and msrun's recovery of a failed process.  Imported only when one of them is
 wanted.

@@ -12,11 +12,13 @@ over once a rank writes again.  With ``--stall-exit`` the job is ended
 there instead, with exit status :data:`STALL_EXIT`.
 
 A rank computing moves between samples; one validating or checkpointing
-writes, or its stack moves, while the others wait in a collective: the
-others' stacks stay the same but its own does not, so the job does not
-count as stalled.  What does look stalled is one C call longer than ``S``
-with the same native frames all along (a huge single read, say): the
-report says so and the job goes on.
+writes, or its stack moves, while the others wait in a collective.  A hot
+loop on one line shows the same frames at every sample, so a rank that is
+runnable, or used a quarter of a CPU since the last sample, outside a
+communication call counts as working (a rank spinning inside MPI waits).
+What still looks stalled is one C call longer than ``S`` that sleeps in the
+kernel (a huge read from a slow file system): it costs a report, and the
+job goes on.
 
 :func:`timeout_stacks` is ``--timeout`` with ``--get-stack-traces``: the
 same merged, labelled report, read without stopping a rank, before the
