@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from ..remote.host import RemoteHost
     from ..remote.starter import Starter
     from .fleet import Fleet
+    from .inspect import Inspector
+    from .stall import StallWatch
     from .mpijobs import MPIJobs
     from .seams import ModeHooks, RankHandle
 
@@ -98,7 +100,7 @@ class Supervisor:
                  connect: Sequence[str] = (), starter: Optional[Starter] = None,
                  replan=None,
                  watchdog: Optional[Watchdog] = None, loop: Optional[Loop] = None,
-                 hooks: Optional[ModeHooks] = None) -> None:
+                 hooks: Optional[ModeHooks] = None, control=None) -> None:
         self.job = job
         self.plan = plan
         # Remote hosts to start agents on, what starts them (mslaunch.remote.starter),
@@ -129,10 +131,10 @@ class Supervisor:
         self.fleet: Optional[Fleet] = None        # the remote hosts, if any
         self.stdin_fanout = None
         self.launched = False
-        self.control = None        # (socket, path): mslaunch-stacks and mslaunch-top
+        self.control = control     # (socket, path): mslaunch-stacks and mslaunch-top
         self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
-        self.inspector = None      # made on the first connection (see .inspect)
-        self.stall = None          # --stall-report's watcher (see .stall)
+        self.inspector: Optional[Inspector] = None   # made on the first connection
+        self.stall: Optional[StallWatch] = None      # --stall-report's watcher
 
     @property
     def hosts(self) -> Dict[str, RemoteHost]:
@@ -163,7 +165,11 @@ class Supervisor:
                                          on_death=after_launcher_death)
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
-            self._open_control()
+            if self.control is not None:
+                self.loop.add_reader(self.control[0].fileno(), self._control_ready)
+                if self.job.verbose:
+                    self.log(f"see inside this job from another terminal: mslaunch-stacks "
+                             f"{os.getpid()} (every rank's stacks), mslaunch-top {os.getpid()}")
             self._start_all()
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
             if self.job.stall_report and self.hooks is None:
@@ -462,28 +468,11 @@ class Supervisor:
         return not self.console.pending
 
     # -- looking inside (see .inspect) ----------------------------------------------
-    def _open_control(self) -> None:
-        """The job's control socket, for mslaunch-stacks and mslaunch-top."""
-        from ..machine.guard import control_listener, private_dir
-        where = private_dir()
-        made = control_listener(where, f"{os.getpid()}.sock") if where else None
-        if made is None:
-            if self.job.verbose:
-                self.log("no control socket (no private directory for it): "
-                         "mslaunch-stacks and mslaunch-top cannot attach")
-            return
-        self.control = made
-        self.watchdog.private(made[1])  # type: ignore[union-attr]
-        self.loop.add_reader(made[0].fileno(), self._control_ready)
-        if self.job.verbose:
-            self.log(f"see inside this job from another terminal: mslaunch-stacks {os.getpid()}"
-                     f" (every rank's stacks), mslaunch-top {os.getpid()} (a live view)")
-
     def _control_ready(self) -> None:
         if self.inspector is None:
             from .inspect import Inspector
             self.inspector = Inspector(self, self.control[0], self.dumps)  # type: ignore[index]
-        self.inspector.accept()  # type: ignore[attr-defined]
+        self.inspector.accept()
 
     def _watch_stall(self) -> None:
         if self.ending is None:

@@ -405,7 +405,7 @@ class Watchdog:
 
     def private(self, path: str) -> None:
         """Remove ``path`` (a socket, or a flat directory of this user) should the
-        launcher die (see :func:`control_listener`)."""
+        launcher die (see :func:`mslaunch.job.launch.open_control`)."""
         self._pending.append(f"c{path}\n")
 
     def flush(self) -> None:
@@ -461,8 +461,6 @@ class Watchdog:
         self._fd = -1
 
 
-# -- the job's control socket -------------------------------------------------------
-
 def private_dir() -> Optional[str]:
     """This user's directory for job control sockets: ``$XDG_RUNTIME_DIR/mslaunch``,
     else ``$TMPDIR/mslaunch-UID``; made 0700, and used only if it is this user's,
@@ -485,26 +483,6 @@ def private_dir() -> Optional[str]:
     if not _stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
         return None
     return base
-
-
-def control_listener(directory: str, name: str):
-    """A listening Unix socket ``directory/name`` (no TCP port: only processes that
-    may enter this user's private directory can connect); None if it cannot be made."""
-    import _socket
-    path = os.path.join(directory, name)
-    try:
-        os.unlink(path)              # a dead launcher's of the same pid
-    except OSError:
-        pass
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        sock.listen(16)
-    except OSError:
-        sock.close()
-        return None
-    sock.setblocking(False)
-    return sock, path
 
 
 def remove_private(path: str, depth: int = 2) -> None:
