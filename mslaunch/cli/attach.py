@@ -1,7 +1,7 @@
 """Finding a running job of this user and asking it something (mslaunch-stacks, -top).
 
 Every job's launcher listens on ``PID.sock`` in this user's private
-directory (see :func:`mslaunch.machine.guard.private_dir`).  A job is named
+directory (see :func:`mslaunch.machine.guard.private_dir`; both candidates are searched).  A job is named
 by its launcher's pid, by its job id (the kvsname ``-v`` prints, or its
 start), or not at all when it is this user's only job.  A socket nobody
 listens on any more (its launcher was killed before its guard cleaned up)
@@ -19,17 +19,14 @@ from ..errors import LaunchError
 
 
 def _sockets() -> List[Tuple[int, str]]:
-    from ..machine.guard import private_dir
-    base = private_dir()
-    if base is None:
-        raise LaunchError("no private directory for job sockets ($XDG_RUNTIME_DIR/mslaunch or "
-                          "$TMPDIR/mslaunch-UID must be yours and closed to others)")
-    found = []
-    for name in os.listdir(base):
-        stem, _, ext = name.partition(".")
-        if ext == "sock" and stem.isdigit():
-            found.append((int(stem), os.path.join(base, name)))
-    return sorted(found)
+    from ..machine.guard import private_dirs
+    found = {}
+    for base in private_dirs():
+        for name in os.listdir(base):
+            stem, _, ext = name.partition(".")
+            if ext == "sock" and stem.isdigit():
+                found.setdefault(int(stem), os.path.join(base, name))
+    return sorted(found.items())
 
 
 def ask(path: str, request: Dict[str, Any], timeout: float) -> Dict[str, Any]:

@@ -2,11 +2,10 @@
 
 The failure summary (the root cause, how many others were stopped, the last
 lines of its stderr), the state report of ``--report-state-on-timeout``, the
-ranks a hung MPI job waited for (the merged stacks of ``--get-stack-traces``
-are :mod:`.stall`'s),
-``--report-pid``, ``--report-bindings`` and ``-v``'s lines of started ranks,
-and msrun's recovery of a failed process.  Imported only when one of them is
-wanted.
+ranks a hung MPI job waited for (``--get-stack-traces``' merged stacks are
+:mod:`.stall`'s), ``--report-pid``, ``--report-bindings`` and ``-v``'s lines
+of started ranks, and msrun's recovery of a failed process.  Imported only
+when one of them is wanted.
 """
 
 from __future__ import annotations

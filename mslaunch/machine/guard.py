@@ -464,25 +464,36 @@ class Watchdog:
 def private_dir() -> Optional[str]:
     """This user's directory for job control sockets: ``$XDG_RUNTIME_DIR/mslaunch``,
     else ``$TMPDIR/mslaunch-UID``; made 0700, and used only if it is this user's,
-    not a link, and open to nobody else (None otherwise)."""
+    not a link, and open to nobody else (None if neither is)."""
+    found = private_dirs(make=True)
+    return found[0] if found else None
+
+
+def private_dirs(make: bool = False) -> List[str]:
+    """The candidates of :func:`private_dir` that exist (made first with ``make``)
+    and are this user's alone: where the companion commands look for jobs."""
+    import stat as _stat
     uid = os.getuid()
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    base = os.path.join(runtime, "mslaunch") if runtime.startswith("/") else \
-        os.path.join(os.environ.get("TMPDIR", "") or "/tmp", f"mslaunch-{uid}")
-    try:
-        os.mkdir(base, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    import stat as _stat
-    try:
-        st = os.lstat(base)
-    except OSError:
-        return None
-    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        return None
-    return base
+    tmp = os.path.join(os.environ.get("TMPDIR", "") or "/tmp", f"mslaunch-{uid}")
+    found = []
+    for base in ([os.path.join(runtime, "mslaunch")] if runtime.startswith("/") else []) + [tmp]:
+        try:
+            if make:
+                os.mkdir(base, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        try:
+            st = os.lstat(base)
+        except OSError:
+            continue
+        if _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+            found.append(base)
+            if make:
+                break
+    return found
 
 
 def remove_private(path: str, depth: int = 2) -> None:
