@@ -92,3 +92,46 @@ def test_native_frames_below_python_stop_at_the_mpi_call():
     assert native.labels(frames, below_python=True) == (
         "__pyx_pw_allreduce (MPI.so)", "PMPI_Allreduce (libmpi.so.12)")
     assert native.labels(frames, below_python=False)[0] == "main (python3.11)"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                    | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+
+
+@given(st.dictionaries(st.sampled_from(["threads", "note", "answered", "state", "cpu", "x"]),
+                       JSON, max_size=5))
+def test_an_agents_answer_for_a_rank_never_breaks_the_report(entry):
+    """Whatever a (lying) agent says of a rank becomes a RankStacks or a note."""
+    from types import SimpleNamespace
+
+    from mslaunch.job.inspect import _rank_stacks
+    rank = SimpleNamespace(spec=SimpleNamespace(rank=3, host=SimpleNamespace(name="h2")), pid=9)
+    got = _rank_stacks(rank, entry)  # type: ignore[arg-type]
+    assert all(isinstance(f, str) for t in got.threads for f in t)
+    render(merge([got]))
+
+
+@given(st.dictionaries(st.sampled_from(["id", "timeout", "x"]), JSON, max_size=3))
+def test_an_agent_takes_a_malformed_look_request_as_a_link_error(message):
+    from mslaunch.machine.loop import Loop
+    from mslaunch.remote import link
+    from mslaunch.remote.agentlook import AgentLook
+
+    class Sent:
+        closed = False
+        frames: list = []
+
+        def send(self, data: bytes) -> None:
+            self.frames.append(data)
+
+    loop = Loop()
+    try:
+        look = AgentLook(loop, Sent())  # type: ignore[arg-type]
+        try:
+            look.on_frame(link.TOP, message, {})
+        except link.LinkError:
+            pass
+    finally:
+        loop.close()
