@@ -35,9 +35,10 @@ def test_stall_report_names_the_stuck_rank_once_and_the_job_goes_on(tmp_path):
     assert r.returncode == 0, err
     assert sorted(x for x in r.stdout.decode().splitlines() if x.startswith("done")) == \
         [f"done {i} 6" for i in range(4)]
-    assert err.count("mslaunch: stalled for") == 1, err      # the picture did not change
+    # once for this picture (a slow MPI start-up may have been reported before it)
+    assert err.count("outlier(s): rank 3 on ") == 1, err
+    assert err.count("(in load_batch), apart from the 3 rank(s)") == 1, err
     assert "--stall-report 2" in err and "+ rank 3 on " in err and "[outlier]" in err, err
-    assert "outlier(s): rank 3 on " in err and "(in load_batch)" in err, err
     assert "the job goes on" in err
 
 
