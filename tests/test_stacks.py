@@ -280,3 +280,21 @@ def test_a_python_rank_without_the_hook_is_read_by_py_spy(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+@pytest.mark.remote
+def test_timeout_with_stack_traces_across_hosts_is_one_labelled_report(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    env = clean_env(HOME=home, MSL_TEST_TAG=tag, UCX_TLS="tcp")
+    from helpers import run
+    r = run("--timeout", "12", "--get-stack-traces", "-n", "4", "-H", "h1:2,h2:2", "-x",
+            "MSL_TEST_TAG", "-x", "UCX_TLS", PY, program("stuck_ranks.py"), "stuck",
+            str(tmp_path / "never"), env=env, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 110, err
+    assert "mslaunch: stacks at the timeout of 4 running rank(s) on 2 host(s)" in err, err
+    assert "+ ranks 0-2 (3) on h1,h2:" in err and "+ rank 3 on h2:  [outlier]" in err, err
+    assert "Fatal Python error" not in err
+    kill_tagged(tag)
+    assert wait_for(lambda: tagged_pids(tag) == [], 15)
