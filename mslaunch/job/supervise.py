@@ -27,7 +27,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
     from ..machine.output import RankOutput
     from ..machine.terminal import Terminal
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .seams import ModeHooks, RankHandle
 
 from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
-from ..machine.guard import Watchdog
+from ..machine.guard import Watchdog, remove_private
 from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
@@ -100,7 +100,8 @@ class Supervisor:
                  connect: Sequence[str] = (), starter: Optional[Starter] = None,
                  replan=None,
                  watchdog: Optional[Watchdog] = None, loop: Optional[Loop] = None,
-                 hooks: Optional[ModeHooks] = None, control=None) -> None:
+                 hooks: Optional[ModeHooks] = None,
+                 control: Optional[Tuple[Any, str]] = None) -> None:
         self.job = job
         self.plan = plan
         # Remote hosts to start agents on, what starts them (mslaunch.remote.starter),
@@ -170,6 +171,9 @@ class Supervisor:
                 if self.job.verbose:
                     self.log(f"see inside this job from another terminal: mslaunch-stacks "
                              f"{os.getpid()} (every rank's stacks), mslaunch-top {os.getpid()}")
+            elif self.job.verbose and self.hooks is None:
+                self.log("no control socket (no private directory of this user's for it): "
+                         "mslaunch-stacks and mslaunch-top cannot attach")
             self._start_all()
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
             if self.job.stall_report and self.hooks is None:
@@ -492,15 +496,13 @@ class Supervisor:
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
         if self.control is not None:
-            from ..machine.guard import remove_private
             self.loop.forget(self.control[0].fileno())
             if self.inspector is not None:
                 self.inspector.close()
             self.control[0].close()
-            remove_private(self.control[1])
-        if self.dumps is not None:
-            from ..machine.guard import remove_private
-            remove_private(self.dumps)
+        for path in (self.control[1] if self.control else None, self.dumps):
+            if path is not None:
+                remove_private(path)
         if self.fleet is not None:
             self.fleet.let_go_all()
         for handle in self._handles():
