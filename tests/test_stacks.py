@@ -298,3 +298,30 @@ def test_timeout_with_stack_traces_across_hosts_is_one_labelled_report(sshbed, t
     assert "Fatal Python error" not in err
     kill_tagged(tag)
     assert wait_for(lambda: tagged_pids(tag) == [], 15)
+
+
+def test_without_elfutils_gdb_reads_native_ranks_only(tmp_path):
+    """gdb stops a process for about a second: it reads the ranks that have no
+    stack of their own, and Python ranks keep running on their own dump."""
+    gdb = shutil.which("gdb")
+    require(gdb is not None, "gdb")
+    tag = new_tag()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gdb").symlink_to(gdb)
+    (tmp_path / "idle.py").write_text("import time\ndef idle_4711():\n    time.sleep(60)\n"
+                                      "idle_4711()\n")
+    sleep = shutil.which("sleep")
+    p = start("-n", "1", sleep, "60", ":", "-n", "1", PY, str(tmp_path / "idle.py"),
+              env=clean_env(MSL_TEST_TAG=tag, PATH=str(bin_dir)))
+    try:
+        data = until(p.pid, lambda d: len(d["ranks"]) == 2 and all(
+            main_frames(d, r) for r in range(2)))
+        assert any("nanosleep" in f for f in main_frames(data, 0)), data
+        assert any("idle_4711" in f for f in main_frames(data, 1)), data
+        [python_rank] = [r for r in data["ranks"] if r["rank"] == 1]
+        assert "install elfutils" in python_rank["note"], python_rank
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

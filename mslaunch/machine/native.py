@@ -5,7 +5,8 @@ unwinds (about 10 ms for a Python rank in MPI, read with the libraries'
 call-frame information, symbols from their dynamic tables, so a stripped
 ``libmpi`` still names its exported ``MPI_*`` entry points).  ``gdb`` is the
 fallback; it keeps the process stopped while it loads symbols, near a
-second.  Both need the right to trace: the same user and, under Yama's
+second, so it is used only for ranks that have no other stack (not for
+Python ranks that dump their own).  Both need the right to trace: the same user and, under Yama's
 ``ptrace_scope=1``, an ancestor's place or the rank's ``PR_SET_PTRACER``
 permission (which mslaunch's Python hook gives, see :mod:`.pydump`); in a
 container, ``CAP_SYS_PTRACE`` where the seccomp profile asks for it.  A

@@ -81,7 +81,11 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                 results[rank]["notes"].append(
                     "no Python frames: the rank has no mslaunch hook (started with -S or "
                     "-I, or not as python) and py-spy is not installed")
-        if reader is not None:
+        if reader is not None and python and rank in pending_py and "gdb" in reader[0]:
+            # gdb would stop the rank for about a second; its Python frames suffice
+            results[rank]["notes"].append("no native frames under Python: install elfutils "
+                                          "(eu-stack), which stops a rank for milliseconds")
+        elif reader is not None:
             queue.append((rank, "native", reader + [str(pid)]))
     if reader is None and want_native:
         for r in results.values():
