@@ -77,3 +77,13 @@ def test_a_silent_sleeping_job_is_reported_and_a_native_one_too():
     err = r.stderr.decode()
     assert r.returncode == 111, err
     assert "+ ranks 0-1 (2) on " in err and "nanosleep" in err, err
+
+
+@pytest.mark.parametrize("args, seconds", [
+    ((), 300.0), (("--stall-report", "0"), None), (("--stall-report", "7.5"), 7.5),
+    (("--get-stack-traces",), 60.0), (("--get-stack-traces", "--timeout", "9"), 300.0),
+    (("--get-stack-traces", "--stall-report", "20"), 20.0)])
+def test_stall_report_seconds_and_what_get_stack_traces_alone_means(args, seconds):
+    from mslaunch.cli import mpirun
+    job = mpirun.parse_args([*args, "-n", "1", "true"], environ={}, cwd="/")
+    assert job.stall_report == seconds and not job.stall_exit
