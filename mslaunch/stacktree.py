@@ -17,7 +17,7 @@ answer by the deadline are a class of their own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 #: The label of a thread other than the first (the main thread) at the top of its path.
 OTHER_THREAD = "(another thread)"

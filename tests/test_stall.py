@@ -4,7 +4,6 @@ job goes on, or ends with 111), a job that prints or computes is not."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 
