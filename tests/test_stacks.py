@@ -120,6 +120,12 @@ def test_json_parses_back_into_the_same_report(tmp_path):
         assert list(again.outliers) == data["outliers"] == [2]
         from mslaunch.stacktree import to_json
         assert to_json(again) == data
+        # the dumps read are emptied: a job sampled for days does not fill the directory
+        from mslaunch.machine.guard import private_dir
+        dumps = os.path.join(private_dir(), f"{os.uname().nodename}.{p.pid}.py")
+        sizes = [os.stat(os.path.join(dumps, f"{r['pid']}.txt")).st_size
+                 for r in data["ranks"]]
+        assert sizes == [0, 0, 0], sizes
     finally:
         release.write_text("go")
         p.communicate(timeout=60)

@@ -183,6 +183,15 @@ def answer(directory: str, pid: int, offset: int) -> Optional[str]:
     return data.decode("utf-8", "replace")
 
 
+def consumed(directory: str, pid: int) -> None:
+    """Empty a dump file once read: a job sampled for days would fill the
+    directory otherwise (the rank appends, so its next dump starts at 0)."""
+    try:
+        os.truncate(dump_path(directory, pid), 0)
+    except OSError:
+        pass
+
+
 def parse(text: str) -> List[Tuple[str, ...]]:
     """faulthandler's dump as threads of frame labels, outermost first; the main
     thread (listed last: the oldest) first."""

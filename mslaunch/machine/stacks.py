@@ -115,6 +115,7 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                 if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
                     results[rank]["py"] = text
                     del pending_py[rank]
+                    pydump.consumed(dump_dir, pid)  # type: ignore[arg-type]
         time.sleep(0.005)
     for rank, kind, proc in running:
         proc.kill()
