@@ -121,7 +121,7 @@ def test_json_parses_back_into_the_same_report(tmp_path):
         from mslaunch.stacktree import to_json
         assert to_json(again) == data
         # the dumps read are emptied: a job sampled for days does not fill the directory
-        from mslaunch.machine.guard import private_dir
+        from mslaunch.machine.procs import private_dir
         dumps = os.path.join(private_dir(), f"{os.uname().nodename}.{p.pid}.py")
         sizes = [os.stat(os.path.join(dumps, f"{r['pid']}.txt")).st_size
                  for r in data["ranks"]]
@@ -246,7 +246,7 @@ def test_a_rank_that_cannot_answer_by_the_deadline_is_a_class_of_its_own(tmp_pat
 
 
 def _private_files(pid: int):
-    from mslaunch.machine.guard import private_dir
+    from mslaunch.machine.procs import private_dir
     base = private_dir()
     return [n for n in os.listdir(base) if n == f"{pid}.sock" or n.endswith(f".{pid}.py")]
 
@@ -258,7 +258,7 @@ def test_the_control_socket_and_dump_directory_go_with_the_job(how):
     p = start("-n", "2", PY, "-c", "import time; time.sleep(60)", env=clean_env(MSL_TEST_TAG=tag))
     try:
         assert wait_for(lambda: len(_private_files(p.pid)) == 2, 30), _private_files(p.pid)
-        from mslaunch.machine.guard import private_dir
+        from mslaunch.machine.procs import private_dir
         mode = os.stat(private_dir()).st_mode & 0o777
         assert mode == 0o700
         p.send_signal(signal.SIGKILL if how == "killed" else signal.SIGTERM)

@@ -1,7 +1,7 @@
 """Finding a running job of this user and asking it something (mslaunch-stacks, -top).
 
 Every job's launcher listens on ``PID.sock`` in this user's private
-directory (see :func:`mslaunch.machine.guard.private_dir`; both of its
+directory (see :func:`mslaunch.machine.procs.private_dir`; both of its
 candidates are searched).  A job is named by its launcher's pid, by its job
 id (the kvsname ``-v`` prints, or its start), or not at all when it is this
 user's only job.  A socket nobody listens on any more (its launcher was
@@ -19,7 +19,7 @@ from ..errors import LaunchError
 
 
 def _sockets() -> List[Tuple[int, str]]:
-    from ..machine.guard import private_dirs
+    from ..machine.procs import private_dirs
     found: Dict[int, str] = {}
     for base in private_dirs():
         for name in os.listdir(base):

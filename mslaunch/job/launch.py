@@ -83,8 +83,10 @@ def control_listener(directory: str, name: str):
 def open_control(watchdog) -> Optional[Tuple[object, str]]:
     """The job's control socket ``PID.sock`` (mslaunch-stacks, mslaunch-top), which
     the guard removes should this process die; None if it cannot be made."""
-    from ..machine.guard import private_dir
+    from ..machine.procs import private_dir, sweep_private
     where = private_dir()
+    if where:
+        sweep_private(where)
     made = control_listener(where, f"{os.getpid()}.sock") if where else None
     if made is not None:
         watchdog.private(made[1])

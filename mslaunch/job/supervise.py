@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from .seams import ModeHooks, RankHandle
 
 from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
-from ..machine.guard import Watchdog, remove_private
+from ..machine.guard import Watchdog
+from ..machine.procs import remove_private
 from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks

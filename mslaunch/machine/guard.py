@@ -43,7 +43,7 @@ import time
 
 from ..switches import switch
 from .procs import alive, children_of, descendants, exists, marked_pids, send_signal, start_time
-from .procs import terminate, wait_gone
+from .procs import remove_private, terminate, wait_gone
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -404,9 +404,14 @@ class Watchdog:
         self._pending.append(f"k{item}\n")
 
     def private(self, path: str) -> None:
-        """Remove ``path`` (a socket, or a flat directory of this user) should the
+        """Remove ``path`` (a socket, or a directory of this user's) should the
         launcher die (see :func:`mslaunch.job.launch.open_control`)."""
-        self._pending.append(f"c{path}\n")
+        # Written at once: a launcher may die before its first flush.
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, f"c{path}\n".encode())
+            except OSError:
+                pass
 
     def flush(self) -> None:
         # Groups not yet sent when the launcher dies are still found by the
@@ -459,62 +464,3 @@ class Watchdog:
         self.flush()
         os.close(self._fd)
         self._fd = -1
-
-
-def private_dir() -> Optional[str]:
-    """This user's directory for job control sockets: ``$XDG_RUNTIME_DIR/mslaunch``,
-    else ``$TMPDIR/mslaunch-UID``; made 0700, and used only if it is this user's,
-    not a link, and open to nobody else (None if neither is)."""
-    found = private_dirs(make=True)
-    return found[0] if found else None
-
-
-def private_dirs(make: bool = False) -> List[str]:
-    """The candidates of :func:`private_dir` that exist (made first with ``make``)
-    and are this user's alone: where the companion commands look for jobs."""
-    import stat as _stat
-    uid = os.getuid()
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    tmp = os.path.join(os.environ.get("TMPDIR", "") or "/tmp", f"mslaunch-{uid}")
-    found = []
-    for base in ([os.path.join(runtime, "mslaunch")] if runtime.startswith("/") else []) + [tmp]:
-        try:
-            if make:
-                os.mkdir(base, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            continue
-        try:
-            st = os.lstat(base)
-        except OSError:
-            continue
-        if _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
-            found.append(base)
-            if make:
-                break
-    return found
-
-
-def remove_private(path: str, depth: int = 2) -> None:
-    """Remove a control socket, or a directory of dumps (two levels at most: the
-    hook's bytecode cache), quietly."""
-    try:
-        names = os.listdir(path)
-    except NotADirectoryError:
-        names = None
-    except OSError:
-        return
-    try:
-        if names is None:
-            os.unlink(path)
-            return
-        for name in names:
-            inner = os.path.join(path, name)
-            if depth > 1 and os.path.isdir(inner) and not os.path.islink(inner):
-                remove_private(inner, depth - 1)
-            else:
-                os.unlink(inner)
-        os.rmdir(path)
-    except OSError:
-        pass

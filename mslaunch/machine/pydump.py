@@ -115,7 +115,7 @@ def make_dir(guard: Watchdog) -> Optional[str]:
     """This process's private directory for its Python ranks' dumps, with the
     hook in it (removed at the end, and by ``guard`` should this process die);
     None if it cannot be made."""
-    from .guard import private_dir
+    from .procs import private_dir
     base = private_dir()
     if base is None:
         return None

@@ -55,5 +55,5 @@ class AgentLook:
 
     def close(self) -> None:
         if self.dumps is not None:
-            from ..machine.guard import remove_private
+            from ..machine.procs import remove_private
             remove_private(self.dumps)
