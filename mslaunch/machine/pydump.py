@@ -115,10 +115,11 @@ def make_dir(guard: Watchdog) -> Optional[str]:
     """This process's private directory for its Python ranks' dumps, with the
     hook in it (removed at the end, and by ``guard`` should this process die);
     None if it cannot be made."""
-    from .procs import private_dir
+    from .procs import private_dir, sweep_private
     base = private_dir()
     if base is None:
         return None
+    sweep_private(base)           # what agents of this host that are gone left
     path = os.path.join(base, f"{os.uname().nodename}.{os.getpid()}.py")
     try:
         os.mkdir(path, 0o700)
