@@ -69,7 +69,10 @@ def _arm():
             ctypes.CDLL(None).prctl(0x59616d61, int(spec[2]), 0, 0, 0)
         except (OSError, AttributeError):
             pass
-_arm()
+try:
+    _arm()
+except Exception:   # an interpreter without faulthandler.register: no dump, no noise
+    pass
 del _arm
 import sys as _sys
 _self = _sys.modules.pop("sitecustomize", None)
