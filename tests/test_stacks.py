@@ -331,3 +331,23 @@ def test_without_elfutils_gdb_reads_native_ranks_only(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def test_the_hook_is_invisible_to_the_rank_and_a_sites_own_hook_still_runs(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    code = ("import json, os, sys\n"
+            "cgt = [x for x in open('/proc/self/status') if x.startswith('SigCgt')][0]\n"
+            "print(json.dumps([sys.path, os.environ.get('PYTHONPATH'), "
+            "'MSLAUNCH_STACKS' in os.environ, os.environ.get('USER_SITE_RAN'), "
+            "bool(int(cgt.split()[1], 16) >> 56 & 1)]))")
+    env = clean_env()
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
+    from helpers import run
+    r = run("-n", "1", PY, "-c", code, env=env)
+    assert r.returncode == 0, r.stderr
+    direct = subprocess.run([PY, "-c", code], env=env, capture_output=True, timeout=60)
+    under, alone = json.loads(r.stdout), json.loads(direct.stdout)
+    assert under[:4] == alone[:4] and under[3] == "1"
+    assert under[4] is True and alone[4] is False      # armed under mslaunch only
