@@ -202,7 +202,7 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "--stall-report SECONDS\tprint every rank's stacks, merged, once no rank has\n"
                "written and no stack changed for SECONDS (default 300; 0: off)"),
         Option(("stall-exit",), 0, D.turn_on("stall_exit"),
-               "--stall-exit\tand then end the job, exit status 111"),
+               "--stall-exit\tend the job once the stall report is printed; exit 111"),
         Option(("grace",), 1, D.seconds("grace", allow_zero=True), "--grace SECONDS\t"
                "SIGTERM-to-SIGKILL delay when stopping ranks (default 5)"),
         Option(("disable-auto-cleanup",), 0, D.keep_going, "-disable-auto-cleanup\tkeep going "

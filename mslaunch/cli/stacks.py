@@ -19,8 +19,8 @@ usage: mslaunch-stacks [JOB] [--json] [--timeout SECONDS]
 
 Print the stacks of every rank of a running mslaunch job, merged into one tree
 labelled with rank ranges and hosts; the job keeps running.
-  JOB               the launcher's pid or the job id (mslaunch -v prints both);
-                    default: this user's only job on this machine
+  JOB               the launcher's pid (mslaunch -v prints it) or the job id
+                    (kvs_...); default: this user's only job on this machine
   --json            the same report as JSON, for tools
   --timeout SECONDS how long every rank has to answer (default 10)
 """

@@ -22,7 +22,8 @@ usage: mslaunch-top [JOB] [--once] [--interval SECONDS]
 
 A live view of a running mslaunch job: per rank host, pid, state, CPU %, RSS,
 seconds since its last output and that line; the job's timeline below.
-  JOB                the launcher's pid or the job id; default: this user's only job
+  JOB                the launcher's pid (mslaunch -v prints it) or the job id;
+                     default: this user's only job on this machine
   --once             print one snapshot (the default when not on a terminal)
   --interval SECONDS seconds between refreshes (default 1)
 Press q or Ctrl-C to leave; the job goes on.
