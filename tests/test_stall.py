@@ -86,3 +86,31 @@ def test_stall_report_seconds_and_what_get_stack_traces_alone_means(args, second
     from mslaunch.cli import mpirun
     job = mpirun.parse_args([*args, "-n", "1", "true"], environ={}, cwd="/")
     assert job.stall_report == seconds and not job.stall_exit
+
+
+def test_a_new_picture_is_reported_again(tmp_path):
+    """The stuck rank moves on to another wait without printing: a second report."""
+    release = tmp_path / "release"
+    second = tmp_path / "release.2"
+
+    def go(path, after):
+        time.sleep(after)
+        path.write_text("go")
+    threads = [threading.Thread(target=go, args=(release, 10.0)),
+               threading.Thread(target=go, args=(second, 20.0))]
+    for t in threads:
+        t.start()
+    tag = new_tag()
+    try:
+        r = run("--stall-report", "2", "-n", "3", "--oversubscribe", PY,
+                program("stuck_ranks.py"), "twice", str(release),
+                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+    finally:
+        for t in threads:
+            t.join()
+        kill_tagged(tag)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert err.count("(in load_batch), apart from") == 1, err
+    assert err.count("(in save_state), apart from") == 1, err
+    assert err.index("(in load_batch)") < err.index("(in save_state)")

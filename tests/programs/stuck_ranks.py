@@ -4,6 +4,8 @@
             others wait in an allreduce for it; then every rank prints "done"
   deadlock  ranks 0 and 1 both wait in recv for each other, for ever (the test
             stops the job)
+  twice     as stuck, but the last rank then waits in save_state() until
+            RELEASE_FILE.2 exists, printing nothing in between
 """
 import os
 import sys
@@ -22,8 +24,15 @@ def load_batch():
     return rank
 
 
+def save_state():
+    while not os.path.exists(release + ".2"):
+        time.sleep(0.05)
+
+
 def step():
     batch = load_batch() if rank == size - 1 else rank
+    if mode == "twice" and rank == size - 1:
+        save_state()
     return comm.allreduce(batch)
 
 
@@ -33,7 +42,7 @@ def recv_from_peer():
 
 def main():
     print(f"started {rank}", flush=True)
-    if mode == "stuck":
+    if mode in ("stuck", "twice"):
         total = step()
     else:
         total = recv_from_peer()
