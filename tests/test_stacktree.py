@@ -135,3 +135,15 @@ def test_an_agent_takes_a_malformed_look_request_as_a_link_error(message):
             pass
     finally:
         loop.close()
+
+
+@given(st.dictionaries(st.integers(0, 50), st.lists(THREAD, max_size=2), max_size=12))
+def test_stacks_merged_on_a_host_expand_to_the_same_stacks(threads_by_rank):
+    from mslaunch.remote.agentlook import same_as_earlier
+    rows = {k: {"threads": [list(t) for t in v], "note": ""} for k, v in threads_by_rank.items()}
+    sent = json.loads(json.dumps({str(k): v for k, v in same_as_earlier(rows).items()}))
+    for key, row in sent.items():
+        if "threads_of" in row:
+            assert "threads" not in row
+            row["threads"] = sent[str(row["threads_of"])]["threads"]
+        assert row["threads"] == rows[int(key)]["threads"]

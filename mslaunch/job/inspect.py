@@ -68,10 +68,18 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
 
     def arrived(where: str, ranks: Optional[Dict[Any, Any]]) -> None:
         waiting.discard(where)
+        here: Dict[int, Dict[str, Any]] = {}
         for key, entry in (ranks or {}).items():
             k = int(key) if isinstance(key, str) and key.isdigit() else key
             if k in by_key and isinstance(entry, dict):
-                got[k] = entry
+                here[k] = entry
+        for k, entry in here.items():
+            # merged on the host: the same threads as another rank of that host
+            same = entry.get("threads_of")
+            if same is not None and "threads" not in entry:
+                other = here.get(same) if type(same) is int else None
+                entry = dict(entry, threads=other.get("threads") if other else None)
+            got[k] = entry
         if not waiting:
             finish()
 

@@ -24,6 +24,23 @@ from . import link
 MAX_TIMEOUT = 120.0
 
 
+def same_as_earlier(rows: Dict[int, Any]) -> Dict[int, Any]:
+    """Merged on the host before they are sent: a rank whose threads are those of
+    an earlier rank says so (``"threads_of": key``) instead of repeating them."""
+    seen: Dict[Any, int] = {}
+    out: Dict[int, Any] = {}
+    for key, row in rows.items():
+        threads = row.get("threads")
+        same = tuple(tuple(t) for t in threads) if threads else None
+        if same is not None and same in seen:
+            row = {k: v for k, v in row.items() if k != "threads"}
+            row["threads_of"] = seen[same]
+        elif same is not None:
+            seen[same] = key
+        out[key] = row
+    return out
+
+
 class AgentLook:
     """Answers ``STACKS`` and ``TOP`` frames for one agent."""
 
@@ -49,6 +66,8 @@ class AgentLook:
                            lambda result: self._answer(kind, ident, result))
 
     def _answer(self, kind: int, ident: int, rows: Dict[int, Any]) -> None:
+        if kind == link.STACKS:
+            rows = same_as_earlier(rows)
         if not self.endpoint.closed:
             self.endpoint.send(link.encode(kind, {"id": ident, "ranks": {
                 str(k): v for k, v in rows.items()}}))
