@@ -71,7 +71,7 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
         here: Dict[int, Dict[str, Any]] = {}
         for key, entry in (ranks or {}).items():
             k = int(key) if isinstance(key, str) and key.isdigit() else key
-            if k in by_key and isinstance(entry, dict):
+            if k in by_key and k in allowed[where] and isinstance(entry, dict):
                 here[k] = entry
         for k, entry in here.items():
             # merged on the host: the same threads as another rank of that host
@@ -83,6 +83,9 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
         if not waiting:
             finish()
 
+    # what each place may speak for: its own ranks (an agent never for another host's)
+    allowed = {name: set(host.ranks) for name, host in sup.hosts.items()}
+    allowed["local"] = {k for k, r in by_key.items() if r.spec.host.local}
     timer = sup.loop.call_later(timeout + 2.0, finish)
     for name, host in sup.hosts.items():
         waiting.add(name)
@@ -91,8 +94,8 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
             waiting.discard(name)
     if "local" in waiting:
         from ..machine.stacks import read_in_background
-        here = {r.spec.key: r.pid for r in live if r.spec.host.local}
-        read_in_background(sup.loop, here, dumps, timeout, lambda res: arrived("local", res))
+        pids = {r.spec.key: r.pid for r in live if r.spec.host.local}
+        read_in_background(sup.loop, pids, dumps, timeout, lambda res: arrived("local", res))
     if not waiting:
         finish()
 
@@ -253,8 +256,10 @@ class Inspector:
 
         def arrived(name: str, ranks: Optional[Dict[Any, Any]]) -> None:
             waiting.discard(name)
+            mine = sup.hosts[name].ranks       # an agent speaks for its own ranks only
             for key, entry in (ranks or {}).items():
-                if isinstance(key, str) and key.isdigit() and isinstance(entry, dict):
+                if isinstance(key, str) and key.isdigit() and int(key) in mine \
+                        and isinstance(entry, dict):
                     cpu, rss = entry.get("cpu"), entry.get("rss")
                     rows[int(key)] = {
                         "state": str(entry.get("state") or "?")[:8],
