@@ -79,6 +79,19 @@ def test_a_faulthandler_dump_parses_main_thread_first_innermost_last():
                                   ("worker (t.py:4)", "wait (threading.py:320)")]
 
 
+def test_cython_names_read_as_python_names():
+    assert native.cython_name("__pyx_pw_6mpi4py_3MPI_4Comm_293allreduce") == \
+        "mpi4py.MPI.Comm.allreduce"
+    assert native.cython_name("__pyx_f_6mpi4py_3MPI_PyMPI_Commctx_INTRA.constprop.0") == \
+        "mpi4py.MPI.PyMPI_Commctx_INTRA"
+    assert native.cython_name("PMPI_Recv") == "PMPI_Recv"
+
+
+@given(st.text())
+def test_any_name_demangles_to_a_string(name):
+    assert isinstance(native.cython_name("__pyx_pw_" + name), str)
+
+
 def test_native_frames_below_python_stop_at_the_mpi_call():
     text = ("PID 1 - process\nTID 1:\n"
             "#0  0x1 __sched_yield - /lib/libc.so.6\n"
@@ -90,7 +103,7 @@ def test_native_frames_below_python_stop_at_the_mpi_call():
             "#6  0x7 main - /v/python3.11\n")
     [frames] = native.parse(text).values()
     assert native.labels(frames, below_python=True) == (
-        "__pyx_pw_allreduce (MPI.so)", "PMPI_Allreduce (libmpi.so.12)")
+        "allreduce (MPI.so)", "PMPI_Allreduce (libmpi.so.12)")
     assert native.labels(frames, below_python=False)[0] == "main (python3.11)"
 
 

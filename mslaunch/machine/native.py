@@ -83,6 +83,42 @@ def _frame(line: str) -> Tuple[str, str]:
     return ("" if func == "??" else func), os.path.basename(module)
 
 
+#: What a compiler appends to a function's name for its clones and cold parts.
+_CLONES = (".constprop.", ".isra.", ".part.", ".cold", ".lto_priv.")
+
+
+def _plain(func: str) -> str:
+    """``func`` without a symbol version (``@GLIBC_2.2.5``) or clone suffix."""
+    func = func.split("@", 1)[0]
+    for clone in _CLONES:
+        at = func.find(clone)
+        if at > 0:
+            func = func[:at]
+    return func
+
+
+def cython_name(func: str) -> str:
+    """A Cython function's dotted name (``__pyx_pw_6mpi4py_3MPI_4Comm_293allreduce``
+    is ``mpi4py.MPI.Comm.allreduce``); other names as they are."""
+    for prefix in ("__pyx_pw_", "__pyx_pf_", "__pyx_f_"):
+        if func.startswith(prefix):
+            break
+    else:
+        return func
+    rest, parts = func[len(prefix):].split(".", 1)[0], []
+    while rest:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        size = int(rest[:digits]) if digits else 0
+        end = digits + size
+        if digits and size <= len(rest) - digits and rest[end:end + 1] in ("_", ""):
+            parts.append(rest[digits:end])
+            rest = rest[end + 1:]
+        else:
+            parts.append(rest[digits:])       # a counter and the function's own name
+            break
+    return ".".join(p for p in parts if p) or func
+
+
 def labels(frames: List[Tuple[str, str]], below_python: bool) -> Tuple[str, ...]:
     """One thread's native frames as labels, outermost first: unnamed frames
     of one module in a row become one ``?? (module)``; with ``below_python``,
@@ -93,7 +129,7 @@ def labels(frames: List[Tuple[str, str]], below_python: bool) -> Tuple[str, ...]
         frames = frames[:inner[0]] if inner else frames
     out: List[str] = []
     for func, module in reversed(frames):
-        func = func.split("@", 1)[0]
+        func = cython_name(_plain(func))
         text = f"{func or '??'} ({module})" if module else (func or "??")
         if not out or out[-1] != text or func:
             out.append(text)
