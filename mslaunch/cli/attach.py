@@ -63,8 +63,12 @@ def ask(path: str, request: Dict[str, Any], timeout: float) -> Dict[str, Any]:
 
 def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
     """The socket and ``info`` of the job named ``name`` (see the module docstring)."""
+    sockets = _sockets()
+    named = [(pid, path) for pid, path in sockets if name == str(pid)]
+    if named:
+        sockets = named              # a pid: only that job is asked
     live = []
-    for pid, path in _sockets():
+    for pid, path in sockets:
         try:
             live.append((pid, path, ask(path, {"op": "info"}, 5.0)))
         except LaunchError as err:
