@@ -21,7 +21,7 @@ def _tools(mpich):
 def test_stall_report_names_the_stuck_rank_once_and_the_job_goes_on(tmp_path):
     tag = new_tag()
     release = tmp_path / "release"
-    timer = threading.Timer(14.0, lambda: release.write_text("go"))
+    timer = threading.Timer(18.0, lambda: release.write_text("go"))
     timer.start()
     try:
         r = run("--stall-report", "2", "-n", "4", "--oversubscribe", PY,
