@@ -96,8 +96,8 @@ def test_a_new_picture_is_reported_again(tmp_path):
     def go(path, after):
         time.sleep(after)
         path.write_text("go")
-    threads = [threading.Thread(target=go, args=(release, 10.0)),
-               threading.Thread(target=go, args=(second, 20.0))]
+    threads = [threading.Thread(target=go, args=(release, 14.0)),
+               threading.Thread(target=go, args=(second, 28.0))]
     for t in threads:
         t.start()
     tag = new_tag()
