@@ -200,6 +200,9 @@ class JobSpec:
     index_argv: bool = False              # --index-argv-by-rank
     report_state: bool = False            # --report-state-on-timeout
     stack_traces: bool = False            # --get-stack-traces
+    # --stall-report S: the merged stacks once the job looks stalled for S s (None: off)
+    stall_report: Optional[float] = None
+    stall_exit: bool = False              # --stall-exit: and end the job there
     report_pid: Optional[str] = None      # --report-pid -|+|FILE
     report_json: Optional[str] = None     # --report-json FILE (see job.jobreport)
     exec_path: Tuple[str, ...] = ()       # -path DIR[:DIR]
@@ -210,6 +213,10 @@ class JobSpec:
     # default; 0: SYSTEM, the job's slots; N: N)
     usize: Optional[int] = None
     novm: bool = False                    # --novm: agents only on hosts with ranks
+
+
+#: ``--stall-report``'s seconds when none are given (docs/guides/stacks.md says why).
+STALL_SECONDS = 300.0
 
 
 @dataclass(frozen=True)

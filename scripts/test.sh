@@ -21,6 +21,9 @@ command -v ip >/dev/null 2>&1 || apt_needed+=(iproute2)
 [ -x /usr/bin/mpirun.openmpi ] || apt_needed+=(openmpi-bin)
 [ -e /usr/lib/python3/dist-packages/mpi4py/__init__.py ] || apt_needed+=(python3-mpi4py)
 command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
+# native frames of running ranks (mslaunch-stacks), and a real terminal for mslaunch-top's test
+command -v eu-stack >/dev/null 2>&1 || apt_needed+=(elfutils)
+command -v tmux >/dev/null 2>&1 || apt_needed+=(tmux)
 # the Slurm test bed (tests/slurmbed.py): munged, slurmctld and one slurmd per
 # network-namespace node, none of them started as a service
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun; } >/dev/null 2>&1 || apt_needed+=(slurm-wlm)

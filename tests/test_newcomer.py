@@ -276,12 +276,15 @@ def test_a_script_that_cannot_run_is_refused_with_what_to_type(tmp_path):
         assert line.endswith(f"program {program!r} of rank 0 {says}"), line
 
 
-def test_stack_traces_without_a_timeout_say_they_do_nothing():
-    r = run("--get-stack-traces", "-n", "1", "true")
+def test_report_state_without_a_timeout_says_it_does_nothing():
+    r = run("--report-state-on-timeout", "-n", "1", "true")
     assert r.returncode == 0
-    assert r.stderr.decode() == ("mslaunch: warning: --get-stack-traces acts on a timeout only, "
-                                 "and none is set: add --timeout SECONDS (or set "
+    assert r.stderr.decode() == ("mslaunch: warning: --report-state-on-timeout acts on a timeout "
+                                 "only, and none is set: add --timeout SECONDS (or set "
                                  "MPIEXEC_TIMEOUT)\n"), r.stderr
+    # --get-stack-traces alone means stall reports after 60 s (tests/test_stall.py): no warning
+    r = run("--get-stack-traces", "-n", "1", "true")
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
     r = run("--get-stack-traces", "--report-state-on-timeout", "--timeout", "30", "-n", "1",
             "true")
     assert r.returncode == 0 and r.stderr == b"", r.stderr

@@ -30,6 +30,9 @@ class StandInGuard:
     def ready(self) -> None:
         pass
 
+    def private(self, path: str) -> None:
+        pass
+
     def close(self) -> None:
         self.closed = True
 

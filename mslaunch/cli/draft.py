@@ -101,6 +101,7 @@ class Draft:
         self.output_filename: Optional[str] = None
         self.stdin = "0"
         self.timeout: Optional[float] = None
+        self.stall_report: Optional[float] = None   # --stall-report (None: the default)
         self.grace = 5.0
         self.mpi: Optional[str] = None
         self.prefix: Optional[str] = None
@@ -129,7 +130,7 @@ class Draft:
         self.display_topo = self.merge_stderr = self.tag_output = False
         self.timestamp_output = self.xml = self.prepend_rank = self.index_argv = False
         self.report_state = self.stack_traces = self.pmi_port = self.preload_binary = False
-        self.session_cwd = self.ssh_accept_new = self.novm = False
+        self.session_cwd = self.ssh_accept_new = self.novm = self.stall_exit = False
         # Open MPI's MCA parameters and Hydra's variables (see mca.py)
         self.rsh_agent = ""                        # plm_rsh_agent
         self.rsh_args = ""                         # plm_rsh_args

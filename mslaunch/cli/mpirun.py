@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 from .. import __version__
 from ..errors import UsageError
-from ..spec import AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
+from ..spec import STALL_SECONDS, AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
 from ..switches import pty_wanted
 from .common import Exit, launch_dir
 from .draft import RUNTIME_FRAMEWORKS, Context, Draft, check_int, check_seconds
@@ -250,12 +250,14 @@ def _build(d: Draft) -> JobSpec:
     timeout = d.timeout
     if timeout is None and d.environ.get("MPIEXEC_TIMEOUT"):
         timeout = check_seconds("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
-    for flag, given in (("--get-stack-traces", d.stack_traces),
-                        ("--report-state-on-timeout", d.report_state)):
-        if given and timeout is None:       # Open MPI 4 ignores them without a word
-            d.warnings.append(f"{flag} acts on a timeout only, and none is set: add "
-                              f"--timeout SECONDS (or set MPIEXEC_TIMEOUT)")
+    if d.report_state and timeout is None:      # Open MPI 4 ignores it without a word
+        d.warnings.append("--report-state-on-timeout acts on a timeout only, and none is set: "
+                          "add --timeout SECONDS (or set MPIEXEC_TIMEOUT)")
     keep_going = d.keep_going
+    stall = d.stall_report
+    if stall is None:
+        # --get-stack-traces without --timeout: the stacks when the job stalls, sooner
+        stall = 60.0 if d.stack_traces and timeout is None else STALL_SECONDS
     mpi = _mpi(d)
     launcher, rsh_agent, rsh_args = rsh_settings(d)
     return JobSpec(
@@ -266,6 +268,7 @@ def _build(d: Draft) -> JobSpec:
         display_topo=d.display_topo, index_argv=d.index_argv, report_state=d.report_state,
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,
         report_json=d.report_json,
+        stall_report=stall or None, stall_exit=d.stall_exit,
         preload_binary=d.preload_binary, preload_files=d.preload_files,
         session_cwd=d.session_cwd, usize=d.usize, novm=d.novm, port_range=d.port_range,
         **placement,  # type: ignore[arg-type]

@@ -194,8 +194,16 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("report-state-on-timeout",), 0, D.turn_on("report_state"),
                "--report-state-on-timeout   on timeout, print the state of every rank"),
         Option(("get-stack-traces",), 0, D.turn_on("stack_traces"),
-               "--get-stack-traces\ton timeout, print every rank's stacks first",
-               note="Python ranks: the Python stacks of all threads; others: gdb or eu-stack"),
+               "--get-stack-traces\ton timeout, print every rank's stacks first, merged\n"
+               "(without --timeout: --stall-report 60)",
+               note="one merged report labelled with ranks and hosts, read without stopping "
+               "a rank (Python frames from the rank itself, native frames with eu-stack or "
+               "gdb); without `--timeout` it means `--stall-report 60` (Open MPI: no effect)"),
+        Option(("stall-report",), 1, D.seconds("stall_report", allow_zero=True),
+               "--stall-report SECONDS\tprint every rank's stacks, merged, once no rank has\n"
+               "written and no stack changed for SECONDS (default 300; 0: off)"),
+        Option(("stall-exit",), 0, D.turn_on("stall_exit"),
+               "--stall-exit\tend the job once the stall report is printed; exit 111"),
         Option(("grace",), 1, D.seconds("grace", allow_zero=True), "--grace SECONDS\t"
                "SIGTERM-to-SIGKILL delay when stopping ranks (default 5)"),
         Option(("disable-auto-cleanup",), 0, D.keep_going, "-disable-auto-cleanup\tkeep going "
@@ -289,9 +297,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                   "mslaunch finds Slurm, PBS, Grid Engine and LSF allocations by itself"),
     )),
     ("", (  # refused, with what to use instead
-        _refused(("debug", "tv"), 0, "there is no parallel debugger interface; attach gdb -p "
-                 "to a rank (--report-pid, -v show pids) or use --get-stack-traces with "
-                 "--timeout"),
+        _refused(("debug", "tv"), 0, "there is no parallel debugger interface; "
+                 "`mslaunch-stacks` shows every rank's stacks of a running job, or attach "
+                 "gdb -p to a rank (-v shows pids)"),
         _refused(("debugger",), 1,
                  "there is no parallel debugger interface; attach gdb -p to a rank"),
         _refused(("report-events",), 1, "there is no tool event interface; use -v for each "

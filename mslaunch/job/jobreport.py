@@ -7,8 +7,8 @@ and ``version`` is raised when one changes meaning (see the reference page
 ``docs/reference/job-report.md``)::
 
     {"format": "mslaunch-job-report", "version": 1,
-     "status": "succeeded" | "failed" | "timed-out" | "stopped" | "output-failed"
-               | "stopped-by-peer" | "not-started",
+     "status": "succeeded" | "failed" | "timed-out" | "stalled" | "stopped"
+               | "output-failed" | "stopped-by-peer" | "not-started",
      "exit_code": N, "message": "...", "start": T, "end": T,
      "launcher": {"pid": N, "host": "...", "version": "..."},
      "first_failure": null | RANK,
@@ -45,10 +45,11 @@ FORMAT = "mslaunch-job-report"
 VERSION = 1
 
 #: JobResult.ending -> the report's status (None: the job ran to its end).
-_STATUS = {"failure": "failed", "timeout": "timed-out", "signal": "stopped",
+_STATUS = {"failure": "failed", "timeout": "timed-out", "stall": "stalled", "signal": "stopped",
            "output": "output-failed", "remote": "stopped-by-peer"}
 #: The message of an ending whose line mslaunch printed while the job ran.
 _SAID = {"timed-out": "the job timed out (--timeout)",
+         "stalled": "the job stalled (--stall-report with --stall-exit)",
          "output-failed": "mslaunch's output could not be written",
          "stopped-by-peer": "another node stopped the job"}
 

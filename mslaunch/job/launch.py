@@ -61,6 +61,39 @@ def ompi_jobid(avoid: int) -> int:
     return start << 16       # none free: jax reports the port it cannot bind
 
 
+def control_listener(directory: str, name: str):
+    """A listening Unix socket ``directory/name`` (no TCP port: only processes that
+    may enter this user's private directory can connect); None if it cannot be made."""
+    import _socket
+    path = os.path.join(directory, name)
+    try:
+        os.unlink(path)              # a dead launcher's of the same pid
+    except OSError:
+        pass
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        return None
+    sock.setblocking(False)
+    return sock, path
+
+
+def open_control(watchdog) -> Optional[Tuple[object, str]]:
+    """The job's control socket ``PID.sock`` (mslaunch-stacks, mslaunch-top), which
+    the guard removes should this process die; None if it cannot be made."""
+    from ..machine.procs import private_dir, sweep_private
+    where = private_dir()
+    if where:
+        sweep_private(where)
+    made = control_listener(where, f"{os.getpid()}.sock") if where else None
+    if made is not None:
+        watchdog.private(made[1])
+    return made
+
+
 def _master_port(text: Optional[str]) -> Optional[int]:
     """``MASTER_PORT`` from the environment, checked; None when unset or empty."""
     if not text:
@@ -212,7 +245,7 @@ def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
         from ..machine.terminal import Console
         console = Console(fd, fd, owned=True)
     supervisor = Supervisor(job, plan, console, connect=remote, starter=starter, replan=replan,
-                            watchdog=watchdog)
+                            watchdog=watchdog, control=open_control(watchdog))
     try:
         result = supervisor.run()
         if result.message:

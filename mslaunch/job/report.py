@@ -2,11 +2,11 @@
 
 The failure summary (the root cause, how many others were stopped or, when
 the job keeps going, every failed rank; the end of the root cause's stderr,
-a long Python traceback shortened by :mod:`.tails`), the state report of ``--report-state-on-timeout``, the
-ranks a hung MPI job waited for, the stack traces of ``--get-stack-traces``,
-``--report-pid``, ``--report-bindings`` and ``-v``'s lines of started ranks,
-and msrun's recovery of a failed process.  Imported only when one of them is
-wanted.
+a long Python traceback shortened by :mod:`.tails`), the state report of
+``--report-state-on-timeout``, the ranks a hung MPI job waited for
+(``--get-stack-traces``' merged stacks are :mod:`.stall`'s), ``--report-pid``,
+``--report-bindings`` and ``-v``'s lines of started ranks, and msrun's
+recovery of a failed process.  Imported only when one of them is wanted.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Sequence, Tuple
+    from typing import Callable, Dict, List, Sequence, Tuple
 
     from ..machine.local import LocalRanks
     from .seams import JobView, RankState
@@ -137,9 +137,9 @@ def report_pid(sup: JobView, where: str) -> None:
         raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
 
 
-def timed_out(sup: JobView, live: List[RankState]) -> float:
-    """What is said when ``--timeout`` ends the job; returns how long to wait
-    before the ranks are stopped (for the stack traces to arrive)."""
+def timed_out(sup: JobView, live: List[RankState], then: Callable[[], None]) -> bool:
+    """What is said when ``--timeout`` ends the job; True if ``then()`` (stopping
+    the ranks) is called later, once the stack report is printed."""
     # One process with a name of its own (the Open MPI mode's mpirun) is named.
     what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
         f"{len(live)} rank(s)"
@@ -149,19 +149,11 @@ def timed_out(sup: JobView, live: List[RankState]) -> float:
         sup.console.message(f"mslaunch: PMI: {line}")
     if sup.job.report_state:
         _report_state(sup)
-    if not sup.job.stack_traces:
-        return 0.0
-    from ..machine.stacks import stack_traces
-    from ..plan.display import job_id
-    sup.console.message("mslaunch: waiting for stack traces (this may take a few moments)...")
-    here = {r.spec.rank: r.pid for r in live if r.spec.host.local and r.spec.job == 1}
-    for block in stack_traces(here, os.uname().nodename, job_id()):
-        sup.console.message(block)
-    for host in sup.hosts.values():
-        host.request_stacks()
-    # Python ranks write their stacks themselves; let them (and the remote
-    # hosts' answers) arrive before the ranks are stopped.
-    return 3.0 if sup.hosts else 1.0
+    if not sup.job.stack_traces or not live:
+        return False
+    from .stall import timeout_stacks
+    timeout_stacks(sup, then)
+    return True
 
 
 def _report_state(sup: JobView) -> None:

@@ -78,6 +78,9 @@ class RankState(Protocol):
     discarded: bool
     restarts: int
     last_end: str
+    started_at: float           # monotonic; 0.0 until it runs
+    ended_at: float
+    last_output: Optional[float]   # when its output last grew, to a few seconds
 
     @property
     def failed(self) -> bool: ...

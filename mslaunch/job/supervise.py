@@ -27,19 +27,22 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
     from ..machine.output import RankOutput
     from ..machine.terminal import Terminal
     from ..remote.host import RemoteHost
     from ..remote.starter import Starter
     from .fleet import Fleet
+    from .inspect import Inspector
+    from .stall import StallWatch
     from .mpijobs import MPIJobs
     from .seams import ModeHooks, RankHandle, RankState
 
 from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
 from ..machine.guard import Watchdog
-from ..machine.local import LocalRanks
+from ..machine.procs import remove_private
+from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER, Console
@@ -51,13 +54,16 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sign
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _pending_stop: List[int] = []          # see _note_stop
+#: Seconds between looks at how much each rank has written (see _note_output).
+OUTPUT_EVERY = 2.0
 
 
 class _Rank:
     """Mutable bookkeeping of one rank."""
 
     __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost",
-                 "discarded", "restarts", "last_end", "start", "end")
+                 "discarded", "restarts", "last_end", "start", "end", "started_at",
+                 "ended_at", "written", "last_output")
 
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
@@ -73,6 +79,9 @@ class _Rank:
         self.last_end = ""        # how the previous run ended, for the log's marker
         self.start: Optional[float] = None   # wall clock, for the job report
         self.end: Optional[float] = None     # (set where it is seen to end)
+        self.started_at = self.ended_at = 0.0   # monotonic (mslaunch-top's timeline)
+        self.written = 0          # output bytes, and when they last grew (see _note_output)
+        self.last_output: Optional[float] = None
 
     @property
     def failed(self) -> bool:
@@ -97,7 +106,8 @@ class Supervisor:
                  connect: Sequence[str] = (), starter: Optional[Starter] = None,
                  replan=None,
                  watchdog: Optional[Watchdog] = None, loop: Optional[Loop] = None,
-                 hooks: Optional[ModeHooks] = None) -> None:
+                 hooks: Optional[ModeHooks] = None,
+                 control: Optional[Tuple[Any, str]] = None) -> None:
         self.job = job
         self.plan = plan
         # Remote hosts to start agents on, what starts them (mslaunch.remote.starter),
@@ -128,6 +138,10 @@ class Supervisor:
         self.fleet: Optional[Fleet] = None        # the remote hosts, if any
         self.stdin_fanout = None
         self.launched = False
+        self.control = control     # (socket, path): mslaunch-stacks and mslaunch-top
+        self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
+        self.inspector: Optional[Inspector] = None   # made on the first connection
+        self.stall: Optional[StallWatch] = None      # --stall-report's watcher
 
     @property
     def hosts(self) -> Dict[str, RemoteHost]:
@@ -158,7 +172,20 @@ class Supervisor:
                                          on_death=after_launcher_death)
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
+            if self.control is not None:
+                self.loop.add_reader(self.control[0].fileno(), self._control_ready)
+                if self.job.verbose:
+                    self.log(f"see inside this job from another terminal: mslaunch-stacks "
+                             f"{os.getpid()} (every rank's stacks), mslaunch-top {os.getpid()}")
+            elif self.job.verbose and self.hooks is None:
+                self.log("no control socket (no private directory of this user's for it): "
+                         "mslaunch-stacks and mslaunch-top cannot attach")
             self._start_all()
+            self.loop.call_later(OUTPUT_EVERY, self._note_output)
+            if self.job.stall_report and self.hooks is None:
+                # The watch itself is imported at its first look: a short job never needs it.
+                self.loop.call_later(min(60.0, max(0.5, self.job.stall_report / 4)),
+                                     self._watch_stall)
             if self.job.timeout is not None:
                 self.loop.call_later(self.job.timeout, self._on_timeout)
             self.loop.run_until(self._finished)
@@ -220,10 +247,15 @@ class Supervisor:
     def _local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                      stdin_fd: Optional[int]) -> LocalRanks:
         job = self.job
+        if self.dumps is None and self.watchdog is not None and any(
+                python_program(s) for s in specs):
+            from ..machine.pydump import make_dir
+            self.dumps = make_dir(self.watchdog)
         return LocalRanks(self.loop, specs, self, sinks=self.make_sinks,
                           guard=self.watchdog,  # type: ignore[arg-type]
                           grace=job.grace, merge_stderr=job.output.merge_stderr,
-                          pmi=pmi, pmi_env=pmi_env, stdin_fd=stdin_fd, pty=job.output.pty)
+                          pmi=pmi, pmi_env=pmi_env, stdin_fd=stdin_fd, pty=job.output.pty,
+                          dumps=self.dumps)
 
     def replanned(self, plan: Plan) -> None:
         """The plan made again with the remote hosts' topologies (before any rank runs)."""
@@ -293,6 +325,7 @@ class Supervisor:
         r = self.ranks[key]
         r.pid = pid
         r.start = time.time() if r.start is None else r.start   # (msrun's restarts)
+        r.started_at = time.monotonic()
         if self.job.verbose or self.job.report_bindings:
             from .report import rank_started
             rank_started(self, r)
@@ -302,6 +335,7 @@ class Supervisor:
             self.mpi_jobs.check_singletons()
         r = self.ranks[key]
         r.code, r.signal, r.ended, r.end = code, sig, True, time.time()
+        r.ended_at = time.monotonic()
         if self.mpi_jobs is not None:
             self.mpi_jobs.process_ended(r.spec)
         if r.discarded:
@@ -354,10 +388,13 @@ class Supervisor:
             return
         self.ending = "timeout"
         from .report import timed_out
-        wait = timed_out(self, self._live())
-        if wait:
-            self.loop.call_later(wait, self._terminate)
-        else:
+        if not timed_out(self, self._live(), self._terminate):
+            self._terminate()
+
+    def end_stalled(self) -> None:
+        """``--stall-exit``: the stall report was printed; end the job."""
+        if self.ending is None:
+            self.ending = "stall"
             self._terminate()
 
     # -- output errors -------------------------------------------------------
@@ -435,8 +472,38 @@ class Supervisor:
             return False
         return not self.console.pending
 
+    # -- looking inside (see .inspect) ----------------------------------------------
+    def _control_ready(self) -> None:
+        if self.inspector is None:
+            from .inspect import Inspector
+            self.inspector = Inspector(self, self.control[0], self.dumps)  # type: ignore[index]
+        self.inspector.accept()
+
+    def _watch_stall(self) -> None:
+        if self.ending is None:
+            from .stall import StallWatch
+            self.stall = StallWatch(self, self.job.stall_report,  # type: ignore[arg-type]
+                                    self.job.stall_exit)
+
+    def _note_output(self) -> None:
+        """When each rank last wrote output (mslaunch-top, --stall-report), to a few seconds."""
+        now = time.monotonic()
+        for r in self.ranks:
+            written = sum(o.written for o in r.outputs)
+            if written != r.written or r.last_output is None:
+                r.written, r.last_output = written, now
+        self.loop.call_later(OUTPUT_EVERY, self._note_output)
+
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
+        if self.control is not None:
+            self.loop.forget(self.control[0].fileno())
+            if self.inspector is not None:
+                self.inspector.close()
+            self.control[0].close()
+        for path in (self.control[1] if self.control else None, self.dumps):
+            if path is not None:
+                remove_private(path)
         if self.fleet is not None:
             self.fleet.let_go_all()
         for handle in self._handles():
@@ -484,6 +551,9 @@ class Supervisor:
             code = self.remote[0]
         elif ending in ("timeout", "output"):
             code = TIMEOUT_EXIT if ending == "timeout" else 1
+        elif ending == "stall":
+            from .stall import STALL_EXIT
+            code = STALL_EXIT
         else:
             code, ending = 0, None
         return JobResult(exit_code=code, ranks=results, message=message, ending=ending)

@@ -5,8 +5,9 @@ No policy and no MPI here: the :mod:`.loop` (epoll, timers), :mod:`.spawn`
 exits through pidfds, leftovers), :mod:`.terminal` (mslaunch's stdout and
 stderr, never blocking), :mod:`.output` (rank sinks, pipe readers),
 :mod:`.stdin` (the launcher's stdin to the ranks), :mod:`.guard` (the orphan
-guard; its MPI clean-up is a hook its owner passes in), :mod:`.procs`
-(finding and stopping processes), :mod:`.stacks` (stack traces of hung
-ranks) and :mod:`.topology` (this machine's cores from sysfs, the per-user
-cache).
+guard, and the job's private control socket; its MPI clean-up is a hook its
+owner passes in), :mod:`.procs` (finding and stopping processes),
+:mod:`.stacks` (every rank's stacks, read without stopping it: :mod:`.pydump`
+for Python frames, :mod:`.native` for native ones) and :mod:`.topology` (this
+machine's cores from sysfs, the per-user cache).
 """

@@ -43,7 +43,7 @@ import time
 
 from ..switches import switch
 from .procs import alive, children_of, descendants, exists, marked_pids, send_signal, start_time
-from .procs import terminate, wait_gone
+from .procs import remove_private, terminate, wait_gone
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -255,6 +255,7 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
     poll_children = False
     groups: Set[int] = set()
     kept: List[str] = []
+    private: List[str] = []       # the job's control socket and dump directories
     adopted: Dict[int, Optional[int]] = {}   # pid -> start time, orphans the launcher adopted
     buf = b""
     done = False
@@ -286,6 +287,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
                 groups.discard(int(arg))
             elif kind == b"k":
                 kept.append(arg.decode())
+            elif kind == b"c":
+                private.append(arg.decode())
             elif kind == b"g":
                 grace = float(arg)
             elif kind == b"s":
@@ -311,6 +314,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         terminate((), marker, grace, cgroup, live, spare=(parent,))
         return
     terminate(groups, marker, grace, cgroup, live)
+    for path in private:
+        remove_private(path)
     if on_death is not None:
         on_death(kept, marker)
 
@@ -397,6 +402,16 @@ class Watchdog:
     def keep(self, item: str) -> None:
         """Keep ``item`` for the ``on_death`` hook, should the launcher die."""
         self._pending.append(f"k{item}\n")
+
+    def private(self, path: str) -> None:
+        """Remove ``path`` (a socket, or a directory of this user's) should the
+        launcher die (see :func:`mslaunch.job.launch.open_control`)."""
+        # Written at once: a launcher may die before its first flush.
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, f"c{path}\n".encode())
+            except OSError:
+                pass
 
     def flush(self) -> None:
         # Groups not yet sent when the launcher dies are still found by the

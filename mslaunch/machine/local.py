@@ -69,8 +69,11 @@ class LocalRanks:
                  sinks: Callable[[RankSpec], Tuple[RankSink, Optional[RankSink]]],
                  guard: Watchdog, grace: float, merge_stderr: bool,
                  pmi=None, pmi_env: Optional[Callable[[int], Dict[str, str]]] = None,
-                 stdin_fd: Optional[int] = 0, pty: bool = True) -> None:
+                 stdin_fd: Optional[int] = 0, pty: bool = True,
+                 dumps: Optional[str] = None) -> None:
         self.loop = loop
+        # Where Python ranks dump their stacks (see .pydump); None: no hook.
+        self.dumps = dumps
         self.listener = listener
         self.ranks: Dict[int, _Local] = {s.key: _Local(s, pmi, pmi_env) for s in specs}
         self.sinks = sinks
@@ -163,6 +166,9 @@ class LocalRanks:
         env["PWD"] = os.path.realpath(spec.cwd)
         if local.pmi_env is not None:
             env.update(local.pmi_env(spec.rank))
+        if self.dumps is not None and python_program(spec):
+            from .pydump import rank_env
+            env.update(rank_env(self.dumps, env, os.getpid()))
         out_sink, err_sink = self.sinks(spec)
         out_r, out_w = open_pty() if self.pty else os.pipe()
         err_r, err_w = (None, out_w) if self.merge_stderr else os.pipe()
@@ -386,6 +392,12 @@ def open_pty() -> Tuple[int, int]:
     except termios.error:
         pass
     return master, slave
+
+
+def python_program(spec: RankSpec) -> bool:
+    """Whether a rank runs a Python interpreter (by its program's name): it gets
+    the hook that lets it dump its own stacks (see :mod:`.pydump`)."""
+    return os.path.basename(spec.program or spec.argv[0]).startswith(("python", "pypy"))
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -4,7 +4,10 @@ What the orphan guard (:mod:`.guard`) stands on: processes are found by
 the guard's marker in their initial environment, as children or
 descendants of others, or by process group, and told apart from a later
 process with the same pid by their start time; :func:`terminate` stops
-all of a job's processes and what they started.
+all of a job's processes and what they started.  Also the files a process
+keeps in this user's private directory (:func:`private_dir`: a job's
+control socket, its ranks' stack dumps), removed when it ends, by its guard
+if it dies, or by the next launch if both died.
 """
 
 from __future__ import annotations
@@ -215,3 +218,101 @@ def terminate(groups: Iterable[int], marker: str, grace: float,
         elif inside:
             cgroup.kill()
         cgroup.remove(wait=2.0)
+
+
+# ---------------------------------------------------------------------------
+# this user's private directory: job control sockets and dump directories
+
+def private_dir() -> Optional[str]:
+    """This user's directory for job control sockets: ``$XDG_RUNTIME_DIR/mslaunch``,
+    else ``$TMPDIR/mslaunch-UID``; made 0700, and used only if it is this user's,
+    not a link, and open to nobody else (None if neither is)."""
+    found = private_dirs(make=True)
+    return found[0] if found else None
+
+
+def private_dirs(make: bool = False) -> List[str]:
+    """The candidates of :func:`private_dir` that exist (made first with ``make``)
+    and are this user's alone: where the companion commands look for jobs."""
+    import stat as _stat
+    uid = os.getuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    tmp = os.path.join(os.environ.get("TMPDIR", "") or "/tmp", f"mslaunch-{uid}")
+    found = []
+    for base in ([os.path.join(runtime, "mslaunch")] if runtime.startswith("/") else []) + [tmp]:
+        try:
+            if make:
+                os.mkdir(base, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        try:
+            st = os.lstat(base)
+        except OSError:
+            continue
+        if _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+            found.append(base)
+            if make:
+                break
+    return found
+
+
+def sweep_private(directory: str) -> None:
+    """Remove what processes of this host that are gone left in ``directory``:
+    ``PID.sock`` and ``HOST.PID.py`` whose guard could not (it was killed too)."""
+    host = os.uname().nodename
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".sock"):
+            pid = name[:-5]
+        elif name.startswith(host + ".") and name.endswith(".py"):
+            pid = name[len(host) + 1:-3]
+        else:
+            continue
+        path = os.path.join(directory, name)
+        if pid.isdigit() and not exists(int(pid)) and not _listening(path):
+            remove_private(path)
+
+
+def _listening(path: str) -> bool:
+    """Whether someone accepts on the Unix socket ``path`` (a launcher of another
+    PID namespace sharing this directory, say)."""
+    if not path.endswith(".sock"):
+        return False
+    import _socket
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def remove_private(path: str, depth: int = 2) -> None:
+    """Remove a control socket, or a directory of dumps (two levels at most: the
+    hook's bytecode cache), quietly."""
+    try:
+        names = os.listdir(path)
+    except NotADirectoryError:
+        names = None
+    except OSError:
+        return
+    try:
+        if names is None:
+            os.unlink(path)
+            return
+        for name in names:
+            inner = os.path.join(path, name)
+            if depth > 1 and os.path.isdir(inner) and not os.path.islink(inner):
+                remove_private(inner, depth - 1)
+            else:
+                os.unlink(inner)
+        os.rmdir(path)
+    except OSError:
+        pass

@@ -1,32 +1,36 @@
-"""``--get-stack-traces``: every rank's stacks, when ``--timeout`` stops a hung job.
+"""Every rank's stacks on this machine, read without stopping the job.
 
-A hung distributed job is the hardest thing to debug, so this tries to show
-where each rank is:
+:func:`read` takes ``{rank: pid}`` and gives back, per rank, its threads as
+frame labels (outermost first) and a note on what is missing:
 
-* a Python rank (its executable is a Python interpreter) runs with
-  ``PYTHONFAULTHANDLER=1`` (set by the planner with this option) and gets
-  SIGABRT: Python's faulthandler writes the traceback of every thread to
-  its stderr, which mslaunch relays like any output, and the rank ends;
-* any other rank is inspected from outside with ``gdb`` (all threads) or
-  ``eu-stack`` when one is installed, and its stacks are printed in Open
-  MPI's form (``STACK TRACE FOR PROC [[job,1],N] (host, PID pid)`` and one
-  tab-indented line per frame).
+* Python frames from the rank itself (:mod:`.pydump`: faulthandler armed on
+  a signal by mslaunch's hook; no ptrace right needed, the rank is not
+  stopped), or from ``py-spy dump`` when the rank has no hook and py-spy is
+  installed (the ``stacks`` extra; it needs the right to trace);
+* native frames from ``eu-stack`` (or ``gdb``) for every rank, appended
+  below a Python rank's innermost interpreter frame (the MPI call under
+  ``allreduce``), and a rank's whole stack when it is not Python.
+
+Every reader runs at once, each rank has the same deadline, and a rank that
+gives nothing by then is reported as such, never waited for.  It blocks: the
+launcher and the agents call it from a thread of its own.
+
+:func:`state_report` is ``--report-state-on-timeout``'s block.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
 import time
+
+from . import native, pydump
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
-#: Seconds all debuggers together may take.
-DEBUGGER_SECONDS = 20.0
+#: Readers run at once on one machine at most (each a process of its own).
+PARALLEL = 16
 
 
 def is_python(pid: int) -> bool:
@@ -37,56 +41,223 @@ def is_python(pid: int) -> bool:
     return exe.startswith("python") or exe.startswith("pypy")
 
 
-def _debugger(pid: int) -> List[str]:
-    gdb = shutil.which("gdb")
-    if gdb:
-        return [gdb, "-q", "-batch", "-nx", "-ex", "set pagination off",
-                "-ex", "thread apply all bt", "-p", str(pid)]
-    eu = shutil.which("eu-stack")
-    if eu:
-        return [eu, "-p", str(pid)]
-    return []
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T, Z), or "" if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ""
 
 
-def stack_traces(ranks: Dict[int, int], host: str, jobid: str) -> List[str]:
-    """Stack texts of the ranks ``{rank: pid}`` running on this host.
-
-    Python ranks are sent SIGABRT and write their own stacks (nothing is
-    returned for them); the others' stacks are returned as text blocks.
-    """
-    blocks: List[str] = []
-    started: List[Tuple[int, int, subprocess.Popen]] = []
-    for rank, pid in sorted(ranks.items()):
-        if is_python(pid):
+def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
+         want_native: bool = True) -> Dict[int, Dict[str, Any]]:
+    """``{rank: {"threads": [[label...]...], "note": str, "state": str,
+    "answered": bool}}`` for ``ranks`` (``{rank: pid}``) within ``timeout`` s."""
+    import subprocess
+    deadline = time.monotonic() + timeout
+    results: Dict[int, Dict[str, Any]] = {}
+    pending_py: Dict[int, Tuple[int, int]] = {}       # rank -> (pid, offset)
+    pyspy = _which("py-spy")
+    reader = native.tool() if want_native else None
+    queue: List[Tuple[int, str, List[str]]] = []     # (rank, kind, argv)
+    for rank, pid in ranks.items():
+        state = proc_state(pid)
+        python = is_python(pid)
+        results[rank] = {"pid": pid, "state": state, "python": python, "py": None,
+                         "native": None, "notes": []}
+        if not state or state == "Z":
+            results[rank]["notes"].append("the process has ended")
+            continue
+        if state == "T":
+            results[rank]["notes"].append("the process is stopped (SIGSTOP)")
+        if python:
+            offset = pydump.ask(dump_dir, pid) if dump_dir else None
+            if offset is not None:
+                pending_py[rank] = (pid, offset)
+            elif pyspy:
+                queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
+            else:
+                results[rank]["notes"].append(
+                    "no Python frames: the rank has no mslaunch hook (started with -S or "
+                    "-I, or not as python) and py-spy is not installed")
+        if reader is not None and python and rank in pending_py and "gdb" in reader[0]:
+            # gdb would stop the rank for about a second; its Python frames suffice
+            results[rank]["notes"].append("no native frames under Python: install elfutils "
+                                          "(eu-stack), which stops a rank for milliseconds")
+        elif reader is not None:
+            queue.append((rank, "native", reader + [str(pid)]))
+    if reader is None and want_native:
+        for r in results.values():
+            r["notes"].append("no native frames: neither eu-stack (elfutils) nor gdb is installed")
+    running: List[Tuple[int, str, Any]] = []
+    while (queue or running or pending_py) and time.monotonic() < deadline:
+        while queue and len(running) < PARALLEL:
+            rank, kind, argv = queue.pop(0)
             try:
-                os.kill(pid, signal.SIGABRT)
-            except OSError:
-                pass
-            continue
-        argv = _debugger(pid)
-        head = f"STACK TRACE FOR PROC [{jobid},{rank}] ({host}, PID {pid})"
-        if not argv:
-            blocks.append(f"{head}\n\tFailed to find gdb or eu-stack on {host} to obtain "
-                          f"stack traces")
-            continue
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as err:
+                results[rank]["notes"].append(f"{os.path.basename(argv[0])}: {err.strerror}")
+                continue
+            running.append((rank, kind, proc))
+        for item in list(running):
+            rank, kind, proc = item
+            if proc.poll() is not None:
+                running.remove(item)
+                out = proc.stdout.read().decode("utf-8", "replace")
+                proc.stdout.close()
+                results[rank][kind] = out
+        for rank, (pid, offset) in list(pending_py.items()):
+            text = pydump.answer(dump_dir, pid, offset)  # type: ignore[arg-type]
+            if text is not None:
+                time.sleep(0.005)          # a dump is written in one go: see it whole
+                if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
+                    results[rank]["py"] = text
+                    del pending_py[rank]
+                    pydump.consumed(dump_dir, pid)  # type: ignore[arg-type]
+        time.sleep(0.005)
+    for rank, kind, proc in running:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
+        results[rank]["late"] = True
+    for rank in pending_py:
+        results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
+        results[rank]["late"] = True
+    for rank, kind, _ in queue:
+        results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
+        results[rank]["late"] = True
+    return {rank: _combine(r) for rank, r in results.items()}
+
+
+def _which(name: str) -> Optional[str]:
+    import shutil
+    found = shutil.which(name)
+    if found:
+        return found
+    import sys
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    return here if os.access(here, os.X_OK) else None
+
+
+def _combine(r: Dict[str, Any]) -> Dict[str, Any]:
+    notes: List[str] = r["notes"]
+    threads: List[Tuple[str, ...]] = []
+    if r["py"] is not None:
+        threads = pydump.parse(r["py"])
+    elif r.get("pyspy") is not None:
+        threads = _pyspy_threads(r["pyspy"], notes)
+    nat = r["native"]
+    frames: Dict[int, Any] = {}
+    if nat is not None:
+        frames = native.parse(nat)
+        refused = native.refusal(nat) if not any(frames.values()) else None
+        if refused == "not permitted":
+            notes.append(f"no native frames: not permitted to trace: "
+                         f"{native.why_not_permitted()}")
+        elif refused:
+            notes.append(f"no native frames: {refused}")
+    main = frames.get(r["pid"]) or (next(iter(frames.values())) if frames else [])
+    if r["python"] and threads:
+        below = native.labels(main, below_python=True) if main else ()
+        threads[0] = threads[0] + below
+    elif not threads and frames:
+        threads = [native.labels(f, below_python=False) for f in
+                   [main] + [f for tid, f in frames.items() if f is not main] if f]
+    return {"threads": [list(t) for t in threads], "note": "; ".join(notes),
+            "state": r["state"], "answered": bool(threads) or not r.get("late"),
+            "cpu": cpu_seconds(r["pid"])}
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time ``pid`` has used (user and system), or -1.0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return -1.0
+
+
+def _pyspy_threads(text: str, notes: List[str]) -> List[Tuple[str, ...]]:
+    """``py-spy dump``'s text as threads of labels, outermost first."""
+    threads: List[List[str]] = []
+    for line in text.splitlines():
+        if line.startswith("Thread "):
+            threads.append([])
+        elif line.startswith("    ") and threads:
+            threads[-1].append(line.strip())
+    if not threads:
+        refused = native.refusal(text)
+        notes.append("py-spy: " + (native.why_not_permitted() if refused == "not permitted"
+                                   else (text.strip().splitlines() or ["no answer"])[-1][:200]))
+    return [tuple(reversed(t)) for t in threads if t]
+
+
+def read_in_background(loop: Any, ranks: Dict[int, int], dump_dir: Optional[str],
+                       timeout: float, done: Any) -> None:
+    """:func:`read` in a thread of its own; ``done(result)`` is then called on ``loop``
+    (the event loop goes on meanwhile: output, heartbeats, PMI)."""
+    import _thread
+    wake_r, wake_w = os.pipe()
+    box: List[Any] = []
+
+    def work() -> None:
         try:
-            started.append((rank, pid, subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                                        stderr=subprocess.STDOUT,
-                                                        stdin=subprocess.DEVNULL)))
-        except OSError as err:
-            blocks.append(f"{head}\n\t{argv[0]}: {err.strerror}")
-    deadline = time.monotonic() + DEBUGGER_SECONDS
-    for rank, pid, proc in started:
-        head = f"STACK TRACE FOR PROC [{jobid},{rank}] ({host}, PID {pid})"
+            box.append(read(ranks, dump_dir, timeout))
+        except Exception as err:            # noqa: BLE001 (reported, never raised in a thread)
+            box.append({rank: {"threads": [], "note": f"reading failed: {err}", "state": "",
+                               "answered": True} for rank in ranks})
+        finally:
+            os.write(wake_w, b"x")
+
+    def ready() -> None:
+        loop.forget(wake_r)
+        os.close(wake_r)
+        os.close(wake_w)
+        done(box[0])
+
+    loop.add_reader(wake_r, ready)
+    _thread.start_new_thread(work, ())
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def usage(pids: Dict[int, int],
+          previous: Dict[int, Tuple[float, int]]) -> Dict[int, Dict[str, Any]]:
+    """``{rank: {"state", "cpu", "rss"}}`` of ``{rank: pid}``: CPU % since the
+    sample kept in ``previous`` (by pid; updated) or since the process
+    started, resident memory in bytes."""
+    now = time.monotonic()
+    rows: Dict[int, Dict[str, Any]] = {}
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError):
+        uptime = 0.0
+    for rank, pid in pids.items():
         try:
-            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        lines = [line for line in out.decode("utf-8", "replace").splitlines()
-                 if line.startswith(("#", "Thread", "TID", "PID", "0x")) or "in " in line]
-        blocks.append(head + "".join("\n\t" + line for line in lines or ["(no stack)"]))
-    return blocks
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks = int(fields[11]) + int(fields[12])
+            rss = int(fields[21]) * _PAGE
+            state = fields[0].decode()
+        except (OSError, IndexError, ValueError):
+            rows[rank] = {"state": "gone", "cpu": None, "rss": None}
+            continue
+        before = previous.get(pid)
+        if before is not None and now > before[0]:
+            cpu = (ticks - before[1]) / _TICK / (now - before[0]) * 100
+        else:
+            age = uptime - int(fields[19]) / _TICK
+            cpu = ticks / _TICK / age * 100 if age > 0 else 0.0
+        previous[pid] = (now, ticks)
+        rows[rank] = {"state": state, "cpu": round(cpu, 1), "rss": rss}
+    return rows
 
 
 def state_report(jobid: str, rows: List[Tuple[int, str, int, str, int]], napps: int,

@@ -182,8 +182,6 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
         if job.index_argv:
             # --index-argv-by-rank: argv[0] becomes NAME-RANK; the program is the same.
             argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]
-        if job.stack_traces:
-            env.setdefault("PYTHONFAULTHANDLER", "1")   # Python ranks dump their stacks
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
                               local_size=local_size[h], argv=argv, env=env,
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 from ..errors import LaunchError
 from ..machine.guard import Watchdog
-from ..machine.local import LocalRanks
+from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop
 from ..machine.spawn import check_startable, seal_inherited_fds
 from ..spec import RankSpec, replace, scrub_env
@@ -54,6 +54,7 @@ from . import link
 from .endpoint import Endpoint
 from ..pmi.files import GUARD_TASKS, after_launcher_death
 from .agentio import LinkOutput, Outflow, StdinRelay
+from .agentlook import AgentLook
 from .agentpmi import AgentPMI
 from .jobframe import is_kvsname, read_job, read_spawned
 
@@ -81,6 +82,7 @@ class Agent:
         self.output = Outflow(self.loop, self.endpoint)
         self.stdin = StdinRelay(self.loop, self.endpoint)
         self.pmi = AgentPMI(self.loop, self.endpoint, on_job=self._spawned)
+        self.look = AgentLook(self.loop, self.endpoint)      # STACKS and TOP
         self.job: Dict[str, Any] = {}
         self.specs: List[RankSpec] = []
         self.local: Optional[LocalRanks] = None
@@ -131,6 +133,7 @@ class Agent:
         if self.local is not None:
             self.pmi.stopping(self._live_pids())
             self.local.close(time.monotonic() + self.grace)
+        self.look.close()
         self.pmi.close()
         if self.guard is not None:
             self.guard.close()
@@ -176,9 +179,7 @@ class Agent:
             ranks = link.optional(message, "ranks", list, "SIGNAL")
             if ranks is not None and not all(type(r) is int for r in ranks):
                 raise link.LinkError("SIGNAL: ranks are not numbers")
-            if message.get("stacks") is True and self.local is not None:
-                self._send_stacks()
-            elif self.local is not None and 0 < sig < 65:
+            if self.local is not None and 0 < sig < 65:
                 if sig == signal.SIGTERM and ranks is None:
                     self.pmi.stopping(self._live_pids())
                 self.local.signal(sig, ranks)
@@ -188,15 +189,12 @@ class Agent:
             self.pmi.from_launcher(message)
         elif kind == link.BYE:
             self.finished = True
+        elif kind in (link.STACKS, link.TOP):
+            self.look.on_frame(kind, message, {
+                r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local else ())
+                if r.proc is not None and not r.ended})
         else:
             raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
-
-    def _send_stacks(self) -> None:
-        from ..machine.stacks import stack_traces
-        live = {r.spec.rank: r.proc.pid for r in self.local.ranks.values()  # type: ignore[union-attr]
-                if r.proc is not None and not r.ended and r.spec.job == 1}
-        for block in stack_traces(live, _socket.gethostname(), self.job["jobid"]):
-            self.endpoint.send(link.encode(link.LOG, {"message": block}))
 
     # -- JOB: this host's ranks ---------------------------------------------------
     def _prepare(self, body: Dict[str, Any]) -> None:
@@ -346,9 +344,13 @@ class Agent:
             return (LinkOutput(self.output, spec.key, 1),
                     None if merge else LinkOutput(self.output, spec.key, 2))
 
+        if any(python_program(spec) for spec in self.specs):
+            from ..machine.pydump import make_dir
+            self.look.dumps = make_dir(self.guard)
         self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
                                 grace=self.grace, merge_stderr=merge, pmi=pmi,
-                                pmi_env=pmi_env, stdin_fd=None, pty=job["pty"])
+                                pmi_env=pmi_env, stdin_fd=None, pty=job["pty"],
+                                dumps=self.look.dumps)
         self._started: Dict[str, int] = {}
         try:
             self.local.start()

@@ -84,6 +84,8 @@ class RemoteHost:
                                  on_closed=self._on_closed)
         self.output: Optional[Endpoint] = None    # the agent's own output connection
         self._spawns: Dict[str, Any] = {}          # kvsname -> callback(problem)
+        self._looks: Dict[int, Any] = {}           # STACKS/TOP id -> callback(ranks)
+        self._look_id = 0
 
     # -- commands -------------------------------------------------------------
     def prepare(self, frame: Dict[str, Any]) -> None:
@@ -120,10 +122,15 @@ class RemoteHost:
                                   pj.state.universe_size,
                                   self.pmi_port))
 
-    def request_stacks(self) -> None:
-        """--get-stack-traces: the agent shows its ranks' stacks (LOG frames)."""
-        if self.state == "running":
-            self.endpoint.send(link.encode(link.SIGNAL, {"sig": 0, "stacks": True}))
+    def look(self, kind: int, body: Dict[str, Any], done) -> bool:
+        """Ask the agent for its ranks' stacks (``link.STACKS``) or usage
+        (``link.TOP``); ``done(ranks or None)`` when it answers or is lost."""
+        if self.state != "running" or self.endpoint.closed:
+            return False
+        self._look_id += 1
+        self._looks[self._look_id] = done
+        self.endpoint.send(link.encode(kind, dict(body, id=self._look_id)))
+        return True
 
     def send_pmi(self, message: Dict[str, Any]) -> None:
         self.endpoint.send(link.encode(link.PMI, message))
@@ -265,6 +272,11 @@ class RemoteHost:
                 sup.host_failed(self, text, message.get("code"))
             else:
                 self.endpoint.close(f"the agent reported: {text}")
+        elif kind in (link.STACKS, link.TOP):
+            done = self._looks.pop(message.get("id"), None)   # type: ignore[arg-type]
+            ranks = message.get("ranks")
+            if done is not None:
+                done(ranks if isinstance(ranks, dict) else None)
         elif kind == link.DONE:
             if self._spawns:
                 return   # sent before the agent heard of the spawn: it will say DONE again
@@ -344,6 +356,9 @@ class RemoteHost:
         spawns, self._spawns = self._spawns, {}
         for done in spawns.values():
             done(f"lost host {self.name}")
+        looks, self._looks = self._looks, {}
+        for look in looks.values():
+            look(None)
 
 
 class RemoteStdin:

@@ -44,6 +44,11 @@ NAMES = {HELLO: "HELLO", JOB: "JOB", READY: "READY", START: "START", STARTED: "S
          OUTPUT: "OUTPUT", EXITED: "EXITED", SIGNAL: "SIGNAL", CREDIT: "CREDIT",
          STDIN: "STDIN", PMI: "PMI", BEAT: "BEAT", ERROR: "ERROR", BYE: "BYE", DONE: "DONE",
          LOG: "LOG", NODE: "NODE", LINES: "LINES"}
+#: Looking inside a running job (see :mod:`.agentlook`): the launcher asks with
+#: ``{"id", "timeout"}``, the agent answers on the same kind with ``{"id", "ranks"}``.
+#: Numbered apart from the kinds above, so that kinds added there do not collide.
+STACKS, TOP = 40, 41
+NAMES.update({STACKS: "STACKS", TOP: "TOP"})
 #: A frame's head (length, kind), and the rank and stream that open a binary body.
 HEAD = struct.Struct(">IB")
 RANK_STREAM = struct.Struct(">IB")

@@ -1,0 +1,91 @@
+"""Finding a running job of this user and asking it something (mslaunch-stacks, -top).
+
+Every job's launcher listens on ``PID.sock`` in this user's private
+directory (see :func:`mslaunch.machine.procs.private_dir`; both of its
+candidates are searched).  A job is named by its launcher's pid, by its job
+id (the kvsname ``-v`` prints, or its start), or not at all when it is this
+user's only job.  A socket nobody listens on any more (its launcher was
+killed before its guard cleaned up) is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import LaunchError
+
+
+def _sockets() -> List[Tuple[int, str]]:
+    from ..machine.procs import private_dirs
+    found: Dict[int, str] = {}
+    for base in private_dirs():
+        for name in os.listdir(base):
+            stem, _, ext = name.partition(".")
+            if ext == "sock" and stem.isdigit():
+                found.setdefault(int(stem), os.path.join(base, name))
+    return sorted(found.items())
+
+
+def ask(path: str, request: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """One request to the job at ``path``, one answer (LaunchError if none)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            data = sock.recv(1 << 20)
+            if not data:
+                break
+            buf += data
+    except socket.timeout:
+        raise LaunchError(f"the job did not answer in {timeout:g} s") from None
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise LaunchError("the job has ended") from None
+    except OSError as err:
+        raise LaunchError(f"cannot reach the job: {err.strerror or err}") from None
+    finally:
+        sock.close()
+    try:
+        answer = json.loads(buf.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise LaunchError("the job's answer is not JSON (it may have ended meanwhile)") from None
+    if not isinstance(answer, dict):
+        raise LaunchError("the job's answer is not a JSON object")
+    if "error" in answer:
+        raise LaunchError(f"the job says: {answer['error']}")
+    return answer
+
+
+def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
+    """The socket and ``info`` of the job named ``name`` (see the module docstring)."""
+    sockets = _sockets()
+    named = [(pid, path) for pid, path in sockets if name == str(pid)]
+    if named:
+        sockets = named              # a pid: only that job is asked
+    live = []
+    for pid, path in sockets:
+        try:
+            live.append((pid, path, ask(path, {"op": "info"}, 5.0)))
+        except LaunchError as err:
+            if "ended" in str(err):
+                try:
+                    os.unlink(path)          # its launcher died: nobody listens
+                except OSError:
+                    pass
+    if name is None:
+        if len(live) == 1:
+            return live[0][1], live[0][2]
+        if not live:
+            raise LaunchError("no running mslaunch job of this user on this machine")
+        jobs = ", ".join(f"{pid} ({info.get('kvsname')})" for pid, _, info in live)
+        raise LaunchError(f"{len(live)} jobs run; name one by its launcher pid or job id: {jobs}")
+    for pid, path, info in live:
+        if name == str(pid) or str(info.get("kvsname", "")).startswith(name):
+            return path, info
+    raise LaunchError(f"no running mslaunch job {name!r} of this user on this machine "
+                      f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})")

@@ -1,0 +1,219 @@
+"""Python ranks' own stack dumps: CPython's faulthandler, armed on a signal.
+
+A Python rank started by mslaunch finds a ``sitecustomize`` module first on
+its path (the job's private directory on this host, see :func:`prepare`).
+It puts the user's ``sys.path`` and ``PYTHONPATH`` back as they were, arms
+``faulthandler.register(SIGNAL, file, all_threads=True, chain=False)`` on a
+file of its own in that directory, and then imports the next
+``sitecustomize`` on the path, if any, so a site's own hook still runs.
+Under Yama's ``ptrace_scope=1`` it also names the agent (or launcher) as a
+process allowed to trace it (``PR_SET_PTRACER``), so that a native stack
+reader the agent starts may read it.
+
+faulthandler's handler runs in C, inside the signal handler, so a rank
+blocked in a C call (an MPI collective) still answers, and it does not stop
+the rank: the dump costs microseconds, and no ptrace right is needed, so
+it works in containers and under every Yama setting.  The signal is sent
+only when the rank's ``SigCgt`` mask shows it is caught, since its default
+action would end the rank.  What is not a Python interpreter, or one
+started with ``-S``/``-I``, has no dump (native frames only).
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Tuple
+
+    from .guard import Watchdog
+
+#: The signal the ranks' faulthandler answers: real-time, so no program or
+#: MPI library uses it already (SIGRTMAX - 7 on Linux).
+SIGNAL = 57
+#: The variable that arms the hook: ``DIR|SIGNAL|TRACER_PID|HAD_PYTHONPATH``.
+VARIABLE = "MSLAUNCH_STACKS"
+
+HOOK = '''\
+# Written by mslaunch: arms faulthandler so that mslaunch-stacks can read this
+# process's Python stacks without stopping it, then runs the next sitecustomize.
+def _arm():
+    import os, sys
+    spec = os.environ.pop("MSLAUNCH_STACKS", "").split("|")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if parts and os.path.abspath(parts[0] or ".") == here:
+        if len(spec) == 4 and spec[3] == "0":
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = os.pathsep.join(parts[1:])
+    if len(spec) != 4:
+        return
+    try:
+        import faulthandler
+        fd = os.open(os.path.join(spec[0], "%d.txt" % os.getpid()),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        faulthandler.register(int(spec[1]), file=fd, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        scope = "0"
+    if scope == "1" and spec[2].isdigit():
+        try:
+            import ctypes
+            ctypes.CDLL(None).prctl(0x59616d61, int(spec[2]), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+try:
+    _arm()
+except Exception:   # an interpreter without faulthandler.register: no dump, no noise
+    pass
+del _arm
+import sys as _sys
+_self = _sys.modules.pop("sitecustomize", None)
+try:
+    import sitecustomize
+except ImportError:
+    if _self is not None:
+        _sys.modules["sitecustomize"] = _self
+'''
+
+
+def prepare(directory: str) -> bool:
+    """Write the hook into ``directory`` (private to this user); False if it cannot.
+
+    Its bytecode for this Python is written beside it: ranks run with
+    ``PYTHONDONTWRITEBYTECODE`` (or a read-only cache) would otherwise compile
+    it at every start, near 2 ms each."""
+    path = os.path.join(directory, "sitecustomize.py")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:
+            f.write(HOOK)
+    except OSError:
+        return False
+    try:
+        import marshal
+        # the import system's own module, frozen and always loaded: nothing to import
+        from importlib._bootstrap_external import MAGIC_NUMBER, cache_from_source
+        st = os.stat(path)
+        head = MAGIC_NUMBER + bytes(4) + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") \
+            + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+        cached = cache_from_source(path)
+        os.makedirs(os.path.dirname(cached), 0o700, exist_ok=True)
+        fd = os.open(cached, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as f:
+            f.write(head + marshal.dumps(compile(HOOK, path, "exec")))
+    except (OSError, ImportError, ValueError, SyntaxError):
+        pass
+    return True
+
+
+def make_dir(guard: Watchdog) -> Optional[str]:
+    """This process's private directory for its Python ranks' dumps, with the
+    hook in it (removed at the end, and by ``guard`` should this process die);
+    None if it cannot be made."""
+    from .procs import private_dir, sweep_private
+    base = private_dir()
+    if base is None:
+        return None
+    sweep_private(base)           # what agents of this host that are gone left
+    path = os.path.join(base, f"{os.uname().nodename}.{os.getpid()}.py")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    guard.private(path)
+    return path if prepare(path) else None
+
+
+def rank_env(directory: str, env: Mapping[str, str], tracer: int) -> Dict[str, str]:
+    """The variables that arm the hook in a Python rank whose environment is ``env``."""
+    old = env.get("PYTHONPATH")
+    return {"PYTHONPATH": directory + (os.pathsep + old if old is not None else ""),
+            VARIABLE: f"{directory}|{SIGNAL}|{tracer}|{0 if old is None else 1}"}
+
+
+def armed(pid: int) -> bool:
+    """Whether ``pid`` catches :data:`SIGNAL` (its hook ran): only then may it be sent."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (SIGNAL - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def dump_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{pid}.txt")
+
+
+def ask(directory: str, pid: int) -> Optional[int]:
+    """Signal ``pid`` to dump; the dump file's size before, or None if not armed."""
+    if not armed(pid):
+        return None
+    try:
+        size = os.stat(dump_path(directory, pid)).st_size
+    except OSError:
+        return None
+    try:
+        os.kill(pid, SIGNAL)
+    except OSError:
+        return None
+    return size
+
+
+def answer(directory: str, pid: int, offset: int) -> Optional[str]:
+    """The dump written after ``offset`` once it is complete (it ends with a
+    frame line and has not grown since the last look), else None."""
+    path = dump_path(directory, pid)
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(16 << 20)     # hundreds of threads fit
+    except OSError:
+        return None
+    if not data.endswith(b"\n"):
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def consumed(directory: str, pid: int) -> None:
+    """Empty a dump file once read: a job sampled for days would fill the
+    directory otherwise (the rank appends, so its next dump starts at 0)."""
+    try:
+        os.truncate(dump_path(directory, pid), 0)
+    except OSError:
+        pass
+
+
+def parse(text: str) -> List[Tuple[str, ...]]:
+    """faulthandler's dump as threads of frame labels, outermost first; the main
+    thread (listed last: the oldest) first."""
+    threads: List[List[str]] = []
+    for line in text.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+        elif line.startswith("  File ") and threads:
+            # '  File "path", line N in func'
+            rest = line[len('  File "'):]
+            path, _, tail = rest.rpartition('", line ')
+            num, _, func = tail.partition(" in ")
+            if path.startswith("<frozen importlib"):
+                continue            # the import system's own frames, as tracebacks hide them
+            threads[-1].append(f"{func} ({os.path.basename(path)}:{num})")
+        elif line.strip() == "..." and threads:
+            threads[-1].append("...")
+    ordered = [tuple(reversed(t)) for t in threads if t]
+    if len(ordered) > 1:
+        ordered = [ordered[-1]] + ordered[:-1]
+    return ordered

@@ -1,0 +1,353 @@
+"""Every rank's stacks of a running job, merged (mslaunch-stacks), on real jobs.
+
+The job keeps running while its stacks are read: the stuck-rank job ends
+normally once the test releases its last rank.  Native frames come from
+eu-stack (scripts/test.sh installs elfutils); Python frames from the ranks
+themselves (mslaunch's faulthandler hook).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from helpers import PY, REPO, clean_env, kill_tagged, new_tag, program, start, tagged_pids, wait_for
+from conftest import require
+
+from mslaunch.stacktree import from_json, render
+
+STACKS = os.path.join(REPO, "scripts", "mslaunch-stacks")
+MPI_FRAME = re.compile(r"^P?MPI_\w+ \(libmpi")
+
+
+def stacks(pid: int, *args: str, env=None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, STACKS, str(pid), *args], capture_output=True, timeout=timeout,
+                          env=env or clean_env())
+
+
+def stacks_json(pid: int) -> dict:
+    r = stacks(pid, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def until(pid: int, ok, timeout: float = 90) -> dict:
+    """The JSON report, read again until ``ok(report)`` (MPI start-up takes a while)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = stacks(pid, "--json")
+        if r.returncode == 0:
+            data = json.loads(r.stdout)
+            if ok(data) or time.monotonic() > deadline:
+                return data
+        else:
+            # the job's socket appears as it starts
+            assert b"no running mslaunch job" in r.stderr, r.stderr
+            assert time.monotonic() < deadline, r.stderr
+        time.sleep(0.5)
+
+
+def main_frames(data: dict, rank: int):
+    [entry] = [r for r in data["ranks"] if r["rank"] == rank]
+    return entry["threads"][0] if entry["threads"] else []
+
+
+def stuck_shape(data: dict, n: int) -> bool:
+    return len(data["ranks"]) == n and data["classes"][:1] == [list(range(n - 1))] \
+        and any("load_batch" in f for f in main_frames(data, n - 1)) \
+        and all(any("allreduce" in f for f in main_frames(data, r)) for r in range(n - 1))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools(mpich):
+    require(shutil.which("eu-stack") is not None, "eu-stack (apt-get install elfutils)")
+
+
+def check_stuck_report(data: dict, n: int, hosts) -> None:
+    assert stuck_shape(data, n), json.dumps(data, indent=1)
+    assert data["outliers"] == [n - 1] and data["no_answer"] == []
+    assert [r["host"] for r in data["ranks"]] == list(hosts)
+    for r in range(n - 1):
+        assert any(MPI_FRAME.match(f) for f in main_frames(data, r)), main_frames(data, r)
+    text = render(from_json(data))
+    majority = ",".join(dict.fromkeys(hosts[:n - 1]))
+    assert f"+ ranks 0-{n - 2} ({n - 1}) on {majority}:" in text, text
+    assert f"+ rank {n - 1} on {hosts[-1]}:  [outlier]" in text, text
+    assert f"outlier(s): rank {n - 1} on {hosts[-1]} (in load_batch)" in text, text
+    # innermost last: load_batch under main, the MPI frame under allreduce
+    lines = text.splitlines()
+    assert lines.index(next(x for x in lines if "load_batch" in x)) > \
+        lines.index(next(x for x in lines if "[outlier]" in x))
+
+
+def test_stuck_rank_four_local_ranks_and_the_job_goes_on(tmp_path):
+    tag = new_tag()
+    release = tmp_path / "release"
+    p = start("-n", "4", "--oversubscribe", PY, program("stuck_ranks.py"), "stuck",
+              str(release), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: stuck_shape(d, 4))
+        check_stuck_report(data, 4, [os.uname().nodename] * 4)
+        # the text form, as a person reads it
+        r = stacks(p.pid)
+        assert r.returncode == 0 and "[outlier]" in r.stdout.decode(), r.stderr
+        assert p.poll() is None                       # still running
+        release.write_text("go")
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert sorted(x for x in out.decode().splitlines() if x.startswith("done")) == \
+            [f"done {r} 6" for r in range(4)], out
+    finally:
+        kill_tagged(tag)
+
+
+def test_json_parses_back_into_the_same_report(tmp_path):
+    tag = new_tag()
+    release = tmp_path / "release"
+    p = start("-n", "3", "--oversubscribe", PY, program("stuck_ranks.py"), "stuck",
+              str(release), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: stuck_shape(d, 3))
+        again = from_json(data)
+        assert [list(c) for c in again.classes] == data["classes"]
+        assert list(again.outliers) == data["outliers"] == [2]
+        from mslaunch.stacktree import to_json
+        assert to_json(again) == data
+        # the dumps read are emptied: a job sampled for days does not fill the directory
+        from mslaunch.machine.procs import private_dir
+        dumps = os.path.join(private_dir(), f"{os.uname().nodename}.{p.pid}.py")
+        sizes = [os.stat(os.path.join(dumps, f"{r['pid']}.txt")).st_size
+                 for r in data["ranks"]]
+        assert sizes == [0, 0, 0], sizes
+    finally:
+        release.write_text("go")
+        p.communicate(timeout=60)
+        kill_tagged(tag)
+
+
+def test_a_deadlocked_pair_is_one_group_in_recv():
+    tag = new_tag()
+    p = start("-n", "2", "--oversubscribe", PY, program("stuck_ranks.py"), "deadlock", "-",
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: len(d["ranks"]) == 2 and all(
+            any("recv_from_peer" in f for f in main_frames(d, r)) for r in range(2)))
+        assert data["classes"] == [[0, 1]] and data["outliers"] == []
+        for r in range(2):
+            frames = main_frames(data, r)
+            assert any("recv_from_peer" in f for f in frames)
+            assert any(MPI_FRAME.match(f) for f in frames), frames
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+        kill_tagged(tag)
+    assert wait_for(lambda: tagged_pids(tag) == [], 10)
+
+
+def test_a_native_rank_has_native_frames():
+    tag = new_tag()
+    p = start("-n", "2", "sleep", "60", env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: len(d["ranks"]) == 2 and all(
+            main_frames(d, r) for r in range(2)))
+        assert data["classes"] == [[0, 1]]
+        assert any("nanosleep" in f for f in main_frames(data, 0)), data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_no_right_to_trace_gives_one_clear_line_and_python_frames_still(tmp_path):
+    """Under a seccomp filter that refuses ptrace (a container without
+    CAP_SYS_PTRACE): one line says what is missing; Python ranks still answer."""
+    import platform
+    if platform.machine() != "x86_64":
+        pytest.skip("the test's seccomp filter is written for x86_64")
+    tag = new_tag()
+    (tmp_path / "sleeper.py").write_text(
+        "import time\ndef zzz_waits_4711():\n    time.sleep(60)\nzzz_waits_4711()\n")
+    from helpers import cmd
+    p = subprocess.Popen([PY, program("no_ptrace.py"), *cmd(
+        "-n", "1", "sleep", "60", ":", "-n", "1", PY, str(tmp_path / "sleeper.py"))],
+        env=clean_env(MSL_TEST_TAG=tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        data = until(p.pid, lambda d: len(d["ranks"]) == 2 and bool(main_frames(d, 1)))
+        assert main_frames(data, 0) == []
+        assert any("zzz_waits_4711" in f for f in main_frames(data, 1)), data
+        r = stacks(p.pid)
+        text = r.stdout.decode()
+        lines = [x for x in text.splitlines() if "not permitted to trace" in x]
+        assert len(lines) == 1, text
+        assert lines[0].startswith("  ranks 0-1 (2) on ") and "seccomp" in lines[0] \
+            and "SYS_PTRACE" in lines[0], text
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+@pytest.mark.remote
+def test_stuck_rank_two_plus_two_on_ssh_hosts(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    release = tmp_path / "release"
+    env = clean_env(HOME=home, MSL_TEST_TAG=tag, UCX_TLS="tcp")
+    p = start("-n", "4", "-H", "h1:2,h2:2", "-x", "MSL_TEST_TAG", "-x", "UCX_TLS", PY,
+              program("stuck_ranks.py"), "stuck", str(release), env=env)
+    try:
+        data = until(p.pid, lambda d: stuck_shape(d, 4), timeout=120)
+        check_stuck_report(data, 4, ["h1", "h1", "h2", "h2"])
+        assert p.poll() is None
+        release.write_text("go")
+        out, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err
+        assert sorted(x for x in out.decode().splitlines() if x.startswith("done")) == \
+            [f"done {r} 6" for r in range(4)], out
+    finally:
+        kill_tagged(tag)
+    assert wait_for(lambda: tagged_pids(tag) == [], 15)
+
+
+def test_a_rank_that_cannot_answer_by_the_deadline_is_a_class_of_its_own(tmp_path):
+    """A stopped rank writes no dump; with no native reader on PATH nothing else can
+    be read of it: it is reported as giving no answer, the others as usual."""
+    tag = new_tag()
+    (tmp_path / "idle.py").write_text("import time\ndef idle_4711():\n    time.sleep(60)\n"
+                                      "idle_4711()\n")
+    env = clean_env(MSL_TEST_TAG=tag, PATH="/nonexistent")
+    p = start("-n", "3", PY, str(tmp_path / "idle.py"), env=env)
+    try:
+        data = until(p.pid, lambda d: len(d["ranks"]) == 3 and all(
+            main_frames(d, r) for r in range(3)))
+        victim = [r["pid"] for r in data["ranks"] if r["rank"] == 2][0]
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.monotonic()
+        r = stacks(p.pid, "--json", "--timeout", "2")
+        assert time.monotonic() - t0 < 15
+        data = json.loads(r.stdout)
+        assert data["no_answer"] == [2] and data["classes"] == [[0, 1], [2]], data
+        assert data["outliers"] == []
+        text = render(from_json(data))
+        assert "no answer: rank 2 on " in text and "(no answer by the deadline)" in text, text
+        assert "neither eu-stack (elfutils) nor gdb is installed" in text, text
+        os.kill(victim, signal.SIGCONT)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def _private_files(pid: int):
+    from mslaunch.machine.procs import private_dir
+    base = private_dir()
+    return [n for n in os.listdir(base) if n == f"{pid}.sock" or n.endswith(f".{pid}.py")]
+
+
+@pytest.mark.parametrize("how", ["ends", "killed"])
+def test_the_control_socket_and_dump_directory_go_with_the_job(how):
+    """Removed at the job's end, and by the guard when the launcher is killed."""
+    tag = new_tag()
+    p = start("-n", "2", PY, "-c", "import time; time.sleep(60)", env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: len(_private_files(p.pid)) == 2, 30), _private_files(p.pid)
+        from mslaunch.machine.procs import private_dir
+        mode = os.stat(private_dir()).st_mode & 0o777
+        assert mode == 0o700
+        p.send_signal(signal.SIGKILL if how == "killed" else signal.SIGTERM)
+        p.communicate(timeout=30)
+        assert wait_for(lambda: _private_files(p.pid) == [], 15), _private_files(p.pid)
+    finally:
+        kill_tagged(tag)
+    assert wait_for(lambda: tagged_pids(tag) == [], 15)
+
+
+def test_a_python_rank_without_the_hook_is_read_by_py_spy(tmp_path):
+    """``python -I`` ignores PYTHONPATH, so mslaunch's hook does not run; py-spy
+    (the ``stacks`` extra) reads its Python frames from outside."""
+    from mslaunch.machine.stacks import _which
+    require(_which("py-spy") is not None, "py-spy (pip install 'mslaunch[stacks]')")
+    tag = new_tag()
+    (tmp_path / "isolated.py").write_text(
+        "import time\ndef isolated_4711():\n    time.sleep(60)\nisolated_4711()\n")
+    p = start("-n", "1", PY, "-I", str(tmp_path / "isolated.py"),
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: any("isolated_4711" in f for f in main_frames(d, 0)))
+        assert any("isolated_4711 (" in f for f in main_frames(data, 0)), data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+@pytest.mark.remote
+def test_timeout_with_stack_traces_across_hosts_is_one_labelled_report(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    env = clean_env(HOME=home, MSL_TEST_TAG=tag, UCX_TLS="tcp")
+    from helpers import run
+    r = run("--timeout", "12", "--get-stack-traces", "-n", "4", "-H", "h1:2,h2:2", "-x",
+            "MSL_TEST_TAG", "-x", "UCX_TLS", PY, program("stuck_ranks.py"), "stuck",
+            str(tmp_path / "never"), env=env, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 110, err
+    assert "mslaunch: stacks at the timeout of 4 running rank(s) on 2 host(s)" in err, err
+    assert "+ ranks 0-2 (3) on h1,h2:" in err and "+ rank 3 on h2:  [outlier]" in err, err
+    assert "Fatal Python error" not in err
+    kill_tagged(tag)
+    assert wait_for(lambda: tagged_pids(tag) == [], 15)
+
+
+def test_without_elfutils_gdb_reads_native_ranks_only(tmp_path):
+    """gdb stops a process for about a second: it reads the ranks that have no
+    stack of their own, and Python ranks keep running on their own dump."""
+    gdb = shutil.which("gdb")
+    require(gdb is not None, "gdb")
+    tag = new_tag()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gdb").symlink_to(gdb)
+    (tmp_path / "idle.py").write_text("import time\ndef idle_4711():\n    time.sleep(60)\n"
+                                      "idle_4711()\n")
+    sleep = shutil.which("sleep")
+    p = start("-n", "1", sleep, "60", ":", "-n", "1", PY, str(tmp_path / "idle.py"),
+              env=clean_env(MSL_TEST_TAG=tag, PATH=str(bin_dir)))
+    try:
+        data = until(p.pid, lambda d: len(d["ranks"]) == 2 and all(
+            main_frames(d, r) for r in range(2)))
+        assert any("nanosleep" in f for f in main_frames(data, 0)), data
+        assert any("idle_4711" in f for f in main_frames(data, 1)), data
+        [python_rank] = [r for r in data["ranks"] if r["rank"] == 1]
+        assert "install elfutils" in python_rank["note"], python_rank
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_the_hook_is_invisible_to_the_rank_and_a_sites_own_hook_still_runs(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    code = ("import json, os, sys\n"
+            "cgt = [x for x in open('/proc/self/status') if x.startswith('SigCgt')][0]\n"
+            "print(json.dumps([sys.path, os.environ.get('PYTHONPATH'), "
+            "'MSLAUNCH_STACKS' in os.environ, os.environ.get('USER_SITE_RAN'), "
+            "bool(int(cgt.split()[1], 16) >> 56 & 1)]))")
+    env = clean_env()
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
+    from helpers import run
+    r = run("-n", "1", PY, "-c", code, env=env)
+    assert r.returncode == 0, r.stderr
+    direct = subprocess.run([PY, "-c", code], env=env, capture_output=True, timeout=60)
+    under, alone = json.loads(r.stdout), json.loads(direct.stdout)
+    assert under[:4] == alone[:4] and under[3] == "1"
+    assert under[4] is True and alone[4] is False      # armed under mslaunch only

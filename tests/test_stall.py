@@ -1,0 +1,116 @@
+"""--stall-report and --stall-exit on real jobs: a stuck job is reported (and the
+job goes on, or ends with 111), a job that prints or computes is not."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+
+from conftest import require
+from helpers import PY, clean_env, kill_tagged, new_tag, program, run, tagged_pids, wait_for
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools(mpich):
+    require(shutil.which("eu-stack") is not None, "eu-stack (apt-get install elfutils)")
+
+
+def test_stall_report_names_the_stuck_rank_once_and_the_job_goes_on(tmp_path):
+    tag = new_tag()
+    release = tmp_path / "release"
+    timer = threading.Timer(18.0, lambda: release.write_text("go"))
+    timer.start()
+    try:
+        r = run("--stall-report", "2", "-n", "4", "--oversubscribe", PY,
+                program("stuck_ranks.py"), "stuck", str(release),
+                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+    finally:
+        timer.cancel()
+        kill_tagged(tag)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert sorted(x for x in r.stdout.decode().splitlines() if x.startswith("done")) == \
+        [f"done {i} 6" for i in range(4)]
+    # once for this picture (a slow MPI start-up may have been reported before it)
+    assert err.count("outlier(s): rank 3 on ") == 1, err
+    assert err.count("(in load_batch), apart from the 3 rank(s)") == 1, err
+    assert "--stall-report 2" in err and "+ rank 3 on " in err and "[outlier]" in err, err
+    assert "the job goes on" in err
+
+
+def test_stall_exit_ends_the_stalled_job_with_111(tmp_path):
+    tag = new_tag()
+    t0 = time.monotonic()
+    r = run("--stall-report", "2", "--stall-exit", "-n", "3", "--oversubscribe", PY,
+            program("stuck_ranks.py"), "stuck", str(tmp_path / "never"),
+            env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 111, err
+    assert "mslaunch: stalled for" in err and "ending the stalled job" in err, err
+    assert time.monotonic() - t0 < 60
+    assert wait_for(lambda: tagged_pids(tag) == [], 10)
+
+
+def test_no_stall_report_for_a_job_that_prints():
+    code = ("import time\nfor i in range(40):\n    print(i, flush=True)\n    time.sleep(0.2)\n")
+    r = run("--stall-report", "1", "-n", "2", PY, "-c", code, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert b"stalled" not in r.stderr, r.stderr
+
+
+def test_no_stall_report_for_a_job_that_computes_silently():
+    # A hot loop on one line: its stack looks the same at every sample, but the
+    # rank uses the CPU outside any communication call.
+    code = ("import time\nend = time.time() + 8\n"
+            "while time.time() < end: x = sum(i * i for i in range(2000))\n")
+    r = run("--stall-report", "1", "-n", "1", PY, "-c", code, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert b"stalled" not in r.stderr, r.stderr
+
+
+def test_a_silent_sleeping_job_is_reported_and_a_native_one_too():
+    r = run("--stall-report", "1", "--stall-exit", "-n", "2", "sleep", "30", timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 111, err
+    assert "+ ranks 0-1 (2) on " in err and "nanosleep" in err, err
+
+
+@pytest.mark.parametrize("args, seconds", [
+    ((), 300.0), (("--stall-report", "0"), None), (("--stall-report", "7.5"), 7.5),
+    (("--get-stack-traces",), 60.0), (("--get-stack-traces", "--timeout", "9"), 300.0),
+    (("--get-stack-traces", "--stall-report", "20"), 20.0)])
+def test_stall_report_seconds_and_what_get_stack_traces_alone_means(args, seconds):
+    from mslaunch.cli import mpirun
+    job = mpirun.parse_args([*args, "-n", "1", "true"], environ={}, cwd="/")
+    assert job.stall_report == seconds and not job.stall_exit
+
+
+def test_a_new_picture_is_reported_again(tmp_path):
+    """The stuck rank moves on to another wait without printing: a second report."""
+    release = tmp_path / "release"
+    second = tmp_path / "release.2"
+
+    def go(path, after):
+        time.sleep(after)
+        path.write_text("go")
+    threads = [threading.Thread(target=go, args=(release, 14.0)),
+               threading.Thread(target=go, args=(second, 28.0))]
+    for t in threads:
+        t.start()
+    tag = new_tag()
+    try:
+        r = run("--stall-report", "2", "-n", "3", "--oversubscribe", PY,
+                program("stuck_ranks.py"), "twice", str(release),
+                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+    finally:
+        for t in threads:
+            t.join()
+        kill_tagged(tag)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert err.count("(in load_batch), apart from") == 1, err
+    assert err.count("(in save_state), apart from") == 1, err
+    assert err.index("(in load_batch)") < err.index("(in save_state)")
