@@ -41,65 +41,23 @@ if TYPE_CHECKING:
 
 from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
 from ..machine.guard import Watchdog
-from ..machine.procs import remove_private
 from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER, Console
 from ..machine.spawn import check_startable, raise_fd_limit, seal_inherited_fds, signal_name
 from ..pmi.files import GUARD_TASKS, after_launcher_death
-from ..spec import JobResult, JobSpec, Plan, RankResult, RankSpec
+from ..spec import JobResult, JobSpec, Plan, RankSpec
+from .lookin import OUTPUT_EVERY, LookingInside
+from .rankbook import Rank as _Rank
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _pending_stop: List[int] = []          # see _note_stop
-#: Seconds between looks at how much each rank has written (see _note_output).
-OUTPUT_EVERY = 2.0
 
 
-class _Rank:
-    """Mutable bookkeeping of one rank."""
-
-    __slots__ = ("spec", "pid", "outputs", "code", "signal", "reason", "ended", "pmi_lost",
-                 "discarded", "restarts", "last_end", "start", "end", "started_at",
-                 "ended_at", "written", "last_output")
-
-    def __init__(self, spec: RankSpec) -> None:
-        self.spec = spec
-        self.pid = 0
-        self.outputs: List[RankOutput] = []
-        self.code: Optional[int] = None
-        self.signal: Optional[int] = None
-        self.reason = ""
-        self.ended = False
-        self.pmi_lost = False
-        self.discarded = False    # of a spawn that failed: stopped, not a failure
-        self.restarts = 0         # times started again (msrun's recovery)
-        self.last_end = ""        # how the previous run ended, for the log's marker
-        self.start: Optional[float] = None   # wall clock, for the job report
-        self.end: Optional[float] = None     # (set where it is seen to end)
-        self.started_at = self.ended_at = 0.0   # monotonic (mslaunch-top's timeline)
-        self.written = 0          # output bytes, and when they last grew (see _note_output)
-        self.last_output: Optional[float] = None
-
-    @property
-    def failed(self) -> bool:
-        return self.signal is not None or bool(self.code) or bool(self.reason)
-
-    @property
-    def tail(self) -> bytes:
-        return self.outputs[-1].tail if self.outputs else b""
-
-    def result(self) -> RankResult:
-        s = self.spec
-        return RankResult(rank=s.rank, host=s.host.name, pid=self.pid, returncode=self.code,
-                          signal=self.signal, reason=self.reason, stderr_tail=self.tail,
-                          name=s.label or f"rank {s.rank}", job=s.job, start=self.start,
-                          end=self.end, restarts=self.restarts)
-
-
-class Supervisor:
+class Supervisor(LookingInside):
     """Runs one job to its end and reports a :class:`JobResult`."""
 
     def __init__(self, job: JobSpec, plan: Plan, console: Optional[Console] = None, *,
@@ -472,38 +430,9 @@ class Supervisor:
             return False
         return not self.console.pending
 
-    # -- looking inside (see .inspect) ----------------------------------------------
-    def _control_ready(self) -> None:
-        if self.inspector is None:
-            from .inspect import Inspector
-            self.inspector = Inspector(self, self.control[0], self.dumps)  # type: ignore[index]
-        self.inspector.accept()
-
-    def _watch_stall(self) -> None:
-        if self.ending is None:
-            from .stall import StallWatch
-            self.stall = StallWatch(self, self.job.stall_report,  # type: ignore[arg-type]
-                                    self.job.stall_exit)
-
-    def _note_output(self) -> None:
-        """When each rank last wrote output (mslaunch-top, --stall-report), to a few seconds."""
-        now = time.monotonic()
-        for r in self.ranks:
-            written = sum(o.written for o in r.outputs)
-            if written != r.written or r.last_output is None:
-                r.written, r.last_output = written, now
-        self.loop.call_later(OUTPUT_EVERY, self._note_output)
-
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
-        if self.control is not None:
-            self.loop.forget(self.control[0].fileno())
-            if self.inspector is not None:
-                self.inspector.close()
-            self.control[0].close()
-        for path in (self.control[1] if self.control else None, self.dumps):
-            if path is not None:
-                remove_private(path)
+        self._close_control()
         if self.fleet is not None:
             self.fleet.let_go_all()
         for handle in self._handles():
