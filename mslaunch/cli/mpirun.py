@@ -299,7 +299,8 @@ def _apps(d: Draft) -> Tuple[AppContext, ...]:
     for c in contexts:
         wdir = os.path.join(d.cwd, c.wdir) if c.wdir else None
         argv = c.argv
-        if find_program(argv[0], d.environ, wdir or d.cwd, d.path) is None:
+        if "\0" not in argv[0] and find_program(argv[0], d.environ, wdir or d.cwd,
+                                                  d.path) is None:
             # a script without its execute bit runs with its interpreter
             from .scripts import interpreted
             typed = list(d.argv)

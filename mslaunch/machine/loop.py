@@ -35,6 +35,12 @@ _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 
 
+def bind(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+    """``fn`` with ``args`` first, as functools.partial, which imports collections: the
+    agents' start-up stays without it."""
+    return lambda *more: fn(*args, *more)
+
+
 #: Seconds an unproven connection to one of our listeners is safe from being
 #: pushed out by newer ones (see :func:`make_room`).
 STRANGER_GRACE = 0.25

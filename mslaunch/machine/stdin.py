@@ -10,7 +10,6 @@ Needed only when some rank reads stdin through a pipe: imported then.
 
 from __future__ import annotations
 
-import functools
 import os
 
 TYPE_CHECKING = False
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
         def finish(self) -> None: ...
         def close(self) -> None: ...
 
-from .loop import QueuedWriter
+from .loop import QueuedWriter, bind
 
 CHUNK = 1 << 20           # bytes of stdin read at once
 
@@ -102,7 +101,7 @@ class StdinFanout:
         self.sinks: Dict[int, StdinSink] = {}
         for rank, sink in sinks.items():
             if isinstance(sink, int):
-                sink = PipeStdin(loop, sink, functools.partial(self.drop, rank),
+                sink = PipeStdin(loop, sink, bind(self.drop, rank),
                                  self.resume_if_room)
             self.sinks[rank] = sink
         self.eof = False

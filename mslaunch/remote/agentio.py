@@ -10,7 +10,6 @@ the launcher grants (:class:`Outflow`); each rank stream is a
 
 from __future__ import annotations
 
-import functools
 import os
 
 TYPE_CHECKING = False
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop, Timer
     from .endpoint import Endpoint
 
+from ..machine.loop import bind
 from ..machine.output import last_newline
 from . import link
 
@@ -157,7 +157,7 @@ class StdinRelay:
             while wrote < len(queue):
                 wrote += os.write(fd, queue[wrote:])
         except BlockingIOError:
-            self.loop.add_writer(fd, functools.partial(self.flush, rank))
+            self.loop.add_writer(fd, bind(self.flush, rank))
         except OSError:
             self.drop(rank)     # the rank closed its stdin
             return

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import _socket
 import _thread
-import functools
 import os
 import time
 
@@ -34,6 +33,11 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
     from ..machine.loop import Loop, Timer
+
+def _bind(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    # functools.partial without functools (it imports collections: milliseconds per agent)
+    return lambda: fn(*args)
+
 
 #: Seconds a new connection has to present its token.
 AUTH_SECONDS = 3.0
@@ -262,7 +266,7 @@ class Listener:
                 self.close()
                 raise
             self.socks.append(sock)
-            loop.add_reader(sock.fileno(), functools.partial(self._accept, sock))
+            loop.add_reader(sock.fileno(), _bind(self._accept, sock))
 
     def port_of(self, addr: str) -> Optional[int]:
         for sock in self.socks:
@@ -290,9 +294,9 @@ class Listener:
             entry = _Pending(sock)
             entry.handshaking = self._context is not None
             self.pending[sock.fileno()] = entry
-            entry.timer = self.loop.call_later(AUTH_SECONDS, functools.partial(
+            entry.timer = self.loop.call_later(AUTH_SECONDS, _bind(
                 self._drop, entry, "did not present a token in time"))
-            self.loop.add_reader(sock.fileno(), functools.partial(self._readable, entry))
+            self.loop.add_reader(sock.fileno(), _bind(self._readable, entry))
             self._readable(entry)
 
     def _readable(self, entry: _Pending) -> None:

@@ -22,7 +22,6 @@ as the loss of its daemon.
 from __future__ import annotations
 
 import _socket
-import functools
 import os
 import time
 
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchError, one_line
-from ..machine.loop import Loop, wait_fd
+from ..machine.loop import Loop, bind, wait_fd
 from ..machine.spawn import signal_name
 from . import bootstrap, link, timeline
 
@@ -274,7 +273,7 @@ class Greeter:
         self.procs: Dict[str, StartingProcess] = {}
         self.closed = False
         for name, token in tokens.items():
-            self.listener.expect(token, functools.partial(self._presented, name))
+            self.listener.expect(token, bind(self._presented, name))
 
     def _presented(self, name: str, sock: socket.socket, rest: bytes) -> None:
         if rest:              # an agent says nothing before it has the bootstrap
