@@ -85,6 +85,21 @@ def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
     kill_tagged(tag)
 
 
+@pytest.mark.parametrize("seconds", ["0", "3"])
+def test_refused_open_mpi_4_singletons_leave_no_session_directory(ompi4, tmp_path, seconds):
+    """Open MPI 4 removes a singleton's ``ompi.<host>.<uid>/jf.<n>`` only in
+    MPI_Finalize: those of the stopped ones go with their /dev/shm files."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
+           "PYTHONPATH": clean_env()["PYTHONPATH"]}
+    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
+                       capture_output=True, env=env, timeout=120)
+    _check_refused(r)
+    assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
+        [str(p) for p in tmp.rglob("*")]
+
+
 def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
     r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
     _check_refused(r)

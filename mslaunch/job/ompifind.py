@@ -52,7 +52,10 @@ class OpenMPI:
         return f"Open MPI's mpirun: {self.argv[0]} ({version}; {self.source})"
 
 
-_VERSION = re.compile(r"\((?:Open MPI|PRRTE)\) (\d+\.\d+(?:\.\d+)?\S*)")
+#: ``mpirun --version``'s first line: "mpirun (Open MPI) 4.1.4"; Open MPI 4's
+#: launcher under another name says "(OpenRTE)", Open MPI 5's own runtime "(PRRTE)".
+_VERSION = re.compile(r"\((Open MPI|OpenRTE|PRRTE)\) (\d+\.\d+(?:\.\d+)?\S*)")
+_NAMES = ("Open MPI", "OpenRTE", "PRRTE")
 _CACHE_ENTRIES = 16
 
 
@@ -166,9 +169,9 @@ def _ask_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
         return None
     text = out.decode("utf-8", "replace")
     found = _VERSION.search(text)
-    if found:
-        return found.group(1)
-    return "" if "Open MPI" in text or "PRRTE" in text else None
+    if found:      # PRRTE numbers its own releases (3.x): Open MPI 5's, version unknown
+        return "" if found.group(1) == "PRRTE" else found.group(2)
+    return "" if any(name in text for name in _NAMES) else None
 
 
 def _cache_path() -> str:

