@@ -710,6 +710,26 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
     assert still_there(files) == []
 
 
+def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directory(
+        sshbed, home, tmp_path):
+    """The agent removes the empty ``jf.<n>`` directories its stopped Open MPI 4
+    singletons leave (in a TMPDIR of the test's own on h1)."""
+    from test_singletons import SHOW, _open_mpi_4
+    from conftest import require
+    python = _open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py (Open MPI 4.1.4)")
+    tag = new_tag()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "TMPDIR", "-x", "MSL_TEST_TAG",
+                   "-x", "PATH", python, "-c", SHOW, "20",
+                   env=renv(home, TMPDIR=str(tmp), MSL_TEST_TAG=tag, PATH="/usr/bin:/bin"))
+    assert r.returncode == 1, r.stderr
+    assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
+    settle(tag, sshbed)
+    assert wait_for(lambda: list(tmp.iterdir()) == [], 10), [str(p) for p in tmp.rglob("*")]
+
+
 def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_path):
     """The agent's watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
     from test_singletons import _open_mpi_5, held_files, still_there, termed_and_recorded
