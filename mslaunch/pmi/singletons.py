@@ -30,13 +30,9 @@ or was still in ``MPI_Init``, may make its segment after the stop); once the
 job is over they are removed if nobody has them open or mapped any more
 (:class:`SingletonFiles`).  No name is ever guessed.
 
-**What refused Open MPI 4 singletons leave in /tmp.**  An Open MPI 4 singleton
-makes its job family's session directory (``$TMPDIR/ompi.<host>.<uid>/jf.<n>``)
-in ``MPI_Init`` and removes it only in ``MPI_Finalize``; stopped, it leaves it
-behind, empty.  Its name comes from the PMIx segments the process maps
-(``.../pid.<m>/pmix_dstor_ds<v>_<m>/smseg-<jobid>-0``: the family is the jobid's
-upper 16 bits); it is noted with the /dev/shm files and removed with them, if
-still empty (``rmdir`` only: nothing in it is ever deleted).
+**What refused Open MPI 4 singletons leave in /tmp**, the empty session
+directories of their job families, is noted with their /dev/shm files and
+removed with them (:mod:`.sessiondirs`).
 """
 
 from __future__ import annotations
@@ -377,53 +373,6 @@ def read_kept_item(item: str) -> Optional[Tuple[str, Tuple[int, int]]]:
 _SESSION_ITEM = "\tsession"
 
 
-def _session_directory(pid: int) -> Optional[str]:
-    """Open MPI 4's ``jf.<n>`` session directory of process ``pid``, from the PMIx
-    segments it maps (see the module docstring); None if it maps none."""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            for line in f:
-                path = line.rstrip(b"\n").split(None, 5)[-1]
-                name = os.path.basename(path)
-                dstor = os.path.dirname(path)
-                if b"/pmix_dstor_ds" not in dstor or not name.startswith((b"smseg-",
-                                                                          b"smdataseg-")):
-                    continue
-                jobid = name.split(b"-")[1]
-                top = os.path.dirname(os.path.dirname(dstor))
-                session = os.fsdecode(os.path.join(top, b"jf.%d" % (int(jobid or 0) >> 16)))
-                if jobid.isdigit() and os.path.basename(top).startswith(b"ompi.") \
-                        and session.isprintable():
-                    return session
-    except (OSError, IndexError):
-        pass
-    return None
-
-
-def _remove_empty_session(path: str) -> None:
-    """``rmdir`` the session directory ``path`` of this user, its empty directories
-    first, then its parent (``ompi.<host>.<uid>``) if that is empty too, as Open
-    MPI's own ``MPI_Finalize`` does."""
-    import stat
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        return
-    for root, dirs, _ in os.walk(path, topdown=False):
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(root, name))
-            except OSError:
-                pass
-    for target in (path, os.path.dirname(path)):
-        try:
-            os.rmdir(target)
-        except OSError:
-            return
-
-
 class SingletonFiles:
     """The /dev/shm files of refused Open MPI singletons; see the module docstring.
 
@@ -477,10 +426,11 @@ class SingletonFiles:
     def _note(self, pids: Sequence[int]) -> None:
         import stat
         from ..machine.procs import descendants
+        from .sessiondirs import session_directory
         me = os.geteuid()
         for pid in sorted(set(pids) | descendants(pids)):
             ompi, held = _holdings(pid)
-            session = _session_directory(pid) if ompi else None
+            session = session_directory(pid) if ompi else None
             if session is not None and session not in self.sessions:
                 self.sessions.add(session)
                 if self.keep is not None:
@@ -512,8 +462,9 @@ class SingletonFiles:
     def remove(self) -> int:
         """Unlink the noted files that are still the same and nobody has open or mapped;
         remove the noted session directories that are empty."""
+        from .sessiondirs import remove_empty_session
         for path in self.sessions:
-            _remove_empty_session(path)
+            remove_empty_session(path)
         self.sessions.clear()
         if not self.files:
             return 0
