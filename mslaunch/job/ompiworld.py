@@ -16,7 +16,8 @@ the wheel's 5.0.11:
   jobs that all succeed; one line says so and the job is stopped.
 
 Only when every rank runs on this host (a remote rank 0 would write on its own
-host) and the user has not set those parameters.
+host: no ``-H`` or hostfile naming another host, no batch allocation, no
+default hostfile of Open MPI's) and the user has not set those parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from .ompifind import OpenMPI
 
 _TOTAL = b"out of a total of "
+#: Variables of the batch systems whose allocations Open MPI's mpirun reads itself.
+_ALLOCATIONS = ("SLURM_JOB_ID", "PBS_JOBID", "PBS_NODEFILE", "LSB_JOBID", "PE_HOSTFILE")
 
 
 class WorldProbe:
@@ -96,10 +99,10 @@ def world_probe(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI,
     if base is None:
         return None
     from ..hosts import is_local
-    if any(not is_local(h.name) for h in job.hosts):
-        return None
+    if any(not is_local(h.name) for h in job.hosts) or any(n in environ for n in _ALLOCATIONS):
+        return None        # ranks elsewhere: mpirun's own hosts, or the allocation's
     names = [k for k, _ in job.mca] + [n for n, _ in job.global_env] + list(environ)
-    if any("mpi_show_mca_params" in name for name in names):
+    if any("mpi_show_mca_params" in name or "default_hostfile" in name for name in names):
         return None
     size = sum(a.np for a in job.apps if a.np) if all(a.np for a in job.apps) else None
     return WorldProbe(os.path.join(base, "world"), ompi, size, job.quiet)

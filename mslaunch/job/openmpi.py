@@ -212,7 +212,8 @@ class MpirunHandle:
             self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
 
     def _watch(self) -> None:
-        if self.pidfd >= 0 and self.sup.ending is None:
+        probe = self.probe
+        if self.pidfd >= 0 and self.sup.ending is None and probe is not None and not probe.done:
             self._check_world()
             self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
 
