@@ -172,11 +172,13 @@ def build_command(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI, marke
         cmd += ["--tag-output"] if major < 5 else ["--output", "tag"]
     common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}", *rendezvous,
               *restore_flags(job, environ)]
-    if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ and ompi.libmpi:
+    if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
         # mpi4py 4 picks its MPI library when it starts, MPICH's libmpi.so.12
-        # first when both wheels are installed: point it at the mpirun's own
-        # (never set both names).  mpi4py 3 and compiled programs ignore it.
-        common += ["-x", f"MPI4PY_LIBMPI={ompi.libmpi}"]
+        # first when both wheels are installed: point it at the mpirun's own, or
+        # at least at Open MPI's ABI (never set both names).  mpi4py 3 and
+        # compiled programs ignore both.
+        common += ["-x", f"MPI4PY_LIBMPI={ompi.libmpi}" if ompi.libmpi
+                   else "MPI4PY_MPIABI=openmpi"]
     for name, value in job.global_env:
         common += _flag_env(name, value, environ)
     for index, app in enumerate(job.apps):

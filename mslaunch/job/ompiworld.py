@@ -70,7 +70,7 @@ class WorldProbe:
         alone = head.split(_TOTAL, 1)[1].startswith(b"1)") and b"\ness=singleton" in head
         if program < mpirun and alone and self.size != 1:
             return (f"the program runs an Open MPI {program} library under {where}: each of "
-                    f"its ranks starts alone (rank 0 of 1), so the job is stopped; run it "
+                    f"its ranks starts alone (rank 0 of 1), so the job fails; run it "
                     f"with its own Open MPI's mpirun (MSLAUNCH_OMPI_MPIRUN, or that Open "
                     f"MPI's bin directory first on PATH)", True)
         return (f"note: the program runs an Open MPI {program} library under {where}; "

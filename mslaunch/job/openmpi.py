@@ -220,14 +220,15 @@ class MpirunHandle:
     def _check_world(self) -> None:
         """Say so when the program's Open MPI is not the mpirun's (:class:`WorldProbe`);
         stop the job when its ranks run alone."""
-        verdict = self.probe.check() if self.probe is not None else None
-        if verdict is None:
+        probe = self.probe
+        verdict = probe.check() if probe is not None else None
+        if probe is None or verdict is None:
             return
         message, stop = verdict
-        if stop or not self.probe.quiet:       # type: ignore[union-attr]
+        if stop or not probe.quiet:
             self.sup.console.message(f"mslaunch: {message}")
         if stop:
-            self.sup.fail(self.sup.ranks[0], message, 1, abort=True)  # type: ignore[arg-type]
+            self.sup.fail(self.sup.ranks[0], message, 1, abort=True)
 
     def _on_exit(self) -> None:
         self._forget_pidfd()
