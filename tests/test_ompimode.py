@@ -166,6 +166,22 @@ def test_open_mpi_4_spellings_on_its_own_mpirun(ompi4, tmp_path):
     assert r.returncode == ref.returncode, (r.stderr, ref.stderr)
 
 
+def test_mpi_abort_and_timeout_under_open_mpi_4s_mpirun(ompi4, tmp_path):
+    tag = new_tag()
+    try:
+        r = run("--mpi", "openmpi", "-n", "2", ompi4, "-c",
+                "from mpi4py import MPI; import time; c = MPI.COMM_WORLD; c.Barrier();"
+                " c.Get_rank() == 1 and c.Abort(7); time.sleep(30)",
+                env=env4(tmp_path, MSL_TEST_TAG=tag), timeout=120)
+        assert r.returncode == 7, r.stderr
+        r = run("--mpi", "openmpi", "--timeout", "1", "--grace", "2", "-n", "2", "sleep", "30",
+                env=env4(tmp_path, MSL_TEST_TAG=tag), timeout=120)
+        assert r.returncode == 110 and b"timed out" in r.stderr, r.stderr
+        assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+    finally:
+        kill_tagged(tag)
+
+
 @pytest.mark.parametrize("version", ["4", "5"])
 def test_options_are_spelled_for_the_chosen_mpirun(ompi4, wheel, tmp_path, version):
     """Either Open MPI's spellings in, the chosen mpirun's out."""
