@@ -164,7 +164,7 @@ def _ask_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
     env.update(extra)
     try:
         out = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL,
-                             capture_output=True, env=env, timeout=30).stdout
+                             capture_output=True, env=env, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     text = out.decode("utf-8", "replace")
