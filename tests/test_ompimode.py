@@ -17,6 +17,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, run, tagged_pids, wait_for
@@ -279,6 +281,94 @@ def test_mslaunch_killed_leaves_no_open_mpi_4_session_directory(ompi4, tmp_path)
         p.kill()
         p.wait()
         kill_tagged(tag)
+
+
+# -- the small codecs, on any input -----------------------------------------------------
+
+values = st.one_of(st.none(), st.text(st.characters(blacklist_characters="\0",
+                                                    blacklist_categories=("Cs",)), max_size=40))
+
+
+@settings(max_examples=300)
+@given(st.fixed_dictionaries({n: values for n in ("PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX")}),
+       st.dictionaries(st.sampled_from(["PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX", "HOME"]),
+                       st.text(max_size=20)),
+       st.booleans())
+def test_the_rank_wrapper_puts_back_what_mpirun_changed(user, mpirun, here):
+    """restore_flags' -x variables, mpirun's changes, then the wrapper: the user's values
+    on this host, mpirun's elsewhere; the MSLAUNCH_WAS_ variables are gone."""
+    from mslaunch.job.ompiargs import restore_flags
+    from mslaunch.rankenv import restore_user_env
+    from mslaunch.spec import JobSpec
+    environ = {k: v for k, v in user.items() if v is not None}
+    flags = restore_flags(JobSpec(apps=()), environ)
+    assert flags[::2] == ["-x"] * (len(flags) // 2)
+    rank = dict(environ)
+    for item in flags[1::2]:
+        name, _, value = item.partition("=")
+        rank[name] = value
+    rank.update(mpirun)
+    if not here:
+        rank["MSLAUNCH_WAS_HOST"] = "not-" + os.uname().nodename
+    restore_user_env(rank)
+    assert not any(n.startswith("MSLAUNCH_WAS_") for n in rank)
+    expected = {**environ, **mpirun}
+    for name in ("PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX") if here else ():
+        expected.pop(name, None)
+        if name in environ:
+            expected[name] = environ[name]
+    assert rank == expected
+
+
+@given(st.text(max_size=200))
+def test_any_version_text_is_read_without_raising(text):
+    from mslaunch.job.ompifind import parse_version
+    found = parse_version(text)
+    assert found is None or isinstance(found, str)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n",
+     "4.1.4"),
+    ("mpirun.openmpi (OpenRTE) 4.1.4\n", "4.1.4"),
+    ("ompirun_wrapper (Open MPI) 5.0.11\n", "5.0.11"),
+    ("prterun (PRRTE) 3.0.6\n", ""),
+    ("HYDRA build details:\n    Version: 5.0.2\n", None),
+])
+def test_version_texts_of_real_launchers(text, expected):
+    from mslaunch.job.ompifind import OpenMPI, parse_version
+    assert parse_version(text) == expected
+    if expected is not None:
+        major = OpenMPI(argv=("m",), env=(), version=expected, source="").major
+        assert major == (4 if expected.startswith("4") else 5)
+
+
+@given(st.binary(max_size=300))
+def test_any_maps_line_is_read_without_raising(line):
+    from mslaunch.pmi.sessiondirs import session_of_mapping
+    found = session_of_mapping(line)
+    assert found is None or (found.startswith("/") and "/jf." in found)
+
+
+def test_the_session_directory_of_a_real_maps_line():
+    from mslaunch.pmi.sessiondirs import session_of_mapping
+    line = (b"7f801e800000-7f801ec00000 r--s 00000000 fe:00 2146984                    "
+            b"/tmp/t/ompi.vm.0/pid.11453/pmix_dstor_ds21_11453/smdataseg-1078132737-0\n")
+    assert session_of_mapping(line) == "/tmp/t/ompi.vm.0/jf.16451"
+    assert session_of_mapping(line.replace(b"smdataseg", b"smlockseg")) is None
+
+
+@given(st.binary(max_size=600))
+def test_any_file_rank_0_writes_is_read_without_raising(tmp_path_factory, data):
+    from mslaunch.job.ompifind import OpenMPI
+    from mslaunch.job.ompiworld import WorldProbe
+    path = tmp_path_factory.mktemp("world") / "world"
+    path.write_bytes(data)
+    for version in ("4.1.4", "5.0.11"):
+        probe = WorldProbe(str(path), OpenMPI(argv=("m",), env=(), version=version,
+                                              source=""), 2)
+        verdict = probe.check()
+        assert verdict is None or (isinstance(verdict[0], str) and "\n" not in verdict[0])
 
 
 if __name__ == "__main__":      # pragma: no cover

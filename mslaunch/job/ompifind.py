@@ -167,7 +167,11 @@ def _ask_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
                              capture_output=True, env=env, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    text = out.decode("utf-8", "replace")
+    return parse_version(out.decode("utf-8", "replace"))
+
+
+def parse_version(text: str) -> Optional[str]:
+    """The Open MPI version in ``mpirun --version``'s ``text`` (see :func:`mpirun_version`)."""
     found = _VERSION.search(text)
     if found:      # PRRTE numbers its own releases (3.x): Open MPI 5's, version unknown
         return "" if found.group(1) == "PRRTE" else found.group(2)

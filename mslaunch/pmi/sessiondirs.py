@@ -25,21 +25,32 @@ def session_directory(pid: int) -> Optional[str]:
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
             for line in f:
-                path = line.rstrip(b"\n").split(None, 5)[-1]
-                name = os.path.basename(path)
-                dstor = os.path.dirname(path)
-                if b"/pmix_dstor_ds" not in dstor or not name.startswith((b"smseg-",
-                                                                          b"smdataseg-")):
-                    continue
-                jobid = name.split(b"-")[1]
-                top = os.path.dirname(os.path.dirname(dstor))
-                session = os.fsdecode(os.path.join(top, b"jf.%d" % (int(jobid or 0) >> 16)))
-                if jobid.isdigit() and os.path.basename(top).startswith(b"ompi.") \
-                        and session.isprintable():
+                session = session_of_mapping(line)
+                if session is not None:
                     return session
-    except (OSError, IndexError):
+    except OSError:
         pass
     return None
+
+
+def session_of_mapping(line: bytes) -> Optional[str]:
+    """The ``jf.<n>`` directory a line of ``/proc/PID/maps`` names, if it maps a
+    PMIx segment of an Open MPI 4 session (see the module docstring)."""
+    fields = line.rstrip(b"\n").split(None, 5)
+    if len(fields) < 6:
+        return None
+    path = fields[5]
+    name = os.path.basename(path)
+    dstor = os.path.dirname(path)
+    if b"/pmix_dstor_ds" not in dstor or not name.startswith((b"smseg-", b"smdataseg-")):
+        return None
+    jobid = name.split(b"-")[1]
+    top = os.path.dirname(os.path.dirname(dstor))
+    if not (jobid.isascii() and jobid.isdigit()) or not top.startswith(b"/") \
+            or not os.path.basename(top).startswith(b"ompi."):
+        return None
+    session = os.fsdecode(os.path.join(top, b"jf.%d" % (int(jobid) >> 16)))
+    return session if session.isprintable() else None
 
 
 def remove_empty_session(path: str) -> None:
