@@ -100,6 +100,33 @@ def test_refused_open_mpi_4_singletons_leave_no_session_directory(ompi4, tmp_pat
         [str(p) for p in tmp.rglob("*")]
 
 
+def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_killed(ompi4,
+                                                                                    tmp_path):
+    """They ignore SIGTERM: the watchdog kills them and their orteds, which then
+    cannot remove their own directories either; the watchdog removes them."""
+    tag = new_tag()
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir()
+    out.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
+           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag}
+    p = subprocess.Popen(cmd("--grace", "5", "-n", "2", ompi4, program("singleton_shm.py"),
+                             str(out), "60", "ignore-term"), env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: termed_and_recorded(out), 60), os.listdir(out)
+        assert "ompi." in [n.name[:5] for n in tmp.iterdir()]      # their sessions
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
+        assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
+            [str(p) for p in tmp.rglob("*")]
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
 def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
     r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
     _check_refused(r)

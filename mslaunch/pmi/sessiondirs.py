@@ -8,6 +8,14 @@ segments the process maps (``.../pid.<m>/pmix_dstor_ds<v>_<m>/smseg-<jobid>-0``:
 the family is the jobid's upper 16 bits, as measured with Debian's 4.1.4).  It
 is noted with the singleton's /dev/shm files and removed with them if it is
 still empty: ``rmdir`` only, nothing in it is ever deleted.
+
+The singleton's own ``orted`` (its child, the PMIx server) keeps
+``ompi.<host>.<uid>/pid.<its pid>``, with its contact file and PMIx segments,
+and removes it when the singleton ends -- unless it is killed too (a singleton
+that ignores SIGTERM, stopped at the end of the grace period, or by the guard
+when mslaunch dies).  That directory is noted from the segments the orted
+maps, and removed whole once that orted is gone (not before: a live one
+removes its own).
 """
 
 from __future__ import annotations
@@ -51,6 +59,67 @@ def session_of_mapping(line: bytes) -> Optional[str]:
         return None
     session = os.fsdecode(os.path.join(top, b"jf.%d" % (int(jobid) >> 16)))
     return session if session.isprintable() else None
+
+
+def daemon_directory(pid: int) -> Optional[str]:
+    """The session directory ``ompi.<host>.<uid>/pid.<pid>`` of ``pid``, if it is an
+    Open MPI 4 ``orted`` that maps its PMIx segments there (module docstring)."""
+    if not _is_orted(pid):
+        return None
+    own = b"/pid.%d/pmix_dstor_ds" % pid
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                fields = line.rstrip(b"\n").split(None, 5)
+                at = fields[-1].find(own) if len(fields) == 6 else -1
+                if at > 0 and fields[5].startswith(b"/"):
+                    top = fields[5][:at]
+                    found = os.fsdecode(b"%s/pid.%d" % (top, pid))
+                    if os.path.basename(top).startswith(b"ompi.") and found.isprintable():
+                        return found
+    except OSError:
+        pass
+    return None
+
+
+def _is_orted(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip() == b"orted"
+    except OSError:
+        return False
+
+
+def remove_session(path: str, deadline: float) -> None:
+    """Remove a noted session directory: a ``jf.<n>`` if empty
+    (:func:`remove_empty_session`), an orted's ``pid.<m>`` whole once that orted
+    is gone (waited for until ``deadline``, a ``time.monotonic()``); then
+    ``ompi.<host>.<uid>`` if that is empty."""
+    import stat
+    name = os.path.basename(path)
+    if name.startswith("jf."):
+        remove_empty_session(path)
+        return
+    digits = name[len("pid."):]
+    if not (name.startswith("pid.") and digits.isascii() and digits.isdigit()):
+        return
+    import time
+    from ..machine.procs import alive
+    while alive(int(digits)) and _is_orted(int(digits)):     # its end is asynchronous
+        if time.monotonic() > deadline:
+            return                        # it runs on, and removes its own
+        time.sleep(0.01)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass
 
 
 def remove_empty_session(path: str) -> None:

@@ -386,7 +386,7 @@ class SingletonFiles:
         self.flush = flush
         self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
         self.watched: Set[int] = set()                # stopped groups' leaders still alive
-        self.sessions: Set[str] = set()               # Open MPI 4's jf.<n> directories
+        self.sessions: Set[str] = set()               # Open MPI 4's (see .sessiondirs)
 
     def stop(self, groups: Sequence[int], loop: Optional[Loop] = None) -> None:
         """Stop the rank process groups ``groups`` with SIGTERM (as the job's stop
@@ -426,15 +426,15 @@ class SingletonFiles:
     def _note(self, pids: Sequence[int]) -> None:
         import stat
         from ..machine.procs import descendants
-        from .sessiondirs import session_directory
+        from .sessiondirs import daemon_directory, session_directory
         me = os.geteuid()
         for pid in sorted(set(pids) | descendants(pids)):
             ompi, held = _holdings(pid)
-            session = session_directory(pid) if ompi else None
-            if session is not None and session not in self.sessions:
-                self.sessions.add(session)
-                if self.keep is not None:
-                    self.keep(session + _SESSION_ITEM)
+            for session in (session_directory(pid), daemon_directory(pid)) if ompi else ():
+                if session is not None and session not in self.sessions:
+                    self.sessions.add(session)
+                    if self.keep is not None:
+                        self.keep(session + _SESSION_ITEM)
             started = _started_at(pid) if ompi and held else None
             for path, ident in held.items() if started is not None else ():
                 try:
@@ -462,9 +462,10 @@ class SingletonFiles:
     def remove(self) -> int:
         """Unlink the noted files that are still the same and nobody has open or mapped;
         remove the noted session directories that are empty."""
-        from .sessiondirs import remove_empty_session
-        for path in self.sessions:
-            remove_empty_session(path)
+        from .sessiondirs import remove_session
+        deadline = time.monotonic() + 1.0        # for the orteds to end, all together
+        for path in sorted(self.sessions):       # jf.* before pid.*: the parent goes last
+            remove_session(path, deadline)
         self.sessions.clear()
         if not self.files:
             return 0
