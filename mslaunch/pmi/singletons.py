@@ -30,9 +30,9 @@ or was still in ``MPI_Init``, may make its segment after the stop); once the
 job is over they are removed if nobody has them open or mapped any more
 (:class:`SingletonFiles`).  No name is ever guessed.
 
-**What refused Open MPI 4 singletons leave in /tmp**, the empty session
-directories of their job families, is noted with their /dev/shm files and
-removed with them (:mod:`.sessiondirs`).
+**What refused Open MPI 4 singletons leave in /tmp**, their job families'
+empty session directories (and their orteds' when those are killed too), is
+noted with their /dev/shm files and removed with them (:mod:`.sessiondirs`).
 """
 
 from __future__ import annotations
