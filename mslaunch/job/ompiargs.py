@@ -161,6 +161,8 @@ def build_command(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI, marke
     cmd = list(ompi.argv)
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
+    if job.prefix:                 # Open MPI's own: its installation on the other hosts
+        cmd += ["--prefix", job.prefix]
     cmd += _settings(job, environ, major, session_base)
     cmd += _placement(job, major)
     # Open MPI 5.0 hangs when it forwards stdin to a rank that reads it, so
