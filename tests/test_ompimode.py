@@ -190,8 +190,8 @@ def test_options_are_spelled_for_the_chosen_mpirun(ompi4, wheel, tmp_path, versi
     env = env4(tmp_path, **({"MSLAUNCH_OMPI_MPIRUN": wheel} if version == "5" else {}))
     five = ["--pmixmca gds hash", "--prtemca prte_tmpdir_base /D",
             "--prtemca state_base_error_non_zero_exit 0", "--bind-to package", "--output tag",
-            "--display map"]
-    four = ["-x PMIX_MCA_gds=hash", "--mca orte_tmpdir_base /D",
+            "--display map", "--prefix /P"]
+    four = ["--prefix /P", "-x PMIX_MCA_gds=hash", "--mca orte_tmpdir_base /D",
             "--mca orte_abort_on_non_zero_status 0", "--bind-to socket", "--tag-output",
             "--display-map"]
     given, expected = (five, four) if version == "4" else (four, five[1:])
