@@ -139,6 +139,17 @@ def test_open_mpi_4_program_runs_under_its_own_mpirun(ompi4, tmp_path):
         assert row[4:] == [str(row[0]), "3", str(row[0]), DEBIAN_PATH, None, None]
 
 
+def test_with_prefix_the_ranks_keep_what_mpirun_gives_them(ompi4, tmp_path):
+    """--prefix is Open MPI's own request for that installation first (here too)."""
+    show = "echo $LD_LIBRARY_PATH"
+    r = run("--mpi", "openmpi", "-n", "1", "--prefix", "/usr", "sh", "-c", show,
+            env=env4(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "/usr/lib" in r.stdout.decode().strip().split(":"), r.stdout
+    r = run("--mpi", "openmpi", "-n", "1", "sh", "-c", show, env=env4(tmp_path), timeout=60)
+    assert r.stdout == b"\n", r.stdout
+
+
 def test_mpi4py_of_mslaunchs_interpreter_runs_on_the_chosen_open_mpi_4(ompi4, tmp_path):
     """A script runs in the rank wrapper's interpreter, whose mpi4py is pointed at
     the mpirun's own library (MPI4PY_LIBMPI)."""

@@ -22,7 +22,8 @@ Every rank runs under :mod:`mslaunch.rankenv`, told (``MSLAUNCH_WAS_*``) the
 both mpiruns put their own installation first in the ranks' ``PATH`` and
 ``LD_LIBRARY_PATH``, and a program of another Open MPI would load that
 mpirun's library in place of its own.  The wrapper puts them back before it
-runs the program, on this host (other hosts keep what mpirun gives them).
+runs the program, on this host (other hosts keep what mpirun gives them), unless
+``--prefix`` asks mpirun for exactly that.
 """
 
 from __future__ import annotations
@@ -172,8 +173,9 @@ def build_command(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI, marke
         cmd.append("--merge-stderr-to-stdout")
     if tagged:
         cmd += ["--tag-output"] if major < 5 else ["--output", "tag"]
-    common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}", *rendezvous,
-              *restore_flags(job, environ)]
+    common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}", *rendezvous]
+    if not job.prefix:         # --prefix asks mpirun to put that installation first
+        common += restore_flags(job, environ)
     if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
         # mpi4py 4 picks its MPI library when it starts, MPICH's libmpi.so.12
         # first when both wheels are installed: point it at the mpirun's own, or
