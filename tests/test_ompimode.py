@@ -192,6 +192,27 @@ def test_with_prefix_the_ranks_keep_what_mpirun_gives_them(ompi4, tmp_path):
     assert r.stdout == b"\n", r.stdout
 
 
+def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
+    """-x belongs to its app context (the first one's when before it): its PATH or
+    LD_LIBRARY_PATH is what the wrapper puts back, as plain mpirun gives it; so
+    is a -x MPI4PY_ name, which mslaunch then leaves alone."""
+    show = ("echo $OMPI_COMM_WORLD_RANK $LD_LIBRARY_PATH $PATH ${MPI4PY_LIBMPI-none}"
+            " ${MPI4PY_MPIABI-none}")
+    args = ["-x", "LD_LIBRARY_PATH=/g", "-n", "1", "-x", "LD_LIBRARY_PATH=/a", "sh", "-c",
+            show, ":", "-n", "1", "-x", f"PATH=/b:{DEBIAN_PATH}", "-x", "MPI4PY_MPIABI=mpich",
+            "sh", "-c", show]
+    r = run("--mpi", "openmpi", *args, env=env4(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.decode().splitlines()) == [
+        f"0 /a {DEBIAN_PATH} /usr/lib/x86_64-linux-gnu/libmpi.so.40 none",
+        f"1 /b:{DEBIAN_PATH} none mpich"], r.stdout
+    # typed by name, as users do (by its absolute path, Open MPI takes it as --prefix)
+    ref = subprocess.run(["mpirun.openmpi", "--allow-run-as-root", *args], capture_output=True,
+                         env=env4(tmp_path), timeout=60)
+    assert sorted(line.rsplit(" ", 2)[0] for line in r.stdout.decode().splitlines()) == \
+        sorted(line.rsplit(" ", 2)[0] for line in ref.stdout.decode().splitlines()), ref
+
+
 def test_mpi4py_of_mslaunchs_interpreter_runs_on_the_chosen_open_mpi_4(ompi4, tmp_path):
     """A script runs in the rank wrapper's interpreter, whose mpi4py is pointed at
     the mpirun's own library (MPI4PY_LIBMPI)."""

@@ -83,15 +83,17 @@ def tmpdir_chosen(job: JobSpec, environ: Mapping[str, str]) -> Optional[str]:
     return None
 
 
-def restore_flags(job: JobSpec, environ: Mapping[str, str]) -> List[str]:
+def restore_flags(job: JobSpec, environ: Mapping[str, str],
+                  app_env: Sequence[Tuple[str, Optional[str]]] = ()) -> List[str]:
     """``-x`` flags that tell the rank wrapper what to put back (module docstring):
-    the user's own value of each of :data:`RESTORED` (``-x NAME=V``, else
-    mslaunch's environment), or that it was unset."""
-    given = dict(job.global_env)
+    the user's own value of each of :data:`RESTORED` (``-x NAME=V`` of the job
+    or, later and so winning, of the app context ``app_env``; else mslaunch's
+    environment), or that it was unset."""
+    given = {name: value for name, value in (*job.global_env, *app_env) if value is not None}
     unset = []
     flags = ["-x", f"MSLAUNCH_WAS_HOST={os.uname().nodename}"]
     for name in RESTORED:
-        value = given.get(name) if given.get(name) is not None else environ.get(name)
+        value = given.get(name, environ.get(name))
         if value is None:
             unset.append(name)
         else:
@@ -99,6 +101,19 @@ def restore_flags(job: JobSpec, environ: Mapping[str, str]) -> List[str]:
     if unset:
         flags += ["-x", f"MSLAUNCH_WAS_UNSET={':'.join(unset)}"]
     return flags
+
+
+def _mpi4py_flags(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI,
+                  app_env: Sequence[Tuple[str, Optional[str]]]) -> List[str]:
+    """``-x`` for the MPI library mpi4py 4 loads, unless the user names one (in
+    mslaunch's environment or with ``-x``): mpi4py 4 picks it when it starts,
+    MPICH's ``libmpi.so.12`` first when both wheels are installed, so it is
+    pointed at the mpirun's own, or at least at Open MPI's ABI (never both
+    names).  mpi4py 3 and compiled programs ignore both."""
+    said = {name for name, _ in (*job.global_env, *app_env)} | set(environ)
+    if "MPI4PY_MPIABI" in said or "MPI4PY_LIBMPI" in said:
+        return []
+    return ["-x", f"MPI4PY_LIBMPI={ompi.libmpi}" if ompi.libmpi else "MPI4PY_MPIABI=openmpi"]
 
 
 def _placement(job: JobSpec, major: int) -> List[str]:
@@ -174,15 +189,6 @@ def build_command(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI, marke
     if tagged:
         cmd += ["--tag-output"] if major < 5 else ["--output", "tag"]
     common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}", *rendezvous]
-    if not job.prefix:         # --prefix asks mpirun to put that installation first
-        common += restore_flags(job, environ)
-    if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
-        # mpi4py 4 picks its MPI library when it starts, MPICH's libmpi.so.12
-        # first when both wheels are installed: point it at the mpirun's own, or
-        # at least at Open MPI's ABI (never set both names).  mpi4py 3 and
-        # compiled programs ignore both.
-        common += ["-x", f"MPI4PY_LIBMPI={ompi.libmpi}" if ompi.libmpi
-                   else "MPI4PY_MPIABI=openmpi"]
     for name, value in job.global_env:
         common += _flag_env(name, value, environ)
     for index, app in enumerate(job.apps):
@@ -193,6 +199,9 @@ def build_command(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI, marke
         if app.wdir or job.launch_dir:
             cmd += ["--wdir", app.wdir or job.launch_dir]
         cmd += common
+        if not job.prefix:     # --prefix asks mpirun to put that installation first
+            cmd += restore_flags(job, environ, app.env)
+        cmd += _mpi4py_flags(job, environ, ompi, app.env)
         for name, value in app.env:
             cmd += _flag_env(name, value, environ)
         cmd += [sys.executable, "-m", "mslaunch.rankenv", *app.argv]
