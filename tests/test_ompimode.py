@@ -280,6 +280,34 @@ def test_options_are_spelled_for_the_chosen_mpirun(ompi4, wheel, tmp_path, versi
         assert f" {word} " not in line, (word, line)
 
 
+@pytest.mark.parametrize("version", ["4", "5"])
+def test_placement_options_reach_either_mpirun(ompi4, wheel, tmp_path, version):
+    """ppr, PE, --rank-by, --use-hwthread-cpus, -nolocal, --cpu-set, a bind qualifier
+    and a rankfile are passed on in the version's spelling, and that mpirun takes
+    them (they used to be dropped without a word)."""
+    env = env4(tmp_path, **({"MSLAUNCH_OMPI_MPIRUN": wheel} if version == "5" else {}))
+    for words, four, five in (
+            ("--map-by ppr:1:socket:PE=1 --rank-by slot --bind-to core:overload-allowed",
+             "--map-by ppr:1:socket:PE=1 --rank-by slot --bind-to core:overload-allowed",
+             "--map-by ppr:1:package:PE=1 --rank-by slot --bind-to core:overload-allowed"),
+            ("--cpu-set 0,1 --use-hwthread-cpus", "--cpu-set 0,1 --use-hwthread-cpus --stdin",
+             "--map-by pe-list=0,1:HWTCPUS --stdin")):
+        expected = five if version == "5" else four
+        r = run("--mpi", "openmpi", "--dry-run", *words.split(), "-n", "1", "true", env=env)
+        assert f" {expected} " in r.stdout.decode(), r.stdout
+        # Open MPI checks them (PE with hardware threads wants --bind-to hwthread).
+        r = run("--mpi", "openmpi", *words.split(), "-n", "1", "true", env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+    rankfile = tmp_path / "ranks"
+    rankfile.write_text("rank 0=localhost slot=0\n")
+    r = run("--mpi", "openmpi", "-rf", str(rankfile), "-n", "1", "sh", "-c", "echo ran",
+            env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == b"ran\n", r.stderr
+    r = run("--mpi", "openmpi", "--dry-run", "-nolocal", "-n", "1", "true", env=env)
+    assert (" --map-by slot:NOLOCAL " if version == "5" else " -nolocal ") in \
+        r.stdout.decode(), r.stdout
+
+
 # -- the program keeps its own library -------------------------------------------------
 
 def test_open_mpi_4_program_is_not_given_open_mpi_5s_library(ompi4, wheel, tmp_path):

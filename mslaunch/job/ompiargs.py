@@ -116,7 +116,12 @@ def _mpi4py_flags(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI,
     return ["-x", f"MPI4PY_LIBMPI={ompi.libmpi}" if ompi.libmpi else "MPI4PY_MPIABI=openmpi"]
 
 
+#: Open MPI 5 says package where 4 says socket (and 4 knows no package).
+_RENAME = ({"package": "socket"}, {"socket": "package"})
+
+
 def _placement(job: JobSpec, major: int) -> List[str]:
+    """Where the ranks go and what they are bound to, in the version's spelling."""
     cmd: List[str] = []
     if job.hosts:
         entries = job.hosts
@@ -125,17 +130,58 @@ def _placement(job: JobSpec, major: int) -> List[str]:
             entries = tuple(filter_hosts(entries, job.host_filter))
         cmd += ["--host", ",".join(e.name if e.slots is None else f"{e.name}:{e.slots}"
                                    for e in entries)]
-    rename = {"package": "socket"} if major < 5 else {"socket": "package"}
-    mapping = "ppr:%d:node" % job.per_node if job.per_node else rename.get(job.map_by,
-                                                                          job.map_by)
-    if job.oversubscribe:
-        mapping += ":OVERSUBSCRIBE"
-    cmd += ["--map-by", mapping, "--bind-to", rename.get(job.bind_to, job.bind_to)]
+    cmd += _mapping(job, major)
+    if job.rank_by:
+        cmd += ["--rank-by", job.rank_by]
+    if job.use_hwthreads and major < 5:
+        cmd.append("--use-hwthread-cpus")
+    if job.nolocal and major < 5:
+        cmd.append("-nolocal")
+    bind = _RENAME[major >= 5].get(job.bind_to, job.bind_to)
+    bind += ":overload-allowed" if job.bind_overload else ""
+    bind += ":ordered" if job.bind_ordered else ""
+    if bind != "none" or not (job.rankfile or job.cpu_set or job.cpu_list):
+        cmd += ["--bind-to", bind]          # (a rankfile's or a CPU list's bind the ranks)
     if job.report_bindings:
         cmd.append("--report-bindings")
     if job.display_map:
         cmd += ["--display-map"] if major < 5 else ["--display", "map"]
     return cmd
+
+
+def _mapping(job: JobSpec, major: int) -> List[str]:
+    """``--map-by`` for the job's mapping and its modifiers; Open MPI 4's ``-rf``,
+    ``--cpu-set`` or ``--cpu-list`` instead (4 takes them as a mapping of their
+    own, which a ``--map-by`` beside them contradicts)."""
+    if job.rankfile:
+        return ["-rf", job.rankfile] if major < 5 else \
+            ["--map-by", f"rankfile:file={job.rankfile}"]
+    cpus = job.cpu_list or job.cpu_set
+    if cpus and major < 5:
+        return ["--cpu-list" if job.cpu_list else "--cpu-set", ",".join(map(str, cpus)),
+                *(["--oversubscribe"] if job.oversubscribe else [])]
+    if job.cpu_list:
+        from ..errors import UsageError
+        raise UsageError("--cpu-list: Open MPI 5's mpirun has no such option; give "
+                         "--cpu-set (or use Open MPI 4's mpirun)")
+    rename = _RENAME[major >= 5]
+    if cpus:
+        mapping = "pe-list=" + ",".join(map(str, cpus))
+    elif job.per_node:
+        mapping = "ppr:%d:node" % job.per_node
+    elif job.ppr:
+        mapping = "ppr:%d:%s" % (job.ppr[0], rename.get(job.ppr[1], job.ppr[1]))
+    else:
+        mapping = rename.get(job.map_by, job.map_by)
+    if job.pe:
+        mapping += ":PE=%d" % job.pe
+    if job.oversubscribe:
+        mapping += ":OVERSUBSCRIBE"
+    if job.nolocal and major >= 5:
+        mapping += ":NOLOCAL"
+    if job.use_hwthreads and major >= 5:
+        mapping += ":HWTCPUS"
+    return ["--map-by", mapping]
 
 
 def _settings(job: JobSpec, environ: Mapping[str, str], major: int,
