@@ -157,6 +157,32 @@ def test_an_mpirun_whose_version_hangs_is_named_not_passed_over(ompi4, wheel, tm
         kill_tagged(tag)
 
 
+def test_ctrl_c_while_mpirun_is_asked_its_version_leaves_nothing(ompi4, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) before the job starts: the
+    asked mpirun and what it started end with mslaunch, and no directory is left."""
+    tag = new_tag()
+    first = tmp_path / "bin"
+    first.mkdir()
+    # (no background child: a shell's ignore SIGINT, as under any program)
+    (first / "mpirun").write_text(SLOW.replace("sleep 60 & ", "").format(mpirun=DEBIAN_MPIRUN))
+    (first / "mpirun").chmod(0o755)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.Popen(cmd("--mpi", "openmpi", "-n", "1", "true"), start_new_session=True,
+                         env=env4(tmp_path, PATH=f"{first}:{DEBIAN_PATH}", TMPDIR=str(tmp),
+                                  MSL_TEST_TAG=tag), stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: len(tagged_pids(tag)) >= 3, 10), tagged_pids(tag)
+        os.killpg(p.pid, signal.SIGINT)
+        p.communicate(timeout=30)
+        assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+        assert list(tmp.iterdir()) == []
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
 def test_a_cached_answer_that_is_no_version_is_asked_again(ompi4, tmp_path):
     env = env4(tmp_path)
     run("--mpi", "openmpi", "--dry-run", "-n", "1", "true", env=env)

@@ -169,31 +169,40 @@ def mpirun_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
 def _ask_version(path: str, extra: Mapping[str, str]) -> Tuple[Optional[str], bool]:
     """What ``path --version`` says (:func:`parse_version`), and whether that is
     final: it ran and ended by itself, not killed, nor failed to start."""
-    import signal
     import subprocess
     env = dict(os.environ)
     env.update(extra)
     try:
+        # In mslaunch's process group: a Ctrl-C before the job starts (mslaunch
+        # then simply ends) reaches it too.
         proc = subprocess.Popen([path, "--version"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     except (OSError, subprocess.SubprocessError):
         return None, False
     try:
         out, _ = proc.communicate(timeout=VERSION_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        # Its session is its own: whatever it started goes with it.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+    except BaseException as err:
+        _kill_tree(proc.pid)
         for pipe in (proc.stdout, proc.stderr):
             pipe.close()        # type: ignore[union-attr]
         proc.wait()
+        if not isinstance(err, subprocess.TimeoutExpired):
+            raise
         raise LaunchError(f"'{path} --version' did not answer within {VERSION_TIMEOUT:g} s; "
                           f"set MSLAUNCH_OMPI_MPIRUN to your Open MPI's mpirun (one "
                           f"that answers)") from None
     return parse_version(out.decode("utf-8", "replace")), proc.returncode >= 0
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL to ``pid`` and every process below it."""
+    import signal
+    from ..machine.procs import descendants
+    for each in (pid, *descendants([pid])):
+        try:
+            os.kill(each, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def parse_version(text: str) -> Optional[str]:

@@ -306,9 +306,13 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
     ``master_port`` and ``jobid`` are what the default mode would give (see
     :func:`rendezvous_env`)."""
     marker = _marker()
+    ompi = find_mpirun(os.environ)
+    if job.verbose:
+        sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
     # mpirun's session directory goes in one of mslaunch's own, removed when the job
     # ends, and by the guard should mslaunch die: mpirun killed (a second Ctrl-C,
-    # the grace period's end) leaves its own behind.
+    # the grace period's end) leaves its own behind.  Made once mpirun is found:
+    # until the supervisor runs, a Ctrl-C simply ends mslaunch.
     base = None if job.dry_run else probe_path(marker)
     if base:
         try:
@@ -316,9 +320,6 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
         except OSError:
             base = None
     try:
-        ompi = find_mpirun(os.environ)
-        if job.verbose:
-            sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
         probe = world_probe(job, os.environ, ompi, base)
         plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base, ompi, probe)
         if job.dry_run:
