@@ -268,6 +268,31 @@ def test_open_mpi_4_spellings_on_its_own_mpirun(ompi4, tmp_path):
     assert r.returncode == ref.returncode, (r.stderr, ref.stderr)
 
 
+def test_open_mpi_4s_mpirun_gives_rank_0_the_input(ompi4, tmp_path):
+    """As Open MPI 4.1.4's own mpirun does (5.0's forwarding hangs: none there)."""
+    show = "echo $OMPI_COMM_WORLD_RANK: $(cat)"
+    r = run("--mpi", "openmpi", "-n", "2", "sh", "-c", show, input=b"hello\n",
+            env=env4(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stderr
+    ref = subprocess.run(["mpirun.openmpi", "--allow-run-as-root", "-n", "2", "sh", "-c", show],
+                         input=b"hello\n", capture_output=True, env=env4(tmp_path), timeout=60)
+    assert sorted(r.stdout.splitlines()) == sorted(ref.stdout.splitlines()) == \
+        [b"0: hello", b"1:"], (r.stdout, ref.stdout)
+    r = run("--mpi", "openmpi", "--stdin", "none", "-n", "1", "sh", "-c", show,
+            input=b"hello\n", env=env4(tmp_path), timeout=60)
+    assert r.stdout == b"0:\n", r.stdout
+    # From a terminal mpirun (in a session of its own) would never read: none.
+    import pty
+    main_fd, tty = pty.openpty()
+    try:
+        r = run("--mpi", "openmpi", "-n", "1", "sh", "-c", show, stdin=tty,
+                env=env4(tmp_path), timeout=60)
+    finally:
+        os.close(main_fd)
+        os.close(tty)
+    assert r.returncode == 0 and r.stdout == b"0:\n", r.stdout
+
+
 def test_mpi_abort_and_timeout_under_open_mpi_4s_mpirun(ompi4, tmp_path):
     tag = new_tag()
     try:

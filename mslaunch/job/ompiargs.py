@@ -215,10 +215,12 @@ def _settings(job: JobSpec, environ: Mapping[str, str], major: int,
 
 def build_command(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI, marker: str,
                   tagged: bool, rendezvous: Sequence[str] = (),
-                  session_base: Optional[str] = None) -> Tuple[List[str], Dict[str, str]]:
+                  session_base: Optional[str] = None,
+                  stdin: bool = False) -> Tuple[List[str], Dict[str, str]]:
     """Translate ``job`` to ``ompi``'s mpirun command line and its environment
     (``rendezvous``: the flags of :func:`rendezvous_env`; ``session_base``: where
-    mpirun keeps its session directory, unless the user chose a place)."""
+    mpirun keeps its session directory, unless the user chose a place; ``stdin``:
+    mpirun forwards its stdin to the ranks ``--stdin`` names, else they get none)."""
     major = ompi.major
     cmd = list(ompi.argv)
     if os.geteuid() == 0:
@@ -227,9 +229,7 @@ def build_command(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI, marke
         cmd += ["--prefix", job.prefix]
     cmd += _settings(job, environ, major, session_base)
     cmd += _placement(job, major)
-    # Open MPI 5.0 hangs when it forwards stdin to a rank that reads it, so
-    # ranks get none (they read end-of-file); see the README.
-    cmd += ["--stdin", "none"]
+    cmd += ["--stdin", job.stdin if stdin else "none"]
     if job.output.merge_stderr:
         cmd.append("--merge-stderr-to-stdout")
     if tagged:

@@ -165,11 +165,12 @@ class MpirunHandle:
     PROBE_EVERY = 0.25
 
     def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux],
-                 probe: Optional[WorldProbe] = None) -> None:
+                 probe: Optional[WorldProbe] = None, stdin: bool = False) -> None:
         self.sup = sup
         self.spec = spec
         self.demux = demux
         self.probe = probe
+        self.stdin = stdin
         self.proc: Optional[subprocess.Popen] = None
         self.pidfd = -1
         self.pipes: List[RankPipe] = []
@@ -189,7 +190,8 @@ class MpirunHandle:
             reads = [(r1, 1), (r2, 2)]
         try:
             self.proc = subprocess.Popen(self.spec.argv, env=self.spec.env,
-                                         stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                         stdin=None if self.stdin else subprocess.DEVNULL,
+                                         stdout=stdout, stderr=stderr,
                                          start_new_session=True, cwd=self.spec.cwd)
         except OSError as err:
             for fd, _ in reads:
@@ -282,14 +284,16 @@ class Delegate:
 
     restarts = 0
 
-    def __init__(self, job: JobSpec, tagged: bool, probe: Optional[WorldProbe] = None) -> None:
+    def __init__(self, job: JobSpec, tagged: bool, probe: Optional[WorldProbe] = None,
+                 stdin: bool = False) -> None:
         self.job = job
         self.tagged = tagged      # whether mpirun tags its lines, for _Demux to split
         self.probe = probe
+        self.stdin = stdin        # whether mpirun reads mslaunch's stdin
 
     def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
         demux = _Demux(self.job, sup.console) if self.tagged else None
-        return MpirunHandle(sup, specs[0], demux, self.probe)
+        return MpirunHandle(sup, specs[0], demux, self.probe, self.stdin)
 
     def started(self, pids: Dict[str, int]) -> None:
         pass
@@ -321,13 +325,15 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
             base = None
     try:
         probe = world_probe(job, os.environ, ompi, base)
-        plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base, ompi, probe)
+        stdin = forwards_stdin(job, ompi)
+        plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base, ompi, probe,
+                           stdin)
         if job.dry_run:
             import shlex
             sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
             return 0
         sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death),
-                         probe)
+                         probe, stdin)
         return exit_status(sup.run(), sup.ending)
     finally:
         if base:
@@ -339,6 +345,20 @@ def _marker() -> str:
     return f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
 
 
+def forwards_stdin(job: JobSpec, ompi: OpenMPI) -> bool:
+    """Whether mpirun gets mslaunch's stdin to forward to the ranks ``--stdin``
+    names: Open MPI 4's, from a file or a pipe.  Open MPI 5.0's forwarding hangs
+    as soon as a rank reads (see the README), and from a terminal mpirun, in a
+    session of its own, would never read (it reads only in the foreground): the
+    ranks then get none, and read end-of-file."""
+    if ompi.major >= 5 or job.stdin == "none":
+        return False
+    try:
+        return not os.isatty(0)
+    except OSError:
+        return False
+
+
 def _tagged(job: JobSpec) -> bool:
     """Whether mpirun tags its lines for mslaunch to split (:class:`_Demux`)."""
     out = job.output
@@ -347,16 +367,17 @@ def _tagged(job: JobSpec) -> bool:
 
 def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
                 marker: Optional[str] = None, session_base: Optional[str] = None,
-                ompi: Optional[OpenMPI] = None, probe: Optional[WorldProbe] = None) -> Plan:
+                ompi: Optional[OpenMPI] = None, probe: Optional[WorldProbe] = None,
+                stdin: bool = False) -> Plan:
     """The plan of ``job`` as mslaunch runs it: one process, Open MPI's mpirun
-    (``ompi``; by default :func:`find_mpirun`'s)."""
+    (``ompi``; by default :func:`find_mpirun`'s; ``stdin``: see :func:`forwards_stdin`)."""
     marker = marker or _marker()
     ompi = ompi or find_mpirun(environ)
     rendezvous = rendezvous_env(job, environ, master_port, jobid, ompi.major)
     if probe is not None:
         rendezvous += probe.flags()
     cmd, extra_env = build_command(job, environ, ompi, marker, _tagged(job), rendezvous,
-                                   session_base)
+                                   session_base, stdin)
     env = dict(environ)
     env.update(extra_env)
     env["MSLAUNCH_JOB"] = env["MSLAUNCH_GUARD"] = marker
@@ -369,14 +390,16 @@ def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
 
 
 def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog,
-               probe: Optional[WorldProbe] = None) -> Supervisor:
-    """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``.
+               probe: Optional[WorldProbe] = None, stdin: bool = False) -> Supervisor:
+    """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``
+    (``stdin``: mpirun reads mslaunch's, as Open MPI 4's forwards it to a rank).
 
     What it does here is signals, ``--timeout`` and the grace period; mpirun
     itself reports and displays what was asked, and says why ranks failed."""
     policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
                      quiet=True, launch_dir=job.launch_dir)
-    return Supervisor(policy, plan, watchdog=watchdog, hooks=Delegate(job, _tagged(job), probe))
+    hooks = Delegate(job, _tagged(job), probe, stdin)
+    return Supervisor(policy, plan, watchdog=watchdog, hooks=hooks)
 
 
 def exit_status(result: JobResult, ending: Optional[str]) -> int:
