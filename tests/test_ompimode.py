@@ -112,6 +112,12 @@ def test_another_mpis_mpirun_on_path_is_passed_over_for_the_wheel(ompi4, wheel, 
             env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=str(tmp_path / "missing")))
     assert r.returncode == 1
     assert r.stderr.decode().count("\n") == 1 and b": no such program" in r.stderr
+    (tmp_path / "text").write_text("")
+    for path, said in ((tmp_path, ": a directory;"), (tmp_path / "text", ": not executable;")):
+        r = run("--mpi", "openmpi", "-n", "1", "true",
+                env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=str(path)))
+        assert r.returncode == 1 and r.stderr.decode().count("\n") == 1, r.stderr
+        assert said.encode() in r.stderr, r.stderr
 
 
 def test_mpiruns_version_is_asked_once_per_installation(ompi4, tmp_path):

@@ -71,8 +71,12 @@ def find_mpirun(environ: Mapping[str, str]) -> OpenMPI:
     explicit = environ.get("MSLAUNCH_OMPI_MPIRUN")
     if explicit:
         path = exec_path(explicit, environ)
-        if path is None or not os.access(path, os.X_OK) or os.path.isdir(path):
+        if path is None or not os.path.exists(path):
             raise LaunchError(f"MSLAUNCH_OMPI_MPIRUN={explicit}: no such program")
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise LaunchError(f"MSLAUNCH_OMPI_MPIRUN={explicit}: "
+                              f"{'a directory' if os.path.isdir(path) else 'not executable'}"
+                              f"; name your Open MPI's mpirun")
         extra = _wheel_env(path, environ)
         said = mpirun_version(path, extra)
         if said is None:
