@@ -287,6 +287,11 @@ def test_open_mpi_4s_mpirun_gives_rank_0_the_input(ompi4, tmp_path):
     r = run("--mpi", "openmpi", "--stdin", "none", "-n", "1", "sh", "-c", show,
             input=b"hello\n", env=env4(tmp_path), timeout=60)
     assert r.stdout == b"0:\n", r.stdout
+    # Open MPI 4.1.4's own forwarding to all ranks hangs: none, and one line says so.
+    r = run("--mpi", "openmpi", "--stdin", "all", "-n", "2", "sh", "-c", show,
+            input=b"hello\n", env=env4(tmp_path), timeout=60)
+    assert r.returncode == 0 and sorted(r.stdout.splitlines()) == [b"0:", b"1:"], r.stdout
+    assert r.stderr.startswith(b"mslaunch: --stdin all: ") and r.stderr.count(b"\n") == 1
     # From a terminal mpirun (in a session of its own) would never read: none.
     import pty
     main_fd, tty = pty.openpty()

@@ -326,6 +326,9 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
     try:
         probe = world_probe(job, os.environ, ompi, base)
         stdin = forwards_stdin(job, ompi)
+        if job.stdin == "all" and not job.quiet:
+            sys.stderr.write("mslaunch: --stdin all: Open MPI's mpirun hangs forwarding input "
+                             "to every rank; the ranks get none (they read end-of-file)\n")
         plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base, ompi, probe,
                            stdin)
         if job.dry_run:
@@ -351,8 +354,8 @@ def forwards_stdin(job: JobSpec, ompi: OpenMPI) -> bool:
     as soon as a rank reads (see the README), and from a terminal mpirun, in a
     session of its own, would never read (it reads only in the foreground): the
     ranks then get none, and read end-of-file."""
-    if ompi.major >= 5 or job.stdin == "none":
-        return False
+    if ompi.major >= 5 or job.stdin in ("none", "all"):
+        return False        # (4.1.4's forwarding to all ranks hangs too, measured)
     try:
         return not os.isatty(0)
     except OSError:
