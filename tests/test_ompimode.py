@@ -239,9 +239,9 @@ def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
         f"0 /a {DEBIAN_PATH} /usr/lib/x86_64-linux-gnu/libmpi.so.40 none",
         f"1 /b:{DEBIAN_PATH} none mpich"], r.stdout
     # -x of a variable mslaunch's environment lacks sets nothing: mslaunch's choice stands.
-    r = run("--mpi", "openmpi", "--dry-run", "-x", "MPI4PY_LIBMPI", "-n", "1", "true",
-            env=env4(tmp_path))
-    assert " -x MPI4PY_LIBMPI=/usr/lib/" in r.stdout.decode(), r.stdout
+    dry = run("--mpi", "openmpi", "--dry-run", "-x", "MPI4PY_LIBMPI", "-n", "1", "true",
+              env=env4(tmp_path))
+    assert " -x MPI4PY_LIBMPI=/usr/lib/" in dry.stdout.decode(), dry.stdout
     # typed by name, as users do (by its absolute path, Open MPI takes it as --prefix)
     ref = subprocess.run(["mpirun.openmpi", "--allow-run-as-root", *args], capture_output=True,
                          env=env4(tmp_path), timeout=60)
