@@ -32,7 +32,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Tuple
+    from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 USAGE = "usage: python -m mslaunch.rankenv [--mpi4py] (program | script.py | -m module | -c code) [args...]"
 
@@ -135,6 +135,16 @@ def restore_user_env(environ: Dict[str, str]) -> None:
             environ.pop(target, None)
 
 
+def name_the_program(environ: MutableMapping[str, str], target: str, args: List[str]) -> None:
+    """Open MPI's ``OMPI_COMMAND`` and ``OMPI_ARGV`` (``MPI_INFO_ENV``'s "command"
+    and "argv") name the program, as under Open MPI's own mpirun, where they
+    named this wrapper (its interpreter, ``-m mslaunch.rankenv``)."""
+    if "OMPI_COMMAND" in environ and \
+            environ.get("OMPI_ARGV", "").startswith("-m mslaunch.rankenv"):
+        environ["OMPI_COMMAND"] = os.path.basename(target)
+        environ["OMPI_ARGV"] = " ".join(args)
+
+
 def _run_python(kind: str, target: str, args: List[str]) -> None:
     import runpy
     if kind == "-c":
@@ -176,6 +186,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         _, rank, size, local_rank, local_size = found
         os.environ.update(rank_variables(rank, size, local_rank, local_size, os.environ))
         restore_user_env(os.environ)        # type: ignore[arg-type]
+        if kind in ("exec", "script"):
+            name_the_program(os.environ, target, args)
         if kind == "exec":
             try:
                 os.execvp(target, [target, *args])

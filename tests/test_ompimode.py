@@ -249,6 +249,17 @@ def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
         sorted(line.rsplit(" ", 2)[0] for line in ref.stdout.decode().splitlines()), ref
 
 
+def test_open_mpis_command_variables_name_the_program_not_the_wrapper(ompi4, tmp_path):
+    """OMPI_COMMAND and OMPI_ARGV (MPI_INFO_ENV's "command" and "argv") as under
+    Open MPI's own mpirun."""
+    args = ["-n", "1", "sh", "-c", 'echo "$OMPI_COMMAND|$OMPI_ARGV"', "a b", "c"]
+    r = run("--mpi", "openmpi", *args, env=env4(tmp_path), timeout=60)
+    ref = subprocess.run(["mpirun.openmpi", "--allow-run-as-root", *args], capture_output=True,
+                         env=env4(tmp_path), timeout=60)
+    assert r.returncode == 0 and r.stdout == ref.stdout == \
+        b'sh|-c echo "$OMPI_COMMAND|$OMPI_ARGV" a b c\n', (r.stdout, ref.stdout)
+
+
 def test_mpi4py_of_mslaunchs_interpreter_runs_on_the_chosen_open_mpi_4(ompi4, tmp_path):
     """A script runs in the rank wrapper's interpreter, whose mpi4py is pointed at
     the mpirun's own library (MPI4PY_LIBMPI)."""
