@@ -468,21 +468,31 @@ values = st.one_of(st.none(), st.text(st.characters(blacklist_characters="\0",
                                                     blacklist_categories=("Cs",)), max_size=40))
 
 
+#: -x NAME[=VALUE] options, of the job or of an app context.
+xs = st.lists(st.tuples(st.sampled_from(["PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX", "HOME"]),
+                        values), max_size=4)
+
+
 @settings(max_examples=300)
 @given(st.fixed_dictionaries({n: values for n in ("PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX")}),
        st.dictionaries(st.sampled_from(["PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX", "HOME"]),
                        st.text(max_size=20)),
-       st.booleans())
-def test_the_rank_wrapper_puts_back_what_mpirun_changed(user, mpirun, here):
+       st.booleans(), xs, xs)
+def test_the_rank_wrapper_puts_back_what_mpirun_changed(user, mpirun, here, job_x, app_x):
     """restore_flags' -x variables, mpirun's changes, then the wrapper: the user's values
-    on this host, mpirun's elsewhere; the MSLAUNCH_WAS_ variables are gone."""
+    (mslaunch's environment, then the job's -x, then the app context's) on this host,
+    mpirun's elsewhere; the MSLAUNCH_WAS_ variables are gone."""
     from mslaunch.job.ompiargs import restore_flags
     from mslaunch.rankenv import restore_user_env
     from mslaunch.spec import JobSpec
     environ = {k: v for k, v in user.items() if v is not None}
-    flags = restore_flags(JobSpec(apps=()), environ)
+    flags = restore_flags(JobSpec(apps=(), global_env=tuple(job_x)), environ, tuple(app_x))
     assert flags[::2] == ["-x"] * (len(flags) // 2)
-    rank = dict(environ)
+    chosen = dict(environ)              # what -x gives the ranks, as mpirun does
+    for name, value in (*job_x, *app_x):
+        if value is not None:
+            chosen[name] = value
+    rank = dict(chosen)
     for item in flags[1::2]:
         name, _, value = item.partition("=")
         rank[name] = value
@@ -491,11 +501,11 @@ def test_the_rank_wrapper_puts_back_what_mpirun_changed(user, mpirun, here):
         rank["MSLAUNCH_WAS_HOST"] = "not-" + os.uname().nodename
     restore_user_env(rank)
     assert not any(n.startswith("MSLAUNCH_WAS_") for n in rank)
-    expected = {**environ, **mpirun}
+    expected = {**chosen, **mpirun}
     for name in ("PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX") if here else ():
         expected.pop(name, None)
-        if name in environ:
-            expected[name] = environ[name]
+        if name in chosen:
+            expected[name] = chosen[name]
     assert rank == expected
 
 
