@@ -17,6 +17,12 @@ the local values).  It then sets ``RANK_ID``, ``RANK_SIZE``, ``RANK``,
 Python targets (a ``.py`` script, ``-m``, ``-c``) run in this interpreter, so
 an MPI initialised here is the one the program sees; other programs are
 exec'ed with the new environment (which needs the launcher's variables).
+
+On the host named by ``MSLAUNCH_WAS_HOST``, the variables ``MSLAUNCH_WAS_NAME``
+name (and those ``MSLAUNCH_WAS_UNSET`` lists) are put back first: Open MPI's
+mpirun puts its own installation first in ``PATH`` and ``LD_LIBRARY_PATH``, and
+a program of another Open MPI would load that library in place of its own
+(see :mod:`mslaunch.job.ompiargs`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Tuple
+    from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 USAGE = "usage: python -m mslaunch.rankenv [--mpi4py] (program | script.py | -m module | -c code) [args...]"
 
@@ -111,6 +117,35 @@ def rank_variables(rank: int, size: int, local_rank: int, local_size: int,
     return {k: str(v) for k, v in values.items()}
 
 
+#: What Open MPI's mpirun changes in a rank's environment that is put back.
+RESTORED = ("PATH", "LD_LIBRARY_PATH", "OPAL_PREFIX")
+
+
+def restore_user_env(environ: Dict[str, str]) -> None:
+    """Put back what mpirun changed, as ``MSLAUNCH_WAS_*`` says (module docstring);
+    the ``MSLAUNCH_WAS_*`` variables themselves go."""
+    here = environ.get("MSLAUNCH_WAS_HOST") == os.uname().nodename
+    unset = environ.get("MSLAUNCH_WAS_UNSET", "").split(":")
+    for name in [n for n in environ if n.startswith("MSLAUNCH_WAS_")]:
+        value = environ.pop(name)
+        target = name[len("MSLAUNCH_WAS_"):]
+        if here and target in RESTORED:
+            environ[target] = value
+    for target in unset if here else ():
+        if target in RESTORED:
+            environ.pop(target, None)
+
+
+def name_the_program(environ: MutableMapping[str, str], target: str, args: List[str]) -> None:
+    """Open MPI's ``OMPI_COMMAND`` and ``OMPI_ARGV`` (``MPI_INFO_ENV``'s "command"
+    and "argv") name the program, as under Open MPI's own mpirun, where they
+    named this wrapper (its interpreter, ``-m mslaunch.rankenv``)."""
+    if "OMPI_COMMAND" in environ and \
+            environ.get("OMPI_ARGV", "").startswith("-m mslaunch.rankenv"):
+        environ["OMPI_COMMAND"] = os.path.basename(target)
+        environ["OMPI_ARGV"] = " ".join(args)
+
+
 def _run_python(kind: str, target: str, args: List[str]) -> None:
     import runpy
     if kind == "-c":
@@ -151,6 +186,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             found = from_mpi4py()
         _, rank, size, local_rank, local_size = found
         os.environ.update(rank_variables(rank, size, local_rank, local_size, os.environ))
+        restore_user_env(os.environ)        # type: ignore[arg-type]
+        if kind in ("exec", "script"):
+            name_the_program(os.environ, target, args)
         if kind == "exec":
             try:
                 os.execvp(target, [target, *args])

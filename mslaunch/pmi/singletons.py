@@ -29,6 +29,10 @@ started -- and noted again while they still run (one that handles SIGTERM,
 or was still in ``MPI_Init``, may make its segment after the stop); once the
 job is over they are removed if nobody has them open or mapped any more
 (:class:`SingletonFiles`).  No name is ever guessed.
+
+**What refused Open MPI 4 singletons leave in /tmp**, their job families'
+empty session directories (and their orteds' when those are killed too), is
+noted with their /dev/shm files and removed with them (:mod:`.sessiondirs`).
 """
 
 from __future__ import annotations
@@ -366,6 +370,10 @@ def read_kept_item(item: str) -> Optional[Tuple[str, Tuple[int, int]]]:
     return path, (int(dev), int(ino))
 
 
+#: How a noted session directory is kept by the watchdog (a file's item has digits there).
+_SESSION_ITEM = "\tsession"
+
+
 class SingletonFiles:
     """The /dev/shm files of refused Open MPI singletons; see the module docstring.
 
@@ -379,6 +387,7 @@ class SingletonFiles:
         self.flush = flush
         self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
         self.watched: Set[int] = set()                # stopped groups' leaders still alive
+        self.sessions: Set[str] = set()               # Open MPI 4's (see .sessiondirs)
 
     def stop(self, groups: Sequence[int], loop: Optional[Loop] = None) -> None:
         """Stop the rank process groups ``groups`` with SIGTERM (as the job's stop
@@ -418,9 +427,15 @@ class SingletonFiles:
     def _note(self, pids: Sequence[int]) -> None:
         import stat
         from ..machine.procs import descendants
+        from .sessiondirs import daemon_directory, session_directory
         me = os.geteuid()
         for pid in sorted(set(pids) | descendants(pids)):
             ompi, held = _holdings(pid)
+            for session in (session_directory(pid), daemon_directory(pid)) if ompi else ():
+                if session is not None and session not in self.sessions:
+                    self.sessions.add(session)
+                    if self.keep is not None:
+                        self.keep(session + _SESSION_ITEM)
             started = _started_at(pid) if ompi and held else None
             if started is None:
                 continue
@@ -440,12 +455,21 @@ class SingletonFiles:
 
     def restore(self, item: str) -> None:
         """Take back a file from its ``keep`` form (:func:`kept_item`)."""
+        if item.endswith(_SESSION_ITEM):
+            self.sessions.add(item[:-len(_SESSION_ITEM)])
+            return
         found = read_kept_item(item)
         if found is not None:
             self.files[found[0]] = found[1]
 
     def remove(self) -> int:
-        """Unlink the noted files that are still the same and nobody has open or mapped."""
+        """Unlink the noted files that are still the same and nobody has open or mapped;
+        remove the noted session directories that are empty."""
+        from .sessiondirs import remove_session
+        deadline = time.monotonic() + 1.0        # for the orteds to end, all together
+        for path in sorted(self.sessions):       # jf.* before pid.*: the parent goes last
+            remove_session(path, deadline)
+        self.sessions.clear()
         if not self.files:
             return 0
         used = _in_use()

@@ -1,0 +1,146 @@
+"""What refused Open MPI 4 singletons leave in /tmp: their session directories.
+
+An Open MPI 4 singleton makes its job family's session directory
+(``$TMPDIR/ompi.<host>.<uid>/jf.<n>``) in ``MPI_Init`` and removes it only in
+``MPI_Finalize``; stopped before that (a refused singleton, see
+:mod:`.singletons`), it leaves it behind, empty.  Its name comes from the PMIx
+segments the process maps (``.../pid.<m>/pmix_dstor_ds<v>_<m>/smseg-<jobid>-0``:
+the family is the jobid's upper 16 bits, as measured with Debian's 4.1.4).  It
+is noted with the singleton's /dev/shm files and removed with them if it is
+still empty: ``rmdir`` only, nothing in it is ever deleted.
+
+The singleton's own ``orted`` (its child, the PMIx server) keeps
+``ompi.<host>.<uid>/pid.<its pid>``, with its contact file and PMIx segments,
+and removes it when the singleton ends -- unless it is killed too (a singleton
+that ignores SIGTERM, stopped at the end of the grace period, or by the guard
+when mslaunch dies).  That directory is noted from the segments the orted
+maps, and removed whole once that orted is gone (not before: a live one
+removes its own).
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+
+def session_directory(pid: int) -> Optional[str]:
+    """Open MPI 4's ``jf.<n>`` session directory of process ``pid``, from the PMIx
+    segments it maps (see the module docstring); None if it maps none."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                session = session_of_mapping(line)
+                if session is not None:
+                    return session
+    except OSError:
+        pass
+    return None
+
+
+def session_of_mapping(line: bytes) -> Optional[str]:
+    """The ``jf.<n>`` directory a line of ``/proc/PID/maps`` names, if it maps a
+    PMIx segment of an Open MPI 4 session (see the module docstring)."""
+    fields = line.rstrip(b"\n").split(None, 5)
+    if len(fields) < 6:
+        return None
+    path = fields[5]
+    name = os.path.basename(path)
+    dstor = os.path.dirname(path)
+    if b"/pmix_dstor_ds" not in dstor or not name.startswith((b"smseg-", b"smdataseg-")):
+        return None
+    jobid = name.split(b"-")[1]
+    top = os.path.dirname(os.path.dirname(dstor))
+    if not (jobid.isascii() and jobid.isdigit()) or not top.startswith(b"/") \
+            or not os.path.basename(top).startswith(b"ompi."):
+        return None
+    session = os.fsdecode(os.path.join(top, b"jf.%d" % (int(jobid) >> 16)))
+    return session if session.isprintable() else None
+
+
+def daemon_directory(pid: int) -> Optional[str]:
+    """The session directory ``ompi.<host>.<uid>/pid.<pid>`` of ``pid``, if it is an
+    Open MPI 4 ``orted`` that maps its PMIx segments there (module docstring)."""
+    if not _is_orted(pid):
+        return None
+    own = b"/pid.%d/pmix_dstor_ds" % pid
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                fields = line.rstrip(b"\n").split(None, 5)
+                at = fields[-1].find(own) if len(fields) == 6 else -1
+                if at > 0 and fields[5].startswith(b"/"):
+                    top = fields[5][:at]
+                    found = os.fsdecode(b"%s/pid.%d" % (top, pid))
+                    if os.path.basename(top).startswith(b"ompi.") and found.isprintable():
+                        return found
+    except OSError:
+        pass
+    return None
+
+
+def _is_orted(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip() == b"orted"
+    except OSError:
+        return False
+
+
+def remove_session(path: str, deadline: float) -> None:
+    """Remove a noted session directory: a ``jf.<n>`` if empty
+    (:func:`remove_empty_session`), an orted's ``pid.<m>`` whole once that orted
+    is gone (waited for until ``deadline``, a ``time.monotonic()``); then
+    ``ompi.<host>.<uid>`` if that is empty."""
+    import stat
+    name = os.path.basename(path)
+    if name.startswith("jf."):
+        remove_empty_session(path)
+        return
+    digits = name[len("pid."):]
+    if not (name.startswith("pid.") and digits.isascii() and digits.isdigit()):
+        return
+    import time
+    from ..machine.procs import alive
+    while alive(int(digits)) and _is_orted(int(digits)):     # its end is asynchronous
+        if time.monotonic() > deadline:
+            return                        # it runs on, and removes its own
+        time.sleep(0.01)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass
+
+
+def remove_empty_session(path: str) -> None:
+    """``rmdir`` the session directory ``path`` of this user, its empty directories
+    first, then its parent (``ompi.<host>.<uid>``) if that is empty too, as Open
+    MPI's own ``MPI_Finalize`` does."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return
+    for root, dirs, _ in os.walk(path, topdown=False):
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
+    for target in (path, os.path.dirname(path)):
+        try:
+            os.rmdir(target)
+        except OSError:
+            return
