@@ -84,11 +84,13 @@ def control_listener(directory: str, name: str):
 def open_control(watchdog) -> Optional[Tuple[object, str]]:
     """The job's control socket ``PID.sock`` (mslaunch-stacks, mslaunch-top), which
     the guard removes should this process die; None if it cannot be made."""
-    from ..machine.procs import private_dir, sweep_private
-    where = private_dir()
-    if where:
+    from ..machine.procs import in_private, sweep_private
+
+    def listen(where: str) -> Optional[Tuple[object, str]]:
         sweep_private(where)
-    made = control_listener(where, f"{os.getpid()}.sock") if where else None
+        return control_listener(where, f"{os.getpid()}.sock")
+
+    made = in_private(listen)
     if made is not None:
         watchdog.private(made[1])
     return made

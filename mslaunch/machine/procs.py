@@ -19,7 +19,9 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, List, Optional, Protocol, Set, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple, TypeVar
+
+    T = TypeVar("T")
 
     class Cgroup(Protocol):
         """What :func:`terminate` needs of the job's cgroup (the guard's ``JobCgroup``)."""
@@ -258,6 +260,20 @@ def private_dirs(make: bool = False) -> List[str]:
     return found
 
 
+def in_private(make: Callable[[str], Optional[T]]) -> Optional[T]:
+    """``make(directory)`` in this user's private directory, made first; tried again
+    when another job of this user removed the directory, empty, meanwhile (see
+    :func:`remove_private`); None if it cannot be made."""
+    for _ in range(3):
+        base = private_dir()
+        if base is None:
+            return None
+        made = make(base)
+        if made is not None or os.path.isdir(base):
+            return made
+    return None
+
+
 def sweep_private(directory: str) -> None:
     """Remove what processes of this host that are gone left in ``directory``:
     ``PID.sock`` and ``HOST.PID.py`` whose guard could not (it was killed too)."""
@@ -296,7 +312,18 @@ def _listening(path: str) -> bool:
 
 def remove_private(path: str, depth: int = 2) -> None:
     """Remove a control socket, or a directory of dumps (two levels at most: the
-    hook's bytecode cache), quietly."""
+    hook's bytecode cache), quietly; then this user's private directory itself
+    when that left it empty (no job of this user leaves it behind)."""
+    _remove_private(path, depth)
+    parent = os.path.dirname(path)
+    if os.path.basename(parent).startswith("mslaunch"):
+        try:
+            os.rmdir(parent)           # fails, as it should, while not empty
+        except OSError:
+            pass
+
+
+def _remove_private(path: str, depth: int) -> None:
     try:
         names = os.listdir(path)
     except NotADirectoryError:
@@ -310,7 +337,7 @@ def remove_private(path: str, depth: int = 2) -> None:
         for name in names:
             inner = os.path.join(path, name)
             if depth > 1 and os.path.isdir(inner) and not os.path.islink(inner):
-                remove_private(inner, depth - 1)
+                _remove_private(inner, depth - 1)
             else:
                 os.unlink(inner)
         os.rmdir(path)

@@ -118,17 +118,21 @@ def make_dir(guard: Watchdog) -> Optional[str]:
     """This process's private directory for its Python ranks' dumps, with the
     hook in it (removed at the end, and by ``guard`` should this process die);
     None if it cannot be made."""
-    from .procs import private_dir, sweep_private
-    base = private_dir()
-    if base is None:
-        return None
-    sweep_private(base)           # what agents of this host that are gone left
-    path = os.path.join(base, f"{os.uname().nodename}.{os.getpid()}.py")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
+    from .procs import in_private, sweep_private
+
+    def made(base: str) -> Optional[str]:
+        sweep_private(base)           # what agents of this host that are gone left
+        path = os.path.join(base, f"{os.uname().nodename}.{os.getpid()}.py")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        return path
+
+    path = in_private(made)
+    if path is None:
         return None
     guard.private(path)
     return path if prepare(path) else None
