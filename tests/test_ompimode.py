@@ -222,6 +222,11 @@ def test_with_prefix_the_ranks_keep_what_mpirun_gives_them(ompi4, tmp_path):
     assert "/usr/lib" in r.stdout.decode().strip().split(":"), r.stdout
     r = run("--mpi", "openmpi", "-n", "1", "sh", "-c", show, env=env4(tmp_path), timeout=60)
     assert r.stdout == b"\n", r.stdout
+    # Another installation's --prefix (the other hosts'): no box of text about
+    # mpirun's own path, as when the user types mpirun by name.
+    r = run("--mpi", "openmpi", "-n", "1", "--prefix", str(tmp_path), "true",
+            env=env4(tmp_path), timeout=60)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
 
 
 def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
