@@ -372,8 +372,8 @@ def test_placement_options_reach_either_mpirun(ompi4, wheel, tmp_path, version):
             ("--map-by ppr:1:socket:PE=1 --rank-by slot --bind-to core:overload-allowed",
              "--map-by ppr:1:socket:PE=1 --rank-by slot --bind-to core:overload-allowed",
              "--map-by ppr:1:package:PE=1 --rank-by slot --bind-to core:overload-allowed"),
-            ("--cpu-set 0,1 --use-hwthread-cpus", "--cpu-set 0,1 --use-hwthread-cpus --stdin",
-             "--map-by pe-list=0,1:HWTCPUS --stdin")):
+            ("--cpu-set 0 --use-hwthread-cpus", "--cpu-set 0 --use-hwthread-cpus --stdin",
+             "--map-by pe-list=0:HWTCPUS --stdin")):
         expected = five if version == "5" else four
         r = run("--mpi", "openmpi", "--dry-run", *words.split(), "-n", "1", "true", env=env)
         assert f" {expected} " in r.stdout.decode(), r.stdout
