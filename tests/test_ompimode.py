@@ -254,6 +254,21 @@ def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
         sorted(line.rsplit(" ", 2)[0] for line in ref.stdout.decode().splitlines()), ref
 
 
+def test_a_script_run_in_the_wrappers_interpreter_starts_with_the_users_library_path(
+        ompi4, tmp_path):
+    """The dynamic loader reads LD_LIBRARY_PATH when a process starts: a Python
+    script, run in the wrapper's own interpreter, must start with the user's (what
+    the process began with, /proc/self/environ), not with mpirun's /usr/lib first."""
+    script = tmp_path / "start.py"
+    script.write_text("import os\n"
+                      "env = dict(v.split('=', 1) for v in open('/proc/self/environ')"
+                      ".read().split('\\0') if '=' in v)\n"
+                      "print(env.get('LD_LIBRARY_PATH'), os.environ.get('LD_LIBRARY_PATH'))\n")
+    r = run("--mpi", "openmpi", "-n", "1", str(script), env=env4(tmp_path, LD_LIBRARY_PATH="/u"),
+            timeout=60)
+    assert r.returncode == 0 and r.stdout == b"/u /u\n", (r.stdout, r.stderr)
+
+
 def test_open_mpis_command_variables_name_the_program_not_the_wrapper(ompi4, tmp_path):
     """OMPI_COMMAND and OMPI_ARGV (MPI_INFO_ENV's "command" and "argv") as under
     Open MPI's own mpirun."""
