@@ -162,8 +162,23 @@ def _run_python(kind: str, target: str, args: List[str]) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
+def _start_with_library_path(argv: List[str], started_with: Optional[str]) -> None:
+    """Run this wrapper again (``argv``) if ``LD_LIBRARY_PATH`` is no longer what it
+    ``started_with``: the dynamic loader read that one, mpirun's, when this
+    interpreter started, and a Python program runs in it.  The second run has
+    nothing to put back, so it goes on."""
+    if os.environ.get("LD_LIBRARY_PATH") == started_with or not sys.executable:
+        return
+    try:
+        os.execv(sys.executable, [sys.executable, "-m", "mslaunch.rankenv", *argv])
+    except OSError:
+        pass            # it runs here, on mpirun's library path
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(argv)
+    library_path = os.environ.get("LD_LIBRARY_PATH")
     use_mpi4py = False
     while argv and argv[0] in ("--mpi4py", "--"):
         use_mpi4py = use_mpi4py or argv[0] == "--mpi4py"
@@ -178,6 +193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             kind, target, args = "exec", argv[0], argv[1:]
         found = None if use_mpi4py else from_environment(os.environ)
+        use_mpi4py = found is None          # (MPI is then initialised here)
         if found is None:
             if kind == "exec":
                 raise RankEnvError(f"cannot tell the rank of {target!r}: no OMPI_*, PMI_* or "
@@ -189,6 +205,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         restore_user_env(os.environ)        # type: ignore[arg-type]
         if kind in ("exec", "script"):
             name_the_program(os.environ, target, args)
+        if kind != "exec" and not use_mpi4py:
+            _start_with_library_path(given, library_path)
         if kind == "exec":
             try:
                 os.execvp(target, [target, *args])

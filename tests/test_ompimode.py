@@ -222,6 +222,11 @@ def test_with_prefix_the_ranks_keep_what_mpirun_gives_them(ompi4, tmp_path):
     assert "/usr/lib" in r.stdout.decode().strip().split(":"), r.stdout
     r = run("--mpi", "openmpi", "-n", "1", "sh", "-c", show, env=env4(tmp_path), timeout=60)
     assert r.stdout == b"\n", r.stdout
+    # Another installation's --prefix (the other hosts'): no box of text about
+    # mpirun's own path, as when the user types mpirun by name.
+    r = run("--mpi", "openmpi", "-n", "1", "--prefix", str(tmp_path), "true",
+            env=env4(tmp_path), timeout=60)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
 
 
 def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
@@ -247,6 +252,21 @@ def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
                          env=env4(tmp_path), timeout=60)
     assert sorted(line.rsplit(" ", 2)[0] for line in r.stdout.decode().splitlines()) == \
         sorted(line.rsplit(" ", 2)[0] for line in ref.stdout.decode().splitlines()), ref
+
+
+def test_a_script_run_in_the_wrappers_interpreter_starts_with_the_users_library_path(
+        ompi4, tmp_path):
+    """The dynamic loader reads LD_LIBRARY_PATH when a process starts: a Python
+    script, run in the wrapper's own interpreter, must start with the user's (what
+    the process began with, /proc/self/environ), not with mpirun's /usr/lib first."""
+    script = tmp_path / "start.py"
+    script.write_text("import os\n"
+                      "env = dict(v.split('=', 1) for v in open('/proc/self/environ')"
+                      ".read().split('\\0') if '=' in v)\n"
+                      "print(env.get('LD_LIBRARY_PATH'), os.environ.get('LD_LIBRARY_PATH'))\n")
+    r = run("--mpi", "openmpi", "-n", "1", str(script), env=env4(tmp_path, LD_LIBRARY_PATH="/u"),
+            timeout=60)
+    assert r.returncode == 0 and r.stdout == b"/u /u\n", (r.stdout, r.stderr)
 
 
 def test_open_mpis_command_variables_name_the_program_not_the_wrapper(ompi4, tmp_path):
@@ -367,8 +387,8 @@ def test_placement_options_reach_either_mpirun(ompi4, wheel, tmp_path, version):
             ("--map-by ppr:1:socket:PE=1 --rank-by slot --bind-to core:overload-allowed",
              "--map-by ppr:1:socket:PE=1 --rank-by slot --bind-to core:overload-allowed",
              "--map-by ppr:1:package:PE=1 --rank-by slot --bind-to core:overload-allowed"),
-            ("--cpu-set 0,1 --use-hwthread-cpus", "--cpu-set 0,1 --use-hwthread-cpus --stdin",
-             "--map-by pe-list=0,1:HWTCPUS --stdin")):
+            ("--cpu-set 0 --use-hwthread-cpus", "--cpu-set 0 --use-hwthread-cpus --stdin",
+             "--map-by pe-list=0:HWTCPUS --stdin")):
         expected = five if version == "5" else four
         r = run("--mpi", "openmpi", "--dry-run", *words.split(), "-n", "1", "true", env=env)
         assert f" {expected} " in r.stdout.decode(), r.stdout

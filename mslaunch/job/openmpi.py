@@ -165,12 +165,14 @@ class MpirunHandle:
     PROBE_EVERY = 0.25
 
     def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux],
-                 probe: Optional[WorldProbe] = None, stdin: bool = False) -> None:
+                 probe: Optional[WorldProbe] = None, stdin: bool = False,
+                 by_name: bool = False) -> None:
         self.sup = sup
         self.spec = spec
         self.demux = demux
         self.probe = probe
-        self.stdin = stdin
+        self.stdin = stdin          # mpirun reads mslaunch's stdin
+        self.by_name = by_name      # argv[0] is mpirun's name, not its path
         self.proc: Optional[subprocess.Popen] = None
         self.pidfd = -1
         self.pipes: List[RankPipe] = []
@@ -189,7 +191,10 @@ class MpirunHandle:
             r2, stderr = os.pipe()
             reads = [(r1, 1), (r2, 2)]
         try:
-            self.proc = subprocess.Popen(self.spec.argv, env=self.spec.env,
+            argv = list(self.spec.argv)
+            if self.by_name:
+                argv[0] = os.path.basename(argv[0])
+            self.proc = subprocess.Popen(argv, executable=self.spec.argv[0], env=self.spec.env,
                                          stdin=None if self.stdin else subprocess.DEVNULL,
                                          stdout=stdout, stderr=stderr,
                                          start_new_session=True, cwd=self.spec.cwd)
@@ -285,15 +290,18 @@ class Delegate:
     restarts = 0
 
     def __init__(self, job: JobSpec, tagged: bool, probe: Optional[WorldProbe] = None,
-                 stdin: bool = False) -> None:
+                 ompi: Optional[OpenMPI] = None) -> None:
         self.job = job
         self.tagged = tagged      # whether mpirun tags its lines, for _Demux to split
         self.probe = probe
-        self.stdin = stdin        # whether mpirun reads mslaunch's stdin
+        self.stdin = ompi is not None and forwards_stdin(job, ompi)
+        # Open MPI 4 started by its path takes that installation as a --prefix, and
+        # given another one says so in a box of text: by name, as users type it.
+        self.by_name = ompi is not None and ompi.major < 5 and job.prefix is not None
 
     def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
         demux = _Demux(self.job, sup.console) if self.tagged else None
-        return MpirunHandle(sup, specs[0], demux, self.probe, self.stdin)
+        return MpirunHandle(sup, specs[0], demux, self.probe, self.stdin, self.by_name)
 
     def started(self, pids: Dict[str, int]) -> None:
         pass
@@ -336,7 +344,7 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
             sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
             return 0
         sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death),
-                         probe, stdin)
+                         probe, ompi)
         try:
             return exit_status(sup.run(), sup.ending)
         finally:
@@ -396,15 +404,16 @@ def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
 
 
 def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog,
-               probe: Optional[WorldProbe] = None, stdin: bool = False) -> Supervisor:
+               probe: Optional[WorldProbe] = None,
+               ompi: Optional[OpenMPI] = None) -> Supervisor:
     """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``
-    (``stdin``: mpirun reads mslaunch's, as Open MPI 4's forwards it to a rank).
+    (``ompi``: the mpirun it starts, for how it is started; see :class:`Delegate`).
 
     What it does here is signals, ``--timeout`` and the grace period; mpirun
     itself reports and displays what was asked, and says why ranks failed."""
     policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
                      quiet=True, launch_dir=job.launch_dir)
-    hooks = Delegate(job, _tagged(job), probe, stdin)
+    hooks = Delegate(job, _tagged(job), probe, ompi)
     return Supervisor(policy, plan, watchdog=watchdog, hooks=hooks)
 
 
