@@ -162,7 +162,11 @@ class LocalRanks:
         # As under Open MPI: PWD is the rank's physical working directory.
         env["PWD"] = os.path.realpath(spec.cwd)
         if local.pmi_env is not None:
-            env.update(local.pmi_env(spec.rank))
+            for key, value in local.pmi_env(spec.rank).items():
+                # A process manager's settings of MPICH's own (MPIR_CVAR_*) are
+                # defaults: the rank's environment wins.
+                if not (key.startswith("MPIR_CVAR_") and key in env):
+                    env[key] = value
         out_sink, err_sink = self.sinks(spec)
         out_r, out_w = open_pty() if self.pty else os.pipe()
         err_r, err_w = (None, out_w) if self.merge_stderr else os.pipe()

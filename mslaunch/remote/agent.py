@@ -349,6 +349,7 @@ class Agent:
         self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
                                 grace=self.grace, merge_stderr=merge, pmi=pmi,
                                 pmi_env=pmi_env, stdin_fd=None, pty=job["pty"])
+        self.pmi.local = self.local
         self._started: Dict[str, int] = {}
         try:
             self.local.start()
@@ -407,7 +408,7 @@ class Agent:
                     and runs_a_launcher(pids[key])
                 self.pmi.up({"op": "singleton", "rank": key, "size": size,
                              "backing": probe.backing is not None,
-                             "launcher": nested})
+                             "launcher": nested, **self.pmi.pmix_said(key)})
 
     def _watch_singletons(self) -> None:
         self._report_singletons()
@@ -416,6 +417,7 @@ class Agent:
 
     def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int]) -> None:
         self._report_singletons()
+        self.pmi.exited(rank, code, sig)
         self.exited.add(rank)
         self.stdin.drop(rank)
         self.endpoint.send(link.encode(link.EXITED, {"rank": rank, "code": code,

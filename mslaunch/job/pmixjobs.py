@@ -1,0 +1,101 @@
+"""The launcher's PMIx: a server for its own ranks, and the fences that span hosts.
+
+Beside the PMI of :class:`~.mpijobs.MPIJobs`, the first job's ranks here
+are served PMIx (:class:`~mslaunch.pmix.host.PMIxHost`), so that an Open MPI
+program runs under the same command line as an MPICH one; remote hosts'
+agents serve their own ranks.  A fence whose ranks are on several hosts is
+gathered here (:class:`~mslaunch.pmix.exchange.FenceExchange`): the local
+server's part directly, the agents' in ``PMI`` frames of their own
+operation (``pmix_fence`` up, ``pmix_fence_done`` down, the opaque data in
+base64).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, FrozenSet, Optional
+
+    from ..pmi.job import PMIJob
+    from ..pmix.host import PMIxHost
+    from ..remote.host import RemoteHost
+    from .mpijobs import MPIJobs
+
+from ..pmix.exchange import FenceExchange, decode_blob, encode_blob
+
+#: The launcher's name among a fence's hosts.
+HERE = ""
+
+
+class LauncherPMIx:
+    """See the module docstring; ``mpi`` is the launch's :class:`~.mpijobs.MPIJobs`."""
+
+    def __init__(self, mpi: MPIJobs) -> None:
+        self.mpi = mpi
+        self.host: Optional[PMIxHost] = None
+        self.exchange = FenceExchange(self._participants)
+
+    def serve_first(self, pj: PMIJob) -> None:
+        """PMIx for the first job's ranks on this machine."""
+        from ..pmi.files import pmix_dir
+        from ..pmix.host import MIN_SIZE, PMIxHost
+        from ..pmix.server import Layout
+        sup = self.mpi.sup
+        plan = sup.plan
+        if len(plan.ranks) < MIN_SIZE:
+            return
+        here = next(r.host.node_id for r in plan.ranks if r.host.local)
+        layout = Layout(pj.kvsname, [h.name for h in plan.hosts],
+                        [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
+                        plan.universe_size, here)
+        marker = sup.watchdog.marker if sup.watchdog is not None else plan.kvsname
+        log = sup.log if sup.job.verbose else (lambda message: None)
+        self.host = PMIxHost(sup.loop, pmix_dir(marker), log)
+
+        def relay(signature: str, sequence: int, blob: bytes,
+                  done: Callable[[bytes], None]) -> None:
+            self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
+        self.host.serve(pj, layout, relay)
+
+    @property
+    def problem(self) -> Optional[str]:
+        """Why this machine serves no PMIx, if it tried."""
+        return self.host.problem if self.host is not None else None
+
+    def _participants(self, kvs: str, signature: str) -> FrozenSet[str]:
+        """The hosts (:data:`HERE` for this one) with a rank in a fence."""
+        sup = self.mpi.sup
+        hosts = set()
+        for item in signature.split(","):
+            ns, _, rank = item.rpartition(":")
+            pj = self.mpi.jobs.get(ns)
+            if pj is None:
+                raise ValueError(f"a fence of an unknown job {ns[:40]!r}")
+            if rank == "*":
+                keys = list(pj.keys.values())
+            elif rank.isdigit() and int(rank) in pj.keys:
+                keys = [pj.keys[int(rank)]]
+            else:
+                raise ValueError(f"a fence of rank {rank[:12]!r}, not of job {ns[:40]!r}")
+            for key in keys:
+                spec = sup.ranks[key].spec
+                hosts.add(HERE if spec.host.local else spec.host.name)
+        return frozenset(hosts)
+
+    def from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """An agent's part of a fence (``pmix_fence``)."""
+        from ..remote import link
+        kvs = link.field(message, "kvs", str, "PMIx fence")
+        signature = link.field(message, "sig", str, "PMIx fence")
+        sequence = link.field(message, "seq", int, "PMIx fence")
+        try:
+            blob = decode_blob(message.get("blob"))
+            self.exchange.contribute(kvs, signature, sequence, host.name, blob, lambda whole: (
+                host.send_pmi({"op": "pmix_fence_done", "kvs": kvs, "sig": signature,
+                               "seq": sequence, "blob": encode_blob(whole)})))
+        except ValueError as err:
+            raise link.LinkError(f"PMIx fence: {err}") from None
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.close()

@@ -1,0 +1,50 @@
+"""An mpi4py program for tests/test_pmix.py: ``MODE [OUT]``.
+
+show      print "rank R of N SUM LIBRARY" after an allreduce, and "host R HOSTNAME"
+abort     rank 1 calls MPI_Abort(7) while the others wait in a barrier
+kill      rank 1 SIGKILLs itself inside an allreduce the others are in
+exit0     rank 1 exits with status 0 after MPI_Init, without MPI_Finalize
+hold      record the /dev/shm files this rank holds in OUT/shm.RANK, say
+          "ready", and wait in a barrier for a minute
+"""
+
+import os
+import socket
+import sys
+import time
+
+from mpi4py import MPI
+
+c = MPI.COMM_WORLD
+mode = sys.argv[1]
+if mode == "show":
+    total = c.allreduce(c.rank)
+    print("rank", c.rank, "of", c.size, total, MPI.Get_library_version().split(",")[0],
+          flush=True)
+    print("host", c.rank, socket.gethostname(), flush=True)
+elif mode == "abort":
+    if c.rank == 1:
+        c.Abort(7)
+    c.barrier()
+elif mode == "kill":
+    c.barrier()
+    if c.rank == 1:
+        os.kill(os.getpid(), 9)
+    c.allreduce(1)
+elif mode == "exit0":
+    if c.rank == 1:
+        os._exit(0)
+    c.barrier()
+elif mode == "hold":
+    c.barrier()
+    held = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                held.add(fields[5].rstrip("\n").replace(" (deleted)", ""))
+    with open(os.path.join(sys.argv[2], f"shm.{c.rank}"), "w") as f:
+        f.write("".join(p + "\n" for p in sorted(held)))
+    print("ready", flush=True)
+    time.sleep(60)
+    c.barrier()
