@@ -104,6 +104,30 @@ def test_without_a_pmix_library_the_job_is_refused_with_the_fix(ompi):
         "/nonexistent/libpmix.so.2" in line[0], r.stderr
 
 
+def _kill_while_held(argv, env, out, tag, ready=2):
+    """Start mslaunch, SIGKILL it once ``ready`` ranks hold their segments, and check
+    that the ranks, their segments and their PMIx servers' directories go."""
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(ready):
+            assert p.stdout.readline() == b"ready\n"
+        dirs = {line for name in os.listdir(out) if name.startswith("dirs.")
+                for line in (out / name).read_text().split()}
+        assert dirs and all(os.path.isdir(d) for d in dirs), dirs
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
+        assert wait_for(lambda: not any(os.path.exists(d) for d in dirs), 10), dirs
+        held = [line for name in os.listdir(out) if name.startswith("shm.")
+                for line in (out / name).read_text().split()]
+        assert held, "the ranks held no segment"
+        assert wait_for(lambda: not any(os.path.exists(path) for path in held), 10), held
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
 def test_mslaunch_killed_leaves_no_process_segment_or_session_dir(ompi, tmp_path):
     python, env, _ = ompi
     tag = new_tag()
@@ -111,24 +135,10 @@ def test_mslaunch_killed_leaves_no_process_segment_or_session_dir(ompi, tmp_path
     out = tmp_path / "out"
     tmp.mkdir()
     out.mkdir()
-    p = subprocess.Popen(cmd("--grace", "2", "-n", "2", python, RANKS, "hold", str(out)),
-                         env=clean_env(MSL_TEST_TAG=tag, TMPDIR=str(tmp), **env),
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        assert p.stdout.readline() == b"ready\n"
-        assert p.stdout.readline() == b"ready\n"
-        assert os.listdir(tmp), "no PMIx directory while the job runs"
-        p.send_signal(signal.SIGKILL)
-        p.wait(10)
-        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
-        assert wait_for(lambda: os.listdir(tmp) == [], 10), os.listdir(tmp)
-        held = [line for name in os.listdir(out) for line in (out / name).read_text().split()]
-        assert held, "the ranks held no segment"
-        assert wait_for(lambda: not any(os.path.exists(path) for path in held), 10), held
-    finally:
-        p.kill()
-        p.wait()
-        kill_tagged(tag)
+    _kill_while_held(cmd("--grace", "2", "-n", "2", python, RANKS, "hold", str(out)),
+                     clean_env(MSL_TEST_TAG=tag, TMPDIR=str(tmp), **env), out, tag)
+    # Open MPI's session directories were in the server's: nothing else in TMPDIR
+    assert wait_for(lambda: os.listdir(tmp) == [], 10), os.listdir(tmp)
 
 
 def test_a_one_rank_job_loads_no_pmix():
@@ -209,3 +219,19 @@ def test_two_and_two_under_slurm_with_agents_started_by_srun(slurmbed, ompi, tmp
         kill_tagged(tag)
     assert rc == 0, err
     _check_two_and_two(ompi, subprocess.CompletedProcess([], rc, out.encode(), err.encode()))
+
+
+@pytest.mark.remote
+def test_mslaunch_killed_leaves_nothing_of_open_mpi_on_any_host(sshbed, ompi, tmp_path):
+    from test_remote import renv
+    python, env, _ = ompi
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = cmd("--grace", "2", "-H", "localhost:2,h1:2", "-n", "4", "-x", "MSL_TEST_TAG",
+               *[a for k in env for a in ("-x", k)], python, RANKS, "hold", str(out))
+    _kill_while_held(argv, renv(home, MSL_TEST_TAG=tag, **env), out, tag, ready=4)
+    # the launcher's server and h1's agent's
+    assert len({line for name in os.listdir(out) if name.startswith("dirs.")
+                for line in (out / name).read_text().split()}) >= 2

@@ -4,8 +4,9 @@ show      print "rank R of N SUM LIBRARY" after an allreduce, and "host R HOSTNA
 abort     rank 1 calls MPI_Abort(7) while the others wait in a barrier
 kill      rank 1 SIGKILLs itself inside an allreduce the others are in
 exit0     rank 1 exits with status 0 after MPI_Init, without MPI_Finalize
-hold      record the /dev/shm files this rank holds in OUT/shm.RANK, say
-          "ready", and wait in a barrier for a minute
+hold      record the /dev/shm files this rank holds in OUT/shm.RANK and its
+          PMIx server's directories in OUT/dirs.RANK, say "ready", and wait in a
+          barrier for a minute
 """
 
 import os
@@ -45,6 +46,9 @@ elif mode == "hold":
                 held.add(fields[5].rstrip("\n").replace(" (deleted)", ""))
     with open(os.path.join(sys.argv[2], f"shm.{c.rank}"), "w") as f:
         f.write("".join(p + "\n" for p in sorted(held)))
+    dirs = {os.environ[k] for k in ("PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR")}
+    with open(os.path.join(sys.argv[2], f"dirs.{c.rank}"), "w") as f:
+        f.write("".join(p + "\n" for p in sorted(dirs)))
     print("ready", flush=True)
     time.sleep(60)
     c.barrier()
