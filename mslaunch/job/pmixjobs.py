@@ -88,6 +88,8 @@ class LauncherPMIx:
         kvs = link.field(message, "kvs", str, "PMIx fence")
         signature = link.field(message, "sig", str, "PMIx fence")
         sequence = link.field(message, "seq", int, "PMIx fence")
+        if kvs not in self.mpi.jobs or f"{kvs}:" not in signature:
+            raise link.LinkError("PMIx fence of an unknown job")
         try:
             blob = decode_blob(message.get("blob"))
             self.exchange.contribute(kvs, signature, sequence, host.name, blob, lambda whole: (

@@ -54,8 +54,11 @@ class PMIxHost:
         except OSError as err:
             self.problem = f"cannot make {self.directory}: {err.strerror}"
             return None
+        from ..pmi.files import xml_path
+        topology = xml_path()
         try:
-            self.server = PMIxServer(self.loop, library, self.directory)
+            self.server = PMIxServer(self.loop, library, self.directory,
+                                     topology if topology and os.path.isfile(topology) else None)
         except OSError as err:
             self.problem = f"{library.path}: {err}"
             return None
