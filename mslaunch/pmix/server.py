@@ -83,11 +83,13 @@ class Layout:
     """Where a job's ranks are: host names by node id, each rank's node and appnum,
     and which node is this server's."""
 
-    __slots__ = ("nspace", "nodes", "node_of", "appnums", "universe", "here", "tmpdir")
+    __slots__ = ("appnums", "here", "node_of", "nodes", "nspace", "tmpdir", "topology",
+                 "universe")
 
     def __init__(self, nspace: str, nodes: Sequence[str], node_of: Sequence[int],
                  appnums: Sequence[int], universe: int, here: int) -> None:
         self.tmpdir = ""          # the server's, set as the namespace is registered
+        self.topology = ""        # this host's hwloc XML, if the server has it
         self.nspace = nspace
         self.nodes = tuple(nodes)
         self.node_of = tuple(node_of)
@@ -114,6 +116,9 @@ class Layout:
             ("pmix.lpeers", L.STRING, ",".join(map(str, local))),
             ("pmix.lldr", L.PROC_RANK, local[0] if local else 0),
             ("pmix.tdir.rmclean", L.BOOL, True)]
+        if self.topology:
+            # Open MPI asks for it: without, every rank discovers the host itself
+            info.append(("pmix.hwlocxml2", L.STRING, self.topology))
         if self.tmpdir:
             # Open MPI 5's session directories (it makes its own elsewhere without)
             info += [("pmix.tmpdir", L.STRING, self.tmpdir),
@@ -149,6 +154,7 @@ class Namespace:
 
     def register(self) -> None:
         self.layout.tmpdir = self.server.tmpdir
+        self.layout.topology = self.server.topology_xml()
         try:
             os.mkdir(os.path.join(self.server.tmpdir, self.name), 0o700)
         except FileExistsError:
@@ -227,6 +233,8 @@ class PMIxServer:
         self.loop = loop
         self.lib = library
         self.tmpdir = tmpdir
+        self.topology = topology
+        self._xml: Optional[str] = None
         self.namespaces: Dict[str, Namespace] = {}
         self.inbox = Inbox(loop)
         self._held: Dict[int, object] = {}      # answers the library reads until released
@@ -253,6 +261,19 @@ class PMIxServer:
             self.inbox.close()
             raise OSError(f"PMIx_server_init failed ({rc})")
         self.up = True
+
+    def topology_xml(self) -> str:
+        """This host's topology as hwloc XML (read once), or "" without a file."""
+        if self._xml is None:
+            self._xml = ""
+            if self.topology:
+                try:
+                    with open(self.topology, encoding="utf-8") as f:
+                        text = f.read(1 << 24)
+                    self._xml = text if text.startswith("<?xml") else ""
+                except (OSError, UnicodeDecodeError):
+                    pass
+        return self._xml
 
     def namespace(self, layout: Layout, listener: Any, relay: Relay,
                   pid_of: Callable[[int], Optional[int]]) -> Namespace:
