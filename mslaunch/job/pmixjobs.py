@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..remote.host import RemoteHost
     from .mpijobs import MPIJobs
 
+from ..pmix import oversubscribed
 from ..pmix.exchange import FenceExchange, decode_blob, encode_blob
 
 #: The launcher's name among a fence's hosts.
@@ -47,7 +48,8 @@ class LauncherPMIx:
         here = next(r.host.node_id for r in plan.ranks if r.host.local)
         layout = Layout(pj.kvsname, [h.name for h in plan.hosts],
                         [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
-                        plan.universe_size, here)
+                        plan.universe_size, here, oversubscribed(
+                            [r for r in plan.ranks if r.host.local]))
         marker = sup.watchdog.marker if sup.watchdog is not None else plan.kvsname
         log = sup.log if sup.job.verbose else (lambda message: None)
         self.host = PMIxHost(sup.loop, pmix_dir(marker), log)

@@ -184,6 +184,9 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
             argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]
         if job.stack_traces:
             env.setdefault("PYTHONFAULTHANDLER", "1")   # Python ranks dump their stacks
+        # As Open MPI 4's mpirun: 1 on a host with more ranks than slots, where
+        # Open MPI's ranks then yield the processor while they wait.
+        env.setdefault("OMPI_MCA_mpi_oversubscribe", "1" if local_size[h] > host.slots else "0")
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
                               local_size=local_size[h], argv=argv, env=env,
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,

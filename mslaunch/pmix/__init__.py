@@ -31,7 +31,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping
+    from typing import Iterable, Mapping
+
+    from ..spec import RankSpec
 
 #: Where the library is chosen (see :mod:`.lib`), and the words that turn PMIx
 #: off: on the launcher, for every host of the job.
@@ -42,3 +44,9 @@ OFF = ("none", "off", "no", "0")
 def turned_off(environ: Mapping[str, str]) -> bool:
     """Whether ``environ`` turns PMIx off."""
     return environ.get(LIBRARY_VARIABLE, "").strip().lower() in OFF
+
+
+def oversubscribed(specs: Iterable[RankSpec]) -> bool:
+    """Whether a host of these ranks has more ranks than slots (the plan says so in
+    Open MPI 4's own variable, ``OMPI_MCA_mpi_oversubscribe``)."""
+    return any(s.env.get("OMPI_MCA_mpi_oversubscribe") == "1" for s in specs)

@@ -95,6 +95,7 @@ class AgentPMI:
     def _serve_pmix(self, pj: PMIJob, job: Dict[str, Any], specs: List[RankSpec]) -> None:
         from ..pmi.files import pmix_dir
         from ..pmix.host import PMIxHost
+        from ..pmix import oversubscribed
         from ..pmix.server import Layout
         from ..procmap import parse_process_mapping
         try:
@@ -108,7 +109,8 @@ class AgentPMI:
         if self.pmix is None:
             marker = self.guard.marker if self.guard is not None else pj.kvsname
             self.pmix = PMIxHost(self.loop, pmix_dir(marker), lambda message: None)
-        layout = Layout(pj.kvsname, nodes, node_of, job["appnums"], job["pmix_universe"], here)
+        layout = Layout(pj.kvsname, nodes, node_of, job["appnums"], job["pmix_universe"], here,
+                        oversubscribed(specs))
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
