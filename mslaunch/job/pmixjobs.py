@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from .mpijobs import MPIJobs
 
 from ..pmix import oversubscribed
-from ..pmix.exchange import FenceExchange, decode_blob, encode_blob
+from ..pmix.exchange import CONNECT_PREFIX, FenceExchange, decode_blob, encode_blob
+from ..pmix.names import NameBoard
 
 #: The launcher's name among a fence's hosts.
 HERE = ""
@@ -35,6 +36,7 @@ class LauncherPMIx:
         self.mpi = mpi
         self.host: Optional[PMIxHost] = None
         self.exchange = FenceExchange(self._participants)
+        self.board = NameBoard()
 
     def serve_first(self, pj: PMIJob) -> None:
         """PMIx for the first job's ranks on this machine."""
@@ -68,6 +70,8 @@ class LauncherPMIx:
         """The hosts (:data:`HERE` for this one) with a rank in a fence."""
         sup = self.mpi.sup
         hosts = set()
+        if signature.startswith(CONNECT_PREFIX):
+            signature = signature[len(CONNECT_PREFIX):]
         for item in signature.split(","):
             ns, _, rank = item.rpartition(":")
             pj = self.mpi.jobs.get(ns)
@@ -99,6 +103,45 @@ class LauncherPMIx:
                                "seq": sequence, "blob": encode_blob(whole)})))
         except ValueError as err:
             raise link.LinkError(f"PMIx fence: {err}") from None
+
+    def names(self, kvs: str, request: Dict[str, Any], done: Callable[[Any], None]) -> None:
+        """A rank's publish, lookup or unpublish (see :mod:`mslaunch.pmix.names`)."""
+        what, rank = request["what"], request["rank"]
+        if what == "publish":
+            done(self.board.publish(request["pairs"], kvs, rank,
+                                    bool(request.get("first_read"))))
+        elif what == "lookup":
+            self.board.lookup(request["keys"], bool(request.get("wait")), done)
+        else:
+            self.board.unpublish(request["keys"], kvs, rank)
+            done(None)
+
+    def names_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """An agent's ``pmix_names`` operation, answered with ``pmix_names_done``."""
+        from ..remote import link
+        kvs = link.field(message, "kvs", str, "PMIx names")
+        ask = link.field(message, "ask", int, "PMIx names")
+        rank = link.field(message, "rank", int, "PMIx names")
+        what = message.get("what")
+        pj = self.mpi.jobs.get(kvs)
+        if pj is None or pj.keys.get(rank, -1) not in host.ranks:
+            raise link.LinkError("PMIx names: a rank not on this host")
+        request: Dict[str, Any] = {"what": what, "rank": rank}
+        if what == "publish":
+            pairs = link.field(message, "pairs", dict, "PMIx publish")
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
+                raise link.LinkError("PMIx publish: pairs must be strings")
+            request.update(pairs=pairs, first_read=message.get("first_read") is True)
+        elif what in ("lookup", "unpublish"):
+            keys = link.field(message, "keys", list, f"PMIx {what}")
+            if not all(isinstance(k, str) for k in keys):
+                raise link.LinkError(f"PMIx {what}: keys must be strings")
+            request.update(keys=keys, wait=message.get("wait") is True)
+        else:
+            raise link.LinkError(f"unknown PMIx names operation {str(what)[:20]!r}")
+        self.names(kvs, request, lambda value: host.send_pmi(
+            {"op": "pmix_names_done", "ask": ask,
+             "value": {k: list(v) for k, v in value.items()} if what == "lookup" else value}))
 
     def close(self) -> None:
         if self.host is not None:

@@ -255,8 +255,8 @@ def hnp_uri(jobid: int, addr: str) -> str:
     takes its coordinator's address from it, and the port from ``jobid``.
 
     Open MPI's ranks decide whether mpirun launched them from
-    ``orte_local_daemon_uri``, never set here, so an Open MPI program still
-    starts as a singleton that the singleton probe notices (Open MPI 5 does
+    ``orte_local_daemon_uri``, never set here, so an Open MPI program never
+    contacts the address: it finds mslaunch's PMIx server (Open MPI 5 does
     not read the variable at all)."""
     port = coordinator_port(jobid)
     if ":" in addr:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Mapping, Optional, Set, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
     from ..machine.loop import Loop
     from ..pmix.server import Namespace
@@ -117,6 +117,20 @@ class PMIJob:
             return False
         self.pmix.server.inbox.run()
         return rank in self.pmix_in and rank not in self.pmix_done
+
+    def pmix_publish(self, rank: int, pairs: Dict[str, str], first_read: bool,
+                     done: Callable[[Optional[str]], None]) -> None:
+        self.owner.pmix_names(self, {"what": "publish", "rank": rank, "pairs": pairs,
+                                     "first_read": first_read}, done)
+
+    def pmix_lookup(self, rank: int, keys: List[str], wait: bool,
+                    done: Callable[[Dict[str, Tuple[str, str, int]]], None]) -> None:
+        self.owner.pmix_names(self, {"what": "lookup", "rank": rank, "keys": keys,
+                                     "wait": wait}, done)
+
+    def pmix_unpublish(self, rank: int, keys: List[str], done: Callable[[], None]) -> None:
+        self.owner.pmix_names(self, {"what": "unpublish", "rank": rank, "keys": keys},
+                              lambda _: done())
 
     def pid_of(self, rank: int) -> Optional[int]:
         """The process of one of this host's ranks, if started."""

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     Done = Callable[[bytes], None]
 
 
+#: The signature prefix of a connect or disconnect (a fence without data).
+CONNECT_PREFIX = "c/"
+
+
 class FenceExchange:
     """``participants(kvs, signature)``: the hosts with a rank in that fence."""
 

@@ -30,12 +30,16 @@ if TYPE_CHECKING:
 # Status codes and special ranks (pmix_common.h).
 SUCCESS = 0
 ERROR = -1
+ERR_NOT_FOUND = -46
 ERR_NOT_SUPPORTED = -47
+ERR_PARTIAL_SUCCESS = -52
+ERR_DUPLICATE_KEY = -53
 OPERATION_SUCCEEDED = -157
 RANK_WILDCARD = 0xFFFFFFFE
 
 # Data types (pmix_common.h).
-BOOL, STRING, UINT16, UINT32, INFO, DATA_ARRAY, PROC_RANK = 1, 3, 13, 14, 24, 39, 40
+BOOL, STRING, UINT16, UINT32, INFO, BYTE_OBJECT, DATA_ARRAY, PROC_RANK = \
+    1, 3, 13, 14, 24, 27, 39, 40
 
 
 NSLEN = 256           # PMIX_MAX_NSLEN + 1
@@ -46,9 +50,14 @@ class Proc(C.Structure):
     _fields_ = [("nspace", C.c_char * NSLEN), ("rank", C.c_uint32)]
 
 
+class ByteObject(C.Structure):
+    _fields_ = [("bytes", C.c_void_p), ("size", C.c_size_t)]
+
+
 class _Data(C.Union):
-    _fields_ = [("flag", C.c_bool), ("string", C.c_char_p), ("u16", C.c_uint16),
-                ("u32", C.c_uint32), ("ptr", C.c_void_p), ("pad", C.c_char * 24)]
+    _fields_ = [("flag", C.c_bool), ("u8", C.c_uint8), ("string", C.c_char_p), ("u16", C.c_uint16),
+                ("u32", C.c_uint32), ("ptr", C.c_void_p), ("bo", ByteObject),
+                ("pad", C.c_char * 24)]
 
 
 class Value(C.Structure):
@@ -63,6 +72,11 @@ class DataArray(C.Structure):
     _fields_ = [("type", C.c_uint16), ("size", C.c_size_t), ("array", C.c_void_p)]
 
 
+class PData(C.Structure):
+    """A published value and its publisher (``pmix_pdata_t``)."""
+    _fields_ = [("proc", Proc), ("key", C.c_char * KEYLEN), ("value", Value)]
+
+
 # Callback types (pmix_server.h, pmix_common.h).
 RELEASE = C.CFUNCTYPE(None, C.c_void_p)
 MODEX_CB = C.CFUNCTYPE(None, C.c_int, C.c_void_p, C.c_size_t, C.c_void_p, RELEASE, C.c_void_p)
@@ -74,9 +88,19 @@ ABORT = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.c_void_p, C.c_int, C.c_char_p,
 FENCE = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.c_size_t, C.POINTER(Info), C.c_size_t,
                     C.c_void_p, C.c_size_t, MODEX_CB, C.c_void_p)
 
+LOOKUP_CB = C.CFUNCTYPE(None, C.c_int, C.c_void_p, C.c_size_t, C.c_void_p)
+PUBLISH = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(Info), C.c_size_t, OP_CB, C.c_void_p)
+LOOKUP = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(C.c_char_p), C.POINTER(Info),
+                     C.c_size_t, LOOKUP_CB, C.c_void_p)
+UNPUBLISH = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(C.c_char_p), C.POINTER(Info),
+                        C.c_size_t, OP_CB, C.c_void_p)
+CONNECT = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.c_size_t, C.POINTER(Info), C.c_size_t,
+                      OP_CB, C.c_void_p)
+
 #: Slots of the server module table (pmix_server_module_t), and its size here:
 #: zeros past the slots used, as newer libraries read further.
 SLOT_CONNECTED, SLOT_FINALIZED, SLOT_ABORT, SLOT_FENCE = 0, 1, 2, 3
+SLOT_PUBLISH, SLOT_LOOKUP, SLOT_UNPUBLISH, SLOT_CONNECT, SLOT_DISCONNECT = 5, 6, 7, 9, 10
 MODULE_SLOTS = 64
 
 

@@ -241,6 +241,7 @@ class PMIxServer:
         self.topology = topology
         self._xml: Optional[str] = None
         self.namespaces: Dict[str, Namespace] = {}
+        self.up = False           # between the library's init and its finalize
         self.inbox = Inbox(loop)
         self._held: Dict[int, object] = {}      # answers the library reads until released
         self._tokens = itertools.count(1)
@@ -251,6 +252,10 @@ class PMIxServer:
         self._module = (C.c_void_p * L.MODULE_SLOTS)()
         for slot, call in zip((L.SLOT_CONNECTED, L.SLOT_FINALIZED, L.SLOT_ABORT, L.SLOT_FENCE),
                               self._calls):
+            self._module[slot] = C.cast(call, C.c_void_p)
+        from .dpm import DPMCalls
+        self._dpm = DPMCalls(self)
+        for slot, call in self._dpm.calls.items():
             self._module[slot] = C.cast(call, C.c_void_p)
         info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
                            ("pmix.sys.tmpdir", L.STRING, tmpdir)])
@@ -298,14 +303,14 @@ class PMIxServer:
         self.inbox.run()          # what the last upcalls posted
         self.inbox.close()
 
-    # -- upcalls, on the library's thread -----------------------------------------
-    def _which(self, proc: Any) -> Tuple[Optional[Namespace], int]:
+    # -- upcalls, on the library's thread (those of dynamic processes: .dpm) -------
+    def which(self, proc: Any) -> Tuple[Optional[Namespace], int]:
         p = proc[0]
         return self.namespaces.get(p.nspace.decode("utf-8", "replace")), p.rank
 
     def _connected(self, proc: Any, server_object: Any, cbfunc: Any, cbdata: Any) -> int:
         try:
-            ns, rank = self._which(proc)
+            ns, rank = self.which(proc)
             if ns is not None:
                 self.inbox.post(lambda: ns.listener.pmix_connected(rank))
         except Exception:  # noqa: BLE001 -- nothing may unwind into the library
@@ -316,7 +321,7 @@ class PMIxServer:
         # Called for MPI_Finalize, and for a connection lost: then the process is
         # exiting already (its descriptors close after it is marked so).
         try:
-            ns, rank = self._which(proc)
+            ns, rank = self.which(proc)
             if ns is not None:
                 clean = not exiting(ns.pid_of(rank))
                 self.inbox.post(lambda: ns.listener.pmix_finalized(rank, clean))
@@ -327,13 +332,13 @@ class PMIxServer:
     def _abort(self, proc: Any, server_object: Any, status: int, message: Optional[bytes],
                procs: Any, nprocs: int, cbfunc: Any, cbdata: Any) -> int:
         try:
-            ns, rank = self._which(proc)
+            ns, rank = self.which(proc)
             text = (message or b"").decode("utf-8", "replace")
 
             def run() -> None:
                 if ns is not None:
                     ns.listener.pmi_abort(rank, int(status), text)
-                if cbfunc:
+                if cbfunc and self.up:
                     cbfunc(L.SUCCESS, cbdata)
             self.inbox.post(run)
             return L.SUCCESS
@@ -363,7 +368,10 @@ class PMIxServer:
             return L.ERROR
 
     def _answer(self, cbfunc: Any, cbdata: Any, blob: bytes) -> None:
-        """A fence's result to the library, held until it releases it."""
+        """A fence's result to the library, held until it releases it (a result that
+        comes after the server stopped has nobody to go to)."""
+        if not self.up:
+            return
         buf = C.create_string_buffer(blob, max(len(blob), 1))
         token = next(self._tokens)
         self._held[token] = buf

@@ -15,6 +15,8 @@ launcher as a ``pmix_fence`` operation and comes back whole as
 
 from __future__ import annotations
 
+import itertools
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -22,8 +24,8 @@ if TYPE_CHECKING:
     from ..machine.guard import Watchdog
     from ..machine.local import LocalRanks
     from ..machine.loop import Loop
-    from ..pmix.host import PMIxHost
     from ..pmi.singletons import SingletonFiles, SingletonProbe
+    from ..pmix.host import PMIxHost
     from ..spec import RankSpec
     from .endpoint import Endpoint
 
@@ -49,6 +51,8 @@ class AgentPMI:
         self.local: Optional[LocalRanks] = None       # this host's ranks, once started
         self.pmix: Optional[PMIxHost] = None
         self.fences: Dict[Tuple[str, str, int], Callable[[bytes], None]] = {}
+        self.names_waiting: Dict[int, Tuple[str, Callable[[Any], None]]] = {}
+        self._asks = itertools.count(1)
 
     def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
         """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.pmi.singletons`)."""
@@ -94,8 +98,8 @@ class AgentPMI:
 
     def _serve_pmix(self, pj: PMIJob, job: Dict[str, Any], specs: List[RankSpec]) -> None:
         from ..pmi.files import pmix_dir
-        from ..pmix.host import PMIxHost
         from ..pmix import oversubscribed
+        from ..pmix.host import PMIxHost
         from ..pmix.server import Layout
         from ..procmap import parse_process_mapping
         try:
@@ -137,6 +141,28 @@ class AgentPMI:
                     self.pmi_lost(key)
                     return
 
+    def pmix_names(self, pj: PMIJob, request: Dict[str, Any],
+                   done: Callable[[Any], None]) -> None:
+        """A rank's publish, lookup or unpublish: the names live at the launcher."""
+        ask = next(self._asks)
+        self.names_waiting[ask] = (request["what"], done)
+        self.up({"op": "pmix_names", "kvs": pj.kvsname, "ask": ask, **request})
+
+    def _names_done(self, message: Dict[str, Any]) -> None:
+        waiting = self.names_waiting.pop(link.field(message, "ask", int, "PMIx names"), None)
+        if waiting is None:
+            raise link.LinkError("PMIx names answer for no question of this host")
+        what, done = waiting
+        value = message.get("value")
+        if what == "lookup":
+            if not isinstance(value, dict) or not all(
+                    isinstance(v, list) and len(v) == 3 and isinstance(v[0], str)
+                    and isinstance(v[1], str) and type(v[2]) is int for v in value.values()):
+                raise link.LinkError("PMIx lookup answer: not names")
+            done({k: tuple(v) for k, v in value.items()})
+        else:
+            done(value if isinstance(value, str) else None)
+
     def pid_of(self, key: int) -> Optional[int]:
         r = self.local.ranks.get(key) if self.local is not None else None
         return r.proc.pid if r is not None and r.proc is not None else None
@@ -169,6 +195,9 @@ class AgentPMI:
             return
         if op == "pmix_fence_done":
             self._fence_done(message)
+            return
+        if op == "pmix_names_done":
+            self._names_done(message)
             return
         if op not in ("fence_done", "answer"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")

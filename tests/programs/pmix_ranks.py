@@ -4,6 +4,9 @@ show      print "rank R of N SUM LIBRARY" after an allreduce, and "host R HOSTNA
 abort     rank 1 calls MPI_Abort(7) while the others wait in a barrier
 kill      rank 1 SIGKILLs itself inside an allreduce the others are in
 exit0     rank 1 exits with status 0 after MPI_Init, without MPI_Finalize
+connect   rank 0 accepts, the others connect (MPI_Comm_accept/connect), then every
+          rank publishes, looks up and unpublishes a name; "connected R N" and
+          "named R"
 hold      record the /dev/shm files this rank holds in OUT/shm.RANK and its
           PMIx server's directories in OUT/dirs.RANK, say "ready", and wait in a
           barrier for a minute
@@ -36,6 +39,26 @@ elif mode == "exit0":
     if c.rank == 1:
         os._exit(0)
     c.barrier()
+elif mode == "connect":
+    others = c.Split(0 if c.rank else MPI.UNDEFINED, c.rank)
+    if c.rank == 0:
+        port = MPI.Open_port()
+        c.send(port, dest=1)
+        inter = MPI.COMM_SELF.Accept(port)
+        MPI.Close_port(port)
+    else:
+        port = c.recv(source=0) if c.rank == 1 else None
+        inter = others.Connect(port, root=0)
+    print("connected", c.rank, inter.remote_size, flush=True)
+    inter.Disconnect()
+    name = f"pmix-test-{c.rank}"
+    MPI.Publish_name(name, f"port-{c.rank}")
+    c.barrier()
+    peer = (c.rank + 1) % c.size
+    assert MPI.Lookup_name(f"pmix-test-{peer}") == f"port-{peer}"
+    c.barrier()
+    MPI.Unpublish_name(name, f"port-{c.rank}")
+    print("named", c.rank, flush=True)
 elif mode == "hold":
     c.barrier()
     held = set()
