@@ -88,6 +88,17 @@ def test_accept_connect_and_published_names_within_a_job(ompi):
     _check_connect(_run(ompi, "-n", "3", "connect", timeout=120), 3)
 
 
+def test_mpi_comm_spawn_of_two_children(ompi):
+    if ompi[2].startswith("Open MPI v4"):
+        pytest.skip("Open MPI 4's children take a parent of another namespace for another "
+                    "mpirun's job (docs/guides/openmpi-pmix.md)")
+    r = _run(ompi, "-H", "localhost:4", "-n", "2", "spawn", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode().splitlines()
+    assert sorted(x for x in out if x.startswith("child ")) == ["child 0 of 2", "child 1 of 2"]
+    assert [x for x in out if x.startswith("children")] == ["children [0, 1]"], out
+
+
 def test_mpi_abort_ends_the_job_with_its_code(ompi):
     r = _run(ompi, "-n", "3", "abort")
     assert r.returncode == 7, r.stderr

@@ -21,7 +21,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from ..pmi.singletons import SingletonFiles, SingletonProbe
     from ..pmi.server import PMIServer
@@ -364,8 +364,19 @@ class MPIJobs:
             self.pmi_spawn(pj, self.sup.ranks[key].spec.rank, read_spawn(message), answer)
 
     # -- MPI_Comm_spawn ---------------------------------------------------------
+    def pmix_spawn(self, parent: PMIJob, rank: int, commands: List[Any],
+                   env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
+        """An Open MPI rank here spawns (``PMIx_Spawn``): as an MPICH rank's spawn,
+        its children served PMIx too, with the variables its application names."""
+        from ..spec import SpawnCommand, SpawnRequest
+        request = SpawnRequest(commands=tuple(
+            SpawnCommand(program=program, args=tuple(args), nprocs=n,
+                         info=tuple(info.items())) for program, args, n, info in commands))
+        self.pmi_spawn(parent, rank, request, reply, extra_env=tuple(env), pmix=True)
+
     def pmi_spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
-                  reply: Callable[..., None]) -> None:
+                  reply: Callable[..., None], extra_env: Tuple[Tuple[str, str], ...] = (),
+                  pmix: bool = False) -> None:
         sup = self.sup
         number = max(pj.number for pj in self.jobs.values()) + 1
         kvsname = f"{sup.plan.kvsname}_{number}"
@@ -377,9 +388,13 @@ class MPIJobs:
                        if r.spec.job == parent.number and r.spec.rank == rank)
         context_env = sup.job.apps[spawner.app].env if parent.number == 1 else \
             parent.context_env
+        context_env = tuple(context_env) + extra_env
         try:
             specs, mapping = self._plan(request, number, kvsname, context_env)
             self._check_programs(specs)
+            if pmix and (self.pmix is None or any(not s.host.local for s in specs)):
+                raise PlanError("an Open MPI program's processes can be spawned onto this "
+                                "machine only (it has no free slots)")
         except (PlanError, LaunchError) as err:
             self.pmi_log(f"{who} could not spawn: {err}")
             reply(str(err))
@@ -419,6 +434,8 @@ class MPIJobs:
         if local:
             pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
                      trace=sup.job.verbose >= 2, port_range=sup.job.port_range)
+            if pmix and self.pmix is not None:
+                self.pmix.serve_spawned(pj, specs, (parent.kvsname, rank))
             try:
                 sup.start_local(local, pj.inherited, pj.env)
             except LaunchError as err:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, FrozenSet, Optional
+    from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
     from ..pmi.job import PMIJob
     from ..pmix.host import PMIxHost
     from ..remote.host import RemoteHost
+    from ..spec import RankSpec
     from .mpijobs import MPIJobs
 
 from ..pmix import oversubscribed
@@ -60,6 +61,26 @@ class LauncherPMIx:
                   done: Callable[[bytes], None]) -> None:
             self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
         self.host.serve(pj, layout, relay)
+
+    def serve_spawned(self, pj: PMIJob, specs: Sequence[RankSpec],
+                      parent: Tuple[str, int]) -> None:
+        """PMIx for a job an Open MPI rank spawned onto this machine."""
+        from ..pmix.server import Layout
+        if self.host is None:
+            return
+        nodes: List[str] = []
+        for s in specs:
+            if s.host.name not in nodes:
+                nodes.append(s.host.name)
+        layout = Layout(pj.kvsname, nodes, [nodes.index(s.host.name) for s in specs],
+                        [s.app for s in specs], self.mpi.sup.plan.universe_size,
+                        nodes.index(next(s.host.name for s in specs if s.host.local)),
+                        oversubscribed([s for s in specs if s.host.local]), parent=parent)
+
+        def relay(signature: str, sequence: int, blob: bytes,
+                  done: Callable[[bytes], None]) -> None:
+            self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
+        self.host.serve(pj, layout, relay, min_size=1)
 
     @property
     def problem(self) -> Optional[str]:

@@ -132,6 +132,10 @@ class PMIJob:
         self.owner.pmix_names(self, {"what": "unpublish", "rank": rank, "keys": keys},
                               lambda _: done())
 
+    def pmix_spawn(self, rank: int, commands: List[object], env: List[Tuple[str, str]],
+                   reply: Callable[..., None]) -> None:
+        self.owner.pmix_spawn(self, rank, commands, env, reply)
+
     def pid_of(self, rank: int) -> Optional[int]:
         """The process of one of this host's ranks, if started."""
         return self.owner.pid_of(self.keys[rank]) if rank in self.keys else None

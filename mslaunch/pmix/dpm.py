@@ -12,6 +12,7 @@ processes of namespaces this server knows are served.
 from __future__ import annotations
 
 import ctypes as C
+import os
 
 from . import lib as L
 from .exchange import CONNECT_PREFIX, decode_blob, encode_blob
@@ -50,6 +51,11 @@ def _pairs(info: Any, ninfo: int) -> Dict[str, str]:
     return pairs
 
 
+#: A spawned application's PMIx attributes, as the MPI_Info keys of a spawn.
+_SPAWN_INFO = {"pmix.host": "host", "pmix.wdir": "wdir", "pmix.prefix": "path",
+               "pmix.hostfile": "hostfile"}
+
+
 def _wants_wait(info: Any, ninfo: int) -> bool:
     return any(info[i].key == b"pmix.wait" for i in range(ninfo))
 
@@ -71,6 +77,7 @@ class DPMCalls:
         self.calls = {L.SLOT_PUBLISH: L.PUBLISH(self._publish),
                       L.SLOT_LOOKUP: L.LOOKUP(self._lookup),
                       L.SLOT_UNPUBLISH: L.UNPUBLISH(self._unpublish),
+                      L.SLOT_SPAWN: L.SPAWN(self._spawn),
                       L.SLOT_CONNECT: L.CONNECT(self._connect),
                       L.SLOT_DISCONNECT: L.CONNECT(self._connect)}
 
@@ -140,6 +147,42 @@ class DPMCalls:
         status = L.SUCCESS if len(hits) == len(names) else (
             L.ERR_NOT_FOUND if not hits else L.ERR_PARTIAL_SUCCESS)
         cbfunc(status, C.addressof(array), len(hits), cbdata)   # copied before it returns
+
+    def _spawn(self, proc: Any, job_info: Any, ninfo: int, apps: Any, napps: int,
+               cbfunc: Any, cbdata: Any) -> int:
+        try:
+            ns, rank = self.server.which(proc)
+            if ns is None or napps < 1:
+                return L.ERR_NOT_SUPPORTED
+            commands: List[Tuple[str, List[str], int, Dict[str, str]]] = []
+            env: List[Tuple[str, str]] = []
+            for i in range(napps):
+                app = apps[i]
+                cmd = (app.cmd or b"").decode("utf-8", "surrogateescape")
+                argv = _keys(app.argv)
+                if argv and os.path.basename(argv[0]) == os.path.basename(cmd):
+                    argv = argv[1:]
+                info: Dict[str, str] = {}
+                for j in range(app.ninfo):
+                    key = app.info[j].key.decode("utf-8", "replace")
+                    if key in _SPAWN_INFO and app.info[j].value.type == L.STRING:
+                        info[_SPAWN_INFO[key]] = (app.info[j].value.data.string or b"").decode(
+                            "utf-8", "surrogateescape")
+                if app.cwd:
+                    info.setdefault("wdir", app.cwd.decode("utf-8", "surrogateescape"))
+                commands.append((cmd, argv, max(app.maxprocs, 1), info))
+                # the application's own variables (Open MPI's OMPI_PARENT_PORT, say)
+                env.extend((k, v) for k, _, v in (e.partition("=") for e in _keys(app.env))
+                           if k)
+
+            def reply(problem: Optional[str], nspace: Optional[str] = None) -> None:
+                if cbfunc and self.server.up:
+                    cbfunc(L.ERROR if problem else L.SUCCESS,
+                           (nspace or "").encode(), cbdata)
+            self.server.inbox.post(lambda: ns.listener.pmix_spawn(rank, commands, env, reply))
+            return L.SUCCESS
+        except Exception:  # noqa: BLE001
+            return L.ERROR
 
     def _connect(self, procs: Any, nprocs: int, info: Any, ninfo: int, cbfunc: Any,
                  cbdata: Any) -> int:

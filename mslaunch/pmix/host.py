@@ -65,10 +65,10 @@ class PMIxHost:
         self.log(f"PMIx server of {library.version.split(' (')[0]} ({library.path})")
         return self.server
 
-    def serve(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
+    def serve(self, pj: PMIJob, layout: Layout, relay: Relay, min_size: int = MIN_SIZE) -> bool:
         """Serve PMIx to ``pj``'s ranks here (their variables then come with
         ``pj.env``); False if there is no server here."""
-        if len(layout.node_of) < MIN_SIZE:
+        if len(layout.node_of) < min_size:
             return False
         server = self._start()
         if server is None:

@@ -38,8 +38,8 @@ OPERATION_SUCCEEDED = -157
 RANK_WILDCARD = 0xFFFFFFFE
 
 # Data types (pmix_common.h).
-BOOL, STRING, UINT16, UINT32, INFO, BYTE_OBJECT, DATA_ARRAY, PROC_RANK = \
-    1, 3, 13, 14, 24, 27, 39, 40
+BOOL, STRING, UINT16, UINT32, PROC, INFO, BYTE_OBJECT, DATA_ARRAY, PROC_RANK = \
+    1, 3, 13, 14, 22, 24, 27, 39, 40
 
 
 NSLEN = 256           # PMIX_MAX_NSLEN + 1
@@ -88,6 +88,16 @@ ABORT = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.c_void_p, C.c_int, C.c_char_p,
 FENCE = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.c_size_t, C.POINTER(Info), C.c_size_t,
                     C.c_void_p, C.c_size_t, MODEX_CB, C.c_void_p)
 
+class App(C.Structure):
+    """One application of a spawn (``pmix_app_t``)."""
+    _fields_ = [("cmd", C.c_char_p), ("argv", C.POINTER(C.c_char_p)),
+                ("env", C.POINTER(C.c_char_p)), ("cwd", C.c_char_p), ("maxprocs", C.c_int),
+                ("info", C.POINTER(Info)), ("ninfo", C.c_size_t)]
+
+
+SPAWN_CB = C.CFUNCTYPE(None, C.c_int, C.c_char_p, C.c_void_p)
+SPAWN = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(Info), C.c_size_t, C.POINTER(App),
+                    C.c_size_t, SPAWN_CB, C.c_void_p)
 LOOKUP_CB = C.CFUNCTYPE(None, C.c_int, C.c_void_p, C.c_size_t, C.c_void_p)
 PUBLISH = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(Info), C.c_size_t, OP_CB, C.c_void_p)
 LOOKUP = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(C.c_char_p), C.POINTER(Info),
@@ -100,7 +110,8 @@ CONNECT = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.c_size_t, C.POINTER(Info), C.c
 #: Slots of the server module table (pmix_server_module_t), and its size here:
 #: zeros past the slots used, as newer libraries read further.
 SLOT_CONNECTED, SLOT_FINALIZED, SLOT_ABORT, SLOT_FENCE = 0, 1, 2, 3
-SLOT_PUBLISH, SLOT_LOOKUP, SLOT_UNPUBLISH, SLOT_CONNECT, SLOT_DISCONNECT = 5, 6, 7, 9, 10
+SLOT_PUBLISH, SLOT_LOOKUP, SLOT_UNPUBLISH, SLOT_SPAWN, SLOT_CONNECT, SLOT_DISCONNECT = \
+    5, 6, 7, 8, 9, 10
 MODULE_SLOTS = 64
 
 
@@ -133,6 +144,10 @@ class InfoList:
                 v.data.u16 = value
             elif kind in (UINT32, PROC_RANK):
                 v.data.u32 = value
+            elif kind == PROC:
+                proc = Proc(value[0].encode(), value[1])
+                self._keep.append(proc)
+                v.data.ptr = C.addressof(proc)
             elif kind == DATA_ARRAY:
                 sub = self._build(value)
                 darr = DataArray(INFO, len(value), C.addressof(sub))

@@ -83,12 +83,13 @@ class Layout:
     """Where a job's ranks are: host names by node id, each rank's node and appnum,
     and which node is this server's."""
 
-    __slots__ = ("appnums", "here", "node_of", "nodes", "nspace", "oversubscribed", "tmpdir",
-                 "topology", "universe")
+    __slots__ = ("appnums", "here", "node_of", "nodes", "nspace", "oversubscribed", "parent",
+                 "tmpdir", "topology", "universe")
 
     def __init__(self, nspace: str, nodes: Sequence[str], node_of: Sequence[int],
                  appnums: Sequence[int], universe: int, here: int,
-                 oversubscribed: bool = False) -> None:
+                 oversubscribed: bool = False, parent: Optional[Tuple[str, int]] = None) -> None:
+        self.parent = parent                   # the spawning rank: (namespace, rank)
         self.oversubscribed = oversubscribed   # this node: more ranks than slots
         self.tmpdir = ""          # the server's, set as the namespace is registered
         self.topology = ""        # this host's hwloc XML, if the server has it
@@ -118,6 +119,8 @@ class Layout:
             ("pmix.lpeers", L.STRING, ",".join(map(str, local))),
             ("pmix.lldr", L.PROC_RANK, local[0] if local else 0),
             ("pmix.tdir.rmclean", L.BOOL, True)]
+        if self.parent is not None:
+            info += [("pmix.parent", L.PROC, self.parent), ("pmix.spawned", L.BOOL, True)]
         if self.oversubscribed:
             # Open MPI 5's ranks then yield the processor while they wait
             info.append(("pmix.ndosub", L.BOOL, True))

@@ -163,6 +163,10 @@ class AgentPMI:
         else:
             done(value if isinstance(value, str) else None)
 
+    def pmix_spawn(self, pj: PMIJob, rank: int, commands: List[Any],
+                   env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
+        reply("an Open MPI program spawns from the launcher's host only")
+
     def pid_of(self, key: int) -> Optional[int]:
         r = self.local.ranks.get(key) if self.local is not None else None
         return r.proc.pid if r is not None and r.proc is not None else None

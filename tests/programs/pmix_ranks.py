@@ -7,6 +7,8 @@ exit0     rank 1 exits with status 0 after MPI_Init, without MPI_Finalize
 connect   rank 0 accepts, the others connect (MPI_Comm_accept/connect), then every
           rank publishes, looks up and unpublishes a name; "connected R N" and
           "named R"
+spawn     every rank spawns 2 children together (MPI_Comm_spawn), which send
+          their rank to the parents' rank 0: "children [0, 1]" and "child R of 2"
 hold      record the /dev/shm files this rank holds in OUT/shm.RANK and its
           PMIx server's directories in OUT/dirs.RANK, say "ready", and wait in a
           barrier for a minute
@@ -59,6 +61,16 @@ elif mode == "connect":
     c.barrier()
     MPI.Unpublish_name(name, f"port-{c.rank}")
     print("named", c.rank, flush=True)
+elif mode == "spawn":
+    inter = c.Spawn(sys.executable, [__file__, "child"], maxprocs=2)
+    if c.rank == 0:
+        print("children", sorted(inter.recv(source=i) for i in range(2)), flush=True)
+    inter.Disconnect()
+elif mode == "child":
+    parent = MPI.Comm.Get_parent()
+    print("child", c.rank, "of", c.size, flush=True)
+    parent.send(c.rank, dest=0)
+    parent.Disconnect()
 elif mode == "hold":
     c.barrier()
     held = set()
