@@ -112,7 +112,8 @@ class AgentPMI:
             return
         if self.pmix is None:
             marker = self.guard.marker if self.guard is not None else pj.kvsname
-            self.pmix = PMIxHost(self.loop, pmix_dir(marker), lambda message: None)
+            self.pmix = PMIxHost(self.loop, pmix_dir(marker),
+                                 self.pmi_log if self.trace else (lambda message: None))
         layout = Layout(pj.kvsname, nodes, node_of, job["appnums"], job["pmix_universe"], here,
                         oversubscribed(specs))
 
