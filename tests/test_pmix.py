@@ -89,9 +89,6 @@ def test_accept_connect_and_published_names_within_a_job(ompi):
 
 
 def test_mpi_comm_spawn_of_two_children(ompi):
-    if ompi[2].startswith("Open MPI v4"):
-        pytest.skip("Open MPI 4's children take a parent of another namespace for another "
-                    "mpirun's job (docs/guides/openmpi-pmix.md)")
     r = _run(ompi, "-H", "localhost:4", "-n", "2", "spawn", timeout=120)
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode().splitlines()

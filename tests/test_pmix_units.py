@@ -5,7 +5,7 @@ agent or a launcher refuses."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mslaunch.pmix import lib as L
@@ -92,6 +92,36 @@ def test_the_namespace_data_says_where_every_rank_is():
             for p in pdata] == [(0, 0, 0, "n0"), (1, 1, 0, "n0"), (2, 0, 1, "n1"),
                                 (3, 1, 1, "n1"), (4, 2, 1, "n1")]
     L.InfoList(info)          # every item has a type the array builder knows
+
+
+def _open_mpi_4_job_id(name: str) -> int:
+    """Open MPI 4's job id of a namespace it did not name (Jenkins' one-at-a-time
+    hash, bit 15 cleared), written out here as its opal/util/string_hash does:
+    a rank under mslaunch reported ``[[35005,8767],0]`` in namespace
+    ``kvs_2407_a5d59b680506``."""
+    h = 0
+    for byte in name.encode():
+        h = (h + byte) & 0xFFFFFFFF
+        h = (h + (h << 10)) & 0xFFFFFFFF
+        h ^= h >> 6
+    h = (h + (h << 3)) & 0xFFFFFFFF
+    h ^= h >> 11
+    h = (h + (h << 15)) & 0xFFFFFFFF
+    return h & ~0x8000
+
+
+def test_the_job_id_of_the_reference_rank():
+    assert _open_mpi_4_job_id("kvs_2407_a5d59b680506") == (35005 << 16) | 8767
+
+
+@settings(max_examples=20, deadline=None)     # a fraction of a second each
+@given(st.text(alphabet="abcdef0123456789_", min_size=1, max_size=24))
+def test_spawned_namespaces_are_of_their_parents_open_mpi_4_job_family(suffix):
+    from mslaunch.pmix import sibling_name
+    parent = f"kvs_1_{suffix}"
+    child = sibling_name(f"{parent}_2", parent)
+    assert child.startswith(f"{parent}_2.")
+    assert _open_mpi_4_job_id(child) >> 16 == _open_mpi_4_job_id(parent) >> 16
 
 
 def test_the_library_is_chosen_by_the_variable_first():

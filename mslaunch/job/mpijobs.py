@@ -389,6 +389,9 @@ class MPIJobs:
         context_env = sup.job.apps[spawner.app].env if parent.number == 1 else \
             parent.context_env
         context_env = tuple(context_env) + extra_env
+        if pmix:
+            from ..pmix import sibling_name
+            kvsname = sibling_name(kvsname, parent.kvsname)
         try:
             specs, mapping = self._plan(request, number, kvsname, context_env)
             self._check_programs(specs)

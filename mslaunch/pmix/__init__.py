@@ -50,3 +50,37 @@ def oversubscribed(specs: Iterable[RankSpec]) -> bool:
     """Whether a host of these ranks has more ranks than slots (the plan says so in
     Open MPI 4's own variable, ``OMPI_MCA_mpi_oversubscribe``)."""
     return any(s.env.get("OMPI_MCA_mpi_oversubscribe") == "1" for s in specs)
+
+
+def _one_at_a_time(data: bytes, h: int = 0) -> int:
+    """The running state of Jenkins' one-at-a-time hash over ``data``."""
+    for byte in data:
+        h = (h + byte) & 0xFFFFFFFF
+        h = (h + (h << 10)) & 0xFFFFFFFF
+        h ^= h >> 6
+    return h
+
+
+def _open_mpi_4_family(state: int) -> int:
+    h = (state + (state << 3)) & 0xFFFFFFFF
+    h ^= h >> 11
+    h = (h + (h << 15)) & 0xFFFFFFFF
+    return (h & ~0x8000) >> 16
+
+
+def sibling_name(base: str, parent: str) -> str:
+    """A namespace name for a job spawned by ``parent``'s ranks that Open MPI 4
+    takes for a job of the same ``mpirun``: ``base`` and a suffix.
+
+    Open MPI 4 makes a job id of a namespace it did not name itself by hashing
+    the name (one-at-a-time, bit 15 cleared); a spawned job whose id is of
+    another "job family" (the upper 16 bits) is to it another mpirun's, which
+    it refuses to connect to without an ``ompi-server``.  About 65536 suffixes
+    are tried on average (a fraction of a second, once per spawn)."""
+    want = _open_mpi_4_family(_one_at_a_time(parent.encode()))
+    prefix = _one_at_a_time(f"{base}.".encode())
+    for n in range(1 << 22):
+        salt = format(n, "x").encode()
+        if _open_mpi_4_family(_one_at_a_time(salt, prefix)) == want:
+            return f"{base}.{salt.decode()}"
+    return base
