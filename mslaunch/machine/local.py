@@ -165,7 +165,11 @@ class LocalRanks:
         # As under Open MPI: PWD is the rank's physical working directory.
         env["PWD"] = os.path.realpath(spec.cwd)
         if local.pmi_env is not None:
-            env.update(local.pmi_env(spec.rank))
+            for key, value in local.pmi_env(spec.rank).items():
+                # A process manager's settings of MPICH's own (MPIR_CVAR_*) are
+                # defaults: the rank's environment wins.
+                if not (key.startswith("MPIR_CVAR_") and key in env):
+                    env[key] = value
         if self.dumps is not None and python_program(spec):
             from .pydump import rank_env
             env.update(rank_env(self.dumps, env, os.getpid()))

@@ -182,6 +182,9 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
         if job.index_argv:
             # --index-argv-by-rank: argv[0] becomes NAME-RANK; the program is the same.
             argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]
+        # As Open MPI 4's mpirun: 1 on a host with more ranks than slots, where
+        # Open MPI's ranks then yield the processor while they wait.
+        env.setdefault("OMPI_MCA_mpi_oversubscribe", "1" if local_size[h] > host.slots else "0")
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
                               local_size=local_size[h], argv=argv, env=env,
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,
@@ -250,8 +253,8 @@ def hnp_uri(jobid: int, addr: str) -> str:
     takes its coordinator's address from it, and the port from ``jobid``.
 
     Open MPI's ranks decide whether mpirun launched them from
-    ``orte_local_daemon_uri``, never set here, so an Open MPI program still
-    starts as a singleton that the singleton probe notices (Open MPI 5 does
+    ``orte_local_daemon_uri``, never set here, so an Open MPI program never
+    contacts the address: it finds mslaunch's PMIx server (Open MPI 5 does
     not read the variable at all)."""
     port = coordinator_port(jobid)
     if ":" in addr:

@@ -78,8 +78,8 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     """The orphan guard's ``on_death`` hook for PMI jobs (see
     :class:`mslaunch.machine.guard.Watchdog`): the segments of every kvsname
     it kept, the files of refused singletons (:class:`SingletonFiles`), and
-    the directories of its marker (the singleton probe's, the segments') are
-    removed."""
+    the directories of its marker (the singleton probe's, the segments', the
+    PMIx server's) are removed."""
     from .singletons import SingletonFiles, backing_path, probe_path, remove_directory
     files = SingletonFiles()
     for item in kept:
@@ -92,6 +92,14 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     # told the watchdog anything (no rank of its own had started yet).
     remove_directory(probe_path(marker))
     remove_directory(backing_path(marker))
+    import shutil
+    shutil.rmtree(pmix_dir(marker), ignore_errors=True)
+
+
+def pmix_dir(marker: str) -> str:
+    """The directory of the PMIx server (and its ranks' Open MPI session
+    directories) of the launcher or agent whose guard has ``marker``."""
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"mslaunch-pmix-{marker[:120]}")
 
 
 # -- the hwloc topology file ------------------------------------------------------

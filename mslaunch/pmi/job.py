@@ -14,9 +14,10 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Mapping, Optional, Set, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
     from ..machine.loop import Loop
+    from ..pmix.server import Namespace
     from .singletons import SingletonProbe
     from ..spec import SpawnRequest
     from .server import PMIServer
@@ -41,6 +42,9 @@ class PMIJob:
         self.server: Optional[PMIServer] = None
         self.tcp = False
         self._env: Optional[Callable[[int], Dict[str, str]]] = None
+        self.pmix: Optional[Namespace] = None   # its PMIx namespace here, if served
+        self.pmix_in: Set[int] = set()          # ranks connected to it
+        self.pmix_done: Set[int] = set()        # ... and finalized
 
     def serve(self, loop: Loop, appnums, process_mapping: str, tcp: bool,
               trace: bool = False, port_range: Optional[Tuple[int, int]] = None) -> None:
@@ -73,6 +77,8 @@ class PMIJob:
         env = self._env(rank)
         if self.probe is not None:
             env.update(self.probe.env(self.keys[rank]))
+        if self.pmix is not None:
+            env.update(self.pmix.env(rank))
         return env
 
     # -- the server's listener ------------------------------------------------
@@ -92,11 +98,56 @@ class PMIJob:
         if rank in self.keys:
             self.owner.pmi_started(self, rank)
 
+    def pmix_connected(self, rank: int) -> None:
+        self.pmix_in.add(rank)
+        self.pmi_started(rank)
+
+    def pmix_finalized(self, rank: int, clean: bool) -> None:
+        """A rank's PMIx connection ended: finalized, or lost as its process died."""
+        if clean:
+            self.pmix_done.add(rank)
+        else:
+            self.pmi_lost(rank)
+
+    def left_pmix(self, rank: int) -> bool:
+        """Whether a rank here that exited with status 0 had connected to PMIx and not
+        finalized.  A finalize is posted before the rank hears it is done, so before
+        it can exit: what is posted is read first."""
+        if self.pmix is None:
+            return False
+        self.pmix.server.inbox.run()
+        return rank in self.pmix_in and rank not in self.pmix_done
+
+    def pmix_publish(self, rank: int, pairs: Dict[str, str], first_read: bool,
+                     done: Callable[[Optional[str]], None]) -> None:
+        self.owner.pmix_names(self, {"what": "publish", "rank": rank, "pairs": pairs,
+                                     "first_read": first_read}, done)
+
+    def pmix_lookup(self, rank: int, keys: List[str], wait: bool,
+                    done: Callable[[Dict[str, Tuple[str, str, int]]], None]) -> None:
+        self.owner.pmix_names(self, {"what": "lookup", "rank": rank, "keys": keys,
+                                     "wait": wait}, done)
+
+    def pmix_unpublish(self, rank: int, keys: List[str], done: Callable[[], None]) -> None:
+        self.owner.pmix_names(self, {"what": "unpublish", "rank": rank, "keys": keys},
+                              lambda _: done())
+
+    def pmix_spawn(self, rank: int, commands: List[object], env: List[Tuple[str, str]],
+                   reply: Callable[..., None]) -> None:
+        self.owner.pmix_spawn(self, rank, commands, env, reply)
+
+    def pid_of(self, rank: int) -> Optional[int]:
+        """The process of one of this host's ranks, if started."""
+        return self.owner.pid_of(self.keys[rank]) if rank in self.keys else None
+
     def pmi_spawn(self, rank: int, request: SpawnRequest,
                   reply: Callable[..., None]) -> None:
         self.owner.pmi_spawn(self, rank, request, reply)
 
     def close(self) -> None:
+        if self.pmix is not None:
+            self.pmix.deregister()
+            self.pmix = None
         if self.server is not None:
             self.server.close()
             self.server = None

@@ -351,6 +351,7 @@ class Agent:
                                 grace=self.grace, merge_stderr=merge, pmi=pmi,
                                 pmi_env=pmi_env, stdin_fd=None, pty=job["pty"],
                                 dumps=self.look.dumps)
+        self.pmi.local = self.local
         self._started: Dict[str, int] = {}
         try:
             self.local.start()
@@ -409,7 +410,7 @@ class Agent:
                     and runs_a_launcher(pids[key])
                 self.pmi.up({"op": "singleton", "rank": key, "size": size,
                              "backing": probe.backing is not None,
-                             "launcher": nested})
+                             "launcher": nested, **self.pmi.pmix_said(key)})
 
     def _watch_singletons(self) -> None:
         self._report_singletons()
@@ -418,6 +419,7 @@ class Agent:
 
     def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int]) -> None:
         self._report_singletons()
+        self.pmi.exited(rank, code, sig)
         self.exited.add(rank)
         self.stdin.drop(rank)
         self.endpoint.send(link.encode(link.EXITED, {"rank": rank, "code": code,

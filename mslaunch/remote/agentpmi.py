@@ -6,17 +6,26 @@ PMI here (:class:`~mslaunch.pmi.job.PMIJob`) with a
 to the launcher in ``PMI`` frames; :class:`AgentPMI` is those jobs' owner:
 it relays their events (abort, lost, started, spawn, log) upward, and the
 launcher's ``PMI`` frames (fence results, answers, spawned jobs) down.
+
+The first job's ranks here are served PMIx as well (:mod:`mslaunch.pmix`),
+by a server of this agent's; a fence of theirs that spans hosts goes to the
+launcher as a ``pmix_fence`` operation and comes back whole as
+``pmix_fence_done`` (see :mod:`mslaunch.job.pmixjobs`).
 """
 
 from __future__ import annotations
+
+import itertools
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..machine.guard import Watchdog
+    from ..machine.local import LocalRanks
     from ..machine.loop import Loop
     from ..pmi.singletons import SingletonFiles, SingletonProbe
+    from ..pmix.host import PMIxHost
     from ..spec import RankSpec
     from .endpoint import Endpoint
 
@@ -39,6 +48,11 @@ class AgentPMI:
         self.guard: Optional[Watchdog] = None
         self.trace = False
         self.port_range: Optional[Tuple[int, int]] = None   # of the JOB frame
+        self.local: Optional[LocalRanks] = None       # this host's ranks, once started
+        self.pmix: Optional[PMIxHost] = None
+        self.fences: Dict[Tuple[str, str, int], Callable[[bytes], None]] = {}
+        self.names_waiting: Dict[int, Tuple[str, Callable[[Any], None]]] = {}
+        self._asks = itertools.count(1)
 
     def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
         """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.pmi.singletons`)."""
@@ -76,9 +90,87 @@ class AgentPMI:
         pj.serve(self.loop, appnums, job["process_mapping"], tcp=job["pmi"] == "port",
                  trace=self.trace, port_range=self.port_range)
         self.jobs[kvsname] = pj
+        if number == 1 and job.get("pmix_nodes") and specs:
+            self._serve_pmix(pj, job, specs)
         if self.guard is not None and number != 1:
             self.guard.keep(kvsname)
         return pj
+
+    def _serve_pmix(self, pj: PMIJob, job: Dict[str, Any], specs: List[RankSpec]) -> None:
+        from ..pmi.files import pmix_dir
+        from ..pmix import oversubscribed
+        from ..pmix.host import PMIxHost
+        from ..pmix.server import Layout
+        from ..procmap import parse_process_mapping
+        try:
+            node_of = parse_process_mapping(job["process_mapping"], pj.size)
+        except ValueError:
+            return
+        nodes = job["pmix_nodes"]
+        here = specs[0].host.node_id
+        if not 0 <= here < len(nodes) or any(not 0 <= n < len(nodes) for n in node_of):
+            return
+        if self.pmix is None:
+            marker = self.guard.marker if self.guard is not None else pj.kvsname
+            self.pmix = PMIxHost(self.loop, pmix_dir(marker),
+                                 self.pmi_log if self.trace else (lambda message: None))
+        layout = Layout(pj.kvsname, nodes, node_of, job["appnums"], job["pmix_universe"], here,
+                        oversubscribed(specs))
+
+        def relay(signature: str, sequence: int, blob: bytes,
+                  done: Callable[[bytes], None]) -> None:
+            from ..pmix.exchange import encode_blob
+            self.fences[(pj.kvsname, signature, sequence)] = done
+            self.up({"op": "pmix_fence", "kvs": pj.kvsname, "sig": signature,
+                     "seq": sequence, "blob": encode_blob(blob)})
+        self.pmix.serve(pj, layout, relay)
+
+    def pmix_said(self, key: int) -> Dict[str, object]:
+        """What a singleton report says of PMIx here: served to the rank's job, or why not."""
+        if any(pj.pmix is not None and key in pj.keys.values() for pj in self.jobs.values()):
+            return {"pmix": True}
+        problem = self.pmix.problem if self.pmix is not None else None
+        return {"nopmix": problem[:300]} if problem else {}
+
+    def exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None:
+        """A rank here ended: one that left PMIx without finalizing is lost."""
+        if code or sig is not None:
+            return
+        for pj in self.jobs.values():
+            for rank, k in pj.keys.items():
+                if k == key and pj.left_pmix(rank):
+                    self.pmi_lost(key)
+                    return
+
+    def pmix_names(self, pj: PMIJob, request: Dict[str, Any],
+                   done: Callable[[Any], None]) -> None:
+        """A rank's publish, lookup or unpublish: the names live at the launcher."""
+        ask = next(self._asks)
+        self.names_waiting[ask] = (request["what"], done)
+        self.up({"op": "pmix_names", "kvs": pj.kvsname, "ask": ask, **request})
+
+    def _names_done(self, message: Dict[str, Any]) -> None:
+        waiting = self.names_waiting.pop(link.field(message, "ask", int, "PMIx names"), None)
+        if waiting is None:
+            raise link.LinkError("PMIx names answer for no question of this host")
+        what, done = waiting
+        value = message.get("value")
+        if what == "lookup":
+            if not isinstance(value, dict) or not all(
+                    isinstance(v, list) and len(v) == 3 and isinstance(v[0], str)
+                    and isinstance(v[1], str) and type(v[2]) is int for v in value.values()):
+                raise link.LinkError("PMIx lookup answer: not names")
+            done({k: tuple(v) for k, v in value.items()})
+        else:
+            done(value if isinstance(value, str) else None)
+
+    def pmix_spawn(self, pj: PMIJob, rank: int, commands: List[Any],
+                   env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
+        reply("an Open MPI program spawns from the launcher's host only")
+
+    def pid_of(self, key: int) -> Optional[int]:
+        r = self.local.ranks.get(key) if self.local is not None else None
+        return r.proc.pid if r is not None and r.proc is not None else None
 
     def close(self) -> None:
         """Stop serving; remove the jobs' shared memory segments, the probe, and what
@@ -88,6 +180,8 @@ class AgentPMI:
             for pj in self.jobs.values():
                 pj.close()
                 remove_shm_segments(pj.kvsname)
+        if self.pmix is not None:
+            self.pmix.close()
         if self.probe is not None:
             self.probe.close()
         if self.leftovers is not None:
@@ -103,6 +197,12 @@ class AgentPMI:
         op = message.get("op")
         if op == "job":
             self.on_job(message)
+            return
+        if op == "pmix_fence_done":
+            self._fence_done(message)
+            return
+        if op == "pmix_names_done":
+            self._names_done(message)
             return
         if op not in ("fence_done", "answer"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
@@ -121,6 +221,19 @@ class AgentPMI:
         else:
             pj.state.answer(link.field(message, "ask", int, "PMI answer"),  # type: ignore[attr-defined]
                             message.get("value"))
+
+    def _fence_done(self, message: Dict[str, Any]) -> None:
+        from ..pmix.exchange import decode_blob
+        key = (link.field(message, "kvs", str, "PMIx fence_done"),
+               link.field(message, "sig", str, "PMIx fence_done"),
+               link.field(message, "seq", int, "PMIx fence_done"))
+        done = self.fences.pop(key, None)
+        if done is None:
+            raise link.LinkError("PMIx fence_done for no fence of this host")
+        try:
+            done(decode_blob(message.get("blob")))
+        except ValueError as err:
+            raise link.LinkError(f"PMIx fence_done: {err}") from None
 
     # -- what the PMI servers report (keys of the launcher's numbering) ----------
     def pmi_abort(self, key: int, code: int, message: str) -> None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec, Plan
 
+from ..pmix import turned_off
 from ..spec import Host, RankSpec, replace
 from .link import LinkError
 
@@ -61,7 +62,11 @@ def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], he
             "process_mapping": plan.process_mapping, "bind_to": job.bind_to,
             "launch_dir": job.launch_dir, "host": host,
             "common_env": common, "ranks": ranks, "trace": job.verbose >= 2,
-            "port_range": list(job.port_range) if job.port_range else None}
+            "port_range": list(job.port_range) if job.port_range else None,
+            # for the agent's PMIx server (mslaunch.pmix): the hosts by node id
+            "pmix_nodes": [h.name for h in plan.hosts] if pmi and len(plan.ranks) > 1
+            and not turned_off(os.environ) else None,
+            "pmix_universe": plan.universe_size}
 
 
 #: The :class:`~mslaunch.spec.RankSpec` fields a frame carries under their own
@@ -359,5 +364,8 @@ def read_job(body: Dict[str, Any], here: str) -> Dict[str, Any]:
         "data": data,
         "trace": bool(body.get("trace")),
         "port_range": _port_range(body.get("port_range")),
+        "pmix_nodes": (_texts(body["pmix_nodes"], "pmix_nodes", empty=False)
+                       if body.get("pmix_nodes") is not None else None),
+        "pmix_universe": _int(body.get("pmix_universe", size), "pmix_universe", 0, _MAX_RANK),
         "ranks": checked,
     }

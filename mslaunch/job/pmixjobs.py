@@ -1,0 +1,169 @@
+"""The launcher's PMIx: a server for its own ranks, and the fences that span hosts.
+
+Beside the PMI of :class:`~.mpijobs.MPIJobs`, the first job's ranks here
+are served PMIx (:class:`~mslaunch.pmix.host.PMIxHost`), so that an Open MPI
+program runs under the same command line as an MPICH one; remote hosts'
+agents serve their own ranks.  A fence whose ranks are on several hosts is
+gathered here (:class:`~mslaunch.pmix.exchange.FenceExchange`): the local
+server's part directly, the agents' in ``PMI`` frames of their own
+operation (``pmix_fence`` up, ``pmix_fence_done`` down, the opaque data in
+base64).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+    from ..pmi.job import PMIJob
+    from ..pmix.host import PMIxHost
+    from ..remote.host import RemoteHost
+    from ..spec import RankSpec
+    from .mpijobs import MPIJobs
+
+from ..pmix import oversubscribed
+from ..pmix.exchange import CONNECT_PREFIX, FenceExchange, decode_blob, encode_blob
+from ..pmix.names import NameBoard
+
+#: The launcher's name among a fence's hosts.
+HERE = ""
+
+
+class LauncherPMIx:
+    """See the module docstring; ``mpi`` is the launch's :class:`~.mpijobs.MPIJobs`."""
+
+    def __init__(self, mpi: MPIJobs) -> None:
+        self.mpi = mpi
+        self.host: Optional[PMIxHost] = None
+        self.exchange = FenceExchange(self._participants)
+        self.board = NameBoard()
+
+    def serve_first(self, pj: PMIJob) -> None:
+        """PMIx for the first job's ranks on this machine."""
+        from ..pmi.files import pmix_dir
+        from ..pmix.host import MIN_SIZE, PMIxHost
+        from ..pmix.server import Layout
+        sup = self.mpi.sup
+        plan = sup.plan
+        if len(plan.ranks) < MIN_SIZE:
+            return
+        here = next(r.host.node_id for r in plan.ranks if r.host.local)
+        layout = Layout(pj.kvsname, [h.name for h in plan.hosts],
+                        [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
+                        plan.universe_size, here, oversubscribed(
+                            [r for r in plan.ranks if r.host.local]))
+        marker = sup.watchdog.marker if sup.watchdog is not None else plan.kvsname
+        log = sup.log if sup.job.verbose else (lambda message: None)
+        self.host = PMIxHost(sup.loop, pmix_dir(marker), log)
+
+        def relay(signature: str, sequence: int, blob: bytes,
+                  done: Callable[[bytes], None]) -> None:
+            self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
+        self.host.serve(pj, layout, relay)
+
+    def serve_spawned(self, pj: PMIJob, specs: Sequence[RankSpec],
+                      parent: Tuple[str, int]) -> None:
+        """PMIx for a job an Open MPI rank spawned onto this machine."""
+        from ..pmix.server import Layout
+        if self.host is None:
+            return
+        nodes: List[str] = []
+        for s in specs:
+            if s.host.name not in nodes:
+                nodes.append(s.host.name)
+        layout = Layout(pj.kvsname, nodes, [nodes.index(s.host.name) for s in specs],
+                        [s.app for s in specs], self.mpi.sup.plan.universe_size,
+                        nodes.index(next(s.host.name for s in specs if s.host.local)),
+                        oversubscribed([s for s in specs if s.host.local]), parent=parent)
+
+        def relay(signature: str, sequence: int, blob: bytes,
+                  done: Callable[[bytes], None]) -> None:
+            self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
+        self.host.serve(pj, layout, relay, min_size=1)
+
+    @property
+    def problem(self) -> Optional[str]:
+        """Why this machine serves no PMIx, if it tried."""
+        return self.host.problem if self.host is not None else None
+
+    def _participants(self, kvs: str, signature: str) -> FrozenSet[str]:
+        """The hosts (:data:`HERE` for this one) with a rank in a fence."""
+        sup = self.mpi.sup
+        hosts = set()
+        if signature.startswith(CONNECT_PREFIX):
+            signature = signature[len(CONNECT_PREFIX):]
+        for item in signature.split(","):
+            ns, _, rank = item.rpartition(":")
+            pj = self.mpi.jobs.get(ns)
+            if pj is None:
+                raise ValueError(f"a fence of an unknown job {ns[:40]!r}")
+            if rank == "*":
+                keys = list(pj.keys.values())
+            elif rank.isdigit() and int(rank) in pj.keys:
+                keys = [pj.keys[int(rank)]]
+            else:
+                raise ValueError(f"a fence of rank {rank[:12]!r}, not of job {ns[:40]!r}")
+            for key in keys:
+                spec = sup.ranks[key].spec
+                hosts.add(HERE if spec.host.local else spec.host.name)
+        return frozenset(hosts)
+
+    def from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """An agent's part of a fence (``pmix_fence``)."""
+        from ..remote import link
+        kvs = link.field(message, "kvs", str, "PMIx fence")
+        signature = link.field(message, "sig", str, "PMIx fence")
+        sequence = link.field(message, "seq", int, "PMIx fence")
+        if kvs not in self.mpi.jobs or f"{kvs}:" not in signature:
+            raise link.LinkError("PMIx fence of an unknown job")
+        try:
+            blob = decode_blob(message.get("blob"))
+            self.exchange.contribute(kvs, signature, sequence, host.name, blob, lambda whole: (
+                host.send_pmi({"op": "pmix_fence_done", "kvs": kvs, "sig": signature,
+                               "seq": sequence, "blob": encode_blob(whole)})))
+        except ValueError as err:
+            raise link.LinkError(f"PMIx fence: {err}") from None
+
+    def names(self, kvs: str, request: Dict[str, Any], done: Callable[[Any], None]) -> None:
+        """A rank's publish, lookup or unpublish (see :mod:`mslaunch.pmix.names`)."""
+        what, rank = request["what"], request["rank"]
+        if what == "publish":
+            done(self.board.publish(request["pairs"], kvs, rank,
+                                    bool(request.get("first_read"))))
+        elif what == "lookup":
+            self.board.lookup(request["keys"], bool(request.get("wait")), done)
+        else:
+            self.board.unpublish(request["keys"], kvs, rank)
+            done(None)
+
+    def names_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """An agent's ``pmix_names`` operation, answered with ``pmix_names_done``."""
+        from ..remote import link
+        kvs = link.field(message, "kvs", str, "PMIx names")
+        ask = link.field(message, "ask", int, "PMIx names")
+        rank = link.field(message, "rank", int, "PMIx names")
+        what = message.get("what")
+        pj = self.mpi.jobs.get(kvs)
+        if pj is None or pj.keys.get(rank, -1) not in host.ranks:
+            raise link.LinkError("PMIx names: a rank not on this host")
+        request: Dict[str, Any] = {"what": what, "rank": rank}
+        if what == "publish":
+            pairs = link.field(message, "pairs", dict, "PMIx publish")
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
+                raise link.LinkError("PMIx publish: pairs must be strings")
+            request.update(pairs=pairs, first_read=message.get("first_read") is True)
+        elif what in ("lookup", "unpublish"):
+            keys = link.field(message, "keys", list, f"PMIx {what}")
+            if not all(isinstance(k, str) for k in keys):
+                raise link.LinkError(f"PMIx {what}: keys must be strings")
+            request.update(keys=keys, wait=message.get("wait") is True)
+        else:
+            raise link.LinkError(f"unknown PMIx names operation {str(what)[:20]!r}")
+        self.names(kvs, request, lambda value: host.send_pmi(
+            {"op": "pmix_names_done", "ask": ask,
+             "value": {k: list(v) for k, v in value.items()} if what == "lookup" else value}))
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.close()

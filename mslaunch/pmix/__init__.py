@@ -1,0 +1,86 @@
+"""PMIx: what Open MPI's ranks (4.x and 5.x) need of a process manager, beside PMI.
+
+Open MPI ranks find their process manager through ``PMIX_SERVER_URI*`` and
+speak PMIx to it; a rank that finds none starts alone, as a singleton.  So
+every launcher and agent that starts ranks of a PMI job also serves PMIx to
+them, from the same job: the launcher for its local ranks, each agent for
+its host's.  The server is the real one, the PMIx library an Open MPI
+installation brings (``libpmix.so.2``), driven through ctypes
+(:mod:`.lib`); it is loaded only for jobs of two ranks or more, so that a
+one-rank job pays nothing (an Open MPI rank alone is a correct singleton).
+
+(a) :mod:`.lib` -- finding and loading the library, its types, its calls.
+(b) :mod:`.server` -- :class:`~.server.PMIxServer`, one per process: the
+    library's server with mslaunch's upcalls, which arrive on the library's
+    own thread and are carried into the event loop; a
+    :class:`~.server.Namespace` per job registers the job's data and gives
+    each rank its variables.
+(c) The job-wide part, where ranks of a job run on several hosts: every
+    host's server hands its fences' opaque contributions to
+    :meth:`~.server.Namespace.relay`, whose owner gathers them from every
+    host over the link that carries PMI, concatenates them and hands the
+    whole back to each server (see :mod:`mslaunch.job.mpijobs` and
+    :mod:`mslaunch.remote.agentpmi`).
+
+Both ways in and out of MPI end as under PMI: ``MPI_Abort(N)`` ends the job
+with N, and a rank whose connection goes while it exits without
+``MPI_Finalize`` fails the job, named.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping
+
+    from ..spec import RankSpec
+
+#: Where the library is chosen (see :mod:`.lib`), and the words that turn PMIx
+#: off: on the launcher, for every host of the job.
+LIBRARY_VARIABLE = "MSLAUNCH_PMIX_LIBRARY"
+OFF = ("none", "off", "no", "0")
+
+
+def turned_off(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` turns PMIx off."""
+    return environ.get(LIBRARY_VARIABLE, "").strip().lower() in OFF
+
+
+def oversubscribed(specs: Iterable[RankSpec]) -> bool:
+    """Whether a host of these ranks has more ranks than slots (the plan says so in
+    Open MPI 4's own variable, ``OMPI_MCA_mpi_oversubscribe``)."""
+    return any(s.env.get("OMPI_MCA_mpi_oversubscribe") == "1" for s in specs)
+
+
+def _one_at_a_time(data: bytes, h: int = 0) -> int:
+    """The running state of Jenkins' one-at-a-time hash over ``data``."""
+    for byte in data:
+        h = (h + byte) & 0xFFFFFFFF
+        h = (h + (h << 10)) & 0xFFFFFFFF
+        h ^= h >> 6
+    return h
+
+
+def _open_mpi_4_family(state: int) -> int:
+    h = (state + (state << 3)) & 0xFFFFFFFF
+    h ^= h >> 11
+    h = (h + (h << 15)) & 0xFFFFFFFF
+    return (h & ~0x8000) >> 16
+
+
+def sibling_name(base: str, parent: str) -> str:
+    """A namespace name for a job spawned by ``parent``'s ranks that Open MPI 4
+    takes for a job of the same ``mpirun``: ``base`` and a suffix.
+
+    Open MPI 4 makes a job id of a namespace it did not name itself by hashing
+    the name (one-at-a-time, bit 15 cleared); a spawned job whose id is of
+    another "job family" (the upper 16 bits) is to it another mpirun's, which
+    it refuses to connect to without an ``ompi-server``.  About 65536 suffixes
+    are tried on average (a fraction of a second, once per spawn)."""
+    want = _open_mpi_4_family(_one_at_a_time(parent.encode()))
+    prefix = _one_at_a_time(f"{base}.".encode())
+    for n in range(1 << 22):
+        salt = format(n, "x").encode()
+        if _open_mpi_4_family(_one_at_a_time(salt, prefix)) == want:
+            return f"{base}.{salt.decode()}"
+    return base

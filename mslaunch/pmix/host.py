@@ -1,0 +1,90 @@
+"""This process's PMIx: the server, started for the first job that needs it, and its directory.
+
+The launcher and every agent have one :class:`PMIxHost`.  The library is
+loaded and its server started when a job of two ranks or more starts ranks
+here; where that cannot be done (no library, say), the reason is kept, the
+ranks get no PMIx, and an Open MPI program among them is noticed as a
+singleton (:mod:`mslaunch.pmi.singletons`), with :data:`~.lib.FIX` in the
+message.  Everything the server and the ranks' Open MPI keep on disk is in
+one directory of this process's guard (:func:`mslaunch.pmi.files.pmix_dir`),
+removed at the end -- and by the watchdog, should this process be killed.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+    from ..machine.loop import Loop
+    from ..pmi.job import PMIJob
+    from .server import Layout, PMIxServer, Relay
+
+#: The smallest job served PMIx: one rank of Open MPI alone is a correct singleton.
+MIN_SIZE = 2
+
+
+class PMIxHost:
+    """See the module docstring; ``directory`` is where the server keeps its files,
+    ``log`` takes one line for ``-v``."""
+
+    def __init__(self, loop: Loop, directory: str, log: Callable[[str], None]) -> None:
+        self.loop = loop
+        self.directory = directory
+        self.log = log
+        self.server: Optional[PMIxServer] = None
+        self.problem: Optional[str] = None      # why no server runs here
+
+    def _start(self) -> Optional[PMIxServer]:
+        if self.server is not None or self.problem is not None:
+            return self.server
+        from . import lib
+        from .server import PMIxServer
+        try:
+            library = lib.load()
+        except lib.Unavailable as err:
+            self.problem = str(err)
+            return None
+        try:
+            os.mkdir(self.directory, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as err:
+            self.problem = f"cannot make {self.directory}: {err.strerror}"
+            return None
+        from ..pmi.files import xml_path
+        topology = xml_path()
+        try:
+            self.server = PMIxServer(self.loop, library, self.directory,
+                                     topology if topology and os.path.isfile(topology) else None)
+        except OSError as err:
+            self.problem = f"{library.path}: {err}"
+            return None
+        self.log(f"PMIx server of {library.version.split(' (')[0]} ({library.path})")
+        return self.server
+
+    def serve(self, pj: PMIJob, layout: Layout, relay: Relay, min_size: int = MIN_SIZE) -> bool:
+        """Serve PMIx to ``pj``'s ranks here (their variables then come with
+        ``pj.env``); False if there is no server here."""
+        if len(layout.node_of) < min_size:
+            return False
+        server = self._start()
+        if server is None:
+            return False
+        try:
+            pj.pmix = server.namespace(layout, pj, relay, pj.pid_of)
+        except OSError as err:
+            self.problem = str(err)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the server and remove its directory (once the ranks are gone)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if os.path.isdir(self.directory):
+            import shutil
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,385 @@
+"""One process's PMIx server: the library's, with mslaunch's upcalls and a namespace per job.
+
+The library runs its own progress thread and calls the upcalls there.  They
+copy what they were given, answer at once what needs nothing of the job
+(a fence among this host's ranks only), and post the rest to the event loop
+through a pipe (:class:`Inbox`); every callback the library gave is then
+called from the loop, which the library allows (it moves the work back to
+its own thread).  No exception leaves an upcall.
+"""
+
+from __future__ import annotations
+
+import _thread
+import ctypes as C
+import itertools
+import os
+
+from . import lib as L
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+    from ..machine.loop import Loop
+
+    #: ``relay(signature, sequence, blob, done)``: a fence that spans hosts.
+    Relay = Callable[[str, int, bytes, Callable[[bytes], None]], None]
+
+#: The Linux task flag of a process that is exiting (``/proc/PID/stat`` field 9).
+_PF_EXITING = 0x4
+
+
+def exiting(pid: Optional[int]) -> bool:
+    """Whether process ``pid`` is exiting or gone (its connection closed as it died)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+
+
+class Inbox:
+    """Calls posted from another thread, run in the loop."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.lock = _thread.allocate_lock()
+        self.calls: List[Callable[[], None]] = []
+        loop.add_reader(self.read_fd, self.run)
+
+    def post(self, call: Callable[[], None]) -> None:
+        with self.lock:
+            self.calls.append(call)
+        try:
+            os.write(self.write_fd, b"!")
+        except OSError:
+            pass          # full: the loop is awake already
+
+    def run(self) -> None:
+        try:
+            os.read(self.read_fd, 4096)
+        except OSError:
+            pass
+        while True:
+            with self.lock:
+                calls, self.calls = self.calls, []
+            if not calls:
+                return
+            for call in calls:
+                call()
+
+    def close(self) -> None:
+        self.loop.forget(self.read_fd)
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+class Layout:
+    """Where a job's ranks are: host names by node id, each rank's node and appnum,
+    and which node is this server's."""
+
+    __slots__ = ("appnums", "here", "node_of", "nodes", "nspace", "oversubscribed", "parent",
+                 "tmpdir", "topology", "universe")
+
+    def __init__(self, nspace: str, nodes: Sequence[str], node_of: Sequence[int],
+                 appnums: Sequence[int], universe: int, here: int,
+                 oversubscribed: bool = False, parent: Optional[Tuple[str, int]] = None) -> None:
+        self.parent = parent                   # the spawning rank: (namespace, rank)
+        self.oversubscribed = oversubscribed   # this node: more ranks than slots
+        self.tmpdir = ""          # the server's, set as the namespace is registered
+        self.topology = ""        # this host's hwloc XML, if the server has it
+        self.nspace = nspace
+        self.nodes = tuple(nodes)
+        self.node_of = tuple(node_of)
+        self.appnums = tuple(appnums)
+        self.universe = max(universe, len(node_of))
+        self.here = here
+
+    def ranks_on(self, node: int) -> List[int]:
+        return [r for r, n in enumerate(self.node_of) if n == node]
+
+    def job_info(self) -> List[Tuple[str, int, Any]]:
+        """The namespace's data, as the library's ``register_nspace`` takes it."""
+        size = len(self.node_of)
+        per_node = [self.ranks_on(n) for n in range(len(self.nodes))]
+        local = per_node[self.here]
+        apps = len(set(self.appnums)) or 1
+        info: List[Tuple[str, int, Any]] = [
+            ("pmix.jobid", L.STRING, self.nspace), ("pmix.univ.size", L.UINT32, self.universe),
+            ("pmix.job.size", L.UINT32, size), ("pmix.max.size", L.UINT32, self.universe),
+            ("pmix.job.napps", L.UINT32, apps), ("pmix.num.nodes", L.UINT32, len(self.nodes)),
+            ("pmix.nmap", L.STRING, ",".join(self.nodes)),
+            ("pmix.pmap", L.STRING, ";".join(",".join(map(str, rs)) for rs in per_node)),
+            ("pmix.local.size", L.UINT32, len(local)), ("pmix.node.size", L.UINT32, len(local)),
+            ("pmix.lpeers", L.STRING, ",".join(map(str, local))),
+            ("pmix.lldr", L.PROC_RANK, local[0] if local else 0),
+            ("pmix.tdir.rmclean", L.BOOL, True)]
+        if self.parent is not None:
+            info += [("pmix.parent", L.PROC, self.parent), ("pmix.spawned", L.BOOL, True)]
+        if self.oversubscribed:
+            # Open MPI 5's ranks then yield the processor while they wait
+            info.append(("pmix.ndosub", L.BOOL, True))
+        if self.topology:
+            # Open MPI asks for it: without, every rank discovers the host itself
+            info.append(("pmix.hwlocxml2", L.STRING, self.topology))
+        if self.tmpdir:
+            # Open MPI 5's session directories (it makes its own elsewhere without)
+            info += [("pmix.tmpdir", L.STRING, self.tmpdir),
+                     ("pmix.nsdir", L.STRING, os.path.join(self.tmpdir, self.nspace))]
+        if apps == 1:
+            info.append(("pmix.appnum", L.UINT32, self.appnums[0] if self.appnums else 0))
+        for rank, node in enumerate(self.node_of):
+            index = per_node[node].index(rank)
+            info.append(("pmix.pdata", L.DATA_ARRAY, [
+                ("pmix.rank", L.PROC_RANK, rank), ("pmix.lrank", L.UINT16, index),
+                ("pmix.nrank", L.UINT16, index), ("pmix.nodeid", L.UINT32, node),
+                ("pmix.hname", L.STRING, self.nodes[node]),
+                ("pmix.appnum", L.UINT32, self.appnums[rank] if self.appnums else 0)]))
+        return info
+
+
+class Namespace:
+    """One job's namespace in a :class:`PMIxServer`.  ``listener`` hears of its ranks
+    (by their rank in the job): ``pmix_connected``, ``pmi_abort``, ``pmix_finalized``;
+    ``relay`` carries its fences across hosts; ``pid_of`` names a local rank's process."""
+
+    def __init__(self, server: PMIxServer, layout: Layout, listener: Any, relay: Relay,
+                 pid_of: Callable[[int], Optional[int]]) -> None:
+        self.server = server
+        self.layout = layout
+        self.name = layout.nspace
+        self.listener = listener
+        self.relay = relay
+        self.pid_of = pid_of
+        self.local: Set[int] = set(layout.ranks_on(layout.here))
+        self.sequences: Dict[str, int] = {}
+        self.registered = False
+
+    def register(self) -> None:
+        self.layout.tmpdir = self.server.tmpdir
+        self.layout.topology = self.server.topology_xml()
+        try:
+            os.mkdir(os.path.join(self.server.tmpdir, self.name), 0o700)
+        except FileExistsError:
+            pass
+        info = L.InfoList(self.layout.job_info())
+        rc = self.server.lib.lib.PMIx_server_register_nspace(
+            self.name.encode(), len(self.local), C.cast(info.array, C.c_void_p), info.size,
+            None, None)
+        if rc not in (L.SUCCESS, L.OPERATION_SUCCEEDED):
+            raise OSError(f"PMIx_server_register_nspace failed ({rc})")
+        self.registered = True
+
+    def env(self, rank: int) -> Dict[str, str]:
+        """The variables of one of this host's ranks: the library's, and the hint that
+        makes Open MPI 4 take itself for launched, not for a singleton."""
+        lib = self.server.lib
+        env = dict(lib.setup_fork(self.name, rank))
+        proc = L.Proc(self.name.encode(), rank)
+        rc = lib.lib.PMIx_server_register_client(C.byref(proc), os.getuid(), os.getgid(),
+                                                 None, None, None)
+        if rc not in (L.SUCCESS, L.OPERATION_SUCCEEDED):
+            raise OSError(f"PMIx_server_register_client failed ({rc})")
+        # Open MPI 4's "schizo" reads a direct launch from FLUX_JOB_ID (and from
+        # nothing of ours); its value only needs to be an integer.
+        env["FLUX_JOB_ID"] = str(int.from_bytes(self.name.encode()[-6:], "big") & 0x7FFFFFFF)
+        # Open MPI 4's session directory in this server's, removed with it.
+        env["OMPI_MCA_orte_tmpdir_base"] = self.server.tmpdir
+        # MPICH, told of both PMI and PMIx, would refuse to choose (MPICH PR #7525);
+        # the launcher lets a value of the rank's own win (see machine.local).
+        env["MPIR_CVAR_PMI_VERSION"] = "1"
+        return env
+
+    def covers(self, members: Sequence[Tuple[str, int]]) -> Optional[str]:
+        """A fence's signature when it spans other hosts, None when all its ranks are here."""
+        names: List[str] = []
+        spans = False
+        for ns, rank in members:
+            if rank == L.RANK_WILDCARD:
+                names.append(f"{ns}:*")
+                spans = spans or ns != self.name or len(self.local) < len(self.layout.node_of)
+            else:
+                names.append(f"{ns}:{rank}")
+                spans = spans or ns != self.name or rank not in self.local
+        return ",".join(sorted(names)) if spans else None
+
+    def next_sequence(self, signature: str) -> int:
+        n = self.sequences.get(signature, 0)
+        self.sequences[signature] = n + 1
+        return n
+
+    def deregister(self) -> None:
+        if self.registered:
+            self.registered = False
+            self.server.lib.lib.PMIx_server_deregister_nspace(self.name.encode(), None, None)
+
+
+def _load_topology_from(xml: Optional[str]) -> Dict[str, Optional[str]]:
+    """Point hwloc at this host's topology file while the server starts (what it
+    replaces, to be restored): discovering the topology is most of the start of
+    a library that has none given (tens of milliseconds; 5 to 15 from the file)."""
+    names = ("HWLOC_XMLFILE", "HWLOC_THISSYSTEM")
+    if xml is None or "HWLOC_XMLFILE" in os.environ:
+        return {}
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({"HWLOC_XMLFILE": xml, "HWLOC_THISSYSTEM": "1"})
+    return saved
+
+
+class PMIxServer:
+    """The library's server in this process (see the module docstring); ``tmpdir``
+    (made and removed by the caller) holds everything it and the ranks' Open MPI
+    keep on disk; ``topology``, an hwloc XML file of this host, spares it looking."""
+
+    def __init__(self, loop: Loop, library: L.Library, tmpdir: str,
+                 topology: Optional[str] = None) -> None:
+        self.loop = loop
+        self.lib = library
+        self.tmpdir = tmpdir
+        self.topology = topology
+        self._xml: Optional[str] = None
+        self.namespaces: Dict[str, Namespace] = {}
+        self.up = False           # between the library's init and its finalize
+        self.inbox = Inbox(loop)
+        self._held: Dict[int, object] = {}      # answers the library reads until released
+        self._tokens = itertools.count(1)
+        # Kept referenced for as long as the library may call them.
+        self._release = L.RELEASE(self._released)
+        self._calls = [L.CONNECTED(self._connected), L.FINALIZED(self._finalized),
+                       L.ABORT(self._abort), L.FENCE(self._fence)]
+        self._module = (C.c_void_p * L.MODULE_SLOTS)()
+        for slot, call in zip((L.SLOT_CONNECTED, L.SLOT_FINALIZED, L.SLOT_ABORT, L.SLOT_FENCE),
+                              self._calls):
+            self._module[slot] = C.cast(call, C.c_void_p)
+        from .dpm import DPMCalls
+        self._dpm = DPMCalls(self)
+        for slot, call in self._dpm.calls.items():
+            self._module[slot] = C.cast(call, C.c_void_p)
+        info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
+                           ("pmix.sys.tmpdir", L.STRING, tmpdir)])
+        saved = _load_topology_from(topology)
+        try:
+            rc = library.lib.PMIx_server_init(C.cast(self._module, C.c_void_p),
+                                              C.cast(info.array, C.c_void_p), info.size)
+        finally:
+            os.environ.update({k: v for k, v in saved.items() if v is not None})
+            for k in [k for k, v in saved.items() if v is None]:
+                os.environ.pop(k, None)
+        if rc != L.SUCCESS:
+            self.inbox.close()
+            raise OSError(f"PMIx_server_init failed ({rc})")
+        self.up = True
+
+    def topology_xml(self) -> str:
+        """This host's topology as hwloc XML (read once), or "" without a file."""
+        if self._xml is None:
+            self._xml = ""
+            if self.topology:
+                try:
+                    with open(self.topology, encoding="utf-8") as f:
+                        text = f.read(1 << 24)
+                    self._xml = text if text.startswith("<?xml") else ""
+                except (OSError, UnicodeDecodeError):
+                    pass
+        return self._xml
+
+    def namespace(self, layout: Layout, listener: Any, relay: Relay,
+                  pid_of: Callable[[int], Optional[int]]) -> Namespace:
+        ns = Namespace(self, layout, listener, relay, pid_of)
+        ns.register()
+        self.namespaces[ns.name] = ns
+        return ns
+
+    def close(self) -> None:
+        """Deregister every namespace and stop the library's server (and its thread)."""
+        if not self.up:
+            return
+        self.up = False
+        for ns in self.namespaces.values():
+            ns.deregister()
+        self.lib.lib.PMIx_server_finalize()
+        self.inbox.run()          # what the last upcalls posted
+        self.inbox.close()
+
+    # -- upcalls, on the library's thread (those of dynamic processes: .dpm) -------
+    def which(self, proc: Any) -> Tuple[Optional[Namespace], int]:
+        p = proc[0]
+        return self.namespaces.get(p.nspace.decode("utf-8", "replace")), p.rank
+
+    def _connected(self, proc: Any, server_object: Any, cbfunc: Any, cbdata: Any) -> int:
+        try:
+            ns, rank = self.which(proc)
+            if ns is not None:
+                self.inbox.post(lambda: ns.listener.pmix_connected(rank))
+        except Exception:  # noqa: BLE001 -- nothing may unwind into the library
+            pass
+        return L.OPERATION_SUCCEEDED
+
+    def _finalized(self, proc: Any, server_object: Any, cbfunc: Any, cbdata: Any) -> int:
+        # Called for MPI_Finalize, and for a connection lost: then the process is
+        # exiting already (its descriptors close after it is marked so).
+        try:
+            ns, rank = self.which(proc)
+            if ns is not None:
+                clean = not exiting(ns.pid_of(rank))
+                self.inbox.post(lambda: ns.listener.pmix_finalized(rank, clean))
+        except Exception:  # noqa: BLE001
+            pass
+        return L.OPERATION_SUCCEEDED
+
+    def _abort(self, proc: Any, server_object: Any, status: int, message: Optional[bytes],
+               procs: Any, nprocs: int, cbfunc: Any, cbdata: Any) -> int:
+        try:
+            ns, rank = self.which(proc)
+            text = (message or b"").decode("utf-8", "replace")
+
+            def run() -> None:
+                if ns is not None:
+                    ns.listener.pmi_abort(rank, int(status), text)
+                if cbfunc and self.up:
+                    cbfunc(L.SUCCESS, cbdata)
+            self.inbox.post(run)
+            return L.SUCCESS
+        except Exception:  # noqa: BLE001
+            return L.ERROR
+
+    def _fence(self, procs: Any, nprocs: int, info: Any, ninfo: int, data: Optional[int],
+               ndata: int, cbfunc: Any, cbdata: Any) -> int:
+        try:
+            blob = C.string_at(data, ndata) if ndata and data else b""
+            members = [(procs[i].nspace.decode("utf-8", "replace"), procs[i].rank)
+                       for i in range(nprocs)]
+            ns = self.namespaces.get(members[0][0]) if members else None
+            if ns is None:
+                return L.ERR_NOT_SUPPORTED
+            signature = ns.covers(members)
+            if signature is None:
+                self._answer(cbfunc, cbdata, blob)
+                return L.SUCCESS
+
+            def relay() -> None:
+                ns.relay(signature, ns.next_sequence(signature), blob,
+                         lambda whole: self._answer(cbfunc, cbdata, whole))
+            self.inbox.post(relay)
+            return L.SUCCESS
+        except Exception:  # noqa: BLE001
+            return L.ERROR
+
+    def _answer(self, cbfunc: Any, cbdata: Any, blob: bytes) -> None:
+        """A fence's result to the library, held until it releases it (a result that
+        comes after the server stopped has nobody to go to)."""
+        if not self.up:
+            return
+        buf = C.create_string_buffer(blob, max(len(blob), 1))
+        token = next(self._tokens)
+        self._held[token] = buf
+        cbfunc(L.SUCCESS, C.addressof(buf), len(blob), cbdata, self._release, token)
+
+    def _released(self, token: Optional[int]) -> None:
+        self._held.pop(token or 0, None)
+
