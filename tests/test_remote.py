@@ -728,7 +728,7 @@ def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directo
     tmp.mkdir()
     r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "TMPDIR", "-x", "MSL_TEST_TAG",
                    "-x", "PATH", python, "-c", SHOW, "20",
-                   env=renv(home, TMPDIR=str(tmp), MSL_TEST_TAG=tag, PATH="/usr/bin:/bin"))
+                   env=renv(home, TMPDIR=str(tmp), MSL_TEST_TAG=tag, PATH="/usr/bin:/bin", **NOPMIX))
     assert r.returncode == 1, r.stderr
     assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
     settle(tag, sshbed)

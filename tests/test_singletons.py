@@ -96,7 +96,7 @@ def test_refused_open_mpi_4_singletons_leave_no_session_directory(ompi4, tmp_pat
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
-           "PYTHONPATH": clean_env()["PYTHONPATH"]}
+           "PYTHONPATH": clean_env()["PYTHONPATH"], **NOPMIX}
     r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
                        capture_output=True, env=env, timeout=120)
     _check_refused(r)
@@ -113,7 +113,7 @@ def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_kille
     tmp.mkdir()
     out.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
-           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag}
+           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag, **NOPMIX}
     p = subprocess.Popen(cmd("--grace", "5", "-n", "2", ompi4, program("singleton_shm.py"),
                              str(out), "60", "ignore-term"), env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
