@@ -21,6 +21,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import subprocess
     from typing import Sequence
 
 __version__ = "0.1.0"
@@ -35,18 +36,48 @@ def run(argv: Sequence[str]) -> int:
     msrun's).  The status is the command's: 0, the failing rank's code,
     128+N for a rank killed by signal N, 110 for ``--timeout``, 2 for a bad
     command line (its one error line is written to stderr), and so on.  The
-    ranks' output goes to this process's descriptors 1 and 2, as the
-    command's does.  Call it from the main thread: while the job runs,
-    mslaunch handles SIGINT, SIGTERM and SIGHUP (stopping the ranks) and
-    restores the previous handlers when it returns.  Nothing is exited:
-    unlike the command, the interpreter goes on.
+    job runs in a child process, the ``mslaunch`` command itself, with this
+    process's descriptors 0, 1 and 2, so nothing of it stays in this one
+    (libraries such as the PMIx server keep process-wide state).  Called
+    from the main thread, SIGTERM and SIGHUP sent to this process reach the
+    job while it runs; a Ctrl-C at the terminal reaches it directly.
     """
     if isinstance(argv, (str, bytes)):
         raise TypeError("mslaunch.run() takes a list of words, e.g. ['-n', '2', 'prog'], "
                         "not a string")
+    import subprocess
+    import sys
+    words = [str(word) for word in argv]
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    import os
+    # This package, wherever the caller found it (its sys.path may name a directory
+    # that PYTHONPATH does not); the ranks' own environment is left as it is.
+    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    start = ("import sys; sys.argv[0] = 'mslaunch'; sys.path.insert(0, sys.argv.pop(1)); "
+             "from mslaunch.__main__ import main; main()")
+    child = subprocess.Popen([sys.executable, "-c", start, where, *words], close_fds=True)
+    return _wait(child)
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """The job's exit status, passing on SIGTERM and SIGHUP meanwhile (main thread
+    only: elsewhere handlers cannot be set)."""
+    import signal
     import threading
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("mslaunch.run() must be called from the main thread (it handles "
-                           "the signals that stop a job)")
-    from .cli import main
-    return main([str(word) for word in argv])
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def forward(signum: int, frame: object) -> None:
+            if signum != signal.SIGINT:     # Ctrl-C reached the job's process group too
+                child.send_signal(signum)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, forward)
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code

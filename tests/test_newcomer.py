@@ -434,18 +434,29 @@ print(" ".join(before), "|", " ".join(fds()), flush=True)
 """
 
 
-def test_run_from_python_shows_library_messages_only_in_the_job_that_asked(tmp_path):
-    program = ("import logging, mslaunch\nfrom mslaunch import liblogs\n"
-               "liblogs.route(['some_library'])\n"
-               "mslaunch.run(['-v', '-v', '-n', '1', 'true'])\n"
-               "logging.getLogger('some_library').warning('after a verbose job')\n"
-               "mslaunch.run(['-n', '1', 'true'])\n"
-               "logging.getLogger('some_library').warning('after a quiet job')\n")
+def test_run_from_python_leaves_the_callers_logging_and_signals_alone(tmp_path):
+    # The job runs in a child process: a -v -v job routes no logger of the caller's, and
+    # the caller's signal handlers are its own again afterwards.
+    program = ("import logging, signal, mslaunch\n"
+               "before = signal.getsignal(signal.SIGTERM)\n"
+               "print(mslaunch.run(['-v', '-v', '-n', '2', 'true']), flush=True)\n"
+               "logging.getLogger('paramiko').warning('the caller still logs')\n"
+               "print(signal.getsignal(signal.SIGTERM) is before, flush=True)\n")
     r = subprocess.run([PY, "-c", program], capture_output=True, timeout=60, env=clean_env(),
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert b"mslaunch: debug: some_library: after a verbose job" in r.stderr
-    assert b"after a quiet job" not in r.stderr, r.stderr
+    assert r.stdout.decode().split() == ["0", "True"], r
+    assert b"\nthe caller still logs\n" in b"\n" + r.stderr, r.stderr
+
+
+def test_run_from_python_passes_sigterm_to_the_job(tmp_path):
+    program = ("import os, signal, threading, mslaunch\n"
+               "threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+               "print(mslaunch.run(['-n', '2', 'sleep', '30']), flush=True)\n")
+    r = subprocess.run([PY, "-c", program], capture_output=True, timeout=60, env=clean_env(),
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split() == ["143"], r
 
 
 def test_run_from_python_leaves_no_descriptor_behind(tmp_path):
