@@ -166,6 +166,15 @@ def test_stacks_and_top_as_a_user_and_refused_to_another(users):
                  "except LaunchError as err:\n    print(err)\n")
         r = other.run(other.python, "-c", probe, sock)
         assert r.stdout.decode().strip() == "cannot reach the job: Permission denied", r
+        # a socket another user can reach (a umask of 0, a directory opened by
+        # hand) still answers only its owner, and says so
+        for path in (owner.home, os.path.dirname(sock)):
+            os.chmod(path, 0o711)
+        os.chmod(sock, 0o777)
+        r = other.run(other.python, "-c", probe, sock)
+        assert r.stdout.decode().strip() == "the job says: it is another user's job", r
+        for path in (owner.home, os.path.dirname(sock)):
+            os.chmod(path, 0o700)
         assert job.poll() is None             # all this left the job running
     finally:
         with open(release, "w"):

@@ -35,7 +35,10 @@ def ask(path: str, request: Dict[str, Any], timeout: float) -> Dict[str, Any]:
     sock.settimeout(timeout)
     try:
         sock.connect(path)
-        sock.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+        except BrokenPipeError:
+            pass        # refused before it read: its reason may be waiting below
         buf = b""
         while not buf.endswith(b"\n"):
             data = sock.recv(1 << 20)
