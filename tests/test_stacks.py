@@ -351,3 +351,37 @@ def test_the_hook_is_invisible_to_the_rank_and_a_sites_own_hook_still_runs(tmp_p
     under, alone = json.loads(r.stdout), json.loads(direct.stdout)
     assert under[:4] == alone[:4] and under[3] == "1"
     assert under[4] is True and alone[4] is False      # armed under mslaunch only
+
+
+def test_a_rank_with_its_own_handler_of_the_signal_is_signalled_once(tmp_path):
+    """A program that handles (or blocks) the hook's signal itself does not dump:
+    after one try it is not sent the signal again, and the report says why."""
+    from mslaunch.machine.pydump import SIGNAL
+    tag = new_tag()
+    runs = tmp_path / "runs"
+    (tmp_path / "own.py").write_text(
+        "import signal, sys, time\n"
+        "def mine(s, f):\n    open(sys.argv[1], 'a').write('x')\n"
+        f"signal.signal({SIGNAL}, mine)\n"
+        "def own_4711():\n    time.sleep(60)\nown_4711()\n")
+    p = start("-n", "1", PY, str(tmp_path / "own.py"), str(runs),
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: len(tagged_pids(tag)) >= 2, 30)
+        time.sleep(1.0)                      # its handler is installed by now
+        first = stacks(p.pid, "--json", "--timeout", "2")
+        assert first.returncode == 0, first.stderr
+        assert wait_for(lambda: runs.exists(), 10)
+        t0 = time.monotonic()
+        again = stacks(p.pid, "--json", "--timeout", "2")
+        assert again.returncode == 0, again.stderr
+        time.sleep(0.5)
+        assert runs.read_text() == "x"       # the program's handler ran once only
+        [entry] = json.loads(again.stdout)["ranks"]
+        assert f"did not answer signal {SIGNAL} before" in entry["note"] \
+            or any("own_4711" in f for f in entry["threads"][0]), entry
+        assert time.monotonic() - t0 < 10
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

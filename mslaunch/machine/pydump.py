@@ -161,14 +161,38 @@ def dump_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{pid}.txt")
 
 
+#: Ranks that did not dump when last signalled, with their dump file's size
+#: then: a rank that blocks :data:`SIGNAL`, or installed its own handler for
+#: it, is not signalled again (its handler is the program's, not ours) until
+#: its file grows (a late dump: it was only slow).
+_deaf: Dict[int, int] = {}
+
+
+def deaf(directory: str, pid: int) -> None:
+    """``pid`` did not dump in time: do not signal it again until it does."""
+    try:
+        _deaf[pid] = os.stat(dump_path(directory, pid)).st_size
+    except OSError:
+        pass
+
+
+def is_deaf(pid: int) -> bool:
+    return pid in _deaf
+
+
 def ask(directory: str, pid: int) -> Optional[int]:
-    """Signal ``pid`` to dump; the dump file's size before, or None if not armed."""
+    """Signal ``pid`` to dump; the dump file's size before, or None if not armed
+    (or it did not answer the last signal, see :data:`_deaf`)."""
     if not armed(pid):
         return None
     try:
         size = os.stat(dump_path(directory, pid)).st_size
     except OSError:
         return None
+    if pid in _deaf:
+        if size <= _deaf[pid]:
+            return None
+        del _deaf[pid]              # its late dump came: it answers after all
     try:
         os.kill(pid, SIGNAL)
     except OSError:

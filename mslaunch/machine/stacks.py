@@ -77,6 +77,10 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                 pending_py[rank] = (pid, offset)
             elif pyspy:
                 queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
+            elif pydump.is_deaf(pid):
+                results[rank]["notes"].append(
+                    f"no Python frames: the rank did not answer signal {pydump.SIGNAL} before "
+                    f"(it blocks it, or handles it itself), so it is not sent again")
             else:
                 results[rank]["notes"].append(
                     "no Python frames: the rank has no mslaunch hook (started with -S or "
@@ -123,9 +127,10 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         proc.stdout.close()
         results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
         results[rank]["late"] = True
-    for rank in pending_py:
+    for rank, (pid, _) in pending_py.items():
         results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
         results[rank]["late"] = True
+        pydump.deaf(dump_dir, pid)  # type: ignore[arg-type]
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
