@@ -385,3 +385,30 @@ def test_a_rank_with_its_own_handler_of_the_signal_is_signalled_once(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def test_a_launcher_that_does_not_answer_is_named_not_called_absent():
+    """A stopped (or hopelessly busy) launcher is this user's job all the same:
+    one line says it did not answer, and that it is stopped."""
+    import tempfile
+    tag = new_tag()
+    own = tempfile.mkdtemp(prefix="msl-")      # this test's jobs alone, to find by no name
+    env = clean_env(MSL_TEST_TAG=tag, TMPDIR=own)
+    env.pop("XDG_RUNTIME_DIR", None)
+    p = start("-n", "1", "sleep", "60", env=env)
+    try:
+        sock = os.path.join(own, f"mslaunch-{os.getuid()}", f"{p.pid}.sock")
+        assert wait_for(lambda: os.path.exists(sock), 30)
+        os.kill(p.pid, signal.SIGSTOP)
+        for args in ((), (str(p.pid),)):
+            r = subprocess.run([PY, STACKS, *args], capture_output=True, timeout=60, env=env)
+            lines = r.stderr.decode().splitlines()
+            assert r.returncode == 1 and len(lines) == 1, r.stderr
+            assert f"job of launcher {p.pid} did not answer in" in lines[0], lines
+            assert f"it is stopped (kill -CONT {p.pid})" in lines[0], lines
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+        shutil.rmtree(own, ignore_errors=True)

@@ -71,6 +71,7 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
     if named:
         sockets = named              # a pid: only that job is asked
     live = []
+    silent: List[Tuple[int, str]] = []
     for pid, path in sockets:
         try:
             live.append((pid, path, ask(path, {"op": "info"}, 5.0)))
@@ -80,9 +81,13 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
                     os.unlink(path)          # its launcher died: nobody listens
                 except OSError:
                     pass
+            else:
+                silent.append((pid, str(err)))
     if name is None:
         if len(live) == 1:
             return live[0][1], live[0][2]
+        if not live and silent:
+            raise LaunchError(_silent(*silent[0]))
         if not live:
             raise LaunchError("no running mslaunch job of this user on this machine")
         jobs = ", ".join(f"{pid} ({info.get('kvsname')})" for pid, _, info in live)
@@ -90,5 +95,21 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
     for pid, path, info in live:
         if name == str(pid) or str(info.get("kvsname", "")).startswith(name):
             return path, info
+    for pid, err in silent:
+        if name == str(pid):
+            raise LaunchError(_silent(pid, err))
     raise LaunchError(f"no running mslaunch job {name!r} of this user on this machine "
                       f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})")
+
+
+def _silent(pid: int, err: str) -> str:
+    """Why the job of launcher ``pid`` could not be asked, and whether it is stopped."""
+    lead = "the job did not answer"
+    text = (f"the job of launcher {pid}{err[len('the job'):]}" if err.startswith(lead)
+            else f"the job of launcher {pid}: {err}")
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stopped = f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        stopped = False
+    return text + (f": it is stopped (kill -CONT {pid})" if stopped else "")
