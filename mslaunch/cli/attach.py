@@ -89,7 +89,8 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
         if not live and silent:
             raise LaunchError(_silent(*silent[0]))
         if not live:
-            raise LaunchError("no running mslaunch job of this user on this machine")
+            raise LaunchError("no running mslaunch job of this user on this machine"
+                              + _without_socket())
         jobs = ", ".join(f"{pid} ({info.get('kvsname')})" for pid, _, info in live)
         raise LaunchError(f"{len(live)} jobs run; name one by its launcher pid or job id: {jobs}")
     for pid, path, info in live:
@@ -99,7 +100,8 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
         if name == str(pid):
             raise LaunchError(_silent(pid, err))
     raise LaunchError(f"no running mslaunch job {name!r} of this user on this machine "
-                      f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})")
+                      f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})"
+                      + _without_socket(name))
 
 
 def _silent(pid: int, err: str) -> str:
@@ -113,3 +115,37 @@ def _silent(pid: int, err: str) -> str:
     except (OSError, IndexError):
         stopped = False
     return text + (f": it is stopped (kill -CONT {pid})" if stopped else "")
+
+
+def _without_socket(name: Optional[str] = None) -> str:
+    """Which launchers of this user run here without a control socket (the msrun
+    mode, ``--mpi openmpi``), said after a search found no job."""
+    uid, found = os.getuid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (name is not None and entry != name):
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode("utf-8", "replace").split("\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if "mslaunch" in argv[1:3] and argv[argv.index("mslaunch") - 1] == "-m" \
+                or os.path.basename(argv[1] if len(argv) > 1 else "") == "mslaunch":
+            found[int(entry)] = (ppid, argv)
+    said = []
+    for pid, (ppid, argv) in sorted(found.items()):
+        if found.get(ppid, (0, None))[1] == argv:
+            continue                 # the launcher's own guard
+        mode = ("--mpi openmpi" if "--mpi=openmpi" in argv or any(
+            a == "--mpi" and b == "openmpi" for a, b in zip(argv, argv[1:]))
+                else "msrun mode" if any(a.startswith("--worker_num") for a in argv)
+                else "")
+        said.append(f"{pid}{' (' + mode + ')' if mode else ''}")
+    if not said:
+        return ""
+    return (f"; {', '.join(said[:5])} run mslaunch with no control socket (the msrun "
+            f"mode and --mpi openmpi have none, a job has none until it starts)")
