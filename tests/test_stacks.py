@@ -434,3 +434,17 @@ def test_a_job_without_a_control_socket_is_named_in_one_line(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def test_a_job_that_never_looks_imports_nothing_for_looking():
+    """``mslaunch -n 1 true`` pays for no stack reader, no report and no module a
+    successful start does not need (shlex is only for error messages)."""
+    r = subprocess.run([PY, "-X", "importtime", "-m", "mslaunch", "-n", "1", "true"],
+                       capture_output=True, timeout=60, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    names = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+             if line.startswith("import time:")}
+    for name in ("shlex", "json", "mslaunch.job.inspect", "mslaunch.job.stall",
+                 "mslaunch.stacktree", "mslaunch.machine.stacks", "mslaunch.machine.native",
+                 "mslaunch.cli.attach", "subprocess"):
+        assert name not in names, name
