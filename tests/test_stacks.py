@@ -448,3 +448,26 @@ def test_a_job_that_never_looks_imports_nothing_for_looking():
                  "mslaunch.stacktree", "mslaunch.machine.stacks", "mslaunch.machine.native",
                  "mslaunch.cli.attach", "subprocess"):
         assert name not in names, name
+
+
+def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
+    """faulthandler writes 100 threads at most, newest first: the main thread of a
+    rank with 300 is read on its own, and comes first."""
+    tag = new_tag()
+    (tmp_path / "threads.py").write_text(
+        "import threading, time\n"
+        "def worker_4711():\n    time.sleep(120)\n"
+        "for _ in range(300):\n"
+        "    threading.Thread(target=worker_4711, daemon=True).start()\n"
+        "print('started', flush=True)\n"
+        "def main_of_many_4711():\n    time.sleep(120)\nmain_of_many_4711()\n")
+    p = start("-n", "1", PY, str(tmp_path / "threads.py"), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: len(main_frames(d, 0)) > 0
+                     and len(d["ranks"][0]["threads"]) >= 100, timeout=60)
+        assert any("main_of_many_4711 (" in f for f in main_frames(data, 0)), data["ranks"][0]
+        assert "main thread read on its own" in data["ranks"][0]["note"], data["ranks"][0]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

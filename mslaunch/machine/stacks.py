@@ -90,7 +90,10 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
             results[rank]["notes"].append("no native frames under Python: install elfutils "
                                           "(eu-stack), which stops a rank for milliseconds")
         elif reader is not None:
-            queue.append((rank, "native", reader + [str(pid)]))
+            # under a Python dump only the main thread's native frames are shown:
+            # the others are not walked (a rank of hundreds of threads takes seconds)
+            one = ["-1"] if rank in pending_py and reader[0].endswith("eu-stack") else []
+            queue.append((rank, "native", reader[:1] + one + reader[1:] + [str(pid)]))
     if reader is None and want_native:
         for r in results.values():
             r["notes"].append("no native frames: neither eu-stack (elfutils) nor gdb is installed")
@@ -117,9 +120,9 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
             if text is not None:
                 time.sleep(0.005)          # a dump is written in one go: see it whole
                 if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
-                    results[rank]["py"] = text
                     del pending_py[rank]
                     pydump.consumed(dump_dir, pid)  # type: ignore[arg-type]
+                    _python_dump(results[rank], text, dump_dir, pending_py, rank)
         time.sleep(0.005)
     for rank, kind, proc in running:
         proc.kill()
@@ -137,6 +140,26 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     return {rank: _combine(r) for rank, r in results.items()}
 
 
+def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
+                 pending: Dict[int, Tuple[int, int]], rank: int) -> None:
+    """Keep a rank's dump; when it stopped at faulthandler's limit of threads
+    (the main thread is the oldest, so missing), ask for the main thread alone."""
+    if r["py"] is not None:
+        r["py_main"] = text
+        r["notes"].append(f"more than {pydump.MAX_THREADS} threads: the first "
+                          f"{pydump.MAX_THREADS} and the main thread read on its own")
+        return
+    r["py"] = text
+    if pydump.truncated(text) and dump_dir:
+        offset = pydump.ask(dump_dir, r["pid"], pydump.MAIN_SIGNAL)
+        if offset is not None:
+            pending[rank] = (r["pid"], offset)
+            return
+    if pydump.truncated(text):
+        r["notes"].append(f"more than {pydump.MAX_THREADS} threads: the first "
+                          f"{pydump.MAX_THREADS} only, perhaps not the main thread")
+
+
 def _which(name: str) -> Optional[str]:
     import shutil
     found = shutil.which(name)
@@ -152,6 +175,8 @@ def _combine(r: Dict[str, Any]) -> Dict[str, Any]:
     threads: List[Tuple[str, ...]] = []
     if r["py"] is not None:
         threads = pydump.parse(r["py"])
+        if r.get("py_main"):
+            threads = pydump.parse(r["py_main"])[:1] + threads
     elif r.get("pyspy") is not None:
         threads = _pyspy_threads(r["pyspy"], notes)
     nat = r["native"]
