@@ -471,3 +471,27 @@ def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def test_a_rank_that_is_a_shell_script_running_python_shows_pythons_frames(tmp_path):
+    """The rank is ``sh``, waiting for its Python child, which has
+    no hook (only Python ranks are given it): py-spy reads it; its frames are
+    the rank's, and the report says whose."""
+    from mslaunch.machine.stacks import _which
+    require(_which("py-spy") is not None, "py-spy (pip install 'mslaunch[stacks]')")
+    tag = new_tag()
+    (tmp_path / "inner.py").write_text("import time\ndef under_sh_4711():\n"
+                                       "    time.sleep(60)\nunder_sh_4711()\n")
+    script = tmp_path / "run.sh"
+    script.write_text(f"#!/bin/sh\n{PY} {tmp_path / 'inner.py'}\necho done\n")
+    script.chmod(0o755)
+    p = start("-n", "1", str(script), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: any("under_sh_4711" in f for f in main_frames(d, 0)),
+                     timeout=30)
+        assert any("under_sh_4711 (" in f for f in main_frames(data, 0)), data
+        assert "Python frames of its child" in data["ranks"][0]["note"], data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

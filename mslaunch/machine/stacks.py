@@ -29,6 +29,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
+#: Programs that run a rank's real program as their child (a shell script, a
+#: pinning or timing wrapper): a Python child of theirs is read in their place.
+WRAPPERS = ("sh", "dash", "bash", "zsh", "ksh", "busybox", "env", "timeout", "nice",
+            "numactl", "taskset", "stdbuf", "chrt", "time", "setsid")
 #: Readers run at once on one machine at most (each a process of its own).
 PARALLEL = 16
 
@@ -39,6 +43,32 @@ def is_python(pid: int) -> bool:
     except OSError:
         return False
     return exe.startswith("python") or exe.startswith("pypy")
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return "?"
+
+
+def python_child(pid: int, depth: int = 3) -> Optional[int]:
+    """The first Python process under ``pid``, a few generations down (a rank that
+    is a shell script running python: its hook ran if the script passed it
+    ``PYTHONPATH``, else py-spy reads it); None if there is none."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return None
+    for child in children:
+        if is_python(child):
+            return child
+    for child in children if depth > 1 else ():
+        found = python_child(child, depth - 1)
+        if found is not None:
+            return found
+    return None
 
 
 def proc_state(pid: int) -> str:
@@ -64,8 +94,15 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     for rank, pid in ranks.items():
         state = proc_state(pid)
         python = is_python(pid)
+        notes: List[str] = []
+        if state and not python and _exe(pid) in WRAPPERS:
+            child = python_child(pid)
+            if child is not None:       # a shell script running python: read that
+                notes.append(f"Python frames of its child {child} (the rank is "
+                             f"{_exe(pid)}, which waits for it)")
+                pid, python, state = child, True, proc_state(child)
         results[rank] = {"pid": pid, "state": state, "python": python, "py": None,
-                         "native": None, "notes": []}
+                         "native": None, "notes": notes}
         if not state or state == "Z":
             results[rank]["notes"].append("the process has ended")
             continue
