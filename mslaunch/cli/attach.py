@@ -96,9 +96,9 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
     for pid, path, info in live:
         if name == str(pid) or str(info.get("kvsname", "")).startswith(name):
             return path, info
-    for pid, err in silent:
+    for pid, why in silent:
         if name == str(pid):
-            raise LaunchError(_silent(pid, err))
+            raise LaunchError(_silent(pid, why))
     raise LaunchError(f"no running mslaunch job {name!r} of this user on this machine "
                       f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})"
                       + _without_socket(name))
