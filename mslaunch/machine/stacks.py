@@ -92,36 +92,15 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     reader = native.tool() if want_native else None
     queue: List[Tuple[int, str, List[str]]] = []     # (rank, kind, argv)
     for rank, pid in ranks.items():
-        state = proc_state(pid)
-        python = is_python(pid)
-        notes: List[str] = []
-        if state and not python and _exe(pid) in WRAPPERS:
-            child = python_child(pid)
-            if child is not None:       # a shell script running python: read that
-                notes.append(f"Python frames of its child {child} (the rank is "
-                             f"{_exe(pid)}, which waits for it)")
-                pid, python, state = child, True, proc_state(child)
-        results[rank] = {"pid": pid, "state": state, "python": python, "py": None,
-                         "native": None, "notes": notes}
+        results[rank] = _entry(pid)
+        pid, state, python = (results[rank][k] for k in ("pid", "state", "python"))
         if not state or state == "Z":
             results[rank]["notes"].append("the process has ended")
             continue
         if state == "T":
             results[rank]["notes"].append("the process is stopped (SIGSTOP)")
         if python:
-            offset = pydump.ask(dump_dir, pid) if dump_dir else None
-            if offset is not None:
-                pending_py[rank] = (pid, offset)
-            elif pyspy:
-                queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
-            elif pydump.is_deaf(pid):
-                results[rank]["notes"].append(
-                    f"no Python frames: the rank did not answer signal {pydump.SIGNAL} before "
-                    f"(it blocks it, or handles it itself), so it is not sent again")
-            else:
-                results[rank]["notes"].append(
-                    "no Python frames: the rank has no mslaunch hook (started with -S or "
-                    "-I, or not as python) and py-spy is not installed")
+            _ask_python(rank, results[rank], dump_dir, pyspy, pending_py, queue)
         if reader is not None and python and rank in pending_py and "gdb" in reader[0]:
             # gdb would stop the rank for about a second; its Python frames suffice
             results[rank]["notes"].append("no native frames under Python: install elfutils "
@@ -175,6 +154,41 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
     return {rank: _combine(r) for rank, r in results.items()}
+
+
+def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Optional[str],
+                pending: Dict[int, Tuple[int, int]],
+                queue: List[Tuple[int, str, List[str]]]) -> None:
+    """Ask a Python rank for its dump, else queue py-spy, else say why there is none."""
+    pid = r["pid"]
+    offset = pydump.ask(dump_dir, pid) if dump_dir else None
+    if offset is not None:
+        pending[rank] = (pid, offset)
+    elif pyspy:
+        queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
+    elif pydump.is_deaf(pid):
+        r["notes"].append(f"no Python frames: the rank did not answer signal {pydump.SIGNAL} "
+                          f"before (it blocks it, or handles it itself), so it is not sent "
+                          f"again")
+    else:
+        r["notes"].append("no Python frames: the rank has no mslaunch hook (started with -S "
+                          "or -I, or not as python) and py-spy is not installed")
+
+
+def _entry(pid: int) -> Dict[str, Any]:
+    """What :func:`read` gathers of one rank, to begin with (a wrapper's Python
+    child in its place)."""
+    state = proc_state(pid)
+    python = is_python(pid)
+    notes: List[str] = []
+    if state and not python and _exe(pid) in WRAPPERS:
+        child = python_child(pid)
+        if child is not None:       # a shell script running python: read that
+            notes.append(f"Python frames of its child {child} (the rank is "
+                         f"{_exe(pid)}, which waits for it)")
+            pid, python, state = child, True, proc_state(child)
+    return {"pid": pid, "state": state, "python": python, "py": None, "native": None,
+            "notes": notes}
 
 
 def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
