@@ -495,3 +495,29 @@ def test_a_rank_that_is_a_shell_script_running_python_shows_pythons_frames(tmp_p
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def test_looks_at_once_each_get_python_frames_and_leave_none_unread(tmp_path):
+    """Several mslaunch-stacks at the same moment share the ranks' dump files: each
+    gets the Python frames, and none leaves a rank unread for the next look."""
+    tag = new_tag()
+    (tmp_path / "idle.py").write_text("import time\ndef idle_4712():\n    time.sleep(90)\n"
+                                      "idle_4712()\n")
+    p = start("-n", "2", PY, str(tmp_path / "idle.py"), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        until(p.pid, lambda d: all(any("idle_4712" in f for f in main_frames(d, r))
+                                   for r in (0, 1)))
+        for _ in range(3):
+            looks = [subprocess.Popen([PY, STACKS, str(p.pid), "--json", "--timeout", "3"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=clean_env()) for _ in range(4)]
+            for look in looks:
+                out, err = look.communicate(timeout=60)
+                assert look.returncode == 0, err
+                data = json.loads(out)
+                for r in (0, 1):
+                    assert any("idle_4712 (" in f for f in main_frames(data, r)), data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

@@ -175,12 +175,34 @@ def dump_path(directory: str, pid: int) -> str:
 _deaf: Dict[int, int] = {}
 
 
-def deaf(directory: str, pid: int) -> None:
-    """``pid`` did not dump in time: do not signal it again until it does."""
+#: Reads of each rank's dump under way in this process (looks at once: two
+#: mslaunch-stacks, a stall sample and a timeout): its file is emptied, and the
+#: rank called deaf, only by a read that is alone.
+_reading: Dict[int, int] = {}
+
+
+def begin(pid: int) -> None:
+    _reading[pid] = _reading.get(pid, 0) + 1
+
+
+def done(directory: str, pid: int, offset: int, answered: bool) -> None:
+    """A read of ``pid``'s dump asked at ``offset`` ends; ``answered`` or not."""
+    alone = _reading.get(pid, 1) <= 1
+    if _reading.get(pid, 1) <= 1:
+        _reading.pop(pid, None)
+    else:
+        _reading[pid] -= 1
+    if not alone:
+        return
+    if answered:
+        consumed(directory, pid)
+        return
     try:
-        _deaf[pid] = os.stat(dump_path(directory, pid)).st_size
+        size = os.stat(dump_path(directory, pid)).st_size
     except OSError:
-        pass
+        return
+    if size == offset:          # nothing written since the signal: it did not answer
+        _deaf[pid] = size
 
 
 def is_deaf(pid: int) -> bool:
@@ -204,6 +226,7 @@ def ask(directory: str, pid: int, signum: int = SIGNAL) -> Optional[int]:
         os.kill(pid, signum)
     except OSError:
         return None
+    begin(pid)
     return size
 
 

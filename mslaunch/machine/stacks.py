@@ -137,7 +137,7 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                 time.sleep(0.005)          # a dump is written in one go: see it whole
                 if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
                     del pending_py[rank]
-                    pydump.consumed(dump_dir, pid)  # type: ignore[arg-type]
+                    pydump.done(dump_dir, pid, offset, True)  # type: ignore[arg-type]
                     _python_dump(results[rank], text, dump_dir, pending_py, rank)
         time.sleep(0.005)
     for rank, kind, proc in running:
@@ -146,10 +146,10 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         proc.stdout.close()
         results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
         results[rank]["late"] = True
-    for rank, (pid, _) in pending_py.items():
+    for rank, (pid, offset) in pending_py.items():
         results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
         results[rank]["late"] = True
-        pydump.deaf(dump_dir, pid)  # type: ignore[arg-type]
+        pydump.done(dump_dir, pid, offset, False)  # type: ignore[arg-type]
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
