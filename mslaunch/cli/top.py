@@ -64,8 +64,8 @@ def render(answer: Dict[str, Any], width: int = 120) -> List[str]:
     if events:
         lines.append("timeline (seconds since the job started):")
         for when, text in events[-10:]:
-            lines.append(f"  {when:+9.3f}  {text}"[:width])
-    return lines
+            lines.append(f"  {when:+9.3f}  {text}")
+    return [line[:width] for line in lines]   # a wrapped line would push the rest down
 
 
 def _parse(args: List[str]):
@@ -108,12 +108,17 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _live(path: str, interval: float, ask) -> int:
     """Redraw in place until the job ends or q is pressed."""
-    import select
+    import signal
     import termios
     import tty
     fd = sys.stdin.fileno() if sys.stdin.isatty() else None
     saved = termios.tcgetattr(fd) if fd is not None else None
     out = sys.stdout
+    # a new terminal size wakes the wait below (SIGWINCH's byte on a pipe): the
+    # last answer is drawn again at once, at the new size
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    old_wake = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    old_winch = signal.signal(signal.SIGWINCH, lambda *_: None)
     out.write("\x1b[?1049h\x1b[?25l")          # the alternate screen, no cursor
     try:
         if fd is not None:
@@ -127,20 +132,42 @@ def _live(path: str, interval: float, ask) -> int:
                     out.write("mslaunch-top: the job has ended\n")
                     return 0
                 raise
-            size = os.get_terminal_size(out.fileno())
-            lines = render(answer, size.columns)[:size.lines - 1]
-            out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
-            out.flush()
             deadline = time.monotonic() + interval
-            while (left := deadline - time.monotonic()) > 0:
-                ready = select.select([fd] if fd is not None else [], [], [], left)[0]
-                if ready and os.read(fd, 1) in (b"q", b"Q", b"\x03"):  # type: ignore[arg-type]
+            resized: Optional[bool] = True
+            while resized:
+                size = os.get_terminal_size(out.fileno())
+                lines = render(answer, size.columns)[:size.lines - 1]
+                out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+                out.flush()
+                resized = _wait(fd, wake_r, deadline)
+                if resized is None:
                     return 0
     finally:
+        signal.signal(signal.SIGWINCH, old_winch)
+        signal.set_wakeup_fd(old_wake)
+        os.close(wake_r)
+        os.close(wake_w)
         if saved is not None:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)  # type: ignore[arg-type]
         out.write("\x1b[?1049l\x1b[?25h")
         out.flush()
+
+
+def _wait(fd: Optional[int], wake: int, deadline: float) -> Optional[bool]:
+    """Until ``deadline``: True when the terminal was resized meanwhile, False at
+    the deadline, None when q (or Ctrl-C) was pressed."""
+    import select
+    while (left := deadline - time.monotonic()) > 0:
+        ready = select.select([wake] + ([fd] if fd is not None else []), [], [], left)[0]
+        if wake in ready:
+            try:
+                os.read(wake, 64)
+            except BlockingIOError:
+                pass
+            return True
+        if fd is not None and fd in ready and os.read(fd, 1) in (b"q", b"Q", b"\x03"):
+            return None
+    return False
 
 
 if __name__ == "__main__":

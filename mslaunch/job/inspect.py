@@ -197,6 +197,11 @@ class Inspector:
             except OSError:
                 uid = -1
             if uid != os.getuid() and os.getuid() != 0:
+                try:        # one line, so that the refused knows why (never waited for)
+                    conn.setblocking(False)
+                    conn.send(b'{"error": "it is another user\'s job"}\n')
+                except OSError:
+                    pass
                 conn.close()
                 continue
             conn.setblocking(False)

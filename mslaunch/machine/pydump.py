@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 #: The signal the ranks' faulthandler answers: real-time, so no program or
 #: MPI library uses it already (SIGRTMAX - 7 on Linux).
 SIGNAL = 57
+#: The signal that dumps only the thread that takes it (the main thread, as the
+#: kernel prefers it): read when a rank has more threads than faulthandler
+#: writes (:data:`MAX_THREADS`), which it lists newest first.
+MAIN_SIGNAL = SIGNAL - 1
+#: faulthandler's limit of threads in one dump (then a line "...").
+MAX_THREADS = 100
 #: The variable that arms the hook: ``DIR|SIGNAL|TRACER_PID|HAD_PYTHONPATH``.
 VARIABLE = "MSLAUNCH_STACKS"
 
@@ -56,6 +62,7 @@ def _arm():
         fd = os.open(os.path.join(spec[0], "%d.txt" % os.getpid()),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         faulthandler.register(int(spec[1]), file=fd, all_threads=True, chain=False)
+        faulthandler.register(int(spec[1]) - 1, file=fd, all_threads=False, chain=False)
     except (OSError, ValueError, RuntimeError):
         return
     try:
@@ -145,13 +152,13 @@ def rank_env(directory: str, env: Mapping[str, str], tracer: int) -> Dict[str, s
             VARIABLE: f"{directory}|{SIGNAL}|{tracer}|{0 if old is None else 1}"}
 
 
-def armed(pid: int) -> bool:
-    """Whether ``pid`` catches :data:`SIGNAL` (its hook ran): only then may it be sent."""
+def armed(pid: int, signum: int = SIGNAL) -> bool:
+    """Whether ``pid`` catches ``signum`` (its hook ran): only then may it be sent."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
                 if line.startswith(b"SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (SIGNAL - 1) & 1)
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     except (OSError, ValueError):
         pass
     return False
@@ -161,18 +168,65 @@ def dump_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{pid}.txt")
 
 
-def ask(directory: str, pid: int) -> Optional[int]:
-    """Signal ``pid`` to dump; the dump file's size before, or None if not armed."""
-    if not armed(pid):
+#: Ranks that did not dump when last signalled, with their dump file's size
+#: then: a rank that blocks :data:`SIGNAL`, or installed its own handler for
+#: it, is not signalled again (its handler is the program's, not ours) until
+#: its file grows (a late dump: it was only slow).
+_deaf: Dict[int, int] = {}
+
+
+#: Reads of each rank's dump under way in this process (looks at once: two
+#: mslaunch-stacks, a stall sample and a timeout): its file is emptied, and the
+#: rank called deaf, only by a read that is alone.
+_reading: Dict[int, int] = {}
+
+
+def begin(pid: int) -> None:
+    _reading[pid] = _reading.get(pid, 0) + 1
+
+
+def done(directory: str, pid: int, offset: int, answered: bool) -> None:
+    """A read of ``pid``'s dump asked at ``offset`` ends; ``answered`` or not."""
+    alone = _reading.get(pid, 1) <= 1
+    if _reading.get(pid, 1) <= 1:
+        _reading.pop(pid, None)
+    else:
+        _reading[pid] -= 1
+    if not alone:
+        return
+    if answered:
+        consumed(directory, pid)
+        return
+    try:
+        size = os.stat(dump_path(directory, pid)).st_size
+    except OSError:
+        return
+    if size == offset:          # nothing written since the signal: it did not answer
+        _deaf[pid] = size
+
+
+def is_deaf(pid: int) -> bool:
+    return pid in _deaf
+
+
+def ask(directory: str, pid: int, signum: int = SIGNAL) -> Optional[int]:
+    """Signal ``pid`` to dump; the dump file's size before, or None if not armed
+    (or it did not answer the last signal, see :data:`_deaf`)."""
+    if not armed(pid, signum):
         return None
     try:
         size = os.stat(dump_path(directory, pid)).st_size
     except OSError:
         return None
+    if pid in _deaf:
+        if size <= _deaf[pid]:
+            return None
+        del _deaf[pid]              # its late dump came: it answers after all
     try:
-        os.kill(pid, SIGNAL)
+        os.kill(pid, signum)
     except OSError:
         return None
+    begin(pid)
     return size
 
 
@@ -205,7 +259,7 @@ def parse(text: str) -> List[Tuple[str, ...]]:
     thread (listed last: the oldest) first."""
     threads: List[List[str]] = []
     for line in text.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent")):
             threads.append([])
         elif line.startswith("  File ") and threads:
             # '  File "path", line N in func'
@@ -215,9 +269,15 @@ def parse(text: str) -> List[Tuple[str, ...]]:
             if path.startswith("<frozen importlib"):
                 continue            # the import system's own frames, as tracebacks hide them
             threads[-1].append(f"{func} ({os.path.basename(path)}:{num})")
-        elif line.strip() == "..." and threads:
-            threads[-1].append("...")
+        elif line == "  ..." and threads:
+            threads[-1].append("...")          # a thread deeper than faulthandler writes
     ordered = [tuple(reversed(t)) for t in threads if t]
-    if len(ordered) > 1:
+    if len(ordered) > 1 and not truncated(text):
         ordered = [ordered[-1]] + ordered[:-1]
     return ordered
+
+
+def truncated(text: str) -> bool:
+    """Whether a dump stopped at faulthandler's limit of threads (the oldest, the
+    main thread, is then missing)."""
+    return text.endswith("\n...\n")

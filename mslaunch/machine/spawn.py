@@ -81,19 +81,17 @@ def _interpreter_problem(path: str, program: str) -> Optional[str]:
             head = f.read(256)
     except OSError:
         return None
-    import shlex
-    word = shlex.quote(program)
     if not head.startswith(b"#!"):
         if program.endswith(".py") and not head.startswith(b"\x7fELF"):
             # The kernel refuses it (ENOEXEC); only a shell would try it, as sh.
             return (f"has no '#!' line to run it with: add '#!/usr/bin/env python3' as its "
-                    f"first line, or name python (mslaunch [options] python {word})")
+                    f"first line, or name python (mslaunch [options] python {_quote(program)})")
         return None
     line = head[2:].split(b"\n", 1)[0]
     if line.endswith(b"\r"):
         # The kernel looks for an interpreter whose name ends in CR: "No such file".
         return (f"has a '#!' line ending in a carriage return (Windows line ends): "
-                f"convert it (dos2unix {word}) or name its interpreter")
+                f"convert it (dos2unix {_quote(program)}) or name its interpreter")
     line = line.strip()
     if not line:
         return "has an empty '#!' line"
@@ -101,6 +99,11 @@ def _interpreter_problem(path: str, program: str) -> Optional[str]:
     if not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
         return f"names the interpreter {interpreter!r} in its '#!' line, which does not exist"
     return None
+
+
+def _quote(word: str) -> str:
+    import shlex            # for error messages only: a job that starts never pays for it
+    return shlex.quote(word)
 
 
 def _why_not_found(program: str, cwd: str) -> str:

@@ -29,6 +29,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
+#: Programs that run a rank's real program as their child (a shell script, a
+#: pinning or timing wrapper): a Python child of theirs is read in their place.
+WRAPPERS = ("sh", "dash", "bash", "zsh", "ksh", "busybox", "env", "timeout", "nice",
+            "numactl", "taskset", "stdbuf", "chrt", "time", "setsid")
 #: Readers run at once on one machine at most (each a process of its own).
 PARALLEL = 16
 
@@ -39,6 +43,32 @@ def is_python(pid: int) -> bool:
     except OSError:
         return False
     return exe.startswith("python") or exe.startswith("pypy")
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return "?"
+
+
+def python_child(pid: int, depth: int = 3) -> Optional[int]:
+    """The first Python process under ``pid``, a few generations down (a rank that
+    is a shell script running python: its hook ran if the script passed it
+    ``PYTHONPATH``, else py-spy reads it); None if there is none."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return None
+    for child in children:
+        if is_python(child):
+            return child
+    for child in children if depth > 1 else ():
+        found = python_child(child, depth - 1)
+        if found is not None:
+            return found
+    return None
 
 
 def proc_state(pid: int) -> str:
@@ -62,31 +92,24 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     reader = native.tool() if want_native else None
     queue: List[Tuple[int, str, List[str]]] = []     # (rank, kind, argv)
     for rank, pid in ranks.items():
-        state = proc_state(pid)
-        python = is_python(pid)
-        results[rank] = {"pid": pid, "state": state, "python": python, "py": None,
-                         "native": None, "notes": []}
+        results[rank] = _entry(pid)
+        pid, state, python = (results[rank][k] for k in ("pid", "state", "python"))
         if not state or state == "Z":
             results[rank]["notes"].append("the process has ended")
             continue
         if state == "T":
             results[rank]["notes"].append("the process is stopped (SIGSTOP)")
         if python:
-            offset = pydump.ask(dump_dir, pid) if dump_dir else None
-            if offset is not None:
-                pending_py[rank] = (pid, offset)
-            elif pyspy:
-                queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
-            else:
-                results[rank]["notes"].append(
-                    "no Python frames: the rank has no mslaunch hook (started with -S or "
-                    "-I, or not as python) and py-spy is not installed")
+            _ask_python(rank, results[rank], dump_dir, pyspy, pending_py, queue)
         if reader is not None and python and rank in pending_py and "gdb" in reader[0]:
             # gdb would stop the rank for about a second; its Python frames suffice
             results[rank]["notes"].append("no native frames under Python: install elfutils "
                                           "(eu-stack), which stops a rank for milliseconds")
         elif reader is not None:
-            queue.append((rank, "native", reader + [str(pid)]))
+            # under a Python dump only the main thread's native frames are shown:
+            # the others are not walked (a rank of hundreds of threads takes seconds)
+            one = ["-1"] if rank in pending_py and reader[0].endswith("eu-stack") else []
+            queue.append((rank, "native", reader[:1] + one + reader[1:] + [str(pid)]))
     if reader is None and want_native:
         for r in results.values():
             r["notes"].append("no native frames: neither eu-stack (elfutils) nor gdb is installed")
@@ -113,9 +136,9 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
             if text is not None:
                 time.sleep(0.005)          # a dump is written in one go: see it whole
                 if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
-                    results[rank]["py"] = text
                     del pending_py[rank]
-                    pydump.consumed(dump_dir, pid)  # type: ignore[arg-type]
+                    pydump.done(dump_dir, pid, offset, True)  # type: ignore[arg-type]
+                    _python_dump(results[rank], text, dump_dir, pending_py, rank)
         time.sleep(0.005)
     for rank, kind, proc in running:
         proc.kill()
@@ -123,13 +146,69 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         proc.stdout.close()
         results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
         results[rank]["late"] = True
-    for rank in pending_py:
+    for rank, (pid, offset) in pending_py.items():
         results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
         results[rank]["late"] = True
+        pydump.done(dump_dir, pid, offset, False)  # type: ignore[arg-type]
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
     return {rank: _combine(r) for rank, r in results.items()}
+
+
+def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Optional[str],
+                pending: Dict[int, Tuple[int, int]],
+                queue: List[Tuple[int, str, List[str]]]) -> None:
+    """Ask a Python rank for its dump, else queue py-spy, else say why there is none."""
+    pid = r["pid"]
+    offset = pydump.ask(dump_dir, pid) if dump_dir else None
+    if offset is not None:
+        pending[rank] = (pid, offset)
+    elif pyspy:
+        queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
+    elif pydump.is_deaf(pid):
+        r["notes"].append(f"no Python frames: the rank did not answer signal {pydump.SIGNAL} "
+                          f"before (it blocks it, or handles it itself), so it is not sent "
+                          f"again")
+    else:
+        r["notes"].append("no Python frames: the rank has no mslaunch hook (started with -S "
+                          "or -I, or not as python) and py-spy is not installed")
+
+
+def _entry(pid: int) -> Dict[str, Any]:
+    """What :func:`read` gathers of one rank, to begin with (a wrapper's Python
+    child in its place)."""
+    state = proc_state(pid)
+    python = is_python(pid)
+    notes: List[str] = []
+    if state and not python and _exe(pid) in WRAPPERS:
+        child = python_child(pid)
+        if child is not None:       # a shell script running python: read that
+            notes.append(f"Python frames of its child {child} (the rank is "
+                         f"{_exe(pid)}, which waits for it)")
+            pid, python, state = child, True, proc_state(child)
+    return {"pid": pid, "state": state, "python": python, "py": None, "native": None,
+            "notes": notes}
+
+
+def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
+                 pending: Dict[int, Tuple[int, int]], rank: int) -> None:
+    """Keep a rank's dump; when it stopped at faulthandler's limit of threads
+    (the main thread is the oldest, so missing), ask for the main thread alone."""
+    if r["py"] is not None:
+        r["py_main"] = text
+        r["notes"].append(f"more than {pydump.MAX_THREADS} threads: the first "
+                          f"{pydump.MAX_THREADS} and the main thread read on its own")
+        return
+    r["py"] = text
+    if pydump.truncated(text) and dump_dir:
+        offset = pydump.ask(dump_dir, r["pid"], pydump.MAIN_SIGNAL)
+        if offset is not None:
+            pending[rank] = (r["pid"], offset)
+            return
+    if pydump.truncated(text):
+        r["notes"].append(f"more than {pydump.MAX_THREADS} threads: the first "
+                          f"{pydump.MAX_THREADS} only, perhaps not the main thread")
 
 
 def _which(name: str) -> Optional[str]:
@@ -147,6 +226,8 @@ def _combine(r: Dict[str, Any]) -> Dict[str, Any]:
     threads: List[Tuple[str, ...]] = []
     if r["py"] is not None:
         threads = pydump.parse(r["py"])
+        if r.get("py_main"):
+            threads = pydump.parse(r["py_main"])[:1] + threads
     elif r.get("pyspy") is not None:
         threads = _pyspy_threads(r["pyspy"], notes)
     nat = r["native"]
