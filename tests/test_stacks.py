@@ -463,7 +463,9 @@ def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
         "def main_of_many_4711():\n    time.sleep(120)\nmain_of_many_4711()\n")
     p = start("-n", "1", PY, str(tmp_path / "threads.py"), env=clean_env(MSL_TEST_TAG=tag))
     try:
-        data = until(p.pid, lambda d: len(main_frames(d, 0)) > 0
+        # (until the rank has started its threads and entered its own function: a look
+        # while it still starts them finds it elsewhere)
+        data = until(p.pid, lambda d: any("main_of_many_4711 (" in f for f in main_frames(d, 0))
                      and len(d["ranks"][0]["threads"]) >= 100, timeout=60)
         assert any("main_of_many_4711 (" in f for f in main_frames(data, 0)), data["ranks"][0]
         assert "main thread read on its own" in data["ranks"][0]["note"], data["ranks"][0]
