@@ -116,6 +116,20 @@ def test_a_rank_that_exits_without_finalize_fails_the_job_named(ompi):
         r.stderr
 
 
+def test_a_job_of_mpich_and_open_mpi_ranks_fails_named_instead_of_hanging():
+    # Each side waits in its own process manager for ranks that never come.
+    python = _open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+    tag = new_tag()
+    try:
+        r = run("-n", "1", PY, RANKS, "show", ":", "-n", "1", python, RANKS, "show",
+                timeout=60, env=clean_env(MSL_TEST_TAG=tag))
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 1, r.stderr
+    assert b"rank 0" in r.stderr and b"rank 1" in r.stderr and b"one MPI" in r.stderr, r.stderr
+
+
 def test_without_a_pmix_library_the_job_is_refused_with_the_fix(ompi):
     r = _run(ompi, "-n", "2", "show", MSLAUNCH_PMIX_LIBRARY="/nonexistent/libpmix.so.2")
     assert r.returncode == 1, r.stderr
