@@ -130,6 +130,15 @@ def test_a_job_of_mpich_and_open_mpi_ranks_fails_named_instead_of_hanging():
     assert b"rank 0" in r.stderr and b"rank 1" in r.stderr and b"one MPI" in r.stderr, r.stderr
 
 
+def test_a_one_rank_open_mpi_job_launched_by_a_rank_runs_as_a_singleton(ompi):
+    # The inner launch serves no PMIx to one rank; nothing of the outer one's
+    # (its direct-launch hint included) may make Open MPI 4 look for a server.
+    r = _run(ompi, "-n", "2", PY, "-m", "mslaunch", "-n", "1", "show")
+    assert r.returncode == 0, r.stderr
+    assert len([x for x in r.stdout.decode().splitlines() if x.startswith("rank 0 of 1 0")]) \
+        == 2, (r.stdout, r.stderr)
+
+
 def test_without_a_pmix_library_the_job_is_refused_with_the_fix(ompi):
     r = _run(ompi, "-n", "2", "show", MSLAUNCH_PMIX_LIBRARY="/nonexistent/libpmix.so.2")
     assert r.returncode == 1, r.stderr
