@@ -212,6 +212,24 @@ def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=18
 
 
 @pytest.mark.remote
+def test_a_job_of_mpich_and_open_mpi_ranks_on_two_hosts_fails_named(sshbed, tmp_path):
+    from test_remote import renv, run_remote, settle
+    python = _open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    try:
+        r = run_remote(home, "-H", "h1:1,h2:1", "-x", "MSL_TEST_TAG", "-n", "1", PY, RANKS,
+                       "show", ":", "-n", "1", python, RANKS, "show",
+                       env=renv(home, MSL_TEST_TAG=tag), timeout=120)
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 1, r.stderr
+    assert b"rank 0" in r.stderr and b"rank 1" in r.stderr and b"one MPI" in r.stderr, r.stderr
+
+
+@pytest.mark.remote
 def test_two_and_two_on_ssh_hosts_with_paramiko(sshbed, ompi, tmp_path):
     home = sshbed.make_home(tmp_path / "home")
     _check_two_and_two(ompi, _remote(sshbed, home, ompi))
