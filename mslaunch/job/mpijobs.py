@@ -154,22 +154,8 @@ class MPIJobs:
         for r in sup.ranks:
             if r.spec.job == pj.number and r.ended and not r.failed:
                 self.check_left_mpi(r)
-        self.check_mixed(pj)
-
-    def check_mixed(self, pj: PMIJob) -> None:
-        """Every rank of ``pj`` joined, some through PMI (MPICH), some through PMIx
-        (Open MPI): each side would wait in its own process manager for the other."""
-        if len(pj.started) < pj.size or not pj.pmix_in or pj.started <= pj.pmix_in:
-            return
-        pmi = min(pj.started - pj.pmix_in)
-        pmix = min(pj.pmix_in)
-        r = next((r for r in self.sup.ranks
-                  if r.spec.job == pj.number and r.spec.rank == pmi), None)
-        if r is not None:
-            self.sup.fail(r, f"initialized MPI through PMI (MPICH's) while rank {pmix} did "
-                             f"through PMIx (Open MPI's): the ranks of one job must link "
-                             f"one MPI, or each side waits for the other forever",
-                          1, abort=True)
+        if self.pmix is not None:
+            self.pmix.check_mixed(pj)
 
     def process_ended(self, spec: RankSpec) -> None:
         """A rank here ended.  One that left PMIx without finalizing is marked lost (see
