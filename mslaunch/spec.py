@@ -406,6 +406,12 @@ STALE_NAMES = frozenset((
 
 
 def scrub_env(environ: Mapping[str, str]) -> Dict[str, str]:
-    """Copy ``environ`` without the identity variables of an outer MPI launch."""
+    """Copy ``environ`` without the identity variables of an outer MPI launch.
+
+    ``FLUX_JOB_ID`` beside a PMIx namespace is an outer launch's hint to Open
+    MPI 4 that it was launched directly (mslaunch's own, or Flux's): kept, it
+    would make a rank without a PMIx server here fail instead of starting alone."""
+    outer_pmix = "PMIX_NAMESPACE" in environ
     return {k: v for k, v in environ.items()
-            if not k.startswith(STALE_PREFIXES) and k not in STALE_NAMES}
+            if not k.startswith(STALE_PREFIXES) and k not in STALE_NAMES
+            and not (outer_pmix and k == "FLUX_JOB_ID")}

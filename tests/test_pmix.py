@@ -116,6 +116,29 @@ def test_a_rank_that_exits_without_finalize_fails_the_job_named(ompi):
         r.stderr
 
 
+def test_a_job_of_mpich_and_open_mpi_ranks_fails_named_instead_of_hanging():
+    # Each side waits in its own process manager for ranks that never come.
+    python = _open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+    tag = new_tag()
+    try:
+        r = run("-n", "1", PY, RANKS, "show", ":", "-n", "1", python, RANKS, "show",
+                timeout=60, env=clean_env(MSL_TEST_TAG=tag))
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 1, r.stderr
+    assert b"rank 0" in r.stderr and b"rank 1" in r.stderr and b"one MPI" in r.stderr, r.stderr
+
+
+def test_a_one_rank_open_mpi_job_launched_by_a_rank_runs_as_a_singleton(ompi):
+    # The inner launch serves no PMIx to one rank; nothing of the outer one's
+    # (its direct-launch hint included) may make Open MPI 4 look for a server.
+    r = _run(ompi, "-n", "2", PY, "-m", "mslaunch", "-n", "1", "show")
+    assert r.returncode == 0, r.stderr
+    assert len([x for x in r.stdout.decode().splitlines() if x.startswith("rank 0 of 1 0")]) \
+        == 2, (r.stdout, r.stderr)
+
+
 def test_without_a_pmix_library_the_job_is_refused_with_the_fix(ompi):
     r = _run(ompi, "-n", "2", "show", MSLAUNCH_PMIX_LIBRARY="/nonexistent/libpmix.so.2")
     assert r.returncode == 1, r.stderr
@@ -186,6 +209,24 @@ def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=18
         return r
     finally:
         kill_tagged(tag)
+
+
+@pytest.mark.remote
+def test_a_job_of_mpich_and_open_mpi_ranks_on_two_hosts_fails_named(sshbed, tmp_path):
+    from test_remote import renv, run_remote, settle
+    python = _open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    try:
+        r = run_remote(home, "-H", "h1:1,h2:1", "-x", "MSL_TEST_TAG", "-n", "1", PY, RANKS,
+                       "show", ":", "-n", "1", python, RANKS, "show",
+                       env=renv(home, MSL_TEST_TAG=tag), timeout=120)
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 1, r.stderr
+    assert b"rank 0" in r.stderr and b"rank 1" in r.stderr and b"one MPI" in r.stderr, r.stderr
 
 
 @pytest.mark.remote

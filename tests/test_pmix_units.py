@@ -192,3 +192,29 @@ def test_an_agent_refuses_a_fence_result_it_did_not_ask_for():
     agent.from_launcher({"op": "pmix_fence_done", "kvs": "kvs", "sig": "kvs:*", "seq": 0,
                          "blob": encode_blob(b"all")})
     assert got == [b"all"] and agent.fences == {}
+
+
+def test_a_namespace_keeps_its_data_alive_for_a_library_that_reads_it_later(tmp_path, monkeypatch):
+    # PMIx before 4 registers a namespace on its own thread after the call returns,
+    # reading the caller's array then (it copies the pointer, not the data).
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from mslaunch.pmix.server import Namespace
+    built = []
+
+    class Recorded(L.InfoList):
+        def __init__(self, items):
+            super().__init__(items)
+            built.append(weakref.ref(self))
+    monkeypatch.setattr(L, "InfoList", Recorded)
+    calls = SimpleNamespace(PMIx_server_register_nspace=lambda *args: L.SUCCESS)
+    server = SimpleNamespace(tmpdir=str(tmp_path), topology_xml=lambda: "",
+                             lib=SimpleNamespace(lib=calls))
+    ns = Namespace(server, Layout("job-1", ["a"], [0, 0], [0, 0], 2, 0),  # type: ignore[arg-type]
+                   None, lambda *a: None, lambda rank: None)
+    ns.register()
+    gc.collect()
+    assert built and all(ref() is not None for ref in built)
+    ns.registered = False      # nothing to deregister in this stand-in

@@ -154,6 +154,8 @@ class MPIJobs:
         for r in sup.ranks:
             if r.spec.job == pj.number and r.ended and not r.failed:
                 self.check_left_mpi(r)
+        if self.pmix is not None:
+            self.pmix.check_mixed(pj)
 
     def process_ended(self, spec: RankSpec) -> None:
         """A rank here ended.  One that left PMIx without finalizing is marked lost (see
@@ -313,6 +315,8 @@ class MPIJobs:
                 spec = self.sup.ranks[key].spec
                 pj = self.of(spec)
                 if pj is not None:
+                    if message.get("pmix") is True:
+                        pj.pmix_in.add(spec.rank)
                     pj.started.add(spec.rank)
                     self.pmi_started(pj, spec.rank)
             return

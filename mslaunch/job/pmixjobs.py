@@ -82,6 +82,20 @@ class LauncherPMIx:
             self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
         self.host.serve(pj, layout, relay, min_size=1)
 
+    def check_mixed(self, pj: PMIJob) -> None:
+        """End the launch if every rank of ``pj`` joined, some through PMI (MPICH),
+        some through PMIx (Open MPI): each side would wait for the other forever."""
+        if len(pj.started) < pj.size or not pj.pmix_in or pj.started <= pj.pmix_in:
+            return
+        pmi, pmix = min(pj.started - pj.pmix_in), min(pj.pmix_in)
+        sup = self.mpi.sup
+        r = next((r for r in sup.ranks if r.spec.job == pj.number and r.spec.rank == pmi),
+                 None)
+        if r is not None:
+            sup.fail(r, f"initialized MPI through PMI (MPICH's) while rank {pmix} did "
+                        f"through PMIx (Open MPI's): the ranks of one job must link one "
+                        f"MPI, or each side waits for the other forever", 1, abort=True)
+
     @property
     def problem(self) -> Optional[str]:
         """Why this machine serves no PMIx, if it tried."""

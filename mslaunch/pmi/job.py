@@ -43,7 +43,7 @@ class PMIJob:
         self.tcp = False
         self._env: Optional[Callable[[int], Dict[str, str]]] = None
         self.pmix: Optional[Namespace] = None   # its PMIx namespace here, if served
-        self.pmix_in: Set[int] = set()          # ranks connected to it
+        self.pmix_in: Set[int] = set()          # ranks connected to it (remote: reported)
         self.pmix_done: Set[int] = set()        # ... and finalized
 
     def serve(self, loop: Loop, appnums, process_mapping: str, tcp: bool,

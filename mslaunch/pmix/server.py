@@ -159,6 +159,9 @@ class Namespace:
         self.local: Set[int] = set(layout.ranks_on(layout.here))
         self.sequences: Dict[str, int] = {}
         self.registered = False
+        # The job data given to the library: PMIx before 4 reads it on its own
+        # thread after register_nspace returns, so it lives as long as the namespace.
+        self.info: Optional[L.InfoList] = None
 
     def register(self) -> None:
         self.layout.tmpdir = self.server.tmpdir
@@ -167,7 +170,7 @@ class Namespace:
             os.mkdir(os.path.join(self.server.tmpdir, self.name), 0o700)
         except FileExistsError:
             pass
-        info = L.InfoList(self.layout.job_info())
+        self.info = info = L.InfoList(self.layout.job_info())
         rc = self.server.lib.lib.PMIx_server_register_nspace(
             self.name.encode(), len(self.local), C.cast(info.array, C.c_void_p), info.size,
             None, None)
@@ -260,8 +263,8 @@ class PMIxServer:
         self._dpm = DPMCalls(self)
         for slot, call in self._dpm.calls.items():
             self._module[slot] = C.cast(call, C.c_void_p)
-        info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
-                           ("pmix.sys.tmpdir", L.STRING, tmpdir)])
+        self._info = info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
+                                        ("pmix.sys.tmpdir", L.STRING, tmpdir)])
         saved = _load_topology_from(topology)
         try:
             rc = library.lib.PMIx_server_init(C.cast(self._module, C.c_void_p),

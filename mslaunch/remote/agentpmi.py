@@ -243,7 +243,7 @@ class AgentPMI:
         self.up({"op": "lost", "rank": key})
 
     def pmi_started(self, pj: PMIJob, rank: int) -> None:
-        self.up({"op": "started", "rank": pj.keys[rank]})
+        self.up({"op": "started", "rank": pj.keys[rank], "pmix": rank in pj.pmix_in})
 
     def pmi_log(self, message: str) -> None:
         self.end.send(link.encode(link.LOG, {"message": f"PMI: {message}"}))
