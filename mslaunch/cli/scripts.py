@@ -24,17 +24,13 @@ if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UsageError
-from ..machine.spawn import find_program
+from ..machine.spawn import file_head, find_program
 
 
 def _shebang(path: str) -> Optional[Tuple[str, ...]]:
     """The interpreter and its argument from a ``#!`` line (None: no such line)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
-    except OSError:
-        return None
-    if not head.startswith(b"#!"):
+    head = file_head(path)
+    if head is None or not head.startswith(b"#!"):
         return None
     line = os.fsdecode(head[2:].split(b"\n", 1)[0]).strip()
     # Linux ends the interpreter at a space or a tab, and passes everything

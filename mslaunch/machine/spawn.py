@@ -74,12 +74,20 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
             raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} {problem}")
 
 
-def _interpreter_problem(path: str, program: str) -> Optional[str]:
-    """Why a script's ``#!`` line cannot start it, or None (not a script, or fine)."""
+def file_head(path: str) -> Optional[bytes]:
+    """The first bytes of a file, as many as the kernel reads of a ``#!`` line (None
+    when it cannot be read)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(256)
+            return f.read(256)
     except OSError:
+        return None
+
+
+def _interpreter_problem(path: str, program: str) -> Optional[str]:
+    """Why a script's ``#!`` line cannot start it, or None (not a script, or fine)."""
+    head = file_head(path)
+    if head is None:
         return None
     if not head.startswith(b"#!"):
         if program.endswith(".py") and not head.startswith(b"\x7fELF"):
