@@ -156,8 +156,7 @@ def _launcher_side():
         Host(name="h1", slots=1, max_slots=None, local=False, node_id=1)
     ranks = [SimpleNamespace(spec=SimpleNamespace(host=h)) for h in (here, h1)]
     pj = SimpleNamespace(keys={0: 0, 1: 1})
-    mpi = SimpleNamespace(sup=SimpleNamespace(ranks=ranks), jobs={"kvs": pj})
-    return LauncherPMIx(mpi)       # type: ignore[arg-type]
+    return LauncherPMIx(SimpleNamespace(ranks=ranks), {"kvs": pj})  # type: ignore[arg-type]
 
 
 @given(st.dictionaries(st.sampled_from(["kvs", "sig", "seq", "blob", "op"]),

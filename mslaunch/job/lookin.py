@@ -59,6 +59,15 @@ class LookingInside:
                 r.written, r.last_output = written, now
         self.loop.call_later(OUTPUT_EVERY, self._note_output)
 
+    def _terminate(self) -> None:
+        raise NotImplementedError      # the supervisor's
+
+    def end_stalled(self) -> None:
+        """``--stall-exit``: the stall report was printed; end the job."""
+        if self.ending is None:
+            self.ending = "stall"
+            self._terminate()
+
     def _close_control(self) -> None:
         if self.control is not None:
             self.loop.forget(self.control[0].fileno())

@@ -75,7 +75,7 @@ class MPIJobs:
         self.first = first
         if len(plan.ranks) > 1:     # mslaunch.pmix.host.MIN_SIZE: one rank alone needs none
             from .pmixjobs import LauncherPMIx
-            self.pmix = LauncherPMIx(self)
+            self.pmix = LauncherPMIx(self.sup, self.jobs)
         if not local:
             return None, None
         first.serve(sup.loop, appnums, plan.process_mapping, tcp=job.pmi_port,

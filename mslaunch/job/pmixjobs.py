@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..pmix.host import PMIxHost
     from ..remote.host import RemoteHost
     from ..spec import RankSpec
-    from .mpijobs import MPIJobs
+    from .seams import JobView
 
 from ..pmix import oversubscribed
 from ..pmix.exchange import CONNECT_PREFIX, FenceExchange, decode_blob, encode_blob
@@ -31,10 +31,12 @@ HERE = ""
 
 
 class LauncherPMIx:
-    """See the module docstring; ``mpi`` is the launch's :class:`~.mpijobs.MPIJobs`."""
+    """See the module docstring; ``jobs`` are the launch's PMI jobs by name (the
+    dictionary of :class:`~.mpijobs.MPIJobs`, which adds to it)."""
 
-    def __init__(self, mpi: MPIJobs) -> None:
-        self.mpi = mpi
+    def __init__(self, sup: JobView, jobs: Dict[str, PMIJob]) -> None:
+        self.sup = sup
+        self.jobs = jobs
         self.host: Optional[PMIxHost] = None
         self.exchange = FenceExchange(self._participants)
         self.board = NameBoard()
@@ -44,7 +46,7 @@ class LauncherPMIx:
         from ..pmi.files import pmix_dir
         from ..pmix.host import MIN_SIZE, PMIxHost
         from ..pmix.server import Layout
-        sup = self.mpi.sup
+        sup = self.sup
         plan = sup.plan
         if len(plan.ranks) < MIN_SIZE:
             return
@@ -73,7 +75,7 @@ class LauncherPMIx:
             if s.host.name not in nodes:
                 nodes.append(s.host.name)
         layout = Layout(pj.kvsname, nodes, [nodes.index(s.host.name) for s in specs],
-                        [s.app for s in specs], self.mpi.sup.plan.universe_size,
+                        [s.app for s in specs], self.sup.plan.universe_size,
                         nodes.index(next(s.host.name for s in specs if s.host.local)),
                         oversubscribed([s for s in specs if s.host.local]), parent=parent)
 
@@ -88,7 +90,7 @@ class LauncherPMIx:
         if len(pj.started) < pj.size or not pj.pmix_in or pj.started <= pj.pmix_in:
             return
         pmi, pmix = min(pj.started - pj.pmix_in), min(pj.pmix_in)
-        sup = self.mpi.sup
+        sup = self.sup
         r = next((r for r in sup.ranks if r.spec.job == pj.number and r.spec.rank == pmi),
                  None)
         if r is not None:
@@ -103,13 +105,13 @@ class LauncherPMIx:
 
     def _participants(self, kvs: str, signature: str) -> FrozenSet[str]:
         """The hosts (:data:`HERE` for this one) with a rank in a fence."""
-        sup = self.mpi.sup
+        sup = self.sup
         hosts = set()
         if signature.startswith(CONNECT_PREFIX):
             signature = signature[len(CONNECT_PREFIX):]
         for item in signature.split(","):
             ns, _, rank = item.rpartition(":")
-            pj = self.mpi.jobs.get(ns)
+            pj = self.jobs.get(ns)
             if pj is None:
                 raise ValueError(f"a fence of an unknown job {ns[:40]!r}")
             if rank == "*":
@@ -129,7 +131,7 @@ class LauncherPMIx:
         kvs = link.field(message, "kvs", str, "PMIx fence")
         signature = link.field(message, "sig", str, "PMIx fence")
         sequence = link.field(message, "seq", int, "PMIx fence")
-        if kvs not in self.mpi.jobs or f"{kvs}:" not in signature:
+        if kvs not in self.jobs or f"{kvs}:" not in signature:
             raise link.LinkError("PMIx fence of an unknown job")
         try:
             blob = decode_blob(message.get("blob"))
@@ -158,7 +160,7 @@ class LauncherPMIx:
         ask = link.field(message, "ask", int, "PMIx names")
         rank = link.field(message, "rank", int, "PMIx names")
         what = message.get("what")
-        pj = self.mpi.jobs.get(kvs)
+        pj = self.jobs.get(kvs)
         if pj is None or pj.keys.get(rank, -1) not in host.ranks:
             raise link.LinkError("PMIx names: a rank not on this host")
         request: Dict[str, Any] = {"what": what, "rank": rank}

@@ -15,7 +15,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Sequence, Tuple
+    from typing import Dict, List, Sequence, Tuple
 
     from ..machine.local import LocalRanks
     from .seams import JobView, RankState
@@ -137,9 +137,9 @@ def report_pid(sup: JobView, where: str) -> None:
         raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
 
 
-def timed_out(sup: JobView, live: List[RankState], then: Callable[[], None]) -> bool:
-    """What is said when ``--timeout`` ends the job; True if ``then()`` (stopping
-    the ranks) is called later, once the stack report is printed."""
+def timed_out(sup: JobView, live: List[RankState]) -> None:
+    """What is said when ``--timeout`` ends the job (the stacks of
+    ``--get-stack-traces`` are :mod:`.stall`'s, printed after it)."""
     # One process with a name of its own (the Open MPI mode's mpirun) is named.
     what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
         f"{len(live)} rank(s)"
@@ -149,11 +149,6 @@ def timed_out(sup: JobView, live: List[RankState], then: Callable[[], None]) -> 
         sup.console.message(f"mslaunch: PMI: {line}")
     if sup.job.report_state:
         _report_state(sup)
-    if not sup.job.stack_traces or not live:
-        return False
-    from .stall import timeout_stacks
-    timeout_stacks(sup, then)
-    return True
 
 
 def _report_state(sup: JobView) -> None:

@@ -346,13 +346,12 @@ class Supervisor(LookingInside):
             return
         self.ending = "timeout"
         from .report import timed_out
-        if not timed_out(self, self._live(), self._terminate):
-            self._terminate()
-
-    def end_stalled(self) -> None:
-        """``--stall-exit``: the stall report was printed; end the job."""
-        if self.ending is None:
-            self.ending = "stall"
+        live = self._live()
+        timed_out(self, live)
+        if self.job.stack_traces and live:
+            from .stall import timeout_stacks
+            timeout_stacks(self, self._terminate)    # stops the ranks once printed
+        else:
             self._terminate()
 
     # -- output errors -------------------------------------------------------

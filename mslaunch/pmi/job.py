@@ -14,14 +14,24 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple
 
     from ..machine.loop import Loop
-    from ..pmix.server import Namespace
     from .singletons import SingletonProbe
     from ..spec import SpawnRequest
     from .server import PMIServer
     from .state import JobState
+
+
+    class Namespace(Protocol):
+        """What a job needs of its PMIx namespace (mslaunch.pmix.server's, a service
+        beside this one, set by whoever serves PMIx)."""
+
+        def env(self, rank: int) -> Dict[str, str]: ...
+
+        def drain(self) -> None: ...
+
+        def deregister(self) -> None: ...
 
 
 class PMIJob:
@@ -115,7 +125,7 @@ class PMIJob:
         it can exit: what is posted is read first."""
         if self.pmix is None:
             return False
-        self.pmix.server.inbox.run()
+        self.pmix.drain()
         return rank in self.pmix_in and rank not in self.pmix_done
 
     def pmix_publish(self, rank: int, pairs: Dict[str, str], first_read: bool,

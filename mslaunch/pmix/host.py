@@ -41,6 +41,7 @@ class PMIxHost:
         if self.server is not None or self.problem is not None:
             return self.server
         from . import lib
+        from .dpm import DPMCalls
         from .server import PMIxServer
         try:
             library = lib.load()
@@ -58,7 +59,8 @@ class PMIxHost:
         topology = xml_path()
         try:
             self.server = PMIxServer(self.loop, library, self.directory,
-                                     topology if topology and os.path.isfile(topology) else None)
+                                     topology if topology and os.path.isfile(topology) else None,
+                                     more_calls=DPMCalls)
         except OSError as err:
             self.problem = f"{library.path}: {err}"
             return None

@@ -216,6 +216,10 @@ class Namespace:
         self.sequences[signature] = n + 1
         return n
 
+    def drain(self) -> None:
+        """Run here what the library's thread has posted so far."""
+        self.server.inbox.run()
+
     def deregister(self) -> None:
         if self.registered:
             self.registered = False
@@ -237,10 +241,13 @@ def _load_topology_from(xml: Optional[str]) -> Dict[str, Optional[str]]:
 class PMIxServer:
     """The library's server in this process (see the module docstring); ``tmpdir``
     (made and removed by the caller) holds everything it and the ranks' Open MPI
-    keep on disk; ``topology``, an hwloc XML file of this host, spares it looking."""
+    keep on disk; ``topology``, an hwloc XML file of this host, spares it looking;
+    ``more_calls`` makes upcalls beyond the four here (:class:`~.dpm.DPMCalls`), an
+    object whose ``calls`` maps module slots to them, kept for the server's life."""
 
     def __init__(self, loop: Loop, library: L.Library, tmpdir: str,
-                 topology: Optional[str] = None) -> None:
+                 topology: Optional[str] = None,
+                 more_calls: Optional[Callable[[PMIxServer], Any]] = None) -> None:
         self.loop = loop
         self.lib = library
         self.tmpdir = tmpdir
@@ -259,9 +266,8 @@ class PMIxServer:
         for slot, call in zip((L.SLOT_CONNECTED, L.SLOT_FINALIZED, L.SLOT_ABORT, L.SLOT_FENCE),
                               self._calls):
             self._module[slot] = C.cast(call, C.c_void_p)
-        from .dpm import DPMCalls
-        self._dpm = DPMCalls(self)
-        for slot, call in self._dpm.calls.items():
+        self._more = more_calls(self) if more_calls is not None else None
+        for slot, call in (self._more.calls.items() if self._more is not None else ()):
             self._module[slot] = C.cast(call, C.c_void_p)
         self._info = info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
                                         ("pmix.sys.tmpdir", L.STRING, tmpdir)])
