@@ -124,8 +124,8 @@ def remove_directory(path: str) -> None:
             try:
                 os.unlink(os.path.join(path, name))
             except IsADirectoryError:
-                import shutil
-                shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+                from ..machine.trees import remove_tree
+                remove_tree(os.path.join(path, name))
         os.rmdir(path)
     except OSError:
         pass
