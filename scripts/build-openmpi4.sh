@@ -12,7 +12,7 @@
 # (openmpi_4.1.4.orig.tar.xz), checked against the digest Debian publishes.
 set -euo pipefail
 prefix=${1:-${MSLAUNCH_TEST_CACHE:-$HOME/.cache/mslaunch-tests}/openmpi-4.1.4}
-if [ -x "$prefix/bin/mpicc" ] && [ -e "$prefix/lib/libmpi.so.40" ]; then
+if [ -e "$prefix/.built" ]; then
     exit 0
 fi
 url=http://deb.debian.org/debian/pool/main/o/openmpi/openmpi_4.1.4.orig.tar.xz
@@ -36,4 +36,5 @@ cd "$work/openmpi-4.1.4"
     || { tail -30 "$work/configure.log" >&2; exit 1; }
 make -j"$(nproc)" > "$work/make.log" 2>&1 || { tail -30 "$work/make.log" >&2; exit 1; }
 make install > "$work/install.log" 2>&1 || { tail -30 "$work/install.log" >&2; exit 1; }
+touch "$prefix/.built"
 echo "scripts/build-openmpi4.sh: Open MPI 4.1.4 is in $prefix"
