@@ -186,7 +186,7 @@ class Namespace:
         env = dict(lib.setup_fork(self.name, rank))
         proc = L.Proc(self.name.encode(), rank)
         rc = lib.lib.PMIx_server_register_client(C.byref(proc), os.getuid(), os.getgid(),
-                                                 None, None, None)
+                                                 None, self.server.client_registered, None)
         if rc not in (L.SUCCESS, L.OPERATION_SUCCEEDED):
             raise OSError(f"PMIx_server_register_client failed ({rc})")
         # Open MPI 4's "schizo" reads a direct launch from FLUX_JOB_ID (and from
@@ -264,6 +264,9 @@ class PMIxServer:
         self._tokens = itertools.count(1)
         # Kept referenced for as long as the library may call them.
         self._release = L.RELEASE(self._released)
+        # A client's registration, done on the library's thread: the rank may be
+        # started at once, as the library handles its events in order.
+        self.client_registered = L.OP_CB(lambda status, cbdata: None)
         self._calls = [L.CONNECTED(self._connected), L.FINALIZED(self._finalized),
                        L.ABORT(self._abort), L.FENCE(self._fence)]
         self._module = (C.c_void_p * L.MODULE_SLOTS)()
