@@ -144,7 +144,13 @@ def run_pmi_stats(args: argparse.Namespace, launchers: Sequence[C.Launcher]) -> 
 
 
 OMPI_RATIOS = [("mslaunch / mpirun 4.1.4", "ms-ompi4", "mpirun-ompi4"),
-               ("mslaunch / mpirun 5", "ms-ompi5", "mpirun-ompi5")]
+               ("mslaunch / mpirun 4.1.4 skipping", "ms-ompi4", "mpirun-ompi4-skip"),
+               ("mslaunch / mpirun 5", "ms-ompi5", "mpirun-ompi5"),
+               ("mslaunch / mpirun 5 skipping", "ms-ompi5", "mpirun-ompi5-skip")]
+#: What mslaunch gives Open MPI ranks on a host without a fabric (mslaunch.pmix.fabric;
+#: Debian's site file already leaves out ucx, uct, openib and the ofi BTL), given
+#: to mpirun by hand: the "skipping" columns.
+OMPI_SKIPS = ["--mca", "pml", "^ucx,cm", "--mca", "btl", "^uct,openib,ofi"]
 DEBIAN_PYTHON = "/usr/bin/python3"
 
 
@@ -157,8 +163,10 @@ def ompi_contenders(launchers: Sequence[C.Launcher], mpirun4: str):
     if ms is not None:
         out.append((ms.variant("ms-ompi4", "mslaunch, Open MPI 4.1.4"), DEBIAN_PYTHON,
                     "Open MPI v4.1.4"))
-    out.append((C.Launcher("mpirun-ompi4", "mpirun.openmpi 4.1.4", "openmpi", (mpirun4,),
-                           version=C._first_line([mpirun4, "--version"], C.base_environ())),
+    mpi4 = C.Launcher("mpirun-ompi4", "mpirun.openmpi 4.1.4", "openmpi", (mpirun4,),
+                      version=C._first_line([mpirun4, "--version"], C.base_environ()))
+    out.append((mpi4, DEBIAN_PYTHON, "Open MPI v4.1.4"))
+    out.append((mpi4.variant("mpirun-ompi4-skip", mpi4.label + " skipping", OMPI_SKIPS),
                 DEBIAN_PYTHON, "Open MPI v4.1.4"))
     if ms is not None and wheel is not None:
         # The wheel's mpirun puts its libmpi first; under any other launcher the
@@ -169,7 +177,9 @@ def ompi_contenders(launchers: Sequence[C.Launcher], mpirun4: str):
         out.append((ms.variant("ms-ompi5", "mslaunch, Open MPI 5", env=lib5), sys.executable,
                     "Open MPI v5"))
     if wheel is not None:
-        out.append((wheel.variant("mpirun-ompi5", wheel.label + " 5", env=abi5),
+        mpi5 = wheel.variant("mpirun-ompi5", wheel.label + " 5", env=abi5)
+        out.append((mpi5, sys.executable, "Open MPI v5"))
+        out.append((mpi5.variant("mpirun-ompi5-skip", mpi5.label + " skipping", OMPI_SKIPS),
                     sys.executable, "Open MPI v5"))
     return out
 

@@ -68,7 +68,7 @@ class LocalRanks:
     def __init__(self, loop: Loop, specs: Sequence[RankSpec], listener, *,
                  sinks: Callable[[RankSpec], Tuple[RankSink, Optional[RankSink]]],
                  guard: Watchdog, grace: float, merge_stderr: bool,
-                 pmi=None, pmi_env: Optional[Callable[[int], Dict[str, str]]] = None,
+                 pmi=None, pmi_env: Optional[Callable[[int, Dict[str, str]], Dict[str, str]]] = None,
                  stdin_fd: Optional[int] = 0, pty: bool = True,
                  dumps: Optional[str] = None) -> None:
         self.loop = loop
@@ -103,7 +103,7 @@ class LocalRanks:
             self.stdin_pipes = stdin_pipes
 
     def add(self, specs: Sequence[RankSpec], pmi=None,
-            pmi_env: Optional[Callable[[int], Dict[str, str]]] = None) -> None:
+            pmi_env: Optional[Callable[[int, Dict[str, str]], Dict[str, str]]] = None) -> None:
         """Start more ranks now (a spawned job's); their stdin is /dev/null."""
         added = []
         for spec in specs:
@@ -165,7 +165,7 @@ class LocalRanks:
         # As under Open MPI: PWD is the rank's physical working directory.
         env["PWD"] = os.path.realpath(spec.cwd)
         if local.pmi_env is not None:
-            for key, value in local.pmi_env(spec.rank).items():
+            for key, value in local.pmi_env(spec.rank, env).items():
                 # A process manager's settings of MPICH's own (MPIR_CVAR_*) are
                 # defaults: the rank's environment wins.
                 if not (key.startswith("MPIR_CVAR_") and key in env):

@@ -92,8 +92,8 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     # told the watchdog anything (no rank of its own had started yet).
     remove_directory(probe_path(marker))
     remove_directory(backing_path(marker))
-    import shutil
-    shutil.rmtree(pmix_dir(marker), ignore_errors=True)
+    from ..machine.trees import remove_tree
+    remove_tree(pmix_dir(marker))
 
 
 def pmix_dir(marker: str) -> str:

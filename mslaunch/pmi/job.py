@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         """What a job needs of its PMIx namespace (mslaunch.pmix.server's, a service
         beside this one, set by whoever serves PMIx)."""
 
-        def env(self, rank: int) -> Dict[str, str]: ...
+        def env(self, rank: int, own: Mapping[str, str]) -> Dict[str, str]: ...
 
         def drain(self) -> None: ...
 
@@ -81,14 +81,15 @@ class PMIJob:
         """The server whose sockets ranks inherit (None over TCP, or without a server)."""
         return None if self.tcp else self.server
 
-    def env(self, rank: int) -> Dict[str, str]:
-        """The PMI variables of one of this job's ranks started here."""
+    def env(self, rank: int, own: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+        """The PMI variables of one of this job's ranks started here; ``own`` is the
+        rank's own environment, which some of them take into account."""
         assert self._env is not None, "serve() first"
         env = self._env(rank)
         if self.probe is not None:
             env.update(self.probe.env(self.keys[rank]))
         if self.pmix is not None:
-            env.update(self.pmix.env(rank))
+            env.update(self.pmix.env(rank, own or {}))
         return env
 
     # -- the server's listener ------------------------------------------------

@@ -114,8 +114,8 @@ def remove_session(path: str, deadline: float) -> None:
     except OSError:
         return
     if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-        import shutil
-        shutil.rmtree(path, ignore_errors=True)
+        from ..machine.trees import remove_tree
+        remove_tree(path)
         try:
             os.rmdir(os.path.dirname(path))
         except OSError:

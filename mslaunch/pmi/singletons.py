@@ -124,8 +124,8 @@ def remove_directory(path: str) -> None:
             try:
                 os.unlink(os.path.join(path, name))
             except IsADirectoryError:
-                import shutil
-                shutil.rmtree(os.path.join(path, name), ignore_errors=True)
+                from ..machine.trees import remove_tree
+                remove_tree(os.path.join(path, name))
         os.rmdir(path)
     except OSError:
         pass
@@ -135,59 +135,14 @@ def remove_directory(path: str) -> None:
 BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory")
 
 
-#: Open MPI's own installation-wide parameter files that may name a backing
-#: directory (Debian's; an installation's ``etc`` under ``OPAL_PREFIX``).
-_SYSTEM_PARAM_FILES = ("/etc/openmpi/openmpi-mca-params.conf",)
-
-
 def backing_chosen(env: Mapping[str, str]) -> bool:
     """Whether a rank's Open MPI would find a backing directory chosen for it:
-    in its environment, or in a parameter file it reads (the user's, the
-    installation's, those ``mca_base_param_files`` or a ``-tune`` file names)."""
+    in its environment, or in a parameter file it reads (see :mod:`.mcaparams`)."""
     if any(name in env for name in BACKING_VARIABLES):
         return True
-    # mcafile.param_file_list's reading, without importing it at every PMI job's start
-    files = [p for p in env.get("OMPI_MCA_mca_base_param_files", "").replace(",", ":")
-             .split(":") if p.strip()] or [
-        os.path.join(env.get("HOME") or os.environ.get("HOME") or "/", ".openmpi",
-                     "mca-params.conf"), *_SYSTEM_PARAM_FILES,
-        *([os.path.join(env["OPAL_PREFIX"], "etc", "openmpi-mca-params.conf")]
-          if env.get("OPAL_PREFIX") else [])]
-    files += [p for p in env.get("OMPI_MCA_mca_base_envar_file_prefix", "").split(",") if p]
-    return any(_names_backing(path) for path in files)
-
-
-#: What :func:`_names_backing` found, per file (``functools`` would cost an agent
-#: its import of ``collections``).
-_NAMES_BACKING: Dict[str, bool] = {}
-
-
-def _names_backing(path: str) -> bool:
-    """Whether the parameter file ``path`` sets a backing directory (read once a job)."""
-    known = _NAMES_BACKING.get(path)
-    if known is None:
-        known = _NAMES_BACKING[path] = _read_names_backing(path)
-    return known
-
-
-def _read_names_backing(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read(1 << 20)
-    except OSError:
-        return False          # as Open MPI, which reads what it can
-    if "backing_directory" not in text:
-        return False          # most files (Debian's): no parser needed
-    from ..errors import UsageError
-    from ..mcafile import parse_param_file
+    from .mcaparams import names_set
     wanted = {name[len("OMPI_MCA_"):] for name in BACKING_VARIABLES}
-    for line in text.split("\n"):       # a bad line hides no other, as in Open MPI
-        try:
-            if any(s.name in wanted for s in parse_param_file(line, path)):
-                return True
-        except UsageError:
-            continue
-    return False
+    return any(name in wanted for name in names_set(env))
 
 
 class SingletonProbe:

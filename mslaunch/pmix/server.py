@@ -19,7 +19,7 @@ from . import lib as L
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
     from ..machine.loop import Loop
 
@@ -178,14 +178,15 @@ class Namespace:
             raise OSError(f"PMIx_server_register_nspace failed ({rc})")
         self.registered = True
 
-    def env(self, rank: int) -> Dict[str, str]:
-        """The variables of one of this host's ranks: the library's, and the hint that
-        makes Open MPI 4 take itself for launched, not for a singleton."""
+    def env(self, rank: int, own: Mapping[str, str]) -> Dict[str, str]:
+        """The variables of one of this host's ranks (``own``: its environment): the
+        library's, the hint that makes Open MPI 4 take itself for launched, not for a
+        singleton, and what spares it probing for absent hardware (:mod:`.fabric`)."""
         lib = self.server.lib
         env = dict(lib.setup_fork(self.name, rank))
         proc = L.Proc(self.name.encode(), rank)
         rc = lib.lib.PMIx_server_register_client(C.byref(proc), os.getuid(), os.getgid(),
-                                                 None, None, None)
+                                                 None, self.server.client_registered, None)
         if rc not in (L.SUCCESS, L.OPERATION_SUCCEEDED):
             raise OSError(f"PMIx_server_register_client failed ({rc})")
         # Open MPI 4's "schizo" reads a direct launch from FLUX_JOB_ID (and from
@@ -196,6 +197,9 @@ class Namespace:
         # MPICH, told of both PMI and PMIx, would refuse to choose (MPICH PR #7525);
         # the launcher lets a value of the rank's own win (see machine.local).
         env["MPIR_CVAR_PMI_VERSION"] = "1"
+        from ..pmi.mcaparams import from_files, names_set
+        from .fabric import skips
+        env.update(skips(own, lambda name: from_files(own, name), names_set(own)))
         return env
 
     def covers(self, members: Sequence[Tuple[str, int]]) -> Optional[str]:
@@ -260,6 +264,9 @@ class PMIxServer:
         self._tokens = itertools.count(1)
         # Kept referenced for as long as the library may call them.
         self._release = L.RELEASE(self._released)
+        # A client's registration, done on the library's thread: the rank may be
+        # started at once, as the library handles its events in order.
+        self.client_registered = L.OP_CB(lambda status, cbdata: None)
         self._calls = [L.CONNECTED(self._connected), L.FINALIZED(self._finalized),
                        L.ABORT(self._abort), L.FENCE(self._fence)]
         self._module = (C.c_void_p * L.MODULE_SLOTS)()
