@@ -323,12 +323,7 @@ class MPIJobs:
         if op in ("pmix_fence", "pmix_names", "pmix_modex", "pmix_modex_done"):
             if self.pmix is None:
                 raise link.LinkError("PMIx frame in a job without PMIx")
-            if op == "pmix_fence":
-                self.pmix.from_agent(host, message)
-            elif op == "pmix_names":
-                self.pmix.names_from_agent(host, message)
-            else:
-                self.pmix.modex_from_agent(host, message)
+            self.pmix.from_agent(host, message)
             return
         if op not in ("fence", "get", "publish", "lookup", "unpublish", "spawn"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")

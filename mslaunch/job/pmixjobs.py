@@ -140,6 +140,16 @@ class LauncherPMIx:
         return frozenset(hosts)
 
     def from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """An agent's PMIx operation: names, direct modex, else its part of a fence."""
+        op = message.get("op")
+        if op == "pmix_names":
+            self.names_from_agent(host, message)
+        elif op in ("pmix_modex", "pmix_modex_done"):
+            self.modex_from_agent(host, message)
+        else:
+            self._fence_from_agent(host, message)
+
+    def _fence_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
         """An agent's part of a fence (``pmix_fence``)."""
         from ..remote import link
         kvs = link.field(message, "kvs", str, "PMIx fence")
