@@ -334,3 +334,11 @@ def test_spawned_children_span_two_hosts(sshbed, ompi, tmp_path):
     _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="h1:2,h2:2", n=2,
                            extra=["--map-by", "node"]),
                    [["0", "h1"], ["1", "h2"]])
+
+
+@pytest.mark.remote
+def test_a_rank_of_the_launchers_host_spawns_onto_a_remote_host(sshbed, ompi, tmp_path):
+    # the spawning root (rank 0) here, rank 2 on h1, and h1's two free slots for the children
+    home = sshbed.make_home(tmp_path / "home")
+    _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="localhost:2,h1:3", n=3),
+                   [["0", "h1"], ["1", "h1"]])
