@@ -197,12 +197,13 @@ def test_a_one_rank_job_loads_no_pmix():
 
 # -- across hosts ----------------------------------------------------------------------
 
-def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=180):
+def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=180, n=4,
+            extra=()):
     from test_remote import renv, run_remote, settle
     python, env, _ = ompi
     tag = new_tag()
     try:
-        r = run_remote(home, *way, "-H", hosts, "-n", "4", "-x", "MSL_TEST_TAG",
+        r = run_remote(home, *way, "-H", hosts, "-n", str(n), *extra, "-x", "MSL_TEST_TAG",
                        *[a for k in env for a in ("-x", k)], python, RANKS, mode,
                        env=renv(home, MSL_TEST_TAG=tag, **env), timeout=timeout)
         settle(tag, sshbed)
@@ -308,3 +309,36 @@ def test_mslaunch_killed_leaves_nothing_of_open_mpi_on_any_host(sshbed, ompi, tm
     # the launcher's server and h1's agent's
     assert len({line for name in os.listdir(out) if name.startswith("dirs.")
                 for line in (out / name).read_text().split()}) >= 2
+
+
+def _check_spawned(r, hosts):
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode().splitlines()
+    assert sorted(x for x in out if x.startswith("child ")) == ["child 0 of 2", "child 1 of 2"]
+    assert [x for x in out if x.startswith("children")] == ["children [0, 1]"], out
+    assert sorted(x.split()[1:] for x in out if x.startswith("childhost ")) == hosts, out
+
+
+@pytest.mark.remote
+def test_a_remote_rank_spawns_children_onto_another_host(sshbed, ompi, tmp_path):
+    # the parents fill h1, so the planner puts the children on h2
+    home = sshbed.make_home(tmp_path / "home")
+    _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="h1:2,h2:2", n=2),
+                   [["0", "h2"], ["1", "h2"]])
+
+
+@pytest.mark.remote
+def test_spawned_children_span_two_hosts(sshbed, ompi, tmp_path):
+    # a parent on each host, one free slot on each: one child per host
+    home = sshbed.make_home(tmp_path / "home")
+    _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="h1:2,h2:2", n=2,
+                           extra=["--map-by", "node"]),
+                   [["0", "h1"], ["1", "h2"]])
+
+
+@pytest.mark.remote
+def test_a_rank_of_the_launchers_host_spawns_onto_a_remote_host(sshbed, ompi, tmp_path):
+    # the spawning root (rank 0) here, rank 2 on h1, and h1's two free slots for the children
+    home = sshbed.make_home(tmp_path / "home")
+    _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="localhost:2,h1:3", n=3),
+                   [["0", "h1"], ["1", "h1"]])

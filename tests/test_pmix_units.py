@@ -217,3 +217,83 @@ def test_a_namespace_keeps_its_data_alive_for_a_library_that_reads_it_later(tmp_
     gc.collect()
     assert built and all(ref() is not None for ref in built)
     ns.registered = False      # nothing to deregister in this stand-in
+
+
+# -- a spawned Open MPI job on other hosts: guests, direct modex, the spawn frame ----------
+
+_WIRE_VALUES = st.one_of(st.none(), st.integers(-2, 3), st.text(max_size=8),
+                         st.lists(st.one_of(st.integers(-1, 3), st.text(max_size=4)),
+                                  max_size=3))
+
+
+@given(st.dictionaries(st.sampled_from(["pmix_nodes", "pmix_node_of", "appnums",
+                                        "pmix_universe"]), _WIRE_VALUES))
+def test_a_guest_job_frame_is_read_or_refused_as_a_link_error(message):
+    from mslaunch.remote.jobframe import read_guest
+    from mslaunch.remote.link import LinkError
+    try:
+        nodes, node_of, appnums, universe = read_guest(message)
+    except LinkError:
+        return
+    assert nodes and len(node_of) == len(appnums) > 0
+    assert all(0 <= n < len(nodes) for n in node_of) and universe >= 0
+
+
+@given(st.dictionaries(st.sampled_from(["pmix_nodes", "pmix_node_of", "pmix_parent",
+                                        "pmix_universe"]), _WIRE_VALUES))
+def test_a_spawned_jobs_pmix_layout_is_read_or_refused(message):
+    from mslaunch.remote.jobframe import _spawned_pmix
+    from mslaunch.remote.link import LinkError
+    try:
+        got = _spawned_pmix(message, 2)
+    except LinkError:
+        return
+    if message.get("pmix_nodes") is None:
+        assert got == {}
+    else:
+        assert len(got["pmix_node_of"]) == 2 and isinstance(got["pmix_parent"][1], int)
+
+
+@given(st.one_of(_WIRE_VALUES, st.lists(st.lists(st.text(max_size=6), max_size=3),
+                                        max_size=3)))
+def test_a_spawned_applications_variables_are_read_or_refused(env):
+    from mslaunch.remote.jobframe import read_spawn_env
+    from mslaunch.remote.link import LinkError
+    try:
+        got = read_spawn_env({"env": env})
+    except LinkError:
+        return
+    assert all(k and "=" not in k for k, _ in got)
+
+
+def test_modex_answers_nobody_asked_for_are_refused_on_both_sides():
+    from mslaunch.remote.agentpmi import AgentPMI
+    from mslaunch.remote.link import LinkError
+    agent = AgentPMI(None, None, lambda job: None)          # type: ignore[arg-type]
+    with pytest.raises(LinkError):
+        agent.from_launcher({"op": "pmix_modex_done", "ask": 5, "blob": ""})
+    got = []
+    agent.modex_waiting[5] = got.append
+    with pytest.raises(LinkError):
+        agent.from_launcher({"op": "pmix_modex_done", "ask": 5, "blob": 7})
+    agent.modex_waiting[5] = got.append
+    agent.from_launcher({"op": "pmix_modex_done", "ask": 5, "blob": encode_blob(b"data")})
+    agent.modex_waiting[6] = got.append
+    agent.from_launcher({"op": "pmix_modex_done", "ask": 6, "blob": None})
+    assert got == [b"data", None]
+    side = _launcher_side()
+    with pytest.raises(LinkError):
+        side.modex_from_agent(_Host(), {"op": "pmix_modex_done", "ask": 1})  # type: ignore[arg-type]
+    host = _Host()
+    side.modex_from_agent(host, {"op": "pmix_modex", "ask": 3, "kvs": "other", "rank": 0})  # type: ignore[arg-type]
+    assert host.sent == [{"op": "pmix_modex_done", "ask": 3, "blob": None}]  # nobody has it
+
+
+def test_a_guest_is_never_the_job_a_fence_is_served_through():
+    from types import SimpleNamespace
+
+    from mslaunch.pmix.server import PMIxServer
+    guest, mine = SimpleNamespace(local=set()), SimpleNamespace(local={0})
+    fake = SimpleNamespace(namespaces={"parent": guest, "child": mine})
+    assert PMIxServer.serving(fake, [("parent", 0), ("child", 0)]) is mine  # type: ignore[arg-type]
+    assert PMIxServer.serving(fake, [("parent", 1)]) is None  # type: ignore[arg-type]

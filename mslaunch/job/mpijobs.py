@@ -320,13 +320,10 @@ class MPIJobs:
                     pj.started.add(spec.rank)
                     self.pmi_started(pj, spec.rank)
             return
-        if op in ("pmix_fence", "pmix_names"):
+        if op in ("pmix_fence", "pmix_names", "pmix_modex", "pmix_modex_done"):
             if self.pmix is None:
                 raise link.LinkError("PMIx frame in a job without PMIx")
-            if op == "pmix_fence":
-                self.pmix.from_agent(host, message)
-            else:
-                self.pmix.names_from_agent(host, message)
+            self.pmix.from_agent(host, message)
             return
         if op not in ("fence", "get", "publish", "lookup", "unpublish", "spawn"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
@@ -362,22 +359,22 @@ class MPIJobs:
         elif op == "unpublish":
             state.unpublish(link.field(message, "service", str, "PMI unpublish"), answer)
         elif op == "spawn":
-            from ..remote.jobframe import read_spawn
+            from ..remote.jobframe import read_spawn, read_spawn_env
             key = link.field(message, "rank", int, "PMI spawn")
             if key not in host.ranks:
                 raise link.LinkError(f"PMI spawn for rank {key}, not on this host")
-            self.pmi_spawn(pj, self.sup.ranks[key].spec.rank, read_spawn(message), answer)
+            pmix = message.get("pmix") is True          # an Open MPI rank's (PMIx_Spawn)
+            self.pmi_spawn(pj, self.sup.ranks[key].spec.rank, read_spawn(message), answer,
+                           extra_env=read_spawn_env(message) if pmix else (), pmix=pmix)
 
     # -- MPI_Comm_spawn ---------------------------------------------------------
     def pmix_spawn(self, parent: PMIJob, rank: int, commands: List[Any],
                    env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
         """An Open MPI rank here spawns (``PMIx_Spawn``): as an MPICH rank's spawn,
         its children served PMIx too, with the variables its application names."""
-        from ..spec import SpawnCommand, SpawnRequest
-        request = SpawnRequest(commands=tuple(
-            SpawnCommand(program=program, args=tuple(args), nprocs=n,
-                         info=tuple(info.items())) for program, args, n, info in commands))
-        self.pmi_spawn(parent, rank, request, reply, extra_env=tuple(env), pmix=True)
+        from ..pmix import spawn_request
+        self.pmi_spawn(parent, rank, spawn_request(commands), reply, extra_env=tuple(env),
+                       pmix=True)
 
     def pmi_spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
                   reply: Callable[..., None], extra_env: Tuple[Tuple[str, str], ...] = (),
@@ -400,9 +397,8 @@ class MPIJobs:
         try:
             specs, mapping = self._plan(request, number, kvsname, context_env)
             self._check_programs(specs)
-            if pmix and (self.pmix is None or any(not s.host.local for s in specs)):
-                raise PlanError("an Open MPI program's processes can be spawned onto this "
-                                "machine only (it has no free slots)")
+            if pmix and self.pmix is None:
+                raise PlanError("this launch serves no PMIx to spawned Open MPI processes")
         except (PlanError, LaunchError) as err:
             self.pmi_log(f"{who} could not spawn: {err}")
             reply(str(err))
@@ -439,6 +435,10 @@ class MPIJobs:
             if not waiting:
                 give_up(failed[0]) if failed else reply(None, kvsname)
 
+        layout = self.pmix.spawned_layout(specs, sup.plan.universe_size, (
+            parent.kvsname, rank)) if pmix and self.pmix is not None else None
+        if layout is not None and self.pmix is not None:
+            self.pmix.introduce(parent, pj, specs, layout)
         if local:
             pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
                      trace=sup.job.verbose >= 2, port_range=sup.job.port_range)
@@ -454,7 +454,7 @@ class MPIJobs:
             return
         for name, host_specs in remote.items():
             sup.hosts[name].spawn(pj, host_specs, mapping, lambda problem, n=name:
-                                  host_answered(n, problem))
+                                  host_answered(n, problem), pmix=layout)
 
     def _plan(self, request: SpawnRequest, number: int, kvsname: str, context_env):
         from ..hosts import is_local

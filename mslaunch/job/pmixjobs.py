@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from ..spec import RankSpec
     from .seams import JobView
 
+import itertools
+
 from ..pmix import oversubscribed
 from ..pmix.exchange import CONNECT_PREFIX, FenceExchange, decode_blob, encode_blob
 from ..pmix.names import NameBoard
@@ -40,6 +42,9 @@ class LauncherPMIx:
         self.host: Optional[PMIxHost] = None
         self.exchange = FenceExchange(self._participants)
         self.board = NameBoard()
+        self._modex: Dict[int, Callable[[Optional[bytes]], None]] = {}   # by question
+        self.layouts: Dict[str, Dict[str, Any]] = {}      # spawned jobs', by namespace
+        self._asks = itertools.count(1)
 
     def serve_first(self, pj: PMIJob) -> None:
         """PMIx for the first job's ranks on this machine."""
@@ -58,11 +63,23 @@ class LauncherPMIx:
         marker = sup.watchdog.marker if sup.watchdog is not None else plan.kvsname
         log = sup.log if sup.job.verbose else (lambda message: None)
         self.host = PMIxHost(sup.loop, pmix_dir(marker), log)
+        self.host.fetch_remote = self.fetch
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
             self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
         self.host.serve(pj, layout, relay)
+
+    @staticmethod
+    def spawned_layout(specs: Sequence[RankSpec], universe: int,
+                       parent: Tuple[str, int]) -> Dict[str, Any]:
+        """Where a job an Open MPI rank spawned runs, as its hosts' agents are told."""
+        nodes: List[str] = []
+        for s in specs:
+            if s.host.name not in nodes:
+                nodes.append(s.host.name)
+        return {"pmix_nodes": nodes, "pmix_node_of": [nodes.index(s.host.name) for s in specs],
+                "pmix_universe": universe, "pmix_parent": list(parent)}
 
     def serve_spawned(self, pj: PMIJob, specs: Sequence[RankSpec],
                       parent: Tuple[str, int]) -> None:
@@ -70,10 +87,7 @@ class LauncherPMIx:
         from ..pmix.server import Layout
         if self.host is None:
             return
-        nodes: List[str] = []
-        for s in specs:
-            if s.host.name not in nodes:
-                nodes.append(s.host.name)
+        nodes = self.spawned_layout(specs, 0, parent)["pmix_nodes"]
         layout = Layout(pj.kvsname, nodes, [nodes.index(s.host.name) for s in specs],
                         [s.app for s in specs], self.sup.plan.universe_size,
                         nodes.index(next(s.host.name for s in specs if s.host.local)),
@@ -126,6 +140,16 @@ class LauncherPMIx:
         return frozenset(hosts)
 
     def from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """An agent's PMIx operation: names, direct modex, else its part of a fence."""
+        op = message.get("op")
+        if op == "pmix_names":
+            self.names_from_agent(host, message)
+        elif op in ("pmix_modex", "pmix_modex_done"):
+            self.modex_from_agent(host, message)
+        else:
+            self._fence_from_agent(host, message)
+
+    def _fence_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
         """An agent's part of a fence (``pmix_fence``)."""
         from ..remote import link
         kvs = link.field(message, "kvs", str, "PMIx fence")
@@ -180,6 +204,82 @@ class LauncherPMIx:
             {"op": "pmix_names_done", "ask": ask,
              "value": {k: list(v) for k, v in value.items()} if what == "lookup" else value}))
 
+    def _layout_of(self, pj: PMIJob) -> Dict[str, Any]:
+        if pj.kvsname in self.layouts:
+            return self.layouts[pj.kvsname]
+        plan = self.sup.plan
+        return {"pmix_nodes": [h.name for h in plan.hosts],
+                "pmix_node_of": [r.host.node_id for r in plan.ranks],
+                "pmix_universe": plan.universe_size, "appnums": [r.app for r in plan.ranks]}
+
+    def introduce(self, parent: PMIJob, child: PMIJob, specs: Sequence[RankSpec],
+                  layout: Dict[str, Any]) -> None:
+        """Make a spawned job known to the hosts of its parent job, and the parent
+        job to the hosts of its children, so that each side's server asks for the
+        other's data (direct modex) instead of waiting for it."""
+        from ..pmix.server import Layout
+        self.layouts[child.kvsname] = dict(layout, appnums=[s.app for s in specs])
+        hosts_of: Dict[str, set] = {parent.kvsname: set(), child.kvsname: set()}
+        for pj in (parent, child):
+            for key in pj.keys.values():
+                spec = self.sup.ranks[key].spec
+                hosts_of[pj.kvsname].add(HERE if spec.host.local else spec.host.name)
+        for pj, other in ((child, parent), (parent, child)):
+            fields = self._layout_of(pj)
+            for name in hosts_of[other.kvsname] - hosts_of[pj.kvsname]:
+                if name == HERE:
+                    if self.host is not None:
+                        self.host.guest(Layout(pj.kvsname, fields["pmix_nodes"],
+                                               fields["pmix_node_of"], fields["appnums"],
+                                               fields["pmix_universe"], -1))
+                elif name in self.sup.hosts:
+                    self.sup.hosts[name].send_pmi(dict(fields, op="pmix_guest", kvs=pj.kvsname))
+
+    # -- direct modex: a process's data, from the host that has it ----------------
+    def fetch(self, nspace: str, rank: int, done: Callable[[Optional[bytes]], None]) -> None:
+        """What process ``rank`` of job ``nspace`` put, asked of its host."""
+        pj = self.jobs.get(nspace)
+        key = pj.keys.get(rank) if pj is not None else None
+        if key is None:
+            done(None)
+            return
+        spec = self.sup.ranks[key].spec
+        if spec.host.local:
+            if self.host is None:
+                done(None)
+            else:
+                self.host.local_modex(nspace, rank, done)
+            return
+        remote = self.sup.hosts.get(spec.host.name)
+        if remote is None:
+            done(None)
+            return
+        ask = next(self._asks)
+        self._modex[ask] = done
+        remote.send_pmi({"op": "pmix_modex", "kvs": nspace, "rank": rank, "ask": ask})
+
+    def modex_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
+        """An agent's question for a process's data (``pmix_modex``), or its answer to
+        one of the launcher's (``pmix_modex_done``)."""
+        from ..remote import link
+        ask = link.field(message, "ask", int, "PMIx modex")
+        if message.get("op") == "pmix_modex_done":
+            done = self._modex.pop(ask, None)
+            if done is None:
+                raise link.LinkError("PMIx modex answer for no question")
+            try:
+                blob = message.get("blob")
+                done(None if blob is None else decode_blob(blob))
+            except ValueError as err:
+                raise link.LinkError(f"PMIx modex: {err}") from None
+            return
+        kvs = link.field(message, "kvs", str, "PMIx modex")
+        rank = link.field(message, "rank", int, "PMIx modex")
+        self.fetch(kvs, rank, lambda blob: host.send_pmi(
+            {"op": "pmix_modex_done", "ask": ask,
+             "blob": None if blob is None else encode_blob(blob)}))
+
     def close(self) -> None:
         if self.host is not None:
             self.host.close()
+

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterable, Mapping
+    from typing import Iterable, Mapping, Sequence, Tuple
 
     from ..spec import RankSpec
 
@@ -84,3 +84,12 @@ def sibling_name(base: str, parent: str) -> str:
         if _open_mpi_4_family(_one_at_a_time(salt, prefix)) == want:
             return f"{base}.{salt.decode()}"
     return base
+
+
+def spawn_request(commands: Sequence[Tuple[str, Sequence[str], int, Mapping[str, str]]]):
+    """The :class:`~mslaunch.spec.SpawnRequest` of a ``PMIx_Spawn``'s applications,
+    each ``(program, args, processes, info)`` (see :mod:`.dpm`)."""
+    from ..spec import SpawnCommand, SpawnRequest
+    return SpawnRequest(commands=tuple(
+        SpawnCommand(program=program, args=tuple(args), nprocs=n, info=tuple(info.items()))
+        for program, args, n, info in commands))

@@ -12,6 +12,7 @@ processes of namespaces this server knows are served.
 from __future__ import annotations
 
 import ctypes as C
+import itertools
 import os
 
 from . import lib as L
@@ -19,7 +20,7 @@ from .exchange import CONNECT_PREFIX, decode_blob, encode_blob
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from .names import Found
     from .server import Namespace, PMIxServer
@@ -79,7 +80,11 @@ class DPMCalls:
                       L.SLOT_UNPUBLISH: L.UNPUBLISH(self._unpublish),
                       L.SLOT_SPAWN: L.SPAWN(self._spawn),
                       L.SLOT_CONNECT: L.CONNECT(self._connect),
-                      L.SLOT_DISCONNECT: L.CONNECT(self._connect)}
+                      L.SLOT_DISCONNECT: L.CONNECT(self._connect),
+                      L.SLOT_DIRECT_MODEX: L.DMODEX(self._dmodex)}
+        self._response = L.DMODEX_RESPONSE(self._responded)
+        self._waiting: Dict[int, Callable[[Optional[bytes]], None]] = {}
+        self._asks = itertools.count(1)
 
     def _answer_op(self, cbfunc: Any, cbdata: Any, status: int) -> None:
         if cbfunc and self.server.up:
@@ -190,9 +195,8 @@ class DPMCalls:
             members: List[Tuple[str, int]] = [
                 (procs[i].nspace.decode("utf-8", "replace"), procs[i].rank)
                 for i in range(nprocs)]
-            ns: Optional[Namespace] = self.server.namespaces.get(members[0][0]) \
-                if members else None
-            if ns is None or any(m[0] not in self.server.namespaces for m in members):
+            ns: Optional[Namespace] = self.server.serving(members)
+            if ns is None:
                 return L.ERR_NOT_SUPPORTED
             signature = ns.covers(members)
             if signature is None:
@@ -206,3 +210,46 @@ class DPMCalls:
             return L.SUCCESS
         except Exception:  # noqa: BLE001
             return L.ERROR
+
+    # -- direct modex: one process's data, from the host that has it --------------
+    def _dmodex(self, proc: Any, info: Any, ninfo: int, cbfunc: Any, cbdata: Any) -> int:
+        try:
+            nspace, rank = proc[0].nspace.decode("utf-8", "replace"), proc[0].rank
+
+            def answer(blob: Optional[bytes]) -> None:
+                if not self.server.up:
+                    return
+                if blob is None:
+                    cbfunc(L.ERR_NOT_FOUND, None, 0, cbdata, L.RELEASE(), None)
+                else:
+                    self.server.answer_modex(cbfunc, cbdata, blob)
+            self.server.inbox.post(lambda: self.server.fetch(nspace, rank, answer))
+            return L.SUCCESS
+        except Exception:  # noqa: BLE001
+            return L.ERROR
+
+    def local_modex(self, nspace: str, rank: int,
+                    done: Callable[[Optional[bytes]], None]) -> None:
+        """The data one of this host's processes put (``PMIx_server_dmodex_request``,
+        which waits for the process to commit it), or None."""
+        if not self.server.up or nspace not in self.server.namespaces:
+            done(None)
+            return
+        ask = next(self._asks)
+        self._waiting[ask] = done
+        proc = L.Proc(nspace.encode(), rank)
+        rc = self.server.lib.lib.PMIx_server_dmodex_request(C.byref(proc), self._response, ask)
+        if rc not in (L.SUCCESS, L.OPERATION_SUCCEEDED):
+            self._waiting.pop(ask, None)
+            done(None)
+
+    def _responded(self, status: int, data: Optional[int], size: int, ask: Optional[int]) -> None:
+        try:
+            blob = (C.string_at(data, size) if data and size else b"") \
+                if status == L.SUCCESS else None
+            done = self._waiting.pop(ask or 0, None)
+            if done is not None:
+                self.server.inbox.post(lambda: done(blob))
+        except Exception:  # noqa: BLE001 -- nothing may unwind into the library
+            pass
+

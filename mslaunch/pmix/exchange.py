@@ -31,7 +31,10 @@ class FenceExchange:
 
     def __init__(self, participants: Callable[[str, str], FrozenSet[str]]) -> None:
         self.participants = participants
-        self.rounds: Dict[Tuple[str, str, int], Dict[str, Tuple[bytes, Done]]] = {}
+        # By signature and sequence only: the hosts of a connect between two jobs
+        # each name it through a job of their own.
+        self.rounds: Dict[Tuple[str, int], Dict[str, Tuple[bytes, Done]]] = {}
+        self.jobs: Dict[Tuple[str, int], str] = {}
 
     def contribute(self, kvs: str, signature: str, sequence: int, host: str, blob: bytes,
                    done: Done) -> None:
@@ -40,22 +43,24 @@ class FenceExchange:
         expected = self.participants(kvs, signature)
         if host not in expected:
             raise ValueError(f"a fence of {signature[:60]} without ranks on {host or 'here'}")
-        key = (kvs, signature, sequence)
+        key = (signature, sequence)
         parts = self.rounds.setdefault(key, {})
+        self.jobs.setdefault(key, kvs)
         if host in parts:
             raise ValueError(f"fence {sequence} of {signature[:60]} given twice")
         parts[host] = (blob, done)
         if len(parts) < len(expected):
             return
         del self.rounds[key]
+        self.jobs.pop(key, None)
         whole = b"".join(parts[h][0] for h in sorted(parts))
         for h in sorted(parts):
             parts[h][1](whole)
 
     def waiting(self) -> List[Tuple[str, Set[str]]]:
         """Fences under way: ``(signature, hosts not yet in)``."""
-        return [(sig, set(self.participants(kvs, sig)) - set(parts))
-                for (kvs, sig, _), parts in self.rounds.items()]
+        return [(sig, set(self.participants(self.jobs.get((sig, seq), ""), sig)) - set(parts))
+                for (sig, seq), parts in self.rounds.items()]
 
 
 def encode_blob(blob: bytes) -> str:

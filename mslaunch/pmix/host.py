@@ -36,6 +36,10 @@ class PMIxHost:
         self.log = log
         self.server: Optional[PMIxServer] = None
         self.problem: Optional[str] = None      # why no server runs here
+        #: ``fetch_remote(nspace, rank, done)``: a process's data from the host that
+        #: has it, for the library's direct modex (set by this process's owner).
+        self.fetch_remote: Callable[[str, int, Callable[[Optional[bytes]], None]], None] = \
+            lambda nspace, rank, done: done(None)
 
     def _start(self) -> Optional[PMIxServer]:
         if self.server is not None or self.problem is not None:
@@ -64,6 +68,7 @@ class PMIxHost:
         except OSError as err:
             self.problem = f"{library.path}: {err}"
             return None
+        self.server.fetch = lambda nspace, rank, done: self.fetch_remote(nspace, rank, done)
         self.log(f"PMIx server of {library.version.split(' (')[0]} ({library.path})")
         return self.server
 
@@ -82,6 +87,28 @@ class PMIxHost:
             return False
         return True
 
+    def guest(self, layout: Layout) -> None:
+        """Make a job with no process here known to the server (``layout.here`` -1):
+        the library then asks for its processes' data (direct modex) instead of
+        waiting for it, when a process here connects to them (a spawn's parent
+        and children on other hosts)."""
+        server = self._start()
+        if server is None or layout.nspace in server.namespaces:
+            return
+        try:
+            server.namespace(layout, None, _no_relay, lambda rank: None)
+        except OSError as err:
+            self.log(f"PMIx: job {layout.nspace[:40]} not made known here: {err}")
+
+    def local_modex(self, nspace: str, rank: int,
+                    done: Callable[[Optional[bytes]], None]) -> None:
+        """What one of this host's processes put, or None (see :mod:`.dpm`)."""
+        more = self.server.more if self.server is not None else None
+        if more is None:
+            done(None)
+        else:
+            more.local_modex(nspace, rank, done)
+
     def close(self) -> None:
         """Stop the server and remove its directory (once the ranks are gone)."""
         if self.server is not None:
@@ -89,3 +116,7 @@ class PMIxHost:
             self.server = None
         from ..machine.trees import remove_tree
         remove_tree(self.directory)
+
+
+def _no_relay(signature: str, sequence: int, blob: bytes, done: Callable[[bytes], None]) -> None:
+    """A guest job's fences: it has no process here to take part in one."""

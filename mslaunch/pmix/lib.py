@@ -107,10 +107,13 @@ UNPUBLISH = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(C.c_char_p), C.POINT
                         C.c_size_t, OP_CB, C.c_void_p)
 CONNECT = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.c_size_t, C.POINTER(Info), C.c_size_t,
                       OP_CB, C.c_void_p)
+DMODEX = C.CFUNCTYPE(C.c_int, C.POINTER(Proc), C.POINTER(Info), C.c_size_t, MODEX_CB,
+                     C.c_void_p)
+DMODEX_RESPONSE = C.CFUNCTYPE(None, C.c_int, C.c_void_p, C.c_size_t, C.c_void_p)
 
 #: Slots of the server module table (pmix_server_module_t), and its size here:
 #: zeros past the slots used, as newer libraries read further.
-SLOT_CONNECTED, SLOT_FINALIZED, SLOT_ABORT, SLOT_FENCE = 0, 1, 2, 3
+SLOT_CONNECTED, SLOT_FINALIZED, SLOT_ABORT, SLOT_FENCE, SLOT_DIRECT_MODEX = 0, 1, 2, 3, 4
 SLOT_PUBLISH, SLOT_LOOKUP, SLOT_UNPUBLISH, SLOT_SPAWN, SLOT_CONNECT, SLOT_DISCONNECT = \
     5, 6, 7, 8, 9, 10
 MODULE_SLOTS = 64
@@ -176,6 +179,8 @@ class Library:
         lib.PMIx_server_deregister_nspace.restype = None
         lib.PMIx_server_register_client.argtypes = [C.POINTER(Proc), C.c_uint32, C.c_uint32,
                                                     C.c_void_p, OP_CB, C.c_void_p]
+        lib.PMIx_server_dmodex_request.argtypes = [C.POINTER(Proc), DMODEX_RESPONSE,
+                                                   C.c_void_p]
         lib.PMIx_server_setup_fork.argtypes = [C.POINTER(Proc),
                                                C.POINTER(C.POINTER(C.c_char_p))]
         self.version = (lib.PMIx_Get_version() or b"").decode("ascii", "replace")

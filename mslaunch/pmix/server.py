@@ -107,7 +107,8 @@ class Layout:
         """The namespace's data, as the library's ``register_nspace`` takes it."""
         size = len(self.node_of)
         per_node = [self.ranks_on(n) for n in range(len(self.nodes))]
-        local = per_node[self.here]
+        # here = -1: a job with no process on this host (a guest, see PMIxHost.guest)
+        local = per_node[self.here] if 0 <= self.here < len(per_node) else []
         apps = len(set(self.appnums)) or 1
         info: List[Tuple[str, int, Any]] = [
             ("pmix.jobid", L.STRING, self.nspace), ("pmix.univ.size", L.UINT32, self.universe),
@@ -273,8 +274,12 @@ class PMIxServer:
         for slot, call in zip((L.SLOT_CONNECTED, L.SLOT_FINALIZED, L.SLOT_ABORT, L.SLOT_FENCE),
                               self._calls):
             self._module[slot] = C.cast(call, C.c_void_p)
-        self._more = more_calls(self) if more_calls is not None else None
-        for slot, call in (self._more.calls.items() if self._more is not None else ()):
+        #: ``fetch(nspace, rank, done)``: another host's data of a process, from
+        #: this server's host; ``done(None)`` where nobody has it.
+        self.fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None] = \
+            lambda nspace, rank, done: done(None)
+        self.more = more_calls(self) if more_calls is not None else None
+        for slot, call in (self.more.calls.items() if self.more is not None else ()):
             self._module[slot] = C.cast(call, C.c_void_p)
         self._info = info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
                                         ("pmix.sys.tmpdir", L.STRING, tmpdir)])
@@ -323,6 +328,13 @@ class PMIxServer:
         self.inbox.close()
 
     # -- upcalls, on the library's thread (those of dynamic processes: .dpm) -------
+    def serving(self, members: Sequence[Tuple[str, int]]) -> Optional[Namespace]:
+        """The job through which this host takes part in a fence or connect of
+        ``members``: one with processes here (a job of a spawn's parent may be a
+        guest here, with none)."""
+        return next((self.namespaces[m[0]] for m in members
+                     if m[0] in self.namespaces and self.namespaces[m[0]].local), None)
+
     def which(self, proc: Any) -> Tuple[Optional[Namespace], int]:
         p = proc[0]
         return self.namespaces.get(p.nspace.decode("utf-8", "replace")), p.rank
@@ -370,23 +382,23 @@ class PMIxServer:
             blob = C.string_at(data, ndata) if ndata and data else b""
             members = [(procs[i].nspace.decode("utf-8", "replace"), procs[i].rank)
                        for i in range(nprocs)]
-            ns = self.namespaces.get(members[0][0]) if members else None
+            ns = self.serving(members)
             if ns is None:
                 return L.ERR_NOT_SUPPORTED
             signature = ns.covers(members)
             if signature is None:
-                self._answer(cbfunc, cbdata, blob)
+                self.answer_modex(cbfunc, cbdata, blob)
                 return L.SUCCESS
 
             def relay() -> None:
                 ns.relay(signature, ns.next_sequence(signature), blob,
-                         lambda whole: self._answer(cbfunc, cbdata, whole))
+                         lambda whole: self.answer_modex(cbfunc, cbdata, whole))
             self.inbox.post(relay)
             return L.SUCCESS
         except Exception:  # noqa: BLE001
             return L.ERROR
 
-    def _answer(self, cbfunc: Any, cbdata: Any, blob: bytes) -> None:
+    def answer_modex(self, cbfunc: Any, cbdata: Any, blob: bytes) -> None:
         """A fence's result to the library, held until it releases it (a result that
         comes after the server stopped has nobody to go to)."""
         if not self.up:

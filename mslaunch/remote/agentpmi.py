@@ -52,6 +52,7 @@ class AgentPMI:
         self.pmix: Optional[PMIxHost] = None
         self.fences: Dict[Tuple[str, str, int], Callable[[bytes], None]] = {}
         self.names_waiting: Dict[int, Tuple[str, Callable[[Any], None]]] = {}
+        self.modex_waiting: Dict[int, Callable[[Optional[bytes]], None]] = {}
         self._asks = itertools.count(1)
 
     def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
@@ -90,32 +91,32 @@ class AgentPMI:
         pj.serve(self.loop, appnums, job["process_mapping"], tcp=job["pmi"] == "port",
                  trace=self.trace, port_range=self.port_range)
         self.jobs[kvsname] = pj
-        if number == 1 and job.get("pmix_nodes") and specs:
+        if job.get("pmix_nodes") and specs and (number == 1 or job.get("pmix_parent")):
             self._serve_pmix(pj, job, specs)
         if self.guard is not None and number != 1:
             self.guard.keep(kvsname)
         return pj
 
     def _serve_pmix(self, pj: PMIJob, job: Dict[str, Any], specs: List[RankSpec]) -> None:
-        from ..pmi.files import pmix_dir
         from ..pmix import oversubscribed
-        from ..pmix.host import PMIxHost
         from ..pmix.server import Layout
         from ..procmap import parse_process_mapping
-        try:
-            node_of = parse_process_mapping(job["process_mapping"], pj.size)
-        except ValueError:
-            return
         nodes = job["pmix_nodes"]
-        here = specs[0].host.node_id
+        parent = job.get("pmix_parent")
+        if parent:                  # a job an Open MPI rank spawned (remote.jobframe)
+            node_of = job["pmix_node_of"]
+            here = nodes.index(specs[0].host.name) if specs[0].host.name in nodes else -1
+        else:
+            try:
+                node_of = parse_process_mapping(job["process_mapping"], pj.size)
+            except ValueError:
+                return
+            here = specs[0].host.node_id
         if not 0 <= here < len(nodes) or any(not 0 <= n < len(nodes) for n in node_of):
             return
-        if self.pmix is None:
-            marker = self.guard.marker if self.guard is not None else pj.kvsname
-            self.pmix = PMIxHost(self.loop, pmix_dir(marker),
-                                 self.pmi_log if self.trace else (lambda message: None))
         layout = Layout(pj.kvsname, nodes, node_of, job["appnums"], job["pmix_universe"], here,
-                        oversubscribed(specs))
+                        oversubscribed(specs), parent=(parent[0], parent[1]) if parent else None)
+        self._host(pj.kvsname)
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
@@ -123,7 +124,7 @@ class AgentPMI:
             self.fences[(pj.kvsname, signature, sequence)] = done
             self.up({"op": "pmix_fence", "kvs": pj.kvsname, "sig": signature,
                      "seq": sequence, "blob": encode_blob(blob)})
-        self.pmix.serve(pj, layout, relay)
+        self._host(pj.kvsname).serve(pj, layout, relay, min_size=1 if parent else 2)
 
     def pmix_said(self, key: int) -> Dict[str, object]:
         """What a singleton report says of PMIx here: served to the rank's job, or why not."""
@@ -166,7 +167,65 @@ class AgentPMI:
 
     def pmix_spawn(self, pj: PMIJob, rank: int, commands: List[Any],
                    env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
-        reply("an Open MPI program spawns from the launcher's host only")
+        """An Open MPI rank here spawns (``PMIx_Spawn``): the launcher places and
+        starts the new job, as for an MPICH rank's, its children served PMIx."""
+        from ..pmix import spawn_request
+        self.pmi_spawn(pj, rank, spawn_request(commands), reply,
+                       {"pmix": True, "env": [list(e) for e in env]})
+
+    def _host(self, kvsname: str) -> PMIxHost:
+        """This agent's PMIx, made on first use."""
+        if self.pmix is None:
+            from ..pmi.files import pmix_dir
+            from ..pmix.host import PMIxHost
+            marker = self.guard.marker if self.guard is not None else kvsname
+            self.pmix = PMIxHost(self.loop, pmix_dir(marker),
+                                 self.pmi_log if self.trace else (lambda message: None))
+            self.pmix.fetch_remote = self._fetch
+        return self.pmix
+
+    def _guest(self, message: Dict[str, Any]) -> None:
+        """A job with no process here, made known to this host's server (see
+        :meth:`mslaunch.pmix.host.PMIxHost.guest`)."""
+        from ..pmix.server import Layout
+        from .jobframe import is_kvsname, read_guest
+        kvs = message.get("kvs")
+        if not isinstance(kvs, str) or not is_kvsname(kvs):
+            raise link.LinkError("PMIx guest job without a name")
+        nodes, node_of, appnums, universe = read_guest(message)
+        self._host(kvs).guest(Layout(kvs, nodes, node_of, appnums, universe, -1))
+
+    def _fetch(self, nspace: str, rank: int, done: Callable[[Optional[bytes]], None]) -> None:
+        """A process's data for this host's server, asked of the launcher."""
+        ask = next(self._asks)
+        self.modex_waiting[ask] = done
+        self.up({"op": "pmix_modex", "kvs": nspace, "rank": rank, "ask": ask})
+
+    def _modex(self, message: Dict[str, Any]) -> None:
+        """The launcher's question for a process here (``pmix_modex``), or its answer
+        to one of this host's (``pmix_modex_done``)."""
+        from ..pmix.exchange import decode_blob, encode_blob
+        ask = link.field(message, "ask", int, "PMIx modex")
+        if message.get("op") == "pmix_modex_done":
+            done = self.modex_waiting.pop(ask, None)
+            if done is None:
+                raise link.LinkError("PMIx modex answer for no question of this host")
+            try:
+                blob = message.get("blob")
+                done(None if blob is None else decode_blob(blob))
+            except ValueError as err:
+                raise link.LinkError(f"PMIx modex: {err}") from None
+            return
+        kvs = link.field(message, "kvs", str, "PMIx modex")
+        rank = link.field(message, "rank", int, "PMIx modex")
+
+        def answer(blob: Optional[bytes]) -> None:
+            self.up({"op": "pmix_modex_done", "ask": ask,
+                     "blob": None if blob is None else encode_blob(blob)})
+        if self.pmix is None:
+            answer(None)
+        else:
+            self.pmix.local_modex(kvs, rank, answer)
 
     def pid_of(self, key: int) -> Optional[int]:
         r = self.local.ranks.get(key) if self.local is not None else None
@@ -203,6 +262,12 @@ class AgentPMI:
             return
         if op == "pmix_names_done":
             self._names_done(message)
+            return
+        if op in ("pmix_modex", "pmix_modex_done"):
+            self._modex(message)
+            return
+        if op == "pmix_guest":
+            self._guest(message)
             return
         if op not in ("fence_done", "answer"):
             raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
@@ -248,7 +313,8 @@ class AgentPMI:
     def pmi_log(self, message: str) -> None:
         self.end.send(link.encode(link.LOG, {"message": f"PMI: {message}"}))
 
-    def pmi_spawn(self, pj: PMIJob, rank: int, request, reply) -> None:
+    def pmi_spawn(self, pj: PMIJob, rank: int, request, reply,
+                  extra: Optional[Dict[str, Any]] = None) -> None:
         """A rank here spawns: the launcher places and starts the new job."""
         from .jobframe import spawn_request_body
 
@@ -260,4 +326,4 @@ class AgentPMI:
                 reply("the launcher gave no usable answer")
 
         pj.state.ask(dict(spawn_request_body(request), op="spawn",  # type: ignore[attr-defined]
-                          rank=pj.keys[rank]), answered)
+                          rank=pj.keys[rank], **(extra or {})), answered)

@@ -107,8 +107,10 @@ class RemoteHost:
                 body["ranks"] = [r for r in ranks if r in self.ranks]
             self.endpoint.send(link.encode(link.SIGNAL, body))
 
-    def spawn(self, pj, specs: Sequence[RankSpec], mapping: str, done) -> None:
-        """Start a spawned job's processes on this host; ``done(problem or None)``."""
+    def spawn(self, pj, specs: Sequence[RankSpec], mapping: str, done,
+              pmix: Optional[Dict[str, Any]] = None) -> None:
+        """Start a spawned job's processes on this host; ``done(problem or None)``;
+        ``pmix``: the PMIx layout of a job an Open MPI rank spawned."""
         from .jobframe import spawn_frame
         if self.state not in ("running", "done") or self.endpoint.closed:
             done(f"host {self.name} is not running")
@@ -117,10 +119,9 @@ class RemoteHost:
         self.ranks.update(s.key for s in specs)
         self.state = "running"            # busy again until the agent is done anew
         self._spawns[pj.kvsname] = done
-        self.send_pmi(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,
-                                  mapping, [pj.state.appnum(r) for r in range(pj.size)],
-                                  pj.state.universe_size,
-                                  self.pmi_port))
+        self.send_pmi(dict(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,
+                                       mapping, [pj.state.appnum(r) for r in range(pj.size)],
+                                       pj.state.universe_size, self.pmi_port), **(pmix or {})))
 
     def look(self, kind: int, body: Dict[str, Any], done) -> bool:
         """Ask the agent for its ranks' stacks (``link.STACKS``) or usage

@@ -259,7 +259,26 @@ def read_spawned(body: Dict[str, Any], name: str, slots: int) -> Dict[str, Any]:
             "appnums": [_int(a, "appnums", 0, _MAX_RANK) for a in appnums],
             "universe_size": _int(body.get("universe_size"), "universe_size", -1, 1 << 40),
             "pmi": _choice(body.get("pmi"), "pmi", ("fd", "port")),
-            "ranks": _ranks(body.get("ranks"), size, name, slots)}
+            "ranks": _ranks(body.get("ranks"), size, name, slots), **_spawned_pmix(body, size)}
+
+
+def _spawned_pmix(body: Dict[str, Any], size: int) -> Dict[str, Any]:
+    """The PMIx layout of a job an Open MPI rank spawned (none for MPICH's):
+    its hosts, each process's host among them, the universe and the parent."""
+    if body.get("pmix_nodes") is None:
+        return {}
+    nodes = _texts(body["pmix_nodes"], "pmix_nodes", empty=False)
+    node_of = body.get("pmix_node_of")
+    if not isinstance(node_of, list) or len(node_of) != size:
+        raise _bad("pmix_node_of", f"is not a list of {size} numbers")
+    parent = body.get("pmix_parent")
+    if not isinstance(parent, list) or len(parent) != 2:
+        raise _bad("pmix_parent", "is not [namespace, rank]")
+    return {"pmix_nodes": nodes,
+            "pmix_node_of": [_int(n, "pmix_node_of", 0, len(nodes) - 1) for n in node_of],
+            "pmix_universe": _int(body.get("pmix_universe"), "pmix_universe", 0, _MAX_RANK),
+            "pmix_parent": [_text(parent[0], "pmix_parent", empty=False),
+                            _int(parent[1], "pmix_parent", 0, _MAX_RANK)]}
 
 
 def spawn_request_body(request) -> Dict[str, Any]:
@@ -267,6 +286,30 @@ def spawn_request_body(request) -> Dict[str, Any]:
     return {"commands": [{"program": c.program, "args": list(c.args), "nprocs": c.nprocs,
                           "info": [list(p) for p in c.info]} for c in request.commands],
             "preput": [list(p) for p in request.preput]}
+
+
+def read_guest(body: Dict[str, Any]) -> Tuple[List[str], List[int], List[int], int]:
+    """A ``pmix_guest`` message: a job's hosts, each process's host among them, its
+    application numbers and universe (LinkError if malformed)."""
+    nodes = _texts(body.get("pmix_nodes"), "pmix_nodes", empty=False)
+    node_of, appnums = body.get("pmix_node_of"), body.get("appnums")
+    if not isinstance(node_of, list) or not 0 < len(node_of) <= _MAX_RANK or \
+            not isinstance(appnums, list) or len(appnums) != len(node_of):
+        raise _bad("pmix_node_of", "is not a list of numbers, one per process")
+    return (nodes, [_int(n, "pmix_node_of", 0, len(nodes) - 1) for n in node_of],
+            [_int(a, "appnums", 0, _MAX_RANK) for a in appnums],
+            _int(body.get("pmix_universe"), "pmix_universe", 0, _MAX_RANK))
+
+
+def read_spawn_env(body: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
+    """The variables an Open MPI rank's spawned application carries (``env``)."""
+    from ..pmi.spawn import MAX_INFO
+    value = body.get("env", [])
+    if not isinstance(value, list) or len(value) > 4 * MAX_INFO or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            and p[0] and "=" not in p[0] for p in value):
+        raise _bad("spawn env", "is not a list of [name, value] strings")
+    return tuple((p[0], p[1]) for p in value)
 
 
 def read_spawn(body: Dict[str, Any]):

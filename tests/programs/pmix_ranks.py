@@ -8,7 +8,8 @@ connect   rank 0 accepts, the others connect (MPI_Comm_accept/connect), then eve
           rank publishes, looks up and unpublishes a name; "connected R N" and
           "named R"
 spawn     every rank spawns 2 children together (MPI_Comm_spawn), which send
-          their rank to the parents' rank 0: "children [0, 1]" and "child R of 2"
+          their rank to the parents' rank 0: "children [0, 1]" and "child R of 2",
+          and "childhost R HOSTNAME"
 hold      record the /dev/shm files this rank holds in OUT/shm.RANK and its
           PMIx server's directories in OUT/dirs.RANK, say "ready", and wait in a
           barrier for a minute
@@ -69,6 +70,7 @@ elif mode == "spawn":
 elif mode == "child":
     parent = MPI.Comm.Get_parent()
     print("child", c.rank, "of", c.size, flush=True)
+    print("childhost", c.rank, socket.gethostname(), flush=True)
     parent.send(c.rank, dest=0)
     parent.Disconnect()
 elif mode == "hold":
