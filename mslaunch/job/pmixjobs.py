@@ -25,7 +25,14 @@ if TYPE_CHECKING:
 import itertools
 
 from ..pmix import oversubscribed
-from ..pmix.exchange import CONNECT_PREFIX, FenceExchange, decode_blob, encode_blob
+from ..pmix.exchange import (
+    CONNECT_PREFIX,
+    FenceExchange,
+    decode_blob,
+    encode_blob,
+    modex_answered,
+    modex_reply,
+)
 from ..pmix.names import NameBoard
 
 #: The launcher's name among a fence's hosts.
@@ -264,20 +271,14 @@ class LauncherPMIx:
         from ..remote import link
         ask = link.field(message, "ask", int, "PMIx modex")
         if message.get("op") == "pmix_modex_done":
-            done = self._modex.pop(ask, None)
-            if done is None:
-                raise link.LinkError("PMIx modex answer for no question")
             try:
-                blob = message.get("blob")
-                done(None if blob is None else decode_blob(blob))
+                modex_answered(self._modex, ask, message.get("blob"))
             except ValueError as err:
                 raise link.LinkError(f"PMIx modex: {err}") from None
             return
         kvs = link.field(message, "kvs", str, "PMIx modex")
         rank = link.field(message, "rank", int, "PMIx modex")
-        self.fetch(kvs, rank, lambda blob: host.send_pmi(
-            {"op": "pmix_modex_done", "ask": ask,
-             "blob": None if blob is None else encode_blob(blob)}))
+        self.fetch(kvs, rank, lambda blob: host.send_pmi(modex_reply(ask, blob)))
 
     def close(self) -> None:
         if self.host is not None:

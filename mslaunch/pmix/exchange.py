@@ -17,7 +17,7 @@ import binascii
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, FrozenSet, List, Set, Tuple
+    from typing import Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
     Done = Callable[[bytes], None]
 
@@ -76,3 +76,20 @@ def decode_blob(text: object) -> bytes:
         return binascii.a2b_base64(text.encode("ascii"))
     except (binascii.Error, UnicodeEncodeError):
         raise ValueError("fence data is not base64") from None
+
+
+def modex_answered(waiting: Dict[int, Callable[[Optional[bytes]], None]], ask: int,
+                   blob: object) -> None:
+    """Hand a ``pmix_modex_done`` answer (a process's data in base64, or None where
+    nobody had it) to the question ``ask`` of ``waiting``; ValueError if it answers
+    none or is not data."""
+    done = waiting.pop(ask, None)
+    if done is None:
+        raise ValueError("an answer for no question")
+    done(None if blob is None else decode_blob(blob))
+
+
+def modex_reply(ask: int, blob: Optional[bytes]) -> Dict[str, object]:
+    """The ``pmix_modex_done`` answer to question ``ask``."""
+    return {"op": "pmix_modex_done", "ask": ask,
+            "blob": None if blob is None else encode_blob(blob)}

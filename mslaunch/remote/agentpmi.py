@@ -204,15 +204,11 @@ class AgentPMI:
     def _modex(self, message: Dict[str, Any]) -> None:
         """The launcher's question for a process here (``pmix_modex``), or its answer
         to one of this host's (``pmix_modex_done``)."""
-        from ..pmix.exchange import decode_blob, encode_blob
+        from ..pmix.exchange import modex_answered, modex_reply
         ask = link.field(message, "ask", int, "PMIx modex")
         if message.get("op") == "pmix_modex_done":
-            done = self.modex_waiting.pop(ask, None)
-            if done is None:
-                raise link.LinkError("PMIx modex answer for no question of this host")
             try:
-                blob = message.get("blob")
-                done(None if blob is None else decode_blob(blob))
+                modex_answered(self.modex_waiting, ask, message.get("blob"))
             except ValueError as err:
                 raise link.LinkError(f"PMIx modex: {err}") from None
             return
@@ -220,8 +216,7 @@ class AgentPMI:
         rank = link.field(message, "rank", int, "PMIx modex")
 
         def answer(blob: Optional[bytes]) -> None:
-            self.up({"op": "pmix_modex_done", "ask": ask,
-                     "blob": None if blob is None else encode_blob(blob)})
+            self.up(modex_reply(ask, blob))
         if self.pmix is None:
             answer(None)
         else:
