@@ -7,14 +7,16 @@ returns its exit status (see ``docs/reference/python-api.md``)::
     status = mslaunch.run(["-n", "2", "python", "train.py"])
 
 The package is layered, its imports pointing down: records and errors
-(``spec``, ``errors``, ``switches``, ``liblogs``); pure parsers and the pure
-planner (``hosts``, ``plan``, ``procmap``, ``rankenv``, ``mcafile``); the
-mechanisms of one machine (``machine``: loop, spawn, output, guard, local
-ranks); services on them (``pmi``, the agent and its link in ``remote``,
-the node service of ``msrun``); the starters (``remote.ssh``, ``remote.rsh``,
+(``spec``, ``errors``, ``switches``, ``liblogs``, ``procmap``, ``mcafile``,
+``cputopo``); pure parsers and the pure planner (``hosts``, ``plan``,
+``rankenv``, ``stacktree``); the mechanisms of one machine (``machine``: loop,
+spawn, output, guard, local ranks); services on them (``pmi``, ``pmix``, the
+agent and its link in ``remote``); the starters (``remote.ssh``, ``remote.rsh``,
 ``remote.slurm``); the job's policy (``job``: launch, supervise, reports, Open
-MPI mode); and the command-line dialects (``cli``) last.  Importing the
-package imports none of them: :func:`run` does, when called.
+MPI mode); msrun mode on it (``msrun``: its nodes and their service); and
+the command-line dialects (``cli``) last (``tests/test_layers.py`` checks the
+order).  Importing the package imports none of them: :func:`run` does, when
+called.
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ def test_bind_numa_on_this_machine_and_its_file_form(bin_dir, tmp_path):
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'a'}",
                "--join=True", "--bind_numa=True", TASK], env, tmp_path)
     assert r.returncode == 0, r.stderr
-    from mslaunch.machine.topology import parse_cpulist
+    from mslaunch.cputopo import parse_cpulist
     assert env_of(logs(tmp_path / "a")["worker_0.log"])["MSRUN_CPU_LIST"] == \
         str(list(parse_cpulist(node0)))
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'b'}",

@@ -20,7 +20,7 @@ def hosts(*slots, max_slots=None):
 
 def machine(cores=2, sockets=1, threads=1):
     """A topology: ``sockets`` x ``cores`` (per socket) x ``threads``."""
-    from mslaunch.machine.topology import make_topology
+    from mslaunch.cputopo import make_topology
     rows = []
     for s in range(sockets):
         for c in range(cores):

@@ -12,7 +12,8 @@ from mslaunch.errors import HostfileError
 from mslaunch.hosts.rankfile import (MAX_FILE_BYTES, MAX_INDEX, MAX_RANKS, RankEntry, SlotPart,
                                      SlotSpec, missing_ranks, parse_rankfile,
                                      parse_rankfile_text, parse_slot, slot_cpus)
-from mslaunch.machine.topology import make_topology, read_topology
+from mslaunch.cputopo import make_topology
+from mslaunch.machine.topology import read_topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = os.path.join(REPO, "tests", "data", "topology")

@@ -114,7 +114,7 @@ def parse_ppr(value: str) -> Dict[str, object]:
 
 
 def parse_cpus(flag: str, value: str) -> Tuple[int, ...]:
-    from ..machine.topology import parse_cpulist
+    from ..cputopo import parse_cpulist
     try:
         return parse_cpulist(value)
     except ValueError as err:

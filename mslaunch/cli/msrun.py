@@ -48,7 +48,7 @@ def _bool(flag: str, text: str) -> bool:
 
 
 def _cpus(flag: str, key: str, value) -> str:
-    from ..machine.topology import parse_cpulist
+    from ..cputopo import parse_cpulist
     items = value if isinstance(value, list) else [value]
     texts = []
     for item in items:

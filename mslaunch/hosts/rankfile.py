@@ -53,7 +53,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-    from ..machine.topology import Topology
+    from ..cputopo import Topology
 
 __all__ = [
     "MAX_FILE_BYTES", "MAX_INDEX", "MAX_RANKS", "RankEntry", "SlotPart", "SlotSpec",
@@ -188,7 +188,7 @@ def slot_cpus(spec: SlotSpec, topo: Topology, hwthread_cpus: bool = False) -> Tu
     within the socket.  ValueError (one short line) when the spec names a CPU,
     socket or core the host does not have.
     """
-    from ..machine.topology import CORE, CPU, PACKAGE
+    from ..cputopo import CORE, CPU, PACKAGE
 
     unit = "hwthread" if hwthread_cpus else "core"
     units: Dict[int, List[int]] = {}

@@ -80,7 +80,7 @@ class Fleet:
                                     f"{conns[name].hello.get('package') or 'started'}")
         timeline.mark("every agent said hello")
         if replan is not None:
-            from ..machine.topology import from_wire
+            from ..cputopo import from_wire
             topologies = {}
             for name, conn in conns.items():
                 try:

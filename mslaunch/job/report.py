@@ -169,8 +169,8 @@ def rank_started(sup: JobView, r: RankState) -> None:
     unbound rank) and -v's line for a rank that started."""
     spec, job = r.spec, sup.job
     if job.report_bindings and (spec.cpus or job.bind_to != "none"):
-        from ..machine.bindings import report_binding
-        from ..machine.topology import Topology
+        from ..plan.bindings import report_binding
+        from ..cputopo import Topology
         topo = sup.plan.topologies[spec.host.node_id] if sup.plan.topologies else None
         text = report_binding(spec.rank, topo, spec.cpus) if isinstance(topo, Topology) else \
             f"MCW rank {spec.rank} bound to cpus {spec.cpus}"

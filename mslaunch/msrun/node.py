@@ -222,7 +222,8 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
             loop.close()
             from ..spec import JobResult
             return code, JobResult(exit_code=code, message=text, ending="remote")
-    from ..machine.topology import cached_topology, objects
+    from ..cputopo import objects
+    from ..machine.topology import cached_topology
     topo = cached_topology()
     procs = node_processes(spec, scheduler=master, ranks=ranks, environ=os.environ,
                            sched_host=addresses[0], master_port=port,

@@ -104,7 +104,7 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
             return None, list(_blocks(sorted(cpus), local))
         # Workers spread over the nodes in equal contiguous groups, as the CPUs are.
         return None, [nodes[i * len(nodes) // local] or None for i in range(local)]
-    from ..machine.topology import parse_cpulist
+    from ..cputopo import parse_cpulist
     given: Dict[str, Tuple[int, ...]] = {}
     assert isinstance(mode, tuple)    # the map form: (key, CPU list) pairs
     for key, text in mode:

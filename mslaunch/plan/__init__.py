@@ -20,7 +20,7 @@ from ..hosts import IMPLICIT_HOST
 from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
 from ..spec import scrub_env     # the plan's rule; the agent's too
 from .place import binding, check_overload, locations, place, rank_order, resolve_hosts
-from ..machine.topology import Topology, count, make_topology
+from ..cputopo import Topology, count, make_topology
 
 def _oversubscribe(job: JobSpec, entries: Sequence[HostEntry]) -> bool:
     """Whether ranks may outnumber slots.

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec, Plan, RankSpec
 
-from ..machine.bindings import binding_map, binding_words
-from ..machine.topology import objects
+from .bindings import binding_map, binding_words
+from ..cputopo import objects
 
 
 def job_id() -> str:

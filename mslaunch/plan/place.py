@@ -3,7 +3,7 @@ how ranks are numbered and what they are bound to.
 
 After :func:`place` has decided how many ranks each host gets, Open MPI's
 mapping, ranking and binding follow on each host's
-:class:`~mslaunch.machine.topology.Topology`:
+:class:`~mslaunch.cputopo.Topology`:
 
 * ``--map-by``: ``slot``, ``node``, ``core``, ``hwthread`` and ``board``
   take the host's processing units (cores, or hardware threads with
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..spec import JobSpec
 
 from ..errors import PlanError, UsageError
-from ..machine.topology import CPU, Topology, objects
+from ..cputopo import CPU, Topology, objects
 from ..spec import Host, HostEntry
 
 

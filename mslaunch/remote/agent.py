@@ -105,7 +105,8 @@ class Agent:
                 # The guard's cgroup takes the kernel 5 to 20 ms to enter: made
                 # before the greeting, it is ready by the time the ranks start.
                 self.guard = self._new_guard(self.named, self.grace)
-            from ..machine.topology import cached_topology, to_wire
+            from ..cputopo import to_wire
+            from ..machine.topology import cached_topology
             self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
                 "protocol": link.PROTOCOL, "host": _socket.gethostname(), "pid": os.getpid(),
                 "python": sys.version.split()[0], "topology": to_wire(cached_topology())}))
