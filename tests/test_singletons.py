@@ -131,6 +131,36 @@ def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_kille
         kill_tagged(tag)
 
 
+def test_a_one_rank_open_mpi_4_job_leaves_no_session_directory_when_mslaunch_is_killed(
+        ompi4, tmp_path):
+    """A one-rank job is a correct singleton, never refused, so the launcher notes
+    nothing of it: the watchdog reads its session directories (and its orted's)
+    from the processes themselves as it stops them, and removes them after."""
+    tag = new_tag()
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir()
+    out.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
+           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag}
+    p = subprocess.Popen(cmd("--grace", "1", "-n", "1", ompi4, program("singleton_shm.py"),
+                             str(out), "60", "ignore-term"), env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: any(n.startswith("shm.") for n in os.listdir(out)), 60)
+        sessions = [str(d) for d in tmp.glob("ompi.*/*")]
+        assert any("/jf." in d for d in sessions) and any("/pid." in d for d in sessions), \
+            sessions
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
+        assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
+            [str(p) for p in tmp.rglob("*")]
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+
+
 def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
     r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
     _check_refused(r)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Tuple
 
 from ..errors import LaunchError
-from ..pmi.files import GUARD_TASKS, after_launcher_death, new_kvsname
+from ..pmi.files import GUARD_TASKS, after_launcher_death, new_kvsname, sessions_at_death
 from ..plan import agent_hosts
 from ..spec import JobSpec, Plan
 
@@ -196,7 +196,7 @@ def _run_job(job: JobSpec, started: float = 0.0) -> int:
     # it settles into the job's cgroup while the job is planned.
     from ..machine.guard import Watchdog
     watchdog = Watchdog(new_kvsname(), job.grace, background=True, tasks=GUARD_TASKS,
-                        on_death=after_launcher_death)
+                        on_death=after_launcher_death, on_stop=sessions_at_death)
     try:
         return _run(job, environ, watchdog, started)
     finally:

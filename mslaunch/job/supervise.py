@@ -46,7 +46,7 @@ from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER, Console
 from ..machine.spawn import check_startable, raise_fd_limit, seal_inherited_fds, signal_name
-from ..pmi.files import GUARD_TASKS, after_launcher_death
+from ..pmi.files import GUARD_TASKS, after_launcher_death, sessions_at_death
 from ..spec import JobResult, JobSpec, Plan, RankSpec
 from .lookin import OUTPUT_EVERY, LookingInside
 from .rankbook import Rank as _Rank
@@ -127,7 +127,8 @@ class Supervisor(LookingInside):
             if self.watchdog is None:
                 self.watchdog = Watchdog(self.plan.kvsname, self.job.grace,
                                          tasks=GUARD_TASKS,
-                                         on_death=after_launcher_death)
+                                         on_death=after_launcher_death,
+                                         on_stop=sessions_at_death)
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
             if self.control is not None:

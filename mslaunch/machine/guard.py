@@ -26,8 +26,10 @@ kvsname of every PMI job, say).  When the pipe reaches end-of-file without
 the final ``done`` line, the launcher died abruptly (SIGKILL, say): the
 watchdog terminates everything of the job (SIGCONT and SIGTERM, SIGKILL
 after the grace period) and then calls its owner's ``on_death`` hook with
-what was kept.  After ``done`` it only empties and removes the cgroup and
-sweeps the marker, off the job's critical path.  The owner may also hand it
+what was kept, and with what its ``on_stop`` hook found in the job's
+processes while they were stopped (before any of them was told to end).
+After ``done`` it only empties and removes the cgroup and sweeps the
+marker, off the job's critical path.  The owner may also hand it
 named tasks to run off that path (its ``tasks`` hook).
 
 The guard knows no MPI: those hooks are passed in by its owner.  Finding
@@ -54,6 +56,10 @@ if TYPE_CHECKING:
     #: Called in the watchdog after the job was stopped because the launcher
     #: died, with what was kept (``Watchdog.keep``) and the guard's marker.
     OnDeath = Callable[[Sequence[str], str], None]
+    #: Called in the watchdog with the job's processes, all stopped (SIGSTOP),
+    #: when the launcher died and before they are terminated; what it returns
+    #: is kept too, for ``OnDeath``.
+    OnStop = Callable[[Set[int]], Sequence[str]]
 
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE",
             "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM")
@@ -241,7 +247,7 @@ def _settle(parent: int, marker: str, answer_fd: int) -> Optional[JobCgroup]:
 
 
 def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
-           tasks: Tasks, on_death: Optional[OnDeath]) -> None:
+           tasks: Tasks, on_death: Optional[OnDeath], on_stop: Optional[OnStop]) -> None:
     os.setsid()
     cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
     for name in _IGNORED:
@@ -313,7 +319,11 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
             return
         terminate((), marker, grace, cgroup, live, spare=(parent,))
         return
-    terminate(groups, marker, grace, cgroup, live)
+
+    def stopped(pids: Set[int]) -> None:
+        if on_stop is not None:
+            kept.extend(on_stop(pids))
+    terminate(groups, marker, grace, cgroup, live, stopped=stopped)
     for path in private:
         remove_private(path)
     if on_death is not None:
@@ -324,7 +334,8 @@ class Watchdog:
     """Launcher side of the guard; see the module docstring."""
 
     def __init__(self, marker: str, grace: float, *, background: bool = False,
-                 tasks: Optional[Tasks] = None, on_death: Optional[OnDeath] = None) -> None:
+                 tasks: Optional[Tasks] = None, on_death: Optional[OnDeath] = None,
+                 on_stop: Optional[OnStop] = None) -> None:
         self.marker = marker
         read_fd, self._fd = os.pipe()
         answer_r, answer_w = os.pipe()
@@ -333,7 +344,8 @@ class Watchdog:
         if pid == 0:
             try:
                 os.close(answer_r)
-                _watch(read_fd, parent, marker, grace, answer_w, tasks or {}, on_death)
+                _watch(read_fd, parent, marker, grace, answer_w, tasks or {}, on_death,
+                       on_stop)
             finally:
                 os._exit(0)
         os.close(read_fd)

@@ -177,12 +177,15 @@ def wait_gone(pid: int, limit: float) -> None:
 
 def terminate(groups: Iterable[int], marker: str, grace: float,
               cgroup: Optional[Cgroup] = None, pids: Iterable[int] = (),
-              spare: Iterable[int] = ()) -> None:
+              spare: Iterable[int] = (),
+              stopped: Optional[Callable[[Set[int]], None]] = None) -> None:
     """SIGCONT+SIGTERM everything of the job, SIGKILL after ``grace``.
 
     Everything: the cgroup's processes, the members of the given groups,
     the given pids, processes carrying the job marker, and all their
     descendants -- but ``spare``.  Zombies do not count as alive.
+    ``stopped`` is called with them while they are all stopped (SIGSTOP),
+    before the first SIGTERM.
     """
     groups = set(groups)
     known = set(pids)
@@ -204,6 +207,8 @@ def terminate(groups: Iterable[int], marker: str, grace: float,
     if targets:
         _signal_all((), targets, signal.SIGSTOP)
         targets |= everyone()
+        if stopped is not None:
+            stopped(targets)
         _signal_all((), targets, signal.SIGTERM)
         _signal_all((), targets, signal.SIGCONT)
         deadline = time.monotonic() + grace

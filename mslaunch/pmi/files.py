@@ -32,7 +32,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Sequence
+    from typing import List, Optional, Sequence, Set
 
 
 # -- job names and MPICH's segments ---------------------------------------------
@@ -94,6 +94,16 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     remove_directory(backing_path(marker))
     from ..machine.trees import remove_tree
     remove_tree(pmix_dir(marker))
+
+
+def sessions_at_death(pids: Set[int]) -> List[str]:
+    """The orphan guard's ``on_stop`` hook for PMI jobs: the Open MPI 4 session
+    directories of the job's processes, read while they are stopped.  Killed
+    singletons and their orteds cannot remove their own; ``after_launcher_death``
+    then removes them (a ``jf.<n>`` only if empty), also those the launcher had
+    no time to note."""
+    from .singletons import session_items
+    return session_items(pids)
 
 
 def pmix_dir(marker: str) -> str:

@@ -333,6 +333,16 @@ def read_kept_item(item: str) -> Optional[Tuple[str, Tuple[int, int]]]:
 _SESSION_ITEM = "\tsession"
 
 
+def session_items(pids: Iterable[int]) -> List[str]:
+    """The Open MPI 4 session directories of processes ``pids`` (a singleton's
+    ``jf.<n>``, its orted's ``pid.<m>``), in the form :meth:`SingletonFiles.restore`
+    takes back."""
+    from .sessiondirs import daemon_directory, session_directory
+    found = {session for pid in pids
+             for session in (session_directory(pid), daemon_directory(pid)) if session}
+    return [session + _SESSION_ITEM for session in sorted(found)]
+
+
 class SingletonFiles:
     """The /dev/shm files of refused Open MPI singletons; see the module docstring.
 
@@ -377,9 +387,9 @@ class SingletonFiles:
         from ..machine.procs import alive
         self.watched = {pid for pid in self.watched if alive(pid)}
         if self.watched:
-            before = len(self.files)
+            before = len(self.files), len(self.sessions)
             self._note(sorted(self.watched))
-            if len(self.files) != before and self.flush is not None:
+            if (len(self.files), len(self.sessions)) != before and self.flush is not None:
                 self.flush()
             loop.call_later(RENOTE, lambda: self._renote(loop))
 

@@ -52,7 +52,7 @@ from ..machine.spawn import check_startable, seal_inherited_fds
 from ..spec import RankSpec, replace, scrub_env
 from . import link
 from .endpoint import Endpoint
-from ..pmi.files import GUARD_TASKS, after_launcher_death
+from ..pmi.files import GUARD_TASKS, after_launcher_death, sessions_at_death
 from .agentio import LinkOutput, Outflow, StdinRelay
 from .agentlook import AgentLook
 from .agentpmi import AgentPMI
@@ -319,7 +319,8 @@ class Agent:
     def _new_guard(kvsname: str, grace: float) -> Watchdog:
         """This host's guard; its marker names the job and this agent."""
         return Watchdog(f"{kvsname}.{os.getpid()}", grace, background=True,
-                        tasks=GUARD_TASKS, on_death=after_launcher_death)
+                        tasks=GUARD_TASKS, on_death=after_launcher_death,
+                        on_stop=sessions_at_death)
 
     # -- START ----------------------------------------------------------------
     def _start(self) -> None:
