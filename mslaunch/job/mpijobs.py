@@ -197,9 +197,10 @@ class MPIJobs:
 
     def singleton(self, key: int, size: int, nested_launcher: bool = False,
                   backing: Optional[bool] = None, nopmix: Optional[str] = None,
-                  served: Optional[bool] = None) -> None:
+                  served: Optional[bool] = None, joined: bool = True) -> None:
         """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.pmi.singletons);
-        for a remote host's: ``nopmix`` why it serves no PMIx, ``served`` whether it does."""
+        for a remote host's: ``nopmix`` why it serves no PMIx, ``served`` whether it does,
+        ``joined`` whether the rank connected to it."""
         from ..pmi.singletons import runs_a_launcher
         if not 0 <= key < len(self.sup.ranks):
             return
@@ -209,7 +210,10 @@ class MPIJobs:
             return
         if served is None:
             served = r.spec.host.local and pj.pmix is not None
-        launcher = nested_launcher or (
+            joined = served and pj.joined_pmix(r.spec.rank)
+        # A world written by a served rank that never connected to this job's PMIx is
+        # a job of its own (its launcher may be gone already, so look for it only then).
+        launcher = nested_launcher or (served and not joined and size != 1) or (
             r.spec.host.local and r.pid and not r.ended and self.probe is not None
             and key not in self.probe.certain and runs_a_launcher(r.pid))
         if served and not launcher and size in (0, pj.size):
@@ -305,7 +309,8 @@ class MPIJobs:
                                backing=message.get("backing") is True,
                                nopmix=str(message["nopmix"])[:300]
                                if message.get("nopmix") else None,
-                               served=message.get("pmix") is True)
+                               served=message.get("pmix") is True,
+                               joined=message.get("joined") is not False)
             elif op == "abort":
                 self.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
                                str(message.get("message", "")))

@@ -115,8 +115,14 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
             r["notes"].append("no native frames: neither eu-stack (elfutils) nor gdb is installed")
     running: List[Tuple[int, str, Any]] = []
     while (queue or running or pending_py) and time.monotonic() < deadline:
-        while queue and len(running) < PARALLEL:
-            rank, kind, argv = queue.pop(0)
+        while len(running) < PARALLEL:
+            # One tracer at a time per process: a second ptrace attach (py-spy's
+            # beside eu-stack's) fails with EPERM while the first holds it.
+            busy = {item[0] for item in running}
+            ready = next((i for i, item in enumerate(queue) if item[0] not in busy), None)
+            if ready is None:
+                break
+            rank, kind, argv = queue.pop(ready)
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True)

@@ -120,14 +120,19 @@ class PMIJob:
         else:
             self.pmi_lost(rank)
 
-    def left_pmix(self, rank: int) -> bool:
-        """Whether a rank here that exited with status 0 had connected to PMIx and not
-        finalized.  A finalize is posted before the rank hears it is done, so before
-        it can exit: what is posted is read first."""
+    def joined_pmix(self, rank: int) -> bool:
+        """Whether a rank here connected to this host's PMIx server.  A connection is
+        posted before the rank hears it is accepted, so before its ``MPI_Init`` can
+        go on: what is posted is read first."""
         if self.pmix is None:
             return False
         self.pmix.drain()
-        return rank in self.pmix_in and rank not in self.pmix_done
+        return rank in self.pmix_in
+
+    def left_pmix(self, rank: int) -> bool:
+        """Whether a rank here that exited with status 0 had connected to PMIx and not
+        finalized (a finalize, too, is posted before the rank can exit)."""
+        return self.joined_pmix(rank) and rank not in self.pmix_done
 
     def pmix_publish(self, rank: int, pairs: Dict[str, str], first_read: bool,
                      done: Callable[[Optional[str]], None]) -> None:

@@ -128,8 +128,10 @@ class AgentPMI:
 
     def pmix_said(self, key: int) -> Dict[str, object]:
         """What a singleton report says of PMIx here: served to the rank's job, or why not."""
-        if any(pj.pmix is not None and key in pj.keys.values() for pj in self.jobs.values()):
-            return {"pmix": True}
+        for pj in self.jobs.values():
+            if pj.pmix is not None and key in pj.keys.values():
+                rank = next(r for r, k in pj.keys.items() if k == key)
+                return {"pmix": True, "joined": pj.joined_pmix(rank)}
         problem = self.pmix.problem if self.pmix is not None else None
         return {"nopmix": problem[:300]} if problem else {}
 
