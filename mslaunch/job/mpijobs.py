@@ -211,8 +211,7 @@ class MPIJobs:
         if served is None:
             served = r.spec.host.local and pj.pmix is not None
             joined = served and pj.joined_pmix(r.spec.rank)
-        # A world written by a served rank that never connected to this job's PMIx is
-        # a job of its own (its launcher may be gone already, so look for it only then).
+        # a served rank's world without its connection here is a job of its own
         launcher = nested_launcher or (served and not joined and size != 1) or (
             r.spec.host.local and r.pid and not r.ended and self.probe is not None
             and key not in self.probe.certain and runs_a_launcher(r.pid))

@@ -319,11 +319,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
             return
         terminate((), marker, grace, cgroup, live, spare=(parent,))
         return
-
-    def stopped(pids: Set[int]) -> None:
-        if on_stop is not None:
-            kept.extend(on_stop(pids))
-    terminate(groups, marker, grace, cgroup, live, stopped=stopped)
+    terminate(groups, marker, grace, cgroup, live,
+              stopped=None if on_stop is None else lambda pids: kept.extend(on_stop(pids)))
     for path in private:
         remove_private(path)
     if on_death is not None:
