@@ -108,27 +108,11 @@ def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_kille
                                                                                     tmp_path):
     """They ignore SIGTERM: the watchdog kills them and their orteds, which then
     cannot remove their own directories either; the watchdog removes them."""
-    tag = new_tag()
-    tmp, out = tmp_path / "tmp", tmp_path / "out"
-    tmp.mkdir()
-    out.mkdir()
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
-           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag, **NOPMIX}
-    p = subprocess.Popen(cmd("--grace", "5", "-n", "2", ompi4, program("singleton_shm.py"),
-                             str(out), "60", "ignore-term"), env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+
+    def ready(out, tmp) -> None:
         assert wait_for(lambda: termed_and_recorded(out), 60), os.listdir(out)
         assert "ompi." in [n.name[:5] for n in tmp.iterdir()]      # their sessions
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
-        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
-        assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
-            [str(p) for p in tmp.rglob("*")]
-    finally:
-        p.kill()
-        p.wait()
-        kill_tagged(tag)
+    _killed_with_singletons(ompi4, tmp_path, ["--grace", "5", "-n", "2"], NOPMIX, ready)
 
 
 def test_a_one_rank_open_mpi_4_job_leaves_no_session_directory_when_mslaunch_is_killed(
@@ -136,20 +120,29 @@ def test_a_one_rank_open_mpi_4_job_leaves_no_session_directory_when_mslaunch_is_
     """A one-rank job is a correct singleton, never refused, so the launcher notes
     nothing of it: the watchdog reads its session directories (and its orted's)
     from the processes themselves as it stops them, and removes them after."""
+
+    def ready(out, tmp) -> None:
+        assert wait_for(lambda: any(n.startswith("shm.") for n in os.listdir(out)), 60)
+        sessions = [str(d) for d in tmp.glob("ompi.*/*")]
+        assert any("/jf." in d for d in sessions) and any("/pid." in d for d in sessions), \
+            sessions
+    _killed_with_singletons(ompi4, tmp_path, ["--grace", "1", "-n", "1"], {}, ready)
+
+
+def _killed_with_singletons(python: str, tmp_path, options: list, extra: dict, ready) -> None:
+    """mslaunch OPTIONS running singleton_shm.py ranks that ignore SIGTERM, SIGKILLed
+    once ``ready(out, tmp)`` passes: nothing of them is left, in processes or TMPDIR."""
     tag = new_tag()
     tmp, out = tmp_path / "tmp", tmp_path / "out"
     tmp.mkdir()
     out.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
-           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag}
-    p = subprocess.Popen(cmd("--grace", "1", "-n", "1", ompi4, program("singleton_shm.py"),
-                             str(out), "60", "ignore-term"), env=env,
+           "PYTHONPATH": clean_env()["PYTHONPATH"], "MSL_TEST_TAG": tag, **extra}
+    p = subprocess.Popen(cmd(*options, python, program("singleton_shm.py"), str(out), "60",
+                             "ignore-term"), env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: any(n.startswith("shm.") for n in os.listdir(out)), 60)
-        sessions = [str(d) for d in tmp.glob("ompi.*/*")]
-        assert any("/jf." in d for d in sessions) and any("/pid." in d for d in sessions), \
-            sessions
+        ready(out, tmp)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
         assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
