@@ -36,6 +36,21 @@ def bin_dir(tmp_path):
     return d
 
 
+@pytest.fixture
+def own_tmpdir(monkeypatch):
+    """A TMPDIR of the test's own, for mslaunch and the ranks it starts here: what
+    Open MPI leaves there itself (an Open MPI 5 singleton keeps its empty session
+    directory, even when it ends normally) stays out of the machine's /tmp, and is
+    removed with it.  Short, under /tmp: Unix socket paths go in it."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    path = Path(tempfile.mkdtemp(prefix="msl-t-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 _mpich_probe = []
 
 

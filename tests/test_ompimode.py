@@ -24,6 +24,9 @@ from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, run, tagged_pids, wait_for
 from mslaunch.job.ompifind import wheel_mpirun
 
+# Open MPI keeps files of its own in TMPDIR: each test has one (conftest.own_tmpdir).
+pytestmark = pytest.mark.usefixtures("own_tmpdir")
+
 DEBIAN_MPIRUN = "/usr/bin/mpirun.openmpi"
 DEBIAN_PYTHON = "/usr/bin/python3"
 #: A PATH whose first mpirun is Debian's Open MPI 4.1.4.
@@ -565,6 +568,26 @@ def test_the_session_directory_of_a_real_maps_line():
             b"/tmp/t/ompi.vm.0/pid.11453/pmix_dstor_ds21_11453/smdataseg-1078132737-0\n")
     assert session_of_mapping(line) == "/tmp/t/ompi.vm.0/jf.16451"
     assert session_of_mapping(line.replace(b"smdataseg", b"smlockseg")) is None
+
+
+def test_the_open_mpi_5_job_of_a_real_maps_line():
+    from mslaunch.pmi.sessiondirs import segment_job
+    line = (b"7f3c1c000000-7f3c1c400000 rw-s 00000000 00:1a 41                         "
+            b"/dev/shm/sm_segment.vm.0.2a3b0000.0\n")
+    assert segment_job(line) == ("vm", "0", 0x2a3b0000)
+    assert segment_job(line.replace(b"vm.0", b"h1.example.org.1000")) == \
+        ("h1.example.org", "1000", 0x2a3b0000)
+    for bad in (b"sm_segment.vm.0.2a3b0000", b"sm_segment.vm.x.2a3b0000.0",
+                b"sm_segment.vm.0.2a3b00001.0", b"sm_segment..0.2a3b0000.0",
+                b"sm_segment.vm.0.zz.0", b"mysm_segment.vm.0.2a3b0000.0"):
+        assert segment_job(line.replace(b"sm_segment.vm.0.2a3b0000.0", bad)) is None, bad
+
+
+@given(st.binary(max_size=300))
+def test_any_maps_line_gives_a_job_or_none_without_raising(line):
+    from mslaunch.pmi.sessiondirs import segment_job
+    found = segment_job(line)
+    assert found is None or (found[0] and found[1].isdigit() and 0 <= found[2] < 1 << 32)
 
 
 @given(st.binary(max_size=600))

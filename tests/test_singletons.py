@@ -23,6 +23,9 @@ from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
     wait_for
 
+# Open MPI keeps files of its own in TMPDIR: each test has one (conftest.own_tmpdir).
+pytestmark = pytest.mark.usefixtures("own_tmpdir")
+
 DEBIAN_PYTHON = "/usr/bin/python3"
 #: A host where no PMIx server can run: Open MPI programs start as singletons there.
 NOPMIX = {"MSLAUNCH_PMIX_LIBRARY": "none"}
@@ -243,7 +246,9 @@ def still_there(files: dict) -> list:
     return left
 
 
-def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path):
+def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path, own_tmpdir):
+    """Nor in TMPDIR: Open MPI 5's empty ``ompi.<host>.<uid>/jf.0/<jobid>``
+    directories go with their segments (named in the segments' names)."""
     tag = new_tag()
     r = run("-n", "3", PY, program("singleton_shm.py"), str(tmp_path), "30",
             env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, MSL_TEST_TAG=tag), timeout=120)
@@ -252,12 +257,14 @@ def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path):
         files = held_files(tmp_path)
         assert files, "no rank recorded its segment before the refusal"
         assert still_there(files) == []
+        assert list(own_tmpdir.iterdir()) == []
     finally:
         kill_tagged(tag)
 
 
-def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
-    """The watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
+def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path, own_tmpdir):
+    """The watchdog stops the ranks (they ignore SIGTERM) and removes their files,
+    their session directories in TMPDIR too."""
     tag = new_tag()
     p = subprocess.Popen(cmd("--grace", "5", "-n", "2", PY, program("singleton_shm.py"),
                              str(tmp_path), "60", "ignore-term"),
@@ -271,6 +278,8 @@ def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path):
         files = held_files(tmp_path)
         assert files
         processes_and_files_gone(tag, files)
+        assert wait_for(lambda: list(own_tmpdir.iterdir()) == [], 10), \
+            [str(x) for x in own_tmpdir.rglob("*")]
     finally:
         p.kill()
         p.wait()

@@ -1,4 +1,4 @@
-"""What refused Open MPI 4 singletons leave in /tmp: their session directories.
+"""What refused Open MPI singletons leave in /tmp: their session directories.
 
 An Open MPI 4 singleton makes its job family's session directory
 (``$TMPDIR/ompi.<host>.<uid>/jf.<n>``) in ``MPI_Init`` and removes it only in
@@ -16,6 +16,14 @@ that ignores SIGTERM, stopped at the end of the grace period, or by the guard
 when mslaunch dies).  That directory is noted from the segments the orted
 maps, and removed whole once that orted is gone (not before: a live one
 removes its own).
+
+An Open MPI 5 singleton has no orted; its job's session directory is
+``ompi.<host>.<uid>/jf.0/<jobid>`` under the first of ``TMPDIR``, ``TEMP``
+and ``TMP`` it has (else ``/tmp``), and it leaves that directory behind,
+empty, even when it ends normally (5.0.11's ``ompi_rte.c``).  The host, uid
+and jobid are read from the name of the shared-memory segment it maps
+(``sm_segment.<host>.<uid>.<jobid in hex>.<n>``), the base from its
+environment; the directory is removed as a ``jf.<n>`` is: ``rmdir`` only.
 """
 
 from __future__ import annotations
@@ -24,21 +32,65 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Optional, Tuple
 
 
 def session_directory(pid: int) -> Optional[str]:
-    """Open MPI 4's ``jf.<n>`` session directory of process ``pid``, from the PMIx
-    segments it maps (see the module docstring); None if it maps none."""
+    """The session directory of Open MPI process ``pid``: 4's ``jf.<n>`` or 5's
+    ``jf.0/<jobid>``, from the segments it maps (see the module docstring); None
+    if it maps none."""
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
             for line in f:
                 session = session_of_mapping(line)
                 if session is not None:
                     return session
+                job = segment_job(line)
+                if job is not None:
+                    return _job_session(_tmpdir_of(pid), *job)
     except OSError:
         pass
     return None
+
+
+def segment_job(line: bytes) -> Optional[Tuple[str, str, int]]:
+    """``(host, uid, jobid)`` from a line of ``/proc/PID/maps`` that maps an Open
+    MPI 5 shared-memory segment (``sm_segment.<host>.<uid>.<jobid hex>.<n>``)."""
+    fields = line.rstrip(b"\n").split(None, 5)
+    name = os.path.basename(fields[5]) if len(fields) == 6 else b""
+    if not name.startswith(b"sm_segment."):
+        return None
+    parts = name[len(b"sm_segment."):].rsplit(b".", 3)
+    if len(parts) != 4:
+        return None
+    host, uid, job, number = parts
+    if not (host and b"/" not in host and uid.isdigit() and number.isdigit()
+            and 0 < len(job) <= 8 and all(c in b"0123456789abcdef" for c in job)):
+        return None
+    text = host.decode("ascii", "replace")
+    return (text, uid.decode(), int(job, 16)) if text.isprintable() else None
+
+
+def _tmpdir_of(pid: int) -> Optional[str]:
+    """Where Open MPI 5 makes process ``pid``'s session directory: the first of
+    TMPDIR, TEMP and TMP in its environment (as it started), else /tmp."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read(1 << 20).split(b"\0")
+    except OSError:
+        return None
+    env = dict(item.split(b"=", 1) for item in items if b"=" in item)
+    for name in (b"TMPDIR", b"TEMP", b"TMP"):
+        if name in env:
+            return os.fsdecode(env[name])
+    return "/tmp"
+
+
+def _job_session(tmpdir: Optional[str], host: str, uid: str, jobid: int) -> Optional[str]:
+    if tmpdir is None:
+        return None
+    path = f"{tmpdir}/ompi.{host}.{uid}/jf.0/{jobid}"
+    return path if path.startswith("/") and path.isprintable() else None
 
 
 def session_of_mapping(line: bytes) -> Optional[str]:
@@ -91,17 +143,15 @@ def _is_orted(pid: int) -> bool:
 
 
 def remove_session(path: str, deadline: float) -> None:
-    """Remove a noted session directory: a ``jf.<n>`` if empty
-    (:func:`remove_empty_session`), an orted's ``pid.<m>`` whole once that orted
-    is gone (waited for until ``deadline``, a ``time.monotonic()``); then
-    ``ompi.<host>.<uid>`` if that is empty."""
+    """Remove a noted session directory: an orted's ``pid.<m>`` whole once that
+    orted is gone (waited for until ``deadline``, a ``time.monotonic()``), then
+    ``ompi.<host>.<uid>`` if that is empty; any other (a ``jf.<n>``, a
+    ``jf.0/<jobid>``) only if empty (:func:`remove_empty_session`)."""
     import stat
     name = os.path.basename(path)
-    if name.startswith("jf."):
-        remove_empty_session(path)
-        return
     digits = name[len("pid."):]
     if not (name.startswith("pid.") and digits.isascii() and digits.isdigit()):
+        remove_empty_session(path)
         return
     import time
     from ..machine.procs import alive
@@ -124,8 +174,8 @@ def remove_session(path: str, deadline: float) -> None:
 
 def remove_empty_session(path: str) -> None:
     """``rmdir`` the session directory ``path`` of this user, its empty directories
-    first, then its parent (``ompi.<host>.<uid>``) if that is empty too, as Open
-    MPI's own ``MPI_Finalize`` does."""
+    first, then its parents up to ``ompi.<host>.<uid>`` while they are empty, as
+    Open MPI's own ``MPI_Finalize`` does."""
     import stat
     try:
         st = os.lstat(path)
@@ -139,8 +189,12 @@ def remove_empty_session(path: str) -> None:
                 os.rmdir(os.path.join(root, name))
             except OSError:
                 pass
-    for target in (path, os.path.dirname(path)):
+    target = path
+    for _ in range(3):        # jf.0/<jobid>, jf.0, ompi.<host>.<uid> at most
         try:
             os.rmdir(target)
         except OSError:
             return
+        if os.path.basename(target).startswith("ompi."):
+            return
+        target = os.path.dirname(target)
