@@ -32,7 +32,13 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple
+    from typing import List, Optional, Tuple
+
+
+def sessions_of(pid: int) -> List[str]:
+    """The session directories process ``pid`` has: its own (:func:`session_directory`)
+    and, for an orted, its daemon's (:func:`daemon_directory`)."""
+    return [d for d in (session_directory(pid), daemon_directory(pid)) if d is not None]
 
 
 def session_directory(pid: int) -> Optional[str]:

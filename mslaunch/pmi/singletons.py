@@ -334,12 +334,10 @@ _SESSION_ITEM = "\tsession"
 
 
 def session_items(pids: Iterable[int]) -> List[str]:
-    """The Open MPI 4 session directories of processes ``pids`` (a singleton's
-    ``jf.<n>``, its orted's ``pid.<m>``), in the form :meth:`SingletonFiles.restore`
-    takes back."""
-    from .sessiondirs import daemon_directory, session_directory
-    found = {session for pid in pids
-             for session in (session_directory(pid), daemon_directory(pid)) if session}
+    """The Open MPI session directories of processes ``pids`` (see
+    :mod:`.sessiondirs`), in the form :meth:`SingletonFiles.restore` takes back."""
+    from .sessiondirs import sessions_of
+    found = {session for pid in pids for session in sessions_of(pid)}
     return [session + _SESSION_ITEM for session in sorted(found)]
 
 
@@ -396,12 +394,12 @@ class SingletonFiles:
     def _note(self, pids: Sequence[int]) -> None:
         import stat
         from ..machine.procs import descendants
-        from .sessiondirs import daemon_directory, session_directory
+        from .sessiondirs import sessions_of
         me = os.geteuid()
         for pid in sorted(set(pids) | descendants(pids)):
             ompi, held = _holdings(pid)
-            for session in (session_directory(pid), daemon_directory(pid)) if ompi else ():
-                if session is not None and session not in self.sessions:
+            for session in sessions_of(pid) if ompi else ():
+                if session not in self.sessions:
                     self.sessions.add(session)
                     if self.keep is not None:
                         self.keep(session + _SESSION_ITEM)
