@@ -273,12 +273,12 @@ def test_modex_answers_nobody_asked_for_are_refused_on_both_sides():
     with pytest.raises(LinkError):
         agent.from_launcher({"op": "pmix_modex_done", "ask": 5, "blob": ""})
     got = []
-    agent.modex_waiting[5] = got.append
+    agent.modex.waiting[5] = got.append
     with pytest.raises(LinkError):
         agent.from_launcher({"op": "pmix_modex_done", "ask": 5, "blob": 7})
-    agent.modex_waiting[5] = got.append
+    agent.modex.waiting[5] = got.append
     agent.from_launcher({"op": "pmix_modex_done", "ask": 5, "blob": encode_blob(b"data")})
-    agent.modex_waiting[6] = got.append
+    agent.modex.waiting[6] = got.append
     agent.from_launcher({"op": "pmix_modex_done", "ask": 6, "blob": None})
     assert got == [b"data", None]
     side = _launcher_side()

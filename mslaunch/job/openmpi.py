@@ -32,7 +32,8 @@ from ..plan import log_paths
 from ..machine.guard import Watchdog
 from ..machine.output import RankPipe, line_prefix
 from ..pmi.files import after_launcher_death
-from ..pmi.singletons import probe_path, remove_directory
+from ..machine.trees import remove_tree
+from ..pmi.singletons import probe_path
 from ..spec import Host, JobSpec, Plan, RankSpec
 from .ompiargs import build_command, rendezvous_env
 from .ompifind import OpenMPI, find_mpirun
@@ -351,7 +352,7 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
             sup.console.close()
     finally:
         if base:
-            remove_directory(base)
+            remove_tree(base)
 
 
 def _marker() -> str:

@@ -19,10 +19,9 @@ if TYPE_CHECKING:
     from ..pmi.job import PMIJob
     from ..pmix.host import PMIxHost
     from ..remote.host import RemoteHost
+    from ..remote.modex import ModexAsks
     from ..spec import RankSpec
     from .seams import JobView
-
-import itertools
 
 from ..pmix import oversubscribed
 from ..pmix.exchange import (
@@ -30,8 +29,6 @@ from ..pmix.exchange import (
     FenceExchange,
     decode_blob,
     encode_blob,
-    modex_answered,
-    modex_reply,
 )
 from ..pmix.names import NameBoard
 
@@ -49,9 +46,8 @@ class LauncherPMIx:
         self.host: Optional[PMIxHost] = None
         self.exchange = FenceExchange(self._participants)
         self.board = NameBoard()
-        self._modex: Dict[int, Callable[[Optional[bytes]], None]] = {}   # by question
+        self._modex: Optional[ModexAsks] = None     # made when a remote host takes part
         self.layouts: Dict[str, Dict[str, Any]] = {}      # spawned jobs', by namespace
-        self._asks = itertools.count(1)
 
     def serve_first(self, pj: PMIJob) -> None:
         """PMIx for the first job's ranks on this machine."""
@@ -69,8 +65,7 @@ class LauncherPMIx:
                             [r for r in plan.ranks if r.host.local]))
         marker = sup.watchdog.marker if sup.watchdog is not None else plan.kvsname
         log = sup.log if sup.job.verbose else (lambda message: None)
-        self.host = PMIxHost(sup.loop, pmix_dir(marker), log)
-        self.host.fetch_remote = self.fetch
+        self.host = PMIxHost(sup.loop, pmix_dir(marker), log, self.fetch)
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
@@ -260,25 +255,20 @@ class LauncherPMIx:
         remote = self.sup.hosts.get(spec.host.name)
         if remote is None:
             done(None)
-            return
-        ask = next(self._asks)
-        self._modex[ask] = done
-        remote.send_pmi({"op": "pmix_modex", "kvs": nspace, "rank": rank, "ask": ask})
+        else:
+            self.modex().ask(nspace, rank, done, remote.send_pmi)
 
     def modex_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
         """An agent's question for a process's data (``pmix_modex``), or its answer to
         one of the launcher's (``pmix_modex_done``)."""
-        from ..remote import link
-        ask = link.field(message, "ask", int, "PMIx modex")
-        if message.get("op") == "pmix_modex_done":
-            try:
-                modex_answered(self._modex, ask, message.get("blob"))
-            except ValueError as err:
-                raise link.LinkError(f"PMIx modex: {err}") from None
-            return
-        kvs = link.field(message, "kvs", str, "PMIx modex")
-        rank = link.field(message, "rank", int, "PMIx modex")
-        self.fetch(kvs, rank, lambda blob: host.send_pmi(modex_reply(ask, blob)))
+        self.modex().received(message, host.send_pmi, self.fetch)
+
+    def modex(self) -> ModexAsks:
+        """The direct modex over the link (its module only for jobs with remote hosts)."""
+        if self._modex is None:
+            from ..remote.modex import ModexAsks
+            self._modex = ModexAsks()
+        return self._modex
 
     def close(self) -> None:
         if self.host is not None:

@@ -363,8 +363,8 @@ class LocalRanks:
         if self.stdin_fanout is not None:
             self.stdin_fanout.close()
         if self._session_root is not None:
-            import shutil
-            shutil.rmtree(self._session_root, ignore_errors=True)
+            from .trees import remove_tree
+            remove_tree(self._session_root)
 
 
 def open_pty() -> Tuple[int, int]:

@@ -80,7 +80,8 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     it kept, the files of refused singletons (:class:`SingletonFiles`), and
     the directories of its marker (the singleton probe's, the segments', the
     PMIx server's) are removed."""
-    from .singletons import SingletonFiles, backing_path, probe_path, remove_directory
+    from ..machine.trees import remove_tree
+    from .singletons import SingletonFiles, backing_path, probe_path
     files = SingletonFiles()
     for item in kept:
         if item.startswith("/"):
@@ -90,9 +91,8 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     files.remove()
     # By the marker, not by what was kept: the launcher may have died before it
     # told the watchdog anything (no rank of its own had started yet).
-    remove_directory(probe_path(marker))
-    remove_directory(backing_path(marker))
-    from ..machine.trees import remove_tree
+    remove_tree(probe_path(marker))
+    remove_tree(backing_path(marker))
     remove_tree(pmix_dir(marker))
 
 

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 SYSTEM_PARAM_FILES = ("/etc/openmpi/openmpi-mca-params.conf",
                       "/usr/local/etc/openmpi-mca-params.conf")
 
-#: The settings of each file read so far, by path (name -> value, first wins).
+#: The text of each file read so far, by path ("" for one that cannot be read).
+_TEXT: Dict[str, str] = {}
+#: The settings of each file parsed so far, by path (name -> value, first wins).
 _READ: Dict[str, Dict[str, str]] = {}
 
 
@@ -47,20 +49,28 @@ def files_read(env: Mapping[str, str]) -> List[str]:
     return files
 
 
+def file_text(path: str) -> str:
+    """A parameter file's text (read once per process), "" if it cannot be read."""
+    text = _TEXT.get(path)
+    if text is None:
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                text = f.read(1 << 20)
+        except OSError:
+            text = ""         # as Open MPI, which reads what it can
+        _TEXT[path] = text
+    return text
+
+
 def file_settings(path: str) -> Dict[str, str]:
-    """The MCA parameters a parameter file sets (read once per process)."""
+    """The MCA parameters a parameter file sets (parsed once per process)."""
     known = _READ.get(path)
     if known is None:
-        known = _READ[path] = _read(path)
+        known = _READ[path] = _parse(file_text(path), path)
     return known
 
 
-def _read(path: str) -> Dict[str, str]:
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read(1 << 20)
-    except OSError:
-        return {}             # as Open MPI, which reads what it can
+def _parse(text: str, path: str) -> Dict[str, str]:
     lines = [line for line in text.split("\n")
              if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
@@ -89,9 +99,12 @@ def from_files(env: Mapping[str, str], name: str) -> Optional[str]:
     return None
 
 
-def names_set(env: Mapping[str, str]) -> List[str]:
-    """Every parameter a rank with environment ``env`` finds set, by name."""
+def names_set(env: Mapping[str, str], mentioning: str = "") -> List[str]:
+    """Every parameter a rank with environment ``env`` finds set, by name; with
+    ``mentioning``, a file whose text does not hold it is not parsed (nor its
+    parameters named): the parser's imports are spared where no file could matter."""
     names = [k[len("OMPI_MCA_"):] for k in env if k.startswith("OMPI_MCA_")]
     for path in files_read(env):
-        names.extend(file_settings(path))
+        if mentioning in file_text(path):
+            names.extend(file_settings(path))
     return names

@@ -117,20 +117,6 @@ def backing_path(marker: str) -> str:
     return os.path.join(SHM_DIR, f"mslaunch-ompi-{marker[:120]}")
 
 
-def remove_directory(path: str) -> None:
-    """Remove a directory of this module (the probe's, the segments') and what is in it."""
-    try:
-        for name in os.listdir(path):
-            try:
-                os.unlink(os.path.join(path, name))
-            except IsADirectoryError:
-                from ..machine.trees import remove_tree
-                remove_tree(os.path.join(path, name))
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
 #: Where Open MPI 5 (btl/sm) and 4 (btl/vader) put their shared-memory segments.
 BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory")
 
@@ -142,7 +128,7 @@ def backing_chosen(env: Mapping[str, str]) -> bool:
         return True
     from .mcaparams import names_set
     wanted = {name[len("OMPI_MCA_"):] for name in BACKING_VARIABLES}
-    return any(name in wanted for name in names_set(env))
+    return any(name in wanted for name in names_set(env, mentioning="backing_directory"))
 
 
 class SingletonProbe:
@@ -198,9 +184,10 @@ class SingletonProbe:
         return found
 
     def close(self) -> None:
-        remove_directory(self.path)
+        from ..machine.trees import remove_tree
+        remove_tree(self.path)
         if self.backing is not None:
-            remove_directory(self.backing)
+            remove_tree(self.backing)
 
 
 def singleton_message(library: str = "Open MPI", why: str = "", fix: str = "") -> str:

@@ -17,7 +17,7 @@ import binascii
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, FrozenSet, List, Optional, Set, Tuple
+    from typing import Callable, Dict, FrozenSet, List, Set, Tuple
 
     Done = Callable[[bytes], None]
 
@@ -32,9 +32,8 @@ class FenceExchange:
     def __init__(self, participants: Callable[[str, str], FrozenSet[str]]) -> None:
         self.participants = participants
         # By signature and sequence only: the hosts of a connect between two jobs
-        # each name it through a job of their own.
-        self.rounds: Dict[Tuple[str, int], Dict[str, Tuple[bytes, Done]]] = {}
-        self.jobs: Dict[Tuple[str, int], str] = {}
+        # each name it through a job of their own (the first one's is kept).
+        self.rounds: Dict[Tuple[str, int], Tuple[str, Dict[str, Tuple[bytes, Done]]]] = {}
 
     def contribute(self, kvs: str, signature: str, sequence: int, host: str, blob: bytes,
                    done: Done) -> None:
@@ -44,23 +43,21 @@ class FenceExchange:
         if host not in expected:
             raise ValueError(f"a fence of {signature[:60]} without ranks on {host or 'here'}")
         key = (signature, sequence)
-        parts = self.rounds.setdefault(key, {})
-        self.jobs.setdefault(key, kvs)
+        parts = self.rounds.setdefault(key, (kvs, {}))[1]
         if host in parts:
             raise ValueError(f"fence {sequence} of {signature[:60]} given twice")
         parts[host] = (blob, done)
         if len(parts) < len(expected):
             return
         del self.rounds[key]
-        self.jobs.pop(key, None)
         whole = b"".join(parts[h][0] for h in sorted(parts))
         for h in sorted(parts):
             parts[h][1](whole)
 
     def waiting(self) -> List[Tuple[str, Set[str]]]:
         """Fences under way: ``(signature, hosts not yet in)``."""
-        return [(sig, set(self.participants(self.jobs.get((sig, seq), ""), sig)) - set(parts))
-                for (sig, seq), parts in self.rounds.items()]
+        return [(sig, set(self.participants(kvs, sig)) - set(parts))
+                for (sig, _), (kvs, parts) in self.rounds.items()]
 
 
 def encode_blob(blob: bytes) -> str:
@@ -76,20 +73,3 @@ def decode_blob(text: object) -> bytes:
         return binascii.a2b_base64(text.encode("ascii"))
     except (binascii.Error, UnicodeEncodeError):
         raise ValueError("fence data is not base64") from None
-
-
-def modex_answered(waiting: Dict[int, Callable[[Optional[bytes]], None]], ask: int,
-                   blob: object) -> None:
-    """Hand a ``pmix_modex_done`` answer (a process's data in base64, or None where
-    nobody had it) to the question ``ask`` of ``waiting``; ValueError if it answers
-    none or is not data."""
-    done = waiting.pop(ask, None)
-    if done is None:
-        raise ValueError("an answer for no question")
-    done(None if blob is None else decode_blob(blob))
-
-
-def modex_reply(ask: int, blob: Optional[bytes]) -> Dict[str, object]:
-    """The ``pmix_modex_done`` answer to question ``ask``."""
-    return {"op": "pmix_modex_done", "ask": ask,
-            "blob": None if blob is None else encode_blob(blob)}

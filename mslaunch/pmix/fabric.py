@@ -58,13 +58,14 @@ FABRIC_COMPONENTS = frozenset((
 def fabric_devices(root: str = "/") -> Sequence[str]:
     """The fabric or GPU devices of this host (paths), none on a plain Ethernet host."""
     found: List[str] = []
+    listed: Dict[str, List[str]] = {}     # each directory read once (/dev holds many)
     for directory, prefix in DEVICE_PLACES:
-        path = os.path.join(root, directory.lstrip("/"))
-        try:
-            names = os.listdir(path)
-        except OSError:
-            continue
-        found.extend(os.path.join(directory, n) for n in sorted(names) if n.startswith(prefix))
+        if directory not in listed:
+            try:
+                listed[directory] = sorted(os.listdir(os.path.join(root, directory.lstrip("/"))))
+            except OSError:
+                listed[directory] = []
+        found.extend(os.path.join(directory, n) for n in listed[directory] if n.startswith(prefix))
     return found
 
 
@@ -80,15 +81,17 @@ def plain_host() -> bool:
 
 
 def skips(env: Mapping[str, str], from_files: Callable[[str], Optional[str]],
-          names: Sequence[str], plain: Optional[bool] = None) -> Dict[str, str]:
+          names_set: Callable[[], Sequence[str]],
+          plain: Optional[bool] = None) -> Dict[str, str]:
     """The ``OMPI_MCA_*`` variables that make a rank with environment ``env`` skip
     what cannot work on this host; ``from_files(name)`` is the value a parameter
-    file gives a parameter (see :mod:`mslaunch.pmi.mcaparams`), ``names`` every
-    parameter the rank finds set."""
+    file gives a parameter (see :mod:`mslaunch.pmi.mcaparams`), ``names_set()``
+    every parameter the rank finds set (asked only on a plain host)."""
     if env.get("MSLAUNCH_OMPI_SKIP", "1").strip().lower() in ("0", "no", "false"):
         return {}
     if not (plain_host() if plain is None else plain):
         return {}
+    names = names_set()
     mtl = env.get("OMPI_MCA_mtl", from_files("mtl"))
     out: Dict[str, str] = {}
     for framework, component, owned in SKIPS:

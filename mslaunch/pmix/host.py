@@ -30,16 +30,16 @@ class PMIxHost:
     """See the module docstring; ``directory`` is where the server keeps its files,
     ``log`` takes one line for ``-v``."""
 
-    def __init__(self, loop: Loop, directory: str, log: Callable[[str], None]) -> None:
+    def __init__(self, loop: Loop, directory: str, log: Callable[[str], None],
+                 fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None]) -> None:
         self.loop = loop
         self.directory = directory
         self.log = log
+        #: ``fetch(nspace, rank, done)``: a process's data from the host that has it,
+        #: for the library's direct modex.
+        self.fetch = fetch
         self.server: Optional[PMIxServer] = None
         self.problem: Optional[str] = None      # why no server runs here
-        #: ``fetch_remote(nspace, rank, done)``: a process's data from the host that
-        #: has it, for the library's direct modex (set by this process's owner).
-        self.fetch_remote: Callable[[str, int, Callable[[Optional[bytes]], None]], None] = \
-            lambda nspace, rank, done: done(None)
 
     def _start(self) -> Optional[PMIxServer]:
         if self.server is not None or self.problem is not None:
@@ -68,7 +68,7 @@ class PMIxHost:
         except OSError as err:
             self.problem = f"{library.path}: {err}"
             return None
-        self.server.fetch = lambda nspace, rank, done: self.fetch_remote(nspace, rank, done)
+        self.server.fetch = self.fetch
         self.log(f"PMIx server of {library.version.split(' (')[0]} ({library.path})")
         return self.server
 

@@ -200,7 +200,7 @@ class Namespace:
         env["MPIR_CVAR_PMI_VERSION"] = "1"
         from ..pmi.mcaparams import from_files, names_set
         from .fabric import skips
-        env.update(skips(own, lambda name: from_files(own, name), names_set(own)))
+        env.update(skips(own, lambda name: from_files(own, name), lambda: names_set(own)))
         return env
 
     def covers(self, members: Sequence[Tuple[str, int]]) -> Optional[str]:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 from ..pmi.files import xml_for_ranks
 from ..pmi.job import PMIJob
 from . import link
+from .modex import ModexAsks
 
 
 class AgentPMI:
@@ -52,7 +53,7 @@ class AgentPMI:
         self.pmix: Optional[PMIxHost] = None
         self.fences: Dict[Tuple[str, str, int], Callable[[bytes], None]] = {}
         self.names_waiting: Dict[int, Tuple[str, Callable[[Any], None]]] = {}
-        self.modex_waiting: Dict[int, Callable[[Optional[bytes]], None]] = {}
+        self.modex = ModexAsks()
         self._asks = itertools.count(1)
 
     def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
@@ -116,7 +117,6 @@ class AgentPMI:
             return
         layout = Layout(pj.kvsname, nodes, node_of, job["appnums"], job["pmix_universe"], here,
                         oversubscribed(specs), parent=(parent[0], parent[1]) if parent else None)
-        self._host(pj.kvsname)
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
@@ -129,8 +129,8 @@ class AgentPMI:
     def pmix_said(self, key: int) -> Dict[str, object]:
         """What a singleton report says of PMIx here: served to the rank's job, or why not."""
         for pj in self.jobs.values():
-            if pj.pmix is not None and key in pj.keys.values():
-                rank = next(r for r, k in pj.keys.items() if k == key)
+            rank = next((r for r, k in pj.keys.items() if k == key), None)
+            if pj.pmix is not None and rank is not None:
                 return {"pmix": True, "joined": pj.joined_pmix(rank)}
         problem = self.pmix.problem if self.pmix is not None else None
         return {"nopmix": problem[:300]} if problem else {}
@@ -182,8 +182,8 @@ class AgentPMI:
             from ..pmix.host import PMIxHost
             marker = self.guard.marker if self.guard is not None else kvsname
             self.pmix = PMIxHost(self.loop, pmix_dir(marker),
-                                 self.pmi_log if self.trace else (lambda message: None))
-            self.pmix.fetch_remote = self._fetch
+                                 self.pmi_log if self.trace else (lambda message: None),
+                                 self._fetch)
         return self.pmix
 
     def _guest(self, message: Dict[str, Any]) -> None:
@@ -199,30 +199,14 @@ class AgentPMI:
 
     def _fetch(self, nspace: str, rank: int, done: Callable[[Optional[bytes]], None]) -> None:
         """A process's data for this host's server, asked of the launcher."""
-        ask = next(self._asks)
-        self.modex_waiting[ask] = done
-        self.up({"op": "pmix_modex", "kvs": nspace, "rank": rank, "ask": ask})
+        self.modex.ask(nspace, rank, done, self.up)
 
-    def _modex(self, message: Dict[str, Any]) -> None:
-        """The launcher's question for a process here (``pmix_modex``), or its answer
-        to one of this host's (``pmix_modex_done``)."""
-        from ..pmix.exchange import modex_answered, modex_reply
-        ask = link.field(message, "ask", int, "PMIx modex")
-        if message.get("op") == "pmix_modex_done":
-            try:
-                modex_answered(self.modex_waiting, ask, message.get("blob"))
-            except ValueError as err:
-                raise link.LinkError(f"PMIx modex: {err}") from None
-            return
-        kvs = link.field(message, "kvs", str, "PMIx modex")
-        rank = link.field(message, "rank", int, "PMIx modex")
-
-        def answer(blob: Optional[bytes]) -> None:
-            self.up(modex_reply(ask, blob))
+    def _local_modex(self, nspace: str, rank: int,
+                     done: Callable[[Optional[bytes]], None]) -> None:
         if self.pmix is None:
-            answer(None)
+            done(None)
         else:
-            self.pmix.local_modex(kvs, rank, answer)
+            self.pmix.local_modex(nspace, rank, done)
 
     def pid_of(self, key: int) -> Optional[int]:
         r = self.local.ranks.get(key) if self.local is not None else None
@@ -261,7 +245,7 @@ class AgentPMI:
             self._names_done(message)
             return
         if op in ("pmix_modex", "pmix_modex_done"):
-            self._modex(message)
+            self.modex.received(message, self.up, self._local_modex)
             return
         if op == "pmix_guest":
             self._guest(message)
