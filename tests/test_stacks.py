@@ -38,11 +38,12 @@ def stacks_json(pid: int) -> dict:
     return json.loads(r.stdout)
 
 
-def until(pid: int, ok, timeout: float = 90) -> dict:
-    """The JSON report, read again until ``ok(report)`` (MPI start-up takes a while)."""
+def until(pid: int, ok, timeout: float = 90, *more: str) -> dict:
+    """The JSON report, read again until ``ok(report)`` (MPI start-up takes a while);
+    ``more``: mslaunch-stacks options."""
     deadline = time.monotonic() + timeout
     while True:
-        r = stacks(pid, "--json")
+        r = stacks(pid, "--json", *more)
         if r.returncode == 0:
             data = json.loads(r.stdout)
             if ok(data) or time.monotonic() > deadline:
@@ -464,9 +465,13 @@ def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
     p = start("-n", "1", PY, str(tmp_path / "threads.py"), env=clean_env(MSL_TEST_TAG=tag))
     try:
         # (until the rank has started its threads and entered its own function: a look
-        # while it still starts them finds it elsewhere)
+        # while it still starts them finds it elsewhere; and until a look is whole: on a
+        # busy machine eu-stack, which stops all 300 threads, may miss the default 10 s,
+        # and a late look's dumps can reach the next one)
         data = until(p.pid, lambda d: any("main_of_many_4711 (" in f for f in main_frames(d, 0))
-                     and len(d["ranks"][0]["threads"]) >= 100, timeout=60)
+                     and len(d["ranks"][0]["threads"]) >= 100
+                     and "main thread read on its own" in d["ranks"][0]["note"],
+                     120, "--timeout", "40")
         assert any("main_of_many_4711 (" in f for f in main_frames(data, 0)), data["ranks"][0]
         assert "main thread read on its own" in data["ranks"][0]["note"], data["ranks"][0]
     finally:
