@@ -36,12 +36,19 @@ def bin_dir(tmp_path):
     return d
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def own_tmpdir(monkeypatch):
-    """A TMPDIR of the test's own, for mslaunch and the ranks it starts here: what
-    Open MPI leaves there itself (an Open MPI 5 singleton keeps its empty session
-    directory, even when it ends normally) stays out of the machine's /tmp, and is
-    removed with it.  Short, under /tmp: Unix socket paths go in it."""
+    """A TMPDIR of each test's own, for mslaunch and the ranks it starts here.
+
+    What Open MPI leaves there itself (an Open MPI 5 singleton keeps its empty
+    session directory, even when it ends normally) stays out of the machine's
+    /tmp, and is removed with it.  And Open MPI 4's jobs do not meet other
+    workers' there: its processes remove the shared ``ompi.<host>.<uid>`` when
+    it is empty, and another job making its directory in it at that moment
+    fails in ``MPI_Init`` ("A call to mkdir was unable to create the desired
+    directory", measured with two singletons under Open MPI 5's mpirun).  Short, under
+    /tmp: Unix socket paths go in it.  Session fixtures (the test beds' daemons)
+    start before it, with the suite's own environment."""
     import shutil
     import tempfile
     from pathlib import Path

@@ -259,6 +259,7 @@ def _side_by_side(tmp_path, args, env):
     for argv in ([OMPIRUN, *args], [PY, "-m", "mslaunch", *args]):
         r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=full,
                            cwd=str(tmp_path), timeout=60)
+        assert r.returncode == 0 or argv[0] != OMPIRUN, r.stderr      # Open MPI's own failure
         got.append((r.returncode, sorted(r.stdout.splitlines())))
     return got
 

