@@ -1026,3 +1026,43 @@ def test_a_pmi_exchange_imports_no_regular_expressions():
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(Path(__file__).parents[1])}, check=True).stdout
     assert out.strip() == "False", out
+
+
+# -- UCX's segments (MPICH's wheel brings UCX) ----------------------------------------
+
+@pytest.mark.parametrize("users_dir", [False, True])
+def test_ucx_segments_of_a_killed_rank_go_with_the_job(mpich, tmp_path, users_dir):
+    """UCX unlinks a segment once mapped, unless told to keep it for its peers
+    (UCX_POSIX_USE_PROC_LINK=n, as here): a rank killed holding one would leave it
+    in /dev/shm.  mslaunch gives UCX the job's own directory there, removed with
+    the job; a directory the user chose stays theirs."""
+    import tempfile
+    from helpers import clean_env, run
+    from mslaunch.machine.trees import remove_tree
+    own = Path(tempfile.mkdtemp(prefix="msl-t-", dir="/dev/shm"))     # UCX wants a tmpfs
+    extra = {"UCX_POSIX_DIR": str(own)} if users_dir else {}
+    r = run("-n", "2", "-x", "UCX_POSIX_USE_PROC_LINK=n", sys.executable,
+            str(PROGRAMS / "ucx_segments.py"), env=clean_env(**extra), timeout=120)
+    rows = [line.split()[1:] for line in r.stdout.decode().splitlines()
+            if line.startswith("segments ")]
+    segments = [path for row in rows for path in row[2:]]
+    try:
+        assert r.returncode == 137, r.stderr
+        assert sorted(row[0] for row in rows) == ["0", "1"], r.stdout
+        assert segments, r.stdout        # UCX's posix transport made segments
+        places = {row[1] for row in rows} | {os.path.dirname(path) for path in segments}
+        if users_dir:
+            assert places == {str(own)} and own.is_dir()
+        else:
+            assert len(places) == 1, places
+            [place] = places
+            assert place.startswith("/dev/shm/mslaunch-ompi-"), place
+            assert not os.path.exists(place), os.listdir(place)
+    finally:
+        for path in segments:            # what a failing run left, where it left it
+            if os.path.dirname(path) == "/dev/shm":
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        remove_tree(str(own))

@@ -87,7 +87,7 @@ class PMIJob:
         assert self._env is not None, "serve() first"
         env = self._env(rank)
         if self.probe is not None:
-            env.update(self.probe.env(self.keys[rank]))
+            env.update(self.probe.env(self.keys[rank], own or {}))
         if self.pmix is not None:
             env.update(self.pmix.env(rank, own or {}))
         return env

@@ -121,6 +121,10 @@ def backing_path(marker: str) -> str:
 BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory")
 
 
+#: Where UCX's posix transport makes its segments (default /dev/shm).
+UCX_DIR_VARIABLE = "UCX_POSIX_DIR"
+
+
 def backing_chosen(env: Mapping[str, str]) -> bool:
     """Whether a rank's Open MPI would find a backing directory chosen for it:
     in its environment, or in a parameter file it reads (see :mod:`.mcaparams`)."""
@@ -151,11 +155,17 @@ class SingletonProbe:
             except OSError:
                 pass
 
-    def env(self, key: int) -> Dict[str, str]:
+    def env(self, key: int, own: Mapping[str, str]) -> Dict[str, str]:
+        """The variables of rank ``key``, whose own environment is ``own``."""
         env = {"OMPI_MCA_mpi_show_mca_params": "enviro",
                "OMPI_MCA_mpi_show_mca_params_file": os.path.join(self.path, str(key))}
         if self.backing is not None:
             env.update((name, self.backing) for name in BACKING_VARIABLES)
+            # UCX (under Open MPI, and in MPICH's wheel) makes its segments with
+            # shm_open and unlinks them once mapped: a rank killed in between
+            # would leave one in /dev/shm.
+            if UCX_DIR_VARIABLE not in own:
+                env[UCX_DIR_VARIABLE] = self.backing
         return env
 
     def check(self) -> List[Tuple[int, int]]:
