@@ -446,8 +446,8 @@ class MPIJobs:
         if local:
             pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
                      trace=sup.job.verbose >= 2, port_range=sup.job.port_range)
-            if pmix and self.pmix is not None:
-                self.pmix.serve_spawned(pj, specs, (parent.kvsname, rank))
+            if layout is not None and self.pmix is not None:
+                self.pmix.serve_spawned(pj, specs, layout)
             try:
                 sup.start_local(local, pj.inherited, pj.env)
             except LaunchError as err:

@@ -84,16 +84,19 @@ class LauncherPMIx:
                 "pmix_universe": universe, "pmix_parent": list(parent)}
 
     def serve_spawned(self, pj: PMIJob, specs: Sequence[RankSpec],
-                      parent: Tuple[str, int]) -> None:
-        """PMIx for a job an Open MPI rank spawned onto this machine."""
+                      fields: Dict[str, Any]) -> None:
+        """PMIx for a job an Open MPI rank spawned onto this machine; ``fields``
+        are its :meth:`spawned_layout`."""
         from ..pmix.server import Layout
         if self.host is None:
             return
-        nodes = self.spawned_layout(specs, 0, parent)["pmix_nodes"]
-        layout = Layout(pj.kvsname, nodes, [nodes.index(s.host.name) for s in specs],
-                        [s.app for s in specs], self.sup.plan.universe_size,
+        nodes = fields["pmix_nodes"]
+        name, rank = fields["pmix_parent"]
+        layout = Layout(pj.kvsname, nodes, fields["pmix_node_of"], [s.app for s in specs],
+                        fields["pmix_universe"],
                         nodes.index(next(s.host.name for s in specs if s.host.local)),
-                        oversubscribed([s for s in specs if s.host.local]), parent=parent)
+                        oversubscribed([s for s in specs if s.host.local]),
+                        parent=(name, rank))
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:

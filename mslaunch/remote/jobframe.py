@@ -267,18 +267,24 @@ def _spawned_pmix(body: Dict[str, Any], size: int) -> Dict[str, Any]:
     its hosts, each process's host among them, the universe and the parent."""
     if body.get("pmix_nodes") is None:
         return {}
-    nodes = _texts(body["pmix_nodes"], "pmix_nodes", empty=False)
-    node_of = body.get("pmix_node_of")
-    if not isinstance(node_of, list) or len(node_of) != size:
-        raise _bad("pmix_node_of", f"is not a list of {size} numbers")
+    nodes, node_of = _pmix_nodes(body, size)
     parent = body.get("pmix_parent")
     if not isinstance(parent, list) or len(parent) != 2:
         raise _bad("pmix_parent", "is not [namespace, rank]")
-    return {"pmix_nodes": nodes,
-            "pmix_node_of": [_int(n, "pmix_node_of", 0, len(nodes) - 1) for n in node_of],
+    return {"pmix_nodes": nodes, "pmix_node_of": node_of,
             "pmix_universe": _int(body.get("pmix_universe"), "pmix_universe", 0, _MAX_RANK),
             "pmix_parent": [_text(parent[0], "pmix_parent", empty=False),
                             _int(parent[1], "pmix_parent", 0, _MAX_RANK)]}
+
+
+def _pmix_nodes(body: Dict[str, Any], size: int) -> Tuple[List[str], List[int]]:
+    """A job's hosts (``pmix_nodes``) and each of its ``size`` processes' host among
+    them (``pmix_node_of``)."""
+    nodes = _texts(body.get("pmix_nodes"), "pmix_nodes", empty=False)
+    node_of = body.get("pmix_node_of")
+    if not isinstance(node_of, list) or len(node_of) != size:
+        raise _bad("pmix_node_of", "is not a list of numbers, one per process")
+    return nodes, [_int(n, "pmix_node_of", 0, len(nodes) - 1) for n in node_of]
 
 
 def spawn_request_body(request) -> Dict[str, Any]:
@@ -291,24 +297,29 @@ def spawn_request_body(request) -> Dict[str, Any]:
 def read_guest(body: Dict[str, Any]) -> Tuple[List[str], List[int], List[int], int]:
     """A ``pmix_guest`` message: a job's hosts, each process's host among them, its
     application numbers and universe (LinkError if malformed)."""
-    nodes = _texts(body.get("pmix_nodes"), "pmix_nodes", empty=False)
-    node_of, appnums = body.get("pmix_node_of"), body.get("appnums")
-    if not isinstance(node_of, list) or not 0 < len(node_of) <= _MAX_RANK or \
-            not isinstance(appnums, list) or len(appnums) != len(node_of):
-        raise _bad("pmix_node_of", "is not a list of numbers, one per process")
-    return (nodes, [_int(n, "pmix_node_of", 0, len(nodes) - 1) for n in node_of],
-            [_int(a, "appnums", 0, _MAX_RANK) for a in appnums],
+    appnums = body.get("appnums")
+    if not isinstance(appnums, list) or not 0 < len(appnums) <= _MAX_RANK:
+        raise _bad("appnums", "is not a list of numbers, one per process")
+    nodes, node_of = _pmix_nodes(body, len(appnums))
+    return (nodes, node_of, [_int(a, "appnums", 0, _MAX_RANK) for a in appnums],
             _int(body.get("pmix_universe"), "pmix_universe", 0, _MAX_RANK))
 
 
 def read_spawn_env(body: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
     """The variables an Open MPI rank's spawned application carries (``env``)."""
     from ..pmi.spawn import MAX_INFO
-    value = body.get("env", [])
-    if not isinstance(value, list) or len(value) > 4 * MAX_INFO or not all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
-            and p[0] and "=" not in p[0] for p in value):
+    env = _pairs(body.get("env", []), "spawn env", 4 * MAX_INFO)
+    if not all(name and "=" not in name for name, _ in env):
         raise _bad("spawn env", "is not a list of [name, value] strings")
+    return env
+
+
+def _pairs(value: Any, name: str, most: int) -> Tuple[Tuple[str, str], ...]:
+    """At most ``most`` ``[key, value]`` lists of strings, as pairs."""
+    if not isinstance(value, list) or len(value) > most or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            for p in value):
+        raise _bad(name, "is not a list of [key, value] strings")
     return tuple((p[0], p[1]) for p in value)
 
 
@@ -316,13 +327,6 @@ def read_spawn(body: Dict[str, Any]):
     """The :class:`~mslaunch.spec.SpawnRequest` an agent relayed (LinkError if malformed)."""
     from ..pmi.spawn import MAX_ARGS, MAX_COMMANDS, MAX_INFO, MAX_PREPUT, MAX_PROCS
     from ..spec import SpawnCommand
-
-    def pairs(value: Any, name: str, most: int):
-        if not isinstance(value, list) or len(value) > most or not all(
-                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
-                for p in value):
-            raise _bad(name, "is not a list of [key, value] strings")
-        return tuple((p[0], p[1]) for p in value)
 
     commands = body.get("commands")
     if not isinstance(commands, list) or not 0 < len(commands) <= MAX_COMMANDS:
@@ -337,10 +341,10 @@ def read_spawn(body: Dict[str, Any]):
         out.append(SpawnCommand(program=_text(c.get("program"), "spawn program", empty=False),
                                 args=tuple(args),
                                 nprocs=_int(c.get("nprocs"), "spawn nprocs", 1, MAX_PROCS),
-                                info=pairs(c.get("info"), "spawn info", MAX_INFO)))
+                                info=_pairs(c.get("info"), "spawn info", MAX_INFO)))
     from ..pmi.spawn import _request
     try:
-        return _request(out, pairs(body.get("preput"), "spawn preput", MAX_PREPUT),
+        return _request(out, _pairs(body.get("preput"), "spawn preput", MAX_PREPUT),
                         sum(c.nprocs for c in out))
     except ValueError as err:
         raise _bad("spawn", str(err)) from None
