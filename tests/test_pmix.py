@@ -343,3 +343,20 @@ def test_a_rank_of_the_launchers_host_spawns_onto_a_remote_host(sshbed, ompi, tm
     home = sshbed.make_home(tmp_path / "home")
     _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="localhost:2,h1:3", n=3),
                    [["0", "h1"], ["1", "h1"]])
+
+
+def test_a_stuck_pmix_library_does_not_hold_the_launcher(ompi, tmp_path):
+    """Debian's libpmix 4.2.2 once left its own thread blocked on a lock, after a
+    spawn's PMIx_Connect that never completed; stopping the server waits for that
+    thread.  The server's close gives up after its patience instead of hanging
+    the launcher (here the thread is held in an upcall)."""
+    python, env, _ = ompi
+    tag = new_tag()
+    try:
+        r = subprocess.run([PY, program("pmix_stuck_close.py"), str(tmp_path), python, "-c",
+                            "from mpi4py import MPI"], capture_output=True, timeout=90,
+                           env=clean_env(MSL_TEST_TAG=tag, **env))
+    finally:
+        kill_tagged(tag)
+    words = r.stdout.decode().split()
+    assert words[:2] == ["closed", "False"] and float(words[2]) < 5, (r.stdout, r.stderr)

@@ -112,7 +112,9 @@ class PMIxHost:
     def close(self) -> None:
         """Stop the server and remove its directory (once the ranks are gone)."""
         if self.server is not None:
-            self.server.close()
+            if not self.server.close():
+                self.log("the PMIx library did not stop: its thread is stuck (left to end "
+                         "with this process)")
             self.server = None
         from ..machine.trees import remove_tree
         remove_tree(self.directory)

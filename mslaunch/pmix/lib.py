@@ -175,7 +175,7 @@ class Library:
         lib.PMIx_server_finalize.argtypes = []
         lib.PMIx_server_register_nspace.argtypes = [C.c_char_p, C.c_int, C.c_void_p,
                                                     C.c_size_t, C.c_void_p, C.c_void_p]
-        lib.PMIx_server_deregister_nspace.argtypes = [C.c_char_p, C.c_void_p, C.c_void_p]
+        lib.PMIx_server_deregister_nspace.argtypes = [C.c_char_p, OP_CB, C.c_void_p]
         lib.PMIx_server_deregister_nspace.restype = None
         lib.PMIx_server_register_client.argtypes = [C.POINTER(Proc), C.c_uint32, C.c_uint32,
                                                     C.c_void_p, OP_CB, C.c_void_p]

@@ -228,7 +228,10 @@ class Namespace:
     def deregister(self) -> None:
         if self.registered:
             self.registered = False
-            self.server.lib.lib.PMIx_server_deregister_nspace(self.name.encode(), None, None)
+            # With a callback: it returns at once, never waiting for the library's
+            # thread (see PMIxServer.close).
+            self.server.lib.lib.PMIx_server_deregister_nspace(
+                self.name.encode(), self.server.client_registered, None)
 
 
 def _load_topology_from(xml: Optional[str]) -> Dict[str, Optional[str]]:
@@ -266,7 +269,8 @@ class PMIxServer:
         # Kept referenced for as long as the library may call them.
         self._release = L.RELEASE(self._released)
         # A client's registration, done on the library's thread: the rank may be
-        # started at once, as the library handles its events in order.
+        # started at once, as the library handles its events in order.  The same
+        # callback ends a namespace's deregistration.
         self.client_registered = L.OP_CB(lambda status, cbdata: None)
         self._calls = [L.CONNECTED(self._connected), L.FINALIZED(self._finalized),
                        L.ABORT(self._abort), L.FENCE(self._fence)]
@@ -316,16 +320,32 @@ class PMIxServer:
         self.namespaces[ns.name] = ns
         return ns
 
-    def close(self) -> None:
-        """Deregister every namespace and stop the library's server (and its thread)."""
+    def close(self, patience: float = 5.0) -> bool:
+        """Deregister every namespace and stop the library's server (and its thread);
+        False if that did not end within ``patience`` seconds.
+
+        Both wait for the library's thread, which can be stuck for good: Debian's
+        libpmix 4.2.2 was seen blocked on a lock of its own after a PMIx_Connect of
+        a spawn that never completed (mpi4py's test_spawn, about one run in
+        twenty).  The launcher must not wait for it forever: the stop is left to
+        a thread of its own, which ends with this process."""
         if not self.up:
-            return
+            return True
         self.up = False
-        for ns in self.namespaces.values():
-            ns.deregister()
-        self.lib.lib.PMIx_server_finalize()
+        import threading
+        stop = threading.Thread(target=self._stop, name="pmix-stop", daemon=True)
+        stop.start()
+        stop.join(patience)
+        if stop.is_alive():
+            return False          # the library may still post: the inbox stays open
         self.inbox.run()          # what the last upcalls posted
         self.inbox.close()
+        return True
+
+    def _stop(self) -> None:
+        for ns in list(self.namespaces.values()):
+            ns.deregister()
+        self.lib.lib.PMIx_server_finalize()
 
     # -- upcalls, on the library's thread (those of dynamic processes: .dpm) -------
     def serving(self, members: Sequence[Tuple[str, int]]) -> Optional[Namespace]:

@@ -1,0 +1,50 @@
+"""A PMIx server (the real library, in this process) whose thread is stuck in an
+upcall, as libpmix's own thread was once seen stuck on a lock: its ``close``
+must still come back.
+
+Usage: pmix_stuck_close.py TMPDIR PROGRAM... -- two ranks of PROGRAM (an Open
+MPI program) connect; the library's thread then blocks in the "connected"
+upcall until the close has been timed.  Prints ``closed <result> <seconds>``.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from mslaunch.machine.loop import Loop
+from mslaunch.pmix import lib as L
+from mslaunch.pmix.server import Layout, PMIxServer
+
+entered, release = threading.Event(), threading.Event()
+
+
+def stuck(self, proc, server_object, cbfunc, cbdata):
+    entered.set()
+    release.wait()
+    return L.OPERATION_SUCCEEDED
+
+
+PMIxServer._connected = stuck          # bound as the server is made
+
+tmpdir, program = sys.argv[1], sys.argv[2:]
+server = PMIxServer(Loop(), L.load(), tmpdir, None)
+ns = server.namespace(Layout("stuck", ["here"], [0, 0], [0, 0], 2, 0), None,
+                      lambda *args: None, lambda rank: None)
+ranks = [subprocess.Popen(program, env={**os.environ, **ns.env(rank, os.environ)},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         for rank in range(2)]
+try:
+    if not entered.wait(60):
+        print("no rank connected", flush=True)
+    else:
+        began = time.monotonic()
+        ok = server.close(patience=1.0)
+        print("closed", ok, round(time.monotonic() - began, 1), flush=True)
+finally:
+    release.set()
+    for p in ranks:
+        p.kill()
+        p.wait()
+os._exit(0)        # the library's thread may still be finishing its stop
