@@ -350,13 +350,17 @@ def test_a_stuck_pmix_library_does_not_hold_the_launcher(ompi, tmp_path):
     spawn's PMIx_Connect that never completed; stopping the server waits for that
     thread.  The server's close gives up after its patience instead of hanging
     the launcher (here the thread is held in an upcall)."""
+    import tempfile
+    from mslaunch.machine.trees import remove_tree
     python, env, _ = ompi
     tag = new_tag()
+    shm = tempfile.mkdtemp(prefix="msl-t-", dir="/dev/shm")     # the ranks' segments
     try:
-        r = subprocess.run([PY, program("pmix_stuck_close.py"), str(tmp_path), python, "-c",
-                            "from mpi4py import MPI"], capture_output=True, timeout=90,
+        r = subprocess.run([PY, program("pmix_stuck_close.py"), str(tmp_path), shm, python,
+                            "-c", "from mpi4py import MPI"], capture_output=True, timeout=90,
                            env=clean_env(MSL_TEST_TAG=tag, **env))
     finally:
         kill_tagged(tag)
+        remove_tree(shm)
     words = r.stdout.decode().split()
     assert words[:2] == ["closed", "False"] and float(words[2]) < 5, (r.stdout, r.stderr)

@@ -2,9 +2,11 @@
 upcall, as libpmix's own thread was once seen stuck on a lock: its ``close``
 must still come back.
 
-Usage: pmix_stuck_close.py TMPDIR PROGRAM... -- two ranks of PROGRAM (an Open
-MPI program) connect; the library's thread then blocks in the "connected"
+Usage: pmix_stuck_close.py TMPDIR SHMDIR PROGRAM... -- two ranks of PROGRAM (an
+Open MPI program) connect; the library's thread then blocks in the "connected"
 upcall until the close has been timed.  Prints ``closed <result> <seconds>``.
+The ranks' shared-memory segments go in SHMDIR, as under mslaunch (its caller
+removes it): ranks that outlive this process, killed, leave none in /dev/shm.
 """
 
 import os
@@ -15,6 +17,7 @@ import time
 
 from mslaunch.machine.loop import Loop
 from mslaunch.pmix import lib as L
+from mslaunch.pmi.singletons import BACKING_VARIABLES, UCX_DIR_VARIABLE
 from mslaunch.pmix.server import Layout, PMIxServer
 
 entered, release = threading.Event(), threading.Event()
@@ -28,11 +31,12 @@ def stuck(self, proc, server_object, cbfunc, cbdata):
 
 PMIxServer._connected = stuck          # bound as the server is made
 
-tmpdir, program = sys.argv[1], sys.argv[2:]
+tmpdir, shm, program = sys.argv[1], sys.argv[2], sys.argv[3:]
+segments = {name: shm for name in (*BACKING_VARIABLES, UCX_DIR_VARIABLE)}
 server = PMIxServer(Loop(), L.load(), tmpdir, None)
 ns = server.namespace(Layout("stuck", ["here"], [0, 0], [0, 0], 2, 0), None,
                       lambda *args: None, lambda rank: None)
-ranks = [subprocess.Popen(program, env={**os.environ, **ns.env(rank, os.environ)},
+ranks = [subprocess.Popen(program, env={**os.environ, **ns.env(rank, os.environ), **segments},
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
          for rank in range(2)]
 try:
