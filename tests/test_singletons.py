@@ -117,7 +117,9 @@ def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_kille
 
     def ready(out, tmp) -> None:
         assert wait_for(lambda: termed_and_recorded(out), 60), os.listdir(out)
-        assert "ompi." in [n.name[:5] for n in tmp.iterdir()]      # their sessions
+        # their sessions (each in a base of its own in the job's directory)
+        assert any(n.name.startswith("ompi.") for n in tmp.rglob("ompi.*")), \
+            [str(n) for n in tmp.rglob("*")]
     _killed_with_singletons(ompi4, tmp_path, ["--grace", "5", "-n", "2"], NOPMIX, ready)
 
 
@@ -129,7 +131,7 @@ def test_a_one_rank_open_mpi_4_job_leaves_no_session_directory_when_mslaunch_is_
 
     def ready(out, tmp) -> None:
         assert wait_for(lambda: any(n.startswith("shm.") for n in os.listdir(out)), 60)
-        sessions = [str(d) for d in tmp.glob("ompi.*/*")]
+        sessions = [str(d) for d in tmp.rglob("ompi.*/*")]
         assert any("/jf." in d for d in sessions) and any("/pid." in d for d in sessions), \
             sessions
     _killed_with_singletons(ompi4, tmp_path, ["--grace", "1", "-n", "1"], {}, ready)
@@ -409,3 +411,49 @@ def test_what_is_not_a_noted_file_is_not_taken_for_one(item):
     found = read_kept_item(item)
     assert found is None or (found[0].startswith("/dev/shm/") and "/" not in found[0][9:])
     assert read_kept_item("kvs_12_ab" + item.replace("\t", "")) is None
+
+
+def test_what_a_launcher_killed_with_its_watchdog_left_goes_with_the_next_job(own_tmpdir):
+    """``kill -9`` of the whole job (launcher, watchdog and ranks at once, as a test
+    harness does) leaves the job's directories; the next job's watchdog removes
+    those whose launcher is gone, and no other's."""
+    import glob
+    import time
+    from helpers import start
+    tag = new_tag()
+    p = start("-n", "2", PY, "-c", "import time; time.sleep(60)",
+              env=clean_env(MSL_TEST_TAG=tag))
+    mine = [f"{own_tmpdir}/mslaunch-ompi-kvs_{p.pid}_*", f"{own_tmpdir}/mslaunch-pmix-kvs_{p.pid}_*",
+            f"/dev/shm/mslaunch-ompi-kvs_{p.pid}_*"]
+
+    def left():
+        return [path for pattern in mine for path in glob.glob(pattern)]
+    # (the one in /dev/shm, shared with the other workers' jobs, may be swept by
+    # one of those as soon as this job is dead: the two in this TMPDIR cannot)
+    try:
+        assert wait_for(lambda: len(left()) >= 2 and len(tagged_pids(tag)) >= 4, 30), left()
+    finally:
+        kill_tagged(tag)               # SIGKILL, every process of the job together
+        p.wait()
+    time.sleep(0.5)
+    assert len(left()) >= 2, left()    # what the test is about: nobody removed them
+    other = os.path.join(own_tmpdir, "mslaunch-ompi-kvs_1_00000000")   # pid 1 lives
+    os.mkdir(other)
+    # a job of another pid namespace: its pid is not seen here, but it holds its directory
+    foreign = os.path.join(own_tmpdir, "mslaunch-pmix-kvs_999999999_00000000")
+    os.mkdir(foreign)
+    holder = subprocess.Popen([PY, "-c", "import fcntl, os, sys, time\n"
+                               "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_SH)\nprint('held', flush=True)\n"
+                               "time.sleep(60)", foreign], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        r = run("-n", "2", PY, "-c", "pass")
+        assert r.returncode == 0, r.stderr
+        assert wait_for(lambda: left() == [], 10), left()
+        assert os.path.isdir(other) and os.path.isdir(foreign)
+    finally:
+        holder.kill()
+        holder.wait()
+    r = run("-n", "2", PY, "-c", "pass")
+    assert wait_for(lambda: not os.path.exists(foreign), 10)        # no longer held

@@ -33,6 +33,13 @@ waiting_in_user_job()
 """
 
 
+#: Asks a job's control socket for its info as another user: what it answers, in one line.
+PROBE = ("import sys\nfrom mslaunch.cli.attach import ask\n"
+         "from mslaunch.errors import LaunchError\n"
+         "try:\n    ask(sys.argv[1], {'op': 'info'}, 5.0)\n"
+         "except LaunchError as err:\n    print(err)\n")
+
+
 def _free_uids(count: int):
     uids, uid = [], 61000 + os.getpid() % 2000 * 2
     while len(uids) < count:
@@ -160,18 +167,14 @@ def test_stacks_and_top_as_a_user_and_refused_to_another(users):
             assert time.monotonic() - started < 20
         [sock] = [os.path.join(d, n) for d, _, names in os.walk(owner.home)
                   for n in names if n == launcher + ".sock"]
-        probe = ("import sys\nfrom mslaunch.cli.attach import ask\n"
-                 "from mslaunch.errors import LaunchError\n"
-                 "try:\n    ask(sys.argv[1], {'op': 'info'}, 5.0)\n"
-                 "except LaunchError as err:\n    print(err)\n")
-        r = other.run(other.python, "-c", probe, sock)
+        r = other.run(other.python, "-c", PROBE, sock)
         assert r.stdout.decode().strip() == "cannot reach the job: Permission denied", r
         # a socket another user can reach (a umask of 0, a directory opened by
         # hand) still answers only its owner, and says so
         for path in (owner.home, os.path.dirname(sock)):
             os.chmod(path, 0o711)
         os.chmod(sock, 0o777)
-        r = other.run(other.python, "-c", probe, sock)
+        r = other.run(other.python, "-c", PROBE, sock)
         assert r.stdout.decode().strip() == "the job says: it is another user's job", r
         for path in (owner.home, os.path.dirname(sock)):
             os.chmod(path, 0o700)
@@ -184,3 +187,31 @@ def test_stacks_and_top_as_a_user_and_refused_to_another(users):
     assert out.count(b"ready") == 2
     # the owner's private directory went with the job
     assert not [n for n in os.listdir(owner.home) if n.startswith("mslaunch")]
+
+
+def test_a_root_jobs_control_socket_refuses_another_user(users, tmp_path):
+    """A job of root's answers root alone, even where another user can reach its socket."""
+    _, other = users
+    tmp = os.path.join(os.path.dirname(other.home), "root-tmp")
+    os.mkdir(tmp, 0o755)
+    release = os.path.join(tmp, "release")
+    script = os.path.join(tmp, "rank.py")
+    with open(script, "w") as f:
+        f.write(RANK)
+    env = dict(other.env(), HOME=tmp, TMPDIR=tmp)
+    job = subprocess.Popen([sys.executable, "-m", "mslaunch", "-n", "1", sys.executable, script,
+                            release], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        sock = os.path.join(tmp, "mslaunch-0", f"{job.pid}.sock")
+        assert wait_for(lambda: os.path.exists(sock), 30), job.poll()
+        os.chmod(os.path.dirname(sock), 0o711)       # as by hand: the socket reachable
+        os.chmod(sock, 0o777)
+        r = other.run(other.python, "-c", PROBE, sock)
+        assert r.stdout.decode().strip() == "the job says: it is another user's job", r
+        os.chmod(os.path.dirname(sock), 0o700)
+        assert job.poll() is None
+    finally:
+        with open(release, "w"):
+            pass
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err

@@ -14,8 +14,9 @@ back:
 * ``{"op": "top"}``: per rank host, pid, state, CPU %, RSS, seconds since
   its last output and that line, and the job's timeline so far.
 
-Connections from another user are refused (``SO_PEERCRED``), although the
-directory already keeps them out.
+Connections from another user are refused (``SO_PEERCRED``), also when the
+job is root's, although the directory already keeps them out; root may
+connect to any user's job (it may trace their processes anyway).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from .seams import JobView, RankState
 
+from ..pmi.files import public_id
 from ..remote import link
 from ..stacktree import RankStacks, Report, merge
 
@@ -42,7 +44,7 @@ def title(sup: JobView, what: str) -> str:
     live = [r for r in sup.ranks if r.pid and not r.ended and r.spec.job == 1]
     hosts = len({r.spec.host.name for r in live})
     return (f"mslaunch: {what} of {len(live)} running rank(s) on {hosts} host(s), job "
-            f"{sup.plan.kvsname} (launcher pid {os.getpid()}), innermost frames last")
+            f"{public_id(sup.plan.kvsname)} (launcher pid {os.getpid()}), innermost frames last")
 
 
 def gather(sup: JobView, timeout: float, dumps: Optional[str],
@@ -113,7 +115,9 @@ def _rank_stacks(r: RankState, entry: Optional[Dict[str, Any]]) -> RankStacks:
                       "the agent's answer was malformed",
                       answered=bool(entry.get("answered", True)),
                       state=str(entry.get("state") or "")[:4],
-                      cpu=_cpu(entry.get("cpu")))
+                      cpu=_cpu(entry.get("cpu")),
+                      moved=entry["moved"] if type(entry.get("moved")) is int else -1,
+                      stdin=entry.get("stdin") is True)
 
 
 def _cpu(value: Any) -> float:
@@ -196,7 +200,9 @@ class Inspector:
                 uid = int.from_bytes(creds[4:8], "little")
             except OSError:
                 uid = -1
-            if uid != os.getuid() and os.getuid() != 0:
+            # The job's own user, and root (who may trace any process anyway);
+            # a root job lets in root alone.
+            if uid not in (os.getuid(), 0):
                 try:        # one line, so that the refused knows why (never waited for)
                     conn.setblocking(False)
                     conn.send(b'{"error": "it is another user\'s job"}\n')
@@ -230,7 +236,7 @@ class Inspector:
 
     def info(self) -> Dict[str, Any]:
         sup = self.sup
-        return {"kvsname": sup.plan.kvsname, "pid": os.getpid(), "size": len(sup.plan.ranks),
+        return {"kvsname": public_id(sup.plan.kvsname), "pid": os.getpid(), "size": len(sup.plan.ranks),
                 "hosts": list(dict.fromkeys(r.spec.host.name for r in sup.ranks)),
                 "argv": list(sup.plan.ranks[0].argv) if sup.plan.ranks else [],
                 "uptime": round(time.monotonic() - getattr(sup, "started", time.monotonic()), 1),

@@ -15,7 +15,13 @@ if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Tuple
 
 from ..errors import LaunchError
-from ..pmi.files import GUARD_TASKS, after_launcher_death, new_kvsname, sessions_at_death
+from ..pmi.files import (
+    GUARD_TASKS,
+    after_launcher_death,
+    new_kvsname,
+    public_id,
+    sessions_at_death,
+)
 from ..plan import agent_hosts
 from ..spec import JobSpec, Plan
 
@@ -195,18 +201,19 @@ def _run_job(job: JobSpec, started: float = 0.0) -> int:
     # The orphan guard first (a small fork, before more is imported), so that
     # it settles into the job's cgroup while the job is planned.
     from ..machine.guard import Watchdog
-    watchdog = Watchdog(new_kvsname(), job.grace, background=True, tasks=GUARD_TASKS,
+    kvsname = new_kvsname()
+    watchdog = Watchdog(public_id(kvsname), job.grace, background=True, tasks=GUARD_TASKS,
                         on_death=after_launcher_death, on_stop=sessions_at_death)
     try:
-        return _run(job, environ, watchdog, started)
+        return _run(job, environ, watchdog, kvsname, started)
     finally:
         watchdog.close()      # after an error before the supervisor took it over
 
 
-def _run(job: JobSpec, environ, watchdog, started: float) -> int:
+def _run(job: JobSpec, environ, watchdog, kvsname: str, started: float) -> int:
     from ..hosts import host_entries
     entries = host_entries(job, environ)
-    plan = build_plan(job, environ, entries=entries, kvsname=watchdog.marker)
+    plan = build_plan(job, environ, entries=entries, kvsname=kvsname)
     _warn_missing_exports(job, environ)
     remote = agent_hosts(plan, job)
     replan, starter = None, None
@@ -226,7 +233,7 @@ def _run(job: JobSpec, environ, watchdog, started: float) -> int:
     try:
         if starter is not None:
             # In the background, while the supervisor is built (srun's step starts here).
-            starter.prepare(remote, plan.kvsname)
+            starter.prepare(remote, watchdog.marker)
         return _supervise(job, plan, remote, starter, replan, watchdog, started)
     finally:
         if starter is not None:

@@ -51,7 +51,7 @@ class LauncherPMIx:
 
     def serve_first(self, pj: PMIJob) -> None:
         """PMIx for the first job's ranks on this machine."""
-        from ..pmi.files import pmix_dir
+        from ..pmi.files import pmix_dir, public_id
         from ..pmix.host import MIN_SIZE, PMIxHost
         from ..pmix.server import Layout
         sup = self.sup
@@ -63,7 +63,7 @@ class LauncherPMIx:
                         [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
                         plan.universe_size, here, oversubscribed(
                             [r for r in plan.ranks if r.host.local]))
-        marker = sup.watchdog.marker if sup.watchdog is not None else plan.kvsname
+        marker = sup.watchdog.marker if sup.watchdog is not None else public_id(plan.kvsname)
         log = sup.log if sup.job.verbose else (lambda message: None)
         self.host = PMIxHost(sup.loop, pmix_dir(marker), log, self.fetch)
 

@@ -40,14 +40,18 @@ MARKER_VARIABLE = "MSLAUNCH_GUARD"
 # finding processes
 
 def marked_pids(marker: str) -> Set[int]:
-    """Pids of processes whose initial environment holds ``MSLAUNCH_GUARD=marker``."""
+    """Pids of this user's processes whose initial environment holds
+    ``MSLAUNCH_GUARD=marker`` (the marker is no secret: another user's process
+    that carries it is not the job's)."""
     needle = f"{MARKER_VARIABLE}={marker}\0".encode()
     found = set()
-    me = os.getpid()
+    me, uid = os.getpid(), os.geteuid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 env = f.read()
         except OSError:

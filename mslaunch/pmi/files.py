@@ -32,14 +32,30 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Sequence, Set
+    from typing import Callable, Dict, List, Optional, Sequence, Set
 
 
 # -- job names and MPICH's segments ---------------------------------------------
 
 def new_kvsname() -> str:
-    """A kvsname unique per concurrent job on a host: ``kvs_<pid>_<random hex>``."""
-    return f"kvs_{os.getpid()}_{os.urandom(6).hex()}"
+    """A job's name (its PMI kvsname and PMIx namespace), unique per concurrent
+    job on a host and secret: ``kvs_<pid>_<8 hex>_<32 hex>``.
+
+    A rank joins its job by naming it to the job's server, and libpmix takes
+    the uid a client claims over TCP on trust (its ``psec/native``), so the
+    name is what keeps another user of the host from joining as a rank: its
+    last part (128 random bits) is never put where other users can look (a
+    file or directory name, a command line, a message of the job's); those get
+    :func:`public_id`, the name without it."""
+    bits = os.urandom(20).hex()
+    return f"kvs_{os.getpid()}_{bits[:8]}_{bits[8:]}"
+
+
+def public_id(kvsname: str) -> str:
+    """The part of a job's name that may be shown: ``kvs_<pid>_<8 hex>`` (its
+    guard's marker, the names of its directories, what ``-v`` and the reports
+    say); the whole of a name that has no secret part."""
+    return "_".join(kvsname.split("_", 3)[:3])
 
 
 def _fnv1a32(data: bytes) -> int:
@@ -72,6 +88,24 @@ def remove_shm_segments(kvsname: str, shm_dir: str = "/dev/shm") -> int:
 
 
 
+
+
+def remove_singleton_segment(pid: int, since: float, shm_dir: str = "/dev/shm") -> bool:
+    """Remove the segment that process ``pid``, an MPICH singleton (a rank given
+    no PMI: msrun mode, ``--mpi none``), made and could not remove, being killed:
+    ``mpich_shm_<pid in hex>_0``, a singleton being a job of its own named after
+    its pid.  Only a regular file of this user's changed since ``since`` (the
+    process's start): an older one is an earlier process's of the same pid."""
+    path = os.path.join(shm_dir, f"mpich_shm_{pid:x}_0")
+    try:
+        st = os.lstat(path)
+        if st.st_uid != os.geteuid() or not (st.st_mode & 0o170000 == 0o100000) \
+                or st.st_ctime < since - 0.05:
+            return False
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
 
 
 def after_launcher_death(kept: Sequence[str], marker: str) -> None:
@@ -126,7 +160,9 @@ def xml_path() -> Optional[str]:
 def xml_for_ranks(guard) -> Optional[str]:
     """This host's topology file for MPICH's ranks, or None -- and when there
     is none yet, ``guard`` (the orphan guard's watchdog, given
-    :data:`GUARD_TASKS`) writes one for the next job."""
+    :data:`GUARD_TASKS`) writes one for the next job.  The watchdog also sweeps
+    what dead launchers left (:func:`sweep_leftovers`)."""
+    guard.task("sweep", "")        # once a job: see sweep_leftovers
     path = xml_path()
     if path is None or os.path.isfile(path):
         return path
@@ -176,6 +212,42 @@ def write_xml(path: str) -> bool:
         lib.hwloc_topology_destroy(topo)
 
 
-#: The orphan guard's tasks for PMI jobs: the file is written in its watchdog
-#: (see :func:`xml_for_ranks`).
-GUARD_TASKS = {"hwloc": write_xml}
+def sweep_leftovers(_arg: str = "") -> int:
+    """Remove the directories that launchers and agents of this user left when
+    their watchdog died with them (``kill -9`` of the whole job, a test harness
+    ending every process it started): ``mslaunch-ompi-<marker>`` and
+    ``mslaunch-pmix-<marker>`` in ``$TMPDIR``, ``mslaunch-ompi-<marker>`` in
+    /dev/shm, whose marker names a process that is gone (the launcher's pid,
+    ``kvs_<pid>_<hex>``; an agent's, after the dot) and that no live process
+    holds (:func:`mslaunch.machine.trees.hold`: a job in another pid namespace
+    sharing this /dev/shm has a pid that is not seen here).  Run by a new job's
+    watchdog, off the job's path; returns how many it removed."""
+    from ..machine.trees import in_use, remove_tree
+    me, removed = os.geteuid(), 0
+    for base in {os.environ.get("TMPDIR") or "/tmp", "/dev/shm"}:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith(("mslaunch-ompi-kvs_", "mslaunch-pmix-kvs_")):
+                continue
+            marker = name.split("-", 2)[2]
+            pid = marker.rpartition(".")[2] if "." in marker else marker.split("_")[1]
+            path = os.path.join(base, name)
+            try:
+                if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                    continue
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_uid == me and st.st_mode & 0o170000 == 0o040000 and not in_use(path):
+                remove_tree(path)
+                removed += 1
+    return removed
+
+
+#: The orphan guard's tasks for PMI jobs, run in its watchdog: the hwloc file
+#: (see :func:`xml_for_ranks`), and what dead launchers left (:func:`sweep_leftovers`).
+GUARD_TASKS: Dict[str, Callable[[str], object]] = {"hwloc": write_xml,
+                                                   "sweep": sweep_leftovers}

@@ -139,8 +139,10 @@ class SingletonProbe:
     """The directory Open MPI ranks write to, and what was found there."""
 
     def __init__(self, marker: str, specs: Iterable[RankSpec] = ()) -> None:
+        from ..machine.trees import hold
         self.path = probe_path(marker)
         os.mkdir(self.path, 0o700)      # OSError if it exists: never someone else's
+        hold(self.path)
         self.seen: Dict[int, int] = {}
         self.certain: Set[int] = set()   # keys that are singletons whatever runs below them
         # Open MPI's segments in a directory of the job's own (unless the user
@@ -152,6 +154,7 @@ class SingletonProbe:
             try:
                 os.mkdir(backing_path(marker), 0o700)
                 self.backing = backing_path(marker)
+                hold(self.backing)
             except OSError:
                 pass
 
@@ -159,6 +162,13 @@ class SingletonProbe:
         """The variables of rank ``key``, whose own environment is ``own``."""
         env = {"OMPI_MCA_mpi_show_mca_params": "enviro",
                "OMPI_MCA_mpi_show_mca_params_file": os.path.join(self.path, str(key))}
+        if "OMPI_MCA_orte_tmpdir_base" not in own:
+            # Open MPI 4 singletons of one job share $TMPDIR/ompi.<host>.<uid>: one
+            # removes it, empty, while another makes its own directory in it, which
+            # then fails MPI_Init ("A call to mkdir was unable to create the desired
+            # directory ... File exists").  Each gets a base of its own in the job's
+            # directory, gone with it; a rank served PMIx gets the server's instead.
+            env["OMPI_MCA_orte_tmpdir_base"] = os.path.join(self.path, f"s{key}")
         if self.backing is not None:
             env.update((name, self.backing) for name in BACKING_VARIABLES)
             # UCX (under Open MPI, and in MPICH's wheel) makes its segments with

@@ -52,12 +52,12 @@ class PMIxHost:
         except lib.Unavailable as err:
             self.problem = str(err)
             return None
+        from ..machine.trees import hold, private_dir
         try:
-            os.mkdir(self.directory, 0o700)
-        except FileExistsError:
-            pass
+            private_dir(self.directory)
+            hold(self.directory)
         except OSError as err:
-            self.problem = f"cannot make {self.directory}: {err.strerror}"
+            self.problem = f"cannot make {self.directory}: {err.strerror or err}"
             return None
         from ..pmi.files import xml_path
         topology = xml_path()

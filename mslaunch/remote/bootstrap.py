@@ -48,7 +48,8 @@ _TINY = ("import io;b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
 
 #: Runs with ``b``, the one-line program's reader, ``_W``: the launcher's
 #: (version, package digest), or None not to look at the host's package, and
-#: ``_J``: the job's name, which the agent's guard takes at once ("" if none).
+#: ``_J``: the job's public id (its name without the secret), which the agent's
+#: guard takes at once ("" if none).
 #: Says on stdout, after :data:`MARK`, which way the agent starts: ``host
 #: PATH`` (the host's own copy, identical to the launcher's, is imported), or
 #: ``need WHY``, and then reads the bundle.
