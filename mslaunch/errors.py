@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 #: Exit status of a job stopped by ``--timeout`` (Open MPI 4 uses the same).
 TIMEOUT_EXIT = 110
+#: Exit status of a job ended by ``--stall-exit`` (see :mod:`mslaunch.job.stall`).
+STALL_EXIT = 111
 
 #: Exit status when a host is lost (its agent, its connection or its network):
 #: no rank's own status can be known then.  ssh and Hydra use the same.

@@ -387,6 +387,9 @@ class JobResult:
     message: str = ""
     # how the job ended: None (it ran to its end), failure, timeout, signal, output, remote
     ending: Optional[str] = None
+    # the failure that is the cause and those that followed, each with when it happened
+    # (seconds since the epoch, the launcher's clock), in that order
+    failures: Tuple[Tuple[float, RankResult], ...] = ()
 
 
 #: Variables that carry the identity of an outer launch (a rank of another

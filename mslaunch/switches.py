@@ -20,6 +20,7 @@ SWITCHES = {
     "MSLAUNCH_DIRECT_OUTPUT": True,   # agents send output on a connection of its own
     "MSLAUNCH_OUTPUT_TLS": False,     # ... in TLS
     "MSLAUNCH_HOST_PACKAGE": True,    # agents start from the host's identical mslaunch
+    "MSLAUNCH_EXCEPTION_EXIT": True,  # a Python rank ends at an uncaught exception (MPI up)
 }
 _OFF = ("0", "false", "no", "off", "f", "n")
 _ON = ("1", "true", "yes", "on", "t", "y")

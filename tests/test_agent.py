@@ -520,15 +520,22 @@ def test_signal_frame_ends_a_sleeping_rank(agents, tmp_path):
     agent = agents.new()
     agent.send(link.encode(link.JOB, job_body(agent.tag, str(tmp_path),
                                               [[PY, "-c", SLEEPER]] * 2)))
-    agent.expect(link.READY)
+    sent = time.time()
+    ready, _ = agent.expect(link.READY)
+    got, replied = ready["clock"]            # this host's clock, for the launcher's offset
+    assert sent <= got <= replied <= time.time()
     agent.send(link.encode(link.START))
     agent.expect(link.STARTED)
     agent.send(link.encode(link.SIGNAL, {"sig": int(signal.SIGTERM), "ranks": [1]}))
     exited, _ = agent.expect(link.EXITED)
-    assert exited == {"rank": 1, "code": None, "signal": int(signal.SIGTERM)}
-    agent.send(link.encode(link.SIGNAL, {"sig": int(signal.SIGTERM)}))
+    at = exited.pop("at")
+    assert exited == {"rank": 1, "code": None, "signal": int(signal.SIGTERM), "stop_at": None}
+    stopping = time.time()
+    agent.send(link.encode(link.SIGNAL, {"sig": int(signal.SIGTERM)}))   # the job's stop
     exited, _ = agent.expect(link.EXITED)
-    assert exited == {"rank": 0, "code": None, "signal": int(signal.SIGTERM)}
+    assert at <= stopping <= exited["stop_at"] <= exited.pop("at") <= time.time()
+    assert exited == {"rank": 0, "code": None, "signal": int(signal.SIGTERM),
+                      "stop_at": exited["stop_at"]}
     agent.expect(link.DONE)
     agent.send(link.encode(link.BYE))
     assert agent.finish(5) == (0, "")

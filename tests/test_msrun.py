@@ -490,3 +490,33 @@ def test_the_hint_for_mindspore_scripts_fits_the_job():
     assert msrun_hint(["a", "a", "a", "b"], ["python", "net.py"]).endswith(
         "--worker_num=4 --local_worker_num=N net.py on each of the 2 nodes, with "
         "--master_addr=a and --node_rank=0..1 (N: 3 on a, 1 on b)")
+
+
+def _singleton_segments(text: str):
+    pids = [int(w) for line in text.splitlines() if line.startswith("pid ")
+            for w in line.split()[1:2]]
+    return pids, [p for p in pids if os.path.exists(f"/dev/shm/mpich_shm_{p:x}_0")]
+
+
+@pytest.mark.parametrize("dialect", ["msrun", "mpi-none"])
+def test_killed_mpich_singletons_leave_no_segment(dialect, bin_dir, tmp_path, mpich):
+    """Each process is a one-rank MPICH job, its segment named after its pid: the
+    ones the job stops (killed, they cannot remove it) leave nothing in /dev/shm."""
+    from helpers import PY
+    tag = new_tag()
+    env = ms_env(bin_dir, tag)
+    prog = program("singleton_fails.py")
+    if dialect == "msrun":
+        args = ["--worker_num=3", "--local_worker_num=3", f"--log_dir={tmp_path / 'l'}",
+                "--join=True", PY, prog]
+    else:
+        args = ["--mpi", "none", "-n", "3", PY, prog]
+    try:
+        r = msrun(args, env, tmp_path)
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 3, r.stderr
+    text = r.stdout.decode() if dialect != "msrun" else "".join(logs(tmp_path / "l").values())
+    pids, left = _singleton_segments(text)
+    assert len(pids) == (4 if dialect == "msrun" else 3), text     # msrun: the scheduler too
+    assert left == [], left

@@ -199,13 +199,13 @@ def test_a_one_rank_job_loads_no_pmix():
 # -- across hosts ----------------------------------------------------------------------
 
 def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=180, n=4,
-            extra=()):
+            extra=(), args=()):
     from test_remote import renv, run_remote, settle
     python, env, _ = ompi
     tag = new_tag()
     try:
         r = run_remote(home, *way, "-H", hosts, "-n", str(n), *extra, "-x", "MSL_TEST_TAG",
-                       *[a for k in env for a in ("-x", k)], python, RANKS, mode,
+                       *[a for k in env for a in ("-x", k)], python, RANKS, mode, *args,
                        env=renv(home, MSL_TEST_TAG=tag, **env), timeout=timeout)
         settle(tag, sshbed)
         return r
@@ -272,13 +272,38 @@ def test_accept_connect_and_published_names_across_hosts(sshbed, ompi, tmp_path)
 def test_failures_on_a_remote_rank_end_every_host(sshbed, ompi, tmp_path, mode, code):
     home = sshbed.make_home(tmp_path / "home")
     r = _remote(sshbed, home, ompi, mode=mode, timeout=120)      # settled: nothing left
-    if mode == "kill" and b"called MPI_Abort" in r.stderr:
-        # A rank on the other host may notice its lost TCP peer, and abort, before
-        # the killed rank's exit reaches the launcher: the first failure is that one.
-        assert r.returncode not in (0, code) and b" on h2)" in r.stderr, r.stderr
-        return
+    # A rank on the other host may notice its lost TCP peer, and abort, before the
+    # failed rank's end reaches the launcher: the failure is still the first one.
     assert r.returncode == code, r.stderr
     assert b"mslaunch: rank 1 (pid " in r.stderr and b" on h1)" in r.stderr, r.stderr
+    first = r.stderr.split(b"\n")
+    assert [line for line in first if b"terminated the job" in line][0].startswith(
+        b"mslaunch: rank 1 (pid "), r.stderr
+
+
+@pytest.mark.remote
+@pytest.mark.parametrize("way", ["paramiko", "openssh"])
+def test_a_death_followed_by_an_abort_on_another_host_is_the_failure(sshbed, ompi, tmp_path,
+                                                                    way):
+    """Rank 1 on h1 is killed, and rank 3 on h2 (which killed it) calls MPI_Abort at
+    once: whichever report comes first, the death is the job's failure and the abort
+    what followed (its report may be the first, and stamped first)."""
+    from test_rsh import cfg_of
+    home = sshbed.make_home(tmp_path / "home")
+    extra = []
+    if way == "openssh":
+        os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
+        extra = ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args",
+                 f"-F {cfg_of(home)}"]
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _remote(sshbed, home, ompi, *extra, mode="follow", timeout=120, args=(str(out),))
+    lines = [line for line in r.stderr.decode().splitlines() if line.startswith("mslaunch: ")]
+    assert r.returncode == 128 + signal.SIGKILL, lines
+    assert lines[0].startswith("mslaunch: rank 1 (pid ") and " on h1) was killed by signal 9" \
+        in lines[0], lines
+    assert len(lines) > 1 and lines[1].startswith("mslaunch: then rank 3 (pid ") and \
+        " on h2) called MPI_Abort with exit code 14, " in lines[1], lines
 
 
 @pytest.mark.remote

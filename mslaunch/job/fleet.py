@@ -174,8 +174,9 @@ class Fleet:
     def rank_started(self, key: int, pid: int) -> None:
         self.sup.rank_started(key, pid)
 
-    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None:
-        self.sup.rank_exited(key, code, sig)
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                    at: Optional[float] = None) -> None:
+        self.sup.rank_exited(key, code, sig, at)
 
     def sink(self, rank: int, stream: int) -> Optional[RankOutput]:
         outputs = self.sup.ranks[rank].outputs
@@ -202,7 +203,7 @@ class Fleet:
                 self.start_error = (f"lost host {host.name} before the job started: "
                                     f"{reason}", HOST_LOST_EXIT)
             return
-        self.sup.ranks_lost(host.ranks, reason)
+        self.sup.ranks_lost(host.ranks, reason, host.last_heard_at())
         if not self.sup.job.quiet:
             self.sup.console.message(f"mslaunch: lost host {host.name}: {reason}")
 

@@ -12,6 +12,7 @@ and ``version`` is raised when one changes meaning (see the reference page
      "exit_code": N, "message": "...", "start": T, "end": T,
      "launcher": {"pid": N, "host": "...", "version": "..."},
      "first_failure": null | RANK,
+     "failures": [{"at": T, "rank": N, "job": N, "host": "...", "reason": "..."}, ...],
      "ranks": [RANK, ...]}
 
     RANK = {"rank": N, "job": N, "name": "rank N" | "worker N" | ...,
@@ -21,6 +22,9 @@ and ``version`` is raised when one changes meaning (see the reference page
 
 Times are seconds since the epoch (floats), as this machine's clock saw the
 events; ``exit_code`` is null for a rank killed by a signal or never ended.
+``failures`` is the cause (``first_failure``) and what failed after it before
+the job was stopped, each once, with when it happened (a remote host's time
+put on this clock); empty when nothing failed.
 """
 
 from __future__ import annotations
@@ -88,6 +92,10 @@ def build(result: Optional[JobResult], start: float, error: str = "",
         "message": message or _SAID.get(status, ""), "start": start, "end": time.time(),
         "launcher": {"pid": os.getpid(), "host": os.uname().nodename, "version": __version__},
         "first_failure": first, "ranks": ranks,
+        "failures": [{"at": at, "rank": r.rank, "job": r.job, "host": r.host,
+                      "reason": r.reason or rank_record(r)["signal_name"] or
+                      f"exit code {r.returncode}"}
+                     for at, r in (result.failures if result is not None else ())],
     }
 
 

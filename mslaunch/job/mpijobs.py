@@ -18,6 +18,7 @@ parent and its children can meet with ``MPI_Publish_name`` and
 from __future__ import annotations
 
 import os
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -118,32 +119,35 @@ class MPIJobs:
     def pid_of(self, key: int) -> Optional[int]:
         return self.sup.ranks[key].pid if 0 <= key < len(self.sup.ranks) else None
 
-    def pmi_abort(self, key: int, code: int, message: str) -> None:
+    def pmi_abort(self, key: int, code: int, message: str, at: Optional[float] = None) -> None:
         r = self.sup.ranks[key]
         code &= 0xFF
         # An abort must never look like success: a code that is 0 modulo 256
         # (MPI_Abort(comm, 0) or 256) ends the job with status 1.
         shown = f"exit code {code}" if code else "exit code 0 (exit status 1)"
-        self.sup.fail(r, f"called MPI_Abort with {shown}", code or 1, abort=True)
+        self.sup.fail(r, f"called MPI_Abort with {shown}", code or 1, abort=True, at=at,
+                      mpi_abort=True)
 
-    def pmi_lost(self, key: int) -> None:
+    def pmi_lost(self, key: int, at: Optional[float] = None) -> None:
         r = self.sup.ranks[key]
         r.pmi_lost = True
+        at = at or time.time()
         if r.ended:
-            self.check_lost(r)
+            self.check_lost(r, at)
         else:
             # The socket closes while the process exits, a moment before its
             # exit status can be read: let the exit tell a crash from a rank
             # that left MPI without finalizing.
-            self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r))
+            self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at))
 
-    def check_lost(self, r) -> None:
-        """Rank ``r``'s PMI connection closed: a failure unless its exit is one already."""
+    def check_lost(self, r, at: Optional[float] = None) -> None:
+        """Rank ``r``'s PMI connection closed (at ``at``, else when it ended): a
+        failure unless its exit is one already."""
         if r.signal is not None or r.code:
             return  # a failure in its own right, already handled
         self.sup.fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
                       if r.ended else "closed its PMI connection without MPI_Finalize",
-                      1, abort=True)
+                      1, abort=True, at=min([t for t in (at, r.end) if t] or [time.time()]))
 
     def pmi_log(self, message: str) -> None:
         self.sup.log(f"PMI: {message}")
@@ -312,9 +316,9 @@ class MPIJobs:
                                joined=message.get("joined") is not False)
             elif op == "abort":
                 self.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
-                               str(message.get("message", "")))
+                               str(message.get("message", "")), host.local_time(message.get("at")))
             elif op == "lost":
-                self.pmi_lost(key)
+                self.pmi_lost(key, host.local_time(message.get("at")))
             else:
                 spec = self.sup.ranks[key].spec
                 pj = self.of(spec)

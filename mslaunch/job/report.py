@@ -18,10 +18,12 @@ if TYPE_CHECKING:
     from typing import Dict, List, Sequence, Tuple
 
     from ..machine.local import LocalRanks
+    from ..spec import RankResult
     from .seams import JobView, RankState
 
 from ..errors import TIMEOUT_EXIT, LaunchError
 from ..machine.spawn import signal_name
+from ..spec import JobResult
 
 #: Lines listing the failed ranks of a keep-going job (grouped by host and end).
 FAILED_LINES = 20
@@ -52,6 +54,7 @@ def summary(sup: JobView, rank: RankState) -> str:
         kind = "process(es)" if spec.label else "rank(s)"
         head = f"mslaunch: {who} {what}; terminated the job" + \
             (f" ({others} other {kind})" if others else "")
+        head += _followed(sup, rank)
     tail = rank.tail
     if tail.strip():
         from .tails import shown_tail
@@ -63,6 +66,43 @@ def summary(sup: JobView, rank: RankState) -> str:
         if not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
             head += "\n" + msrun_hint([r.spec.host.name for r in sup.ranks], spec.argv)
     return head
+
+
+def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
+    """The result of a job that failed: its cause's code, the summary, the failures."""
+    from _signal import SIGPIPE
+    f = sup.failures
+    root = results[f.root.spec.key]
+    # A rank stopped by a broken pipe because mslaunch's own reader
+    # went away (``| head``) is the shell's quiet SIGPIPE, not news.
+    quiet = root.signal == SIGPIPE and not sup.console.is_open(1)
+    return JobResult(exit_code=f.root_code, ranks=tuple(results), root_cause=root,
+                     message="" if quiet else summary(sup, f.root),
+                     ending=sup.ending or "failure", failures=(
+                         (f.root_at, root), *((f.root_at + after, results[r.spec.key])
+                                              for after, r in f.followed())))
+
+
+def _followed(sup: JobView, root: RankState) -> str:
+    """Lines naming the failures that followed the cause (see :mod:`.failures`);
+    those that failed as the cause did (every singleton of a job) add nothing."""
+    from .failures import FOLLOWED_SHOWN
+    if sup.failures.root is not root:
+        return ""
+    what = root.reason or how_ended(root)
+    followed = [(after, r) for after, r in sup.failures.followed()
+                if (r.reason or how_ended(r)) != what]
+    lines = []
+    for after, r in followed[:FOLLOWED_SHOWN]:
+        s = r.spec
+        name = s.label or f"rank {s.rank}" + (f" of spawned job {s.job}" if s.job != 1 else "")
+        when = f"{after * 1000:.0f} ms later" if after >= 0 else \
+            f"seen {-after * 1000:.0f} ms before it (taken for its victim)"
+        lines.append(f"\nmslaunch: then {name} (pid {r.pid or '?'} on {s.host.name}) "
+                     f"{r.reason or how_ended(r)}, {when}")
+    if len(followed) > FOLLOWED_SHOWN:
+        lines.append(f"\nmslaunch: then {len(followed) - FOLLOWED_SHOWN} more rank(s) failed")
+    return "".join(lines)
 
 
 def _ranges(numbers: Sequence[int]) -> str:

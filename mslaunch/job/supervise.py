@@ -39,15 +39,22 @@ if TYPE_CHECKING:
     from .mpijobs import MPIJobs
     from .seams import ModeHooks, RankHandle, RankState
 
-from ..errors import HOST_LOST_EXIT, TIMEOUT_EXIT
+from ..errors import HOST_LOST_EXIT
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER, Console
 from ..machine.spawn import check_startable, raise_fd_limit, seal_inherited_fds, signal_name
-from ..pmi.files import GUARD_TASKS, after_launcher_death, sessions_at_death
+from ..pmi.files import (
+    GUARD_TASKS,
+    after_launcher_death,
+    public_id,
+    remove_singleton_segment,
+    sessions_at_death,
+)
 from ..spec import JobResult, JobSpec, Plan, RankSpec
+from .failures import Failures, ended_result
 from .lookin import OUTPUT_EVERY, LookingInside
 from .rankbook import Rank as _Rank
 
@@ -83,8 +90,7 @@ class Supervisor(LookingInside):
         self.remote: Optional[Tuple[int, str]] = None
         self.restarts = hooks.restarts if hooks is not None else 0
         self.ranks = [_Rank(spec) for spec in plan.ranks]
-        self.root: Optional[RankState] = None
-        self.root_code = 0
+        self.failures = Failures()          # the cause of a failed job, by time
         self.ending: Optional[str] = None     # failure | timeout | signal | output
         self.stop_signal: Optional[int] = None
         self.output_error = ""
@@ -125,7 +131,7 @@ class Supervisor(LookingInside):
             report_pid(self, self.job.report_pid)
         try:
             if self.watchdog is None:
-                self.watchdog = Watchdog(self.plan.kvsname, self.job.grace,
+                self.watchdog = Watchdog(public_id(self.plan.kvsname), self.job.grace,
                                          tasks=GUARD_TASKS,
                                          on_death=after_launcher_death,
                                          on_stop=sessions_at_death)
@@ -264,8 +270,9 @@ class Supervisor(LookingInside):
         return rank.outputs[0], (rank.outputs[1] if len(rank.outputs) > 1 else None)
 
     # -- rank events --------------------------------------------------------
-    def ranks_lost(self, keys, reason: str) -> None:
-        """A remote host was lost with ranks ``keys`` on it (see :class:`~.fleet.Fleet`)."""
+    def ranks_lost(self, keys, reason: str, at: Optional[float] = None) -> None:
+        """A remote host, last heard from at ``at``, was lost with ranks ``keys`` on it
+        (see :class:`~.fleet.Fleet`)."""
         # Ranks still running, and ranks that ended but whose output had not
         # all arrived: both lose something with the host.
         lost = [r for r in self.ranks if r.spec.key in keys
@@ -274,11 +281,11 @@ class Supervisor(LookingInside):
             if not r.reason:
                 r.reason = (f"was lost with its host: {reason}" if not r.ended else
                             f"lost the end of its output with its host: {reason}")
-            r.end, r.ended = (r.end if r.ended else time.time()), True
+            r.end, r.ended = (r.end if r.ended else at or time.time()), True
             for out in r.outputs:
                 out.finish()
         if lost:
-            self.fail(lost[0], lost[0].reason, HOST_LOST_EXIT, abort=True)
+            self.fail(lost[0], lost[0].reason, HOST_LOST_EXIT, abort=True, at=at)
 
     def rank_started(self, key: int, pid: int) -> None:
         r = self.ranks[key]
@@ -289,14 +296,18 @@ class Supervisor(LookingInside):
             from .report import rank_started
             rank_started(self, r)
 
-    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None:
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                    at: Optional[float] = None) -> None:
+        """Rank ``key`` ended, at ``at`` (on this clock; now if None)."""
         if self.mpi_jobs is not None:
             self.mpi_jobs.check_singletons()
         r = self.ranks[key]
-        r.code, r.signal, r.ended, r.end = code, sig, True, time.time()
+        r.code, r.signal, r.ended, r.end = code, sig, True, at or time.time()
         r.ended_at = time.monotonic()
         if self.mpi_jobs is not None:
             self.mpi_jobs.process_ended(r.spec)
+        elif r.pid and r.start is not None and r.spec.host.local:
+            remove_singleton_segment(r.pid, r.start)
         if r.discarded:
             return
         if (sig is not None or code) and self.restarts and self.ending is None \
@@ -306,7 +317,7 @@ class Supervisor(LookingInside):
                 return
         if sig is not None or code:
             self.fail(r, "", 128 + sig if sig is not None else code or 1,
-                       abort=not self.job.keep_going)
+                      abort=not self.job.keep_going, at=r.end)
         elif r.pmi_lost and self.mpi_jobs is not None:
             self.mpi_jobs.check_lost(r)
         elif self.mpi_jobs is not None:
@@ -375,16 +386,22 @@ class Supervisor(LookingInside):
             self.console.message(f"mslaunch: {message}")
 
     # -- policy -----------------------------------------------------------
-    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool) -> None:
+    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
+             at: Optional[float] = None, mpi_abort: bool = False) -> None:
+        """``rank`` failed at ``at`` (this clock; now if None), by ``MPI_Abort`` if
+        ``mpi_abort``; ``abort``: that ends the job."""
         if rank.discarded:
             return
         if reason and not rank.reason:
             rank.reason = reason
-        if self.root is None and self.ending is None and (abort or self.job.keep_going):
-            self.root = rank
-            self.root_code = code
+        if self.ending in (None, "failure"):
+            host = None if rank.spec.host.local else self.hosts.get(rank.spec.host.name)
+            self.failures.note(rank, code, at or time.time(), abort or self.job.keep_going,
+                               mpi_abort, self.failures.stopped_at if host is None
+                               else host.stop_reached, self.job.grace)
         if abort and self.ending is None:
             self.ending = "failure"
+            self.failures.stopped(time.time())
             from .report import summary
             self._tell_cluster(code, summary(self, rank).split("\n", 1)[0][len("mslaunch: "):])
             self._terminate()
@@ -463,29 +480,10 @@ class Supervisor(LookingInside):
 
     def _result(self) -> JobResult:
         results = tuple(r.result() for r in self.ranks)
-        if self.root is not None:
-            root = results[self.root.spec.key]
-            # A rank stopped by a broken pipe because mslaunch's own reader
-            # went away (``| head``) is the shell's quiet SIGPIPE, not news.
-            quiet = root.signal == signal.SIGPIPE and not self.console.is_open(1)
-            from .report import summary
-            return JobResult(exit_code=self.root_code, ranks=results, root_cause=root,
-                             message="" if quiet else summary(self, self.root),
-                             ending=self.ending or "failure")
-        ending, message = self.ending, ""
-        if ending == "signal" and self.stop_signal is not None:
-            code, message = 128 + self.stop_signal, f"mslaunch: stopped by " \
-                f"{signal_name(self.stop_signal)}"
-        elif ending == "remote" and self.remote is not None:
-            code = self.remote[0]
-        elif ending in ("timeout", "output"):
-            code = TIMEOUT_EXIT if ending == "timeout" else 1
-        elif ending == "stall":
-            from .stall import STALL_EXIT
-            code = STALL_EXIT
-        else:
-            code, ending = 0, None
-        return JobResult(exit_code=code, ranks=results, message=message, ending=ending)
+        if self.failures.root is not None:
+            from .report import failed_result
+            return failed_result(self, results)
+        return ended_result(self.ending, self.stop_signal, self.remote, results)
 
 
 def _note_stop(signum: int) -> None:

@@ -8,7 +8,9 @@ file of its own in that directory, and then imports the next
 ``sitecustomize`` on the path, if any, so a site's own hook still runs.
 Under Yama's ``ptrace_scope=1`` it also names the agent (or launcher) as a
 process allowed to trace it (``PR_SET_PTRACER``), so that a native stack
-reader the agent starts may read it.
+reader the agent starts may read it.  And it ends the rank with 1 after an
+uncaught exception while mpi4py's MPI is up (``MSLAUNCH_EXCEPTION_EXIT=0``
+in the rank's environment turns that off).
 
 faulthandler's handler runs in C, inside the signal handler, so a rank
 blocked in a C call (an MPI collective) still answers, and it does not stop
@@ -81,6 +83,36 @@ try:
 except Exception:   # an interpreter without faulthandler.register: no dump, no noise
     pass
 del _arm
+def _exit_on_exception():
+    # An uncaught exception in a rank whose MPI is up: after the traceback, the
+    # rank ends at once with 1, as under "python -m mpi4py".  Left to the
+    # interpreter, its exit would run mpi4py's MPI_Finalize, which waits for
+    # ranks that wait for this one: the job would hang.
+    import os, sys
+    if os.environ.get("MSLAUNCH_EXCEPTION_EXIT", "").strip().lower() in (
+            "0", "false", "no", "off", "f", "n"):
+        return
+    previous = sys.excepthook
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        mpi = sys.modules.get("mpi4py.MPI")
+        try:
+            live = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+        except Exception:
+            live = False
+        if live:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(1)
+    sys.excepthook = hook
+try:
+    _exit_on_exception()
+except Exception:
+    pass
+del _exit_on_exception
 import sys as _sys
 _self = _sys.modules.pop("sitecustomize", None)
 try:

@@ -93,9 +93,10 @@ class PMIJob:
         return env
 
     # -- the server's listener ------------------------------------------------
-    def pmi_abort(self, rank: int, code: int, message: str) -> None:
+    def pmi_abort(self, rank: int, code: int, message: str,
+                  at: Optional[float] = None) -> None:
         if rank in self.keys:
-            self.owner.pmi_abort(self.keys[rank], code, message)
+            self.owner.pmi_abort(self.keys[rank], code, message, at)
 
     def pmi_lost(self, rank: int) -> None:
         if rank in self.keys:

@@ -27,7 +27,8 @@ class PMIListener:
     methods: any object with the first three will do; ``pmi_started`` and
     ``pmi_spawn`` are optional)."""
 
-    def pmi_abort(self, rank: int, code: int, message: str) -> None: ...
+    def pmi_abort(self, rank: int, code: int, message: str,
+                  at: Optional[float] = None) -> None: ...
 
     def pmi_lost(self, rank: int) -> None: ...
 

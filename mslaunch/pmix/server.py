@@ -14,6 +14,7 @@ import _thread
 import ctypes as C
 import itertools
 import os
+import time
 
 from . import lib as L
 
@@ -383,12 +384,15 @@ class PMIxServer:
     def _abort(self, proc: Any, server_object: Any, status: int, message: Optional[bytes],
                procs: Any, nprocs: int, cbfunc: Any, cbdata: Any) -> int:
         try:
+            # When it happened: the rank may be gone before the loop runs this
+            # (its peers then abort too, and are not to be taken for the cause).
+            at = time.time()
             ns, rank = self.which(proc)
             text = (message or b"").decode("utf-8", "replace")
 
             def run() -> None:
                 if ns is not None:
-                    ns.listener.pmi_abort(rank, int(status), text)
+                    ns.listener.pmi_abort(rank, int(status), text, at)
                 if cbfunc and self.up:
                     cbfunc(L.SUCCESS, cbdata)
             self.inbox.post(run)

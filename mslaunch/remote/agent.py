@@ -52,7 +52,7 @@ from ..machine.spawn import check_startable, seal_inherited_fds
 from ..spec import RankSpec, replace, scrub_env
 from . import link
 from .endpoint import Endpoint
-from ..pmi.files import GUARD_TASKS, after_launcher_death, sessions_at_death
+from ..pmi.files import GUARD_TASKS, after_launcher_death, public_id, sessions_at_death
 from .agentio import LinkOutput, Outflow, StdinRelay
 from .agentlook import AgentLook
 from .agentpmi import AgentPMI
@@ -199,6 +199,7 @@ class Agent:
 
     # -- JOB: this host's ranks ---------------------------------------------------
     def _prepare(self, body: Dict[str, Any]) -> None:
+        got = time.time()           # for the launcher's reading of this host's clock
         if self.job:
             raise link.LinkError("a second JOB frame")
         self.job = job = read_job(body, _socket.gethostname())
@@ -206,7 +207,7 @@ class Agent:
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
         self.specs = [self._spec(spec) for spec in job["ranks"]]
-        if self.guard is not None and self.named == job["kvsname"]:
+        if self.guard is not None and self.named == public_id(job["kvsname"]):
             self.guard.set_grace(self.grace)     # made at the greeting, for this job
         else:
             if self.guard is not None:
@@ -223,7 +224,8 @@ class Agent:
             self.fail(str(err), err.exit_code)
             return
         direct = self._dial_back(job["data"])
-        self.endpoint.send(link.encode(link.READY, {"warnings": warnings, "direct": direct}))
+        self.endpoint.send(link.encode(link.READY, {"warnings": warnings, "direct": direct,
+                                                    "clock": [got, time.time()]}))
 
     def _dial_back(self, data: Optional[Dict[str, Any]]) -> bool:
         """Open the connection of its own for output, when the launcher offers one."""
@@ -318,7 +320,7 @@ class Agent:
     @staticmethod
     def _new_guard(kvsname: str, grace: float) -> Watchdog:
         """This host's guard; its marker names the job and this agent."""
-        return Watchdog(f"{kvsname}.{os.getpid()}", grace, background=True,
+        return Watchdog(f"{public_id(kvsname)}.{os.getpid()}", grace, background=True,
                         tasks=GUARD_TASKS, on_death=after_launcher_death,
                         on_stop=sessions_at_death)
 
@@ -425,7 +427,8 @@ class Agent:
         self.exited.add(rank)
         self.stdin.drop(rank)
         self.endpoint.send(link.encode(link.EXITED, {"rank": rank, "code": code,
-                                                     "signal": sig}))
+                                                     "signal": sig, "at": time.time(),
+                                                     "stop_at": self.pmi.stop_at}))
         self._check_done()
 
     def _check_done(self) -> None:

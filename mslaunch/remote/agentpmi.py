@@ -16,6 +16,7 @@ launcher as a ``pmix_fence`` operation and comes back whole as
 from __future__ import annotations
 
 import itertools
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class AgentPMI:
     def __init__(self, loop: Loop, end: Endpoint,
                  on_job: Callable[[Dict[str, Any]], None]) -> None:
         self.loop = loop
+        self.stop_at: Optional[float] = None     # when the launcher's stop came (see stopping)
         self.end = end
         self.on_job = on_job
         self.jobs: Dict[str, PMIJob] = {}     # by kvsname: the job's, and spawned ones
@@ -67,6 +69,8 @@ class AgentPMI:
     def stopping(self, pids: List[int]) -> None:
         """The ranks ``pids`` (process group leaders) are to be stopped: stop them,
         noting what their Open MPI processes made in /dev/shm (removed by :meth:`close`)."""
+        if self.stop_at is None:
+            self.stop_at = time.time()
         from ..pmi.singletons import SingletonFiles, runs_open_mpi
         if self.probe is None or not pids or not runs_open_mpi(pids):
             return
@@ -282,11 +286,13 @@ class AgentPMI:
             raise link.LinkError(f"PMIx fence_done: {err}") from None
 
     # -- what the PMI servers report (keys of the launcher's numbering) ----------
-    def pmi_abort(self, key: int, code: int, message: str) -> None:
-        self.up({"op": "abort", "rank": key, "code": code, "message": message[:200]})
+    def pmi_abort(self, key: int, code: int, message: str,
+                  at: Optional[float] = None) -> None:
+        self.up({"op": "abort", "rank": key, "code": code, "message": message[:200],
+                 "at": at or time.time(), "stop_at": self.stop_at})
 
     def pmi_lost(self, key: int) -> None:
-        self.up({"op": "lost", "rank": key})
+        self.up({"op": "lost", "rank": key, "at": time.time(), "stop_at": self.stop_at})
 
     def pmi_started(self, pj: PMIJob, rank: int) -> None:
         self.up({"op": "started", "rank": pj.keys[rank], "pmix": rank in pj.pmix_in})

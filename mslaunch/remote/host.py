@@ -16,6 +16,7 @@ keep moving on the same link.
 from __future__ import annotations
 
 import os
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
         def rank_started(self, key: int, pid: int) -> None: ...
 
-        def rank_exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None: ...
+        def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                        at: Optional[float] = None) -> None: ...
 
         def sink(self, rank: int, stream: int) -> Optional[RankOutput]: ...
 
@@ -82,6 +84,13 @@ class RemoteHost:
         self.stdin_taken: Dict[int, int] = {}
         self.endpoint = Endpoint(loop, conn.fd, conn.fd, on_frame=self._on_frame,
                                  on_closed=self._on_closed)
+        #: The host's clock less this one's, read as the job was sent (see
+        #: :func:`clock_offset`), to put the times the agent reports on this clock.
+        self.clock_offset = 0.0
+        self._job_sent = 0.0
+        #: When the launcher's stop reached the agent (this clock), once it said so:
+        #: what its ranks do after that may be the stop's doing.
+        self.stop_reached: Optional[float] = None
         self.output: Optional[Endpoint] = None    # the agent's own output connection
         self._spawns: Dict[str, Any] = {}          # kvsname -> callback(problem)
         self._looks: Dict[int, Any] = {}           # STACKS/TOP id -> callback(ranks)
@@ -91,6 +100,7 @@ class RemoteHost:
     def prepare(self, frame: Dict[str, Any]) -> None:
         interval, misses = frame["heartbeat"]
         self.endpoint.start_heartbeat(interval, misses)
+        self._job_sent = time.time()
         self.endpoint.send(link.encode(link.JOB, frame))
         self.state = "prepared"
 
@@ -229,6 +239,7 @@ class RemoteHost:
                 raise link.LinkError("READY: warnings are not a list of strings")
             for text in warnings:
                 sup.host_message(self, text[:500])
+            self.clock_offset = clock_offset(self._job_sent, message.get("clock"), time.time())
             self.state = "ready"
             timeline.mark("ready (programs checked)", self.name)
         elif kind == link.STARTED:
@@ -249,7 +260,8 @@ class RemoteHost:
             self.exited.add(rank)
             code = link.optional(message, "code", int, "EXITED")
             sig = link.optional(message, "signal", int, "EXITED")
-            sup.rank_exited(rank, code, sig)
+            self._note_stop(message.get("stop_at"))
+            sup.rank_exited(rank, code, sig, self.local_time(message.get("at")))
         elif kind == link.PMI:
             if message.get("op") == "spawned":
                 done = self._spawns.pop(str(message.get("kvs")), None)
@@ -258,6 +270,7 @@ class RemoteHost:
                 error = message.get("error")
                 done(str(error)[:300] if error is not None else None)
             else:
+                self._note_stop(message.get("stop_at"))
                 sup.pmi_from_agent(self, message)
         elif kind == link.CREDIT:
             rank = link.field(message, "rank", int, "CREDIT")
@@ -339,6 +352,22 @@ class RemoteHost:
             self.output.close("")
         self._lost(reason)
 
+    def local_time(self, at: Any) -> float:
+        """A time the agent reported (its clock's), on this one's: now if it is not
+        a time, and never later than now (the two clocks were read with an error)."""
+        now = time.time()
+        if type(at) not in (int, float) or not 0 < at < 1e11:
+            return now
+        return min(at - self.clock_offset, now)
+
+    def _note_stop(self, at: Any) -> None:
+        if at is not None and self.stop_reached is None:
+            self.stop_reached = self.local_time(at)
+
+    def last_heard_at(self) -> float:
+        """When the agent was last heard from, on this clock (a lost host's end)."""
+        return time.time() - (time.monotonic() - self.endpoint.last_heard)
+
     def _lost_if_cut(self, reason: str) -> None:
         if self.state == "done" and not self._output_finished():
             if self.output is not None:
@@ -360,6 +389,18 @@ class RemoteHost:
         looks, self._looks = self._looks, {}
         for look in looks.values():
             look(None)
+
+
+def clock_offset(sent: float, clock: Any, back: float) -> float:
+    """The agent's clock less this one's, from one exchange: the job sent at
+    ``sent``, the agent's ``clock`` (when it got the job, when it answered), the
+    answer here at ``back`` (NTP's reading: the time the agent spent between the
+    two cancels out; the error is at most half the network's round trip).
+    0 if ``clock`` is not two times."""
+    if not isinstance(clock, list) or len(clock) != 2 or \
+            not all(type(t) in (int, float) and 0 < t < 1e11 for t in clock):
+        return 0.0
+    return ((clock[0] - sent) + (clock[1] - back)) / 2
 
 
 class RemoteStdin:

@@ -1,7 +1,7 @@
 """An mpi4py program for tests/test_pmix.py: ``MODE [OUT]``.
 
 show      print "rank R of N SUM LIBRARY" after an allreduce, and "host R HOSTNAME"
-abort     rank 1 calls MPI_Abort(7) while the others wait in a barrier
+abort     rank 1 calls MPI_Abort(7) while the others sleep (outside MPI)
 kill      rank 1 SIGKILLs itself inside an allreduce the others are in
 exit0     rank 1 exits with status 0 after MPI_Init, without MPI_Finalize
 connect   rank 0 accepts, the others connect (MPI_Comm_accept/connect), then every
@@ -13,6 +13,11 @@ spawn     every rank spawns 2 children together (MPI_Comm_spawn), which send
 hold      record the /dev/shm files this rank holds in OUT/shm.RANK and its
           PMIx server's directories in OUT/dirs.RANK, say "ready", and wait in a
           barrier for a minute
+follow    rank 3 SIGKILLs rank 1 (its pid in OUT/pid.1; the test hosts share one
+          machine) and calls MPI_Abort(14) at once; the others wait in a barrier
+wait      write this rank's PMIX_NAMESPACE, PMIX_SERVER_URI4, PMI_PORT and PMI_ID to
+          OUT/job.RANK (JSON), and wait after MPI_Init until OUT/go exists, then
+          meet the others in a barrier: "done R"
 """
 
 import os
@@ -30,9 +35,13 @@ if mode == "show":
           flush=True)
     print("host", c.rank, socket.gethostname(), flush=True)
 elif mode == "abort":
+    # The others wait outside MPI: a rank in a collective with rank 1 may abort on
+    # its broken connection before rank 1's own abort reaches its host's agent (Open
+    # MPI 5 closes its connections first), and two aborts are not ordered by cause.
+    c.barrier()
     if c.rank == 1:
         c.Abort(7)
-    c.barrier()
+    time.sleep(60)
 elif mode == "kill":
     c.barrier()
     if c.rank == 1:
@@ -88,4 +97,28 @@ elif mode == "hold":
         f.write("".join(p + "\n" for p in sorted(dirs)))
     print("ready", flush=True)
     time.sleep(60)
+    c.barrier()
+elif mode == "wait":
+    import json
+    out = sys.argv[2]
+    names = ("PMIX_NAMESPACE", "PMIX_SERVER_URI4", "PMI_PORT", "PMI_ID")
+    with open(os.path.join(out, f"job.{c.rank}.new"), "w") as f:
+        json.dump({n: os.environ.get(n) for n in names}, f)
+    os.rename(os.path.join(out, f"job.{c.rank}.new"), os.path.join(out, f"job.{c.rank}"))
+    while not os.path.exists(os.path.join(out, "go")):
+        time.sleep(0.05)
+    c.barrier()
+    print("done", c.rank, flush=True)
+elif mode == "follow":
+    out = sys.argv[2]
+    if c.rank == 1:
+        with open(os.path.join(out, "pid.1"), "w") as f:
+            f.write(str(os.getpid()))
+    c.barrier()
+    if c.rank == 3:
+        # the death and the abort both at once, from here: nothing of the job's stop
+        # can reach this host in between (this rank runs; the stop needs three)
+        with open(os.path.join(out, "pid.1")) as f:
+            os.kill(int(f.read()), 9)
+        c.Abort(14)
     c.barrier()
