@@ -37,6 +37,8 @@ class RankStacks:
     answered: bool = True
     state: str = ""
     cpu: float = -1.0          # CPU seconds used so far (-1: unknown)
+    moved: int = -1            # grows when it moves data (machine.activity; -1: unknown)
+    stdin: bool = False        # waits in a read of its standard input
 
     def key(self) -> Tuple[Any, ...]:
         """What two ranks must share to be in one class."""

@@ -107,6 +107,24 @@ def test_native_frames_below_python_stop_at_the_mpi_call():
     assert native.labels(frames, below_python=False)[0] == "main (python3.11)"
 
 
+def test_a_stripped_interpreters_own_frames_are_not_what_a_rank_waits_in():
+    """Debian's python3.11 has the interpreter inside and no names for its static
+    functions: below the Python frames, time.sleep's libc call is shown, not
+    ``?? (python3.11)`` (eu-stack's frames of a real sleeping rank)."""
+    text = ("PID 1 - process\nTID 1:\n"
+            "#0  0x7f7faf086503 clock_nanosleep@GLIBC_2.2.5 - /lib/x86_64-linux-gnu/libc.so.6\n"
+            "#1  0x5d64b4 - /usr/bin/python3.11\n"
+            "#2  0x545963 - /usr/bin/python3.11\n"
+            "#3  0x53acbc PyObject_Vectorcall - /usr/bin/python3.11\n"
+            "#4  0x52b9e0 _PyEval_EvalFrameDefault - /usr/bin/python3.11\n")
+    [frames] = native.parse(text).values()
+    assert native.labels(frames, below_python=True) == ("clock_nanosleep (libc.so.6)",)
+    for name in ("python3", "python", "python3.12d", "libpython3.11.so.1.0"):
+        assert native._interpreter_module(name), name
+    for name in ("python-foo", "pythonista", "libmpi.so.12", ""):
+        assert not native._interpreter_module(name), name
+
+
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
                     | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=4)

@@ -4,6 +4,7 @@ job goes on, or ends with 111), a job that prints or computes is not."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 import time
 
@@ -114,3 +115,81 @@ def test_a_new_picture_is_reported_again(tmp_path):
     assert err.count("(in load_batch), apart from") == 1, err
     assert err.count("(in save_state), apart from") == 1, err
     assert err.index("(in load_batch)") < err.index("(in save_state)")
+
+
+def test_a_rank_waiting_for_the_input_mslaunch_forwards_is_not_stalled():
+    """Rank 0 reads its stdin (forwarded by mslaunch, nothing typed for 8 s), rank 1
+    waits for it in a barrier: a person is expected, not a hang."""
+    import subprocess
+
+    from helpers import cmd
+    code = ("import sys\nfrom mpi4py import MPI\n"
+            "line = sys.stdin.readline() if MPI.COMM_WORLD.rank == 0 else ''\n"
+            "MPI.COMM_WORLD.Barrier()\nprint('got', repr(line), flush=True)\n")
+    tag = new_tag()
+    p = subprocess.Popen(cmd("--stall-report", "2", "-n", "2", PY, "-c", code),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        # rank 0 is in its read, and stays there past several stall samples
+        assert wait_for(lambda: _reads_stdin(tag), 30)
+        time.sleep(8)
+        out, err = p.communicate(b"hello\n", timeout=60)
+    finally:
+        p.kill()
+        kill_tagged(tag)
+    assert p.returncode == 0, err
+    assert b"got 'hello\\n'" in out and b"stalled" not in err, err
+
+
+def _reads_stdin(tag):
+    from mslaunch.machine.activity import reads_stdin
+    return any(reads_stdin(pid) for pid in tagged_pids(tag))
+
+
+@pytest.mark.remote
+def test_a_long_collective_over_a_slow_link_is_not_a_stall_and_a_hang_still_is(sshbed,
+                                                                              tmp_path):
+    """One Allreduce of 40 MB between h1 and h2 whose links are limited to 20 Mbit/s
+    (tc's token bucket: this kernel has no netem) takes about 16 s, and nothing is
+    printed meanwhile: --stall-report 5 says nothing.  The same job with rank 1 never
+    joining is reported, and --stall-exit ends it."""
+    from test_remote import renv, run_remote, settle
+    from test_singletons import _open_mpi_4
+    python = _open_mpi_4()       # Open MPI's TCP between hosts (the mpich wheel's
+    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")   # finds a way round)
+    sshbed.require_netns()
+    home = sshbed.make_home(tmp_path / "home")
+    hosts = [sshbed.host(name) for name in ("h1", "h2")]
+    for h in hosts:
+        subprocess.run(["ip", "netns", "exec", h.namespace, "tc", "qdisc", "replace", "dev",
+                        "eth0", "root", "tbf", "rate", "20mbit", "burst", "32kbit",
+                        "latency", "400ms"], check=True)
+    code = ("import sys, time\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
+            "a = bytearray(40 << 20)\nc.Barrier()\nt = time.time()\n"
+            "if c.rank == 0 or sys.argv[1] == 'both':\n"
+            "    c.Allreduce(MPI.IN_PLACE, [a, MPI.BYTE], op=MPI.BOR)\n"
+            "else:\n    time.sleep(120)\n"
+            "print('took', round(time.time() - t), flush=True)\n")
+    tag = new_tag()
+    try:
+        ok = run_remote(home, "-H", "h1:1,h2:1", "-n", "2", "--stall-report", "5", "-x",
+                        "MSL_TEST_TAG", python, "-c", code, "both",
+                        env=renv(home, MSL_TEST_TAG=tag), timeout=180)
+        settle(tag, sshbed)
+        hung = run_remote(home, "-H", "h1:1,h2:1", "-n", "2", "--stall-report", "5",
+                          "--stall-exit", "-x", "MSL_TEST_TAG", python, "-c", code, "one",
+                          env=renv(home, MSL_TEST_TAG=tag), timeout=180)
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)
+        for h in hosts:
+            subprocess.run(["ip", "netns", "exec", h.namespace, "tc", "qdisc", "del", "dev",
+                            "eth0", "root"], check=False)
+    took = [int(line.split()[1]) for line in ok.stdout.decode().splitlines()
+            if line.startswith("took")]
+    assert ok.returncode == 0, ok.stderr
+    assert min(took) >= 10, took          # a collective longer than twice S
+    assert b"stalled" not in ok.stderr, ok.stderr
+    assert hung.returncode == 111, hung.stderr
+    assert b"stalled for" in hung.stderr, hung.stderr

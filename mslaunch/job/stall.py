@@ -16,9 +16,15 @@ writes, or its stack moves, while the others wait in a collective.  A hot
 loop on one line shows the same frames at every sample, so a rank that is
 runnable, or used a quarter of a CPU since the last sample, outside a
 communication call counts as working (a rank spinning inside MPI waits).
-What still looks stalled is one C call longer than ``S`` that sleeps in the
-kernel (a huge read from a slow file system): it costs a report, and the
-job goes on.
+A rank that moved data since the last sample (its TCP sockets' byte
+counters, its reads and writes: a long collective over a slow link) works,
+and one blocked reading the standard input mslaunch forwards to it waits
+for a person (see :mod:`mslaunch.machine.activity`).  What still looks
+stalled is one call longer than ``S`` that moves nothing mslaunch can count
+(a collective over shared memory or RDMA whose peers never come, which is
+a stall; a huge read of a file system that ``/proc/PID/io`` does not see):
+it costs a report, and the job goes on.  The report comes within ``S`` and
+one sampling interval after the last output.
 
 :func:`timeout_stacks` is ``--timeout`` with ``--get-stack-traces``: the
 same merged, labelled report, read without stopping a rank, before the
@@ -36,8 +42,7 @@ if TYPE_CHECKING:
     from ..stacktree import RankStacks
     from .seams import JobView
 
-#: Exit status of a job ended by ``--stall-exit`` (``--timeout``'s is 110).
-STALL_EXIT = 111
+from ..errors import STALL_EXIT
 #: ``--stall-report``'s seconds when it is not given (see the docs' reasoning).
 DEFAULT_SECONDS = 300.0  # the same as mslaunch.spec.STALL_SECONDS
 #: A rank using more of a CPU than this between samples, outside a
@@ -69,14 +74,18 @@ class StallWatch:
         self.sampling = False
         self.samples = 0
         self.cpu: Dict[int, Tuple[float, float]] = {}     # rank -> (when, CPU seconds)
+        self.moved: Dict[int, int] = {}                   # rank -> its data count
         self._tick()       # made one interval into the job (see Supervisor._watch_stall)
 
     def _tick(self) -> None:
         sup = self.sup
         if sup.ending is not None:
             return
-        sup.loop.call_later(self.every, self._tick)
         now = time.monotonic()
+        # A sample falls due when S have passed since the output stopped, not at
+        # the next interval: the report comes within S and one interval of it.
+        due = self.quiet_since + self.seconds - now
+        sup.loop.call_later(due if 0.05 < due < self.every else self.every, self._tick)
         written = sum(o.written for r in sup.ranks for o in r.outputs)
         if written != self.written:
             self.written, self.quiet_since = written, now
@@ -109,6 +118,12 @@ class StallWatch:
             # or using the CPU, and not waiting in a communication call.
             if (r.state == "R" or share > BUSY_SHARE) and not in_call(r, COMMUNICATION):
                 busy = True
+            # Moving data (a long collective over a slow link), or waiting for the
+            # input mslaunch forwards to it: not stalled (see machine.activity).
+            moved = self.moved.get(r.rank, -1)
+            self.moved[r.rank] = r.moved
+            if r.stdin or 0 <= moved < r.moved:
+                busy = True
         return busy
 
     def _sampled(self, stacks: List[RankStacks], written: int) -> None:
@@ -133,8 +148,9 @@ class StallWatch:
             return
         self.reported = sig
         from .inspect import report_text
-        _, text = report_text(stacks, sup, f"stalled for {quiet:.0f} s (no output, no stack "
-                                           f"changed; --stall-report {self.seconds:g}): stacks")
+        _, text = report_text(stacks, sup, f"stalled for {quiet:.0f} s or more (no output, no "
+                                           f"stack changed, no data moved; --stall-report "
+                                           f"{self.seconds:g}): stacks")
         sup.console.message(text.rstrip("\n"))
         if self.end_job:
             sup.console.message(f"mslaunch: ending the stalled job (--stall-exit); "

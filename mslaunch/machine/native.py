@@ -125,7 +125,7 @@ def labels(frames: List[Tuple[str, str]], below_python: bool) -> Tuple[str, ...]
     only what lies below the interpreter's innermost frame."""
     if below_python:
         inner = [i for i, (f, m) in enumerate(frames) if f.startswith(_INTERPRETER)
-                 or m.startswith("libpython")]
+                 or _interpreter_module(m)]
         frames = frames[:inner[0]] if inner else frames
     out: List[str] = []
     for func, module in reversed(frames):
@@ -145,6 +145,16 @@ def labels(frames: List[Tuple[str, str]], below_python: bool) -> Tuple[str, ...]
             out[-1].split(" (", 1)[0] in _LEAF_SYSCALLS:
         out.pop()
     return tuple(out)
+
+
+def _interpreter_module(module: str) -> bool:
+    """Whether ``module`` is the Python interpreter: its library, or an executable
+    that has it inside (Debian's ``python3.11``, stripped: its own functions have
+    no name there, and are the interpreter's, not what the rank waits in)."""
+    if module.startswith("libpython"):
+        return True
+    rest = module[len("python"):] if module.startswith("python") else "x"
+    return all(c.isdigit() or c == "." for c in rest.rstrip("dm"))
 
 
 def refusal(output: str) -> Optional[str]:

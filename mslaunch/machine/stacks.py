@@ -83,7 +83,9 @@ def proc_state(pid: int) -> str:
 def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
          want_native: bool = True) -> Dict[int, Dict[str, Any]]:
     """``{rank: {"threads": [[label...]...], "note": str, "state": str,
-    "answered": bool}}`` for ``ranks`` (``{rank: pid}``) within ``timeout`` s."""
+    "answered": bool, "cpu": seconds, "moved": count, "stdin": bool}}`` for
+    ``ranks`` (``{rank: pid}``) within ``timeout`` s (``moved`` and ``stdin``:
+    see :mod:`.activity`)."""
     import subprocess
     deadline = time.monotonic() + timeout
     results: Dict[int, Dict[str, Any]] = {}
@@ -159,7 +161,12 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
-    return {rank: _combine(r) for rank, r in results.items()}
+    out = {rank: _combine(r) for rank, r in results.items()}
+    from .activity import moved, reads_stdin
+    counts = moved(r["pid"] for r in results.values())
+    for rank, r in results.items():
+        out[rank].update(moved=counts.get(r["pid"], -1), stdin=reads_stdin(r["pid"]))
+    return out
 
 
 def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Optional[str],
