@@ -287,7 +287,8 @@ def test_a_death_followed_by_an_abort_on_another_host_is_the_failure(sshbed, omp
                                                                     way):
     """Rank 1 on h1 is killed, and rank 3 on h2 (which killed it) calls MPI_Abort at
     once: whichever report comes first, the death is the job's failure and the abort
-    what followed (its report may be the first, and stamped first)."""
+    what followed (its report may be the first).  The ordering of such reports is
+    tested one by one in test_failure_order.py."""
     from test_rsh import cfg_of
     home = sshbed.make_home(tmp_path / "home")
     extra = []
@@ -302,8 +303,12 @@ def test_a_death_followed_by_an_abort_on_another_host_is_the_failure(sshbed, omp
     assert r.returncode == 128 + signal.SIGKILL, lines
     assert lines[0].startswith("mslaunch: rank 1 (pid ") and " on h1) was killed by signal 9" \
         in lines[0], lines
-    assert len(lines) > 1 and lines[1].startswith("mslaunch: then rank 3 (pid ") and \
+    # Rank 3 may be kept off the CPU between its kill and its abort (a loaded
+    # machine) until the job's stop reached h2: its abort is then the stop's doing
+    # as far as anyone can tell, and rightly not reported.
+    assert lines[1:2] == [] or lines[1].startswith("mslaunch: then rank 3 (pid ") and \
         " on h2) called MPI_Abort with exit code 14, " in lines[1], lines
+    assert not any("terminated the job" in line for line in lines[1:]), lines
 
 
 @pytest.mark.remote

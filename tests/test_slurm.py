@@ -27,6 +27,15 @@ SHOW = ("import os, socket; print(os.environ['OMPI_COMM_WORLD_RANK'], socket.get
         "os.environ.get('SLURM_PROCID', '-'), flush=True)")
 
 
+
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; b"" for one that has gone meanwhile."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
 def benv(bed, tag: str, **extra: str):
     return bed.env(base=clean_env(MSL_TEST_TAG=tag, UCX_TLS="tcp",
                                   MSLAUNCH_HEARTBEAT="0.3,5", **extra))
@@ -139,7 +148,7 @@ def test_a_stranger_on_the_dial_back_port_does_not_hold_up_the_agents(slurmbed, 
         def port_of_launcher():
             for pid in tagged_pids(tag):
                 try:
-                    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                    argv = _cmdline(pid).split(b"\0")
                     if argv[1:3] != [b"-m", b"mslaunch"]:
                         continue      # not the launcher (salloc, srun)
                     ports = _listening_ports(pid)
@@ -229,7 +238,7 @@ def test_ctrl_c_stops_every_node(slurmbed):
     tag = new_tag()
     p = _running(slurmbed, tag)
     launcher = [pid for pid in tagged_pids(tag) if b"mslaunch" in
-                open(f"/proc/{pid}/cmdline", "rb").read() and pid != p.pid]
+                _cmdline(pid) and pid != p.pid]
     try:
         os.kill(launcher[0], signal.SIGINT)
         rc, out, err = finish(p)
@@ -243,7 +252,7 @@ def _kill_srun(tag: str) -> None:
     """SIGKILL srun's process group (srun and its helper); its tasks outlive it,
     so mslaunch must notice and end them itself."""
     sruns = [pid for pid in tagged_pids(tag)
-             if b"mslaunch-agents" in open(f"/proc/{pid}/cmdline", "rb").read()
+             if b"mslaunch-agents" in _cmdline(pid)
              and open(f"/proc/{pid}/comm").read().strip() == "srun"]
     top = [pid for pid in sruns if parent_pid(pid) not in sruns]   # not srun's helper
     assert len(top) == 1, sruns
@@ -260,8 +269,7 @@ def test_a_killed_srun_is_noticed_after_unused_agents_were_let_go(slurmbed):
     try:
         assert wait_for(lambda: any(pid in set(tagged_pids(tag)) for h in (1, 2)
                                     for pid in slurmbed.task_pids(h)
-                                    if b"time.sleep" in open(f"/proc/{pid}/cmdline", "rb")
-                                    .read()), 30), slurmbed.diagnostics()
+                                    if b"time.sleep" in _cmdline(pid)), 30), slurmbed.diagnostics()
         _kill_srun(tag)
         rc, out, err = finish(p)
         assert rc == 255 and "srun, which ran the agents, ended (killed by SIGKILL)" in err, err
@@ -280,7 +288,7 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
             # The agent, not its watchdog (a fork of it, with the same command line):
             # the watchdog is what stops the ranks of an agent that was killed.
             agents = {pid for pid in slurmbed.task_pids(2) if pid in set(tagged_pids(tag))
-                      and b"mslaunch-dial" in open(f"/proc/{pid}/cmdline", "rb").read()}
+                      and b"mslaunch-dial" in _cmdline(pid)}
             top = [pid for pid in agents if parent_pid(pid) not in agents]
             assert len(top) == 1, agents
             os.kill(top[0], signal.SIGKILL)
