@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -132,7 +133,9 @@ def _fake_agent(directory, parts: Sequence[bytes], *, pause: float = 0.3,
 def _launch(home: str, fake: str, host: str = "h1", timeout: float = LAUNCH_LIMIT,
             **env_vars: str) -> Tuple[Optional[int], str, float]:
     """mslaunch with the fake as remote Python: (status or None if it hung, stderr, seconds)."""
-    env = clean_env(HOME=home, MSLAUNCH_HEARTBEAT="0.2,3", **env_vars)
+    # PYTHONFAULTHANDLER: a launcher that hangs is sent SIGABRT, and says where each
+    # of its threads stood.
+    env = clean_env(HOME=home, MSLAUNCH_HEARTBEAT="0.2,3", PYTHONFAULTHANDLER="1", **env_vars)
     t0 = time.monotonic()
     p = subprocess.Popen(cmd("--grace", str(GRACE), "-H", host, "-n", "1",
                              "--remote-python", fake, "true"),
@@ -142,8 +145,12 @@ def _launch(home: str, fake: str, host: str = "h1", timeout: float = LAUNCH_LIMI
         _, err = p.communicate(timeout=timeout)
         code: Optional[int] = p.returncode
     except subprocess.TimeoutExpired:
-        p.kill()
-        _, err = p.communicate()
+        p.send_signal(signal.SIGABRT)
+        try:
+            _, err = p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
         code = None
     return code, err.decode("utf-8", "replace"), time.monotonic() - t0
 
