@@ -213,6 +213,10 @@ class JobSpec:
     # default; 0: SYSTEM, the job's slots; N: N)
     usize: Optional[int] = None
     novm: bool = False                    # --novm: agents only on hosts with ranks
+    # --max-restarts N: the whole job started again after a failure, at most N times
+    # (see job.attempts); ``attempt`` is the attempt's number (0: the first)
+    max_job_restarts: int = 0
+    attempt: int = 0
 
 
 #: ``--stall-report``'s seconds when none are given (docs/guides/stacks.md says why).
@@ -378,6 +382,22 @@ class RankResult:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job run with ``--max-restarts``."""
+
+    number: int                           # 0: the first
+    start: float                          # seconds since the epoch
+    end: float
+    exit_code: int
+    cause: str = ""                       # the failure that ended it ("" if none)
+    hosts: Tuple[str, ...] = ()           # the hosts it ran on
+    lost: Tuple[str, ...] = ()            # hosts lost during it, left out of the next
+    # seconds from the previous attempt's failure to this one's ranks all started
+    restart_seconds: Optional[float] = None
+    stall_report: str = ""
+
+
+@dataclass(frozen=True)
 class JobResult:
     """The job's outcome: every rank's result and the launcher's exit code."""
 
@@ -390,6 +410,10 @@ class JobResult:
     # the failure that is the cause and those that followed, each with when it happened
     # (seconds since the epoch, the launcher's clock), in that order
     failures: Tuple[Tuple[float, RankResult], ...] = ()
+    # the merged stacks of a job ended by --stall-exit, as printed
+    stall_report: str = ""
+    # with --max-restarts: every attempt, the last one included
+    attempts: Tuple[Attempt, ...] = ()
 
 
 #: Variables that carry the identity of an outer launch (a rank of another

@@ -301,7 +301,6 @@ def test_report_state_without_a_timeout_says_it_does_nothing():
     (["--rdzv_backend=c10d"], "there is no rendezvous"),
     (["--rdzv-endpoint=h1:29400"], "there is no rendezvous"),
     (["--standalone"], "without -H or --hostfile the job runs on this machine"),
-    (["--max_restarts=3"], "nothing is restarted in this dialect"),
     (["--hostfiel", "hf"], "(did you mean --hostfile? see mslaunch --help)"),
     (["--tag-ouput"], "(did you mean --tag-output?"),
     (["--oversubscrib"], "(did you mean --oversubscribe?"),

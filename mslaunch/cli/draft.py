@@ -91,6 +91,7 @@ class Draft:
         self.mca: List[Tuple[str, str]] = []
         self.verbose = 0
         self.keep_going = False
+        self.max_job_restarts = 0                   # --max-restarts (see job.attempts)
         self.inherit_env = True
         self.forward_env = False
         self.launcher = "auto"
@@ -285,13 +286,10 @@ def runtime_options(d: Draft, flag: str, values: Sequence[str]) -> None:
 
 
 def max_restarts(d: Draft, flag: str, values: Sequence[str]) -> None:
-    # Open MPI 4.1.4 restarts nothing either: with recovery on, a failed rank
-    # no longer stops the others (and it then exits 0: here the failed rank's
-    # status is kept).
-    d.keep_going = True
-    check_int(flag, values[0], minimum=0)
-    d.warnings.append(f"{flag}: failed ranks are not restarted (nor by Open MPI 4); a failed "
-                      f"rank no longer stops the others; msrun mode restarts MindSpore workers")
+    # Open MPI 4.1.4 takes the option and restarts nothing (a failed rank no
+    # longer stops the others); here the whole job starts again, as torchrun's
+    # --max-restarts does (see job.attempts).
+    d.max_job_restarts = check_int(flag, values[0], minimum=0)
 
 
 def set_path(d: Draft, flag: str, values: Sequence[str]) -> None:

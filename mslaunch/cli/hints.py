@@ -36,9 +36,6 @@ TORCHRUN: Dict[str, str] = {
     "rdzv_backend": _RENDEZVOUS, "rdzv_endpoint": _RENDEZVOUS, "rdzv_id": _RENDEZVOUS,
     "rdzv_conf": _RENDEZVOUS,
     "standalone": "nothing: without -H or --hostfile the job runs on this machine",
-    "max_restarts": "nothing is restarted in this dialect: a failed rank stops the job "
-                    "(--mca orte_abort_on_non_zero_status 0 lets the others go on); msrun's "
-                    "dialect restarts failed workers (--max_restarts N with MS_ENABLE_RECOVERY=1)",
     "no_python": "nothing: the program runs as given (mslaunch -n 2 ./prog); a .py file "
                  "that is not executable runs with python",
     "module": "mslaunch -n 2 python -m MODULE", "m": "mslaunch -n 2 python -m MODULE",

@@ -211,8 +211,11 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("enable-recovery",), 0, D.keep_going, note="a failed rank no longer stops the "
                "others and the exit status stays its own (Open MPI 4.1.4 exits 0); nothing is "
                "restarted, as there"),
-        Option(("max-restarts",), 1, D.max_restarts, note="as `--enable-recovery`, with a "
-               "warning: nothing is restarted, as in Open MPI 4.1.4"),
+        Option(("max-restarts", "max_restarts"), 1, D.max_restarts,
+               "--max-restarts N\tafter a failure, start the whole job again,\nat most N "
+               "times (docs/guides/long-jobs.md)",
+               note="the whole job starts again after a failure, at most N times, as torchrun's "
+               "(Open MPI 4.1.4 restarts nothing)"),
         Option(("report-pid",), 1, D.keep("report_pid"),
                "--report-pid -|+|FILE\tprint mslaunch's pid to stdout, stderr or FILE"),
         Option(("report-json",), 1, D.file_name("report_json"), "--report-json FILE\twrite the "

@@ -13,18 +13,26 @@ and ``version`` is raised when one changes meaning (see the reference page
      "launcher": {"pid": N, "host": "...", "version": "..."},
      "first_failure": null | RANK,
      "failures": [{"at": T, "rank": N, "job": N, "host": "...", "reason": "..."}, ...],
-     "ranks": [RANK, ...]}
+     "ranks": [RANK, ...],
+     "attempts": [ATTEMPT, ...]}          (with --max-restarts only)
 
     RANK = {"rank": N, "job": N, "name": "rank N" | "worker N" | ...,
             "host": "...", "pid": N | null, "start": T | null, "end": T | null,
             "exit_code": N | null, "signal": N | null, "signal_name": "SIGKILL" | null,
             "reason": "...", "restarts": N}
 
+    ATTEMPT = {"attempt": N, "start": T, "end": T, "exit_code": N, "cause": "...",
+               "hosts": ["...", ...], "lost": ["...", ...],
+               "restart_seconds": S | null, "stall_report": "..." (if it stalled)}
+
 Times are seconds since the epoch (floats), as this machine's clock saw the
 events; ``exit_code`` is null for a rank killed by a signal or never ended.
 ``failures`` is the cause (``first_failure``) and what failed after it before
 the job was stopped, each once, with when it happened (a remote host's time
-put on this clock); empty when nothing failed.
+put on this clock); empty when nothing failed.  With ``--max-restarts``, the
+top-level fields describe the last attempt, and ``attempts`` every one: what
+ended it, the hosts it ran on and those it lost (left out of the next), and
+how long after the previous attempt's failure its ranks were all running.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional
+
+    from ..spec import Attempt
 
     from ..spec import JobResult, RankResult
 
@@ -96,7 +106,18 @@ def build(result: Optional[JobResult], start: float, error: str = "",
                       "reason": r.reason or rank_record(r)["signal_name"] or
                       f"exit code {r.returncode}"}
                      for at, r in (result.failures if result is not None else ())],
+        **({"attempts": [attempt_record(a) for a in result.attempts]}
+           if result is not None and result.attempts else {}),
     }
+
+
+def attempt_record(a: Attempt) -> Dict[str, Any]:
+    """One attempt of a job run with ``--max-restarts``."""
+    return {"attempt": a.number, "start": a.start, "end": a.end, "exit_code": a.exit_code,
+            "cause": a.cause, "hosts": list(a.hosts), "lost": list(a.lost),
+            "restart_seconds": None if a.restart_seconds is None
+            else round(a.restart_seconds, 3),
+            **({"stall_report": a.stall_report} if a.stall_report else {})}
 
 
 def check_writable(path: str, flag: str = "--report-json") -> None:

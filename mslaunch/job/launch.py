@@ -12,7 +12,7 @@ import os
 import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Mapping, Optional, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import LaunchError
 from ..pmi.files import (
@@ -213,8 +213,60 @@ def _run_job(job: JobSpec, started: float = 0.0) -> int:
 def _run(job: JobSpec, environ, watchdog, kvsname: str, started: float) -> int:
     from ..hosts import host_entries
     entries = host_entries(job, environ)
-    plan = build_plan(job, environ, entries=entries, kvsname=kvsname)
     _warn_missing_exports(job, environ)
+    console = _xml_console(job)
+    try:
+        if not job.max_job_restarts:
+            result = _attempt(job, environ, entries, watchdog, kvsname, console).result
+        else:
+            result = _attempts(job, environ, entries, watchdog, kvsname, console)
+        return _finish(job, result, console, started)
+    finally:
+        if console is not None:
+            console.close()
+
+
+def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
+    """The job run with ``--max-restarts`` (see :mod:`.attempts`): each attempt
+    with a job name and an orphan guard of its own."""
+    from ..machine.guard import Watchdog
+    from .attempts import run_attempts
+    first = [(watchdog, kvsname)]
+    shown: List = [console]        # the console of the attempt running, if any
+    carry: Dict[str, Any] = {}     # what the attempts share (see Supervisor)
+
+    def run_one(job_k: JobSpec, left_out, note: str, launched):
+        if first:
+            guard, name = first.pop()
+        else:
+            name = new_kvsname()
+            guard = Watchdog(public_id(name), job.grace, background=True, tasks=GUARD_TASKS,
+                             on_death=after_launcher_death, on_stop=sessions_at_death)
+        try:
+            return _attempt(job_k, environ, [e for e in entries if e.name not in left_out],
+                            guard, name, console, note, launched, shown, carry)
+        finally:
+            guard.close()
+
+    def say(line: str) -> None:
+        if shown[-1] is not None:
+            shown[-1].message(line)
+        else:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+    try:
+        return run_attempts(job, run_one, say)
+    finally:
+        if carry.get("pmix") is not None:
+            carry["pmix"].close()
+
+
+def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, note: str = "",
+             launched=None, shown: Optional[List] = None, carry=None):
+    """One run of the job, by one supervisor: its :class:`~.attempts.AttemptOutcome`."""
+    from .attempts import AttemptOutcome
+    from .supervise import Supervisor
+    plan = build_plan(job, environ, entries=entries, kvsname=kvsname)
     remote = agent_hosts(plan, job)
     replan, starter = None, None
     if remote:
@@ -230,43 +282,56 @@ def _run(job: JobSpec, environ, watchdog, kvsname: str, started: float) -> int:
             replan = lambda topologies: build_plan(  # noqa: E731
                 job, environ, entries=entries, kvsname=kvsname, master_port=port,
                 remote_topologies=topologies, jobid=jobid)
+    supervisor = None
     try:
         if starter is not None:
             # In the background, while the supervisor is built (srun's step starts here).
             starter.prepare(remote, watchdog.marker)
-        return _supervise(job, plan, remote, starter, replan, watchdog, started)
+        supervisor = Supervisor(job, plan, console, connect=remote, starter=starter,
+                                replan=replan, watchdog=watchdog,
+                                control=open_control(watchdog), note=note,
+                                on_launched=launched, carry=carry)
+        if shown is not None:
+            shown.append(supervisor.console)
+        result = supervisor.run()
+        if result.message:
+            supervisor.console.message(result.message)
+        return AttemptOutcome(result, tuple(dict.fromkeys(r.spec.host.name
+                                                          for r in supervisor.ranks)),
+                              tuple(name for name, host in supervisor.hosts.items()
+                                    if host.state == "lost"))
     finally:
+        if shown is not None and supervisor is not None:
+            shown.pop()
+        if supervisor is not None and console is None:
+            supervisor.console.close()
         if starter is not None:
             starter.close()      # what prepare began, if the job failed before using it
 
 
-def _supervise(job: JobSpec, plan: Plan, remote: List[str], starter, replan,
-               watchdog, started: float) -> int:
-    from .supervise import Supervisor
-    console = None
-    if job.output.xml_file:
-        # --xml-file: all output, mslaunch's own lines too, into the file.
-        try:
-            fd = os.open(job.output.xml_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                         0o644)
-        except OSError as err:
-            raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
-        from ..machine.terminal import Console
-        console = Console(fd, fd, owned=True)
-    supervisor = Supervisor(job, plan, console, connect=remote, starter=starter, replan=replan,
-                            watchdog=watchdog, control=open_control(watchdog))
+def _xml_console(job: JobSpec):
+    """--xml-file: all output, mslaunch's own lines too, into the file (else None)."""
+    if not job.output.xml_file:
+        return None
     try:
-        result = supervisor.run()
-        if result.message:
-            supervisor.console.message(result.message)
-        if job.report_json is not None:
-            from . import jobreport
-            try:
-                jobreport.write(job.report_json, jobreport.build(result, started))
-            except LaunchError as err:      # the job's own status stays the news
-                supervisor.console.message(f"mslaunch: error: {err}")
-                return result.exit_code or err.exit_code
-        return result.exit_code
-    finally:
-        supervisor.console.close()
+        fd = os.open(job.output.xml_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                     0o644)
+    except OSError as err:
+        raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
+    from ..machine.terminal import Console
+    return Console(fd, fd, owned=True)
 
+
+def _finish(job: JobSpec, result, console, started: float) -> int:
+    """The job's exit status, once its report (if asked for) is written."""
+    if job.report_json is not None:
+        from . import jobreport
+        try:
+            jobreport.write(job.report_json, jobreport.build(result, started))
+        except LaunchError as err:      # the job's own status stays the news
+            if console is not None:
+                console.message(f"mslaunch: error: {err}")
+            else:
+                sys.stderr.write(f"mslaunch: error: {err}\n")
+            return result.exit_code or err.exit_code
+    return result.exit_code

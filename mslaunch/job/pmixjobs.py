@@ -65,7 +65,15 @@ class LauncherPMIx:
                             [r for r in plan.ranks if r.host.local]))
         marker = sup.watchdog.marker if sup.watchdog is not None else public_id(plan.kvsname)
         log = sup.log if sup.job.verbose else (lambda message: None)
-        self.host = PMIxHost(sup.loop, pmix_dir(marker), log, self.fetch)
+        # With --max-restarts, one server for every attempt (see PMIxServer.move_to).
+        carried = sup.carry.get("pmix") if sup.carry is not None else None
+        if carried is not None:
+            carried.adopt(sup.loop, log, self.fetch)
+            self.host = carried
+        else:
+            self.host = PMIxHost(sup.loop, pmix_dir(marker), log, self.fetch)
+            if sup.carry is not None:
+                sup.carry["pmix"] = self.host
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
@@ -274,6 +282,11 @@ class LauncherPMIx:
         return self._modex
 
     def close(self) -> None:
-        if self.host is not None:
-            self.host.close()
+        host = self.host
+        carried = self.sup.carry is not None and self.sup.carry.get("pmix") is host
+        if host is not None:
+            if carried:
+                host.retire()        # closed once the last attempt ended
+            else:
+                host.close()
 

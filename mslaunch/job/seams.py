@@ -103,6 +103,8 @@ class JobView(Protocol):
     watchdog: Optional[Watchdog]
     mpi_jobs: Any
     failures: Any           # .failures.Failures: the cause, and what followed
+    # what the attempts of a job run with --max-restarts share (None: one attempt)
+    carry: Optional[Dict[str, Any]]
 
     @property
     def ranks(self) -> Sequence[RankState]: ...

@@ -71,6 +71,7 @@ class StallWatch:
         self.signature: Optional[Tuple[Any, ...]] = None
         self.same_since = 0.0
         self.reported: Optional[Tuple[Any, ...]] = None
+        self.report = ""            # the last report's text, as printed
         self.sampling = False
         self.samples = 0
         self.cpu: Dict[int, Tuple[float, float]] = {}     # rank -> (when, CPU seconds)
@@ -152,6 +153,7 @@ class StallWatch:
                                            f"stack changed, no data moved; --stall-report "
                                            f"{self.seconds:g}): stacks")
         sup.console.message(text.rstrip("\n"))
+        self.report = text
         if self.end_job:
             sup.console.message(f"mslaunch: ending the stalled job (--stall-exit); "
                                 f"exit status {STALL_EXIT}")

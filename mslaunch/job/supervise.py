@@ -27,7 +27,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..machine.output import RankOutput
     from ..machine.terminal import Terminal
@@ -53,7 +53,7 @@ from ..pmi.files import (
     remove_singleton_segment,
     sessions_at_death,
 )
-from ..spec import JobResult, JobSpec, Plan, RankSpec
+from ..spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from .lookin import OUTPUT_EVERY, LookingInside
 from .rankbook import Rank as _Rank
@@ -72,8 +72,16 @@ class Supervisor(LookingInside):
                  replan=None,
                  watchdog: Optional[Watchdog] = None, loop: Optional[Loop] = None,
                  hooks: Optional[ModeHooks] = None,
-                 control: Optional[Tuple[Any, str]] = None) -> None:
+                 control: Optional[Tuple[Any, str]] = None, note: str = "",
+                 on_launched: Optional[Callable[[], None]] = None,
+                 carry: Optional[Dict[str, Any]] = None) -> None:
         self.job = job
+        # A later attempt of a job run with --max-restarts (see .attempts): the line
+        # its ranks' output files get before what it appends, and who hears that
+        # its ranks have all been started.
+        self.note = note
+        self.on_launched = on_launched
+        self.carry = carry       # what attempts share: the PMIx server (see .pmixjobs)
         self.plan = plan
         # Remote hosts to start agents on, what starts them (mslaunch.remote.starter),
         # and how to plan again with the topologies they report (None: the plan stands).
@@ -208,6 +216,8 @@ class Supervisor(LookingInside):
             self.stdin_fanout = fleet.relay_stdin(self.local.stdin_pipes if self.local else {})
         if self.hooks is not None:
             self.hooks.started({r.spec.label or f"rank {r.spec.rank}": r.pid for r in self.ranks})
+        if self.on_launched is not None:
+            self.on_launched()
 
     def _local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                      stdin_fd: Optional[int]) -> LocalRanks:
@@ -266,7 +276,8 @@ class Supervisor(LookingInside):
         """The output sinks of one rank: stdout (merged or not) and stderr."""
         rank = self.ranks[spec.key]
         rank.outputs.extend(rank_sinks(self.job.output, spec, self.console, rank.restarts,
-                                       self.restarts, rank.last_end, self._output_failed))
+                                       self.restarts, rank.last_end, self._output_failed,
+                                       marker=self.note))
         return rank.outputs[0], (rank.outputs[1] if len(rank.outputs) > 1 else None)
 
     # -- rank events --------------------------------------------------------
@@ -483,7 +494,10 @@ class Supervisor(LookingInside):
         if self.failures.root is not None:
             from .report import failed_result
             return failed_result(self, results)
-        return ended_result(self.ending, self.stop_signal, self.remote, results)
+        result = ended_result(self.ending, self.stop_signal, self.remote, results)
+        if self.ending == "stall" and self.stall is not None:
+            result = replace(result, stall_report=self.stall.report)
+        return result
 
 
 def _note_stop(signum: int) -> None:

@@ -359,19 +359,21 @@ class RankPipe:
 # -- a rank's sinks and log files ------------------------------------------------
 
 def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
-               limit: int, last_end: str, on_error: Callable[[str], None]) -> List[RankOutput]:
+               limit: int, last_end: str, on_error: Callable[[str], None],
+               marker: str = "") -> List[RankOutput]:
     """The sinks of one rank: stdout (with stderr when merged), then stderr.
 
     ``restarts`` is how often the process was started again (msrun's recovery,
     at most ``limit``); its files are then appended to, after a marker line
-    saying how the last run ended (``last_end``)."""
+    saying how the last run ended (``last_end``).  A ``marker`` given (a later
+    attempt of the whole job) is that line."""
     shown = out.copy_to_terminal if spec.console is None else spec.console
     terminal = console if shown else None
     opts = dict(tag=out.tag, timestamp=out.timestamp, rank_prefix=out.rank_prefix)
     label = (f"[{spec.label}] ".encode() if out.label_prefix and spec.label else None)
     marker = (f"mslaunch: restart {restarts} of {limit} of "
               f"{spec.label or 'rank ' + str(spec.rank)} (the previous run {last_end})\n"
-              ) if restarts else ""
+              ) if restarts else marker
     from .terminal import xml_element
     sinks = []
     for stream, name, path in ((1, "stdout", spec.stdout_path), (2, "stderr", spec.stderr_path)):

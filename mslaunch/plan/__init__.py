@@ -174,6 +174,8 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
                                   local_size=local_size[h], group=host.node_id,
                                   host=host.name, universe=universe, sizes=sizes,
                                   kvsname=kvsname, pmi=job.mpi == "pmi"))
+        if job.max_job_restarts:
+            env.update(restart_variables(job.attempt, job.max_job_restarts))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
         bound = locs[rank] if from_rankfile else binding(topos[h], locs[rank], local_rank, job)
@@ -260,6 +262,14 @@ def hnp_uri(jobid: int, addr: str) -> str:
     if ":" in addr:
         return f"{jobid}.0;tcp6://[{addr.strip('[]')}]:{port}"
     return f"{jobid}.0;tcp://{addr}:{port}"
+
+
+def restart_variables(attempt: int, limit: int) -> Dict[str, str]:
+    """What tells a rank of a job run with ``--max-restarts`` which attempt it is
+    in (0: the first), mslaunch's name and torchrun's, so that it resumes from
+    its checkpoint."""
+    return {"MSLAUNCH_RESTART_COUNT": str(attempt), "MSLAUNCH_MAX_RESTARTS": str(limit),
+            "TORCHELASTIC_RESTART_COUNT": str(attempt), "TORCHELASTIC_MAX_RESTARTS": str(limit)}
 
 
 def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, group: int,

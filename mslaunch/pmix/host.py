@@ -109,6 +109,21 @@ class PMIxHost:
         else:
             more.local_modex(nspace, rank, done)
 
+    def adopt(self, loop: Loop, log: Callable[[str], None],
+              fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None]) -> None:
+        """Serve the next attempt of a job run with ``--max-restarts``, in ``loop``
+        (see :meth:`~.server.PMIxServer.move_to`)."""
+        self.loop, self.log, self.fetch = loop, log, fetch
+        if self.server is not None:
+            self.server.move_to(loop)
+            self.server.fetch = fetch
+
+    def retire(self) -> None:
+        """The attempt's ranks are gone: forget its jobs, keep the server and its
+        directory (see :meth:`adopt`)."""
+        if self.server is not None:
+            self.server.retire()
+
     def close(self) -> None:
         """Stop the server and remove its directory (once the ranks are gone)."""
         if self.server is not None:

