@@ -102,7 +102,7 @@ class Fleet:
         Nothing starts anywhere unless every host is ready: a missing program
         on one host is reported before any rank runs.
         """
-        from ..remote.endpoint import heartbeat_setting
+        from ..remote.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
         from ..remote.host import RemoteHost
         from ..remote.jobframe import job_frame
         sup = self.sup
@@ -111,7 +111,8 @@ class Fleet:
             remote_specs.setdefault(name, [])     # spare hosts, for spawned jobs
         from ..remote import timeline
         timeline.mark("sending the agents their ranks")
-        heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"))
+        heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"),
+                                      RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
         pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
         listener = self._output_listener()
         for name, specs in remote_specs.items():

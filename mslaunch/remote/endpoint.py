@@ -27,6 +27,9 @@ from . import link
 #: Seconds between heartbeats, and how many may be missed before the peer
 #: counts as lost (override with MSLAUNCH_HEARTBEAT="interval,misses").
 HEARTBEAT = (1.0, 5)
+#: The same for a job run with --max-restarts, where a lost host costs an attempt
+#: only if it is noticed late: 1.8 s of silence (see docs/guides/long-jobs.md).
+RESTART_HEARTBEAT = (0.3, 6)
 #: Bytes read per wake-up at first, and at most (doubling while reads fill it).
 FIRST_READ = 16 << 10
 MOST_READ = 1 << 20
@@ -36,16 +39,17 @@ BACKLOG = 16 << 20
 IDLE_CHECK = 5.0
 
 
-def heartbeat_setting(text: Optional[str]) -> Tuple[float, int]:
-    """``MSLAUNCH_HEARTBEAT`` parsed, or the default."""
+def heartbeat_setting(text: Optional[str],
+                      default: Tuple[float, int] = HEARTBEAT) -> Tuple[float, int]:
+    """``MSLAUNCH_HEARTBEAT`` parsed, or ``default``."""
     if not text:
-        return HEARTBEAT
+        return default
     try:
         interval, _, misses = text.partition(",")
-        value = (float(interval), int(misses or HEARTBEAT[1]))
+        value = (float(interval), int(misses or default[1]))
     except ValueError:
-        return HEARTBEAT
-    return value if 0.01 <= value[0] <= 3600 and 1 <= value[1] <= 1000 else HEARTBEAT
+        return default
+    return value if 0.01 <= value[0] <= 3600 and 1 <= value[1] <= 1000 else default
 
 
 class Endpoint(QueuedWriter):
