@@ -217,6 +217,7 @@ class JobSpec:
     # (see job.attempts); ``attempt`` is the attempt's number (0: the first)
     max_job_restarts: int = 0
     attempt: int = 0
+    health_check: Optional[str] = None    # --health-check CMD: run on every host before each attempt
 
 
 #: ``--stall-report``'s seconds when none are given (docs/guides/stacks.md says why).
@@ -392,6 +393,7 @@ class Attempt:
     cause: str = ""                       # the failure that ended it ("" if none)
     hosts: Tuple[str, ...] = ()           # the hosts it ran on
     lost: Tuple[str, ...] = ()            # hosts lost during it, left out of the next
+    left_out: Tuple[str, ...] = ()        # hosts it was run without (lost, failed checks)
     # seconds from the previous attempt's failure to this one's ranks all started
     restart_seconds: Optional[float] = None
     stall_report: str = ""

@@ -247,3 +247,52 @@ def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path
     first, second = report["attempts"]
     assert first["lost"] == ["h2"] and second["hosts"] == ["h1", "h3"], report["attempts"]
     assert took < 60, took
+
+
+def test_a_failed_health_check_of_the_only_host_is_one_clear_error(tmp_path):
+    r = run("--health-check", "echo sick; exit 3", "-n", "2", "hostname", timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and r.stdout == b"sick\n", (r.stdout, err)
+    lines = err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("mslaunch: --health-check failed on ") \
+        and lines[0].endswith(" (exit code 3): the host is left out"), err
+    assert lines[1].startswith("mslaunch: error: no host is left for the job ("), err
+
+
+def test_a_passing_health_check_runs_before_every_attempt(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run("--max-restarts", "1", "--health-check", f"echo x >> {out}/checks", "-n", "4", PY,
+            TRAIN, str(out), "kill", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (out / "checks").read_text() == "x\nx\n"
+    assert sorted(_attempts(out)) == [0, 1]
+
+
+@pytest.mark.remote
+def test_hosts_that_fail_the_health_check_are_left_out_before_each_attempt(sshbed, tmp_path):
+    """h4 fails from the start; h2 once the first attempt ran there: the first
+    attempt runs on h1 and h2, the second on h1 and h3."""
+    from test_remote import settle
+    out = tmp_path / "out"
+    check = (f'[ "$(hostname)" != h4 ] && {{ [ "$(hostname)" != h2 ] || '
+             f'[ ! -e {out}/attempt.0.3 ]; }}')
+    p, out, tag = _remote_job(sshbed, tmp_path, "mpich", "kill", "--health-check", check,
+                              hosts="h4:2,h1:2,h2:2,h3:2")
+    try:
+        stdout, err = p.communicate(timeout=180)
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+    text = err.decode()
+    assert p.returncode == 0, text
+    assert stdout.strip() == RESULT, (stdout, text)
+    assert text.count("--health-check failed on h4 (exit code 1)") == 1, text
+    assert text.count("--health-check failed on h2 (exit code 1)") == 1, text
+    seen = _attempts(out)
+    assert [seen[0][r][0] for r in range(4)] == ["h1", "h1", "h2", "h2"], seen
+    assert [seen[1][r][0] for r in range(4)] == ["h1", "h1", "h3", "h3"], seen
+    attempts = json.loads((tmp_path / "report.json").read_text())["attempts"]
+    assert attempts[0]["left_out"] == ["h4"] and attempts[1]["left_out"] == ["h4", "h2"]

@@ -92,6 +92,7 @@ class Draft:
         self.verbose = 0
         self.keep_going = False
         self.max_job_restarts = 0                   # --max-restarts (see job.attempts)
+        self.health_check: Optional[str] = None     # --health-check CMD
         self.inherit_env = True
         self.forward_env = False
         self.launcher = "auto"

@@ -269,7 +269,7 @@ def _build(d: Draft) -> JobSpec:
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,
         report_json=d.report_json,
         stall_report=stall or None, stall_exit=d.stall_exit,
-        max_job_restarts=d.max_job_restarts,
+        max_job_restarts=d.max_job_restarts, health_check=d.health_check,
         preload_binary=d.preload_binary, preload_files=d.preload_files,
         session_cwd=d.session_cwd, usize=d.usize, novm=d.novm, port_range=d.port_range,
         **placement,  # type: ignore[arg-type]

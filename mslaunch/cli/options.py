@@ -216,6 +216,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "times (docs/guides/long-jobs.md)",
                note="the whole job starts again after a failure, at most N times, as torchrun's "
                "(Open MPI 4.1.4 restarts nothing)"),
+        Option(("health-check",), 1, D.some_value("health_check"), "--health-check CMD\t"
+               "run CMD on every host before the job, and\nbefore each restart; hosts where "
+               "it fails are left out"),
         Option(("report-pid",), 1, D.keep("report_pid"),
                "--report-pid -|+|FILE\tprint mslaunch's pid to stdout, stderr or FILE"),
         Option(("report-json",), 1, D.file_name("report_json"), "--report-json FILE\twrite the "

@@ -78,7 +78,9 @@ class AttemptOutcome:
 
 def run_attempts(job, run_one: Callable[..., AttemptOutcome],
                  say: Callable[[str], None],
-                 sleep: Callable[[float], None] = time.sleep) -> JobResult:
+                 sleep: Callable[[float], None] = time.sleep,
+                 check: Optional[Callable[[Tuple[str, ...]], Tuple[str, ...]]] = None
+                 ) -> JobResult:
     """Run ``job`` (a :class:`~mslaunch.spec.JobSpec` with ``max_job_restarts``)
     until an attempt succeeds, cannot be started again, or no restart is left.
 
@@ -87,6 +89,9 @@ def run_attempts(job, run_one: Callable[..., AttemptOutcome],
     its ranks' output files get before what the attempt appends to them, and
     ``launched()`` is called once its ranks have all been started.  It returns
     an :class:`AttemptOutcome`.  ``say`` prints one of mslaunch's lines.
+    ``check(left_out)``, the user's health check (``--health-check``), runs before
+    every attempt and names the hosts where it failed: they are left out from
+    then on.
     """
     limit = job.max_job_restarts
     attempts: List[Attempt] = []
@@ -108,6 +113,8 @@ def run_attempts(job, run_one: Callable[..., AttemptOutcome],
         start = time.time()
         launched.clear()
         try:
+            if check is not None:
+                left_out = tuple(dict.fromkeys(left_out + check(left_out)))
             outcome = run_one(replace(job, attempt=number), left_out, note, on_launched)
         except LaunchError as err:
             if last is None:
@@ -120,7 +127,7 @@ def run_attempts(job, run_one: Callable[..., AttemptOutcome],
         attempts.append(Attempt(
             number=number, start=start, end=time.time(), exit_code=result.exit_code,
             cause=cause_of(result) if result.exit_code else "", hosts=outcome.hosts,
-            lost=outcome.lost, restart_seconds=(launched[0] - failed_at) if launched and
+            lost=outcome.lost, left_out=left_out, restart_seconds=(launched[0] - failed_at) if launched and
             failed_at is not None else None, stall_report=result.stall_report))
         if not restartable(result) or number >= limit:
             if restartable(result) and limit:

@@ -22,7 +22,7 @@ and ``version`` is raised when one changes meaning (see the reference page
             "reason": "...", "restarts": N}
 
     ATTEMPT = {"attempt": N, "start": T, "end": T, "exit_code": N, "cause": "...",
-               "hosts": ["...", ...], "lost": ["...", ...],
+               "hosts": ["...", ...], "lost": ["...", ...], "left_out": ["...", ...],
                "restart_seconds": S | null, "stall_report": "..." (if it stalled)}
 
 Times are seconds since the epoch (floats), as this machine's clock saw the
@@ -115,6 +115,7 @@ def attempt_record(a: Attempt) -> Dict[str, Any]:
     """One attempt of a job run with ``--max-restarts``."""
     return {"attempt": a.number, "start": a.start, "end": a.end, "exit_code": a.exit_code,
             "cause": a.cause, "hosts": list(a.hosts), "lost": list(a.lost),
+            "left_out": list(a.left_out),
             "restart_seconds": None if a.restart_seconds is None
             else round(a.restart_seconds, 3),
             **({"stall_report": a.stall_report} if a.stall_report else {})}

@@ -216,7 +216,7 @@ def _run(job: JobSpec, environ, watchdog, kvsname: str, started: float) -> int:
     _warn_missing_exports(job, environ)
     console = _xml_console(job)
     try:
-        if not job.max_job_restarts:
+        if not job.max_job_restarts and not job.health_check:
             result = _attempt(job, environ, entries, watchdog, kvsname, console).result
         else:
             result = _attempts(job, environ, entries, watchdog, kvsname, console)
@@ -235,7 +235,7 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     shown: List = [console]        # the console of the attempt running, if any
     carry: Dict[str, Any] = {}     # what the attempts share (see Supervisor)
 
-    def run_one(job_k: JobSpec, left_out, note: str, launched):
+    def guarded(run):
         if first:
             guard, name = first.pop()
         else:
@@ -243,10 +243,34 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
             guard = Watchdog(public_id(name), job.grace, background=True, tasks=GUARD_TASKS,
                              on_death=after_launcher_death, on_stop=sessions_at_death)
         try:
-            return _attempt(job_k, environ, [e for e in entries if e.name not in left_out],
-                            guard, name, console, note, launched, shown, carry)
+            return run(guard, name)
         finally:
             guard.close()
+
+    def left(left_out):
+        from ..hosts import is_local
+        # This machine is named by its node name in results, "localhost" or an
+        # address of its own in the host list.
+        here_out = any(is_local(name) for name in left_out)
+        hosts = [e for e in entries if e.name not in left_out
+                 and not (here_out and is_local(e.name))]
+        if left_out and not hosts:
+            raise LaunchError(f"no host is left for the job ({', '.join(left_out)} left out)")
+        return hosts
+
+    def run_one(job_k: JobSpec, left_out, note: str, launched):
+        return guarded(lambda guard, name: _attempt(
+            job_k, environ, left(left_out), guard, name, console, note, launched, shown, carry))
+
+    def check(left_out):
+        from .health import failed_hosts, health_job
+        outcome = guarded(lambda guard, name: _attempt(
+            health_job(job), environ, left(left_out), guard, name, console, shown=shown,
+            tell=False))
+        failed = failed_hosts(outcome.result)
+        for host, how in failed:
+            say(f"mslaunch: --health-check failed on {host} ({how}): the host is left out")
+        return tuple(host for host, _ in failed)
 
     def say(line: str) -> None:
         if shown[-1] is not None:
@@ -255,14 +279,14 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
     try:
-        return run_attempts(job, run_one, say)
+        return run_attempts(job, run_one, say, check=check if job.health_check else None)
     finally:
         if carry.get("pmix") is not None:
             carry["pmix"].close()
 
 
 def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, note: str = "",
-             launched=None, shown: Optional[List] = None, carry=None):
+             launched=None, shown: Optional[List] = None, carry=None, tell: bool = True):
     """One run of the job, by one supervisor: its :class:`~.attempts.AttemptOutcome`."""
     from .attempts import AttemptOutcome
     from .supervise import Supervisor
@@ -294,7 +318,7 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
         if shown is not None:
             shown.append(supervisor.console)
         result = supervisor.run()
-        if result.message:
+        if result.message and tell:
             supervisor.console.message(result.message)
         return AttemptOutcome(result, tuple(dict.fromkeys(r.spec.host.name
                                                           for r in supervisor.ranks)),
