@@ -296,3 +296,28 @@ def test_hosts_that_fail_the_health_check_are_left_out_before_each_attempt(sshbe
     assert [seen[1][r][0] for r in range(4)] == ["h1", "h1", "h3", "h3"], seen
     attempts = json.loads((tmp_path / "report.json").read_text())["attempts"]
     assert attempts[0]["left_out"] == ["h4"] and attempts[1]["left_out"] == ["h4", "h2"]
+
+
+@pytest.mark.remote
+def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, tmp_path):
+    """2 ranks in an allocation of 2 nodes x 2: srun starts the agents anew for the
+    second attempt; the spare node stays unused."""
+    from test_slurm import finish, salloc
+    out = tmp_path / "out"
+    out.mkdir()
+    tag = new_tag()
+    try:
+        p = salloc(slurmbed, tag, "--max-restarts", "1", "--report-json",
+                   str(tmp_path / "report.json"), "-n", "2", "-x", "MSL_TEST_TAG", PY, TRAIN,
+                   str(out), "kill", cwd=tmp_path)
+        rc, stdout, err = finish(p, 180)
+        assert wait_for(lambda: tagged_pids(tag) == [], 15), tagged_pids(tag)
+    finally:
+        kill_tagged(tag)
+    assert rc == 0, err
+    assert stdout.strip() == "result 8 84", (stdout, err)
+    assert "restart 1 of 1: the job runs again" in err, err
+    seen = _attempts(out)
+    assert sorted(seen) == [0, 1] and {seen[a][r][0] for a in (0, 1) for r in (0, 1)} == {"h1"}
+    attempts = json.loads((tmp_path / "report.json").read_text())["attempts"]
+    assert [a["hosts"] for a in attempts] == [["h1"], ["h1"]], attempts
