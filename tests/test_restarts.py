@@ -321,3 +321,37 @@ def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, 
     assert sorted(seen) == [0, 1] and {seen[a][r][0] for a in (0, 1) for r in (0, 1)} == {"h1"}
     attempts = json.loads((tmp_path / "report.json").read_text())["attempts"]
     assert [a["hosts"] for a in attempts] == [["h1"], ["h1"]], attempts
+
+
+@pytest.mark.remote
+def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed, tmp_path):
+    """torchrun's users' loop (gloo, TORCHELASTIC_RESTART_COUNT, torch.save): killed
+    once, it ends with the weights of a run that was never interrupted."""
+    require(__import__("importlib").util.find_spec("torch") is not None, "torch")
+    from test_remote import renv, settle
+    home = sshbed.make_home(tmp_path / "home")
+    weights = []
+    for fault in ("none", "kill"):
+        out = tmp_path / fault
+        out.mkdir()
+        tag = new_tag()
+        try:
+            r = subprocess.run(cmd("--max-restarts", "1", "-H", "h1:2,h2:2,h3:2", "-n", "4",
+                                   "-x", "MSL_TEST_TAG", PY, program("train_ddp.py"), str(out),
+                                   fault),
+                               env=renv(home, MSL_TEST_TAG=tag), capture_output=True,
+                               timeout=300)
+            settle(tag, sshbed)
+        finally:
+            kill_tagged(tag)
+        err = r.stderr.decode()
+        assert r.returncode == 0, err[-3000:]
+        assert ("restart 1 of 1" in err) == (fault == "kill"), err[-3000:]
+        weights.append([line for line in r.stdout.decode().splitlines()
+                        if line.startswith("weights ")])
+        assert sorted(_attempt_numbers(out)) == ([0, 1] if fault == "kill" else [0])
+    assert len(weights[0]) == 1 and weights[0] == weights[1], weights
+
+
+def _attempt_numbers(out) -> set:
+    return {int(n.split(".")[1]) for n in os.listdir(out) if n.startswith("attempt.")}
