@@ -206,12 +206,17 @@ def test_a_failing_worker_on_one_node_ends_every_node_with_its_code(job):
     j.settle()
 
 
-def test_a_node_whose_launcher_is_killed_ends_the_others_with_255_naming_it(job):
-    j = job(4, SLEEP="60")
+@pytest.mark.parametrize("recovery", ["0", "1"])
+def test_a_node_whose_launcher_is_killed_ends_the_others_with_255_naming_it(job, recovery):
+    j = job(4, SLEEP="60", MS_ENABLE_RECOVERY=recovery)
     j.two_nodes_running()
     j.nodes[1].proc.kill()                 # its watchdog ends its workers
     assert j.nodes[0].wait() == 255, transcript(j)
     assert "lost node h2" in j.nodes[0].out, j.nodes[0].out
+    # With recovery on, what recovery cannot do, and what can.
+    assert ("restarts failed workers in place, not a lost node" in j.nodes[0].out and
+            "--max-restarts N and a spare host" in j.nodes[0].out) == (recovery == "1"), \
+        j.nodes[0].out
     j.nodes[1].wait()
     j.settle()
 

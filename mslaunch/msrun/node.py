@@ -341,6 +341,7 @@ def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port:
         service = NodeService(loop, address=addresses[0], port=port, secret=secret,
                               worker_num=spec.worker_num, time_out=spec.cluster_time_out,
                               master_port=free, refused=warn,
+                              recovery=os.environ.get("MS_ENABLE_RECOVERY") == "1",
                               tls=context(config, True, warn) if config else None,
                               log=warn if spec.verbose else (lambda _text: None))
     state: Dict[str, Any] = {}

@@ -47,6 +47,12 @@ AUTH_SECONDS = 5.0
 MAX_PENDING = 64
 PREAUTH_FRAME = 4096
 HANDSHAKE_SECONDS = 5.0
+#: What a user of MS_ENABLE_RECOVERY=1 is told when a node is lost.
+LOST_WITH_RECOVERY = ("; MS_ENABLE_RECOVERY=1 restarts failed workers in place, not a lost "
+                      "node: run the job again on the nodes left (a checkpoint lets it "
+                      "resume), or in the mpirun dialect with --max-restarts N and a spare "
+                      "host, which leaves a lost host out by itself")
+
 #: Exit status when a node of the job is lost (ssh and Hydra use the same).
 NODE_LOST_EXIT = 255
 
@@ -103,8 +109,10 @@ class NodeService:
     def __init__(self, loop: Loop, *, address: str, port: int, secret: bytes,
                  worker_num: int, time_out: int, tls=None,
                  log: Callable[[str], None], master_port: int = 0,
-                 refused: Optional[Callable[[str], None]] = None) -> None:
+                 refused: Optional[Callable[[str], None]] = None,
+                 recovery: bool = False) -> None:
         self.loop = loop
+        self.recovery = recovery                   # MS_ENABLE_RECOVERY=1 (see _closed)
         self.master_port = master_port
         self.refused_by: Dict[str, str] = {}       # refused node -> why (for the time out)
         self._refused_say = refused or log         # said without -v too
@@ -321,7 +329,8 @@ class NodeService:
             return
         if peer.state in ("joined", "new") and self.stopped is None:
             peer.state = "gone"
-            self.stop(NODE_LOST_EXIT, f"lost node {peer.name()}: {why or 'its link ended'}")
+            self.stop(NODE_LOST_EXIT, f"lost node {peer.name()}: {why or 'its link ended'}"
+                      + (LOST_WITH_RECOVERY if self.recovery else ""))
 
     def _time_out(self) -> None:
         self.deadline = None
