@@ -52,7 +52,8 @@ def _attempts(out) -> dict:
     ("4", "kill", "was killed by signal 9 (SIGKILL)"),
     ("5", "abort", "called MPI_Abort with exit code 5"),
 ])
-def test_a_failed_job_starts_again_from_its_checkpoint(tmp_path, which, fault, said):
+def test_a_failed_job_starts_again_from_its_checkpoint(tmp_path, own_tmpdir, which, fault,
+                                                     said):
     python, env = _mpi(which)
     out = tmp_path / "out"
     out.mkdir()
@@ -82,6 +83,8 @@ def test_a_failed_job_starts_again_from_its_checkpoint(tmp_path, which, fault, s
     assert first["attempt"] == 0 and first["exit_code"] != 0 and said in first["cause"]
     assert second["exit_code"] == 0 and second["cause"] == ""
     assert 0 <= second["restart_seconds"] < 30 and first["restart_seconds"] is None
+    # Nothing of either attempt is left in TMPDIR (session directories, PMIx's files).
+    assert [str(p) for p in own_tmpdir.rglob("*")] == []
 
 
 def test_a_job_that_always_fails_ends_with_its_code_after_exactly_n_restarts(tmp_path):
@@ -198,10 +201,15 @@ def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
 
 
 @pytest.mark.remote
-@pytest.mark.parametrize("which, fault", [("mpich", "kill"), ("4", "abort"), ("5", "kill")])
-def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, which, fault):
+@pytest.mark.parametrize("which, fault, extra", [
+    ("mpich", "kill", ()), ("4", "abort", ()), ("5", "kill", ()),
+    ("mpich", "hold", ("--stall-report", "1", "--stall-exit"))])
+def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, which, fault,
+                                                            extra):
     from test_remote import settle
-    p, out, tag = _remote_job(sshbed, tmp_path, which, fault)
+    if extra:
+        require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
+    p, out, tag = _remote_job(sshbed, tmp_path, which, fault, *extra)
     try:
         stdout, err = p.communicate(timeout=180)
         settle(tag, sshbed)
