@@ -217,7 +217,7 @@ def _run(job: JobSpec, environ, watchdog, kvsname: str, started: float) -> int:
     console = _xml_console(job)
     try:
         if not job.max_job_restarts and not job.health_check:
-            result = _attempt(job, environ, entries, watchdog, kvsname, console).result
+            result = _attempt(job, environ, entries, watchdog, kvsname, console)[0]
         else:
             result = _attempts(job, environ, entries, watchdog, kvsname, console)
         return _finish(job, result, console, started)
@@ -230,7 +230,7 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     """The job run with ``--max-restarts`` (see :mod:`.attempts`): each attempt
     with a job name and an orphan guard of its own."""
     from ..machine.guard import Watchdog
-    from .attempts import run_attempts
+    from .attempts import AttemptOutcome, run_attempts
     first = [(watchdog, kvsname)]
     shown: List = [console]        # the console of the attempt running, if any
     carry: Dict[str, Any] = {}     # what the attempts share (see Supervisor)
@@ -259,15 +259,16 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
         return hosts
 
     def run_one(job_k: JobSpec, left_out, note: str, launched):
-        return guarded(lambda guard, name: _attempt(
-            job_k, environ, left(left_out), guard, name, console, note, launched, shown, carry))
+        return AttemptOutcome(*guarded(lambda guard, name: _attempt(
+            job_k, environ, left(left_out), guard, name, console, note, launched, shown,
+            carry)))
 
     def check(left_out):
         from .health import failed_hosts, health_job
         outcome = guarded(lambda guard, name: _attempt(
             health_job(job), environ, left(left_out), guard, name, console, shown=shown,
             tell=False))
-        failed = failed_hosts(outcome.result)
+        failed = failed_hosts(outcome[0])
         for host, how in failed:
             say(f"mslaunch: --health-check failed on {host} ({how}): the host is left out")
         return tuple(host for host, _ in failed)
@@ -287,8 +288,8 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
 
 def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, note: str = "",
              launched=None, shown: Optional[List] = None, carry=None, tell: bool = True):
-    """One run of the job, by one supervisor: its :class:`~.attempts.AttemptOutcome`."""
-    from .attempts import AttemptOutcome
+    """One run of the job, by one supervisor: its result, the hosts it ran on, and
+    those it lost (see :class:`~.attempts.AttemptOutcome`)."""
     from .supervise import Supervisor
     plan = build_plan(job, environ, entries=entries, kvsname=kvsname)
     remote = agent_hosts(plan, job)
@@ -320,10 +321,8 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
         result = supervisor.run()
         if result.message and tell:
             supervisor.console.message(result.message)
-        return AttemptOutcome(result, tuple(dict.fromkeys(r.spec.host.name
-                                                          for r in supervisor.ranks)),
-                              tuple(name for name, host in supervisor.hosts.items()
-                                    if host.state == "lost"))
+        return (result, tuple(dict.fromkeys(r.spec.host.name for r in supervisor.ranks)),
+                tuple(name for name, host in supervisor.hosts.items() if host.state == "lost"))
     finally:
         if shown is not None and supervisor is not None:
             shown.pop()
