@@ -42,7 +42,9 @@ def run(argv: Sequence[str]) -> int:
     process's descriptors 0, 1 and 2, so nothing of it stays in this one
     (libraries such as the PMIx server keep process-wide state).  Called
     from the main thread, SIGTERM and SIGHUP sent to this process reach the
-    job while it runs; a Ctrl-C at the terminal reaches it directly.
+    job while it runs; a Ctrl-C at the terminal reaches it directly, and once
+    the job has stopped ``KeyboardInterrupt`` is raised here, as
+    ``subprocess.run`` does (a loop of jobs, a notebook's "Run All", stops).
     """
     if isinstance(argv, (str, bytes)):
         raise TypeError("mslaunch.run() takes a list of words, e.g. ['-n', '2', 'prog'], "
@@ -67,14 +69,18 @@ def run(argv: Sequence[str]) -> int:
 
 def _wait(child: subprocess.Popen[bytes]) -> int:
     """The job's exit status, passing on SIGTERM and SIGHUP meanwhile (main thread
-    only: elsewhere handlers cannot be set)."""
+    only: elsewhere handlers cannot be set); KeyboardInterrupt once the job
+    stopped, if SIGINT came meanwhile."""
     import signal
     import threading
     previous = {}
+    interrupted = []
     if threading.current_thread() is threading.main_thread():
         def forward(signum: int, frame: object) -> None:
             if signum != signal.SIGINT:     # Ctrl-C reached the job's process group too
                 child.send_signal(signum)
+            else:
+                interrupted.append(signum)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[signum] = signal.signal(signum, forward)
     try:
@@ -82,4 +88,6 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if interrupted:
+        raise KeyboardInterrupt
     return 128 - code if code < 0 else code

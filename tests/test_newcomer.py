@@ -5,6 +5,7 @@ test_failure_reports.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -456,6 +457,28 @@ def test_run_from_python_passes_sigterm_to_the_job(tmp_path):
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().split() == ["143"], r
+
+
+def test_run_from_python_raises_keyboard_interrupt_after_a_ctrl_c(tmp_path):
+    """As subprocess.run: the job stops (its ranks got the Ctrl-C's stop), then
+    KeyboardInterrupt, so that a sweep of jobs stops there."""
+    program = ("import mslaunch\n"
+               "try:\n"
+               f"    mslaunch.run(['-n', '2', 'sh', '-c', 'touch {tmp_path}/up.$RANK; sleep 30'])\n"
+               "except KeyboardInterrupt:\n"
+               "    print('interrupted', flush=True)\n"
+               "print('next job', mslaunch.run(['-n', '1', 'true']), flush=True)\n")
+    p = subprocess.Popen([PY, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=clean_env(), cwd=str(tmp_path), start_new_session=True)
+    try:
+        assert wait_for(lambda: all((tmp_path / f"up.{r}").exists() for r in (0, 1)), 30)
+        os.killpg(p.pid, signal.SIGINT)           # the terminal's Ctrl-C: the whole group
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.communicate()
+    assert p.returncode == 0, err
+    assert out.decode().split("\n")[:2] == ["interrupted", "next job 0"], (out, err)
 
 
 def test_run_from_python_leaves_no_descriptor_behind(tmp_path):
