@@ -418,6 +418,32 @@ def test_every_failing_host_is_reported_with_its_stage_and_nothing_runs(sshbed, 
     settle(tag, sshbed)
 
 
+def test_unknown_host_keys_are_told_once_with_one_command_that_trusts_them(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home", known=["h1"])
+    r = run_remote(home, "-H", "h1,h2,h3,h4", "-n", "4", "true")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    assert "cannot start the job's agent on 3 of 4 remote host(s)" in err, err
+    addrs = " ".join(sshbed.host(h).addr for h in ("h2", "h3", "h4"))
+    assert err.count("known_hosts") == 2 and err.count("SHA256:") == 3, err
+    assert "h2, h3, h4 (host key: not in known_hosts; after checking their fingerprints (h2 " \
+        in err and f"ssh-keyscan -t ssh-ed25519 {addrs} >> ~/.ssh/known_hosts, or run " \
+        f"with --ssh-accept-new)" in err, err
+
+
+def test_a_refused_login_says_how_to_put_a_key_there(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    sshbed.refuse_logins("h3")
+    try:
+        r = run_remote(home, "-H", "h3", "-n", "1", "true")
+    finally:
+        sshbed.restore()
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "h3 (authentication: " in err, err
+    user = __import__("getpass").getuser()
+    assert f"ssh-copy-id {user}@" in err and "--ssh-identity FILE" in err, err
+
+
 def test_accept_new_trusts_an_unknown_host_and_records_it(sshbed, tmp_path):
     home = sshbed.make_home(tmp_path / "home", known=[])
     r = run_remote(home, "-H", "h1", "-n", "1", "hostname")

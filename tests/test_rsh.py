@@ -296,6 +296,24 @@ def test_a_bad_command_gives_one_line_and_starts_nothing(sshbed, home, tmp_path,
     settle(tag, sshbed)
 
 
+def test_hosts_that_fail_alike_are_counted_and_told_once(sshbed, tmp_path):
+    """Four hosts whose keys the OpenSSH client does not know: every run says
+    "4 of 4", and the reason once (it was "1 of 4" to "4 of 4" as the hosts'
+    failures happened to arrive)."""
+    home = sshbed.make_home(tmp_path / "home", known=[])
+    os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
+    for _ in range(3):
+        r = run_rsh(home, "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                    f"-F {cfg_of(home)}", "-H", "h1,h2,h3,h4", "-n", "4", "true")
+        err = r.stderr.decode()
+        assert r.returncode == 1 and len(err.splitlines()) == 1, err
+        assert "on 4 of 4 remote host(s)" in err, err
+        assert err.count("Host key verification failed") == 1, err
+        assert "h1, h2, h3, h4 (ended with status 255 before the agent dialled back: " in err, \
+            err
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
 def test_an_unreachable_host_is_named_by_the_ssh_client(sshbed, tmp_path):
     unreachable = f"198.18.{sshbed.k}.99"
     home = sshbed.make_home(tmp_path / "home", user_config_extra=f"Host h9\n  HostName "

@@ -28,6 +28,7 @@ is lost with its ssh session.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -46,6 +47,8 @@ from .dialin import DialedConnection, StartingProcess, dial_program, greet
 
 #: Open MPI's default ``plm_rsh_agent``: the first found on PATH is used.
 DEFAULT_AGENT = "ssh : rsh"
+#: Seconds the other hosts are given to fail too, once one host's start failed.
+FAILURE_SETTLE = 2.0
 
 _DIAL = dial_program("", "e.pop('MSLAUNCH_DIAL_TOKEN','')")
 
@@ -145,12 +148,18 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
     def wait(loop: Loop, done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess]) -> None:
         deadline = time.monotonic() + timeout
+        settled: Optional[float] = None      # when the first failure's report is due
         while len(done) < len(names):
             if cancelled is not None and cancelled():
                 raise LaunchError(f"stopped while starting the agents with {words[0]}", 130)
-            ended = [n for n in names if n not in done and procs[n].proc.poll() is not None]
-            late = time.monotonic() > deadline
-            if ended or late:
+            now = time.monotonic()
+            pending = [n for n in names if n not in done and procs[n].proc.poll() is None]
+            late = now > deadline
+            if settled is None and len(pending) < len(names) - len(done):
+                # A host failed: the others that fail alike (every host, often) are
+                # given a moment to say so, so that one report counts them all.
+                settled = now + FAILURE_SETTLE
+            if late or settled is not None and (not pending or now > settled):
                 raise LaunchError(_failure(names, done, procs, shown, timeout, late))
             loop.run_once(0.1)
 
@@ -162,7 +171,7 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
              late: bool) -> str:
     """One line: every host whose agent is not there, and why (before the
     deadline, only those whose command ended)."""
-    parts = []
+    groups: Dict[str, List[str]] = {}       # why -> the hosts that failed so
     for name in names:
         if name in done:
             continue
@@ -172,16 +181,20 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
         if code is None and not late:
             continue
         if code is None:
-            parts.append(f"{name} (did not dial back within {timeout:g} s"
-                         + (f"; it said: {said}" if said else "") + ")")
+            why = f"did not dial back within {timeout:g} s" + (f"; it said: {said}" if said else "")
         else:
             how = f"killed by signal {-code}" if code < 0 else f"status {code}"
-            parts.append(f"{name} (ended with {how} before the agent dialled back"
-                         + (f": {said}" if said else "") + ")")
-    missing = len(parts)
+            why = f"ended with {how} before the agent dialled back" + (f": {said}" if said else "")
+        # The host's own name in what it said would keep hosts that failed alike apart.
+        groups.setdefault(re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", "HOST", why),
+                          []).append(name)
+    missing = sum(len(hosts) for hosts in groups.values())
+    parts = [", ".join(hosts[:6]) + (f" and {len(hosts) - 6} more" if len(hosts) > 6 else "")
+             + f" ({why})" for why, hosts in groups.items()]
     return (f"cannot start the job's agent on {missing} of {len(names)} remote host(s) "
             f"with '{one_line(shown, 200)} HOST ...'; nothing was started: "
-            + "; ".join(parts[:6]) + (f" and {missing - 6} more" if missing > 6 else ""))
+            + "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more reasons"
+                                      if len(parts) > 6 else ""))
 
 
 class RshStarter:

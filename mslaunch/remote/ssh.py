@@ -351,17 +351,38 @@ def _unless_none(value: Any) -> Any:
 
 
 def describe_failures(failures: Dict[str, HostFailure], total: int) -> str:
-    """One line: the failing hosts grouped by stage and reason."""
+    """One line: the failing hosts grouped by stage and reason (unknown host keys
+    in one group, with one command that trusts them all)."""
     groups: Dict[str, List[str]] = {}
+    unknown = [name for name in sorted(failures) if failures[name].unknown_key is not None]
+    if len(unknown) > 1:
+        groups[_unknown_keys(unknown, failures)] = unknown
     for name in sorted(failures):
         err = failures[name]
-        groups.setdefault(f"{err.stage}: {err.reason}", []).append(name)
+        if name not in unknown or len(unknown) == 1:
+            groups.setdefault(f"{err.stage}: {err.reason}", []).append(name)
     parts = []
     for what, hosts in groups.items():
         shown = ", ".join(hosts[:6]) + (f" and {len(hosts) - 6} more" if len(hosts) > 6 else "")
         parts.append(f"{shown} ({what})")
     return (f"cannot start the job's agent on {len(failures)} of {total} remote host(s); "
             f"nothing was started: " + "; ".join(parts))
+
+
+def _unknown_keys(names: List[str], failures: Dict[str, HostFailure]) -> str:
+    """The reason of several hosts whose keys are not in known_hosts, said once."""
+    scans: Dict[str, List[str]] = {}       # "ssh-keyscan [-p P] -t TYPE" -> the hosts' names
+    for name in names:
+        scan = failures[name].unknown_key[0]      # type: ignore[index]
+        command, _, host = scan.rpartition(" ")
+        scans.setdefault(command, []).append(host)
+    commands = " and ".join(f"{command} {' '.join(hosts)} >> ~/.ssh/known_hosts"
+                            for command, hosts in scans.items())
+    prints = ", ".join(f"{name} {failures[name].unknown_key[1]}"  # type: ignore[index]
+                       for name in names[:4])
+    more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+    return (f"host key: not in known_hosts; after checking their fingerprints ({prints}{more}), "
+            f"trust them with: {commands}, or run with --ssh-accept-new")
 
 
 class SSHStarter:

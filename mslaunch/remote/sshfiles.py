@@ -18,7 +18,7 @@ import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Sequence
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import bootstrap
 
@@ -28,10 +28,14 @@ DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa", "id_dsa")
 class HostFailure(Exception):
     """One host could not be set up; ``stage`` says where it failed."""
 
-    def __init__(self, stage: str, reason: str) -> None:
+    def __init__(self, stage: str, reason: str, unknown_key: Optional[Tuple[str, str]] = None
+                 ) -> None:
         super().__init__(f"{stage}: {reason}")
         self.stage = stage
         self.reason = reason
+        #: A host key not in known_hosts: (the ssh-keyscan command, the fingerprint),
+        #: so that hosts refused alike are told once (see ssh.describe_failures).
+        self.unknown_key = unknown_key
 
 
 def short_reason(err: BaseException) -> str:
@@ -146,7 +150,8 @@ class KnownHosts:
                    f"-t {key.get_name()} {lookup.strip('[]').rsplit(']:', 1)[0]}"
             raise HostFailure("host key", f"{shown} is not in known_hosts; after checking its "
                               f"fingerprint ({fingerprint(key)}), trust it with: {scan} >> "
-                              f"~/.ssh/known_hosts, or run with --ssh-accept-new")
+                              f"~/.ssh/known_hosts, or run with --ssh-accept-new",
+                              unknown_key=(scan, fingerprint(key)))
         with self.lock:
             self.keys.add(lookup, key.get_name(), key)
             os.makedirs(os.path.dirname(self.user_file), mode=0o700, exist_ok=True)
@@ -209,4 +214,6 @@ def authenticate(paramiko, transport, s: Dict[str, Any]) -> None:
         if transport.is_authenticated():
             return
     raise HostFailure("authentication", f"{user}@{s['hostname']} accepted none of the keys "
-                      f"({', '.join(tried) or 'no keys found'})")
+                      f"({', '.join(tried) or 'no keys found'}); put your public key on the "
+                      f"host with: ssh-copy-id {user}@{s['hostname']} (a key with a passphrase: "
+                      f"ssh-add it first), or name another with --ssh-identity FILE")
