@@ -416,6 +416,9 @@ class JobResult:
     stall_report: str = ""
     # with --max-restarts: every attempt, the last one included
     attempts: Tuple[Attempt, ...] = ()
+    # the signal that asked mslaunch to stop (SIGINT, SIGTERM, SIGHUP), if one came,
+    # also after a failure had ended the job
+    stop_signal: Optional[int] = None
 
 
 #: Variables that carry the identity of an outer launch (a rank of another

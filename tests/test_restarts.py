@@ -354,3 +354,36 @@ def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed
 
 def _attempt_numbers(out) -> set:
     return {int(n.split(".")[1]) for n in os.listdir(out) if n.startswith("attempt.")}
+
+
+def test_a_signal_while_a_failed_attempt_stops_ends_the_job_without_a_restart(tmp_path):
+    """Rank 1 fails; rank 0 ignores SIGTERM, so the stop takes --grace; a SIGTERM to
+    mslaunch meanwhile is the user's word: no restart, the failure's code."""
+    code = ("import os, signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "rank, attempt = os.environ['RANK'], os.environ['MSLAUNCH_RESTART_COUNT']\n"
+            f"with open(f'{tmp_path}/pid.{{attempt}}.{{rank}}', 'w') as f:\n"
+            "    f.write(str(os.getpid()))\n"
+            "if rank == '1':\n"
+            "    time.sleep(0.5)\n"
+            "    sys.exit(3)\n"
+            "time.sleep(60)\n")
+    tag = new_tag()
+    p = subprocess.Popen(cmd("--max-restarts", "2", "--grace", "10", "-n", "2", PY, "-c", code),
+                         env=clean_env(MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: (tmp_path / "pid.0.1").exists(), 60)
+        pid = int((tmp_path / "pid.0.1").read_text())
+        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 30)
+        time.sleep(1.0)           # the launcher has seen it: the stop is under way
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        assert b"restart" not in err, err
+        assert p.returncode in (3, 143), err
+        assert not (tmp_path / "pid.1.0").exists()
+        assert wait_for(lambda: tagged_pids(tag) == [], 15), tagged_pids(tag)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)

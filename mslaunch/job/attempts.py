@@ -52,8 +52,10 @@ def backoff(quick: int) -> float:
 
 
 def restartable(result: JobResult) -> bool:
-    """Whether a job that ended so is started again (restarts left or not)."""
-    return result.exit_code != 0 and result.ending in RESTARTED_ENDINGS
+    """Whether a job that ended so is started again (restarts left or not): not
+    when mslaunch was asked to stop, also while a failure was stopping the job."""
+    return result.exit_code != 0 and result.ending in RESTARTED_ENDINGS \
+        and result.stop_signal is None
 
 
 def cause_of(result: JobResult) -> str:

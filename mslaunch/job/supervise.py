@@ -493,10 +493,13 @@ class Supervisor(LookingInside):
         results = tuple(r.result() for r in self.ranks)
         if self.failures.root is not None:
             from .report import failed_result
-            return failed_result(self, results)
-        result = ended_result(self.ending, self.stop_signal, self.remote, results)
+            result = failed_result(self, results)
+        else:
+            result = ended_result(self.ending, self.stop_signal, self.remote, results)
         if self.ending == "stall" and self.stall is not None:
             result = replace(result, stall_report=self.stall.report)
+        if self.stop_signal is not None:
+            result = replace(result, stop_signal=self.stop_signal)
         return result
 
 
