@@ -168,6 +168,12 @@ def test_spellings_of_max_restarts(argv, expected):
     assert job.max_job_restarts == expected and not job.keep_going
 
 
+def test_open_mpi_mode_refuses_restarts_in_one_line():
+    r = run("--mpi", "openmpi", "--max-restarts", "1", "-n", "1", "true")
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1, r.stderr
+    assert b"not for --mpi openmpi" in r.stderr
+
+
 def test_a_negative_count_is_one_clear_error():
     r = run("--max-restarts", "-1", "-n", "1", "true")
     assert r.returncode != 0 and r.stderr.count(b"\n") == 1, r.stderr

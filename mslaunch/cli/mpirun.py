@@ -259,6 +259,10 @@ def _build(d: Draft) -> JobSpec:
         # --get-stack-traces without --timeout: the stacks when the job stalls, sooner
         stall = 60.0 if d.stack_traces and timeout is None else STALL_SECONDS
     mpi = _mpi(d)
+    if mpi == "openmpi" and (d.max_job_restarts or d.health_check):
+        raise UsageError("--max-restarts and --health-check are not for --mpi openmpi, where "
+                         "Open MPI's mpirun runs the job; leave out --mpi openmpi (mslaunch "
+                         "serves Open MPI programs PMIx itself)")
     launcher, rsh_agent, rsh_args = rsh_settings(d)
     return JobSpec(
         apps=apps, hosts=tuple(hosts), host_filter=host_filter,
