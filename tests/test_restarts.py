@@ -99,8 +99,15 @@ def test_a_job_that_always_fails_ends_with_its_code_after_exactly_n_restarts(tmp
 
 
 def test_without_the_option_nothing_starts_again_and_no_variable_is_set(tmp_path):
-    code = ("import os, sys; print(sorted(k for k in os.environ if 'RESTART' in k)); "
-            "sys.exit(4 if os.environ['RANK'] == '1' else 0)")
+    # rank 1 fails once rank 0 has printed (and said so in a file)
+    code = ("import os, sys, time\n"
+            "print(sorted(k for k in os.environ if 'RESTART' in k), flush=True)\n"
+            "if os.environ['RANK'] == '0':\n"
+            f"    open('{tmp_path}/printed', 'w').close()\n"
+            "    sys.exit(0)\n"
+            f"while not os.path.exists('{tmp_path}/printed'):\n"
+            "    time.sleep(0.01)\n"
+            "sys.exit(4)\n")
     r = run("-n", "2", PY, "-c", code, timeout=60)
     assert r.returncode == 4 and r.stdout.splitlines() == [b"[]", b"[]"], r
     assert b"restart" not in r.stderr, r.stderr
