@@ -173,12 +173,26 @@ def mpirun_version(path: str, extra: Mapping[str, str]) -> Optional[str]:
 def _ask_version(path: str, extra: Mapping[str, str]) -> Tuple[Optional[str], bool]:
     """What ``path --version`` says (:func:`parse_version`), and whether that is
     final: it ran and ended by itself, not killed, nor failed to start."""
-    import subprocess
+    import signal
     env = dict(os.environ)
     env.update(extra)
+    # In mslaunch's process group: a Ctrl-C before the job starts reaches it too.
+    # Not only that: mslaunch, which would simply end, ends it and what it started
+    # (a shell's child that the signal met between fork and exec never sees it).
     try:
-        # In mslaunch's process group: a Ctrl-C before the job starts (mslaunch
-        # then simply ends) reaches it too.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:          # not the main thread
+        previous = None
+    try:
+        return _asked(path, env)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _asked(path: str, env: Mapping[str, str]) -> Tuple[Optional[str], bool]:
+    import subprocess
+    try:
         proc = subprocess.Popen([path, "--version"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     except (OSError, subprocess.SubprocessError):

@@ -148,6 +148,39 @@ def _is_orted(pid: int) -> bool:
         return False
 
 
+def top_session_of(pid: int) -> Optional[str]:
+    """Where Open MPI process ``pid`` makes its ``ompi.<host>.<uid>``: under the
+    first of ``TMPDIR``, ``TEMP``, ``TMP`` of its environment, else /tmp (None if
+    its environment cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
+    except OSError:
+        return None
+    base = next((env[k] for k in (b"TMPDIR", b"TEMP", b"TMP") if env.get(k)), b"/tmp")
+    return os.path.join(os.fsdecode(base), f"ompi.{os.uname().nodename}.{os.geteuid()}")
+
+
+def remove_empty_since(top: str, since: Optional[float]) -> None:
+    """``rmdir`` the empty directories of this user in ``top`` (an
+    ``ompi.<host>.<uid>``) that changed at ``since`` or later (all if None), the
+    deepest first, then ``top`` itself if it is empty."""
+    me = os.geteuid()
+    for root, dirs, _ in os.walk(top, topdown=False):
+        for name in dirs:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+                if st.st_uid == me and (since is None or st.st_ctime >= since - 0.05):
+                    os.rmdir(path)
+            except OSError:
+                pass
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
+
+
 def remove_session(path: str, deadline: float) -> None:
     """Remove a noted session directory: an orted's ``pid.<m>`` whole once that
     orted is gone (waited for until ``deadline``, a ``time.monotonic()``), then

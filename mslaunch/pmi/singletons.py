@@ -362,6 +362,8 @@ class SingletonFiles:
         self.files: Dict[str, Tuple[int, int]] = {}   # path -> (device, inode)
         self.watched: Set[int] = set()                # stopped groups' leaders still alive
         self.sessions: Set[str] = set()               # Open MPI 4's (see .sessiondirs)
+        self.tops: Set[str] = set()                   # the ranks' ompi.<host>.<uid>
+        self.since: Optional[float] = None            # when the first stopped rank started
 
     def stop(self, groups: Sequence[int], loop: Optional[Loop] = None) -> None:
         """Stop the rank process groups ``groups`` with SIGTERM (as the job's stop
@@ -373,9 +375,14 @@ class SingletonFiles:
         segment only after the stop (its handler, if in Python, waits for
         ``MPI_Init`` to return)."""
         import _signal
+        from .sessiondirs import top_session_of
         _signal_groups(groups, _signal.SIGSTOP)
         _wait_stopped(groups)
         try:
+            self.tops.update(filter(None, map(top_session_of, groups)))
+            starts = [t for t in map(_started_at, groups) if t is not None]
+            if starts:
+                self.since = min(starts + ([self.since] if self.since is not None else []))
             self._note(groups)
         finally:
             # SIGTERM waits while they are stopped, and is their first act after SIGCONT.
@@ -444,6 +451,16 @@ class SingletonFiles:
         for path in sorted(self.sessions):       # jf.* before pid.*: the parent goes last
             remove_session(path, deadline)
         self.sessions.clear()
+        # A rank stopped before its session directory's name could be read (made,
+        # but no segment that names it mapped yet): what is empty in the ranks'
+        # ompi.<host>.<uid> and changed since they started, then that top, as their
+        # own MPI_Finalize would have removed them.  (An Open MPI job of this user
+        # started meanwhile in the same TMPDIR may lose an empty session directory
+        # it has not used yet.)
+        from .sessiondirs import remove_empty_since
+        for path in sorted(self.tops):
+            remove_empty_since(path, self.since)
+        self.tops.clear()
         if not self.files:
             return 0
         used = _in_use()
