@@ -126,11 +126,12 @@ def run_attempts(job, run_one: Callable[..., AttemptOutcome],
             say(f"mslaunch: the job was not started again: {err}")
             return replace(last, attempts=tuple(attempts))
         last = result = outcome.result
+        took = launched[0] - failed_at if launched and failed_at is not None else None
         attempts.append(Attempt(
             number=number, start=start, end=time.time(), exit_code=result.exit_code,
             cause=cause_of(result) if result.exit_code else "", hosts=outcome.hosts,
-            lost=outcome.lost, left_out=left_out, restart_seconds=(launched[0] - failed_at) if launched and
-            failed_at is not None else None, stall_report=result.stall_report))
+            lost=outcome.lost, left_out=left_out, restart_seconds=took,
+            stall_report=result.stall_report))
         if not restartable(result) or number >= limit:
             if restartable(result) and limit:
                 say(f"mslaunch: no restart left ({limit} of {limit} used); the job ends with "
