@@ -152,13 +152,9 @@ def top_session_of(pid: int) -> Optional[str]:
     """Where Open MPI process ``pid`` makes its ``ompi.<host>.<uid>``: under the
     first of ``TMPDIR``, ``TEMP``, ``TMP`` of its environment, else /tmp (None if
     its environment cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
-    except OSError:
-        return None
-    base = next((env[k] for k in (b"TMPDIR", b"TEMP", b"TMP") if env.get(k)), b"/tmp")
-    return os.path.join(os.fsdecode(base), f"ompi.{os.uname().nodename}.{os.geteuid()}")
+    base = _tmpdir_of(pid)
+    return None if base is None else \
+        os.path.join(base, f"ompi.{os.uname().nodename}.{os.geteuid()}")
 
 
 def remove_empty_since(top: str, since: Optional[float]) -> None:
