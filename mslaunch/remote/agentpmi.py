@@ -104,7 +104,7 @@ class AgentPMI:
 
     def _serve_pmix(self, pj: PMIJob, job: Dict[str, Any], specs: List[RankSpec]) -> None:
         from ..pmix import oversubscribed
-        from ..pmix.server import Layout
+        from ..pmix.layout import Layout
         from ..procmap import parse_process_mapping
         nodes = job["pmix_nodes"]
         parent = job.get("pmix_parent")
@@ -128,7 +128,7 @@ class AgentPMI:
             self.fences[(pj.kvsname, signature, sequence)] = done
             self.up({"op": "pmix_fence", "kvs": pj.kvsname, "sig": signature,
                      "seq": sequence, "blob": encode_blob(blob)})
-        self._host(pj.kvsname).serve(pj, layout, relay, min_size=1 if parent else 2)
+        self._host(pj.kvsname).serve(pj, layout, relay)
 
     def pmix_said(self, key: int) -> Dict[str, object]:
         """What a singleton report says of PMIx here: served to the rank's job, or why not."""
@@ -193,7 +193,7 @@ class AgentPMI:
     def _guest(self, message: Dict[str, Any]) -> None:
         """A job with no process here, made known to this host's server (see
         :meth:`mslaunch.pmix.host.PMIxHost.guest`)."""
-        from ..pmix.server import Layout
+        from ..pmix.layout import Layout
         from .jobframe import is_kvsname, read_guest
         kvs = message.get("kvs")
         if not isinstance(kvs, str) or not is_kvsname(kvs):

@@ -64,8 +64,8 @@ def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], he
             "common_env": common, "ranks": ranks, "trace": job.verbose >= 2,
             "port_range": list(job.port_range) if job.port_range else None,
             # for the agent's PMIx server (mslaunch.pmix): the hosts by node id
-            "pmix_nodes": [h.name for h in plan.hosts] if pmi and len(plan.ranks) > 1
-            and not turned_off(os.environ) else None,
+            "pmix_nodes": [h.name for h in plan.hosts] if pmi and not turned_off(os.environ)
+            else None,
             "pmix_universe": plan.universe_size}
 
 

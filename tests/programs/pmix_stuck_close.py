@@ -18,7 +18,8 @@ import time
 from mslaunch.machine.loop import Loop
 from mslaunch.pmix import lib as L
 from mslaunch.pmi.singletons import BACKING_VARIABLES, UCX_DIR_VARIABLE
-from mslaunch.pmix.server import Layout, PMIxServer
+from mslaunch.pmix.layout import Layout
+from mslaunch.pmix.server import PMIxServer
 
 entered, release = threading.Event(), threading.Event()
 

@@ -1,0 +1,187 @@
+"""The variables a PMIx server gives its ranks, kept so that a job can be given them
+before the server is started (see :mod:`.door`).
+
+``PMIx_server_setup_fork`` answers with the same variables for every rank of
+every job of one library in one setting; only the job's namespace, the
+rank, the server's directory, its process id and its port differ.  Once a
+server has run, its answer is kept in the per-user cache as a template with
+those five as fields, under a key of what chose and set up the library
+(the libraries that would be tried, ``LD_LIBRARY_PATH``, the ``PMIX_*``
+settings, the linker's cache); the library that was loaded is recorded with
+its size and time, so that an upgraded library is noticed.  A template is
+kept only if filling it in gives back exactly what the library said.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+#: The first line of a template file.
+MAGIC = "mslaunch pmix env 1"
+
+
+def _uri(value: str) -> Optional[Tuple[str, str, str]]:
+    """A server URI's (text up to the port, host, port), as in
+    ``pmix-server.12;tcp4://127.0.0.1:4242``; None for anything else."""
+    head, sep, port = value.rpartition(":")
+    scheme = head.find(";tcp4://")
+    if not sep or scheme < 0 or not port.isdigit():
+        return None
+    host = head[scheme + len(";tcp4://"):]
+    if not host or not all(part.isdigit() for part in host.split(".")) or host.count(".") != 3:
+        return None
+    return head + ":", host, port
+
+
+def key(candidates: Sequence[str], environ: Mapping[str, str]) -> str:
+    """What the template depends on, as a file name's stem."""
+    parts = list(candidates) + ["LD_LIBRARY_PATH=" + environ.get("LD_LIBRARY_PATH", "")]
+    parts += sorted(f"{k}={v}" for k, v in environ.items() if k.startswith("PMIX_"))
+    try:
+        parts.append(str(os.stat("/etc/ld.so.cache").st_mtime_ns))
+    except OSError:
+        pass
+    digest = 0x811C9DC5
+    for byte in "\0".join(parts).encode("utf-8", "surrogateescape"):
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return f"pmix-env-{os.uname().nodename[:64]}-{digest:08x}.txt"
+
+
+def make(env: Mapping[str, str], directory: str, pid: int, nspace: str,
+         rank: int) -> Optional[Dict[str, str]]:
+    """``env`` (one rank's variables) as a template, or None if one of the five
+    cannot be told apart from the rest."""
+    import re
+    port = ""
+    for name, value in env.items():
+        if "\n" in name or "\n" in value or "=" in name:
+            return None
+        uri = _uri(value)
+        if uri:
+            if port and uri[2] != port:
+                return None             # two listeners: not one door's
+            port = uri[2]
+    if not port:
+        return None
+    out: Dict[str, str] = {}
+    for name, value in env.items():
+        if name == "PMIX_NAMESPACE" and value == nspace:
+            out[name] = "{nspace}"
+            continue
+        if name == "PMIX_RANK" and value == str(rank):
+            out[name] = "{rank}"
+            continue
+        value = value.replace("{", "{{").replace("}", "}}").replace(directory, "{dir}")
+        uri = _uri(value)
+        if uri:
+            # the server's own name before the ';' (pmix-server.PID), not its address
+            server, _, rest = uri[0].partition(";")
+            value = re.sub(rf"(?<![0-9]){pid}(?![0-9])", "{pid}", server) + ";" + rest + "{port}"
+        else:
+            value = re.sub(rf"(?<![0-9.]){pid}(?![0-9.])", "{pid}", value)
+        if nspace in value:
+            return None
+        out[name] = value
+    if fill(out, directory, port=int(port), pid=pid, nspace=nspace, rank=rank) != dict(env):
+        return None
+    return out
+
+
+def fill(template: Mapping[str, str], directory: str, *, port: int, pid: int, nspace: str,
+         rank: int) -> Dict[str, str]:
+    return {name: value.format(dir=directory, port=port, pid=pid, nspace=nspace, rank=rank)
+            for name, value in template.items()}
+
+
+def for_door(template: Mapping[str, str]) -> Dict[str, str]:
+    """What ranks given the door's address are told: the library's shared-memory
+    store (``ds12``, ``ds21``) is made by the server as it starts, and a client
+    that looks for it before, as every rank knocking at the door would, fails;
+    the ``hash`` store has the server send the job's data on connection."""
+    out = {k: v for k, v in template.items() if not k.startswith("PMIX_DSTORE_")}
+    if "PMIX_GDS_MODULE" in out:
+        out["PMIX_GDS_MODULE"] = "hash"
+    return out
+
+
+def door_host(template: Mapping[str, str]) -> Optional[str]:
+    """The address the server listened on (where its door must listen)."""
+    for value in template.values():
+        uri = _uri(value.replace("{port}", "0"))
+        if uri:
+            return uri[1]
+    return None
+
+
+def server_port(env: Mapping[str, str]) -> Optional[int]:
+    """The port in a rank's variables' server URIs."""
+    for value in env.values():
+        uri = _uri(value)
+        if uri:
+            return int(uri[2])
+    return None
+
+
+def _identity(path: str) -> Optional[List[int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def loaded_path(name: str) -> Optional[str]:
+    """Where the library ``name`` (a soname or a path) this process loaded is."""
+    base = os.path.basename(name)
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if path.startswith("/") and os.path.basename(path).startswith(base):
+                    return path
+    except OSError:
+        pass
+    return name if name.startswith("/") else None
+
+
+def save(path: str, template: Mapping[str, str], library: str,
+         save_whole: Callable[[str, bytes], None]) -> None:
+    """Keep ``template`` of the library loaded from ``library`` in the file ``path``."""
+    real = loaded_path(library)
+    ident = _identity(real) if real else None
+    if real is None or ident is None or "\n" in real:
+        return
+    lines = [MAGIC, real, f"{ident[0]} {ident[1]}"]
+    lines += [f"{k}={v}" for k, v in sorted(template.items())]
+    save_whole(path, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+
+
+def load(path: str) -> Optional[Tuple[Dict[str, str], str]]:
+    """The template kept in ``path`` and its library's path, if that library has not
+    changed since."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.read(1 << 20).decode("utf-8", "surrogateescape").split("\n")
+    except OSError:
+        return None
+    if len(lines) < 4 or lines[0] != MAGIC or lines[-1] != "":
+        return None
+    library, ident = lines[1], lines[2].split()
+    env: Dict[str, str] = {}
+    for line in lines[3:-1]:
+        name, sep, value = line.partition("=")
+        if not sep or not name:
+            return None
+        env[name] = value
+    if (len(ident) != 2 or not all(x.isdigit() for x in ident)
+            or _identity(library) != [int(x) for x in ident] or door_host(env) is None):
+        return None
+    try:
+        fill(env, "", port=0, pid=0, nspace="", rank=0)
+    except (KeyError, IndexError, ValueError):
+        return None         # not a template of ours
+    return env, library
