@@ -29,6 +29,7 @@ process exit and EOF on both pipes.
 from __future__ import annotations
 
 import argparse
+import resource
 import base64
 import dataclasses
 import fcntl
@@ -234,6 +235,9 @@ def add_launcher_args(parser: argparse.ArgumentParser, runs: int) -> None:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds before one run is killed and counted as failed")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--ab", metavar="COMMIT", default=None,
+                        help="also run mslaunch as of COMMIT (a git revision of this "
+                             "repository), interleaved: an A/B of a change, in CPU and wall")
 
 
 def launchers_from_args(args: argparse.Namespace) -> List[Launcher]:
@@ -258,7 +262,45 @@ def launchers_from_args(args: argparse.Namespace) -> List[Launcher]:
             log(f"bench: launcher {key} not found; skipped")
         else:
             out.append(found)
+    if getattr(args, "ab", None):
+        out = with_ab(out, args.ab)
     return out
+
+
+#: The key of mslaunch as of ``--ab COMMIT``.
+AB = "mslaunch-ab"
+
+
+def with_ab(launchers: List[Launcher], commit: str) -> List[Launcher]:
+    """``launchers`` with mslaunch as of ``commit`` after this tree's mslaunch, both
+    run through ``bench/_tree.py`` from compiled sources."""
+    import atexit
+    import io
+    import tarfile
+    import tempfile
+    ours = next((l for l in launchers if l.key == "mslaunch"), None)
+    if ours is None:
+        raise SystemExit("--ab: needs the mslaunch launcher")
+    if not MEASURE_TREE:
+        raise SystemExit("--ab: compares source trees; not with --mslaunch or --mslaunch-console")
+    try:
+        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", commit, "mslaunch"],
+                                 capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise SystemExit(f"--ab: cannot read {commit!r} from git: {err}")
+    other = Path(tempfile.mkdtemp(prefix="mslaunch-ab-"))
+    atexit.register(shutil.rmtree, other, True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(other)
+    for tree in (other, REPO_ROOT):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "mslaunch")],
+                       stdout=subprocess.DEVNULL, check=True)
+    wrapper = str(BENCH_DIR / "_tree.py")
+    mine = dataclasses.replace(ours, prefix=(sys.executable, wrapper, str(REPO_ROOT)))
+    theirs = dataclasses.replace(ours, key=AB, label=f"mslaunch@{commit[:12]}",
+                                 prefix=(sys.executable, wrapper, str(other)))
+    at = launchers.index(ours)
+    return launchers[:at] + [mine, theirs] + launchers[at + 1:]
 
 
 #: Whether mslaunch runs from the working tree (``python -m mslaunch`` with the
@@ -291,6 +333,7 @@ class RunResult:
     stdout: bytes           # kept only when asked for (keep_stdout)
     stderr: bytes           # the last STDERR_TAIL bytes
     timed_out: bool = False
+    cpu: float = 0.0        # user + system seconds of the command and the children it reaped
 
     def failure(self) -> Optional[str]:
         """A one-line reason when the run failed, else None."""
@@ -321,6 +364,7 @@ def run_once(argv: Sequence[str], env: Dict[str, str], *, keep_stdout: bool = Fa
     tail = b""
     count = 0
     timed_out = False
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     try:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -360,11 +404,13 @@ def run_once(argv: Sequence[str], env: Dict[str, str], *, keep_stdout: bool = Fa
         _kill_group(proc.pid)
         code = proc.wait()
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     os.close(out_r)
     os.close(err_r)
     if timed_out:
         _kill_group(proc.pid)      # stragglers of the launcher's own session
-    return RunResult(seconds, code, count, b"".join(kept), tail, timed_out)
+    return RunResult(seconds, code, count, b"".join(kept), tail, timed_out, cpu)
 
 
 def _kill_group(pgid: int) -> None:
@@ -389,6 +435,7 @@ class Outcome:
     seconds: Optional[float] = None
     error: Optional[str] = None
     info: Dict[str, object] = field(default_factory=dict)
+    cpu: Optional[float] = None     # CPU seconds of the run, where measured
 
 
 @dataclass
@@ -398,6 +445,7 @@ class Samples:
     seconds: List[float] = field(default_factory=list)
     infos: List[Dict[str, object]] = field(default_factory=list)
     error: Optional[str] = None
+    cpus: List[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -408,6 +456,9 @@ class Samples:
 
     def minimum(self) -> Optional[float]:
         return min(self.seconds) if self.ok else None
+
+    def cpu_median(self) -> Optional[float]:
+        return statistics.median(self.cpus) if self.ok and self.cpus else None
 
 
 Results = Dict[Tuple[str, str], Samples]
@@ -443,6 +494,8 @@ def run_rounds(cases: Sequence[str], contenders: Sequence[str], runs: int, warmu
                 elif measured and outcome.seconds is not None:
                     samples.seconds.append(outcome.seconds)
                     samples.infos.append(outcome.info)
+                    if outcome.cpu is not None:
+                        samples.cpus.append(outcome.cpu)
                 if not quiet:
                     log(".", end="")
         if not quiet:
@@ -497,6 +550,23 @@ def time_table(cases: Sequence[Tuple[str, str]], contenders: Sequence[Launcher],
         row = [label] + [ms_cell(results[(case, c.key)]) for c in contenders]
         for _, num, den in ratios:
             row.append(ratio(results[(case, num)].median(), results[(case, den)].median()))
+        rows.append(row)
+    return markdown_table(headers, rows)
+
+
+def cpu_table(cases: Sequence[Tuple[str, str]], contenders: Sequence[Launcher], results: Results,
+              ratios: Sequence[Tuple[str, str, str]]) -> str:
+    """As :func:`time_table`, over the CPU seconds of each run (median ms): the
+    launcher's and its children's, which a busy machine disturbs far less than
+    wall time."""
+    keys = {c.key for c in contenders}
+    ratios = [r for r in ratios if r[1] in keys and r[2] in keys]
+    headers = ["command"] + [f"{c.label} CPU ms" for c in contenders] + [r[0] for r in ratios]
+    rows = []
+    for case, label in cases:
+        row = [label] + [ms(results[(case, c.key)].cpu_median()) for c in contenders]
+        for _, num, den in ratios:
+            row.append(ratio(results[(case, num)].cpu_median(), results[(case, den)].cpu_median()))
         rows.append(row)
     return markdown_table(headers, rows)
 

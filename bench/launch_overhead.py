@@ -7,10 +7,13 @@ mslaunch (its default ``--mpi pmi`` mode unless ``--mslaunch-args`` says
 otherwise), Hydra ``mpiexec``, Open MPI 5 ``mpirun`` (``--oversubscribe``,
 plus ``--allow-run-as-root`` as root) and the ``bench/floor.py`` Popen floor.
 
-Prints one markdown table: median (min) ms per launcher and the ratios
-mslaunch/floor, mslaunch/Hydra and mslaunch/Open MPI of the medians.
+Prints two markdown tables, wall time (median (min) ms) and CPU time (the
+launcher's and its children's, median ms: what a busy machine disturbs far
+less), each with the ratios mslaunch/floor, mslaunch/Hydra and mslaunch/Open
+MPI of the medians.  ``--ab COMMIT`` adds mslaunch as of that commit,
+interleaved, and the ratio of this tree to it.
 
-    python bench/launch_overhead.py [--runs 15] [--warmups 2]
+    python bench/launch_overhead.py [--runs 15] [--warmups 2] [--ab COMMIT]
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ CASES: List[Tuple[str, int, List[str]]] = [
     ("-n 4 python -c pass", 4, [sys.executable, "-c", "pass"]),
 ]
 RATIOS = [("mslaunch / floor", "mslaunch", "floor"),
+          ("mslaunch@ / floor", C.AB, "floor"),
+          ("mslaunch / mslaunch@", "mslaunch", C.AB),
           ("mslaunch / Hydra", "mslaunch", "hydra"),
           ("mslaunch / Open MPI", "mslaunch", "openmpi")]
 
@@ -48,13 +53,15 @@ def main(argv: Sequence[str]) -> int:
         n, prog = cases[case]
         launcher = by_key[key]
         res = C.run_once(launcher.argv(n, prog), launcher.environ(base), timeout=args.timeout)
-        return C.Outcome(res.seconds, res.failure())
+        return C.Outcome(res.seconds, res.failure(), cpu=res.cpu)
 
     results = C.run_rounds(list(cases), list(by_key), args.runs, warmups, execute,
                            quiet=args.quiet)
     print("### Launch overhead (wall ms, median (min))\n")
     print(C.environment_note(launchers, args.runs, warmups) + "\n")
     print(C.time_table([(c, f"`{c}`") for c in cases], launchers, results, RATIOS))
+    print("\n### Launch overhead (CPU ms of the launcher and its children, median)\n")
+    print(C.cpu_table([(c, f"`{c}`") for c in cases], launchers, results, RATIOS))
     reps = max(3, args.runs)
     alone = C.direct_median([sys.executable, "-c", "pass"], base, reps)
     bare = C.direct_median([sys.executable, "-S", "-c", "pass"], base, reps)

