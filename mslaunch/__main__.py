@@ -9,6 +9,8 @@ def main() -> int:
     # (nothing has started yet) rather than raising KeyboardInterrupt in the
     # middle of an import, with a traceback.
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    from .machine.loop import hold_collector
+    hold_collector()
     from .cli import main as run
     code = run()
     # Tearing the interpreter down (every module, every object) costs more

@@ -41,7 +41,7 @@ def rank_specs(draw, size: int) -> List[RankSpec]:
             cpus=draw(st.none() | st.lists(st.integers(0, 1 << 20), min_size=1,
                                             max_size=4).map(tuple)),
             stdin=draw(st.sampled_from(["null", "pipe", "inherit"])),
-            inherit=draw(st.sampled_from(["remote", "launcher"])),
+            inherit=draw(st.sampled_from(["remote", "launcher", "none"])),
             path_prefix=draw(st.none() | text), program=draw(st.none() | nonempty),
             search=tuple(draw(st.lists(text, max_size=3))), session_dir=draw(st.booleans()),
             job=draw(st.integers(1, 9)),
@@ -105,7 +105,7 @@ def test_the_entries_carry_the_record_s_own_field_names():
 @pytest.mark.parametrize("field, value", [
     ("node_id", -1), ("node_id", 1.5), ("index", "five"), ("index", True), ("rank", 9),
     ("argv", ["a\0b"]), ("cwd", ""), ("env", {"A=B": "1"}), ("cpus", ["0"]),
-    ("inherit", "none"), ("job", 0),
+    ("inherit", "nobody"), ("job", 0),
 ])
 def test_a_bad_rank_entry_is_a_link_error(field, value):
     spec = RankSpec(rank=0, app=0, host=Host("a", 1, None, False, 0), local_rank=0,

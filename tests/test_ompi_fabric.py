@@ -17,7 +17,7 @@ import re
 import pytest
 from conftest import require
 from helpers import clean_env, kill_tagged, new_tag, program, run
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mslaunch.pmi import mcaparams
@@ -211,3 +211,26 @@ def test_ranks_on_remote_hosts_get_their_hosts_skips(sshbed, ompi, tmp_path):
         kill_tagged(tag)
     lines = _lines(r)
     assert len(lines) == 2 and all(f"pml={_expected_pml()}" in x for x in lines), lines
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.text(st.sampled_from(list("ab_=- \t#\"'x0")), max_size=20),
+    st.builds(lambda n, v: f"{n} = {v}", st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
+              st.text(st.sampled_from(list("ab ^,=")), max_size=8)),
+    st.builds(lambda n, v: f"--mca {n} {v}", st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
+              st.from_regex(r"[a-z^,]{1,8}", fullmatch=True))), max_size=8))
+def test_a_parameter_files_plain_lines_are_read_as_the_full_parser_reads_them(lines):
+    # mcaparams reads 'name = value' itself, without importing mcafile
+    from mslaunch.errors import UsageError
+    from mslaunch.mcafile import parse_param_file
+    want: dict = {}
+    for line in lines:
+        try:
+            settings = parse_param_file(line, "f")
+        except UsageError:
+            continue
+        for s in settings:
+            if s.kind == "mca" and s.value is not None:
+                want.setdefault(s.name, s.value)
+    assert mcaparams._parse("\n".join(lines), "f") == want

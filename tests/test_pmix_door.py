@@ -212,7 +212,7 @@ def test_a_template_fills_back_to_what_the_library_said(extra, pid, port, rank, 
 def test_a_damaged_template_file_is_no_template(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("t") / "pmix-env"
     path.write_bytes(data)
-    assert T.load(str(path)) is None
+    assert T.load(str(path), "k") is None
 
 
 def test_a_template_of_another_library_build_is_not_used(tmp_path):
@@ -225,10 +225,17 @@ def test_a_template_of_another_library_build_is_not_used(tmp_path):
             f.write(data)
     template = {"PMIX_SERVER_URI4": "pmix-server.{pid};tcp4://127.0.0.1:{port}",
                 "PMIX_RANK": "{rank}"}
-    T.save(str(saved), template, str(lib), save_whole)
-    assert T.load(str(saved)) == (template, str(lib))
+    T.save(str(saved), "k1", template, str(lib), save_whole)
+    other = dict(template, PMIX_VERSION="9")
+    T.save(str(saved), "k2", other, str(lib), save_whole)
+    assert T.load(str(saved), "k1") == (template, str(lib))
+    assert T.load(str(saved), "k2") == (other, str(lib))
+    assert T.load(str(saved), "k3") is None
+    for n in range(T.KEPT):          # the oldest go first
+        T.save(str(saved), f"n{n}", template, str(lib), save_whole)
+    assert T.load(str(saved), "k1") is None and T.load(str(saved), "n0") is not None
     lib.write_bytes(b"a newer build")
-    assert T.load(str(saved)) is None
+    assert T.load(str(saved), "n0") is None
 
 
 def test_the_door_carries_bytes_both_ways_and_closes_with_either_side():

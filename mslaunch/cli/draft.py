@@ -95,6 +95,7 @@ class Draft:
         self.health_check: Optional[str] = None     # --health-check CMD
         self.inherit_env = True
         self.forward_env = False
+        self.hydra_words: List[str] = []     # Hydra-only spellings used (see mpirun.py)
         self.launcher = "auto"
         self.launcher_word: Optional[str] = None    # as given (-launcher rsh means rsh)
         self.rsh_exec = ""                          # -launcher-exec, -bootstrap-exec

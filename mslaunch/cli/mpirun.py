@@ -199,6 +199,29 @@ def _values(option: Option, token: str, inline: Optional[str], args: List[str],
     return values, i + 1 + option.nargs
 
 
+#: Spellings only Hydra's mpiexec has: a command line with one is Hydra's, whose
+#: remote ranks get the launcher's whole environment unless it says otherwise
+#: (``-genvall`` is Hydra's default; ``-genvnone``, ``-genvlist``, ``-envlist``
+#: and ``-envnone`` choose otherwise).
+HYDRA_WORDS = frozenset((
+    "hosts", "f", "ppn", "perhost", "genv", "env", "genvlist", "envlist", "genvnone",
+    "envnone", "genvall", "envall", "prepend-rank", "l", "launcher", "bootstrap",
+    "bootstrap-exec", "launcher-exec", "bootstrap-exec-args", "usize", "pmi-port", "rmk",
+    "disable-auto-cleanup"))
+_HYDRA_NOT_ALL = frozenset(("genvlist", "envlist", "genvnone", "envnone"))
+
+
+def _forward_env(d: Draft) -> bool:
+    """Whether remote ranks get the launcher's whole environment (see HYDRA_WORDS)."""
+    if d.forward_env:
+        return True
+    if d.hydra_words and not _HYDRA_NOT_ALL.intersection(d.hydra_words):
+        d.notes.append(f"-{d.hydra_words[0]} is Hydra's spelling: remote ranks get this "
+                       f"environment, as under Hydra's mpiexec (-genvall is its default)")
+        return True
+    return False
+
+
 def _apply(d: Draft, option: Option, flag: str, values: List[str]) -> Optional[List[str]]:
     """What ``option`` does to the draft; words to read next, if it names a file of them."""
     if option.kind == "refused":
@@ -206,6 +229,9 @@ def _apply(d: Draft, option: Option, flag: str, values: List[str]) -> Optional[L
     if option.kind == "accepted":
         d.notes.append(f"{flag} has no effect here: {option.note}")
         return None
+    word = flag.lstrip("-")
+    if word in HYDRA_WORDS:
+        d.hydra_words.append(word)
     return option.apply(d, flag, values) if option.apply is not None else None
 
 
@@ -278,7 +304,7 @@ def _build(d: Draft) -> JobSpec:
         session_cwd=d.session_cwd, usize=d.usize, novm=d.novm, port_range=d.port_range,
         **placement,  # type: ignore[arg-type]
         output=output, global_env=tuple(d.genv), inherit_env=d.inherit_env,
-        forward_env=d.forward_env, mca=tuple(d.mca), keep_going=keep_going, stdin=stdin,
+        forward_env=_forward_env(d), mca=tuple(d.mca), keep_going=keep_going, stdin=stdin,
         timeout=timeout, grace=float(d.grace), quiet=d.quiet, verbose=d.verbose, mpi=mpi,
         pmi_port=d.pmi_port, prefix=d.prefix, launch_dir=d.cwd,
         ssh=SSHSpec(config=d.ssh_config, user=d.ssh_user, port=d.ssh_port,

@@ -56,6 +56,8 @@ class Fleet:
         self.start_error: Optional[tuple] = None
         self.plain_link = False               # the agents' links are plain TCP (srun)
         self._stdin: Dict[int, RemoteStdin] = {}
+        #: What hosts said while getting ready, by text (None: say it at once).
+        self._said: Optional[Dict[str, List[str]]] = None
 
     # -- bringing the hosts up ---------------------------------------------------
     def connect(self, names: List[str], starter: Starter, replan) -> None:
@@ -133,8 +135,12 @@ class Fleet:
                                  "token": token,
                                  "cert": listener.cert_pem and listener.cert_pem.decode()}
             host.prepare(frame)
-        sup.loop.run_until(lambda: self.start_error is not None or sup.ending is not None
-                           or all(h.state == "ready" for h in self.hosts.values()))
+        self._said = {}
+        try:
+            sup.loop.run_until(lambda: self.start_error is not None or sup.ending is not None
+                               or all(h.state == "ready" for h in self.hosts.values()))
+        finally:
+            self._say_grouped()
         if self.start_error is not None:
             message, code = self.start_error
             raise LaunchError(message, code)
@@ -195,8 +201,18 @@ class Fleet:
                                 code if isinstance(code, int) and 0 < code < 256 else 1)
 
     def host_message(self, host: RemoteHost, text: str) -> None:
-        if not self.sup.job.quiet:
+        if self.sup.job.quiet:
+            return
+        if self._said is not None:          # hosts that say the same are named once
+            self._said.setdefault(text, []).append(host.name)
+        else:
             self.sup.console.message(f"mslaunch: {host.name}: {text}")
+
+    def _say_grouped(self) -> None:
+        from ..hosts.ranges import host_ranges
+        said, self._said = self._said or {}, None
+        for text, names in said.items():
+            self.sup.console.message(f"mslaunch: {host_ranges(names)}: {text}")
 
     def host_lost(self, host: RemoteHost, reason: str) -> None:
         if not self.sup.launched:

@@ -32,6 +32,33 @@ _READ = select.EPOLLIN
 _WRITE = select.EPOLLOUT
 # A hang-up or an error wakes both directions, so the callback sees EOF/EPIPE.
 _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
+
+#: Whether the garbage collector is held off until the first wait (hold_collector).
+_COLLECTOR_HELD = False
+
+
+def hold_collector() -> None:
+    """Hold Python's garbage collector off until a loop first waits.
+
+    The ``mslaunch`` command calls this first: a launch makes its objects (modules,
+    the plan, the ranks' environments) in one go, and a collection among them --
+    a walk over every object, a millisecond or more -- only delays the ranks.
+    Once a loop waits (the ranks, or the remote hosts, are on their way), the
+    objects made so far are frozen out of later collections (``gc.freeze``) and
+    the collector runs again, as a process that runs for days needs."""
+    global _COLLECTOR_HELD
+    import gc
+    if gc.isenabled():
+        gc.disable()
+        _COLLECTOR_HELD = True
+
+
+def _release_collector() -> None:
+    global _COLLECTOR_HELD
+    import gc
+    _COLLECTOR_HELD = False
+    gc.freeze()
+    gc.enable()
 _WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 
 
@@ -233,6 +260,8 @@ class Loop:
     # -- running ----------------------------------------------------------
     def run_once(self, max_wait: Optional[float] = None) -> None:
         """Wait for one batch of events (or the next timer) and dispatch it."""
+        if _COLLECTOR_HELD:
+            _release_collector()
         timeout = max_wait
         while self._timers and self._timers[0][2].cancelled:
             heapq.heappop(self._timers)

@@ -75,10 +75,18 @@ def _parse(text: str, path: str) -> Dict[str, str]:
              if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
         return {}             # most installations' files: comments only
-    from ..errors import UsageError
-    from ..mcafile import parse_param_file
     found: Dict[str, str] = {}
     for line in lines:
+        # the plain 'name = value' of most files, read as mcafile reads it,
+        # without importing it (every job reads these files)
+        name, eq, value = line.strip().partition("=")
+        name = name.strip()
+        if eq and name and not name.startswith("-") and not any(
+                c.isspace() or c == "\0" for c in name):
+            found.setdefault(name, value.strip())
+            continue
+        from ..errors import UsageError
+        from ..mcafile import parse_param_file
         try:
             settings = parse_param_file(line, path)
         except UsageError:

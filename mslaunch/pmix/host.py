@@ -78,6 +78,7 @@ class PMIxHost:
         self.door_env: Dict[str, str] = {}      # the template as given with the door's
         self.pending: Dict[str, Pending] = {}
         self._cache: Optional[str] = None       # the template's file
+        self._key: Optional[str] = None         # ... and its key there
 
     def _start(self) -> Optional[PMIxServer]:
         if self.server is not None or self.problem is not None:
@@ -132,12 +133,12 @@ class PMIxHost:
         if self.door is None:
             from ..machine.topology import cache_path
             from . import turned_off
-            from .template import door_host, for_door, key, load
-            from .where import candidates
-            if turned_off(os.environ):
+            from .template import door_host, file_name, for_door, key, load
+            self._key = key(os.environ)
+            if turned_off(os.environ) or self._key is None:
                 return False
-            self._cache = cache_path(key(candidates(os.environ), os.environ))
-            found = load(self._cache)
+            self._cache = cache_path(file_name())
+            found = load(self._cache, self._key)
             if found is None or any(k.startswith("PMIX_DSTORE_") for k in found[0]):
                 return False        # unknown, or a store the door cannot offer
             from .door import Door
@@ -154,14 +155,14 @@ class PMIxHost:
         """Keep the library's variables as the template for later jobs."""
         from ..machine.topology import save_whole
         from .template import make, save
-        assert self._cache is not None
+        assert self._cache is not None and self._key is not None
         try:
             env = server.lib.setup_fork(nspace, rank)
         except OSError:
             return
         template = make(env, self.directory, os.getpid(), nspace, rank)
         if template is not None and template != self.template:
-            save(self._cache, template, server.lib.path, save_whole)
+            save(self._cache, self._key, template, server.lib.path, save_whole)
         self._cache = None
 
     def _wake(self) -> Optional[Tuple[str, int]]:

@@ -6,9 +6,10 @@ every job of one library in one setting; only the job's namespace, the
 rank, the server's directory, its process id and its port differ.  Once a
 server has run, its answer is kept in the per-user cache as a template with
 those five as fields, under a key of what chose and set up the library
-(the libraries that would be tried, ``LD_LIBRARY_PATH``, the ``PMIX_*``
-settings, the linker's cache); the library that was loaded is recorded with
-its size and time, so that an upgraded library is noticed.  A template is
+(the variables the choice reads, the Python's prefixes, the ``PMIX_*``
+settings, the linker's cache), a few keys to a file of the host; the library
+that was loaded is recorded with its size and time, so that an upgraded
+library is noticed.  A template is
 kept only if filling it in gives back exactly what the library said.
 """
 
@@ -18,10 +19,10 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 #: The first line of a template file.
-MAGIC = "mslaunch pmix env 1"
+MAGIC = "mslaunch pmix env 2"
 
 
 def _uri(value: str) -> Optional[Tuple[str, str, str]]:
@@ -37,18 +38,26 @@ def _uri(value: str) -> Optional[Tuple[str, str, str]]:
     return head + ":", host, port
 
 
-def key(candidates: Sequence[str], environ: Mapping[str, str]) -> str:
-    """What the template depends on, as a file name's stem."""
-    parts = list(candidates) + ["LD_LIBRARY_PATH=" + environ.get("LD_LIBRARY_PATH", "")]
+def key(environ: Mapping[str, str]) -> Optional[str]:
+    """What the template depends on, as one line (None if a part holds a line end):
+    what chooses the library (:func:`.where.candidates` reads the variables and
+    the Python's prefixes), the ``PMIX_*`` settings, the dynamic linker's cache."""
+    import sys
+    parts = [sys.prefix, sys.base_prefix] + [
+        f"{name}={environ.get(name, '')}" for name in (
+            "MSLAUNCH_PMIX_LIBRARY", "OPAL_PREFIX", "LD_LIBRARY_PATH", "PATH")]
     parts += sorted(f"{k}={v}" for k, v in environ.items() if k.startswith("PMIX_"))
     try:
         parts.append(str(os.stat("/etc/ld.so.cache").st_mtime_ns))
     except OSError:
         pass
-    digest = 0x811C9DC5
-    for byte in "\0".join(parts).encode("utf-8", "surrogateescape"):
-        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return f"pmix-env-{os.uname().nodename[:64]}-{digest:08x}.txt"
+    line = "\x1f".join(parts)
+    return None if "\n" in line else line
+
+
+def file_name() -> str:
+    """The templates' file in the per-user cache (each host of a shared home its own)."""
+    return f"pmix-env-{os.uname().nodename[:64]}.txt"
 
 
 def make(env: Mapping[str, str], directory: str, pid: int, nspace: str,
@@ -148,31 +157,53 @@ def loaded_path(name: str) -> Optional[str]:
     return name if name.startswith("/") else None
 
 
-def save(path: str, template: Mapping[str, str], library: str,
+#: Templates kept in one file (of different settings), the newest first.
+KEPT = 4
+
+
+def _entries(path: str) -> List[List[str]]:
+    """The file's entries, each its lines: key, library, identity, variables."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 20).decode("utf-8", "surrogateescape")
+    except OSError:
+        return []
+    lines = text.split("\n")
+    if not lines or lines[0] != MAGIC or lines[-1] != "":
+        return []
+    entries: List[List[str]] = []
+    for line in lines[1:-1]:
+        if line.startswith("key "):
+            entries.append([line[4:]])
+        elif entries:
+            entries[-1].append(line)
+    return entries
+
+
+def save(path: str, key: str, template: Mapping[str, str], library: str,
          save_whole: Callable[[str, bytes], None]) -> None:
-    """Keep ``template`` of the library loaded from ``library`` in the file ``path``."""
+    """Keep ``template`` of the library loaded from ``library``, for ``key``, in the
+    file ``path`` (with the others it holds)."""
     real = loaded_path(library)
     ident = _identity(real) if real else None
     if real is None or ident is None or "\n" in real:
         return
-    lines = [MAGIC, real, f"{ident[0]} {ident[1]}"]
-    lines += [f"{k}={v}" for k, v in sorted(template.items())]
+    entry = [key, real, f"{ident[0]} {ident[1]}"] + [f"{k}={v}" for k, v in
+                                                      sorted(template.items())]
+    entries = [entry] + [e for e in _entries(path) if e[0] != key][:KEPT - 1]
+    lines = [MAGIC] + [line for e in entries for line in ["key " + e[0]] + e[1:]]
     save_whole(path, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
 
 
-def load(path: str) -> Optional[Tuple[Dict[str, str], str]]:
-    """The template kept in ``path`` and its library's path, if that library has not
-    changed since."""
-    try:
-        with open(path, "rb") as f:
-            lines = f.read(1 << 20).decode("utf-8", "surrogateescape").split("\n")
-    except OSError:
+def load(path: str, key: str) -> Optional[Tuple[Dict[str, str], str]]:
+    """The template kept in ``path`` for ``key`` and its library's path, if that
+    library has not changed since."""
+    entry = next((e for e in _entries(path) if e[0] == key), None)
+    if entry is None or len(entry) < 4:
         return None
-    if len(lines) < 4 or lines[0] != MAGIC or lines[-1] != "":
-        return None
-    library, ident = lines[1], lines[2].split()
+    library, ident = entry[1], entry[2].split()
     env: Dict[str, str] = {}
-    for line in lines[3:-1]:
+    for line in entry[3:]:
         name, sep, value = line.partition("=")
         if not sep or not name:
             return None

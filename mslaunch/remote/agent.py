@@ -217,6 +217,9 @@ class Agent:
         self.pmi.trace = bool(job.get("trace"))
         self.pmi.port_range = job["port_range"]
         warnings = self._fix_cwd()
+        from .samepython import same_programs
+        self.specs, notes, more = same_programs(self.specs, job["here"])
+        warnings += more
         try:
             self._preload(job["files"])
             check_startable(self.specs)
@@ -225,6 +228,7 @@ class Agent:
             return
         direct = self._dial_back(job["data"])
         self.endpoint.send(link.encode(link.READY, {"warnings": warnings, "direct": direct,
+                                                    "notes": notes,
                                                     "clock": [got, time.time()]}))
 
     def _dial_back(self, data: Optional[Dict[str, Any]]) -> bool:

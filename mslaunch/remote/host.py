@@ -234,10 +234,15 @@ class RemoteHost:
         if kind == link.READY:
             if self.state != "prepared":
                 raise link.LinkError("READY before JOB, or twice")
-            warnings = message.get("warnings") or []
-            if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
-                raise link.LinkError("READY: warnings are not a list of strings")
-            for text in warnings:
+            said = []
+            for field in ("warnings", "notes"):
+                texts = message.get(field) or []
+                if not isinstance(texts, list) or not all(isinstance(w, str) for w in texts):
+                    raise link.LinkError(f"READY: {field} are not a list of strings")
+                said.append(texts[:20])
+            for text in said[0]:
+                sup.host_message(self, text[:500])
+            for text in said[1] if self.verbose else ():
                 sup.host_message(self, text[:500])
             self.clock_offset = clock_offset(self._job_sent, message.get("clock"), time.time())
             self.state = "ready"

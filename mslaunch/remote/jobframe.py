@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 from ..pmix import turned_off
 from ..spec import Host, RankSpec, replace
 from .link import LinkError
+from .samepython import found_here, read_here
 
 #: Bytes of output an agent may send before the launcher grants more.
 CREDIT = 8 << 20
@@ -66,7 +67,9 @@ def job_frame(job: JobSpec, plan: Plan, host: str, specs: Sequence[RankSpec], he
             # for the agent's PMIx server (mslaunch.pmix): the hosts by node id
             "pmix_nodes": [h.name for h in plan.hosts] if pmi and not turned_off(os.environ)
             else None,
-            "pmix_universe": plan.universe_size}
+            "pmix_universe": plan.universe_size,
+            # where this host's programs named without a '/' are here (remote.samepython)
+            "here": found_here(specs, os.environ)}
 
 
 #: The :class:`~mslaunch.spec.RankSpec` fields a frame carries under their own
@@ -220,7 +223,7 @@ def _rank(r: Any, size: int, name: str, slots: int) -> RankSpec:
                                          (cpus if isinstance(cpus, list) else [None])),
         search=tuple(_texts(r.get("search") or [], "search")),
         session_dir=bool(r.get("session_dir")),
-        inherit=_choice(r.get("inherit", "remote"), "inherit", ("remote", "launcher")),
+        inherit=_choice(r.get("inherit", "remote"), "inherit", ("remote", "launcher", "none")),
         path_prefix=_maybe_text(r.get("path_prefix"), "path_prefix"),
         program=_maybe_text(r.get("program") or None, "program"))
 
@@ -415,4 +418,5 @@ def read_job(body: Dict[str, Any], here: str) -> Dict[str, Any]:
                        if body.get("pmix_nodes") is not None else None),
         "pmix_universe": _int(body.get("pmix_universe", size), "pmix_universe", 0, _MAX_RANK),
         "ranks": checked,
+        "here": read_here(body.get("here")),
     }

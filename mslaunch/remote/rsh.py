@@ -189,8 +189,8 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
         groups.setdefault(re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", "HOST", why),
                           []).append(name)
     missing = sum(len(hosts) for hosts in groups.values())
-    parts = [", ".join(hosts[:6]) + (f" and {len(hosts) - 6} more" if len(hosts) > 6 else "")
-             + f" ({why})" for why, hosts in groups.items()]
+    from ..hosts.ranges import host_ranges
+    parts = [f"{host_ranges(hosts)} ({why})" for why, hosts in groups.items()]
     return (f"cannot start the job's agent on {missing} of {len(names)} remote host(s) "
             f"with '{one_line(shown, 200)} HOST ...'; nothing was started: "
             + "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more reasons"

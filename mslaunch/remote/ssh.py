@@ -361,10 +361,8 @@ def describe_failures(failures: Dict[str, HostFailure], total: int) -> str:
         err = failures[name]
         if name not in unknown or len(unknown) == 1:
             groups.setdefault(f"{err.stage}: {err.reason}", []).append(name)
-    parts = []
-    for what, hosts in groups.items():
-        shown = ", ".join(hosts[:6]) + (f" and {len(hosts) - 6} more" if len(hosts) > 6 else "")
-        parts.append(f"{shown} ({what})")
+    from ..hosts.ranges import host_ranges
+    parts = [f"{host_ranges(hosts)} ({what})" for what, hosts in groups.items()]
     return (f"cannot start the job's agent on {len(failures)} of {total} remote host(s); "
             f"nothing was started: " + "; ".join(parts))
 
