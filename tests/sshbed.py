@@ -156,6 +156,7 @@ class SSHHost:
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
     key_override: Optional[str] = field(default=None, repr=False)
     auth_override: Optional[str] = field(default=None, repr=False)
+    slow_login: float = field(default=0.0, repr=False)     # seconds before a command runs
     hidden: List[str] = field(default_factory=list, repr=False)
     link_is_down: bool = field(default=False, repr=False)
 
@@ -425,6 +426,8 @@ class SSHBed(netbed.Bed):
             "MaxSessions 256",
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
+            *([f"ForceCommand sleep {h.slow_login:g}; eval \"$SSH_ORIGINAL_COMMAND\""]
+              if h.slow_login else []),
             *self._extra_conf,
         ]) + "\n"
         _write(h.conf, text)
@@ -763,6 +766,15 @@ class SSHBed(netbed.Bed):
         h.auth_override = os.path.join(self.dir, "no_authorized_keys")
         self.restart_sshd(h)
 
+    def slow_logins(self, host: HostRef, seconds: float) -> None:
+        """Restart the host's sshd so that every command starts ``seconds`` late (a
+        ForceCommand that sleeps first): a slow host, as one with a slow login
+        shell or file system."""
+        h = self.host(host)
+        self.dirty = True
+        h.slow_login = seconds
+        self.restart_sshd(h)
+
     def restore(self) -> None:
         """Undo every fault: links up, paths unhidden, original keys and logins, sshd running."""
         if not self._started:
@@ -773,8 +785,9 @@ class SSHBed(netbed.Bed):
             while h.hidden:
                 self.unhide_path(h, h.hidden[-1])
             alive = h.proc is not None and h.proc.poll() is None
-            if h.key_override or h.auth_override or not alive:
+            if h.key_override or h.auth_override or h.slow_login or not alive:
                 h.key_override = h.auth_override = None
+                h.slow_login = 0.0
                 self.restart_sshd(h)
         self.dirty = False
 

@@ -164,3 +164,30 @@ def test_open_mpis_spelling_keeps_the_login_environment(sshbed, tmp_path):
 def test_host_lists_are_said_in_ranges(names, said):
     assert host_ranges(names) == said
 
+
+
+@pytest.fixture
+def slow_h2(sshbed):
+    sshbed.slow_logins("h2", 3.5)
+    try:
+        yield sshbed
+    finally:
+        sshbed.restore()
+
+
+def test_a_slow_host_is_named_while_it_starts(slow_h2, tmp_path):
+    home = slow_h2.make_home(tmp_path / "home")
+    tag = new_tag()
+    try:
+        r = subprocess.run(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", "true"),
+                           capture_output=True, timeout=120, env=renv(home, MSL_TEST_TAG=tag))
+        settle(tag, slow_h2)
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.decode().splitlines()
+    # after 2 s, once, what the slow host is doing; never the host that was up
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("mslaunch: h2: starting the agent (its bootstrap and package) ("), \
+        lines
+    assert lines[0].endswith("s since the hosts were asked; 1 of 2 up)"), lines

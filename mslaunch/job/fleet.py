@@ -72,8 +72,13 @@ class Fleet:
         timeline.mark("starting the agents")
         if starter.begun:
             _warm_up(job.mpi == "pmi")
-        conns = dict(starter.start(names, cancelled=self.cancelled,
-                                   say=sup.console.message if job.verbose else None))
+        if not job.quiet:
+            timeline.watch(names, sup.console.message, starter.first_phase)
+        try:
+            conns = dict(starter.start(names, cancelled=self.cancelled,
+                                       say=sup.console.message if job.verbose else None))
+        finally:
+            timeline.unwatch()
         self.plain_link = starter.plain_link
         self.conns = conns
         if job.verbose:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..spec import SSHSpec
 
 from ..errors import LaunchError, UsageError, one_line
-from . import bootstrap
+from . import bootstrap, timeline
 from .dialin import DialedConnection, StartingProcess, dial_program, greet
 
 #: Open MPI's default ``plm_rsh_agent``: the first found on PATH is used.
@@ -162,6 +162,7 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
             if late or settled is not None and (not pending or now > settled):
                 raise LaunchError(_failure(names, done, procs, shown, timeout, late))
             loop.run_once(0.1)
+            timeline.tick()
 
     return greet(dial_addresses(names), tokens, start, wait, port_range)
 
@@ -202,6 +203,7 @@ class RshStarter:
 
     plain_link = True         # the agents dial back in plain TCP
     begun = False             # the agents start in start()
+    first_phase = "waiting for the rsh agent's command to start the agent"
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str], environ: Mapping[str, str],
                  agent: str = "", setting: str = "plm_rsh_agent",

@@ -351,6 +351,7 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
                               f"within {AGENT_TIMEOUT:g} s (srun said: "
                               f"{step.last_line() or 'nothing'})")
         loop.run_once(0.1)
+        timeline.tick()
 
 
 class SrunStarter:
@@ -358,6 +359,7 @@ class SrunStarter:
     Slurm allocation ``environ`` is in."""
 
     plain_link = True         # the agents dial back in plain TCP
+    first_phase = "waiting for srun to start the agent"
 
     def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None,
                  port_range: Optional[Tuple[int, int]] = None,

@@ -311,6 +311,7 @@ def connect_all(names: Sequence[str], options: Options,
     for w in workers:
         while w.is_alive():
             w.join(0.05)
+            timeline.tick()
             if cancelled is not None and cancelled():
                 with lock:
                     todo.clear()
@@ -388,6 +389,7 @@ class SSHStarter:
 
     plain_link = False        # the links travel in SSH channels
     begun = False             # the agents start in start()
+    first_phase = "SSH: connecting"
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str]) -> None:
         self.options = Options(config=spec.config, user=spec.user, port=spec.port,

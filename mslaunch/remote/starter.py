@@ -65,6 +65,10 @@ if TYPE_CHECKING:
         def plain_link(self) -> bool: ...
 
         @property
+        def first_phase(self) -> str:
+            """What a host is doing until it marks anything (see :mod:`.timeline`)."""
+
+        @property
         def begun(self) -> bool:
             """:meth:`prepare` already started the agents (srun's step): until
             :meth:`start` has them, the launcher has nothing to wait for but them."""
@@ -94,6 +98,7 @@ class _NoStarter:
 
     plain_link = True
     begun = False
+    first_phase = ""
 
     def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
         pass

@@ -19,10 +19,71 @@ if TYPE_CHECKING:
 _marks: List[Tuple[float, str, str]] = []
 _printer: List[Callable[[str], None]] = []
 
+#: Seconds without every host up before the hosts still starting are named.
+PROGRESS_AFTER = 2.0
+#: The events after which a host is up, and what a host is doing after each
+#: other event (before any: the starter's first phase, given to :func:`watch`).
+UP = ("agent said hello", "dialled back")
+DOING = {"TCP connected": "SSH: key exchange and login",
+         "paramiko imported": "SSH: key exchange and login",
+         "SSH logged in": "starting the agent (its bootstrap and package)",
+         "srun started": "srun starting the agent"}
+
+
+class _Watch:
+    """The hosts being watched (see :func:`watch`)."""
+
+    def __init__(self, names: List[str], say: Callable[[str], None], first: str) -> None:
+        self.names, self.say, self.first = names, say, first
+        self.since = time.monotonic()
+        self.first_mark = len(_marks)         # earlier ones are an earlier attempt's
+        self.shown: Dict[str, str] = {}     # the phase each host was last named in
+
+
+_watch: List[_Watch] = []
+
 
 def mark(event: str, host: str = "") -> None:
     """``event`` happened now (to ``host``, or to the job when "")."""
     _marks.append((time.monotonic(), event, host))
+
+
+def watch(names: List[str], say: Callable[[str], None], first: str) -> None:
+    """Name the hosts of ``names`` still starting, once :data:`PROGRESS_AFTER`
+    seconds have passed, at each :func:`tick`: one line per phase with the hosts
+    in it, when a host enters a phase (never the same line twice); ``first`` is
+    what a host does before it marks anything."""
+    _watch[:] = [_Watch(list(names), say, first)]
+
+
+def tick() -> None:
+    """Said by the starters while they wait: see :func:`watch`."""
+    if not _watch:
+        return
+    w = _watch[0]
+    now = time.monotonic()
+    if now - w.since < PROGRESS_AFTER:
+        return
+    doing: Dict[str, str] = {}
+    for _, event, host in _marks[w.first_mark:]:
+        if host:
+            doing[host] = "up" if event in UP else DOING.get(event, doing.get(host, ""))
+    up = sum(1 for n in w.names if doing.get(n) == "up")
+    fresh: Dict[str, List[str]] = {}
+    for name in w.names:
+        phase = doing.get(name) or w.first
+        if phase != "up" and w.shown.get(name) != phase:
+            w.shown[name] = phase
+            fresh.setdefault(phase, []).append(name)
+    if fresh:
+        from ..hosts.ranges import host_ranges
+        for phase, hosts in fresh.items():
+            w.say(f"mslaunch: {host_ranges(hosts)}: {phase} ({now - w.since:.1f} s since the "
+                  f"hosts were asked; {up} of {len(w.names)} up)")
+
+
+def unwatch() -> None:
+    _watch.clear()
 
 
 def print_when_ranks_start(printer: Callable[[str], None]) -> None:
