@@ -487,3 +487,21 @@ def test_mpi_operator_v2_launcher_reaches_the_workers_sshd_with_openssh(
                                                                           "1.job.default.svc"]
     assert all(c.startswith("-o ConnectionAttempts=10 ") for c in calls), calls
     assert wait_for(lambda: no_agents(sshbed), 15)
+
+
+@pytest.mark.parametrize("agent", ["openssh", "paramiko"])
+def test_eight_hosts_failing_alike_are_one_line_naming_all_eight(sshbeds, tmp_path, agent):
+    """Ten runs each: every run names all eight hosts, in one range, in one line."""
+    bed = sshbeds.get(8)
+    home = bed.make_home(tmp_path / "home", known=[])
+    way: list = []
+    if agent == "openssh":
+        os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
+        way = ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {cfg_of(home)}"]
+    hosts = ",".join(f"h{i}" for i in range(1, 9))
+    for _ in range(10):
+        r = run_rsh(home, *way, "-H", hosts, "-n", "8", "true")
+        err = r.stderr.decode()
+        assert r.returncode == 1 and len(err.splitlines()) == 1, err
+        assert "on 8 of 8 remote host(s)" in err and ": h1-h8 (" in err, err
+    assert wait_for(lambda: no_agents(bed), 15)
