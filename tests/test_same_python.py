@@ -168,7 +168,7 @@ def test_host_lists_are_said_in_ranges(names, said):
 
 @pytest.fixture
 def slow_h2(sshbed):
-    sshbed.slow_logins("h2", 3.5)
+    sshbed.slow_logins("h2", 5)
     try:
         yield sshbed
     finally:
@@ -191,3 +191,36 @@ def test_a_slow_host_is_named_while_it_starts(slow_h2, tmp_path):
     assert lines[0].startswith("mslaunch: h2: starting the agent (its bootstrap and package) ("), \
         lines
     assert lines[0].endswith("s since the hosts were asked; 1 of 2 up)"), lines
+
+
+def test_the_companion_commands_answer_while_the_hosts_start(slow_h2, tmp_path):
+    from helpers import REPO, wait_for
+    home = slow_h2.make_home(tmp_path / "home")
+    tag = new_tag()
+    p = subprocess.Popen(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", "true"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=renv(home, MSL_TEST_TAG=tag))
+    try:
+        said = {}
+        for tool in ("mslaunch-stacks", "mslaunch-top"):
+            def asked() -> bool:
+                r = subprocess.run([PY, os.path.join(REPO, "scripts", tool), str(p.pid)],
+                                   capture_output=True, timeout=30, env=renv(home))
+                said[tool] = r
+                # h1 is up at once, h2 takes 5 s more
+                return b"remote hosts are starting: 1 of 2" in r.stderr
+            assert wait_for(asked, 4), said[tool].stderr
+            err = said[tool].stderr.decode()
+            assert r_one_line(err) and "h2: starting the agent (its bootstrap and package)" \
+                in err and "1 of 2 hosts up" in err, err
+        out, err = p.communicate(timeout=60)
+        settle(tag, slow_h2)
+    finally:
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+    assert p.returncode == 0, err
+
+
+def r_one_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1

@@ -49,8 +49,10 @@ def until(pid: int, ok, timeout: float = 90, *more: str) -> dict:
             if ok(data) or time.monotonic() > deadline:
                 return data
         else:
-            # the job's socket appears as it starts
-            assert b"no running mslaunch job" in r.stderr, r.stderr
+            # the job's socket appears as it starts; then, with remote hosts, the
+            # job says how their start stands
+            assert b"no running mslaunch job" in r.stderr or \
+                b"its remote hosts are starting: " in r.stderr, r.stderr
             assert time.monotonic() < deadline, r.stderr
         time.sleep(0.5)
 

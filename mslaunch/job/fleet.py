@@ -72,12 +72,19 @@ class Fleet:
         timeline.mark("starting the agents")
         if starter.begun:
             _warm_up(job.mpi == "pmi")
-        if not job.quiet:
-            timeline.watch(names, sup.console.message, starter.first_phase)
+        timeline.watch(names, sup.console.message if not job.quiet else (lambda text: None),
+                       starter.first_phase)
+        answers = None
+        if sup.control is not None:
+            from .inspect import job_info
+            from .startup import StartupAnswers
+            answers = StartupAnswers(sup.control[0], timeline.status, lambda: job_info(sup))
         try:
             conns = dict(starter.start(names, cancelled=self.cancelled,
                                        say=sup.console.message if job.verbose else None))
         finally:
+            if answers is not None:
+                answers.close()
             timeline.unwatch()
         self.plain_link = starter.plain_link
         self.conns = conns

@@ -173,6 +173,36 @@ def timeline(sup: JobView) -> List[Tuple[float, str]]:
     return sorted(events)
 
 
+def admitted(conn: Any) -> bool:
+    """Whether the peer of a control connection may ask: the job's own user, and
+    root (who may trace any process anyway); a root job lets in root alone.  A
+    refused peer is told why in one line (never waited for), and closed."""
+    import _socket
+    try:
+        creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        uid = int.from_bytes(creds[4:8], "little")
+    except OSError:
+        uid = -1
+    if uid in (os.getuid(), 0):
+        return True
+    try:
+        conn.setblocking(False)
+        conn.send(b'{"error": "it is another user\'s job"}\n')
+    except OSError:
+        pass
+    conn.close()
+    return False
+
+
+def job_info(sup: JobView) -> Dict[str, Any]:
+    """The answer to ``info``."""
+    return {"kvsname": public_id(sup.plan.kvsname), "pid": os.getpid(), "size": len(sup.plan.ranks),
+            "hosts": list(dict.fromkeys(r.spec.host.name for r in sup.ranks)),
+            "argv": list(sup.plan.ranks[0].argv) if sup.plan.ranks else [],
+            "uptime": round(time.monotonic() - getattr(sup, "started", time.monotonic()), 1),
+            "ending": sup.ending}
+
+
 class Inspector:
     """Serves the job's control socket; see the module docstring."""
 
@@ -195,23 +225,9 @@ class Inspector:
             except OSError:
                 return
             conn = _socket.socket(fileno=fd)
-            try:
-                creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
-                uid = int.from_bytes(creds[4:8], "little")
-            except OSError:
-                uid = -1
-            # The job's own user, and root (who may trace any process anyway);
-            # a root job lets in root alone.
-            if uid not in (os.getuid(), 0):
-                try:        # one line, so that the refused knows why (never waited for)
-                    conn.setblocking(False)
-                    conn.send(b'{"error": "it is another user\'s job"}\n')
-                except OSError:
-                    pass
-                conn.close()
-                continue
-            conn.setblocking(False)
-            _Client(self, conn)
+            if admitted(conn):
+                conn.setblocking(False)
+                _Client(self, conn)
 
     def handle(self, request: Any, reply: Callable[[Dict[str, Any]], None]) -> None:
         op = request.get("op") if isinstance(request, dict) else None
@@ -235,12 +251,7 @@ class Inspector:
             reply({"error": "unknown request (info, stacks, top)"})
 
     def info(self) -> Dict[str, Any]:
-        sup = self.sup
-        return {"kvsname": public_id(sup.plan.kvsname), "pid": os.getpid(), "size": len(sup.plan.ranks),
-                "hosts": list(dict.fromkeys(r.spec.host.name for r in sup.ranks)),
-                "argv": list(sup.plan.ranks[0].argv) if sup.plan.ranks else [],
-                "uptime": round(time.monotonic() - getattr(sup, "started", time.monotonic()), 1),
-                "ending": sup.ending}
+        return job_info(self.sup)
 
     def top(self, reply: Callable[[Dict[str, Any]], None]) -> None:
         from ..machine.stacks import usage

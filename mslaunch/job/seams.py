@@ -8,7 +8,7 @@ instead of importing it.
 
 from __future__ import annotations
 
-from typing import Any, Container, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Container, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ..machine.guard import Watchdog
 from ..machine.loop import Loop
@@ -103,6 +103,7 @@ class JobView(Protocol):
     watchdog: Optional[Watchdog]
     mpi_jobs: Any
     failures: Any           # .failures.Failures: the cause, and what followed
+    control: Optional[Tuple[Any, str]]    # the control socket and its path, if any
     # what the attempts of a job run with --max-restarts share (None: one attempt)
     carry: Optional[Dict[str, Any]]
 

@@ -64,10 +64,7 @@ def tick() -> None:
     now = time.monotonic()
     if now - w.since < PROGRESS_AFTER:
         return
-    doing: Dict[str, str] = {}
-    for _, event, host in _marks[w.first_mark:]:
-        if host:
-            doing[host] = "up" if event in UP else DOING.get(event, doing.get(host, ""))
+    doing = _doing(w)
     up = sum(1 for n in w.names if doing.get(n) == "up")
     fresh: Dict[str, List[str]] = {}
     for name in w.names:
@@ -80,6 +77,32 @@ def tick() -> None:
         for phase, hosts in fresh.items():
             w.say(f"mslaunch: {host_ranges(hosts)}: {phase} ({now - w.since:.1f} s since the "
                   f"hosts were asked; {up} of {len(w.names)} up)")
+
+
+def status() -> str:
+    """The watched hosts now, in one line: how many are up, what the others do."""
+    if not _watch:
+        return "starting"
+    w = _watch[0]
+    doing = _doing(w)
+    up = [n for n in w.names if doing.get(n) == "up"]
+    phases: Dict[str, List[str]] = {}
+    for name in w.names:
+        if doing.get(name) != "up":
+            phases.setdefault(doing.get(name) or w.first, []).append(name)
+    from ..hosts.ranges import host_ranges
+    parts = [f"{len(up)} of {len(w.names)} hosts up"]
+    parts += [f"{host_ranges(hosts)}: {phase}" for phase, hosts in phases.items()]
+    return "; ".join(parts) + f" ({time.monotonic() - w.since:.1f} s since the hosts were asked)"
+
+
+def _doing(w: _Watch) -> Dict[str, str]:
+    """What each host of ``w`` does now ("up" once it is)."""
+    doing: Dict[str, str] = {}
+    for _, event, host in _marks[w.first_mark:]:
+        if host:
+            doing[host] = "up" if event in UP else DOING.get(event, doing.get(host, ""))
+    return doing
 
 
 def unwatch() -> None:
