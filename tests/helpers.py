@@ -133,3 +133,17 @@ def socket_inodes(pid: int) -> Set[str]:
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
     return inodes
+
+
+def hosts_saying(stderr: str, text: str) -> List[str]:
+    """The hosts of the lines ``mslaunch: HOSTS: TEXT`` (hosts that said the same
+    are named together, runs of numbers as ``h1-h3``), sorted."""
+    import re
+    found: List[str] = []
+    for line in stderr.splitlines():
+        if line.startswith("mslaunch: ") and line.endswith(": " + text):
+            for part in line[len("mslaunch: "):-len(text) - 2].split(", "):
+                m = re.fullmatch(r"(\D+)(\d+)-\1(\d+)", part)
+                found += ([f"{m.group(1)}{i}" for i in range(int(m.group(2)), int(m.group(3)) + 1)]
+                          if m else [part])
+    return sorted(found)

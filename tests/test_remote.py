@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from helpers import PY, REPO, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import (PY, REPO, clean_env, cmd, hosts_saying, kill_tagged, new_tag, tagged_pids,
+                     wait_for)
 
 pytestmark = pytest.mark.remote
 
@@ -534,9 +535,7 @@ def test_large_remote_output_reaches_the_terminal_whole(sshbed, home, transport,
                    env=renv(home, **transport))
     assert r.returncode == 0, r.stderr
     # hosts that say the same while starting are named together ("h1, h2: ...")
-    said = [line.split(": ")[1] for line in r.stderr.decode().splitlines()
-            if line.endswith(f": output on a connection of its own ({way})")]
-    named = sorted(h for hosts in said for h in hosts.split(", "))
+    named = hosts_saying(r.stderr.decode(), f"output on a connection of its own ({way})")
     assert named == (["h1", "h2"] if way else []), r.stderr[-2000:]
     if not way:
         assert b"on a connection of its own" not in r.stderr, r.stderr[-2000:]
