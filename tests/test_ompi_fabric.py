@@ -234,3 +234,16 @@ def test_a_parameter_files_plain_lines_are_read_as_the_full_parser_reads_them(li
             if s.kind == "mca" and s.value is not None:
                 want.setdefault(s.name, s.value)
     assert mcaparams._parse("\n".join(lines), "f") == want
+
+
+def test_the_skips_worked_out_once_per_process_are_keyed_by_all_they_read():
+    from mslaunch import pmix
+    assert {"OMPI_MCA_" + f for f, _, _ in fabric.SKIPS} | {"OMPI_MCA_mtl"} \
+        <= set(pmix._SKIPS_READ)
+    base = {"HOME": "/nonexistent", "OMPI_MCA_mpi_show_mca_params_file": "/x/1"}
+    first = pmix.rank_extras("ns", "/d", base)
+    # another rank's own file: the same answer; a user's pml: not taken from the first
+    assert pmix.rank_extras("ns", "/d", dict(base, OMPI_MCA_mpi_show_mca_params_file="/x/2")) \
+        == first
+    chosen = pmix.rank_extras("ns", "/d", dict(base, OMPI_MCA_pml="ob1"))
+    assert "OMPI_MCA_pml" not in chosen or chosen["OMPI_MCA_pml"] != first.get("OMPI_MCA_pml")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Dict, Iterable, Mapping, Sequence, Tuple
 
     from ..spec import RankSpec
 
@@ -110,8 +110,10 @@ def rank_extras(nspace: str, tmpdir: str, own: Mapping[str, str]) -> Dict[str, s
         # the launcher lets a value of the rank's own win (see machine.local).
         "MPIR_CVAR_PMI_VERSION": "1"}
     # the same for every rank of the same settings: worked out once per process
-    key = (own.get("MSLAUNCH_OMPI_SKIP"), own.get("HOME"), own.get("OPAL_PREFIX"),
-           tuple(sorted((k, v) for k, v in own.items() if k.startswith("OMPI_MCA_"))))
+    # (what skips reads: the names set, the values of the few it looks at)
+    names = tuple(sorted(k for k in own if k.startswith("OMPI_MCA_")))
+    key = (own.get("MSLAUNCH_OMPI_SKIP"), own.get("HOME"), own.get("OPAL_PREFIX"), names,
+           tuple(own.get(k) for k in _SKIPS_READ))
     found = _SKIPS.get(key)
     if found is None:
         from ..pmi.mcaparams import from_files, names_set
@@ -123,5 +125,8 @@ def rank_extras(nspace: str, tmpdir: str, own: Mapping[str, str]) -> Dict[str, s
 
 
 #: :func:`.fabric.skips` by what it reads of a rank's environment.
-_SKIPS: Dict[Tuple[Optional[str], Optional[str], Optional[str], Tuple[Tuple[str, str], ...]],
-             Dict[str, str]] = {}
+_SKIPS: Dict[Tuple[Any, ...], Dict[str, str]] = {}
+#: The variables whose values :func:`.fabric.skips` reads (the files'
+#: parameters through :mod:`mslaunch.pmi.mcaparams`, the frameworks it sets).
+_SKIPS_READ = ("OMPI_MCA_mtl", "OMPI_MCA_pml", "OMPI_MCA_btl",
+               "OMPI_MCA_mca_base_envar_file_prefix", "OMPI_MCA_mca_base_param_files")
