@@ -238,10 +238,11 @@ def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, w
 
 
 @pytest.mark.remote
-def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path):
+@pytest.mark.parametrize("which", ["mpich", "4"])
+def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path, which):
     from test_remote import settle
     sshbed.require_netns("a network partition")
-    p, out, tag = _remote_job(sshbed, tmp_path, "mpich", "hold")
+    p, out, tag = _remote_job(sshbed, tmp_path, which, "hold")
     try:
         assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)), 90)
         t0 = time.monotonic()
