@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, clean_env, cmd, wait_for
+from helpers import PY, clean_env, cmd, error_lines, wait_for
 from linkhelpers import JSON_KINDS, header_is_invalid
 from mslaunch.remote import link
 
@@ -163,7 +163,7 @@ def _check_launcher_error(code: Optional[int], err: str, pattern: str, host: str
                           statuses=(1, 255)) -> None:
     assert code is not None, f"mslaunch did not end: {err}"
     assert "Traceback" not in err, err
-    lines = err.splitlines()
+    lines = error_lines(err)
     assert len(lines) == 1, err
     assert code in statuses, (code, err)
     assert lines[0].startswith("mslaunch: error: ") and host in lines[0], err

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, REPO, clean_env, cmd, run, wait_for
+from helpers import PY, REPO, clean_env, cmd, error_lines, run, wait_for
 from test_remote import no_agents
 
 # -- never a traceback: every kind of SSH failure is one line -------------------------
@@ -85,7 +85,7 @@ def _bad_hosts_config(listeners: Dict[str, Listener]) -> str:
 
 def _one_error_line(stderr: bytes) -> str:
     text = stderr.decode()
-    lines = text.splitlines()
+    lines = error_lines(text)
     assert len(lines) == 1, text
     assert lines[0].startswith("mslaunch: error: ") and "Traceback" not in text, text
     return lines[0]

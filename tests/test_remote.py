@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from helpers import (PY, REPO, clean_env, cmd, hosts_saying, kill_tagged, new_tag, tagged_pids,
-                     wait_for)
+from helpers import (PY, REPO, clean_env, cmd, error_lines, hosts_saying, kill_tagged, new_tag,
+                     tagged_pids, wait_for)
 
 pytestmark = pytest.mark.remote
 
@@ -410,7 +410,7 @@ def test_every_failing_host_is_reported_with_its_stage_and_nothing_runs(sshbed, 
                    env=renv(home, MSL_TEST_TAG=tag))
     err = r.stderr.decode()
     assert r.returncode == 1, err
-    lines = err.splitlines()
+    lines = error_lines(err)
     assert len(lines) == 1 and lines[0].startswith("mslaunch: error: "), err
     assert "h2 (host key: " in err and "ssh-keyscan" in err and "--ssh-accept-new" in err
     assert "h3 (authentication: " in err
@@ -423,7 +423,7 @@ def test_unknown_host_keys_are_told_once_with_one_command_that_trusts_them(sshbe
     home = sshbed.make_home(tmp_path / "home", known=["h1"])
     r = run_remote(home, "-H", "h1,h2,h3,h4", "-n", "4", "true")
     err = r.stderr.decode()
-    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    assert r.returncode == 1 and len(error_lines(err)) == 1, err
     assert "cannot start the job's agent on 3 of 4 remote host(s)" in err, err
     addrs = " ".join(sshbed.host(h).addr for h in ("h2", "h3", "h4"))
     assert err.count("known_hosts") == 2 and err.count("SHA256:") == 3, err

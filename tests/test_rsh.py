@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from helpers import PY, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import PY, cmd, error_lines, kill_tagged, new_tag, tagged_pids, wait_for
 from test_remote import FAST_BEAT, agents, no_agents, renv, settle
 
 pytestmark = pytest.mark.remote
@@ -288,7 +288,7 @@ def test_a_bad_command_gives_one_line_and_starts_nothing(sshbed, home, tmp_path,
                 env=renv(home, MSL_TEST_TAG=tag))
     err = r.stderr.decode()
     assert r.returncode == 1, err
-    lines = err.splitlines()
+    lines = error_lines(err)
     assert len(lines) == 1 and lines[0].startswith("mslaunch: error: "), err
     assert said in err
     if not agent.startswith("/no/"):
@@ -306,7 +306,7 @@ def test_hosts_that_fail_alike_are_counted_and_told_once(sshbed, tmp_path):
         r = run_rsh(home, "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
                     f"-F {cfg_of(home)}", "-H", "h1,h2,h3,h4", "-n", "4", "true")
         err = r.stderr.decode()
-        assert r.returncode == 1 and len(err.splitlines()) == 1, err
+        assert r.returncode == 1 and len(error_lines(err)) == 1, err
         assert "on 4 of 4 remote host(s)" in err, err
         assert err.count("Host key verification failed") == 1, err
         assert "h1-h4 (ended with status 255 before the agent dialled back: " in err, \
@@ -322,7 +322,7 @@ def test_an_unreachable_host_is_named_by_the_ssh_client(sshbed, tmp_path):
     r = run_rsh(home, "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
                 f"-F {cfg_of(home)}", "-H", "h1,h9", "-n", "2", "true")
     err = r.stderr.decode()
-    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    assert r.returncode == 1 and len(error_lines(err)) == 1, err
     assert "h9 (ended with status 255" in err and unreachable in err
     assert wait_for(lambda: no_agents(sshbed), 15)
 
@@ -502,6 +502,6 @@ def test_eight_hosts_failing_alike_are_one_line_naming_all_eight(sshbeds, tmp_pa
     for _ in range(10):
         r = run_rsh(home, *way, "-H", hosts, "-n", "8", "true")
         err = r.stderr.decode()
-        assert r.returncode == 1 and len(err.splitlines()) == 1, err
+        assert r.returncode == 1 and len(error_lines(err)) == 1, err
         assert "on 8 of 8 remote host(s)" in err and ": h1-h8 (" in err, err
     assert wait_for(lambda: no_agents(bed), 15)

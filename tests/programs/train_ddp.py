@@ -52,4 +52,8 @@ while step < 8:
 if rank == 0:
     weights = [round(float(v), 5) for v in model.module.weight.flatten()]
     print("weights", weights, round(float(model.module.bias), 5), flush=True)
+# every rank done before any tears its connections down: gloo aborts a process
+# (SIGABRT, "terminate called without an active exception") whose peer closed
+# while it was still tearing down (seen once on a busy machine)
+dist.barrier()
 dist.destroy_process_group()
