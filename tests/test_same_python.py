@@ -189,8 +189,8 @@ def test_a_slow_host_is_named_while_it_starts(slow_h2, tmp_path):
     # that it was not up by then)
     lines = [line for line in r.stderr.decode().splitlines() if line.startswith("mslaunch: h2")]
     # each phase once (a busy machine may show its login first)
-    lines = [line.split(" (")[0] + " (" + line.split(" (")[1] for line in lines]
-    assert len(set(lines)) == len(lines) and lines, r.stderr
+    phases = [line.rsplit(" (", 1)[0] for line in lines]
+    assert len(set(phases)) == len(phases) and lines, r.stderr
     lines = lines[-1:]
     assert all(line.startswith(("mslaunch: h1: ", "mslaunch: h2: "))
                for line in r.stderr.decode().splitlines()), r.stderr
