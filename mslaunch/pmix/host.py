@@ -195,6 +195,11 @@ class PMIxHost:
             if self._cache is not None and self.template is None and waiting.ranks:
                 self._keep(server, ns.name, min(waiting.ranks))
         self.pending.clear()
+        if target is None:        # a knock before any rank was given the door's address
+            try:
+                target = _address(server.lib.setup_fork("mslaunch-door", 0))
+            except OSError as err:
+                self.log(f"PMIx: the server's address is unknown: {err}")
         return target
 
     def guest(self, layout: Layout) -> None:
