@@ -443,7 +443,14 @@ def test_what_a_launcher_killed_with_its_watchdog_left_goes_with_the_next_job(ow
     try:
         assert wait_for(lambda: len(left()) >= 2 and len(tagged_pids(tag)) >= 4, 30), left()
     finally:
-        kill_tagged(tag)               # SIGKILL, every process of the job together
+        # Every process of the job together: all stopped first, then SIGKILLed (killed
+        # one by one, a watchdog that saw its launcher die first cleaned up at once)
+        for pid in tagged_pids(tag):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        kill_tagged(tag)
         p.wait()
     time.sleep(0.5)
     assert len(left()) >= 2, left()    # what the test is about: nobody removed them

@@ -246,6 +246,13 @@ def _settle(parent: int, marker: str, answer_fd: int) -> Optional[JobCgroup]:
     return cgroup
 
 
+def _collector_back() -> None:
+    """The watchdog lives as long as the job: Python's garbage collector, which the
+    launch may hold off (:func:`mslaunch.machine.loop.hold_collector`), runs in it."""
+    from .loop import release_collector
+    release_collector()
+
+
 def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
            tasks: Tasks, on_death: Optional[OnDeath], on_stop: Optional[OnStop]) -> None:
     os.setsid()
@@ -341,6 +348,7 @@ class Watchdog:
         if pid == 0:
             try:
                 os.close(answer_r)
+                _collector_back()
                 _watch(read_fd, parent, marker, grace, answer_w, tasks or {}, on_death,
                        on_stop)
             finally:

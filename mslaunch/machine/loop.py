@@ -53,8 +53,12 @@ def hold_collector() -> None:
         _COLLECTOR_HELD = True
 
 
-def _release_collector() -> None:
+def release_collector() -> None:
+    """Let the collector run again, if :func:`hold_collector` held it (the objects
+    made meanwhile frozen out of later collections)."""
     global _COLLECTOR_HELD
+    if not _COLLECTOR_HELD:
+        return
     import gc
     _COLLECTOR_HELD = False
     gc.freeze()
@@ -261,7 +265,7 @@ class Loop:
     def run_once(self, max_wait: Optional[float] = None) -> None:
         """Wait for one batch of events (or the next timer) and dispatch it."""
         if _COLLECTOR_HELD:
-            _release_collector()
+            release_collector()
         timeout = max_wait
         while self._timers and self._timers[0][2].cancelled:
             heapq.heappop(self._timers)
