@@ -75,6 +75,7 @@ def test_a_one_rank_parent_spawns_children_the_first_time_and_through_the_door(
         assert wait_for(lambda: os.listdir(own_tmpdir) == [], 10), os.listdir(own_tmpdir)
 
 
+@pytest.mark.timeout(300)        # Open MPI's own mpirun may need trying again
 @pytest.mark.parametrize("mode", [["conacc"], ["conacc", "data"], ["tree", "3"], ["pool"]])
 def test_spawn_patterns_of_one_process_as_under_mpirun(ompi, tmp_path, mode):
     cache = tmp_path / "cache"
@@ -92,18 +93,25 @@ def test_spawn_patterns_of_one_process_as_under_mpirun(ompi, tmp_path, mode):
 
 
 def _same_under_mpirun(ompi, mode) -> None:
-    """Open MPI 4.1.4's own mpirun with --oversubscribe: the reference."""
+    """Open MPI 4.1.4's own mpirun with --oversubscribe: the reference.  Its spawns
+    hang now and then (every process waiting in a spawn; seen once even with a tree
+    of 2 on a busy machine): a run that hangs is tried again, three times at most."""
     mpirun = shutil.which("mpirun.openmpi", path="/usr/bin")
     require(mpirun is not None, "Debian's Open MPI 4.1.4 (apt-get install openmpi-bin)")
     root = ["--allow-run-as-root"] if os.getuid() == 0 else []
-    tag = new_tag()
-    try:
-        ref = subprocess.run([mpirun, *root, "--oversubscribe", "-n", "1", ompi[0], PATTERNS,
-                              *mode], capture_output=True, timeout=90,
-                             env=clean_env(MSL_TEST_TAG=tag, PATH="/usr/bin:/bin"))
-    finally:
-        kill_tagged(tag)
-    assert ref.returncode == 0 and b" No Errors" in ref.stdout, (ref.stdout, ref.stderr)
+    for _ in range(3):
+        tag = new_tag()
+        try:
+            ref = subprocess.run([mpirun, *root, "--oversubscribe", "-n", "1", ompi[0],
+                                  PATTERNS, *mode], capture_output=True, timeout=40,
+                                 env=clean_env(MSL_TEST_TAG=tag, PATH="/usr/bin:/bin"))
+        except subprocess.TimeoutExpired:
+            continue
+        finally:
+            kill_tagged(tag)
+        assert ref.returncode == 0 and b" No Errors" in ref.stdout, (ref.stdout, ref.stderr)
+        return
+    pytest.fail("Open MPI's own mpirun hung in each of 3 runs")
 
 
 def test_the_futures_pool_at_one_rank(ompi, tmp_path):
