@@ -33,12 +33,35 @@ def free_port(port_range: Optional[Tuple[int, int]] = None) -> int:
         from ..machine.ports import free_port_in
         return free_port_in(port_range)
     import _socket  # the full socket module costs milliseconds at start-up
+    # Below the kernel's range for the local ends of connections: rank 0 binds it on
+    # its own host, where any connection (an agent's, a PMIx door's) could hold a
+    # port of that range (a job's restart once failed so, EADDRINUSE on a remote host).
+    low = _ephemeral_low()
+    for _ in range(32 if low > 11000 else 0):
+        port = 10000 + int.from_bytes(os.urandom(2), "big") % (low - 10000)
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            s.bind(("", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
     s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
         s.bind(("", 0))
         return s.getsockname()[1]
     finally:
         s.close()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for the local ends of connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", "rb") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def ompi_jobid(avoid: int) -> int:
