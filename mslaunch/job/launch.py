@@ -100,11 +100,24 @@ def control_listener(directory: str, name: str):
     except OSError:
         pass
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    # Bound under another name and renamed once it listens: a client that finds the
+    # path bound but not yet listening is refused, takes it for a dead launcher's
+    # and removes it (mslaunch-stacks then found "no running job" for good).
+    part = f"{path}.new"
     try:
-        sock.bind(path)
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        sock.bind(part)
         sock.listen(16)
+        os.rename(part, path)
     except OSError:
         sock.close()
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
         return None
     sock.setblocking(False)
     return sock, path
