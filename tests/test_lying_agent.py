@@ -296,7 +296,7 @@ def test_launcher_reports_a_host_lost_while_its_rank_runs(sshbed, tmp_path):
     code, err, _ = _one_case(sshbed, tmp_path, [HELLO + READY, b""])
     assert code == 255, err
     assert "Traceback" not in err
-    lines = err.splitlines()
+    lines = error_lines(err)
     assert lines and all(line.startswith("mslaunch: ") for line in lines), err
     assert "lost host h1: the link reached end-of-file" in lines[0], err
 
