@@ -47,7 +47,8 @@ class Pending:
         host = self.host
         assert host.door is not None
         self.ranks.add(rank)
-        env = fill(host.door_env, host.directory, port=host.door.port, pid=os.getpid(),
+        assert host.template is not None
+        env = fill(host.template, host.directory, port=host.door.port, pid=os.getpid(),
                    nspace=self.name, rank=rank)
         env.update(rank_extras(self.name, host.directory, own))
         return env
@@ -75,7 +76,6 @@ class PMIxHost:
         self.problem: Optional[str] = None      # why no server runs here
         self.door: Optional[Door] = None        # where ranks knock before it runs
         self.template: Optional[Dict[str, str]] = None
-        self.door_env: Dict[str, str] = {}      # the template as given with the door's
         self.pending: Dict[str, Pending] = {}
         self._cache: Optional[str] = None       # the template's file
         self._key: Optional[str] = None         # ... and its key there
@@ -133,21 +133,21 @@ class PMIxHost:
         if self.door is None:
             from ..machine.topology import cache_path
             from . import turned_off
-            from .template import door_host, file_name, for_door, key, load
+            from .template import door_host, file_name, key, load
             self._key = key(os.environ)
             if turned_off(os.environ) or self._key is None:
                 return False
             self._cache = cache_path(file_name())
             found = load(self._cache, self._key)
             if found is None or any(k.startswith("PMIX_DSTORE_") for k in found[0]):
-                return False        # unknown, or a store the door cannot offer
+                # unknown, or a shared-memory store, made only as the server starts
+                return False
             from .door import Door
             try:
                 self.door = Door(self.loop, door_host(found[0]) or "127.0.0.1", self._wake)
             except OSError:
                 return False
             self.template = found[0]
-            self.door_env = for_door(found[0])
         pj.pmix = self.pending[layout.nspace] = Pending(self, pj, layout, relay)
         return True
 

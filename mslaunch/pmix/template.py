@@ -106,17 +106,6 @@ def fill(template: Mapping[str, str], directory: str, *, port: int, pid: int, ns
             for name, value in template.items()}
 
 
-def for_door(template: Mapping[str, str]) -> Dict[str, str]:
-    """What ranks given the door's address are told: the library's shared-memory
-    store (``ds12``, ``ds21``) is made by the server as it starts, and a client
-    that looks for it before, as every rank knocking at the door would, fails;
-    the ``hash`` store has the server send the job's data on connection."""
-    out = {k: v for k, v in template.items() if not k.startswith("PMIX_DSTORE_")}
-    if "PMIX_GDS_MODULE" in out:
-        out["PMIX_GDS_MODULE"] = "hash"
-    return out
-
-
 def door_host(template: Mapping[str, str]) -> Optional[str]:
     """The address the server listened on (where its door must listen)."""
     for value in template.values():
