@@ -476,6 +476,7 @@ def test_a_job_that_never_looks_imports_nothing_for_looking():
         assert name not in names, name
 
 
+@pytest.mark.timeout(240)          # (a failed wait ends in the report, not here)
 def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
     """faulthandler writes 100 threads at most, newest first: the main thread of a
     rank with 300 is read on its own, and comes first."""
@@ -496,13 +497,53 @@ def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
         data = until(p.pid, lambda d: any("main_of_many_4711 (" in f for f in main_frames(d, 0))
                      and len(d["ranks"][0]["threads"]) >= 100
                      and "main thread read on its own" in d["ranks"][0]["note"],
-                     120, "--timeout", "40")
+                     100, "--timeout", "40")
         assert any("main_of_many_4711 (" in f for f in main_frames(data, 0)), data["ranks"][0]
         assert "main thread read on its own" in data["ranks"][0]["note"], data["ranks"][0]
     finally:
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def test_the_main_threads_own_dump_is_taken_by_the_main_thread_while_a_tracer_holds_it(
+        tmp_path):
+    """The main thread held in a ptrace stop (as eu-stack holds it while it reads the
+    native frames, at the same time): a signal sent to the process would be taken by
+    another thread, whose stack would be read as the main one's.  The main-thread
+    dump waits for the main thread instead, and is its own."""
+    import ctypes
+    from mslaunch.machine import pydump
+    code = ("import faulthandler, sys, threading, time\n"
+            f"faulthandler.register({pydump.MAIN_SIGNAL}, open(sys.argv[1], 'w'), "
+            "all_threads=False, chain=False)\n"
+            "def worker_4711():\n    time.sleep(60)\n"
+            "for _ in range(8):\n"
+            "    threading.Thread(target=worker_4711, daemon=True).start()\n"
+            "print('started', flush=True)\n"
+            "def main_4711():\n    time.sleep(60)\nmain_4711()\n")
+    dump = tmp_path / f"{os.getpid()}.txt"
+    child = subprocess.Popen([PY, "-c", code, str(dump)], stdout=subprocess.PIPE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    seize, interrupt, detach, wall = 0x4206, 0x4207, 17, 0x40000000
+    try:
+        assert child.stdout.readline() == b"started\n"
+        dump.rename(tmp_path / f"{child.pid}.txt")
+        assert libc.ptrace(seize, child.pid, None, None) == 0, os.strerror(ctypes.get_errno())
+        assert libc.ptrace(interrupt, child.pid, None, None) == 0
+        os.waitpid(child.pid, wall)                  # the main thread alone is stopped
+        offset = pydump.ask(str(tmp_path), child.pid, pydump.MAIN_SIGNAL)
+        assert offset == 0
+        time.sleep(0.5)                # another thread would have written meanwhile
+        assert libc.ptrace(detach, child.pid, None, None) == 0
+        assert wait_for(lambda: pydump.answer(str(tmp_path), child.pid, 0) is not None, 30)
+        text = pydump.answer(str(tmp_path), child.pid, 0)
+        assert "main_4711" in text and "worker_4711" not in text, text
+    finally:
+        child.kill()
+        child.wait()
+        pydump.done(str(tmp_path), child.pid, 0, True)
 
 
 def test_a_rank_that_is_a_shell_script_running_python_shows_pythons_frames(tmp_path):

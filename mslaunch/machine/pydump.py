@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 #: The signal the ranks' faulthandler answers: real-time, so no program or
 #: MPI library uses it already (SIGRTMAX - 7 on Linux).
 SIGNAL = 57
-#: The signal that dumps only the thread that takes it (the main thread, as the
-#: kernel prefers it): read when a rank has more threads than faulthandler
+#: The signal that dumps only the thread that takes it (sent to the main thread
+#: itself, see :func:`_to_main_thread`): read when a rank has more threads than faulthandler
 #: writes (:data:`MAX_THREADS`), which it lists newest first.
 MAIN_SIGNAL = SIGNAL - 1
 #: faulthandler's limit of threads in one dump (then a line "...").
@@ -255,11 +255,30 @@ def ask(directory: str, pid: int, signum: int = SIGNAL) -> Optional[int]:
             return None
         del _deaf[pid]              # its late dump came: it answers after all
     try:
-        os.kill(pid, signum)
+        if signum == MAIN_SIGNAL:
+            _to_main_thread(pid, signum)
+        else:
+            os.kill(pid, signum)
     except OSError:
         return None
     begin(pid)
     return size
+
+
+def _to_main_thread(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid``'s main thread itself (tgkill).  A signal sent
+    to the process goes to another thread whenever the main thread cannot take
+    it at once, as while a native reader holds it stopped: that thread's stack
+    would then be read as the main one."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    tgkill = getattr(libc, "tgkill", None)
+    if tgkill is None:                  # (a C library older than glibc 2.30)
+        os.kill(pid, signum)
+        return
+    if tgkill(pid, pid, signum) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def answer(directory: str, pid: int, offset: int) -> Optional[str]:
