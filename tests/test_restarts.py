@@ -376,8 +376,10 @@ def test_a_signal_while_a_failed_attempt_stops_ends_the_job_without_a_restart(tm
     code = ("import os, signal, sys, time\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "rank, attempt = os.environ['RANK'], os.environ['MSLAUNCH_RESTART_COUNT']\n"
-            f"with open(f'{tmp_path}/pid.{{attempt}}.{{rank}}', 'w') as f:\n"
+            f"name = f'{tmp_path}/pid.{{attempt}}.{{rank}}'\n"
+            "with open(name + '.new', 'w') as f:\n"
             "    f.write(str(os.getpid()))\n"
+            "os.replace(name + '.new', name)\n"   # (whole when the test sees it)
             "if rank == '1':\n"
             "    time.sleep(0.5)\n"
             "    sys.exit(3)\n"
