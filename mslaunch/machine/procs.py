@@ -171,7 +171,9 @@ def wait_gone(pid: int, limit: float) -> None:
         fd = -1
     if fd >= 0:
         import select
-        select.select([fd], [], [], limit)
+        poller = select.poll()          # (select cannot watch a descriptor above 1023)
+        poller.register(fd, select.POLLIN)
+        poller.poll(max(0, int(limit * 1000)))
         os.close(fd)
         return
     deadline = time.monotonic() + limit
