@@ -284,6 +284,12 @@ WRONG_ORDER = {
     "START before JOB": ([], [link.encode(link.START)], "START without a JOB"),
     "START twice": (["job", "start"], [link.encode(link.START)], "START without a JOB, or twice"),
     "a second JOB": (["job"], ["job"], "a second JOB frame"),
+    "NEXT before JOB": ([], [link.encode(link.NEXT, {"idle": 5.0})],
+                        "NEXT before the job is done"),
+    "NEXT while ranks run": (["job", "start"], [link.encode(link.NEXT, {"idle": 5.0})],
+                             "NEXT before the job is done"),
+    "NEXT without a wait": (["job"], [link.encode(link.NEXT, {})],
+                            "NEXT: field 'idle' missing or not float"),
     "OUTPUT downwards": (["job", "start"], [link.encode_output(0, 1, b"hi")],
                          "OUTPUT frames go the other way"),
     "READY downwards": ([], [link.encode(link.READY, {"warnings": []})],
@@ -471,6 +477,56 @@ def test_a_whole_job_through_the_agent(agents, tmp_path):
     agent.send(link.encode(link.BYE))
     code, err = agent.finish(5)
     assert (code, err) == (0, "")
+    no_tagged_processes(agent.tag)
+
+
+def _one_job(agent: AgentProc, job: Dict[str, Any]) -> Dict[int, Tuple[Any, Any]]:
+    """JOB, START, and every rank's exit up to DONE."""
+    agent.send(link.encode(link.JOB, job))
+    agent.expect(link.READY)
+    agent.send(link.encode(link.START))
+    agent.expect(link.STARTED)
+    _, seen = agent.expect(link.DONE)
+    return {m["rank"]: (m["code"], m["signal"]) for m in
+            (link.decode_json(k, b) for k, b in seen if k == link.EXITED)}
+
+
+def test_an_agent_told_next_runs_the_next_job_on_the_same_link(agents, tmp_path):
+    """--max-restarts keeps the agents between attempts: after NEXT the agent
+    forgets its job (what a rank left behind goes), heeds no heartbeat while it
+    waits, and takes a new JOB of another name; BYE still ends it with 0."""
+    agent = agents.new()
+    left = tmp_path / "left.pid"
+    daemon = ("import os, subprocess, sys\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+              " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+              f"open({str(left)!r}, 'w').write(str(p.pid))\n"
+              "sys.exit(3)\n")
+    first = job_body(agent.tag, str(tmp_path), [[PY, "-c", daemon], [PY, "-c", "pass"]],
+                     heartbeat=[0.2, 3])
+    assert _one_job(agent, first) == {0: (3, None), 1: (0, None)}
+    pid = int(left.read_text())
+    agent.send(link.encode(link.NEXT, {"idle": 20.0}))
+    # Its ranks' leftover is gone; the launcher's silence (3 heartbeats of 0.2 s
+    # and more) does not end a waiting agent.
+    assert wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10)
+    assert agent.drain(1.5) == [] and agent.proc.poll() is None
+    second = job_body(agent.tag, str(tmp_path), [[PY, "-c", "print('again')"]] * 2,
+                      kvsname=f"kvs_next_{agent.tag[:12]}")
+    assert _one_job(agent, second) == {0: (0, None), 1: (0, None)}
+    assert agent.output[0, 1] == b"again\n"
+    agent.send(link.encode(link.BYE))
+    code, err = agent.finish(5)
+    assert (code, err) == (0, "")
+    no_tagged_processes(agent.tag)
+
+
+def test_an_agent_left_waiting_after_next_exits_by_itself(agents, tmp_path):
+    agent = agents.new()
+    _one_job(agent, job_body(agent.tag, str(tmp_path), [[PY, "-c", "pass"]]))
+    agent.send(link.encode(link.NEXT, {"idle": 1.0}))
+    code, err = agent.finish(10)
+    assert code == 0 and "no next job came in 1 s" in one_agent_line(err), (code, err)
     no_tagged_processes(agent.tag)
 
 

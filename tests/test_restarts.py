@@ -202,6 +202,21 @@ def _finish(p, tag: str, sshbed):
     return stdout, err
 
 
+def _logins(sshbed) -> dict:
+    """SSH logins so far, by host (its sshd's log)."""
+    counts = {}
+    for h in sshbed.hosts:
+        with open(h.log, errors="replace") as f:
+            counts[h.name] = sum("Accepted publickey" in line for line in f)
+    return counts
+
+
+def _new_logins(before: dict, sshbed) -> dict:
+    after = _logins(sshbed)
+    return {name: n - before.get(name, 0) for name, n in after.items()
+            if n != before.get(name, 0)}
+
+
 def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
     from test_remote import renv
     python, env = _mpi(which)
@@ -226,12 +241,15 @@ def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, w
                                                             extra):
     if extra:
         require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
+    before = _logins(sshbed)
     p, out, tag = _remote_job(sshbed, tmp_path, which, fault, *extra)
     stdout, err = _finish(p, tag, sshbed)
     assert p.returncode == 0, err
     assert stdout.strip() == RESULT, (stdout, err)
     seen = _attempts(out)
     assert sorted(seen) == [0, 1], seen
+    # The agents stayed up between the attempts: one login per host (the spare's too).
+    assert _new_logins(before, sshbed) == {"h1": 1, "h2": 1, "h3": 1}, err
     # Same hosts again: nothing was lost, the spare stays unused.
     for ranks in seen.values():
         assert [ranks[r][0] for r in range(4)] == ["h1", "h1", "h2", "h2"], seen
@@ -242,6 +260,7 @@ def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, w
 def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path, which):
     from test_remote import settle
     sshbed.require_netns("a network partition")
+    before = _logins(sshbed)
     p, out, tag = _remote_job(sshbed, tmp_path, which, "hold")
     try:
         assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)), 90)
@@ -267,6 +286,8 @@ def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path
     first, second = report["attempts"]
     assert first["lost"] == ["h2"] and second["hosts"] == ["h1", "h3"], report["attempts"]
     assert took < 60, took
+    # The spare's agent, up since the job started, took h2's ranks: no new login.
+    assert _new_logins(before, sshbed) == {"h1": 1, "h2": 1, "h3": 1}, text
 
 
 def test_a_failed_health_check_of_the_only_host_is_one_clear_error(tmp_path):

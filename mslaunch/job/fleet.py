@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 from ..errors import HOST_LOST_EXIT, LaunchError
 from ..machine.spawn import signal_name
 from ..plan import agent_hosts
+from ..remote.starter import let_go
 
 
 def _warm_up(pmi: bool) -> None:
@@ -108,7 +109,7 @@ class Fleet:
                 raise
         used = set(agent_hosts(sup.plan, job))
         for name in [n for n in conns if n not in used]:
-            let_go(conns.pop(name))
+            self._let_go(conns.pop(name))
 
     def prepare(self, remote_specs: Dict[str, List[RankSpec]]) -> None:
         """Hand the agents their ranks; wait until every host is ready.
@@ -267,26 +268,38 @@ class Fleet:
             sink.taken(count)
 
     # -- end ----------------------------------------------------------------------
-    def let_go_all(self) -> None:
-        """Agents started but never given their ranks go."""
-        for conn in self.conns.values():
+    def _kept(self):
+        """Where agents wait for the job's next attempt (see .keptagents), or None."""
+        carry = self.sup.carry
+        return carry.get("agents") if carry is not None else None
+
+    def _let_go(self, conn) -> None:
+        kept = self._kept()
+        if kept is not None:
+            kept.put(conn)           # a spare host's agent, for a later attempt
+        else:
             let_go(conn)
+
+    def let_go_all(self) -> None:
+        """Agents started but never given their ranks go (or wait for the next attempt)."""
+        for conn in self.conns.values():
+            self._let_go(conn)
         self.conns = {}
+
+    def keep_hosts(self) -> int:
+        """The job starts again: the agents of hosts whose ranks have all ended wait
+        for the next attempt rather than exit; how many."""
+        kept = self._kept()
+        if kept is None:
+            return 0
+        from .keptagents import IDLE
+        count = 0
+        for host in self.hosts.values():
+            if host.keep(IDLE):
+                kept.put(host.conn)
+                count += 1
+        return count
 
     def close_listener(self) -> None:
         if self.listener is not None:
             self.listener.close()
-
-
-def let_go(conn) -> None:
-    """Send an agent that will get no ranks away: ``BYE`` (it exits 0), then close.
-
-    Only cutting the link would make it exit 1, and under Slurm that ends
-    every other agent of the step (srun runs them with ``--kill-on-bad-exit``)."""
-    from ..remote import link
-    try:
-        os.write(conn.fd, link.encode(link.BYE))
-    except OSError:
-        pass
-    conn.close()
-    os.close(conn.fd)

@@ -266,10 +266,16 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     """The job run with ``--max-restarts`` (see :mod:`.attempts`): each attempt
     with a job name and an orphan guard of its own."""
     from ..machine.guard import Watchdog
-    from .attempts import AttemptOutcome, run_attempts
+    from .attempts import RESTARTED_ENDINGS, AttemptOutcome, run_attempts
+    from .keptagents import KeptAgents
     first = [(watchdog, kvsname)]
     shown: List = [console]        # the console of the attempt running, if any
-    carry: Dict[str, Any] = {}     # what the attempts share (see Supervisor)
+    # What the attempts share (see Supervisor): the PMIx server, the agents kept
+    # between attempts, and whether the attempt running may be followed by another.
+    follows = {"health": False, "restarts_left": False}
+    carry: Dict[str, Any] = {"agents": KeptAgents(), "again": lambda sup: (
+        sup.stop_signal is None and (follows["health"] or (
+            follows["restarts_left"] and sup.ending in RESTARTED_ENDINGS)))}
 
     def guarded(run):
         if first:
@@ -295,15 +301,17 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
         return hosts
 
     def run_one(job_k: JobSpec, left_out, note: str, launched):
+        follows.update(health=False, restarts_left=job_k.attempt < job.max_job_restarts)
         return AttemptOutcome(*guarded(lambda guard, name: _attempt(
             job_k, environ, left(left_out), guard, name, console, note, launched, shown,
             carry)))
 
     def check(left_out):
         from .health import failed_hosts, health_job
+        follows.update(health=True)
         outcome = guarded(lambda guard, name: _attempt(
             health_job(job), environ, left(left_out), guard, name, console, shown=shown,
-            tell=False))
+            carry=carry, tell=False))
         failed = failed_hosts(outcome[0])
         for host, how in failed:
             say(f"mslaunch: --health-check failed on {host} ({how}): the host is left out")
@@ -318,6 +326,7 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     try:
         return run_attempts(job, run_one, say, check=check if job.health_check else None)
     finally:
+        carry["agents"].close()
         if carry.get("pmix") is not None:
             carry["pmix"].close()
 
@@ -333,7 +342,9 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
     if remote:
         from ..remote.starter import starter_for
         # the one choice of the job's starter
-        starter = starter_for(job.ssh, environ, port_range=job.port_range)
+        make = lambda: starter_for(job.ssh, environ, port_range=job.port_range)  # noqa: E731
+        kept = carry.get("agents") if carry is not None else None
+        starter = kept.starter(make) if kept is not None else make()
         if _needs_topologies(job, entries):
             # Slots and placement depend on the remote hosts' cpus: connect to
             # every remote host first, as Open MPI starts its daemons first.

@@ -462,6 +462,9 @@ class Supervisor(LookingInside):
     def _cleanup(self) -> None:
         self._close_control()
         if self.fleet is not None:
+            again = self.carry.get("again") if self.carry is not None else None
+            if again is not None and again(self):
+                self.fleet.keep_hosts()
             self.fleet.let_go_all()
         for handle in self._handles():
             handle.release()

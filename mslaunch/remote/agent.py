@@ -19,7 +19,10 @@ but Python, and talks to the launcher over its stdin and stdout (see
 4. deliver ``SIGNAL`` frames to rank process groups and ``STDIN`` to the
    ranks that read the launcher's stdin;
 5. when every rank has ended (and every stream and rank group with it),
-   send ``DONE``; on ``BYE`` stop what is left and exit.
+   send ``DONE``; on ``BYE`` stop what is left and exit.  On ``NEXT`` instead
+   (a job started again, ``--max-restarts``), forget the job and wait for the
+   next ``JOB`` on the same link; an agent left waiting longer than ``NEXT``
+   says exits.
 
 If the link ends (end-of-file: the launcher died, the SSH connection
 dropped) or the launcher falls silent for longer than the heartbeat allows
@@ -89,6 +92,8 @@ class Agent:
         self.guard: Optional[Watchdog] = None
         self.exited: Set[int] = set()
         self.done_sent = False
+        self.jobs_done = 0            # jobs forgotten on NEXT (kept between attempts)
+        self._idle: Optional[Any] = None     # the timer of a kept agent's wait
         self.finished = False
         self.grace = 5.0
         self.reason = ""
@@ -126,6 +131,13 @@ class Agent:
             self.reason = self.reason or f"lost the launcher: {reason}"
             self.finished = True
 
+    def _output_closed(self, reason: str) -> None:
+        # Once every rank here has ended the output connection has nothing left to
+        # carry: the launcher may close it (a job kept for its next attempt, on NEXT),
+        # and only the link itself says whether the launcher is still there.
+        if not self.done_sent:
+            self._link_closed(reason or "its output connection was closed")
+
     def _live_pids(self) -> List[int]:
         return [r.proc.pid for r in (self.local.ranks.values() if self.local else ())
                 if r.proc is not None and not r.ended]
@@ -138,11 +150,7 @@ class Agent:
         self.pmi.close()
         if self.guard is not None:
             self.guard.close()
-        for path in self.preloaded:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        self._unlink_preloaded()
         if self.reason:
             try:
                 sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: {self.reason}\n")
@@ -155,6 +163,14 @@ class Agent:
         if self.output.link is not self.endpoint:
             self.output.link.close("")
         self.loop.close()
+
+    def _unlink_preloaded(self) -> None:
+        for path in self.preloaded:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.preloaded = []
 
     def fail(self, message: str, code: int = 1) -> None:
         """Report a problem that ends this host's part of the job."""
@@ -190,6 +206,8 @@ class Agent:
             self.pmi.from_launcher(message)
         elif kind == link.BYE:
             self.finished = True
+        elif kind == link.NEXT:
+            self._next(link.field(message, "idle", float, "NEXT"))
         elif kind in (link.STACKS, link.TOP):
             self.look.on_frame(kind, message, {
                 r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local else ())
@@ -197,18 +215,67 @@ class Agent:
         else:
             raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
 
+    # -- NEXT: kept for the job's next attempt -----------------------------------
+    def _next(self, idle: float) -> None:
+        """Forget a job whose ranks have all ended; keep the link, the guard (whose
+        marker names this agent's directories) and this host's PMIx server (its
+        library cannot start twice in one process)."""
+        if not self.job or not self.done_sent or not 0 < idle <= 3600:
+            raise link.LinkError("NEXT before the job is done, or without a wait")
+        self.endpoint.stop_heartbeat()   # nothing runs here to guard until the next JOB
+        if self.local is not None:
+            self.local.close(time.monotonic() + self.grace)
+        if self.guard is not None:
+            # What the ranks left (detached from their groups and pipes) goes now,
+            # as a guard's close would take it: nothing of one attempt meets the next.
+            for pid in self.guard.leftovers():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        self.look.close()
+        pmix = self.pmi.close(keep_pmix=True)
+        self._unlink_preloaded()
+        if self.output.link is not self.endpoint:
+            self.output.link.flush(time.monotonic() + 2.0)
+            self.output.link.close("")
+        self.output = Outflow(self.loop, self.endpoint)
+        self.stdin = StdinRelay(self.loop, self.endpoint)
+        self.pmi = AgentPMI(self.loop, self.endpoint, on_job=self._spawned, pmix=pmix)
+        self.look = AgentLook(self.loop, self.endpoint)
+        self.job, self.specs, self.local = {}, [], None
+        self.exited, self.done_sent = set(), False
+        self.jobs_done += 1
+        done = self.jobs_done
+        self._idle = self.loop.call_later(idle, lambda: self._idle_over(done, idle))
+
+    def _idle_over(self, done: int, idle: float) -> None:
+        # An exit of 0, as on BYE: under srun a failed agent would end the whole step.
+        if self.jobs_done == done and not self.job and not self.finished:
+            try:
+                sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: no next job "
+                                 f"came in {idle:g} s\n")
+            except (OSError, ValueError):
+                pass
+            self.finished = True
+
     # -- JOB: this host's ranks ---------------------------------------------------
     def _prepare(self, body: Dict[str, Any]) -> None:
         got = time.time()           # for the launcher's reading of this host's clock
         if self.job:
             raise link.LinkError("a second JOB frame")
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         self.job = job = read_job(body, _socket.gethostname())
         self.grace = job["grace"]
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
         self.specs = [self._spec(spec) for spec in job["ranks"]]
-        if self.guard is not None and self.named == public_id(job["kvsname"]):
-            self.guard.set_grace(self.grace)     # made at the greeting, for this job
+        if self.guard is not None and (self.jobs_done
+                                       or self.named == public_id(job["kvsname"])):
+            # made at the greeting, for this job, or kept from this agent's first
+            self.guard.set_grace(self.grace)
         else:
             if self.guard is not None:
                 self.guard.close()
@@ -254,7 +321,7 @@ class Agent:
             raise link.LinkError("the output connection carries nothing inward")
 
         self.output.link = SocketEndpoint(self.loop, sock, on_frame=refuse,
-                                          on_closed=self._link_closed)
+                                          on_closed=self._output_closed)
         self.output.lines = cert is None
         return True
 

@@ -40,7 +40,8 @@ class AgentPMI:
     """See the module docstring; ``on_job`` starts a spawned job's ranks here."""
 
     def __init__(self, loop: Loop, end: Endpoint,
-                 on_job: Callable[[Dict[str, Any]], None]) -> None:
+                 on_job: Callable[[Dict[str, Any]], None],
+                 pmix: Optional[PMIxHost] = None) -> None:
         self.loop = loop
         self.stop_at: Optional[float] = None     # when the launcher's stop came (see stopping)
         self.end = end
@@ -52,7 +53,10 @@ class AgentPMI:
         self.trace = False
         self.port_range: Optional[Tuple[int, int]] = None   # of the JOB frame
         self.local: Optional[LocalRanks] = None       # this host's ranks, once started
-        self.pmix: Optional[PMIxHost] = None
+        # The server of an earlier job of this agent's, retired (see close), if any.
+        self.pmix: Optional[PMIxHost] = pmix
+        if pmix is not None:
+            pmix.adopt(loop, self.pmi_log, self._fetch)
         self.fences: Dict[Tuple[str, str, int], Callable[[bytes], None]] = {}
         self.names_waiting: Dict[int, Tuple[str, Callable[[Any], None]]] = {}
         self.modex = ModexAsks()
@@ -216,20 +220,28 @@ class AgentPMI:
         r = self.local.ranks.get(key) if self.local is not None else None
         return r.proc.pid if r is not None and r.proc is not None else None
 
-    def close(self) -> None:
+    def close(self, keep_pmix: bool = False) -> Optional[PMIxHost]:
         """Stop serving; remove the jobs' shared memory segments, the probe, and what
-        stopped Open MPI ranks left (call it once the ranks are gone)."""
+        stopped Open MPI ranks left (call it once the ranks are gone).  With
+        ``keep_pmix``, the PMIx server only forgets the jobs and is returned, for
+        the next job of this agent (see :meth:`~mslaunch.pmix.host.PMIxHost.adopt`)."""
         if self.jobs:
             from ..pmi.files import remove_shm_segments
             for pj in self.jobs.values():
                 pj.close()
                 remove_shm_segments(pj.kvsname)
+        kept = None
         if self.pmix is not None:
-            self.pmix.close()
+            if keep_pmix:
+                self.pmix.retire()
+                kept = self.pmix
+            else:
+                self.pmix.close()
         if self.probe is not None:
             self.probe.close()
         if self.leftovers is not None:
             self.leftovers.remove()
+        return kept
 
     # -- the launcher's side -----------------------------------------------------
     def up(self, message: Dict[str, object]) -> None:

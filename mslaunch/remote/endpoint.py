@@ -17,7 +17,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Deque, Optional, Tuple
+    from typing import Callable, Deque, List, Optional, Tuple
 
     from ..machine.loop import Loop, Timer
 
@@ -82,6 +82,13 @@ class Endpoint(QueuedWriter):
         self.last_heard = time.monotonic()
         self._beat = self.loop.call_later(interval, self._send_beat)
         self._watch = self.loop.call_later(interval, self._check_peer)
+
+    def stop_heartbeat(self) -> None:
+        """Neither send heartbeats nor expect the peer's, until started again."""
+        for timer in (self._beat, self._watch):
+            if timer is not None:
+                timer.cancel()
+        self._beat = self._watch = None
 
     def _send_beat(self) -> None:
         if self.closed:
@@ -181,6 +188,25 @@ class Endpoint(QueuedWriter):
         """Write what is queued, waiting up to ``deadline`` (outside the loop)."""
         if not self.closed:
             self.drain(deadline)
+
+    def detach(self, deadline: float) -> bool:
+        """Let go of the descriptors without closing them, for another endpoint to
+        take up (an agent kept for the next attempt of a job): True when nothing
+        was left half-read or unsent, so that the next one starts on a frame's
+        boundary; the loop no longer watches them either way."""
+        if self.closed:
+            return False
+        lost: List[str] = []
+        on_closed, self.on_closed = self.on_closed, lost.append   # (a write error's)
+        clean = self.drain(deadline) and not self.reader.buf
+        self.on_closed = on_closed
+        clean = clean and not lost
+        self.closed = True
+        self.stop_heartbeat()
+        self.discard()
+        for fd in {self.read_fd, self.write_fd}:
+            self.loop.forget(fd)
+        return clean
 
     def close(self, reason: str = "") -> None:
         if self.closed:

@@ -95,6 +95,7 @@ class RemoteHost:
         self._spawns: Dict[str, Any] = {}          # kvsname -> callback(problem)
         self._looks: Dict[int, Any] = {}           # STACKS/TOP id -> callback(ranks)
         self._look_id = 0
+        self.kept = False                 # its link handed on to the next attempt (keep)
 
     # -- commands -------------------------------------------------------------
     def prepare(self, frame: Dict[str, Any]) -> None:
@@ -156,9 +157,25 @@ class RemoteHost:
     def release(self) -> None:
         self.say_bye()
 
+    def keep(self, idle: float) -> bool:
+        """The job starts again (``--max-restarts``): when every rank here has ended,
+        its output is all in and the link is sound, tell the agent ``NEXT`` (to wait
+        ``idle`` s at most for its next job) and let go of the link without closing
+        it, for the next attempt's handle; True if kept, else it goes as usual."""
+        if self.state != "done" or self.endpoint.closed or not self._output_finished():
+            return False
+        self.endpoint.send(link.encode(link.NEXT, {"idle": float(idle)}))
+        clean = self.endpoint.detach(time.monotonic() + 2.0)
+        if self.output is not None:
+            self.output.close("")
+        self.kept = clean
+        return clean
+
     def say_bye(self) -> None:
         """End of the job: the agent stops what is left of its ranks and exits."""
         import time
+        if self.kept:
+            return
         if not self.endpoint.closed:
             self.endpoint.send(link.encode(link.BYE))
             self.endpoint.flush(time.monotonic() + 2.0)
@@ -172,6 +189,8 @@ class RemoteHost:
         """After :meth:`say_bye`: wait for the agent to exit (until ``deadline`` and
         :data:`EXIT_MARGIN` more), then close."""
         import time
+        if self.kept:
+            return
         self.say_bye()
         deadline += EXIT_MARGIN
         if self.state == "lost":

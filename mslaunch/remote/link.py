@@ -44,6 +44,11 @@ NAMES = {HELLO: "HELLO", JOB: "JOB", READY: "READY", START: "START", STARTED: "S
          OUTPUT: "OUTPUT", EXITED: "EXITED", SIGNAL: "SIGNAL", CREDIT: "CREDIT",
          STDIN: "STDIN", PMI: "PMI", BEAT: "BEAT", ERROR: "ERROR", BYE: "BYE", DONE: "DONE",
          LOG: "LOG", NODE: "NODE", LINES: "LINES"}
+#: The launcher to an agent whose ranks have all ended (``DONE``), when the job
+#: starts again (``--max-restarts``): forget that job, keep the link, and wait
+#: for the next ``JOB`` (``{"idle": seconds}``: at most that long, then exit).
+NEXT = 19
+NAMES[NEXT] = "NEXT"
 #: Looking inside a running job (see :mod:`.agentlook`): the launcher asks with
 #: ``{"id", "timeout"}``, the agent answers on the same kind with ``{"id", "ranks"}``.
 #: Numbered apart from the kinds above, so that kinds added there do not collide.

@@ -14,6 +14,7 @@ The protocols are for type checkers: importing this module costs nothing.
 
 from __future__ import annotations
 
+import os
 import sys
 
 TYPE_CHECKING = False
@@ -142,3 +143,17 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
         return RshStarter(spec, pythons, environ, agent, setting, port_range)
     from .ssh import SSHStarter
     return SSHStarter(spec, pythons)
+
+
+def let_go(conn) -> None:
+    """Send an agent that will get no ranks away: ``BYE`` (it exits 0), then close.
+
+    Only cutting the link would make it exit 1, and under Slurm that ends
+    every other agent of the step (srun runs them with ``--kill-on-bad-exit``)."""
+    from . import link
+    try:
+        os.write(conn.fd, link.encode(link.BYE))
+    except OSError:
+        pass
+    conn.close()
+    os.close(conn.fd)
