@@ -334,8 +334,8 @@ def test_hosts_that_fail_the_health_check_are_left_out_before_each_attempt(sshbe
 
 @pytest.mark.remote
 def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, tmp_path):
-    """2 ranks in an allocation of 2 nodes x 2: srun starts the agents anew for the
-    second attempt; the spare node stays unused."""
+    """2 ranks in an allocation of 2 nodes x 2: the agents srun started serve the
+    second attempt too; the spare node stays unused."""
     from test_slurm import finish, salloc
     out = tmp_path / "out"
     out.mkdir()
@@ -421,6 +421,41 @@ def test_a_signal_while_a_failed_attempt_stops_ends_the_job_without_a_restart(tm
         assert not (tmp_path / "pid.1.0").exists()
         assert wait_for(lambda: tagged_pids(tag) == [], 15), tagged_pids(tag)
     finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+
+
+@pytest.mark.remote
+def test_a_node_lost_under_slurm_is_left_out_and_its_ranks_run_on_the_spare(slurmbeds,
+                                                                          tmp_path):
+    """4 ranks in an allocation of 3 nodes x 2; h2's link drops and stays down: the
+    job runs again on h1 and h3 (srun's step of the first attempt is not kept: the
+    lost agent's failure would end it, kept agents and all), with a result as if
+    nothing happened; nothing of it is left on h1 and h3."""
+    from test_slurm import finish, salloc
+    bed = slurmbeds.get(nodes=3)
+    out = tmp_path / "out"
+    out.mkdir()
+    tag = new_tag()
+    p = salloc(bed, tag, "--max-restarts", "1", "--report-json", str(tmp_path / "report.json"),
+               "-n", "4", "-x", "MSL_TEST_TAG", PY, TRAIN, str(out), "hold", nodes=3,
+               cwd=tmp_path)
+    try:
+        assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)), 90)
+        bed.linkdown(2)
+        rc, stdout, err = finish(p, 180)
+        assert rc == 0, err
+        assert stdout.strip() == RESULT.decode(), (stdout, err)
+        assert "lost host h2" in err and "left out: h2 (lost)" in err, err
+        seen = _attempts(out)
+        assert [seen[1][r][0] for r in range(4)] == ["h1", "h1", "h3", "h3"], (seen, err)
+        attempts = json.loads((tmp_path / "report.json").read_text())["attempts"]
+        assert attempts[0]["lost"] == ["h2"] and attempts[1]["hosts"] == ["h1", "h3"], attempts
+        on_h2 = set(bed.host_pids(2))
+        assert wait_for(lambda: not [q for q in tagged_pids(tag) if q not in on_h2], 15)
+    finally:
+        bed.linkup(2)
         p.kill()
         p.communicate()
         kill_tagged(tag)

@@ -56,6 +56,8 @@ class Fleet:
         self.listener: Optional[Listener] = None
         self.start_error: Optional[tuple] = None
         self.plain_link = False               # the agents' links are plain TCP (srun)
+        self.one_fate = False                 # one agent's failure ends all (srun)
+        self.doomed = False                   # so, with a host lost: keep no agent
         self._stdin: Dict[int, RemoteStdin] = {}
         #: What hosts said while getting ready, by text (None: say it at once).
         self._said: Optional[Dict[str, List[str]]] = None
@@ -88,6 +90,7 @@ class Fleet:
                 answers.close()
             timeline.unwatch()
         self.plain_link = starter.plain_link
+        self.one_fate = bool(getattr(starter, "one_fate", False))
         self.conns = conns
         if job.verbose:
             for name in sorted(conns):
@@ -275,7 +278,7 @@ class Fleet:
 
     def _let_go(self, conn) -> None:
         kept = self._kept()
-        if kept is not None:
+        if kept is not None and not self.doomed:
             kept.put(conn)           # a spare host's agent, for a later attempt
         else:
             let_go(conn)
@@ -291,6 +294,12 @@ class Fleet:
         for the next attempt rather than exit; how many."""
         kept = self._kept()
         if kept is None:
+            return 0
+        if self.one_fate and any(h.state == "lost" for h in self.hosts.values()):
+            # The lost host's agent will fail, and its srun take every agent of
+            # the step with it, in the next attempt perhaps: none is kept.
+            kept.let_go_all()
+            self.doomed = True
             return 0
         from .keptagents import IDLE
         count = 0

@@ -40,6 +40,7 @@ class KeptAgents:
         self.idle: Dict[str, AgentConnection] = {}
         self.starters: List[Starter] = []
         self.plain_link = False
+        self.one_fate = False         # see SrunStarter.one_fate
         self.kept = 0                 # agents handed to a later attempt
 
     def put(self, conn: AgentConnection) -> None:
@@ -67,11 +68,15 @@ class KeptAgents:
         """The attempt's starter: agents from here first, ``make()``'s for the rest."""
         return _KeptFirst(self, make)
 
-    def close(self) -> None:
-        """The job ended: every waiting agent goes, then the starters."""
+    def let_go_all(self) -> None:
+        """Every waiting agent goes (the next attempt starts its own)."""
         for conn in self.idle.values():
             let_go(conn)
         self.idle = {}
+
+    def close(self) -> None:
+        """The job ended: every waiting agent goes, then the starters."""
+        self.let_go_all()
         for starter in self.starters:
             starter.close()
         self.starters = []
@@ -123,6 +128,11 @@ class _KeptFirst:
         return self.real.plain_link if self.real is not None else self.pool.plain_link
 
     @property
+    def one_fate(self) -> bool:
+        return getattr(self.real, "one_fate", False) if self.real is not None \
+            else self.pool.one_fate
+
+    @property
     def first_phase(self) -> str:
         return self.real.first_phase if self.real is not None else ""
 
@@ -150,4 +160,5 @@ class _KeptFirst:
                     self.pool.put(conn)
                 raise
             self.pool.plain_link = self._real().plain_link
+            self.pool.one_fate = bool(getattr(self._real(), "one_fate", False))
         return conns

@@ -78,6 +78,10 @@ class StartingProcess:
         self.tail = b""
         self.open = 0
         self.closing = False          # mslaunch itself is ending the process
+        #: The shortest wait a link's close asked for: a lost host's link is closed
+        #: at once, and then the process cannot end by itself (its agent there
+        #: does not answer): it is not waited for longer.
+        self.least_wait: Optional[float] = None
         self.ended_because = ""
         self.links: List[socket.socket] = []
         self._ended = threading.Event()
@@ -218,8 +222,10 @@ class DialedConnection:
         except OSError:
             pass
         self._sock.close()
-        if self._step.open <= 0:
-            self._step.end(wait)
+        step = self._step
+        step.least_wait = wait if step.least_wait is None else min(step.least_wait, wait)
+        if step.open <= 0:
+            step.end(min(wait, step.least_wait))
 
 
 def greet(addresses: Sequence[str], tokens: Mapping[str, str],

@@ -360,6 +360,9 @@ class SrunStarter:
 
     plain_link = True         # the agents dial back in plain TCP
     first_phase = "waiting for srun to start the agent"
+    #: The agents share one fate: srun ends the whole step (--kill-on-bad-exit)
+    #: once one of them has failed, which a lost host's agent does, late or soon.
+    one_fate = True
 
     def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None,
                  port_range: Optional[Tuple[int, int]] = None,
