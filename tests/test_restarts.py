@@ -217,6 +217,12 @@ def _new_logins(before: dict, sshbed) -> dict:
             if n != before.get(name, 0)}
 
 
+def _files_of(launcher_pid: int) -> list:
+    import glob
+    places = {"/tmp", "/dev/shm", os.environ.get("TMPDIR") or "/tmp"}
+    return [f for d in places for f in glob.glob(f"{d}/*kvs_{launcher_pid}_*")]
+
+
 def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
     from test_remote import renv
     python, env = _mpi(which)
@@ -245,6 +251,10 @@ def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, w
     p, out, tag = _remote_job(sshbed, tmp_path, which, fault, *extra)
     stdout, err = _finish(p, tag, sshbed)
     assert p.returncode == 0, err
+    # Nothing of any attempt is left where the launcher and the agents (this
+    # machine's file system) keep their files: named by the job, whose names
+    # all begin kvs_<launcher's pid>_ (the agents kept theirs between attempts).
+    assert _files_of(p.pid) == [], err
     assert stdout.strip() == RESULT, (stdout, err)
     seen = _attempts(out)
     assert sorted(seen) == [0, 1], seen
