@@ -241,8 +241,10 @@ def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
 
 @pytest.mark.remote
 @pytest.mark.parametrize("which, fault, extra", [
-    ("mpich", "kill", ()), ("4", "abort", ()), ("5", "kill", ()),
-    ("mpich", "hold", ("--stall-report", "1", "--stall-exit"))])
+    ("mpich", "kill", ()), ("mpich", "abort", ()),
+    ("4", "kill", ()), ("4", "abort", ()), ("5", "kill", ()),
+    ("mpich", "hold", ("--stall-report", "1", "--stall-exit")),
+    ("4", "hold", ("--stall-report", "1", "--stall-exit"))])
 def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, which, fault,
                                                             extra):
     if extra:
