@@ -55,8 +55,9 @@ class AgentPMI:
         self.local: Optional[LocalRanks] = None       # this host's ranks, once started
         # The server of an earlier job of this agent's, retired (see close), if any.
         self.pmix: Optional[PMIxHost] = pmix
-        if pmix is not None:
-            pmix.adopt(loop, self.pmi_log, self._fetch)
+        if pmix is not None:     # (its log as the next job's trace says, once known)
+            pmix.adopt(loop, lambda message: self.pmi_log(message) if self.trace else None,
+                       self._fetch)
         self.fences: Dict[Tuple[str, str, int], Callable[[bytes], None]] = {}
         self.names_waiting: Dict[int, Tuple[str, Callable[[Any], None]]] = {}
         self.modex = ModexAsks()
