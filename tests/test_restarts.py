@@ -370,32 +370,55 @@ def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, 
 
 
 @pytest.mark.remote
-def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed, tmp_path):
-    """torchrun's users' loop (gloo, TORCHELASTIC_RESTART_COUNT, torch.save): killed
-    once, it ends with the weights of a run that was never interrupted."""
+@pytest.mark.parametrize("fault", ["kill", "link", "stall"])
+def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed, tmp_path,
+                                                                          fault):
+    """torchrun's users' loop (gloo, TORCHELASTIC_RESTART_COUNT, torch.save): a rank
+    killed, h2's link dropped, or every rank stalled (--stall-exit), it ends with the
+    weights of a run that was never interrupted, the ranks of a lost h2 on h3."""
     require(__import__("importlib").util.find_spec("torch") is not None, "torch")
+    if fault == "stall":
+        require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
+    if fault == "link":
+        sshbed.require_netns("a network partition")
     from test_remote import renv, settle
     home = sshbed.make_home(tmp_path / "home")
     weights = []
-    for fault in ("none", "kill"):
-        out = tmp_path / fault
+    for case in ("none", fault):
+        out = tmp_path / case
         out.mkdir()
         tag = new_tag()
+        extra = ("--stall-report", "1", "--stall-exit") if case == "stall" else ()
+        p = subprocess.Popen(cmd("--max-restarts", "1", "-H", "h1:2,h2:2,h3:2", "-n", "4",
+                                 *extra, "-x", "MSL_TEST_TAG", PY, program("train_ddp.py"),
+                                 str(out), {"none": "none", "kill": "kill"}.get(case, "hold")),
+                             env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="0.3,5"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            r = subprocess.run(cmd("--max-restarts", "1", "-H", "h1:2,h2:2,h3:2", "-n", "4",
-                                   "-x", "MSL_TEST_TAG", PY, program("train_ddp.py"), str(out),
-                                   fault),
-                               env=renv(home, MSL_TEST_TAG=tag), capture_output=True,
-                               timeout=300)
-            settle(tag, sshbed)
+            if case == "link":
+                assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)),
+                                120)
+                sshbed.link_down("h2")
+            stdout, err_b = p.communicate(timeout=300)
+        finally:
+            if case == "link":
+                sshbed.link_up("h2")
+            p.kill()
+            p.communicate()
+        try:
+            settle(tag, sshbed, timeout=30)
         finally:
             kill_tagged(tag)
-        err = r.stderr.decode()
-        assert r.returncode == 0, err[-3000:]
-        assert ("restart 1 of 1" in err) == (fault == "kill"), err[-3000:]
-        weights.append([line for line in r.stdout.decode().splitlines()
+        err = err_b.decode()
+        assert p.returncode == 0, err[-3000:]
+        assert ("restart 1 of 1" in err) == (case != "none"), err[-3000:]
+        weights.append([line for line in stdout.decode().splitlines()
                         if line.startswith("weights ")])
-        assert sorted(_attempt_numbers(out)) == ([0, 1] if fault == "kill" else [0])
+        assert sorted(_attempt_numbers(out)) == ([0, 1] if case != "none" else [0])
+        if case == "link":
+            assert "left out: h2 (lost)" in err, err[-3000:]
+            hosts = {(out / f"attempt.1.{r}").read_text().strip() for r in range(4)}
+            assert hosts == {"h1", "h3"}, hosts
     assert len(weights[0]) == 1 and weights[0] == weights[1], weights
 
 

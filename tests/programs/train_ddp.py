@@ -5,7 +5,8 @@ one, for jobs run with --max-restarts.
 
 It resumes from DIR/checkpoint.pt when ``TORCHELASTIC_RESTART_COUNT`` says it
 was restarted; in the first attempt, at step 3, FAULT happens (``kill``: rank 1
-SIGKILLs itself; ``none``: nothing).  Rank 0 prints the model's weights at the
+SIGKILLs itself; ``hold``: every rank writes DIR/held.RANK and sleeps, for good;
+``none``: nothing).  Rank 0 prints the model's weights at the
 end, the same whatever attempts it took.  Each rank writes DIR/attempt.A.RANK
 with its host.
 """
@@ -13,6 +14,7 @@ with its host.
 import os
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -49,6 +51,9 @@ while step < 8:
     dist.barrier()
     if step == 3 and attempt == 0 and fault == "kill" and rank == 1:
         os.kill(os.getpid(), 9)
+    if step == 3 and attempt == 0 and fault == "hold":
+        open(os.path.join(out, f"held.{rank}"), "w").close()
+        time.sleep(3600)
 if rank == 0:
     weights = [round(float(v), 5) for v in model.module.weight.flatten()]
     print("weights", weights, round(float(model.module.bias), 5), flush=True)
