@@ -147,6 +147,7 @@ class SSHSpec:
     launcher: str = "auto"                # --launcher auto|ssh|slurm|local
     rsh_agent: str = ""                   # plm_rsh_agent ("ssh : rsh"); "": paramiko
     rsh_args: str = ""                    # plm_rsh_args: extra arguments of rsh_agent
+    rsh_concurrent: int = 128             # plm_rsh_num_concurrent: starts under way at once
 
 
 @dataclass(frozen=True)

@@ -505,3 +505,32 @@ def test_eight_hosts_failing_alike_are_one_line_naming_all_eight(sshbeds, tmp_pa
         assert r.returncode == 1 and len(error_lines(err)) == 1, err
         assert "on 8 of 8 remote host(s)" in err and ": h1-h8 (" in err, err
     assert wait_for(lambda: no_agents(bed), 15)
+
+
+def test_at_most_plm_rsh_num_concurrent_hosts_start_at_once(sshbed, home, tmp_path):
+    """Open MPI's ``plm_rsh_num_concurrent``: with 1, the rsh agent runs for the
+    next host only once the previous host's agent has answered.  The rsh agent
+    here waits 1 s before it connects: one at a time, each host's start comes
+    after the previous host's connection; all at once, every start comes first."""
+    log = tmp_path / "starts"
+    wrapper = tmp_path / "slow-ssh"
+    wrapper.write_text("#!/bin/sh\n"
+                       f"echo \"$(date +%s.%N) start $1\" >> {log}\n"
+                       "sleep 1\n"
+                       f"echo \"$(date +%s.%N) connect $1\" >> {log}\n"
+                       f"exec ssh -F {cfg_of(home)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    hosts = ["h1", "h2", "h3"]
+
+    def starts(*extra):
+        log.unlink(missing_ok=True)
+        r = run_rsh(home, "--mca", "plm_rsh_agent", str(wrapper), *extra, "-H", ",".join(hosts),
+                    "-n", "3", "hostname")
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.decode().split()) == hosts, r.stdout
+        return [line.split()[1] for line in log.read_text().splitlines()]
+
+    # one at a time: each start after the previous one connected (and answered)
+    assert starts("--mca", "plm_rsh_num_concurrent", "1") == ["start", "connect"] * 3
+    # by default, every start before the first one connects
+    assert starts()[:3] == ["start"] * 3

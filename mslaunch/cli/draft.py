@@ -137,6 +137,7 @@ class Draft:
         # Open MPI's MCA parameters and Hydra's variables (see mca.py)
         self.rsh_agent = ""                        # plm_rsh_agent
         self.rsh_args = ""                         # plm_rsh_args
+        self.rsh_concurrent = 128                  # plm_rsh_num_concurrent
         self.default_slots: Optional[int] = None   # orte_set_default_slots N
         self.default_hosts: List[HostEntry] = []   # orte_default_dash_host
         self.perhost: Optional[int] = None         # I_MPI_PERHOST N

@@ -145,6 +145,10 @@ def _rsh_args(d: Draft, said: str, value: str) -> None:
     d.rsh_args = value.strip()
 
 
+def _rsh_concurrent(d: Draft, said: str, value: str) -> None:
+    d.rsh_concurrent = D.check_int(said, value.strip(), minimum=1)
+
+
 def _launch_agent(d: Draft, said: str, value: str) -> None:
     if value.strip():
         D.set_launch_agent(d, said, value)
@@ -236,6 +240,8 @@ _impl(_launch_agent, "orte_launch_agent", note="as `--launch-agent`; `orted` (th
 _impl(_rsh_agent, "plm_rsh_agent", "orte_rsh_agent",
       note="the command that starts the agents (`ssh : rsh`: the first found)")
 _impl(_rsh_args, "plm_rsh_args", note="arguments of that command")
+_impl(_rsh_concurrent, "plm_rsh_num_concurrent",
+      note="how many hosts that command starts at once, until their agents answer (128)")
 _impl(_launcher, "plm", note="as `--launcher`: `rsh`/`ssh` is SSH, `slurm` srun, `isolated` "
       "this machine; a list or `^` and those left out")
 _impl(_oversubscribe(True), "rmaps_base_oversubscribe",
@@ -259,8 +265,8 @@ for _name, _instead in (
 _acc("mslaunch keeps host names as given (it never shortens them)",
      "orte_keep_fqdn_hostnames", "orte_retain_aliases", "orte_hostname_cutoff",
      "orte_hostname_alias_index", "orte_show_resolved_nodenames", "orte_node_regex")
-_acc("agents are started by the launcher itself, 64 hosts at a time (no tree)",
-     "plm_rsh_no_tree_spawn", "plm_rsh_num_concurrent", "plm_rsh_delay")
+_acc("agents are started by the launcher itself (no tree): over SSH 64 hosts at a time, "
+     "with an rsh agent `plm_rsh_num_concurrent`", "plm_rsh_no_tree_spawn", "plm_rsh_delay")
 _acc("there are no session directories but --set-cwd-to-session-dir's",
      "orte_tmpdir_base", "orte_local_tmpdir_base", "orte_remote_tmpdir_base",
      "orte_top_session_dir", "orte_jobfam_session_dir", "orte_no_session_dirs",

@@ -312,7 +312,8 @@ def _build(d: Draft) -> JobSpec:
                     connect_timeout=float(d.ssh_timeout),
                     remote_python=d.remote_python or d.agent_python,
                     agent_wrapper=d.agent_wrapper,
-                    launcher=launcher, rsh_agent=rsh_agent, rsh_args=rsh_args))
+                    launcher=launcher, rsh_agent=rsh_agent, rsh_args=rsh_args,
+                    rsh_concurrent=d.rsh_concurrent))
 
 
 def _apps(d: Draft) -> Tuple[AppContext, ...]:

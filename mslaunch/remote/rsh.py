@@ -36,7 +36,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
     from ..machine.loop import Loop
     from ..spec import SSHSpec
@@ -133,34 +133,51 @@ def dial_addresses(names: Sequence[str]) -> List[str]:
 def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[str], *,
                 timeout: float, cancelled: Optional[Callable[[], bool]] = None,
                 port_range: Optional[Tuple[int, int]] = None,
-                wrapper: Sequence[str] = ()) -> Dict[str, DialedConnection]:
+                wrapper: Sequence[str] = (), concurrent: int = 128) -> Dict[str, DialedConnection]:
     """Start an agent on every host in ``names`` with ``words + [host, command]``;
-    all of them or none (LaunchError)."""
+    all of them or none (LaunchError).
+
+    At most ``concurrent`` starts are under way at once (Open MPI's
+    ``plm_rsh_num_concurrent``): a host's start ends when its agent dials back,
+    and the next host's begins.  Each host has ``timeout`` seconds from its own
+    start: a few hundred rsh clients, logins and Python starts at once can
+    outlast one timeout for all on a launcher that cannot run them together."""
     from .dialback import new_token
     tokens = {name: new_token() for name in names}
     shown = " ".join(words)
+    queue = list(names)
+    began: Dict[str, float] = {}
+    dial: List[str] = []
 
-    def start(dial: str, procs: Dict[str, StartingProcess]) -> None:
-        for name in names:
-            argv = list(words) + [name, remote_command(pythons, dial, tokens[name], wrapper)]
+    def launch(procs: Dict[str, StartingProcess], room: int) -> None:
+        while queue and room > 0:
+            name = queue.pop(0)
+            argv = list(words) + [name, remote_command(pythons, dial[0], tokens[name], wrapper)]
             procs[name] = StartingProcess(argv, None, os.path.basename(words[0]))
+            began[name] = time.monotonic()
+            room -= 1
+
+    def start(dial_value: str, procs: Dict[str, StartingProcess]) -> None:
+        dial.append(dial_value)
+        launch(procs, concurrent)
 
     def wait(loop: Loop, done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess]) -> None:
-        deadline = time.monotonic() + timeout
         settled: Optional[float] = None      # when the first failure's report is due
         while len(done) < len(names):
             if cancelled is not None and cancelled():
                 raise LaunchError(f"stopped while starting the agents with {words[0]}", 130)
             now = time.monotonic()
-            pending = [n for n in names if n not in done and procs[n].proc.poll() is None]
-            late = now > deadline
-            if settled is None and len(pending) < len(names) - len(done):
+            pending = [n for n in procs if n not in done and procs[n].proc.poll() is None]
+            late = {n for n in pending if now > began[n] + timeout}
+            if settled is None and len(pending) < len(procs) - len(done):
                 # A host failed: the others that fail alike (every host, often) are
                 # given a moment to say so, so that one report counts them all.
                 settled = now + FAILURE_SETTLE
             if late or settled is not None and (not pending or now > settled):
                 raise LaunchError(_failure(names, done, procs, shown, timeout, late))
+            if settled is None:
+                launch(procs, concurrent - len(pending))
             loop.run_once(0.1)
             timeline.tick()
 
@@ -169,17 +186,17 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
 
 def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess], shown: str, timeout: float,
-             late: bool) -> str:
-    """One line: every host whose agent is not there, and why (before the
-    deadline, only those whose command ended)."""
+             late: Set[str]) -> str:
+    """One line: every host whose agent is not there, and why (those whose
+    command ended, and those ``late``: past their time)."""
     groups: Dict[str, List[str]] = {}       # why -> the hosts that failed so
     for name in names:
-        if name in done:
+        if name in done or name not in procs:     # (not started: the start stopped)
             continue
         proc = procs[name]
         code = proc.proc.poll()
         said = proc.last_line(wait=0.5)
-        if code is None and not late:
+        if code is None and name not in late:
             continue
         if code is None:
             why = f"did not dial back within {timeout:g} s" + (f"; it said: {said}" if said else "")
@@ -241,4 +258,4 @@ class RshStarter:
                 f"{' '.join(self.words)} HOST")
         return connect_all(names, self.words, self.pythons, timeout=self.timeout,
                            cancelled=cancelled, port_range=self.port_range,
-                           wrapper=spec.agent_wrapper)
+                           wrapper=spec.agent_wrapper, concurrent=spec.rsh_concurrent)
