@@ -27,7 +27,8 @@ children's CPU after the job (``wait4`` alone gives their sum).
 
     python bench/scale.py [--hosts 16,64,200] [--runs 3] [--profile N]
 
-``--profile N`` also samples one ``pass`` job at N hosts with py-spy (every
+The hosts' logins do not read this user's ``~/.bashrc`` (``--login-rc``: they
+do).  ``--profile N`` also samples one ``pass`` job at N hosts with py-spy (every
 thread) and lists the functions that were running most.  Compile the sources
 first (``python -m compileall mslaunch``), or imports dominate the samples.
 """
@@ -157,11 +158,17 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile one job at N hosts (one of --hosts)")
     parser.add_argument("--tmpdir", default=None, help="where the beds' directories go")
+    parser.add_argument("--login-rc", action="store_true",
+                        help="let the hosts' logins read this user's ~/.bashrc (hidden by "
+                             "default)")
     args = parser.parse_args(argv)
     sizes = sorted({int(x) for x in args.hosts.split(",") if x.strip()})
     root = tempfile.mkdtemp(prefix="mslaunch-bench-scale-", dir=args.tmpdir)
     t0 = time.perf_counter()
-    beds = R.start_beds(sizes, root)
+    # Plain logins (the user's ~/.bashrc hidden on every host): a login killed while
+    # it ran `pyenv rehash` would leave pyenv's lock behind, and every later login
+    # of this user waits 60 s on it.
+    beds = R.start_beds(sizes, root, plain_login=not args.login_rc)
     rows: Dict[Tuple[str, int], List[R.Measured]] = {}
     fences: Dict[int, List[float]] = {}
     own: Dict[Tuple[str, int], List[float]] = {}
