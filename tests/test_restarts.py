@@ -353,7 +353,7 @@ def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, 
     out.mkdir()
     tag = new_tag()
     try:
-        p = salloc(slurmbed, tag, "--max-restarts", "1", "--report-json",
+        p = salloc(slurmbed, tag, "-v", "--max-restarts", "1", "--report-json",
                    str(tmp_path / "report.json"), "-n", "2", "-x", "MSL_TEST_TAG", PY, TRAIN,
                    str(out), "kill", cwd=tmp_path)
         rc, stdout, err = finish(p, 180)
@@ -367,6 +367,8 @@ def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, 
     assert sorted(seen) == [0, 1] and {seen[a][r][0] for a in (0, 1) for r in (0, 1)} == {"h1"}
     attempts = json.loads((tmp_path / "report.json").read_text())["attempts"]
     assert [a["hosts"] for a in attempts] == [["h1"], ["h1"]], attempts
+    # one srun step for both attempts (-v names each start of agents)
+    assert err.count("remote host(s) with srun") == 1, err
 
 
 @pytest.mark.remote
@@ -473,9 +475,9 @@ def test_a_node_lost_under_slurm_is_left_out_and_its_ranks_run_on_the_spare(slur
     out = tmp_path / "out"
     out.mkdir()
     tag = new_tag()
-    p = salloc(bed, tag, "--max-restarts", "1", "--report-json", str(tmp_path / "report.json"),
-               "-n", "4", "-x", "MSL_TEST_TAG", PY, TRAIN, str(out), "hold", nodes=3,
-               cwd=tmp_path)
+    p = salloc(bed, tag, "-v", "--max-restarts", "1", "--report-json",
+               str(tmp_path / "report.json"), "-n", "4", "-x", "MSL_TEST_TAG", PY, TRAIN,
+               str(out), "hold", nodes=3, cwd=tmp_path)
     try:
         assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)), 90)
         bed.linkdown(2)
@@ -487,6 +489,9 @@ def test_a_node_lost_under_slurm_is_left_out_and_its_ranks_run_on_the_spare(slur
         assert [seen[1][r][0] for r in range(4)] == ["h1", "h1", "h3", "h3"], (seen, err)
         attempts = json.loads((tmp_path / "report.json").read_text())["attempts"]
         assert attempts[0]["lost"] == ["h2"] and attempts[1]["hosts"] == ["h1", "h3"], attempts
+        # a step of its own for the second attempt: the first's is not kept (-v names
+        # each start of agents)
+        assert err.count("remote host(s) with srun") == 2, err
         on_h2 = set(bed.host_pids(2))
         assert wait_for(lambda: not [q for q in tagged_pids(tag) if q not in on_h2], 15)
     finally:

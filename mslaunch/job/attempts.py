@@ -54,8 +54,13 @@ def backoff(quick: int) -> float:
 def restartable(result: JobResult) -> bool:
     """Whether a job that ended so is started again (restarts left or not): not
     when mslaunch was asked to stop, also while a failure was stopping the job."""
-    return result.exit_code != 0 and result.ending in RESTARTED_ENDINGS \
-        and result.stop_signal is None
+    return result.exit_code != 0 and ends_for_restart(result.ending, result.stop_signal)
+
+
+def ends_for_restart(ending: Optional[str], stop_signal: Optional[int]) -> bool:
+    """:func:`restartable` as a supervisor can tell it before its result is made
+    (an ending of these kinds is a failure, whose code is not 0)."""
+    return ending in RESTARTED_ENDINGS and stop_signal is None
 
 
 def cause_of(result: JobResult) -> str:

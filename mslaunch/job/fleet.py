@@ -90,7 +90,7 @@ class Fleet:
                 answers.close()
             timeline.unwatch()
         self.plain_link = starter.plain_link
-        self.one_fate = bool(getattr(starter, "one_fate", False))
+        self.one_fate = starter.one_fate
         self.conns = conns
         if job.verbose:
             for name in sorted(conns):

@@ -38,10 +38,7 @@ class KeptAgents:
 
     def __init__(self) -> None:
         self.idle: Dict[str, AgentConnection] = {}
-        self.starters: List[Starter] = []
-        self.plain_link = False
-        self.one_fate = False         # see SrunStarter.one_fate
-        self.kept = 0                 # agents handed to a later attempt
+        self.starters: List[Starter] = []     # those that started agents, in order
 
     def put(self, conn: AgentConnection) -> None:
         """An agent with no job (told ``NEXT``, or never given one) for a later attempt."""
@@ -61,7 +58,6 @@ class KeptAgents:
                 taken[name] = conn
             else:
                 let_go(conn)
-        self.kept += len(taken)
         return taken
 
     def starter(self, make: Callable[[], Starter]) -> Starter:
@@ -123,14 +119,20 @@ class _KeptFirst:
             self.pool.starters.append(self.real)
         return self.real
 
+    def _kind(self) -> Optional[Starter]:
+        """The starter whose agents these are: this attempt's, else the job's first
+        (a job's starters are all of one kind, :func:`~mslaunch.remote.starter.starter_for`'s)."""
+        return self.real or (self.pool.starters[0] if self.pool.starters else None)
+
     @property
     def plain_link(self) -> bool:
-        return self.real.plain_link if self.real is not None else self.pool.plain_link
+        kind = self._kind()
+        return kind.plain_link if kind is not None else False
 
     @property
     def one_fate(self) -> bool:
-        return getattr(self.real, "one_fate", False) if self.real is not None \
-            else self.pool.one_fate
+        kind = self._kind()
+        return kind.one_fate if kind is not None else False
 
     @property
     def first_phase(self) -> str:
@@ -159,6 +161,4 @@ class _KeptFirst:
                 for conn in conns.values():
                     self.pool.put(conn)
                 raise
-            self.pool.plain_link = self._real().plain_link
-            self.pool.one_fate = bool(getattr(self._real(), "one_fate", False))
         return conns

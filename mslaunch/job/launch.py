@@ -266,7 +266,7 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     """The job run with ``--max-restarts`` (see :mod:`.attempts`): each attempt
     with a job name and an orphan guard of its own."""
     from ..machine.guard import Watchdog
-    from .attempts import RESTARTED_ENDINGS, AttemptOutcome, run_attempts
+    from .attempts import AttemptOutcome, ends_for_restart, run_attempts
     from .keptagents import KeptAgents
     first = [(watchdog, kvsname)]
     shown: List = [console]        # the console of the attempt running, if any
@@ -274,8 +274,8 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     # between attempts, and whether the attempt running may be followed by another.
     follows = {"health": False, "restarts_left": False}
     carry: Dict[str, Any] = {"agents": KeptAgents(), "again": lambda sup: (
-        sup.stop_signal is None and (follows["health"] or (
-            follows["restarts_left"] and sup.ending in RESTARTED_ENDINGS)))}
+        sup.stop_signal is None and follows["health"]
+        or follows["restarts_left"] and ends_for_restart(sup.ending, sup.stop_signal))}
 
     def guarded(run):
         if first:

@@ -246,12 +246,11 @@ class Agent:
         self.job, self.specs, self.local = {}, [], None
         self.exited, self.done_sent = set(), False
         self.jobs_done += 1
-        done = self.jobs_done
-        self._idle = self.loop.call_later(idle, lambda: self._idle_over(done, idle))
+        self._idle = self.loop.call_later(idle, lambda: self._idle_over(idle))
 
-    def _idle_over(self, done: int, idle: float) -> None:
+    def _idle_over(self, idle: float) -> None:
         # An exit of 0, as on BYE: under srun a failed agent would end the whole step.
-        if self.jobs_done == done and not self.job and not self.finished:
+        if not self.finished:
             try:
                 sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: no next job "
                                  f"came in {idle:g} s\n")

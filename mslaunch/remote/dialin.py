@@ -78,10 +78,9 @@ class StartingProcess:
         self.tail = b""
         self.open = 0
         self.closing = False          # mslaunch itself is ending the process
-        #: The shortest wait a link's close asked for: a lost host's link is closed
-        #: at once, and then the process cannot end by itself (its agent there
-        #: does not answer): it is not waited for longer.
-        self.least_wait: Optional[float] = None
+        #: A link's agent does not answer (its host was lost): the process cannot
+        #: end by itself (srun waits for that host), so it is not waited for.
+        self.hopeless = False
         self.ended_because = ""
         self.links: List[socket.socket] = []
         self._ended = threading.Event()
@@ -209,7 +208,7 @@ class DialedConnection:
             except OSError:
                 return True
 
-    def close(self, wait: float = 1.0) -> None:
+    def close(self, wait: float = 1.0, gone: bool = False) -> None:
         if self._sock.fileno() < 0:
             return
         self._step.open -= 1
@@ -223,9 +222,9 @@ class DialedConnection:
             pass
         self._sock.close()
         step = self._step
-        step.least_wait = wait if step.least_wait is None else min(step.least_wait, wait)
+        step.hopeless = step.hopeless or gone
         if step.open <= 0:
-            step.end(min(wait, step.least_wait))
+            step.end(0.0 if step.hopeless else wait)
 
 
 def greet(addresses: Sequence[str], tokens: Mapping[str, str],

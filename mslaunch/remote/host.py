@@ -196,7 +196,7 @@ class RemoteHost:
         if self.state == "lost":
             deadline = time.monotonic() + 0.5   # nobody to wait for
         self.conn.wait_exit(deadline)
-        self.conn.close(wait=max(0.1, deadline - time.monotonic()))
+        self.conn.close(wait=max(0.1, deadline - time.monotonic()), gone=self.state == "lost")
         os.close(self.conn.fd)
 
     def attach_output(self, sock, first: bytes) -> None:

@@ -389,6 +389,7 @@ class SSHStarter:
 
     plain_link = False        # the links travel in SSH channels
     begun = False             # the agents start in start()
+    one_fate = False          # each agent its own SSH session
     first_phase = "SSH: connecting"
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str]) -> None:

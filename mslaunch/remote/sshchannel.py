@@ -115,8 +115,9 @@ class SSHAgentConnection:
         self._threads[0].join(max(0.0, deadline - time.monotonic()))
         return not self._threads[0].is_alive()
 
-    def close(self, wait: float = 1.0) -> None:
-        """Close the link (the agent sees end-of-file and exits) and the connection."""
+    def close(self, wait: float = 1.0, gone: bool = False) -> None:
+        """Close the link (the agent sees end-of-file and exits) and the connection
+        (``gone`` changes nothing: no process here waits for the host)."""
         deadline = time.monotonic() + wait
         try:
             self._sock.shutdown(socket.SHUT_RDWR)

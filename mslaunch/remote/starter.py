@@ -52,8 +52,10 @@ if TYPE_CHECKING:
         def wait_exit(self, deadline: float) -> bool:
             """Wait until the agent has closed its end (it exited); False at ``deadline``."""
 
-        def close(self, wait: float = 1.0) -> None:
-            """Close the link (the agent sees end-of-file and exits), waiting up to ``wait`` s."""
+        def close(self, wait: float = 1.0, gone: bool = False) -> None:
+            """Close the link (the agent sees end-of-file and exits), waiting up to
+            ``wait`` s; ``gone``: the agent does not answer (its host was lost), so
+            what started it cannot end by itself and is not waited for."""
 
     class Starter(Protocol):
         """Starts the job's agents on remote hosts.
@@ -64,6 +66,11 @@ if TYPE_CHECKING:
 
         @property
         def plain_link(self) -> bool: ...
+
+        @property
+        def one_fate(self) -> bool:
+            """One agent's failure ends every agent it started (srun's step): after
+            a lost host none of them is kept for a job's next attempt."""
 
         @property
         def first_phase(self) -> str:
@@ -99,6 +106,7 @@ class _NoStarter:
 
     plain_link = True
     begun = False
+    one_fate = False
     first_phase = ""
 
     def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
