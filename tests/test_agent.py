@@ -598,6 +598,46 @@ def test_signal_frame_ends_a_sleeping_rank(agents, tmp_path):
     no_tagged_processes(agent.tag)
 
 
+def _a_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def test_a_ranks_end_before_the_stop_is_reported_as_before_it(agents, tmp_path):
+    """The agent's loop may come to the stop before the end of a rank that came first
+    (the agent was not running, and a heartbeat was already waiting on its link): that
+    end is still reported as before the stop, or the launcher would take it for the
+    stop's doing and not count it (tests/test_failure_order.py has the rules)."""
+    agent = agents.new()
+    go = tmp_path / "go"
+    ender = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\nos._exit(3)"
+    agent.send(link.encode(link.JOB, job_body(agent.tag, str(tmp_path),
+                                              [[PY, "-c", ender], [PY, "-c", SLEEPER]])))
+    agent.expect(link.READY)
+    agent.send(link.encode(link.START))
+    started, _ = agent.expect(link.STARTED)
+    os.kill(agent.proc.pid, signal.SIGSTOP)
+    try:
+        agent.send(link.encode(link.BEAT))              # the link is ready first
+        go.touch()
+        assert wait_for(lambda: _a_zombie(started["pids"]["0"]), 10)
+        agent.send(link.encode(link.SIGNAL, {"sig": int(signal.SIGTERM)}))   # the job's stop
+    finally:
+        os.kill(agent.proc.pid, signal.SIGCONT)
+    exited, _ = agent.expect(link.EXITED)
+    assert (exited["rank"], exited["code"], exited["stop_at"]) == (0, 3, None), exited
+    exited, _ = agent.expect(link.EXITED)
+    assert (exited["rank"], exited["signal"]) == (1, int(signal.SIGTERM)), exited
+    assert exited["stop_at"] is not None
+    agent.expect(link.DONE)
+    agent.send(link.encode(link.BYE))
+    assert agent.finish(5) == (0, "")
+    no_tagged_processes(agent.tag)
+
+
 def _started_sleepers(agent: AgentProc, cwd: str, **over: Any) -> None:
     agent.send(link.encode(link.JOB, job_body(agent.tag, cwd, [[PY, "-c", SLEEPER]] * 2,
                                               **over)))

@@ -45,6 +45,23 @@ def test_an_abort_long_before_a_death_is_the_cause():
     assert f.root is first and f.root_code == 7
 
 
+def test_a_death_its_host_saw_late_is_the_cause_of_an_abort_before_it():
+    """Seen after the stop was sent and before the stop reached its host: its agent
+    was not running, so its time says only that it came before the stop."""
+    dead, peer = R(1), R(3)
+    f = Failures()
+    f.note(peer, 14, 5.0, True, abort=True)
+    f.stopped(5.001)
+    f.note(dead, 1, 5.0 + VICTIM_WINDOW * 3, True, stop_reached=None)
+    assert f.root is dead and f.root_code == 1
+    seen_after_the_stop = Failures()
+    seen_after_the_stop.note(peer, 14, 5.0, True, abort=True)
+    seen_after_the_stop.stopped(5.001)
+    seen_after_the_stop.note(dead, 137, 5.0 + VICTIM_WINDOW * 3, True,
+                             stop_reached=5.0 + VICTIM_WINDOW * 4)
+    assert seen_after_the_stop.root is peer and seen_after_the_stop.root_code == 14
+
+
 def test_a_ranks_end_after_its_own_abort_is_that_abort():
     aborter, victim = R(1), R(3)
     f = Failures()

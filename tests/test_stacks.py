@@ -520,8 +520,9 @@ def test_the_main_threads_own_dump_is_taken_by_the_main_thread_while_a_tracer_ho
             "def worker_4711():\n    time.sleep(60)\n"
             "for _ in range(8):\n"
             "    threading.Thread(target=worker_4711, daemon=True).start()\n"
-            "print('started', flush=True)\n"
-            "def main_4711():\n    time.sleep(60)\nmain_4711()\n")
+            # said from inside main_4711, where the tracer must find the main thread
+            "def main_4711():\n    print('started', flush=True)\n    time.sleep(60)\n"
+            "main_4711()\n")
     dump = tmp_path / f"{os.getpid()}.txt"
     child = subprocess.Popen([PY, "-c", code, str(dump)], stdout=subprocess.PIPE)
     libc = ctypes.CDLL(None, use_errno=True)

@@ -18,7 +18,11 @@ own host only when that host's agent runs, and on a busy host a peer's
 ``MPI_Abort`` over its broken connection (the usual way an MPI rank reacts
 to a dead peer) has been seen to be stamped up to 11 ms before the death it
 reacts to.  An ``MPI_Abort`` less than :data:`VICTIM_WINDOW` before another
-rank's death, exit or loss is taken for that rank's victim, not its cause.
+rank's death, exit or loss is taken for that rank's victim, not its cause;
+so is one before a death its host saw after the job's stop was sent and
+before that stop reached it.  Such a death was seen late (its host's agent
+was not running, and reads its ranks' ends before it heeds the stop), and
+its time says only that it came before the stop.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ if TYPE_CHECKING:
     from ..spec import RankResult
     from .seams import RankState
 
-    #: (when, rank, exit code, an MPI_Abort, may be the cause)
-    Seen = Tuple[float, RankState, int, bool, bool]
+    #: (when, rank, exit code, an MPI_Abort, may be the cause, seen late)
+    Seen = Tuple[float, RankState, int, bool, bool, bool]
 
 #: How many of the failures that followed the cause are named.
 FOLLOWED_SHOWN = 3
@@ -71,8 +75,9 @@ class Failures:
                 sig is None or sig == SIGTERM or (sig == SIGKILL and at >= stop_reached + grace)):
             return
         # A rank's end after its own MPI_Abort is still that abort.
-        abort = abort or any(r is rank and a for _, r, _, a, _ in self.seen)
-        self.seen.append((at, rank, code, abort, counts))
+        abort = abort or any(s[1] is rank and s[3] for s in self.seen)
+        late = stop_reached is None and self.stopped_at is not None
+        self.seen.append((at, rank, code, abort, counts, late))
         self._choose()
 
     def _choose(self) -> None:
@@ -80,8 +85,10 @@ class Failures:
         if not counted:
             return
         first = counted[0]
-        death = next((s for s in counted if not s[3]), None)
-        if first[3] and death is not None and death[0] - first[0] < VICTIM_WINDOW:
+        # the death an abort first may have been the victim of (see the module's text)
+        death = next((s for s in counted if not s[3]
+                      and (s[0] - first[0] < VICTIM_WINDOW or s[5])), None)
+        if first[3] and death is not None:
             first = death
         self.root, self.root_at, self.root_code = first[1], first[0], first[2]
 
@@ -94,7 +101,7 @@ class Failures:
         """The other ranks that failed before the stop, each once, in order, with
         how long after the cause (seconds; negative for a victim seen before it)."""
         firsts: List[Tuple[float, RankState]] = []
-        for at, rank, _, _, _ in sorted(self.seen, key=lambda s: s[0]):
+        for at, rank, *_ in sorted(self.seen, key=lambda s: s[0]):
             if rank is not self.root and all(r is not rank for _, r in firsts):
                 firsts.append((at - self.root_at, rank))
         return firsts

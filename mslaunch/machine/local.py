@@ -223,10 +223,20 @@ class LocalRanks:
 
     def _poll_exit(self, local: _Local) -> None:
         """Without pidfds (an agent on Python 3.8), look for the rank's exit every 50 ms."""
+        if local.ended:
+            return
         if local.proc.exited():  # type: ignore[union-attr]
             self._on_exit(local)
         else:
             self.loop.call_later(0.05, lambda: self._poll_exit(local))
+
+    def catch_up(self) -> None:
+        """Read now the ends of ranks that have exited but whose end the loop has not
+        read yet (it was busy, or not scheduled): a stop about to be sent must find
+        them ended before it, or their ends would be taken for the stop's doing."""
+        for local in list(self.ranks.values()):
+            if local.proc is not None and not local.ended and local.proc.exited():
+                self._on_exit(local)
 
     # -- events -------------------------------------------------------------
     def _on_exit(self, local: _Local) -> None:

@@ -198,6 +198,7 @@ class Agent:
                 raise link.LinkError("SIGNAL: ranks are not numbers")
             if self.local is not None and 0 < sig < 65:
                 if sig == signal.SIGTERM and ranks is None:
+                    self.local.catch_up()
                     self.pmi.stopping(self._live_pids())
                 self.local.signal(sig, ranks)
         elif kind == link.CREDIT:
