@@ -480,6 +480,22 @@ def test_a_whole_job_through_the_agent(agents, tmp_path):
     no_tagged_processes(agent.tag)
 
 
+def test_a_python_rank_of_an_agent_run_from_the_bundle_has_the_stack_hook(agents, tmp_path):
+    """The hook is a file of the package, read through the module's loader: an agent
+    run from the bundle (as every agent here is) reads it from the bundle."""
+    agent = agents.new()
+    show = "print([l for l in open('/proc/self/status') if l.startswith('SigCgt')][0])"
+    agent.send(link.encode(link.JOB, job_body(agent.tag, str(tmp_path), [[PY, "-c", show]])))
+    agent.expect(link.READY)
+    agent.send(link.encode(link.START))
+    agent.expect(link.STARTED)
+    agent.expect(link.DONE)
+    caught = int(agent.output[0, 1].split()[1], 16)
+    assert caught >> (57 - 1) & 1, agent.output
+    agent.send(link.encode(link.BYE))
+    assert agent.finish(5) == (0, "")
+
+
 def _one_job(agent: AgentProc, job: Dict[str, Any]) -> Dict[int, Tuple[Any, Any]]:
     """JOB, START, and every rank's exit up to DONE."""
     agent.send(link.encode(link.JOB, job))

@@ -595,3 +595,40 @@ def test_looks_at_once_each_get_python_frames_and_leave_none_unread(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
         kill_tagged(tag)
+
+
+def test_the_hooks_bytecode_is_the_packages_own_when_current_else_compiled(tmp_path):
+    """A launch copies the hook's bytecode that the package's installation compiled,
+    when it was compiled from the hook as it is: compiling it costs each job's launch
+    a millisecond or more.  A stale or foreign one is not used."""
+    import importlib._bootstrap_external as ext
+    import marshal
+    import py_compile
+    from mslaunch.machine import pydump
+    with open(pydump.HOOK_FILE, "rb") as f:
+        source = f.read()
+    pyc = str(tmp_path / "rankhook.pyc")
+    py_compile.compile(pydump.HOOK_FILE, cfile=pyc, doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    with open(pyc, "rb") as f:
+        data = f.read()
+    for body, stale, used in [(b"SENTINEL", False, True), (b"SENTINEL", True, False),
+                              (data[16:], False, True)]:
+        head = bytearray(data[:16])
+        if stale:
+            head[8] ^= 1                                  # another modification time
+        with open(pyc, "wb") as f:
+            f.write(bytes(head) + body)
+        got = pydump._compiled(source, ext.MAGIC_NUMBER, lambda path: pyc)
+        assert (got == body) is used
+        if not used:
+            assert marshal.loads(got).co_filename == pydump.HOOK_FILE
+    # the hook as a launch writes it arms a Python rank
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    assert pydump.prepare(str(directory))
+    env = clean_env(**pydump.rank_env(str(directory), {}, os.getpid()))
+    out = subprocess.run([PY, "-c", "print(open('/proc/self/status').read())"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    caught = next(line for line in out.stdout.splitlines() if line.startswith("SigCgt:"))
+    assert int(caught.split()[1], 16) >> (pydump.SIGNAL - 1) & 1, out

@@ -43,84 +43,9 @@ MAX_THREADS = 100
 #: The variable that arms the hook: ``DIR|SIGNAL|TRACER_PID|HAD_PYTHONPATH``.
 VARIABLE = "MSLAUNCH_STACKS"
 
-HOOK = '''\
-# Written by mslaunch: arms faulthandler so that mslaunch-stacks can read this
-# process's Python stacks without stopping it, then runs the next sitecustomize.
-def _arm():
-    import os, sys
-    spec = os.environ.pop("MSLAUNCH_STACKS", "").split("|")
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if parts and os.path.abspath(parts[0] or ".") == here:
-        if len(spec) == 4 and spec[3] == "0":
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = os.pathsep.join(parts[1:])
-    if len(spec) != 4:
-        return
-    try:
-        import faulthandler
-        fd = os.open(os.path.join(spec[0], "%d.txt" % os.getpid()),
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        faulthandler.register(int(spec[1]), file=fd, all_threads=True, chain=False)
-        faulthandler.register(int(spec[1]) - 1, file=fd, all_threads=False, chain=False)
-    except (OSError, ValueError, RuntimeError):
-        return
-    try:
-        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            scope = f.read().strip()
-    except OSError:
-        scope = "0"
-    if scope == "1" and spec[2].isdigit():
-        try:
-            import ctypes
-            ctypes.CDLL(None).prctl(0x59616d61, int(spec[2]), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-try:
-    _arm()
-except Exception:   # an interpreter without faulthandler.register: no dump, no noise
-    pass
-del _arm
-def _exit_on_exception():
-    # An uncaught exception in a rank whose MPI is up: after the traceback, the
-    # rank ends at once with 1, as under "python -m mpi4py".  Left to the
-    # interpreter, its exit would run mpi4py's MPI_Finalize, which waits for
-    # ranks that wait for this one: the job would hang.
-    import os, sys
-    if os.environ.get("MSLAUNCH_EXCEPTION_EXIT", "").strip().lower() in (
-            "0", "false", "no", "off", "f", "n"):
-        return
-    previous = sys.excepthook
-    def hook(kind, value, tb):
-        previous(kind, value, tb)
-        mpi = sys.modules.get("mpi4py.MPI")
-        try:
-            live = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
-        except Exception:
-            live = False
-        if live:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
-            os._exit(1)
-    sys.excepthook = hook
-try:
-    _exit_on_exception()
-except Exception:
-    pass
-del _exit_on_exception
-import sys as _sys
-_self = _sys.modules.pop("sitecustomize", None)
-try:
-    import sitecustomize
-except ImportError:
-    if _self is not None:
-        _sys.modules["sitecustomize"] = _self
-'''
+#: The hook, a file of this package (read through this module's loader, which may
+#: be an agent's bundle, never imported).
+HOOK_FILE = os.path.join(os.path.dirname(__file__), "rankhook.py")
 
 
 def prepare(directory: str) -> bool:
@@ -128,16 +53,20 @@ def prepare(directory: str) -> bool:
 
     Its bytecode for this Python is written beside it: ranks run with
     ``PYTHONDONTWRITEBYTECODE`` (or a read-only cache) would otherwise compile
-    it at every start, near 2 ms each."""
+    it at every start, near 2 ms each.  That bytecode is the one the package's
+    installation compiled, when it is there and current: compiling it here
+    would cost the launch as much."""
     path = os.path.join(directory, "sitecustomize.py")
     try:
+        source = globals()["__loader__"].get_data(HOOK_FILE)
+        if not isinstance(source, bytes):
+            return False
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with open(fd, "w") as f:
-            f.write(HOOK)
-    except OSError:
+        with open(fd, "wb") as f:
+            f.write(source)
+    except (OSError, AttributeError):     # a loader that cannot read the package's files
         return False
     try:
-        import marshal
         # the import system's own module, frozen and always loaded: nothing to import
         from importlib._bootstrap_external import MAGIC_NUMBER, cache_from_source
         st = os.stat(path)
@@ -147,10 +76,28 @@ def prepare(directory: str) -> bool:
         os.makedirs(os.path.dirname(cached), 0o700, exist_ok=True)
         fd = os.open(cached, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as f:
-            f.write(head + marshal.dumps(compile(HOOK, path, "exec")))
+            f.write(head + _compiled(source, MAGIC_NUMBER, cache_from_source))
     except (OSError, ImportError, ValueError, SyntaxError):
         pass
     return True
+
+
+def _compiled(source: bytes, magic: bytes, cache_from_source) -> bytes:
+    """The hook's code, marshalled: from the package's own bytecode if it was
+    compiled from this very source (a timestamp-checked one; the import sets the
+    file name the code names), else compiled now."""
+    try:
+        with open(cache_from_source(HOOK_FILE), "rb") as f:
+            data = f.read()
+        st = os.stat(HOOK_FILE)
+        if data[:4] == magic and data[4:8] == bytes(4) and \
+                int.from_bytes(data[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF and \
+                int.from_bytes(data[12:16], "little") == len(source) & 0xFFFFFFFF:
+            return data[16:]
+    except OSError:
+        pass
+    import marshal
+    return marshal.dumps(compile(source, HOOK_FILE, "exec"))
 
 
 def make_dir(guard: Watchdog) -> Optional[str]:

@@ -233,6 +233,13 @@ class _FromMemory:
         return None
 
     @staticmethod
+    def get_data(path):
+        try:
+            return zlib.decompress(_sources[path.split("/", 1)[1]])
+        except (KeyError, IndexError):
+            raise OSError("not in the bundle: %s" % path)
+
+    @staticmethod
     def exec_module(module):
         path = module.__spec__.origin.split("/", 1)[1]
         module.__file__ = module.__spec__.origin
