@@ -50,7 +50,6 @@ class StandInRanks:
         self.released = False
         self.deadline: Optional[float] = None
         self.stdin_pipes: Dict[int, int] = {}
-        self.unread: Dict[int, Optional[int]] = {}      # ended, not yet seen: key -> code
 
     @property
     def busy(self) -> bool:
@@ -67,13 +66,7 @@ class StandInRanks:
             for key in sorted(self.running & set(ranks if ranks is not None else self.ranks)):
                 self.sup.loop.call_later(0.01, lambda k=key: self.exit(k, None, sig))
 
-    def catch_up(self) -> None:
-        for key, code in sorted(self.unread.items()):
-            self.exit(key, code)
-        self.unread.clear()
-
     def exit(self, key: int, code: Optional[int], sig: Optional[int] = None) -> None:
-        self.unread.pop(key, None)
         if key in self.running:
             self.running.discard(key)
             self.sup.rank_exited(key, code, sig)
@@ -127,21 +120,6 @@ def test_the_first_failure_is_the_root_cause_and_stops_the_others():
     assert "rank 1 (pid 10001" in result.message and "exited with code 7" in result.message
     assert sup.stand_in.sent()[:2] == [signal.SIGCONT, signal.SIGTERM]
     assert not sup.stand_in.running and sup.stand_in.released
-
-
-def test_an_end_not_yet_read_when_another_fails_is_read_before_the_stop():
-    """Rank 1 ended first, but the loop read rank 2's failure first: rank 1's end is
-    read before the stop is sent, so it is not taken for the stop's doing."""
-    sup = PolicyUnderTest(["-n", "3"])
-
-    def rank_1_ends_unseen():
-        sup.stand_in.unread[1] = 5
-    sup.events = [(0.05, rank_1_ends_unseen)]
-    sup.script = [(0.10, 2, 9)]
-    result = sup.run()
-    assert result.exit_code == 9 and result.root_cause.rank == 2
-    assert "then rank 1 (pid 10001 on " in result.message and "code 5" in result.message, \
-        result.message
 
 
 def test_a_clean_job_exits_zero_and_signals_nobody():

@@ -183,9 +183,6 @@ class MpirunHandle:
         """mpirun runs, or output of its is still to come."""
         return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
 
-    def catch_up(self) -> None:
-        """mpirun reports its ranks' ends itself."""
-
     def start(self) -> None:
         reads: List[Tuple[int, int]] = []
         stdout: Optional[int] = None

@@ -36,10 +36,6 @@ class RankHandle(Protocol):
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         """Send ``sig`` to the process groups of ``ranks`` (default: all)."""
 
-    def catch_up(self) -> None:
-        """Read now the ends of ranks that have already exited, before a stop is sent
-        (an agent does this itself when the stop reaches it)."""
-
     def release(self) -> None:
         """The job is over: let go without waiting (an agent is told BYE)."""
 

@@ -403,8 +403,6 @@ class Supervisor(LookingInside):
         ``mpi_abort``; ``abort``: that ends the job."""
         if rank.discarded:
             return
-        if abort and self.ending is None and self.local is not None:
-            self.local.catch_up()      # ends already there are noted before the stop
         if reason and not rank.reason:
             rank.reason = reason
         if self.ending in (None, "failure"):

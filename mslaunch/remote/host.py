@@ -157,9 +157,6 @@ class RemoteHost:
     def release(self) -> None:
         self.say_bye()
 
-    def catch_up(self) -> None:
-        """The agent reads its ranks' ends before it heeds a stop."""
-
     def keep(self, idle: float) -> bool:
         """The job starts again (``--max-restarts``): when every rank here has ended,
         its output is all in and the link is sound, tell the agent ``NEXT`` (to wait
