@@ -9,6 +9,7 @@ an MPICH program (tests/test_mpi.py, tests/test_singletons.py).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 
@@ -277,6 +278,16 @@ def test_failures_on_a_remote_rank_end_every_host(sshbed, ompi, tmp_path, mode, 
     r = _remote(sshbed, home, ompi, mode=mode, timeout=120)      # settled: nothing left
     # A rank on the other host may notice its lost TCP peer, and abort, before the
     # failed rank's end reaches the launcher: the failure is still the first one.
+    if mode == "abort" and r.returncode != code and re.search(
+            rb"\nmslaunch: then rank 1 \(pid \d+ on h1\) called MPI_Abort with exit code 7, "
+            rb"\d+ ms later\n", r.stderr):
+        # Two MPI_Aborts, the genuine one and a peer's reaction to the connections
+        # Open MPI 5 closes before its abort leaves the rank: on a loaded machine the
+        # reaction can reach its agent first, and no clock tells the two apart (see
+        # docs/reference/failures.md).  Both are named; nothing else may differ.
+        assert r.stderr.startswith(b"mslaunch: rank ") and b" called MPI_Abort with exit " \
+            b"code " in r.stderr.split(b"\n")[0], r.stderr
+        return
     assert r.returncode == code, r.stderr
     assert b"mslaunch: rank 1 (pid " in r.stderr and b" on h1)" in r.stderr, r.stderr
     first = r.stderr.split(b"\n")
