@@ -289,25 +289,22 @@ class Fleet:
             self._let_go(conn)
         self.conns = {}
 
-    def keep_hosts(self) -> int:
+    def keep_hosts(self) -> None:
         """The job starts again: the agents of hosts whose ranks have all ended wait
-        for the next attempt rather than exit; how many."""
+        for the next attempt rather than exit."""
         kept = self._kept()
         if kept is None:
-            return 0
+            return
         if self.one_fate and any(h.state == "lost" for h in self.hosts.values()):
             # The lost host's agent will fail, and its srun take every agent of
             # the step with it, in the next attempt perhaps: none is kept.
             kept.let_go_all()
             self.doomed = True
-            return 0
+            return
         from .keptagents import IDLE
-        count = 0
         for host in self.hosts.values():
             if host.keep(IDLE):
                 kept.put(host.conn)
-                count += 1
-        return count
 
     def close_listener(self) -> None:
         if self.listener is not None:

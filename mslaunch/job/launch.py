@@ -274,8 +274,8 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     # between attempts, and whether the attempt running may be followed by another.
     follows = {"health": False, "restarts_left": False}
     carry: Dict[str, Any] = {"agents": KeptAgents(), "again": lambda sup: (
-        sup.stop_signal is None and follows["health"]
-        or follows["restarts_left"] and ends_for_restart(sup.ending, sup.stop_signal))}
+        (sup.stop_signal is None and follows["health"])
+        or (follows["restarts_left"] and ends_for_restart(sup.ending, sup.stop_signal)))}
 
     def guarded(run):
         if first:

@@ -47,6 +47,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Set
 
+    from ..pmix.host import PMIxHost
+
 from ..errors import LaunchError
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks, python_program
@@ -81,17 +83,8 @@ class Agent:
         self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
                                  on_closed=self._link_closed)
         self.in_fd, self.out_fd = in_fd, out_fd
-        # Ranks' output goes to the link itself, or a connection of its own.
-        self.output = Outflow(self.loop, self.endpoint)
-        self.stdin = StdinRelay(self.loop, self.endpoint)
-        self.pmi = AgentPMI(self.loop, self.endpoint, on_job=self._spawned)
-        self.look = AgentLook(self.loop, self.endpoint)      # STACKS and TOP
-        self.job: Dict[str, Any] = {}
-        self.specs: List[RankSpec] = []
-        self.local: Optional[LocalRanks] = None
+        self._fresh_job()
         self.guard: Optional[Watchdog] = None
-        self.exited: Set[int] = set()
-        self.done_sent = False
         self.jobs_done = 0            # jobs forgotten on NEXT (kept between attempts)
         self._idle: Optional[Any] = None     # the timer of a kept agent's wait
         self.finished = False
@@ -100,6 +93,20 @@ class Agent:
         self.preloaded: List[str] = []
         # The job's name from the greeting ("" if none or not a name): the guard's.
         self.named = job if is_kvsname(job) else ""
+
+    def _fresh_job(self, pmix: Optional[PMIxHost] = None) -> None:
+        """What belongs to one job, new (at the start, and on NEXT with ``pmix``, the
+        retired server of the job before, which its library cannot start twice)."""
+        # Ranks' output goes to the link itself, or a connection of its own.
+        self.output = Outflow(self.loop, self.endpoint)
+        self.stdin = StdinRelay(self.loop, self.endpoint)
+        self.pmi = AgentPMI(self.loop, self.endpoint, on_job=self._spawned, pmix=pmix)
+        self.look = AgentLook(self.loop, self.endpoint)      # STACKS and TOP
+        self.job: Dict[str, Any] = {}
+        self.specs: List[RankSpec] = []
+        self.local: Optional[LocalRanks] = None
+        self.exited: Set[int] = set()
+        self.done_sent = False
 
     # -- life -----------------------------------------------------------------
     def run(self) -> int:
@@ -240,12 +247,7 @@ class Agent:
         if self.output.link is not self.endpoint:
             self.output.link.flush(time.monotonic() + 2.0)
             self.output.link.close("")
-        self.output = Outflow(self.loop, self.endpoint)
-        self.stdin = StdinRelay(self.loop, self.endpoint)
-        self.pmi = AgentPMI(self.loop, self.endpoint, on_job=self._spawned, pmix=pmix)
-        self.look = AgentLook(self.loop, self.endpoint)
-        self.job, self.specs, self.local = {}, [], None
-        self.exited, self.done_sent = set(), False
+        self._fresh_job(pmix)
         self.jobs_done += 1
         self._idle = self.loop.call_later(idle, lambda: self._idle_over(idle))
 
