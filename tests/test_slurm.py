@@ -42,9 +42,10 @@ def benv(bed, tag: str, **extra: str):
 
 
 def salloc(bed, tag: str, *args: str, nodes: int = 2, per_node: int = 2,
-           extra_env: Optional[Dict[str, str]] = None, **kw):
-    """``salloc -N nodes --ntasks-per-node=per_node mslaunch ARGS`` (running)."""
-    return bed.popen(["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", "-Q",
+           extra_env: Optional[Dict[str, str]] = None, nodelist: Optional[str] = None, **kw):
+    """``salloc -N nodes --ntasks-per-node=per_node [-w nodelist] mslaunch ARGS`` (running)."""
+    where = ["-w", nodelist] if nodelist else []
+    return bed.popen(["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", *where, "-Q",
                       *cmd(*args)], env=None, base_env=benv(bed, tag, **(extra_env or {})),
                      stdout=-1, stderr=-1, **kw)
 
@@ -338,13 +339,16 @@ def test_launcher_choice_outside_and_inside_an_allocation(slurmbed, tmp_path):
                      base_env=clean_env())
     assert r.returncode == 2 and "not inside a Slurm allocation" in r.stderr
     tag = new_tag()
-    p = salloc(slurmbed, tag, "--launcher", "local", "-n", "2", "true", nodes=1, per_node=2)
+    # on h1 by name: a node just freed by the job before may still be completing, and
+    # Slurm then gives the other one
+    p = salloc(slurmbed, tag, "--launcher", "local", "-n", "2", "true", nodes=1, per_node=2,
+               nodelist="h1")
     rc, out, err = finish(p)
     assert rc == 1 and "--launcher local: h1 is not this machine" in err, err
     p = salloc(slurmbed, tag, "-H", "h1,198.51.100.9", "--launcher", "slurm", "-n", "2",
-               "true", nodes=1, per_node=2)
+               "true", nodes=1, per_node=2, nodelist="h1")
     rc, out, err = finish(p)
-    assert rc == 1 and "198.51.100.9 is not a node of Slurm job" in err, err
+    assert rc == 1 and "--launcher slurm: 198.51.100.9 is not a node of Slurm job" in err, err
 
 
 
