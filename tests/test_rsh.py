@@ -534,3 +534,23 @@ def test_at_most_plm_rsh_num_concurrent_hosts_start_at_once(sshbed, home, tmp_pa
     assert starts("--mca", "plm_rsh_num_concurrent", "1") == ["start", "connect"] * 3
     # by default, every start before the first one connects
     assert starts()[:3] == ["start"] * 3
+
+
+@pytest.mark.parametrize("cgroup", ["1", "0"])
+def test_a_local_ranks_leftover_is_stopped_and_the_ssh_clients_are_not(sshbed, home, cgroup):
+    """Once the local ranks ended, what holds their pipes is stopped as a
+    leftover; the ``ssh`` clients that hold the hosts' sessions are the
+    launcher's children too, and are not leftovers."""
+    tag = new_tag()
+    try:
+        r = run_rsh(home, "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                    f"-F {cfg_of(home)}", "--grace", "1", "-H", "localhost,h1,h2",
+                    "-x", "MSL_TEST_TAG", "-n", "1", "sh", "-c",
+                    "setsid sleep 60 & echo started", ":",
+                    "-n", "2", "sh", "-c", "sleep 3; echo done",
+                    env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_CGROUP=cgroup))
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.decode().split()) == ["done", "done", "started"]
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)

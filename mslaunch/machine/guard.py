@@ -442,15 +442,20 @@ class Watchdog:
         self._pending.clear()
 
     def leftovers(self, ranks: Iterable[int] = ()) -> Set[int]:
-        """Processes of the job other than this one, its watchdog and ``ranks``."""
+        """Processes of the job other than this one, its watchdog, ``ranks`` and the
+        launcher's helpers (an rsh agent, an SSH helper) with what they started."""
+        from .spawn import helper_pids
         self.ready()
         me = os.getpid()
-        skip = {me, self.pid, *ranks}
+        helpers = helper_pids()
+        skip = {me, self.pid, *ranks, *helpers}
         if self.cgroup is not None:
             found = self.cgroup.pids()
         else:
-            found = set(children_of(me)) | marked_pids(self.marker)
+            found = set(children_of(me)) - helpers | marked_pids(self.marker)
             found |= descendants(found)
+        if helpers:
+            skip |= descendants(helpers)
         return {p for p in found - skip if alive(p)}
 
     def reap_adopted(self, ranks: Iterable[int]) -> None:
