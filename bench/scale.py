@@ -6,10 +6,12 @@ network namespace, 200 at most), one rank per host.  For each count,
 
 ``pass``
     ``mslaunch -H h1,..,hH -n H python -c pass`` (paramiko, the default
-    starter): wall time; the launcher's CPU seconds, with its reaped children
-    (``wait4``) and its own alone (all its threads: paramiko runs inside it);
-    its own peak RSS (``VmHWM``) and largest count of open descriptors,
-    sampled every 20 ms.
+    starter: from 8 hosts on, in helper processes): wall time; the
+    launcher's CPU seconds, with its reaped children (``wait4``: the SSH
+    helpers) and its own alone (all its threads); its own peak RSS
+    (``VmHWM``) and largest count of open descriptors, sampled every 20 ms.
+``inside``
+    ``pass`` with ``MSLAUNCH_SSH_HELPERS=0``: paramiko inside the launcher.
 ``fence``
     the same job running ``bench/_fence.py``, a PMI-1 client: every rank puts a
     key and fences twice; rank 0 prints how long the second fence took, when
@@ -77,12 +79,17 @@ def _env(bed: R.Bed) -> Dict[str, str]:
 
 
 def one(bed: R.Bed, n: int, program: Sequence[str], timeout: float,
-        openssh: bool = False) -> Tuple[R.Measured, str, Optional[float]]:
-    """A run, its stdout, and the launcher's own CPU seconds (without children)."""
+        openssh: bool = False, helpers: Optional[str] = None
+        ) -> Tuple[R.Measured, str, Optional[float]]:
+    """A run, its stdout, and the launcher's own CPU seconds (without children);
+    ``helpers``: ``MSLAUNCH_SSH_HELPERS``, if given."""
     extra = ["--mca", "plm_rsh_agent", bed.ssh] if openssh else []
     argv = [sys.executable, "-c", SELF, "-H", ",".join(bed.hosts), "-n", str(n), *extra,
             *program]
-    m = R.run_measured(argv, _env(bed), keep_stdout=True, timeout=timeout, sample="self")
+    env = _env(bed)
+    if helpers is not None:
+        env["MSLAUNCH_SSH_HELPERS"] = helpers
+    m = R.run_measured(argv, env, keep_stdout=True, timeout=timeout, sample="self")
     found = re.search(rb"bench-cpu ([0-9.]+) ([0-9.]+)", m.res.stderr)
     return m, b"".join(m.chunks).decode(errors="replace"), \
         float(found.group(1)) if found else None
@@ -176,13 +183,17 @@ def main(argv: Sequence[str]) -> int:
     try:
         C.log(f"bench: beds of {', '.join(map(str, sizes))} hosts started in "
               f"{time.perf_counter() - t0:.1f} s; load {os.getloadavg()[0]:.2f}")
+        for n in sizes:     # a first job builds the agents' package cache: not counted
+            one(beds[n], n, [sys.executable, "-c", "pass"], args.timeout)
         for _ in range(args.runs):
             for n in sizes:
-                for case, program, openssh in (
-                        ("pass", [sys.executable, "-c", "pass"], False),
-                        ("fence", [sys.executable, FENCE], False),
-                        ("openssh", [sys.executable, "-c", "pass"], True)):
-                    m, out, own_cpu = one(beds[n], n, program, args.timeout, openssh)
+                for case, program, openssh, helpers in (
+                        ("pass", [sys.executable, "-c", "pass"], False, None),
+                        ("inside", [sys.executable, "-c", "pass"], False, "0"),
+                        ("fence", [sys.executable, FENCE], False, None),
+                        ("openssh", [sys.executable, "-c", "pass"], True, None)):
+                    m, out, own_cpu = one(beds[n], n, program, args.timeout, openssh,
+                                          helpers)
                     if m.res.failure():
                         failed.append(f"{case} at {n}: {m.res.failure()}")
                         C.log(f"bench: {case} at {n} hosts failed; its stderr's end:\n"
@@ -213,14 +224,21 @@ def main(argv: Sequence[str]) -> int:
         return statistics.median(vals) if vals else None
     own_cpu = [(n, own_med("pass", n)) for n in sizes]
     own_ssh = [(n, own_med("openssh", n)) for n in sizes]
+    own_in = [(n, own_med("inside", n)) for n in sizes]
+    wall_in = [(n, med("inside", n, lambda m: m.res.seconds * 1000)) for n in sizes]
+    cpu_in = [(n, med("inside", n, lambda m: m.cpu * 1000)) for n in sizes]
     wall_ssh = [(n, med("openssh", n, lambda m: m.res.seconds * 1000)) for n in sizes]
     cpu_ssh = [(n, med("openssh", n, lambda m: m.cpu * 1000)) for n in sizes]
     rss = [(n, med("pass", n, lambda m: m.hwm_kib / 1024 if m.hwm_kib else None))
            for n in sizes]
     fds = [(n, med("pass", n, lambda m: m.fds)) for n in sizes]
     fence = [(n, statistics.median(fences[n]) if n in fences else None) for n in sizes]
-    table = [("wall ms", wall, "{:.0f}"), ("launcher CPU ms", cpu, "{:.0f}"),
-             ("launcher's own CPU ms (paramiko inside it)", own_cpu, "{:.0f}"),
+    table = [("wall ms", wall, "{:.0f}"),
+             ("launcher CPU ms, with its SSH helpers", cpu, "{:.0f}"),
+             ("launcher's own CPU ms (SSH in helpers from 8 hosts on)", own_cpu, "{:.0f}"),
+             ("paramiko in the launcher (MSLAUNCH_SSH_HELPERS=0): wall ms", wall_in, "{:.0f}"),
+             ("paramiko in the launcher: CPU ms", cpu_in, "{:.0f}"),
+             ("paramiko in the launcher: its own CPU ms", own_in, "{:.0f}"),
              ("OpenSSH client as rsh agent: wall ms", wall_ssh, "{:.0f}"),
              ("OpenSSH client as rsh agent: CPU ms, with its `ssh` children", cpu_ssh,
               "{:.0f}"),

@@ -223,7 +223,7 @@ def _files_of(launcher_pid: int) -> list:
     return [f for d in places for f in glob.glob(f"{d}/*kvs_{launcher_pid}_*")]
 
 
-def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
+def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2", helpers=""):
     from test_remote import renv
     python, env = _mpi(which)
     home = sshbed.make_home(tmp_path / "home")
@@ -233,6 +233,8 @@ def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
     argv = cmd("--max-restarts", "2", "--report-json", str(tmp_path / "report.json"),
                "-H", hosts, "-n", "4", *extra, "-x", "MSL_TEST_TAG",
                *[a for k in env for a in ("-x", k)], python, TRAIN, str(out), fault)
+    if helpers:
+        env = dict(env, MSLAUNCH_SSH_HELPERS=helpers)
     p = subprocess.Popen(argv, env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="0.3,5",
                                         **env),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -240,17 +242,19 @@ def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2"):
 
 
 @pytest.mark.remote
-@pytest.mark.parametrize("which, fault, extra", [
-    ("mpich", "kill", ()), ("mpich", "abort", ()),
-    ("4", "kill", ()), ("4", "abort", ()), ("5", "kill", ()),
-    ("mpich", "hold", ("--stall-report", "1", "--stall-exit")),
-    ("4", "hold", ("--stall-report", "1", "--stall-exit"))])
+@pytest.mark.parametrize("which, fault, extra, helpers", [
+    ("mpich", "kill", (), "2"), ("mpich", "abort", (), ""),
+    ("mpich", "kill", (), ""), ("4", "kill", (), ""), ("4", "abort", (), ""),
+    ("5", "kill", (), ""),
+    ("mpich", "hold", ("--stall-report", "1", "--stall-exit"), ""),
+    ("4", "hold", ("--stall-report", "1", "--stall-exit"), "")])
 def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, which, fault,
-                                                            extra):
+                                                            extra, helpers):
+    """(``helpers``: the SSH sessions held by helper processes, which keep them too.)"""
     if extra:
         require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
     before = _logins(sshbed)
-    p, out, tag = _remote_job(sshbed, tmp_path, which, fault, *extra)
+    p, out, tag = _remote_job(sshbed, tmp_path, which, fault, *extra, helpers=helpers)
     stdout, err = _finish(p, tag, sshbed)
     assert p.returncode == 0, err
     # Nothing of any attempt is left where the launcher and the agents (this
@@ -268,12 +272,13 @@ def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, w
 
 
 @pytest.mark.remote
-@pytest.mark.parametrize("which", ["mpich", "4"])
-def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path, which):
+@pytest.mark.parametrize("which, helpers", [("mpich", ""), ("4", ""), ("mpich", "2")])
+def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path, which,
+                                                                helpers):
     from test_remote import settle
     sshbed.require_netns("a network partition")
     before = _logins(sshbed)
-    p, out, tag = _remote_job(sshbed, tmp_path, which, "hold")
+    p, out, tag = _remote_job(sshbed, tmp_path, which, "hold", helpers=helpers)
     try:
         assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)), 90)
         t0 = time.monotonic()

@@ -162,6 +162,23 @@ def helper_pids() -> Set[int]:
     return set(_helpers)
 
 
+def wait_in_background(pid: int) -> None:
+    """A child forked to work for the launcher: reaped by a thread of its own, and
+    one of :func:`helper_pids` until then."""
+    import threading
+
+    def wait() -> None:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        finally:
+            _helpers.discard(pid)
+
+    _helpers.add(pid)
+    threading.Thread(target=wait, daemon=True, name=f"reap-{pid}").start()
+
+
 def exec_path(name: str, env: Mapping[str, str]) -> Optional[str]:
     """``name`` as exec finds it: a name with a slash as it is, else the first
     executable along the environment's PATH (empty entries: here)."""

@@ -264,6 +264,12 @@ MARK = b"\0mslaunch-package "
 _job_name = ""
 
 
+def name_job(job: str) -> None:
+    """Name the job ``job`` in every greeting from now on (see :data:`_job_name`)."""
+    global _job_name
+    _job_name = job
+
+
 def prepare_in_background(after: Optional[Callable[[], None]] = None, *,
                           credentials: bool = True, job: str = "") -> None:
     """Read or build the bundle, then (with ``credentials``) make the launcher's
@@ -274,8 +280,7 @@ def prepare_in_background(after: Optional[Callable[[], None]] = None, *,
     time, their own imports would hold up paramiko's, which every host
     waits for, while they are needed only once the agents run.  ``job`` names
     the job in every greeting from now on (see :data:`_job_name`)."""
-    global _job_name
-    _job_name = job
+    name_job(job)
 
     def prepare() -> None:
         package_bundle()
@@ -289,7 +294,20 @@ def prepare_in_background(after: Optional[Callable[[], None]] = None, *,
                 pass
 
     import threading
-    finish_before_exit(threading.Thread(target=prepare, name="agent-bundle", daemon=True))
+    thread = threading.Thread(target=prepare, name="agent-bundle", daemon=True)
+    _preparing[:] = [thread]
+    finish_before_exit(thread)
+
+
+_preparing: List[threading.Thread] = []
+
+
+def prepared() -> None:
+    """Wait for what :func:`prepare_in_background` began; the bundle, ready."""
+    for thread in _preparing:
+        thread.join()
+    package_bundle()
+    framed_bundle()
 
 
 def finish_before_exit(thread: threading.Thread) -> None:

@@ -1,4 +1,4 @@
-"""The SSH starter: agents on the job's remote hosts, over paramiko.
+"""Agents on the job's remote hosts over paramiko: the connections (the starter is :mod:`.sshstarter`).
 
 paramiko is imported in the background (:mod:`.paramiko_import`) while the
 TCP connections are being opened.  Every host is connected in parallel (at most
@@ -29,6 +29,7 @@ handshake, host key, login) and the pool of them.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -36,11 +37,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-    from ..spec import SSHSpec
 
 from ..errors import LaunchError
 from . import bootstrap, timeline
-from .paramiko_import import import_finished, paramiko_module, start_import
+from .paramiko_import import paramiko_module, start_import
 from .sshchannel import SSHAgentConnection, _QuickAck, start_agent
 from .sshfiles import Config, HostFailure, KnownHosts, authenticate, short_reason
 
@@ -70,8 +70,9 @@ class Options:
 class _Connector:
     """Sets up the agents of many hosts in parallel."""
 
-    def __init__(self, options: Options, pythons: Sequence[str]) -> None:
+    def __init__(self, options: Options, pythons: Sequence[str], per_sshd: int = PER_SSHD) -> None:
         self.options = options
+        self.per_sshd = per_sshd
         self.command = bootstrap.remote_command(pythons, options.wrapper)
         self.config = Config(options.config)
         self.paramiko: Any = None
@@ -222,7 +223,7 @@ class _Connector:
 
     def _sshd_slot(self, addr: Tuple[str, int]) -> threading.Semaphore:
         with self.lock:
-            return self.sshd_slots.setdefault(addr, threading.Semaphore(PER_SSHD))
+            return self.sshd_slots.setdefault(addr, threading.Semaphore(self.per_sshd))
 
     def check_host_key(self, transport, s: Dict[str, Any]) -> None:
         key = transport.get_remote_server_key()
@@ -264,8 +265,43 @@ class _Connector:
             raise
 
 
+def connect_each(connector: _Connector, names: Sequence[str], concurrency: int,
+                 up: Callable[[str, SSHAgentConnection], None],
+                 failed: Callable[[str, HostFailure], None],
+                 halt: threading.Event) -> List[threading.Thread]:
+    """Start the agents of ``names`` in at most ``concurrency`` threads, telling
+    ``up`` or ``failed`` of each host (from those threads), until ``halt`` is
+    set; the threads, started."""
+    lock = threading.Lock()
+    todo = list(names)
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo or halt.is_set():
+                    return
+                name = todo.pop(0)
+            try:
+                conn = connector.connect(name)
+            except HostFailure as err:
+                failed(name, err)
+                continue
+            except LaunchError as err:
+                failed(name, HostFailure("connect", str(err)))
+                continue
+            except Exception as err:   # never a traceback for a host's trouble
+                failed(name, HostFailure("connect", short_reason(err)))
+                continue
+            up(name, conn)
+
+    workers = [threading.Thread(target=work, daemon=True, name=f"connect-{i}")
+               for i in range(min(concurrency, len(names)))]
+    for w in workers:
+        w.start()
+    return workers
+
+
 def connect_all(names: Sequence[str], options: Options,
-                report: Optional[Callable[[str], None]] = None,
                 cancelled: Optional[Callable[[], bool]] = None) -> Dict[str, SSHAgentConnection]:
     """Start an agent on every host in ``names``; all of them or none (LaunchError).
 
@@ -277,46 +313,28 @@ def connect_all(names: Sequence[str], options: Options,
     failures: Dict[str, HostFailure] = {}
     done: Dict[str, SSHAgentConnection] = {}
     lock = threading.Lock()
-    todo = list(names)
+    halt = threading.Event()
 
-    def work() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                name = todo.pop(0)
-            try:
-                conn = connector.connect(name)
-            except HostFailure as err:
-                with lock:
-                    failures[name] = err
-                continue
-            except LaunchError as err:
-                with lock:
-                    failures[name] = HostFailure("connect", str(err))
-                continue
-            except Exception as err:   # never a traceback for a host's trouble
-                with lock:
-                    failures[name] = HostFailure("connect", short_reason(err))
-                continue
-            with lock:
+    def up(name: str, conn: SSHAgentConnection) -> None:
+        with lock:
+            if not halt.is_set():
                 done[name] = conn
-            if report is not None:
-                report(name)
+                return
+        conn.close(wait=0)
+        os.close(conn.fd)
 
-    workers = [threading.Thread(target=work, daemon=True, name=f"connect-{i}")
-               for i in range(min(CONCURRENCY, len(names)))]
-    for w in workers:
-        w.start()
-    for w in workers:
+    def failed(name: str, err: HostFailure) -> None:
+        with lock:
+            failures[name] = err
+
+    for w in connect_each(connector, names, CONCURRENCY, up, failed, halt):
         while w.is_alive():
             w.join(0.05)
             timeline.tick()
             if cancelled is not None and cancelled():
                 with lock:
-                    todo.clear()
-                    for conn in done.values():
-                        conn.close()
+                    halt.set()
+                close_all(done)
                 raise LaunchError("stopped while connecting to the remote hosts", 130)
     for transport in connector.jumps.values():
         if not isinstance(transport, type(lock)) and failures and not done:
@@ -325,10 +343,16 @@ def connect_all(names: Sequence[str], options: Options,
             except Exception:
                 pass
     if failures:
-        for conn in done.values():
-            conn.close()
+        close_all(done)
         raise LaunchError(describe_failures(failures, len(names)))
     return done
+
+
+def close_all(conns: Dict[str, Any]) -> None:
+    """Close the links of agents that will not be used (each exits)."""
+    for conn in conns.values():
+        conn.close()
+        os.close(conn.fd)
 
 
 def handshake_reason(err: BaseException) -> str:
@@ -382,32 +406,3 @@ def _unknown_keys(names: List[str], failures: Dict[str, HostFailure]) -> str:
     more = f" and {len(names) - 4} more" if len(names) > 4 else ""
     return (f"host key: not in known_hosts; after checking their fingerprints ({prints}{more}), "
             f"trust them with: {commands}, or run with --ssh-accept-new")
-
-
-class SSHStarter:
-    """The :class:`~.starter.Starter` that starts agents over SSH with paramiko."""
-
-    plain_link = False        # the links travel in SSH channels
-    begun = False             # the agents start in start()
-    one_fate = False          # each agent its own SSH session
-    first_phase = "SSH: connecting"
-
-    def __init__(self, spec: SSHSpec, pythons: Sequence[str]) -> None:
-        self.options = Options(config=spec.config, user=spec.user, port=spec.port,
-                               identity=spec.identity, accept_new=spec.accept_new,
-                               connect_timeout=spec.connect_timeout, pythons=pythons,
-                               wrapper=spec.agent_wrapper)
-
-    def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
-        """paramiko's import and the agent's package, in the background."""
-        start_import()
-        bootstrap.prepare_in_background(import_finished, job=job)
-
-    def close(self) -> None:
-        pass
-
-    def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
-              say: Optional[Callable[[str], None]] = None) -> Dict[str, SSHAgentConnection]:
-        if say is not None:
-            say(f"mslaunch: starting agents on {len(names)} remote host(s) over SSH")
-        return connect_all(names, self.options, cancelled=cancelled)

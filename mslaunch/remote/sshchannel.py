@@ -15,7 +15,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional
 
 from ..machine.loop import wait_fd
 from . import bootstrap, link
@@ -43,6 +43,9 @@ class SSHAgentConnection:
         self.hello = hello
         self.stderr_tail = b""
         self.ended_because = ""     # the seam's "why the link was cut", when known here
+        #: Told the stderr tail once the agent's output ended, before the link's
+        #: end-of-file is passed on (a helper process hands the tail over).
+        self.on_end: Optional[Callable[[bytes], None]] = None
         ours, theirs = socket.socketpair()
         self._sock = theirs
         self.fd = ours.detach()
@@ -65,6 +68,11 @@ class SSHAgentConnection:
                 self._sock.sendall(data)
         except (OSError, EOFError, Exception):
             pass
+        # What the agent said on its way out is kept before the launcher
+        # hears the link end, and asks for it.
+        self._threads[2].join(1.0)
+        if self.on_end is not None:
+            self.on_end(self.stderr_tail)
         try:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError:

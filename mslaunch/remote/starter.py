@@ -3,7 +3,7 @@
 A :class:`Starter` starts one agent on each named host and hands back, for
 each, an :class:`AgentConnection`: the launcher's end of that agent's link
 (see :mod:`.link`) and what the launcher needs to know of the agent.  The
-starters are paramiko's SSH (:class:`.ssh.SSHStarter`), an rsh agent such as
+starters are paramiko's SSH (:class:`.sshstarter.SSHStarter`), an rsh agent such as
 the OpenSSH client (:class:`.rsh.RshStarter`) and Slurm's srun
 (:class:`.slurm.SrunStarter`); :func:`starter_for` makes the job's, as
 :func:`.slurm.choose` decides.  The launcher uses only what the two
@@ -149,7 +149,7 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
     if agent or spec.rsh_args:
         from .rsh import RshStarter
         return RshStarter(spec, pythons, environ, agent, setting, port_range)
-    from .ssh import SSHStarter
+    from .sshstarter import SSHStarter
     return SSHStarter(spec, pythons)
 
 

@@ -43,9 +43,21 @@ class _Watch:
 _watch: List[_Watch] = []
 
 
-def mark(event: str, host: str = "") -> None:
-    """``event`` happened now (to ``host``, or to the job when "")."""
-    _marks.append((time.monotonic(), event, host))
+_forward: List[Callable[[float, str, str], None]] = []
+
+
+def mark(event: str, host: str = "", at: Optional[float] = None) -> None:
+    """``event`` happened now, or at ``at`` (to ``host``, or to the job when "")."""
+    at = time.monotonic() if at is None else at
+    if _forward:
+        _forward[0](at, event, host)
+    else:
+        _marks.append((at, event, host))
+
+
+def forward(to: Callable[[float, str, str], None]) -> None:
+    """Hand every mark from now on to ``to`` (a helper process's, to the launcher)."""
+    _forward[:] = [to]
 
 
 def watch(names: List[str], say: Callable[[str], None], first: str) -> None:

@@ -1,0 +1,97 @@
+"""The starter of agents over SSH with paramiko (see :mod:`.starter`).
+
+Up to :data:`.sshhelpers.MIN_HOSTS` hosts, the launcher connects to
+every host itself (:func:`.ssh.connect_all`); from there on, helper
+processes do (:mod:`.sshhelpers`), forked as soon as the hosts are known.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Sequence
+
+    from ..spec import SSHSpec
+
+from . import bootstrap
+from .paramiko_import import import_finished, start_import
+from .ssh import Options, close_all, connect_all
+from .sshhelpers import Helpers, helper_count
+
+
+class SSHStarter:
+    """The :class:`~.starter.Starter` that starts agents over SSH with paramiko:
+    inside the launcher, or from :data:`.sshhelpers.MIN_HOSTS` hosts on
+    in helper processes (:mod:`.sshhelpers`), forked as soon as the hosts are
+    known."""
+
+    plain_link = False        # the links travel in SSH channels
+    one_fate = False          # each agent its own SSH session
+    first_phase = "SSH: connecting"
+
+    def __init__(self, spec: SSHSpec, pythons: Sequence[str]) -> None:
+        self.options = Options(config=spec.config, user=spec.user, port=spec.port,
+                               identity=spec.identity, accept_new=spec.accept_new,
+                               connect_timeout=spec.connect_timeout, pythons=pythons,
+                               wrapper=spec.agent_wrapper)
+        self.helpers = Helpers(self.options)
+        self._begun: List[str] = []        # hosts the helpers are starting since prepare
+
+    @property
+    def begun(self) -> bool:
+        return bool(self._begun)
+
+    def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
+        """Helpers that start the agents at once, or paramiko's import and the
+        agent's package in the background."""
+        count = helper_count(len(names), os.environ)
+        if count:
+            # Forked first: no thread of this process is importing or building yet.
+            bootstrap.name_job(job)
+            self.helpers.begin(names, count)
+            self._begun = list(names)
+            return
+        start_import()
+        bootstrap.prepare_in_background(import_finished, job=job)
+
+    def close(self) -> None:
+        """The helper processes, if any, end (their agents ended before)."""
+        self._begun = []
+        self.helpers.end()
+
+    def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
+              say: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+        begun, self._begun = self._begun, []
+        count = self.helpers.count if begun else helper_count(len(names), os.environ)
+        if say is not None:
+            by = f" in {count} helper process(es)" if count else ""
+            say(f"mslaunch: starting agents on {len(names)} remote host(s) over SSH{by}")
+        if not count:
+            return connect_all(names, self.options, cancelled=cancelled)
+        if not begun:
+            import_finished()          # no import, no package build under way
+            bootstrap.prepared()
+            self.helpers.begin(names, count)
+        conns: Dict[str, Any] = dict(self.helpers.collect(cancelled))
+        for name in [n for n in conns if n not in names]:
+            _let_go(conns.pop(name))
+        rest = [n for n in names if n not in conns]
+        if rest:        # asked for, not prepared: started here
+            try:
+                conns.update(connect_all(rest, self.options, cancelled=cancelled))
+            except BaseException:
+                close_all(conns)
+                raise
+        return conns
+
+
+def _let_go(conn: Any) -> None:
+    """An agent started for a host the job no longer asks for: ``BYE`` (it exits 0)."""
+    from . import link
+    try:
+        os.write(conn.fd, link.encode(link.BYE))
+    except OSError:
+        pass
+    close_all({conn.name: conn})
