@@ -38,7 +38,12 @@ def segments(kvsname: str):
 
 def spawn_run(*args: str, tag: str = "", timeout: float = 120, **kw):
     tag = tag or new_tag()
-    env = clean_env(MSL_TEST_TAG=tag)
+    # These jobs are of this machine alone.  Other workers' test beds add and
+    # remove network interfaces meanwhile: UCX (MPICH's wheel) then failed its
+    # start on a device gone between its listing and its use, and MPICH's
+    # port names, which carry UCX's address of every device, outgrew their
+    # 256 bytes.  Loopback alone is what a job of one machine needs.
+    env = clean_env(MSL_TEST_TAG=tag, UCX_NET_DEVICES="lo")
     try:
         return run(*args, env=env, timeout=timeout, **kw)
     finally:
