@@ -1,4 +1,4 @@
-"""SSH's handshakes in helper processes (``mslaunch.remote.sshhelpers``), on real sshd hosts.
+"""SSH's handshakes in helper processes (``mslaunch.remote.sshhelpers``, ``.sshfork``), on real sshd hosts.
 
 The helpers are forks of the launcher that start the agents of a share of
 the hosts and hold their SSH sessions.  A job started through them must be
@@ -26,7 +26,7 @@ from helpers import PY, cmd, error_lines, kill_tagged, new_tag, tagged_pids, wai
 from test_remote import FAST_BEAT, agents, no_agents, renv, run_remote, settle
 
 from mslaunch.errors import UsageError
-from mslaunch.remote import sshhelpers
+from mslaunch.remote import sshfork, sshhelpers
 
 HOSTS = "h1,h2,h3,h4"
 
@@ -57,7 +57,7 @@ def helpers_of(launcher: int):
         pid = todo.pop()
         try:
             with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() != sshhelpers.COMM:
+                if f.read().strip() != sshfork.COMM:
                     continue
         except OSError:
             continue
@@ -173,6 +173,21 @@ def test_a_helper_holds_nothing_of_the_launchers_and_ends_with_it(sshbed, home):
         kill_tagged(tag)
 
 
+def test_a_local_rank_inherits_no_link_a_helper_handed_over(sshbed, home):
+    """The links and status pipes come from the helpers over a socket: they are
+    the launcher's alone, as its own links are, never its local ranks'."""
+    program = ("import os, re\n"
+               "print(sorted(re.sub(r'[0-9]+', 'N', os.readlink('/proc/self/fd/' + f))"
+               " for f in os.listdir('/proc/self/fd') if os.path.exists('/proc/self/fd/' + f)))")
+
+    def descriptors(helpers: str) -> str:
+        r = run_remote(home, "-H", "localhost,h1,h2,h3", "-n", "1", PY, "-c", program, ":",
+                       "-n", "3", "true", env=henv(home, helpers))
+        assert r.returncode == 0, r.stderr
+        return r.stdout.decode()
+    assert descriptors("2") == descriptors("0")
+
+
 # -- losses -----------------------------------------------------------------------------
 
 def test_a_sigkilled_launcher_takes_its_helpers_and_every_agent_with_it(sshbed, home):
@@ -219,18 +234,27 @@ def test_a_dropped_ssh_session_is_a_lost_host(sshbed, home):
         kill_tagged(tag)
 
 
-def test_a_helper_that_dies_under_a_running_job_loses_its_hosts(sshbed, home):
+@pytest.mark.parametrize("which", ["first", "other"])
+def test_a_helper_that_dies_under_a_running_job_loses_its_hosts(sshbed, home, which):
     """Its hosts' links end with it: they are lost, and their agents, whose SSH
-    sessions ended, stop their ranks."""
+    sessions ended, stop their ranks.  The first helper (h1 and h3) forked the
+    other (h2 and h4) and reaps it: the other does not outlive it, and its
+    hosts are lost too."""
     tag = new_tag()
     p = start_sleepers(home, tag)
     try:
         helpers = helpers_of(p.pid)
-        assert len(helpers) == 2
-        os.kill(helpers[0], signal.SIGKILL)
+        first = [pid for pid in helpers if pid in _children(p.pid)]
+        other = [pid for pid in helpers if pid not in first]
+        assert len(first) == 1 and len(other) == 1, helpers
+        os.kill((first if which == "first" else other)[0], signal.SIGKILL)
+        if which == "first":
+            assert wait_for(lambda: not os.path.exists(f"/proc/{other[0]}/fd"), 10)
         _, err = p.communicate(timeout=30)
         assert p.returncode == 255, err
-        assert err.count(b"lost host h") >= 2, err
+        lost = {h for h in ("h1", "h2", "h3", "h4") if f"lost host {h}:".encode() in err}
+        # (the first one's end is the other's too: every host may be lost then)
+        assert lost and (which == "first" or lost <= {"h2", "h4"}), err
         settle(tag, sshbed)
     finally:
         p.kill()
@@ -320,7 +344,7 @@ _messages = st.one_of(
 @given(_messages)
 def test_every_message_comes_back_as_it_went(message):
     kind, fields = message
-    got = sshhelpers.decode(sshhelpers.encode(kind, **fields))
+    got = sshfork.decode(sshfork.encode(kind, **fields))
     assert got == {"t": kind, **fields}
 
 
@@ -336,15 +360,15 @@ def test_every_message_comes_back_as_it_went(message):
                  .map(lambda d: __import__("json").dumps(d).encode())))
 def test_anything_else_is_a_wire_error_and_nothing_else(data):
     try:
-        message = sshhelpers.decode(data)
-    except sshhelpers.WireError:
+        message = sshfork.decode(data)
+    except sshfork.WireError:
         return
     assert message["t"] in ("mark", "up", "failed", "done")
 
 
 def test_a_message_nested_past_pythons_stack_is_a_wire_error():
-    with pytest.raises(sshhelpers.WireError):
-        sshhelpers.decode(b"[" * 100000 + b"]" * 100000)
+    with pytest.raises(sshfork.WireError):
+        sshfork.decode(b"[" * 100000 + b"]" * 100000)
 
 
 def test_a_helpers_time_mark_is_the_launchers():

@@ -181,6 +181,8 @@ class Supervisor(LookingInside):
             from .fleet import Fleet
             assert self.starter is not None     # hosts to connect come with their starter
             self.fleet = Fleet(self, _stop_requested)
+            # Each host's link and connections are open before its ranks start.
+            raise_fd_limit(8 * len(plan.ranks) + 8 * len(self.connect) + 64)
             self.fleet.connect(self.connect, self.starter, self.replan)
             plan = self.plan                  # planned again with the hosts' topologies
         if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:

@@ -23,6 +23,8 @@ from .sshfiles import HostFailure, short_reason
 
 #: Seconds for the remote side to answer once the command runs.
 AGENT_TIMEOUT = 60.0
+#: Seconds an agent has to end once the launcher closed its link.
+GONE_AFTER = 5.0
 #: Bytes handed to the channel at a time (paramiko's packets are at most 32 KiB).
 SEND_PIECE = 32 << 10
 
@@ -94,6 +96,15 @@ class SSHAgentConnection:
             self.channel.shutdown_write()
         except Exception:
             pass
+        # The launcher closed the link: an agent that does not end by then is on a
+        # host that no longer answers, and its session ends here (a helper
+        # process holding it would otherwise hold it for the rest of the job).
+        self._threads[0].join(GONE_AFTER)
+        if self._threads[0].is_alive():
+            try:
+                self.transport.close()
+            except Exception:
+                pass
 
     def _stderr(self) -> None:
         try:

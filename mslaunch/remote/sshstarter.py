@@ -11,7 +11,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
     from ..spec import SSHSpec
 
@@ -31,7 +31,9 @@ class SSHStarter:
     one_fate = False          # each agent its own SSH session
     first_phase = "SSH: connecting"
 
-    def __init__(self, spec: SSHSpec, pythons: Sequence[str]) -> None:
+    def __init__(self, spec: SSHSpec, pythons: Sequence[str],
+                 environ: Optional[Mapping[str, str]] = None) -> None:
+        self.environ = os.environ if environ is None else environ
         self.options = Options(config=spec.config, user=spec.user, port=spec.port,
                                identity=spec.identity, accept_new=spec.accept_new,
                                connect_timeout=spec.connect_timeout, pythons=pythons,
@@ -46,11 +48,11 @@ class SSHStarter:
     def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
         """Helpers that start the agents at once, or paramiko's import and the
         agent's package in the background."""
-        count = helper_count(len(names), os.environ)
+        count = helper_count(len(names), self.environ)
         if count:
             # Forked first: no thread of this process is importing or building yet.
             bootstrap.name_job(job)
-            self.helpers.begin(names, count)
+            self._fork(names, count)
             self._begun = list(names)
             return
         start_import()
@@ -64,7 +66,7 @@ class SSHStarter:
     def start(self, names: Sequence[str], *, cancelled: Optional[Callable[[], bool]] = None,
               say: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
         begun, self._begun = self._begun, []
-        count = self.helpers.count if begun else helper_count(len(names), os.environ)
+        count = self.helpers.count if begun else helper_count(len(names), self.environ)
         if say is not None:
             by = f" in {count} helper process(es)" if count else ""
             say(f"mslaunch: starting agents on {len(names)} remote host(s) over SSH{by}")
@@ -73,11 +75,12 @@ class SSHStarter:
         if not begun:
             import_finished()          # no import, no package build under way
             bootstrap.prepared()
-            self.helpers.begin(names, count)
+            self._fork(names, count)
+            begun = list(names)
         conns: Dict[str, Any] = dict(self.helpers.collect(cancelled))
         for name in [n for n in conns if n not in names]:
             _let_go(conns.pop(name))
-        rest = [n for n in names if n not in conns]
+        rest = [n for n in names if n not in begun]
         if rest:        # asked for, not prepared: started here
             try:
                 conns.update(connect_all(rest, self.options, cancelled=cancelled))
@@ -85,6 +88,14 @@ class SSHStarter:
                 close_all(conns)
                 raise
         return conns
+
+
+    def _fork(self, names: Sequence[str], count: int) -> None:
+        # The helpers inherit this process's limit of open files: about three
+        # descriptors per host there, and two more here.
+        from ..machine.spawn import raise_fd_limit
+        raise_fd_limit(8 * len(names) + 64)
+        self.helpers.begin(names, count)
 
 
 def _let_go(conn: Any) -> None:

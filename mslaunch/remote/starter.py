@@ -150,7 +150,7 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
         from .rsh import RshStarter
         return RshStarter(spec, pythons, environ, agent, setting, port_range)
     from .sshstarter import SSHStarter
-    return SSHStarter(spec, pythons)
+    return SSHStarter(spec, pythons, environ)
 
 
 def let_go(conn) -> None:
