@@ -85,7 +85,7 @@ def readable(watched: Any, timeout: Optional[float]) -> List[Any]:
 
 
 def fork_helpers(shares: List[List[str]], options: Options, per_sshd: int, concurrency: int
-          ) -> Tuple[int, List[socket.socket]]:
+                 ) -> Tuple[int, List[socket.socket]]:
     """Fork the first helper, which forks the others (see :func:`_first_helper`):
     its pid, and the launcher's end of each helper's socket."""
     from ..machine.spawn import wait_in_background
@@ -148,17 +148,17 @@ def _become_helper(keep: List[int]) -> None:
         pass
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process when the first helper ends (it reaps the others: an
-    end of it that it did not choose, the launcher's kill included, would
-    leave them to no one)."""
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the first helper, ``parent``, ends (it reaps the
+    others: an end of it that it did not choose, the launcher's kill
+    included, would leave them to no one)."""
     import signal
     try:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
     except (ImportError, OSError, AttributeError):
         pass
-    if os.getppid() == 1:
+    if os.getppid() != parent:       # it ended before the signal was asked for
         os._exit(0)
 
 
@@ -177,6 +177,7 @@ def _first_helper(fds: List[int], shares: List[List[str]], options: Options, per
     if len(fds) > 1:
         import_finished()
         bundle.join()
+        me = os.getpid()
         for fd, share in zip(fds[1:], shares[1:]):
             try:
                 pid = os.fork()
@@ -186,7 +187,7 @@ def _first_helper(fds: List[int], shares: List[List[str]], options: Options, per
                 code = 70
                 try:
                     _become_helper([fd])
-                    _die_with_parent()
+                    _die_with_parent(me)
                     code = _helper(fd, share, options, per_sshd, concurrency)
                 finally:
                     os._exit(code)
