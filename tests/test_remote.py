@@ -275,12 +275,27 @@ def test_timeout_across_hosts_gives_110(sshbed, home):
 
 # -- losing things: the launcher, an agent, the SSH session, the network ------------
 
-def _start_sleepers(home, tag, *extra, hosts="h1,h2"):
-    p = subprocess.Popen(cmd(*extra, "-H", hosts, "-n", str(len(hosts.split(","))),
-                             "-x", "MSL_TEST_TAG", "sleep", "120"),
-                         env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT=FAST_BEAT),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert wait_for(lambda: len(tagged_pids(tag)) >= 3, 30), tagged_pids(tag)
+def _start_sleepers(home, tag, *extra, hosts="h1,h2", helpers=""):
+    """A job of one ``sleep`` rank per host, once every rank runs (``helpers``:
+    ``MSLAUNCH_SSH_HELPERS``, if given)."""
+    n = len(hosts.split(","))
+    env = renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT=FAST_BEAT)
+    if helpers:
+        env["MSLAUNCH_SSH_HELPERS"] = helpers
+    p = subprocess.Popen(cmd(*extra, "-H", hosts, "-n", str(n), "-x", "MSL_TEST_TAG",
+                             "sleep", "120"),
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def sleeping() -> int:
+        count = 0
+        for pid in tagged_pids(tag):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    count += f.read().startswith(b"sleep\0")
+            except OSError:
+                pass
+        return count
+    assert wait_for(lambda: sleeping() == n, 30), (p.poll(), tagged_pids(tag))
     return p
 
 
@@ -310,9 +325,11 @@ def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home):
         kill_tagged(tag)
 
 
-def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, home):
+@pytest.mark.parametrize("helpers", ["", "2"])
+def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, home, helpers):
+    """(``helpers``: the SSH sessions held by helper processes.)"""
     tag = new_tag()
-    p = _start_sleepers(home, tag)
+    p = _start_sleepers(home, tag, helpers=helpers)
     try:
         victims = agents(sshbed, "h2", watchdogs=False)
         assert len(victims) == 1
@@ -362,9 +379,10 @@ def test_a_sigkilled_agent_s_guard_keeps_the_job_s_grace(sshbed, home):
         kill_tagged(tag)
 
 
-def test_a_dropped_ssh_session_ends_the_job(sshbed, home):
+@pytest.mark.parametrize("helpers", ["", "2"])
+def test_a_dropped_ssh_session_ends_the_job(sshbed, home, helpers):
     tag = new_tag()
-    p = _start_sleepers(home, tag)
+    p = _start_sleepers(home, tag, helpers=helpers)
     try:
         assert sshbed.drop_session_children("h1")
         _, err = p.communicate(timeout=30)

@@ -3,7 +3,8 @@
 The helpers are forks of the launcher that start the agents of a share of
 the hosts and hold their SSH sessions.  A job started through them must be
 the job the launcher starts by itself: its output, its exit code, its
-losses (an agent, a session, the launcher, a helper), one line for the
+losses (the launcher, a helper; an agent and a session are
+``test_remote``'s, with and without helpers), one line for the
 hosts that cannot be reached, nothing left anywhere; and a helper must hold
 nothing of the launcher's (its descriptors, its terminal's signals).
 ``MSLAUNCH_SSH_HELPERS=2`` asks for them at a few hosts; the default
@@ -22,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, cmd, error_lines, kill_tagged, new_tag, tagged_pids, wait_for
-from test_remote import FAST_BEAT, agents, no_agents, renv, run_remote, settle
+from helpers import PY, cmd, error_lines, kill_tagged, new_tag, wait_for
+from test_remote import _start_sleepers, agents, no_agents, renv, run_remote, settle
 
 from mslaunch.errors import UsageError
 from mslaunch.remote import sshfork, sshhelpers
@@ -67,22 +68,7 @@ def helpers_of(launcher: int):
 
 
 def start_sleepers(home, tag, hosts=HOSTS, helpers="2"):
-    n = len(hosts.split(","))
-    p = subprocess.Popen(cmd("-H", hosts, "-n", str(n), "-x", "MSL_TEST_TAG", "sleep", "120"),
-                         env=henv(home, helpers, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT=FAST_BEAT),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def sleeping() -> int:
-        count = 0
-        for pid in tagged_pids(tag):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    count += f.read().startswith(b"sleep\0")
-            except OSError:
-                pass
-        return count
-    assert wait_for(lambda: sleeping() == n, 30), p.poll()
-    return p
+    return _start_sleepers(home, tag, hosts=hosts, helpers=helpers)
 
 
 # -- the job, as the launcher itself would start it ----------------------------------
@@ -200,37 +186,6 @@ def test_a_sigkilled_launcher_takes_its_helpers_and_every_agent_with_it(sshbed, 
         p.wait()
         settle(tag, sshbed)
     finally:
-        kill_tagged(tag)
-
-
-def test_a_sigkilled_agent_is_a_lost_host(sshbed, home):
-    tag = new_tag()
-    p = start_sleepers(home, tag)
-    try:
-        (victim,) = agents(sshbed, "h2", watchdogs=False)
-        os.kill(victim, signal.SIGKILL)
-        _, err = p.communicate(timeout=30)
-        assert p.returncode == 255, err
-        assert b"lost host h2" in err
-        settle(tag, sshbed)
-    finally:
-        p.kill()
-        p.wait()
-        kill_tagged(tag)
-
-
-def test_a_dropped_ssh_session_is_a_lost_host(sshbed, home):
-    tag = new_tag()
-    p = start_sleepers(home, tag)
-    try:
-        assert sshbed.drop_session_children("h3")
-        _, err = p.communicate(timeout=30)
-        assert p.returncode == 255, err
-        assert b"lost host h3" in err
-        settle(tag, sshbed)
-    finally:
-        p.kill()
-        p.wait()
         kill_tagged(tag)
 
 
