@@ -825,3 +825,18 @@ def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_
         p.wait()
         log.close()
         kill_tagged(tag)
+
+
+@pytest.mark.parametrize("helpers", ["0", "2"])
+def test_a_low_limit_of_open_files_is_raised_before_the_hosts_connect(sshbed, home, helpers):
+    """A soft limit of 20 descriptors (the hard one higher): the launcher lifts it
+    before it opens the hosts' connections, not once they are open (paramiko
+    inside it then failed h1 with "Too many open files")."""
+    import resource
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (20, 4096))
+    r = run_remote(home, "-H", "h1,h2,h3,h4", "-n", "4", "hostname",
+                   env=renv(home, MSLAUNCH_SSH_HELPERS=helpers), preexec_fn=low)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.decode().split()) == ["h1", "h2", "h3", "h4"]
