@@ -301,7 +301,9 @@ def _hold(conn: SSHAgentConnection, hand_over: Callable[[bytes], None], status_w
           state: Dict[str, Any], lock: threading.Lock, wake: Callable[[], None]) -> None:
     """Until the agent's output ends, then close its session and the status pipe
     (a host that no longer answers: see :data:`.sshchannel.GONE_AFTER`)."""
-    conn._threads[0].join()
+    import time
+    while not conn.wait_exit(time.monotonic() + 3600):
+        pass
     hand_over(conn.stderr_tail)                 # if it ended before it was listened to
     conn.close(wait=1.0)
     os.close(status_w)
