@@ -606,7 +606,13 @@ for s in (signal.SIGINT, signal.SIGTERM):
 print(f'rank{rank} ready', flush=True)
 if rank == '0':
     print('rank0 read ' + sys.stdin.readline().strip(), flush=True)
-time.sleep(60)
+# Short sleeps: a signal that lands after Python's last look at its signals
+# and before the sleep's system call begins runs its handler only once that
+# sleep ends.  The test's Ctrl-C follows rank 0's print at once, so under load
+# it hit that window and the rank was SIGKILLed after the grace (mpirun would
+# have done the same to it).
+for _ in range(600):
+    time.sleep(0.1)
 """
 
 
