@@ -268,9 +268,10 @@ def test_the_number_of_helpers():
     assert sshhelpers.helper_count(7, {}) == 0
     assert sshhelpers.helper_count(8, {}) == 1
     cores = len(os.sched_getaffinity(0))
-    assert sshhelpers.helper_count(63, {}) == min(cores, 1)
+    assert sshhelpers.helper_count(63, {}) == 1
     assert sshhelpers.helper_count(64, {}) == min(cores, 2)
-    assert sshhelpers.helper_count(1024, {}) == min(cores, 32)
+    # at most 8 (one handshake each with one sshd), whatever the cores
+    assert sshhelpers.helper_count(1024, {}) == min(cores, 8)
     for bad in ("two", "-1", "1.5", "٣"):
         with pytest.raises(UsageError, match="MSLAUNCH_SSH_HELPERS"):
             sshhelpers.helper_count(4, {"MSLAUNCH_SSH_HELPERS": bad})
