@@ -37,7 +37,9 @@ def host_install(tmp_path: Path, *, version: Optional[str] = None, broken: bool 
     (``PYTHONPATH``), ``venv`` (installed in a virtual environment's
     site-packages, ``tmp_path/site`` a link to it; the wrapper runs the
     environment's Python with no ``PYTHONPATH``), ``pth`` (in ``tmp_path/site``,
-    named by a ``.pth`` file of such an environment, as an editable install)."""
+    named by a ``.pth`` file of such an environment, as an older editable install),
+    ``finder`` (named by the finder module of such an environment's ``.pth``, as
+    setuptools' editable install since its version 64)."""
     site = tmp_path / "site"
     venv_python = None
     if layout != "pythonpath":
@@ -46,8 +48,19 @@ def host_install(tmp_path: Path, *, version: Optional[str] = None, broken: bool 
         (packages,) = (tmp_path / "venv" / "lib").glob("python3*/site-packages")
         if layout == "venv":
             site.symlink_to(packages)
-        else:
+        elif layout == "pth":
             (packages / "mslaunch_dev.pth").write_text(f"# a development copy\n{site}\n")
+        else:
+            # what `pip install -e` writes with setuptools 64 or later: a .pth
+            # that imports a finder module mapping the package to its folder
+            finder = "__editable___mslaunch_0_1_0_finder"
+            (packages / "__editable__.mslaunch-0.1.0.pth").write_text(
+                f"import {finder}; {finder}.install()\n")
+            (packages / f"{finder}.py").write_text(
+                "from __future__ import annotations\nimport sys\n\n"
+                f"MAPPING: dict[str, str] = {{'mslaunch': {str(site / 'mslaunch')!r}}}\n"
+                "NAMESPACES: dict[str, list[str]] = {}\n\n\n"
+                "def install():\n    sys.path.append(MAPPING['mslaunch'].rsplit('/', 1)[0])\n")
     shutil.copytree(Path(REPO) / "mslaunch", site / "mslaunch",
                     ignore=shutil.ignore_patterns("__pycache__"))
     init = site / "mslaunch" / "__init__.py"
@@ -98,7 +111,7 @@ def home(sshbed, tmp_path):
 # -- over SSH ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["pythonpath", "venv", "pth"])
+@pytest.mark.parametrize("layout", ["pythonpath", "venv", "pth", "finder"])
 def test_ssh_agents_start_from_the_hosts_identical_mslaunch(sshbed, home, tmp_path, layout):
     wrapper = host_install(tmp_path, layout=layout)
     tag = new_tag()

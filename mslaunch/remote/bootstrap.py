@@ -122,6 +122,26 @@ def _digest(top, root):
     return digest
 
 
+def _editable_dirs(finder):
+    """The folder holding ``mslaunch`` in a setuptools editable finder's
+    ``MAPPING = {'name': 'path', ...}`` line."""
+    try:
+        with open(finder, "rb") as f:
+            lines = f.read(65536).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        if line.startswith("MAPPING") and "=" in line:
+            import ast
+            try:
+                mapping = ast.literal_eval(line.split("=", 1)[1].strip())
+            except Exception:       # not a literal: not the finder looked for
+                return
+            if isinstance(mapping, dict) and isinstance(mapping.get("mslaunch"), str):
+                yield os.path.dirname(mapping["mslaunch"])
+            return
+
+
 def _host_package():
     if _W is None:
         return None, "not looked for (MSLAUNCH_HOST_PACKAGE=0)"
@@ -146,13 +166,18 @@ def _host_package():
         sites = []
 
     def _pth_dirs():
-        # plain directory lines of .pth files (an editable install); no code is run
+        # plain directory lines of .pth files (an editable install), and the
+        # MAPPING of setuptools' editable finders (`pip install -e` since
+        # setuptools 64), read as text: no code of theirs is run
         for d in sites:
             for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
                 if name.endswith(".pth"):
                     with open(os.path.join(d, name), "rb") as f:
                         for line in f.read().splitlines():
-                            if line.strip() and not line.startswith((b"#", b"import")):
+                            if line.startswith(b"import __editable__") and b"_finder" in line:
+                                module = line.split()[1].split(b";")[0].decode("ascii", "replace")
+                                yield from _editable_dirs(os.path.join(d, module + ".py"))
+                            elif line.strip() and not line.startswith((b"#", b"import")):
                                 yield os.path.join(d, line.strip().decode("utf-8", "replace"))
 
     def _found(candidates):
