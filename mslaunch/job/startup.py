@@ -13,6 +13,7 @@ error line.  The supervisor's loop takes the socket back once the hosts are up.
 from __future__ import annotations
 
 import json
+import os
 import select
 import threading
 
@@ -34,6 +35,9 @@ class StartupAnswers:
                  info: Callable[[], Dict[str, Any]]) -> None:
         self.sock, self.status, self.info = sock, status, info
         self.stopping = threading.Event()
+        # close() wakes the thread's select at once through this pipe: the hosts
+        # are up, and the supervisor must not wait for a timeout to take over.
+        self._wake_r, self._wake_w = os.pipe()
         self.thread = threading.Thread(target=self._serve, name="startup-answers", daemon=True)
         self.thread.start()
 
@@ -41,11 +45,11 @@ class StartupAnswers:
         import _socket
         while not self.stopping.is_set():
             try:
-                ready, _, _ = select.select([self.sock.fileno()], [], [], 0.1)
+                ready, _, _ = select.select([self.sock.fileno(), self._wake_r], [], [])
             except (OSError, ValueError):
                 return
-            if not ready:
-                continue
+            if self._wake_r in ready or self.stopping.is_set():
+                return
             try:
                 fd, _ = self.sock._accept()
             except OSError:
@@ -81,4 +85,8 @@ class StartupAnswers:
     def close(self) -> None:
         """Stop answering (the supervisor's loop answers from now on)."""
         self.stopping.set()
+        os.write(self._wake_w, b"x")
         self.thread.join(2.0)
+        if not self.thread.is_alive():    # else it may still look at them
+            os.close(self._wake_r)
+            os.close(self._wake_w)
