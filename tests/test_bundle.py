@@ -10,6 +10,9 @@ import time
 import uuid
 from typing import Any, Dict, List, Tuple
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from helpers import PY, clean_env, kill_tagged
 from mslaunch.remote import bootstrap, bundle, link
 
@@ -151,3 +154,40 @@ def test_the_host_keeps_its_digest_and_drops_those_unused_for_a_day(tmp_path, mo
     names = sorted(p.name for p in kept.iterdir())
     assert "host-digest-old" not in names and "host-digest-new" in names and len(names) == 2
     assert space["_digest"](os.path.dirname(root), root) == digest       # from the cache
+
+
+def _editable_dirs():
+    import sys
+    code = bootstrap.BOOTSTRAP.split("def _editable_dirs", 1)[1].split("\ndef _host_package",
+                                                                        1)[0]
+    space: Dict[str, Any] = {"os": os, "sys": sys}
+    exec("def _editable_dirs" + code, space)
+    return space["_editable_dirs"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+                    min_size=1, max_size=40),
+       others=st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=3))
+def test_an_editable_finders_mapping_is_read_as_text_or_not_at_all(tmp_path_factory, path,
+                                                                     others):
+    """The folder of ``mslaunch`` in the MAPPING line setuptools writes (the
+    repr of a dict), exactly; nothing where the path's repr has an escape."""
+    folder = tmp_path_factory.mktemp("site")
+    finder = folder / "__editable___mslaunch_0_1_0_finder.py"
+    mapping = dict(others, mslaunch="/" + path)
+    finder.write_text("from __future__ import annotations\nimport sys\n"
+                      f"MAPPING: dict[str, str] = {mapping!r}\n", encoding="utf-8")
+    found = list(_editable_dirs()(str(finder)))
+    if "\\" in repr("/" + path):
+        assert found == []
+    else:
+        assert found == [os.path.dirname("/" + path)]
+
+
+def test_a_file_that_is_no_finder_names_no_folder(tmp_path):
+    finder = tmp_path / "f.py"
+    for text in ("", "MAPPING = {}\n", "MAPPING = {'mslaunch': '\n", "x = 1\nMAPPING\n"):
+        finder.write_text(text)
+        assert list(_editable_dirs()(str(finder))) == []
+    assert list(_editable_dirs()(str(tmp_path / "missing.py"))) == []

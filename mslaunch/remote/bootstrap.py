@@ -124,7 +124,8 @@ def _digest(top, root):
 
 def _editable_dirs(finder):
     """The folder holding ``mslaunch`` in a setuptools editable finder's
-    ``MAPPING = {'name': 'path', ...}`` line."""
+    ``MAPPING = {'name': 'path', ...}`` line (a path with a backslash in its
+    repr is not looked for: such a host is sent the package)."""
     try:
         with open(finder, "rb") as f:
             lines = f.read(65536).decode("utf-8", "replace").splitlines()
@@ -132,13 +133,13 @@ def _editable_dirs(finder):
         return
     for line in lines:
         if line.startswith("MAPPING") and "=" in line:
-            import ast
-            try:
-                mapping = ast.literal_eval(line.split("=", 1)[1].strip())
-            except Exception:       # not a literal: not the finder looked for
-                return
-            if isinstance(mapping, dict) and isinstance(mapping.get("mslaunch"), str):
-                yield os.path.dirname(mapping["mslaunch"])
+            for q in "'\"":
+                key = "'mslaunch': " + q      # the value's quote is repr's choice
+                if key in line:
+                    value = line.split(key, 1)[1]
+                    end = value.find(q)
+                    if end > 0 and "\\" not in value[:end]:
+                        yield os.path.dirname(value[:end])
             return
 
 
