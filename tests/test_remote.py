@@ -670,6 +670,22 @@ def test_mslaunch_with_local_hosts_only_does_not_import_paramiko():
     assert r.stdout.decode().split() == ["False", "False"], r.stderr
 
 
+def test_a_remote_job_that_never_looks_imports_nothing_for_looking(sshbed, home):
+    """The start of a remote job answers ``mslaunch-stacks`` with where the start
+    stands; that needs the control socket, not the stacks' records (whose
+    dataclasses and their imports cost 29 ms of the launcher's CPU)."""
+    r = subprocess.run([PY, "-X", "importtime", "-m", "mslaunch", "-H", "h1,h2", "-n", "2",
+                        "true"], capture_output=True, timeout=90,
+                       env=renv(home, MSLAUNCH_SSH_HELPERS="1"))   # paramiko in a helper
+    assert r.returncode == 0, r.stderr
+    names = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+             if line.startswith("import time:")}
+    assert "mslaunch.job.fleet" in names and "paramiko" not in names
+    for name in ("mslaunch.stacktree", "dataclasses", "inspect", "ast", "mslaunch.job.stall",
+                 "mslaunch.machine.stacks"):
+        assert name not in names, name
+
+
 def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
     """--mpi openmpi: Open MPI's own launcher starts its daemons over OpenSSH."""
     from conftest import require

@@ -28,11 +28,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from ..stacktree import RankStacks, Report
     from .seams import JobView, RankState
 
 from ..pmi.files import public_id
 from ..remote import link
-from ..stacktree import RankStacks, Report, merge
 
 #: Bytes a request may have.
 MAX_REQUEST = 64 << 10
@@ -103,6 +103,9 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
 
 
 def _rank_stacks(r: RankState, entry: Optional[Dict[str, Any]]) -> RankStacks:
+    # the stacks' records are imported only when stacks are read: their
+    # dataclasses cost a remote job's start-up 29 ms of imports
+    from ..stacktree import RankStacks
     spec = r.spec
     if entry is None:
         return RankStacks(rank=spec.rank, host=spec.host.name, pid=r.pid, answered=False)
@@ -242,7 +245,7 @@ class Inspector:
                 return
 
             def done(stacks: List[RankStacks]) -> None:
-                from ..stacktree import to_json
+                from ..stacktree import merge, to_json
                 reply(to_json(merge(stacks, title(sup, "stacks"))))
             gather(sup, float(timeout), self.dumps, done)
         elif op == "top":
@@ -378,6 +381,6 @@ class _Client:
 
 def report_text(stacks: List[RankStacks], sup: JobView, what: str) -> Tuple[Report, str]:
     """The merged report of ``stacks`` and its text, for mslaunch's own messages."""
-    from ..stacktree import render
+    from ..stacktree import merge, render
     report = merge(stacks, title(sup, what))
     return report, render(report)
