@@ -170,6 +170,35 @@ def test_binary_data_and_partial_last_line_are_kept_exactly(tmp_path):
     assert (tmp_path / "o" / "1" / "rank.0" / "stdout").read_bytes() == payload
 
 
+@pytest.mark.parametrize("pty", ["", "--no-pty"])
+def test_every_byte_across_the_read_buffers_growth(tmp_path, pty):
+    """The ranks' read buffer starts small and grows once a rank writes fast:
+    small writes, a burst, small writes again, in both streams of several
+    ranks, arrive byte for byte (the rank files) and in order."""
+    code = ("import os, sys\n"
+            "r = int(os.environ['OMPI_COMM_WORLD_RANK'])\n"
+            "def out(fd, data):\n"
+            "    while data:\n"
+            "        data = data[os.write(fd, data):]\n"
+            "for i in range(50):\n"
+            "    out(1, b'%d small %d\\n' % (r, i)); out(2, b'e%d\\n' % i)\n"
+            "out(1, bytes(range(256)) * 16384)\n"
+            "for i in range(50):\n"
+            "    out(1, b'%d after %d\\n' % (r, i))\n"
+            "out(1, b'tail without newline')\n")
+    args = [pty] if pty else []
+    r = run(*args, "-n", "3", "--oversubscribe", "--output-filename", str(tmp_path), PY,
+            "-c", code, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for rank in range(3):
+        want = b"".join(b"%d small %d\n" % (rank, i) for i in range(50)) + \
+            bytes(range(256)) * 16384 + \
+            b"".join(b"%d after %d\n" % (rank, i) for i in range(50)) + b"tail without newline"
+        d = tmp_path / "1" / f"rank.{rank}"
+        assert (d / "stdout").read_bytes() == want
+        assert (d / "stderr").read_bytes() == b"".join(b"e%d\n" % i for i in range(50))
+
+
 def test_no_byte_lost_when_ranks_exit_right_after_writing(tmp_path):
     code = ("import os; os.write(1, b'x' * 3_000_000); os.write(2, b'y' * 100_000);"
             " os._exit(0)")

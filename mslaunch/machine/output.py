@@ -61,10 +61,16 @@ TAIL = 16384
 
 # One read buffer for all pipes: the loop is single-threaded and each chunk
 # is fully passed on (or copied) before the next read.  Made by the first
-# RankPipe: a launcher whose ranks are all remote reads no pipe.
+# RankPipe, of FIRST bytes (a zeroed MiB costs 0.5 ms of page faults, which
+# a job of quiet ranks never needs), and grown to CHUNK at the next read once
+# one wake-up's reads fill it: a rank that writes fast.  A launcher whose
+# ranks are all remote reads no pipe.
 _BUFFER = bytearray()
 _VIEW = memoryview(_BUFFER)
+FIRST = 64 << 10
+_GROW = [False]
 REFILL = 64 << 10         # a pseudo-terminal is read again while this much room is left
+PTY_READ = 4096           # what one read of a pseudo-terminal gives at most (N_TTY)
 
 
 def line_prefix(rank: int, stream: str, *, tag: bool, timestamp: bool,
@@ -260,7 +266,7 @@ class RankPipe:
         self.on_abandon = on_abandon
         global _BUFFER, _VIEW
         if not _BUFFER:
-            _BUFFER = bytearray(CHUNK)
+            _BUFFER = bytearray(FIRST)
             _VIEW = memoryview(_BUFFER)
         self.closed = False
         self.paused = False
@@ -288,9 +294,16 @@ class RankPipe:
         the chunk is then passed on once, not per few KiB.  End-of-file seen
         after some bytes is seen again by the next call.
         """
+        global _BUFFER, _VIEW
+        if _GROW[0]:                   # no view of the old buffer is held now
+            _GROW[0] = False
+            _BUFFER = bytearray(CHUNK)
+            _VIEW = memoryview(_BUFFER)
+        size = len(_BUFFER)
+        room = REFILL if size == CHUNK else PTY_READ
         filled = 0
         n = -1
-        while filled <= CHUNK - REFILL:
+        while filled <= size - room:
             try:
                 n = os.readv(self.fd, [_VIEW[filled:]])
             except (BlockingIOError, InterruptedError):
@@ -303,6 +316,8 @@ class RankPipe:
             filled += n
             if not self.pty:
                 break
+        if size < CHUNK and filled > size - room:
+            _GROW[0] = True
         return filled if filled else (0 if n == 0 else -1)
 
     def on_readable(self) -> None:
