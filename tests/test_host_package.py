@@ -187,6 +187,9 @@ def test_ssh_a_host_whose_copy_is_broken_is_sent_the_package(sshbed, home, tmp_p
     err = r.stderr.decode()
     assert err.count("agent package sent (") == 2, err
     assert ("differs from the launcher's" if how == "broken" else "does not import") in err
+    # An agent that did not import had begun its host's guard: nothing of it is left.
+    from test_remote import no_agents
+    assert wait_for(lambda: no_agents(sshbed, ["h1", "h2"]), 15)
 
 
 def test_ssh_the_switch_sends_the_package_to_every_host(sshbed, home, tmp_path):

@@ -51,6 +51,14 @@ def new_kvsname() -> str:
     return f"kvs_{os.getpid()}_{bits[:8]}_{bits[8:]}"
 
 
+_KVSNAME = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+
+
+def is_kvsname(value: object) -> bool:
+    """Whether ``value`` is a job's name: 1 to 128 letters, digits and ``_.:-``."""
+    return isinstance(value, str) and 0 < len(value) <= 128 and _KVSNAME.issuperset(value)
+
+
 def public_id(kvsname: str) -> str:
     """The part of a job's name that may be shown: ``kvs_<pid>_<8 hex>`` (its
     guard's marker, the names of its directories, what ``-v`` and the reports

@@ -45,7 +45,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Set
+    from typing import Any, Callable, Dict, List, Optional, Set
 
     from ..pmix.host import PMIxHost
 
@@ -57,11 +57,11 @@ from ..machine.spawn import check_startable, seal_inherited_fds
 from ..spec import RankSpec, replace, scrub_env
 from . import link
 from .endpoint import Endpoint
-from ..pmi.files import GUARD_TASKS, after_launcher_death, public_id, sessions_at_death
+from ..pmi.files import is_kvsname, public_id
 from .agentio import LinkOutput, Outflow, StdinRelay
 from .agentlook import AgentLook
 from .agentpmi import AgentPMI
-from .jobframe import is_kvsname, read_job, read_spawned
+from .jobframe import read_job, read_spawned
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -78,13 +78,17 @@ def _warm_up() -> None:
 class Agent:
     """One host's part of a job; see the module docstring."""
 
-    def __init__(self, in_fd: int = 0, out_fd: int = 1, job: str = "") -> None:
+    def __init__(self, in_fd: int, out_fd: int, job: str, guard: Optional[Watchdog],
+                 new_guard: Callable[[str, float], Watchdog]) -> None:
+        """``guard``: the host's guard for ``job``, begun before the agent's
+        import (see :mod:`.agentmain`); ``new_guard(kvsname, grace)`` makes one."""
         self.loop = Loop()
         self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
                                  on_closed=self._link_closed)
         self.in_fd, self.out_fd = in_fd, out_fd
         self._fresh_job()
-        self.guard: Optional[Watchdog] = None
+        self.guard: Optional[Watchdog] = guard
+        self._new_guard = new_guard
         self.jobs_done = 0            # jobs forgotten on NEXT (kept between attempts)
         self._idle: Optional[Any] = None     # the timer of a kept agent's wait
         self.finished = False
@@ -113,7 +117,7 @@ class Agent:
         for sig in _STOPPING:
             signal.signal(sig, self._on_stop_signal)
         try:
-            if self.named:
+            if self.named and self.guard is None:
                 # The guard's cgroup takes the kernel 5 to 20 ms to enter: made
                 # before the greeting, it is ready by the time the ranks start.
                 self.guard = self._new_guard(self.named, self.grace)
@@ -390,13 +394,6 @@ class Agent:
                 self.specs[i] = replace(spec, cwd=home)
         return warnings
 
-    @staticmethod
-    def _new_guard(kvsname: str, grace: float) -> Watchdog:
-        """This host's guard; its marker names the job and this agent."""
-        return Watchdog(f"{public_id(kvsname)}.{os.getpid()}", grace, background=True,
-                        tasks=GUARD_TASKS, on_death=after_launcher_death,
-                        on_stop=sessions_at_death)
-
     # -- START ----------------------------------------------------------------
     def _start(self) -> None:
         if not self.job or self.local is not None:
@@ -514,14 +511,16 @@ class Agent:
             self.loop.call_later(0.05, self._check_done)
 
 
-def main(job: str = "") -> int:
-    """Run the agent on this process's stdin and stdout (as the bootstrap does);
-    ``job`` is the job's name its greeting gave, if any."""
+def main(job: str, guard: Optional[Watchdog],
+         new_guard: Callable[[str, float], Watchdog]) -> int:
+    """Run the agent on this process's stdin and stdout (as the bootstrap does,
+    through :func:`.agentmain.begin`); ``job`` is the job's name its greeting
+    gave, if any, ``guard`` its guard if begun."""
     # Nothing else may write to the link: mslaunch's own output goes to stderr.
     link_out = os.dup(1)
     os.dup2(2, 1)
     try:
-        code = Agent(0, link_out, job).run()
+        code = Agent(0, link_out, job, guard, new_guard).run()
     except KeyboardInterrupt:
         code = 130
     # Everything is closed and sent; tearing the interpreter down would only

@@ -199,7 +199,8 @@ class AgentPMI:
         """A job with no process here, made known to this host's server (see
         :meth:`mslaunch.pmix.host.PMIxHost.guest`)."""
         from ..pmix.layout import Layout
-        from .jobframe import is_kvsname, read_guest
+        from ..pmi.files import is_kvsname
+        from .jobframe import read_guest
         kvs = message.get("kvs")
         if not isinstance(kvs, str) or not is_kvsname(kvs):
             raise link.LinkError("PMIx guest job without a name")

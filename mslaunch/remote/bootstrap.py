@@ -16,7 +16,7 @@ bootstrap asks for, and reads, a bundle of the launcher's own package (so
 the agent always matches the launcher) and imports it from memory --
 nothing is written to the remote disk.  Either way it says which on stdout
 before the link starts (:data:`MARK`), and runs
-:func:`mslaunch.remote.agent.main` on the rest of the stream.
+:func:`mslaunch.remote.agentmain.begin` on the rest of the stream.
 :class:`Handshake` is the launcher's side of this, shared by every starter.
 
 The bundle itself (built, cached, digested) is :mod:`.bundle`'s.  The
@@ -217,8 +217,8 @@ def _host_package():
 
     sys.meta_path.insert(0, _FromHost)
     try:
-        from mslaunch.remote.agent import main
-        return main, root
+        from mslaunch.remote.agentmain import begin
+        return begin(_J), root
     except Exception as err:
         sys.meta_path.remove(_FromHost)
         for name in [m for m in sys.modules if m.split(".")[0] == "mslaunch"]:
@@ -278,8 +278,8 @@ class _FromMemory:
 
 
 sys.meta_path.insert(0, _FromMemory)
-from mslaunch.remote.agent import main
-sys.exit(main(_J))
+from mslaunch.remote.agentmain import begin
+sys.exit(begin(_J)(_J))
 '''
 
 #: What the bootstrap writes before its one-line answer.

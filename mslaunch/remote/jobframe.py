@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec, Plan
 
+from ..pmi.files import is_kvsname
 from ..pmix import turned_off
 from ..spec import Host, RankSpec, replace
 from .link import LinkError
@@ -29,7 +30,6 @@ from .samepython import found_here, read_here
 CREDIT = 8 << 20
 
 #: What a kvsname is made of (no ``re``: the agent would import it only for this).
-_KVSNAME = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 _MAX_RANK = 1 << 24
 
 
@@ -236,11 +236,6 @@ def _ranks(ranks: Any, size: int, name: str, slots: int) -> List[RankSpec]:
             len({r.key for r in checked}) != len(checked):
         raise _bad("ranks", "name a rank twice")
     return checked
-
-
-def is_kvsname(value: Any) -> bool:
-    """Whether ``value`` is a job's name: 1 to 128 letters, digits and ``_.:-``."""
-    return isinstance(value, str) and 0 < len(value) <= 128 and _KVSNAME.issuperset(value)
 
 
 def _kvsname(value: Any) -> str:
