@@ -191,3 +191,22 @@ def test_a_file_that_is_no_finder_names_no_folder(tmp_path):
         finder.write_text(text)
         assert list(_editable_dirs()(str(finder))) == []
     assert list(_editable_dirs()(str(tmp_path / "missing.py"))) == []
+
+
+def test_the_digest_is_read_without_the_bundle_which_waits_for_a_host_to_ask(tmp_path):
+    """Hosts that have the package need its digest only: the launcher reads the
+    cache's first line, and the bundle (1.5 MB) only when a host asks for it."""
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path))
+    code = ("import sys; from mslaunch.remote import bootstrap, bundle\n"
+            "d = bundle.bundle_digest()\n"
+            "h = bootstrap.Handshake(reuse=True); h.take_parts()\n"
+            "h.feed(bootstrap.MARK + b'host /somewhere\\n')\n"
+            "print(d, bundle._bundle_cache is None, h.take_parts() == [])\n"
+            "print(bundle.package_bundle()[1] == d, bundle.bundle_digest() == d)\n")
+    first = subprocess.run([PY, "-c", code], capture_output=True, env=env, timeout=60)
+    # The first run builds the cache (and so holds the bundle); the second reads it.
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split()[1:] == [b"False", b"True", b"True", b"True"], first.stdout
+    again = subprocess.run([PY, "-c", code], capture_output=True, env=env, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split() == [first.stdout.split()[0], b"True", b"True", b"True", b"True"]

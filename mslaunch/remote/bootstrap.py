@@ -32,7 +32,7 @@ the command survives sh, bash, zsh, csh and fish alike.
 
 from __future__ import annotations
 
-from .bundle import framed_bundle, package_bundle
+from .bundle import bundle_digest, framed_bundle
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ def prepare_in_background(after: Optional[Callable[[], None]] = None, *,
     name_job(job)
 
     def prepare() -> None:
-        package_bundle()
+        bundle_digest()
         from . import dialback
         if credentials and dialback.direct_output() and dialback.output_tls():
             if after is not None:
@@ -332,8 +332,7 @@ def prepared() -> None:
     """Wait for what :func:`prepare_in_background` began; the bundle, ready."""
     for thread in _preparing:
         thread.join()
-    package_bundle()
-    framed_bundle()
+    bundle_digest()
 
 
 def finish_before_exit(thread: threading.Thread) -> None:
@@ -361,7 +360,7 @@ class Handshake:
         from ..switches import switch
         from .. import __version__
         from .link import Reader
-        digest = package_bundle()[1]
+        digest = bundle_digest()
         self.reuse = switch("MSLAUNCH_HOST_PACKAGE") if reuse is None else reuse
         want = (__version__, digest) if self.reuse else None
         source = (f"_W = {want!r}\n_J = {_job_name!r}\n" + BOOTSTRAP).encode()

@@ -29,6 +29,10 @@ _MARSHAL_VERSION = 4
 
 _bundle_cache: Optional[Tuple[memoryview, str]] = None
 _framed: Optional[bytes] = None      # the bundle as sent: its length, a newline, itself
+#: The digest alone, read from the cache's first line: hosts that have the
+#: package need no more, so the bundle itself (1.5 MB) is read only when a
+#: host asks for it.
+_digest_cache: Optional[str] = None
 _bundle_lock = _thread.allocate_lock()
 
 
@@ -100,8 +104,25 @@ def package_bundle() -> Tuple[memoryview, str]:
     if _bundle_cache is None:
         with _bundle_lock:
             if _bundle_cache is None:
-                _read_or_build()
+                _read_or_build(whole=True)
     return _bundle_cache  # type: ignore[return-value]
+
+
+def bundle_digest() -> str:
+    """The digest of :func:`package_bundle`, what agents compare their host's
+    copy with; from the cache without reading the bundle itself."""
+    known = _known_digest()
+    if known is None:
+        with _bundle_lock:
+            if _known_digest() is None:
+                _read_or_build(whole=False)
+        known = _known_digest()
+    assert known is not None
+    return known
+
+
+def _known_digest() -> Optional[str]:
+    return _bundle_cache[1] if _bundle_cache is not None else _digest_cache
 
 
 def _sha256(data: bytes = b""):
@@ -123,7 +144,9 @@ def _magic() -> bytes:
     return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
 
 
-def _read_or_build() -> None:
+def _read_or_build(whole: bool) -> None:
+    """Fill :data:`_bundle_cache` (or, not ``whole``, at least :data:`_digest_cache`)."""
+    global _digest_cache
     from ..machine.topology import cache_path
     files = _package_files()
     magic = _magic()
@@ -135,6 +158,9 @@ def _read_or_build() -> None:
     try:
         with open(cached, "rb") as f:
             line = f.readline().rstrip(b"\n")
+            if len(line) == 64 and not whole:
+                _digest_cache = line.decode("ascii")
+                return
             bundle = f.read()
         if len(line) == 64:
             _keep(bundle, line.decode("ascii"))

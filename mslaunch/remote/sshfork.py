@@ -166,12 +166,13 @@ def _first_helper(fds: List[int], shares: List[List[str]], options: Options, per
                   concurrency: int) -> int:
     """Import paramiko, fork a helper for each share but the first (each sharing
     the import, not paying for one), serve the first, and reap the others."""
-    from .bundle import package_bundle
+    from .bundle import bundle_digest
     from .paramiko_import import import_finished, start_import
     _become_helper(fds)
     start_import()
-    # The agents' package, read meanwhile (every agent's start needs it).
-    bundle = threading.Thread(target=package_bundle, daemon=True, name="agent-bundle")
+    # The agents' package's digest, read meanwhile (every agent's start needs it;
+    # the package itself is read if a host asks for it).
+    bundle = threading.Thread(target=bundle_digest, daemon=True, name="agent-bundle")
     bundle.start()
     kids = []
     if len(fds) > 1:
