@@ -42,6 +42,12 @@ class StartupAnswers:
         self.thread.start()
 
     def _serve(self) -> None:
+        try:
+            self._serve_until_woken()
+        finally:
+            os.close(self._wake_r)      # the thread's own end: closed when it is done
+
+    def _serve_until_woken(self) -> None:
         import _socket
         while not self.stopping.is_set():
             try:
@@ -85,8 +91,7 @@ class StartupAnswers:
     def close(self) -> None:
         """Stop answering (the supervisor's loop answers from now on)."""
         self.stopping.set()
-        os.write(self._wake_w, b"x")
+        # Closing the pipe's write end wakes the thread's select (end of file),
+        # also a thread still answering a slow client when the join gives up.
+        os.close(self._wake_w)
         self.thread.join(2.0)
-        if not self.thread.is_alive():    # else it may still look at them
-            os.close(self._wake_r)
-            os.close(self._wake_w)
