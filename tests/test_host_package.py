@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import pytest
 
@@ -190,6 +190,62 @@ def test_ssh_a_host_whose_copy_is_broken_is_sent_the_package(sshbed, home, tmp_p
     # An agent that did not import had begun its host's guard: nothing of it is left.
     from test_remote import no_agents
     assert wait_for(lambda: no_agents(sshbed, ["h1", "h2"]), 15)
+
+
+def _forks_of(pid: int) -> List[int]:
+    """Children of ``pid`` running its own command line (an agent's watchdogs)."""
+    def cmdline(p: int) -> bytes:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+    mine = cmdline(pid)
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(k) for k in f.read().split()]
+    except OSError:
+        return []
+    return [k for k in kids if mine and cmdline(k) == mine]
+
+
+def test_ssh_an_agent_that_falls_back_to_the_sent_package_keeps_one_guard(sshbed, home,
+                                                                            tmp_path):
+    """The agent begins its host's guard before it imports the rest of itself;
+    when the host's copy then does not import, the agent of the package sent
+    keeps that guard. A second guard of the same marker made the first one,
+    closed, end the job's ranks 30 s later (without a cgroup)."""
+    wrapper = host_install(tmp_path, bad_bytecode=True)
+    tag = new_tag()
+    env = clean_env(HOME=home, MSL_TEST_TAG=tag, MSLAUNCH_CGROUP="0")
+    p = subprocess.Popen(cmd("-v", "--remote-python", str(wrapper), "-n", "2", "-H", "h1,h2",
+                             "-x", "MSL_TEST_TAG", "sleep", "60"), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def ranks() -> List[int]:
+        found = []
+        for pid in tagged_pids(tag):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "sleep":
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    try:
+        assert wait_for(lambda: len(ranks()) == 2, 60), p.poll()
+        agents = set()
+        for rank in ranks():
+            with open(f"/proc/{rank}/stat", "rb") as f:
+                agents.add(int(f.read().rsplit(b")", 1)[1].split()[1]))
+        assert len(agents) == 2
+        for agent in agents:
+            assert len(_forks_of(agent)) == 1, _forks_of(agent)
+    finally:
+        p.terminate()
+        out, err = p.communicate(timeout=60)
+    assert err.decode().count("agent package sent (") == 2, err
+    assert wait_for(lambda: not tagged_pids(tag), 15)
 
 
 def test_ssh_the_switch_sends_the_package_to_every_host(sshbed, home, tmp_path):

@@ -11,7 +11,10 @@ what the guard needs is imported here.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List, Optional
 
 from ..machine.guard import Watchdog
 from ..pmi.files import GUARD_TASKS, after_launcher_death, is_kvsname, public_id, sessions_at_death
@@ -25,15 +28,24 @@ def new_guard(kvsname: str, grace: float) -> Watchdog:
                     on_stop=sessions_at_death)
 
 
-def begin(job: str = "") -> Callable[[str], int]:
+def begin(job: str = "", kept: Optional[List[Watchdog]] = None) -> Callable[[str], int]:
     """Start the guard of the job ``job`` (its greeting's name, if any), then
-    import the agent; what runs it.  An agent that does not import takes its
-    guard away with it (the bootstrap then asks for the launcher's package)."""
-    guard: Optional[Watchdog] = new_guard(job, 5.0) if is_kvsname(job) else None
+    import the agent; what runs it.
+
+    An agent that does not import (the host's copy of the package) leaves its
+    guard in ``kept``, the bootstrap's, for the next :func:`begin` (from the
+    launcher's package): a second guard of the same marker would, once the
+    first was closed, end the job's ranks with it."""
+    guard: Optional[Watchdog] = kept.pop() if kept else None
+    if guard is None and is_kvsname(job):
+        guard = new_guard(job, 5.0)
     try:
         from .agent import main
     except BaseException:
         if guard is not None:
-            guard.close()
+            if kept is not None:
+                kept.append(guard)
+            else:
+                guard.close()
         raise
     return lambda named: main(named, guard, new_guard)

@@ -143,6 +143,9 @@ def _editable_dirs(finder):
             return
 
 
+_G = []      # the host's guard, begun by an agent that then did not import
+
+
 def _host_package():
     if _W is None:
         return None, "not looked for (MSLAUNCH_HOST_PACKAGE=0)"
@@ -218,7 +221,7 @@ def _host_package():
     sys.meta_path.insert(0, _FromHost)
     try:
         from mslaunch.remote.agentmain import begin
-        return begin(_J), root
+        return begin(_J, _G), root
     except Exception as err:
         sys.meta_path.remove(_FromHost)
         for name in [m for m in sys.modules if m.split(".")[0] == "mslaunch"]:
@@ -279,7 +282,7 @@ class _FromMemory:
 
 sys.meta_path.insert(0, _FromMemory)
 from mslaunch.remote.agentmain import begin
-sys.exit(begin(_J)(_J))
+sys.exit(begin(_J, _G)(_J))
 '''
 
 #: What the bootstrap writes before its one-line answer.
