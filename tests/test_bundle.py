@@ -210,3 +210,27 @@ def test_the_digest_is_read_without_the_bundle_which_waits_for_a_host_to_ask(tmp
     again = subprocess.run([PY, "-c", code], capture_output=True, env=env, timeout=60)
     assert again.returncode == 0, again.stderr
     assert again.stdout.split() == [first.stdout.split()[0], b"True", b"True", b"True", b"True"]
+
+
+def test_a_host_that_asks_later_gets_the_bundle_whose_digest_was_read(tmp_path):
+    """The digest is read from the cache file, which is then held open: a host
+    that asks for the package later is sent that very file's bundle, though
+    the cache was replaced meanwhile (another installation rebuilt it)."""
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path))
+    build = subprocess.run([PY, "-c", "from mslaunch.remote import bundle; "
+                            "print(bundle.package_bundle()[1])"],
+                           capture_output=True, env=env, timeout=60)
+    assert build.returncode == 0, build.stderr
+    code = ("import glob, os; from mslaunch.remote import bundle\n"
+            "d = bundle.bundle_digest()\n"
+            "[path] = glob.glob(os.path.join(os.environ['XDG_CACHE_HOME'], 'mslaunch', "
+            "'agent-*.bundle'))\n"
+            "with open(path + '.new', 'wb') as f:\n"
+            "    f.write(b'f' * 64 + b'\\n' + b'not a bundle')\n"
+            "os.replace(path + '.new', path)\n"
+            "view, digest = bundle.package_bundle()\n"
+            "print(d, digest, len(view) > 100000, bytes(view[:12]) != b'not a bundle')\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    d, digest, big, real = r.stdout.split()
+    assert d == digest == build.stdout.strip() and big == real == b"True", r.stdout

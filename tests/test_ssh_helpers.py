@@ -96,6 +96,19 @@ def test_a_job_started_by_helpers_gives_every_ranks_output_and_the_real_exit_cod
     assert wait_for(lambda: no_agents(sshbed), 15)
 
 
+def test_helpers_send_the_package_to_hosts_that_ask_for_it(sshbed, home):
+    """A helper reads the agents' package only when a host asks for it, after
+    it has shed the descriptors it inherited (the launcher's open cache file
+    among them)."""
+    r = run_remote(home, "-v", "-H", HOSTS, "-n", "4", PY, "-c", WORDS, "0", "-",
+                   env=henv(home, MSLAUNCH_HOST_PACKAGE="0"))
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert err.count("agent package sent (") == 4, err
+    assert sorted(r.stdout.decode().splitlines()) == [f"rank {i} on h{i + 1}" for i in range(4)]
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
 @pytest.mark.parametrize("direct", ["1", "0"])
 def test_no_byte_is_lost_through_a_helper(sshbed, home, direct):
     """1 MiB from each rank, on its own connection or inside the helper's copy of the link."""

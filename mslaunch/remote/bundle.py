@@ -33,6 +33,10 @@ _framed: Optional[bytes] = None      # the bundle as sent: its length, a newline
 #: package need no more, so the bundle itself (1.5 MB) is read only when a
 #: host asks for it.
 _digest_cache: Optional[str] = None
+#: The cache file that digest was read from, held open (with the offset of the
+#: bundle in it): a host that asks later is sent that very bundle, whatever
+#: has become of the package's files or the cache since.
+_digest_file: Optional[Tuple[int, int, Tuple[int, int]]] = None   # fd, offset, (dev, inode)
 _bundle_lock = _thread.allocate_lock()
 
 
@@ -146,8 +150,23 @@ def _magic() -> bytes:
 
 def _read_or_build(whole: bool) -> None:
     """Fill :data:`_bundle_cache` (or, not ``whole``, at least :data:`_digest_cache`)."""
-    global _digest_cache
+    global _digest_cache, _digest_file
     from ..machine.topology import cache_path
+    if whole and _digest_file is not None and _digest_cache is not None:
+        fd, offset, identity = _digest_file
+        _digest_file = None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            st = None          # closed since (a helper process sheds what it inherits)
+        if st is not None and (st.st_dev, st.st_ino) == identity:
+            try:
+                bundle = _read_from(fd, offset)
+            finally:
+                os.close(fd)
+            if bundle is not None:
+                _keep(bundle, _digest_cache)
+                return
     files = _package_files()
     magic = _magic()
     key = _sha256(b"2\0" + magic)
@@ -156,21 +175,58 @@ def _read_or_build(whole: bool) -> None:
         key.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     cached = cache_path(f"agent-{key.hexdigest()[:24]}.bundle")
     try:
-        with open(cached, "rb") as f:
-            line = f.readline().rstrip(b"\n")
-            if len(line) == 64 and not whole:
-                _digest_cache = line.decode("ascii")
+        fd = os.open(cached, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        # pread, not read: helper processes forked later share this descriptor,
+        # and its file offset with it.
+        head = _pread(fd, 65, 0)
+        digest = head[:64].decode("ascii", "replace") if head[64:] == b"\n" else ""
+        if len(digest) == 64 and digest.isalnum() and not whole:
+            try:
+                st = os.fstat(fd)
+                _digest_cache, _digest_file = digest, (fd, 65, (st.st_dev, st.st_ino))
                 return
-            bundle = f.read()
-        if len(line) == 64:
-            _keep(bundle, line.decode("ascii"))
+            except OSError:
+                pass
+        bundle = _read_from(fd, 65) if len(digest) == 64 and digest.isalnum() else None
+        os.close(fd)
+        if bundle is not None:
+            _keep(bundle, digest)
             return
-    except (OSError, UnicodeDecodeError):
-        pass
     bundle = build_bundle(files, magic)
     digest = package_digest(files)
     _save(cached, digest.encode("ascii") + b"\n" + bundle)
     _keep(bundle, digest)
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    """Up to ``size`` bytes at ``offset`` (fewer only at the end of the file)."""
+    parts: List[bytes] = []
+    while size > 0:
+        try:
+            chunk = os.pread(fd, size, offset)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        parts.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
+def _read_from(fd: int, offset: int) -> Optional[bytes]:
+    """The rest of the cache file ``fd`` from ``offset``; None if unreadable."""
+    try:
+        size = os.fstat(fd).st_size - offset
+    except OSError:
+        return None
+    data = _pread(fd, size, offset)
+    return data if len(data) == size and size > 0 else None
 
 
 def _keep(bundle: bytes, digest: str) -> None:
