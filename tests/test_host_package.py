@@ -20,7 +20,7 @@ from typing import List, Optional
 import pytest
 
 from helpers import PY, REPO, clean_env, cmd, new_tag, tagged_pids, wait_for
-from test_slurm import finish, salloc
+from test_slurm import _cmdline, finish, salloc
 
 pytestmark = pytest.mark.remote
 
@@ -194,19 +194,13 @@ def test_ssh_a_host_whose_copy_is_broken_is_sent_the_package(sshbed, home, tmp_p
 
 def _forks_of(pid: int) -> List[int]:
     """Children of ``pid`` running its own command line (an agent's watchdogs)."""
-    def cmdline(p: int) -> bytes:
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                return f.read()
-        except OSError:
-            return b""
-    mine = cmdline(pid)
+    mine = _cmdline(pid)
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             kids = [int(k) for k in f.read().split()]
     except OSError:
         return []
-    return [k for k in kids if mine and cmdline(k) == mine]
+    return [k for k in kids if mine and _cmdline(k) == mine]
 
 
 def test_ssh_an_agent_that_falls_back_to_the_sent_package_keeps_one_guard(sshbed, home,
