@@ -630,6 +630,33 @@ print(json.dumps({"rank": c.rank, "host": socket.gethostname(), "shared": member
 """
 
 
+LATE_CRASH = """
+import os, signal, socket, time
+s = socket.socket(fileno=int(os.environ["PMI_FD"]))
+s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\\n")
+s.recv(4096)
+if os.environ["PMI_RANK"] == "1":
+    s.close()             # the PMI connection closes without finalizing ...
+    time.sleep(0.5)       # ... and the crash comes after the launcher's first look
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_crash_after_the_pmi_connection_closed_is_the_crash(sshbed, home, where):
+    """A rank whose PMI connection closes a while before it dies of a signal:
+    the job's cause is the signal (exit 137), not a rank that left MPI (1)."""
+    tag = new_tag()
+    hosts = ["-H", "h1,h2"] if where == "remote" else []
+    r = run_remote(home, *hosts, "-n", "2", "-x", "MSL_TEST_TAG", PY, "-c", LATE_CRASH,
+                   env=renv(home, MSL_TEST_TAG=tag), timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 128 + signal.SIGKILL, err
+    assert "rank 1 (pid" in err and "without MPI_Finalize" not in err, err
+    assert wait_for(lambda: tagged_pids(tag) == [], 15)
+
+
 def _segments_of(kvsname: str):
     from mslaunch.pmi.files import shm_segments
     return shm_segments(kvsname)

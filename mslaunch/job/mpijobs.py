@@ -39,8 +39,10 @@ from ..pmi.state import LocalJobState
 #: Seconds between looks for Open MPI singletons among the ranks.
 SINGLETON_POLL = 0.5
 #: Seconds a closed PMI connection waits for its process's exit status (a crash
-#: and a rank that left MPI without finalizing look the same until then).
-LOST_PMI_SETTLE = 0.2
+#: and a rank that left MPI without finalizing look the same until then): the
+#: status follows at once, unless the process is slow to die (a busy machine,
+#: a handler of its own) or, on a remote host, its agent is slow to report it.
+LOST_PMI_SETTLE = 1.0
 
 
 class MPIJobs:
