@@ -153,20 +153,11 @@ def _read_or_build(whole: bool) -> None:
     global _digest_cache, _digest_file
     from ..machine.topology import cache_path
     if whole and _digest_file is not None and _digest_cache is not None:
-        fd, offset, identity = _digest_file
-        _digest_file = None
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            st = None          # closed since (a helper process sheds what it inherits)
-        if st is not None and (st.st_dev, st.st_ino) == identity:
-            try:
-                bundle = _read_from(fd, offset)
-            finally:
-                os.close(fd)
-            if bundle is not None:
-                _keep(bundle, _digest_cache)
-                return
+        held, _digest_file = _digest_file, None
+        bundle = _read_held(held)
+        if bundle is not None:
+            _keep(bundle, _digest_cache)
+            return
     files = _package_files()
     magic = _magic()
     key = _sha256(b"2\0" + magic)
@@ -174,24 +165,13 @@ def _read_or_build(whole: bool) -> None:
         st = os.stat(path)
         key.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
     cached = cache_path(f"agent-{key.hexdigest()[:24]}.bundle")
-    try:
-        fd = os.open(cached, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        fd = -1
-    if fd >= 0:
-        # pread, not read: helper processes forked later share this descriptor,
-        # and its file offset with it.
-        head = _pread(fd, 65, 0)
-        digest = head[:64].decode("ascii", "replace") if head[64:] == b"\n" else ""
-        if len(digest) == 64 and digest.isalnum() and not whole:
-            try:
-                st = os.fstat(fd)
-                _digest_cache, _digest_file = digest, (fd, 65, (st.st_dev, st.st_ino))
-                return
-            except OSError:
-                pass
-        bundle = _read_from(fd, 65) if len(digest) == 64 and digest.isalnum() else None
-        os.close(fd)
+    opened = _open_cache(cached)
+    if opened is not None:
+        digest, held = opened
+        if not whole:
+            _digest_cache, _digest_file = digest, held
+            return
+        bundle = _read_held(held)
         if bundle is not None:
             _keep(bundle, digest)
             return
@@ -199,6 +179,42 @@ def _read_or_build(whole: bool) -> None:
     digest = package_digest(files)
     _save(cached, digest.encode("ascii") + b"\n" + bundle)
     _keep(bundle, digest)
+
+
+def _open_cache(path: str) -> Optional[Tuple[str, Tuple[int, int, Tuple[int, int]]]]:
+    """The digest on the first line of the cache file ``path``, and the file held
+    open (see :data:`_digest_file`); None for a file missing or malformed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    head = _pread(fd, 65, 0)
+    digest = head[:64].decode("ascii", "replace")
+    try:
+        if head[64:] == b"\n" and digest.isalnum():
+            st = os.fstat(fd)
+            return digest, (fd, 65, (st.st_dev, st.st_ino))
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _read_held(held: Tuple[int, int, Tuple[int, int]]) -> Optional[bytes]:
+    """The bundle in a held cache file (closed then); None if it is not that file
+    any more (a helper process sheds the descriptors it inherits, and the
+    number may have been reused) or cannot be read."""
+    fd, offset, identity = held
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if (st.st_dev, st.st_ino) != identity:
+        return None                   # not ours to close
+    try:
+        return _read_from(fd, offset)
+    finally:
+        os.close(fd)
 
 
 def _pread(fd: int, size: int, offset: int) -> bytes:
