@@ -28,7 +28,7 @@ def new_guard(kvsname: str, grace: float) -> Watchdog:
                     on_stop=sessions_at_death)
 
 
-def begin(job: str = "", kept: Optional[List[Watchdog]] = None) -> Callable[[str], int]:
+def begin(job: str, kept: List[Watchdog]) -> Callable[[str], int]:
     """Start the guard of the job ``job`` (its greeting's name, if any), then
     import the agent; what runs it.
 
@@ -43,9 +43,6 @@ def begin(job: str = "", kept: Optional[List[Watchdog]] = None) -> Callable[[str
         from .agent import main
     except BaseException:
         if guard is not None:
-            if kept is not None:
-                kept.append(guard)
-            else:
-                guard.close()
+            kept.append(guard)
         raise
     return lambda named: main(named, guard, new_guard)

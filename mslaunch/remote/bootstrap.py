@@ -332,7 +332,8 @@ _preparing: List[threading.Thread] = []
 
 
 def prepared() -> None:
-    """Wait for what :func:`prepare_in_background` began; the bundle, ready."""
+    """Wait for what :func:`prepare_in_background` began; the bundle's digest, ready
+    (the bundle itself is read when a host asks for it)."""
     for thread in _preparing:
         thread.join()
     bundle_digest()
