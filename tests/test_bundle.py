@@ -193,34 +193,35 @@ def test_a_file_that_is_no_finder_names_no_folder(tmp_path):
     assert list(_editable_dirs()(str(tmp_path / "missing.py"))) == []
 
 
+def _python(code: str, cache) -> bytes:
+    """``code``'s stdout, run in a fresh interpreter whose cache is ``cache``."""
+    r = subprocess.run([PY, "-c", code], capture_output=True, timeout=60,
+                       env=clean_env(XDG_CACHE_HOME=str(cache)))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def test_the_digest_is_read_without_the_bundle_which_waits_for_a_host_to_ask(tmp_path):
     """Hosts that have the package need its digest only: the launcher reads the
     cache's first line, and the bundle (1.5 MB) only when a host asks for it."""
-    env = clean_env(XDG_CACHE_HOME=str(tmp_path))
     code = ("import sys; from mslaunch.remote import bootstrap, bundle\n"
             "d = bundle.bundle_digest()\n"
             "h = bootstrap.Handshake(reuse=True); h.take_parts()\n"
             "h.feed(bootstrap.MARK + b'host /somewhere\\n')\n"
             "print(d, bundle._bundle_cache is None, h.take_parts() == [])\n"
             "print(bundle.package_bundle()[1] == d, bundle.bundle_digest() == d)\n")
-    first = subprocess.run([PY, "-c", code], capture_output=True, env=env, timeout=60)
     # The first run builds the cache (and so holds the bundle); the second reads it.
-    assert first.returncode == 0, first.stderr
-    assert first.stdout.split()[1:] == [b"False", b"True", b"True", b"True"], first.stdout
-    again = subprocess.run([PY, "-c", code], capture_output=True, env=env, timeout=60)
-    assert again.returncode == 0, again.stderr
-    assert again.stdout.split() == [first.stdout.split()[0], b"True", b"True", b"True", b"True"]
+    first = _python(code, tmp_path).split()
+    assert first[1:] == [b"False", b"True", b"True", b"True"], first
+    assert _python(code, tmp_path).split() == [first[0], b"True", b"True", b"True", b"True"]
 
 
 def test_a_host_that_asks_later_gets_the_bundle_whose_digest_was_read(tmp_path):
     """The digest is read from the cache file, which is then held open: a host
     that asks for the package later is sent that very file's bundle, though
     the cache was replaced meanwhile (another installation rebuilt it)."""
-    env = clean_env(XDG_CACHE_HOME=str(tmp_path))
-    build = subprocess.run([PY, "-c", "from mslaunch.remote import bundle; "
-                            "print(bundle.package_bundle()[1])"],
-                           capture_output=True, env=env, timeout=60)
-    assert build.returncode == 0, build.stderr
+    built = _python("from mslaunch.remote import bundle; print(bundle.package_bundle()[1])",
+                    tmp_path).strip()
     code = ("import glob, os; from mslaunch.remote import bundle\n"
             "d = bundle.bundle_digest()\n"
             "[path] = glob.glob(os.path.join(os.environ['XDG_CACHE_HOME'], 'mslaunch', "
@@ -230,7 +231,5 @@ def test_a_host_that_asks_later_gets_the_bundle_whose_digest_was_read(tmp_path):
             "os.replace(path + '.new', path)\n"
             "view, digest = bundle.package_bundle()\n"
             "print(d, digest, len(view) > 100000, bytes(view[:12]) != b'not a bundle')\n")
-    r = subprocess.run([PY, "-c", code], capture_output=True, env=env, timeout=60)
-    assert r.returncode == 0, r.stderr
-    d, digest, big, real = r.stdout.split()
-    assert d == digest == build.stdout.strip() and big == real == b"True", r.stdout
+    d, digest, big, real = _python(code, tmp_path).split()
+    assert d == digest == built and big == real == b"True"
