@@ -480,6 +480,22 @@ def test_a_job_that_never_looks_imports_nothing_for_looking():
         assert name not in names, name
 
 
+def test_the_python_ranks_hook_is_written_without_importing_importlib():
+    """The hook's bytecode needs the import system's own module, frozen and always
+    loaded: reached as ``importlib._bootstrap_external``, it would import the
+    ``importlib`` package and ``warnings`` into every launcher and agent whose
+    ranks run Python.  Run as the ``mslaunch`` command is (``-m`` imports
+    ``importlib`` for itself)."""
+    code = "import sys; from mslaunch.__main__ import main; main()"
+    r = subprocess.run([PY, "-X", "importtime", "-c", code, "-n", "2", PY, "-c", "pass"],
+                       capture_output=True, timeout=60, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    names = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+             if line.startswith("import time:")}
+    assert "mslaunch.machine.pydump" in names
+    assert "importlib" not in names and "warnings" not in names, sorted(names)
+
+
 @pytest.mark.timeout(240)          # (a failed wait ends in the report, not here)
 def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
     """faulthandler writes 100 threads at most, newest first: the main thread of a

@@ -24,6 +24,7 @@ started with ``-S``/``-I``, has no dump (native frames only).
 from __future__ import annotations
 
 import os
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,8 +68,11 @@ def prepare(directory: str) -> bool:
     except (OSError, AttributeError):     # a loader that cannot read the package's files
         return False
     try:
-        # the import system's own module, frozen and always loaded: nothing to import
-        from importlib._bootstrap_external import MAGIC_NUMBER, cache_from_source
+        # The import system's own module, frozen and always loaded; by its name in
+        # sys.modules, as ``importlib._bootstrap_external`` would import the
+        # ``importlib`` package (and ``warnings``) first.
+        external = sys.modules["_frozen_importlib_external"]
+        MAGIC_NUMBER, cache_from_source = external.MAGIC_NUMBER, external.cache_from_source
         st = os.stat(path)
         head = MAGIC_NUMBER + bytes(4) + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") \
             + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
