@@ -70,17 +70,23 @@ def _digest(top, root):
             from _sha2 import sha256
         except ImportError:
             from hashlib import sha256
-    found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        found += [os.path.join(folder, f) for f in files if f.endswith(".py")]
-    named = sorted((os.path.relpath(p, top).replace(os.sep, "/"), p) for p in found)
+    # The walk of os.walk (a linked folder is not entered), by hand: half the time.
+    cut = len(os.path.join(top, ""))
+    named, todo = [], [root]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for e in entries:
+                if e.is_dir():
+                    if e.name != "__pycache__" and not e.is_symlink():
+                        todo.append(e.path)
+                elif e.name.endswith(".py"):
+                    named.append((e.path[cut:].replace(os.sep, "/"), e.path, e.stat()))
+    named.sort()
     # Hashing the sources is most of the agent's start; the digest is kept, in
     # the user's cache, with the files' names, sizes and times, which Python's
     # own bytecode cache trusts as well.
     stamp = sha256()
-    for name, path in named:
-        st = os.stat(path)
+    for name, path, st in named:
         stamp.update(b"%s\0%d\0%d\0%d\0" % (name.encode("utf-8", "surrogateescape"),
                                            st.st_size, st.st_mtime_ns, st.st_ino))
     stamp = stamp.hexdigest()
@@ -95,7 +101,7 @@ def _digest(top, root):
     except (OSError, UnicodeDecodeError):
         pass
     h = sha256()
-    for name, path in named:
+    for name, path, _ in named:
         with open(path, "rb") as f:
             data = f.read()
         h.update(b"%s\0%d\0" % (name.encode("utf-8", "surrogateescape"), len(data)))

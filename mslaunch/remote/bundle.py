@@ -43,15 +43,19 @@ _bundle_lock = _thread.allocate_lock()
 def _package_files() -> List[Tuple[str, str]]:
     """(path, name inside the bundle) of every module of the installed package."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    top = os.path.dirname(root)
-    found = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                found.append((path, os.path.relpath(path, top).replace(os.sep, "/")))
-    return found
+    cut = len(os.path.join(os.path.dirname(root), ""))
+    # As os.walk (a linked folder is not entered), by hand: half the time,
+    # on the way of every remote job.  The bootstrap walks the host's alike.
+    found, todo = [], [root]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for e in entries:
+                if e.is_dir():
+                    if e.name != "__pycache__" and not e.is_symlink():
+                        todo.append(e.path)
+                elif e.name.endswith(".py"):
+                    found.append((e.path, e.path[cut:].replace(os.sep, "/")))
+    return sorted(found, key=lambda f: f[1])
 
 
 def _compiled(path: str, origin: str) -> bytes:
