@@ -58,6 +58,19 @@ def test_a_python_of_another_version_compiles_the_sources():
     assert hello["protocol"] == link.PROTOCOL
 
 
+def test_an_agent_of_the_launcher_s_bytecode_is_sent_the_bootstrap_compiled():
+    """An agent that dials back says its interpreter's bytecode version: one of
+    the launcher's gets the bootstrap compiled (no source to compile), any
+    other the source; both start, here asking for the package and given it."""
+    ours = bootstrap.Handshake(reuse=False, magic=bundle.interpreter_magic())
+    other = bootstrap.Handshake(reuse=False, magic=b"\0\0\r\n")
+    compiled, source = ours.take(), other.take()
+    assert b"def _host_package" not in compiled and bootstrap.bootstrap_code() in compiled
+    assert b"def _host_package" in source and bootstrap.bootstrap_code() not in source
+    for payload in (compiled, source):
+        assert _hello_from(payload, uuid.uuid4().hex)["protocol"] == link.PROTOCOL
+
+
 def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tmp_path):
     probe = ("import sys; from mslaunch.remote import bundle as b; "
              "sys.stdout.buffer.write(b'%s\\n%s' % (b.package_bundle()[1].encode(), "

@@ -146,7 +146,7 @@ def _sha256(data: bytes = b""):
     return sha256(data)
 
 
-def _magic() -> bytes:
+def interpreter_magic() -> bytes:
     """The interpreter's bytecode version (``importlib.util``'s, without its imports)."""
     import sys
     return sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
@@ -163,7 +163,7 @@ def _read_or_build(whole: bool) -> None:
             _keep(bundle, _digest_cache)
             return
     files = _package_files()
-    magic = _magic()
+    magic = interpreter_magic()
     key = _sha256(b"2\0" + magic)
     for path, name in files:
         st = os.stat(path)

@@ -181,17 +181,20 @@ def _server_context(key_pem: bytes, cert_pem: bytes):
     return context
 
 
-def read_token(buf: bytes) -> Optional[Tuple[str, bytes]]:
-    """The token of a dialling connection's first line, and what came after it;
+def read_token(buf: bytes) -> Optional[Tuple[str, str, bytes]]:
+    """The token of a dialling connection's first line (``mslaunch-dial TOKEN
+    [ABOUT]``), what the line says after it, and what came after the line;
     None until the line is whole, ValueError past 200 bytes without one.  A line
-    that is not ``mslaunch-dial TOKEN`` gives the empty token, which no one expects."""
+    of another form gives the empty token, which no one expects."""
     if b"\n" not in buf:
         if len(buf) > 200:
             raise ValueError("no token line")
         return None
     line, _, rest = buf.partition(b"\n")
-    token = line[len(_HELLO):].decode("ascii", "replace") if line.startswith(_HELLO) else ""
-    return token, rest
+    if not line.startswith(_HELLO):
+        return "", "", rest
+    token, _, about = line[len(_HELLO):].decode("ascii", "replace").partition(" ")
+    return token, about, rest
 
 
 class _Pending:
@@ -223,7 +226,7 @@ class Listener:
                  port_range: Optional[Tuple[int, int]] = None) -> None:
         self.loop = loop
         self.log = log
-        self.expected: Dict[str, Callable[[object, bytes], None]] = {}
+        self.expected: Dict[str, Callable[[object, bytes, str], None]] = {}
         self.socks: List[_Listening] = []
         self.pending: Dict[int, _Pending] = {}
         self.cert_pem: Optional[bytes] = None
@@ -274,11 +277,12 @@ class Listener:
                 return sock.getsockname()[1]
         return None
 
-    def expect(self, token: str, on_connection: Callable[[object, bytes], None]) -> None:
-        """Call ``on_connection(sock, first_bytes)`` when a connection presents ``token``.
+    def expect(self, token: str, on_connection: Callable[[object, bytes, str], None]) -> None:
+        """Call ``on_connection(sock, first_bytes, about)`` when a connection presents
+        ``token``.
 
-        ``first_bytes`` is what came after the token line in the same read.
-        A token is used once.
+        ``first_bytes`` is what came after the token line in the same read,
+        ``about`` what the line said after the token.  A token is used once.
         """
         self.expected[token] = on_connection
 
@@ -322,13 +326,13 @@ class Listener:
             return
         if found is None:
             return
-        token, rest = found
+        token, about, rest = found
         owner = self.expected.pop(token, None)
         if owner is None:
             self._drop(entry, "presented a wrong token")
             return
         self._release(entry)
-        owner(sock, rest)
+        owner(sock, rest, about)
 
     def _release(self, entry: _Pending) -> None:
         self.pending.pop(entry.sock.fileno(), None)

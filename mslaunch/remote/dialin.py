@@ -55,7 +55,10 @@ def dial_program(prelude: str, token: str) -> str:
             # TCP_NODELAY (6, 1): the agent's hello follows the bootstrap's answer
             # at once, and would otherwise wait for the launcher's delayed ACK.
             "s.settimeout(None);s.setsockopt(6,1,1);"
-            "s.sendall(('mslaunch-dial '+t+chr(10)).encode());"
+            # After the token, the interpreter's bytecode version: an agent of the
+            # launcher's is sent the bootstrap compiled (see bootstrap.Handshake).
+            "s.sendall(('mslaunch-dial '+t+' '+getattr(sys.modules.get("
+            "'_frozen_importlib_external'),'MAGIC_NUMBER',b'').hex()+chr(10)).encode());"
             "os.dup2(s.fileno(),0);os.dup2(s.fileno(),1);s.close();"
             "b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
             "exec(b.read(int(b.readline())))")
@@ -280,12 +283,16 @@ class Greeter:
         for name, token in tokens.items():
             self.listener.expect(token, bind(self._presented, name))
 
-    def _presented(self, name: str, sock: socket.socket, rest: bytes) -> None:
+    def _presented(self, name: str, sock: socket.socket, rest: bytes, about: str) -> None:
         if rest:              # an agent says nothing before it has the bootstrap
             sock.close()
             return
         timeline.mark("dialled back", name)
-        g = self.greeting[name] = _Greeting(name, sock)
+        try:
+            magic = bytes.fromhex(about)
+        except ValueError:
+            magic = b""
+        g = self.greeting[name] = _Greeting(name, sock, magic)
         self.loop.add_reader(sock.fileno(), lambda: self._ready(g))
         self._ready(g)
 
@@ -352,10 +359,10 @@ class _Greeting:
     """An agent that presented its node's token: greeted (:class:`.bootstrap.Handshake`),
     what it is sent going as it takes it, and its ``HELLO`` awaited."""
 
-    def __init__(self, name: str, sock: socket.socket) -> None:
+    def __init__(self, name: str, sock: socket.socket, magic: bytes) -> None:
         self.name = name
         self.sock = sock
-        self.handshake = bootstrap.Handshake(name=name)
+        self.handshake = bootstrap.Handshake(name=name, magic=magic)
         self.out: List[memoryview] = []                     # left to send, in pieces
         self._queue()
 

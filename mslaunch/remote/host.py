@@ -199,8 +199,9 @@ class RemoteHost:
         self.conn.close(wait=max(0.1, deadline - time.monotonic()), gone=self.state == "lost")
         os.close(self.conn.fd)
 
-    def attach_output(self, sock, first: bytes) -> None:
-        """The agent dialled back: its ranks' output arrives on ``sock`` from now on."""
+    def attach_output(self, sock, first: bytes, about: str = "") -> None:
+        """The agent dialled back: its ranks' output arrives on ``sock`` from now on
+        (``about``, the rest of its token line, says nothing here)."""
         from .endpoint import InboundTLSEndpoint, SocketEndpoint
 
         def on_frame(kind: int, body: bytes) -> None:

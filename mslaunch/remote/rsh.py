@@ -236,7 +236,7 @@ class RshStarter:
 
     def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
         """The agent's package, in the background (no paramiko, and plain output)."""
-        bootstrap.prepare_in_background(credentials=False, job=job)
+        bootstrap.prepare_in_background(credentials=False, job=job, compiled=True)
 
     def close(self) -> None:
         pass

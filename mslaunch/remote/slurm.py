@@ -394,9 +394,9 @@ class SrunStarter:
             except LaunchError as err:        # start() says so, where errors are said
                 self._early_error = err
             # The package is wanted once the first agent dials, some 50 ms on.
-            bootstrap.prepare_in_background(credentials=False, job=job)
+            bootstrap.prepare_in_background(credentials=False, job=job, compiled=True)
             return
-        bootstrap.prepare_in_background(credentials=False, job=job)
+        bootstrap.prepare_in_background(credentials=False, job=job, compiled=True)
         try:
             self._lookups = _Lookups(environ)
         except LaunchError:         # no srun or scontrol: start() says so
