@@ -335,7 +335,6 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
              launched=None, shown: Optional[List] = None, carry=None, tell: bool = True):
     """One run of the job, by one supervisor: its result, the hosts it ran on, and
     those it lost (see :class:`~.attempts.AttemptOutcome`)."""
-    from .supervise import Supervisor
     plan = build_plan(job, environ, entries=entries, kvsname=kvsname)
     remote = agent_hosts(plan, job)
     replan, starter = None, None
@@ -359,6 +358,7 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
         if starter is not None:
             # In the background, while the supervisor is built (srun's step starts here).
             starter.prepare(remote, watchdog.marker)
+        from .supervise import Supervisor      # after srun's step began (prepare)
         supervisor = Supervisor(job, plan, console, connect=remote, starter=starter,
                                 replan=replan, watchdog=watchdog,
                                 control=open_control(watchdog), note=note,

@@ -67,11 +67,14 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _warm_up() -> None:
-    """Import what the job's start needs (its output connection, PMI, pseudo-
-    terminals) while the launcher answers the greeting: this host would only wait."""
+    """Import what the job's start needs (its output connection, PMI and the door
+    of PMIx, pseudo-terminals, the Python ranks' hook) while the launcher answers
+    the greeting: this host would only wait."""
     import termios  # noqa: F401
 
-    from ..pmi import server, singletons  # noqa: F401
+    from ..machine import pydump, trees  # noqa: F401
+    from ..pmi import mcaparams, server, singletons  # noqa: F401
+    from ..pmix import door, fabric, host, layout, template  # noqa: F401
     from . import dialback  # noqa: F401
 
 
