@@ -26,7 +26,8 @@ import errno
 import os
 import stat
 import sys
-from collections import deque
+
+from .loop import deque     # the C type, without the collections package (0.6 ms)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
