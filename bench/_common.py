@@ -292,13 +292,20 @@ def with_ab(launchers: List[Launcher], commit: str) -> List[Launcher]:
     atexit.register(shutil.rmtree, other, True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(other)
-    for tree in (other, REPO_ROOT):
+    # This tree is copied beside it: on another file system (a temporary one in
+    # memory, the checkout on disk) the imports' reads alone differ by
+    # milliseconds of wall time, which an A/B would count as the change's.
+    here = Path(tempfile.mkdtemp(prefix="mslaunch-this-"))
+    atexit.register(shutil.rmtree, here, True)
+    shutil.copytree(REPO_ROOT / "mslaunch", here / "mslaunch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in (other, here):
         # -f: compileall checks only the source's time, and a file rewritten within
         # the second it was compiled in keeps bytecode the import then rejects.
         subprocess.run([sys.executable, "-m", "compileall", "-q", "-f", str(tree / "mslaunch")],
                        stdout=subprocess.DEVNULL, check=True)
     wrapper = str(BENCH_DIR / "_tree.py")
-    mine = dataclasses.replace(ours, prefix=(sys.executable, wrapper, str(REPO_ROOT)))
+    mine = dataclasses.replace(ours, prefix=(sys.executable, wrapper, str(here)))
     theirs = dataclasses.replace(ours, key=AB, label=f"mslaunch@{commit[:12]}",
                                  prefix=(sys.executable, wrapper, str(other)))
     at = launchers.index(ours)
