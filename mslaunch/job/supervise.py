@@ -177,9 +177,14 @@ class Supervisor(LookingInside):
 
     def _start_all(self) -> None:
         job, plan = self.job, self.plan
+        pmi, pmi_env = None, None
         if self.connect:
             from .fleet import Fleet
             assert self.starter is not None     # hosts to connect come with their starter
+            if job.mpi == "pmi" and self.replan is None and self.hooks is None:
+                # The plan stands: the job's PMI is made while the agents start
+                # (the launcher only waits then), not once they are up.
+                pmi, pmi_env = self._start_pmi()
             self.fleet = Fleet(self, _stop_requested)
             # Each host's link and connections are open before its ranks start.
             raise_fd_limit(8 * len(plan.ranks) + 8 * len(self.connect) + 64)
@@ -196,12 +201,8 @@ class Supervisor(LookingInside):
         for r in plan.ranks:
             if not r.host.local:
                 remote_specs.setdefault(r.host.name, []).append(r)
-        pmi, pmi_env = None, None
-        if job.mpi == "pmi":
-            from .mpijobs import MPIJobs
-            self.mpi_jobs = MPIJobs(self)
-            pmi, pmi_env = self.mpi_jobs.start_first(bool(local_specs))
-            self.mpi_jobs.watch_singletons()
+        if job.mpi == "pmi" and self.mpi_jobs is None:
+            pmi, pmi_env = self._start_pmi()
         # Hosts left after the re-plan (the plan may have sent every agent away).
         fleet = self.fleet if self.fleet is not None and self.fleet.conns else None
         remote = fleet is not None
@@ -220,6 +221,15 @@ class Supervisor(LookingInside):
             self.hooks.started({r.spec.label or f"rank {r.spec.rank}": r.pid for r in self.ranks})
         if self.on_launched is not None:
             self.on_launched()
+
+    def _start_pmi(self):
+        """The first job's PMI (see :class:`.mpijobs.MPIJobs`), for the plan as it
+        stands; what its local ranks inherit."""
+        from .mpijobs import MPIJobs
+        self.mpi_jobs = MPIJobs(self)
+        pmi, pmi_env = self.mpi_jobs.start_first(any(r.host.local for r in self.plan.ranks))
+        self.mpi_jobs.watch_singletons()
+        return pmi, pmi_env
 
     def _local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                      stdin_fd: Optional[int]) -> LocalRanks:
