@@ -477,20 +477,26 @@ def run_rounds(cases: Sequence[str], contenders: Sequence[str], runs: int, warmu
                execute: Callable[[str, str], Outcome], *, quiet: bool = False) -> Results:
     """Run every (case, contender) pair ``warmups + runs`` times, contenders interleaved.
 
-    Within a round, each case is run once by every contender, and the contender
-    order rotates by one from round to round, so slow drifts and bursts of
-    machine noise land on all contenders alike.  A pair that fails once is not
-    run again; its error is kept.
+    Within a round, each case is run once by every contender, in an order
+    shuffled afresh for each case of each round (the same seed every time), so
+    slow drifts and bursts of machine noise land on all contenders alike, and
+    no contender always runs right after the same other one.  (An order that
+    only rotated from round to round kept, with the cases back to back, each
+    contender's predecessor fixed: a commit measured against itself came out
+    up to a quarter slower in wall time for running right after the floor.)
+    A pair that fails once is not run again; its error is kept.
     """
+    import random
+    shuffle = random.Random(4711).shuffle
     results: Results = {(c, k): Samples() for c in cases for k in contenders}
     total = warmups + runs
     for rnd in range(total):
         measured = rnd >= warmups
-        shift = rnd % max(1, len(contenders))
-        order = list(contenders[shift:]) + list(contenders[:shift])
         if not quiet:
             log(f"round {rnd + 1}/{total}{'' if measured else ' (warm-up)'}", end="")
         for case in cases:
+            order = list(contenders)
+            shuffle(order)
             for key in order:
                 samples = results[(case, key)]
                 if samples.error is not None:
@@ -598,7 +604,7 @@ def environment_note(launchers: Sequence[Launcher], runs: int, warmups: int,
     versions = "; ".join(f"{l.label}: {l.version or '?'} (`{' '.join(l.prefix)}`)" for l in launchers)
     return (f"_finished {time.strftime('%Y-%m-%d %H:%M:%S')}, {platform.node()}, {cpus} CPUs, "
             f"load avg {load}; median of {runs} runs after {warmups} warm-up rounds"
-            f"{', contenders interleaved round-robin' if interleaved else ''}._  \n_{versions}_")
+            f"{', contenders interleaved in shuffled order' if interleaved else ''}._  \n_{versions}_")
 
 
 def host_rx_bytes(net: Any, names: Sequence[str]) -> Dict[str, int]:

@@ -3,7 +3,7 @@
 The cluster is the Slurm test bed of ``tests/slurmbed.py`` (root; slurmctld
 and one slurmd per network namespace on this machine).  For each node count
 H (2, 4, 8) the script takes one allocation, ``salloc -N H
---ntasks-per-node=1``, and inside it runs both launchers round-robin, one
+--ntasks-per-node=1``, and inside it runs the launchers interleaved, one
 rank per node (the launcher itself runs outside the nodes, so every rank is
 remote):
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -55,10 +56,11 @@ def inner(args) -> int:
     env = dict(os.environ, UCX_TLS="tcp")
     if args.switch_ns:
         times.update(_bytes_per_node(args, launchers, env, n))
+    shuffle = random.Random(4711).shuffle    # no launcher always after the same one
     for i in range(args.runs + 1):
-        order = list(launchers.items())
-        order = order[i % len(order):] + order[:i % len(order)]
         for case, program in cases.items():
+            order = list(launchers.items())
+            shuffle(order)
             for key, prefix in order:
                 run_env = dict(env, HOME=args.ssh_home) if key == "mslaunch-ssh" else env
                 t0 = time.monotonic()
