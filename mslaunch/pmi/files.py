@@ -51,6 +51,7 @@ def new_kvsname() -> str:
     return f"kvs_{os.getpid()}_{bits[:8]}_{bits[8:]}"
 
 
+#: What a kvsname is made of (no ``re``: the agent would import it only for this).
 _KVSNAME = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
 

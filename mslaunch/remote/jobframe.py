@@ -29,7 +29,7 @@ from .samepython import found_here, read_here
 #: Bytes of output an agent may send before the launcher grants more.
 CREDIT = 8 << 20
 
-#: What a kvsname is made of (no ``re``: the agent would import it only for this).
+#: The bound of a job frame's counts and numbers (ranks, sizes, apps, nodes).
 _MAX_RANK = 1 << 24
 
 
