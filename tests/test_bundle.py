@@ -3,6 +3,7 @@ background preparation waited for at exit."""
 
 from __future__ import annotations
 
+import marshal
 import os
 import select
 import subprocess
@@ -69,6 +70,32 @@ def test_an_agent_of_the_launcher_s_bytecode_is_sent_the_bootstrap_compiled():
     assert b"def _host_package" in source and bootstrap.bootstrap_code() not in source
     for payload in (compiled, source):
         assert _hello_from(payload, uuid.uuid4().hex)["protocol"] == link.PROTOCOL
+
+
+def test_the_compiled_bootstrap_is_kept_in_the_cache_and_not_compiled_again(tmp_path):
+    """The first launcher of an installation compiles the bootstrap and keeps it
+    beside the bundle; the next reads it, compiling nothing; a damaged file is
+    made again."""
+    probe = ("import builtins, sys; from mslaunch.remote import bootstrap, bundle\n"
+             "bundle.bundle_digest()\n"
+             "if sys.argv[1] == 'no':\n"
+             "    builtins.compile = None\n"
+             "sys.stdout.buffer.write(bootstrap.bootstrap_code())\n")
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path))
+
+    def code(compiling: str) -> bytes:
+        r = subprocess.run([PY, "-c", probe, compiling], env=env, capture_output=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    first = code("yes")
+    [kept] = (tmp_path / "mslaunch").glob("agent-*.bootstrap")
+    assert kept.read_bytes() == first and marshal.loads(first).co_filename == \
+        "<mslaunch bootstrap>"
+    assert code("no") == first
+    kept.write_bytes(first[:100])                     # damaged: made again
+    assert code("yes") == first and kept.read_bytes() == first
 
 
 def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tmp_path):

@@ -32,7 +32,7 @@ the command survives sh, bash, zsh, csh and fish alike.
 
 from __future__ import annotations
 
-from .bundle import bundle_digest, framed_bundle, interpreter_magic
+from .bundle import bundle_digest, cached_code, framed_bundle, interpreter_magic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -353,14 +353,14 @@ _code: List[bytes] = []
 
 
 def bootstrap_code() -> bytes:
-    """:data:`BOOTSTRAP` compiled by this interpreter, marshalled; made once.
+    """:data:`BOOTSTRAP` compiled by this interpreter, marshalled (from the cache,
+    where the first launcher of an installation keeps it).
 
     An agent that dials back says its interpreter's bytecode version; one of
     the launcher's is sent this rather than the source, whose compiling was
     a seventh of the agent's start (3 ms of a host's CPU)."""
     if not _code:
-        import marshal
-        _code.append(marshal.dumps(compile(BOOTSTRAP, "<mslaunch bootstrap>", "exec")))
+        _code.append(cached_code("bootstrap", BOOTSTRAP))
     return _code[0]
 
 

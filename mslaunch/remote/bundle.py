@@ -249,6 +249,26 @@ def _read_from(fd: int, offset: int) -> Optional[bytes]:
     return data if len(data) == size and size > 0 else None
 
 
+def cached_code(kind: str, source: str) -> bytes:
+    """``source`` (a program of this package's, e.g. the bootstrap) compiled by
+    this interpreter and marshalled, kept in the cache beside the bundle (by the
+    package's digest and the bytecode version): compiled once per installation,
+    not by every launcher."""
+    import marshal
+    from ..machine.topology import cache_path
+    path = cache_path(f"agent-{bundle_digest()[:24]}-{interpreter_magic().hex()}.{kind}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if isinstance(marshal.loads(data), type(cached_code.__code__)):   # not damaged
+            return data
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    data = marshal.dumps(compile(source, f"<mslaunch {kind}>", "exec"))
+    _save(path, data)
+    return data
+
+
 def _keep(bundle: bytes, digest: str) -> None:
     """Hold the bundle once, as it is sent (:func:`framed_bundle`)."""
     global _bundle_cache, _framed
@@ -269,13 +289,13 @@ def _save(path: str, data: bytes) -> None:
     folder = os.path.dirname(path)
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        # Bundles of other versions or edits of the package go after a day
-        # (two installations in use rebuild theirs at most once a day).
+        # Bundles and compiled bootstraps of other versions or edits of the
+        # package go after a day (two installations in use rebuild theirs at
+        # most once a day).
         stale = time.time() - 86400
         for old in os.listdir(folder):
             old_path = os.path.join(folder, old)
-            if old.startswith("agent-") and old.endswith(".bundle") \
-                    and os.stat(old_path).st_mtime < stale:
+            if old.startswith("agent-") and os.stat(old_path).st_mtime < stale:
                 os.unlink(old_path)
     except OSError:
         pass
