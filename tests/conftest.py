@@ -83,7 +83,8 @@ def mpich():
 # the modules that share the session's Slurm cluster run on the same worker, so
 # one cluster is built.  Modules are handed out longest first (measured times),
 # so that no long one starts last.
-_SLURM_MODULES = ("test_slurm", "test_slurmbed", "test_host_package", "test_port_range")
+_SLURM_MODULES = ("test_slurm", "test_slurmbed", "test_host_package", "test_port_range",
+                  "test_srun_ranks")
 _LONGEST_FIRST = ("test_msrun_mindspore", "test_remote", "test_msrun_nodes", "test_rsh",
                   "slurm", "test_singletons", "test_frameworks", "test_hostile",
                   "test_spawn_hostile", "test_ompi4", "test_msrun", "test_pmi",

@@ -329,17 +329,19 @@ def add_hostfile(d: Draft, flag: str, values: Sequence[str]) -> None:
 
 #: Open MPI's plm components and Hydra's launcher names, as mslaunch's launchers.
 _LAUNCHER_NAMES = {"auto": "auto", "ssh": "ssh", "rsh": "ssh", "slurm": "slurm",
-                   "local": "local", "fork": "local", "isolated": "local"}
+                   "local": "local", "fork": "local", "isolated": "local", "srun": "srun"}
 
 
 def _launcher(word: str, flag: str, component_list: bool) -> str:
     """``--launcher``, or an MCA ``plm`` value: one name, or (Open MPI) a list to
     choose from, or ``^`` and a list of those to leave out."""
     names = [w.strip() for w in word.lstrip("^").split(",")] if component_list else [word]
-    unknown = [w for w in names if w not in _LAUNCHER_NAMES]
+    unknown = [w for w in names if w not in _LAUNCHER_NAMES
+               or (component_list and w == "srun")]
     if unknown or not all(names):
         raise UsageError(f"{flag} {one_line(word, 30)}: expected ssh, slurm, local or "
                          f"auto (srun inside a Slurm allocation, else ssh)"
+                         + ("" if component_list else ", or srun (srun starts the ranks)")
                          + (", or Open MPI's rsh or ^ and a list" if component_list else ""))
     chosen = {_LAUNCHER_NAMES[w] for w in names}
     if component_list and word.startswith("^"):
@@ -353,7 +355,7 @@ def _launcher(word: str, flag: str, component_list: bool) -> str:
 
 def set_launcher(d: Draft, said: str, word: str, component_list: bool = False) -> None:
     d.launcher = _launcher(word, said, component_list)
-    if d.launcher == "slurm":
+    if d.launcher in ("slurm", "srun"):
         from ..remote.slurm import choose
         try:
             choose("slurm", d.environ)

@@ -261,7 +261,8 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("launcher", "bootstrap"), 1, D.launcher, "-launcher ssh|rsh|slurm|local, "
                "-launcher-exec CMD\tstart the agents with\n'CMD [ARGS] HOST command' "
                "(also -bootstrap-exec, --mca plm_rsh_agent 'ssh : rsh');\n"
-               "-bootstrap-exec-args ARGS (--mca plm_rsh_args) adds ARGS"),
+               "-bootstrap-exec-args ARGS (--mca plm_rsh_args) adds ARGS;\n"
+               "-launcher srun: srun starts the ranks themselves, no agent"),
         Option(("launcher-exec", "bootstrap-exec"), 1, R.set_exec),
         Option(("bootstrap-exec-args",), 1, R.set_exec_args),
         Option(("novm",), 0, D.turn_on("novm"), note="agents start only on hosts that run "

@@ -337,8 +337,12 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
     those it lost (see :class:`~.attempts.AttemptOutcome`)."""
     plan = build_plan(job, environ, entries=entries, kvsname=kvsname)
     remote = agent_hosts(plan, job)
-    replan, starter = None, None
-    if remote:
+    replan, starter, hooks = None, None, None
+    if remote and job.ssh.launcher == "srun":
+        from .srunranks import SrunHooks, check_srun_job
+        check_srun_job(job, plan, carry is not None)
+        hooks, remote = SrunHooks(), []
+    elif remote:
         from ..remote.starter import starter_for
         # the one choice of the job's starter
         make = lambda: starter_for(job.ssh, environ, port_range=job.port_range)  # noqa: E731
@@ -360,8 +364,9 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
             starter.prepare(remote, watchdog.marker)
         from .supervise import Supervisor      # after srun's step began (prepare)
         supervisor = Supervisor(job, plan, console, connect=remote, starter=starter,
-                                replan=replan, watchdog=watchdog,
-                                control=open_control(watchdog), note=note,
+                                replan=replan, watchdog=watchdog, hooks=hooks,
+                                control=open_control(watchdog) if hooks is None else None,
+                                note=note,
                                 on_launched=launched, carry=carry)
         if shown is not None:
             shown.append(supervisor.console)

@@ -289,6 +289,7 @@ class Delegate:
     this machine's one process is mpirun (:class:`MpirunHandle`)."""
 
     restarts = 0
+    takes_all = False
 
     def __init__(self, job: JobSpec, tagged: bool, probe: Optional[WorldProbe] = None,
                  ompi: Optional[OpenMPI] = None) -> None:

@@ -49,6 +49,7 @@ class ModeHooks(Protocol):
     mpirun (:class:`mslaunch.job.openmpi.Delegate`)."""
 
     restarts: int               # per process, on failure (msrun's recovery)
+    takes_all: bool             # its handle starts every rank, remote ones too (srun's)
 
     def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
         """The handle of this machine's processes ``specs``, started by the mode

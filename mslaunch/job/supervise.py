@@ -193,13 +193,15 @@ class Supervisor(LookingInside):
         if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
             from ..plan.display import display
             self.console.write(1, self, display(plan, job).encode())
-        local_specs = [r for r in plan.ranks if r.host.local]
+        # A mode whose handle takes every rank (srun's, .srunranks) starts remote ones too.
+        takes_all = self.hooks is not None and self.hooks.takes_all
+        local_specs = [r for r in plan.ranks if r.host.local or takes_all]
         own = self.hooks.local_handle(self, local_specs) if self.hooks is not None else None
         if own is None:               # a mode's own handle says why it cannot start
             check_startable(plan.ranks)
         remote_specs: Dict[str, List[RankSpec]] = {}
         for r in plan.ranks:
-            if not r.host.local:
+            if not r.host.local and not takes_all:
                 remote_specs.setdefault(r.host.name, []).append(r)
         if job.mpi == "pmi" and self.mpi_jobs is None:
             pmi, pmi_env = self._start_pmi()

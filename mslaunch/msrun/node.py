@@ -121,6 +121,8 @@ class Cluster:
     """The supervisor's view of this node and the others (its
     :class:`~mslaunch.job.seams.ModeHooks`; see :class:`~.nodelink.NodeLink`)."""
 
+    takes_all = False
+
     def __init__(self, link, service, restarts: int = 0, announce=None) -> None:
         self.link = link
         self.service = service

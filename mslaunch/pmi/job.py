@@ -57,10 +57,11 @@ class PMIJob:
         self.pmix_done: Set[int] = set()        # ... and finalized
 
     def serve(self, loop: Loop, appnums, process_mapping: str, tcp: bool,
-              trace: bool = False, port_range: Optional[Tuple[int, int]] = None) -> None:
-        """Serve PMI to this job's ranks on this host (inherited sockets or TCP, on a
-        port of ``port_range`` if given); ``trace``: every message to the owner's log
-        (``-v -v``)."""
+              trace: bool = False, port_range: Optional[Tuple[int, int]] = None,
+              tcp_host: str = "127.0.0.1") -> None:
+        """Serve PMI to this job's ranks on this host (inherited sockets or TCP on
+        ``tcp_host``, on a port of ``port_range`` if given); ``trace``: every message
+        to the owner's log (``-v -v``)."""
         from .server import PMIServer
         state = self.state
         self.server = server = PMIServer(
@@ -71,7 +72,7 @@ class PMIJob:
         server.trace = trace
         self.tcp = tcp
         if tcp:
-            server.listen_tcp(port_range=port_range)
+            server.listen_tcp(tcp_host, port_range=port_range)
             self._env = server.tcp_env
         else:
             self._env = lambda rank: {"PMI_FD": str(server.child_fd(rank))}

@@ -1,0 +1,294 @@
+"""``--launcher srun``: srun starts the ranks themselves, with no agent of mslaunch's.
+
+As Hydra's ``mpiexec -launcher slurm`` would if its proxy did nothing but
+exec, one ``srun`` step runs every rank, each task on the node the plan
+gives it (:func:`~mslaunch.plan.srun.srun_argv`).  A small bash program
+(:func:`~mslaunch.plan.srun.task_program`) sets the rank's own variables
+and connects its stdout and stderr to the launcher, token-checked, before
+the program replaces it: output reaches the job's files and the terminal as
+from local ranks.  PMI is mslaunch's own, over TCP (``PMI_PORT`` at the
+address srun ran from, a secret ``PMI_ID`` per rank), so MPICH-ABI ranks
+get the default mode's PMI, spawn and failure reports included.
+
+srun runs in a session of its own, behind the rank-handle seam
+(:class:`SrunRanks`, brought in by :class:`SrunHooks`): each task's end,
+with its exact wait status, is read from what ``srun -v`` says of it
+(:class:`~mslaunch.plan.srun.SrunLog`).  Signals go to the step with
+``scancel --signal``; SIGKILL is srun's own termination of the step, which
+Slurm also does should srun die (mslaunch's orphan guard kills srun if
+mslaunch dies).  Not served in this mode: PMIx (Open MPI's ranks), the
+stacks of running ranks and ``mslaunch-top``, and binding.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from ..errors import LaunchError, UsageError
+from ..machine.output import RankPipe
+from ..plan.srun import (
+    TASK_VARIABLE,
+    SrunLog,
+    rank_script,
+    split_env,
+    srun_argv,
+    task_program,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Container, Dict, List, Optional, Sequence
+
+    from ..remote.dialback import Listener
+    from ..spec import JobSpec, Plan, RankSpec
+    from .seams import JobView, RankHandle
+
+
+class _Log:
+    """srun's stderr as a :class:`RankPipe`'s sink: whole lines to :class:`SrunLog`;
+    the task ends it reads go to the handle, the lines meant for users to the
+    console."""
+
+    tail = b""
+    wanted = True
+    congested = False
+    pending = b""
+
+    def __init__(self, handle: SrunRanks) -> None:
+        self.handle = handle
+
+    def wait_for_room(self, source) -> None:
+        source.resume()
+
+    def feed(self, data) -> None:
+        *lines, self.pending = (self.pending + bytes(data)).split(b"\n")
+        for line in lines:
+            self.handle.srun_said(line.decode("utf-8", "replace"))
+
+    def finish(self) -> None:
+        if self.pending:
+            pending, self.pending = self.pending, b""
+            self.handle.srun_said(pending.decode("utf-8", "replace"))
+
+
+class SrunRanks:
+    """Every rank of the job, as one srun step (see the module docstring)."""
+
+    def __init__(self, sup: JobView, specs: Sequence[RankSpec]) -> None:
+        self.sup = sup
+        self.specs = list(specs)
+        self.ranks: Container[int] = frozenset(s.key for s in specs)
+        self.log = SrunLog(show_all=sup.job.verbose >= 2)
+        self.proc: Optional[subprocess.Popen] = None
+        self.pidfd = -1
+        self.pipes: List[RankPipe] = []
+        self.listener: Optional[Listener] = None
+        self.connected: Dict[int, int] = {}      # task -> connections made
+        self._scancels: List[subprocess.Popen] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
+
+    # -- start --------------------------------------------------------------
+    def start(self) -> None:
+        sup, specs = self.sup, self.specs
+        merged = sup.job.output.merge_stderr
+        self.listener = listener = self._listen()
+        port = listener.socks[0].getsockname()[1]
+        secret = os.urandom(12).hex()
+        envs = [dict(s.env) for s in specs]
+        pmi_port = None
+        if sup.mpi_jobs is not None:
+            first = sup.mpi_jobs.first
+            first.serve(sup.loop, [s.app for s in specs], sup.plan.process_mapping, tcp=True,
+                        trace=sup.job.verbose >= 2, port_range=sup.job.port_range,
+                        tcp_host="0.0.0.0")
+            for env, spec in zip(envs, specs):
+                pmi = first.env(spec.rank, spec.env)
+                pmi_port = int(pmi.pop("PMI_PORT").rpartition(":")[2])
+                env.update(pmi)
+        common, own = split_env(envs)
+        same_argv = all(s.argv == specs[0].argv for s in specs)
+        same_cwd = all(s.cwd == specs[0].cwd for s in specs)
+        for task, spec in enumerate(specs):
+            script = rank_script(own[task], None if same_argv else spec.argv,
+                                 None if same_cwd else spec.cwd, pmi_port)
+            listener.expect(f"{secret}{task}o", self._dialled(task, "o", script))
+            if not merged:
+                listener.expect(f"{secret}{task}e", self._dialled(task, "e", b""))
+        env = dict(os.environ)
+        env.update(common)
+        env[TASK_VARIABLE] = task_program(secret, port, merged)
+        argv = srun_argv([s.host.name for s in specs], len(specs), self._stdin(),
+                         specs[0].argv if same_argv else ())
+        r, w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(argv, env=env, cwd=specs[0].cwd, stdout=w, stderr=w,
+                                         stdin=None if self._stdin() != "none"
+                                         else subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError as err:
+            os.close(r)
+            raise LaunchError(f"--launcher srun: cannot start srun: {err.strerror}") from None
+        finally:
+            os.close(w)
+        guard = sup.watchdog
+        if guard is not None:
+            guard.add(self.proc.pid)
+            guard.flush()
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        sup.loop.add_reader(self.pidfd, self._on_exit)
+        self.pipes.append(RankPipe(sup.loop, r, _Log(self)))
+
+    def _listen(self) -> Listener:
+        from ..remote.dialback import Listener
+        listener = Listener(self.sup.loop, ["::"], tls=False, log=self.sup.log,
+                            port_range=self.sup.job.port_range)
+        if not listener.socks:        # no IPv6 here
+            listener = Listener(self.sup.loop, ["0.0.0.0"], tls=False, log=self.sup.log,
+                                port_range=self.sup.job.port_range)
+        if not listener.socks:
+            raise LaunchError("--launcher srun: cannot listen for the ranks' output")
+        return listener
+
+    def _stdin(self) -> str:
+        """The task srun gives its stdin (mpirun's default: rank 0), or ``none``
+        (a terminal: srun, in a session of its own, could not read it)."""
+        which = self.sup.job.stdin
+        if which in ("none", "all") or not which.isdigit() or int(which) >= len(self.specs):
+            return "none"
+        try:
+            return "none" if os.isatty(0) else which
+        except OSError:
+            return "none"
+
+    def _dialled(self, task: int, stream: str, script: bytes):
+        def connected(sock, rest: bytes, about: str) -> None:
+            spec = self.specs[task]
+            rank = self.sup.ranks[spec.key]
+            if not rank.outputs:          # the first of its connections
+                self.sup.make_sinks(spec)
+                self.sup.rank_started(spec.key, int(about) if about.isdigit() else 0)
+            outputs = rank.outputs
+            sink = outputs[0] if stream == "o" or len(outputs) < 2 else outputs[1]
+            if script:
+                # A fresh connection's buffer takes the few KB at once.
+                sock.setblocking(True)
+                sock.sendall(script)
+            if rest:
+                sink.feed(rest)
+            self.pipes.append(RankPipe(self.sup.loop, sock.detach(), sink))
+        return connected
+
+    # -- srun's reports -----------------------------------------------------
+    def srun_said(self, line: str) -> None:
+        shown = self.log.line(line)
+        if shown is not None:
+            self.sup.console.message(shown)
+        for task, code, sig in self.log.take():
+            if 0 <= task < len(self.specs):
+                key = self.specs[task].key
+                if not self.sup.ranks[key].ended:
+                    self.sup.rank_exited(key, code, sig)
+
+    def _on_exit(self) -> None:
+        self._forget_pidfd()
+        assert self.proc is not None
+        code = self.proc.wait()
+        for pipe in self.pipes[:1]:       # srun's own lines first
+            if not pipe.closed:
+                pipe.drain()
+        left = [s.key for s in self.specs if not self.sup.ranks[s.key].ended]
+        if left:
+            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+            self.sup.ranks_lost(left, f"srun ended ({how}) without reporting their end")
+
+    def _forget_pidfd(self) -> None:
+        if self.pidfd >= 0:
+            self.sup.loop.forget(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+    # -- the rest of the seam -------------------------------------------------
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        """``sig`` to every task of the step (Slurm signals a step, not a task);
+        SIGKILL: srun ends the step, as on SIGTERM."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None or sig == signal.SIGCONT:
+            return            # (nothing of mslaunch's stops a task: nothing to continue)
+        if sig == signal.SIGKILL or self.log.step is None:
+            try:
+                os.kill(proc.pid, signal.SIGTERM if sig in (signal.SIGKILL, signal.SIGTERM)
+                        else sig)
+            except OSError:
+                pass
+            return
+        try:
+            self._scancels.append(subprocess.Popen(
+                ["scancel", "--quiet", f"--signal={sig}", self.log.step],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        except OSError:
+            os.kill(proc.pid, signal.SIGTERM)
+
+    def release(self) -> None:
+        """Nothing to tell anyone (see :meth:`close`)."""
+
+    def close(self, deadline: float) -> None:
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._forget_pidfd()
+        for pipe in self.pipes:
+            if not pipe.closed and not pipe.drain():
+                pipe.close()
+        for p in self._scancels:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self.listener is not None:
+            self.listener.close()
+
+
+def check_srun_job(job: JobSpec, plan: Plan, attempts: bool) -> None:
+    """UsageError for what ``--launcher srun`` does not do (see the module docstring)."""
+    what = None
+    if attempts:
+        what = "--max-restarts and --health-check"
+    elif any(r.cpus for r in plan.ranks):
+        what = "binding (--bind-to)"
+    elif any(r.inherit == "none" for r in plan.ranks):
+        what = "-genvnone"
+    if what is not None:
+        raise UsageError(f"--launcher srun: {what} needs mslaunch's agents; "
+                         f"use --launcher slurm")
+
+
+class SrunHooks:
+    """The srun mode's hooks into the supervisor (:class:`~.seams.ModeHooks`):
+    one handle for every rank of the plan, remote ones included."""
+
+    restarts = 0
+    takes_all = True
+
+    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
+        return SrunRanks(sup, specs)
+
+    def started(self, pids: Dict[str, int]) -> None:
+        pass
+
+    def failed(self, code: int, message: str) -> None:
+        pass
+
+    def finished(self, code: int) -> None:
+        pass

@@ -1,0 +1,164 @@
+"""``--launcher srun`` inside a real Slurm allocation: srun starts the ranks themselves.
+
+The cluster is the Slurm test bed (:mod:`slurmbed`), as in ``test_slurm``:
+mslaunch runs in the root namespace under ``salloc``, every rank on a node
+(h1, h2), with no agent of mslaunch's there.  The same jobs run with
+``--launcher slurm`` (agents) are the reference for what a rank sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from helpers import PY, kill_tagged, new_tag, tagged_pids, wait_for
+from netbed import parent_pid
+from test_slurm import _cmdline, finish, left_on_nodes, salloc
+
+pytestmark = pytest.mark.remote
+
+#: The rank variables of every ecosystem a rank reads (see mslaunch.rankenv).
+RANK_VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+             "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMI_SIZE",
+             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK_ID", "RANK_SIZE",
+             "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "GROUP_RANK", "MASTER_ADDR", "DEVICE_ID")
+SHOW_VARS = ("import json, os, socket; print(json.dumps([socket.gethostname(), "
+             "{k: os.environ.get(k) for k in %r}]), flush=True)" % (RANK_VARS,))
+
+
+def srun_job(bed, tag, *args, **kw):
+    return salloc(bed, tag, "--launcher", "srun", *args, **kw)
+
+
+def _rows(out: str):
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+    return sorted(rows, key=lambda r: (r[0], r[1]["RANK"] or ""))
+
+
+def test_ranks_see_what_they_see_under_agents_and_no_agent_runs(slurmbed, tmp_path):
+    tag = new_tag()
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "4", PY, "-c", SHOW_VARS, cwd=tmp_path))
+    assert rc == 0, err
+    rc2, out2, err2 = finish(salloc(slurmbed, tag, "--launcher", "slurm", "-n", "4", PY, "-c",
+                                    SHOW_VARS, cwd=tmp_path))
+    assert rc2 == 0, err2
+    got, want = _rows(out), _rows(out2)
+    assert [r[0] for r in got] == ["h1", "h1", "h2", "h2"], out
+    assert got == want
+    assert err == "", err
+
+
+def test_output_arrives_byte_for_byte_in_files_and_with_tags(slurmbed, tmp_path):
+    tag = new_tag()
+    blob = bytes(range(256)) * 400
+    (tmp_path / "blob").write_bytes(blob)
+    code = ("import os, sys; r = os.environ['RANK']; o = sys.stdout.buffer; "
+            "o.write(open('blob', 'rb').read()); o.write(b'no newline ' + r.encode()); "
+            "o.flush(); sys.stderr.write('e' + r); sys.exit(0)")
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "2", "--output-filename",
+                                   str(tmp_path / "log"), PY, "-c", code, cwd=tmp_path))
+    assert rc == 0, err
+    for rank in (0, 1):
+        d = tmp_path / "log" / "1" / f"rank.{rank}"
+        assert (d / "stdout").read_bytes() == blob + b"no newline %d" % rank
+        assert (d / "stderr").read_bytes() == b"e%d" % rank
+    p = srun_job(slurmbed, tag, "-n", "2", "--tag-output", "sh", "-c",
+                 "printf 'a\\nb'; printf x >&2", cwd=tmp_path)
+    rc, out, err = finish(p)
+    assert rc == 0, err
+    assert sorted(out.splitlines()) == ["[1,0]<stdout>:a", "[1,0]<stdout>:b",
+                                        "[1,1]<stdout>:a", "[1,1]<stdout>:b"], out
+    assert sorted(err.splitlines()) == ["[1,0]<stderr>:x", "[1,1]<stderr>:x"], err
+
+
+def test_a_failing_rank_ends_the_job_with_its_code_and_leaves_nothing(slurmbed, tmp_path):
+    tag = new_tag()
+    code = ("import os, sys, time; r = int(os.environ['RANK']); "
+            "time.sleep(0.5) if r == 3 else time.sleep(60); sys.exit(7)")
+    t0 = time.monotonic()
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "4", "--grace", "1", PY, "-c", code,
+                                   cwd=tmp_path))
+    assert rc == 7, err
+    assert time.monotonic() - t0 < 30
+    assert "rank 3 (pid" in err and "on h2) exited with code 7" in err, err
+    assert "CANCELLED" not in err and "srun:" not in err, err
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
+
+
+def test_a_rank_killed_by_a_signal_is_reported_so(slurmbed, tmp_path):
+    tag = new_tag()
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "2", "sh", "-c",
+                                   'test "$RANK" = 1 && kill -SEGV $$; sleep 60', cwd=tmp_path))
+    assert rc == 139, err
+    assert "rank 1" in err and "signal 11 (SIGSEGV)" in err, err
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
+
+
+def test_mpi_over_mslaunch_s_pmi_and_abort(slurmbed, mpich, tmp_path):
+    tag = new_tag()
+    code = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
+            "print(c.rank, socket.gethostname(), c.allreduce(1), flush=True)")
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "4", "-x", "UCX_TLS", PY, "-c", code,
+                                   cwd=tmp_path), 120)
+    assert rc == 0, err
+    rows = sorted(line.split() for line in out.splitlines())
+    assert rows == [["0", "h1", "4"], ["1", "h1", "4"], ["2", "h2", "4"], ["3", "h2", "4"]]
+    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "c.Abort(9) if c.rank == 2 else c.barrier()")
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "4", "--grace", "1", "-x", "UCX_TLS",
+                                   PY, "-c", code, cwd=tmp_path), 120)
+    assert rc == 9, err
+    assert "rank 2" in err and "called MPI_Abort with exit code 9" in err, err
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
+
+
+def test_mpmd_directories_and_stdin_to_rank_0(slurmbed, tmp_path):
+    tag = new_tag()
+    (tmp_path / "a").mkdir()
+    p = srun_job(slurmbed, tag, "-n", "1", "-wdir", str(tmp_path / "a"), "sh", "-c",
+                 'echo "A $RANK $(pwd)"; cat', ":", "-n", "1", "-wdir", "/", "sh", "-c",
+                 'echo "B $RANK $(pwd) $0"; cat', "x y'z", cwd=tmp_path, stdin=-1)
+    out, err = p.communicate(b"to rank 0\n", timeout=60)
+    assert p.returncode == 0, err
+    assert sorted(out.decode().splitlines()) == [f"A 0 {tmp_path / 'a'}", "B 1 / x y'z",
+                                                 "to rank 0"], out
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
+def test_a_stopped_or_killed_launcher_leaves_nothing_on_the_nodes(slurmbed, tmp_path, how):
+    tag = new_tag()
+    p = srun_job(slurmbed, tag, "-n", "4", "--grace", "1", PY, "-c",
+                 "import time; print('up', flush=True); time.sleep(120)", cwd=tmp_path)
+    try:
+        assert wait_for(lambda: len([pid for h in (1, 2) for pid in slurmbed.task_pids(h)
+                                     if pid in set(tagged_pids(tag))
+                                     and b"time.sleep" in _cmdline(pid)]) == 4, 30), \
+            slurmbed.diagnostics()
+        ours = [pid for pid in tagged_pids(tag)
+                if b"mslaunch" in _cmdline(pid) and pid != p.pid]
+        launcher = [pid for pid in ours if parent_pid(pid) not in ours]   # not its guard
+        assert len(launcher) == 1, ours
+        os.kill(launcher[0], getattr(signal, how))
+        rc, out, err = finish(p)
+        if how == "SIGINT":
+            assert rc == 130, err
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 15), \
+            left_on_nodes(slurmbed, tag)
+    finally:
+        kill_tagged(tag)
+
+
+def test_what_needs_agents_is_refused_in_one_line(slurmbed, tmp_path):
+    tag = new_tag()
+    for args, what in ((("--bind-to", "core"), "binding"),
+                       (("--max-restarts", "1"), "--max-restarts")):
+        rc, out, err = finish(srun_job(slurmbed, tag, *args, "-n", "2", "true", cwd=tmp_path))
+        assert rc != 0 and err.count("\n") == 1 and what in err, err
+        assert "--launcher srun" in err and "--launcher slurm" in err, err
+    r = slurmbed.run([PY, "-m", "mslaunch", "--launcher", "srun", "-n", "1", "true"],
+                     cwd=str(tmp_path))
+    assert r.returncode != 0 and "not inside a Slurm allocation" in r.stderr, r.stderr

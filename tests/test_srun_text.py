@@ -1,0 +1,217 @@
+"""``--launcher srun``'s text (:mod:`mslaunch.plan.srun`), tested without Slurm.
+
+The tasks' bash program runs for real here, as srun would run it on a node:
+with ``SLURM_PROCID`` and ``SLURM_LAUNCH_NODE_IPADDR`` set, dialling a socket
+of the test's, reading the rank's script from it and becoming the program.
+What srun says of its tasks' ends is read from lines of the form Slurm
+22.05 writes (copied from a run of the test bed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from typing import Dict, List
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mslaunch.plan.srun import (
+    TASK_VARIABLE,
+    SrunLog,
+    rank_script,
+    split_env,
+    srun_argv,
+    task_ids,
+    task_program,
+)
+
+BASH = shutil.which("bash")
+pytestmark = pytest.mark.skipif(BASH is None, reason="no bash")
+
+names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True).filter(
+    lambda n: n not in ("BASH_ENV", "PWD", "OLDPWD", "SHLVL", "_", "IFS", "PS4", "SHELLOPTS",
+                        "BASHOPTS", "PATH", "HOME") and not n.startswith("BASH"))
+values = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+                 max_size=40)
+
+
+def _run_task(script: bytes, argv: List[str], merged: bool = False, rank: int = 3,
+              secret: str = "5ec7e7") -> Dict[str, bytes]:
+    """Run the tasks' program as srun would, answer its first connection with
+    ``script``; what each connection presented and carried."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    lsock.settimeout(20)
+    port = lsock.getsockname()[1]
+    env = {"PATH": os.environ["PATH"], "SLURM_PROCID": str(rank),
+           "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
+           TASK_VARIABLE: task_program(secret, port, merged)}
+    p = subprocess.Popen([BASH, "-c", f'eval "${TASK_VARIABLE}"', "bash", *argv], env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    got: Dict[str, bytes] = {}
+    try:
+        conns = []
+        for n in range(1 if merged else 2):
+            conn, _ = lsock.accept()
+            conn.settimeout(20)
+            head = b""
+            while b"\n" not in head:
+                more = conn.recv(1)
+                assert more, head
+                head += more
+            word, token, pid = head.decode().split()
+            assert word == "mslaunch-dial" and pid == str(p.pid)
+            if n == 0:
+                assert token == f"{secret}{rank}o"
+                conn.sendall(script)
+            else:
+                assert token == f"{secret}{rank}e"
+            conns.append((token[-1], conn))
+        for stream, conn in conns:
+            data = b""
+            while True:
+                more = conn.recv(65536)
+                if not more:
+                    break
+                data += more
+            got[stream] = data
+            conn.close()
+        out, err = p.communicate(timeout=20)
+        got["rc"] = str(p.returncode).encode()
+        got["own stdout"], got["own stderr"] = out, err
+    finally:
+        lsock.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return got
+
+
+def _zero_split(data: bytes) -> List[bytes]:
+    return data.split(b"\0")[:-1]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(env=st.dictionaries(names, values, max_size=6),
+       argv=st.lists(values, max_size=4), merged=st.booleans())
+def test_a_task_gets_its_rank_s_variables_and_argv_exactly(env, argv, merged):
+    script = rank_script(env, ["printf", "%s\\0", "first", *argv], None, pmi_port=4242)
+    # The program prints its argv, then its environment, NUL-separated.
+    got = _run_task(script + b"", ["ignored"], merged)
+    out = got["o"]
+    assert got["rc"] == b"0", got
+    assert got["own stdout"] == got["own stderr"] == b"", got
+    assert _zero_split(out) == [b"first"] + [a.encode("utf-8", "surrogateescape") for a in argv]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(env=st.dictionaries(names, values, min_size=1, max_size=6))
+def test_exported_values_arrive_byte_for_byte(env):
+    script = rank_script(env, ["env", "-0"], None, pmi_port=4242)
+    got = _run_task(script, [], merged=True)
+    seen = dict(item.split(b"=", 1) for item in _zero_split(got["o"]))
+    for k, v in env.items():
+        assert seen[k.encode()] == v.encode("utf-8", "surrogateescape"), k
+    assert seen[b"PMI_PORT"] == b"127.0.0.1:4242"
+    assert TASK_VARIABLE.encode() not in seen           # the secret goes no further
+    assert b"__mslaunch_s" not in seen
+
+
+def test_output_is_passed_on_unchanged_on_two_connections(tmp_path):
+    # An unfinished last line, binary bytes, and stderr apart from stdout.
+    blob = bytes(range(256)) * 300
+    (tmp_path / "blob").write_bytes(blob)
+    script = rank_script({}, None, str(tmp_path))
+    got = _run_task(script, ["sh", "-c", "cat blob; printf tail; printf 'e1\\ne2' >&2; exit 5"])
+    assert got["o"] == blob + b"tail"
+    assert got["e"] == b"e1\ne2"
+    assert got["rc"] == b"5"
+
+
+def test_a_missing_program_is_said_on_the_rank_s_stderr():
+    got = _run_task(rank_script({}), ["/no/such/program"])
+    assert got["rc"] == b"127"
+    assert b"/no/such/program" in got["e"]
+
+
+def test_rank_script_refuses_what_bash_cannot_carry():
+    with pytest.raises(ValueError):
+        rank_script({"1BAD": "x"})
+    with pytest.raises(ValueError):
+        rank_script({"GOOD": "a\0b"})
+    with pytest.raises(ValueError):
+        rank_script({}, ["a\0"])
+
+
+def test_split_env_keeps_what_differs_per_rank():
+    common, own = split_env([{"A": "1", "B": "x", "C": "0"}, {"A": "1", "B": "y"}])
+    assert common == {"A": "1"}
+    assert own == [{"B": "x", "C": "0"}, {"B": "y"}]
+    assert split_env([]) == ({}, [])
+
+
+def test_srun_argv_places_each_task_on_its_node():
+    argv = srun_argv(["h1", "h2", "h1"], 3, "0", ["prog", "arg"])
+    assert "--nodelist=h1,h2,h1" in argv and "--nodes=2" in argv and "--ntasks=3" in argv
+    assert "--distribution=arbitrary" in argv and "--input=0" in argv and "-v" in argv
+    assert argv[-2:] == ["prog", "arg"]
+
+
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 30)), min_size=1, max_size=6))
+def test_task_lists_round_trip(ranges):
+    text = ",".join(f"{a}-{a + n}" if n else str(a) for a, n in ranges)
+    assert task_ids(text) == [t for a, n in ranges for t in range(a, a + n + 1)]
+
+
+@given(st.text(max_size=30))
+def test_task_lists_of_junk_raise_value_error_only(text):
+    try:
+        task_ids(text)
+    except ValueError:
+        pass
+
+
+# What srun -v wrote in the test bed (Slurm 22.05), a failed and a clean task.
+_RUN = """srun: defined options
+srun: -------------------- --------------------
+srun: jobid 2: nodes(2):`h[1-2]', cpu counts: 1(x2)
+srun: launching StepId=2.0 on host h1, 1 tasks: 0
+srun: launching StepId=2.0 on host h2, 1 tasks: 1
+srun: launch/slurm: _task_start: Node h1, 1 tasks started
+srun: launch/slurm: _task_finish: Received task exit notification for 1 task of StepId=2.0 (status=0x0009).
+srun: error: h2: task 1: Killed
+srun: launch/slurm: _task_finish: Received task exit notification for 1 task of StepId=2.0 (status=0x0000).
+srun: launch/slurm: _task_finish: h1: task 0: Completed
+srun: launch/slurm: _task_finish: Received task exit notification for 2 tasks of StepId=2.0 (status=0x0300).
+srun: error: h3: tasks 2-3: Exited with exit code 3
+srun: error: Unable to create step for job 9: something
+srun: warning: a warning
+slurmstepd-h1: error: *** STEP 2.0 ON h1 CANCELLED AT 2026-11-26T04:47:15 ***
+"""
+
+
+def test_srun_log_reads_each_task_s_end_and_shows_only_news():
+    log = SrunLog()
+    shown = [line for line in map(log.line, _RUN.splitlines()) if line is not None]
+    assert log.step == "2.0"
+    assert log.take() == [(1, None, 9), (0, 0, None), (2, 3, None), (3, 3, None)]
+    assert log.take() == []
+    assert shown == ["srun: error: Unable to create step for job 9: something",
+                     "srun: warning: a warning"]
+    everything = SrunLog(show_all=True)
+    assert all(everything.line(line) == line for line in _RUN.splitlines())
+
+
+@given(st.lists(st.text(max_size=120), max_size=20))
+def test_srun_log_takes_any_line(lines):
+    log = SrunLog()
+    for line in lines:
+        log.line(line)
+    for task, code, sig in log.take():
+        assert task >= 0 and (code is None) != (sig is None)
