@@ -162,3 +162,44 @@ def test_what_needs_agents_is_refused_in_one_line(slurmbed, tmp_path):
     r = slurmbed.run([PY, "-m", "mslaunch", "--launcher", "srun", "-n", "1", "true"],
                      cwd=str(tmp_path))
     assert r.returncode != 0 and "not inside a Slurm allocation" in r.stderr, r.stderr
+
+
+def test_stacks_and_top_of_a_running_job_come_from_a_step_of_their_own(slurmbed, tmp_path):
+    import subprocess
+    from helpers import REPO, clean_env
+    tag = new_tag()
+    code = "import time\ndef waiting_here():\n    time.sleep(120)\nprint('up', flush=True)\nwaiting_here()\n"
+    p = srun_job(slurmbed, tag, "-n", "4", "--grace", "1", PY, "-c", code, cwd=tmp_path)
+    try:
+        assert wait_for(lambda: len([pid for h in (1, 2) for pid in slurmbed.task_pids(h)
+                                     if pid in set(tagged_pids(tag))
+                                     and b"time.sleep" in _cmdline(pid)]) == 4, 30), \
+            slurmbed.diagnostics()
+        ours = [pid for pid in tagged_pids(tag) if b"mslaunch" in _cmdline(pid) and pid != p.pid]
+        launcher = [pid for pid in ours if parent_pid(pid) not in ours]
+        assert len(launcher) == 1, ours
+
+        def ask(script: str, *args: str) -> str:
+            r = subprocess.run([PY, os.path.join(REPO, "scripts", script), str(launcher[0]),
+                                *args], capture_output=True, timeout=60, env=clean_env())
+            assert r.returncode == 0, r.stderr
+            return r.stdout.decode()
+        text = ""
+        deadline = time.monotonic() + 60
+        while "waiting_here" not in text and time.monotonic() < deadline:
+            text = ask("mslaunch-stacks")    # until every rank is in its function
+        assert "ranks 0-3 (4) on h1,h2" in text and "waiting_here (<string>:3)" in text, text
+        top = ask("mslaunch-top", "--once")
+        rows = [line.split() for line in top.splitlines() if line.split()[:1] in
+                (["0"], ["1"], ["2"], ["3"])]
+        assert [r[1] for r in rows] == ["h1", "h1", "h2", "h2"], top
+        # Each look's step is over once it has answered: nothing is left of it.
+        assert wait_for(lambda: not [pid for pid in tagged_pids(tag)
+                                     if b"steplook" in _cmdline(pid)], 10)
+        os.kill(launcher[0], signal.SIGINT)
+        rc, out, err = finish(p)
+        assert rc == 130, err
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 15), \
+            left_on_nodes(slurmbed, tag)
+    finally:
+        kill_tagged(tag)

@@ -86,10 +86,11 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
             finish()
 
     # what each place may speak for: its own ranks (an agent never for another host's)
-    allowed = {name: set(host.ranks) for name, host in sup.hosts.items()}
+    lookers = sup.lookers
+    allowed = {name: set(host.ranks) for name, host in lookers.items()}
     allowed["local"] = {k for k, r in by_key.items() if r.spec.host.local}
     timer = sup.loop.call_later(timeout + 2.0, finish)
-    for name, host in sup.hosts.items():
+    for name, host in lookers.items():
         waiting.add(name)
         if not host.look(link.STACKS, {"timeout": timeout},
                          lambda ranks, n=name: arrived(n, ranks)):
@@ -281,7 +282,7 @@ class Inspector:
 
         def arrived(name: str, ranks: Optional[Dict[Any, Any]]) -> None:
             waiting.discard(name)
-            mine = sup.hosts[name].ranks       # an agent speaks for its own ranks only
+            mine = lookers[name].ranks       # an agent speaks for its own ranks only
             for key, entry in (ranks or {}).items():
                 if isinstance(key, str) and key.isdigit() and int(key) in mine \
                         and isinstance(entry, dict):
@@ -293,7 +294,8 @@ class Inspector:
             if not waiting:
                 finish()
 
-        for name, host in sup.hosts.items():
+        lookers = sup.lookers
+        for name, host in lookers.items():
             waiting.add(name)
             if not host.look(link.TOP, {}, lambda ranks, n=name: arrived(n, ranks)):
                 waiting.discard(name)

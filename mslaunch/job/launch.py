@@ -365,7 +365,7 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
         from .supervise import Supervisor      # after srun's step began (prepare)
         supervisor = Supervisor(job, plan, console, connect=remote, starter=starter,
                                 replan=replan, watchdog=watchdog, hooks=hooks,
-                                control=open_control(watchdog) if hooks is None else None,
+                                control=open_control(watchdog),
                                 note=note,
                                 on_launched=launched, carry=carry)
         if shown is not None:

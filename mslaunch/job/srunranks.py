@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 from ..errors import LaunchError, UsageError
@@ -40,7 +41,7 @@ from ..plan.srun import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Container, Dict, List, Optional, Sequence
+    from typing import Any, Callable, Container, Dict, List, Optional, Sequence
 
     from ..remote.dialback import Listener
     from ..spec import JobSpec, Plan, RankSpec
@@ -88,6 +89,7 @@ class SrunRanks:
         self.listener: Optional[Listener] = None
         self.connected: Dict[int, int] = {}      # task -> connections made
         self._scancels: List[subprocess.Popen] = []
+        self._looks: List[_Look] = []
 
     @property
     def busy(self) -> bool:
@@ -213,6 +215,49 @@ class SrunRanks:
             os.close(self.pidfd)
             self.pidfd = -1
 
+    # -- looking inside ---------------------------------------------------------
+    def look(self, kind: int, body: Dict[str, Any], done: Callable[[Optional[Dict]], None]
+             ) -> bool:
+        """Ask a step of its own (:mod:`~mslaunch.remote.steplook`) for the running
+        ranks' stacks (``link.STACKS``) or usage (``link.TOP``); ``done(ranks)``
+        once every node answered or the look's time is over."""
+        from ..remote import link, steplook
+        sup, listener = self.sup, self.listener
+        if self.pidfd < 0 or listener is None:
+            return False
+        by_node: Dict[str, Dict[int, int]] = {}
+        for spec in self.specs:
+            r = sup.ranks[spec.key]
+            if r.pid and not r.ended:
+                by_node.setdefault(spec.host.name, {})[spec.key] = r.pid
+        if not by_node:
+            return False
+        for old in [x for x in self._looks if x.over]:
+            old.close()
+            self._looks.remove(old)
+        timeout = float(body.get("timeout", 10.0))
+        look = _Look(sup, by_node, done, timeout + 5.0)
+        token = os.urandom(12).hex()
+        for node in by_node:
+            listener.expect(f"{token}-{node}", look.connected(node))
+        env = dict(os.environ)
+        env[steplook.LOOK_VARIABLE] = steplook.request(
+            "top" if kind == link.TOP else "stacks", by_node, token,
+            listener.socks[0].getsockname()[1], timeout)
+        nodes = list(by_node)
+        try:
+            look.proc = subprocess.Popen(
+                ["srun", "--quiet", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
+                 f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--overlap", "--mpi=none",
+                 "--cpu-bind=none", "--input=none", "--kill-on-bad-exit=0",
+                 sys.executable, "-S", "-c", steplook.program(_package_dir())],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            return False
+        self._looks.append(look)
+        return True
+
     # -- the rest of the seam -------------------------------------------------
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         """``sig`` to every task of the step (Slurm signals a step, not a task);
@@ -256,6 +301,8 @@ class SrunRanks:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for look in self._looks:
+            look.close()
         if self.listener is not None:
             self.listener.close()
 
@@ -272,6 +319,98 @@ def check_srun_job(job: JobSpec, plan: Plan, attempts: bool) -> None:
     if what is not None:
         raise UsageError(f"--launcher srun: {what} needs mslaunch's agents; "
                          f"use --launcher slurm")
+
+
+def _package_dir() -> str:
+    """Where this mslaunch is imported from (the directory holding ``mslaunch``)."""
+    import mslaunch
+    return os.path.dirname(os.path.dirname(os.path.abspath(mslaunch.__file__)))
+
+
+class _Answer:
+    """One node's answer to a look, as a :class:`RankPipe`'s sink: JSON, read whole."""
+
+    tail = b""
+    wanted = True
+    congested = False
+    pending = b""
+    LIMIT = 64 << 20
+
+    def __init__(self, finished: Callable[[bytes], None]) -> None:
+        self.parts: List[bytes] = []
+        self.size = 0
+        self.finished = finished
+
+    def wait_for_room(self, source) -> None:
+        source.resume()
+
+    def feed(self, data) -> None:
+        if self.size < self.LIMIT:
+            self.parts.append(bytes(data))
+            self.size += len(data)
+
+    def finish(self) -> None:
+        self.finished(b"".join(self.parts))
+
+
+class _Look:
+    """One look at the ranks of a job (see :meth:`SrunRanks.look`)."""
+
+    def __init__(self, sup: JobView, by_node: Dict[str, Dict[int, int]],
+                 done: Callable[[Optional[Dict]], None], timeout: float) -> None:
+        self.sup = sup
+        self.by_node = by_node
+        self.done: Optional[Callable[[Optional[Dict]], None]] = done
+        self.got: Dict[str, Any] = {}
+        self.waiting = set(by_node)
+        self.proc: Optional[subprocess.Popen] = None
+        self.pipes: List[RankPipe] = []
+        self.timer = sup.loop.call_later(timeout, self.finish)
+
+    def connected(self, node: str):
+        def answer(sock, rest: bytes, about: str) -> None:
+            sink = _Answer(lambda data: self.answered(node, data))
+            if rest:
+                sink.feed(rest)
+            self.pipes.append(RankPipe(self.sup.loop, sock.detach(), sink))
+        return answer
+
+    def answered(self, node: str, data: bytes) -> None:
+        import json
+        try:
+            rows = json.loads(data)
+        except ValueError:
+            rows = {}
+        mine = self.by_node[node]        # a node speaks for its own ranks only
+        if isinstance(rows, dict):
+            self.got.update({k: v for k, v in rows.items()
+                             if k.isdigit() and int(k) in mine and isinstance(v, dict)})
+        self.waiting.discard(node)
+        if not self.waiting:
+            self.finish()
+
+    def finish(self) -> None:
+        done, self.done = self.done, None
+        if done is None:
+            return
+        self.timer.cancel()
+        done(self.got)
+
+    @property
+    def over(self) -> bool:
+        return self.done is None and (self.proc is None or self.proc.poll() is not None)
+
+    def close(self) -> None:
+        self.finish()
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.proc.wait()
+        for pipe in self.pipes:
+            if not pipe.closed:
+                pipe.close()
 
 
 class SrunHooks:

@@ -119,6 +119,14 @@ class Supervisor(LookingInside):
     def hosts(self) -> Dict[str, RemoteHost]:
         return self.fleet.hosts if self.fleet is not None else {}
 
+    @property
+    def lookers(self) -> Dict[str, Any]:
+        """What answers looks inside the job (``look(kind, body, done)``), by name:
+        the remote hosts' agents, or a mode's handle of every rank (srun's)."""
+        if self.hooks is not None and self.hooks.takes_all and self.local is not None:
+            return {"srun": self.local}
+        return dict(self.hosts)
+
     def _handles(self) -> List[RankHandle]:
         local: List[RankHandle] = [self.local] if self.local is not None else []
         return local + list(self.hosts.values())
@@ -155,7 +163,7 @@ class Supervisor(LookingInside):
                          "mslaunch-stacks and mslaunch-top cannot attach")
             self._start_all()
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
-            if self.job.stall_report and self.hooks is None:
+            if self.job.stall_report and (self.hooks is None or self.hooks.takes_all):
                 # The watch itself is imported at its first look: a short job never needs it.
                 self.loop.call_later(min(60.0, max(0.5, self.job.stall_report / 4)),
                                      self._watch_stall)
