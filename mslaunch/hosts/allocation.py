@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..errors import HostfileError
+from ..errors import HostfileError, UsageError
 from ..spec import HostEntry
 from .hostfile import (MAX_HOSTS, _MAX_DIGITS, _count, _is_digits,
                        _name_problem, _show_path, _x, read_host_file)
@@ -294,3 +294,24 @@ def allocation_hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntr
     if in_lsf(environ):
         return _lsf_hosts(environ)
     return None
+
+
+def in_allocation(environ: Mapping[str, str]) -> bool:
+    """Whether this runs inside a Slurm allocation (a job id and its node list)."""
+    return bool(environ.get("SLURM_JOB_ID")) and bool(
+        environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+
+
+def choose(launcher: str, environ: Mapping[str, str]) -> str:
+    """"ssh", "slurm", "srun" or "local" for ``--launcher`` (auto: srun's agents
+    inside an allocation, else ssh).
+
+    The one place where the job's starter is chosen (see
+    :func:`mslaunch.remote.starter.starter_for`); it raises UsageError for
+    ``slurm`` or ``srun`` outside an allocation."""
+    if launcher == "auto":
+        return "slurm" if in_allocation(environ) else "ssh"
+    if launcher in ("slurm", "srun") and not in_allocation(environ):
+        raise UsageError(f"--launcher {launcher}: not inside a Slurm allocation (no "
+                         f"SLURM_JOB_ID and node list); run mslaunch within salloc or sbatch")
+    return launcher

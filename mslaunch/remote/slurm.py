@@ -43,7 +43,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import LaunchError, UsageError, one_line
+from ..errors import LaunchError, one_line
+from ..hosts.allocation import choose, in_allocation  # noqa: F401 (the starter's choice)
 from ..machine.loop import Loop
 from . import bootstrap, timeline
 from .dialin import DialedConnection, Greeter, StartingProcess, dial_program, greet
@@ -68,25 +69,6 @@ _DIAL = dial_program(
     "'SLURM_UMASK','SLURM_PRIO'))];",
     "dict(x.split('=',1) for x in e.pop('MSLAUNCH_DIAL_TOKENS').split())"
     ".get(e.get('SLURMD_NODENAME') or socket.gethostname().split('.')[0])")
-
-
-def in_allocation(environ: Mapping[str, str]) -> bool:
-    return bool(environ.get("SLURM_JOB_ID")) and bool(
-        environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
-
-
-def choose(launcher: str, environ: Mapping[str, str]) -> str:
-    """"ssh", "slurm" or "local" for ``--launcher`` (auto: srun inside an allocation).
-
-    The one place where the job's starter is chosen (see
-    :func:`.starter.starter_for`); it raises UsageError for ``slurm`` outside
-    an allocation."""
-    if launcher == "auto":
-        return "slurm" if in_allocation(environ) else "ssh"
-    if launcher == "slurm" and not in_allocation(environ):
-        raise UsageError("--launcher slurm: not inside a Slurm allocation (no SLURM_JOB_ID "
-                         "and node list); run mslaunch within salloc or sbatch")
-    return launcher
 
 
 def _allocation_nodes(environ: Mapping[str, str]) -> List[str]:
