@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     PMIServer = Any
     _Conn = Any
 
-from ..machine.loop import accept_strangers
+from ..machine.loop import CListener, accept_strangers
 from . import READY
 from .wire import is_pmi_id
 
@@ -38,7 +38,7 @@ class TCPDoor:
     def __init__(self, server: PMIServer, make_conn: Callable[[socket.socket], _Conn]) -> None:
         self.server = server
         self.make_conn = make_conn
-        self.lsock: Optional[socket.socket] = None
+        self.lsock: Optional[CListener] = None
         self.host = ""
         self.port = 0
         self.ids: Dict[int, int] = {}           # PMI_ID -> rank
@@ -52,16 +52,16 @@ class TCPDoor:
 
     def listen(self, host: str, port_range: Optional[Tuple[int, int]] = None) -> int:
         """Listen on ``host``, on a port of ``port_range`` if given; returns the port."""
-        import socket
+        import _socket
         server = self.server
-        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lsock = CListener(_socket.AF_INET, _socket.SOCK_STREAM)
         try:
             if port_range is None:
                 lsock.bind((host, 0))
             else:
                 from ..machine.ports import bind_in_range
                 bind_in_range(lsock, host, port_range)
-            lsock.listen(min(socket.SOMAXCONN, max(128, server.size)))
+            lsock.listen(min(_socket.SOMAXCONN, max(128, server.size)))
             lsock.setblocking(False)
         except BaseException:
             lsock.close()

@@ -25,11 +25,11 @@ import os
 import time
 
 from ..errors import LaunchError
+from ..machine.loop import CListener
 from ..switches import switch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
     from ..machine.loop import Loop, Timer
@@ -208,16 +208,6 @@ class _Pending:
         self.accepted = time.monotonic()
 
 
-class _Listening(_socket.socket):
-    """A listening socket made without the :mod:`socket` module, which costs an
-    srun step's start milliseconds; accepted connections are full sockets."""
-
-    def accept(self) -> Tuple[socket.socket, Any]:
-        import socket
-        fd, address = self._accept()  # type: ignore[attr-defined]  # C method typeshed omits
-        return socket.socket(self.family, self.type, self.proto, fileno=fd), address
-
-
 class Listener:
     """Accepts dial-back connections on the loop; hands each to its token's owner."""
 
@@ -227,7 +217,7 @@ class Listener:
         self.loop = loop
         self.log = log
         self.expected: Dict[str, Callable[[object, bytes, str], None]] = {}
-        self.socks: List[_Listening] = []
+        self.socks: List[CListener] = []
         self.pending: Dict[int, _Pending] = {}
         self.cert_pem: Optional[bytes] = None
         self._context = None
@@ -243,7 +233,7 @@ class Listener:
         for addr in dict.fromkeys(addresses):
             family = _socket.AF_INET6 if ":" in addr else _socket.AF_INET
             try:
-                sock = _Listening(family, _socket.SOCK_STREAM)
+                sock = CListener(family, _socket.SOCK_STREAM)
             except OSError:            # no IPv6 here
                 continue
             try:
@@ -287,13 +277,15 @@ class Listener:
         self.expected[token] = on_connection
 
     # -- accepting ------------------------------------------------------------
-    def _accept(self, lsock: _Listening) -> None:
+    def _accept(self, lsock: CListener) -> None:
         from ..machine.loop import accept_strangers
         for sock, _ in accept_strangers(self.loop, lsock, self.pending.values, MAX_PENDING,
                                         lambda e: self._drop(e, "pushed out by newer connections"),
                                         self._note):
             if self._context is not None:
-                sock = self._context.wrap_socket(sock, server_side=True,
+                import socket
+                sock = self._context.wrap_socket(socket.socket(fileno=sock.detach()),
+                                                 server_side=True,
                                                  do_handshake_on_connect=False)
             entry = _Pending(sock)
             entry.handshaking = self._context is not None
