@@ -157,9 +157,10 @@ def test_split_env_keeps_what_differs_per_rank():
 
 
 def test_srun_argv_places_each_task_on_its_node():
-    argv = srun_argv(["h1", "h2", "h1"], 3, "0", ["prog", "arg"])
+    argv = srun_argv(["h1", "h2", "h1"], 3, "0", "/some where", ["prog", "arg"])
     assert "--nodelist=h1,h2,h1" in argv and "--nodes=2" in argv and "--ntasks=3" in argv
     assert "--distribution=arbitrary" in argv and "--input=0" in argv and "-v" in argv
+    assert "--chdir=/some where" in argv
     assert argv[-2:] == ["prog", "arg"]
 
 

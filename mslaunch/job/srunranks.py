@@ -23,13 +23,15 @@ stacks of running ranks and ``mslaunch-top``, and binding.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
 import sys
 import time
 
 from ..errors import LaunchError, UsageError
+from ..machine.loop import wait_fd
 from ..machine.output import RankPipe
+from ..machine.spawn import RESET_SIGNALS, exec_path
 from ..plan.srun import (
     TASK_VARIABLE,
     SrunLog,
@@ -41,6 +43,7 @@ from ..plan.srun import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import subprocess
     from typing import Any, Callable, Container, Dict, List, Optional, Sequence
 
     from ..remote.dialback import Listener
@@ -83,7 +86,8 @@ class SrunRanks:
         self.specs = list(specs)
         self.ranks: Container[int] = frozenset(s.key for s in specs)
         self.log = SrunLog(show_all=sup.job.verbose >= 2)
-        self.proc: Optional[subprocess.Popen] = None
+        self.pid = 0                              # srun's
+        self.status: Optional[int] = None        # its wait status, once reaped
         self.pidfd = -1
         self.pipes: List[RankPipe] = []
         self.listener: Optional[Listener] = None
@@ -126,23 +130,21 @@ class SrunRanks:
         env.update(common)
         env[TASK_VARIABLE] = task_program(secret, port, merged)
         argv = srun_argv([s.host.name for s in specs], len(specs), self._stdin(),
-                         specs[0].argv if same_argv else ())
+                         specs[0].cwd, specs[0].argv if same_argv else ())
         r, w = os.pipe()
         try:
-            self.proc = subprocess.Popen(argv, env=env, cwd=specs[0].cwd, stdout=w, stderr=w,
-                                         stdin=None if self._stdin() != "none"
-                                         else subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.pid = _spawn(argv, env, None if self._stdin() != "none" else os.devnull, w)
         except OSError as err:
             os.close(r)
-            raise LaunchError(f"--launcher srun: cannot start srun: {err.strerror}") from None
+            raise LaunchError(f"--launcher srun: cannot start srun: "
+                              f"{err.strerror or err}") from None
         finally:
             os.close(w)
         guard = sup.watchdog
         if guard is not None:
-            guard.add(self.proc.pid)
+            guard.add(self.pid)
             guard.flush()
-        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.pidfd = os.pidfd_open(self.pid)
         sup.loop.add_reader(self.pidfd, self._on_exit)
         self.pipes.append(RankPipe(sup.loop, r, _Log(self)))
 
@@ -199,15 +201,35 @@ class SrunRanks:
 
     def _on_exit(self) -> None:
         self._forget_pidfd()
-        assert self.proc is not None
-        code = self.proc.wait()
+        self._reap(block=True)
         for pipe in self.pipes[:1]:       # srun's own lines first
             if not pipe.closed:
                 pipe.drain()
         left = [s.key for s in self.specs if not self.sup.ranks[s.key].ended]
-        if left:
-            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        if left and self.status is not None:
+            how = (f"killed by signal {os.WTERMSIG(self.status)}" if os.WIFSIGNALED(self.status)
+                   else f"exit code {os.WEXITSTATUS(self.status)}")
             self.sup.ranks_lost(left, f"srun ended ({how}) without reporting their end")
+
+    def _reap(self, block: bool) -> bool:
+        """Whether srun has ended (and is reaped), waiting for it with ``block``."""
+        if self.status is None and self.pid:
+            try:
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.status = status
+        return self.status is not None
+
+    def _kill(self, sig: int, group: bool = False) -> None:
+        try:
+            if group:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except OSError:
+            pass
 
     def _forget_pidfd(self) -> None:
         if self.pidfd >= 0:
@@ -225,6 +247,7 @@ class SrunRanks:
         sup, listener = self.sup, self.listener
         if self.pidfd < 0 or listener is None:
             return False
+        import subprocess
         by_node: Dict[str, Dict[int, int]] = {}
         for spec in self.specs:
             r = sup.ranks[spec.key]
@@ -262,35 +285,39 @@ class SrunRanks:
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         """``sig`` to every task of the step (Slurm signals a step, not a task);
         SIGKILL: srun ends the step, as on SIGTERM."""
-        proc = self.proc
-        if proc is None or proc.returncode is not None or sig == signal.SIGCONT:
+        if not self.pid or self.status is not None or sig == signal.SIGCONT:
             return            # (nothing of mslaunch's stops a task: nothing to continue)
         if sig == signal.SIGKILL or self.log.step is None:
             try:
-                os.kill(proc.pid, signal.SIGTERM if sig in (signal.SIGKILL, signal.SIGTERM)
+                os.kill(self.pid, signal.SIGTERM if sig in (signal.SIGKILL, signal.SIGTERM)
                         else sig)
             except OSError:
                 pass
             return
+        import subprocess
         try:
             self._scancels.append(subprocess.Popen(
                 ["scancel", "--quiet", f"--signal={sig}", self.log.step],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         except OSError:
-            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(self.pid, signal.SIGTERM)
 
     def release(self) -> None:
         """Nothing to tell anyone (see :meth:`close`)."""
 
     def close(self, deadline: float) -> None:
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if self.pid and not self._reap(block=False):
+            self._kill(signal.SIGTERM)
+            while not self._reap(block=False):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._kill(signal.SIGKILL, group=True)
+                    self._reap(block=True)
+                    break
+                if self.pidfd >= 0:
+                    wait_fd(self.pidfd, timeout=min(left, 0.5))
+                else:
+                    time.sleep(min(left, 0.05))
         self._forget_pidfd()
         for pipe in self.pipes:
             if not pipe.closed and not pipe.drain():
@@ -411,6 +438,20 @@ class _Look:
         for pipe in self.pipes:
             if not pipe.closed:
                 pipe.close()
+
+
+def _spawn(argv: Sequence[str], env: Dict[str, str], stdin: Optional[str], out: int) -> int:
+    """Start srun in a session of its own (a Ctrl-C at the terminal reaches only
+    mslaunch), its stdout and stderr into ``out``, its stdin mslaunch's or the
+    file ``stdin``; its pid.  ``posix_spawn`` spares the import of subprocess."""
+    path = exec_path(argv[0], env)
+    if path is None:
+        raise FileNotFoundError(2, "srun is not on PATH")
+    actions: List[tuple] = [(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)]
+    if stdin is not None:
+        actions.insert(0, (os.POSIX_SPAWN_OPEN, 0, stdin, os.O_RDONLY, 0))
+    return os.posix_spawn(path, list(argv), env, setsid=True, setsigdef=RESET_SIGNALS,
+                          file_actions=actions)
 
 
 class SrunHooks:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across
 # exec, so the ranks get the default actions back.
-_RESET_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ")
+RESET_SIGNALS = _RESET_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ")
                        if hasattr(signal, n))
 
 

@@ -17,15 +17,12 @@ for its ``/dev/tcp`` redirections.
 
 from __future__ import annotations
 
-import re
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 #: The variable holding the tasks' program.
 TASK_VARIABLE = "MSLAUNCH_SRUN_TASK"
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def quote(text: str) -> str:
@@ -74,7 +71,7 @@ def rank_script(env: Mapping[str, str], argv: Optional[Sequence[str]] = None,
     is no variable's or a value with a NUL byte."""
     steps = ["unset __mslaunch_s"]
     for k, v in sorted(env.items()):
-        if not _NAME.match(k) or "\0" in v:
+        if not (k.isascii() and k.isidentifier()) or "\0" in v:
             raise ValueError(f"cannot export {k!r}")
         steps.append(f"export {k}={quote(v)}")
     if pmi_port is not None:
@@ -90,26 +87,62 @@ def rank_script(env: Mapping[str, str], argv: Optional[Sequence[str]] = None,
     return ("\n".join(steps) + "\n\0").encode("utf-8", "surrogateescape")
 
 
-def srun_argv(nodes: Sequence[str], ntasks: int, stdin: str, argv: Sequence[str]) -> List[str]:
+def srun_argv(nodes: Sequence[str], ntasks: int, stdin: str, cwd: str,
+              argv: Sequence[str]) -> List[str]:
     """The srun command starting the ranks: task ``r`` on ``nodes[r]`` (Slurm's
     ``arbitrary`` distribution), with no MPI plugin of Slurm's (mslaunch serves
     PMI), no binding of Slurm's, and ``-v`` so that srun says which tasks ended
-    how (:class:`SrunLog`).  ``stdin``: ``none`` or the task given it."""
+    how (:class:`SrunLog`).  ``stdin``: ``none`` or the task given it; ``cwd``:
+    the tasks' directory."""
     distinct = list(dict.fromkeys(nodes))
     return ["srun", "-v", f"--nodelist={','.join(nodes)}", f"--nodes={len(distinct)}",
             f"--ntasks={ntasks}", "--distribution=arbitrary", "--overcommit", "--overlap",
             "--kill-on-bad-exit=0", "--mpi=none", "--cpu-bind=none", f"--input={stdin}",
+            f"--chdir={cwd}",
             "bash", "-c", f'eval "${TASK_VARIABLE}"', "bash", *argv]
 
 
-_STEP = re.compile(r"srun: launching StepId=(\d+\.\d+) ")
-_STATUS = re.compile(r"srun: .*_task_finish: Received task exit notification for \d+ tasks? "
-                     r"of StepId=\S+ \(status=0x([0-9a-fA-F]{1,8})\)")
-_TASKS = re.compile(r"srun: (?:.*_task_finish: |error: )\S+: tasks? ([0-9][0-9,\-]*): ")
-#: srun's lines that say nothing a user of mslaunch needs (without ``-v -v``):
-#: its verbose lines, and the end of a step mslaunch ended (the ranks' signals say it).
-_CHATTER = re.compile(r"srun: (?!error: |warning: )|slurmstepd-\S+: error: \*\*\* STEP \S+ "
-                      r"ON \S+ CANCELLED AT ")
+_STEP = "srun: launching StepId="
+_STATUS = "_task_finish: Received task exit notification for "
+_STATUS_WORD = " (status=0x"
+
+
+def _is_chatter(text: str) -> bool:
+    """srun's lines that say nothing a user of mslaunch needs (without ``-v -v``):
+    its verbose lines, and the end of a step mslaunch ended (the ranks' signals
+    say it)."""
+    if text.startswith("srun: "):
+        return not text.startswith(("srun: error: ", "srun: warning: "))
+    return text.startswith("slurmstepd-") and ": error: *** STEP " in text \
+        and " CANCELLED AT " in text
+
+
+def _status(text: str) -> Optional[int]:
+    """The wait status of ``..._task_finish: Received task exit notification for N
+    task(s) of StepId=S (status=0xHHHH).``, else None."""
+    if not text.startswith("srun: ") or _STATUS not in text:
+        return None
+    _, _, rest = text.partition(_STATUS_WORD)
+    word = rest.partition(")")[0]
+    if not 0 < len(word) <= 8 or any(c not in "0123456789abcdefABCDEF" for c in word):
+        return None
+    return int(word, 16)
+
+
+def _tasks_named(text: str) -> Optional[str]:
+    """The task list of ``srun: error: NODE: task(s) LIST: ...`` or ``srun: ...
+    _task_finish: NODE: task(s) LIST: ...``, else None."""
+    if text.startswith("srun: error: "):
+        rest = text[len("srun: error: "):]
+    elif text.startswith("srun: ") and "_task_finish: " in text:
+        rest = text.partition("_task_finish: ")[2]
+    else:
+        return None
+    parts = rest.split(": ", 2)
+    if len(parts) < 3 or " " in parts[0]:
+        return None
+    word, _, ids = parts[1].partition(" ")
+    return ids if word in ("task", "tasks") and ids[:1].isdigit() else None
 
 
 def task_ids(text: str) -> List[int]:
@@ -138,17 +171,16 @@ class SrunLog:
         self._status: Optional[int] = None
 
     def line(self, text: str) -> Optional[str]:
-        found = _STEP.match(text)
-        if found and self.step is None:
-            self.step = found.group(1)
-        status = _STATUS.match(text)
-        if status:
-            self._status = int(status.group(1), 16)
+        if self.step is None and text.startswith(_STEP):
+            self.step = text[len(_STEP):].partition(" ")[0] or None
+        status = _status(text)
+        if status is not None:
+            self._status = status
             return text if self.show_all else None
-        tasks = _TASKS.match(text)
-        if tasks and self._status is not None:
+        named = _tasks_named(text) if self._status is not None else None
+        if named is not None and self._status is not None:
             try:
-                ids = task_ids(tasks.group(1))
+                ids = task_ids(named)
             except ValueError:
                 ids = []
             st, self._status = self._status, None
@@ -157,7 +189,7 @@ class SrunLog:
                 self.ends.append((task, None, sig) if sig else (task, (st >> 8) & 0xFF, None))
             if ids:
                 return text if self.show_all else None
-        if self.show_all or not _CHATTER.match(text):
+        if self.show_all or not _is_chatter(text):
             return text
         return None
 
