@@ -13,7 +13,8 @@ remote):
 
 mslaunch starts its agents with one ``srun`` step that dials back, or
 (``--launcher ssh``, the same nodes, each running an sshd of the SSH test
-bed in its namespace) over SSH; Hydra
+bed in its namespace) over SSH, or (``--launcher srun``) has srun start the
+ranks themselves, with no agent; Hydra
 runs ``srun`` with its ``hydra_pmi_proxy``, which connects back to the
 runner's host name (mapped to the runner's bed address on the nodes).
 
@@ -49,6 +50,7 @@ def inner(args) -> int:
     n = int(os.environ["SLURM_JOB_NUM_NODES"])
     py = sys.executable
     launchers = {"mslaunch": [args.mslaunch_cmd, "--launcher", "slurm", "-x", "UCX_TLS"],
+                 "mslaunch-direct": [args.mslaunch_cmd, "--launcher", "srun", "-x", "UCX_TLS"],
                  "mslaunch-ssh": [args.mslaunch_cmd, "--launcher", "ssh", "-x", "UCX_TLS"],
                  "hydra": [args.hydra_cmd, "-launcher", "slurm", "-genv", "UCX_TLS", "tcp"]}
     cases = {"pass": [py, "-c", "pass"], "mpi": [py, "-c", MPI_CODE]}
@@ -120,9 +122,11 @@ def main(argv: Sequence[str]) -> int:
     from slurmbed import SlurmBed
     from sshbed import SSHBed
     sizes = [int(x) for x in args.nodes.split(",")]
-    rows = ["| nodes | `python -c pass`: mslaunch, srun | mslaunch, SSH | Hydra, srun | "
-            "srun / Hydra | MPI allreduce: mslaunch, srun | mslaunch, SSH | Hydra, srun | "
-            "srun / Hydra |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| nodes | `python -c pass`: mslaunch, agents by srun | mslaunch, SSH | "
+            "mslaunch `--launcher srun` | Hydra, srun | agents / Hydra | `--launcher srun` / "
+            "Hydra | MPI allreduce: mslaunch, agents by srun | mslaunch, SSH | "
+            "mslaunch `--launcher srun` | Hydra, srun | agents / Hydra | `--launcher srun` / "
+            "Hydra |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     with SlurmBed(nodes=max(sizes), cpus=2) as bed:
         # An sshd on every node, for mslaunch --launcher ssh on the same nodes.
         ssh_dir = tempfile.mkdtemp(prefix="slurm-bench-ssh-")
@@ -140,8 +144,9 @@ def main(argv: Sequence[str]) -> int:
     print("\n**Bytes received per node** (one untimed `hostname` job: every byte the node's "
           "network port delivered, Slurm's own step launch included; least–most over the "
           "nodes)\n")
-    print("| nodes | mslaunch, srun | mslaunch, srun, package sent | mslaunch, SSH | Hydra, srun |")
-    print("|---|---|---|---|---|")
+    print("| nodes | mslaunch, agents by srun | mslaunch, agents by srun, package sent | "
+          "mslaunch, SSH | mslaunch `--launcher srun` | Hydra, srun |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(r[len("bytes"):] for r in rows if r.startswith("bytes")))
     return 0
 
@@ -163,15 +168,17 @@ def _rounds(args, bed, sizes, home, hydra) -> List[str]:
 
         def med(key: str) -> float:
             return statistics.median(t[key]) * 1000 if t[key] else float("nan")
-        rows.append(f"| {n} | {med('mslaunch/pass'):.0f} | {med('mslaunch-ssh/pass'):.0f} | "
-                    f"{med('hydra/pass'):.0f} | "
-                    f"{med('mslaunch/pass') / med('hydra/pass'):.2f}× | "
-                    f"{med('mslaunch/mpi'):.0f} | {med('mslaunch-ssh/mpi'):.0f} | "
-                    f"{med('hydra/mpi'):.0f} | "
-                    f"{med('mslaunch/mpi') / med('hydra/mpi'):.2f}× |")
+        cells = [str(n)]
+        for case in ("pass", "mpi"):
+            cells += [f"{med(f'{key}/{case}'):.0f}"
+                      for key in ("mslaunch", "mslaunch-ssh", "mslaunch-direct", "hydra")]
+            cells += [f"{med(f'{key}/{case}') / med(f'hydra/{case}'):.2f}×"
+                      for key in ("mslaunch", "mslaunch-direct")]
+        rows.append("| " + " | ".join(cells) + " |")
         rows.append("bytes| " + str(n) + " | " + " | ".join(
             "–".join(str(int(x)) for x in t.get(f"bytes/{key}", []))
-            for key in ("mslaunch", "mslaunch-sent", "mslaunch-ssh", "hydra")) + " |")
+            for key in ("mslaunch", "mslaunch-sent", "mslaunch-ssh", "mslaunch-direct",
+                        "hydra")) + " |")
     return rows
 
 

@@ -203,3 +203,31 @@ def test_stacks_and_top_of_a_running_job_come_from_a_step_of_their_own(slurmbed,
             left_on_nodes(slurmbed, tag)
     finally:
         kill_tagged(tag)
+
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+
+
+def test_a_spawn_fails_in_the_rank_that_asks_for_it(slurmbed, mpich, tmp_path):
+    tag = new_tag()
+    rc, out, err = finish(srun_job(slurmbed, tag, "--oversubscribe", "-n", "2", "-x", "UCX_TLS",
+                                   PY, os.path.join(PROGRAMS, "spawn_job.py"), "info",
+                                   "wdir=/tmp", cwd=tmp_path), 120)
+    assert rc == 0, err
+    assert sorted(json.loads(line)["parent"] for line in out.splitlines()
+                  if "error" in json.loads(line)) == [0, 1], out
+    assert "no agent of mslaunch's runs on h" in err, err
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
+
+
+def test_an_open_mpi_4_program_fails_with_open_mpi_s_own_reason(slurmbed, tmp_path):
+    from conftest import require
+    from test_singletons import _open_mpi_4
+    python = _open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+    tag = new_tag()
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "2", python,
+                                   os.path.join(PROGRAMS, "pmix_ranks.py"), "show",
+                                   cwd=tmp_path), 120)
+    assert rc != 0 and "direct launched" in err and "exited with code" in err, err
+    assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)

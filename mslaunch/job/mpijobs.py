@@ -408,6 +408,11 @@ class MPIJobs:
             self._check_programs(specs)
             if pmix and self.pmix is None:
                 raise PlanError("this launch serves no PMIx to spawned Open MPI processes")
+            agentless = sorted({s.host.name for s in specs
+                                if not s.host.local and s.host.name not in sup.hosts})
+            if agentless:        # (--launcher srun: srun started the job's ranks)
+                raise PlanError(f"no agent of mslaunch's runs on {', '.join(agentless[:3])} "
+                                f"to start the processes there")
         except (PlanError, LaunchError) as err:
             self.pmi_log(f"{who} could not spawn: {err}")
             reply(str(err))
