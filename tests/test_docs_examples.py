@@ -63,6 +63,8 @@ HOW = {
         "a Slurm allocation of 4 nodes; Slurm is tested in tests/test_slurm.py",
     "mslaunch -n 32 python net.py": "inside an sbatch script (32 slots of an allocation); "
                                     "tested in tests/test_slurm.py",
+    "salloc -N 8 mslaunch --launcher srun -n 8 python net.py":
+        "a Slurm allocation of 8 nodes; --launcher srun is tested in tests/test_srun_ranks.py",
     "mslaunch -H node1:4,node2:4 python train.py --epochs 3": "hosts",
 }
 STAND_IN = ("import os, sys\nrank = os.environ.get('RANK', '?')\n"
