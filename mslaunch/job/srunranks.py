@@ -44,7 +44,7 @@ from ..plan.srun import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from typing import Any, Callable, Container, Dict, List, Optional, Sequence
+    from typing import Any, Callable, Container, Dict, List, Optional, Sequence, Set, Tuple
 
     from ..remote.dialback import Listener
     from ..spec import JobSpec, Plan, RankSpec
@@ -90,8 +90,8 @@ class SrunRanks:
         self.status: Optional[int] = None        # its wait status, once reaped
         self.pidfd = -1
         self.pipes: List[RankPipe] = []
+        self.attached: Set[Tuple[int, str]] = set()   # (task, "o" or "e") read from
         self.listener: Optional[Listener] = None
-        self.connected: Dict[int, int] = {}      # task -> connections made
         self._scancels: List[subprocess.Popen] = []
         self._looks: List[_Look] = []
 
@@ -129,11 +129,12 @@ class SrunRanks:
         env = dict(os.environ)
         env.update(common)
         env[TASK_VARIABLE] = task_program(secret, port, merged)
-        argv = srun_argv([s.host.name for s in specs], len(specs), self._stdin(),
+        stdin = self._stdin()
+        argv = srun_argv([s.host.name for s in specs], len(specs), stdin,
                          specs[0].cwd, specs[0].argv if same_argv else ())
         r, w = os.pipe()
         try:
-            self.pid = _spawn(argv, env, None if self._stdin() != "none" else os.devnull, w)
+            self.pid = _spawn(argv, env, None if stdin != "none" else os.devnull, w)
         except OSError as err:
             os.close(r)
             raise LaunchError(f"--launcher srun: cannot start srun: "
@@ -181,12 +182,25 @@ class SrunRanks:
             sink = outputs[0] if stream == "o" or len(outputs) < 2 else outputs[1]
             if script:
                 # A fresh connection's buffer takes the few KB at once.
-                sock.setblocking(True)
-                sock.sendall(script)
+                try:
+                    sock.setblocking(True)
+                    sock.sendall(script)
+                except OSError:      # the task is gone already: srun says how
+                    sock.close()
+                    return
             if rest:
                 sink.feed(rest)
+            self.attached.add((task, stream))
             self.pipes.append(RankPipe(self.sup.loop, sock.detach(), sink))
         return connected
+
+    def _finish_unattached(self) -> None:
+        """srun has ended, and its tasks with it: a stream that never connected
+        (a task that died first, or never dialled) has nothing more to come."""
+        for task, spec in enumerate(self.specs):
+            for stream, out in zip("oe", self.sup.ranks[spec.key].outputs):
+                if (task, stream) not in self.attached and not out.finished:
+                    out.finish()
 
     # -- srun's reports -----------------------------------------------------
     def srun_said(self, line: str) -> None:
@@ -205,6 +219,8 @@ class SrunRanks:
         for pipe in self.pipes[:1]:       # srun's own lines first
             if not pipe.closed:
                 pipe.drain()
+        # Connections made before the tasks ended may still wait to be accepted.
+        self.sup.loop.call_later(1.0, self._finish_unattached)
         left = [s.key for s in self.specs if not self.sup.ranks[s.key].ended]
         if left and self.status is not None:
             how = (f"killed by signal {os.WTERMSIG(self.status)}" if os.WIFSIGNALED(self.status)
