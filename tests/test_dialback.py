@@ -121,6 +121,39 @@ def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
         loop.close()
 
 
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_silent_peer_does_not_hold_the_listener_s_loop(tls):
+    # A peer that connects and says nothing (no TLS handshake, no token) must
+    # leave the loop free: timers fire, and the peer is closed after its time.
+    import socket as socket_mod
+
+    from mslaunch.remote import dialback
+    from mslaunch.machine.loop import Loop
+    loop = Loop()
+    lines: List[str] = []
+    listener = dialback.Listener(loop, ["127.0.0.1"], tls=tls, log=lines.append)
+    ticks: List[float] = []
+
+    def tick() -> None:
+        ticks.append(time.monotonic())
+        loop.call_later(0.05, tick)
+    loop.call_later(0.05, tick)
+    port = listener.port_of("127.0.0.1")
+    assert port is not None
+    peer = socket_mod.create_connection(("127.0.0.1", port), timeout=2)
+    try:
+        deadline = time.monotonic() + dialback.AUTH_SECONDS + 2
+        while not lines and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        assert lines and "did not present a token in time" in lines[0], lines
+        # about 20 ticks a second while the peer said nothing
+        assert len(ticks) > 10 * dialback.AUTH_SECONDS, len(ticks)
+    finally:
+        peer.close()
+        listener.close()
+        loop.close()
+
+
 def test_the_early_step_s_agents_are_told_one_port_held_in_both_families():
     """srun's agents dial the address Slurm gives them, IPv4 or IPv6, at the one
     port in MSLAUNCH_DIAL: this process must hold that port in both families, so

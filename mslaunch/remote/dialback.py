@@ -284,8 +284,9 @@ class Listener:
                                         self._note):
             if self._context is not None:
                 import socket
-                sock = self._context.wrap_socket(socket.socket(fileno=sock.detach()),
-                                                 server_side=True,
+                full = socket.socket(fileno=sock.detach())
+                full.setblocking(False)         # made of a descriptor, it would block
+                sock = self._context.wrap_socket(full, server_side=True,
                                                  do_handshake_on_connect=False)
             entry = _Pending(sock)
             entry.handshaking = self._context is not None
