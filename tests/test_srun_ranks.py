@@ -231,3 +231,42 @@ def test_an_open_mpi_4_program_fails_with_open_mpi_s_own_reason(slurmbed, tmp_pa
                                    cwd=tmp_path), 120)
     assert rc != 0 and "direct launched" in err and "exited with code" in err, err
     assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
+
+
+def test_an_sbatch_job_on_a_node_of_its_own_serves_pmi_only_from_the_step(slurmbed, mpich,
+                                                                          tmp_path):
+    # mslaunch runs on h1, which holds ranks too: they are srun's tasks like h2's,
+    # served the step's PMI and no PMIx of a local server.
+    tag = new_tag()
+    code = ("from mpi4py import MPI; import os, socket; c = MPI.COMM_WORLD; "
+            "print(c.rank, socket.gethostname(), c.allreduce(1), "
+            "'PMIX_SERVER_URI41' in os.environ, 'PMI_FD' in os.environ, flush=True)")
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n"
+                      f"exec {PY} -m mslaunch --launcher srun -n 4 -x UCX_TLS {PY} -c \"{code}\"\n")
+    script.chmod(0o755)
+    out_file = tmp_path / "out.txt"
+    from test_slurm import benv
+    r = slurmbed.run(["sbatch", "-N", "2", "--ntasks-per-node=2", "-o", str(out_file),
+                      "--parsable", str(script)], base_env=benv(slurmbed, tag), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    state = slurmbed.wait_job(r.stdout.strip().split(";")[0], timeout=90)
+    text = out_file.read_text()
+    assert state.get("JobState") == "COMPLETED", (state, text)
+    rows = sorted(line.split() for line in text.splitlines() if line[:1].isdigit())
+    assert rows == [[str(i), h, "4", "False", "False"]
+                    for i, h in enumerate(["h1", "h1", "h2", "h2"])], text
+
+
+def test_refused_in_one_line_and_stdin_to_every_rank(slurmbed, tmp_path):
+    tag = new_tag()
+    for args, what in ((("-n", "1", "-env", "X.Y", "a", "hostname", ":", "-n", "1", "hostname"),
+                        "'X.Y' is not a name"),
+                       (("--index-argv-by-rank", "-n", "2", "echo"), "--index-argv-by-rank")):
+        rc, out, err = finish(srun_job(slurmbed, tag, *args, cwd=tmp_path))
+        assert rc != 0 and err.count("\n") == 1 and what in err, err
+    p = srun_job(slurmbed, tag, "--stdin", "all", "-n", "2", "sh", "-c", 'echo "$RANK $(cat)"',
+                 cwd=tmp_path, stdin=-1)
+    out, err = p.communicate(b"hello", timeout=60)
+    assert p.returncode == 0, err
+    assert sorted(out.decode().splitlines()) == ["0 hello", "1 hello"], out

@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,20 +27,26 @@ from mslaunch.plan.srun import (
     srun_argv,
     task_ids,
     task_program,
+    variable_problem,
 )
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="no bash")
 
+# Names bash gives a meaning of its own when the rank's program starts (the
+# shell's working directory, its level...) are left out; variable_problem()
+# refuses the names bash would not let the script set.
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True).filter(
-    lambda n: n not in ("BASH_ENV", "PWD", "OLDPWD", "SHLVL", "_", "IFS", "PS4", "SHELLOPTS",
-                        "BASHOPTS", "PATH", "HOME") and not n.startswith("BASH"))
-values = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
-                 max_size=40)
+    lambda n: n not in ("PWD", "OLDPWD", "SHLVL", "_", "PATH") and variable_problem(n, "") is None)
+# Text as the system decodes bytes: any character, and undecodable bytes as
+# the surrogates U+DC80..U+DCFF (surrogateescape)
+values = st.text(st.one_of(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+    st.integers(0xDC80, 0xDCFF).map(chr)), max_size=40)
 
 
 def _run_task(script: bytes, argv: List[str], merged: bool = False, rank: int = 3,
-              secret: str = "5ec7e7") -> Dict[str, bytes]:
+              secret: str = "5ec7e7", extra: Optional[Dict[str, str]] = None) -> Dict[str, bytes]:
     """Run the tasks' program as srun would, answer its first connection with
     ``script``; what each connection presented and carried."""
     lsock = socket.socket()
@@ -50,14 +56,14 @@ def _run_task(script: bytes, argv: List[str], merged: bool = False, rank: int = 
     port = lsock.getsockname()[1]
     env = {"PATH": os.environ["PATH"], "SLURM_PROCID": str(rank),
            "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
-           TASK_VARIABLE: task_program(secret, port, merged)}
+           TASK_VARIABLE: task_program(secret, port, merged), **(extra or {})}
     p = subprocess.Popen([BASH, "-c", f'eval "${TASK_VARIABLE}"', "bash", *argv], env=env,
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     got: Dict[str, bytes] = {}
     try:
         conns = []
-        for n in range(1 if merged else 2):
+        for n in range(1 if merged else 2):     # both connections first, in order
             conn, _ = lsock.accept()
             conn.settimeout(20)
             head = b""
@@ -67,12 +73,9 @@ def _run_task(script: bytes, argv: List[str], merged: bool = False, rank: int = 
                 head += more
             word, token, pid = head.decode().split()
             assert word == "mslaunch-dial" and pid == str(p.pid)
-            if n == 0:
-                assert token == f"{secret}{rank}o"
-                conn.sendall(script)
-            else:
-                assert token == f"{secret}{rank}e"
+            assert token == f"{secret}{rank}{'oe'[n]}"
             conns.append((token[-1], conn))
+        conns[0][1].sendall(script)
         for stream, conn in conns:
             data = b""
             while True:
@@ -101,13 +104,17 @@ def _zero_split(data: bytes) -> List[bytes]:
 @given(env=st.dictionaries(names, values, max_size=6),
        argv=st.lists(values, max_size=4), merged=st.booleans())
 def test_a_task_gets_its_rank_s_variables_and_argv_exactly(env, argv, merged):
-    script = rank_script(env, ["printf", "%s\\0", "first", *argv], None, pmi_port=4242)
+    script = rank_script(env, ["sh", "-c", 'printf "%s\\0" "$@"; env -0', "first", *argv],
+                         None, pmi_port=4242)
     # The program prints its argv, then its environment, NUL-separated.
-    got = _run_task(script + b"", ["ignored"], merged)
-    out = got["o"]
+    got = _run_task(script, ["ignored"], merged)
     assert got["rc"] == b"0", got
     assert got["own stdout"] == got["own stderr"] == b"", got
-    assert _zero_split(out) == [b"first"] + [a.encode("utf-8", "surrogateescape") for a in argv]
+    items = _zero_split(got["o"])
+    assert items[:len(argv)] == [a.encode("utf-8", "surrogateescape") for a in argv]
+    seen = dict(item.split(b"=", 1) for item in items[len(argv):] if b"=" in item)
+    for k, v in env.items():
+        assert seen[k.encode()] == v.encode("utf-8", "surrogateescape"), k
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -141,12 +148,38 @@ def test_a_missing_program_is_said_on_the_rank_s_stderr():
 
 
 def test_rank_script_refuses_what_bash_cannot_carry():
-    with pytest.raises(ValueError):
-        rank_script({"1BAD": "x"})
-    with pytest.raises(ValueError):
-        rank_script({"GOOD": "a\0b"})
+    for env in ({"1BAD": "x"}, {"X.Y": "x"}, {"GOOD": "a\0b"}, {"UID": "0"},
+                {"SHELLOPTS": "xtrace"}, {"GOOD": "\ud800"}):
+        assert variable_problem(*next(iter(env.items())))
+        with pytest.raises(ValueError):
+            rank_script(env)
     with pytest.raises(ValueError):
         rank_script({}, ["a\0"])
+    with pytest.raises(ValueError):
+        rank_script({}, ["\ud800"])
+
+
+def test_bash_s_own_startup_variables_reach_the_rank_not_the_task_s_bash(tmp_path):
+    # BASH_ENV is sourced by a non-interactive bash, and functions exported in the
+    # environment would stand in for the program's commands: neither may touch it.
+    from mslaunch.job.srunranks import srun_environment
+    from mslaunch.spec import Host, RankSpec
+    marker = tmp_path / "sourced"
+    (tmp_path / "bashenv").write_text(f"echo sourced >> {marker}\n")
+    here = Host(name="h1", slots=1, max_slots=None, local=False, node_id=0)
+    specs = [RankSpec(rank=0, app=0, host=here, local_rank=0, local_size=1, argv=("x",),
+                      env={"A": "1"}, cwd=str(tmp_path), stdout_path=None, stderr_path=None)]
+    env, own = srun_environment(specs, [{}], {"BASH_ENV": str(tmp_path / "bashenv"),
+                                              "SHELLOPTS": "xtrace", "PMI_FD": "9",
+                                              "KEEP": "yes"})
+    assert "BASH_ENV" not in env and "SHELLOPTS" not in env and "PMI_FD" not in env
+    assert env["KEEP"] == "yes" and env["A"] == "1"
+    assert own == [{"BASH_ENV": str(tmp_path / "bashenv")}]
+    got = _run_task(rank_script(own[0]), ["sh", "-c", 'printf "%s" "$BASH_ENV"'],
+                    extra={"BASH_FUNC_printf%%": "() { echo hijacked; }",
+                           "BASH_FUNC_exec%%": "() { echo hijacked; }"})
+    assert got["rc"] == b"0" and got["o"] == str(tmp_path / "bashenv").encode(), got
+    assert not marker.exists()
 
 
 def test_split_env_keeps_what_differs_per_rank():

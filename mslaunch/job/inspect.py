@@ -54,7 +54,13 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
     live = [r for r in sup.ranks if r.pid and not r.ended and r.spec.job == 1]
     by_key = {r.spec.key: r for r in live}
     got: Dict[int, Dict[str, Any]] = {}
-    waiting = {"local"} if any(r.spec.host.local for r in live) else set()
+    lookers = sup.lookers
+    # what each place may speak for: its own ranks (an agent never for another host's);
+    # this machine's ranks are read here unless a looker speaks for them (srun's)
+    allowed = {name: set(host.ranks) for name, host in lookers.items()}
+    covered = set().union(*allowed.values())
+    allowed["local"] = {k for k, r in by_key.items() if r.spec.host.local and k not in covered}
+    waiting = {"local"} if allowed["local"] else set()
     finished: List[bool] = []
 
     def finish() -> None:
@@ -85,10 +91,6 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
         if not waiting:
             finish()
 
-    # what each place may speak for: its own ranks (an agent never for another host's)
-    lookers = sup.lookers
-    allowed = {name: set(host.ranks) for name, host in lookers.items()}
-    allowed["local"] = {k for k, r in by_key.items() if r.spec.host.local}
     timer = sup.loop.call_later(timeout + 2.0, finish)
     for name, host in lookers.items():
         waiting.add(name)
@@ -97,7 +99,7 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
             waiting.discard(name)
     if "local" in waiting:
         from ..machine.stacks import read_in_background
-        pids = {r.spec.key: r.pid for r in live if r.spec.host.local}
+        pids = {r.spec.key: r.pid for r in live if r.spec.key in allowed["local"]}
         read_in_background(sup.loop, pids, dumps, timeout, lambda res: arrived("local", res))
     if not waiting:
         finish()
@@ -260,8 +262,10 @@ class Inspector:
     def top(self, reply: Callable[[Dict[str, Any]], None]) -> None:
         from ..machine.stacks import usage
         sup = self.sup
+        lookers = sup.lookers
+        covered = set().union(*(set(h.ranks) for h in lookers.values()))
         here = {r.spec.key: r.pid for r in sup.ranks if r.pid and not r.ended
-                and r.spec.host.local}
+                and r.spec.host.local and r.spec.key not in covered}
         rows: Dict[int, Dict[str, Any]] = usage(here, self.cpu)
         waiting = set()
         sent: List[bool] = []
@@ -294,7 +298,6 @@ class Inspector:
             if not waiting:
                 finish()
 
-        lookers = sup.lookers
         for name, host in lookers.items():
             waiting.add(name)
             if not host.look(link.TOP, {}, lambda ranks, n=name: arrived(n, ranks)):

@@ -3,12 +3,14 @@
 As Hydra's ``mpiexec -launcher slurm`` would if its proxy did nothing but
 exec, one ``srun`` step runs every rank, each task on the node the plan
 gives it (:func:`~mslaunch.plan.srun.srun_argv`).  A small bash program
-(:func:`~mslaunch.plan.srun.task_program`) sets the rank's own variables
-and connects its stdout and stderr to the launcher, token-checked, before
-the program replaces it: output reaches the job's files and the terminal as
-from local ranks.  PMI is mslaunch's own, over TCP (``PMI_PORT`` at the
-address srun ran from, a secret ``PMI_ID`` per rank), so MPICH-ABI ranks
-get the default mode's PMI, spawn and failure reports included.
+(:func:`~mslaunch.plan.srun.task_program`) connects the task's stdout and
+stderr to the launcher, token-checked, reads its rank's own variables from
+the first connection once both are made, and becomes the rank's program:
+output reaches the job's files and the terminal as from local ranks.  PMI
+is mslaunch's own, over TCP (``PMI_PORT`` at the address srun ran from, a
+secret ``PMI_ID`` per rank, and only from the addresses the job's tasks
+connected from), so MPICH-ABI ranks get the default mode's PMI and failure
+reports.
 
 srun runs in a session of its own, behind the rank-handle seam
 (:class:`SrunRanks`, brought in by :class:`SrunHooks`): each task's end,
@@ -16,8 +18,9 @@ with its exact wait status, is read from what ``srun -v`` says of it
 (:class:`~mslaunch.plan.srun.SrunLog`).  Signals go to the step with
 ``scancel --signal``; SIGKILL is srun's own termination of the step, which
 Slurm also does should srun die (mslaunch's orphan guard kills srun if
-mslaunch dies).  Not served in this mode: PMIx (Open MPI's ranks), the
-stacks of running ranks and ``mslaunch-top``, and binding.
+mslaunch dies).  Looks inside the ranks take a step of their own
+(:mod:`.srunlook`).  Not served in this mode: PMIx (Open MPI's ranks),
+spawn, binding, restarts (:func:`check_srun_job`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import os
 # The C module: the same calls as signal's, without importing enum (milliseconds).
 import _signal as signal
-import sys
 import time
 
 from ..errors import LaunchError, UsageError
@@ -33,28 +35,31 @@ from ..machine.loop import wait_fd
 from ..machine.output import RankPipe
 from ..machine.spawn import RESET_SIGNALS, exec_path
 from ..plan.srun import (
+    SHELL_STARTUP,
     TASK_VARIABLE,
     SrunLog,
     rank_script,
     split_env,
     srun_argv,
     task_program,
+    variable_problem,
 )
+from ..spec import scrub_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from typing import Any, Callable, Container, Dict, List, Optional, Sequence, Set, Tuple
+    from typing import (Any, Callable, Container, Dict, List, Mapping, Optional, Sequence,
+                        Set, Tuple)
 
     from ..remote.dialback import Listener
     from ..spec import JobSpec, Plan, RankSpec
     from .seams import JobView, RankHandle
+    from .srunlook import Look
 
 
 class _Log:
-    """srun's stderr as a :class:`RankPipe`'s sink: whole lines to :class:`SrunLog`;
-    the task ends it reads go to the handle, the lines meant for users to the
-    console."""
+    """srun's stderr as a :class:`RankPipe`'s sink: whole lines to the handle."""
 
     tail = b""
     wanted = True
@@ -78,6 +83,22 @@ class _Log:
             self.handle.srun_said(pending.decode("utf-8", "replace"))
 
 
+def srun_environment(specs: Sequence[RankSpec], pmi: Sequence[Mapping[str, str]],
+                     environ: Mapping[str, str]) -> Tuple[Dict[str, str], List[Dict[str, str]]]:
+    """srun's environment (the launcher's, scrubbed of an outer launch's
+    variables, and what every rank has alike) and each rank's own variables."""
+    envs = [dict(s.env, **p) for s, p in zip(specs, pmi)]
+    common, own = split_env(envs)
+    env = scrub_env(environ)
+    env.update(common)
+    for name in SHELL_STARTUP:      # not for the task's own bash
+        value = env.pop(name, None)
+        if value is not None and name == "BASH_ENV":
+            for mine in own:
+                mine.setdefault(name, value)
+    return env, own
+
+
 class SrunRanks:
     """Every rank of the job, as one srun step (see the module docstring)."""
 
@@ -90,10 +111,13 @@ class SrunRanks:
         self.status: Optional[int] = None        # its wait status, once reaped
         self.pidfd = -1
         self.pipes: List[RankPipe] = []
-        self.attached: Set[Tuple[int, str]] = set()   # (task, "o" or "e") read from
         self.listener: Optional[Listener] = None
+        self.scripts: List[bytes] = []
+        # connections of a task, by stream ("o", "e"), until it has all it makes
+        self.half: Dict[int, Dict[str, Tuple[Any, bytes, str]]] = {}
+        self.hosts: Set[str] = set()      # addresses the tasks connected from
         self._scancels: List[subprocess.Popen] = []
-        self._looks: List[_Look] = []
+        self._looks: List[Look] = []
 
     @property
     def busy(self) -> bool:
@@ -106,28 +130,15 @@ class SrunRanks:
         self.listener = listener = self._listen()
         port = listener.socks[0].getsockname()[1]
         secret = os.urandom(12).hex()
-        envs = [dict(s.env) for s in specs]
-        pmi_port = None
-        if sup.mpi_jobs is not None:
-            first = sup.mpi_jobs.first
-            first.serve(sup.loop, [s.app for s in specs], sup.plan.process_mapping, tcp=True,
-                        trace=sup.job.verbose >= 2, port_range=sup.job.port_range,
-                        tcp_host="0.0.0.0")
-            for env, spec in zip(envs, specs):
-                pmi = first.env(spec.rank, spec.env)
-                pmi_port = int(pmi.pop("PMI_PORT").rpartition(":")[2])
-                env.update(pmi)
-        common, own = split_env(envs)
+        pmi, pmi_port = self._serve_pmi()
+        env, own = srun_environment(specs, pmi, os.environ)
         same_argv = all(s.argv == specs[0].argv for s in specs)
         same_cwd = all(s.cwd == specs[0].cwd for s in specs)
         for task, spec in enumerate(specs):
-            script = rank_script(own[task], None if same_argv else spec.argv,
-                                 None if same_cwd else spec.cwd, pmi_port)
-            listener.expect(f"{secret}{task}o", self._dialled(task, "o", script))
-            if not merged:
-                listener.expect(f"{secret}{task}e", self._dialled(task, "e", b""))
-        env = dict(os.environ)
-        env.update(common)
+            self.scripts.append(rank_script(own[task], None if same_argv else spec.argv,
+                                            None if same_cwd else spec.cwd, pmi_port))
+            for stream in ("o",) if merged else ("o", "e"):
+                listener.expect(f"{secret}{task}{stream}", self._dialled(task, stream))
         env[TASK_VARIABLE] = task_program(secret, port, merged)
         stdin = self._stdin()
         argv = srun_argv([s.host.name for s in specs], len(specs), stdin,
@@ -149,6 +160,20 @@ class SrunRanks:
         sup.loop.add_reader(self.pidfd, self._on_exit)
         self.pipes.append(RankPipe(sup.loop, r, _Log(self)))
 
+    def _serve_pmi(self) -> Tuple[List[Dict[str, str]], Optional[int]]:
+        """Each rank's PMI variables (but ``PMI_PORT``, which its script sets to
+        srun's address) and the port; none for a job without PMI."""
+        sup, specs = self.sup, self.specs
+        if sup.mpi_jobs is None:
+            return [{} for _ in specs], None
+        first = sup.mpi_jobs.first
+        first.serve(sup.loop, [s.app for s in specs], sup.plan.process_mapping, tcp=True,
+                    trace=sup.job.verbose >= 2, port_range=sup.job.port_range,
+                    tcp_host="0.0.0.0", admit=self.hosts.__contains__)
+        envs = [first.env(spec.rank, spec.env) for spec in specs]
+        ports = {int(e.pop("PMI_PORT").rpartition(":")[2]) for e in envs}
+        return envs, ports.pop() if ports else None
+
     def _listen(self) -> Listener:
         from ..remote.dialback import Listener
         listener = Listener(self.sup.loop, ["::"], tls=False, log=self.sup.log,
@@ -161,46 +186,54 @@ class SrunRanks:
         return listener
 
     def _stdin(self) -> str:
-        """The task srun gives its stdin (mpirun's default: rank 0), or ``none``
-        (a terminal: srun, in a session of its own, could not read it)."""
+        """The tasks srun gives its stdin (mpirun's default: rank 0; ``all``), or
+        ``none`` (a terminal: srun, in a session of its own, could not read it)."""
         which = self.sup.job.stdin
-        if which in ("none", "all") or not which.isdigit() or int(which) >= len(self.specs):
+        if which != "all" and (not which.isdigit() or int(which) >= len(self.specs)):
             return "none"
         try:
             return "none" if os.isatty(0) else which
         except OSError:
             return "none"
 
-    def _dialled(self, task: int, stream: str, script: bytes):
+    def _dialled(self, task: int, stream: str):
         def connected(sock, rest: bytes, about: str) -> None:
-            spec = self.specs[task]
-            rank = self.sup.ranks[spec.key]
-            if not rank.outputs:          # the first of its connections
-                self.sup.make_sinks(spec)
-                self.sup.rank_started(spec.key, int(about) if about.isdigit() else 0)
-            outputs = rank.outputs
-            sink = outputs[0] if stream == "o" or len(outputs) < 2 else outputs[1]
-            if script:
-                # A fresh connection's buffer takes the few KB at once.
-                try:
-                    sock.setblocking(True)
-                    sock.sendall(script)
-                except OSError:      # the task is gone already: srun says how
-                    sock.close()
-                    return
-            if rest:
-                sink.feed(rest)
-            self.attached.add((task, stream))
-            self.pipes.append(RankPipe(self.sup.loop, sock.detach(), sink))
+            got = self.half.setdefault(task, {})
+            got[stream] = (sock, rest, about)
+            if len(got) == (1 if self.sup.job.output.merge_stderr else 2):
+                del self.half[task]
+                self._attach(task, got)
         return connected
 
-    def _finish_unattached(self) -> None:
-        """srun has ended, and its tasks with it: a stream that never connected
-        (a task that died first, or never dialled) has nothing more to come."""
-        for task, spec in enumerate(self.specs):
-            for stream, out in zip("oe", self.sup.ranks[spec.key].outputs):
-                if (task, stream) not in self.attached and not out.finished:
-                    out.finish()
+    def _attach(self, task: int, got: Dict[str, Tuple[Any, bytes, str]]) -> None:
+        """Both connections of a task are made: send its script; its program
+        runs, and its output is read, from now on."""
+        sock, _, about = got["o"]
+        script, self.scripts[task] = self.scripts[task], b""
+        try:
+            peer = sock.getpeername()[0]
+            # A fresh connection's buffer takes the few KB at once.
+            sock.setblocking(True)
+            sock.sendall(script)
+        except OSError:          # the task is gone already: srun says how
+            for s, _, _ in got.values():
+                s.close()
+            return
+        self.hosts.add(peer[7:] if peer.startswith("::ffff:") else peer)
+        spec = self.specs[task]
+        out, err = self.sup.make_sinks(spec)
+        self.sup.rank_started(spec.key, int(about) if about.isdigit() else 0)
+        for stream, sink in (("o", out), ("e", err)):
+            if stream in got and sink is not None:
+                s, rest, _ = got[stream]
+                if rest:
+                    sink.feed(rest)
+                self.pipes.append(RankPipe(self.sup.loop, s.detach(), sink))
+
+    def add(self, specs: Sequence[RankSpec], pmi=None, pmi_env=None) -> None:
+        """Processes spawned here: never (srun started this job's ranks)."""
+        raise LaunchError("--launcher srun starts no process after the job's own ranks "
+                          "(MPI_Comm_spawn needs mslaunch's agents: --launcher slurm)")
 
     # -- srun's reports -----------------------------------------------------
     def srun_said(self, line: str) -> None:
@@ -219,13 +252,19 @@ class SrunRanks:
         for pipe in self.pipes[:1]:       # srun's own lines first
             if not pipe.closed:
                 pipe.drain()
-        # Connections made before the tasks ended may still wait to be accepted.
-        self.sup.loop.call_later(1.0, self._finish_unattached)
+        self._drop_halves()
         left = [s.key for s in self.specs if not self.sup.ranks[s.key].ended]
         if left and self.status is not None:
             how = (f"killed by signal {os.WTERMSIG(self.status)}" if os.WIFSIGNALED(self.status)
                    else f"exit code {os.WEXITSTATUS(self.status)}")
             self.sup.ranks_lost(left, f"srun ended ({how}) without reporting their end")
+
+    def _drop_halves(self) -> None:
+        """Tasks that made one connection of two: gone, with nothing run."""
+        for got in self.half.values():
+            for sock, _, _ in got.values():
+                sock.close()
+        self.half.clear()
 
     def _reap(self, block: bool) -> bool:
         """Whether srun has ended (and is reaped), waiting for it with ``block``."""
@@ -256,14 +295,14 @@ class SrunRanks:
     # -- looking inside ---------------------------------------------------------
     def look(self, kind: int, body: Dict[str, Any], done: Callable[[Optional[Dict]], None]
              ) -> bool:
-        """Ask a step of its own (:mod:`~mslaunch.remote.steplook`) for the running
-        ranks' stacks (``link.STACKS``) or usage (``link.TOP``); ``done(ranks)``
-        once every node answered or the look's time is over."""
-        from ..remote import link, steplook
+        """Ask a step of its own (:mod:`.srunlook`) for the running ranks' stacks
+        (``link.STACKS``) or usage (``link.TOP``); ``done(ranks)`` once every
+        node answered or the look's time is over."""
+        from ..remote import link
+        from .srunlook import start_look
         sup, listener = self.sup, self.listener
         if self.pidfd < 0 or listener is None:
             return False
-        import subprocess
         by_node: Dict[str, Dict[int, int]] = {}
         for spec in self.specs:
             r = sup.ranks[spec.key]
@@ -274,25 +313,9 @@ class SrunRanks:
         for old in [x for x in self._looks if x.over]:
             old.close()
             self._looks.remove(old)
-        timeout = float(body.get("timeout", 10.0))
-        look = _Look(sup, by_node, done, timeout + 5.0)
-        token = os.urandom(12).hex()
-        for node in by_node:
-            listener.expect(f"{token}-{node}", look.connected(node))
-        env = dict(os.environ)
-        env[steplook.LOOK_VARIABLE] = steplook.request(
-            "top" if kind == link.TOP else "stacks", by_node, token,
-            listener.socks[0].getsockname()[1], timeout)
-        nodes = list(by_node)
-        try:
-            look.proc = subprocess.Popen(
-                ["srun", "--quiet", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
-                 f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--overlap", "--mpi=none",
-                 "--cpu-bind=none", "--input=none", "--kill-on-bad-exit=0",
-                 sys.executable, "-S", "-c", steplook.program(_package_dir())],
-                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError:
+        look = start_look(sup, listener, kind == link.TOP, by_node,
+                          float(body.get("timeout", 10.0)), done)
+        if look is None:
             return False
         self._looks.append(look)
         return True
@@ -301,14 +324,11 @@ class SrunRanks:
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         """``sig`` to every task of the step (Slurm signals a step, not a task);
         SIGKILL: srun ends the step, as on SIGTERM."""
+        self._scancels = [p for p in self._scancels if p.poll() is None]
         if not self.pid or self.status is not None or sig == signal.SIGCONT:
             return            # (nothing of mslaunch's stops a task: nothing to continue)
         if sig == signal.SIGKILL or self.log.step is None:
-            try:
-                os.kill(self.pid, signal.SIGTERM if sig in (signal.SIGKILL, signal.SIGTERM)
-                        else sig)
-            except OSError:
-                pass
+            self._kill(signal.SIGTERM if sig in (signal.SIGKILL, signal.SIGTERM) else sig)
             return
         import subprocess
         try:
@@ -316,7 +336,7 @@ class SrunRanks:
                 ["scancel", "--quiet", f"--signal={sig}", self.log.step],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         except OSError:
-            os.kill(self.pid, signal.SIGTERM)
+            self._kill(signal.SIGTERM)
 
     def release(self) -> None:
         """Nothing to tell anyone (see :meth:`close`)."""
@@ -335,125 +355,20 @@ class SrunRanks:
                 else:
                     time.sleep(min(left, 0.05))
         self._forget_pidfd()
+        self._drop_halves()
         for pipe in self.pipes:
             if not pipe.closed and not pipe.drain():
                 pipe.close()
         for p in self._scancels:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            while p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if p.poll() is None:
                 p.kill()
                 p.wait()
         for look in self._looks:
             look.close()
         if self.listener is not None:
             self.listener.close()
-
-
-def check_srun_job(job: JobSpec, plan: Plan, attempts: bool) -> None:
-    """UsageError for what ``--launcher srun`` does not do (see the module docstring)."""
-    what = None
-    if attempts:
-        what = "--max-restarts and --health-check"
-    elif any(r.cpus for r in plan.ranks):
-        what = "binding (--bind-to)"
-    elif any(r.inherit == "none" for r in plan.ranks):
-        what = "-genvnone"
-    if what is not None:
-        raise UsageError(f"--launcher srun: {what} needs mslaunch's agents; "
-                         f"use --launcher slurm")
-
-
-def _package_dir() -> str:
-    """Where this mslaunch is imported from (the directory holding ``mslaunch``)."""
-    import mslaunch
-    return os.path.dirname(os.path.dirname(os.path.abspath(mslaunch.__file__)))
-
-
-class _Answer:
-    """One node's answer to a look, as a :class:`RankPipe`'s sink: JSON, read whole."""
-
-    tail = b""
-    wanted = True
-    congested = False
-    pending = b""
-    LIMIT = 64 << 20
-
-    def __init__(self, finished: Callable[[bytes], None]) -> None:
-        self.parts: List[bytes] = []
-        self.size = 0
-        self.finished = finished
-
-    def wait_for_room(self, source) -> None:
-        source.resume()
-
-    def feed(self, data) -> None:
-        if self.size < self.LIMIT:
-            self.parts.append(bytes(data))
-            self.size += len(data)
-
-    def finish(self) -> None:
-        self.finished(b"".join(self.parts))
-
-
-class _Look:
-    """One look at the ranks of a job (see :meth:`SrunRanks.look`)."""
-
-    def __init__(self, sup: JobView, by_node: Dict[str, Dict[int, int]],
-                 done: Callable[[Optional[Dict]], None], timeout: float) -> None:
-        self.sup = sup
-        self.by_node = by_node
-        self.done: Optional[Callable[[Optional[Dict]], None]] = done
-        self.got: Dict[str, Any] = {}
-        self.waiting = set(by_node)
-        self.proc: Optional[subprocess.Popen] = None
-        self.pipes: List[RankPipe] = []
-        self.timer = sup.loop.call_later(timeout, self.finish)
-
-    def connected(self, node: str):
-        def answer(sock, rest: bytes, about: str) -> None:
-            sink = _Answer(lambda data: self.answered(node, data))
-            if rest:
-                sink.feed(rest)
-            self.pipes.append(RankPipe(self.sup.loop, sock.detach(), sink))
-        return answer
-
-    def answered(self, node: str, data: bytes) -> None:
-        import json
-        try:
-            rows = json.loads(data)
-        except ValueError:
-            rows = {}
-        mine = self.by_node[node]        # a node speaks for its own ranks only
-        if isinstance(rows, dict):
-            self.got.update({k: v for k, v in rows.items()
-                             if k.isdigit() and int(k) in mine and isinstance(v, dict)})
-        self.waiting.discard(node)
-        if not self.waiting:
-            self.finish()
-
-    def finish(self) -> None:
-        done, self.done = self.done, None
-        if done is None:
-            return
-        self.timer.cancel()
-        done(self.got)
-
-    @property
-    def over(self) -> bool:
-        return self.done is None and (self.proc is None or self.proc.poll() is not None)
-
-    def close(self) -> None:
-        self.finish()
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            self.proc.wait()
-        for pipe in self.pipes:
-            if not pipe.closed:
-                pipe.close()
 
 
 def _spawn(argv: Sequence[str], env: Dict[str, str], stdin: Optional[str], out: int) -> int:
@@ -468,6 +383,36 @@ def _spawn(argv: Sequence[str], env: Dict[str, str], stdin: Optional[str], out: 
         actions.insert(0, (os.POSIX_SPAWN_OPEN, 0, stdin, os.O_RDONLY, 0))
     return os.posix_spawn(path, list(argv), env, setsid=True, setsigdef=RESET_SIGNALS,
                           file_actions=actions)
+
+
+def check_srun_job(job: JobSpec, plan: Plan, attempts: bool) -> None:
+    """UsageError for what ``--launcher srun`` does not do (see the module docstring)."""
+    ranks = plan.ranks
+    what = None
+    if attempts:
+        what = "--max-restarts and --health-check"
+    elif any(r.cpus for r in ranks):
+        what = "binding (--bind-to)"
+    elif any(r.inherit == "none" for r in ranks):
+        what = "-genvnone"
+    elif any(r.path_prefix for r in ranks):
+        what = "--prefix"
+    elif any(r.search for r in ranks):
+        what = "-path"
+    elif any(r.session_dir for r in ranks):
+        what = "--set-cwd-to-session-dir"
+    elif any(r.program for r in ranks):
+        what = "a program whose argv[0] is not its name (--index-argv-by-rank)"
+    if what is not None:
+        raise UsageError(f"--launcher srun: {what} needs mslaunch's agents; "
+                         f"use --launcher slurm")
+    _, own = split_env([r.env for r in ranks])
+    for mine in own:
+        for name, value in mine.items():
+            problem = variable_problem(name, value)
+            if problem:
+                raise UsageError(f"--launcher srun: a rank's own variable: {problem}; "
+                                 f"use --launcher slurm")
 
 
 class SrunHooks:

@@ -237,7 +237,10 @@ class Supervisor(LookingInside):
         stands; what its local ranks inherit."""
         from .mpijobs import MPIJobs
         self.mpi_jobs = MPIJobs(self)
-        pmi, pmi_env = self.mpi_jobs.start_first(any(r.host.local for r in self.plan.ranks))
+        # (a mode's handle of every rank serves their PMI itself: none is "local")
+        takes_all = self.hooks is not None and self.hooks.takes_all
+        pmi, pmi_env = self.mpi_jobs.start_first(
+            not takes_all and any(r.host.local for r in self.plan.ranks))
         self.mpi_jobs.watch_singletons()
         return pmi, pmi_env
 

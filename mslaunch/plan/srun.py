@@ -43,23 +43,27 @@ def split_env(envs: Sequence[Mapping[str, str]]) -> Tuple[Dict[str, str], List[D
 
 def task_program(secret: str, port: int, merged: bool) -> str:
     """The bash program of every task (the same for all): it dials ``port`` of the
-    address srun ran from, presents ``secret``, its rank and ``o`` (``mslaunch-dial
-    TOKEN PID``), runs what the launcher answers (:func:`rank_script`, up to a
-    NUL byte), then, unless ``merged`` (stdout and stderr on one connection),
-    dials again for its stderr (``e``), and becomes the rank's program."""
-    # (the shell's own names are unlikely ones: srun's environment is the ranks')
-    lines = [f"exec 3<>/dev/tcp/$SLURM_LAUNCH_NODE_IPADDR/{port} || exit 126",
-             f"printf 'mslaunch-dial %s%so %s\\n' {secret} \"$SLURM_PROCID\" $$ >&3",
-             "IFS= read -r -d '' __mslaunch_s <&3 || exit 126"]
+    address srun ran from for its stdout, presenting ``secret``, its rank and
+    ``o`` (``mslaunch-dial TOKEN PID``), then, unless ``merged`` (stdout and
+    stderr on one connection), dials again for its stderr (``e``); runs what
+    the launcher answers on the first (:func:`rank_script`, up to a NUL byte)
+    and becomes the rank's program.  Every command is a ``builtin``, and a
+    function ``exec`` is removed first: functions exported into the
+    environment (``BASH_FUNC_*``) cannot stand in for them.  (``builtin exec``
+    would not keep its redirections.)"""
+    dial = f"exec {{fd}}<>/dev/tcp/$SLURM_LAUNCH_NODE_IPADDR/{port} || builtin exit 126"
+    hello = (f"builtin printf 'mslaunch-dial %s%s{{s}} %s\\n' {secret} \"$SLURM_PROCID\" $$ "
+             f">&{{fd}}")
+    lines = ["builtin unset -f exec", dial.format(fd=3), hello.format(s="o", fd=3)]
     if merged:
         redirect = "1>&3 2>&3 3>&-"
     else:
-        lines.append(f"exec 4<>/dev/tcp/$SLURM_LAUNCH_NODE_IPADDR/{port} || exit 126")
-        lines.append(f"printf 'mslaunch-dial %s%se %s\\n' {secret} \"$SLURM_PROCID\" $$ >&4")
+        lines += [dial.format(fd=4), hello.format(s="e", fd=4)]
         redirect = "1>&3 2>&4 3>&- 4>&-"
-    lines.append(f"unset {TASK_VARIABLE}")
-    lines.append('eval "$__mslaunch_s"')
-    lines.append(f'exec "$@" {redirect}')
+    lines += ["IFS= builtin read -r -d '' __mslaunch_s <&3 || builtin exit 126",
+              f"builtin unset {TASK_VARIABLE}",
+              'builtin eval "$__mslaunch_s"',
+              f'exec "$@" {redirect}']
     return "\n".join(lines) + "\n"
 
 
@@ -69,22 +73,54 @@ def rank_script(env: Mapping[str, str], argv: Optional[Sequence[str]] = None,
     own variables, ``PMI_PORT`` at srun's address if ``pmi_port``, its argv and
     directory when not srun's; ended by a NUL byte.  ValueError for a name that
     is no variable's or a value with a NUL byte."""
-    steps = ["unset __mslaunch_s"]
+    steps = ["builtin unset __mslaunch_s"]
     for k, v in sorted(env.items()):
-        if not (k.isascii() and k.isidentifier()) or "\0" in v:
-            raise ValueError(f"cannot export {k!r}")
-        steps.append(f"export {k}={quote(v)}")
+        problem = variable_problem(k, v)
+        if problem:
+            raise ValueError(problem)
+        steps.append(f"builtin export {k}={quote(v)}")
     if pmi_port is not None:
-        steps.append(f"export PMI_PORT=$SLURM_LAUNCH_NODE_IPADDR:{pmi_port}")
+        steps.append(f"builtin export PMI_PORT=$SLURM_LAUNCH_NODE_IPADDR:{pmi_port}")
     if argv is not None:
         if any("\0" in w for w in argv):
             raise ValueError("an argument holds a NUL byte")
-        steps.append("set -- " + " ".join(quote(w) for w in argv))
+        steps.append("builtin set -- " + " ".join(quote(w) for w in argv))
     if cwd is not None:
         if "\0" in cwd:
             raise ValueError("the directory's name holds a NUL byte")
-        steps.append(f"cd -- {quote(cwd)} || exit 126")
-    return ("\n".join(steps) + "\n\0").encode("utf-8", "surrogateescape")
+        steps.append(f"builtin cd -- {quote(cwd)} || builtin exit 126")
+    try:
+        return ("\n".join(steps) + "\n\0").encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise ValueError("an argument or the directory is not text of this system") from None
+
+
+#: Names bash keeps for itself (read-only, or read as it starts): a rank's own
+#: value of one could not be set by the task's bash.
+_BASH_OWN = frozenset(("UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASHPID", "GROUPS",
+                       "BASH_VERSINFO", "BASH_ARGV0", "BASH_SUBSHELL", "BASH_COMMAND",
+                       "__mslaunch_s", TASK_VARIABLE))
+
+
+def variable_problem(name: str, value: str) -> Optional[str]:
+    """Why the tasks' bash cannot give a rank ``name=value`` of its own, or None."""
+    if not (name.isascii() and name.isidentifier()):
+        return f"{name!r} is not a name the tasks' bash can export"
+    if name in _BASH_OWN:
+        return f"{name} is bash's own variable"
+    if "\0" in value:
+        return f"the value of {name} holds a NUL byte"
+    try:
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return f"the value of {name} is not text of this system"
+    return None
+
+
+#: Variables bash reads as it starts: kept from the task's own bash and given
+#: to the rank by its script instead (``BASH_ENV`` would be sourced first;
+#: ``SHELLOPTS`` and ``BASHOPTS`` would change how the task's program runs).
+SHELL_STARTUP = ("BASH_ENV", "SHELLOPTS", "BASHOPTS")
 
 
 def srun_argv(nodes: Sequence[str], ntasks: int, stdin: str, cwd: str,

@@ -58,10 +58,11 @@ class PMIJob:
 
     def serve(self, loop: Loop, appnums, process_mapping: str, tcp: bool,
               trace: bool = False, port_range: Optional[Tuple[int, int]] = None,
-              tcp_host: str = "127.0.0.1") -> None:
+              tcp_host: str = "127.0.0.1",
+              admit: Optional[Callable[[str], bool]] = None) -> None:
         """Serve PMI to this job's ranks on this host (inherited sockets or TCP on
-        ``tcp_host``, on a port of ``port_range`` if given); ``trace``: every message
-        to the owner's log (``-v -v``)."""
+        ``tcp_host``, on a port of ``port_range`` if given, to the peers ``admit``
+        lets in); ``trace``: every message to the owner's log (``-v -v``)."""
         from .server import PMIServer
         state = self.state
         self.server = server = PMIServer(
@@ -72,7 +73,7 @@ class PMIJob:
         server.trace = trace
         self.tcp = tcp
         if tcp:
-            server.listen_tcp(tcp_host, port_range=port_range)
+            server.listen_tcp(tcp_host, port_range=port_range, admit=admit)
             self._env = server.tcp_env
         else:
             self._env = lambda rank: {"PMI_FD": str(server.child_fd(rank))}

@@ -322,13 +322,15 @@ class PMIServer:
 
     # -- TCP (see .tcp) ------------------------------------------------------------
     def listen_tcp(self, host: str = "127.0.0.1",
-                   port_range: Optional[Tuple[int, int]] = None) -> int:
+                   port_range: Optional[Tuple[int, int]] = None,
+                   admit: Optional[Callable[[str], bool]] = None) -> int:
         """Listen for ``PMI_PORT`` clients on an IPv4 address, on a port of
-        ``port_range`` if given; returns the port."""
+        ``port_range`` if given, from the peers ``admit`` lets in (by address;
+        None: any); returns the port."""
         if self.door is not None:
             raise RuntimeError("already listening")
         from .tcp import TCPDoor
-        self.door = TCPDoor(self, lambda sock: _Conn(self, sock, None, tcp=True))
+        self.door = TCPDoor(self, lambda sock: _Conn(self, sock, None, tcp=True), admit)
         return self.door.listen(host, port_range)
 
     def tcp_env(self, rank: int) -> Dict[str, str]:

@@ -35,9 +35,13 @@ class TCPDoor:
     ``stranger_log_limit``) are read from the server, where they are set.
     """
 
-    def __init__(self, server: PMIServer, make_conn: Callable[[socket.socket], _Conn]) -> None:
+    def __init__(self, server: PMIServer, make_conn: Callable[[socket.socket], _Conn],
+                 admit: Optional[Callable[[str], bool]] = None) -> None:
         self.server = server
         self.make_conn = make_conn
+        # Which peers' addresses may try a PMI_ID at all (None: any): a door open
+        # to the network lets in only the hosts the job's ranks run on.
+        self.admit = admit
         self.lsock: Optional[CListener] = None
         self.host = ""
         self.port = 0
@@ -102,6 +106,11 @@ class TCPDoor:
             if server._closed:
                 sock.close()
                 return
+            if self.admit is not None and not self.admit(_addr[0]):
+                sock.close()
+                self.log_stranger(f"listener: refused a connection from {_addr[0]}, "
+                                  f"no host of the job's")
+                continue
             try:
                 conn = self.make_conn(sock)
             except OSError:
