@@ -115,3 +115,11 @@ def test_a_launch_agent_that_is_not_words_is_one_line():
     r = run("--launch-agent", "wrap 'orted", "-H", "h1", "true")
     assert r.returncode == 2 and r.stderr.count(b"\n") == 1, r.stderr
     assert b"--launch-agent: cannot read" in r.stderr and b"no closing quotation" in r.stderr
+
+
+def test_mslaunch_s_own_double_dash_launcher_is_not_hydra_s_spelling():
+    # Hydra's -launcher makes a command line Hydra's, whose remote ranks get the
+    # whole environment; mslaunch's --launcher (also --launcher srun) does not.
+    for flag, whole in (("-launcher", True), ("--launcher", False)):
+        job = parse_args([flag, "ssh", "-H", "h1,h2", "-n", "2", "prog"], environ={}, cwd="/")
+        assert job.forward_env is whole, flag

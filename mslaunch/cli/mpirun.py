@@ -230,7 +230,8 @@ def _apply(d: Draft, option: Option, flag: str, values: List[str]) -> Optional[L
         d.notes.append(f"{flag} has no effect here: {option.note}")
         return None
     word = flag.lstrip("-")
-    if word in HYDRA_WORDS:
+    # (``--launcher`` is mslaunch's own spelling too; Hydra's is ``-launcher``)
+    if word in HYDRA_WORDS and not (word == "launcher" and flag.startswith("--")):
         d.hydra_words.append(word)
     return option.apply(d, flag, values) if option.apply is not None else None
 
