@@ -27,7 +27,7 @@ from . import native, pydump
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: Programs that run a rank's real program as their child (a shell script, a
 #: pinning or timing wrapper): a Python child of theirs is read in their place.
@@ -260,9 +260,26 @@ def _combine(r: Dict[str, Any]) -> Dict[str, Any]:
     elif not threads and frames:
         threads = [native.labels(f, below_python=False) for f in
                    [main] + [f for tid, f in frames.items() if f is not main] if f]
-    return {"threads": [list(t) for t in threads], "note": "; ".join(notes),
+    return {"threads": [_bounded(t) for t in threads], "note": "; ".join(notes),
             "state": r["state"], "answered": bool(threads) or not r.get("late"),
             "cpu": cpu_seconds(r["pid"])}
+
+
+#: Frames kept of one thread (outermost first): eu-stack stops at 256, Python's
+#: own dump at 100; py-spy reads them all, and a deep recursion would make a
+#: report deeper than the merge of reports can follow.
+MAX_FRAMES = 256
+_OUTER = 16
+
+
+def _bounded(frames: Sequence[str]) -> List[str]:
+    """``frames`` (innermost last), with those between the outermost few and the
+    innermost ones said in one line when there are more than :data:`MAX_FRAMES`."""
+    if len(frames) <= MAX_FRAMES:
+        return list(frames)
+    inner = MAX_FRAMES - _OUTER - 1
+    left_out = len(frames) - _OUTER - inner
+    return [*frames[:_OUTER], f"... {left_out} frames left out ...", *frames[-inner:]]
 
 
 def cpu_seconds(pid: int) -> float:
