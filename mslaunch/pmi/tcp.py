@@ -64,6 +64,8 @@ class TCPDoor:
                 lsock.bind((host, 0))
             else:
                 from ..machine.ports import bind_in_range
+                # a port of the range whose last connection is in TIME-WAIT
+                lsock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
                 bind_in_range(lsock, host, port_range)
             lsock.listen(min(_socket.SOMAXCONN, max(128, server.size)))
             lsock.setblocking(False)

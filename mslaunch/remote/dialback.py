@@ -237,6 +237,9 @@ class Listener:
             except OSError:            # no IPv6 here
                 continue
             try:
+                if port_range is not None:
+                    # a port of the range whose last connection is in TIME-WAIT
+                    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
                 if family == _socket.AF_INET6:
                     # The wildcard "::" takes both families on one port (an IPv4
                     # peer shows as ::ffff:a.b.c.d): no other process can then
