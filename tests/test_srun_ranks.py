@@ -168,7 +168,10 @@ def test_stacks_and_top_of_a_running_job_come_from_a_step_of_their_own(slurmbed,
     import subprocess
     from helpers import REPO, clean_env
     tag = new_tag()
-    code = "import time\ndef waiting_here():\n    time.sleep(120)\nprint('up', flush=True)\nwaiting_here()\n"
+    # 600 frames deep: py-spy reads them all, more than a report's merge could follow
+    code = ("import time\ndef waiting_here():\n    time.sleep(120)\n"
+            "def deep(n):\n    return deep(n - 1) if n else waiting_here()\n"
+            "print('up', flush=True)\ndeep(600)\n")
     p = srun_job(slurmbed, tag, "-n", "4", "--grace", "1", PY, "-c", code, cwd=tmp_path)
     try:
         assert wait_for(lambda: len([pid for h in (1, 2) for pid in slurmbed.task_pids(h)
@@ -189,6 +192,7 @@ def test_stacks_and_top_of_a_running_job_come_from_a_step_of_their_own(slurmbed,
         while "waiting_here" not in text and time.monotonic() < deadline:
             text = ask("mslaunch-stacks")    # until every rank is in its function
         assert "ranks 0-3 (4) on h1,h2" in text and "waiting_here (<string>:3)" in text, text
+        assert "frames left out ..." in text, text
         top = ask("mslaunch-top", "--once")
         rows = [line.split() for line in top.splitlines() if line.split()[:1] in
                 (["0"], ["1"], ["2"], ["3"])]
@@ -262,7 +266,8 @@ def test_refused_in_one_line_and_stdin_to_every_rank(slurmbed, tmp_path):
     tag = new_tag()
     for args, what in ((("-n", "1", "-env", "X.Y", "a", "hostname", ":", "-n", "1", "hostname"),
                         "'X.Y' is not a name"),
-                       (("--index-argv-by-rank", "-n", "2", "echo"), "--index-argv-by-rank")):
+                       (("--index-argv-by-rank", "-n", "2", "echo"), "--index-argv-by-rank"),
+                       (("-H", "h1,h7", "-n", "2", "hostname"), "h7 is not a node of Slurm job")):
         rc, out, err = finish(srun_job(slurmbed, tag, *args, cwd=tmp_path))
         assert rc != 0 and err.count("\n") == 1 and what in err, err
     p = srun_job(slurmbed, tag, "--stdin", "all", "-n", "2", "sh", "-c", 'echo "$RANK $(cat)"',
@@ -270,3 +275,22 @@ def test_refused_in_one_line_and_stdin_to_every_rank(slurmbed, tmp_path):
     out, err = p.communicate(b"hello", timeout=60)
     assert p.returncode == 0, err
     assert sorted(out.decode().splitlines()) == ["0 hello", "1 hello"], out
+
+
+def test_a_missing_directory_is_said_and_leftovers_do_not_hold_the_job(slurmbed, tmp_path):
+    tag = new_tag()
+    rc, out, err = finish(srun_job(slurmbed, tag, "--wdir", str(tmp_path / "gone"), "-n", "2",
+                                   "pwd", cwd=tmp_path))
+    assert rc == 127 and f"working directory {tmp_path / 'gone'} does not exist on h" in err, err
+    assert out == "", out
+    # A process a rank leaves behind holds the rank's output connection; Slurm's
+    # proctrack/linuxproc (the bed's) does not end it with the step.
+    t0 = time.monotonic()
+    try:
+        rc, out, err = finish(srun_job(slurmbed, tag, "-n", "2", "sh", "-c",
+                                       "sleep 60 & echo hi", cwd=tmp_path))
+        assert rc == 0 and out.splitlines() == ["hi", "hi"], (out, err)
+        assert time.monotonic() - t0 < 30
+        assert "stayed open after srun's end, held by processes they left behind" in err, err
+    finally:
+        kill_tagged(tag)

@@ -141,10 +141,18 @@ def test_output_is_passed_on_unchanged_on_two_connections(tmp_path):
     assert got["rc"] == b"5"
 
 
-def test_a_missing_program_is_said_on_the_rank_s_stderr():
-    got = _run_task(rank_script({}), ["/no/such/program"])
-    assert got["rc"] == b"127"
-    assert b"/no/such/program" in got["e"]
+def test_a_missing_program_or_directory_is_said_in_one_line_by_the_task(tmp_path):
+    # On the task's own stderr, which srun passes on to mslaunch's, before the
+    # rank's streams are the connections; exit status 127, as with agents.
+    for script, argv, said in (
+            (rank_script({}, who="rank 3"), ["/no/such/program"],
+             b"mslaunch: rank 3: /no/such/program: no such program (or not executable) on h9\n"),
+            (rank_script({}, cwd=str(tmp_path / "gone"), who="rank 3"), ["true"],
+             b"mslaunch: rank 3: working directory %s does not exist on h9\n"
+             % str(tmp_path / "gone").encode())):
+        got = _run_task(script, argv, extra={"SLURMD_NODENAME": "h9"})
+        assert got["rc"] == b"127", got
+        assert got["own stderr"] == said and got["o"] == got["e"] == b"", got
 
 
 def test_rank_script_refuses_what_bash_cannot_carry():

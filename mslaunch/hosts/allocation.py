@@ -13,9 +13,9 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Tuple
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import HostfileError, UsageError
+from ..errors import HostfileError, LaunchError, UsageError, one_line
 from ..spec import HostEntry
 from .hostfile import (MAX_HOSTS, _MAX_DIGITS, _count, _is_digits,
                        _name_problem, _show_path, _x, read_host_file)
@@ -315,3 +315,16 @@ def choose(launcher: str, environ: Mapping[str, str]) -> str:
         raise UsageError(f"--launcher {launcher}: not inside a Slurm allocation (no "
                          f"SLURM_JOB_ID and node list); run mslaunch within salloc or sbatch")
     return launcher
+
+
+def check_nodes(names: Sequence[str], environ: Mapping[str, str], launcher: str) -> None:
+    """LaunchError for a host of ``names`` outside the Slurm allocation."""
+    text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    nodes = set(expand_nodelist(text))
+    stray = list(dict.fromkeys(n for n in names if n not in nodes))
+    if stray:
+        raise LaunchError(f"--launcher {launcher}: {', '.join(stray[:4])} "
+                          f"{'is' if len(stray) == 1 else 'are'} not a node of Slurm job "
+                          f"{environ.get('SLURM_JOB_ID')} (its nodes: "
+                          f"{one_line(text, 80)}); use --launcher ssh for hosts outside "
+                          f"the allocation")

@@ -340,7 +340,7 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
     replan, starter, hooks = None, None, None
     if remote and job.ssh.launcher == "srun":
         from .srunranks import SrunHooks, check_srun_job
-        check_srun_job(job, plan, carry is not None)
+        check_srun_job(job, plan, carry is not None, environ)
         hooks, remote = SrunHooks(), []
     elif remote:
         from ..remote.starter import starter_for

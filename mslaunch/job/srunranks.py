@@ -46,6 +46,9 @@ from ..plan.srun import (
 )
 from ..spec import scrub_env
 
+#: Seconds the ranks' connections are read after srun's end (see SrunRanks._on_exit).
+OUTPUT_AFTER_END = 2.0
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
@@ -133,10 +136,12 @@ class SrunRanks:
         pmi, pmi_port = self._serve_pmi()
         env, own = srun_environment(specs, pmi, os.environ)
         same_argv = all(s.argv == specs[0].argv for s in specs)
-        same_cwd = all(s.cwd == specs[0].cwd for s in specs)
         for task, spec in enumerate(specs):
+            # (the directory also when srun's --chdir is the same: a missing one
+            # would be slurmstepd's /tmp instead)
             self.scripts.append(rank_script(own[task], None if same_argv else spec.argv,
-                                            None if same_cwd else spec.cwd, pmi_port))
+                                            spec.cwd, pmi_port, spec.label or
+                                            f"rank {spec.rank}"))
             for stream in ("o",) if merged else ("o", "e"):
                 listener.expect(f"{secret}{task}{stream}", self._dialled(task, stream))
         env[TASK_VARIABLE] = task_program(secret, port, merged)
@@ -215,6 +220,7 @@ class SrunRanks:
             # A fresh connection's buffer takes the few KB at once.
             sock.setblocking(True)
             sock.sendall(script)
+            sock.setblocking(False)
         except OSError:          # the task is gone already: srun says how
             for s, _, _ in got.values():
                 s.close()
@@ -253,11 +259,29 @@ class SrunRanks:
             if not pipe.closed:
                 pipe.drain()
         self._drop_halves()
+        # What a rank wrote is in its socket as it ends; a connection still open
+        # after that is held by a process it left behind (which Slurm's
+        # proctrack/linuxproc does not end): it would keep the job for ever.
+        self.sup.loop.call_later(OUTPUT_AFTER_END, self._cut_output)
         left = [s.key for s in self.specs if not self.sup.ranks[s.key].ended]
         if left and self.status is not None:
             how = (f"killed by signal {os.WTERMSIG(self.status)}" if os.WIFSIGNALED(self.status)
                    else f"exit code {os.WEXITSTATUS(self.status)}")
             self.sup.ranks_lost(left, f"srun ended ({how}) without reporting their end")
+
+    def _cut_output(self) -> None:
+        """Stop reading the ranks' connections still open (see :meth:`_on_exit`)."""
+        held = set()
+        for pipe in self.pipes[1:]:
+            if not pipe.closed and not pipe.drain():
+                pipe.close()
+                held.add(pipe)
+        if held:
+            ranks = sorted(r.spec.rank for r in self.sup.ranks for out in r.outputs
+                           if any(p.sink is out for p in held))
+            self.sup.log(f"the output of rank(s) {', '.join(map(str, ranks[:8]))} "
+                         f"stayed open after srun's end, held by processes they left "
+                         f"behind: no longer read")
 
     def _drop_halves(self) -> None:
         """Tasks that made one connection of two: gone, with nothing run."""
@@ -325,6 +349,8 @@ class SrunRanks:
         """``sig`` to every task of the step (Slurm signals a step, not a task);
         SIGKILL: srun ends the step, as on SIGTERM."""
         self._scancels = [p for p in self._scancels if p.poll() is None]
+        if sig == signal.SIGKILL and self.status is not None:
+            self._cut_output()       # srun is gone: nothing more comes from the ranks
         if not self.pid or self.status is not None or sig == signal.SIGCONT:
             return            # (nothing of mslaunch's stops a task: nothing to continue)
         if sig == signal.SIGKILL or self.log.step is None:
@@ -385,9 +411,13 @@ def _spawn(argv: Sequence[str], env: Dict[str, str], stdin: Optional[str], out: 
                           file_actions=actions)
 
 
-def check_srun_job(job: JobSpec, plan: Plan, attempts: bool) -> None:
-    """UsageError for what ``--launcher srun`` does not do (see the module docstring)."""
+def check_srun_job(job: JobSpec, plan: Plan, attempts: bool,
+                   environ: Mapping[str, str]) -> None:
+    """UsageError for what ``--launcher srun`` does not do (see the module docstring),
+    LaunchError for a host outside the allocation."""
+    from ..hosts.allocation import check_nodes
     ranks = plan.ranks
+    check_nodes([r.host.name for r in ranks], environ, "srun")
     what = None
     if attempts:
         what = "--max-restarts and --health-check"

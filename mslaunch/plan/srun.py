@@ -68,11 +68,14 @@ def task_program(secret: str, port: int, merged: bool) -> str:
 
 
 def rank_script(env: Mapping[str, str], argv: Optional[Sequence[str]] = None,
-                cwd: Optional[str] = None, pmi_port: Optional[int] = None) -> bytes:
+                cwd: Optional[str] = None, pmi_port: Optional[int] = None,
+                who: str = "the rank") -> bytes:
     """What the launcher answers one task (see :func:`task_program`): the rank's
-    own variables, ``PMI_PORT`` at srun's address if ``pmi_port``, its argv and
-    directory when not srun's; ended by a NUL byte.  ValueError for a name that
-    is no variable's or a value with a NUL byte."""
+    own variables, ``PMI_PORT`` at srun's address if ``pmi_port``, its argv when
+    not srun's, its directory (one that is missing is said, as a program that
+    is not found, in one line naming ``who`` and the node, and exit status
+    127); ended by a NUL byte.  ValueError for a name that is no variable's or
+    a value with a NUL byte."""
     steps = ["builtin unset __mslaunch_s"]
     for k, v in sorted(env.items()):
         problem = variable_problem(k, v)
@@ -85,10 +88,16 @@ def rank_script(env: Mapping[str, str], argv: Optional[Sequence[str]] = None,
         if any("\0" in w for w in argv):
             raise ValueError("an argument holds a NUL byte")
         steps.append("builtin set -- " + " ".join(quote(w) for w in argv))
+    said = "builtin printf 'mslaunch: %s: %s on %s\\n' " + quote(who)
     if cwd is not None:
         if "\0" in cwd:
             raise ValueError("the directory's name holds a NUL byte")
-        steps.append(f"builtin cd -- {quote(cwd)} || builtin exit 126")
+        steps.append(f"builtin cd -- {quote(cwd)} 2>/dev/null || {{ {said} "
+                     f"{quote('working directory ' + cwd + ' does not exist')} "
+                     f"\"$SLURMD_NODENAME\" >&2; builtin exit 127; }}")
+    steps.append(f"builtin command -v -- \"$1\" >/dev/null || {{ {said} "
+                 f"\"$1: no such program (or not executable)\" \"$SLURMD_NODENAME\" >&2; "
+                 f"builtin exit 127; }}")
     try:
         return ("\n".join(steps) + "\n\0").encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:

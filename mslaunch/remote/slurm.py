@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchError, one_line
-from ..hosts.allocation import choose, in_allocation  # noqa: F401 (the starter's choice)
+from ..hosts.allocation import check_nodes, choose, in_allocation  # noqa: F401
 from ..machine.loop import Loop
 from . import bootstrap, timeline
 from .dialin import DialedConnection, Greeter, StartingProcess, dial_program, greet
@@ -261,14 +261,7 @@ def _dial_address(names: Sequence[str], environ: Mapping[str, str],
 
 def _check_nodes(names: Sequence[str], environ: Mapping[str, str]) -> None:
     """LaunchError for a host outside the allocation."""
-    nodes = set(_allocation_nodes(environ))
-    stray = [n for n in names if n not in nodes]
-    if stray:
-        raise LaunchError(f"--launcher slurm: {', '.join(stray[:4])} "
-                          f"{'is' if len(stray) == 1 else 'are'} not a node of Slurm job "
-                          f"{environ.get('SLURM_JOB_ID')} (its nodes: "
-                          f"{one_line(environ.get('SLURM_JOB_NODELIST', ''), 80)}); use "
-                          f"--launcher ssh for hosts outside the allocation")
+    check_nodes(names, environ, "slurm")
 
 
 def cached_srun_version(environ: Mapping[str, str]) -> str:
