@@ -324,21 +324,28 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
         kill_tagged(tag)
 
 
-def test_an_sbatch_script_runs_unchanged_with_the_batch_node_local(slurmbed, tmp_path):
+def sbatch_lines(bed, tmp_path, launch: str, code: str) -> list:
+    """Run ``exec python -m mslaunch LAUNCH python -c CODE`` as an sbatch script on
+    both nodes (2 tasks each), which must complete; its output's rows that start
+    with a digit, split."""
     tag = new_tag()
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\n"
-                      f"exec {PY} -m mslaunch -n 4 {PY} -c \"{SHOW}\"\n")
+                      f"exec {PY} -m mslaunch {launch} {PY} -c \"{code}\"\n")
     script.chmod(0o755)
     out_file = tmp_path / "out.txt"
-    r = slurmbed.run(["sbatch", "-N", "2", "--ntasks-per-node=2", "-o", str(out_file),
-                      "--parsable", str(script)], base_env=benv(slurmbed, tag), cwd=tmp_path)
+    r = bed.run(["sbatch", "-N", "2", "--ntasks-per-node=2", "-o", str(out_file),
+                 "--parsable", str(script)], base_env=benv(bed, tag), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    state = slurmbed.wait_job(r.stdout.strip().split(";")[0], timeout=90)
+    state = bed.wait_job(r.stdout.strip().split(";")[0], timeout=90)
     text = out_file.read_text()
     assert state.get("JobState") == "COMPLETED", (state, text)
-    rows = sorted(line.split()[:2] for line in text.splitlines() if line[:1].isdigit())
-    assert rows == [["0", "h1"], ["1", "h1"], ["2", "h2"], ["3", "h2"]], text
+    return sorted(line.split() for line in text.splitlines() if line[:1].isdigit())
+
+
+def test_an_sbatch_script_runs_unchanged_with_the_batch_node_local(slurmbed, tmp_path):
+    rows = [r[:2] for r in sbatch_lines(slurmbed, tmp_path, "-n 4", SHOW)]
+    assert rows == [["0", "h1"], ["1", "h1"], ["2", "h2"], ["3", "h2"]], rows
 
 
 def test_launcher_choice_outside_and_inside_an_allocation(slurmbed, tmp_path):

@@ -241,25 +241,13 @@ def test_an_sbatch_job_on_a_node_of_its_own_serves_pmi_only_from_the_step(slurmb
                                                                           tmp_path):
     # mslaunch runs on h1, which holds ranks too: they are srun's tasks like h2's,
     # served the step's PMI and no PMIx of a local server.
-    tag = new_tag()
     code = ("from mpi4py import MPI; import os, socket; c = MPI.COMM_WORLD; "
             "print(c.rank, socket.gethostname(), c.allreduce(1), "
             "'PMIX_SERVER_URI41' in os.environ, 'PMI_FD' in os.environ, flush=True)")
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\n"
-                      f"exec {PY} -m mslaunch --launcher srun -n 4 -x UCX_TLS {PY} -c \"{code}\"\n")
-    script.chmod(0o755)
-    out_file = tmp_path / "out.txt"
-    from test_slurm import benv
-    r = slurmbed.run(["sbatch", "-N", "2", "--ntasks-per-node=2", "-o", str(out_file),
-                      "--parsable", str(script)], base_env=benv(slurmbed, tag), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    state = slurmbed.wait_job(r.stdout.strip().split(";")[0], timeout=90)
-    text = out_file.read_text()
-    assert state.get("JobState") == "COMPLETED", (state, text)
-    rows = sorted(line.split() for line in text.splitlines() if line[:1].isdigit())
+    from test_slurm import sbatch_lines
+    rows = sbatch_lines(slurmbed, tmp_path, "--launcher srun -n 4 -x UCX_TLS", code)
     assert rows == [[str(i), h, "4", "False", "False"]
-                    for i, h in enumerate(["h1", "h1", "h2", "h2"])], text
+                    for i, h in enumerate(["h1", "h1", "h2", "h2"])], rows
 
 
 def test_refused_in_one_line_and_stdin_to_every_rank(slurmbed, tmp_path):

@@ -38,6 +38,7 @@ from ..spec import Host, JobSpec, Plan, RankSpec
 from .ompiargs import build_command, rendezvous_env
 from .ompifind import OpenMPI, find_mpirun
 from .ompiworld import WorldProbe, world_probe
+from .modehooks import QuietHooks
 from .supervise import Supervisor
 
 TYPE_CHECKING = False
@@ -284,12 +285,9 @@ class MpirunHandle:
             self.demux.close()
 
 
-class Delegate:
+class Delegate(QuietHooks):
     """The Open MPI mode's hooks into the supervisor (:class:`~.seams.ModeHooks`):
     this machine's one process is mpirun (:class:`MpirunHandle`)."""
-
-    restarts = 0
-    takes_all = False
 
     def __init__(self, job: JobSpec, tagged: bool, probe: Optional[WorldProbe] = None,
                  ompi: Optional[OpenMPI] = None) -> None:
@@ -304,15 +302,6 @@ class Delegate:
     def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
         demux = _Demux(self.job, sup.console) if self.tagged else None
         return MpirunHandle(sup, specs[0], demux, self.probe, self.stdin, self.by_name)
-
-    def started(self, pids: Dict[str, int]) -> None:
-        pass
-
-    def failed(self, code: int, message: str) -> None:
-        pass
-
-    def finished(self, code: int) -> None:
-        pass
 
 
 def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:

@@ -45,6 +45,7 @@ from ..plan.srun import (
     variable_problem,
 )
 from ..spec import scrub_env
+from .modehooks import QuietHooks
 
 #: Seconds the ranks' connections are read after srun's end (see SrunRanks._on_exit).
 OUTPUT_AFTER_END = 2.0
@@ -445,21 +446,11 @@ def check_srun_job(job: JobSpec, plan: Plan, attempts: bool,
                                  f"use --launcher slurm")
 
 
-class SrunHooks:
+class SrunHooks(QuietHooks):
     """The srun mode's hooks into the supervisor (:class:`~.seams.ModeHooks`):
     one handle for every rank of the plan, remote ones included."""
 
-    restarts = 0
     takes_all = True
 
     def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
         return SrunRanks(sup, specs)
-
-    def started(self, pids: Dict[str, int]) -> None:
-        pass
-
-    def failed(self, code: int, message: str) -> None:
-        pass
-
-    def finished(self, code: int) -> None:
-        pass
