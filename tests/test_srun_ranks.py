@@ -279,6 +279,32 @@ def test_a_missing_directory_is_said_and_leftovers_do_not_hold_the_job(slurmbed,
                                        "sleep 60 & echo hi", cwd=tmp_path))
         assert rc == 0 and out.splitlines() == ["hi", "hi"], (out, err)
         assert time.monotonic() - t0 < 30
-        assert "stayed open after srun's end, held by processes they left behind" in err, err
+        assert "output of rank(s) 0, 1 stayed open after srun's end, held by processes " \
+            "they left behind" in err, err
     finally:
+        kill_tagged(tag)
+
+
+def test_output_held_back_by_a_slow_reader_is_all_read_after_the_ranks_end(slurmbed, tmp_path):
+    # The rank writes more than mslaunch holds for its stdout and exits: the rest
+    # waits in the sockets' buffers while nobody reads mslaunch, after srun's end.
+    tag = new_tag()
+    size = 24 << 20
+    # (a send buffer as large as the output, as root may force: the rank ends at once)
+    code = ("import socket, sys; s = socket.socket(fileno=1); "
+            f"s.setsockopt(socket.SOL_SOCKET, 32, {2 * size}); s.detach(); "  # SO_SNDBUFFORCE
+            f"sys.stdout.buffer.write(b'x' * {size})")
+    # h1's link throttled to 80 Mbit/s: the bytes arrive for seconds after the end
+    tc = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "80mbit", "burst",
+          "32kbit", "latency", "400ms"]
+    r = slurmbed.exec_in("h1", tc)
+    assert r.returncode == 0, r.stderr
+    try:
+        p = srun_job(slurmbed, tag, "-n", "1", "-H", "h1", PY, "-c", code, cwd=tmp_path)
+        time.sleep(8)                  # srun ends meanwhile, the rank's bytes unread
+        rc, out, err = finish(p, 120)
+        assert rc == 0, err
+        assert len(out) == size and "stayed open" not in err, (len(out), err)
+    finally:
+        slurmbed.exec_in("h1", ["tc", "qdisc", "del", "dev", "eth0", "root"])
         kill_tagged(tag)

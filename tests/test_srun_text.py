@@ -153,6 +153,15 @@ def test_a_missing_program_or_directory_is_said_in_one_line_by_the_task(tmp_path
         got = _run_task(script, argv, extra={"SLURMD_NODENAME": "h9"})
         assert got["rc"] == b"127", got
         assert got["own stderr"] == said and got["o"] == got["e"] == b"", got
+    # a file that cannot be run, by path or through PATH; a shell builtin
+    (tmp_path / "plain").write_text("#!/bin/sh\n")
+    for argv, path in (([str(tmp_path / "plain")], None), (["plain"], str(tmp_path)),
+                       (["type"], None)):
+        env = {"PATH": path + ":/usr/bin:/bin"} if path else {}
+        got = _run_task(rank_script(env, who="rank 3"), argv, extra={"SLURMD_NODENAME": "h9"})
+        assert got["rc"] == b"127", got
+        assert got["own stderr"] == b"mslaunch: rank 3: %s: no such program (or not " \
+            b"executable) on h9\n" % argv[0].encode(), got
 
 
 def test_rank_script_refuses_what_bash_cannot_carry():

@@ -49,6 +49,7 @@ def start_look(sup: JobView, listener: Listener, kind_is_top: bool,
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
+        look.timer.cancel()
         look.forget_tokens()
         return None
     return look

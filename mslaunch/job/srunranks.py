@@ -47,8 +47,10 @@ from ..plan.srun import (
 from ..spec import scrub_env
 from .modehooks import QuietHooks
 
-#: Seconds the ranks' connections are read after srun's end (see SrunRanks._on_exit).
+#: Seconds a rank's connection may stay idle after srun's end (see SrunRanks._on_exit).
 OUTPUT_AFTER_END = 2.0
+#: Seconds a task that made one of its two connections waits for the other.
+HALF_SECONDS = 10.0
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -122,6 +124,7 @@ class SrunRanks:
         self.hosts: Set[str] = set()      # addresses the tasks connected from
         self._scancels: List[subprocess.Popen] = []
         self._looks: List[Look] = []
+        self._seen: Dict[RankPipe, int] = {}     # bytes read, at the last look after srun
 
     @property
     def busy(self) -> bool:
@@ -204,12 +207,26 @@ class SrunRanks:
 
     def _dialled(self, task: int, stream: str):
         def connected(sock, rest: bytes, about: str) -> None:
+            if self.status is not None:       # srun has ended: the task with it
+                sock.close()
+                return
             got = self.half.setdefault(task, {})
             got[stream] = (sock, rest, about)
             if len(got) == (1 if self.sup.job.output.merge_stderr else 2):
                 del self.half[task]
                 self._attach(task, got)
+            elif len(got) == 1:
+                self.sup.loop.call_later(HALF_SECONDS, lambda: self._give_up_half(task, got))
         return connected
+
+    def _give_up_half(self, task: int, got: Dict[str, Tuple[Any, bytes, str]]) -> None:
+        """A task's other connection never came (the listener closed it unproven,
+        on a crowded start): closing this one ends the task (exit 126), which srun
+        reports, instead of leaving it waiting for its script."""
+        if self.half.get(task) is got:
+            del self.half[task]
+            for sock, _, _ in got.values():
+                sock.close()
 
     def _attach(self, task: int, got: Dict[str, Tuple[Any, bytes, str]]) -> None:
         """Both connections of a task are made: send its script; its program
@@ -260,9 +277,10 @@ class SrunRanks:
             if not pipe.closed:
                 pipe.drain()
         self._drop_halves()
-        # What a rank wrote is in its socket as it ends; a connection still open
-        # after that is held by a process it left behind (which Slurm's
-        # proctrack/linuxproc does not end): it would keep the job for ever.
+        # A connection that stays open, idle, after srun's end is held by a
+        # process a rank left behind (which Slurm's proctrack/linuxproc does not
+        # end): it would keep the job for ever.  One that still brings bytes (a
+        # rank's last output, slowed by a slow reader of mslaunch's) is read on.
         self.sup.loop.call_later(OUTPUT_AFTER_END, self._cut_output)
         left = [s.key for s in self.specs if not self.sup.ranks[s.key].ended]
         if left and self.status is not None:
@@ -270,19 +288,31 @@ class SrunRanks:
                    else f"exit code {os.WEXITSTATUS(self.status)}")
             self.sup.ranks_lost(left, f"srun ended ({how}) without reporting their end")
 
-    def _cut_output(self) -> None:
-        """Stop reading the ranks' connections still open (see :meth:`_on_exit`)."""
-        held = set()
+    def _cut_output(self, idle_only: bool = True) -> None:
+        """Stop reading the ranks' connections still open after srun's end that
+        have brought nothing for :data:`OUTPUT_AFTER_END` seconds and are not
+        waiting for room (``idle_only``; else all of them); look again later
+        while some stay (see :meth:`_on_exit`)."""
+        held, busy = set(), False
         for pipe in self.pipes[1:]:
-            if not pipe.closed and not pipe.drain():
+            if pipe.closed:
+                continue
+            written = pipe.sink.written           # type: ignore[attr-defined]
+            if idle_only and (pipe.paused or self._seen.get(pipe) != written):
+                self._seen[pipe] = written         # still coming, or held back by us
+                busy = True
+            elif not pipe.drain():
                 pipe.close()
-                held.add(pipe)
+                held.add(pipe.sink)
         if held:
-            ranks = sorted(r.spec.rank for r in self.sup.ranks for out in r.outputs
-                           if any(p.sink is out for p in held))
-            self.sup.log(f"the output of rank(s) {', '.join(map(str, ranks[:8]))} "
+            ranks = sorted({r.spec.rank for r in self.sup.ranks
+                            if any(out in held for out in r.outputs)})
+            more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
+            self.sup.log(f"the output of rank(s) {', '.join(map(str, ranks[:8]))}{more} "
                          f"stayed open after srun's end, held by processes they left "
                          f"behind: no longer read")
+        if busy:
+            self.sup.loop.call_later(OUTPUT_AFTER_END, self._cut_output)
 
     def _drop_halves(self) -> None:
         """Tasks that made one connection of two: gone, with nothing run."""
@@ -351,7 +381,7 @@ class SrunRanks:
         SIGKILL: srun ends the step, as on SIGTERM."""
         self._scancels = [p for p in self._scancels if p.poll() is None]
         if sig == signal.SIGKILL and self.status is not None:
-            self._cut_output()       # srun is gone: nothing more comes from the ranks
+            self._cut_output(idle_only=False)     # the stop's last step: read no more
         if not self.pid or self.status is not None or sig == signal.SIGCONT:
             return            # (nothing of mslaunch's stops a task: nothing to continue)
         if sig == signal.SIGKILL or self.log.step is None:

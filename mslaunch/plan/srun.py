@@ -95,9 +95,12 @@ def rank_script(env: Mapping[str, str], argv: Optional[Sequence[str]] = None,
         steps.append(f"builtin cd -- {quote(cwd)} 2>/dev/null || {{ {said} "
                      f"{quote('working directory ' + cwd + ' does not exist')} "
                      f"\"$SLURMD_NODENAME\" >&2; builtin exit 127; }}")
-    steps.append(f"builtin command -v -- \"$1\" >/dev/null || {{ {said} "
-                 f"\"$1: no such program (or not executable)\" \"$SLURMD_NODENAME\" >&2; "
-                 f"builtin exit 127; }}")
+    # (no fork: hash fails for a file that is not executable, type -P for a
+    # builtin or a function, which exec could not run)
+    steps.append('case $1 in */*) builtin test -f "$1" && builtin test -x "$1";; '
+                 '*) builtin hash -- "$1" 2>/dev/null && builtin type -P -- "$1" >/dev/null;; '
+                 f'esac || {{ {said} "$1: no such program (or not executable)" '
+                 f'"$SLURMD_NODENAME" >&2; builtin exit 127; }}')
     try:
         return ("\n".join(steps) + "\n\0").encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
