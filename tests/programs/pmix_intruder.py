@@ -143,8 +143,9 @@ def scan(secret):
         for root, dirs, files in os.walk(top):
             if root.count("/") - top.count("/") >= 4:
                 dirs[:] = []
+            # (os.fsencode: a name of any bytes, as another user may leave in /tmp)
             hits.extend(["name", os.path.join(root, n)] for n in dirs + files
-                        if needle in n.encode())
+                        if needle in os.fsencode(n))
             for n in files:
                 path = os.path.join(root, n)
                 try:
@@ -169,7 +170,7 @@ def scan(secret):
         if needle in f.read():
             hits.append(["unix socket", "/proc/net/unix"])
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
-        hits.extend(["cgroup", os.path.join(root, n)] for n in dirs if needle in n.encode())
+        hits.extend(["cgroup", os.path.join(root, n)] for n in dirs if needle in os.fsencode(n))
     return hits
 
 
