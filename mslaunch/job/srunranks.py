@@ -124,6 +124,7 @@ class SrunRanks:
         self.hosts: Set[str] = set()      # addresses the tasks connected from
         self._scancels: List[subprocess.Popen] = []
         self._looks: List[Look] = []
+        self._ending: Optional[Look] = None      # the step ending refused singletons
         self._seen: Dict[RankPipe, int] = {}     # bytes read, at the last look after srun
 
     @property
@@ -354,26 +355,36 @@ class SrunRanks:
         (``link.STACKS``) or usage (``link.TOP``); ``done(ranks)`` once every
         node answered or the look's time is over."""
         from ..remote import link
+        return self._step("top" if kind == link.TOP else "stacks",
+                          float(body.get("timeout", 10.0)), done) is not None
+
+    def end_singletons(self) -> None:
+        """The job is refused for Open MPI singletons: a step of its own stops the
+        running ranks as an agent would, noting what their Open MPI processes
+        make (segments in /dev/shm, session directories), and removes it once
+        they are gone.  The job's own SIGTERM is left to it (see :meth:`signal`)."""
+        self._ending = self._step("singletons", self.sup.job.grace, lambda rows: None)
+
+    def _step(self, op: str, timeout: float, done: Callable[[Optional[Dict]], None]
+              ) -> Optional[Look]:
         from .srunlook import start_look
         sup, listener = self.sup, self.listener
         if self.pidfd < 0 or listener is None:
-            return False
+            return None
         by_node: Dict[str, Dict[int, int]] = {}
         for spec in self.specs:
             r = sup.ranks[spec.key]
             if r.pid and not r.ended:
                 by_node.setdefault(spec.host.name, {})[spec.key] = r.pid
         if not by_node:
-            return False
-        for old in [x for x in self._looks if x.over]:
+            return None
+        for old in [x for x in self._looks if x.over and x is not self._ending]:
             old.close()
             self._looks.remove(old)
-        look = start_look(sup, listener, kind == link.TOP, by_node,
-                          float(body.get("timeout", 10.0)), done)
-        if look is None:
-            return False
-        self._looks.append(look)
-        return True
+        look = start_look(sup, listener, op, by_node, timeout, done)
+        if look is not None:
+            self._looks.append(look)
+        return look
 
     # -- the rest of the seam -------------------------------------------------
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
@@ -384,6 +395,8 @@ class SrunRanks:
             self._cut_output(idle_only=False)     # the stop's last step: read no more
         if not self.pid or self.status is not None or sig == signal.SIGCONT:
             return            # (nothing of mslaunch's stops a task: nothing to continue)
+        if sig == signal.SIGTERM and self._ending is not None:
+            return            # the singletons' step sends it, once it has noted their files
         if sig == signal.SIGKILL or self.log.step is None:
             self._kill(signal.SIGTERM if sig in (signal.SIGKILL, signal.SIGTERM) else sig)
             return
@@ -422,6 +435,9 @@ class SrunRanks:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        ending = self._ending.proc if self._ending is not None else None
+        while ending is not None and ending.poll() is None and time.monotonic() < deadline + 3:
+            time.sleep(0.02)          # it removes what the singletons left, then ends
         for look in self._looks:
             look.close()
         if self.listener is not None:

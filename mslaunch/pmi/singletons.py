@@ -395,6 +395,17 @@ class SingletonFiles:
                 loop.call_later(RENOTE, lambda: self._renote(loop))
             self.watched.update(groups)
 
+    def follow(self, groups: Sequence[int], deadline: float) -> None:
+        """As :meth:`stop` with a loop, without one: note again every
+        :data:`RENOTE` seconds until the leaders of ``groups`` are gone or it is
+        ``deadline`` (a node's step of ``--launcher srun``, which has no loop)."""
+        from ..machine.procs import alive
+        left = [pid for pid in groups if alive(pid)]
+        while left and time.monotonic() < deadline:
+            time.sleep(RENOTE)
+            left = [pid for pid in left if alive(pid)]
+            self._note(left)
+
     def _renote(self, loop: Loop) -> None:
         from ..machine.procs import alive
         self.watched = {pid for pid in self.watched if alive(pid)}

@@ -7,7 +7,9 @@ ranks (``--overlap``: it takes no CPUs from the ranks), that runs
 or the usage (:func:`~mslaunch.machine.stacks.usage`) of its node's ranks,
 by the pids they reported when they dialled in, and sends them as JSON on a
 connection of its own to the launcher, presenting the look's token joined
-to its node's name (``mslaunch-dial TOKEN-NODE``).
+to its node's name (``mslaunch-dial TOKEN-NODE``).  When the job is refused
+for Open MPI singletons, such a step also ends them as an agent would, and
+removes what they made in /dev/shm and TMPDIR (:func:`_end_singletons`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,26 @@ def _node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
+def _end_singletons(groups: List[int], timeout: float) -> None:
+    """Stop refused Open MPI singletons (the ranks ``groups``) as an agent would:
+    note what their Open MPI processes make in /dev/shm and /tmp while they
+    are frozen, end them (SIGTERM; SIGKILL at ``timeout``), remove it."""
+    import _signal
+    import time
+
+    from ..pmi.singletons import SingletonFiles
+    files = SingletonFiles()
+    files.stop(groups)
+    files.follow(groups, time.monotonic() + timeout)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, _signal.SIGKILL)
+        except OSError:
+            pass
+    files.follow(groups, time.monotonic() + 2.0)
+    files.remove()
+
+
 def main(argv: List[str] = sys.argv) -> None:
     want = json.loads(os.environ.pop(LOOK_VARIABLE))
     node = _node()
@@ -53,6 +75,9 @@ def main(argv: List[str] = sys.argv) -> None:
     if want["op"] == "top":
         from ..machine.stacks import usage
         rows = usage(pids, {})
+    elif want["op"] == "singletons":
+        rows = {}
+        _end_singletons(list(pids.values()), float(want["timeout"]))
     else:
         from ..machine.stacks import read
         rows = read(pids, None, float(want["timeout"]))
