@@ -340,3 +340,16 @@ def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, tmp_
         if files:
             break
     assert files, "in three runs no rank recorded its segment before the refusal"
+
+
+def test_merged_stderr_takes_one_connection_per_rank(slurmbed, tmp_path):
+    tag = new_tag()
+    rc, out, err = finish(srun_job(slurmbed, tag, "-n", "2", "--merge-stderr-to-stdout",
+                                   "--output-filename", str(tmp_path / "log"), "sh", "-c",
+                                   'echo "o$RANK"; echo "e$RANK" >&2', cwd=tmp_path))
+    assert rc == 0, err
+    assert sorted(out.split()) == ["e0", "e1", "o0", "o1"] and err == "", (out, err)
+    for rank in (0, 1):
+        d = tmp_path / "log" / "1" / f"rank.{rank}"
+        assert (d / "stdout").read_text() == f"o{rank}\ne{rank}\n"
+        assert not (d / "stderr").exists()

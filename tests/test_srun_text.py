@@ -266,3 +266,22 @@ def test_srun_log_takes_any_line(lines):
         log.line(line)
     for task, code, sig in log.take():
         assert task >= 0 and (code is None) != (sig is None)
+
+
+@given(st.lists(st.tuples(st.integers(0, 0xFFFF), st.lists(st.integers(0, 999), min_size=1,
+                                                             max_size=4, unique=True),
+                          st.sampled_from(["error: ", "launch/slurm: _task_finish: "]),
+                          st.text(max_size=30)), max_size=6))
+def test_srun_log_reads_every_end_srun_writes(ends):
+    # A status line, then the line naming its tasks, with chatter between pairs.
+    log = SrunLog()
+    want = []
+    for status, tasks, kind, chatter in ends:
+        log.line(f"srun: launch/slurm: _task_finish: Received task exit notification for "
+                 f"{len(tasks)} task(s) of StepId=7.0 (status=0x{status:04x}).")
+        names = ",".join(map(str, tasks))
+        log.line(f"srun: {kind}h3: task{'s' if len(tasks) > 1 else ''} {names}: ended")
+        log.line("srun: " + chatter.replace("\n", " "))
+        sig = status & 0x7F
+        want += [(t, None, sig) if sig else (t, (status >> 8) & 0xFF, None) for t in tasks]
+    assert log.take() == want

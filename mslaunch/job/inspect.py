@@ -58,7 +58,7 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
     # what each place may speak for: its own ranks (an agent never for another host's);
     # this machine's ranks are read here unless a looker speaks for them (srun's)
     allowed = {name: set(host.ranks) for name, host in lookers.items()}
-    covered = set().union(*allowed.values())
+    covered = sup.spoken_for
     allowed["local"] = {k for k, r in by_key.items() if r.spec.host.local and k not in covered}
     waiting = {"local"} if allowed["local"] else set()
     finished: List[bool] = []
@@ -263,7 +263,7 @@ class Inspector:
         from ..machine.stacks import usage
         sup = self.sup
         lookers = sup.lookers
-        covered = set().union(*(set(h.ranks) for h in lookers.values()))
+        covered = sup.spoken_for
         here = {r.spec.key: r.pid for r in sup.ranks if r.pid and not r.ended
                 and r.spec.host.local and r.spec.key not in covered}
         rows: Dict[int, Dict[str, Any]] = usage(here, self.cpu)

@@ -60,8 +60,10 @@ class MPIJobs:
         self.pmix: Optional[LauncherPMIx] = None      # PMIx beside PMI (mslaunch.pmix)
 
     # -- the first job ------------------------------------------------------------
-    def start_first(self, local: bool):
-        """The first job's PMI; returns (inherited server, env function) for its local ranks."""
+    def start_first(self, local: bool, topology: bool = True):
+        """The first job's PMI; returns (inherited server, env function) for its local
+        ranks (``topology``: whether its ranks may read this machine's, see
+        :mod:`mslaunch.pmi.files`)."""
         sup = self.sup
         plan, job = sup.plan, sup.job
         from ..pmi.singletons import SingletonProbe
@@ -71,7 +73,7 @@ class MPIJobs:
                                         [r for r in plan.ranks if r.host.local])
         except OSError:
             self.probe = None                    # no temporary directory: no check
-        self.hwloc_xml = xml_for_ranks(sup.watchdog)
+        self.hwloc_xml = xml_for_ranks(sup.watchdog) if topology else None
         appnums = [r.app for r in plan.ranks]
         first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
                           {r.rank: r.key for r in plan.ranks}, None)
@@ -261,14 +263,11 @@ class MPIJobs:
         if self.leftovers is None:
             dog = sup.watchdog
             self.leftovers = SingletonFiles(dog.keep if dog else None, dog.flush if dog else None)
-        lookers = sup.lookers
-        covered = set().union(*(set(h.ranks) for h in lookers.values()))
+        covered = sup.spoken_for
         self.leftovers.stop([x.pid for x in sup.ranks if x.spec.host.local and x.pid
                              and not x.ended and x.spec.key not in covered], sup.loop)
-        for looker in lookers.values():
-            end = getattr(looker, "end_singletons", None)   # --launcher srun's step
-            if end is not None:
-                end()
+        for looker in sup.lookers.values():
+            looker.end_singletons()
 
     def hang_report(self) -> List[str]:
         """Why a job may hang: ranks that never initialized MPI while the others of

@@ -8,7 +8,7 @@ instead of importing it.
 
 from __future__ import annotations
 
-from typing import Any, Container, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Container, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from ..machine.guard import Watchdog
 from ..machine.loop import Loop
@@ -116,6 +116,9 @@ class JobView(Protocol):
 
     @property
     def lookers(self) -> Dict[str, Any]: ...
+
+    @property
+    def spoken_for(self) -> Set[int]: ...
 
     def log(self, message: str) -> None: ...
 

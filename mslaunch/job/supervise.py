@@ -27,7 +27,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
     from ..machine.output import RankOutput
     from ..machine.terminal import Terminal
@@ -95,6 +95,8 @@ class Supervisor(LookingInside):
         # (msrun.node.Cluster: the other nodes hear when this one ends the job, it from
         # remote_stop; failed processes start again), or the Open MPI mode's mpirun.
         self.hooks = hooks
+        # the mode's handle starts every rank, remote ones too (srun's, .srunranks)
+        self.takes_all = hooks is not None and hooks.takes_all
         self.remote: Optional[Tuple[int, str]] = None
         self.restarts = hooks.restarts if hooks is not None else 0
         self.ranks = [_Rank(spec) for spec in plan.ranks]
@@ -123,9 +125,14 @@ class Supervisor(LookingInside):
     def lookers(self) -> Dict[str, Any]:
         """What answers looks inside the job (``look(kind, body, done)``), by name:
         the remote hosts' agents, or a mode's handle of every rank (srun's)."""
-        if self.hooks is not None and self.hooks.takes_all and self.local is not None:
+        if self.takes_all and self.local is not None:
             return {"srun": self.local}
         return dict(self.hosts)
+
+    @property
+    def spoken_for(self) -> Set[int]:
+        """The keys of the ranks the lookers answer for (the rest are read here)."""
+        return set().union(*(set(h.ranks) for h in self.lookers.values()))
 
     def _handles(self) -> List[RankHandle]:
         local: List[RankHandle] = [self.local] if self.local is not None else []
@@ -163,7 +170,7 @@ class Supervisor(LookingInside):
                          "mslaunch-stacks and mslaunch-top cannot attach")
             self._start_all()
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
-            if self.job.stall_report and (self.hooks is None or self.hooks.takes_all):
+            if self.job.stall_report and (self.hooks is None or self.takes_all):
                 # The watch itself is imported at its first look: a short job never needs it.
                 self.loop.call_later(min(60.0, max(0.5, self.job.stall_report / 4)),
                                      self._watch_stall)
@@ -201,15 +208,13 @@ class Supervisor(LookingInside):
         if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
             from ..plan.display import display
             self.console.write(1, self, display(plan, job).encode())
-        # A mode whose handle takes every rank (srun's, .srunranks) starts remote ones too.
-        takes_all = self.hooks is not None and self.hooks.takes_all
-        local_specs = [r for r in plan.ranks if r.host.local or takes_all]
+        local_specs = [r for r in plan.ranks if r.host.local or self.takes_all]
         own = self.hooks.local_handle(self, local_specs) if self.hooks is not None else None
         if own is None:               # a mode's own handle says why it cannot start
             check_startable(plan.ranks)
         remote_specs: Dict[str, List[RankSpec]] = {}
         for r in plan.ranks:
-            if not r.host.local and not takes_all:
+            if not r.host.local and not self.takes_all:
                 remote_specs.setdefault(r.host.name, []).append(r)
         if job.mpi == "pmi" and self.mpi_jobs is None:
             pmi, pmi_env = self._start_pmi()
@@ -237,10 +242,11 @@ class Supervisor(LookingInside):
         stands; what its local ranks inherit."""
         from .mpijobs import MPIJobs
         self.mpi_jobs = MPIJobs(self)
-        # (a mode's handle of every rank serves their PMI itself: none is "local")
-        takes_all = self.hooks is not None and self.hooks.takes_all
+        # (a mode's handle of every rank serves their PMI itself: none is "local", and
+        # none may be given this machine's topology)
         pmi, pmi_env = self.mpi_jobs.start_first(
-            not takes_all and any(r.host.local for r in self.plan.ranks))
+            not self.takes_all and any(r.host.local for r in self.plan.ranks),
+            topology=not self.takes_all)
         self.mpi_jobs.watch_singletons()
         return pmi, pmi_env
 

@@ -126,8 +126,6 @@ def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: i
     wait in the kernel's queue meanwhile.
     """
     import errno
-
-    import _socket
     for turn in range(64):
         if turn and not wait_fd(lsock, False, 0):
             return             # nobody else waits: no stranger is pushed out for nothing

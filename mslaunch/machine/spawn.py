@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across
 # exec, so the ranks get the default actions back.
-RESET_SIGNALS = _RESET_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ")
+RESET_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ")
                        if hasattr(signal, n))
 
 
@@ -216,7 +216,7 @@ class Helper:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self.pid = os.posix_spawn(path, list(argv), env, setsid=True,
-                                      setsigdef=_RESET_SIGNALS, file_actions=[
+                                      setsigdef=RESET_SIGNALS, file_actions=[
                                           (os.POSIX_SPAWN_DUP2, null, 0),
                                           (os.POSIX_SPAWN_DUP2, w, 1),
                                           (os.POSIX_SPAWN_DUP2, w, 2)])
@@ -328,7 +328,7 @@ def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout
         # A new session is a new process group as well (both: setpgid fails, EPERM).
         group = {"setsid": True} if spec.session else {"setpgroup": 0}
         return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
-                              setsigdef=_RESET_SIGNALS, **group)
+                              setsigdef=RESET_SIGNALS, **group)
     finally:
         if spec.cwd != here:
             os.chdir(here)

@@ -144,6 +144,10 @@ class RemoteHost:
         self.endpoint.send(link.encode(kind, dict(body, id=self._look_id)))
         return True
 
+    def end_singletons(self) -> None:
+        """Refused Open MPI singletons: the agent ends its own as the job's stop
+        reaches it, noting what they leave (see :mod:`mslaunch.remote.agentpmi`)."""
+
     def send_pmi(self, message: Dict[str, Any]) -> None:
         self.endpoint.send(link.encode(link.PMI, message))
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchError, one_line
-from ..hosts.allocation import check_nodes, choose, in_allocation  # noqa: F401
+from ..hosts.allocation import check_nodes
 from ..machine.loop import Loop
 from . import bootstrap, timeline
 from .dialin import DialedConnection, Greeter, StartingProcess, dial_program, greet
@@ -69,12 +69,6 @@ _DIAL = dial_program(
     "'SLURM_UMASK','SLURM_PRIO'))];",
     "dict(x.split('=',1) for x in e.pop('MSLAUNCH_DIAL_TOKENS').split())"
     ".get(e.get('SLURMD_NODENAME') or socket.gethostname().split('.')[0])")
-
-
-def _allocation_nodes(environ: Mapping[str, str]) -> List[str]:
-    from ..hosts.allocation import expand_nodelist
-    text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
-    return expand_nodelist(text)
 
 
 def _start(argv: Sequence[str]) -> Any:
@@ -247,7 +241,7 @@ def _dial_address(names: Sequence[str], environ: Mapping[str, str],
                   lookups: Optional[_Lookups] = None) -> Tuple[str, str]:
     """The address the agents dial (this machine's towards the nodes), and srun's
     version; LaunchError for a host outside the allocation."""
-    _check_nodes(names, environ)
+    check_nodes(names, environ, "slurm")
     # srun's version (which options it takes) is asked beside the addresses.
     lookups = lookups or _Lookups(environ)
     try:
@@ -257,11 +251,6 @@ def _dial_address(names: Sequence[str], environ: Mapping[str, str],
     finally:
         srun_version = lookups.srun_version()
     return mine, srun_version
-
-
-def _check_nodes(names: Sequence[str], environ: Mapping[str, str]) -> None:
-    """LaunchError for a host outside the allocation."""
-    check_nodes(names, environ, "slurm")
 
 
 def cached_srun_version(environ: Mapping[str, str]) -> str:
@@ -414,7 +403,7 @@ def _start_early(names: Sequence[str], pythons: Sequence[str], environ: Mapping[
                  port_range: Optional[Tuple[int, int]]) -> Greeter:
     """The step of :meth:`SrunStarter.prepare`, started; its greeter."""
     from .dialback import new_token
-    _check_nodes(names, environ)
+    check_nodes(names, environ, "slurm")
     version = cached_srun_version(environ)
     tokens = {name: new_token() for name in names}
     try:

@@ -132,7 +132,8 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
     ``python3``.  The agents that dial in (srun, an rsh agent) are listened for
     on a port of ``port_range`` if given.  Nothing is started or read yet.
     """
-    from .slurm import SrunStarter, choose
+    from ..hosts.allocation import choose
+    from .slurm import SrunStarter
     how = choose(spec.launcher, environ)
     if pythons is None:
         pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,7 +66,7 @@ def _end_singletons(groups: List[int], timeout: float) -> None:
     files.remove()
 
 
-def main(argv: List[str] = sys.argv) -> None:
+def main() -> None:
     want = json.loads(os.environ.pop(LOOK_VARIABLE))
     node = _node()
     pids = {int(k): int(v) for k, v in want["pids"].get(node, {}).items()}
