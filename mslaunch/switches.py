@@ -11,7 +11,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional
+    from typing import Mapping, Optional, Tuple
 
 #: Each switch and its value when unset (or set to the empty string).
 SWITCHES = {
@@ -51,8 +51,46 @@ def pty_wanted(environ: Mapping[str, str], no_pty: bool, default: bool) -> bool:
     return default if parsed is None else parsed
 
 
+def parse_number(text: str) -> float:
+    """A plain decimal number (``12``, ``0.5``, ``.5``, ``1e3``) in ASCII; ValueError
+    for anything else float() would take (spaces, ``nan``, ``inf``, ``_``, other
+    scripts' digits)."""
+    body = text[1:] if text[:1] in "+-" and text else text
+    mantissa, _, exponent = body.lower().partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    exp = exponent[1:] if exponent[:1] in ("+", "-") else exponent
+    if not text.isascii() or not (whole + fraction) or not (whole + fraction).isdigit() \
+            or ("e" in body.lower() and not exp.isdigit()):
+        raise ValueError(text)
+    return float(text)
+
+
+def heartbeat(text: Optional[str]) -> Optional[Tuple[float, Optional[int]]]:
+    """``MSLAUNCH_HEARTBEAT``'s ``INTERVAL[,MISSES]`` (seconds from 0.01 to 3600,
+    misses from 1 to 1000; unset or empty: None, the job's default); UsageError
+    for anything else."""
+    if not text:
+        return None
+    interval, comma, misses = text.partition(",")
+    try:
+        value = parse_number(interval)
+        if not 0.01 <= value <= 3600:
+            raise ValueError(text)
+        count = int(misses) if comma and misses.isascii() and misses.isdigit() else None
+        if comma and not (count is not None and 1 <= count <= 1000):
+            raise ValueError(text)
+    except ValueError:
+        from .errors import UsageError
+        raise UsageError(f"MSLAUNCH_HEARTBEAT={text[:40]!r}: expected INTERVAL[,MISSES], "
+                         f"seconds from 0.01 to 3600 between heartbeats and how many may be "
+                         f"missed (1 to 1000), such as 1,5") from None
+    return value, count
+
+
 def check_switches(environ: Mapping[str, str]) -> None:
-    """UsageError naming the first switch set to something neither on nor off."""
+    """UsageError naming the first switch set to something neither on nor off (or a
+    bad ``MSLAUNCH_HEARTBEAT``)."""
+    heartbeat(environ.get("MSLAUNCH_HEARTBEAT"))
     for name in SWITCHES:
         value = environ.get(name, "")
         if value.strip() and _parse(value) is None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     Apply = Callable[["Draft", str, Sequence[str]], Optional[List[str]]]
 
 from ..errors import UsageError, one_line
+from ..switches import parse_number
 
 MAX_RANKS = 100_000          # beyond this a typo, not a job: refuse it
 MAX_SECONDS = 100_000_000.0  # about three years
@@ -30,10 +31,12 @@ RUNTIME_FRAMEWORKS = ("errmgr_", "ess_", "filem_", "grpcomm_", "iof_", "odls_", 
 
 
 def check_int(flag: str, text: str, minimum: int = 1, maximum: int = MAX_RANKS) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"{flag}: expected a whole number, got {text!r}") from None
+    # ASCII digits only: int() would also take spaces, a "+", "_" between digits
+    # and the digits of other scripts.
+    digits = text[1:] if text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
+        raise UsageError(f"{flag}: expected a whole number, got {one_line(text, 40)!r}")
+    value = int(text)
     if value < minimum:
         raise UsageError(f"{flag}: must be at least {minimum}, got {value}")
     if value > maximum:
@@ -43,7 +46,7 @@ def check_int(flag: str, text: str, minimum: int = 1, maximum: int = MAX_RANKS) 
 
 def check_seconds(flag: str, text: str, allow_zero: bool = False) -> float:
     try:
-        value = float(text)
+        value = parse_number(text)
     except ValueError:
         raise UsageError(f"{flag}: expected a number of seconds, got {text!r}") from None
     if not (0 < value <= MAX_SECONDS or (value == 0 and allow_zero)):

@@ -265,10 +265,9 @@ def _run(job: JobSpec, environ, watchdog, kvsname: str, started: float) -> int:
 def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     """The job run with ``--max-restarts`` (see :mod:`.attempts`): each attempt
     with a job name and an orphan guard of its own."""
-    from ..machine.guard import Watchdog
     from .attempts import AttemptOutcome, ends_for_restart, run_attempts
     from .keptagents import KeptAgents
-    first = [(watchdog, kvsname)]
+    first = [kvsname]
     shown: List = [console]        # the console of the attempt running, if any
     # What the attempts share (see Supervisor): the PMIx server, the agents kept
     # between attempts, and whether the attempt running may be followed by another.
@@ -278,16 +277,14 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
         or (follows["restarts_left"] and ends_for_restart(sup.ending, sup.stop_signal)))}
 
     def guarded(run):
-        if first:
-            guard, name = first.pop()
-        else:
-            name = new_kvsname()
-            guard = Watchdog(public_id(name), job.grace, background=True, tasks=GUARD_TASKS,
-                             on_death=after_launcher_death, on_stop=sessions_at_death)
+        # One guard, and so one cgroup, for every attempt: a guard of its own for
+        # each would move the launcher into the first attempt's cgroup and make the
+        # next one's inside it, where the first guard's end would reach it.
+        name = first.pop() if first else new_kvsname()
         try:
-            return run(guard, name)
+            return run(watchdog, name)
         finally:
-            guard.close()
+            watchdog.sweep(job.grace)
 
     def left(left_out):
         from ..hosts import is_local

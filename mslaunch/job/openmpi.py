@@ -334,11 +334,12 @@ def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
             import shlex
             sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
             return 0
-        sup = supervisor(job, plan, Watchdog(marker, job.grace, on_death=after_launcher_death),
-                         probe, ompi)
+        guard = Watchdog(marker, job.grace, on_death=after_launcher_death)
+        sup = supervisor(job, plan, guard, probe, ompi)
         try:
             return exit_status(sup.run(), sup.ending)
         finally:
+            guard.close()
             sup.console.close()
     finally:
         if base:
@@ -397,8 +398,8 @@ def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
 def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog,
                probe: Optional[WorldProbe] = None,
                ompi: Optional[OpenMPI] = None) -> Supervisor:
-    """The supervisor of :func:`mpirun_plan`'s ``plan``, which closes ``watchdog``
-    (``ompi``: the mpirun it starts, for how it is started; see :class:`Delegate`).
+    """The supervisor of :func:`mpirun_plan`'s ``plan``, guarded by ``watchdog``
+    (its caller closes it; ``ompi``: the mpirun it starts, for how it is started; see :class:`Delegate`).
 
     What it does here is signals, ``--timeout`` and the grace period; mpirun
     itself reports and displays what was asked, and says why ranks failed."""

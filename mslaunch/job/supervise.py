@@ -108,6 +108,7 @@ class Supervisor(LookingInside):
         self._give_up: Optional[Timer] = None
         self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
         self.watchdog: Optional[Watchdog] = watchdog   # started early by run_job, or here
+        self._own_watchdog = watchdog is None           # else closed by whoever made it
         self.local: Optional[LocalRanks] = None   # or a mode's own handle (ModeHooks)
         self.fleet: Optional[Fleet] = None        # the remote hosts, if any
         self.stdin_fanout = None
@@ -516,7 +517,7 @@ class Supervisor(LookingInside):
                     f"mslaunch: PMI: {self.mpi_jobs.stats(len(self.ranks))} "
                     f"(job {time.monotonic() - self.started:.3f} s)")
             self.mpi_jobs.close()
-        if self.watchdog is not None:
+        if self.watchdog is not None and self._own_watchdog:
             self.watchdog.close()
         if self.console.dropped:
             self.console.message(f"mslaunch: {self.console.dropped} byte(s) of rank output were "

@@ -205,12 +205,23 @@ def _remove_stale(home: str) -> None:
             continue
         if exists(found[0]) or exists(found[1]):
             continue
-        stale = JobCgroup(os.path.join(home, name), home)
-        if stale.pids():
-            stale.kill()
-            stale.remove(wait=0.5)
-        else:
-            stale.remove()
+        _remove_tree(JobCgroup(os.path.join(home, name), home))
+
+
+def _remove_tree(stale: JobCgroup) -> None:
+    """Empty and remove a stale job cgroup and the cgroups inside it (an older
+    mslaunch made each restart's cgroup inside the previous attempt's)."""
+    try:
+        inner = [e.name for e in os.scandir(stale.path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        inner = []
+    for name in inner:
+        _remove_tree(JobCgroup(os.path.join(stale.path, name), stale.path))
+    if stale.pids():
+        stale.kill()
+        stale.remove(wait=0.5)
+    else:
+        stale.remove()
 
 
 def set_subreaper() -> bool:
@@ -468,6 +479,31 @@ class Watchdog:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
+
+    def sweep(self, grace: float) -> None:
+        """End what a finished run of the job left behind (see :meth:`leftovers`):
+        SIGCONT and SIGTERM, SIGKILL after ``grace`` s.  A job started again
+        (``--max-restarts``) keeps its guard, and with it its cgroup, for every
+        attempt: what one attempt left must be gone before the next starts."""
+        pids = self.leftovers()
+        if not pids:
+            return
+        for pid in pids:
+            send_signal(pid, signal.SIGCONT)
+            send_signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self.reap_adopted(())
+            pids = self.leftovers()
+        for pid in pids:
+            send_signal(pid, signal.SIGKILL)
+        if pids:
+            deadline = time.monotonic() + 2.0
+            while self.leftovers() and time.monotonic() < deadline:
+                time.sleep(0.02)
+                self.reap_adopted(())
+        self.reap_adopted(())
 
     def close(self) -> None:
         """Normal end: the watchdog empties the cgroup once this process has exited.

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop, Timer
 
 from ..machine.loop import QueuedWriter, deque
+from ..switches import heartbeat
 from . import link
 
 #: Seconds between heartbeats, and how many may be missed before the peer
@@ -41,15 +42,12 @@ IDLE_CHECK = 5.0
 
 def heartbeat_setting(text: Optional[str],
                       default: Tuple[float, int] = HEARTBEAT) -> Tuple[float, int]:
-    """``MSLAUNCH_HEARTBEAT`` parsed, or ``default``."""
-    if not text:
+    """``MSLAUNCH_HEARTBEAT`` parsed (see :func:`~mslaunch.switches.heartbeat`), or
+    ``default`` when unset."""
+    given = heartbeat(text)
+    if given is None:
         return default
-    try:
-        interval, _, misses = text.partition(",")
-        value = (float(interval), int(misses or default[1]))
-    except ValueError:
-        return default
-    return value if 0.01 <= value[0] <= 3600 and 1 <= value[1] <= 1000 else default
+    return given[0], default[1] if given[1] is None else given[1]
 
 
 class Endpoint(QueuedWriter):
