@@ -9,7 +9,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Any, Dict, Iterable, Optional
 
 #: Exit status of a job stopped by ``--timeout`` (Open MPI 4 uses the same).
 TIMEOUT_EXIT = 110
@@ -32,6 +32,34 @@ class LaunchError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class HostsFailed(LaunchError):
+    """Hosts that could not be started, or were lost before the job's ranks
+    started: ``failed`` maps each to why, in a few words; ``unreachable`` are
+    those of them that could not be reached or stopped answering (rather than
+    refused: a host key, a login, a missing Python).  ``started`` holds the
+    agents that did start (a starter's connections, by host), which whoever
+    catches this uses or closes."""
+
+    def __init__(self, message: str, failed: Dict[str, str],
+                 started: Optional[Dict[str, Any]] = None,
+                 unreachable: Iterable[str] = (),
+                 exit_code: Optional[int] = None) -> None:
+        super().__init__(message, exit_code)
+        self.failed = dict(failed)
+        self.started = dict(started or {})
+        self.unreachable = tuple(unreachable)
+
+
+class Stopped(LaunchError):
+    """mslaunch was asked to stop (SIGINT, SIGTERM, SIGHUP) where no job ran to
+    take it (between two attempts of a job, during its health check): the
+    signal's exit status, 128 + N."""
+
+    def __init__(self, message: str, signal: int) -> None:
+        super().__init__(message, 128 + signal)
+        self.signal = signal
 
 
 class UsageError(LaunchError):

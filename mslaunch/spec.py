@@ -219,6 +219,13 @@ class JobSpec:
     max_job_restarts: int = 0
     attempt: int = 0
     health_check: Optional[str] = None    # --health-check CMD: run on every host before each attempt
+    # the seconds left of --timeout for this attempt (None: all of it); the job's
+    # --timeout counts across its attempts
+    timeout_left: Optional[float] = None
+    # the job is a --health-check's commands, not the user's ranks: they get the
+    # job's environment and directory but no rank's identity, and their time
+    # limit is the check's own
+    is_check: bool = False
 
 
 #: ``--stall-report``'s seconds when none are given (docs/guides/stacks.md says why).

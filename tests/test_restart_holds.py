@@ -13,13 +13,19 @@ from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, wait_for
 
 #: A rank that says where it runs (its cgroup, its launcher) and fails once: rank 1
-#: of the first attempt exits 5.
-WHERE = ("import os, sys\n"
+#: of the first attempt exits 5, once rank 0 has said where it runs (argv[1]: a
+#: directory for rank 0's word).
+WHERE = ("import os, sys, time\n"
          "with open('/proc/self/cgroup') as f:\n"
          "    cg = [l[3:].strip() for l in f if l.startswith('0::')][0]\n"
-         "print(os.environ['MSLAUNCH_RESTART_COUNT'], os.environ['PMI_RANK'], os.getppid(), cg,"
-         " flush=True)\n"
-         "if os.environ['MSLAUNCH_RESTART_COUNT'] == '0' and os.environ['PMI_RANK'] == '1':\n"
+         "attempt, rank = os.environ['MSLAUNCH_RESTART_COUNT'], os.environ['PMI_RANK']\n"
+         "print(attempt, rank, os.getppid(), cg, flush=True)\n"
+         "said = os.path.join(sys.argv[1], attempt)\n"
+         "if rank == '0':\n"
+         "    open(said, 'w').close()\n"
+         "elif attempt == '0':\n"
+         "    while not os.path.exists(said):\n"
+         "        time.sleep(0.01)\n"
          "    sys.exit(5)\n")
 
 
@@ -41,10 +47,10 @@ def _job_cgroups(launcher: int) -> list:
     return found
 
 
-def test_every_attempt_runs_in_the_one_cgroup_of_the_job_and_none_is_left():
+def test_every_attempt_runs_in_the_one_cgroup_of_the_job_and_none_is_left(tmp_path):
     tag = new_tag()
     try:
-        r = run("-v", "--max-restarts", "1", "-n", "2", PY, "-c", WHERE,
+        r = run("-v", "--max-restarts", "1", "-n", "2", PY, "-c", WHERE, str(tmp_path),
                 env=clean_env(MSL_TEST_TAG=tag), timeout=60)
         require(b"orphan guard: cgroup" in r.stderr, "a cgroup v2 of this user's")
         assert r.returncode == 0, r.stderr

@@ -28,10 +28,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, List, Optional, Tuple
 
-    from ..spec import JobResult
 
-from ..errors import LaunchError
-from ..spec import Attempt, replace
+from ..errors import TIMEOUT_EXIT, HostsFailed, LaunchError, Stopped
+from ..machine.spawn import signal_name
+from ..spec import Attempt, JobResult, replace
 
 #: An attempt that fails within this many seconds of its start is a quick one.
 QUICK = 10.0
@@ -85,73 +85,152 @@ class AttemptOutcome:
 
 def run_attempts(job, run_one: Callable[..., AttemptOutcome],
                  say: Callable[[str], None],
-                 sleep: Callable[[float], None] = time.sleep,
+                 stopped: Callable[[], Optional[int]] = lambda: None,
                  check: Optional[Callable[[Tuple[str, ...]], Tuple[str, ...]]] = None
                  ) -> JobResult:
     """Run ``job`` (a :class:`~mslaunch.spec.JobSpec` with ``max_job_restarts``)
     until an attempt succeeds, cannot be started again, or no restart is left.
 
     ``run_one(job, left_out, note, launched)`` runs one attempt of ``job`` (whose
-    ``attempt`` says which) without the hosts ``left_out``; ``note`` is the line
-    its ranks' output files get before what the attempt appends to them, and
-    ``launched()`` is called once its ranks have all been started.  It returns
-    an :class:`AttemptOutcome`.  ``say`` prints one of mslaunch's lines.
-    ``check(left_out)``, the user's health check (``--health-check``), runs before
-    every attempt and names the hosts where it failed: they are left out from
-    then on.
+    ``attempt`` says which, and ``timeout_left`` what is left of ``--timeout``)
+    without the hosts ``left_out``; ``note`` is the line its ranks' output files
+    get before what the attempt appends to them, and ``launched()`` is called
+    once its ranks have all been started.  It returns an :class:`AttemptOutcome`.
+    ``say`` prints one of mslaunch's lines; ``stopped()`` is the stop signal that
+    came between two attempts, if any.  ``check(left_out)``, the user's health
+    check (``--health-check``), runs before every attempt and names the hosts where
+    it failed: they are left out from then on.
     """
-    limit = job.max_job_restarts
-    attempts: List[Attempt] = []
-    left_out: Tuple[str, ...] = ()
-    quick, number = 0, 0
-    last: Optional[JobResult] = None
-    failed_at: Optional[float] = None
-    launched: List[float] = []
-    note = ""
-    announce: Tuple[str, str] = ("", "")
+    return _Attempts(job, run_one, say, stopped, check).run()
 
-    def on_launched() -> None:
-        launched.append(time.time())
-        if announce[0]:
-            took = launched[-1] - failed_at if failed_at is not None else 0.0
-            say(f"{announce[0]}{max(0.0, took):.2f}{announce[1]}")
 
-    while True:
-        start = time.time()
-        launched.clear()
-        try:
-            if check is not None:
-                left_out = tuple(dict.fromkeys(left_out + check(left_out)))
-            outcome = run_one(replace(job, attempt=number), left_out, note, on_launched)
-        except LaunchError as err:
-            if last is None:
-                raise
-            # A later attempt that cannot start (no host left for its ranks, a
-            # host that no longer answers): the job ends with the last failure.
-            say(f"mslaunch: the job was not started again: {err}")
-            return replace(last, attempts=tuple(attempts))
-        last = result = outcome.result
-        took = launched[0] - failed_at if launched and failed_at is not None else None
-        attempts.append(Attempt(
-            number=number, start=start, end=time.time(), exit_code=result.exit_code,
-            cause=cause_of(result) if result.exit_code else "", hosts=outcome.hosts,
-            lost=outcome.lost, left_out=left_out, restart_seconds=took,
-            stall_report=result.stall_report))
-        if not restartable(result) or number >= limit:
-            if restartable(result) and limit:
-                say(f"mslaunch: no restart left ({limit} of {limit} used); the job ends with "
-                    f"exit status {result.exit_code}")
-            return replace(result, attempts=tuple(attempts))
-        quick = quick + 1 if attempts[-1].end - start < QUICK else 0
-        wait = backoff(quick)
-        failed_at = result.failures[0][0] if result.failures else attempts[-1].end
-        left_out = tuple(dict.fromkeys(left_out + outcome.lost))
-        number += 1
-        cause = attempts[-1].cause
-        gone = f"; left out: {', '.join(outcome.lost)} (lost)" if outcome.lost else ""
+class _Attempts:
+    """:func:`run_attempts`'s loop and what it keeps between attempts."""
+
+    def __init__(self, job, run_one: Callable[..., AttemptOutcome], say: Callable[[str], None],
+                 stopped: Callable[[], Optional[int]],
+                 check: Optional[Callable[[Tuple[str, ...]], Tuple[str, ...]]]) -> None:
+        self.job, self.run_one, self.say, self.stopped, self.check = \
+            job, run_one, say, stopped, check
+        self.limit = job.max_job_restarts
+        self.attempts: List[Attempt] = []
+        self.left_out: Tuple[str, ...] = ()
+        self.number = 0
+        self.last: Optional[JobResult] = None
+        self.failed_at: Optional[float] = None
+        self.launched: List[float] = []
+        self.note = ""
+        self.announce: Tuple[str, str] = ("", "")
+        self.began = time.monotonic()
+
+    def on_launched(self) -> None:
+        self.launched.append(time.time())
+        if self.announce[0]:
+            took = self.launched[-1] - self.failed_at if self.failed_at is not None else 0.0
+            self.say(f"{self.announce[0]}{max(0.0, took):.2f}{self.announce[1]}")
+
+    def run(self) -> JobResult:
+        quick, wait = 0, 0.0
+        while True:
+            ended = self._before(wait)
+            if ended is not None:
+                return ended
+            wait = 0.0
+            start = time.time()
+            self.launched.clear()
+            try:
+                if self.check is not None:
+                    self.left_out = tuple(dict.fromkeys(self.left_out
+                                                        + self.check(self.left_out)))
+                outcome = self.run_one(self._job(), self.left_out, self.note, self.on_launched)
+            except HostsFailed as err:
+                if self._without(err):
+                    continue
+                return self._not_again(err)
+            except LaunchError as err:
+                return self._not_again(err)
+            self.last = result = outcome.result
+            took = self.launched[0] - self.failed_at \
+                if self.launched and self.failed_at is not None else None
+            self.attempts.append(Attempt(
+                number=self.number, start=start, end=time.time(), exit_code=result.exit_code,
+                cause=cause_of(result) if result.exit_code else "", hosts=outcome.hosts,
+                lost=outcome.lost, left_out=self.left_out, restart_seconds=took,
+                stall_report=result.stall_report))
+            if not restartable(result) or self.number >= self.limit:
+                if restartable(result) and self.limit:
+                    self.say(f"mslaunch: no restart left ({self.limit} of {self.limit} used); "
+                             f"the job ends with exit status {result.exit_code}")
+                return replace(result, attempts=tuple(self.attempts))
+            quick = quick + 1 if self.attempts[-1].end - start < QUICK else 0
+            wait = backoff(quick)
+            self._next(outcome, wait)
+
+    def _job(self):
+        job = replace(self.job, attempt=self.number)
+        if job.timeout is None:
+            return job
+        return replace(job, timeout_left=max(0.01, job.timeout
+                                             - (time.monotonic() - self.began)))
+
+    def _without(self, err: HostsFailed) -> bool:
+        """Whether the job starts again (the same attempt) without hosts that could
+        not be reached, or were lost, before its ranks started: a job that may be
+        started again does so while slots remain; that costs no restart."""
+        gone = tuple(n for n in err.failed if n not in self.left_out)
+        if not self.limit or not gone or set(err.failed) - set(err.unreachable):
+            return False
+        self.left_out = tuple(dict.fromkeys(self.left_out + gone))
+        self.say(f"mslaunch: {err}; {', '.join(gone)} left out, the job starts again "
+                 f"without {'it' if len(gone) == 1 else 'them'}")
+        return True
+
+    def _not_again(self, err: LaunchError) -> JobResult:
+        """An attempt that cannot start (no host left for its ranks, a host that no
+        longer answers, a stop signal during the health check): the job ends with
+        the last failure (or the stop's code)."""
+        if isinstance(err, Stopped):
+            self.say(f"mslaunch: {err}; the job ends")
+            return JobResult(exit_code=err.exit_code, ending="signal", stop_signal=err.signal,
+                             attempts=tuple(self.attempts))
+        if self.last is None:
+            raise err
+        self.say(f"mslaunch: the job was not started again: {err}")
+        return replace(self.last, attempts=tuple(self.attempts))
+
+    def _next(self, outcome: AttemptOutcome, wait: float) -> None:
+        """What the next attempt is told, once this one failed."""
+        result = outcome.result
+        self.failed_at = result.failures[0][0] if result.failures else self.attempts[-1].end
+        self.left_out = tuple(dict.fromkeys(self.left_out + outcome.lost))
+        self.number += 1
+        cause = self.attempts[-1].cause
+        out = f"; left out: {', '.join(outcome.lost)} (lost)" if outcome.lost else ""
         pause = f", {wait:g} s of it a back-off (a failure soon after the start)" if wait else ""
-        announce = (f"mslaunch: restart {number} of {limit}: the job runs again, ",
-                    f" s after its failure{pause}{gone}")
-        note = f"mslaunch: restart {number} of {limit} of the job (the previous attempt: {cause})\n"
-        if wait:
-            sleep(wait)
+        self.announce = (f"mslaunch: restart {self.number} of {self.limit}: the job runs "
+                         f"again, ", f" s after its failure{pause}{out}")
+        self.note = (f"mslaunch: restart {self.number} of {self.limit} of the job (the previous "
+                     f"attempt: {cause})\n")
+
+    def _before(self, wait: float) -> Optional[JobResult]:
+        """Wait ``wait`` s before the next attempt; its end when a stop signal came
+        (meanwhile, or between two attempts) or ``--timeout`` is over."""
+        deadline = time.monotonic() + wait
+        while True:
+            sig = self.stopped()
+            if sig is not None:
+                what = f"during the back-off before restart {self.number}" \
+                    if wait and self.number else "between two attempts"
+                return self._not_again(Stopped(f"stopped by {signal_name(sig)} {what}", sig))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, 0.05))
+        timeout = self.job.timeout
+        if timeout is not None and self.last is not None \
+                and time.monotonic() - self.began >= timeout:
+            self.say(f"mslaunch: job timed out after {timeout:g} s (--timeout) before restart "
+                     f"{self.number}; exit status {TIMEOUT_EXIT}")
+            return JobResult(exit_code=TIMEOUT_EXIT, ending="timeout",
+                             attempts=tuple(self.attempts))
+        return None

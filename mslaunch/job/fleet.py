@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..spec import RankSpec
     from .seams import JobView
 
-from ..errors import HOST_LOST_EXIT, LaunchError
+from ..errors import HOST_LOST_EXIT, HostsFailed, LaunchError
 from ..machine.spawn import signal_name
 from ..plan import agent_hosts
 from ..remote.starter import let_go
@@ -59,6 +59,11 @@ class Fleet:
         self.one_fate = False                 # one agent's failure ends all (srun)
         self.doomed = False                   # so, with a host lost: keep no agent
         self._stdin: Dict[int, RemoteStdin] = {}
+        #: Hosts the job goes on without, and why: spares that could not be started
+        #: or were lost before the ranks started (the job never needed them).
+        self.left_out: Dict[str, str] = {}
+        #: Hosts with ranks lost before the ranks started (their own fault).
+        self.lost_early: Dict[str, str] = {}
         #: What hosts said while getting ready, by text (None: say it at once).
         self._said: Optional[Dict[str, List[str]]] = None
 
@@ -83,8 +88,7 @@ class Fleet:
             from .startup import StartupAnswers
             answers = StartupAnswers(sup.control[0], timeline.status, lambda: job_info(sup))
         try:
-            conns = dict(starter.start(names, cancelled=self.cancelled,
-                                       say=sup.console.message if job.verbose else None))
+            conns = self._start_agents(starter, names, replan is None)
         finally:
             if answers is not None:
                 answers.close()
@@ -113,6 +117,39 @@ class Fleet:
         used = set(agent_hosts(sup.plan, job))
         for name in [n for n in conns if n not in used]:
             self._let_go(conns.pop(name))
+
+    def _start_agents(self, starter: Starter, names: List[str],
+                      final: bool) -> Dict[str, Any]:
+        """An agent on every host of ``names`` that ``starter`` can start.  A host
+        that cannot be started and gets no rank of the job (``final``: the plan
+        stands) is left out, with one line, as Hydra starts only the hosts it
+        needs; any other failure is the job's (HostsFailed)."""
+        sup = self.sup
+        say = sup.console.message if sup.job.verbose else None
+        ranked = {r.host.name for r in sup.plan.ranks} if final else set(names)
+        conns: Dict[str, Any] = {}
+        wanted = list(names)
+        while True:
+            try:
+                conns.update(starter.start([n for n in wanted if n not in conns],
+                                           cancelled=self.cancelled, say=say))
+                return conns
+            except HostsFailed as err:
+                conns.update(err.started)
+                err.started = {}
+                if ranked & set(err.failed):
+                    for conn in conns.values():
+                        let_go(conn)
+                    raise
+                failed = err.failed
+            from ..hosts.ranges import host_ranges
+            for why, hosts in _by_reason(failed).items():
+                if not sup.job.quiet:
+                    sup.console.message(f"mslaunch: {host_ranges(hosts)}: cannot start the "
+                                        f"agent ({why}); no rank goes there, so the job "
+                                        f"goes on without {'it' if len(hosts) == 1 else 'them'}")
+            self.left_out.update(failed)
+            wanted = [n for n in wanted if n not in failed]
 
     def prepare(self, remote_specs: Dict[str, List[RankSpec]]) -> None:
         """Hand the agents their ranks; wait until every host is ready.
@@ -153,12 +190,21 @@ class Fleet:
             host.prepare(frame)
         self._said = {}
         try:
+            # Spare hosts (no rank) do not hold the start up: one that is ready
+            # later starts then (host_ready).
             sup.loop.run_until(lambda: self.start_error is not None or sup.ending is not None
-                               or all(h.state == "ready" for h in self.hosts.values()))
+                               or all(h.state == "ready" or not h.ranks
+                                      for h in self.hosts.values()))
         finally:
             self._say_grouped()
         if self.start_error is not None:
             message, code = self.start_error
+            if self.lost_early and job.max_job_restarts:
+                # A job that may start again goes on without the host: the agents
+                # that are ready wait for the job's start on the hosts left.
+                self.keep_hosts()
+                raise HostsFailed(message, self.lost_early, unreachable=list(self.lost_early),
+                                  exit_code=code)
             raise LaunchError(message, code)
         if sup.ending is not None:
             stop = sup.stop_signal or 15
@@ -210,6 +256,11 @@ class Fleet:
     def outputs_finished(self, keys) -> bool:
         return all(o.finished for k in keys for o in self.sup.ranks[k].outputs)
 
+    def host_ready(self, host: RemoteHost) -> None:
+        """A spare host that got ready after the job started starts too."""
+        if self.sup.launched:
+            host.start()
+
     def host_failed(self, host: RemoteHost, message: str, code: object) -> None:
         """A host could not get ready: the launch fails with ``message``."""
         if self.start_error is None:
@@ -231,13 +282,29 @@ class Fleet:
             self.sup.console.message(f"mslaunch: {host_ranges(names)}: {text}")
 
     def host_lost(self, host: RemoteHost, reason: str) -> None:
+        quiet = self.sup.job.quiet
         if not self.sup.launched:
+            if not host.ranks:           # a spare: the job can start without it
+                self.left_out[host.name] = reason
+                if not quiet:
+                    self.sup.console.message(f"mslaunch: lost spare host {host.name} before "
+                                             f"the job started: {reason}; it is left out")
+                return
+            if not host.blameless:
+                self.lost_early[host.name] = reason
             if self.start_error is None:
                 self.start_error = (f"lost host {host.name} before the job started: "
                                     f"{reason}", HOST_LOST_EXIT)
             return
-        self.sup.ranks_lost(host.ranks, reason, host.last_heard_at())
-        if not self.sup.job.quiet:
+        self.sup.ranks_lost(host.ranks, reason, host.last_heard_at(), host.blameless)
+        if quiet:
+            return
+        if host.blameless:
+            self.sup.console.message(f"mslaunch: {host.name}: {reason}")
+        elif not host.ranks:
+            self.sup.console.message(f"mslaunch: lost spare host {host.name}: {reason}; it is "
+                                     f"left out")
+        else:
             self.sup.console.message(f"mslaunch: lost host {host.name}: {reason}")
 
     def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
@@ -279,7 +346,7 @@ class Fleet:
     def _let_go(self, conn) -> None:
         kept = self._kept()
         if kept is not None and not self.doomed:
-            kept.put(conn)           # a spare host's agent, for a later attempt
+            kept.put(conn, fresh=True)     # a spare host's agent, for a later attempt
         else:
             let_go(conn)
 
@@ -309,3 +376,11 @@ class Fleet:
     def close_listener(self) -> None:
         if self.listener is not None:
             self.listener.close()
+
+
+def _by_reason(failed: Dict[str, str]) -> Dict[str, List[str]]:
+    """The hosts of ``failed`` grouped by why."""
+    groups: Dict[str, List[str]] = {}
+    for name, why in failed.items():
+        groups.setdefault(why, []).append(name)
+    return groups

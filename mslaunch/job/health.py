@@ -1,7 +1,8 @@
 """The user's health check (``--health-check CMD``) of a job run with
 ``--max-restarts``: before each attempt, ``CMD`` runs once on every host the
 attempt may use (``/bin/sh -c CMD``, with the job's environment and working
-directory, through the job's own starter); a host where it exits non-zero, is
+directory (the first context's ``-x`` and ``-wdir`` too) but no rank's identity
+variables, through the job's own starter); a host where it exits non-zero, is
 killed, or runs longer than :data:`HEALTH_TIMEOUT` seconds is left out of this
 attempt and every later one (see :mod:`.attempts`).
 
@@ -27,8 +28,10 @@ HEALTH_TIMEOUT = 60.0
 def health_job(job: JobSpec) -> JobSpec:
     """The check of ``job`` as a job: one ``sh -c CMD`` per host, all run to their end."""
     assert job.health_check is not None
+    first = job.apps[0]
     return replace(
-        job, apps=(AppContext(argv=("/bin/sh", "-c", job.health_check)),),
+        job, apps=(AppContext(argv=("/bin/sh", "-c", job.health_check), env=first.env,
+                              wdir=first.wdir),), is_check=True, timeout_left=None,
         per_node=1, per_node_wrap=False, map_by="slot", ppr=None, pe=None, rank_by=None,
         bind_to="none", rankfile=None, cpu_list=None, keep_going=True, mpi="none",
         max_job_restarts=0, health_check=None, report_json=None, report_pid=None,

@@ -18,70 +18,214 @@ from __future__ import annotations
 
 import os
 import select
+import time
 
+from ..errors import HostsFailed
 from ..remote.starter import let_go
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+    from ..machine.loop import Loop, Timer
     from ..remote.starter import AgentConnection, Starter
 
-#: Seconds a kept agent waits for its next job before it exits: the longest
-#: back-off between attempts (:data:`.attempts.MAX_BACKOFF`), the stop of a
-#: failed attempt and the health check, with room to spare.
+#: Seconds a kept agent waits for its next job while this launcher is silent
+#: before it exits: longer than anything between two attempts (the longest
+#: back-off, :data:`.attempts.MAX_BACKOFF`, the stop of a failed attempt and the
+#: health check); during an attempt the launcher beats to every waiting agent.
 IDLE = 30.0
 
 
 class KeptAgents:
-    """The job's agents between attempts; see the module docstring."""
+    """The job's agents between attempts; see the module docstring.
+
+    A waiting agent beats; while an attempt runs (:meth:`watch`) its beats are
+    read on the attempt's loop, this launcher beats back, and an agent silent
+    for the job's heartbeat (or whose link ends) is a lost host: it goes, with
+    one line, and is noted in :attr:`lost` for the attempts to leave out."""
 
     def __init__(self) -> None:
         self.idle: Dict[str, AgentConnection] = {}
         self.starters: List[Starter] = []     # those that started agents, in order
+        self.heartbeat: Tuple[float, int] = (1.0, 5)
+        self.lost: Dict[str, str] = {}        # hosts lost while waiting, and why
+        self._heard: Dict[str, float] = {}    # when each was last heard (monotonic)
+        self._readers: Dict[str, Any] = {}
+        self._loop: Optional[Loop] = None
+        self._timer: Optional[Timer] = None
+        self._say: Callable[[str], None] = lambda text: None
 
-    def put(self, conn: AgentConnection) -> None:
-        """An agent with no job (told ``NEXT``, or never given one) for a later attempt."""
-        old = self.idle.pop(conn.name, None)
-        if old is not None:
-            let_go(old)
+    def put(self, conn: AgentConnection, fresh: bool = False) -> None:
+        """An agent with no job (told ``NEXT``; or ``fresh``: never given one, told
+        here) for a later attempt."""
+        self._drop(conn.name)
+        os.set_blocking(conn.fd, False)
+        if fresh:
+            from ..remote import link
+            try:
+                os.write(conn.fd, link.encode(link.NEXT, {"idle": IDLE,
+                                                          "heartbeat": list(self.heartbeat)}))
+            except OSError:
+                let_go(conn)
+                return
         self.idle[conn.name] = conn
+        self._heard[conn.name] = time.monotonic()
+        if self._loop is not None:
+            self._listen(conn)
 
     def take(self, names: Sequence[str]) -> Dict[str, AgentConnection]:
-        """The waiting agents of ``names`` whose links are still sound."""
+        """The waiting agents of ``names`` whose links are still sound and that were
+        heard from within the heartbeat."""
         taken = {}
         for name in names:
             conn = self.idle.pop(name, None)
             if conn is None:
                 continue
-            if _sound(conn.fd):
+            self._forget_fd(name, conn)
+            heard = _sound(conn.fd, self._heard.pop(name, 0.0))
+            if heard is not None and time.monotonic() - heard <= self._limit():
                 taken[name] = conn
             else:
                 let_go(conn)
         return taken
 
+    def check(self) -> Dict[str, str]:
+        """Before an attempt is planned: the waiting agents that are gone or silent
+        (lost hosts, which go); every host lost while waiting so far, and why."""
+        now = time.monotonic()
+        for name, conn in list(self.idle.items()):
+            heard = _sound(conn.fd, self._heard.get(name, 0.0))
+            if heard is None:
+                self._lose(name, "its agent's link ended while it waited")
+            elif now - heard > self._limit():
+                self._lose(name, f"no sign of life for {now - heard:.1f} s while it waited")
+            else:
+                self._heard[name] = heard
+        return dict(self.lost)
+
+    # -- while an attempt runs ---------------------------------------------------------
+    def watch(self, loop: Loop, say: Callable[[str], None]) -> None:
+        """Read the waiting agents' beats on ``loop`` and beat back, until :meth:`unwatch`."""
+        self._loop, self._say = loop, say
+        for conn in list(self.idle.values()):
+            self._listen(conn)
+        self._timer = loop.call_later(self.heartbeat[0], self._tick)
+
+    def unwatch(self) -> None:
+        if self._loop is None:
+            return
+        for name in list(self._readers):
+            self._forget(name)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._loop, self._timer = None, None
+        self._say = lambda text: None
+
+    def _listen(self, conn: AgentConnection) -> None:
+        from ..remote import link
+        assert self._loop is not None
+        reader = link.Reader()
+        name = conn.name
+
+        def readable() -> None:
+            try:
+                data = os.read(conn.fd, 1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._lose(name, "its agent's link ended while it waited")
+                return
+            try:
+                frames = reader.feed(data)
+            except link.LinkError as err:
+                self._lose(name, f"protocol error while it waited: {err}")
+                return
+            if any(kind != link.BEAT for kind, _ in frames):
+                self._drop(name)   # not on a frame's boundary for the next attempt
+                return
+            self._heard[name] = time.monotonic()
+
+        self._readers[name] = readable
+        self._loop.add_reader(conn.fd, readable)
+
+    def _forget(self, name: str) -> None:
+        conn = self.idle.get(name)
+        if conn is not None:
+            self._forget_fd(name, conn)
+
+    def _forget_fd(self, name: str, conn: AgentConnection) -> None:
+        if self._readers.pop(name, None) is not None and self._loop is not None:
+            self._loop.forget(conn.fd)
+
+    def _tick(self) -> None:
+        from ..remote import link
+        now = time.monotonic()
+        for name, conn in list(self.idle.items()):
+            silent = now - self._heard.get(name, now)
+            if silent > self._limit():
+                self._lose(name, f"no sign of life for {silent:.1f} s while it waited")
+                continue
+            try:
+                os.write(conn.fd, link.encode(link.BEAT))
+            except BlockingIOError:
+                pass           # a full link: the agent is not reading; its silence tells
+            except OSError:
+                self._lose(name, "its agent's link ended while it waited")
+        if self._loop is not None:
+            self._timer = self._loop.call_later(self.heartbeat[0], self._tick)
+
+    def _drop(self, name: str) -> None:
+        conn = self.idle.pop(name, None)
+        if conn is not None:
+            self._forget_fd(name, conn)
+            self._heard.pop(name, None)
+            let_go(conn)
+
+    def _lose(self, name: str, why: str) -> None:
+        conn = self.idle.pop(name, None)
+        if conn is None:
+            return
+        self._forget_fd(name, conn)
+        self._heard.pop(name, None)
+        self.lost[name] = why
+        self._say(f"mslaunch: lost spare host {name}: {why}; it is left out")
+        conn.close(wait=0, gone=True)
+        os.close(conn.fd)
+
+    def _limit(self) -> float:
+        interval, misses = self.heartbeat
+        return interval * misses
+
+    # -- the end ------------------------------------------------------------------
     def starter(self, make: Callable[[], Starter]) -> Starter:
         """The attempt's starter: agents from here first, ``make()``'s for the rest."""
         return _KeptFirst(self, make)
 
     def let_go_all(self) -> None:
         """Every waiting agent goes (the next attempt starts its own)."""
-        for conn in self.idle.values():
+        for name, conn in self.idle.items():
+            self._forget(name)
             let_go(conn)
         self.idle = {}
+        self._heard = {}
 
     def close(self) -> None:
         """The job ended: every waiting agent goes, then the starters."""
+        self.unwatch()
         self.let_go_all()
         for starter in self.starters:
             starter.close()
         self.starters = []
 
 
-def _sound(fd: int) -> bool:
-    """Whether a waiting agent's link can be taken up again: open, with nothing
-    to read but heartbeats (sent before the agent read ``NEXT``), and no part
-    of a frame."""
+def _sound(fd: int, heard: float) -> Optional[float]:
+    """When a waiting agent was last heard from (``heard``, or now if a beat
+    waits to be read), or None when its link cannot be taken up again: closed,
+    or holding more than heartbeats (sent before the agent read ``NEXT``), or a
+    part of a frame."""
     from ..remote import link
     reader = link.Reader()
     poller = select.poll()
@@ -92,16 +236,21 @@ def _sound(fd: int) -> bool:
         except BlockingIOError:
             break
         except OSError:
-            return False
+            return None
         if not data:
-            return False                       # the agent is gone
+            return None                        # the agent is gone
         try:
             frames = reader.feed(data)
         except link.LinkError:
-            return False
+            return None
         if any(kind != link.BEAT for kind, _ in frames):
-            return False
-    return not reader.buf
+            if os.environ.get("MSL_DEBUG"):
+                import sys
+                sys.stderr.write(f"DEBUG _sound frames {[(k, b[:80]) for k, b in frames]}\n")
+            return None
+        if frames:
+            heard = time.monotonic()
+    return None if reader.buf else heard
 
 
 class _KeptFirst:
@@ -157,6 +306,9 @@ class _KeptFirst:
         if rest:
             try:
                 conns.update(self._real().start(rest, cancelled=cancelled, say=say))
+            except HostsFailed as err:
+                err.started.update(conns)
+                raise
             except BaseException:
                 for conn in conns.values():
                     self.pool.put(conn)

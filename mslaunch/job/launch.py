@@ -268,11 +268,21 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
     from .attempts import AttemptOutcome, ends_for_restart, run_attempts
     from .keptagents import KeptAgents
     first = [kvsname]
-    shown: List = [console]        # the console of the attempt running, if any
+    # One console for every attempt: a line one attempt left unfinished is ended
+    # before the next one's first (each supervisor's own would not know of it).
+    own_console = console is None
+    if console is None:
+        from ..machine.terminal import Console
+        console = Console()
+    shown: List = [console]
     # What the attempts share (see Supervisor): the PMIx server, the agents kept
     # between attempts, and whether the attempt running may be followed by another.
     follows = {"health": False, "restarts_left": False}
-    carry: Dict[str, Any] = {"agents": KeptAgents(), "again": lambda sup: (
+    kept = KeptAgents()
+    from ..remote.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
+    kept.heartbeat = heartbeat_setting(environ.get("MSLAUNCH_HEARTBEAT"),
+                                       RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
+    carry: Dict[str, Any] = {"agents": kept, "again": lambda sup: (
         (sup.stop_signal is None and follows["health"])
         or (follows["restarts_left"] and ends_for_restart(sup.ending, sup.stop_signal)))}
 
@@ -299,9 +309,13 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
 
     def run_one(job_k: JobSpec, left_out, note: str, launched):
         follows.update(health=False, restarts_left=job_k.attempt < job.max_job_restarts)
-        return AttemptOutcome(*guarded(lambda guard, name: _attempt(
+        # Spare hosts whose waiting agents were lost are left out before the plan.
+        left_out = tuple(dict.fromkeys(left_out + tuple(kept.check())))
+        result, hosts, lost = guarded(lambda guard, name: _attempt(
             job_k, environ, left(left_out), guard, name, console, note, launched, shown,
-            carry)))
+            carry))
+        lost += tuple(n for n in kept.lost if n not in left_out and n not in lost)
+        return AttemptOutcome(result, hosts, lost)
 
     def check(left_out):
         from .health import failed_hosts, health_job
@@ -309,23 +323,36 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
         outcome = guarded(lambda guard, name: _attempt(
             health_job(job), environ, left(left_out), guard, name, console, shown=shown,
             carry=carry, tell=False))
+        sig = outcome[0].stop_signal
+        if sig is not None:       # a stop, not the hosts' failure
+            from ..errors import Stopped
+            from ..machine.spawn import signal_name
+            raise Stopped(f"stopped by {signal_name(sig)} during the --health-check", sig)
         failed = failed_hosts(outcome[0])
         for host, how in failed:
             say(f"mslaunch: --health-check failed on {host} ({how}): the host is left out")
         return tuple(host for host, _ in failed)
 
     def say(line: str) -> None:
-        if shown[-1] is not None:
-            shown[-1].message(line)
-        else:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
+        shown[-1].message(line)
+
+    # Stop signals between two attempts (none of them runs to take one) are noted
+    # for the attempt loop; the supervisor of an attempt takes them over meanwhile.
+    stops: List[int] = []
+    import _signal as signal
+    old = {sig: signal.signal(sig, lambda signum, frame: stops.append(signum))
+           for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        return run_attempts(job, run_one, say, check=check if job.health_check else None)
+        return run_attempts(job, run_one, say, lambda: stops[0] if stops else None,
+                            check=check if job.health_check else None)
     finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         carry["agents"].close()
         if carry.get("pmix") is not None:
             carry["pmix"].close()
+        if own_console:
+            shown[0].close()
 
 
 def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, note: str = "",
@@ -370,8 +397,11 @@ def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, no
         result = supervisor.run()
         if result.message and tell:
             supervisor.console.message(result.message)
+        fleet = supervisor.fleet
         return (result, tuple(dict.fromkeys(r.spec.host.name for r in supervisor.ranks)),
-                tuple(name for name, host in supervisor.hosts.items() if host.state == "lost"))
+                tuple(name for name, host in supervisor.hosts.items()
+                      if host.state == "lost" and not host.blameless)
+                + tuple(fleet.left_out if fleet is not None else ()))
     finally:
         if shown is not None and supervisor is not None:
             shown.pop()

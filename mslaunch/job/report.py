@@ -183,6 +183,11 @@ def timed_out(sup: JobView, live: List[RankState]) -> None:
     # One process with a name of its own (the Open MPI mode's mpirun) is named.
     what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
         f"{len(live)} rank(s)"
+    if sup.job.is_check:
+        hosts = ", ".join(dict.fromkeys(r.spec.host.name for r in live))
+        sup.console.message(f"mslaunch: --health-check did not end within "
+                            f"{sup.job.timeout:g} s on {hosts}; stopping it there")
+        return
     sup.console.message(f"mslaunch: job timed out after {sup.job.timeout:g} s (--timeout); "
                         f"terminating {what}; exit status {TIMEOUT_EXIT}")
     for line in sup.mpi_jobs.hang_report() if sup.mpi_jobs is not None else []:

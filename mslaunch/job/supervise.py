@@ -58,7 +58,8 @@ from .failures import Failures, ended_result
 from .lookin import OUTPUT_EVERY, LookingInside
 from .rankbook import Rank as _Rank
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+              signal.SIGTSTP)
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _pending_stop: List[int] = []          # see _note_stop
@@ -147,6 +148,9 @@ class Supervisor(LookingInside):
         self.started = time.monotonic()
         seal_inherited_fds()
         self.console.attach(self.loop, self._terminal_failed)
+        kept = self.carry.get("agents") if self.carry is not None else None
+        if kept is not None:     # agents waiting for a later attempt, watched meanwhile
+            kept.watch(self.loop, self.console.message)
         if self.job.output.xml:
             self.console.xml = True
             self.console.write(1, self, b"<mpirun>\n")
@@ -175,8 +179,9 @@ class Supervisor(LookingInside):
                 # The watch itself is imported at its first look: a short job never needs it.
                 self.loop.call_later(min(60.0, max(0.5, self.job.stall_report / 4)),
                                      self._watch_stall)
-            if self.job.timeout is not None:
-                self.loop.call_later(self.job.timeout, self._on_timeout)
+            limit = self.job.timeout if self.job.timeout_left is None else self.job.timeout_left
+            if limit is not None:
+                self.loop.call_later(limit, self._on_timeout)
             self.loop.run_until(self._finished)
         finally:
             self._cleanup()
@@ -313,17 +318,20 @@ class Supervisor(LookingInside):
         return rank.outputs[0], (rank.outputs[1] if len(rank.outputs) > 1 else None)
 
     # -- rank events --------------------------------------------------------
-    def ranks_lost(self, keys, reason: str, at: Optional[float] = None) -> None:
+    def ranks_lost(self, keys, reason: str, at: Optional[float] = None,
+                   blameless: bool = False) -> None:
         """A remote host, last heard from at ``at``, was lost with ranks ``keys`` on it
-        (see :class:`~.fleet.Fleet`)."""
+        (see :class:`~.fleet.Fleet`); ``blameless``: by this launcher's fault (its
+        agent gave up on it), not the host's."""
         # Ranks still running, and ranks that ended but whose output had not
         # all arrived: both lose something with the host.
         lost = [r for r in self.ranks if r.spec.key in keys
                 and (not r.ended or not all(out.finished for out in r.outputs))]
+        how = "ended by its host's agent" if blameless else "lost with its host"
         for r in lost:
             if not r.reason:
-                r.reason = (f"was lost with its host: {reason}" if not r.ended else
-                            f"lost the end of its output with its host: {reason}")
+                r.reason = (f"was {how}: {reason}" if not r.ended else
+                            f"lost the end of its output ({how}): {reason}")
             r.end, r.ended = (r.end if r.ended else at or time.time()), True
             for out in r.outputs:
                 out.finish()
@@ -370,6 +378,9 @@ class Supervisor(LookingInside):
         return [r for r in self.ranks if r.pid and not r.ended]
 
     def _on_signal(self, sig: int) -> None:
+        if sig == signal.SIGTSTP:
+            self._suspend()
+            return
         if sig == signal.SIGINT and self.stop_signal is not None:
             if not self.job.quiet:
                 self.console.message("mslaunch: second SIGINT: killing all ranks")
@@ -395,6 +406,18 @@ class Supervisor(LookingInside):
                 self.console.give_up()
         else:
             self._signal_all(sig)
+
+    def _suspend(self) -> None:
+        """Ctrl-Z (SIGTSTP): the ranks get it too, as under mpirun and Hydra; the
+        agents hear it first, so that they take this launcher's silence for a
+        pause, not a loss; then mslaunch stops itself.  At SIGCONT (``fg``, ``bg``)
+        the ranks are continued."""
+        self._signal_all(signal.SIGTSTP)
+        deadline = time.monotonic() + 1.0
+        for host in self.hosts.values():
+            host.endpoint.flush(deadline)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        self._signal_all(signal.SIGCONT)
 
     def _on_timeout(self) -> None:
         if self._finished() or self.ending is not None:
@@ -519,6 +542,9 @@ class Supervisor(LookingInside):
             self.mpi_jobs.close()
         if self.watchdog is not None and self._own_watchdog:
             self.watchdog.close()
+        kept = self.carry.get("agents") if self.carry is not None else None
+        if kept is not None:
+            kept.unwatch()
         if self.console.dropped:
             self.console.message(f"mslaunch: {self.console.dropped} byte(s) of rank output were "
                                  f"not delivered: the terminal was not being read when the "

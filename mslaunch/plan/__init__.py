@@ -170,10 +170,11 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
         app_index = app_of[rank]
         context: AppContext = job.apps[app_index]
         env = dict(app_envs[app_index][0 if host.local else 1])   # whole, or remote overlay
-        env.update(rank_variables(rank=rank, size=size, local_rank=local_rank,
-                                  local_size=local_size[h], group=host.node_id,
-                                  host=host.name, universe=universe, sizes=sizes,
-                                  kvsname=kvsname, pmi=job.mpi == "pmi"))
+        if not job.is_check:          # (a health check's commands are no ranks)
+            env.update(rank_variables(rank=rank, size=size, local_rank=local_rank,
+                                      local_size=local_size[h], group=host.node_id,
+                                      host=host.name, universe=universe, sizes=sizes,
+                                      kvsname=kvsname, pmi=job.mpi == "pmi"))
         if job.max_job_restarts:
             env.update(restart_variables(job.attempt, job.max_job_restarts))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
@@ -186,7 +187,9 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
             argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]
         # As Open MPI 4's mpirun: 1 on a host with more ranks than slots, where
         # Open MPI's ranks then yield the processor while they wait.
-        env.setdefault("OMPI_MCA_mpi_oversubscribe", "1" if local_size[h] > host.slots else "0")
+        if not job.is_check:
+            env.setdefault("OMPI_MCA_mpi_oversubscribe",
+                           "1" if local_size[h] > host.slots else "0")
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
                               local_size=local_size[h], argv=argv, env=env,
                               cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,

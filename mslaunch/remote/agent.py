@@ -57,7 +57,7 @@ from ..machine.spawn import check_startable, seal_inherited_fds
 from ..spec import RankSpec, replace, scrub_env
 from . import link
 from .endpoint import Endpoint
-from ..pmi.files import is_kvsname, public_id
+from ..pmi.files import is_kvsname
 from .agentio import LinkOutput, Outflow, StdinRelay
 from .agentlook import AgentLook
 from .agentpmi import AgentPMI
@@ -88,12 +88,12 @@ class Agent:
         self.loop = Loop()
         self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
                                  on_closed=self._link_closed)
+        self.endpoint.farewell = lambda silent: link.encode(link.GONE,
+                                                            {"silent": round(silent, 2)})
         self.in_fd, self.out_fd = in_fd, out_fd
         self._fresh_job()
         self.guard: Optional[Watchdog] = guard
         self._new_guard = new_guard
-        self.jobs_done = 0            # jobs forgotten on NEXT (kept between attempts)
-        self._idle: Optional[Any] = None     # the timer of a kept agent's wait
         self.finished = False
         self.grace = 5.0
         self.reason = ""
@@ -210,6 +210,12 @@ class Agent:
             ranks = link.optional(message, "ranks", list, "SIGNAL")
             if ranks is not None and not all(type(r) is int for r in ranks):
                 raise link.LinkError("SIGNAL: ranks are not numbers")
+            if ranks is None and sig == signal.SIGTSTP:
+                # The launcher stops (a Ctrl-Z): its silence means nothing until
+                # it is heard from again.
+                self.endpoint.pause_watch()
+            elif ranks is None and sig == signal.SIGCONT:
+                self.endpoint.pause_watch(False)
             if self.local is not None and 0 < sig < 65:
                 if sig == signal.SIGTERM and ranks is None:
                     self.local.catch_up()
@@ -222,7 +228,12 @@ class Agent:
         elif kind == link.BYE:
             self.finished = True
         elif kind == link.NEXT:
-            self._next(link.field(message, "idle", float, "NEXT"))
+            beat = link.optional(message, "heartbeat", list, "NEXT")
+            if beat is not None and not (len(beat) == 2 and type(beat[0]) in (int, float)
+                                         and type(beat[1]) is int
+                                         and 0.01 <= beat[0] <= 3600 and 1 <= beat[1] <= 1000):
+                raise link.LinkError("NEXT: heartbeat is not [interval, misses]")
+            self._next(link.field(message, "idle", float, "NEXT"), beat)
         elif kind in (link.STACKS, link.TOP):
             self.look.on_frame(kind, message, {
                 r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local else ())
@@ -231,13 +242,15 @@ class Agent:
             raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
 
     # -- NEXT: kept for the job's next attempt -----------------------------------
-    def _next(self, idle: float) -> None:
-        """Forget a job whose ranks have all ended; keep the link, the guard (whose
+    def _next(self, idle: float, beat: Optional[List[Any]]) -> None:
+        """Forget a job whose ranks have all ended, or that never started (or wait
+        for a first one: a spare host's agent); keep the link, the guard (whose
         marker names this agent's directories) and this host's PMIx server (its
-        library cannot start twice in one process)."""
-        if not self.job or not self.done_sent or not 0 < idle <= 3600:
-            raise link.LinkError("NEXT before the job is done, or without a wait")
-        self.endpoint.stop_heartbeat()   # nothing runs here to guard until the next JOB
+        library cannot start twice in one process).  While it waits, the agent
+        beats as its job did (or as ``beat`` says) and exits once the launcher has
+        been silent for ``idle`` s: a spare host is watched, and watches."""
+        if not 0 < idle <= 3600 or (self.local is not None and not self.done_sent):
+            raise link.LinkError("NEXT while ranks run, or without a wait")
         if self.local is not None:
             self.local.close(time.monotonic() + self.grace)
         if self.guard is not None:
@@ -254,40 +267,29 @@ class Agent:
         if self.output.link is not self.endpoint:
             self.output.link.flush(time.monotonic() + 2.0)
             self.output.link.close("")
+        if self.job:
+            interval, misses = self.job["heartbeat"]
+        else:
+            interval, misses = beat if beat is not None else (1.0, 5)
         self._fresh_job(pmix)
-        self.jobs_done += 1
-        self._idle = self.loop.call_later(idle, lambda: self._idle_over(idle))
-
-    def _idle_over(self, idle: float) -> None:
-        # An exit of 0, as on BYE: under srun a failed agent would end the whole step.
-        if not self.finished:
-            try:
-                sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: no next job "
-                                 f"came in {idle:g} s\n")
-            except (OSError, ValueError):
-                pass
-            self.finished = True
+        self.endpoint.start_heartbeat(float(interval), int(misses), patience=idle)
 
     # -- JOB: this host's ranks ---------------------------------------------------
     def _prepare(self, body: Dict[str, Any]) -> None:
         got = time.time()           # for the launcher's reading of this host's clock
         if self.job:
             raise link.LinkError("a second JOB frame")
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
         self.job = job = read_job(body, _socket.gethostname())
         self.grace = job["grace"]
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])
         self.specs = [self._spec(spec) for spec in job["ranks"]]
-        if self.guard is not None and (self.jobs_done
-                                       or self.named == public_id(job["kvsname"])):
-            # made at the greeting, for this job, or kept from this agent's first
+        if self.guard is not None:
+            # Made at the greeting, or kept from this agent's first job: one guard,
+            # and one cgroup, for the agent's whole life (a second guard's cgroup
+            # would be made inside the first's, which its end empties).
             self.guard.set_grace(self.grace)
         else:
-            if self.guard is not None:
-                self.guard.close()
             self.guard = self._new_guard(job["kvsname"], self.grace)
         self.pmi.guard = self.guard
         self.pmi.trace = bool(job.get("trace"))

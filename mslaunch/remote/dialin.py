@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import socket
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import LaunchError, one_line
+from ..errors import HostsFailed, LaunchError, one_line
 from ..machine.loop import Loop, bind, wait_fd
 from ..machine.spawn import signal_name
 from . import bootstrap, link, timeline
@@ -241,7 +241,9 @@ def greet(addresses: Sequence[str], tokens: Mapping[str, str],
     value, and puts the starting process of each host in ``procs`` (by name).
     ``wait(loop, done, procs)`` runs the loop until every agent is in ``done``,
     or raises; then the agents already greeted are closed and every starting
-    process ended: all or none.  The listener takes a port of ``port_range`` if given."""
+    process ended: all or none -- but for :class:`~mslaunch.errors.HostsFailed`,
+    which carries the agents that did start, unless one process started them
+    all.  The listener takes a port of ``port_range`` if given."""
     greeter = Greeter(addresses, tokens, port_range)
     greeter.begin(start)
     return greeter.finish(wait)
@@ -329,6 +331,17 @@ class Greeter:
         """Greet the agents until ``wait`` returns (see :func:`greet`)."""
         try:
             wait(self.loop, self.done, self.procs)
+        except HostsFailed as err:
+            if len({id(p) for p in self.procs.values()}) < len(self.procs):
+                self.abandon()       # one process for all the hosts (srun's step): all go
+            else:
+                for name, proc in self.procs.items():
+                    if name not in self.done:
+                        proc.closing = True
+                        proc.end(0)
+                self._close()
+                err.started = dict(self.done)
+            raise
         except BaseException:
             self.abandon()
             raise

@@ -31,6 +31,10 @@ HEARTBEAT = (1.0, 5)
 #: The same for a job run with --max-restarts, where a lost host costs an attempt
 #: only if it is noticed late: 1.8 s of silence (see docs/guides/long-jobs.md).
 RESTART_HEARTBEAT = (0.3, 6)
+#: Seconds of silence a peer that said it stops (a Ctrl-Z of the launcher) is
+#: given: should it never come back (its machine gone meanwhile), what it left
+#: stopped does not wait for ever.
+PAUSED_PATIENCE = 24 * 3600.0
 #: Bytes read per wake-up at first, and at most (doubling while reads fill it).
 FIRST_READ = 16 << 10
 MOST_READ = 1 << 20
@@ -70,13 +74,23 @@ class Endpoint(QueuedWriter):
         self._beat: Optional[Timer] = None
         self._watch: Optional[Timer] = None
         self.interval, self.misses = HEARTBEAT
+        self.limit = self.interval * self.misses      # seconds of silence that lose the peer
+        self.paused = False
+        #: What to tell a peer found silent before the link is closed (its bytes).
+        self.farewell: Optional[Callable[[float], bytes]] = None
         for fd in {read_fd, write_fd}:
             os.set_blocking(fd, False)
         loop.add_reader(read_fd, self._on_readable)
 
     # -- heartbeats ---------------------------------------------------------
-    def start_heartbeat(self, interval: float, misses: int) -> None:
+    def start_heartbeat(self, interval: float, misses: int,
+                        patience: Optional[float] = None) -> None:
+        """Send a beat every ``interval`` s; the peer is lost once silent for
+        ``misses`` intervals, or ``patience`` s when given (an idle agent's)."""
+        self.stop_heartbeat()
         self.interval, self.misses = interval, misses
+        self.limit = interval * misses if patience is None else patience
+        self.paused = False
         self.last_heard = time.monotonic()
         self._beat = self.loop.call_later(interval, self._send_beat)
         self._watch = self.loop.call_later(interval, self._check_peer)
@@ -88,6 +102,12 @@ class Endpoint(QueuedWriter):
                 timer.cancel()
         self._beat = self._watch = None
 
+    def pause_watch(self, paused: bool = True) -> None:
+        """The peer said it stops for a while (a Ctrl-Z): its silence counts only
+        after :data:`PAUSED_PATIENCE` s, until it says it runs again."""
+        self.paused = paused
+        self.last_heard = time.monotonic()
+
     def _send_beat(self) -> None:
         if self.closed:
             return
@@ -97,12 +117,33 @@ class Endpoint(QueuedWriter):
     def _check_peer(self) -> None:
         if self.closed:
             return
-        silent = time.monotonic() - self.last_heard
-        if silent > self.interval * self.misses:
-            self.close(f"no sign of life for {silent:.1f} s (heartbeat every "
-                       f"{self.interval:g} s, {self.misses} missed)")
+        now = time.monotonic()
+        due = self._watch.when if self._watch is not None else now
+        if now - due > self.limit / 2:
+            # This process itself did not run for a while (stopped, starved or
+            # suspended): what the peer sent meanwhile may not be read yet (a
+            # thread of paramiko's forwards it), so its silence says nothing
+            # yet.  It gets a whole interval's start again.
+            self.last_heard = max(self.last_heard, now - self.interval)
+        silent = now - self.last_heard
+        if silent > (PAUSED_PATIENCE if self.paused else self.limit):
+            if self.farewell is not None:
+                self._say_farewell(self.farewell(silent))
+            how = (f"heartbeat every {self.interval:g} s, {self.misses} missed"
+                   if self.limit == self.interval * self.misses else
+                   f"waiting at most {self.limit:g} s")
+            self.close(f"no sign of life for {silent:.1f} s ({how})")
             return
         self._watch = self.loop.call_later(self.interval, self._check_peer)
+
+    def _say_farewell(self, data: bytes) -> None:
+        """Write ``data`` after what is queued, if the peer still takes it at once
+        (it is silent: nothing here may wait for it)."""
+        if not self.queue:       # (else it would land inside a frame still waiting)
+            try:
+                os.write(self.write_fd, data)
+            except OSError:
+                pass
 
     # -- input --------------------------------------------------------------
     def _recv_into(self, view) -> int:

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
         def host_message(self, host: RemoteHost, text: str) -> None: ...
 
+        def host_ready(self, host: RemoteHost) -> None: ...
+
         def host_failed(self, host: RemoteHost, message: str, code: object) -> None: ...
 
         def host_lost(self, host: RemoteHost, reason: str) -> None: ...
@@ -96,6 +98,9 @@ class RemoteHost:
         self._looks: Dict[int, Any] = {}           # STACKS/TOP id -> callback(ranks)
         self._look_id = 0
         self.kept = False                 # its link handed on to the next attempt (keep)
+        #: Lost, but not by its own fault: its agent gave up on this launcher, which
+        #: was not running for longer than the heartbeat allows (stopped, starved).
+        self.blameless = False
 
     # -- commands -------------------------------------------------------------
     def prepare(self, frame: Dict[str, Any]) -> None:
@@ -156,17 +161,20 @@ class RemoteHost:
 
     @property
     def busy(self) -> bool:
-        return self.state not in ("done", "lost")
+        # (a spare host not started yet runs nothing to wait for)
+        return self.state not in ("done", "lost") and (self.state == "running" or bool(self.ranks))
 
     def release(self) -> None:
         self.say_bye()
 
     def keep(self, idle: float) -> bool:
-        """The job starts again (``--max-restarts``): when every rank here has ended,
-        its output is all in and the link is sound, tell the agent ``NEXT`` (to wait
-        ``idle`` s at most for its next job) and let go of the link without closing
-        it, for the next attempt's handle; True if kept, else it goes as usual."""
-        if self.state != "done" or self.endpoint.closed or not self._output_finished():
+        """The job starts again (``--max-restarts``): when every rank here has ended
+        (or none started), its output is all in and the link is sound, tell the
+        agent ``NEXT`` (to wait for its next job while this launcher is heard from
+        within ``idle`` s) and let go of the link without closing it, for the next
+        attempt's handle; True if kept, else it goes as usual."""
+        if self.state not in ("done", "ready") or self.endpoint.closed \
+                or not self._output_finished():
             return False
         self.endpoint.send(link.encode(link.NEXT, {"idle": float(idle)}))
         clean = self.endpoint.detach(time.monotonic() + 2.0)
@@ -271,6 +279,7 @@ class RemoteHost:
             self.clock_offset = clock_offset(self._job_sent, message.get("clock"), time.time())
             self.state = "ready"
             timeline.mark("ready (programs checked)", self.name)
+            sup.host_ready(self)
         elif kind == link.STARTED:
             if not self.started_seen:
                 self.started_seen = True
@@ -320,6 +329,12 @@ class RemoteHost:
             ranks = message.get("ranks")
             if done is not None:
                 done(ranks if isinstance(ranks, dict) else None)
+        elif kind == link.GONE:
+            silent = link.field(message, "silent", float, "GONE")
+            self.blameless = True
+            self.endpoint.close(f"mslaunch itself did not run for {silent:.1f} s (stopped or "
+                                f"starved): its agent there took it for lost and ended its "
+                                f"ranks")
         elif kind == link.DONE:
             if self._spawns:
                 return   # sent before the agent heard of the spawn: it will say DONE again
@@ -406,7 +421,9 @@ class RemoteHost:
     def _lost(self, reason: str) -> None:
         self.state = "lost"
         tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
-        if self.conn.ended_because:
+        if self.blameless:
+            pass                 # (the agent's own words say the same)
+        elif self.conn.ended_because:
             reason = self.conn.ended_because
         elif tail:
             reason += f"; the agent said: {tail[-1][:200]}"

@@ -49,6 +49,12 @@ NAMES = {HELLO: "HELLO", JOB: "JOB", READY: "READY", START: "START", STARTED: "S
 #: for the next ``JOB`` (``{"idle": seconds}``: at most that long, then exit).
 NEXT = 19
 NAMES[NEXT] = "NEXT"
+#: The agent to the launcher, as it gives up on a launcher silent for longer than
+#: the heartbeat allows (``{"silent": seconds}``): it then ends its ranks and exits.
+#: Read by a launcher that was itself not running (stopped, starved), this says the
+#: host was sound and the pause was the launcher's.
+GONE = 20
+NAMES[GONE] = "GONE"
 #: Looking inside a running job (see :mod:`.agentlook`): the launcher asks with
 #: ``{"id", "timeout"}``, the agent answers on the same kind with ``{"id", "ranks"}``.
 #: Numbered apart from the kinds above, so that kinds added there do not collide.

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop
     from ..spec import SSHSpec
 
-from ..errors import LaunchError, UsageError, one_line
+from ..errors import HostsFailed, LaunchError, UsageError, one_line
 from . import bootstrap, timeline
 from .dialin import DialedConnection, StartingProcess, dial_program, greet
 
@@ -175,7 +175,9 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
                 # given a moment to say so, so that one report counts them all.
                 settled = now + FAILURE_SETTLE
             if late or settled is not None and (not pending or now > settled):
-                raise LaunchError(_failure(names, done, procs, shown, timeout, late))
+                message, failed, unreachable = _failure(names, done, procs, shown, timeout,
+                                                        late)
+                raise HostsFailed(message, failed, unreachable=unreachable)
             if settled is None:
                 launch(procs, concurrent - len(pending))
             loop.run_once(0.1)
@@ -186,10 +188,14 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
 
 def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess], shown: str, timeout: float,
-             late: Set[str]) -> str:
+             late: Set[str]) -> Tuple[str, Dict[str, str], List[str]]:
     """One line: every host whose agent is not there, and why (those whose
-    command ended, and those ``late``: past their time)."""
+    command ended, and those ``late``: past their time); each of them with its
+    reason; and those that could not be reached (late, or the command's 255:
+    ssh's status for a connection that failed)."""
     groups: Dict[str, List[str]] = {}       # why -> the hosts that failed so
+    failed: Dict[str, str] = {}
+    unreachable: List[str] = []
     for name in names:
         if name in done or name not in procs:     # (not started: the start stopped)
             continue
@@ -203,6 +209,9 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
         else:
             how = f"killed by signal {-code}" if code < 0 else f"status {code}"
             why = f"ended with {how} before the agent dialled back" + (f": {said}" if said else "")
+        failed[name] = why
+        if code is None or code == 255:
+            unreachable.append(name)
         # The host's own name in what it said would keep hosts that failed alike apart.
         groups.setdefault(re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", "HOST", why),
                           []).append(name)
@@ -212,7 +221,7 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
     return (f"cannot start the job's agent on {missing} of {len(names)} remote host(s) "
             f"with '{one_line(shown, 200)} HOST ...'; nothing was started: "
             + "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more reasons"
-                                      if len(parts) > 6 else ""))
+                                      if len(parts) > 6 else ""), failed, unreachable)
 
 
 class RshStarter:

@@ -43,7 +43,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import LaunchError, one_line
+from ..errors import HostsFailed, LaunchError, one_line
 from ..hosts.allocation import check_nodes
 from ..machine.loop import Loop
 from . import bootstrap, timeline
@@ -307,8 +307,14 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
                     pass
                 said = (f"{one_line(refused[-1], 200)} (srun's version is asked again "
                         f"on the next run)")
-            raise LaunchError(f"srun ended (status {step.proc.returncode}) before every "
-                              f"agent started: {said}")
+            message = (f"srun ended (status {step.proc.returncode}) before every agent "
+                       f"started: {said}")
+            failed = _named(step.tail.decode("utf-8", "replace"),
+                            [n for n in names if n not in done])
+            if failed:          # srun names the nodes it could not start a task on
+                raise HostsFailed(message, {name: said for name in failed},
+                                  unreachable=failed)
+            raise LaunchError(message)
         if time.monotonic() > deadline:
             missing = [n for n in names if n not in done]
             raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
@@ -316,6 +322,12 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
                               f"{step.last_line() or 'nothing'})")
         loop.run_once(0.1)
         timeline.tick()
+
+
+def _named(text: str, names: Sequence[str]) -> List[str]:
+    """The nodes of ``names`` that ``text`` (srun's last words) names."""
+    import re
+    return [n for n in names if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w.-])", text)]
 
 
 class SrunStarter:

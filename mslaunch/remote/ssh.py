@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 
-from ..errors import LaunchError
+from ..errors import HostsFailed, LaunchError
 from . import bootstrap, timeline
 from .paramiko_import import paramiko_module, start_import
 from .sshchannel import SSHAgentConnection, _QuickAck, start_agent
@@ -303,7 +303,8 @@ def connect_each(connector: _Connector, names: Sequence[str], concurrency: int,
 
 def connect_all(names: Sequence[str], options: Options,
                 cancelled: Optional[Callable[[], bool]] = None) -> Dict[str, SSHAgentConnection]:
-    """Start an agent on every host in ``names``; all of them or none (LaunchError).
+    """Start an agent on every host in ``names``; all of them, or HostsFailed (with
+    those that started).
 
     ``cancelled`` is polled while waiting: when it turns true, the hosts
     still connecting are abandoned and a LaunchError is raised.
@@ -343,8 +344,9 @@ def connect_all(names: Sequence[str], options: Options,
             except Exception:
                 pass
     if failures:
-        close_all(done)
-        raise LaunchError(describe_failures(failures, len(names)))
+        raise HostsFailed(describe_failures(failures, len(names)),
+                          {name: str(f) for name, f in failures.items()}, done,
+                          [name for name, f in failures.items() if f.stage == "connect"])
     return done
 
 

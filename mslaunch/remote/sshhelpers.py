@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from .ssh import Options
 
-from ..errors import LaunchError, UsageError
+from ..errors import HostsFailed, LaunchError, UsageError
 from . import timeline
 from .sshfiles import HostFailure
 from .sshfork import WireError, decode, fork_helpers, readable
@@ -175,8 +175,8 @@ class Helpers:
 
     def collect(self, cancelled: Optional[Callable[[], bool]] = None
                 ) -> Dict[str, HelpedConnection]:
-        """An agent on every host of :meth:`begin`'s; all of them or none
-        (LaunchError, as :func:`.ssh.connect_all`)."""
+        """An agent on every host of :meth:`begin`'s; all of them, or HostsFailed
+        with those that started (as :func:`.ssh.connect_all`)."""
         import time
         from .ssh import close_all, describe_failures
         from .sshchannel import AGENT_TIMEOUT
@@ -210,8 +210,9 @@ class Helpers:
             close_all(done)
             raise
         if failures:
-            close_all(done)
-            raise LaunchError(describe_failures(failures, len(self.names)))
+            raise HostsFailed(describe_failures(failures, len(self.names)),
+                              {name: str(f) for name, f in failures.items()}, done,
+                              [name for name, f in failures.items() if f.stage == "connect"])
         return done
 
     def end(self, wait: float = 2.0) -> None:

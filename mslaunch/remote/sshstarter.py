@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from ..spec import SSHSpec
 
+from ..errors import HostsFailed
 from . import bootstrap
 from .paramiko_import import import_finished, start_import
 from .ssh import Options, close_all, connect_all
@@ -77,16 +78,26 @@ class SSHStarter:
             bootstrap.prepared()
             self._fork(names, count)
             begun = list(names)
-        conns: Dict[str, Any] = dict(self.helpers.collect(cancelled))
+        failed: Optional[HostsFailed] = None
+        try:
+            conns: Dict[str, Any] = dict(self.helpers.collect(cancelled))
+        except HostsFailed as err:
+            failed, conns = err, err.started
         for name in [n for n in conns if n not in names]:
             _let_go(conns.pop(name))
         rest = [n for n in names if n not in begun]
         if rest:        # asked for, not prepared: started here
             try:
                 conns.update(connect_all(rest, self.options, cancelled=cancelled))
+            except HostsFailed as err:
+                conns.update(err.started)
+                failed = _merged(failed, err, len(names))
             except BaseException:
                 close_all(conns)
                 raise
+        if failed is not None:
+            failed.started = conns
+            raise failed
         return conns
 
 
@@ -96,6 +107,16 @@ class SSHStarter:
         from ..machine.spawn import raise_fd_limit
         raise_fd_limit(8 * len(names) + 64)
         self.helpers.begin(names, count)
+
+
+def _merged(first: Optional[HostsFailed], second: HostsFailed, total: int) -> HostsFailed:
+    """Hosts that failed in the helpers and here, as one failure."""
+    if first is None:
+        return second
+    failed = dict(first.failed, **second.failed)
+    return HostsFailed(f"cannot start the job's agent on {len(failed)} of {total} remote "
+                       f"host(s): {first} / {second}", failed,
+                       unreachable=first.unreachable + second.unreachable)
 
 
 def _let_go(conn: Any) -> None:
