@@ -232,6 +232,25 @@ def test_a_failing_rank_on_one_node_ends_every_node_with_its_code(slurmbed, tmp_
     assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
 
 
+def test_a_child_a_rank_left_to_init_is_ended_by_the_agents(slurmbed, tmp_path):
+    # Slurm's proctrack/linuxproc (the bed's) loses a process reparented to init, as
+    # `(sleep 300 &)` is; the agents' guard does not (docs/guides/slurm.md).
+    tag = new_tag()
+    mark = tmp_path / "left"
+    code = f"(sleep 300 & echo $! > {mark}.$OMPI_COMM_WORLD_RANK); exit 0"
+    try:
+        rc, out, err = finish(salloc(slurmbed, tag, "--launcher", "slurm", "-n", "2", "sh",
+                                     "-c", code, cwd=tmp_path))
+        assert rc == 0, err
+        pids = [int((tmp_path / f"left.{r}").read_text()) for r in (0, 1)]
+        assert wait_for(lambda: not [pid for pid in pids if b"sleep" in _cmdline(pid)], 10), \
+            pids
+        assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), \
+            left_on_nodes(slurmbed, tag)
+    finally:
+        kill_tagged(tag)
+
+
 def _running(bed, tag, count: int = 4):
     p = salloc(bed, tag, "-n", str(count), "--grace", "1", PY, "-c",
                "import time; print('up', flush=True); time.sleep(120)")

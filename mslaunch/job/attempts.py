@@ -216,6 +216,8 @@ class _Attempts:
         """Wait ``wait`` s before the next attempt; its end when a stop signal came
         (meanwhile, or between two attempts) or ``--timeout`` is over."""
         deadline = time.monotonic() + wait
+        if wait and self.job.verbose:
+            self.say(f"mslaunch: a back-off of {wait:g} s before restart {self.number}")
         while True:
             sig = self.stopped()
             if sig is not None:

@@ -261,6 +261,9 @@ class Fleet:
         if self.sup.launched:
             host.start()
 
+    def host_paused(self, host: RemoteHost) -> None:
+        self.sup.host_paused(host.name)
+
     def host_failed(self, host: RemoteHost, message: str, code: object) -> None:
         """A host could not get ready: the launch fails with ``message``."""
         if self.start_error is None:
@@ -296,6 +299,7 @@ class Fleet:
                 self.start_error = (f"lost host {host.name} before the job started: "
                                     f"{reason}", HOST_LOST_EXIT)
             return
+        stopping = self.sup.ending is not None
         self.sup.ranks_lost(host.ranks, reason, host.last_heard_at(), host.blameless)
         if quiet:
             return
@@ -304,6 +308,11 @@ class Fleet:
         elif not host.ranks:
             self.sup.console.message(f"mslaunch: lost spare host {host.name}: {reason}; it is "
                                      f"left out")
+        elif stopping:
+            # After the failure that stops the job, which its summary names: a
+            # consequence, or at least later news, not the cause.
+            self.sup.console.message(f"mslaunch: lost host {host.name} while the job was "
+                                     f"stopping: {reason}")
         else:
             self.sup.console.message(f"mslaunch: lost host {host.name}: {reason}")
 

@@ -23,7 +23,7 @@ from ..pmi.files import (
     sessions_at_death,
 )
 from ..plan import agent_hosts
-from ..spec import JobSpec, Plan
+from ..spec import JobSpec, Plan, replace
 
 
 def free_port(port_range: Optional[Tuple[int, int]] = None) -> int:
@@ -309,6 +309,14 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
 
     def run_one(job_k: JobSpec, left_out, note: str, launched):
         follows.update(health=False, restarts_left=job_k.attempt < job.max_job_restarts)
+        if job_k.attempt and job.stdin != "none":
+            # mslaunch's stdin is the first attempt's: what a failed attempt's rank
+            # had read of it cannot be known to its program's checkpoint.
+            if job_k.attempt == 1 and _reads_input():
+                say("mslaunch: stdin goes to the first attempt only: the restarted job's "
+                    "ranks read end-of-file (a job that resumes from a checkpoint reads "
+                    "its input from a file)")
+            job_k = replace(job_k, stdin="none")
         # Spare hosts whose waiting agents were lost are left out before the plan.
         left_out = tuple(dict.fromkeys(left_out + tuple(kept.check())))
         result, hosts, lost = guarded(lambda guard, name: _attempt(
@@ -353,6 +361,15 @@ def _attempts(job: JobSpec, environ, entries, watchdog, kvsname: str, console):
             carry["pmix"].close()
         if own_console:
             shown[0].close()
+
+
+def _reads_input() -> bool:
+    """Whether mslaunch's stdin has something to read (not /dev/null, not closed)."""
+    try:
+        st, null = os.fstat(0), os.stat(os.devnull)
+    except OSError:
+        return False
+    return (st.st_rdev, st.st_ino) != (null.st_rdev, null.st_ino)
 
 
 def _attempt(job: JobSpec, environ, entries, watchdog, kvsname: str, console, note: str = "",

@@ -118,6 +118,7 @@ class Supervisor(LookingInside):
         self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
         self.inspector: Optional[Inspector] = None   # made on the first connection
         self.stall: Optional[StallWatch] = None      # --stall-report's watcher
+        self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
 
     @property
     def hosts(self) -> Dict[str, RemoteHost]:
@@ -173,6 +174,13 @@ class Supervisor(LookingInside):
             elif self.job.verbose and self.hooks is None:
                 self.log("no control socket (no private directory of this user's for it): "
                          "mslaunch-stacks and mslaunch-top cannot attach")
+            from ..machine.procs import refused_private
+            for why in refused_private():
+                # Someone else made this user's directory first: said, never silent.
+                self.log(f"warning: {why}: " + (
+                    f"this job's control socket is in {os.path.dirname(self.control[1])}"
+                    if self.control is not None else
+                    "mslaunch-stacks and mslaunch-top cannot attach to this job"))
             self._start_all()
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
             if self.job.stall_report and (self.hooks is None or self.takes_all):
@@ -410,14 +418,31 @@ class Supervisor(LookingInside):
     def _suspend(self) -> None:
         """Ctrl-Z (SIGTSTP): the ranks get it too, as under mpirun and Hydra; the
         agents hear it first, so that they take this launcher's silence for a
-        pause, not a loss; then mslaunch stops itself.  At SIGCONT (``fg``, ``bg``)
-        the ranks are continued."""
+        pause, not a loss, and mslaunch stops itself once each has answered (or
+        after a second).  At SIGCONT (``fg``, ``bg``) the ranks are continued."""
+        if self._pausing is not None:
+            return
         self._signal_all(signal.SIGTSTP)
-        deadline = time.monotonic() + 1.0
-        for host in self.hosts.values():
-            host.endpoint.flush(deadline)
+        self._pausing = {name for name, host in self.hosts.items()
+                         if host.state in ("ready", "running")}
+        if self._pausing:
+            self.loop.call_later(1.0, self._stop_self)
+        else:
+            self._stop_self()
+
+    def host_paused(self, name: str) -> None:
+        """A host's agent heard that this launcher stops (see :meth:`_suspend`)."""
+        if self._pausing is not None:
+            self._pausing.discard(name)
+            if not self._pausing:
+                self._stop_self()
+
+    def _stop_self(self) -> None:
+        if self._pausing is None:
+            return
+        self._pausing = None
         os.kill(os.getpid(), signal.SIGSTOP)
-        self._signal_all(signal.SIGCONT)
+        self._signal_all(signal.SIGCONT)        # (here again after SIGCONT)
 
     def _on_timeout(self) -> None:
         if self._finished() or self.ending is not None:

@@ -238,10 +238,24 @@ def terminate(groups: Iterable[int], marker: str, grace: float,
 
 def private_dir() -> Optional[str]:
     """This user's directory for job control sockets: ``$XDG_RUNTIME_DIR/mslaunch``,
-    else ``$TMPDIR/mslaunch-UID``; made 0700, and used only if it is this user's,
-    not a link, and open to nobody else (None if neither is)."""
+    else ``$TMPDIR/mslaunch-UID``, else ``~/.cache/mslaunch/HOST`` (where another
+    user cannot have made it first); made 0700, and used only if it is this
+    user's, not a link, and open to nobody else (None if none is)."""
     found = private_dirs(make=True)
     return found[0] if found else None
+
+
+#: Candidates of :func:`private_dir` refused because someone else made them, or
+#: made them open to others (said once by the job, see :func:`refused_private`).
+_REFUSED: List[str] = []
+
+
+def refused_private() -> List[str]:
+    """The candidate directories refused since the last call, each with why (a
+    warning's words)."""
+    refused = list(_REFUSED)
+    _REFUSED.clear()
+    return refused
 
 
 def private_dirs(make: bool = False) -> List[str]:
@@ -251,10 +265,16 @@ def private_dirs(make: bool = False) -> List[str]:
     uid = os.getuid()
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     tmp = os.path.join(os.environ.get("TMPDIR", "") or "/tmp", f"mslaunch-{uid}")
+    home = _home_dir()
     found = []
-    for base in ([os.path.join(runtime, "mslaunch")] if runtime.startswith("/") else []) + [tmp]:
+    for base in ([os.path.join(runtime, "mslaunch")] if runtime.startswith("/") else []) \
+            + [tmp, home]:
+        if not base:
+            continue
         try:
             if make:
+                if base == home:
+                    os.makedirs(os.path.dirname(base), 0o700, exist_ok=True)
                 os.mkdir(base, 0o700)
         except FileExistsError:
             pass
@@ -268,7 +288,23 @@ def private_dirs(make: bool = False) -> List[str]:
             found.append(base)
             if make:
                 break
+        elif make:
+            why = (f"{base} is not this user's alone (owner uid {st.st_uid}, mode "
+                   f"{_stat.S_IMODE(st.st_mode):04o}{', a link' if _stat.S_ISLNK(st.st_mode) else ''})")
+            if why not in _REFUSED:
+                _REFUSED.append(why)
     return found
+
+
+def _home_dir() -> str:
+    """``~/.cache/mslaunch/HOST``: a home directory may be shared by many hosts, whose
+    launchers' pids would meet in one directory; "" when its socket paths would be
+    too long for a Unix socket (108 bytes)."""
+    home = os.environ.get("HOME", "")
+    if not home.startswith("/"):
+        return ""
+    path = os.path.join(home, ".cache", "mslaunch", os.uname().nodename)
+    return path if len(path.encode()) + len("/4194304.sock") < 108 else ""
 
 
 def in_private(make: Callable[[str], Optional[T]]) -> Optional[T]:

@@ -386,8 +386,10 @@ def describe_map(plan: Plan) -> str:
 def agent_hosts(plan: Plan, job: JobSpec) -> List[str]:
     """The remote hosts that get an agent: those with ranks, and -- as Open MPI
     starts a daemon on every host of the allocation -- the hosts the first job
-    leaves free, kept ready for the jobs its ranks may spawn."""
+    leaves free, kept ready for the jobs its ranks may spawn, or, in a job that
+    may start again, for its ranks should another host be lost (watched
+    meanwhile, as every host is)."""
     hosts = [h for h in plan.hosts if not h.local]
-    if job.mpi == "pmi" and not job.novm:
+    if (job.mpi == "pmi" and not job.novm) or job.max_job_restarts:
         hosts += [h for h in plan.spare_hosts if not h.local]
     return list(dict.fromkeys(h.name for h in hosts))

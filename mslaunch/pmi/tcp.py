@@ -27,6 +27,10 @@ from . import READY
 from .wire import is_pmi_id
 
 
+#: Wrong ``PMI_ID``\ s from one address before it is refused for the rest of the job.
+WRONG_IDS = 16
+
+
 class TCPDoor:
     """The listening socket of ``server`` and the peers not yet authenticated.
 
@@ -53,6 +57,8 @@ class TCPDoor:
         self._stranger_lines = 0
         self._stranger_suppressed = 0
         self._stranger_window: Optional[Timer] = None
+        self.wrong: Dict[str, int] = {}          # wrong PMI_IDs by peer address
+        self.locked: Set[str] = set()            # addresses refused for good
 
     def listen(self, host: str, port_range: Optional[Tuple[int, int]] = None) -> int:
         """Listen on ``host``, on a port of ``port_range`` if given; returns the port."""
@@ -113,11 +119,17 @@ class TCPDoor:
                 self.log_stranger(f"listener: refused a connection from {_addr[0]}, "
                                   f"no host of the job's")
                 continue
+            if _addr[0] in self.locked:
+                sock.close()
+                self.log_stranger(f"listener: refused a connection from {_addr[0]}, locked "
+                                  f"out after {WRONG_IDS} wrong PMI_IDs")
+                continue
             try:
                 conn = self.make_conn(sock)
             except OSError:
                 sock.close()
                 continue
+            conn.peer = _addr[0]
             self.pending += 1
             self.unauth[conn.fd] = conn
             server._conns[conn.fd] = conn
@@ -130,6 +142,7 @@ class TCPDoor:
         """Let ``conn`` in as the rank whose secret ``pmiid`` is, or cut it off."""
         rank = self.ids.get(int(pmiid)) if pmiid and is_pmi_id(pmiid) else None
         if rank is None:
+            self._wrong(conn.peer)
             conn.abandon("wrong PMI_ID")
             return False
         if rank in self.ranks:
@@ -144,6 +157,19 @@ class TCPDoor:
             conn.auth_timer.cancel()
             conn.auth_timer = None
         return True
+
+    def _wrong(self, peer: str) -> None:
+        """A wrong PMI_ID from ``peer``: past :data:`WRONG_IDS` of them, the address
+        is locked out for the rest of the job, so that a process guessing the
+        31-bit secrets of ranks not yet in MPI_Init (MPICH's PMI_ID is an int)
+        gets a few guesses, not millions."""
+        count = self.wrong.get(peer, 0) + 1
+        self.wrong[peer] = count
+        if count >= WRONG_IDS and peer not in self.locked:
+            self.locked.add(peer)
+            self.server._emit_log(f"listener: {count} wrong PMI_IDs from {peer}: that address is "
+                                  f"refused from now on (a process there guesses ranks' "
+                                  f"secrets)")
 
     def closed(self, conn: _Conn) -> None:
         """A stranger's connection closed before it authenticated."""

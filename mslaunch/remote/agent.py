@@ -210,17 +210,18 @@ class Agent:
             ranks = link.optional(message, "ranks", list, "SIGNAL")
             if ranks is not None and not all(type(r) is int for r in ranks):
                 raise link.LinkError("SIGNAL: ranks are not numbers")
-            if ranks is None and sig == signal.SIGTSTP:
-                # The launcher stops (a Ctrl-Z): its silence means nothing until
-                # it is heard from again.
-                self.endpoint.pause_watch()
-            elif ranks is None and sig == signal.SIGCONT:
+            if ranks is None and sig == signal.SIGCONT:
                 self.endpoint.pause_watch(False)
             if self.local is not None and 0 < sig < 65:
                 if sig == signal.SIGTERM and ranks is None:
                     self.local.catch_up()
                     self.pmi.stopping(self._live_pids())
                 self.local.signal(sig, ranks)
+            if ranks is None and sig == signal.SIGTSTP:
+                # The launcher stops (a Ctrl-Z): its silence means nothing until it
+                # says it goes on; it waits for this answer before it stops.
+                self.endpoint.pause_watch()
+                self.endpoint.send(link.encode(link.SIGNAL, {"sig": int(sig)}))
         elif kind == link.CREDIT:
             self.output.grant(link.field(message, "bytes", int, "CREDIT"))
         elif kind == link.PMI:

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
         def host_ready(self, host: RemoteHost) -> None: ...
 
+        def host_paused(self, host: RemoteHost) -> None: ...
+
         def host_failed(self, host: RemoteHost, message: str, code: object) -> None: ...
 
         def host_lost(self, host: RemoteHost, reason: str) -> None: ...
@@ -329,6 +331,8 @@ class RemoteHost:
             ranks = message.get("ranks")
             if done is not None:
                 done(ranks if isinstance(ranks, dict) else None)
+        elif kind == link.SIGNAL:       # the agent heard that this launcher stops
+            sup.host_paused(self)
         elif kind == link.GONE:
             silent = link.field(message, "silent", float, "GONE")
             self.blameless = True

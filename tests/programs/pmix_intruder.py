@@ -127,8 +127,8 @@ def tool(lib, port):
 def pmi_attempt(port, pmi_id):
     """``initack`` with ``pmi_id``: 0 when let in, 1 when cut off."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(f"cmd=initack pmiid={pmi_id}\n".encode())
-        try:
+        try:     # (an address locked out is closed at once: the send may fail)
+            s.sendall(f"cmd=initack pmiid={pmi_id}\n".encode())
             answer = s.recv(4096)
         except OSError:
             answer = b""
