@@ -14,7 +14,7 @@ settings.load_profile("suite")
 REQUIRE_ALL = os.environ.get("MSLAUNCH_TEST_REQUIRE_ALL") == "1"
 
 # The multi-host SSH test bed's fixtures (sshbed, sshbeds).
-pytest_plugins = ["sshbed", "slurmbed", "shmcheck"]
+pytest_plugins = ["sshbed", "slurmbed", "shmcheck", "cgroupcheck"]
 
 
 def require(ok: bool, reason: str) -> None:

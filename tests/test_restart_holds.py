@@ -13,6 +13,7 @@ import pytest
 
 from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, start, wait_for
+from soak import cgroups_of
 
 #: A rank that says where it runs (its cgroup, its launcher) and fails once: rank 1
 #: of the first attempt exits 5, once rank 0 has said where it runs (argv[1]: a
@@ -31,24 +32,6 @@ WHERE = ("import os, sys, time\n"
          "    sys.exit(5)\n")
 
 
-def _cgroup_root() -> str:
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if right.split(" ", 1)[0] == "cgroup2":
-                return left.split()[4]
-    return ""
-
-
-def _job_cgroups(launcher: int) -> list:
-    """The cgroups, anywhere in the tree, that a launcher of pid ``launcher`` made."""
-    root = _cgroup_root()
-    found = []
-    for where, dirs, _ in os.walk(root):
-        found += [os.path.join(where, d) for d in dirs if d.startswith(f"mslaunch-{launcher}-")]
-    return found
-
-
 def test_every_attempt_runs_in_the_one_cgroup_of_the_job_and_none_is_left(tmp_path):
     tag = new_tag()
     try:
@@ -64,7 +47,7 @@ def test_every_attempt_runs_in_the_one_cgroup_of_the_job_and_none_is_left(tmp_pa
         # one cgroup of the job's, not one inside another's
         assert cgroups.pop().count("/mslaunch-") == 1, seen
         launcher = int(launchers.pop())
-        assert wait_for(lambda: _job_cgroups(launcher) == [], 10), _job_cgroups(launcher)
+        assert wait_for(lambda: cgroups_of(launcher) == [], 10), cgroups_of(launcher)
     finally:
         kill_tagged(tag)
 

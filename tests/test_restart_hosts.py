@@ -206,3 +206,60 @@ def test_a_line_one_attempt_leaves_unfinished_is_ended_before_the_next_ones(sshb
         kill_tagged(tag)
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"half\nwhole\n", r.stdout
+
+
+def test_a_host_lost_after_the_failure_is_said_as_what_followed(sshbed, tmp_path):
+    # Rank 2 (h2) is killed; its host's link is cut once the stop has reached it
+    # (rank 3 there got SIGTERM, and ignores it): the summary names the kill, and
+    # the host's loss is said as news that came after it.
+    sshbed.require_netns("a host cut off")
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    script = ('d=$0; if [ "$RANK" = 2 ]; then sleep 0.5; kill -9 $$; fi; '
+              '[ "$RANK" = 3 ] && trap "touch $d/term.$RANK" TERM; '
+              'while :; do sleep 0.05; done')
+    p = subprocess.Popen(cmd("--grace", "10", "-H", "h1:2,h2:2", "-n", "4", "-x",
+                             "MSL_TEST_TAG", "sh", "-c", script, str(tmp_path)),
+                         env=renv(home, MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: (tmp_path / "term.3").exists(), 90)
+        sshbed.link_down("h2")
+        code, out, err = _end(p, tag, sshbed)
+    finally:
+        sshbed.link_up("h2")
+    assert code == 137, err
+    lines = err.splitlines()
+    summary = [line for line in lines if line.startswith("mslaunch: rank 2 (pid ")]
+    assert summary and "was killed by signal 9 (SIGKILL)" in summary[0], err
+    lost = [line for line in lines if "lost host h2" in line]
+    assert lost and all(line.startswith("mslaunch: lost host h2 while the job was stopping: ")
+                        for line in lost), err
+
+
+def test_a_crashed_spare_node_of_a_slurm_allocation_is_left_out(slurmbeds, tmp_path):
+    # The allocation's third node crashes before the job starts its agents (one
+    # srun step on every node): srun fails the step on it; the job, which puts no
+    # rank there, starts on the other two, as without the spare.
+    from test_slurm import benv
+    bed = slurmbeds.get(nodes=3)
+    tag = new_tag()
+    script = (f'touch {tmp_path}/granted; while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; '
+              f'exec "$@"')
+    p = bed.popen(["salloc", "-N", "3", "--ntasks-per-node=2", "-Q", "sh", "-c", script, "sh",
+                   *cmd("-n", "4", "hostname")], env=None, base_env=benv(bed, tag),
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        assert wait_for(lambda: (tmp_path / "granted").exists(), 60)
+        bed.crash(3)
+        (tmp_path / "go").touch()
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+    text = err.decode()
+    assert p.returncode == 0, text
+    assert sorted(out.decode().split()) == ["h1", "h1", "h2", "h2"], (out, text)
+    assert "mslaunch: h3: cannot start the agent (" in text and \
+        "no rank goes there, so the job goes on without it" in text, text
