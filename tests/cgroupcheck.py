@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
 
@@ -70,6 +70,9 @@ def _remove(path: str) -> None:
 
 
 _start: List[Set[str]] = []
+#: (when, test) as each test starts, to name the test a cgroup left was made in
+#: (in one process; with workers, the cgroup's time says when)
+_tests: List[Tuple[float, str]] = []
 
 
 def pytest_sessionstart(session) -> None:
@@ -77,15 +80,28 @@ def pytest_sessionstart(session) -> None:
         _start.append(job_cgroups())
 
 
+def pytest_runtest_logstart(nodeid, location) -> None:
+    _tests.append((time.time(), nodeid))
+
+
+def _made_during(path: str) -> str:
+    try:
+        made = os.stat(path).st_ctime
+    except OSError:
+        return "?"
+    before = [name for at, name in _tests if at <= made]
+    return before[-1] if before else time.strftime("%H:%M:%S", time.localtime(made))
+
+
 @pytest.hookimpl(trylast=True)      # after the session's fixtures (the test beds) are gone
 def pytest_sessionfinish(session, exitstatus) -> None:
     if not _start:
         return
     before = _start.pop()
-    left: Dict[str, bool] = {}
+    left: Dict[str, str] = {}
     deadline = time.monotonic() + 5     # a watchdog removes its cgroup just after its job
     while True:
-        left = {p: True for p in job_cgroups() - before if _dead(p)}
+        left = {p: _made_during(p) for p in job_cgroups() - before if _dead(p)}
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -95,7 +111,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         _remove(path)
     rep = session.config.pluginmanager.get_plugin("terminalreporter")
     text = (f"cgroupcheck: the suite's jobs left {len(left)} cgroup(s) (removed now): "
-            + ", ".join(sorted(left)))
+            + ", ".join(f"{p} (made during {made})" for p, made in sorted(left.items())))
     if rep is not None:
         rep.write_sep("=", text, red=True)
     session.exitstatus = 1

@@ -284,10 +284,11 @@ WRONG_ORDER = {
     "START before JOB": ([], [link.encode(link.START)], "START without a JOB"),
     "START twice": (["job", "start"], [link.encode(link.START)], "START without a JOB, or twice"),
     "a second JOB": (["job"], ["job"], "a second JOB frame"),
-    "NEXT before JOB": ([], [link.encode(link.NEXT, {"idle": 5.0})],
-                        "NEXT before the job is done"),
     "NEXT while ranks run": (["job", "start"], [link.encode(link.NEXT, {"idle": 5.0})],
-                             "NEXT before the job is done"),
+                             "NEXT while ranks run, or without a wait"),
+    "NEXT with a bad heartbeat": ([], [link.encode(link.NEXT, {"idle": 5.0,
+                                                               "heartbeat": [0, 5]})],
+                                  "NEXT: heartbeat is not"),
     "NEXT without a wait": (["job"], [link.encode(link.NEXT, {})],
                             "NEXT: field 'idle' missing or not float"),
     "OUTPUT downwards": (["job", "start"], [link.encode_output(0, 1, b"hi")],
@@ -509,8 +510,9 @@ def _one_job(agent: AgentProc, job: Dict[str, Any]) -> Dict[int, Tuple[Any, Any]
 
 def test_an_agent_told_next_runs_the_next_job_on_the_same_link(agents, tmp_path):
     """--max-restarts keeps the agents between attempts: after NEXT the agent
-    forgets its job (what a rank left behind goes), heeds no heartbeat while it
-    waits, and takes a new JOB of another name; BYE still ends it with 0."""
+    forgets its job (what a rank left behind goes), beats while it waits but gives
+    the launcher's silence NEXT's wait (not the job's heartbeat), and takes a new
+    JOB of another name; BYE still ends it with 0."""
     agent = agents.new()
     left = tmp_path / "left.pid"
     daemon = ("import os, subprocess, sys\n"
@@ -524,9 +526,10 @@ def test_an_agent_told_next_runs_the_next_job_on_the_same_link(agents, tmp_path)
     pid = int(left.read_text())
     agent.send(link.encode(link.NEXT, {"idle": 20.0}))
     # Its ranks' leftover is gone; the launcher's silence (3 heartbeats of 0.2 s
-    # and more) does not end a waiting agent.
+    # and more) does not end a waiting agent, which beats meanwhile.
     assert wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10)
-    assert agent.drain(1.5) == [] and agent.proc.poll() is None
+    said = agent.drain(1.5)
+    assert said and {kind for kind, _ in said} == {link.BEAT} and agent.proc.poll() is None
     second = job_body(agent.tag, str(tmp_path), [[PY, "-c", "print('again')"]] * 2,
                       kvsname=f"kvs_next_{agent.tag[:12]}")
     assert _one_job(agent, second) == {0: (0, None), 1: (0, None)}
@@ -538,11 +541,30 @@ def test_an_agent_told_next_runs_the_next_job_on_the_same_link(agents, tmp_path)
 
 
 def test_an_agent_left_waiting_after_next_exits_by_itself(agents, tmp_path):
+    # ... once the launcher has been silent for NEXT's wait: with 0, as on BYE
+    # (under srun a failing agent would end the other hosts' agents).
     agent = agents.new()
     _one_job(agent, job_body(agent.tag, str(tmp_path), [[PY, "-c", "pass"]]))
     agent.send(link.encode(link.NEXT, {"idle": 1.0}))
     code, err = agent.finish(10)
-    assert code == 0 and "no next job came in 1 s" in one_agent_line(err), (code, err)
+    line = one_agent_line(err)
+    assert code == 0 and "no next job came: no sign of life for " in line \
+        and "(waiting at most 1 s)" in line, (code, err)
+    no_tagged_processes(agent.tag)
+
+
+def test_a_spare_hosts_agent_told_next_before_any_job_beats_and_takes_one(agents, tmp_path):
+    # An agent the first attempt gives no rank (a spare host) waits from the start,
+    # beating as NEXT says, so that the launcher sees it is alive; then a job comes.
+    agent = agents.new()
+    agent.send(link.encode(link.NEXT, {"idle": 20.0, "heartbeat": [0.1, 5]}))
+    said = agent.drain(1.0)
+    assert len(said) >= 5 and {kind for kind, _ in said} == {link.BEAT}, said
+    body = job_body(agent.tag, str(tmp_path), [[PY, "-c", "print('spare')"]])
+    assert _one_job(agent, body) == {0: (0, None)}
+    assert agent.output[0, 1] == b"spare\n"
+    agent.send(link.encode(link.BYE))
+    assert agent.finish(5) == (0, "")
     no_tagged_processes(agent.tag)
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import cmd, kill_tagged, new_tag, wait_for
+from helpers import cmd, kill_tagged, new_tag, tagged_pids, wait_for
 from test_remote import agents, renv, settle
 
 pytestmark = pytest.mark.remote
@@ -254,6 +254,7 @@ def test_a_crashed_spare_node_of_a_slurm_allocation_is_left_out(slurmbeds, tmp_p
         bed.crash(3)
         (tmp_path / "go").touch()
         out, err = p.communicate(timeout=120)
+        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
     finally:
         p.kill()
         p.communicate()

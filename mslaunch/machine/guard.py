@@ -6,9 +6,12 @@ Three mechanisms, strongest first:
   under its own): the launcher forks its watchdog, then moves itself into
   a new cgroup, so every process started from then on -- ranks, their
   children, daemons that called ``setsid`` and cleared their environment --
-  is in it and cannot leave it.  The launcher stays inside to its end (a
-  move out would cost the kernel a grace period); once it has exited, the
-  watchdog empties the cgroup with ``cgroup.kill`` and removes it.
+  is in it and cannot leave it.  At the job's end the launcher moves itself
+  back to the cgroup it came from (a tenth of a millisecond: only the first
+  move into a new cgroup waits for the kernel) and removes the job's, now
+  empty; what is left there the watchdog empties with ``cgroup.kill`` and
+  removes.  So the cgroup is gone with the job even where the watchdog is
+  killed with the launcher (a scheduler ending a whole step).
 * **Child subreaper** (when no cgroup can be made): descendants orphaned
   during the job are re-parented to the launcher instead of init, so it
   sees and stops them; the watchdog keeps a list of them in case the
@@ -28,8 +31,8 @@ watchdog terminates everything of the job (SIGCONT and SIGTERM, SIGKILL
 after the grace period) and then calls its owner's ``on_death`` hook with
 what was kept, and with what its ``on_stop`` hook found in the job's
 processes while they were stopped (before any of them was told to end).
-After ``done`` it only empties and removes the cgroup and sweeps the
-marker, off the job's critical path.  The owner may also hand it
+After ``done`` it only empties and removes the cgroup (if the launcher did
+not) and sweeps the marker, off the job's critical path.  The owner may also hand it
 named tasks to run off that path (its ``tasks`` hook).
 
 The guard knows no MPI: those hooks are passed in by its owner.  Finding
@@ -128,6 +131,14 @@ class JobCgroup:
             return None
         _remove_stale(home)
         return cls(path, home)
+
+    def leave(self, pid: int) -> bool:
+        """Move process ``pid`` back to the cgroup the job's came from."""
+        try:
+            _write(os.path.join(self.home, "cgroup.procs"), str(pid))
+            return True
+        except OSError:
+            return False
 
     def enter(self, pid: int) -> bool:
         """Move process ``pid`` into the cgroup (its future children follow)."""
@@ -328,17 +339,24 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
     if done:
         # The launcher saw every rank end; group ids may already name someone
         # else's group, so only the cgroup, the marker and the leftovers the
-        # launcher handed over count now.  The launcher does not leave the
-        # cgroup (a move costs the kernel a grace period, 5 to 20 ms, on its
-        # way out): wait for it to exit first.
-        wait_gone(parent, 30.0)
+        # launcher handed over count now.  A launcher that could not leave the
+        # cgroup is waited for first.
+        if cgroup is not None and parent in cgroup.pids():
+            wait_gone(parent, 30.0)
         if cgroup is not None and not cgroup.pids() - {parent}:
             cgroup.remove(wait=2.0)       # the usual end: nothing left inside
-            return
-        terminate((), marker, grace, cgroup, live, spare=(parent,))
+        else:
+            terminate((), marker, grace, cgroup, live, spare=(parent,))
+    else:
+        terminate(groups, marker, grace, cgroup, live,
+                  stopped=None if on_stop is None else lambda pids: kept.extend(on_stop(pids)))
+    if cgroup is not None:
+        # Job cgroups beside this one whose launcher and watchdog both died (killed
+        # together, as a scheduler kills a whole step) go too, as a new job's
+        # guard removes them when it makes its own.
+        _remove_stale(cgroup.home)
+    if done:
         return
-    terminate(groups, marker, grace, cgroup, live,
-              stopped=None if on_stop is None else lambda pids: kept.extend(on_stop(pids)))
     for path in private:
         remove_private(path)
     if on_death is not None:
@@ -506,7 +524,8 @@ class Watchdog:
         self.reap_adopted(())
 
     def close(self) -> None:
-        """Normal end: the watchdog empties the cgroup once this process has exited.
+        """Normal end: this process leaves the job's cgroup and removes it, or the
+        watchdog empties it of what is left and removes it.
 
         It is not waited for; if the launcher outlives it, the zombie goes
         with the launcher's own exit.
@@ -518,6 +537,8 @@ class Watchdog:
             # Without a cgroup, what the launcher adopted as a subreaper would
             # be re-parented to init when it exits: hand it over.
             self._pending = [f"p{pid} {start_time(pid)}\n" for pid in self.leftovers()]
+        elif self.cgroup.leave(os.getpid()) and not self.cgroup.pids():
+            self.cgroup.remove()         # (what is left, the watchdog ends and removes)
         self._pending.append("done\n")
         self.flush()
         os.close(self._fd)

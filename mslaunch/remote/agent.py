@@ -95,6 +95,7 @@ class Agent:
         self.guard: Optional[Watchdog] = guard
         self._new_guard = new_guard
         self.finished = False
+        self.waiting = False          # told NEXT: waits for a next job, runs nothing
         self.grace = 5.0
         self.reason = ""
         self.preloaded: List[str] = []
@@ -141,9 +142,19 @@ class Agent:
         self.finished = True
 
     def _link_closed(self, reason: str) -> None:
-        if not self.finished:
-            self.reason = self.reason or f"lost the launcher: {reason}"
-            self.finished = True
+        if self.finished:
+            return
+        self.finished = True
+        if self.waiting:
+            # An exit of 0, as on BYE: under srun a failed agent would end the whole
+            # step, the other hosts' agents with it.
+            try:
+                sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: no next job "
+                                 f"came: {reason}\n")
+            except (OSError, ValueError):
+                pass
+            return
+        self.reason = self.reason or f"lost the launcher: {reason}"
 
     def _output_closed(self, reason: str) -> None:
         # Once every rank here has ended the output connection has nothing left to
@@ -221,7 +232,7 @@ class Agent:
                 # The launcher stops (a Ctrl-Z): its silence means nothing until it
                 # says it goes on; it waits for this answer before it stops.
                 self.endpoint.pause_watch()
-                self.endpoint.send(link.encode(link.SIGNAL, {"sig": int(sig)}))
+                self.endpoint.send(link.encode(link.PAUSED))
         elif kind == link.CREDIT:
             self.output.grant(link.field(message, "bytes", int, "CREDIT"))
         elif kind == link.PMI:
@@ -273,6 +284,7 @@ class Agent:
         else:
             interval, misses = beat if beat is not None else (1.0, 5)
         self._fresh_job(pmix)
+        self.waiting = True
         self.endpoint.start_heartbeat(float(interval), int(misses), patience=idle)
 
     # -- JOB: this host's ranks ---------------------------------------------------
@@ -281,6 +293,7 @@ class Agent:
         if self.job:
             raise link.LinkError("a second JOB frame")
         self.job = job = read_job(body, _socket.gethostname())
+        self.waiting = False
         self.grace = job["grace"]
         self.output.credit = job["credit"]
         self.endpoint.start_heartbeat(*job["heartbeat"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from _signal import SIGTSTP
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,6 +104,10 @@ class RemoteHost:
         #: Lost, but not by its own fault: its agent gave up on this launcher, which
         #: was not running for longer than the heartbeat allows (stopped, starved).
         self.blameless = False
+        self.pausing = False              # told SIGTSTP (a Ctrl-Z), its PAUSED awaited
+        #: The latest time (this clock) of what the agent reported: a loss of the
+        #: host is later than anything it said.
+        self.latest = 0.0
 
     # -- commands -------------------------------------------------------------
     def prepare(self, frame: Dict[str, Any]) -> None:
@@ -123,6 +128,8 @@ class RemoteHost:
             body: Dict[str, Any] = {"sig": int(sig)}
             if ranks is not None:
                 body["ranks"] = [r for r in ranks if r in self.ranks]
+            else:
+                self.pausing = sig == SIGTSTP      # the agent answers PAUSED
             self.endpoint.send(link.encode(link.SIGNAL, body))
 
     def spawn(self, pj, specs: Sequence[RankSpec], mapping: str, done,
@@ -301,7 +308,9 @@ class RemoteHost:
             code = link.optional(message, "code", int, "EXITED")
             sig = link.optional(message, "signal", int, "EXITED")
             self._note_stop(message.get("stop_at"))
-            sup.rank_exited(rank, code, sig, self.local_time(message.get("at")))
+            at = self.local_time(message.get("at"))
+            self.latest = max(self.latest, at)
+            sup.rank_exited(rank, code, sig, at)
         elif kind == link.PMI:
             if message.get("op") == "spawned":
                 done = self._spawns.pop(str(message.get("kvs")), None)
@@ -331,7 +340,10 @@ class RemoteHost:
             ranks = message.get("ranks")
             if done is not None:
                 done(ranks if isinstance(ranks, dict) else None)
-        elif kind == link.SIGNAL:       # the agent heard that this launcher stops
+        elif kind == link.PAUSED:       # the agent heard that this launcher stops
+            if not self.pausing:
+                raise link.LinkError("PAUSED unasked")
+            self.pausing = False
             sup.host_paused(self)
         elif kind == link.GONE:
             silent = link.field(message, "silent", float, "GONE")
@@ -413,8 +425,10 @@ class RemoteHost:
             self.stop_reached = self.local_time(at)
 
     def last_heard_at(self) -> float:
-        """When the agent was last heard from, on this clock (a lost host's end)."""
-        return time.time() - (time.monotonic() - self.endpoint.last_heard)
+        """When the agent was last heard from, on this clock (a lost host's end):
+        after the last thing it reported, whose time came through another clock."""
+        heard = time.time() - (time.monotonic() - self.endpoint.last_heard)
+        return max(heard, self.latest + 0.001)
 
     def _lost_if_cut(self, reason: str) -> None:
         if self.state == "done" and not self._output_finished():

@@ -55,6 +55,10 @@ NAMES[NEXT] = "NEXT"
 #: host was sound and the pause was the launcher's.
 GONE = 20
 NAMES[GONE] = "GONE"
+#: The agent to the launcher, which said it stops (``SIGNAL`` SIGTSTP, a Ctrl-Z):
+#: heard; its ranks are stopped and it takes the launcher's silence for a pause.
+PAUSED = 21
+NAMES[PAUSED] = "PAUSED"
 #: Looking inside a running job (see :mod:`.agentlook`): the launcher asks with
 #: ``{"id", "timeout"}``, the agent answers on the same kind with ``{"id", "ranks"}``.
 #: Numbered apart from the kinds above, so that kinds added there do not collide.
