@@ -429,6 +429,15 @@ class JobResult:
     stop_signal: Optional[int] = None
 
 
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """What one attempt of a job ended with (see ``job.attempts``)."""
+
+    result: JobResult
+    hosts: Tuple[str, ...] = ()           # the hosts it ran on
+    lost: Tuple[str, ...] = ()            # hosts lost during it (left out of the next)
+
+
 #: Variables that carry the identity of an outer launch (a rank of another
 #: mpirun, srun or mslaunch starting this one); ranks must not inherit them.
 #: User configuration that Open MPI and Hydra pass through (``OMPI_MCA_*``,

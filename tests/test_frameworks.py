@@ -88,7 +88,7 @@ def test_jax_forms_the_same_job_under_open_mpi_4s_mpirun(jax_ready):
 
 def test_jax_coordinator_port_is_a_free_one(jax_ready):
     # The port jax would derive from a job id is held here: mslaunch picks another id.
-    from mslaunch.job.launch import ompi_jobid
+    from mslaunch.machine.rendezvous import ompi_jobid
     from mslaunch.plan import coordinator_port
     first = coordinator_port(ompi_jobid(0))
     held = socket.socket()

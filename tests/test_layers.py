@@ -21,7 +21,7 @@ PACKAGE = os.path.join(REPO, "mslaunch")
 RANKS: Dict[str, int] = {
     # records and errors
     "mslaunch": 0, "spec": 0, "errors": 0, "switches": 0, "liblogs": 0, "mcafile": 0,
-    "procmap": 0, "cputopo": 0,
+    "procmap": 0, "cputopo": 0, "states": 0,
     # pure parsers and the pure planner
     "hosts": 1, "plan": 1, "rankenv": 1, "stacktree": 1,
     # the mechanisms of one machine

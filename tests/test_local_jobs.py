@@ -87,7 +87,7 @@ def test_wdir_sets_the_working_directory(tmp_path):
 
 
 def test_launcher_environment_is_not_changed_by_rank_environments():
-    code = ("import os, mslaunch.cli.mpirun as c, mslaunch.job.launch as l\n"
+    code = ("import os, mslaunch.cli.mpirun as c, mslaunch.job.attempt as l\n"
             "before = dict(os.environ)\n"
             "job = c.parse_args(['-n', '2', '-x', 'Z=1', 'true'])\n"
             "l.build_plan(job)\n"
@@ -319,11 +319,17 @@ def test_keep_going_runs_every_rank_to_the_end(flags, tmp_path):
     env = clean_env()
     if not flags:
         env["OMPI_MCA_orte_abort_on_non_zero_status"] = "0"
-    code = ("import os,sys,time; r=int(os.environ['RANK'])\n"
-            "time.sleep(0.1 * (3 - r)); open(sys.argv[1] + f'/done{r}', 'w').close()\n"
+    # Rank 1 ends once mslaunch has reaped rank 2 (its /proc entry is gone).
+    code = ("import os,sys,time; r=int(os.environ['RANK']); d=sys.argv[1]\n"
+            "open(f'{d}/pid{r}', 'w').write(str(os.getpid())); open(f'{d}/done{r}', 'w').close()\n"
+            "if r == 1:\n"
+            "    while not os.path.exists(f'{d}/pid2') or not open(f'{d}/pid2').read():\n"
+            "        time.sleep(0.01)\n"
+            "    while os.path.exists('/proc/' + open(f'{d}/pid2').read()):\n"
+            "        time.sleep(0.01)\n"
             "sys.exit({0: 0, 1: 5, 2: 4}[r])\n")
     r = run(*flags, "-n", "3", "--oversubscribe", PY, "-c", code, str(tmp_path), env=env)
-    assert sorted(os.listdir(tmp_path)) == ["done0", "done1", "done2"]
+    assert sorted(os.listdir(tmp_path)) == ["done0", "done1", "done2", "pid0", "pid1", "pid2"]
     assert r.returncode == 4  # rank 2 ends first with 4; rank 1's 5 comes later
     assert b"2 of 3 rank(s) failed" in r.stderr
 

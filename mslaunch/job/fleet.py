@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..remote.host import RemoteHost, RemoteStdin
     from ..remote.starter import Starter
     from ..spec import RankSpec
+    from .keptagents import KeptAgents
     from .seams import JobView
 
 from ..errors import HOST_LOST_EXIT, HostsFailed, LaunchError
@@ -48,9 +49,11 @@ def _warm_up(pmi: bool) -> None:
 class Fleet:
     """See the module docstring; ``sup`` is the job's supervisor."""
 
-    def __init__(self, sup: JobView, cancelled: Callable[[], bool]) -> None:
+    def __init__(self, sup: JobView, cancelled: Callable[[], bool],
+                 kept: Optional[KeptAgents] = None) -> None:
         self.sup = sup
         self.cancelled = cancelled            # a stop signal came while connecting
+        self.kept = kept                      # agents waiting between attempts, if any
         self.hosts: Dict[str, RemoteHost] = {}
         self.conns: Dict[str, Any] = {}       # started, not yet handed their ranks
         self.listener: Optional[Listener] = None
@@ -347,13 +350,8 @@ class Fleet:
             sink.taken(count)
 
     # -- end ----------------------------------------------------------------------
-    def _kept(self):
-        """Where agents wait for the job's next attempt (see .keptagents), or None."""
-        carry = self.sup.carry
-        return carry.get("agents") if carry is not None else None
-
     def _let_go(self, conn) -> None:
-        kept = self._kept()
+        kept = self.kept
         if kept is not None and not self.doomed:
             kept.put(conn, fresh=True)     # a spare host's agent, for a later attempt
         else:
@@ -368,7 +366,7 @@ class Fleet:
     def keep_hosts(self) -> None:
         """The job starts again: the agents of hosts whose ranks have all ended wait
         for the next attempt rather than exit."""
-        kept = self._kept()
+        kept = self.kept
         if kept is None:
             return
         if self.one_fate and any(h.state == "lost" for h in self.hosts.values()):

@@ -1,7 +1,7 @@
 """Looking inside a running job: its control socket, stacks and live view.
 
 The supervisor listens on a Unix socket in this user's private directory
-(see :func:`mslaunch.job.launch.open_control`); this module is
+(see :func:`mslaunch.job.attempt.open_control`); this module is
 imported only when someone connects (``mslaunch-stacks``, ``mslaunch-top``)
 or when the job itself wants its stacks (``--stall-report``, ``--timeout``
 with ``--get-stack-traces``).  A client sends one JSON line and gets one

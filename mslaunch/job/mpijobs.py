@@ -67,7 +67,6 @@ class MPIJobs:
         sup = self.sup
         plan, job = sup.plan, sup.job
         from ..pmi.singletons import SingletonProbe
-        assert sup.watchdog is not None         # started before any rank
         try:
             self.probe = SingletonProbe(sup.watchdog.marker,
                                         [r for r in plan.ranks if r.host.local])
@@ -103,8 +102,7 @@ class MPIJobs:
         pj = PMIJob(self, number=number, state=state, keys=keys, spawner=spawner)
         pj.probe = self.probe
         self.jobs[kvsname] = pj
-        if self.sup.watchdog is not None:
-            self.sup.watchdog.keep(kvsname)
+        self.sup.watchdog.keep(kvsname)
         return pj
 
     def of(self, spec: RankSpec) -> Optional[PMIJob]:
@@ -261,8 +259,7 @@ class MPIJobs:
         from ..pmi.singletons import SingletonFiles
         sup = self.sup
         if self.leftovers is None:
-            dog = sup.watchdog
-            self.leftovers = SingletonFiles(dog.keep if dog else None, dog.flush if dog else None)
+            self.leftovers = SingletonFiles(sup.watchdog.keep, sup.watchdog.flush)
         covered = sup.spoken_for
         self.leftovers.stop([x.pid for x in sup.ranks if x.spec.host.local and x.pid
                              and not x.ended and x.spec.key not in covered], sup.loop)

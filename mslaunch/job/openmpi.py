@@ -10,8 +10,8 @@ line says so, and an Open MPI 4 program under Open MPI 5's mpirun, whose ranks
 would each run alone, is stopped.
 
 mpirun runs under the common supervisor (:mod:`.supervise`), as the job's one
-process behind the rank-handle seam (:class:`MpirunHandle`, brought in by the
-:class:`Delegate` hooks), so that the watchdog, signal forwarding, ``--timeout``
+process behind the rank-handle seam (:class:`MpirunHandle`, the one handle of
+:class:`MpirunBackend`), so that the watchdog, signal forwarding, ``--timeout``
 (exit 110) and the grace period are the default mode's.  mslaunch also keeps
 Open MPI 4's output layout: with ``--output-filename``, ``--tag-output`` or
 ``--timestamp-output`` it asks mpirun to tag every line and writes
@@ -29,25 +29,24 @@ import time
 
 from ..errors import LaunchError
 from ..plan import log_paths
-from ..machine.guard import Watchdog
 from ..machine.output import RankPipe, line_prefix
-from ..pmi.files import after_launcher_death
 from ..machine.trees import remove_tree
 from ..pmi.singletons import probe_path
-from ..spec import Host, JobSpec, Plan, RankSpec
+from ..spec import Host, JobResult, JobSpec, Plan, RankSpec
 from .ompiargs import build_command, rendezvous_env
 from .ompifind import OpenMPI, find_mpirun
 from .ompiworld import WorldProbe, world_probe
-from .modehooks import QuietHooks
-from .supervise import Supervisor
+from .backend import Backend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Container, Dict, List, Optional, Sequence, Tuple
+    from typing import Container, Dict, List, Mapping, Optional, Sequence, Tuple
 
     from ..machine.terminal import Console
-    from ..spec import JobResult
+    from ..states import BackendName
+    from .backend import Planning
     from .seams import JobView, RankHandle
+    from .session import Session
 
 
 _TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
@@ -210,8 +209,8 @@ class MpirunHandle:
                     os.close(end)
         pid = self.proc.pid
         guard = self.sup.watchdog
-        guard.add(pid)    # type: ignore[union-attr]
-        guard.flush()     # type: ignore[union-attr]
+        guard.add(pid)
+        guard.flush()
         self.pidfd = os.pidfd_open(pid)
         self.sup.loop.add_reader(self.pidfd, self._on_exit)
         self.pipes = [RankPipe(self.sup.loop, fd, _Lines(self.demux, stream))  # type: ignore[arg-type]
@@ -285,65 +284,92 @@ class MpirunHandle:
             self.demux.close()
 
 
-class Delegate(QuietHooks):
-    """The Open MPI mode's hooks into the supervisor (:class:`~.seams.ModeHooks`):
-    this machine's one process is mpirun (:class:`MpirunHandle`)."""
+class MpirunBackend(Backend):
+    """``--mpi openmpi`` (see the module docstring): the job's one process is Open
+    MPI's mpirun (:class:`MpirunHandle`), which starts and reports the ranks."""
 
-    def __init__(self, job: JobSpec, tagged: bool, probe: Optional[WorldProbe] = None,
-                 ompi: Optional[OpenMPI] = None) -> None:
-        self.job = job
-        self.tagged = tagged      # whether mpirun tags its lines, for _Demux to split
-        self.probe = probe
-        self.stdin = ompi is not None and forwards_stdin(job, ompi)
-        # Open MPI 4 started by its path takes that installation as a --prefix, and
-        # given another one says so in a box of text: by name, as users type it.
-        self.by_name = ompi is not None and ompi.major < 5 and job.prefix is not None
+    name: BackendName = "mpirun"
+    this_machine = False
 
-    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
-        demux = _Demux(self.job, sup.console) if self.tagged else None
-        return MpirunHandle(sup, specs[0], demux, self.probe, self.stdin, self.by_name)
+    def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
+                 planning: Planning) -> None:
+        super().__init__(job, environ, session, planning)
+        self.base: Optional[str] = None
+        self.plan: Optional[Plan] = None
+        self.probe: Optional[WorldProbe] = None
+        self.ompi: Optional[OpenMPI] = None
+        self.stdin = False
 
+    def describe(self) -> str:
+        import shlex
+        return " ".join(shlex.quote(c) for c in self._plan().ranks[0].argv) + "\n"
 
-def run_openmpi(job: JobSpec, master_port: int, jobid: int) -> int:
-    """Run ``job`` under Open MPI's mpirun; return mslaunch's exit status.
-    ``master_port`` and ``jobid`` are what the default mode would give (see
-    :func:`rendezvous_env`)."""
-    marker = _marker()
-    ompi = find_mpirun(os.environ)
-    if job.verbose:
-        sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
-    # mpirun's session directory goes in one of mslaunch's own, removed when the job
-    # ends, and by the guard should mslaunch die: mpirun killed (a second Ctrl-C,
-    # the grace period's end) leaves its own behind.  Made once mpirun is found:
-    # until the supervisor runs, a Ctrl-C simply ends mslaunch.
-    base = None if job.dry_run else probe_path(marker)
-    if base:
+    def begin(self) -> None:
+        job = self.job
+        # mpirun's session directory goes in one of mslaunch's own, removed when the
+        # job ends, and by the guard should mslaunch die: mpirun killed (a second
+        # Ctrl-C, the grace period's end) leaves its own behind.
+        self.base = probe_path(self.session.guard.marker)
         try:
-            os.mkdir(base, 0o700)
+            os.mkdir(self.base, 0o700)
         except OSError:
-            base = None
-    try:
-        probe = world_probe(job, os.environ, ompi, base)
-        stdin = forwards_stdin(job, ompi)
+            self.base = None
+        ompi = self._find()
+        if job.verbose:
+            sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
+        self.probe = world_probe(job, self.environ, ompi, self.base)
+        self.stdin = forwards_stdin(job, ompi)
         if job.stdin == "all" and not job.quiet:
             sys.stderr.write("mslaunch: --stdin all: Open MPI's mpirun hangs forwarding input "
                              "to every rank; the ranks get none (they read end-of-file)\n")
-        plan = mpirun_plan(job, os.environ, master_port, jobid, marker, base, ompi, probe,
-                           stdin)
-        if job.dry_run:
-            import shlex
-            sys.stdout.write(" ".join(shlex.quote(c) for c in plan.ranks[0].argv) + "\n")
-            return 0
-        guard = Watchdog(marker, job.grace, on_death=after_launcher_death)
-        sup = supervisor(job, plan, guard, probe, ompi)
-        try:
-            return exit_status(sup.run(), sup.ending)
-        finally:
-            guard.close()
-            sup.console.close()
-    finally:
-        if base:
-            remove_tree(base)
+
+    def _find(self) -> OpenMPI:
+        if self.ompi is None:
+            self.ompi = find_mpirun(self.environ)
+        return self.ompi
+
+    def _plan(self) -> Plan:
+        if self.plan is None:
+            from ..machine.rendezvous import free_port, master_port_of, ompi_jobid
+            port = master_port_of(self.environ.get("MASTER_PORT")) or \
+                free_port(self.job.port_range)
+            self.plan = mpirun_plan(self.job, self.environ, port, ompi_jobid(port),
+                                    self.session.guard.marker, self.base, self._find(),
+                                    self.probe, self.stdin)
+        return self.plan
+
+    def setup(self) -> Tuple[JobSpec, Plan]:
+        """What the supervisor does here is signals, ``--timeout`` and the grace
+        period; mpirun itself reports and displays what was asked, and says why
+        ranks failed."""
+        job = self.job
+        policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
+                         quiet=True, launch_dir=job.launch_dir)
+        return policy, self._plan()
+
+    def here(self, plan: Plan) -> List[RankSpec]:
+        return []
+
+    def check(self, plan: Plan) -> None:
+        """(mpirun was found; it says itself what it cannot start.)"""
+
+    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
+        job, ompi = self.job, self._find()
+        demux = _Demux(job, sup.console) if _tagged(job) else None
+        # Open MPI 4 started by its path takes that installation as a --prefix, and
+        # given another one says so in a box of text: by name, as users type it.
+        by_name = ompi.major < 5 and job.prefix is not None
+        return [MpirunHandle(sup, sup.plan.ranks[0], demux, self.probe, self.stdin, by_name)]
+
+    def close(self) -> None:
+        if self.base:
+            remove_tree(self.base)
+
+    def outcome(self, result: JobResult) -> JobResult:
+        """mpirun's exit status is the job's (see :func:`exit_status`), and its
+        report says no more: the ranks are mpirun's."""
+        return JobResult(exit_code=exit_status(result, result.ending), ending=result.ending,
+                         stop_signal=result.stop_signal)
 
 
 def _marker() -> str:
@@ -395,20 +421,6 @@ def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
                 universe_size=1, master_addr="", master_port=master_port, ompi_jobid=jobid)
 
 
-def supervisor(job: JobSpec, plan: Plan, watchdog: Watchdog,
-               probe: Optional[WorldProbe] = None,
-               ompi: Optional[OpenMPI] = None) -> Supervisor:
-    """The supervisor of :func:`mpirun_plan`'s ``plan``, guarded by ``watchdog``
-    (its caller closes it; ``ompi``: the mpirun it starts, for how it is started; see :class:`Delegate`).
-
-    What it does here is signals, ``--timeout`` and the grace period; mpirun
-    itself reports and displays what was asked, and says why ranks failed."""
-    policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
-                     quiet=True, launch_dir=job.launch_dir)
-    hooks = Delegate(job, _tagged(job), probe, ompi)
-    return Supervisor(policy, plan, watchdog=watchdog, hooks=hooks)
-
-
 def exit_status(result: JobResult, ending: Optional[str]) -> int:
     """mpirun's exit status is the job's -- but for ``--timeout``'s, and for a stop
     signal's 128+N when mpirun ends with a plain 0 or 1 (``ending``: the
@@ -420,5 +432,4 @@ def exit_status(result: JobResult, ending: Optional[str]) -> int:
     return result.exit_code
 
 
-__all__ = ["run_openmpi", "build_command", "find_mpirun", "mpirun_plan", "supervisor",
-           "exit_status"]
+__all__ = ["MpirunBackend", "build_command", "find_mpirun", "mpirun_plan", "exit_status"]

@@ -62,7 +62,7 @@ class LauncherPMIx:
 
     def serve_first(self, pj: PMIJob) -> None:
         """PMIx for the first job's ranks on this machine."""
-        from ..pmi.files import pmix_dir, public_id
+        from ..pmi.files import pmix_dir
         from ..pmix.host import PMIxHost
         from ..pmix.layout import Layout
         sup = self.sup
@@ -72,17 +72,17 @@ class LauncherPMIx:
                         [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
                         plan.universe_size, here, oversubscribed(
                             [r for r in plan.ranks if r.host.local]))
-        marker = sup.watchdog.marker if sup.watchdog is not None else public_id(plan.kvsname)
+        marker = sup.watchdog.marker
         log = sup.log if sup.job.verbose else (lambda message: None)
         # With --max-restarts, one server for every attempt (see PMIxServer.move_to).
-        carried = sup.carry.get("pmix") if sup.carry is not None else None
-        if carried is not None:
-            carried.adopt(sup.loop, log, self.fetch)
-            self.host = carried
+        session = sup.session
+        if session.pmix is not None:
+            session.pmix.adopt(sup.loop, log, self.fetch)
+            self.host = session.pmix
         else:
             self.host = PMIxHost(sup.loop, pmix_dir(marker), log, self.fetch)
-            if sup.carry is not None:
-                sup.carry["pmix"] = self.host
+            if session.attempts:
+                session.pmix = self.host
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
@@ -294,7 +294,7 @@ class LauncherPMIx:
 
     def close(self) -> None:
         host = self.host
-        carried = self.sup.carry is not None and self.sup.carry.get("pmix") is host
+        carried = self.sup.session.pmix is host
         if host is not None:
             if carried:
                 host.retire()        # closed once the last attempt ended

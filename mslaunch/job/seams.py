@@ -15,12 +15,15 @@ from ..machine.loop import Loop
 from ..machine.output import RankOutput
 from ..machine.terminal import Console
 from ..spec import JobSpec, Plan, RankSpec
+from ..states import Ending
+from .session import Session
 
 
 class RankHandle(Protocol):
     """Ranks of one place: this machine (:class:`~mslaunch.machine.local.LocalRanks`),
-    one remote host's agent (:class:`~mslaunch.remote.host.RemoteHost`), or Open
-    MPI's mpirun standing for all of them (:class:`~mslaunch.job.openmpi.MpirunHandle`)."""
+    one remote host's agent (:class:`~mslaunch.remote.host.RemoteHost`), srun's step
+    (:class:`~mslaunch.job.srunranks.SrunRanks`) or Open MPI's mpirun standing for
+    all of them (:class:`~mslaunch.job.openmpi.MpirunHandle`)."""
 
     @property
     def ranks(self) -> Container[int]:
@@ -43,26 +46,20 @@ class RankHandle(Protocol):
         """Nothing of these ranks may survive; wait until ``deadline`` at most."""
 
 
-class ModeHooks(Protocol):
-    """What a mode built on the supervisor adds to it: one node of an msrun-mode
-    job (:class:`mslaunch.msrun.node.Cluster`), or the Open MPI-backed mode's
-    mpirun (:class:`mslaunch.job.openmpi.Delegate`)."""
+class Looker(Protocol):
+    """What answers a look inside ranks this machine cannot read itself: a remote
+    host's agent, or srun's step (a step of its own that reads every node's)."""
 
-    restarts: int               # per process, on failure (msrun's recovery)
-    takes_all: bool             # its handle starts every rank, remote ones too (srun's)
+    @property
+    def ranks(self) -> Container[int]:
+        """The keys of the ranks it answers for."""
 
-    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
-        """The handle of this machine's processes ``specs``, started by the mode
-        itself; None: the supervisor's own (:class:`~mslaunch.machine.local.LocalRanks`)."""
+    def look(self, kind: int, body: Dict[str, Any], done: Any) -> bool:
+        """Ask for the stacks (``link.STACKS``) or the usage (``link.TOP``) of its
+        ranks; ``done(ranks or None)`` when it answers; False if it cannot ask."""
 
-    def started(self, pids: Dict[str, int]) -> None:
-        """Every process runs (by label)."""
-
-    def failed(self, code: int, message: str) -> None:
-        """The job ends here with ``code`` (msrun: the other nodes must stop too)."""
-
-    def finished(self, code: int) -> None:
-        """This machine's part ended with ``code``."""
+    def end_singletons(self) -> None:
+        """Refused Open MPI singletons: end them, noting what they leave."""
 
 
 class RankState(Protocol):
@@ -91,22 +88,25 @@ class RankState(Protocol):
 
 
 class JobView(Protocol):
-    """What the fleet, the PMI job set and the reports use of the supervisor."""
+    """What the backends, the PMI job set and the reports use of the supervisor."""
 
     job: JobSpec
     plan: Plan
     console: Console
     loop: Loop
-    ending: Optional[str]
+    ending: Optional[Ending]
     launched: bool
     stop_signal: Optional[int]
-    restarts: int
-    watchdog: Optional[Watchdog]
+    watchdog: Watchdog
     mpi_jobs: Any
     failures: Any           # .failures.Failures: the cause, and what followed
     control: Optional[Tuple[Any, str]]    # the control socket and its path, if any
-    # what the attempts of a job run with --max-restarts share (None: one attempt)
-    carry: Optional[Dict[str, Any]]
+    session: Session        # what the attempts of this run share
+    local: Any              # this machine's ranks' handle, if any
+    stdin_fanout: Any
+
+    @property
+    def restarts(self) -> int: ...
 
     @property
     def ranks(self) -> Sequence[RankState]: ...
@@ -144,3 +144,8 @@ class JobView(Protocol):
     def abandon(self, keys: Sequence[int]) -> None: ...
 
     def start_local(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any) -> None: ...
+
+    def local_ranks(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any,
+                    stdin_fd: Optional[int]) -> Any: ...
+
+    def remote_stop(self, code: int, message: str) -> None: ...

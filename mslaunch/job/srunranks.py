@@ -13,7 +13,7 @@ connected from), so MPICH-ABI ranks get the default mode's PMI and failure
 reports.
 
 srun runs in a session of its own, behind the rank-handle seam
-(:class:`SrunRanks`, brought in by :class:`SrunHooks`): each task's end,
+(:class:`SrunRanks`, the one handle of :class:`SrunStepsBackend`): each task's end,
 with its exact wait status, is read from what ``srun -v`` says of it
 (:class:`~mslaunch.plan.srun.SrunLog`).  Signals go to the step with
 ``scancel --signal``; SIGKILL is srun's own termination of the step, which
@@ -45,7 +45,7 @@ from ..plan.srun import (
     variable_problem,
 )
 from ..spec import scrub_env
-from .modehooks import QuietHooks
+from .backend import Backend
 
 #: Seconds a rank's connection may stay idle after srun's end (see SrunRanks._on_exit).
 OUTPUT_AFTER_END = 2.0
@@ -60,7 +60,10 @@ if TYPE_CHECKING:
 
     from ..remote.dialback import Listener
     from ..spec import JobSpec, Plan, RankSpec
+    from ..states import BackendName
+    from .backend import Planning
     from .seams import JobView, RankHandle
+    from .session import Session
     from .srunlook import Look
 
 
@@ -492,11 +495,28 @@ def check_srun_job(job: JobSpec, plan: Plan, attempts: bool,
                                  f"use --launcher slurm")
 
 
-class SrunHooks(QuietHooks):
-    """The srun mode's hooks into the supervisor (:class:`~.seams.ModeHooks`):
-    one handle for every rank of the plan, remote ones included."""
+class SrunStepsBackend(Backend):
+    """``--launcher srun`` (see the module docstring): one handle, srun's step, for
+    every rank of the plan, remote ones included; none is this machine's process."""
 
-    takes_all = True
+    name: BackendName = "srun-steps"
+    this_machine = False
 
-    def local_handle(self, sup: JobView, specs: Sequence[RankSpec]) -> Optional[RankHandle]:
-        return SrunRanks(sup, specs)
+    def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
+                 planning: Planning) -> None:
+        super().__init__(job, environ, session, planning)
+        check_srun_job(job, planning.plan(), session.attempts, environ)
+        self.handle: Optional[SrunRanks] = None
+
+    def here(self, plan: Plan) -> List[RankSpec]:
+        return []
+
+    def check(self, plan: Plan) -> None:
+        """(srun says itself which program or directory is missing, on its node.)"""
+
+    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
+        self.handle = SrunRanks(sup, sup.plan.ranks)
+        return [self.handle]
+
+    def lookers(self) -> Dict[str, Any]:
+        return {"srun": self.handle} if self.handle is not None else {}

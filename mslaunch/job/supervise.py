@@ -1,21 +1,22 @@
 """Supervision of a running job: the policy.
 
-The :class:`Supervisor` starts every rank of a :class:`Plan` through its
-rank handles -- :class:`~mslaunch.machine.local.LocalRanks` for this machine,
-one :class:`~mslaunch.remote.host.RemoteHost` per remote host, brought up by
-the :class:`~.fleet.Fleet`, or a mode's own (the Open MPI mode's mpirun, see
-:class:`~.seams.ModeHooks`) -- and runs one event loop over their output,
-their exits, the PMI sockets, mslaunch's terminal and a self-pipe for
-signals.  Every handle sits behind one seam (:class:`~.seams.RankHandle`),
-so the policy is written once.  The first rank that fails (non-zero exit,
-death by a signal, ``MPI_Abort``, leaving MPI without finalizing, or exiting
-while its peers wait for it in MPI) is the root cause: the other ranks'
-process groups get SIGCONT and SIGTERM, and SIGKILL after the grace period.  The same happens
-on ``--timeout``, on a stop signal, and when output cannot be written (a
-full disk, a rank file over ``ulimit -f``).  The job is over when every
-rank has been reaped, every output stream has ended and mslaunch's
-terminal has taken everything -- or, once the job is being stopped, when
-the grace period has passed with the terminal's reader still not reading.
+The :class:`Supervisor` starts every rank of a :class:`Plan` through the rank
+handles its backend (:mod:`.backend`) hands it -- this machine's
+:class:`~mslaunch.machine.local.LocalRanks`, one
+:class:`~mslaunch.remote.host.RemoteHost` per remote host, srun's step, Open
+MPI's mpirun -- and runs one event loop over their output, their exits, the
+PMI sockets, mslaunch's terminal and a self-pipe for signals.  Every handle
+sits behind one seam (:class:`~.seams.RankHandle`) and every way ranks start
+behind another, so the policy is written once, for every way.  The first
+rank that fails (non-zero exit, death by a signal, ``MPI_Abort``, leaving MPI
+without finalizing, or exiting while its peers wait for it in MPI) is the
+root cause: the other ranks' process groups get SIGCONT and SIGTERM, and
+SIGKILL after the grace period.  The same happens on ``--timeout``, on a stop
+signal, and when output cannot be written (a full disk, a rank file over
+``ulimit -f``).  The job is over when every rank has been reaped, every output
+stream has ended and mslaunch's terminal has taken everything -- or, once the
+job is being stopped, when the grace period has passed with the terminal's
+reader still not reading.
 """
 
 from __future__ import annotations
@@ -32,27 +33,23 @@ if TYPE_CHECKING:
     from ..machine.output import RankOutput
     from ..machine.terminal import Terminal
     from ..remote.host import RemoteHost
-    from ..remote.starter import Starter
-    from .fleet import Fleet
+    from ..states import Ending
+    from .backend import Backend
     from .inspect import Inspector
     from .stall import StallWatch
     from .mpijobs import MPIJobs
-    from .seams import ModeHooks, RankHandle, RankState
+    from .seams import RankHandle, RankState
+    from .session import Session
 
 from ..errors import HOST_LOST_EXIT
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
 from ..machine.output import rank_sinks
-from ..machine.terminal import GIVE_UP_AFTER, Console
-from ..machine.spawn import check_startable, raise_fd_limit, seal_inherited_fds, signal_name
-from ..pmi.files import (
-    GUARD_TASKS,
-    after_launcher_death,
-    public_id,
-    remove_singleton_segment,
-    sessions_at_death,
-)
+from ..machine.terminal import GIVE_UP_AFTER
+from ..machine.spawn import raise_fd_limit, seal_inherited_fds, signal_name
+from ..pmi.files import remove_singleton_segment
+from ..states import PMI
 from ..spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from .lookin import OUTPUT_EVERY, LookingInside
@@ -68,50 +65,33 @@ _pending_stop: List[int] = []          # see _note_stop
 class Supervisor(LookingInside):
     """Runs one job to its end and reports a :class:`JobResult`."""
 
-    def __init__(self, job: JobSpec, plan: Plan, console: Optional[Console] = None, *,
-                 connect: Sequence[str] = (), starter: Optional[Starter] = None,
-                 replan=None,
-                 watchdog: Optional[Watchdog] = None, loop: Optional[Loop] = None,
-                 hooks: Optional[ModeHooks] = None,
+    def __init__(self, job: JobSpec, plan: Plan, backend: Backend, session: Session, *,
                  control: Optional[Tuple[Any, str]] = None, note: str = "",
-                 on_launched: Optional[Callable[[], None]] = None,
-                 carry: Optional[Dict[str, Any]] = None) -> None:
+                 on_launched: Optional[Callable[[], None]] = None) -> None:
         self.job = job
+        self.plan = plan
+        self.backend = backend         # how the ranks start (see .backend)
+        self.session = session         # what the attempts of this run share
         # A later attempt of a job run with --max-restarts (see .attempts): the line
         # its ranks' output files get before what it appends, and who hears that
         # its ranks have all been started.
         self.note = note
         self.on_launched = on_launched
-        self.carry = carry       # what attempts share: the PMIx server (see .pmixjobs)
-        self.plan = plan
-        # Remote hosts to start agents on, what starts them (mslaunch.remote.starter),
-        # and how to plan again with the topologies they report (None: the plan stands).
-        self.connect = list(connect)
-        self.starter = starter
-        self.replan = replan
-        self.console = console or Console()
-        self._own_loop = loop is None        # else the caller's, closed there
-        self.loop = loop or Loop()
-        # A mode built on the supervisor (seams.ModeHooks): one node of an msrun job
-        # (msrun.node.Cluster: the other nodes hear when this one ends the job, it from
-        # remote_stop; failed processes start again), or the Open MPI mode's mpirun.
-        self.hooks = hooks
-        # the mode's handle starts every rank, remote ones too (srun's, .srunranks)
-        self.takes_all = hooks is not None and hooks.takes_all
+        self.console = session.console
+        self._own_loop = session.loop is None    # else the caller's, closed there
+        self.loop = session.loop or Loop()
         self.remote: Optional[Tuple[int, str]] = None
-        self.restarts = hooks.restarts if hooks is not None else 0
         self.ranks = [_Rank(spec) for spec in plan.ranks]
         self.failures = Failures()          # the cause of a failed job, by time
-        self.ending: Optional[str] = None     # failure | timeout | signal | output
+        self.ending: Optional[Ending] = None
         self.stop_signal: Optional[int] = None
         self.output_error = ""
         self.killing: Optional[Timer] = None
         self._give_up: Optional[Timer] = None
         self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
-        self.watchdog: Optional[Watchdog] = watchdog   # started early by run_job, or here
-        self._own_watchdog = watchdog is None           # else closed by whoever made it
-        self.local: Optional[LocalRanks] = None   # or a mode's own handle (ModeHooks)
-        self.fleet: Optional[Fleet] = None        # the remote hosts, if any
+        self.watchdog: Watchdog = session.guard
+        self.local: Optional[LocalRanks] = None   # this machine's ranks, if any
+        self.others: List[RankHandle] = []        # the backend's other handles
         self.stdin_fanout = None
         self.launched = False
         self.control = control     # (socket, path): mslaunch-stacks and mslaunch-top
@@ -121,16 +101,19 @@ class Supervisor(LookingInside):
         self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
 
     @property
+    def restarts(self) -> int:
+        """How often each process may start again after it failed (msrun's recovery)."""
+        return self.session.rank_restarts
+
+    @property
     def hosts(self) -> Dict[str, RemoteHost]:
-        return self.fleet.hosts if self.fleet is not None else {}
+        return self.backend.hosts
 
     @property
     def lookers(self) -> Dict[str, Any]:
         """What answers looks inside the job (``look(kind, body, done)``), by name:
-        the remote hosts' agents, or a mode's handle of every rank (srun's)."""
-        if self.takes_all and self.local is not None:
-            return {"srun": self.local}
-        return dict(self.hosts)
+        the remote hosts' agents, or srun's step."""
+        return self.backend.lookers()
 
     @property
     def spoken_for(self) -> Set[int]:
@@ -139,7 +122,7 @@ class Supervisor(LookingInside):
 
     def _handles(self) -> List[RankHandle]:
         local: List[RankHandle] = [self.local] if self.local is not None else []
-        return local + list(self.hosts.values())
+        return local + self.others
 
     # -- start ------------------------------------------------------------
     def run(self) -> JobResult:
@@ -149,7 +132,7 @@ class Supervisor(LookingInside):
         self.started = time.monotonic()
         seal_inherited_fds()
         self.console.attach(self.loop, self._terminal_failed)
-        kept = self.carry.get("agents") if self.carry is not None else None
+        kept = self.session.kept
         if kept is not None:     # agents waiting for a later attempt, watched meanwhile
             kept.watch(self.loop, self.console.message)
         if self.job.output.xml:
@@ -159,11 +142,6 @@ class Supervisor(LookingInside):
             from .report import report_pid
             report_pid(self, self.job.report_pid)
         try:
-            if self.watchdog is None:
-                self.watchdog = Watchdog(public_id(self.plan.kvsname), self.job.grace,
-                                         tasks=GUARD_TASKS,
-                                         on_death=after_launcher_death,
-                                         on_stop=sessions_at_death)
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
             if self.control is not None:
@@ -171,7 +149,7 @@ class Supervisor(LookingInside):
                 if self.job.verbose:
                     self.log(f"see inside this job from another terminal: mslaunch-stacks "
                              f"{os.getpid()} (every rank's stacks), mslaunch-top {os.getpid()}")
-            elif self.job.verbose and self.hooks is None:
+            elif self.job.verbose and self.session.wants_control:
                 self.log("no control socket (no private directory of this user's for it): "
                          "mslaunch-stacks and mslaunch-top cannot attach")
             from ..machine.procs import refused_private
@@ -183,7 +161,7 @@ class Supervisor(LookingInside):
                     "mslaunch-stacks and mslaunch-top cannot attach to this job"))
             self._start_all()
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
-            if self.job.stall_report and (self.hooks is None or self.takes_all):
+            if self.job.stall_report:
                 # The watch itself is imported at its first look: a short job never needs it.
                 self.loop.call_later(min(60.0, max(0.5, self.job.stall_report / 4)),
                                      self._watch_stall)
@@ -199,55 +177,29 @@ class Supervisor(LookingInside):
             self.console.attach(None)
             if self._own_loop:
                 self.loop.close()
-        result = self._result()
-        if self.hooks is not None:
-            self.hooks.finished(result.exit_code)
-        return result
+        return self.backend.outcome(self._result())
 
     def _start_all(self) -> None:
-        job, plan = self.job, self.plan
+        job, backend = self.job, self.backend
         pmi, pmi_env = None, None
-        if self.connect:
-            from .fleet import Fleet
-            assert self.starter is not None     # hosts to connect come with their starter
-            if job.mpi == "pmi" and self.replan is None and self.hooks is None:
-                # The plan stands: the job's PMI is made while the agents start
-                # (the launcher only waits then), not once they are up.
-                pmi, pmi_env = self._start_pmi()
-            self.fleet = Fleet(self, _stop_requested)
-            # Each host's link and connections are open before its ranks start.
-            raise_fd_limit(8 * len(plan.ranks) + 8 * len(self.connect) + 64)
-            self.fleet.connect(self.connect, self.starter, self.replan)
-            plan = self.plan                  # planned again with the hosts' topologies
+        if job.mpi == PMI and backend.pmi_early:
+            # The plan stands: the job's PMI is made while the places are reached
+            # (the launcher only waits then), not once they are.
+            pmi, pmi_env = self._start_pmi()
+        backend.connect(self)
+        plan = self.plan                  # (maybe planned again with the hosts' topologies)
         if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
             from ..plan.display import display
             self.console.write(1, self, display(plan, job).encode())
-        local_specs = [r for r in plan.ranks if r.host.local or self.takes_all]
-        own = self.hooks.local_handle(self, local_specs) if self.hooks is not None else None
-        if own is None:               # a mode's own handle says why it cannot start
-            check_startable(plan.ranks)
-        remote_specs: Dict[str, List[RankSpec]] = {}
-        for r in plan.ranks:
-            if not r.host.local and not self.takes_all:
-                remote_specs.setdefault(r.host.name, []).append(r)
-        if job.mpi == "pmi" and self.mpi_jobs is None:
+        here = backend.here(plan)
+        backend.check(plan)
+        if job.mpi == PMI and self.mpi_jobs is None:
             pmi, pmi_env = self._start_pmi()
-        # Hosts left after the re-plan (the plan may have sent every agent away).
-        fleet = self.fleet if self.fleet is not None and self.fleet.conns else None
-        remote = fleet is not None
-        raise_fd_limit(8 * len(local_specs) + 8 * len(self.connect) + 64)
-        if fleet is not None:
-            fleet.prepare(remote_specs)
-        if local_specs:
-            self.local = own or self._local_ranks(  # type: ignore[assignment]
-                local_specs, pmi, pmi_env, stdin_fd=None if remote else 0)
+        self.others = backend.handles(self, here, pmi, pmi_env)
         self.launched = True
         for handle in self._handles():
             handle.start()
-        if fleet is not None:
-            self.stdin_fanout = fleet.relay_stdin(self.local.stdin_pipes if self.local else {})
-        if self.hooks is not None:
-            self.hooks.started({r.spec.label or f"rank {r.spec.rank}": r.pid for r in self.ranks})
+        backend.started(self)
         if self.on_launched is not None:
             self.on_launched()
 
@@ -256,23 +208,27 @@ class Supervisor(LookingInside):
         stands; what its local ranks inherit."""
         from .mpijobs import MPIJobs
         self.mpi_jobs = MPIJobs(self)
-        # (a mode's handle of every rank serves their PMI itself: none is "local", and
-        # none may be given this machine's topology)
-        pmi, pmi_env = self.mpi_jobs.start_first(
-            not self.takes_all and any(r.host.local for r in self.plan.ranks),
-            topology=not self.takes_all)
+        # (srun's step serves its ranks' PMI itself: none is "local", and none may be
+        # given this machine's topology)
+        pmi, pmi_env = self.mpi_jobs.start_first(bool(self.backend.here(self.plan)),
+                                                 topology=self.backend.this_machine)
         self.mpi_jobs.watch_singletons()
         return pmi, pmi_env
+
+    def local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
+                    stdin_fd: Optional[int]) -> LocalRanks:
+        """This machine's ranks ``specs``, as the job's own processes (their handle)."""
+        self.local = self._local_ranks(specs, pmi, pmi_env, stdin_fd)
+        return self.local
 
     def _local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                      stdin_fd: Optional[int]) -> LocalRanks:
         job = self.job
-        if self.dumps is None and self.watchdog is not None and any(
-                python_program(s) for s in specs):
+        if self.dumps is None and any(python_program(s) for s in specs):
             from ..machine.pydump import make_dir
             self.dumps = make_dir(self.watchdog)
         return LocalRanks(self.loop, specs, self, sinks=self.make_sinks,
-                          guard=self.watchdog,  # type: ignore[arg-type]
+                          guard=self.watchdog,
                           grace=job.grace, merge_stderr=job.output.merge_stderr,
                           pmi=pmi, pmi_env=pmi_env, stdin_fd=stdin_fd, pty=job.output.pty,
                           dumps=self.dumps)
@@ -498,8 +454,7 @@ class Supervisor(LookingInside):
             self._terminate()
 
     def _tell_cluster(self, code: int, message: str) -> None:
-        if self.hooks is not None:
-            self.hooks.failed(code, message)
+        self.backend.stopping(code, message)
 
     def remote_stop(self, code: int, message: str) -> None:
         """Another node (or the node service) ends the job: stop here too, with ``code``."""
@@ -541,35 +496,27 @@ class Supervisor(LookingInside):
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
         self._close_control()
-        if self.fleet is not None:
-            again = self.carry.get("again") if self.carry is not None else None
-            if again is not None and again(self):
-                self.fleet.keep_hosts()
-            self.fleet.let_go_all()
+        self.backend.let_go(self.session.keeps_agents(self.ending, self.stop_signal))
         for handle in self._handles():
             handle.release()
         if self.stdin_fanout is not None:
             self.stdin_fanout.close()
         if self.local is not None:
             self.local.close(time.monotonic() + self.job.grace)
-        # Then the hosts share one grace period more (their agents were told BYE
-        # already and stop their ranks meanwhile).
+        # Then the other handles share one grace period more (the hosts' agents were
+        # told BYE already and stop their ranks meanwhile).
         deadline = time.monotonic() + self.job.grace
-        for host in self.hosts.values():
-            host.close(deadline)
-        if self.fleet is not None:
-            self.fleet.close_listener()
+        for handle in self.others:
+            handle.close(deadline)
+        self.backend.close()
         if self.mpi_jobs is not None:
             if os.environ.get("MSLAUNCH_PMI_STATS"):
                 self.console.message(
                     f"mslaunch: PMI: {self.mpi_jobs.stats(len(self.ranks))} "
                     f"(job {time.monotonic() - self.started:.3f} s)")
             self.mpi_jobs.close()
-        if self.watchdog is not None and self._own_watchdog:
-            self.watchdog.close()
-        kept = self.carry.get("agents") if self.carry is not None else None
-        if kept is not None:
-            kept.unwatch()
+        if self.session.kept is not None:
+            self.session.kept.unwatch()
         if self.console.dropped:
             self.console.message(f"mslaunch: {self.console.dropped} byte(s) of rank output were "
                                  f"not delivered: the terminal was not being read when the "
@@ -596,5 +543,6 @@ def _note_stop(signum: int) -> None:
         _pending_stop.append(signum)
 
 
-def _stop_requested() -> bool:
+def stop_requested() -> bool:
+    """Whether a stop signal came while the remote hosts were being reached."""
     return bool(_pending_stop)

@@ -451,7 +451,7 @@ class Watchdog:
 
     def private(self, path: str) -> None:
         """Remove ``path`` (a socket, or a directory of this user's) should the
-        launcher die (see :func:`mslaunch.job.launch.open_control`)."""
+        launcher die (see :func:`mslaunch.job.attempt.open_control`)."""
         # Written at once: a launcher may die before its first flush.
         if self._fd >= 0:
             try:

@@ -117,41 +117,6 @@ def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobS
     return job, plan
 
 
-class Cluster:
-    """The supervisor's view of this node and the others (its
-    :class:`~mslaunch.job.seams.ModeHooks`; see :class:`~.nodelink.NodeLink`)."""
-
-    takes_all = False
-
-    def __init__(self, link, service, restarts: int = 0, announce=None) -> None:
-        self.link = link
-        self.service = service
-        self.restarts = restarts
-        self.announce = announce        # called with {label: pid} once all run
-
-    def local_handle(self, sup, specs):
-        return None                     # the supervisor's own LocalRanks
-
-    def started(self, pids) -> None:
-        if self.announce is not None:
-            self.announce(pids)
-
-    def failed(self, code: int, message: str) -> None:
-        """This node ends the job: the others must stop too, with ``code``."""
-        if self.link is not None:
-            self.link.stop(code, message)
-
-    def finished(self, code: int) -> None:
-        if self.link is not None and code == 0:
-            self.link.done()
-
-    def close(self) -> None:
-        if self.link is not None:
-            self.link.close()
-        if self.service is not None:
-            self.service.close()
-
-
 def run_node(spec: MsrunSpec, announce: Optional[Announce] = None,
              on_result: Optional[OnResult] = None) -> int:
     """Run this node's part of the job to its end; the exit status.
@@ -209,7 +174,7 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
         raise LaunchError(f"--log_dir {spec.log_dir}: {err.strerror}") from None
     link = service = None
     ranks: Optional[List[int]] = None
-    from ..job.launch import free_port
+    from ..machine.rendezvous import free_port
     port = free_port()
     if multi and spec.sim_level < 0:
         ranks, link, service, stopped = _rendezvous(spec, loop, master, addresses, port)
@@ -241,24 +206,26 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
             _say(line)
         if spec.join:
             _say(SPAWNED, sys.stderr)
-    from ..job.supervise import Supervisor
     recovery = os.environ.get("MS_ENABLE_RECOVERY") == "1"
-    cluster = Cluster(link, service, restarts=spec.max_restarts if recovery else 0,
-                      announce=(lambda pids: announce(lines, pids)) if announce else None)
-    sup = Supervisor(job, plan, loop=loop, hooks=cluster)
-    if link is not None:
-        link.on_stop = sup.remote_stop
+    from ..job.attempt import run_attempt
+    from ..job.nodes import NodePart
+    from ..job.session import Session
+    from ..machine.terminal import Console
+    from ..pmi.files import job_guard, public_id
+    part = NodePart(link, service, (lambda pids: announce(lines, pids)) if announce else None)
+    guard = job_guard(public_id(plan.kvsname), job.grace, background=False)
+    session = Session(guard, Console(), loop=loop, wants_control=False, nodes=part,
+                      rank_restarts=spec.max_restarts if recovery else 0)
     try:
-        result = sup.run()
-        if result.message:
-            sup.console.message(result.message)
+        result = run_attempt(job, os.environ, session, part.planning(plan)).result
         code = result.exit_code
         if service is not None and code == 0:
-            code = _wait_for_the_others(service, loop, spec, sup.console.message)
+            code = _wait_for_the_others(service, loop, spec, session.console.message)
     finally:
-        cluster.close()
+        part.close()
+        guard.close()
         loop.close()
-        sup.console.close()
+        session.console.close()
     return code, result
 
 

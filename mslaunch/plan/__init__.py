@@ -393,3 +393,18 @@ def agent_hosts(plan: Plan, job: JobSpec) -> List[str]:
     if (job.mpi == "pmi" and not job.novm) or job.max_job_restarts:
         hosts += [h for h in plan.spare_hosts if not h.local]
     return list(dict.fromkeys(h.name for h in hosts))
+
+
+def describe_plan(plan: Plan) -> str:
+    """``--dry-run``'s text: the map, then each rank's host, directory, command
+    line and files."""
+    import shlex
+
+    lines = [describe_map(plan)]
+    for r in plan.ranks:
+        logs = ""
+        if r.stdout_path:
+            logs = f"  > {r.stdout_path}" + (f"  2> {r.stderr_path}" if r.stderr_path else "")
+        lines.append(f"rank {r.rank} on {r.host.name} in {r.cwd}: "
+                     f"{' '.join(shlex.quote(a) for a in r.argv)}{logs}")
+    return "\n".join(lines) + "\n"

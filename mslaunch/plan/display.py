@@ -107,3 +107,4 @@ def display(plan: Plan, job: JobSpec) -> str:
     if job.display_diffable:
         parts.append(diffable_map(plan))
     return "".join(parts)
+

@@ -34,6 +34,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Set
 
+    from ..machine.guard import Watchdog
+
 
 # -- job names and MPICH's segments ---------------------------------------------
 
@@ -260,3 +262,12 @@ def sweep_leftovers(_arg: str = "") -> int:
 #: (see :func:`xml_for_ranks`), and what dead launchers left (:func:`sweep_leftovers`).
 GUARD_TASKS: Dict[str, Callable[[str], object]] = {"hwloc": write_xml,
                                                    "sweep": sweep_leftovers}
+
+
+def job_guard(marker: str, grace: float, background: bool = True) -> Watchdog:
+    """The orphan guard of a job (the launcher's) or of one host's part of it (an
+    agent's), named ``marker``, with the hooks of PMI jobs: the one way one is
+    made.  ``background``: its cgroup is settled while the caller goes on."""
+    from ..machine.guard import Watchdog
+    return Watchdog(marker, grace, background=background, tasks=GUARD_TASKS,
+                    on_death=after_launcher_death, on_stop=sessions_at_death)

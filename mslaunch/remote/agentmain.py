@@ -16,16 +16,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, List, Optional
 
-from ..machine.guard import Watchdog
-from ..pmi.files import GUARD_TASKS, after_launcher_death, is_kvsname, public_id, sessions_at_death
+from ..pmi.files import is_kvsname, job_guard, public_id
+
+if TYPE_CHECKING:
+    from ..machine.guard import Watchdog
 
 
 def new_guard(kvsname: str, grace: float) -> Watchdog:
     """This host's guard for the job ``kvsname``; its marker names the job and
     this agent."""
-    return Watchdog(f"{public_id(kvsname)}.{os.getpid()}", grace, background=True,
-                    tasks=GUARD_TASKS, on_death=after_launcher_death,
-                    on_stop=sessions_at_death)
+    return job_guard(f"{public_id(kvsname)}.{os.getpid()}", grace)
 
 
 def begin(job: str, kept: List[Watchdog]) -> Callable[[str], int]:

@@ -1,0 +1,53 @@
+"""The named states of mslaunch: each a ``Literal`` of its words, for the type
+checker, with a constant per word for the code (no ``enum``: its import costs
+the launch milliseconds).
+
+* :data:`Ending` -- how a job was stopped before its ranks all ran to their end.
+* :data:`HostState` -- a remote host's agent, as the launcher sees it.
+* :data:`MpiKind` -- which MPI a job's ranks are served (``--mpi``).
+* :data:`LauncherName` -- how remote hosts are reached (``--launcher``).
+* :data:`BackendName` -- the way a job's ranks start (the backends' registry).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Literal, Tuple
+
+    #: ``failure``: a rank failed (or a host was lost); ``timeout``: ``--timeout``;
+    #: ``signal``: mslaunch got SIGINT, SIGTERM or SIGHUP; ``output``: its output
+    #: could not be written; ``remote``: another node of the job ended it (msrun's
+    #: nodes); ``stall``: ``--stall-exit``.
+    Ending = Literal["failure", "timeout", "signal", "output", "remote", "stall"]
+    #: ``new``: its agent started; ``prepared``: sent its ranks; ``ready``: it
+    #: checked them; ``running``: told to start; ``done``: every rank of it ended;
+    #: ``lost``: its agent, its link or its network failed.
+    HostState = Literal["new", "prepared", "ready", "running", "done", "lost"]
+    MpiKind = Literal["pmi", "openmpi", "none"]
+    LauncherName = Literal["auto", "ssh", "slurm", "srun", "local"]
+    BackendName = Literal["local", "agents", "srun-steps", "mpirun", "nodes"]
+else:
+    Ending = HostState = MpiKind = LauncherName = BackendName = str
+
+FAILURE: Ending = "failure"
+TIMEOUT: Ending = "timeout"
+SIGNAL: Ending = "signal"
+OUTPUT: Ending = "output"
+REMOTE: Ending = "remote"
+STALL: Ending = "stall"
+
+NEW: HostState = "new"
+PREPARED: HostState = "prepared"
+READY: HostState = "ready"
+RUNNING: HostState = "running"
+DONE: HostState = "done"
+LOST: HostState = "lost"
+
+PMI: MpiKind = "pmi"
+OPENMPI: MpiKind = "openmpi"
+NO_MPI: MpiKind = "none"
+MPI_KINDS: Tuple[MpiKind, ...] = (PMI, OPENMPI, NO_MPI)
+
+#: The endings after which a job run with --max-restarts starts again.
+RESTARTED_ENDINGS: Tuple[Ending, ...] = (FAILURE, STALL)
