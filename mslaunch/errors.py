@@ -62,6 +62,13 @@ class Stopped(LaunchError):
         self.signal = signal
 
 
+class TimedOut(LaunchError):
+    """``--timeout`` ended the job where no attempt ran to say so (during its health
+    check): exit status 110."""
+
+    exit_code = TIMEOUT_EXIT
+
+
 class UsageError(LaunchError):
     """Bad command line: unknown flag, bad number, conflicting options."""
 

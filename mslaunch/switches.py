@@ -65,6 +65,11 @@ def parse_number(text: str) -> float:
     return float(text)
 
 
+#: The shortest silence (heartbeat interval times misses) that loses a peer: a
+#: busy machine's own scheduling delays are a good part of a second.
+MIN_SILENCE = 0.5
+
+
 def heartbeat(text: Optional[str]) -> Optional[Tuple[float, Optional[int]]]:
     """``MSLAUNCH_HEARTBEAT``'s ``INTERVAL[,MISSES]`` (seconds from 0.01 to 3600,
     misses from 1 to 1000; unset or empty: None, the job's default); UsageError
@@ -79,11 +84,14 @@ def heartbeat(text: Optional[str]) -> Optional[Tuple[float, Optional[int]]]:
         count = int(misses) if comma and misses.isascii() and misses.isdigit() else None
         if comma and not (count is not None and 1 <= count <= 1000):
             raise ValueError(text)
+        if value * (count or 5) < MIN_SILENCE:      # (5: the fewest misses of a default)
+            raise ValueError(text)
     except ValueError:
         from .errors import UsageError
         raise UsageError(f"MSLAUNCH_HEARTBEAT={text[:40]!r}: expected INTERVAL[,MISSES], "
                          f"seconds from 0.01 to 3600 between heartbeats and how many may be "
-                         f"missed (1 to 1000), such as 1,5") from None
+                         f"missed (1 to 1000), together {MIN_SILENCE:g} s of silence at "
+                         f"least, such as 1,5") from None
     return value, count
 
 

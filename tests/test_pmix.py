@@ -19,6 +19,7 @@ from helpers import (
     PY,
     clean_env,
     cmd,
+    error_lines,
     kill_tagged,
     new_tag,
     program,
@@ -313,7 +314,7 @@ def test_a_death_followed_by_an_abort_on_another_host_is_the_failure(sshbed, omp
     out = tmp_path / "out"
     out.mkdir()
     r = _remote(sshbed, home, ompi, *extra, mode="follow", timeout=120, args=(str(out),))
-    lines = [line for line in r.stderr.decode().splitlines() if line.startswith("mslaunch: ")]
+    lines = [line for line in error_lines(r.stderr.decode()) if line.startswith("mslaunch: ")]
     assert r.returncode == 128 + signal.SIGKILL, lines
     assert lines[0].startswith("mslaunch: rank 1 (pid ") and " on h1) was killed by signal 9" \
         in lines[0], lines

@@ -80,7 +80,7 @@ def test_a_count_of_restarts_that_is_not_plain_digits_is_refused(value):
 
 
 @pytest.mark.parametrize("value", ["abc", "0,0", "-1,5", "nan,3", "inf", "1,x", "1,0", " 1",
-                                   "0.001", "1,5,6", "\u0661,5"])
+                                   "0.001", "1,5,6", "\u0661,5", "0.01,1", "0.05"])
 def test_a_bad_heartbeat_setting_is_one_clear_error(value):
     r = run("-n", "1", "true", env=clean_env(MSLAUNCH_HEARTBEAT=value))
     assert r.returncode == 2, r.stderr
@@ -114,6 +114,7 @@ def test_the_heartbeat_setting_is_in_range_or_refused_for_any_text():
             return
         interval, misses = got
         assert 0.01 <= interval <= 3600 and (misses is None or 1 <= misses <= 1000)
+        assert interval * (misses or 5) >= 0.5
         assert text.isascii() and text.strip() == text
     check()
 
@@ -215,6 +216,16 @@ def test_a_stop_during_the_health_check_is_a_stop_not_the_hosts_failure(tmp_path
     assert "failed on" not in text and "no host is left" not in text, text
     assert text.splitlines()[-1] == (f"mslaunch: stopped by {signal.Signals(sig).name} during "
                                      f"the --health-check; the job ends"), text
+
+
+def test_timeout_counts_the_health_check_too(tmp_path):
+    r = run("--timeout", "3", "--max-restarts", "2", "--health-check", "sleep 100", "-n", "1",
+            "true", timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 110, err
+    assert err.splitlines()[-1] == ("mslaunch: job timed out after 3 s (--timeout), during the "
+                                    "--health-check; exit status 110"), err
+    assert "failed on" not in err, err
 
 
 def test_a_health_check_that_never_ends_is_said_as_such(tmp_path):

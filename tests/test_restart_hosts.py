@@ -264,3 +264,135 @@ def test_a_crashed_spare_node_of_a_slurm_allocation_is_left_out(slurmbeds, tmp_p
     assert sorted(out.decode().split()) == ["h1", "h1", "h2", "h2"], (out, text)
     assert "mslaunch: h3: cannot start the agent (" in text and \
         "no rank goes there, so the job goes on without it" in text, text
+
+
+class _Lines:
+    """A running mslaunch's stderr, read line by line in a thread as it comes."""
+
+    def __init__(self, p) -> None:
+        import threading
+        self.lines: list = []
+        self.thread = threading.Thread(target=self._read, args=(p.stderr,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in iter(stream.readline, b""):
+            self.lines.append(line.decode("utf-8", "replace"))
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def text(self) -> str:
+        self.thread.join(60)
+        return "".join(self.lines)
+
+
+def _run_reading(sshbed, tmp_path, hosts, *extra, seconds="1", restarts="2", script=RANK):
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    argv = cmd("--max-restarts", restarts, "--report-json", str(tmp_path / "report.json"),
+               "-H", hosts, "-n", "4", "-x", "MSL_TEST_TAG", *extra, "sh", "-c", script, "rank",
+               str(tmp_path), seconds)
+    p = subprocess.Popen(argv, env=renv(home, MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    return p, tag, _Lines(p)
+
+
+def _finish_reading(p, tag, sshbed, lines, stopped=()):
+    try:
+        out = p.stdout.read()
+        p.wait(timeout=180)
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        p.kill()
+        p.wait()
+    try:
+        settle(tag, sshbed, timeout=30)
+    finally:
+        kill_tagged(tag)
+    return p.returncode, out.decode(), lines.text()
+
+
+def test_a_spare_that_hangs_while_the_job_runs_is_said_lost_and_not_waited_for(sshbed,
+                                                                             tmp_path):
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2")
+    stopped = []
+    try:
+        assert wait_for(lambda: _up(tmp_path), 90)
+        stopped.append(_agent(sshbed, "h3"))
+        os.kill(stopped[0], signal.SIGSTOP)
+        # said while the job runs, as soon as its heartbeat is over
+        assert wait_for(lambda: lines.said("lost spare host h3: no sign of life"), 60)
+        (tmp_path / "trigger").touch()
+    finally:
+        code, out, err = _finish_reading(p, tag, sshbed, lines, stopped)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == [f"done {r} h{1 + r // 2}" for r in range(4)], err
+    first, second = _attempts(tmp_path)
+    assert first["lost"] == ["h3"] and second["hosts"] == ["h1", "h2"], (first, second)
+    assert "h3" in second["left_out"], second
+
+
+#: Ranks that fail at once in the first two attempts (rank 1, after its peers are
+#: up): the second restart comes after a back-off.
+QUICK = r"""
+dir=$1
+echo $$ > "$dir/up.$RANK.$MSLAUNCH_RESTART_COUNT"
+if [ "$MSLAUNCH_RESTART_COUNT" -lt 2 ] && [ "$RANK" = 1 ]; then sleep 0.3; exit 4; fi
+sleep 1; echo "done $RANK $(hostname)"
+"""
+
+
+def test_a_host_that_hangs_during_a_back_off_is_left_out_and_the_spare_takes_its_ranks(
+        sshbed, tmp_path):
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "-v", restarts="3",
+                                 script=QUICK)
+    stopped = []
+    try:
+        assert wait_for(lambda: lines.said("mslaunch: a back-off of "), 120)
+        stopped.append(_agent(sshbed, "h2"))
+        os.kill(stopped[0], signal.SIGSTOP)
+    finally:
+        code, out, err = _finish_reading(p, tag, sshbed, lines, stopped)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["done 0 h1", "done 1 h1", "done 2 h3", "done 3 h3"], err
+    attempts = _attempts(tmp_path)
+    assert attempts[-1]["hosts"] == ["h1", "h3"] and "h2" in attempts[-1]["left_out"], attempts
+
+
+def test_a_spare_lost_during_a_back_off_is_said(sshbed, tmp_path):
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "-v", restarts="3",
+                                 script=QUICK)
+    try:
+        assert wait_for(lambda: lines.said("mslaunch: a back-off of "), 120)
+        os.kill(_agent(sshbed, "h3"), signal.SIGKILL)
+    finally:
+        code, out, err = _finish_reading(p, tag, sshbed, lines)
+    assert code == 0, err
+    assert "mslaunch: lost spare host h3: " in err, err
+    attempts = _attempts(tmp_path)
+    assert any("h3" in a["lost"] for a in attempts), attempts
+
+
+@pytest.mark.parametrize("how", ["SIGSTOP", "SIGTSTP"])
+def test_a_pause_of_the_launcher_longer_than_its_agents_wait_leaves_no_host_out(
+        sshbed, tmp_path, how):
+    # During a back-off the waiting agents hear nothing from mslaunch: stopped for
+    # longer than they wait (30 s), they give up -- but no host is left out for it.
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2", "-v", restarts="3",
+                                 script=QUICK)
+    try:
+        assert wait_for(lambda: lines.said("mslaunch: a back-off of "), 120)
+        p.send_signal(getattr(signal, how))
+        assert wait_for(lambda: _stopped(p.pid), 10)
+        time.sleep(32)              # the pause itself: longer than the agents wait
+        p.send_signal(signal.SIGCONT)
+    finally:
+        code, out, err = _finish_reading(p, tag, sshbed, lines)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["done 0 h1", "done 1 h1", "done 2 h2", "done 3 h2"], err
+    assert "lost" not in err and "left out" not in err, err

@@ -50,8 +50,9 @@ def check_seconds(flag: str, text: str, allow_zero: bool = False) -> float:
     except ValueError:
         raise UsageError(f"{flag}: expected a number of seconds, got {text!r}") from None
     if not (0 < value <= MAX_SECONDS or (value == 0 and allow_zero)):
-        raise UsageError(f"{flag}: expected a number of seconds from 0 to {MAX_SECONDS:.0f}, "
-                         f"got {text!r}")
+        span = (f"from 0 to {MAX_SECONDS:.0f}" if allow_zero else
+                f"above 0, at most {MAX_SECONDS:.0f}")
+        raise UsageError(f"{flag}: expected a number of seconds {span}, got {text!r}")
     return value
 
 

@@ -143,12 +143,16 @@ def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
     with the backend the registry chooses (:mod:`.backend`)."""
     from .backend import choose
     backend = choose(job, environ, session, planning)
-    backend.begin()
-    from .supervise import Supervisor      # after srun's step began (begin)
-    job_s, plan = backend.setup()
-    control = open_control(session.guard) if session.wants_control else None
-    supervisor = Supervisor(job_s, plan, backend, session, control=control, note=note,
-                            on_launched=launched)
+    try:            # until the supervisor owns it, what the backend began is ended here
+        backend.begin()
+        from .supervise import Supervisor      # after srun's step began (begin)
+        job_s, plan = backend.setup()
+        control = open_control(session.guard) if session.wants_control else None
+        supervisor = Supervisor(job_s, plan, backend, session, control=control, note=note,
+                                on_launched=launched)
+    except BaseException:
+        backend.close()
+        raise
     result = supervisor.run()
     if result.message and tell:
         session.console.message(result.message)

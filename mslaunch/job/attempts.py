@@ -30,8 +30,12 @@ if TYPE_CHECKING:
 
     from ..spec import AttemptOutcome
 
+    #: The health check: given the hosts left out and the seconds left of
+    #: --timeout (None: no limit), the hosts where it failed.
+    Check = Callable[[Tuple[str, ...], Optional[float]], Tuple[str, ...]]
 
-from ..errors import TIMEOUT_EXIT, HostsFailed, LaunchError, Stopped
+
+from ..errors import TIMEOUT_EXIT, HostsFailed, LaunchError, Stopped, TimedOut
 from ..machine.spawn import signal_name
 from ..spec import Attempt, JobResult, replace
 from ..states import RESTARTED_ENDINGS, STALL
@@ -72,7 +76,7 @@ def cause_of(result: JobResult) -> str:
 def run_attempts(job, run_one: Callable[..., AttemptOutcome],
                  say: Callable[[str], None],
                  stopped: Callable[[], Optional[int]] = lambda: None,
-                 check: Optional[Callable[[Tuple[str, ...]], Tuple[str, ...]]] = None
+                 check: Optional[Check] = None
                  ) -> JobResult:
     """Run ``job`` (a :class:`~mslaunch.spec.JobSpec` with ``max_job_restarts``)
     until an attempt succeeds, cannot be started again, or no restart is left.
@@ -83,9 +87,9 @@ def run_attempts(job, run_one: Callable[..., AttemptOutcome],
     get before what the attempt appends to them, and ``launched()`` is called
     once its ranks have all been started.  It returns an :class:`AttemptOutcome`.
     ``say`` prints one of mslaunch's lines; ``stopped()`` is the stop signal that
-    came between two attempts, if any.  ``check(left_out)``, the user's health
-    check (``--health-check``), runs before every attempt and names the hosts where
-    it failed: they are left out from then on.
+    came between two attempts, if any.  ``check(left_out, timeout_left)``, the
+    user's health check (``--health-check``), runs before every attempt and names
+    the hosts where it failed: they are left out from then on.
     """
     return _Attempts(job, run_one, say, stopped, check).run()
 
@@ -95,7 +99,7 @@ class _Attempts:
 
     def __init__(self, job, run_one: Callable[..., AttemptOutcome], say: Callable[[str], None],
                  stopped: Callable[[], Optional[int]],
-                 check: Optional[Callable[[Tuple[str, ...]], Tuple[str, ...]]]) -> None:
+                 check: Optional[Check]) -> None:
         self.job, self.run_one, self.say, self.stopped, self.check = \
             job, run_one, say, stopped, check
         self.limit = job.max_job_restarts
@@ -126,8 +130,8 @@ class _Attempts:
             self.launched.clear()
             try:
                 if self.check is not None:
-                    self.left_out = tuple(dict.fromkeys(self.left_out
-                                                        + self.check(self.left_out)))
+                    self.left_out = tuple(dict.fromkeys(self.left_out + self.check(
+                        self.left_out, self._job().timeout_left)))
                 outcome = self.run_one(self._job(), self.left_out, self.note, self.on_launched)
             except HostsFailed as err:
                 if self._without(err):
@@ -179,6 +183,10 @@ class _Attempts:
             self.say(f"mslaunch: {err}; the job ends")
             return JobResult(exit_code=err.exit_code, ending="signal", stop_signal=err.signal,
                              attempts=tuple(self.attempts))
+        if isinstance(err, TimedOut):
+            self.say(f"mslaunch: {err}; exit status {TIMEOUT_EXIT}")
+            return JobResult(exit_code=TIMEOUT_EXIT, ending="timeout",
+                             attempts=tuple(self.attempts))
         if self.last is None:
             raise err
         self.say(f"mslaunch: the job was not started again: {err}")
@@ -202,6 +210,8 @@ class _Attempts:
         """Wait ``wait`` s before the next attempt; its end when a stop signal came
         (meanwhile, or between two attempts) or ``--timeout`` is over."""
         deadline = time.monotonic() + wait
+        if self.job.timeout is not None:     # (a back-off is cut short by --timeout)
+            deadline = min(deadline, self.began + self.job.timeout)
         if wait and self.job.verbose:
             self.say(f"mslaunch: a back-off of {wait:g} s before restart {self.number}")
         while True:

@@ -169,8 +169,10 @@ class Fleet:
             remote_specs.setdefault(name, [])     # spare hosts, for spawned jobs
         from ..remote import timeline
         timeline.mark("sending the agents their ranks")
-        heartbeat = heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"),
-                                      RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
+        # (the kept agents' is the job's, its health check's included)
+        heartbeat = self.kept.heartbeat if self.kept is not None else heartbeat_setting(
+            os.environ.get("MSLAUNCH_HEARTBEAT"),
+            RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
         pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
         listener = self._output_listener()
         for name, specs in remote_specs.items():

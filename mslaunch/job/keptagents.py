@@ -19,8 +19,11 @@ from __future__ import annotations
 import os
 import select
 import time
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
 
 from ..errors import HostsFailed
+from ..remote import link
 from ..remote.starter import let_go
 
 TYPE_CHECKING = False
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop, Timer
     from ..remote.starter import AgentConnection, Starter
 
+#: What a waiting agent may send: beats, and its answer to a Ctrl-Z (see pause).
+_WAITING = (link.BEAT, link.PAUSED)
 #: Seconds a kept agent waits for its next job while this launcher is silent
 #: before it exits: longer than anything between two attempts (the longest
 #: back-off, :data:`.attempts.MAX_BACKOFF`, the stop of a failed attempt and the
@@ -45,16 +50,21 @@ class KeptAgents:
     for the job's heartbeat (or whose link ends) is a lost host: it goes, with
     one line, and is noted in :attr:`lost` for the attempts to leave out."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None],
+                 heartbeat: Tuple[float, int] = (1.0, 5)) -> None:
         self.idle: Dict[str, AgentConnection] = {}
         self.starters: List[Starter] = []     # those that started agents, in order
-        self.heartbeat: Tuple[float, int] = (1.0, 5)
+        self.heartbeat = heartbeat
         self.lost: Dict[str, str] = {}        # hosts lost while waiting, and why
         self._heard: Dict[str, float] = {}    # when each was last heard (monotonic)
         self._readers: Dict[str, Any] = {}
         self._loop: Optional[Loop] = None
         self._timer: Optional[Timer] = None
-        self._say: Callable[[str], None] = lambda text: None
+        self._say = say
+        #: This launcher was stopped since the last check (SIGCONT came): what its
+        #: waiting agents did meanwhile is not their hosts' fault.
+        self.stopped = False
+        self._told = False            # ... after it told them it stops (pause)
 
     def put(self, conn: AgentConnection, fresh: bool = False) -> None:
         """An agent with no job (told ``NEXT``; or ``fresh``: never given one, told
@@ -62,7 +72,6 @@ class KeptAgents:
         self._drop(conn.name)
         os.set_blocking(conn.fd, False)
         if fresh:
-            from ..remote import link
             try:
                 os.write(conn.fd, link.encode(link.NEXT, {"idle": IDLE,
                                                           "heartbeat": list(self.heartbeat)}))
@@ -94,20 +103,32 @@ class KeptAgents:
         """Before an attempt is planned: the waiting agents that are gone or silent
         (lost hosts, which go); every host lost while waiting so far, and why."""
         now = time.monotonic()
+        stopped, self.stopped = self.stopped, False
+        gave_up = []
         for name, conn in list(self.idle.items()):
             heard = _sound(conn.fd, self._heard.get(name, 0.0))
-            if heard is None:
+            fresh = heard is not None and now - heard <= self._limit()
+            if stopped:
+                # Stopped without a word to them (SIGSTOP), this launcher cannot
+                # tell which of them gave up on it, or is about to: all start anew.
+                gave_up.append(name)
+                self._drop(name)
+            elif fresh:
+                self._heard[name] = heard  # type: ignore[assignment]
+            elif heard is None:
                 self._lose(name, "its agent's link ended while it waited")
-            elif now - heard > self._limit():
-                self._lose(name, f"no sign of life for {now - heard:.1f} s while it waited")
             else:
-                self._heard[name] = heard
+                self._lose(name, f"no sign of life for {now - heard:.1f} s while it waited")
+        if gave_up:
+            from ..hosts.ranges import host_ranges
+            self._say(f"mslaunch: {host_ranges(gave_up)}: the agents that waited there for "
+                      f"the next attempt are started again: mslaunch itself was stopped")
         return dict(self.lost)
 
     # -- while an attempt runs ---------------------------------------------------------
-    def watch(self, loop: Loop, say: Callable[[str], None]) -> None:
+    def watch(self, loop: Loop) -> None:
         """Read the waiting agents' beats on ``loop`` and beat back, until :meth:`unwatch`."""
-        self._loop, self._say = loop, say
+        self._loop = loop
         for conn in list(self.idle.values()):
             self._listen(conn)
         self._timer = loop.call_later(self.heartbeat[0], self._tick)
@@ -120,10 +141,48 @@ class KeptAgents:
         if self._timer is not None:
             self._timer.cancel()
         self._loop, self._timer = None, None
-        self._say = lambda text: None
+
+    def pause(self) -> None:
+        """This launcher stops (a Ctrl-Z between two attempts): the waiting agents
+        are told, so that they wait for it as long as a stopped launcher is waited
+        for; each answers (``PAUSED``) before this returns, or within a second:
+        what carries the frame (paramiko's thread) stops with this process."""
+        self._tell(signal.SIGTSTP)
+        self._told = True
+        waiting = {conn.fd: (name, link.Reader()) for name, conn in self.idle.items()}
+        deadline = time.monotonic() + 1.0
+        poller = select.poll()
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        while waiting and time.monotonic() < deadline:
+            for fd, _ in poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                name, reader = waiting[fd]
+                try:
+                    frames = reader.feed(os.read(fd, 1 << 16))
+                except (OSError, link.LinkError):
+                    frames = [(link.PAUSED, b"")]     # its end is said later
+                self._heard[name] = time.monotonic()
+                if any(kind == link.PAUSED for kind, _ in frames):
+                    poller.unregister(fd)
+                    del waiting[fd]
+
+    def resume(self) -> None:
+        """This launcher runs again after it was stopped (SIGCONT)."""
+        self._tell(signal.SIGCONT)
+        if self._told:     # they knew: silence while this launcher stood still is not theirs
+            now = time.monotonic()
+            self._heard.update((name, now) for name in self.idle)
+        self.stopped = self.stopped or not self._told
+        self._told = False
+
+    def _tell(self, sig: int) -> None:
+        for conn in self.idle.values():
+            try:
+                os.write(conn.fd, link.encode(link.SIGNAL, {"sig": int(sig)}))
+            except OSError:
+                pass            # its silence, or its link's end, tells later
 
     def _listen(self, conn: AgentConnection) -> None:
-        from ..remote import link
         assert self._loop is not None
         reader = link.Reader()
         name = conn.name
@@ -143,7 +202,7 @@ class KeptAgents:
             except link.LinkError as err:
                 self._lose(name, f"protocol error while it waited: {err}")
                 return
-            if any(kind != link.BEAT for kind, _ in frames):
+            if any(kind not in _WAITING for kind, _ in frames):
                 self._drop(name)   # not on a frame's boundary for the next attempt
                 return
             self._heard[name] = time.monotonic()
@@ -161,7 +220,6 @@ class KeptAgents:
             self._loop.forget(conn.fd)
 
     def _tick(self) -> None:
-        from ..remote import link
         now = time.monotonic()
         for name, conn in list(self.idle.items()):
             silent = now - self._heard.get(name, now)
@@ -226,7 +284,6 @@ def _sound(fd: int, heard: float) -> Optional[float]:
     waits to be read), or None when its link cannot be taken up again: closed,
     or holding more than heartbeats (sent before the agent read ``NEXT``), or a
     part of a frame."""
-    from ..remote import link
     reader = link.Reader()
     poller = select.poll()
     poller.register(fd, select.POLLIN)
@@ -243,10 +300,7 @@ def _sound(fd: int, heard: float) -> Optional[float]:
             frames = reader.feed(data)
         except link.LinkError:
             return None
-        if any(kind != link.BEAT for kind, _ in frames):
-            if os.environ.get("MSL_DEBUG"):
-                import sys
-                sys.stderr.write(f"DEBUG _sound frames {[(k, b[:80]) for k, b in frames]}\n")
+        if any(kind not in _WAITING for kind, _ in frames):
             return None
         if frames:
             heard = time.monotonic()

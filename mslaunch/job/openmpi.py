@@ -302,6 +302,7 @@ class MpirunBackend(Backend):
 
     def describe(self) -> str:
         import shlex
+        self._say_found()
         return " ".join(shlex.quote(c) for c in self._plan().ranks[0].argv) + "\n"
 
     def begin(self) -> None:
@@ -314,14 +315,18 @@ class MpirunBackend(Backend):
             os.mkdir(self.base, 0o700)
         except OSError:
             self.base = None
-        ompi = self._find()
-        if job.verbose:
-            sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
+        ompi = self._say_found()
         self.probe = world_probe(job, self.environ, ompi, self.base)
         self.stdin = forwards_stdin(job, ompi)
         if job.stdin == "all" and not job.quiet:
             sys.stderr.write("mslaunch: --stdin all: Open MPI's mpirun hangs forwarding input "
                              "to every rank; the ranks get none (they read end-of-file)\n")
+
+    def _say_found(self) -> OpenMPI:
+        ompi = self._find()
+        if self.job.verbose:
+            sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
+        return ompi
 
     def _find(self) -> OpenMPI:
         if self.ompi is None:

@@ -184,9 +184,10 @@ def timed_out(sup: JobView, live: List[RankState]) -> None:
     what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
         f"{len(live)} rank(s)"
     if sup.job.is_check:
-        hosts = ", ".join(dict.fromkeys(r.spec.host.name for r in live))
-        sup.console.message(f"mslaunch: --health-check did not end within "
-                            f"{sup.job.timeout:g} s on {hosts}; stopping it there")
+        if sup.job.timeout_left is None:       # (else the job's --timeout, said after)
+            hosts = ", ".join(dict.fromkeys(r.spec.host.name for r in live))
+            sup.console.message(f"mslaunch: --health-check did not end within "
+                                f"{sup.job.timeout:g} s on {hosts}; stopping it there")
         return
     sup.console.message(f"mslaunch: job timed out after {sup.job.timeout:g} s (--timeout); "
                         f"terminating {what}; exit status {TIMEOUT_EXIT}")

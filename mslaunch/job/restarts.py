@@ -15,7 +15,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Mapping, Sequence, Tuple
+    from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
     from ..spec import HostEntry, JobResult, JobSpec
     from .session import Session
@@ -31,18 +31,28 @@ def run_restartable(job: JobSpec, environ: Mapping[str, str], session: Session,
     """Run ``job`` until an attempt succeeds or cannot start again (see
     :func:`.attempts.run_attempts`); ``kvsname``: the first attempt's name."""
     import _signal as signal  # the C module: the same calls as signal's, without enum
+    import os
 
     from ..remote.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
     from .keptagents import KeptAgents
-    session.kept = KeptAgents()
-    session.kept.heartbeat = heartbeat_setting(
+    kept = session.kept = KeptAgents(session.console.message, heartbeat_setting(
         environ.get("MSLAUNCH_HEARTBEAT"), RESTART_HEARTBEAT if job.max_job_restarts
-        else HEARTBEAT)
+        else HEARTBEAT))
     session.attempts = True
     attempts = _Attempts(job, environ, session, kvsname, hosts)
     stops: List[int] = []
+
+    def suspend(signum, frame) -> None:
+        # Ctrl-Z between two attempts: the waiting agents hear it (an attempt's
+        # supervisor forwards it to its ranks and hosts itself).
+        kept.pause()
+        os.kill(os.getpid(), signal.SIGSTOP)
+
     old = {sig: signal.signal(sig, lambda signum, frame: stops.append(signum))
            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
+    # However it was stopped (SIGSTOP too), mslaunch goes on with a SIGCONT.
+    old[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda signum, frame: kept.resume())
     try:
         return run_attempts(job, attempts.run_one, attempts.say,
                             lambda: stops[0] if stops else None,
@@ -82,30 +92,38 @@ class _Attempts:
             job_k = replace(job_k, stdin="none")
         kept = session.kept
         assert kept is not None
-        # Spare hosts whose waiting agents were lost are left out before the plan.
-        left_out = tuple(dict.fromkeys(left_out + tuple(kept.check())))
+        # Spare hosts whose waiting agents were lost are left out before the plan
+        # (and said lost, with the attempt's, to the loop).
+        without = tuple(dict.fromkeys(left_out + tuple(kept.check())))
         outcome = self._guarded(lambda name: run_attempt(
             job_k, self.environ, session, JobPlanning(job_k, self.environ, name, self.hosts,
-                                                   left_out), note, launched))
+                                                      without), note, launched))
         lost = outcome.lost + tuple(n for n in kept.lost
                                     if n not in left_out and n not in outcome.lost)
         return AttemptOutcome(outcome.result, outcome.hosts, lost)
 
-    def check(self, left_out: Tuple[str, ...]) -> Tuple[str, ...]:
-        """The health check (:mod:`.health`) on the hosts but ``left_out``: those
-        where it failed."""
-        from .health import failed_hosts, health_job
+    def check(self, left_out: Tuple[str, ...], timeout_left: Optional[float]) -> Tuple[str, ...]:
+        """The health check (:mod:`.health`) on the hosts but ``left_out``, within the
+        ``timeout_left`` s of ``--timeout`` if given: the hosts where it failed."""
+        from .health import HEALTH_TIMEOUT, failed_hosts, health_job
         job, session = self.job, self.session
         session.follows = "health"
         check = health_job(job)
+        by_job = timeout_left is not None and timeout_left < HEALTH_TIMEOUT
+        if by_job:
+            check = replace(check, timeout_left=timeout_left)
         outcome = self._guarded(lambda name: run_attempt(
             check, self.environ, session, JobPlanning(check, self.environ, name, self.hosts,
-                                                   left_out), tell=False))
+                                                      left_out), tell=False))
         sig = outcome.result.stop_signal
         if sig is not None:       # a stop, not the hosts' failure
             from ..errors import Stopped
             from ..machine.spawn import signal_name
             raise Stopped(f"stopped by {signal_name(sig)} during the --health-check", sig)
+        if by_job and outcome.result.ending == "timeout":
+            from ..errors import TimedOut
+            raise TimedOut(f"job timed out after {job.timeout:g} s (--timeout), during "
+                           f"the --health-check")
         failed = failed_hosts(outcome.result)
         for host, how in failed:
             self.say(f"mslaunch: --health-check failed on {host} ({how}): the host is left out")

@@ -134,7 +134,7 @@ class Supervisor(LookingInside):
         self.console.attach(self.loop, self._terminal_failed)
         kept = self.session.kept
         if kept is not None:     # agents waiting for a later attempt, watched meanwhile
-            kept.watch(self.loop, self.console.message)
+            kept.watch(self.loop)
         if self.job.output.xml:
             self.console.xml = True
             self.console.write(1, self, b"<mpirun>\n")
@@ -218,6 +218,7 @@ class Supervisor(LookingInside):
     def local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                     stdin_fd: Optional[int]) -> LocalRanks:
         """This machine's ranks ``specs``, as the job's own processes (their handle)."""
+        raise_fd_limit(8 * len(specs) + 64)
         self.local = self._local_ranks(specs, pmi, pmi_env, stdin_fd)
         return self.local
 

@@ -54,7 +54,6 @@ class _Conn(QueuedWriter):
         self.errors = 0
         self.auth_timer: Optional[Timer] = None
         self.accepted = time.monotonic()
-        self.peer = ""                       # a TCP stranger's address (see pmi.tcp)
         sock.setblocking(False)
         server.loop.add_reader(self.fd, self._on_readable)
 

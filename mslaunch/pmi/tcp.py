@@ -27,8 +27,10 @@ from . import READY
 from .wire import is_pmi_id
 
 
-#: Wrong ``PMI_ID``\ s from one address before it is refused for the rest of the job.
-WRONG_IDS = 16
+#: Seconds a peer that gave a wrong ``PMI_ID`` waits for its connection's end, and
+#: how many wait at once (more are cut off at once): see ``TCPDoor._wrong``.
+TARPIT = 2.0
+HELD = 256
 
 
 class TCPDoor:
@@ -57,8 +59,7 @@ class TCPDoor:
         self._stranger_lines = 0
         self._stranger_suppressed = 0
         self._stranger_window: Optional[Timer] = None
-        self.wrong: Dict[str, int] = {}          # wrong PMI_IDs by peer address
-        self.locked: Set[str] = set()            # addresses refused for good
+        self.held: Set[_Conn] = set()            # wrong PMI_IDs, answered later
 
     def listen(self, host: str, port_range: Optional[Tuple[int, int]] = None) -> int:
         """Listen on ``host``, on a port of ``port_range`` if given; returns the port."""
@@ -119,17 +120,11 @@ class TCPDoor:
                 self.log_stranger(f"listener: refused a connection from {_addr[0]}, "
                                   f"no host of the job's")
                 continue
-            if _addr[0] in self.locked:
-                sock.close()
-                self.log_stranger(f"listener: refused a connection from {_addr[0]}, locked "
-                                  f"out after {WRONG_IDS} wrong PMI_IDs")
-                continue
             try:
                 conn = self.make_conn(sock)
             except OSError:
                 sock.close()
                 continue
-            conn.peer = _addr[0]
             self.pending += 1
             self.unauth[conn.fd] = conn
             server._conns[conn.fd] = conn
@@ -142,8 +137,7 @@ class TCPDoor:
         """Let ``conn`` in as the rank whose secret ``pmiid`` is, or cut it off."""
         rank = self.ids.get(int(pmiid)) if pmiid and is_pmi_id(pmiid) else None
         if rank is None:
-            self._wrong(conn.peer)
-            conn.abandon("wrong PMI_ID")
+            self._wrong(conn)
             return False
         if rank in self.ranks:
             conn.abandon(f"PMI_ID of rank {rank} used twice")
@@ -158,23 +152,38 @@ class TCPDoor:
             conn.auth_timer = None
         return True
 
-    def _wrong(self, peer: str) -> None:
-        """A wrong PMI_ID from ``peer``: past :data:`WRONG_IDS` of them, the address
-        is locked out for the rest of the job, so that a process guessing the
-        31-bit secrets of ranks not yet in MPI_Init (MPICH's PMI_ID is an int)
-        gets a few guesses, not millions."""
-        count = self.wrong.get(peer, 0) + 1
-        self.wrong[peer] = count
-        if count >= WRONG_IDS and peer not in self.locked:
-            self.locked.add(peer)
-            self.server._emit_log(f"listener: {count} wrong PMI_IDs from {peer}: that address is "
-                                  f"refused from now on (a process there guesses ranks' "
-                                  f"secrets)")
+    def _wrong(self, conn: _Conn) -> None:
+        """A wrong ``PMI_ID``: the peer learns it only :data:`TARPIT` s later (its
+        connection is held, unread, and no longer counts among the strangers).
+
+        MPICH's ``PMI_ID`` is an int, 31 bits: a process that may connect (another
+        user's here, or on a host of the job over TCP) could guess the secrets of
+        ranks not yet in ``MPI_Init`` at thousands a second.  Held answers bound
+        it to :data:`HELD` per :data:`TARPIT` s, with no lockout: a real rank from
+        the same address still comes in at once (a lockout would let any process
+        end the job with 16 wrong tries)."""
+        if self.unauth.pop(conn.fd, None) is not None:
+            self.pending -= 1
+        if conn.auth_timer is not None:
+            conn.auth_timer.cancel()
+            conn.auth_timer = None
+        if len(self.held) >= HELD:
+            conn.abandon("wrong PMI_ID")
+            return
+        self.server.loop.forget(conn.fd)
+        self.held.add(conn)
+        conn.log("wrong PMI_ID; closing the connection")
+        conn.logged = True
+
+        def answer() -> None:
+            self.held.discard(conn)
+            conn.close()
+        self.server.loop.call_later(TARPIT, answer)
 
     def closed(self, conn: _Conn) -> None:
         """A stranger's connection closed before it authenticated."""
-        self.pending -= 1
-        self.unauth.pop(conn.fd, None)
+        if self.unauth.pop(conn.fd, None) is not None:
+            self.pending -= 1
 
     def log_stranger(self, message: str) -> None:
         """Rate-limited log of unauthenticated peers (a flood must not flood the terminal)."""

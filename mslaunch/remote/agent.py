@@ -157,10 +157,11 @@ class Agent:
         self.reason = self.reason or f"lost the launcher: {reason}"
 
     def _output_closed(self, reason: str) -> None:
-        # Once every rank here has ended the output connection has nothing left to
-        # carry: the launcher may close it (a job kept for its next attempt, on NEXT),
-        # and only the link itself says whether the launcher is still there.
-        if not self.done_sent:
+        # Before the ranks start and once they have all ended, the output connection
+        # has nothing to carry: the launcher may close it (a job kept for its next
+        # attempt, on NEXT, which may come after), and only the link itself says
+        # whether the launcher is still there.
+        if self.local is not None and not self.done_sent:
             self._link_closed(reason or "its output connection was closed")
 
     def _live_pids(self) -> List[int]:

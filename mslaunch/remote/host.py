@@ -400,6 +400,11 @@ class RemoteHost:
             if self.output is not None:
                 self.output.close("")
             return
+        if self.state == "done" and not self.ranks:
+            # A spare (no rank): its agent stands by for spawned jobs and for the
+            # job's next attempt; silent or gone, it is lost.
+            self._lost(reason)
+            return
         if self.state == "done":
             # Every rank ended; the agent should still be waiting for BYE.
             # Output may yet be on its way on the output connection.

@@ -32,6 +32,7 @@ import os
 import re
 import select
 import socket
+import stat
 import sys
 
 
@@ -124,15 +125,26 @@ def tool(lib, port):
     return rc
 
 
-def pmi_attempt(port, pmi_id):
-    """``initack`` with ``pmi_id``: 0 when let in, 1 when cut off."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        try:     # (an address locked out is closed at once: the send may fail)
+def pmi_attempts(port, pmi_ids):
+    """``initack`` with each of ``pmi_ids``, all at once (as a guesser would: a
+    wrong ID is answered late): for each, 0 when let in, 1 when cut off."""
+    socks = []
+    for pmi_id in pmi_ids:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
             s.sendall(f"cmd=initack pmiid={pmi_id}\n".encode())
+        except OSError:
+            pass
+        socks.append((pmi_id, s))
+    results = []
+    for pmi_id, s in socks:
+        try:
             answer = s.recv(4096)
         except OSError:
             answer = b""
-    return 0 if answer.startswith(b"cmd=initack rc=0") else 1
+        s.close()
+        results.append((pmi_id, 0 if answer.startswith(b"cmd=initack rc=0") else 1))
+    return results
 
 
 def scan(secret):
@@ -148,8 +160,9 @@ def scan(secret):
                         if needle in os.fsencode(n))
             for n in files:
                 path = os.path.join(root, n)
-                try:
-                    if os.path.getsize(path) < (1 << 20):
+                try:     # (regular files only: a FIFO another user left would block)
+                    st = os.lstat(path)
+                    if stat.S_ISREG(st.st_mode) and st.st_size < (1 << 20):
                         with open(path, "rb") as f:
                             if needle in f.read():
                                 hits.append(["content", path])
@@ -194,9 +207,9 @@ def main():
               flush=True)
     elif what == "pmi":
         port, given = int(args[0]), args[1:]
-        for pmi_id in given + [str(n) for n in range(1, 33)] + [str(2**31 - 1)]:
-            print(json.dumps({"name": pmi_id, "rank": None, "rc": pmi_attempt(port, pmi_id)}),
-                  flush=True)
+        for pmi_id, rc in pmi_attempts(port, given + [str(n) for n in range(1, 33)]
+                                       + [str(2**31 - 1)]):
+            print(json.dumps({"name": pmi_id, "rank": None, "rc": rc}), flush=True)
 
 
 main()
