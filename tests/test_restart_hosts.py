@@ -376,6 +376,10 @@ def test_a_spare_lost_during_a_back_off_is_said(sshbed, tmp_path):
     assert "mslaunch: lost spare host h3: " in err, err
     attempts = _attempts(tmp_path)
     assert any("h3" in a["lost"] for a in attempts), attempts
+    # -v: an agent is said started once, and kept at each restart after
+    agent = [line for line in err.splitlines() if line.startswith("mslaunch: h1: agent ")]
+    assert len(agent) == len(attempts) and \
+        agent[1:] == ["mslaunch: h1: agent kept from the attempt before"] * (len(agent) - 1), err
 
 
 @pytest.mark.parametrize("how", ["SIGSTOP", "SIGTSTP"])
@@ -396,3 +400,21 @@ def test_a_pause_of_the_launcher_longer_than_its_agents_wait_leaves_no_host_out(
     assert code == 0, err
     assert sorted(out.splitlines()) == ["done 0 h1", "done 1 h1", "done 2 h2", "done 3 h2"], err
     assert "lost" not in err and "left out" not in err, err
+
+
+def test_a_host_lost_during_the_health_check_is_said_once_and_left_out(sshbed, tmp_path):
+    sshbed.require_netns("a host cut off")
+    check = f'[ "$(hostname)" = h2 ] && {{ touch {tmp_path}/checking; sleep 120; }}; true'
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "--health-check", check,
+                                 restarts="1", script='echo "done $RANK $(hostname)"')
+    try:
+        assert wait_for(lambda: (tmp_path / "checking").exists(), 90)
+        sshbed.link_down("h2")
+        code, out, err = _finish_reading(p, tag, sshbed, lines)
+    finally:
+        sshbed.link_up("h2")
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["done 0 h1", "done 1 h1", "done 2 h3", "done 3 h3"], err
+    said = [line for line in err.splitlines() if "h2" in line]
+    assert len(said) == 2 and said[0].startswith("mslaunch: lost host h2: ") and \
+        said[1] == "mslaunch: h2, lost during the --health-check, is left out", err

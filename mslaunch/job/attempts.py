@@ -171,8 +171,8 @@ class _Attempts:
         if not self.limit or not gone or set(err.failed) - set(err.unreachable):
             return False
         self.left_out = tuple(dict.fromkeys(self.left_out + gone))
-        self.say(f"mslaunch: {err}; {', '.join(gone)} left out, the job starts again "
-                 f"without {'it' if len(gone) == 1 else 'them'}")
+        self.say(f"mslaunch: {err}; {', '.join(gone)} left out, the start goes on on the "
+                 f"hosts left")
         return True
 
     def _not_again(self, err: LaunchError) -> JobResult:

@@ -23,7 +23,7 @@ import time
 import _signal as signal
 
 from ..errors import HostsFailed
-from ..remote import link
+from ..remote import link, timeline
 from ..remote.starter import let_go
 
 TYPE_CHECKING = False
@@ -95,6 +95,8 @@ class KeptAgents:
             heard = _sound(conn.fd, self._heard.pop(name, 0.0))
             if heard is not None and time.monotonic() - heard <= self._limit():
                 taken[name] = conn
+                conn.hello["package"] = "kept from the attempt before"   # (for -v)
+                timeline.mark("agent kept", name)
             else:
                 let_go(conn)
         return taken

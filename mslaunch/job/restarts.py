@@ -126,7 +126,11 @@ class _Attempts:
                            f"the --health-check")
         failed = failed_hosts(outcome.result)
         for host, how in failed:
-            self.say(f"mslaunch: --health-check failed on {host} ({how}): the host is left out")
+            if host in outcome.lost:      # (its loss and why were said as it happened)
+                self.say(f"mslaunch: {host}, lost during the --health-check, is left out")
+            else:
+                self.say(f"mslaunch: --health-check failed on {host} ({how}): the host is "
+                         f"left out")
         return tuple(host for host, _ in failed)
 
     def say(self, line: str) -> None:

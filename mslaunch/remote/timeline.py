@@ -23,7 +23,7 @@ _printer: List[Callable[[str], None]] = []
 PROGRESS_AFTER = 2.0
 #: The events after which a host is up, and what a host is doing after each
 #: other event (before any: the starter's first phase, given to :func:`watch`).
-UP = ("agent said hello", "dialled back")
+UP = ("agent said hello", "dialled back", "agent kept")
 DOING = {"TCP connected": "SSH: key exchange and login",
          "paramiko imported": "SSH: key exchange and login",
          "SSH logged in": "starting the agent (its bootstrap and package)",
