@@ -150,7 +150,7 @@ OMPI_RATIOS = [("mslaunch / mslaunch@, 4.1.4", "ms-ompi4", "ab-ompi4"),
                ("mslaunch / mpirun 4.1.4 skipping", "ms-ompi4", "mpirun-ompi4-skip"),
                ("mslaunch / mpirun 5", "ms-ompi5", "mpirun-ompi5"),
                ("mslaunch / mpirun 5 skipping", "ms-ompi5", "mpirun-ompi5-skip")]
-#: What mslaunch gives Open MPI ranks on a host without a fabric (mslaunch.pmix.fabric;
+#: What mslaunch gives Open MPI ranks on a host without a fabric (mslaunch.mpi.pmix.fabric;
 #: Debian's site file already leaves out ucx, uct, openib and the ofi BTL), given
 #: to mpirun by hand: the "skipping" columns.
 OMPI_SKIPS = ["--mca", "pml", "^ucx,cm", "--mca", "btl", "^uct,openib,ofi"]

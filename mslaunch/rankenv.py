@@ -22,7 +22,7 @@ On the host named by ``MSLAUNCH_WAS_HOST``, the variables ``MSLAUNCH_WAS_NAME``
 name (and those ``MSLAUNCH_WAS_UNSET`` lists) are put back first: Open MPI's
 mpirun puts its own installation first in ``PATH`` and ``LD_LIBRARY_PATH``, and
 a program of another Open MPI would load that library in place of its own
-(see :mod:`mslaunch.job.ompiargs`).
+(see :mod:`mslaunch.backends.mpirun.ompiargs`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any, List, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from mslaunch.remote import link
+from mslaunch.wire import link
 
 Frame = Tuple[int, bytes]
 

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from helpers import PY, clean_env, kill_tagged, tagged_pids, wait_for
 from linkhelpers import JSON_KINDS, Frame, header_is_invalid, json_bodies, stops_at_first_frame
-from mslaunch.remote import bootstrap, link
+from mslaunch.backends.agents import bootstrap
+from mslaunch.wire import link
 from mslaunch.machine.output import CHUNK
 
 # ---------------------------------------------------------------------------

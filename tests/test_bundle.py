@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PY, clean_env, kill_tagged
-from mslaunch.remote import bootstrap, bundle, link
+from mslaunch.backends.agents import bootstrap, bundle
+from mslaunch.wire import link
 
 def _hello_from(payload: bytes, tag: str) -> Dict[str, Any]:
     """Start the remote command on ``payload``; its HELLO, then close its link."""
@@ -119,7 +120,7 @@ def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tm
     copy = tmp_path / "pkg"
     shutil.copytree(os.path.dirname(os.path.dirname(bootstrap.__file__)), copy / "mslaunch",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "mslaunch" / "spec.py").write_text((copy / "mslaunch" / "spec.py").read_text()
+    (copy / "mslaunch" / "core/spec.py").write_text((copy / "mslaunch" / "core/spec.py").read_text()
                                                + "\n# changed\n")
     env2 = dict(env, PYTHONPATH=str(copy))
     third = subprocess.run([PY, "-c", probe + "; assert b.__file__.startswith(sys.argv[1])",
@@ -149,7 +150,7 @@ def test_a_background_preparation_is_waited_for_at_exit(tmp_path):
     are still being made waits for that thread instead of stopping it midway."""
     done = tmp_path / "done"
     code = ("import threading, time, pathlib\n"
-            "from mslaunch.remote.bootstrap import finish_before_exit\n"
+            "from mslaunch.backends.agents.bootstrap import finish_before_exit\n"
             "def work():\n"
             "    time.sleep(0.5)\n"
             f"    pathlib.Path({str(done)!r}).write_text('yes')\n"

@@ -23,7 +23,7 @@ def test_the_launchers_certificate_is_a_self_signed_ca_for_two_days():
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-    from mslaunch.remote import dialback
+    from mslaunch.wire import dialback
     import warnings
     serials = set()
     for _ in range(400):     # signatures and serials of every length the DER must encode
@@ -60,7 +60,7 @@ def test_making_the_credentials_does_not_import_x509():
 @given(st.text(alphabet="0123456789abcdef", max_size=48), st.binary(max_size=40),
        st.binary(max_size=260), st.text(alphabet="0123456789abcdef ", max_size=20))
 def test_the_dial_token_line_is_read_whole_or_not_at_all(token, rest, junk, about):
-    from mslaunch.remote.dialback import read_token
+    from mslaunch.wire.dialback import read_token
     line = b"mslaunch-dial " + token.encode() + b"\n"
     for cut in range(len(line)):
         assert read_token(line[:cut]) is None
@@ -81,7 +81,7 @@ def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
     # queue instead of pushing the agent out.
     import socket as socket_mod
 
-    from mslaunch.remote import dialback
+    from mslaunch.wire import dialback
     from mslaunch.machine.loop import Loop
     loop = Loop()
     lines: List[str] = []
@@ -127,7 +127,7 @@ def test_a_silent_peer_does_not_hold_the_listener_s_loop(tls):
     # leave the loop free: timers fire, and the peer is closed after its time.
     import socket as socket_mod
 
-    from mslaunch.remote import dialback
+    from mslaunch.wire import dialback
     from mslaunch.machine.loop import Loop
     loop = Loop()
     lines: List[str] = []
@@ -162,8 +162,8 @@ def test_the_early_step_s_agents_are_told_one_port_held_in_both_families():
     import errno
     import socket
 
-    from mslaunch.remote.dialin import Greeter
-    from mslaunch.remote.slurm import _EVERYWHERE
+    from mslaunch.backends.agents.starters.dialin import Greeter
+    from mslaunch.backends.agents.starters.slurm import _EVERYWHERE
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
             probe.bind(("::", 0))
@@ -186,7 +186,7 @@ def test_the_early_step_s_agents_are_told_one_port_held_in_both_families():
             pass
     finally:
         greeter.abandon()
-    from mslaunch.remote.dialin import plain_address
+    from mslaunch.backends.agents.starters.dialin import plain_address
     assert plain_address("::ffff:10.1.2.3") == "10.1.2.3" and plain_address("::1") == "::1"
 
 
@@ -202,7 +202,7 @@ def test_an_srun_agent_that_cannot_dial_says_why_in_one_line(node, address, said
     import os
     import sys
 
-    from mslaunch.remote.slurm import _DIAL
+    from mslaunch.backends.agents.starters.slurm import _DIAL
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env.update(MSLAUNCH_DIAL="*:9", MSLAUNCH_DIAL_TOKENS="h1=t", SLURMD_NODENAME=node)
     if address:
@@ -224,9 +224,9 @@ def test_an_srun_agent_that_cannot_dial_says_why_in_one_line(node, address, said
 ])
 def test_an_srun_that_ends_before_its_agents_gives_one_line(tmp_path, monkeypatch, said,
                                                               expected, cleared):
-    from mslaunch.errors import LaunchError
+    from mslaunch.core.errors import LaunchError
     from mslaunch.machine.loop import Loop
-    from mslaunch.remote import slurm
+    from mslaunch.backends.agents.starters import slurm
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cache = slurm._version_cache()
     os_ = __import__("os")

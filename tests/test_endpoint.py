@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from helpers import wait_for
 from linkhelpers import Frame
-from mslaunch.remote import link
+from mslaunch.wire import link
 
 def test_waiting_on_a_descriptor_above_1023():
     """A launcher with many hosts holds such descriptors; select() cannot watch them."""
@@ -44,7 +44,7 @@ def _endpoint_pair(tls: bool):
     import socket
     import ssl
 
-    from mslaunch.remote import dialback
+    from mslaunch.wire import dialback
     if not tls:
         return socket.socketpair()
     cert, server_context = dialback.tls_credentials()
@@ -71,7 +71,7 @@ def _endpoint_pair(tls: bool):
 def test_output_frames_cross_a_socket_whole_from_reused_buffers(tls, sizes):
     import socket
 
-    from mslaunch.remote.endpoint import SocketEndpoint
+    from mslaunch.wire.endpoint import SocketEndpoint
     from mslaunch.machine.loop import Loop
     loop = Loop()
     a, b = _endpoint_pair(tls)
@@ -106,7 +106,7 @@ def test_a_tls_record_read_only_in_part_is_not_left_behind():
     """The first read has room for 64 KiB; the TLS records of a frame ending 5
     bytes past it leave those bytes decrypted inside the TLS object, where the
     loop cannot see them, and nothing else comes to wake it."""
-    from mslaunch.remote.endpoint import FIRST_READ, SocketEndpoint
+    from mslaunch.wire.endpoint import FIRST_READ, SocketEndpoint
     from mslaunch.machine.loop import Loop
     import fcntl
     import struct
@@ -140,7 +140,7 @@ def test_a_tls_record_read_only_in_part_is_not_left_behind():
 
 @pytest.mark.parametrize("ending", ["peer closes", "we close"])
 def test_a_tls_connection_decrypted_in_a_thread_gives_every_frame_then_ends(ending):
-    from mslaunch.remote.endpoint import InboundTLSEndpoint, SocketEndpoint
+    from mslaunch.wire.endpoint import InboundTLSEndpoint, SocketEndpoint
     from mslaunch.machine.loop import Loop
     loop = Loop()
     a, b = _endpoint_pair(True)
@@ -176,7 +176,7 @@ def test_a_tls_connection_decrypted_in_a_thread_gives_every_frame_then_ends(endi
 def test_without_a_thread_to_spare_a_tls_connection_is_read_on_the_loop(monkeypatch):
     import threading
 
-    from mslaunch.remote.endpoint import InboundTLSEndpoint, SocketEndpoint
+    from mslaunch.wire.endpoint import InboundTLSEndpoint, SocketEndpoint
     from mslaunch.machine.loop import Loop
     loop = Loop()
     a, b = _endpoint_pair(True)

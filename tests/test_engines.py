@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mslaunch.errors import HostfileError
+from mslaunch.core.errors import HostfileError
 from mslaunch.hosts.allocation import allocation_hosts, in_grid_engine, in_lsf
 
 NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,12}(\.[a-z0-9]{1,5})?", fullmatch=True)

@@ -1,5 +1,5 @@
-"""Which failure is a job's cause (mslaunch.job.failures) and the clock offset of a
-link (mslaunch.remote.host.clock_offset): the pure rules; the real jobs that need
+"""Which failure is a job's cause (mslaunch.run.failures) and the clock offset of a
+link (mslaunch.backends.agents.host.clock_offset): the pure rules; the real jobs that need
 them are in tests/test_pmix.py (a death and a peer's abort on two hosts)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mslaunch.job.failures import VICTIM_WINDOW, Failures
-from mslaunch.remote.host import clock_offset
+from mslaunch.run.failures import VICTIM_WINDOW, Failures
+from mslaunch.backends.agents.host import clock_offset
 
 
 class R:

@@ -90,7 +90,7 @@ def test_the_tail_of_a_python_failure_keeps_the_users_own_frame(tmp_path):
 
 
 def test_shown_tail_in_short():
-    from mslaunch.job.tails import shown_tail
+    from mslaunch.run.tails import shown_tail
     plain = "\n".join(f"line {i}" for i in range(30))
     assert shown_tail(plain) == [f"line {i}" for i in range(20, 30)]
     short = "Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n" \
@@ -113,7 +113,7 @@ def test_shown_tail_in_short():
 
 
 def test_shown_tail_keeps_the_first_cause_of_a_chained_traceback_and_is_printable():
-    from mslaunch.job.tails import LINE_CHARS, shown_tail
+    from mslaunch.run.tails import LINE_CHARS, shown_tail
     first = ("Traceback (most recent call last):\n"
              '  File "/home/u/net.py", line 8, in main\n    load()\n'
              '  File "/usr/lib/python3.11/json/decoder.py", line 353, in raw_decode\n'
@@ -148,7 +148,7 @@ def test_shown_tail_keeps_the_first_cause_of_a_chained_traceback_and_is_printabl
     "exception occurred:", "", "plain output", "  [Previous line repeated 5 more times]"]),
     max_size=60))
 def test_shown_tail_never_fails_and_keeps_the_end(lines):
-    from mslaunch.job.tails import TAIL_LINES, shown_tail
+    from mslaunch.run.tails import TAIL_LINES, shown_tail
     text = "\n".join(lines)
     out = shown_tail(text)
     last = text.rstrip("\n").split("\n")[-1]
@@ -254,8 +254,8 @@ def test_msrun_mode_reports_every_process_in_its_record_and_on_request(tmp_path,
 
 
 def test_the_job_report_page_names_every_field_of_the_report():
-    from mslaunch.job import jobreport
-    from mslaunch.spec import JobResult, RankResult
+    from mslaunch.run import jobreport
+    from mslaunch.core.spec import JobResult, RankResult
     with open(os.path.join(REPO, "docs", "reference", "job-report.md")) as f:
         text = f.read()
     rank = RankResult(rank=0, host="h", pid=1, returncode=3)
@@ -312,8 +312,8 @@ def test_the_json_report_names_the_remote_host_of_each_rank(sshbed, tmp_path):
 def test_a_report_to_a_device_needs_no_writable_directory(monkeypatch):
     # Not root (whose os.access says yes to everything): /dev is not the user's to
     # write, /dev/stdout is.
-    from mslaunch.errors import UsageError
-    from mslaunch.job.jobreport import check_writable
+    from mslaunch.core.errors import UsageError
+    from mslaunch.run.jobreport import check_writable
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: p != "/dev" and real(p, mode))
     check_writable("/dev/stdout")

@@ -141,7 +141,7 @@ def test_ssh_the_hosts_digest_is_kept_and_an_edit_is_still_seen(sshbed, home, tm
     assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
     kept = list((tmp_path / "cache" / "mslaunch").glob("host-digest-*"))
     assert len(kept) == 1, kept
-    from mslaunch.remote.bundle import _package_files, package_digest
+    from mslaunch.backends.agents.bundle import _package_files, package_digest
     assert kept[0].read_text().split()[1] == package_digest(_package_files())
     stamp = kept[0].read_text().split()[0]
     module = tmp_path / "site" / "mslaunch" / "remote" / "slurm.py"

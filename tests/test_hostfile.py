@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.errors import HostfileError, UsageError
+from mslaunch.core.errors import HostfileError, UsageError
 from mslaunch.hosts import local as hf
 from mslaunch.hosts.allocation import allocation_hosts, expand_nodelist, expand_tasks_per_node
 from mslaunch.hosts.hostfile import parse_host_list, parse_hostfile, parse_hostfile_text
 from mslaunch.hosts.local import is_local_host
-from mslaunch.spec import HostEntry
+from mslaunch.core.spec import HostEntry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = settings(max_examples=150, deadline=None,

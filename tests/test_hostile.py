@@ -459,7 +459,7 @@ time.sleep(60)
 
 
 def test_sigkilled_launcher_leaves_no_shared_memory(mpich):
-    from mslaunch.pmi.files import shm_segments
+    from mslaunch.mpi.pmi.files import shm_segments
     tag = new_tag()
     p = start("-n", "2", PY, "-c", SHM_RANK, env=clean_env(MSL_TEST_TAG=tag))
     try:
@@ -652,7 +652,7 @@ def test_a_hostfile_error_shows_only_a_short_excerpt(tmp_path):
 def test_fuzzed_command_lines_parse_or_fail_with_a_usage_error(argv):
     from mslaunch.cli.common import Exit
     from mslaunch.cli.mpirun import parse_args
-    from mslaunch.errors import LaunchError
+    from mslaunch.core.errors import LaunchError
     try:
         parse_args(argv, environ={}, cwd="/tmp")
     except (LaunchError, Exit):
@@ -660,7 +660,7 @@ def test_fuzzed_command_lines_parse_or_fail_with_a_usage_error(argv):
 
 
 def test_kvs_puts_are_capped(monkeypatch):
-    from mslaunch.pmi import state
+    from mslaunch.mpi.pmi import state
     monkeypatch.setattr(state, "KVS_MAX_BYTES", 100_000)
     s = state.LocalJobState(kvsname="kvs_1_a", size=1, process_mapping="(vector,(0,1,1))",
                             universe_size=1, appnums=[0])

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.remote import link
-from mslaunch.remote.jobframe import RANK_FIELDS, rank_entries, read_job, read_spawned, spawn_frame
-from mslaunch.spec import Host, RankSpec, replace
+from mslaunch.wire import link
+from mslaunch.wire.jobframe import RANK_FIELDS, rank_entries, read_job, read_spawned, spawn_frame
+from mslaunch.core.spec import Host, RankSpec, replace
 
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
                max_size=10)

@@ -17,21 +17,34 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "mslaunch")
 
-#: Each top-level module or subpackage of mslaunch, by layer.
-RANKS: Dict[str, int] = {
-    # records and errors
-    "mslaunch": 0, "spec": 0, "errors": 0, "switches": 0, "liblogs": 0, "mcafile": 0,
-    "procmap": 0, "cputopo": 0, "states": 0,
-    # pure parsers and the pure planner
-    "hosts": 1, "plan": 1, "rankenv": 1, "stacktree": 1,
+#: The rooms of mslaunch (a top-level module or subpackage, or a subpackage given
+#: a layer of its own), by layer.  A module belongs to the longest room that holds it.
+RANKS: Dict[str, float] = {
+    # records, errors, named states, small pure modules
+    "mslaunch": 0, "core": 0,
+    # pure parsers and the pure planner; the ranks' own side
+    "hosts": 1, "plan": 1, "rankenv": 1,
     # the mechanisms of one machine
     "machine": 2,
-    # services on them, and the starters (in remote/)
-    "pmi": 3, "pmix": 3, "remote": 3,
-    # the job's policy, and msrun mode's nodes built on it
-    "job": 4, "msrun": 5,
+    # what the rooms above see of the running job (type checkers only), and the
+    # supervisor's book of its ranks, which those that look at ranks read
+    "seams": 2.5, "rankbook": 2.5,
+    # the MPI services of one host
+    "mpi": 3,
+    # the link between the launcher and its agents, both ends
+    "wire": 4,
+    # how a job's MPI is served across its hosts
+    "mpi.serve": 4.5,
+    # the agent; the ways ranks start
+    "agent": 5, "backends": 5,
+    # looking inside a running job
+    "inspect": 6,
+    # running a job: attempts, the supervisor, the report
+    "run": 7,
+    # msrun's nodes, built on it
+    "msrun": 8,
     # the dialects
-    "cli": 6, "__main__": 6,
+    "cli": 9, "__main__": 9,
 }
 
 
@@ -78,8 +91,11 @@ def _imports() -> Dict[str, Set[str]]:
 
 
 def _group(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "mslaunch"
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in RANKS:
+            return ".".join(parts[:n])
+    return parts[0] if parts else "mslaunch"
 
 
 def _cycle(graph: Dict[str, Set[str]]) -> List[str]:

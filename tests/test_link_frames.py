@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from linkhelpers import (JSON_KINDS, Frame, chunked, decode_frame, encode_frame, feed_all,
                          frames, fs_bytes, json_values)
-from mslaunch.remote import link
+from mslaunch.wire import link
 
 # ---------------------------------------------------------------------------
 # the codec: property tests
@@ -259,7 +259,7 @@ def test_the_agent_imports_none_of_the_costly_standard_modules():
     """Where the interpreter has ``_json`` (CPython), the link's codec drives it:
     an agent (``-S``, as it runs) imports neither ``json`` nor ``re``, nor
     ``socket``, ``enum`` or ``collections`` -- each milliseconds of every host's start."""
-    from mslaunch.remote import wirejson
+    from mslaunch.wire import wirejson
     assert wirejson._fast is not None
     code = ("import sys; from mslaunch.remote import agent, dialback, link; "
             "link.decode_json(1, link.encode(1, {'a': [1, 'x']})[5:]); "
@@ -277,7 +277,7 @@ def test_the_agent_imports_none_of_the_costly_standard_modules():
 def test_the_link_codec_writes_and_reads_as_the_json_package(value):
     import json
 
-    from mslaunch.remote import wirejson
+    from mslaunch.wire import wirejson
     text = wirejson.dumps(value)
     assert text == json.dumps(value, ensure_ascii=True, separators=(",", ":"))
     assert wirejson.loads(text) == json.loads(text)
@@ -289,7 +289,7 @@ def test_the_link_codec_writes_and_reads_as_the_json_package(value):
 def test_the_link_codec_refuses_what_the_json_package_refuses(text):
     import json
 
-    from mslaunch.remote import wirejson
+    from mslaunch.wire import wirejson
     try:
         expected = json.loads(text)
     except (ValueError, RecursionError):
@@ -301,7 +301,7 @@ def test_the_link_codec_refuses_what_the_json_package_refuses(text):
 
 
 def test_the_link_codec_refuses_what_cannot_be_json():
-    from mslaunch.remote import wirejson
+    from mslaunch.wire import wirejson
     with pytest.raises(TypeError):
         wirejson.dumps({"a": object()})
     loop: list = []

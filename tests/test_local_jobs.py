@@ -87,7 +87,7 @@ def test_wdir_sets_the_working_directory(tmp_path):
 
 
 def test_launcher_environment_is_not_changed_by_rank_environments():
-    code = ("import os, mslaunch.cli.mpirun as c, mslaunch.job.attempt as l\n"
+    code = ("import os, mslaunch.cli.mpirun as c, mslaunch.run.attempt as l\n"
             "before = dict(os.environ)\n"
             "job = c.parse_args(['-n', '2', '-x', 'Z=1', 'true'])\n"
             "l.build_plan(job)\n"

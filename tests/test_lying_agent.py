@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from helpers import PY, clean_env, cmd, error_lines, wait_for
 from linkhelpers import JSON_KINDS, header_is_invalid
-from mslaunch.remote import link
+from mslaunch.wire import link
 
 pytestmark = pytest.mark.remote
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mslaunch.cli.msrun import parse_msrun
-from mslaunch.errors import UsageError
-from mslaunch import procmap as mapping
+from mslaunch.core.errors import UsageError
+from mslaunch.core import procmap as mapping
 
 NUMBER = st.one_of(st.integers(0, 20).map(str), st.integers(0, 40).map(hex),
                    st.integers(0, 20).map(lambda v: "0%o" % v),

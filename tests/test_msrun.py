@@ -207,7 +207,7 @@ def test_bind_core_true_splits_the_cpus_and_the_map_form_is_honoured(bin_dir, tm
 
 def test_bind_numa_pins_to_the_cpus_of_numa_nodes():
     from mslaunch.cli.msrun import parse_msrun
-    from mslaunch.errors import PlanError
+    from mslaunch.core.errors import PlanError
     from mslaunch.msrun.plan import bindings
     numa = [(0, 1), (2, 3)]
     spec = parse_msrun(["--worker_num=4", "--local_worker_num=4", "--bind_numa=True", "t.py"])
@@ -231,7 +231,7 @@ def test_bind_numa_on_this_machine_and_its_file_form(bin_dir, tmp_path):
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'a'}",
                "--join=True", "--bind_numa=True", TASK], env, tmp_path)
     assert r.returncode == 0, r.stderr
-    from mslaunch.cputopo import parse_cpulist
+    from mslaunch.core.cputopo import parse_cpulist
     assert env_of(logs(tmp_path / "a")["worker_0.log"])["MSRUN_CPU_LIST"] == \
         str(list(parse_cpulist(node0)))
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'b'}",
@@ -469,7 +469,7 @@ def test_pty_or_pipes_by_one_rule_in_both_dialects(bin_dir, tmp_path, dialect, f
 
 
 def test_pty_wanted_is_the_one_rule():
-    from mslaunch.switches import pty_wanted
+    from mslaunch.core.switches import pty_wanted
     for default in (True, False):
         assert pty_wanted({}, no_pty=False, default=default) is default
         assert pty_wanted({"MSLAUNCH_PTY": ""}, no_pty=False, default=default) is default
@@ -479,7 +479,7 @@ def test_pty_wanted_is_the_one_rule():
 
 
 def test_the_hint_for_mindspore_scripts_fits_the_job():
-    from mslaunch.job.report import msrun_hint
+    from mslaunch.run.report import msrun_hint
     assert msrun_hint(["vm", "vm"], ["python", "net.py", "--lr", "0.1"]).endswith(
         "e.g. mslaunch --worker_num=2 --local_worker_num=2 net.py --lr 0.1")
     # several hosts: per node, with the master and each node's rank; words quoted

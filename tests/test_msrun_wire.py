@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 from mslaunch.cli.common import Exit
 from mslaunch.cli.msrun import EXTRAS, OPTIONS, parse_msrun
-from mslaunch.errors import LaunchError, UsageError
+from mslaunch.core.errors import LaunchError, UsageError
 from mslaunch.msrun import secret as auth
 from mslaunch.msrun import service as svc
 from mslaunch.msrun.nodelink import NodeLink
 from mslaunch.msrun import tls
-from mslaunch.remote import link
+from mslaunch.wire import link
 from mslaunch.machine.loop import Loop
-from mslaunch.spec import MsrunSpec
+from mslaunch.core.spec import MsrunSpec
 
 FAST = settings(max_examples=120, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -343,7 +343,7 @@ def test_msruns_default_worker_count_is_named_as_a_default():
 def test_any_unknown_option_in_msruns_dialect_is_one_line(name, value):
     from mslaunch.cli.common import MSRUN_EXTRAS, MSRUN_OPTIONS
     from mslaunch.cli.msrun import parse_msrun
-    from mslaunch.errors import UsageError
+    from mslaunch.core.errors import UsageError
     if name in MSRUN_OPTIONS + MSRUN_EXTRAS or name in ("help", "verbose", "quiet", "no-pty"):
         return
     with pytest.raises(UsageError) as err:

@@ -1,11 +1,11 @@
 """Open MPI ranks on a host without a fabric skip the components that cannot work there.
 
-mslaunch/pmix/fabric.py: ranks served PMIx on a host with no InfiniBand, RoCE,
+mslaunch/mpi/pmix/fabric.py: ranks served PMIx on a host with no InfiniBand, RoCE,
 Omni-Path, EFA, Slingshot or GPU device are told to leave out Open MPI's
 ``cm`` PML and ``ofi`` BTL, which cost 4.1.4 about 200 ms and 5.0.11 about
 a second of ``MPI_Init`` to rule out; the components Open MPI selects stay
 the same, and a choice of the user's or the site's wins.  Unit tests of the
-rules and of the parameter-file reading (mslaunch/pmi/mcaparams.py), then
+rules and of the parameter-file reading (mslaunch/mpi/pmi/mcaparams.py), then
 real Open MPI 4.1.4 and 5 ranks, here and on the SSH test hosts.
 """
 
@@ -20,8 +20,8 @@ from helpers import clean_env, kill_tagged, new_tag, program, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.pmi import mcaparams
-from mslaunch.pmix import fabric
+from mslaunch.mpi.pmi import mcaparams
+from mslaunch.mpi.pmix import fabric
 
 SKIPS = program("ompi_skips.py")
 
@@ -222,8 +222,8 @@ def test_ranks_on_remote_hosts_get_their_hosts_skips(sshbed, ompi, tmp_path):
               st.from_regex(r"[a-z^,]{1,8}", fullmatch=True))), max_size=8))
 def test_a_parameter_files_plain_lines_are_read_as_the_full_parser_reads_them(lines):
     # mcaparams reads 'name = value' itself, without importing mcafile
-    from mslaunch.errors import UsageError
-    from mslaunch.mcafile import parse_param_file
+    from mslaunch.core.errors import UsageError
+    from mslaunch.mpi.mcafile import parse_param_file
     want: dict = {}
     for line in lines:
         try:
@@ -237,7 +237,7 @@ def test_a_parameter_files_plain_lines_are_read_as_the_full_parser_reads_them(li
 
 
 def test_the_skips_worked_out_once_per_process_are_keyed_by_all_they_read():
-    from mslaunch import pmix
+    from mslaunch.mpi import pmix
     assert {"OMPI_MCA_" + f for f, _, _ in fabric.SKIPS} | {"OMPI_MCA_mtl"} \
         <= set(pmix._SKIPS_READ)
     base = {"HOME": "/nonexistent", "OMPI_MCA_mpi_show_mca_params_file": "/x/1"}

@@ -3,7 +3,7 @@
 Such a build brings no ``libpmix.so``: it embeds PMIx 3.2.3 in its
 ``lib/openmpi/mca_pmix_pmix3x.so`` component.  Its ranks are served by the
 system's ``libpmix2`` where there is one, else by the PMIx inside that very
-component (mslaunch.pmix.where.built_in), found through the build's ``mpirun``
+component (mslaunch.mpi.pmix.where.built_in), found through the build's ``mpirun``
 on ``PATH`` or its ``lib`` on ``LD_LIBRARY_PATH``.  The build is made by
 ``scripts/build-openmpi4.sh`` (the README's test command runs it; about 8
 minutes on 2 cores, once per machine), and a C program is compiled with its
@@ -19,7 +19,7 @@ import pytest
 from conftest import require
 from helpers import clean_env, kill_tagged, new_tag, program, run
 
-from mslaunch.pmix.where import EMBEDDED, candidates
+from mslaunch.mpi.pmix.where import EMBEDDED, candidates
 
 PREFIX = os.environ.get("MSLAUNCH_TEST_OMPI4_SOURCE") or os.path.join(
     os.environ.get("MSLAUNCH_TEST_CACHE") or os.path.expanduser("~/.cache/mslaunch-tests"),

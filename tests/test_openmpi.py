@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from conftest import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, start, tagged_pids, wait_for
 from mslaunch.cli.mpirun import parse_args
-from mslaunch.job.ompifind import wheel_mpirun
-from mslaunch.job.backend import choose
-from mslaunch.job.openmpi import MpirunBackend, exit_status
-from mslaunch.job.session import Session
-from mslaunch.job.supervise import Supervisor
+from mslaunch.backends.mpirun.ompifind import wheel_mpirun
+from mslaunch.backends.backend import choose
+from mslaunch.backends.mpirun.openmpi import MpirunBackend, exit_status
+from mslaunch.backends.session import Session
+from mslaunch.run.supervise import Supervisor
 from mslaunch.machine.terminal import Console
-from mslaunch.spec import JobResult, RankResult
+from mslaunch.core.spec import JobResult, RankResult
 from mslaunch.rankenv import from_environment, rank_variables
 
 FAST = ["--mca", "pml", "ob1", "--mca", "btl", "self,sm"]   # skip slow network probing

@@ -14,7 +14,7 @@ from mslaunch.cli import mpirun
 from mslaunch.cli.common import Exit
 from mslaunch.cli.help import TEXT
 from mslaunch.cli.options import SECTIONS, SPELLINGS, Option, lookup, nargs, words_of
-from mslaunch.errors import UsageError
+from mslaunch.core.errors import UsageError
 
 OPTIONS = [option for _, options in SECTIONS for option in options]
 SPELLED = sorted(SPELLINGS)

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from mslaunch.cli.common import Exit as _Exit
 from mslaunch.cli.mpirun import parse_args
-from mslaunch.errors import PlanError, UsageError
-from mslaunch.plan import log_paths, make_plan, place, resolve_hosts, scrub_env
-from mslaunch.spec import Host, HostEntry
+from mslaunch.core.errors import PlanError, UsageError
+from mslaunch.plan import log_paths, make_plan, resolve_hosts, scrub_env
+from mslaunch.plan import place
+from mslaunch.core.spec import Host, HostEntry
 
 
 def hosts(*slots, max_slots=None):
@@ -20,7 +21,7 @@ def hosts(*slots, max_slots=None):
 
 def machine(cores=2, sockets=1, threads=1):
     """A topology: ``sockets`` x ``cores`` (per socket) x ``threads``."""
-    from mslaunch.cputopo import make_topology
+    from mslaunch.core.cputopo import make_topology
     rows = []
     for s in range(sockets):
         for c in range(cores):
@@ -298,7 +299,7 @@ def test_an_appfile_line_may_not_choose_the_launcher(tmp_path):
 # -- mslaunch's own on/off environment variables ---------------------------------
 
 def test_switches_take_every_spelling_of_on_and_off_and_refuse_the_rest():
-    from mslaunch.switches import SWITCHES, check_switches, switch
+    from mslaunch.core.switches import SWITCHES, check_switches, switch
     for name, default in SWITCHES.items():
         assert switch(name, {}) is default and switch(name, {name: " "}) is default
         for on in ("1", "yes", "TRUE", " on ", "Y", "t"):
@@ -317,7 +318,7 @@ def test_switches_take_every_spelling_of_on_and_off_and_refuse_the_rest():
        st.one_of(st.text(max_size=8), st.sampled_from(["on", " Off", "YES", "0", "1 "])))
 def test_a_switch_is_read_as_checked(name, value):
     """Whatever the value: refused naming the variable, or read as what it says."""
-    from mslaunch.switches import SWITCHES, check_switches, switch
+    from mslaunch.core.switches import SWITCHES, check_switches, switch
     try:
         check_switches({name: value})
     except UsageError as err:

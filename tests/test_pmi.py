@@ -1,4 +1,4 @@
-"""Tests of mslaunch.pmi: codecs, process mapping, both wires, hostile peers, real MPICH ranks."""
+"""Tests of mslaunch.mpi.pmi: codecs, process mapping, both wires, hostile peers, real MPICH ranks."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from conftest import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch import procmap as mapping
-from mslaunch.pmi import files as shm, wire
-from mslaunch.pmi import server as pmiserver
+from mslaunch.core import procmap as mapping
+from mslaunch.mpi.pmi import files as shm, wire
+from mslaunch.mpi.pmi import server as pmiserver
 from mslaunch.machine.loop import Loop
 
 HERE = Path(__file__).resolve().parent
@@ -997,7 +997,7 @@ _WIRE_TEXT = st.text(alphabet="ab09_/-= \\\x00\x1f\x7f;é\t", max_size=24)
 
 @given(_WIRE_TEXT)
 def test_wire_checks_match_their_regular_expressions(text):
-    from mslaunch.pmi import wire
+    from mslaunch.mpi.pmi import wire
     assert wire.has_control(text) == bool(re.search(r"[\x00-\x1f\x7f]", text))
     assert wire.is_key(text) == bool(re.fullmatch(r"[A-Za-z0-9_/\-]+", text))
     assert wire.is_pmi_id(text) == bool(re.fullmatch(r"[1-9][0-9]{0,9}", text))
@@ -1008,7 +1008,7 @@ def test_wire_checks_match_their_regular_expressions(text):
 @given(_WIRE_TEXT.filter(lambda t: not re.search(r"[\x00-\x1f\x7f]", t)),
        st.integers(0, 24))
 def test_wire_v1_tokens_match_their_regular_expression(text, pos):
-    from mslaunch.pmi import wire
+    from mslaunch.mpi.pmi import wire
     pos = min(pos, len(text))
     m = re.compile(r" *([A-Za-z0-9_/\-]+)=((?:\\.|\\$|[^ \\])+)").match(text, pos)
     expected = None if m is None else (m.group(1), re.sub(r"\\(.)", r"\1", m.group(2)),
@@ -1018,7 +1018,7 @@ def test_wire_v1_tokens_match_their_regular_expression(text, pos):
 
 def test_a_pmi_exchange_imports_no_regular_expressions():
     """Parsing and formatting PMI messages (an agent's, the launcher's) needs no ``re``."""
-    code = ("import sys; from mslaunch.pmi import wire; "
+    code = ("import sys; from mslaunch.mpi.pmi import wire; "
             "wire.parse_v1('cmd=put kvsname=k key=a value=b\\\\ c\\n'); "
             "wire.parse_v2('cmd=fullinit;pmirank=0;'); "
             "wire.take_frame(bytearray(b'    10cmd=x;a=b;'), 99); "

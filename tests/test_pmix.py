@@ -69,7 +69,7 @@ def test_four_ranks_run_on_the_library_they_link(ompi):
 
 @pytest.mark.parametrize("library", ["system", "wheel"])
 def test_each_server_library_serves_both_open_mpis(ompi, library):
-    from mslaunch.pmix.lib import candidates
+    from mslaunch.mpi.pmix.lib import candidates
     found = [c for c in candidates({}) if c != "libpmix.so.2"] if library == "wheel" else \
         [DEBIAN_LIBPMIX]
     require(bool(found) and os.path.exists(found[0]), f"the {library}'s libpmix")
@@ -196,8 +196,8 @@ def test_a_one_rank_job_loads_no_pmix(tmp_path):
     assert r.returncode == 0, r.stderr
     modules = [line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
                if line.startswith("import time:")]
-    assert "mslaunch.job.mpijobs" in modules   # the PMI job was there
-    assert not any(m.startswith(("mslaunch.pmix.lib", "mslaunch.pmix.server", "ctypes"))
+    assert "mslaunch.mpi.serve.mpijobs" in modules   # the PMI job was there
+    assert not any(m.startswith(("mslaunch.mpi.pmix.lib", "mslaunch.mpi.pmix.server", "ctypes"))
                    for m in modules), [m for m in modules if "pmix" in m or "ctypes" in m]
 
 

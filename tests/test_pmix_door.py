@@ -1,5 +1,5 @@
-"""PMIx for every job, paid for only by ranks that speak it (mslaunch.pmix.door,
-mslaunch.pmix.template).
+"""PMIx for every job, paid for only by ranks that speak it (mslaunch.mpi.pmix.door,
+mslaunch.mpi.pmix.template).
 
 A one-rank Open MPI job is served like any other: its parent spawns children
 placed by mslaunch, here and onto an SSH host, with Debian's Open MPI 4.1.4 and
@@ -26,8 +26,8 @@ from test_pmix import RANKS, _check_spawned, ompi  # noqa: F401 -- a fixture
 from test_remote import renv, run_remote, settle
 
 from mslaunch.machine.loop import Loop
-from mslaunch.pmix import template as T
-from mslaunch.pmix.door import Door
+from mslaunch.mpi.pmix import template as T
+from mslaunch.mpi.pmix.door import Door
 
 PATTERNS = program("spawn_patterns.py")
 SERVED = "PMIx server of"
@@ -140,7 +140,7 @@ def test_a_job_that_never_speaks_pmix_loads_no_library(tmp_path):
     assert r.returncode == 0, r.stderr
     modules = [line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
                if line.startswith("import time:")]
-    assert not any(m.startswith(("mslaunch.pmix.lib", "mslaunch.pmix.server", "ctypes"))
+    assert not any(m.startswith(("mslaunch.mpi.pmix.lib", "mslaunch.mpi.pmix.server", "ctypes"))
                    for m in modules), [m for m in modules if "pmix" in m or "ctypes" in m]
     assert SERVED.encode() not in r.stderr, r.stderr
     # ... and yet its ranks were told of a server, at the door's address

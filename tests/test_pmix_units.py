@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.pmix import lib as L
-from mslaunch.pmix.exchange import FenceExchange, decode_blob, encode_blob
-from mslaunch.pmix.layout import Layout
+from mslaunch.mpi.pmix import lib as L
+from mslaunch.mpi.pmix.exchange import FenceExchange, decode_blob, encode_blob
+from mslaunch.mpi.pmix.layout import Layout
 
 
 @given(st.binary(max_size=4096))
@@ -60,7 +60,7 @@ def test_rounds_are_kept_apart_by_sequence_and_signature():
 
 
 def test_published_names_wait_go_first_read_and_stay_their_publishers():
-    from mslaunch.pmix.names import NameBoard
+    from mslaunch.mpi.pmix.names import NameBoard
     board = NameBoard()
     got = []
     board.lookup(["a", "b"], True, got.append)
@@ -117,7 +117,7 @@ def test_the_job_id_of_the_reference_rank():
 @settings(max_examples=20, deadline=None)     # a fraction of a second each
 @given(st.text(alphabet="abcdef0123456789_", min_size=1, max_size=24))
 def test_spawned_namespaces_are_of_their_parents_open_mpi_4_job_family(suffix):
-    from mslaunch.pmix import sibling_name
+    from mslaunch.mpi.pmix import sibling_name
     parent = f"kvs_1_{suffix}"
     child = sibling_name(f"{parent}_2", parent)
     assert child.startswith(f"{parent}_2.")
@@ -150,8 +150,8 @@ class _Host:
 def _launcher_side():
     from types import SimpleNamespace
 
-    from mslaunch.job.pmixjobs import LauncherPMIx
-    from mslaunch.spec import Host
+    from mslaunch.mpi.serve.pmixjobs import LauncherPMIx
+    from mslaunch.core.spec import Host
     here, h1 = Host(name="vm", slots=1, max_slots=None, local=True, node_id=0), \
         Host(name="h1", slots=1, max_slots=None, local=False, node_id=1)
     ranks = [SimpleNamespace(spec=SimpleNamespace(host=h)) for h in (here, h1)]
@@ -163,7 +163,7 @@ def _launcher_side():
                        st.one_of(st.none(), st.integers(-2, 3), st.text(max_size=12),
                                  st.sampled_from(["kvs", "kvs:*", "kvs:1", "kvs:9"]))))
 def test_a_bad_fence_from_an_agent_is_a_link_error_never_a_crash(message):
-    from mslaunch.remote.link import LinkError
+    from mslaunch.wire.link import LinkError
     side = _launcher_side()
     host = _Host()
     try:
@@ -176,8 +176,8 @@ def test_a_bad_fence_from_an_agent_is_a_link_error_never_a_crash(message):
 
 
 def test_an_agent_refuses_a_fence_result_it_did_not_ask_for():
-    from mslaunch.remote.agentpmi import AgentPMI
-    from mslaunch.remote.link import LinkError
+    from mslaunch.mpi.serve.agentpmi import AgentPMI
+    from mslaunch.wire.link import LinkError
     agent = AgentPMI(None, None, lambda job: None)          # type: ignore[arg-type]
     got = []
     agent.fences[("kvs", "kvs:*", 0)] = got.append
@@ -200,7 +200,7 @@ def test_a_namespace_keeps_its_data_alive_for_a_library_that_reads_it_later(tmp_
     import weakref
     from types import SimpleNamespace
 
-    from mslaunch.pmix.server import Namespace
+    from mslaunch.mpi.pmix.server import Namespace
     built = []
 
     class Recorded(L.InfoList):
@@ -229,8 +229,8 @@ _WIRE_VALUES = st.one_of(st.none(), st.integers(-2, 3), st.text(max_size=8),
 @given(st.dictionaries(st.sampled_from(["pmix_nodes", "pmix_node_of", "appnums",
                                         "pmix_universe"]), _WIRE_VALUES))
 def test_a_guest_job_frame_is_read_or_refused_as_a_link_error(message):
-    from mslaunch.remote.jobframe import read_guest
-    from mslaunch.remote.link import LinkError
+    from mslaunch.wire.jobframe import read_guest
+    from mslaunch.wire.link import LinkError
     try:
         nodes, node_of, appnums, universe = read_guest(message)
     except LinkError:
@@ -242,8 +242,8 @@ def test_a_guest_job_frame_is_read_or_refused_as_a_link_error(message):
 @given(st.dictionaries(st.sampled_from(["pmix_nodes", "pmix_node_of", "pmix_parent",
                                         "pmix_universe"]), _WIRE_VALUES))
 def test_a_spawned_jobs_pmix_layout_is_read_or_refused(message):
-    from mslaunch.remote.jobframe import _spawned_pmix
-    from mslaunch.remote.link import LinkError
+    from mslaunch.wire.jobframe import _spawned_pmix
+    from mslaunch.wire.link import LinkError
     try:
         got = _spawned_pmix(message, 2)
     except LinkError:
@@ -257,8 +257,8 @@ def test_a_spawned_jobs_pmix_layout_is_read_or_refused(message):
 @given(st.one_of(_WIRE_VALUES, st.lists(st.lists(st.text(max_size=6), max_size=3),
                                         max_size=3)))
 def test_a_spawned_applications_variables_are_read_or_refused(env):
-    from mslaunch.remote.jobframe import read_spawn_env
-    from mslaunch.remote.link import LinkError
+    from mslaunch.wire.jobframe import read_spawn_env
+    from mslaunch.wire.link import LinkError
     try:
         got = read_spawn_env({"env": env})
     except LinkError:
@@ -267,8 +267,8 @@ def test_a_spawned_applications_variables_are_read_or_refused(env):
 
 
 def test_modex_answers_nobody_asked_for_are_refused_on_both_sides():
-    from mslaunch.remote.agentpmi import AgentPMI
-    from mslaunch.remote.link import LinkError
+    from mslaunch.mpi.serve.agentpmi import AgentPMI
+    from mslaunch.wire.link import LinkError
     agent = AgentPMI(None, None, lambda job: None)          # type: ignore[arg-type]
     with pytest.raises(LinkError):
         agent.from_launcher({"op": "pmix_modex_done", "ask": 5, "blob": ""})
@@ -292,7 +292,7 @@ def test_modex_answers_nobody_asked_for_are_refused_on_both_sides():
 def test_a_guest_is_never_the_job_a_fence_is_served_through():
     from types import SimpleNamespace
 
-    from mslaunch.pmix.server import PMIxServer
+    from mslaunch.mpi.pmix.server import PMIxServer
     guest, mine = SimpleNamespace(local=set()), SimpleNamespace(local={0})
     fake = SimpleNamespace(namespaces={"parent": guest, "child": mine})
     assert PMIxServer.serving(fake, [("parent", 0), ("child", 0)]) is mine  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from helpers import PY, clean_env, cmd, one_error_line, run, socket_inodes
 from mslaunch.cli.hydraenv import port_range
-from mslaunch.errors import UsageError
+from mslaunch.core.errors import UsageError
 
 SHOW = "import os; print(os.environ['PMI_PORT'], os.environ['MASTER_PORT'], flush=True)"
 

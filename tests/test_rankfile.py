@@ -8,11 +8,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.errors import HostfileError
-from mslaunch.hosts.rankfile import (MAX_FILE_BYTES, MAX_INDEX, MAX_RANKS, RankEntry, SlotPart,
-                                     SlotSpec, missing_ranks, parse_rankfile,
-                                     parse_rankfile_text, parse_slot, slot_cpus)
-from mslaunch.cputopo import make_topology
+from mslaunch.core.errors import HostfileError
+from mslaunch.hosts.rankfile import (
+    MAX_FILE_BYTES,
+    MAX_INDEX,
+    MAX_RANKS,
+    RankEntry,
+    SlotPart,
+    SlotSpec,
+    missing_ranks,
+    parse_rankfile,
+    parse_rankfile_text,
+    parse_slot,
+    slot_cpus,
+)
+from mslaunch.core.cputopo import make_topology
 from mslaunch.machine.topology import read_topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

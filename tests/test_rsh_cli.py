@@ -7,8 +7,8 @@ import pytest
 
 from helpers import run
 from mslaunch.cli.mpirun import parse_args
-from mslaunch.errors import LaunchError, UsageError
-from mslaunch.remote.starter import starter_for
+from mslaunch.core.errors import LaunchError, UsageError
+from mslaunch.backends.agents.starters.starter import starter_for
 
 CFG = "-F /etc/cfg"
 
@@ -48,7 +48,7 @@ def test_hydra_launcher_variables_choose_the_launcher_and_the_flag_wins():
 def test_the_starter_follows_the_settings():
     def kind(environ, **spec):
         job = parse_args(["-n", "1", "prog"], environ=environ, cwd="/")
-        from mslaunch.spec import replace
+        from mslaunch.core.spec import replace
         return type(starter_for(replace(job.ssh, **spec), environ)).__name__
     path = {"PATH": "/usr/bin:/bin"}
     assert kind(path) == "SSHStarter"

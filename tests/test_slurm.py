@@ -73,7 +73,7 @@ def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbe
     assert hosts_saying(err, "output on a connection of its own (plain TCP)") == ["h1", "h2"], err
     # Each agent said its bytecode version when it dialled back, one of ours: it
     # was sent the bootstrap compiled, not its source (some 9 KB).
-    from mslaunch.remote.bootstrap import bootstrap_code
+    from mslaunch.backends.agents.bootstrap import bootstrap_code
     code = len(bootstrap_code())
     sent = [int(n) for n in re.findall(r"agent started from the host's mslaunch at .* "
                                        r"\((\d+) bytes sent\)", err)]

@@ -32,7 +32,7 @@ def parents(out: bytes):
 
 
 def segments(kvsname: str):
-    from mslaunch.pmi.files import shm_segments
+    from mslaunch.mpi.pmi.files import shm_segments
     return shm_segments(kvsname)
 
 

@@ -20,7 +20,7 @@ import time
 import pytest
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
 
-from mslaunch.pmi.files import shm_segments
+from mslaunch.mpi.pmi.files import shm_segments
 
 # -- a raw PMI client ------------------------------------------------------------
 # argv[1]: JSON steps (or @FILE holding them); a dict of steps is keyed by PMI_RANK
@@ -360,7 +360,7 @@ def test_a_spawn_while_the_job_is_being_stopped_is_refused(launch, tmp_path):
 
 def test_pmi_keys_in_preput_do_not_change_the_childrens_job_attributes(launch):
     child = [INIT, ["v1", "cmd=get key=PMI_process_mapping"], ["v1", "cmd=get key=mine"], FIN]
-    from mslaunch.procmap import process_mapping
+    from mslaunch.core.procmap import process_mapping
     preput = [("PMI_process_mapping", "(vector,(0,99,1))"), ("PMI_size", "9"),
               ("mine", "\u00e9t\u00e9=1 2")]
     r = launch("--tag-output", steps=[INIT, *spawn1(seg(exe=PY, args=[r_raw(), json.dumps(child)],
@@ -623,9 +623,9 @@ def _probe_junk(name: str, hazard: str):
 
 
 @pytest.mark.parametrize("name", [
-    _probe_junk("\u00b2", "pmi/singletons.py SingletonProbe.check: name.isdigit() is true for "
+    _probe_junk("\u00b2", "mpi/pmi/singletons.py SingletonProbe.check: name.isdigit() is true for "
                 "'\u00b2' (superscript two) but int(name) raises ValueError"),
-    _probe_junk("99999", "job/mpijobs.py MPIJobs.singleton: self.sup.ranks[key] with the key "
+    _probe_junk("99999", "mpi/serve/mpijobs.py MPIJobs.singleton: self.sup.ranks[key] with the key "
                 "99999 taken from the file name raises IndexError (from_agent checks "
                 "'key not in host.ranks' for remote reports; the local path does not)"),
     "not-a-rank",

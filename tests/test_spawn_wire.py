@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.pmi.spawn import spawn_from_v1, spawn_from_v2, v2_pairs
-from mslaunch.remote.jobframe import read_spawn, spawn_request_body
-from mslaunch.remote.link import LinkError
-from mslaunch.spec import SpawnCommand, SpawnRequest
+from mslaunch.mpi.pmi.spawn import spawn_from_v1, spawn_from_v2, v2_pairs
+from mslaunch.wire.jobframe import read_spawn, spawn_request_body
+from mslaunch.wire.link import LinkError
+from mslaunch.core.spec import SpawnCommand, SpawnRequest
 
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\0;"),
                max_size=12)

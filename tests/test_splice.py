@@ -11,7 +11,7 @@ from typing import List, Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mslaunch.remote import link
+from mslaunch.wire import link
 
 class _Host:
     """What a splicing endpoint asks of its RemoteHost: the sink of a rank's
@@ -51,7 +51,7 @@ def _splice_run(texts, cuts, *, to_pipe: bool, slow: bool, tmp_path=None, close_
     import socket
     import threading
 
-    from mslaunch.remote.splice import SplicingEndpoint
+    from mslaunch.wire.splice import SplicingEndpoint
     from mslaunch.machine.loop import Loop
     from mslaunch.machine.output import RankOutput
     from mslaunch.machine.terminal import Terminal
@@ -211,7 +211,7 @@ def test_a_reader_gone_in_the_middle_of_a_splice_ends_it_quietly():
 def test_a_splicing_endpoint_fed_anything_ends_with_a_reason_never_an_exception(chunks):
     import socket
 
-    from mslaunch.remote.splice import SplicingEndpoint
+    from mslaunch.wire.splice import SplicingEndpoint
     from mslaunch.machine.loop import Loop
     from mslaunch.machine.output import RankOutput
     from mslaunch.machine.terminal import Terminal
@@ -256,7 +256,7 @@ class _SpliceBench:
     def __init__(self, hosts: int = 1, tcp: bool = False) -> None:
         import socket
 
-        from mslaunch.remote.splice import SplicingEndpoint
+        from mslaunch.wire.splice import SplicingEndpoint
         from mslaunch.machine.loop import Loop
         from mslaunch.machine.output import RankOutput
         from mslaunch.machine.terminal import Terminal
@@ -323,7 +323,7 @@ def test_giving_up_a_terminal_mid_splice_still_ends_the_connection(monkeypatch):
     the connection is still read to its end (not left waiting for ever)."""
     import threading
 
-    from mslaunch.remote import splice
+    from mslaunch.wire import splice
     monkeypatch.setattr(splice, "STALL_SECONDS", 60.0)   # a slow sender must not end it
     bench = _SpliceBench()
     try:
@@ -379,7 +379,7 @@ def test_a_splice_cut_short_leaves_its_line_unfinished_for_the_next_source():
 
 
 def test_a_late_rest_of_a_frame_gives_the_terminal_back_to_the_others():
-    from mslaunch.remote.splice import STALL_SECONDS
+    from mslaunch.wire.splice import STALL_SECONDS
     bench = _SpliceBench(hosts=2)
     try:
         first = _lines(0, b"0:a\n0:b" + b"b" * 10 + b"\n")

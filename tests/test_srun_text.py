@@ -1,4 +1,4 @@
-"""``--launcher srun``'s text (:mod:`mslaunch.plan.srun`), tested without Slurm.
+"""``--launcher srun``'s text (:mod:`mslaunch.backends.srunsteps.srun`), tested without Slurm.
 
 The tasks' bash program runs for real here, as srun would run it on a node:
 with ``SLURM_PROCID`` and ``SLURM_LAUNCH_NODE_IPADDR`` set, dialling a socket
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.plan.srun import (
+from mslaunch.backends.srunsteps.srun import (
     TASK_VARIABLE,
     SrunLog,
     rank_script,
@@ -179,8 +179,8 @@ def test_rank_script_refuses_what_bash_cannot_carry():
 def test_bash_s_own_startup_variables_reach_the_rank_not_the_task_s_bash(tmp_path):
     # BASH_ENV is sourced by a non-interactive bash, and functions exported in the
     # environment would stand in for the program's commands: neither may touch it.
-    from mslaunch.job.srunranks import srun_environment
-    from mslaunch.spec import Host, RankSpec
+    from mslaunch.backends.srunsteps.srunranks import srun_environment
+    from mslaunch.core.spec import Host, RankSpec
     marker = tmp_path / "sourced"
     (tmp_path / "bashenv").write_text(f"echo sourced >> {marker}\n")
     here = Host(name="h1", slots=1, max_slots=None, local=False, node_id=0)

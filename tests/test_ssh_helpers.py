@@ -1,4 +1,5 @@
-"""SSH's handshakes in helper processes (``mslaunch.remote.sshhelpers``, ``.sshfork``), on real sshd hosts.
+"""SSH's handshakes in helper processes (``...starters.ssh.helpers``, ``.fork``), on real
+sshd hosts.
 
 The helpers are forks of the launcher that start the agents of a share of
 the hosts and hold their SSH sessions.  A job started through them must be
@@ -26,8 +27,8 @@ from hypothesis import strategies as st
 from helpers import PY, cmd, error_lines, kill_tagged, new_tag, wait_for
 from test_remote import _start_sleepers, agents, no_agents, renv, run_remote, settle
 
-from mslaunch.errors import UsageError
-from mslaunch.remote import sshfork, sshhelpers
+from mslaunch.core.errors import UsageError
+from mslaunch.backends.agents.starters.ssh import fork as sshfork, helpers as sshhelpers
 
 HOSTS = "h1,h2,h3,h4"
 
@@ -342,7 +343,7 @@ def test_a_message_nested_past_pythons_stack_is_a_wire_error():
 
 def test_a_helpers_time_mark_is_the_launchers():
     """A mark's time is the helper's monotonic clock, which is the launcher's."""
-    from mslaunch.remote import timeline
+    from mslaunch.machine import timeline
     before = time.monotonic()
     timeline.mark("TCP connected", "hx", at=before)
     assert (before, "TCP connected", "hx") in timeline._marks

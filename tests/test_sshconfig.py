@@ -1,4 +1,4 @@
-"""``~/.ssh/config`` as mslaunch reads it (mslaunch.remote.sshconfig), against OpenSSH.
+"""``~/.ssh/config`` as mslaunch reads it (mslaunch.backends.agents.starters.ssh.config), against OpenSSH.
 
 OpenSSH's own client is the reference: ``ssh -G`` prints the settings it
 would use for a host, without connecting.  Random configurations of ``Host``
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mslaunch.remote.sshconfig import ConfigError, SSHConfig, parse, split_args
+from mslaunch.backends.agents.starters.ssh.config import ConfigError, SSHConfig, parse, split_args
 
 SSH = shutil.which("ssh")
 needs_ssh = pytest.mark.skipif(SSH is None and not os.environ.get("CI"),
@@ -240,7 +240,7 @@ def test_ssh_connections_send_without_nagle(tmp_path):
     second waited for a delayed ACK, 40 ms twice per handshake."""
     import socket
 
-    from mslaunch.remote import ssh
+    from mslaunch.backends.agents.starters.ssh import connect as ssh
     config = tmp_path / "config"
     config.write_text("")
     connector = ssh._Connector(ssh.Options(config=str(config)), ["python3"])
@@ -261,7 +261,7 @@ def test_ssh_connections_acknowledge_at_once():
     paramiko reads from asks for a quick ACK after every read."""
     import socket
 
-    from mslaunch.remote import ssh
+    from mslaunch.backends.agents.starters.ssh import connect as ssh
     asked = []
 
     class Watched(socket.socket):          # a real socket that notes its options
@@ -290,7 +290,7 @@ def test_ssh_user_and_port_are_for_the_job_hosts_not_their_jump_hosts(tmp_path):
     """As ``ssh -l bob -p 2222 -J ...``: the options win over the file for the
     host itself (and ``Match user`` sees them); a jump host gets its
     ProxyJump entry's user and port, else its own settings."""
-    from mslaunch.remote import ssh
+    from mslaunch.backends.agents.starters.ssh import connect as ssh
     config = tmp_path / "config"
     config.write_text("Match user bob\n  IdentityFile /k/bob\n"
                       "Host dest\n  User alice\n  Port 22\n  ProxyJump jump\n"

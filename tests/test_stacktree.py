@@ -8,8 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mslaunch.machine import native, pydump
-from mslaunch.stacktree import (RankStacks, from_json, label, merge, rank_ranges, render,
-                                to_json)
+from mslaunch.inspect.stacktree import (
+    RankStacks,
+    from_json,
+    label,
+    merge,
+    rank_ranges,
+    render,
+    to_json,
+)
 
 FRAMES = st.sampled_from(["main (a.py:3)", "step (a.py:9)", "load_batch (a.py:5)",
                           "PMPI_Allreduce (libmpi.so.12)", "?? (libmpi.so.12)", "poll (libc.so.6)"])
@@ -137,7 +144,7 @@ def test_an_agents_answer_for_a_rank_never_breaks_the_report(entry):
     """Whatever a (lying) agent says of a rank becomes a RankStacks or a note."""
     from types import SimpleNamespace
 
-    from mslaunch.job.inspect import _rank_stacks
+    from mslaunch.inspect.control import _rank_stacks
     rank = SimpleNamespace(spec=SimpleNamespace(rank=3, host=SimpleNamespace(name="h2")), pid=9)
     got = _rank_stacks(rank, entry)  # type: ignore[arg-type]
     assert all(isinstance(f, str) for t in got.threads for f in t)
@@ -147,8 +154,8 @@ def test_an_agents_answer_for_a_rank_never_breaks_the_report(entry):
 @given(st.dictionaries(st.sampled_from(["id", "timeout", "x"]), JSON, max_size=3))
 def test_an_agent_takes_a_malformed_look_request_as_a_link_error(message):
     from mslaunch.machine.loop import Loop
-    from mslaunch.remote import link
-    from mslaunch.remote.agentlook import AgentLook
+    from mslaunch.wire import link
+    from mslaunch.agent.agentlook import AgentLook
 
     class Sent:
         closed = False
@@ -170,7 +177,7 @@ def test_an_agent_takes_a_malformed_look_request_as_a_link_error(message):
 
 @given(st.dictionaries(st.integers(0, 50), st.lists(THREAD, max_size=2), max_size=12))
 def test_stacks_merged_on_a_host_expand_to_the_same_stacks(threads_by_rank):
-    from mslaunch.remote.agentlook import same_as_earlier
+    from mslaunch.agent.agentlook import same_as_earlier
     rows = {k: {"threads": [list(t) for t in v], "note": ""} for k, v in threads_by_rank.items()}
     sent = json.loads(json.dumps({str(k): v for k, v in same_as_earlier(rows).items()}))
     for key, row in sent.items():

@@ -2,7 +2,7 @@
 
 The supervisor runs its real event loop, signal handling, timers and exit
 status; only the ranks are stand-ins behind the rank-handle seam
-(:class:`mslaunch.job.seams.RankHandle`), so each case takes a fraction of a
+(:class:`mslaunch.seams.RankHandle`), so each case takes a fraction of a
 second.  Real processes are tested in test_local_jobs.py and test_remote.py.
 """
 
@@ -13,13 +13,13 @@ import signal
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from mslaunch.cli.mpirun import parse_args
-from mslaunch.errors import HOST_LOST_EXIT, TIMEOUT_EXIT
-from mslaunch.job.backend import Backend
-from mslaunch.job.attempt import build_plan
-from mslaunch.job.session import Session
-from mslaunch.job.supervise import Supervisor
+from mslaunch.core.errors import HOST_LOST_EXIT, TIMEOUT_EXIT
+from mslaunch.backends.backend import Backend
+from mslaunch.run.attempt import build_plan
+from mslaunch.backends.session import Session
+from mslaunch.run.supervise import Supervisor
 from mslaunch.machine.terminal import Console
-from mslaunch.spec import replace
+from mslaunch.core.spec import replace
 
 
 class StandInGuard:

@@ -13,8 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mslaunch.plan.bindings import binding_map, binding_words, describe_binding, report_binding
-from mslaunch.cputopo import (KINDS, MAX_CPUS, Topology, count, from_wire, make_topology, objects,
-                              parse_cpulist, to_wire)
+from mslaunch.core.cputopo import (
+    KINDS,
+    MAX_CPUS,
+    Topology,
+    count,
+    from_wire,
+    make_topology,
+    objects,
+    parse_cpulist,
+    to_wire,
+)
 from mslaunch.machine.topology import read_topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

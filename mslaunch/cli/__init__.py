@@ -1,8 +1,8 @@
 """The command line: dialects of the launchers mslaunch replaces.
 
 :mod:`.mpirun` reads Open MPI's and MPICH Hydra's spellings into a
-:class:`~mslaunch.spec.JobSpec`.  :func:`main` is the only place that catches
-:class:`~mslaunch.errors.LaunchError`: it prints one line and exits with the
+:class:`~mslaunch.core.spec.JobSpec`.  :func:`main` is the only place that catches
+:class:`~mslaunch.core.errors.LaunchError`: it prints one line and exits with the
 error's code.
 """
 
@@ -15,9 +15,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Optional, Sequence
 
-    from ..spec import JobSpec
+    from ..core.spec import JobSpec
 
-from ..errors import LaunchError, one_line, os_error_reason
+from ..core.errors import LaunchError, one_line, os_error_reason
 from .common import Exit, is_msrun
 
 
@@ -70,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None,
     _ensure_std_fds()
     try:
         try:
-            from ..switches import check_switches
+            from ..core.switches import check_switches
             check_switches(os.environ)
             if is_msrun(argv):
                 return _msrun(argv)
@@ -79,11 +79,11 @@ def main(argv: Optional[Sequence[str]] = None,
         except Exit as done:
             sys.stdout.write(done.text)
             return done.status
-        if job.verbose >= 2 or "mslaunch.liblogs" in sys.modules:   # (a job run before)
-            from ..liblogs import set_verbosity
+        if job.verbose >= 2 or "mslaunch.core.liblogs" in sys.modules:   # (a job run before)
+            from ..core.liblogs import set_verbosity
             set_verbosity(job.verbose)
         if run is None:
-            from ..job.launch import run_job
+            from ..run.launch import run_job
             return run_job(job)
         return run(job)
     except LaunchError as err:

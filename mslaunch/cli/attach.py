@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import LaunchError
+from ..core.errors import LaunchError
 
 
 def _sockets() -> List[Tuple[int, str]]:

@@ -18,7 +18,7 @@ def launch_dir() -> str:
     try:
         return os.getcwd()
     except FileNotFoundError:
-        from ..errors import LaunchError
+        from ..core.errors import LaunchError
         raise LaunchError("the current directory no longer exists (it was deleted after "
                           "the shell entered it); cd to an existing directory") from None
 

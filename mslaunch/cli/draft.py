@@ -3,7 +3,7 @@
 :class:`Draft` holds what the options said so far, in command-line order;
 the functions here are the ``apply`` of the option records in
 :mod:`.options` (each takes the draft, the flag as spelled and its values).
-:mod:`.mpirun` turns the finished draft into a :class:`~mslaunch.spec.JobSpec`.
+:mod:`.mpirun` turns the finished draft into a :class:`~mslaunch.core.spec.JobSpec`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-    from ..spec import HostEntry
+    from ..core.spec import HostEntry
 
     Apply = Callable[["Draft", str, Sequence[str]], Optional[List[str]]]
 
-from ..errors import UsageError, one_line
-from ..switches import parse_number
+from ..core.errors import UsageError, one_line
+from ..core.switches import parse_number
 
 MAX_RANKS = 100_000          # beyond this a typo, not a job: refuse it
 MAX_SECONDS = 100_000_000.0  # about three years

@@ -162,8 +162,8 @@ def help_text(topic: Optional[str] = None) -> str:
         return TEXT + "\n" + _EXAMPLES + "\n" + docs
     what = TOPICS.get(topic.lower())
     if what is None:
-        from ..errors import UsageError
-        from ..errors import one_line
+        from ..core.errors import UsageError
+        from ..core.errors import one_line
         raise UsageError(f"--help {one_line(topic, 40)!r}: no such topic (topics: "
                          f"{_topic_list()})")
     if what == "msrun":

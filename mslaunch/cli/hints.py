@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterable, Optional
 
-from ..errors import one_line
+from ..core.errors import one_line
 
 _NODES = "-H h1,h2 or --hostfile FILE (one mslaunch command starts every host's ranks)"
 _ONE_COMMAND = "nothing: one mslaunch command starts the ranks of every host"

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from .draft import Draft
 
-from ..errors import UsageError, one_line
+from ..core.errors import UsageError, one_line
 from .draft import check_int
 
 #: Where Hydra 5.0.2 reads its port range, the first one set winning (even empty).

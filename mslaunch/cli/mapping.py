@@ -1,7 +1,7 @@
 """Placement options of the mpirun dialect: ``--map-by``, ``--rank-by``, ``--bind-to`` and kin.
 
 :func:`mapping_fields` turns what the command line said (Open MPI 4 and 5
-spellings, the deprecated ones included) into the :class:`~mslaunch.spec.JobSpec`
+spellings, the deprecated ones included) into the :class:`~mslaunch.core.spec.JobSpec`
 fields the planner reads; every error is one :class:`UsageError` line.
 """
 
@@ -11,7 +11,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Tuple
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 #: --map-by policies (Open MPI 4 names); "package" is Open MPI 5's socket.
 MAP_POLICIES = ("slot", "node", "core", "hwthread", "socket", "numa", "l1cache",
@@ -114,7 +114,7 @@ def parse_ppr(value: str) -> Dict[str, object]:
 
 
 def parse_cpus(flag: str, value: str) -> Tuple[int, ...]:
-    from ..cputopo import parse_cpulist
+    from ..core.cputopo import parse_cpulist
     try:
         return parse_cpulist(value)
     except ValueError as err:

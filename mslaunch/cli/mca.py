@@ -27,9 +27,15 @@ if TYPE_CHECKING:
 
     Handler = Callable[[Draft, str, str], None]
 
-from ..errors import UsageError, one_line
-from ..mcafile import (ENV_PREFIX, boolean, command_line_params, environment_params,
-                       param_file_list, parse_param_file)
+from ..core.errors import UsageError, one_line
+from ..mpi.mcafile import (
+    ENV_PREFIX,
+    boolean,
+    command_line_params,
+    environment_params,
+    param_file_list,
+    parse_param_file,
+)
 from . import draft as D
 
 #: The installation-wide file of Debian's Open MPI (``$sysconfdir/openmpi-mca-params.conf``).

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from .options import Option
 
 from .. import __version__
-from ..errors import UsageError
-from ..spec import STALL_SECONDS, AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
-from ..switches import pty_wanted
+from ..core.errors import UsageError
+from ..core.spec import STALL_SECONDS, AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
+from ..core.switches import pty_wanted
 from .common import Exit, launch_dir
 from .draft import RUNTIME_FRAMEWORKS, Context, Draft, check_int, check_seconds
 from .options import SPELLINGS, words_of
@@ -360,7 +360,7 @@ def _hosts(d: Draft) -> Tuple[List[HostEntry], Tuple[HostEntry, ...]]:
         hosts = d.host_lists
     if not hosts and not d.host_lists:
         if d.default_hostfile:
-            from ..errors import HostfileError
+            from ..core.errors import HostfileError
             from ..hosts.hostfile import parse_hostfile
             try:
                 hosts = parse_hostfile(d.default_hostfile)

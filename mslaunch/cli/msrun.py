@@ -18,9 +18,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import UsageError, one_line
-from ..spec import MsrunSpec
-from ..switches import pty_wanted
+from ..core.errors import UsageError, one_line
+from ..core.spec import MsrunSpec
+from ..core.switches import pty_wanted
 from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, Exit, launch_dir
 
 OPTIONS, EXTRAS = MSRUN_OPTIONS, MSRUN_EXTRAS
@@ -48,7 +48,7 @@ def _bool(flag: str, text: str) -> bool:
 
 
 def _cpus(flag: str, key: str, value) -> str:
-    from ..cputopo import parse_cpulist
+    from ..core.cputopo import parse_cpulist
     items = value if isinstance(value, list) else [value]
     texts = []
     for item in items:

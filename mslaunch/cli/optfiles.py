@@ -9,10 +9,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, List
 
-    from ..spec import JobSpec
+    from ..core.spec import JobSpec
     from .draft import Draft
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .draft import Context
 
 
@@ -65,7 +65,7 @@ def option_file(d: Draft, name: str, flag: str, paths: List[str]) -> List[str]:
     does an ``OMPI_MCA_*`` variable (for mpirun's parameters and the ranks' alike,
     as measured with Open MPI 4.1.4).
     """
-    from ..mcafile import command_line_params, parse_param_file
+    from ..mpi.mcafile import command_line_params, parse_param_file
     from .mca import apply_param
     what = "tune file" if name == "tune" else "MCA parameter file"
     words: List[str] = []

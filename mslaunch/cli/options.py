@@ -52,7 +52,7 @@ else:
 
 
 def _set_mca(d: D.Draft, flag: str, values: Sequence[str]) -> None:
-    from .mca import set_mca     # Open MPI's own parameters: only when one is given
+    from .mca import set_mca  # Open MPI's own parameters: only when one is given
     set_mca(d, flag, values)
 
 

@@ -29,7 +29,7 @@ _LAUNCHER_VARS = ("HYDRA_LAUNCHER", "HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP")
 
 
 def set_exec(d: Draft, flag: str, values: Sequence[str]) -> None:
-    from ..errors import UsageError
+    from ..core.errors import UsageError
     if not values[0].strip():
         raise UsageError(f"{flag}: empty command")
     d.rsh_exec = values[0]

@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from ..machine.spawn import file_head, find_program
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from ..errors import LaunchError
+from ..core.errors import LaunchError
 
 USAGE = """\
 usage: mslaunch-stacks [JOB] [--json] [--timeout SECONDS]
@@ -56,7 +56,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         import json
         sys.stdout.write(json.dumps(answer, indent=1) + "\n")
         return 0
-    from ..stacktree import from_json, render
+    from ..inspect.stacktree import from_json, render
     try:
         sys.stdout.write(render(from_json(answer)))
     except ValueError as err:

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from ..errors import LaunchError
+from ..core.errors import LaunchError
 
 USAGE = """\
 usage: mslaunch-top [JOB] [--once] [--interval SECONDS]

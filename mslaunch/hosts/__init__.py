@@ -1,4 +1,4 @@
-"""Hosts: where the job may run, as :class:`~mslaunch.spec.HostEntry` items.
+"""Hosts: where the job may run, as :class:`~mslaunch.core.spec.HostEntry` items.
 
 Sources, in order of precedence: the command line (``-H``, hostfiles:
 :mod:`.hostfile`), a resource manager's allocation (Slurm, PBS:
@@ -12,9 +12,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Mapping, Sequence
 
-    from ..spec import JobSpec
+    from ..core.spec import JobSpec
 
-from ..spec import HostEntry
+from ..core.spec import HostEntry
 
 #: The origin of the host entry used when no host list is given.
 IMPLICIT_HOST = "this machine"
@@ -50,7 +50,7 @@ def filter_hosts(pool: Sequence[HostEntry], wanted: Sequence[HostEntry]) -> List
     have = {p.name for p in pool}
     missing = [w.name for w in wanted if w.name not in have]
     if missing:
-        from ..errors import PlanError
+        from ..core.errors import PlanError
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise PlanError(f"-H names host(s) not in the hostfile: {shown}")
     return [p for p in pool if p.name in names]

@@ -15,10 +15,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import HostfileError, LaunchError, UsageError, one_line
-from ..spec import HostEntry
-from .hostfile import (MAX_HOSTS, _MAX_DIGITS, _count, _is_digits,
-                       _name_problem, _show_path, _x, read_host_file)
+from ..core.errors import HostfileError, LaunchError, UsageError, one_line
+from ..core.spec import HostEntry
+from .hostfile import (
+    MAX_HOSTS,
+    _MAX_DIGITS,
+    _count,
+    _is_digits,
+    _name_problem,
+    _show_path,
+    _x,
+    read_host_file,
+)
 
 # ---------------------------------------------------------------------------
 # Slurm
@@ -307,7 +315,7 @@ def choose(launcher: str, environ: Mapping[str, str]) -> str:
     inside an allocation, else ssh).
 
     The one place where the job's starter is chosen (see
-    :func:`mslaunch.remote.starter.starter_for`); it raises UsageError for
+    :func:`mslaunch.backends.agents.starters.starter.starter_for`); it raises UsageError for
     ``slurm`` or ``srun`` outside an allocation."""
     if launcher == "auto":
         return "slurm" if in_allocation(environ) else "ssh"

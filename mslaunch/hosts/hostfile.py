@@ -1,6 +1,6 @@
 """Host lists written by the user: hostfiles and ``-H``/``-hosts`` lists.
 
-Every source yields :class:`~mslaunch.spec.HostEntry` items in order of first
+Every source yields :class:`~mslaunch.core.spec.HostEntry` items in order of first
 appearance, one per distinct host name.  ``slots`` is None only when a hostfile
 gave no count (the planner then uses the core count for the local host and 1
 for any other host).
@@ -34,8 +34,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Optional, Tuple
 
-from ..errors import HostfileError, UsageError
-from ..spec import HostEntry
+from ..core.errors import HostfileError, UsageError
+from ..core.spec import HostEntry
 
 __all__ = [
     "MAX_COUNT",

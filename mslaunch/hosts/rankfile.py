@@ -45,15 +45,15 @@ for a file that cannot be read or holds no ranks.
 
 from __future__ import annotations
 
-from ..errors import HostfileError
-from ..spec import dataclass
+from ..core.errors import HostfileError
+from ..core.spec import dataclass
 from .hostfile import MAX_FILE_BYTES, MAX_HOSTS, _name_problem, _show_path, _x, read_host_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-    from ..cputopo import Topology
+    from ..core.cputopo import Topology
 
 __all__ = [
     "MAX_FILE_BYTES", "MAX_INDEX", "MAX_RANKS", "RankEntry", "SlotPart", "SlotSpec",
@@ -188,7 +188,7 @@ def slot_cpus(spec: SlotSpec, topo: Topology, hwthread_cpus: bool = False) -> Tu
     within the socket.  ValueError (one short line) when the spec names a CPU,
     socket or core the host does not have.
     """
-    from ..cputopo import CORE, CPU, PACKAGE
+    from ..core.cputopo import CORE, CPU, PACKAGE
 
     unit = "hwthread" if hwthread_cpus else "core"
     units: Dict[int, List[int]] = {}

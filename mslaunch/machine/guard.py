@@ -46,7 +46,7 @@ import os
 import _signal as signal
 import time
 
-from ..switches import switch
+from ..core.switches import switch
 from .procs import alive, children_of, descendants, exists, marked_pids, send_signal, start_time
 from .procs import remove_private, terminate, wait_gone
 
@@ -451,7 +451,7 @@ class Watchdog:
 
     def private(self, path: str) -> None:
         """Remove ``path`` (a socket, or a directory of this user's) should the
-        launcher die (see :func:`mslaunch.job.attempt.open_control`)."""
+        launcher die (see :func:`mslaunch.run.attempt.open_control`)."""
         # Written at once: a launcher may die before its first flush.
         if self._fd >= 0:
             try:

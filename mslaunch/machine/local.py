@@ -28,13 +28,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-    from ..spec import RankSpec
+    from ..core.spec import RankSpec
     from .guard import Watchdog
     from .output import RankSink
     from .loop import Loop, Timer
     from .stdin import StdinFanout
 
-from ..errors import LaunchError
+from ..core.errors import LaunchError
 from .output import RankPipe
 from .spawn import LocalProcess, os_error_reason
 
@@ -60,7 +60,7 @@ class _Local:
 class LocalRanks:
     """Starts and watches the ranks of a plan that run on this machine.
 
-    Ranks are known by their :attr:`~mslaunch.spec.RankSpec.key`, unique
+    Ranks are known by their :attr:`~mslaunch.core.spec.RankSpec.key`, unique
     among all of the launcher's processes; ranks of jobs spawned later
     join with :meth:`add`.
     """
@@ -156,7 +156,7 @@ class LocalRanks:
 
     def _start(self, local: _Local, stdin_pipes: Dict[int, int]) -> None:
         if local.spec.session_dir:
-            from ..spec import replace
+            from ..core.spec import replace
             local.spec = replace(local.spec, cwd=self._session_dir(local.spec.key))
         spec = local.spec
         env = dict(spec.env)

@@ -24,7 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, List, Optional
 
-    from ..spec import OutputSpec, RankSpec
+    from ..core.spec import OutputSpec, RankSpec
     from typing import Protocol
 
     from .loop import Loop
@@ -426,6 +426,6 @@ def open_log(path: Optional[str], marker: str = "") -> Optional[int]:
             os.write(fd, lead + marker.encode())
         return fd
     except OSError as err:
-        from ..errors import LaunchError
+        from ..core.errors import LaunchError
         raise LaunchError(f"cannot create output file: {err.filename}: {err.strerror}") \
             from None

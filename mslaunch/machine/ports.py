@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import _socket
     from typing import Set, Tuple
 
-from ..errors import LaunchError
+from ..core.errors import LaunchError
 
 #: How the range is named in errors (the variables Hydra reads it from).
 RANGE_NAME = "MPICH_PORT_RANGE/MPIEXEC_PORT_RANGE"

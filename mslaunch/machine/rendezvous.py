@@ -82,6 +82,6 @@ def master_port_of(text: Optional[str]) -> Optional[int]:
         return None
     if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:
         return int(text)
-    from ..errors import UsageError
+    from ..core.errors import UsageError
     raise UsageError(f"MASTER_PORT={text[:20]!r} in the environment is not a port number "
                      f"(1-65535)")

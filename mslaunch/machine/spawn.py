@@ -23,13 +23,13 @@ import os
 # The C module: the same calls as signal's, without importing enum (milliseconds).
 import _signal as signal
 
-from ..errors import SpawnError, os_error_reason     # both also re-exported
+from ..core.errors import SpawnError, os_error_reason  # both also re-exported
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence, Set, Tuple
 
-    from ..spec import RankSpec
+    from ..core.spec import RankSpec
 
 # Python ignores SIGPIPE (and SIGXFSZ); an ignored signal stays ignored across
 # exec, so the ranks get the default actions back.
@@ -375,6 +375,13 @@ def signal_name(sig: int) -> str:
                 and getattr(signal, name) == sig:
             return name
     return f"signal {sig}"
+
+
+def how_ended(code: Optional[int], sig: Optional[int]) -> str:
+    """``exited with code N`` or ``was killed by signal N (NAME)``."""
+    if sig is not None:
+        return f"was killed by signal {sig} ({signal_name(sig)})"
+    return f"exited with code {code}"
 
 
 def raise_fd_limit(needed: int) -> None:

@@ -27,7 +27,7 @@ import os
 import stat
 import sys
 
-from .loop import deque     # the C type, without the collections package (0.6 ms)
+from .loop import deque  # the C type, without the collections package (0.6 ms)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

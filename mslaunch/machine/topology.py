@@ -1,8 +1,8 @@
 """The CPU topology of this host, read from sysfs and cached per user.
 
 :func:`read_topology` reads Linux's ``/sys/devices/system`` (only the files
-named below) and returns a :class:`~mslaunch.cputopo.Topology` (the record,
-its logical order and its wire form are :mod:`mslaunch.cputopo`'s): for each
+named below) and returns a :class:`~mslaunch.core.cputopo.Topology` (the record,
+its logical order and its wire form are :mod:`mslaunch.core.cputopo`'s): for each
 usable logical CPU its core, package (socket), NUMA node and L3 cache, plus
 its L2 and L1 (data) caches when they are not simply per core.  Files that
 are missing or unreadable fall back to a sane default without raising: one
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import os
 
-from ..cputopo import MAX_CPUS, from_wire, make_topology, parse_cpulist, to_wire
+from ..core.cputopo import MAX_CPUS, from_wire, make_topology, parse_cpulist, to_wire
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
-    from ..cputopo import Topology
+    from ..core.cputopo import Topology
 
 __all__ = ["cache_path", "cached_topology", "host_key", "read_topology", "save_whole"]
 

@@ -28,13 +28,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-    from ..spec import JobResult
+    from ..core.spec import JobResult
 
     Announce = Callable[[List[str], Dict[str, int]], None]
     OnResult = Callable[[Dict[str, Any]], None]
 
-from ..errors import LaunchError
-from ..spec import JobSpec, MsrunSpec, OutputSpec, Plan, RankSpec
+from ..core.errors import LaunchError
+from ..core.spec import JobSpec, MsrunSpec, OutputSpec, Plan, RankSpec
 
 
 def master_address(spec: MsrunSpec) -> Tuple[bool, List[str]]:
@@ -103,7 +103,7 @@ SPAWNED = "Distributed job is spawned. Waiting all processes to exit..."
 
 
 def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobSpec, Plan]:
-    from ..spec import AppContext, Host
+    from ..core.spec import AppContext, Host
     job = JobSpec(
         apps=(AppContext(argv=spec.argv),), mpi="none", grace=spec.grace, quiet=spec.quiet,
         verbose=spec.verbose, stdin="none", launch_dir=spec.launch_dir, keep_going=False,
@@ -123,12 +123,12 @@ def run_node(spec: MsrunSpec, announce: Optional[Announce] = None,
 
     ``announce(lines)`` (the detached case) receives msrun's console lines and
     the pids once every process runs, instead of the terminal; ``on_result``
-    the job's report (:mod:`mslaunch.job.jobreport`) at its end.  With
+    the job's report (:mod:`mslaunch.run.jobreport`) at its end.  With
     ``--report_json`` the report is written to that file too.
     """
     import time
     if spec.report_json:
-        from ..job.jobreport import check_writable
+        from ..run.jobreport import check_writable
         check_writable(spec.report_json, "--report_json")
     started = time.time()
     try:
@@ -152,7 +152,7 @@ def run_node(spec: MsrunSpec, announce: Optional[Announce] = None,
 
 def _report(spec: MsrunSpec, on_result: Optional[OnResult], result: Optional[JobResult],
             started: float, error: str, code: int) -> None:
-    from ..job import jobreport
+    from ..run import jobreport
     report = jobreport.build(result, started, error=error, exit_code=code)
     report["exit_code"] = code           # this node's, after waiting for the others
     if spec.report_json:
@@ -162,7 +162,7 @@ def _report(spec: MsrunSpec, on_result: Optional[OnResult], result: Optional[Job
 
 
 def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobResult]:
-    from ..pmi.files import new_kvsname
+    from ..mpi.pmi.files import new_kvsname
     from ..machine.loop import Loop
     from .plan import node_processes
     loop = Loop()
@@ -187,9 +187,9 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
             if service is not None:
                 service.close()
             loop.close()
-            from ..spec import JobResult
+            from ..core.spec import JobResult
             return code, JobResult(exit_code=code, message=text, ending="remote")
-    from ..cputopo import objects
+    from ..core.cputopo import objects
     from ..machine.topology import cached_topology
     topo = cached_topology()
     procs = node_processes(spec, scheduler=master, ranks=ranks, environ=os.environ,
@@ -207,11 +207,11 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
         if spec.join:
             _say(SPAWNED, sys.stderr)
     recovery = os.environ.get("MS_ENABLE_RECOVERY") == "1"
-    from ..job.attempt import run_attempt
-    from ..job.nodes import NodePart
-    from ..job.session import Session
+    from ..run.attempt import run_attempt
+    from ..backends.nodes import NodePart
+    from ..backends.session import Session
     from ..machine.terminal import Console
-    from ..pmi.files import job_guard, public_id
+    from ..mpi.pmi.files import job_guard, public_id
     part = NodePart(link, service, (lambda pids: announce(lines, pids)) if announce else None)
     guard = job_guard(public_id(plan.kvsname), job.grace, background=False)
     session = Session(guard, Console(), loop=loop, wants_control=False, nodes=part,
@@ -291,7 +291,7 @@ def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port:
     import signal as _signal
     import time
 
-    from ..remote.endpoint import heartbeat_setting
+    from ..wire.endpoint import heartbeat_setting
     from .secret import load_secret
     from .nodelink import NodeLink
     from .service import NodeService

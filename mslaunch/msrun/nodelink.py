@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
     from ..machine.loop import Loop, Timer
 
-from ..remote import link
-from ..remote.endpoint import SocketEndpoint
-from ..errors import one_line
+from ..wire import link
+from ..wire.endpoint import SocketEndpoint
+from ..core.errors import one_line
 from . import secret as auth
 from .service import HANDSHAKE_SECONDS, NODE_LOST_EXIT, PROTOCOL, encode, node_message
 

@@ -37,8 +37,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import PlanError
-from ..spec import Host, MsrunSpec, RankSpec
+from ..core.errors import PlanError
+from ..core.spec import Host, MsrunSpec, RankSpec
 
 
 def worker_ids(spec: MsrunSpec, assigned: Optional[Sequence[int]]) -> List[Optional[int]]:
@@ -104,7 +104,7 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
             return None, list(_blocks(sorted(cpus), local))
         # Workers spread over the nodes in equal contiguous groups, as the CPUs are.
         return None, [nodes[i * len(nodes) // local] or None for i in range(local)]
-    from ..cputopo import parse_cpulist
+    from ..core.cputopo import parse_cpulist
     given: Dict[str, Tuple[int, ...]] = {}
     assert isinstance(mode, tuple)    # the map form: (key, CPU list) pairs
     for key, text in mode:
@@ -183,7 +183,7 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
     the workers' ``MASTER_PORT`` (a free port, not the scheduler's), ``ms_lib``
     MindSpore's ``lib`` directory, whose ``plugin/cpu`` importing MindSpore puts
     first in msrun's ``LD_LIBRARY_PATH``."""
-    from ..spec import scrub_env
+    from ..core.spec import scrub_env
     host = Host(name=hostname, slots=spec.local_worker_num + (1 if scheduler else 0),
                 max_slots=None, local=True, node_id=0)
     base = scrub_env(environ)
@@ -199,7 +199,7 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
     sched_cpus, worker_cpus = bindings(spec, cpus, scheduler, numa)
     single = sim and spec.sim_rank_id >= 0
     if single:    # msrun dry-runs that one rank as the only local worker
-        from ..spec import replace
+        from ..core.spec import replace
         ids = worker_ids(replace(spec, local_worker_num=1), ranks)
     else:
         ids = worker_ids(spec, ranks)

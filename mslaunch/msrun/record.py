@@ -13,7 +13,7 @@ directory, and it keeps ``mslaunch_job.json`` there up to date::
      "log_dir": ..., "processes": [{"name": "worker 0", "pid": ...}]}
 
 Once the job has ended, the record also holds the fields of the job report
-(:mod:`mslaunch.job.jobreport`: ``format``, ``version``, ``status``,
+(:mod:`mslaunch.run.jobreport`: ``format``, ``version``, ``status``,
 ``first_failure``, ``ranks`` ...), and each process the report's fields of
 its rank (``host``, ``start``, ``end``, ``exit_code``, ``signal`` ...).
 
@@ -34,8 +34,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional
 
-from ..errors import LaunchError
-from ..spec import MsrunSpec
+from ..core.errors import LaunchError
+from ..core.spec import MsrunSpec
 
 RECORD = "mslaunch_job.json"
 LOG = "mslaunch.log"

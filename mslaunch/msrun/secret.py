@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional
 
-from ..errors import LaunchError
+from ..core.errors import LaunchError
 
 NONCE_BYTES = 32
 

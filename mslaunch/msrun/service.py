@@ -16,7 +16,7 @@ vanishes (its link ends, or heartbeats stop) stops the job the same way,
 named.  If not every worker has joined after ``--cluster_time_out``
 seconds, every node ends with one line saying how many came from where.
 
-Messages are the agents' link frames (:mod:`mslaunch.remote.link`), kind
+Messages are the agents' link frames (:mod:`mslaunch.wire.link`), kind
 ``NODE``, a JSON object each.  Until a peer has proven the secret its
 frames may be at most 4 KiB and it has :data:`AUTH_SECONDS` to do so; at
 most :data:`MAX_PENDING` such peers are kept, the oldest pushed out first
@@ -36,10 +36,10 @@ if TYPE_CHECKING:
 
     from ..machine.loop import Loop, Timer
 
-from ..remote import link
-from ..remote.endpoint import SocketEndpoint
+from ..wire import link
+from ..wire.endpoint import SocketEndpoint
 from ..machine.loop import accept_strangers
-from ..errors import one_line
+from ..core.errors import one_line
 from . import secret as auth
 
 PROTOCOL = 1
@@ -134,7 +134,7 @@ class NodeService:
             self.sock.listen(128)
         except OSError as err:
             self.sock.close()
-            from ..errors import LaunchError
+            from ..core.errors import LaunchError
             raise LaunchError(f"the node service cannot listen on {address}:{port}: "
                               f"{err.strerror} (another job there? --node_service_port "
                               f"picks another port)") from None

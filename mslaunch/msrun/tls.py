@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-from ..errors import LaunchError
+from ..core.errors import LaunchError
 
 _FIELDS = ("server_cert_path", "client_cert_path", "ca_cert_path", "crl_path", "cipher_list",
            "cert_expire_warning_time_in_day")

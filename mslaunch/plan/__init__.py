@@ -15,12 +15,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import PlanError, UsageError
+from ..core.errors import PlanError, UsageError
 from ..hosts import IMPLICIT_HOST
-from ..spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
-from ..spec import scrub_env     # the plan's rule; the agent's too
+from ..core.spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
+from ..core.spec import scrub_env  # the plan's rule; the agent's too
 from .place import binding, check_overload, locations, place, rank_order, resolve_hosts
-from ..cputopo import Topology, count, make_topology
+from ..core.cputopo import Topology, count, make_topology
 
 def _oversubscribe(job: JobSpec, entries: Sequence[HostEntry]) -> bool:
     """Whether ranks may outnumber slots.
@@ -98,7 +98,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     master_addr = "127.0.0.1" if all(h.local for h in used) else used[0].name
     mapping = ""
     if job.mpi == "pmi":
-        from ..procmap import process_mapping
+        from ..core.procmap import process_mapping
         mapping = process_mapping([node_of_host[h] for h in where])
     app_envs = [context_environment(job, app.env, environ, master_addr, master_port, ompi_jobid)
                 for app in job.apps]

@@ -2,7 +2,7 @@
 
 :func:`binding_words` and :func:`binding_map` are the two halves of the text
 (``socket 0[core 1[hwt 0-1]]`` and ``[../BB]``), numbered as hwloc's logical
-indexes of a :class:`~mslaunch.cputopo.Topology`; :func:`report_binding` is one
+indexes of a :class:`~mslaunch.core.cputopo.Topology`; :func:`report_binding` is one
 ``--report-bindings`` line.  Imported only by the reports that print them.
 """
 
@@ -12,9 +12,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, Iterable, List, Optional, Tuple
 
-    from ..cputopo import Topology
+    from ..core.cputopo import Topology
 
-from ..cputopo import CORE, CPU, PACKAGE
+from ..core.cputopo import CORE, CPU, PACKAGE
 
 
 def _ranges(values: Iterable[int]) -> str:

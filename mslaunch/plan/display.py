@@ -1,6 +1,6 @@
 """What ``--display-allocation``, ``--display-map`` and friends print (Open MPI 4's text).
 
-Pure functions of a :class:`~mslaunch.spec.Plan`; the separators are tabs,
+Pure functions of a :class:`~mslaunch.core.spec.Plan`; the separators are tabs,
 as Open MPI 4.1.4 writes them.  A rank that is not bound shows ``N/A``.
 """
 
@@ -12,10 +12,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List
 
-    from ..spec import JobSpec, Plan, RankSpec
+    from ..core.spec import JobSpec, Plan, RankSpec
 
 from .bindings import binding_map, binding_words
-from ..cputopo import objects
+from ..core.cputopo import objects
 
 
 def job_id() -> str:

@@ -3,7 +3,7 @@ how ranks are numbered and what they are bound to.
 
 After :func:`place` has decided how many ranks each host gets, Open MPI's
 mapping, ranking and binding follow on each host's
-:class:`~mslaunch.cputopo.Topology`:
+:class:`~mslaunch.core.cputopo.Topology`:
 
 * ``--map-by``: ``slot``, ``node``, ``core``, ``hwthread`` and ``board``
   take the host's processing units (cores, or hardware threads with
@@ -27,11 +27,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-    from ..spec import JobSpec
+    from ..core.spec import JobSpec
 
-from ..errors import PlanError, UsageError
-from ..cputopo import CPU, Topology, objects
-from ..spec import Host, HostEntry
+from ..core.errors import PlanError, UsageError
+from ..core.cputopo import CPU, Topology, objects
+from ..core.spec import Host, HostEntry
 
 
 def resolve_hosts(entries: Sequence[HostEntry], *, ncores: int, hostname: str,

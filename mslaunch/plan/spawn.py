@@ -26,8 +26,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import PlanError
-from ..spec import Host, JobSpec, Plan, RankSpec, SpawnCommand, SpawnRequest
+from ..core.errors import PlanError
+from ..core.spec import Host, JobSpec, Plan, RankSpec, SpawnCommand, SpawnRequest
 from . import context_environment, log_paths, rank_variables
 
 #: At most this many processes in one spawn (the first job's own cap).
@@ -121,7 +121,7 @@ def plan_spawn(job: JobSpec, plan: Plan, request: SpawnRequest, *, number: int,
     node_of: Dict[int, int] = {}
     for h in where:
         node_of.setdefault(h, len(node_of))
-    from ..procmap import process_mapping
+    from ..core.procmap import process_mapping
     mapping = process_mapping([node_of[h] for h in where])
     local_size: Dict[int, int] = {}
     for h in where:

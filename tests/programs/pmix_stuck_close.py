@@ -16,10 +16,10 @@ import threading
 import time
 
 from mslaunch.machine.loop import Loop
-from mslaunch.pmix import lib as L
-from mslaunch.pmi.singletons import BACKING_VARIABLES, UCX_DIR_VARIABLE
-from mslaunch.pmix.layout import Layout
-from mslaunch.pmix.server import PMIxServer
+from mslaunch.mpi.pmix import lib as L
+from mslaunch.mpi.pmi.singletons import BACKING_VARIABLES, UCX_DIR_VARIABLE
+from mslaunch.mpi.pmix.layout import Layout
+from mslaunch.mpi.pmix.server import PMIxServer
 
 entered, release = threading.Event(), threading.Event()
 

@@ -1,0 +1,123 @@
+"""The ranks of remote hosts run under agents of mslaunch's, this machine's as
+its own processes: the :class:`~.backend.Backend` of every job with remote hosts
+(but ``--launcher srun``'s).
+
+The agents are started by the job's starter (:mod:`mslaunch.backends.agents.starters.starter`:
+paramiko's SSH, an rsh agent, srun), which the :class:`~.fleet.Fleet` drives;
+with ``--max-restarts`` the agents of the attempt before come first
+(:mod:`.keptagents`).  When the plan depends on the hosts' cpus, every remote
+host is reached first and the job planned again with their topologies, as
+Open MPI starts its daemons first.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+    from .host import RemoteHost
+    from .starters.starter import Starter
+    from ...core.spec import HostEntry, JobSpec, Plan, RankSpec
+    from ...core.states import BackendName
+    from ..backend import Planning
+    from .fleet import Fleet
+    from ...seams import JobView, RankHandle
+    from ..session import Session
+
+from ...hosts import is_local
+from ...machine.spawn import raise_fd_limit
+from ...plan import agent_hosts
+from ..backend import Backend
+
+
+class AgentsBackend(Backend):
+    """See the module docstring."""
+
+    name: BackendName = "agents"
+
+    def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
+                 planning: Planning) -> None:
+        super().__init__(job, environ, session, planning)
+        self.names = agent_hosts(planning.plan(), job)
+        self.replan: Optional[Callable[..., Plan]] = None
+        entries = planning.entries
+        if _needs_topologies(job, entries):
+            # Slots and placement depend on the remote hosts' cpus: connect to
+            # every remote host first, as Open MPI starts its daemons first.
+            self.names = list(dict.fromkeys(e.name for e in entries if not is_local(e.name)))
+            self.replan = planning.plan
+        self.pmi_early = self.replan is None
+        self.starter: Optional[Starter] = None
+        self.fleet: Optional[Fleet] = None
+
+    def begin(self) -> None:
+        from .starters.starter import starter_for
+        job, kept = self.job, self.session.kept
+        # the one choice of the job's starter
+        make = lambda: starter_for(job.ssh, self.environ,  # noqa: E731
+                                   port_range=job.port_range)
+        self.starter = kept.starter(make) if kept is not None else make()
+        # In the background, while the supervisor is built (srun's step starts here).
+        self.starter.prepare(self.names, self.session.guard.marker)
+
+    def connect(self, sup: JobView) -> None:
+        from .fleet import Fleet
+        assert self.starter is not None            # (begin made it)
+        self.fleet = Fleet(sup, sup.stop_requested, self.session.kept)
+        # Each host's link and connections are open before its ranks start.
+        raise_fd_limit(8 * len(sup.plan.ranks) + 8 * len(self.names) + 64)
+        self.fleet.connect(self.names, self.starter, self.replan)
+
+    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
+        fleet = self.fleet
+        assert fleet is not None
+        remote: Dict[str, List[RankSpec]] = {}
+        for r in sup.plan.ranks:
+            if not r.host.local:
+                remote.setdefault(r.host.name, []).append(r)
+        # Hosts left after the re-plan (the plan may have sent every agent away).
+        active = bool(fleet.conns)
+        raise_fd_limit(8 * len(here) + 8 * len(self.names) + 64)
+        if active:
+            fleet.prepare(remote)
+        if here:
+            sup.local_ranks(here, pmi, pmi_env, stdin_fd=None if active else 0)
+        return list(fleet.hosts.values())
+
+    def started(self, sup: JobView) -> None:
+        fleet = self.fleet
+        if fleet is not None and fleet.hosts:
+            sup.stdin_fanout = fleet.relay_stdin(sup.local.stdin_pipes if sup.local else {})
+
+    @property
+    def hosts(self) -> Dict[str, RemoteHost]:
+        return self.fleet.hosts if self.fleet is not None else {}
+
+    def let_go(self, keep: bool) -> None:
+        if self.fleet is not None:
+            if keep:
+                self.fleet.keep_hosts()
+            self.fleet.let_go_all()
+
+    def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.close_listener()
+        if self.starter is not None:
+            self.starter.close()      # what prepare began, if the job failed before using it
+
+    def left_out(self) -> Dict[str, str]:
+        """Hosts the job went on without (spares that could not be reached), and why."""
+        return dict(self.fleet.left_out) if self.fleet is not None else {}
+
+
+def _needs_topologies(job: JobSpec, entries: Sequence[HostEntry]) -> bool:
+    """Whether a plan depends on what the remote hosts' agents report (their cpus)."""
+    counts_missing = any(e.slots is None and e.max_slots is None and not is_local(e.name)
+                         for e in entries)
+    return counts_missing or job.map_by not in ("slot", "node") or bool(
+        job.ppr or job.pe or job.bind_to != "none" or job.use_hwthreads or job.rankfile
+        or job.report_bindings or job.rank_by not in (None, "slot", "node"))
+
+
+__all__ = ["AgentsBackend"]

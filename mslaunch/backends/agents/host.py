@@ -1,0 +1,508 @@
+"""The launcher's handle on one remote host: its agent, seen through the link.
+
+A :class:`RemoteHost` sits beside :class:`~mslaunch.machine.local.LocalRanks`
+behind the same seam: the supervisor starts, signals and waits for both the
+same way, and hears the same events -- ranks started and exited, output to
+feed into the ranks' sinks, PMI -- so its policy (abort, timeouts, files,
+the summary) is written once.
+
+Output flows under credit: the agent may send ``credit`` bytes of output
+before the launcher grants more, and the launcher grants them back only as
+the terminal takes them, so a stalled reader of mslaunch's output stops the
+ranks on every host (they block in ``write``) while exits, signals and PMI
+keep moving on the same link.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from _signal import SIGTSTP
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, Optional, Protocol, Sequence
+
+    from ...machine.loop import Loop
+    from ...machine.output import RankOutput
+    from ...machine.stdin import StdinFanout
+    from ...core.spec import RankSpec
+    from .starters.starter import AgentConnection
+
+    class HostListener(Protocol):
+        """What a host reports to (the job's fleet, which tells the supervisor)."""
+
+        def rank_started(self, key: int, pid: int) -> None: ...
+
+        def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                        at: Optional[float] = None) -> None: ...
+
+        def sink(self, rank: int, stream: int) -> Optional[RankOutput]: ...
+
+        def outputs_finished(self, keys: Iterable[int]) -> bool: ...
+
+        def host_message(self, host: RemoteHost, text: str) -> None: ...
+
+        def host_ready(self, host: RemoteHost) -> None: ...
+
+        def host_paused(self, host: RemoteHost) -> None: ...
+
+        def host_failed(self, host: RemoteHost, message: str, code: object) -> None: ...
+
+        def host_lost(self, host: RemoteHost, reason: str) -> None: ...
+
+        def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None: ...
+
+        def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None: ...
+
+from ...wire import link
+from ...machine import timeline
+from ...wire.endpoint import Endpoint
+from ...wire.jobframe import CREDIT
+
+
+#: Seconds an agent has, past the job's grace period, to stop its ranks and exit.
+EXIT_MARGIN = 2.0
+
+#: Frames an agent sends only about started ranks.
+_AFTER_START = (link.STARTED, link.EXITED, link.DONE)
+
+
+class RemoteHost:
+    """One remote host of the job; see the module docstring."""
+
+    def __init__(self, loop: Loop, conn: AgentConnection, specs: Sequence[RankSpec],
+                 supervisor: HostListener, *, pmi_port: bool = False,
+                 verbose: int = 0) -> None:
+        self.loop = loop
+        self.conn = conn
+        self.name = conn.name
+        self.specs = list(specs)
+        self.ranks = {s.key for s in specs}
+        self.supervisor = supervisor
+        self.pmi_port = pmi_port
+        self.verbose = verbose
+        self.started_seen = False
+        self.state = "new"            # new, prepared, ready, running, done, lost
+        self.error: Optional[Dict[str, Any]] = None
+        self.owed = 0                 # output credit not yet returned
+        self.exited: set = set()
+        self.stdin_taken: Dict[int, int] = {}
+        self.endpoint = Endpoint(loop, conn.fd, conn.fd, on_frame=self._on_frame,
+                                 on_closed=self._on_closed)
+        #: The host's clock less this one's, read as the job was sent (see
+        #: :func:`clock_offset`), to put the times the agent reports on this clock.
+        self.clock_offset = 0.0
+        self._job_sent = 0.0
+        #: When the launcher's stop reached the agent (this clock), once it said so:
+        #: what its ranks do after that may be the stop's doing.
+        self.stop_reached: Optional[float] = None
+        self.output: Optional[Endpoint] = None    # the agent's own output connection
+        self._spawns: Dict[str, Any] = {}          # kvsname -> callback(problem)
+        self._looks: Dict[int, Any] = {}           # STACKS/TOP id -> callback(ranks)
+        self._look_id = 0
+        self.kept = False                 # its link handed on to the next attempt (keep)
+        #: Lost, but not by its own fault: its agent gave up on this launcher, which
+        #: was not running for longer than the heartbeat allows (stopped, starved).
+        self.blameless = False
+        self.pausing = False              # told SIGTSTP (a Ctrl-Z), its PAUSED awaited
+        #: The latest time (this clock) of what the agent reported: a loss of the
+        #: host is later than anything it said.
+        self.latest = 0.0
+
+    # -- commands -------------------------------------------------------------
+    def prepare(self, frame: Dict[str, Any]) -> None:
+        interval, misses = frame["heartbeat"]
+        self.endpoint.start_heartbeat(interval, misses)
+        self._job_sent = time.time()
+        self.endpoint.send(link.encode(link.JOB, frame))
+        self.state = "prepared"
+
+    def start(self) -> None:
+        if self.state == "ready":
+            self.state = "running"
+            timeline.mark("start sent", self.name)
+            self.endpoint.send(link.encode(link.START))
+
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        if self.state in ("running", "ready"):
+            body: Dict[str, Any] = {"sig": int(sig)}
+            if ranks is not None:
+                body["ranks"] = [r for r in ranks if r in self.ranks]
+            else:
+                self.pausing = sig == SIGTSTP      # the agent answers PAUSED
+            self.endpoint.send(link.encode(link.SIGNAL, body))
+
+    def spawn(self, pj, specs: Sequence[RankSpec], mapping: str, done,
+              pmix: Optional[Dict[str, Any]] = None) -> None:
+        """Start a spawned job's processes on this host; ``done(problem or None)``;
+        ``pmix``: the PMIx layout of a job an Open MPI rank spawned."""
+        from ...wire.jobframe import spawn_frame
+        if self.state not in ("running", "done") or self.endpoint.closed:
+            done(f"host {self.name} is not running")
+            return
+        self.specs += specs
+        self.ranks.update(s.key for s in specs)
+        self.state = "running"            # busy again until the agent is done anew
+        self._spawns[pj.kvsname] = done
+        self.send_pmi(dict(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,
+                                       mapping, [pj.state.appnum(r) for r in range(pj.size)],
+                                       pj.state.universe_size, self.pmi_port), **(pmix or {})))
+
+    def look(self, kind: int, body: Dict[str, Any], done) -> bool:
+        """Ask the agent for its ranks' stacks (``link.STACKS``) or usage
+        (``link.TOP``); ``done(ranks or None)`` when it answers or is lost."""
+        if self.state != "running" or self.endpoint.closed:
+            return False
+        self._look_id += 1
+        self._looks[self._look_id] = done
+        self.endpoint.send(link.encode(kind, dict(body, id=self._look_id)))
+        return True
+
+    def end_singletons(self) -> None:
+        """Refused Open MPI singletons: the agent ends its own as the job's stop
+        reaches it, noting what they leave (see :mod:`mslaunch.mpi.serve.agentpmi`)."""
+
+    def send_pmi(self, message: Dict[str, Any]) -> None:
+        self.endpoint.send(link.encode(link.PMI, message))
+
+    def send_stdin(self, rank: int, data: bytes) -> None:
+        self.endpoint.send(link.encode_stdin(rank, data))
+
+    @property
+    def busy(self) -> bool:
+        # (a spare host not started yet runs nothing to wait for)
+        return self.state not in ("done", "lost") and (self.state == "running" or bool(self.ranks))
+
+    def release(self) -> None:
+        self.say_bye()
+
+    def keep(self, idle: float) -> bool:
+        """The job starts again (``--max-restarts``): when every rank here has ended
+        (or none started), its output is all in and the link is sound, tell the
+        agent ``NEXT`` (to wait for its next job while this launcher is heard from
+        within ``idle`` s) and let go of the link without closing it, for the next
+        attempt's handle; True if kept, else it goes as usual."""
+        if self.state not in ("done", "ready") or self.endpoint.closed \
+                or not self._output_finished():
+            return False
+        self.endpoint.send(link.encode(link.NEXT, {"idle": float(idle)}))
+        clean = self.endpoint.detach(time.monotonic() + 2.0)
+        if self.output is not None:
+            self.output.close("")
+        self.kept = clean
+        return clean
+
+    def say_bye(self) -> None:
+        """End of the job: the agent stops what is left of its ranks and exits."""
+        import time
+        if self.kept:
+            return
+        if not self.endpoint.closed:
+            self.endpoint.send(link.encode(link.BYE))
+            self.endpoint.flush(time.monotonic() + 2.0)
+            if self.state != "lost":
+                self.state = "done"
+            self.endpoint.close("")
+        if self.output is not None:
+            self.output.close("")
+
+    def close(self, deadline: float) -> None:
+        """After :meth:`say_bye`: wait for the agent to exit (until ``deadline`` and
+        :data:`EXIT_MARGIN` more), then close."""
+        import time
+        if self.kept:
+            return
+        self.say_bye()
+        deadline += EXIT_MARGIN
+        if self.state == "lost":
+            deadline = time.monotonic() + 0.5   # nobody to wait for
+        self.conn.wait_exit(deadline)
+        self.conn.close(wait=max(0.1, deadline - time.monotonic()), gone=self.state == "lost")
+        os.close(self.conn.fd)
+
+    def attach_output(self, sock, first: bytes, about: str = "") -> None:
+        """The agent dialled back: its ranks' output arrives on ``sock`` from now on
+        (``about``, the rest of its token line, says nothing here)."""
+        from ...wire.endpoint import InboundTLSEndpoint, SocketEndpoint
+
+        def on_frame(kind: int, body: bytes) -> None:
+            if kind == link.LINES:       # read whole: its line ends do not matter here
+                rank, stream, _, data = link.decode_lines(body)
+                self._output(rank, stream, data)
+            elif kind == link.OUTPUT:
+                self._output(*link.decode_binary(body))
+            else:
+                raise link.LinkError(f"{link.NAMES[kind]} frame on the output connection")
+
+        def on_closed(reason: str) -> None:
+            if not reason or self.state == "lost" or self._output_finished():
+                return
+            if self.endpoint.closed:
+                self._lost_if_cut(reason)
+            else:
+                self.endpoint.close(f"its output connection: {reason}")
+
+        tls = hasattr(sock, "pending")
+        if tls:
+            self.output = InboundTLSEndpoint(self.loop, sock, on_frame=on_frame,
+                                             on_closed=on_closed)
+        elif hasattr(os, "splice"):
+            from ...wire.splice import SplicingEndpoint
+            self.output = SplicingEndpoint(self.loop, sock, on_frame=on_frame,
+                                           on_closed=on_closed, host=self)
+        else:
+            self.output = SocketEndpoint(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
+        if self.verbose:
+            self.supervisor.host_message(
+                self, f"output on a connection of its own ({'TLS' if tls else 'plain TCP'})")
+        if first:
+            self.output.deliver(first)
+
+    def _output_finished(self) -> bool:
+        return self.supervisor.outputs_finished(self.ranks)
+
+    # -- frames from the agent ---------------------------------------------------
+    def _on_frame(self, kind: int, body: bytes) -> None:
+        sup = self.supervisor
+        if kind == link.OUTPUT:
+            self._output(*link.decode_binary(body))
+            return
+        if kind == link.BEAT:
+            return
+        message = link.decode_json(kind, body)
+        if kind in _AFTER_START and self.state != "running":
+            raise link.LinkError(f"{link.NAMES[kind]} before START")
+        if kind == link.READY:
+            if self.state != "prepared":
+                raise link.LinkError("READY before JOB, or twice")
+            said = []
+            for field in ("warnings", "notes"):
+                texts = message.get(field) or []
+                if not isinstance(texts, list) or not all(isinstance(w, str) for w in texts):
+                    raise link.LinkError(f"READY: {field} are not a list of strings")
+                said.append(texts[:20])
+            for text in said[0]:
+                sup.host_message(self, text[:500])
+            for text in said[1] if self.verbose else ():
+                sup.host_message(self, text[:500])
+            self.clock_offset = clock_offset(self._job_sent, message.get("clock"), time.time())
+            self.state = "ready"
+            timeline.mark("ready (programs checked)", self.name)
+            sup.host_ready(self)
+        elif kind == link.STARTED:
+            if not self.started_seen:
+                self.started_seen = True
+                timeline.ranks_started(self.name)
+            pids = link.field(message, "pids", dict, "STARTED")
+            for rank, pid in pids.items():
+                if not (rank.isascii() and rank.isdigit()) or type(pid) is not int or pid <= 0:
+                    raise link.LinkError("STARTED: bad rank or pid")
+                self._check_rank(int(rank))
+                sup.rank_started(int(rank), pid)
+        elif kind == link.EXITED:
+            rank = link.field(message, "rank", int, "EXITED")
+            self._check_rank(rank)
+            if rank in self.exited:
+                raise link.LinkError(f"rank {rank} exited twice")
+            self.exited.add(rank)
+            code = link.optional(message, "code", int, "EXITED")
+            sig = link.optional(message, "signal", int, "EXITED")
+            self._note_stop(message.get("stop_at"))
+            at = self.local_time(message.get("at"))
+            self.latest = max(self.latest, at)
+            sup.rank_exited(rank, code, sig, at)
+        elif kind == link.PMI:
+            if message.get("op") == "spawned":
+                done = self._spawns.pop(str(message.get("kvs")), None)
+                if done is None:
+                    raise link.LinkError("PMI spawned: for no spawn")
+                error = message.get("error")
+                done(str(error)[:300] if error is not None else None)
+            else:
+                self._note_stop(message.get("stop_at"))
+                sup.pmi_from_agent(self, message)
+        elif kind == link.CREDIT:
+            rank = link.field(message, "rank", int, "CREDIT")
+            taken = link.field(message, "stdin", int, "CREDIT")
+            sup.stdin_taken(self, rank, taken)
+        elif kind == link.LOG:
+            sup.host_message(self, str(message.get("message", ""))[:500])
+        elif kind == link.ERROR:
+            self.error = message
+            text = str(message.get("message", "unknown error"))[:500]
+            if self.state in ("prepared", "new"):
+                self.state = "lost"
+                sup.host_failed(self, text, message.get("code"))
+            else:
+                self.endpoint.close(f"the agent reported: {text}")
+        elif kind in (link.STACKS, link.TOP):
+            done = self._looks.pop(message.get("id"), None)   # type: ignore[arg-type]
+            ranks = message.get("ranks")
+            if done is not None:
+                done(ranks if isinstance(ranks, dict) else None)
+        elif kind == link.PAUSED:       # the agent heard that this launcher stops
+            if not self.pausing:
+                raise link.LinkError("PAUSED unasked")
+            self.pausing = False
+            sup.host_paused(self)
+        elif kind == link.GONE:
+            silent = link.field(message, "silent", float, "GONE")
+            self.blameless = True
+            self.endpoint.close(f"mslaunch itself did not run for {silent:.1f} s (stopped or "
+                                f"starved): its agent there took it for lost and ended its "
+                                f"ranks")
+        elif kind == link.DONE:
+            if self._spawns:
+                return   # sent before the agent heard of the spawn: it will say DONE again
+            self.state = "done"
+        else:
+            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+
+    def _output(self, rank: int, stream: int, data) -> None:
+        sink = self.output_sink(rank, stream)
+        if not data:
+            sink.finish()
+            return
+        sink.feed(data)
+        self.output_taken(sink, len(data))
+
+    def output_sink(self, rank: int, stream: int):
+        """Where output of ``rank`` on ``stream`` goes (LinkError if it may not come)."""
+        if self.state not in ("running", "done"):
+            raise link.LinkError("OUTPUT before START")
+        self._check_rank(rank)
+        sink = self.supervisor.sink(rank, stream)
+        if sink is None:
+            raise link.LinkError(f"output of rank {rank} on stream {stream}")
+        return sink
+
+    def output_taken(self, sink, count: int) -> None:
+        """``count`` bytes of output were passed on: their credit goes back,
+        unless the terminal is full (then when it has room)."""
+        self.owed += count
+        if sink.congested:
+            sink.wait_for_room(self)
+        elif self.owed >= CREDIT // 4:
+            self.resume()
+
+    def _check_rank(self, rank: int) -> None:
+        if rank not in self.ranks:
+            raise link.LinkError(f"rank {rank} does not run on this host")
+
+    def resume(self) -> None:
+        """Return the output credit held back (the terminal takes output again)."""
+        if self.owed and not self.endpoint.closed:
+            self.endpoint.send(link.encode(link.CREDIT, {"bytes": self.owed}))
+            self.owed = 0
+
+    def _on_closed(self, reason: str) -> None:
+        if not reason or self.state == "lost":
+            if self.output is not None:
+                self.output.close("")
+            return
+        if self.state == "done" and not self.ranks:
+            # A spare (no rank): its agent stands by for spawned jobs and for the
+            # job's next attempt; silent or gone, it is lost.
+            self._lost(reason)
+            return
+        if self.state == "done":
+            # Every rank ended; the agent should still be waiting for BYE.
+            # Output may yet be on its way on the output connection.
+            if self.output is not None and not self.output.closed:
+                self.loop.call_later(1.0, lambda: self._lost_if_cut(reason))
+            else:
+                self._lost_if_cut(reason)
+            return
+        if self.output is not None:
+            self.output.close("")
+        self._lost(reason)
+
+    def local_time(self, at: Any) -> float:
+        """A time the agent reported (its clock's), on this one's: now if it is not
+        a time, and never later than now (the two clocks were read with an error)."""
+        now = time.time()
+        if type(at) not in (int, float) or not 0 < at < 1e11:
+            return now
+        return min(at - self.clock_offset, now)
+
+    def _note_stop(self, at: Any) -> None:
+        if at is not None and self.stop_reached is None:
+            self.stop_reached = self.local_time(at)
+
+    def last_heard_at(self) -> float:
+        """When the agent was last heard from, on this clock (a lost host's end):
+        after the last thing it reported, whose time came through another clock."""
+        heard = time.time() - (time.monotonic() - self.endpoint.last_heard)
+        return max(heard, self.latest + 0.001)
+
+    def _lost_if_cut(self, reason: str) -> None:
+        if self.state == "done" and not self._output_finished():
+            if self.output is not None:
+                self.output.close("")
+            self._lost(reason)
+
+    def _lost(self, reason: str) -> None:
+        self.state = "lost"
+        tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
+        if self.blameless:
+            pass                 # (the agent's own words say the same)
+        elif self.conn.ended_because:
+            reason = self.conn.ended_because
+        elif tail:
+            reason += f"; the agent said: {tail[-1][:200]}"
+        # The job lost what was starting there too (a failure), then the spawn fails.
+        self.supervisor.host_lost(self, reason)
+        spawns, self._spawns = self._spawns, {}
+        for done in spawns.values():
+            done(f"lost host {self.name}")
+        looks, self._looks = self._looks, {}
+        for look in looks.values():
+            look(None)
+
+
+def clock_offset(sent: float, clock: Any, back: float) -> float:
+    """The agent's clock less this one's, from one exchange: the job sent at
+    ``sent``, the agent's ``clock`` (when it got the job, when it answered), the
+    answer here at ``back`` (NTP's reading: the time the agent spent between the
+    two cancels out; the error is at most half the network's round trip).
+    0 if ``clock`` is not two times."""
+    if not isinstance(clock, list) or len(clock) != 2 or \
+            not all(type(t) in (int, float) and 0 < t < 1e11 for t in clock):
+        return 0.0
+    return ((clock[0] - sent) + (clock[1] - back)) / 2
+
+
+class RemoteStdin:
+    """A remote rank's stdin, as a sink of the launcher's stdin fan-out.
+
+    Bytes go out in ``STDIN`` frames; the agent says how many it wrote to
+    the rank's pipe, and the fan-out stops reading mslaunch's stdin while
+    too many are on their way.
+    """
+
+    def __init__(self, host: RemoteHost, rank: int) -> None:
+        self.host = host
+        self.rank = rank
+        self.sent = 0
+        self.done = 0
+        self.fanout: Optional[StdinFanout] = None
+
+    @property
+    def backlog(self) -> int:
+        return self.sent - self.done
+
+    def push(self, data: bytes) -> None:
+        self.sent += len(data)
+        self.host.send_stdin(self.rank, data)
+
+    def finish(self) -> None:
+        self.host.send_stdin(self.rank, b"")
+
+    def taken(self, count: int) -> None:
+        self.done += count
+        if self.fanout is not None:
+            self.fanout.resume_if_room()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,191 @@
+"""The one seam for every way a job's ranks start, and the registry that picks it.
+
+A :class:`Backend` says how the ranks of one job get started and watched:
+this machine's processes (:class:`LocalBackend`), agents on remote hosts
+started by a starter (:class:`~.agents.AgentsBackend`), one srun step with no
+agent (:class:`~.srunranks.SrunStepsBackend`), Open MPI's own ``mpirun``
+(:class:`~.openmpi.MpirunBackend`), or this node's part of a job run one
+command per node (:class:`~.nodes.NodesBackend`).  The supervisor
+(:mod:`.supervise`) is only policy: it calls every backend the same way, in
+this order --
+
+1. :meth:`~Backend.begin` (before the supervisor is built: what takes long
+   begins in the background) and :meth:`~Backend.setup`: the job as it is
+   supervised, and its plan (``--dry-run`` shows :meth:`~Backend.describe`);
+2. :meth:`~Backend.connect`: reach every place the ranks run (the plan may be
+   made again there with the hosts' topologies);
+3. :meth:`~Backend.here`, :meth:`~Backend.check`: which ranks run as this
+   machine's processes, and whether they can start;
+4. :meth:`~Backend.handles`: hand every place its ranks; the rank handles
+   (:class:`~.seams.RankHandle`) the supervisor starts, signals and waits for;
+5. :meth:`~Backend.started`: every rank runs;
+6. :meth:`~Backend.stopping`: the job is being stopped here, with a code;
+7. :meth:`~Backend.let_go`, :meth:`~Backend.close`: the end (what may wait
+   for a later attempt waits); :meth:`~Backend.outcome`: the job's result as
+   this way reports it.
+
+:func:`choose` picks the backend once, from :data:`BACKENDS` (Hydra's
+bootstrap table and PRRTE's ``plm`` components play the same part): the first
+that wants the job.  Each entry names its module, imported only when chosen,
+so that a job on this machine imports none of the others.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+    from ..core.cputopo import Topology
+    from .agents.host import RemoteHost
+    from ..core.spec import HostEntry, JobResult, JobSpec, Plan, RankSpec
+    from ..core.states import BackendName
+    from ..seams import JobView, Looker, RankHandle
+    from .session import Session
+
+    class Planning(Protocol):
+        """The hosts and the plan of one attempt: the plan made on first use and
+        kept; given the remote hosts' cpus (``{host: Topology}``), made again with
+        them (the same job name and ports)."""
+
+        @property
+        def entries(self) -> Sequence[HostEntry]: ...
+
+        def plan(self, topologies: Optional[Dict[str, Topology]] = None) -> Plan: ...
+
+    #: Whether a way starts a job's ranks.
+    Wanted = Callable[[JobSpec, Session, Planning], bool]
+
+from ..machine.spawn import check_startable
+from ..plan import agent_hosts
+from ..core.states import OPENMPI
+
+def _nodes(job: JobSpec, session: Session, planning: Planning) -> bool:
+    return session.nodes is not None          # one command per node: this node's part
+
+
+def _mpirun(job: JobSpec, session: Session, planning: Planning) -> bool:
+    return job.mpi == OPENMPI
+
+
+def _srun_steps(job: JobSpec, session: Session, planning: Planning) -> bool:
+    return job.ssh.launcher == "srun" and bool(agent_hosts(planning.plan(), job))
+
+
+def _agents(job: JobSpec, session: Session, planning: Planning) -> bool:
+    return bool(agent_hosts(planning.plan(), job))
+
+
+def _local(job: JobSpec, session: Session, planning: Planning) -> bool:
+    return True
+
+
+#: The ways ranks start, in the order they are asked whether they are wanted:
+#: (name, when, module, class).  A new way is one module and its line here.
+BACKENDS: Tuple[Tuple[BackendName, Wanted, str, str], ...] = (
+    ("nodes", _nodes, "mslaunch.backends.nodes", "NodesBackend"),
+    ("mpirun", _mpirun, "mslaunch.backends.mpirun.openmpi", "MpirunBackend"),
+    ("srun-steps", _srun_steps, "mslaunch.backends.srunsteps.srunranks", "SrunStepsBackend"),
+    ("agents", _agents, "mslaunch.backends.agents.agents", "AgentsBackend"),
+    ("local", _local, "mslaunch.backends.backend", "LocalBackend"),
+)
+
+
+class Backend:
+    """A way ranks start; this base starts them as this machine's processes.
+    See the module docstring for the order of the calls."""
+
+    name: BackendName = "local"
+    #: Processes of the job may run on this machine as the launcher's children (now,
+    #: or spawned later): they get this machine's topology file from PMI.
+    this_machine = True
+    #: :meth:`connect` takes a while and the plan stands meanwhile: the job's PMI is
+    #: made before it, while the launcher would only wait.
+    pmi_early = False
+
+    def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
+                 planning: Planning) -> None:
+        self.job = job
+        self.environ = environ
+        self.session = session
+        self.planning = planning
+
+    def describe(self) -> str:
+        """What ``--dry-run`` shows of the job (nothing is started for it)."""
+        from ..plan import describe_plan
+        return describe_plan(self.planning.plan())
+
+    def begin(self) -> None:
+        """Begin, in the background, what the job will need (an srun step, the
+        agents' package, a module to import) while the supervisor is built."""
+
+    def setup(self) -> Tuple[JobSpec, Plan]:
+        """The job as the supervisor sees it, and its plan."""
+        return self.job, self.planning.plan()
+
+    def connect(self, sup: JobView) -> None:
+        """Reach every place the ranks run (nothing to reach here)."""
+
+    def here(self, plan: Plan) -> List[RankSpec]:
+        """The ranks this machine runs as its own processes."""
+        return [r for r in plan.ranks if r.host.local]
+
+    def check(self, plan: Plan) -> None:
+        """Fail before anything starts if a program or directory is missing here."""
+        check_startable(plan.ranks)
+
+    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
+        """Hand every place its ranks and wait until each is ready; the handles
+        other than this machine's own ranks (``sup.local_ranks`` makes those)."""
+        if here:
+            sup.local_ranks(here, pmi, pmi_env, stdin_fd=0)
+        return []
+
+    def started(self, sup: JobView) -> None:
+        """Every rank has been started."""
+
+    @property
+    def hosts(self) -> Dict[str, RemoteHost]:
+        """The remote hosts' handles, by name (their agents serve spawned jobs)."""
+        return {}
+
+    def lookers(self) -> Dict[str, Looker]:
+        """What answers looks inside the job's ranks that this machine cannot read."""
+        return dict(self.hosts)
+
+    def stopping(self, code: int, message: str) -> None:
+        """The job is being stopped here with ``code`` (for ``message``)."""
+
+    def let_go(self, keep: bool) -> None:
+        """Before the handles are released: ``keep``, what may serve the job's next
+        attempt waits for it."""
+
+    def close(self) -> None:
+        """After the handles are closed."""
+
+    def outcome(self, result: JobResult) -> JobResult:
+        """The job's result as this way reports it."""
+        return result
+
+    def left_out(self) -> Dict[str, str]:
+        """Hosts the job went on without (they could not be reached and got no
+        rank), and why."""
+        return {}
+
+
+class LocalBackend(Backend):
+    """Every rank a process of this machine's (:class:`~mslaunch.machine.local.LocalRanks`)."""
+
+
+def choose(job: JobSpec, environ: Mapping[str, str], session: Session,
+           planning: Planning) -> Backend:
+    """The backend of ``job``: the first of :data:`BACKENDS` that wants it (its
+    module imported then, not before)."""
+    for _name, wanted, module, name in BACKENDS:
+        if wanted(job, session, planning):
+            cls = getattr(__import__(module, fromlist=[name]), name)
+            return cls(job, environ, session, planning)
+    raise AssertionError("the local backend takes every job")
+
+
+__all__ = ["BACKENDS", "Backend", "LocalBackend", "choose"]

@@ -1,0 +1,1 @@
+"""``--mpi openmpi``: the job runs under the user's own Open MPI mpirun."""

@@ -1,0 +1,440 @@
+"""Open MPI-backed mode (``--mpi openmpi``): the job runs under Open MPI's mpirun.
+
+The user's own Open MPI ``mpirun``, 4.x or 5.x (:mod:`.ompifind` says which
+and why), is given mslaunch's options in its own spellings (:mod:`.ompiargs`),
+and each rank runs under :mod:`mslaunch.rankenv`, which exports ``RANK_ID``,
+``RANK_SIZE`` and the other rank variables before the program starts.  The
+program keeps its own MPI library; when that is not the mpirun's major version
+(seen in the file Open MPI writes in ``MPI_Init``, :class:`WorldProbe`), one
+line says so, and an Open MPI 4 program under Open MPI 5's mpirun, whose ranks
+would each run alone, is stopped.
+
+mpirun runs under the common supervisor (:mod:`.supervise`), as the job's one
+process behind the rank-handle seam (:class:`MpirunHandle`, the one handle of
+:class:`MpirunBackend`), so that the watchdog, signal forwarding, ``--timeout``
+(exit 110) and the grace period are the default mode's.  mslaunch also keeps
+Open MPI 4's output layout: with ``--output-filename``, ``--tag-output`` or
+``--timestamp-output`` it asks mpirun to tag every line and writes
+``DIR/1/rank.N/{stdout,stderr}`` and the terminal copy itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from ...core.errors import LaunchError
+from ...plan import log_paths
+from ...machine.output import RankPipe, line_prefix
+from ...machine.trees import remove_tree
+from ...mpi.pmi.singletons import probe_path
+from ...core.spec import Host, JobResult, JobSpec, Plan, RankSpec
+from .ompiargs import build_command, rendezvous_env
+from .ompifind import OpenMPI, find_mpirun
+from .ompiworld import WorldProbe, world_probe
+from ..backend import Backend
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Container, Dict, List, Mapping, Optional, Sequence, Tuple
+
+    from ...machine.terminal import Console
+    from ...core.states import BackendName
+    from ..backend import Planning
+    from ...seams import JobView, RankHandle
+    from ..session import Session
+
+
+_TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr)>: ?")
+
+
+class _Demux:
+    """Splits mpirun's tagged lines (``[1,N]<stdout>: text``) by rank and stream."""
+
+    def __init__(self, job: JobSpec, console: Console) -> None:
+        self.job = job
+        self.console = console
+        self.files: Dict[Tuple[int, int], int] = {}
+        self.prefixes: Dict[Tuple[int, int], object] = {}
+        size = sum(a.np or 0 for a in job.apps)
+        if all(a.np for a in job.apps):
+            for rank in range(size):   # Open MPI 4 creates them even when empty
+                for stream in (1, 2):
+                    self._file(rank, stream)
+
+    def _file(self, rank: int, stream: int) -> Optional[int]:
+        out = self.job.output
+        if out.directory is None:
+            return None
+        key = (rank, 1 if out.merge_stderr else stream)
+        if key not in self.files:
+            # Open MPI 4 pads rank numbers to the width of np-1; the size is
+            # only known to mpirun, so the width comes from the -n given.
+            size = sum(a.np or 0 for a in self.job.apps) or rank + 1
+            paths = log_paths(out.directory, out.jobid_dir, out.merge_stderr, rank, size)
+            path = paths[0] if key[1] == 1 else paths[1]
+            assert path is not None           # a directory was given: both are paths
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.files[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        return self.files[key]
+
+    def line(self, stream: int, raw: bytes) -> None:
+        """One line of mpirun's output: ``[1,N]<stdout>: text`` pieces, or its own."""
+        ends = raw.endswith(b"\n")
+        text = raw[:-1] if ends else raw
+        tags = list(_TAG.finditer(text))
+        if not tags:
+            self.console.write(stream, self, raw)      # mpirun's own messages
+            return
+        if tags[0].start():
+            self.console.write(stream, self, text[:tags[0].start()])
+        # Open MPI puts a rank's unfinished last line and the next rank's
+        # tagged line on one line: every piece but the last had no newline.
+        for i, tag in enumerate(tags):
+            last = i + 1 == len(tags)
+            body = text[tag.end():len(text) if last else tags[i + 1].start()]
+            self._emit(int(tag.group(1)), 1 if tag.group(2) == b"stdout" else 2,
+                       body + (b"\n" if last and ends else b""))
+
+    def _emit(self, rank: int, tagged_stream: int, data: bytes) -> None:
+        fd = self._file(rank, tagged_stream)
+        if fd is not None:
+            os.write(fd, data)
+        out = self.job.output
+        if not out.copy_to_terminal:
+            return
+        key = (rank, tagged_stream)
+        if key not in self.prefixes:
+            self.prefixes[key] = line_prefix(rank, "stdout" if tagged_stream == 1 else "stderr",
+                                             tag=out.tag, timestamp=out.timestamp,
+                                             rank_prefix=out.rank_prefix)
+        prefix = self.prefixes[key]
+        target = 1 if out.merge_stderr else tagged_stream
+        self.console.write(target, key, (prefix() if prefix else b"") + data)  # type: ignore[operator]
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            os.close(fd)
+
+
+class _Lines:
+    """One stream of mpirun's (1: stdout, 2: stderr) as a :class:`RankPipe`'s sink:
+    whole lines to the demultiplexer, read no faster than the terminal takes them."""
+
+    tail = b""
+    wanted = True            # mpirun is read to its end, whoever still reads mslaunch
+
+    def __init__(self, demux: _Demux, stream: int) -> None:
+        self.demux = demux
+        self.stream = stream
+        self.pending = b""
+
+    @property
+    def congested(self) -> bool:
+        return any(t.congested for t in self.demux.console.terminals())
+
+    def wait_for_room(self, source) -> None:
+        for t in self.demux.console.terminals():
+            if t.congested:
+                t.wait_for_room(source)
+                return
+        source.resume()
+
+    def feed(self, data) -> None:
+        *lines, self.pending = (self.pending + bytes(data)).split(b"\n")
+        for line in lines:
+            self.demux.line(self.stream, line + b"\n")
+
+    def finish(self) -> None:
+        if self.pending:
+            pending, self.pending = self.pending, b""
+            self.demux.line(self.stream, pending)
+
+
+class MpirunHandle:
+    """Open MPI's mpirun behind the rank-handle seam (:class:`~.seams.RankHandle`):
+    the job's one process as the supervisor sees it (key 0), in a session of its
+    own.  Signals go to mpirun, which passes them on to the ranks; SIGKILL goes
+    to its process group."""
+
+    ranks: Container[int] = (0,)
+    #: Seconds between looks at what the ranks' MPI_Init wrote (:class:`WorldProbe`).
+    PROBE_EVERY = 0.25
+
+    def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux],
+                 probe: Optional[WorldProbe] = None, stdin: bool = False,
+                 by_name: bool = False) -> None:
+        self.sup = sup
+        self.spec = spec
+        self.demux = demux
+        self.probe = probe
+        self.stdin = stdin          # mpirun reads mslaunch's stdin
+        self.by_name = by_name      # argv[0] is mpirun's name, not its path
+        self.proc: Optional[subprocess.Popen] = None
+        self.pidfd = -1
+        self.pipes: List[RankPipe] = []
+
+    @property
+    def busy(self) -> bool:
+        """mpirun runs, or output of its is still to come."""
+        return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
+
+    def start(self) -> None:
+        reads: List[Tuple[int, int]] = []
+        stdout: Optional[int] = None
+        stderr: Optional[int] = None
+        if self.demux is not None:         # else mslaunch's own stdout and stderr
+            r1, stdout = os.pipe()
+            r2, stderr = os.pipe()
+            reads = [(r1, 1), (r2, 2)]
+        try:
+            argv = list(self.spec.argv)
+            if self.by_name:
+                argv[0] = os.path.basename(argv[0])
+            self.proc = subprocess.Popen(argv, executable=self.spec.argv[0], env=self.spec.env,
+                                         stdin=None if self.stdin else subprocess.DEVNULL,
+                                         stdout=stdout, stderr=stderr,
+                                         start_new_session=True, cwd=self.spec.cwd)
+        except OSError as err:
+            for fd, _ in reads:
+                os.close(fd)
+            raise LaunchError(f"cannot start Open MPI's mpirun: {err.strerror}") from None
+        finally:
+            for end in (stdout, stderr):
+                if end is not None:
+                    os.close(end)
+        pid = self.proc.pid
+        guard = self.sup.watchdog
+        guard.add(pid)
+        guard.flush()
+        self.pidfd = os.pidfd_open(pid)
+        self.sup.loop.add_reader(self.pidfd, self._on_exit)
+        self.pipes = [RankPipe(self.sup.loop, fd, _Lines(self.demux, stream))  # type: ignore[arg-type]
+                      for fd, stream in reads]
+        self.sup.rank_started(0, pid)
+        if self.probe is not None:
+            self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
+
+    def _watch(self) -> None:
+        probe = self.probe
+        if self.pidfd >= 0 and self.sup.ending is None and probe is not None and not probe.done:
+            self._check_world()
+            self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
+
+    def _check_world(self) -> None:
+        """Say so when the program's Open MPI is not the mpirun's (:class:`WorldProbe`);
+        stop the job when its ranks run alone."""
+        probe = self.probe
+        verdict = probe.check() if probe is not None else None
+        if probe is None or verdict is None:
+            return
+        message, stop = verdict
+        if stop or not probe.quiet:
+            self.sup.console.message(f"mslaunch: {message}")
+        if stop:
+            self.sup.fail(self.sup.ranks[0], message, 1, abort=True)
+
+    def _on_exit(self) -> None:
+        self._forget_pidfd()
+        code = self.proc.wait()  # type: ignore[union-attr]
+        self._check_world()        # ranks that ended before a look
+        self.sup.rank_exited(0, code if code >= 0 else None, -code if code < 0 else None)
+
+    def _forget_pidfd(self) -> None:
+        if self.pidfd >= 0:
+            self.sup.loop.forget(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        """``sig`` to mpirun, SIGKILL to its process group; nothing once it is reaped."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        try:
+            if sig == signal.SIGKILL:
+                os.killpg(self.proc.pid, sig)
+            else:
+                os.kill(self.proc.pid, sig)
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """The job is over; nothing to tell anyone (see :meth:`close`)."""
+
+    def close(self, deadline: float) -> None:
+        """Outside the loop: mpirun gets until ``deadline`` to end after a SIGTERM.
+        The watchdog's sweep, when it is closed, stops whatever mpirun left behind."""
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            self.signal(signal.SIGTERM)
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                proc.wait()
+        self._forget_pidfd()
+        for pipe in self.pipes:
+            if not pipe.closed and not pipe.drain():
+                pipe.close()
+        if self.demux is not None:
+            self.demux.close()
+
+
+class MpirunBackend(Backend):
+    """``--mpi openmpi`` (see the module docstring): the job's one process is Open
+    MPI's mpirun (:class:`MpirunHandle`), which starts and reports the ranks."""
+
+    name: BackendName = "mpirun"
+    this_machine = False
+
+    def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
+                 planning: Planning) -> None:
+        super().__init__(job, environ, session, planning)
+        self.base: Optional[str] = None
+        self.plan: Optional[Plan] = None
+        self.probe: Optional[WorldProbe] = None
+        self.ompi: Optional[OpenMPI] = None
+        self.stdin = False
+
+    def describe(self) -> str:
+        import shlex
+        self._say_found()
+        return " ".join(shlex.quote(c) for c in self._plan().ranks[0].argv) + "\n"
+
+    def begin(self) -> None:
+        job = self.job
+        # mpirun's session directory goes in one of mslaunch's own, removed when the
+        # job ends, and by the guard should mslaunch die: mpirun killed (a second
+        # Ctrl-C, the grace period's end) leaves its own behind.
+        self.base = probe_path(self.session.guard.marker)
+        try:
+            os.mkdir(self.base, 0o700)
+        except OSError:
+            self.base = None
+        ompi = self._say_found()
+        self.probe = world_probe(job, self.environ, ompi, self.base)
+        self.stdin = forwards_stdin(job, ompi)
+        if job.stdin == "all" and not job.quiet:
+            sys.stderr.write("mslaunch: --stdin all: Open MPI's mpirun hangs forwarding input "
+                             "to every rank; the ranks get none (they read end-of-file)\n")
+
+    def _say_found(self) -> OpenMPI:
+        ompi = self._find()
+        if self.job.verbose:
+            sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
+        return ompi
+
+    def _find(self) -> OpenMPI:
+        if self.ompi is None:
+            self.ompi = find_mpirun(self.environ)
+        return self.ompi
+
+    def _plan(self) -> Plan:
+        if self.plan is None:
+            from ...machine.rendezvous import free_port, master_port_of, ompi_jobid
+            port = master_port_of(self.environ.get("MASTER_PORT")) or \
+                free_port(self.job.port_range)
+            self.plan = mpirun_plan(self.job, self.environ, port, ompi_jobid(port),
+                                    self.session.guard.marker, self.base, self._find(),
+                                    self.probe, self.stdin)
+        return self.plan
+
+    def setup(self) -> Tuple[JobSpec, Plan]:
+        """What the supervisor does here is signals, ``--timeout`` and the grace
+        period; mpirun itself reports and displays what was asked, and says why
+        ranks failed."""
+        job = self.job
+        policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
+                         quiet=True, launch_dir=job.launch_dir)
+        return policy, self._plan()
+
+    def here(self, plan: Plan) -> List[RankSpec]:
+        return []
+
+    def check(self, plan: Plan) -> None:
+        """(mpirun was found; it says itself what it cannot start.)"""
+
+    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
+        job, ompi = self.job, self._find()
+        demux = _Demux(job, sup.console) if _tagged(job) else None
+        # Open MPI 4 started by its path takes that installation as a --prefix, and
+        # given another one says so in a box of text: by name, as users type it.
+        by_name = ompi.major < 5 and job.prefix is not None
+        return [MpirunHandle(sup, sup.plan.ranks[0], demux, self.probe, self.stdin, by_name)]
+
+    def close(self) -> None:
+        if self.base:
+            remove_tree(self.base)
+
+    def outcome(self, result: JobResult) -> JobResult:
+        """mpirun's exit status is the job's (see :func:`exit_status`), and its
+        report says no more: the ranks are mpirun's."""
+        return JobResult(exit_code=exit_status(result, result.ending), ending=result.ending,
+                         stop_signal=result.stop_signal)
+
+
+def _marker() -> str:
+    """The job's name for its guard and its ranks (``MSLAUNCH_JOB``)."""
+    return f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
+
+
+def forwards_stdin(job: JobSpec, ompi: OpenMPI) -> bool:
+    """Whether mpirun gets mslaunch's stdin to forward to the ranks ``--stdin``
+    names: Open MPI 4's, from a file or a pipe.  Open MPI 5.0's forwarding hangs
+    as soon as a rank reads (see the README), and from a terminal mpirun, in a
+    session of its own, would never read (it reads only in the foreground): the
+    ranks then get none, and read end-of-file."""
+    if ompi.major >= 5 or job.stdin in ("none", "all"):
+        return False        # (4.1.4's forwarding to all ranks hangs too, measured)
+    try:
+        return not os.isatty(0)
+    except OSError:
+        return False
+
+
+def _tagged(job: JobSpec) -> bool:
+    """Whether mpirun tags its lines for mslaunch to split (:class:`_Demux`)."""
+    out = job.output
+    return bool(out.directory or out.tag or out.timestamp or out.rank_prefix)
+
+
+def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
+                marker: Optional[str] = None, session_base: Optional[str] = None,
+                ompi: Optional[OpenMPI] = None, probe: Optional[WorldProbe] = None,
+                stdin: bool = False) -> Plan:
+    """The plan of ``job`` as mslaunch runs it: one process, Open MPI's mpirun
+    (``ompi``; by default :func:`find_mpirun`'s; ``stdin``: see :func:`forwards_stdin`)."""
+    marker = marker or _marker()
+    ompi = ompi or find_mpirun(environ)
+    rendezvous = rendezvous_env(job, environ, master_port, jobid, ompi.major)
+    if probe is not None:
+        rendezvous += probe.flags()
+    cmd, extra_env = build_command(job, environ, ompi, marker, _tagged(job), rendezvous,
+                                   session_base, stdin)
+    env = dict(environ)
+    env.update(extra_env)
+    env["MSLAUNCH_JOB"] = env["MSLAUNCH_GUARD"] = marker
+    here = Host(name=os.uname().nodename, slots=1, max_slots=None, local=True, node_id=0)
+    mpirun = RankSpec(rank=0, app=0, host=here, local_rank=0, local_size=1, argv=tuple(cmd),
+                      env=env, cwd=job.launch_dir, stdout_path=None, stderr_path=None,
+                      label="Open MPI's mpirun")
+    return Plan(ranks=(mpirun,), hosts=(here,), kvsname=marker, process_mapping="",
+                universe_size=1, master_addr="", master_port=master_port, ompi_jobid=jobid)
+
+
+def exit_status(result: JobResult, ending: Optional[str]) -> int:
+    """mpirun's exit status is the job's -- but for ``--timeout``'s, and for a stop
+    signal's 128+N when mpirun ends with a plain 0 or 1 (``ending``: the
+    supervisor's)."""
+    mpirun = result.ranks[0]
+    if ending == "signal" and (mpirun.signal is not None
+                               or mpirun.returncode not in (None, 0, 1)):
+        return mpirun.exit_code
+    return result.exit_code
+
+
+__all__ = ["MpirunBackend", "build_command", "find_mpirun", "mpirun_plan", "exit_status"]

@@ -1,0 +1,1 @@
+"""``--launcher srun``: one srun step runs every rank, with no agent."""

@@ -1,0 +1,79 @@
+"""Looking inside a running job, as the supervisor does it: the control socket
+(``mslaunch-stacks``, ``mslaunch-top``; see :mod:`.inspect`), the stall watch
+(``--stall-report``; see :mod:`.stall`) and when each rank last wrote output.
+
+A base class of :class:`~.supervise.Supervisor`, which owns the state it uses;
+the modules behind it are imported only when a job is looked at.
+"""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, List, Optional, Tuple
+
+    from ..machine.loop import Loop
+    from ..core.spec import JobSpec
+    from .control import Inspector
+    from ..rankbook import Rank
+    from .stall import StallWatch
+
+from ..machine.procs import remove_private
+
+#: Seconds between looks at how much each rank has written (see _note_output).
+OUTPUT_EVERY = 2.0
+
+
+class LookingInside:
+    """The supervisor's part that serves looks at the job while it runs."""
+
+    job: JobSpec
+    loop: Loop
+    ranks: List[Rank]
+    ending: Optional[str]
+    control: Optional[Tuple[Any, str]]
+    dumps: Optional[str]
+    inspector: Optional[Inspector]
+    stall: Optional[StallWatch]
+
+    def _control_ready(self) -> None:
+        if self.inspector is None:
+            from .control import Inspector
+            self.inspector = Inspector(self, self.control[0], self.dumps)  # type: ignore[index, arg-type]
+        self.inspector.accept()
+
+    def _watch_stall(self) -> None:
+        if self.ending is None:
+            from .stall import StallWatch
+            self.stall = StallWatch(self, self.job.stall_report,  # type: ignore[arg-type]
+                                    self.job.stall_exit)
+
+    def _note_output(self) -> None:
+        """When each rank last wrote output (mslaunch-top, --stall-report), to a few seconds."""
+        now = time.monotonic()
+        for r in self.ranks:
+            written = sum(o.written for o in r.outputs)
+            if written != r.written or r.last_output is None:
+                r.written, r.last_output = written, now
+        self.loop.call_later(OUTPUT_EVERY, self._note_output)
+
+    def _terminate(self) -> None:
+        raise NotImplementedError      # the supervisor's
+
+    def end_stalled(self) -> None:
+        """``--stall-exit``: the stall report was printed; end the job."""
+        if self.ending is None:
+            self.ending = "stall"
+            self._terminate()
+
+    def _close_control(self) -> None:
+        if self.control is not None:
+            self.loop.forget(self.control[0].fileno())
+            if self.inspector is not None:
+                self.inspector.close()
+            self.control[0].close()
+        for path in (self.control[1] if self.control else None, self.dumps):
+            if path is not None:
+                remove_private(path)

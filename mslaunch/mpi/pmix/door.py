@@ -1,0 +1,155 @@
+"""The door of a PMIx server not started yet: ranks are told its address, and the
+first one that knocks starts the server.
+
+Loading ``libpmix`` and starting its server costs some 20 ms of CPU, paid by
+every job if it were done before the ranks start, though only Open MPI ranks
+ever speak PMIx.  So a job is given the variables the server would give it
+(:mod:`.template`), with this door's address in the URIs; when the first
+rank connects, ``wake()`` starts the real server and registers the job, and
+every connection made to the door is joined to the server's own listener
+(loopback) and its bytes carried both ways as they are, until either side
+closes.  Ranks started once the server is up are given its own address and
+bypass the door.  A stranger that knocks costs the server's start; the
+library then reads its handshake as it reads any other.
+"""
+
+from __future__ import annotations
+
+import errno
+
+# the socket module's own import costs a millisecond a job, with or without PMIx
+import _socket as socket
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, List, Optional, Tuple
+
+    from ...machine.loop import Loop
+
+#: Bytes read from one side at a time.
+CHUNK = 1 << 16
+
+
+class _Pipe:
+    """One direction of a joined connection: what ``src`` sends goes to ``dst``."""
+
+    __slots__ = ("door", "src", "dst", "pending", "pair")
+
+    def __init__(self, door: Door, src: socket.socket, dst: socket.socket,
+                 pair: List[_Pipe]) -> None:
+        self.door, self.src, self.dst, self.pair = door, src, dst, pair
+        self.pending = b""
+
+    def readable(self) -> None:
+        try:
+            data = self.src.recv(CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.door.part(self.pair)
+            return
+        self._send(data)
+
+    def _send(self, data: bytes) -> None:
+        try:
+            sent = self.dst.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.door.part(self.pair)
+            return
+        if sent < len(data):
+            # the other side is slow: hold this one back until it takes the rest
+            self.pending = data[sent:]
+            self.door.loop.remove_reader(self.src.fileno())
+            self.door.loop.add_writer(self.dst.fileno(), self.writable)
+
+    def writable(self) -> None:
+        data, self.pending = self.pending, b""
+        self.door.loop.remove_writer(self.dst.fileno())
+        self.door.loop.add_reader(self.src.fileno(), self.readable)
+        self._send(data)
+
+
+class Door:
+    """See the module docstring: a listening socket on ``host`` (the address the
+    server would have had); ``wake()`` starts the server and returns its address,
+    or None if it could not (the knocking connections are then closed)."""
+
+    def __init__(self, loop: Loop, host: str,
+                 wake: Callable[[], Optional[Tuple[str, int]]]) -> None:
+        self.loop = loop
+        self.wake = wake
+        self.target: Optional[Tuple[str, int]] = None
+        self.woken = False
+        self.pairs: Dict[int, List[_Pipe]] = {}
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.sock.bind((host, 0))
+            self.sock.listen(128)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self.port: int = self.sock.getsockname()[1]
+        loop.add_reader(self.sock.fileno(), self._knock)
+
+    def _knock(self) -> None:
+        while True:
+            try:
+                fd, _ = self.sock._accept()  # type: ignore[attr-defined]  # _socket names it so
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.loop.pause_reader(self.sock.fileno(), 0.1)
+                return
+            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fd)
+            if not self.woken:
+                self.woken = True
+                self.target = self.wake()
+            if self.target is None:
+                conn.close()
+                continue
+            self._join(conn, self.target)
+
+    def _join(self, conn: socket.socket, target: Tuple[str, int]) -> None:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            # loopback, to a listener that is up: the connection is made at once
+            server.connect(target)
+        except OSError:
+            server.close()
+            conn.close()
+            return
+        for s in (conn, server):
+            s.setblocking(False)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pair: List[_Pipe] = []
+        pair += [_Pipe(self, conn, server, pair), _Pipe(self, server, conn, pair)]
+        self.pairs[conn.fileno()] = pair
+        for pipe in pair:
+            self.loop.add_reader(pipe.src.fileno(), pipe.readable)
+
+    def part(self, pair: List[_Pipe]) -> None:
+        """One side closed: close both (the library then sees its client go)."""
+        if self.pairs.pop(pair[0].src.fileno(), None) is None:
+            return
+        for pipe in pair:
+            self._forget(pipe.src)
+
+    def close(self) -> None:
+        """Stop listening and close every joined connection."""
+        for pair in list(self.pairs.values()):
+            self.part(pair)
+        if self.sock.fileno() >= 0:
+            self._forget(self.sock)
+
+    def _forget(self, sock: socket.socket) -> None:
+        try:
+            self.loop.forget(sock.fileno())
+        except (OSError, ValueError):
+            pass        # a closed loop (an attempt's of --max-restarts, ended)
+        sock.close()

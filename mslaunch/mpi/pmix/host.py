@@ -1,0 +1,271 @@
+"""This process's PMIx: the server, started for the first job that needs it, and its directory.
+
+The launcher and every agent have one :class:`PMIxHost`.  Every job that
+starts ranks here is served, whatever its size.  Once the library's
+variables are known (:mod:`.template`, from an earlier job of this user on
+this host), its ranks are given them with the address of a :class:`~.door.Door`
+and the library is loaded, its server started and the jobs registered only
+when a rank first connects: a job whose ranks never speak PMIx (MPICH's,
+any program without MPI) pays neither.  Otherwise (the first time, or a
+server up already) the server is started before the ranks, and its
+variables kept for the next job.  Where the server cannot be started (no
+library, say), the reason is kept, the ranks get no PMIx, and an Open MPI
+program among them is noticed as a singleton
+(:mod:`mslaunch.mpi.pmi.singletons`), with :data:`~.lib.FIX` in the message.
+Everything the server and the ranks' Open MPI keep on disk is in one
+directory of this process's guard (:func:`mslaunch.mpi.pmi.files.pmix_dir`),
+removed at the end -- and by the watchdog, should this process be killed.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Mapping, Optional, Set, Tuple
+
+    from ...machine.loop import Loop
+    from ..pmi.job import PMIJob
+    from .door import Door
+    from .layout import Layout
+    from .server import PMIxServer, Relay
+
+
+class Pending:
+    """A job's namespace while the server is not started: its ranks' variables come
+    from the template, and :meth:`PMIxHost._wake` registers it and them."""
+
+    def __init__(self, host: PMIxHost, pj: PMIJob, layout: Layout, relay: Relay) -> None:
+        self.host, self.pj, self.layout, self.relay = host, pj, layout, relay
+        self.name = layout.nspace
+        self.ranks: Set[int] = set()
+
+    def env(self, rank: int, own: Mapping[str, str]) -> Dict[str, str]:
+        from . import rank_extras
+        from .template import fill
+        host = self.host
+        assert host.door is not None
+        self.ranks.add(rank)
+        assert host.template is not None
+        env = fill(host.template, host.directory, port=host.door.port, pid=os.getpid(),
+                   nspace=self.name, rank=rank)
+        env.update(rank_extras(self.name, host.directory, own))
+        return env
+
+    def drain(self) -> None:
+        """Nothing was posted: no rank has connected."""
+
+    def deregister(self) -> None:
+        self.host.pending.pop(self.name, None)
+
+
+class PMIxHost:
+    """See the module docstring; ``directory`` is where the server keeps its files,
+    ``log`` takes one line for ``-v``."""
+
+    def __init__(self, loop: Loop, directory: str, log: Callable[[str], None],
+                 fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None]) -> None:
+        self.loop = loop
+        self.directory = directory
+        self.log = log
+        #: ``fetch(nspace, rank, done)``: a process's data from the host that has it,
+        #: for the library's direct modex.
+        self.fetch = fetch
+        self.server: Optional[PMIxServer] = None
+        self.problem: Optional[str] = None      # why no server runs here
+        self.door: Optional[Door] = None        # where ranks knock before it runs
+        self.template: Optional[Dict[str, str]] = None
+        self.pending: Dict[str, Pending] = {}
+        self._cache: Optional[str] = None       # the template's file
+        self._key: Optional[str] = None         # ... and its key there
+
+    def _start(self) -> Optional[PMIxServer]:
+        if self.server is not None or self.problem is not None:
+            return self.server
+        from . import lib
+        from .dpm import DPMCalls
+        from .server import PMIxServer
+        try:
+            library = lib.load()
+        except lib.Unavailable as err:
+            self.problem = str(err)
+            return None
+        from ...machine.trees import hold, private_dir
+        try:
+            private_dir(self.directory)
+            hold(self.directory)
+        except OSError as err:
+            self.problem = f"cannot make {self.directory}: {err.strerror or err}"
+            return None
+        from ..pmi.files import xml_path
+        topology = xml_path()
+        try:
+            self.server = PMIxServer(self.loop, library, self.directory,
+                                     topology if topology and os.path.isfile(topology) else None,
+                                     more_calls=DPMCalls)
+        except OSError as err:
+            self.problem = f"{library.path}: {err}"
+            return None
+        self.server.fetch = self.fetch
+        self.log(f"PMIx server of {library.version.split(' (')[0]} ({library.path})")
+        return self.server
+
+    def serve(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
+        """Serve PMIx to ``pj``'s ranks here (their variables then come with
+        ``pj.env``); False if there is no server here."""
+        if self.server is None and self.problem is None and self._await(pj, layout, relay):
+            return True
+        server = self._start()
+        if server is None:
+            return False
+        try:
+            pj.pmix = ns = server.namespace(layout, pj, relay, pj.pid_of)
+        except OSError as err:
+            self.problem = str(err)
+            return False
+        if self._cache is not None and layout.ranks_on(layout.here):
+            self._keep(server, ns.name, layout.ranks_on(layout.here)[0])
+        return True
+
+    def _await(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
+        """Serve ``pj`` through the door, if the library's variables are known."""
+        if self.door is None:
+            from ...machine.topology import cache_path
+            from . import turned_off
+            from .template import door_host, file_name, key, load
+            self._key = key(os.environ)
+            if turned_off(os.environ) or self._key is None:
+                return False
+            self._cache = cache_path(file_name())
+            found = load(self._cache, self._key)
+            if found is None or any(k.startswith("PMIX_DSTORE_") for k in found[0]):
+                # unknown, or a shared-memory store, made only as the server starts
+                return False
+            from .door import Door
+            try:
+                self.door = Door(self.loop, door_host(found[0]) or "127.0.0.1", self._wake)
+            except OSError:
+                return False
+            self.template = found[0]
+        pj.pmix = self.pending[layout.nspace] = Pending(self, pj, layout, relay)
+        return True
+
+    def _keep(self, server: PMIxServer, nspace: str, rank: int) -> None:
+        """Keep the library's variables as the template for later jobs."""
+        from ...machine.topology import save_whole
+        from .template import make, save
+        assert self._cache is not None and self._key is not None
+        try:
+            env = server.lib.setup_fork(nspace, rank)
+        except OSError:
+            return
+        template = make(env, self.directory, os.getpid(), nspace, rank)
+        if template is not None and template != self.template:
+            save(self._cache, self._key, template, server.lib.path, save_whole)
+        self._cache = None
+
+    def _wake(self) -> Optional[Tuple[str, int]]:
+        """A rank knocked: start the server, register the waiting jobs and their
+        ranks; the server's address, or None."""
+        from .template import fill
+        server = self._start()
+        if server is None:
+            self.log(f"PMIx: no server for the ranks that asked: {self.problem}")
+            return None
+        target: Optional[Tuple[str, int]] = None
+        for waiting in list(self.pending.values()):
+            pj = waiting.pj
+            try:
+                ns = server.namespace(waiting.layout, pj, waiting.relay, pj.pid_of)
+                for rank in sorted(waiting.ranks):
+                    env = ns.client(rank)
+                    if target is None:
+                        target = _address(env)
+                    if self.template is not None and self.door is not None and env != fill(
+                            self.template, self.directory, port=target[1] if target else 0,
+                            pid=os.getpid(), nspace=ns.name, rank=rank):
+                        self.log("PMIx: the library's variables have changed since they "
+                                 "were kept; kept anew for the next job")
+                        self.template = None
+            except OSError as err:
+                self.problem = str(err)
+                continue
+            pj.pmix = ns
+            if self._cache is not None and self.template is None and waiting.ranks:
+                self._keep(server, ns.name, min(waiting.ranks))
+        self.pending.clear()
+        if target is None:        # a knock before any rank was given the door's address
+            try:
+                target = _address(server.lib.setup_fork("mslaunch-door", 0))
+            except OSError as err:
+                self.log(f"PMIx: the server's address is unknown: {err}")
+        return target
+
+    def guest(self, layout: Layout) -> None:
+        """Make a job with no process here known to the server (``layout.here`` -1):
+        the library then asks for its processes' data (direct modex) instead of
+        waiting for it, when a process here connects to them (a spawn's parent
+        and children on other hosts)."""
+        server = self._start()
+        if server is None or layout.nspace in server.namespaces:
+            return
+        try:
+            server.namespace(layout, None, _no_relay, lambda rank: None)
+        except OSError as err:
+            self.log(f"PMIx: job {layout.nspace[:40]} not made known here: {err}")
+
+    def local_modex(self, nspace: str, rank: int,
+                    done: Callable[[Optional[bytes]], None]) -> None:
+        """What one of this host's processes put, or None (see :mod:`.dpm`)."""
+        more = self.server.more if self.server is not None else None
+        if more is None:
+            done(None)
+        else:
+            more.local_modex(nspace, rank, done)
+
+    def adopt(self, loop: Loop, log: Callable[[str], None],
+              fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None]) -> None:
+        """Serve the next attempt of a job run with ``--max-restarts``, in ``loop``
+        (see :meth:`~.server.PMIxServer.move_to`)."""
+        self.loop, self.log, self.fetch = loop, log, fetch
+        if self.server is not None:
+            self.server.move_to(loop)
+            self.server.fetch = fetch
+
+    def retire(self) -> None:
+        """The attempt's ranks are gone: forget its jobs, keep the server and its
+        directory (see :meth:`adopt`)."""
+        self._shut()
+        if self.server is not None:
+            self.server.retire()
+
+    def close(self) -> None:
+        """Stop the server and remove its directory (once the ranks are gone)."""
+        self._shut()
+        if self.server is not None:
+            if not self.server.close():
+                self.log("the PMIx library did not stop: its thread is stuck (left to end "
+                         "with this process)")
+            self.server = None
+        from ...machine.trees import remove_tree
+        remove_tree(self.directory)
+
+
+    def _shut(self) -> None:
+        self.pending.clear()
+        if self.door is not None:
+            self.door.close()
+            self.door = None
+
+
+def _address(env: Mapping[str, str]) -> Optional[Tuple[str, int]]:
+    """The server's address in a rank's variables."""
+    from .template import door_host, server_port
+    port = server_port(env)
+    host = door_host(env)
+    return (host, port) if host and port else None
+
+
+def _no_relay(signature: str, sequence: int, blob: bytes, done: Callable[[bytes], None]) -> None:
+    """A guest job's fences: it has no process here to take part in one."""

@@ -1,0 +1,513 @@
+"""The MPI jobs of a launch: the first one, and every job its ranks spawn.
+
+:class:`MPIJobs` keeps each job's PMI (:class:`~mslaunch.mpi.pmi.job.PMIJob`),
+answers what remote hosts' agents relay for their ranks, and carries out
+``MPI_Comm_spawn``: the new job is placed on the job's hosts
+(:func:`~mslaunch.plan.spawn.plan_spawn`), gets a kvsname and a key-value
+space holding the pairs the parent put for it (``PARENT_ROOT_PORT_NAME``),
+and its processes join the supervision of the launch -- the same failure
+policy, output relay and files, signals, timeouts, orphan guard and
+shared-memory cleanup as the first job's ranks.  The spawning rank's
+request is answered once every new process has started, or with the
+reason it could not be (the parent's ``MPI_Comm_spawn`` then fails and
+the job goes on).  Published names are shared by all jobs, so that a
+parent and its children can meet with ``MPI_Publish_name`` and
+``MPI_Lookup_name``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    from ..pmi.singletons import SingletonFiles, SingletonProbe
+    from ..pmi.server import PMIServer
+    from ...core.spec import RankSpec, SpawnRequest
+    from .pmixjobs import LauncherPMIx
+    from ...seams import AgentHost, JobView
+
+from ...core.errors import LaunchError, PlanError
+from ..pmi.files import xml_for_ranks
+from ..pmi.job import PMIJob
+from ..pmi.state import LocalJobState
+
+#: Seconds between looks for Open MPI singletons among the ranks.
+SINGLETON_POLL = 0.5
+#: Seconds a closed PMI connection waits for its process's exit status (a crash
+#: and a rank that left MPI without finalizing look the same until then): the
+#: status follows at once, unless the process is slow to die (a busy machine,
+#: a handler of its own) or, on a remote host, its agent is slow to report it.
+LOST_PMI_SETTLE = 1.0
+
+
+class MPIJobs:
+    """The launch's MPI jobs; see the module docstring.  ``sup`` is the Supervisor."""
+
+    def __init__(self, sup: JobView) -> None:
+        self.sup = sup
+        self.jobs: Dict[str, PMIJob] = {}        # by kvsname
+        self.first: Optional[PMIJob] = None
+        self.names: Dict[str, str] = {}          # published names, of every job
+        self.probe: Optional[SingletonProbe] = None   # see mslaunch.mpi.pmi.singletons
+        self.hwloc_xml: Optional[str] = None          # see mslaunch.mpi.pmi.files
+        self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
+        self.nested_said = False
+        self.pmix: Optional[LauncherPMIx] = None      # PMIx beside PMI (mslaunch.mpi.pmix)
+
+    # -- the first job ------------------------------------------------------------
+    def start_first(self, local: bool, topology: bool = True):
+        """The first job's PMI; returns (inherited server, env function) for its local
+        ranks (``topology``: whether its ranks may read this machine's, see
+        :mod:`mslaunch.mpi.pmi.files`)."""
+        sup = self.sup
+        plan, job = sup.plan, sup.job
+        from ..pmi.singletons import SingletonProbe
+        try:
+            self.probe = SingletonProbe(sup.watchdog.marker,
+                                        [r for r in plan.ranks if r.host.local])
+        except OSError:
+            self.probe = None                    # no temporary directory: no check
+        self.hwloc_xml = xml_for_ranks(sup.watchdog) if topology else None
+        appnums = [r.app for r in plan.ranks]
+        first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
+                          {r.rank: r.key for r in plan.ranks}, None)
+        self.first = first
+        from .pmixjobs import LauncherPMIx
+        self.pmix = LauncherPMIx(self.sup, self.jobs)
+        if not local:
+            return None, None
+        first.serve(sup.loop, appnums, plan.process_mapping, tcp=job.pmi_port,
+                    trace=job.verbose >= 2, port_range=job.port_range)
+        if self.pmix is not None:
+            self.pmix.serve_first(first)
+        return first.inherited, first.env
+
+    def universe(self) -> int:
+        """``MPI_UNIVERSE_SIZE`` as Hydra gives it: ``-usize`` if given, else unknown (-1)."""
+        usize = self.sup.job.usize
+        if usize is None:
+            return -1
+        return usize or self.sup.plan.universe_size
+
+    def _new(self, number: int, kvsname: str, size: int, mapping: str, appnums,
+             keys: Dict[int, int], spawner: Optional[str]) -> PMIJob:
+        state = LocalJobState(kvsname=kvsname, size=size, process_mapping=mapping,
+                              universe_size=self.universe(), appnums=appnums,
+                              names=self.names, hwloc_xml=self.hwloc_xml)
+        pj = PMIJob(self, number=number, state=state, keys=keys, spawner=spawner)
+        pj.probe = self.probe
+        self.jobs[kvsname] = pj
+        self.sup.watchdog.keep(kvsname)
+        return pj
+
+    def of(self, spec: RankSpec) -> Optional[PMIJob]:
+        for pj in self.jobs.values():
+            if pj.number == spec.job:
+                return pj
+        return None
+
+    # -- what the PMI servers report -------------------------------------------------
+    def pmix_names(self, pj: PMIJob, request: Dict[str, Any],
+                   done: Callable[[Any], None]) -> None:
+        if self.pmix is not None:
+            self.pmix.names(pj.kvsname, request, done)
+
+    def pid_of(self, key: int) -> Optional[int]:
+        return self.sup.ranks[key].pid if 0 <= key < len(self.sup.ranks) else None
+
+    def pmi_abort(self, key: int, code: int, message: str, at: Optional[float] = None) -> None:
+        r = self.sup.ranks[key]
+        code &= 0xFF
+        # An abort must never look like success: a code that is 0 modulo 256
+        # (MPI_Abort(comm, 0) or 256) ends the job with status 1.
+        shown = f"exit code {code}" if code else "exit code 0 (exit status 1)"
+        self.sup.fail(r, f"called MPI_Abort with {shown}", code or 1, abort=True, at=at,
+                      mpi_abort=True)
+
+    def pmi_lost(self, key: int, at: Optional[float] = None) -> None:
+        r = self.sup.ranks[key]
+        r.pmi_lost = True
+        at = at or time.time()
+        if r.ended:
+            self.check_lost(r, at)
+        else:
+            # The socket closes while the process exits, a moment before its
+            # exit status can be read: let the exit tell a crash from a rank
+            # that left MPI without finalizing.
+            self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at))
+
+    def check_lost(self, r, at: Optional[float] = None) -> None:
+        """Rank ``r``'s PMI connection closed (at ``at``, else when it ended): a
+        failure unless its exit is one already."""
+        if r.signal is not None or r.code:
+            return  # a failure in its own right, already handled
+        self.sup.fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
+                      if r.ended else "closed its PMI connection without MPI_Finalize",
+                      1, abort=True, at=min([t for t in (at, r.end) if t] or [time.time()]))
+
+    def pmi_log(self, message: str) -> None:
+        self.sup.log(f"PMI: {message}")
+
+    def pmi_started(self, pj: PMIJob, rank: int) -> None:
+        # A rank that already ended without MPI can never join its job now.
+        sup = self.sup
+        for r in sup.ranks:
+            if r.spec.job == pj.number and r.ended and not r.failed:
+                self.check_left_mpi(r)
+        if self.pmix is not None:
+            self.pmix.check_mixed(pj)
+
+    def process_ended(self, spec: RankSpec) -> None:
+        """A rank here ended.  One that left PMIx without finalizing is marked lost (see
+        :meth:`check_lost`); a spawned job whose processes here have all ended needs
+        its server no more (its TCP listener, under -pmi-port, would otherwise stay)."""
+        pj = self.of(spec)
+        r = self.sup.ranks[spec.key]
+        if pj is not None and spec.host.local and not r.code and r.signal is None \
+                and pj.left_pmix(spec.rank):
+            r.pmi_lost = True
+        if pj is None or pj.number == 1 or pj.server is None:
+            return
+        if all(r.ended for r in self.sup.ranks
+               if r.spec.job == pj.number and r.spec.host.local):
+            pj.close()
+
+    def check_left_mpi(self, r) -> None:
+        """A rank that ended (status 0) without MPI while its job uses it: they would hang."""
+        pj = self.of(r.spec)
+        if pj is None or not pj.started or r.spec.rank in pj.started or r.failed:
+            return
+        others = sorted(pj.started)
+        who = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
+        self.sup.fail(r, f"exited with code 0 without joining MPI (it never initialized "
+                          f"PMI) while rank(s) {who} did; they would wait for it forever",
+                       1, abort=True)
+
+    def watch_singletons(self) -> None:
+        """Look for Open MPI singletons now and then, until the job ends."""
+        self.check_singletons()
+        if self.sup.ending is None:
+            self.sup.loop.call_later(SINGLETON_POLL, self.watch_singletons)
+
+    def check_singletons(self) -> None:
+        """End the launch if a rank here started Open MPI alone (see mslaunch.mpi.pmi.singletons)."""
+        if self.probe is not None:
+            for key, size in self.probe.check():
+                self.singleton(key, size)
+
+    def singleton(self, key: int, size: int, nested_launcher: bool = False,
+                  backing: Optional[bool] = None, nopmix: Optional[str] = None,
+                  served: Optional[bool] = None, joined: bool = True) -> None:
+        """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.mpi.pmi.singletons);
+        for a remote host's: ``nopmix`` why it serves no PMIx, ``served`` whether it does,
+        ``joined`` whether the rank connected to it."""
+        from ..pmi.singletons import runs_a_launcher
+        if not 0 <= key < len(self.sup.ranks):
+            return
+        r = self.sup.ranks[key]
+        pj = self.of(r.spec)
+        if pj is None:
+            return
+        if served is None:
+            served = r.spec.host.local and pj.pmix is not None
+            joined = served and pj.joined_pmix(r.spec.rank)
+        # a served rank's world without its connection here is a job of its own
+        launcher = nested_launcher or (served and not joined and size != 1) or (
+            r.spec.host.local and r.pid and not r.ended and self.probe is not None
+            and key not in self.probe.certain and runs_a_launcher(r.pid))
+        if served and not launcher and size in (0, pj.size):
+            return      # an Open MPI rank of this very job, served PMIx (4's says size 0)
+        if size != 1 or launcher:
+            self._nested(r, backing)
+            return
+        if pj.size < 2:
+            return
+        if self.sup.ending is None:
+            self._note_leftovers()
+        self.sup.fail(r, self._singleton_message(r.spec.host.local, nopmix), 1, abort=True)
+
+    def _singleton_message(self, local: bool, nopmix: Optional[str]) -> str:
+        """Why a singleton, and the fix: the host's missing PMIx library, if that is why."""
+        from ..pmi.singletons import singleton_message
+        from ..pmix.lib import FIX
+        problem = (self.pmix.problem if self.pmix is not None else None) if local else nopmix
+        if problem:
+            return singleton_message(why=problem, fix=FIX)
+        return singleton_message()
+
+    def _nested(self, r, backing: Optional[bool]) -> None:
+        """A rank runs an Open MPI job of its own: say once what it inherits
+        (``backing``: whether its host gave it the job's segment directory;
+        None: this machine's probe knows)."""
+        if backing is None:
+            backing = self.probe is not None and self.probe.backing is not None
+        if self.nested_said or not backing:
+            return                # the user's own directory, or none of this job's
+        self.nested_said = True
+        self.sup.log(f"rank {r.spec.rank} runs an Open MPI job of its own; its ranks inherit "
+                     f"OMPI_MCA_btl_sm/vader_backing_directory, a directory of this job on "
+                     f"{r.spec.host.name} only: on other hosts their shared memory is off "
+                     f"(--mpi none for a job of launchers, or set the variables yourself)")
+
+    def _note_leftovers(self) -> None:
+        """Stop this host's ranks, noting what their Open MPI processes made in /dev/shm."""
+        from ..pmi.singletons import SingletonFiles
+        sup = self.sup
+        if self.leftovers is None:
+            self.leftovers = SingletonFiles(sup.watchdog.keep, sup.watchdog.flush)
+        covered = sup.spoken_for
+        self.leftovers.stop([x.pid for x in sup.ranks if x.spec.host.local and x.pid
+                             and not x.ended and x.spec.key not in covered], sup.loop)
+        for looker in sup.lookers.values():
+            looker.end_singletons()
+
+    def hang_report(self) -> List[str]:
+        """Why a job may hang: ranks that never initialized MPI while the others of
+        their job did (they wait for them in ``MPI_Init``), or ranks missing from a
+        barrier others wait in."""
+        lines = []
+        for pj in self.jobs.values():
+            job = f" of job {pj.number}" if pj.number != 1 else ""
+            live = {r.spec.rank for r in self.sup.ranks
+                    if r.spec.job == pj.number and not r.ended}
+            never = sorted(r for r in live if r not in pj.started)
+            if pj.started and never:
+                lines.append(f"{len(pj.started)} rank(s){job} initialized MPI and wait in "
+                             f"MPI_Init for rank(s) {self._ranks(pj, never)}, which never "
+                             f"did")
+                continue
+            missing = pj.state.waiting_for()  # type: ignore[attr-defined]
+            if missing and len(missing) < pj.size:
+                lines.append(f"{pj.size - len(missing)} rank(s){job} were waiting in a "
+                             f"barrier (MPI_Init or a fence) for rank(s) "
+                             f"{self._ranks(pj, missing)}, which never entered it")
+        return lines
+
+    def _ranks(self, pj: PMIJob, ranks: List[int]) -> str:
+        """``1, 2 on host`` for ranks of ``pj`` (at most 16 shown)."""
+        shown = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
+        keys = [pj.keys.get(r) for r in ranks]
+        hosts = sorted({self.sup.ranks[k].spec.host.name for k in keys if k is not None})
+        return f"{shown} on {', '.join(hosts[:8])}"
+
+    def reported(self) -> int:
+        return len(self.first.started) if self.first is not None else 0
+
+    # -- agents --------------------------------------------------------------
+    def from_agent(self, host: AgentHost, message: Dict[str, Any]) -> None:
+        """PMI traffic of a remote host's ranks (see :class:`~mslaunch.mpi.pmi.state.RelayJobState`)."""
+        from ...wire import link
+        op = message.get("op")
+        if not self.jobs:
+            raise link.LinkError("PMI frame in a job without PMI")
+        if op in ("abort", "lost", "started", "singleton"):
+            key = link.field(message, "rank", int, f"PMI {op}")
+            if key not in host.ranks:
+                raise link.LinkError(f"PMI {op} for rank {key}, not on this host")
+            if op == "singleton":
+                self.singleton(key, link.field(message, "size", int, "PMI singleton"),
+                               message.get("launcher") is True,
+                               backing=message.get("backing") is True,
+                               nopmix=str(message["nopmix"])[:300]
+                               if message.get("nopmix") else None,
+                               served=message.get("pmix") is True,
+                               joined=message.get("joined") is not False)
+            elif op == "abort":
+                self.pmi_abort(key, link.field(message, "code", int, "PMI abort"),
+                               str(message.get("message", "")), host.local_time(message.get("at")))
+            elif op == "lost":
+                self.pmi_lost(key, host.local_time(message.get("at")))
+            else:
+                spec = self.sup.ranks[key].spec
+                pj = self.of(spec)
+                if pj is not None:
+                    if message.get("pmix") is True:
+                        pj.pmix_in.add(spec.rank)
+                    pj.started.add(spec.rank)
+                    self.pmi_started(pj, spec.rank)
+            return
+        if op in ("pmix_fence", "pmix_names", "pmix_modex", "pmix_modex_done"):
+            if self.pmix is None:
+                raise link.LinkError("PMIx frame in a job without PMIx")
+            self.pmix.from_agent(host, message)
+            return
+        if op not in ("fence", "get", "publish", "lookup", "unpublish", "spawn"):
+            raise link.LinkError(f"unknown PMI operation {str(op)[:20]!r}")
+        pj = self.jobs.get(str(message.get("kvs", "")))
+        if pj is None:
+            raise link.LinkError(f"PMI {op} for an unknown job")
+        state = pj.state
+        if op == "fence":
+            ranks = link.field(message, "ranks", list, "PMI fence")
+            pairs = link.field(message, "pairs", dict, "PMI fence")
+            if not all(type(r) is int and pj.keys.get(r, -1) in host.ranks for r in ranks) \
+                    or not all(isinstance(k, str) and isinstance(v, str)
+                               for k, v in pairs.items()):
+                raise link.LinkError("PMI fence: bad ranks or pairs")
+            problem = state.remote_fence(ranks, pairs, lambda delta: host.send_pmi(  # type: ignore[attr-defined]
+                {"op": "fence_done", "kvs": pj.kvsname, "pairs": delta}))
+            if problem:
+                raise link.LinkError(f"PMI fence: {problem}")
+            return
+        ask = link.field(message, "ask", int, f"PMI {op}")
+
+        def answer(*value: object) -> None:
+            host.send_pmi({"op": "answer", "kvs": pj.kvsname, "ask": ask,
+                           "value": list(value) if op == "spawn" else value[0]})
+
+        if op == "get":
+            state.kvs_get(-1, str(link.field(message, "key", str, "PMI get")), answer)
+        elif op == "publish":
+            state.publish(link.field(message, "service", str, "PMI publish"),
+                          link.field(message, "port", str, "PMI publish"), answer)
+        elif op == "lookup":
+            state.lookup(link.field(message, "service", str, "PMI lookup"), answer)
+        elif op == "unpublish":
+            state.unpublish(link.field(message, "service", str, "PMI unpublish"), answer)
+        elif op == "spawn":
+            from ...wire.jobframe import read_spawn, read_spawn_env
+            key = link.field(message, "rank", int, "PMI spawn")
+            if key not in host.ranks:
+                raise link.LinkError(f"PMI spawn for rank {key}, not on this host")
+            pmix = message.get("pmix") is True          # an Open MPI rank's (PMIx_Spawn)
+            self.pmi_spawn(pj, self.sup.ranks[key].spec.rank, read_spawn(message), answer,
+                           extra_env=read_spawn_env(message) if pmix else (), pmix=pmix)
+
+    # -- MPI_Comm_spawn ---------------------------------------------------------
+    def pmix_spawn(self, parent: PMIJob, rank: int, commands: List[Any],
+                   env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
+        """An Open MPI rank here spawns (``PMIx_Spawn``): as an MPICH rank's spawn,
+        its children served PMIx too, with the variables its application names."""
+        from ..pmix import spawn_request
+        self.pmi_spawn(parent, rank, spawn_request(commands), reply, extra_env=tuple(env),
+                       pmix=True)
+
+    def pmi_spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
+                  reply: Callable[..., None], extra_env: Tuple[Tuple[str, str], ...] = (),
+                  pmix: bool = False) -> None:
+        sup = self.sup
+        number = max(pj.number for pj in self.jobs.values()) + 1
+        kvsname = f"{sup.plan.kvsname}_{number}"
+        who = f"rank {rank}" + (f" of job {parent.number}" if parent.number != 1 else "")
+        if sup.ending is not None:
+            reply("the job is ending")
+            return
+        spawner = next(r.spec for r in sup.ranks
+                       if r.spec.job == parent.number and r.spec.rank == rank)
+        context_env = sup.job.apps[spawner.app].env if parent.number == 1 else \
+            parent.context_env
+        context_env = tuple(context_env) + extra_env
+        if pmix:
+            from ..pmix import sibling_name
+            kvsname = sibling_name(kvsname, parent.kvsname)
+        try:
+            specs, mapping = self._plan(request, number, kvsname, context_env)
+            self._check_programs(specs)
+            if pmix and self.pmix is None:
+                raise PlanError("this launch serves no PMIx to spawned Open MPI processes")
+            agentless = sorted({s.host.name for s in specs
+                                if not s.host.local and s.host.name not in sup.hosts})
+            if agentless:        # (--launcher srun: srun started the job's ranks)
+                raise PlanError(f"no agent of mslaunch's runs on {', '.join(agentless[:3])} "
+                                f"to start the processes there")
+        except (PlanError, LaunchError) as err:
+            self.pmi_log(f"{who} could not spawn: {err}")
+            reply(str(err))
+            return
+        pj = self._new(number, kvsname, len(specs), mapping, [s.app for s in specs],
+                       {s.rank: s.key for s in specs}, parent.kvsname)
+        pj.context_env = context_env
+        for key, value in request.preput:
+            pj.state.kvs_put(-1, key, value)
+        if sup.job.verbose:
+            sup.console.message(f"mslaunch: {who} spawned job {number}: {len(specs)} "
+                                f"process(es) of {request.commands[0].program}")
+        local = [s for s in specs if s.host.local]
+        remote: Dict[str, List[RankSpec]] = {}
+        for s in specs:
+            if not s.host.local:
+                remote.setdefault(s.host.name, []).append(s)
+        sup.add_ranks(specs)
+        waiting = set(remote)
+        failed: List[str] = []
+
+        def give_up(problem: str) -> None:
+            # The spawn fails in the parent only: what did start of it is
+            # stopped and forgotten, outside the failure policy.
+            self.pmi_log(f"{who} could not spawn: {problem}")
+            sup.abandon([s.key for s in specs])
+            pj.close()
+            reply(problem)
+
+        def host_answered(name: str, problem: Optional[str]) -> None:
+            if problem:
+                failed.append(f"on {name}: {problem}")
+            waiting.discard(name)
+            if not waiting:
+                give_up(failed[0]) if failed else reply(None, kvsname)
+
+        layout = self.pmix.spawned_layout(specs, sup.plan.universe_size, (
+            parent.kvsname, rank)) if pmix and self.pmix is not None else None
+        if layout is not None and self.pmix is not None:
+            self.pmix.introduce(parent, pj, specs, layout)
+        if local:
+            pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
+                     trace=sup.job.verbose >= 2, port_range=sup.job.port_range)
+            if layout is not None and self.pmix is not None:
+                self.pmix.serve_spawned(pj, specs, layout)
+            try:
+                sup.start_local(local, pj.inherited, pj.env)
+            except LaunchError as err:
+                give_up(str(err))
+                return
+        if not remote:
+            reply(None, kvsname)
+            return
+        for name, host_specs in remote.items():
+            sup.hosts[name].spawn(pj, host_specs, mapping, lambda problem, n=name:
+                                  host_answered(n, problem), pmix=layout)
+
+    def _plan(self, request: SpawnRequest, number: int, kvsname: str, context_env):
+        from ...hosts import is_local
+        from ...plan.spawn import plan_spawn
+        sup = self.sup
+        live: Dict[str, int] = {}
+        for r in sup.ranks:
+            if not r.ended:
+                live[r.spec.host.name] = live.get(r.spec.host.name, 0) + 1
+        return plan_spawn(sup.job, sup.plan, request, number=number, kvsname=kvsname,
+                          first_key=len(sup.ranks), live=live, environ=os.environ,
+                          oversubscribe=sup.plan.oversubscribe, is_local=is_local,
+                          hosts=sup.plan.hosts + tuple(h for h in sup.plan.spare_hosts
+                                                       if h.local or h.name in sup.hosts),
+                          context_env=context_env)
+
+    @staticmethod
+    def _check_programs(specs) -> None:
+        from ...machine.spawn import check_startable
+        check_startable([s for s in specs if s.host.local])
+
+    # -- end ------------------------------------------------------------------
+    def close(self) -> None:
+        from ..pmi.files import remove_shm_segments
+        for pj in self.jobs.values():
+            pj.close()
+            remove_shm_segments(pj.kvsname)
+        if self.pmix is not None:
+            self.pmix.close()
+        if self.probe is not None:
+            self.probe.close()
+        if self.leftovers is not None:
+            self.leftovers.remove()
+
+    def stats(self, ranks: int) -> str:
+        """``MSLAUNCH_PMI_STATS``: messages served and time spent, all jobs together."""
+        servers: List[PMIServer] = [pj.server for pj in self.jobs.values()
+                                    if pj.server is not None]
+        total = sum(s.stats["total"] for s in servers)
+        busy = sum(s.busy_seconds for s in servers)
+        return f"{total} messages from {ranks} ranks in {busy:.4f} s"

@@ -1,0 +1,164 @@
+"""One attempt of a job: its plan, its backend, its supervisor.
+
+:func:`run_attempt` is the one place a :class:`~.supervise.Supervisor` is made,
+for every way ranks start: the backend the registry chooses (:mod:`.backend`)
+from the job, its session and its plan (:class:`JobPlanning`, made on first
+use); and the job's control socket, which ``mslaunch-stacks`` and
+``mslaunch-top`` attach to.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+
+    from ..core.spec import HostEntry
+    from ..backends.backend import Planning
+    from ..backends.session import Session
+
+from ..core.errors import LaunchError
+from ..mpi.pmi.files import new_kvsname
+from ..core.spec import AttemptOutcome, JobSpec, Plan
+from ..core.states import LOST
+
+
+def control_listener(directory: str, name: str):
+    """A listening Unix socket ``directory/name`` (no TCP port: only processes that
+    may enter this user's private directory can connect); None if it cannot be made."""
+    import _socket
+    path = os.path.join(directory, name)
+    try:
+        os.unlink(path)              # a dead launcher's of the same pid
+    except OSError:
+        pass
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    # Bound under another name and renamed once it listens: a client that finds the
+    # path bound but not yet listening is refused, takes it for a dead launcher's
+    # and removes it (mslaunch-stacks then found "no running job" for good).
+    part = f"{path}.new"
+    try:
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        sock.bind(part)
+        sock.listen(16)
+        os.rename(part, path)
+    except OSError:
+        sock.close()
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        return None
+    sock.setblocking(False)
+    return sock, path
+
+
+def open_control(watchdog) -> Optional[Tuple[object, str]]:
+    """The job's control socket ``PID.sock`` (mslaunch-stacks, mslaunch-top), which
+    the guard removes should this process die; None if it cannot be made."""
+    from ..machine.procs import in_private, sweep_private
+
+    def listen(where: str) -> Optional[Tuple[object, str]]:
+        sweep_private(where)
+        return control_listener(where, f"{os.getpid()}.sock")
+
+    made = in_private(listen)
+    if made is not None:
+        watchdog.private(made[1])
+    return made
+
+
+def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
+               entries=None, kvsname: Optional[str] = None, master_port: Optional[int] = None,
+               remote_topologies=None, jobid: Optional[int] = None) -> Plan:
+    """The job's plan; planned again with the remote hosts' real topologies, it
+    keeps the first plan's ``kvsname``, ``master_port`` and Open MPI job id."""
+    from ..machine.rendezvous import free_port, master_port_of, ompi_jobid
+    from ..machine.topology import cached_topology
+    from ..plan import make_plan
+    environ = os.environ if environ is None else environ
+    if entries is None:
+        from ..hosts import host_entries
+        entries = host_entries(job, environ)
+    if master_port is None:
+        master_port = master_port_of(environ.get("MASTER_PORT")) or free_port(job.port_range)
+    if jobid is None:
+        jobid = ompi_jobid(master_port)
+    return make_plan(job, entries, environ, topology=cached_topology(),
+                     hostname=os.uname().nodename, kvsname=kvsname or new_kvsname(),
+                     master_port=master_port, remote_topologies=remote_topologies,
+                     ompi_jobid=jobid)
+
+
+class JobPlanning:
+    """The plan of one attempt, made on first use (a job that Open MPI's mpirun
+    runs never needs one), and made again with the remote hosts' topologies
+    (:class:`~.backend.Planning`); its hosts those of the job but ``left_out``."""
+
+    def __init__(self, job: JobSpec, environ: Mapping[str, str], kvsname: str,
+                 hosts: Callable[[], Sequence[HostEntry]], left_out: Sequence[str] = ()
+                 ) -> None:
+        self.job, self.environ, self.kvsname = job, environ, kvsname
+        self._hosts, self.left_out = hosts, tuple(left_out)
+        self._entries: Optional[List[HostEntry]] = None
+        self._plan: Optional[Plan] = None
+
+    @property
+    def entries(self) -> Sequence[HostEntry]:
+        if self._entries is None:
+            from ..hosts import is_local
+            left_out, entries = self.left_out, self._hosts()
+            # This machine is named by its node name in results, "localhost" or an
+            # address of its own in the host list.
+            here_out = any(is_local(name) for name in left_out)
+            self._entries = [e for e in entries if e.name not in left_out
+                             and not (here_out and is_local(e.name))]
+            if left_out and not self._entries:
+                raise LaunchError(f"no host is left for the job ({', '.join(left_out)} "
+                                  f"left out)")
+        return self._entries
+
+    def plan(self, topologies=None) -> Plan:
+        if self._plan is None:
+            self._plan = build_plan(self.job, self.environ, entries=self.entries,
+                                    kvsname=self.kvsname)
+        if topologies is not None:
+            first = self._plan
+            self._plan = build_plan(self.job, self.environ, entries=self.entries,
+                                    kvsname=first.kvsname, master_port=first.master_port,
+                                    remote_topologies=topologies, jobid=first.ompi_jobid)
+        return self._plan
+
+
+def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
+                planning: Planning, note: str = "",
+                launched: Optional[Callable[[], None]] = None,
+                tell: bool = True) -> AttemptOutcome:
+    """One run of the job, by one supervisor -- the only place one is made --
+    with the backend the registry chooses (:mod:`.backend`)."""
+    from ..backends.backend import choose
+    backend = choose(job, environ, session, planning)
+    try:            # until the supervisor owns it, what the backend began is ended here
+        backend.begin()
+        from .supervise import Supervisor  # after srun's step began (begin)
+        job_s, plan = backend.setup()
+        control = open_control(session.guard) if session.wants_control else None
+        supervisor = Supervisor(job_s, plan, backend, session, control=control, note=note,
+                                on_launched=launched)
+    except BaseException:
+        backend.close()
+        raise
+    result = supervisor.run()
+    if result.message and tell:
+        session.console.message(result.message)
+    return AttemptOutcome(
+        result, tuple(dict.fromkeys(r.spec.host.name for r in supervisor.ranks)),
+        tuple(name for name, host in supervisor.hosts.items()
+              if host.state == LOST and not host.blameless) + tuple(backend.left_out()))
+
+

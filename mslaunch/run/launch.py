@@ -1,0 +1,136 @@
+"""Running a parsed job: hosts → plan → backend → supervise → report.
+
+This module holds the impure glue around the pure planner: it reads the
+host sources, asks the machine for its core count, a free port and a unique
+job name, makes the run's orphan guard and session, and runs each attempt of
+the job (one, or several with ``--max-restarts``: :mod:`.restarts`) with the
+backend the registry chooses (:mod:`.backend`) under the one supervisor
+(:func:`run_attempt`); then it writes the report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List, Mapping, Optional
+
+    from ..machine.terminal import Console
+    from ..core.spec import HostEntry, JobResult
+
+from ..core.errors import LaunchError
+from ..mpi.pmi.files import job_guard, new_kvsname, public_id
+from ..core.spec import JobSpec
+from ..core.states import OPENMPI
+from .attempt import JobPlanning, run_attempt
+
+
+def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
+    pairs = list(job.global_env) + [p for app in job.apps for p in app.env]
+    for name, value in pairs:
+        if value is None and name not in environ and not job.quiet:
+            sys.stderr.write(f"mslaunch: warning: -x {name}: not set in the environment; "
+                             f"not exported\n")
+
+
+def run_job(job: JobSpec) -> int:
+    """Run ``job`` and return mslaunch's exit status (and write its report, if asked)."""
+    if job.report_json is None or job.dry_run:
+        return _run_job(job)
+    import time
+    from . import jobreport
+    jobreport.check_writable(job.report_json)
+    started = time.time()
+    try:
+        return _run_job(job, started)
+    except LaunchError as err:
+        try:
+            jobreport.write(job.report_json, jobreport.build(None, started, error=str(err),
+                                                             exit_code=err.exit_code))
+        except LaunchError as failed:      # the job's own error stays the news
+            sys.stderr.write(f"mslaunch: error: {failed}\n")
+        raise
+
+
+def _run_job(job: JobSpec, started: float = 0.0) -> int:
+    environ = os.environ
+    kvsname = new_kvsname()
+    hosts = _hosts_of(job, environ)
+    if job.dry_run:
+        from typing import cast
+
+        from ..machine.guard import Watchdog
+        from ..machine.terminal import Console
+        from ..backends.backend import choose
+        from ..backends.session import Session
+        session = Session(cast(Watchdog, _NoGuard()), Console())
+        backend = choose(job, environ, session, JobPlanning(job, environ, kvsname, hosts))
+        sys.stdout.write(backend.describe())
+        return 0
+    # The orphan guard first (a small fork, before more is imported), so that
+    # it settles into the job's cgroup while the job is planned.
+    guard = job_guard(public_id(kvsname), job.grace)
+    try:
+        if job.mpi != OPENMPI:     # (mpirun says itself what it does not export)
+            _warn_missing_exports(job, environ)
+        console = _xml_console(job)
+        from ..machine.terminal import Console
+        from ..backends.session import Session
+        session = Session(guard, console or Console(), wants_control=job.mpi != OPENMPI)
+        try:
+            if not job.max_job_restarts and not job.health_check:
+                result = run_attempt(job, environ, session, JobPlanning(job, environ, kvsname,
+                                                                      hosts)).result
+            else:
+                from .restarts import run_restartable
+                result = run_restartable(job, environ, session, kvsname, hosts)
+            return _finish(job, result, session.console, started)
+        finally:
+            session.close()
+            session.console.close()
+    finally:
+        guard.close()
+
+
+def _hosts_of(job: JobSpec, environ: Mapping[str, str]) -> Callable[[], List[HostEntry]]:
+    """The job's host list, read once when first asked for."""
+    read: List[List[HostEntry]] = []
+
+    def hosts() -> List[HostEntry]:
+        if not read:
+            from ..hosts import host_entries
+            read.append(list(host_entries(job, environ)))
+        return read[0]
+    return hosts
+
+
+class _NoGuard:
+    """``--dry-run`` starts nothing: no guard, but a name for what would be its."""
+
+    marker = "dry-run"
+
+
+def _xml_console(job: JobSpec) -> Optional[Console]:
+    """--xml-file: all output, mslaunch's own lines too, into the file (else None)."""
+    if not job.output.xml_file:
+        return None
+    try:
+        fd = os.open(job.output.xml_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                     0o644)
+    except OSError as err:
+        raise LaunchError(f"--xml-file {job.output.xml_file}: {err.strerror}") from None
+    from ..machine.terminal import Console
+    return Console(fd, fd, owned=True)
+
+
+def _finish(job: JobSpec, result: JobResult, console: Console, started: float) -> int:
+    """The job's exit status, once its report (if asked for) is written."""
+    if job.report_json is not None:
+        from . import jobreport
+        try:
+            jobreport.write(job.report_json, jobreport.build(result, started))
+        except LaunchError as err:      # the job's own status stays the news
+            console.message(f"mslaunch: error: {err}")
+            return result.exit_code or err.exit_code
+    return result.exit_code

@@ -1,0 +1,245 @@
+"""What the supervisor tells the user about a job that did not simply succeed.
+
+The failure summary (the root cause, how many others were stopped or, when
+the job keeps going, every failed rank; the end of the root cause's stderr,
+a long Python traceback shortened by :mod:`.tails`), the state report of
+``--report-state-on-timeout``, the ranks a hung MPI job waited for
+(``--get-stack-traces``' merged stacks are :mod:`.stall`'s), ``--report-pid``,
+``--report-bindings`` and ``-v``'s lines of started ranks, and msrun's
+recovery of a failed process.  Imported only when one of them is wanted.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Sequence, Tuple
+
+    from ..machine.local import LocalRanks
+    from ..core.spec import RankResult
+    from ..seams import JobView, RankState
+
+from ..core.errors import TIMEOUT_EXIT, LaunchError
+from ..machine.spawn import how_ended
+from ..core.spec import JobResult
+
+#: Lines listing the failed ranks of a keep-going job (grouped by host and end).
+FAILED_LINES = 20
+
+
+def summary(sup: JobView, rank: RankState) -> str:
+    """The lines that name the root cause of a failed job."""
+    spec = rank.spec
+    job = f" of spawned job {spec.job}" if spec.job != 1 else ""
+    name = spec.label or f"rank {spec.rank}{job}"
+    who = f"{name} (pid {rank.pid or '?'} on {spec.host.name})"
+    what = rank.reason or how_ended(rank.code, rank.signal)
+    if sup.job.keep_going and sup.ending != "failure":
+        failed = [r for r in sup.ranks if r.failed]
+        head = (f"mslaunch: {len(failed)} of {len(sup.ranks)} rank(s) failed; "
+                f"first: {who} {what}")
+        if len(failed) > 1:
+            head += "\n" + failed_ranks(failed, bool(sup.job.report_json))
+    else:
+        others = sum(1 for r in sup.ranks if r is not rank and r.pid)
+        kind = "process(es)" if spec.label else "rank(s)"
+        head = f"mslaunch: {who} {what}; terminated the job" + \
+            (f" ({others} other {kind})" if others else "")
+        head += _followed(sup, rank)
+    tail = rank.tail
+    if tail.strip():
+        from .tails import shown_tail
+        lines = shown_tail(tail.decode("utf-8", "replace"))
+        stream = "stdout+stderr" if sup.job.output.merge_stderr else "stderr"
+        whose = f"{spec.label}'s log" if spec.label else f"rank {spec.rank}'s {stream}"
+        head += f"\nmslaunch: last lines of {whose}:\n" + \
+            "\n".join("    " + line for line in lines)
+        if not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
+            head += "\n" + msrun_hint([r.spec.host.name for r in sup.ranks], spec.argv)
+    return head
+
+
+def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
+    """The result of a job that failed: its cause's code, the summary, the failures."""
+    from _signal import SIGPIPE
+    f = sup.failures
+    root = results[f.root.spec.key]
+    # A rank stopped by a broken pipe because mslaunch's own reader
+    # went away (``| head``) is the shell's quiet SIGPIPE, not news.
+    quiet = root.signal == SIGPIPE and not sup.console.is_open(1)
+    return JobResult(exit_code=f.root_code, ranks=tuple(results), root_cause=root,
+                     message="" if quiet else summary(sup, f.root),
+                     ending=sup.ending or "failure", failures=(
+                         (f.root_at, root), *((f.root_at + after, results[r.spec.key])
+                                              for after, r in f.followed())))
+
+
+def _followed(sup: JobView, root: RankState) -> str:
+    """Lines naming the failures that followed the cause (see :mod:`.failures`);
+    those that failed as the cause did (every singleton of a job) add nothing."""
+    from .failures import FOLLOWED_SHOWN
+    if sup.failures.root is not root:
+        return ""
+    what = root.reason or how_ended(root.code, root.signal)
+    followed = [(after, r) for after, r in sup.failures.followed()
+                if (r.reason or how_ended(r.code, r.signal)) != what]
+    lines = []
+    for after, r in followed[:FOLLOWED_SHOWN]:
+        s = r.spec
+        name = s.label or f"rank {s.rank}" + (f" of spawned job {s.job}" if s.job != 1 else "")
+        when = f"{after * 1000:.0f} ms later" if after >= 0 else \
+            f"seen {-after * 1000:.0f} ms before it (taken for its victim)"
+        lines.append(f"\nmslaunch: then {name} (pid {r.pid or '?'} on {s.host.name}) "
+                     f"{r.reason or how_ended(r.code, r.signal)}, {when}")
+    if len(followed) > FOLLOWED_SHOWN:
+        lines.append(f"\nmslaunch: then {len(followed) - FOLLOWED_SHOWN} more rank(s) failed")
+    return "".join(lines)
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """``0-3, 5, 7-8`` for the numbers 0 1 2 3 5 7 8."""
+    parts: List[str] = []
+    for n in sorted(numbers):
+        if parts and parts[-1].split("-")[-1] == str(n - 1):
+            parts[-1] = parts[-1].split("-")[0] + f"-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
+def failed_ranks(failed: Sequence[RankState], report: bool) -> str:
+    """Every failed rank of a keep-going job, a line per host and way of ending."""
+    groups: Dict[Tuple[str, str, str], List[int]] = {}
+    for r in failed:
+        spec = r.spec
+        job = f"job {spec.job} " if spec.job != 1 else ""
+        name = spec.label or f"{job}rank"
+        key = (name, spec.host.name, r.reason or how_ended(r.code, r.signal))
+        groups.setdefault(key, []).append(spec.rank)
+    lines = []
+    for (name, host, what), ranks in groups.items():
+        who = name if name != "rank" and not name.endswith(" rank") else \
+            f"{name}{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}"
+        lines.append(f"    {who} on {host} {what}")
+    if len(lines) > FAILED_LINES:
+        more = len(lines) - FAILED_LINES + 1
+        lines[FAILED_LINES - 1:] = [f"    ... and {more} more line(s)"
+                                    + ("" if report else " (--report-json FILE has every rank)")]
+    return "mslaunch: the failed ranks:\n" + "\n".join(lines)
+
+
+#: In MindSpore's error when init() finds neither msrun's variables nor Open MPI's.
+MINDSPORE_WANTS_MPIRUN = b"without using 'mpirun'"
+
+
+def msrun_hint(hosts: Sequence[str], argv: Sequence[str]) -> str:
+    """The msrun-dialect command line that starts this MindSpore script, whose
+    ranks ran on ``hosts`` (a name per rank)."""
+    import shlex
+    words = list(argv[1:]) if argv and os.path.basename(argv[0]).startswith("python") \
+        else list(argv)
+    per_host: Dict[str, int] = {}
+    for name in hosts:
+        per_host[name] = per_host.get(name, 0) + 1
+    counts = sorted(set(per_host.values()))
+    local = str(counts[0]) if len(counts) == 1 else "N"
+    line = (f"mslaunch: MindSpore wants its own launcher's variables: run it in msrun's "
+            f"dialect, e.g. mslaunch --worker_num={len(hosts)} --local_worker_num={local} "
+            f"{' '.join(shlex.quote(w) for w in words)}")
+    if len(per_host) > 1:
+        first = next(iter(per_host))
+        line += (f" on each of the {len(per_host)} nodes, with --master_addr={first} and "
+                 f"--node_rank=0..{len(per_host) - 1}")
+        if len(counts) > 1:
+            line += " (N: " + ", ".join(f"{n} on {h}" for h, n in per_host.items()) + ")"
+    return line
+
+
+def report_pid(sup: JobView, where: str) -> None:
+    """--report-pid: ``-`` stdout, ``+`` stderr, else a file."""
+    text = f"{os.getpid()}\n"
+    if where in ("-", "+"):
+        sup.console.write(1 if where == "-" else 2, sup, text.encode())
+        return
+    try:
+        with open(where, "w") as f:
+            f.write(text)
+    except OSError as err:
+        raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
+
+
+def timed_out(sup: JobView, live: List[RankState]) -> None:
+    """What is said when ``--timeout`` ends the job (the stacks of
+    ``--get-stack-traces`` are :mod:`.stall`'s, printed after it)."""
+    # One process with a name of its own (the Open MPI mode's mpirun) is named.
+    what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
+        f"{len(live)} rank(s)"
+    if sup.job.is_check:
+        if sup.job.timeout_left is None:       # (else the job's --timeout, said after)
+            hosts = ", ".join(dict.fromkeys(r.spec.host.name for r in live))
+            sup.console.message(f"mslaunch: --health-check did not end within "
+                                f"{sup.job.timeout:g} s on {hosts}; stopping it there")
+        return
+    sup.console.message(f"mslaunch: job timed out after {sup.job.timeout:g} s (--timeout); "
+                        f"terminating {what}; exit status {TIMEOUT_EXIT}")
+    for line in sup.mpi_jobs.hang_report() if sup.mpi_jobs is not None else []:
+        sup.console.message(f"mslaunch: PMI: {line}")
+    if sup.job.report_state:
+        _report_state(sup)
+
+
+def _report_state(sup: JobView) -> None:
+    from ..machine.stacks import state_report
+    from ..plan.display import job_id
+    rows = []
+    for r in sup.ranks:
+        state = "RUNNING" if r.pid and not r.ended else ("TERMINATED" if r.ended
+                                                         else "NOT STARTED")
+        rows.append((r.spec.rank, r.spec.host.name, r.pid, state, r.code or 0))
+    sup.console.message(state_report(job_id(), rows, len(sup.job.apps),
+                                     sup.mpi_jobs.reported() if sup.mpi_jobs
+                                     else 0).rstrip("\n"))
+
+
+def rank_started(sup: JobView, r: RankState) -> None:
+    """--report-bindings (Open MPI's line, with the launcher's pid; none for an
+    unbound rank) and -v's line for a rank that started."""
+    spec, job = r.spec, sup.job
+    if job.report_bindings and (spec.cpus or job.bind_to != "none"):
+        from ..plan.bindings import report_binding
+        from ..core.cputopo import Topology
+        topo = sup.plan.topologies[spec.host.node_id] if sup.plan.topologies else None
+        text = report_binding(spec.rank, topo, spec.cpus) if isinstance(topo, Topology) else \
+            f"MCW rank {spec.rank} bound to cpus {spec.cpus}"
+        sup.console.message(f"[{spec.host.name}:{os.getpid():05d}] {text}")
+    if job.verbose:
+        of_job = f" of job {spec.job}" if spec.job != 1 else ""
+        who = spec.label or f"rank {spec.rank}{of_job}"
+        sup.console.message(f"mslaunch: started {who} (pid {r.pid}) "
+                            f"on {spec.host.name}: {' '.join(spec.argv)}")
+
+
+def restart(sup: JobView, local: LocalRanks, r: RankState) -> bool:
+    """msrun's recovery: start a failed process again, while restarts are left
+    (``sup.restarts`` per process); False when it is not."""
+    if r.restarts >= sup.restarts:
+        r.reason = f"{how_ended(r.code, r.signal)}, after {r.restarts} restart(s) (the limit, --max_restarts)"
+        return False
+    r.restarts += 1
+    r.last_end = how_ended(r.code, r.signal)
+    if not sup.job.quiet:
+        sup.console.message(f"mslaunch: {r.spec.label or 'rank ' + str(r.spec.rank)} "
+                            f"{r.last_end}; starting it again ({r.restarts} of "
+                            f"{sup.restarts} restarts)")
+    r.outputs = []
+    r.code = r.signal = None
+    r.ended = False
+    try:
+        local.restart(r.spec.key)
+    except LaunchError as err:
+        r.ended = True
+        r.reason = f"could not be started again: {err}"
+        return False
+    return True

@@ -1,0 +1,559 @@
+"""Supervision of a running job: the policy.
+
+The :class:`Supervisor` starts every rank of a :class:`Plan` through the rank
+handles its backend (:mod:`.backend`) hands it -- this machine's
+:class:`~mslaunch.machine.local.LocalRanks`, one
+:class:`~mslaunch.backends.agents.host.RemoteHost` per remote host, srun's step, Open
+MPI's mpirun -- and runs one event loop over their output, their exits, the
+PMI sockets, mslaunch's terminal and a self-pipe for signals.  Every handle
+sits behind one seam (:class:`~.seams.RankHandle`) and every way ranks start
+behind another, so the policy is written once, for every way.  The first
+rank that fails (non-zero exit, death by a signal, ``MPI_Abort``, leaving MPI
+without finalizing, or exiting while its peers wait for it in MPI) is the
+root cause: the other ranks' process groups get SIGCONT and SIGTERM, and
+SIGKILL after the grace period.  The same happens on ``--timeout``, on a stop
+signal, and when output cannot be written (a full disk, a rank file over
+``ulimit -f``).  The job is over when every rank has been reaped, every output
+stream has ended and mslaunch's terminal has taken everything -- or, once the
+job is being stopped, when the grace period has passed with the terminal's
+reader still not reading.
+"""
+
+from __future__ import annotations
+
+import os
+# The C module: the same calls as signal's, without importing enum (milliseconds).
+import _signal as signal
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+    from ..machine.output import RankOutput
+    from ..machine.terminal import Terminal
+    from ..backends.agents.host import RemoteHost
+    from ..core.states import Ending
+    from ..backends.backend import Backend
+    from ..inspect.control import Inspector
+    from ..inspect.stall import StallWatch
+    from ..mpi.serve.mpijobs import MPIJobs
+    from ..seams import Closable, RankHandle, RankState
+    from ..backends.session import Session
+
+from ..core.errors import HOST_LOST_EXIT
+from ..machine.guard import Watchdog
+from ..machine.local import LocalRanks, python_program
+from ..machine.loop import Loop, Timer
+from ..machine.output import rank_sinks
+from ..machine.terminal import GIVE_UP_AFTER
+from ..machine.spawn import raise_fd_limit, seal_inherited_fds, signal_name
+from ..mpi.pmi.files import remove_singleton_segment
+from ..core.states import PMI
+from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
+from .failures import Failures, ended_result
+from ..inspect.lookin import OUTPUT_EVERY, LookingInside
+from ..rankbook import Rank as _Rank
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+              signal.SIGTSTP)
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_pending_stop: List[int] = []          # see _note_stop
+
+
+class Supervisor(LookingInside):
+    """Runs one job to its end and reports a :class:`JobResult`."""
+
+    def __init__(self, job: JobSpec, plan: Plan, backend: Backend, session: Session, *,
+                 control: Optional[Tuple[Any, str]] = None, note: str = "",
+                 on_launched: Optional[Callable[[], None]] = None) -> None:
+        self.job = job
+        self.plan = plan
+        self.backend = backend         # how the ranks start (see .backend)
+        self.session = session         # what the attempts of this run share
+        # A later attempt of a job run with --max-restarts (see .attempts): the line
+        # its ranks' output files get before what it appends, and who hears that
+        # its ranks have all been started.
+        self.note = note
+        self.on_launched = on_launched
+        self.console = session.console
+        self._own_loop = session.loop is None    # else the caller's, closed there
+        self.loop = session.loop or Loop()
+        self.remote: Optional[Tuple[int, str]] = None
+        self.ranks = [_Rank(spec) for spec in plan.ranks]
+        self.failures = Failures()          # the cause of a failed job, by time
+        self.ending: Optional[Ending] = None
+        self.stop_signal: Optional[int] = None
+        self.output_error = ""
+        self.killing: Optional[Timer] = None
+        self._give_up: Optional[Timer] = None
+        self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
+        self.watchdog: Watchdog = session.guard
+        self.local: Optional[LocalRanks] = None   # this machine's ranks, if any
+        self.others: List[RankHandle] = []        # the backend's other handles
+        self.stdin_fanout = None
+        self.launched = False
+        self.control = control     # (socket, path): mslaunch-stacks and mslaunch-top
+        self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
+        self.inspector: Optional[Inspector] = None   # made on the first connection
+        self.stall: Optional[StallWatch] = None      # --stall-report's watcher
+        self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
+
+    @property
+    def restarts(self) -> int:
+        """How often each process may start again after it failed (msrun's recovery)."""
+        return self.session.rank_restarts
+
+    @property
+    def hosts(self) -> Dict[str, RemoteHost]:
+        return self.backend.hosts
+
+    @property
+    def lookers(self) -> Dict[str, Any]:
+        """What answers looks inside the job (``look(kind, body, done)``), by name:
+        the remote hosts' agents, or srun's step."""
+        return self.backend.lookers()
+
+    @property
+    def spoken_for(self) -> Set[int]:
+        """The keys of the ranks the lookers answer for (the rest are read here)."""
+        return set().union(*(set(h.ranks) for h in self.lookers.values()))
+
+    def _handles(self) -> List[RankHandle]:
+        local: List[RankHandle] = [self.local] if self.local is not None else []
+        return local + self.others
+
+    # -- start ------------------------------------------------------------
+    def run(self) -> JobResult:
+        _pending_stop.clear()
+        restore_signals = self.loop.catch_signals(_FORWARDED, self._on_signal,
+                                                  early=_note_stop)
+        self.started = time.monotonic()
+        seal_inherited_fds()
+        self.console.attach(self.loop, self._terminal_failed)
+        kept = self.session.kept
+        if kept is not None:     # agents waiting for a later attempt, watched meanwhile
+            kept.watch(self.loop)
+        if self.job.output.xml:
+            self.console.xml = True
+            self.console.write(1, self, b"<mpirun>\n")
+        if self.job.report_pid:
+            from .report import report_pid
+            report_pid(self, self.job.report_pid)
+        try:
+            if self.job.verbose:
+                self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
+            if self.control is not None:
+                self.loop.add_reader(self.control[0].fileno(), self._control_ready)
+                if self.job.verbose:
+                    self.log(f"see inside this job from another terminal: mslaunch-stacks "
+                             f"{os.getpid()} (every rank's stacks), mslaunch-top {os.getpid()}")
+            elif self.job.verbose and self.session.wants_control:
+                self.log("no control socket (no private directory of this user's for it): "
+                         "mslaunch-stacks and mslaunch-top cannot attach")
+            from ..machine.procs import refused_private
+            for why in refused_private():
+                # Someone else made this user's directory first: said, never silent.
+                self.log(f"warning: {why}: " + (
+                    f"this job's control socket is in {os.path.dirname(self.control[1])}"
+                    if self.control is not None else
+                    "mslaunch-stacks and mslaunch-top cannot attach to this job"))
+            self._start_all()
+            self.loop.call_later(OUTPUT_EVERY, self._note_output)
+            if self.job.stall_report:
+                # The watch itself is imported at its first look: a short job never needs it.
+                self.loop.call_later(min(60.0, max(0.5, self.job.stall_report / 4)),
+                                     self._watch_stall)
+            limit = self.job.timeout if self.job.timeout_left is None else self.job.timeout_left
+            if limit is not None:
+                self.loop.call_later(limit, self._on_timeout)
+            self.loop.run_until(self._finished)
+        finally:
+            self._cleanup()
+            restore_signals()
+            if self.job.output.xml:
+                self.console.write(1, self, b"</mpirun>\n")
+            self.console.attach(None)
+            if self._own_loop:
+                self.loop.close()
+        return self.backend.outcome(self._result())
+
+    def _start_all(self) -> None:
+        job, backend = self.job, self.backend
+        pmi, pmi_env = None, None
+        if job.mpi == PMI and backend.pmi_early:
+            # The plan stands: the job's PMI is made while the places are reached
+            # (the launcher only waits then), not once they are.
+            pmi, pmi_env = self._start_pmi()
+        backend.connect(self)
+        plan = self.plan                  # (maybe planned again with the hosts' topologies)
+        if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
+            from ..plan.display import display
+            self.console.write(1, self, display(plan, job).encode())
+        here = backend.here(plan)
+        backend.check(plan)
+        if job.mpi == PMI and self.mpi_jobs is None:
+            pmi, pmi_env = self._start_pmi()
+        self.others = backend.handles(self, here, pmi, pmi_env)
+        self.launched = True
+        for handle in self._handles():
+            handle.start()
+        backend.started(self)
+        if self.on_launched is not None:
+            self.on_launched()
+
+    def _start_pmi(self):
+        """The first job's PMI (see :class:`.mpijobs.MPIJobs`), for the plan as it
+        stands; what its local ranks inherit."""
+        from ..mpi.serve.mpijobs import MPIJobs
+        self.mpi_jobs = MPIJobs(self)
+        # (srun's step serves its ranks' PMI itself: none is "local", and none may be
+        # given this machine's topology)
+        pmi, pmi_env = self.mpi_jobs.start_first(bool(self.backend.here(self.plan)),
+                                                 topology=self.backend.this_machine)
+        self.mpi_jobs.watch_singletons()
+        return pmi, pmi_env
+
+    def local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
+                    stdin_fd: Optional[int]) -> LocalRanks:
+        """This machine's ranks ``specs``, as the job's own processes (their handle)."""
+        raise_fd_limit(8 * len(specs) + 64)
+        self.local = self._local_ranks(specs, pmi, pmi_env, stdin_fd)
+        return self.local
+
+    def _local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
+                     stdin_fd: Optional[int]) -> LocalRanks:
+        job = self.job
+        if self.dumps is None and any(python_program(s) for s in specs):
+            from ..machine.pydump import make_dir
+            self.dumps = make_dir(self.watchdog)
+        return LocalRanks(self.loop, specs, self, sinks=self.make_sinks,
+                          guard=self.watchdog,
+                          grace=job.grace, merge_stderr=job.output.merge_stderr,
+                          pmi=pmi, pmi_env=pmi_env, stdin_fd=stdin_fd, pty=job.output.pty,
+                          dumps=self.dumps)
+
+    def answer_while_starting(self, status: Callable[[], str]) -> Optional[Closable]:
+        """While the hosts start (before the loop runs), what answers the control
+        socket: ``status()`` and the job's description; None without a socket."""
+        if self.control is None:
+            return None
+        from ..inspect.control import job_info
+        from ..inspect.startup import StartupAnswers
+        return StartupAnswers(self.control[0], status, lambda: job_info(self))
+
+    @staticmethod
+    def stop_requested() -> bool:
+        """Whether a stop signal came while the remote hosts were being reached."""
+        return bool(_pending_stop)
+
+    def replanned(self, plan: Plan) -> None:
+        """The plan made again with the remote hosts' topologies (before any rank runs)."""
+        self.plan = plan
+        self.ranks = [_Rank(spec) for spec in plan.ranks]
+
+    def abandon(self, keys: Sequence[int]) -> None:
+        """Processes of a spawn that failed: kill what started, end what never did,
+        and keep all of them out of the failure policy."""
+        for key in keys:
+            r = self.ranks[key]
+            r.discarded = True
+            if r.ended:
+                continue
+            if r.pid:
+                for handle in self._handles():
+                    if key in handle.ranks:
+                        handle.signal(signal.SIGKILL, [key])
+            else:
+                r.ended = True
+                for out in r.outputs:
+                    out.finish()
+
+    def add_ranks(self, specs: Sequence[RankSpec]) -> None:
+        """Processes of a spawned job join the supervision (keys follow on)."""
+        for spec in specs:
+            assert spec.key == len(self.ranks), "keys are dense"
+            self.ranks.append(_Rank(spec))
+            if not spec.host.local:
+                self.make_sinks(spec)        # local ranks get theirs as they start
+
+    def start_local(self, specs: Sequence[RankSpec], pmi, pmi_env) -> None:
+        """Start a spawned job's processes on this machine."""
+        live = sum(1 for r in self.ranks if r.spec.host.local and not r.ended)
+        raise_fd_limit(8 * (live + len(specs)) + 64)
+        if self.local is None:
+            self.local = self._local_ranks(specs, pmi, pmi_env, stdin_fd=None)
+            self.local.start()
+        else:
+            self.local.add(specs, pmi, pmi_env)
+
+    def make_sinks(self, spec: RankSpec) -> Tuple[RankOutput, Optional[RankOutput]]:
+        """The output sinks of one rank: stdout (merged or not) and stderr."""
+        rank = self.ranks[spec.key]
+        rank.outputs.extend(rank_sinks(self.job.output, spec, self.console, rank.restarts,
+                                       self.restarts, rank.last_end, self._output_failed,
+                                       marker=self.note))
+        return rank.outputs[0], (rank.outputs[1] if len(rank.outputs) > 1 else None)
+
+    # -- rank events --------------------------------------------------------
+    def ranks_lost(self, keys, reason: str, at: Optional[float] = None,
+                   blameless: bool = False) -> None:
+        """A remote host, last heard from at ``at``, was lost with ranks ``keys`` on it
+        (see :class:`~.fleet.Fleet`); ``blameless``: by this launcher's fault (its
+        agent gave up on it), not the host's."""
+        # Ranks still running, and ranks that ended but whose output had not
+        # all arrived: both lose something with the host.
+        lost = [r for r in self.ranks if r.spec.key in keys
+                and (not r.ended or not all(out.finished for out in r.outputs))]
+        how = "ended by its host's agent" if blameless else "lost with its host"
+        for r in lost:
+            if not r.reason:
+                r.reason = (f"was {how}: {reason}" if not r.ended else
+                            f"lost the end of its output ({how}): {reason}")
+            r.end, r.ended = (r.end if r.ended else at or time.time()), True
+            for out in r.outputs:
+                out.finish()
+        if lost:
+            self.fail(lost[0], lost[0].reason, HOST_LOST_EXIT, abort=True, at=at)
+
+    def rank_started(self, key: int, pid: int) -> None:
+        r = self.ranks[key]
+        r.pid = pid
+        r.start = time.time() if r.start is None else r.start   # (msrun's restarts)
+        r.started_at = time.monotonic()
+        if self.job.verbose or self.job.report_bindings:
+            from .report import rank_started
+            rank_started(self, r)
+
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                    at: Optional[float] = None) -> None:
+        """Rank ``key`` ended, at ``at`` (on this clock; now if None)."""
+        if self.mpi_jobs is not None:
+            self.mpi_jobs.check_singletons()
+        r = self.ranks[key]
+        r.code, r.signal, r.ended, r.end = code, sig, True, at or time.time()
+        r.ended_at = time.monotonic()
+        if self.mpi_jobs is not None:
+            self.mpi_jobs.process_ended(r.spec)
+        elif r.pid and r.start is not None and r.spec.host.local:
+            remove_singleton_segment(r.pid, r.start)
+        if r.discarded:
+            return
+        if (sig is not None or code) and self.restarts and self.ending is None \
+                and r.spec.host.local and self.local is not None:
+            from .report import restart
+            if restart(self, self.local, r):
+                return
+        if sig is not None or code:
+            self.fail(r, "", 128 + sig if sig is not None else code or 1,
+                      abort=not self.job.keep_going, at=r.end)
+        elif r.pmi_lost and self.mpi_jobs is not None:
+            self.mpi_jobs.check_lost(r)
+        elif self.mpi_jobs is not None:
+            self.mpi_jobs.check_left_mpi(r)
+
+    def _live(self) -> List[RankState]:
+        return [r for r in self.ranks if r.pid and not r.ended]
+
+    def _on_signal(self, sig: int) -> None:
+        if sig == signal.SIGTSTP:
+            self._suspend()
+            return
+        if sig == signal.SIGINT and self.stop_signal is not None:
+            if not self.job.quiet:
+                self.console.message("mslaunch: second SIGINT: killing all ranks")
+            self._signal_all(signal.SIGKILL)
+            self.console.give_up()
+            return
+        if sig in _STOPPING:
+            # As Open MPI does: the ranks are stopped with SIGTERM (SIGKILL after
+            # the grace period), whichever of INT, TERM, HUP mslaunch got, so
+            # that a Ctrl-C of many Python ranks is not many tracebacks.
+            live = self._live()
+            if self.stop_signal is None:
+                self.stop_signal = int(sig)
+                if not self.job.quiet and sig == signal.SIGINT and live:
+                    self.console.message(f"mslaunch: SIGINT: stopping {len(live)} rank(s); "
+                                         f"press Ctrl-C again to kill them")
+            if self.ending is None:
+                self.ending = "signal"
+                self._tell_cluster(128 + int(sig), f"stopped by {signal_name(int(sig))} on "
+                                                   f"{os.uname().nodename}")
+                self._terminate()
+            if not live:
+                self.console.give_up()
+        else:
+            self._signal_all(sig)
+
+    def _suspend(self) -> None:
+        """Ctrl-Z (SIGTSTP): the ranks get it too, as under mpirun and Hydra; the
+        agents hear it first, so that they take this launcher's silence for a
+        pause, not a loss, and mslaunch stops itself once each has answered (or
+        after a second).  At SIGCONT (``fg``, ``bg``) the ranks are continued."""
+        if self._pausing is not None:
+            return
+        self._signal_all(signal.SIGTSTP)
+        self._pausing = {name for name, host in self.hosts.items()
+                         if host.state in ("ready", "running")}
+        if self._pausing:
+            self.loop.call_later(1.0, self._stop_self)
+        else:
+            self._stop_self()
+
+    def host_paused(self, name: str) -> None:
+        """A host's agent heard that this launcher stops (see :meth:`_suspend`)."""
+        if self._pausing is not None:
+            self._pausing.discard(name)
+            if not self._pausing:
+                self._stop_self()
+
+    def _stop_self(self) -> None:
+        if self._pausing is None:
+            return
+        self._pausing = None
+        os.kill(os.getpid(), signal.SIGSTOP)
+        self._signal_all(signal.SIGCONT)        # (here again after SIGCONT)
+
+    def _on_timeout(self) -> None:
+        if self._finished() or self.ending is not None:
+            return
+        self.ending = "timeout"
+        from .report import timed_out
+        live = self._live()
+        timed_out(self, live)
+        if self.job.stack_traces and live:
+            from ..inspect.stall import timeout_stacks
+            timeout_stacks(self, self._terminate)    # stops the ranks once printed
+        else:
+            self._terminate()
+
+    # -- output errors -------------------------------------------------------
+    def _terminal_failed(self, terminal: Terminal) -> None:
+        self._output_failed(f"cannot write to mslaunch's {terminal.name}: {terminal.error}")
+
+    def _output_failed(self, message: str) -> None:
+        if self.output_error:
+            return
+        self.output_error = message
+        self.console.message(f"mslaunch: error: {message}; stopping the job")
+        if self.ending is None:
+            self.ending = "output"
+            self._tell_cluster(1, message)
+            self._terminate()
+
+    def log(self, message: str) -> None:
+        """One line of mslaunch's own, unless --quiet."""
+        if not self.job.quiet:
+            self.console.message(f"mslaunch: {message}")
+
+    # -- policy -----------------------------------------------------------
+    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
+             at: Optional[float] = None, mpi_abort: bool = False) -> None:
+        """``rank`` failed at ``at`` (this clock; now if None), by ``MPI_Abort`` if
+        ``mpi_abort``; ``abort``: that ends the job."""
+        if rank.discarded:
+            return
+        if reason and not rank.reason:
+            rank.reason = reason
+        if self.ending in (None, "failure"):
+            host = None if rank.spec.host.local else self.hosts.get(rank.spec.host.name)
+            self.failures.note(rank, code, at or time.time(), abort or self.job.keep_going,
+                               mpi_abort, self.failures.stopped_at if host is None
+                               else host.stop_reached, self.job.grace)
+        if abort and self.ending is None:
+            self.ending = "failure"
+            self.failures.stopped(time.time())
+            from .report import summary
+            self._tell_cluster(code, summary(self, rank).split("\n", 1)[0][len("mslaunch: "):])
+            self._terminate()
+
+    def _tell_cluster(self, code: int, message: str) -> None:
+        self.backend.stopping(code, message)
+
+    def remote_stop(self, code: int, message: str) -> None:
+        """Another node (or the node service) ends the job: stop here too, with ``code``."""
+        if self.ending is not None:
+            return
+        self.ending = "remote"
+        self.remote = (code, message)
+        if not self.job.quiet:
+            self.console.message(f"mslaunch: {message}; stopping this node's processes")
+        self._terminate()
+
+    def _terminate(self) -> None:
+        self._signal_all(signal.SIGCONT)
+        self._signal_all(signal.SIGTERM)
+        self._arm_kill()
+
+    def _signal_all(self, sig: int) -> None:
+        for handle in self._handles():
+            handle.signal(sig)
+
+    def _arm_kill(self) -> None:
+        if self.killing is None:
+            self.killing = self.loop.call_later(self.job.grace, self._kill_all)
+        if self._give_up is None:
+            # A stopped job does not wait for a terminal nobody reads.
+            self._give_up = self.loop.call_later(self.job.grace + GIVE_UP_AFTER, self.console.give_up)
+
+    def _kill_all(self) -> None:
+        self.killing = None
+        self._signal_all(signal.SIGKILL)
+
+    def _finished(self) -> bool:
+        if any(handle.busy for handle in self._handles()):
+            return False
+        if not all(o.finished for r in self.ranks for o in r.outputs):
+            return False
+        return not self.console.pending
+
+    # -- end --------------------------------------------------------------
+    def _cleanup(self) -> None:
+        self._close_control()
+        self.backend.let_go(self.session.keeps_agents(self.ending, self.stop_signal))
+        for handle in self._handles():
+            handle.release()
+        if self.stdin_fanout is not None:
+            self.stdin_fanout.close()
+        if self.local is not None:
+            self.local.close(time.monotonic() + self.job.grace)
+        # Then the other handles share one grace period more (the hosts' agents were
+        # told BYE already and stop their ranks meanwhile).
+        deadline = time.monotonic() + self.job.grace
+        for handle in self.others:
+            handle.close(deadline)
+        self.backend.close()
+        if self.mpi_jobs is not None:
+            if os.environ.get("MSLAUNCH_PMI_STATS"):
+                self.console.message(
+                    f"mslaunch: PMI: {self.mpi_jobs.stats(len(self.ranks))} "
+                    f"(job {time.monotonic() - self.started:.3f} s)")
+            self.mpi_jobs.close()
+        if self.session.kept is not None:
+            self.session.kept.unwatch()
+        if self.console.dropped:
+            self.console.message(f"mslaunch: {self.console.dropped} byte(s) of rank output were "
+                                 f"not delivered: the terminal was not being read when the "
+                                 f"job was stopped")
+
+    def _result(self) -> JobResult:
+        results = tuple(r.result() for r in self.ranks)
+        if self.failures.root is not None:
+            from .report import failed_result
+            result = failed_result(self, results)
+        else:
+            result = ended_result(self.ending, self.stop_signal, self.remote, results)
+        if self.ending == "stall" and self.stall is not None:
+            result = replace(result, stall_report=self.stall.report)
+        if self.stop_signal is not None:
+            result = replace(result, stop_signal=self.stop_signal)
+        return result
+
+
+def _note_stop(signum: int) -> None:
+    # A stop signal that arrives while the remote hosts are being connected
+    # (before the event loop runs) is noted here as well.
+    if signum in _STOPPING:
+        _pending_stop.append(signum)
+

@@ -1,0 +1,186 @@
+"""The seams of the job layer, named as ``typing.Protocol`` classes.
+
+Modules import this one only inside ``if TYPE_CHECKING:`` blocks: it costs
+nothing at run time, and the pieces around the supervisor (the fleet of
+remote hosts, the PMI job set, the reports) name what they use of it here
+instead of importing it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Container, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+
+from .machine.guard import Watchdog
+from .machine.loop import Loop
+from .machine.output import RankOutput
+from .machine.terminal import Console
+from .core.spec import JobSpec, Plan, RankSpec
+from .core.states import Ending
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class RankHandle(Protocol):
+    """Ranks of one place: this machine (:class:`~mslaunch.machine.local.LocalRanks`),
+    one remote host's agent (:class:`~mslaunch.backends.agents.host.RemoteHost`), srun's step
+    (:class:`~mslaunch.backends.srunsteps.srunranks.SrunRanks`) or Open MPI's mpirun standing for
+    all of them (:class:`~mslaunch.backends.mpirun.openmpi.MpirunHandle`)."""
+
+    @property
+    def ranks(self) -> Container[int]:
+        """The keys of its ranks."""
+
+    @property
+    def busy(self) -> bool:
+        """A rank runs, or output or an exit is still to come."""
+
+    def start(self) -> None:
+        """Start the ranks (a remote host: those its agent was prepared with)."""
+
+    def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
+        """Send ``sig`` to the process groups of ``ranks`` (default: all)."""
+
+    def release(self) -> None:
+        """The job is over: let go without waiting (an agent is told BYE)."""
+
+    def close(self, deadline: float) -> None:
+        """Nothing of these ranks may survive; wait until ``deadline`` at most."""
+
+
+class Looker(Protocol):
+    """What answers a look inside ranks this machine cannot read itself: a remote
+    host's agent, or srun's step (a step of its own that reads every node's)."""
+
+    @property
+    def ranks(self) -> Container[int]:
+        """The keys of the ranks it answers for."""
+
+    def look(self, kind: int, body: Dict[str, Any], done: Any) -> bool:
+        """Ask for the stacks (``link.STACKS``) or the usage (``link.TOP``) of its
+        ranks; ``done(ranks or None)`` when it answers; False if it cannot ask."""
+
+    def end_singletons(self) -> None:
+        """Refused Open MPI singletons: end them, noting what they leave."""
+
+
+class SharedByAttempts(Protocol):
+    """What the attempts of one run share, as the MPI services see it (the
+    whole of it is :class:`~mslaunch.backends.session.Session`)."""
+
+    pmix: Any               # the PMIx server every attempt serves from, once made
+    attempts: bool          # more than one attempt may run
+
+
+class AgentHost(Protocol):
+    """A remote host's agent, as the MPI services speak to it
+    (:class:`~mslaunch.backends.agents.host.RemoteHost`)."""
+
+    name: str
+
+    @property
+    def ranks(self) -> Container[int]:
+        """The keys of its ranks."""
+
+    def send_pmi(self, message: Dict[str, Any]) -> None:
+        """An answer or a notice of the job's MPI for its ranks."""
+
+    def local_time(self, at: Any) -> float:
+        """The wall-clock time the host reported as ``at``, on this machine's clock
+        (now if ``at`` is not a time)."""
+
+
+class RankState(Protocol):
+    """The supervisor's bookkeeping of one rank."""
+
+    spec: RankSpec
+    pid: int
+    outputs: List[RankOutput]
+    code: Optional[int]
+    signal: Optional[int]
+    reason: str
+    ended: bool
+    pmi_lost: bool
+    discarded: bool
+    restarts: int
+    last_end: str
+    started_at: float           # monotonic; 0.0 until it runs
+    ended_at: float
+    last_output: Optional[float]   # when its output last grew, to a few seconds
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def tail(self) -> bytes: ...
+
+
+class JobView(Protocol):
+    """What the backends, the PMI job set and the reports use of the supervisor."""
+
+    job: JobSpec
+    plan: Plan
+    console: Console
+    loop: Loop
+    ending: Optional[Ending]
+    launched: bool
+    stop_signal: Optional[int]
+    watchdog: Watchdog
+    mpi_jobs: Any
+    failures: Any           # .failures.Failures: the cause, and what followed
+    control: Optional[Tuple[Any, str]]    # the control socket and its path, if any
+
+    @property
+    def session(self) -> SharedByAttempts: ...
+    local: Any              # this machine's ranks' handle, if any
+    stdin_fanout: Any
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def ranks(self) -> Sequence[RankState]: ...
+
+    @property
+    def hosts(self) -> Dict[str, Any]: ...
+
+    @property
+    def lookers(self) -> Dict[str, Any]: ...
+
+    @property
+    def spoken_for(self) -> Set[int]: ...
+
+    def log(self, message: str) -> None: ...
+
+    def make_sinks(self, spec: RankSpec) -> Any: ...
+
+    def replanned(self, plan: Plan) -> None: ...
+
+    def answer_while_starting(self, status: Any) -> Optional[Closable]: ...
+
+    def stop_requested(self) -> bool: ...
+
+    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
+             at: Optional[float] = None, mpi_abort: bool = False) -> None: ...
+
+    def rank_started(self, key: int, pid: int) -> None: ...
+
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                    at: Optional[float] = None) -> None: ...
+
+    def ranks_lost(self, keys: Any, reason: str, at: Optional[float] = None,
+                   blameless: bool = False) -> None: ...
+
+    def host_paused(self, name: str) -> None: ...
+
+    def add_ranks(self, specs: Sequence[RankSpec]) -> None: ...
+
+    def abandon(self, keys: Sequence[int]) -> None: ...
+
+    def start_local(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any) -> None: ...
+
+    def local_ranks(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any,
+                    stdin_fd: Optional[int]) -> Any: ...
+
+    def remote_stop(self, code: int, message: str) -> None: ...
