@@ -62,7 +62,7 @@ def _slurm_local_size(environ: Mapping[str, str]) -> Optional[int]:
     node = _ints(environ, "SLURM_NODEID")
     if not spec or node is None:
         return None
-    from .hosts.allocation import expand_tasks_per_node
+    from .hosts.allocations.slurm import expand_tasks_per_node
     try:
         counts = expand_tasks_per_node(spec)
     except Exception:

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from mslaunch.core.errors import HostfileError, UsageError
 from mslaunch.hosts import local as hf
-from mslaunch.hosts.allocation import allocation_hosts, expand_nodelist, expand_tasks_per_node
+from mslaunch.hosts.allocations import allocation_hosts
+from mslaunch.hosts.allocations.slurm import expand_nodelist, expand_tasks_per_node
 from mslaunch.hosts.hostfile import parse_host_list, parse_hostfile, parse_hostfile_text
 from mslaunch.hosts.local import is_local_host
 from mslaunch.core.spec import HostEntry
@@ -780,7 +781,7 @@ def test_real_hostname_is_local():
 def test_import_is_cheap():
     # Only modules that the import itself adds count (site may preload some).
     code = ("import sys; sys.path.insert(0, %r); before = set(sys.modules); "
-            "import mslaunch.hosts.hostfile, mslaunch.hosts.allocation, mslaunch.hosts.local; "
+            "import mslaunch.hosts.hostfile, mslaunch.hosts.allocations, mslaunch.hosts.local; "
             "bad = {'socket', 'ipaddress', 'subprocess', 'asyncio'} & (set(sys.modules) - before); "
             "print(sorted(bad))" % REPO)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -803,7 +804,7 @@ def test_name_checks_match_their_regular_expressions(text):
 
 @given(_GRAMMAR_TEXT)
 def test_slurm_list_pieces_match_their_regular_expressions(text):
-    from mslaunch.hosts import allocation as a
+    from mslaunch.hosts.allocations import slurm as a
     m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", text)
     assert a.range_parts(text) == (m.groups() if m else None)
     m = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", text)

@@ -360,7 +360,7 @@ def _launcher(word: str, flag: str, component_list: bool) -> str:
 def set_launcher(d: Draft, said: str, word: str, component_list: bool = False) -> None:
     d.launcher = _launcher(word, said, component_list)
     if d.launcher in ("slurm", "srun"):
-        from ..hosts.allocation import choose
+        from ..hosts.allocations.slurm import choose
         try:
             choose(d.launcher, d.environ)
         except UsageError as err:

@@ -1,8 +1,8 @@
 """Hosts: where the job may run, as :class:`~mslaunch.core.spec.HostEntry` items.
 
 Sources, in order of precedence: the command line (``-H``, hostfiles:
-:mod:`.hostfile`), a resource manager's allocation (Slurm, PBS:
-:mod:`.allocation`), else this machine.  :mod:`.local` tells which names
+:mod:`.hostfile`), a resource manager's allocation (Slurm, PBS, Grid Engine,
+LSF: one reader each in :mod:`.allocations`), else this machine.  :mod:`.local` tells which names
 denote this machine.
 """
 
@@ -27,9 +27,8 @@ def host_entries(job: JobSpec, environ: Mapping[str, str]) -> List[HostEntry]:
         if job.host_filter:
             entries = filter_hosts(entries, job.host_filter)
         return entries
-    if "SLURM_JOB_NODELIST" in environ or "SLURM_NODELIST" in environ \
-            or "PBS_NODEFILE" in environ or "PE_HOSTFILE" in environ or "LSB_JOBID" in environ:
-        from .allocation import allocation_hosts
+    from .allocations import allocation_hosts, may_be_in_one
+    if may_be_in_one(environ):
         found = allocation_hosts(environ)
         if found is not None:
             return list(found[0])

@@ -465,7 +465,7 @@ def check_srun_job(job: JobSpec, plan: Plan, attempts: bool,
                    environ: Mapping[str, str]) -> None:
     """UsageError for what ``--launcher srun`` does not do (see the module docstring),
     LaunchError for a host outside the allocation."""
-    from ...hosts.allocation import check_nodes
+    from ...hosts.allocations.slurm import check_nodes
     ranks = plan.ranks
     check_nodes([r.host.name for r in ranks], environ, "srun")
     what = None

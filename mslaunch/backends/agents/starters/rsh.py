@@ -85,7 +85,7 @@ def agent_words(agent: str, args: str, environ: Mapping[str, str],
 def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
     """The rsh agent of the Grid Engine or LSF job ``environ`` is in, as Open MPI
     and Hydra use them, and how to name it in messages."""
-    from ....hosts.allocation import in_grid_engine
+    from ....hosts.allocations.gridengine import in_grid_engine
     if in_grid_engine(environ):
         # Open MPI: $SGE_ROOT/bin/$ARC/qrsh, else qrsh on PATH.
         qrsh = os.path.join(environ["SGE_ROOT"], "bin", environ["ARC"], "qrsh")
@@ -223,6 +223,16 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
             f"with '{one_line(shown, 200)} HOST ...'; nothing was started: "
             + "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more reasons"
                                       if len(parts) > 6 else ""), failed, unreachable)
+
+
+def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
+         port_range: Optional[Tuple[int, int]]) -> RshStarter:
+    """The job's rsh agent: the one given, else (``--launcher auto``) Grid Engine's
+    ``qrsh`` or LSF's ``blaunch`` inside such a job."""
+    agent, setting = spec.rsh_agent, "plm_rsh_agent"
+    if not agent and spec.launcher == "auto" and not spec.rsh_args:
+        agent, setting = engine_agent(environ)
+    return RshStarter(spec, pythons, environ, agent, setting, port_range)
 
 
 class RshStarter:

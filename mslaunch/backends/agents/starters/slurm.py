@@ -43,8 +43,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+    from ....core.spec import SSHSpec
+
 from ....core.errors import HostsFailed, LaunchError, one_line
-from ....hosts.allocation import check_nodes
+from ....hosts.allocations.slurm import check_nodes
 from ....machine.loop import Loop
 from .. import bootstrap
 from ....machine import timeline
@@ -329,6 +331,12 @@ def _named(text: str, names: Sequence[str]) -> List[str]:
     """The nodes of ``names`` that ``text`` (srun's last words) names."""
     import re
     return [n for n in names if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w.-])", text)]
+
+
+def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
+         port_range: Optional[Tuple[int, int]]) -> SrunStarter:
+    """The agents of a job inside a Slurm allocation, started by one srun step."""
+    return SrunStarter(pythons, environ, port_range, spec.agent_wrapper)
 
 
 class SrunStarter:

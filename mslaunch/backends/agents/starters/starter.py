@@ -5,8 +5,8 @@ each, an :class:`AgentConnection`: the launcher's end of that agent's link
 (see :mod:`.link`) and what the launcher needs to know of the agent.  The
 starters are paramiko's SSH (:class:`.ssh.starter.SSHStarter`), an rsh agent such as
 the OpenSSH client (:class:`.rsh.RshStarter`) and Slurm's srun
-(:class:`.slurm.SrunStarter`); :func:`starter_for` makes the job's, as
-:func:`.slurm.choose` decides.  The launcher uses only what the two
+(:class:`.slurm.SrunStarter`); :func:`starter_for` makes the job's, the first
+of :data:`STARTERS` that wants it.  The launcher uses only what the two
 protocols below say, whichever starter it has.
 
 The protocols are for type checkers: importing this module costs nothing.
@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
 
     from ....core.spec import SSHSpec
+
+    #: Whether a starter starts the agents of a job reaching its hosts so, here.
+    Wanted = Callable[[SSHSpec, Mapping[str, str]], bool]
 
     class AgentConnection(Protocol):
         """A running agent, as a starter hands it to the launcher.
@@ -121,37 +124,62 @@ class _NoStarter:
                           f"{'is' if len(names) == 1 else 'are'} not this machine")
 
 
+def _under_slurm(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
+    from ....hosts.allocations.slurm import choose
+    return choose(spec.launcher, environ) == "slurm"   # (UsageError outside one)
+
+
+def _nowhere(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
+    return spec.launcher == "local"
+
+
+def _rsh(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
+    if spec.rsh_agent or spec.rsh_args:
+        return True
+    from ....hosts.allocations.gridengine import in_grid_engine
+    from ....hosts.allocations.lsf import in_lsf
+    return spec.launcher == "auto" and (in_grid_engine(environ) or in_lsf(environ))
+
+
+def _ssh(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
+    return True
+
+
+#: The starters, asked in this order whether they start the job's agents (as
+#: Hydra's bootstrap table): (name, when, module).  Each module has
+#: ``make(spec, environ, pythons, port_range)``, imported only when chosen; a
+#: new starter is one module and its line here.
+STARTERS: Tuple[Tuple[str, Wanted, str], ...] = (
+    ("srun", _under_slurm, "mslaunch.backends.agents.starters.slurm"),
+    ("none", _nowhere, "mslaunch.backends.agents.starters.starter"),
+    ("rsh", _rsh, "mslaunch.backends.agents.starters.rsh"),
+    ("ssh", _ssh, "mslaunch.backends.agents.starters.ssh.starter"),
+)
+
+
 def starter_for(spec: SSHSpec, environ: Mapping[str, str],
                 pythons: Optional[Sequence[str]] = None,
                 port_range: Optional[Tuple[int, int]] = None) -> Starter:
-    """The starter of a job whose remote hosts are reached as ``spec`` says.
-
-    ``spec.launcher`` decides, through :func:`.slurm.choose` (UsageError for
-    ``slurm`` outside an allocation).  ``pythons`` are the interpreters the
-    agents try on the hosts: ``--remote-python``, else this one's path, then
-    ``python3``.  The agents that dial in (srun, an rsh agent) are listened for
-    on a port of ``port_range`` if given.  Nothing is started or read yet.
-    """
-    from ....hosts.allocation import choose
-    from .slurm import SrunStarter
-    how = choose(spec.launcher, environ)
+    """The starter of a job whose remote hosts are reached as ``spec`` says: the
+    first of :data:`STARTERS` that wants it (UsageError for ``--launcher slurm``
+    outside an allocation).  ``pythons`` are the interpreters the agents try on
+    the hosts: ``--remote-python``, else this one's path, then ``python3``.  The
+    agents that dial in (srun, an rsh agent) are listened for on a port of
+    ``port_range`` if given.  Nothing is started or read yet."""
     if pythons is None:
         pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]
-    if how == "slurm":
-        return SrunStarter(pythons, environ, port_range, spec.agent_wrapper)
-    if how == "local":
-        return _NoStarter()
-    agent, setting = spec.rsh_agent, "plm_rsh_agent"
-    if not agent and spec.launcher == "auto":
-        from ....hosts.allocation import in_grid_engine, in_lsf
-        if in_grid_engine(environ) or in_lsf(environ):
-            from .rsh import engine_agent
-            agent, setting = engine_agent(environ)
-    if agent or spec.rsh_args:
-        from .rsh import RshStarter
-        return RshStarter(spec, pythons, environ, agent, setting, port_range)
-    from .ssh.starter import SSHStarter
-    return SSHStarter(spec, pythons, environ)
+    for _name, wanted, module in STARTERS:
+        if wanted(spec, environ):
+            made: Starter = __import__(module, fromlist=["make"]).make(
+                spec, environ, pythons, port_range)
+            return made
+    raise AssertionError("the SSH starter takes every job")
+
+
+def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
+         port_range: Optional[Tuple[int, int]]) -> Starter:
+    """``--launcher local``: no starter (remote hosts cannot be reached)."""
+    return _NoStarter()
 
 
 def let_go(conn) -> None:

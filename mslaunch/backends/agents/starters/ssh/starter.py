@@ -11,7 +11,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
     from .....core.spec import SSHSpec
 
@@ -20,6 +20,12 @@ from ... import bootstrap
 from .paramiko_import import import_finished, start_import
 from .connect import Options, close_all, connect_all
 from .helpers import Helpers, helper_count
+
+
+def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
+         port_range: Optional[Tuple[int, int]]) -> SSHStarter:
+    """The agents of a job whose hosts are reached over SSH, with paramiko."""
+    return SSHStarter(spec, pythons, environ)
 
 
 class SSHStarter:

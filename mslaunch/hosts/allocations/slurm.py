@@ -1,35 +1,20 @@
-"""Hosts of a resource-manager allocation: Slurm, PBS/Torque, Grid Engine, LSF.
-
-Slurm's compressed host lists (``node[01-03,07]``) and task counts
-(``2(x3),1``) are expanded here; PBS lists a host once per slot in
-``PBS_NODEFILE``; Grid Engine's ``PE_HOSTFILE`` has ``HOST SLOTS QUEUE
-PROCESSORS`` lines (Open MPI reads it when ``JOB_ID``, ``SGE_ROOT`` and
-``ARC`` are set too); LSF's ``LSB_DJOB_HOSTFILE`` lists a host once per slot,
-``LSB_MCPU_HOSTS`` is ``HOST N HOST N ...`` (both with ``LSB_JOBID``).
-Errors are one line naming the variable or FILE:LINE.
+"""Slurm's allocation: ``SLURM_JOB_NODELIST`` (or ``SLURM_NODELIST``), its
+compressed host lists (``node[01-03,07]``) and task counts (``2(x3),1``,
+from ``SLURM_TASKS_PER_NODE``, else ``SLURM_JOB_CPUS_PER_NODE``, else 1 per
+node) expanded here; and whether mslaunch runs inside one, which srun needs.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import List, Mapping, Optional, Sequence, Tuple
 
-from ..core.errors import HostfileError, LaunchError, UsageError, one_line
-from ..core.spec import HostEntry
-from .hostfile import (
-    MAX_HOSTS,
-    _MAX_DIGITS,
-    _count,
-    _is_digits,
-    _name_problem,
-    _show_path,
-    _x,
-    read_host_file,
-)
+from ...core.errors import HostfileError, LaunchError, UsageError, one_line
+from ...core.spec import HostEntry
+from ..hostfile import MAX_HOSTS, _MAX_DIGITS, _count, _is_digits, _name_problem, _x
+from . import merge_counts
 
-# ---------------------------------------------------------------------------
-# Slurm
 
 def range_parts(item: str) -> Optional[Tuple[str, Optional[str]]]:
     """``([0-9]+)(?:-([0-9]+))?``: the bounds of ``N`` or ``N-M``, or None."""
@@ -171,19 +156,12 @@ def expand_tasks_per_node(expr: str, var: str = "SLURM_TASKS_PER_NODE") -> List[
     return out
 
 
-# ---------------------------------------------------------------------------
-# allocations
-
-
-def _merge_counts(pairs: List[Tuple[str, int, str]]) -> List[HostEntry]:
-    """``(name, slots, origin)`` triples merged by name, first position kept."""
-    merged: Dict[str, List] = {}
-    for name, slots, origin in pairs:
-        if name in merged:
-            merged[name][0] += slots
-        else:
-            merged[name] = [slots, origin]
-    return [HostEntry(name, slots, None, origin) for name, (slots, origin) in merged.items()]
+def hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntry], str]]:
+    """The allocation's nodes, each with its task count as slots."""
+    for nvar in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if environ.get(nvar, "").strip():
+            return _slurm_hosts(environ, nvar)
+    return None
 
 
 def _slurm_hosts(environ: Mapping[str, str], nvar: str) -> Tuple[List[HostEntry], str]:
@@ -203,105 +181,8 @@ def _slurm_hosts(environ: Mapping[str, str], nvar: str) -> Tuple[List[HostEntry]
     else:
         counts = [1] * len(names)
         source = f"Slurm allocation ({nvar}={nval}, 1 slot per node)"
-    entries = _merge_counts([(n, c, nvar) for n, c in zip(names, counts)])
+    entries = merge_counts([(n, c, nvar) for n, c in zip(names, counts)])
     return entries, source
-
-
-def _pbs_hosts(path: str, var: str = "PBS_NODEFILE") -> Tuple[List[HostEntry], str]:
-    shown = _show_path(path)
-    text = read_host_file(path, var, sep="=")
-    pairs: List[Tuple[str, int, str]] = []
-    for number, line in enumerate(text.split("\n"), 1):
-        name = line.split("#", 1)[0].strip()
-        if not name:
-            continue
-        problem = _name_problem(name)
-        if problem:
-            raise HostfileError(f"{shown}:{number}: {problem} (from {var})")
-        pairs.append((name, 1, f"{shown}:{number}"))
-        if len(pairs) > 64 * MAX_HOSTS:
-            raise HostfileError(f"{shown}:{number}: more lines than any allocation has slots "
-                                f"(from {var})")
-    if not pairs:
-        raise HostfileError(f"{var}={shown}: lists no hosts")
-    return _merge_counts(pairs), f"PBS allocation (PBS_NODEFILE={shown})"
-
-
-def in_grid_engine(environ: Mapping[str, str]) -> bool:
-    """Inside a Grid Engine parallel environment, as Open MPI tells."""
-    return all(environ.get(v) for v in ("PE_HOSTFILE", "JOB_ID", "SGE_ROOT", "ARC"))
-
-
-def in_lsf(environ: Mapping[str, str]) -> bool:
-    """Inside an LSF job with its hosts."""
-    return bool(environ.get("LSB_JOBID")) and bool(
-        environ.get("LSB_DJOB_HOSTFILE") or environ.get("LSB_MCPU_HOSTS", "").strip())
-
-
-def _grid_engine_hosts(path: str) -> Tuple[List[HostEntry], str]:
-    shown = _show_path(path)
-    text = read_host_file(path, "PE_HOSTFILE")
-    pairs: List[Tuple[str, int, str]] = []
-    for number, line in enumerate(text.split("\n"), 1):
-        words = line.split()
-        if not words:
-            continue
-        problem = _name_problem(words[0])
-        if problem:
-            raise HostfileError(f"{shown}:{number}: {problem} (from PE_HOSTFILE)")
-        slots = _count(words[1]) if len(words) > 1 else None
-        if slots is None:
-            raise HostfileError(f"{shown}:{number}: expected 'HOST SLOTS QUEUE PROCESSORS', "
-                                f"got {_x(line.strip())} (from PE_HOSTFILE)")
-        pairs.append((words[0], slots, f"{shown}:{number}"))
-    if not pairs:
-        raise HostfileError(f"PE_HOSTFILE={shown}: lists no hosts")
-    return _merge_counts(pairs), f"Grid Engine allocation (PE_HOSTFILE={shown})"
-
-
-def _lsf_hosts(environ: Mapping[str, str]) -> Tuple[List[HostEntry], str]:
-    path = environ.get("LSB_DJOB_HOSTFILE", "")
-    if path:
-        entries, _ = _pbs_hosts(path, "LSB_DJOB_HOSTFILE")
-        return entries, f"LSF allocation (LSB_DJOB_HOSTFILE={_show_path(path)})"
-    text = environ["LSB_MCPU_HOSTS"]
-    words = text.split()
-    if len(words) % 2:
-        raise HostfileError(f"LSB_MCPU_HOSTS={_x(text)}: expected 'HOST N HOST N ...'")
-    pairs: List[Tuple[str, int, str]] = []
-    for name, count in zip(words[::2], words[1::2]):
-        problem = _name_problem(name)
-        slots = _count(count)
-        if problem or slots is None:
-            raise HostfileError(f"LSB_MCPU_HOSTS: {problem or f'bad slot count {_x(count)}'}"
-                                f" for {_x(name)}")
-        pairs.append((name, slots, "LSB_MCPU_HOSTS"))
-    return _merge_counts(pairs), f"LSF allocation (LSB_MCPU_HOSTS={text.strip()})"
-
-
-def allocation_hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntry], str]]:
-    """The hosts of a Slurm, PBS/Torque, Grid Engine or LSF allocation, with a
-    description.
-
-    Slurm (``SLURM_JOB_NODELIST`` or ``SLURM_NODELIST``) wins over PBS
-    (``PBS_NODEFILE``), PBS over Grid Engine, Grid Engine over LSF.  Slot
-    counts come from ``SLURM_TASKS_PER_NODE``, else ``SLURM_JOB_CPUS_PER_NODE``,
-    else 1 per node; for PBS and ``LSB_DJOB_HOSTFILE``, a host's count is the
-    number of lines naming it; ``PE_HOSTFILE`` and ``LSB_MCPU_HOSTS`` give
-    counts (a host named twice adds up).  Returns None when no allocation is
-    present.
-    """
-    for nvar in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        if environ.get(nvar, "").strip():
-            return _slurm_hosts(environ, nvar)
-    path = environ.get("PBS_NODEFILE", "")
-    if path:
-        return _pbs_hosts(path)
-    if in_grid_engine(environ):
-        return _grid_engine_hosts(environ["PE_HOSTFILE"])
-    if in_lsf(environ):
-        return _lsf_hosts(environ)
-    return None
 
 
 def in_allocation(environ: Mapping[str, str]) -> bool:
