@@ -13,7 +13,7 @@ command -v gcc >/dev/null 2>&1 || apt_needed+=(gcc libc6-dev)
 [ -e /usr/include/slurm/pmi2.h ] || apt_needed+=(libpmi2-0-dev)
 command -v ps >/dev/null 2>&1 || apt_needed+=(procps)
 python3 -m venv --help >/dev/null 2>&1 || apt_needed+=(python3-venv)
-# the multi-host SSH test bed (tests/sshbed.py): sshd hosts in network namespaces
+# the multi-host SSH test bed (tests/support/sshbed.py): sshd hosts in network namespaces
 [ -x /usr/sbin/sshd ] || apt_needed+=(openssh-server)
 { command -v ssh && command -v ssh-keygen; } >/dev/null 2>&1 || apt_needed+=(openssh-client)
 command -v ip >/dev/null 2>&1 || apt_needed+=(iproute2)
@@ -26,11 +26,11 @@ command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
 # native frames of running ranks (mslaunch-stacks), and a real terminal for mslaunch-top's test
 command -v eu-stack >/dev/null 2>&1 || apt_needed+=(elfutils)
 command -v tmux >/dev/null 2>&1 || apt_needed+=(tmux)
-# the Slurm test bed (tests/slurmbed.py): munged, slurmctld and one slurmd per
+# the Slurm test bed (tests/support/slurmbed.py): munged, slurmctld and one slurmd per
 # network-namespace node, none of them started as a service
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun; } >/dev/null 2>&1 || apt_needed+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || apt_needed+=(munge)
-# the Grid Engine cell (tests/gebed.py): Debian's 8.1.9, no daemon started as a service
+# the Grid Engine cell (tests/support/gebed.py): Debian's 8.1.9, no daemon started as a service
 { [ -x /usr/sbin/sge_qmaster ] && [ -x /usr/sbin/sge_execd ] && command -v qsub; } >/dev/null 2>&1 \
     || apt_needed+=(gridengine-master gridengine-exec gridengine-client)
 if [ ${#apt_needed[@]} -gt 0 ]; then
@@ -93,12 +93,12 @@ site=$(mktemp -d)
 .venv/bin/mkdocs build --strict -d "$site" || { rm -rf "$site"; exit 1; }
 rm -rf "$site"
 
-# The Python versions the package promises (tests/pythons.py reads them from
+# The Python versions the package promises (tests/support/pythons.py reads them from
 # setup.cfg and the agent's bootstrap): each interpreter must be found here, or
 # installed from Debian's packages, or the run fails.
 need_python() {
     local found
-    if found=$(python3 tests/pythons.py "$1"); then
+    if found=$(python3 tests/support/pythons.py "$1"); then
         echo "$found"
         return 0
     fi
@@ -107,7 +107,7 @@ need_python() {
         if apt-cache show "python$1-venv" >/dev/null 2>&1; then
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
                 "python$1" "python$1-venv" >/dev/null
-            if found=$(python3 tests/pythons.py "$1"); then
+            if found=$(python3 tests/support/pythons.py "$1"); then
                 echo "$found"
                 return 0
             fi
@@ -118,7 +118,7 @@ need_python() {
          "one (pyenv install $1) and run again" >&2
     return 1
 }
-claims=$(python3 tests/pythons.py claims)
+claims=$(python3 tests/support/pythons.py claims)
 read -r oldest newest host_floor <<< "$claims"
 # A smoke subset of the suite on the oldest and the newest, with the package
 # installed from its wheel in a virtual environment of each.
@@ -151,7 +151,7 @@ parallel="-n 3 --dist loadgroup --no-loadscope-reorder"
 # As root, the suite runs in a mount namespace of its own whose resolver is
 # loopback only (nothing listens there: lookups fail at once), and whose
 # /dev/shm is an empty tmpfs of its own: whatever is left there at the end is
-# the suite's, and fails it (tests/shmcheck.py).
+# the suite's, and fails it (tests/support/shmcheck.py).
 if [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
     exec unshare --mount --propagation private sh -c '
         conf=$(mktemp) && printf "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n" > "$conf" &&

@@ -1,7 +1,10 @@
 import os
 import sys
 
+# The repository's own package first; then the tests' support modules (helpers, the test
+# beds, the plugins below), which are not test modules: pytest collects none of them.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 import pytest
 from hypothesis import HealthCheck, settings

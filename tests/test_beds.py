@@ -12,7 +12,7 @@ import pytest
 
 import netbed
 from conftest import require
-from helpers import wait_for
+from helpers import SUPPORT, wait_for
 
 
 class _Bed(netbed.Bed):
@@ -115,9 +115,8 @@ def test_an_ssh_bed_left_by_a_crashed_run_is_removed_by_the_next(sshbeds, tmp_pa
     /run/netns no longer shows.  The next SSH bed removes them before it is built."""
     ok, reason = netbed.namespaces_permitted()
     require(ok, reason)
-    tests = os.path.dirname(os.path.abspath(__file__))
     r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
-                        "-c", CRASHED_RUN, tests, str(tmp_path / "crashed")],
+                        "-c", CRASHED_RUN, SUPPORT, str(tmp_path / "crashed")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == -9 and r.stdout, r.stderr
     left = json.loads(r.stdout)

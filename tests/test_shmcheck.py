@@ -1,4 +1,4 @@
-"""The suite's /dev/shm check (tests/shmcheck.py) fails a run that leaves a file
+"""The suite's /dev/shm check (tests/support/shmcheck.py) fails a run that leaves a file
 there, and passes one that removes what it made: a small suite run by pytest."""
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-from helpers import clean_env, new_tag
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers import SUPPORT, clean_env, new_tag
 
 LEAK = '''
 import os, subprocess, sys, time
@@ -36,7 +34,7 @@ def test_a_file_left_in_dev_shm_fails_the_run(tmp_path, remove):
     name = f"mslaunch-test-{new_tag()}"
     (tmp_path / "test_leak.py").write_text(
         LEAK.format(name=name, hold=0 if own else 1.0, remove=remove))
-    env = clean_env(PYTHONPATH=HERE + os.pathsep + clean_env()["PYTHONPATH"])
+    env = clean_env(PYTHONPATH=SUPPORT + os.pathsep + clean_env()["PYTHONPATH"])
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
             "-p", "shmcheck", str(tmp_path / "test_leak.py")]
     if own:                     # (the variable goes through clean_env)

@@ -1,4 +1,4 @@
-"""Fast checks of the Slurm test bed itself (tests/slurmbed.py)."""
+"""Fast checks of the Slurm test bed itself (tests/support/slurmbed.py)."""
 
 from __future__ import annotations
 

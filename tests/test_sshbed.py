@@ -1,4 +1,4 @@
-"""Fast checks of the multi-host SSH test bed itself (tests/sshbed.py, tests/netbed.py).
+"""Fast checks of the multi-host SSH test bed itself (tests/support/sshbed.py, tests/support/netbed.py).
 
 The paramiko client here is used the way the launcher uses it: the host name is
 looked up in ``~/.ssh/config`` with ``paramiko.SSHConfig``, known hosts come

@@ -10,8 +10,12 @@ import time
 import uuid
 from typing import Dict, List, Optional, Sequence, Set
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROGRAMS = os.path.join(REPO, "tests", "programs")
+#: tests/support (this module's folder), tests/ and the repository's root
+SUPPORT = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(SUPPORT)
+REPO = os.path.dirname(TESTS)
+PROGRAMS = os.path.join(TESTS, "programs")
+DATA = os.path.join(TESTS, "data")
 PY = sys.executable
 STALE = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDI_", "SLURM_", "PBS_", "MASTER_")
 

@@ -8,8 +8,8 @@ is looked for as ``pythonX.Y`` on ``PATH``, in /usr/bin and /usr/local/bin,
 and in pyenv's versions (``$PYENV_ROOT``, ``~/.pyenv``, /root/.pyenv), and is
 taken only when it runs and says it is that version.
 
-    python3 tests/pythons.py claims    # "3.9 3.13 3.8": oldest, newest, host floor
-    python3 tests/pythons.py 3.9       # the interpreter's path; exit 1 if none
+    python3 tests/support/pythons.py claims    # "3.9 3.13 3.8": oldest, newest, host floor
+    python3 tests/support/pythons.py 3.9       # the interpreter's path; exit 1 if none
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def package_versions() -> Tuple[str, str]:
