@@ -9,24 +9,15 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sup
 import pytest
 from hypothesis import HealthCheck, settings
 
+from requires import mpich_ready, require
+
 # No time limit on an example: speed is the benchmarks' business (bench/), and the
 # suite's parallel workers and other jobs share the machine.
 settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
 
-REQUIRE_ALL = os.environ.get("MSLAUNCH_TEST_REQUIRE_ALL") == "1"
-
 # The multi-host SSH test bed's fixtures (sshbed, sshbeds).
 pytest_plugins = ["sshbed", "slurmbed", "shmcheck", "cgroupcheck"]
-
-
-def require(ok: bool, reason: str) -> None:
-    """Skip when a needed piece is missing, or fail when the suite must be complete."""
-    if ok:
-        return
-    if REQUIRE_ALL:
-        pytest.fail(f"required for this test run: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture
@@ -59,21 +50,6 @@ def own_tmpdir(monkeypatch):
     monkeypatch.setenv("TMPDIR", str(path))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-_mpich_probe = []
-
-
-def mpich_ready() -> bool:
-    """Whether this interpreter's mpi4py runs on the MPICH wheel (probed once)."""
-    if not _mpich_probe:
-        import subprocess
-        from helpers import PY, clean_env
-        probe = subprocess.run([PY, "-c", "from mpi4py import MPI; "
-                                "print(MPI.Get_library_version())"],
-                               capture_output=True, env=clean_env(), timeout=60)
-        _mpich_probe.append(probe.returncode == 0 and b"MPICH" in probe.stdout)
-    return _mpich_probe[0]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import netbed
-from conftest import require
+from requires import require
 from helpers import SUPPORT, wait_for
 
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import require
+from requires import require
 from helpers import REPO
 
 MYPY_CASES = {

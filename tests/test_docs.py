@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import require
+from requires import require
 from helpers import REPO
 
 README = os.path.join(REPO, "README.md")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run
 from test_singletons import _open_mpi_4, _open_mpi_5
 

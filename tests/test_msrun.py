@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import require
+from requires import require
 from helpers import (all_gone, clean_env, cmd, kill_tagged, new_tag, program, tagged_pids,
                      wait_for)
 

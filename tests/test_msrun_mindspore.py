@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 
-from conftest import require
+from requires import require
 from helpers import PY, all_gone, clean_env, cmd, kill_tagged, new_tag, program, tagged_pids
 
 REAL = program("ms_real.py")

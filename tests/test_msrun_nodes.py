@@ -467,7 +467,7 @@ def test_real_mindspore_across_two_nodes_with_the_master_named_by_host_name(job)
     nodes, ``--master_addr`` the master's name from the hosts' /etc/hosts."""
     import importlib.util
     import os
-    from conftest import require
+    from requires import require
     from helpers import PY
     require(importlib.util.find_spec("mindspore") is not None,
             "MindSpore's CPU wheel (pip install mindspore==2.10.0 'numpy<2')")

@@ -15,7 +15,7 @@ import os
 import re
 
 import pytest
-from conftest import require
+from requires import require
 from helpers import clean_env, kill_tagged, new_tag, program, run
 from hypothesis import given, settings
 from hypothesis import strategies as st

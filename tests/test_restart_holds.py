@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, start, wait_for
 from soak import cgroups_of
 

@@ -403,7 +403,7 @@ def test_mpi_operator_v1_launcher_runs_mpi_on_the_worker_pods(sshbed, tmp_path, 
 @pytest.fixture
 def gridengine(sshbed, tmp_path):
     import gebed
-    from conftest import require
+    from requires import require
     require(not gebed.missing(), "Grid Engine (apt-get install gridengine-master "
                                  "gridengine-exec gridengine-client): "
                                  + ", ".join(gebed.missing()))

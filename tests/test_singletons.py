@@ -19,7 +19,7 @@ import subprocess
 import pytest
 from hypothesis import given, strategies as st
 
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
     wait_for
 

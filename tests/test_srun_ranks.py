@@ -225,7 +225,7 @@ def test_a_spawn_fails_in_the_rank_that_asks_for_it(slurmbed, mpich, tmp_path):
 
 
 def test_an_open_mpi_4_program_fails_with_open_mpi_s_own_reason(slurmbed, tmp_path):
-    from conftest import require
+    from requires import require
     from test_singletons import _open_mpi_4
     python = _open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
@@ -315,7 +315,7 @@ def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, tmp_
     """As under agents (tests/test_singletons.py): their segments in /dev/shm and
     their session directories in TMPDIR go, removed by a step on their nodes.
     (Refused at all only because the nodes see the launcher's probe directory.)"""
-    from conftest import require
+    from requires import require
     from test_singletons import _check_refused, held_files, still_there, _open_mpi_5
     from helpers import program
     lib = _open_mpi_5()

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from helpers import PY, REPO, clean_env, kill_tagged, new_tag, program, start, tagged_pids, wait_for
-from conftest import require
+from requires import require
 
 from mslaunch.stacktree import from_json, render
 

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from helpers import REPO, new_tag, kill_tagged, tagged_pids, wait_for
-from conftest import require
+from requires import require
 
 RANK = """\
 import os, sys, time

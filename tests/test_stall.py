@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import require
+from requires import require
 from helpers import PY, clean_env, kill_tagged, new_tag, program, run, tagged_pids, wait_for
 
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import require
+from requires import require
 from helpers import PY, REPO, clean_env, kill_tagged, new_tag, start, wait_for
 
 TOP = os.path.join(REPO, "scripts", "mslaunch-top")
