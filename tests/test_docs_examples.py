@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 from helpers import PY, REPO, clean_env, kill_tagged, new_tag
-from test_remote import settle
+from remote import settle
 
 PAGES = ["README.md"] + sorted(
     os.path.relpath(os.path.join(d, f), REPO)

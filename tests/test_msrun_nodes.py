@@ -465,13 +465,10 @@ def _connects(addr: str, port: int) -> bool:
 def test_real_mindspore_across_two_nodes_with_the_master_named_by_host_name(job):
     """One all-reduce over MindSpore's CPU collectives, one worker on each of two
     nodes, ``--master_addr`` the master's name from the hosts' /etc/hosts."""
-    import importlib.util
     import os
-    from requires import require
     from helpers import PY
-    require(importlib.util.find_spec("mindspore") is not None,
-            "MindSpore's CPU wheel (pip install mindspore==2.10.0 'numpy<2')")
-    from test_msrun_mindspore import mindspore_flake
+    from mindspore_runs import mindspore_flake, need_mindspore
+    need_mindspore()
     for attempt in range(2):
         j = job(2, time_out=60)
         j.tmp = j.tmp / f"attempt{attempt}"

@@ -6,68 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import threading
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, REPO, clean_env, cmd, error_lines, run, wait_for
-from test_remote import no_agents
+from helpers import PY, REPO, clean_env, cmd, one_error_line, run, wait_for
+from listeners import BAD_KINDS, Listener, bad_hosts_config
+from remote import no_agents
 
 # -- never a traceback: every kind of SSH failure is one line -------------------------
-
-
-class Listener:
-    """A loopback TCP port that misbehaves as a host's "sshd" can: it answers
-    something that is not SSH, closes at once (sshd's MaxStartups), says its
-    banner and closes in the key exchange, or says nothing at all."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.conns: List[socket.socket] = []
-        self.stopped = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopped:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            if self.mode == "not-ssh":
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-                conn.close()
-            elif self.mode == "dropped":
-                conn.close()
-            elif self.mode == "mid-handshake":
-                conn.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
-                conn.recv(65536)
-                conn.close()
-            # "silent": holds the connection and says nothing
-        except OSError:
-            pass
-
-    def stop(self) -> None:
-        self.stopped = True
-        self.sock.close()
-        for conn in self.conns:
-            conn.close()
-
-
-BAD_KINDS = ("not-ssh", "dropped", "mid-handshake", "silent")
 
 
 @pytest.fixture
@@ -78,28 +28,15 @@ def listeners():
         listener.stop()
 
 
-def _bad_hosts_config(listeners: Dict[str, Listener]) -> str:
-    return "".join(f"Host {kind}\n  HostName 127.0.0.1\n  Port {lis.port}\n"
-                   for kind, lis in listeners.items())
-
-
-def _one_error_line(stderr: bytes) -> str:
-    text = stderr.decode()
-    lines = error_lines(text)
-    assert len(lines) == 1, text
-    assert lines[0].startswith("mslaunch: error: ") and "Traceback" not in text, text
-    return lines[0]
-
-
 @pytest.mark.parametrize("kind", BAD_KINDS)
 def test_a_port_that_is_not_a_working_sshd_is_one_line(listeners, kind, tmp_path):
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "config").write_text(_bad_hosts_config(listeners))
+    (home / ".ssh" / "config").write_text(bad_hosts_config(listeners))
     r = subprocess.run(cmd("--ssh-timeout", "2", "-H", kind, "-n", "1", "true"),
                        capture_output=True, timeout=60, env=clean_env(HOME=str(home)))
     assert r.returncode == 1
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert f"{kind} (connect: " in line
     expected = {"not-ssh": "no SSH banner", "dropped": "no SSH banner",
                 "mid-handshake": "closed during the key exchange", "silent": "timed out after 2 s"}
@@ -108,7 +45,7 @@ def test_a_port_that_is_not_a_working_sshd_is_one_line(listeners, kind, tmp_path
 
 def test_every_ssh_failure_kind_together_is_one_line_naming_each_host(sshbed, listeners,
                                                                        tmp_path):
-    home = sshbed.make_home(tmp_path / "home", user_config_extra=_bad_hosts_config(listeners))
+    home = sshbed.make_home(tmp_path / "home", user_config_extra=bad_hosts_config(listeners))
     sshbed.refuse_logins("h3")
     sshbed.rekey_host("h2")
     hosts = ",".join([*BAD_KINDS, "h2", "h3"])
@@ -130,7 +67,7 @@ def test_every_ssh_failure_kind_together_is_one_line_naming_each_host(sshbed, li
 @pytest.mark.parametrize("kind", [*BAD_KINDS, "key-changed", "login-refused"])
 def test_every_ssh_failure_kind_through_the_openssh_client_is_one_line(sshbed, listeners,
                                                                        tmp_path, kind):
-    home = sshbed.make_home(tmp_path / "home", user_config_extra=_bad_hosts_config(listeners)
+    home = sshbed.make_home(tmp_path / "home", user_config_extra=bad_hosts_config(listeners)
                             + "Host silent\n  ConnectTimeout 2\n")
     host = {"key-changed": "h2", "login-refused": "h3"}.get(kind, kind)
     if kind == "key-changed":
@@ -142,7 +79,7 @@ def test_every_ssh_failure_kind_through_the_openssh_client_is_one_line(sshbed, l
                            f"-F {config}", "-H", f"h1,{host}", "-n", "2", "true"),
                        capture_output=True, timeout=120, env=clean_env(HOME=home))
     assert r.returncode == 1
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert f"nothing was started: {host} (" in line and "1 of 2" in line, line
     assert wait_for(lambda: no_agents(sshbed), 15)
 
@@ -150,7 +87,7 @@ def test_every_ssh_failure_kind_through_the_openssh_client_is_one_line(sshbed, l
 def test_library_messages_are_one_line_each_with_two_v(listeners, tmp_path):
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "config").write_text(_bad_hosts_config(listeners))
+    (home / ".ssh" / "config").write_text(bad_hosts_config(listeners))
     r = subprocess.run(cmd("-v", "-v", "--ssh-timeout", "2", "-H", "dropped", "-n", "1", "true"),
                        capture_output=True, timeout=60, env=clean_env(HOME=str(home)))
     text = r.stderr.decode()
@@ -202,7 +139,7 @@ def _error_of(argv: List[str], cwd: Optional[str] = None) -> str:
     """mslaunch's stderr for a command line that is refused before anything runs."""
     r = run(*argv, cwd=cwd, timeout=30)
     assert r.returncode == 2, r
-    return _one_error_line(r.stderr)
+    return one_error_line(r.stderr)
 
 
 def test_a_python_script_that_is_not_executable_runs_with_python(tmp_path):
@@ -240,7 +177,7 @@ def test_an_executable_script_the_kernel_cannot_start_is_refused_with_the_fix(tm
         (tmp_path / name).chmod(0o755)
         r = run("-n", "1", name, cwd=str(tmp_path))
         assert r.returncode == 127
-        line = _one_error_line(r.stderr)
+        line = one_error_line(r.stderr)
         assert line.startswith(f"mslaunch: error: program {name!r} of rank 0 {says}"), line
 
 
@@ -263,7 +200,7 @@ def test_a_script_that_cannot_run_is_refused_with_what_to_type(tmp_path):
     (tmp_path / "plain.sh").write_text("echo hi\n")
     r = run("-n", "1", "plain.sh", cwd=str(tmp_path))
     assert r.returncode == 127
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert "is not executable: chmod +x plain.sh" in line
     # A compiled program without its bit: sh cannot run it, so only chmod is proposed.
     with open("/bin/true", "rb") as src:
@@ -273,7 +210,7 @@ def test_a_script_that_cannot_run_is_refused_with_what_to_type(tmp_path):
                           ("net.py", "is a directory")):
         r = run("-n", "1", program, cwd=str(tmp_path))
         assert r.returncode == 127
-        line = _one_error_line(r.stderr)
+        line = one_error_line(r.stderr)
         assert line.endswith(f"program {program!r} of rank 0 {says}"), line
 
 
@@ -387,7 +324,7 @@ def test_help_with_a_topic_prints_that_topic(topic, has, lacks):
 def test_help_with_an_unknown_topic_names_the_topics():
     r = run("-h", "nosuch")
     assert r.returncode == 2 and r.stdout == b""
-    line = _one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
     assert "--help 'nosuch': no such topic" in line and "mapping" in line
 
 

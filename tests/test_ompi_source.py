@@ -101,7 +101,7 @@ def test_without_any_pmix_the_job_is_refused_with_the_fix(build):
 
 @pytest.mark.remote
 def test_two_and_two_on_ssh_hosts(sshbed, build, tmp_path):
-    from test_remote import renv, run_remote, settle
+    from remote import renv, run_remote, settle
     prefix, exe = build
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()

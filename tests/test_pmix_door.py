@@ -22,8 +22,8 @@ from requires import require
 from helpers import PY, clean_env, kill_tagged, new_tag, program, run, tagged_pids, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_pmix import RANKS, _check_spawned, ompi  # noqa: F401 -- a fixture
-from test_remote import renv, run_remote, settle
+from pmixjobs import RANKS, check_spawned
+from remote import renv, run_remote, settle
 
 from mslaunch.machine.loop import Loop
 from mslaunch.pmix import template as T
@@ -66,7 +66,7 @@ def test_a_one_rank_parent_spawns_children_the_first_time_and_through_the_door(
     cache = tmp_path / "cache"
     for turn in ("first", "door"):
         r = _job(ompi, cache, "-n", "1", "python", RANKS, "spawn")
-        _check_spawned(r, [["0", os.uname().nodename], ["1", os.uname().nodename]])
+        check_spawned(r, [["0", os.uname().nodename], ["1", os.uname().nodename]])
         assert b"spawned job 2: 2 process(es)" in r.stderr, r.stderr
         assert _started_before_server(r) == (turn == "door"), (turn, r.stderr)
         assert b"PMIX ERROR" not in r.stderr and b"singleton" not in r.stderr, r.stderr
@@ -185,7 +185,7 @@ def test_a_one_rank_parent_spawns_onto_an_ssh_host(sshbed, ompi, tmp_path):
                 settle(tag, sshbed)
             finally:
                 kill_tagged(tag)
-            _check_spawned(r, [["0", where], ["1", where]])
+            check_spawned(r, [["0", where], ["1", where]])
 
 
 # -- the pieces ------------------------------------------------------------------------

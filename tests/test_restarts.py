@@ -15,6 +15,7 @@ import pytest
 
 from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, wait_for
+from ompi import mpi_of
 
 TRAIN = program("train_loop.py")
 #: train_loop.py's result at 4 ranks and 8 steps: sum(step) * sum(rank + 1)
@@ -23,7 +24,6 @@ RESULT = b"result 8 280"
 
 def _mpi(which: str):
     """(python, environment) of one MPI: mpich, 4 (Debian's Open MPI) or 5 (the wheel's)."""
-    from test_exceptions import _mpi as mpi_of
     return mpi_of({"4": "openmpi4"}.get(which, which))
 
 
@@ -191,7 +191,7 @@ def test_a_negative_count_is_one_clear_error():
 
 def _finish(p, tag: str, sshbed):
     """The remote job's (stdout, stderr), once it and everything tagged is gone."""
-    from test_remote import settle
+    from remote import settle
     try:
         stdout, err = p.communicate(timeout=180)
         settle(tag, sshbed)
@@ -224,7 +224,7 @@ def _files_of(launcher_pid: int) -> list:
 
 
 def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2", helpers=""):
-    from test_remote import renv
+    from remote import renv
     python, env = _mpi(which)
     home = sshbed.make_home(tmp_path / "home")
     out = tmp_path / "out"
@@ -275,7 +275,7 @@ def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, w
 @pytest.mark.parametrize("which, helpers", [("mpich", ""), ("4", ""), ("mpich", "2")])
 def test_a_lost_host_is_left_out_and_its_ranks_run_on_the_spare(sshbed, tmp_path, which,
                                                                 helpers):
-    from test_remote import settle
+    from remote import settle
     sshbed.require_netns("a network partition")
     before = _logins(sshbed)
     p, out, tag = _remote_job(sshbed, tmp_path, which, "hold", helpers=helpers)
@@ -353,7 +353,7 @@ def test_hosts_that_fail_the_health_check_are_left_out_before_each_attempt(sshbe
 def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, tmp_path):
     """2 ranks in an allocation of 2 nodes x 2: the agents srun started serve the
     second attempt too; the spare node stays unused."""
-    from test_slurm import finish, salloc
+    from slurm import finish, salloc
     out = tmp_path / "out"
     out.mkdir()
     tag = new_tag()
@@ -388,7 +388,7 @@ def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed
         require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
     if fault == "link":
         sshbed.require_netns("a network partition")
-    from test_remote import renv, settle
+    from remote import renv, settle
     home = sshbed.make_home(tmp_path / "home")
     weights = []
     for case in ("none", fault):
@@ -475,7 +475,7 @@ def test_a_node_lost_under_slurm_is_left_out_and_its_ranks_run_on_the_spare(slur
     job runs again on h1 and h3 (srun's step of the first attempt is not kept: the
     lost agent's failure would end it, kept agents and all), with a result as if
     nothing happened; nothing of it is left on h1 and h3."""
-    from test_slurm import finish, salloc
+    from slurm import finish, salloc
     bed = slurmbeds.get(nodes=3)
     out = tmp_path / "out"
     out.mkdir()

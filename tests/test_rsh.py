@@ -20,7 +20,8 @@ import subprocess
 import pytest
 
 from helpers import PY, cmd, error_lines, kill_tagged, new_tag, tagged_pids, wait_for
-from test_remote import FAST_BEAT, agents, no_agents, renv, settle
+from remote import FAST_BEAT, agents, no_agents, renv, settle
+from rsh import cfg_of, kubexec
 
 pytestmark = pytest.mark.remote
 
@@ -32,26 +33,6 @@ def home(sshbed, tmp_path):
     home = sshbed.make_home(tmp_path / "home")
     os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
     return home
-
-
-def cfg_of(home: str) -> str:
-    return os.path.join(os.path.dirname(home), "ssh_config")
-
-
-def kubexec(bed, directory) -> str:
-    """A ``kubexec.sh`` whose ``kubectl exec POD`` enters host POD's namespaces."""
-    bed.require_netns("the kubexec stand-in")
-    cases = "".join(f"  {h.name}) pid={h.pid};;\n" for h in bed.hosts)
-    path = os.path.join(str(directory), "kubexec.sh")
-    with open(path, "w") as f:
-        f.write("#!/bin/sh\n# kubectl exec $POD -- /bin/sh -c \"$*\" (no -i)\n"
-                "pod=$1; shift\ncase $pod in\n" + cases +
-                "  *) echo \"Error from server (NotFound): pods \\\"$pod\\\" not found\" >&2;"
-                " exit 1;;\nesac\n"
-                # The remote side outlives a dropped kubectl exec, as in Kubernetes.
-                "nsenter -t $pid -n -u -m -- /bin/sh -c \"$*\" </dev/null &\nwait $!\n")
-    os.chmod(path, 0o755)
-    return path
 
 
 @pytest.fixture(params=["ssh", "kubexec"])
@@ -109,7 +90,7 @@ def test_hydra_launcher_exec_and_its_variables_start_the_openssh_client(sshbed, 
 def test_a_launch_agent_wrapper_runs_the_agents(sshbed, home, way, tmp_path):
     """Open MPI's --launch-agent 'WRAPPER... orted' (a container's runner, say): the
     agent runs through WRAPPER, with the launcher's own dial-back variables."""
-    from test_slurm import wrapper_script
+    from slurm import wrapper_script
     r = run_rsh(home, *way, "--launch-agent", f"{wrapper_script(tmp_path)} orted",
                 "-H", "h1,h2", "-n", "2", "hostname")
     assert r.returncode == 0, r.stderr
@@ -129,7 +110,7 @@ def test_stdin_reaches_remote_ranks(sshbed, home, way):
 
 def test_signals_reach_remote_ranks(sshbed, home, way, tmp_path):
     """SIGUSR1 is forwarded and the job goes on; SIGINT stops every rank (130)."""
-    from test_remote import TRAP
+    from remote import TRAP
     tag = new_tag()
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -375,7 +356,7 @@ def test_lsf_hosts_slots_and_blaunch(sshbed, tmp_path):
 # -- Kubernetes' MPI Operator v1: kubexec.sh as the rsh agent -----------------------------
 
 def test_mpi_operator_v1_launcher_runs_mpi_on_the_worker_pods(sshbed, tmp_path, mpich):
-    from test_remote import MPI_PROG
+    from remote import MPI_PROG
     sshbed.require_netns("the kubexec stand-in")
     # The operator's kubexec.sh takes pod names: these map to the bed's hosts.
     script = kubexec(sshbed, tmp_path)
@@ -458,7 +439,7 @@ def test_mpi_operator_v2_launcher_reaches_the_workers_sshd_with_openssh(
         sshbed, tmp_path, mpich, implementation):
     """v2: sshd in the workers, the launcher pod's ssh and the controller's settings
     for each MPI implementation it knows."""
-    from test_remote import MPI_PROG
+    from remote import MPI_PROG
     workers = {f"job-worker-{i}.job.default.svc": h for i, h in enumerate(sshbed.hosts[:2])}
     extra = "".join(f"Host {name}\n  HostName {h.addr}\n  Port {h.port}\n"
                     for name, h in workers.items())

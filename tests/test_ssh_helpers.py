@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PY, cmd, error_lines, kill_tagged, new_tag, wait_for
-from test_remote import _start_sleepers, agents, no_agents, renv, run_remote, settle
+from remote import agents, no_agents, renv, run_remote, settle
+from remote import start_sleepers as start_sleepers_on
 
 from mslaunch.errors import UsageError
 from mslaunch.remote import sshfork, sshhelpers
@@ -68,7 +69,7 @@ def helpers_of(launcher: int):
 
 
 def start_sleepers(home, tag, hosts=HOSTS, helpers="2"):
-    return _start_sleepers(home, tag, hosts=hosts, helpers=helpers)
+    return start_sleepers_on(home, tag, hosts=hosts, helpers=helpers)
 
 
 # -- the job, as the launcher itself would start it ----------------------------------

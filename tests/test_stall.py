@@ -154,9 +154,9 @@ def test_a_long_collective_over_a_slow_link_is_not_a_stall_and_a_hang_still_is(s
     (tc's token bucket: this kernel has no netem) takes about 16 s, and nothing is
     printed meanwhile: --stall-report 5 says nothing.  The same job with rank 1 never
     joining is reported, and --stall-exit ends it."""
-    from test_remote import renv, run_remote, settle
-    from test_singletons import _open_mpi_4
-    python = _open_mpi_4()       # Open MPI's TCP between hosts (the mpich wheel's
+    from remote import renv, run_remote, settle
+    from ompi import open_mpi_4
+    python = open_mpi_4()       # Open MPI's TCP between hosts (the mpich wheel's
     require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")   # finds a way round)
     sshbed.require_netns()
     home = sshbed.make_home(tmp_path / "home")

@@ -62,7 +62,7 @@ def remote_job(sshbed, tmp_path, hosts: str, restarts: int, steps: int, *faults:
     """The job on ``hosts``; for each (attempt, host) of ``cut``, that host's link is
     cut once every rank of the attempt holds (a ``hold`` fault), and put back after
     the job.  Its (exit status, stdout, stderr)."""
-    from test_remote import no_agents, renv
+    from remote import no_agents, renv
     sshbed.require_netns("a host cut off")
     home = sshbed.make_home(tmp_path / "home")
     out = tmp_path / "out"
