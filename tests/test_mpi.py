@@ -11,12 +11,7 @@ import pytest
 from helpers import (PY, all_gone, clean_env, kill_tagged, new_tag, program, run, start,
                      tagged_pids, wait_for)
 
-pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _needs_mpich(mpich):
-    pass
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("mpich")]
 
 
 def job_segments(out: bytes):

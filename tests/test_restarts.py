@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from requires import require
+from requires import need_eu_stack, require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, wait_for
 from ompi import mpi_of
 
@@ -149,7 +149,7 @@ def test_a_job_stopped_by_a_signal_is_not_started_again(tmp_path, how):
 
 
 def test_a_stalled_job_is_reported_kept_and_started_again(tmp_path):
-    require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
+    need_eu_stack()
     out = tmp_path / "out"
     out.mkdir()
     report = tmp_path / "report.json"
@@ -252,7 +252,7 @@ def test_a_failed_rank_on_two_hosts_and_the_job_starts_again(sshbed, tmp_path, w
                                                             extra, helpers):
     """(``helpers``: the SSH sessions held by helper processes, which keep them too.)"""
     if extra:
-        require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
+        need_eu_stack()
     before = _logins(sshbed)
     p, out, tag = _remote_job(sshbed, tmp_path, which, fault, *extra, helpers=helpers)
     stdout, err = _finish(p, tag, sshbed)
@@ -385,7 +385,7 @@ def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed
     weights of a run that was never interrupted, the ranks of a lost h2 on h3."""
     require(__import__("importlib").util.find_spec("torch") is not None, "torch")
     if fault == "stall":
-        require(__import__("shutil").which("eu-stack") is not None, "eu-stack (elfutils)")
+        need_eu_stack()
     if fault == "link":
         sshbed.require_netns("a network partition")
     from remote import renv, settle

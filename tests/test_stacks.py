@@ -23,6 +23,8 @@ from requires import require
 
 from mslaunch.stacktree import from_json, render
 
+pytestmark = pytest.mark.usefixtures("mpich", "eu_stack")
+
 STACKS = os.path.join(REPO, "scripts", "mslaunch-stacks")
 MPI_FRAME = re.compile(r"^P?MPI_\w+ \(libmpi")
 
@@ -66,11 +68,6 @@ def stuck_shape(data: dict, n: int) -> bool:
     return len(data["ranks"]) == n and data["classes"][:1] == [list(range(n - 1))] \
         and any("load_batch" in f for f in main_frames(data, n - 1)) \
         and all(any("allreduce" in f for f in main_frames(data, r)) for r in range(n - 1))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _tools(mpich):
-    require(shutil.which("eu-stack") is not None, "eu-stack (apt-get install elfutils)")
 
 
 def check_stuck_report(data: dict, n: int, hosts) -> None:

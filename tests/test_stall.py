@@ -3,20 +3,16 @@ job goes on, or ends with 111), a job that prints or computes is not."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
 
 import pytest
 
-from requires import require
 from helpers import PY, clean_env, kill_tagged, new_tag, program, run, tagged_pids, wait_for
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _tools(mpich):
-    require(shutil.which("eu-stack") is not None, "eu-stack (apt-get install elfutils)")
+pytestmark = pytest.mark.usefixtures("mpich", "eu_stack")
 
 
 def test_stall_report_names_the_stuck_rank_once_and_the_job_goes_on(tmp_path):
@@ -148,16 +144,14 @@ def _reads_stdin(tag):
 
 
 @pytest.mark.remote
-def test_a_long_collective_over_a_slow_link_is_not_a_stall_and_a_hang_still_is(sshbed,
+def test_a_long_collective_over_a_slow_link_is_not_a_stall_and_a_hang_still_is(sshbed, ompi4,
                                                                               tmp_path):
     """One Allreduce of 40 MB between h1 and h2 whose links are limited to 20 Mbit/s
     (tc's token bucket: this kernel has no netem) takes about 16 s, and nothing is
     printed meanwhile: --stall-report 5 says nothing.  The same job with rank 1 never
     joining is reported, and --stall-exit ends it."""
     from remote import renv, run_remote, settle
-    from ompi import open_mpi_4
-    python = open_mpi_4()       # Open MPI's TCP between hosts (the mpich wheel's
-    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")   # finds a way round)
+    python = ompi4       # Open MPI's TCP between hosts (the mpich wheel's finds a way round)
     sshbed.require_netns()
     home = sshbed.make_home(tmp_path / "home")
     hosts = [sshbed.host(name) for name in ("h1", "h2")]

@@ -12,29 +12,14 @@ import os
 import signal
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from standins import StandInGuard
+
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.errors import HOST_LOST_EXIT, TIMEOUT_EXIT
 from mslaunch.job.launch import build_plan
 from mslaunch.job.supervise import Supervisor
 from mslaunch.machine.terminal import Console
 from mslaunch.spec import replace
-
-
-class StandInGuard:
-    """The orphan guard's watchdog, without the fork."""
-
-    marker = "test"
-    mechanism = "stand-in"
-    closed = False
-
-    def ready(self) -> None:
-        pass
-
-    def private(self, path: str) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class StandInRanks:

@@ -11,6 +11,7 @@ from helpers import PY
 from requires import require
 
 DEBIAN_PYTHON = "/usr/bin/python3"
+DEBIAN_MPIRUN = "/usr/bin/mpirun.openmpi"
 
 #: A host where no PMIx server can run: Open MPI programs start as singletons there.
 NOPMIX = {"MSLAUNCH_PMIX_LIBRARY": "none"}

@@ -4,6 +4,7 @@ must be complete (``MSLAUNCH_TEST_REQUIRE_ALL=1``, as scripts/test.sh sets it)."
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from typing import List
 
@@ -19,6 +20,11 @@ def require(ok: bool, reason: str) -> None:
     if REQUIRE_ALL:
         pytest.fail(f"required for this test run: {reason}")
     pytest.skip(reason)
+
+
+def need_eu_stack() -> None:
+    """elfutils' eu-stack, which reads the native frames of running ranks."""
+    require(shutil.which("eu-stack") is not None, "eu-stack (apt-get install elfutils)")
 
 
 _mpich_probe: List[bool] = []

@@ -6,6 +6,14 @@ from __future__ import annotations
 import os
 
 
+def hide_ssh_config(home: str) -> str:
+    """Move HOME ``home``'s ssh_config beside it (paramiko, which reads
+    ``$HOME/.ssh/config``, cannot reach the hosts then; ``ssh -F CFG`` can); return CFG."""
+    cfg = cfg_of(home)
+    os.rename(os.path.join(home, ".ssh", "config"), cfg)
+    return cfg
+
+
 def cfg_of(home: str) -> str:
     """The ssh_config beside HOME ``home`` (where the ``rsh_home`` fixture puts it)."""
     return os.path.join(os.path.dirname(home), "ssh_config")
