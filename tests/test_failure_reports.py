@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, REPO, clean_env, cmd, one_error_line, run
+from helpers import PY, REPO, clean_env, cmd, one_error_line, run, wait_for
 from listeners import bad_hosts_config
 
 
@@ -262,16 +262,14 @@ def test_the_job_report_page_names_every_field_of_the_report():
 
 def test_the_json_report_of_a_stopped_job(tmp_path):
     import signal
-    import time
     path = tmp_path / "job.json"
     p = subprocess.Popen(cmd("--report-json", str(path), "-n", "2", "sh", "-c",
                              f"touch {tmp_path}/up$RANK; exec sleep 30"),
                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while not all((tmp_path / f"up{r}").exists() for r in (0, 1)):
-            assert time.monotonic() < deadline and p.poll() is None
-            time.sleep(0.02)
+        assert wait_for(lambda: all((tmp_path / f"up{r}").exists() for r in (0, 1))
+                        or p.poll() is not None, 30, 0.02)
+        assert p.poll() is None, p.communicate()
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
     finally:

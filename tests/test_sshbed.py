@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import netbed
+from helpers import wait_for
 
 if TYPE_CHECKING:
     import paramiko
@@ -156,12 +157,11 @@ def test_kill_host_processes_and_dropped_sessions(sshbed: SSHBed, tmp_path):
     client = paramiko_connect(home, "h2")
     try:
         _, out, _ = client.exec_command("exec sleep 30")
-        deadline = time.monotonic() + 5
-        found = []
-        while not found and time.monotonic() < deadline:
-            found = [p for p in sshbed.host_pids("h2") if _comm(p) == "sleep"]
-            time.sleep(0.01)
-        assert found, "the remote sleep did not show up among the host's pids"
+        def sleeping() -> list:
+            return [p for p in sshbed.host_pids("h2") if _comm(p) == "sleep"]
+        assert wait_for(lambda: sleeping() != [], 5, 0.01), \
+            "the remote sleep did not show up among the host's pids"
+        found = sleeping()
         killed = sshbed.kill_host_processes("h2")
         assert set(found) <= set(killed)
         assert out.channel.recv_exit_status() == -1  # exit-signal KILL: no exit status
@@ -169,10 +169,7 @@ def test_kill_host_processes_and_dropped_sessions(sshbed: SSHBed, tmp_path):
         status, text, _ = remote(client, "echo still")
         assert (status, text.strip()) == (0, "still")
         sshbed.drop_session_children("h2")
-        deadline = time.monotonic() + 5
-        while client.get_transport().is_active() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not client.get_transport().is_active()
+        assert wait_for(lambda: not client.get_transport().is_active(), 5, 0.01)
     finally:
         client.close()
     paramiko_connect(home, "h2").close()  # new connects still work

@@ -135,16 +135,16 @@ def test_stacks_and_top_as_a_user_and_refused_to_another(users):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         # the job is this user's only one: found without naming it
-        deadline = time.monotonic() + 60
-        while True:
+        last: list = []
+
+        def both_waiting() -> bool:
             r = owner.tool("mslaunch-stacks", "--json")
             data = json.loads(r.stdout) if r.returncode == 0 else None
-            if data and len(data["ranks"]) == 2 and all(
-                    any("waiting_in_user_job" in f for f in _main_frames(data, n))
-                    for n in (0, 1)):
-                break
-            assert time.monotonic() < deadline, (r.stderr, data)
-            time.sleep(0.3)
+            last[:] = [r.stderr, data]
+            return bool(data) and len(data["ranks"]) == 2 and all(
+                any("waiting_in_user_job" in f for f in _main_frames(data, n)) for n in (0, 1))
+        assert wait_for(both_waiting, 60, 0.3), last
+        data = last[1]
         assert data["classes"] == [[0, 1]] and data["no_answer"] == []
         text = owner.tool("mslaunch-stacks")
         assert text.returncode == 0 and b"ranks 0-1 (2)" in text.stdout, text

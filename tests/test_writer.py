@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import select
 import socket
 import threading
 import time
@@ -291,7 +292,7 @@ def test_drain_blocks_until_written_or_the_deadline(pipe):
             chunk = _read_some(r, 3000)
             got.extend(chunk)
             if not chunk:
-                time.sleep(0.001)
+                select.select([r], [], [], 0.1)
 
     reader = threading.Thread(target=read_slowly)
     reader.start()
