@@ -424,7 +424,8 @@ def _signal_job(tmp_path, sig, leave="yes", second=None):
         signalled = time.monotonic()
         p.send_signal(sig)
         if second:
-            time.sleep(0.3)
+            for r in range(2):                  # the first reached the ranks (as SIGTERM)
+                assert wait_lines(str(tmp_path / f"rank{r}.log"), 2)
             p.send_signal(second)
         out, err = p.communicate(timeout=20)
         took = time.monotonic() - signalled

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from requires import require
 from helpers import (all_gone, clean_env, cmd, kill_tagged, new_tag, program, tagged_pids,
-                     wait_for)
+                     wait_for, wait_lines)
 
 TASK = program("ms_task.py")
 SCHED = ["MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_TOPO_TIMEOUT", "MS_WORKER_NUM",
@@ -163,8 +163,9 @@ def test_stop_signals_end_every_process(bin_dir, tmp_path, sig):
                              f"--log_dir={tmp_path / 'l'}", "--join=True", TASK),
                          env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert wait_for(lambda: len(tagged_pids(tag)) >= 4, 20)   # launcher, sched, 2 workers
-        time.sleep(0.3)
+        # the scheduler and both workers run their task (each prints a line first)
+        assert wait_for(lambda: all(wait_lines(str(tmp_path / "l" / name), 1, 0) for name in
+                                    ("scheduler.log", "worker_0.log", "worker_1.log")), 20)
         p.send_signal(sig)
         _, err = p.communicate(timeout=30)
         assert p.returncode == 128 + sig, err

@@ -38,6 +38,7 @@ class Node:
         self.proc = proc
         self.log_dir = log_dir
         self.out = ""
+        self.fails = 0           # failed TCP connects in its host's namespace before it
 
     def wait(self, timeout: float = 60) -> int:
         try:
@@ -89,14 +90,28 @@ class Job:
                    f"--master_port={self.port}",
                    f"--log_dir={log_dir}", "--join=True",
                    f"--cluster_time_out={self.time_out}", *flags, task)
+        fails = _tcp(host, "AttemptFails")
         proc = self.bed.spawn_in(host, argv, env=env or self.env, cwd=str(self.tmp),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         node = Node(host, proc, log_dir)
+        node.fails = fails
         self.nodes.append(node)
         return node
 
     def wait(self, timeout: float = 60) -> list:
         return [n.wait(timeout) for n in self.nodes]
+
+    def registered(self, ranks, timeout: float = 30) -> None:
+        """Wait until the workers of ``ranks`` run: their node has registered (a node
+        starts its workers once the service has given it their ranks)."""
+        assert wait_for(lambda: set(ranks) <= set(self.envs()), timeout), transcript(self)
+
+    def waiting(self, node: Node, timeout: float = 30) -> None:
+        """Wait until ``node`` has found no service at the master's address, at least
+        once (a connection refused: the attempt's failure counted in its host's
+        network namespace, where nothing else connects)."""
+        assert wait_for(lambda: _tcp(node.host, "AttemptFails") > node.fails, timeout), \
+            transcript(self)
 
     def envs(self) -> dict:
         """RANK_ID -> (host, env) of every worker, from the worker logs."""
@@ -117,6 +132,13 @@ class Job:
                 n.proc.kill()
                 n.proc.wait()
         kill_tagged(self.tag)
+
+
+def _tcp(host, counter: str) -> int:
+    """A TCP counter of ``host``'s network namespace (/proc/net/snmp)."""
+    with open(f"/proc/{host.pid}/net/snmp") as f:
+        names, values = [line.split() for line in f if line.startswith("Tcp:")][:2]
+    return int(values[names.index(counter)])
 
 
 @pytest.fixture
@@ -143,7 +165,7 @@ def test_two_nodes_form_one_job_in_the_order_they_register(job):
     j = job(4)
     h1, h2 = j.bed.hosts[:2]
     j.start(h1, 2)
-    time.sleep(0.5)              # h1 registers first: ranks 0 and 1
+    j.registered([0, 1])         # h1 registers first: ranks 0 and 1
     j.start(h2, 2)
     assert j.wait() == [0, 0], transcript(j)
     envs = j.envs()
@@ -165,9 +187,8 @@ def test_three_nodes_with_node_rank_and_the_master_last(job):
     j = job(6)
     h1, h2, h3 = j.bed.hosts[:3]
     # The non-master nodes wait for the master's service to appear.
-    j.start(h3, 2, "--node_rank=2")
-    j.start(h2, 2, "--node_rank=1")
-    time.sleep(1.0)
+    for node in (j.start(h3, 2, "--node_rank=2"), j.start(h2, 2, "--node_rank=1")):
+        j.waiting(node)
     j.start(h1, 2, "--node_rank=0")
     assert j.wait() == [0, 0, 0], transcript(j)
     envs = j.envs()
@@ -180,9 +201,9 @@ def test_nodes_with_different_worker_counts(job):
     j = job(6)
     h1, h2, h3 = j.bed.hosts[:3]
     j.start(h1, 3)
-    time.sleep(0.4)
+    j.registered([0, 1, 2])
     j.start(h2, 1)
-    time.sleep(0.4)
+    j.registered([3])
     j.start(h3, 2)
     assert j.wait() == [0, 0, 0], transcript(j)
     assert {r: h for r, (h, _e) in j.envs().items()} == {0: "h1", 1: "h1", 2: "h1",
@@ -273,7 +294,7 @@ def test_a_node_rank_clash_is_refused_naming_the_holder(job):
     j = job(4, SLEEP="2")
     h1, h2, h3 = j.bed.hosts[:3]
     j.start(h1, 2, "--node_rank=0")
-    time.sleep(0.5)
+    j.registered([0, 1])
     clash = j.start(h2, 2, "--node_rank=0")
     assert clash.wait() == 1, transcript(j)
     assert "--node_rank=0: rank 0 belongs to node h1" in clash.out, clash.out
@@ -418,12 +439,11 @@ def test_a_node_without_tls_is_refused_by_a_tls_service(job, tls_dir):
 
 # -- hostile peers on the service port ---------------------------------------------------
 
-def _poke(addr: str, port: int, data: bytes, linger: float = 0.0) -> None:
+def _poke(addr: str, port: int, data: bytes) -> None:
     try:
         with socket.create_connection((addr, port), timeout=2) as s:
             if data:
                 s.sendall(data)
-            time.sleep(linger)
     except OSError:
         pass
 

@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import PY, REPO, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import PY, REPO, clean_env, cmd, comm, kill_tagged, new_tag, tagged_pids, wait_for
 
 OMPIRUN = "/usr/bin/mpirun.openmpi"
 NODE = os.uname().nodename
@@ -690,8 +690,8 @@ def _sigterm_launcher(argv, tmp_path):
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, env=_env(tag, None))
     try:
-        assert wait_for(lambda: all((tmp_path / f"up.{r}").exists() for r in range(2)), 15)
-        time.sleep(0.2)
+        # both ranks have exec'd their sleep (after the touch)
+        assert wait_for(lambda: [comm(pid) for pid in tagged_pids(tag)].count("sleep") == 2, 15)
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=20)
         left = wait_for(lambda: not tagged_pids(tag), 10)

@@ -17,7 +17,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from requires import require
-from helpers import PY, clean_env, kill_tagged, new_tag, run, start, tagged_pids, wait_for
+from helpers import (PY, clean_env, kill_tagged, new_tag, run, signal_pending, start, tagged_pids,
+                     wait_for)
 from standins import StandInGuard
 from mslaunch.cli.mpirun import parse_args
 from mslaunch.job.launch import free_port
@@ -215,7 +216,8 @@ def test_signals_reach_the_ranks_through_mpirun(openmpi, tmp_path):
     with p:
         assert [n.name[:14] for n in tmp.iterdir()] == ["mslaunch-ompi-"]
         p.send_signal(signal.SIGINT)
-        time.sleep(0.1)
+        # two Ctrl-Cs, not one: the first is delivered before the second is sent
+        assert wait_for(lambda: not signal_pending(p.pid, signal.SIGINT), 10)
         p.send_signal(signal.SIGINT)
         p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGKILL

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from helpers import (PY, REPO, clean_env, cmd, error_lines, hosts_saying, kill_tagged, new_tag,
-                     tagged_pids, wait_for)
+                     signal_ignored, tagged_pids, wait_for)
 from ompi import (NOPMIX, SHOW_MPI, held_files, still_there,
                   termed_and_recorded)
 from remote import (MPI_PROG, TRAP, agents, no_agents, renv, run_remote, settle,
@@ -287,7 +287,7 @@ def test_a_sigkilled_agent_s_guard_keeps_the_job_s_grace(sshbed, home):
         # the launcher's tagged processes may be counted before h2's rank has started
         assert wait_for(lambda: len(ranks_of_victim()) == 1, 30), ranks_of_victim()
         ranks = ranks_of_victim()
-        time.sleep(0.5)                       # the rank ignores SIGTERM by now
+        assert wait_for(lambda: signal_ignored(ranks[0], signal.SIGTERM), 30)
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
         assert wait_for(lambda: not os.path.exists(f"/proc/{ranks[0]}"), 10)

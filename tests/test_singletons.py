@@ -348,7 +348,6 @@ def test_what_a_launcher_killed_with_its_watchdog_left_goes_with_the_next_job(ow
     those whose launcher is gone, and no other's.  The ranks are Open MPI's, so
     that the launcher's PMIx server has made its directory."""
     import glob
-    import time
     from helpers import start
     tag = new_tag()
     p = start("-n", "2", PY, "-c", "from mpi4py import MPI; import time; time.sleep(60)",
@@ -374,8 +373,9 @@ def test_what_a_launcher_killed_with_its_watchdog_left_goes_with_the_next_job(ow
                 pass
         kill_tagged(tag)
         p.wait()
-    time.sleep(0.5)
-    # what the test is about: nobody removed them
+    # what the test is about: nobody removed them (and once every process of the job is
+    # gone, nobody can)
+    assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
     assert len([d for d in left() if d.startswith(str(own_tmpdir))]) >= 2, left()
     other = os.path.join(own_tmpdir, "mslaunch-ompi-kvs_1_00000000")   # pid 1 lives
     os.mkdir(other)

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import PY, clean_env, cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import PY, clean_env, cmd, kill_tagged, new_tag, read_until, tagged_pids, wait_for
 from remote import FAST_BEAT, agents, no_agents
 
 from mslaunch.pmi.files import shm_segments
@@ -836,17 +836,19 @@ def test_a_host_that_dies_before_answering_a_spawn_does_not_hang_the_parent(
     steps = [JOB, INIT, ["waitfile", str(go)],
              *spawn1(seg(exe="/bin/sleep", args=["60"], info=[("host", "h1")])), ["sleep", 60]]
     before = _agents(sshbed, "h1")
-    p = _remote(home, raw, tag, steps, "localhost:1,h1:1")
+    p = _remote(home, raw, tag, steps, "localhost:1,h1:1", "-v")
     agent = None
     try:
         assert b'"env"' in p.stdout.readline()
         [agent] = _agents(sshbed, "h1", before)
         os.kill(agent, signal.SIGSTOP)            # it will never answer the spawn
         go.write_text("")
-        time.sleep(0.3)
+        # the launcher has taken the spawn (-v says so) and asked h1's agent for it
+        head = read_until(p.stderr, b"mslaunch: rank 0 spawned job 2: ")
         os.kill(agent, signal.SIGKILL)
         t0 = time.monotonic()
         _, err = p.communicate(timeout=30)
+        err = head + err
         assert p.returncode == 255, err
         assert b"could not spawn: on h1: lost host h1" in err, err
         assert b"Traceback" not in err

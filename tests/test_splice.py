@@ -63,7 +63,7 @@ def _splice_run(texts, cuts, *, to_pipe: bool, slow: bool, tmp_path=None, close_
         def read() -> None:
             while True:
                 if slow:
-                    time.sleep(0.001)
+                    time.sleep(0.001)           # a slow reader: the fault itself
                 chunk = os.read(r, 1 << 16)
                 if not chunk:
                     break
@@ -107,7 +107,7 @@ def _splice_run(texts, cuts, *, to_pipe: bool, slow: bool, tmp_path=None, close_
                 for at in range(0, len(data), 7919):
                     a.sendall(data[at:at + 7919])
                     if at % 5 == 0:
-                        time.sleep(0.0002)
+                        time.sleep(0.0002)      # now and then: the fault itself
                 a.close()
             t = threading.Thread(target=send)
             t.start()
@@ -407,7 +407,7 @@ def test_remote_lines_keep_flowing_while_a_local_rank_keeps_the_queue_busy():
 
     def read() -> None:
         while not stop.is_set():
-            time.sleep(0.002)
+            time.sleep(0.002)                   # a slow reader: the situation under test
             try:
                 got.extend(os.read(bench.r, 1 << 16))
             except BlockingIOError:

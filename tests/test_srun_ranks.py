@@ -15,9 +15,11 @@ import time
 
 import pytest
 
-from helpers import PY, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import PY, comm, kill_tagged, new_tag, tagged_pids, wait_for
 from netbed import parent_pid
 from slurm import cmdline, finish, left_on_nodes, salloc
+
+from mslaunch.job.srunranks import OUTPUT_AFTER_END
 
 pytestmark = pytest.mark.remote
 
@@ -288,9 +290,11 @@ def test_output_held_back_by_a_slow_reader_is_all_read_after_the_ranks_end(slurm
     tag = new_tag()
     size = 24 << 20
     # (a send buffer as large as the output, as root may force: the rank ends at once)
+    written = tmp_path / "written"
     code = ("import socket, sys; s = socket.socket(fileno=1); "
             f"s.setsockopt(socket.SOL_SOCKET, 32, {2 * size}); s.detach(); "  # SO_SNDBUFFORCE
-            f"sys.stdout.buffer.write(b'x' * {size})")
+            f"sys.stdout.buffer.write(b'x' * {size}); sys.stdout.flush(); "
+            f"open({str(written)!r}, 'w').close()")
     # h1's link throttled to 80 Mbit/s: the bytes arrive for seconds after the end
     tc = ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "80mbit", "burst",
           "32kbit", "latency", "400ms"]
@@ -298,7 +302,13 @@ def test_output_held_back_by_a_slow_reader_is_all_read_after_the_ranks_end(slurm
     assert r.returncode == 0, r.stderr
     try:
         p = srun_job(slurmbed, tag, "-n", "1", "-H", "h1", PY, "-c", code, cwd=tmp_path)
-        time.sleep(8)                  # srun ends meanwhile, the rank's bytes unread
+        # srun ends (it outlives its task, which has written everything), the rank's
+        # bytes unread ...
+        assert wait_for(written.exists, 60)
+        assert wait_for(lambda: "srun" not in [comm(pid) for pid in tagged_pids(tag)], 60)
+        # ... and nobody reads them for a while: the fault, long enough for mslaunch
+        # to look at the connections open after srun's end three times
+        time.sleep(3 * OUTPUT_AFTER_END)
         rc, out, err = finish(p, 120)
         assert rc == 0, err
         assert len(out) == size and "stayed open" not in err, (len(out), err)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -43,20 +44,21 @@ def stacks_json(pid: int) -> dict:
 def until(pid: int, ok, timeout: float = 90, *more: str) -> dict:
     """The JSON report, read again until ``ok(report)`` (MPI start-up takes a while);
     ``more``: mslaunch-stacks options."""
-    deadline = time.monotonic() + timeout
-    while True:
+    last: list = []
+
+    def good() -> bool:
         r = stacks(pid, "--json", *more)
-        if r.returncode == 0:
-            data = json.loads(r.stdout)
-            if ok(data) or time.monotonic() > deadline:
-                return data
-        else:
+        if r.returncode != 0:
             # the job's socket appears as it starts; then, with remote hosts, the
             # job says how their start stands
             assert b"no running mslaunch job" in r.stderr or \
                 b"its remote hosts are starting: " in r.stderr, r.stderr
-            assert time.monotonic() < deadline, r.stderr
-        time.sleep(0.5)
+            return False
+        last[:] = [json.loads(r.stdout)]
+        return ok(last[0])
+    wait_for(good, timeout, 0.5)
+    assert last, f"no report of the job in {timeout} s"
+    return last[0]
 
 
 def main_frames(data: dict, rank: int):
@@ -384,29 +386,43 @@ def test_a_rank_with_its_own_handler_of_the_signal_is_signalled_once(tmp_path):
     """A program that handles (or blocks) the hook's signal itself does not dump:
     after one try it is not sent the signal again, and the report says why."""
     from mslaunch.machine.pydump import SIGNAL
+    from mslaunch.machine.stacks import _which
+    fence = SIGNAL + 3
     tag = new_tag()
     runs = tmp_path / "runs"
-    (tmp_path / "own.py").write_text(
-        "import signal, sys, time\n"
+    own = tmp_path / "own.py"
+    # Its main loop notes the fence once it has read the fence's byte from the wake-up
+    # fd: by then every handler of a signal sent before the fence has run.
+    own.write_text(
+        "import os, signal, sys\n"
+        "r, w = os.pipe()\nos.set_blocking(w, False)\nsignal.set_wakeup_fd(w)\n"
         "def mine(s, f):\n    open(sys.argv[1], 'a').write('x')\n"
-        f"signal.signal({SIGNAL}, mine)\n"
-        "def own_4711():\n    time.sleep(60)\nown_4711()\n")
-    p = start("-n", "1", PY, str(tmp_path / "own.py"), str(runs),
-              env=clean_env(MSL_TEST_TAG=tag))
+        f"signal.signal({SIGNAL}, mine)\nsignal.signal({fence}, lambda s, f: None)\n"
+        "print('ready', flush=True)\n"
+        "def own_4711():\n    while True:\n"
+        f"        if {fence} in os.read(r, 64):\n"
+        "            open(sys.argv[1], 'a').write('|')\n"
+        "own_4711()\n")
+    p = start("-n", "1", PY, str(own), str(runs), env=clean_env(MSL_TEST_TAG=tag))
     try:
-        assert wait_for(lambda: len(tagged_pids(tag)) >= 2, 30)
-        time.sleep(1.0)                      # its handler is installed by now
+        assert p.stdout.readline() == b"ready\n"           # its handlers are installed
         first = stacks(p.pid, "--json", "--timeout", "2")
         assert first.returncode == 0, first.stderr
         assert wait_for(lambda: runs.exists(), 10)
         t0 = time.monotonic()
         again = stacks(p.pid, "--json", "--timeout", "2")
         assert again.returncode == 0, again.stderr
-        time.sleep(0.5)
-        assert runs.read_text() == "x"       # the program's handler ran once only
+        # a SIGNAL sent by the second look has been handled once the fence is noted
+        [rank] = [pid for pid in tagged_pids(tag)
+                  if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:2] == [bytes(own)]]
+        os.kill(rank, fence)
+        assert wait_for(lambda: runs.read_text().endswith("|"), 10), runs.read_text()
+        assert runs.read_text() == "x|"       # the program's handler ran once only
         [entry] = json.loads(again.stdout)["ranks"]
-        assert f"did not answer signal {SIGNAL} before" in entry["note"] \
-            or any("own_4711" in f for f in entry["threads"][0]), entry
+        if _which("py-spy"):                  # then py-spy reads the rank instead
+            assert any("own_4711" in f for f in entry["threads"][0]), entry
+        else:
+            assert f"did not answer signal {SIGNAL} before" in entry["note"], entry
         assert time.monotonic() - t0 < 10
     finally:
         p.send_signal(signal.SIGTERM)
@@ -538,17 +554,39 @@ def test_the_main_threads_own_dump_is_taken_by_the_main_thread_while_a_tracer_ho
     dump waits for the main thread instead, and is its own."""
     import ctypes
     from mslaunch.machine import pydump
-    code = ("import faulthandler, sys, threading, time\n"
+    # Each worker writes its letter to stderr, again and again.
+    code = ("import faulthandler, os, sys, threading, time\n"
             f"faulthandler.register({pydump.MAIN_SIGNAL}, open(sys.argv[1], 'w'), "
             "all_threads=False, chain=False)\n"
-            "def worker_4711():\n    time.sleep(60)\n"
-            "for _ in range(8):\n"
-            "    threading.Thread(target=worker_4711, daemon=True).start()\n"
+            "def worker_4711(i):\n    while True:\n        os.write(2, bytes([65 + i]))\n"
+            "        time.sleep(0.01)\n"
+            "for i in range(8):\n"
+            "    threading.Thread(target=worker_4711, args=(i,), daemon=True).start()\n"
             # said from inside main_4711, where the tracer must find the main thread
             "def main_4711():\n    print('started', flush=True)\n    time.sleep(60)\n"
             "main_4711()\n")
     dump = tmp_path / f"{os.getpid()}.txt"
-    child = subprocess.Popen([PY, "-c", code, str(dump)], stdout=subprocess.PIPE)
+    child = subprocess.Popen([PY, "-c", code, str(dump)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+
+    def workers_ran_twice() -> None:
+        """Every worker has written twice since now: each has come back from the
+        kernel since, where a signal sent to the process would have been its."""
+        fd = child.stderr.fileno()
+        os.set_blocking(fd, False)
+        try:
+            os.read(fd, 1 << 20)                     # what they wrote before now
+        except BlockingIOError:
+            pass
+        seen = b""
+        deadline = time.monotonic() + 30
+        while any(seen.count(65 + i) < 2 for i in range(8)):
+            assert time.monotonic() < deadline, seen
+            select.select([fd], [], [], 1)
+            try:
+                seen += os.read(fd, 4096)
+            except BlockingIOError:
+                pass
     libc = ctypes.CDLL(None, use_errno=True)
     libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     seize, interrupt, detach, wall = 0x4206, 0x4207, 17, 0x40000000
@@ -560,7 +598,7 @@ def test_the_main_threads_own_dump_is_taken_by_the_main_thread_while_a_tracer_ho
         os.waitpid(child.pid, wall)                  # the main thread alone is stopped
         offset = pydump.ask(str(tmp_path), child.pid, pydump.MAIN_SIGNAL)
         assert offset == 0
-        time.sleep(0.5)                # another thread would have written meanwhile
+        workers_ran_twice()            # another thread would have written meanwhile
         assert libc.ptrace(detach, child.pid, None, None) == 0
         assert wait_for(lambda: pydump.answer(str(tmp_path), child.pid, 0) is not None, 30)
         text = pydump.answer(str(tmp_path), child.pid, 0)

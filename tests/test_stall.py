@@ -4,12 +4,12 @@ job goes on, or ends with 111), a job that prints or computes is not."""
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 
 import pytest
 
-from helpers import PY, clean_env, kill_tagged, new_tag, program, run, tagged_pids, wait_for
+from helpers import (PY, clean_env, kill_tagged, new_tag, program, read_until, run, start,
+                     tagged_pids, wait_for)
 
 
 pytestmark = pytest.mark.usefixtures("mpich", "eu_stack")
@@ -18,18 +18,22 @@ pytestmark = pytest.mark.usefixtures("mpich", "eu_stack")
 def test_stall_report_names_the_stuck_rank_once_and_the_job_goes_on(tmp_path):
     tag = new_tag()
     release = tmp_path / "release"
-    timer = threading.Timer(18.0, lambda: release.write_text("go"))
-    timer.start()
+    p = start("--stall-report", "2", "-n", "4", "--oversubscribe", PY,
+              program("stuck_ranks.py"), "stuck", str(release), env=clean_env(MSL_TEST_TAG=tag))
     try:
-        r = run("--stall-report", "2", "-n", "4", "--oversubscribe", PY,
-                program("stuck_ranks.py"), "stuck", str(release),
-                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+        head = read_until(p.stderr, b"outlier(s): rank 3 on ", 90)
+        # The fault: the stall goes on for four more --stall-report periods after it
+        # was reported; the same picture is not reported again.
+        time.sleep(4 * 2)
+        release.write_text("go")
+        out, rest = p.communicate(timeout=90)
     finally:
-        timer.cancel()
+        p.kill()
+        p.communicate()
         kill_tagged(tag)
-    err = r.stderr.decode()
-    assert r.returncode == 0, err
-    assert sorted(x for x in r.stdout.decode().splitlines() if x.startswith("done")) == \
+    err = (head + rest).decode()
+    assert p.returncode == 0, err
+    assert sorted(x for x in out.decode().splitlines() if x.startswith("done")) == \
         [f"done {i} 6" for i in range(4)]
     # once for this picture (a slow MPI start-up may have been reported before it)
     assert err.count("outlier(s): rank 3 on ") == 1, err
@@ -89,25 +93,22 @@ def test_a_new_picture_is_reported_again(tmp_path):
     """The stuck rank moves on to another wait without printing: a second report."""
     release = tmp_path / "release"
     second = tmp_path / "release.2"
-
-    def go(path, after):
-        time.sleep(after)
-        path.write_text("go")
-    threads = [threading.Thread(target=go, args=(release, 14.0)),
-               threading.Thread(target=go, args=(second, 28.0))]
-    for t in threads:
-        t.start()
     tag = new_tag()
+    p = start("--stall-report", "2", "-n", "3", "--oversubscribe", PY,
+              program("stuck_ranks.py"), "twice", str(release), env=clean_env(MSL_TEST_TAG=tag))
     try:
-        r = run("--stall-report", "2", "-n", "3", "--oversubscribe", PY,
-                program("stuck_ranks.py"), "twice", str(release),
-                env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+        # each wait let go once it was reported
+        head = read_until(p.stderr, b"(in load_batch), apart from", 90)
+        release.write_text("go")
+        head += read_until(p.stderr, b"(in save_state), apart from", 90)
+        second.write_text("go")
+        _, rest = p.communicate(timeout=90)
     finally:
-        for t in threads:
-            t.join()
+        p.kill()
+        p.communicate()
         kill_tagged(tag)
-    err = r.stderr.decode()
-    assert r.returncode == 0, err
+    err = (head + rest).decode()
+    assert p.returncode == 0, err
     assert err.count("(in load_batch), apart from") == 1, err
     assert err.count("(in save_state), apart from") == 1, err
     assert err.index("(in load_batch)") < err.index("(in save_state)")
@@ -127,9 +128,10 @@ def test_a_rank_waiting_for_the_input_mslaunch_forwards_is_not_stalled():
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=clean_env(MSL_TEST_TAG=tag))
     try:
-        # rank 0 is in its read, and stays there past several stall samples
+        # rank 0 is in its read, and stays there past several stall samples: the
+        # situation under test, nobody typing for four --stall-report periods
         assert wait_for(lambda: _reads_stdin(tag), 30)
-        time.sleep(8)
+        time.sleep(4 * 2)
         out, err = p.communicate(b"hello\n", timeout=60)
     finally:
         p.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -91,6 +92,88 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def read_until(stream, needle: bytes, timeout: float = 60.0) -> bytes:
+    """Read a child's pipe ``stream`` (its stdout or stderr) until ``needle`` has come;
+    return all that was read.  ``communicate()`` then reads only the rest (it never
+    saw these bytes: they were read from the file descriptor, past its buffer)."""
+    fd = stream.fileno()
+    got = b""
+    deadline = time.monotonic() + timeout
+    while needle not in got:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {needle!r} within {timeout} s; read: {got[-3000:]!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, f"the stream ended before {needle!r}; read: {got[-3000:]!r}"
+            got += chunk
+    return got
+
+
+def wait_pid(pid: int, timeout: float = 30.0) -> Optional[int]:
+    """The wait status of child ``pid`` once it has ended (within ``timeout``), else None."""
+    found: List[int] = []
+
+    def ended() -> bool:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            found.append(status)
+        return bool(found)
+    wait_for(ended, timeout)
+    return found[0] if found else None
+
+
+def status_field(pid: int, name: str) -> str:
+    """A field of /proc/PID/status ("" for a process that has gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _in_set(pid: int, field: str, sig: int) -> bool:
+    return bool(int(status_field(pid, field) or "0", 16) >> (sig - 1) & 1)
+
+
+def signal_pending(pid: int, sig: int) -> bool:
+    """Whether ``sig`` waits to be delivered to process ``pid`` (or one of its threads)."""
+    return _in_set(pid, "SigPnd", sig) or _in_set(pid, "ShdPnd", sig)
+
+
+def signal_caught(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``sig``."""
+    return _in_set(pid, "SigCgt", sig)
+
+
+def signal_ignored(pid: int, sig: int) -> bool:
+    return _in_set(pid, "SigIgn", sig)
+
+
+def comm(pid: int) -> str:
+    """A process's name (its program's, as /proc/PID/comm has it); "" once it has gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def bytes_written(pid: int) -> int:
+    """What process ``pid`` has written so far, in bytes (wchar of /proc/PID/io)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def kill_tagged(tag: str) -> None:
