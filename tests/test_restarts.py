@@ -163,7 +163,7 @@ def test_a_stalled_job_is_reported_kept_and_started_again(tmp_path):
         < err.index("restart 1 of 1"), err
     first = json.loads(report.read_text())["attempts"][0]
     assert first["exit_code"] == 111 and "stalled" in first["cause"], first
-    assert "time.sleep" in first["stall_report"] or "sleep" in first["stall_report"], first
+    assert "sleep" in first["stall_report"], first        # time.sleep, or a native nanosleep
 
 
 @pytest.mark.parametrize("argv, expected", [
