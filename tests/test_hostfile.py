@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import REPO
 from mslaunch.errors import HostfileError, UsageError
 from mslaunch.hosts import local as hf
 from mslaunch.hosts.allocation import allocation_hosts, expand_nodelist, expand_tasks_per_node
@@ -20,7 +21,6 @@ from mslaunch.hosts.hostfile import parse_host_list, parse_hostfile, parse_hostf
 from mslaunch.hosts.local import is_local_host
 from mslaunch.spec import HostEntry
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 

@@ -14,7 +14,8 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO
+
 PACKAGE = os.path.join(REPO, "mslaunch")
 
 #: Each top-level module or subpackage of mslaunch, by layer.

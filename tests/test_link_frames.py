@@ -11,6 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from helpers import REPO
 from linkhelpers import (JSON_KINDS, Frame, chunked, decode_frame, encode_frame, feed_all,
                          frames, fs_bytes, json_values)
 from mslaunch.remote import link
@@ -268,7 +269,7 @@ def test_the_agent_imports_none_of_the_costly_standard_modules():
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])},
+                         env={"PYTHONPATH": REPO},
                          check=True).stdout
     assert out.strip() == "[]", out
 
@@ -337,7 +338,7 @@ def test_the_link_codec_without_the_json_package_reads_and_refuses_as_the_packag
             "        out.append(['error', ''])\n"
             "print(_j.dumps(out))\n")
     r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
-                       env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
+                       env={"PYTHONPATH": REPO})
     assert r.returncode == 0, r.stderr
     for text, (how, value) in zip(texts, json.loads(r.stdout)):
         try:

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
+import helpers
 from requires import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,8 +25,7 @@ from mslaunch.pmi import files as shm, wire
 from mslaunch.pmi import server as pmiserver
 from mslaunch.machine.loop import Loop
 
-HERE = Path(__file__).resolve().parent
-PROGRAMS = HERE / "programs"
+PROGRAMS = Path(helpers.PROGRAMS)
 
 
 # ---------------------------------------------------------------------------
@@ -887,7 +887,7 @@ def rank_env(extra: Dict[str, str]) -> Dict[str, str]:
            and k not in ("PRTE_LAUNCHED", "PYTHONUNBUFFERED")}
     # mpi4py dlopens libmpi.so.12 before libmpi.so.40 by default; pin MPICH explicitly.
     env["MPI4PY_LIBMPI"] = _mpich_libmpi() or ""
-    env["PYTHONPATH"] = str(HERE.parent)
+    env["PYTHONPATH"] = helpers.REPO
     env.update(extra)
     return env
 
@@ -1024,7 +1024,7 @@ def test_a_pmi_exchange_imports_no_regular_expressions():
             "wire.take_frame(bytearray(b'    10cmd=x;a=b;'), 99); "
             "wire.format_v1('put', {'key': 'a b'}); print('re' in sys.modules)")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(Path(__file__).parents[1])}, check=True).stdout
+                         env={"PYTHONPATH": helpers.REPO}, check=True).stdout
     assert out.strip() == "False", out
 
 

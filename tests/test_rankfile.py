@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import DATA
 from mslaunch.errors import HostfileError
 from mslaunch.hosts.rankfile import (MAX_FILE_BYTES, MAX_INDEX, MAX_RANKS, RankEntry, SlotPart,
                                      SlotSpec, missing_ranks, parse_rankfile,
@@ -15,8 +16,7 @@ from mslaunch.hosts.rankfile import (MAX_FILE_BYTES, MAX_INDEX, MAX_RANKS, RankE
 from mslaunch.cputopo import make_topology
 from mslaunch.machine.topology import read_topology
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TREES = os.path.join(REPO, "tests", "data", "topology")
+TREES = os.path.join(DATA, "topology")
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

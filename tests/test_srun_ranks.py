@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import PY, comm, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import PROGRAMS, PY, comm, kill_tagged, new_tag, tagged_pids, wait_for
 from netbed import parent_pid
 from slurm import cmdline, finish, left_on_nodes, salloc
 
@@ -211,7 +211,6 @@ def test_stacks_and_top_of_a_running_job_come_from_a_step_of_their_own(slurmbed,
         kill_tagged(tag)
 
 
-PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
 
 
 def test_a_spawn_fails_in_the_rank_that_asks_for_it(slurmbed, mpich, tmp_path):

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import REPO
 from mslaunch.remote.sshconfig import ConfigError, SSHConfig, parse, split_args
 
 SSH = shutil.which("ssh")
@@ -228,8 +229,7 @@ def test_paramiko_is_imported_without_importlib_metadata():
              "from importlib import metadata\n"
              "print(metadata.version('paramiko'))\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(
-                           os.path.abspath(__file__)))))
+                       env=dict(os.environ, PYTHONPATH=REPO))
     assert r.returncode == 0, r.stderr
     first, real = r.stdout.split("\n")[:2]
     assert first == f"False {real}"

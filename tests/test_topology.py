@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import DATA, REPO
 from mslaunch.plan.bindings import binding_map, binding_words, describe_binding, report_binding
 from mslaunch.cputopo import (KINDS, MAX_CPUS, Topology, count, from_wire, make_topology, objects,
                               parse_cpulist, to_wire)
 from mslaunch.machine.topology import read_topology
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TREES = os.path.join(REPO, "tests", "data", "topology")
+TREES = os.path.join(DATA, "topology")
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 EVERY_CPU = range(1024)
 
