@@ -32,6 +32,7 @@ import os
 import re
 import select
 import socket
+import stat
 import sys
 
 
@@ -149,10 +150,12 @@ def scan(secret):
             for n in files:
                 path = os.path.join(root, n)
                 try:
-                    if os.path.getsize(path) < (1 << 20):
-                        with open(path, "rb") as f:
-                            if needle in f.read():
-                                hits.append(["content", path])
+                    # (not blocking: a FIFO that someone left there is no file to read)
+                    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+                        st = os.fstat(f.fileno())
+                        if stat.S_ISREG(st.st_mode) and st.st_size < (1 << 20) \
+                                and needle in f.read():
+                            hits.append(["content", path])
                 except OSError:
                     pass
 
