@@ -68,16 +68,17 @@ python3 -m venv .venv
 .venv/bin/python -m compileall -q mslaunch
 # Real MindSpore (CPU wheel, about 800 MB) for msrun mode's real jobs; numpy<2 as its
 # workers need it (with numpy 2 a PYNATIVE worker never unregisters).
-# Frameworks that find their job in mpirun's environment (tests/test_frameworks.py):
-# jax's CPU wheel (0.6, which runs on numpy 1; jax 0.10 needs numpy 2), torch's CPU build only
-# (the plain torch==2.13.0 pulls CUDA packages; +cpu fails rather than fetching them
-# when no CPU wheel is reachable).  One resolve, so that numpy stays below 2.
+# Frameworks that find their job in mpirun's environment
+# (tests/system/local/test_frameworks.py): jax's CPU wheel (0.6, which runs on numpy 1;
+# jax 0.10 needs numpy 2), torch's CPU build only (the plain torch==2.13.0 pulls CUDA
+# packages; +cpu fails rather than fetching them when no CPU wheel is reachable).  One
+# resolve, so that numpy stays below 2.
 .venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2' 'jax<0.7' 'jaxlib<0.7' \
     'torch==2.13.0+cpu'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 
 # Open MPI 4.1.4 built from source as the MindSpore tutorials build it, for
-# tests/test_ompi_source.py: once per machine (about 8 minutes on 2 cores, into
+# tests/system/openmpi/test_ompi_source.py: once per machine (about 8 minutes on 2 cores, into
 # ~/.cache/mslaunch-tests), in the background while the checks below run.
 build_log=$(mktemp)
 bash scripts/build-openmpi4.sh > "$build_log" 2>&1 &
@@ -130,9 +131,10 @@ for version in "$oldest" "$newest"; do
     "$venv/bin/python" -m pip install -q --force-reinstall --no-deps . >/dev/null
     echo "scripts/test.sh: smoke tests on Python $version"
     "$venv/bin/python" -m pytest -q -p no:cacheprovider -m 'not remote' \
-        tests/test_pythons.py::test_every_place_names_the_same_pythons \
-        tests/test_hostfile.py tests/test_options_table.py tests/test_loop.py \
-        tests/test_local_jobs.py tests/test_supervise.py
+        tests/project/test_pythons.py::test_every_place_names_the_same_pythons \
+        tests/rooms/hosts/test_hostfile.py tests/rooms/cli/test_options_table.py \
+        tests/rooms/machine/test_loop.py tests/rooms/run/test_supervise.py \
+        tests/system/local/test_local_jobs.py
 done
 if ! wait "$build_pid"; then
     cat "$build_log" >&2
@@ -141,7 +143,7 @@ if ! wait "$build_pid"; then
 fi
 cat "$build_log"
 rm -f "$build_log"
-# ... and the oldest Python a remote host may have, for tests/test_pythons.py's agents
+# ... and the oldest Python a remote host may have, for tests/project/test_pythons.py's agents
 MSLAUNCH_TEST_HOST_PYTHON=$(need_python "$host_floor")
 export MSLAUNCH_TEST_HOST_PYTHON
 # Three pytest workers, each module whole on one of them (see tests/conftest.py): most

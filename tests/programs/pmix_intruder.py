@@ -1,5 +1,5 @@
 """Another user of a host trying to join a running job as one of its ranks
-(tests/test_intruder.py).  Run as that user, with tests/programs/uid_shim.c
+(tests/system/remote/test_intruder.py).  Run as that user, with tests/programs/uid_shim.c
 preloaded so that every uid this process asks the kernel for is root's.
 
 ``pmix LIBPMIX PORT [NAME...]``

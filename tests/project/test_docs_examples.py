@@ -39,7 +39,7 @@ HOW = {
     "mslaunch --max-restarts 2 -n 4 -H h1:2,h2:2,h3:2 python train.py": "hosts",
     "mslaunch --max-restarts 3 --health-check 'nvidia-smi -L >/dev/null && df /scratch' -n 8 "
     "--hostfile hosts python train.py": "a GPU host's check (nvidia-smi); the health check "
-                                        "is tested in tests/test_restarts.py",
+                                        "is tested in tests/system/local/test_restarts.py",
     "mslaunch -n 4 python -c \"from mpi4py import MPI; c = MPI.COMM_WORLD; "
     "print(c.allreduce(c.rank))\"": "here",
     "mslaunch --worker_num=8 --local_worker_num=8 --master_port=8118 --log_dir=msrun_log "
@@ -47,24 +47,24 @@ HOW = {
     "mslaunch --worker_num=16 --local_worker_num=8 --master_addr=192.168.1.10 "
     "--master_port=8118 --log_dir=msrun_log --join=True net.py":
         "two machines at a given address; msrun mode's nodes are tested in "
-        "tests/test_msrun_nodes.py",
+        "tests/system/msrun/test_msrun_nodes.py",
     "mslaunch --mpi openmpi -n 4 --oversubscribe python3 train.py": "here",
     "mslaunch -n 16 -H node1:8,node2:8 --output-filename log_output "
     "--merge-stderr-to-stdout python net.py": "hosts",
     "mslaunch -n 16 --hostfile hosts -x DATA_PATH=$DATA_PATH -x PATH python train.py": "hosts",
     "mslaunch --mca plm_rsh_agent ssh -H node1:8,node2:8 -n 16 python net.py": "hosts",
     "mslaunch --mca plm_rsh_agent 'ssh : rsh' --mca plm_rsh_args '-p 2222' ...":
-        "a sketch ('...'): rsh agents are tested in tests/test_rsh.py",
+        "a sketch ('...'): rsh agents are tested in tests/system/remote/test_rsh.py",
     "mslaunch -launcher ssh -launcher-exec /usr/bin/ssh -bootstrap-exec-args "
-    "'-o ConnectionAttempts=10' ...": "a sketch ('...'): tested in tests/test_rsh.py",
+    "'-o ConnectionAttempts=10' ...": "a sketch ('...'): tested in tests/system/remote/test_rsh.py",
     "OMPI_MCA_plm_rsh_agent=/etc/mpi/kubexec.sh mslaunch --hostfile /etc/mpi/hostfile -np 4 "
-    "python train.py": "Kubernetes' MPI Operator; its stand-in runs in tests/test_rsh.py",
+    "python train.py": "Kubernetes' MPI Operator; its stand-in runs in tests/system/remote/test_rsh.py",
     "salloc -N 4 --ntasks-per-node=8 mslaunch python net.py":
-        "a Slurm allocation of 4 nodes; Slurm is tested in tests/test_slurm.py",
+        "a Slurm allocation of 4 nodes; Slurm is tested in tests/system/slurm/test_slurm.py",
     "mslaunch -n 32 python net.py": "inside an sbatch script (32 slots of an allocation); "
-                                    "tested in tests/test_slurm.py",
+                                    "tested in tests/system/slurm/test_slurm.py",
     "salloc -N 8 mslaunch --launcher srun -n 8 python net.py":
-        "a Slurm allocation of 8 nodes; --launcher srun is tested in tests/test_srun_ranks.py",
+        "a Slurm allocation of 8 nodes; --launcher srun is tested in tests/system/slurm/test_srun_ranks.py",
     "mslaunch -H node1:4,node2:4 python train.py --epochs 3": "hosts",
 }
 STAND_IN = ("import os, sys\nrank = os.environ.get('RANK', '?')\n"

@@ -318,7 +318,7 @@ def test_output_held_back_by_a_slow_reader_is_all_read_after_the_ranks_end(slurm
 
 def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, ompi5, tmp_path,
                                                                   own_tmpdir):
-    """As under agents (tests/test_singletons.py): their segments in /dev/shm and
+    """As under agents (tests/system/openmpi/test_singletons.py): their segments in /dev/shm and
     their session directories in TMPDIR go, removed by a step on their nodes.
     (Refused at all only because the nodes see the launcher's probe directory.)"""
     from ompi import check_refused, held_files, still_there

@@ -648,7 +648,7 @@ def test_a_ranks_end_before_the_stop_is_reported_as_before_it(agents, tmp_path):
     """The agent's loop may come to the stop before the end of a rank that came first
     (the agent was not running, and a heartbeat was already waiting on its link): that
     end is still reported as before the stop, or the launcher would take it for the
-    stop's doing and not count it (tests/test_failure_order.py has the rules)."""
+    stop's doing and not count it (tests/rooms/run/test_failure_order.py has the rules)."""
     agent = agents.new()
     go = tmp_path / "go"
     ender = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\nos._exit(3)"

@@ -212,7 +212,7 @@ def test_report_state_without_a_timeout_says_it_does_nothing():
     assert r.stderr.decode() == ("mslaunch: warning: --report-state-on-timeout acts on a timeout "
                                  "only, and none is set: add --timeout SECONDS (or set "
                                  "MPIEXEC_TIMEOUT)\n"), r.stderr
-    # --get-stack-traces alone means stall reports after 60 s (tests/test_stall.py): no warning
+    # --get-stack-traces alone means stall reports after 60 s (tests/rooms/inspect/test_stall.py): no warning
     r = run("--get-stack-traces", "-n", "1", "true")
     assert r.returncode == 0 and r.stderr == b"", r.stderr
     r = run("--get-stack-traces", "--report-state-on-timeout", "--timeout", "30", "-n", "1",

@@ -1,6 +1,6 @@
 """Which failure is a job's cause (mslaunch.job.failures) and the clock offset of a
 link (mslaunch.remote.host.clock_offset): the pure rules; the real jobs that need
-them are in tests/test_pmix.py (a death and a peer's abort on two hosts)."""
+them are in tests/system/openmpi/test_pmix.py (a death and a peer's abort on two hosts)."""
 
 from __future__ import annotations
 

