@@ -608,7 +608,7 @@ def environment_note(launchers: Sequence[Launcher], runs: int, warmups: int,
 
 
 def host_rx_bytes(net: Any, names: Sequence[str]) -> Dict[str, int]:
-    """Bytes each host of a network bed (``tests/netbed.py``) has received so far:
+    """Bytes each host of a network bed (``tests/support/netbed.py``) has received so far:
     what its port on the bed's switch has sent it, every protocol and sender
     counted (TCP/IP and SSH overhead included)."""
     import json as _json

@@ -10,7 +10,7 @@ Cases (medians of ``--runs`` rounds):
    interpreters) and, when an ``msrun`` is on PATH (MindSpore installed),
    the real msrun with the same command line.
 2. Node formation: H nodes (2, 4, 8) of the network-namespace test bed of
-   ``tests/netbed.py`` (one namespace per node, each with its own address
+   ``tests/support/netbed.py`` (one namespace per node, each with its own address
    and hostname, no SSH) each run the same command with
    ``--worker_num=H --local_worker_num=1 --master_addr=<h1>``; the time
    from starting every node to the last node's exit, all exiting 0.
@@ -38,7 +38,7 @@ from typing import Dict, List, Sequence
 
 import _common as C
 
-sys.path.insert(0, str(C.REPO_ROOT / "tests"))
+sys.path.insert(0, str(C.REPO_ROOT / "tests" / "support"))
 
 TASK = """\
 import os, sys, time

@@ -1,7 +1,7 @@
 """Remote launch over SSH: mslaunch against Hydra ``mpiexec -launcher ssh``
 and Open MPI 4's ``mpirun``.
 
-The hosts are the SSH test bed of ``tests/sshbed.py``: one real OpenSSH
+The hosts are the SSH test bed of ``tests/support/sshbed.py``: one real OpenSSH
 ``sshd`` per network namespace on this machine (``h1`` .. ``hN``, each with its
 own address, hostname and ``/etc/hosts``).  The script starts one bed per
 host count (2, 4, 8, 16 by default), makes a HOME for each with
@@ -86,7 +86,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import _common as C
 
-sys.path.insert(0, str(C.REPO_ROOT / "tests"))
+sys.path.insert(0, str(C.REPO_ROOT / "tests" / "support"))
 
 MIB = 1 << 20
 PASS = [sys.executable, "-c", "pass"]
@@ -349,7 +349,7 @@ def start_beds(sizes: Sequence[int], root: str, plain_login: bool = False) -> Di
     try:
         from sshbed import SSHBed  # type: ignore[import-not-found]  # tests/, imports pytest
     except ImportError as err:
-        raise SystemExit(f"bench/remote.py needs tests/sshbed.py and pytest: {err}")
+        raise SystemExit(f"bench/remote.py needs tests/support/sshbed.py and pytest: {err}")
     beds: Dict[int, Bed] = {}
     try:
         for n in sizes:

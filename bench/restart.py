@@ -15,7 +15,7 @@ Contenders, interleaved round by round:
 - mslaunch ``--max-restarts 1 -n 4`` (4 local ranks);
 - ``torchrun --max-restarts 1 --nproc-per-node 4 --standalone`` (4 local ranks);
 - mslaunch ``--max-restarts 1 -H h1:2,h2:2 -n 4`` on the SSH test bed
-  (``tests/sshbed.py``), and ``-H h1..h16`` at one rank per host, with
+  (``tests/support/sshbed.py``), and ``-H h1..h16`` at one rank per host, with
   ``--remote`` (needs root for the bed's network namespaces).
 
 Also the launcher's CPU seconds of the whole run (``wait4``: itself and what
@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import _common as C
 
-sys.path.insert(0, str(C.REPO_ROOT / "tests"))
+sys.path.insert(0, str(C.REPO_ROOT / "tests" / "support"))
 
 PROGRAM = """
 import os, signal, sys, time

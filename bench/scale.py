@@ -1,6 +1,6 @@
 """What the launcher pays per SSH host, up to the largest bed this machine holds.
 
-One SSH test bed per host count (``tests/sshbed.py``: a real ``sshd`` per
+One SSH test bed per host count (``tests/support/sshbed.py``: a real ``sshd`` per
 network namespace, 200 at most), one rank per host.  For each count,
 ``--runs`` interleaved rounds of:
 

@@ -1,6 +1,6 @@
 """Inside a Slurm allocation: mslaunch's srun-started agents against SSH and Hydra ``-launcher slurm``.
 
-The cluster is the Slurm test bed of ``tests/slurmbed.py`` (root; slurmctld
+The cluster is the Slurm test bed of ``tests/support/slurmbed.py`` (root; slurmctld
 and one slurmd per network namespace on this machine).  For each node count
 H (2, 4, 8) the script takes one allocation, ``salloc -N H
 --ntasks-per-node=1``, and inside it runs the launchers interleaved, one
@@ -39,7 +39,7 @@ from typing import Dict, List, Sequence
 
 import _common as C
 
-sys.path.insert(0, str(C.REPO_ROOT / "tests"))
+sys.path.insert(0, str(C.REPO_ROOT / "tests" / "support"))
 
 MPI_CODE = ("from mpi4py import MPI; c = MPI.COMM_WORLD; s = c.allreduce(1); "
             "print(s) if c.rank == 0 else None")

@@ -8,7 +8,7 @@ Cases:
   frames, merging, JSON).
 * ``native``: the same with ``sleep`` ranks (native frames only).
 * ``ssh``: ``RANKS`` Python ranks over ``--hosts`` SSH hosts of the test bed
-  (``tests/sshbed.py``, as ``bench/remote.py``): every agent reads its own
+  (``tests/support/sshbed.py``, as ``bench/remote.py``): every agent reads its own
   ranks at once.
 
 For each case the CPU one sample costs is measured too: the launcher's and
@@ -146,7 +146,7 @@ def main(argv: Sequence[str]) -> int:
                       args.runs)
         rows.append((f"{n} `sleep` ranks, this machine", res))
     if "ssh" in cases:
-        sys.path.insert(0, str(C.REPO_ROOT / "tests"))
+        sys.path.insert(0, str(C.REPO_ROOT / "tests" / "support"))
         sys.path.insert(0, str(C.BENCH_DIR))
         import remote as R  # noqa: E402  (bench/remote.py: the SSH bed's start and stop)
         root = tempfile.mkdtemp(prefix="msl-bench-stacks-")

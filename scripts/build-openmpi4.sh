@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds Open MPI 4.1.4 from its release source, as the MindSpore GPU and Ascend
 # tutorials do (./configure --prefix=...; make; make install), for the tests of a
-# source build under mslaunch (tests/test_ompi_source.py): such a build embeds
-# PMIx 3.2.3 with renamed symbols and brings no libpmix.so of its own.
+# source build under mslaunch (tests/system/openmpi/test_ompi_source.py): such a
+# build embeds PMIx 3.2.3 with renamed symbols and brings no libpmix.so of its own.
 #
 #   bash scripts/build-openmpi4.sh [PREFIX]
 #

@@ -4,7 +4,7 @@ mslaunch.cli.options, in docs/reference/options.md) and mpirun's MCA parameters
 
     python scripts/options_table.py
 
-tests/test_docs.py fails when a page's table is not what the code makes.
+tests/project/test_docs.py fails when a page's table is not what the code makes.
 """
 
 import os

@@ -6,7 +6,7 @@
 #
 #   bash scripts/test-under-load.sh              three runs beside two busy loops
 #   bash scripts/test-under-load.sh 1 2 -- -n 4  one run, more pytest workers than cores
-#   bash scripts/test-under-load.sh 6 2 -- tests/test_pmix.py -k remote
+#   bash scripts/test-under-load.sh 6 2 -- tests/system/openmpi/test_pmix.py -k remote
 #
 # Each run's whole output is kept in a directory it names; a line per run says how
 # it ended, in how long, at what load, and which tests failed.  Exits 1 if any run

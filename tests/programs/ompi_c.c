@@ -1,4 +1,4 @@
-/* A C MPI program for tests/test_ompi_source.py, built with the mpicc of an Open MPI
+/* A C MPI program for tests/system/openmpi/test_ompi_source.py, built with the mpicc of an Open MPI
  * compiled from source: MODE is "show" (print "rank R of N SUM LIBRARY" after an
  * allreduce, and "host R HOSTNAME") or "abort" (rank 1 calls MPI_Abort(7) while the
  * others wait in a barrier). */

@@ -1,4 +1,4 @@
-"""An mpi4py program for tests/test_ompi_fabric.py: prints, after an allreduce,
+"""An mpi4py program for tests/system/openmpi/test_ompi_fabric.py: prints, after an allreduce,
 "rank R of N pml=... btl=... LIBRARY" (the pml and btl settings in its environment)."""
 
 import os

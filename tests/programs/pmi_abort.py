@@ -1,4 +1,4 @@
-"""mpi4py rank for tests/test_pmi.py: rank 0 calls MPI.Abort(7), others wait."""
+"""mpi4py rank for tests/rooms/mpi/test_pmi.py: rank 0 calls MPI.Abort(7), others wait."""
 import time
 
 from mpi4py import MPI

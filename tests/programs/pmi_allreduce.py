@@ -1,4 +1,4 @@
-"""mpi4py rank for tests/test_pmi.py: prints one line with the allreduce of ranks."""
+"""mpi4py rank for tests/rooms/mpi/test_pmi.py: prints one line with the allreduce of ranks."""
 import sys
 
 from mpi4py import MPI

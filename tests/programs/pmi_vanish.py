@@ -1,4 +1,4 @@
-"""mpi4py rank for tests/test_pmi.py: the last rank leaves with os._exit(0) after init."""
+"""mpi4py rank for tests/rooms/mpi/test_pmi.py: the last rank leaves with os._exit(0) after init."""
 import os
 
 from mpi4py import MPI

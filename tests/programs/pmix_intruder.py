@@ -1,5 +1,5 @@
 """Another user of a host trying to join a running job as one of its ranks
-(tests/test_intruder.py).  Run as that user, with tests/programs/uid_shim.c
+(tests/system/remote/test_intruder.py).  Run as that user, with tests/programs/uid_shim.c
 preloaded so that every uid this process asks the kernel for is root's.
 
 ``pmix LIBPMIX PORT [NAME...]``
@@ -160,12 +160,13 @@ def scan(secret):
                         if needle in os.fsencode(n))
             for n in files:
                 path = os.path.join(root, n)
-                try:     # (regular files only: a FIFO another user left would block)
-                    st = os.lstat(path)
-                    if stat.S_ISREG(st.st_mode) and st.st_size < (1 << 20):
-                        with open(path, "rb") as f:
-                            if needle in f.read():
-                                hits.append(["content", path])
+                try:
+                    # (not blocking: a FIFO that someone left there is no file to read)
+                    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+                        st = os.fstat(f.fileno())
+                        if stat.S_ISREG(st.st_mode) and st.st_size < (1 << 20) \
+                                and needle in f.read():
+                            hits.append(["content", path])
                 except OSError:
                     pass
 

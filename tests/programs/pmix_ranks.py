@@ -1,4 +1,4 @@
-"""An mpi4py program for tests/test_pmix.py: ``MODE [OUT]``.
+"""An mpi4py program for tests/system/openmpi/test_pmix.py: ``MODE [OUT]``.
 
 show      print "rank R of N SUM LIBRARY" after an allreduce, and "host R HOSTNAME"
 abort     rank 1 calls MPI_Abort(7) while the others sleep (outside MPI)

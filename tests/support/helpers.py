@@ -1,0 +1,248 @@
+"""Shared helpers for tests that run mslaunch as a real command."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Dict, List, Optional, Sequence, Set
+
+#: tests/support (this module's folder), tests/ and the repository's root
+SUPPORT = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(SUPPORT)
+REPO = os.path.dirname(TESTS)
+PROGRAMS = os.path.join(TESTS, "programs")
+DATA = os.path.join(TESTS, "data")
+PY = sys.executable
+STALE = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDI_", "SLURM_", "PBS_", "MASTER_")
+
+
+def clean_env(**extra: str) -> Dict[str, str]:
+    """The test process's environment without launcher leftovers, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(STALE)
+           and k not in ("MPIEXEC_TIMEOUT", "PYTHONUNBUFFERED")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    # The test beds add and remove network interfaces in this namespace while other
+    # workers' ranks start; UCX (MPICH's wheel) then writes errors about an interface
+    # gone between its listing and its query into the ranks' stdout.
+    env.setdefault("UCX_LOG_LEVEL", "fatal")
+    env.update(extra)
+    return env
+
+
+def cmd(*args: str) -> List[str]:
+    return [PY, "-m", "mslaunch", *args]
+
+
+def run(*args: str, input: Optional[bytes] = None, timeout: float = 60,
+        env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+        stdin=None) -> subprocess.CompletedProcess:
+    """Run mslaunch to completion; stdout and stderr are captured as bytes."""
+    return subprocess.run(cmd(*args), input=input, stdin=stdin, capture_output=True,
+                          timeout=timeout, env=env or clean_env(), cwd=cwd)
+
+
+def start(*args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+          **kw) -> subprocess.Popen:
+    return subprocess.Popen(cmd(*args), env=env or clean_env(), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def program(name: str) -> str:
+    return os.path.join(PROGRAMS, name)
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex
+
+
+def tagged_pids(tag: str) -> List[int]:
+    """Pids of live processes whose environment holds ``MSL_TEST_TAG=tag``."""
+    needle = f"MSL_TEST_TAG={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def all_gone(tag: str, timeout: float = 5.0) -> bool:
+    """Whether every process tagged ``tag`` is gone (within ``timeout``: mslaunch's
+    watchdog removes the job's cgroup just after mslaunch has exited)."""
+    return wait_for(lambda: tagged_pids(tag) == [], timeout, 0.01)
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def read_until(stream, needle: bytes, timeout: float = 60.0) -> bytes:
+    """Read a child's pipe ``stream`` (its stdout or stderr) until ``needle`` has come;
+    return all that was read.  ``communicate()`` then reads only the rest (it never
+    saw these bytes: they were read from the file descriptor, past its buffer)."""
+    fd = stream.fileno()
+    got = b""
+    deadline = time.monotonic() + timeout
+    while needle not in got:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {needle!r} within {timeout} s; read: {got[-3000:]!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, f"the stream ended before {needle!r}; read: {got[-3000:]!r}"
+            got += chunk
+    return got
+
+
+def wait_pid(pid: int, timeout: float = 30.0) -> Optional[int]:
+    """The wait status of child ``pid`` once it has ended (within ``timeout``), else None."""
+    found: List[int] = []
+
+    def ended() -> bool:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            found.append(status)
+        return bool(found)
+    wait_for(ended, timeout)
+    return found[0] if found else None
+
+
+def status_field(pid: int, name: str) -> str:
+    """A field of /proc/PID/status ("" for a process that has gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _in_set(pid: int, field: str, sig: int) -> bool:
+    return bool(int(status_field(pid, field) or "0", 16) >> (sig - 1) & 1)
+
+
+def signal_pending(pid: int, sig: int) -> bool:
+    """Whether ``sig`` waits to be delivered to process ``pid`` (or one of its threads)."""
+    return _in_set(pid, "SigPnd", sig) or _in_set(pid, "ShdPnd", sig)
+
+
+def signal_caught(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``sig``."""
+    return _in_set(pid, "SigCgt", sig)
+
+
+def signal_ignored(pid: int, sig: int) -> bool:
+    return _in_set(pid, "SigIgn", sig)
+
+
+def comm(pid: int) -> str:
+    """A process's name (its program's, as /proc/PID/comm has it); "" once it has gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def bytes_written(pid: int) -> int:
+    """What process ``pid`` has written so far, in bytes (wchar of /proc/PID/io)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def kill_tagged(tag: str) -> None:
+    """Last-resort cleanup so a failing test leaves nothing behind."""
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def wait_lines(path: str, count: int, timeout: float = 10.0) -> bool:
+    def ready() -> bool:
+        try:
+            with open(path) as f:
+                return len(f.read().splitlines()) >= count
+        except OSError:
+            return False
+    return wait_for(ready, timeout)
+
+
+#: The line that names hosts still starting 2 s after they were asked (remote.timeline).
+_PROGRESS = " s since the hosts were asked; "
+
+
+def error_lines(text: str) -> List[str]:
+    """``text``'s lines but those naming hosts still starting (what a user sees
+    while a slow start goes on, not what it ended with)."""
+    return [line for line in text.splitlines()
+            if not (_PROGRESS in line and line.endswith(" up)"))]
+
+
+def one_error_line(stderr: bytes) -> str:
+    """Assert stderr is exactly one 'mslaunch: error: ...' line (beside the names of
+    hosts still starting, if the start took 2 s); return it."""
+    text = stderr.decode()
+    lines = error_lines(text)
+    assert len(lines) == 1, text
+    assert lines[0].startswith("mslaunch: error: "), text
+    assert "Traceback" not in text
+    return lines[0]
+
+
+def seq(args: Sequence[str]) -> List[str]:
+    return list(args)
+
+
+def socket_inodes(pid: int) -> Set[str]:
+    """The inodes of the sockets process ``pid`` holds (as /proc/net/tcp names them)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes
+
+
+def hosts_saying(stderr: str, text: str) -> List[str]:
+    """The hosts of the lines ``mslaunch: HOSTS: TEXT`` (hosts that said the same
+    are named together, runs of numbers as ``h1-h3``), sorted."""
+    import re
+    found: List[str] = []
+    for line in stderr.splitlines():
+        if line.startswith("mslaunch: ") and line.endswith(": " + text):
+            for part in line[len("mslaunch: "):-len(text) - 2].split(", "):
+                m = re.fullmatch(r"(\D+)(\d+)-\1(\d+)", part)
+                found += ([f"{m.group(1)}{i}" for i in range(int(m.group(2)), int(m.group(3)) + 1)]
+                          if m else [part])
+    return sorted(found)
