@@ -87,6 +87,13 @@ def test_wdir_sets_the_working_directory(tmp_path):
     assert r.stdout.decode().strip() == str(tmp_path)
 
 
+def test_a_missing_wdir_is_one_error_line_naming_it(tmp_path):
+    gone = str(tmp_path / "gone")
+    r = run("-n", "2", "-wdir", gone, "true")
+    assert r.returncode == 127, r.stderr
+    assert f"working directory {gone!r} of rank 0 does not exist" in one_error_line(r.stderr)
+
+
 # The ways a rank starts in a directory other than the launcher's: this C
 # library's, and the forked child used where the C library has no chdir action.
 @pytest.fixture(params=["as-is", "forked"])
@@ -204,6 +211,17 @@ def test_a_rank_elsewhere_starts_as_every_rank_does(tmp_path, spawn_way):
     finally:
         os.close(kept)
         os.close(sealed)
+
+
+def test_a_rank_whose_directory_went_is_one_clear_error(tmp_path, spawn_way):
+    """A directory removed between the check before the start and the rank's
+    spawn is named as the check names it (the C library's spawn says only
+    "No such file or directory", of the directory or of the program)."""
+    from mslaunch.core.errors import SpawnError
+    gone = tmp_path / "gone"
+    with pytest.raises(SpawnError) as caught:
+        start_rank(rank_spec(gone, ["true"], rank=3))
+    assert str(caught.value) == f"working directory {str(gone)!r} of rank 3 does not exist"
 
 
 def test_launcher_environment_is_not_changed_by_rank_environments():

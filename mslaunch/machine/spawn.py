@@ -264,6 +264,9 @@ class LocalProcess:
             else:
                 self.pid = _spawn(spec, path, env, stdin, stdout, stderr)
         except OSError as err:
+            if not os.path.isdir(spec.cwd):      # gone since check_startable
+                raise SpawnError(f"working directory {spec.cwd!r} of rank {spec.rank} "
+                                 f"does not exist") from None
             raise SpawnError(f"cannot start rank {spec.rank} ({spec.argv[0]}): "
                              f"{os_error_reason(err)}") from None
         self.pgid = self.pid
