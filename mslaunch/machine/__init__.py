@@ -1,7 +1,8 @@
 """The mechanisms of one machine, which the launcher and every host's agent stand on.
 
 No policy and no MPI here: the :mod:`.loop` (epoll, timers), :mod:`.spawn`
-(``posix_spawn`` of one rank), :mod:`.local` (ranks on this machine: start,
+(``posix_spawn`` of one rank; :mod:`.spawndir` for one in a working directory
+other than the launcher's), :mod:`.local` (ranks on this machine: start,
 exits through pidfds, leftovers), :mod:`.terminal` (mslaunch's stdout and
 stderr, never blocking), :mod:`.output` (rank sinks, pipe readers),
 :mod:`.stdin` (the launcher's stdin to the ranks), :mod:`.guard` (the orphan

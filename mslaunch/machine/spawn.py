@@ -12,9 +12,12 @@ descriptor.
 
 Ranks start with ``os.posix_spawn`` (vfork and exec in one call), which
 spares the launcher the import of :mod:`subprocess`, a large part of a
-short job's cost.  The child gets exactly stdin, stdout, stderr and the
-descriptors the caller made inheritable; everything else the launcher
-holds is close-on-exec (see :func:`seal_inherited_fds`).
+short job's cost; a rank whose working directory is not the launcher's
+starts through :mod:`.spawndir`, which has the child change directory (the
+launcher never changes its own: its threads share it).  The child gets
+exactly stdin, stdout, stderr and the descriptors the caller made
+inheritable; everything else the launcher holds is close-on-exec (see
+:func:`seal_inherited_fds`).
 """
 
 from __future__ import annotations
@@ -261,6 +264,9 @@ class LocalProcess:
             else:
                 self.pid = _spawn(spec, path, env, stdin, stdout, stderr)
         except OSError as err:
+            if not os.path.isdir(spec.cwd):      # gone since check_startable
+                raise SpawnError(f"working directory {spec.cwd!r} of rank {spec.rank} "
+                                 f"does not exist") from None
             raise SpawnError(f"cannot start rank {spec.rank} ({spec.argv[0]}): "
                              f"{os_error_reason(err)}") from None
         self.pgid = self.pid
@@ -317,21 +323,27 @@ class LocalProcess:
 
 def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout: int,
            stderr: int) -> int:
-    actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, stdout, 1),
-               (os.POSIX_SPAWN_DUP2, stderr, 2)]
-    here = os.getcwd()
-    # posix_spawn has no working-directory action in Python: the launcher is
-    # single-threaded, so changing its own for the instant of the spawn is safe.
-    if spec.cwd != here:
-        os.chdir(spec.cwd)
+    dup2s = ((stdin, 0), (stdout, 1), (stderr, 2))
+    if not _is_launch_dir(spec.cwd):
+        # os.posix_spawn cannot start a child elsewhere, and the launcher's own
+        # directory is its threads' too: the child changes directory itself.
+        from .spawndir import spawn_in
+        return spawn_in(spec.cwd, path, spec.argv, env, dup2s=dup2s, session=spec.session,
+                        sigdef=RESET_SIGNALS)
+    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in dup2s]
+    # A new session is a new process group as well (both: setpgid fails, EPERM).
+    group = {"setsid": True} if spec.session else {"setpgroup": 0}
+    return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
+                          setsigdef=RESET_SIGNALS, **group)
+
+
+def _is_launch_dir(cwd: str) -> bool:
+    """Whether ``cwd`` is the launcher's working directory, as named (False when
+    the launcher's has been removed)."""
     try:
-        # A new session is a new process group as well (both: setpgid fails, EPERM).
-        group = {"setsid": True} if spec.session else {"setpgroup": 0}
-        return os.posix_spawn(path, list(spec.argv), env, file_actions=actions,
-                              setsigdef=RESET_SIGNALS, **group)
-    finally:
-        if spec.cwd != here:
-            os.chdir(here)
+        return os.getcwd() == cwd
+    except OSError:
+        return False
 
 
 def _spawn_bound(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int,
@@ -339,7 +351,8 @@ def _spawn_bound(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int,
     """Like :func:`_spawn`, with the rank's CPU affinity set before it runs.
 
     A child inherits the affinity of the thread that creates it, so the
-    launcher takes the rank's CPU set for the instant of the spawn.
+    spawning thread takes the rank's CPU set for the instant of the spawn
+    (the launcher's other threads keep theirs: affinity is a thread's own).
     """
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, spec.cpus)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -84,6 +85,143 @@ def test_exports_x_genv_env_mca_and_mpmd_contexts():
 def test_wdir_sets_the_working_directory(tmp_path):
     r = run("-n", "1", "-wdir", str(tmp_path), PY, "-c", "import os; print(os.getcwd())")
     assert r.stdout.decode().strip() == str(tmp_path)
+
+
+def test_a_missing_wdir_is_one_error_line_naming_it(tmp_path):
+    gone = str(tmp_path / "gone")
+    r = run("-n", "2", "-wdir", gone, "true")
+    assert r.returncode == 127, r.stderr
+    assert f"working directory {gone!r} of rank 0 does not exist" in one_error_line(r.stderr)
+
+
+# The ways a rank starts in a directory other than the launcher's: this C
+# library's, and the forked child used where the C library has no chdir action.
+@pytest.fixture(params=["as-is", "forked"])
+def spawn_way(request, monkeypatch):
+    if request.param == "forked":
+        from mslaunch.machine import spawndir
+        monkeypatch.setattr(spawndir, "_loaded", [None])
+    return request.param
+
+
+def rank_spec(cwd, argv, rank=0, **kw):
+    from mslaunch.core.spec import Host, RankSpec
+    here = Host(name="localhost", slots=1, max_slots=None, local=True, node_id=0)
+    return RankSpec(rank=rank, app=0, host=here, local_rank=rank, local_size=1,
+                    argv=tuple(argv), env=kw.pop("env", clean_env()), cwd=str(cwd),
+                    stdout_path=None, stderr_path=None, **kw)
+
+
+def start_rank(spec):
+    """A rank started as the launcher starts it; its output, once it has ended."""
+    from mslaunch.machine.spawn import LocalProcess
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        proc = LocalProcess(spec, spec.env, stdin=null, stdout=w, stderr=w)
+    finally:
+        os.close(w)
+        os.close(null)
+    with open(r, "rb") as out:
+        text = out.read().decode()
+    assert proc.reap() == (0, None), text
+    return proc, text
+
+
+def test_ranks_elsewhere_never_move_the_launchers_directory(tmp_path, monkeypatch, spawn_way):
+    """The launcher's threads (SSH connections, reapers, hosts' start-ups) share
+    its working directory: while ranks start in theirs, a relative path must
+    still mean what it meant.  Another thread looks at every instant that
+    anything in this process changes directory, and one looks all along."""
+    launch, there = tmp_path / "launch", tmp_path / "there"
+    launch.mkdir()
+    there.mkdir()
+    (launch / "marker").write_text("launch")
+    monkeypatch.chdir(launch)
+    me, seen = os.getpid(), []
+
+    def look():
+        try:
+            with open("marker") as f:
+                text = f.read()
+        except OSError as err:
+            text = str(err)
+        seen.append((os.getcwd(), os.path.abspath("."), text))
+
+    def watching(change):
+        def changed(*args):
+            change(*args)
+            if os.getpid() == me:         # (a forked rank changes its own)
+                thread = threading.Thread(target=look)
+                thread.start()
+                thread.join()
+        return changed
+
+    monkeypatch.setattr(os, "chdir", watching(os.chdir))
+    monkeypatch.setattr(os, "fchdir", watching(os.fchdir))
+    watched, done = threading.Event(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            look()
+            watched.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert watched.wait(10)
+        outputs = {start_rank(rank_spec(there, ["sh", "-c", "pwd -P"], rank))[1]
+                   for rank in range(64)}
+    finally:
+        done.set()
+        watcher.join()
+    assert outputs == {os.path.realpath(there) + "\n"}
+    assert seen and set(seen) == {(str(launch), str(launch), "launch")}
+    assert os.getcwd() == str(launch)
+
+
+def test_a_rank_elsewhere_starts_as_every_rank_does(tmp_path, spawn_way):
+    """In its directory (a relative program found there), leading a process
+    group of its own or a session, SIGPIPE and SIGXFSZ at their defaults (the
+    launcher ignores them), with its streams and the inheritable descriptors
+    only, and exactly its environment."""
+    there = tmp_path / "there"
+    there.mkdir()
+    prog = there / "prog"
+    prog.write_text("#!/bin/sh\n"
+                    "pwd -P; cut -d' ' -f5,6 /proc/$$/stat\n"
+                    "grep SigIgn /proc/$$/status; env | sort\n"
+                    "for fd in $FDS; do [ -e /proc/$$/fd/$fd ] && echo has $fd; done; exit 0\n")
+    prog.chmod(0o755)
+    kept, sealed = os.pipe()
+    os.set_inheritable(kept, True)
+    try:
+        env = {"PATH": "/usr/bin:/bin", "FDS": f"{kept} {sealed}", "ONLY": "this"}
+        for session in (False, True):
+            proc, text = start_rank(rank_spec(there, ["./prog"], env=env, session=session))
+            lines = text.splitlines()
+            assert lines[0] == os.path.realpath(there)
+            group, sid = map(int, lines[1].split())
+            assert group == proc.pid and sid == (proc.pid if session else os.getsid(0))
+            ignored = int(lines[2].split()[1], 16)
+            assert not ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1))
+            assert sorted(lines[3:-1]) == sorted(f"{k}={v}" for k, v in
+                                                 dict(env, PWD=lines[0]).items()), text
+            assert lines[-1] == f"has {kept}"
+    finally:
+        os.close(kept)
+        os.close(sealed)
+
+
+def test_a_rank_whose_directory_went_is_one_clear_error(tmp_path, spawn_way):
+    """A directory removed between the check before the start and the rank's
+    spawn is named as the check names it (the C library's spawn says only
+    "No such file or directory", of the directory or of the program)."""
+    from mslaunch.core.errors import SpawnError
+    gone = tmp_path / "gone"
+    with pytest.raises(SpawnError) as caught:
+        start_rank(rank_spec(gone, ["true"], rank=3))
+    assert str(caught.value) == f"working directory {str(gone)!r} of rank 3 does not exist"
 
 
 def test_launcher_environment_is_not_changed_by_rank_environments():
