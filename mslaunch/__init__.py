@@ -14,7 +14,7 @@ spawn, output, guard, local ranks); services on them (``pmi``, ``pmix``, the
 agent and its link in ``remote``); the starters (``remote.ssh``, ``remote.rsh``,
 ``remote.slurm``); the job's policy (``job``: launch, supervise, reports, Open
 MPI mode); msrun mode on it (``msrun``: its nodes and their service); and
-the command-line dialects (``cli``) last (``tests/test_layers.py`` checks the
+the command-line dialects (``cli``) last (``tests/project/test_layers.py`` checks the
 order).  Importing the package imports none of them: :func:`run` does, when
 called.
 """

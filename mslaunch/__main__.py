@@ -1,6 +1,6 @@
 """The ``mslaunch`` command, also run as ``python -m mslaunch``."""
 
-import _signal
+from .core.cmods import signal
 import sys
 
 
@@ -8,7 +8,7 @@ def main() -> int:
     # Until the supervisor installs its handlers, Ctrl-C simply ends mslaunch
     # (nothing has started yet) rather than raising KeyboardInterrupt in the
     # middle of an import, with a traceback.
-    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     from .machine.loop import hold_collector
     hold_collector()
     from .cli import main as run

@@ -348,16 +348,6 @@ def lookup(body: str) -> Tuple[str, str]:
     return (option.name, option.kind) if option is not None else (body, "")
 
 
-def split_option(token: str) -> Tuple[Optional[str], Optional[str], str]:
-    """``(canonical name, inline value, disposition)`` of an option word;
-    ``(None, None, "")`` for a word that is not an option."""
-    body, value = words_of(token)
-    if body is None:
-        return None, None, ""
-    name, how = lookup(body)
-    return name, value, how
-
-
 def nargs(name: str) -> int:
     return SPELLINGS[name].nargs
 

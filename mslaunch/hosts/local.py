@@ -43,9 +43,9 @@ def _local_names() -> frozenset:
     The full name is taken from ``/etc/hosts`` lines that also list the
     hostname; no resolver call is made (they can hang on a broken DNS).
     """
-    import _socket
+    from ..core.cmods import socket
 
-    raw = {_socket.gethostname()}
+    raw = {socket.gethostname()}
     uname = getattr(os, "uname", None)
     if uname is not None:
         raw.add(uname().nodename)
@@ -134,10 +134,10 @@ def route_address(addr: str) -> Optional[str]:
     No packet is sent: connecting a UDP socket only asks the kernel's
     routing table which source address it would use.
     """
-    import _socket
-    family = _socket.AF_INET6 if ":" in addr else _socket.AF_INET
+    from ..core.cmods import socket
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     try:
-        s = _socket.socket(family, _socket.SOCK_DGRAM)
+        s = socket.socket(family, socket.SOCK_DGRAM)
     except OSError:
         return None
     try:

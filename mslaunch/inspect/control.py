@@ -183,9 +183,9 @@ def admitted(conn: Any) -> bool:
     """Whether the peer of a control connection may ask: the job's own user, and
     root (who may trace any process anyway); a root job lets in root alone.  A
     refused peer is told why in one line (never waited for), and closed."""
-    import _socket
+    from ..core.cmods import socket
     try:
-        creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         uid = int.from_bytes(creds[4:8], "little")
     except OSError:
         uid = -1
@@ -224,13 +224,13 @@ class Inspector:
                 out.keep_tail = True
 
     def accept(self) -> None:
-        import _socket
+        from ..core.cmods import socket
         while True:
             try:
                 fd, _ = self.sock._accept()     # the C socket's accept: a descriptor
             except OSError:
                 return
-            conn = _socket.socket(fileno=fd)
+            conn = socket.socket(fileno=fd)
             if admitted(conn):
                 conn.setblocking(False)
                 _Client(self, conn)

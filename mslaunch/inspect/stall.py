@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from ..seams import JobView
 
 from ..core.errors import STALL_EXIT
-#: ``--stall-report``'s seconds when it is not given (see the docs' reasoning).
-DEFAULT_SECONDS = 300.0  # the same as mslaunch.core.spec.STALL_SECONDS
 #: A rank using more of a CPU than this between samples, outside a
 #: communication call (:data:`COMMUNICATION`), computes.
 BUSY_SHARE = 0.25
@@ -73,7 +71,6 @@ class StallWatch:
         self.reported: Optional[Tuple[Any, ...]] = None
         self.report = ""            # the last report's text, as printed
         self.sampling = False
-        self.samples = 0
         self.cpu: Dict[int, Tuple[float, float]] = {}     # rank -> (when, CPU seconds)
         self.moved: Dict[int, int] = {}                   # rank -> its data count
         self._tick()       # made one interval into the job (see Supervisor._watch_stall)
@@ -130,7 +127,6 @@ class StallWatch:
     def _sampled(self, stacks: List[RankStacks], written: int) -> None:
         from .stacktree import merge, signature
         self.sampling = False
-        self.samples += 1
         sup = self.sup
         now = time.monotonic()
         if sup.ending is not None or written != sum(o.written for r in sup.ranks

@@ -48,7 +48,7 @@ class StartupAnswers:
             os.close(self._wake_r)      # the thread's own end: closed when it is done
 
     def _serve_until_woken(self) -> None:
-        import _socket
+        from ..core.cmods import socket
         while not self.stopping.is_set():
             try:
                 ready, _, _ = select.select([self.sock.fileno(), self._wake_r], [], [])
@@ -60,7 +60,7 @@ class StartupAnswers:
                 fd, _ = self.sock._accept()
             except OSError:
                 continue
-            conn = _socket.socket(fileno=fd)
+            conn = socket.socket(fileno=fd)
             if admitted(conn):
                 try:
                     self._answer(conn)

@@ -42,8 +42,7 @@ and stopping the processes (``/proc``, signals) is done by :mod:`.procs`.
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ..core.cmods import signal
 import time
 
 from ..core.switches import switch

@@ -21,8 +21,7 @@ so the job never hangs on it.
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ..core.cmods import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ it lives here, in a module every one of them imports anyway.
 
 from __future__ import annotations
 
-import _socket
+from ..core.cmods import socket
 import heapq
 import itertools
 import os
@@ -103,15 +103,15 @@ def make_room(strangers: Callable[[], Sized], limit: int, drop: Callable[[Any], 
         drop(oldest)
 
 
-class CListener(_socket.socket):
+class CListener(socket.socket):
     """A listening socket made without the :mod:`socket` module, which costs a
-    launch a millisecond or more: ``accept()`` gives ``_socket.socket``
+    launch a millisecond or more: ``accept()`` gives ``socket.socket``
     connections (``recv``, ``send``, ``detach``... as :mod:`socket`'s; no
     ``makefile``, and TLS wants a :class:`socket.socket` made of one)."""
 
-    def accept(self) -> Tuple[_socket.socket, Any]:
+    def accept(self) -> Tuple[socket.socket, Any]:
         fd, address = self._accept()  # type: ignore[attr-defined]  # C method typeshed omits
-        return _socket.socket(self.family, self.type, self.proto, fileno=fd), address
+        return socket.socket(self.family, self.type, self.proto, fileno=fd), address
 
 
 def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: int,
@@ -144,7 +144,7 @@ def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: i
             return
         try:
             sock.setblocking(False)
-            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             sock.close()        # reset before we got to it
             continue
@@ -314,7 +314,7 @@ class Loop:
         Python-level handler only calls ``early(signum)``, if given, for what
         must be noted even while the loop does not run.
         """
-        import _signal as signal   # the C module: no enum import
+        from ..core.cmods import signal
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)

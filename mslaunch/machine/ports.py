@@ -16,7 +16,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import _socket
+    from ..core.cmods import socket
     from typing import Set, Tuple
 
 from ..core.errors import LaunchError
@@ -28,7 +28,7 @@ RANGE_NAME = "MPICH_PORT_RANGE/MPIEXEC_PORT_RANGE"
 _promised: Set[int] = set()
 
 
-def bind_in_range(sock: _socket.socket, host: str, port_range: Tuple[int, int]) -> int:
+def bind_in_range(sock: socket.socket, host: str, port_range: Tuple[int, int]) -> int:
     """Bind ``sock`` to ``host`` and a free port of ``port_range`` (inclusive); returns
     the port.  A port in use (or, for a listener, one the kernel keeps) is skipped;
     any other error is raised as it is."""
@@ -53,8 +53,8 @@ def bind_in_range(sock: _socket.socket, host: str, port_range: Tuple[int, int]) 
 def free_port_in(port_range: Tuple[int, int]) -> int:
     """A TCP port of ``port_range`` that is free on this machine now; no listener
     of this process takes it later."""
-    import _socket
-    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    from ..core.cmods import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         port = bind_in_range(s, "", port_range)
     finally:

@@ -13,8 +13,7 @@ if it dies, or by the next launch if both died.
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ..core.cmods import signal
 import time
 
 TYPE_CHECKING = False
@@ -346,8 +345,8 @@ def _listening(path: str) -> bool:
     PID namespace sharing this directory, say)."""
     if not path.endswith(".sock"):
         return False
-    import _socket
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    from ..core.cmods import socket
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
         return True

@@ -18,14 +18,14 @@ def free_port(port_range: Optional[Tuple[int, int]] = None) -> int:
     if port_range is not None:
         from .ports import free_port_in
         return free_port_in(port_range)
-    import _socket  # the full socket module costs milliseconds at start-up
+    from ..core.cmods import socket
     # Below the kernel's range for the local ends of connections: rank 0 binds it on
     # its own host, where any connection (an agent's, a PMIx door's) could hold a
     # port of that range (a job's restart once failed so, EADDRINUSE on a remote host).
     low = _ephemeral_low()
     for _ in range(32 if low > 11000 else 0):
         port = 10000 + int.from_bytes(os.urandom(2), "big") % (low - 10000)
-        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.bind(("", port))
             return port
@@ -33,7 +33,7 @@ def free_port(port_range: Optional[Tuple[int, int]] = None) -> int:
             continue
         finally:
             s.close()
-    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -57,7 +57,7 @@ def ompi_jobid(avoid: int) -> int:
     Open MPI's own ids are ``family << 16``, so jax derives one of 256
     ports, 16 apart; mslaunch picks its id the same way, but only a family
     whose port is free (and is not ``avoid``, the job's MASTER_PORT)."""
-    import _socket
+    from ..core.cmods import socket
     from ..plan import coordinator_port
     start = os.urandom(1)[0]
     for i in range(256):
@@ -65,7 +65,7 @@ def ompi_jobid(avoid: int) -> int:
         port = coordinator_port(family << 16)
         if port == avoid:
             continue
-        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.bind(("", port))
             return family << 16

@@ -23,8 +23,7 @@ inheritable; everything else the launcher holds is close-on-exec (see
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ..core.cmods import signal
 
 from ..core.errors import SpawnError, os_error_reason  # both also re-exported
 

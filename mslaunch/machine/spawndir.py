@@ -22,9 +22,9 @@ and tells the launcher through a close-on-exec pipe which step failed.
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
 import sys
+
+from ..core.cmods import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -70,10 +70,10 @@ def _own_description(fd: int):
             if err.errno == errno.ENXIO:   # a FIFO whose reader has gone
                 return -1, None, 0
     elif stat.S_ISSOCK(mode):
-        import _socket
+        from ..core.cmods import socket
         try:
-            sock = _socket.socket(fileno=os.dup(fd))
-            return sock.fileno(), sock, _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL
+            sock = socket.socket(fileno=os.dup(fd))
+            return sock.fileno(), sock, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
         except OSError:
             pass
     return fd, None, 0

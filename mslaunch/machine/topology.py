@@ -103,17 +103,12 @@ def cache_path(name: str) -> str:
 def save_whole(path: str, data: bytes) -> None:
     """Write a cache file whole (under a name of this host and process, then
     renamed: caches may be shared by hosts), or not at all."""
-    tmp = f"{path}.{os.uname().nodename[:64]}.{os.getpid()}"
+    from .osfiles import write_whole
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_whole(path, data, shared=True)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def cached_topology() -> Topology:

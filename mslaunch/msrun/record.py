@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 from ..core.errors import LaunchError
 from ..core.spec import MsrunSpec
+from ..machine.osfiles import write_whole
 
 RECORD = "mslaunch_job.json"
 LOG = "mslaunch.log"
@@ -43,11 +44,7 @@ LOG = "mslaunch.log"
 
 def _write(log_dir: str, record: Dict[str, Any]) -> None:
     path = os.path.join(log_dir, RECORD)
-    tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_whole(path, (json.dumps(record, indent=1) + "\n").encode())
 
 
 def read(log_dir: str) -> Dict[str, Any]:

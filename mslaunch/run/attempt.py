@@ -23,36 +23,28 @@ from ..core.errors import LaunchError
 from ..mpi.pmi.files import new_kvsname
 from ..core.spec import AttemptOutcome, JobSpec, Plan
 from ..core.states import LOST
+from ..machine.osfiles import unlink_quietly
 
 
 def control_listener(directory: str, name: str):
     """A listening Unix socket ``directory/name`` (no TCP port: only processes that
     may enter this user's private directory can connect); None if it cannot be made."""
-    import _socket
+    from ..core.cmods import socket
     path = os.path.join(directory, name)
-    try:
-        os.unlink(path)              # a dead launcher's of the same pid
-    except OSError:
-        pass
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    unlink_quietly(path)             # a dead launcher's of the same pid
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Bound under another name and renamed once it listens: a client that finds the
     # path bound but not yet listening is refused, takes it for a dead launcher's
     # and removes it (mslaunch-stacks then found "no running job" for good).
     part = f"{path}.new"
     try:
-        try:
-            os.unlink(part)
-        except OSError:
-            pass
+        unlink_quietly(part)
         sock.bind(part)
         sock.listen(16)
         os.rename(part, path)
     except OSError:
         sock.close()
-        try:
-            os.unlink(part)
-        except OSError:
-            pass
+        unlink_quietly(part)
         return None
     sock.setblocking(False)
     return sock, path

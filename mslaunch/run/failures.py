@@ -27,7 +27,7 @@ its time says only that it came before the stop.
 
 from __future__ import annotations
 
-from _signal import SIGKILL, SIGTERM
+from ..core.cmods import signal
 
 from ..core.errors import STALL_EXIT, TIMEOUT_EXIT
 from ..machine.spawn import signal_name
@@ -72,7 +72,8 @@ class Failures:
         ``grace`` seconds after SIGTERM): that one was only seen late."""
         sig = rank.signal
         if stop_reached is not None and at >= stop_reached and (
-                sig is None or sig == SIGTERM or (sig == SIGKILL and at >= stop_reached + grace)):
+                sig is None or sig == signal.SIGTERM
+                or (sig == signal.SIGKILL and at >= stop_reached + grace)):
             return
         # A rank's end after its own MPI_Abort is still that abort.
         abort = abort or any(s[1] is rank and s[3] for s in self.seen)

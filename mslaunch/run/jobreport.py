@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 from .. import __version__
 from ..core.errors import LaunchError, UsageError
 from ..machine.spawn import signal_name
+from ..machine.osfiles import write_whole
 
 FORMAT = "mslaunch-job-report"
 VERSION = 1
@@ -149,7 +150,7 @@ def write(path: str, report: Dict[str, Any], flag: str = "--report-json") -> Non
         if _in_place(path, mode):
             _write_in_place(path, data)
         else:
-            _replace(os.path.realpath(path), data)
+            write_whole(os.path.realpath(path), data)
     except OSError as err:
         reason = "a FIFO with no reader" if err.errno == errno.ENXIO and \
             stat.S_ISFIFO(mode) else err.strerror
@@ -170,18 +171,6 @@ def _in_place(path: str, mode: int) -> bool:
     return not stat.S_ISREG(mode) or os.path.abspath(path).startswith(("/dev/", "/proc/"))
 
 
-def _replace(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _write_in_place(path: str, data: bytes) -> None:

@@ -63,12 +63,12 @@ def summary(sup: JobView, rank: RankState) -> str:
 
 def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
     """The result of a job that failed: its cause's code, the summary, the failures."""
-    from _signal import SIGPIPE
+    from ..core.cmods import signal
     f = sup.failures
     root = results[f.root.spec.key]
     # A rank stopped by a broken pipe because mslaunch's own reader
     # went away (``| head``) is the shell's quiet SIGPIPE, not news.
-    quiet = root.signal == SIGPIPE and not sup.console.is_open(1)
+    quiet = root.signal == signal.SIGPIPE and not sup.console.is_open(1)
     return JobResult(exit_code=f.root_code, ranks=tuple(results), root_cause=root,
                      message="" if quiet else summary(sup, f.root),
                      ending=sup.ending or "failure", failures=(

@@ -22,8 +22,7 @@ reader still not reading.
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ..core.cmods import signal
 import time
 
 TYPE_CHECKING = False

@@ -19,7 +19,7 @@ few lines a window report it.
 
 from __future__ import annotations
 
-import _socket
+from ..core.cmods import socket as _socket
 import _thread
 import os
 import time

@@ -48,7 +48,7 @@ def test_every_place_names_the_same_pythons():
     readme = read("README.md")
     assert f"Python {oldest} or newer (tested on {oldest} and {newest})" in readme
     assert f"Python {host} or newer" in readme
-    assert f"needs Python {host} or newer" in read("mslaunch", "remote", "bootstrap.py")
+    assert f"needs Python {host} or newer" in read("mslaunch", "backends", "agents", "bootstrap.py")
     if tomllib is not None:
         settings = tomllib.loads(read("pyproject.toml"))["tool"]
         assert settings["mypy"]["python_version"] == oldest

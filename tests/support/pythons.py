@@ -40,7 +40,7 @@ def package_versions() -> Tuple[str, str]:
 
 def host_floor() -> str:
     """The oldest Python a remote host may have: the agent bootstrap's check."""
-    with open(os.path.join(REPO, "mslaunch", "remote", "bootstrap.py")) as f:
+    with open(os.path.join(REPO, "mslaunch", "backends", "agents", "bootstrap.py")) as f:
         found = re.search(r"sys\.version_info < \(3, (\d+)\)", f.read())
     assert found, "mslaunch/backends/agents/bootstrap.py: no version check found"
     return f"3.{found.group(1)}"

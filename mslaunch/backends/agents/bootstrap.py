@@ -107,6 +107,7 @@ def _digest(top, root):
         h.update(b"%s\0%d\0" % (name.encode("utf-8", "surrogateescape"), len(data)))
         h.update(data)
     digest = h.hexdigest()
+    # (This runs on the host before any module of the package: no helper of its.)
     tmp = "%s.%s.%d" % (cache, os.uname().nodename[:64], os.getpid())
     try:
         folder = os.path.dirname(cache)

@@ -11,8 +11,7 @@ and its node's name.  A node speaks for its own ranks only.
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ...core.cmods import signal
 import sys
 
 from ...machine.output import RankPipe

@@ -26,8 +26,7 @@ spawn, binding, restarts (:func:`check_srun_job`).
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ...core.cmods import signal
 import time
 
 from ...core.errors import LaunchError, UsageError

@@ -50,7 +50,7 @@ def _end_singletons(groups: List[int], timeout: float) -> None:
     """Stop refused Open MPI singletons (the ranks ``groups``) as an agent would:
     note what their Open MPI processes make in /dev/shm and /tmp while they
     are frozen, end them (SIGTERM; SIGKILL at ``timeout``), remove it."""
-    import _signal
+    from ...core.cmods import signal
     import time
 
     from ...mpi.pmi.singletons import SingletonFiles
@@ -59,7 +59,7 @@ def _end_singletons(groups: List[int], timeout: float) -> None:
     files.follow(groups, time.monotonic() + timeout)
     for pgid in groups:
         try:
-            os.killpg(pgid, _signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
         except OSError:
             pass
     files.follow(groups, time.monotonic() + 2.0)

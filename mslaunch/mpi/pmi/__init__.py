@@ -52,7 +52,7 @@ Decisions:
   ``auth_timeout`` seconds; before that it may send at most 1 KiB, and the
   number of such pending connections is bounded.
 * The real MPICH 5.0.2 wheel speaks PMI-1 only; the PMI-2 wire here is tested
-  with a protocol-level client (see tests/test_pmi.py).
+  with a protocol-level client (see tests/rooms/mpi/test_pmi.py).
 
 A peer that breaks the grammar, floods, or never reads its replies is cut off
 and reported with one :meth:`PMIListener.pmi_log` line; a parseable but

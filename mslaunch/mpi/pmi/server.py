@@ -9,7 +9,7 @@ which authenticates the peers.
 
 from __future__ import annotations
 
-import _socket
+from ...core.cmods import socket
 import os
 import time
 
@@ -42,10 +42,10 @@ from .wire import (
 class _Conn(QueuedWriter):
     """One PMI connection: socket, buffers, framing, request ordering."""
 
-    send_flags = _socket.MSG_NOSIGNAL
+    send_flags = socket.MSG_NOSIGNAL
     high_water = MAX_OUTPUT       # replies a peer leaves unread before it is cut off
 
-    def __init__(self, server: PMIServer, sock: _socket.socket, rank: Optional[int], tcp: bool) -> None:
+    def __init__(self, server: PMIServer, sock: socket.socket, rank: Optional[int], tcp: bool) -> None:
         super().__init__(server.loop, sock.fileno())
         self.server = server
         self.sock = sock
@@ -300,7 +300,7 @@ class PMIServer:
         self.busy_seconds = 0.0   # time spent reading and answering ranks
         self.max_pending = 64 + size
         self._conns: Dict[int, _Conn] = {}
-        self._child_socks: Dict[int, _socket.socket] = {}
+        self._child_socks: Dict[int, socket.socket] = {}
         self._socketpair_ranks: Set[int] = set()
         self._lost: Set[int] = set()
         self.started: Set[int] = set()     # ranks that initialized PMI
@@ -314,7 +314,7 @@ class PMIServer:
         self._check_rank(rank)
         if rank in self._socketpair_ranks:
             raise ValueError(f"rank {rank} already has a PMI socket")
-        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         os.set_inheritable(theirs.fileno(), True)
         self._socketpair_ranks.add(rank)
         self._child_socks[rank] = theirs

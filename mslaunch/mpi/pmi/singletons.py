@@ -374,9 +374,9 @@ class SingletonFiles:
         handles SIGTERM goes on, and one that was in ``MPI_Init`` makes its
         segment only after the stop (its handler, if in Python, waits for
         ``MPI_Init`` to return)."""
-        import _signal
+        from ...core.cmods import signal
         from .sessiondirs import top_session_of
-        _signal_groups(groups, _signal.SIGSTOP)
+        _signal_groups(groups, signal.SIGSTOP)
         _wait_stopped(groups)
         try:
             self.tops.update(filter(None, map(top_session_of, groups)))
@@ -386,8 +386,8 @@ class SingletonFiles:
             self._note(groups)
         finally:
             # SIGTERM waits while they are stopped, and is their first act after SIGCONT.
-            _signal_groups(groups, _signal.SIGTERM)
-            _signal_groups(groups, _signal.SIGCONT)
+            _signal_groups(groups, signal.SIGTERM)
+            _signal_groups(groups, signal.SIGCONT)
             if self.flush is not None:
                 self.flush()
         if loop is not None:

@@ -69,12 +69,12 @@ def host_install(tmp_path: Path, *, version: Optional[str] = None, broken: bool 
         assert '__version__ = "' in text
         init.write_text(text.replace('__version__ = "', f'__version__ = "{version}', 1))
     if broken:
-        (site / "mslaunch" / "remote" / "agent.py").write_text("this is not Python\n")
+        (site / "mslaunch" / "agent" / "agent.py").write_text("this is not Python\n")
     if bad_bytecode:
         # The sources are the launcher's; the agent's compiled module, which
         # Python trusts by its header (source time and size), is garbage.
         subprocess.run([PY, "-m", "compileall", "-q", str(site / "mslaunch")], check=True)
-        pyc = next((site / "mslaunch" / "remote" / "__pycache__").glob("agent.*.pyc"))
+        pyc = next((site / "mslaunch" / "agent" / "__pycache__").glob("agent.*.pyc"))
         pyc.write_bytes(pyc.read_bytes()[:16] + b"\xff" * 64)
     wrapper = tmp_path / "python"
     run = f"PYTHONPATH={site} exec {PY}" if venv_python is None else \
@@ -86,7 +86,7 @@ def host_install(tmp_path: Path, *, version: Optional[str] = None, broken: bool 
 
 def imported_from(wrapper: Path) -> bool:
     """Whether an agent imported the copy (its compiled agent module was written)."""
-    cache = wrapper.parent / "site" / "mslaunch" / "remote" / "__pycache__"
+    cache = wrapper.parent / "site" / "mslaunch" / "agent" / "__pycache__"
     return any(p.name.startswith("agent.") for p in cache.glob("*.pyc")) if cache.exists() \
         else False
 
@@ -139,7 +139,7 @@ def test_ssh_the_hosts_digest_is_kept_and_an_edit_is_still_seen(sshbed, home, tm
     from mslaunch.backends.agents.bundle import _package_files, package_digest
     assert kept[0].read_text().split()[1] == package_digest(_package_files())
     stamp = kept[0].read_text().split()[0]
-    module = tmp_path / "site" / "mslaunch" / "remote" / "slurm.py"
+    module = tmp_path / "site" / "mslaunch" / "backends" / "agents" / "starters" / "slurm.py"
     original = module.read_bytes()
     module.write_bytes(original.replace(b"#: ", b"#:-", 1))      # the same size
     assert len(module.read_bytes()) == len(original)

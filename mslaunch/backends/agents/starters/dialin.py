@@ -21,7 +21,7 @@ as the loss of its daemon.
 
 from __future__ import annotations
 
-import _socket
+from ....core.cmods import socket as _socket
 import os
 import time
 

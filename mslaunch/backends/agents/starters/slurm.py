@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 from ....core.errors import HostsFailed, LaunchError, one_line
 from ....hosts.allocations.slurm import check_nodes
 from ....machine.loop import Loop
+from ....machine.osfiles import unlink_quietly
 from .. import bootstrap
 from ....machine import timeline
 from .dialin import DialedConnection, Greeter, StartingProcess, dial_program, greet
@@ -304,10 +305,7 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
             if refused:
                 # The cached version is not this srun's (a wrapper script in front
                 # of another Slurm): asked again next time.
-                try:
-                    os.unlink(_version_cache())
-                except OSError:
-                    pass
+                unlink_quietly(_version_cache())
                 said = (f"{one_line(refused[-1], 200)} (srun's version is asked again "
                         f"on the next run)")
             message = (f"srun ended (status {step.proc.returncode}) before every agent "

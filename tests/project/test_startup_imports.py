@@ -1,0 +1,45 @@
+"""What ``mslaunch -n 1 true`` imports: a budget of the package's own modules,
+and nothing of what only other jobs need (SSH, the PMIx server's library,
+agents, frameworks), nor the Python modules whose C modules the package uses
+(``mslaunch.core.cmods``).  Start-up speed is bought by this one mechanism --
+a module imported where it is needed, held here -- not by hand at each site.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import List
+
+from helpers import PY, clean_env
+
+#: The package's modules a job of one local rank imports.  A new one on that
+#: way is a cost for every job: import it where it is needed, or raise this
+#: (with what ``python -X importtime`` says it costs) in the same change.
+BUDGET = 64
+#: What a local job must not import: the SSH starter and paramiko, the agents'
+#: backend, the PMIx server's library (loaded when a rank speaks PMIx), the
+#: frameworks, and the Python modules the package uses the C modules of.
+FORBIDDEN = ("paramiko", "cryptography", "mslaunch.backends.agents", "mslaunch.agent",
+             "mslaunch.wire", "mslaunch.mpi.pmix.lib", "mslaunch.mpi.pmix.server", "torch",
+             "jax", "mindspore", "socket", "signal", "subprocess", "selectors", "ssl",
+             "asyncio", "logging", "json", "ctypes")
+
+
+def _imported(env) -> List[str]:
+    r = subprocess.run([PY, "-X", "importtime", "-m", "mslaunch", "-n", "1", "true"],
+                       capture_output=True, env=env, timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    names = [line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
+             if line.startswith("import time:") and "|" in line]
+    # What the interpreter and site imported before mslaunch is not the package's.
+    return names[names.index("runpy") + 1:] if "runpy" in names else names
+
+
+def test_a_local_job_imports_its_budget_and_nothing_of_other_jobs(tmp_path):
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    _imported(env)     # the first job on a machine builds its caches (PMIx's template)
+    names = _imported(env)
+    ours = [n for n in names if n.startswith("mslaunch")]
+    assert ours and len(ours) <= BUDGET, (len(ours), ours)
+    found = [n for n in names if n.split(".")[0] in FORBIDDEN or n.startswith(FORBIDDEN)]
+    assert found == [], found
