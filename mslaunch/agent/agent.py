@@ -37,15 +37,14 @@ the PMI side :mod:`.agentpmi`'s.
 from __future__ import annotations
 
 import os
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
-import _socket
+from ..core.cmods import signal
+from ..core.cmods import socket
 import sys
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Set
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
     from ..mpi.pmix.host import PMIxHost
 
@@ -55,7 +54,7 @@ from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop
 from ..machine.spawn import check_startable, seal_inherited_fds
 from ..core.spec import RankSpec, replace, scrub_env
-from ..wire import link
+from ..wire import frames, link
 from ..wire.endpoint import Endpoint
 from ..mpi.pmi.files import is_kvsname
 from .agentio import LinkOutput, Outflow, StdinRelay
@@ -88,8 +87,8 @@ class Agent:
         self.loop = Loop()
         self.endpoint = Endpoint(self.loop, in_fd, out_fd, on_frame=self._on_frame,
                                  on_closed=self._link_closed)
-        self.endpoint.farewell = lambda silent: link.encode(link.GONE,
-                                                            {"silent": round(silent, 2)})
+        self.endpoint.farewell = lambda silent: frames.encode(
+            frames.Gone(silent=max(0.01, round(silent, 2))))
         self.in_fd, self.out_fd = in_fd, out_fd
         self._fresh_job()
         self.guard: Optional[Watchdog] = guard
@@ -128,7 +127,7 @@ class Agent:
             from ..core.cputopo import to_wire
             from ..machine.topology import cached_topology
             self.endpoint.send(link.SYNC + link.encode(link.HELLO, {
-                "protocol": link.PROTOCOL, "host": _socket.gethostname(), "pid": os.getpid(),
+                "protocol": link.PROTOCOL, "host": socket.gethostname(), "pid": os.getpid(),
                 "python": sys.version.split()[0], "topology": to_wire(cached_topology())}))
             _warm_up()
             self.loop.run_until(lambda: self.finished)
@@ -149,7 +148,7 @@ class Agent:
             # An exit of 0, as on BYE: under srun a failed agent would end the whole
             # step, the other hosts' agents with it.
             try:
-                sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: no next job "
+                sys.stderr.write(f"mslaunch agent on {socket.gethostname()}: no next job "
                                  f"came: {reason}\n")
             except (OSError, ValueError):
                 pass
@@ -179,7 +178,7 @@ class Agent:
         self._unlink_preloaded()
         if self.reason:
             try:
-                sys.stderr.write(f"mslaunch agent on {_socket.gethostname()}: {self.reason}\n")
+                sys.stderr.write(f"mslaunch agent on {socket.gethostname()}: {self.reason}\n")
                 sys.stderr.flush()
             except (OSError, ValueError):
                 pass
@@ -191,16 +190,14 @@ class Agent:
         self.loop.close()
 
     def _unlink_preloaded(self) -> None:
+        from ..machine.osfiles import unlink_quietly
         for path in self.preloaded:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            unlink_quietly(path)
         self.preloaded = []
 
     def fail(self, message: str, code: int = 1) -> None:
         """Report a problem that ends this host's part of the job."""
-        self.endpoint.send(link.encode(link.ERROR, {"message": message, "code": code}))
+        self.endpoint.send(frames.encode(frames.Error(message=message, code=code)))
 
     # -- frames from the launcher ------------------------------------------------
     def _on_frame(self, kind: int, body: bytes) -> None:
@@ -212,50 +209,44 @@ class Agent:
             rank, _, data = link.decode_binary(body)
             self.stdin.feed(rank, data)
             return
-        message = link.decode_json(kind, body)
         if kind == link.JOB:
-            self._prepare(message)
-        elif kind == link.START:
-            self._start()
-        elif kind == link.SIGNAL:
-            sig = link.field(message, "sig", int, "SIGNAL")
-            ranks = link.optional(message, "ranks", list, "SIGNAL")
-            if ranks is not None and not all(type(r) is int for r in ranks):
-                raise link.LinkError("SIGNAL: ranks are not numbers")
-            if ranks is None and sig == signal.SIGCONT:
-                self.endpoint.pause_watch(False)
-            if self.local is not None and 0 < sig < 65:
-                if sig == signal.SIGTERM and ranks is None:
-                    self.local.catch_up()
-                    self.pmi.stopping(self._live_pids())
-                self.local.signal(sig, ranks)
-            if ranks is None and sig == signal.SIGTSTP:
-                # The launcher stops (a Ctrl-Z): its silence means nothing until it
-                # says it goes on; it waits for this answer before it stops.
-                self.endpoint.pause_watch()
-                self.endpoint.send(link.encode(link.PAUSED))
-        elif kind == link.CREDIT:
-            self.output.grant(link.field(message, "bytes", int, "CREDIT"))
-        elif kind == link.PMI:
-            self.pmi.from_launcher(message)
-        elif kind == link.BYE:
-            self.finished = True
-        elif kind == link.NEXT:
-            beat = link.optional(message, "heartbeat", list, "NEXT")
-            if beat is not None and not (len(beat) == 2 and type(beat[0]) in (int, float)
-                                         and type(beat[1]) is int
-                                         and 0.01 <= beat[0] <= 3600 and 1 <= beat[1] <= 1000):
-                raise link.LinkError("NEXT: heartbeat is not [interval, misses]")
-            self._next(link.field(message, "idle", float, "NEXT"), beat)
-        elif kind in (link.STACKS, link.TOP):
-            self.look.on_frame(kind, message, {
+            self._prepare(link.decode_json(kind, body))
+            return
+        frame = frames.from_launcher(kind, body)
+        if isinstance(frame, frames.Signal):
+            self._signal(frame)
+        elif isinstance(frame, frames.Credit):
+            self.output.grant(frame.bytes)
+        elif isinstance(frame, frames.Pmi):
+            self.pmi.from_launcher(frame.message)
+        elif isinstance(frame, frames.Next):
+            self._next(frame.idle, frame.heartbeat)
+        elif isinstance(frame, frames.Look):
+            self.look.on_frame(frame, {
                 r.spec.key: r.proc.pid for r in (self.local.ranks.values() if self.local else ())
                 if r.proc is not None and not r.ended})
-        else:
-            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
+        elif isinstance(frame, frames.Bare) and frame.kind == link.START:
+            self._start()
+        else:                       # BYE
+            self.finished = True
+
+    def _signal(self, frame: frames.Signal) -> None:
+        sig, ranks = frame.sig, frame.ranks
+        if ranks is None and sig == signal.SIGCONT:
+            self.endpoint.pause_watch(False)
+        if self.local is not None and sig < 65:
+            if sig == signal.SIGTERM and ranks is None:
+                self.local.catch_up()
+                self.pmi.stopping(self._live_pids())
+            self.local.signal(sig, ranks)
+        if ranks is None and sig == signal.SIGTSTP:
+            # The launcher stops (a Ctrl-Z): its silence means nothing until it
+            # says it goes on; it waits for this answer before it stops.
+            self.endpoint.pause_watch()
+            self.endpoint.send(frames.encode(frames.Bare(link.PAUSED)))
 
     # -- NEXT: kept for the job's next attempt -----------------------------------
-    def _next(self, idle: float, beat: Optional[List[Any]]) -> None:
+    def _next(self, idle: float, beat: Optional[Tuple[float, int]]) -> None:
         """Forget a job whose ranks have all ended, or that never started (or wait
         for a first one: a spare host's agent); keep the link, the guard (whose
         marker names this agent's directories) and this host's PMIx server (its
@@ -293,7 +284,7 @@ class Agent:
         got = time.time()           # for the launcher's reading of this host's clock
         if self.job:
             raise link.LinkError("a second JOB frame")
-        self.job = job = read_job(body, _socket.gethostname())
+        self.job = job = read_job(body, socket.gethostname())
         self.waiting = False
         self.grace = job["grace"]
         self.output.credit = job["credit"]
@@ -320,9 +311,9 @@ class Agent:
             self.fail(str(err), err.exit_code)
             return
         direct = self._dial_back(job["data"])
-        self.endpoint.send(link.encode(link.READY, {"warnings": warnings, "direct": direct,
-                                                    "notes": notes,
-                                                    "clock": [got, time.time()]}))
+        self.endpoint.send(frames.encode(frames.Ready(
+            warnings=tuple(warnings), notes=tuple(notes), clock=[got, time.time()],
+            direct=direct)))
 
     def _dial_back(self, data: Optional[Dict[str, Any]]) -> bool:
         """Open the connection of its own for output, when the launcher offers one."""
@@ -384,13 +375,13 @@ class Agent:
                         same = f.read(len(data) + 1) == data
                     if same:
                         continue       # already there (a shared file system): leave it be
-                    raise LaunchError(f"--preload: {path} on {_socket.gethostname()} exists "
+                    raise LaunchError(f"--preload: {path} on {socket.gethostname()} exists "
                                       f"and differs; not overwritten")
                 except FileNotFoundError:
                     pass
                 except OSError as err:
                     raise LaunchError(f"--preload: cannot read {path} on "
-                                      f"{_socket.gethostname()}: {err.strerror}") from None
+                                      f"{socket.gethostname()}: {err.strerror}") from None
                 try:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
                                  int(item["mode"]) & 0o777)
@@ -398,7 +389,7 @@ class Agent:
                         f.write(data)
                 except OSError as err:
                     raise LaunchError(f"--preload: cannot write {path} on "
-                                      f"{_socket.gethostname()}: {err.strerror}") from None
+                                      f"{socket.gethostname()}: {err.strerror}") from None
                 self.preloaded.append(path)
 
     def _fix_cwd(self) -> List[str]:
@@ -446,7 +437,7 @@ class Agent:
                                 pmi_env=pmi_env, stdin_fd=None, pty=job["pty"],
                                 dumps=self.look.dumps)
         self.pmi.local = self.local
-        self._started: Dict[str, int] = {}
+        self._started: Dict[int, int] = {}
         try:
             self.local.start()
         except LaunchError as err:
@@ -454,7 +445,7 @@ class Agent:
             return
         finally:
             if self._started:
-                self.endpoint.send(link.encode(link.STARTED, {"pids": self._started}))
+                self.endpoint.send(frames.encode(frames.Started(tuple(self._started.items()))))
         self.stdin.attach(self.local.stdin_pipes)
         self.loop.call_later(0.1, self._check_done)
 
@@ -484,13 +475,13 @@ class Agent:
             self.specs += [s for s in specs if s.key in self.local.ranks]
             self.done_sent = False
             if self._started:
-                self.endpoint.send(link.encode(link.STARTED, {"pids": self._started}))
+                self.endpoint.send(frames.encode(frames.Started(tuple(self._started.items()))))
         self.pmi.up({"op": "spawned", "kvs": job["kvs"], "error": error})
         self.loop.call_later(0.1, self._check_done)
 
     # -- LocalRanks listener -----------------------------------------------------
     def rank_started(self, rank: int, pid: int) -> None:
-        self._started[str(rank)] = pid
+        self._started[rank] = pid
 
     def _report_singletons(self) -> None:
         """Ranks that started Open MPI alone (see mslaunch.mpi.pmi.singletons): tell the launcher."""
@@ -516,9 +507,9 @@ class Agent:
         self.pmi.exited(rank, code, sig)
         self.exited.add(rank)
         self.stdin.drop(rank)
-        self.endpoint.send(link.encode(link.EXITED, {"rank": rank, "code": code,
-                                                     "signal": sig, "at": time.time(),
-                                                     "stop_at": self.pmi.stop_at}))
+        self.endpoint.send(frames.encode(frames.Exited(rank=rank, code=code, signal=sig,
+                                                       at=time.time(),
+                                                       stop_at=self.pmi.stop_at)))
         self._check_done()
 
     def _check_done(self) -> None:
@@ -526,7 +517,7 @@ class Agent:
             return
         if len(self.exited) == len(self.specs) and not self.local.busy:
             self.done_sent = True
-            self.endpoint.send(link.encode(link.DONE))
+            self.endpoint.send(frames.encode(frames.Bare(link.DONE)))
         elif len(self.exited) == len(self.specs):
             self.loop.call_later(0.05, self._check_done)
 

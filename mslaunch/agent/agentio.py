@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 from ..machine.loop import bind
 from ..machine.output import last_newline
-from ..wire import link
+from ..wire import frames, link
 
 #: Output of a rank is gathered for up to this long, or this many bytes,
 #: before it goes out as one frame: a rank writing many small lines would
@@ -165,7 +165,7 @@ class StdinRelay:
             if wrote:
                 del queue[:wrote]
                 # Tell the launcher how much was taken: it sends more only then.
-                self.end.send(link.encode(link.CREDIT, {"stdin": wrote, "rank": rank}))
+                self.end.send(frames.encode(frames.StdinTaken(rank=rank, stdin=wrote)))
         if not queue:
             self.loop.remove_writer(fd)
             if rank in self.eof:

@@ -17,12 +17,9 @@ if TYPE_CHECKING:
 
     from ..machine.loop import Loop
     from ..wire.endpoint import Endpoint
+    from ..wire.frames import Look
 
-from ..wire import link
-
-#: The longest a launcher may ask an agent to spend on one look.
-MAX_TIMEOUT = 120.0
-
+from ..wire import frames, link
 
 def same_as_earlier(rows: Dict[int, Any]) -> Dict[int, Any]:
     """Merged on the host before they are sent: a rank whose threads are those of
@@ -50,27 +47,22 @@ class AgentLook:
         self.dumps: Optional[str] = None
         self._cpu: Dict[int, Tuple[float, int]] = {}
 
-    def on_frame(self, kind: int, message: Dict[str, Any], pids: Dict[int, int]) -> None:
-        ident = link.field(message, "id", int, link.NAMES[kind])
-        if kind == link.TOP:
+    def on_frame(self, look: Look, pids: Dict[int, int]) -> None:
+        if look.kind == link.TOP:
             from ..machine.stacks import usage
             rows = usage(pids, self._cpu)
-            self._answer(kind, ident, rows)
+            self._answer(look.kind, look.id, rows)
             return
-        timeout = message.get("timeout", 10.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-                or not 0 < timeout <= MAX_TIMEOUT:
-            raise link.LinkError("STACKS: timeout is not a number of seconds")
         from ..machine.stacks import read_in_background
-        read_in_background(self.loop, pids, self.dumps, float(timeout),
-                           lambda result: self._answer(kind, ident, result))
+        read_in_background(self.loop, pids, self.dumps, look.timeout,
+                           lambda result: self._answer(look.kind, look.id, result))
 
     def _answer(self, kind: int, ident: int, rows: Dict[int, Any]) -> None:
         if kind == link.STACKS:
             rows = same_as_earlier(rows)
         if not self.endpoint.closed:
-            self.endpoint.send(link.encode(kind, {"id": ident, "ranks": {
-                str(k): v for k, v in rows.items()}}))
+            self.endpoint.send(frames.encode(frames.Looked(
+                kind=kind, id=ident, ranks={str(k): v for k, v in rows.items()})))
 
     def close(self) -> None:
         if self.dumps is not None:

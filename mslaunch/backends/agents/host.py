@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import time
-from _signal import SIGTSTP
+from ...core.cmods import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, Optional, Protocol, Sequence
+    from typing import Any, Callable, Dict, Iterable, Optional, Protocol, Sequence
 
     from ...machine.loop import Loop
     from ...machine.output import RankOutput
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
         def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None: ...
 
-from ...wire import link
+from ...wire import frames, link
 from ...machine import timeline
 from ...wire.endpoint import Endpoint
 from ...wire.jobframe import CREDIT
@@ -84,7 +84,6 @@ class RemoteHost:
         self.verbose = verbose
         self.started_seen = False
         self.state = "new"            # new, prepared, ready, running, done, lost
-        self.error: Optional[Dict[str, Any]] = None
         self.owed = 0                 # output credit not yet returned
         self.exited: set = set()
         self.stdin_taken: Dict[int, int] = {}
@@ -122,16 +121,15 @@ class RemoteHost:
         if self.state == "ready":
             self.state = "running"
             timeline.mark("start sent", self.name)
-            self.endpoint.send(link.encode(link.START))
+            self.endpoint.send(frames.encode(frames.Bare(link.START)))
 
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         if self.state in ("running", "ready"):
-            body: Dict[str, Any] = {"sig": int(sig)}
             if ranks is not None:
-                body["ranks"] = [r for r in ranks if r in self.ranks]
+                ranks = tuple(r for r in ranks if r in self.ranks)
             else:
-                self.pausing = sig == SIGTSTP      # the agent answers PAUSED
-            self.endpoint.send(link.encode(link.SIGNAL, body))
+                self.pausing = sig == signal.SIGTSTP      # the agent answers PAUSED
+            self.endpoint.send(frames.encode(frames.Signal(sig=int(sig), ranks=ranks)))
 
     def spawn(self, pj, specs: Sequence[RankSpec], mapping: str, done,
               pmix: Optional[Dict[str, Any]] = None) -> None:
@@ -156,7 +154,8 @@ class RemoteHost:
             return False
         self._look_id += 1
         self._looks[self._look_id] = done
-        self.endpoint.send(link.encode(kind, dict(body, id=self._look_id)))
+        self.endpoint.send(frames.encode(frames.Look(kind=kind, id=self._look_id,
+                                                     timeout=body.get("timeout", 10.0))))
         return True
 
     def end_singletons(self) -> None:
@@ -186,7 +185,7 @@ class RemoteHost:
         if self.state not in ("done", "ready") or self.endpoint.closed \
                 or not self._output_finished():
             return False
-        self.endpoint.send(link.encode(link.NEXT, {"idle": float(idle)}))
+        self.endpoint.send(frames.encode(frames.Next(idle=float(idle))))
         clean = self.endpoint.detach(time.monotonic() + 2.0)
         if self.output is not None:
             self.output.close("")
@@ -199,7 +198,7 @@ class RemoteHost:
         if self.kept:
             return
         if not self.endpoint.closed:
-            self.endpoint.send(link.encode(link.BYE))
+            self.endpoint.send(frames.encode(frames.Bare(link.BYE)))
             self.endpoint.flush(time.monotonic() + 2.0)
             if self.state != "lost":
                 self.state = "done"
@@ -264,100 +263,84 @@ class RemoteHost:
 
     # -- frames from the agent ---------------------------------------------------
     def _on_frame(self, kind: int, body: bytes) -> None:
-        sup = self.supervisor
         if kind == link.OUTPUT:
             self._output(*link.decode_binary(body))
             return
         if kind == link.BEAT:
             return
-        message = link.decode_json(kind, body)
+        frame = frames.from_agent(kind, body)
         if kind in _AFTER_START and self.state != "running":
             raise link.LinkError(f"{link.NAMES[kind]} before START")
-        if kind == link.READY:
-            if self.state != "prepared":
-                raise link.LinkError("READY before JOB, or twice")
-            said = []
-            for field in ("warnings", "notes"):
-                texts = message.get(field) or []
-                if not isinstance(texts, list) or not all(isinstance(w, str) for w in texts):
-                    raise link.LinkError(f"READY: {field} are not a list of strings")
-                said.append(texts[:20])
-            for text in said[0]:
-                sup.host_message(self, text[:500])
-            for text in said[1] if self.verbose else ():
-                sup.host_message(self, text[:500])
-            self.clock_offset = clock_offset(self._job_sent, message.get("clock"), time.time())
-            self.state = "ready"
-            timeline.mark("ready (programs checked)", self.name)
-            sup.host_ready(self)
-        elif kind == link.STARTED:
-            if not self.started_seen:
-                self.started_seen = True
-                timeline.ranks_started(self.name)
-            pids = link.field(message, "pids", dict, "STARTED")
-            for rank, pid in pids.items():
-                if not (rank.isascii() and rank.isdigit()) or type(pid) is not int or pid <= 0:
-                    raise link.LinkError("STARTED: bad rank or pid")
-                self._check_rank(int(rank))
-                sup.rank_started(int(rank), pid)
-        elif kind == link.EXITED:
-            rank = link.field(message, "rank", int, "EXITED")
+        _HANDLERS[type(frame)](self, frame)
+
+    def _ready(self, frame: frames.Ready) -> None:
+        if self.state != "prepared":
+            raise link.LinkError("READY before JOB, or twice")
+        sup = self.supervisor
+        for text in frame.warnings + (frame.notes if self.verbose else ()):
+            sup.host_message(self, text)
+        self.clock_offset = clock_offset(self._job_sent, frame.clock, time.time())
+        self.state = "ready"
+        timeline.mark("ready (programs checked)", self.name)
+        sup.host_ready(self)
+
+    def _started(self, frame: frames.Started) -> None:
+        if not self.started_seen:
+            self.started_seen = True
+            timeline.ranks_started(self.name)
+        for rank, _ in frame.pids:
             self._check_rank(rank)
-            if rank in self.exited:
-                raise link.LinkError(f"rank {rank} exited twice")
-            self.exited.add(rank)
-            code = link.optional(message, "code", int, "EXITED")
-            sig = link.optional(message, "signal", int, "EXITED")
+        for rank, pid in frame.pids:
+            self.supervisor.rank_started(rank, pid)
+
+    def _exited(self, frame: frames.Exited) -> None:
+        self._check_rank(frame.rank)
+        if frame.rank in self.exited:
+            raise link.LinkError(f"rank {frame.rank} exited twice")
+        self.exited.add(frame.rank)
+        self._note_stop(frame.stop_at)
+        at = self.local_time(frame.at)
+        self.latest = max(self.latest, at)
+        self.supervisor.rank_exited(frame.rank, frame.code, frame.signal, at)
+
+    def _pmi(self, frame: frames.Pmi) -> None:
+        message = frame.message
+        if message.get("op") == "spawned":
+            done = self._spawns.pop(str(message.get("kvs")), None)
+            if done is None:
+                raise link.LinkError("PMI spawned: for no spawn")
+            error = message.get("error")
+            done(str(error)[:300] if error is not None else None)
+        else:
             self._note_stop(message.get("stop_at"))
-            at = self.local_time(message.get("at"))
-            self.latest = max(self.latest, at)
-            sup.rank_exited(rank, code, sig, at)
-        elif kind == link.PMI:
-            if message.get("op") == "spawned":
-                done = self._spawns.pop(str(message.get("kvs")), None)
-                if done is None:
-                    raise link.LinkError("PMI spawned: for no spawn")
-                error = message.get("error")
-                done(str(error)[:300] if error is not None else None)
-            else:
-                self._note_stop(message.get("stop_at"))
-                sup.pmi_from_agent(self, message)
-        elif kind == link.CREDIT:
-            rank = link.field(message, "rank", int, "CREDIT")
-            taken = link.field(message, "stdin", int, "CREDIT")
-            sup.stdin_taken(self, rank, taken)
-        elif kind == link.LOG:
-            sup.host_message(self, str(message.get("message", ""))[:500])
-        elif kind == link.ERROR:
-            self.error = message
-            text = str(message.get("message", "unknown error"))[:500]
-            if self.state in ("prepared", "new"):
-                self.state = "lost"
-                sup.host_failed(self, text, message.get("code"))
-            else:
-                self.endpoint.close(f"the agent reported: {text}")
-        elif kind in (link.STACKS, link.TOP):
-            done = self._looks.pop(message.get("id"), None)   # type: ignore[arg-type]
-            ranks = message.get("ranks")
-            if done is not None:
-                done(ranks if isinstance(ranks, dict) else None)
-        elif kind == link.PAUSED:       # the agent heard that this launcher stops
+            self.supervisor.pmi_from_agent(self, message)
+
+    def _error(self, frame: frames.Error) -> None:
+        if self.state in ("prepared", "new"):
+            self.state = "lost"
+            self.supervisor.host_failed(self, frame.message, frame.code)
+        else:
+            self.endpoint.close(f"the agent reported: {frame.message}")
+
+    def _looked(self, frame: frames.Looked) -> None:
+        done = self._looks.pop(frame.id, None)
+        if done is not None:
+            done(frame.ranks)
+
+    def _gone(self, frame: frames.Gone) -> None:
+        self.blameless = True
+        self.endpoint.close(f"mslaunch itself did not run for {frame.silent:.1f} s (stopped "
+                            f"or starved): its agent there took it for lost and ended its "
+                            f"ranks")
+
+    def _bare(self, frame: frames.Bare) -> None:
+        if frame.kind == link.PAUSED:     # the agent heard that this launcher stops
             if not self.pausing:
                 raise link.LinkError("PAUSED unasked")
             self.pausing = False
-            sup.host_paused(self)
-        elif kind == link.GONE:
-            silent = link.field(message, "silent", float, "GONE")
-            self.blameless = True
-            self.endpoint.close(f"mslaunch itself did not run for {silent:.1f} s (stopped or "
-                                f"starved): its agent there took it for lost and ended its "
-                                f"ranks")
-        elif kind == link.DONE:
-            if self._spawns:
-                return   # sent before the agent heard of the spawn: it will say DONE again
+            self.supervisor.host_paused(self)
+        elif not self._spawns:   # (a DONE sent before the agent heard of a spawn: another comes)
             self.state = "done"
-        else:
-            raise link.LinkError(f"unexpected {link.NAMES[kind]} frame")
 
     def _output(self, rank: int, stream: int, data) -> None:
         sink = self.output_sink(rank, stream)
@@ -393,7 +376,7 @@ class RemoteHost:
     def resume(self) -> None:
         """Return the output credit held back (the terminal takes output again)."""
         if self.owed and not self.endpoint.closed:
-            self.endpoint.send(link.encode(link.CREDIT, {"bytes": self.owed}))
+            self.endpoint.send(frames.encode(frames.Credit(bytes=self.owed)))
             self.owed = 0
 
     def _on_closed(self, reason: str) -> None:
@@ -459,6 +442,22 @@ class RemoteHost:
         looks, self._looks = self._looks, {}
         for look in looks.values():
             look(None)
+
+
+#: What a host does with each frame its agent sends (see :func:`.frames.from_agent`).
+_HANDLERS: Dict[type, Callable[[RemoteHost, Any], None]] = {
+    frames.Ready: RemoteHost._ready,
+    frames.Started: RemoteHost._started,
+    frames.Exited: RemoteHost._exited,
+    frames.Pmi: RemoteHost._pmi,
+    frames.StdinTaken: lambda host, frame: host.supervisor.stdin_taken(host, frame.rank,
+                                                                       frame.stdin),
+    frames.Log: lambda host, frame: host.supervisor.host_message(host, frame.message),
+    frames.Error: RemoteHost._error,
+    frames.Looked: RemoteHost._looked,
+    frames.Gone: RemoteHost._gone,
+    frames.Bare: RemoteHost._bare,
+}
 
 
 def clock_offset(sent: float, clock: Any, back: float) -> float:

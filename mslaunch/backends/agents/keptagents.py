@@ -19,11 +19,10 @@ from __future__ import annotations
 import os
 import select
 import time
-# The C module: the same calls as signal's, without importing enum (milliseconds).
-import _signal as signal
+from ...core.cmods import signal
 
 from ...core.errors import HostsFailed
-from ...wire import link
+from ...wire import frames, link
 from ...machine import timeline
 from .starters.starter import let_go
 
@@ -74,8 +73,8 @@ class KeptAgents:
         os.set_blocking(conn.fd, False)
         if fresh:
             try:
-                os.write(conn.fd, link.encode(link.NEXT, {"idle": IDLE,
-                                                          "heartbeat": list(self.heartbeat)}))
+                os.write(conn.fd, frames.encode(frames.Next(idle=IDLE,
+                                                            heartbeat=self.heartbeat)))
             except OSError:
                 let_go(conn)
                 return
@@ -181,7 +180,7 @@ class KeptAgents:
     def _tell(self, sig: int) -> None:
         for conn in self.idle.values():
             try:
-                os.write(conn.fd, link.encode(link.SIGNAL, {"sig": int(sig)}))
+                os.write(conn.fd, frames.encode(frames.Signal(sig=int(sig))))
             except OSError:
                 pass            # its silence, or its link's end, tells later
 

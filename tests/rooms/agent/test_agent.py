@@ -291,7 +291,7 @@ WRONG_ORDER = {
                                                                "heartbeat": [0, 5]})],
                                   "NEXT: heartbeat is not"),
     "NEXT without a wait": (["job"], [link.encode(link.NEXT, {})],
-                            "NEXT: field 'idle' missing or not float"),
+                            "NEXT: field 'idle' missing or not seconds up to 1e+09"),
     "OUTPUT downwards": (["job", "start"], [link.encode_output(0, 1, b"hi")],
                          "OUTPUT frames go the other way"),
     "READY downwards": ([], [link.encode(link.READY, {"warnings": []})],

@@ -264,7 +264,7 @@ MALFORMED_RUNNING = {
     "OUTPUT on stream 3": ([HELLO + READY, link.encode_output(0, 3, b"x")],
                            RUNNING + r"output of rank 0 on stream 3", WAIT),
     "EXITED rank a string": ([HELLO + READY, link.encode(link.EXITED, {"rank": "0"})],
-                             RUNNING + r"EXITED: field 'rank' missing or not int", WAIT),
+                             RUNNING + r"EXITED: field 'rank' missing or not a number from 0", WAIT),
     "STARTED bad rank": ([HELLO + READY, link.encode(link.STARTED, {"pids": {"x": 1}})],
                          RUNNING + r"STARTED: bad rank or pid", WAIT),
     "STARTED superscript rank": ([HELLO + READY,
