@@ -1,7 +1,8 @@
 """The command line: dialects of the launchers mslaunch replaces.
 
 :mod:`.mpirun` reads Open MPI's and MPICH Hydra's spellings into a
-:class:`~mslaunch.core.spec.JobSpec`.  :func:`main` is the only place that catches
+:class:`~mslaunch.core.spec.JobSpec`, :mod:`.msrun` MindSpore's msrun's; which
+one reads a command line is said once, in :data:`DIALECTS`.  :func:`main` is the only place that catches
 :class:`~mslaunch.core.errors.LaunchError`: it prints one line and exits with the
 error's code.
 """
@@ -13,7 +14,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Optional, Sequence
+    from typing import Callable, Optional, Sequence, Tuple, Union
 
     from ..core.spec import JobSpec
 
@@ -47,20 +48,26 @@ def _print_error(message: str) -> None:
         pass
 
 
-def _msrun(argv: Sequence[str]) -> int:
-    """MindSpore's msrun command line (see :mod:`.msrun` and :mod:`mslaunch.msrun`)."""
-    for word in argv:
-        for verb in ("--wait_job=", "--stop_job="):
-            if word.startswith(verb):
-                from ..msrun.record import wait_job
-                return wait_job(os.path.abspath(word[len(verb):]), stop=verb == "--stop_job=")
-    from .msrun import parse_msrun
-    spec = parse_msrun(argv)
-    if spec.join:
-        from ..msrun.node import run_node
-        return run_node(spec)
-    from ..msrun.record import detach
-    return detach(spec)
+def _anything(argv: Sequence[str]) -> bool:
+    return True
+
+
+#: The dialects, asked in this order whether a command line is theirs:
+#: (name, whose, module).  Each module has ``command(argv)``: the job to run,
+#: or the exit status of a job it ran itself; it is imported only when chosen.
+#: A new dialect is one module and its line here.
+DIALECTS: Tuple[Tuple[str, Callable[[Sequence[str]], bool], str], ...] = (
+    ("msrun", is_msrun, "mslaunch.cli.msrun"),
+    ("mpirun", _anything, "mslaunch.cli.mpirun"),
+)
+
+
+def _read(argv: Sequence[str]) -> Union[JobSpec, int]:
+    """The first dialect that takes the command line reads it (and may run it)."""
+    module = next(module for _name, whose, module in DIALECTS if whose(argv))
+    command: Callable[[Sequence[str]], Union[JobSpec, int]] = __import__(
+        module, fromlist=["command"]).command
+    return command(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None,
@@ -72,10 +79,9 @@ def main(argv: Optional[Sequence[str]] = None,
         try:
             from ..core.switches import check_switches
             check_switches(os.environ)
-            if is_msrun(argv):
-                return _msrun(argv)
-            from .mpirun import parse_args
-            job = parse_args(argv)
+            job = _read(argv)
+            if isinstance(job, int):
+                return job
         except Exit as done:
             sys.stdout.write(done.text)
             return done.status

@@ -27,6 +27,11 @@ from .options import SPELLINGS, words_of
 from .rshagent import rsh_settings
 
 
+def command(argv: Sequence[str]) -> JobSpec:
+    """The job an mpirun-dialect command line asks for (see :func:`parse_args`)."""
+    return parse_args(argv)
+
+
 def parse_args(argv: Sequence[str], environ: Optional[Dict[str, str]] = None,
                cwd: Optional[str] = None, defaults: bool = True) -> JobSpec:
     """Parse an mpirun-dialect command line into a :class:`JobSpec`.

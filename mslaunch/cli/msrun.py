@@ -232,3 +232,19 @@ def _tail(text: str, workers: int) -> str:
     for item in word.split(","):
         _int("tail_worker_log", item.strip(), 0, workers - 1)
     return ",".join(item.strip() for item in word.split(","))
+
+
+def command(argv: Sequence[str]) -> int:
+    """Run an msrun command line: this node's part (``--join``), a detached
+    supervisor, or a wait on or stop of a detached job; its exit status."""
+    for word in argv:
+        for verb in ("--wait_job=", "--stop_job="):
+            if word.startswith(verb):
+                from ..msrun.record import wait_job
+                return wait_job(os.path.abspath(word[len(verb):]), stop=verb == "--stop_job=")
+    spec = parse_msrun(argv)
+    if spec.join:
+        from ..msrun.node import run_node
+        return run_node(spec)
+    from ..msrun.record import detach
+    return detach(spec)
