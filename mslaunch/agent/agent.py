@@ -1,8 +1,8 @@
 """The agent: runs one host's ranks for a launcher on another machine.
 
-It is started over SSH (see :mod:`.bootstrap`), needs nothing on the host
+It is started over SSH (see :mod:`mslaunch.backends.agents.bootstrap`), needs nothing on the host
 but Python, and talks to the launcher over its stdin and stdout (see
-:mod:`.link`).  Its life:
+:mod:`mslaunch.wire.link`).  Its life:
 
 1. write the link's start mark and ``HELLO`` (protocol, host name, Python);
 2. on ``JOB``: build this host's ranks -- environment on top of the login
@@ -31,7 +31,7 @@ dropped) or the launcher falls silent for longer than the heartbeat allows
 exits.  If the agent itself is killed, its watchdog does the same.
 
 The streams (output sinks, credit, the stdin relay) are :mod:`.agentio`'s,
-the PMI side :mod:`.agentpmi`'s.
+the PMI side :mod:`mslaunch.mpi.serve.agentpmi`'s.
 """
 
 from __future__ import annotations

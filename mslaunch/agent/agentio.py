@@ -1,7 +1,7 @@
 """An agent's streams: its ranks' output to the launcher, the launcher's stdin to its ranks.
 
 Output goes out in ``OUTPUT`` (or ``LINES``) frames, on the link itself or
-on a connection of its own (see :mod:`.dialback`), only within the credit
+on a connection of its own (see :mod:`mslaunch.wire.dialback`), only within the credit
 the launcher grants (:class:`Outflow`); each rank stream is a
 :class:`LinkOutput` sink of :class:`~mslaunch.machine.local.LocalRanks`.
 ``STDIN`` frames are written to the ranks' stdin pipes by a

@@ -2,11 +2,11 @@
 
 A :class:`Backend` says how the ranks of one job get started and watched:
 this machine's processes (:class:`LocalBackend`), agents on remote hosts
-started by a starter (:class:`~.agents.AgentsBackend`), one srun step with no
-agent (:class:`~.srunranks.SrunStepsBackend`), Open MPI's own ``mpirun``
-(:class:`~.openmpi.MpirunBackend`), or this node's part of a job run one
+started by a starter (:class:`~mslaunch.backends.agents.agents.AgentsBackend`), one srun step with no
+agent (:class:`~mslaunch.backends.srunsteps.srunranks.SrunStepsBackend`), Open MPI's own ``mpirun``
+(:class:`~mslaunch.backends.mpirun.openmpi.MpirunBackend`), or this node's part of a job run one
 command per node (:class:`~.nodes.NodesBackend`).  The supervisor
-(:mod:`.supervise`) is only policy: it calls every backend the same way, in
+(:mod:`mslaunch.run.supervise`) is only policy: it calls every backend the same way, in
 this order --
 
 1. :meth:`~Backend.begin` (before the supervisor is built: what takes long
@@ -17,7 +17,7 @@ this order --
 3. :meth:`~Backend.here`, :meth:`~Backend.check`: which ranks run as this
    machine's processes, and whether they can start;
 4. :meth:`~Backend.handles`: hand every place its ranks; the rank handles
-   (:class:`~.seams.RankHandle`) the supervisor starts, signals and waits for;
+   (:class:`~mslaunch.seams.RankHandle`) the supervisor starts, signals and waits for;
 5. :meth:`~Backend.started`: every rank runs;
 6. :meth:`~Backend.stopping`: the job is being stopped here, with a code;
 7. :meth:`~Backend.let_go`, :meth:`~Backend.close`: the end (what may wait

@@ -13,7 +13,7 @@ Everything here is pure: :func:`make_topology` builds the canonical record
 from keys, :func:`objects` and :func:`count` read it, :func:`parse_cpulist`
 reads the kernel's (and ``--cpu-set``'s) cpu lists, and :func:`to_wire` /
 :func:`from_wire` carry a topology between hosts as plain lists of ints.
-Reading a host's sysfs is :mod:`.machine.topology`'s.  Importing this module
+Reading a host's sysfs is :mod:`mslaunch.machine.topology`'s.  Importing this module
 imports nothing outside the package.
 """
 

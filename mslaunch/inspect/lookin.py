@@ -1,8 +1,8 @@
 """Looking inside a running job, as the supervisor does it: the control socket
-(``mslaunch-stacks``, ``mslaunch-top``; see :mod:`.inspect`), the stall watch
+(``mslaunch-stacks``, ``mslaunch-top``; see :mod:`mslaunch.inspect.control`), the stall watch
 (``--stall-report``; see :mod:`.stall`) and when each rank last wrote output.
 
-A base class of :class:`~.supervise.Supervisor`, which owns the state it uses;
+A base class of :class:`~mslaunch.run.supervise.Supervisor`, which owns the state it uses;
 the modules behind it are imported only when a job is looked at.
 """
 

@@ -3,7 +3,7 @@
 :class:`StallWatch` looks at the job every few seconds.  While any rank
 writes output, nothing else happens: a job that prints costs a timer.  Once
 no rank has written for a sampling interval, it reads every rank's stacks
-(see :func:`.inspect.gather`: Python ranks dump their own, native frames
+(see :func:`~mslaunch.inspect.control.gather`: Python ranks dump their own, native frames
 are read with a pause of milliseconds).  When no rank has written and no
 rank's stack has changed between samples for ``S`` seconds, the merged
 report is printed (the job goes on); it is printed again only when the

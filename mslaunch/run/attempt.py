@@ -1,7 +1,7 @@
 """One attempt of a job: its plan, its backend, its supervisor.
 
 :func:`run_attempt` is the one place a :class:`~.supervise.Supervisor` is made,
-for every way ranks start: the backend the registry chooses (:mod:`.backend`)
+for every way ranks start: the backend the registry chooses (:mod:`mslaunch.backends.backend`)
 from the job, its session and its plan (:class:`JobPlanning`, made on first
 use); and the job's control socket, which ``mslaunch-stacks`` and
 ``mslaunch-top`` attach to.
@@ -90,7 +90,7 @@ def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
 class JobPlanning:
     """The plan of one attempt, made on first use (a job that Open MPI's mpirun
     runs never needs one), and made again with the remote hosts' topologies
-    (:class:`~.backend.Planning`); its hosts those of the job but ``left_out``."""
+    (:class:`~mslaunch.backends.backend.Planning`); its hosts those of the job but ``left_out``."""
 
     def __init__(self, job: JobSpec, environ: Mapping[str, str], kvsname: str,
                  hosts: Callable[[], Sequence[HostEntry]], left_out: Sequence[str] = ()
@@ -132,7 +132,7 @@ def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
                 launched: Optional[Callable[[], None]] = None,
                 tell: bool = True) -> AttemptOutcome:
     """One run of the job, by one supervisor -- the only place one is made --
-    with the backend the registry chooses (:mod:`.backend`)."""
+    with the backend the registry chooses (:mod:`mslaunch.backends.backend`)."""
     from ..backends.backend import choose
     backend = choose(job, environ, session, planning)
     try:            # until the supervisor owns it, what the backend began is ended here

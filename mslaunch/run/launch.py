@@ -4,7 +4,7 @@ This module holds the impure glue around the pure planner: it reads the
 host sources, asks the machine for its core count, a free port and a unique
 job name, makes the run's orphan guard and session, and runs each attempt of
 the job (one, or several with ``--max-restarts``: :mod:`.restarts`) with the
-backend the registry chooses (:mod:`.backend`) under the one supervisor
+backend the registry chooses (:mod:`mslaunch.backends.backend`) under the one supervisor
 (:func:`run_attempt`); then it writes the report.
 """
 

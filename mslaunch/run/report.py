@@ -4,7 +4,7 @@ The failure summary (the root cause, how many others were stopped or, when
 the job keeps going, every failed rank; the end of the root cause's stderr,
 a long Python traceback shortened by :mod:`.tails`), the state report of
 ``--report-state-on-timeout``, the ranks a hung MPI job waited for
-(``--get-stack-traces``' merged stacks are :mod:`.stall`'s), ``--report-pid``,
+(``--get-stack-traces``' merged stacks are :mod:`mslaunch.inspect.stall`'s), ``--report-pid``,
 ``--report-bindings`` and ``-v``'s lines of started ranks, and msrun's
 recovery of a failed process.  Imported only when one of them is wanted.
 """
@@ -172,7 +172,7 @@ def report_pid(sup: JobView, where: str) -> None:
 
 def timed_out(sup: JobView, live: List[RankState]) -> None:
     """What is said when ``--timeout`` ends the job (the stacks of
-    ``--get-stack-traces`` are :mod:`.stall`'s, printed after it)."""
+    ``--get-stack-traces`` are :mod:`mslaunch.inspect.stall`'s, printed after it)."""
     # One process with a name of its own (the Open MPI mode's mpirun) is named.
     what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
         f"{len(live)} rank(s)"

@@ -5,7 +5,7 @@ Every attempt runs under the run's one orphan guard (one cgroup: a guard of its
 own for each would move the launcher into the first attempt's cgroup and make
 the next one's inside it, where the first guard's end would reach it), with a
 job name of its own, without the hosts left out so far, and with the agents the
-attempt before kept (:mod:`.keptagents`), watched while they wait.  What an
+attempt before kept (:mod:`mslaunch.backends.agents.keptagents`), watched while they wait.  What an
 attempt left behind is ended before the next starts.  The health check is an
 attempt of its own, one process per host.  Stop signals that come between two
 attempts, when no supervisor runs to take them, are noted for the loop.

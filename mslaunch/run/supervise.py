@@ -1,12 +1,12 @@
 """Supervision of a running job: the policy.
 
 The :class:`Supervisor` starts every rank of a :class:`Plan` through the rank
-handles its backend (:mod:`.backend`) hands it -- this machine's
+handles its backend (:mod:`mslaunch.backends.backend`) hands it -- this machine's
 :class:`~mslaunch.machine.local.LocalRanks`, one
 :class:`~mslaunch.backends.agents.host.RemoteHost` per remote host, srun's step, Open
 MPI's mpirun -- and runs one event loop over their output, their exits, the
 PMI sockets, mslaunch's terminal and a self-pipe for signals.  Every handle
-sits behind one seam (:class:`~.seams.RankHandle`) and every way ranks start
+sits behind one seam (:class:`~mslaunch.seams.RankHandle`) and every way ranks start
 behind another, so the policy is written once, for every way.  The first
 rank that fails (non-zero exit, death by a signal, ``MPI_Abort``, leaving MPI
 without finalizing, or exiting while its peers wait for it in MPI) is the
@@ -203,7 +203,7 @@ class Supervisor(LookingInside):
             self.on_launched()
 
     def _start_pmi(self):
-        """The first job's PMI (see :class:`.mpijobs.MPIJobs`), for the plan as it
+        """The first job's PMI (see :class:`~mslaunch.mpi.serve.mpijobs.MPIJobs`), for the plan as it
         stands; what its local ranks inherit."""
         from ..mpi.serve.mpijobs import MPIJobs
         self.mpi_jobs = MPIJobs(self)
@@ -299,7 +299,7 @@ class Supervisor(LookingInside):
     def ranks_lost(self, keys, reason: str, at: Optional[float] = None,
                    blameless: bool = False) -> None:
         """A remote host, last heard from at ``at``, was lost with ranks ``keys`` on it
-        (see :class:`~.fleet.Fleet`); ``blameless``: by this launcher's fault (its
+        (see :class:`~mslaunch.backends.agents.fleet.Fleet`); ``blameless``: by this launcher's fault (its
         agent gave up on it), not the host's."""
         # Ranks still running, and ranks that ended but whose output had not
         # all arrived: both lose something with the host.

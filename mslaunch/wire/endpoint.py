@@ -3,7 +3,7 @@
 Both the launcher (one endpoint per remote host) and the agent use it.
 Writes never block the loop: what the peer does not take yet is queued
 (:class:`~..machine.loop.QueuedWriter`).
-Every frame received counts as a sign of life; a :data:`~.link.BEAT` frame
+Every frame received counts as a sign of life; a :data:`~mslaunch.wire.link.BEAT` frame
 is sent every ``interval`` seconds, and a peer silent for ``misses``
 intervals is declared lost -- the only way to notice a network partition,
 which sends no end-of-file.

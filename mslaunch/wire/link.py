@@ -59,7 +59,7 @@ NAMES[GONE] = "GONE"
 #: heard; its ranks are stopped and it takes the launcher's silence for a pause.
 PAUSED = 21
 NAMES[PAUSED] = "PAUSED"
-#: Looking inside a running job (see :mod:`.agentlook`): the launcher asks with
+#: Looking inside a running job (see :mod:`mslaunch.agent.agentlook`): the launcher asks with
 #: ``{"id", "timeout"}``, the agent answers on the same kind with ``{"id", "ranks"}``.
 #: Numbered apart from the kinds above, so that kinds added there do not collide.
 STACKS, TOP = 40, 41

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..machine.terminal import Terminal
 
     class OutputOwner(Protocol):
-        """Where spliced frames' ranks have their sinks (a :class:`~.host.RemoteHost`)."""
+        """Where spliced frames' ranks have their sinks (a remote host's handle)."""
 
         def output_sink(self, rank: int, stream: int) -> RankOutput: ...
 

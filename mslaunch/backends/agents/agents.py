@@ -1,5 +1,5 @@
 """The ranks of remote hosts run under agents of mslaunch's, this machine's as
-its own processes: the :class:`~.backend.Backend` of every job with remote hosts
+its own processes: the :class:`~mslaunch.backends.backend.Backend` of every job with remote hosts
 (but ``--launcher srun``'s).
 
 The agents are started by the job's starter (:mod:`mslaunch.backends.agents.starters.starter`:

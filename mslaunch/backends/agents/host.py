@@ -444,7 +444,7 @@ class RemoteHost:
             look(None)
 
 
-#: What a host does with each frame its agent sends (see :func:`.frames.from_agent`).
+#: What a host does with each frame its agent sends (see :func:`~mslaunch.wire.frames.from_agent`).
 _HANDLERS: Dict[type, Callable[[RemoteHost, Any], None]] = {
     frames.Ready: RemoteHost._ready,
     frames.Started: RemoteHost._started,

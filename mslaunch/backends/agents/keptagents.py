@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 _WAITING = (link.BEAT, link.PAUSED)
 #: Seconds a kept agent waits for its next job while this launcher is silent
 #: before it exits: longer than anything between two attempts (the longest
-#: back-off, :data:`.attempts.MAX_BACKOFF`, the stop of a failed attempt and the
+#: back-off, :data:`~mslaunch.run.attempts.MAX_BACKOFF`, the stop of a failed attempt and the
 #: health check); during an attempt the launcher beats to every waiting agent.
 IDLE = 30.0
 

@@ -9,7 +9,7 @@ program keeps its own MPI library; when that is not the mpirun's major version
 line says so, and an Open MPI 4 program under Open MPI 5's mpirun, whose ranks
 would each run alone, is stopped.
 
-mpirun runs under the common supervisor (:mod:`.supervise`), as the job's one
+mpirun runs under the common supervisor (:mod:`mslaunch.run.supervise`), as the job's one
 process behind the rank-handle seam (:class:`MpirunHandle`, the one handle of
 :class:`MpirunBackend`), so that the watchdog, signal forwarding, ``--timeout``
 (exit 110) and the grace period are the default mode's.  mslaunch also keeps
@@ -156,7 +156,7 @@ class _Lines:
 
 
 class MpirunHandle:
-    """Open MPI's mpirun behind the rank-handle seam (:class:`~.seams.RankHandle`):
+    """Open MPI's mpirun behind the rank-handle seam (:class:`~mslaunch.seams.RankHandle`):
     the job's one process as the supervisor sees it (key 0), in a session of its
     own.  Signals go to mpirun, which passes them on to the ranks; SIGKILL goes
     to its process group."""

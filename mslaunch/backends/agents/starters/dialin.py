@@ -2,9 +2,9 @@
 
 When the command that starts the agents gives them no stdin (``srun
 --input=none``, ``kubectl exec`` without ``-i``), each agent connects back
-to the launcher over TCP, presents a one-time token (see :mod:`.dialback`),
+to the launcher over TCP, presents a one-time token (see :mod:`mslaunch.wire.dialback`),
 and reads the same bootstrap and package as over SSH on that connection
-(:mod:`.bootstrap`'s :class:`~.bootstrap.Handshake`).  Here are the
+(:class:`~..bootstrap.Handshake`).  Here are the
 launcher's pieces: the one-line program the agents run
 (:func:`dial_program`), the loop that greets them (:func:`greet`, or
 :class:`Greeter` in two steps: start now, greet later), the process that
@@ -371,7 +371,7 @@ class Greeter:
 
 
 class _Greeting:
-    """An agent that presented its node's token: greeted (:class:`.bootstrap.Handshake`),
+    """An agent that presented its node's token: greeted (:class:`~..bootstrap.Handshake`),
     what it is sent going as it takes it, and its ``HELLO`` awaited."""
 
     def __init__(self, name: str, sock: socket.socket, magic: bytes) -> None:

@@ -101,7 +101,7 @@ def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
 def remote_command(pythons: Sequence[str], dial: str, token: str,
                    wrapper: Sequence[str] = ()) -> str:
     """The command line an agent's host runs: the interpreter search of
-    :mod:`.bootstrap`, running the dial program with ``dial`` and ``token``
+    :mod:`mslaunch.backends.agents.bootstrap`, running the dial program with ``dial`` and ``token``
     (set inside ``wrapper``, which need not pass its environment on)."""
     words = bootstrap.agent_argv(_DIAL, pythons)
     return " ".join(["exec", *(bootstrap.shell_quote(w) for w in wrapper), "env",

@@ -22,7 +22,7 @@ agent presents the token of its node (``SLURMD_NODENAME``, else its short
 host name), a random secret that reaches it in the step's environment,
 never in argv, and is removed from the environment before anything else
 runs.  The launcher then sends the same bootstrap and package as over SSH
-(:mod:`.bootstrap`) on that connection, and from there on the link is the
+(:mod:`mslaunch.backends.agents.bootstrap`) on that connection, and from there on the link is the
 SSH mode's: ranks, output, PMI, signals, heartbeats, the agent's own
 lifeline.
 

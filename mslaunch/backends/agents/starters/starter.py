@@ -2,7 +2,7 @@
 
 A :class:`Starter` starts one agent on each named host and hands back, for
 each, an :class:`AgentConnection`: the launcher's end of that agent's link
-(see :mod:`.link`) and what the launcher needs to know of the agent.  The
+(see :mod:`mslaunch.wire.link`) and what the launcher needs to know of the agent.  The
 starters are paramiko's SSH (:class:`.ssh.starter.SSHStarter`), an rsh agent such as
 the OpenSSH client (:class:`.rsh.RshStarter`) and Slurm's srun
 (:class:`.slurm.SrunStarter`); :func:`starter_for` makes the job's, the first
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 
         @property
         def first_phase(self) -> str:
-            """What a host is doing until it marks anything (see :mod:`.timeline`)."""
+            """What a host is doing until it marks anything (see :mod:`mslaunch.machine.timeline`)."""
 
         @property
         def begun(self) -> bool:

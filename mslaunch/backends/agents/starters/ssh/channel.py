@@ -184,7 +184,7 @@ class _QuickAck:
 
 
 def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
-    """Run ``command`` on ``transport``, greet the agent (:class:`.bootstrap.Handshake`)
+    """Run ``command`` on ``transport``, greet the agent (:class:`~...bootstrap.Handshake`)
     and await its ``HELLO``."""
     try:
         channel = transport.open_session(timeout=30)

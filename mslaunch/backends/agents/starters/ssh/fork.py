@@ -2,7 +2,7 @@
 
 :func:`fork_helpers` forks the first helper from the launcher; it imports
 paramiko, forks the others, and each starts the agents of its share of the
-hosts (:func:`.ssh.connect_each`), hands each agent over on its socket
+hosts (:func:`~.connect.connect_each`), hands each agent over on its socket
 (:func:`encode`: one JSON message a datagram, an agent's two descriptors
 beside its ``up``), and holds the agents' SSH sessions until they end or
 the launcher's end of its socket closes.

@@ -176,7 +176,7 @@ class Helpers:
     def collect(self, cancelled: Optional[Callable[[], bool]] = None
                 ) -> Dict[str, HelpedConnection]:
         """An agent on every host of :meth:`begin`'s; all of them, or HostsFailed
-        with those that started (as :func:`.ssh.connect_all`)."""
+        with those that started (as :func:`~mslaunch.backends.agents.starters.ssh.connect.connect_all`)."""
         import time
         from .connect import close_all, describe_failures
         from .channel import AGENT_TIMEOUT

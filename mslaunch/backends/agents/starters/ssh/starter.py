@@ -1,7 +1,7 @@
 """The starter of agents over SSH with paramiko (see :mod:`.starter`).
 
 Up to :data:`.helpers.MIN_HOSTS` hosts, the launcher connects to
-every host itself (:func:`.ssh.connect_all`); from there on, helper
+every host itself (:func:`~mslaunch.backends.agents.starters.ssh.connect.connect_all`); from there on, helper
 processes do (:mod:`.helpers`), forked as soon as the hosts are known.
 """
 
@@ -29,7 +29,7 @@ def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
 
 
 class SSHStarter:
-    """The :class:`~.starter.Starter` that starts agents over SSH with paramiko:
+    """The :class:`~..starter.Starter` that starts agents over SSH with paramiko:
     inside the launcher, or from :data:`.helpers.MIN_HOSTS` hosts on
     in helper processes (:mod:`.helpers`), forked as soon as the hosts are
     known."""
