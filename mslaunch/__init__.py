@@ -6,17 +6,19 @@ returns its exit status (see ``docs/reference/python-api.md``)::
     import mslaunch
     status = mslaunch.run(["-n", "2", "python", "train.py"])
 
-The package is layered, its imports pointing down: records and errors
-(``spec``, ``errors``, ``switches``, ``liblogs``, ``procmap``, ``mcafile``,
-``cputopo``); pure parsers and the pure planner (``hosts``, ``plan``,
-``rankenv``, ``stacktree``); the mechanisms of one machine (``machine``: loop,
-spawn, output, guard, local ranks); services on them (``pmi``, ``pmix``, the
-agent and its link in ``remote``); the starters (``remote.ssh``, ``remote.rsh``,
-``remote.slurm``); the job's policy (``job``: launch, supervise, reports, Open
-MPI mode); msrun mode on it (``msrun``: its nodes and their service); and
-the command-line dialects (``cli``) last (``tests/project/test_layers.py`` checks the
-order).  Importing the package imports none of them: :func:`run` does, when
-called.
+The package is in rooms that follow a job's way, its imports pointing down:
+records and errors (``core``); where the job may run and the pure planner
+(``hosts``, ``plan``, ``rankenv``); the mechanisms of one machine
+(``machine``: loop, spawn, output, guard, local ranks); the MPI services
+(``mpi``: ``mpi.pmi``, ``mpi.pmix``, and ``mpi.serve``, how a job's are served
+across hosts); the link between the launcher and its agents (``wire``); the
+agent (``agent``); the ways ranks start (``backends``: this machine, agents
+with their starters, srun steps, Open MPI's mpirun, one command per node);
+looking inside a running job (``inspect``); running a job, its attempts and
+its policy (``run``); msrun mode (``msrun``); and the command-line dialects
+(``cli``) last (``docs/design.md`` draws it; ``tests/project/test_layers.py``
+checks the order).  Importing the package imports none of them: :func:`run`
+does, when called.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def run(argv: Sequence[str]) -> int:
     """Run the job that ``mslaunch ARGV...`` would run; return its exit status.
 
     ``argv`` is the command line after the word ``mslaunch``, as a list
-    (``["-n", "2", "python", "x.py"]``), in either dialect (mpirun's or
-    msrun's).  The status is the command's: 0, the failing rank's code,
+    (``["-n", "2", "python", "x.py"]``), in any dialect (mpirun's, msrun's or
+    torchrun's).  The status is the command's: 0, the failing rank's code,
     128+N for a rank killed by signal N, 110 for ``--timeout``, 2 for a bad
     command line (its one error line is written to stderr), and so on.  The
     job runs in a child process, the ``mslaunch`` command itself, with this

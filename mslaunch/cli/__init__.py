@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..core.spec import JobSpec
 
 from ..core.errors import LaunchError, one_line, os_error_reason
-from .common import Exit, is_msrun
+from .common import Exit, is_msrun, is_torchrun_like
 
 
 def _ensure_std_fds() -> None:
@@ -52,11 +52,19 @@ def _anything(argv: Sequence[str]) -> bool:
     return True
 
 
+def _torchrun(argv: Sequence[str]) -> bool:
+    if not is_torchrun_like(argv):       # (the dialect's module is not imported)
+        return False
+    from .torchrun import is_torchrun
+    return is_torchrun(argv)
+
+
 #: The dialects, asked in this order whether a command line is theirs:
 #: (name, whose, module).  Each module has ``command(argv)``: the job to run,
 #: or the exit status of a job it ran itself; it is imported only when chosen.
 #: A new dialect is one module and its line here.
 DIALECTS: Tuple[Tuple[str, Callable[[Sequence[str]], bool], str], ...] = (
+    ("torchrun", _torchrun, "mslaunch.cli.torchrun"),
     ("msrun", is_msrun, "mslaunch.cli.msrun"),
     ("mpirun", _anything, "mslaunch.cli.mpirun"),
 )

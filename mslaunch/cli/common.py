@@ -32,6 +32,45 @@ MSRUN_OPTIONS = (
 MSRUN_EXTRAS = ("node_service_port", "secret_file", "tls_config", "max_restarts", "grace",
                 "wait_job", "stop_job", "verbose", "quiet", "report_json")
 
+#: torchrun's options (see :mod:`.torchrun`): (name with "_", kind, default); "flag"
+#: options take no value.
+TORCHRUN_OPTIONS = (
+    ("nnodes", "str", "1:1"), ("nproc_per_node", "str", "1"),
+    ("rdzv_backend", "str", "static"), ("rdzv_endpoint", "str", ""), ("rdzv_id", "str", "none"),
+    ("rdzv_conf", "str", ""), ("standalone", "flag", None), ("max_restarts", "str", "0"),
+    ("monitor_interval", "str", "0.1"), ("start_method", "str", "spawn"),
+    ("event_log_handler", "str", "null"), ("role", "str", "default"), ("module", "flag", None),
+    ("no_python", "flag", None), ("run_path", "flag", None), ("log_dir", "str", None),
+    ("redirects", "str", "0"), ("tee", "str", "0"), ("local_ranks_filter", "str", ""),
+    ("node_rank", "str", "0"), ("master_addr", "str", "127.0.0.1"), ("master_port", "str", None),
+    ("local_addr", "str", None), ("logs_specs", "str", None), ("numa_binding", "str", None),
+    ("signals_to_handle", "str", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+    ("shutdown_timeout", "str", None), ("virtual_local_rank", "flag", None),
+    ("duplicate_stdout_filters", "str", ""), ("duplicate_stderr_filters", "str", ""),
+    # mslaunch's own, in this dialect too
+    ("report_json", "str", None),
+)
+
+
+def is_torchrun_like(argv) -> bool:
+    """Whether a line may be torchrun's (:func:`.torchrun.is_torchrun` decides): an
+    option of torchrun's among its first words, or none and a ``PET_`` variable set."""
+    import os
+    if argv and not argv[0].startswith("-"):
+        return any(k.startswith("PET_") for k in os.environ)
+    names = {name for name, _, _ in TORCHRUN_OPTIONS}
+    for word in argv:
+        if not word.startswith("-"):
+            return False
+        if torchrun_short(word) or word[2:].split("=", 1)[0].replace("-", "_") in names:
+            return True
+    return False
+
+
+def torchrun_short(word: str) -> bool:
+    """``-m``, ``-r N``, ``-rN``, ``-t N``, ``-tN`` (not ``-mca`` nor ``-rf``)."""
+    return word in ("-m", "-r", "-t") or (word[:2] in ("-r", "-t") and word[2:3].isdigit())
+
 
 def is_msrun(argv) -> bool:
     """Whether a command line is in msrun's dialect (its options come first)."""

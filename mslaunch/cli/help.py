@@ -132,11 +132,46 @@ def mpirun_sections() -> str:
     return "\n".join(sections)
 
 
+_TORCHRUN = """\
+torchrun's command line (torchrun replaced by mslaunch, python -m
+torch.distributed.run by python -m mslaunch): its options, spelled with '-' or
+'_', '=' or a space, a unique prefix; each reads PET_<NAME> as its default.
+
+  mslaunch --nproc-per-node=4 train.py ARGS      torchrun's workers on this node
+  mslaunch --standalone --nproc-per-node=4 -m pkg.train
+  mslaunch --nproc-per-node=2 --max-restarts=3 --log-dir=logs -r 3 -t 2 train.py
+
+  --nproc-per-node N|cpu|auto|gpu  workers on this node (gpu: one per GPU)
+  --nnodes N|MIN:MAX    1 here; several nodes: one command per node is not served
+                        yet (start them all from one command: mslaunch -H h1:N,h2:N)
+  --standalone, --rdzv-backend static|c10d, --rdzv-endpoint, --rdzv-id,
+  --rdzv-conf, --master-addr, --master-port, --local-addr, --node-rank
+                        MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID as
+                        torchrun gives them (etcd: not served)
+  --max-restarts N      the whole job again after a failure, at most N times
+  -m, --no-python, --run-path, --role, --signals-to-handle, --shutdown-timeout,
+  --virtual-local-rank  as torchrun's
+  --log-dir DIR, -r/--redirects, -t/--tee, --local-ranks-filter
+                        DIR/<run id>_XXXXXXXX/attempt_N/<local rank>/ with
+                        stdout.log, stderr.log, error.json; without --log-dir
+                        the directory is removed at the end
+  --monitor-interval, --start-method, --event-log-handler, --numa-binding
+                        accepted: a worker's end is seen at once, every worker
+                        is a process started anew
+  --report-json FILE    mslaunch's job report, with a worker's error file
+
+Every worker gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK,
+ROLE_RANK, TORCHELASTIC_ERROR_FILE, ...); TORCHELASTIC_USE_AGENT_STORE is False:
+worker rank 0 hosts the job's store, fresh in every attempt.  A failed worker's
+error file (torch's @record) is in the failure summary; the exit status is the
+failed worker's own.
+"""
+
+
 def _torchrun() -> str:
-    """torchrun's options and their mslaunch spellings (the hints' table)."""
+    """torchrun's dialect, then its options' spellings in the other dialects."""
     from .hints import TORCHRUN, TORCHRUN_MSRUN
-    lines = ["torchrun's options in mslaunch (in the mpirun dialect, then in msrun's, which\n"
-             "has torchrun's nodes):"]
+    lines = [_TORCHRUN + "\ntorchrun's options in the other dialects (mpirun's, then msrun's):"]
     import textwrap
     for table in (TORCHRUN, TORCHRUN_MSRUN):
         if table is TORCHRUN_MSRUN:

@@ -226,6 +226,28 @@ class JobSpec:
     # job's environment and directory but no rank's identity, and their time
     # limit is the check's own
     is_check: bool = False
+    # the job is a torchrun command line's (see TorchSpec); None: mpirun's
+    torch: Optional[TorchSpec] = None
+
+
+@dataclass(frozen=True)
+class TorchSpec:
+    """What a job read from torchrun's command line gives each worker beyond
+    every ecosystem's rank variables: torchrun's own, its files, its console."""
+
+    run_id: str = "none"
+    role: str = "default"
+    # where attempt_N/<local rank>/ is made (torchrun's <log dir>/<run id>_XXXXXXXX);
+    # None: no files at all (--log-dir /dev/null)
+    run_dir: Optional[str] = None
+    # per local rank (absent: 0): 1 stdout, 2 stderr, 3 both to the files (-r);
+    # shown on the terminal as well, after a prefix (-t)
+    redirects: Tuple[Tuple[int, int], ...] = ()
+    tee: Tuple[Tuple[int, int], ...] = ()
+    shown: Optional[Tuple[int, ...]] = None     # --local-ranks-filter: None: every one
+    prefix: str = "[${role_name}${local_rank}]:"  # TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
+    virtual_local_rank: bool = False
+    cuda_devices: Optional[Tuple[str, ...]] = None  # CUDA_VISIBLE_DEVICES, split
 
 
 #: ``--stall-report``'s seconds when none are given (docs/guides/stacks.md says why).
@@ -317,6 +339,12 @@ class RankSpec:
     console: Optional[bool] = None
     # A session of its own rather than only a process group (msrun's workers).
     session: bool = False
+    # Per stream (stdout, stderr): not on the terminal (None), or on it after
+    # this prefix; None: as ``console`` and the job's output settings say.
+    streams: Optional[Tuple[Optional[bytes], Optional[bytes]]] = None
+    # Where the rank writes its error when it fails (torchrun's
+    # TORCHELASTIC_ERROR_FILE), read for the failure's report.
+    error_file: Optional[str] = None
 
     @property
     def key(self) -> int:
@@ -377,6 +405,11 @@ class RankResult:
     start: Optional[float] = None         # wall-clock seconds: when it started (None: never)
     end: Optional[float] = None           # and when its end was seen
     restarts: int = 0                     # times started again (msrun's recovery)
+    # what the rank's error file (torchrun's TORCHELASTIC_ERROR_FILE) said of its
+    # failure: the message and the traceback, and where it was; "" when it said nothing
+    error: str = ""
+    error_traceback: str = ""
+    error_file: str = ""
 
     @property
     def exit_code(self) -> int:

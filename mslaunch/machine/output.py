@@ -391,20 +391,37 @@ def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
               ) if restarts else marker
     from .terminal import xml_element
     sinks = []
+    if spec.error_file is not None:
+        _make_dir_of(spec.error_file)
     for stream, name, path in ((1, "stdout", spec.stdout_path), (2, "stderr", spec.stderr_path)):
         if stream == 2 and out.merge_stderr:
             break
+        prefix = fixed_prefix(label) if label else line_prefix(
+            spec.rank, name, jobid=spec.job, **opts)
+        shown_here = terminal
+        if spec.streams is not None:        # (torchrun's -r, -t, --local-ranks-filter)
+            given = spec.streams[stream - 1]
+            shown_here = console if given is not None else None
+            prefix = fixed_prefix(given) if given else None
         sinks.append(RankOutput(
             # --xml: one document, on stdout
-            terminal=terminal.terminal(1 if out.xml else stream) if terminal else None,
-            file_fd=open_log(path, marker), file_name=path or "",
-            prefix=fixed_prefix(label) if label else line_prefix(
-                spec.rank, name, jobid=spec.job, **opts),
+            terminal=shown_here.terminal(1 if out.xml else stream) if shown_here else None,
+            # (torchrun's files are the attempt's own: no marker line)
+            file_fd=open_log(path, marker if spec.streams is None else ""),
+            file_name=path or "", prefix=prefix,
             file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
                                     rank_prefix=False, jobid=spec.job),
             formatter=xml_element(name, spec.rank) if out.xml else None,
             keep_tail=(stream == 2 or out.merge_stderr), on_error=on_error))
     return sinks
+
+
+def _make_dir_of(path: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as err:
+        from ..core.errors import LaunchError
+        raise LaunchError(f"cannot create the directory of {path}: {err.strerror}") from None
 
 
 def open_log(path: Optional[str], marker: str = "") -> Optional[int]:

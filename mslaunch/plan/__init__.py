@@ -179,9 +179,16 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
             env.update(restart_variables(job.attempt, job.max_job_restarts))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
+        torch = _torch_worker(job, env, rank, size, local_rank, len(local_size)) \
+            if job.torch is not None else None
+        if torch is not None:
+            stdout_path, stderr_path = torch[0], torch[1]
         bound = locs[rank] if from_rankfile else binding(topos[h], locs[rank], local_rank, job)
         bindings.setdefault(h, []).append(bound)
         argv, program = context.argv, None
+        if job.torch is not None:
+            from .torchrun import worker_argv
+            argv = worker_argv(argv, local_rank)
         if job.index_argv:
             # --index-argv-by-rank: argv[0] becomes NAME-RANK; the program is the same.
             argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]
@@ -197,8 +204,24 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
                               inherit="launcher" if host.local else remote_inherit,
                               path_prefix=None if host.local or remote_inherit != "remote"
                               else job.prefix, program=program, search=job.exec_path,
-                              session_dir=job.session_cwd))
+                              session_dir=job.session_cwd,
+                              streams=torch[3] if torch is not None else None,
+                              error_file=torch[2] if torch is not None else None))
     return ranks, bindings
+
+
+def _torch_worker(job: JobSpec, env: Dict[str, str], rank: int, size: int, local_rank: int,
+                  groups: int):
+    """A torchrun worker's variables (into ``env``), and its (stdout file, stderr
+    file, error file, streams on the terminal): see :mod:`.torchrun`."""
+    from .torchrun import worker_console, worker_files, worker_variables
+    torch = job.torch
+    assert torch is not None
+    env.update(worker_variables(torch, rank=rank, size=size, local_rank=local_rank,
+                                groups=groups, attempt=job.attempt,
+                                max_restarts=job.max_job_restarts))
+    out, err, error_file = worker_files(torch, job.attempt, local_rank)
+    return out, err, error_file, worker_console(torch, rank=rank, local_rank=local_rank)
 
 
 def _stdin_of(job: JobSpec, rank: int) -> str:

@@ -75,7 +75,9 @@ def rank_record(r: RankResult) -> Dict[str, Any]:
             "pid": r.pid or None, "start": r.start, "end": r.end,
             "exit_code": r.returncode if r.signal is None else None, "signal": r.signal,
             "signal_name": signal_name(r.signal) if r.signal is not None else None,
-            "reason": r.reason, "restarts": r.restarts}
+            "reason": r.reason, "restarts": r.restarts,
+            "error": {"message": r.error, "traceback": r.error_traceback, "file": r.error_file}
+            if r.error or r.error_traceback else None}
 
 
 def status_of(result: JobResult) -> str:

@@ -15,7 +15,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Sequence, Tuple
+    from typing import Dict, List, Optional, Sequence, Tuple
 
     from ..machine.local import LocalRanks
     from ..core.spec import RankResult
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from ..core.errors import TIMEOUT_EXIT, LaunchError
 from ..machine.spawn import how_ended
-from ..core.spec import JobResult
+from ..core.spec import JobResult, replace
 
 #: Lines listing the failed ranks of a keep-going job (grouped by host and end).
 FAILED_LINES = 20
@@ -49,7 +49,14 @@ def summary(sup: JobView, rank: RankState) -> str:
             (f" ({others} other {kind})" if others else "")
         head += _followed(sup, rank)
     tail = rank.tail
-    if tail.strip():
+    from .errorfiles import read_error
+    said = read_error(spec.error_file)
+    if said is not None:
+        from .tails import shown_tail
+        head += f"\nmslaunch: rank {spec.rank}'s error file ({spec.error_file}): {said[0]}"
+        if said[1].strip():
+            head += "\n" + "\n".join("    " + line for line in shown_tail(said[1]))
+    elif tail.strip():
         from .tails import shown_tail
         lines = shown_tail(tail.decode("utf-8", "replace"))
         stream = "stdout+stderr" if sup.job.output.merge_stderr else "stderr"
@@ -65,6 +72,8 @@ def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
     """The result of a job that failed: its cause's code, the summary, the failures."""
     from ..core.cmods import signal
     f = sup.failures
+    results = [_with_error(r, state.spec.error_file) if r.returncode or r.signal else r
+               for r, state in zip(results, sup.ranks)]
     root = results[f.root.spec.key]
     # A rank stopped by a broken pipe because mslaunch's own reader
     # went away (``| head``) is the shell's quiet SIGPIPE, not news.
@@ -74,6 +83,17 @@ def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
                      ending=sup.ending or "failure", failures=(
                          (f.root_at, root), *((f.root_at + after, results[r.spec.key])
                                               for after, r in f.followed())))
+
+
+def _with_error(result: RankResult, path: Optional[str]) -> RankResult:
+    """``result`` with what the rank's error file said (see :mod:`.errorfiles`)."""
+    if not path:
+        return result
+    from .errorfiles import read_error
+    said = read_error(path)
+    if said is None:
+        return result
+    return replace(result, error=said[0], error_traceback=said[1], error_file=path)
 
 
 def _followed(sup: JobView, root: RankState) -> str:

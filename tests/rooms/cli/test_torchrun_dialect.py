@@ -1,0 +1,142 @@
+"""Which command lines are torchrun's, and torchrun's options read with its
+spellings, its PET_ defaults, and one error line for each bad value."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from mslaunch.cli import DIALECTS
+from mslaunch.cli.torchjob import nnodes, nproc, rdzv_conf, streams, endpoint
+from mslaunch.cli.torchrun import is_torchrun, read_line, settings
+from mslaunch.core.errors import UsageError
+
+from helpers import one_error_line, run
+
+
+def _dialect(argv, environ=None):
+    import os
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(environ or {})
+        return next(name for name, whose, _ in DIALECTS if whose(argv))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["-n", "2", "x"], "mpirun"),
+    (["-mca", "btl", "tcp", "-n", "1", "x"], "mpirun"),
+    (["-rf", "ranks", "-n", "1", "x"], "mpirun"),
+    (["--max-restarts", "2", "-n", "2", "x"], "mpirun"),
+    (["--report-json", "r.json", "-n", "1", "x"], "mpirun"),
+    (["x.py"], "mpirun"),
+    (["--worker_num=2", "--local_worker_num=2", "--master_addr=h", "x.py"], "msrun"),
+    (["--master_addr", "h", "--worker_num", "2", "x.py"], "msrun"),
+    (["--nproc-per-node", "2", "x.py"], "torchrun"),
+    (["--nproc_per_node=2", "--nnodes=1", "x.py"], "torchrun"),
+    (["--node-rank", "0", "x.py"], "torchrun"),
+    (["--max-restarts", "2", "--standalone", "x.py"], "torchrun"),
+    (["-m", "pkg.train"], "torchrun"),
+    (["-r3", "x.py"], "torchrun"),
+    (["--node_rank=0", "--master_addr=h", "x.py"], "torchrun"),    # refused there: whose?
+])
+def test_a_line_s_dialect(argv, expected):
+    assert _dialect(argv) == expected
+
+
+def test_a_pytorchjob_s_line_is_torchrun_s():
+    assert _dialect(["train.py"], {"PET_NPROC_PER_NODE": "2"}) == "torchrun"
+    assert is_torchrun(["train.py"], {"PET_NNODES": "1"})
+    assert not is_torchrun(["-n", "2", "train.py"], {"PET_NNODES": "1"})
+
+
+def test_spellings_prefixes_and_the_script_s_words():
+    given_, rest = read_line(["--nproc_per_node", "2", "--rdzv-id=a", "--stand", "-r3", "--",
+                              "x.py", "--nproc-per-node", "5"])
+    assert given_ == {"nproc_per_node": "2", "rdzv_id": "a", "standalone": "1",
+                      "redirects": "3"}
+    assert rest == ["x.py", "--nproc-per-node", "5"]
+    assert read_line(["--nproc", "2", "x.py"])[0] == {"nproc_per_node": "2"}
+
+
+def test_pet_variables_are_defaults_and_the_line_wins():
+    values = settings({"nnodes": "1"}, {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4",
+                                        "PET_STANDALONE": "", "PET_MODULE": "0"})
+    assert values["nnodes"] == "1" and values["nproc_per_node"] == "4"
+    assert values["standalone"] == "1" and values["module"] == "0"
+    assert values["rdzv_id"] == "none" and values["master_port"] is None
+    with pytest.raises(UsageError, match="PET_STANDALONE=yes: expected 1 or 0"):
+        settings({}, {"PET_STANDALONE": "yes"})
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: nnodes("3:2"), "MIN (3) is above MAX (2)"),
+    (lambda: nnodes("0"), "expected a whole number from 1"),
+    (lambda: nnodes("1:2:3"), "expected N or MIN:MAX"),
+    (lambda: nproc("0"), "from 1"),
+    (lambda: nproc("many"), "expected a number, cpu, gpu, xpu or auto"),
+    (lambda: nproc("gpu"), "no GPU on this machine"),
+    (lambda: streams("redirects", "5"), "expected 0, 1, 2 or 3"),
+    (lambda: streams("tee", "0:4"), "expected 0, 1, 2 or 3"),
+    (lambda: rdzv_conf("join_timeout"), "join_timeout has no value"),
+    (lambda: rdzv_conf("read_timeout=-1"), "expected seconds above 0"),
+    (lambda: endpoint("h1:99999", 29400), "expected HOST[:PORT]"),
+    (lambda: read_line(["--nope", "x.py"]), "unknown torchrun option '--nope'"),
+    (lambda: read_line(["--rdzv", "h", "x.py"]), "ambiguous option"),
+    (lambda: read_line(["--nproc-per-node"]), "expected a value"),
+    (lambda: read_line(["--standalone=1", "x.py"]), "takes no value"),
+    (lambda: read_line(["--standalone"]), "no training script given"),
+])
+def test_bad_values_are_one_line(call, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        call()
+
+
+def test_every_value_is_read():
+    assert nproc("cpu") >= 1 and nproc("3") == 3
+    assert nnodes("2") == (2, 2) and nnodes("1:4") == (1, 4)
+    assert streams("tee", "3") == ((-1, 3),) and streams("tee", "0:1,12:3") == ((0, 1), (12, 3))
+    assert endpoint("h1", 29400) == ("h1", 29400) and endpoint("[::1]:5", 1) == ("::1", 5)
+    assert rdzv_conf(" join_timeout = 5 ,is_host=1") == {"join_timeout": "5", "is_host": "1"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--node_rank=0", "--master_addr=h", "x.py"], "both msrun's and torchrun's; say which"),
+    (["--nproc-per-node=2", "--worker_num=2", "x.py"],
+     "msrun dialect: unknown option '--nproc-per-node=2'"),
+    (["--nnodes=2", "--nproc-per-node=2", "x.py"], "one command per node is not served yet"),
+    (["--nproc-per-node=1", "--rdzv-backend=etcd", "x.py"], "not served by mslaunch"),
+    (["--nproc-per-node=1", "--rdzv-backend=zk", "x.py"], "expected static or c10d"),
+    (["--nproc-per-node=1", "-m", "--no-python", "x"], "cannot both be given"),
+    (["--nproc-per-node=1", "--node-rank=1", "x.py"], "--node-rank=1"),
+    (["--nproc-per-node=1", "--logs-specs=mine", "x.py"], "not served by mslaunch"),
+])
+def test_refused_lines_get_one_error_line(argv, message):
+    done = run(*argv)
+    assert done.returncode == 2
+    assert message in one_error_line(done.stderr)
+
+
+WORDS = st.sampled_from(["--nproc-per-node", "--nnodes", "--standalone", "-r", "-t", "-m",
+                         "--rdzv-conf", "--rdzv_endpoint", "--", "--log-dir", "--stand",
+                         "--max-restarts", "=", "1:2", "0", "x.py", "-r9", "--tee=1:3",
+                         "--nproc=2", "", "\x00", "--node-rank=-1"])
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.lists(WORDS | st.text(max_size=8), max_size=8))
+def test_any_line_is_read_or_refused_in_one_error(argv):
+    try:
+        given_, _rest = read_line(argv)
+        values = settings(given_, {})
+        nnodes(values["nnodes"])
+        streams("redirects", values["redirects"])
+        streams("tee", values["tee"])
+        rdzv_conf(values["rdzv_conf"])
+    except UsageError as err:
+        assert "\n" not in str(err)

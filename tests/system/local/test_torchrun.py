@@ -1,0 +1,213 @@
+"""torchrun's command lines run by mslaunch, side by side with torch 2.x's own
+torchrun on the same lines: the workers' environment key by key, the same DDP
+result, the same files under ``--log-dir``, and a failure's traceback from the
+worker's error file (torch's ``@record``) in mslaunch's summary and report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
+from typing import Dict, List
+
+import pytest
+
+from helpers import PY, clean_env, program, run
+from requires import require
+
+ENV = program("torch_env.py")
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+#: torchrun's worker variables whose value is random by design: compared by form.
+RANDOM = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+#: The one value mslaunch gives on purpose otherwise (docs/guides/torchrun.md):
+#: worker rank 0 hosts the job's store, fresh in every attempt.
+DIFFERENT = {"TORCHELASTIC_USE_AGENT_STORE": ("True", "False")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_ready():
+    require(importlib.util.find_spec("torch") is not None, "torch (pip install torch==2.13.0)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(where=None) -> Dict[str, str]:
+    env = clean_env(**({"TORCH_ENV_DIR": str(where)} if where is not None else {}))
+    for name in ("OMP_NUM_THREADS", "TORCHELASTIC_SIGNALS_TO_HANDLE"):
+        env.pop(name, None)
+    return env
+
+
+def _torchrun(*args: str, cwd: str, timeout: float = 120, where=None
+              ) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "torch.distributed.run", *args], capture_output=True,
+                          timeout=timeout, env=_env(where), cwd=cwd)
+
+
+def _workers(where) -> List[dict]:
+    """What torch_env.py's workers wrote into ``where``, by local rank."""
+    rows = [json.loads((where / name).read_text()) for name in os.listdir(where)]
+    return sorted(rows, key=lambda row: int(row["env"]["LOCAL_RANK"]))
+
+
+def _error_file_form(path: str, run_id: str) -> str:
+    found = re.match(r"^/.+/(.+)_[a-z0-9_]{8}/(attempt_\d+/\d+/error\.json)$", path)
+    assert found, path
+    return ("<run id>" if found.group(1) == run_id else found.group(1)) + "/" + found.group(2)
+
+
+def _compare(theirs: dict, ours: dict, parent: Dict[str, str]) -> None:
+    added = {k: v for k, v in theirs["env"].items() if parent.get(k) != v and k != "_"}
+    assert "RANK" in added and "TORCHELASTIC_RUN_ID" in added
+    for name, value in added.items():
+        mine = ours["env"].get(name)
+        assert mine is not None, f"{name} missing (torchrun: {value!r})"
+        if name in DIFFERENT:
+            assert (value, mine) == DIFFERENT[name]
+        elif name == "MASTER_PORT":
+            assert value.isdigit() and mine.isdigit()
+        elif name == "TORCHELASTIC_RUN_ID":
+            assert bool(UUID.match(value)) == bool(UUID.match(mine)), (value, mine)
+            assert UUID.match(value) or value == mine
+        elif name == "TORCHELASTIC_ERROR_FILE":
+            assert _error_file_form(value, theirs["env"]["TORCHELASTIC_RUN_ID"]) == \
+                _error_file_form(mine, ours["env"]["TORCHELASTIC_RUN_ID"])
+        else:
+            assert mine == value, f"{name}: torchrun {value!r}, mslaunch {mine!r}"
+    assert theirs["argv"] == ours["argv"]
+
+
+@pytest.mark.parametrize("line", [
+    ["--nproc-per-node=2"],
+    ["--standalone", "--nproc_per_node", "2"],
+    ["--nproc-per-node", "2", "--master-port", "{port}", "--role", "trainer"],
+    ["--nproc-per-node=2", "--max-restarts=1", "--rdzv-backend=c10d", "--rdzv-id=job7"],
+    ["--nproc-per-node=1"],
+], ids=["default", "standalone", "static", "c10d-id", "one-worker"])
+def test_workers_get_torchrun_s_environment(tmp_path, line):
+    port = str(_free_port())
+    args = [word.replace("{port}", port) for word in line] + [ENV, "x${local_rank}y"]
+    (tmp_path / "t").mkdir()
+    (tmp_path / "m").mkdir()
+    theirs = _torchrun(*args, cwd=str(tmp_path), where=tmp_path / "t")
+    ours = run(*args, env=_env(tmp_path / "m"), cwd=str(tmp_path), timeout=120)
+    assert theirs.returncode == 0, theirs.stderr.decode()[-2000:]
+    assert ours.returncode == 0, ours.stderr.decode()
+    parent = _env(tmp_path / "t")
+    pairs = list(zip(_workers(tmp_path / "t"), _workers(tmp_path / "m")))
+    assert len(pairs) == (1 if "--nproc-per-node=1" in line else 2)
+    for theirs_row, ours_row in pairs:
+        _compare(theirs_row, ours_row, parent)
+    warned = b"Setting OMP_NUM_THREADS environment variable for each process to be 1"
+    assert (warned in theirs.stderr) == (warned in ours.stderr) == (len(pairs) > 1)
+
+
+DDP = """
+import json, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    x = torch.full((8, 4), float(dist.get_rank() + step))
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+if dist.get_rank() == 0:
+    print(json.dumps([round(v, 6) for v in model.module.weight.flatten().tolist()]))
+dist.destroy_process_group()
+"""
+
+
+def test_the_same_ddp_result(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP)
+    theirs = _torchrun("--nproc-per-node=2", str(script), cwd=str(tmp_path))
+    ours = run("--nproc-per-node=2", str(script), env=_env(), cwd=str(tmp_path), timeout=120)
+    assert theirs.returncode == 0 and ours.returncode == 0, ours.stderr.decode()
+    assert json.loads(ours.stdout) == json.loads(theirs.stdout)
+
+
+def _tree(base) -> Dict[str, str]:
+    (run_dir,) = os.listdir(base)
+    root = os.path.join(base, run_dir)
+    files = {}
+    for where, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(where, name)
+            with open(path) as f:
+                files[os.path.relpath(path, root)] = f.read() if name.endswith(".log") else ""
+    return files
+
+
+@pytest.mark.parametrize("streams", [["-r", "3"], ["--redirects=1", "--tee=2"], ["-r", "0:3"]])
+def test_the_same_log_files(tmp_path, streams):
+    args = ["--nproc-per-node=2", "--rdzv-id=logs", *streams, ENV]
+    theirs = _torchrun("--log-dir", str(tmp_path / "t"), *args, cwd=str(tmp_path))
+    ours = run("--log-dir", str(tmp_path / "m"), *args, env=_env(), cwd=str(tmp_path),
+               timeout=120)
+    assert theirs.returncode == 0 and ours.returncode == 0, ours.stderr.decode()
+    mine, torchrun_s = _tree(tmp_path / "m"), _tree(tmp_path / "t")
+    assert sorted(mine) == sorted(torchrun_s)
+    for name in mine:
+        if name.endswith("stderr.log"):
+            assert mine[name] == torchrun_s[name]
+    # what reaches the terminal: tee'd lines with torchrun's prefix, redirected ones not
+    for out in (ours, theirs):
+        text = (out.stdout + out.stderr).decode()
+        if streams == ["--redirects=1", "--tee=2"]:
+            assert "[default0]:err 0" in text and "out 0" not in text
+        if streams == ["-r", "0:3"]:
+            assert "out 0" not in text and "out 1" in text
+
+
+def test_a_failure_s_traceback_from_its_error_file(tmp_path):
+    report = tmp_path / "report.json"
+    ours = run("--nproc-per-node=2", "--report-json", str(report), ENV, "--fail", "1",
+               env=_env(), cwd=str(tmp_path), timeout=120)
+    theirs = _torchrun("--nproc-per-node=2", ENV, "--fail", "1", cwd=str(tmp_path))
+    assert theirs.returncode == 1 and b"boom from rank 1" in theirs.stderr
+    assert ours.returncode == 1
+    said = ours.stderr.decode()
+    assert "mslaunch: rank 1 (pid" in said and "exited with code 1" in said
+    assert re.search(r"rank 1's error file \(.*/attempt_0/1/error\.json\): "
+                     r"ValueError: boom from rank 1", said), said
+    assert 'raise ValueError(f"boom from rank' in said
+    first = json.loads(report.read_text())["first_failure"]
+    assert first["rank"] == 1 and first["error"]["message"] == "ValueError: boom from rank 1"
+    assert "Traceback (most recent call last)" in first["error"]["traceback"]
+
+
+def test_restarts_count_in_the_workers_and_the_files(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(
+        "import os, sys\n"
+        "count = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+        "print('attempt', count, os.environ['RANK'], flush=True)\n"
+        "sys.exit(3 if count == '0' and os.environ['RANK'] == '1' else 0)\n")
+    ours = run("--nproc-per-node=2", "--max-restarts=1", "--log-dir", str(tmp_path / "logs"),
+               "-r", "1", str(script), env=_env(), cwd=str(tmp_path), timeout=120)
+    assert ours.returncode == 0, ours.stderr.decode()
+    files = _tree(tmp_path / "logs")
+    assert files["attempt_1/0/stdout.log"] == "attempt 1 0\n"
+    assert files["attempt_1/1/stdout.log"] == "attempt 1 1\n"
+    assert files["attempt_0/1/stdout.log"] == "attempt 0 1\n"
+
+
+def test_no_log_directory_is_left_without_log_dir(tmp_path):
+    (tmp_path / "m").mkdir()
+    env = _env(tmp_path / "m")
+    env["TMPDIR"] = str(tmp_path)
+    ours = run("--nproc-per-node=1", ENV, env=env, cwd=str(tmp_path), timeout=120)
+    assert ours.returncode == 0, ours.stderr.decode()
+    error_file = _workers(tmp_path / "m")[0]["env"]["TORCHELASTIC_ERROR_FILE"]
+    assert error_file.startswith(str(tmp_path) + "/torchelastic_")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("torchelastic_")]
