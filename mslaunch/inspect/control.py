@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 from ..mpi.pmi.files import public_id
 from ..wire import link
+from ..machine.osfiles import read_ready
 
 #: Bytes a request may have.
 MAX_REQUEST = 64 << 10
@@ -328,12 +329,9 @@ class _Client:
         self.timer = self.loop.call_later(MAX_TIMEOUT + 10.0, self.close)
 
     def _read(self) -> None:
-        try:
-            data = self.conn.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        data = read_ready(self.fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self.close()
             return

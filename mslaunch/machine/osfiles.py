@@ -1,9 +1,25 @@
-"""Two idioms of files, written once: a file replaced whole or left as it was,
-and a name removed if it can be."""
+"""Idioms of files, written once: a file replaced whole or left as it was, a
+name removed if it can be, and what a non-blocking descriptor has to read."""
 
 from __future__ import annotations
 
 import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+
+def read_ready(fd: int, size: int = 1 << 16) -> Optional[bytes]:
+    """What non-blocking ``fd`` (a pipe's, a stream socket's) has now: None when
+    nothing yet, ``b""`` at its end or on an error (a reset connection), else
+    the bytes."""
+    try:
+        return os.read(fd, size)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 def unlink_quietly(path: str) -> None:

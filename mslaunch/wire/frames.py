@@ -252,12 +252,17 @@ _FROM_AGENT: Dict[int, Callable[[int, Dict[str, Any]], Frame]] = {
 }
 
 
-def from_agent(kind: int, body: bytes) -> Frame:
-    """The record of a JSON frame an agent sent (LinkError if it may not send it)."""
-    decode = _FROM_AGENT.get(kind)
+def _decode(table: Dict[int, Callable[[int, Dict[str, Any]], Frame]], kind: int,
+            body: bytes) -> Frame:
+    decode = table.get(kind)
     if decode is None:
         raise LinkError(f"unexpected {link.NAMES.get(kind, kind)} frame")
     return decode(kind, link.decode_json(kind, body))
+
+
+def from_agent(kind: int, body: bytes) -> Frame:
+    """The record of a JSON frame an agent sent (LinkError if it may not send it)."""
+    return _decode(_FROM_AGENT, kind, body)
 
 
 # -- what a launcher sends ---------------------------------------------------------
@@ -299,7 +304,4 @@ _FROM_LAUNCHER: Dict[int, Callable[[int, Dict[str, Any]], Frame]] = {
 
 def from_launcher(kind: int, body: bytes) -> Frame:
     """The record of a JSON frame a launcher sent (LinkError if it may not send it)."""
-    decode = _FROM_LAUNCHER.get(kind)
-    if decode is None:
-        raise LinkError(f"unexpected {link.NAMES.get(kind, kind)} frame")
-    return decode(kind, link.decode_json(kind, body))
+    return _decode(_FROM_LAUNCHER, kind, body)

@@ -24,6 +24,7 @@ from ...core.cmods import signal
 from ...core.errors import HostsFailed
 from ...wire import frames, link
 from ...machine import timeline
+from ...machine.osfiles import read_ready
 from .starters.starter import let_go
 
 TYPE_CHECKING = False
@@ -190,12 +191,9 @@ class KeptAgents:
         name = conn.name
 
         def readable() -> None:
-            try:
-                data = os.read(conn.fd, 1 << 16)
-            except (BlockingIOError, InterruptedError):
+            data = read_ready(conn.fd)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
                 self._lose(name, "its agent's link ended while it waited")
                 return

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .wire import Fields
 
 from ...machine.loop import STRANGER_GRACE, QueuedWriter
+from ...machine.osfiles import read_ready
 from . import ABORTED, ACTIVE, DONE, NEW, READY, V2_PRE
 from .state import LocalJobState
 from .wire import (
@@ -116,12 +117,9 @@ class _Conn(QueuedWriter):
 
     def _read_and_handle(self) -> None:
         try:
-            try:
-                data = self.sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
+            data = read_ready(self.sock.fileno())
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
                 self.close()
                 return

@@ -164,13 +164,17 @@ def test_an_agent_takes_a_malformed_look_request_as_a_link_error(message):
         def send(self, data: bytes) -> None:
             self.frames.append(data)
 
+    import json
+    from mslaunch.wire import frames
     loop = Loop()
     try:
         look = AgentLook(loop, Sent())  # type: ignore[arg-type]
         try:
-            look.on_frame(link.TOP, message, {})
+            request = frames.from_launcher(link.TOP, json.dumps(message).encode())
         except link.LinkError:
-            pass
+            return
+        assert isinstance(request, frames.Look)
+        look.on_frame(request, {})
     finally:
         loop.close()
 
