@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PY, clean_env, kill_tagged
+import mslaunch
 from mslaunch.backends.agents import bootstrap, bundle
 from mslaunch.wire import link
 
@@ -118,10 +119,10 @@ def test_the_bundle_is_kept_in_the_cache_and_rebuilt_when_the_package_changes(tm
     # gets a bundle of its own.
     import shutil
     copy = tmp_path / "pkg"
-    shutil.copytree(os.path.dirname(os.path.dirname(bootstrap.__file__)), copy / "mslaunch",
+    shutil.copytree(os.path.dirname(mslaunch.__file__), copy / "mslaunch",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "mslaunch" / "core/spec.py").write_text((copy / "mslaunch" / "core/spec.py").read_text()
-                                               + "\n# changed\n")
+    touched = copy / "mslaunch" / "core" / "spec.py"
+    touched.write_text(touched.read_text() + "\n# changed\n")
     env2 = dict(env, PYTHONPATH=str(copy))
     third = subprocess.run([PY, "-c", probe + "; assert b.__file__.startswith(sys.argv[1])",
                             str(copy)], env=env2, capture_output=True, check=True,
@@ -189,7 +190,7 @@ def test_the_host_keeps_its_digest_and_drops_those_unused_for_a_day(tmp_path, mo
     code = bootstrap.BOOTSTRAP.split("def _digest", 1)[1].split("\ndef _host_package", 1)[0]
     space: Dict[str, Any] = {"os": os, "sys": sys}
     exec("def _digest" + code, space)
-    root = os.path.dirname(os.path.dirname(bootstrap.__file__))
+    root = os.path.dirname(mslaunch.__file__)
     digest = space["_digest"](os.path.dirname(root), root)
     assert digest == bundle.package_digest(bundle._package_files())
     names = sorted(p.name for p in kept.iterdir())
