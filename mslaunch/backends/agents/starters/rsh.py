@@ -194,7 +194,7 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
     command ended, and those ``late``: past their time); each of them with its
     reason; and those that could not be reached (late, or the command's 255:
     ssh's status for a connection that failed)."""
-    groups: Dict[str, List[str]] = {}       # why -> the hosts that failed so
+    groups: Dict[str, Tuple[List[str], str]] = {}   # why, names left out -> (hosts, the first why)
     failed: Dict[str, str] = {}
     unreachable: List[str] = []
     for name in names:
@@ -213,12 +213,15 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
         failed[name] = why
         if code is None or code == 255:
             unreachable.append(name)
-        # The host's own name in what it said would keep hosts that failed alike apart.
-        groups.setdefault(re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", "HOST", why),
-                          []).append(name)
-    missing = sum(len(hosts) for hosts in groups.values())
+        # The host's own name in what it said would keep hosts that failed alike
+        # apart: grouped without it, said with the first host's.
+        alike = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", "\0", why)
+        groups.setdefault(alike, ([], why))[0].append(name)
+    missing = sum(len(hosts) for hosts, _ in groups.values())
     from ....hosts.ranges import host_ranges
-    parts = [f"{host_ranges(hosts)} ({why})" for why, hosts in groups.items()]
+    parts = [f"{host_ranges(hosts)} ({first}" + (
+        "; the others alike, each with its own name)" if len(hosts) > 1 and "\0" in alike
+        else ")") for alike, (hosts, first) in groups.items()]
     return (f"cannot start the job's agent on {missing} of {len(names)} remote host(s) "
             f"with '{one_line(shown, 200)} HOST ...'; nothing was started: "
             + "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more reasons"

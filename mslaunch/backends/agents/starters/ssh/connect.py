@@ -111,10 +111,9 @@ class _Connector:
                 "proxyjump": _unless_none(cfg.get("proxyjump")),
                 "proxycommand": _unless_none(cfg.get("proxycommand")),
                 "alias": cfg.get("hostkeyalias"),
-                "accept_new": opts.accept_new or str(cfg.get("stricthostkeychecking", "")
-                                                      ).lower() in ("accept-new", "no", "off"),
-                "known_files": list(cfg.get("userknownhostsfile") or [])
-                + list(cfg.get("globalknownhostsfile") or [])}
+                "accept_new": _accepts_new(opts.accept_new, cfg.get("stricthostkeychecking")),
+                "known_files": KnownHosts.files(cfg.get("userknownhostsfile"),
+                                                cfg.get("globalknownhostsfile"))}
 
     # -- the network ----------------------------------------------------------
     def open_socket(self, s: Dict[str, Any]):
@@ -230,9 +229,9 @@ class _Connector:
         key = transport.get_remote_server_key()
         host = s["alias"] or s["hostname"]
         lookup = host if s["port"] == 22 else f"[{host}]:{s['port']}"
-        with self.lock:
-            self.known.add_files(s["known_files"])  # type: ignore[union-attr]
-        self.known.check(lookup, key, s["accept_new"], s["hostname"], s["port"])  # type: ignore[union-attr]
+        assert self.known is not None
+        self.known.check(lookup, key, s["accept_new"], s["hostname"], s["port"],
+                         *s["known_files"])
 
     def _paramiko_ready(self) -> None:
         """Wait for paramiko's import (once); read the known hosts."""
@@ -371,6 +370,14 @@ def handshake_reason(err: BaseException) -> str:
     if isinstance(err, (EOFError, ConnectionError)) or text == "Negotiation failed.":
         return "the connection was closed during the key exchange"
     return text
+
+
+def _accepts_new(flag: bool, strict: Any) -> bool:
+    """Whether a host key not known yet is added: ``--ssh-accept-new`` (as ssh's
+    ``-o`` over its config), else the host's ``StrictHostKeyChecking``:
+    ``accept-new`` (and ``no``/``off``, which adds new keys too, but here never
+    takes a changed one); ``yes`` and ``ask`` (no one to ask) refuse it."""
+    return flag or str(strict or "").lower() in ("accept-new", "no", "off")
 
 
 def _unless_none(value: Any) -> Any:

@@ -107,55 +107,76 @@ class Config:
 # ---------------------------------------------------------------------------
 # known hosts
 
-class KnownHosts:
-    """The known host keys, and adding new ones (``accept-new``)."""
+#: OpenSSH's known-hosts files when the config names none (ssh_config(5)).
+USER_FILES = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+GLOBAL_FILES = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 
-    def __init__(self, paramiko, extra: Sequence[str] = ()) -> None:
+
+class KnownHosts:
+    """The known host keys, read as OpenSSH reads them: from the files a host's
+    ``UserKnownHostsFile`` and ``GlobalKnownHostsFile`` name (``none``: none),
+    else OpenSSH's defaults; a new key (``accept-new``) goes into the first of
+    the user's files."""
+
+    def __init__(self, paramiko) -> None:
         self.paramiko = paramiko
-        self.keys = paramiko.HostKeys()
-        self.user_file = os.path.join(home(), ".ssh", "known_hosts")
-        self.files = [self.user_file, "/etc/ssh/ssh_known_hosts", *extra]
-        for path in self.files:
-            self._load(path)
+        self._read: Dict[str, Any] = {}         # path -> its HostKeys
         self.lock = threading.Lock()
 
-    def _load(self, path: str) -> None:
-        try:
-            self.keys.load(os.path.expanduser(path))
-        except OSError:
-            pass
-        except Exception:   # a line paramiko cannot read (e.g. @cert-authority)
-            pass
+    def _keys(self, path: str):
+        with self.lock:
+            keys = self._read.get(path)
+            if keys is None:
+                keys = self._read[path] = self.paramiko.HostKeys()
+                try:
+                    keys.load(path)
+                except OSError:
+                    pass
+                except Exception:   # a line paramiko cannot read (e.g. @cert-authority)
+                    pass
+            return keys
 
-    def add_files(self, paths: Sequence[str]) -> None:
-        for path in paths:
-            if path not in self.files:
-                self.files.append(path)
-                self._load(path)
+    @staticmethod
+    def files(user: Optional[Sequence[str]], system: Optional[Sequence[str]]
+              ) -> Tuple[List[str], List[str]]:
+        """The user's and the system's files of a host: those its config named, else
+        OpenSSH's; ``none`` names none."""
+        def chosen(named: Optional[Sequence[str]], default: Sequence[str]) -> List[str]:
+            given = list(named) if named else list(default)
+            if [p.lower() for p in given] == ["none"]:
+                return []
+            return [home() + p[1:] if p.startswith("~/") else p for p in given]
+        return chosen(user, USER_FILES), chosen(system, GLOBAL_FILES)
 
-    def check(self, lookup: str, key, accept_new: bool, shown: str, port: int) -> None:
-        known = self.keys.lookup(lookup)
+    def check(self, lookup: str, key, accept_new: bool, shown: str, port: int,
+              user: Sequence[str], system: Sequence[str]) -> None:
+        known: Optional[Dict[str, Any]] = None
+        for path in (*user, *system):
+            found = self._keys(path).lookup(lookup)
+            if found is not None:
+                known = dict(found) if known is None else {**found, **known}
+        named = user[0] if user else "known_hosts"
         if known is not None and key.get_name() in known:
             if known[key.get_name()] == key:
                 return
             raise HostFailure("host key", f"the host key of {shown} has CHANGED since it was "
-                              f"recorded in known_hosts (possibly someone in the middle); if the "
+                              f"recorded in {named} (possibly someone in the middle); if the "
                               f"change is expected, remove the old key with: ssh-keygen -R "
                               f"{bootstrap.shell_quote(lookup)}")
         if known is not None and not accept_new:
             raise HostFailure("host key", f"{shown} offered a {key.get_name()} key, but "
-                              f"known_hosts holds only {', '.join(known.keys())} for it")
-        if not accept_new:
+                              f"{named} holds only {', '.join(known.keys())} for it")
+        if not accept_new or not user:
             scan = f"ssh-keyscan {'-p ' + str(port) + ' ' if port != 22 else ''}" \
                    f"-t {key.get_name()} {lookup.strip('[]').rsplit(']:', 1)[0]}"
-            raise HostFailure("host key", f"{shown} is not in known_hosts; after checking its "
+            raise HostFailure("host key", f"{shown} is not in {named}; after checking its "
                               f"fingerprint ({fingerprint(key)}), trust it with: {scan} >> "
-                              f"~/.ssh/known_hosts, or run with --ssh-accept-new",
+                              f"{named}, or run with --ssh-accept-new",
                               unknown_key=(scan, fingerprint(key)))
         with self.lock:
-            self.keys.add(lookup, key.get_name(), key)
-            os.makedirs(os.path.dirname(self.user_file), mode=0o700, exist_ok=True)
-            with open(self.user_file, "a") as f:
+            self._read[user[0]].add(lookup, key.get_name(), key)
+            os.makedirs(os.path.dirname(user[0]), mode=0o700, exist_ok=True)
+            with open(user[0], "a") as f:
                 f.write(f"{lookup} {key.get_name()} {key.get_base64()}\n")
 
 

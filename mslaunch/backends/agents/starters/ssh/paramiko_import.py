@@ -131,6 +131,8 @@ def paramiko_module():
     start_import()
     _import_done.wait()
     if "error" in _paramiko:
-        raise LaunchError("remote hosts need paramiko: pip install 'mslaunch[ssh]' "
-                          f"({_paramiko['error']})")
+        import sys
+        raise LaunchError(f"remote hosts need paramiko, which mslaunch depends on, and this "
+                          f"Python cannot import it ({_paramiko['error']}): "
+                          f"{sys.executable} -m pip install paramiko")
     return _paramiko["module"]
