@@ -3,8 +3,9 @@
 Every job's launcher listens on ``PID.sock`` in this user's private
 directory (see :func:`mslaunch.machine.procs.private_dir`; both of its
 candidates are searched).  A job is named by its launcher's pid, by its job
-id (the kvsname ``-v`` prints, or its start), or not at all when it is this
-user's only job.  A socket nobody listens on any more (its launcher was
+id (the kvsname ``-v`` prints, or its start), or not at all: this user's only
+job, or, among several, the one started from the caller's terminal, else from
+its session (said on stderr, with how to name another).  A socket nobody listens on any more (its launcher was
 killed before its guard cleaned up) is removed.
 """
 
@@ -92,7 +93,17 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
             raise LaunchError("no running mslaunch job of this user on this machine"
                               + _without_socket())
         jobs = ", ".join(f"{pid} ({info.get('kvsname')})" for pid, _, info in live)
-        raise LaunchError(f"{len(live)} jobs run; name one by its launcher pid or job id: {jobs}")
+        chosen = _callers(live)
+        if chosen is not None:
+            (pid, path, info), where = chosen
+            others = ", ".join(str(p) for p, _, _ in live if p != pid)
+            import sys
+            sys.stderr.write(f"mslaunch: {len(live)} jobs of yours run; this {where}'s is "
+                             f"launcher {pid} ({info.get('kvsname')}); name another by its "
+                             f"launcher pid: {others}\n")
+            return path, info
+        raise LaunchError(f"{len(live)} jobs run, none of this terminal or session; name one "
+                          f"by its launcher pid or job id: {jobs}")
     for pid, path, info in live:
         if name == str(pid) or str(info.get("kvsname", "")).startswith(name):
             return path, info
@@ -102,6 +113,30 @@ def find_job(name: Optional[str]) -> Tuple[str, Dict[str, Any]]:
     raise LaunchError(f"no running mslaunch job {name!r} of this user on this machine "
                       f"(jobs: {', '.join(str(p) for p, _, _ in live) or 'none'})"
                       + _without_socket(name))
+
+
+def _session_and_terminal(pid: str) -> Tuple[int, int]:
+    """A process's session and controlling terminal (0: none), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[3]), int(fields[4])
+    except (OSError, IndexError, ValueError):
+        return -1, -1
+
+
+def _callers(live: List[Tuple[int, str, Dict[str, Any]]]):
+    """The one job of ``live`` started from the caller's terminal, else from its
+    session, with which of the two; None when neither names exactly one."""
+    session, terminal = _session_and_terminal("self")
+    seen = {pid: _session_and_terminal(str(pid)) for pid, _, _ in live}
+    for where, mine, index in (("terminal", terminal, 1), ("session", session, 0)):
+        if mine <= 0:
+            continue
+        found = [job for job in live if seen[job[0]][index] == mine]
+        if len(found) == 1:
+            return found[0], where
+    return None
 
 
 def _silent(pid: int, err: str) -> str:

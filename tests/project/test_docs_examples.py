@@ -31,7 +31,7 @@ HOW = {
     "mslaunch -n 4 --output-filename log_output --merge-stderr-to-stdout python scripts/net.py":
         "here",
     "mslaunch -n 4 --tag-output python -c 'import os; print(os.environ[\"RANK\"])'": "here",
-    "mslaunch -n 1 python server.py : -n 4 python worker.py": "here",
+    "mslaunch -n 1 hostname : -n 2 python -c 'import os; print(os.environ[\"RANK\"])'": "here",
     "mslaunch -n 4 -H node1:2,node2:2 python net.py": "hosts",
     "mslaunch -n 16 --hostfile hosts --output-filename log_output -x DATA_PATH python train.py":
         "hosts",
