@@ -328,6 +328,10 @@ class Terminal(QueuedWriter):
         return self.drain(deadline)
 
 
+#: The source of :meth:`Console.status`'s lines (see :meth:`Terminal.write`).
+_STATUS = object()
+
+
 class Console:
     """mslaunch's stdout and stderr; one shared :class:`Terminal` when they are one file."""
 
@@ -372,6 +376,24 @@ class Console:
             self.out.write(self, data)
             return
         self.err.write(self, data)
+
+    def status(self, text: str) -> None:
+        """A line of mslaunch's own that the next one replaces: on a terminal,
+        rewritten in place (``""`` clears it); elsewhere a line each time."""
+        if not self.status_in_place():
+            if text:
+                self.message(text)
+            return
+        self.err.write(_STATUS, b"\r\x1b[K" + text.encode("utf-8", "replace"))
+        if not text and self.err.owner is _STATUS:
+            self.err.owner = None       # (the line is empty: the next starts there)
+
+    def status_in_place(self) -> bool:
+        """Whether :meth:`status` rewrites a line of a terminal."""
+        try:
+            return not self.xml and self.err.open and os.isatty(self.err.fd)
+        except (OSError, AttributeError):
+            return False
 
     @property
     def pending(self) -> bool:

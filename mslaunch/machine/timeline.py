@@ -19,8 +19,16 @@ if TYPE_CHECKING:
 _marks: List[Tuple[float, str, str]] = []
 _printer: List[Callable[[str], None]] = []
 
-#: Seconds without every host up before the hosts still starting are named.
-PROGRESS_AFTER = 2.0
+#: When a host still starting is late: after LATE_MIN seconds, and after
+#: LATE_FACTOR times the median start of the hosts already up (a start costs
+#: 0.2 to 2 s here, more on a busy machine: a fixed 2 s named hosts of most
+#: busy 8-host starts that went well).
+LATE_MIN = 3.0
+LATE_FACTOR = 3.0
+#: Seconds between two lines naming the late hosts: in a log, and on a
+#: terminal, where each line replaces the last.
+REPEAT = 5.0
+REPEAT_IN_PLACE = 1.0
 #: The events after which a host is up, and what a host is doing after each
 #: other event (before any: the starter's first phase, given to :func:`watch`).
 UP = ("agent said hello", "dialled back", "agent kept")
@@ -33,11 +41,12 @@ DOING = {"TCP connected": "SSH: key exchange and login",
 class _Watch:
     """The hosts being watched (see :func:`watch`)."""
 
-    def __init__(self, names: List[str], say: Callable[[str], None], first: str) -> None:
-        self.names, self.say, self.first = names, say, first
+    def __init__(self, names: List[str], say: Callable[[str], None], first: str,
+                 in_place: bool) -> None:
+        self.names, self.say, self.first, self.in_place = names, say, first, in_place
         self.since = time.monotonic()
         self.first_mark = len(_marks)         # earlier ones are an earlier attempt's
-        self.shown: Dict[str, str] = {}     # the phase each host was last named in
+        self.said: Optional[float] = None     # when the late hosts were last named
 
 
 _watch: List[_Watch] = []
@@ -60,12 +69,14 @@ def forward(to: Callable[[float, str, str], None]) -> None:
     _forward[:] = [to]
 
 
-def watch(names: List[str], say: Callable[[str], None], first: str) -> None:
-    """Name the hosts of ``names`` still starting, once :data:`PROGRESS_AFTER`
-    seconds have passed, at each :func:`tick`: one line per phase with the hosts
-    in it, when a host enters a phase (never the same line twice); ``first`` is
-    what a host does before it marks anything."""
-    _watch[:] = [_Watch(list(names), say, first)]
+def watch(names: List[str], say: Callable[[str], None], first: str,
+          in_place: bool = False) -> None:
+    """Name the hosts of ``names`` still starting once one is late (see
+    :data:`LATE_MIN`), at each :func:`tick`, and again every :data:`REPEAT`
+    seconds until they are up: one line each time, or, ``in_place`` (a
+    terminal), one line that each replaces (``say("")`` clears it).  ``first``
+    is what a host does before it marks anything."""
+    _watch[:] = [_Watch(list(names), say, first, in_place)]
 
 
 def tick() -> None:
@@ -74,21 +85,41 @@ def tick() -> None:
         return
     w = _watch[0]
     now = time.monotonic()
-    if now - w.since < PROGRESS_AFTER:
+    waited = now - w.since
+    if waited < LATE_MIN:
         return
-    doing = _doing(w)
-    up = sum(1 for n in w.names if doing.get(n) == "up")
-    fresh: Dict[str, List[str]] = {}
-    for name in w.names:
-        phase = doing.get(name) or w.first
-        if phase != "up" and w.shown.get(name) != phase:
-            w.shown[name] = phase
-            fresh.setdefault(phase, []).append(name)
-    if fresh:
-        from ..hosts.ranges import host_ranges
-        for phase, hosts in fresh.items():
-            w.say(f"mslaunch: {host_ranges(hosts)}: {phase} ({now - w.since:.1f} s since the "
-                  f"hosts were asked; {up} of {len(w.names)} up)")
+    doing, took = _doing(w)
+    starting = [n for n in w.names if doing.get(n) != "up"]
+    if not starting:
+        return
+    late = LATE_MIN if not took else max(LATE_MIN, LATE_FACTOR * sorted(took)[len(took) // 2])
+    every = REPEAT_IN_PLACE if w.in_place else REPEAT
+    if waited < late or (w.said is not None and now - w.said < every):
+        return
+    w.said = now
+    phases: Dict[str, List[str]] = {}
+    for name in starting:
+        phases.setdefault(doing.get(name) or w.first, []).append(name)
+    from ..hosts.ranges import host_ranges
+    where = "; ".join(f"{host_ranges(hosts)} ({phase})" for phase, hosts in phases.items())
+    w.say(f"mslaunch: still starting after {waited:.0f} s: {where}; "
+          f"{len(w.names) - len(starting)} of {len(w.names)} hosts up")
+
+
+def unwatch() -> None:
+    """The start is over: the line in place is cleared; in a log, a start whose
+    late hosts were named is said to be complete when every host is up."""
+    if not _watch:
+        return
+    w = _watch.pop()
+    if w.said is None:
+        return
+    if w.in_place:
+        w.say("")
+        return
+    doing, _ = _doing(w)
+    if all(doing.get(n) == "up" for n in w.names):
+        w.say(f"mslaunch: every host up after {time.monotonic() - w.since:.1f} s")
 
 
 def status() -> str:
@@ -96,7 +127,7 @@ def status() -> str:
     if not _watch:
         return "starting"
     w = _watch[0]
-    doing = _doing(w)
+    doing, _ = _doing(w)
     up = [n for n in w.names if doing.get(n) == "up"]
     phases: Dict[str, List[str]] = {}
     for name in w.names:
@@ -108,17 +139,17 @@ def status() -> str:
     return "; ".join(parts) + f" ({time.monotonic() - w.since:.1f} s since the hosts were asked)"
 
 
-def _doing(w: _Watch) -> Dict[str, str]:
-    """What each host of ``w`` does now ("up" once it is)."""
+def _doing(w: _Watch) -> Tuple[Dict[str, str], List[float]]:
+    """What each host of ``w`` does now ("up" once it is), and how long the hosts
+    up took."""
     doing: Dict[str, str] = {}
-    for _, event, host in _marks[w.first_mark:]:
+    took: List[float] = []
+    for when, event, host in _marks[w.first_mark:]:
         if host:
+            if event in UP and doing.get(host) != "up":
+                took.append(when - w.since)
             doing[host] = "up" if event in UP else DOING.get(event, doing.get(host, ""))
-    return doing
-
-
-def unwatch() -> None:
-    _watch.clear()
+    return doing, took
 
 
 def print_when_ranks_start(printer: Callable[[str], None]) -> None:

@@ -82,8 +82,8 @@ class Fleet:
         timeline.mark("starting the agents")
         if starter.begun:
             _warm_up(job.mpi == "pmi")
-        timeline.watch(names, sup.console.message if not job.quiet else (lambda text: None),
-                       starter.first_phase)
+        timeline.watch(names, sup.console.status if not job.quiet else (lambda text: None),
+                       starter.first_phase, in_place=sup.console.status_in_place())
         answers = sup.answer_while_starting(timeline.status)
         try:
             conns = self._start_agents(starter, names, replan is None)

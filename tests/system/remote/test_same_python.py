@@ -12,6 +12,7 @@ environment lives on a tmpfs the hosts do not see.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -174,29 +175,79 @@ def slow_h2(sshbed):
         sshbed.restore()
 
 
-def test_a_slow_host_is_named_while_it_starts(slow_h2, tmp_path):
-    home = slow_h2.make_home(tmp_path / "home")
+@pytest.fixture
+def slower_h2(sshbed):
+    """h2's logins take 12 s: long enough for the late hosts to be named twice."""
+    sshbed.slow_logins("h2", 12)
+    try:
+        yield sshbed
+    finally:
+        sshbed.restore()
+
+
+def _late_lines(text: str):
+    """(seconds, the rest) of each line naming hosts still starting."""
+    found = re.findall(r"^mslaunch: still starting after (\d+) s: (.*)$", text, re.M)
+    return [(int(seconds), rest) for seconds, rest in found]
+
+
+def test_a_slow_host_is_named_while_it_starts(slower_h2, tmp_path):
+    from mslaunch.machine import timeline
+    home = slower_h2.make_home(tmp_path / "home")
     tag = new_tag()
     try:
         r = subprocess.run(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", "true"),
                            capture_output=True, timeout=120, env=renv(home, MSL_TEST_TAG=tag))
-        settle(tag, slow_h2)
+        settle(tag, slower_h2)
     finally:
         kill_tagged(tag)
     assert r.returncode == 0, r.stderr
-    # after 2 s, once, what the slow host is doing (h1 too, on a machine so busy
-    # that it was not up by then)
-    lines = [line for line in r.stderr.decode().splitlines() if line.startswith("mslaunch: h2")]
-    # each phase once (a busy machine may show its login first)
-    phases = [line.rsplit(" (", 1)[0] for line in lines]
-    assert len(set(phases)) == len(phases) and lines, r.stderr
-    lines = lines[-1:]
-    assert all(line.startswith(("mslaunch: h1: ", "mslaunch: h2: "))
-               for line in r.stderr.decode().splitlines()), r.stderr
-    assert lines[0].startswith("mslaunch: h2: starting the agent (its bootstrap and package) ("), \
-        lines
-    assert lines[0].endswith(" s since the hosts were asked; 1 of 2 up)") or \
-        lines[0].endswith(" s since the hosts were asked; 0 of 2 up)"), lines
+    err = r.stderr.decode()
+    late = _late_lines(err)
+    # nothing before a host is late; then again every few seconds while it is
+    assert len(late) >= 2, err
+    assert late[0][0] >= timeline.LATE_MIN, err
+    assert all(b[0] - a[0] >= timeline.REPEAT - 1 for a, b in zip(late, late[1:])), err
+    for _, rest in late:
+        assert rest.startswith("h2 (") and rest.endswith(" of 2 hosts up"), err
+    assert late[-1][1] == "h2 (starting the agent (its bootstrap and package)); 1 of 2 hosts up" \
+        or "h1" not in late[-1][1], err
+    assert re.search(r"^mslaunch: every host up after \d+\.\d s$", err, re.M), err
+    others = [line for line in err.splitlines() if not line.startswith(
+        ("mslaunch: still starting after ", "mslaunch: every host up after "))]
+    assert others == [], err
+
+
+def test_on_a_terminal_the_late_line_is_rewritten_in_place(slower_h2, tmp_path):
+    import pty
+    home = slower_h2.make_home(tmp_path / "home")
+    tag = new_tag()
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", "true"),
+                             stdout=subprocess.DEVNULL, stderr=slave,
+                             env=renv(home, MSL_TEST_TAG=tag))
+        os.close(slave)
+        said = b""
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:         # EIO: every writer of the terminal has closed it
+                break
+            if not data:
+                break
+            said += data
+        assert p.wait(timeout=120) == 0, said
+        settle(tag, slower_h2)
+    finally:
+        os.close(master)
+        kill_tagged(tag)
+    text = said.decode()
+    assert "\n" not in text.replace("\r\n", "\n").strip("\n"), text
+    shown = text.split("\r\x1b[K")
+    assert len(shown) >= 3, text             # at least two lines, then the clearing
+    assert all(part.startswith("mslaunch: still starting after ") for part in shown[1:-1]), text
+    assert shown[-1] == "", text
 
 
 def test_the_companion_commands_answer_while_the_hosts_start(slow_h2, tmp_path):
