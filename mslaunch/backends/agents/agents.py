@@ -89,6 +89,11 @@ class AgentsBackend(Backend):
         fleet = self.fleet
         if fleet is not None and fleet.hosts:
             sup.stdin_fanout = fleet.relay_stdin(sup.local.stdin_pipes if sup.local else {})
+            if self.job.attempt == 0 and not self.job.is_check and \
+                    sup.console.status_in_place():
+                from ...machine.topology import cache_path
+                from .forwarding import tell_once
+                tell_once(self.job, self.environ, sup.console.message, cache_path)
 
     @property
     def hosts(self) -> Dict[str, RemoteHost]:
