@@ -1,6 +1,7 @@
 """Rewrite the generated tables of the docs: Open MPI 4.1.4's options (from
 mslaunch.cli.options, in docs/reference/options.md) and mpirun's MCA parameters
-(from mslaunch.cli.mca, in docs/reference/mca.md).
+(from mslaunch.cli.mca, in docs/reference/mca.md); and the man page made from the
+same option records (man/mslaunch.1, from mslaunch.cli.manpage).
 
     python scripts/options_table.py
 
@@ -13,7 +14,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mslaunch.cli import mca, options  # noqa: E402
+from mslaunch.cli import manpage, mca, options  # noqa: E402
 
 #: page, the line before the table, the line after it, what makes it
 TABLES = (
@@ -40,6 +41,8 @@ def main() -> None:
         _, tail = rest.split(end, 1)
         with open(path, "w") as f:
             f.write(head + begin + table() + end + tail)
+    with open(os.path.join(ROOT, "man", "mslaunch.1"), "w") as f:
+        f.write(manpage.man_page())
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
 # native frames of running ranks (mslaunch-stacks), and a real terminal for mslaunch-top's test
 command -v eu-stack >/dev/null 2>&1 || apt_needed+=(elfutils)
 command -v tmux >/dev/null 2>&1 || apt_needed+=(tmux)
+# the man page rendered and checked (groff), and the zsh completion script read by zsh
+command -v groff >/dev/null 2>&1 || apt_needed+=(groff-base)
+command -v man >/dev/null 2>&1 || apt_needed+=(man-db)
+command -v zsh >/dev/null 2>&1 || apt_needed+=(zsh)
 # the Slurm test bed (tests/support/slurmbed.py): munged, slurmctld and one slurmd per
 # network-namespace node, none of them started as a service
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun; } >/dev/null 2>&1 || apt_needed+=(slurm-wlm)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+    from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
     from .draft import Apply
 
@@ -54,6 +54,15 @@ else:
 def _set_mca(d: D.Draft, flag: str, values: Sequence[str]) -> None:
     from .mca import set_mca  # Open MPI's own parameters: only when one is given
     set_mca(d, flag, values)
+
+
+def _completion(d: D.Draft, flag: str, values: Sequence[str]) -> None:
+    if values[0] not in ("bash", "zsh"):
+        from ..core.errors import UsageError, one_line
+        raise UsageError(f"{flag} {one_line(values[0], 20)!r}: expected bash or zsh")
+    from .common import Exit
+    from .completion import completion
+    raise Exit(completion(values[0], typed_spellings()), 0)
 
 
 def _accepted(names: Tuple[str, ...], nargs: int, why: str) -> Option:
@@ -276,6 +285,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("version", "V"), 0, D.turn_on("version"),
                "-V, --version\tprint the version  -h, --help     this help"),
         Option(("help", "h"), 0, D.turn_on("help")),
+        Option(("completion",), 1, _completion,
+               "--completion bash|zsh\tprint the shell's completion script of mslaunch's\n"
+               "options: source <(mslaunch --completion bash)"),
     )),
     ("", (  # accepted: no meaning here
         _accepted(("continuous",), 0, "jobs run until their ranks end or are stopped"),
@@ -392,6 +404,16 @@ OPEN_MPI_4: Tuple[str, ...] = (
     "-V|--version", "-wd|--wd", "-wdir|--wdir", "-x", "-xml|--xml", "-xml-file|--xml-file",
     "-xterm|--xterm",
 )
+
+
+def typed_spellings() -> List[str]:
+    """Every spelling of the options, as typed (``--np``, ``-np``, ``-H``)."""
+    words = set()
+    for name in SPELLINGS:
+        words.add(("-" if len(name) == 1 else "--") + name)
+        if len(name) > 1:
+            words.add("-" + name)
+    return sorted(words)
 
 
 def markdown_table() -> str:
