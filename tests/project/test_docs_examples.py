@@ -66,6 +66,9 @@ HOW = {
     "salloc -N 8 mslaunch --launcher srun -n 8 python net.py":
         "a Slurm allocation of 8 nodes; --launcher srun is tested in tests/system/slurm/test_srun_ranks.py",
     "mslaunch -H node1:4,node2:4 python train.py --epochs 3": "hosts",
+    "mslaunch --nproc-per-node=4 train.py --epochs 3": "here",
+    "mslaunch --standalone --nproc_per_node 4 -m mypkg.train": "here",
+    "mslaunch --nproc-per-node=2 --max-restarts=3 --log-dir=logs -r 3 -t 2 train.py": "here",
 }
 STAND_IN = ("import os, sys\nrank = os.environ.get('RANK', '?')\n"
             "print('%s rank %s of %s' % (os.path.basename(sys.argv[0]), rank, "
@@ -113,6 +116,9 @@ def workdir(tmp_path):
     shutil.copy(os.path.join(REPO, "scripts", "net.py"), work / "net.py")
     for name in ("train.py", "server.py", "worker.py"):
         (work / name).write_text(STAND_IN)
+    (work / "mypkg").mkdir()
+    (work / "mypkg" / "__init__.py").write_text("")
+    (work / "mypkg" / "train.py").write_text(STAND_IN)
     (work / "hosts").write_text("node1 slots=8\nnode2 slots=8\n")
     return work
 

@@ -1,0 +1,38 @@
+"""The README's install command, in a fresh virtual environment, is all a
+two-host job over SSH needs (paramiko comes with mslaunch)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from helpers import REPO, kill_tagged, new_tag
+from remote import renv, settle
+
+
+def _readme_install() -> str:
+    with open(f"{REPO}/README.md") as f:
+        first = re.search(r"```sh\n(.*?)\n```", f.read(), re.S).group(1)
+    (install,) = [part.strip() for part in first.split("&&") if "pip install" in part]
+    return install
+
+
+def test_the_readme_s_install_runs_a_two_host_job(sshbed, home, tmp_path):
+    install = _readme_install()
+    assert install.startswith("pip install ") and "'.[" in install, install
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    r = subprocess.run(["sh", "-c", f"{venv}/bin/python -m {install}"], cwd=REPO,
+                       capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    tag = new_tag()
+    try:
+        job = subprocess.run([f"{venv}/bin/mslaunch", "-n", "2", "-H", "h1,h2", "-x",
+                              "MSL_TEST_TAG", "hostname"], capture_output=True, timeout=120,
+                             env=renv(home, MSL_TEST_TAG=tag), cwd=str(tmp_path))
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)
+    assert job.returncode == 0, job.stderr
+    assert sorted(job.stdout.decode().split()) == ["h1", "h2"], job.stdout
