@@ -23,6 +23,32 @@ def run_remote(home: str, *args: str, timeout: float = 90, env=None, **kw):
                           env=env or renv(home), **kw)
 
 
+def on_a_terminal(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """mslaunch ``args`` with its stderr on a terminal (a pseudo-terminal read here
+    until every writer has closed it); stdout a pipe."""
+    import os
+    import pty
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen(cmd(*args), stdout=subprocess.PIPE, stderr=slave, env=env)
+        os.close(slave)
+        said = b""
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:         # EIO: every writer of the terminal has closed it
+                break
+            if not data:
+                break
+            said += data
+        assert p.stdout is not None
+        out = p.stdout.read()
+        p.stdout.close()
+        return subprocess.CompletedProcess(p.args, p.wait(timeout=timeout), out, said)
+    finally:
+        os.close(master)
+
+
 def agents(bed, host, watchdogs: bool = True):
     """Agent processes on a host (the bootstrap one-liner they were started with),
     with or without their watchdogs (forks of the agent, hence the same command)."""

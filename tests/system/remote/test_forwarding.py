@@ -5,12 +5,8 @@ will not get; under Hydra's spelling (the whole environment forwarded), or with
 
 from __future__ import annotations
 
-import os
-import pty
-import subprocess
-
-from helpers import cmd, error_lines, kill_tagged, new_tag
-from remote import renv, run_remote, settle
+from helpers import error_lines, kill_tagged, new_tag
+from remote import on_a_terminal, renv, run_remote, settle
 
 NAME = "AAAA_MSLAUNCH_FORWARD_TEST"
 NOTE = "mslaunch: note: remote ranks get their host's login environment and only what -x names"
@@ -25,40 +21,18 @@ def _notes(stderr: bytes):
             if line.startswith(NOTE)]
 
 
-def _on_a_terminal(env, *args: str) -> subprocess.CompletedProcess:
-    """mslaunch with its stderr on a terminal (a pseudo-terminal read here)."""
-    master, slave = pty.openpty()
-    try:
-        p = subprocess.Popen(cmd(*args), stdout=subprocess.PIPE, stderr=slave, env=env)
-        os.close(slave)
-        said = b""
-        while True:
-            try:
-                data = os.read(master, 4096)
-            except OSError:         # EIO: every writer of the terminal has closed it
-                break
-            if not data:
-                break
-            said += data
-        out = p.stdout.read()
-        p.stdout.close()
-        return subprocess.CompletedProcess(p.args, p.wait(timeout=120), out, said)
-    finally:
-        os.close(master)
-
-
 def test_open_mpi_s_spelling_is_told_once_which_variables_stay_here(sshbed, home, tmp_path):
     tag = new_tag()
     env = _env(home, tmp_path, tag)
     try:
         in_a_log = run_remote(home, "-H", "h1", "-n", "1", "true", env=env)
         assert in_a_log.returncode == 0 and _notes(in_a_log.stderr) == [], in_a_log.stderr
-        r = _on_a_terminal(env, "-H", "h1", "-n", "1", "printenv", NAME)
+        r = on_a_terminal(env, "-H", "h1", "-n", "1", "printenv", NAME)
         assert r.returncode == 1 and r.stdout == b"", r.stderr   # (printenv: not set there)
         (note,) = _notes(r.stderr)
         assert f"so not {NAME}, " in note and "send one with -x NAME" in note, note
         assert "-genvall" in note and "said once for these names" in note
-        again = _on_a_terminal(env, "-H", "h1", "-n", "1", "true")
+        again = on_a_terminal(env, "-H", "h1", "-n", "1", "true")
         assert again.returncode == 0 and _notes(again.stderr) == [], again.stderr
         settle(tag, sshbed)
     finally:
@@ -69,10 +43,10 @@ def test_hydra_s_spelling_and_x_say_nothing(sshbed, home, tmp_path):
     tag = new_tag()
     env = _env(home, tmp_path, tag)
     try:
-        r = _on_a_terminal(env, "-hosts", "h1", "-n", "1", "printenv", NAME)
+        r = on_a_terminal(env, "-hosts", "h1", "-n", "1", "printenv", NAME)
         assert r.returncode == 0 and r.stdout == b"1\n", r.stderr
         assert _notes(r.stderr) == []
-        r = _on_a_terminal(env, "-H", "h1", "-x", NAME, "-n", "1", "printenv", NAME)
+        r = on_a_terminal(env, "-H", "h1", "-x", NAME, "-n", "1", "printenv", NAME)
         assert r.returncode == 0 and r.stdout == b"1\n", r.stderr
         assert _notes(r.stderr) == []
         settle(tag, sshbed)

@@ -20,7 +20,7 @@ import tempfile
 
 import pytest
 from helpers import PY, cmd, kill_tagged, new_tag
-from remote import renv, settle
+from remote import on_a_terminal, renv, settle
 from rsh import hide_ssh_config
 
 from mslaunch.hosts.ranges import host_ranges
@@ -166,23 +166,24 @@ def test_host_lists_are_said_in_ranges(names, said):
 
 
 
+def _slow_h2(bed, seconds: float):
+    bed.slow_logins("h2", seconds)
+    try:
+        yield bed
+    finally:
+        bed.restore()
+
+
 @pytest.fixture
 def slow_h2(sshbed):
-    sshbed.slow_logins("h2", 5)
-    try:
-        yield sshbed
-    finally:
-        sshbed.restore()
+    """h2's logins take 5 s."""
+    yield from _slow_h2(sshbed, 5)
 
 
 @pytest.fixture
 def slower_h2(sshbed):
     """h2's logins take 12 s: long enough for the late hosts to be named twice."""
-    sshbed.slow_logins("h2", 12)
-    try:
-        yield sshbed
-    finally:
-        sshbed.restore()
+    yield from _slow_h2(sshbed, 12)
 
 
 def _late_lines(text: str):
@@ -219,30 +220,16 @@ def test_a_slow_host_is_named_while_it_starts(slower_h2, tmp_path):
 
 
 def test_on_a_terminal_the_late_line_is_rewritten_in_place(slower_h2, tmp_path):
-    import pty
     home = slower_h2.make_home(tmp_path / "home")
     tag = new_tag()
-    master, slave = pty.openpty()
     try:
-        p = subprocess.Popen(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", "true"),
-                             stdout=subprocess.DEVNULL, stderr=slave,
-                             env=renv(home, MSL_TEST_TAG=tag))
-        os.close(slave)
-        said = b""
-        while True:
-            try:
-                data = os.read(master, 4096)
-            except OSError:         # EIO: every writer of the terminal has closed it
-                break
-            if not data:
-                break
-            said += data
-        assert p.wait(timeout=120) == 0, said
+        r = on_a_terminal(renv(home, MSL_TEST_TAG=tag), "-H", "h1,h2", "-n", "2", "-x",
+                          "MSL_TEST_TAG", "true")
+        assert r.returncode == 0, r.stderr
         settle(tag, slower_h2)
     finally:
-        os.close(master)
         kill_tagged(tag)
-    text = said.decode()
+    text = r.stderr.decode()
     assert "\n" not in text.replace("\r\n", "\n").strip("\n"), text
     shown = text.split("\r\x1b[K")
     assert len(shown) >= 3, text             # at least two lines, then the clearing
