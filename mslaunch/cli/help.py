@@ -142,8 +142,9 @@ torch.distributed.run by python -m mslaunch): its options, spelled with '-' or
   mslaunch --nproc-per-node=2 --max-restarts=3 --log-dir=logs -r 3 -t 2 train.py
 
   --nproc-per-node N|cpu|auto|gpu  workers on this node (gpu: one per GPU)
-  --nnodes N|MIN:MAX    1 here; several nodes: one command per node is not served
-                        yet (start them all from one command: mslaunch -H h1:N,h2:N)
+  --nnodes N            the same line on each of N nodes forms one job (static:
+                        --node-rank, --master-addr, --master-port; c10d:
+                        --rdzv-endpoint, --rdzv-id); MIN:MAX: not served yet
   --standalone, --rdzv-backend static|c10d, --rdzv-endpoint, --rdzv-id,
   --rdzv-conf, --master-addr, --master-port, --local-addr, --node-rank
                         MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID as

@@ -153,16 +153,21 @@ def worker_command(values: Mapping[str, Optional[str]], script: Sequence[str],
     return (python, "-u", "-m", *script) if module else (python, "-u", *script)
 
 
+def nodes_of(values: Mapping[str, Optional[str]], script: Sequence[str]) -> int:
+    """How many nodes the job has (``--nnodes``); elastic membership refused."""
+    low, high = nnodes(values["nnodes"])
+    if low != high:
+        raise UsageError(
+            f"{_say('nnodes', values['nnodes'])}: elastic membership (MIN below MAX) is not "
+            f"served yet; give the number of nodes (--nnodes N), or start every node's "
+            f"workers from one command: mslaunch -H NODE1:N,NODE2:N python "
+            f"{one_line(script[0], 40)} (see docs/guides/torchrun.md)")
+    return high
+
+
 def run_torchrun(values: Mapping[str, Optional[str]], script: List[str],
                  environ: Dict[str, str]) -> int:
-    """Check the settings, run the job, and return its exit status."""
-    low, high = nnodes(values["nnodes"])
-    if high > 1:
-        raise UsageError(
-            f"{_say('nnodes', values['nnodes'])}: one command per node is not served yet by "
-            f"mslaunch's torchrun dialect; start every node's workers from one command: "
-            f"mslaunch -H NODE1:N,NODE2:N python {one_line(script[0], 40)} "
-            f"(see docs/guides/torchrun.md)")
+    """Check the settings of one node's job, run it, and return its exit status."""
     job, base = torch_job(values, script, environ)
     from ..run.launch import run_job
     try:
@@ -252,8 +257,11 @@ def _refuse_unserved(values: Mapping[str, Optional[str]]) -> None:
 
 
 def torch_job(values: Mapping[str, Optional[str]], script: Sequence[str],
-              environ: Dict[str, str]) -> Tuple[JobSpec, Optional[str]]:
-    """The job of one node, and a temporary directory to remove when it ends."""
+              environ: Dict[str, str], master: Optional[Tuple[str, int]] = None
+              ) -> Tuple[JobSpec, Optional[str]]:
+    """The job of one node, and a temporary directory to remove when it ends;
+    ``master``: the workers' MASTER_ADDR and MASTER_PORT, the nodes' rendezvous
+    made (see :mod:`.torchnodes`)."""
     _refuse_unserved(values)
     count = nproc(values["nproc_per_node"])
     restarts = _whole("max_restarts", values["max_restarts"], 0, 10**6)
@@ -263,7 +271,10 @@ def torch_job(values: Mapping[str, Optional[str]], script: Sequence[str],
     shown = _console_ranks(values["local_ranks_filter"])
     redirects, tee = streams("redirects", values["redirects"]), streams("tee", values["tee"])
     argv = worker_command(values, script, environ)
-    addr, port, run_id = _rendezvous(values)
+    if master is None:
+        addr, port, run_id = _rendezvous(values)
+    else:
+        (addr, port), run_id = master, (values["rdzv_id"] or "none").strip() or "none"
     devices = None
     if values["virtual_local_rank"] == "1" and environ.get("CUDA_VISIBLE_DEVICES"):
         devices = tuple(environ["CUDA_VISIBLE_DEVICES"].split(","))

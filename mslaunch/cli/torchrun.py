@@ -199,8 +199,13 @@ def command(argv: Sequence[str]) -> Union[JobSpec, int]:
     """Run a torchrun command line; its exit status."""
     _refuse_mixed(argv)
     given, rest = read_line(argv)
-    from .torchjob import run_torchrun
-    return run_torchrun(settings(given, os.environ), rest, os.environ)  # type: ignore[arg-type]
+    values = settings(given, os.environ)
+    from .torchjob import nodes_of, run_torchrun
+    nodes = nodes_of(values, rest)
+    if nodes > 1:
+        from .torchnodes import run_nodes
+        return run_nodes(values, rest, os.environ, nodes)  # type: ignore[arg-type]
+    return run_torchrun(values, rest, os.environ)  # type: ignore[arg-type]
 
 
 def _refuse_mixed(argv: Sequence[str]) -> None:

@@ -177,7 +177,7 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
     from ..machine.rendezvous import free_port
     port = free_port()
     if multi and spec.sim_level < 0:
-        ranks, link, service, stopped = _rendezvous(spec, loop, master, addresses, port)
+        ranks, link, service, stopped = rendezvous(spec, loop, master, addresses, port)
         port = (link.master_port or port) if link is not None else port
         if stopped is not None:
             code, text = stopped
@@ -220,7 +220,7 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
         result = run_attempt(job, os.environ, session, part.planning(plan)).result
         code = result.exit_code
         if service is not None and code == 0:
-            code = _wait_for_the_others(service, loop, spec, session.console.message)
+            code = wait_for_the_others(service, loop, spec, session.console.message)
     finally:
         part.close()
         guard.close()
@@ -229,7 +229,7 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
     return code, result
 
 
-def _wait_for_the_others(service, loop, spec: MsrunSpec, say) -> int:
+def wait_for_the_others(service, loop, spec: MsrunSpec, say) -> int:
     """The master's processes are done: the service stays until every node is,
     and the job's status is the first failure anywhere (0 if none)."""
     import signal as _signal
@@ -279,7 +279,7 @@ def _say(line: str, stream=None) -> None:
         pass
 
 
-def _rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: int):
+def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: int):
     """Join the job: host the service if master, register, wait for this node's ranks.
 
     The master's service hands every node the master's free ``port`` for

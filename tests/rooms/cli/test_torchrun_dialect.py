@@ -109,7 +109,7 @@ def test_every_value_is_read():
     (["--node_rank=0", "--master_addr=h", "x.py"], "both msrun's and torchrun's; say which"),
     (["--nproc-per-node=2", "--worker_num=2", "x.py"],
      "msrun dialect: unknown option '--nproc-per-node=2'"),
-    (["--nnodes=2", "--nproc-per-node=2", "x.py"], "one command per node is not served yet"),
+    (["--nnodes=1:2", "--nproc-per-node=2", "x.py"], "elastic membership (MIN below MAX)"),
     (["--nproc-per-node=1", "--rdzv-backend=etcd", "x.py"], "not served by mslaunch"),
     (["--nproc-per-node=1", "--rdzv-backend=zk", "x.py"], "expected static or c10d"),
     (["--nproc-per-node=1", "-m", "--no-python", "x"], "cannot both be given"),

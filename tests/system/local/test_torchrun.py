@@ -11,21 +11,13 @@ import os
 import re
 import socket
 import subprocess
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 
-from helpers import PY, clean_env, program, run
+from helpers import PY, clean_env, run
+from torchenv import ENV, compare, workers
 from requires import require
-
-ENV = program("torch_env.py")
-UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-#: torchrun's worker variables whose value is random by design: compared by form.
-RANDOM = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
-#: The one value mslaunch gives on purpose otherwise (docs/guides/torchrun.md):
-#: worker rank 0 hosts the job's store, fresh in every attempt.
-DIFFERENT = {"TORCHELASTIC_USE_AGENT_STORE": ("True", "False")}
-
 
 @pytest.fixture(scope="module", autouse=True)
 def torch_ready():
@@ -51,39 +43,6 @@ def _torchrun(*args: str, cwd: str, timeout: float = 120, where=None
                           timeout=timeout, env=_env(where), cwd=cwd)
 
 
-def _workers(where) -> List[dict]:
-    """What torch_env.py's workers wrote into ``where``, by local rank."""
-    rows = [json.loads((where / name).read_text()) for name in os.listdir(where)]
-    return sorted(rows, key=lambda row: int(row["env"]["LOCAL_RANK"]))
-
-
-def _error_file_form(path: str, run_id: str) -> str:
-    found = re.match(r"^/.+/(.+)_[a-z0-9_]{8}/(attempt_\d+/\d+/error\.json)$", path)
-    assert found, path
-    return ("<run id>" if found.group(1) == run_id else found.group(1)) + "/" + found.group(2)
-
-
-def _compare(theirs: dict, ours: dict, parent: Dict[str, str]) -> None:
-    added = {k: v for k, v in theirs["env"].items() if parent.get(k) != v and k != "_"}
-    assert "RANK" in added and "TORCHELASTIC_RUN_ID" in added
-    for name, value in added.items():
-        mine = ours["env"].get(name)
-        assert mine is not None, f"{name} missing (torchrun: {value!r})"
-        if name in DIFFERENT:
-            assert (value, mine) == DIFFERENT[name]
-        elif name == "MASTER_PORT":
-            assert value.isdigit() and mine.isdigit()
-        elif name == "TORCHELASTIC_RUN_ID":
-            assert bool(UUID.match(value)) == bool(UUID.match(mine)), (value, mine)
-            assert UUID.match(value) or value == mine
-        elif name == "TORCHELASTIC_ERROR_FILE":
-            assert _error_file_form(value, theirs["env"]["TORCHELASTIC_RUN_ID"]) == \
-                _error_file_form(mine, ours["env"]["TORCHELASTIC_RUN_ID"])
-        else:
-            assert mine == value, f"{name}: torchrun {value!r}, mslaunch {mine!r}"
-    assert theirs["argv"] == ours["argv"]
-
-
 @pytest.mark.parametrize("line", [
     ["--nproc-per-node=2"],
     ["--standalone", "--nproc_per_node", "2"],
@@ -101,10 +60,10 @@ def test_workers_get_torchrun_s_environment(tmp_path, line):
     assert theirs.returncode == 0, theirs.stderr.decode()[-2000:]
     assert ours.returncode == 0, ours.stderr.decode()
     parent = _env(tmp_path / "t")
-    pairs = list(zip(_workers(tmp_path / "t"), _workers(tmp_path / "m")))
+    pairs = list(zip(workers(tmp_path / "t"), workers(tmp_path / "m")))
     assert len(pairs) == (1 if "--nproc-per-node=1" in line else 2)
     for theirs_row, ours_row in pairs:
-        _compare(theirs_row, ours_row, parent)
+        compare(theirs_row, ours_row, parent)
     warned = b"Setting OMP_NUM_THREADS environment variable for each process to be 1"
     assert (warned in theirs.stderr) == (warned in ours.stderr) == (len(pairs) > 1)
 
@@ -132,7 +91,8 @@ def test_the_same_ddp_result(tmp_path):
     script.write_text(DDP)
     theirs = _torchrun("--nproc-per-node=2", str(script), cwd=str(tmp_path))
     ours = run("--nproc-per-node=2", str(script), env=_env(), cwd=str(tmp_path), timeout=120)
-    assert theirs.returncode == 0 and ours.returncode == 0, ours.stderr.decode()
+    assert theirs.returncode == 0, theirs.stderr.decode()[-3000:]
+    assert ours.returncode == 0, ours.stderr.decode()[-3000:]
     assert json.loads(ours.stdout) == json.loads(theirs.stdout)
 
 
@@ -208,6 +168,6 @@ def test_no_log_directory_is_left_without_log_dir(tmp_path):
     env["TMPDIR"] = str(tmp_path)
     ours = run("--nproc-per-node=1", ENV, env=env, cwd=str(tmp_path), timeout=120)
     assert ours.returncode == 0, ours.stderr.decode()
-    error_file = _workers(tmp_path / "m")[0]["env"]["TORCHELASTIC_ERROR_FILE"]
+    error_file = workers(tmp_path / "m")[0]["env"]["TORCHELASTIC_ERROR_FILE"]
     assert error_file.startswith(str(tmp_path) + "/torchelastic_")
     assert not [n for n in os.listdir(tmp_path) if n.startswith("torchelastic_")]

@@ -1,0 +1,146 @@
+"""A torchrun line run on each of two nodes (the test bed's namespace hosts, no
+SSH), side by side with torch's own torchrun on the same lines: one job of
+every node's workers, with the variables torchrun gives them; the first failure
+on any node ends both, named on both; bad lines are one error line."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+
+import pytest
+
+from helpers import PY, all_gone, clean_env, cmd, kill_tagged, new_tag
+from requires import require
+from torchenv import ENV, compare, workers
+
+pytestmark = pytest.mark.remote
+
+ALLREDUCE = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([dist.get_rank() + 1])
+dist.all_reduce(t)
+print("rank", os.environ["RANK"], "sum", int(t), flush=True)
+fail = sys.argv[1:] and sys.argv[1] == os.environ["RANK"]
+dist.destroy_process_group()
+sys.exit(7 if fail else 0)
+"""
+
+
+@pytest.fixture
+def nodes(sshbed):
+    sshbed.require_netns("torchrun's nodes")
+    import importlib.util
+    require(importlib.util.find_spec("torch") is not None, "torch (pip install torch==2.13.0)")
+    return sshbed.hosts[:2]
+
+
+def _env(tag: str, **extra: str):
+    # gloo's peers offer the address of the name their host calls itself, which
+    # the namespace hosts do not resolve: they name their interface instead
+    env = clean_env(MSL_TEST_TAG=tag, MSLAUNCH_SECRET="torch-job", GLOO_SOCKET_IFNAME="eth0",
+                    **extra)
+    env.pop("OMP_NUM_THREADS", None)
+    return env
+
+
+def _both(bed, launcher, per_node, tag: str, timeout: float = 180, env_for=None):
+    """Run ``launcher + per_node(i)`` on h1 and h2 at once; their (status, output)."""
+    procs = []
+    for i, host in enumerate(bed.hosts[:2]):
+        procs.append(bed.spawn_in(host, [*launcher, *per_node(i)],
+                                  env=_env(tag, **(env_for(i) if env_for else {})),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    out = []
+    try:
+        for p in procs:
+            text, _ = p.communicate(timeout=timeout)
+            out.append((p.returncode, text.decode(errors="replace")))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        kill_tagged(tag)
+    return out
+
+
+MSLAUNCH = cmd()
+TORCHRUN = [PY, "-m", "torch.distributed.run"]
+
+
+def _line(kind: str, nodes, port: int):
+    h1 = nodes[0]
+    if kind == "static":
+        return lambda i: ["--nnodes=2", "--nproc-per-node=2", f"--node-rank={i}",
+                          f"--master-addr={h1.addr}", f"--master-port={port}"]
+    # (--local-addr: torchrun names the master by its host's name otherwise,
+    # which the namespace hosts do not resolve; mslaunch by the endpoint's)
+    return lambda i: ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                      f"--rdzv-endpoint={h1.addr}:{port}", "--rdzv-id=job7",
+                      f"--local-addr={nodes[i].addr}"]
+
+
+@pytest.mark.parametrize("kind", ["static", "c10d"])
+def test_the_nodes_form_one_job_as_torchrun_s_do(sshbed, nodes, tmp_path, kind):
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    tag = new_tag()
+    line = _line(kind, nodes, _port())
+    ours = _both(sshbed, MSLAUNCH, lambda i: [*line(i), str(script)], tag)
+    assert [code for code, _ in ours] == [0, 0], ours
+    said = sorted(x for _, text in ours for x in text.splitlines() if x.startswith("rank"))
+    assert said == [f"rank {r} sum 10" for r in range(4)], ours
+    assert all_gone(tag, 15)
+    # each node's workers get what torchrun's agent gives them on the same line
+    dirs = {}
+    for who, launcher in (("t", TORCHRUN), ("m", MSLAUNCH)):
+        for i in (0, 1):
+            dirs[who, i] = tmp_path / f"{who}{i}"
+            dirs[who, i].mkdir()
+        tag = new_tag()
+        line = _line(kind, nodes, _port())
+        done = _both(sshbed, launcher, lambda i: [*line(i), ENV], tag,
+                     env_for=lambda i: {"TORCH_ENV_DIR": str(dirs[who, i])})
+        assert [code for code, _ in done] == [0, 0], done
+        assert all_gone(tag, 15)
+    parent = _env("x", TORCH_ENV_DIR="x")
+    for i in (0, 1):
+        pairs = list(zip(workers(dirs["t", i]), workers(dirs["m", i])))
+        assert len(pairs) == 2
+        for theirs, mine in pairs:
+            theirs["env"].pop("TORCH_ENV_DIR"), mine["env"].pop("TORCH_ENV_DIR")
+            theirs["env"].pop("MSL_TEST_TAG"), mine["env"].pop("MSL_TEST_TAG")
+            compare(theirs, mine, parent)
+            assert mine["env"]["GROUP_RANK"] == str(i) and mine["env"]["WORLD_SIZE"] == "4"
+
+
+def _port() -> int:
+    return random.randrange(20000, 40000, 2)
+
+
+def test_the_first_failure_ends_both_nodes_named_on_both(sshbed, nodes, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    tag = new_tag()
+    line = _line("static", nodes, _port())
+    done = _both(sshbed, MSLAUNCH, lambda i: [*line(i), str(script), "2"], tag)
+    assert [code for code, _ in done] == [7, 7], done
+    for _, text in done:
+        assert "rank 2 (pid " in text and "exited with code 7" in text, text
+    assert all_gone(tag, 15)
+
+
+@pytest.mark.parametrize("line, message", [
+    (["--nnodes=2", "--nproc-per-node=1", "--max-restarts=1"],
+     "--max-restarts across several nodes is not served yet"),
+    (["--nnodes=1:2", "--nproc-per-node=1"], "elastic membership (MIN below MAX) is not served"),
+    (["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"], "needs --rdzv-endpoint"),
+    (["--nnodes=2", "--nproc-per-node=1", "--node-rank=2"], "--node-rank=2: expected a whole "
+                                                             "number from 0 to 1"),
+])
+def test_a_bad_line_for_several_nodes_is_one_error_line(line, message):
+    from helpers import one_error_line, run
+    r = run(*line, ENV)
+    assert r.returncode == 2 and message in one_error_line(r.stderr), r.stderr
