@@ -1,6 +1,6 @@
 """The ``mslaunch`` command, also run as ``python -m mslaunch``."""
 
-from .core.cmods import signal
+from .core import signal
 import sys
 
 

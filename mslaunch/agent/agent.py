@@ -37,8 +37,8 @@ the PMI side :mod:`mslaunch.mpi.serve.agentpmi`'s.
 from __future__ import annotations
 
 import os
-from ..core.cmods import signal
-from ..core.cmods import socket
+from ..core import signal
+from ..core import socket
 import sys
 import time
 

@@ -43,7 +43,7 @@ def _local_names() -> frozenset:
     The full name is taken from ``/etc/hosts`` lines that also list the
     hostname; no resolver call is made (they can hang on a broken DNS).
     """
-    from ..core.cmods import socket
+    from ..core import socket
 
     raw = {socket.gethostname()}
     uname = getattr(os, "uname", None)
@@ -134,7 +134,7 @@ def route_address(addr: str) -> Optional[str]:
     No packet is sent: connecting a UDP socket only asks the kernel's
     routing table which source address it would use.
     """
-    from ..core.cmods import socket
+    from ..core import socket
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     try:
         s = socket.socket(family, socket.SOCK_DGRAM)

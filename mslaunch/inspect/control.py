@@ -184,7 +184,7 @@ def admitted(conn: Any) -> bool:
     """Whether the peer of a control connection may ask: the job's own user, and
     root (who may trace any process anyway); a root job lets in root alone.  A
     refused peer is told why in one line (never waited for), and closed."""
-    from ..core.cmods import socket
+    from ..core import socket
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         uid = int.from_bytes(creds[4:8], "little")
@@ -225,7 +225,7 @@ class Inspector:
                 out.keep_tail = True
 
     def accept(self) -> None:
-        from ..core.cmods import socket
+        from ..core import socket
         while True:
             try:
                 fd, _ = self.sock._accept()     # the C socket's accept: a descriptor

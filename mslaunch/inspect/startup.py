@@ -48,7 +48,7 @@ class StartupAnswers:
             os.close(self._wake_r)      # the thread's own end: closed when it is done
 
     def _serve_until_woken(self) -> None:
-        from ..core.cmods import socket
+        from ..core import socket
         while not self.stopping.is_set():
             try:
                 ready, _, _ = select.select([self.sock.fileno(), self._wake_r], [], [])

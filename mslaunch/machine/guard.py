@@ -42,7 +42,7 @@ and stopping the processes (``/proc``, signals) is done by :mod:`.procs`.
 from __future__ import annotations
 
 import os
-from ..core.cmods import signal
+from ..core import signal
 import time
 
 from ..core.switches import switch

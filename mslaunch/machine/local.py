@@ -21,7 +21,7 @@ so the job never hangs on it.
 from __future__ import annotations
 
 import os
-from ..core.cmods import signal
+from ..core import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ it lives here, in a module every one of them imports anyway.
 
 from __future__ import annotations
 
-from ..core.cmods import socket
+from ..core import socket
 import heapq
 import itertools
 import os
@@ -314,7 +314,7 @@ class Loop:
         Python-level handler only calls ``early(signum)``, if given, for what
         must be noted even while the loop does not run.
         """
-        from ..core.cmods import signal
+        from ..core import signal
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)

@@ -16,7 +16,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..core.cmods import socket
+    from ..core import socket
     from typing import Set, Tuple
 
 from ..core.errors import LaunchError
@@ -53,7 +53,7 @@ def bind_in_range(sock: socket.socket, host: str, port_range: Tuple[int, int]) -
 def free_port_in(port_range: Tuple[int, int]) -> int:
     """A TCP port of ``port_range`` that is free on this machine now; no listener
     of this process takes it later."""
-    from ..core.cmods import socket
+    from ..core import socket
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         port = bind_in_range(s, "", port_range)

@@ -13,7 +13,7 @@ if it dies, or by the next launch if both died.
 from __future__ import annotations
 
 import os
-from ..core.cmods import signal
+from ..core import signal
 import time
 
 TYPE_CHECKING = False
@@ -345,7 +345,7 @@ def _listening(path: str) -> bool:
     PID namespace sharing this directory, say)."""
     if not path.endswith(".sock"):
         return False
-    from ..core.cmods import socket
+    from ..core import socket
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)

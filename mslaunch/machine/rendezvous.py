@@ -18,7 +18,7 @@ def free_port(port_range: Optional[Tuple[int, int]] = None) -> int:
     if port_range is not None:
         from .ports import free_port_in
         return free_port_in(port_range)
-    from ..core.cmods import socket
+    from ..core import socket
     # Below the kernel's range for the local ends of connections: rank 0 binds it on
     # its own host, where any connection (an agent's, a PMIx door's) could hold a
     # port of that range (a job's restart once failed so, EADDRINUSE on a remote host).
@@ -57,7 +57,7 @@ def ompi_jobid(avoid: int) -> int:
     Open MPI's own ids are ``family << 16``, so jax derives one of 256
     ports, 16 apart; mslaunch picks its id the same way, but only a family
     whose port is free (and is not ``avoid``, the job's MASTER_PORT)."""
-    from ..core.cmods import socket
+    from ..core import socket
     from ..plan import coordinator_port
     start = os.urandom(1)[0]
     for i in range(256):

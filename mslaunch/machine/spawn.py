@@ -23,7 +23,7 @@ inheritable; everything else the launcher holds is close-on-exec (see
 from __future__ import annotations
 
 import os
-from ..core.cmods import signal
+from ..core import signal
 
 from ..core.errors import SpawnError, os_error_reason  # both also re-exported
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core.cmods import signal
+from ..core import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -70,7 +70,7 @@ def _own_description(fd: int):
             if err.errno == errno.ENXIO:   # a FIFO whose reader has gone
                 return -1, None, 0
     elif stat.S_ISSOCK(mode):
-        from ..core.cmods import socket
+        from ..core import socket
         try:
             sock = socket.socket(fileno=os.dup(fd))
             return sock.fileno(), sock, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL

@@ -29,7 +29,7 @@ from ..machine.osfiles import unlink_quietly
 def control_listener(directory: str, name: str):
     """A listening Unix socket ``directory/name`` (no TCP port: only processes that
     may enter this user's private directory can connect); None if it cannot be made."""
-    from ..core.cmods import socket
+    from ..core import socket
     path = os.path.join(directory, name)
     unlink_quietly(path)             # a dead launcher's of the same pid
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -27,7 +27,7 @@ its time says only that it came before the stop.
 
 from __future__ import annotations
 
-from ..core.cmods import signal
+from ..core import signal
 
 from ..core.errors import STALL_EXIT, TIMEOUT_EXIT
 from ..machine.spawn import signal_name

@@ -70,7 +70,7 @@ def summary(sup: JobView, rank: RankState) -> str:
 
 def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
     """The result of a job that failed: its cause's code, the summary, the failures."""
-    from ..core.cmods import signal
+    from ..core import signal
     f = sup.failures
     results = [_with_error(r, state.spec.error_file) if r.returncode or r.signal else r
                for r, state in zip(results, sup.ranks)]

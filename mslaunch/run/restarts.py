@@ -30,7 +30,7 @@ def run_restartable(job: JobSpec, environ: Mapping[str, str], session: Session,
                     kvsname: str, hosts: Callable[[], Sequence[HostEntry]]) -> JobResult:
     """Run ``job`` until an attempt succeeds or cannot start again (see
     :func:`.attempts.run_attempts`); ``kvsname``: the first attempt's name."""
-    from ..core.cmods import signal
+    from ..core import signal
     import os
 
     from ..wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting

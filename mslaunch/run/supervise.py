@@ -22,7 +22,7 @@ reader still not reading.
 from __future__ import annotations
 
 import os
-from ..core.cmods import signal
+from ..core import signal
 import time
 
 TYPE_CHECKING = False

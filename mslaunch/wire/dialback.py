@@ -19,7 +19,7 @@ few lines a window report it.
 
 from __future__ import annotations
 
-from ..core.cmods import socket as _socket
+from ..core import socket as _socket
 import _thread
 import os
 import time

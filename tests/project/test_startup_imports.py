@@ -1,7 +1,7 @@
 """What ``mslaunch -n 1 true`` imports: a budget of the package's own modules,
 and nothing of what only other jobs need (SSH, the PMIx server's library,
 agents, frameworks), nor the Python modules whose C modules the package uses
-(``mslaunch.core.cmods``).  Start-up speed is bought by this one mechanism --
+(``mslaunch.core``).  Start-up speed is bought by this one mechanism --
 a module imported where it is needed, held here -- not by hand at each site.
 """
 

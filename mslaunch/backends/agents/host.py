@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from ...core.cmods import signal
+from ...core import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import select
 import time
-from ...core.cmods import signal
+from ...core import signal
 
 from ...core.errors import HostsFailed
 from ...wire import frames, link

@@ -11,7 +11,7 @@ and its node's name.  A node speaks for its own ranks only.
 from __future__ import annotations
 
 import os
-from ...core.cmods import signal
+from ...core import signal
 import sys
 
 from ...machine.output import RankPipe

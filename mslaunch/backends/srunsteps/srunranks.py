@@ -26,7 +26,7 @@ spawn, binding, restarts (:func:`check_srun_job`).
 from __future__ import annotations
 
 import os
-from ...core.cmods import signal
+from ...core import signal
 import time
 
 from ...core.errors import LaunchError, UsageError

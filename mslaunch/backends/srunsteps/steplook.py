@@ -50,7 +50,7 @@ def _end_singletons(groups: List[int], timeout: float) -> None:
     """Stop refused Open MPI singletons (the ranks ``groups``) as an agent would:
     note what their Open MPI processes make in /dev/shm and /tmp while they
     are frozen, end them (SIGTERM; SIGKILL at ``timeout``), remove it."""
-    from ...core.cmods import signal
+    from ...core import signal
     import time
 
     from ...mpi.pmi.singletons import SingletonFiles

@@ -9,7 +9,7 @@ which authenticates the peers.
 
 from __future__ import annotations
 
-from ...core.cmods import socket
+from ...core import socket
 import os
 import time
 

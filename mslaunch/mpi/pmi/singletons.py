@@ -374,7 +374,7 @@ class SingletonFiles:
         handles SIGTERM goes on, and one that was in ``MPI_Init`` makes its
         segment only after the stop (its handler, if in Python, waits for
         ``MPI_Init`` to return)."""
-        from ...core.cmods import signal
+        from ...core import signal
         from .sessiondirs import top_session_of
         _signal_groups(groups, signal.SIGSTOP)
         _wait_stopped(groups)

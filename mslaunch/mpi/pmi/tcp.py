@@ -63,7 +63,7 @@ class TCPDoor:
 
     def listen(self, host: str, port_range: Optional[Tuple[int, int]] = None) -> int:
         """Listen on ``host``, on a port of ``port_range`` if given; returns the port."""
-        from ...core.cmods import socket as _socket
+        from ...core import socket as _socket
         server = self.server
         lsock = CListener(_socket.AF_INET, _socket.SOCK_STREAM)
         try:

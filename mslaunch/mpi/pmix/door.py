@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 
 # the socket module's own import costs a millisecond a job, with or without PMIx
-from ...core.cmods import socket
+from ...core import socket
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

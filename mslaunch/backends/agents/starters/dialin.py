@@ -21,7 +21,7 @@ as the loss of its daemon.
 
 from __future__ import annotations
 
-from ....core.cmods import socket as _socket
+from ....core import socket as _socket
 import os
 import time
 
