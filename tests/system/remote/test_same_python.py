@@ -182,8 +182,10 @@ def slow_h2(sshbed):
 
 @pytest.fixture
 def slower_h2(sshbed):
-    """h2's logins take 12 s: long enough for the late hosts to be named twice."""
-    yield from _slow_h2(sshbed, 12)
+    """h2's logins take 20 s: long enough for the late hosts to be named twice
+    even when a busy machine makes h1's start, and so the lateness, slow
+    (late is three times the start of the hosts up)."""
+    yield from _slow_h2(sshbed, 20)
 
 
 def _late_lines(text: str):
