@@ -150,6 +150,13 @@ rm -f "$build_log"
 # ... and the oldest Python a remote host may have, for tests/project/test_pythons.py's agents
 MSLAUNCH_TEST_HOST_PYTHON=$(need_python "$host_floor")
 export MSLAUNCH_TEST_HOST_PYTHON
+# The wheels the README's install command brings (tests/system/remote/test_first_install.py
+# installs from them: the suite itself looks nothing up beyond this machine)
+MSLAUNCH_TEST_WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/mslaunch-tests/wheels"
+mkdir -p "$MSLAUNCH_TEST_WHEELS"
+# (and what building mslaunch from its source needs: pyproject.toml's build-system)
+.venv/bin/python -m pip download -q -d "$MSLAUNCH_TEST_WHEELS" '.[mpi]' 'setuptools>=61' wheel
+export MSLAUNCH_TEST_WHEELS
 # Three pytest workers, each module whole on one of them (see tests/conftest.py): most
 # of the suite waits on children, daemons and timeouts, not on the CPU.
 parallel="-n 3 --dist loadgroup --no-loadscope-reorder"

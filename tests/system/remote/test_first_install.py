@@ -1,14 +1,20 @@
 """The README's install command, in a fresh virtual environment, is all a
-two-host job over SSH needs (paramiko comes with mslaunch)."""
+two-host job over SSH needs (paramiko comes with mslaunch).
+
+The suite looks nothing up beyond this machine, so the command installs from
+the wheels the test command downloaded for it first (``MSLAUNCH_TEST_WHEELS``:
+``--no-index --find-links``), not from the package index."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 from helpers import REPO, kill_tagged, new_tag
 from remote import renv, settle
+from requires import require
 
 
 def _readme_install() -> str:
@@ -21,9 +27,14 @@ def _readme_install() -> str:
 def test_the_readme_s_install_runs_a_two_host_job(sshbed, home, tmp_path):
     install = _readme_install()
     assert install.startswith("pip install ") and "'.[" in install, install
+    wheels = os.environ.get("MSLAUNCH_TEST_WHEELS", "")
+    require(os.path.isdir(wheels), "the wheels of the README's install (scripts/test.sh "
+                                   "downloads them into MSLAUNCH_TEST_WHEELS)")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    r = subprocess.run(["sh", "-c", f"{venv}/bin/python -m {install}"], cwd=REPO,
+    local = install.replace("pip install ", f"pip install --no-index --find-links {wheels} ",
+                            1)
+    r = subprocess.run(["sh", "-c", f"{venv}/bin/python -m {local}"], cwd=REPO,
                        capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     tag = new_tag()
