@@ -202,7 +202,11 @@ def _remove_stale(home: str) -> None:
     someone's, so it is left alone.  The pids are checked only for cgroups
     made in this pid namespace: a launcher in another one (a container, an
     ``unshare --pid``) shares the cgroup tree but not the pids, and its job
-    must not look dead from here.
+    must not look dead from here -- unless its cgroup has stayed empty for
+    :data:`FOREIGN_EMPTY` seconds: a live job's launcher is in its cgroup until
+    it removes it at its end, but a launcher that was pid 1 of its namespace
+    takes its watchdog with it when it exits, and nobody is left to remove
+    what the watchdog would have.
     """
     try:
         names = os.listdir(home)
@@ -211,11 +215,32 @@ def _remove_stale(home: str) -> None:
     namespace = _pid_namespace()
     for name in names:
         found = _stale_name(name)
-        if found is None or found[2] != namespace or not namespace:
+        if found is None or not namespace:
             continue
-        if exists(found[0]) or exists(found[1]):
+        stale = JobCgroup(os.path.join(home, name), home)
+        if found[2] != namespace:
+            if not _empty_for(stale, FOREIGN_EMPTY):
+                continue
+        elif exists(found[0]) or exists(found[1]):
             continue
-        _remove_tree(JobCgroup(os.path.join(home, name), home))
+        _remove_tree(stale)
+
+
+#: Seconds a job cgroup made in another pid namespace stays empty before it is
+#: taken for stale (see :func:`_remove_stale`).
+FOREIGN_EMPTY = 60.0
+
+
+def _empty_for(cgroup: JobCgroup, seconds: float) -> bool:
+    """Whether ``cgroup`` and those inside it hold no process, and it was made (or
+    last changed) ``seconds`` ago or more."""
+    try:
+        if time.time() - os.stat(cgroup.path).st_mtime < seconds:
+            return False
+        inner = [e.path for e in os.scandir(cgroup.path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    return not cgroup.pids() and not any(JobCgroup(path, cgroup.path).pids() for path in inner)
 
 
 def _remove_tree(stale: JobCgroup) -> None:
