@@ -10,8 +10,8 @@ The package is in rooms that follow a job's way, its imports pointing down:
 records and errors (``core``); where the job may run and the pure planner
 (``hosts``, ``plan``, ``rankenv``); the mechanisms of one machine
 (``machine``: loop, spawn, output, guard, local ranks); the MPI services
-(``mpi``: ``mpi.pmi``, ``mpi.pmix``, and ``mpi.serve``, how a job's are served
-across hosts); the link between the launcher and its agents (``wire``); the
+(``mpi``: ``mpi.pmi``, ``mpi.pmix``); the link between the launcher and its agents
+(``wire``); how a job's MPI is served across its hosts (``serve``); the
 agent (``agent``); the ways ranks start (``backends``: this machine, agents
 with their starters, srun steps, Open MPI's mpirun, one command per node);
 looking inside a running job (``inspect``); running a job, its attempts and

@@ -31,7 +31,7 @@ dropped) or the launcher falls silent for longer than the heartbeat allows
 exits.  If the agent itself is killed, its watchdog does the same.
 
 The streams (output sinks, credit, the stdin relay) are :mod:`.agentio`'s,
-the PMI side :mod:`mslaunch.mpi.serve.agentpmi`'s.
+the PMI side :mod:`mslaunch.serve.agentpmi`'s.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from ..wire.endpoint import Endpoint
 from ..mpi.pmi.files import is_kvsname
 from .agentio import LinkOutput, Outflow, StdinRelay
 from .agentlook import AgentLook
-from ..mpi.serve.agentpmi import AgentPMI
+from ..serve.agentpmi import AgentPMI
 from ..wire.jobframe import read_job, read_spawned
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

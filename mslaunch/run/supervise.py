@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..backends.backend import Backend
     from ..inspect.control import Inspector
     from ..inspect.stall import StallWatch
-    from ..mpi.serve.mpijobs import MPIJobs
+    from ..serve.mpijobs import MPIJobs
     from ..seams import Closable, RankHandle, RankState
     from ..backends.session import Session
 
@@ -203,9 +203,9 @@ class Supervisor(LookingInside):
             self.on_launched()
 
     def _start_pmi(self):
-        """The first job's PMI (see :class:`~mslaunch.mpi.serve.mpijobs.MPIJobs`), for the plan as it
+        """The first job's PMI (see :class:`~mslaunch.serve.mpijobs.MPIJobs`), for the plan as it
         stands; what its local ranks inherit."""
-        from ..mpi.serve.mpijobs import MPIJobs
+        from ..serve.mpijobs import MPIJobs
         self.mpi_jobs = MPIJobs(self)
         # (srun's step serves its ranks' PMI itself: none is "local", and none may be
         # given this machine's topology)

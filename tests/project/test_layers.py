@@ -35,7 +35,7 @@ RANKS: Dict[str, float] = {
     # the link between the launcher and its agents, both ends
     "wire": 4,
     # how a job's MPI is served across its hosts
-    "mpi.serve": 4.5,
+    "serve": 4.5,
     # the agent; the ways ranks start
     "agent": 5, "backends": 5,
     # looking inside a running job

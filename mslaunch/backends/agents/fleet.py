@@ -41,7 +41,7 @@ def _warm_up(pmi: bool) -> None:
     from ...machine import stdin  # noqa: F401
     from ...plan import display  # noqa: F401
     if pmi:
-        from ...mpi.serve import mpijobs  # noqa: F401
+        from ...serve import mpijobs  # noqa: F401
         from ...mpi.pmi import server, singletons  # noqa: F401
 
 
@@ -317,7 +317,7 @@ class Fleet:
             self.sup.console.message(f"mslaunch: lost host {host.name}: {reason}")
 
     def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
-        """PMI traffic of a remote host's ranks (see :class:`~mslaunch.mpi.serve.mpijobs.MPIJobs`)."""
+        """PMI traffic of a remote host's ranks (see :class:`~mslaunch.serve.mpijobs.MPIJobs`)."""
         if self.sup.mpi_jobs is None:
             from ...wire import link
             raise link.LinkError("PMI frame in a job without PMI")

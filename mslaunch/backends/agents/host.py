@@ -160,7 +160,7 @@ class RemoteHost:
 
     def end_singletons(self) -> None:
         """Refused Open MPI singletons: the agent ends its own as the job's stop
-        reaches it, noting what they leave (see :mod:`mslaunch.mpi.serve.agentpmi`)."""
+        reaches it, noting what they leave (see :mod:`mslaunch.serve.agentpmi`)."""
 
     def send_pmi(self, message: Dict[str, Any]) -> None:
         self.endpoint.send(link.encode(link.PMI, message))

@@ -19,8 +19,8 @@ installation brings (``libpmix.so.2``), driven through ctypes
     host's server hands its fences' opaque contributions to
     :meth:`~.server.Namespace.relay`, whose owner gathers them from every
     host over the link that carries PMI, concatenates them and hands the
-    whole back to each server (see :mod:`mslaunch.mpi.serve.mpijobs` and
-    :mod:`mslaunch.mpi.serve.agentpmi`).
+    whole back to each server (see :mod:`mslaunch.serve.mpijobs` and
+    :mod:`mslaunch.serve.agentpmi`).
 
 Both ways in and out of MPI end as under PMI: ``MPI_Abort(N)`` ends the job
 with N, and a rank whose connection goes while it exits without

@@ -6,7 +6,7 @@ that waits until the other side has published), then ``PMIx_Connect``
 all of them; ``MPI_Publish_name`` and ``MPI_Lookup_name`` use the same
 calls.  The names of a launch live in one :class:`NameBoard`, at the
 launcher; an agent's ranks reach it through the link (see
-:mod:`mslaunch.mpi.serve.agentpmi`).  Pure: values are text (a string or
+:mod:`mslaunch.serve.agentpmi`).  Pure: values are text (a string or
 the base64 of bytes, tagged by :mod:`.dpm`), and how an answer travels is
 the caller's.
 """

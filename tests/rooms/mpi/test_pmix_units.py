@@ -150,7 +150,7 @@ class _Host:
 def _launcher_side():
     from types import SimpleNamespace
 
-    from mslaunch.mpi.serve.pmixjobs import LauncherPMIx
+    from mslaunch.serve.pmixjobs import LauncherPMIx
     from mslaunch.core.spec import Host
     here, h1 = Host(name="vm", slots=1, max_slots=None, local=True, node_id=0), \
         Host(name="h1", slots=1, max_slots=None, local=False, node_id=1)
@@ -176,7 +176,7 @@ def test_a_bad_fence_from_an_agent_is_a_link_error_never_a_crash(message):
 
 
 def test_an_agent_refuses_a_fence_result_it_did_not_ask_for():
-    from mslaunch.mpi.serve.agentpmi import AgentPMI
+    from mslaunch.serve.agentpmi import AgentPMI
     from mslaunch.wire.link import LinkError
     agent = AgentPMI(None, None, lambda job: None)          # type: ignore[arg-type]
     got = []
@@ -267,7 +267,7 @@ def test_a_spawned_applications_variables_are_read_or_refused(env):
 
 
 def test_modex_answers_nobody_asked_for_are_refused_on_both_sides():
-    from mslaunch.mpi.serve.agentpmi import AgentPMI
+    from mslaunch.serve.agentpmi import AgentPMI
     from mslaunch.wire.link import LinkError
     agent = AgentPMI(None, None, lambda job: None)          # type: ignore[arg-type]
     with pytest.raises(LinkError):

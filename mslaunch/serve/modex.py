@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     Done = Callable[[Optional[bytes]], None]
     Send = Callable[[Dict[str, Any]], None]
 
-from ...wire import link
+from ..wire import link
 
 
 class ModexAsks:
@@ -43,7 +43,7 @@ class ModexAsks:
         """The other side's question (answered from ``local(nspace, rank, done)``
         through ``send``) or its answer to one of ours; LinkError for a malformed
         frame or an answer to no question."""
-        from ..pmix.exchange import decode_blob, encode_blob
+        from ..mpi.pmix.exchange import decode_blob, encode_blob
         ask = link.field(message, "ask", int, "PMIx modex")
         if message.get("op") == "pmix_modex_done":
             done = self.waiting.pop(ask, None)

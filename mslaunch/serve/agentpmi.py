@@ -10,7 +10,7 @@ launcher's ``PMI`` frames (fence results, answers, spawned jobs) down.
 The first job's ranks here are served PMIx as well (:mod:`mslaunch.mpi.pmix`),
 by a server of this agent's; a fence of theirs that spans hosts goes to the
 launcher as a ``pmix_fence`` operation and comes back whole as
-``pmix_fence_done`` (see :mod:`mslaunch.mpi.serve.pmixjobs`).
+``pmix_fence_done`` (see :mod:`mslaunch.serve.pmixjobs`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-    from ...machine.guard import Watchdog
-    from ...machine.local import LocalRanks
-    from ...machine.loop import Loop
-    from ..pmi.singletons import SingletonFiles, SingletonProbe
-    from ..pmix.host import PMIxHost
-    from ...core.spec import RankSpec
-    from ...wire.endpoint import Endpoint
+    from ..machine.guard import Watchdog
+    from ..machine.local import LocalRanks
+    from ..machine.loop import Loop
+    from ..mpi.pmi.singletons import SingletonFiles, SingletonProbe
+    from ..mpi.pmix.host import PMIxHost
+    from ..core.spec import RankSpec
+    from ..wire.endpoint import Endpoint
 
-from ..pmi.files import xml_for_ranks
-from ..pmi.job import PMIJob
-from ...wire import link
+from ..mpi.pmi.files import xml_for_ranks
+from ..mpi.pmi.job import PMIJob
+from ..wire import link
 from .modex import ModexAsks
 
 
@@ -65,7 +65,7 @@ class AgentPMI:
 
     def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
         """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.mpi.pmi.singletons`)."""
-        from ..pmi.singletons import SingletonProbe
+        from ..mpi.pmi.singletons import SingletonProbe
         try:
             self.probe = SingletonProbe(marker, specs)
         except OSError:
@@ -76,7 +76,7 @@ class AgentPMI:
         noting what their Open MPI processes made in /dev/shm (removed by :meth:`close`)."""
         if self.stop_at is None:
             self.stop_at = time.time()
-        from ..pmi.singletons import SingletonFiles, runs_open_mpi
+        from ..mpi.pmi.singletons import SingletonFiles, runs_open_mpi
         if self.probe is None or not pids or not runs_open_mpi(pids):
             return
         if self.leftovers is None:
@@ -88,7 +88,7 @@ class AgentPMI:
     def new_job(self, number: int, kvsname: str, job: Dict[str, Any],
                 specs: List[RankSpec], spawner: Optional[str]) -> PMIJob:
         """PMI for this host's ranks of one job, the job-wide part at the launcher."""
-        from ..pmi.state import RelayJobState
+        from ..mpi.pmi.state import RelayJobState
         size, appnums = job["size"], job["appnums"]
         state = RelayJobState(
             kvsname=kvsname, size=size, process_mapping=job["process_mapping"],
@@ -108,9 +108,9 @@ class AgentPMI:
         return pj
 
     def _serve_pmix(self, pj: PMIJob, job: Dict[str, Any], specs: List[RankSpec]) -> None:
-        from ..pmix import oversubscribed
-        from ..pmix.layout import Layout
-        from ...core.procmap import parse_process_mapping
+        from ..mpi.pmix import oversubscribed
+        from ..mpi.pmix.layout import Layout
+        from ..core.procmap import parse_process_mapping
         nodes = job["pmix_nodes"]
         parent = job.get("pmix_parent")
         if parent:                  # a job an Open MPI rank spawned (remote.jobframe)
@@ -129,7 +129,7 @@ class AgentPMI:
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
-            from ..pmix.exchange import encode_blob
+            from ..mpi.pmix.exchange import encode_blob
             self.fences[(pj.kvsname, signature, sequence)] = done
             self.up({"op": "pmix_fence", "kvs": pj.kvsname, "sig": signature,
                      "seq": sequence, "blob": encode_blob(blob)})
@@ -180,15 +180,15 @@ class AgentPMI:
                    env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
         """An Open MPI rank here spawns (``PMIx_Spawn``): the launcher places and
         starts the new job, as for an MPICH rank's, its children served PMIx."""
-        from ..pmix import spawn_request
+        from ..mpi.pmix import spawn_request
         self.pmi_spawn(pj, rank, spawn_request(commands), reply,
                        {"pmix": True, "env": [list(e) for e in env]})
 
     def _host(self, kvsname: str) -> PMIxHost:
         """This agent's PMIx, made on first use."""
         if self.pmix is None:
-            from ..pmi.files import pmix_dir
-            from ..pmix.host import PMIxHost
+            from ..mpi.pmi.files import pmix_dir
+            from ..mpi.pmix.host import PMIxHost
             marker = self.guard.marker if self.guard is not None else kvsname
             self.pmix = PMIxHost(self.loop, pmix_dir(marker),
                                  self.pmi_log if self.trace else (lambda message: None),
@@ -198,9 +198,9 @@ class AgentPMI:
     def _guest(self, message: Dict[str, Any]) -> None:
         """A job with no process here, made known to this host's server (see
         :meth:`mslaunch.mpi.pmix.host.PMIxHost.guest`)."""
-        from ..pmix.layout import Layout
-        from ..pmi.files import is_kvsname
-        from ...wire.jobframe import read_guest
+        from ..mpi.pmix.layout import Layout
+        from ..mpi.pmi.files import is_kvsname
+        from ..wire.jobframe import read_guest
         kvs = message.get("kvs")
         if not isinstance(kvs, str) or not is_kvsname(kvs):
             raise link.LinkError("PMIx guest job without a name")
@@ -228,7 +228,7 @@ class AgentPMI:
         ``keep_pmix``, the PMIx server only forgets the jobs and is returned, for
         the next job of this agent (see :meth:`~mslaunch.mpi.pmix.host.PMIxHost.adopt`)."""
         if self.jobs:
-            from ..pmi.files import remove_shm_segments
+            from ..mpi.pmi.files import remove_shm_segments
             for pj in self.jobs.values():
                 pj.close()
                 remove_shm_segments(pj.kvsname)
@@ -287,7 +287,7 @@ class AgentPMI:
                             message.get("value"))
 
     def _fence_done(self, message: Dict[str, Any]) -> None:
-        from ..pmix.exchange import decode_blob
+        from ..mpi.pmix.exchange import decode_blob
         key = (link.field(message, "kvs", str, "PMIx fence_done"),
                link.field(message, "sig", str, "PMIx fence_done"),
                link.field(message, "seq", int, "PMIx fence_done"))
@@ -317,7 +317,7 @@ class AgentPMI:
     def pmi_spawn(self, pj: PMIJob, rank: int, request, reply,
                   extra: Optional[Dict[str, Any]] = None) -> None:
         """A rank here spawns: the launcher places and starts the new job."""
-        from ...wire.jobframe import spawn_request_body
+        from ..wire.jobframe import spawn_request_body
 
         def answered(value: object) -> None:
             if isinstance(value, list) and value and (value[0] is None or isinstance(

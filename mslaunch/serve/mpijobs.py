@@ -24,16 +24,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    from ..pmi.singletons import SingletonFiles, SingletonProbe
-    from ..pmi.server import PMIServer
-    from ...core.spec import RankSpec, SpawnRequest
+    from ..mpi.pmi.singletons import SingletonFiles, SingletonProbe
+    from ..mpi.pmi.server import PMIServer
+    from ..core.spec import RankSpec, SpawnRequest
     from .pmixjobs import LauncherPMIx
-    from ...seams import AgentHost, JobView
+    from ..seams import AgentHost, JobView
 
-from ...core.errors import LaunchError, PlanError
-from ..pmi.files import xml_for_ranks
-from ..pmi.job import PMIJob
-from ..pmi.state import LocalJobState
+from ..core.errors import LaunchError, PlanError
+from ..mpi.pmi.files import xml_for_ranks
+from ..mpi.pmi.job import PMIJob
+from ..mpi.pmi.state import LocalJobState
 
 #: Seconds between looks for Open MPI singletons among the ranks.
 SINGLETON_POLL = 0.5
@@ -65,7 +65,7 @@ class MPIJobs:
         :mod:`mslaunch.mpi.pmi.files`)."""
         sup = self.sup
         plan, job = sup.plan, sup.job
-        from ..pmi.singletons import SingletonProbe
+        from ..mpi.pmi.singletons import SingletonProbe
         try:
             self.probe = SingletonProbe(sup.watchdog.marker,
                                         [r for r in plan.ranks if r.host.local])
@@ -205,7 +205,7 @@ class MPIJobs:
         """Rank ``key`` reported an Open MPI world of ``size`` (see mslaunch.mpi.pmi.singletons);
         for a remote host's: ``nopmix`` why it serves no PMIx, ``served`` whether it does,
         ``joined`` whether the rank connected to it."""
-        from ..pmi.singletons import runs_a_launcher
+        from ..mpi.pmi.singletons import runs_a_launcher
         if not 0 <= key < len(self.sup.ranks):
             return
         r = self.sup.ranks[key]
@@ -232,8 +232,8 @@ class MPIJobs:
 
     def _singleton_message(self, local: bool, nopmix: Optional[str]) -> str:
         """Why a singleton, and the fix: the host's missing PMIx library, if that is why."""
-        from ..pmi.singletons import singleton_message
-        from ..pmix.lib import FIX
+        from ..mpi.pmi.singletons import singleton_message
+        from ..mpi.pmix.lib import FIX
         problem = (self.pmix.problem if self.pmix is not None else None) if local else nopmix
         if problem:
             return singleton_message(why=problem, fix=FIX)
@@ -255,7 +255,7 @@ class MPIJobs:
 
     def _note_leftovers(self) -> None:
         """Stop this host's ranks, noting what their Open MPI processes made in /dev/shm."""
-        from ..pmi.singletons import SingletonFiles
+        from ..mpi.pmi.singletons import SingletonFiles
         sup = self.sup
         if self.leftovers is None:
             self.leftovers = SingletonFiles(sup.watchdog.keep, sup.watchdog.flush)
@@ -300,7 +300,7 @@ class MPIJobs:
     # -- agents --------------------------------------------------------------
     def from_agent(self, host: AgentHost, message: Dict[str, Any]) -> None:
         """PMI traffic of a remote host's ranks (see :class:`~mslaunch.mpi.pmi.state.RelayJobState`)."""
-        from ...wire import link
+        from ..wire import link
         op = message.get("op")
         if not self.jobs:
             raise link.LinkError("PMI frame in a job without PMI")
@@ -369,7 +369,7 @@ class MPIJobs:
         elif op == "unpublish":
             state.unpublish(link.field(message, "service", str, "PMI unpublish"), answer)
         elif op == "spawn":
-            from ...wire.jobframe import read_spawn, read_spawn_env
+            from ..wire.jobframe import read_spawn, read_spawn_env
             key = link.field(message, "rank", int, "PMI spawn")
             if key not in host.ranks:
                 raise link.LinkError(f"PMI spawn for rank {key}, not on this host")
@@ -382,7 +382,7 @@ class MPIJobs:
                    env: List[Tuple[str, str]], reply: Callable[..., None]) -> None:
         """An Open MPI rank here spawns (``PMIx_Spawn``): as an MPICH rank's spawn,
         its children served PMIx too, with the variables its application names."""
-        from ..pmix import spawn_request
+        from ..mpi.pmix import spawn_request
         self.pmi_spawn(parent, rank, spawn_request(commands), reply, extra_env=tuple(env),
                        pmix=True)
 
@@ -402,7 +402,7 @@ class MPIJobs:
             parent.context_env
         context_env = tuple(context_env) + extra_env
         if pmix:
-            from ..pmix import sibling_name
+            from ..mpi.pmix import sibling_name
             kvsname = sibling_name(kvsname, parent.kvsname)
         try:
             specs, mapping = self._plan(request, number, kvsname, context_env)
@@ -472,8 +472,8 @@ class MPIJobs:
                                   host_answered(n, problem), pmix=layout)
 
     def _plan(self, request: SpawnRequest, number: int, kvsname: str, context_env):
-        from ...hosts import is_local
-        from ...plan.spawn import plan_spawn
+        from ..hosts import is_local
+        from ..plan.spawn import plan_spawn
         sup = self.sup
         live: Dict[str, int] = {}
         for r in sup.ranks:
@@ -488,12 +488,12 @@ class MPIJobs:
 
     @staticmethod
     def _check_programs(specs) -> None:
-        from ...machine.spawn import check_startable
+        from ..machine.spawn import check_startable
         check_startable([s for s in specs if s.host.local])
 
     # -- end ------------------------------------------------------------------
     def close(self) -> None:
-        from ..pmi.files import remove_shm_segments
+        from ..mpi.pmi.files import remove_shm_segments
         for pj in self.jobs.values():
             pj.close()
             remove_shm_segments(pj.kvsname)

@@ -16,15 +16,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-    from ..pmi.job import PMIJob
-    from ..pmix.exchange import FenceExchange
-    from ..pmix.names import NameBoard
-    from ..pmix.host import PMIxHost
+    from ..mpi.pmi.job import PMIJob
+    from ..mpi.pmix.exchange import FenceExchange
+    from ..mpi.pmix.names import NameBoard
+    from ..mpi.pmix.host import PMIxHost
     from .modex import ModexAsks
-    from ...core.spec import RankSpec
-    from ...seams import AgentHost, JobView
+    from ..core.spec import RankSpec
+    from ..seams import AgentHost, JobView
 
-from ..pmix import oversubscribed
+from ..mpi.pmix import oversubscribed
 
 #: The launcher's name among a fence's hosts.
 HERE = ""
@@ -47,7 +47,7 @@ class LauncherPMIx:
     def exchange(self) -> FenceExchange:
         """The fences that span hosts (made at the first; most jobs have none)."""
         if self._exchange is None:
-            from ..pmix.exchange import FenceExchange
+            from ..mpi.pmix.exchange import FenceExchange
             self._exchange = FenceExchange(self._participants)
         return self._exchange
 
@@ -55,15 +55,15 @@ class LauncherPMIx:
     def board(self) -> NameBoard:
         """Published names (made at the first publish or lookup)."""
         if self._board is None:
-            from ..pmix.names import NameBoard
+            from ..mpi.pmix.names import NameBoard
             self._board = NameBoard()
         return self._board
 
     def serve_first(self, pj: PMIJob) -> None:
         """PMIx for the first job's ranks on this machine."""
-        from ..pmi.files import pmix_dir
-        from ..pmix.host import PMIxHost
-        from ..pmix.layout import Layout
+        from ..mpi.pmi.files import pmix_dir
+        from ..mpi.pmix.host import PMIxHost
+        from ..mpi.pmix.layout import Layout
         sup = self.sup
         plan = sup.plan
         here = next(r.host.node_id for r in plan.ranks if r.host.local)
@@ -103,7 +103,7 @@ class LauncherPMIx:
                       fields: Dict[str, Any]) -> None:
         """PMIx for a job an Open MPI rank spawned onto this machine; ``fields``
         are its :meth:`spawned_layout`."""
-        from ..pmix.layout import Layout
+        from ..mpi.pmix.layout import Layout
         if self.host is None:
             return
         nodes = fields["pmix_nodes"]
@@ -142,7 +142,7 @@ class LauncherPMIx:
         """The hosts (:data:`HERE` for this one) with a rank in a fence."""
         sup = self.sup
         hosts = set()
-        from ..pmix.exchange import CONNECT_PREFIX
+        from ..mpi.pmix.exchange import CONNECT_PREFIX
         if signature.startswith(CONNECT_PREFIX):
             signature = signature[len(CONNECT_PREFIX):]
         for item in signature.split(","):
@@ -173,14 +173,14 @@ class LauncherPMIx:
 
     def _fence_from_agent(self, host: AgentHost, message: Dict[str, Any]) -> None:
         """An agent's part of a fence (``pmix_fence``)."""
-        from ...wire import link
+        from ..wire import link
         kvs = link.field(message, "kvs", str, "PMIx fence")
         signature = link.field(message, "sig", str, "PMIx fence")
         sequence = link.field(message, "seq", int, "PMIx fence")
         if kvs not in self.jobs or f"{kvs}:" not in signature:
             raise link.LinkError("PMIx fence of an unknown job")
         try:
-            from ..pmix.exchange import decode_blob, encode_blob
+            from ..mpi.pmix.exchange import decode_blob, encode_blob
             blob = decode_blob(message.get("blob"))
             self.exchange.contribute(kvs, signature, sequence, host.name, blob, lambda whole: (
                 host.send_pmi({"op": "pmix_fence_done", "kvs": kvs, "sig": signature,
@@ -202,7 +202,7 @@ class LauncherPMIx:
 
     def names_from_agent(self, host: AgentHost, message: Dict[str, Any]) -> None:
         """An agent's ``pmix_names`` operation, answered with ``pmix_names_done``."""
-        from ...wire import link
+        from ..wire import link
         kvs = link.field(message, "kvs", str, "PMIx names")
         ask = link.field(message, "ask", int, "PMIx names")
         rank = link.field(message, "rank", int, "PMIx names")
@@ -240,7 +240,7 @@ class LauncherPMIx:
         """Make a spawned job known to the hosts of its parent job, and the parent
         job to the hosts of its children, so that each side's server asks for the
         other's data (direct modex) instead of waiting for it."""
-        from ..pmix.layout import Layout
+        from ..mpi.pmix.layout import Layout
         self.layouts[child.kvsname] = dict(layout, appnums=[s.app for s in specs])
         hosts_of: Dict[str, set] = {parent.kvsname: set(), child.kvsname: set()}
         for pj in (parent, child):
