@@ -7,8 +7,12 @@ rendezvous; ``--rdzv-endpoint``'s host for c10d) hosts the service: on
 as under torchrun), on the endpoint's port for c10d.  Every node, that one
 included, proves the job's secret (``MSLAUNCH_SECRET``, else
 ``~/.mslaunch/secret``: the same on every node) and registers its workers;
-their ranks are ``--node-rank`` x ``--nproc-per-node`` + i for static, and in
-the order nodes register for c10d.  From then on the first failure on any node
+their ranks are ``--node-rank`` x ``--nproc-per-node`` + i for static; for
+c10d, once every node has come, in the order of the nodes' addresses
+(``--local-addr``, else the host's FQDN) and then their pids, as torchrun's
+c10d rendezvous ranks them; then the first node's rank 0 serves the job's
+store, on its ``--local-addr`` (else the address it reaches the service from)
+and a free port of its own.  From then on the first failure on any node
 ends every node within a moment, each exiting with that rank's status and
 naming it; a node that vanishes ends the job the same way, named (torchrun
 notices a lost node only when the collectives time out).
@@ -44,8 +48,11 @@ def _service(values: Mapping[str, Optional[str]], count: int, nodes: int) -> Msr
             raise UsageError("--rdzv-backend=c10d for several nodes needs --rdzv-endpoint "
                              "HOST:PORT, the same on every node")
         host, port = endpoint(given, 29400)
-        rank = -1                                   # in the order nodes register
+        rank = -1
         service_port = port
+        import socket
+        local = (values["local_addr"] or "").strip()
+        order = local or socket.getfqdn()
     else:
         given = (values["rdzv_endpoint"] or "").strip()
         if given:
@@ -55,9 +62,11 @@ def _service(values: Mapping[str, Optional[str]], count: int, nodes: int) -> Msr
             port = _whole("master_port", values["master_port"] or "29500", 1, 65534)
         rank = _whole("node_rank", values["node_rank"], 0, nodes - 1)
         service_port = port + 1
+        order = local = ""
     return MsrunSpec(argv=("torchrun",), worker_num=count * nodes, local_worker_num=count,
                      master_addr=host, master_port=port, node_rank=rank, join=True,
-                     cluster_time_out=int(join), service_port=service_port)
+                     cluster_time_out=int(join), service_port=service_port, order=order,
+                     local_addr=local)
 
 
 def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
@@ -86,7 +95,7 @@ def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
         assert ranks is not None and link is not None
         static = service.node_rank >= 0
         port = service.master_port if static else link.master_port
-        addr = service.master_addr if static or not master else addresses[0]
+        addr = service.master_addr if static else link.master_addr
         job, temporary = torch_job(values, script, environ, master=(addr, port))
         try:
             code, _ = _run(job, environ, loop, link, node_service, ranks, nodes, count,

@@ -279,6 +279,8 @@ class MsrunSpec:
     launch_dir: str = "."
     # mslaunch's own additions
     service_port: Optional[int] = None    # the node service (default master_port + 1)
+    order: str = ""                       # without node_rank: rank nodes by this key, not arrival
+    local_addr: str = ""                  # (with order) this node's address for the store
     secret_file: Optional[str] = None
     tls_config: Optional[str] = None      # msrun's config.json (cert paths, ciphers)
     max_restarts: int = 3                 # per process, with MS_ENABLE_RECOVERY=1

@@ -318,7 +318,8 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
     link = NodeLink(loop, addresses=addresses, port=port, secret=secret,
                     tls=context(config, False, warn) if config else None,
                     node_rank=spec.node_rank, workers=spec.local_worker_num,
-                    deadline=deadline,
+                    deadline=deadline, order=spec.order,
+                    store=(spec.local_addr, free) if spec.order else ("", 0),
                     heartbeat=heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT")),
                     on_ranks=lambda ranks: state.setdefault("ranks", ranks),
                     on_stop=lambda code, text: state.setdefault("stop", (code, text)))

@@ -15,7 +15,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional
+    from typing import Callable, List, Optional, Tuple
 
     from ..machine.loop import Loop, Timer
 
@@ -37,7 +37,8 @@ class NodeLink:
     def __init__(self, loop: Loop, *, addresses: List[str], port: int, secret: bytes,
                  tls=None, node_rank: int, workers: int, deadline: Optional[float],
                  heartbeat, on_ranks: Callable[[List[int]], None],
-                 on_stop: Callable[[int, str], None]) -> None:
+                 on_stop: Callable[[int, str], None], order: str = "",
+                 store: Tuple[str, int] = ("", 0)) -> None:
         self.loop = loop
         self.addresses = addresses
         self.port = port
@@ -45,11 +46,15 @@ class NodeLink:
         self.tls = tls
         self.register = {"op": "register", "node_rank": node_rank, "workers": workers,
                          "host": os.uname().nodename, "pid": os.getpid()}
+        if order:
+            self.register["order"] = order          # see the service: ranks by this key
+        self.store = store           # where this node's rank 0 would serve the job's store
         self.deadline = deadline
         self.heartbeat = heartbeat
         self.on_ranks = on_ranks
         self.on_stop = on_stop
         self.master_port = 0         # the master's MASTER_PORT, with the ranks
+        self.master_addr = ""        # and its MASTER_ADDR, when the service names one
         self.endpoint: Optional[SocketEndpoint] = None
         self.nonce = auth.new_nonce()
         self.state = "connecting"    # connecting, proving, registering, joined, ended
@@ -73,6 +78,9 @@ class NodeLink:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
             self.connected = f"{addr}:{self.port}"
+            if self.store[1] and not self.store[0]:
+                # unnamed: the address this host reaches the service from
+                self.store = (sock.getsockname()[0], self.store[1])
             if self.tls is None:
                 self._open(sock)
                 return
@@ -157,6 +165,8 @@ class NodeLink:
                 return
             self.state = "registering"
             self.endpoint.start_heartbeat(*self.heartbeat)
+            if self.store[1]:
+                self.register["store"] = list(self.store)
             self.endpoint.send(encode(self.register))
         elif self.state == "registering" and op == "ranks":
             ranks = message.get("ranks")
@@ -166,6 +176,9 @@ class NodeLink:
             port = message.get("master_port")
             if type(port) is int and 0 < port < 65536:
                 self.master_port = port
+            addr = message.get("master_addr")
+            if isinstance(addr, str) and 0 < len(addr) <= 255:
+                self.master_addr = addr
             self.on_ranks(ranks)
         else:
             raise link.LinkError(f"unexpected node message {str(op)[:20]!r}")

@@ -6,8 +6,10 @@ The same command runs on every node.  The node whose addresses include
 node, that one included, connects to it, proves it knows the job's secret
 (:mod:`.secret`; inside TLS with :mod:`.tls`), and registers its local
 workers.  The service hands out ranks -- ``--node_rank`` * local + i when a
-node gives its rank, else the lowest free ranks in the order nodes
-register -- and refuses a node whose workers would go beyond
+node gives its rank; for a node that gives a sort key instead (torchrun's
+c10d rendezvous: its address), once every worker has come, in the order of
+the keys and then the pids, as torchrun's rendezvous ranks its nodes; else
+the lowest free ranks in the order nodes register -- and refuses a node whose workers would go beyond
 ``--worker_num`` or whose ranks another node holds.  From then on the
 service is how one node's failure, Ctrl-C or timeout ends the job on every
 node within a moment, each exiting with the root cause's status: a node
@@ -70,6 +72,14 @@ def node_message(kind: int, body: bytes) -> Optional[Dict[str, Any]]:
     return link.decode_json(kind, body)
 
 
+def _store(value: Any) -> Optional[Tuple[str, int]]:
+    """A node's ``[address, port]`` for its store, if well formed."""
+    if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+            and 0 < len(value[0]) <= 255 and type(value[1]) is int and 0 < value[1] < 65536):
+        return value[0], value[1]
+    return None
+
+
 def _heartbeat(value: Any) -> Tuple[float, int]:
     """A node's heartbeat setting ``[interval, misses]``, within sane bounds."""
     if not isinstance(value, list) or len(value) != 2 or \
@@ -96,7 +106,9 @@ class _Peer:
         self.accepted = time.monotonic()
         self.info: Dict[str, Any] = {}
         self.ranks: List[int] = []
-        self.state = "new"            # new, joined, done, stopped, gone
+        self.state = "new"            # new, held (for its ranks), joined, done, stopped, gone
+        self.order = ""               # the sort key a held node gave
+        self.store: Optional[Tuple[str, int]] = None   # where its rank 0 would serve the store
 
     def name(self) -> str:
         host = self.info.get("host") or self.address
@@ -267,6 +279,7 @@ class NodeService:
     def _register(self, peer: _Peer, message: Dict[str, Any]) -> None:
         if peer.state != "new":
             raise link.LinkError("a node registered twice")
+        order = message.get("order")
         workers = link.field(message, "workers", int, "register")
         node_rank = link.field(message, "node_rank", int, "register")
         peer.info = {"host": str(message.get("host", ""))[:64],
@@ -294,19 +307,50 @@ class NodeService:
         else:
             free = [r for r in range(self.worker_num) if r not in self.taken]
             wanted = free[:workers]
-        if len(wanted) < workers:
-            have = sum(len(p.ranks) for p in self.peers.values())
+        if self._joined() + workers > self.worker_num:
+            have = self._joined()
             self._refuse(peer, f"the job has {have} of its {self.worker_num} workers already; "
-                               f"this node's {workers} are {workers - len(wanted)} too many "
-                               f"(check --worker_num and --local_worker_num)")
+                               f"this node's {workers} are {have + workers - self.worker_num} "
+                               f"too many (check --worker_num and --local_worker_num)")
             return
-        peer.ranks = wanted
+        if node_rank < 0 and isinstance(order, str) and order:
+            peer.state, peer.order = "held", order[:256]
+            peer.store = _store(message.get("store"))
+            if self._joined() == self.worker_num:
+                self._give_held()
+            return
+        self._give(peer, wanted)
+
+    def _give_held(self) -> None:
+        """Every worker has come: the held nodes' ranks in the order of their keys
+        and pids, and the first one's store for every node (torchrun's c10d
+        rendezvous: rank 0's node names MASTER_ADDR and a free port of its own)."""
+        held = sorted((p for p in self.peers.values() if p.state == "held"),
+                      key=lambda p: (p.order, p.info["pid"] if p.info["pid"] != "?" else 0))
+        free = [r for r in range(self.worker_num) if r not in self.taken]
+        master = held[0].store if held and free and free[0] == 0 else None
+        for p in held:
+            self._give(p, free[:p.info["workers"]], master)
+            free = free[p.info["workers"]:]
+
+    def _held_workers(self) -> int:
+        return sum(p.info["workers"] for p in self.peers.values() if p.state == "held")
+
+    def _joined(self) -> int:
+        """How many workers have come: those with ranks and those held for theirs."""
+        return len(self.taken) + self._held_workers()
+
+    def _give(self, peer: _Peer, ranks: List[int],
+              master: Optional[Tuple[str, int]] = None) -> None:
+        peer.ranks = ranks
         peer.state = "joined"
-        for r in wanted:
+        for r in ranks:
             self.taken[r] = peer
         assert peer.endpoint is not None
-        peer.endpoint.send(encode({"op": "ranks", "ranks": wanted,
-                                   "master_port": self.master_port}))
+        message: Dict[str, Any] = {"op": "ranks", "ranks": ranks, "master_port": self.master_port}
+        if master is not None:
+            message["master_addr"], message["master_port"] = master
+        peer.endpoint.send(encode(message))
         if len(self.taken) == self.worker_num and self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
@@ -327,7 +371,12 @@ class NodeService:
         if not peer.authenticated:
             self._note(f"closed a connection from {peer.address}: {why or 'it went away'}")
             return
-        if peer.state in ("joined", "new") and self.stopped is None:
+        if peer.state == "held":
+            # torchrun's rendezvous forgets a node that leaves before it completes
+            peer.state = "gone"
+            self._note(f"node {peer.name()} left before every worker came: "
+                       f"{why or 'its link ended'}")
+        elif peer.state in ("joined", "new") and self.stopped is None:
             peer.state = "gone"
             self.stop(NODE_LOST_EXIT, f"lost node {peer.name()}: {why or 'its link ended'}"
                       + (LOST_WITH_RECOVERY if self.recovery else ""))
@@ -336,11 +385,11 @@ class NodeService:
         self.deadline = None
         if len(self.taken) >= self.worker_num or self.stopped is not None:
             return
-        nodes = [p for p in self.peers.values() if p.ranks]
-        seen = ", ".join(f"{p.name()} with {len(p.ranks)}" for p in nodes[:8]) or "none"
-        self.stop(1, f"cluster time out: only {len(self.taken)} of {self.worker_num} workers "
+        nodes = [p for p in self.peers.values() if p.state in ("joined", "held")]
+        seen = ", ".join(f"{p.name()} with {p.info['workers']}" for p in nodes[:8]) or "none"
+        self.stop(1, f"cluster time out: only {self._joined()} of {self.worker_num} workers "
                      f"joined in {int(time.monotonic() - self.started)} s (nodes: {seen}); "
-                     f"{self.worker_num - len(self.taken)} missing" + (
+                     f"{self.worker_num - self._joined()} missing" + (
                          "; refused: " + "; ".join(f"{k} ({v[:80]})" for k, v in
                                                    list(self.refused_by.items())[:4])
                          if self.refused_by else ""))

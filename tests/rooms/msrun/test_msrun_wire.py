@@ -120,7 +120,8 @@ def frame(kind: int, body: bytes) -> bytes:
 
 hostile_messages = st.one_of(
     st.dictionaries(st.sampled_from(["op", "protocol", "nonce", "proof", "heartbeat",
-                                     "workers", "node_rank", "ranks", "code", "message"]),
+                                     "workers", "node_rank", "ranks", "code", "message",
+                                     "order"]),
                     json_values, max_size=6),
     st.fixed_dictionaries({"op": st.sampled_from(["auth", "register", "stop", "done", "hello",
                                                   "welcome", "ranks", "refuse"]),
@@ -138,15 +139,57 @@ hostile_bytes = st.one_of(
     st.integers(0, 2**32 - 1).map(lambda n: struct.pack(">IB", n, link.NODE)))
 
 
-def join(loop: Loop, port: int, workers: int = 1) -> dict:
+def join(loop: Loop, port: int, workers: int = 1, order: str = "",
+         store: tuple = ("", 0)) -> dict:
     """A real node's link to the service on ``port``; its outcome lands in the dict."""
     state: dict = {}
     state["link"] = NodeLink(
         loop, addresses=["127.0.0.1"], port=port, secret=SECRET, node_rank=-1,
-        workers=workers, deadline=time.monotonic() + 3, heartbeat=(1.0, 5),
+        workers=workers, deadline=time.monotonic() + 30, heartbeat=(1.0, 5),
         on_ranks=lambda ranks: state.setdefault("ranks", ranks),
-        on_stop=lambda code, text: state.setdefault("stop", (code, text)))
+        on_stop=lambda code, text: state.setdefault("stop", (code, text)), order=order,
+        store=store)
     return state
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.permutations(["10.0.0.12", "10.0.0.2", "node-a"]), st.integers(0, 2))
+def test_nodes_with_a_sort_key_get_their_ranks_in_its_order_once_all_came(keys, leaver):
+    # torchrun's c10d rendezvous: node ranks follow the nodes' addresses (as
+    # strings), whatever order they come in; a node that leaves before every
+    # worker came is forgotten (it would sort first and take rank 0 otherwise)
+    loop = Loop()
+    service = svc.NodeService(loop, address="127.0.0.1", port=0, secret=SECRET,
+                              worker_num=6, time_out=-1, log=lambda _line: None)
+    port = service.sock.getsockname()[1]
+    nodes = {}
+    try:
+        for i, key in enumerate(keys):
+            if i == leaver:
+                gone = join(loop, port, 1, "10.0.0.0", ("10.0.0.0", 999))
+                pump(loop, lambda: any(p.state == "held" and p.order == "10.0.0.0"
+                                       for p in service.peers.values()), 10)
+                gone["link"].close()
+                pump(loop, lambda: not any(p.order == "10.0.0.0"
+                                           for p in service.peers.values()), 10)
+                assert service.stopped is None and "ranks" not in gone
+            nodes[key] = join(loop, port, 2, key, ("" if key == "node-a" else key, 1000 + i))
+            pump(loop, lambda: sum(p.state in ("held", "joined")
+                                   for p in service.peers.values()) == len(nodes), 10)
+            if len(nodes) < 3:
+                assert not any("ranks" in n or "stop" in n for n in nodes.values())
+        pump(loop, lambda: all("ranks" in n or "stop" in n for n in nodes.values()), 10)
+        assert {k: n.get("ranks") for k, n in nodes.items()} == {
+            "10.0.0.12": [0, 1], "10.0.0.2": [2, 3], "node-a": [4, 5]}
+        # rank 0's node names the store for all: its address and port
+        port0 = 1000 + keys.index("10.0.0.12")
+        assert {(n["link"].master_addr, n["link"].master_port) for n in nodes.values()} == {
+            ("10.0.0.12", port0)}
+    finally:
+        for n in nodes.values():
+            n["link"].close()
+        service.close()
+        loop.close()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -76,9 +76,11 @@ def _line(kind: str, nodes, port: int):
         return lambda i: ["--nnodes=2", "--nproc-per-node=2", f"--node-rank={i}",
                           f"--master-addr={h1.addr}", f"--master-port={port}"]
     # (--local-addr: torchrun names the master by its host's name otherwise,
-    # which the namespace hosts do not resolve; mslaunch by the endpoint's)
+    # which the namespace hosts do not resolve; mslaunch by the endpoint's.)
+    # The endpoint is on h2, whose node mostly comes first: the node ranks must
+    # still follow the addresses, h1's first, as under torchrun.
     return lambda i: ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                      f"--rdzv-endpoint={h1.addr}:{port}", "--rdzv-id=job7",
+                      f"--rdzv-endpoint={nodes[1].addr}:{port}", "--rdzv-id=job7",
                       f"--local-addr={nodes[i].addr}"]
 
 
