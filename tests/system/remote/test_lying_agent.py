@@ -90,6 +90,9 @@ READY = link.encode(link.READY, {"warnings": []})
 GRACE = 0
 #: The launcher holds a lost host's link open for grace + 2 s, waiting for its agent.
 LAUNCH_LIMIT = 15.0
+#: A silent fake is lost after 4 s: long enough that a launcher slowed by a busy
+#: machine never takes a lie it is about to read for silence.
+HEARTBEAT = "1,4"
 
 
 def _alive(pid: int) -> bool:
@@ -135,7 +138,7 @@ def _launch(home: str, fake: str, host: str = "h1", timeout: float = LAUNCH_LIMI
     """mslaunch with the fake as remote Python: (status or None if it hung, stderr, seconds)."""
     # PYTHONFAULTHANDLER: a launcher that hangs is sent SIGABRT, and says where each
     # of its threads stood.
-    env = clean_env(HOME=home, MSLAUNCH_HEARTBEAT="0.2,3", PYTHONFAULTHANDLER="1", **env_vars)
+    env = clean_env(HOME=home, MSLAUNCH_HEARTBEAT=HEARTBEAT, PYTHONFAULTHANDLER="1", **env_vars)
     t0 = time.monotonic()
     p = subprocess.Popen(cmd("--grace", str(GRACE), "-H", host, "-n", "1",
                              "--remote-python", fake, "true"),
@@ -337,7 +340,7 @@ def test_launcher_ends_when_a_host_is_lost_after_its_rank_exited(sshbed, tmp_pat
             HELLO + READY,
             link.encode(link.STARTED, {"pids": {"0": 4242}})
             + link.encode(link.EXITED, {"rank": 0, "code": 0, "signal": None}) + done],
-            timeout=8)
+            timeout=12)
         assert code is not None, f"mslaunch hung after losing h1: {err}"
         assert code == 255, err
         assert "h1" in err and "Traceback" not in err
