@@ -145,7 +145,8 @@ def ompi5():
 _SLURM_MODULES = ("test_slurm", "test_slurmbed", "test_host_package", "test_port_range",
                   "test_srun_ranks")
 # (the soak tests run for minutes: they are handed out first)
-_LONGEST_FIRST = ("test_soak_long", "test_soak_remote", "test_soak_slurm", "test_soak_local",
+_LONGEST_FIRST = ("test_soak_long", "test_soak_remote", "test_torchrun_elastic", "test_soak_slurm",
+                  "test_soak_local",
                   "test_msrun_mindspore", "test_remote", "test_msrun_nodes", "test_rsh", "slurm",
                   "test_singletons", "test_frameworks", "test_hostile", "test_spawn_hostile",
                   "test_ompi4", "test_msrun", "test_pmi", "test_lying_agent", "test_local_jobs",

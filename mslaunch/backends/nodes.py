@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..core.states import BackendName
     from ..seams import JobView
 
+from ..core.states import RESTARTED_ENDINGS
 from .backend import Backend
 
 
@@ -65,9 +66,13 @@ class NodesBackend(Backend):
     name: BackendName = "nodes"
 
     def connect(self, sup: JobView) -> None:
+        self._sup = sup
         link = self.session.nodes.link
         if link is not None:
             link.on_stop = sup.remote_stop
+            # (a job of rounds) the service starts every node again: this
+            # node's processes end, whatever their code
+            link.on_restart = lambda text: sup.remote_stop(1, text)
 
     def started(self, sup: JobView) -> None:
         announce = self.session.nodes.announce
@@ -77,7 +82,7 @@ class NodesBackend(Backend):
     def stopping(self, code: int, message: str) -> None:
         link = self.session.nodes.link
         if link is not None:
-            link.stop(code, message)
+            link.stop(code, message, restart=self._sup.ending in RESTARTED_ENDINGS)
 
     def outcome(self, result: JobResult) -> JobResult:
         link = self.session.nodes.link

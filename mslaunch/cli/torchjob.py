@@ -5,7 +5,7 @@ One node runs here: torchrun's single-node default (no ``--master-port`` and
 no endpoint: a rendezvous of its own), ``--standalone`` and a static
 rendezvous with ``--master-port`` give the workers the ``MASTER_ADDR``,
 ``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID`` torchrun would.  A line for
-several nodes (``--nnodes 2``, ``1:4``) is refused in one line for now.
+several nodes (``--nnodes 2``, ``1:4``) is run by :mod:`.torchnodes`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ NOT_SERVED = ("etcd", "etcd-v2")
 
 
 def _say(flag: str, text: Optional[str]) -> str:
-    return f"--{flag.replace('_', '-')}={one_line(text or '', 40)}"
+    option, space, key = flag.partition(" ")      # ("rdzv_conf KEY": the key as typed)
+    return f"--{option.replace('_', '-')}{space}{key}={one_line(text or '', 40)}"
 
 
 def _whole(flag: str, text: Optional[str], low: int = 0, high: int = 10**9) -> int:
@@ -154,15 +155,8 @@ def worker_command(values: Mapping[str, Optional[str]], script: Sequence[str],
 
 
 def nodes_of(values: Mapping[str, Optional[str]], script: Sequence[str]) -> int:
-    """How many nodes the job has (``--nnodes``); elastic membership refused."""
-    low, high = nnodes(values["nnodes"])
-    if low != high:
-        raise UsageError(
-            f"{_say('nnodes', values['nnodes'])}: elastic membership (MIN below MAX) is not "
-            f"served yet; give the number of nodes (--nnodes N), or start every node's "
-            f"workers from one command: mslaunch -H NODE1:N,NODE2:N python "
-            f"{one_line(script[0], 40)} (see docs/guides/torchrun.md)")
-    return high
+    """How many nodes the job has at most (``--nnodes N`` or ``MIN:MAX``)."""
+    return nnodes(values["nnodes"])[1]
 
 
 def run_torchrun(values: Mapping[str, Optional[str]], script: List[str],

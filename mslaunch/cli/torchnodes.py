@@ -17,11 +17,16 @@ ends every node within a moment, each exiting with that rank's status and
 naming it; a node that vanishes ends the job the same way, named (torchrun
 notices a lost node only when the collectives time out).
 
-Not yet served across nodes: ``--max-restarts`` and elastic membership
-(``--nnodes MIN:MAX`` with MIN below MAX); each is one error line.
+With ``--max-restarts`` or ``--nnodes MIN:MAX`` the nodes start again
+together, in rounds the service keeps (:mod:`mslaunch.msrun.rounds`): each
+node runs a round's workers, then waits for the service's word (the next
+round, the job over, or its end) and comes back for the next round with
+the ranks it is given.
 """
 
 from __future__ import annotations
+
+import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,16 +34,18 @@ if TYPE_CHECKING:
 
     from ..core.spec import JobResult, JobSpec, Plan
 
-from ..core.errors import UsageError
-from ..core.spec import MsrunSpec, replace
+from ..core.errors import UsageError, one_line
+from ..core.spec import MsrunSpec, NodeRounds, replace
 
 
-def _service(values: Mapping[str, Optional[str]], count: int, nodes: int) -> MsrunSpec:
+def _service(values: Mapping[str, Optional[str]], count: int) -> MsrunSpec:
     """The node service's settings, in the record msrun's nodes use."""
-    from .torchjob import _whole, endpoint, rdzv_conf
+    from .torchjob import _seconds, _whole, endpoint, nnodes, rdzv_conf
     backend = (values["rdzv_backend"] or "static").strip()
     conf = rdzv_conf(values["rdzv_conf"])
     join = float(conf.get("join_timeout", "600"))
+    low, high = nnodes(values["nnodes"])
+    restarts = _whole("max_restarts", values["max_restarts"], 0, 10**6)
     if values["standalone"] == "1":
         raise UsageError("--standalone runs one node; for several, give --rdzv-endpoint "
                          "HOST:PORT (c10d) or --master-addr and --master-port (static)")
@@ -54,31 +61,37 @@ def _service(values: Mapping[str, Optional[str]], count: int, nodes: int) -> Msr
         local = (values["local_addr"] or "").strip()
         order = local or socket.getfqdn()
     else:
+        if low != high:
+            raise UsageError(f"--nnodes={low}:{high}: elastic membership needs "
+                             f"--rdzv-backend=c10d (the static rendezvous has a fixed "
+                             f"number of nodes, as under torchrun)")
         given = (values["rdzv_endpoint"] or "").strip()
         if given:
             host, port = endpoint(given, 29500)
         else:
             host = (values["master_addr"] or "127.0.0.1").strip()
             port = _whole("master_port", values["master_port"] or "29500", 1, 65534)
-        rank = _whole("node_rank", values["node_rank"], 0, nodes - 1)
+        rank = _whole("node_rank", values["node_rank"], 0, high - 1)
         service_port = port + 1
         order = local = ""
-    return MsrunSpec(argv=("torchrun",), worker_num=count * nodes, local_worker_num=count,
+    rounds = None
+    if restarts or low < high:
+        last = conf.get("last_call_timeout")
+        rounds = NodeRounds(min_nodes=low, max_nodes=high, max_restarts=restarts,
+                            last_call=30.0 if last is None else
+                            _seconds("rdzv_conf last_call_timeout", last))
+    return MsrunSpec(argv=("torchrun",), worker_num=count * high, local_worker_num=count,
                      master_addr=host, master_port=port, node_rank=rank, join=True,
                      cluster_time_out=int(join), service_port=service_port, order=order,
-                     local_addr=local)
+                     local_addr=local, rounds=rounds)
 
 
 def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
               environ: Dict[str, str], nodes: int) -> int:
-    """Run this node's part of a job of ``nodes`` nodes; the job's exit status."""
-    from .torchjob import _whole, nproc, torch_job
-    if _whole("max_restarts", values["max_restarts"], 0, 10**6):
-        raise UsageError("--max-restarts across several nodes is not served yet: one "
-                         "command for every node's workers restarts them: "
-                         "mslaunch --max-restarts N -H NODE1:N,NODE2:N ...")
+    """Run this node's part of a job of up to ``nodes`` nodes; the job's exit status."""
+    from .torchjob import nproc, torch_job
     count = nproc(values["nproc_per_node"])
-    service = _service(values, count, nodes)
+    service = _service(values, count)
     from ..machine.loop import Loop
     from ..machine.rendezvous import free_port
     from ..msrun.node import master_address, rendezvous
@@ -89,15 +102,13 @@ def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
     try:
         if stopped is not None:
             code, text = stopped
-            import sys
-            sys.stderr.write(f"mslaunch: error: {text}\n")
+            _error(text)
             return code
         assert ranks is not None and link is not None
-        static = service.node_rank >= 0
-        port = service.master_port if static else link.master_port
-        addr = service.master_addr if static else link.master_addr
-        job, temporary = torch_job(values, script, environ, master=(addr, port))
+        job, temporary = torch_job(values, script, environ, master=_master(service, link))
         try:
+            if service.rounds is not None:
+                return _rounds(job, environ, loop, link, node_service, count, service)
             code, _ = _run(job, environ, loop, link, node_service, ranks, nodes, count,
                            service)
         finally:
@@ -113,11 +124,26 @@ def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
         loop.close()
 
 
-def node_plan(plan: Plan, ranks: Sequence[int], nodes: int, count: int) -> Plan:
+def _error(text: str) -> None:
+    import sys
+    sys.stderr.write(f"mslaunch: error: {text}\n")
+
+
+def _master(service: MsrunSpec, link) -> Tuple[str, int]:
+    """The workers' MASTER_ADDR and MASTER_PORT: the line's for static, else
+    those the service named (rank 0's node's)."""
+    if service.node_rank >= 0:
+        return service.master_addr, service.master_port
+    return link.master_addr, link.master_port
+
+
+def node_plan(plan: Plan, ranks: Sequence[int], nodes: int, count: int,
+              group: Optional[int] = None, total: Optional[int] = None) -> Plan:
     """This node's workers with their ranks in the whole job (``plan`` placed them
-    here as ranks 0..count-1)."""
-    total = nodes * count
-    group = ranks[0] // count
+    here as ranks 0..count-1); the node's ``group`` rank and the job's ``total``
+    workers, unless every node has ``count``."""
+    total = nodes * count if total is None else total
+    group = ranks[0] // count if group is None else group
     procs = []
     for i, spec in enumerate(plan.ranks):
         rank = ranks[i]
@@ -155,3 +181,90 @@ def _run(job: JobSpec, environ: Mapping[str, str], loop, link, node_service,
         session.console.close()
     return code, result
 
+
+
+def _rounds(job: JobSpec, environ: Mapping[str, str], loop, link, node_service, count: int,
+            service: MsrunSpec) -> int:
+    """This node's part of a job whose nodes start again together
+    (:mod:`mslaunch.msrun.rounds`): a round, then the service's word; the job's status."""
+    from ..machine.rendezvous import free_port
+    from ..machine.terminal import Console
+    from ..mpi.pmi.files import job_guard, new_kvsname, public_id
+    guard = job_guard(public_id(new_kvsname()), job.grace, background=False)
+    console = Console()
+    try:
+        while True:
+            result = _round(job, environ, loop, link, count, service, guard, console)
+            link.on_stop = lambda code, text: None
+            signum = _wait(loop, lambda: link.state == "ended" or link.restart is not None)
+            if signum is not None:
+                from ..machine.spawn import signal_name
+                link.stop(128 + signum, f"stopped by {signal_name(signum)} on "
+                                        f"{os.uname().nodename}")
+                return 128 + signum
+            if link.restart is not None:
+                if result.ending != "remote" and not job.quiet:
+                    console.message(f"mslaunch: {one_line(link.restart.get('message', ''))}")
+                link.rejoin(free_port() if service.order else 0)
+                signum = _wait(loop, lambda: link.state in ("joined", "ended"))
+                if signum is None and link.state == "joined":
+                    continue
+                if link.ended_by is not None:
+                    _error(link.ended_by[1])
+                    return link.ended_by[0]
+                return 128 + (signum or 0)
+            if link.over:
+                return 0
+            if link.ended_by is not None and result.ending != "remote":
+                _error(link.ended_by[1])
+            return result.exit_code or (link.ended_by or (1, ""))[0]
+    finally:
+        guard.close()
+        console.close()
+
+
+def _round(job: JobSpec, environ: Mapping[str, str], loop, link, count: int,
+           service: MsrunSpec, guard, console) -> JobResult:
+    """One round's workers on this node, as the service gave their ranks."""
+    from ..backends.nodes import NodePart
+    from ..backends.session import Session
+    from ..run.attempt import build_plan, run_attempt
+    info = link.round
+    restarts = info.get("restarts", 0)
+    addr, port = _master(service, link)
+    job_r = replace(job, attempt=restarts if type(restarts) is int else 0,
+                    global_env=tuple((k, addr if k == "MASTER_ADDR" else
+                                      str(port) if k == "MASTER_PORT" else v)
+                                     for k, v in job.global_env))
+    plan = node_plan(build_plan(job_r, environ), info["ranks"], int(info.get("nodes", 1)),
+                     count, int(info.get("group", 0)), int(info.get("world", 0)) or None)
+    if info.get("round") and not job.quiet:
+        console.message(f"mslaunch: round {info['round']}: this node's workers are ranks "
+                        f"{plan.ranks[0].rank}-{plan.ranks[-1].rank} of "
+                        f"{plan.universe_size} on {info.get('nodes')} node(s)")
+    part = NodePart(link, None)
+    session = Session(guard, console, loop=loop, nodes=part)
+    try:
+        return run_attempt(job_r, environ, session, part.planning(plan)).result
+    finally:
+        guard.sweep(job.grace)
+
+
+def _wait(loop, until) -> Optional[int]:
+    """Run ``loop`` until ``until()``; a stop signal that came meanwhile, if any."""
+    import signal
+    stops: List[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: stops.append(signum))
+           for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def tick() -> None:
+        if not stops:
+            loop.call_later(0.1, tick)
+
+    tick()
+    try:
+        loop.run_until(lambda: until() or bool(stops))
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return stops[0] if stops else None

@@ -255,6 +255,19 @@ STALL_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
+class NodeRounds:
+    """How the nodes of a torchrun line start again together (see
+    :mod:`mslaunch.msrun.rounds`): ``--nnodes MIN:MAX``, ``--max-restarts``, and
+    the seconds a round with at least MIN nodes waits for more (torchrun's
+    ``last_call_timeout``)."""
+
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    last_call: float = 30.0
+
+
+@dataclass(frozen=True)
 class MsrunSpec:
     """An msrun command line (MindSpore's launcher), validated but not yet run."""
 
@@ -281,6 +294,7 @@ class MsrunSpec:
     service_port: Optional[int] = None    # the node service (default master_port + 1)
     order: str = ""                       # without node_rank: rank nodes by this key, not arrival
     local_addr: str = ""                  # (with order) this node's address for the store
+    rounds: Optional[NodeRounds] = None   # the nodes start again together (torchrun's line)
     secret_file: Optional[str] = None
     tls_config: Optional[str] = None      # msrun's config.json (cert paths, ciphers)
     max_restarts: int = 3                 # per process, with MS_ENABLE_RECOVERY=1

@@ -291,7 +291,7 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
     import signal as _signal
     import time
 
-    from ..wire.endpoint import heartbeat_setting
+    from ..wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
     from .secret import load_secret
     from .nodelink import NodeLink
     from .service import NodeService
@@ -311,6 +311,7 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
                               worker_num=spec.worker_num, time_out=spec.cluster_time_out,
                               master_port=free, refused=warn,
                               recovery=os.environ.get("MS_ENABLE_RECOVERY") == "1",
+                              rounds=spec.rounds,
                               tls=context(config, True, warn) if config else None,
                               log=warn if spec.verbose else (lambda _text: None))
     state: Dict[str, Any] = {}
@@ -320,7 +321,9 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
                     node_rank=spec.node_rank, workers=spec.local_worker_num,
                     deadline=deadline, order=spec.order,
                     store=(spec.local_addr, free) if spec.order else ("", 0),
-                    heartbeat=heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT")),
+                    rounds=spec.rounds is not None,
+                    heartbeat=heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"),
+                                                RESTART_HEARTBEAT if spec.rounds else HEARTBEAT),
                     on_ranks=lambda ranks: state.setdefault("ranks", ranks),
                     on_stop=lambda code, text: state.setdefault("stop", (code, text)))
     stops: List[int] = []

@@ -4,6 +4,9 @@ A :class:`NodeLink` connects to the service (:mod:`.service`) at one of the
 master's addresses, proves it knows the job's secret (:mod:`.secret`, inside
 TLS with :mod:`.tls` when asked), registers the node's workers and gets its
 ranks back; from then on it carries ``stop`` both ways and the heartbeats.
+For a job whose nodes start again together (:mod:`.rounds`), it also takes
+the service's ``restart`` (the node comes back with :meth:`NodeLink.rejoin`)
+and ``over``, and a failure here is sent as one the job may start again after.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from ..machine.loop import Loop, Timer
 
@@ -38,13 +41,13 @@ class NodeLink:
                  tls=None, node_rank: int, workers: int, deadline: Optional[float],
                  heartbeat, on_ranks: Callable[[List[int]], None],
                  on_stop: Callable[[int, str], None], order: str = "",
-                 store: Tuple[str, int] = ("", 0)) -> None:
+                 store: Tuple[str, int] = ("", 0), rounds: bool = False) -> None:
         self.loop = loop
         self.addresses = addresses
         self.port = port
         self.secret = secret
         self.tls = tls
-        self.register = {"op": "register", "node_rank": node_rank, "workers": workers,
+        self.register: Dict[str, Any] = {"op": "register", "node_rank": node_rank, "workers": workers,
                          "host": os.uname().nodename, "pid": os.getpid()}
         if order:
             self.register["order"] = order          # see the service: ranks by this key
@@ -55,6 +58,12 @@ class NodeLink:
         self.on_stop = on_stop
         self.master_port = 0         # the master's MASTER_PORT, with the ranks
         self.master_addr = ""        # and its MASTER_ADDR, when the service names one
+        self.rounds = rounds
+        self.round: Dict[str, Any] = {}   # (rounds) the last "ranks" message
+        self.restart: Optional[Dict[str, Any]] = None   # (rounds) the service's restart
+        self.over = False                 # (rounds) every node's workers ended well
+        self.ended_by: Optional[Tuple[int, str]] = None   # the stop that ended the link
+        self.on_restart: Callable[[str], None] = lambda _text: None
         self.endpoint: Optional[SocketEndpoint] = None
         self.nonce = auth.new_nonce()
         self.state = "connecting"    # connecting, proving, registering, joined, ended
@@ -179,7 +188,15 @@ class NodeLink:
             addr = message.get("master_addr")
             if isinstance(addr, str) and 0 < len(addr) <= 255:
                 self.master_addr = addr
+            self.round = message
             self.on_ranks(ranks)
+        elif self.rounds and op == "restart" and self.state in ("joined", "waiting"):
+            self.state = "waiting"
+            self.restart = message
+            self.on_restart(one_line(message.get("message", ""), 600))
+        elif self.rounds and op == "over" and self.state in ("joined", "waiting"):
+            self.state = "ended"
+            self.over = True
         else:
             raise link.LinkError(f"unexpected node message {str(op)[:20]!r}")
 
@@ -198,26 +215,43 @@ class NodeLink:
         if self.state == "ended":
             return
         self.state = "ended"
+        self.ended_by = (code, text)
         if self._try is not None:
             self._try.cancel()
         self.on_stop(code, text)
 
     # -- this node's news -------------------------------------------------------
-    def stop(self, code: int, text: str) -> None:
-        """This node ends the job (a failure here, a signal, a timeout)."""
-        if self.state == "ended" or self.endpoint is None or self.endpoint.closed:
+    def stop(self, code: int, text: str, restart: bool = False) -> None:
+        """This node ends the job (a failure here, a signal, a timeout); with
+        ``restart`` (a failure, in a job of rounds) the service may start it again."""
+        if self.state in ("ended", "waiting") or self.endpoint is None or self.endpoint.closed:
             return
-        self.state = "ended"
-        self.endpoint.send(encode({"op": "stop", "code": code, "message": text[:500]}))
+        restart = restart and self.rounds
+        self.state = "waiting" if restart else "ended"
+        message: Dict[str, Any] = {"op": "stop", "code": code, "message": text[:500]}
+        if restart:
+            message["restart"] = True
+        self.endpoint.send(encode(message))
         self.endpoint.flush(time.monotonic() + 2.0)
 
     def done(self) -> None:
         """Every process here ended well."""
-        if self.state == "ended" or self.endpoint is None or self.endpoint.closed:
+        if self.state in ("ended", "waiting") or self.endpoint is None or self.endpoint.closed:
             return
-        self.state = "ended"
+        self.state = "waiting" if self.rounds else "ended"
         self.endpoint.send(encode({"op": "done"}))
         self.endpoint.flush(time.monotonic() + 2.0)
+
+    def rejoin(self, port: int = 0) -> None:
+        """(rounds) Come back for the round the service's restart began, offering
+        ``port`` (if given) for the store should rank 0 be here."""
+        if self.state != "waiting" or self.restart is None or self.endpoint is None:
+            return
+        self.state = "registering"
+        if port and "store" in self.register:
+            self.register["store"] = [self.register["store"][0], port]
+        self.endpoint.send(encode({**self.register, "round": self.restart.get("round")}))
+        self.restart = None
 
     def close(self) -> None:
         self.state = "ended"

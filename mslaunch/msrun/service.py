@@ -36,9 +36,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
+    from ..core.spec import NodeRounds
     from ..machine.loop import Loop, Timer
 
 from ..wire import link
+from .rounds import Rounds
 from ..wire.endpoint import SocketEndpoint
 from ..machine.loop import accept_strangers
 from ..core.errors import one_line
@@ -109,6 +111,7 @@ class _Peer:
         self.state = "new"            # new, held (for its ranks), joined, done, stopped, gone
         self.order = ""               # the sort key a held node gave
         self.store: Optional[Tuple[str, int]] = None   # where its rank 0 would serve the store
+        self.rank_given: Optional[int] = None          # (rounds) its --node-rank
 
     def name(self) -> str:
         host = self.info.get("host") or self.address
@@ -122,8 +125,9 @@ class NodeService:
                  worker_num: int, time_out: int, tls=None,
                  log: Callable[[str], None], master_port: int = 0,
                  refused: Optional[Callable[[str], None]] = None,
-                 recovery: bool = False) -> None:
+                 recovery: bool = False, rounds: Optional[NodeRounds] = None) -> None:
         self.loop = loop
+        self.rounds = None if rounds is None else Rounds(self, rounds, time_out)
         self.recovery = recovery                   # MS_ENABLE_RECOVERY=1 (see _closed)
         self.master_port = master_port
         self.refused_by: Dict[str, str] = {}       # refused node -> why (for the time out)
@@ -259,6 +263,8 @@ class NodeService:
             self._node_stopped(peer, message)
         elif op == "done":
             peer.state = "done"
+            if self.rounds is not None:
+                self.rounds.done(peer)
         else:
             raise link.LinkError(f"unknown node message {str(op)[:20]!r}")
 
@@ -276,8 +282,25 @@ class NodeService:
             peer.endpoint.on_closed = lambda _why: None
             peer.endpoint.close("")
 
+    # -- what rounds (:mod:`.rounds`) use ----------------------------------------------
+    def refuse(self, peer: _Peer, text: str) -> None:
+        self._refuse(peer, text)
+
+    def send(self, peer: _Peer, message: Dict[str, Any]) -> None:
+        if peer.endpoint is not None and not peer.endpoint.closed:
+            peer.endpoint.send(encode(message))
+
+    def began(self, workers: int) -> None:
+        """A round began with ``workers`` workers: no cluster time out from now on."""
+        self.worker_num = max(self.worker_num, workers)
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
     def _register(self, peer: _Peer, message: Dict[str, Any]) -> None:
-        if peer.state != "new":
+        again = self.rounds is not None and peer.state == "held" and \
+            peer not in self.rounds.waiting
+        if peer.state != "new" and not again:
             raise link.LinkError("a node registered twice")
         order = message.get("order")
         workers = link.field(message, "workers", int, "register")
@@ -290,6 +313,11 @@ class NodeService:
             return
         if not 1 <= workers <= self.worker_num:
             self._refuse(peer, f"{workers} local workers is not within 1..{self.worker_num}")
+            return
+        if self.rounds is not None:
+            peer.order = order[:256] if isinstance(order, str) else ""
+            peer.store = _store(message.get("store"))
+            self.rounds.register(peer, message)
             return
         if node_rank >= 0:
             wanted = [node_rank * workers + i for i in range(workers)]
@@ -357,9 +385,16 @@ class NodeService:
 
     # -- the end ------------------------------------------------------------------
     def _node_stopped(self, peer: _Peer, message: Dict[str, Any]) -> None:
-        peer.state = "stopped"
         code = message.get("code")
         text = one_line(message.get("message", ""))
+        if self.rounds is not None and message.get("restart") is True:
+            peer.state = "held"
+            self.rounds.failed(peer, code if isinstance(code, int) and 0 < code < 256 else 1,
+                               text or "its workers failed", True)
+            return
+        peer.state = "stopped"
+        if self.rounds is not None:
+            self.rounds.phase = "over"
         self.stop(code if isinstance(code, int) and 0 < code < 256 else 1,
                   f"on {peer.name()}: {text}" if text else f"node {peer.name()} stopped",
                   exclude=peer)
@@ -371,7 +406,11 @@ class NodeService:
         if not peer.authenticated:
             self._note(f"closed a connection from {peer.address}: {why or 'it went away'}")
             return
-        if peer.state == "held":
+        if self.rounds is not None:
+            if self.stopped is None and self.rounds.phase != "over":
+                self.rounds.lost(peer, why or "its link ended", NODE_LOST_EXIT)
+            peer.state = "gone"
+        elif peer.state == "held":
             # torchrun's rendezvous forgets a node that leaves before it completes
             peer.state = "gone"
             self._note(f"node {peer.name()} left before every worker came: "
@@ -383,6 +422,13 @@ class NodeService:
 
     def _time_out(self) -> None:
         self.deadline = None
+        if self.rounds is not None:
+            if self.rounds.round == 0 and self.rounds.phase == "gathering":
+                self.stop(1, f"join time out: {len(self.rounds.waiting)} of at least "
+                             f"{self.rounds.min} node(s) came in "
+                             f"{int(time.monotonic() - self.started)} s (--rdzv-conf "
+                             f"join_timeout)")
+            return
         if len(self.taken) >= self.worker_num or self.stopped is not None:
             return
         nodes = [p for p in self.peers.values() if p.state in ("joined", "held")]
@@ -406,6 +452,8 @@ class NodeService:
     def settled(self) -> bool:
         """Whether the job is over for the service: stopped, or every worker has
         joined and every node is done."""
+        if self.rounds is not None and self.stopped is None:
+            return self.rounds.settled()
         if self.stopped is not None:
             return all(p.state != "joined" or p.endpoint is None or p.endpoint.closed
                        for p in self.peers.values())

@@ -109,7 +109,9 @@ def test_every_value_is_read():
     (["--node_rank=0", "--master_addr=h", "x.py"], "both msrun's and torchrun's; say which"),
     (["--nproc-per-node=2", "--worker_num=2", "x.py"],
      "msrun dialect: unknown option '--nproc-per-node=2'"),
-    (["--nnodes=1:2", "--nproc-per-node=2", "x.py"], "elastic membership (MIN below MAX)"),
+    (["--nnodes=1:2", "--nproc-per-node=2", "x.py"], "elastic membership needs "
+                                                      "--rdzv-backend=c10d"),
+    (["--nnodes=3:2", "--nproc-per-node=2", "x.py"], "MIN (3) is above MAX (2)"),
     (["--nproc-per-node=1", "--rdzv-backend=etcd", "x.py"], "not served by mslaunch"),
     (["--nproc-per-node=1", "--rdzv-backend=zk", "x.py"], "expected static or c10d"),
     (["--nproc-per-node=1", "-m", "--no-python", "x"], "cannot both be given"),

@@ -135,9 +135,9 @@ def test_the_first_failure_ends_both_nodes_named_on_both(sshbed, nodes, tmp_path
 
 
 @pytest.mark.parametrize("line, message", [
-    (["--nnodes=2", "--nproc-per-node=1", "--max-restarts=1"],
-     "--max-restarts across several nodes is not served yet"),
-    (["--nnodes=1:2", "--nproc-per-node=1"], "elastic membership (MIN below MAX) is not served"),
+    (["--nnodes=1:2", "--nproc-per-node=1"], "elastic membership needs --rdzv-backend=c10d"),
+    (["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=h1",
+      "--rdzv-conf=last_call_timeout=0"], "last_call_timeout=0: expected seconds above 0"),
     (["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"], "needs --rdzv-endpoint"),
     (["--nnodes=2", "--nproc-per-node=1", "--node-rank=2"], "--node-rank=2: expected a whole "
                                                              "number from 0 to 1"),
