@@ -143,6 +143,7 @@ def ompi5():
 # one cluster is built.  Modules are handed out longest first (measured times),
 # so that no long one starts last.
 _SLURM_MODULES = ("test_slurm", "test_slurmbed", "test_host_package", "test_port_range",
+                  "test_slurm_torchrun",
                   "test_srun_ranks")
 # (the soak tests run for minutes: they are handed out first)
 _LONGEST_FIRST = ("test_soak_long", "test_soak_remote", "test_torchrun_elastic", "test_soak_slurm",

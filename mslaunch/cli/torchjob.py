@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import UsageError, one_line
-from ..core.spec import AppContext, JobSpec, OutputSpec, TorchSpec
+from ..core.spec import AppContext, HostEntry, JobSpec, OutputSpec, TorchSpec
 
 #: torchrun's warning when it sets OMP_NUM_THREADS (its words).
 OMP_WARNING = ("Setting OMP_NUM_THREADS environment variable for each process to be 1 in "
@@ -296,7 +296,11 @@ def torch_job(values: Mapping[str, Optional[str]], script: Sequence[str],
                       virtual_local_rank=values["virtual_local_rank"] == "1",
                       cuda_devices=devices)
     from ..core.switches import pty_wanted
+    from ..hosts import IMPLICIT_HOST
+    # A torchrun line's workers are this machine's, inside an allocation too
+    # (a batch script starts one launcher per node with srun).
     job = JobSpec(apps=(AppContext(argv=argv, np=count),), oversubscribe=True, mpi="none",
+                  hosts=(HostEntry(name="localhost", origin=IMPLICIT_HOST),),
                   output=OutputSpec(pty=pty_wanted(environ, False, sys.stdout.isatty())),
                   global_env=tuple(env), grace=grace, max_job_restarts=restarts,
                   launch_dir=cwd, torch=torch, report_json=_report(values, cwd))
