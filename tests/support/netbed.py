@@ -578,6 +578,8 @@ class NetBed:
         self.prefix_base = prefix_base
         self.k_range = k_range
         self.runner_aliases = list(runner_aliases)
+        #: More names of a host, by its name, in the hosts file (a pod's DNS name, say).
+        self.aliases: Dict[str, List[str]] = {}
         self.k: Optional[int] = None
         self.prefix = ""
         self.hosts: List[NetHost] = []
@@ -689,7 +691,7 @@ class NetBed:
         names = [runner] + ([runner.split(".")[0]] if "." in runner else []) + self.runner_aliases
         lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
                  f"{self.gateway} {' '.join(dict.fromkeys(names))}"]
-        lines += [f"{h.addr} {h.name}" for h in self.hosts]
+        lines += [" ".join([h.addr, h.name, *self.aliases.get(h.name, ())]) for h in self.hosts]
         with open(self.hosts_file, "w") as f:  # same inode: the bind mounts follow
             f.write("\n".join(lines) + "\n")
 
