@@ -83,7 +83,8 @@ def _service(values: Mapping[str, Optional[str]], count: int) -> MsrunSpec:
     return MsrunSpec(argv=("torchrun",), worker_num=count * high, local_worker_num=count,
                      master_addr=host, master_port=port, node_rank=rank, join=True,
                      cluster_time_out=int(join), service_port=service_port, order=order,
-                     local_addr=local, rounds=rounds)
+                     local_addr=local, rounds=rounds,
+                     master_flag="--rdzv-endpoint" if given else "--master-addr")
 
 
 def run_nodes(values: Mapping[str, Optional[str]], script: List[str],

@@ -53,7 +53,7 @@ def master_address(spec: MsrunSpec) -> Tuple[bool, List[str]]:
     try:
         infos = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except OSError as err:
-        raise LaunchError(f"--master_addr={name[:60]}: cannot resolve it "
+        raise LaunchError(f"{spec.master_flag}={name[:60]}: cannot resolve it "
                           f"({err.strerror or err})") from None
     addresses = list(dict.fromkeys(str(i[4][0]) for i in infos))
     return is_local_host(name) or any(is_local_host(a) for a in addresses), addresses

@@ -11,6 +11,8 @@ recovery of a failed process.  Imported only when one of them is wanted.
 
 from __future__ import annotations
 
+from ..core.errors import one_line
+
 import os
 
 TYPE_CHECKING = False
@@ -27,6 +29,17 @@ from ..core.spec import JobResult, replace
 
 #: Lines listing the failed ranks of a keep-going job (grouped by host and end).
 FAILED_LINES = 20
+
+
+def told(sup: JobView, rank: RankState) -> str:
+    """The root cause in one line, for the job's other nodes: the summary's
+    first line, and what the rank's error file says, if it wrote one."""
+    line = summary(sup, rank).split("\n", 1)[0][len("mslaunch: "):]
+    from .errorfiles import read_error
+    said = read_error(rank.spec.error_file)
+    if said is not None and said[0]:
+        line += f"; its error: {one_line(said[0], 300)}"
+    return line
 
 
 def summary(sup: JobView, rank: RankState) -> str:

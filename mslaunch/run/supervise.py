@@ -463,8 +463,8 @@ class Supervisor(LookingInside):
         if abort and self.ending is None:
             self.ending = "failure"
             self.failures.stopped(time.time())
-            from .report import summary
-            self._tell_cluster(code, summary(self, rank).split("\n", 1)[0][len("mslaunch: "):])
+            from .report import told
+            self._tell_cluster(code, told(self, rank))
             self._terminate()
 
     def _tell_cluster(self, code: int, message: str) -> None:

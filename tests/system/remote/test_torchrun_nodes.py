@@ -134,6 +134,19 @@ def test_the_first_failure_ends_both_nodes_named_on_both(sshbed, nodes, tmp_path
     assert all_gone(tag, 15)
 
 
+def test_a_rank_that_raises_under_record_is_named_with_its_error_on_every_node(sshbed, nodes):
+    tag = new_tag()
+    line = _line("static", nodes, _port())
+    done = _both(sshbed, MSLAUNCH, lambda i: [*line(i), ENV, "--fail", "2"], tag)
+    assert [code for code, _ in done] == [1, 1], done
+    for _, text in done:
+        assert "rank 2 (pid " in text and "ValueError: boom from rank 2" in text, text
+    # its own node shows the traceback the rank's error file holds
+    failing = done[1][1]
+    assert "rank 2's error file (" in failing and 'raise ValueError(f"boom' in failing, failing
+    assert all_gone(tag, 15)
+
+
 @pytest.mark.parametrize("line, message", [
     (["--nnodes=1:2", "--nproc-per-node=1"], "elastic membership needs --rdzv-backend=c10d"),
     (["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=h1",
