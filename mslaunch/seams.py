@@ -8,7 +8,7 @@ instead of importing it.
 
 from __future__ import annotations
 
-from typing import Any, Container, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import Any, Callable, Container, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from .machine.guard import Watchdog
 from .machine.loop import Loop
@@ -150,6 +150,10 @@ class JobView(Protocol):
 
     @property
     def spoken_for(self) -> Set[int]: ...
+
+    def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool: ...
+
+    def look_here(self, timeout: float, reply: Callable[[List[Any]], None]) -> None: ...
 
     def log(self, message: str) -> None: ...
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
     from ..core.cputopo import Topology
     from .agents.host import RemoteHost
@@ -152,6 +152,12 @@ class Backend:
     def lookers(self) -> Dict[str, Looker]:
         """What answers looks inside the job's ranks that this machine cannot read."""
         return dict(self.hosts)
+
+    def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
+        """Ask whatever runs the job's other ranks beyond this launcher (the other
+        nodes of a job of one command per node) for their stacks, as rows;
+        False when nothing does."""
+        return False
 
     def stopping(self, code: int, message: str) -> None:
         """The job is being stopped here with ``code`` (for ``message``)."""

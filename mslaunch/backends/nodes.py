@@ -13,7 +13,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Optional, Sequence
 
     from ..core.spec import HostEntry, JobResult, Plan
     from ..core.states import BackendName
@@ -73,6 +73,11 @@ class NodesBackend(Backend):
             # (a job of rounds) the service starts every node again: this
             # node's processes end, whatever their code
             link.on_restart = lambda text: sup.remote_stop(1, text)
+            link.on_look = sup.look_here
+
+    def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
+        link = self.session.nodes.link
+        return link is not None and link.ask_look(timeout, reply)
 
     def started(self, sup: JobView) -> None:
         announce = self.session.nodes.announce

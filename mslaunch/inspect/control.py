@@ -41,16 +41,19 @@ MAX_REQUEST = 64 << 10
 MAX_TIMEOUT = 60.0
 
 
-def title(sup: JobView, what: str) -> str:
+def title(sup: JobView, what: str, stacks: Optional[List[RankStacks]] = None) -> str:
+    """The report's first line; with ``stacks``, of those ranks (other nodes' too)."""
     live = [r for r in sup.ranks if r.pid and not r.ended and r.spec.job == 1]
-    hosts = len({r.spec.host.name for r in live})
-    return (f"mslaunch: {what} of {len(live)} running rank(s) on {hosts} host(s), job "
+    count = len(live) if stacks is None else len(stacks)
+    hosts = len({r.spec.host.name for r in live} if stacks is None else {s.host for s in stacks})
+    return (f"mslaunch: {what} of {count} running rank(s) on {hosts} host(s), job "
             f"{public_id(sup.plan.kvsname)} (launcher pid {os.getpid()}), innermost frames last")
 
 
 def gather(sup: JobView, timeout: float, dumps: Optional[str],
-           done: Callable[[List[RankStacks]], None]) -> None:
-    """Read every running rank's stacks, here and on every host, within
+           done: Callable[[List[RankStacks]], None], here_only: bool = False) -> None:
+    """Read every running rank's stacks, here and on every host, and (unless
+    ``here_only``) on the job's other nodes (one command per node), within
     ``timeout`` seconds; ``done(stacks)`` on the loop, once."""
     live = [r for r in sup.ranks if r.pid and not r.ended and r.spec.job == 1]
     by_key = {r.spec.key: r for r in live}
@@ -63,6 +66,7 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
     allowed["local"] = {k for k, r in by_key.items() if r.spec.host.local and k not in covered}
     waiting = {"local"} if allowed["local"] else set()
     finished: List[bool] = []
+    elsewhere: List[RankStacks] = []
 
     def finish() -> None:
         if finished:
@@ -73,7 +77,20 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
         for key, r in sorted(by_key.items(), key=lambda kv: kv[1].spec.rank):
             entry = got.get(key)
             out.append(_rank_stacks(r, entry))
-        done(out)
+        mine = {s.rank for s in out}
+        out.extend(s for s in elsewhere if s.rank not in mine)
+        done(sorted(out, key=lambda s: s.rank))
+
+    def from_nodes(rows: List[Any]) -> None:
+        from .stacktree import ranks_from_json
+        for item in rows:
+            try:
+                elsewhere.extend(ranks_from_json([item]))
+            except ValueError:
+                pass                    # a node's malformed row: that rank is not shown
+        waiting.discard("nodes")
+        if not waiting:
+            finish()
 
     def arrived(where: str, ranks: Optional[Dict[Any, Any]]) -> None:
         waiting.discard(where)
@@ -92,7 +109,11 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
         if not waiting:
             finish()
 
-    timer = sup.loop.call_later(timeout + 2.0, finish)
+    asked = not here_only and sup.elsewhere(timeout, from_nodes)
+    if asked:
+        waiting.add("nodes")
+    # (the node service waits its nodes' answers 2 s past the timeout)
+    timer = sup.loop.call_later(timeout + (3.0 if asked else 2.0), finish)
     for name, host in lookers.items():
         waiting.add(name)
         if not host.look(link.STACKS, {"timeout": timeout},
@@ -250,7 +271,7 @@ class Inspector:
 
             def done(stacks: List[RankStacks]) -> None:
                 from .stacktree import merge, to_json
-                reply(to_json(merge(stacks, title(sup, "stacks"))))
+                reply(to_json(merge(stacks, title(sup, "stacks", stacks))))
             gather(sup, float(timeout), self.dumps, done)
         elif op == "top":
             self.top(reply)

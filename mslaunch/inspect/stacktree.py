@@ -211,12 +211,17 @@ def _innermost(report: Report, ranks: Sequence[int]) -> str:
 
 # -- for tools -------------------------------------------------------------------
 
+def row(r: RankStacks) -> Dict[str, Any]:
+    """One rank's stacks as plain data (:func:`ranks_from_json` reads a list of them)."""
+    return {"rank": r.rank, "host": r.host, "pid": r.pid, "state": r.state,
+            "answered": r.answered, "note": r.note, "cpu": r.cpu,
+            "threads": [list(t) for t in r.threads]}
+
+
 def to_json(report: Report) -> Dict[str, Any]:
     """The report as plain data (see :func:`from_json`)."""
     return {"title": report.title,
-            "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "state": r.state,
-                       "answered": r.answered, "note": r.note, "cpu": r.cpu,
-                       "threads": [list(t) for t in r.threads]} for r in report.ranks],
+            "ranks": [row(r) for r in report.ranks],
             "classes": [list(c) for c in report.classes],
             "outliers": list(report.outliers), "no_answer": list(report.silent),
             "tree": _node_json(report.tree)["children"]}

@@ -96,8 +96,9 @@ class StallWatch:
             return
         self.sampling = True
         from .control import gather
+        # (each node of a job of one command per node watches its own ranks)
         gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
-               lambda stacks: self._sampled(stacks, written))
+               lambda stacks: self._sampled(stacks, written), here_only=True)
 
     def _computing(self, stacks: List[RankStacks], now: float) -> bool:
         """Whether a rank used most of a CPU since the last sample outside a

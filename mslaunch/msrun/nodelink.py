@@ -64,6 +64,10 @@ class NodeLink:
         self.over = False                 # (rounds) every node's workers ended well
         self.ended_by: Optional[Tuple[int, str]] = None   # the stop that ended the link
         self.on_restart: Callable[[str], None] = lambda _text: None
+        # a look inside this node's workers that another node asked for:
+        # on_look(timeout, reply(rows)); rows are stacktree.row()'s dicts
+        self.on_look: Optional[Callable[[float, Callable[[List[Any]], None]], None]] = None
+        self._asked: Dict[int, Callable[[List[Any]], None]] = {}
         self.endpoint: Optional[SocketEndpoint] = None
         self.nonce = auth.new_nonce()
         self.state = "connecting"    # connecting, proving, registering, joined, ended
@@ -194,6 +198,14 @@ class NodeLink:
             self.state = "waiting"
             self.restart = message
             self.on_restart(one_line(message.get("message", ""), 600))
+        elif op == "look" and self.state != "ended":
+            self._look(message)
+        elif op == "looked":
+            ask = message.get("id")
+            reply = self._asked.pop(ask, None) if type(ask) is int else None
+            rows = message.get("rows")
+            if reply is not None:
+                reply(rows if isinstance(rows, list) else [])
         elif self.rounds and op == "over" and self.state in ("joined", "waiting"):
             self.state = "ended"
             self.over = True
@@ -241,6 +253,31 @@ class NodeLink:
         self.state = "waiting" if self.rounds else "ended"
         self.endpoint.send(encode({"op": "done"}))
         self.endpoint.flush(time.monotonic() + 2.0)
+
+    def ask_look(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
+        """Ask every other node for its workers' stacks (within ``timeout`` s);
+        ``reply(rows)`` once, with what came.  False when there is no one to ask."""
+        if self.state not in ("joined", "waiting") or self.endpoint is None \
+                or self.endpoint.closed:
+            return False
+        ask = len(self._asked) + 1
+        while ask in self._asked:
+            ask += 1
+        self._asked[ask] = reply
+        self.endpoint.send(encode({"op": "look", "id": ask, "timeout": timeout}))
+        return True
+
+    def _look(self, message: Dict[str, Any]) -> None:
+        timeout, ask = message.get("timeout"), message.get("ask")
+        endpoint = self.endpoint
+        if self.on_look is None or endpoint is None or isinstance(timeout, bool) \
+                or not isinstance(timeout, (int, float)) or not 0 < timeout <= 60:
+            rows: List[Any] = []
+            if endpoint is not None:
+                endpoint.send(encode({"op": "looked-here", "ask": ask, "rows": rows}))
+            return
+        self.on_look(float(timeout), lambda rows: None if endpoint.closed else endpoint.send(
+            encode({"op": "looked-here", "ask": ask, "rows": rows})))
 
     def rejoin(self, port: int = 0) -> None:
         """(rounds) Come back for the round the service's restart began, offering

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop, Timer
 
 from ..wire import link
+from .looks import Looks
 from .rounds import Rounds
 from ..wire.endpoint import SocketEndpoint
 from ..machine.loop import accept_strangers
@@ -128,6 +129,7 @@ class NodeService:
                  recovery: bool = False, rounds: Optional[NodeRounds] = None) -> None:
         self.loop = loop
         self.rounds = None if rounds is None else Rounds(self, rounds, time_out)
+        self.looks = Looks(self)
         self.recovery = recovery                   # MS_ENABLE_RECOVERY=1 (see _closed)
         self.master_port = master_port
         self.refused_by: Dict[str, str] = {}       # refused node -> why (for the time out)
@@ -261,6 +263,10 @@ class NodeService:
             self._register(peer, message)
         elif op == "stop":
             self._node_stopped(peer, message)
+        elif op == "look":
+            self.looks.ask(peer, message)
+        elif op == "looked-here":
+            self.looks.answered(peer, message)
         elif op == "done":
             peer.state = "done"
             if self.rounds is not None:
@@ -401,6 +407,7 @@ class NodeService:
 
     def _closed(self, peer: _Peer, why: str) -> None:
         self.peers.pop(peer.sock.fileno(), None)
+        self.looks.gone(peer)
         if peer.timer is not None:
             peer.timer.cancel()
         if not peer.authenticated:

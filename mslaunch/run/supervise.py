@@ -114,6 +114,18 @@ class Supervisor(LookingInside):
         the remote hosts' agents, or srun's step."""
         return self.backend.lookers()
 
+    def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
+        """Ask the job's other nodes for their workers' stacks (rows); False when
+        the job has none."""
+        return self.backend.elsewhere(timeout, reply)
+
+    def look_here(self, timeout: float, reply: Callable[[List[Any]], None]) -> None:
+        """This node's workers' stacks as rows, for another node that asked."""
+        from ..inspect.control import gather
+        from ..inspect.stacktree import row
+        gather(self, timeout, None, lambda stacks: reply([row(s) for s in stacks]),
+               here_only=True)
+
     @property
     def spoken_for(self) -> Set[int]:
         """The keys of the ranks the lookers answer for (the rest are read here)."""

@@ -114,3 +114,44 @@ def test_every_round_is_whole_and_only_failures_are_counted(low, extra, limit, h
     assert rounds.failures == fails <= limit
     assert len(service.stopped) <= 1
     assert all(text for _, text in service.stopped)
+
+
+# -- the looks a node service relays (mslaunch.msrun.looks) ---------------------------
+json_like = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                         lambda inner: st.lists(inner, max_size=3)
+                         | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["ask", "answer", "gone", "time"]),
+                          json_like, json_like), max_size=25))
+def test_a_look_is_answered_once_with_rows_of_the_nodes_asked(happenings):
+    from mslaunch.msrun.looks import MAX_ROWS, Looks
+    service = Service()
+    class Node:                          # (hashable, as the service's peers are)
+        authenticated, state = True, "joined"
+    nodes = [Node() for _ in range(4)]
+    service.peers = {i: p for i, p in enumerate(nodes)}
+    looks = Looks(service)
+    asked = 0
+    for who, what, a, b in happenings:
+        node = nodes[who]
+        if what == "ask":
+            asked += 1
+            looks.ask(node, {"id": asked, "timeout": a if isinstance(a, int) else 5})
+        elif what == "answer":
+            looks.answered(node, {"ask": b if isinstance(b, int) else 1, "rows": a})
+        elif what == "gone":
+            looks.gone(node)
+        else:
+            service.fire()
+    service.fire()
+    answers = [m for _, m in service.sent if m["op"] == "looked"]
+    assert sorted(m["id"] for m in answers) == list(range(1, asked + 1))
+    for m in answers:
+        assert len(m["rows"]) <= MAX_ROWS and all(isinstance(r, dict) for r in m["rows"])
+    # every question went to the other nodes only
+    for peer, m in service.sent:
+        if m["op"] == "look":
+            assert peer.state == "joined"
+    assert not looks.asks

@@ -159,3 +159,50 @@ def test_a_bad_line_for_several_nodes_is_one_error_line(line, message):
     from helpers import one_error_line, run
     r = run(*line, ENV)
     assert r.returncode == 2 and message in one_error_line(r.stderr), r.stderr
+
+
+HANG = """
+import os, time
+def waiting_here():
+    print("up", os.environ["RANK"], flush=True)
+    time.sleep(300)
+waiting_here()
+"""
+
+
+def test_mslaunch_stacks_on_one_node_shows_every_node_s_workers(sshbed, nodes, tmp_path):
+    import json
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    tag = new_tag()
+    line = _line("static", nodes, _port())
+    procs = [sshbed.spawn_in(host, [*MSLAUNCH, *line(i), str(script)], env=_env(tag),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for i, host in enumerate(nodes[:2])]
+    try:
+        for p in procs:
+            said = [p.stdout.readline() for _ in range(3)]    # OMP's warning, two workers
+            assert sum(u.startswith(b"up ") for u in said) == 2, said
+        for asked in procs:            # either node's launcher, by its pid
+            looked = subprocess.run([PY, "-c", "import sys; from mslaunch.cli.stacks import "
+                                     "main; sys.exit(main())", str(asked.pid), "--json"],
+                                    capture_output=True, env=_env(tag), timeout=60)
+            assert looked.returncode == 0, looked.stderr
+            report = json.loads(looked.stdout)
+            ranks = {r["rank"]: r for r in report["ranks"]}
+            assert sorted(ranks) == [0, 1, 2, 3], report
+            assert {r["host"] for r in ranks.values()} == {"h1", "h2"}, report
+            assert all(any("waiting_here" in f for t in r["threads"] for f in t)
+                       for r in ranks.values()), report
+            assert "of 4 running rank(s) on 2 host(s)" in report["title"], report["title"]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+        kill_tagged(tag)
+    assert all_gone(tag, 15)
