@@ -84,7 +84,8 @@ def _service(values: Mapping[str, Optional[str]], count: int) -> MsrunSpec:
                      master_addr=host, master_port=port, node_rank=rank, join=True,
                      cluster_time_out=int(join), service_port=service_port, order=order,
                      local_addr=local, rounds=rounds,
-                     master_flag="--rdzv-endpoint" if given else "--master-addr")
+                     master_flag="--rdzv-endpoint" if given else "--master-addr",
+                     node_rank_flag="--node-rank")
 
 
 def run_nodes(values: Mapping[str, Optional[str]], script: List[str],

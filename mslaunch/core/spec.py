@@ -296,6 +296,7 @@ class MsrunSpec:
     local_addr: str = ""                  # (with order) this node's address for the store
     rounds: Optional[NodeRounds] = None   # the nodes start again together (torchrun's line)
     master_flag: str = "--master_addr"    # the option that named the master, for errors
+    node_rank_flag: str = "--node_rank"   # and the one that gives a node's rank
     secret_file: Optional[str] = None
     tls_config: Optional[str] = None      # msrun's config.json (cert paths, ciphers)
     max_restarts: int = 3                 # per process, with MS_ENABLE_RECOVERY=1

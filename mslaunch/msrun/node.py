@@ -312,6 +312,7 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
                               master_port=free, refused=warn,
                               recovery=os.environ.get("MS_ENABLE_RECOVERY") == "1",
                               rounds=spec.rounds,
+                              rank_flag=spec.node_rank_flag,
                               tls=context(config, True, warn) if config else None,
                               log=warn if spec.verbose else (lambda _text: None))
     state: Dict[str, Any] = {}

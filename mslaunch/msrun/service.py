@@ -126,8 +126,10 @@ class NodeService:
                  worker_num: int, time_out: int, tls=None,
                  log: Callable[[str], None], master_port: int = 0,
                  refused: Optional[Callable[[str], None]] = None,
-                 recovery: bool = False, rounds: Optional[NodeRounds] = None) -> None:
+                 recovery: bool = False, rounds: Optional[NodeRounds] = None,
+                 rank_flag: str = "--node_rank") -> None:
         self.loop = loop
+        self.rank_flag = rank_flag                 # the line's own spelling, for errors
         self.rounds = None if rounds is None else Rounds(self, rounds, time_out)
         self.looks = Looks(self)
         self.recovery = recovery                   # MS_ENABLE_RECOVERY=1 (see _closed)
@@ -328,15 +330,15 @@ class NodeService:
         if node_rank >= 0:
             wanted = [node_rank * workers + i for i in range(workers)]
             if wanted[-1] >= self.worker_num:
-                self._refuse(peer, f"--node_rank={node_rank} gives ranks {wanted[0]}-"
+                self._refuse(peer, f"{self.rank_flag}={node_rank} gives ranks {wanted[0]}-"
                                    f"{wanted[-1]}, beyond --worker_num={self.worker_num}")
                 return
             clash = [r for r in wanted if r in self.taken]
             if clash:
                 other = self.taken[clash[0]]
-                self._refuse(peer, f"--node_rank={node_rank}: rank {clash[0]} belongs to "
-                                   f"node {other.name()} already; give each node its own "
-                                   f"--node_rank")
+                flag = self.rank_flag
+                self._refuse(peer, f"{flag}={node_rank}: rank {clash[0]} belongs to node "
+                                   f"{other.name()} already; give each node its own {flag}")
                 return
         else:
             free = [r for r in range(self.worker_num) if r not in self.taken]
@@ -438,7 +440,7 @@ class NodeService:
             return
         if len(self.taken) >= self.worker_num or self.stopped is not None:
             return
-        nodes = [p for p in self.peers.values() if p.state in ("joined", "held")]
+        nodes = [p for p in self.peers.values() if p.state in ("joined", "held", "done")]
         seen = ", ".join(f"{p.name()} with {p.info['workers']}" for p in nodes[:8]) or "none"
         self.stop(1, f"cluster time out: only {self._joined()} of {self.worker_num} workers "
                      f"joined in {int(time.monotonic() - self.started)} s (nodes: {seen}); "

@@ -39,8 +39,8 @@ def nodes(sshbed):
 def _env(tag: str, **extra: str):
     # gloo's peers offer the address of the name their host calls itself, which
     # the namespace hosts do not resolve: they name their interface instead
-    env = clean_env(MSL_TEST_TAG=tag, MSLAUNCH_SECRET="torch-job", GLOO_SOCKET_IFNAME="eth0",
-                    **extra)
+    env = clean_env(MSL_TEST_TAG=tag, MSLAUNCH_SECRET="torch-job", GLOO_SOCKET_IFNAME="eth0")
+    env.update(extra)
     env.pop("OMP_NUM_THREADS", None)
     return env
 
@@ -205,4 +205,30 @@ def test_mslaunch_stacks_on_one_node_shows_every_node_s_workers(sshbed, nodes, t
                 p.kill()
                 p.communicate()
         kill_tagged(tag)
+    assert all_gone(tag, 15)
+
+
+@pytest.mark.parametrize("fault", ["same node rank", "wrong secret"])
+def test_a_node_the_job_cannot_take_is_refused_in_one_line(sshbed, nodes, tmp_path, fault):
+    # the second node is refused; the first waits out its join timeout (5 s here)
+    # and ends naming what came and what was refused
+    tag = new_tag()
+    port = _port()
+    line = _line("static", nodes, port)
+
+    def per_node(i: int):
+        words = [*line(i), "--rdzv-conf=join_timeout=5", ENV]
+        return [w.replace("--node-rank=1", "--node-rank=0") if fault == "same node rank" else w
+                for w in words]
+    done = _both(sshbed, MSLAUNCH, per_node, tag, env_for=lambda i: {
+        "MSLAUNCH_SECRET": "another job" if fault == "wrong secret" and i == 1
+        else "torch-job"})
+    (first, said_first), (second, said_second) = done
+    assert second == 1 and first == 1, done
+    errors = [x for x in said_second.splitlines() if x.startswith("mslaunch: error:")]
+    assert len(errors) == 1, said_second
+    assert ("--node-rank=0: rank 0 belongs to node h1" in errors[0]
+            if fault == "same node rank" else "secret" in errors[0]), errors
+    assert "cluster time out" in said_first and "refused" in said_first, said_first
+    assert "(nodes: h1 (pid " in said_first, said_first
     assert all_gone(tag, 15)
