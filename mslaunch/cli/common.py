@@ -48,7 +48,7 @@ TORCHRUN_OPTIONS = (
     ("shutdown_timeout", "str", None), ("virtual_local_rank", "flag", None),
     ("duplicate_stdout_filters", "str", ""), ("duplicate_stderr_filters", "str", ""),
     # mslaunch's own, in this dialect too
-    ("report_json", "str", None),
+    ("report_json", "str", None), ("stall_report", "str", None), ("stall_exit", "flag", None),
 )
 
 

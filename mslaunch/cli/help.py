@@ -160,6 +160,9 @@ torch.distributed.run by python -m mslaunch): its options, spelled with '-' or
                         accepted: a worker's end is seen at once, every worker
                         is a process started anew
   --report-json FILE    mslaunch's job report, with a worker's error file
+  --stall-report S, --stall-exit
+                        mslaunch's: the workers' merged stacks once none has
+                        written or moved for S seconds (default 300; 0: off)
 
 Every worker gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK,
 ROLE_RANK, TORCHELASTIC_ERROR_FILE, ...); TORCHELASTIC_USE_AGENT_STORE is False:

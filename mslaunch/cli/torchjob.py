@@ -303,7 +303,9 @@ def torch_job(values: Mapping[str, Optional[str]], script: Sequence[str],
                   hosts=(HostEntry(name="localhost", origin=IMPLICIT_HOST),),
                   output=OutputSpec(pty=pty_wanted(environ, False, sys.stdout.isatty())),
                   global_env=tuple(env), grace=grace, max_job_restarts=restarts,
-                  launch_dir=cwd, torch=torch, report_json=_report(values, cwd))
+                  launch_dir=cwd, torch=torch, report_json=_report(values, cwd),
+                  stall_report=_stall(values["stall_report"]),
+                  stall_exit=values["stall_exit"] == "1")
     return job, temporary
 
 
@@ -313,6 +315,15 @@ def _warn(message: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def _stall(text: Optional[str]) -> Optional[float]:
+    """``--stall-report SECONDS`` (mslaunch's own; 0: off), else mslaunch's default."""
+    if text is None:
+        from ..core.spec import STALL_SECONDS
+        return STALL_SECONDS
+    from .draft import check_seconds
+    return check_seconds("--stall-report", text, allow_zero=True) or None
 
 
 def _report(values: Mapping[str, Optional[str]], cwd: str) -> Optional[str]:

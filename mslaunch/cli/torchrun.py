@@ -37,11 +37,11 @@ from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, TORCHRUN_OPTIONS as OPTIONS, to
 _KIND = {name: kind for name, kind, _ in OPTIONS}
 _SHORT = {"m": "module", "r": "redirects", "t": "tee"}
 #: Read from the environment by torchrun's own argparse only when given (no PET_).
-_NO_PET = ("logs_specs", "numa_binding", "report_json")
+_NO_PET = ("logs_specs", "numa_binding", "report_json", "stall_report", "stall_exit")
 #: torchrun's options that msrun's dialect has too (with other defaults).
 SHARED = ("node_rank", "master_addr", "master_port", "log_dir")
 #: torchrun's options that mpirun's dialect has too: they do not make a line torchrun's.
-MPIRUN_TOO = ("max_restarts", "report_json")
+MPIRUN_TOO = ("max_restarts", "report_json", "stall_report", "stall_exit")
 #: The rendezvous configuration's keys torchrun knows (others are taken, as torchrun does).
 RDZV_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
              "keep_alive_interval", "keep_alive_max_attempt", "read_timeout", "is_host",

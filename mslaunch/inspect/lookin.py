@@ -8,6 +8,7 @@ the modules behind it are imported only when a job is looked at.
 
 from __future__ import annotations
 
+import os
 import time
 
 TYPE_CHECKING = False
@@ -62,10 +63,17 @@ class LookingInside:
     def _terminate(self) -> None:
         raise NotImplementedError      # the supervisor's
 
+    def _tell_cluster(self, code: int, message: str) -> None:
+        raise NotImplementedError      # the supervisor's
+
     def end_stalled(self) -> None:
-        """``--stall-exit``: the stall report was printed; end the job."""
+        """``--stall-exit``: the stall report was printed; end the job (on every
+        node of a job of one command per node: a failure, which restarts it)."""
         if self.ending is None:
             self.ending = "stall"
+            from ..core.errors import STALL_EXIT
+            self._tell_cluster(STALL_EXIT, f"the workers on {os.uname().nodename} stalled "
+                                           f"(--stall-exit)")
             self._terminate()
 
     def _close_control(self) -> None:

@@ -232,3 +232,16 @@ def test_a_node_the_job_cannot_take_is_refused_in_one_line(sshbed, nodes, tmp_pa
     assert "cluster time out" in said_first and "refused" in said_first, said_first
     assert "(nodes: h1 (pid " in said_first, said_first
     assert all_gone(tag, 15)
+
+
+def test_a_stall_with_stall_exit_ends_every_node(sshbed, nodes, tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    tag = new_tag()
+    line = _line("static", nodes, _port())
+    done = _both(sshbed, MSLAUNCH, lambda i: [*line(i), "--stall-report=2", "--stall-exit",
+                                              str(script)], tag)
+    assert [code for code, _ in done] == [111, 111], done
+    assert any("waiting_here" in text for _, text in done), done
+    assert all("stalled" in text for _, text in done), done
+    assert all_gone(tag, 15)
