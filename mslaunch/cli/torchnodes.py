@@ -110,7 +110,7 @@ def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
         job, temporary = torch_job(values, script, environ, master=_master(service, link))
         try:
             if service.rounds is not None:
-                return _rounds(job, environ, loop, link, node_service, count, service)
+                return _rounds(job, environ, loop, link, count, service)
             code, _ = _run(job, environ, loop, link, node_service, ranks, nodes, count,
                            service)
         finally:
@@ -185,13 +185,14 @@ def _run(job: JobSpec, environ: Mapping[str, str], loop, link, node_service,
 
 
 
-def _rounds(job: JobSpec, environ: Mapping[str, str], loop, link, node_service, count: int,
+def _rounds(job: JobSpec, environ: Mapping[str, str], loop, link, count: int,
             service: MsrunSpec) -> int:
     """This node's part of a job whose nodes start again together
     (:mod:`mslaunch.msrun.rounds`): a round, then the service's word; the job's status."""
     from ..machine.rendezvous import free_port
     from ..machine.terminal import Console
     from ..mpi.pmi.files import job_guard, new_kvsname, public_id
+    from ..msrun.node import run_until_stopped as _wait
     guard = job_guard(public_id(new_kvsname()), job.grace, background=False)
     console = Console()
     try:
@@ -250,23 +251,3 @@ def _round(job: JobSpec, environ: Mapping[str, str], loop, link, count: int,
         return run_attempt(job_r, environ, session, part.planning(plan)).result
     finally:
         guard.sweep(job.grace)
-
-
-def _wait(loop, until) -> Optional[int]:
-    """Run ``loop`` until ``until()``; a stop signal that came meanwhile, if any."""
-    import signal
-    stops: List[int] = []
-    old = {sig: signal.signal(sig, lambda signum, frame: stops.append(signum))
-           for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-
-    def tick() -> None:
-        if not stops:
-            loop.call_later(0.1, tick)
-
-    tick()
-    try:
-        loop.run_until(lambda: until() or bool(stops))
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    return stops[0] if stops else None

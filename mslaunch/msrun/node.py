@@ -279,6 +279,27 @@ def _say(line: str, stream=None) -> None:
         pass
 
 
+def run_until_stopped(loop, until) -> Optional[int]:
+    """Run ``loop`` until ``until()`` or a stop signal (SIGINT, SIGTERM, SIGHUP),
+    whose number is returned (None: ``until()`` came true)."""
+    import signal as _signal
+    stops: List[int] = []
+    old = {sig: _signal.signal(sig, lambda signum, frame: stops.append(signum))
+           for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)}
+
+    def tick() -> None:                 # wake up now and then to see a stop signal
+        if not stops:
+            loop.call_later(0.1, tick)
+
+    tick()
+    try:
+        loop.run_until(lambda: until() or bool(stops))
+    finally:
+        for sig, handler in old.items():
+            _signal.signal(sig, handler)
+    return stops[0] if stops else None
+
+
 def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: int):
     """Join the job: host the service if master, register, wait for this node's ranks.
 
@@ -288,7 +309,6 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
     when the job ended before this node could start (refused, time out,
     another node's failure, a stop signal).
     """
-    import signal as _signal
     import time
 
     from ..wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
@@ -327,24 +347,11 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
                                                 RESTART_HEARTBEAT if spec.rounds else HEARTBEAT),
                     on_ranks=lambda ranks: state.setdefault("ranks", ranks),
                     on_stop=lambda code, text: state.setdefault("stop", (code, text)))
-    stops: List[int] = []
-    old = {sig: _signal.signal(sig, lambda signum, frame: stops.append(signum))
-           for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)}
-
-    def tick() -> None:                 # wake up now and then to see a stop signal
-        if not stops:
-            loop.call_later(0.1, tick)
-
-    tick()
-    try:
-        loop.run_until(lambda: "ranks" in state or "stop" in state or bool(stops))
-    finally:
-        for sig, handler in old.items():
-            _signal.signal(sig, handler)
-    if stops:
+    signum = run_until_stopped(loop, lambda: "ranks" in state or "stop" in state)
+    if signum is not None:
         from ..machine.spawn import signal_name
-        code = 128 + stops[0]
-        text = f"stopped by {signal_name(stops[0])} while the job was forming"
+        code = 128 + signum
+        text = f"stopped by {signal_name(signum)} while the job was forming"
         link.stop(code, text)
         return None, link, service, (code, text)
     if "stop" in state:
