@@ -502,13 +502,14 @@ class Agent:
         if self.pmi.probe is not None and not self.finished:
             self.loop.call_later(0.5, self._watch_singletons)
 
-    def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int]) -> None:
+    def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int],
+                    at: float) -> None:
         self._report_singletons()
         self.pmi.exited(rank, code, sig)
         self.exited.add(rank)
         self.stdin.drop(rank)
         self.endpoint.send(frames.encode(frames.Exited(rank=rank, code=code, signal=sig,
-                                                       at=time.time(),
+                                                       at=at,
                                                        stop_at=self.pmi.stop_at)))
         self._check_done()
 

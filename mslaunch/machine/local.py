@@ -5,7 +5,8 @@ its own, so that the launcher and a remote host's agent run local ranks the
 same way.  It reports to a listener:
 
 * ``rank_started(rank, pid)`` once a rank runs,
-* ``rank_exited(rank, code, signal)`` when its process ends,
+* ``rank_exited(rank, code, signal, at)`` when its process ends (``at``: when,
+  on ``time.time()``'s clock, :meth:`~mslaunch.machine.loop.Loop.events_at`),
 
 and feeds each rank's output into the sinks its owner made (the
 launcher's :class:`~mslaunch.machine.output.RankOutput`, or the agent's link).
@@ -21,6 +22,7 @@ so the job never hangs on it.
 from __future__ import annotations
 
 import os
+import time
 from ..core import signal
 
 TYPE_CHECKING = False
@@ -215,7 +217,8 @@ class LocalRanks:
         if err_r is not None:
             local.pipes.append(RankPipe(self.loop, err_r, err_sink))  # type: ignore[arg-type]
         if local.proc.pidfd >= 0:
-            self.loop.add_reader(local.proc.pidfd, lambda: self._on_exit(local))
+            self.loop.add_reader(local.proc.pidfd,
+                                 lambda: self._on_exit(local, self.loop.events_at()))
         else:
             self._poll_exit(local)
         self.listener.rank_started(spec.key, local.proc.pid)
@@ -225,7 +228,7 @@ class LocalRanks:
         if local.ended:
             return
         if local.proc.exited():  # type: ignore[union-attr]
-            self._on_exit(local)
+            self._on_exit(local, self.loop.events_at())
         else:
             self.loop.call_later(0.05, lambda: self._poll_exit(local))
 
@@ -235,10 +238,12 @@ class LocalRanks:
         them ended before it, or their ends would be taken for the stop's doing."""
         for local in list(self.ranks.values()):
             if local.proc is not None and not local.ended and local.proc.exited():
-                self._on_exit(local)
+                # woken by this end too: dated as the loop dates its events
+                woken = local.proc.pidfd >= 0 and self.loop.woke_for(local.proc.pidfd)
+                self._on_exit(local, self.loop.events_at() if woken else time.time())
 
     # -- events -------------------------------------------------------------
-    def _on_exit(self, local: _Local) -> None:
+    def _on_exit(self, local: _Local, at: float) -> None:
         proc = local.proc
         assert proc is not None
         if proc.pidfd >= 0:
@@ -249,7 +254,7 @@ class LocalRanks:
             self.guard.reap_adopted(self.pids())
         if self.stdin_fanout is not None:
             self.stdin_fanout.drop(local.spec.key)
-        self.listener.rank_exited(local.spec.key, local.code, local.signal)
+        self.listener.rank_exited(local.spec.key, local.code, local.signal, at)
         if proc.group_alive():
             # Leftover children of an ended rank would become orphans.
             proc.signal(signal.SIGCONT)
@@ -350,7 +355,6 @@ class LocalRanks:
     def close(self, deadline: float) -> None:
         """Final cleanup (outside the loop): nothing of these ranks may survive;
         what ignores SIGTERM is killed at ``deadline``."""
-        import time
         leftovers = [r for r in self.ranks.values() if r.proc is not None and r.proc.group_alive()]
         if leftovers:
             for r in leftovers:

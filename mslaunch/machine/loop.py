@@ -188,6 +188,9 @@ class Loop:
         self._timers: List[Tuple[float, int, Timer]] = []
         self._seq = itertools.count()
         self._paused: Dict[int, Timer] = {}
+        self._delay_fd: Optional[int] = None
+        self._events_at = 0.0
+        self._ready: List[Tuple[int, int]] = []
 
     # -- file descriptors -------------------------------------------------
     def _update(self, fd: int) -> None:
@@ -283,11 +286,15 @@ class Loop:
             delay = max(0.0, self._timers[0][0] - time.monotonic())
             timeout = delay if timeout is None else min(timeout, delay)
         if self._cbs:
+            slept, waited = time.time(), self._run_delay()
             ready = self._epoll.poll(-1 if timeout is None else timeout)
+            woke = time.time()
+            self._events_at = max(slept, woke - (self._run_delay() - waited))
         else:
             ready = []
             if timeout:
                 time.sleep(timeout)
+        self._ready = ready
         for fd, mask in ready:
             cbs = self._cbs.get(fd)
             if cbs is None:
@@ -303,6 +310,35 @@ class Loop:
             if not timer.cancelled:
                 timer.cancelled = True
                 timer.callback()
+
+    def events_at(self) -> float:
+        """When the events being dispatched happened (``time.time()``'s clock): when
+        the loop woke, less the time it then waited for a CPU, but not before it
+        began to wait.  On a busy machine a process woken by an event (a child's
+        exit) may wait milliseconds to run, and its peers' processes elsewhere
+        may see what followed from it before."""
+        return self._events_at or time.time()
+
+    def woke_for(self, fd: int) -> bool:
+        """Whether ``fd`` is among the events being dispatched (those :meth:`events_at` dates)."""
+        return any(ready == fd for ready, _ in self._ready)
+
+    def _run_delay(self) -> float:
+        """Seconds this thread has waited, runnable, for a CPU (the kernel's
+        ``run_delay`` of ``/proc/thread-self/schedstat``); 0.0 where it is not kept."""
+        fd = self._delay_fd
+        if fd is None:
+            try:
+                fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            self._delay_fd = fd
+        if fd < 0:
+            return 0.0
+        try:
+            return int(os.pread(fd, 64, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
 
     def catch_signals(self, signals: Sequence[int], handler: Callable[[int], None],
                       early: Optional[Callable[[int], None]] = None) -> Callable[[], None]:
@@ -347,6 +383,9 @@ class Loop:
 
     def close(self) -> None:
         self._epoll.close()
+        if self._delay_fd is not None and self._delay_fd >= 0:
+            os.close(self._delay_fd)
+        self._delay_fd = -1
 
 
 IOV_MAX = 1024          # most parts one writev or sendmsg takes (Linux's UIO_MAXIOV)

@@ -2,11 +2,13 @@
 
 Every end of a rank that fails the job (a non-zero exit or a signal,
 ``MPI_Abort``, a rank gone without ``MPI_Finalize``, a lost host) comes with
-the time it happened: on this machine when it was seen, on a remote host when
-its agent saw it (an ``MPI_Abort`` of Open MPI when the PMIx library took it,
-before the rank could go), put on the launcher's clock with the offset read
-from the link (:func:`mslaunch.backends.agents.host.clock_offset`), and for a lost
-host when it was last heard from.  The reports of several hosts arrive in
+the time it happened: when the loop that watches it (here, or a remote
+host's agent) was woken by it, less the time the loop then waited for a CPU
+(:meth:`mslaunch.machine.loop.Loop.events_at`); an ``MPI_Abort`` of Open MPI
+when the PMIx library took it, before the rank could go.  A remote host's
+times are put on the launcher's clock with the offset read from the link
+(:func:`mslaunch.backends.agents.host.clock_offset`); a lost host's time is
+when it was last heard from.  The reports of several hosts arrive in
 any order: a rank killed on one host is often reported after the
 ``MPI_Abort`` of a peer on another host that lost its connection to it.
 

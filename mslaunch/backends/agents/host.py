@@ -463,13 +463,20 @@ _HANDLERS: Dict[type, Callable[[RemoteHost, Any], None]] = {
 def clock_offset(sent: float, clock: Any, back: float) -> float:
     """The agent's clock less this one's, from one exchange: the job sent at
     ``sent``, the agent's ``clock`` (when it got the job, when it answered), the
-    answer here at ``back`` (NTP's reading: the time the agent spent between the
-    two cancels out; the error is at most half the network's round trip).
-    0 if ``clock`` is not two times."""
+    answer here at ``back``.  Neither way takes less than no time, so the offset
+    lies between ``clock[1] - back`` and ``clock[0] - sent``: the value there
+    nearest to 0 is taken, the least correction the exchange proves.  Clocks
+    that agree (one machine's, or a cluster's under NTP) stay exact whatever
+    the ways took; NTP's midpoint would be off by half their difference, which
+    on a busy host is tens of milliseconds, enough to put one host's failure
+    before another's that came first.  0 if ``clock`` is not two times."""
     if not isinstance(clock, list) or len(clock) != 2 or \
             not all(type(t) in (int, float) and 0 < t < 1e11 for t in clock):
         return 0.0
-    return ((clock[0] - sent) + (clock[1] - back)) / 2
+    low, high = clock[1] - back, clock[0] - sent
+    if low > high:          # a clock stepped between the two readings
+        return (low + high) / 2
+    return min(max(0.0, low), high)
 
 
 class RemoteStdin:

@@ -385,7 +385,8 @@ class PMIServer:
 
     def _emit_abort(self, rank: Optional[int], code: int, message: str) -> None:
         try:
-            self.listener.pmi_abort(rank if rank is not None else -1, code, message)
+            self.listener.pmi_abort(rank if rank is not None else -1, code, message,
+                                    self.loop.events_at())
         except Exception as exc:
             self._emit_log(f"listener.pmi_abort raised {exc!r}")
 

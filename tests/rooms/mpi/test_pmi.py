@@ -38,7 +38,8 @@ class Recorder:
         self.lost: List[int] = []
         self.logs: List[str] = []
 
-    def pmi_abort(self, rank: int, code: int, message: str) -> None:
+    def pmi_abort(self, rank: int, code: int, message: str, at: float) -> None:
+        assert at > 0
         self.aborts.append((rank, code, message))
 
     def pmi_lost(self, rank: int) -> None:

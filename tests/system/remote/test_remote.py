@@ -20,7 +20,7 @@ import time
 import pytest
 
 from helpers import (PY, REPO, clean_env, cmd, error_lines, hosts_saying, kill_tagged, new_tag,
-                     signal_ignored, tagged_pids, wait_for)
+                     program, signal_ignored, tagged_pids, wait_for)
 from ompi import (NOPMIX, SHOW_MPI, held_files, still_there,
                   termed_and_recorded)
 from remote import (MPI_PROG, TRAP, agents, no_agents, renv, run_remote, settle,
@@ -772,3 +772,21 @@ def test_a_low_limit_of_open_files_is_raised_before_the_hosts_connect(sshbed, ho
                    env=renv(home, MSLAUNCH_SSH_HELPERS=helpers), preexec_fn=low)
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.decode().split()) == ["h1", "h2", "h3", "h4"]
+
+
+def test_the_first_death_is_the_cause_when_its_host_saw_it_late(sshbed, home):
+    """Rank 1 on h2 dies while h2's agent is kept from the CPU for 0.5 s; rank 0 on
+    h1 dies of it at once (by SIGSEGV too, so only the time can tell them apart).
+    h2's agent sees its rank's death last, and dates it when it happened."""
+    from requires import require
+    require(os.geteuid() == 0, "a SCHED_FIFO spinner needs root")
+    tag = new_tag()
+    r = run_remote(home, "-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", PY,
+                   program("starved_peer.py"), "47611", "h1",
+                   env=renv(home, MSL_TEST_TAG=tag), timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 128 + signal.SIGSEGV, err
+    first = error_lines(err)[0]
+    assert first.startswith("mslaunch: rank 1 (pid ") and \
+        "on h2) was killed by signal 11 (SIGSEGV)" in first, err
+    settle(tag, sshbed)
