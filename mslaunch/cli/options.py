@@ -253,7 +253,8 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("ssh-port",), 1, D.ssh_port),
         Option(("ssh-identity",), 1, D.file_name("ssh_identity", expand_user=True)),
         Option(("ssh-accept-new",), 0, D.turn_on("ssh_accept_new"), "--ssh-accept-new\tadd "
-               "unknown host keys to ~/.ssh/known_hosts (as\nStrictHostKeyChecking=accept-new); "
+               "unknown host keys (as StrictHostKeyChecking=accept-new)\nto the first file the "
+               "SSH config's UserKnownHostsFile names\nfor the host, else to ~/.ssh/known_hosts; "
                "a changed key is refused"),
         Option(("ssh-timeout",), 1, D.seconds("ssh_timeout"),
                "--ssh-timeout SECONDS\tconnect timeout per host (default 10)"),

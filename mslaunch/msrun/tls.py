@@ -73,8 +73,9 @@ def _load_identity(path: str, password: Optional[str]) -> Tuple[bytes, bytes, An
         from cryptography import x509
         from cryptography.hazmat.primitives import serialization
     except ImportError:
-        raise LaunchError("TLS for the node service needs the cryptography package "
-                          "(pip install 'mslaunch[tls]')") from None
+        import sys
+        raise LaunchError("TLS for the node service needs the cryptography package: "
+                          f"{sys.executable} -m pip install cryptography") from None
     try:
         with open(path, "rb") as f:
             data = f.read(1 << 20)

@@ -98,6 +98,31 @@ def test_every_link_of_the_readme_and_contributing_resolves():
     assert "docs/guides/remote-hosts.md" in LINK.findall(read(README))
 
 
+def test_the_readme_and_the_docs_home_link_every_guide():
+    guides = sorted(f for f in os.listdir(os.path.join(REPO, "docs", "guides"))
+                    if f.endswith(".md"))
+    readme = {os.path.basename(t.partition("#")[0]) for t in LINK.findall(read(README))
+              if t.startswith("docs/guides/")}
+    home = {os.path.basename(t.partition("#")[0])
+            for t in LINK.findall(read(os.path.join(REPO, "docs", "index.md")))
+            if t.startswith("guides/")}
+    assert [g for g in guides if g not in readme] == []
+    assert [g for g in guides if g not in home] == []
+
+
+def test_the_readme_names_every_package_the_test_command_installs():
+    # what scripts/test.sh installs with apt, said before it runs
+    script = read(os.path.join(REPO, "scripts", "test.sh"))
+    packages = {p for group in re.findall(r"apt_needed\+=\(([^)]*)\)", script)
+                for p in group.split()}
+    assert {"gcc", "openssh-server", "slurm-wlm", "groff-base", "man-db", "zsh"} <= packages
+    assert re.search(r'apt-get install .*"python\$1" "python\$1-venv"', script, re.S)
+    readme = read(README)
+    named = set(re.findall(r"`([\w.+-]+)`", readme))
+    assert sorted(packages - named) == []
+    assert {"pythonX.Y", "pythonX.Y-venv"} <= named
+
+
 def test_the_link_check_finds_a_missing_file_and_a_missing_anchor(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "page.md").write_text("# A page\n\n## The `--x` flag\n")

@@ -299,7 +299,7 @@ def test_a_python_rank_without_the_hook_is_read_by_py_spy(tmp_path):
     """``python -I`` ignores PYTHONPATH, so mslaunch's hook does not run; py-spy
     (the ``stacks`` extra) reads its Python frames from outside."""
     from mslaunch.machine.stacks import _which
-    require(_which("py-spy") is not None, "py-spy (pip install 'mslaunch[stacks]')")
+    require(_which("py-spy") is not None, "py-spy (python -m pip install py-spy)")
     tag = new_tag()
     (tmp_path / "isolated.py").write_text(
         "import time\ndef isolated_4711():\n    time.sleep(60)\nisolated_4711()\n")
@@ -617,7 +617,7 @@ def test_a_rank_that_is_a_shell_script_running_python_shows_pythons_frames(tmp_p
     no hook (only Python ranks are given it): py-spy reads it; its frames are
     the rank's, and the report says whose."""
     from mslaunch.machine.stacks import _which
-    require(_which("py-spy") is not None, "py-spy (pip install 'mslaunch[stacks]')")
+    require(_which("py-spy") is not None, "py-spy (python -m pip install py-spy)")
     tag = new_tag()
     (tmp_path / "inner.py").write_text("import time\ndef under_sh_4711():\n"
                                        "    time.sleep(60)\nunder_sh_4711()\n")
