@@ -28,7 +28,8 @@ from .wire import is_pmi_id
 
 
 #: Seconds a peer that gave a wrong ``PMI_ID`` waits for its connection's end, and
-#: how many wait at once (more are cut off at once): see ``TCPDoor._wrong``.
+#: how many wait at once before the door stops taking new connections until
+#: one has been answered: see ``TCPDoor._wrong``.
 TARPIT = 2.0
 HELD = 256
 
@@ -60,6 +61,7 @@ class TCPDoor:
         self._stranger_suppressed = 0
         self._stranger_window: Optional[Timer] = None
         self.held: Set[_Conn] = set()            # wrong PMI_IDs, answered later
+        self.full = False                        # HELD held: no connection accepted
 
     def listen(self, host: str, port_range: Optional[Tuple[int, int]] = None) -> int:
         """Listen on ``host``, on a port of ``port_range`` if given; returns the port."""
@@ -132,6 +134,8 @@ class TCPDoor:
                 server.auth_timeout, lambda c=conn: c.abandon("no initack within the time limit"))
             # A rank sends its PMI_ID right after connecting: read it now.
             conn._on_readable()
+            if self.full:
+                return              # the next connection waits in the kernel's queue
 
     def authenticate(self, conn: _Conn, pmiid: Optional[str]) -> bool:
         """Let ``conn`` in as the rank whose secret ``pmiid`` is, or cut it off."""
@@ -160,16 +164,19 @@ class TCPDoor:
         user's here, or on a host of the job over TCP) could guess the secrets of
         ranks not yet in ``MPI_Init`` at thousands a second.  Held answers bound
         it to :data:`HELD` per :data:`TARPIT` s, with no lockout: a real rank from
-        the same address still comes in at once (a lockout would let any process
-        end the job with 16 wrong tries)."""
+        the same address still comes in (a lockout would let any process end the
+        job with 16 wrong tries).  Once :data:`HELD` wait, the door takes no new
+        connection until one has been answered (they wait in the kernel's
+        queue, a real rank's too, a few seconds at most): each connection
+        already taken still has its one try, so that a real rank among them
+        gets in, and is held whatever it guessed.  Answering at once past the
+        limit would tell a flood of tries which are wrong as fast as it sends
+        them."""
         if self.unauth.pop(conn.fd, None) is not None:
             self.pending -= 1
         if conn.auth_timer is not None:
             conn.auth_timer.cancel()
             conn.auth_timer = None
-        if len(self.held) >= HELD:
-            conn.abandon("wrong PMI_ID")
-            return
         self.server.loop.forget(conn.fd)
         self.held.add(conn)
         conn.log("wrong PMI_ID; closing the connection")
@@ -178,7 +185,13 @@ class TCPDoor:
         def answer() -> None:
             self.held.discard(conn)
             conn.close()
+            if self.full and len(self.held) < HELD and self.lsock is not None:
+                self.full = False
+                self.server.loop.add_reader(self.lsock.fileno(), self._on_accept)
         self.server.loop.call_later(TARPIT, answer)
+        if len(self.held) >= HELD and not self.full and self.lsock is not None:
+            self.full = True
+            self.server.loop.remove_reader(self.lsock.fileno())
 
     def closed(self, conn: _Conn) -> None:
         """A stranger's connection closed before it authenticated."""

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+from typing import List
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -275,6 +276,74 @@ def test_a_wrong_pmi_id_is_answered_late_and_real_ranks_still_join(mpich, tmp_pa
         p.communicate()
         kill_tagged(tag)
     assert p.returncode == 0, err
+
+
+def _flood(port: int, secret: int, count: int, seconds: float) -> List[float]:
+    """``count`` connections to ``port``, each sending one wrong PMI_ID as soon as it
+    is connected; for each closed within ``seconds``, how long after its guess."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, count + 256)), hard))
+    poller, sent, waits = select.epoll(), {}, []
+    socks = {}
+    try:
+        for i in range(count):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            socks[s.fileno()] = (s, (secret + 1 + i) % (2**31 - 2) + 1)
+            poller.register(s.fileno(), select.EPOLLOUT)
+        deadline = time.monotonic() + seconds
+        while socks and time.monotonic() < deadline:
+            for fd, _mask in poller.poll(0.1):
+                s, guess = socks[fd]
+                if fd not in sent:
+                    try:
+                        s.send(f"cmd=initack pmiid={guess}\n".encode())
+                    except OSError:
+                        continue
+                    sent[fd] = time.monotonic()
+                    poller.modify(fd, select.EPOLLIN)
+                    continue
+                try:
+                    data = s.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                assert data == b"", data        # no word but the connection's end
+                waits.append(time.monotonic() - sent[fd])
+                poller.unregister(fd)
+                s.close()
+                del socks[fd]
+    finally:
+        for s, _ in socks.values():
+            s.close()
+        poller.close()
+    return waits
+
+
+def test_a_flood_of_wrong_pmi_ids_learns_each_verdict_only_seconds_later(mpich, tmp_path):
+    # Past the connections held at once, the door takes no new one until one is
+    # answered: a flood learns no verdict sooner than one guess does (before, past
+    # 256 held, every further wrong guess was cut off at once: ~200 verdicts/s).
+    from mslaunch.mpi.pmi.tcp import HELD, TARPIT
+    base = str(tmp_path / "rank")
+    tag = new_tag()
+    p = start("-pmi-port", "-n", "2", PY, "-c", GUESSED_RANK, base,
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: all(os.path.exists(f"{base}.{r}") for r in (0, 1)), 60)
+        where, secret = open(f"{base}.1").read().split()
+        waits = _flood(int(where.rsplit(":", 1)[1]), int(secret), 3 * HELD, 3 * TARPIT)
+        open(f"{base}.go", "w").close()
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+    assert p.returncode == 0, err
+    assert len(waits) >= HELD // 2, len(waits)        # the flood was answered...
+    assert min(waits) > TARPIT * 0.9, sorted(waits)[:5]   # ...never at once
 
 
 def test_idle_connections_to_the_pmi_port_never_lock_out_real_ranks(mpich, tmp_path):
