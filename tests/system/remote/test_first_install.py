@@ -39,11 +39,15 @@ def test_the_readme_s_install_runs_a_two_host_job(sshbed, home, tmp_path):
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     tag = new_tag()
     try:
+        # a Python rank, as a newcomer's first job is: the venv's python on each host
         job = subprocess.run([f"{venv}/bin/mslaunch", "-n", "2", "-H", "h1,h2", "-x",
-                              "MSL_TEST_TAG", "hostname"], capture_output=True, timeout=120,
+                              "MSL_TEST_TAG", f"{venv}/bin/python", "-c",
+                              "import os, socket; print(socket.gethostname(), "
+                              "os.environ['OMPI_COMM_WORLD_RANK'])"],
+                             capture_output=True, timeout=120,
                              env=renv(home, MSL_TEST_TAG=tag), cwd=str(tmp_path))
         settle(tag, sshbed)
     finally:
         kill_tagged(tag)
     assert job.returncode == 0, job.stderr
-    assert sorted(job.stdout.decode().split()) == ["h1", "h2"], job.stdout
+    assert sorted(job.stdout.decode().splitlines()) == ["h1 0", "h2 1"], job.stdout
