@@ -46,6 +46,9 @@ def test_hydra_s_spelling_and_x_say_nothing(sshbed, home, tmp_path):
         r = on_a_terminal(env, "-hosts", "h1", "-n", "1", "printenv", NAME)
         assert r.returncode == 0 and r.stdout == b"1\n", r.stderr
         assert _notes(r.stderr) == []
+        r = on_a_terminal(env, "-H", "h1", "-ppn", "1", "-n", "1", "printenv", NAME)
+        assert r.returncode == 0 and r.stdout == b"1\n", r.stderr    # -ppn: Hydra's rule
+        assert _notes(r.stderr) == []
         r = on_a_terminal(env, "-H", "h1", "-x", NAME, "-n", "1", "printenv", NAME)
         assert r.returncode == 0 and r.stdout == b"1\n", r.stderr
         assert _notes(r.stderr) == []
