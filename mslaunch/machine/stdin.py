@@ -4,7 +4,10 @@ Input, not output, though fed much the same way: :class:`StdinFanout`
 reads the launcher's stdin on the event loop and pushes each chunk to
 every sink (a local rank's pipe, :class:`PipeStdin`, or a remote host's
 stand-in); a sink's pipe is written without blocking, from a queue
-(:class:`~.loop.QueuedWriter`).
+(:class:`~.loop.QueuedWriter`).  A terminal is read only while mslaunch's
+job is the terminal's foreground one: run with ``&``, it waits for ``fg``
+instead of being stopped by the terminal (SIGTTIN) when the shell's next
+command is typed, as Open MPI's mpirun waits.
 Needed only when some rank reads stdin through a pipe: imported then.
 """
 
@@ -93,6 +96,8 @@ class StdinFanout:
     """
 
     LIMIT = 1 << 20
+    #: Seconds between looks at whether a terminal is this job's again (``fg``).
+    FOREGROUND_LOOK = 0.25
 
     def __init__(self, loop: Loop, source_fd: int,
                  sinks: Mapping[int, Union[int, StdinSink]]) -> None:
@@ -106,6 +111,8 @@ class StdinFanout:
             self.sinks[rank] = sink
         self.eof = False
         self.paused = False
+        self.terminal = os.isatty(source_fd)
+        self.waiting_fg = False
         try:
             loop.add_reader(source_fd, self._read)
             self.pollable = True
@@ -116,7 +123,12 @@ class StdinFanout:
             loop.call_later(0, self._read)
 
     def _read(self) -> None:
-        if self.paused or self.eof:
+        if self.paused or self.eof or self.waiting_fg:
+            return
+        if self.terminal and self._in_background():
+            self.waiting_fg = True
+            self.loop.remove_reader(self.source)
+            self.loop.call_later(self.FOREGROUND_LOOK, self._look_again)
             return
         try:
             data = os.read(self.source, CHUNK)
@@ -141,10 +153,30 @@ class StdinFanout:
         elif not self.pollable:
             self.loop.call_later(0, self._read)
 
+    def _in_background(self) -> bool:
+        """Whether the terminal belongs to another process group: a read now
+        would stop the whole launcher (SIGTTIN)."""
+        try:
+            return os.tcgetpgrp(self.source) != os.getpgrp()
+        except OSError:
+            return False         # no longer our controlling terminal: a read says so
+
+    def _look_again(self) -> None:
+        if self.eof:
+            return
+        if self._in_background():
+            self.loop.call_later(self.FOREGROUND_LOOK, self._look_again)
+            return
+        self.waiting_fg = False
+        if not self.paused:
+            self.loop.add_reader(self.source, self._read)
+
     def resume_if_room(self) -> None:
         if self.paused and all(s.backlog <= self.LIMIT
                                for s in self.sinks.values()):
             self.paused = False
+            if self.waiting_fg:
+                return              # read again once in the foreground
             if self.pollable:
                 self.loop.add_reader(self.source, self._read)
             else:

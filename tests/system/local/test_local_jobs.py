@@ -830,3 +830,60 @@ def test_terminal_stdin_reaches_rank_0_and_ctrl_c_stops_the_job():
             pass
         os.close(master)
         kill_tagged(tag)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
+    # `mslaunch ... &` in an interactive shell, then keys typed while the shell's
+    # next command runs: mslaunch, whose stdin is the terminal, must not read them
+    # (the terminal would stop it: "Stopped (tty input)") until `fg` makes it the
+    # foreground job again, when its rank gets what is typed.
+    import shutil
+    from requires import require
+    require(shutil.which("tmux") is not None, "tmux (apt-get install tmux)")
+    tag = new_tag()
+    tmux = ["tmux", "-L", f"msl-bg-{tag[:12]}", "-f", "/dev/null"]
+    env = clean_env(MSL_TEST_TAG=tag)
+    env.pop("TMUX", None)
+    env["PATH"] = f"{os.path.dirname(PY)}:{env['PATH']}"
+    pidfile, go = tmp_path / "pid", tmp_path / "go"
+
+    def screen() -> str:
+        return subprocess.run(tmux + ["capture-pane", "-p", "-t", "bg"], capture_output=True,
+                              timeout=30).stdout.decode()
+
+    def keys(*what: str) -> None:
+        subprocess.run(tmux + ["send-keys", "-t", "bg", *what], check=True, timeout=30)
+
+    def stopped(pid: int) -> bool:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    try:
+        subprocess.run(tmux + ["new-session", "-d", "-x", "150", "-y", "30", "-s", "bg",
+                               "bash --norc --noprofile -i"], check=True, env=env, timeout=30)
+        # the shell's next command holds the terminal (and reads nothing) until `go`
+        keys(f"mslaunch -n 1 sh -c 'read l; echo got:$l' & echo $! > {pidfile}; "
+             f"while [ ! -e {go} ]; do sleep 0.05; done", "Enter")
+        assert wait_for(lambda: any(b"read l" in _cmdline(pid) for pid in tagged_pids(tag)),
+                        30), screen()                          # its rank runs
+        launcher = int(pidfile.read_text())
+        keys("x", "Enter")              # a line waits in the terminal, which mslaunch may read
+        assert not wait_for(lambda: stopped(launcher), 2), "stopped by the terminal"
+        go.touch()                      # the shell reads "x" (command not found)
+        keys("jobs -l", "Enter")
+        assert wait_for(lambda: re.search(r"\d+ (Running|Stopped)", screen()), 30), screen()
+        assert re.search(r"\d+ Running .*mslaunch -n 1", screen()), screen()
+        keys("fg", "Enter")
+        keys("hello", "Enter")
+        assert wait_for(lambda: "got:hello" in screen(), 30), screen()
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
+        kill_tagged(tag)
