@@ -96,7 +96,7 @@ HOW = {
     "salloc -N 8 mslaunch --launcher srun -n 8 python net.py": "template",
     # docs/guides/stacks.md
     "rm -f release\n"
-    "mslaunch --stdin none -n 4 -H h1:2,h2:2 python tests/programs/stuck_ranks.py stuck "
+    "mslaunch -n 4 -H h1:2,h2:2 python tests/programs/stuck_ranks.py stuck "
     "release &\n"
     "sleep 5\n"
     "mslaunch-stacks\n"
