@@ -36,14 +36,23 @@ finally:
 """
 
 
+def _answering_job(env, **kw):
+    """A one-rank job of this test's, once it answers mslaunch-stacks."""
+    job = start("-n", "1", "-x", "MSL_TEST_TAG", "sleep", "300", env=env, **kw)
+    if not wait_for(lambda: subprocess.run([PY, STACKS, str(job.pid), "--json"],
+                                           capture_output=True, env=env).returncode == 0,
+                    timeout=60):
+        job.kill()
+        job.wait()
+        raise AssertionError("the job never answered")
+    return job
+
+
 def test_the_caller_s_session_names_its_job(tmp_path):
     tag = new_tag()
     env = clean_env(MSL_TEST_TAG=tag)
-    other = start("-n", "1", "-x", "MSL_TEST_TAG", "sleep", "300", env=env)
+    other = _answering_job(env)
     try:
-        assert wait_for(lambda: subprocess.run([PY, STACKS, str(other.pid), "--json"],
-                                               capture_output=True, env=env).returncode == 0,
-                        timeout=60)
         done = subprocess.run([PY, "-c", CALLER, PY, STACKS, tag], capture_output=True,
                               env=env, timeout=120, start_new_session=True)
         assert done.returncode == 0, done.stderr
@@ -54,12 +63,8 @@ def test_the_caller_s_session_names_its_job(tmp_path):
         assert str(other.pid) in got["err"].split("name another by its launcher pid: ")[1]
         assert json.loads(got["out"])["ranks"]
         # from a session of neither of two jobs: the jobs are listed, none chosen
-        third = start("-n", "1", "-x", "MSL_TEST_TAG", "sleep", "300", env=env,
-                      start_new_session=True)
+        third = _answering_job(env, start_new_session=True)
         try:
-            assert wait_for(lambda: subprocess.run(
-                [PY, STACKS, str(third.pid), "--json"], capture_output=True,
-                env=env).returncode == 0, timeout=60)
             alone = subprocess.run([PY, STACKS], capture_output=True, env=env, timeout=60,
                                    start_new_session=True)
         finally:
@@ -78,11 +83,8 @@ def test_the_caller_s_session_names_its_job(tmp_path):
 def test_mslaunch_top_takes_the_caller_s_job_too(tmp_path):
     tag = new_tag()
     env = clean_env(MSL_TEST_TAG=tag)
-    other = start("-n", "1", "-x", "MSL_TEST_TAG", "sleep", "300", env=env)
+    other = _answering_job(env)
     try:
-        assert wait_for(lambda: subprocess.run([PY, STACKS, str(other.pid), "--json"],
-                                               capture_output=True, env=env).returncode == 0,
-                        timeout=60)
         done = subprocess.run([PY, "-c", CALLER, PY, STACKS, tag, TOP, "--once"],
                               capture_output=True, env=env, timeout=120,
                               start_new_session=True)

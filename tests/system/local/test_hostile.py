@@ -246,22 +246,34 @@ MPI.COMM_WORLD.barrier()
 """
 
 
+def _guessed_job(base: str, tag: str):
+    """A two-rank job serving PMI over TCP whose ranks wait for ``BASE.go`` before
+    MPI_Init: the launcher, the PMI port and rank 1's secret."""
+    p = start("-pmi-port", "-n", "2", PY, "-c", GUESSED_RANK, base,
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: all(os.path.exists(f"{base}.{r}") for r in (0, 1)), 60)
+    except BaseException:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+        raise
+    where, secret = open(f"{base}.1").read().split()
+    return p, int(where.rsplit(":", 1)[1]), int(secret)
+
+
 def test_a_wrong_pmi_id_is_answered_late_and_real_ranks_still_join(mpich, tmp_path):
     # A process that may reach the PMI port guesses the 31-bit PMI_IDs of ranks not
     # yet in MPI_Init: each wrong guess is answered (its connection closed) only
     # seconds later, and a real rank from the same address still joins at once.
     base = str(tmp_path / "rank")
     tag = new_tag()
-    p = start("-pmi-port", "-n", "2", PY, "-c", GUESSED_RANK, base,
-              env=clean_env(MSL_TEST_TAG=tag))
+    p, port, secret = _guessed_job(base, tag)
     try:
-        assert wait_for(lambda: all(os.path.exists(f"{base}.{r}") for r in (0, 1)), 60)
-        where, secret = open(f"{base}.1").read().split()
-        port = int(where.rsplit(":", 1)[1])
         guesses = []
         for i in range(40):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(f"cmd=initack pmiid={int(secret) % (2**31 - 2) + 1 + i}\n".encode())
+            s.sendall(f"cmd=initack pmiid={secret % (2**31 - 2) + 1 + i}\n".encode())
             guesses.append(s)
         # held: no answer yet, not closed (none is readable)
         assert select.select(guesses, [], [], 0.5)[0] == []
@@ -329,12 +341,9 @@ def test_a_flood_of_wrong_pmi_ids_learns_each_verdict_only_seconds_later(mpich, 
     from mslaunch.mpi.pmi.tcp import HELD, TARPIT
     base = str(tmp_path / "rank")
     tag = new_tag()
-    p = start("-pmi-port", "-n", "2", PY, "-c", GUESSED_RANK, base,
-              env=clean_env(MSL_TEST_TAG=tag))
+    p, port, secret = _guessed_job(base, tag)
     try:
-        assert wait_for(lambda: all(os.path.exists(f"{base}.{r}") for r in (0, 1)), 60)
-        where, secret = open(f"{base}.1").read().split()
-        waits = _flood(int(where.rsplit(":", 1)[1]), int(secret), 3 * HELD, 3 * TARPIT)
+        waits = _flood(port, secret, 3 * HELD, 3 * TARPIT)
         open(f"{base}.go", "w").close()
         out, err = p.communicate(timeout=60)
     finally:

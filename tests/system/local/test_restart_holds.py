@@ -12,31 +12,14 @@ import subprocess
 import pytest
 
 from requires import require
-from helpers import PY, clean_env, kill_tagged, new_tag, run, start, wait_for
+from helpers import PY, clean_env, kill_tagged, new_tag, program, run, start, wait_for
 from soak import cgroups_of
-
-#: A rank that says where it runs (its cgroup, its launcher) and fails once: rank 1
-#: of the first attempt exits 5, once rank 0 has said where it runs (argv[1]: a
-#: directory for rank 0's word).
-WHERE = ("import os, sys, time\n"
-         "with open('/proc/self/cgroup') as f:\n"
-         "    cg = [l[3:].strip() for l in f if l.startswith('0::')][0]\n"
-         "attempt, rank = os.environ['MSLAUNCH_RESTART_COUNT'], os.environ['PMI_RANK']\n"
-         "print(attempt, rank, os.getppid(), cg, flush=True)\n"
-         "said = os.path.join(sys.argv[1], attempt)\n"
-         "if rank == '0':\n"
-         "    open(said, 'w').close()\n"
-         "elif attempt == '0':\n"
-         "    while not os.path.exists(said):\n"
-         "        time.sleep(0.01)\n"
-         "    sys.exit(5)\n")
-
 
 def test_every_attempt_runs_in_the_one_cgroup_of_the_job_and_none_is_left(tmp_path):
     tag = new_tag()
     try:
-        r = run("-v", "--max-restarts", "1", "-n", "2", PY, "-c", WHERE, str(tmp_path),
-                env=clean_env(MSL_TEST_TAG=tag), timeout=60)
+        r = run("-v", "--max-restarts", "1", "-n", "2", PY, program("cgroup_attempts.py"),
+                str(tmp_path), env=clean_env(MSL_TEST_TAG=tag), timeout=60)
         require(b"orphan guard: cgroup" in r.stderr, "a cgroup v2 of this user's")
         assert r.returncode == 0, r.stderr
         seen = {tuple(line.split()[:2]): line.split()[2:] for line in r.stdout.decode().splitlines()}

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers import cmd, kill_tagged, new_tag, tagged_pids, wait_for
+from helpers import cmd, kill_tagged, new_tag, program, tagged_pids, wait_for
 from remote import agents, renv, settle
 
 pytestmark = pytest.mark.remote
@@ -76,22 +76,6 @@ def _attempts(tmp_path):
     return json.loads((tmp_path / "report.json").read_text())["attempts"]
 
 
-#: A rank that prints its attempt, rank and cgroup; rank 1 fails attempt 0 once rank
-#: 0 has printed: ``python -c CGROUP_RANK DIR``.
-CGROUP_RANK = ("import os, sys, time\n"
-               "with open('/proc/self/cgroup') as f:\n"
-               "    cg = [l[3:].strip() for l in f if l.startswith('0::')][0]\n"
-               "attempt, rank = os.environ['MSLAUNCH_RESTART_COUNT'], os.environ['PMI_RANK']\n"
-               "print(attempt, rank, cg, flush=True)\n"
-               "said = os.path.join(sys.argv[1], attempt)\n"
-               "if rank == '0':\n"
-               "    open(said, 'w').close()\n"
-               "elif attempt == '0':\n"
-               "    while not os.path.exists(said):\n"
-               "        time.sleep(0.01)\n"
-               "    sys.exit(5)\n")
-
-
 def test_a_kept_agent_runs_every_attempt_in_its_one_cgroup(sshbed, tmp_path):
     # The agent that stays for the next attempt keeps its one guard: its ranks'
     # cgroup is the same in every attempt, and not one inside another's.
@@ -99,13 +83,14 @@ def test_a_kept_agent_runs_every_attempt_in_its_one_cgroup(sshbed, tmp_path):
     tag = new_tag()
     try:
         r = subprocess.run(cmd("--max-restarts", "1", "-H", "h1:2", "-n", "2", "-x",
-                               "MSL_TEST_TAG", sys.executable, "-c", CGROUP_RANK, str(tmp_path)),
+                               "MSL_TEST_TAG", sys.executable, program("cgroup_attempts.py"),
+                               str(tmp_path)),
                            env=renv(home, MSL_TEST_TAG=tag), capture_output=True, timeout=120)
         settle(tag, sshbed)
     finally:
         kill_tagged(tag)
     assert r.returncode == 0, r.stderr
-    seen = {tuple(line.split()[:2]): line.split()[2] for line in r.stdout.decode().splitlines()}
+    seen = {tuple(line.split()[:2]): line.split()[3] for line in r.stdout.decode().splitlines()}
     assert sorted(seen) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], r.stdout
     assert len(set(seen.values())) == 1, seen
     assert next(iter(seen.values())).count("/mslaunch-") == 1, seen     # (none: no guard)
