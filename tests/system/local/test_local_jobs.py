@@ -884,6 +884,9 @@ def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
         keys("fg", "Enter")
         keys("hello", "Enter")
         assert wait_for(lambda: "got:hello" in screen(), 30), screen()
+        # the job ends, and its guard with its cgroup (the shell and tmux carry the tag too)
+        assert wait_for(lambda: not any(b"mslaunch" in _cmdline(pid) for pid in tagged_pids(tag)),
+                        30)
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
         kill_tagged(tag)
