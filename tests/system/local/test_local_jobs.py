@@ -874,6 +874,9 @@ def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
              f"while [ ! -e {go} ]; do sleep 0.05; done", "Enter")
         assert wait_for(lambda: any(b"read l" in _cmdline(pid) for pid in tagged_pids(tag)),
                         30), screen()                          # its rank runs
+        # the rank may run before the shell has written `$!`: wait for the whole line
+        assert wait_for(lambda: pidfile.exists() and pidfile.read_text().endswith("\n"),
+                        30), screen()
         launcher = int(pidfile.read_text())
         keys("x", "Enter")              # a line waits in the terminal, which mslaunch may read
         assert not wait_for(lambda: stopped(launcher), 2), "stopped by the terminal"
