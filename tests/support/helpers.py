@@ -246,3 +246,24 @@ def hosts_saying(stderr: str, text: str) -> List[str]:
                 found += ([f"{m.group(1)}{i}" for i in range(int(m.group(2)), int(m.group(3)) + 1)]
                           if m else [part])
     return sorted(found)
+
+
+class StderrLines:
+    """A running process's stderr, read line by line in a thread as it comes."""
+
+    def __init__(self, p) -> None:
+        import threading
+        self.lines: list = []
+        self.thread = threading.Thread(target=self._read, args=(p.stderr,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in iter(stream.readline, b""):
+            self.lines.append(line.decode("utf-8", "replace"))
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def text(self) -> str:
+        self.thread.join(60)
+        return "".join(self.lines)

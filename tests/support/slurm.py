@@ -4,7 +4,7 @@ root namespace, which is not a node) and as ``sbatch`` scripts (mslaunch on h1).
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 from helpers import PY, clean_env, cmd, new_tag, tagged_pids
 
@@ -25,10 +25,13 @@ def benv(bed, tag: str, **extra: str):
 
 
 def salloc(bed, tag: str, *args: str, nodes: int = 2, per_node: int = 2,
-           extra_env: Optional[Dict[str, str]] = None, nodelist: Optional[str] = None, **kw):
-    """``salloc -N nodes --ntasks-per-node=per_node [-w nodelist] mslaunch ARGS`` (running)."""
+           extra_env: Optional[Dict[str, str]] = None, nodelist: Optional[str] = None,
+           options: Sequence[str] = (), **kw):
+    """``salloc -N nodes --ntasks-per-node=per_node [-w nodelist] [OPTIONS] mslaunch ARGS``
+    (running)."""
     where = ["-w", nodelist] if nodelist else []
-    return bed.popen(["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", *where, "-Q",
+    return bed.popen(["salloc", "-N", str(nodes), f"--ntasks-per-node={per_node}", *where,
+                      *options, "-Q",
                       *cmd(*args)], env=None, base_env=benv(bed, tag, **(extra_env or {})),
                      stdout=-1, stderr=-1, **kw)
 

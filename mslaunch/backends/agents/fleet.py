@@ -58,8 +58,6 @@ class Fleet:
         self.listener: Optional[Listener] = None
         self.start_error: Optional[tuple] = None
         self.plain_link = False               # the agents' links are plain TCP (srun)
-        self.one_fate = False                 # one agent's failure ends all (srun)
-        self.doomed = False                   # so, with a host lost: keep no agent
         self._stdin: Dict[int, RemoteStdin] = {}
         #: Hosts the job goes on without, and why: spares that could not be started
         #: or were lost before the ranks started (the job never needed them).
@@ -92,7 +90,6 @@ class Fleet:
                 answers.close()
             timeline.unwatch()
         self.plain_link = starter.plain_link
-        self.one_fate = starter.one_fate
         self.conns = conns
         if job.verbose:
             for name in sorted(conns):
@@ -349,7 +346,7 @@ class Fleet:
     # -- end ----------------------------------------------------------------------
     def _let_go(self, conn) -> None:
         kept = self.kept
-        if kept is not None and not self.doomed:
+        if kept is not None:
             kept.put(conn, fresh=True)     # a spare host's agent, for a later attempt
         else:
             let_go(conn)
@@ -365,12 +362,6 @@ class Fleet:
         for the next attempt rather than exit."""
         kept = self.kept
         if kept is None:
-            return
-        if self.one_fate and any(h.state == "lost" for h in self.hosts.values()):
-            # The lost host's agent will fail, and its srun take every agent of
-            # the step with it, in the next attempt perhaps: none is kept.
-            kept.let_go_all()
-            self.doomed = True
             return
         from .keptagents import IDLE
         for host in self.hosts.values():

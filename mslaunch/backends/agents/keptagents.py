@@ -333,11 +333,6 @@ class _KeptFirst:
         return kind.plain_link if kind is not None else False
 
     @property
-    def one_fate(self) -> bool:
-        kind = self._kind()
-        return kind.one_fate if kind is not None else False
-
-    @property
     def first_phase(self) -> str:
         return self.real.first_phase if self.real is not None else ""
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers import cmd, kill_tagged, new_tag, program, tagged_pids, wait_for
+from helpers import StderrLines, cmd, kill_tagged, new_tag, program, tagged_pids, wait_for
 from remote import agents, renv, settle
 
 pytestmark = pytest.mark.remote
@@ -287,27 +287,6 @@ def test_a_crashed_spare_node_of_a_slurm_allocation_is_left_out(slurmbeds, tmp_p
         "no rank goes there, so the job goes on without it" in text, text
 
 
-class _Lines:
-    """A running mslaunch's stderr, read line by line in a thread as it comes."""
-
-    def __init__(self, p) -> None:
-        import threading
-        self.lines: list = []
-        self.thread = threading.Thread(target=self._read, args=(p.stderr,), daemon=True)
-        self.thread.start()
-
-    def _read(self, stream) -> None:
-        for line in iter(stream.readline, b""):
-            self.lines.append(line.decode("utf-8", "replace"))
-
-    def said(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-    def text(self) -> str:
-        self.thread.join(60)
-        return "".join(self.lines)
-
-
 def _run_reading(sshbed, tmp_path, hosts, *extra, seconds="1", restarts="2", script=RANK):
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
@@ -316,7 +295,7 @@ def _run_reading(sshbed, tmp_path, hosts, *extra, seconds="1", restarts="2", scr
                str(tmp_path), seconds)
     p = subprocess.Popen(argv, env=renv(home, MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
-    return p, tag, _Lines(p)
+    return p, tag, StderrLines(p)
 
 
 def _finish_reading(p, tag, sshbed, lines, stopped=()):

@@ -71,6 +71,7 @@ class StartingProcess:
     and the cut of its agents' links when it ends under them."""
 
     ran = "agent"             # what it ran, as its end is reported
+    several = False           # it runs the agents of several hosts (srun)
 
     def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]], what: str) -> None:
         from ....machine.spawn import Helper
@@ -186,7 +187,14 @@ class DialedConnection:
 
     @property
     def stderr_tail(self) -> bytes:
-        return self._step.tail
+        tail = self._step.tail
+        if self._step.several:
+            # One srun for every node: this agent's lines are those naming its
+            # node (``srun: error: h3: task 2: ...``, ``mslaunch agent on h3: ...``).
+            import re
+            mine = re.compile(rb"(?<![\w.-])" + re.escape(self.name.encode()) + rb"(?![\w.-])")
+            tail = b"\n".join(ln for ln in tail.split(b"\n") if mine.search(ln))
+        return tail
 
     @property
     def ended_because(self) -> str:

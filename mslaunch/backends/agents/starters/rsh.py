@@ -243,7 +243,6 @@ class RshStarter:
 
     plain_link = True         # the agents dial back in plain TCP
     begun = False             # the agents start in start()
-    one_fate = False          # each agent its own rsh agent's process
     first_phase = "waiting for the rsh agent's command to start the agent"
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str], environ: Mapping[str, str],

@@ -3,7 +3,7 @@
 One job step starts one agent on every remote node of the plan, as Hydra
 starts its proxies::
 
-    srun --nodelist=h1,h2 -N 2 -n 2 --ntasks-per-node=1 --kill-on-bad-exit
+    srun --nodelist=h1,h2 -N 2 -n 2 --ntasks-per-node=1 --no-kill
          --mpi=none --cpu-bind=none --input=none --overlap [--external-launcher]
          /bin/sh -c '<find a Python, run the dial program>' ...
 
@@ -32,6 +32,16 @@ tasks at once on two), and its signal handling is never used: signals,
 grace and exit codes travel over the link.  When the job ends, the agents
 exit and the step ends with them; a step still there a moment later is
 ended with SIGTERM, then SIGKILL.
+
+The agents' fates are mslaunch's to decide, not the step's: with
+``--no-kill`` an agent that ends (one whose host's link was down for a
+while gives up on the launcher and exits 1) does not end the others, and a
+node Slurm finds dead has only its own task ended, where the step's other
+tasks would have been killed (slurmctld ends a step on a failed node
+unless the step has ``no_kill``).  A spare node lost while a job runs is
+then left out, and the job goes on, as over SSH; the allocation itself
+must be made with ``--no-kill`` (``salloc -k``) for Slurm to keep the job
+when a node fails.
 """
 
 from __future__ import annotations
@@ -165,7 +175,7 @@ def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str,
     are set again by ``env``."""
     n = len(names)
     argv = ["srun", f"--nodelist={','.join(names)}", f"--nodes={n}", f"--ntasks={n}",
-            "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--mpi=none", "--cpu-bind=none",
+            "--ntasks-per-node=1", "--no-kill", "--mpi=none", "--cpu-bind=none",
             "--input=none", "--overlap", "--job-name=mslaunch-agents"]
     if _version_at_least(version, (23, 11)):
         argv.append("--external-launcher")
@@ -186,6 +196,7 @@ class _Step(StartingProcess):
     """The srun process that runs every agent of the job, and its stderr's tail."""
 
     ran = "agents"
+    several = True
 
     def __init__(self, argv: Sequence[str], env: Dict[str, str]) -> None:
         super().__init__(argv, env, "srun")
@@ -343,9 +354,6 @@ class SrunStarter:
 
     plain_link = True         # the agents dial back in plain TCP
     first_phase = "waiting for srun to start the agent"
-    #: The agents share one fate: srun ends the whole step (--kill-on-bad-exit)
-    #: once one of them has failed, which a lost host's agent does, late or soon.
-    one_fate = True
 
     def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None,
                  port_range: Optional[Tuple[int, int]] = None,

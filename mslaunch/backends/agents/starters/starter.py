@@ -71,11 +71,6 @@ if TYPE_CHECKING:
         def plain_link(self) -> bool: ...
 
         @property
-        def one_fate(self) -> bool:
-            """One agent's failure ends every agent it started (srun's step): after
-            a lost host none of them is kept for a job's next attempt."""
-
-        @property
         def first_phase(self) -> str:
             """What a host is doing until it marks anything (see :mod:`mslaunch.machine.timeline`)."""
 
@@ -109,7 +104,6 @@ class _NoStarter:
 
     plain_link = True
     begun = False
-    one_fate = False
     first_phase = ""
 
     def prepare(self, names: Sequence[str] = (), job: str = "") -> None:
@@ -185,8 +179,8 @@ def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
 def let_go(conn) -> None:
     """Send an agent that will get no ranks away: ``BYE`` (it exits 0), then close.
 
-    Only cutting the link would make it exit 1, and under Slurm that ends
-    every other agent of the step (srun runs them with ``--kill-on-bad-exit``)."""
+    Only cutting the link would make it exit 1, as an agent that lost its
+    launcher does."""
     from ....wire import link
     try:
         os.write(conn.fd, link.encode(link.BYE))

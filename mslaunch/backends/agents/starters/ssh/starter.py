@@ -35,7 +35,6 @@ class SSHStarter:
     known."""
 
     plain_link = False        # the links travel in SSH channels
-    one_fate = False          # each agent its own SSH session
     first_phase = "SSH: connecting"
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str],
