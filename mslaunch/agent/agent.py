@@ -145,8 +145,8 @@ class Agent:
             return
         self.finished = True
         if self.waiting:
-            # An exit of 0, as on BYE: under srun a failed agent would end the whole
-            # step, the other hosts' agents with it.
+            # An exit of 0, as on BYE: a waiting agent has no ranks, so nothing
+            # failed on this host.
             try:
                 sys.stderr.write(f"mslaunch agent on {socket.gethostname()}: no next job "
                                  f"came: {reason}\n")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import PY, StderrLines, kill_tagged, new_tag, wait_for
+from helpers import PY, StderrLines, kill_tagged, new_tag, tagged_pids, wait_for
 from slurm import finish, salloc
 from soak import LONG_TRAIN, MINUTES_3, PERIOD, attempts, launcher_of, nothing_left, result
 
@@ -69,8 +69,10 @@ def test_a_spare_node_whose_link_was_down_a_moment_does_not_end_the_job(slurmbed
                                                                          tmp_path):
     # The spare's agent hears nothing from the launcher, gives up and exits 1
     # while its link is down; once the link is back, srun learns of that exit.
-    # With --kill-on-bad-exit srun then ended the agents on h1 and h2 too.
-    bed = slurmbeds.get(nodes=3)
+    # With --kill-on-bad-exit srun then ended the agents on h1 and h2 too.  The
+    # site's own settings would do the same (KillOnBadExit, or WaitTime: end
+    # the step 5 s after a task ended); the agents' step overrides them.
+    bed = slurmbeds.get(nodes=3, extra_conf=["KillOnBadExit=1", "WaitTime=5"])
     steps = 60
     p, tag, out, lines = _train(bed, tmp_path, steps)
     reached = _lose_spare(bed, p, tag, out, lines, bed.linkdown,
@@ -96,3 +98,27 @@ def test_a_spare_node_slurm_finds_dead_is_left_out_and_the_job_runs_on(slurmbeds
                           lambda: bed.node_states().get("h3", "").startswith("down"))
     assert reached <= steps - 120 / PERIOD, (reached, lines.lines)
     _ended_right(p, tag, tmp_path, lines, steps)
+
+
+def test_a_spare_node_whose_agent_ends_before_it_dials_back_is_left_out(slurmbeds, tmp_path):
+    # h3's Python fails at once (a --remote-python that exits 3 there): srun goes
+    # on with the step's other tasks and says the task ended; the job, which puts
+    # no rank on h3, starts on h1 and h2 without waiting for h3 to dial back.
+    bed = slurmbeds.get(nodes=3)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\n[ "$SLURMD_NODENAME" = h3 ] && exit 3\nexec {PY} "$@"\n')
+    python.chmod(0o755)
+    tag = new_tag()
+    p = salloc(bed, tag, "--remote-python", str(python), "-n", "4", "hostname", nodes=3,
+               cwd=tmp_path)
+    try:
+        code, stdout, err = finish(p, timeout=120)
+        assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+    assert code == 0, err
+    assert sorted(stdout.split()) == ["h1", "h1", "h2", "h2"], (stdout, err)
+    assert "mslaunch: h3: cannot start the agent (" in err and \
+        "its task: Exited with exit code 3" in err, err

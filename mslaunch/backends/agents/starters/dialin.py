@@ -85,7 +85,8 @@ class StartingProcess:
         self.open = 0
         self.closing = False          # mslaunch itself is ending the process
         #: A link's agent does not answer (its host was lost): the process cannot
-        #: end by itself (srun waits for that host), so it is not waited for.
+        #: end by itself (srun waits for that host, until Slurm marks it down),
+        #: so it is not waited for.
         self.hopeless = False
         self.ended_because = ""
         self.links: List[socket.socket] = []
@@ -192,7 +193,8 @@ class DialedConnection:
             # One srun for every node: this agent's lines are those naming its
             # node (``srun: error: h3: task 2: ...``, ``mslaunch agent on h3: ...``).
             import re
-            mine = re.compile(rb"(?<![\w.-])" + re.escape(self.name.encode()) + rb"(?![\w.-])")
+            # (the agent may name its host with its domain: ``h3.cluster``)
+            mine = re.compile(rb"(?<![\w.-])" + re.escape(self.name.encode()) + rb"(?![\w-])")
             tail = b"\n".join(ln for ln in tail.split(b"\n") if mine.search(ln))
         return tail
 

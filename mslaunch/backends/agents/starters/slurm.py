@@ -4,7 +4,7 @@ One job step starts one agent on every remote node of the plan, as Hydra
 starts its proxies::
 
     srun --nodelist=h1,h2 -N 2 -n 2 --ntasks-per-node=1 --no-kill
-         --mpi=none --cpu-bind=none --input=none --overlap [--external-launcher]
+         --kill-on-bad-exit=0 --wait=0 --mpi=none --cpu-bind=none --input=none --overlap [--external-launcher]
          /bin/sh -c '<find a Python, run the dial program>' ...
 
 The step has no stdin, so each agent dials back.  The step starts in
@@ -34,7 +34,9 @@ exit and the step ends with them; a step still there a moment later is
 ended with SIGTERM, then SIGKILL.
 
 The agents' fates are mslaunch's to decide, not the step's: with
-``--no-kill`` an agent that ends (one whose host's link was down for a
+``--no-kill`` (and ``--kill-on-bad-exit=0 --wait=0``, where a site's
+``KillOnBadExit`` or ``WaitTime`` would end the step once a task ended) an
+agent that ends (one whose host's link was down for a
 while gives up on the launcher and exits 1) does not end the others, and a
 node Slurm finds dead has only its own task ended, where the step's other
 tasks would have been killed (slurmctld ends a step on a failed node
@@ -47,6 +49,7 @@ when a node fails.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 TYPE_CHECKING = False
@@ -175,8 +178,9 @@ def srun_argv(names: Sequence[str], pythons: Sequence[str], version: str,
     are set again by ``env``."""
     n = len(names)
     argv = ["srun", f"--nodelist={','.join(names)}", f"--nodes={n}", f"--ntasks={n}",
-            "--ntasks-per-node=1", "--no-kill", "--mpi=none", "--cpu-bind=none",
-            "--input=none", "--overlap", "--job-name=mslaunch-agents"]
+            "--ntasks-per-node=1", "--no-kill", "--kill-on-bad-exit=0", "--wait=0",
+            "--mpi=none", "--cpu-bind=none", "--input=none", "--overlap",
+            "--job-name=mslaunch-agents"]
     if _version_at_least(version, (23, 11)):
         argv.append("--external-launcher")
     inside = [*wrapper, "env", *dial_env] if wrapper else []
@@ -327,6 +331,13 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
                 raise HostsFailed(message, {name: said for name in failed},
                                   unreachable=failed)
             raise LaunchError(message)
+        ended = _tasks_ended(step.tail.decode("utf-8", "replace"),
+                             [n for n in names if n not in done])
+        if ended:
+            # With --no-kill the step goes on without a node whose agent ended
+            # before it dialled back (no Python, no route back): srun says so.
+            raise HostsFailed(f"the agent ended on {', '.join(sorted(ended)[:6])} before it "
+                              f"dialled back", ended)
         if time.monotonic() > deadline:
             missing = [n for n in names if n not in done]
             raise LaunchError(f"the agents on {', '.join(missing[:6])} did not dial back "
@@ -336,9 +347,27 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
         timeline.tick()
 
 
+#: srun's line for tasks that ended: ``srun: error: h[2-3]: tasks 1-2: Exited with
+#: exit code 127`` (22.05 on; a node list in Slurm's bracket notation).
+_ENDED = re.compile(r"^srun: error: (\S+): tasks? [\d,-]+: (.+)$", re.M)
+
+
+def _tasks_ended(text: str, names: Sequence[str]) -> Dict[str, str]:
+    """The nodes of ``names`` whose task srun's output ``text`` says ended, and how."""
+    from ....hosts.allocations.slurm import expand_nodelist
+    found: Dict[str, str] = {}
+    for match in _ENDED.finditer(text):
+        try:
+            nodes = expand_nodelist(match.group(1))
+        except LaunchError:
+            continue
+        for name in set(nodes) & set(names):
+            found[name] = f"its task: {one_line(match.group(2), 120)}"
+    return found
+
+
 def _named(text: str, names: Sequence[str]) -> List[str]:
     """The nodes of ``names`` that ``text`` (srun's last words) names."""
-    import re
     return [n for n in names if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w.-])", text)]
 
 
