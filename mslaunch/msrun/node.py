@@ -185,6 +185,11 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
             if link is not None:
                 link.close()
             if service is not None:
+                if code < 128:
+                    # This node, the service's host, was refused (another node
+                    # came first with its rank): the service stays until the
+                    # nodes it took have their end, as when the host is done.
+                    wait_for_the_others(service, loop, spec, _say)
                 service.close()
             loop.close()
             from ..core.spec import JobResult
