@@ -243,3 +243,18 @@ def test_an_srun_that_ends_before_its_agents_gives_one_line(tmp_path, monkeypatc
         loop.close()
     assert str(err.value) == expected
     assert os_.path.exists(cache) is not cleared
+
+
+hostnames = st.from_regex(r"[a-z][a-z0-9-]{0,10}[a-z0-9]", fullmatch=True)
+
+
+@given(name=hostnames, before=st.sampled_from(["", "srun: error: ", "mslaunch agent on ", "(", " "]),
+       after=st.sampled_from(["", ": task 2: Exited", ".cluster: no route", ")", " ", ","]),
+       longer=st.sampled_from(["x", "1", "-b", "_"]))
+def test_an_srun_line_names_a_node_only_as_a_whole_word(name, before, after, longer):
+    from mslaunch.backends.agents.starters.dialin import names_node
+    assert names_node(f"{before}{name}{after}", name)
+    # another node whose name holds this one's
+    assert not names_node(f"{before}{name}{longer}{after}", name)
+    assert not names_node(f"{before}{longer}{name}{after}", name)
+    assert not names_node(f"{before}{longer}.{name}{after}", name)

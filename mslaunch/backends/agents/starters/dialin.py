@@ -192,10 +192,9 @@ class DialedConnection:
         if self._step.several:
             # One srun for every node: this agent's lines are those naming its
             # node (``srun: error: h3: task 2: ...``, ``mslaunch agent on h3: ...``).
-            import re
-            # (the agent may name its host with its domain: ``h3.cluster``)
-            mine = re.compile(rb"(?<![\w.-])" + re.escape(self.name.encode()) + rb"(?![\w-])")
-            tail = b"\n".join(ln for ln in tail.split(b"\n") if mine.search(ln))
+            text = tail.decode("utf-8", "replace")
+            tail = "\n".join(ln for ln in text.split("\n")
+                             if names_node(ln, self.name)).encode()
         return tail
 
     @property
@@ -427,3 +426,10 @@ class _Greeting:
             raise LaunchError(f"the agent on {self.name} sent frames before its job")
         self.sock.setblocking(True)
         return hello
+
+
+def names_node(text: str, name: str) -> bool:
+    """Whether ``text`` names the node ``name`` as a whole word (``h3``, or ``h3``
+    with its domain, ``h3.cluster``; never ``h31`` nor ``xh3``)."""
+    import re
+    return re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", text) is not None

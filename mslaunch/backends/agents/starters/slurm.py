@@ -64,7 +64,7 @@ from ....machine.loop import Loop
 from ....machine.osfiles import unlink_quietly
 from .. import bootstrap
 from ....machine import timeline
-from .dialin import DialedConnection, Greeter, StartingProcess, dial_program, greet
+from .dialin import DialedConnection, Greeter, StartingProcess, dial_program, greet, names_node
 
 #: Seconds for every agent to dial back once srun runs.
 AGENT_TIMEOUT = 60.0
@@ -325,8 +325,8 @@ def _await_agents(loop: Loop, step: _Step, names: Sequence[str],
                         f"on the next run)")
             message = (f"srun ended (status {step.proc.returncode}) before every agent "
                        f"started: {said}")
-            failed = _named(step.tail.decode("utf-8", "replace"),
-                            [n for n in names if n not in done])
+            said_text = step.tail.decode("utf-8", "replace")
+            failed = [n for n in names if n not in done and names_node(said_text, n)]
             if failed:          # srun names the nodes it could not start a task on
                 raise HostsFailed(message, {name: said for name in failed},
                                   unreachable=failed)
@@ -364,11 +364,6 @@ def _tasks_ended(text: str, names: Sequence[str]) -> Dict[str, str]:
         for name in set(nodes) & set(names):
             found[name] = f"its task: {one_line(match.group(2), 120)}"
     return found
-
-
-def _named(text: str, names: Sequence[str]) -> List[str]:
-    """The nodes of ``names`` that ``text`` (srun's last words) names."""
-    return [n for n in names if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w.-])", text)]
 
 
 def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
