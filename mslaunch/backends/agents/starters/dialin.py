@@ -192,9 +192,8 @@ class DialedConnection:
         if self._step.several:
             # One srun for every node: this agent's lines are those naming its
             # node (``srun: error: h3: task 2: ...``, ``mslaunch agent on h3: ...``).
-            text = tail.decode("utf-8", "replace")
-            tail = "\n".join(ln for ln in text.split("\n")
-                             if names_node(ln, self.name)).encode()
+            tail = b"\n".join(ln for ln in tail.split(b"\n")
+                              if names_node(ln.decode("utf-8", "replace"), self.name))
         return tail
 
     @property
