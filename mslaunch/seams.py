@@ -59,7 +59,8 @@ class Looker(Protocol):
 
     def look(self, kind: int, body: Dict[str, Any], done: Any) -> bool:
         """Ask for the stacks (``link.STACKS``) or the usage (``link.TOP``) of its
-        ranks; ``done(ranks or None)`` when it answers; False if it cannot ask."""
+        ranks (``body``: ``timeout``, and ``main``: the main threads' Python frames
+        only); ``done(ranks or None)`` when it answers; False if it cannot ask."""
 
     def end_singletons(self) -> None:
         """Refused Open MPI singletons: end them, noting what they leave."""

@@ -1,6 +1,6 @@
 """An agent's answers to the launcher's looks inside the job: stacks and usage.
 
-The launcher sends ``STACKS`` (``{"id", "timeout"}``) and ``TOP`` (``{"id"}``)
+The launcher sends ``STACKS`` (``{"id", "timeout", "main"}``) and ``TOP`` (``{"id"}``)
 frames; the agent reads its ranks' stacks in a thread of its own (see
 :func:`mslaunch.machine.stacks.read`), so heartbeats, output and PMI go on
 meanwhile, and answers on the same kind with ``{"id", "ranks": {key: ...}}``.
@@ -55,7 +55,8 @@ class AgentLook:
             return
         from ..machine.stacks import read_in_background
         read_in_background(self.loop, pids, self.dumps, look.timeout,
-                           lambda result: self._answer(look.kind, look.id, result))
+                           lambda result: self._answer(look.kind, look.id, result),
+                           main_only=look.main)
 
     def _answer(self, kind: int, ident: int, rows: Dict[int, Any]) -> None:
         if kind == link.STACKS:

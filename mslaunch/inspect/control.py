@@ -51,10 +51,13 @@ def title(sup: JobView, what: str, stacks: Optional[List[RankStacks]] = None) ->
 
 
 def gather(sup: JobView, timeout: float, dumps: Optional[str],
-           done: Callable[[List[RankStacks]], None], here_only: bool = False) -> None:
+           done: Callable[[List[RankStacks]], None], here_only: bool = False,
+           main_only: bool = False) -> None:
     """Read every running rank's stacks, here and on every host, and (unless
     ``here_only``) on the job's other nodes (one command per node), within
-    ``timeout`` seconds; ``done(stacks)`` on the loop, once."""
+    ``timeout`` seconds; ``done(stacks)`` on the loop, once.  ``main_only``:
+    a Python rank's main thread alone writes its frames (see
+    :mod:`mslaunch.machine.pydump`)."""
     live = [r for r in sup.ranks if r.pid and not r.ended and r.spec.job == 1]
     by_key = {r.spec.key: r for r in live}
     got: Dict[int, Dict[str, Any]] = {}
@@ -116,13 +119,14 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
     timer = sup.loop.call_later(timeout + (3.0 if asked else 2.0), finish)
     for name, host in lookers.items():
         waiting.add(name)
-        if not host.look(link.STACKS, {"timeout": timeout},
+        if not host.look(link.STACKS, {"timeout": timeout, "main": main_only},
                          lambda ranks, n=name: arrived(n, ranks)):
             waiting.discard(name)
     if "local" in waiting:
         from ..machine.stacks import read_in_background
         pids = {r.spec.key: r.pid for r in live if r.spec.key in allowed["local"]}
-        read_in_background(sup.loop, pids, dumps, timeout, lambda res: arrived("local", res))
+        read_in_background(sup.loop, pids, dumps, timeout, lambda res: arrived("local", res),
+                           main_only)
     if not waiting:
         finish()
 

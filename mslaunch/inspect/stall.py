@@ -3,10 +3,11 @@
 :class:`StallWatch` looks at the job every few seconds.  While any rank
 writes output, nothing else happens: a job that prints costs a timer.  Once
 no rank has written for a sampling interval, it reads every rank's stacks
-(see :func:`~mslaunch.inspect.control.gather`: Python ranks dump their own, native frames
-are read with a pause of milliseconds).  When no rank has written and no
+(see :func:`~mslaunch.inspect.control.gather`: a Python rank's main thread dumps its
+own frames, native frames are read with a pause of milliseconds).  When no rank has written and no
 rank's stack has changed between samples for ``S`` seconds, the merged
-report is printed (the job goes on); it is printed again only when the
+report is printed, from one look at every thread (the job goes on); it
+is printed again only when the
 picture changes (another rank set, another frame), and the watch starts
 over once a rank writes again.  With ``--stall-exit`` the job is ended
 there instead, with exit status :data:`STALL_EXIT`.
@@ -97,8 +98,11 @@ class StallWatch:
         self.sampling = True
         from .control import gather
         # (each node of a job of one command per node watches its own ranks)
+        # Samples read each Python rank's main thread alone: a dump of every
+        # thread, taken every few seconds of a job that runs for days, would
+        # crash a rank whose threads run Python (see machine.pydump).
         gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
-               lambda stacks: self._sampled(stacks, written), here_only=True)
+               lambda stacks: self._sampled(stacks, written), here_only=True, main_only=True)
 
     def _computing(self, stacks: List[RankStacks], now: float) -> bool:
         """Whether a rank used most of a CPU since the last sample outside a
@@ -145,7 +149,22 @@ class StallWatch:
         if sig == self.reported:
             return
         self.reported = sig
+        # The report shows every thread: no rank computes now, so one dump of
+        # all threads is safe enough, where one at every sample is not.
+        self.sampling = True
+        from .control import gather
+        gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
+               lambda stacks: self._report(stacks, quiet, written), here_only=True)
+
+    def _report(self, stacks: List[RankStacks], quiet: float, written: int) -> None:
         from .control import report_text
+        self.sampling = False
+        sup = self.sup
+        if sup.ending is not None:
+            return
+        if written != sum(o.written for r in sup.ranks for o in r.outputs):
+            self.reported = None             # it wrote meanwhile: not stalled after all
+            return
         _, text = report_text(stacks, sup, f"stalled for {quiet:.0f} s or more (no output, no "
                                            f"stack changed, no data moved; --stall-report "
                                            f"{self.seconds:g}): stacks")

@@ -17,8 +17,22 @@ blocked in a C call (an MPI collective) still answers, and it does not stop
 the rank: the dump costs microseconds, and no ptrace right is needed, so
 it works in containers and under every Yama setting.  The signal is sent
 only when the rank's ``SigCgt`` mask shows it is caught, since its default
-action would end the rank.  What is not a Python interpreter, or one
-started with ``-S``/``-I``, has no dump (native frames only).
+action would end the rank; the hook makes the signals ignored before
+faulthandler takes them, so that the interpreter's end, which gives them
+back, leaves them ignored, not deadly.  What is not a Python interpreter,
+or one started with ``-S``/``-I``, has no dump (native frames only).
+
+A dump of every thread (:data:`SIGNAL`) is not free of risk: faulthandler
+walks the other threads' frames without the GIL, and a thread that runs
+Python meanwhile frees and reuses them, so the walk can fault and the rank
+dies of SIGSEGV.  Measured with CPython 3.11: about one dump in five
+thousand of a rank with two threads running Python, one in ten of a rank
+that starts threads all the time.  A thread's dump of its own stack
+(:data:`MAIN_SIGNAL`, sent to that thread) has no such race.  So the stall
+watch, which samples a quiet job every few seconds for as long as it runs,
+reads the main threads alone, and every thread is dumped only for a look a
+person asks for (``mslaunch-stacks``, a timeout's report) and for the stall
+report itself, once no rank computes.
 """
 
 from __future__ import annotations

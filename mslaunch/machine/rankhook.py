@@ -19,9 +19,16 @@ def _arm():
     if len(spec) != 4:
         return
     try:
+        import _signal
         import faulthandler
         fd = os.open(os.path.join(spec[0], "%d.txt" % os.getpid()),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        # faulthandler gives each signal back to what it was before at the
+        # interpreter's end: ignored, a dump asked for in that instant cannot
+        # end the rank (the default action would).
+        for signum in (int(spec[1]), int(spec[1]) - 1):
+            if _signal.getsignal(signum) == _signal.SIG_DFL:
+                _signal.signal(signum, _signal.SIG_IGN)
         faulthandler.register(int(spec[1]), file=fd, all_threads=True, chain=False)
         faulthandler.register(int(spec[1]) - 1, file=fd, all_threads=False, chain=False)
     except (OSError, ValueError, RuntimeError):

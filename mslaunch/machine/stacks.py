@@ -6,7 +6,10 @@ frame labels (outermost first) and a note on what is missing:
 * Python frames from the rank itself (:mod:`.pydump`: faulthandler armed on
   a signal by mslaunch's hook; no ptrace right needed, the rank is not
   stopped), or from ``py-spy dump`` when the rank has no hook and py-spy is
-  installed (the ``stacks`` extra; it needs the right to trace);
+  installed (the ``stacks`` extra; it needs the right to trace).  With
+  ``main_only`` (the stall watch's samples) only the main thread writes its
+  own: see :mod:`.pydump` for why a dump of every thread is kept for looks a
+  person asked for;
 * native frames from ``eu-stack`` (or ``gdb``) for every rank, appended
   below a Python rank's innermost interpreter frame (the MPI call under
   ``allreduce``), and a rank's whole stack when it is not Python.
@@ -81,7 +84,7 @@ def proc_state(pid: int) -> str:
 
 
 def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
-         want_native: bool = True) -> Dict[int, Dict[str, Any]]:
+         want_native: bool = True, main_only: bool = False) -> Dict[int, Dict[str, Any]]:
     """``{rank: {"threads": [[label...]...], "note": str, "state": str,
     "answered": bool, "cpu": seconds, "moved": count, "stdin": bool}}`` for
     ``ranks`` (``{rank: pid}``) within ``timeout`` s (``moved`` and ``stdin``:
@@ -102,7 +105,7 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         if state == "T":
             results[rank]["notes"].append("the process is stopped (SIGSTOP)")
         if python:
-            _ask_python(rank, results[rank], dump_dir, pyspy, pending_py, queue)
+            _ask_python(rank, results[rank], dump_dir, pyspy, pending_py, queue, main_only)
         if reader is not None and python and rank in pending_py and "gdb" in reader[0]:
             # gdb would stop the rank for about a second; its Python frames suffice
             results[rank]["notes"].append("no native frames under Python: install elfutils "
@@ -171,10 +174,12 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
 
 def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Optional[str],
                 pending: Dict[int, Tuple[int, int]],
-                queue: List[Tuple[int, str, List[str]]]) -> None:
-    """Ask a Python rank for its dump, else queue py-spy, else say why there is none."""
+                queue: List[Tuple[int, str, List[str]]], main_only: bool = False) -> None:
+    """Ask a Python rank for its dump (its main thread's alone with ``main_only``),
+    else queue py-spy, else say why there is none."""
     pid = r["pid"]
-    offset = pydump.ask(dump_dir, pid) if dump_dir else None
+    signum = pydump.MAIN_SIGNAL if main_only else pydump.SIGNAL
+    offset = pydump.ask(dump_dir, pid, signum) if dump_dir else None
     if offset is not None:
         pending[rank] = (pid, offset)
     elif pyspy:
@@ -308,7 +313,7 @@ def _pyspy_threads(text: str, notes: List[str]) -> List[Tuple[str, ...]]:
 
 
 def read_in_background(loop: Any, ranks: Dict[int, int], dump_dir: Optional[str],
-                       timeout: float, done: Any) -> None:
+                       timeout: float, done: Any, main_only: bool = False) -> None:
     """:func:`read` in a thread of its own; ``done(result)`` is then called on ``loop``
     (the event loop goes on meanwhile: output, heartbeats, PMI)."""
     import _thread
@@ -317,7 +322,7 @@ def read_in_background(loop: Any, ranks: Dict[int, int], dump_dir: Optional[str]
 
     def work() -> None:
         try:
-            box.append(read(ranks, dump_dir, timeout))
+            box.append(read(ranks, dump_dir, timeout, main_only=main_only))
         except Exception as err:            # noqa: BLE001 (reported, never raised in a thread)
             box.append({rank: {"threads": [], "note": f"reading failed: {err}", "state": "",
                                "answered": True} for rank in ranks})

@@ -123,11 +123,13 @@ class Next:
 
 @dataclass(frozen=True)
 class Look:
-    """Ask for the ranks' stacks or usage (``STACKS`` or ``TOP``)."""
+    """Ask for the ranks' stacks or usage (``STACKS`` or ``TOP``); ``main``: of the
+    main threads only (the stall watch's samples, see :mod:`mslaunch.machine.pydump`)."""
     KIND = link.STACKS
     kind: int
     id: int
     timeout: float = 10.0
+    main: bool = False
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,8 @@ def _look(kind: int, body: Dict[str, Any]) -> Look:
     what = link.NAMES[kind]
     timeout = 10.0 if body.get("timeout") is None else _seconds(body, "timeout", what,
                                                                  MAX_LOOK)
-    return Look(kind=kind, id=_int(body, "id", what, -(1 << 62)), timeout=timeout)
+    return Look(kind=kind, id=_int(body, "id", what, -(1 << 62)), timeout=timeout,
+                main=body.get("main") is True)
 
 
 _FROM_LAUNCHER: Dict[int, Callable[[int, Dict[str, Any]], Frame]] = {

@@ -155,7 +155,8 @@ class RemoteHost:
         self._look_id += 1
         self._looks[self._look_id] = done
         self.endpoint.send(frames.encode(frames.Look(kind=kind, id=self._look_id,
-                                                     timeout=body.get("timeout", 10.0))))
+                                                     timeout=body.get("timeout", 10.0),
+                                                     main=body.get("main") is True)))
         return True
 
     def end_singletons(self) -> None:

@@ -385,6 +385,59 @@ def test_the_hook_is_invisible_to_the_rank_and_a_sites_own_hook_still_runs(tmp_p
     assert under[4] is True and alone[4] is False      # armed under mslaunch only
 
 
+def test_main_thread_reads_leave_a_rank_whose_threads_run_python_alive():
+    """The stall watch's reads (main thread only) of a rank whose threads start,
+    recurse and end all the time, 150 of them back to back: the rank lives and every
+    read has its main thread's frames.  A dump of every thread killed this rank
+    with SIGSEGV within about ten dumps (faulthandler walks frames another thread
+    frees meanwhile)."""
+    from mslaunch.machine.stacks import read
+    tag = new_tag()
+    p = start("-n", "1", PY, program("thread_churn.py"), "600", env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        def rank_and_dumps():
+            for pid in tagged_pids(tag):
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+                with open(f"/proc/{pid}/status", "rb") as f:
+                    armed = any(x.startswith(b"SigCgt:") and int(x.split()[1], 16) >> 55 & 1
+                                for x in f)
+                if b"MSLAUNCH_STACKS" in env and armed:
+                    return pid, env[b"MSLAUNCH_STACKS"].decode().split("|")[0]
+            return None
+        assert wait_for(lambda: rank_and_dumps() is not None, 60)
+        pid, dumps = rank_and_dumps()
+        for i in range(150):
+            got = read({0: pid}, dumps, 10, want_native=False, main_only=True)[0]
+            # the main thread alone: its module's frames and its recursion's, none
+            # of a thread's (threading.py, work, churn)
+            assert len(got["threads"]) == 1, (i, got)
+            assert all(f == "..." or f.startswith(("<module> (thread_churn.py:",
+                                                   "deep (thread_churn.py:"))
+                       for f in got["threads"][0]), (i, got)
+        assert p.poll() is None, p.communicate()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_a_dump_asked_for_as_the_interpreter_ends_does_not_end_the_rank():
+    """At its end the interpreter gives the hook's signals back to what they were
+    before faulthandler took them (as ``unregister`` does here): ignored, so a look
+    that signals the rank in that instant leaves its exit status alone."""
+    from mslaunch.machine.pydump import MAIN_SIGNAL, SIGNAL
+    code = ("import faulthandler, os, signal\n"
+            f"for s in ({SIGNAL}, {MAIN_SIGNAL}):\n"
+            "    assert faulthandler.unregister(s)\n"
+            "    os.kill(os.getpid(), s)\n"
+            "print('alive', signal.getsignal(" + str(SIGNAL) + ") is signal.SIG_IGN, flush=True)\n")
+    from helpers import run
+    r = run("-n", "1", PY, "-c", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"alive True\n", (r.stdout, r.stderr)
+
+
 def test_a_rank_with_its_own_handler_of_the_signal_is_signalled_once(tmp_path):
     """A program that handles (or blocks) the hook's signal itself does not dump:
     after one try it is not sent the signal again, and the report says why."""

@@ -189,3 +189,45 @@ def test_a_long_collective_over_a_slow_link_is_not_a_stall_and_a_hang_still_is(s
     assert b"stalled" not in ok.stderr, ok.stderr
     assert hung.returncode == 111, hung.stderr
     assert b"stalled for" in hung.stderr, hung.stderr
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("remote", marks=pytest.mark.remote)])
+def test_the_watch_samples_ranks_whose_threads_run_python_without_crashing_them(
+        request, tmp_path, where):
+    """Sampled every half second for 10 s while their threads start, recurse and end:
+    a dump of every thread at each sample killed such a rank with SIGSEGV in two
+    jobs of three (faulthandler walks frames that another thread frees), the main
+    thread's own dump never does."""
+    tag = new_tag()
+    hosts: tuple = ()
+    env = clean_env(MSL_TEST_TAG=tag)
+    if where == "remote":
+        from remote import renv
+        bed = request.getfixturevalue("sshbed")
+        env = renv(bed.make_home(tmp_path / "home"), MSL_TEST_TAG=tag)
+        hosts = ("-H", "h1:2,h2:2")
+    r = run("--stall-report", "1", "-n", "4", "--oversubscribe", *hosts, PY,
+            program("thread_churn.py"), "10", env=env, timeout=180)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert r.stdout.decode().split() == ["survived"] * 4, (r.stdout, err)
+    assert "stalled" not in err, err
+    if where == "remote":
+        from remote import settle
+        settle(tag, bed)
+    assert wait_for(lambda: tagged_pids(tag) == [], 10)
+
+
+def test_the_stall_report_shows_every_thread_though_samples_read_the_main_one(tmp_path):
+    code = ("import threading\n"
+            "def worker_4711():\n    threading.Event().wait()\n"
+            "threading.Thread(target=worker_4711, daemon=True).start()\n"
+            "def main_4711():\n    threading.Event().wait()\n"
+            "main_4711()\n")
+    tag = new_tag()
+    r = run("--stall-report", "1", "--stall-exit", "-n", "2", PY, "-c", code,
+            env=clean_env(MSL_TEST_TAG=tag), timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 111, err
+    assert "main_4711" in err and "worker_4711" in err, err
+    assert wait_for(lambda: tagged_pids(tag) == [], 10)

@@ -346,3 +346,19 @@ def test_the_link_codec_without_the_json_package_reads_and_refuses_as_the_packag
         except (ValueError, RecursionError):
             expected = ["error", ""]
         assert [how, value] == expected, text
+
+
+@given(st.sampled_from([link.STACKS, link.TOP]), st.integers(0, 1 << 40),
+       st.floats(0.001, 60.0, allow_nan=False), st.booleans(),
+       st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.booleans())))
+def test_a_look_is_read_back_as_sent_and_only_true_asks_for_main_threads(kind, ident, timeout,
+                                                                         main, hostile):
+    """A look's record survives its frame; ``main`` is a main-threads-only look only
+    when it is JSON's true (anything else a launcher sends is a whole look)."""
+    from mslaunch.wire import frames
+    look = frames.Look(kind=kind, id=ident, timeout=timeout, main=main)
+    [(got_kind, body)] = [(k, bytes(b)) for k, b in
+                          feed_all(link.Reader(), [frames.encode(look)])]
+    assert frames.from_launcher(got_kind, body) == look
+    other = json.dumps({"id": ident, "timeout": timeout, "main": hostile}).encode()
+    assert frames.from_launcher(kind, other).main is False
