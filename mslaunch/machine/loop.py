@@ -191,6 +191,9 @@ class Loop:
         self._delay_fd: Optional[int] = None
         self._events_at = 0.0
         self._ready: List[Tuple[int, int]] = []
+        #: When the last wait for events ended (``time.monotonic()``): what came
+        #: after it to a descriptor not among them is not read yet.
+        self.polled_at = time.monotonic()
 
     # -- file descriptors -------------------------------------------------
     def _update(self, fd: int) -> None:
@@ -294,6 +297,7 @@ class Loop:
             ready = []
             if timeout:
                 time.sleep(timeout)
+        self.polled_at = time.monotonic()
         self._ready = ready
         for fd, mask in ready:
             cbs = self._cbs.get(fd)

@@ -57,6 +57,7 @@ class MPIJobs:
         self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
         self.nested_said = False
         self.pmix: Optional[LauncherPMIx] = None      # PMIx beside PMI (mslaunch.mpi.pmix)
+        self.naming: List[int] = []      # numbers of spawned jobs whose name is sought
 
     # -- the first job ------------------------------------------------------------
     def start_first(self, local: bool, topology: bool = True):
@@ -390,9 +391,8 @@ class MPIJobs:
                   reply: Callable[..., None], extra_env: Tuple[Tuple[str, str], ...] = (),
                   pmix: bool = False) -> None:
         sup = self.sup
-        number = max(pj.number for pj in self.jobs.values()) + 1
+        number = max([*self.naming, *(pj.number for pj in self.jobs.values())]) + 1
         kvsname = f"{sup.plan.kvsname}_{number}"
-        who = f"rank {rank}" + (f" of job {parent.number}" if parent.number != 1 else "")
         if sup.ending is not None:
             reply("the job is ending")
             return
@@ -401,9 +401,31 @@ class MPIJobs:
         context_env = sup.job.apps[spawner.app].env if parent.number == 1 else \
             parent.context_env
         context_env = tuple(context_env) + extra_env
-        if pmix:
-            from ..mpi.pmix import sibling_name
-            kvsname = sibling_name(kvsname, parent.kvsname)
+        if not pmix:
+            self._spawn(parent, rank, request, reply, number, kvsname, context_env, pmix)
+            return
+        from ..mpi.pmix import sibling_names
+        search = sibling_names(kvsname, parent.kvsname)
+        self.naming.append(number)       # (another spawn may begin meanwhile)
+
+        def named() -> None:
+            # a slice of the search at each turn of the loop: see sibling_names
+            name = next(search)
+            if name is None:
+                sup.loop.call_later(0, named)
+                return
+            self.naming.remove(number)
+            if sup.ending is not None:
+                reply("the job is ending")
+            else:
+                self._spawn(parent, rank, request, reply, number, name, context_env, pmix)
+        named()
+
+    def _spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
+               reply: Callable[..., None], number: int, kvsname: str,
+               context_env: Tuple[Tuple[str, Optional[str]], ...], pmix: bool) -> None:
+        sup = self.sup
+        who = f"rank {rank}" + (f" of job {parent.number}" if parent.number != 1 else "")
         try:
             specs, mapping = self._plan(request, number, kvsname, context_env)
             self._check_programs(specs)

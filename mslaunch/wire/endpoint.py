@@ -125,7 +125,9 @@ class Endpoint(QueuedWriter):
             # thread of paramiko's forwards it), so its silence says nothing
             # yet.  It gets a whole interval's start again.
             self.last_heard = max(self.last_heard, now - self.interval)
-        silent = now - self.last_heard
+        # Silence counts up to the loop's last wait for events: what came since,
+        # while a long callback of this pass ran, is read by the next pass.
+        silent = min(now, self.loop.polled_at) - self.last_heard
         if silent > (PAUSED_PATIENCE if self.paused else self.limit):
             if self.farewell is not None:
                 self._say_farewell(self.farewell(silent))

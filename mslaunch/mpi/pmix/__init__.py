@@ -31,7 +31,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, Mapping, Sequence, Tuple
+    from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
     from ...core.spec import RankSpec
 
@@ -68,22 +68,32 @@ def _open_mpi_4_family(state: int) -> int:
     return (h & ~0x8000) >> 16
 
 
-def sibling_name(base: str, parent: str) -> str:
-    """A namespace name for a job spawned by ``parent``'s ranks that Open MPI 4
-    takes for a job of the same ``mpirun``: ``base`` and a suffix.
+#: Suffixes tried in one go by :func:`sibling_names` (some milliseconds).
+SLICE = 2048
+
+
+def sibling_names(base: str, parent: str, size: int = SLICE) -> Iterator[Optional[str]]:
+    """The search for a namespace name for a job spawned by ``parent``'s ranks
+    that Open MPI 4 takes for a job of the same ``mpirun``: ``base`` and a
+    suffix.  It yields None after every ``size`` suffixes tried, then the name.
 
     Open MPI 4 makes a job id of a namespace it did not name itself by hashing
     the name (one-at-a-time, bit 15 cleared); a spawned job whose id is of
     another "job family" (the upper 16 bits) is to it another mpirun's, which
     it refuses to connect to without an ``ompi-server``.  About 65536 suffixes
-    are tried on average (a fraction of a second, once per spawn)."""
+    are tried on average, and several times that now and then: from 0.01 to
+    2 s of a busy machine's CPU, which an event loop must not spend in one
+    go (its links' heartbeats would stop), hence the slices."""
     want = _open_mpi_4_family(_one_at_a_time(parent.encode()))
     prefix = _one_at_a_time(f"{base}.".encode())
     for n in range(1 << 22):
         salt = format(n, "x").encode()
         if _open_mpi_4_family(_one_at_a_time(salt, prefix)) == want:
-            return f"{base}.{salt.decode()}"
-    return base
+            yield f"{base}.{salt.decode()}"
+            return
+        if n % size == size - 1:
+            yield None
+    yield base
 
 
 def spawn_request(commands: Sequence[Tuple[str, Sequence[str], int, Mapping[str, str]]]):

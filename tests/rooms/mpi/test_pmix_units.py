@@ -117,10 +117,14 @@ def test_the_job_id_of_the_reference_rank():
 @settings(max_examples=20, deadline=None)     # a fraction of a second each
 @given(st.text(alphabet="abcdef0123456789_", min_size=1, max_size=24))
 def test_spawned_namespaces_are_of_their_parents_open_mpi_4_job_family(suffix):
-    from mslaunch.mpi.pmix import sibling_name
+    from mslaunch.mpi.pmix import sibling_names
     parent = f"kvs_1_{suffix}"
-    child = sibling_name(f"{parent}_2", parent)
+    found = list(sibling_names(f"{parent}_2", parent, size=1000))
+    child = found[-1]
+    # None after each thousand suffixes tried, then the name (the search in slices)
+    assert found[:-1] == [None] * (len(found) - 1) and child is not None
     assert child.startswith(f"{parent}_2.")
+    assert len(found) - 1 == int(child.rsplit(".", 1)[1], 16) // 1000
     assert _open_mpi_4_job_id(child) >> 16 == _open_mpi_4_job_id(parent) >> 16
 
 

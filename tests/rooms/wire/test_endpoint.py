@@ -200,3 +200,41 @@ def test_without_a_thread_to_spare_a_tls_connection_is_read_on_the_loop(monkeypa
     finally:
         receiver.close()
         loop.close()
+
+
+def test_a_long_callback_does_not_make_a_peer_that_spoke_meanwhile_silent():
+    """A callback of the loop runs 0.9 s (as a launcher's work on an event can on a
+    busy machine) after the peer was quiet for 1.3 s of its 2 s, and the peer's beat
+    comes during it: the check of the peer that falls due then counts the silence up
+    to the loop's last wait for events, so the peer is not lost, and the next pass
+    reads the beat.  Counted up to the check, the silence was 2.2 s: "lost"."""
+    import socket
+
+    from mslaunch.machine.loop import Loop
+    from mslaunch.wire.endpoint import Endpoint
+    ours, theirs = socket.socketpair()
+    loop = Loop()
+    closed: List[str] = []
+    ep = Endpoint(loop, ours.fileno(), ours.fileno(), on_frame=lambda kind, body: None,
+                  on_closed=closed.append)
+    r, w = os.pipe()
+    stalled: List[float] = []
+
+    def long_callback() -> None:
+        os.read(r, 1)
+        theirs.send(link.encode(link.BEAT))       # the peer speaks as the callback begins
+        stalled.append(time.monotonic())
+        time.sleep(0.9)                            # the callback's own work: the stall
+    loop.add_reader(r, long_callback)
+    ep.start_heartbeat(0.5, 4)
+    loop.call_later(1.3, lambda: os.write(w, b"!"))
+    try:
+        while not closed and not (stalled and ep.last_heard > stalled[0]):
+            loop.run_once(1.0)
+        assert closed == [], closed
+    finally:
+        ep.close()
+        loop.forget(r)
+        for fd in (r, w):
+            os.close(fd)
+        theirs.close()
