@@ -9,7 +9,10 @@ rank's stack has changed between samples for ``S`` seconds, the merged
 report is printed, from one look at every thread (the job goes on); it
 is printed again only when the
 picture changes (another rank set, another frame), and the watch starts
-over once a rank writes again.  With ``--stall-exit`` the job is ended
+over once a rank writes again.  The samples see a Python rank's main
+thread's frames and every thread's CPU: a rank whose main thread waits
+while another thread moves on without output, CPU or data counts as
+stalled.  With ``--stall-exit`` the job is ended
 there instead, with exit status :data:`STALL_EXIT`.
 
 A rank computing moves between samples; one validating or checkpointing
@@ -24,8 +27,8 @@ for a person (see :mod:`mslaunch.machine.activity`).  What still looks
 stalled is one call longer than ``S`` that moves nothing mslaunch can count
 (a collective over shared memory or RDMA whose peers never come, which is
 a stall; a huge read of a file system that ``/proc/PID/io`` does not see):
-it costs a report, and the job goes on.  The report comes within ``S`` and
-one sampling interval after the last output.
+it costs a report, and the job goes on.  The report comes within ``S``, one
+sampling interval and one look at every thread after the last output.
 
 :func:`timeout_stacks` is ``--timeout`` with ``--get-stack-traces``: the
 same merged, labelled report, read without stopping a rank, before the
@@ -149,8 +152,9 @@ class StallWatch:
         if sig == self.reported:
             return
         self.reported = sig
-        # The report shows every thread: no rank computes now, so one dump of
-        # all threads is safe enough, where one at every sample is not.
+        # The report shows every thread: one dump of all threads per report, of
+        # a job whose ranks were found waiting, risks little; one at every
+        # sample, for days, would in time crash a rank whose threads run Python.
         self.sampling = True
         from .control import gather
         gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),

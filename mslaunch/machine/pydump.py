@@ -31,8 +31,8 @@ that starts threads all the time.  A thread's dump of its own stack
 (:data:`MAIN_SIGNAL`, sent to that thread) has no such race.  So the stall
 watch, which samples a quiet job every few seconds for as long as it runs,
 reads the main threads alone, and every thread is dumped only for a look a
-person asks for (``mslaunch-stacks``, a timeout's report) and for the stall
-report itself, once no rank computes.
+person asks for (``mslaunch-stacks``, a timeout's report) and once for each
+stall report, when the samples found no rank computing.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 #: MPI library uses it already (SIGRTMAX - 7 on Linux).
 SIGNAL = 57
 #: The signal that dumps only the thread that takes it (sent to the main thread
-#: itself, see :func:`_to_main_thread`): read when a rank has more threads than faulthandler
-#: writes (:data:`MAX_THREADS`), which it lists newest first.
+#: itself, see :func:`_to_main_thread`): the stall watch's samples, and the main
+#: thread read again when a rank has more threads than faulthandler writes
+#: (:data:`MAX_THREADS`), which it lists newest first.
 MAIN_SIGNAL = SIGNAL - 1
 #: faulthandler's limit of threads in one dump (then a line "...").
 MAX_THREADS = 100

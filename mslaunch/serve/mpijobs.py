@@ -410,12 +410,12 @@ class MPIJobs:
 
         def named() -> None:
             # a slice of the search at each turn of the loop: see sibling_names
-            name = next(search)
-            if name is None:
+            name = None if sup.ending is not None else next(search)
+            if name is None and sup.ending is None:
                 sup.loop.call_later(0, named)
                 return
             self.naming.remove(number)
-            if sup.ending is not None:
+            if name is None:
                 reply("the job is ending")
             else:
                 self._spawn(parent, rank, request, reply, number, name, context_env, pmix)
