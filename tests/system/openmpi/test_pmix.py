@@ -139,10 +139,16 @@ def test_without_a_pmix_library_the_job_is_refused_with_the_fix(ompi):
 def _kill_while_held(argv, env, out, tag, ready=2):
     """Start mslaunch, SIGKILL it once ``ready`` ranks hold their segments, and check
     that the ranks, their segments and their PMIx servers' directories go."""
-    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    err = open(out / "mslaunch.err", "w+b")      # (said if the job ends before it is held)
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err)
     try:
         for _ in range(ready):
-            assert p.stdout.readline() == b"ready\n"
+            line = p.stdout.readline()
+            if line != b"ready\n":
+                p.wait(30)
+                err.seek(0)
+                pytest.fail(f"{line!r}, not ready; mslaunch ended with {p.returncode}: "
+                            f"{err.read().decode(errors='replace')[-3000:]}")
         dirs = {line for name in os.listdir(out) if name.startswith("dirs.")
                 for line in (out / name).read_text().split()}
         assert dirs and all(os.path.isdir(d) for d in dirs), dirs
@@ -157,6 +163,7 @@ def _kill_while_held(argv, env, out, tag, ready=2):
     finally:
         p.kill()
         p.wait()
+        err.close()
         kill_tagged(tag)
 
 
