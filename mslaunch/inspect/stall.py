@@ -88,7 +88,7 @@ class StallWatch:
         # the next interval: the report comes within S and one interval of it.
         due = self.quiet_since + self.seconds - now
         sup.loop.call_later(due if 0.05 < due < self.every else self.every, self._tick)
-        written = sum(o.written for r in sup.ranks for o in r.outputs)
+        written = self._written()
         if written != self.written:
             self.written, self.quiet_since = written, now
             self.signature = None            # the picture moved: start over
@@ -106,6 +106,10 @@ class StallWatch:
         # crash a rank whose threads run Python (see machine.pydump).
         gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
                lambda stacks: self._sampled(stacks, written), here_only=True, main_only=True)
+
+    def _written(self) -> int:
+        """Bytes the ranks have written so far, all streams."""
+        return sum(o.written for r in self.sup.ranks for o in r.outputs)
 
     def _computing(self, stacks: List[RankStacks], now: float) -> bool:
         """Whether a rank used most of a CPU since the last sample outside a
@@ -137,8 +141,7 @@ class StallWatch:
         self.sampling = False
         sup = self.sup
         now = time.monotonic()
-        if sup.ending is not None or written != sum(o.written for r in sup.ranks
-                                                      for o in r.outputs):
+        if sup.ending is not None or written != self._written():
             return
         report = merge(stacks)
         sig = signature(report)
@@ -166,7 +169,7 @@ class StallWatch:
         sup = self.sup
         if sup.ending is not None:
             return
-        if written != sum(o.written for r in sup.ranks for o in r.outputs):
+        if written != self._written():
             self.reported = None             # it wrote meanwhile: not stalled after all
             return
         _, text = report_text(stacks, sup, f"stalled for {quiet:.0f} s or more (no output, no "
