@@ -35,6 +35,7 @@ PMIxServer._connected = stuck          # bound as the server is made
 tmpdir, shm, program = sys.argv[1], sys.argv[2], sys.argv[3:]
 segments = {name: shm for name in (*BACKING_VARIABLES, UCX_DIR_VARIABLE)}
 server = PMIxServer(Loop(), L.load(), tmpdir, None)
+server.start()
 ns = server.namespace(Layout("stuck", ["here"], [0, 0], [0, 0], 2, 0), None,
                       lambda *args: None, lambda rank: None)
 ranks = [subprocess.Popen(program, env={**os.environ, **ns.env(rank, os.environ), **segments},

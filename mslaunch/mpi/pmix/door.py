@@ -5,8 +5,9 @@ Loading ``libpmix`` and starting its server costs some 20 ms of CPU, paid by
 every job if it were done before the ranks start, though only Open MPI ranks
 ever speak PMIx.  So a job is given the variables the server would give it
 (:mod:`.template`), with this door's address in the URIs; when the first
-rank connects, ``wake()`` starts the real server and registers the job, and
-every connection made to the door is joined to the server's own listener
+rank connects, ``wake()`` starts the real server (on a thread of its own: the
+loop goes on meanwhile) and registers the job, and every connection made to
+the door is held until then, and joined to the server's own listener
 (loopback) and its bytes carried both ways as they are, until either side
 closes.  Ranks started once the server is up are given its own address and
 bypass the door.  A stranger that knocks costs the server's start; the
@@ -22,9 +23,12 @@ from ...core import socket
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Tuple
+    from typing import Callable, Dict, List, Literal, Optional, Tuple
 
     from ...machine.loop import Loop
+
+    #: Not knocked at yet; the server being started; started (or failed); closed.
+    State = Literal["asleep", "waking", "awake", "closed"]
 
 #: Bytes read from one side at a time.
 CHUNK = 1 << 16
@@ -75,15 +79,18 @@ class _Pipe:
 
 class Door:
     """See the module docstring: a listening socket on ``host`` (the address the
-    server would have had); ``wake()`` starts the server and returns its address,
-    or None if it could not (the knocking connections are then closed)."""
+    server would have had); ``wake(answer)`` starts the server and calls
+    ``answer`` in the loop with its address, or None if it could not (the
+    knocking connections are then closed).  Connections made meanwhile wait,
+    unread, for the answer."""
 
     def __init__(self, loop: Loop, host: str,
-                 wake: Callable[[], Optional[Tuple[str, int]]]) -> None:
+                 wake: Callable[[Callable[[Optional[Tuple[str, int]]], None]], None]) -> None:
         self.loop = loop
         self.wake = wake
         self.target: Optional[Tuple[str, int]] = None
-        self.woken = False
+        self.state: State = "asleep"
+        self.waiting: List[socket.socket] = []
         self.pairs: Dict[int, List[_Pipe]] = {}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -107,12 +114,26 @@ class Door:
                     self.loop.pause_reader(self.sock.fileno(), 0.1)
                 return
             conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fd)
-            if not self.woken:
-                self.woken = True
-                self.target = self.wake()
-            if self.target is None:
-                conn.close()
+            if self.state == "awake":
+                self._let_in(conn)
                 continue
+            self.waiting.append(conn)
+            if self.state == "asleep":
+                self.state = "waking"
+                self.wake(self._answer)
+
+    def _answer(self, target: Optional[Tuple[str, int]]) -> None:
+        if self.state != "waking":
+            return          # closed meanwhile
+        self.state, self.target = "awake", target
+        waiting, self.waiting = self.waiting, []
+        for conn in waiting:
+            self._let_in(conn)
+
+    def _let_in(self, conn: socket.socket) -> None:
+        if self.target is None:
+            conn.close()
+        else:
             self._join(conn, self.target)
 
     def _join(self, conn: socket.socket, target: Tuple[str, int]) -> None:
@@ -141,7 +162,11 @@ class Door:
             self._forget(pipe.src)
 
     def close(self) -> None:
-        """Stop listening and close every joined connection."""
+        """Stop listening and close every connection, joined or waiting."""
+        self.state = "closed"
+        for conn in self.waiting:
+            conn.close()
+        self.waiting = []
         for pair in list(self.pairs.values()):
             self.part(pair)
         if self.sock.fileno() >= 0:

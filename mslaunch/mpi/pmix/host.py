@@ -23,7 +23,8 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Mapping, Optional, Set, Tuple
+    from _thread import LockType
+    from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
     from ...machine.loop import Loop
     from ..pmi.job import PMIJob
@@ -79,10 +80,24 @@ class PMIxHost:
         self.pending: Dict[str, Pending] = {}
         self._cache: Optional[str] = None       # the template's file
         self._key: Optional[str] = None         # ... and its key there
+        #: A server being started aside: it, a lock held until its start ends, and
+        #: that start's problem (None: up), once it has ended.
+        self._starting: Optional[Tuple[PMIxServer, LockType, List[Optional[str]]]] = None
 
     def _start(self) -> Optional[PMIxServer]:
+        """The server, started here and now if it is not (or waited for, if it is
+        being started aside); None if it cannot be."""
+        if self._starting is not None:
+            self._settle()
         if self.server is not None or self.problem is not None:
             return self.server
+        server = self._make()
+        if server is not None:
+            self._started(server, _start_now(server))
+        return self.server
+
+    def _make(self) -> Optional[PMIxServer]:
+        """The library loaded, the directory made and the server made, not started."""
         from . import lib
         from .dpm import DPMCalls
         from .server import PMIxServer
@@ -100,16 +115,57 @@ class PMIxHost:
             return None
         from ..pmi.files import xml_path
         topology = xml_path()
-        try:
-            self.server = PMIxServer(self.loop, library, self.directory,
-                                     topology if topology and os.path.isfile(topology) else None,
-                                     more_calls=DPMCalls)
-        except OSError as err:
-            self.problem = f"{library.path}: {err}"
-            return None
-        self.server.fetch = self.fetch
-        self.log(f"PMIx server of {library.version.split(' (')[0]} ({library.path})")
-        return self.server
+        server = PMIxServer(self.loop, library, self.directory,
+                            topology if topology and os.path.isfile(topology) else None,
+                            more_calls=DPMCalls)
+        server.fetch = self.fetch
+        return server
+
+    def _started(self, server: PMIxServer, problem: Optional[str]) -> None:
+        if problem is not None:
+            server.close()
+            self.problem = f"{server.lib.path}: {problem}"
+            return
+        self.server = server
+        self.log(f"PMIx server of {server.lib.version.split(' (')[0]} ({server.lib.path})")
+
+    def _begin(self, done: Callable[[], None]) -> None:
+        """Start the server on a thread of its own, ``done()`` called in the loop once
+        it is up or has failed.  Started in the loop's thread, a server that took
+        seconds to start (seen under load, in ``PMIx_server_init``) held this
+        process's heartbeats as long, and its peers took the host for lost."""
+        import _thread
+        server = self._make()
+        if server is None:
+            done()
+            return
+        finished = _thread.allocate_lock()
+        finished.acquire()
+        outcome: List[Optional[str]] = []
+        self._starting = (server, finished, outcome)
+
+        def run() -> None:
+            outcome.append(_start_now(server))
+            finished.release()
+            server.inbox.post(settled)
+
+        def settled() -> None:
+            self._settle()
+            done()
+        _thread.start_new_thread(run, ())
+
+    def _settle(self, patience: Optional[float] = None) -> bool:
+        """Take the outcome of the start begun aside, waiting for it (at most
+        ``patience`` seconds); False if it has not ended."""
+        if self._starting is None:
+            return True
+        server, finished, outcome = self._starting
+        if not finished.acquire(timeout=-1 if patience is None else patience):
+            return False
+        finished.release()
+        self._starting = None
+        self._started(server, outcome[0])
+        return True
 
     def serve(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
         """Serve PMIx to ``pj``'s ranks here (their variables then come with
@@ -165,9 +221,16 @@ class PMIxHost:
             save(self._cache, self._key, template, server.lib.path, save_whole)
         self._cache = None
 
-    def _wake(self) -> Optional[Tuple[str, int]]:
-        """A rank knocked: start the server, register the waiting jobs and their
-        ranks; the server's address, or None."""
+    def _wake(self, answer: Callable[[Optional[Tuple[str, int]]], None]) -> None:
+        """A rank knocked: start the server (aside), then register the waiting jobs
+        and their ranks, and ``answer`` the server's address, or None."""
+        if self._starting is None and self.server is None and self.problem is None:
+            # a door closed meanwhile (the attempt or the job ended) is not answered
+            self._begin(lambda: answer(self._register()) if self.door is not None else None)
+        else:
+            answer(self._register())
+
+    def _register(self) -> Optional[Tuple[str, int]]:
         from .template import fill
         server = self._start()
         if server is None:
@@ -251,12 +314,24 @@ class PMIxHost:
         from ...machine.trees import remove_tree
         remove_tree(self.directory)
 
-
     def _shut(self) -> None:
         self.pending.clear()
         if self.door is not None:
             self.door.close()
             self.door = None
+        if not self._settle(patience=5.0):
+            self._starting = None
+            self.problem = "the PMIx library did not start: its thread is stuck"
+            self.log(f"{self.problem} (left to end with this process)")
+
+
+def _start_now(server: PMIxServer) -> Optional[str]:
+    """Start ``server``: None, or why it would not start."""
+    try:
+        server.start()
+    except OSError as err:
+        return str(err)
+    return None
 
 
 def _address(env: Mapping[str, str]) -> Optional[Tuple[str, int]]:

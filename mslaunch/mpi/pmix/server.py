@@ -53,15 +53,18 @@ class Inbox:
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.lock = _thread.allocate_lock()
         self.calls: List[Callable[[], None]] = []
+        self.closed = False
         loop.add_reader(self.read_fd, self.run)
 
     def post(self, call: Callable[[], None]) -> None:
         with self.lock:
+            if self.closed:
+                return    # the descriptor's number may be another file's by now
             self.calls.append(call)
-        try:
-            os.write(self.write_fd, b"!")
-        except OSError:
-            pass          # full: the loop is awake already
+            try:
+                os.write(self.write_fd, b"!")
+            except OSError:
+                pass      # full: the loop is awake already
 
     def run(self) -> None:
         try:
@@ -90,6 +93,10 @@ class Inbox:
             pass        # a closed loop (an earlier attempt's, see PMIxServer.move_to)
 
     def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
         self._leave()
         os.close(self.read_fd)
         os.close(self.write_fd)
@@ -188,12 +195,17 @@ def _server_environ(xml: Optional[str]) -> Dict[str, Optional[str]]:
     starts (:mod:`.door`) cannot use the shared-memory stores, which the server
     makes as it starts, and with a server of those stores, such a rank fails in
     a spawn (Debian's libpmix 4.2.2: PROC-ENTRY-NOT-FOUND, Open MPI 4's
-    ``ompi_dpm_dyn_init`` "No permission")."""
+    ``ompi_dpm_dyn_init`` "No permission").
+
+    Only the C library's environment is changed (``os.putenv``): the library
+    reads it with ``getenv``, and ``os.environ``, which ranks' environments are
+    made from, stays as it is while the server starts on another thread."""
     wanted = {} if "PMIX_MCA_gds" in os.environ else {"PMIX_MCA_gds": "hash"}
     if xml is not None and "HWLOC_XMLFILE" not in os.environ:
         wanted.update({"HWLOC_XMLFILE": xml, "HWLOC_THISSYSTEM": "1"})
     saved = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
+    for name, value in wanted.items():
+        os.putenv(name, value)
     return saved
 
 
@@ -236,18 +248,25 @@ class PMIxServer:
         self.more = more_calls(self) if more_calls is not None else None
         for slot, call in (self.more.calls.items() if self.more is not None else ()):
             self._module[slot] = C.cast(call, C.c_void_p)
-        self._info = info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
-                                        ("pmix.sys.tmpdir", L.STRING, tmpdir)])
-        saved = _server_environ(topology)
+        self._info = L.InfoList([("pmix.srvr.tmpdir", L.STRING, tmpdir),
+                                 ("pmix.sys.tmpdir", L.STRING, tmpdir)])
+
+    def start(self) -> None:
+        """Start the library's server; OSError if it would not.  Blocking, it may be
+        called from a thread other than the loop's: it touches neither the loop
+        nor ``os.environ`` (see :func:`_server_environ`)."""
+        info = self._info
+        saved = _server_environ(self.topology)
         try:
-            rc = library.lib.PMIx_server_init(C.cast(self._module, C.c_void_p),
-                                              C.cast(info.array, C.c_void_p), info.size)
+            rc = self.lib.lib.PMIx_server_init(C.cast(self._module, C.c_void_p),
+                                               C.cast(info.array, C.c_void_p), info.size)
         finally:
-            os.environ.update({k: v for k, v in saved.items() if v is not None})
-            for k in [k for k, v in saved.items() if v is None]:
-                os.environ.pop(k, None)
+            for name, value in saved.items():
+                if value is None:
+                    os.unsetenv(name)
+                else:
+                    os.putenv(name, value)
         if rc != L.SUCCESS:
-            self.inbox.close()
             raise OSError(f"PMIx_server_init failed ({rc})")
         self.up = True
 
@@ -297,6 +316,7 @@ class PMIxServer:
         twenty).  The launcher must not wait for it forever: the stop is left to
         a thread of its own, which ends with this process."""
         if not self.up:
+            self.inbox.close()
             return True
         self.up = False
         import threading

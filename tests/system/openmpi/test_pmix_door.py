@@ -16,10 +16,22 @@ import os
 import shutil
 import subprocess
 import threading
+from typing import Optional
 
 import pytest
 from requires import require
-from helpers import PY, clean_env, kill_tagged, new_tag, program, run, tagged_pids, wait_for
+from helpers import (
+    PY,
+    clean_env,
+    cmd,
+    kill_tagged,
+    new_tag,
+    program,
+    read_until,
+    run,
+    tagged_pids,
+    wait_for,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pmixjobs import RANKS, check_spawned
@@ -260,7 +272,7 @@ def test_the_door_carries_bytes_both_ways_and_closes_with_either_side():
                     return
                 conn.sendall(data)
     loop = Loop()
-    door = Door(loop, "127.0.0.1", lambda: woken.append(1) or server.getsockname())
+    door = Door(loop, "127.0.0.1", lambda answer: woken.append(1) or answer(server.getsockname()))
     worker = threading.Thread(target=echo, daemon=True)
     worker.start()
     client = socket.create_connection(("127.0.0.1", door.port))
@@ -288,10 +300,78 @@ def test_the_door_carries_bytes_both_ways_and_closes_with_either_side():
     server.close()
 
 
+def _waits_on_a_fifo(pid: int) -> bool:
+    """Whether a thread of process ``pid`` waits to open a FIFO that nobody has open."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/wchan") as f:
+                if f.read() == "wait_for_partner":
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def _opened_for_writing(path) -> Optional[int]:
+    """A FIFO opened for writing, if a reader has it open, else None."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+
+
+def test_a_server_slow_to_start_holds_up_nothing_else(ompi, tmp_path):
+    """The server starts on a thread of its own.  Here its start waits on a FIFO that
+    nobody reads (the library writes its address there as it starts), and the
+    line of another rank of the job is carried meanwhile.  Started in the loop's
+    thread, it held every line, and an agent's heartbeats, for as long."""
+    python, env, _ = ompi
+    cache, uri, go = tmp_path / "cache", tmp_path / "uri", tmp_path / "go"
+    os.mkfifo(uri)
+    os.mkfifo(go)
+    extra = {"PMIX_MCA_ptl_tcp_report_uri": str(uri)}
+    first = threading.Thread(target=uri.read_bytes, daemon=True)     # the first job's
+    first.start()
+    r = _job(ompi, cache, "-n", "1", "python", RANKS, "show", **extra)
+    first.join(60)
+    assert r.returncode == 0 and not first.is_alive() and _templates(cache), r.stderr
+    if uri.exists():
+        uri.unlink()
+    os.mkfifo(uri)          # the library removes the file as its server stops
+    tag = new_tag()
+    # rank 1 joins MPI once it has said its line: a rank that never did would end the job
+    carry = (f"import runpy, sys; open({str(go)!r}).read(); print('carried', flush=True); "
+             f"sys.argv[1:] = ['show']; runpy.run_path({RANKS!r}, run_name='__main__')")
+    job = subprocess.Popen(
+        cmd("-v", "--tag-output", "-n", "1", python, RANKS, "show", ":", "-n", "1", python, "-c",
+            carry), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=clean_env(MSL_TEST_TAG=tag, XDG_CACHE_HOME=str(cache), **env, **extra))
+    try:
+        assert wait_for(lambda: _waits_on_a_fifo(job.pid), 120), "the server never started"
+        fds: list = []
+        assert wait_for(lambda: fds.append(_opened_for_writing(go)) or fds[-1] is not None, 60)
+        os.write(fds[-1], b"go")
+        os.close(fds[-1])
+        read_until(job.stdout, b"carried", timeout=60)
+        assert _waits_on_a_fifo(job.pid)        # the server is still starting
+        assert uri.read_bytes().startswith(b"pmix-server.")
+        out, err = job.communicate(timeout=120)
+        assert job.returncode == 0, err
+        lines = err.decode().splitlines()
+        first_rank = next(i for i, x in enumerate(lines) if x.startswith("mslaunch: started rank"))
+        assert [i for i, x in enumerate(lines) if SERVED in x][0] > first_rank, err
+        assert b"rank 1 of 2" in out, out
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        kill_tagged(tag)
+
+
 def test_a_door_whose_server_cannot_start_closes_the_knocker():
     import socket
     loop = Loop()
-    door = Door(loop, "127.0.0.1", lambda: None)
+    door = Door(loop, "127.0.0.1", lambda answer: answer(None))
     client = socket.create_connection(("127.0.0.1", door.port))
     loop.run_once(1)
     client.settimeout(5)
