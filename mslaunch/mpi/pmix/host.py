@@ -23,7 +23,6 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from _thread import LockType
     from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
     from ...machine.loop import Loop
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
 
 class Pending:
     """A job's namespace while the server is not started: its ranks' variables come
-    from the template, and :meth:`PMIxHost._wake` registers it and them."""
+    from the template, and :meth:`PMIxHost._register` registers it and them."""
 
     def __init__(self, host: PMIxHost, pj: PMIJob, layout: Layout, relay: Relay) -> None:
         self.host, self.pj, self.layout, self.relay = host, pj, layout, relay
@@ -61,6 +60,22 @@ class Pending:
         self.host.pending.pop(self.name, None)
 
 
+class _Aside:
+    """A server being started on a thread of its own (:meth:`PMIxHost._begin`): the
+    environment to restore, a lock held until the start ends and its problem
+    (None: up); what waits for it: calls and guest jobs."""
+
+    def __init__(self, server: PMIxServer, saved: Dict[str, Optional[str]],
+                 then: Callable[[], None]) -> None:
+        import _thread
+        self.server, self.saved = server, saved
+        self.finished = _thread.allocate_lock()
+        self.finished.acquire()
+        self.problem: Optional[str] = None
+        self.then: List[Callable[[], None]] = [then]
+        self.guests: List[Layout] = []
+
+
 class PMIxHost:
     """See the module docstring; ``directory`` is where the server keeps its files,
     ``log`` takes one line for ``-v``."""
@@ -80,9 +95,7 @@ class PMIxHost:
         self.pending: Dict[str, Pending] = {}
         self._cache: Optional[str] = None       # the template's file
         self._key: Optional[str] = None         # ... and its key there
-        #: A server being started aside: it, a lock held until its start ends, and
-        #: that start's problem (None: up), once it has ended.
-        self._starting: Optional[Tuple[PMIxServer, LockType, List[Optional[str]]]] = None
+        self._starting: Optional[_Aside] = None  # a server being started aside
 
     def _start(self) -> Optional[PMIxServer]:
         """The server, started here and now if it is not (or waited for, if it is
@@ -93,7 +106,13 @@ class PMIxHost:
             return self.server
         server = self._make()
         if server is not None:
-            self._started(server, _start_now(server))
+            from .server import restore_environ, server_environ
+            saved = server_environ(server.topology)
+            try:
+                problem = _start_now(server)
+            finally:
+                restore_environ(saved)
+            self._started(server, problem)
         return self.server
 
     def _make(self) -> Optional[PMIxServer]:
@@ -115,9 +134,13 @@ class PMIxHost:
             return None
         from ..pmi.files import xml_path
         topology = xml_path()
-        server = PMIxServer(self.loop, library, self.directory,
-                            topology if topology and os.path.isfile(topology) else None,
-                            more_calls=DPMCalls)
+        try:
+            server = PMIxServer(self.loop, library, self.directory,
+                                topology if topology and os.path.isfile(topology) else None,
+                                more_calls=DPMCalls)
+        except OSError as err:
+            self.problem = f"{library.path}: {err}"
+            return None
         server.fetch = self.fetch
         return server
 
@@ -129,42 +152,56 @@ class PMIxHost:
         self.server = server
         self.log(f"PMIx server of {server.lib.version.split(' (')[0]} ({server.lib.path})")
 
-    def _begin(self, done: Callable[[], None]) -> None:
-        """Start the server on a thread of its own, ``done()`` called in the loop once
-        it is up or has failed.  Started in the loop's thread, a server that took
+    def _begin(self, then: Callable[[], None]) -> None:
+        """Start the server on a thread of its own, then call ``then()`` in the loop,
+        the server up or failed.  Started in the loop's thread, a server that took
         seconds to start (seen under load, in ``PMIx_server_init``) held this
         process's heartbeats as long, and its peers took the host for lost."""
         import _thread
+
+        from .server import restore_environ, server_environ
         server = self._make()
         if server is None:
-            done()
+            then()
             return
-        finished = _thread.allocate_lock()
-        finished.acquire()
-        outcome: List[Optional[str]] = []
-        self._starting = (server, finished, outcome)
+        start = _Aside(server, server_environ(server.topology), then)
 
         def run() -> None:
-            outcome.append(_start_now(server))
-            finished.release()
-            server.inbox.post(settled)
+            problem: Optional[str] = "its start ended without a word"
+            try:
+                problem = _start_now(server)
+            finally:
+                start.problem = problem
+                start.finished.release()
+                server.inbox.post(settle)
 
-        def settled() -> None:
+        def settle() -> None:
             self._settle()
-            done()
-        _thread.start_new_thread(run, ())
+        try:
+            _thread.start_new_thread(run, ())
+        except RuntimeError as err:            # no thread to be had
+            restore_environ(start.saved)
+            self._started(server, str(err))
+            then()
+            return
+        self._starting = start
 
     def _settle(self, patience: Optional[float] = None) -> bool:
         """Take the outcome of the start begun aside, waiting for it (at most
-        ``patience`` seconds); False if it has not ended."""
-        if self._starting is None:
+        ``patience`` seconds), and do what waited for it; False if it has not ended."""
+        start = self._starting
+        if start is None:
             return True
-        server, finished, outcome = self._starting
-        if not finished.acquire(timeout=-1 if patience is None else patience):
+        if not start.finished.acquire(timeout=-1 if patience is None else patience):
             return False
-        finished.release()
         self._starting = None
-        self._started(server, outcome[0])
+        from .server import restore_environ
+        restore_environ(start.saved)
+        self._started(start.server, start.problem)
+        for layout in start.guests:
+            self.guest(layout)
+        for then in start.then:
+            self.loop.call_later(0, then)
         return True
 
     def serve(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
@@ -222,13 +259,19 @@ class PMIxHost:
         self._cache = None
 
     def _wake(self, answer: Callable[[Optional[Tuple[str, int]]], None]) -> None:
-        """A rank knocked: start the server (aside), then register the waiting jobs
-        and their ranks, and ``answer`` the server's address, or None."""
-        if self._starting is None and self.server is None and self.problem is None:
-            # a door closed meanwhile (the attempt or the job ended) is not answered
-            self._begin(lambda: answer(self._register()) if self.door is not None else None)
+        """A rank knocked at the door: start the server (aside), then register the
+        waiting jobs and their ranks, and ``answer`` the server's address, or None."""
+        door = self.door
+
+        def then() -> None:
+            if self.door is door:         # not closed meanwhile (the attempt ended)
+                answer(self._register())
+        if self._starting is not None:
+            self._starting.then.append(then)
+        elif self.server is None and self.problem is None:
+            self._begin(then)
         else:
-            answer(self._register())
+            then()
 
     def _register(self) -> Optional[Tuple[str, int]]:
         from .template import fill
@@ -270,6 +313,9 @@ class PMIxHost:
         the library then asks for its processes' data (direct modex) instead of
         waiting for it, when a process here connects to them (a spawn's parent
         and children on other hosts)."""
+        if self._starting is not None:
+            self._starting.guests.append(layout)
+            return
         server = self._start()
         if server is None or layout.nspace in server.namespaces:
             return
@@ -292,9 +338,10 @@ class PMIxHost:
         """Serve the next attempt of a job run with ``--max-restarts``, in ``loop``
         (see :meth:`~.server.PMIxServer.move_to`)."""
         self.loop, self.log, self.fetch = loop, log, fetch
-        if self.server is not None:
-            self.server.move_to(loop)
-            self.server.fetch = fetch
+        for server in (self.server, self._starting.server if self._starting else None):
+            if server is not None:
+                server.move_to(loop)
+                server.fetch = fetch
 
     def retire(self) -> None:
         """The attempt's ranks are gone: forget its jobs, keep the server and its
@@ -306,6 +353,10 @@ class PMIxHost:
     def close(self) -> None:
         """Stop the server and remove its directory (once the ranks are gone)."""
         self._shut()
+        if not self._settle(patience=5.0):
+            self._starting = None
+            self.log("the PMIx library's server did not start within 5 s (left to end "
+                     "with this process)")
         if self.server is not None:
             if not self.server.close():
                 self.log("the PMIx library did not stop: its thread is stuck (left to end "
@@ -316,13 +367,11 @@ class PMIxHost:
 
     def _shut(self) -> None:
         self.pending.clear()
+        if self._starting is not None:
+            self._starting.guests.clear()
         if self.door is not None:
             self.door.close()
             self.door = None
-        if not self._settle(patience=5.0):
-            self._starting = None
-            self.problem = "the PMIx library did not start: its thread is stuck"
-            self.log(f"{self.problem} (left to end with this process)")
 
 
 def _start_now(server: PMIxServer) -> Optional[str]:

@@ -186,20 +186,23 @@ class Namespace:
                 self.name.encode(), self.server.client_registered, None)
 
 
-def _server_environ(xml: Optional[str]) -> Dict[str, Optional[str]]:
+def server_environ(xml: Optional[str]) -> Dict[str, Optional[str]]:
     """Set what the library reads from the environment while the server starts (what
-    it replaces, to be restored).  hwloc is pointed at this host's topology file:
-    discovering the topology is most of the start of a library that has none
-    given (tens of milliseconds; 5 to 15 from the file).  The job data store is
-    the ``hash`` one, unless the user chose: ranks told of a server before it
-    starts (:mod:`.door`) cannot use the shared-memory stores, which the server
-    makes as it starts, and with a server of those stores, such a rank fails in
-    a spawn (Debian's libpmix 4.2.2: PROC-ENTRY-NOT-FOUND, Open MPI 4's
-    ``ompi_dpm_dyn_init`` "No permission").
+    it replaces, to be given to :func:`restore_environ` once it has started).
+    hwloc is pointed at this host's topology file: discovering the topology is
+    most of the start of a library that has none given (tens of milliseconds;
+    5 to 15 from the file).  The job data store is the ``hash`` one, unless the
+    user chose: ranks told of a server before it starts (:mod:`.door`) cannot
+    use the shared-memory stores, which the server makes as it starts, and with
+    a server of those stores, such a rank fails in a spawn (Debian's libpmix
+    4.2.2: PROC-ENTRY-NOT-FOUND, Open MPI 4's ``ompi_dpm_dyn_init`` "No
+    permission").
 
-    Only the C library's environment is changed (``os.putenv``): the library
-    reads it with ``getenv``, and ``os.environ``, which ranks' environments are
-    made from, stays as it is while the server starts on another thread."""
+    Only the C library's environment is changed (``os.putenv``), which the
+    library reads with ``getenv``; ``os.environ``, which ranks' environments
+    are made from, stays as it is while the server starts on a thread of its
+    own.  Both calls are made in the loop's thread: ``setenv`` is not safe
+    beside another thread's ``getenv``."""
     wanted = {} if "PMIX_MCA_gds" in os.environ else {"PMIX_MCA_gds": "hash"}
     if xml is not None and "HWLOC_XMLFILE" not in os.environ:
         wanted.update({"HWLOC_XMLFILE": xml, "HWLOC_THISSYSTEM": "1"})
@@ -209,12 +212,22 @@ def _server_environ(xml: Optional[str]) -> Dict[str, Optional[str]]:
     return saved
 
 
+def restore_environ(saved: Mapping[str, Optional[str]]) -> None:
+    """Undo :func:`server_environ`."""
+    for name, value in saved.items():
+        if value is None:
+            os.unsetenv(name)
+        else:
+            os.putenv(name, value)
+
+
 class PMIxServer:
     """The library's server in this process (see the module docstring); ``tmpdir``
     (made and removed by the caller) holds everything it and the ranks' Open MPI
     keep on disk; ``topology``, an hwloc XML file of this host, spares it looking;
     ``more_calls`` makes upcalls beyond the four here (:class:`~.dpm.DPMCalls`), an
-    object whose ``calls`` maps module slots to them, kept for the server's life."""
+    object whose ``calls`` maps module slots to them, kept for the server's life.
+    The library's server is started by :meth:`start`."""
 
     def __init__(self, loop: Loop, library: L.Library, tmpdir: str,
                  topology: Optional[str] = None,
@@ -252,20 +265,12 @@ class PMIxServer:
                                  ("pmix.sys.tmpdir", L.STRING, tmpdir)])
 
     def start(self) -> None:
-        """Start the library's server; OSError if it would not.  Blocking, it may be
-        called from a thread other than the loop's: it touches neither the loop
-        nor ``os.environ`` (see :func:`_server_environ`)."""
+        """Start the library's server (its environment set: :func:`server_environ`);
+        OSError if it would not.  Blocking, it may be called from a thread other
+        than the loop's: it touches neither the loop nor the environment."""
         info = self._info
-        saved = _server_environ(self.topology)
-        try:
-            rc = self.lib.lib.PMIx_server_init(C.cast(self._module, C.c_void_p),
-                                               C.cast(info.array, C.c_void_p), info.size)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.unsetenv(name)
-                else:
-                    os.putenv(name, value)
+        rc = self.lib.lib.PMIx_server_init(C.cast(self._module, C.c_void_p),
+                                           C.cast(info.array, C.c_void_p), info.size)
         if rc != L.SUCCESS:
             raise OSError(f"PMIx_server_init failed ({rc})")
         self.up = True

@@ -301,14 +301,22 @@ def test_the_door_carries_bytes_both_ways_and_closes_with_either_side():
 
 
 def _waits_on_a_fifo(pid: int) -> bool:
-    """Whether a thread of process ``pid`` waits to open a FIFO that nobody has open."""
-    for task in os.listdir(f"/proc/{pid}/task"):
+    """Whether a thread of process ``pid`` waits to open a FIFO that nobody has open
+    (where the kernel does not name where a thread waits: waits in ``openat``)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/wchan") as f:
-                if f.read() == "wait_for_partner":
-                    return True
+                where = f.read()
+            with open(f"/proc/{pid}/task/{task}/syscall") as f:
+                call = f.read().split(" ", 1)[0]
         except OSError:
-            pass
+            continue
+        if where == "wait_for_partner" or (where in ("", "0") and call == "257"):
+            return True
     return False
 
 
@@ -366,6 +374,23 @@ def test_a_server_slow_to_start_holds_up_nothing_else(ompi, tmp_path):
             job.kill()
             job.wait()
         kill_tagged(tag)
+
+
+@pytest.mark.parametrize("mode", ["guest", "restart", "fail"])
+def test_what_waits_for_a_server_started_aside(tmp_path, mode):
+    """tests/programs/pmix_aside.py: a guest job made known during the start is
+    queued, not waited for; an attempt that ends during the start closes its
+    knocker, and the next attempt's loop takes the server over; a server that
+    cannot start closes the knockers, the first and the next."""
+    fifo = tmp_path / "uri"
+    os.mkfifo(fifo)
+    r = subprocess.run([PY, program("pmix_aside.py"), mode, str(tmp_path / "pmix"), str(fifo)],
+                       capture_output=True, timeout=120, env=clean_env())
+    said = [x for x in r.stdout.decode().splitlines() if not x.startswith("log ")]
+    assert said == {"guest": ["guest queued True", "let in True"],
+                    "restart": ["taken over True"],
+                    "fail": ["closed True", "closed again"]}[mode] + ["done"], (r.stdout, r.stderr)
+    assert not (tmp_path / "pmix").exists()
 
 
 def test_a_door_whose_server_cannot_start_closes_the_knocker():
