@@ -181,8 +181,9 @@ def test_a_native_rank_has_native_frames():
     tag = new_tag()
     p = start("-n", "2", "sleep", "60", env=clean_env(MSL_TEST_TAG=tag))
     try:
+        # (until both sleep: a rank still starting is of a class of its own)
         data = until(p.pid, lambda d: len(d["ranks"]) == 2 and all(
-            main_frames(d, r) for r in range(2)))
+            main_frames(d, r) for r in range(2)) and d["classes"] == [[0, 1]])
         assert data["classes"] == [[0, 1]]
         assert any("nanosleep" in f for f in main_frames(data, 0)), data
     finally:

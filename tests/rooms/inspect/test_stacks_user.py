@@ -141,11 +141,14 @@ def test_stacks_and_top_as_a_user_and_refused_to_another(users):
             r = owner.tool("mslaunch-stacks", "--json")
             data = json.loads(r.stdout) if r.returncode == 0 else None
             last[:] = [r.stderr, data]
+            # both in the same place: a rank between two naps (os.path.exists) is
+            # of a class of its own, and is caught there now and then on a busy machine
             return bool(data) and len(data["ranks"]) == 2 and all(
-                any("waiting_in_user_job" in f for f in _main_frames(data, n)) for n in (0, 1))
+                any("waiting_in_user_job" in f for f in _main_frames(data, n))
+                for n in (0, 1)) and data["classes"] == [[0, 1]]
         assert wait_for(both_waiting, 60, 0.3), last
         data = last[1]
-        assert data["classes"] == [[0, 1]] and data["no_answer"] == []
+        assert data["no_answer"] == []
         text = owner.tool("mslaunch-stacks")
         assert text.returncode == 0 and b"ranks 0-1 (2)" in text.stdout, text
         top = owner.tool("mslaunch-top", "--once")
