@@ -116,16 +116,21 @@ class CListener(socket.socket):
 
 def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: int,
                      drop: Callable[[Any], None], note: Callable[[str], None],
-                     grace: float = STRANGER_GRACE) -> Iterator[Tuple[Any, Any]]:
+                     grace: float = STRANGER_GRACE,
+                     local_only: bool = False) -> Iterator[Tuple[Any, Any]]:
     """The connections waiting on the listening socket ``lsock`` (64 at most
     per call), each ``(sock, address)``, non-blocking and without Nagle's
     delay; before each, room is made among the unproven (:func:`make_room`).
+    A connection of another user of this host is closed at once, unread and
+    unsaid (:func:`~mslaunch.machine.peers.judge`; ``local_only`` as there):
+    only peers of this user or of other hosts are given, to prove themselves.
 
     When there is no room yet, or the process is out of descriptors or
     memory (said once through ``note``), the listener rests: new connections
     wait in the kernel's queue meanwhile.
     """
     import errno
+    from .peers import judge
     for turn in range(64):
         if turn and not wait_fd(lsock, False, 0):
             return             # nobody else waits: no stranger is pushed out for nothing
@@ -142,6 +147,9 @@ def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: i
             if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 loop.pause_reader(lsock.fileno(), 0.5)
             return
+        if judge(sock, local_only=local_only) == "stranger":
+            sock.close()
+            continue
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

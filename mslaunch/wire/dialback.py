@@ -283,7 +283,7 @@ class Listener:
     def _accept(self, lsock: CListener) -> None:
         from ..machine.loop import accept_strangers
         for sock, _ in accept_strangers(self.loop, lsock, self.pending.values, MAX_PENDING,
-                                        lambda e: self._drop(e, "pushed out by newer connections"),
+                                        lambda e: self._drop(e, "was pushed out by newer connections"),
                                         self._note):
             if self._context is not None:
                 import socket

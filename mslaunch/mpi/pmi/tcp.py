@@ -113,7 +113,8 @@ class TCPDoor:
         for sock, _addr in accept_strangers(
                 server.loop, lsock, self.unauth.values, server.max_pending,
                 lambda c: c.abandon("evicted: too many unauthenticated connections"),
-                lambda text: server._emit_log(f"listener: {text}"), server.evict_grace):
+                lambda text: server._emit_log(f"listener: {text}"), server.evict_grace,
+                local_only=self.admit is None):
             if server._closed:
                 sock.close()
                 return

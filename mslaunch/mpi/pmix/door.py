@@ -1,5 +1,5 @@
-"""The door of a PMIx server not started yet: ranks are told its address, and the
-first one that knocks starts the server.
+"""The door of a PMIx server: the one address its ranks are told; the first one
+that knocks starts the server, if it is not up yet.
 
 Loading ``libpmix`` and starting its server costs some 20 ms of CPU, paid by
 every job if it were done before the ranks start, though only Open MPI ranks
@@ -9,9 +9,14 @@ rank connects, ``wake()`` starts the real server (on a thread of its own: the
 loop goes on meanwhile) and registers the job, and every connection made to
 the door is held until then, and joined to the server's own listener
 (loopback) and its bytes carried both ways as they are, until either side
-closes.  Ranks started once the server is up are given its own address and
-bypass the door.  A stranger that knocks costs the server's start; the
-library then reads its handshake as it reads any other.
+closes.  Ranks started once the server is up are given the door's address
+too, and the server's own listener takes no connection but the door's: a
+kernel filter on it (:class:`~mslaunch.machine.peers.Admission`) drops
+every other, before the library sees it.  Only this user's processes on
+this host are let in (:func:`~mslaunch.machine.peers.judge`): another
+user's connection is closed before a byte of it is read, and starts nothing.  A process of this
+user that knocks costs the server's start; the library then reads its
+handshake as it reads any other.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import errno
 
 # the socket module's own import costs a millisecond a job, with or without PMIx
 from ...core import socket
+from ...machine.peers import judge
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Literal, Optional, Tuple
 
     from ...machine.loop import Loop
+    from ...machine.peers import Admission
 
     #: Not knocked at yet; the server being started; started (or failed); closed.
     State = Literal["asleep", "waking", "awake", "closed"]
@@ -92,6 +99,10 @@ class Door:
         self.state: State = "asleep"
         self.waiting: List[socket.socket] = []
         self.pairs: Dict[int, List[_Pipe]] = {}
+        #: The server's listener, filtered to take only the door's connections
+        #: (set by the host once the server is up), and each one's source port.
+        self.admission: Optional[Admission] = None
+        self.sources: Dict[int, int] = {}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self.sock.bind((host, 0))
@@ -113,7 +124,10 @@ class Door:
                 if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self.loop.pause_reader(self.sock.fileno(), 0.1)
                 return
-            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fd)
+            conn = socket.socket(self.sock.family, socket.SOCK_STREAM, 0, fd)
+            if judge(conn, local_only=True) != "ours":
+                conn.close()        # another user's: never relayed, never a start
+                continue
             if self.state == "awake":
                 self._let_in(conn)
                 continue
@@ -121,6 +135,11 @@ class Door:
             if self.state == "asleep":
                 self.state = "waking"
                 self.wake(self._answer)
+
+    def open_at(self, target: Tuple[str, int]) -> None:
+        """The server is up already: let every connection in, to ``target``."""
+        if self.state == "asleep":
+            self.state, self.target = "awake", target
 
     def _answer(self, target: Optional[Tuple[str, int]]) -> None:
         if self.state != "waking":
@@ -138,12 +157,20 @@ class Door:
 
     def _join(self, conn: socket.socket, target: Tuple[str, int]) -> None:
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        source = 0
         try:
+            if self.admission is not None:
+                # from a port of ours, named to the listener's filter first
+                server.bind((target[0], 0))
+                source = server.getsockname()[1]
+                self.admission.allow(source)
             # loopback, to a listener that is up: the connection is made at once
             server.connect(target)
         except OSError:
             server.close()
             conn.close()
+            if source and self.admission is not None:
+                self.admission.forget(source)
             return
         for s in (conn, server):
             s.setblocking(False)
@@ -151,13 +178,19 @@ class Door:
         pair: List[_Pipe] = []
         pair += [_Pipe(self, conn, server, pair), _Pipe(self, server, conn, pair)]
         self.pairs[conn.fileno()] = pair
+        if source:
+            self.sources[conn.fileno()] = source
         for pipe in pair:
             self.loop.add_reader(pipe.src.fileno(), pipe.readable)
 
     def part(self, pair: List[_Pipe]) -> None:
         """One side closed: close both (the library then sees its client go)."""
-        if self.pairs.pop(pair[0].src.fileno(), None) is None:
+        fd = pair[0].src.fileno()
+        if self.pairs.pop(fd, None) is None:
             return
+        source = self.sources.pop(fd, 0)
+        if source and self.admission is not None:
+            self.admission.forget(source)
         for pipe in pair:
             self._forget(pipe.src)
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
     from ...machine.loop import Loop
+    from ...machine.peers import Admission
     from ..pmi.job import PMIJob
     from .door import Door
     from .layout import Layout
@@ -96,6 +97,10 @@ class PMIxHost:
         self._cache: Optional[str] = None       # the template's file
         self._key: Optional[str] = None         # ... and its key there
         self._starting: Optional[_Aside] = None  # a server being started aside
+        #: The server's own listener, filtered to take the door's connections alone,
+        #: and its address.
+        self.admission: Optional[Admission] = None
+        self.own: Optional[Tuple[str, int]] = None
 
     def _start(self) -> Optional[PMIxServer]:
         """The server, started here and now if it is not (or waited for, if it is
@@ -151,6 +156,34 @@ class PMIxHost:
             return
         self.server = server
         self.log(f"PMIx server of {server.lib.version.split(' (')[0]} ({server.lib.path})")
+        try:
+            self.own = _address(server.lib.setup_fork("mslaunch-door", 0))
+        except OSError as err:
+            self.log(f"PMIx: the server's address is unknown: {err}")
+        if self.own is not None:
+            from ...machine.peers import Admission
+            self.admission = Admission([self.own[1]], self.own[0])
+
+    def _front(self, server: PMIxServer) -> None:
+        """Put a door before the running server: its ranks are given the door's
+        address, and the server's listener takes the door's connections alone.
+        Without a door (no port), the listener takes any, as the library's own."""
+        if self.own is None:
+            return
+        if self.door is None:
+            from .door import Door
+            try:
+                self.door = Door(self.loop, self.own[0], self._wake)
+            except OSError as err:
+                self.log(f"PMIx: no door before the server ({err}): its ranks reach it "
+                         f"directly")
+                if self.admission is not None:
+                    self.admission.close()
+                    self.admission = None
+                return
+        self.door.open_at(self.own)
+        self.door.admission = self.admission
+        server.front = self.door.port
 
     def _begin(self, then: Callable[[], None]) -> None:
         """Start the server on a thread of its own, then call ``then()`` in the loop,
@@ -212,6 +245,7 @@ class PMIxHost:
         server = self._start()
         if server is None:
             return False
+        self._front(server)
         try:
             pj.pmix = ns = server.namespace(layout, pj, relay, pj.pid_of)
         except OSError as err:
@@ -302,10 +336,10 @@ class PMIxHost:
                 self._keep(server, ns.name, min(waiting.ranks))
         self.pending.clear()
         if target is None:        # a knock before any rank was given the door's address
-            try:
-                target = _address(server.lib.setup_fork("mslaunch-door", 0))
-            except OSError as err:
-                self.log(f"PMIx: the server's address is unknown: {err}")
+            target = self.own
+        if self.door is not None and target is not None:
+            self.door.admission = self.admission
+            server.front = self.door.port
         return target
 
     def guest(self, layout: Layout) -> None:
@@ -362,6 +396,9 @@ class PMIxHost:
                 self.log("the PMIx library did not stop: its thread is stuck (left to end "
                          "with this process)")
             self.server = None
+        if self.admission is not None:
+            self.admission.close()
+            self.admission = None
         from ...machine.trees import remove_tree
         remove_tree(self.directory)
 
@@ -372,6 +409,8 @@ class PMIxHost:
         if self.door is not None:
             self.door.close()
             self.door = None
+        if self.server is not None:
+            self.server.front = None
 
 
 def _start_now(server: PMIxServer) -> Optional[str]:

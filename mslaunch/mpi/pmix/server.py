@@ -141,6 +141,9 @@ class Namespace:
         """The variables of one of this host's ranks (``own``: its environment): the
         library's and :func:`rank_extras`."""
         env = self.client(rank)
+        if self.server.front is not None:
+            from .template import retarget
+            env = retarget(env, self.server.front)
         env.update(rank_extras(self.name, self.server.tmpdir, own))
         return env
 
@@ -239,6 +242,8 @@ class PMIxServer:
         self._xml: Optional[str] = None
         self.namespaces: Dict[str, Namespace] = {}
         self.up = False           # between the library's init and its finalize
+        #: The port of the door before it (:mod:`.door`), which its ranks are given.
+        self.front: Optional[int] = None
         self.inbox = Inbox(loop)
         self._held: Dict[int, object] = {}      # answers the library reads until released
         self._tokens = itertools.count(1)

@@ -106,6 +106,15 @@ def fill(template: Mapping[str, str], directory: str, *, port: int, pid: int, ns
             for name, value in template.items()}
 
 
+def retarget(env: Mapping[str, str], port: int) -> Dict[str, str]:
+    """``env`` with ``port`` in its server URIs (a door's, before the server)."""
+    out: Dict[str, str] = {}
+    for name, value in env.items():
+        uri = _uri(value)
+        out[name] = uri[0] + str(port) if uri else value
+    return out
+
+
 def door_host(template: Mapping[str, str]) -> Optional[str]:
     """The address the server listened on (where its door must listen)."""
     for value in template.values():

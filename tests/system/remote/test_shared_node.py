@@ -1,0 +1,212 @@
+"""Another user of the node cannot end, slow or reach a job through its ports.
+
+The crowd (tests/programs/crowd.py) runs as ``nobody``, handed every address
+the job's processes listen on, found by root from their own descriptors (TCP
+and Unix, as ``/proc/net`` names them): it holds 2,000 connections to each
+and sends junk on every tenth, while the job's ranks reach ``MPI_Init``.  The
+job, whose descriptor limit is 1,024, must end 0 with its result, print no
+line of its own or of libpmix about it, and hold none of the crowd's
+connections: each one is refused, dropped by the kernel, or closed at once.
+Open MPI 4.1.4's ranks, with the PMIx server started before them (the first
+job of a user here) or started by the first rank's knock (a template kept
+from before); MPICH's with the PMI TCP port (``-pmi-port``); and Open MPI's
+on two SSH test hosts, with one crowd at the agent's ports on a host (in its
+network namespace) and one at the launcher's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+from requires import require
+from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, read_until, socket_inodes, \
+    wait_for
+
+CONNECTIONS = 2000
+HOLD = 14
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture(scope="module")
+def crowd():
+    """The crowd's program where every user may read it."""
+    require(os.geteuid() == 0, "root, to run the crowd as another user")
+    require(shutil.which("setpriv") is not None and shutil.which("prlimit") is not None,
+            "setpriv and prlimit (util-linux)")
+    where = tempfile.mkdtemp(prefix="msl-crowd-")
+    os.chmod(where, 0o755)
+    shutil.copy(program("crowd.py"), where)
+    os.chmod(os.path.join(where, "crowd.py"), 0o755)
+    yield os.path.join(where, "crowd.py")
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _tree(pid):
+    """``pid`` and its descendants."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def _listening(pids, net="/proc/net"):
+    """Every TCP and Unix address the processes ``pids`` listen on, as the tables
+    of ``net`` (a network namespace's, ``/proc/PID/net``) show them."""
+    inodes = set()
+    for pid in pids:
+        try:
+            inodes |= socket_inodes(pid)
+        except OSError:
+            continue
+    found = []
+    for table, v6 in ((f"{net}/tcp", False), (f"{net}/tcp6", True)):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] != "0A" or fields[9] not in inodes:
+                    continue
+                addr, port = fields[1].split(":")
+                raw = bytes.fromhex(addr)
+                if v6:
+                    import socket
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    host = f"[{socket.inet_ntop(socket.AF_INET6, words)}]"
+                else:
+                    host = ".".join(str(b) for b in raw[::-1])
+                found.append(f"{host}:{int(port, 16)}")
+    with open(f"{net}/unix") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            # flags 00010000: listening; a name that is a path
+            if len(fields) >= 8 and fields[6] in inodes and fields[3] == "00010000" \
+                    and fields[7].startswith("/"):
+                found.append(fields[7])
+    return sorted(set(found))
+
+
+def _descriptor_limit():
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+
+@pytest.mark.parametrize("kind", ["ompi4-first", "ompi4-kept", "mpich-port"])
+def test_another_user_crowding_every_port_changes_nothing(kind, crowd, tmp_path, own_tmpdir):
+    env = clean_env(MSL_TEST_TAG=new_tag(), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    tag = env["MSL_TEST_TAG"]
+    options = ["-n", "2"]
+    if kind.startswith("ompi4"):
+        from ompi import open_mpi_4
+        python = open_mpi_4()
+        require(python is not None, "Debian's python3-mpi4py on Open MPI 4.1.4")
+        if kind == "ompi4-kept":       # a job before: the server's variables are kept
+            done = subprocess.run(cmd("-n", "1", python, "-c",
+                                      "from mpi4py import MPI; MPI.COMM_WORLD.Barrier()"),
+                                  env=env, capture_output=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+    else:
+        from requires import mpich_ready
+        require(mpich_ready(), "mpi4py with the MPICH wheel")
+        python = PY
+        options.append("-pmi-port")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = subprocess.Popen(cmd(*options, python, program("late_init.py"), str(out)), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=_descriptor_limit)
+    attack = None
+    try:
+        assert wait_for(lambda: all((out / f"ready.{r}").exists() for r in (0, 1)), 60), \
+            job.stderr.read1().decode() if job.poll() is not None else "ranks not ready"
+        addresses = _listening(_tree(job.pid))
+        assert any(":" in a and not a.startswith("/") for a in addresses), addresses
+        attack = _crowd(crowd, addresses)
+        (out / "go").touch()
+        stdout, stderr = job.communicate(timeout=120)
+        tally = json.loads(attack.communicate(timeout=HOLD + 60)[0])
+    finally:
+        job.kill()
+        if attack is not None:
+            attack.kill()
+        kill_tagged(tag)
+    assert job.returncode == 0, stderr.decode()
+    assert sorted(stdout.decode().splitlines()) == ["sum 3 at 0", "sum 3 at 1"], stdout
+    assert stderr.decode() == ""
+    # none held by the job: refused, dropped unanswered, or closed at once
+    _none_held(tally)
+
+
+def _crowd(crowd, addresses, netns=None):
+    """The crowd at ``addresses``, started, holding (on ``netns``'s host if given)."""
+    attack = subprocess.Popen(
+        [*(["ip", "netns", "exec", netns] if netns else []),
+         "prlimit", f"--nofile={CONNECTIONS * len(addresses) + 64}", *NOBODY,
+         "/usr/bin/python3", crowd, str(HOLD), str(CONNECTIONS), *addresses],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    read_until(attack.stdout, b"holding\n", timeout=60)
+    return attack
+
+
+def _none_held(tally):
+    for address, seen in tally.items():
+        assert seen["tried"] == CONNECTIONS, (address, seen)
+        assert seen["closed"] >= seen["completed"], (address, seen)
+
+
+@pytest.mark.remote
+def test_another_user_crowding_a_remote_host_and_the_launcher_changes_nothing(
+        crowd, sshbed, ompi4, tmp_path):
+    """The same on an SSH test host's agent (the crowd in that host's network
+    namespace) and, at once, at the launcher's ports (its agents' dial-back)."""
+    from remote import renv
+    sshbed.require_netns()
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    out = tmp_path / "out"
+    out.mkdir()
+    job = subprocess.Popen(cmd("-H", "h1:2,h2:2", "-n", "4", "-x", "MSL_TEST_TAG", ompi4,
+                               program("late_init.py"), str(out)),
+                           env=clean_env(MSL_TEST_TAG=tag, **renv(home)),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=_descriptor_limit)
+    attacks = []
+    try:
+        assert wait_for(lambda: all((out / f"ready.{r}").exists() for r in range(4)), 90), \
+            "ranks not ready"
+        rank0 = int((out / "ready.0").read_text())
+        with open(f"/proc/{rank0}/stat") as f:
+            agent = int(f.read().rsplit(")", 1)[1].split()[1])
+        there = _listening(_tree(agent), net=f"/proc/{agent}/net")
+        here = _listening(_tree(job.pid))
+        assert there and here, (there, here)
+        attacks = [_crowd(crowd, there, netns=sshbed.host("h1").namespace),
+                   _crowd(crowd, here)]
+        (out / "go").touch()
+        stdout, stderr = job.communicate(timeout=120)
+        tallies = [json.loads(a.communicate(timeout=HOLD + 60)[0]) for a in attacks]
+    finally:
+        job.kill()
+        for a in attacks:
+            a.kill()
+        kill_tagged(tag)
+    assert job.returncode == 0, stderr.decode()
+    assert sorted(stdout.decode().splitlines()) == [f"sum 10 at {r}" for r in range(4)], stdout
+    assert stderr.decode() == ""
+    for tally in tallies:
+        _none_held(tally)
