@@ -42,12 +42,14 @@ def _whole(flag: str, text: Optional[str], low: int = 0, high: int = 10**9) -> i
 
 
 def _seconds(flag: str, text: Optional[str]) -> float:
+    body = (text or "").strip()
     try:
-        value = float((text or "").strip())
+        # float() also reads other scripts' digits ("٣"): a flag takes ASCII alone
+        value = float(body) if body.isascii() else -1.0
     except ValueError:
         value = -1.0
-    if not (0 < value < 1e9):
-        raise UsageError(f"{_say(flag, text)}: expected seconds above 0")
+    if not 0 < value <= 1e9:
+        raise UsageError(f"{_say(flag, text)}: expected seconds above 0 (1e9 at most)")
     return value
 
 
@@ -116,6 +118,9 @@ def rdzv_conf(text: Optional[str]) -> Dict[str, str]:
             continue
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
+        if not key:
+            raise UsageError(f"--rdzv-conf: {one_line(item.strip(), 40)} has no key "
+                             f"(KEY=VALUE,...)")
         if not eq or not value:
             raise UsageError(f"--rdzv-conf: {one_line(key, 40)} has no value (KEY=VALUE,...)")
         if key in ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",

@@ -88,10 +88,16 @@ def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
     results = [_with_error(r, state.spec.error_file) if r.returncode or r.signal else r
                for r, state in zip(results, sup.ranks)]
     root = results[f.root.spec.key]
-    # A rank stopped by a broken pipe because mslaunch's own reader
-    # went away (``| head``) is the shell's quiet SIGPIPE, not news.
-    quiet = root.signal == signal.SIGPIPE and not sup.console.is_open(1)
-    return JobResult(exit_code=f.root_code, ranks=tuple(results), root_cause=root,
+    # A rank stopped by a broken pipe because mslaunch's own reader went away
+    # (``| head``) is the shell's quiet SIGPIPE, not news; so is one that exited
+    # of the write error instead (Python ignores SIGPIPE: on its pseudo-terminal
+    # it meets EIO), where no file took its output: the job ends 141 as a
+    # shell pipeline's writer does.
+    closed = not sup.console.is_open(1)
+    quiet = closed and (root.signal == signal.SIGPIPE or (
+        not root.signal and sup.job.output.directory is None and not f.root.spec.label))
+    return JobResult(exit_code=128 + signal.SIGPIPE if quiet else f.root_code,
+                     ranks=tuple(results), root_cause=root,
                      message="" if quiet else summary(sup, f.root),
                      ending=sup.ending or "failure", failures=(
                          (f.root_at, root), *((f.root_at + after, results[r.spec.key])

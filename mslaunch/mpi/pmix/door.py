@@ -25,7 +25,6 @@ import errno
 
 # the socket module's own import costs a millisecond a job, with or without PMIx
 from ...core import socket
-from ...machine.peers import judge
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -115,6 +114,7 @@ class Door:
         loop.add_reader(self.sock.fileno(), self._knock)
 
     def _knock(self) -> None:
+        from ...machine.peers import judge
         while True:
             try:
                 fd, _ = self.sock._accept()  # type: ignore[attr-defined]  # _socket names it so

@@ -85,6 +85,9 @@ def test_pet_variables_are_defaults_and_the_line_wins():
     (lambda: streams("tee", "0:4"), "expected 0, 1, 2 or 3"),
     (lambda: rdzv_conf("join_timeout"), "join_timeout has no value"),
     (lambda: rdzv_conf("read_timeout=-1"), "expected seconds above 0"),
+    (lambda: rdzv_conf("join_timeout=\u0663"), "join_timeout=\u0663: expected seconds above 0"),
+    (lambda: rdzv_conf("join_timeout=2e9"), "expected seconds above 0 (1e9 at most)"),
+    (lambda: rdzv_conf("=5"), "--rdzv-conf: =5 has no key"),
     (lambda: endpoint("h1:99999", 29400), "expected HOST[:PORT]"),
     (lambda: read_line(["--nope", "x.py"]), "unknown torchrun option '--nope'"),
     (lambda: read_line(["--rdzv", "h", "x.py"]), "ambiguous option"),
@@ -95,6 +98,10 @@ def test_pet_variables_are_defaults_and_the_line_wins():
 def test_bad_values_are_one_line(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         call()
+
+
+def test_the_longest_timeout_is_taken():
+    assert rdzv_conf("join_timeout=1e9,,bogus=1") == {"join_timeout": "1e9", "bogus": "1"}
 
 
 def test_every_value_is_read():
