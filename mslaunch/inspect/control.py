@@ -209,13 +209,8 @@ def admitted(conn: Any) -> bool:
     """Whether the peer of a control connection may ask: the job's own user, and
     root (who may trace any process anyway); a root job lets in root alone.  A
     refused peer is told why in one line (never waited for), and closed."""
-    from ..core import socket
-    try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        uid = int.from_bytes(creds[4:8], "little")
-    except OSError:
-        uid = -1
-    if uid in (os.getuid(), 0):
+    from ..machine.peers import judge
+    if judge(conn) == "ours":
         return True
     try:
         conn.setblocking(False)

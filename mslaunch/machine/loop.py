@@ -24,8 +24,7 @@ except ImportError:
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Sized,
-                        Tuple, Type, Union)
+    from typing import (Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Type, Union)
 
     Callback = Callable[[], None]
 
@@ -74,33 +73,8 @@ def bind(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
 
 
 #: Seconds an unproven connection to one of our listeners is safe from being
-#: pushed out by newer ones (see :func:`make_room`).
+#: pushed out by newer ones (see :func:`~mslaunch.machine.peers.make_room`).
 STRANGER_GRACE = 0.25
-
-
-def make_room(strangers: Callable[[], Sized], limit: int, drop: Callable[[Any], None],
-              grace: float = STRANGER_GRACE) -> float:
-    """Room for one more unproven connection on a listener: 0.0, or seconds to wait.
-
-    ``strangers()`` gives the connections not yet proven, oldest first, each
-    with ``accepted`` (its ``time.monotonic()``); ``drop`` closes one and
-    takes it out of them.  The oldest are pushed out while ``limit`` are
-    held, but only once they have had ``grace`` seconds: a real peer speaks
-    right after connecting, yet on a busy machine that can come some
-    milliseconds after the accept, and a flood of newer connections must not
-    push it out first.  When every one is younger the caller stops accepting
-    for the time returned (:meth:`Loop.pause_reader`); new connections wait
-    in the kernel's queue meanwhile.
-    """
-    while True:
-        held = strangers()
-        if len(held) < limit:
-            return 0.0
-        oldest = next(iter(held))  # type: ignore[call-overload]
-        wait = oldest.accepted + grace - time.monotonic()
-        if wait > 0:
-            return wait
-        drop(oldest)
 
 
 class CListener(socket.socket):
@@ -112,51 +86,6 @@ class CListener(socket.socket):
     def accept(self) -> Tuple[socket.socket, Any]:
         fd, address = self._accept()  # type: ignore[attr-defined]  # C method typeshed omits
         return socket.socket(self.family, self.type, self.proto, fileno=fd), address
-
-
-def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: int,
-                     drop: Callable[[Any], None], note: Callable[[str], None],
-                     grace: float = STRANGER_GRACE,
-                     local_only: bool = False) -> Iterator[Tuple[Any, Any]]:
-    """The connections waiting on the listening socket ``lsock`` (64 at most
-    per call), each ``(sock, address)``, non-blocking and without Nagle's
-    delay; before each, room is made among the unproven (:func:`make_room`).
-    A connection of another user of this host is closed at once, unread and
-    unsaid (:func:`~mslaunch.machine.peers.judge`; ``local_only`` as there):
-    only peers of this user or of other hosts are given, to prove themselves.
-
-    When there is no room yet, or the process is out of descriptors or
-    memory (said once through ``note``), the listener rests: new connections
-    wait in the kernel's queue meanwhile.
-    """
-    import errno
-    from .peers import judge
-    for turn in range(64):
-        if turn and not wait_fd(lsock, False, 0):
-            return             # nobody else waits: no stranger is pushed out for nothing
-        wait = make_room(strangers, limit, drop, grace)
-        if wait:
-            loop.pause_reader(lsock.fileno(), wait)
-            return
-        try:
-            sock, address = lsock.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as err:
-            note(f"accept failed: {err.strerror}")
-            if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                loop.pause_reader(lsock.fileno(), 0.5)
-            return
-        if judge(sock, local_only=local_only) == "stranger":
-            sock.close()
-            continue
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            sock.close()        # reset before we got to it
-            continue
-        yield sock, address
 
 
 def wait_fd(fd, write: bool = False, timeout: Optional[float] = None) -> bool:

@@ -1,5 +1,7 @@
-"""Who is at the other end of an accepted connection: this job's user, another
-user of this host, or a process elsewhere.
+"""Who may connect to a job's listeners: whose a connection is (this job's user,
+another user of this host, or a process elsewhere), how many unproven ones
+are held (:func:`make_room`, :func:`accept_strangers`), and a library's
+listener kept for this process alone (:class:`Admission`).
 
 Every listener of a job asks :func:`judge` right after ``accept``, before it
 reads a byte: a connection of another local user is closed at once, never
@@ -20,12 +22,17 @@ one already closing may be a socket the kernel keeps with no owner (its
 from __future__ import annotations
 
 import os
+import time
 
 from ..core import socket
+from .loop import STRANGER_GRACE, wait_fd
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterable, List, Literal, Optional, Set, Tuple
+    from typing import (Any, Callable, Iterable, Iterator, List, Literal, Optional, Set, Sized,
+                        Tuple)
+
+    from .loop import Loop
 
     #: The job's own user (or root); another user of this host; a peer not on this host.
     Verdict = Literal["ours", "stranger", "elsewhere"]
@@ -104,19 +111,15 @@ def _tcp_owner(family: int, peer: Tuple, here: Tuple) -> Optional[Tuple[int, int
         nl.settimeout(1.0)
         reply = nl.recv(1024)
     except OSError:
-        _diag_works = False
-        return None
+        return None                    # no answer this time: not taken for no diagnostics
     finally:
         nl.close()
     if len(reply) < 16:
         return None
     kind = struct.unpack_from("=H", reply, 4)[0]
     if kind == _NLMSG_ERROR:
-        err = -struct.unpack_from("=i", reply, 16)[0]
-        if err not in (0, 2):          # ENOENT: no such socket here; anything else: no answer
-            _diag_works = False
-        else:
-            _diag_works = True
+        # ENOENT: no such socket here; anything else: this kernel answers no such question
+        _diag_works = -struct.unpack_from("=i", reply, 16)[0] in (0, 2)
         return None
     _diag_works = True
     if kind != _SOCK_DIAG_BY_FAMILY or len(reply) < 16 + 76:
@@ -126,6 +129,75 @@ def _tcp_owner(family: int, peer: Tuple, here: Tuple) -> Optional[Tuple[int, int
     if state == _TCP_LISTEN:
         return None                    # a listener on the peer's port, not the peer
     return state, uid
+
+
+def make_room(strangers: Callable[[], Sized], limit: int, drop: Callable[[Any], None],
+              grace: float = STRANGER_GRACE) -> float:
+    """Room for one more unproven connection on a listener: 0.0, or seconds to wait.
+
+    ``strangers()`` gives the connections not yet proven, oldest first, each
+    with ``accepted`` (its ``time.monotonic()``); ``drop`` closes one and
+    takes it out of them.  The oldest are pushed out while ``limit`` are
+    held, but only once they have had ``grace`` seconds: a real peer speaks
+    right after connecting, yet on a busy machine that can come some
+    milliseconds after the accept, and a flood of newer connections must not
+    push it out first.  When every one is younger the caller stops accepting
+    for the time returned (:meth:`Loop.pause_reader`); new connections wait
+    in the kernel's queue meanwhile.
+    """
+    while True:
+        held = strangers()
+        if len(held) < limit:
+            return 0.0
+        oldest = next(iter(held))  # type: ignore[call-overload]
+        wait = oldest.accepted + grace - time.monotonic()
+        if wait > 0:
+            return wait
+        drop(oldest)
+
+
+def accept_strangers(loop: Loop, lsock, strangers: Callable[[], Sized], limit: int,
+                     drop: Callable[[Any], None], note: Callable[[str], None],
+                     grace: float = STRANGER_GRACE,
+                     local_only: bool = False) -> Iterator[Tuple[Any, Any]]:
+    """The connections waiting on the listening socket ``lsock`` (64 at most
+    per call), each ``(sock, address)``, non-blocking and without Nagle's
+    delay; before each, room is made among the unproven (:func:`make_room`).
+    A connection of another user of this host is closed at once, unread and
+    unsaid (:func:`~mslaunch.machine.peers.judge`; ``local_only`` as there):
+    only peers of this user or of other hosts are given, to prove themselves.
+
+    When there is no room yet, or the process is out of descriptors or
+    memory (said once through ``note``), the listener rests: new connections
+    wait in the kernel's queue meanwhile.
+    """
+    import errno
+    for turn in range(64):
+        if turn and not wait_fd(lsock, False, 0):
+            return             # nobody else waits: no stranger is pushed out for nothing
+        wait = make_room(strangers, limit, drop, grace)
+        if wait:
+            loop.pause_reader(lsock.fileno(), wait)
+            return
+        try:
+            sock, address = lsock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:
+            note(f"accept failed: {err.strerror}")
+            if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                loop.pause_reader(lsock.fileno(), 0.5)
+            return
+        if judge(sock, local_only=local_only) == "stranger":
+            sock.close()
+            continue
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            sock.close()        # reset before we got to it
+            continue
+        yield sock, address
 
 
 #: The most source ports one filter names (two instructions each, of the kernel's 4,096).
@@ -185,6 +257,7 @@ class Admission:
         self._apply()
 
     def _apply(self) -> None:
+        import ctypes
         import struct
         ports = sorted(self.allowed)
         for sock in self.socks:
@@ -195,7 +268,6 @@ class Admission:
                     continue
                 code = _program(self.source if sock.family == socket.AF_INET else None, ports)
                 raw = b"".join(struct.pack("=HBBI", *op) for op in code)
-                import ctypes
                 buf = ctypes.create_string_buffer(raw, len(raw))
                 sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER,
                                 struct.pack("@HP", len(code), ctypes.addressof(buf)))

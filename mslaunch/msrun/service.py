@@ -43,7 +43,7 @@ from ..wire import link
 from .looks import Looks
 from .rounds import Rounds
 from ..wire.endpoint import SocketEndpoint
-from ..machine.loop import accept_strangers
+from ..machine.peers import accept_strangers
 from ..core.errors import one_line
 from . import secret as auth
 

@@ -281,7 +281,7 @@ class Listener:
 
     # -- accepting ------------------------------------------------------------
     def _accept(self, lsock: CListener) -> None:
-        from ..machine.loop import accept_strangers
+        from ..machine.peers import accept_strangers
         for sock, _ in accept_strangers(self.loop, lsock, self.pending.values, MAX_PENDING,
                                         lambda e: self._drop(e, "was pushed out by newer connections"),
                                         self._note):

@@ -2,11 +2,15 @@
 
 ``crowd.py SECONDS COUNT ADDRESS...``: opens COUNT connections to each ADDRESS
 (``HOST:PORT`` over TCP, or the path of a Unix socket), all at once and
-non-blocking, sends a line of junk on every tenth once it is connected, and
-holds them all for SECONDS.  Prints one JSON object: per address, how many
-connections were tried, how many the far end completed, and how many it
-closed again (or refused).  Run as another user, with a descriptor limit of
-its own above COUNT times the addresses.
+non-blocking, says ``holding``, sends a line of junk on every tenth once it
+is connected, and holds them all.  Once a line comes on stdin and SECONDS
+have passed, it takes in what is still on its way (until nothing has come
+for half a second) and prints one JSON object: per address, how many
+connections were tried, how many it saw completed (with SYN cookies, a
+connection the listener's full queue never took also looks completed), and
+how many the far end closed again (or refused); it goes on holding them
+until stdin ends.  Run as another user, with a descriptor limit of its own
+above COUNT times the addresses.
 """
 
 import json
@@ -45,9 +49,19 @@ def main() -> None:
             waiting.register(s.fileno(), select.POLLOUT)
     connected = set()
     end = time.monotonic() + seconds
+    waiting.register(0, select.POLLIN)
+    asked = False
+    quiet_since = time.monotonic()
     print("holding", flush=True)
-    while time.monotonic() < end:
-        for fd, _events in waiting.poll(100):
+    while not (asked and time.monotonic() >= end and time.monotonic() - quiet_since >= 0.5):
+        events = waiting.poll(100)
+        if any(fd != 0 for fd, _ in events):
+            quiet_since = time.monotonic()
+        for fd, _events in events:
+            if fd == 0:
+                asked = True
+                waiting.unregister(0)
+                continue
             s, address, i = socks[fd]
             if fd not in connected:
                 if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
@@ -72,6 +86,7 @@ def main() -> None:
                 waiting.unregister(fd)
     print(json.dumps(tally))
     sys.stdout.flush()
+    sys.stdin.buffer.read()         # still holding, until stdin ends
     os._exit(0)
 
 

@@ -2,7 +2,7 @@
 
 Each writes ``OUT/ready.RANK`` and waits until ``OUT/go`` exists, then imports
 mpi4py (``MPI_Init``), sums the ranks plus one in an allreduce and prints
-``sum S at R``.
+``sum S at R``; then waits until ``OUT/end`` exists.
 """
 
 import os
@@ -19,3 +19,5 @@ from mpi4py import MPI  # noqa: E402  (MPI_Init, only now)
 
 c = MPI.COMM_WORLD
 print(f"sum {c.allreduce(c.rank + 1)} at {c.rank}", flush=True)
+while not os.path.exists(os.path.join(out, "end")):
+    time.sleep(0.05)

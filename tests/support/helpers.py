@@ -56,6 +56,24 @@ def program(name: str) -> str:
     return os.path.join(PROGRAMS, name)
 
 
+#: The prefix that runs a command as ``nobody`` (root runs it; util-linux's setpriv).
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def open_copies(prefix: str, *names: str) -> str:
+    """A new directory that every user may read, with the test programs ``names``
+    copied into it, for a test to run as another user (``nobody``); the caller
+    removes it."""
+    import shutil
+    import tempfile
+    where = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(where, 0o755)
+    for name in names:
+        shutil.copy(program(name), where)
+        os.chmod(os.path.join(where, name), 0o755)
+    return where
+
+
 def new_tag() -> str:
     return uuid.uuid4().hex
 

@@ -269,7 +269,7 @@ class PMIServer:
     #: Seconds an unauthenticated TCP connection may take to present its PMI_ID
     #: (MPICH sends it right after connecting).
     auth_timeout = 2.0
-    #: Seconds a stranger is safe from newer ones (see ``machine.loop.make_room``).
+    #: Seconds a stranger is safe from newer ones (see ``machine.peers.make_room``).
     evict_grace = STRANGER_GRACE
     #: At most this many lines about unauthenticated peers per window of seconds.
     stranger_log_limit = (5, 10.0)

@@ -2,7 +2,7 @@
 
 A :class:`TCPDoor` listens on an IPv4 address, hands each rank a secret
 ``PMI_ID``, accepts connections without letting idle strangers crowd out
-real ranks (:func:`~mslaunch.machine.loop.accept_strangers`), gives each
+real ranks (:func:`~mslaunch.machine.peers.accept_strangers`), gives each
 stranger ``auth_timeout`` seconds to present its secret, and logs strangers
 at a bounded rate.  Imported only when a job serves PMI over TCP.
 """
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     PMIServer = Any
     _Conn = Any
 
-from ...machine.loop import CListener, accept_strangers
+from ...machine.loop import CListener
+from ...machine.peers import accept_strangers
 from . import READY
 from .wire import is_pmi_id
 

@@ -14,9 +14,9 @@ too, and the server's own listener takes no connection but the door's: a
 kernel filter on it (:class:`~mslaunch.machine.peers.Admission`) drops
 every other, before the library sees it.  Only this user's processes on
 this host are let in (:func:`~mslaunch.machine.peers.judge`): another
-user's connection is closed before a byte of it is read, and starts nothing.  A process of this
-user that knocks costs the server's start; the library then reads its
-handshake as it reads any other.
+user's connection is closed before a byte of it is read, and starts
+nothing.  A process of this user that knocks costs the server's start; the
+library then reads its handshake as it reads any other.
 """
 
 from __future__ import annotations
@@ -99,9 +99,8 @@ class Door:
         self.waiting: List[socket.socket] = []
         self.pairs: Dict[int, List[_Pipe]] = {}
         #: The server's listener, filtered to take only the door's connections
-        #: (set by the host once the server is up), and each one's source port.
+        #: (set by the host once the server is up).
         self.admission: Optional[Admission] = None
-        self.sources: Dict[int, int] = {}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self.sock.bind((host, 0))
@@ -178,19 +177,18 @@ class Door:
         pair: List[_Pipe] = []
         pair += [_Pipe(self, conn, server, pair), _Pipe(self, server, conn, pair)]
         self.pairs[conn.fileno()] = pair
-        if source:
-            self.sources[conn.fileno()] = source
         for pipe in pair:
             self.loop.add_reader(pipe.src.fileno(), pipe.readable)
 
     def part(self, pair: List[_Pipe]) -> None:
         """One side closed: close both (the library then sees its client go)."""
-        fd = pair[0].src.fileno()
-        if self.pairs.pop(fd, None) is None:
+        if self.pairs.pop(pair[0].src.fileno(), None) is None:
             return
-        source = self.sources.pop(fd, 0)
-        if source and self.admission is not None:
-            self.admission.forget(source)
+        if self.admission is not None:
+            try:            # the port the server's side was bound to, named to the filter
+                self.admission.forget(pair[1].src.getsockname()[1])
+            except OSError:
+                pass
         for pipe in pair:
             self._forget(pipe.src)
 

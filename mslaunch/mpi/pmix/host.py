@@ -337,9 +337,7 @@ class PMIxHost:
         self.pending.clear()
         if target is None:        # a knock before any rank was given the door's address
             target = self.own
-        if self.door is not None and target is not None:
-            self.door.admission = self.admission
-            server.front = self.door.port
+        self._front(server)
         return target
 
     def guest(self, layout: Layout) -> None:

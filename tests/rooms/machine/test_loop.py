@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from mslaunch.machine.loop import Loop, make_room
+from mslaunch.machine.loop import Loop
+from mslaunch.machine.peers import make_room
 
 
 def _run_for(loop: Loop, seconds: float) -> None:
@@ -76,7 +77,8 @@ def test_make_room_pushes_out_only_strangers_that_had_their_time():
 
 ACCEPT_WITHOUT_DESCRIPTORS = r"""
 import os, resource, socket, subprocess, sys, time
-from mslaunch.machine.loop import Loop, accept_strangers
+from mslaunch.machine.loop import Loop
+from mslaunch.machine.peers import accept_strangers
 loop = Loop()
 lsock = socket.socket()
 lsock.bind(("127.0.0.1", 0))

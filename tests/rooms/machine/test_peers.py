@@ -11,10 +11,10 @@ import sys
 
 import pytest
 from requires import require
+from helpers import NOBODY
 
 from mslaunch.machine.peers import MOST_PORTS, Admission, judge
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 #: Connects to ARGV[1]:ARGV[2], says "up" once connected, holds until stdin closes.
 HOLDER = ("import socket, sys; c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); "
           "print('up', flush=True); sys.stdin.read()")

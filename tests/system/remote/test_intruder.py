@@ -25,17 +25,15 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 from requires import require
-from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, wait_for
+from helpers import NOBODY, PY, clean_env, cmd, kill_tagged, new_tag, open_copies, program, wait_for
 from ompi import mpi_of
 from remote import renv
 
 RANKS = program("pmix_ranks.py")
 DEBIAN_LIBPMIX = "/usr/lib/x86_64-linux-gnu/libpmix.so.2"
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +43,10 @@ def intruder():
     require(shutil.which("setpriv") is not None and shutil.which("gcc") is not None,
             "setpriv (util-linux) and gcc")
     require(os.path.exists(DEBIAN_LIBPMIX), "Debian's libpmix2")
-    where = tempfile.mkdtemp(prefix="msl-intruder-")
-    os.chmod(where, 0o755)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", os.path.join(where, "uid_shim.so"),
-                    program("uid_shim.c")], check=True)
-    shutil.copy(program("pmix_intruder.py"), where)
-    for name in os.listdir(where):
-        os.chmod(os.path.join(where, name), 0o755)
+    where = open_copies("msl-intruder-", "pmix_intruder.py")
+    shim = os.path.join(where, "uid_shim.so")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", shim, program("uid_shim.c")], check=True)
+    os.chmod(shim, 0o755)
     yield where
     shutil.rmtree(where, ignore_errors=True)
 

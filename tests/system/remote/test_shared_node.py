@@ -6,7 +6,8 @@ and Unix, as ``/proc/net`` names them): it holds 2,000 connections to each
 and sends junk on every tenth, while the job's ranks reach ``MPI_Init``.  The
 job, whose descriptor limit is 1,024, must end 0 with its result, print no
 line of its own or of libpmix about it, and hold none of the crowd's
-connections: each one is refused, dropped by the kernel, or closed at once.
+connections while it still runs (the tallies are taken before its ranks may
+end): each one is refused, dropped by the kernel, or closed at once.
 Open MPI 4.1.4's ranks, with the PMIx server started before them (the first
 job of a user here) or started by the first rank's knock (a template kept
 from before); MPICH's with the PMI TCP port (``-pmi-port``); and Open MPI's
@@ -21,16 +22,15 @@ import os
 import resource
 import shutil
 import subprocess
-import tempfile
 
 import pytest
 from requires import require
-from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, read_until, socket_inodes, \
-    wait_for
+from helpers import NOBODY, PY, clean_env, cmd, kill_tagged, new_tag, open_copies, program, read_until, \
+    socket_inodes, wait_for
+from netbed import descendants
 
 CONNECTIONS = 2000
 HOLD = 14
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 @pytest.fixture(scope="module")
@@ -39,31 +39,14 @@ def crowd():
     require(os.geteuid() == 0, "root, to run the crowd as another user")
     require(shutil.which("setpriv") is not None and shutil.which("prlimit") is not None,
             "setpriv and prlimit (util-linux)")
-    where = tempfile.mkdtemp(prefix="msl-crowd-")
-    os.chmod(where, 0o755)
-    shutil.copy(program("crowd.py"), where)
-    os.chmod(os.path.join(where, "crowd.py"), 0o755)
+    where = open_copies("msl-crowd-", "crowd.py")
     yield os.path.join(where, "crowd.py")
     shutil.rmtree(where, ignore_errors=True)
 
 
 def _tree(pid):
     """``pid`` and its descendants."""
-    children = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo += children.get(p, [])
-    return found
+    return [pid, *descendants(pid)]
 
 
 def _listening(pids, net="/proc/net"):
@@ -97,7 +80,9 @@ def _listening(pids, net="/proc/net"):
             # flags 00010000: listening; a name that is a path
             if len(fields) >= 8 and fields[6] in inodes and fields[3] == "00010000" \
                     and fields[7].startswith("/"):
-                found.append(fields[7])
+                path = fields[7]
+                # the name it was bound to: the control socket is renamed once it listens
+                found.append(path if os.path.exists(path) else path.removesuffix(".new"))
     return sorted(set(found))
 
 
@@ -137,9 +122,8 @@ def test_another_user_crowding_every_port_changes_nothing(kind, crowd, tmp_path,
         addresses = _listening(_tree(job.pid))
         assert any(":" in a and not a.startswith("/") for a in addresses), addresses
         attack = _crowd(crowd, addresses)
-        (out / "go").touch()
-        stdout, stderr = job.communicate(timeout=120)
-        tally = json.loads(attack.communicate(timeout=HOLD + 60)[0])
+        stdout, stderr, (tally,), (held,) = _crowded(
+            job, out, 2, [attack], [(_tree(job.pid), "/proc/net")])
     finally:
         job.kill()
         if attack is not None:
@@ -149,7 +133,7 @@ def test_another_user_crowding_every_port_changes_nothing(kind, crowd, tmp_path,
     assert sorted(stdout.decode().splitlines()) == ["sum 3 at 0", "sum 3 at 1"], stdout
     assert stderr.decode() == ""
     # none held by the job: refused, dropped unanswered, or closed at once
-    _none_held(tally)
+    _none_held(tally, held)
 
 
 def _crowd(crowd, addresses, netns=None):
@@ -158,15 +142,66 @@ def _crowd(crowd, addresses, netns=None):
         [*(["ip", "netns", "exec", netns] if netns else []),
          "prlimit", f"--nofile={CONNECTIONS * len(addresses) + 64}", *NOBODY,
          "/usr/bin/python3", crowd, str(HOLD), str(CONNECTIONS), *addresses],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
     read_until(attack.stdout, b"holding\n", timeout=60)
     return attack
 
 
-def _none_held(tally):
-    for address, seen in tally.items():
-        assert seen["tried"] == CONNECTIONS, (address, seen)
-        assert seen["closed"] >= seen["completed"], (address, seen)
+def _tcp_table(net):
+    """Inode -> (local, remote) of every TCP socket in ``net``'s tables (hex as there)."""
+    table = {}
+    for name in ("tcp", "tcp6"):
+        with open(f"{net}/{name}") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                table[fields[9]] = (fields[1], fields[2])
+    return table
+
+
+def _held(job_pids, attack, net):
+    """How many of the crowd's connections the job's processes hold, as the kernel
+    shows it: their sockets whose far end is one of the crowd's."""
+    table = _tcp_table(net)
+    theirs = {table[i][0] for i in socket_inodes(attack.pid) if i in table}
+    ours = set()
+    for pid in job_pids:
+        try:
+            ours |= socket_inodes(pid)
+        except OSError:
+            continue
+    return sum(1 for i in ours if i in table and table[i][1] in theirs)
+
+
+def _crowded(job, out, size, attacks, where):
+    """Let the job's ``size`` ranks reach ``MPI_Init`` while the crowds hold on;
+    once each has printed its sum, and the crowds have held for :data:`HOLD` s
+    and seen no more happen, count the crowds' connections the job holds
+    (``where``: per crowd, the job's processes there and their ``/proc/PID/net``),
+    then let it end: its stdout, its stderr, the tallies and the counts."""
+    (out / "go").touch()
+    said = b""
+    while said.count(b"sum ") < size:
+        said += read_until(job.stdout, b"\n", timeout=120)
+    tallies = []
+    for attack in attacks:
+        attack.stdin.write(b"report\n")
+        attack.stdin.flush()
+    for attack in attacks:
+        tallies.append(json.loads(read_until(attack.stdout, b"\n", timeout=HOLD + 60)))
+    held = [_held(pids, attack, net) for attack, (pids, net) in zip(attacks, where)]
+    for attack in attacks:
+        attack.communicate(timeout=60)
+    (out / "end").touch()
+    stdout, stderr = job.communicate(timeout=120)
+    return said + stdout, stderr, tallies, held
+
+
+def _none_held(tally, held):
+    """Every address was crowded, one at least let the crowd's connections
+    complete (a door), and the job held none of them."""
+    assert all(seen["tried"] == CONNECTIONS for seen in tally.values()), tally
+    assert any(seen["completed"] for seen in tally.values()), tally
+    assert held == 0, (held, tally)
 
 
 @pytest.mark.remote
@@ -197,9 +232,9 @@ def test_another_user_crowding_a_remote_host_and_the_launcher_changes_nothing(
         assert there and here, (there, here)
         attacks = [_crowd(crowd, there, netns=sshbed.host("h1").namespace),
                    _crowd(crowd, here)]
-        (out / "go").touch()
-        stdout, stderr = job.communicate(timeout=120)
-        tallies = [json.loads(a.communicate(timeout=HOLD + 60)[0]) for a in attacks]
+        stdout, stderr, tallies, held = _crowded(
+            job, out, 4, attacks, [(_tree(agent), f"/proc/{agent}/net"),
+                                   (_tree(job.pid), "/proc/net")])
     finally:
         job.kill()
         for a in attacks:
@@ -208,5 +243,5 @@ def test_another_user_crowding_a_remote_host_and_the_launcher_changes_nothing(
     assert job.returncode == 0, stderr.decode()
     assert sorted(stdout.decode().splitlines()) == [f"sum 10 at {r}" for r in range(4)], stdout
     assert stderr.decode() == ""
-    for tally in tallies:
-        _none_held(tally)
+    for tally, count in zip(tallies, held):
+        _none_held(tally, count)
