@@ -202,7 +202,9 @@ def _rendezvous(values: Mapping[str, Optional[str]]) -> Tuple[str, Optional[int]
         host, port = endpoint(given, 29500)
         return host, port, run_id
     port = _whole("master_port", port_text, 0, 65535)
-    return (values["master_addr"] or "127.0.0.1").strip(), port, run_id
+    # 0: torchrun gives its workers port 0, where rank 0's store listens on a port of
+    # its own that the others never learn (they wait forever); here a free one is chosen
+    return (values["master_addr"] or "127.0.0.1").strip(), port or None, run_id
 
 
 def _log_base(values: Mapping[str, Optional[str]], run_id: str

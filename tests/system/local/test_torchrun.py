@@ -115,6 +115,17 @@ def test_the_same_ddp_result(tmp_path):
     assert json.loads(ours.stdout) == _ddp_without_a_launcher()
 
 
+def test_master_port_0_is_a_free_port_not_a_hang(tmp_path):
+    """torchrun hands its workers MASTER_PORT=0 and they wait forever for rank 0's
+    store; mslaunch chooses a free port, as for --standalone."""
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP)
+    ours = run("--nproc-per-node=2", "--master-port", "0", str(script), env=_env(),
+               cwd=str(tmp_path), timeout=120)
+    assert ours.returncode == 0, ours.stderr.decode()[-3000:]
+    assert json.loads(ours.stdout) == _ddp_without_a_launcher()
+
+
 def _tree(base) -> Dict[str, str]:
     (run_dir,) = os.listdir(base)
     root = os.path.join(base, run_dir)
