@@ -15,7 +15,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..core.errors import UsageError, one_line
 from ..core.spec import AppContext, HostEntry, JobSpec, OutputSpec, TorchSpec
@@ -66,10 +66,35 @@ def nnodes(text: Optional[str]) -> Tuple[int, int]:
 
 
 def _gpus() -> int:
+    """The GPUs a worker would see (``torch.cuda.device_count()``, torchrun's count)."""
     try:
-        return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+        found = sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
     except OSError:
-        return 0
+        found = 0
+    return visible_gpus(found, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_gpus(present: int, visible: Optional[str]) -> int:
+    """How many of ``present`` GPUs ``CUDA_VISIBLE_DEVICES`` leaves, read as CUDA
+    reads it: entries up to the first that names no device (an index out of
+    range, ``-1``, anything else; a ``GPU-``/``MIG-`` id counts), so that an
+    empty value leaves none; a device named twice leaves none at all (torch
+    2.x on an H100: ``0,0`` gives ``device_count() == 0``)."""
+    if visible is None:
+        return present
+    seen: Set[str] = set()
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if entry.isascii() and entry.isdigit():
+            if int(entry) >= present:
+                break
+            entry = str(int(entry))
+        elif not entry.startswith(("GPU-", "MIG-")):
+            break
+        if entry in seen:
+            return 0
+        seen.add(entry)
+    return min(len(seen), present)
 
 
 def nproc(text: Optional[str]) -> int:
@@ -80,7 +105,10 @@ def nproc(text: Optional[str]) -> int:
     if word in ("gpu", "auto"):
         found = _gpus()
         if not found:
-            raise UsageError(f"{_say('nproc_per_node', text)}: no GPU on this machine (torchrun "
+            hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+            where = "on this machine" if hidden is None else \
+                f"visible (CUDA_VISIBLE_DEVICES={one_line(hidden, 40)!r})"
+            raise UsageError(f"{_say('nproc_per_node', text)}: no GPU {where} (torchrun "
                              f"fails there too: 'Cuda is not available'); give cpu, auto or a "
                              f"number")
         return found

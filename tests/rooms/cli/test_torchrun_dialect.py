@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from mslaunch.cli import DIALECTS
-from mslaunch.cli.torchjob import nnodes, nproc, rdzv_conf, streams, endpoint
+from mslaunch.cli.torchjob import endpoint, nnodes, nproc, rdzv_conf, streams, visible_gpus
 from mslaunch.cli.torchrun import is_torchrun, read_line, settings
 from mslaunch.core.errors import UsageError
 
@@ -98,6 +98,22 @@ def test_pet_variables_are_defaults_and_the_line_wins():
 def test_bad_values_are_one_line(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize("present, visible, count", [
+    (8, None, 8), (8, "", 0), (8, "-1", 0), (8, "0,1", 2), (8, "3, 1", 2),
+    (8, "0,9,1", 1),            # CUDA stops at the first entry that names no device
+    (8, "1,1", 0), (8, "0,00", 0),  # a device named twice: none (torch on an H100: 0,0)
+    (2, "GPU-6f1e,MIG-ab", 2), (1, "0,1", 1), (0, "0", 0), (8, "x", 0),
+])
+def test_gpu_workers_are_the_gpus_cuda_visible_devices_leaves(present, visible, count):
+    assert visible_gpus(present, visible) == count
+
+
+def test_no_visible_gpu_is_one_line_naming_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(UsageError, match=re.escape("no GPU visible (CUDA_VISIBLE_DEVICES='')")):
+        nproc("gpu")
 
 
 def test_the_longest_timeout_is_taken():
