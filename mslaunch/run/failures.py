@@ -8,7 +8,9 @@ host's agent) was woken by it, less the time the loop then waited for a CPU
 when the PMIx library took it, before the rank could go.  A remote host's
 times are put on the launcher's clock with the offset read from the link
 (:func:`mslaunch.backends.agents.host.clock_offset`); a lost host's time is
-when it was last heard from.  The reports of several hosts arrive in
+when its loss was noticed, not when it was last heard from: a silent host
+may have lived on until then, and a death another agent reported meanwhile
+came first.  The reports of several hosts arrive in
 any order: a rank killed on one host is often reported after the
 ``MPI_Abort`` of a peer on another host that lost its connection to it.
 
@@ -65,13 +67,15 @@ class Failures:
 
     def note(self, rank: RankState, code: int, at: float, counts: bool,
              abort: bool = False, stop_reached: Optional[float] = None,
-             grace: float = 0.0) -> None:
+             grace: float = 0.0, lost: bool = False) -> None:
         """``rank`` failed at ``at`` (by ``MPI_Abort``: ``abort``); with ``counts``
         it may be the job's cause (it ends the job, or any does: keep-going).
         ``stop_reached``: when the job's stop reached the rank's host (None: not
         yet); a failure after that may be the stop's doing, and is not noted,
         unless it is a death by a signal the stop had not sent (SIGKILL comes
-        ``grace`` seconds after SIGTERM): that one was only seen late."""
+        ``grace`` seconds after SIGTERM): that one was only seen late.
+        ``lost``: the rank was lost with its host, at when that was noticed,
+        which is never a late sight of an earlier end."""
         sig = rank.signal
         if stop_reached is not None and at >= stop_reached and (
                 sig is None or sig == signal.SIGTERM
@@ -79,7 +83,7 @@ class Failures:
             return
         # A rank's end after its own MPI_Abort is still that abort.
         abort = abort or any(s[1] is rank and s[3] for s in self.seen)
-        late = stop_reached is None and self.stopped_at is not None
+        late = stop_reached is None and self.stopped_at is not None and not lost
         self.seen.append((at, rank, code, abort, counts, late))
         self._choose()
 

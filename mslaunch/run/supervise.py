@@ -310,7 +310,7 @@ class Supervisor(LookingInside):
     # -- rank events --------------------------------------------------------
     def ranks_lost(self, keys, reason: str, at: Optional[float] = None,
                    blameless: bool = False) -> None:
-        """A remote host, last heard from at ``at``, was lost with ranks ``keys`` on it
+        """A remote host, noticed lost at ``at``, was lost with ranks ``keys`` on it
         (see :class:`~mslaunch.backends.agents.fleet.Fleet`); ``blameless``: by this launcher's fault (its
         agent gave up on it), not the host's."""
         # Ranks still running, and ranks that ended but whose output had not
@@ -326,7 +326,7 @@ class Supervisor(LookingInside):
             for out in r.outputs:
                 out.finish()
         if lost:
-            self.fail(lost[0], lost[0].reason, HOST_LOST_EXIT, abort=True, at=at)
+            self.fail(lost[0], lost[0].reason, HOST_LOST_EXIT, abort=True, at=at, lost=True)
 
     def rank_started(self, key: int, pid: int) -> None:
         r = self.ranks[key]
@@ -460,9 +460,9 @@ class Supervisor(LookingInside):
 
     # -- policy -----------------------------------------------------------
     def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
-             at: Optional[float] = None, mpi_abort: bool = False) -> None:
+             at: Optional[float] = None, mpi_abort: bool = False, lost: bool = False) -> None:
         """``rank`` failed at ``at`` (this clock; now if None), by ``MPI_Abort`` if
-        ``mpi_abort``; ``abort``: that ends the job."""
+        ``mpi_abort``, lost with its host if ``lost``; ``abort``: that ends the job."""
         if rank.discarded:
             return
         if reason and not rank.reason:
@@ -471,7 +471,7 @@ class Supervisor(LookingInside):
             host = None if rank.spec.host.local else self.hosts.get(rank.spec.host.name)
             self.failures.note(rank, code, at or time.time(), abort or self.job.keep_going,
                                mpi_abort, self.failures.stopped_at if host is None
-                               else host.stop_reached, self.job.grace)
+                               else host.stop_reached, self.job.grace, lost)
         if abort and self.ending is None:
             self.ending = "failure"
             self.failures.stopped(time.time())

@@ -297,7 +297,7 @@ class Fleet:
                                     f"{reason}", HOST_LOST_EXIT)
             return
         stopping = self.sup.ending is not None
-        self.sup.ranks_lost(host.ranks, reason, host.last_heard_at(), host.blameless)
+        self.sup.ranks_lost(host.ranks, reason, host.lost_at(), host.blameless)
         if quiet:
             return
         if host.blameless:

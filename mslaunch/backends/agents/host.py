@@ -414,11 +414,14 @@ class RemoteHost:
         if at is not None and self.stop_reached is None:
             self.stop_reached = self.local_time(at)
 
-    def last_heard_at(self) -> float:
-        """When the agent was last heard from, on this clock (a lost host's end):
-        after the last thing it reported, whose time came through another clock."""
-        heard = time.time() - (time.monotonic() - self.endpoint.last_heard)
-        return max(heard, self.latest + 0.001)
+    def lost_at(self) -> float:
+        """A lost host's end, on this clock: when the loss was noticed (the loop
+        woke to the link's end or to the heartbeat's deadline), and after the
+        last thing the agent reported, whose time came through another clock.
+        Not when it was last heard from: the host may have lived on silently
+        until then, and a rank's death another agent reported meanwhile came
+        first (a kill on one host, another host's link cut a few ms later)."""
+        return max(self.loop.events_at(), self.latest + 0.001)
 
     def _lost_if_cut(self, reason: str) -> None:
         if self.state == "done" and not self._output_finished():

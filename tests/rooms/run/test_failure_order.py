@@ -62,6 +62,22 @@ def test_a_death_its_host_saw_late_is_the_cause_of_an_abort_before_it():
     assert seen_after_the_stop.root is peer and seen_after_the_stop.root_code == 14
 
 
+def test_a_host_noticed_lost_after_the_stop_is_not_the_cause_of_an_abort_before_it():
+    """A lost host's time is when its loss was noticed (seconds after its last
+    sign of life, for a cut link): never a late sight of an earlier end."""
+    aborter, lost = R(1), R(3)
+    f = Failures()
+    f.note(aborter, 14, 5.0, True, abort=True)
+    f.stopped(5.001)
+    f.note(lost, 255, 5.0 + VICTIM_WINDOW * 8, True, lost=True)
+    assert f.root is aborter and f.root_code == 14
+    assert [r for _, r in f.followed()] == [lost]
+    just_after = Failures()                       # a loss its abort reacted to
+    just_after.note(aborter, 14, 5.0, True, abort=True)
+    just_after.note(lost, 255, 5.0 + VICTIM_WINDOW / 2, True, lost=True)
+    assert just_after.root is lost
+
+
 def test_a_ranks_end_after_its_own_abort_is_that_abort():
     aborter, victim = R(1), R(3)
     f = Failures()

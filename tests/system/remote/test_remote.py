@@ -336,6 +336,39 @@ def test_a_partitioned_host_is_noticed_by_heartbeat_on_both_sides(sshbed, home):
     assert wait_for(lambda: no_agents(sshbed), 15)
 
 
+def test_a_kill_then_another_hosts_link_cut_names_the_kill(sshbed, home):
+    """Rank 0 killed on h1, h2's link cut a few ms later: the job's cause is the
+    kill (137), not the host, whose loss is noticed seconds later and had been
+    heard from last before the kill.  h2's agent is held still across the kill
+    so that nothing of it arrives after the kill, as when the cut comes first."""
+    sshbed.require_netns("a network partition")
+    tag = new_tag()
+    p = start_sleepers(home, tag)
+    try:
+        (h2_agent,) = agents(sshbed, "h2", watchdogs=False)
+        on_h1 = set(sshbed.host_pids("h1"))
+        (rank0,) = [pid for pid in tagged_pids(tag) if pid in on_h1]
+        os.kill(h2_agent, signal.SIGSTOP)
+        try:
+            os.kill(rank0, signal.SIGKILL)
+            sshbed.link_down("h2")
+        finally:
+            os.kill(h2_agent, signal.SIGCONT)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 137, err
+        lines = [line for line in err.decode().splitlines() if line.startswith("mslaunch: ")]
+        first = next(line for line in lines if "rank" in line)
+        assert "rank 0 " in first and "killed by signal 9" in first, err
+        assert any("rank 1 " in line and "lost with its host" in line for line in lines), err
+        assert wait_for(lambda: tagged_pids(tag) == [], 15), tagged_pids(tag)
+    finally:
+        sshbed.link_up("h2")
+        p.kill()
+        p.wait()
+        kill_tagged(tag)
+    assert wait_for(lambda: no_agents(sshbed), 15)
+
+
 # -- hosts that cannot be reached ---------------------------------------------------
 
 def test_every_failing_host_is_reported_with_its_stage_and_nothing_runs(sshbed, tmp_path):
