@@ -14,7 +14,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
     from .host import RemoteHost
     from .starters.starter import Starter
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .fleet import Fleet
     from ...seams import JobView, RankHandle
     from ..session import Session
+    from .keptagents import KeptAgents
 
 from ...hosts import is_local
 from ...machine.spawn import raise_fd_limit
@@ -39,7 +40,13 @@ class AgentsBackend(Backend):
     def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
                  planning: Planning) -> None:
         super().__init__(job, environ, session, planning)
-        self.names = agent_hosts(planning.plan(), job)
+        plan = planning.plan()
+        self.names = agent_hosts(plan, job)
+        self.ranked = {r.host.name for r in plan.ranks}
+        #: The spares whose agents start beside the job, not before it (see begin),
+        #: and those still starting since the attempt before.
+        self.late: List[str] = []
+        self.carried: List[Any] = []
         self.replan: Optional[Callable[..., Plan]] = None
         entries = planning.entries
         if _needs_topologies(job, entries):
@@ -58,8 +65,38 @@ class AgentsBackend(Backend):
         make = lambda: starter_for(job.ssh, self.environ,  # noqa: E731
                                    port_range=job.port_range)
         self.starter = kept.starter(make) if kept is not None else make()
+        if kept is not None:
+            self._carry(kept)
+        if self.replan is None and job.max_job_restarts and self.starter.spares_later:
+            # The spares of a job that may start again (hosts of no rank) never
+            # delay its start; those with an agent kept from the attempt before
+            # are taken at once.  (Without restarts, spares are there for spawned
+            # jobs, which place ranks on hosts that answer: started first, as Open
+            # MPI starts its daemons.)
+            idle = kept.idle if kept is not None else {}
+            starting = {n for spares in self.carried for n in spares.names}
+            self.late = [n for n in self.names if n not in self.ranked and n not in idle
+                         and n not in starting]
         # In the background, while the supervisor is built (srun's step starts here).
-        self.starter.prepare(self.names, self.session.guard.marker)
+        self.starter.prepare(self._first(), self.session.guard.marker)
+
+    def _carry(self, kept: KeptAgents) -> None:
+        """Spares still starting since the attempt before join this attempt as they
+        answer; where it puts ranks, those started already wait with the kept
+        agents and the rest are given up (this attempt's starter starts them
+        anew rather than wait on a start that may hang)."""
+        carried, kept.starting = kept.starting, []
+        for spares in carried:
+            if self.replan is None and not self.ranked & set(spares.names):
+                self.carried.append(spares)
+                continue
+            for conn in spares.halt().values():
+                kept.put(conn, fresh=True)
+
+    def _first(self) -> List[str]:
+        """The hosts whose agents start before the ranks."""
+        starting = {n for spares in self.carried for n in spares.names}
+        return [n for n in self.names if n not in self.late and n not in starting]
 
     def connect(self, sup: JobView) -> None:
         from .fleet import Fleet
@@ -67,7 +104,9 @@ class AgentsBackend(Backend):
         self.fleet = Fleet(sup, sup.stop_requested, self.session.kept)
         # Each host's link and connections are open before its ranks start.
         raise_fd_limit(8 * len(sup.plan.ranks) + 8 * len(self.names) + 64)
-        self.fleet.connect(self.names, self.starter, self.replan)
+        self.fleet.connect(self._first(), self.starter, self.replan)
+        if self.late or self.carried:
+            self.fleet.start_spares(self.late, self.starter, self.carried)
 
     def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
         fleet = self.fleet
@@ -83,10 +122,12 @@ class AgentsBackend(Backend):
             fleet.prepare(remote)
         if here:
             sup.local_ranks(here, pmi, pmi_env, stdin_fd=None if active else 0)
-        return list(fleet.hosts.values())
+        return fleet.handles
 
     def started(self, sup: JobView) -> None:
         fleet = self.fleet
+        if fleet is not None:
+            fleet.watch_spares()
         if fleet is not None and fleet.hosts:
             sup.stdin_fanout = fleet.relay_stdin(sup.local.stdin_pipes if sup.local else {})
             if self.job.attempt == 0 and not self.job.is_check and \
@@ -107,6 +148,7 @@ class AgentsBackend(Backend):
 
     def close(self) -> None:
         if self.fleet is not None:
+            self.fleet.let_go_all()       # (spares still starting, if the job never started)
             self.fleet.close_listener()
         if self.starter is not None:
             self.starter.close()      # what prepare began, if the job failed before using it

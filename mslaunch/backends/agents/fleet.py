@@ -19,7 +19,9 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional, Sequence
+
+    from ...machine.loop import Loop
 
     from ...machine.output import RankOutput
     from ...wire.dialback import Listener
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from .starters.starter import Starter
     from ...core.spec import RankSpec
     from .keptagents import KeptAgents
-    from ...seams import JobView
+    from ...seams import JobView, RankHandle
 
 from ...core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError
 from ...machine.spawn import signal_name
@@ -66,6 +68,11 @@ class Fleet:
         self.lost_early: Dict[str, str] = {}
         #: What hosts said while getting ready, by text (None: say it at once).
         self._said: Optional[Dict[str, List[str]]] = None
+        #: The hosts as the supervisor's handles: the list it holds, which grows by
+        #: the spares that answer after the start (see :meth:`start_spares`).
+        self.handles: List[RankHandle] = []
+        self._spares: List[Spares] = []
+        self._late: set = set()               # spares that joined since the start
 
     # -- bringing the hosts up ---------------------------------------------------
     def connect(self, names: List[str], starter: Starter, replan) -> None:
@@ -137,14 +144,18 @@ class Fleet:
                         let_go(conn)
                     raise
                 failed = err.failed
-            from ...hosts.ranges import host_ranges
-            for why, hosts in _by_reason(failed).items():
-                if not sup.job.quiet:
-                    sup.console.message(f"mslaunch: {host_ranges(hosts)}: cannot start the "
-                                        f"agent ({why}); no rank goes there, so the job "
-                                        f"goes on without {'it' if len(hosts) == 1 else 'them'}")
-            self.left_out.update(failed)
+            self._leave_out(failed)
             wanted = [n for n in wanted if n not in failed]
+
+    def _leave_out(self, failed: Dict[str, str]) -> None:
+        """Hosts of no rank whose agents could not be started, with why: one line each why."""
+        from ...hosts.ranges import host_ranges
+        for why, hosts in _by_reason(failed).items():
+            if not self.sup.job.quiet:
+                self.sup.console.message(f"mslaunch: {host_ranges(hosts)}: cannot start the "
+                                         f"agent ({why}); no rank goes there, so the job goes "
+                                         f"on without {'it' if len(hosts) == 1 else 'them'}")
+        self.left_out.update(failed)
 
     def prepare(self, remote_specs: Dict[str, List[RankSpec]]) -> None:
         """Hand the agents their ranks; wait until every host is ready.
@@ -152,39 +163,15 @@ class Fleet:
         Nothing starts anywhere unless every host is ready: a missing program
         on one host is reported before any rank runs.
         """
-        from ...wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
-        from .host import RemoteHost
-        from ...wire.jobframe import job_frame
         sup = self.sup
-        job, plan, conns = sup.job, sup.plan, self.conns
+        job, conns = sup.job, self.conns
         for name in conns:
             remote_specs.setdefault(name, [])     # spare hosts, for spawned jobs
         from ...machine import timeline
         timeline.mark("sending the agents their ranks")
-        # (the kept agents' is the job's, its health check's included)
-        heartbeat = self.kept.heartbeat if self.kept is not None else heartbeat_setting(
-            os.environ.get("MSLAUNCH_HEARTBEAT"),
-            RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
-        pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
-        listener = self._output_listener()
+        self._output_listener()
         for name, specs in remote_specs.items():
-            conn = conns.pop(name)
-            host = RemoteHost(sup.loop, conn, specs, self, pmi_port=job.pmi_port,
-                              verbose=job.verbose)
-            self.hosts[name] = host
-            for s in specs:
-                sup.make_sinks(s)
-            frame = job_frame(job, plan, name, specs, heartbeat, pmi,
-                              sup.mpi_jobs.universe() if sup.mpi_jobs else -1)
-            port = listener.port_of(conn.local_address or "") if listener else None
-            if listener is not None and port is not None:
-                from ...wire.dialback import new_token
-                token = new_token()
-                listener.expect(token, host.attach_output)
-                frame["data"] = {"addresses": [conn.local_address], "port": port,
-                                 "token": token,
-                                 "cert": listener.cert_pem and listener.cert_pem.decode()}
-            host.prepare(frame)
+            self._hand(name, conns.pop(name), specs)
         self._said = {}
         try:
             # Spare hosts (no rank) do not hold the start up: one that is ready
@@ -207,6 +194,67 @@ class Fleet:
             stop = sup.stop_signal or 15
             raise LaunchError(f"stopped by {signal_name(stop)} while the remote hosts were "
                               f"starting", 128 + stop)
+
+    def _hand(self, name: str, conn: Any, specs: List[RankSpec]) -> None:
+        """Host ``name`` of agent ``conn``, handed its ranks ``specs`` (none: a spare)."""
+        from .host import RemoteHost
+        from ...wire.jobframe import job_frame
+        from ...wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
+        sup, listener = self.sup, self.listener
+        job = sup.job
+        # (the kept agents' is the job's, its health check's included)
+        heartbeat = self.kept.heartbeat if self.kept is not None else heartbeat_setting(
+            os.environ.get("MSLAUNCH_HEARTBEAT"),
+            RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
+        pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
+        host = RemoteHost(sup.loop, conn, specs, self, pmi_port=job.pmi_port,
+                          verbose=job.verbose)
+        self.hosts[name] = host
+        self.handles.append(host)
+        for s in specs:
+            sup.make_sinks(s)
+        frame = job_frame(job, sup.plan, name, specs, heartbeat, pmi,
+                          sup.mpi_jobs.universe() if sup.mpi_jobs else -1)
+        port = listener.port_of(conn.local_address or "") if listener else None
+        if listener is not None and port is not None:
+            from ...wire.dialback import new_token
+            token = new_token()
+            listener.expect(token, host.attach_output)
+            frame["data"] = {"addresses": [conn.local_address], "port": port,
+                             "token": token,
+                             "cert": listener.cert_pem and listener.cert_pem.decode()}
+        host.prepare(frame)
+
+    # -- spares started beside the job -------------------------------------------
+    def start_spares(self, names: List[str], starter: Starter,
+                     carried: Sequence[Spares] = ()) -> None:
+        """Start the agents of the spare hosts ``names`` (no rank in this attempt)
+        in a thread, while the job starts without them: a spare that does not
+        answer (its sshd stopped, its link down) never delays the start.  Each
+        joins once it answers and the ranks have started (:meth:`watch_spares`),
+        standing by for spawned jobs and, kept, for the next attempt; one that
+        cannot be started is left out with one line.  ``carried``: spares still
+        starting when the attempt before ended, which join this one the same way."""
+        self._spares = list(carried)
+        if names:
+            self._spares.append(Spares(starter, names, self.cancelled))
+
+    def watch_spares(self) -> None:
+        """The ranks have started: the spares join as they answer."""
+        from functools import partial
+        for spares in self._spares:
+            spares.watch(self.sup.loop, partial(self._spares_answered, spares))
+
+    def _spares_answered(self, spares: Spares) -> None:
+        self._spares.remove(spares)
+        for name, conn in spares.finish().items():
+            if self.sup.ending is None:
+                self._late.add(name)
+                self._hand(name, conn, [])
+            else:
+                self._let_go(conn)
+        if spares.failed:
+            self._leave_out(spares.failed)
 
     def _output_listener(self) -> Any:
         """A listener for the agents' output connections, or None.
@@ -257,6 +305,9 @@ class Fleet:
         """A spare host that got ready after the job started starts too."""
         if self.sup.launched:
             host.start()
+            if host.name in self._late and self.sup.job.verbose:
+                self.sup.console.message(f"mslaunch: {host.name}: agent started beside the "
+                                         f"job (a spare host: no rank goes there)")
 
     def host_paused(self, host: RemoteHost) -> None:
         self.sup.host_paused(host.name)
@@ -356,6 +407,10 @@ class Fleet:
         for conn in self.conns.values():
             self._let_go(conn)
         self.conns = {}
+        spares, self._spares = self._spares, []
+        for starting in spares:
+            for conn in starting.halt().values():
+                self._let_go(conn)
 
     def keep_hosts(self) -> None:
         """The job starts again: the agents of hosts whose ranks have all ended wait
@@ -367,10 +422,81 @@ class Fleet:
         for host in self.hosts.values():
             if host.keep(IDLE):
                 kept.put(host.conn)
+        # Spares still starting go on starting, for the next attempt.
+        for spares in self._spares:
+            spares.unwatch()
+        kept.starting += self._spares
+        self._spares = []
 
     def close_listener(self) -> None:
         if self.listener is not None:
             self.listener.close()
+
+
+class Spares:
+    """Agents being started on spare hosts in a thread (see :meth:`Fleet.start_spares`),
+    across attempts if need be."""
+
+    __slots__ = ("names", "thread", "read_end", "halted", "conns", "failed", "_loop")
+
+    def __init__(self, starter: Starter, names: List[str], cancelled: Callable[[], bool]) -> None:
+        import threading
+        self.names = list(names)
+        self.read_end, write_end = os.pipe()      # readable (its end) once done
+        self.halted = False
+        self.conns: Dict[str, Any] = {}
+        self.failed: Dict[str, str] = {}
+        self._loop: Optional[Loop] = None
+
+        def run() -> None:
+            try:
+                conns = dict(starter.start(names, cancelled=lambda: self.halted or cancelled()))
+                if self.halted:          # (given up on meanwhile: nobody takes them)
+                    for conn in conns.values():
+                        let_go(conn)
+                else:
+                    self.conns = conns
+            except HostsFailed as err:
+                self.conns, err.started = dict(err.started), {}
+                self.failed = dict(err.failed)
+            except BaseException as err:       # stopped, or the starter's own failure
+                if not self.halted:
+                    self.failed = {name: str(err) for name in names}
+            finally:
+                os.close(write_end)
+
+        self.thread = threading.Thread(target=run, name="mslaunch-spares", daemon=True)
+        self.thread.start()
+
+    def watch(self, loop: Loop, done: Callable[[], None]) -> None:
+        """Call ``done`` on ``loop`` once the agents are started (or not)."""
+        if self.read_end >= 0:
+            self._loop = loop
+            loop.add_reader(self.read_end, done)
+
+    def unwatch(self) -> None:
+        if self._loop is not None and self.read_end >= 0:
+            self._loop.forget(self.read_end)
+        self._loop = None
+
+    def finish(self) -> Dict[str, Any]:
+        """Wait for the agents (at most the starter's own timeout); those started."""
+        self.thread.join()
+        return self._taken()
+
+    def halt(self) -> Dict[str, Any]:
+        """Stop starting (the starter gives up within its poll); the agents started."""
+        self.halted = True
+        self.thread.join(5.0)
+        return self._taken()
+
+    def _taken(self) -> Dict[str, Any]:
+        self.unwatch()
+        if self.read_end >= 0:
+            os.close(self.read_end)
+            self.read_end = -1
+        conns, self.conns = self.conns, {}
+        return conns
 
 
 def _by_reason(failed: Dict[str, str]) -> Dict[str, List[str]]:

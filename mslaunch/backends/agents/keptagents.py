@@ -57,6 +57,9 @@ class KeptAgents:
         self.starters: List[Starter] = []     # those that started agents, in order
         self.heartbeat = heartbeat
         self.lost: Dict[str, str] = {}        # hosts lost while waiting, and why
+        #: Spares whose agents were still starting when the attempt ended
+        #: (:class:`~.fleet.Spares`), for the next.
+        self.starting: List[Any] = []
         self._heard: Dict[str, float] = {}    # when each was last heard (monotonic)
         self._readers: Dict[str, Any] = {}
         self._loop: Optional[Loop] = None
@@ -273,6 +276,10 @@ class KeptAgents:
     def close(self) -> None:
         """The job ended: every waiting agent goes, then the starters."""
         self.unwatch()
+        starting, self.starting = self.starting, []
+        for spares in starting:
+            for conn in spares.halt().values():
+                let_go(conn)
         self.let_go_all()
         for starter in self.starters:
             starter.close()
@@ -331,6 +338,10 @@ class _KeptFirst:
     def plain_link(self) -> bool:
         kind = self._kind()
         return kind.plain_link if kind is not None else False
+
+    @property
+    def spares_later(self) -> bool:
+        return (self._kind() or self._real()).spares_later
 
     @property
     def first_phase(self) -> str:

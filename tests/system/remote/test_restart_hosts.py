@@ -118,18 +118,51 @@ def test_an_unreachable_host_that_gets_no_rank_is_left_out_with_one_line(sshbed,
 
 
 @pytest.mark.parametrize("mpi", ["pmi", "none"])
+def test_a_spare_that_does_not_answer_never_delays_the_start_and_joins_when_it_does(
+        sshbed, tmp_path, mpi):
+    # h3 gets no rank and its sshd is stopped: it accepts connections and says
+    # nothing.  The ranks start on h1 and h2 while h3 is still silent (waiting for
+    # it, --ssh-timeout 300 would hold the start for minutes); once its sshd runs
+    # again h3's agent joins as a spare, and the restart after h2 is lost runs
+    # h2's ranks there.
+    sshd = sshbed.host("h3").pid
+    assert sshd
+    os.kill(sshd, signal.SIGSTOP)
+    try:
+        p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "--ssh-timeout", "300",
+                                     "--mpi", mpi, "-v", restarts="1")
+        try:
+            assert wait_for(lambda: _up(tmp_path) or p.poll() is not None, 90)
+        finally:
+            os.kill(sshd, signal.SIGCONT)
+        assert p.poll() is None and _up(tmp_path)
+        assert wait_for(lambda: lines.said("h3: agent started beside the job"), 60)
+        os.kill(_agent(sshbed, "h2"), signal.SIGKILL)
+    finally:
+        os.kill(sshd, signal.SIGCONT)
+        code, out, err = _finish_reading(p, tag, sshbed, lines)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["done 0 h1", "done 1 h1", "done 2 h3", "done 3 h3"], err
+    assert "h3: cannot start" not in err and "lost spare host h3" not in err, err
+    attempts = _attempts(tmp_path)
+    assert attempts[-1]["hosts"] == ["h1", "h3"], attempts
+
+
+@pytest.mark.parametrize("mpi", ["pmi", "none"])
 def test_a_hung_spare_is_left_out_and_the_job_starts_again_without_it(sshbed, tmp_path, mpi):
     # h3 is a spare: with MPI its agent stands by for spawned jobs, without it waits
     # for a later attempt; either way, stopped (SIGSTOP) it must not hold the restart.
-    p, tag = _job(sshbed, tmp_path, "h1:2,h2:2,h3:2", "--mpi", mpi)
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "--mpi", mpi, "-v")
     stopped = []
     try:
         assert wait_for(lambda: _up(tmp_path), 90)
+        # (a spare's agent starts beside the job, and joins it)
+        assert wait_for(lambda: lines.said("h3: agent started beside the job"), 60)
         stopped.append(_agent(sshbed, "h3"))
         os.kill(stopped[0], signal.SIGSTOP)
         (tmp_path / "trigger").touch()
     finally:
-        code, out, err = _end(p, tag, sshbed, stopped)
+        code, out, err = _finish_reading(p, tag, sshbed, lines, stopped)
     assert code == 0, err
     assert sorted(out.splitlines()) == [f"done {r} h{1 + r // 2}" for r in range(4)], out
     assert "lost spare host h3" in err, err
@@ -141,15 +174,18 @@ def test_a_host_lost_as_the_restart_starts_is_left_out_and_the_restart_goes_on(s
                                                                               tmp_path):
     # h2 goes (its agent killed) and h3, a spare, hangs (stopped): the restart moves
     # h2's ranks to h3, finds it does not answer, and runs them on h4 instead.
-    p, tag = _job(sshbed, tmp_path, "h1:2,h2:2,h3:2,h4:2", restarts="1")
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2,h4:2", "-v", restarts="1")
     stopped = []
     try:
         assert wait_for(lambda: _up(tmp_path), 90)
+        # (the spares' agents start beside the job, and join it)
+        assert wait_for(lambda: lines.said("h3: agent started beside the job")
+                        and lines.said("h4: agent started beside the job"), 60)
         stopped.append(_agent(sshbed, "h3"))
         os.kill(stopped[0], signal.SIGSTOP)
         os.kill(_agent(sshbed, "h2"), signal.SIGKILL)
     finally:
-        code, out, err = _end(p, tag, sshbed, stopped)
+        code, out, err = _finish_reading(p, tag, sshbed, lines, stopped)
     assert code == 0, err
     assert sorted(out.splitlines()) == ["done 0 h1", "done 1 h1", "done 2 h4", "done 3 h4"], err
     assert "no restart left" not in err and "restart 1 of 1" in err, err
@@ -319,10 +355,12 @@ def _finish_reading(p, tag, sshbed, lines, stopped=()):
 
 def test_a_spare_that_hangs_while_the_job_runs_is_said_lost_and_not_waited_for(sshbed,
                                                                              tmp_path):
-    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2")
+    p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "-v")
     stopped = []
     try:
         assert wait_for(lambda: _up(tmp_path), 90)
+        # the spare's agent starts beside the job, and joins it
+        assert wait_for(lambda: lines.said("h3: agent started beside the job"), 60)
         stopped.append(_agent(sshbed, "h3"))
         os.kill(stopped[0], signal.SIGSTOP)
         # said while the job runs, as soon as its heartbeat is over

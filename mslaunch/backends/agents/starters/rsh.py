@@ -244,6 +244,7 @@ class RshStarter:
     plain_link = True         # the agents dial back in plain TCP
     begun = False             # the agents start in start()
     first_phase = "waiting for the rsh agent's command to start the agent"
+    spares_later = True
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str], environ: Mapping[str, str],
                  agent: str = "", setting: str = "plm_rsh_agent",

@@ -378,6 +378,7 @@ class SrunStarter:
 
     plain_link = True         # the agents dial back in plain TCP
     first_phase = "waiting for srun to start the agent"
+    spares_later = False      # (one step starts them all; a second beside it is not tried)
 
     def __init__(self, pythons: Sequence[str], environ: Optional[Mapping[str, str]] = None,
                  port_range: Optional[Tuple[int, int]] = None,

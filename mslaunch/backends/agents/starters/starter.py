@@ -71,6 +71,11 @@ if TYPE_CHECKING:
         def plain_link(self) -> bool: ...
 
         @property
+        def spares_later(self) -> bool:
+            """:meth:`start` may be called from a thread, for the spare hosts, while
+            the job runs (see :meth:`~mslaunch.backends.agents.fleet.Fleet.start_spares`)."""
+
+        @property
         def first_phase(self) -> str:
             """What a host is doing until it marks anything (see :mod:`mslaunch.machine.timeline`)."""
 
@@ -103,6 +108,7 @@ class _NoStarter:
     """``--launcher local``: remote hosts cannot be reached; saying so is :meth:`start`'s."""
 
     plain_link = True
+    spares_later = False
     begun = False
     first_phase = ""
 

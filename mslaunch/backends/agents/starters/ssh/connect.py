@@ -159,6 +159,9 @@ class _Connector:
         with slot:
             transport = paramiko.Transport(_QuickAck(sock) if isinstance(sock, socket.socket)
                                            else sock)
+            # The banner is waited for as long as the handshake (paramiko's own
+            # wait is 15 s whatever --ssh-timeout says).
+            transport.banner_timeout = s["timeout"]
             try:
                 transport.start_client(timeout=s["timeout"])
             except Exception as err:

@@ -8,6 +8,7 @@ processes do (:mod:`.helpers`), forked as soon as the hosts are known.
 from __future__ import annotations
 
 import os
+import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class SSHStarter:
 
     plain_link = False        # the links travel in SSH channels
     first_phase = "SSH: connecting"
+    spares_later = True
 
     def __init__(self, spec: SSHSpec, pythons: Sequence[str],
                  environ: Optional[Mapping[str, str]] = None) -> None:
@@ -73,6 +75,10 @@ class SSHStarter:
               say: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
         begun, self._begun = self._begun, []
         count = self.helpers.count if begun else helper_count(len(names), self.environ)
+        if not begun and threading.current_thread() is not threading.main_thread():
+            # The spares, started beside the running job: a fork now could copy
+            # a lock another thread holds, so they connect from here.
+            count = 0
         if say is not None:
             by = f" in {count} helper process(es)" if count else ""
             say(f"mslaunch: starting agents on {len(names)} remote host(s) over SSH{by}")
