@@ -49,15 +49,20 @@ def _lose_spare(bed, p, tag, out, lines, fault, then) -> int:
         raise
 
 
-def _ended_right(p, tag, tmp_path, lines, steps: int) -> None:
+def _ended(p, tag, tmp_path, lines, timeout: float):
+    """The job's (exit status, stdout, stderr), once nothing of it is left."""
     try:
-        code, stdout, _ = finish(p, timeout=steps * PERIOD + 300)
+        code, stdout, _ = finish(p, timeout=timeout)
         nothing_left(tag, launcher_of(tmp_path / "r.json"))
     finally:
         p.kill()
         p.communicate()
         kill_tagged(tag)
-    err = lines.text()
+    return code, stdout, lines.text()
+
+
+def _ended_right(p, tag, tmp_path, lines, steps: int) -> None:
+    code, stdout, err = _ended(p, tag, tmp_path, lines, steps * PERIOD + 300)
     assert code == 0, err
     assert stdout.strip() == result(steps).decode(), (stdout, err)
     (only,) = attempts(tmp_path / "r.json")          # no restart was needed
@@ -135,13 +140,11 @@ def test_a_node_failure_in_an_allocation_without_no_kill_is_named_as_slurm_s_end
     try:
         assert wait_for(lambda: _reached(out) >= 2, 120), lines.lines
         bed.crash(3)
-        code, _, _ = finish(p, timeout=300)
-        nothing_left(tag, launcher_of(tmp_path / "r.json"))
-    finally:
+    except BaseException:
         p.kill()
-        p.communicate()
         kill_tagged(tag)
-    err = lines.text()
+        raise
+    code, _, err = _ended(p, tag, tmp_path, lines, 300)
     assert code != 0, err
     said = [line for line in err.splitlines() if line.startswith("mslaunch: Slurm ended")]
     assert len(said) == 1 and said[0].startswith("mslaunch: Slurm ended the job's allocation "
