@@ -155,8 +155,9 @@ class NodeLink:
         op = message.get("op")
         assert self.endpoint is not None
         if op == "refuse":
+            hint = f": {auth.mismatch_hint()}" if message.get("secret") is True else ""
             self._end(1, f"the node service refused this node: "
-                         f"{one_line(message.get('message', ''))}")
+                         f"{one_line(message.get('message', ''))}{hint}")
         elif op == "stop":
             code = message.get("code")
             self._end(code if isinstance(code, int) and 0 < code < 256 else 1,

@@ -248,8 +248,10 @@ class NodeService:
             theirs = message.get("nonce")
             if not isinstance(theirs, str) or not auth.valid_nonce(theirs) or not auth.check(
                     self.secret, "node", peer.nonce, theirs, message.get("proof")):
-                self._refuse(peer, "this node's secret is not the job's: "
-                                   + auth.mismatch_hint())
+                # The node is told no more than that: the hint it prints is its
+                # own (this one names the service owner's secret file).
+                self._refuse(peer, "this node's secret is not the job's",
+                             here=f": {auth.mismatch_hint()}", wrong_secret=True)
                 return
             peer.authenticated = True
             if peer.timer is not None:
@@ -276,12 +278,15 @@ class NodeService:
         else:
             raise link.LinkError(f"unknown node message {str(op)[:20]!r}")
 
-    def _refuse(self, peer: _Peer, text: str) -> None:
+    def _refuse(self, peer: _Peer, text: str, here: str = "",
+                wrong_secret: bool = False) -> None:
+        """Refuse ``peer``, telling it ``text`` (and this service's own log ``here`` more)."""
         who = peer.name() if peer.info else peer.address
-        self.refused_by[who] = text
-        self._note(f"refused node {who}: {text}", self._refused_say)
+        self.refused_by[who] = text + here
+        self._note(f"refused node {who}: {text}{here}", self._refused_say)
         if peer.endpoint is not None:
-            peer.endpoint.send(encode({"op": "refuse", "message": text}))
+            peer.endpoint.send(encode({"op": "refuse", "message": text,
+                                       "secret": wrong_secret}))
             peer.endpoint.flush(time.monotonic() + 1.0)
         self.peers.pop(peer.sock.fileno(), None)
         if peer.timer is not None:

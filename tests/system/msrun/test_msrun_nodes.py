@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import random
 import signal
 import socket
@@ -307,11 +308,18 @@ def test_a_node_with_another_secret_is_refused_with_a_hint(job):
     j = job(4, time_out=4, SLEEP="60")
     h1, h2 = j.bed.hosts[:2]
     j.start(h1, 2)
-    other = dict(j.env, MSLAUNCH_SECRET="not-the-job-secret")
+    # (another home: the hint names the refused node's own secret file, and never
+    # the service owner's, which the service does not tell a node it refused)
+    owners = os.path.join(j.env.get("HOME") or os.environ["HOME"], ".mslaunch", "secret")
+    home = j.tmp / "another_home"
+    home.mkdir()
+    other = dict(j.env, MSLAUNCH_SECRET="not-the-job-secret", HOME=str(home))
     intruder = j.start(h2, 2, env=other)
     assert intruder.wait() == 1, transcript(j)
     assert "secret is not the job's" in intruder.out, intruder.out
     assert "MSLAUNCH_SECRET" in intruder.out
+    assert str(home / ".mslaunch" / "secret") in intruder.out, intruder.out
+    assert owners not in intruder.out, intruder.out
     assert j.nodes[0].wait() == 1          # the job never formed: cluster time out
     # the master says so too, without -v, and names the refused node at the time out
     master = j.nodes[0].out
