@@ -385,8 +385,10 @@ class Supervisor(LookingInside):
             if self.stop_signal is None:
                 self.stop_signal = int(sig)
                 if not self.job.quiet and sig == signal.SIGINT and live:
-                    self.console.message(f"mslaunch: SIGINT: stopping {len(live)} rank(s); "
-                                         f"press Ctrl-C again to kill them")
+                    what, them = (("the health check (--health-check)", "it")
+                                  if self.job.is_check else (f"{len(live)} rank(s)", "them"))
+                    self.console.message(f"mslaunch: SIGINT: stopping {what}; "
+                                         f"press Ctrl-C again to kill {them}")
             if self.ending is None:
                 self.ending = "signal"
                 self._tell_cluster(128 + int(sig), f"stopped by {signal_name(int(sig))} on "

@@ -199,6 +199,9 @@ def test_a_stop_during_the_health_check_is_a_stop_not_the_hosts_failure(tmp_path
     assert "failed on" not in text and "no host is left" not in text, text
     assert text.splitlines()[-1] == (f"mslaunch: stopped by {signal.Signals(sig).name} during "
                                      f"the --health-check; the job ends"), text
+    if sig == signal.SIGINT:          # (a health check's commands are no ranks)
+        assert "mslaunch: SIGINT: stopping the health check (--health-check); press Ctrl-C " \
+            "again to kill it\n" in text, text
 
 
 def test_timeout_counts_the_health_check_too(tmp_path):
