@@ -42,12 +42,19 @@ def told(sup: JobView, rank: RankState) -> str:
     return line
 
 
+def _where(rank: RankState) -> str:
+    """``pid 4242 on h1``; for a rank whose start its host had not reported (a
+    host lost as the ranks started), ``on h1, its start not reported``."""
+    host = rank.spec.host.name
+    return f"pid {rank.pid} on {host}" if rank.pid else f"on {host}, its start not reported"
+
+
 def summary(sup: JobView, rank: RankState) -> str:
     """The lines that name the root cause of a failed job."""
     spec = rank.spec
     job = f" of spawned job {spec.job}" if spec.job != 1 else ""
     name = spec.label or f"rank {spec.rank}{job}"
-    who = f"{name} (pid {rank.pid or '?'} on {spec.host.name})"
+    who = f"{name} ({_where(rank)})"
     what = rank.reason or how_ended(rank.code, rank.signal)
     if sup.job.keep_going and sup.ending != "failure":
         failed = [r for r in sup.ranks if r.failed]
@@ -130,7 +137,7 @@ def _followed(sup: JobView, root: RankState) -> str:
         name = s.label or f"rank {s.rank}" + (f" of spawned job {s.job}" if s.job != 1 else "")
         when = f"{after * 1000:.0f} ms later" if after >= 0 else \
             f"seen {-after * 1000:.0f} ms before it (taken for its victim)"
-        lines.append(f"\nmslaunch: then {name} (pid {r.pid or '?'} on {s.host.name}) "
+        lines.append(f"\nmslaunch: then {name} ({_where(r)}) "
                      f"{r.reason or how_ended(r.code, r.signal)}, {when}")
     if len(followed) > FOLLOWED_SHOWN:
         lines.append(f"\nmslaunch: then {len(followed) - FOLLOWED_SHOWN} more rank(s) failed")

@@ -213,6 +213,26 @@ def test_a_lost_host_fails_its_ranks_with_255_and_stops_the_rest():
     assert host.released and host.deadline is not None
 
 
+class UnreportedHost(StandInHost):
+    """A host lost before it reported its ranks' start: no pid is known."""
+
+    def start(self) -> None:
+        self.running.update(self.ranks)
+
+
+def test_a_rank_lost_before_its_start_was_reported_is_named_without_a_pid():
+    sup = PolicyUnderTest(["-n", "2"])
+    host = UnreportedHost(sup, [1])
+    sup.backend_under_test.remote["h1"] = host
+    sup.events = [(0.03, lambda: (host.running.clear(),
+                                  sup.ranks_lost(host.ranks, "connection reset")))]
+    result = sup.run()
+    assert result.exit_code == HOST_LOST_EXIT
+    assert "rank 1 (on " in result.message and \
+        ", its start not reported) was lost with its host" in result.message, result.message
+    assert "pid ?" not in result.message
+
+
 def test_keep_going_reports_the_first_of_several_failures():
     # Open MPI's spelling: orte_abort_on_non_zero_status off
     sup = PolicyUnderTest(["-n", "3", "--mca", "orte_abort_on_non_zero_status", "0"])
