@@ -85,7 +85,7 @@ def _service(values: Mapping[str, Optional[str]], count: int) -> MsrunSpec:
                      cluster_time_out=int(join), service_port=service_port, order=order,
                      local_addr=local, rounds=rounds,
                      master_flag="--rdzv-endpoint" if given else "--master-addr",
-                     node_rank_flag="--node-rank")
+                     node_rank_flag="--node-rank", every_node_first=rounds is None)
 
 
 def run_nodes(values: Mapping[str, Optional[str]], script: List[str],

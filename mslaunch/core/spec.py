@@ -297,6 +297,7 @@ class MsrunSpec:
     rounds: Optional[NodeRounds] = None   # the nodes start again together (torchrun's line)
     master_flag: str = "--master_addr"    # the option that named the master, for errors
     node_rank_flag: str = "--node_rank"   # and the one that gives a node's rank
+    every_node_first: bool = False        # torchrun's static rendezvous: no worker before all
     secret_file: Optional[str] = None
     tls_config: Optional[str] = None      # msrun's config.json (cert paths, ciphers)
     max_restarts: int = 3                 # per process, with MS_ENABLE_RECOVERY=1

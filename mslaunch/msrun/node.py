@@ -338,6 +338,7 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
                               recovery=os.environ.get("MS_ENABLE_RECOVERY") == "1",
                               rounds=spec.rounds,
                               rank_flag=spec.node_rank_flag,
+                              every_node_first=spec.every_node_first,
                               tls=context(config, True, warn) if config else None,
                               log=warn if spec.verbose else (lambda _text: None))
     state: Dict[str, Any] = {}

@@ -127,9 +127,12 @@ class NodeService:
                  log: Callable[[str], None], master_port: int = 0,
                  refused: Optional[Callable[[str], None]] = None,
                  recovery: bool = False, rounds: Optional[NodeRounds] = None,
-                 rank_flag: str = "--node_rank") -> None:
+                 rank_flag: str = "--node_rank", every_node_first: bool = False) -> None:
         self.loop = loop
         self.rank_flag = rank_flag                 # the line's own spelling, for errors
+        #: Nodes with a rank of their own get it once every node came (torchrun's
+        #: static rendezvous); msrun's start their workers at once.
+        self.every_node_first = every_node_first
         self.rounds = None if rounds is None else Rounds(self, rounds, time_out)
         self.looks = Looks(self)
         self.recovery = recovery                   # MS_ENABLE_RECOVERY=1 (see _closed)
@@ -357,10 +360,19 @@ class NodeService:
         if node_rank < 0 and isinstance(order, str) and order:
             peer.state, peer.order = "held", order[:256]
             peer.store = _store(message.get("store"))
-            if self._joined() == self.worker_num:
-                self._give_held()
+        elif node_rank >= 0 and self.every_node_first:
+            # Its ranks are its own already, kept for it until every node came.
+            peer.state, peer.ranks = "held", wanted
+            for r in wanted:
+                self.taken[r] = peer
+        else:
+            self._give(peer, wanted)
             return
-        self._give(peer, wanted)
+        if self._joined() == self.worker_num:
+            self._give_held()
+        else:
+            self._note(f"node {peer.name()} waits for every node: {self._joined()} of "
+                       f"{self.worker_num} workers came")
 
     def _give_held(self) -> None:
         """Every worker has come: the held nodes' ranks in the order of their keys
@@ -368,6 +380,9 @@ class NodeService:
         rendezvous: rank 0's node names MASTER_ADDR and a free port of its own)."""
         held = sorted((p for p in self.peers.values() if p.state == "held"),
                       key=lambda p: (p.order, p.info["pid"] if p.info["pid"] != "?" else 0))
+        for p in [p for p in held if p.ranks]:        # (ranks of their own)
+            self._give(p, p.ranks)
+        held = [p for p in held if p.state == "held"]
         free = [r for r in range(self.worker_num) if r not in self.taken]
         master = held[0].store if held and free and free[0] == 0 else None
         for p in held:
@@ -375,7 +390,9 @@ class NodeService:
             free = free[p.info["workers"]:]
 
     def _held_workers(self) -> int:
-        return sum(p.info["workers"] for p in self.peers.values() if p.state == "held")
+        """Workers of nodes held for ranks not chosen yet (a node's own are taken)."""
+        return sum(p.info["workers"] for p in self.peers.values()
+                   if p.state == "held" and not p.ranks)
 
     def _joined(self) -> int:
         """How many workers have come: those with ranks and those held for theirs."""
@@ -427,6 +444,9 @@ class NodeService:
         elif peer.state == "held":
             # torchrun's rendezvous forgets a node that leaves before it completes
             peer.state = "gone"
+            for r in peer.ranks:
+                self.taken.pop(r, None)
+            peer.ranks = []
             self._note(f"node {peer.name()} left before every worker came: "
                        f"{why or 'its link ended'}")
         elif peer.state in ("joined", "new") and self.stopped is None:

@@ -250,3 +250,29 @@ def test_a_stall_with_stall_exit_ends_every_node(sshbed, nodes, tmp_path):
     assert any("waiting_here" in text for _, text in done), done
     assert all("stalled" in text for _, text in done), done
     assert all_gone(tag, 15)
+
+
+def test_a_static_node_starts_no_worker_before_every_node_came(sshbed, nodes, tmp_path):
+    # torchrun's static rendezvous starts a node's workers once every node is
+    # there: node 0 alone (node 1 never comes) starts none, and ends at the join
+    # timeout with one line, where its workers used to start at once and wait.
+    script = tmp_path / "worker.py"
+    script.write_text("import os, sys\n"
+                      "open(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w')\n")
+    tag = new_tag()
+    h1 = nodes[0]
+    p = sshbed.spawn_in(h1, [*MSLAUNCH, "--nnodes=2", "--nproc-per-node=2", "--node-rank=0",
+                             f"--master-addr={h1.addr}", f"--master-port={_port()}",
+                             "--rdzv-conf=join_timeout=3", str(script), str(tmp_path)],
+                        env=_env(tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        text = p.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        kill_tagged(tag)
+    assert p.returncode == 1, text
+    assert list(tmp_path.glob("started.*")) == [], text
+    assert "cluster time out: only 2 of 4 workers joined" in text, text
+    assert all_gone(tag, 15)
