@@ -58,7 +58,7 @@ class KeptAgents:
         self.heartbeat = heartbeat
         self.lost: Dict[str, str] = {}        # hosts lost while waiting, and why
         #: Spares whose agents were still starting when the attempt ended
-        #: (:class:`~.fleet.Spares`), for the next.
+        #: (:class:`~.spares.Spares`), for the next.
         self.starting: List[Any] = []
         self._heard: Dict[str, float] = {}    # when each was last heard (monotonic)
         self._readers: Dict[str, Any] = {}
