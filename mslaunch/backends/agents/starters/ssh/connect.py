@@ -160,8 +160,9 @@ class _Connector:
             transport = paramiko.Transport(_QuickAck(sock) if isinstance(sock, socket.socket)
                                            else sock)
             # The banner is waited for as long as the handshake (paramiko's own
-            # wait is 15 s whatever --ssh-timeout says).
-            transport.banner_timeout = s["timeout"]
+            # wait is 15 s whatever --ssh-timeout says), and a moment more: a
+            # silent server is then told by start_client's own time-out below.
+            transport.banner_timeout = s["timeout"] + 1.0
             try:
                 transport.start_client(timeout=s["timeout"])
             except Exception as err:
