@@ -34,6 +34,7 @@ from typing import List, NamedTuple, Tuple
 
 import pytest
 from helpers import PY, REPO, clean_env, kill_tagged, new_tag
+from requires import require
 from remote import settle
 
 PAGES = ["README.md"] + sorted(
@@ -297,6 +298,13 @@ def workdir(tmp_path):
     (work / "mypkg" / "train.py").write_text(STAND_IN)
     (work / "hosts").write_text("node1 slots=8\nnode2 slots=8\n")
     (work / "bin").mkdir()
+    # The pages' `mpirun` is the user's MPI: here Hydra's, always.  The venv's own
+    # bin/mpirun is whichever MPI wheel pip installed last (Open MPI 5's prterun
+    # refuses root).
+    hydra = os.path.join(os.path.dirname(PY), "mpiexec.hydra")
+    require(os.access(hydra, os.X_OK), "the mpich wheel's mpiexec.hydra beside this Python")
+    (work / "bin" / "mpirun").write_text(f'#!/bin/sh\nexec "{hydra}" "$@"\n')
+    (work / "bin" / "mpirun").chmod(0o755)
     for name in ("mslaunch", "mslaunch-stacks", "mslaunch-top"):
         with open(os.path.join(REPO, "scripts", name)) as f:
             script = f.read().split("\n", 1)[1]
