@@ -240,8 +240,8 @@ _said: List[str] = []
 
 def allocation_end(environ: Mapping[str, str]) -> str:
     """Why Slurm ended the allocation this runs in, as one sentence, the first
-    time it is asked after that end; "" while it runs, outside one, once said,
-    and from the first time scontrol cannot be run or does not answer on.  A failed node ends the whole
+    time it is asked after that end; "" while it runs, outside one, when
+    scontrol cannot tell, and once said.  A failed node ends the whole
     allocation (its every step, and salloc's or sbatch's own command, mslaunch)
     unless it was made with ``--no-kill``."""
     import subprocess
@@ -249,11 +249,9 @@ def allocation_end(environ: Mapping[str, str]) -> str:
     if _said or not (in_allocation(environ) and _is_digits(job)):
         return ""
     try:
-        # (slurmctld may be slow to answer while it ends the job's steps)
         shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
-                               text=True, timeout=10, stdin=subprocess.DEVNULL).stdout
+                               text=True, timeout=3, stdin=subprocess.DEVNULL).stdout
     except (OSError, subprocess.SubprocessError):
-        _said.append("")                  # no scontrol to ask, or no answer: not again
         return ""
     fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
     state, reason = fields.get("JobState", ""), fields.get("Reason", "None")
