@@ -125,13 +125,7 @@ def _xml_console(job: JobSpec) -> Optional[Console]:
 
 
 def _finish(job: JobSpec, result: JobResult, console: Console, started: float) -> int:
-    """The job's exit status, once its report (if asked for) is written; a failed
-    job's hosts may have been taken by the allocation's own end, which is said."""
-    if result.exit_code and not job.quiet:
-        from ..hosts.allocations.slurm import allocation_end
-        ended = allocation_end(os.environ)
-        if ended:
-            console.message(f"mslaunch: {ended}")
+    """The job's exit status, once its report (if asked for) is written."""
     if job.report_json is not None:
         from . import jobreport
         try:

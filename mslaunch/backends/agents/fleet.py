@@ -352,7 +352,6 @@ class Fleet:
         self.sup.ranks_lost(host.ranks, reason, host.lost_at(), host.blameless)
         if quiet:
             return
-        self._allocation_ended()
         if host.blameless:
             self.sup.console.message(f"mslaunch: {host.name}: {reason}")
         elif not host.ranks:
@@ -365,15 +364,6 @@ class Fleet:
                                      f"stopping: {reason}")
         else:
             self.sup.console.message(f"mslaunch: lost host {host.name}: {reason}")
-
-    def _allocation_ended(self) -> None:
-        """A lost host in a Slurm allocation: Slurm may have ended the allocation
-        itself (a failed node, without ``--no-kill``), as it will end this
-        launcher too, in a moment: said now, once."""
-        from ...hosts.allocations.slurm import allocation_end
-        ended = allocation_end(os.environ)
-        if ended:
-            self.sup.console.message(f"mslaunch: {ended}")
 
     def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
         """PMI traffic of a remote host's ranks (see :class:`~mslaunch.serve.mpijobs.MPIJobs`)."""

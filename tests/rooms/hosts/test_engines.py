@@ -7,7 +7,6 @@ kept); bad lines are one error naming FILE:LINE or the variable.
 
 from __future__ import annotations
 
-import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -84,30 +83,3 @@ def test_a_bad_lsb_mcpu_hosts_is_one_line(text):
     with pytest.raises(HostfileError) as err:
         allocation_hosts({"LSB_JOBID": "1", "LSB_MCPU_HOSTS": text})
     assert "LSB_MCPU_HOSTS" in str(err.value)
-
-
-@pytest.mark.parametrize("shown, said", [
-    ("JobState=RUNNING Reason=None", ""),
-    ("JobState=COMPLETING Reason=None", ""),
-    ("JobState=COMPLETING Reason=NodeDown", "(job 7: NODE_FAIL, NodeDown): a node failed"),
-    ("JobState=NODE_FAIL Reason=NodeDown", "(job 7: NODE_FAIL, NodeDown): a node failed"),
-    ("JobState=TIMEOUT Reason=TimeLimit", "(job 7: TIMEOUT, TimeLimit): it reached its time"),
-    ("", ""),
-])
-def test_the_end_of_a_slurm_allocation_is_said_once_from_scontrol(tmp_path, monkeypatch,
-                                                                  shown, said):
-    # A stand-in for scontrol's side: `scontrol show job -o 7` prints one line.
-    from mslaunch.hosts.allocations import slurm
-    fake = tmp_path / "scontrol"
-    fake.write_text(f'#!/bin/sh\n[ "$*" = "show job -o 7" ] && echo "JobId=7 {shown}"\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setattr(slurm, "_said", [])
-    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "h[1-3]"}
-    first = slurm.allocation_end(environ)
-    if not said:
-        assert first == ""
-        return
-    assert first.startswith("Slurm ended the job's allocation " + said), first
-    assert slurm.allocation_end(environ) == ""              # said once
-    assert slurm.allocation_end({}) == ""                   # outside an allocation
