@@ -74,9 +74,7 @@ class AgentsBackend(Backend):
             # jobs, which place ranks on hosts that answer: started first, as Open
             # MPI starts its daemons.)
             idle = kept.idle if kept is not None else {}
-            starting = {n for spares in self.carried for n in spares.names}
-            self.late = [n for n in self.names if n not in self.ranked and n not in idle
-                         and n not in starting]
+            self.late = [n for n in self._first() if n not in self.ranked and n not in idle]
         # In the background, while the supervisor is built (srun's step starts here).
         self.starter.prepare(self._first(), self.session.guard.marker)
 

@@ -73,6 +73,7 @@ class Fleet:
         self.handles: List[RankHandle] = []
         self._spares: List[Spares] = []
         self._late: set = set()               # spares that joined since the start
+        self._settings: Optional[tuple] = None
 
     # -- bringing the hosts up ---------------------------------------------------
     def connect(self, names: List[str], starter: Starter, replan) -> None:
@@ -199,14 +200,9 @@ class Fleet:
         """Host ``name`` of agent ``conn``, handed its ranks ``specs`` (none: a spare)."""
         from .host import RemoteHost
         from ...wire.jobframe import job_frame
-        from ...wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
         sup, listener = self.sup, self.listener
         job = sup.job
-        # (the kept agents' is the job's, its health check's included)
-        heartbeat = self.kept.heartbeat if self.kept is not None else heartbeat_setting(
-            os.environ.get("MSLAUNCH_HEARTBEAT"),
-            RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
-        pmi = None if job.mpi != "pmi" else ("port" if job.pmi_port else "fd")
+        heartbeat, pmi = self._frame_settings()
         host = RemoteHost(sup.loop, conn, specs, self, pmi_port=job.pmi_port,
                           verbose=job.verbose)
         self.hosts[name] = host
@@ -224,6 +220,19 @@ class Fleet:
                              "token": token,
                              "cert": listener.cert_pem and listener.cert_pem.decode()}
         host.prepare(frame)
+
+    def _frame_settings(self) -> tuple:
+        """The heartbeat and PMI way every host's job frame gives, read once."""
+        if self._settings is None:
+            from ...wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
+            job = self.sup.job
+            # (the kept agents' is the job's, its health check's included)
+            heartbeat = self.kept.heartbeat if self.kept is not None else heartbeat_setting(
+                os.environ.get("MSLAUNCH_HEARTBEAT"),
+                RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
+            self._settings = (heartbeat, None if job.mpi != "pmi" else
+                              ("port" if job.pmi_port else "fd"))
+        return self._settings
 
     # -- spares started beside the job -------------------------------------------
     def start_spares(self, names: List[str], starter: Starter,
