@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
 
 class Exit(Exception):
     """Raised by --help and --version: text to print and a status."""
@@ -47,9 +51,31 @@ TORCHRUN_OPTIONS = (
     ("signals_to_handle", "str", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
     ("shutdown_timeout", "str", None), ("virtual_local_rank", "flag", None),
     ("duplicate_stdout_filters", "str", ""), ("duplicate_stderr_filters", "str", ""),
+    # torch.distributed.launch's (the same parser, and this flag)
+    ("use_env", "flag", None),
     # mslaunch's own, in this dialect too
     ("report_json", "str", None), ("stall_report", "str", None), ("stall_exit", "flag", None),
 )
+
+
+#: The other dialects' long spellings that begin a torchrun option's name: given
+#: whole, they are theirs, never a prefix of torchrun's (a test derives them).
+NOT_PREFIXES = ("np", "n", "l", "s", "v", "d")
+
+
+def torchrun_name(word: str) -> Optional[str]:
+    """The torchrun option a ``--word`` names, whole or by a unique prefix of its
+    name (as torchrun's argparse takes it; '-' and '_' alike), or None."""
+    if not word.startswith("--"):
+        return None
+    body = word[2:].split("=", 1)[0].replace("-", "_")
+    names = [name for name, _, _ in TORCHRUN_OPTIONS]
+    if body in names:
+        return body
+    if not body or body in NOT_PREFIXES:
+        return None
+    found = [name for name in names if name.startswith(body)]
+    return found[0] if len(found) == 1 else None
 
 
 def is_torchrun_like(argv) -> bool:
@@ -58,11 +84,10 @@ def is_torchrun_like(argv) -> bool:
     import os
     if argv and not argv[0].startswith("-"):
         return any(k.startswith("PET_") for k in os.environ)
-    names = {name for name, _, _ in TORCHRUN_OPTIONS}
     for word in argv:
         if not word.startswith("-"):
             return False
-        if torchrun_short(word) or word[2:].split("=", 1)[0].replace("-", "_") in names:
+        if torchrun_short(word) or torchrun_name(word) is not None:
             return True
     return False
 

@@ -133,9 +133,10 @@ def mpirun_sections() -> str:
 
 
 _TORCHRUN = """\
-torchrun's command line (torchrun replaced by mslaunch, python -m
-torch.distributed.run by python -m mslaunch): its options, spelled with '-' or
-'_', '=' or a space, a unique prefix; each reads PET_<NAME> as its default.
+torchrun's command line (torchrun or python -m torch.distributed.launch replaced
+by mslaunch, python -m torch.distributed.run by python -m mslaunch): its
+options, spelled with '-' or '_', '=' or a space, a unique prefix; each reads
+PET_<NAME> as its default.
 
   mslaunch --nproc-per-node=4 train.py ARGS      torchrun's workers on this node
   mslaunch --standalone --nproc-per-node=4 -m pkg.train
@@ -144,7 +145,8 @@ torch.distributed.run by python -m mslaunch): its options, spelled with '-' or
   --nproc-per-node N|cpu|auto|gpu  workers on this node (gpu: one per GPU)
   --nnodes N            the same line on each of N nodes forms one job (static:
                         --node-rank, --master-addr, --master-port; c10d:
-                        --rdzv-endpoint, --rdzv-id); MIN:MAX: not served yet
+                        --rdzv-endpoint, --rdzv-id); MIN:MAX (c10d): the job
+                        goes on while MIN nodes are there, takes new ones to MAX
   --standalone, --rdzv-backend static|c10d, --rdzv-endpoint, --rdzv-id,
   --rdzv-conf, --master-addr, --master-port, --local-addr, --node-rank
                         MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID as
@@ -156,9 +158,11 @@ torch.distributed.run by python -m mslaunch): its options, spelled with '-' or
                         DIR/<run id>_XXXXXXXX/attempt_N/<local rank>/ with
                         stdout.log, stderr.log, error.json; without --log-dir
                         the directory is removed at the end
-  --monitor-interval, --start-method, --event-log-handler, --numa-binding
-                        accepted: a worker's end is seen at once, every worker
+  --monitor-interval, --start-method, --event-log-handler, --numa-binding,
+  --logs-specs default  accepted: a worker's end is seen at once, every worker
                         is a process started anew
+  --use-env             torch.distributed.launch's: without it, a script that
+                        declares --local-rank (or --local_rank) is given it
   --report-json FILE    mslaunch's job report, with a worker's error file
   --stall-report S, --stall-exit
                         mslaunch's: the workers' merged stacks once none has

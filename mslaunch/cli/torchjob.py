@@ -180,11 +180,57 @@ def worker_command(values: Mapping[str, Optional[str]], script: Sequence[str],
         raise UsageError("--module and --no-python cannot both be given (torchrun refuses "
                          "them together too)")
     python = environ.get("PYTHON_EXEC") or sys.executable
+    legacy = legacy_argument(values, script)
+    extra = list(script[:1]) + ([legacy + "=${local_rank}"] if legacy else []) + list(script[1:])
     if values["run_path"] == "1":
-        return (python, "-u", *script)
+        return (python, "-u", *extra)
     if no_python:
-        return tuple(script)
-    return (python, "-u", "-m", *script) if module else (python, "-u", *script)
+        return tuple(extra)
+    return (python, "-u", "-m", *extra) if module else (python, "-u", *extra)
+
+
+#: How a script declares torch.distributed.launch's argument: the spellings
+#: argparse is given, quoted either way; the first found is passed.
+_DECLARED = tuple((spelling, (f'"{spelling}"'.encode(), f"'{spelling}'".encode()))
+                  for spelling in ("--local-rank", "--local_rank"))
+
+
+def legacy_argument(values: Mapping[str, Optional[str]], script: Sequence[str]
+                    ) -> Optional[str]:
+    """torch.distributed.launch's ``--local-rank``, for a line without
+    ``--use-env`` whose Python script (or ``-m`` module) declares it: one line
+    is torchrun's or the legacy launcher's alike, and only a script written for
+    the legacy one names the option.  ``--local-rank`` if the script names it
+    (torch 2.x's spelling), else ``--local_rank`` (torch 1.x's: torch 2.x's
+    launcher fails such a script with 'unrecognized arguments')."""
+    if values.get("use_env") == "1" or values["no_python"] == "1" or not script:
+        return None
+    path = _module_file(script[0]) if values["module"] == "1" else script[0]
+    try:
+        with open(path or "", "rb") as f:
+            text = f.read(1 << 22)
+    except OSError:
+        return None
+    for spelling, quoted in _DECLARED:
+        if any(q in text for q in quoted):
+            return spelling
+    return None
+
+
+def _module_file(name: str) -> Optional[str]:
+    """The file ``python -m NAME`` runs from the launch directory, found without
+    importing anything (the worker's path: the directory, ``PYTHONPATH``, this
+    interpreter's)."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    roots = ["", *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
+    for root in roots:
+        base = os.path.join(os.path.abspath(root or "."), *parts)
+        for path in (base + ".py", os.path.join(base, "__main__.py")):
+            if os.path.isfile(path):
+                return path
+    return None
 
 
 def nodes_of(values: Mapping[str, Optional[str]], script: Sequence[str]) -> int:
@@ -269,7 +315,7 @@ def _console_ranks(text: Optional[str]) -> Optional[Tuple[int, ...]]:
 
 def _refuse_unserved(values: Mapping[str, Optional[str]]) -> None:
     for name in ("logs_specs", "duplicate_stdout_filters", "duplicate_stderr_filters"):
-        if values[name]:
+        if values[name] and not (name == "logs_specs" and values[name] == "default"):
             raise UsageError(f"{_say(name, values[name])}: not served by mslaunch (the logs "
                              f"are in torchrun's default layout under --log-dir)")
     method = (values["start_method"] or "").strip()

@@ -1,5 +1,5 @@
-"""torchrun's dialect: ``torchrun`` (or ``python -m torch.distributed.run``)
-replaced by ``mslaunch`` runs the same job.
+"""torchrun's dialect: ``torchrun`` (or ``python -m torch.distributed.run``, or
+``python -m torch.distributed.launch``) replaced by ``mslaunch`` runs the same job.
 
 Options are torchrun 2.x's, with its spellings (``--nproc-per-node`` and
 ``--nproc_per_node``; ``--opt=value`` or ``--opt value``; ``-r3``; a unique
@@ -14,6 +14,11 @@ line is msrun's, whose errors name torchrun's options in msrun's words); or
 one with no option at all when a ``PET_`` variable is set.  ``--node_rank``,
 ``--master_addr``, ``--master_port`` and ``--log_dir`` are msrun's too: a
 line with only those is refused in one line naming both dialects.
+
+torch.distributed.launch's lines are torchrun's with ``--use-env`` (its
+``--use_env``) added; without it, a script that declares ``--local-rank`` (or
+only ``--local_rank``) gets that argument, as the legacy launcher gives it (see
+:func:`mslaunch.cli.torchjob.legacy_argument`).
 
 One node (``--nnodes 1``, ``--standalone``, or the default) is a job of this
 machine: the workers get torchrun's variables and files (see
@@ -32,12 +37,14 @@ if TYPE_CHECKING:
     from ..core.spec import JobSpec
 
 from ..core.errors import UsageError, one_line
-from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, TORCHRUN_OPTIONS as OPTIONS, torchrun_short
+from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, TORCHRUN_OPTIONS as OPTIONS, torchrun_name, \
+    torchrun_short
 
 _KIND = {name: kind for name, kind, _ in OPTIONS}
 _SHORT = {"m": "module", "r": "redirects", "t": "tee"}
 #: Read from the environment by torchrun's own argparse only when given (no PET_).
-_NO_PET = ("logs_specs", "numa_binding", "report_json", "stall_report", "stall_exit")
+_NO_PET = ("logs_specs", "numa_binding", "report_json", "stall_report", "stall_exit",
+           "use_env")
 #: torchrun's options that msrun's dialect has too (with other defaults).
 SHARED = ("node_rank", "master_addr", "master_port", "log_dir")
 #: torchrun's options that mpirun's dialect has too: they do not make a line torchrun's.
@@ -46,17 +53,6 @@ MPIRUN_TOO = ("max_restarts", "report_json", "stall_report", "stall_exit")
 RDZV_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
              "keep_alive_interval", "keep_alive_max_attempt", "read_timeout", "is_host",
              "store_type", "timeout", "rank")
-def _names(word: str) -> Optional[str]:
-    """The option a leading word names exactly (``--nproc-per-node=2`` ->
-    ``nproc_per_node``), or None."""
-    if word.startswith("--"):
-        name = word[2:].split("=", 1)[0].replace("-", "_")
-        return name if name in _KIND else None
-    if len(word) >= 2 and word[0] == "-" and word[1] in _SHORT:
-        return _SHORT[word[1]]
-    return None
-
-
 def _leading_options(argv: Sequence[str]) -> List[Tuple[str, str]]:
     """(name, word) of each option of a line before its script (the word after
     an option that takes a value and has no ``=`` is its value)."""
@@ -72,7 +68,8 @@ def _leading_options(argv: Sequence[str]) -> List[Tuple[str, str]]:
         if not long and not torchrun_short(word):
             found.append((word, word))      # (another launcher's: -n, -mca, -rf ...)
             continue
-        name = word[2:].split("=", 1)[0].replace("-", "_") if long else word[1:2]
+        name = (torchrun_name(word) or word[2:].split("=", 1)[0].replace("-", "_")) if long \
+            else word[1:2]
         found.append((name, word))
         # the next word is this option's value
         if long and "=" not in word:

@@ -44,6 +44,12 @@ def _dialect(argv, environ=None):
     (["-m", "pkg.train"], "torchrun"),
     (["-r3", "x.py"], "torchrun"),
     (["--node_rank=0", "--master_addr=h", "x.py"], "torchrun"),    # refused there: whose?
+    (["--nproc-per-nod", "2", "x.py"], "torchrun"),      # a unique prefix, first in the line
+    (["--nproc_p=2", "x.py"], "torchrun"),
+    (["--use-env", "--nproc_per_node=2", "x.py"], "torchrun"),  # torch.distributed.launch's
+    (["--use_env", "x.py"], "torchrun"),
+    (["--np", "2", "x"], "mpirun"),                      # whole spellings stay mpirun's
+    (["--n", "2", "x"], "mpirun"),
 ])
 def test_a_line_s_dialect(argv, expected):
     assert _dialect(argv) == expected
@@ -62,6 +68,17 @@ def test_spellings_prefixes_and_the_script_s_words():
                       "redirects": "3"}
     assert rest == ["x.py", "--nproc-per-node", "5"]
     assert read_line(["--nproc", "2", "x.py"])[0] == {"nproc_per_node": "2"}
+
+
+def test_the_other_dialects_whole_spellings_that_begin_a_torchrun_name_are_theirs():
+    from mslaunch.cli.common import MSRUN_EXTRAS, MSRUN_OPTIONS, NOT_PREFIXES, TORCHRUN_OPTIONS
+    from mslaunch.cli.options import SECTIONS
+    torchrun = [name for name, _, _ in TORCHRUN_OPTIONS]
+    others = {name.replace("-", "_") for _, options in SECTIONS for option in options
+              for name in option.names} | set(MSRUN_OPTIONS + MSRUN_EXTRAS)
+    begins = {name for name in others - set(torchrun)
+              if any(t.startswith(name) for t in torchrun)}
+    assert begins == set(NOT_PREFIXES)
 
 
 def test_pet_variables_are_defaults_and_the_line_wins():
@@ -120,6 +137,30 @@ def test_the_longest_timeout_is_taken():
     assert rdzv_conf("join_timeout=1e9,,bogus=1") == {"join_timeout": "1e9", "bogus": "1"}
 
 
+def test_torch_distributed_launch_s_argument_for_a_script_that_declares_it(tmp_path,
+                                                                           monkeypatch):
+    from mslaunch.cli.torchjob import worker_command
+    base = settings({}, {})
+    (tmp_path / "both.py").write_text('p.add_argument("--local-rank", "--local_rank")\n')
+    (tmp_path / "old.py").write_text("p.add_argument('--local_rank', type=int)\n")
+    (tmp_path / "new.py").write_text("import os; os.environ['LOCAL_RANK']\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text('ap.add_argument("--local_rank")\n')
+    monkeypatch.chdir(tmp_path)
+
+    def argv(script, **changes):
+        return list(worker_command({**base, **changes}, [script, "a"], {})[2:])
+
+    assert argv("both.py") == ["both.py", "--local-rank=${local_rank}", "a"]
+    assert argv("old.py") == ["old.py", "--local_rank=${local_rank}", "a"]
+    assert argv("new.py") == ["new.py", "a"]
+    assert argv("both.py", use_env="1") == ["both.py", "a"]
+    assert argv("pkg.train", module="1") == ["-m", "pkg.train", "--local_rank=${local_rank}",
+                                             "a"]
+    assert argv("missing.py") == ["missing.py", "a"]
+    assert worker_command({**base, "no_python": "1"}, ["both.py"], {}) == ("both.py",)
+
+
 def test_every_value_is_read():
     assert nproc("cpu") >= 1 and nproc("3") == 3
     assert nnodes("2") == (2, 2) and nnodes("1:4") == (1, 4)
@@ -140,6 +181,8 @@ def test_every_value_is_read():
     (["--nproc-per-node=1", "-m", "--no-python", "x"], "cannot both be given"),
     (["--nproc-per-node=1", "--node-rank=1", "x.py"], "--node-rank=1"),
     (["--nproc-per-node=1", "--logs-specs=mine", "x.py"], "not served by mslaunch"),
+    (["--nproc-per-node=1", "--logs-specs=default", "--standalone=1", "x.py"],
+     "--standalone takes no value"),          # (default is torchrun's own: taken)
 ])
 def test_refused_lines_get_one_error_line(argv, message):
     done = run(*argv)

@@ -68,6 +68,69 @@ def test_workers_get_torchrun_s_environment(tmp_path, line):
     assert (warned in theirs.stderr) == (warned in ours.stderr) == (len(pairs) > 1)
 
 
+def _launch(*args: str, cwd: str, where=None) -> subprocess.CompletedProcess:
+    """torch's legacy launcher, python -m torch.distributed.launch (it still ships)."""
+    return subprocess.run([PY, "-m", "torch.distributed.launch", *args], capture_output=True,
+                          timeout=120, env=_env(where), cwd=cwd)
+
+
+LEGACY = """
+import argparse, json, os, sys
+parser = argparse.ArgumentParser()
+parser.add_argument({spellings}, type=int, required=True)
+parser.add_argument("rest", nargs="*")
+args = parser.parse_args()
+assert args.local_rank == int(os.environ["LOCAL_RANK"])
+with open(os.path.join(os.environ["TORCH_ENV_DIR"], os.environ["LOCAL_RANK"] + ".json"), "w") as f:
+    json.dump({{"env": dict(os.environ), "argv": sys.argv[1:]}}, f)
+"""
+
+
+@pytest.mark.parametrize("line, declared", [
+    (["--nproc-per-node", "2"], '"--local-rank", "--local_rank"'),
+    (["--nproc_per_node=2", "--logs-specs", "default", "--master_port={port}"],
+     "'--local-rank'"),
+    (["--use-env", "--nproc-per-node=2"], None),
+    (["--nproc_per_node", "2", "--use_env", "--standalone"], None),
+], ids=["argument", "argument-static", "use-env", "use_env-standalone"])
+def test_torch_distributed_launch_s_lines(tmp_path, line, declared):
+    """python -m torch.distributed.launch replaced by mslaunch: the script that
+    declares --local-rank gets it (without --use-env), key by key as the legacy
+    launcher gives its workers, with torchrun's default --logs-specs taken."""
+    script = tmp_path / "legacy.py"
+    script.write_text(LEGACY.format(spellings=declared) if declared else open(ENV).read())
+    port = str(_free_port())
+    args = [w.replace("{port}", port) for w in line] + [str(script), "x"]
+    (tmp_path / "t").mkdir()
+    (tmp_path / "m").mkdir()
+    theirs = _launch(*args, cwd=str(tmp_path), where=tmp_path / "t")
+    ours = run(*args, env=_env(tmp_path / "m"), cwd=str(tmp_path), timeout=120)
+    assert theirs.returncode == 0, theirs.stderr.decode()[-2000:]
+    assert ours.returncode == 0, ours.stderr.decode()
+    pairs = list(zip(workers(tmp_path / "t"), workers(tmp_path / "m")))
+    assert len(pairs) == 2
+    for local, (theirs_row, ours_row) in enumerate(pairs):
+        compare(theirs_row, ours_row, _env(tmp_path / "t"))
+        assert ours_row["argv"] == ([f"--local-rank={local}"] if declared else []) + ["x"]
+
+
+def test_a_script_of_torch_1_s_local_rank_runs_where_torch_2_s_launcher_fails_it(tmp_path):
+    """A script that declares only --local_rank (written for torch 1.x's launcher)
+    gets that spelling; torch 2.x's launcher passes --local-rank and argparse stops it."""
+    script = tmp_path / "old.py"
+    script.write_text(LEGACY.format(spellings='"--local_rank"'))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "m").mkdir()
+    theirs = _launch("--nproc-per-node=2", str(script), cwd=str(tmp_path),
+                     where=tmp_path / "t")
+    assert theirs.returncode != 0 and b"required: --local_rank" in theirs.stderr
+    ours = run("--nproc-per-node=2", str(script), env=_env(tmp_path / "m"), cwd=str(tmp_path),
+               timeout=120)
+    assert ours.returncode == 0, ours.stderr.decode()
+    assert [row["argv"] for row in workers(tmp_path / "m")] == [["--local_rank=0"],
+                                                                ["--local_rank=1"]]
+
+
 DDP = """
 import json, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
