@@ -149,6 +149,13 @@ class RankOutput:
         return self.file_fd is not None or (self.terminal is not None and self.terminal.open)
 
     @property
+    def last_on_terminal(self) -> bool:
+        """Whether this stream wrote the last lines its terminal shows (its tail is
+        right above whatever comes next)."""
+        term = self.terminal
+        return term is not None and term.open and not term.dropped and term.last is self
+
+    @property
     def congested(self) -> bool:
         return self.terminal is not None and self.terminal.open and self.terminal.congested
 

@@ -106,6 +106,7 @@ class Terminal(QueuedWriter):
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
         self.given_up = False
         self.owner: object = None         # the source whose line is unfinished
+        self.last: object = None          # the source of the last bytes written
         try:
             pipe = self.open and sock is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
         except OSError:
@@ -134,6 +135,7 @@ class Terminal(QueuedWriter):
         if self.owner is not None and self.owner is not source:
             data = b"\n" + bytes(data)
         self.owner = None if data[-1:] == b"\n" else source
+        self.last = source
         if self.queue or self.splicing is not None:
             self.hold(data)               # behind what waits, or the splice's until it ends
         elif self.put(data) and self._grow:
@@ -183,7 +185,7 @@ class Terminal(QueuedWriter):
                 self._failed(err)
                 return False
         self.owner = None
-        self.splicing = source
+        self.splicing = self.last = source
         return True
 
     @property

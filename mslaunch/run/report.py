@@ -76,7 +76,8 @@ def summary(sup: JobView, rank: RankState) -> str:
         head += f"\nmslaunch: rank {spec.rank}'s error file ({spec.error_file}): {said[0]}"
         if said[1].strip():
             head += "\n" + "\n".join("    " + line for line in shown_tail(said[1]))
-    elif tail.strip():
+    elif tail.strip() and not (rank.outputs and rank.outputs[-1].last_on_terminal):
+        # (a tail that is the last thing on the terminal is right above: not again)
         from .tails import shown_tail
         lines = shown_tail(tail.decode("utf-8", "replace"))
         stream = "stdout+stderr" if sup.job.output.merge_stderr else "stderr"

@@ -57,7 +57,7 @@ def deep(n):
 """
 
 USER = """
-import sys
+import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import biglib
 
@@ -67,8 +67,17 @@ def prepare():
 def train():
     return biglib.deep(12)   # the user's own line
 
-prepare()
-train()
+if os.environ["RANK"] == "0":
+    with open(sys.argv[2] + ".new", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(sys.argv[2] + ".new", sys.argv[2])
+    prepare()
+    train()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# once mslaunch has collected rank 0 (and so read its traceback first)
+while not os.path.exists(sys.argv[2]) or os.path.exists("/proc/" + open(sys.argv[2]).read()):
+    pass
+print("rank 1 writes after rank 0's traceback", file=sys.stderr, flush=True)
 """
 
 
@@ -77,10 +86,11 @@ def test_the_tail_of_a_python_failure_keeps_the_users_own_frame(tmp_path):
     lib.mkdir(parents=True)
     (lib / "biglib.py").write_text(LIBRARY)
     (tmp_path / "train.py").write_text(USER)
-    r = run("-n", "2", PY, "train.py", str(lib), cwd=str(tmp_path))
+    r = run("-n", "2", PY, "train.py", str(lib), str(tmp_path / "flag"), cwd=str(tmp_path))
     assert r.returncode == 1
     err = r.stderr.decode()
-    shown = err[err.index("mslaunch: last lines of rank "):].splitlines()[1:]
+    # (rank 1 wrote after it: the tail is not right above the summary)
+    shown = err[err.index("mslaunch: last lines of rank 0"):].splitlines()[1:]
     assert shown[0] == "    Traceback (most recent call last):", err
     # the user's last frame and its line, the raising frame, the exception
     assert any('train.py", line 10, in train' in line for line in shown), err
@@ -89,6 +99,16 @@ def test_the_tail_of_a_python_failure_keeps_the_users_own_frame(tmp_path):
     assert any('biglib.py", line 4, in deep' in line for line in shown), err
     assert shown[-1] == "    ValueError: the library says no", err
     assert len(shown) <= 14, err
+
+
+def test_a_failed_rank_s_stderr_right_above_the_summary_is_not_shown_again(tmp_path):
+    r = run("-n", "2", PY, "-c", "import os, sys\n"
+            "if os.environ['RANK'] == '1': raise ValueError('the one traceback')",
+            cwd=str(tmp_path))
+    assert r.returncode == 1
+    err = r.stderr.decode()
+    assert err.count("ValueError: the one traceback") == 1, err
+    assert "last lines of" not in err and "mslaunch: rank 1 (pid" in err, err
 
 
 def test_shown_tail_in_short():
