@@ -1,10 +1,12 @@
 """mslaunch: a fast, trustworthy launcher for MPI and distributed jobs.
 
 From Python, :func:`run` runs a job as the ``mslaunch`` command does and
-returns its exit status (see ``docs/reference/python-api.md``)::
+returns its exit status, and :func:`launch` calls a function on every rank
+and returns what each returned (see ``docs/reference/python-api.md``)::
 
     import mslaunch
     status = mslaunch.run(["-n", "2", "python", "train.py"])
+    values = mslaunch.launch(train, 0.1, nprocs=2)
 
 The package is in rooms that follow a job's way, its imports pointing down:
 records and errors (``core``); where the job may run and the pure planner
@@ -17,19 +19,21 @@ with their starters, srun steps, Open MPI's mpirun, one command per node);
 looking inside a running job (``inspect``); running a job, its attempts and
 its policy (``run``); msrun mode (``msrun``); and the command-line dialects
 (``cli``) last (``docs/design.md`` draws it; ``tests/project/test_layers.py``
-checks the order).  Importing the package imports none of them: :func:`run`
-does, when called.
+checks the order); the Python API's calls themselves are in ``api``.
+Importing the package imports none of them: :func:`run` and :func:`launch` do,
+when called.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import subprocess
-    from typing import Sequence
+    from typing import Any, Callable, List, Sequence, Union
+
+    from .api import RankFailed as RankFailed
 
 __version__ = "0.2.0"
-__all__ = ["run", "__version__"]
+__all__ = ["run", "launch", "RankFailed", "__version__"]
 
 
 def run(argv: Sequence[str]) -> int:
@@ -48,48 +52,37 @@ def run(argv: Sequence[str]) -> int:
     the job has stopped ``KeyboardInterrupt`` is raised here, as
     ``subprocess.run`` does (a loop of jobs, a notebook's "Run All", stops).
     """
-    if isinstance(argv, (str, bytes)):
-        raise TypeError("mslaunch.run() takes a list of words, e.g. ['-n', '2', 'prog'], "
-                        "not a string")
-    import subprocess
-    import sys
-    words = [str(word) for word in argv]
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
-    import os
-    # This package, wherever the caller found it (its sys.path may name a directory
-    # that PYTHONPATH does not); the ranks' own environment is left as it is.
-    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    start = ("import sys; sys.argv[0] = 'mslaunch'; sys.path.insert(0, sys.argv.pop(1)); "
-             "from mslaunch.__main__ import main; main()")
-    child = subprocess.Popen([sys.executable, "-c", start, where, *words], close_fds=True)
-    return _wait(child)
+    from .api import run as run_words
+    return run_words(argv)
 
 
-def _wait(child: subprocess.Popen[bytes]) -> int:
-    """The job's exit status, passing on SIGTERM and SIGHUP meanwhile (main thread
-    only: elsewhere handlers cannot be set); KeyboardInterrupt once the job
-    stopped, if SIGINT came meanwhile."""
-    import signal
-    import threading
-    previous = {}
-    interrupted = []
-    if threading.current_thread() is threading.main_thread():
-        def forward(signum: int, frame: object) -> None:
-            if signum != signal.SIGINT:     # Ctrl-C reached the job's process group too
-                child.send_signal(signum)
-            else:
-                interrupted.append(signum)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, forward)
-    try:
-        code = child.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if interrupted:
-        raise KeyboardInterrupt
-    return 128 - code if code < 0 else code
+def launch(fn: Callable[..., Any], *args: Any, nprocs: int = 1,
+           hosts: Union[None, str, Sequence[str]] = None, max_restarts: int = 0,
+           options: Sequence[str] = ()) -> List[Any]:
+    """Call ``fn(*args)`` on each of ``nprocs`` ranks; their return values in rank order.
+
+    The ranks are those of ``mslaunch -n NPROCS [-H HOSTS] [--max-restarts N]
+    [OPTIONS...]``: this machine's, or ``hosts``' (``"h1:2,h2:2"`` or a list),
+    each with every ecosystem's rank variables (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``...); ``options`` are more of the command's words
+    (``["--bind-to", "core"]``).  ``fn`` is found by its module and name on
+    every rank (a function of the script run is found by running the script
+    as ``__mp_main__``, as multiprocessing's spawn does; a notebook's is sent
+    by value with cloudpickle, if installed).  ``args`` and the return values
+    are pickled.  The ranks' output goes to this process's ``sys.stdout`` and
+    ``sys.stderr``.  When the job fails, the first failure is raised: the
+    rank's own exception, its cause a :class:`RankFailed` with the rank, the
+    host and the exit status; a rank that raised nothing (killed, exited,
+    lost with its host) raises :class:`RankFailed` itself.  Signals and
+    Ctrl-C as for :func:`run`.
+    """
+    from .api import launch as launch_function
+    return launch_function(fn, args, nprocs=nprocs, hosts=hosts, max_restarts=max_restarts,
+                           options=options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RankFailed":
+        from .api import RankFailed
+        return RankFailed
+    raise AttributeError(f"module 'mslaunch' has no attribute {name!r}")

@@ -23,6 +23,8 @@ PACKAGE = os.path.join(REPO, "mslaunch")
 RANKS: Dict[str, float] = {
     # records, errors, named states, small pure modules
     "mslaunch": 0, "core": 0,
+    # the Python API's calls, both ends (they start the command; they import nothing)
+    "api": 0,
     # pure parsers and the pure planner; the ranks' own side
     "hosts": 1, "plan": 1, "rankenv": 1,
     # the mechanisms of one machine

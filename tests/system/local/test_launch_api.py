@@ -1,0 +1,206 @@
+"""mslaunch.launch(fn, *args, nprocs=...): a function on every rank, each rank's
+return value back in rank order, side by side with torch's elastic_launch on
+the same function; the first failure raised with its rank and host; restarts;
+hosts over SSH; and the frames that carry the values, taken out of the output
+whole whatever the output around them."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import textwrap
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helpers import PROGRAMS, PY, clean_env, new_tag, all_gone, tagged_pids
+from mslaunch.api import Frames, frame_lines, PIECE
+from requires import require
+
+
+def _python(code: str, cwd, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter that imports mslaunch and fncalls."""
+    header = f"import sys; sys.path.insert(0, {PROGRAMS!r})\nimport mslaunch, fncalls\n"
+    return subprocess.run([PY, "-c", header + textwrap.dedent(code)], capture_output=True,
+                          timeout=timeout, cwd=str(cwd), env=clean_env(**env))
+
+
+def _lines(r: subprocess.CompletedProcess):
+    return r.stdout.decode().splitlines()
+
+
+def test_the_return_values_in_rank_order_where_elastic_launch_gives_a_dict(tmp_path):
+    require(importlib.util.find_spec("torch") is not None, "torch (pip install torch==2.13.0)")
+    r = _python("""
+        import json, uuid
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=str(uuid.uuid4()),
+                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+        if __name__ == "__main__":
+            print("torch", json.dumps(elastic_launch(config, fncalls.times_ten)(7), sort_keys=True))
+            print("mslaunch", json.dumps(mslaunch.launch(fncalls.times_ten, 7, nprocs=2)))
+            print("torch gloo", json.dumps(elastic_launch(config, fncalls.gloo_sum)(),
+                                           sort_keys=True))
+            print("mslaunch gloo", json.dumps(mslaunch.launch(fncalls.gloo_sum, nprocs=2)))
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    said = _lines(r)
+    assert 'torch {"0": 70, "1": 71}' in said and "mslaunch [70, 71]" in said, said
+    assert 'torch gloo {"0": 1.0, "1": 1.0}' in said and "mslaunch gloo [1.0, 1.0]" in said
+    # each rank's line passed on, once (torch's workers' too), and no frame byte
+    assert said.count("rank 0 of 2 says hi") == 2 and said.count("rank 1 of 2 says hi") == 2
+    assert b"\x1e" not in r.stdout
+
+
+def test_a_function_of_the_script_itself_and_its_guard(tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import mslaunch
+        print("top of the script, in", os.environ.get("RANK", "the caller"), flush=True)
+        def square(x):
+            return x * x + int(os.environ["RANK"])
+        if __name__ == "__main__":
+            print(mslaunch.launch(square, 3, nprocs=3), sys.argv[1:])
+    """))
+    r = subprocess.run([PY, str(script), "a", "b"], capture_output=True, timeout=120,
+                       cwd=str(tmp_path), env=clean_env())
+    assert r.returncode == 0, r.stderr.decode()
+    said = _lines(r)
+    assert said[-1] == "[9, 10, 11] ['a', 'b']", said
+    # every rank ran the script's top as __mp_main__, as multiprocessing's spawn does
+    assert sorted(said[:-1]) == ["top of the script, in 0", "top of the script, in 1",
+                                 "top of the script, in 2", "top of the script, in the caller"]
+
+
+def test_the_first_failure_is_raised_with_its_rank_and_host(tmp_path):
+    r = _python("""
+        try:
+            mslaunch.launch(fncalls.fail_in, 1, nprocs=3)
+        except KeyError as err:
+            cause = err.__cause__
+            print("raised", repr(err), type(cause).__name__, cause.rank, cause.status,
+                  cause.host == __import__("os").uname().nodename)
+            print("note", err.__notes__ if hasattr(err, "__notes__") else "")
+            print("traceback", "fncalls.py" in cause.traceback)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    said = _lines(r)
+    assert "raised KeyError('no such key in rank 1') RankFailed 1 1 True" in said, said
+    assert "traceback True" in said
+    # the rank's own traceback on stderr once, mslaunch's summary without it again
+    err = r.stderr.decode()
+    assert err.count("KeyError: 'no such key in rank 1'") == 1, err
+    assert "mslaunch: rank 1 (pid" in err
+
+
+@pytest.mark.parametrize("how, status, says", [
+    ("3", 3, "exited with code 3"), ("None, 9", 137, "killed by signal 9"),
+    ("", 1, "raised fncalls.Unpicklable: holds a handle")])
+def test_a_rank_that_raised_nothing_it_can_send_raises_rank_failed(tmp_path, how, status, says):
+    call = "fncalls.unpicklable, 0" if not how else f"fncalls.fail_in, 0, {how}"
+    r = _python(f"""
+        try:
+            mslaunch.launch({call}, nprocs=2)
+        except mslaunch.RankFailed as err:
+            print("failed", err.rank, err.status, "|", err)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    (said,) = [line for line in _lines(r) if line.startswith("failed")]
+    assert said.startswith(f"failed 0 {status} |") and says in said, said
+
+
+def test_restarts_give_the_last_attempt_s_values(tmp_path):
+    r = _python("""
+        print(mslaunch.launch(fncalls.flaky, 1, nprocs=2, max_restarts=1))
+        try:
+            mslaunch.launch(fncalls.flaky, 1, nprocs=2)
+        except RuntimeError as err:
+            print("no restart:", err)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert _lines(r)[-2:] == ["[1, 1]", "no restart: the first attempt fails"], _lines(r)
+
+
+def test_large_values_and_partial_lines_from_every_rank_at_once(tmp_path):
+    size = 3 * PIECE + 17
+    r = _python(f"""
+        values = mslaunch.launch(fncalls.big, {size}, nprocs=4)
+        print()
+        print([(len(v), v[:1]) for v in values] == [({size}, bytes([n])) for n in range(4)])
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    assert out.endswith("\nTrue\n"), out[-500:]
+    for rank in range(4):
+        assert f"partial line of rank {rank} without a newline" in out
+    assert "\x1e" not in out
+
+
+def test_what_cannot_be_sent_is_one_clear_error_before_any_rank_starts(tmp_path):
+    r = _python("""
+        for call in (lambda: mslaunch.launch(lambda: 1, nprocs=2),
+                     lambda: mslaunch.launch(fncalls.where, open(__file__ if False else "/dev/null")),
+                     lambda: mslaunch.launch(fncalls.where, b"x" * 2_000_000),
+                     lambda: mslaunch.launch(fncalls.where, 1, nprocs=0),
+                     lambda: mslaunch.launch(fncalls.where, 1, options="-v")):
+            try:
+                call()
+            except (TypeError, ValueError) as err:
+                print(type(err).__name__, err)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    said = _lines(r)
+    assert len(said) == 5, said
+    assert "has no name the ranks can find it by" in said[0] and "cloudpickle" in said[0]
+    assert "the arguments cannot be pickled" in said[1]
+    assert "pass a path to the data instead" in said[2]
+    assert said[3] == "ValueError nprocs=0: expected a whole number from 1"
+    assert said[4].startswith("TypeError options: a list of words")
+
+
+@pytest.mark.remote
+def test_a_function_on_ssh_hosts(sshbed, tmp_path):
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    r = _python("""
+        print(mslaunch.launch(fncalls.where, "t", nprocs=4, hosts=["h1:2", "h2:2"]))
+        try:
+            mslaunch.launch(fncalls.fail_in, 3, hosts="h1:2,h2:2", nprocs=4)
+        except KeyError as err:
+            print("raised by", err.__cause__.rank, "on", err.__cause__.host)
+    """, tmp_path, HOME=home, MSL_TEST_TAG=tag)
+    assert r.returncode == 0, r.stderr.decode()
+    assert _lines(r)[-2:] == ["[('t', 0, 0), ('t', 1, 1), ('t', 2, 0), ('t', 3, 1)]",
+                              "raised by 3 on h2"], r.stdout
+    assert all_gone(tag), tagged_pids(tag)
+
+
+VALUES = st.binary(max_size=3 * PIECE // 2)
+NOISE = st.binary(max_size=200)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(NOISE, st.integers(0, 3), st.sampled_from(["ok", "err"]), VALUES),
+                max_size=4),
+       NOISE, st.lists(st.integers(1, 5000), min_size=1, max_size=20))
+def test_frames_come_out_whole_and_every_other_byte_passes(parts, tail, cuts):
+    """Output around the frames (newlines or not, stray \\x1e bytes, a frame of
+    another token) is passed on byte for byte, however the stream is cut."""
+    stream, expected, want = b"", b"", {}
+    for n, (noise, rank, kind, value) in enumerate(parts):
+        stream += noise + frame_lines("feedc0de", n, rank, kind, value)
+        expected += noise
+        want[(n, rank)] = (kind, value)
+    stray = frame_lines("otherjob", 0, 0, "ok", b"x")
+    stream += stray + tail
+    expected += stray + tail
+    frames, passed, held, at = Frames("feedc0de"), [], b"", 0
+    for cut in cuts * (len(stream) // sum(cuts) + 1):
+        if at >= len(stream):
+            break
+        held = frames.feed(held + stream[at:at + cut], passed.append)
+        at += cut
+    passed.append(held)
+    assert b"".join(passed) == expected
+    assert frames.done == want
