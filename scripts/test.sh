@@ -30,6 +30,8 @@ command -v tmux >/dev/null 2>&1 || apt_needed+=(tmux)
 command -v groff >/dev/null 2>&1 || apt_needed+=(groff-base)
 command -v man >/dev/null 2>&1 || apt_needed+=(man-db)
 command -v zsh >/dev/null 2>&1 || apt_needed+=(zsh)
+# DeepSpeed's pdsh runner, side by side with mslaunch on the SSH test hosts
+command -v pdsh >/dev/null 2>&1 || apt_needed+=(pdsh)
 # the Slurm test bed (tests/support/slurmbed.py): munged, slurmctld and one slurmd per
 # network-namespace node, none of them started as a service
 { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun; } >/dev/null 2>&1 || apt_needed+=(slurm-wlm)
@@ -75,10 +77,11 @@ python3 -m venv .venv
 # Frameworks that find their job in mpirun's environment
 # (tests/system/local/test_frameworks.py): jax's CPU wheel (0.6, which runs on numpy 1;
 # jax 0.10 needs numpy 2), torch's CPU build only (the plain torch==2.13.0 pulls CUDA
-# packages; +cpu fails rather than fetching them when no CPU wheel is reachable).  One
-# resolve, so that numpy stays below 2.
+# packages; +cpu fails rather than fetching them when no CPU wheel is reachable); DeepSpeed's
+# launcher, side by side with mslaunch's DeepSpeed dialect.  One resolve, so that numpy
+# stays below 2.
 .venv/bin/python -m pip install -q 'mindspore==2.10.0' 'numpy<2' 'jax<0.7' 'jaxlib<0.7' \
-    'torch==2.13.0+cpu'
+    'torch==2.13.0+cpu' 'deepspeed==0.19.8'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 
 # Open MPI 4.1.4 built from source as the MindSpore tutorials build it, for

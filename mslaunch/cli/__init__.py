@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..core.spec import JobSpec
 
 from ..core.errors import LaunchError, one_line, os_error_reason
-from .common import Exit, is_msrun, is_torchrun_like
+from .common import Exit, is_deepspeed, is_msrun, is_torchrun_like
 
 
 def _ensure_std_fds() -> None:
@@ -64,6 +64,7 @@ def _torchrun(argv: Sequence[str]) -> bool:
 #: or the exit status of a job it ran itself; it is imported only when chosen.
 #: A new dialect is one module and its line here.
 DIALECTS: Tuple[Tuple[str, Callable[[Sequence[str]], bool], str], ...] = (
+    ("deepspeed", is_deepspeed, "mslaunch.cli.deepspeed"),
     ("torchrun", _torchrun, "mslaunch.cli.torchrun"),
     ("msrun", is_msrun, "mslaunch.cli.msrun"),
     ("mpirun", _anything, "mslaunch.cli.mpirun"),

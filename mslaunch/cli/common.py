@@ -97,6 +97,40 @@ def torchrun_short(word: str) -> bool:
     return word in ("-m", "-r", "-t") or (word[:2] in ("-r", "-t") and word[2:3].isdigit())
 
 
+#: DeepSpeed's launcher's options that no other dialect has: one before the
+#: script makes a line DeepSpeed's (see :mod:`.deepspeed`).
+DEEPSPEED_ONLY = ("include", "exclude", "num_nodes", "num_gpus", "num_accelerators",
+                  "no_local_rank", "no_ssh", "no_ssh_check", "force_multi", "launcher_args",
+                  "save_pid", "enable_each_rank_log", "autotuning", "bind_cores_to_rank",
+                  "bind_core_list", "ssh_port", "venv_script", "log_level")
+#: ``--launcher`` values: DeepSpeed's ways to start nodes, which mslaunch replaces.
+DEEPSPEED_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm")
+
+
+#: DeepSpeed's launcher's options that take a value (the next word, without '=').
+DEEPSPEED_VALUED = ("hostfile", "include", "exclude", "num_nodes", "num_gpus",
+                    "num_accelerators", "master_port", "master_addr", "node_rank", "launcher",
+                    "launcher_args", "enable_each_rank_log", "autotuning", "bind_core_list",
+                    "ssh_port", "venv_script", "log_level", "-H", "-i", "-e")
+
+
+def is_deepspeed(argv) -> bool:
+    """Whether a line's options, before its script, name one only DeepSpeed's
+    launcher has (``--launcher`` with one of its values counts)."""
+    at = 0
+    while at < len(argv) and argv[at].startswith("-"):
+        word = argv[at]
+        name, eq, value = (word[2:] if word.startswith("--") else word).partition("=")
+        takes = not eq and name in DEEPSPEED_VALUED
+        if takes:
+            value = argv[at + 1] if at + 1 < len(argv) else ""
+        if name in DEEPSPEED_ONLY or (name == "launcher" and value.lower() in
+                                      DEEPSPEED_LAUNCHERS):
+            return True
+        at += 2 if takes else 1
+    return False
+
+
 def is_msrun(argv) -> bool:
     """Whether a command line is in msrun's dialect (its options come first)."""
     for word in argv:

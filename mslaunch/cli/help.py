@@ -82,7 +82,8 @@ _DOCS = """\
 More: mslaunch --help TOPIC, one of:
   {topics}.
 Documentation: README.md and docs/ in mslaunch's source: every option and MCA
-parameter (docs/reference/), torchrun users (docs/guides/torchrun.md), the job
+parameter (docs/reference/), torchrun and DeepSpeed users (docs/guides/torchrun.md,
+docs/guides/deepspeed.md), the job
 report (docs/reference/job-report.md), Python use (docs/reference/python-api.md).
 """
 
@@ -100,7 +101,8 @@ TOPICS: Dict[str, str] = {
     "fault-tolerance": "Lifecycle",
     "remote": "Remote hosts", "ssh": "Remote hosts",
     "other": "Other",
-    "msrun": "msrun", "torchrun": "torchrun", "examples": "examples",
+    "msrun": "msrun", "torchrun": "torchrun", "deepspeed": "deepspeed",
+    "examples": "examples",
     "all": "all", "general": "all",
 }
 
@@ -176,6 +178,29 @@ failed worker's own.
 """
 
 
+_DEEPSPEED = """\
+DeepSpeed's launcher's line (deepspeed replaced by mslaunch): a line with an
+option only DeepSpeed's has before the script (--num_gpus, --include, ...).
+
+  mslaunch --num_gpus 2 train.py --deepspeed ds.json     this machine's GPUs 0, 1
+  mslaunch --hostfile hostfile --include 'h1:0,1@h2:0' train.py --deepspeed ds.json
+
+  --hostfile, -H FILE   DeepSpeed's 'HOST slots=N' lines (/job/hostfile if there;
+                        none: this machine, its GPUs or NUMA nodes)
+  --include, --exclude, --num_nodes, --num_gpus
+                        the nodes and slots, as DeepSpeed chooses them
+  --master_addr, --master_port, --module, --no_python, --no_local_rank
+                        as DeepSpeed's (MASTER_PORT 29500 by default)
+  --launcher, --launcher_args, --force_multi, --ssh_port
+                        mslaunch starts the nodes itself, over SSH
+
+Every worker gets DeepSpeed's --local_rank=N and RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and
+CUDA_VISIBLE_DEVICES; across nodes also the PYTHON*, NCCL*, UCX*, MLFLOW* and
+MV2* variables and .deepspeed_env's lines, as DeepSpeed's runners export them.
+"""
+
+
 def _torchrun() -> str:
     """torchrun's dialect, then its options' spellings in the other dialects."""
     from .hints import TORCHRUN, TORCHRUN_MSRUN
@@ -193,7 +218,8 @@ def _torchrun() -> str:
 
 def _topic_list() -> str:
     return ", ".join(dict.fromkeys(("hosts", "mapping", "environment", "output", "lifecycle",
-                                    "remote", "other", "msrun", "torchrun", "examples",
+                                    "remote", "other", "msrun", "torchrun", "deepspeed",
+                                    "examples",
                                     "all")))
 
 
@@ -213,6 +239,8 @@ def help_text(topic: Optional[str] = None) -> str:
         body = _MSRUN
     elif what == "torchrun":
         body = _torchrun()
+    elif what == "deepspeed":
+        body = _DEEPSPEED
     elif what == "examples":
         body = _EXAMPLES
     else:

@@ -113,6 +113,9 @@ class AppContext:
     np: Optional[int] = None
     env: Tuple[Tuple[str, Optional[str]], ...] = ()
     wdir: Optional[str] = None
+    #: (index in argv, prefix): each rank gets PREFIX<its local rank> there
+    #: (DeepSpeed's ``--local_rank=N``)
+    local_rank_arg: Optional[Tuple[int, str]] = None
 
 
 @dataclass(frozen=True)

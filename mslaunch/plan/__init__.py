@@ -189,6 +189,9 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
         if job.torch is not None:
             from .torchrun import worker_argv
             argv = worker_argv(argv, local_rank)
+        if context.local_rank_arg is not None:
+            at, prefix = context.local_rank_arg
+            argv = (*argv[:at], f"{prefix}{local_rank}", *argv[at:])
         if job.index_argv:
             # --index-argv-by-rank: argv[0] becomes NAME-RANK; the program is the same.
             argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]

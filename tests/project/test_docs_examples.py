@@ -106,6 +106,10 @@ HOW = {
     "mslaunch --nproc-per-node=4 train.py --epochs 3\n"
     "mslaunch --standalone --nproc_per_node 4 -m mypkg.train\n"
     "mslaunch --nproc-per-node=2 --max-restarts=3 --log-dir=logs -r 3 -t 2 train.py": "here",
+    # docs/guides/deepspeed.md
+    "mslaunch --num_gpus 2 train.py --deepspeed ds_config.json\n"
+    "mslaunch --hostfile hostfile --include 'h1:0,1@h2:0' --master_port 29500 train.py "
+    "--deepspeed ds_config.json": "template",
     "mslaunch --nproc_per_node=2 train.py --epochs 3\n"
     "mslaunch --use_env --nproc_per_node=2 train.py --epochs 3": "template",
     "mslaunch --nnodes=2 --nproc-per-node=4 --node-rank=0 --master-addr=node1 "

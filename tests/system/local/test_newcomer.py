@@ -302,6 +302,7 @@ def test_help_has_examples_and_points_to_the_docs():
     ("msrun", ["--local_worker_num", "--report_json"], ["--map-by"]),
     ("torchrun", ["--nproc_per_node", "--rdzv_endpoint", "--local_worker_num=N"], ["--map-by"]),
     ("examples", ["mslaunch -n 2 hello.py"], ["--map-by"]),
+    ("deepspeed", ["--num_gpus", "--include", ".deepspeed_env"], ["--map-by"]),
 ])
 def test_help_with_a_topic_prints_that_topic(topic, has, lacks):
     r = run("--help", topic)

@@ -1,0 +1,106 @@
+"""DeepSpeed's launcher lines: which lines are DeepSpeed's, its hostfile, and its
+--include/--exclude filters read as DeepSpeed 0.19 reads them (compared with its
+own functions on any pool and filter), each bad value one error line."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mslaunch.cli import DIALECTS
+from mslaunch.cli.deepspeed import hostfile_lines, read_line, resources
+from mslaunch.core.errors import UsageError
+
+from requires import require
+
+
+def _dialect(argv):
+    return next(name for name, whose, _ in DIALECTS if whose(argv))
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--num_gpus", "2", "train.py"], "deepspeed"),
+    (["--hostfile", "hosts", "--include", "h1:0,1@h2", "train.py"], "deepspeed"),
+    (["-H", "hosts", "--num_nodes=2", "train.py"], "deepspeed"),
+    (["--master_port", "29501", "--no_local_rank", "train.py"], "deepspeed"),
+    (["--launcher", "openmpi", "--hostfile", "h", "train.py"], "deepspeed"),
+    (["--launcher", "ssh", "-n", "2", "x"], "mpirun"),        # mslaunch's own --launcher
+    (["--hostfile", "hosts", "-n", "2", "x"], "mpirun"),
+    (["--master_port", "29501", "--nproc_per_node", "2", "x.py"], "torchrun"),
+    (["-n", "1", "true"], "mpirun"),
+])
+def test_a_line_s_dialect(argv, expected):
+    assert _dialect(argv) == expected
+
+
+def test_spellings_prefixes_short_names_and_the_script_s_words():
+    given_, script = read_line(["-H", "hosts", "-i", "h1", "--num_g=2", "--force_m", "--",
+                                "x.py", "--num_gpus", "5"])
+    assert given_ == {"hostfile": "hosts", "include": "h1", "num_gpus": "2", "force_multi": "1"}
+    assert script == ["x.py", "--num_gpus", "5"]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: read_line(["--num", "2", "x.py"]), "ambiguous option '--num'"),
+    (lambda: read_line(["--module=1", "x.py"]), "--module takes no value"),
+    (lambda: read_line(["--num_gpus"]), "--num_gpus: expected a value"),
+    (lambda: read_line(["--num_gpus", "1"]), "no training script given"),
+    (lambda: hostfile_lines(["h1 slots=2", "h1 slots=3"], "hf"), "hf:2: h1 is named twice"),
+    (lambda: hostfile_lines(["# nothing"], "hf"), "hf: no 'HOST slots=N' line"),
+    (lambda: resources([("h1", 2)], "h1", "h1"), "cannot both be given"),
+    (lambda: resources([("h1", 2)], "h1:x", ""), "'x' is not a slot number"),
+    (lambda: resources([("h1", 2)], ":0", ""), "a node spec has no host"),
+])
+def test_bad_values_are_one_line(call, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        call()
+
+
+def test_the_filters_of_deepspeed_s_help():
+    pool = [("worker-0", 4), ("worker-1", 4)]
+    assert resources(pool, "worker-0@worker-1:0,2", "") == [("worker-0", [0, 1, 2, 3]),
+                                                            ("worker-1", [0, 2])]
+    assert resources(pool, "", "worker-1:0") == [("worker-0", [0, 1, 2, 3]),
+                                                 ("worker-1", [1, 2, 3])]
+    assert resources(pool, "", "worker-0") == [("worker-1", [0, 1, 2, 3])]
+
+
+HOSTS = st.sampled_from(["h1", "h2", "h3", "worker-0"])
+SPEC = st.builds(lambda host, slots: host + (":" + ",".join(map(str, slots)) if slots else ""),
+                 HOSTS, st.lists(st.integers(0, 4), max_size=3))
+FILTER = st.lists(SPEC, min_size=1, max_size=3).map("@".join)
+POOL = st.dictionaries(HOSTS, st.integers(1, 4), min_size=1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(POOL, FILTER, st.booleans())
+def test_a_filter_leaves_what_deepspeed_s_own_leaves(pool, text, include):
+    require(importlib.util.find_spec("deepspeed") is not None,
+            "DeepSpeed (pip install deepspeed==0.19.8)")
+    from deepspeed.launcher.runner import parse_inclusion_exclusion
+    try:
+        theirs = list(parse_inclusion_exclusion(pool, text if include else "",
+                                                "" if include else text).items())
+    except ValueError:
+        theirs = None
+    try:
+        mine = resources(list(pool.items()), text if include else "", "" if include else text)
+    except UsageError as err:
+        assert "\n" not in str(err)
+        mine = None
+    assert mine == theirs
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=30) | st.sampled_from(["h1 slots=2", "# c", "", "h2 slots=x",
+                                                        "h1 slots=1 extra"]), max_size=6))
+def test_any_hostfile_is_read_or_refused_in_one_line_naming_it(lines):
+    try:
+        pool = hostfile_lines(lines, "hf")
+    except UsageError as err:
+        assert str(err).startswith("hf") and "\n" not in str(err)
+    else:
+        assert pool and len({host for host, _ in pool}) == len(pool)
