@@ -81,7 +81,10 @@ def _torchrun(body: str, value: Optional[str], table: Dict[str, str]) -> Optiona
 
 
 def closest(body: str, names: Iterable[str]) -> Optional[str]:
-    """The known option nearest to a misspelled one (three letters or more), if any."""
+    """The known option nearest to a misspelled one (three letters or more, or a
+    one-letter option's letter typed twice: ``-nn``), if any."""
+    if len(body) == 2 and body[0] == body[1]:
+        return body[0] if body[0] in names else None
     if len(body) < 3:
         return None
     import difflib
@@ -99,6 +102,7 @@ def unknown_option(token: str, body: str, value: Optional[str], names: Iterable[
         hint = _torchrun(body, value, TORCHRUN)
     if hint is not None:
         return f"unknown option {shown}: {hint}"
+    names = list(names)
     near = closest(body, names)
     if near is not None:
         dashes = "--" if msrun or len(near) > 1 else "-"

@@ -300,6 +300,7 @@ def _build(d: Draft) -> JobSpec:
         apps=apps, hosts=tuple(hosts), host_filter=host_filter,
         oversubscribe=oversubscribe,  # type: ignore[arg-type]
         report_bindings=d.report_bindings, display_map=display_map, dry_run=d.dry_run,
+        report_unbound=d.report_bindings and "bind_to" not in placement and not d.rankfile,
         display_allocation=display_allocation, display_diffable=d.display_diffable_map,
         display_topo=d.display_topo, index_argv=d.index_argv, report_state=d.report_state,
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,

@@ -128,7 +128,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("bind-to-socket",), 0, D.place("bind-to-socket")),
         Option(("report-bindings",), 0, D.turn_on("report_bindings"),
                "--report-bindings\tprint each rank's binding as Open MPI does",
-               note="no line for a rank that is not bound (bindings default to none)"),
+               note="without `--bind-to` (mslaunch binds none by default, where Open MPI "
+                    "binds to cores or sockets) a line per rank says it is not bound; with "
+                    "`--bind-to none` no line, as in Open MPI"),
         Option(("display-map",), 0, D.turn_on("display_map"), "--display-map, "
                "--display-allocation, --display-diffable-map, --display-topo"),
         Option(("display-allocation",), 0, D.turn_on("display_allocation")),

@@ -23,6 +23,7 @@ labelled with rank ranges and hosts; the job keeps running.
                     (kvs_...); default: this user's only job on this machine
   --json            the same report as JSON, for tools
   --timeout SECONDS how long every rank has to answer (default 10)
+  --version         mslaunch's version
 """
 
 
@@ -30,6 +31,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "-h" in args or "--help" in args:
         sys.stdout.write(USAGE)
+        return 0
+    if "-V" in args or "--version" in args:
+        from .. import __version__
+        sys.stdout.write(f"mslaunch-stacks {__version__}\n")
         return 0
     as_json = "--json" in args
     args = [a for a in args if a != "--json"]

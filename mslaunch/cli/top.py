@@ -26,6 +26,7 @@ seconds since its last output and that line; the job's timeline below.
                      default: this user's only job on this machine
   --once             print one snapshot (the default when not on a terminal)
   --interval SECONDS seconds between refreshes (default 1)
+  --version          mslaunch's version
 Press q or Ctrl-C to leave; the job goes on.
 """
 
@@ -90,6 +91,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "-h" in args or "--help" in args:
         sys.stdout.write(USAGE)
+        return 0
+    if "-V" in args or "--version" in args:
+        from .. import __version__
+        sys.stdout.write(f"mslaunch-top {__version__}\n")
         return 0
     try:
         name, once, interval = _parse(args)

@@ -178,6 +178,9 @@ class JobSpec:
     nolocal: bool = False                 # -nolocal
     rankfile: Optional[str] = None        # -rf FILE (absolute)
     report_bindings: bool = False
+    #: --report-bindings without --bind-to: an unbound rank gets its line too
+    #: (Open MPI binds by default; mslaunch does not)
+    report_unbound: bool = False
     display_map: bool = False
     display_allocation: bool = False
     display_diffable: bool = False        # --display-diffable-map

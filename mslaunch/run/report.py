@@ -251,10 +251,10 @@ def _report_state(sup: JobView) -> None:
 
 
 def rank_started(sup: JobView, r: RankState) -> None:
-    """--report-bindings (Open MPI's line, with the launcher's pid; none for an
-    unbound rank) and -v's line for a rank that started."""
+    """--report-bindings (Open MPI's line, with the launcher's pid; none for a
+    rank of --bind-to none) and -v's line for a rank that started."""
     spec, job = r.spec, sup.job
-    if job.report_bindings and (spec.cpus or job.bind_to != "none"):
+    if job.report_bindings and (spec.cpus or job.bind_to != "none" or job.report_unbound):
         from ..plan.bindings import report_binding
         from ..core.cputopo import Topology
         topo = sup.plan.topologies[spec.host.node_id] if sup.plan.topologies else None

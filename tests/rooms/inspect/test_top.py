@@ -95,6 +95,15 @@ def test_the_live_view_in_a_terminal_shows_every_rank_and_quits_on_q():
         kill_tagged(tag)
 
 
+@pytest.mark.parametrize("script", ["mslaunch-top", "mslaunch-stacks"])
+def test_the_inspection_commands_say_their_version(script):
+    import mslaunch
+    r = subprocess.run([PY, os.path.join(REPO, "scripts", script), "--version"],
+                       capture_output=True, timeout=30, env=clean_env())
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{script} {mslaunch.__version__}\n"
+                                                   .encode(), b"")
+
+
 def test_verbose_says_how_to_attach():
     from helpers import run
     r = run("-v", "-n", "1", "true")

@@ -237,6 +237,7 @@ def test_report_state_without_a_timeout_says_it_does_nothing():
     (["--worker-num=2", "--local-worker-num=2"], "(did you mean msrun's --worker_num? see "
                                                  "mslaunch --help msrun)"),
     (["--workr_num=2"], "(did you mean msrun's --worker_num?"),
+    (["-nn", "2"], "(did you mean -n? see mslaunch --help)"),
 ])
 def test_torchrun_flags_and_misspellings_get_the_mslaunch_spelling(argv, expected):
     # -n 1 first: some of torchrun's words are msrun's too, which would switch dialects

@@ -355,10 +355,15 @@ def test_report_bindings_bind_to_core_map_by_core():
         "[HOST:PID] MCW rank 1 bound to socket 0[core 1[hwt 0]]: [./B]"]
     assert binding_lines(b) == binding_lines(a)
     # Without --bind-to, Open MPI 4.1.4 binds to cores when np <= 2 and prints the lines
-    # above; mslaunch's documented default is no binding, and no line for unbound ranks.
+    # above; mslaunch's documented default is no binding, and a line says so per rank.
     a, b = both("-n", "2", "--report-bindings", "true")
     assert len(binding_lines(a)) == 2
-    assert binding_lines(b) == []
+    assert binding_lines(b) == [
+        "[HOST:PID] MCW rank 0 is not bound (or bound to all available processors)",
+        "[HOST:PID] MCW rank 1 is not bound (or bound to all available processors)"]
+    # --bind-to none, said: no line, in both
+    a, b = both("-n", "2", "--report-bindings", "--bind-to", "none", "true")
+    assert binding_lines(a) == binding_lines(b) == []
 
 
 def _in_pid_namespace(argv, tag):
