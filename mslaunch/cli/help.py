@@ -1,4 +1,6 @@
-"""``mslaunch --help``: both dialects, grouped by topic; ``--help TOPIC``: one of them.
+"""``mslaunch --help``: one screen naming every dialect and the common options;
+``--help all``: every option of every dialect, grouped by topic; ``--help TOPIC``:
+one of them.
 
 The mpirun dialect's part is made from the option records of :mod:`.options`:
 each record's ``help`` is ``"LEFT\\tRIGHT"`` (the spellings, then what they do,
@@ -24,6 +26,36 @@ with a note (-v shows it), or refused with a hint.
 A program that is a script without its execute bit runs with its interpreter:
 its '#!' line's, or the python of PATH for a .py file -- as msrun and torchrun
 run a script (mpirun would refuse it, and nothing else can be meant).
+
+"""
+
+_SHORT = """\
+usage: mslaunch [options] program [args...] [: [options] program2 [args...]]
+       mslaunch [torchrun's options] script [args...]
+       mslaunch [DeepSpeed's launcher's options] script [args...]
+       mslaunch --worker_num=N --local_worker_num=M [msrun's options] script
+
+A drop-in for mpirun (Open MPI 4/5, MPICH Hydra), torchrun (and
+torch.distributed.launch), DeepSpeed's launcher and MindSpore's msrun: replace
+the launcher's name by mslaunch. A line is read in the dialect of its options.
+
+common options (mpirun's dialect; one or two dashes):
+  -n, -np N                number of ranks (none: one per slot)
+  -H, --host H1:N,H2:M     hosts and their slots (SSH; none: this machine, or
+                           the Slurm, PBS, Grid Engine or LSF allocation)
+  --hostfile, -f FILE      hosts from a file (Open MPI's or Hydra's lines)
+  -N, -ppn N               ranks per host
+  -x NAME[=VALUE]          set or pass on a variable to the ranks
+  --map-by, --bind-to      placement and binding (see --help mapping)
+  --output-filename DIR    each rank's output also in DIR/1/rank.N/
+  --tag-output             [job,rank]<stream>: before each line
+  --timeout SECONDS        stop the job after SECONDS (exit 110)
+  --max-restarts N         start the job again after a failure, N times at most
+  --report-json FILE       the job's report, rank by rank, as JSON
+  -v, -q, -V               more messages, fewer, the version
+torchrun's:  --nproc-per-node N, --nnodes, --standalone, --max-restarts ...
+DeepSpeed's: --num_gpus N, --hostfile FILE, --include h1:0,1@h2, ...
+msrun's:     --worker_num N, --local_worker_num N, --master_addr, --join ...
 
 """
 
@@ -69,22 +101,23 @@ msrun dialect (MindSpore's msrun command lines; --name=value or --name value):
 _EXAMPLES = """\
 examples:
   mslaunch -n 4 python train.py             4 ranks on this machine
-  mslaunch -n 2 hello.py                    a .py file that is not executable runs
-                                            with python (as msrun and torchrun do)
+  mslaunch -n 2 hello.py                    a .py script runs with python
   mslaunch -H node1:4,node2:4 python x.py   8 ranks on two hosts over SSH
   mslaunch --hostfile hosts -N 2 ./a.out    2 ranks per host of a hostfile
-  mslaunch --mca orte_abort_on_non_zero_status 0 --report-json job.json -n 4 ./a.out
-                                            keep going when a rank fails; a JSON report
-  mslaunch --worker_num=8 --local_worker_num=8 --join=True net.py   msrun's dialect
+  mslaunch --mca orte_abort_on_non_zero_status 0 --report-json job.json \\
+      -n 4 ./a.out                          go on when a rank fails; a report
+  mslaunch --nproc-per-node=4 train.py      torchrun's line
+  mslaunch --num_gpus 4 train.py            DeepSpeed's line
+  mslaunch --worker_num=8 --local_worker_num=8 --join=True net.py    msrun's
 """
 
 _DOCS = """\
 More: mslaunch --help TOPIC, one of:
   {topics}.
-Documentation: README.md and docs/ in mslaunch's source: every option and MCA
-parameter (docs/reference/), torchrun and DeepSpeed users (docs/guides/torchrun.md,
-docs/guides/deepspeed.md), the job
-report (docs/reference/job-report.md), Python use (docs/reference/python-api.md).
+Documentation: man mslaunch; README.md and docs/ in mslaunch's source: every
+option and MCA parameter (docs/reference/), torchrun and DeepSpeed users
+(docs/guides/torchrun.md, deepspeed.md), the job report
+(docs/reference/job-report.md), Python use (docs/reference/python-api.md).
 """
 
 #: topic -> the title of its section in :data:`.options.SECTIONS`, or a text of its own
@@ -217,18 +250,20 @@ def _torchrun() -> str:
 
 
 def _topic_list() -> str:
-    return ", ".join(dict.fromkeys(("hosts", "mapping", "environment", "output", "lifecycle",
-                                    "remote", "other", "msrun", "torchrun", "deepspeed",
-                                    "examples",
-                                    "all")))
+    import textwrap
+    topics = ("hosts", "mapping", "environment", "output", "lifecycle", "remote", "other",
+              "msrun", "torchrun", "deepspeed", "examples", "all")
+    return "\n  ".join(textwrap.wrap(", ".join(topics), 76))
 
 
 def help_text(topic: Optional[str] = None) -> str:
     """``--help`` (all of it, with examples), or ``--help TOPIC``; UsageError for an
     unknown topic."""
     docs = _DOCS.format(topics=_topic_list())
-    if topic is None or TOPICS.get(topic.lower()) == "all":
-        return TEXT + "\n" + _EXAMPLES + "\n" + docs
+    if topic is None:
+        return _SHORT + _EXAMPLES + "\n" + docs
+    if TOPICS.get(topic.lower()) == "all":
+        return TEXT + "\n" + _torchrun() + "\n" + _DEEPSPEED + "\n" + _EXAMPLES + "\n" + docs
     what = TOPICS.get(topic.lower())
     if what is None:
         from ..core.errors import UsageError

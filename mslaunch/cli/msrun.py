@@ -95,7 +95,7 @@ def _read_options(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
         word = argv[i]
         if word in ("-h", "--help"):
             from .help import help_text
-            raise Exit(help_text(), 0)
+            raise Exit(help_text("msrun"), 0)
         if word in ("--verbose", "--quiet", "--no-pty"):   # mslaunch's own, without a value
             values[word[2:]] = "1"
             i += 1
