@@ -1,7 +1,8 @@
 """Rewrite the generated tables of the docs: Open MPI 4.1.4's options (from
 mslaunch.cli.options, in docs/reference/options.md) and mpirun's MCA parameters
 (from mslaunch.cli.mca, in docs/reference/mca.md); and the man page made from the
-same option records (man/mslaunch.1, from mslaunch.cli.manpage).
+same option records (man/mslaunch.1, from mslaunch.cli.manpage), with the pages of
+mslaunch-top and mslaunch-stacks.
 
     python scripts/options_table.py
 
@@ -43,6 +44,9 @@ def main() -> None:
             f.write(head + begin + table() + end + tail)
     with open(os.path.join(ROOT, "man", "mslaunch.1"), "w") as f:
         f.write(manpage.man_page())
+    for tool in ("mslaunch-top", "mslaunch-stacks"):
+        with open(os.path.join(ROOT, "man", tool + ".1"), "w") as f:
+            f.write(manpage.tool_page(tool))
 
 
 if __name__ == "__main__":

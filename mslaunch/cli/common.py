@@ -97,6 +97,17 @@ def torchrun_short(word: str) -> bool:
     return word in ("-m", "-r", "-t") or (word[:2] in ("-r", "-t") and word[2:3].isdigit())
 
 
+#: DeepSpeed 0.19's launcher options: name -> takes a value.
+DEEPSPEED_OPTIONS = {
+    "hostfile": True, "include": True, "exclude": True, "num_nodes": True, "num_gpus": True,
+    "num_accelerators": True, "master_port": True, "master_addr": True, "node_rank": True,
+    "launcher": True, "launcher_args": True, "module": False, "no_python": False,
+    "no_local_rank": False, "no_ssh": False, "no_ssh_check": False, "force_multi": False,
+    "save_pid": False, "enable_each_rank_log": True, "autotuning": True,
+    "bind_cores_to_rank": False, "bind_core_list": True, "ssh_port": True,
+    "venv_script": True, "log_level": True, "quiet": False,
+}
+
 #: DeepSpeed's launcher's options that no other dialect has: one before the
 #: script makes a line DeepSpeed's (see :mod:`.deepspeed`).
 DEEPSPEED_ONLY = ("include", "exclude", "num_nodes", "num_gpus", "num_accelerators",
@@ -108,10 +119,8 @@ DEEPSPEED_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm")
 
 
 #: DeepSpeed's launcher's options that take a value (the next word, without '=').
-DEEPSPEED_VALUED = ("hostfile", "include", "exclude", "num_nodes", "num_gpus",
-                    "num_accelerators", "master_port", "master_addr", "node_rank", "launcher",
-                    "launcher_args", "enable_each_rank_log", "autotuning", "bind_core_list",
-                    "ssh_port", "venv_script", "log_level", "-H", "-i", "-e")
+DEEPSPEED_VALUED = tuple(name for name, takes in DEEPSPEED_OPTIONS.items() if takes) + \
+    ("-H", "-i", "-e")
 
 
 def is_deepspeed(argv) -> bool:

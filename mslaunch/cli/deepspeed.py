@@ -38,18 +38,8 @@ if TYPE_CHECKING:
     from ..core.spec import JobSpec
 
 from ..core.errors import UsageError, one_line
-from .common import DEEPSPEED_LAUNCHERS as LAUNCHERS
+from .common import DEEPSPEED_LAUNCHERS as LAUNCHERS, DEEPSPEED_OPTIONS as OPTIONS
 
-#: DeepSpeed 0.19's launcher options: name -> takes a value.
-OPTIONS: Dict[str, bool] = {
-    "hostfile": True, "include": True, "exclude": True, "num_nodes": True, "num_gpus": True,
-    "num_accelerators": True, "master_port": True, "master_addr": True, "node_rank": True,
-    "launcher": True, "launcher_args": True, "module": False, "no_python": False,
-    "no_local_rank": False, "no_ssh": False, "no_ssh_check": False, "force_multi": False,
-    "save_pid": False, "enable_each_rank_log": True, "autotuning": True,
-    "bind_cores_to_rank": False, "bind_core_list": True, "ssh_port": True,
-    "venv_script": True, "log_level": True, "quiet": False,
-}
 _SHORT = {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet"}
 #: What DeepSpeed's runners export to every node, by prefix.
 EXPORTS = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")

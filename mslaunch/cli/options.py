@@ -289,8 +289,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "-V, --version\tprint the version  -h, --help     this help"),
         Option(("help", "h"), 0, D.turn_on("help")),
         Option(("completion",), 1, _completion,
-               "--completion bash|zsh\tprint the shell's completion script of mslaunch's\n"
-               "options: source <(mslaunch --completion bash)"),
+               "--completion bash|zsh\tprint the shell's completion script (options, SSH\n"
+               "hosts after -H, --map-by's values): mslaunch --completion bash >\n"
+               "~/.local/share/bash-completion/completions/mslaunch"),
     )),
     ("", (  # accepted: no meaning here
         _accepted(("continuous",), 0, "jobs run until their ranks end or are stopped"),

@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 import mslaunch
-from helpers import PY, REPO
+from helpers import PY, REPO, clean_env, wait_for
 from mslaunch.cli import manpage
 from mslaunch.cli.completion import completion
 from mslaunch.cli.options import SPELLINGS, typed_spellings
@@ -49,9 +49,11 @@ def test_the_sdist_and_the_wheel_of_this_version(dist):
         files = wheel.namelist()
         metadata = wheel.read(f"mslaunch-{version}.dist-info/METADATA").decode()
     assert re.search(r"^Requires-Dist: paramiko>=3$", metadata, re.M), metadata
-    assert f"mslaunch-{version}.data/data/share/man/man1/mslaunch.1" in files
     with tarfile.open(dist / names[1]) as sdist:
-        assert f"mslaunch-{version}/man/mslaunch.1" in sdist.getnames()
+        shipped = sdist.getnames()
+    for page in ("mslaunch.1", "mslaunch-top.1", "mslaunch-stacks.1"):
+        assert f"mslaunch-{version}.data/data/share/man/man1/{page}" in files
+        assert f"mslaunch-{version}/man/{page}" in shipped
     with open(os.path.join(REPO, "CHANGELOG.md")) as f:
         changelog = f.read()
     assert re.search(rf"^## {re.escape(version)} \(\d{{4}}-\d\d-\d\d\)$", changelog, re.M)
@@ -71,6 +73,20 @@ def test_the_man_page_is_the_option_records_and_groff_reads_it_cleanly():
     for phrase in ("--hostfile", "--map-by", "--max-restarts", "--output-filename",
                    "EXIT STATUS", "TORCHRUN DIALECT", f"mslaunch {mslaunch.__version__}"):
         assert phrase.replace("-", "\u2010") in shown or phrase in shown, phrase
+
+
+@pytest.mark.parametrize("tool", ["mslaunch-top", "mslaunch-stacks"])
+def test_the_inspection_commands_have_man_pages_of_their_usage(tool):
+    with open(os.path.join(REPO, "man", tool + ".1")) as f:
+        assert f.read() == manpage.tool_page(tool), "run scripts/options_table.py"
+    require(shutil.which("groff") is not None, "groff (apt install groff-base)")
+    page = os.path.join(REPO, "man", tool + ".1")
+    r = subprocess.run(["groff", "-man", "-ww", "-z", page], capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    shown = subprocess.run(["groff", "-man", "-Tutf8", "-P-cbou", page], capture_output=True,
+                           timeout=60).stdout.decode()
+    assert "SYNOPSIS" in shown and "--version".replace("-", "\u2010") in shown or \
+        "--version" in shown
 
 
 def _bash_completes(word: str):
@@ -96,4 +112,97 @@ def test_zsh_reads_its_completion_script():
     script = completion("zsh", typed_spellings())
     r = subprocess.run(["zsh", "-n", "-c", script], capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert "--map-by" in script.split("compadd -- ", 1)[1].split("\n", 1)[0]
+    assert "--map-by" in script.split("if [[ $PREFIX == -* ]]", 1)[1]
+
+
+def _home(tmp_path) -> str:
+    """A HOME whose SSH config and known_hosts name hosts (and patterns, hashed names)."""
+    ssh = tmp_path / "home" / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "config").write_text("Host node1 node2\n  HostName 10.0.0.1\nHost *.example !x\n"
+                                "host gpu-a\n")
+    (ssh / "known_hosts").write_text("nodeq,10.0.0.9 ssh-ed25519 AAAA\n"
+                                     "[nodep]:2222 ssh-ed25519 AAAA\n"
+                                     "|1|aGFzaGVk|aGFzaGVk ssh-ed25519 AAAA\n")
+    return str(tmp_path / "home")
+
+
+def _bash_in(home: str, words: str):
+    script = completion("bash", typed_spellings())
+    r = subprocess.run(["bash", "--norc", "-c", script + f"COMP_WORDS=(mslaunch {words}); "
+                        "COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _mslaunch; "
+                        "printf '%s\\n' \"${COMPREPLY[@]}\""],
+                       capture_output=True, timeout=30, env={**clean_env(), "HOME": home})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.decode().split()
+
+
+def test_bash_completes_hosts_values_and_every_dialect_s_options(tmp_path):
+    home = _home(tmp_path)
+    assert _bash_in(home, "-H node") == ["node1", "node2", "nodep", "nodeq"]
+    assert _bash_in(home, "--host node1:2,no") == ["node1:2,node1", "node1:2,node2",
+                                                    "node1:2,nodep", "node1:2,nodeq"]
+    assert _bash_in(home, "-H g") == ["gpu-a"]
+    assert _bash_in(home, "--map-by c") == ["core"]
+    assert "l3cache" in _bash_in(home, "--bind-to l")
+    assert _bash_in(home, "--nproc-per-n") == ["--nproc-per-node"]
+    assert _bash_in(home, "--num_g") == ["--num_gpus"]
+    assert _bash_in(home, "--local_w") == ["--local_worker_num"]
+
+
+def _tmux_types(shell: list, setup: str, typed: str, env) -> str:
+    """What a terminal shows after ``setup`` and then ``typed`` and Tab twice in ``shell``."""
+    require(shutil.which("tmux") is not None, "tmux (apt-get install tmux)")
+    sock = f"msl-comp-{os.getpid()}-{shell[0]}"
+    tmux = ["tmux", "-L", sock, "-f", "/dev/null"]
+    try:
+        subprocess.run(tmux + ["new-session", "-d", "-x", "120", "-y", "20", "-s", "c", *shell],
+                       check=True, env=env, timeout=30)
+        subprocess.run(tmux + ["send-keys", "-t", "c", setup, "Enter"], check=True, timeout=30)
+        subprocess.run(tmux + ["send-keys", "-t", "c", "echo setup-done", "Enter"], check=True,
+                       timeout=30)
+
+        def screen() -> str:
+            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "c"], capture_output=True,
+                                  timeout=30).stdout.decode()
+        assert wait_for(lambda: "\nsetup-done" in screen(), 30, 0.1), screen()
+        subprocess.run(tmux + ["send-keys", "-t", "c", "clear", "Enter"], check=True, timeout=30)
+        assert wait_for(lambda: "setup-done" not in screen(), 30, 0.1), screen()
+        subprocess.run(tmux + ["send-keys", "-t", "c", typed, "Tab", "Tab"], check=True,
+                       timeout=30)
+        return screen
+    except BaseException:
+        subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
+        raise
+
+
+def _tmux_stop(shell: list) -> None:
+    subprocess.run(["tmux", "-L", f"msl-comp-{os.getpid()}-{shell[0]}", "kill-server"],
+                   capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_a_real_shell_completes_hosts_from_the_ssh_config_and_map_by_s_values(tmp_path, shell):
+    require(shutil.which(shell) is not None, f"{shell} (apt install {shell})")
+    home = _home(tmp_path)
+    env = {**clean_env(), "HOME": home, "TERM": "xterm", "PS1": "$ "}
+    env.pop("TMUX", None)
+    where = tmp_path / "completions"
+    where.mkdir()
+    if shell == "bash":
+        (where / "mslaunch").write_text(completion("bash", typed_spellings()))
+        argv = ["bash", "--norc", "--noprofile"]
+        # (a list at the first Tab: the second may come before the first is done)
+        setup = f"source {where}/mslaunch; bind 'set show-all-if-ambiguous on'"
+    else:
+        (where / "_mslaunch").write_text(completion("zsh", typed_spellings()))
+        argv = ["zsh", "-f"]
+        setup = f"PS1='$ '; fpath=({where} $fpath); autoload -U compinit; compinit -u"
+    screen = _tmux_types(argv, setup, "mslaunch -H nod", env)
+    try:
+        assert wait_for(lambda: "node2" in screen() and "nodeq" in screen(), 30, 0.1), screen()
+        subprocess.run(["tmux", "-L", f"msl-comp-{os.getpid()}-{shell}", "send-keys", "-t", "c",
+                        "C-u", "mslaunch --map-by co", "Tab"], check=True, timeout=30)
+        assert wait_for(lambda: "mslaunch --map-by core" in screen(), 30, 0.1), screen()
+    finally:
+        _tmux_stop(argv)
