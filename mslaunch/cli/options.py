@@ -80,10 +80,12 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "one per slot)", note="no `-n` or `-n 0`: one rank per slot; with no host list "
                "this machine runs what `-n` asks (oversubscribing; `--nooversubscribe` refuses)"),
         Option(("host", "H", "hosts"), 1, D.add_hosts,
-               "-H, --host, -hosts LIST\thosts as h1:4,h2 (a bare host is one slot)"),
+               "-H, --host, -hosts LIST\thosts as h1:4,h2 (a bare host is one slot); remote\n"
+               "ranks get -x's variables, as Open MPI's (-hosts, Hydra's:\n"
+               "this whole environment, as -genvall)"),
         Option(("hostfile", "machinefile", "f"), 1, D.add_hostfile,
                "--hostfile, --machinefile, -f FILE\t'host slots=N [max_slots=M]' or "
-               "'host[:N]' lines"),
+               "'host[:N]' lines\n(-f, Hydra's: remote ranks get this whole environment)"),
         Option(("default-hostfile",), 1, D.file_name("default_hostfile"),
                "--default-hostfile FILE\tthe hostfile used when no other host list is given"),
         Option(("rankfile", "rf"), 1, D.file_name("rankfile"),

@@ -58,6 +58,9 @@ LONG_LINE = 1 << 20       # a "line" longer than this is passed on in pieces
 # Bytes of stderr kept per rank for the failure summary: enough for a Python
 # traceback through a deep library to still hold the user's own frame.
 TAIL = 16384
+# Bytes kept of every other stream: its last line for the live view (mslaunch-top),
+# also for output written before the view first asked.
+RECENT = 256
 
 # One read buffer for all pipes: the loop is single-threaded and each chunk
 # is fully passed on (or copied) before the next read.  Made by the first
@@ -130,6 +133,7 @@ class RankOutput:
         self.keep_tail = keep_tail
         self.on_error = on_error
         self._tail = bytearray()
+        self._recent = b""
         self.pending = b""
         self.finished = False
         self.written = 0
@@ -161,8 +165,9 @@ class RankOutput:
 
     @property
     def tail(self) -> bytes:
-        """The last :data:`TAIL` bytes of the stream (kept with ``keep_tail``)."""
-        return bytes(self._tail[-TAIL:])
+        """The last :data:`TAIL` bytes of the stream (kept with ``keep_tail``; else, or
+        before it, the last :data:`RECENT`)."""
+        return bytes(self._tail[-TAIL:]) or self._recent
 
     def wait_for_room(self, source: object) -> None:
         """Call ``source.resume()`` once the terminal takes output again."""
@@ -178,6 +183,8 @@ class RankOutput:
             self._tail += data[-TAIL:]
             if len(self._tail) > 2 * TAIL:       # trimmed now and then, not every time
                 del self._tail[:-TAIL]
+        else:
+            self._recent = (self._recent + bytes(data[-RECENT:]))[-RECENT:]
         term = self.terminal
         if term is None:
             return

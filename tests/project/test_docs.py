@@ -167,3 +167,12 @@ def test_every_page_of_the_docs_is_in_the_navigation():
              for d, _, files in os.walk(os.path.join(REPO, "docs")) for f in files
              if f.endswith(".md")}
     assert pages == listed
+
+
+def test_the_readme_s_package_size_is_what_an_agent_is_sent():
+    from mslaunch.backends.agents.bootstrap import framed_bundle
+    with open(os.path.join(REPO, "README.md")) as f:
+        said = re.search(r"sends its package \(about ([\d.]+) MiB", f.read())
+    assert said, "README.md names the package's size"
+    sent = len(framed_bundle()) / 2**20
+    assert abs(float(said.group(1)) - sent) < 0.1, f"the package is {sent:.2f} MiB"

@@ -46,6 +46,27 @@ def test_a_snapshot_when_piped_shows_every_rank_and_its_last_line():
         kill_tagged(tag)
 
 
+def test_the_first_snapshot_shows_a_line_written_before_anyone_looked(tmp_path):
+    """A rank that wrote one line and then waits: the view, asked for the first time
+    after that, shows the line (it was kept only from the first look on)."""
+    tag = new_tag()
+    flag = tmp_path / "written"
+    p = start("-n", "2", PY, "-c", "import os, sys, time\n"
+              "print(f'written before the view by {os.environ[\"RANK\"]}', flush=True)\n"
+              f"open({str(flag)!r} + os.environ['RANK'], 'w').close()\n"
+              "sys.stdin.read()\n", env=clean_env(MSL_TEST_TAG=tag), stdin=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: all(os.path.exists(f"{flag}{n}") for n in (0, 1)), 30)
+        # (the rank's line may still be on its way to the launcher: asked until it came)
+        assert wait_for(lambda: "written before the view by 1" in snapshot(p.pid).stdout.decode()
+                        and "written before the view by 0" in snapshot(p.pid).stdout.decode(),
+                        30, 0.2), snapshot(p.pid).stdout.decode()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
 def test_a_failure_shows_in_the_timeline():
     tag = new_tag()
     code = "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(3)\ntime.sleep(60)\n"
