@@ -170,9 +170,13 @@ def _call(fn: Callable[..., Any], args: Tuple[Any, ...]) -> bytes:
         arguments = pickle.dumps(args, protocol=4)
     except Exception as err:
         raise TypeError(f"mslaunch.launch: the arguments cannot be pickled: {err}") from None
-    main_path = os.path.abspath(main_file) if main_file and by_value is False and \
-        getattr(fn, "__module__", None) == "__main__" else None
+    in_main = bool(main_file) and not by_value and getattr(fn, "__module__", None) == "__main__"
+    # python -m pkg.mod: found again by that name (its relative imports need it)
+    spec = getattr(getattr(main, "__spec__", None), "name", None)
+    main_name = spec if in_main and spec and not spec.endswith("__main__") else None
+    main_path = os.path.abspath(str(main_file)) if in_main and main_name is None else None
     return pickle.dumps({"function": function, "args": arguments, "main": main_path,
+                         "main_module": main_name,
                          "argv": list(sys.argv),
                          "path": [os.path.abspath(p) if p else "" for p in sys.path]},
                         protocol=4)
@@ -218,7 +222,10 @@ def _run_framed(words: Sequence[str], env: Dict[str, str], token: str
 def _sink(stream: Any) -> Callable[[bytes], None]:
     """Write bytes to a text stream (its buffer when it has one: a notebook's has
     none, and the ranks' output then shows in the cell)."""
+    import codecs
     buffer = getattr(stream, "buffer", None)
+    # (a character cut between two reads is decoded whole)
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
 
     def write(data: bytes) -> None:
         try:
@@ -226,7 +233,7 @@ def _sink(stream: Any) -> Callable[[bytes], None]:
                 buffer.write(data)
                 buffer.flush()
             else:
-                stream.write(data.decode(errors="replace"))
+                stream.write(decode(data))
                 stream.flush()
         except (OSError, ValueError):
             pass
@@ -250,6 +257,7 @@ class Frames:
         self.mark = MARK + token.encode() + b":"
         self.done: Dict[Tuple[int, int], Tuple[str, bytes]] = {}
         self._pieces: Dict[Tuple[int, int], List[bytes]] = {}
+        self._open = False        # whether the output passed on ends inside a line
 
     def pump(self, pipe: IO[bytes], write: Callable[[bytes], None]) -> None:
         held = b""
@@ -263,9 +271,9 @@ class Frames:
             write(held)
 
     def feed(self, data: bytes, write: Callable[[bytes], None]) -> bytes:
-        """Pass on ``data`` but its frame lines; what is held back (a line that
-        may be a frame, not ended yet)."""
-        out = []
+        """Pass on ``data`` but its frame lines; what is held back (the start of
+        what may still be one of this job's frame lines)."""
+        out: List[bytes] = []
         while data:
             at = data.find(b"\x1e")
             if at < 0:
@@ -275,21 +283,32 @@ class Frames:
             out.append(data[:at])
             end = data.find(b"\n", at)
             if end < 0:
-                if len(data) - at < 2 * PIECE:      # (a frame's line is shorter)
-                    data = data[at:]
+                rest = data[at:]
+                if self.mark.startswith(rest[:len(self.mark)]) and len(rest) < 2 * PIECE:
+                    data = rest
                     break
-                end = len(data) - 1
-            line = data[at:end + 1]
-            data = data[end + 1:]
-            # (a frame may end a partial line of the rank's own)
-            begin = line.find(self.mark)
+                stop = data.find(b"\x1e", at + 1)      # (not a frame: on to the next)
+                stop = len(data) if stop < 0 else stop
+                out.append(data[at:stop])
+                data = data[stop:]
+                continue
+            line, data = data[at:end + 1], data[end + 1:]
+            begin = line.find(self.mark)       # (after stray \x1e bytes of the rank's own)
             if begin < 0 or not self._take(line[begin + len(self.mark):-1]):
                 out.append(line)
-            else:
-                out.append(line[:begin])
-        if out:
-            write(b"".join(out))
+                continue
+            out.append(line[:begin])
+            if self._ends_open(out):
+                out.append(b"\n")     # (the rank's partial line ends where its frame was)
+        text = b"".join(out)
+        if text:
+            self._open = not text.endswith(b"\n")
+            write(text)
         return data
+
+    def _ends_open(self, out: List[bytes]) -> bool:
+        last = next((part for part in reversed(out) if part), None)
+        return self._open if last is None else not last.endswith(b"\n")
 
     def _take(self, body: bytes) -> bool:
         import base64
@@ -320,6 +339,9 @@ def _read_report(path: str) -> Dict[str, Any]:
 def outcome(status: int, frames: Frames, report: Dict[str, Any], nprocs: int) -> List[Any]:
     """The ranks' return values in rank order, or the first failure raised."""
     import pickle
+    # (a rank ran the caller's script as __mp_main__: its classes are found in __main__)
+    if "__main__" in sys.modules:
+        sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
     attempts = report.get("attempts") or [{"attempt": 0}]
     last = int(attempts[-1].get("attempt", len(attempts) - 1))
     if status == 0:
@@ -330,7 +352,12 @@ def outcome(status: int, frames: Frames, report: Dict[str, Any], nprocs: int) ->
                 raise RankFailed(f"rank {n} ended with 0 but returned nothing (was its "
                                  f"output sent elsewhere, by --output-filename?)",
                                  rank=n, host=None, status=0)
-            values.append(pickle.loads(body))
+            try:
+                values.append(pickle.loads(body))
+            except Exception as err:
+                raise RankFailed(f"rank {n}'s return value cannot be unpickled here: "
+                                 f"{type(err).__name__}: {err}", rank=n, host=None,
+                                 status=0) from None
         return values
     first = report.get("first_failure") or {}
     rank, host = first.get("rank"), first.get("host")
@@ -398,11 +425,13 @@ def rank_main() -> None:
         sys.exit("mslaunch: this program is run by mslaunch.launch() on its ranks")
     call = pickle.loads(base64.b64decode("".join(parts)))
     rank, attempt = int(env.get("RANK", "0")), int(env.get("MSLAUNCH_RESTART_COUNT", "0"))
+    # The frames' own copy of stdout: the function may point descriptor 1 elsewhere.
+    frames_fd = os.dup(1)
     sys.path[:] = [p for p in call["path"] if not p or os.path.isdir(p)] + \
         [p for p in sys.path if p not in call["path"]]
     sys.argv = list(call["argv"])
-    if call["main"]:
-        _main_as_spawn_does(call["main"])
+    if call["main"] or call.get("main_module"):
+        _main_as_spawn_does(call["main"], call.get("main_module"))
     try:
         value = pickle.loads(call["function"])(*pickle.loads(call["args"]))
         kind, body = "ok", pickle.dumps(value, protocol=4)
@@ -421,15 +450,20 @@ def rank_main() -> None:
     sys.stderr.flush()
     frames = memoryview(frame_lines(token, attempt, rank, kind, body))
     while frames:
-        frames = frames[os.write(1, frames):]
+        frames = frames[os.write(frames_fd, frames):]
     sys.exit(0 if kind == "ok" else 1)
 
 
-def _main_as_spawn_does(path: str) -> None:
-    """The caller's script as ``__mp_main__`` (its ``if __name__ == "__main__"``
-    part not run), also known as ``__main__`` so that its functions are found."""
+def _main_as_spawn_does(path: Optional[str], name: Optional[str]) -> None:
+    """The caller's script (or ``python -m`` module) as ``__mp_main__`` (its ``if
+    __name__ == "__main__"`` part not run), also known as ``__main__`` so that its
+    functions are found."""
     import runpy
     import types
     module = types.ModuleType("__mp_main__")
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
-    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    if name:
+        module.__dict__.update(runpy.run_module(name, run_name="__mp_main__",
+                                                alter_sys=True))
+    else:
+        module.__dict__.update(runpy.run_path(str(path), run_name="__mp_main__"))

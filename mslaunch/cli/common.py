@@ -114,7 +114,8 @@ DEEPSPEED_ONLY = ("include", "exclude", "num_nodes", "num_gpus", "num_accelerato
                   "no_local_rank", "no_ssh", "no_ssh_check", "force_multi", "launcher_args",
                   "save_pid", "enable_each_rank_log", "autotuning", "bind_cores_to_rank",
                   "bind_core_list", "ssh_port", "venv_script", "log_level")
-#: ``--launcher`` values: DeepSpeed's ways to start nodes, which mslaunch replaces.
+#: ``--launcher`` values: DeepSpeed's ways to start nodes, which mslaunch replaces
+#: (``slurm`` is Hydra's too, and so mpirun's dialect's: it marks no line).
 DEEPSPEED_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm")
 
 
@@ -133,8 +134,8 @@ def is_deepspeed(argv) -> bool:
         takes = not eq and name in DEEPSPEED_VALUED
         if takes:
             value = argv[at + 1] if at + 1 < len(argv) else ""
-        if name in DEEPSPEED_ONLY or (name == "launcher" and value.lower() in
-                                      DEEPSPEED_LAUNCHERS):
+        if name in DEEPSPEED_ONLY + ("-i", "-e") or (name == "launcher" and value.lower() in
+                                                      DEEPSPEED_LAUNCHERS[:-1]):
             return True
         at += 2 if takes else 1
     return False

@@ -22,11 +22,12 @@ if TYPE_CHECKING:
 HOST_OPTIONS = ("-H", "--host", "-host", "--hosts", "-hosts")
 
 # The hosts of ~/.ssh/config (Host lines, no patterns) and of known_hosts (names
-# not hashed; [name]:port as name), one a line: the same awk for both shells.
-_HOSTS_AWK = ("awk 'tolower($1)==\"host\"{for(i=2;i<=NF;i++)if($i!~/[*?!]/)print $i} "
-              "FILENAME~/known_hosts/&&$1!~/^[|@#]/{n=split($1,a,\",\");"
-              "for(i=1;i<=n;i++){h=a[i];gsub(/^\\[|\\]:[0-9]+$/,\"\",h);print h}}' "
-              "~/.ssh/config ~/.ssh/known_hosts 2>/dev/null | sort -u")
+# not hashed; [name]:port as name), one a line: the same commands for both shells,
+# each file read by an awk of its own (mawk stops at the first file it cannot open).
+_HOSTS = ("{ awk 'tolower($1)==\"host\"{for(i=2;i<=NF;i++)if($i!~/[*?!]/)print $i}' "
+          "~/.ssh/config; awk '$1!~/^[|@#]/{n=split($1,a,\",\");for(i=1;i<=n;i++)"
+          "{h=a[i];gsub(/^\\[|\\]:[0-9]+$/,\"\",h);print h}}' ~/.ssh/known_hosts; } "
+          "2>/dev/null | sort -u")
 
 
 def values() -> Dict[str, str]:
@@ -59,28 +60,7 @@ def completion(shell: str, options: Sequence[str]) -> str:
     after = values()
     hosts = "|".join(HOST_OPTIONS)
     if shell == "bash":
-        cases = "".join(f"        {option}) COMPREPLY=( $(compgen -W '{value}' -- \"$cur\") ); "
-                        f"return;;\n" for option, value in sorted(after.items()))
-        return (f"# mslaunch's completion for bash: mslaunch --completion bash > "
-                f"~/.local/share/bash-completion/completions/mslaunch\n"
-                f"_mslaunch() {{\n"
-                f"    local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}}\n"
-                f"    case $prev in\n"
-                f"        {hosts})\n"
-                f"            local head=\"\" part=$cur\n"
-                f"            [[ $cur == *,* ]] && head=${{cur%,*}}, part=${{cur##*,}}\n"
-                f"            COMPREPLY=( $(compgen -P \"$head\" -W \"$({_HOSTS_AWK})\" "
-                f"-- \"$part\") )\n"
-                f"            compopt -o nospace 2>/dev/null; return;;\n"
-                f"{cases}"
-                f"    esac\n"
-                f"    if [[ $cur == -* ]]; then\n"
-                f"        COMPREPLY=( $(compgen -W '{words}' -- \"$cur\") )\n"
-                f"    else\n"
-                f"        COMPREPLY=( $(compgen -f -- \"$cur\") )\n"
-                f"    fi\n"
-                f"}}\n"
-                f"complete -o default -F _mslaunch mslaunch\n")
+        return _bash(words, after)
     cases = "".join(f"        {option}) compadd -- {value}; return;;\n"
                     for option, value in sorted(after.items()))
     return (f"#compdef mslaunch\n"
@@ -90,7 +70,7 @@ def completion(shell: str, options: Sequence[str]) -> str:
             f"    case ${{words[CURRENT-1]}} in\n"
             f"        {hosts})\n"
             f"            compset -P '*,'\n"
-            f"            compadd -S '' -- ${{(f)\"$({_HOSTS_AWK})\"}}; return;;\n"
+            f"            compadd -S '' -- ${{(f)\"$({_HOSTS})\"}}; return;;\n"
             f"{cases}"
             f"    esac\n"
             f"    if [[ $PREFIX == -* ]]; then\n"
@@ -104,3 +84,44 @@ def completion(shell: str, options: Sequence[str]) -> str:
             f"else\n"
             f"    compdef _mslaunch mslaunch\n"
             f"fi\n")
+
+
+def _bash(words: str, after: Dict[str, str]) -> str:
+    """bash's script.  The word is taken from the line itself: bash splits words at
+    ':' and '=' too (``COMP_WORDBREAKS``), and replaces only the part after the
+    last of them, so that each answer is cut to that part.  Host names are
+    compared, never expanded (``compgen -W`` would run a ``$(...)`` among them)."""
+    hosts = "|".join(HOST_OPTIONS)
+    cases = "".join(f"        {option}) COMPREPLY=( $(compgen -P \"$pre\" -W '{value}' -- "
+                    f"\"$value\") );;\n" for option, value in sorted(after.items()))
+    return (f"# mslaunch's completion for bash: mslaunch --completion bash > "
+            f"~/.local/share/bash-completion/completions/mslaunch\n"
+            f"_mslaunch() {{\n"
+            f"    local line=${{COMP_LINE:0:COMP_POINT}}\n"
+            f"    local cur=${{line##*[[:space:]]}}\n"
+            f"    local rest=${{line%\"$cur\"}}\n"
+            f"    rest=${{rest%\"${{rest##*[![:space:]]}}\"}}\n"
+            f"    local prev=${{rest##*[[:space:]]}} value=$cur pre=\"\" h\n"
+            f"    if [[ $cur == -*=* ]]; then prev=${{cur%%=*}} value=${{cur#*=}} "
+            f"pre=${{cur%%=*}}=; fi\n"
+            f"    COMPREPLY=()\n"
+            f"    case $prev in\n"
+            f"        {hosts})\n"
+            f"            local part=$value\n"
+            f"            [[ $value == *,* ]] && pre=$pre${{value%,*}}, part=${{value##*,}}\n"
+            f"            while IFS= read -r h; do\n"
+            f"                [[ $h == \"$part\"* ]] && COMPREPLY+=(\"$pre$h\")\n"
+            f"            done < <({_HOSTS})\n"
+            f"            compopt -o nospace 2>/dev/null;;\n"
+            f"{cases}"
+            f"        *)\n"
+            f"            if [[ $cur == -* ]]; then\n"
+            f"                COMPREPLY=( $(compgen -W '{words}' -- \"$cur\") )\n"
+            f"            else\n"
+            f"                COMPREPLY=( $(compgen -f -- \"$cur\") )\n"
+            f"            fi;;\n"
+            f"    esac\n"
+            f"    local keep=${{cur%\"${{cur##*[:=]}}\"}} i\n"
+            f"    for i in \"${{!COMPREPLY[@]}}\"; do COMPREPLY[i]=${{COMPREPLY[i]#\"$keep\"}}; done\n"
+            f"}}\n"
+            f"complete -o default -F _mslaunch mslaunch\n")

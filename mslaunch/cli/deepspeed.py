@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ..core.spec import JobSpec
 
 from ..core.errors import UsageError, one_line
+from ..hosts.local import is_local_host
 from .common import DEEPSPEED_LAUNCHERS as LAUNCHERS, DEEPSPEED_OPTIONS as OPTIONS
 
 _SHORT = {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet"}
@@ -174,15 +175,15 @@ def resources(pool: Sequence[Tuple[str, int]], include: str, exclude: str
 
 
 def local_devices() -> int:
-    """What DeepSpeed counts on this machine without a hostfile: the GPUs
-    ``CUDA_VISIBLE_DEVICES`` leaves, else the NUMA nodes with CPUs."""
-    from .torchjob import visible_gpus
+    """What DeepSpeed counts on this machine without a hostfile: its GPUs (all of
+    them: ``CUDA_VISIBLE_DEVICES`` is read as ``--include``), else the NUMA nodes
+    with CPUs."""
     try:
         gpus = sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
     except OSError:
         gpus = 0
     if gpus:
-        return visible_gpus(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return gpus
     nodes = 0
     try:
         for name in os.listdir("/sys/devices/system/node"):
@@ -203,6 +204,7 @@ def deepspeed_env(environ: Mapping[str, str], cwd: str) -> List[Tuple[str, str]]
         path = os.path.join(where, name)
         if not os.path.isfile(path):
             continue
+        trusted(path)
         with open(path, encoding="utf-8", errors="replace") as f:
             for number, line in enumerate(f.read().splitlines(), 1):
                 if not line.strip():
@@ -213,6 +215,16 @@ def deepspeed_env(environ: Mapping[str, str], cwd: str) -> List[Tuple[str, str]]
                                      f"{one_line(line, 60)!r}")
                 found.append((key.strip(), value.strip()))
     return found
+
+
+def trusted(path: str) -> None:
+    """Refuse a file that another user wrote or may write: its lines would reach
+    every worker's environment (DeepSpeed takes it whoever wrote it)."""
+    import stat
+    info = os.stat(path)
+    if info.st_uid not in (os.getuid(), 0) or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UsageError(f"{path}: not read: another user owns it or may write it (its lines "
+                         f"would reach every worker); chmod go-w it or remove it")
 
 
 def _refuse(given: Mapping[str, str]) -> None:
@@ -239,6 +251,8 @@ def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str)
     with that node's variables (its program is put in by :func:`command`)."""
     _refuse(given)
     hostfile = given.get("hostfile", DEFAULT_HOSTFILE)
+    if "hostfile" not in given and os.path.isfile(hostfile):
+        trusted(hostfile)
     pool = read_hostfile(hostfile) if "hostfile" in given or os.path.isfile(hostfile) \
         else None
     include, exclude = given.get("include", ""), given.get("exclude", "")
@@ -250,6 +264,9 @@ def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str)
     local = pool is None
     if local:
         pool = [("localhost", local_devices())]
+        visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        if visible and not (include or exclude or nodes > 1 or gpus > 0):
+            include = f"localhost:{visible}"      # (DeepSpeed reads it so, then drops it)
         if nodes > 1:
             raise UsageError(f"--num_nodes={nodes}: no hostfile names other nodes "
                              f"(--hostfile FILE, DeepSpeed's 'HOST slots=N' lines)")
@@ -260,7 +277,8 @@ def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str)
         active = [(host, list(range(gpus))) for host, _ in active]
     if not active:
         raise UsageError("no worker is left on any node (--include, --exclude, --num_gpus)")
-    many = (len(active) > 1 or "force_multi" in given) and not local
+    many = (len(active) > 1 or "force_multi" in given or
+            not all(is_local_host(host) for host, _ in active)) and not local
     port = _whole("master_port", given.get("master_port", str(DEFAULT_PORT)), 0)
     words = ["-H", ",".join(f"{host}:{len(slots)}" for host, slots in active)]
     if "ssh_port" in given:
@@ -268,9 +286,9 @@ def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str)
     addr = given.get("master_addr", "").strip() or ("127.0.0.1" if local else
                                                      first_address([h for h, _ in active]))
     shared = [("MASTER_PORT", str(port))] + ([("MASTER_ADDR", addr)] if addr else [])
-    if "PYTORCH_NVML_BASED_CUDA_CHECK" not in environ:
-        # (deepspeed's import sets it in its launcher, whose workers inherit it)
-        shared.append(("PYTORCH_NVML_BASED_CUDA_CHECK", "1"))
+    # (deepspeed's import sets it, unless set, in each node's launcher: its workers have it)
+    shared.append(("PYTORCH_NVML_BASED_CUDA_CHECK",
+                   environ.get("PYTORCH_NVML_BASED_CUDA_CHECK", "1")))
     if many:
         shared += [(k, v) for k, v in environ.items() if k.startswith(EXPORTS)]
         old = environ.get("PYTHONPATH")
@@ -295,7 +313,7 @@ def first_address(hosts: Sequence[str]) -> str:
     (its ``HostName`` in ``~/.ssh/config``, resolved), or, for this machine,
     its address towards the next node."""
     import socket
-    from ..hosts.local import is_local_host, route_address
+    from ..hosts.local import route_address
     from ..backends.agents.starters.ssh.config import SSHConfig
 
     def address(host: str) -> str:

@@ -206,7 +206,10 @@ def legacy_argument(values: Mapping[str, Optional[str]], script: Sequence[str]
     if values.get("use_env") == "1" or values["no_python"] == "1" or not script:
         return None
     path = _module_file(script[0]) if values["module"] == "1" else script[0]
+    import stat
     try:
+        if not stat.S_ISREG(os.stat(path or "").st_mode):
+            return None       # (a pipe, /dev/fd/N: the script's, not to be read here)
         with open(path or "", "rb") as f:
             text = f.read(1 << 22)
     except OSError:

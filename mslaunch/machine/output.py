@@ -157,7 +157,7 @@ class RankOutput:
         """Whether this stream wrote the last lines its terminal shows (its tail is
         right above whatever comes next)."""
         term = self.terminal
-        return term is not None and term.open and not term.dropped and term.last is self
+        return term is not None and term.open and not term.dropped and term.latest[0] is self
 
     @property
     def congested(self) -> bool:

@@ -31,7 +31,7 @@ from .loop import deque  # the C type, without the collections package (0.6 ms)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Deque, Optional, Set
+    from typing import Callable, Deque, List, Optional, Set
 
     from .loop import Loop
 
@@ -106,7 +106,8 @@ class Terminal(QueuedWriter):
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
         self.given_up = False
         self.owner: object = None         # the source whose line is unfinished
-        self.last: object = None          # the source of the last bytes written
+        # the source of the last bytes written, shared by the console's two files
+        self.latest: List[object] = [None]
         try:
             pipe = self.open and sock is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
         except OSError:
@@ -135,7 +136,7 @@ class Terminal(QueuedWriter):
         if self.owner is not None and self.owner is not source:
             data = b"\n" + bytes(data)
         self.owner = None if data[-1:] == b"\n" else source
-        self.last = source
+        self.latest[0] = source
         if self.queue or self.splicing is not None:
             self.hold(data)               # behind what waits, or the splice's until it ends
         elif self.put(data) and self._grow:
@@ -185,7 +186,7 @@ class Terminal(QueuedWriter):
                 self._failed(err)
                 return False
         self.owner = None
-        self.splicing = self.last = source
+        self.splicing = self.latest[0] = source
         return True
 
     @property
@@ -342,6 +343,7 @@ class Console:
         self._given = sorted({out_fd, err_fd}) if owned else []
         self.out = Terminal(out_fd, "stdout")
         self.err = self.out if _same_file(out_fd, err_fd) else Terminal(err_fd, "stderr")
+        self.err.latest = self.out.latest      # (last on the screen: either file's)
         self.loop: Optional[Loop] = None
         self.xml = False          # --xml: mslaunch's own lines become <stderr> elements
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -91,8 +92,8 @@ def test_the_inspection_commands_have_man_pages_of_their_usage(tool):
 
 def _bash_completes(word: str):
     script = completion("bash", typed_spellings())
-    r = subprocess.run(["bash", "-c", script + f"COMP_WORDS=(mslaunch {word}); COMP_CWORD=1; "
-                        "_mslaunch; printf '%s\\n' \"${COMPREPLY[@]}\""],
+    r = subprocess.run(["bash", "-c", script + f"COMP_LINE='mslaunch {word}'; "
+                        "COMP_POINT=${#COMP_LINE}; _mslaunch; printf '%s\\n' \"${COMPREPLY[@]}\""],
                        capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout.decode().split()
@@ -129,10 +130,12 @@ def _home(tmp_path) -> str:
 
 def _bash_in(home: str, words: str):
     script = completion("bash", typed_spellings())
-    r = subprocess.run(["bash", "--norc", "-c", script + f"COMP_WORDS=(mslaunch {words}); "
-                        "COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _mslaunch; "
+    line = shlex.quote(f"mslaunch {words}")
+    r = subprocess.run(["bash", "--norc", "-c", script + f"COMP_LINE={line}; "
+                        "COMP_POINT=${#COMP_LINE}; _mslaunch; "
                         "printf '%s\\n' \"${COMPREPLY[@]}\""],
-                       capture_output=True, timeout=30, env={**clean_env(), "HOME": home})
+                       capture_output=True, timeout=30, env={**clean_env(), "HOME": home},
+                       cwd=home)
     assert r.returncode == 0, r.stderr
     return r.stdout.decode().split()
 
@@ -140,14 +143,30 @@ def _bash_in(home: str, words: str):
 def test_bash_completes_hosts_values_and_every_dialect_s_options(tmp_path):
     home = _home(tmp_path)
     assert _bash_in(home, "-H node") == ["node1", "node2", "nodep", "nodeq"]
-    assert _bash_in(home, "--host node1:2,no") == ["node1:2,node1", "node1:2,node2",
-                                                    "node1:2,nodep", "node1:2,nodeq"]
+    # bash replaces the part of the word after its last ':' or '=': the answers are that part
+    assert _bash_in(home, "--host node1:2,no") == ["2,node1", "2,node2", "2,nodep", "2,nodeq"]
+    assert _bash_in(home, "--host=nodeq,no") == ["nodeq,node1", "nodeq,node2", "nodeq,nodep",
+                                                 "nodeq,nodeq"]
+    assert _bash_in(home, "--map-by=c") == ["core"]
     assert _bash_in(home, "-H g") == ["gpu-a"]
     assert _bash_in(home, "--map-by c") == ["core"]
     assert "l3cache" in _bash_in(home, "--bind-to l")
     assert _bash_in(home, "--nproc-per-n") == ["--nproc-per-node"]
     assert _bash_in(home, "--num_g") == ["--num_gpus"]
     assert _bash_in(home, "--local_w") == ["--local_worker_num"]
+
+
+def test_bash_never_runs_what_a_host_name_says_and_reads_known_hosts_alone(tmp_path):
+    home = _home(tmp_path)
+    ssh = os.path.join(home, ".ssh")
+    with open(os.path.join(ssh, "config"), "a") as f:
+        f.write("Host $(touch${IFS}ran) `touch${IFS}ran2`\n")
+    assert _bash_in(home, "-H $") == ["$(touch${IFS}ran)"]
+    assert _bash_in(home, "-H '`'") in ([], ["`touch${IFS}ran2`"])
+    assert not os.path.exists(os.path.join(home, "ran"))
+    assert not os.path.exists(os.path.join(home, "ran2"))
+    os.unlink(os.path.join(ssh, "config"))          # (mawk stops at a file it cannot open)
+    assert _bash_in(home, "-H node") == ["nodep", "nodeq"]
 
 
 def _tmux_types(shell: list, setup: str, typed: str, env) -> str:

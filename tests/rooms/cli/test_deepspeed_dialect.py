@@ -28,9 +28,12 @@ def _dialect(argv):
     (["--master_port", "29501", "--no_local_rank", "train.py"], "deepspeed"),
     (["--launcher", "openmpi", "--hostfile", "h", "train.py"], "deepspeed"),
     (["--launcher", "ssh", "-n", "2", "x"], "mpirun"),        # mslaunch's own --launcher
+    (["--launcher", "slurm", "-n", "2", "x"], "mpirun"),      # (Hydra's, and DeepSpeed's)
     (["--hostfile", "hosts", "-n", "2", "x"], "mpirun"),
     (["--master_port", "29501", "--nproc_per_node", "2", "x.py"], "torchrun"),
     (["-n", "1", "true"], "mpirun"),
+    (["-H", "hf", "-i", "h1@h2", "train.py"], "deepspeed"),
+    (["-e", "h1:0", "train.py"], "deepspeed"),
 ])
 def test_a_line_s_dialect(argv, expected):
     assert _dialect(argv) == expected
@@ -57,6 +60,41 @@ def test_spellings_prefixes_short_names_and_the_script_s_words():
 def test_bad_values_are_one_line(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         call()
+
+
+def _env_of(words):
+    return dict(w.split("=", 1) for w, x in zip(words[1:], words) if x == "-x")
+
+
+def test_cuda_visible_devices_is_read_as_deepspeed_reads_it(monkeypatch, tmp_path):
+    import mslaunch.cli.deepspeed as ds
+    monkeypatch.setattr(ds, "local_devices", lambda: 4)
+    monkeypatch.chdir(tmp_path)
+    words = ds.mpirun_words({}, {"CUDA_VISIBLE_DEVICES": "2,3"}, str(tmp_path))
+    assert words[:2] == ["-H", "localhost:2"]
+    assert _env_of(words)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    # with a filter of the line, the variable is not read (DeepSpeed says so and drops it)
+    words = ds.mpirun_words({"num_gpus": "1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}, str(tmp_path))
+    assert _env_of(words)["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_one_remote_host_gets_what_deepspeed_exports_to_nodes(tmp_path):
+    import mslaunch.cli.deepspeed as ds
+    (tmp_path / "hf").write_text("h1 slots=2\n")
+    words = ds.mpirun_words({"hostfile": str(tmp_path / "hf"), "master_addr": "10.0.0.1"},
+                            {"PYTHONFOO": "1", "HOME": str(tmp_path)}, str(tmp_path))
+    env = _env_of(words)
+    assert env["PYTHONFOO"] == "1" and env["PYTHONPATH"] == str(tmp_path)
+
+
+def test_a_deepspeed_env_file_another_user_may_write_is_refused(tmp_path):
+    import mslaunch.cli.deepspeed as ds
+    (tmp_path / ".deepspeed_env").write_text("LD_PRELOAD=/tmp/x.so\n")
+    (tmp_path / ".deepspeed_env").chmod(0o666)
+    with pytest.raises(UsageError, match="another user owns it or may write it"):
+        ds.deepspeed_env({"HOME": str(tmp_path / "nohome")}, str(tmp_path))
+    (tmp_path / ".deepspeed_env").chmod(0o644)
+    assert ds.deepspeed_env({}, str(tmp_path)) == [("LD_PRELOAD", "/tmp/x.so")]
 
 
 def test_the_filters_of_deepspeed_s_help():

@@ -3,6 +3,7 @@ spellings, its PET_ defaults, and one error line for each bad value."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -158,6 +159,8 @@ def test_torch_distributed_launch_s_argument_for_a_script_that_declares_it(tmp_p
     assert argv("pkg.train", module="1") == ["-m", "pkg.train", "--local_rank=${local_rank}",
                                              "a"]
     assert argv("missing.py") == ["missing.py", "a"]
+    os.mkfifo(tmp_path / "fifo.py")                # (read, it would block the launcher)
+    assert argv("fifo.py") == ["fifo.py", "a"]
     assert worker_command({**base, "no_python": "1"}, ["both.py"], {}) == ("both.py",)
 
 
