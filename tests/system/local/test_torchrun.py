@@ -43,6 +43,18 @@ def _torchrun(*args: str, cwd: str, timeout: float = 120, where=None
                           timeout=timeout, env=_env(where), cwd=cwd)
 
 
+def _side_by_side(reference, args, tmp_path):
+    """The same line run by ``reference`` (its workers write into t/) and by
+    mslaunch (into m/): both runs and the pairs of workers' rows."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "m").mkdir()
+    theirs = reference(*args, cwd=str(tmp_path), where=tmp_path / "t")
+    ours = run(*args, env=_env(tmp_path / "m"), cwd=str(tmp_path), timeout=120)
+    assert theirs.returncode == 0, theirs.stderr.decode()[-2000:]
+    assert ours.returncode == 0, ours.stderr.decode()
+    return theirs, ours, list(zip(workers(tmp_path / "t"), workers(tmp_path / "m")))
+
+
 @pytest.mark.parametrize("line", [
     ["--nproc-per-node=2"],
     ["--standalone", "--nproc_per_node", "2"],
@@ -53,14 +65,8 @@ def _torchrun(*args: str, cwd: str, timeout: float = 120, where=None
 def test_workers_get_torchrun_s_environment(tmp_path, line):
     port = str(_free_port())
     args = [word.replace("{port}", port) for word in line] + [ENV, "x${local_rank}y"]
-    (tmp_path / "t").mkdir()
-    (tmp_path / "m").mkdir()
-    theirs = _torchrun(*args, cwd=str(tmp_path), where=tmp_path / "t")
-    ours = run(*args, env=_env(tmp_path / "m"), cwd=str(tmp_path), timeout=120)
-    assert theirs.returncode == 0, theirs.stderr.decode()[-2000:]
-    assert ours.returncode == 0, ours.stderr.decode()
+    theirs, ours, pairs = _side_by_side(_torchrun, args, tmp_path)
     parent = _env(tmp_path / "t")
-    pairs = list(zip(workers(tmp_path / "t"), workers(tmp_path / "m")))
     assert len(pairs) == (1 if "--nproc-per-node=1" in line else 2)
     for theirs_row, ours_row in pairs:
         compare(theirs_row, ours_row, parent)
@@ -101,13 +107,7 @@ def test_torch_distributed_launch_s_lines(tmp_path, line, declared):
     script.write_text(LEGACY.format(spellings=declared) if declared else open(ENV).read())
     port = str(_free_port())
     args = [w.replace("{port}", port) for w in line] + [str(script), "x"]
-    (tmp_path / "t").mkdir()
-    (tmp_path / "m").mkdir()
-    theirs = _launch(*args, cwd=str(tmp_path), where=tmp_path / "t")
-    ours = run(*args, env=_env(tmp_path / "m"), cwd=str(tmp_path), timeout=120)
-    assert theirs.returncode == 0, theirs.stderr.decode()[-2000:]
-    assert ours.returncode == 0, ours.stderr.decode()
-    pairs = list(zip(workers(tmp_path / "t"), workers(tmp_path / "m")))
+    _, _, pairs = _side_by_side(_launch, args, tmp_path)
     assert len(pairs) == 2
     for local, (theirs_row, ours_row) in enumerate(pairs):
         compare(theirs_row, ours_row, _env(tmp_path / "t"))
