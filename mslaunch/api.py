@@ -260,15 +260,13 @@ class Frames:
         self._open = False        # whether the output passed on ends inside a line
 
     def pump(self, pipe: IO[bytes], write: Callable[[bytes], None]) -> None:
-        held = b""
-        with pipe:
-            while True:
-                data = pipe.read1(1 << 16)  # type: ignore[attr-defined]
-                if not data:
-                    break
-                held = self.feed(held + data, write)
-        if held:
-            write(held)
+        held = [b""]
+
+        def take(data: bytes) -> None:
+            held[0] = self.feed(held[0] + data, write)
+        _pump(pipe, take)
+        if held[0]:
+            write(held[0])
 
     def feed(self, data: bytes, write: Callable[[bytes], None]) -> bytes:
         """Pass on ``data`` but its frame lines; what is held back (the start of

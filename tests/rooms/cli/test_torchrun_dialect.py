@@ -184,8 +184,6 @@ def test_every_value_is_read():
     (["--nproc-per-node=1", "-m", "--no-python", "x"], "cannot both be given"),
     (["--nproc-per-node=1", "--node-rank=1", "x.py"], "--node-rank=1"),
     (["--nproc-per-node=1", "--logs-specs=mine", "x.py"], "not served by mslaunch"),
-    (["--nproc-per-node=1", "--logs-specs=default", "--standalone=1", "x.py"],
-     "--standalone takes no value"),          # (default is torchrun's own: taken)
 ])
 def test_refused_lines_get_one_error_line(argv, message):
     done = run(*argv)
