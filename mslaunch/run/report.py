@@ -84,8 +84,9 @@ def summary(sup: JobView, rank: RankState) -> str:
         whose = f"{spec.label}'s log" if spec.label else f"rank {spec.rank}'s {stream}"
         head += f"\nmslaunch: last lines of {whose}:\n" + \
             "\n".join("    " + line for line in lines)
-        if not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
-            head += "\n" + msrun_hint([r.spec.host.name for r in sup.ranks], spec.argv)
+    if said is None and not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
+        # (whether or not the tail was shown again above)
+        head += "\n" + msrun_hint([r.spec.host.name for r in sup.ranks], spec.argv)
     return head
 
 
