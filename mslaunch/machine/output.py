@@ -154,10 +154,11 @@ class RankOutput:
 
     @property
     def last_on_terminal(self) -> bool:
-        """Whether this stream wrote the last lines its terminal shows (its tail is
-        right above whatever comes next)."""
+        """Whether this stream wrote the last lines of the file mslaunch's summary
+        goes to (its tail is right above the summary)."""
         term = self.terminal
-        return term is not None and term.open and not term.dropped and term.latest[0] is self
+        return (term is not None and term.under_summary and term.open and not term.dropped
+                and term.latest is self)
 
     @property
     def congested(self) -> bool:

@@ -31,7 +31,7 @@ from .loop import deque  # the C type, without the collections package (0.6 ms)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Deque, List, Optional, Set
+    from typing import Callable, Deque, Optional, Set
 
     from .loop import Loop
 
@@ -106,8 +106,8 @@ class Terminal(QueuedWriter):
         self.dropped = 0                  # bytes given up (stop requested, reader stalled)
         self.given_up = False
         self.owner: object = None         # the source whose line is unfinished
-        # the source of the last bytes written, shared by the console's two files
-        self.latest: List[object] = [None]
+        self.latest: object = None        # the source of the last bytes written
+        self.under_summary = False        # mslaunch's own summary is written here next
         try:
             pipe = self.open and sock is None and stat.S_ISFIFO(os.fstat(self.fd).st_mode)
         except OSError:
@@ -136,7 +136,7 @@ class Terminal(QueuedWriter):
         if self.owner is not None and self.owner is not source:
             data = b"\n" + bytes(data)
         self.owner = None if data[-1:] == b"\n" else source
-        self.latest[0] = source
+        self.latest = source
         if self.queue or self.splicing is not None:
             self.hold(data)               # behind what waits, or the splice's until it ends
         elif self.put(data) and self._grow:
@@ -186,7 +186,7 @@ class Terminal(QueuedWriter):
                 self._failed(err)
                 return False
         self.owner = None
-        self.splicing = self.latest[0] = source
+        self.splicing = self.latest = source
         return True
 
     @property
@@ -343,7 +343,7 @@ class Console:
         self._given = sorted({out_fd, err_fd}) if owned else []
         self.out = Terminal(out_fd, "stdout")
         self.err = self.out if _same_file(out_fd, err_fd) else Terminal(err_fd, "stderr")
-        self.err.latest = self.out.latest      # (last on the screen: either file's)
+        self.err.under_summary = True
         self.loop: Optional[Loop] = None
         self.xml = False          # --xml: mslaunch's own lines become <stderr> elements
 

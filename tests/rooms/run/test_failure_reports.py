@@ -103,6 +103,17 @@ def test_a_failed_rank_s_stderr_right_above_the_summary_is_not_shown_again(tmp_p
     assert "last lines of" not in err and "mslaunch: rank 1 (pid" in err, err
 
 
+def test_a_tail_written_to_another_file_than_the_summary_is_shown_under_it(tmp_path):
+    # stdout and stderr are two pipes here: the traceback, merged into stdout, is not
+    # above the summary on stderr
+    r = run("-n", "1", "--merge-stderr-to-stdout", PY, "-c", "raise ValueError('merged')",
+            cwd=str(tmp_path))
+    assert r.returncode == 1
+    assert b"ValueError: merged" in r.stdout
+    err = r.stderr.decode()
+    assert "last lines of rank 0's stdout+stderr:" in err and "ValueError: merged" in err, err
+
+
 def test_shown_tail_in_short():
     from mslaunch.run.tails import shown_tail
     plain = "\n".join(f"line {i}" for i in range(30))
