@@ -217,6 +217,9 @@ class Agent:
             self._signal(frame)
         elif isinstance(frame, frames.Credit):
             self.output.grant(frame.bytes)
+        elif isinstance(frame, frames.Unwanted):
+            if self.local is not None:
+                self.local.abandon(frame.rank, frame.stream)
         elif isinstance(frame, frames.Pmi):
             self.pmi.from_launcher(frame.message)
         elif isinstance(frame, frames.Next):

@@ -329,6 +329,12 @@ class LocalRanks:
                     pipe.close()
 
     # -- commands -----------------------------------------------------------
+    def abandon(self, rank: int, stream: int) -> None:
+        """Nobody takes ``stream`` (1, 2) of ``rank`` any more: stop reading it."""
+        local = self.ranks.get(rank)
+        if local is not None and stream <= len(local.pipes):
+            local.pipes[stream - 1].abandon()
+
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         """Send ``sig`` to the process groups of ``ranks`` (default: all started)."""
         for rank in (ranks if ranks is not None else self.ranks):

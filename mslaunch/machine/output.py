@@ -345,17 +345,22 @@ class RankPipe:
 
     def _after_feed(self) -> None:
         if not self.sink.wanted:
-            # Nobody reads mslaunch's output any more (``| head``) and no
-            # file wants it: stop reading, so that the rank meets a broken
-            # pipe as it would at the end of a shell pipeline.
-            self.sink.pending = b""
-            if self.pty and self.on_abandon is not None:
-                self.on_abandon()     # before the close: no EIO is seen first
-            self.close()
+            self.abandon()
         elif self.sink.congested and not self.paused:
             self.paused = True
             self.loop.remove_reader(self.fd)
             self.sink.wait_for_room(self)
+
+    def abandon(self) -> None:
+        """Nobody reads this stream any more (``| head``) and no file wants it:
+        stop reading, so that the rank meets a broken pipe as it would at the
+        end of a shell pipeline."""
+        if self.closed:
+            return
+        self.sink.pending = b""
+        if self.pty and self.on_abandon is not None:
+            self.on_abandon()     # before the close: no EIO is seen first
+        self.close()
 
     def resume(self) -> None:
         if self.paused and not self.closed:

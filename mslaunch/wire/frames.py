@@ -106,6 +106,14 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class Unwanted:
+    """Nobody takes ``stream`` (1, 2) of ``rank`` any more (``UNWANTED``)."""
+    KIND = link.UNWANTED
+    rank: int
+    stream: int
+
+
+@dataclass(frozen=True)
 class Credit:
     """Room for ``bytes`` more of output (``CREDIT``, launcher to agent)."""
     KIND = link.CREDIT
@@ -140,7 +148,7 @@ class Bare:
 
 if TYPE_CHECKING:
     Frame = Union[Ready, Started, Exited, StdinTaken, Log, Error, Looked, Gone, Pmi, Signal,
-                  Credit, Next, Look, Bare]
+                  Unwanted, Credit, Next, Look, Bare]
 
 #: The longest a launcher may ask an agent to spend on one look.
 MAX_LOOK = 120.0
@@ -275,6 +283,13 @@ def _signal(kind: int, body: Dict[str, Any]) -> Signal:
                   ranks=None if ranks is None else _ranks(ranks, "SIGNAL"))
 
 
+def _unwanted(kind: int, body: Dict[str, Any]) -> Unwanted:
+    stream = _int(body, "stream", "UNWANTED", 1)
+    if stream > 2:
+        raise LinkError("UNWANTED: stream is not 1 or 2")
+    return Unwanted(rank=_int(body, "rank", "UNWANTED"), stream=stream)
+
+
 def _next(kind: int, body: Dict[str, Any]) -> Next:
     beat = body.get("heartbeat")
     if beat is not None and not (isinstance(beat, list) and len(beat) == 2
@@ -296,6 +311,7 @@ def _look(kind: int, body: Dict[str, Any]) -> Look:
 _FROM_LAUNCHER: Dict[int, Callable[[int, Dict[str, Any]], Frame]] = {
     link.SIGNAL: _signal,
     link.CREDIT: lambda kind, body: Credit(bytes=_int(body, "bytes", "CREDIT")),
+    link.UNWANTED: _unwanted,
     link.NEXT: _next,
     link.STACKS: _look,
     link.TOP: _look,

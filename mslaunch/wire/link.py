@@ -59,6 +59,11 @@ NAMES[GONE] = "GONE"
 #: heard; its ranks are stopped and it takes the launcher's silence for a pause.
 PAUSED = 21
 NAMES[PAUSED] = "PAUSED"
+#: The launcher to an agent: nobody takes a rank's stream any more (mslaunch's
+#: own stdout or stderr was closed, ``| head``, and no file wants it); the agent
+#: stops reading it, so that the rank meets a broken pipe (``{"rank", "stream"}``).
+UNWANTED = 22
+NAMES[UNWANTED] = "UNWANTED"
 #: Looking inside a running job (see :mod:`mslaunch.agent.agentlook`): the launcher asks with
 #: ``{"id", "timeout"}``, the agent answers on the same kind with ``{"id", "ranks"}``.
 #: Numbered apart from the kinds above, so that kinds added there do not collide.

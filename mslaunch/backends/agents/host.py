@@ -86,6 +86,7 @@ class RemoteHost:
         self.state = "new"            # new, prepared, ready, running, done, lost
         self.owed = 0                 # output credit not yet returned
         self.exited: set = set()
+        self.unwanted: set = set()    # (rank, stream) nobody takes any more, told
         self.stdin_taken: Dict[int, int] = {}
         self.endpoint = Endpoint(loop, conn.fd, conn.fd, on_frame=self._on_frame,
                                  on_closed=self._on_closed)
@@ -350,6 +351,10 @@ class RemoteHost:
             return
         sink.feed(data)
         self.output_taken(sink, len(data))
+        if not sink.wanted and (rank, stream) not in self.unwanted:
+            # (mslaunch's stdout closed, ``| head``: the rank is to meet a broken pipe)
+            self.unwanted.add((rank, stream))
+            self.endpoint.send(frames.encode(frames.Unwanted(rank=rank, stream=stream)))
 
     def output_sink(self, rank: int, stream: int):
         """Where output of ``rank`` on ``stream`` goes (LinkError if it may not come)."""

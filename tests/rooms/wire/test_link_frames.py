@@ -362,3 +362,26 @@ def test_a_look_is_read_back_as_sent_and_only_true_asks_for_main_threads(kind, i
     assert frames.from_launcher(got_kind, body) == look
     other = json.dumps({"id": ident, "timeout": timeout, "main": hostile}).encode()
     assert frames.from_launcher(kind, other).main is False
+
+
+@given(st.integers(0, 1 << 31), st.sampled_from([1, 2]),
+       st.dictionaries(st.sampled_from(["rank", "stream"]),
+                       st.one_of(st.none(), st.integers(-3, 5), st.text(max_size=3),
+                                 st.floats(allow_nan=False), st.booleans())))
+def test_an_unwanted_stream_is_read_back_as_sent_and_anything_else_is_a_link_error(
+        rank, stream, hostile):
+    """``UNWANTED`` names one rank's stdout or stderr: read back as sent; a body
+    without a rank from 0 and a stream of 1 or 2 is one LinkError."""
+    from mslaunch.wire import frames
+    told = frames.Unwanted(rank=rank, stream=stream)
+    [(got_kind, body)] = [(k, bytes(b)) for k, b in
+                          feed_all(link.Reader(), [frames.encode(told)])]
+    assert frames.from_launcher(got_kind, body) == told
+    good = (type(hostile.get("rank")) is int and hostile["rank"] >= 0
+            and type(hostile.get("stream")) is int and hostile["stream"] in (1, 2))
+    try:
+        got = frames.from_launcher(link.UNWANTED, json.dumps(hostile).encode())
+    except link.LinkError:
+        assert not good
+    else:
+        assert good and got == frames.Unwanted(rank=hostile["rank"], stream=hostile["stream"])

@@ -530,6 +530,32 @@ def test_lines_of_remote_ranks_are_never_spliced(sshbed, home):
     assert all(len(set(line)) == 1 for line in lines)
 
 
+@pytest.mark.parametrize("writer", ["yes", "python"])
+def test_a_closed_reader_ends_endless_remote_writers_like_a_shell_pipeline(sshbed, home,
+                                                                          writer):
+    """``mslaunch -H h1,h2 ... | head -1``: the agents stop reading the ranks'
+    stdout once the launcher's is closed, so remote ranks meet a broken pipe as
+    local ones do (``yes`` dies of SIGPIPE on a pseudo-terminal too, Python exits
+    1 of the write error): the job ends 141, no summary, nothing left."""
+    tag = new_tag()
+    argv = ["yes"] if writer == "yes" else [PY, "-c", "while True: print(1)"]
+    p = subprocess.Popen(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", *argv),
+                         env=renv(home, MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stderr is not None
+        assert p.stdout.readline() in (b"y\n", b"1\n")
+        p.stdout.close()
+        assert p.wait(timeout=60) == 128 + signal.SIGPIPE
+        err = p.stderr.read().decode()
+        assert "mslaunch:" not in err, err
+        settle(tag, sshbed)
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+
+
 def test_stdin_reaches_a_remote_rank_0(sshbed, home):
     code = "import sys; data = sys.stdin.buffer.read(); print(len(data), data[:5])"
     r = run_remote(home, "-H", "h1,h2", "-n", "2", PY, "-c", code,
