@@ -217,3 +217,53 @@ def check_nodes(names: Sequence[str], environ: Mapping[str, str], launcher: str)
                           f"{environ.get('SLURM_JOB_ID')} (its nodes: "
                           f"{one_line(text, 80)}); use --launcher ssh for hosts outside "
                           f"the allocation")
+
+
+#: Why Slurm ends a job's allocation (its JobState), in a user's words.
+_ENDED_BECAUSE = {
+    "NODE_FAIL": "a node failed, and the allocation was not made with --no-kill "
+                 "(salloc -k, sbatch -k), which keeps the job when a node fails",
+    "TIMEOUT": "it reached its time limit",
+    "CANCELLED": "it was cancelled",
+    "PREEMPTED": "it was preempted",
+    "DEADLINE": "it reached its deadline",
+    "OUT_OF_MEMORY": "it ran out of memory",
+}
+
+#: The JobState an allocation still COMPLETING ends in, by its Reason.
+_COMPLETING = {"NodeDown": "NODE_FAIL", "TimeLimit": "TIMEOUT", "DeadLine": "DEADLINE"}
+
+
+def allocation_end(environ: Mapping[str, str], wait: float = 5.0) -> str:
+    """Why Slurm ended the allocation this runs in, as one sentence; "" while it
+    runs, outside one, and when scontrol cannot tell within ``wait`` seconds.
+
+    A failed node ends the whole allocation (its every step, and salloc's or
+    sbatch's own command, mslaunch) unless it was made with ``--no-kill``; the
+    job sees only lost hosts and a stop signal.  Asked once the job is over,
+    never while its loop runs: slurmctld may take seconds to answer while it
+    ends the job's steps."""
+    import subprocess
+    job = environ.get("SLURM_JOB_ID", "")
+    if not (in_allocation(environ) and _is_digits(job)):
+        return ""
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
+                               text=True, timeout=wait, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return ended_because(job, shown)
+
+
+def ended_because(job: str, shown: str) -> str:
+    """The sentence for ``scontrol show job -o JOB``'s line ``shown`` ("" for an
+    allocation Slurm has not ended)."""
+    fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
+    state, reason = fields.get("JobState", ""), fields.get("Reason", "None")
+    if state == "COMPLETING":
+        # (as its steps are being ended: the state it ends in is shown after)
+        state = _COMPLETING.get(reason, "")
+    if state not in _ENDED_BECAUSE:
+        return ""
+    why = f"{state}, {reason}" if reason not in ("None", "") else state
+    return f"Slurm ended the job's allocation (job {job}: {why}): {_ENDED_BECAUSE[state]}"
