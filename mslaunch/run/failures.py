@@ -24,7 +24,9 @@ to a dead peer) has been seen to be stamped up to 11 ms before the death it
 reacts to.  An ``MPI_Abort`` less than :data:`VICTIM_WINDOW` before another
 rank's death, exit or loss is taken for that rank's victim, not its cause;
 so is one before a death its host saw after the job's stop was sent and
-before that stop reached it.  Such a death was seen late (its host's agent
+before that stop reached it.  A death by SIGPIPE is such a reaction too: a
+write to a pipe or socket whose reader is gone (a dead peer's), seen on the
+same host in the same instant as the death that caused it.  Such a death was seen late (its host's agent
 was not running, and reads its ranks' ends before it heeds the stop), and
 its time says only that it came before the stop.
 """
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from ..core.spec import RankResult
     from ..seams import RankState
 
-    #: (when, rank, exit code, an MPI_Abort, may be the cause, seen late)
+    #: (when, rank, exit code, a reaction (MPI_Abort, SIGPIPE), may be the cause, seen late)
     Seen = Tuple[float, RankState, int, bool, bool, bool]
 
 #: How many of the failures that followed the cause are named.
@@ -82,7 +84,7 @@ class Failures:
                 or (sig == signal.SIGKILL and at >= stop_reached + grace)):
             return
         # A rank's end after its own MPI_Abort is still that abort.
-        abort = abort or any(s[1] is rank and s[3] for s in self.seen)
+        abort = abort or sig == signal.SIGPIPE or any(s[1] is rank and s[3] for s in self.seen)
         late = stop_reached is None and self.stopped_at is not None and not lost
         self.seen.append((at, rank, code, abort, counts, late))
         self._choose()

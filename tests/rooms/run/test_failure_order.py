@@ -153,3 +153,18 @@ def test_a_clock_far_ahead_or_behind_is_corrected_to_within_the_round_trip(offse
                  st.lists(st.booleans(), min_size=2, max_size=2)))
 def test_an_answer_that_is_not_two_times_gives_no_offset(clock):
     assert clock_offset(1.7e9, clock, 1.7e9 + 1) == 0.0
+
+
+def test_a_death_by_sigpipe_is_the_victim_of_a_death_just_after_it():
+    """A rank that writes to a dead peer dies of SIGPIPE; its host may see both
+    ends in one wake-up, stamped alike or in either order."""
+    import signal
+    writer, dead = R(0, signal.SIGPIPE), R(1, signal.SIGSEGV)
+    for at in (5.000, 5.000 + VICTIM_WINDOW / 2):
+        f = Failures()
+        f.note(writer, 141, 5.000, True)
+        f.note(dead, 139, at, True)
+        assert f.root is dead and f.root_code == 139
+    alone = Failures()                   # | head: the broken pipe is the only news
+    alone.note(writer, 141, 5.0, True)
+    assert alone.root is writer

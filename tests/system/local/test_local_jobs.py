@@ -456,6 +456,30 @@ def test_signal_death_gives_128_plus_signal():
     assert b"killed by signal 11 (SIGSEGV)" in r.stderr
 
 
+PIPE_PEERS = """
+import os, signal, sys
+if os.environ["RANK"] == "1":
+    f = os.open(sys.argv[1], os.O_RDONLY)
+    os.read(f, 1)
+    os.kill(os.getpid(), signal.SIGSEGV)
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+f = os.open(sys.argv[1], os.O_WRONLY)
+while True:
+    os.write(f, b"x" * 4096)
+"""
+
+
+def test_a_peer_s_death_is_the_cause_not_the_broken_pipe_it_leaves(tmp_path):
+    """Rank 0 writes to rank 1, which dies: rank 0 dies of SIGPIPE in the same
+    instant, seen in either order; the death is the cause, the SIGPIPE what followed."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = run("-n", "2", PY, "-c", PIPE_PEERS, str(fifo))
+    err = r.stderr.decode()
+    assert r.returncode == 128 + signal.SIGSEGV, err
+    assert re.search(r"mslaunch: rank 1 \(pid \d+ on \S+\) was killed by signal 11", err), err
+
+
 @pytest.mark.parametrize("flags", [
     ["-mca", "orte_abort_on_non_zero_status", "0"],
     ["--mca", "orte_abort_on_non_zero_status", "false"],
