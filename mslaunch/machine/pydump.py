@@ -128,6 +128,7 @@ def make_dir(guard: Watchdog) -> Optional[str]:
     def made(base: str) -> Optional[str]:
         sweep_private(base)           # what agents of this host that are gone left
         path = os.path.join(base, f"{os.uname().nodename}.{os.getpid()}.py")
+        guard.private(path)     # told before it exists: this process may be killed after
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -139,7 +140,6 @@ def make_dir(guard: Watchdog) -> Optional[str]:
     path = in_private(made)
     if path is None:
         return None
-    guard.private(path)
     return path if prepare(path) else None
 
 

@@ -57,12 +57,12 @@ def open_control(watchdog) -> Optional[Tuple[object, str]]:
 
     def listen(where: str) -> Optional[Tuple[object, str]]:
         sweep_private(where)
+        # told before they exist: this process may be killed the moment after
+        for name in (f"{os.getpid()}.sock", f"{os.getpid()}.sock.new"):
+            watchdog.private(os.path.join(where, name))
         return control_listener(where, f"{os.getpid()}.sock")
 
-    made = in_private(listen)
-    if made is not None:
-        watchdog.private(made[1])
-    return made
+    return in_private(listen)
 
 
 def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
