@@ -3,8 +3,8 @@
 A Python rank started by mslaunch finds a ``sitecustomize`` module first on
 its path (the job's private directory on this host, see :func:`prepare`).
 It puts the user's ``sys.path`` and ``PYTHONPATH`` back as they were, arms
-``faulthandler.register(SIGNAL, file, all_threads=True, chain=False)`` on a
-file of its own in that directory, and then imports the next
+two signals that write Python stacks to a file of its own in that directory
+(below), and then imports the next
 ``sitecustomize`` on the path, if any, so a site's own hook still runs.
 Under Yama's ``ptrace_scope=1`` it also names the agent (or launcher) as a
 process allowed to trace it (``PR_SET_PTRACER``), so that a native stack
@@ -12,27 +12,33 @@ reader the agent starts may read it.  And it ends the rank with 1 after an
 uncaught exception while mpi4py's MPI is up (``MSLAUNCH_EXCEPTION_EXIT=0``
 in the rank's environment turns that off).
 
-faulthandler's handler runs in C, inside the signal handler, so a rank
-blocked in a C call (an MPI collective) still answers, and it does not stop
-the rank: the dump costs microseconds, and no ptrace right is needed, so
-it works in containers and under every Yama setting.  The signal is sent
-only when the rank's ``SigCgt`` mask shows it is caught, since its default
-action would end the rank; the hook makes the signals ignored before
-faulthandler takes them, so that the interpreter's end, which gives them
-back, leaves them ignored, not deadly.  What is not a Python interpreter,
-or one started with ``-S``/``-I``, has no dump (native frames only).
+:data:`MAIN_SIGNAL` is faulthandler's own (``faulthandler.register(...,
+all_threads=False)``), sent to the main thread: its handler runs in C,
+inside the signal handler, so a main thread blocked in a C call (an MPI
+collective) still answers with its own stack; the dump costs microseconds,
+the rank is not stopped, and no ptrace right is needed, so it works in
+containers and under every Yama setting.  A thread's walk of its own frames
+has no race.
 
-A dump of every thread (:data:`SIGNAL`) is not free of risk: faulthandler
-walks the other threads' frames without the GIL, and a thread that runs
-Python meanwhile frees and reuses them, so the walk can fault and the rank
-dies of SIGSEGV.  Measured with CPython 3.11: about one dump in five
-thousand of a rank with two threads running Python, one in ten of a rank
-that starts threads all the time.  A thread's dump of its own stack
-(:data:`MAIN_SIGNAL`, sent to that thread) has no such race.  So the stall
-watch, which samples a quiet job every few seconds for as long as it runs,
-reads the main threads alone, and every thread is dumped only for a look a
-person asks for (``mslaunch-stacks``, a timeout's report) and once for each
-stall report, when the samples found no rank computing.
+A walk of every thread's frames does, unless no other thread runs Python
+meanwhile: faulthandler's dump of every thread, from a signal handler,
+walks them without the GIL, and a thread that runs Python frees and reuses
+them under it -- the rank died of SIGSEGV in about one dump in five thousand
+with two threads running Python, one in ten when it started threads all the
+time (CPython 3.11).  So :data:`SIGNAL` has a Python handler of the hook's
+instead, which the main thread runs between two of its Python steps,
+holding the GIL, and which dumps every thread from there: it cannot fault.
+A main thread in native code does not run it until it returns; a rank that
+has not answered :data:`SIGNAL` within :data:`FALLBACK` seconds is asked
+for its main thread alone (its report says so), and is then asked that way
+only until the dump of every thread comes after all (see :data:`_deaf`).
+The stall watch, which samples a quiet job every few seconds for as long as
+it runs, reads the main threads alone.
+
+A signal is sent only when the rank's ``SigCgt`` mask shows it is caught,
+since its default action would end the rank; the hook leaves both ignored
+at the interpreter's end.  What is not a Python interpreter, or one started
+with ``-S``/``-I``, has no dump (native frames only).
 """
 
 from __future__ import annotations
@@ -56,6 +62,11 @@ SIGNAL = 57
 MAIN_SIGNAL = SIGNAL - 1
 #: faulthandler's limit of threads in one dump (then a line "...").
 MAX_THREADS = 100
+#: Seconds a rank is given to dump every thread (its main thread's next Python
+#: step) before it is asked for its main thread alone.
+FALLBACK = 0.5
+#: The hook's Python handler of :data:`SIGNAL`: its own frame is left out of dumps.
+HANDLER = "_mslaunch_dump"
 #: The variable that arms the hook: ``DIR|SIGNAL|TRACER_PID|HAD_PYTHONPATH``.
 VARIABLE = "MSLAUNCH_STACKS"
 
@@ -166,11 +177,12 @@ def dump_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{pid}.txt")
 
 
-#: Ranks that did not dump when last signalled, with their dump file's size
-#: then: a rank that blocks :data:`SIGNAL`, or installed its own handler for
-#: it, is not signalled again (its handler is the program's, not ours) until
-#: its file grows (a late dump: it was only slow).
-_deaf: Dict[int, int] = {}
+#: Ranks that did not dump when last sent a signal, by (pid, signal), with
+#: their dump file's size then: a rank that blocks it, or installed its own
+#: handler for it, is not sent it again (its handler is the program's, not
+#: ours) until its file grows (a late dump: it was only slow, or its main
+#: thread was in native code).
+_deaf: Dict[Tuple[int, int], int] = {}
 
 
 #: Reads of each rank's dump under way in this process (looks at once: two
@@ -183,8 +195,11 @@ def begin(pid: int) -> None:
     _reading[pid] = _reading.get(pid, 0) + 1
 
 
-def done(directory: str, pid: int, offset: int, answered: bool) -> None:
-    """A read of ``pid``'s dump asked at ``offset`` ends; ``answered`` or not."""
+def done(directory: str, pid: int, offset: int, answered: bool,
+         unanswered: Tuple[int, ...] = ()) -> None:
+    """A read of ``pid``'s dump asked at ``offset`` ends; ``answered`` or not;
+    ``unanswered``: signals it was sent that it did not answer (deaf to them
+    from now, see :data:`_deaf`)."""
     alone = _reading.get(pid, 1) <= 1
     if _reading.get(pid, 1) <= 1:
         _reading.pop(pid, None)
@@ -194,32 +209,37 @@ def done(directory: str, pid: int, offset: int, answered: bool) -> None:
         return
     if answered:
         consumed(directory, pid)
+        for signum in unanswered:
+            _deaf[(pid, signum)] = 0
         return
     try:
         size = os.stat(dump_path(directory, pid)).st_size
     except OSError:
         return
     if size == offset:          # nothing written since the signal: it did not answer
-        _deaf[pid] = size
+        for signum in unanswered:
+            _deaf[(pid, signum)] = size
 
 
-def is_deaf(pid: int) -> bool:
-    return pid in _deaf
+def is_deaf(pid: int, signum: int = SIGNAL) -> bool:
+    return (pid, signum) in _deaf
 
 
-def ask(directory: str, pid: int, signum: int = SIGNAL) -> Optional[int]:
+def ask(directory: str, pid: int, signum: int = SIGNAL, again: bool = False) -> Optional[int]:
     """Signal ``pid`` to dump; the dump file's size before, or None if not armed
-    (or it did not answer the last signal, see :data:`_deaf`)."""
+    (or it did not answer the last signal, see :data:`_deaf`); ``again``: within
+    a read already begun (see :func:`begin`)."""
     if not armed(pid, signum):
         return None
     try:
         size = os.stat(dump_path(directory, pid)).st_size
     except OSError:
         return None
-    if pid in _deaf:
-        if size <= _deaf[pid]:
-            return None
-        del _deaf[pid]              # its late dump came: it answers after all
+    for key in [k for k in _deaf if k[0] == pid]:
+        if size > _deaf[key]:
+            del _deaf[key]          # a late dump came: it answers after all
+    if (pid, signum) in _deaf:
+        return None
     try:
         if signum == MAIN_SIGNAL:
             _to_main_thread(pid, signum)
@@ -227,7 +247,8 @@ def ask(directory: str, pid: int, signum: int = SIGNAL) -> Optional[int]:
             os.kill(pid, signum)
     except OSError:
         return None
-    begin(pid)
+    if not again:
+        begin(pid)
     return size
 
 
@@ -275,15 +296,23 @@ def parse(text: str) -> List[Tuple[str, ...]]:
     """faulthandler's dump as threads of frame labels, outermost first; the main
     thread (listed last: the oldest) first."""
     threads: List[List[str]] = []
+    every = every_thread(text)
+    skip = False
     for line in text.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent")):
-            threads.append([])
+            # (a main thread's own dump that came right after a dump of every
+            # thread repeats a thread of it)
+            skip = every and line.startswith("Stack (most recent")
+            if not skip:
+                threads.append([])
+        elif skip:
+            continue
         elif line.startswith("  File ") and threads:
             # '  File "path", line N in func'
             rest = line[len('  File "'):]
             path, _, tail = rest.rpartition('", line ')
             num, _, func = tail.partition(" in ")
-            if path.startswith("<frozen importlib"):
+            if path.startswith("<frozen importlib") or func == HANDLER:
                 continue            # the import system's own frames, as tracebacks hide them
             threads[-1].append(f"{func} ({os.path.basename(path)}:{num})")
         elif line == "  ..." and threads:
@@ -292,6 +321,11 @@ def parse(text: str) -> List[Tuple[str, ...]]:
     if len(ordered) > 1 and not truncated(text):
         ordered = [ordered[-1]] + ordered[:-1]
     return ordered
+
+
+def every_thread(text: str) -> bool:
+    """Whether a dump is one of every thread (else a thread's own stack)."""
+    return "\nThread 0x" in "\n" + text or "\nCurrent thread 0x" in "\n" + text
 
 
 def truncated(text: str) -> bool:

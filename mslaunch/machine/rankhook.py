@@ -23,15 +23,31 @@ def _arm():
         import faulthandler
         fd = os.open(os.path.join(spec[0], "%d.txt" % os.getpid()),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        # faulthandler gives each signal back to what it was before at the
+        every, own = int(spec[1]), int(spec[1]) - 1
+        # faulthandler gives its signal back to what it was before at the
         # interpreter's end: ignored, a dump asked for in that instant cannot
         # end the rank (the default action would).
-        for signum in (int(spec[1]), int(spec[1]) - 1):
-            if _signal.getsignal(signum) == _signal.SIG_DFL:
-                _signal.signal(signum, _signal.SIG_IGN)
-        faulthandler.register(int(spec[1]), file=fd, all_threads=True, chain=False)
-        faulthandler.register(int(spec[1]) - 1, file=fd, all_threads=False, chain=False)
-    except (OSError, ValueError, RuntimeError):
+        if _signal.getsignal(own) == _signal.SIG_DFL:
+            _signal.signal(own, _signal.SIG_IGN)
+        faulthandler.register(own, file=fd, all_threads=False, chain=False)
+        # Every thread is dumped by the main thread between two of its Python
+        # steps, holding the GIL: no other thread runs Python while their frames
+        # are walked (faulthandler's own dump of every thread, from the signal
+        # handler, walks them without it and can fault).  ``own`` waits
+        # meanwhile, its dump then comes after this one's, not inside it.
+        def _mslaunch_dump(signum, frame, fd=fd, own=own, sigmask=_signal.pthread_sigmask,
+                           dump=faulthandler.dump_traceback):
+            sigmask(_signal.SIG_BLOCK, (own,))
+            try:
+                dump(fd, all_threads=True)
+            finally:
+                sigmask(_signal.SIG_UNBLOCK, (own,))
+        _signal.signal(every, _mslaunch_dump)
+        import atexit
+        # (the interpreter's end gives a Python handler's signal its default
+        # action, which ends the process: ignored first, it stays ignored)
+        atexit.register(_signal.signal, every, _signal.SIG_IGN)
+    except (OSError, ValueError, RuntimeError, AttributeError):
         return
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:

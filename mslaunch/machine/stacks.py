@@ -92,7 +92,8 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     import subprocess
     deadline = time.monotonic() + timeout
     results: Dict[int, Dict[str, Any]] = {}
-    pending_py: Dict[int, Tuple[int, int]] = {}       # rank -> (pid, offset)
+    # rank -> [pid, offset, asked at, signal, fell back to the main thread alone]
+    pending_py: Dict[int, List[Any]] = {}
     pyspy = _which("py-spy")
     reader = native.tool() if want_native else None
     queue: List[Tuple[int, str, List[str]]] = []     # (rank, kind, argv)
@@ -142,14 +143,7 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                 out = proc.stdout.read().decode("utf-8", "replace")
                 proc.stdout.close()
                 results[rank][kind] = out
-        for rank, (pid, offset) in list(pending_py.items()):
-            text = pydump.answer(dump_dir, pid, offset)  # type: ignore[arg-type]
-            if text is not None:
-                time.sleep(0.005)          # a dump is written in one go: see it whole
-                if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
-                    del pending_py[rank]
-                    pydump.done(dump_dir, pid, offset, True)  # type: ignore[arg-type]
-                    _python_dump(results[rank], text, dump_dir, pending_py, rank)
+        _poll_python(pending_py, results, dump_dir)
         time.sleep(0.005)
     for rank, kind, proc in running:
         proc.kill()
@@ -157,10 +151,11 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         proc.stdout.close()
         results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
         results[rank]["late"] = True
-    for rank, (pid, offset) in pending_py.items():
+    for rank, (pid, offset, _, signum, fell_back) in pending_py.items():
         results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
         results[rank]["late"] = True
-        pydump.done(dump_dir, pid, offset, False)  # type: ignore[arg-type]
+        pydump.done(dump_dir, pid, offset, False,  # type: ignore[arg-type]
+                    (pydump.SIGNAL, signum) if fell_back else (signum,))
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
@@ -172,16 +167,48 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     return out
 
 
+def _poll_python(pending: Dict[int, List[Any]], results: Dict[int, Dict[str, Any]],
+                 dump_dir: Optional[str]) -> None:
+    """Take the Python dumps that are complete; ask a rank that has not dumped every
+    thread in time for its main thread alone (see :mod:`.pydump`)."""
+    for rank, (pid, offset, asked, signum, fell_back) in list(pending.items()):
+        text = pydump.answer(dump_dir, pid, offset)  # type: ignore[arg-type]
+        if text is not None:
+            time.sleep(0.005)          # a dump is written in one go: see it whole
+            if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
+                del pending[rank]
+                alone = fell_back and not pydump.every_thread(text)
+                pydump.done(dump_dir, pid, offset, True,  # type: ignore[arg-type]
+                            (pydump.SIGNAL,) if alone else ())
+                if alone:
+                    results[rank]["notes"].append(
+                        f"the main thread alone: it ran native code, where signal "
+                        f"{pydump.SIGNAL}'s dump of every thread waits for its next "
+                        f"Python step")
+                _python_dump(results[rank], text, dump_dir, pending, rank)
+        elif not fell_back and signum == pydump.SIGNAL and \
+                time.monotonic() - asked >= pydump.FALLBACK:
+            pending[rank][4] = True
+            pydump.ask(dump_dir, pid, pydump.MAIN_SIGNAL, again=True)  # type: ignore[arg-type]
+
+
 def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Optional[str],
-                pending: Dict[int, Tuple[int, int]],
+                pending: Dict[int, List[Any]],
                 queue: List[Tuple[int, str, List[str]]], main_only: bool = False) -> None:
     """Ask a Python rank for its dump (its main thread's alone with ``main_only``),
     else queue py-spy, else say why there is none."""
     pid = r["pid"]
     signum = pydump.MAIN_SIGNAL if main_only else pydump.SIGNAL
     offset = pydump.ask(dump_dir, pid, signum) if dump_dir else None
+    if offset is None and dump_dir and signum == pydump.SIGNAL and pydump.is_deaf(pid):
+        # (deaf to SIGNAL: its main thread is asked for its own stack at once)
+        offset = pydump.ask(dump_dir, pid, pydump.MAIN_SIGNAL)
+        if offset is not None:
+            pending[rank] = [pid, offset, time.monotonic(), pydump.MAIN_SIGNAL, False]
+            r["notes"].append(_MAIN_ALONE)
+            return
     if offset is not None:
-        pending[rank] = (pid, offset)
+        pending[rank] = [pid, offset, time.monotonic(), signum, False]
     elif pyspy:
         queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
     elif pydump.is_deaf(pid):
@@ -191,6 +218,11 @@ def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Op
     else:
         r["notes"].append("no Python frames: the rank has no mslaunch hook (started with -S "
                           "or -I, or not as python) and py-spy is not installed")
+
+
+_MAIN_ALONE = (f"the main thread alone: the rank did not answer signal {pydump.SIGNAL} before "
+               f"(its main thread runs native code, or the program handles the signal "
+               f"itself), which has every thread dumped between two Python steps")
 
 
 def _entry(pid: int) -> Dict[str, Any]:
@@ -210,7 +242,7 @@ def _entry(pid: int) -> Dict[str, Any]:
 
 
 def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
-                 pending: Dict[int, Tuple[int, int]], rank: int) -> None:
+                 pending: Dict[int, List[Any]], rank: int) -> None:
     """Keep a rank's dump; when it stopped at faulthandler's limit of threads
     (the main thread is the oldest, so missing), ask for the main thread alone."""
     if r["py"] is not None:
@@ -222,7 +254,7 @@ def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
     if pydump.truncated(text) and dump_dir:
         offset = pydump.ask(dump_dir, r["pid"], pydump.MAIN_SIGNAL)
         if offset is not None:
-            pending[rank] = (r["pid"], offset)
+            pending[rank] = [r["pid"], offset, time.monotonic(), pydump.MAIN_SIGNAL, False]
             return
     if pydump.truncated(text):
         r["notes"].append(f"more than {pydump.MAX_THREADS} threads: the first "
