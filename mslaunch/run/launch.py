@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..machine.terminal import Console
     from ..core.spec import HostEntry, JobResult
 
-from ..core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError, NoHostLeft, Stopped
+from ..core.errors import LaunchError
 from ..mpi.pmi.files import job_guard, new_kvsname, public_id
 from ..core.spec import JobSpec
 from ..core.states import OPENMPI
@@ -86,11 +86,6 @@ def _run_job(job: JobSpec, started: float = 0.0) -> int:
                 from .restarts import run_restartable
                 result = run_restartable(job, environ, session, kvsname, hosts)
             return _finish(job, result, session.console, started)
-        except LaunchError as err:
-            if isinstance(err, (NoHostLeft, Stopped, HostsFailed)) or \
-                    err.exit_code == HOST_LOST_EXIT:
-                _allocation_ended(job, environ, session.console)
-            raise
         finally:
             session.close()
             session.console.close()
@@ -129,24 +124,8 @@ def _xml_console(job: JobSpec) -> Optional[Console]:
     return Console(fd, fd, owned=True)
 
 
-def _allocation_ended(job: JobSpec, environ: Mapping[str, str], console: Console) -> None:
-    """Say so if Slurm ended the allocation the job ran in (a failed node, without
-    ``--no-kill``; a time limit; a cancel): the job saw only its hosts lost and a
-    stop signal."""
-    if job.quiet or not environ.get("SLURM_JOB_ID"):
-        return
-    from ..hosts.allocations.slurm import allocation_end
-    ended = allocation_end(environ)
-    if ended:
-        console.message(f"mslaunch: {ended}")
-
-
 def _finish(job: JobSpec, result: JobResult, console: Console, started: float) -> int:
-    """The job's exit status, once its report (if asked for) is written; a job
-    that lost hosts or was stopped by a signal may have met its allocation's end."""
-    if result.exit_code and (result.stop_signal is not None or result.exit_code ==
-                             HOST_LOST_EXIT or any(a.lost for a in result.attempts)):
-        _allocation_ended(job, os.environ, console)
+    """The job's exit status, once its report (if asked for) is written."""
     if job.report_json is not None:
         from . import jobreport
         try:
