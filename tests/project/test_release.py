@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 import subprocess
 import tarfile
 import zipfile
@@ -225,3 +226,39 @@ def test_a_real_shell_completes_hosts_from_the_ssh_config_and_map_by_s_values(tm
         assert wait_for(lambda: "mslaunch --map-by core" in screen(), 30, 0.1), screen()
     finally:
         _tmux_stop(argv)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["no-compile", "compiled"])
+def test_a_package_installed_without_bytecode_is_compiled_once_into_the_user_s_cache(
+        tmp_path, compiled):
+    """``pip install --no-compile`` under ``PYTHONDONTWRITEBYTECODE=1`` (as images
+    are): the launcher keeps its modules' bytecode in the user's cache, writes
+    nothing beside the package, and the next launch reads it (nothing written
+    again); a package that came compiled is read as it is, and no cache is made."""
+    import compileall
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(REPO, "mslaunch"), site / "mslaunch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    if compiled:
+        assert compileall.compile_dir(str(site / "mslaunch"), quiet=1)
+    cache = tmp_path / "cache" / "mslaunch" / "bytecode"
+    env = clean_env(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    launch = [PY, "-c", "from mslaunch.__main__ import main; main()", "-n", "1", "true"]
+    r = subprocess.run(launch, capture_output=True, env=env, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+    def cached():
+        return {str(p.relative_to(cache)): p.stat().st_mtime_ns
+                for p in cache.rglob("*.pyc")}
+    beside = sorted(site.rglob("__pycache__"))
+    if compiled:
+        assert not cache.exists()
+        return
+    assert beside == [], beside
+    first = cached()
+    assert any(name.endswith(os.path.join("mslaunch", "run", "launch.cpython-"
+                                          f"{sys.version_info[0]}{sys.version_info[1]}.pyc"))
+               for name in first), sorted(first)
+    r = subprocess.run(launch, capture_output=True, env=env, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert cached() == first          # read, not compiled and written again
