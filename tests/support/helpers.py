@@ -195,12 +195,65 @@ def bytes_written(pid: int) -> int:
 
 
 def kill_tagged(tag: str) -> None:
-    """Last-resort cleanup so a failing test leaves nothing behind."""
+    """Last-resort cleanup so a failing test leaves nothing behind.
+
+    The job's watchdogs are spared a moment: SIGKILLed with the rest, they
+    would leave the job's cgroup and session directories behind; once
+    everything else is gone they remove them and end by themselves.  A
+    watchdog is named in its job's cgroup (``mslaunch-<launcher>-w<watchdog>-...``),
+    or, without one, is a launcher's or an agent's fork (its parent's command
+    line)."""
+    pids = tagged_pids(tag)
+    if not pids:
+        return
+    watchdogs = {pid for pid in pids if _parent(pid) in pids
+                 and _cmdline(pid) == _cmdline(_parent(pid))}
+    watchdogs |= {w for pid in pids for w in _watchdog_of(pid)} & set(pids)
+    for pid in pids:
+        if pid not in watchdogs:
+            _kill(pid)
+    wait_for(lambda: not set(tagged_pids(tag)) & watchdogs, 15)
     for pid in tagged_pids(tag):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        _kill(pid)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _watchdog_of(pid: int) -> List[int]:
+    """The watchdog named by the mslaunch cgroup ``pid`` is in, if any."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            parts = f.read().replace("\n", "/").split("/")
+    except OSError:
+        return []
+    found = []
+    for part in parts:
+        fields = part.split("-")
+        if len(fields) > 2 and fields[0] == "mslaunch" and fields[2][:1] == "w" \
+                and fields[2][1:].isdigit():
+            found.append(int(fields[2][1:]))
+    return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def wait_lines(path: str, count: int, timeout: float = 10.0) -> bool:

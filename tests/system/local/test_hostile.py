@@ -237,8 +237,10 @@ print('sum', c.allreduce(c.rank + 1), flush=True)
 
 GUESSED_RANK = """
 import os, sys, time
-with open(sys.argv[1] + '.' + os.environ['PMI_RANK'], 'w') as f:
+path = sys.argv[1] + '.' + os.environ['PMI_RANK']
+with open(path + '.new', 'w') as f:        # whole once it is there: renamed when written
     f.write(os.environ['PMI_PORT'] + ' ' + os.environ['PMI_ID'])
+os.rename(path + '.new', path)
 while not os.path.exists(sys.argv[1] + '.go'):
     time.sleep(0.01)
 from mpi4py import MPI
@@ -253,13 +255,13 @@ def _guessed_job(base: str, tag: str):
               env=clean_env(MSL_TEST_TAG=tag))
     try:
         assert wait_for(lambda: all(os.path.exists(f"{base}.{r}") for r in (0, 1)), 60)
-    except BaseException:
+        where, secret = open(f"{base}.1").read().split()
+        return p, int(where.rsplit(":", 1)[1]), int(secret)
+    except BaseException:        # (the job is the caller's only once it is returned)
         p.kill()
         p.communicate()
         kill_tagged(tag)
         raise
-    where, secret = open(f"{base}.1").read().split()
-    return p, int(where.rsplit(":", 1)[1]), int(secret)
 
 
 def test_a_wrong_pmi_id_is_answered_late_and_real_ranks_still_join(mpich, tmp_path):
