@@ -92,8 +92,7 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     import subprocess
     deadline = time.monotonic() + timeout
     results: Dict[int, Dict[str, Any]] = {}
-    # rank -> [pid, offset, asked at, signal, fell back to the main thread alone]
-    pending_py: Dict[int, List[Any]] = {}
+    pending_py: Dict[int, _Asked] = {}
     pyspy = _which("py-spy")
     reader = native.tool() if want_native else None
     queue: List[Tuple[int, str, List[str]]] = []     # (rank, kind, argv)
@@ -151,11 +150,11 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         proc.stdout.close()
         results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
         results[rank]["late"] = True
-    for rank, (pid, offset, _, signum, fell_back) in pending_py.items():
+    for rank, a in pending_py.items():
         results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
         results[rank]["late"] = True
-        pydump.done(dump_dir, pid, offset, False,  # type: ignore[arg-type]
-                    (pydump.SIGNAL, signum) if fell_back else (signum,))
+        pydump.done(dump_dir, a.pid, a.offset, False,  # type: ignore[arg-type]
+                    (pydump.SIGNAL, a.signum) if a.fell_back else (a.signum,))
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
@@ -167,33 +166,42 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     return out
 
 
-def _poll_python(pending: Dict[int, List[Any]], results: Dict[int, Dict[str, Any]],
+class _Asked:
+    """A Python rank's dump asked for: of its ``pid`` from ``offset`` in its file,
+    by ``signum``; whether its main thread was then asked alone (``fell_back``)."""
+
+    __slots__ = ("pid", "offset", "signum", "at", "fell_back")
+
+    def __init__(self, pid: int, offset: int, signum: int) -> None:
+        self.pid, self.offset, self.signum = pid, offset, signum
+        self.at = time.monotonic()
+        self.fell_back = False
+
+
+def _poll_python(pending: Dict[int, _Asked], results: Dict[int, Dict[str, Any]],
                  dump_dir: Optional[str]) -> None:
     """Take the Python dumps that are complete; ask a rank that has not dumped every
     thread in time for its main thread alone (see :mod:`.pydump`)."""
-    for rank, (pid, offset, asked, signum, fell_back) in list(pending.items()):
-        text = pydump.answer(dump_dir, pid, offset)  # type: ignore[arg-type]
+    for rank, a in list(pending.items()):
+        text = pydump.answer(dump_dir, a.pid, a.offset)  # type: ignore[arg-type]
         if text is not None:
             time.sleep(0.005)          # a dump is written in one go: see it whole
-            if pydump.answer(dump_dir, pid, offset) == text:  # type: ignore[arg-type]
+            if pydump.answer(dump_dir, a.pid, a.offset) == text:  # type: ignore[arg-type]
                 del pending[rank]
-                alone = fell_back and not pydump.every_thread(text)
-                pydump.done(dump_dir, pid, offset, True,  # type: ignore[arg-type]
+                alone = a.fell_back and not pydump.every_thread(text)
+                pydump.done(dump_dir, a.pid, a.offset, True,  # type: ignore[arg-type]
                             (pydump.SIGNAL,) if alone else ())
                 if alone:
-                    results[rank]["notes"].append(
-                        f"the main thread alone: it ran native code, where signal "
-                        f"{pydump.SIGNAL}'s dump of every thread waits for its next "
-                        f"Python step")
+                    results[rank]["notes"].append(_NATIVE)
                 _python_dump(results[rank], text, dump_dir, pending, rank)
-        elif not fell_back and signum == pydump.SIGNAL and \
-                time.monotonic() - asked >= pydump.FALLBACK:
-            pending[rank][4] = True
-            pydump.ask(dump_dir, pid, pydump.MAIN_SIGNAL, again=True)  # type: ignore[arg-type]
+        elif not a.fell_back and a.signum == pydump.SIGNAL and \
+                time.monotonic() - a.at >= pydump.FALLBACK:
+            a.fell_back = True
+            pydump.ask(dump_dir, a.pid, pydump.MAIN_SIGNAL, again=True)  # type: ignore[arg-type]
 
 
 def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Optional[str],
-                pending: Dict[int, List[Any]],
+                pending: Dict[int, _Asked],
                 queue: List[Tuple[int, str, List[str]]], main_only: bool = False) -> None:
     """Ask a Python rank for its dump (its main thread's alone with ``main_only``),
     else queue py-spy, else say why there is none."""
@@ -204,11 +212,11 @@ def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Op
         # (deaf to SIGNAL: its main thread is asked for its own stack at once)
         offset = pydump.ask(dump_dir, pid, pydump.MAIN_SIGNAL)
         if offset is not None:
-            pending[rank] = [pid, offset, time.monotonic(), pydump.MAIN_SIGNAL, False]
+            pending[rank] = _Asked(pid, offset, pydump.MAIN_SIGNAL)
             r["notes"].append(_MAIN_ALONE)
             return
     if offset is not None:
-        pending[rank] = [pid, offset, time.monotonic(), signum, False]
+        pending[rank] = _Asked(pid, offset, signum)
     elif pyspy:
         queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
     elif pydump.is_deaf(pid):
@@ -220,6 +228,10 @@ def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Op
                           "or -I, or not as python) and py-spy is not installed")
 
 
+#: The notes of a rank read from its main thread alone: it ran native code past
+#: :data:`~.pydump.FALLBACK`, or had not answered :data:`~.pydump.SIGNAL` before.
+_NATIVE = (f"the main thread alone: it ran native code, where signal {pydump.SIGNAL}'s "
+           f"dump of every thread waits for its next Python step")
 _MAIN_ALONE = (f"the main thread alone: the rank did not answer signal {pydump.SIGNAL} before "
                f"(its main thread runs native code, or the program handles the signal "
                f"itself), which has every thread dumped between two Python steps")
@@ -242,7 +254,7 @@ def _entry(pid: int) -> Dict[str, Any]:
 
 
 def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
-                 pending: Dict[int, List[Any]], rank: int) -> None:
+                 pending: Dict[int, _Asked], rank: int) -> None:
     """Keep a rank's dump; when it stopped at faulthandler's limit of threads
     (the main thread is the oldest, so missing), ask for the main thread alone."""
     if r["py"] is not None:
@@ -254,7 +266,7 @@ def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
     if pydump.truncated(text) and dump_dir:
         offset = pydump.ask(dump_dir, r["pid"], pydump.MAIN_SIGNAL)
         if offset is not None:
-            pending[rank] = [r["pid"], offset, time.monotonic(), pydump.MAIN_SIGNAL, False]
+            pending[rank] = _Asked(r["pid"], offset, pydump.MAIN_SIGNAL)
             return
     if pydump.truncated(text):
         r["notes"].append(f"more than {pydump.MAX_THREADS} threads: the first "

@@ -24,11 +24,11 @@ to a dead peer) has been seen to be stamped up to 11 ms before the death it
 reacts to.  An ``MPI_Abort`` less than :data:`VICTIM_WINDOW` before another
 rank's death, exit or loss is taken for that rank's victim, not its cause;
 so is one before a death its host saw after the job's stop was sent and
-before that stop reached it.  A death by SIGPIPE is such a reaction too: a
-write to a pipe or socket whose reader is gone (a dead peer's), seen on the
-same host in the same instant as the death that caused it.  Such a death was seen late (its host's agent
+before that stop reached it.  Such a death was seen late (its host's agent
 was not running, and reads its ranks' ends before it heeds the stop), and
-its time says only that it came before the stop.
+its time says only that it came before the stop.  A death by SIGPIPE is a
+reaction as an ``MPI_Abort`` is: a write to a pipe or socket whose reader, a
+peer, has just died, often seen in the same wake-up as that death.
 """
 
 from __future__ import annotations
