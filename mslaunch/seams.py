@@ -66,12 +66,25 @@ class Looker(Protocol):
         """Refused Open MPI singletons: end them, noting what they leave."""
 
 
+class AllocationWatch(Protocol):
+    """What asks whether the job's allocation was ended by its workload manager
+    (:class:`~mslaunch.backends.allocationend.AllocationEnd`)."""
+
+    def ask(self, loop: Optional[Loop], stop: bool = False) -> None:
+        """Ask now, without waiting; the answer is read on ``loop`` (``stop``: the
+        job is being stopped)."""
+
+
 class SharedByAttempts(Protocol):
-    """What the attempts of one run share, as the MPI services see it (the
-    whole of it is :class:`~mslaunch.backends.session.Session`)."""
+    """What the attempts of one run share, as the MPI services and the hosts see
+    it (the whole of it is :class:`~mslaunch.backends.session.Session`)."""
 
     pmix: Any               # the PMIx server every attempt serves from, once made
     attempts: bool          # more than one attempt may run
+
+    @property
+    def allocation_end(self) -> Optional[AllocationWatch]:
+        """Asked at a lost host and at a stop signal (None: no allocation to ask)."""
 
 
 class AgentHost(Protocol):

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..machine.terminal import Console
     from ..core.states import Ending
     from .agents.keptagents import KeptAgents
+    from .allocationend import AllocationEnd
 
     #: What may follow the attempt running: nothing, the job itself after its
     #: health check, or another attempt should it fail.
@@ -31,7 +32,7 @@ class Session:
     def __init__(self, guard: Watchdog, console: Console, *, loop: Optional[Loop] = None,
                  kept: Optional[KeptAgents] = None, attempts: bool = False,
                  rank_restarts: int = 0, wants_control: bool = True,
-                 nodes: Any = None) -> None:
+                 nodes: Any = None, allocation_end: Optional[AllocationEnd] = None) -> None:
         self.guard = guard
         self.console = console
         self.loop = loop                      # a caller's own loop (msrun's rendezvous ran on it)
@@ -46,6 +47,9 @@ class Session:
         #: This node's link to the other nodes of a job run one command per node
         #: (msrun's), and its node service if it runs one: see .nodes.
         self.nodes = nodes
+        #: Asks whether the job's allocation was ended by its workload manager
+        #: (see .allocationend), at a lost host and at a stop signal.
+        self.allocation_end = allocation_end
 
     def keeps_agents(self, ending: Optional[Ending], stop_signal: Optional[int]) -> bool:
         """Whether an attempt that ended so is followed by another (the job after its

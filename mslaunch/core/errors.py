@@ -52,6 +52,10 @@ class HostsFailed(LaunchError):
         self.unreachable = tuple(unreachable)
 
 
+class NoHostLeft(LaunchError):
+    """Every host of the job was left out (lost, failed its health check)."""
+
+
 class Stopped(LaunchError):
     """mslaunch was asked to stop (SIGINT, SIGTERM, SIGHUP) where no job ran to
     take it (between two attempts of a job, during its health check): the

@@ -547,6 +547,14 @@ class Watchdog:
                 self.reap_adopted(())
         self.reap_adopted(())
 
+    def release(self, pid: int) -> None:
+        """A helper of the launcher that is to outlive the job's end (a question
+        still out) leaves the job's cgroup, which is emptied at the end, with
+        what it started; helpers are never the subreaper's leftovers."""
+        if self.cgroup is not None:
+            for each in (pid, *descendants([pid])):
+                self.cgroup.leave(each)
+
     def close(self) -> None:
         """Normal end: this process leaves the job's cgroup and removes it, or the
         watchdog empties it of what is left and removes it.

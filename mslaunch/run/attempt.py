@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..backends.backend import Planning
     from ..backends.session import Session
 
-from ..core.errors import LaunchError
+from ..core.errors import NoHostLeft
 from ..mpi.pmi.files import new_kvsname
 from ..core.spec import AttemptOutcome, JobSpec, Plan
 from ..core.states import LOST
@@ -111,7 +111,7 @@ class JobPlanning:
             self._entries = [e for e in entries if e.name not in left_out
                              and not (here_out and is_local(e.name))]
             if left_out and not self._entries:
-                raise LaunchError(f"no host is left for the job ({', '.join(left_out)} "
+                raise NoHostLeft(f"no host is left for the job ({', '.join(left_out)} "
                                   f"left out)")
         return self._entries
 

@@ -16,10 +16,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, List, Mapping, Optional
 
+    from ..backends.allocationend import AllocationEnd
     from ..machine.terminal import Console
     from ..core.spec import HostEntry, JobResult
 
-from ..core.errors import LaunchError
+from ..core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError, NoHostLeft, Stopped
 from ..mpi.pmi.files import job_guard, new_kvsname, public_id
 from ..core.spec import JobSpec
 from ..core.states import OPENMPI
@@ -36,14 +37,38 @@ def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
 
 def run_job(job: JobSpec) -> int:
     """Run ``job`` and return mslaunch's exit status (and write its report, if asked)."""
+    watch = None
+    if not (job.quiet or job.dry_run) and os.environ.get("SLURM_JOB_ID"):
+        from ..backends.allocationend import allocation_end
+        watch = allocation_end(os.environ)
+    if watch is None:
+        return _reported(job, None)
+    # A stop the job's supervisor saw has asked already; one between two
+    # attempts, or for want of hosts, ends in an error: it asks at the end.
+    stopped = True
+    try:
+        code = _reported(job, watch)
+        stopped = False
+        return code
+    except LaunchError as err:
+        stopped = isinstance(err, (NoHostLeft, Stopped, HostsFailed)) or \
+            err.exit_code == HOST_LOST_EXIT
+        raise
+    finally:
+        # (after the report: the workload manager may kill mslaunch any moment now)
+        watch.finish(stopped)
+
+
+def _reported(job: JobSpec, watch: Optional[AllocationEnd]) -> int:
+    """Run ``job``; its report written, whatever its end."""
     if job.report_json is None or job.dry_run:
-        return _run_job(job)
+        return _run_job(job, watch)
     import time
     from . import jobreport
     jobreport.check_writable(job.report_json)
     started = time.time()
     try:
-        return _run_job(job, started)
+        return _run_job(job, watch, started)
     except LaunchError as err:
         try:
             jobreport.write(job.report_json, jobreport.build(None, started, error=str(err),
@@ -53,7 +78,7 @@ def run_job(job: JobSpec) -> int:
         raise
 
 
-def _run_job(job: JobSpec, started: float = 0.0) -> int:
+def _run_job(job: JobSpec, watch: Optional[AllocationEnd], started: float = 0.0) -> int:
     environ = os.environ
     kvsname = new_kvsname()
     hosts = _hosts_of(job, environ)
@@ -77,7 +102,10 @@ def _run_job(job: JobSpec, started: float = 0.0) -> int:
         console = _xml_console(job)
         from ..machine.terminal import Console
         from ..backends.session import Session
-        session = Session(guard, console or Console(), wants_control=job.mpi != OPENMPI)
+        session = Session(guard, console or Console(), wants_control=job.mpi != OPENMPI,
+                          allocation_end=watch)
+        if watch is not None:
+            watch.say = session.console.message
         try:
             if not job.max_job_restarts and not job.health_check:
                 result = run_attempt(job, environ, session, JobPlanning(job, environ, kvsname,
@@ -89,7 +117,11 @@ def _run_job(job: JobSpec, started: float = 0.0) -> int:
         finally:
             session.close()
             session.console.close()
+            if watch is not None:
+                watch.say = None
     finally:
+        if watch is not None:
+            watch.outlive(guard)
         guard.close()
 
 

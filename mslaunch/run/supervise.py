@@ -384,6 +384,8 @@ class Supervisor(LookingInside):
             live = self._live()
             if self.stop_signal is None:
                 self.stop_signal = int(sig)
+                if self.session.allocation_end is not None:
+                    self.session.allocation_end.ask(self.loop, stop=True)
                 if not self.job.quiet and sig == signal.SIGINT and live:
                     what, them = (("the health check (--health-check)", "it")
                                   if self.job.is_check else (f"{len(live)} rank(s)", "them"))

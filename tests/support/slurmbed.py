@@ -242,8 +242,9 @@ class SlurmBed(netbed.Bed):
             "PropagateResourceLimits=NONE",
             "ReturnToService=2",  # a down node that registers again is idle at once
             "SlurmdParameters=config_overrides",  # CPUs may exceed the real core count
-            "KillWait=5",
         ]
+        if not any(x.lower().startswith("killwait=") for x in self.extra_conf):
+            lines.append("KillWait=5")
         if self.proctrack == "proctrack/cgroup":
             # every bed's node hI shares /sys/fs/cgroup/freezer/slurm_hI: keep job ids apart
             lines.append(f"FirstJobId={k * 100000 + 1}")

@@ -344,6 +344,9 @@ class Fleet:
 
     def host_lost(self, host: RemoteHost, reason: str) -> None:
         quiet = self.sup.job.quiet
+        watch = self.sup.session.allocation_end
+        if watch is not None:        # (a workload manager may have ended the allocation)
+            watch.ask(self.sup.loop)
         if not self.sup.launched:
             if not host.ranks:           # a spare: the job can start without it
                 self.left_out[host.name] = reason

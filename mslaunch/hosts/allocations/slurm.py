@@ -217,3 +217,49 @@ def check_nodes(names: Sequence[str], environ: Mapping[str, str], launcher: str)
                           f"{environ.get('SLURM_JOB_ID')} (its nodes: "
                           f"{one_line(text, 80)}); use --launcher ssh for hosts outside "
                           f"the allocation")
+
+
+#: Why Slurm ends a job's allocation (its JobState), in a user's words.
+_ENDED_BECAUSE = {
+    "NODE_FAIL": "a node failed, and the allocation was not made with --no-kill "
+                 "(salloc -k, sbatch -k), which keeps the job when a node fails",
+    "TIMEOUT": "it reached its time limit",
+    "CANCELLED": "it was cancelled",
+    "PREEMPTED": "it was preempted",
+    "DEADLINE": "it reached its deadline",
+    "OUT_OF_MEMORY": "it ran out of memory",
+}
+
+#: The JobState an allocation still COMPLETING ends in, by its Reason.
+_COMPLETING = {"NodeDown": "NODE_FAIL", "TimeLimit": "TIMEOUT", "DeadLine": "DEADLINE"}
+
+
+def job_query(environ: Mapping[str, str]) -> Optional[List[str]]:
+    """The command that shows the allocation this runs in on one line
+    (``scontrol show job -o ID``); None outside one."""
+    job = environ.get("SLURM_JOB_ID", "")
+    if not (in_allocation(environ) and _is_digits(job)):
+        return None
+    return ["scontrol", "show", "job", "-o", job]
+
+
+def ended_because(job: str, shown: str) -> str:
+    """Why Slurm ended allocation ``job``, as one sentence, from ``scontrol show
+    job -o``'s line ``shown``; "" for an allocation Slurm has not ended."""
+    # (the first of each field, of the first line that shows one: a later
+    # field's value may hold spaces and "=", a heterogeneous job shows a line
+    # per component, and a warning may come first)
+    line = next((x for x in shown.splitlines() if "JobState=" in x), "")
+    fields: dict = {}
+    for item in line.split():
+        key, equals, value = item.partition("=")
+        if equals:
+            fields.setdefault(key, value)
+    state, reason = fields.get("JobState", ""), fields.get("Reason", "None")
+    if state == "COMPLETING":
+        # (while its steps are being ended: the state it ends in is shown after)
+        state = _COMPLETING.get(reason, "")
+    if state not in _ENDED_BECAUSE:
+        return ""
+    why = f"{state}, {reason}" if reason not in ("None", "") else state
+    return f"Slurm ended the job's allocation (job {job}: {why}): {_ENDED_BECAUSE[state]}"

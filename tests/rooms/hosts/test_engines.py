@@ -83,3 +83,26 @@ def test_a_bad_lsb_mcpu_hosts_is_one_line(text):
     with pytest.raises(HostfileError) as err:
         allocation_hosts({"LSB_JOBID": "1", "LSB_MCPU_HOSTS": text})
     assert "LSB_MCPU_HOSTS" in str(err.value)
+
+
+@pytest.mark.parametrize("shown, said", [
+    ("JobState=RUNNING Reason=None", ""),
+    ("JobState=COMPLETING Reason=None", ""),
+    ("JobState=COMPLETING Reason=NodeDown", "(job 7: NODE_FAIL, NodeDown): a node failed"),
+    ("JobState=NODE_FAIL Reason=NodeDown", "(job 7: NODE_FAIL, NodeDown): a node failed"),
+    ("JobState=TIMEOUT Reason=TimeLimit", "(job 7: TIMEOUT, TimeLimit): it reached its time"),
+    ("JobState=CANCELLED Reason=None", "(job 7: CANCELLED): it was cancelled"),
+    ("", ""),
+    # the first of a field counts: a later value may hold "=" and spaces
+    ("JobState=RUNNING Reason=None Comment=x JobState=CANCELLED", ""),
+    ("JobState=RUNNING Reason=None\nJobId=8 JobState=NODE_FAIL Reason=NodeDown", ""),
+    ("Terminated\nJobId=7 JobState=CANCELLED Reason=None", "(job 7: CANCELLED): it was cancelled"),
+])
+def test_the_end_of_a_slurm_allocation_is_read_from_scontrol_s_line(shown, said):
+    from mslaunch.hosts.allocations.slurm import ended_because
+    got = ended_because("7", f"JobId=7 JobName=x UserId=root(0) {shown} Dependency=(null)")
+    if not said:
+        assert got == ""
+    else:
+        assert got.startswith("Slurm ended the job's allocation " + said), got
+

@@ -127,3 +127,29 @@ def test_a_spare_node_whose_agent_ends_before_it_dials_back_is_left_out(slurmbed
     assert sorted(stdout.split()) == ["h1", "h1", "h2", "h2"], (stdout, err)
     assert "mslaunch: h3: cannot start the agent (" in err and \
         "its task: Exited with exit code 3" in err, err
+
+
+def test_a_node_failure_in_an_allocation_without_no_kill_is_named_as_slurm_s_end(slurmbeds,
+                                                                                 tmp_path):
+    # Without --no-kill Slurm ends the whole allocation when a node fails: every
+    # step, and salloc's command (mslaunch) by a signal, whatever --max-restarts
+    # says.  The lost hosts and the stop are what the job sees; a line says,
+    # once, that Slurm ended the allocation, and why.  (Slurm's own KillWait,
+    # 30 s: what is left of the job is SIGKILLed that long after its signal.)
+    bed = slurmbeds.get(nodes=3, extra_conf=["SlurmdTimeout=5", "KillWait=30"])
+    p, tag, out, lines = _train(bed, tmp_path, 600)
+    try:
+        assert wait_for(lambda: _reached(out) >= 2, 120), lines.lines
+        bed.crash(3)
+        code, _, _ = finish(p, timeout=300)
+        nothing_left(tag, launcher_of(tmp_path / "r.json"))
+    finally:
+        p.kill()
+        p.communicate()
+        kill_tagged(tag)
+    err = lines.text()
+    assert code != 0, err
+    said = [line for line in err.splitlines() if line.startswith("mslaunch: Slurm ended")]
+    assert len(said) == 1 and said[0].startswith("mslaunch: Slurm ended the job's allocation "
+                                                 "(job ") and \
+        ": NODE_FAIL" in said[0] and "--no-kill" in said[0], err
