@@ -38,8 +38,10 @@ from ..core.errors import UsageError, one_line
 from ..core.spec import MsrunSpec, NodeRounds, replace
 
 
-def _service(values: Mapping[str, Optional[str]], count: int) -> MsrunSpec:
-    """The node service's settings, in the record msrun's nodes use."""
+def _service(values: Mapping[str, Optional[str]], count: int,
+             environ: Mapping[str, str]) -> MsrunSpec:
+    """The node service's settings, in the record msrun's nodes use; torchrun's
+    ``LOGLEVEL`` of ``INFO`` or ``DEBUG`` has the rendezvous said as it goes."""
     from .torchjob import _seconds, _whole, endpoint, nnodes, rdzv_conf
     backend = (values["rdzv_backend"] or "static").strip()
     conf = rdzv_conf(values["rdzv_conf"])
@@ -85,7 +87,8 @@ def _service(values: Mapping[str, Optional[str]], count: int) -> MsrunSpec:
                      cluster_time_out=int(join), service_port=service_port, order=order,
                      local_addr=local, rounds=rounds,
                      master_flag="--rdzv-endpoint" if given else "--master-addr",
-                     node_rank_flag="--node-rank", every_node_first=rounds is None)
+                     node_rank_flag="--node-rank", every_node_first=rounds is None,
+                     verbose=int(environ.get("LOGLEVEL", "").upper() in ("INFO", "DEBUG")))
 
 
 def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
@@ -93,7 +96,7 @@ def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
     """Run this node's part of a job of up to ``nodes`` nodes; the job's exit status."""
     from .torchjob import nproc, torch_job
     count = nproc(values["nproc_per_node"])
-    service = _service(values, count)
+    service = _service(values, count, environ)
     from ..machine.loop import Loop
     from ..machine.rendezvous import free_port
     from ..msrun.node import master_address, rendezvous
@@ -105,6 +108,12 @@ def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
         if stopped is not None:
             code, text = stopped
             _error(text)
+            if node_service is not None and code < 128:
+                # This node, the service's host, was refused (another node came
+                # first with its node rank): the service stays until the nodes
+                # it took have their end, as when this node's workers are done.
+                from ..msrun.node import wait_for_the_others
+                wait_for_the_others(node_service, loop, service, _say)
             return code
         assert ranks is not None and link is not None
         job, temporary = torch_job(values, script, environ, master=_master(service, link))
@@ -127,8 +136,12 @@ def run_nodes(values: Mapping[str, Optional[str]], script: List[str],
 
 
 def _error(text: str) -> None:
+    _say(f"mslaunch: error: {text}")
+
+
+def _say(line: str) -> None:
     import sys
-    sys.stderr.write(f"mslaunch: error: {text}\n")
+    sys.stderr.write(line + "\n")
 
 
 def _master(service: MsrunSpec, link) -> Tuple[str, int]:

@@ -778,6 +778,30 @@ class NetBed:
     def link_up(self, host: NetHost) -> None:
         ip_cmd(["link", "set", "eth0", "up"], netns=host.netns)
 
+    def refuse_own(self, host: NetHost, port: int, refused: bool) -> None:
+        """While ``refused``, TCP connections that ``host`` opens to a ``port`` of
+        its own fail at once (EACCES); connections from other hosts still come.
+        (The rule must come before the lookup of the local routes, rule 0: that
+        one moves after it, and back.)"""
+        rule = ["pref", "10", "iif", "lo", "ipproto", "tcp", "dport", str(port), "prohibit"]
+        if refused:
+            try:
+                ip_cmd(["rule", "add", *rule], netns=host.netns)
+                ip_cmd(["rule", "add", "pref", "100", "lookup", "local"], netns=host.netns)
+                ip_cmd(["rule", "del", "pref", "0"], netns=host.netns)
+            except BaseException:
+                self.refuse_own(host, port, False)
+                raise
+            return
+        # (each step whatever became of the others: the rules end as they began)
+        ip_cmd(["rule", "add", "pref", "0", "lookup", "local"], netns=host.netns, check=False)
+        ip_cmd(["rule", "del", "pref", "100"], netns=host.netns, check=False)
+        ip_cmd(["rule", "del", *rule], netns=host.netns, check=False)
+        shown = ip_cmd(["rule", "show"], netns=host.netns).stdout
+        if "0:\tfrom all lookup local" not in shown or "prohibit" in shown or \
+                "100:" in shown:
+            raise NetBedError(f"{host.netns}: its routing rules not restored: {shown}")
+
     def pids(self, host: NetHost) -> List[int]:
         """Live processes in ``host``'s network namespace (as ``ip netns pids``)."""
         return netns_pids([host.netns])[host.netns]

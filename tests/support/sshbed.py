@@ -83,6 +83,7 @@ bed's tag, see :mod:`netbed`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import random
@@ -593,6 +594,18 @@ class SSHBed(netbed.Bed):
         net, nh = self._net(h, "link_up")
         net.link_up(nh)
         h.link_is_down = False
+
+    @contextlib.contextmanager
+    def refusing_own(self, host: HostRef, port: int) -> Iterator[None]:
+        """Within the block, TCP connections that the host opens to its own
+        ``port`` fail at once (EACCES); those from other hosts still come in."""
+        h = self.host(host)
+        net, nh = self._net(h, "refusing_own")
+        net.refuse_own(nh, port, True)
+        try:
+            yield
+        finally:
+            net.refuse_own(nh, port, False)
 
     def host_pids(self, host: HostRef) -> List[int]:
         """Live pids on the host: everything in its network namespace (``ip netns pids``).

@@ -304,6 +304,29 @@ def test_a_node_rank_clash_is_refused_naming_the_holder(job):
     j.settle()
 
 
+def test_the_service_s_own_node_refused_keeps_the_service_for_the_nodes_it_took(job):
+    # The master's own node is refused when another node came first with its
+    # node rank.  Forced here: h1's connections to its own node service fail
+    # until h2 has taken rank 0; then h1's node joins, and is refused.
+    # The service stays up on h1 for the nodes it took, which finish the job.
+    j = job(4, SLEEP="2")
+    h1, h2, h3 = j.bed.hosts[:3]
+    with j.bed.refusing_own(h1, j.port + 1):      # (the node service's port)
+        j.start(h1, 2, "--node_rank=0")
+        j.start(h2, 2, "--node_rank=0")
+        j.registered([0, 1])
+        assert {host for host, _ in j.envs().values()} == {"h2"}, transcript(j)
+    j.start(h3, 2, "--node_rank=1")
+    codes = j.wait()
+    assert codes == [1, 0, 0], transcript(j)
+    master = j.nodes[0].out
+    errors = [x for x in master.splitlines() if x.startswith("mslaunch: error:")]
+    assert len(errors) == 1 and "--node_rank=0: rank 0 belongs to node h2" in errors[0], master
+    envs = j.envs()
+    assert {r: envs[r][0] for r in envs} == {0: "h2", 1: "h2", 2: "h3", 3: "h3"}
+    j.settle()
+
+
 def test_a_node_with_another_secret_is_refused_with_a_hint(job):
     j = job(4, time_out=4, SLEEP="60")
     h1, h2 = j.bed.hosts[:2]

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from helpers import PY, all_gone, clean_env, cmd, kill_tagged, new_tag
+from helpers import PY, StderrLines, all_gone, clean_env, cmd, kill_tagged, new_tag, wait_for
 from requires import require
 from torchenv import ENV, compare, workers
 
@@ -58,12 +58,17 @@ def _both(bed, launcher, per_node, tag: str, timeout: float = 180, env_for=None)
             text, _ = p.communicate(timeout=timeout)
             out.append((p.returncode, text.decode(errors="replace")))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        kill_tagged(tag)
+        _end_all(procs, tag)
     return out
+
+
+def _end_all(procs, tag: str) -> None:
+    """Nothing of a test's nodes outlives it, whatever became of them."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    kill_tagged(tag)
 
 
 MSLAUNCH = cmd()
@@ -236,6 +241,47 @@ def test_a_node_the_job_cannot_take_is_refused_in_one_line(sshbed, nodes, tmp_pa
             if fault == "same node rank" else "secret" in errors[0]), errors
     assert "cluster time out" in said_took and "refused" in said_took, said_took
     assert f"(nodes: h{took + 1} (pid " in said_took, said_took
+    assert all_gone(tag, 15)
+
+
+def test_the_master_node_refused_keeps_its_service_for_the_nodes_it_took(sshbed, nodes,
+                                                                        tmp_path):
+    # The master's own node is refused when another node came first with its
+    # node rank.  Forced here: h1's connections to its own node service fail
+    # until the service (LOGLEVEL=INFO) says h2 came as node 0; then h1's node
+    # joins, and is refused.  The service stays up on h1 for the nodes it took,
+    # and h3 completes the job with h2.
+    script = tmp_path / "rank.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], flush=True)\n")
+    tag = new_tag()
+    port = _port()
+    line = _line("static", nodes, port)
+    h1, h2, h3 = sshbed.hosts[:3]
+
+    def start(host, rank: int, **popen):
+        words = [f"--node-rank={rank}" if w.startswith("--node-rank=") else w
+                 for w in line(0)]
+        return sshbed.spawn_in(host, [*MSLAUNCH, *words, "--rdzv-conf=join_timeout=120",
+                                      str(script)], env=_env(tag, LOGLEVEL="INFO"), **popen)
+    procs = []
+    try:
+        with sshbed.refusing_own(h1, port + 1):      # (the node service's port)
+            procs.append(start(h1, 0, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            master = StderrLines(procs[0])
+            procs.append(start(h2, 0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            assert wait_for(lambda: master.said("waits for every node: 2 of 4 workers came"),
+                            60), master.lines
+        procs.append(start(h3, 1, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs[1:]]
+        assert procs[0].wait(timeout=60) == 1, master.text()
+    finally:
+        _end_all(procs, tag)
+    said = master.text()
+    assert [p.returncode for p in procs] == [1, 0, 0], (said, outs)
+    errors = [x for x in said.splitlines() if x.startswith("mslaunch: error:")]
+    assert len(errors) == 1 and "--node-rank=0: rank 0 belongs to node h2" in errors[0], said
+    ranks = sorted(x for out in outs for x in out.splitlines() if x.startswith("rank "))
+    assert ranks == ["rank 0", "rank 1", "rank 2", "rank 3"], outs
     assert all_gone(tag, 15)
 
 
