@@ -360,9 +360,9 @@ def _launcher(word: str, flag: str, component_list: bool) -> str:
 def set_launcher(d: Draft, said: str, word: str, component_list: bool = False) -> None:
     d.launcher = _launcher(word, said, component_list)
     if d.launcher in ("slurm", "srun"):
-        from ..hosts.allocations.slurm import choose
+        from ..hosts.allocations import choose_launcher
         try:
-            choose(d.launcher, d.environ)
+            choose_launcher(d.launcher, d.environ)
         except UsageError as err:
             raise UsageError(f"{said} {one_line(word, 30)}: "
                              f"{str(err).split(': ', 1)[-1]}") from None

@@ -11,17 +11,12 @@ if TYPE_CHECKING:
 from ...core.errors import HostfileError
 from ...core.spec import HostEntry
 from ..hostfile import _count, _name_problem, _show_path, _x, read_host_file
-from . import merge_counts
+from . import in_grid_engine, merge_counts
 
 
 def hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntry], str]]:
     """The hosts of ``PE_HOSTFILE`` inside a parallel environment."""
     return _grid_engine_hosts(environ["PE_HOSTFILE"]) if in_grid_engine(environ) else None
-
-
-def in_grid_engine(environ: Mapping[str, str]) -> bool:
-    """Inside a Grid Engine parallel environment, as Open MPI tells."""
-    return all(environ.get(v) for v in ("PE_HOSTFILE", "JOB_ID", "SGE_ROOT", "ARC"))
 
 
 def _grid_engine_hosts(path: str) -> Tuple[List[HostEntry], str]:

@@ -10,19 +10,13 @@ if TYPE_CHECKING:
 from ...core.errors import HostfileError
 from ...core.spec import HostEntry
 from ..hostfile import _count, _name_problem, _show_path, _x
-from . import merge_counts
+from . import in_lsf, merge_counts
 from .pbs import host_lines
 
 
 def hosts(environ: Mapping[str, str]) -> Optional[Tuple[List[HostEntry], str]]:
     """The hosts of the LSF job."""
     return _lsf_hosts(environ) if in_lsf(environ) else None
-
-
-def in_lsf(environ: Mapping[str, str]) -> bool:
-    """Inside an LSF job with its hosts."""
-    return bool(environ.get("LSB_JOBID")) and bool(
-        environ.get("LSB_DJOB_HOSTFILE") or environ.get("LSB_MCPU_HOSTS", "").strip())
 
 
 def _lsf_hosts(environ: Mapping[str, str]) -> Tuple[List[HostEntry], str]:

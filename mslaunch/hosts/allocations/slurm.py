@@ -10,10 +10,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List, Mapping, Optional, Sequence, Tuple
 
-from ...core.errors import HostfileError, LaunchError, UsageError, one_line
+from ...core.errors import HostfileError, LaunchError, one_line
 from ...core.spec import HostEntry
 from ..hostfile import MAX_HOSTS, _MAX_DIGITS, _count, _is_digits, _name_problem, _x
-from . import merge_counts
+from . import in_slurm, merge_counts
 
 
 def range_parts(item: str) -> Optional[Tuple[str, Optional[str]]]:
@@ -185,27 +185,6 @@ def _slurm_hosts(environ: Mapping[str, str], nvar: str) -> Tuple[List[HostEntry]
     return entries, source
 
 
-def in_allocation(environ: Mapping[str, str]) -> bool:
-    """Whether this runs inside a Slurm allocation (a job id and its node list)."""
-    return bool(environ.get("SLURM_JOB_ID")) and bool(
-        environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
-
-
-def choose(launcher: str, environ: Mapping[str, str]) -> str:
-    """"ssh", "slurm", "srun" or "local" for ``--launcher`` (auto: srun's agents
-    inside an allocation, else ssh).
-
-    The one place where the job's starter is chosen (see
-    :func:`mslaunch.backends.agents.starters.starter.starter_for`); it raises UsageError for
-    ``slurm`` or ``srun`` outside an allocation."""
-    if launcher == "auto":
-        return "slurm" if in_allocation(environ) else "ssh"
-    if launcher in ("slurm", "srun") and not in_allocation(environ):
-        raise UsageError(f"--launcher {launcher}: not inside a Slurm allocation (no "
-                         f"SLURM_JOB_ID and node list); run mslaunch within salloc or sbatch")
-    return launcher
-
-
 def check_nodes(names: Sequence[str], environ: Mapping[str, str], launcher: str) -> None:
     """LaunchError for a host of ``names`` outside the Slurm allocation."""
     text = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
@@ -238,7 +217,7 @@ def job_query(environ: Mapping[str, str]) -> Optional[List[str]]:
     """The command that shows the allocation this runs in on one line
     (``scontrol show job -o ID``); None outside one."""
     job = environ.get("SLURM_JOB_ID", "")
-    if not (in_allocation(environ) and _is_digits(job)):
+    if not (in_slurm(environ) and _is_digits(job)):
         return None
     return ["scontrol", "show", "job", "-o", job]
 

@@ -12,8 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from mslaunch.core.errors import HostfileError
 from mslaunch.hosts.allocations import allocation_hosts
-from mslaunch.hosts.allocations.gridengine import in_grid_engine
-from mslaunch.hosts.allocations.lsf import in_lsf
+from mslaunch.hosts.allocations import in_grid_engine, in_lsf
 
 NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,12}(\.[a-z0-9]{1,5})?", fullmatch=True)
 ALLOC = st.lists(st.tuples(NAMES, st.integers(1, 64)), min_size=1, max_size=12)

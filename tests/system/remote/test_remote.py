@@ -56,6 +56,18 @@ def test_seed_command_line_with_output_files(sshbed, home, tmp_path):
     settle(tag, sshbed)
 
 
+def test_a_job_whose_hosts_are_given_imports_no_allocation_reader(sshbed, home):
+    # Which starter the agents get is told from the variables alone: hosts from
+    # -H over SSH pay for no reader of Slurm's, PBS's, Grid Engine's or LSF's.
+    r = run_remote(home, "-n", "2", "-H", "h1,h2", "true",
+                   env=renv(home, PYTHONPROFILEIMPORTTIME="1"))
+    assert r.returncode == 0, r.stderr
+    names = [line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
+             if line.startswith("import time:") and "|" in line]
+    assert "mslaunch.backends.agents.starters.ssh" in names, names
+    assert [n for n in names if n.startswith("mslaunch.hosts.allocations.")] == [], names
+
+
 def test_seed_command_line_with_a_hostfile_and_exports(sshbed, home, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("h1 slots=2\nh2 slots=2  # two more\n")

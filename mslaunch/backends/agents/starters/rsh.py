@@ -85,7 +85,7 @@ def agent_words(agent: str, args: str, environ: Mapping[str, str],
 def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
     """The rsh agent of the Grid Engine or LSF job ``environ`` is in, as Open MPI
     and Hydra use them, and how to name it in messages."""
-    from ....hosts.allocations.gridengine import in_grid_engine
+    from ....hosts.allocations import in_grid_engine
     if in_grid_engine(environ):
         # Open MPI: $SGE_ROOT/bin/$ARC/qrsh, else qrsh on PATH.
         qrsh = os.path.join(environ["SGE_ROOT"], "bin", environ["ARC"], "qrsh")

@@ -125,8 +125,8 @@ class _NoStarter:
 
 
 def _under_slurm(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
-    from ....hosts.allocations.slurm import choose
-    return choose(spec.launcher, environ) == "slurm"   # (UsageError outside one)
+    from ....hosts.allocations import choose_launcher
+    return choose_launcher(spec.launcher, environ) == "slurm"   # (UsageError outside one)
 
 
 def _nowhere(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
@@ -136,8 +136,7 @@ def _nowhere(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
 def _rsh(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
     if spec.rsh_agent or spec.rsh_args:
         return True
-    from ....hosts.allocations.gridengine import in_grid_engine
-    from ....hosts.allocations.lsf import in_lsf
+    from ....hosts.allocations import in_grid_engine, in_lsf
     return spec.launcher == "auto" and (in_grid_engine(environ) or in_lsf(environ))
 
 
