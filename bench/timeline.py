@@ -1,0 +1,179 @@
+"""Where the time of one launch goes, from the launcher's exec to its ranks'.
+
+    python bench/timeline.py [--runs 15] [--ranks 1,4] [--ab COMMIT] [--hydra PATH]
+
+Each run starts ``LAUNCHER -n N date +%s.%N``: every rank prints its own
+clock as it starts.  mslaunch runs from a copy of this tree (and of
+``COMMIT``'s, interleaved, with ``--ab``), compiled, through
+``bench/_timeline.py``, which notes when its interpreter is up, when each of
+its modules starts to be imported, when it forks (its watchdog) and when it
+spawns each rank.  Each phase is measured from just before the launcher's
+``Popen``; the table gives medians, in ms:
+
+- ``interpreter``: Python and ``site`` up, before mslaunch's first import;
+- ``guard fork``: the orphan guard's watchdog forked (its modules imported,
+  the command line read);
+- ``first spawn`` / ``last spawn``: ``posix_spawn`` of the first and last
+  rank; ``modules``: how many of mslaunch's were imported before the first;
+- ``first rank``, ``last rank``: the ranks' own clocks, once exec'd;
+- ``exit``: the launcher gone.
+
+Hydra's ``mpiexec`` runs the same line, interleaved (its ``first rank``,
+``last rank``, ``exit``).  Run it on a quiet machine, with the Python whose
+site-packages the users' launcher would have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common
+
+PHASES = ("interpreter", "guard fork", "first spawn", "last spawn", "modules", "first rank",
+          "last rank", "exit")
+
+
+def _tree(commit: Optional[str]) -> Path:
+    """A compiled copy of mslaunch: this working tree's, or ``commit``'s."""
+    where = Path(tempfile.mkdtemp(prefix="mslaunch-timeline-"))
+    atexit.register(shutil.rmtree, where, True)
+    if commit is None:
+        shutil.copytree(_common.REPO_ROOT / "mslaunch", where / "mslaunch",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        archive = subprocess.run(["git", "-C", str(_common.REPO_ROOT), "archive", commit,
+                                  "mslaunch"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-f", str(where / "mslaunch")],
+                   stdout=subprocess.DEVNULL, check=True)
+    return where
+
+
+def _clocks(stdout: bytes) -> List[float]:
+    return sorted(float(x) for x in stdout.split() if x.replace(b".", b"").isdigit())
+
+
+def _mslaunch(tree: Path, ranks: int, env: Dict[str, str], date: str) -> Dict[str, float]:
+    notes = tree / "notes"
+    start = time.time()
+    run = _common.run_once([sys.executable, str(_common.BENCH_DIR / "_timeline.py"), str(tree),
+                            str(notes), "--oversubscribe", "-n", str(ranks), date, "+%s.%N"],
+                           env, keep_stdout=True, timeout=60)
+    end = start + run.seconds
+    if run.returncode != 0:
+        raise SystemExit(f"mslaunch failed ({run.returncode}): {run.stderr.decode(errors='replace')}")
+    said = [line.split(" ", 2) for line in notes.read_text().splitlines()]
+    forks = [float(at) for at, what, _ in said if what == "fork"]
+    spawns = [float(at) for at, what, _ in said if what == "spawn"]
+    first = spawns[0] if spawns else end
+    clocks = _clocks(run.stdout)
+    steps = _steps([(float(at), f"{what} {detail}".strip()) for at, what, detail in said
+                    if float(at) <= first])
+    return {**steps, "interpreter": float(said[0][0]) - start,
+            "guard fork": (forks[0] if forks else end) - start,
+            "first spawn": first - start, "last spawn": (spawns[-1] if spawns else end) - start,
+            "modules": sum(1 for at, what, _ in said if what == "import" and float(at) < first),
+            "first rank": clocks[0] - start, "last rank": clocks[-1] - start,
+            "exit": end - start}
+
+
+def _steps(notes: List[tuple]) -> Dict[str, float]:
+    """Each note's time until the next one, by its label (``step: import X``)."""
+    steps: Dict[str, float] = {}
+    for (at, label), (then, _) in zip(notes, notes[1:]):
+        key = f"step: {label}"
+        steps[key] = steps.get(key, 0.0) + then - at
+    return steps
+
+
+def _hydra(exe: str, ranks: int, env: Dict[str, str], date: str) -> Dict[str, float]:
+    start = time.time()
+    run = _common.run_once([exe, "-n", str(ranks), date, "+%s.%N"], env, keep_stdout=True,
+                           timeout=60)
+    if run.returncode != 0:
+        raise SystemExit(f"Hydra failed ({run.returncode}): {run.stderr.decode(errors='replace')}")
+    clocks = _clocks(run.stdout)
+    return {"first rank": clocks[0] - start, "last rank": clocks[-1] - start,
+            "exit": run.seconds}
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--warmups", type=int, default=2)
+    parser.add_argument("--ranks", default="1,4", help="comma-separated rank counts")
+    parser.add_argument("--ab", metavar="COMMIT", help="also mslaunch as of COMMIT")
+    parser.add_argument("--steps", type=int, default=15, help="how many of the longest steps "
+                                                              "to show")
+    parser.add_argument("--hydra", metavar="PATH", help="Hydra's mpiexec (default: the mpich "
+                                                       "wheel's)")
+    args = parser.parse_args(argv)
+    _common.MEASURE_TREE = False
+    env = _common.base_environ()
+    date = shutil.which("date") or "/bin/date"
+    trees = {"mslaunch": _tree(None)}
+    if args.ab:
+        trees[f"mslaunch@{args.ab[:12]}"] = _tree(args.ab)
+    hydra = _common.find_hydra(args.hydra)
+    contenders = list(trees) + (["Hydra"] if hydra is not None else [])
+    counts = [int(x) for x in args.ranks.split(",")]
+    got: Dict[tuple, List[Dict[str, float]]] = {(n, c): [] for n in counts for c in contenders}
+    shuffle = random.Random(4711).shuffle
+    for round_ in range(args.warmups + args.runs):
+        for n in counts:
+            order = list(contenders)
+            shuffle(order)
+            for who in order:
+                if who == "Hydra":
+                    assert hydra is not None
+                    row = _hydra(hydra.prefix[0], n, env, date)
+                else:
+                    row = _mslaunch(trees[who], n, env, date)
+                if round_ >= args.warmups:
+                    got[(n, who)].append(row)
+        _common.log(f"round {round_ + 1} of {args.warmups + args.runs}")
+    print(f"_{sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
+          f"medians of {args.runs} interleaved runs, ms after the launcher's Popen_\n")
+    for n in counts:
+        rows = []
+        for phase in PHASES:
+            cells = []
+            for who in contenders:
+                values = [r[phase] for r in got[(n, who)] if phase in r]
+                if not values:
+                    cells.append("")
+                elif phase == "modules":
+                    cells.append(f"{statistics.median(values):.0f}")
+                else:
+                    cells.append(f"{statistics.median(values) * 1000:.1f}")
+            rows.append([phase, *cells])
+        print(f"**`-n {n} date +%s.%N`**\n")
+        print(_common.markdown_table(["phase", *contenders], rows))
+        print()
+    first = contenders[0]
+    runs = got[(counts[0], first)]
+    labels = {k for r in runs for k in r if k.startswith("step: ")}
+    largest = sorted(((statistics.median([r.get(k, 0.0) for r in runs]), k) for k in labels),
+                     reverse=True)[:args.steps]
+    print(f"**{first}, `-n {counts[0]}`: the longest steps before the first spawn** (from a "
+          f"note to the next: a module's import, with what ran after it)\n")
+    print(_common.markdown_table(["step", "ms"], [[k[6:], f"{v * 1000:.1f}"]
+                                                  for v, k in largest]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
