@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop
     from ..machine.spawn import Helper
 
-#: The most times lost hosts have it asked (a restartable job in an allocation
-#: made with --no-kill may lose several); a stop has it asked once more.
-MAX_LOST_ASKS = 3
-
 #: What a question still unanswered at the job's end is given, in seconds.
 LAST_WAIT = 2.0
 
@@ -45,8 +41,9 @@ class AllocationEnd:
         self._proc: Optional[Helper] = None
         self._loop: Optional[Loop] = None
         self._read = bytearray()
-        self._lost_asks = 0          # questions lost hosts had asked
+        self._lost = False           # a lost host had a question asked
         self._stop_asked = False     # a stop had a question asked
+        self._none = False           # no scontrol to ask
         #: Asked again while a question was out: None, "lost" or "stop".
         self._again: Optional[str] = None
         self.said = ""               # the line said, once said
@@ -55,30 +52,29 @@ class AllocationEnd:
         self.say: Optional[Callable[[str], None]] = None
 
     def ask(self, loop: Optional[Loop], stop: bool = False) -> None:
-        """How does the allocation stand?  The answer is read on ``loop``.  A
-        ``stop`` (the job stopped by a signal, or for want of hosts) is asked
-        for once, however often lost hosts have asked."""
-        if self.said or self._stop_asked:
+        """How does the allocation stand?  The answer is read on ``loop``.  Each
+        lost host asks (the first are often lost before the workload manager
+        knows); a ``stop`` (the job stopped by a signal, or for want of hosts)
+        asks once.  One question at a time: what comes while one is out is
+        asked once it is answered, if it told of no end."""
+        if self.said or self._none or (stop and self._stop_asked):
             return
         if self._proc is not None:
-            # (one question at a time: this one once the answer out is in)
             if stop or self._again is None:
                 self._again = "stop" if stop else "lost"
             self._follow(loop)
-            return
-        if not stop and self._lost_asks >= MAX_LOST_ASKS:
             return
         from ..machine.spawn import Helper
         if stop:
             self._stop_asked = True
         else:
-            self._lost_asks += 1
+            self._lost = True
         self._again = None
         self._read.clear()
         try:
             self._proc = Helper(self._query, None)
         except OSError:              # no scontrol here: nothing to say
-            self._lost_asks, self._stop_asked = MAX_LOST_ASKS, True
+            self._none = True
             return
         os.set_blocking(self._proc.stdout.fileno(), False)
         self._loop = None
@@ -133,12 +129,14 @@ class AllocationEnd:
 
     def finish(self, stopped: bool) -> None:
         """The job is over (its report written): what is still unanswered gets
-        :data:`LAST_WAIT` seconds at most; a job that was ``stopped`` (by a
-        signal, or for want of hosts) whose stop has not asked yet (the signal
-        came between two attempts, say) asks now."""
+        :data:`LAST_WAIT` seconds at most.  A job that was ``stopped`` (by a
+        signal, or for want of hosts) or lost hosts, and whose stop has not
+        asked yet, asks now: the signal may have come between two attempts,
+        and a job whose hosts the workload manager took may end before it is
+        signalled, asked only while the manager still told of no end."""
         from ..machine.loop import wait_fd
         self._loop = None            # (the job's loops are closed)
-        if stopped:
+        if stopped or self._lost:
             self.ask(None, stop=True)
         deadline = time.monotonic() + LAST_WAIT
         try:
