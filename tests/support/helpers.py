@@ -207,7 +207,7 @@ def kill_tagged(tag: str) -> None:
     if not pids:
         return
     watchdogs = {pid for pid in pids if _parent(pid) in pids
-                 and _cmdline(pid) == _cmdline(_parent(pid))}
+                 and cmdline(pid) == cmdline(_parent(pid))}
     watchdogs |= {w for pid in pids for w in _watchdog_of(pid)} & set(pids)
     for pid in pids:
         if pid not in watchdogs:
@@ -248,7 +248,8 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def _cmdline(pid: int) -> bytes:
+def cmdline(pid: int) -> bytes:
+    """A process's command line, NUL-separated as /proc shows it (b"" once gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read()

@@ -42,6 +42,19 @@ def finish(p, timeout: float = 60):
     return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+def finish_read(p, lines, timeout: float = 60):
+    """(exit status, stdout, stderr) of a job started by :func:`salloc` whose
+    stderr ``lines`` (a :class:`helpers.StderrLines`) reads as it comes:
+    ``communicate`` would read stderr too, and take some of its lines."""
+    import threading
+    out: list = []
+    reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)
+    reader.start()
+    code = p.wait(timeout=timeout)
+    reader.join(60)
+    return code, (out[0] if out else b"").decode(errors="replace"), lines.text()
+
+
 def left_on_nodes(bed, tag: str) -> list:
     """The processes of the job tagged ``tag`` still alive (on any node)."""
     return [pid for pid in tagged_pids(tag) if os.path.exists(f"/proc/{pid}")]

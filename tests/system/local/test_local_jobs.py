@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import (PY, all_gone, clean_env, kill_tagged, new_tag, one_error_line, program,
+from helpers import (PY, all_gone, clean_env, cmdline, kill_tagged, new_tag, one_error_line, program,
                      run, start, tagged_pids, wait_for, wait_lines)
 
 
@@ -867,14 +867,6 @@ def test_terminal_stdin_reaches_rank_0_and_ctrl_c_stops_the_job():
         kill_tagged(tag)
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
     # `mslaunch ... &` in an interactive shell, then keys typed while the shell's
     # next command runs: mslaunch, whose stdin is the terminal, must not read them
@@ -907,7 +899,7 @@ def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
         # the shell's next command holds the terminal (and reads nothing) until `go`
         keys(f"mslaunch -n 1 sh -c 'read l; echo got:$l' & echo $! > {pidfile}; "
              f"while [ ! -e {go} ]; do sleep 0.05; done", "Enter")
-        assert wait_for(lambda: any(b"read l" in _cmdline(pid) for pid in tagged_pids(tag)),
+        assert wait_for(lambda: any(b"read l" in cmdline(pid) for pid in tagged_pids(tag)),
                         30), screen()                          # its rank runs
         # the rank may run before the shell has written `$!`: wait for the whole line
         assert wait_for(lambda: pidfile.exists() and pidfile.read_text().endswith("\n"),
@@ -923,7 +915,7 @@ def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
         keys("hello", "Enter")
         assert wait_for(lambda: "got:hello" in screen(), 30), screen()
         # the job ends, and its guard with its cgroup (the shell and tmux carry the tag too)
-        assert wait_for(lambda: not any(b"mslaunch" in _cmdline(pid) for pid in tagged_pids(tag)),
+        assert wait_for(lambda: not any(b"mslaunch" in cmdline(pid) for pid in tagged_pids(tag)),
                         30)
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import PY, StderrLines, kill_tagged, new_tag, tagged_pids, wait_for
-from slurm import finish, salloc
+from slurm import finish, finish_read, salloc
 from soak import LONG_TRAIN, MINUTES_3, PERIOD, attempts, launcher_of, nothing_left, result
 
 pytestmark = [pytest.mark.remote, pytest.mark.timeout(600)]
@@ -52,13 +52,13 @@ def _lose_spare(bed, p, tag, out, lines, fault, then) -> int:
 def _ended(p, tag, tmp_path, lines, timeout: float):
     """The job's (exit status, stdout, stderr), once nothing of it is left."""
     try:
-        code, stdout, _ = finish(p, timeout=timeout)
+        code, stdout, err = finish_read(p, lines, timeout=timeout)
         nothing_left(tag, launcher_of(tmp_path / "r.json"))
     finally:
         p.kill()
         p.communicate()
         kill_tagged(tag)
-    return code, stdout, lines.text()
+    return code, stdout, err
 
 
 def _ended_right(p, tag, tmp_path, lines, steps: int) -> None:
@@ -141,13 +141,12 @@ def test_a_node_failure_in_an_allocation_without_no_kill_is_named_as_slurm_s_end
     try:
         assert wait_for(lambda: _reached(out) >= 2, 120), lines.lines
         bed.crash(3)
-        code, _, _ = finish(p, timeout=300)
+        code, _, err = finish_read(p, lines, timeout=300)
         nothing_left(tag, launcher_of(tmp_path / "r.json"))
     finally:
         p.kill()
         p.communicate()
         kill_tagged(tag)
-    err = lines.text()
     assert code != 0, err
     said = [line for line in err.splitlines() if line.startswith("mslaunch: Slurm ended")]
     assert len(said) == 1 and said[0].startswith("mslaunch: Slurm ended the job's allocation "
