@@ -3,6 +3,7 @@ they leave, and the rank programs several modules' remote cases share."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from helpers import clean_env, cmd, tagged_pids, wait_for
@@ -15,7 +16,20 @@ def renv(home: str, **extra: str):
     reaches the hosts), plus ``extra``."""
     env = clean_env(HOME=home, **extra)
     env.setdefault("UCX_TLS", "tcp")         # MPI between namespace hosts goes over TCP
+    for name, value in bed_mpi_network(home).items():
+        env.setdefault(name, value)
     return env
+
+
+def bed_mpi_network(home: str) -> dict:
+    """The variables that keep this machine's MPI ranks on the bed of ``home``
+    (:meth:`sshbed.SSHBed.mpi_network`); none for a HOME made otherwise."""
+    from sshbed import MPI_NET_FILE
+    try:
+        with open(os.path.join(home, MPI_NET_FILE)) as f:
+            return dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+    except FileNotFoundError:
+        return {}
 
 
 def run_remote(home: str, *args: str, timeout: float = 90, env=None, **kw):

@@ -65,7 +65,8 @@ Things to know when writing tests on the bed:
 * MPI across the hosts (mpi4py over the bed): all hosts share one kernel, so
   UCX (MPICH's ch4:ucx, Open MPI's pml ucx) treats them as one node and uses
   shared memory and CMA between "hosts".  Set ``UCX_TLS=tcp`` to make ranks
-  talk over the bed's network.  MPICH's hydra connects back to the runner's
+  talk over the bed's network (:func:`remote.renv` does, and keeps this machine's
+  own ranks on the bed's uplink: :meth:`SSHBed.mpi_network`).  MPICH's hydra connects back to the runner's
   hostname, which the hosts' /etc/hosts maps to ``198.18.K.1``; to let
   ``mpiexec -launcher ssh`` reach the hosts, put :attr:`SSHBed.bin_dir` first
   on PATH.
@@ -108,6 +109,8 @@ from netbed import NetBed, NetBedError, NetHost  # noqa: E402
 SSHD = "/usr/sbin/sshd"
 REQUIRED_TOOLS = (SSHD, "ssh", "ssh-keygen", "ip", "nsenter", "unshare")
 PREFIX_BASE = "mt"
+#: A test HOME's file of ``NAME=VALUE`` lines: :meth:`SSHBed.mpi_network`.
+MPI_NET_FILE = ".bed-mpi-network"
 DEFAULT_HOSTS = 4
 
 
@@ -563,7 +566,19 @@ class SSHBed(netbed.Bed):
         os.makedirs(os.path.join(home, "bin"), exist_ok=True)
         _write(os.path.join(home, "bin", "ssh"),
                f'#!/bin/sh\nexec {netbed._tool("ssh")} -F "{config}" "$@"\n', 0o755)
+        _write(os.path.join(home, MPI_NET_FILE), "".join(
+            f"{k}={v}\n" for k, v in self.mpi_network().items()), 0o644)
         return home
+
+    def mpi_network(self) -> dict:
+        """Variables that keep MPI ranks of this machine's root namespace on the bed's
+        own link.  UCX and Open MPI's TCP transport otherwise use every interface there,
+        other beds' uplinks included, which come and go with the tests beside: a rank
+        then fails (UCX: ``Destination is unreachable`` at MPI_Init, ``Endpoint
+        timeout`` at MPI_Finalize).  The hosts' namespaces have only ``eth0``."""
+        if self.net is None:
+            return {}
+        return {"UCX_NET_DEVICES": self.net.uplink}
 
     # ------------------------------------------------------------------ faults
     def require_netns(self, what: str = "this test") -> None:
