@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 from ..core.errors import UsageError, one_line
 from ..core.spec import MsrunSpec, NodeRounds, replace
+from ..core.states import LINK_ENDED, LINK_JOINED, REMOTE
 
 
 def _service(values: Mapping[str, Optional[str]], count: int,
@@ -212,18 +213,18 @@ def _rounds(job: JobSpec, environ: Mapping[str, str], loop, link, count: int,
         while True:
             result = _round(job, environ, loop, link, count, service, guard, console)
             link.on_stop = lambda code, text: None
-            signum = _wait(loop, lambda: link.state == "ended" or link.restart is not None)
+            signum = _wait(loop, lambda: link.state == LINK_ENDED or link.restart is not None)
             if signum is not None:
                 from ..machine.spawn import signal_name
                 link.stop(128 + signum, f"stopped by {signal_name(signum)} on "
                                         f"{os.uname().nodename}")
                 return 128 + signum
             if link.restart is not None:
-                if result.ending != "remote" and not job.quiet:
+                if result.ending != REMOTE and not job.quiet:
                     console.message(f"mslaunch: {one_line(link.restart.get('message', ''))}")
                 link.rejoin(free_port() if service.order else 0)
-                signum = _wait(loop, lambda: link.state in ("joined", "ended"))
-                if signum is None and link.state == "joined":
+                signum = _wait(loop, lambda: link.state in (LINK_JOINED, LINK_ENDED))
+                if signum is None and link.state == LINK_JOINED:
                     continue
                 if link.ended_by is not None:
                     _error(link.ended_by[1])
@@ -231,7 +232,7 @@ def _rounds(job: JobSpec, environ: Mapping[str, str], loop, link, count: int,
                 return 128 + (signum or 0)
             if link.over:
                 return 0
-            if link.ended_by is not None and result.ending != "remote":
+            if link.ended_by is not None and result.ending != REMOTE:
                 _error(link.ended_by[1])
             return result.exit_code or (link.ended_by or (1, ""))[0]
     finally:

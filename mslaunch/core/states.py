@@ -7,6 +7,8 @@ the launch milliseconds).
 * :data:`MpiKind` -- which MPI a job's ranks are served (``--mpi``).
 * :data:`LauncherName` -- how remote hosts are reached (``--launcher``).
 * :data:`BackendName` -- the way a job's ranks start (the backends' registry).
+* :data:`LinkState` -- a node's link to the node service (msrun's, torchrun's nodes).
+* :data:`NodeState` -- a node, as the node service sees it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,17 @@ if TYPE_CHECKING:
     MpiKind = Literal["pmi", "openmpi", "none"]
     LauncherName = Literal["auto", "ssh", "slurm", "srun", "local"]
     BackendName = Literal["local", "agents", "srun-steps", "mpirun", "nodes"]
+    #: ``connecting``; ``handshaking``: TLS; ``proving``: the job's secret, both ways;
+    #: ``registering``: asked for its ranks; ``joined``: given them; ``waiting``: for
+    #: the next round (a job whose nodes start again together); ``ended``.
+    LinkState = Literal["connecting", "handshaking", "proving", "registering", "joined",
+                        "waiting", "ended"]
+    #: ``new``: connected; ``held``: its ranks kept for it until every node is in;
+    #: ``joined``: given them; ``done``: its ranks ended; ``stopped``: stopped by
+    #: the service; ``gone``: its link closed before its end.
+    NodeState = Literal["new", "held", "joined", "done", "stopped", "gone"]
 else:
-    Ending = HostState = MpiKind = LauncherName = BackendName = str
+    Ending = HostState = MpiKind = LauncherName = BackendName = LinkState = NodeState = str
 
 FAILURE: Ending = "failure"
 TIMEOUT: Ending = "timeout"
@@ -43,6 +54,21 @@ READY: HostState = "ready"
 RUNNING: HostState = "running"
 DONE: HostState = "done"
 LOST: HostState = "lost"
+
+LINK_CONNECTING: LinkState = "connecting"
+LINK_HANDSHAKING: LinkState = "handshaking"
+LINK_PROVING: LinkState = "proving"
+LINK_REGISTERING: LinkState = "registering"
+LINK_JOINED: LinkState = "joined"
+LINK_WAITING: LinkState = "waiting"
+LINK_ENDED: LinkState = "ended"
+
+NODE_NEW: NodeState = "new"
+NODE_HELD: NodeState = "held"
+NODE_JOINED: NodeState = "joined"
+NODE_DONE: NodeState = "done"
+NODE_STOPPED: NodeState = "stopped"
+NODE_GONE: NodeState = "gone"
 
 PMI: MpiKind = "pmi"
 OPENMPI: MpiKind = "openmpi"

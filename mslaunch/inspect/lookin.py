@@ -17,10 +17,12 @@ if TYPE_CHECKING:
 
     from ..machine.loop import Loop
     from ..core.spec import JobSpec
+    from ..core.states import Ending
     from .control import Inspector
     from ..rankbook import Rank
     from .stall import StallWatch
 
+from ..core.states import STALL
 from ..machine.procs import remove_private
 
 #: Seconds between looks at how much each rank has written (see _note_output).
@@ -33,7 +35,7 @@ class LookingInside:
     job: JobSpec
     loop: Loop
     ranks: List[Rank]
-    ending: Optional[str]
+    ending: Optional[Ending]
     control: Optional[Tuple[Any, str]]
     dumps: Optional[str]
     inspector: Optional[Inspector]
@@ -66,11 +68,13 @@ class LookingInside:
     def _tell_cluster(self, code: int, message: str) -> None:
         raise NotImplementedError      # the supervisor's
 
+    def _end_as(self, ending: Ending) -> bool:
+        raise NotImplementedError      # the supervisor's
+
     def end_stalled(self) -> None:
         """``--stall-exit``: the stall report was printed; end the job (on every
         node of a job of one command per node: a failure, which restarts it)."""
-        if self.ending is None:
-            self.ending = "stall"
+        if self._end_as(STALL):
             from ..core.errors import STALL_EXIT
             self._tell_cluster(STALL_EXIT, f"the workers on {os.uname().nodename} stalled "
                                            f"(--stall-exit)")

@@ -50,6 +50,8 @@ from ..core.errors import STALL_EXIT
 #: A rank using more of a CPU than this between samples, outside a
 #: communication call (:data:`COMMUNICATION`), computes.
 BUSY_SHARE = 0.25
+#: The kernel's state letter of a process on a CPU or waiting for one (``/proc/PID/stat``).
+RUNNABLE = "R"
 COMMUNICATION = ("MPI_", "PMPI_", "nccl", "shmem_", "gloo::")
 #: Seconds each rank has to answer one sample.
 SAMPLE_TIMEOUT = 10.0
@@ -126,7 +128,7 @@ class StallWatch:
                 share = (r.cpu - before[1]) / (now - before[0])
             # Runnable (on a loaded machine a computing rank may get little CPU),
             # or using the CPU, and not waiting in a communication call.
-            if (r.state == "R" or share > BUSY_SHARE) and not in_call(r, COMMUNICATION):
+            if (r.state == RUNNABLE or share > BUSY_SHARE) and not in_call(r, COMMUNICATION):
                 busy = True
             # Moving data (a long collective over a slow link), or waiting for the
             # input mslaunch forwards to it: not stalled (see machine.activity).

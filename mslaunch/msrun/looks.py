@@ -12,6 +12,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Set
 
+from ..core.states import NODE_JOINED
+
 #: Rows an asking node gets at most (a worker's row is a few kilobytes).
 MAX_ROWS = 4096
 #: Seconds past the asked timeout the service waits for the nodes' answers.
@@ -40,7 +42,7 @@ class Looks:
             self.service.send(peer, {"op": "looked", "id": ask_id, "rows": []})
             return
         others = {p for p in self.service.peers.values()
-                  if p is not peer and p.authenticated and p.state == "joined"}
+                  if p is not peer and p.authenticated and p.state == NODE_JOINED}
         number, self.next = self.next, self.next + 1
         ask = self.asks[number] = _Ask(peer, ask_id, others)
         for p in others:

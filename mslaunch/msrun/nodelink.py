@@ -21,10 +21,13 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from ..machine.loop import Loop, Timer
+    from ..core.states import LinkState
 
 from ..wire import link
 from ..wire.endpoint import SocketEndpoint
 from ..core.errors import one_line
+from ..core.states import (LINK_CONNECTING, LINK_ENDED, LINK_HANDSHAKING, LINK_JOINED,
+                           LINK_PROVING, LINK_REGISTERING, LINK_WAITING)
 from . import secret as auth
 from .service import HANDSHAKE_SECONDS, NODE_LOST_EXIT, PROTOCOL, encode, node_message
 
@@ -70,7 +73,7 @@ class NodeLink:
         self._asked: Dict[int, Callable[[List[Any]], None]] = {}
         self.endpoint: Optional[SocketEndpoint] = None
         self.nonce = auth.new_nonce()
-        self.state = "connecting"    # connecting, proving, registering, joined, ended
+        self.state: LinkState = LINK_CONNECTING
         self.last_error = ""
         self.connected = ""
         self._handshaking = None
@@ -78,7 +81,7 @@ class NodeLink:
 
     def _connect(self) -> None:
         self._try = None
-        if self.state != "connecting":
+        if self.state != LINK_CONNECTING:
             return
         for addr in self.addresses:
             try:
@@ -99,7 +102,7 @@ class NodeLink:
                 return
             # The TLS handshake is driven by the loop: on the master node the
             # other side of it is the service, served by this same loop.
-            self.state = "handshaking"
+            self.state = LINK_HANDSHAKING
             tls = self._handshaking = self.tls.wrap_socket(sock, do_handshake_on_connect=False)
             self._try = self.loop.call_later(
                 HANDSHAKE_SECONDS, functools.partial(self._tls_failed, tls, "it timed out"))
@@ -144,7 +147,7 @@ class NodeLink:
                      f"do all nodes use the same --tls_config, with certificates from its CA?")
 
     def _open(self, sock) -> None:
-        self.state = "proving"
+        self.state = LINK_PROVING
         self.endpoint = SocketEndpoint(self.loop, sock, on_frame=self._frame,
                                        on_closed=self._closed)
 
@@ -162,7 +165,7 @@ class NodeLink:
             code = message.get("code")
             self._end(code if isinstance(code, int) and 0 < code < 256 else 1,
                       one_line(message.get("message", ""), 600))
-        elif self.state == "proving" and op == "hello":
+        elif self.state == LINK_PROVING and op == "hello":
             nonce = message.get("nonce")
             if not isinstance(nonce, str) or not auth.valid_nonce(nonce):
                 raise link.LinkError("hello without a valid nonce")
@@ -171,22 +174,22 @@ class NodeLink:
                 "op": "auth", "protocol": PROTOCOL, "nonce": self.nonce,
                 "proof": auth.proof(self.secret, "node", nonce, self.nonce),
                 "heartbeat": list(self.heartbeat)}))
-        elif self.state == "proving" and op == "welcome":
+        elif self.state == LINK_PROVING and op == "welcome":
             if not auth.check(self.secret, "service", self.nonce, self.their_nonce,
                               message.get("proof")):
                 self._end(1, "the node service does not know this job's secret (another "
                              "job's service on that port?): " + auth.mismatch_hint())
                 return
-            self.state = "registering"
+            self.state = LINK_REGISTERING
             self.endpoint.start_heartbeat(*self.heartbeat)
             if self.store[1]:
                 self.register["store"] = list(self.store)
             self.endpoint.send(encode(self.register))
-        elif self.state == "registering" and op == "ranks":
+        elif self.state == LINK_REGISTERING and op == "ranks":
             ranks = message.get("ranks")
             if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
                 raise link.LinkError("ranks are not numbers")
-            self.state = "joined"
+            self.state = LINK_JOINED
             port = message.get("master_port")
             if type(port) is int and 0 < port < 65536:
                 self.master_port = port
@@ -195,11 +198,11 @@ class NodeLink:
                 self.master_addr = addr
             self.round = message
             self.on_ranks(ranks)
-        elif self.rounds and op == "restart" and self.state in ("joined", "waiting"):
-            self.state = "waiting"
+        elif self.rounds and op == "restart" and self.state in (LINK_JOINED, LINK_WAITING):
+            self.state = LINK_WAITING
             self.restart = message
             self.on_restart(one_line(message.get("message", ""), 600))
-        elif op == "look" and self.state != "ended":
+        elif op == "look" and self.state != LINK_ENDED:
             self._look(message)
         elif op == "looked":
             ask = message.get("id")
@@ -207,27 +210,27 @@ class NodeLink:
             rows = message.get("rows")
             if reply is not None:
                 reply(rows if isinstance(rows, list) else [])
-        elif self.rounds and op == "over" and self.state in ("joined", "waiting"):
-            self.state = "ended"
+        elif self.rounds and op == "over" and self.state in (LINK_JOINED, LINK_WAITING):
+            self.state = LINK_ENDED
             self.over = True
         else:
             raise link.LinkError(f"unexpected node message {str(op)[:20]!r}")
 
     def _closed(self, why: str) -> None:
-        if self.state == "proving":
+        if self.state == LINK_PROVING:
             # Cut off before any greeting: the two sides disagree about TLS, or
             # the service refused this node's certificate.
             self._end(1, f"the node service at {self.connected} closed the connection "
                          f"before greeting this node ({why or 'no reason given'}): do all "
                          f"nodes use TLS alike (the same --tls_config, with certificates "
                          f"from its CA)?")
-        elif self.state != "ended":
+        elif self.state != LINK_ENDED:
             self._end(NODE_LOST_EXIT, f"lost the node service: {why or 'its link ended'}")
 
     def _end(self, code: int, text: str) -> None:
-        if self.state == "ended":
+        if self.state == LINK_ENDED:
             return
-        self.state = "ended"
+        self.state = LINK_ENDED
         self.ended_by = (code, text)
         if self._try is not None:
             self._try.cancel()
@@ -237,10 +240,10 @@ class NodeLink:
     def stop(self, code: int, text: str, restart: bool = False) -> None:
         """This node ends the job (a failure here, a signal, a timeout); with
         ``restart`` (a failure, in a job of rounds) the service may start it again."""
-        if self.state in ("ended", "waiting") or self.endpoint is None or self.endpoint.closed:
+        if self.state in (LINK_ENDED, LINK_WAITING) or self.endpoint is None or self.endpoint.closed:
             return
         restart = restart and self.rounds
-        self.state = "waiting" if restart else "ended"
+        self.state = LINK_WAITING if restart else LINK_ENDED
         message: Dict[str, Any] = {"op": "stop", "code": code, "message": text[:500]}
         if restart:
             message["restart"] = True
@@ -249,16 +252,16 @@ class NodeLink:
 
     def done(self) -> None:
         """Every process here ended well."""
-        if self.state in ("ended", "waiting") or self.endpoint is None or self.endpoint.closed:
+        if self.state in (LINK_ENDED, LINK_WAITING) or self.endpoint is None or self.endpoint.closed:
             return
-        self.state = "waiting" if self.rounds else "ended"
+        self.state = LINK_WAITING if self.rounds else LINK_ENDED
         self.endpoint.send(encode({"op": "done"}))
         self.endpoint.flush(time.monotonic() + 2.0)
 
     def ask_look(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
         """Ask every other node for its workers' stacks (within ``timeout`` s);
         ``reply(rows)`` once, with what came.  False when there is no one to ask."""
-        if self.state not in ("joined", "waiting") or self.endpoint is None \
+        if self.state not in (LINK_JOINED, LINK_WAITING) or self.endpoint is None \
                 or self.endpoint.closed:
             return False
         ask = len(self._asked) + 1
@@ -283,16 +286,16 @@ class NodeLink:
     def rejoin(self, port: int = 0) -> None:
         """(rounds) Come back for the round the service's restart began, offering
         ``port`` (if given) for the store should rank 0 be here."""
-        if self.state != "waiting" or self.restart is None or self.endpoint is None:
+        if self.state != LINK_WAITING or self.restart is None or self.endpoint is None:
             return
-        self.state = "registering"
+        self.state = LINK_REGISTERING
         if port and "store" in self.register:
             self.register["store"] = [self.register["store"][0], port]
         self.endpoint.send(encode({**self.register, "round": self.restart.get("round")}))
         self.restart = None
 
     def close(self) -> None:
-        self.state = "ended"
+        self.state = LINK_ENDED
         if self._try is not None:
             self._try.cancel()
         if self._handshaking is not None:

@@ -32,7 +32,16 @@ if TYPE_CHECKING:
     from ..core.spec import NodeRounds
     from ..machine.loop import Timer
 
+    #: Nodes gathered for a round; its workers running; the job over.
     Phase = Literal["gathering", "running", "over"]
+else:
+    Phase = str
+
+from ..core.states import NODE_DONE, NODE_HELD, NODE_JOINED
+
+GATHERING: Phase = "gathering"
+ROUND_RUNNING: Phase = "running"
+OVER: Phase = "over"
 
 
 class Rounds:
@@ -46,7 +55,7 @@ class Rounds:
         self.limit, self.last_call = rounds.max_restarts, rounds.last_call
         self.round = 0
         self.failures = 0
-        self.phase: Phase = "gathering"
+        self.phase: Phase = GATHERING
         self.members: List[Any] = []         # the round's nodes, in rank order
         self.waiting: List[Any] = []         # nodes that came for the next round
         self.expected: List[Any] = []        # the last round's nodes still linked
@@ -55,7 +64,7 @@ class Rounds:
 
     # -- what the nodes say -----------------------------------------------------------
     def register(self, peer: Any, message: Dict[str, Any]) -> None:
-        peer.state = "held"
+        peer.state = NODE_HELD
         peer.rank_given = message.get("node_rank") if type(
             message.get("node_rank")) is int and message["node_rank"] >= 0 else None
         if any(p.rank_given is not None and p.rank_given == peer.rank_given
@@ -64,21 +73,21 @@ class Rounds:
                                       f"already; give each node its own --node-rank")
             return
         self.waiting.append(peer)
-        if self.phase == "running" and peer not in self.members and len(self.members) < self.max:
+        if self.phase == ROUND_RUNNING and peer not in self.members and len(self.members) < self.max:
             self._next(f"node {peer.name()} joined", counted=False)
-        elif self.phase == "gathering":
+        elif self.phase == GATHERING:
             self._maybe_begin()
 
     def failed(self, peer: Any, code: int, text: str, restart: bool) -> None:
         """A node's job ended badly (``restart``: a failure, not a stop)."""
-        if self.phase != "running" or peer not in self.members:
+        if self.phase != ROUND_RUNNING or peer not in self.members:
             return
         if restart and self.failures < self.limit:
             self.failures += 1
             self._next(f"restart {self.failures} of {self.limit} after a failure on "
                        f"{peer.name()}: {text}", counted=True)
             return
-        self.phase = "over"
+        self.phase = OVER
         if restart and self.limit:
             text += f" (no restart left: {self.limit} of {self.limit} used)"
         self.service.stop(code, f"on {peer.name()}: {text}")
@@ -89,7 +98,7 @@ class Rounds:
         if peer in self.expected:
             self.expected.remove(peer)
             self._maybe_begin()
-        if peer not in self.members or self.phase != "running":
+        if peer not in self.members or self.phase != ROUND_RUNNING:
             return
         self.members.remove(peer)
         left = len(self.members)
@@ -97,24 +106,24 @@ class Rounds:
             self._next(f"lost node {peer.name()} ({why}): the job goes on on the "
                        f"{left} node(s) left", counted=False)
             return
-        self.phase = "over"
+        self.phase = OVER
         below = f"; {left} node(s) left, fewer than --nnodes' minimum {self.min}" \
             if self.min > 1 else ""
         self.service.stop(exit_code, f"lost node {peer.name()}: {why}{below}")
 
     def done(self, peer: Any) -> None:
-        peer.state = "done"
-        if self.phase == "running" and all(p.state == "done" for p in self.members):
-            self.phase = "over"
+        peer.state = NODE_DONE
+        if self.phase == ROUND_RUNNING and all(p.state == NODE_DONE for p in self.members):
+            self.phase = OVER
             for p in self.members + self.waiting:
                 self.service.send(p, {"op": "over"})
 
     def settled(self) -> bool:
-        return self.phase == "over"
+        return self.phase == OVER
 
     # -- rounds -----------------------------------------------------------------------
     def _maybe_begin(self) -> None:
-        if self.phase != "gathering":
+        if self.phase != GATHERING:
             return
         come = len(self.waiting)
         back = bool(self.expected) and all(p in self.waiting for p in self.expected)
@@ -125,7 +134,7 @@ class Rounds:
 
     def _last_call(self) -> None:
         self.timer = None
-        if self.phase == "gathering" and len(self.waiting) >= self.min:
+        if self.phase == GATHERING and len(self.waiting) >= self.min:
             self._begin()
 
     def _begin(self) -> None:
@@ -136,13 +145,13 @@ class Rounds:
         order = sorted(self.waiting, key=_node_key)
         self.members, self.waiting = order[:self.max], order[self.max:]
         self.expected = []
-        self.phase = "running"
+        self.phase = ROUND_RUNNING
         master = self.members[0].store
         world = sum(p.info["workers"] for p in self.members)
         first = 0
         for group, p in enumerate(self.members):
             workers = p.info["workers"]
-            p.state = "joined"
+            p.state = NODE_JOINED
             p.ranks = list(range(first, first + workers))
             message: Dict[str, Any] = {
                 "op": "ranks", "ranks": p.ranks, "round": self.round, "group": group,
@@ -159,19 +168,19 @@ class Rounds:
         self.round += 1
         self.expected = list(self.members)
         for p in self.members:
-            p.state = "held"
+            p.state = NODE_HELD
             self.service.send(p, {"op": "restart", "round": self.round, "message": cause,
                                   "counted": counted})
         self.members = []
         self.waiting = [p for p in self.waiting if p not in self.expected]
-        self.phase = "gathering"
+        self.phase = GATHERING
         if self.join >= 0:
             self.join_timer = self.service.loop.call_later(self.join, self._join_timeout)
 
     def _join_timeout(self) -> None:
         self.join_timer = None
-        if self.phase == "gathering":
-            self.phase = "over"
+        if self.phase == GATHERING:
+            self.phase = OVER
             self.service.stop(1, f"round {self.round}: {len(self.waiting)} node(s) came back, "
                                  f"fewer than --nnodes' minimum {self.min}, within "
                                  f"{self.join:g} s (--rdzv-conf join_timeout)")

@@ -37,14 +37,16 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from ..core.spec import NodeRounds
+    from ..core.states import NodeState
     from ..machine.loop import Loop, Timer
 
 from ..wire import link
 from .looks import Looks
-from .rounds import Rounds
+from .rounds import GATHERING, OVER, Rounds
 from ..wire.endpoint import SocketEndpoint
 from ..machine.peers import accept_strangers
 from ..core.errors import one_line
+from ..core.states import NODE_DONE, NODE_GONE, NODE_HELD, NODE_JOINED, NODE_NEW, NODE_STOPPED
 from . import secret as auth
 
 PROTOCOL = 1
@@ -109,7 +111,7 @@ class _Peer:
         self.accepted = time.monotonic()
         self.info: Dict[str, Any] = {}
         self.ranks: List[int] = []
-        self.state = "new"            # new, held (for its ranks), joined, done, stopped, gone
+        self.state: NodeState = NODE_NEW
         self.order = ""               # the sort key a held node gave
         self.store: Optional[Tuple[str, int]] = None   # where its rank 0 would serve the store
         self.rank_given: Optional[int] = None          # (rounds) its --node-rank
@@ -275,7 +277,7 @@ class NodeService:
         elif op == "looked-here":
             self.looks.answered(peer, message)
         elif op == "done":
-            peer.state = "done"
+            peer.state = NODE_DONE
             if self.rounds is not None:
                 self.rounds.done(peer)
         else:
@@ -314,9 +316,9 @@ class NodeService:
             self.deadline = None
 
     def _register(self, peer: _Peer, message: Dict[str, Any]) -> None:
-        again = self.rounds is not None and peer.state == "held" and \
+        again = self.rounds is not None and peer.state == NODE_HELD and \
             peer not in self.rounds.waiting
-        if peer.state != "new" and not again:
+        if peer.state != NODE_NEW and not again:
             raise link.LinkError("a node registered twice")
         order = message.get("order")
         workers = link.field(message, "workers", int, "register")
@@ -358,11 +360,11 @@ class NodeService:
                                f"too many (check --worker_num and --local_worker_num)")
             return
         if node_rank < 0 and isinstance(order, str) and order:
-            peer.state, peer.order = "held", order[:256]
+            peer.state, peer.order = NODE_HELD, order[:256]
             peer.store = _store(message.get("store"))
         elif node_rank >= 0 and self.every_node_first:
             # Its ranks are its own already, kept for it until every node came.
-            peer.state, peer.ranks = "held", wanted
+            peer.state, peer.ranks = NODE_HELD, wanted
             for r in wanted:
                 self.taken[r] = peer
         else:
@@ -378,11 +380,11 @@ class NodeService:
         """Every worker has come: the held nodes' ranks in the order of their keys
         and pids, and the first one's store for every node (torchrun's c10d
         rendezvous: rank 0's node names MASTER_ADDR and a free port of its own)."""
-        held = sorted((p for p in self.peers.values() if p.state == "held"),
+        held = sorted((p for p in self.peers.values() if p.state == NODE_HELD),
                       key=lambda p: (p.order, p.info["pid"] if p.info["pid"] != "?" else 0))
         for p in [p for p in held if p.ranks]:        # (ranks of their own)
             self._give(p, p.ranks)
-        held = [p for p in held if p.state == "held"]
+        held = [p for p in held if p.state == NODE_HELD]
         free = [r for r in range(self.worker_num) if r not in self.taken]
         master = held[0].store if held and free and free[0] == 0 else None
         for p in held:
@@ -392,7 +394,7 @@ class NodeService:
     def _held_workers(self) -> int:
         """Workers of nodes held for ranks not chosen yet (a node's own are taken)."""
         return sum(p.info["workers"] for p in self.peers.values()
-                   if p.state == "held" and not p.ranks)
+                   if p.state == NODE_HELD and not p.ranks)
 
     def _joined(self) -> int:
         """How many workers have come: those with ranks and those held for theirs."""
@@ -401,7 +403,7 @@ class NodeService:
     def _give(self, peer: _Peer, ranks: List[int],
               master: Optional[Tuple[str, int]] = None) -> None:
         peer.ranks = ranks
-        peer.state = "joined"
+        peer.state = NODE_JOINED
         for r in ranks:
             self.taken[r] = peer
         assert peer.endpoint is not None
@@ -418,13 +420,13 @@ class NodeService:
         code = message.get("code")
         text = one_line(message.get("message", ""))
         if self.rounds is not None and message.get("restart") is True:
-            peer.state = "held"
+            peer.state = NODE_HELD
             self.rounds.failed(peer, code if isinstance(code, int) and 0 < code < 256 else 1,
                                text or "its workers failed", True)
             return
-        peer.state = "stopped"
+        peer.state = NODE_STOPPED
         if self.rounds is not None:
-            self.rounds.phase = "over"
+            self.rounds.phase = OVER
         self.stop(code if isinstance(code, int) and 0 < code < 256 else 1,
                   f"on {peer.name()}: {text}" if text else f"node {peer.name()} stopped",
                   exclude=peer)
@@ -438,26 +440,26 @@ class NodeService:
             self._note(f"closed a connection from {peer.address}: {why or 'it went away'}")
             return
         if self.rounds is not None:
-            if self.stopped is None and self.rounds.phase != "over":
+            if self.stopped is None and self.rounds.phase != OVER:
                 self.rounds.lost(peer, why or "its link ended", NODE_LOST_EXIT)
-            peer.state = "gone"
-        elif peer.state == "held":
+            peer.state = NODE_GONE
+        elif peer.state == NODE_HELD:
             # torchrun's rendezvous forgets a node that leaves before it completes
-            peer.state = "gone"
+            peer.state = NODE_GONE
             for r in peer.ranks:
                 self.taken.pop(r, None)
             peer.ranks = []
             self._note(f"node {peer.name()} left before every worker came: "
                        f"{why or 'its link ended'}")
-        elif peer.state in ("joined", "new") and self.stopped is None:
-            peer.state = "gone"
+        elif peer.state in (NODE_JOINED, NODE_NEW) and self.stopped is None:
+            peer.state = NODE_GONE
             self.stop(NODE_LOST_EXIT, f"lost node {peer.name()}: {why or 'its link ended'}"
                       + (LOST_WITH_RECOVERY if self.recovery else ""))
 
     def _time_out(self) -> None:
         self.deadline = None
         if self.rounds is not None:
-            if self.rounds.round == 0 and self.rounds.phase == "gathering":
+            if self.rounds.round == 0 and self.rounds.phase == GATHERING:
                 self.stop(1, f"join time out: {len(self.rounds.waiting)} of at least "
                              f"{self.rounds.min} node(s) came in "
                              f"{int(time.monotonic() - self.started)} s (--rdzv-conf "
@@ -465,7 +467,7 @@ class NodeService:
             return
         if len(self.taken) >= self.worker_num or self.stopped is not None:
             return
-        nodes = [p for p in self.peers.values() if p.state in ("joined", "held", "done")]
+        nodes = [p for p in self.peers.values() if p.state in (NODE_JOINED, NODE_HELD, NODE_DONE)]
         seen = ", ".join(f"{p.name()} with {p.info['workers']}" for p in nodes[:8]) or "none"
         self.stop(1, f"cluster time out: only {self._joined()} of {self.worker_num} workers "
                      f"joined in {int(time.monotonic() - self.started)} s (nodes: {seen}); "
@@ -489,10 +491,10 @@ class NodeService:
         if self.rounds is not None and self.stopped is None:
             return self.rounds.settled()
         if self.stopped is not None:
-            return all(p.state != "joined" or p.endpoint is None or p.endpoint.closed
+            return all(p.state != NODE_JOINED or p.endpoint is None or p.endpoint.closed
                        for p in self.peers.values())
         return len(self.taken) >= self.worker_num and all(
-            p.state in ("done", "stopped") for p in self.peers.values() if p.authenticated)
+            p.state in (NODE_DONE, NODE_STOPPED) for p in self.peers.values() if p.authenticated)
 
     def close(self) -> None:
         for peer in list(self.peers.values()):

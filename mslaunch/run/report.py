@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 from ..core.errors import TIMEOUT_EXIT, LaunchError
 from ..machine.spawn import how_ended
 from ..core.spec import JobResult, replace
+from ..core.states import FAILURE
 
 #: Lines listing the failed ranks of a keep-going job (grouped by host and end).
 FAILED_LINES = 20
@@ -56,7 +57,7 @@ def summary(sup: JobView, rank: RankState) -> str:
     name = spec.label or f"rank {spec.rank}{job}"
     who = f"{name} ({_where(rank)})"
     what = rank.reason or how_ended(rank.code, rank.signal)
-    if sup.job.keep_going and sup.ending != "failure":
+    if sup.job.keep_going and sup.ending != FAILURE:
         failed = [r for r in sup.ranks if r.failed]
         head = (f"mslaunch: {len(failed)} of {len(sup.ranks)} rank(s) failed; "
                 f"first: {who} {what}")
@@ -108,7 +109,7 @@ def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
     return JobResult(exit_code=128 + signal.SIGPIPE if quiet else f.root_code,
                      ranks=tuple(results), root_cause=root,
                      message="" if quiet else summary(sup, f.root),
-                     ending=sup.ending or "failure", failures=(
+                     ending=sup.ending or FAILURE, failures=(
                          (f.root_at, root), *((f.root_at + after, results[r.spec.key])
                                               for after, r in f.followed())))
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 from ..mpi.pmi.files import new_kvsname
 from ..core.spec import AttemptOutcome, replace
+from ..core.states import TIMEOUT
 from .attempts import run_attempts
 from .attempt import JobPlanning, run_attempt
 
@@ -120,7 +121,7 @@ class _Attempts:
             from ..core.errors import Stopped
             from ..machine.spawn import signal_name
             raise Stopped(f"stopped by {signal_name(sig)} during the --health-check", sig)
-        if by_job and outcome.result.ending == "timeout":
+        if by_job and outcome.result.ending == TIMEOUT:
             from ..core.errors import TimedOut
             raise TimedOut(f"job timed out after {job.timeout:g} s (--timeout), during "
                            f"the --health-check")

@@ -48,7 +48,8 @@ from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER
 from ..machine.spawn import raise_fd_limit, seal_inherited_fds, signal_name
 from ..mpi.pmi.files import remove_singleton_segment
-from ..core.states import PMI
+from ..core.states import (FAILURE, OUTPUT, PMI, READY, REMOTE, RUNNING, SIGNAL, STALL,
+                           TIMEOUT)
 from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from ..inspect.lookin import OUTPUT_EVERY, LookingInside
@@ -391,8 +392,7 @@ class Supervisor(LookingInside):
                                   if self.job.is_check else (f"{len(live)} rank(s)", "them"))
                     self.console.message(f"mslaunch: SIGINT: stopping {what}; "
                                          f"press Ctrl-C again to kill {them}")
-            if self.ending is None:
-                self.ending = "signal"
+            if self._end_as(SIGNAL):
                 self._tell_cluster(128 + int(sig), f"stopped by {signal_name(int(sig))} on "
                                                    f"{os.uname().nodename}")
                 self._terminate()
@@ -410,7 +410,7 @@ class Supervisor(LookingInside):
             return
         self._signal_all(signal.SIGTSTP)
         self._pausing = {name for name, host in self.hosts.items()
-                         if host.state in ("ready", "running")}
+                         if host.state in (READY, RUNNING)}
         if self._pausing:
             self.loop.call_later(1.0, self._stop_self)
         else:
@@ -431,9 +431,8 @@ class Supervisor(LookingInside):
         self._signal_all(signal.SIGCONT)        # (here again after SIGCONT)
 
     def _on_timeout(self) -> None:
-        if self._finished() or self.ending is not None:
+        if self._finished() or not self._end_as(TIMEOUT):
             return
-        self.ending = "timeout"
         from .report import timed_out
         live = self._live()
         timed_out(self, live)
@@ -452,8 +451,7 @@ class Supervisor(LookingInside):
             return
         self.output_error = message
         self.console.message(f"mslaunch: error: {message}; stopping the job")
-        if self.ending is None:
-            self.ending = "output"
+        if self._end_as(OUTPUT):
             self._tell_cluster(1, message)
             self._terminate()
 
@@ -461,6 +459,16 @@ class Supervisor(LookingInside):
         """One line of mslaunch's own, unless --quiet."""
         if not self.job.quiet:
             self.console.message(f"mslaunch: {message}")
+
+    def _end_as(self, ending: Ending) -> bool:
+        """The one change of :attr:`ending` (the first cause wins; said in ``-v``):
+        True if ``ending`` is now the job's."""
+        if self.ending is not None:
+            return False
+        self.ending = ending
+        if self.job.verbose:
+            self.log(f"the job ends: {ending}")
+        return True
 
     # -- policy -----------------------------------------------------------
     def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
@@ -471,13 +479,12 @@ class Supervisor(LookingInside):
             return
         if reason and not rank.reason:
             rank.reason = reason
-        if self.ending in (None, "failure"):
+        if self.ending in (None, FAILURE):
             host = None if rank.spec.host.local else self.hosts.get(rank.spec.host.name)
             self.failures.note(rank, code, at or time.time(), abort or self.job.keep_going,
                                mpi_abort, self.failures.stopped_at if host is None
                                else host.stop_reached, self.job.grace, lost)
-        if abort and self.ending is None:
-            self.ending = "failure"
+        if abort and self._end_as(FAILURE):
             self.failures.stopped(time.time())
             from .report import told
             self._tell_cluster(code, told(self, rank))
@@ -488,9 +495,8 @@ class Supervisor(LookingInside):
 
     def remote_stop(self, code: int, message: str) -> None:
         """Another node (or the node service) ends the job: stop here too, with ``code``."""
-        if self.ending is not None:
+        if not self._end_as(REMOTE):
             return
-        self.ending = "remote"
         self.remote = (code, message)
         if not self.job.quiet:
             self.console.message(f"mslaunch: {message}; stopping this node's processes")
@@ -559,7 +565,7 @@ class Supervisor(LookingInside):
             result = failed_result(self, results)
         else:
             result = ended_result(self.ending, self.stop_signal, self.remote, results)
-        if self.ending == "stall" and self.stall is not None:
+        if self.ending == STALL and self.stall is not None:
             result = replace(result, stall_report=self.stall.report)
         if self.stop_signal is not None:
             result = replace(result, stop_signal=self.stop_signal)

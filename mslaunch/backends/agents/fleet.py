@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .keptagents import KeptAgents
     from ...seams import JobView, RankHandle
 
+from ...core.states import READY
 from ...core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError
 from ...machine.spawn import signal_name
 from ...plan import agent_hosts
@@ -178,7 +179,7 @@ class Fleet:
             # Spare hosts (no rank) do not hold the start up: one that is ready
             # later starts then (host_ready).
             sup.loop.run_until(lambda: self.start_error is not None or sup.ending is not None
-                               or all(h.state == "ready" or not h.ranks
+                               or all(h.state == READY or not h.ranks
                                       for h in self.hosts.values()))
         finally:
             self._say_grouped()
@@ -341,6 +342,9 @@ class Fleet:
         said, self._said = self._said or {}, None
         for text, names in said.items():
             self.sup.console.message(f"mslaunch: {host_ranges(names)}: {text}")
+
+    def host_log(self, host: RemoteHost, text: str) -> None:
+        self.sup.log(f"{host.name}: {text}")
 
     def host_lost(self, host: RemoteHost, reason: str) -> None:
         quiet = self.sup.job.quiet

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ...machine.output import RankOutput
     from ...machine.stdin import StdinFanout
     from ...core.spec import RankSpec
+    from ...core.states import HostState
     from .starters.starter import AgentConnection
 
     class HostListener(Protocol):
@@ -51,10 +52,13 @@ if TYPE_CHECKING:
 
         def host_lost(self, host: RemoteHost, reason: str) -> None: ...
 
+        def host_log(self, host: RemoteHost, text: str) -> None: ...
+
         def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None: ...
 
         def stdin_taken(self, host: RemoteHost, rank: int, count: int) -> None: ...
 
+from ...core.states import DONE, LOST, NEW, PREPARED, READY, RUNNING
 from ...wire import frames, link
 from ...machine import timeline
 from ...wire.endpoint import Endpoint
@@ -83,7 +87,7 @@ class RemoteHost:
         self.pmi_port = pmi_port
         self.verbose = verbose
         self.started_seen = False
-        self.state = "new"            # new, prepared, ready, running, done, lost
+        self.state: HostState = NEW   # changed by _become alone
         self.owed = 0                 # output credit not yet returned
         self.exited: set = set()
         self.unwanted: set = set()    # (rank, stream) nobody takes any more, told
@@ -110,22 +114,30 @@ class RemoteHost:
         #: host is later than anything it said.
         self.latest = 0.0
 
+    def _become(self, state: HostState) -> None:
+        """Every change of the host's state (see :data:`~mslaunch.core.states.HostState`),
+        said in ``-v``."""
+        if state != self.state:
+            if self.verbose:
+                self.supervisor.host_log(self, f"{self.state} -> {state}")
+            self.state = state
+
     # -- commands -------------------------------------------------------------
     def prepare(self, frame: Dict[str, Any]) -> None:
         interval, misses = frame["heartbeat"]
         self.endpoint.start_heartbeat(interval, misses)
         self._job_sent = time.time()
         self.endpoint.send(link.encode(link.JOB, frame))
-        self.state = "prepared"
+        self._become(PREPARED)
 
     def start(self) -> None:
-        if self.state == "ready":
-            self.state = "running"
+        if self.state == READY:
+            self._become(RUNNING)
             timeline.mark("start sent", self.name)
             self.endpoint.send(frames.encode(frames.Bare(link.START)))
 
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
-        if self.state in ("running", "ready"):
+        if self.state in (RUNNING, READY):
             if ranks is not None:
                 ranks = tuple(r for r in ranks if r in self.ranks)
             else:
@@ -137,12 +149,12 @@ class RemoteHost:
         """Start a spawned job's processes on this host; ``done(problem or None)``;
         ``pmix``: the PMIx layout of a job an Open MPI rank spawned."""
         from ...wire.jobframe import spawn_frame
-        if self.state not in ("running", "done") or self.endpoint.closed:
+        if self.state not in (RUNNING, DONE) or self.endpoint.closed:
             done(f"host {self.name} is not running")
             return
         self.specs += specs
         self.ranks.update(s.key for s in specs)
-        self.state = "running"            # busy again until the agent is done anew
+        self._become(RUNNING)            # busy again until the agent is done anew
         self._spawns[pj.kvsname] = done
         self.send_pmi(dict(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,
                                        mapping, [pj.state.appnum(r) for r in range(pj.size)],
@@ -151,7 +163,7 @@ class RemoteHost:
     def look(self, kind: int, body: Dict[str, Any], done) -> bool:
         """Ask the agent for its ranks' stacks (``link.STACKS``) or usage
         (``link.TOP``); ``done(ranks or None)`` when it answers or is lost."""
-        if self.state != "running" or self.endpoint.closed:
+        if self.state != RUNNING or self.endpoint.closed:
             return False
         self._look_id += 1
         self._looks[self._look_id] = done
@@ -173,7 +185,7 @@ class RemoteHost:
     @property
     def busy(self) -> bool:
         # (a spare host not started yet runs nothing to wait for)
-        return self.state not in ("done", "lost") and (self.state == "running" or bool(self.ranks))
+        return self.state not in (DONE, LOST) and (self.state == RUNNING or bool(self.ranks))
 
     def release(self) -> None:
         self.say_bye()
@@ -184,7 +196,7 @@ class RemoteHost:
         agent ``NEXT`` (to wait for its next job while this launcher is heard from
         within ``idle`` s) and let go of the link without closing it, for the next
         attempt's handle; True if kept, else it goes as usual."""
-        if self.state not in ("done", "ready") or self.endpoint.closed \
+        if self.state not in (DONE, READY) or self.endpoint.closed \
                 or not self._output_finished():
             return False
         self.endpoint.send(frames.encode(frames.Next(idle=float(idle))))
@@ -202,8 +214,8 @@ class RemoteHost:
         if not self.endpoint.closed:
             self.endpoint.send(frames.encode(frames.Bare(link.BYE)))
             self.endpoint.flush(time.monotonic() + 2.0)
-            if self.state != "lost":
-                self.state = "done"
+            if self.state != LOST:
+                self._become(DONE)
             self.endpoint.close("")
         if self.output is not None:
             self.output.close("")
@@ -216,10 +228,10 @@ class RemoteHost:
             return
         self.say_bye()
         deadline += EXIT_MARGIN
-        if self.state == "lost":
+        if self.state == LOST:
             deadline = time.monotonic() + 0.5   # nobody to wait for
         self.conn.wait_exit(deadline)
-        self.conn.close(wait=max(0.1, deadline - time.monotonic()), gone=self.state == "lost")
+        self.conn.close(wait=max(0.1, deadline - time.monotonic()), gone=self.state == LOST)
         os.close(self.conn.fd)
 
     def attach_output(self, sock, first: bytes, about: str = "") -> None:
@@ -237,7 +249,7 @@ class RemoteHost:
                 raise link.LinkError(f"{link.NAMES[kind]} frame on the output connection")
 
         def on_closed(reason: str) -> None:
-            if not reason or self.state == "lost" or self._output_finished():
+            if not reason or self.state == LOST or self._output_finished():
                 return
             if self.endpoint.closed:
                 self._lost_if_cut(reason)
@@ -271,18 +283,18 @@ class RemoteHost:
         if kind == link.BEAT:
             return
         frame = frames.from_agent(kind, body)
-        if kind in _AFTER_START and self.state != "running":
+        if kind in _AFTER_START and self.state != RUNNING:
             raise link.LinkError(f"{link.NAMES[kind]} before START")
         _HANDLERS[type(frame)](self, frame)
 
     def _ready(self, frame: frames.Ready) -> None:
-        if self.state != "prepared":
+        if self.state != PREPARED:
             raise link.LinkError("READY before JOB, or twice")
         sup = self.supervisor
         for text in frame.warnings + (frame.notes if self.verbose else ()):
             sup.host_message(self, text)
         self.clock_offset = clock_offset(self._job_sent, frame.clock, time.time())
-        self.state = "ready"
+        self._become(READY)
         timeline.mark("ready (programs checked)", self.name)
         sup.host_ready(self)
 
@@ -318,8 +330,8 @@ class RemoteHost:
             self.supervisor.pmi_from_agent(self, message)
 
     def _error(self, frame: frames.Error) -> None:
-        if self.state in ("prepared", "new"):
-            self.state = "lost"
+        if self.state in (PREPARED, NEW):
+            self._become(LOST)
             self.supervisor.host_failed(self, frame.message, frame.code)
         else:
             self.endpoint.close(f"the agent reported: {frame.message}")
@@ -342,7 +354,7 @@ class RemoteHost:
             self.pausing = False
             self.supervisor.host_paused(self)
         elif not self._spawns:   # (a DONE sent before the agent heard of a spawn: another comes)
-            self.state = "done"
+            self._become(DONE)
 
     def _output(self, rank: int, stream: int, data) -> None:
         sink = self.output_sink(rank, stream)
@@ -358,7 +370,7 @@ class RemoteHost:
 
     def output_sink(self, rank: int, stream: int):
         """Where output of ``rank`` on ``stream`` goes (LinkError if it may not come)."""
-        if self.state not in ("running", "done"):
+        if self.state not in (RUNNING, DONE):
             raise link.LinkError("OUTPUT before START")
         self._check_rank(rank)
         sink = self.supervisor.sink(rank, stream)
@@ -386,16 +398,16 @@ class RemoteHost:
             self.owed = 0
 
     def _on_closed(self, reason: str) -> None:
-        if not reason or self.state == "lost":
+        if not reason or self.state == LOST:
             if self.output is not None:
                 self.output.close("")
             return
-        if self.state == "done" and not self.ranks:
+        if self.state == DONE and not self.ranks:
             # A spare (no rank): its agent stands by for spawned jobs and for the
             # job's next attempt; silent or gone, it is lost.
             self._lost(reason)
             return
-        if self.state == "done":
+        if self.state == DONE:
             # Every rank ended; the agent should still be waiting for BYE.
             # Output may yet be on its way on the output connection.
             if self.output is not None and not self.output.closed:
@@ -429,13 +441,13 @@ class RemoteHost:
         return max(self.loop.events_at(), self.latest + 0.001)
 
     def _lost_if_cut(self, reason: str) -> None:
-        if self.state == "done" and not self._output_finished():
+        if self.state == DONE and not self._output_finished():
             if self.output is not None:
                 self.output.close("")
             self._lost(reason)
 
     def _lost(self, reason: str) -> None:
-        self.state = "lost"
+        self._become(LOST)
         tail = self.conn.stderr_tail.decode("utf-8", "replace").strip().splitlines()
         if self.blameless:
             pass                 # (the agent's own words say the same)

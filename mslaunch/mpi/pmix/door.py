@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 
     #: Not knocked at yet; the server being started; started (or failed); closed.
     State = Literal["asleep", "waking", "awake", "closed"]
+else:
+    State = str
+
+ASLEEP: State = "asleep"
+WAKING: State = "waking"
+AWAKE: State = "awake"
+CLOSED: State = "closed"
 
 #: Bytes read from one side at a time.
 CHUNK = 1 << 16
@@ -95,7 +102,7 @@ class Door:
         self.loop = loop
         self.wake = wake
         self.target: Optional[Tuple[str, int]] = None
-        self.state: State = "asleep"
+        self.state: State = ASLEEP
         self.waiting: List[socket.socket] = []
         self.pairs: Dict[int, List[_Pipe]] = {}
         #: The server's listener, filtered to take only the door's connections
@@ -127,23 +134,23 @@ class Door:
             if judge(conn, local_only=True) != "ours":
                 conn.close()        # another user's: never relayed, never a start
                 continue
-            if self.state == "awake":
+            if self.state == AWAKE:
                 self._let_in(conn)
                 continue
             self.waiting.append(conn)
-            if self.state == "asleep":
-                self.state = "waking"
+            if self.state == ASLEEP:
+                self.state = WAKING
                 self.wake(self._answer)
 
     def open_at(self, target: Tuple[str, int]) -> None:
         """The server is up already: let every connection in, to ``target``."""
-        if self.state == "asleep":
-            self.state, self.target = "awake", target
+        if self.state == ASLEEP:
+            self.state, self.target = AWAKE, target
 
     def _answer(self, target: Optional[Tuple[str, int]]) -> None:
-        if self.state != "waking":
+        if self.state != WAKING:
             return          # closed meanwhile
-        self.state, self.target = "awake", target
+        self.state, self.target = AWAKE, target
         waiting, self.waiting = self.waiting, []
         for conn in waiting:
             self._let_in(conn)
@@ -194,7 +201,7 @@ class Door:
 
     def close(self) -> None:
         """Stop listening and close every connection, joined or waiting."""
-        self.state = "closed"
+        self.state = CLOSED
         for conn in self.waiting:
             conn.close()
         self.waiting = []

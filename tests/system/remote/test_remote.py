@@ -861,3 +861,15 @@ def test_the_first_death_is_the_cause_when_its_host_saw_it_late(sshbed, home):
     assert first.startswith("mslaunch: rank 1 (pid ") and \
         "on h2) was killed by signal 11 (SIGSEGV)" in first, err
     settle(tag, sshbed)
+
+
+def test_verbose_says_each_host_s_changes_of_state_and_what_ended_the_job(sshbed, home):
+    r = run_remote(home, "-v", "-H", "h1,h2", "-n", "2", "sh", "-c", 'exit "$RANK"')
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.decode()
+    for host in ("h1", "h2"):
+        changes = [line.split(": ", 2)[2] for line in err.splitlines()
+                   if line.startswith(f"mslaunch: {host}: ") and " -> " in line]
+        assert changes == ["new -> prepared", "prepared -> ready", "ready -> running",
+                           "running -> done"], err
+    assert err.count("mslaunch: the job ends: failure") == 1, err
