@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from ..core.cputopo import Topology
     from .agents.host import RemoteHost
+    from .agents.starters.starter import LauncherWords
     from ..core.spec import HostEntry, JobResult, JobSpec, Plan, RankSpec
     from ..core.states import BackendName
     from ..seams import JobView, Looker, RankHandle
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 from ..machine.spawn import check_startable
 from ..plan import agent_hosts
-from ..core.states import OPENMPI
+from ..core.states import OPENMPI, SRUN
 
 def _nodes(job: JobSpec, session: Session, planning: Planning) -> bool:
     return session.nodes is not None          # one command per node: this node's part
@@ -69,7 +70,7 @@ def _mpirun(job: JobSpec, session: Session, planning: Planning) -> bool:
 
 
 def _srun_steps(job: JobSpec, session: Session, planning: Planning) -> bool:
-    return job.ssh.launcher == "srun" and bool(agent_hosts(planning.plan(), job))
+    return job.ssh.launcher == SRUN and bool(agent_hosts(planning.plan(), job))
 
 
 def _agents(job: JobSpec, session: Session, planning: Planning) -> bool:
@@ -81,13 +82,15 @@ def _local(job: JobSpec, session: Session, planning: Planning) -> bool:
 
 
 #: The ways ranks start, in the order they are asked whether they are wanted:
-#: (name, when, module, class).  A new way is one module and its line here.
-BACKENDS: Tuple[Tuple[BackendName, Wanted, str, str], ...] = (
-    ("nodes", _nodes, "mslaunch.backends.nodes", "NodesBackend"),
-    ("mpirun", _mpirun, "mslaunch.backends.mpirun.openmpi", "MpirunBackend"),
-    ("srun-steps", _srun_steps, "mslaunch.backends.srunsteps.srunranks", "SrunStepsBackend"),
-    ("agents", _agents, "mslaunch.backends.agents.agents", "AgentsBackend"),
-    ("local", _local, "mslaunch.backends.backend", "LocalBackend"),
+#: (name, the ``--launcher`` word that names it (and its other spellings) if one
+#: does, when, module, class).  A new way is one module and its line here.
+BACKENDS: Tuple[Tuple[BackendName, LauncherWords, Wanted, str, str], ...] = (
+    ("nodes", None, _nodes, "mslaunch.backends.nodes", "NodesBackend"),
+    ("mpirun", None, _mpirun, "mslaunch.backends.mpirun.openmpi", "MpirunBackend"),
+    ("srun-steps", (SRUN, ()), _srun_steps, "mslaunch.backends.srunsteps.srunranks",
+     "SrunStepsBackend"),
+    ("agents", None, _agents, "mslaunch.backends.agents.agents", "AgentsBackend"),
+    ("local", None, _local, "mslaunch.backends.backend", "LocalBackend"),
 )
 
 
@@ -187,7 +190,7 @@ def choose(job: JobSpec, environ: Mapping[str, str], session: Session,
            planning: Planning) -> Backend:
     """The backend of ``job``: the first of :data:`BACKENDS` that wants it (its
     module imported then, not before)."""
-    for _name, wanted, module, name in BACKENDS:
+    for _name, _words, wanted, module, name in BACKENDS:
         if wanted(job, session, planning):
             cls = getattr(__import__(module, fromlist=[name]), name)
             return cls(job, environ, session, planning)

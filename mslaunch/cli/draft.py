@@ -15,10 +15,12 @@ if TYPE_CHECKING:
     from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
     from ..core.spec import HostEntry
+    from ..core.states import LauncherName
 
     Apply = Callable[["Draft", str, Sequence[str]], Optional[List[str]]]
 
 from ..core.errors import UsageError, one_line
+from ..core.states import AUTO, LOCAL_ONLY, SLURM, SRUN, SSH
 from ..core.switches import parse_number
 
 MAX_RANKS = 100_000          # beyond this a typo, not a job: refuse it
@@ -100,7 +102,7 @@ class Draft:
         self.inherit_env = True
         self.forward_env = False
         self.hydra_words: List[str] = []     # Hydra-only spellings used (see mpirun.py)
-        self.launcher = "auto"
+        self.launcher: LauncherName = AUTO
         self.launcher_word: Optional[str] = None    # as given (-launcher rsh means rsh)
         self.rsh_exec = ""                          # -launcher-exec, -bootstrap-exec
         self.rsh_exec_args = ""                     # -bootstrap-exec-args
@@ -331,35 +333,47 @@ def add_hostfile(d: Draft, flag: str, values: Sequence[str]) -> None:
     d.hostfiles.append(values[0])
 
 
-#: Open MPI's plm components and Hydra's launcher names, as mslaunch's launchers.
-_LAUNCHER_NAMES = {"auto": "auto", "ssh": "ssh", "rsh": "ssh", "slurm": "slurm",
-                   "local": "local", "fork": "local", "isolated": "local", "srun": "srun"}
+def launcher_words(starters_only: bool = False) -> Dict[str, LauncherName]:
+    """Every ``--launcher`` word, with Hydra's and Open MPI's spellings, and the
+    launcher it names: from the starters' table and (unless ``starters_only``:
+    Open MPI's ``plm`` components) the backends'."""
+    from ..backends.agents.starters.starter import STARTERS
+    words: Dict[str, LauncherName] = {AUTO: AUTO}
+    named = [row[1] for row in STARTERS]
+    if not starters_only:
+        from ..backends.backend import BACKENDS
+        named += [row[1] for row in BACKENDS]
+    for entry in named:
+        if entry is not None:
+            name, others = entry
+            words.update((w, name) for w in (name, *others))
+    return words
 
 
-def _launcher(word: str, flag: str, component_list: bool) -> str:
+def _launcher(word: str, flag: str, component_list: bool) -> LauncherName:
     """``--launcher``, or an MCA ``plm`` value: one name, or (Open MPI) a list to
     choose from, or ``^`` and a list of those to leave out."""
+    words = launcher_words(starters_only=component_list)
     names = [w.strip() for w in word.lstrip("^").split(",")] if component_list else [word]
-    unknown = [w for w in names if w not in _LAUNCHER_NAMES
-               or (component_list and w == "srun")]
-    if unknown or not all(names):
-        raise UsageError(f"{flag} {one_line(word, 30)}: expected ssh, slurm, local or "
-                         f"auto (srun inside a Slurm allocation, else ssh)"
-                         + ("" if component_list else ", or srun (srun starts the ranks)")
-                         + (", or Open MPI's rsh or ^ and a list" if component_list else ""))
-    chosen = {_LAUNCHER_NAMES[w] for w in names}
+    if not all(w in words for w in names):
+        main = [w for w, name in words.items() if w == name and w != AUTO]
+        raise UsageError(f"{flag} {one_line(word, 30)}: expected {', '.join(main)} or auto "
+                         f"(srun's agents inside a Slurm allocation, else ssh)"
+                         + (", or ^ and a list of those to leave out" if component_list
+                            else ""))
+    chosen = {words[w] for w in names}
     if component_list and word.startswith("^"):
-        chosen = {"ssh", "slurm"} - chosen    # the remote launchers not left out
-    if "auto" in chosen or chosen >= {"ssh", "slurm"}:
-        return "auto"
+        chosen = {SSH, SLURM} - chosen       # the remote launchers not left out
+    if AUTO in chosen or chosen >= {SSH, SLURM}:
+        return AUTO
     if len(chosen) == 1:
         return chosen.pop()
-    return "local" if not chosen else sorted(chosen - {"local"})[0]
+    return LOCAL_ONLY if not chosen else sorted(chosen - {LOCAL_ONLY})[0]
 
 
 def set_launcher(d: Draft, said: str, word: str, component_list: bool = False) -> None:
     d.launcher = _launcher(word, said, component_list)
-    if d.launcher in ("slurm", "srun"):
+    if d.launcher in (SLURM, SRUN):
         from ..hosts.allocations import choose_launcher
         try:
             choose_launcher(d.launcher, d.environ)

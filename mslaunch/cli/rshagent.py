@@ -20,6 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Sequence, Tuple
 
+    from ..core.states import LauncherName
     from .draft import Draft
 
 _EXEC_VARS = ("HYDRA_LAUNCHER_EXEC", "HYDRA_BOOTSTRAP_EXEC", "I_MPI_HYDRA_BOOTSTRAP_EXEC")
@@ -46,7 +47,7 @@ def _first(environ, names: Sequence[str]) -> str:
     return ""
 
 
-def rsh_settings(d: Draft) -> Tuple[str, str, str]:
+def rsh_settings(d: Draft) -> Tuple[LauncherName, str, str]:
     """(launcher, rsh agent, rsh args) of the finished draft."""
     from .draft import set_launcher
     env = d.environ

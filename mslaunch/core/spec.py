@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     # equivalent below stands in for it.
     from dataclasses import dataclass, replace
     from typing import Dict, Mapping, Optional, Tuple
+
+    from .states import LauncherName
 else:
     _MISSING = object()
 
@@ -147,7 +149,7 @@ class SSHSpec:
     connect_timeout: float = 10.0         # --ssh-timeout
     remote_python: Optional[str] = None   # --remote-python PATH
     agent_wrapper: Tuple[str, ...] = ()   # --launch-agent 'WRAPPER... orted': runs the agent
-    launcher: str = "auto"                # --launcher auto|ssh|slurm|local
+    launcher: LauncherName = "auto"       # --launcher (see cli.draft.launcher_words)
     rsh_agent: str = ""                   # plm_rsh_agent ("ssh : rsh"); "": paramiko
     rsh_args: str = ""                    # plm_rsh_args: extra arguments of rsh_agent
     rsh_concurrent: int = 128             # plm_rsh_num_concurrent: starts under way at once

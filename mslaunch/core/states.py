@@ -70,6 +70,14 @@ NODE_DONE: NodeState = "done"
 NODE_STOPPED: NodeState = "stopped"
 NODE_GONE: NodeState = "gone"
 
+#: (The words of ``--launcher``: each starter's or backend's is in its table's line,
+#: :data:`~mslaunch.backends.agents.starters.starter.STARTERS`, :data:`~mslaunch.backends.backend.BACKENDS`.)
+AUTO: LauncherName = "auto"
+SSH: LauncherName = "ssh"
+SLURM: LauncherName = "slurm"
+SRUN: LauncherName = "srun"
+LOCAL_ONLY: LauncherName = "local"
+
 PMI: MpiKind = "pmi"
 OPENMPI: MpiKind = "openmpi"
 NO_MPI: MpiKind = "none"

@@ -17,7 +17,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Tuple
 
+    from ...core.states import LauncherName
+
 from ...core.errors import UsageError
+from ...core.states import AUTO, SLURM, SRUN, SSH
 from ...core.spec import HostEntry
 
 #: The readers, asked in this order (the first that finds its allocation wins):
@@ -47,16 +50,16 @@ def in_lsf(environ: Mapping[str, str]) -> bool:
         environ.get("LSB_DJOB_HOSTFILE") or environ.get("LSB_MCPU_HOSTS", "").strip())
 
 
-def choose_launcher(launcher: str, environ: Mapping[str, str]) -> str:
+def choose_launcher(launcher: LauncherName, environ: Mapping[str, str]) -> LauncherName:
     """"ssh", "slurm", "srun" or "local" for ``--launcher`` (auto: srun's agents
     inside a Slurm allocation, else ssh).
 
     The one place where the job's starter is chosen (see
     :func:`mslaunch.backends.agents.starters.starter.starter_for`); it raises UsageError for
     ``slurm`` or ``srun`` outside an allocation."""
-    if launcher == "auto":
-        return "slurm" if in_slurm(environ) else "ssh"
-    if launcher in ("slurm", "srun") and not in_slurm(environ):
+    if launcher == AUTO:
+        return SLURM if in_slurm(environ) else SSH
+    if launcher in (SLURM, SRUN) and not in_slurm(environ):
         raise UsageError(f"--launcher {launcher}: not inside a Slurm allocation (no "
                          f"SLURM_JOB_ID and node list); run mslaunch within salloc or sbatch")
     return launcher

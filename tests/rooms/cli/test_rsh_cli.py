@@ -123,3 +123,39 @@ def test_mslaunch_s_own_double_dash_launcher_is_not_hydra_s_spelling():
     for flag, whole in (("-launcher", True), ("--launcher", False)):
         job = parse_args([flag, "ssh", "-H", "h1,h2", "-n", "2", "prog"], environ={}, cwd="/")
         assert job.forward_env is whole, flag
+
+
+def _literal_words(name: str) -> set:
+    """The words of ``name``'s ``Literal`` in mslaunch/core/states.py."""
+    import ast
+    import mslaunch.core.states as states
+    with open(states.__file__) as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets
+                                             if isinstance(t, ast.Name)] == [name]:
+            return {e.value for e in node.value.slice.elts}
+    raise AssertionError(f"{name} not found")
+
+
+def test_launcher_words_come_from_the_starters_and_backends_tables():
+    from mslaunch.cli.draft import launcher_words
+    words = launcher_words()
+    # every launcher a table names is one of LauncherName's words, and each of those is named
+    assert set(words.values()) == _literal_words("LauncherName")
+    assert words == {"auto": "auto", "slurm": "slurm", "local": "local", "fork": "local",
+                     "isolated": "local", "ssh": "ssh", "rsh": "ssh", "srun": "srun"}
+    assert "srun" not in launcher_words(starters_only=True)     # not an Open MPI plm
+    for word, name in words.items():
+        if name not in ("slurm", "srun"):            # (they need an allocation)
+            job = parse_args(["--launcher", word, "-n", "1", "prog"], environ={})
+            assert job.ssh.launcher == name
+
+
+@pytest.mark.parametrize("argv", [["--launcher", "bogus"], ["--mca", "plm", "rsh,bogus"],
+                                  ["--mca", "plm", "srun"]])
+def test_a_launcher_word_of_no_table_is_refused_with_the_words_of_the_tables(argv):
+    with pytest.raises(UsageError) as err:
+        parse_args([*argv, "-n", "1", "prog"], environ={})
+    assert "expected slurm, local, ssh" in str(err.value)
+    assert ("srun or auto" in str(err.value)) == (argv[0] == "--launcher")

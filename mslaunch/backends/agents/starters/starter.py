@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
 
     from ....core.spec import SSHSpec
+    from ....core.states import LauncherName
+
+    #: A starter's or backend's ``--launcher`` word, and its other spellings.
+    LauncherWords = Optional[Tuple[LauncherName, Tuple[str, ...]]]
 
     #: Whether a starter starts the agents of a job reaching its hosts so, here.
     Wanted = Callable[[SSHSpec, Mapping[str, str]], bool]
@@ -102,6 +106,7 @@ if TYPE_CHECKING:
             waiting).  ``say``, when given, is told (verbose) what starts them."""
 
 from ....core.errors import LaunchError
+from ....core.states import AUTO, LOCAL_ONLY, SLURM, SSH
 
 
 class _NoStarter:
@@ -126,18 +131,18 @@ class _NoStarter:
 
 def _under_slurm(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
     from ....hosts.allocations import choose_launcher
-    return choose_launcher(spec.launcher, environ) == "slurm"   # (UsageError outside one)
+    return choose_launcher(spec.launcher, environ) == SLURM   # (UsageError outside one)
 
 
 def _nowhere(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
-    return spec.launcher == "local"
+    return spec.launcher == LOCAL_ONLY
 
 
 def _rsh(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
     if spec.rsh_agent or spec.rsh_args:
         return True
     from ....hosts.allocations import in_grid_engine, in_lsf
-    return spec.launcher == "auto" and (in_grid_engine(environ) or in_lsf(environ))
+    return spec.launcher == AUTO and (in_grid_engine(environ) or in_lsf(environ))
 
 
 def _ssh(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
@@ -145,14 +150,16 @@ def _ssh(spec: SSHSpec, environ: Mapping[str, str]) -> bool:
 
 
 #: The starters, asked in this order whether they start the job's agents (as
-#: Hydra's bootstrap table): (name, when, module).  Each module has
+#: Hydra's bootstrap table): (name, the ``--launcher`` word that names it and its
+#: other spellings (Hydra's, Open MPI's ``plm``), when, module).  Each module has
 #: ``make(spec, environ, pythons, port_range)``, imported only when chosen; a
 #: new starter is one module and its line here.
-STARTERS: Tuple[Tuple[str, Wanted, str], ...] = (
-    ("srun", _under_slurm, "mslaunch.backends.agents.starters.slurm"),
-    ("none", _nowhere, "mslaunch.backends.agents.starters.starter"),
-    ("rsh", _rsh, "mslaunch.backends.agents.starters.rsh"),
-    ("ssh", _ssh, "mslaunch.backends.agents.starters.ssh.starter"),
+STARTERS: Tuple[Tuple[str, LauncherWords, Wanted, str], ...] = (
+    ("srun", (SLURM, ()), _under_slurm, "mslaunch.backends.agents.starters.slurm"),
+    ("none", (LOCAL_ONLY, ("fork", "isolated")), _nowhere,
+     "mslaunch.backends.agents.starters.starter"),
+    ("rsh", None, _rsh, "mslaunch.backends.agents.starters.rsh"),
+    ("ssh", (SSH, ("rsh",)), _ssh, "mslaunch.backends.agents.starters.ssh.starter"),
 )
 
 
@@ -167,7 +174,7 @@ def starter_for(spec: SSHSpec, environ: Mapping[str, str],
     ``port_range`` if given.  Nothing is started or read yet."""
     if pythons is None:
         pythons = [spec.remote_python] if spec.remote_python else [sys.executable, "python3"]
-    for _name, wanted, module in STARTERS:
+    for _name, _words, wanted, module in STARTERS:
         if wanted(spec, environ):
             made: Starter = __import__(module, fromlist=["make"]).make(
                 spec, environ, pythons, port_range)
