@@ -89,10 +89,12 @@ HELLO = link.SYNC + link.encode(link.HELLO, {"protocol": link.PROTOCOL, "host": 
 READY = link.encode(link.READY, {"warnings": []})
 GRACE = 0
 #: The launcher holds a lost host's link open for grace + 2 s, waiting for its agent.
-LAUNCH_LIMIT = 15.0
-#: A silent fake is lost after 4 s: long enough that a launcher slowed by a busy
-#: machine never takes a lie it is about to read for silence.
-HEARTBEAT = "1,4"
+LAUNCH_LIMIT = 25.0
+#: A silent fake is lost after 8 s: long enough that a launcher slowed by a busy
+#: machine never takes a lie it is about to read for silence (with two dozen
+#: launchers at once here, beside other tests, 4 s was seen to be too short:
+#: a link's end reached the launcher after them).
+HEARTBEAT = "1,8"
 
 
 def _alive(pid: int) -> bool:
