@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 from ..core.errors import NoHostLeft
 from ..mpi.pmi.files import new_kvsname
 from ..core.spec import AttemptOutcome, JobSpec, Plan
-from ..core.states import LOST
 from ..machine.osfiles import unlink_quietly
 
 
@@ -151,6 +150,6 @@ def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
     return AttemptOutcome(
         result, tuple(dict.fromkeys(r.spec.host.name for r in supervisor.ranks)),
         tuple(name for name, host in supervisor.hosts.items()
-              if host.state == LOST and not host.blameless) + tuple(backend.left_out()))
+              if host.at_fault) + tuple(backend.left_out()))
 
 

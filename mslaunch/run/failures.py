@@ -36,6 +36,7 @@ from __future__ import annotations
 from ..core import signal
 
 from ..core.errors import STALL_EXIT, TIMEOUT_EXIT
+from ..core.states import OUTPUT, REMOTE, SIGNAL, STALL, TIMEOUT
 from ..machine.spawn import signal_name
 from ..core.spec import JobResult
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from typing import List, Optional, Tuple
 
     from ..core.spec import RankResult
+    from ..core.states import Ending
     from ..seams import RankState
 
     #: (when, rank, exit code, a reaction (MPI_Abort, SIGPIPE), may be the cause, seen late)
@@ -116,18 +118,18 @@ class Failures:
         return firsts
 
 
-def ended_result(ending: Optional[str], stop_signal: Optional[int],
+def ended_result(ending: Optional[Ending], stop_signal: Optional[int],
                  remote: Optional[Tuple[int, str]], results: Tuple[RankResult, ...]) -> JobResult:
     """The result of a job whose end was not a rank's failure: its exit status
     by how it ended (none: it ran to its end), and mslaunch's line, if any."""
     message = ""
-    if ending == "signal" and stop_signal is not None:
+    if ending == SIGNAL and stop_signal is not None:
         code, message = 128 + stop_signal, f"mslaunch: stopped by {signal_name(stop_signal)}"
-    elif ending == "remote" and remote is not None:
+    elif ending == REMOTE and remote is not None:
         code = remote[0]
-    elif ending in ("timeout", "output"):
-        code = TIMEOUT_EXIT if ending == "timeout" else 1
-    elif ending == "stall":
+    elif ending in (TIMEOUT, OUTPUT):
+        code = TIMEOUT_EXIT if ending == TIMEOUT else 1
+    elif ending == STALL:
         code = STALL_EXIT
     else:
         code, ending = 0, None

@@ -48,8 +48,7 @@ from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER
 from ..machine.spawn import raise_fd_limit, seal_inherited_fds, signal_name
 from ..mpi.pmi.files import remove_singleton_segment
-from ..core.states import (FAILURE, OUTPUT, PMI, READY, REMOTE, RUNNING, SIGNAL, STALL,
-                           TIMEOUT)
+from ..core.states import FAILURE, OUTPUT, PMI, REMOTE, SIGNAL, STALL, TIMEOUT
 from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from ..inspect.lookin import OUTPUT_EVERY, LookingInside
@@ -410,7 +409,7 @@ class Supervisor(LookingInside):
             return
         self._signal_all(signal.SIGTSTP)
         self._pausing = {name for name, host in self.hosts.items()
-                         if host.state in (READY, RUNNING)}
+                         if host.hears_signals}
         if self._pausing:
             self.loop.call_later(1.0, self._stop_self)
         else:

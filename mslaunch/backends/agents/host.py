@@ -136,8 +136,19 @@ class RemoteHost:
             timeline.mark("start sent", self.name)
             self.endpoint.send(frames.encode(frames.Bare(link.START)))
 
+    @property
+    def hears_signals(self) -> bool:
+        """Its agent has its ranks (started or about to be): a signal reaches them."""
+        return self.state in (RUNNING, READY)
+
+    @property
+    def at_fault(self) -> bool:
+        """Lost by a fault of its own (its agent, its link, its network), not because
+        this launcher went unheard: a host to leave out of a new attempt."""
+        return self.state == LOST and not self.blameless
+
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
-        if self.state in (RUNNING, READY):
+        if self.hears_signals:
             if ranks is not None:
                 ranks = tuple(r for r in ranks if r in self.ranks)
             else:
