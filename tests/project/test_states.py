@@ -5,8 +5,9 @@ the package's source.
   set to one: the words are ``core/states.py``'s constants (a door's, a kernel
   letter's: their module's), whose ``Literal`` types the checker holds.
 - A remote host's state changes in ``RemoteHost._become`` alone, and a job's
-  ending in ``Supervisor._end_as`` alone (each says the change in ``-v``), but
-  for the first value each is given in ``__init__``.
+  ending in ``Supervisor._end_as`` alone (each says the change in ``-v``; the
+  supervisor's base, ``LookingInside``, calls it too), but for the first value
+  each is given in ``__init__``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from helpers import REPO
 PACKAGE = os.path.join(REPO, "mslaunch")
 NAMED = ("state", "ending", "phase")
 #: (attribute, the class whose objects carry it, the one method that changes it).
-ONE_WAY = (("state", "RemoteHost", "_become"), ("ending", "Supervisor", "_end_as"))
+ONE_WAY = (("state", "RemoteHost", "_become"), ("ending", "Supervisor", "_end_as"),
+           ("ending", "LookingInside", "_end_as"))
 
 
 def _modules() -> Iterator[Tuple[str, ast.Module]]:
@@ -65,9 +67,8 @@ def words_for_states(tree: ast.Module) -> List[int]:
 
 
 def changes_elsewhere(tree: ast.Module, attr: str, owner: str, method: str) -> List[int]:
-    """The lines of class ``owner`` (or of any class, for ``self.ATTR`` set in
-    another class's method that is not ``__init__``) where ``self.ATTR`` is set
-    outside ``method`` and ``__init__``."""
+    """The lines of class ``owner`` where ``self.ATTR`` is set outside ``method``
+    and ``__init__``."""
     lines = []
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
         if cls.name != owner:
