@@ -315,15 +315,20 @@ class LocalProcess:
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
-        if os.WIFSIGNALED(status):
-            return None, os.WTERMSIG(status)
-        return os.WEXITSTATUS(status), None
+        return exit_of(status)
+
+
+def exit_of(status: int) -> Tuple[Optional[int], Optional[int]]:
+    """A wait status as (exit code, None) or (None, signal number)."""
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), None
 
 
 def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout: int,
            stderr: int) -> int:
     dup2s = ((stdin, 0), (stdout, 1), (stderr, 2))
-    if not _is_launch_dir(spec.cwd):
+    if not is_launch_dir(spec.cwd):
         # os.posix_spawn cannot start a child elsewhere, and the launcher's own
         # directory is its threads' too: the child changes directory itself.
         from .spawndir import spawn_in
@@ -336,7 +341,7 @@ def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout
                           setsigdef=RESET_SIGNALS, **group)
 
 
-def _is_launch_dir(cwd: str) -> bool:
+def is_launch_dir(cwd: str) -> bool:
     """Whether ``cwd`` is the launcher's working directory, as named (False when
     the launcher's has been removed)."""
     try:

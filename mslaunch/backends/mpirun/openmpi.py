@@ -23,13 +23,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import time
 
 from ...core.errors import LaunchError
 from ...plan import log_paths
+from ...machine.child import ProcessHandle
 from ...machine.output import RankPipe, line_prefix
+from ...machine.spawn import exec_path
 from ...machine.trees import remove_tree
 from ...mpi.pmi.singletons import probe_path
 from ...core.spec import Host, JobResult, JobSpec, Plan, RankSpec
@@ -155,11 +155,11 @@ class _Lines:
             self.demux.line(self.stream, pending)
 
 
-class MpirunHandle:
+class MpirunHandle(ProcessHandle):
     """Open MPI's mpirun behind the rank-handle seam (:class:`~mslaunch.seams.RankHandle`):
     the job's one process as the supervisor sees it (key 0), in a session of its
-    own.  Signals go to mpirun, which passes them on to the ranks; SIGKILL goes
-    to its process group."""
+    own (:class:`~mslaunch.machine.child.ProcessHandle`).  Signals go to mpirun,
+    which passes them on to the ranks; SIGKILL goes to its process group."""
 
     ranks: Container[int] = (0,)
     #: Seconds between looks at what the ranks' MPI_Init wrote (:class:`WorldProbe`).
@@ -168,62 +168,51 @@ class MpirunHandle:
     def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux],
                  probe: Optional[WorldProbe] = None, stdin: bool = False,
                  by_name: bool = False) -> None:
+        super().__init__(sup.loop)
         self.sup = sup
         self.spec = spec
         self.demux = demux
         self.probe = probe
         self.stdin = stdin          # mpirun reads mslaunch's stdin
         self.by_name = by_name      # argv[0] is mpirun's name, not its path
-        self.proc: Optional[subprocess.Popen] = None
-        self.pidfd = -1
-        self.pipes: List[RankPipe] = []
-
-    @property
-    def busy(self) -> bool:
-        """mpirun runs, or output of its is still to come."""
-        return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
 
     def start(self) -> None:
         reads: List[Tuple[int, int]] = []
-        stdout: Optional[int] = None
-        stderr: Optional[int] = None
+        out: Tuple[Optional[int], Optional[int]] = (None, None)
         if self.demux is not None:         # else mslaunch's own stdout and stderr
-            r1, stdout = os.pipe()
-            r2, stderr = os.pipe()
-            reads = [(r1, 1), (r2, 2)]
+            r1, w1 = os.pipe()
+            r2, w2 = os.pipe()
+            reads, out = [(r1, 1), (r2, 2)], (w1, w2)
+        null = None if self.stdin else os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        spec = self.spec
         try:
-            argv = list(self.spec.argv)
+            argv = list(spec.argv)
             if self.by_name:
                 argv[0] = os.path.basename(argv[0])
-            self.proc = subprocess.Popen(argv, executable=self.spec.argv[0], env=self.spec.env,
-                                         stdin=None if self.stdin else subprocess.DEVNULL,
-                                         stdout=stdout, stderr=stderr,
-                                         start_new_session=True, cwd=self.spec.cwd)
+            path = exec_path(spec.argv[0], spec.env)
+            if path is None:
+                raise FileNotFoundError(2, "No such file or directory")
+            pid = self._spawn(path, argv, spec.env, cwd=spec.cwd, stdin=null, out=out)
         except OSError as err:
             for fd, _ in reads:
                 os.close(fd)
-            raise LaunchError(f"cannot start Open MPI's mpirun: {err.strerror}") from None
+            raise LaunchError(f"cannot start Open MPI's mpirun: {err.strerror or err}") from None
         finally:
-            for end in (stdout, stderr):
+            for end in (*out, null):
                 if end is not None:
                     os.close(end)
-        pid = self.proc.pid
-        guard = self.sup.watchdog
-        guard.add(pid)
-        guard.flush()
-        self.pidfd = os.pidfd_open(pid)
-        self.sup.loop.add_reader(self.pidfd, self._on_exit)
+        self._watch(pid, self.sup.watchdog)
         self.pipes = [RankPipe(self.sup.loop, fd, _Lines(self.demux, stream))  # type: ignore[arg-type]
                       for fd, stream in reads]
         self.sup.rank_started(0, pid)
         if self.probe is not None:
-            self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
+            self.sup.loop.call_later(self.PROBE_EVERY, self._watch_world)
 
-    def _watch(self) -> None:
+    def _watch_world(self) -> None:
         probe = self.probe
         if self.pidfd >= 0 and self.sup.ending is None and probe is not None and not probe.done:
             self._check_world()
-            self.sup.loop.call_later(self.PROBE_EVERY, self._watch)
+            self.sup.loop.call_later(self.PROBE_EVERY, self._watch_world)
 
     def _check_world(self) -> None:
         """Say so when the program's Open MPI is not the mpirun's (:class:`WorldProbe`);
@@ -240,27 +229,13 @@ class MpirunHandle:
 
     def _on_exit(self) -> None:
         self._forget_pidfd()
-        code = self.proc.wait()  # type: ignore[union-attr]
+        self._reap(block=True)
         self._check_world()        # ranks that ended before a look
-        self.sup.rank_exited(0, code if code >= 0 else None, -code if code < 0 else None)
-
-    def _forget_pidfd(self) -> None:
-        if self.pidfd >= 0:
-            self.sup.loop.forget(self.pidfd)
-            os.close(self.pidfd)
-            self.pidfd = -1
+        self.sup.rank_exited(0, *self.ended_as)
 
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         """``sig`` to mpirun, SIGKILL to its process group; nothing once it is reaped."""
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        try:
-            if sig == signal.SIGKILL:
-                os.killpg(self.proc.pid, sig)
-            else:
-                os.kill(self.proc.pid, sig)
-        except OSError:
-            pass
+        self._kill(sig, group=sig == signal.SIGKILL)
 
     def release(self) -> None:
         """The job is over; nothing to tell anyone (see :meth:`close`)."""
@@ -268,18 +243,8 @@ class MpirunHandle:
     def close(self, deadline: float) -> None:
         """Outside the loop: mpirun gets until ``deadline`` to end after a SIGTERM.
         The watchdog's sweep, when it is closed, stops whatever mpirun left behind."""
-        proc = self.proc
-        if proc is not None and proc.returncode is None:
-            self.signal(signal.SIGTERM)
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.signal(signal.SIGKILL)
-                proc.wait()
-        self._forget_pidfd()
-        for pipe in self.pipes:
-            if not pipe.closed and not pipe.drain():
-                pipe.close()
+        self._end(deadline)
+        self._finish_pipes()
         if self.demux is not None:
             self.demux.close()
 

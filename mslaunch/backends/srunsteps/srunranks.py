@@ -30,9 +30,9 @@ from ...core import signal
 import time
 
 from ...core.errors import LaunchError, UsageError
-from ...machine.loop import wait_fd
+from ...machine.child import ProcessHandle
 from ...machine.output import RankPipe
-from ...machine.spawn import RESET_SIGNALS, exec_path
+from ...machine.spawn import exec_path
 from .srun import (
     SHELL_STARTUP,
     TASK_VARIABLE,
@@ -107,18 +107,16 @@ def srun_environment(specs: Sequence[RankSpec], pmi: Sequence[Mapping[str, str]]
     return env, own
 
 
-class SrunRanks:
-    """Every rank of the job, as one srun step (see the module docstring)."""
+class SrunRanks(ProcessHandle):
+    """Every rank of the job, as one srun step (see the module docstring), srun a
+    :class:`~mslaunch.machine.child.ProcessHandle`."""
 
     def __init__(self, sup: JobView, specs: Sequence[RankSpec]) -> None:
+        super().__init__(sup.loop)
         self.sup = sup
         self.specs = list(specs)
         self.ranks: Container[int] = frozenset(s.key for s in specs)
         self.log = SrunLog(show_all=sup.job.verbose >= 2)
-        self.pid = 0                              # srun's
-        self.status: Optional[int] = None        # its wait status, once reaped
-        self.pidfd = -1
-        self.pipes: List[RankPipe] = []
         self.listener: Optional[Listener] = None
         self.scripts: List[bytes] = []
         # connections of a task, by stream ("o", "e"), until it has all it makes
@@ -128,10 +126,6 @@ class SrunRanks:
         self._looks: List[Look] = []
         self._ending: Optional[Look] = None      # the step ending refused singletons
         self._seen: Dict[RankPipe, int] = {}     # bytes read, at the last look after srun
-
-    @property
-    def busy(self) -> bool:
-        return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
 
     # -- start --------------------------------------------------------------
     def start(self) -> None:
@@ -155,21 +149,22 @@ class SrunRanks:
         stdin = self._stdin()
         argv = srun_argv([s.host.name for s in specs], len(specs), stdin,
                          specs[0].cwd, specs[0].argv if same_argv else ())
+        path = exec_path(argv[0], env)
         r, w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if stdin == "none" else None
         try:
-            self.pid = _spawn(argv, env, None if stdin != "none" else os.devnull, w)
+            if path is None:
+                raise FileNotFoundError(2, "srun is not on PATH")
+            pid = self._spawn(path, argv, env, stdin=null, out=(w, w))
         except OSError as err:
             os.close(r)
             raise LaunchError(f"--launcher srun: cannot start srun: "
                               f"{err.strerror or err}") from None
         finally:
-            os.close(w)
-        guard = sup.watchdog
-        if guard is not None:
-            guard.add(self.pid)
-            guard.flush()
-        self.pidfd = os.pidfd_open(self.pid)
-        sup.loop.add_reader(self.pidfd, self._on_exit)
+            for end in (w, null):
+                if end is not None:
+                    os.close(end)
+        self._watch(pid, sup.watchdog)
         self.pipes.append(RankPipe(sup.loop, r, _Log(self)))
 
     def _serve_pmi(self) -> Tuple[List[Dict[str, str]], Optional[int]]:
@@ -324,32 +319,6 @@ class SrunRanks:
                 sock.close()
         self.half.clear()
 
-    def _reap(self, block: bool) -> bool:
-        """Whether srun has ended (and is reaped), waiting for it with ``block``."""
-        if self.status is None and self.pid:
-            try:
-                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
-            except ChildProcessError:
-                pid, status = self.pid, 0
-            if pid:
-                self.status = status
-        return self.status is not None
-
-    def _kill(self, sig: int, group: bool = False) -> None:
-        try:
-            if group:
-                os.killpg(self.pid, sig)
-            else:
-                os.kill(self.pid, sig)
-        except OSError:
-            pass
-
-    def _forget_pidfd(self) -> None:
-        if self.pidfd >= 0:
-            self.sup.loop.forget(self.pidfd)
-            os.close(self.pidfd)
-            self.pidfd = -1
-
     # -- looking inside ---------------------------------------------------------
     def look(self, kind: int, body: Dict[str, Any], done: Callable[[Optional[Dict]], None]
              ) -> bool:
@@ -414,23 +383,9 @@ class SrunRanks:
         """Nothing to tell anyone (see :meth:`close`)."""
 
     def close(self, deadline: float) -> None:
-        if self.pid and not self._reap(block=False):
-            self._kill(signal.SIGTERM)
-            while not self._reap(block=False):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._kill(signal.SIGKILL, group=True)
-                    self._reap(block=True)
-                    break
-                if self.pidfd >= 0:
-                    wait_fd(self.pidfd, timeout=min(left, 0.5))
-                else:
-                    time.sleep(min(left, 0.05))
-        self._forget_pidfd()
+        self._end(deadline)
         self._drop_halves()
-        for pipe in self.pipes:
-            if not pipe.closed and not pipe.drain():
-                pipe.close()
+        self._finish_pipes()
         for p in self._scancels:
             while p.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -444,20 +399,6 @@ class SrunRanks:
             look.close()
         if self.listener is not None:
             self.listener.close()
-
-
-def _spawn(argv: Sequence[str], env: Dict[str, str], stdin: Optional[str], out: int) -> int:
-    """Start srun in a session of its own (a Ctrl-C at the terminal reaches only
-    mslaunch), its stdout and stderr into ``out``, its stdin mslaunch's or the
-    file ``stdin``; its pid.  ``posix_spawn`` spares the import of subprocess."""
-    path = exec_path(argv[0], env)
-    if path is None:
-        raise FileNotFoundError(2, "srun is not on PATH")
-    actions: List[tuple] = [(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)]
-    if stdin is not None:
-        actions.insert(0, (os.POSIX_SPAWN_OPEN, 0, stdin, os.O_RDONLY, 0))
-    return os.posix_spawn(path, list(argv), env, setsid=True, setsigdef=RESET_SIGNALS,
-                          file_actions=actions)
 
 
 def check_srun_job(job: JobSpec, plan: Plan, attempts: bool,
