@@ -49,6 +49,44 @@ class RankHandle(Protocol):
         """Nothing of these ranks may survive; wait until ``deadline`` at most."""
 
 
+class RankEvents(Protocol):
+    """A rank handle's one way back to the supervisor (which is never handed out):
+    what it reports of its ranks, and what it is lent to run them.  A handle
+    reports each rank's start and end once; a handle that feeds output sinks
+    finishes each of them (the job ends only when every sink is finished)."""
+
+    @property
+    def loop(self) -> Loop:
+        """The job's event loop, where the handle watches its descriptors."""
+
+    @property
+    def watchdog(self) -> Watchdog:
+        """The orphan guard, told of every process the handle starts, at once."""
+
+    def rank_started(self, key: int, pid: int) -> None:
+        """Rank ``key`` runs, as process ``pid`` (0: not known here)."""
+
+    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                    at: Optional[float] = None) -> None:
+        """Rank ``key`` ended with exit ``code`` or signal ``sig``, at ``at`` (now if None)."""
+
+    def ranks_lost(self, keys: Sequence[int], reason: str, at: Optional[float] = None,
+                   blameless: bool = False) -> None:
+        """Ranks ``keys`` ended unseen (their host, or their launcher, is gone)."""
+
+    def rank_refused(self, key: int, reason: str) -> None:
+        """Rank ``key`` cannot run as it is (``reason``): the job stops, its fault."""
+
+    def make_sinks(self, spec: RankSpec) -> Tuple[RankOutput, Optional[RankOutput]]:
+        """The output sinks of a rank the handle starts: stdout (or both), stderr."""
+
+    def log(self, message: str) -> None:
+        """One line of mslaunch's own, unless ``--quiet``."""
+
+    def say(self, message: str) -> None:
+        """One line, as it is, always."""
+
+
 class Looker(Protocol):
     """What answers a look inside ranks this machine cannot read itself: a remote
     host's agent, or srun's step (a step of its own that reads every node's)."""
@@ -144,6 +182,7 @@ class JobView(Protocol):
     mpi_jobs: Any
     failures: Any           # .failures.Failures: the cause, and what followed
     control: Optional[Tuple[Any, str]]    # the control socket and its path, if any
+    events: RankEvents      # what the rank handles report to
 
     @property
     def session(self) -> SharedByAttempts: ...

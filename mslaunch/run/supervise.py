@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..inspect.control import Inspector
     from ..inspect.stall import StallWatch
     from ..serve.mpijobs import MPIJobs
-    from ..seams import Closable, RankHandle, RankState
+    from ..seams import Closable, RankEvents, RankHandle, RankState
     from ..backends.session import Session
 
 from ..core.errors import HOST_LOST_EXIT
@@ -98,6 +98,7 @@ class Supervisor(LookingInside):
         self.inspector: Optional[Inspector] = None   # made on the first connection
         self.stall: Optional[StallWatch] = None      # --stall-report's watcher
         self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
+        self.events: RankEvents = _Events(self)     # what the rank handles report to
 
     @property
     def restarts(self) -> int:
@@ -239,7 +240,7 @@ class Supervisor(LookingInside):
         if self.dumps is None and any(python_program(s) for s in specs):
             from ..machine.pydump import make_dir
             self.dumps = make_dir(self.watchdog)
-        return LocalRanks(self.loop, specs, self, sinks=self.make_sinks,
+        return LocalRanks(self.loop, specs, self.events, sinks=self.make_sinks,
                           guard=self.watchdog,
                           grace=job.grace, merge_stderr=job.output.merge_stderr,
                           pmi=pmi, pmi_env=pmi_env, stdin_fd=stdin_fd, pty=job.output.pty,
@@ -569,6 +570,25 @@ class Supervisor(LookingInside):
         if self.stop_signal is not None:
             result = replace(result, stop_signal=self.stop_signal)
         return result
+
+
+class _Events:
+    """The supervisor's side of the rank-handle seam (:class:`~mslaunch.seams.RankEvents`):
+    its rank events and what it lends, and nothing else of it."""
+
+    __slots__ = ("loop", "watchdog", "rank_started", "rank_exited", "ranks_lost",
+                 "make_sinks", "log", "say", "_sup")
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.loop, self.watchdog = sup.loop, sup.watchdog
+        self.rank_started, self.rank_exited = sup.rank_started, sup.rank_exited
+        self.ranks_lost, self.make_sinks = sup.ranks_lost, sup.make_sinks
+        self.log, self.say = sup.log, sup.console.message
+        self._sup = sup
+
+    def rank_refused(self, key: int, reason: str) -> None:
+        sup = self._sup
+        sup.fail(sup.ranks[key], reason, 1, abort=True)
 
 
 def _note_stop(signum: int) -> None:

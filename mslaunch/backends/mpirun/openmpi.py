@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ...machine.terminal import Console
     from ...core.states import BackendName
     from ..backend import Planning
-    from ...seams import JobView, RankHandle
+    from ...seams import JobView, RankEvents, RankHandle
     from ..session import Session
 
 
@@ -165,16 +165,17 @@ class MpirunHandle(ProcessHandle):
     #: Seconds between looks at what the ranks' MPI_Init wrote (:class:`WorldProbe`).
     PROBE_EVERY = 0.25
 
-    def __init__(self, sup: JobView, spec: RankSpec, demux: Optional[_Demux],
+    def __init__(self, events: RankEvents, spec: RankSpec, demux: Optional[_Demux],
                  probe: Optional[WorldProbe] = None, stdin: bool = False,
                  by_name: bool = False) -> None:
-        super().__init__(sup.loop)
-        self.sup = sup
+        super().__init__(events.loop)
+        self.events = events
         self.spec = spec
         self.demux = demux
         self.probe = probe
         self.stdin = stdin          # mpirun reads mslaunch's stdin
         self.by_name = by_name      # argv[0] is mpirun's name, not its path
+        self.stopping = False       # the job is being stopped: no more looks
 
     def start(self) -> None:
         reads: List[Tuple[int, int]] = []
@@ -201,18 +202,18 @@ class MpirunHandle(ProcessHandle):
             for end in (*out, null):
                 if end is not None:
                     os.close(end)
-        self._watch(pid, self.sup.watchdog)
-        self.pipes = [RankPipe(self.sup.loop, fd, _Lines(self.demux, stream))  # type: ignore[arg-type]
+        self._watch(pid, self.events.watchdog)
+        self.pipes = [RankPipe(self.loop, fd, _Lines(self.demux, stream))  # type: ignore[arg-type]
                       for fd, stream in reads]
-        self.sup.rank_started(0, pid)
+        self.events.rank_started(0, pid)
         if self.probe is not None:
-            self.sup.loop.call_later(self.PROBE_EVERY, self._watch_world)
+            self.loop.call_later(self.PROBE_EVERY, self._watch_world)
 
     def _watch_world(self) -> None:
         probe = self.probe
-        if self.pidfd >= 0 and self.sup.ending is None and probe is not None and not probe.done:
+        if self.pidfd >= 0 and not self.stopping and probe is not None and not probe.done:
             self._check_world()
-            self.sup.loop.call_later(self.PROBE_EVERY, self._watch_world)
+            self.loop.call_later(self.PROBE_EVERY, self._watch_world)
 
     def _check_world(self) -> None:
         """Say so when the program's Open MPI is not the mpirun's (:class:`WorldProbe`);
@@ -223,18 +224,21 @@ class MpirunHandle(ProcessHandle):
             return
         message, stop = verdict
         if stop or not probe.quiet:
-            self.sup.console.message(f"mslaunch: {message}")
+            self.events.say(f"mslaunch: {message}")
         if stop:
-            self.sup.fail(self.sup.ranks[0], message, 1, abort=True)
+            self.events.rank_refused(0, message)
 
     def _on_exit(self) -> None:
         self._forget_pidfd()
         self._reap(block=True)
         self._check_world()        # ranks that ended before a look
-        self.sup.rank_exited(0, *self.ended_as)
+        self.events.rank_exited(0, *self.ended_as)
 
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
-        """``sig`` to mpirun, SIGKILL to its process group; nothing once it is reaped."""
+        """``sig`` to mpirun, SIGKILL to its process group; nothing once it is reaped.
+        Once it is being stopped, the ranks' Open MPI is looked at no more."""
+        if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL):
+            self.stopping = True
         self._kill(sig, group=sig == signal.SIGKILL)
 
     def release(self) -> None:
@@ -329,7 +333,8 @@ class MpirunBackend(Backend):
         # Open MPI 4 started by its path takes that installation as a --prefix, and
         # given another one says so in a box of text: by name, as users type it.
         by_name = ompi.major < 5 and job.prefix is not None
-        return [MpirunHandle(sup, sup.plan.ranks[0], demux, self.probe, self.stdin, by_name)]
+        return [MpirunHandle(sup.events, sup.plan.ranks[0], demux, self.probe, self.stdin,
+                             by_name)]
 
     def close(self) -> None:
         if self.base:

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional
 
     from ...wire.dialback import Listener
-    from ...seams import JobView
+    from ...machine.loop import Loop
 
 
-def start_look(sup: JobView, listener: Listener, op: str,
+def start_look(loop: Loop, listener: Listener, op: str,
                by_node: Dict[str, Dict[int, int]], timeout: float,
                done: Callable[[Optional[Dict]], None]) -> Optional[Look]:
     """Start a look at the ranks ``by_node`` (``{node: {key: pid}}``): ``op`` is
@@ -36,7 +36,7 @@ def start_look(sup: JobView, listener: Listener, op: str,
 
     from . import steplook
     # (the singletons' step ends them, SIGKILL at ``timeout``, then 2 s for their files)
-    look = Look(sup, listener, by_node, done, timeout + 7.0)
+    look = Look(loop, listener, by_node, done, timeout + 7.0)
     env = dict(os.environ)
     env[steplook.LOOK_VARIABLE] = steplook.request(
         op, by_node, look.token,
@@ -92,9 +92,9 @@ class _Answer:
 class Look:
     """One look at the ranks of a job (see :func:`start_look`)."""
 
-    def __init__(self, sup: JobView, listener: Listener, by_node: Dict[str, Dict[int, int]],
+    def __init__(self, loop: Loop, listener: Listener, by_node: Dict[str, Dict[int, int]],
                  done: Callable[[Optional[Dict]], None], timeout: float) -> None:
-        self.sup = sup
+        self.loop = loop
         self.listener = listener
         self.by_node = by_node
         self.done: Optional[Callable[[Optional[Dict]], None]] = done
@@ -105,14 +105,14 @@ class Look:
         self.token = os.urandom(12).hex()
         for node in by_node:
             listener.expect(f"{self.token}-{node}", self._connected(node))
-        self.timer = sup.loop.call_later(timeout, self.finish)
+        self.timer = loop.call_later(timeout, self.finish)
 
     def _connected(self, node: str):
         def answer(sock, rest: bytes, about: str) -> None:
             sink = _Answer(lambda data: self._answered(node, data))
             if rest:
                 sink.feed(rest)
-            self.pipes.append(RankPipe(self.sup.loop, sock.detach(), sink))
+            self.pipes.append(RankPipe(self.loop, sock.detach(), sink))
         return answer
 
     def _answered(self, node: str, data: bytes) -> None:

@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from ...core.spec import JobSpec, Plan, RankSpec
     from ...core.states import BackendName
     from ..backend import Planning
-    from ...seams import JobView, RankHandle
+    from ...mpi.pmi.job import PMIJob
+    from ...seams import JobView, RankEvents, RankHandle
     from ..session import Session
     from .srunlook import Look
 
@@ -111,12 +112,18 @@ class SrunRanks(ProcessHandle):
     """Every rank of the job, as one srun step (see the module docstring), srun a
     :class:`~mslaunch.machine.child.ProcessHandle`."""
 
-    def __init__(self, sup: JobView, specs: Sequence[RankSpec]) -> None:
-        super().__init__(sup.loop)
-        self.sup = sup
+    def __init__(self, events: RankEvents, job: JobSpec, specs: Sequence[RankSpec],
+                 pmi: Optional[PMIJob] = None, process_mapping: str = "") -> None:
+        super().__init__(events.loop)
+        self.events = events
+        self.job = job
         self.specs = list(specs)
         self.ranks: Container[int] = frozenset(s.key for s in specs)
-        self.log = SrunLog(show_all=sup.job.verbose >= 2)
+        self.pmi, self.process_mapping = pmi, process_mapping   # the job's PMI, if any
+        self.pids: Dict[int, int] = {}    # of the ranks started, by key
+        self.ended: Set[int] = set()      # the keys of the ranks whose end was reported
+        self.rank_of: Dict[Any, int] = {}   # the rank whose output a sink takes
+        self.log = SrunLog(show_all=job.verbose >= 2)
         self.listener: Optional[Listener] = None
         self.scripts: List[bytes] = []
         # connections of a task, by stream ("o", "e"), until it has all it makes
@@ -129,8 +136,8 @@ class SrunRanks(ProcessHandle):
 
     # -- start --------------------------------------------------------------
     def start(self) -> None:
-        sup, specs = self.sup, self.specs
-        merged = sup.job.output.merge_stderr
+        specs = self.specs
+        merged = self.job.output.merge_stderr
         self.listener = listener = self._listen()
         port = listener.socks[0].getsockname()[1]
         secret = os.urandom(12).hex()
@@ -164,18 +171,17 @@ class SrunRanks(ProcessHandle):
             for end in (w, null):
                 if end is not None:
                     os.close(end)
-        self._watch(pid, sup.watchdog)
-        self.pipes.append(RankPipe(sup.loop, r, _Log(self)))
+        self._watch(pid, self.events.watchdog)
+        self.pipes.append(RankPipe(self.loop, r, _Log(self)))
 
     def _serve_pmi(self) -> Tuple[List[Dict[str, str]], Optional[int]]:
         """Each rank's PMI variables (but ``PMI_PORT``, which its script sets to
         srun's address) and the port; none for a job without PMI."""
-        sup, specs = self.sup, self.specs
-        if sup.mpi_jobs is None:
+        specs, first, job = self.specs, self.pmi, self.job
+        if first is None:
             return [{} for _ in specs], None
-        first = sup.mpi_jobs.first
-        first.serve(sup.loop, [s.app for s in specs], sup.plan.process_mapping, tcp=True,
-                    trace=sup.job.verbose >= 2, port_range=sup.job.port_range,
+        first.serve(self.loop, [s.app for s in specs], self.process_mapping, tcp=True,
+                    trace=job.verbose >= 2, port_range=job.port_range,
                     tcp_host="0.0.0.0", admit=self.hosts.__contains__)
         envs = [first.env(spec.rank, spec.env) for spec in specs]
         ports = {int(e.pop("PMI_PORT").rpartition(":")[2]) for e in envs}
@@ -183,11 +189,11 @@ class SrunRanks(ProcessHandle):
 
     def _listen(self) -> Listener:
         from ...wire.dialback import Listener
-        listener = Listener(self.sup.loop, ["::"], tls=False, log=self.sup.log,
-                            port_range=self.sup.job.port_range)
+        listener = Listener(self.loop, ["::"], tls=False, log=self.events.log,
+                            port_range=self.job.port_range)
         if not listener.socks:        # no IPv6 here
-            listener = Listener(self.sup.loop, ["0.0.0.0"], tls=False, log=self.sup.log,
-                                port_range=self.sup.job.port_range)
+            listener = Listener(self.loop, ["0.0.0.0"], tls=False, log=self.events.log,
+                                port_range=self.job.port_range)
         if not listener.socks:
             raise LaunchError("--launcher srun: cannot listen for the ranks' output")
         return listener
@@ -195,7 +201,7 @@ class SrunRanks(ProcessHandle):
     def _stdin(self) -> str:
         """The tasks srun gives its stdin (mpirun's default: rank 0; ``all``), or
         ``none`` (a terminal: srun, in a session of its own, could not read it)."""
-        which = self.sup.job.stdin
+        which = self.job.stdin
         if which != "all" and (not which.isdigit() or int(which) >= len(self.specs)):
             return "none"
         try:
@@ -210,11 +216,11 @@ class SrunRanks(ProcessHandle):
                 return
             got = self.half.setdefault(task, {})
             got[stream] = (sock, rest, about)
-            if len(got) == (1 if self.sup.job.output.merge_stderr else 2):
+            if len(got) == (1 if self.job.output.merge_stderr else 2):
                 del self.half[task]
                 self._attach(task, got)
             elif len(got) == 1:
-                self.sup.loop.call_later(HALF_SECONDS, lambda: self._give_up_half(task, got))
+                self.loop.call_later(HALF_SECONDS, lambda: self._give_up_half(task, got))
         return connected
 
     def _give_up_half(self, task: int, got: Dict[str, Tuple[Any, bytes, str]]) -> None:
@@ -243,14 +249,17 @@ class SrunRanks(ProcessHandle):
             return
         self.hosts.add(peer[7:] if peer.startswith("::ffff:") else peer)
         spec = self.specs[task]
-        out, err = self.sup.make_sinks(spec)
-        self.sup.rank_started(spec.key, int(about) if about.isdigit() else 0)
+        out, err = self.events.make_sinks(spec)
+        pid = self.pids[spec.key] = int(about) if about.isdigit() else 0
+        self.events.rank_started(spec.key, pid)
         for stream, sink in (("o", out), ("e", err)):
+            if sink is not None:
+                self.rank_of[sink] = spec.rank
             if stream in got and sink is not None:
                 s, rest, _ = got[stream]
                 if rest:
                     sink.feed(rest)
-                self.pipes.append(RankPipe(self.sup.loop, s.detach(), sink))
+                self.pipes.append(RankPipe(self.loop, s.detach(), sink))
 
     def add(self, specs: Sequence[RankSpec], pmi=None, pmi_env=None) -> None:
         """Processes spawned here: never (srun started this job's ranks)."""
@@ -261,12 +270,13 @@ class SrunRanks(ProcessHandle):
     def srun_said(self, line: str) -> None:
         shown = self.log.line(line)
         if shown is not None:
-            self.sup.console.message(shown)
+            self.events.say(shown)
         for task, code, sig in self.log.take():
             if 0 <= task < len(self.specs):
                 key = self.specs[task].key
-                if not self.sup.ranks[key].ended:
-                    self.sup.rank_exited(key, code, sig)
+                if key not in self.ended:
+                    self.ended.add(key)
+                    self.events.rank_exited(key, code, sig)
 
     def _on_exit(self) -> None:
         self._forget_pidfd()
@@ -279,12 +289,13 @@ class SrunRanks(ProcessHandle):
         # process a rank left behind (which Slurm's proctrack/linuxproc does not
         # end): it would keep the job for ever.  One that still brings bytes (a
         # rank's last output, slowed by a slow reader of mslaunch's) is read on.
-        self.sup.loop.call_later(OUTPUT_AFTER_END, self._cut_output)
-        left = [s.key for s in self.specs if not self.sup.ranks[s.key].ended]
+        self.loop.call_later(OUTPUT_AFTER_END, self._cut_output)
+        left = [s.key for s in self.specs if s.key not in self.ended]
         if left and self.status is not None:
             how = (f"killed by signal {os.WTERMSIG(self.status)}" if os.WIFSIGNALED(self.status)
                    else f"exit code {os.WEXITSTATUS(self.status)}")
-            self.sup.ranks_lost(left, f"srun ended ({how}) without reporting their end")
+            self.ended.update(left)
+            self.events.ranks_lost(left, f"srun ended ({how}) without reporting their end")
 
     def _cut_output(self, idle_only: bool = True) -> None:
         """Stop reading the ranks' connections still open after srun's end that
@@ -303,14 +314,13 @@ class SrunRanks(ProcessHandle):
                 pipe.close()
                 held.add(pipe.sink)
         if held:
-            ranks = sorted({r.spec.rank for r in self.sup.ranks
-                            if any(out in held for out in r.outputs)})
+            ranks = sorted({self.rank_of[sink] for sink in held if sink in self.rank_of})
             more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
-            self.sup.log(f"the output of rank(s) {', '.join(map(str, ranks[:8]))}{more} "
-                         f"stayed open after srun's end, held by processes they left "
-                         f"behind: no longer read")
+            self.events.log(f"the output of rank(s) {', '.join(map(str, ranks[:8]))}{more} "
+                            f"stayed open after srun's end, held by processes they left "
+                            f"behind: no longer read")
         if busy:
-            self.sup.loop.call_later(OUTPUT_AFTER_END, self._cut_output)
+            self.loop.call_later(OUTPUT_AFTER_END, self._cut_output)
 
     def _drop_halves(self) -> None:
         """Tasks that made one connection of two: gone, with nothing run."""
@@ -334,25 +344,25 @@ class SrunRanks(ProcessHandle):
         running ranks as an agent would, noting what their Open MPI processes
         make (segments in /dev/shm, session directories), and removes it once
         they are gone.  The job's own SIGTERM is left to it (see :meth:`signal`)."""
-        self._ending = self._step("singletons", self.sup.job.grace, lambda rows: None)
+        self._ending = self._step("singletons", self.job.grace, lambda rows: None)
 
     def _step(self, op: str, timeout: float, done: Callable[[Optional[Dict]], None]
               ) -> Optional[Look]:
         from .srunlook import start_look
-        sup, listener = self.sup, self.listener
+        listener = self.listener
         if self.pidfd < 0 or listener is None:
             return None
         by_node: Dict[str, Dict[int, int]] = {}
         for spec in self.specs:
-            r = sup.ranks[spec.key]
-            if r.pid and not r.ended:
-                by_node.setdefault(spec.host.name, {})[spec.key] = r.pid
+            pid = self.pids.get(spec.key)
+            if pid and spec.key not in self.ended:
+                by_node.setdefault(spec.host.name, {})[spec.key] = pid
         if not by_node:
             return None
         for old in [x for x in self._looks if x.over and x is not self._ending]:
             old.close()
             self._looks.remove(old)
-        look = start_look(sup, listener, op, by_node, timeout, done)
+        look = start_look(self.loop, listener, op, by_node, timeout, done)
         if look is not None:
             self._looks.append(look)
         return look
@@ -455,7 +465,9 @@ class SrunStepsBackend(Backend):
         """(srun says itself which program or directory is missing, on its node.)"""
 
     def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
-        self.handle = SrunRanks(sup, sup.plan.ranks)
+        first = sup.mpi_jobs.first if sup.mpi_jobs is not None else None
+        self.handle = SrunRanks(sup.events, sup.job, sup.plan.ranks, first,
+                                sup.plan.process_mapping)
         return [self.handle]
 
     def lookers(self) -> Dict[str, Any]:
