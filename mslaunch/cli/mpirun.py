@@ -21,6 +21,7 @@ from .. import __version__
 from ..core.errors import UsageError
 from ..core.spec import STALL_SECONDS, AppContext, HostEntry, JobSpec, OutputSpec, SSHSpec, replace
 from ..core.switches import pty_wanted
+from ..core.states import OPENMPI, PMI
 from .common import Exit, launch_dir
 from .draft import RUNTIME_FRAMEWORKS, Context, Draft, check_int, check_seconds
 from .options import SPELLINGS, words_of
@@ -291,7 +292,7 @@ def _build(d: Draft) -> JobSpec:
         # --get-stack-traces without --timeout: the stacks when the job stalls, sooner
         stall = 60.0 if d.stack_traces and timeout is None else STALL_SECONDS
     mpi = _mpi(d)
-    if mpi == "openmpi" and (d.max_job_restarts or d.health_check):
+    if mpi == OPENMPI and (d.max_job_restarts or d.health_check):
         raise UsageError("--max-restarts and --health-check are not for --mpi openmpi, where "
                          "Open MPI's mpirun runs the job; leave out --mpi openmpi (mslaunch "
                          "serves Open MPI programs PMIx itself)")
@@ -413,6 +414,6 @@ def _mpi(d: Draft) -> str:
         mpi = "pmi"
     if mpi not in ("pmi", "openmpi", "none"):
         raise UsageError(f"--mpi {d.mpi}: expected pmi, openmpi or none")
-    if d.pmi_port and mpi != "pmi":
+    if d.pmi_port and mpi != PMI:
         raise UsageError("-pmi-port needs --mpi pmi")
     return mpi

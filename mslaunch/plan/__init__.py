@@ -19,6 +19,7 @@ from ..core.errors import PlanError, UsageError
 from ..hosts import IMPLICIT_HOST
 from ..core.spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
 from ..core.spec import scrub_env  # the plan's rule; the agent's too
+from ..core.states import PMI
 from .place import binding, check_overload, locations, place, rank_order, resolve_hosts
 from ..core.cputopo import Topology, count, make_topology
 
@@ -97,7 +98,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     universe = sum(h.slots for h in used)
     master_addr = "127.0.0.1" if all(h.local for h in used) else used[0].name
     mapping = ""
-    if job.mpi == "pmi":
+    if job.mpi == PMI:
         from ..core.procmap import process_mapping
         mapping = process_mapping([node_of_host[h] for h in where])
     app_envs = [context_environment(job, app.env, environ, master_addr, master_port, ompi_jobid)
@@ -174,7 +175,7 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
             env.update(rank_variables(rank=rank, size=size, local_rank=local_rank,
                                       local_size=local_size[h], group=host.node_id,
                                       host=host.name, universe=universe, sizes=sizes,
-                                      kvsname=kvsname, pmi=job.mpi == "pmi"))
+                                      kvsname=kvsname, pmi=job.mpi == PMI))
         if job.max_job_restarts:
             env.update(restart_variables(job.attempt, job.max_job_restarts))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
@@ -416,7 +417,7 @@ def agent_hosts(plan: Plan, job: JobSpec) -> List[str]:
     may start again, for its ranks should another host be lost (watched
     meanwhile, as every host is)."""
     hosts = [h for h in plan.hosts if not h.local]
-    if (job.mpi == "pmi" and not job.novm) or job.max_job_restarts:
+    if (job.mpi == PMI and not job.novm) or job.max_job_restarts:
         hosts += [h for h in plan.spare_hosts if not h.local]
     return list(dict.fromkeys(h.name for h in hosts))
 

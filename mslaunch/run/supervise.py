@@ -194,7 +194,8 @@ class Supervisor(LookingInside):
     def _start_all(self) -> None:
         job, backend = self.job, self.backend
         pmi, pmi_env = None, None
-        if job.mpi == PMI and backend.pmi_early:
+        serve = job.mpi == PMI and backend.serves_pmi
+        if serve and backend.pmi_early:
             # The plan stands: the job's PMI is made while the places are reached
             # (the launcher only waits then), not once they are.
             pmi, pmi_env = self._start_pmi()
@@ -205,7 +206,7 @@ class Supervisor(LookingInside):
             self.console.write(1, self, display(plan, job).encode())
         here = backend.here(plan)
         backend.check(plan)
-        if job.mpi == PMI and self.mpi_jobs is None:
+        if serve and self.mpi_jobs is None:
             pmi, pmi_env = self._start_pmi()
         self.others = backend.handles(self, here, pmi, pmi_env)
         self.launched = True

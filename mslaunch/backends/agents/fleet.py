@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .keptagents import KeptAgents
     from ...seams import JobView, RankHandle
 
-from ...core.states import READY
+from ...core.states import PMI, READY
 from ...core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError
 from ...machine.spawn import signal_name
 from ...plan import agent_hosts
@@ -88,7 +88,7 @@ class Fleet:
             timeline.print_when_ranks_start(sup.console.message)
         timeline.mark("starting the agents")
         if starter.begun:
-            _warm_up(job.mpi == "pmi")
+            _warm_up(job.mpi == PMI)
         timeline.watch(names, sup.console.status if not job.quiet else (lambda text: None),
                        starter.first_phase, in_place=sup.console.status_in_place())
         answers = sup.answer_while_starting(timeline.status)
@@ -231,7 +231,7 @@ class Fleet:
             heartbeat = self.kept.heartbeat if self.kept is not None else heartbeat_setting(
                 os.environ.get("MSLAUNCH_HEARTBEAT"),
                 RESTART_HEARTBEAT if job.max_job_restarts else HEARTBEAT)
-            self._settings = (heartbeat, None if job.mpi != "pmi" else
+            self._settings = (heartbeat, None if job.mpi != PMI else
                               ("port" if job.pmi_port else "fd"))
         return self._settings
 

@@ -258,6 +258,7 @@ class MpirunBackend(Backend):
     MPI's mpirun (:class:`MpirunHandle`), which starts and reports the ranks."""
 
     name: BackendName = "mpirun"
+    serves_pmi = False          # mpirun serves its ranks PMIx itself
     this_machine = False
 
     def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
@@ -317,7 +318,7 @@ class MpirunBackend(Backend):
         period; mpirun itself reports and displays what was asked, and says why
         ranks failed."""
         job = self.job
-        policy = JobSpec(apps=job.apps, mpi="openmpi", timeout=job.timeout, grace=job.grace,
+        policy = JobSpec(apps=job.apps, mpi=job.mpi, timeout=job.timeout, grace=job.grace,
                          quiet=True, launch_dir=job.launch_dir)
         return policy, self._plan()
 
