@@ -87,6 +87,33 @@ class RankEvents(Protocol):
         """One line, as it is, always."""
 
 
+class RemoteHosts(Protocol):
+    """A backend's remote hosts, once reached (the agents' fleet,
+    :class:`~mslaunch.backends.agents.fleet.Fleet`): what the supervisor asks of them."""
+
+    @property
+    def hosts(self) -> Dict[str, Any]:
+        """Each host's handle (a ``RemoteHost``), by name."""
+
+    @property
+    def left_out(self) -> Dict[str, str]:
+        """The hosts the job went on without (spares that could not be reached), and why."""
+
+    def let_go(self, keep: bool) -> None:
+        """Before the handles are released: ``keep``, the agents wait for the next attempt."""
+
+
+class OtherNodes(Protocol):
+    """The other nodes of a job run one command per node, each with its own part
+    (their link, :class:`~mslaunch.msrun.nodelink.NodeLink`)."""
+
+    def ask_look(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
+        """Ask them for their processes' stacks (rows); False if they cannot be asked."""
+
+    def stop(self, code: int, text: str, restart: bool = False) -> None:
+        """This node ends the job with ``code`` (for ``text``); ``restart``: to start again."""
+
+
 class Looker(Protocol):
     """What answers a look inside ranks this machine cannot read itself: a remote
     host's agent, or srun's step (a step of its own that reads every node's)."""

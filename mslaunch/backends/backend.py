@@ -19,10 +19,16 @@ this order --
 4. :meth:`~Backend.handles`: hand every place its ranks; the rank handles
    (:class:`~mslaunch.seams.RankHandle`) the supervisor starts, signals and waits for;
 5. :meth:`~Backend.started`: every rank runs;
-6. :meth:`~Backend.stopping`: the job is being stopped here, with a code;
-7. :meth:`~Backend.let_go`, :meth:`~Backend.close`: the end (what may wait
-   for a later attempt waits); :meth:`~Backend.outcome`: the job's result as
-   this way reports it.
+6. :meth:`~Backend.close`: the end; :meth:`~Backend.outcome`: the job's
+   result as this way reports it.
+
+What only one way has is an object of its own that the supervisor asks, not
+a hook of every backend's: the remote hosts' agents (:attr:`~Backend.remote_hosts`,
+told to let go or to wait for the next attempt before the handles are
+released) and the other nodes of a job run one command per node
+(:attr:`~Backend.other_nodes`, told when the job is stopped here and asked for
+their stacks); :meth:`~Backend.lookers` are what answers looks inside ranks
+this machine cannot read (the agents, srun's step).
 
 :func:`choose` picks the backend once, from :data:`BACKENDS` (Hydra's
 bootstrap table and PRRTE's ``plm`` components play the same part): the first
@@ -34,14 +40,13 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
     from ..core.cputopo import Topology
-    from .agents.host import RemoteHost
     from .agents.starters.starter import LauncherWords
     from ..core.spec import HostEntry, JobResult, JobSpec, Plan, RankSpec
     from ..core.states import BackendName
-    from ..seams import JobView, Looker, RankHandle
+    from ..seams import JobView, Looker, OtherNodes, RankHandle, RemoteHosts
     from .session import Session
 
     class Planning(Protocol):
@@ -109,6 +114,10 @@ class Backend:
     #: :meth:`connect` takes a while and the plan stands meanwhile: the job's PMI is
     #: made before it, while the launcher would only wait.
     pmi_early = False
+    #: The remote hosts' agents, once reached (the agents' way); None: no remote host.
+    remote_hosts: Optional[RemoteHosts] = None
+    #: The job's other nodes, each running its own part (one command per node).
+    other_nodes: Optional[OtherNodes] = None
 
     def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
                  planning: Planning) -> None:
@@ -151,27 +160,9 @@ class Backend:
     def started(self, sup: JobView) -> None:
         """Every rank has been started."""
 
-    @property
-    def hosts(self) -> Dict[str, RemoteHost]:
-        """The remote hosts' handles, by name (their agents serve spawned jobs)."""
-        return {}
-
     def lookers(self) -> Dict[str, Looker]:
         """What answers looks inside the job's ranks that this machine cannot read."""
-        return dict(self.hosts)
-
-    def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
-        """Ask whatever runs the job's other ranks beyond this launcher (the other
-        nodes of a job of one command per node) for their stacks, as rows;
-        False when nothing does."""
-        return False
-
-    def stopping(self, code: int, message: str) -> None:
-        """The job is being stopped here with ``code`` (for ``message``)."""
-
-    def let_go(self, keep: bool) -> None:
-        """Before the handles are released: ``keep``, what may serve the job's next
-        attempt waits for it."""
+        return {}
 
     def close(self) -> None:
         """After the handles are closed."""
@@ -179,11 +170,6 @@ class Backend:
     def outcome(self, result: JobResult) -> JobResult:
         """The job's result as this way reports it."""
         return result
-
-    def left_out(self) -> Dict[str, str]:
-        """Hosts the job went on without (they could not be reached and got no
-        rank), and why."""
-        return {}
 
 
 class LocalBackend(Backend):

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence
+    from typing import Any, Callable, Dict, Optional, Sequence
 
     from ..core.spec import HostEntry, JobResult, Plan
     from ..core.states import BackendName
     from ..seams import JobView
 
-from ..core.states import RESTARTED_ENDINGS
 from .backend import Backend
 
 
@@ -66,8 +65,8 @@ class NodesBackend(Backend):
     name: BackendName = "nodes"
 
     def connect(self, sup: JobView) -> None:
-        self._sup = sup
         link = self.session.nodes.link
+        self.other_nodes = link
         if link is not None:
             link.on_stop = sup.remote_stop
             # (a job of rounds) the service starts every node again: this
@@ -75,19 +74,10 @@ class NodesBackend(Backend):
             link.on_restart = lambda text: sup.remote_stop(1, text)
             link.on_look = sup.look_here
 
-    def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
-        link = self.session.nodes.link
-        return link is not None and link.ask_look(timeout, reply)
-
     def started(self, sup: JobView) -> None:
         announce = self.session.nodes.announce
         if announce is not None:
             announce({r.spec.label or f"rank {r.spec.rank}": r.pid for r in sup.ranks})
-
-    def stopping(self, code: int, message: str) -> None:
-        link = self.session.nodes.link
-        if link is not None:
-            link.stop(code, message, restart=self._sup.ending in RESTARTED_ENDINGS)
 
     def outcome(self, result: JobResult) -> JobResult:
         link = self.session.nodes.link

@@ -150,6 +150,7 @@ def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
     return AttemptOutcome(
         result, tuple(dict.fromkeys(r.spec.host.name for r in supervisor.ranks)),
         tuple(name for name, host in supervisor.hosts.items()
-              if host.at_fault) + tuple(backend.left_out()))
+              if host.at_fault) + tuple(backend.remote_hosts.left_out
+                                        if backend.remote_hosts is not None else ()))
 
 

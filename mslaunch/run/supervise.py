@@ -48,7 +48,8 @@ from ..machine.output import rank_sinks
 from ..machine.terminal import GIVE_UP_AFTER
 from ..machine.spawn import raise_fd_limit, seal_inherited_fds, signal_name
 from ..mpi.pmi.files import remove_singleton_segment
-from ..core.states import FAILURE, OUTPUT, PMI, REMOTE, SIGNAL, STALL, TIMEOUT
+from ..core.states import (FAILURE, OUTPUT, PMI, REMOTE, RESTARTED_ENDINGS, SIGNAL, STALL,
+                           TIMEOUT)
 from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from ..inspect.lookin import OUTPUT_EVERY, LookingInside
@@ -107,7 +108,8 @@ class Supervisor(LookingInside):
 
     @property
     def hosts(self) -> Dict[str, RemoteHost]:
-        return self.backend.hosts
+        remote = self.backend.remote_hosts
+        return remote.hosts if remote is not None else {}
 
     @property
     def lookers(self) -> Dict[str, Any]:
@@ -118,7 +120,8 @@ class Supervisor(LookingInside):
     def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool:
         """Ask the job's other nodes for their workers' stacks (rows); False when
         the job has none."""
-        return self.backend.elsewhere(timeout, reply)
+        nodes = self.backend.other_nodes
+        return nodes is not None and nodes.ask_look(timeout, reply)
 
     def look_here(self, timeout: float, reply: Callable[[List[Any]], None]) -> None:
         """This node's workers' stacks as rows, for another node that asked."""
@@ -492,7 +495,9 @@ class Supervisor(LookingInside):
             self._terminate()
 
     def _tell_cluster(self, code: int, message: str) -> None:
-        self.backend.stopping(code, message)
+        nodes = self.backend.other_nodes
+        if nodes is not None:
+            nodes.stop(code, message, restart=self.ending in RESTARTED_ENDINGS)
 
     def remote_stop(self, code: int, message: str) -> None:
         """Another node (or the node service) ends the job: stop here too, with ``code``."""
@@ -533,7 +538,9 @@ class Supervisor(LookingInside):
     # -- end --------------------------------------------------------------
     def _cleanup(self) -> None:
         self._close_control()
-        self.backend.let_go(self.session.keeps_agents(self.ending, self.stop_signal))
+        remote = self.backend.remote_hosts
+        if remote is not None:
+            remote.let_go(self.session.keeps_agents(self.ending, self.stop_signal))
         for handle in self._handles():
             handle.release()
         if self.stdin_fanout is not None:

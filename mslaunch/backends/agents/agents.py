@@ -16,13 +16,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-    from .host import RemoteHost
     from .starters.starter import Starter
     from ...core.spec import HostEntry, JobSpec, Plan, RankSpec
     from ...core.states import BackendName
     from ..backend import Planning
     from .fleet import Fleet
-    from ...seams import JobView, RankHandle
+    from ...seams import JobView, Looker, RankHandle
     from ..session import Session
     from .keptagents import KeptAgents
 
@@ -100,6 +99,7 @@ class AgentsBackend(Backend):
         from .fleet import Fleet
         assert self.starter is not None            # (begin made it)
         self.fleet = Fleet(sup, sup.stop_requested, self.session.kept)
+        self.remote_hosts = self.fleet
         # Each host's link and connections are open before its ranks start.
         raise_fd_limit(8 * len(sup.plan.ranks) + 8 * len(self.names) + 64)
         self.fleet.connect(self._first(), self.starter, self.replan)
@@ -134,15 +134,8 @@ class AgentsBackend(Backend):
                 from .forwarding import tell_once
                 tell_once(self.job, self.environ, sup.console.message, cache_path)
 
-    @property
-    def hosts(self) -> Dict[str, RemoteHost]:
-        return self.fleet.hosts if self.fleet is not None else {}
-
-    def let_go(self, keep: bool) -> None:
-        if self.fleet is not None:
-            if keep:
-                self.fleet.keep_hosts()
-            self.fleet.let_go_all()
+    def lookers(self) -> Dict[str, Looker]:
+        return dict(self.fleet.hosts) if self.fleet is not None else {}
 
     def close(self) -> None:
         if self.fleet is not None:
@@ -150,10 +143,6 @@ class AgentsBackend(Backend):
             self.fleet.close_listener()
         if self.starter is not None:
             self.starter.close()      # what prepare began, if the job failed before using it
-
-    def left_out(self) -> Dict[str, str]:
-        """Hosts the job went on without (spares that could not be reached), and why."""
-        return dict(self.fleet.left_out) if self.fleet is not None else {}
 
 
 def _needs_topologies(job: JobSpec, entries: Sequence[HostEntry]) -> bool:

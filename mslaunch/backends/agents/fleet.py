@@ -419,6 +419,13 @@ class Fleet:
         else:
             let_go(conn)
 
+    def let_go(self, keep: bool) -> None:
+        """Before the handles are released (see :class:`~mslaunch.seams.RemoteHosts`):
+        ``keep``, the agents whose ranks have all ended wait for the next attempt."""
+        if keep:
+            self.keep_hosts()
+        self.let_go_all()
+
     def let_go_all(self) -> None:
         """Agents started but never given their ranks go (or wait for the next attempt)."""
         for conn in self.conns.values():
