@@ -13,7 +13,6 @@ if TYPE_CHECKING:
 
     from ...core.spec import SpawnRequest
 
-from ...core.procmap import parse_process_mapping
 from .wire import VALLEN_MAX
 
 #: Bytes of keys and values one job may store: MPICH puts one business card
@@ -113,10 +112,8 @@ class LocalJobState(JobState):
         # A mapping the client cannot hold is served as a miss (see module doc).
         if process_mapping and len(process_mapping) < VALLEN_MAX:
             self._attrs["PMI_process_mapping"] = process_mapping
-        try:
-            self._node_of = parse_process_mapping(process_mapping, size)
-        except ValueError:
-            self._node_of = [0] * size
+        self._mapping = process_mapping
+        self._nodes: Optional[List[int]] = None     # each rank's node, read at the first ask
         self._kvs: Dict[str, str] = {}
         self._kvs_bytes = 0
         self._in_barrier: Dict[int, Optional[Callable[[], None]]] = {}
@@ -191,14 +188,23 @@ class LocalJobState(JobState):
             return []
         return [r for r in range(self.size) if r not in self._in_barrier]
 
+    def _node_of(self, rank: int) -> int:
+        if self._nodes is None:
+            from ...core.procmap import parse_process_mapping
+            try:
+                self._nodes = parse_process_mapping(self._mapping, self.size)
+            except ValueError:
+                self._nodes = [0] * self.size
+        return self._nodes[rank]
+
     def node_attr_put(self, rank: int, key: str, value: str) -> None:
-        slot = (self._node_of[rank], key)
+        slot = (self._node_of(rank), key)
         self._node_attrs[slot] = value
         for reply in self._node_waiters.pop(slot, []):
             reply(value)
 
     def node_attr_get(self, rank: int, key: str, wait: bool, reply: Callable[[Optional[str]], None]) -> None:
-        slot = (self._node_of[rank], key)
+        slot = (self._node_of(rank), key)
         value = self._node_attrs.get(slot)
         if value is None and wait:
             self._node_waiters.setdefault(slot, []).append(reply)
