@@ -106,7 +106,8 @@ class Backend:
     name: BackendName = "local"
     #: mslaunch serves its own PMI (and PMIx) to this way's ranks, when the job
     #: uses PMI; False: the way's own launcher serves them (Open MPI's mpirun, as
-    #: Flux's or ``srun --mpi=pmix`` would), and the job is not rewritten for it.
+    #: Flux's or ``srun --mpi=pmix`` would) and mslaunch starts no server of its
+    #: own, with no change to the job (the plan's rank variables stay).
     serves_pmi = True
     #: Processes of the job may run on this machine as the launcher's children (now,
     #: or spawned later): they get this machine's topology file from PMI.

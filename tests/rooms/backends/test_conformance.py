@@ -48,6 +48,28 @@ def test_a_starter_line_names_a_module_that_makes_one(name, words, wanted, modul
     assert callable(getattr(importlib.import_module(module), "make", None)), module
 
 
+def test_the_check_refuses_a_handle_without_a_member_of_the_seam():
+    class NoRanks:
+        busy = property(lambda self: False)
+
+        def start(self) -> None: ...
+
+        def signal(self, sig, ranks=None) -> None: ...
+
+        def release(self) -> None: ...
+
+        def close(self, deadline) -> None: ...
+
+    class NoClose(NoRanks):
+        ranks = (0,)
+        close = None          # type: ignore[assignment]
+
+    with pytest.raises(AssertionError, match="NoRanks has no ranks"):
+        check_handle(NoRanks)
+    with pytest.raises(AssertionError, match="NoClose has no close"):
+        check_handle(NoClose)
+
+
 def test_the_check_refuses_a_backend_with_a_hook_of_its_own_or_another_signature():
     class Odd(Backend):
         def reconnect(self) -> None:

@@ -109,25 +109,27 @@ def test_a_process_deaf_to_sigterm_and_its_group_are_killed_at_the_deadline(loop
 
 
 def test_a_process_that_heeds_sigterm_ends_before_its_deadline(loop):
-    h = _Shell(loop, "sleep 600 & wait")
-    h._end(time.monotonic() + 600)
+    h = _Shell(loop, "exec sleep 600")
+    h._end(time.monotonic() + 60)       # SIGKILL, should SIGTERM not end it by then
     assert h.ended_as == (None, signal.SIGTERM)
     h._finish_pipes()
     assert not h.busy
 
 
 def test_nothing_is_signalled_once_the_process_is_reaped(loop):
-    got = []
-    old = signal.signal(signal.SIGUSR1, lambda *a: got.append(a))
+    h = _Shell(loop, "exit 0")
+    _run(loop, lambda: h.ended is not None)
+    # As if its pid were taken again: by another process, leading its own group.
+    other = ProcessHandle._spawn("/bin/sleep", ["sleep", "600"], {})
     try:
-        h = _Shell(loop, "exit 0")
-        _run(loop, lambda: h.ended is not None)
-        h.pid = os.getpid()            # as if its pid were taken again, by this process
-        h._kill(signal.SIGUSR1)
-        h._kill(signal.SIGUSR1, group=True)
+        h.pid = other
+        h._kill(signal.SIGKILL)
+        h._kill(signal.SIGKILL, group=True)
+        assert os.waitpid(other, os.WNOHANG) == (0, 0), "the other process was signalled"
     finally:
-        signal.signal(signal.SIGUSR1, old)
-    assert got == [] and h.ended == (0, None)
+        os.kill(other, signal.SIGKILL)
+        os.waitpid(other, 0)
+    assert h.ended == (0, None)
     h._finish_pipes()
 
 

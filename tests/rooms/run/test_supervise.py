@@ -22,14 +22,16 @@ from mslaunch.backends.session import Session
 from mslaunch.run.supervise import Supervisor
 from mslaunch.machine.terminal import Console
 from mslaunch.core.spec import replace
+from mslaunch.seams import RankEvents
 
 
 class StandInRanks:
     """Ranks that exist only as keys: they start with made-up pids, end when the
     test says so, and end at once on SIGTERM or SIGKILL unless told to ignore it."""
 
-    def __init__(self, sup: Supervisor, keys: Sequence[int], ignore_term: bool = False) -> None:
-        self.sup = sup
+    def __init__(self, events: RankEvents, keys: Sequence[int], ignore_term: bool = False
+                 ) -> None:
+        self.events = events
         self.ranks = set(keys)
         self.running: set = set()
         self.signals: List[Tuple[int, Optional[Tuple[int, ...]]]] = []
@@ -45,18 +47,18 @@ class StandInRanks:
     def start(self) -> None:
         for key in sorted(self.ranks):
             self.running.add(key)
-            self.sup.rank_started(key, 10000 + key)
+            self.events.rank_started(key, 10000 + key)
 
     def signal(self, sig: int, ranks: Optional[Sequence[int]] = None) -> None:
         self.signals.append((sig, tuple(ranks) if ranks is not None else None))
         if sig == signal.SIGKILL or (sig == signal.SIGTERM and not self.ignore_term):
             for key in sorted(self.running & set(ranks if ranks is not None else self.ranks)):
-                self.sup.loop.call_later(0.01, lambda k=key: self.exit(k, None, sig))
+                self.events.loop.call_later(0.01, lambda k=key: self.exit(k, None, sig))
 
     def exit(self, key: int, code: Optional[int], sig: Optional[int] = None) -> None:
         if key in self.running:
             self.running.discard(key)
-            self.sup.rank_exited(key, code, sig)
+            self.events.rank_exited(key, code, sig)
 
     def release(self) -> None:
         self.released = True
@@ -75,6 +77,7 @@ class StandInBackend(Backend):
         super().__init__(job, {}, session, planning)
         self.test = test
         self.remote: Dict[str, StandInHost] = {}
+        self.remote_hosts = StandInHosts(self.remote)
 
     def check(self, plan) -> None:
         pass
@@ -83,16 +86,28 @@ class StandInBackend(Backend):
         test = self.test
         keys = [s.key for s in sup.plan.ranks if not any(s.key in h.ranks
                                                           for h in self.remote.values())]
-        test.stand_in = StandInRanks(sup, keys, **test.stand_in_options)
+        test.stand_in = StandInRanks(sup.events, keys, **test.stand_in_options)
         for when, key, code in test.script:
             sup.loop.call_later(when, lambda k=key, c=code: test.stand_in.exit(k, c))
-        for when, what in test.events:
+        for when, what in test.timed:
             sup.loop.call_later(when, what)
         return [test.stand_in, *self.remote.values()]
+
+
+class StandInHosts:
+    """The stand-in remote hosts as the supervisor asks them (``seams.RemoteHosts``)."""
+
+    def __init__(self, remote: Dict[str, StandInHost]) -> None:
+        self.remote = remote
+        self.left_out: Dict[str, str] = {}
+        self.let_go_with: List[bool] = []
 
     @property
     def hosts(self):
         return dict(self.remote)
+
+    def let_go(self, keep: bool) -> None:
+        self.let_go_with.append(keep)
 
 
 class _Planned:
@@ -116,7 +131,7 @@ class PolicyUnderTest(Supervisor):
         self.backend_under_test = StandInBackend(self, job, session, _Planned(plan))
         super().__init__(job, plan, self.backend_under_test, session, **kw)
         self.script: List[Tuple[float, int, Optional[int]]] = []   # (when, key, code)
-        self.events: List[Tuple[float, Callable[[], object]]] = []  # (when, what), once started
+        self.timed: List[Tuple[float, Callable[[], object]]] = []  # (when, what), once started
         self.stand_in: Optional[StandInRanks] = None
 
     stand_in_options: Dict[str, object] = {}
@@ -149,7 +164,7 @@ def test_a_clean_job_exits_zero_and_signals_nobody():
 
 def test_a_rank_killed_by_a_signal_is_reported_with_its_name():
     sup = PolicyUnderTest(["-n", "2"])
-    sup.events = [(0.02, lambda: sup.stand_in.exit(0, None, signal.SIGSEGV))]
+    sup.timed = [(0.02, lambda: sup.stand_in.exit(0, None, signal.SIGSEGV))]
     result = sup.run()
     assert result.exit_code == 128 + signal.SIGSEGV
     assert "killed by signal 11 (SIGSEGV)" in result.message
@@ -175,7 +190,7 @@ def test_timeout_ends_the_job_with_status_110():
 
 def test_a_stop_signal_stops_the_ranks_and_exits_128_plus_it():
     sup = PolicyUnderTest(["-n", "2"])
-    sup.events = [(0.02, lambda: os.kill(os.getpid(), signal.SIGTERM))]
+    sup.timed = [(0.02, lambda: os.kill(os.getpid(), signal.SIGTERM))]
     result = sup.run()
     assert result.exit_code == 128 + signal.SIGTERM
     assert result.message == "mslaunch: stopped by SIGTERM"
@@ -188,7 +203,7 @@ def test_a_stop_signal_stops_the_ranks_and_exits_128_plus_it():
 def test_other_signals_are_forwarded_to_every_rank():
     sup = PolicyUnderTest(["-n", "2"])
     sup.script = [(0.2, 0, 0), (0.2, 1, 0)]
-    sup.events = [(0.02, lambda: os.kill(os.getpid(), signal.SIGUSR1))]
+    sup.timed = [(0.02, lambda: os.kill(os.getpid(), signal.SIGUSR1))]
     result = sup.run()
     assert result.exit_code == 0
     assert (signal.SIGUSR1, None) in sup.stand_in.signals
@@ -201,16 +216,19 @@ class StandInHost(StandInRanks):
 def test_a_lost_host_fails_its_ranks_with_255_and_stops_the_rest():
     sup = PolicyUnderTest(["-n", "2"])
     # rank 1 lives on a remote host, behind the same seam
-    host = StandInHost(sup, [1])
+    host = StandInHost(sup.events, [1])
     sup.backend_under_test.remote["h1"] = host
-    sup.events = [(0.03, lambda: (host.running.clear(),
-                                  sup.ranks_lost(host.ranks, "connection reset")))]
+    sup.timed = [(0.03, lambda: (host.running.clear(),
+                                 sup.ranks_lost(host.ranks, "connection reset")))]
     result = sup.run()
     assert result.exit_code == HOST_LOST_EXIT == 255
     assert result.root_cause.rank == 1
     assert "was lost with its host: connection reset" in result.message
     assert sup.stand_in.sent()[:2] == [signal.SIGCONT, signal.SIGTERM]
     assert host.released and host.deadline is not None
+    # the supervisor asked the backend's hosts: they are the job's, and let go
+    assert sup.hosts == {"h1": host}
+    assert sup.backend_under_test.remote_hosts.let_go_with == [False]
 
 
 class UnreportedHost(StandInHost):
@@ -222,10 +240,10 @@ class UnreportedHost(StandInHost):
 
 def test_a_rank_lost_before_its_start_was_reported_is_named_without_a_pid():
     sup = PolicyUnderTest(["-n", "2"])
-    host = UnreportedHost(sup, [1])
+    host = UnreportedHost(sup.events, [1])
     sup.backend_under_test.remote["h1"] = host
-    sup.events = [(0.03, lambda: (host.running.clear(),
-                                  sup.ranks_lost(host.ranks, "connection reset")))]
+    sup.timed = [(0.03, lambda: (host.running.clear(),
+                                 sup.ranks_lost(host.ranks, "connection reset")))]
     result = sup.run()
     assert result.exit_code == HOST_LOST_EXIT
     assert "rank 1 (on " in result.message and \
