@@ -53,7 +53,7 @@ from ..core.states import (FAILURE, OUTPUT, PMI, REMOTE, RESTARTED_ENDINGS, SIGN
 from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from ..inspect.lookin import OUTPUT_EVERY, LookingInside
-from ..rankbook import Rank as _Rank
+from ..rankbook import Events, Rank as _Rank
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGTSTP)
@@ -99,7 +99,7 @@ class Supervisor(LookingInside):
         self.inspector: Optional[Inspector] = None   # made on the first connection
         self.stall: Optional[StallWatch] = None      # --stall-report's watcher
         self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
-        self.events: RankEvents = _Events(self)     # what the rank handles report to
+        self.events: RankEvents = Events(self)     # what the rank handles report to
 
     @property
     def restarts(self) -> int:
@@ -578,25 +578,6 @@ class Supervisor(LookingInside):
         if self.stop_signal is not None:
             result = replace(result, stop_signal=self.stop_signal)
         return result
-
-
-class _Events:
-    """The supervisor's side of the rank-handle seam (:class:`~mslaunch.seams.RankEvents`):
-    its rank events and what it lends, and nothing else of it."""
-
-    __slots__ = ("loop", "watchdog", "rank_started", "rank_exited", "ranks_lost",
-                 "make_sinks", "log", "say", "_sup")
-
-    def __init__(self, sup: Supervisor) -> None:
-        self.loop, self.watchdog = sup.loop, sup.watchdog
-        self.rank_started, self.rank_exited = sup.rank_started, sup.rank_exited
-        self.ranks_lost, self.make_sinks = sup.ranks_lost, sup.make_sinks
-        self.log, self.say = sup.log, sup.console.message
-        self._sup = sup
-
-    def rank_refused(self, key: int, reason: str) -> None:
-        sup = self._sup
-        sup.fail(sup.ranks[key], reason, 1, abort=True)
 
 
 def _note_stop(signum: int) -> None:
