@@ -28,7 +28,7 @@ class Rank:
         self.signal: Optional[int] = None
         self.reason = ""
         self.ended = False
-        self.pmi_lost = False
+        self.pmi_lost: Optional[float] = None   # when it left PMI unfinalized
         self.discarded = False    # of a spawn that failed: stopped, not a failure
         self.restarts = 0         # times started again (msrun's recovery)
         self.last_end = ""        # how the previous run ended, for the log's marker

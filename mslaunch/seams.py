@@ -180,7 +180,8 @@ class RankState(Protocol):
     signal: Optional[int]
     reason: str
     ended: bool
-    pmi_lost: bool
+    end: Optional[float]        # wall clock, where it was seen to end
+    pmi_lost: Optional[float]   # when its PMI connection closed before MPI_Finalize
     discarded: bool
     restarts: int
     last_end: str

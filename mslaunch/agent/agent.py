@@ -508,7 +508,7 @@ class Agent:
     def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int],
                     at: float) -> None:
         self._report_singletons()
-        self.pmi.exited(rank, code, sig)
+        self.pmi.exited(rank, code, sig, at)
         self.exited.add(rank)
         self.stdin.drop(rank)
         self.endpoint.send(frames.encode(frames.Exited(rank=rank, code=code, signal=sig,

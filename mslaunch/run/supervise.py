@@ -364,7 +364,7 @@ class Supervisor(LookingInside):
         if sig is not None or code:
             self.fail(r, "", 128 + sig if sig is not None else code or 1,
                       abort=not self.job.keep_going, at=r.end)
-        elif r.pmi_lost and self.mpi_jobs is not None:
+        elif r.pmi_lost is not None and self.mpi_jobs is not None:
             self.mpi_jobs.check_lost(r)
         elif self.mpi_jobs is not None:
             self.mpi_jobs.check_left_mpi(r)

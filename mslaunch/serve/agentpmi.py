@@ -144,14 +144,14 @@ class AgentPMI:
         problem = self.pmix.problem if self.pmix is not None else None
         return {"nopmix": problem[:300]} if problem else {}
 
-    def exited(self, key: int, code: Optional[int], sig: Optional[int]) -> None:
-        """A rank here ended: one that left PMIx without finalizing is lost."""
+    def exited(self, key: int, code: Optional[int], sig: Optional[int], at: float) -> None:
+        """A rank here ended (at ``at``): one that left PMIx without finalizing is lost."""
         if code or sig is not None:
             return
         for pj in self.jobs.values():
             for rank, k in pj.keys.items():
                 if k == key and pj.left_pmix(rank):
-                    self.pmi_lost(key)
+                    self.pmi_lost(key, at)
                     return
 
     def pmix_names(self, pj: PMIJob, request: Dict[str, Any],
@@ -305,8 +305,8 @@ class AgentPMI:
         self.up({"op": "abort", "rank": key, "code": code, "message": message[:200],
                  "at": at or time.time(), "stop_at": self.stop_at})
 
-    def pmi_lost(self, key: int) -> None:
-        self.up({"op": "lost", "rank": key, "at": time.time(), "stop_at": self.stop_at})
+    def pmi_lost(self, key: int, at: Optional[float] = None) -> None:
+        self.up({"op": "lost", "rank": key, "at": at or time.time(), "stop_at": self.stop_at})
 
     def pmi_started(self, pj: PMIJob, rank: int) -> None:
         self.up({"op": "started", "rank": pj.keys[rank], "pmix": rank in pj.pmix_in})

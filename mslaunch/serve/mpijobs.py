@@ -131,8 +131,8 @@ class MPIJobs:
 
     def pmi_lost(self, key: int, at: Optional[float] = None) -> None:
         r = self.sup.ranks[key]
-        r.pmi_lost = True
         at = at or time.time()
+        r.pmi_lost = at if r.pmi_lost is None else min(r.pmi_lost, at)
         if r.ended:
             self.check_lost(r, at)
         else:
@@ -142,13 +142,14 @@ class MPIJobs:
             self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at))
 
     def check_lost(self, r, at: Optional[float] = None) -> None:
-        """Rank ``r``'s PMI connection closed (at ``at``, else when it ended): a
-        failure unless its exit is one already."""
+        """Rank ``r``'s PMI connection closed (at the earliest of ``at``, when that
+        was first seen and when it ended): a failure unless its exit is one already."""
         if r.signal is not None or r.code:
             return  # a failure in its own right, already handled
         self.sup.fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
                       if r.ended else "closed its PMI connection without MPI_Finalize",
-                      1, abort=True, at=min([t for t in (at, r.end) if t] or [time.time()]))
+                      1, abort=True,
+                      at=min([t for t in (at, r.pmi_lost, r.end) if t] or [time.time()]))
 
     def pmi_log(self, message: str) -> None:
         self.sup.log(f"PMI: {message}")
@@ -170,7 +171,7 @@ class MPIJobs:
         r = self.sup.ranks[spec.key]
         if pj is not None and spec.host.local and not r.code and r.signal is None \
                 and pj.left_pmix(spec.rank):
-            r.pmi_lost = True
+            r.pmi_lost = r.end or time.time()
         if pj is None or pj.number == 1 or pj.server is None:
             return
         if all(r.ended for r in self.sup.ranks

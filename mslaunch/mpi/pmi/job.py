@@ -100,9 +100,9 @@ class PMIJob:
         if rank in self.keys:
             self.owner.pmi_abort(self.keys[rank], code, message, at)
 
-    def pmi_lost(self, rank: int) -> None:
+    def pmi_lost(self, rank: int, at: Optional[float] = None) -> None:
         if rank in self.keys:
-            self.owner.pmi_lost(self.keys[rank])
+            self.owner.pmi_lost(self.keys[rank], at)
 
     def pmi_log(self, message: str) -> None:
         self.owner.pmi_log(message if self.number == 1 else f"job {self.number}: {message}")
@@ -116,12 +116,13 @@ class PMIJob:
         self.pmix_in.add(rank)
         self.pmi_started(rank)
 
-    def pmix_finalized(self, rank: int, clean: bool) -> None:
-        """A rank's PMIx connection ended: finalized, or lost as its process died."""
+    def pmix_finalized(self, rank: int, clean: bool, at: Optional[float] = None) -> None:
+        """A rank's PMIx connection ended: finalized, or lost (at ``at``) as its
+        process died."""
         if clean:
             self.pmix_done.add(rank)
         else:
-            self.pmi_lost(rank)
+            self.pmi_lost(rank, at)
 
     def joined_pmix(self, rank: int) -> bool:
         """Whether a rank here connected to this host's PMIx server.  A connection is

@@ -367,12 +367,14 @@ class PMIxServer:
 
     def _finalized(self, proc: Any, server_object: Any, cbfunc: Any, cbdata: Any) -> int:
         # Called for MPI_Finalize, and for a connection lost: then the process is
-        # exiting already (its descriptors close after it is marked so).
+        # exiting already (its descriptors close after it is marked so).  A loss is
+        # dated here: the loop may run after the job's stop reached this host.
         try:
+            at = time.time()
             ns, rank = self.which(proc)
             if ns is not None:
                 clean = not exiting(ns.pid_of(rank))
-                self.inbox.post(lambda: ns.listener.pmix_finalized(rank, clean))
+                self.inbox.post(lambda: ns.listener.pmix_finalized(rank, clean, at))
         except Exception:  # noqa: BLE001
             pass
         return L.OPERATION_SUCCEEDED

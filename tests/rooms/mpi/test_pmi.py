@@ -42,7 +42,7 @@ class Recorder:
         assert at > 0
         self.aborts.append((rank, code, message))
 
-    def pmi_lost(self, rank: int) -> None:
+    def pmi_lost(self, rank: int, at: Optional[float] = None) -> None:
         self.lost.append(rank)
 
     def pmi_log(self, message: str) -> None:
