@@ -889,9 +889,16 @@ def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
     def keys(*what: str) -> None:
         subprocess.run(tmux + ["send-keys", "-t", "bg", *what], check=True, timeout=30)
 
-    def stopped(pid: int) -> bool:
+    def stat(pid: int) -> list:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+            return f.read().rsplit(")", 1)[1].split()
+
+    def stopped(pid: int) -> bool:
+        return stat(pid)[0] == "T"
+
+    def foreground(pid: int) -> bool:
+        fields = stat(pid)
+        return fields[5] == fields[2]       # the terminal's process group is its own
 
     try:
         subprocess.run(tmux + ["new-session", "-d", "-x", "150", "-y", "30", "-s", "bg",
@@ -912,6 +919,9 @@ def test_a_job_run_with_and_waits_for_fg_to_read_the_terminal(tmp_path):
         assert wait_for(lambda: re.search(r"\d+ (Running|Stopped)", screen()), 30), screen()
         assert re.search(r"\d+ Running .*mslaunch -n 1", screen()), screen()
         keys("fg", "Enter")
+        # Typed before the shell has run `fg`, the line would go to the shell's
+        # readline, which takes in what is already typed as it reads its own line.
+        assert wait_for(lambda: foreground(launcher), 30), screen()
         keys("hello", "Enter")
         assert wait_for(lambda: "got:hello" in screen(), 30), screen()
         # the job ends, and its guard with its cgroup (the shell and tmux carry the tag too)
