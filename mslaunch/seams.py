@@ -8,11 +8,12 @@ instead of importing it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Container, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import Any, Callable, Collection, Container, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from .machine.guard import Watchdog
 from .machine.loop import Loop
 from .machine.output import RankOutput
+from .machine.stdin import StdinFanout
 from .machine.terminal import Console
 from .core.spec import JobSpec, Plan, RankSpec
 from .core.states import Ending
@@ -70,7 +71,7 @@ class RankEvents(Protocol):
                     at: Optional[float] = None) -> None:
         """Rank ``key`` ended with exit ``code`` or signal ``sig``, at ``at`` (now if None)."""
 
-    def ranks_lost(self, keys: Sequence[int], reason: str, at: Optional[float] = None,
+    def ranks_lost(self, keys: Collection[int], reason: str, at: Optional[float] = None,
                    blameless: bool = False) -> None:
         """Ranks ``keys`` ended unseen (their host, or their launcher, is gone)."""
 
@@ -102,6 +103,10 @@ class RemoteHosts(Protocol):
     def let_go(self, keep: bool) -> None:
         """Before the handles are released: ``keep``, the agents wait for the next attempt."""
 
+    def relay_stdin(self, local_pipes: Dict[int, int]) -> Optional[StdinFanout]:
+        """Once every rank started: the launcher's stdin to the ranks that read it,
+        here (``local_pipes``, by key) and on the hosts; None when none does."""
+
 
 class OtherNodes(Protocol):
     """The other nodes of a job run one command per node, each with its own part
@@ -112,6 +117,11 @@ class OtherNodes(Protocol):
 
     def stop(self, code: int, text: str, restart: bool = False) -> None:
         """This node ends the job with ``code`` (for ``text``); ``restart``: to start again."""
+
+    def listen(self, stop: Callable[[int, str], None],
+               look: Callable[[float, Callable[[List[Any]], None]], None]) -> None:
+        """Where the other nodes' news goes: ``stop(code, text)`` ends the job here,
+        ``look(timeout, reply)`` answers their look at this node's processes."""
 
 
 class Looker(Protocol):
@@ -197,7 +207,8 @@ class RankState(Protocol):
 
 
 class JobView(Protocol):
-    """What the backends, the PMI job set and the reports use of the supervisor."""
+    """What the PMI job set, the looks inside the job, the reports and the lending
+    to backends (:class:`~mslaunch.run.lent.Lent`) use of the supervisor."""
 
     job: JobSpec
     plan: Plan
@@ -214,8 +225,6 @@ class JobView(Protocol):
 
     @property
     def session(self) -> SharedByAttempts: ...
-    local: Any              # this machine's ranks' handle, if any
-    stdin_fanout: Any
 
     @property
     def restarts(self) -> int: ...
@@ -233,8 +242,6 @@ class JobView(Protocol):
     def spoken_for(self) -> Set[int]: ...
 
     def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool: ...
-
-    def look_here(self, timeout: float, reply: Callable[[List[Any]], None]) -> None: ...
 
     def log(self, message: str) -> None: ...
 
@@ -269,4 +276,3 @@ class JobView(Protocol):
     def local_ranks(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any,
                     stdin_fd: Optional[int]) -> Any: ...
 
-    def remote_stop(self, code: int, message: str) -> None: ...

@@ -16,11 +16,16 @@ this order --
    made again there with the hosts' topologies);
 3. :meth:`~Backend.here`, :meth:`~Backend.check`: which ranks run as this
    machine's processes, and whether they can start;
-4. :meth:`~Backend.handles`: hand every place its ranks; the rank handles
-   (:class:`~mslaunch.seams.RankHandle`) the supervisor starts, signals and waits for;
+4. :meth:`~Backend.handles`: hand every place its ranks; every rank handle
+   (:class:`~mslaunch.seams.RankHandle`) the supervisor starts, signals and waits
+   for, this machine's ranks' included;
 5. :meth:`~Backend.started`: every rank runs;
 6. :meth:`~Backend.close`: the end; :meth:`~Backend.outcome`: the job's
    result as this way reports it.
+
+``connect``, ``handles`` and ``started`` are lent a :class:`LaunchView`, not the
+supervisor: the job as it stands, where the handles report, and the few things
+only the supervisor does.
 
 What only one way has is an object of its own that the supervisor asks, not
 a hook of every backend's: the remote hosts' agents (:attr:`~Backend.remote_hosts`,
@@ -45,9 +50,69 @@ if TYPE_CHECKING:
     from ..core.cputopo import Topology
     from .agents.starters.starter import LauncherWords
     from ..core.spec import HostEntry, JobResult, JobSpec, Plan, RankSpec
-    from ..core.states import BackendName
-    from ..seams import JobView, Looker, OtherNodes, RankHandle, RemoteHosts
+    from ..core.states import BackendName, Ending
+    from ..machine.local import LocalRanks, PMIEnv
+    from ..machine.loop import Loop
+    from ..machine.terminal import Console
+    from ..seams import (Closable, Looker, OtherNodes, RankEvents, RankHandle, RemoteHosts,
+                         SharedByAttempts)
+    from ..serve.mpijobs import MPIJobs
     from .session import Session
+
+    class LaunchView(Protocol):
+        """What a backend is lent of the job it starts (by the supervisor, which
+        keeps everything else): the job and its plan as they stand, where its
+        handles report (:attr:`events`), and the few things only the supervisor does."""
+
+        @property
+        def job(self) -> JobSpec: ...
+
+        @property
+        def plan(self) -> Plan:
+            """The plan, as made again by :meth:`replanned` if it was."""
+
+        @property
+        def loop(self) -> Loop: ...
+
+        @property
+        def console(self) -> Console: ...
+
+        @property
+        def events(self) -> RankEvents: ...
+
+        @property
+        def session(self) -> SharedByAttempts: ...
+
+        @property
+        def ending(self) -> Optional[Ending]:
+            """How the job ends, once it does (None while it runs)."""
+
+        @property
+        def stop_signal(self) -> Optional[int]: ...
+
+        @property
+        def launched(self) -> bool:
+            """Every handle was made, and told to start."""
+
+        @property
+        def mpi_jobs(self) -> Optional[MPIJobs]:
+            """The job's MPI as mslaunch serves it, once made (None without)."""
+
+        def stop_requested(self) -> bool:
+            """Whether a stop signal came while the places were being reached."""
+
+        def replanned(self, plan: Plan) -> None:
+            """The plan made again (with the remote hosts' topologies), before any rank runs."""
+
+        def answer_while_starting(self, status: Callable[[], str]) -> Optional[Closable]:
+            """What answers ``mslaunch-stacks`` while the places are reached."""
+
+        def host_paused(self, name: str) -> None:
+            """A remote host's ranks are stopped (Ctrl-Z), as asked."""
+
+        def local_ranks(self, specs: Sequence[RankSpec], pmi: object, pmi_env: Optional[PMIEnv],
+                        stdin_fd: Optional[int]) -> LocalRanks:
+            """The handle of this machine's ranks ``specs``, as the job's own processes."""
 
     class Planning(Protocol):
         """The hosts and the plan of one attempt: the plan made on first use and
@@ -140,7 +205,7 @@ class Backend:
         """The job as the supervisor sees it, and its plan."""
         return self.job, self.planning.plan()
 
-    def connect(self, sup: JobView) -> None:
+    def connect(self, view: LaunchView) -> None:
         """Reach every place the ranks run (nothing to reach here)."""
 
     def here(self, plan: Plan) -> List[RankSpec]:
@@ -151,14 +216,13 @@ class Backend:
         """Fail before anything starts if a program or directory is missing here."""
         check_startable(plan.ranks)
 
-    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
-        """Hand every place its ranks and wait until each is ready; the handles
-        other than this machine's own ranks (``sup.local_ranks`` makes those)."""
-        if here:
-            sup.local_ranks(here, pmi, pmi_env, stdin_fd=0)
-        return []
+    def handles(self, view: LaunchView, here: Sequence[RankSpec], pmi: object,
+                pmi_env: Optional[PMIEnv]) -> List[RankHandle]:
+        """Hand every place its ranks and wait until each is ready; every handle,
+        this machine's own ranks' included (``view.local_ranks`` makes that one)."""
+        return [view.local_ranks(here, pmi, pmi_env, stdin_fd=0)] if here else []
 
-    def started(self, sup: JobView) -> None:
+    def started(self, view: LaunchView) -> None:
         """Every rank has been started."""
 
     def lookers(self) -> Dict[str, Looker]:

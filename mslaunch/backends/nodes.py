@@ -13,11 +13,13 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Optional, Sequence
 
-    from ..core.spec import HostEntry, JobResult, Plan
+    from ..core.spec import HostEntry, JobResult, Plan, RankSpec
     from ..core.states import BackendName
-    from ..seams import JobView
+    from ..machine.local import LocalRanks, PMIEnv
+    from ..seams import RankHandle
+    from .backend import LaunchView
 
 from .backend import Backend
 
@@ -63,21 +65,22 @@ class NodesBackend(Backend):
     """See the module docstring; ``session.nodes`` is the node's :class:`NodePart`."""
 
     name: BackendName = "nodes"
+    #: This node's processes, once handed them (their pids are announced).
+    processes: Optional[LocalRanks] = None
 
-    def connect(self, sup: JobView) -> None:
-        link = self.session.nodes.link
-        self.other_nodes = link
-        if link is not None:
-            link.on_stop = sup.remote_stop
-            # (a job of rounds) the service starts every node again: this
-            # node's processes end, whatever their code
-            link.on_restart = lambda text: sup.remote_stop(1, text)
-            link.on_look = sup.look_here
+    def connect(self, view: LaunchView) -> None:
+        self.other_nodes = self.session.nodes.link
 
-    def started(self, sup: JobView) -> None:
+    def handles(self, view: LaunchView, here: Sequence[RankSpec], pmi: object,
+                pmi_env: Optional[PMIEnv]) -> List[RankHandle]:
+        self.processes = view.local_ranks(here, pmi, pmi_env, stdin_fd=0) if here else None
+        return [self.processes] if self.processes is not None else []
+
+    def started(self, view: LaunchView) -> None:
         announce = self.session.nodes.announce
         if announce is not None:
-            announce({r.spec.label or f"rank {r.spec.rank}": r.pid for r in sup.ranks})
+            pids = self.processes.started_pids() if self.processes is not None else []
+            announce({spec.label or f"rank {spec.rank}": pid for spec, pid in pids})
 
     def outcome(self, result: JobResult) -> JobResult:
         link = self.session.nodes.link

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from .loop import Loop, Timer
     from .stdin import StdinFanout
 
+    #: A rank's PMI variables, by its rank in its job and its own environment.
+    PMIEnv = Callable[[int, Dict[str, str]], Dict[str, str]]
+
 from ..core.errors import LaunchError
 from .output import RankPipe
 from .spawn import LocalProcess, os_error_reason
@@ -69,7 +72,7 @@ class LocalRanks:
     def __init__(self, loop: Loop, specs: Sequence[RankSpec], listener, *,
                  sinks: Callable[[RankSpec], Tuple[RankSink, Optional[RankSink]]],
                  guard: Watchdog, grace: float, merge_stderr: bool,
-                 pmi=None, pmi_env: Optional[Callable[[int, Dict[str, str]], Dict[str, str]]] = None,
+                 pmi=None, pmi_env: Optional[PMIEnv] = None,
                  stdin_fd: Optional[int] = 0, pty: bool = True,
                  dumps: Optional[str] = None) -> None:
         self.loop = loop
@@ -104,7 +107,7 @@ class LocalRanks:
             self.stdin_pipes = stdin_pipes
 
     def add(self, specs: Sequence[RankSpec], pmi=None,
-            pmi_env: Optional[Callable[[int, Dict[str, str]], Dict[str, str]]] = None) -> None:
+            pmi_env: Optional[PMIEnv] = None) -> None:
         """Start more ranks now (a spawned job's); their stdin is /dev/null."""
         added = []
         for spec in specs:
@@ -343,7 +346,11 @@ class LocalRanks:
                 local.proc.signal(sig)
 
     def pids(self) -> List[int]:
-        return [r.proc.pid for r in self.ranks.values() if r.proc is not None]
+        return [pid for _, pid in self.started_pids()]
+
+    def started_pids(self) -> List[Tuple[RankSpec, int]]:
+        """Each started rank, with its pid."""
+        return [(r.spec, r.proc.pid) for r in self.ranks.values() if r.proc is not None]
 
     @property
     def busy(self) -> bool:

@@ -79,6 +79,15 @@ class NodeLink:
         self._handshaking = None
         self._try: Optional[Timer] = loop.call_later(0, self._connect)
 
+    def listen(self, stop: Callable[[int, str], None],
+               look: Callable[[float, Callable[[List[Any]], None]], None]) -> None:
+        """The job here, once it runs: ``stop(code, text)`` ends it, and a new
+        round of the service ends it too (its processes end whatever their code:
+        1); ``look(timeout, reply)`` answers another node's look inside it."""
+        self.on_stop = stop
+        self.on_restart = lambda text: stop(1, text)
+        self.on_look = look
+
     def _connect(self) -> None:
         self._try = None
         if self.state != LINK_CONNECTING:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
     from ..machine.output import RankOutput
+    from ..machine.stdin import StdinFanout
     from ..machine.terminal import Terminal
     from ..backends.agents.host import RemoteHost
     from ..core.states import Ending
@@ -54,6 +55,7 @@ from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from ..inspect.lookin import OUTPUT_EVERY, LookingInside
 from ..rankbook import Events, Rank as _Rank
+from .lent import Lent
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGTSTP)
@@ -91,8 +93,9 @@ class Supervisor(LookingInside):
         self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
         self.watchdog: Watchdog = session.guard
         self.local: Optional[LocalRanks] = None   # this machine's ranks, if any
-        self.others: List[RankHandle] = []        # the backend's other handles
-        self.stdin_fanout = None
+        #: Every handle, as the backend gave them (the list grows by late spares).
+        self.handles: List[RankHandle] = []
+        self.stdin_fanout: Optional[StdinFanout] = None   # stdin relayed to remote ranks
         self.launched = False
         self.control = control     # (socket, path): mslaunch-stacks and mslaunch-top
         self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
@@ -136,8 +139,9 @@ class Supervisor(LookingInside):
         return set().union(*(set(h.ranks) for h in self.lookers.values()))
 
     def _handles(self) -> List[RankHandle]:
-        local: List[RankHandle] = [self.local] if self.local is not None else []
-        return local + self.others
+        """The backend's handles, and this machine's ranks' if a spawn made it later."""
+        local = self.local
+        return self.handles if local is None or local in self.handles else [local, *self.handles]
 
     # -- start ------------------------------------------------------------
     def run(self) -> JobResult:
@@ -202,7 +206,11 @@ class Supervisor(LookingInside):
             # The plan stands: the job's PMI is made while the places are reached
             # (the launcher only waits then), not once they are.
             pmi, pmi_env = self._start_pmi()
-        backend.connect(self)
+        lent = Lent(self)
+        backend.connect(lent)
+        nodes = backend.other_nodes
+        if nodes is not None:
+            nodes.listen(self.remote_stop, self.look_here)
         plan = self.plan                  # (maybe planned again with the hosts' topologies)
         if job.display_allocation or job.display_map or job.display_diffable or job.display_topo:
             from ..plan.display import display
@@ -211,11 +219,14 @@ class Supervisor(LookingInside):
         backend.check(plan)
         if serve and self.mpi_jobs is None:
             pmi, pmi_env = self._start_pmi()
-        self.others = backend.handles(self, here, pmi, pmi_env)
+        self.handles = backend.handles(lent, here, pmi, pmi_env)
         self.launched = True
         for handle in self._handles():
             handle.start()
-        backend.started(self)
+        backend.started(lent)
+        remote = backend.remote_hosts
+        if remote is not None:
+            self.stdin_fanout = remote.relay_stdin(self.local.stdin_pipes if self.local else {})
         if self.on_launched is not None:
             self.on_launched()
 
@@ -287,12 +298,11 @@ class Supervisor(LookingInside):
                     out.finish()
 
     def add_ranks(self, specs: Sequence[RankSpec]) -> None:
-        """Processes of a spawned job join the supervision (keys follow on)."""
+        """Processes of a spawned job join the supervision (keys follow on); their
+        handles make their output sinks as they start them."""
         for spec in specs:
             assert spec.key == len(self.ranks), "keys are dense"
             self.ranks.append(_Rank(spec))
-            if not spec.host.local:
-                self.make_sinks(spec)        # local ranks get theirs as they start
 
     def start_local(self, specs: Sequence[RankSpec], pmi, pmi_env) -> None:
         """Start a spawned job's processes on this machine."""
@@ -550,7 +560,7 @@ class Supervisor(LookingInside):
         # Then the other handles share one grace period more (the hosts' agents were
         # told BYE already and stop their ranks meanwhile).
         deadline = time.monotonic() + self.job.grace
-        for handle in self.others:
+        for handle in [h for h in self._handles() if h is not self.local]:
             handle.close(deadline)
         self.backend.close()
         if self.mpi_jobs is not None:

@@ -3,7 +3,8 @@
 nothing of the supervisor: they report through ``seams.RankEvents`` and hold
 no supervisor (docs/design.md, "The seams, as protocols"), held on the
 package's source.  A handle that named ``sup`` or ``JobView`` would have its
-way back into the supervisor's policy again."""
+way back into the supervisor's policy again.  No module of the backends names
+it either: they are lent a ``LaunchView`` (mslaunch.backends.backend)."""
 
 from __future__ import annotations
 
@@ -26,19 +27,22 @@ SUPERVISOR = {"sup", "JobView", "Supervisor"}
 
 
 def named_supervisor(tree: ast.Module, classes) -> List[str]:
-    """``Class:line`` of each name or attribute of the supervisor's in ``classes``."""
+    """``Class:line`` of each name or attribute of the supervisor's in ``classes``
+    (None: anywhere in the module, ``module:line``)."""
     found = []
-    for cls in tree.body:
-        if not (isinstance(cls, ast.ClassDef) and cls.name in classes):
+    for cls in tree.body if classes is not None else [tree]:
+        if classes is not None and not (isinstance(cls, ast.ClassDef) and cls.name in classes):
             continue
         for node in ast.walk(cls):
             name = (node.id if isinstance(node, ast.Name) else
                     node.attr if isinstance(node, ast.Attribute) else
                     node.arg if isinstance(node, ast.arg) else
+                    node.name if isinstance(node, ast.alias) else
                     node.value if isinstance(node, ast.Constant)
                     and isinstance(node.value, str) and node.value.isidentifier() else None)
             if name in SUPERVISOR:
-                found.append(f"{cls.name}:{getattr(node, 'lineno', '?')}")
+                where = cls.name if isinstance(cls, ast.ClassDef) else "module"
+                found.append(f"{where}:{getattr(node, 'lineno', '?')}")
     return found
 
 
@@ -49,6 +53,27 @@ def test_the_rank_handles_report_through_events_and_hold_no_supervisor():
         present = {c.name for c in tree.body if isinstance(c, ast.ClassDef)}
         assert set(classes) <= present, f"{module}: {set(classes) - present} moved?"
         assert named_supervisor(tree, classes) == [], module
+
+
+def test_no_backend_module_names_the_supervisor():
+    root = os.path.join(REPO, "mslaunch", "backends")
+    seen = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                seen += 1
+                assert named_supervisor(tree, None) == [], os.path.relpath(path, REPO)
+    assert seen > 20                      # (the backends' modules were all read)
+
+
+def test_the_check_finds_a_supervisor_in_a_module():
+    sample = ast.parse("from ..seams import JobView\n"
+                       "def f(sup):\n"
+                       "    return sup.plan\n")
+    assert named_supervisor(sample, None) == ["module:1", "module:2", "module:3"]
 
 
 def test_the_check_finds_a_supervisor_in_a_handle():

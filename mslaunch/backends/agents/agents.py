@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from ...core.states import BackendName
     from ..backend import Planning
     from .fleet import Fleet
-    from ...seams import JobView, Looker, RankHandle
+    from ...machine.local import PMIEnv
+    from ...seams import Looker, RankHandle
+    from ..backend import LaunchView
     from ..session import Session
     from .keptagents import KeptAgents
 
@@ -95,22 +97,23 @@ class AgentsBackend(Backend):
         starting = {n for spares in self.carried for n in spares.names}
         return [n for n in self.names if n not in self.late and n not in starting]
 
-    def connect(self, sup: JobView) -> None:
+    def connect(self, view: LaunchView) -> None:
         from .fleet import Fleet
         assert self.starter is not None            # (begin made it)
-        self.fleet = Fleet(sup, sup.stop_requested, self.session.kept)
+        self.fleet = Fleet(view, self.session.kept)
         self.remote_hosts = self.fleet
         # Each host's link and connections are open before its ranks start.
-        raise_fd_limit(8 * len(sup.plan.ranks) + 8 * len(self.names) + 64)
+        raise_fd_limit(8 * len(view.plan.ranks) + 8 * len(self.names) + 64)
         self.fleet.connect(self._first(), self.starter, self.replan)
         if self.late or self.carried:
             self.fleet.start_spares(self.late, self.starter, self.carried)
 
-    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
+    def handles(self, view: LaunchView, here: Sequence[RankSpec], pmi: object,
+                pmi_env: Optional[PMIEnv]) -> List[RankHandle]:
         fleet = self.fleet
         assert fleet is not None
         remote: Dict[str, List[RankSpec]] = {}
-        for r in sup.plan.ranks:
+        for r in view.plan.ranks:
             if not r.host.local:
                 remote.setdefault(r.host.name, []).append(r)
         # Hosts left after the re-plan (the plan may have sent every agent away).
@@ -119,20 +122,19 @@ class AgentsBackend(Backend):
         if active:
             fleet.prepare(remote)
         if here:
-            sup.local_ranks(here, pmi, pmi_env, stdin_fd=None if active else 0)
+            fleet.handles.insert(0, view.local_ranks(here, pmi, pmi_env,
+                                                     stdin_fd=None if active else 0))
         return fleet.handles
 
-    def started(self, sup: JobView) -> None:
+    def started(self, view: LaunchView) -> None:
         fleet = self.fleet
         if fleet is not None:
             fleet.watch_spares()
-        if fleet is not None and fleet.hosts:
-            sup.stdin_fanout = fleet.relay_stdin(sup.local.stdin_pipes if sup.local else {})
-            if self.job.attempt == 0 and not self.job.is_check and \
-                    sup.console.status_in_place():
-                from ...machine.topology import cache_path
-                from .forwarding import tell_once
-                tell_once(self.job, self.environ, sup.console.message, cache_path)
+        if fleet is not None and fleet.hosts and self.job.attempt == 0 and \
+                not self.job.is_check and view.console.status_in_place():
+            from ...machine.topology import cache_path
+            from .forwarding import tell_once
+            tell_once(self.job, self.environ, view.console.message, cache_path)
 
     def lookers(self) -> Dict[str, Looker]:
         return dict(self.fleet.hosts) if self.fleet is not None else {}

@@ -9,8 +9,10 @@ the agents dial back to with their ranks' output, and relays the launcher's
 stdin to remote ranks.  Imported only by jobs with remote hosts.
 
 The fleet is what the hosts (:class:`~mslaunch.backends.agents.host.RemoteHost`) report
-to; the policy stays with the supervisor, which hears from it of ranks
-started and ended, and of ranks lost with a host.
+to; the policy stays with the supervisor, which hears of ranks started and
+ended, and of ranks lost with a host, through its rank events
+(:class:`~mslaunch.seams.RankEvents`).  Each host feeds and finishes its own
+ranks' output sinks.
 """
 
 from __future__ import annotations
@@ -19,17 +21,18 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence
+    from typing import Any, Dict, List, Optional, Sequence
 
     from .spares import Spares
 
-    from ...machine.output import RankOutput
     from ...wire.dialback import Listener
     from .host import RemoteHost, RemoteStdin
     from .starters.starter import Starter
     from ...core.spec import RankSpec
     from .keptagents import KeptAgents
-    from ...seams import JobView, RankHandle
+    from ...machine.stdin import StdinFanout
+    from ...seams import RankHandle
+    from ..backend import LaunchView
 
 from ...core.states import PMI, READY
 from ...core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError
@@ -49,12 +52,12 @@ def _warm_up(pmi: bool) -> None:
 
 
 class Fleet:
-    """See the module docstring; ``sup`` is the job's supervisor."""
+    """See the module docstring; ``view`` is what the supervisor lends it."""
 
-    def __init__(self, sup: JobView, cancelled: Callable[[], bool],
-                 kept: Optional[KeptAgents] = None) -> None:
-        self.sup = sup
-        self.cancelled = cancelled            # a stop signal came while connecting
+    def __init__(self, view: LaunchView, kept: Optional[KeptAgents] = None) -> None:
+        self.view = view
+        self.events = view.events             # where the hosts' ranks are reported
+        self.cancelled = view.stop_requested  # a stop signal came while connecting
         self.kept = kept                      # agents waiting between attempts, if any
         self.hosts: Dict[str, RemoteHost] = {}
         self.conns: Dict[str, Any] = {}       # started, not yet handed their ranks
@@ -69,8 +72,9 @@ class Fleet:
         self.lost_early: Dict[str, str] = {}
         #: What hosts said while getting ready, by text (None: say it at once).
         self._said: Optional[Dict[str, List[str]]] = None
-        #: The hosts as the supervisor's handles: the list it holds, which grows by
-        #: the spares that answer after the start (see :meth:`start_spares`).
+        #: Every handle of the job, as the supervisor holds them: this machine's
+        #: ranks' (if any, first), then the hosts', growing by the spares that
+        #: answer after the start (see :meth:`start_spares`).
         self.handles: List[RankHandle] = []
         self._spares: List[Spares] = []
         self._late: set = set()               # spares that joined since the start
@@ -82,16 +86,16 @@ class Fleet:
         with their topologies (``replan``, or None: the plan stands).  Agents of
         hosts the final plan does not use are sent away at once."""
         from ...machine import timeline
-        sup = self.sup
-        job = sup.job
+        view = self.view
+        job = view.job
         if job.verbose >= 2:
-            timeline.print_when_ranks_start(sup.console.message)
+            timeline.print_when_ranks_start(view.console.message)
         timeline.mark("starting the agents")
         if starter.begun:
             _warm_up(job.mpi == PMI)
-        timeline.watch(names, sup.console.status if not job.quiet else (lambda text: None),
-                       starter.first_phase, in_place=sup.console.status_in_place())
-        answers = sup.answer_while_starting(timeline.status)
+        timeline.watch(names, view.console.status if not job.quiet else (lambda text: None),
+                       starter.first_phase, in_place=view.console.status_in_place())
+        answers = view.answer_while_starting(timeline.status)
         try:
             conns = self._start_agents(starter, names, replan is None)
         finally:
@@ -102,7 +106,7 @@ class Fleet:
         self.conns = conns
         if job.verbose:
             for name in sorted(conns):
-                sup.console.message(f"mslaunch: {name}: agent "
+                view.console.message(f"mslaunch: {name}: agent "
                                     f"{conns[name].hello.get('package') or 'started'}")
         timeline.mark("every agent said hello")
         if replan is not None:
@@ -114,11 +118,11 @@ class Fleet:
                 except ValueError:
                     pass      # the agent's host could not tell; assume one socket
             try:
-                sup.replanned(replan(topologies))
+                view.replanned(replan(topologies))
             except BaseException:
                 self.let_go_all()
                 raise
-        used = set(agent_hosts(sup.plan, job))
+        used = set(agent_hosts(view.plan, job))
         for name in [n for n in conns if n not in used]:
             self._let_go(conns.pop(name))
 
@@ -128,9 +132,9 @@ class Fleet:
         that cannot be started and gets no rank of the job (``final``: the plan
         stands) is left out, with one line, as Hydra starts only the hosts it
         needs; any other failure is the job's (HostsFailed)."""
-        sup = self.sup
-        say = sup.console.message if sup.job.verbose else None
-        ranked = {r.host.name for r in sup.plan.ranks} if final else set(names)
+        view = self.view
+        say = view.console.message if view.job.verbose else None
+        ranked = {r.host.name for r in view.plan.ranks} if final else set(names)
         conns: Dict[str, Any] = {}
         wanted = list(names)
         while True:
@@ -153,8 +157,8 @@ class Fleet:
         """Hosts of no rank whose agents could not be started, with why: one line each why."""
         from ...hosts.ranges import host_ranges
         for why, hosts in _by_reason(failed).items():
-            if not self.sup.job.quiet:
-                self.sup.console.message(f"mslaunch: {host_ranges(hosts)}: cannot start the "
+            if not self.view.job.quiet:
+                self.view.console.message(f"mslaunch: {host_ranges(hosts)}: cannot start the "
                                          f"agent ({why}); no rank goes there, so the job goes "
                                          f"on without {'it' if len(hosts) == 1 else 'them'}")
         self.left_out.update(failed)
@@ -165,8 +169,8 @@ class Fleet:
         Nothing starts anywhere unless every host is ready: a missing program
         on one host is reported before any rank runs.
         """
-        sup = self.sup
-        job, conns = sup.job, self.conns
+        view = self.view
+        job, conns = view.job, self.conns
         for name in conns:
             remote_specs.setdefault(name, [])     # spare hosts, for spawned jobs
         from ...machine import timeline
@@ -178,7 +182,7 @@ class Fleet:
         try:
             # Spare hosts (no rank) do not hold the start up: one that is ready
             # later starts then (host_ready).
-            sup.loop.run_until(lambda: self.start_error is not None or sup.ending is not None
+            view.loop.run_until(lambda: self.start_error is not None or view.ending is not None
                                or all(h.state == READY or not h.ranks
                                       for h in self.hosts.values()))
         finally:
@@ -192,8 +196,8 @@ class Fleet:
                 raise HostsFailed(message, self.lost_early, unreachable=list(self.lost_early),
                                   exit_code=code)
             raise LaunchError(message, code)
-        if sup.ending is not None:
-            stop = sup.stop_signal or 15
+        if view.ending is not None:
+            stop = view.stop_signal or 15
             raise LaunchError(f"stopped by {signal_name(stop)} while the remote hosts were "
                               f"starting", 128 + stop)
 
@@ -201,17 +205,15 @@ class Fleet:
         """Host ``name`` of agent ``conn``, handed its ranks ``specs`` (none: a spare)."""
         from .host import RemoteHost
         from ...wire.jobframe import job_frame
-        sup, listener = self.sup, self.listener
-        job = sup.job
+        view, listener = self.view, self.listener
+        job = view.job
         heartbeat, pmi = self._frame_settings()
-        host = RemoteHost(sup.loop, conn, specs, self, pmi_port=job.pmi_port,
-                          verbose=job.verbose)
+        host = RemoteHost(view.loop, conn, specs, self, self.events.make_sinks,
+                          pmi_port=job.pmi_port, verbose=job.verbose)
         self.hosts[name] = host
         self.handles.append(host)
-        for s in specs:
-            sup.make_sinks(s)
-        frame = job_frame(job, sup.plan, name, specs, heartbeat, pmi,
-                          sup.mpi_jobs.universe() if sup.mpi_jobs else -1)
+        frame = job_frame(job, view.plan, name, specs, heartbeat, pmi,
+                          view.mpi_jobs.universe() if view.mpi_jobs else -1)
         port = listener.port_of(conn.local_address or "") if listener else None
         if listener is not None and port is not None:
             from ...wire.dialback import new_token
@@ -226,7 +228,7 @@ class Fleet:
         """The heartbeat and PMI way every host's job frame gives, read once."""
         if self._settings is None:
             from ...wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
-            job = self.sup.job
+            job = self.view.job
             # (the kept agents' is the job's, its health check's included)
             heartbeat = self.kept.heartbeat if self.kept is not None else heartbeat_setting(
                 os.environ.get("MSLAUNCH_HEARTBEAT"),
@@ -254,12 +256,12 @@ class Fleet:
         """The ranks have started: the spares join as they answer."""
         from functools import partial
         for spares in self._spares:
-            spares.watch(self.sup.loop, partial(self._spares_answered, spares))
+            spares.watch(self.view.loop, partial(self._spares_answered, spares))
 
     def _spares_answered(self, spares: Spares) -> None:
         self._spares.remove(spares)
         for name, conn in spares.finish().items():
-            if self.sup.ending is None:
+            if self.view.ending is None:
                 self._late.add(name)
                 self._hand(name, conn, [])
             else:
@@ -285,43 +287,34 @@ class Fleet:
         addresses = [c.local_address for c in self.conns.values() if c.local_address]
         if not addresses:
             return None
-        sup = self.sup
+        view = self.view
         try:
-            self.listener = Listener(sup.loop, addresses, tls=output_tls() and not self.plain_link,
-                                     log=sup.log, port_range=sup.job.port_range)
+            self.listener = Listener(view.loop, addresses, tls=output_tls() and not self.plain_link,
+                                     log=self.events.log, port_range=view.job.port_range)
         except Exception as err:   # no cryptography, no ssl: the SSH channel will do
-            if sup.job.verbose:
-                sup.console.message(f"mslaunch: output stays in the SSH channels ({err})")
+            if view.job.verbose:
+                view.console.message(f"mslaunch: output stays in the SSH channels ({err})")
             return None
         return self.listener
 
     # -- what the hosts report (mslaunch.backends.agents.host.HostListener) -------------------
     def rank_started(self, key: int, pid: int) -> None:
-        self.sup.rank_started(key, pid)
+        self.events.rank_started(key, pid)
 
     def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
                     at: Optional[float] = None) -> None:
-        self.sup.rank_exited(key, code, sig, at)
-
-    def sink(self, rank: int, stream: int) -> Optional[RankOutput]:
-        outputs = self.sup.ranks[rank].outputs
-        if stream == 1 or (stream == 2 and len(outputs) == 1):
-            return outputs[0] if outputs else None
-        return outputs[1] if stream == 2 and len(outputs) > 1 else None
-
-    def outputs_finished(self, keys) -> bool:
-        return all(o.finished for k in keys for o in self.sup.ranks[k].outputs)
+        self.events.rank_exited(key, code, sig, at)
 
     def host_ready(self, host: RemoteHost) -> None:
         """A spare host that got ready after the job started starts too."""
-        if self.sup.launched:
+        if self.view.launched:
             host.start()
-            if host.name in self._late and self.sup.job.verbose:
-                self.sup.console.message(f"mslaunch: {host.name}: agent started beside the "
+            if host.name in self._late and self.view.job.verbose:
+                self.view.console.message(f"mslaunch: {host.name}: agent started beside the "
                                          f"job (a spare host: no rank goes there)")
 
     def host_paused(self, host: RemoteHost) -> None:
-        self.sup.host_paused(host.name)
+        self.view.host_paused(host.name)
 
     def host_failed(self, host: RemoteHost, message: str, code: object) -> None:
         """A host could not get ready: the launch fails with ``message``."""
@@ -330,32 +323,32 @@ class Fleet:
                                 code if isinstance(code, int) and 0 < code < 256 else 1)
 
     def host_message(self, host: RemoteHost, text: str) -> None:
-        if self.sup.job.quiet:
+        if self.view.job.quiet:
             return
         if self._said is not None:          # hosts that say the same are named once
             self._said.setdefault(text, []).append(host.name)
         else:
-            self.sup.console.message(f"mslaunch: {host.name}: {text}")
+            self.view.console.message(f"mslaunch: {host.name}: {text}")
 
     def _say_grouped(self) -> None:
         from ...hosts.ranges import host_ranges
         said, self._said = self._said or {}, None
         for text, names in said.items():
-            self.sup.console.message(f"mslaunch: {host_ranges(names)}: {text}")
+            self.view.console.message(f"mslaunch: {host_ranges(names)}: {text}")
 
     def host_log(self, host: RemoteHost, text: str) -> None:
-        self.sup.log(f"{host.name}: {text}")
+        self.events.log(f"{host.name}: {text}")
 
     def host_lost(self, host: RemoteHost, reason: str) -> None:
-        quiet = self.sup.job.quiet
-        watch = self.sup.session.allocation_end
+        quiet = self.view.job.quiet
+        watch = self.view.session.allocation_end
         if watch is not None:        # (a workload manager may have ended the allocation)
-            watch.ask(self.sup.loop)
-        if not self.sup.launched:
+            watch.ask(self.view.loop)
+        if not self.view.launched:
             if not host.ranks:           # a spare: the job can start without it
                 self.left_out[host.name] = reason
                 if not quiet:
-                    self.sup.console.message(f"mslaunch: lost spare host {host.name} before "
+                    self.view.console.message(f"mslaunch: lost spare host {host.name} before "
                                              f"the job started: {reason}; it is left out")
                 return
             if not host.blameless:
@@ -364,34 +357,37 @@ class Fleet:
                 self.start_error = (f"lost host {host.name} before the job started: "
                                     f"{reason}", HOST_LOST_EXIT)
             return
-        stopping = self.sup.ending is not None
-        self.sup.ranks_lost(host.ranks, reason, host.lost_at(), host.blameless)
+        stopping = self.view.ending is not None
+        self.events.ranks_lost(host.ranks, reason, host.lost_at(), host.blameless)
         if quiet:
             return
         if host.blameless:
-            self.sup.console.message(f"mslaunch: {host.name}: {reason}")
+            self.view.console.message(f"mslaunch: {host.name}: {reason}")
         elif not host.ranks:
-            self.sup.console.message(f"mslaunch: lost spare host {host.name}: {reason}; it is "
+            self.view.console.message(f"mslaunch: lost spare host {host.name}: {reason}; it is "
                                      f"left out")
         elif stopping:
             # After the failure that stops the job, which its summary names: a
             # consequence, or at least later news, not the cause.
-            self.sup.console.message(f"mslaunch: lost host {host.name} while the job was "
+            self.view.console.message(f"mslaunch: lost host {host.name} while the job was "
                                      f"stopping: {reason}")
         else:
-            self.sup.console.message(f"mslaunch: lost host {host.name}: {reason}")
+            self.view.console.message(f"mslaunch: lost host {host.name}: {reason}")
 
     def pmi_from_agent(self, host: RemoteHost, message: Dict[str, Any]) -> None:
         """PMI traffic of a remote host's ranks (see :class:`~mslaunch.serve.mpijobs.MPIJobs`)."""
-        if self.sup.mpi_jobs is None:
+        if self.view.mpi_jobs is None:
             from ...wire import link
             raise link.LinkError("PMI frame in a job without PMI")
-        self.sup.mpi_jobs.from_agent(host, message)
+        self.view.mpi_jobs.from_agent(host, message)
 
     # -- stdin --------------------------------------------------------------------
-    def relay_stdin(self, local_pipes: Dict[int, int]):
+    def relay_stdin(self, local_pipes: Dict[int, int]) -> Optional[StdinFanout]:
         """The launcher's stdin to the ranks that read it, here (``local_pipes``) and
-        on the hosts; returns the fan-out, or None when no rank reads stdin."""
+        on the hosts; returns the fan-out, or None when no rank reads stdin (or no
+        host is left: this machine's ranks then read it themselves)."""
+        if not self.hosts:
+            return None
         from .host import RemoteStdin
         sinks: Dict[int, Any] = dict(local_pipes)
         for host in self.hosts.values():
@@ -401,7 +397,7 @@ class Fleet:
         if not sinks:
             return None
         from ...machine.stdin import StdinFanout
-        fanout = StdinFanout(self.sup.loop, 0, sinks)
+        fanout = StdinFanout(self.view.loop, 0, sinks)
         for sink in self._stdin.values():
             sink.fanout = fanout
         return fanout

@@ -21,7 +21,7 @@ from ...core import signal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Iterable, Optional, Protocol, Sequence
+    from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple
 
     from ...machine.loop import Loop
     from ...machine.output import RankOutput
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from ...core.states import HostState
     from .starters.starter import AgentConnection
 
+    MakeSinks = Callable[[RankSpec], Tuple[RankOutput, Optional[RankOutput]]]
+
     class HostListener(Protocol):
         """What a host reports to (the job's fleet, which tells the supervisor)."""
 
@@ -37,10 +39,6 @@ if TYPE_CHECKING:
 
         def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
                         at: Optional[float] = None) -> None: ...
-
-        def sink(self, rank: int, stream: int) -> Optional[RankOutput]: ...
-
-        def outputs_finished(self, keys: Iterable[int]) -> bool: ...
 
         def host_message(self, host: RemoteHost, text: str) -> None: ...
 
@@ -76,14 +74,18 @@ class RemoteHost:
     """One remote host of the job; see the module docstring."""
 
     def __init__(self, loop: Loop, conn: AgentConnection, specs: Sequence[RankSpec],
-                 supervisor: HostListener, *, pmi_port: bool = False,
+                 fleet: HostListener, make_sinks: MakeSinks, *, pmi_port: bool = False,
                  verbose: int = 0) -> None:
         self.loop = loop
         self.conn = conn
         self.name = conn.name
         self.specs = list(specs)
         self.ranks = {s.key for s in specs}
-        self.supervisor = supervisor
+        self.fleet = fleet            # what it reports to
+        #: Each rank's stdout and stderr sinks (one for both when merged), which
+        #: this host feeds and finishes: its ranks' output ends with its link.
+        self.make_sinks = make_sinks
+        self.sinks = {s.key: make_sinks(s) for s in specs}
         self.pmi_port = pmi_port
         self.verbose = verbose
         self.started_seen = False
@@ -119,7 +121,7 @@ class RemoteHost:
         said in ``-v``."""
         if state != self.state:
             if self.verbose:
-                self.supervisor.host_log(self, f"{self.state} -> {state}")
+                self.fleet.host_log(self, f"{self.state} -> {state}")
             self.state = state
 
     # -- commands -------------------------------------------------------------
@@ -165,6 +167,7 @@ class RemoteHost:
             return
         self.specs += specs
         self.ranks.update(s.key for s in specs)
+        self.sinks.update((s.key, self.make_sinks(s)) for s in specs)
         self._become(RUNNING)            # busy again until the agent is done anew
         self._spawns[pj.kvsname] = done
         self.send_pmi(dict(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,
@@ -278,13 +281,13 @@ class RemoteHost:
         else:
             self.output = SocketEndpoint(self.loop, sock, on_frame=on_frame, on_closed=on_closed)
         if self.verbose:
-            self.supervisor.host_message(
+            self.fleet.host_message(
                 self, f"output on a connection of its own ({'TLS' if tls else 'plain TCP'})")
         if first:
             self.output.deliver(first)
 
     def _output_finished(self) -> bool:
-        return self.supervisor.outputs_finished(self.ranks)
+        return all(o is None or o.finished for k in self.ranks for o in self.sinks[k])
 
     # -- frames from the agent ---------------------------------------------------
     def _on_frame(self, kind: int, body: bytes) -> None:
@@ -301,13 +304,13 @@ class RemoteHost:
     def _ready(self, frame: frames.Ready) -> None:
         if self.state != PREPARED:
             raise link.LinkError("READY before JOB, or twice")
-        sup = self.supervisor
+        fleet = self.fleet
         for text in frame.warnings + (frame.notes if self.verbose else ()):
-            sup.host_message(self, text)
+            fleet.host_message(self, text)
         self.clock_offset = clock_offset(self._job_sent, frame.clock, time.time())
         self._become(READY)
         timeline.mark("ready (programs checked)", self.name)
-        sup.host_ready(self)
+        fleet.host_ready(self)
 
     def _started(self, frame: frames.Started) -> None:
         if not self.started_seen:
@@ -316,7 +319,7 @@ class RemoteHost:
         for rank, _ in frame.pids:
             self._check_rank(rank)
         for rank, pid in frame.pids:
-            self.supervisor.rank_started(rank, pid)
+            self.fleet.rank_started(rank, pid)
 
     def _exited(self, frame: frames.Exited) -> None:
         self._check_rank(frame.rank)
@@ -326,7 +329,7 @@ class RemoteHost:
         self._note_stop(frame.stop_at)
         at = self.local_time(frame.at)
         self.latest = max(self.latest, at)
-        self.supervisor.rank_exited(frame.rank, frame.code, frame.signal, at)
+        self.fleet.rank_exited(frame.rank, frame.code, frame.signal, at)
 
     def _pmi(self, frame: frames.Pmi) -> None:
         message = frame.message
@@ -338,12 +341,12 @@ class RemoteHost:
             done(str(error)[:300] if error is not None else None)
         else:
             self._note_stop(message.get("stop_at"))
-            self.supervisor.pmi_from_agent(self, message)
+            self.fleet.pmi_from_agent(self, message)
 
     def _error(self, frame: frames.Error) -> None:
         if self.state in (PREPARED, NEW):
             self._become(LOST)
-            self.supervisor.host_failed(self, frame.message, frame.code)
+            self.fleet.host_failed(self, frame.message, frame.code)
         else:
             self.endpoint.close(f"the agent reported: {frame.message}")
 
@@ -363,7 +366,7 @@ class RemoteHost:
             if not self.pausing:
                 raise link.LinkError("PAUSED unasked")
             self.pausing = False
-            self.supervisor.host_paused(self)
+            self.fleet.host_paused(self)
         elif not self._spawns:   # (a DONE sent before the agent heard of a spawn: another comes)
             self._become(DONE)
 
@@ -384,10 +387,10 @@ class RemoteHost:
         if self.state not in (RUNNING, DONE):
             raise link.LinkError("OUTPUT before START")
         self._check_rank(rank)
-        sink = self.supervisor.sink(rank, stream)
-        if sink is None:
+        out, err = self.sinks[rank]
+        if stream not in (1, 2):
             raise link.LinkError(f"output of rank {rank} on stream {stream}")
-        return sink
+        return err or out if stream == 2 else out
 
     def output_taken(self, sink, count: int) -> None:
         """``count`` bytes of output were passed on: their credit goes back,
@@ -467,7 +470,7 @@ class RemoteHost:
         elif tail:
             reason += f"; the agent said: {tail[-1][:200]}"
         # The job lost what was starting there too (a failure), then the spawn fails.
-        self.supervisor.host_lost(self, reason)
+        self.fleet.host_lost(self, reason)
         spawns, self._spawns = self._spawns, {}
         for done in spawns.values():
             done(f"lost host {self.name}")
@@ -482,9 +485,9 @@ _HANDLERS: Dict[type, Callable[[RemoteHost, Any], None]] = {
     frames.Started: RemoteHost._started,
     frames.Exited: RemoteHost._exited,
     frames.Pmi: RemoteHost._pmi,
-    frames.StdinTaken: lambda host, frame: host.supervisor.stdin_taken(host, frame.rank,
+    frames.StdinTaken: lambda host, frame: host.fleet.stdin_taken(host, frame.rank,
                                                                        frame.stdin),
-    frames.Log: lambda host, frame: host.supervisor.host_message(host, frame.message),
+    frames.Log: lambda host, frame: host.fleet.host_message(host, frame.message),
     frames.Error: RemoteHost._error,
     frames.Looked: RemoteHost._looked,
     frames.Gone: RemoteHost._gone,

@@ -45,7 +45,9 @@ if TYPE_CHECKING:
     from ...machine.terminal import Console
     from ...core.states import BackendName
     from ..backend import Planning
-    from ...seams import JobView, RankEvents, RankHandle
+    from ...machine.local import PMIEnv
+    from ...seams import RankEvents, RankHandle
+    from ..backend import LaunchView
     from ..session import Session
 
 
@@ -328,13 +330,14 @@ class MpirunBackend(Backend):
     def check(self, plan: Plan) -> None:
         """(mpirun was found; it says itself what it cannot start.)"""
 
-    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
+    def handles(self, view: LaunchView, here: Sequence[RankSpec], pmi: object,
+                pmi_env: Optional[PMIEnv]) -> List[RankHandle]:
         job, ompi = self.job, self._find()
-        demux = _Demux(job, sup.console) if _tagged(job) else None
+        demux = _Demux(job, view.console) if _tagged(job) else None
         # Open MPI 4 started by its path takes that installation as a --prefix, and
         # given another one says so in a box of text: by name, as users type it.
         by_name = ompi.major < 5 and job.prefix is not None
-        return [MpirunHandle(sup.events, sup.plan.ranks[0], demux, self.probe, self.stdin,
+        return [MpirunHandle(view.events, view.plan.ranks[0], demux, self.probe, self.stdin,
                              by_name)]
 
     def close(self) -> None:

@@ -62,7 +62,9 @@ if TYPE_CHECKING:
     from ...core.states import BackendName
     from ..backend import Planning
     from ...mpi.pmi.job import PMIJob
-    from ...seams import JobView, RankEvents, RankHandle
+    from ...machine.local import PMIEnv
+    from ...seams import RankEvents, RankHandle
+    from ..backend import LaunchView
     from ..session import Session
     from .srunlook import Look
 
@@ -464,10 +466,11 @@ class SrunStepsBackend(Backend):
     def check(self, plan: Plan) -> None:
         """(srun says itself which program or directory is missing, on its node.)"""
 
-    def handles(self, sup: JobView, here: Sequence[RankSpec], pmi, pmi_env) -> List[RankHandle]:
-        first = sup.mpi_jobs.first if sup.mpi_jobs is not None else None
-        self.handle = SrunRanks(sup.events, sup.job, sup.plan.ranks, first,
-                                sup.plan.process_mapping)
+    def handles(self, view: LaunchView, here: Sequence[RankSpec], pmi: object,
+                pmi_env: Optional[PMIEnv]) -> List[RankHandle]:
+        first = view.mpi_jobs.first if view.mpi_jobs is not None else None
+        self.handle = SrunRanks(view.events, view.job, view.plan.ranks, first,
+                                view.plan.process_mapping)
         return [self.handle]
 
     def lookers(self) -> Dict[str, Any]:

@@ -82,15 +82,15 @@ class StandInBackend(Backend):
     def check(self, plan) -> None:
         pass
 
-    def handles(self, sup, here, pmi, pmi_env):
+    def handles(self, view, here, pmi, pmi_env):
         test = self.test
-        keys = [s.key for s in sup.plan.ranks if not any(s.key in h.ranks
-                                                          for h in self.remote.values())]
-        test.stand_in = StandInRanks(sup.events, keys, **test.stand_in_options)
+        keys = [s.key for s in view.plan.ranks if not any(s.key in h.ranks
+                                                           for h in self.remote.values())]
+        test.stand_in = StandInRanks(view.events, keys, **test.stand_in_options)
         for when, key, code in test.script:
-            sup.loop.call_later(when, lambda k=key, c=code: test.stand_in.exit(k, c))
+            view.loop.call_later(when, lambda k=key, c=code: test.stand_in.exit(k, c))
         for when, what in test.timed:
-            sup.loop.call_later(when, what)
+            view.loop.call_later(when, what)
         return [test.stand_in, *self.remote.values()]
 
 
@@ -101,6 +101,7 @@ class StandInHosts:
         self.remote = remote
         self.left_out: Dict[str, str] = {}
         self.let_go_with: List[bool] = []
+        self.stdin_asked = False
 
     @property
     def hosts(self):
@@ -108,6 +109,10 @@ class StandInHosts:
 
     def let_go(self, keep: bool) -> None:
         self.let_go_with.append(keep)
+
+    def relay_stdin(self, local_pipes):
+        self.stdin_asked = True          # once every rank started
+        return None
 
 
 class _Planned:
@@ -229,6 +234,7 @@ def test_a_lost_host_fails_its_ranks_with_255_and_stops_the_rest():
     # the supervisor asked the backend's hosts: they are the job's, and let go
     assert sup.hosts == {"h1": host}
     assert sup.backend_under_test.remote_hosts.let_go_with == [False]
+    assert sup.backend_under_test.remote_hosts.stdin_asked     # once all had started
 
 
 class UnreportedHost(StandInHost):

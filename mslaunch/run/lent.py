@@ -1,0 +1,63 @@
+"""What the supervisor lends a backend (:class:`~mslaunch.backends.backend.LaunchView`),
+and nothing else of it: the job and its plan as they stand, how it is ending,
+where the rank handles report, and the few things only the supervisor does
+(the plan made again, the answers while the places are reached, this
+machine's ranks' handle)."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Sequence
+
+    from ..core.spec import JobSpec, Plan, RankSpec
+    from ..core.states import Ending
+    from ..machine.local import LocalRanks, PMIEnv
+    from ..serve.mpijobs import MPIJobs
+    from ..seams import JobView, SharedByAttempts
+
+
+class Lent:
+    """The backend's view of one supervisor (see the module docstring)."""
+
+    __slots__ = ("job", "loop", "console", "events", "session", "stop_requested",
+                 "answer_while_starting", "host_paused", "_sup")
+
+    def __init__(self, sup: JobView) -> None:
+        self.job: JobSpec = sup.job
+        self.loop, self.console, self.events = sup.loop, sup.console, sup.events
+        self.session: SharedByAttempts = sup.session
+        self.stop_requested = sup.stop_requested
+        self.answer_while_starting = sup.answer_while_starting
+        self.host_paused = sup.host_paused
+        self._sup = sup
+
+    @property
+    def plan(self) -> Plan:
+        return self._sup.plan
+
+    @property
+    def ending(self) -> Optional[Ending]:
+        return self._sup.ending
+
+    @property
+    def stop_signal(self) -> Optional[int]:
+        return self._sup.stop_signal
+
+    @property
+    def launched(self) -> bool:
+        return self._sup.launched
+
+    @property
+    def mpi_jobs(self) -> Optional[MPIJobs]:
+        return self._sup.mpi_jobs
+
+    def replanned(self, plan: Plan) -> None:
+        self._sup.replanned(plan)
+
+    def local_ranks(self, specs: Sequence[RankSpec], pmi: object, pmi_env: Optional[PMIEnv],
+                    stdin_fd: Optional[int]) -> LocalRanks:
+        return self._sup.local_ranks(specs, pmi, pmi_env, stdin_fd)
+
+
+__all__ = ["Lent"]
