@@ -5,7 +5,7 @@ agent or a launcher refuses."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mslaunch.mpi.pmix import lib as L
@@ -166,6 +166,8 @@ def _launcher_side():
 @given(st.dictionaries(st.sampled_from(["kvs", "sig", "seq", "blob", "op"]),
                        st.one_of(st.none(), st.integers(-2, 3), st.text(max_size=12),
                                  st.sampled_from(["kvs", "kvs:*", "kvs:1", "kvs:9"]))))
+@example({"kvs": "kvs", "sig": "kvs:1", "seq": 0, "blob": ""})
+@example({"kvs": "kvs", "sig": "kvs:*", "seq": 0, "blob": ""})
 def test_a_bad_fence_from_an_agent_is_a_link_error_never_a_crash(message):
     from mslaunch.wire.link import LinkError
     side = _launcher_side()
@@ -174,9 +176,13 @@ def test_a_bad_fence_from_an_agent_is_a_link_error_never_a_crash(message):
         side.from_agent(host, message)            # type: ignore[arg-type]
     except LinkError:
         return
-    # accepted: a well-formed part of a fence with a rank on h1, now waiting for here
+    # accepted: a well-formed part of a fence with a rank on h1
     assert message["kvs"] == "kvs" and message["sig"] in ("kvs:*", "kvs:1")
-    assert host.sent == [] and len(side.exchange.rounds) == 1
+    if message["sig"] == "kvs:*":                 # ... now waiting for rank 0, here
+        assert host.sent == [] and len(side.exchange.rounds) == 1
+    else:                                         # ... of h1's rank alone: done at once
+        assert [m["op"] for m in host.sent] == ["pmix_fence_done"]
+        assert not side.exchange.rounds
 
 
 def test_an_agent_refuses_a_fence_result_it_did_not_ask_for():
