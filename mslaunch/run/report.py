@@ -283,7 +283,7 @@ def restart(sup: JobView, local: LocalRanks, r: RankState) -> bool:
                             f"{r.last_end}; starting it again ({r.restarts} of "
                             f"{sup.restarts} restarts)")
     r.outputs = []
-    r.code = r.signal = None
+    r.code = r.signal = r.pmi_lost = None
     r.ended = False
     try:
         local.restart(r.spec.key)

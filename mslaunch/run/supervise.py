@@ -95,7 +95,7 @@ class Supervisor(LookingInside):
         self.local: Optional[LocalRanks] = None   # this machine's ranks, if any
         #: Every handle, as the backend gave them (the list grows by late spares).
         self.handles: List[RankHandle] = []
-        self.stdin_fanout: Optional[StdinFanout] = None   # stdin relayed to remote ranks
+        self.stdin_fanout: Optional[StdinFanout] = None   # stdin, relayed to remote ranks too
         self.launched = False
         self.control = control     # (socket, path): mslaunch-stacks and mslaunch-top
         self.dumps: Optional[str] = None     # where local Python ranks dump their stacks

@@ -139,7 +139,9 @@ class MPIJobs:
             # The socket closes while the process exits, a moment before its
             # exit status can be read: let the exit tell a crash from a rank
             # that left MPI without finalizing.
-            self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at))
+            run = r.restarts
+            self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at)
+                                     if r.restarts == run else None)   # (not a later run's)
 
     def check_lost(self, r, at: Optional[float] = None) -> None:
         """Rank ``r``'s PMI connection closed (at the earliest of ``at``, when that
@@ -171,7 +173,8 @@ class MPIJobs:
         r = self.sup.ranks[spec.key]
         if pj is not None and spec.host.local and not r.code and r.signal is None \
                 and pj.left_pmix(spec.rank):
-            r.pmi_lost = r.end or time.time()
+            end = r.end or time.time()
+            r.pmi_lost = end if r.pmi_lost is None else min(r.pmi_lost, end)
         if pj is None or pj.number == 1 or pj.server is None:
             return
         if all(r.ended for r in self.sup.ranks
@@ -491,8 +494,11 @@ class MPIJobs:
             reply(None, kvsname)
             return
         for name, host_specs in remote.items():
-            sup.hosts[name].spawn(pj, host_specs, mapping, lambda problem, n=name:
-                                  host_answered(n, problem), pmix=layout)
+            try:
+                sup.hosts[name].spawn(pj, host_specs, mapping, lambda problem, n=name:
+                                      host_answered(n, problem), pmix=layout)
+            except LaunchError as err:              # (its ranks' output files)
+                host_answered(name, str(err))
 
     def _plan(self, request: SpawnRequest, number: int, kvsname: str, context_env):
         from ..hosts import is_local

@@ -177,7 +177,10 @@ class Fleet:
         timeline.mark("sending the agents their ranks")
         self._output_listener()
         for name, specs in remote_specs.items():
-            self._hand(name, conns.pop(name), specs)
+            # (a host whose ranks' output files cannot be made is not made: its
+            # agent stays with the others, which are let go with the failure)
+            self._hand(name, conns[name], specs)
+            del conns[name]
         self._said = {}
         try:
             # Spare hosts (no rank) do not hold the start up: one that is ready

@@ -83,7 +83,8 @@ class RemoteHost:
         self.ranks = {s.key for s in specs}
         self.fleet = fleet            # what it reports to
         #: Each rank's stdout and stderr sinks (one for both when merged), which
-        #: this host feeds and finishes: its ranks' output ends with its link.
+        #: this host feeds, and finishes as its agent reports each stream's end (the
+        #: supervisor finishes those of a host lost, or of a spawn abandoned).
         self.make_sinks = make_sinks
         self.sinks = {s.key: make_sinks(s) for s in specs}
         self.pmi_port = pmi_port
@@ -165,9 +166,10 @@ class RemoteHost:
         if self.state not in (RUNNING, DONE) or self.endpoint.closed:
             done(f"host {self.name} is not running")
             return
+        sinks = {s.key: self.make_sinks(s) for s in specs}   # (LaunchError: nothing changed)
         self.specs += specs
         self.ranks.update(s.key for s in specs)
-        self.sinks.update((s.key, self.make_sinks(s)) for s in specs)
+        self.sinks.update(sinks)
         self._become(RUNNING)            # busy again until the agent is done anew
         self._spawns[pj.kvsname] = done
         self.send_pmi(dict(spawn_frame(pj.number, pj.kvsname, pj.spawner or "", specs, pj.size,

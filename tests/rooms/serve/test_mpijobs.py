@@ -66,3 +66,15 @@ def test_a_rank_that_failed_in_its_own_right_is_not_failed_again():
     r.ended, r.code, r.end = True, 3, 10.1
     jobs.check_lost(r)
     assert sup.failed == []
+
+
+def test_the_settles_look_is_not_a_later_runs():
+    """A rank started again (msrun's restarts) before the settle's look: that look
+    belongs to its run before, which was judged already by its exit."""
+    sup = StandIn(1)
+    jobs = MPIJobs(sup)                                  # type: ignore[arg-type]
+    jobs.pmi_lost(0, 10.0)
+    r = sup.ranks[0]
+    r.restarts, r.pmi_lost = 1, None                     # as run/report.py's restart leaves it
+    sup.later[0]()
+    assert sup.failed == []
