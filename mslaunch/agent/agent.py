@@ -508,6 +508,7 @@ class Agent:
     def rank_exited(self, rank: int, code: Optional[int], sig: Optional[int],
                     at: float) -> None:
         self._report_singletons()
+        at = self.pmi.before_stop(rank, at)
         self.pmi.exited(rank, code, sig, at)
         self.exited.add(rank)
         self.stdin.drop(rank)

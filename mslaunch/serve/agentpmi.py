@@ -20,7 +20,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
     from ..machine.guard import Watchdog
     from ..machine.local import LocalRanks
@@ -44,6 +44,7 @@ class AgentPMI:
                  pmix: Optional[PMIxHost] = None) -> None:
         self.loop = loop
         self.stop_at: Optional[float] = None     # when the launcher's stop came (see stopping)
+        self.exiting_at_stop: Set[int] = set()  # pids already on their way out then
         self.end = end
         self.on_job = on_job
         self.jobs: Dict[str, PMIJob] = {}     # by kvsname: the job's, and spawned ones
@@ -76,6 +77,8 @@ class AgentPMI:
         noting what their Open MPI processes made in /dev/shm (removed by :meth:`close`)."""
         if self.stop_at is None:
             self.stop_at = time.time()
+            from ..mpi.pmix.server import exiting
+            self.exiting_at_stop = {pid for pid in pids if exiting(pid)}
         from ..mpi.pmi.singletons import SingletonFiles, runs_open_mpi
         if self.probe is None or not pids or not runs_open_mpi(pids):
             return
@@ -218,6 +221,15 @@ class AgentPMI:
         else:
             self.pmix.local_modex(nspace, rank, done)
 
+    def before_stop(self, key: int, at: float) -> float:
+        """When rank ``key`` here ended, or left PMIx: ``at``, but just before the
+        launcher's stop if the process was exiting already when the stop came.  Its
+        end is then not the stop's doing, though on a busy host its exit (or the
+        PMIx library's sight of its lost connection) may be read after the stop."""
+        if self.stop_at is not None and self.pid_of(key) in self.exiting_at_stop:
+            return min(at, self.stop_at - 1e-6)
+        return at
+
     def pid_of(self, key: int) -> Optional[int]:
         r = self.local.ranks.get(key) if self.local is not None else None
         return r.proc.pid if r is not None and r.proc is not None else None
@@ -306,7 +318,8 @@ class AgentPMI:
                  "at": at or time.time(), "stop_at": self.stop_at})
 
     def pmi_lost(self, key: int, at: Optional[float] = None) -> None:
-        self.up({"op": "lost", "rank": key, "at": at or time.time(), "stop_at": self.stop_at})
+        self.up({"op": "lost", "rank": key, "at": self.before_stop(key, at or time.time()),
+                 "stop_at": self.stop_at})
 
     def pmi_started(self, pj: PMIJob, rank: int) -> None:
         self.up({"op": "started", "rank": pj.keys[rank], "pmix": rank in pj.pmix_in})
