@@ -116,6 +116,22 @@ def descendants(roots: Iterable[int], table=None) -> Set[int]:
     return found
 
 
+#: The Linux task flag of a process that is exiting (``/proc/PID/stat`` field 9).
+_PF_EXITING = 0x4
+
+
+def exiting(pid: Optional[int]) -> bool:
+    """Whether process ``pid`` is exiting or gone (its connection closed as it died)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+
+
 def exists(pid: int) -> bool:
     """True while ``pid`` names a process (a zombie too)."""
     try:

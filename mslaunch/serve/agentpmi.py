@@ -77,7 +77,7 @@ class AgentPMI:
         noting what their Open MPI processes made in /dev/shm (removed by :meth:`close`)."""
         if self.stop_at is None:
             self.stop_at = time.time()
-            from ..mpi.pmix.server import exiting
+            from ..machine.procs import exiting
             self.exiting_at_stop = {pid for pid in pids if exiting(pid)}
         from ..mpi.pmi.singletons import SingletonFiles, runs_open_mpi
         if self.probe is None or not pids or not runs_open_mpi(pids):

@@ -16,6 +16,7 @@ import itertools
 import os
 import time
 
+from ...machine.procs import exiting
 from . import lib as L
 from . import rank_extras
 from .layout import Layout
@@ -28,22 +29,6 @@ if TYPE_CHECKING:
 
     #: ``relay(signature, sequence, blob, done)``: a fence that spans hosts.
     Relay = Callable[[str, int, bytes, Callable[[bytes], None]], None]
-
-#: The Linux task flag of a process that is exiting (``/proc/PID/stat`` field 9).
-_PF_EXITING = 0x4
-
-
-def exiting(pid: Optional[int]) -> bool:
-    """Whether process ``pid`` is exiting or gone (its connection closed as it died)."""
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return True
-    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
-
 
 class Inbox:
     """Calls posted from another thread, run in the loop."""
