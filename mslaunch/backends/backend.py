@@ -10,8 +10,8 @@ command per node (:class:`~.nodes.NodesBackend`).  The supervisor
 this order --
 
 1. :meth:`~Backend.begin` (before the supervisor is built: what takes long
-   begins in the background) and :meth:`~Backend.setup`: the job as it is
-   supervised, and its plan (``--dry-run`` shows :meth:`~Backend.describe`);
+   begins in the background); the plan is the backend's :attr:`~Backend.planning`'s
+   (what ``--dry-run`` shows);
 2. :meth:`~Backend.connect`: reach every place the ranks run (the plan may be
    made again there with the hosts' topologies);
 3. :meth:`~Backend.here`, :meth:`~Backend.check`: which ranks run as this
@@ -180,6 +180,11 @@ class Backend:
     #: :meth:`connect` takes a while and the plan stands meanwhile: the job's PMI is
     #: made before it, while the launcher would only wait.
     pmi_early = False
+    #: The way's own launcher is the job's one process, and it reports the ranks:
+    #: their failures, the displays and output options asked for (Open MPI's
+    #: mpirun). The supervisor keeps only signals, ``--timeout`` and the grace
+    #: period, and ``--dry-run`` shows that launcher's command line.
+    reports_itself = False
     #: The remote hosts' agents, once reached (the agents' way); None: no remote host.
     remote_hosts: Optional[RemoteHosts] = None
     #: The job's other nodes, each running its own part (one command per node).
@@ -192,18 +197,9 @@ class Backend:
         self.session = session
         self.planning = planning
 
-    def describe(self) -> str:
-        """What ``--dry-run`` shows of the job (nothing is started for it)."""
-        from ..plan import describe_plan
-        return describe_plan(self.planning.plan())
-
     def begin(self) -> None:
         """Begin, in the background, what the job will need (an srun step, the
         agents' package, a module to import) while the supervisor is built."""
-
-    def setup(self) -> Tuple[JobSpec, Plan]:
-        """The job as the supervisor sees it, and its plan."""
-        return self.job, self.planning.plan()
 
     def connect(self, view: LaunchView) -> None:
         """Reach every place the ranks run (nothing to reach here)."""

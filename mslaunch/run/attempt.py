@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
     from ..core.spec import HostEntry
-    from ..backends.backend import Planning
+    from ..backends.backend import Backend, Planning
     from ..backends.session import Session
 
 from ..core.errors import NoHostLeft
@@ -126,6 +126,16 @@ class JobPlanning:
         return self._plan
 
 
+def as_supervised(job: JobSpec, backend: Backend) -> Tuple[JobSpec, Plan]:
+    """The job as its supervisor sees it, and its plan (the backend's planning's).
+    Where the way's own launcher reports the ranks (``reports_itself``), signals,
+    ``--timeout`` and the grace period are all the supervisor keeps of the job."""
+    if backend.reports_itself:
+        job = JobSpec(apps=job.apps, mpi=job.mpi, timeout=job.timeout, grace=job.grace,
+                      quiet=True, launch_dir=job.launch_dir)
+    return job, backend.planning.plan()
+
+
 def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
                 planning: Planning, note: str = "",
                 launched: Optional[Callable[[], None]] = None,
@@ -137,7 +147,7 @@ def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
     try:            # until the supervisor owns it, what the backend began is ended here
         backend.begin()
         from .supervise import Supervisor  # after srun's step began (begin)
-        job_s, plan = backend.setup()
+        job_s, plan = as_supervised(job, backend)
         control = open_control(session.guard) if session.wants_control else None
         supervisor = Supervisor(job_s, plan, backend, session, control=control, note=note,
                                 on_launched=launched)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from ..backends.allocationend import AllocationEnd
     from ..machine.terminal import Console
-    from ..core.spec import HostEntry, JobResult
+    from ..core.spec import HostEntry, JobResult, Plan
 
 from ..core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError, NoHostLeft, Stopped
 from ..mpi.pmi.files import job_guard, new_kvsname, public_id
@@ -91,7 +91,7 @@ def _run_job(job: JobSpec, watch: Optional[AllocationEnd], started: float = 0.0)
         from ..backends.session import Session
         session = Session(cast(Watchdog, _NoGuard()), Console())
         backend = choose(job, environ, session, JobPlanning(job, environ, kvsname, hosts))
-        sys.stdout.write(backend.describe())
+        sys.stdout.write(_dry_run(backend.planning.plan(), backend.reports_itself))
         return 0
     # The orphan guard first (a small fork, before more is imported), so that
     # it settles into the job's cgroup while the job is planned.
@@ -135,6 +135,16 @@ def _hosts_of(job: JobSpec, environ: Mapping[str, str]) -> Callable[[], List[Hos
             read.append(list(host_entries(job, environ)))
         return read[0]
     return hosts
+
+
+def _dry_run(plan: Plan, one_launcher: bool) -> str:
+    """What ``--dry-run`` shows: the plan, or the command line of the way's own
+    launcher where that is the job's one process (Open MPI's mpirun)."""
+    if one_launcher:
+        import shlex
+        return shlex.join(plan.ranks[0].argv) + "\n"
+    from ..plan import describe_plan
+    return describe_plan(plan)
 
 
 class _NoGuard:

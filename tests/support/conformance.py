@@ -10,7 +10,7 @@ from mslaunch.backends.backend import Backend
 from mslaunch.seams import RankHandle
 
 #: The flags a backend declares (see docs/design.md, "The backend seam").
-FLAGS = ("serves_pmi", "this_machine", "pmi_early")
+FLAGS = ("serves_pmi", "this_machine", "pmi_early", "reports_itself")
 
 
 def _verbs(cls) -> dict:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from typing import Container, Dict, List, Mapping, Optional, Sequence, Tuple
 
     from ...machine.terminal import Console
+    from ...core.cputopo import Topology
+    from ...core.spec import HostEntry
     from ...core.states import BackendName
     from ..backend import Planning
     from ...machine.local import PMIEnv
@@ -262,6 +264,7 @@ class MpirunBackend(Backend):
     name: BackendName = "mpirun"
     serves_pmi = False          # mpirun serves its ranks PMIx itself
     this_machine = False
+    reports_itself = True
 
     def __init__(self, job: JobSpec, environ: Mapping[str, str], session: Session,
                  planning: Planning) -> None:
@@ -271,11 +274,8 @@ class MpirunBackend(Backend):
         self.probe: Optional[WorldProbe] = None
         self.ompi: Optional[OpenMPI] = None
         self.stdin = False
-
-    def describe(self) -> str:
-        import shlex
-        self._say_found()
-        return " ".join(shlex.quote(c) for c in self._plan().ranks[0].argv) + "\n"
+        self._said = False
+        self.planning = _MpirunPlanning(self)
 
     def begin(self) -> None:
         job = self.job
@@ -296,7 +296,8 @@ class MpirunBackend(Backend):
 
     def _say_found(self) -> OpenMPI:
         ompi = self._find()
-        if self.job.verbose:
+        if self.job.verbose and not self._said:
+            self._said = True
             sys.stderr.write(f"mslaunch: {ompi.describe()}\n")
         return ompi
 
@@ -311,18 +312,9 @@ class MpirunBackend(Backend):
             port = master_port_of(self.environ.get("MASTER_PORT")) or \
                 free_port(self.job.port_range)
             self.plan = mpirun_plan(self.job, self.environ, port, ompi_jobid(port),
-                                    self.session.guard.marker, self.base, self._find(),
+                                    self.session.guard.marker, self.base, self._say_found(),
                                     self.probe, self.stdin)
         return self.plan
-
-    def setup(self) -> Tuple[JobSpec, Plan]:
-        """What the supervisor does here is signals, ``--timeout`` and the grace
-        period; mpirun itself reports and displays what was asked, and says why
-        ranks failed."""
-        job = self.job
-        policy = JobSpec(apps=job.apps, mpi=job.mpi, timeout=job.timeout, grace=job.grace,
-                         quiet=True, launch_dir=job.launch_dir)
-        return policy, self._plan()
 
     def here(self, plan: Plan) -> List[RankSpec]:
         return []
@@ -354,6 +346,21 @@ class MpirunBackend(Backend):
 def _marker() -> str:
     """The job's name for its guard and its ranks (``MSLAUNCH_JOB``)."""
     return f"ompi_{os.getpid()}_{os.urandom(4).hex()}"
+
+
+class _MpirunPlanning:
+    """The plan of a job that mpirun runs: mpirun itself, its one process; the hosts
+    are mpirun's to read."""
+
+    def __init__(self, backend: MpirunBackend) -> None:
+        self.backend = backend
+
+    @property
+    def entries(self) -> Sequence[HostEntry]:
+        return ()
+
+    def plan(self, topologies: Optional[Dict[str, Topology]] = None) -> Plan:
+        return self.backend._plan()
 
 
 def forwards_stdin(job: JobSpec, ompi: OpenMPI) -> bool:

