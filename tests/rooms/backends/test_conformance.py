@@ -6,7 +6,10 @@ tables, so that a new backend, handle or starter is checked by adding its line:
   machine and its PMI's timing as flags;
 - a rank handle that stands for processes of the launcher's own has every
   member of ``seams.RankHandle``, with its parameters;
-- a starter (``STARTERS``) names a module that imports, with a ``make``.
+- a starter (``STARTERS``) names a module that imports, with a ``make``;
+- every verb of the base is every backend's business: none is overridden by
+  one backend alone (what one way alone needs is its own object, a flag or
+  its planning).
 
 The handles' behaviour is the system tests' (a real mpirun, a real srun step:
 ``tests/system/openmpi``, ``tests/system/slurm``); the process plumbing they
@@ -46,6 +49,27 @@ def test_a_rank_handle_has_every_member_of_the_seam(module, cls):
                          ids=[row[0] for row in STARTERS])
 def test_a_starter_line_names_a_module_that_makes_one(name, words, wanted, module):
     assert callable(getattr(importlib.import_module(module), "make", None)), module
+
+
+def _overriders(backends) -> dict:
+    """For each verb of the base, the backends of ``backends`` that override it."""
+    verbs = [v for v, m in vars(Backend).items() if not v.startswith("_") and callable(m)]
+    return {verb: [cls.__name__ for cls in backends if verb in vars(cls)] for verb in verbs}
+
+
+def test_no_verb_of_the_base_is_one_backends_alone():
+    backends = [getattr(importlib.import_module(module), cls)
+                for _, _, _, module, cls in BACKENDS]
+    found = _overriders(backends)
+    assert found and all(len(owners) != 1 for owners in found.values()), found
+
+
+def test_the_count_of_overriders_sees_a_hook_of_one_backend():
+    class Lonely(Backend):
+        def started(self, view) -> None:
+            pass
+    assert _overriders([Lonely, Backend])["started"] == ["Lonely", "Backend"]
+    assert _overriders([Lonely])["started"] == ["Lonely"]
 
 
 def test_the_check_refuses_a_handle_without_a_member_of_the_seam():
