@@ -155,6 +155,8 @@ class Fleet:
 
     def _leave_out(self, failed: Dict[str, str]) -> None:
         """Hosts of no rank whose agents could not be started, with why: one line each why."""
+        if not failed:
+            return
         from ...hosts.ranges import host_ranges
         for why, hosts in _by_reason(failed).items():
             if not self.view.job.quiet:
@@ -334,8 +336,10 @@ class Fleet:
             self.view.console.message(f"mslaunch: {host.name}: {text}")
 
     def _say_grouped(self) -> None:
-        from ...hosts.ranges import host_ranges
         said, self._said = self._said or {}, None
+        if not said:
+            return
+        from ...hosts.ranges import host_ranges
         for text, names in said.items():
             self.view.console.message(f"mslaunch: {host_ranges(names)}: {text}")
 
