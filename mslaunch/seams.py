@@ -8,7 +8,8 @@ instead of importing it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Container, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import (Any, Callable, Collection, Container, Dict, List, Mapping, Optional, Protocol,
+                    Sequence, Set, Tuple)
 
 from .machine.guard import Watchdog
 from .machine.loop import Loop
@@ -17,6 +18,10 @@ from .machine.stdin import StdinFanout
 from .machine.terminal import Console
 from .core.spec import JobSpec, Plan, RankSpec
 from .core.states import Ending
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .machine.local import PMIEnv
 
 
 class Closable(Protocol):
@@ -179,6 +184,12 @@ class AgentHost(Protocol):
         """The wall-clock time the host reported as ``at``, on this machine's clock
         (now if ``at`` is not a time)."""
 
+    def spawn(self, pj: Any, specs: Sequence[RankSpec], mapping: str,
+              done: Callable[[Optional[str]], None],
+              pmix: Optional[Dict[str, Any]] = None) -> None:
+        """Start processes of the job ``pj`` spawned (a ``PMIJob``) on this host;
+        ``done(problem or None)``; ``pmix``: the layout of one Open MPI spawned."""
+
 
 class RankState(Protocol):
     """The supervisor's bookkeeping of one rank."""
@@ -206,9 +217,64 @@ class RankState(Protocol):
     def tail(self) -> bytes: ...
 
 
+class ServedJob(Protocol):
+    """What the job's MPI services (the PMI job set and its PMIx,
+    :mod:`mslaunch.serve`) use of the job they serve, lent by its supervisor
+    (:class:`~mslaunch.run.lent.Served`): the job and its plan as they stand,
+    its ranks and remote hosts, and what only the supervisor does (fail a rank,
+    take in or forget a spawned job's ranks, start them here)."""
+
+    @property
+    def job(self) -> JobSpec: ...
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def loop(self) -> Loop: ...
+
+    @property
+    def console(self) -> Console: ...
+
+    @property
+    def ending(self) -> Optional[Ending]: ...
+
+    @property
+    def watchdog(self) -> Watchdog: ...
+
+    @property
+    def session(self) -> SharedByAttempts: ...
+
+    @property
+    def ranks(self) -> Sequence[RankState]: ...
+
+    @property
+    def hosts(self) -> Mapping[str, AgentHost]: ...
+
+    @property
+    def lookers(self) -> Mapping[str, Looker]: ...
+
+    @property
+    def spoken_for(self) -> Set[int]:
+        """The keys of the ranks a looker answers for."""
+
+    def log(self, message: str) -> None: ...
+
+    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
+             at: Optional[float] = None, mpi_abort: bool = False,
+             lost: bool = False) -> None: ...
+
+    def add_ranks(self, specs: Sequence[RankSpec]) -> None: ...
+
+    def abandon(self, keys: Sequence[int]) -> None: ...
+
+    def start_local(self, specs: Sequence[RankSpec], pmi: object,
+                    pmi_env: Optional[PMIEnv]) -> None: ...
+
+
 class JobView(Protocol):
-    """What the PMI job set, the looks inside the job, the reports and the lending
-    to backends (:class:`~mslaunch.run.lent.Lent`) use of the supervisor."""
+    """What the looks inside the job, the reports and the lending to backends and
+    to the MPI services (:mod:`mslaunch.run.lent`) use of the supervisor."""
 
     job: JobSpec
     plan: Plan

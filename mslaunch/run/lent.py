@@ -1,20 +1,23 @@
-"""What the supervisor lends a backend (:class:`~mslaunch.backends.backend.LaunchView`),
-and nothing else of it: the job and its plan as they stand, how it is ending,
-where the rank handles report, and the few things only the supervisor does
-(the plan made again, the answers while the places are reached, this
-machine's ranks' handle)."""
+"""What the supervisor lends, and nothing else of it: to a backend
+(:class:`Lent`, a :class:`~mslaunch.backends.backend.LaunchView`) the job and its
+plan as they stand, how it is ending, where the rank handles report, and the
+few things only the supervisor does (the plan made again, the answers while
+the places are reached, this machine's ranks' handle); to the job's MPI
+services (:class:`Served`, a :class:`~mslaunch.seams.ServedJob`) the job, its
+ranks and hosts, and what they ask the supervisor to do."""
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Sequence
+    from typing import Mapping, Optional, Sequence, Set
 
     from ..core.spec import JobSpec, Plan, RankSpec
     from ..core.states import Ending
+    from ..machine.guard import Watchdog
     from ..machine.local import LocalRanks, PMIEnv
     from ..serve.mpijobs import MPIJobs
-    from ..seams import JobView, SharedByAttempts
+    from ..seams import AgentHost, JobView, Looker, RankState, SharedByAttempts
 
 
 class Lent:
@@ -60,4 +63,45 @@ class Lent:
         return self._sup.local_ranks(specs, pmi, pmi_env, stdin_fd)
 
 
-__all__ = ["Lent"]
+class Served:
+    """The MPI services' view of one supervisor (see the module docstring)."""
+
+    __slots__ = ("job", "loop", "console", "watchdog", "session", "log", "fail", "add_ranks",
+                 "abandon", "start_local", "_sup")
+
+    def __init__(self, sup: JobView) -> None:
+        self.job: JobSpec = sup.job
+        self.loop, self.console = sup.loop, sup.console
+        self.watchdog: Watchdog = sup.watchdog
+        self.session: SharedByAttempts = sup.session
+        self.log, self.fail = sup.log, sup.fail
+        self.add_ranks, self.abandon, self.start_local = \
+            sup.add_ranks, sup.abandon, sup.start_local
+        self._sup = sup
+
+    @property
+    def plan(self) -> Plan:
+        return self._sup.plan
+
+    @property
+    def ending(self) -> Optional[Ending]:
+        return self._sup.ending
+
+    @property
+    def ranks(self) -> Sequence[RankState]:
+        return self._sup.ranks
+
+    @property
+    def hosts(self) -> Mapping[str, AgentHost]:
+        return self._sup.hosts
+
+    @property
+    def lookers(self) -> Mapping[str, Looker]:
+        return self._sup.lookers
+
+    @property
+    def spoken_for(self) -> Set[int]:
+        return self._sup.spoken_for
+
+
+__all__ = ["Lent", "Served"]

@@ -55,7 +55,7 @@ from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
 from ..inspect.lookin import OUTPUT_EVERY, LookingInside
 from ..rankbook import Events, Rank as _Rank
-from .lent import Lent
+from .lent import Lent, Served
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGTSTP)
@@ -234,7 +234,7 @@ class Supervisor(LookingInside):
         """The first job's PMI (see :class:`~mslaunch.serve.mpijobs.MPIJobs`), for the plan as it
         stands; what its local ranks inherit."""
         from ..serve.mpijobs import MPIJobs
-        self.mpi_jobs = MPIJobs(self)
+        self.mpi_jobs = MPIJobs(Served(self))
         # (srun's step serves its ranks' PMI itself: none is "local", and none may be
         # given this machine's topology)
         pmi, pmi_env = self.mpi_jobs.start_first(bool(self.backend.here(self.plan)),

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..mpi.pmi.server import PMIServer
     from ..core.spec import RankSpec, SpawnRequest
     from .pmixjobs import LauncherPMIx
-    from ..seams import AgentHost, JobView
+    from ..seams import AgentHost, ServedJob
 
 from ..core.errors import LaunchError, PlanError
 from ..mpi.pmi.files import xml_for_ranks
@@ -45,10 +45,11 @@ LOST_PMI_SETTLE = 1.0
 
 
 class MPIJobs:
-    """The launch's MPI jobs; see the module docstring.  ``sup`` is the Supervisor."""
+    """The launch's MPI jobs; see the module docstring.  ``served``: the job they serve, as
+    its supervisor lends it."""
 
-    def __init__(self, sup: JobView) -> None:
-        self.sup = sup
+    def __init__(self, served: ServedJob) -> None:
+        self.served = served
         self.jobs: Dict[str, PMIJob] = {}        # by kvsname
         self.first: Optional[PMIJob] = None
         self.names: Dict[str, str] = {}          # published names, of every job
@@ -64,24 +65,24 @@ class MPIJobs:
         """The first job's PMI; returns (inherited server, env function) for its local
         ranks (``topology``: whether its ranks may read this machine's, see
         :mod:`mslaunch.mpi.pmi.files`)."""
-        sup = self.sup
-        plan, job = sup.plan, sup.job
+        served = self.served
+        plan, job = served.plan, served.job
         from ..mpi.pmi.singletons import SingletonProbe
         try:
-            self.probe = SingletonProbe(sup.watchdog.marker,
+            self.probe = SingletonProbe(served.watchdog.marker,
                                         [r for r in plan.ranks if r.host.local])
         except OSError:
             self.probe = None                    # no temporary directory: no check
-        self.hwloc_xml = xml_for_ranks(sup.watchdog) if topology else None
+        self.hwloc_xml = xml_for_ranks(served.watchdog) if topology else None
         appnums = [r.app for r in plan.ranks]
         first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
                           {r.rank: r.key for r in plan.ranks}, None)
         self.first = first
         from .pmixjobs import LauncherPMIx
-        self.pmix = LauncherPMIx(self.sup, self.jobs)
+        self.pmix = LauncherPMIx(self.served, self.jobs)
         if not local:
             return None, None
-        first.serve(sup.loop, appnums, plan.process_mapping, tcp=job.pmi_port,
+        first.serve(served.loop, appnums, plan.process_mapping, tcp=job.pmi_port,
                     trace=job.verbose >= 2, port_range=job.port_range)
         if self.pmix is not None:
             self.pmix.serve_first(first)
@@ -89,10 +90,10 @@ class MPIJobs:
 
     def universe(self) -> int:
         """``MPI_UNIVERSE_SIZE`` as Hydra gives it: ``-usize`` if given, else unknown (-1)."""
-        usize = self.sup.job.usize
+        usize = self.served.job.usize
         if usize is None:
             return -1
-        return usize or self.sup.plan.universe_size
+        return usize or self.served.plan.universe_size
 
     def _new(self, number: int, kvsname: str, size: int, mapping: str, appnums,
              keys: Dict[int, int], spawner: Optional[str]) -> PMIJob:
@@ -102,7 +103,7 @@ class MPIJobs:
         pj = PMIJob(self, number=number, state=state, keys=keys, spawner=spawner)
         pj.probe = self.probe
         self.jobs[kvsname] = pj
-        self.sup.watchdog.keep(kvsname)
+        self.served.watchdog.keep(kvsname)
         return pj
 
     def of(self, spec: RankSpec) -> Optional[PMIJob]:
@@ -118,19 +119,19 @@ class MPIJobs:
             self.pmix.names(pj.kvsname, request, done)
 
     def pid_of(self, key: int) -> Optional[int]:
-        return self.sup.ranks[key].pid if 0 <= key < len(self.sup.ranks) else None
+        return self.served.ranks[key].pid if 0 <= key < len(self.served.ranks) else None
 
     def pmi_abort(self, key: int, code: int, message: str, at: Optional[float] = None) -> None:
-        r = self.sup.ranks[key]
+        r = self.served.ranks[key]
         code &= 0xFF
         # An abort must never look like success: a code that is 0 modulo 256
         # (MPI_Abort(comm, 0) or 256) ends the job with status 1.
         shown = f"exit code {code}" if code else "exit code 0 (exit status 1)"
-        self.sup.fail(r, f"called MPI_Abort with {shown}", code or 1, abort=True, at=at,
+        self.served.fail(r, f"called MPI_Abort with {shown}", code or 1, abort=True, at=at,
                       mpi_abort=True)
 
     def pmi_lost(self, key: int, at: Optional[float] = None) -> None:
-        r = self.sup.ranks[key]
+        r = self.served.ranks[key]
         at = at or time.time()
         r.pmi_lost = at if r.pmi_lost is None else min(r.pmi_lost, at)
         if r.ended:
@@ -140,7 +141,7 @@ class MPIJobs:
             # exit status can be read: let the exit tell a crash from a rank
             # that left MPI without finalizing.
             run = r.restarts
-            self.sup.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at)
+            self.served.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at)
                                      if r.restarts == run else None)   # (not a later run's)
 
     def check_lost(self, r, at: Optional[float] = None) -> None:
@@ -148,18 +149,18 @@ class MPIJobs:
         was first seen and when it ended): a failure unless its exit is one already."""
         if r.signal is not None or r.code:
             return  # a failure in its own right, already handled
-        self.sup.fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
+        self.served.fail(r, "exited without MPI_Finalize (its PMI connection closed early)"
                       if r.ended else "closed its PMI connection without MPI_Finalize",
                       1, abort=True,
                       at=min([t for t in (at, r.pmi_lost, r.end) if t] or [time.time()]))
 
     def pmi_log(self, message: str) -> None:
-        self.sup.log(f"PMI: {message}")
+        self.served.log(f"PMI: {message}")
 
     def pmi_started(self, pj: PMIJob, rank: int) -> None:
         # A rank that already ended without MPI can never join its job now.
-        sup = self.sup
-        for r in sup.ranks:
+        served = self.served
+        for r in served.ranks:
             if r.spec.job == pj.number and r.ended and not r.failed:
                 self.check_left_mpi(r)
         if self.pmix is not None:
@@ -170,14 +171,14 @@ class MPIJobs:
         :meth:`check_lost`); a spawned job whose processes here have all ended needs
         its server no more (its TCP listener, under -pmi-port, would otherwise stay)."""
         pj = self.of(spec)
-        r = self.sup.ranks[spec.key]
+        r = self.served.ranks[spec.key]
         if pj is not None and spec.host.local and not r.code and r.signal is None \
                 and pj.left_pmix(spec.rank):
             end = r.end or time.time()
             r.pmi_lost = end if r.pmi_lost is None else min(r.pmi_lost, end)
         if pj is None or pj.number == 1 or pj.server is None:
             return
-        if all(r.ended for r in self.sup.ranks
+        if all(r.ended for r in self.served.ranks
                if r.spec.job == pj.number and r.spec.host.local):
             pj.close()
 
@@ -188,15 +189,15 @@ class MPIJobs:
             return
         others = sorted(pj.started)
         who = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
-        self.sup.fail(r, f"exited with code 0 without joining MPI (it never initialized "
+        self.served.fail(r, f"exited with code 0 without joining MPI (it never initialized "
                           f"PMI) while rank(s) {who} did; they would wait for it forever",
                        1, abort=True)
 
     def watch_singletons(self) -> None:
         """Look for Open MPI singletons now and then, until the job ends."""
         self.check_singletons()
-        if self.sup.ending is None:
-            self.sup.loop.call_later(SINGLETON_POLL, self.watch_singletons)
+        if self.served.ending is None:
+            self.served.loop.call_later(SINGLETON_POLL, self.watch_singletons)
 
     def check_singletons(self) -> None:
         """End the launch if a rank here started Open MPI alone (see mslaunch.mpi.pmi.singletons)."""
@@ -211,9 +212,9 @@ class MPIJobs:
         for a remote host's: ``nopmix`` why it serves no PMIx, ``served`` whether it does,
         ``joined`` whether the rank connected to it."""
         from ..mpi.pmi.singletons import runs_a_launcher
-        if not 0 <= key < len(self.sup.ranks):
+        if not 0 <= key < len(self.served.ranks):
             return
-        r = self.sup.ranks[key]
+        r = self.served.ranks[key]
         pj = self.of(r.spec)
         if pj is None:
             return
@@ -231,9 +232,9 @@ class MPIJobs:
             return
         if pj.size < 2:
             return
-        if self.sup.ending is None:
+        if self.served.ending is None:
             self._note_leftovers()
-        self.sup.fail(r, self._singleton_message(r.spec.host.local, nopmix), 1, abort=True)
+        self.served.fail(r, self._singleton_message(r.spec.host.local, nopmix), 1, abort=True)
 
     def _singleton_message(self, local: bool, nopmix: Optional[str]) -> str:
         """Why a singleton, and the fix: the host's missing PMIx library, if that is why."""
@@ -253,7 +254,7 @@ class MPIJobs:
         if self.nested_said or not backing:
             return                # the user's own directory, or none of this job's
         self.nested_said = True
-        self.sup.log(f"rank {r.spec.rank} runs an Open MPI job of its own; its ranks inherit "
+        self.served.log(f"rank {r.spec.rank} runs an Open MPI job of its own; its ranks inherit "
                      f"OMPI_MCA_btl_sm/vader_backing_directory, a directory of this job on "
                      f"{r.spec.host.name} only: on other hosts their shared memory is off "
                      f"(--mpi none for a job of launchers, or set the variables yourself)")
@@ -261,13 +262,13 @@ class MPIJobs:
     def _note_leftovers(self) -> None:
         """Stop this host's ranks, noting what their Open MPI processes made in /dev/shm."""
         from ..mpi.pmi.singletons import SingletonFiles
-        sup = self.sup
+        served = self.served
         if self.leftovers is None:
-            self.leftovers = SingletonFiles(sup.watchdog.keep, sup.watchdog.flush)
-        covered = sup.spoken_for
-        self.leftovers.stop([x.pid for x in sup.ranks if x.spec.host.local and x.pid
-                             and not x.ended and x.spec.key not in covered], sup.loop)
-        for looker in sup.lookers.values():
+            self.leftovers = SingletonFiles(served.watchdog.keep, served.watchdog.flush)
+        covered = served.spoken_for
+        self.leftovers.stop([x.pid for x in served.ranks if x.spec.host.local and x.pid
+                             and not x.ended and x.spec.key not in covered], served.loop)
+        for looker in served.lookers.values():
             looker.end_singletons()
 
     def hang_report(self) -> List[str]:
@@ -277,7 +278,7 @@ class MPIJobs:
         lines = []
         for pj in self.jobs.values():
             job = f" of job {pj.number}" if pj.number != 1 else ""
-            live = {r.spec.rank for r in self.sup.ranks
+            live = {r.spec.rank for r in self.served.ranks
                     if r.spec.job == pj.number and not r.ended}
             never = sorted(r for r in live if r not in pj.started)
             if pj.started and never:
@@ -296,7 +297,7 @@ class MPIJobs:
         """``1, 2 on host`` for ranks of ``pj`` (at most 16 shown)."""
         shown = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
         keys = [pj.keys.get(r) for r in ranks]
-        hosts = sorted({self.sup.ranks[k].spec.host.name for k in keys if k is not None})
+        hosts = sorted({self.served.ranks[k].spec.host.name for k in keys if k is not None})
         return f"{shown} on {', '.join(hosts[:8])}"
 
     def reported(self) -> int:
@@ -327,7 +328,7 @@ class MPIJobs:
             elif op == "lost":
                 self.pmi_lost(key, host.local_time(message.get("at")))
             else:
-                spec = self.sup.ranks[key].spec
+                spec = self.served.ranks[key].spec
                 pj = self.of(spec)
                 if pj is not None:
                     if message.get("pmix") is True:
@@ -379,7 +380,7 @@ class MPIJobs:
             if key not in host.ranks:
                 raise link.LinkError(f"PMI spawn for rank {key}, not on this host")
             pmix = message.get("pmix") is True          # an Open MPI rank's (PMIx_Spawn)
-            self.pmi_spawn(pj, self.sup.ranks[key].spec.rank, read_spawn(message), answer,
+            self.pmi_spawn(pj, self.served.ranks[key].spec.rank, read_spawn(message), answer,
                            extra_env=read_spawn_env(message) if pmix else (), pmix=pmix)
 
     # -- MPI_Comm_spawn ---------------------------------------------------------
@@ -394,15 +395,15 @@ class MPIJobs:
     def pmi_spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
                   reply: Callable[..., None], extra_env: Tuple[Tuple[str, str], ...] = (),
                   pmix: bool = False) -> None:
-        sup = self.sup
+        served = self.served
         number = max([*self.naming, *(pj.number for pj in self.jobs.values())]) + 1
-        kvsname = f"{sup.plan.kvsname}_{number}"
-        if sup.ending is not None:
+        kvsname = f"{served.plan.kvsname}_{number}"
+        if served.ending is not None:
             reply("the job is ending")
             return
-        spawner = next(r.spec for r in sup.ranks
+        spawner = next(r.spec for r in served.ranks
                        if r.spec.job == parent.number and r.spec.rank == rank)
-        context_env = sup.job.apps[spawner.app].env if parent.number == 1 else \
+        context_env = served.job.apps[spawner.app].env if parent.number == 1 else \
             parent.context_env
         context_env = tuple(context_env) + extra_env
         if not pmix:
@@ -414,9 +415,9 @@ class MPIJobs:
 
         def named() -> None:
             # a slice of the search at each turn of the loop: see sibling_names
-            name = None if sup.ending is not None else next(search)
-            if name is None and sup.ending is None:
-                sup.loop.call_later(0, named)
+            name = None if served.ending is not None else next(search)
+            if name is None and served.ending is None:
+                served.loop.call_later(0, named)
                 return
             self.naming.remove(number)
             if name is None:
@@ -428,7 +429,7 @@ class MPIJobs:
     def _spawn(self, parent: PMIJob, rank: int, request: SpawnRequest,
                reply: Callable[..., None], number: int, kvsname: str,
                context_env: Tuple[Tuple[str, Optional[str]], ...], pmix: bool) -> None:
-        sup = self.sup
+        served = self.served
         who = f"rank {rank}" + (f" of job {parent.number}" if parent.number != 1 else "")
         try:
             specs, mapping = self._plan(request, number, kvsname, context_env)
@@ -436,7 +437,7 @@ class MPIJobs:
             if pmix and self.pmix is None:
                 raise PlanError("this launch serves no PMIx to spawned Open MPI processes")
             agentless = sorted({s.host.name for s in specs
-                                if not s.host.local and s.host.name not in sup.hosts})
+                                if not s.host.local and s.host.name not in served.hosts})
             if agentless:        # (--launcher srun: srun started the job's ranks)
                 raise PlanError(f"no agent of mslaunch's runs on {', '.join(agentless[:3])} "
                                 f"to start the processes there")
@@ -449,15 +450,15 @@ class MPIJobs:
         pj.context_env = context_env
         for key, value in request.preput:
             pj.state.kvs_put(-1, key, value)
-        if sup.job.verbose:
-            sup.console.message(f"mslaunch: {who} spawned job {number}: {len(specs)} "
+        if served.job.verbose:
+            served.console.message(f"mslaunch: {who} spawned job {number}: {len(specs)} "
                                 f"process(es) of {request.commands[0].program}")
         local = [s for s in specs if s.host.local]
         remote: Dict[str, List[RankSpec]] = {}
         for s in specs:
             if not s.host.local:
                 remote.setdefault(s.host.name, []).append(s)
-        sup.add_ranks(specs)
+        served.add_ranks(specs)
         waiting = set(remote)
         failed: List[str] = []
 
@@ -465,7 +466,7 @@ class MPIJobs:
             # The spawn fails in the parent only: what did start of it is
             # stopped and forgotten, outside the failure policy.
             self.pmi_log(f"{who} could not spawn: {problem}")
-            sup.abandon([s.key for s in specs])
+            served.abandon([s.key for s in specs])
             pj.close()
             reply(problem)
 
@@ -476,43 +477,44 @@ class MPIJobs:
             if not waiting:
                 give_up(failed[0]) if failed else reply(None, kvsname)
 
-        layout = self.pmix.spawned_layout(specs, sup.plan.universe_size, (
+        layout = self.pmix.spawned_layout(specs, served.plan.universe_size, (
             parent.kvsname, rank)) if pmix and self.pmix is not None else None
         if layout is not None and self.pmix is not None:
             self.pmix.introduce(parent, pj, specs, layout)
         if local:
-            pj.serve(sup.loop, [s.app for s in specs], mapping, tcp=sup.job.pmi_port,
-                     trace=sup.job.verbose >= 2, port_range=sup.job.port_range)
+            pj.serve(served.loop, [s.app for s in specs], mapping, tcp=served.job.pmi_port,
+                     trace=served.job.verbose >= 2, port_range=served.job.port_range)
             if layout is not None and self.pmix is not None:
                 self.pmix.serve_spawned(pj, specs, layout)
             try:
-                sup.start_local(local, pj.inherited, pj.env)
+                served.start_local(local, pj.inherited, pj.env)
             except LaunchError as err:
                 give_up(str(err))
                 return
         if not remote:
             reply(None, kvsname)
             return
+        from functools import partial
         for name, host_specs in remote.items():
             try:
-                sup.hosts[name].spawn(pj, host_specs, mapping, lambda problem, n=name:
-                                      host_answered(n, problem), pmix=layout)
+                served.hosts[name].spawn(pj, host_specs, mapping, partial(host_answered, name),
+                                         pmix=layout)
             except LaunchError as err:              # (its ranks' output files)
                 host_answered(name, str(err))
 
     def _plan(self, request: SpawnRequest, number: int, kvsname: str, context_env):
         from ..hosts import is_local
         from ..plan.spawn import plan_spawn
-        sup = self.sup
+        served = self.served
         live: Dict[str, int] = {}
-        for r in sup.ranks:
+        for r in served.ranks:
             if not r.ended:
                 live[r.spec.host.name] = live.get(r.spec.host.name, 0) + 1
-        return plan_spawn(sup.job, sup.plan, request, number=number, kvsname=kvsname,
-                          first_key=len(sup.ranks), live=live, environ=os.environ,
-                          oversubscribe=sup.plan.oversubscribe, is_local=is_local,
-                          hosts=sup.plan.hosts + tuple(h for h in sup.plan.spare_hosts
-                                                       if h.local or h.name in sup.hosts),
+        return plan_spawn(served.job, served.plan, request, number=number, kvsname=kvsname,
+                          first_key=len(served.ranks), live=live, environ=os.environ,
+                          oversubscribe=served.plan.oversubscribe, is_local=is_local,
+                          hosts=served.plan.hosts + tuple(h for h in served.plan.spare_hosts
+                                                       if h.local or h.name in served.hosts),
                           context_env=context_env)
 
     @staticmethod

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..mpi.pmix.host import PMIxHost
     from .modex import ModexAsks
     from ..core.spec import RankSpec
-    from ..seams import AgentHost, JobView
+    from ..seams import AgentHost, ServedJob
 
 from ..mpi.pmix import oversubscribed
 
@@ -34,8 +34,8 @@ class LauncherPMIx:
     """See the module docstring; ``jobs`` are the launch's PMI jobs by name (the
     dictionary of :class:`~.mpijobs.MPIJobs`, which adds to it)."""
 
-    def __init__(self, sup: JobView, jobs: Dict[str, PMIJob]) -> None:
-        self.sup = sup
+    def __init__(self, served: ServedJob, jobs: Dict[str, PMIJob]) -> None:
+        self.served = served
         self.jobs = jobs
         self.host: Optional[PMIxHost] = None
         self._exchange: Optional[FenceExchange] = None
@@ -64,22 +64,22 @@ class LauncherPMIx:
         from ..mpi.pmi.files import pmix_dir
         from ..mpi.pmix.host import PMIxHost
         from ..mpi.pmix.layout import Layout
-        sup = self.sup
-        plan = sup.plan
+        served = self.served
+        plan = served.plan
         here = next(r.host.node_id for r in plan.ranks if r.host.local)
         layout = Layout(pj.kvsname, [h.name for h in plan.hosts],
                         [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
                         plan.universe_size, here, oversubscribed(
                             [r for r in plan.ranks if r.host.local]))
-        marker = sup.watchdog.marker
-        log = sup.log if sup.job.verbose else (lambda message: None)
+        marker = served.watchdog.marker
+        log = served.log if served.job.verbose else (lambda message: None)
         # With --max-restarts, one server for every attempt (see PMIxServer.move_to).
-        session = sup.session
+        session = served.session
         if session.pmix is not None:
-            session.pmix.adopt(sup.loop, log, self.fetch)
+            session.pmix.adopt(served.loop, log, self.fetch)
             self.host = session.pmix
         else:
-            self.host = PMIxHost(sup.loop, pmix_dir(marker), log, self.fetch)
+            self.host = PMIxHost(served.loop, pmix_dir(marker), log, self.fetch)
             if session.attempts:
                 session.pmix = self.host
 
@@ -125,11 +125,11 @@ class LauncherPMIx:
         if len(pj.started) < pj.size or not pj.pmix_in or pj.started <= pj.pmix_in:
             return
         pmi, pmix = min(pj.started - pj.pmix_in), min(pj.pmix_in)
-        sup = self.sup
-        r = next((r for r in sup.ranks if r.spec.job == pj.number and r.spec.rank == pmi),
+        served = self.served
+        r = next((r for r in served.ranks if r.spec.job == pj.number and r.spec.rank == pmi),
                  None)
         if r is not None:
-            sup.fail(r, f"initialized MPI through PMI (MPICH's) while rank {pmix} did "
+            served.fail(r, f"initialized MPI through PMI (MPICH's) while rank {pmix} did "
                         f"through PMIx (Open MPI's): the ranks of one job must link one "
                         f"MPI, or each side waits for the other forever", 1, abort=True)
 
@@ -140,7 +140,7 @@ class LauncherPMIx:
 
     def _participants(self, kvs: str, signature: str) -> FrozenSet[str]:
         """The hosts (:data:`HERE` for this one) with a rank in a fence."""
-        sup = self.sup
+        served = self.served
         hosts = set()
         from ..mpi.pmix.exchange import CONNECT_PREFIX
         if signature.startswith(CONNECT_PREFIX):
@@ -157,7 +157,7 @@ class LauncherPMIx:
             else:
                 raise ValueError(f"a fence of rank {rank[:12]!r}, not of job {ns[:40]!r}")
             for key in keys:
-                spec = sup.ranks[key].spec
+                spec = served.ranks[key].spec
                 hosts.add(HERE if spec.host.local else spec.host.name)
         return frozenset(hosts)
 
@@ -230,7 +230,7 @@ class LauncherPMIx:
     def _layout_of(self, pj: PMIJob) -> Dict[str, Any]:
         if pj.kvsname in self.layouts:
             return self.layouts[pj.kvsname]
-        plan = self.sup.plan
+        plan = self.served.plan
         return {"pmix_nodes": [h.name for h in plan.hosts],
                 "pmix_node_of": [r.host.node_id for r in plan.ranks],
                 "pmix_universe": plan.universe_size, "appnums": [r.app for r in plan.ranks]}
@@ -245,7 +245,7 @@ class LauncherPMIx:
         hosts_of: Dict[str, set] = {parent.kvsname: set(), child.kvsname: set()}
         for pj in (parent, child):
             for key in pj.keys.values():
-                spec = self.sup.ranks[key].spec
+                spec = self.served.ranks[key].spec
                 hosts_of[pj.kvsname].add(HERE if spec.host.local else spec.host.name)
         for pj, other in ((child, parent), (parent, child)):
             fields = self._layout_of(pj)
@@ -255,8 +255,8 @@ class LauncherPMIx:
                         self.host.guest(Layout(pj.kvsname, fields["pmix_nodes"],
                                                fields["pmix_node_of"], fields["appnums"],
                                                fields["pmix_universe"], -1))
-                elif name in self.sup.hosts:
-                    self.sup.hosts[name].send_pmi(dict(fields, op="pmix_guest", kvs=pj.kvsname))
+                elif name in self.served.hosts:
+                    self.served.hosts[name].send_pmi(dict(fields, op="pmix_guest", kvs=pj.kvsname))
 
     # -- direct modex: a process's data, from the host that has it ----------------
     def fetch(self, nspace: str, rank: int, done: Callable[[Optional[bytes]], None]) -> None:
@@ -266,14 +266,14 @@ class LauncherPMIx:
         if key is None:
             done(None)
             return
-        spec = self.sup.ranks[key].spec
+        spec = self.served.ranks[key].spec
         if spec.host.local:
             if self.host is None:
                 done(None)
             else:
                 self.host.local_modex(nspace, rank, done)
             return
-        remote = self.sup.hosts.get(spec.host.name)
+        remote = self.served.hosts.get(spec.host.name)
         if remote is None:
             done(None)
         else:
@@ -293,7 +293,7 @@ class LauncherPMIx:
 
     def close(self) -> None:
         host = self.host
-        carried = self.sup.session.pmix is host
+        carried = self.served.session.pmix is host
         if host is not None:
             if carried:
                 host.retire()        # closed once the last attempt ended

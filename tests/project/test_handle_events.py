@@ -4,7 +4,8 @@ nothing of the supervisor: they report through ``seams.RankEvents`` and hold
 no supervisor (docs/design.md, "The seams, as protocols"), held on the
 package's source.  A handle that named ``sup`` or ``JobView`` would have its
 way back into the supervisor's policy again.  No module of the backends names
-it either: they are lent a ``LaunchView`` (mslaunch.backends.backend)."""
+it either: they are lent a ``LaunchView`` (mslaunch.backends.backend); nor does
+any of the job's MPI services (``mslaunch/serve``), lent a ``seams.ServedJob``."""
 
 from __future__ import annotations
 
@@ -55,10 +56,10 @@ def test_the_rank_handles_report_through_events_and_hold_no_supervisor():
         assert named_supervisor(tree, classes) == [], module
 
 
-def test_no_backend_module_names_the_supervisor():
-    root = os.path.join(REPO, "mslaunch", "backends")
+def _modules_name_no_supervisor(room: str) -> int:
+    """How many modules under ``mslaunch/<room>`` were read, none naming the supervisor."""
     seen = 0
-    for folder, _dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(os.path.join(REPO, "mslaunch", room)):
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
@@ -66,7 +67,15 @@ def test_no_backend_module_names_the_supervisor():
                     tree = ast.parse(f.read())
                 seen += 1
                 assert named_supervisor(tree, None) == [], os.path.relpath(path, REPO)
-    assert seen > 20                      # (the backends' modules were all read)
+    return seen
+
+
+def test_no_backend_module_names_the_supervisor():
+    assert _modules_name_no_supervisor("backends") > 20     # (all of them were read)
+
+
+def test_no_module_of_the_mpi_services_names_the_supervisor():
+    assert _modules_name_no_supervisor("serve") >= 5
 
 
 def test_the_check_finds_a_supervisor_in_a_module():
