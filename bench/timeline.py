@@ -19,7 +19,11 @@ spawns each rank.  Each phase is measured from just before the launcher's
 - ``exit``: the launcher gone.
 
 Hydra's ``mpiexec`` runs the same line, interleaved (its ``first rank``,
-``last rank``, ``exit``).  Run it on a quiet machine, with the Python whose
+``last rank``, ``exit``), and so do two floors of any launcher written in
+Python (``bench/_spawn_floor.py``, run with ``python -S``): one that only
+spawns its ranks, and one that first moves itself into a cgroup of its own,
+as mslaunch's orphan guard does so that every process of the job starts
+inside it (the move waits for the kernel).  Run it on a quiet machine, with the Python whose
 site-packages the users' launcher would have.
 """
 
@@ -110,6 +114,24 @@ def _hydra(exe: str, ranks: int, env: Dict[str, str], date: str) -> Dict[str, fl
             "exit": run.seconds}
 
 
+def _floor(how: str, ranks: int, env: Dict[str, str], date: str) -> Optional[Dict[str, float]]:
+    start = time.time()
+    run = _common.run_once([sys.executable, "-S", str(_common.BENCH_DIR / "_spawn_floor.py"), how,
+                            str(ranks), date, "+%s.%N"], env, keep_stdout=True, timeout=60)
+    if run.returncode == 3:
+        return None                    # no cgroup of its own here
+    if run.returncode != 0:
+        raise SystemExit(f"the floor failed ({run.returncode}): "
+                         f"{run.stderr.decode(errors='replace')}")
+    clocks = _clocks(run.stdout)
+    return {"first rank": clocks[0] - start, "last rank": clocks[-1] - start,
+            "exit": run.seconds}
+
+
+#: The floors' columns: what ``bench/_spawn_floor.py`` is asked to do.
+FLOORS = {"Python floor": "plain", "Python floor, cgroup": "cgroup"}
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=15)
@@ -128,7 +150,7 @@ def main(argv: Sequence[str]) -> int:
     if args.ab:
         trees[f"mslaunch@{args.ab[:12]}"] = _tree(args.ab)
     hydra = _common.find_hydra(args.hydra)
-    contenders = list(trees) + (["Hydra"] if hydra is not None else [])
+    contenders = list(trees) + (["Hydra"] if hydra is not None else []) + list(FLOORS)
     counts = [int(x) for x in args.ranks.split(",")]
     got: Dict[tuple, List[Dict[str, float]]] = {(n, c): [] for n in counts for c in contenders}
     shuffle = random.Random(4711).shuffle
@@ -137,12 +159,15 @@ def main(argv: Sequence[str]) -> int:
             order = list(contenders)
             shuffle(order)
             for who in order:
+                row: Optional[Dict[str, float]]
                 if who == "Hydra":
                     assert hydra is not None
                     row = _hydra(hydra.prefix[0], n, env, date)
+                elif who in FLOORS:
+                    row = _floor(FLOORS[who], n, env, date)
                 else:
                     row = _mslaunch(trees[who], n, env, date)
-                if round_ >= args.warmups:
+                if round_ >= args.warmups and row is not None:
                     got[(n, who)].append(row)
         _common.log(f"round {round_ + 1} of {args.warmups + args.runs}")
     print(f"_{sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
