@@ -21,7 +21,30 @@ def _bytecode_cache() -> None:
     sys.dont_write_bytecode = False
 
 
+class _SiteLater:
+    """Started without ``site`` (the installed command runs Python with ``-S``), the
+    first import that nothing on the path finds does the site set-up then, as a
+    plain start would have (the site directories, their ``.pth`` files), and is
+    looked for again: a module installed apart from mslaunch is still found."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if path is not None:            # a submodule: its package was found
+            return None
+        sys.meta_path.remove(cls)
+        import site
+        site.main()
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                return spec
+        return None
+
+
 def main() -> int:
+    if sys.flags.no_site and "site" not in sys.modules:
+        sys.meta_path.append(_SiteLater)
     _bytecode_cache()
     # Until the supervisor installs its handlers, Ctrl-C simply ends mslaunch
     # (nothing has started yet) rather than raising KeyboardInterrupt in the

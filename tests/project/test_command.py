@@ -1,0 +1,114 @@
+"""The installed ``mslaunch`` command starts its Python without ``site``
+(scripts/mslaunch): the launcher pays nothing for the interpreter's
+site-packages and ``.pth`` hooks, while its ranks start as they always do; a
+module only the site set-up finds is found after it, and the command works
+where mslaunch is not beside it (an editable install) and through a symbolic
+link.
+
+The command is installed by pip into a fresh virtual environment, from this
+checkout, with the wheels the test command downloaded (no index is asked)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+
+import pytest
+
+from helpers import PY, REPO, clean_env
+from requires import require
+
+#: A ``.pth`` hook that notes the pid of each process that runs it, in the file
+#: ``MSL_TEST_PTH`` names.
+HOOK = ('import os; os.environ.get("MSL_TEST_PTH") and '
+        'open(os.environ["MSL_TEST_PTH"], "a").write(f"{os.getpid()}\\n")\n')
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> str:
+    wheels = os.environ.get("MSLAUNCH_TEST_WHEELS", "")
+    require(os.path.isdir(wheels), "the wheels of the README's install (scripts/test.sh "
+                                   "downloads them into MSLAUNCH_TEST_WHEELS)")
+    where = str(tmp_path_factory.mktemp("command") / "venv")
+    subprocess.run([PY, "-m", "venv", where], check=True, timeout=120)
+    r = subprocess.run([f"{where}/bin/python", "-m", "pip", "install", "-q", "--no-index",
+                        "--find-links", wheels, "--no-deps", REPO], cwd=REPO,
+                       capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    [site] = glob.glob(f"{where}/lib/python*/site-packages")
+    with open(os.path.join(site, "zz_msl_test_note.pth"), "w") as f:
+        f.write(HOOK)
+    return where
+
+
+def _env(**extra: str):
+    env = clean_env(**extra)
+    env.pop("PYTHONPATH")           # the installed package, not this checkout
+    return env
+
+
+def _noted(path) -> set:
+    return {int(pid) for pid in path.read_text().split()} if path.exists() else set()
+
+
+def _run_ranks(command: str, tmp_path, python: str):
+    """``command -n 2 python`` printing the ranks' pids: (ranks, launcher, noted)."""
+    noted, pid = tmp_path / "noted", tmp_path / "pid"
+    r = subprocess.run([command, "--report-pid", str(pid), "-n", "2", python, "-c",
+                        "import os; print(os.getpid())"],
+                       env=_env(MSL_TEST_PTH=str(noted)), capture_output=True, timeout=120,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    return {int(x) for x in r.stdout.split()}, int(pid.read_text()), _noted(noted)
+
+
+def test_the_launcher_runs_no_pth_hook_of_its_interpreter_and_its_ranks_do(venv, tmp_path):
+    ranks, launcher, noted = _run_ranks(f"{venv}/bin/mslaunch", tmp_path, f"{venv}/bin/python")
+    assert len(ranks) == 2 and ranks <= noted, (ranks, noted)
+    assert launcher not in noted
+
+
+def test_a_link_to_the_command_starts_it_the_same_way(venv, tmp_path):
+    link = tmp_path / "bin" / "mslaunch"
+    link.parent.mkdir()
+    link.symlink_to(f"{venv}/bin/mslaunch")
+    ranks, launcher, noted = _run_ranks(str(link), tmp_path, f"{venv}/bin/python")
+    assert len(ranks) == 2 and ranks <= noted
+    assert launcher not in noted
+
+
+def test_the_command_where_mslaunch_is_not_beside_it_runs_the_site_set_up(tmp_path):
+    # as an editable install is: this checkout's command beside a mslaunch-top
+    # naming the tests' Python, whose site set-up finds this checkout
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    command = bin_dir / "mslaunch"
+    with open(os.path.join(REPO, "scripts", "mslaunch")) as f:
+        command.write_text(f.read())
+    command.chmod(0o755)
+    (bin_dir / "mslaunch-top").write_text(f"#!{PY}\n")
+    r = subprocess.run([str(command), "-n", "1", PY, "-c", "print('ran')"], env=_env(),
+                       capture_output=True, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout == b"ran\n", r.stderr
+
+
+_LATE = ("import sys; sys.path.insert(0, {repo!r}); from mslaunch.__main__ import _SiteLater; "
+         "{append}import hypothesis; print(hypothesis.__name__, 'site' in sys.modules)")
+
+
+def test_an_import_only_the_site_set_up_finds_is_found_once_it_ran():
+    late = _LATE.format(repo=REPO, append="sys.meta_path.append(_SiteLater); ")
+    r = subprocess.run([PY, "-S", "-c", late], env=_env(), capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == b"hypothesis True\n", r.stderr
+    # (without it, a Python started with -S does not find the module)
+    r = subprocess.run([PY, "-S", "-c", _LATE.format(repo=REPO, append="")], env=_env(),
+                       capture_output=True, timeout=60)
+    assert r.returncode == 1 and b"ModuleNotFoundError" in r.stderr
+
+
+def test_a_launch_from_the_command_imports_nothing_through_the_site_set_up(venv, tmp_path):
+    r = subprocess.run([f"{venv}/bin/mslaunch", "-n", "1", "true"], env=_env(
+        PYTHONVERBOSE="1"), capture_output=True, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert b"import 'site'" not in r.stderr
