@@ -233,6 +233,17 @@ def _module_file(name: str) -> Optional[str]:
         for path in (base + ".py", os.path.join(base, "__main__.py")):
             if os.path.isfile(path):
                 return path
+    if sys.flags.no_site and "site" not in sys.modules:
+        # Started without site (the installed command), this path lacks the site
+        # directories the worker's Python has: asking the import system where the
+        # package is runs the site set-up where nothing else finds it.
+        from importlib.util import find_spec
+        try:
+            find_spec(parts[0])
+        except (ImportError, ValueError):
+            return None
+        if "site" in sys.modules:
+            return _module_file(name)
     return None
 
 

@@ -112,3 +112,24 @@ def test_a_launch_from_the_command_imports_nothing_through_the_site_set_up(venv,
         PYTHONVERBOSE="1"), capture_output=True, timeout=120, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert b"import 'site'" not in r.stderr
+
+
+def test_a_module_run_by_torch_s_launch_line_is_read_where_the_site_set_up_puts_it(venv,
+                                                                                  tmp_path):
+    # torch.distributed.launch gives --local_rank to a script that declares it;
+    # the launcher reads the module's file, here in a directory only a .pth names
+    extra = tmp_path / "extra" / "msl_test_declares"
+    extra.mkdir(parents=True)
+    (extra / "__main__.py").write_text(
+        "import sys\n# p.add_argument('--local_rank', type=int)\nprint(sys.argv[1:])\n")
+    [site] = glob.glob(f"{venv}/lib/python*/site-packages")
+    with open(os.path.join(site, "zz_msl_test_extra.pth"), "w") as f:
+        f.write(f"{extra.parent}\n")
+    try:
+        r = subprocess.run([f"{venv}/bin/mslaunch", "--nproc-per-node", "1", "-m",
+                            "msl_test_declares", "a"], env=_env(), capture_output=True,
+                           timeout=120, cwd=str(tmp_path))
+    finally:
+        os.unlink(os.path.join(site, "zz_msl_test_extra.pth"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == b"['--local_rank=0', 'a']", r.stdout
