@@ -20,19 +20,16 @@ if TYPE_CHECKING:
     from ..seams import AgentHost, JobView, Looker, RankState, SharedByAttempts
 
 
-class Lent:
-    """The backend's view of one supervisor (see the module docstring)."""
+class _View:
+    """What both views hold: the job, its loop, console and session, and its plan and
+    ending as they stand."""
 
-    __slots__ = ("job", "loop", "console", "events", "session", "stop_requested",
-                 "answer_while_starting", "host_paused", "_sup")
+    __slots__ = ("job", "loop", "console", "session", "_sup")
 
     def __init__(self, sup: JobView) -> None:
         self.job: JobSpec = sup.job
-        self.loop, self.console, self.events = sup.loop, sup.console, sup.events
+        self.loop, self.console = sup.loop, sup.console
         self.session: SharedByAttempts = sup.session
-        self.stop_requested = sup.stop_requested
-        self.answer_while_starting = sup.answer_while_starting
-        self.host_paused = sup.host_paused
         self._sup = sup
 
     @property
@@ -42,6 +39,19 @@ class Lent:
     @property
     def ending(self) -> Optional[Ending]:
         return self._sup.ending
+
+
+class Lent(_View):
+    """The backend's view of one supervisor (see the module docstring)."""
+
+    __slots__ = ("events", "stop_requested", "answer_while_starting", "host_paused")
+
+    def __init__(self, sup: JobView) -> None:
+        super().__init__(sup)
+        self.events = sup.events
+        self.stop_requested = sup.stop_requested
+        self.answer_while_starting = sup.answer_while_starting
+        self.host_paused = sup.host_paused
 
     @property
     def stop_signal(self) -> Optional[int]:
@@ -63,29 +73,17 @@ class Lent:
         return self._sup.local_ranks(specs, pmi, pmi_env, stdin_fd)
 
 
-class Served:
+class Served(_View):
     """The MPI services' view of one supervisor (see the module docstring)."""
 
-    __slots__ = ("job", "loop", "console", "watchdog", "session", "log", "fail", "add_ranks",
-                 "abandon", "start_local", "_sup")
+    __slots__ = ("watchdog", "log", "fail", "add_ranks", "abandon", "start_local")
 
     def __init__(self, sup: JobView) -> None:
-        self.job: JobSpec = sup.job
-        self.loop, self.console = sup.loop, sup.console
+        super().__init__(sup)
         self.watchdog: Watchdog = sup.watchdog
-        self.session: SharedByAttempts = sup.session
         self.log, self.fail = sup.log, sup.fail
         self.add_ranks, self.abandon, self.start_local = \
             sup.add_ranks, sup.abandon, sup.start_local
-        self._sup = sup
-
-    @property
-    def plan(self) -> Plan:
-        return self._sup.plan
-
-    @property
-    def ending(self) -> Optional[Ending]:
-        return self._sup.ending
 
     @property
     def ranks(self) -> Sequence[RankState]:
