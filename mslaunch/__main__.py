@@ -35,7 +35,12 @@ class _SiteLater:
             # try of a module of another platform (msvcrt, _winapi)
             return None
         sys.meta_path.remove(cls)
+        # The set-up reads the prefixes as the interpreter started with them
+        # (it puts a virtual environment's back, and keeps the base's where the
+        # environment includes the system's site-packages).
+        sys.prefix, sys.exec_prefix = sys.base_prefix, sys.base_exec_prefix
         import site
+        site.PREFIXES = [sys.prefix, sys.exec_prefix]
         site.main()
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)

