@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -19,6 +20,8 @@ import pytest
 from helpers import PY, REPO, clean_env
 from requires import require
 
+#: What pip needs of this checkout to build and install the package.
+SOURCE = ("mslaunch", "scripts", "man", "setup.cfg", "pyproject.toml", "README.md", "LICENSE")
 #: A ``.pth`` hook that notes the pid of each process that runs it, in the file
 #: ``MSL_TEST_PTH`` names.
 HOOK = ('import os; os.environ.get("MSL_TEST_PTH") and '
@@ -30,10 +33,22 @@ def venv(tmp_path_factory) -> str:
     wheels = os.environ.get("MSLAUNCH_TEST_WHEELS", "")
     require(os.path.isdir(wheels), "the wheels of the README's install (scripts/test.sh "
                                    "downloads them into MSLAUNCH_TEST_WHEELS)")
-    where = str(tmp_path_factory.mktemp("command") / "venv")
+    root = tmp_path_factory.mktemp("command")
+    # pip builds in the source tree: each worker from a copy of its own (two builds in
+    # one tree collide in its build directory)
+    source = root / "source"
+    source.mkdir()
+    for name in SOURCE:
+        path = os.path.join(REPO, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, str(source / name),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(path, str(source / name))
+    where = str(root / "venv")
     subprocess.run([PY, "-m", "venv", where], check=True, timeout=120)
     r = subprocess.run([f"{where}/bin/python", "-m", "pip", "install", "-q", "--no-index",
-                        "--find-links", wheels, "--no-deps", REPO], cwd=REPO,
+                        "--find-links", wheels, "--no-deps", str(source)], cwd=str(source),
                        capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     [site] = glob.glob(f"{where}/lib/python*/site-packages")
