@@ -180,6 +180,9 @@ class AgentHost(Protocol):
     def send_pmi(self, message: Dict[str, Any]) -> None:
         """An answer or a notice of the job's MPI for its ranks."""
 
+    def beat_now(self) -> None:
+        """A heartbeat to it now (this process holds its loop for a while)."""
+
     def local_time(self, at: Any) -> float:
         """The wall-clock time the host reported as ``at``, on this machine's clock
         (now if ``at`` is not a time)."""

@@ -58,7 +58,7 @@ class AgentPMI:
         self.pmix: Optional[PMIxHost] = pmix
         if pmix is not None:     # (its log as the next job's trace says, once known)
             pmix.adopt(loop, lambda message: self.pmi_log(message) if self.trace else None,
-                       self._fetch)
+                       self._fetch, end.beat_now)
         self.fences: Dict[Tuple[str, str, int], Callable[[bytes], None]] = {}
         self.names_waiting: Dict[int, Tuple[str, Callable[[Any], None]]] = {}
         self.modex = ModexAsks()
@@ -195,7 +195,7 @@ class AgentPMI:
             marker = self.guard.marker if self.guard is not None else kvsname
             self.pmix = PMIxHost(self.loop, pmix_dir(marker),
                                  self.pmi_log if self.trace else (lambda message: None),
-                                 self._fetch)
+                                 self._fetch, self.end.beat_now)
         return self.pmix
 
     def _guest(self, message: Dict[str, Any]) -> None:

@@ -75,11 +75,14 @@ class LauncherPMIx:
         log = served.log if served.job.verbose else (lambda message: None)
         # With --max-restarts, one server for every attempt (see PMIxServer.move_to).
         session = served.session
+        def keepalive() -> None:
+            for host in served.hosts.values():
+                host.beat_now()
         if session.pmix is not None:
-            session.pmix.adopt(served.loop, log, self.fetch)
+            session.pmix.adopt(served.loop, log, self.fetch, keepalive)
             self.host = session.pmix
         else:
-            self.host = PMIxHost(served.loop, pmix_dir(marker), log, self.fetch)
+            self.host = PMIxHost(served.loop, pmix_dir(marker), log, self.fetch, keepalive)
             if session.attempts:
                 session.pmix = self.host
 

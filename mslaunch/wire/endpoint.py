@@ -108,6 +108,12 @@ class Endpoint(QueuedWriter):
         self.paused = paused
         self.last_heard = time.monotonic()
 
+    def beat_now(self) -> None:
+        """A beat now, if beats are being sent: for a caller that holds the loop
+        for a while (waiting for a library's start)."""
+        if not self.closed and self._beat is not None:
+            self.send(link.encode(link.BEAT))
+
     def _send_beat(self) -> None:
         if self.closed:
             return

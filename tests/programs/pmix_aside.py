@@ -11,6 +11,11 @@ Usage: pmix_aside.py MODE DIRECTORY FIFO
   knocker with it) and the next attempt's loop takes the server over.
 - ``fail``: the server cannot start (PMIX_MCA_gds names no store): the
   knocker is closed, and so is the next one.
+- ``alone``: no door, nothing started: a guest job made known starts the
+  server aside and is queued; the loop turns meanwhile; once FIFO is read, the
+  guest job is registered.
+- ``wait``: no door, nothing started: a job served here waits for the start,
+  its host's ``keepalive`` called meanwhile (the second call reads FIFO).
 
 Prints one line per step; ``done`` at the end.  Runs in a process of its own:
 a library whose server failed, or was started once, is not started again.
@@ -57,13 +62,48 @@ def closed(client):
         return True
 
 
+class Job:
+    """What a served job's namespace asks of its job while no rank connects."""
+
+    pmix = None
+
+    def pid_of(self, rank):
+        return None
+
+
 loop = Loop()
 host = PMIxHost(loop, directory, lambda line: print("log", line, flush=True),
                 lambda nspace, rank, done: done(None))
-host.door = door = Door(loop, "127.0.0.1", host._wake)
-client = knock(door)
-turn(loop, lambda: door.state != "asleep", "the knock")
-if mode == "fail":
+if mode not in ("alone", "wait"):
+    host.door = door = Door(loop, "127.0.0.1", host._wake)
+    client = knock(door)
+    turn(loop, lambda: door.state != "asleep", "the knock")
+if mode == "alone":
+    host.guest(Layout("guestjob", ["elsewhere"], [0, 0], [0, 0], 2, -1))
+    print("guest queued", host.server is None, flush=True)
+    turns = [0]
+
+    def count():
+        turns[0] += 1
+        return turns[0] >= 3
+    turn(loop, count, "the loop's turns")
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    turn(loop, lambda: host.server is not None and "guestjob" in host.server.namespaces,
+         "the guest registered")
+    print("registered", flush=True)
+    os.close(reader)
+elif mode == "wait":
+    readers = []
+
+    def keepalive():
+        readers.append(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if len(readers) == 1
+                       else None)
+    host.keepalive = keepalive
+    served = host.serve(Job(), Layout("waitjob", ["here"], [0], [0], 1, 0),
+                        lambda signature, sequence, blob, done: None)
+    print("served", served, len(readers) >= 2, flush=True)
+    os.close(readers[1])
+elif mode == "fail":
     turn(loop, lambda: closed(client), "the knocker closed")
     print("closed", "PMIx_server_init failed" in (host.problem or ""), flush=True)
     again = knock(door)

@@ -195,6 +195,9 @@ class RemoteHost:
     def send_pmi(self, message: Dict[str, Any]) -> None:
         self.endpoint.send(link.encode(link.PMI, message))
 
+    def beat_now(self) -> None:
+        self.endpoint.beat_now()
+
     def send_stdin(self, rank: int, data: bytes) -> None:
         self.endpoint.send(link.encode_stdin(rank, data))
 

@@ -33,6 +33,15 @@ if TYPE_CHECKING:
     from .server import PMIxServer, Relay
 
 
+#: Seconds between two calls of a host's ``keepalive`` while its loop waits for
+#: the server's start.
+KEEPALIVE = 0.25
+
+
+def _nothing() -> None:
+    pass
+
+
 class Pending:
     """A job's namespace while the server is not started: its ranks' variables come
     from the template, and :meth:`PMIxHost._register` registers it and them."""
@@ -82,13 +91,17 @@ class PMIxHost:
     ``log`` takes one line for ``-v``."""
 
     def __init__(self, loop: Loop, directory: str, log: Callable[[str], None],
-                 fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None]) -> None:
+                 fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None],
+                 keepalive: Callable[[], None] = _nothing) -> None:
         self.loop = loop
         self.directory = directory
         self.log = log
         #: ``fetch(nspace, rank, done)``: a process's data from the host that has it,
         #: for the library's direct modex.
         self.fetch = fetch
+        #: Called every :data:`KEEPALIVE` s while the loop waits for the server's
+        #: start (see :meth:`_start`): this process's heartbeats, sent meanwhile.
+        self.keepalive = keepalive
         self.server: Optional[PMIxServer] = None
         self.problem: Optional[str] = None      # why no server runs here
         self.door: Optional[Door] = None        # where ranks knock before it runs
@@ -103,21 +116,15 @@ class PMIxHost:
         self.own: Optional[Tuple[str, int]] = None
 
     def _start(self) -> Optional[PMIxServer]:
-        """The server, started here and now if it is not (or waited for, if it is
-        being started aside); None if it cannot be."""
-        if self._starting is not None:
-            self._settle()
-        if self.server is not None or self.problem is not None:
-            return self.server
-        server = self._make()
-        if server is not None:
-            from .server import restore_environ, server_environ
-            saved = server_environ(server.topology)
-            try:
-                problem = _start_now(server)
-            finally:
-                restore_environ(saved)
-            self._started(server, problem)
+        """The server, started now if it is not, and waited for; None if it cannot
+        be.  The start runs aside all the same (:meth:`_begin`), and the wait calls
+        :attr:`keepalive` now and then: a start that took seconds (seen under load,
+        in ``PMIx_server_init``) held this process's heartbeats as long otherwise,
+        and its peers took the host for lost."""
+        if self._starting is None and self.server is None and self.problem is None:
+            self._begin(_nothing)
+        while not self._settle(patience=KEEPALIVE):
+            self.keepalive()
         return self.server
 
     def _make(self) -> Optional[PMIxServer]:
@@ -187,9 +194,7 @@ class PMIxHost:
 
     def _begin(self, then: Callable[[], None]) -> None:
         """Start the server on a thread of its own, then call ``then()`` in the loop,
-        the server up or failed.  Started in the loop's thread, a server that took
-        seconds to start (seen under load, in ``PMIx_server_init``) held this
-        process's heartbeats as long, and its peers took the host for lost."""
+        the server up or failed (see :meth:`_start`)."""
         import _thread
 
         from .server import restore_environ, server_environ
@@ -345,10 +350,12 @@ class PMIxHost:
         the library then asks for its processes' data (direct modex) instead of
         waiting for it, when a process here connects to them (a spawn's parent
         and children on other hosts)."""
+        if self._starting is None and self.server is None and self.problem is None:
+            self._begin(_nothing)
         if self._starting is not None:
             self._starting.guests.append(layout)
             return
-        server = self._start()
+        server = self.server
         if server is None or layout.nspace in server.namespaces:
             return
         try:
@@ -366,10 +373,11 @@ class PMIxHost:
             more.local_modex(nspace, rank, done)
 
     def adopt(self, loop: Loop, log: Callable[[str], None],
-              fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None]) -> None:
+              fetch: Callable[[str, int, Callable[[Optional[bytes]], None]], None],
+              keepalive: Callable[[], None] = _nothing) -> None:
         """Serve the next attempt of a job run with ``--max-restarts``, in ``loop``
         (see :meth:`~.server.PMIxServer.move_to`)."""
-        self.loop, self.log, self.fetch = loop, log, fetch
+        self.loop, self.log, self.fetch, self.keepalive = loop, log, fetch, keepalive
         for server in (self.server, self._starting.server if self._starting else None):
             if server is not None:
                 server.move_to(loop)

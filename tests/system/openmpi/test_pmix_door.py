@@ -376,20 +376,26 @@ def test_a_server_slow_to_start_holds_up_nothing_else(ompi, tmp_path):
         kill_tagged(tag)
 
 
-@pytest.mark.parametrize("mode", ["guest", "restart", "fail"])
+@pytest.mark.parametrize("mode", ["guest", "restart", "fail", "alone", "wait"])
 def test_what_waits_for_a_server_started_aside(tmp_path, mode):
     """tests/programs/pmix_aside.py: a guest job made known during the start is
     queued, not waited for; an attempt that ends during the start closes its
     knocker, and the next attempt's loop takes the server over; a server that
-    cannot start closes the knockers, the first and the next."""
+    cannot start closes the knockers, the first and the next.  With nothing
+    started, a guest job starts the server aside and the loop goes on; a job
+    served waits for the start, the host's heartbeats sent meanwhile (an agent's
+    loop held in the library's start for seconds lost its host)."""
     fifo = tmp_path / "uri"
     os.mkfifo(fifo)
     r = subprocess.run([PY, program("pmix_aside.py"), mode, str(tmp_path / "pmix"), str(fifo)],
-                       capture_output=True, timeout=120, env=clean_env())
+                       capture_output=True, timeout=120,
+                       env=clean_env(XDG_CACHE_HOME=str(tmp_path / "cache")))
     said = [x for x in r.stdout.decode().splitlines() if not x.startswith("log ")]
     assert said == {"guest": ["guest queued True", "let in True"],
                     "restart": ["taken over True"],
-                    "fail": ["closed True", "closed again"]}[mode] + ["done"], (r.stdout, r.stderr)
+                    "fail": ["closed True", "closed again"],
+                    "alone": ["guest queued True", "registered"],
+                    "wait": ["served True True"]}[mode] + ["done"], (r.stdout, r.stderr)
     assert not (tmp_path / "pmix").exists()
 
 
