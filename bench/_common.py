@@ -238,6 +238,10 @@ def add_launcher_args(parser: argparse.ArgumentParser, runs: int) -> None:
     parser.add_argument("--ab", metavar="COMMIT", default=None,
                         help="also run mslaunch as of COMMIT (a git revision of this "
                              "repository), interleaved: an A/B of a change, in CPU and wall")
+    parser.add_argument("--ab-command", metavar="CMD", default=None,
+                        help="the same A/B against another installed mslaunch, started as CMD "
+                             "(shell words); with --mslaunch, on a machine without this "
+                             "repository's history")
 
 
 def launchers_from_args(args: argparse.Namespace) -> List[Launcher]:
@@ -264,7 +268,22 @@ def launchers_from_args(args: argparse.Namespace) -> List[Launcher]:
             out.append(found)
     if getattr(args, "ab", None):
         out = with_ab(out, args.ab)
+    elif getattr(args, "ab_command", None):
+        out = with_ab_command(out, args.ab_command)
     return out
+
+
+def with_ab_command(launchers: List[Launcher], cmd: str) -> List[Launcher]:
+    """``launchers`` with the installed mslaunch ``cmd`` after this one, as the A/B column."""
+    ours = next((l for l in launchers if l.key == "mslaunch"), None)
+    if ours is None:
+        raise SystemExit("--ab-command: needs the mslaunch launcher")
+    prefix = tuple(shlex.split(cmd))
+    theirs = dataclasses.replace(ours, key=AB, label=f"mslaunch@{Path(prefix[0]).parent.parent.name}",
+                                 prefix=prefix, version=_first_line([*prefix, "--version"],
+                                                                    base_environ()))
+    at = launchers.index(ours)
+    return launchers[:at + 1] + [theirs] + launchers[at + 1:]
 
 
 #: The key of mslaunch as of ``--ab COMMIT``.

@@ -30,7 +30,7 @@ CASES: List[Tuple[str, int, List[str]]] = [
     ("-n 1 true", 1, [TRUE]),
     ("-n 4 true", 4, [TRUE]),
     ("-n 16 true", 16, [TRUE]),
-    ("-n 4 python -c pass", 4, [sys.executable, "-c", "pass"]),
+    ("-n 4 python -c pass", 4, [sys.executable, "-c", "pass"]),   # --python-ranks N,N
 ]
 RATIOS = [("mslaunch / floor", "mslaunch", "floor"),
           ("mslaunch@ / floor", C.AB, "floor"),
@@ -42,11 +42,15 @@ RATIOS = [("mslaunch / floor", "mslaunch", "floor"),
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     C.add_launcher_args(parser, runs=15)
+    parser.add_argument("--python-ranks", default="4", metavar="N,N",
+                        help="rank counts of the `python -c pass` cases (default 4)")
     args = parser.parse_args(argv)
     warmups = 2 if args.warmups is None else args.warmups
     launchers = C.launchers_from_args(args)
     by_key: Dict[str, C.Launcher] = {l.key: l for l in launchers}
-    cases = {label: (n, prog) for label, n, prog in CASES}
+    cases = {label: (n, prog) for label, n, prog in CASES if "python" not in label}
+    for n in (int(x) for x in args.python_ranks.split(",") if x.strip()):
+        cases[f"-n {n} python -c pass"] = (n, [sys.executable, "-c", "pass"])
     base = C.base_environ()
 
     def execute(case: str, key: str) -> C.Outcome:

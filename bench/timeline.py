@@ -18,7 +18,8 @@ spawns each rank.  Each phase is measured from just before the launcher's
 - ``first rank``, ``last rank``: the ranks' own clocks, once exec'd;
 - ``exit``: the launcher gone.
 
-Hydra's ``mpiexec`` runs the same line, interleaved (its ``first rank``,
+``--installed CMD`` adds an installed mslaunch (a ``pip install``'s
+command, say), seen as Hydra is.  Hydra's ``mpiexec`` runs the same line, interleaved (its ``first rank``,
 ``last rank``, ``exit``), and so do two floors of any launcher written in
 Python (``bench/_spawn_floor.py``, run with ``python -S``): one that only
 spawns its ranks, and one that first moves itself into a cgroup of its own,
@@ -33,6 +34,7 @@ import argparse
 import atexit
 import os
 import random
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -103,12 +105,15 @@ def _steps(notes: List[tuple]) -> Dict[str, float]:
     return steps
 
 
-def _hydra(exe: str, ranks: int, env: Dict[str, str], date: str) -> Dict[str, float]:
+def _plain(prefix: Sequence[str], ranks: int, env: Dict[str, str],
+           date: str) -> Dict[str, float]:
+    """A launcher seen from outside: its ranks' clocks and its exit."""
     start = time.time()
-    run = _common.run_once([exe, "-n", str(ranks), date, "+%s.%N"], env, keep_stdout=True,
+    run = _common.run_once([*prefix, "-n", str(ranks), date, "+%s.%N"], env, keep_stdout=True,
                            timeout=60)
     if run.returncode != 0:
-        raise SystemExit(f"Hydra failed ({run.returncode}): {run.stderr.decode(errors='replace')}")
+        raise SystemExit(f"{prefix[0]} failed ({run.returncode}): "
+                         f"{run.stderr.decode(errors='replace')}")
     clocks = _clocks(run.stdout)
     return {"first rank": clocks[0] - start, "last rank": clocks[-1] - start,
             "exit": run.seconds}
@@ -142,6 +147,9 @@ def main(argv: Sequence[str]) -> int:
                                                               "to show")
     parser.add_argument("--hydra", metavar="PATH", help="Hydra's mpiexec (default: the mpich "
                                                        "wheel's)")
+    parser.add_argument("--installed", metavar="CMD", action="append", default=[],
+                        help="also an installed mslaunch started as CMD, seen from outside "
+                             "(its ranks' clocks and its exit); repeatable")
     args = parser.parse_args(argv)
     _common.MEASURE_TREE = False
     env = _common.base_environ()
@@ -150,7 +158,10 @@ def main(argv: Sequence[str]) -> int:
     if args.ab:
         trees[f"mslaunch@{args.ab[:12]}"] = _tree(args.ab)
     hydra = _common.find_hydra(args.hydra)
-    contenders = list(trees) + (["Hydra"] if hydra is not None else []) + list(FLOORS)
+    installed = {f"installed {cmd}": [*shlex.split(cmd), "--oversubscribe"]
+                 for cmd in args.installed}
+    contenders = (list(trees) + list(installed) + (["Hydra"] if hydra is not None else [])
+                  + list(FLOORS))
     counts = [int(x) for x in args.ranks.split(",")]
     got: Dict[tuple, List[Dict[str, float]]] = {(n, c): [] for n in counts for c in contenders}
     shuffle = random.Random(4711).shuffle
@@ -162,7 +173,9 @@ def main(argv: Sequence[str]) -> int:
                 row: Optional[Dict[str, float]]
                 if who == "Hydra":
                     assert hydra is not None
-                    row = _hydra(hydra.prefix[0], n, env, date)
+                    row = _plain(hydra.prefix, n, env, date)
+                elif who in installed:
+                    row = _plain(installed[who], n, env, date)
                 elif who in FLOORS:
                     row = _floor(FLOORS[who], n, env, date)
                 else:

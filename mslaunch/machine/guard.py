@@ -7,10 +7,11 @@ Three mechanisms, strongest first:
   a new cgroup, so every process started from then on -- ranks, their
   children, daemons that called ``setsid`` and cleared their environment --
   is in it and cannot leave it.  At the job's end the launcher moves itself
-  back to the cgroup it came from (a tenth of a millisecond: only the first
-  move into a new cgroup waits for the kernel) and removes the job's, now
-  empty; what is left there the watchdog empties with ``cgroup.kill`` and
-  removes.  So the cgroup is gone with the job even where the watchdog is
+  back to the cgroup it came from and removes the job's, now empty; what is
+  left there the watchdog empties with ``cgroup.kill`` and removes.  Each
+  move waits for the kernel (an RCU grace period, milliseconds, unless
+  another move ended within about one): the first is made by the watchdog
+  while the launcher plans, the last is on the launcher's way out.  So the cgroup is gone with the job even where the watchdog is
   killed with the launcher (a scheduler ending a whole step).
 * **Child subreaper** (when no cgroup can be made): descendants orphaned
   during the job are re-parented to the launcher instead of init, so it
