@@ -450,6 +450,7 @@ class Agent:
             if self._started:
                 self.endpoint.send(frames.encode(frames.Started(tuple(self._started.items()))))
         self.stdin.attach(self.local.stdin_pipes)
+        self.guard.step_out()
         self.loop.call_later(0.1, self._check_done)
 
     def _spawned(self, message: Dict[str, Any]) -> None:

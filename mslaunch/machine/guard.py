@@ -55,6 +55,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+    from .outside import Outside
+
     #: Named tasks the watchdog runs when told (``Watchdog.task``).
     Tasks = Mapping[str, Callable[[str], object]]
     #: Called in the watchdog after the job was stopped because the launcher
@@ -205,8 +207,8 @@ def _remove_stale(home: str) -> None:
     made in this pid namespace: a launcher in another one (a container, an
     ``unshare --pid``) shares the cgroup tree but not the pids, and its job
     must not look dead from here -- unless its cgroup has stayed empty for
-    :data:`FOREIGN_EMPTY` seconds: a live job's launcher is in its cgroup until
-    it removes it at its end, but a launcher that was pid 1 of its namespace
+    :data:`FOREIGN_EMPTY` seconds: a live job's ranks are in its cgroup (its
+    launcher too, until they are started), but a launcher that was pid 1 of its namespace
     takes its watchdog with it when it exits, and nobody is left to remove
     what the watchdog would have.
     """
@@ -415,6 +417,7 @@ class Watchdog:
         self.cgroup: Optional[JobCgroup] = None
         self.subreaper = False
         self._answer = answer_r
+        self._outside: Optional[Outside] = None
         if not background:
             self.ready()
 
@@ -549,6 +552,33 @@ class Watchdog:
                 self.reap_adopted(())
         self.reap_adopted(())
 
+    def step_out(self) -> None:
+        """The job's processes are started: this process leaves the job's cgroup
+        while they run, and comes back before it starts another (:mod:`.outside`)."""
+        self.ready()
+        if self.cgroup is None:
+            return
+        if self._outside is None:
+            from .outside import Outside
+            cgroup = self.cgroup
+
+            def move(pid: int, into: bool) -> bool:
+                try:
+                    _write(os.path.join(cgroup.path if into else cgroup.home, "cgroup.procs"),
+                           str(pid))
+                    return True
+                except OSError:
+                    return False
+            self._outside = Outside(move)
+        self._outside.leave()
+
+    def _out(self) -> bool:
+        """This process out of the job's cgroup, for good (it is about to go)."""
+        assert self.cgroup is not None
+        if self._outside is not None and self._outside.stay_out():
+            return True
+        return self.cgroup.leave(os.getpid())
+
     def release(self, pid: int) -> None:
         """A helper of the launcher that is to outlive the job's end (a question
         still out) leaves the job's cgroup, which is emptied at the end, with
@@ -571,7 +601,7 @@ class Watchdog:
             # Without a cgroup, what the launcher adopted as a subreaper would
             # be re-parented to init when it exits: hand it over.
             self._pending = [f"p{pid} {start_time(pid)}\n" for pid in self.leftovers()]
-        elif self.cgroup.leave(os.getpid()) and not self.cgroup.pids():
+        elif self._out() and not self.cgroup.pids():
             self.cgroup.remove()         # (what is left, the watchdog ends and removes)
         self._pending.append("done\n")
         self.flush()

@@ -224,6 +224,7 @@ class Supervisor(LookingInside):
         for handle in self._handles():
             handle.start()
         backend.started(lent)
+        self.watchdog.step_out()
         remote = backend.remote_hosts
         if remote is not None:
             self.stdin_fanout = remote.relay_stdin(self.local.stdin_pipes if self.local else {})

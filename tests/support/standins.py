@@ -29,5 +29,8 @@ class StandInGuard:
     def flush(self) -> None:
         pass
 
+    def step_out(self) -> None:
+        pass
+
     def close(self) -> None:
         self.closed = True

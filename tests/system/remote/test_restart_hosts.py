@@ -96,6 +96,26 @@ def test_a_kept_agent_runs_every_attempt_in_its_one_cgroup(sshbed, tmp_path):
     assert next(iter(seen.values())).count("/mslaunch-") == 1, seen     # (none: no guard)
 
 
+def test_a_hosts_agent_leaves_its_cgroup_while_its_ranks_run(sshbed, tmp_path):
+    # ... and comes back before it starts the next attempt's (the agent's
+    # guard, mslaunch.machine.outside)
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    try:
+        r = subprocess.run(cmd("--max-restarts", "1", "-H", "h1", "-n", "1", "-x",
+                               "MSL_TEST_TAG", "sh", program("cgroup_outside.sh")),
+                           env=renv(home, MSL_TEST_TAG=tag), capture_output=True, timeout=120)
+        settle(tag, sshbed)
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 0, r.stderr
+    lines = [line.split() for line in r.stdout.decode().splitlines()]
+    assert [line[0] for line in lines] == ["0", "1"], r.stdout
+    assert lines[0][1].count("/mslaunch-") == 1, r.stdout
+    for _, rank, agent in lines:
+        assert rank == lines[0][1] and agent != rank, r.stdout
+
+
 def test_an_unreachable_host_that_gets_no_rank_is_left_out_with_one_line(sshbed, tmp_path):
     sshbed.require_netns("a host whose link is down")
     home = sshbed.make_home(tmp_path / "home")
