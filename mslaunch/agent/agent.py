@@ -481,6 +481,8 @@ class Agent:
             if self._started:
                 self.endpoint.send(frames.encode(frames.Started(tuple(self._started.items()))))
         self.pmi.up({"op": "spawned", "kvs": job["kvs"], "error": error})
+        if self.guard is not None:
+            self.guard.step_out()
         self.loop.call_later(0.1, self._check_done)
 
     # -- LocalRanks listener -----------------------------------------------------

@@ -6,14 +6,15 @@ Three mechanisms, strongest first:
   under its own): the launcher forks its watchdog, then moves itself into
   a new cgroup, so every process started from then on -- ranks, their
   children, daemons that called ``setsid`` and cleared their environment --
-  is in it and cannot leave it.  At the job's end the launcher moves itself
-  back to the cgroup it came from and removes the job's, now empty; what is
-  left there the watchdog empties with ``cgroup.kill`` and removes.  Each
-  move waits for the kernel (an RCU grace period, milliseconds, unless
-  another move ended within about one): the first is made by the watchdog
-  while the launcher plans, the last is on the launcher's way out.  So the
-  cgroup is gone with the job even where the watchdog is killed with the
-  launcher (a scheduler ending a whole step).
+  is in it and cannot leave it.  Each move between cgroups waits for the
+  kernel (an RCU grace period, milliseconds): the watchdog makes the first
+  while the launcher plans, and once the job's processes are started the
+  launcher leaves again while they run (:mod:`.outside`: it comes back
+  before it starts anything more).  At the job's end the launcher, out,
+  removes the job's cgroup, now empty; what is left there the watchdog
+  empties with ``cgroup.kill`` and removes.  So the cgroup is gone with the
+  job even where the watchdog is killed with the launcher (a scheduler
+  ending a whole step).
 * **Child subreaper** (when no cgroup can be made): descendants orphaned
   during the job are re-parented to the launcher instead of init, so it
   sees and stops them; the watchdog keeps a list of them in case the
@@ -207,8 +208,9 @@ def _remove_stale(home: str) -> None:
     made in this pid namespace: a launcher in another one (a container, an
     ``unshare --pid``) shares the cgroup tree but not the pids, and its job
     must not look dead from here -- unless its cgroup has stayed empty for
-    :data:`FOREIGN_EMPTY` seconds: a live job's ranks are in its cgroup (its
-    launcher too, until they are started), but a launcher that was pid 1 of its namespace
+    :data:`FOREIGN_EMPTY` seconds: a live job's watchdog renews its cgroup's
+    time of change more often than that (its ranks may all have ended, its
+    launcher out, while other hosts' still run), but a launcher that was pid 1 of its namespace
     takes its watchdog with it when it exits, and nobody is left to remove
     what the watchdog would have.
     """
@@ -331,6 +333,15 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
                     adopted[pid] = start_time(pid)
             ready, _, _ = select.select([read_fd], [], [], 0.25)
             if not ready:
+                continue
+        elif cgroup is not None:
+            ready, _, _ = select.select([read_fd], [], [], FOREIGN_EMPTY / 3)
+            if not ready:
+                # The job's cgroup may be empty a while (see _remove_stale).
+                try:
+                    os.utime(cgroup.path)
+                except OSError:
+                    pass
                 continue
         try:
             data = os.read(read_fd, 4096)

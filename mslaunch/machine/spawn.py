@@ -217,11 +217,13 @@ class Helper:
         r, w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self.pid = os.posix_spawn(path, list(argv), env, setsid=True,
-                                      setsigdef=RESET_SIGNALS, file_actions=[
-                                          (os.POSIX_SPAWN_DUP2, null, 0),
-                                          (os.POSIX_SPAWN_DUP2, w, 1),
-                                          (os.POSIX_SPAWN_DUP2, w, 2)])
+            from .outside import starting
+            with starting():          # (a spare host's agent starts on a thread of its own)
+                self.pid = os.posix_spawn(path, list(argv), env, setsid=True,
+                                          setsigdef=RESET_SIGNALS, file_actions=[
+                                              (os.POSIX_SPAWN_DUP2, null, 0),
+                                              (os.POSIX_SPAWN_DUP2, w, 1),
+                                              (os.POSIX_SPAWN_DUP2, w, 2)])
         except BaseException:
             os.close(r)
             raise

@@ -90,6 +90,8 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     ``ranks`` (``{rank: pid}``) within ``timeout`` s (``moved`` and ``stdin``:
     see :mod:`.activity`)."""
     import subprocess
+
+    from .outside import starting
     deadline = time.monotonic() + timeout
     results: Dict[int, Dict[str, Any]] = {}
     pending_py: Dict[int, _Asked] = {}
@@ -129,8 +131,10 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                 break
             rank, kind, argv = queue.pop(ready)
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                with starting():      # (this runs on a thread of its own)
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
             except OSError as err:
                 results[rank]["notes"].append(f"{os.path.basename(argv[0])}: {err.strerror}")
                 continue

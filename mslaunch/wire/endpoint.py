@@ -76,6 +76,7 @@ class Endpoint(QueuedWriter):
         self.interval, self.misses = HEARTBEAT
         self.limit = self.interval * self.misses      # seconds of silence that lose the peer
         self.paused = False
+        self._later = False        # a write error closes the link at the next turn
         #: What to tell a peer found silent before the link is closed (its bytes).
         self.farewell: Optional[Callable[[float], bytes]] = None
         for fd in {read_fd, write_fd}:
@@ -110,9 +111,14 @@ class Endpoint(QueuedWriter):
 
     def beat_now(self) -> None:
         """A beat now, if beats are being sent: for a caller that holds the loop
-        for a while (waiting for a library's start)."""
+        for a while (waiting for a library's start).  A write that fails closes
+        the link at the loop's next turn, not inside that caller."""
         if not self.closed and self._beat is not None:
-            self.send(link.encode(link.BEAT))
+            self._later = True
+            try:
+                self.send(link.encode(link.BEAT))
+            finally:
+                self._later = False
 
     def _send_beat(self) -> None:
         if self.closed:
@@ -228,8 +234,12 @@ class Endpoint(QueuedWriter):
 
     def on_write_error(self, err: OSError) -> None:
         gone = err.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF)
-        self.close("the link was closed by the other side" if gone
-                   else f"link write failed: {err.strerror}")
+        reason = ("the link was closed by the other side" if gone
+                  else f"link write failed: {err.strerror}")
+        if self._later:
+            self.loop.call_later(0, lambda: self.close(reason))
+        else:
+            self.close(reason)
 
     def flush(self, deadline: float) -> None:
         """Write what is queued, waiting up to ``deadline`` (outside the loop)."""

@@ -20,6 +20,7 @@ removed at the end -- and by the watchdog, should this process be killed.
 from __future__ import annotations
 
 import os
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
 
 
 #: Seconds between two calls of a host's ``keepalive`` while its loop waits for
-#: the server's start.
+#: the server's start, and how long it waits at most.
 KEEPALIVE = 0.25
+PATIENCE = 60.0
 
 
 def _nothing() -> None:
@@ -123,7 +125,14 @@ class PMIxHost:
         and its peers took the host for lost."""
         if self._starting is None and self.server is None and self.problem is None:
             self._begin(_nothing)
+        deadline = time.monotonic() + PATIENCE
         while not self._settle(patience=KEEPALIVE):
+            if time.monotonic() > deadline:
+                # (the thread, stuck in the library, ends with this process)
+                self._starting = None
+                self.problem = f"the PMIx library's server did not start within {PATIENCE:g} s"
+                self.log(f"PMIx: {self.problem}")
+                break
             self.keepalive()
         return self.server
 

@@ -214,8 +214,11 @@ def test_refused_singletons_files_go_when_mslaunch_is_killed(ompi5, tmp_path, ow
 @pytest.mark.parametrize("n", ["1", "2"])
 def test_singletons_that_end_by_themselves_leave_nothing_in_dev_shm(ompi5, tmp_path, n):
     # An Open MPI 5 singleton that ends normally leaves its segment (nobody removes
-    # it, with or without a launcher), and ends before a refusal can note it.
-    r = run("-n", n, PY, program("singleton_shm.py"), str(tmp_path), "0",
+    # it, with or without a launcher), and ends before a refusal can note it.  The
+    # ranks of two wait out the refusal's SIGTERM: under load it came between a
+    # rank's MPI_Init and its note of the segment, and the test had nothing to check.
+    more = ["ignore-term"] if n == "2" else []
+    r = run("-n", n, PY, program("singleton_shm.py"), str(tmp_path), "0", *more,
             env=clean_env(MPI4PY_LIBMPI=ompi5, **NOPMIX), timeout=120)
     if n == "1":
         assert r.returncode == 0, r.stderr      # one rank: a singleton is what it is

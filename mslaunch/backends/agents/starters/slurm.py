@@ -91,9 +91,12 @@ _DIAL = dial_program(
 def _start(argv: Sequence[str]) -> Any:
     """A Slurm client started (its stdout piped), for :func:`_output`."""
     import subprocess
+
+    from ....machine.outside import starting
     try:
-        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+        with starting():
+            return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL)
     except OSError as err:
         raise LaunchError(f"{argv[0]}: {err}") from None
 

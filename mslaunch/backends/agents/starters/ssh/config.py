@@ -226,10 +226,13 @@ class SSHConfig:
     @staticmethod
     def _exec(command: str, where: str) -> bool:
         import subprocess
+
+        from .....machine.outside import starting
         try:
-            return subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  timeout=30).returncode == 0
+            with starting():
+                return subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      timeout=30).returncode == 0
         except subprocess.TimeoutExpired:
             raise ConfigError(f"{where}: Match exec {command!r} did not end "
                               f"within 30 s") from None
