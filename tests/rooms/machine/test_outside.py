@@ -37,13 +37,19 @@ def _settled(o: Outside) -> None:
     assert not o.pending
 
 
-def test_a_start_after_the_move_out_comes_back_first():
-    moves = Moves()
+def _out(moves: Moves) -> Outside:
+    """An Outside whose launcher has left."""
     o = Outside(moves)
     o.leave()
     moves.entered.wait(30)
     _settled(o)
     assert o.out and moves.calls == [(os.getpid(), False)]
+    return o
+
+
+def test_a_start_after_the_move_out_comes_back_first():
+    moves = Moves()
+    o = _out(moves)
     outside._current = o
     try:
         outside._before_start("os.posix_spawn", ())
@@ -85,10 +91,7 @@ def test_a_start_during_the_move_out_waits_for_it_and_undoes_it():
 
 def test_once_the_cgroup_is_to_go_nothing_moves():
     moves = Moves()
-    o = Outside(moves)
-    o.leave()
-    moves.entered.wait(30)
-    _settled(o)
+    o = _out(moves)
     assert o.stay_out() is True
     o.back()
     o.leave()
