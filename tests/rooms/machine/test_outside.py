@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import List, Tuple
 
+from helpers import wait_for
 from mslaunch.machine import outside
 from mslaunch.machine.outside import Outside
 
@@ -31,10 +31,7 @@ class Moves:
 
 def _settled(o: Outside) -> None:
     """Once the thread asked to move out has done what it would."""
-    deadline = time.monotonic() + 30
-    while o.pending and time.monotonic() < deadline:
-        time.sleep(0.001)      # (polled: the thread sets no event of its own)
-    assert not o.pending
+    assert wait_for(lambda: not o.pending, 30)
 
 
 def _out(moves: Moves) -> Outside:
