@@ -6,13 +6,13 @@ or a new one ends with the result of an uninterrupted run (:func:`expected`)."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import threading
 import time
 from typing import Dict, List
 
 from helpers import clean_env, cmd, kill_tagged, new_tag, program
+from ports import spare_port
 from requires import require
 
 STEPS = program("torch_steps.py")
@@ -69,7 +69,7 @@ class Job:
     """The nodes of one job: each started with the same torchrun line."""
 
     def __init__(self, bed, tmp_path, nnodes: str, *extra: str, **env: str) -> None:
-        self.bed, self.tag, self.port = bed, new_tag(), random.randrange(20000, 40000, 2)
+        self.bed, self.tag, self.port = bed, new_tag(), spare_port(2)
         self.ckpt = tmp_path / "ckpt"
         self.ckpt.mkdir()
         self.nnodes, self.extra = nnodes, extra

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 from typing import Dict, List
 
 import pytest
 
 from helpers import PY, all_gone, clean_env, cmd, new_tag, program, tagged_pids
+from ports import free_block
 from requires import require
 
 WORKER = program("ds_env.py")
@@ -30,9 +30,7 @@ def deepspeed() -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_block(2, ("127.0.0.1",))[0]
 
 
 def _workers(where) -> List[dict]:

@@ -9,13 +9,13 @@ import importlib.util
 import json
 import os
 import re
-import socket
 import subprocess
 from typing import Dict
 
 import pytest
 
 from helpers import PY, clean_env, run
+from ports import free_block
 from torchenv import ENV, compare, workers
 from requires import require
 
@@ -25,9 +25,7 @@ def torch_ready():
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_block(2, ("127.0.0.1",))[0]
 
 
 def _env(where=None) -> Dict[str, str]:

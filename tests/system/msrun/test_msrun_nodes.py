@@ -21,6 +21,7 @@ import time
 import pytest
 
 from helpers import all_gone, clean_env, cmd, kill_tagged, new_tag, program, wait_for
+from ports import spare_port
 
 pytestmark = pytest.mark.remote
 
@@ -67,7 +68,7 @@ class Job:
         self.bed = bed
         self.tmp = tmp_path
         self.tag = new_tag()
-        self.port = random.randrange(20000, 40000, 2)
+        self.port = spare_port(2)
         self.master = bed.hosts[0]
         self.workers = workers
         self.time_out = time_out

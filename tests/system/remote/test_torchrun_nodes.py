@@ -5,12 +5,12 @@ on any node ends both, named on both; bad lines are one error line."""
 
 from __future__ import annotations
 
-import random
 import subprocess
 
 import pytest
 
 from helpers import PY, StderrLines, all_gone, clean_env, cmd, kill_tagged, new_tag, wait_for
+from ports import spare_port
 from requires import require
 from torchenv import ENV, compare, workers
 
@@ -124,7 +124,7 @@ def test_the_nodes_form_one_job_as_torchrun_s_do(sshbed, nodes, tmp_path, kind):
 
 
 def _port() -> int:
-    return random.randrange(20000, 40000, 2)
+    return spare_port(2)
 
 
 def test_the_first_failure_ends_both_nodes_named_on_both(sshbed, nodes, tmp_path):

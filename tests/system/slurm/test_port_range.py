@@ -7,7 +7,6 @@ error line.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 
@@ -16,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PY, clean_env, cmd, one_error_line, run, socket_inodes
+from ports import free_block
 from mslaunch.cli.hydraenv import port_range
 from mslaunch.core.errors import UsageError
 
@@ -23,22 +23,9 @@ SHOW = "import os; print(os.environ['PMI_PORT'], os.environ['MASTER_PORT'], flus
 
 
 def _free_range(size: int) -> tuple:
-    """``size`` consecutive ports that are free now, from a high block."""
-    base = 20000 + int.from_bytes(os.urandom(2), "big") % 20000
-    for low in range(base, base + 2000, size):
-        socks = []
-        try:
-            for port in range(low, low + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("", port))
-            return low, low + size - 1
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    pytest.fail("no free block of ports")
+    """``size`` consecutive ports that are free now, below the ephemeral range
+    (in it, another test's connection could take one before the launcher binds)."""
+    return free_block(size)
 
 
 def _ports(stdout: bytes):

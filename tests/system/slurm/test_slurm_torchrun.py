@@ -8,7 +8,6 @@ endpoint is the allocation's first node by name."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import subprocess
 import pytest
 
 from helpers import PY, cmd, kill_tagged, new_tag, program
+from ports import spare_port
 from requires import require
 from slurm import benv, finish, left_on_nodes
 
@@ -37,7 +37,7 @@ def _job(bed, tmp_path, launcher, options: str = "", **env: str):
     tag = new_tag()
     ckpt = tmp_path / f"ckpt-{tag[:8]}"
     ckpt.mkdir()
-    line = LINE.format(launcher=" ".join(launcher), port=random.randrange(20000, 40000, 2),
+    line = LINE.format(launcher=" ".join(launcher), port=spare_port(2),
                        options=options, script=STEPS)
     p = bed.popen(["salloc", "-N", "2", "--ntasks-per-node=1", "-Q", "sh", "-c", line],
                   env=None, base_env=benv(bed, tag, GLOO_SOCKET_IFNAME="eth0", CKPT=str(ckpt),
