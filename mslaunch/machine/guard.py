@@ -9,7 +9,7 @@ Three mechanisms, strongest first:
   is in it and cannot leave it.  Each move between cgroups waits for the
   kernel (an RCU grace period, milliseconds): the watchdog makes the first
   while the launcher plans, and once the job's processes are started the
-  launcher leaves again while they run (:mod:`.outside`: it comes back
+  launcher leaves again while they run (:mod:`.cgroups`: it comes back
   before it starts anything more).  At the job's end the launcher, out,
   removes the job's cgroup, now empty; what is left there the watchdog
   empties with ``cgroup.kill`` and removes.  So the cgroup is gone with the
@@ -48,15 +48,15 @@ import os
 from ..core import signal
 import time
 
-from ..core.switches import switch
-from .procs import alive, children_of, descendants, exists, marked_pids, send_signal, start_time
+from .cgroups import FOREIGN_EMPTY, JobCgroup, remove_stale
+from .procs import alive, children_of, descendants, marked_pids, send_signal, start_time
 from .procs import remove_private, terminate, wait_gone
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+    from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
-    from .outside import Outside
+    from .cgroups import Outside
 
     #: Named tasks the watchdog runs when told (``Watchdog.task``).
     Tasks = Mapping[str, Callable[[str], object]]
@@ -71,198 +71,6 @@ if TYPE_CHECKING:
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE",
             "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM")
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-# ---------------------------------------------------------------------------
-# the job's cgroup
-
-def _cgroup2_mount() -> Optional[str]:
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    return left.split()[4]
-    except OSError:
-        pass
-    return None
-
-
-def _own_cgroup() -> Optional[str]:
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        pass
-    return None
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-class JobCgroup:
-    """A cgroup v2 directory holding every process of the job (but the watchdog)."""
-
-    def __init__(self, path: str, home: str) -> None:
-        self.path = path
-        self.home = home          # the cgroup the launcher came from
-
-    @classmethod
-    def create(cls, marker: str, launcher: int, watchdog: int) -> Optional[JobCgroup]:
-        """Make the job's cgroup beside this process's own, or None if not allowed.
-
-        Its name, ``mslaunch-<launcher pid>-w<watchdog pid>-n<pid namespace>-<marker>``,
-        tells a stale cgroup from a live job's (see :func:`_remove_stale`).
-        """
-        if not switch("MSLAUNCH_CGROUP"):
-            return None
-        mount, own = _cgroup2_mount(), _own_cgroup()
-        if mount is None or own is None:
-            return None
-        home = os.path.normpath(mount + "/" + own)
-        path = os.path.join(home, f"mslaunch-{launcher}-w{watchdog}-n{_pid_namespace()}-"
-                                  f"{marker}")
-        try:
-            os.mkdir(path, 0o755)
-        except OSError:
-            return None
-        _remove_stale(home)
-        return cls(path, home)
-
-    def leave(self, pid: int) -> bool:
-        """Move process ``pid`` back to the cgroup the job's came from."""
-        try:
-            _write(os.path.join(self.home, "cgroup.procs"), str(pid))
-            return True
-        except OSError:
-            return False
-
-    def enter(self, pid: int) -> bool:
-        """Move process ``pid`` into the cgroup (its future children follow)."""
-        try:
-            _write(os.path.join(self.path, "cgroup.procs"), str(pid))
-            return True
-        except OSError:
-            self.remove()
-            return False
-
-    def pids(self) -> Set[int]:
-        try:
-            with open(os.path.join(self.path, "cgroup.procs")) as f:
-                return {int(p) for p in f.read().split()}
-        except (OSError, ValueError):
-            return set()
-
-    def kill(self) -> None:
-        try:
-            _write(os.path.join(self.path, "cgroup.kill"), "1")
-        except OSError:
-            for pid in self.pids():
-                send_signal(pid, signal.SIGKILL)
-
-    def remove(self, wait: float = 0.0) -> None:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                if time.monotonic() >= deadline:
-                    return
-                time.sleep(0.02)
-
-
-def _pid_namespace() -> int:
-    """This process's pid namespace (its inode): pids mean something only inside it."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _stale_name(name: str) -> Optional[Tuple[int, int, int]]:
-    """(creator pid, watchdog pid, pid namespace) of a job cgroup's name, or None."""
-    parts = name.split("-", 4)
-    if len(parts) < 5 or parts[0] != "mslaunch" or not parts[4] or not parts[1].isdigit() \
-            or parts[2][:1] != "w" or not parts[2][1:].isdigit() \
-            or parts[3][:1] != "n" or not parts[3][1:].isdigit():
-        return None
-    return int(parts[1]), int(parts[2][1:]), int(parts[3][1:])
-
-
-def _remove_stale(home: str) -> None:
-    """Empty and remove job cgroups whose creator and watchdog both died.
-
-    Such a cgroup (``mslaunch-<creator pid>-w<watchdog pid>-n<namespace>-<marker>``)
-    has nobody left to stop what is in it; while either pid lives it is
-    someone's, so it is left alone.  The pids are checked only for cgroups
-    made in this pid namespace: a launcher in another one (a container, an
-    ``unshare --pid``) shares the cgroup tree but not the pids, and its job
-    must not look dead from here -- unless its cgroup has stayed empty for
-    :data:`FOREIGN_EMPTY` seconds: a live job's watchdog renews its cgroup's
-    time of change more often than that (its ranks may all have ended, its
-    launcher out, while other hosts' still run), but a launcher that was pid 1 of its namespace
-    takes its watchdog with it when it exits, and nobody is left to remove
-    what the watchdog would have.
-    """
-    try:
-        names = os.listdir(home)
-    except OSError:
-        return
-    namespace = _pid_namespace()
-    for name in names:
-        found = _stale_name(name)
-        if found is None or not namespace:
-            continue
-        stale = JobCgroup(os.path.join(home, name), home)
-        if found[2] != namespace:
-            if not _empty_for(stale, FOREIGN_EMPTY):
-                continue
-        elif exists(found[0]) or exists(found[1]):
-            continue
-        _remove_tree(stale)
-
-
-#: Seconds a job cgroup made in another pid namespace stays empty before it is
-#: taken for stale (see :func:`_remove_stale`).
-FOREIGN_EMPTY = 60.0
-
-
-def _empty_for(cgroup: JobCgroup, seconds: float) -> bool:
-    """Whether ``cgroup`` and those inside it hold no process, and it was made (or
-    last changed) ``seconds`` ago or more."""
-    try:
-        if time.time() - os.stat(cgroup.path).st_mtime < seconds:
-            return False
-        inner = [e.path for e in os.scandir(cgroup.path) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return False
-    return not cgroup.pids() and not any(JobCgroup(path, cgroup.path).pids() for path in inner)
-
-
-def _remove_tree(stale: JobCgroup) -> None:
-    """Empty and remove a stale job cgroup and the cgroups inside it (an older
-    mslaunch made each restart's cgroup inside the previous attempt's)."""
-    try:
-        inner = [e.name for e in os.scandir(stale.path) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        inner = []
-    for name in inner:
-        _remove_tree(JobCgroup(os.path.join(stale.path, name), stale.path))
-    if stale.pids():
-        stale.kill()
-        stale.remove(wait=0.5)
-    else:
-        stale.remove()
 
 
 def set_subreaper() -> bool:
@@ -337,7 +145,7 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         elif cgroup is not None:
             ready, _, _ = select.select([read_fd], [], [], FOREIGN_EMPTY / 3)
             if not ready:
-                # The job's cgroup may be empty a while (see _remove_stale).
+                # The job's cgroup may be empty a while (see remove_stale).
                 try:
                     os.utime(cgroup.path)
                 except OSError:
@@ -393,7 +201,7 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         # Job cgroups beside this one whose launcher and watchdog both died (killed
         # together, as a scheduler kills a whole step) go too, as a new job's
         # guard removes them when it makes its own.
-        _remove_stale(cgroup.home)
+        remove_stale(cgroup.home)
     if done:
         return
     for path in private:
@@ -565,22 +373,13 @@ class Watchdog:
 
     def step_out(self) -> None:
         """The job's processes are started: this process leaves the job's cgroup
-        while they run, and comes back before it starts another (:mod:`.outside`)."""
+        while they run, and comes back before it starts another (:mod:`.cgroups`)."""
         self.ready()
         if self.cgroup is None:
             return
         if self._outside is None:
-            from .outside import Outside
-            cgroup = self.cgroup
-
-            def move(pid: int, into: bool) -> bool:
-                try:
-                    _write(os.path.join(cgroup.path if into else cgroup.home, "cgroup.procs"),
-                           str(pid))
-                    return True
-                except OSError:
-                    return False
-            self._outside = Outside(move)
+            from .cgroups import Outside
+            self._outside = Outside(self.cgroup.move)
         self._outside.leave()
 
     def _out(self) -> bool:

@@ -217,7 +217,7 @@ class Helper:
         r, w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            from .outside import starting
+            from .cgroups import starting
             with starting():          # (a spare host's agent starts on a thread of its own)
                 self.pid = os.posix_spawn(path, list(argv), env, setsid=True,
                                           setsigdef=RESET_SIGNALS, file_actions=[

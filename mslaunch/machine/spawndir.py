@@ -54,7 +54,7 @@ def spawn_in(cwd: str, path: str, argv: Sequence[str], env: Mapping[str, str], *
     words = _checked(path, argv, env)
     libc = _libc()
     if libc is not None:
-        # Said as os.posix_spawn says it: the audit hooks see every start (.outside).
+        # Said as os.posix_spawn says it: the audit hooks see every start (.cgroups).
         sys.audit("os.posix_spawn", path, argv, env)
         return libc.spawn(cwd, words, len(argv), path, dup2s, session, sigdef)
     return _fork_exec(cwd, path, argv, env, dup2s, session, sigdef)

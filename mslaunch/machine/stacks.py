@@ -91,7 +91,7 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     see :mod:`.activity`)."""
     import subprocess
 
-    from .outside import starting
+    from .cgroups import starting
     deadline = time.monotonic() + timeout
     results: Dict[int, Dict[str, Any]] = {}
     pending_py: Dict[int, _Asked] = {}

@@ -1,4 +1,4 @@
-"""mslaunch.machine.outside: when the launcher leaves its job's cgroup and when it
+"""mslaunch.machine.cgroups (Outside): when the launcher leaves its job's cgroup and when it
 comes back, with a move that notes what it was asked (the cgroup itself is in
 tests/system/local/test_cgroup_outside.py)."""
 
@@ -9,8 +9,8 @@ import threading
 from typing import List, Tuple
 
 from helpers import wait_for
-from mslaunch.machine import outside
-from mslaunch.machine.outside import Outside
+from mslaunch.machine import cgroups as outside
+from mslaunch.machine.cgroups import Outside
 
 
 class Moves:

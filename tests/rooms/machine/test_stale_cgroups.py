@@ -11,13 +11,13 @@ import subprocess
 import pytest
 
 from helpers import new_tag
-from mslaunch.machine import guard
+from mslaunch.machine import cgroups
 from requires import require
 
 
 @pytest.fixture
 def home():
-    mount, own = guard._cgroup2_mount(), guard._own_cgroup()
+    mount, own = cgroups._cgroup2_mount(), cgroups._own_cgroup()
     require(mount is not None and own is not None and os.access(
         os.path.normpath(mount + "/" + own), os.W_OK), "a writable cgroup v2 hierarchy")
     return os.path.normpath(mount + "/" + own)
@@ -25,7 +25,7 @@ def home():
 
 def _foreign(home: str) -> str:
     """A job cgroup's name from a pid namespace that is not this one."""
-    return os.path.join(home, f"mslaunch-1-w2-n{guard._pid_namespace() + 1}-kvs_{new_tag()}")
+    return os.path.join(home, f"mslaunch-1-w2-n{cgroups._pid_namespace() + 1}-kvs_{new_tag()}")
 
 
 def test_an_empty_cgroup_of_another_namespace_goes_once_it_stayed_empty(home, monkeypatch):
@@ -33,10 +33,10 @@ def test_an_empty_cgroup_of_another_namespace_goes_once_it_stayed_empty(home, mo
     os.mkdir(path)
     os.mkdir(os.path.join(path, "mslaunch-2-w3-n1-kvs_inner"))   # (an old nested attempt)
     try:
-        guard._remove_stale(home)
+        cgroups.remove_stale(home)
         assert os.path.isdir(path)                  # young: perhaps a job just starting
-        monkeypatch.setattr(guard, "FOREIGN_EMPTY", 0.0)
-        guard._remove_stale(home)
+        monkeypatch.setattr(cgroups, "FOREIGN_EMPTY", 0.0)
+        cgroups.remove_stale(home)
         assert not os.path.exists(path)
     finally:
         for p in (os.path.join(path, "mslaunch-2-w3-n1-kvs_inner"), path):
@@ -51,8 +51,8 @@ def test_a_live_job_of_another_namespace_is_left_alone(home, monkeypatch):
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
             f.write(str(sleeper.pid))
-        monkeypatch.setattr(guard, "FOREIGN_EMPTY", 0.0)
-        guard._remove_stale(home)
+        monkeypatch.setattr(cgroups, "FOREIGN_EMPTY", 0.0)
+        cgroups.remove_stale(home)
         assert os.path.isdir(path) and sleeper.poll() is None
     finally:
         sleeper.kill()

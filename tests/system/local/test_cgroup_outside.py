@@ -1,4 +1,4 @@
-"""The launcher out of its job's cgroup while the ranks run (mslaunch.machine.outside),
+"""The launcher out of its job's cgroup while the ranks run (mslaunch.machine.cgroups),
 and back in before it starts anything: every process of the job is born inside."""
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def test_a_kept_agent_runs_every_attempt_in_its_one_cgroup(sshbed, tmp_path):
 
 def test_a_hosts_agent_leaves_its_cgroup_while_its_ranks_run(sshbed, tmp_path):
     # ... and comes back before it starts the next attempt's (the agent's
-    # guard, mslaunch.machine.outside)
+    # guard, mslaunch.machine.cgroups)
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
     try:
@@ -253,8 +253,8 @@ def test_ctrl_z_of_the_launcher_stops_the_remote_ranks_and_fg_goes_on(sshbed, tm
         assert wait_for(lambda: {pid for pid in pids if _stopped(pid)} == pids, 10)
         time.sleep(6)              # the pause itself: longer than the 5 s heartbeat
         (tmp_path / "go").touch()
-        p.send_signal(signal.SIGCONT)
     finally:
+        p.send_signal(signal.SIGCONT)  # (a failed check above still lets it end)
         code, out, err = _end(p, tag, sshbed)
     assert code == 0, err
     assert sorted(out.splitlines()) == ["done 0", "done 1"], (out, err)

@@ -92,7 +92,7 @@ def _start(argv: Sequence[str]) -> Any:
     """A Slurm client started (its stdout piped), for :func:`_output`."""
     import subprocess
 
-    from ....machine.outside import starting
+    from ....machine.cgroups import starting
     try:
         with starting():
             return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

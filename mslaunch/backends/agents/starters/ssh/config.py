@@ -227,7 +227,7 @@ class SSHConfig:
     def _exec(command: str, where: str) -> bool:
         import subprocess
 
-        from .....machine.outside import starting
+        from .....machine.cgroups import starting
         try:
             with starting():
                 return subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
