@@ -60,6 +60,9 @@ from .lent import Lent, Served
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGTSTP)
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds a Ctrl-Z waits at most for the agents to say they heard it (they
+#: answer within milliseconds; one that was lost meanwhile never does).
+PAUSE_PATIENCE = 10.0
 
 _pending_stop: List[int] = []          # see _note_stop
 
@@ -102,6 +105,7 @@ class Supervisor(LookingInside):
         self.inspector: Optional[Inspector] = None   # made on the first connection
         self.stall: Optional[StallWatch] = None      # --stall-report's watcher
         self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
+        self._pause_cap: Optional[Timer] = None
         self.events: RankEvents = Events(self)     # what the rank handles report to
 
     @property
@@ -420,14 +424,17 @@ class Supervisor(LookingInside):
         """Ctrl-Z (SIGTSTP): the ranks get it too, as under mpirun and Hydra; the
         agents hear it first, so that they take this launcher's silence for a
         pause, not a loss, and mslaunch stops itself once each has answered (or
-        after a second).  At SIGCONT (``fg``, ``bg``) the ranks are continued."""
+        after :data:`PAUSE_PATIENCE` s: a net for a host that is lost meanwhile).
+        At SIGCONT (``fg``, ``bg``) the ranks are continued."""
         if self._pausing is not None:
             return
         self._signal_all(signal.SIGTSTP)
         self._pausing = {name for name, host in self.hosts.items()
                          if host.hears_signals}
         if self._pausing:
-            self.loop.call_later(1.0, self._stop_self)
+            # Not sooner: a frame still on its way out of this process (a thread
+            # of the SSH link's not yet run, under load) would wait with it.
+            self._pause_cap = self.loop.call_later(PAUSE_PATIENCE, self._stop_self)
         else:
             self._stop_self()
 
@@ -442,6 +449,9 @@ class Supervisor(LookingInside):
         if self._pausing is None:
             return
         self._pausing = None
+        if self._pause_cap is not None:
+            self._pause_cap.cancel()
+            self._pause_cap = None
         os.kill(os.getpid(), signal.SIGSTOP)
         self._signal_all(signal.SIGCONT)        # (here again after SIGCONT)
 

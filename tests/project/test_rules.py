@@ -32,6 +32,8 @@ SLEEPS: Dict[Tuple[str, str], Tuple[int, str]] = {
             "the fault"),
     ("test_restart_hosts", "test_ctrl_z_of_the_launcher_stops_the_remote_ranks_and_fg_goes_on"):
         (1, "Ctrl-Z for 6 s, longer than the 5 s heartbeat: the fault"),
+    ("test_restart_hosts", "test_ctrl_z_waits_until_every_agent_has_heard_it"):
+        (1, "an agent that cannot hear the Ctrl-Z for 3 s: the fault"),
     ("test_restart_hosts",
      "test_a_pause_of_the_launcher_longer_than_its_agents_wait_leaves_no_host_out"):
         (1, "the launcher stopped for 32 s, longer than its waiting agents wait: the fault"),

@@ -252,9 +252,43 @@ def test_ctrl_z_of_the_launcher_stops_the_remote_ranks_and_fg_goes_on(sshbed, tm
         pids = {int((tmp_path / f"up.{r}").read_text()) for r in (0, 1)}
         assert wait_for(lambda: {pid for pid in pids if _stopped(pid)} == pids, 10)
         time.sleep(6)              # the pause itself: longer than the 5 s heartbeat
-        (tmp_path / "go").touch()
     finally:
+        (tmp_path / "go").touch()
         p.send_signal(signal.SIGCONT)  # (a failed check above still lets it end)
+        code, out, err = _end(p, tag, sshbed)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["done 0", "done 1"], (out, err)
+
+
+def test_ctrl_z_waits_until_every_agent_has_heard_it(sshbed, tmp_path):
+    # h2's agent cannot hear the Ctrl-Z for a while (stopped, as a starved one
+    # is): the launcher does not stop before it has, and then h2's rank stops too.
+    home = sshbed.make_home(tmp_path / "home")
+    tag = new_tag()
+    script = ('echo $$ > "$0/up.$RANK"; while [ ! -e "$0/go" ]; do sleep 0.05; done; '
+              'echo "done $RANK"')
+    p = subprocess.Popen(cmd("-H", "h1:1,h2:1", "-n", "2", "-x", "MSL_TEST_TAG", "sh", "-c",
+                             script, str(tmp_path)),
+                         env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="1,20"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deaf = None
+    try:
+        assert wait_for(lambda: all((tmp_path / f"up.{r}").exists() for r in (0, 1)), 90)
+        pids = {int((tmp_path / f"up.{r}").read_text()) for r in (0, 1)}
+        deaf = _agent(sshbed, sshbed.hosts[1])
+        os.kill(deaf, signal.SIGSTOP)
+        p.send_signal(signal.SIGTSTP)
+        time.sleep(3)              # the agent deaf for 3 s, longer than the launcher once waited
+        assert not _stopped(p.pid)
+        os.kill(deaf, signal.SIGCONT)
+        deaf = None
+        assert wait_for(lambda: _stopped(p.pid), 30)
+        assert wait_for(lambda: {pid for pid in pids if _stopped(pid)} == pids, 10)
+    finally:
+        if deaf is not None:
+            os.kill(deaf, signal.SIGCONT)
+        (tmp_path / "go").touch()
+        p.send_signal(signal.SIGCONT)
         code, out, err = _end(p, tag, sshbed)
     assert code == 0, err
     assert sorted(out.splitlines()) == ["done 0", "done 1"], (out, err)
