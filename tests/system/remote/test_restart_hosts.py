@@ -234,47 +234,53 @@ def test_a_pause_of_the_launcher_is_not_blamed_on_the_hosts(sshbed, tmp_path):
     assert attempts[-1]["left_out"] == [], attempts
 
 
-def test_ctrl_z_of_the_launcher_stops_the_remote_ranks_and_fg_goes_on(sshbed, tmp_path):
-    # Without restarts a host is lost after 5 s of silence: stopped for longer, the
-    # agents wait for the launcher, their ranks stopped too.
+def _pausable(sshbed, tmp_path, **env):
+    """A job of one rank on h1 and one on h2 that waits for ``tmp_path/go``, once both
+    ranks are up: (the launcher, its tag, the ranks' pids)."""
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
-    script = ('echo $$ > "$0/up.$RANK"; while [ ! -e "$0/go" ]; do sleep 0.05; done; '
-              'echo "done $RANK"')
+    script = ('echo $$ > "$0/up.$RANK.tmp" && mv "$0/up.$RANK.tmp" "$0/up.$RANK"; '
+              'while [ ! -e "$0/go" ]; do sleep 0.05; done; echo "done $RANK"')
     p = subprocess.Popen(cmd("-H", "h1:1,h2:1", "-n", "2", "-x", "MSL_TEST_TAG", "sh", "-c",
                              script, str(tmp_path)),
-                         env=renv(home, MSL_TEST_TAG=tag), stdout=subprocess.PIPE,
+                         env=renv(home, MSL_TEST_TAG=tag, **env), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     try:
         assert wait_for(lambda: all((tmp_path / f"up.{r}").exists() for r in (0, 1)), 90)
+    except BaseException:
+        _go_on(p, tag, sshbed, tmp_path)
+        raise
+    return p, tag, {int((tmp_path / f"up.{r}").read_text()) for r in (0, 1)}
+
+
+def _go_on(p, tag, sshbed, tmp_path):
+    """Let the job of :func:`_pausable` end (whatever a check found): its output."""
+    (tmp_path / "go").touch()
+    p.send_signal(signal.SIGCONT)
+    code, out, err = _end(p, tag, sshbed)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["done 0", "done 1"], (out, err)
+
+
+def test_ctrl_z_of_the_launcher_stops_the_remote_ranks_and_fg_goes_on(sshbed, tmp_path):
+    # Without restarts a host is lost after 5 s of silence: stopped for longer, the
+    # agents wait for the launcher, their ranks stopped too.
+    p, tag, pids = _pausable(sshbed, tmp_path)
+    try:
         p.send_signal(signal.SIGTSTP)
         assert wait_for(lambda: _stopped(p.pid), 10)
-        pids = {int((tmp_path / f"up.{r}").read_text()) for r in (0, 1)}
         assert wait_for(lambda: {pid for pid in pids if _stopped(pid)} == pids, 10)
         time.sleep(6)              # the pause itself: longer than the 5 s heartbeat
     finally:
-        (tmp_path / "go").touch()
-        p.send_signal(signal.SIGCONT)  # (a failed check above still lets it end)
-        code, out, err = _end(p, tag, sshbed)
-    assert code == 0, err
-    assert sorted(out.splitlines()) == ["done 0", "done 1"], (out, err)
+        _go_on(p, tag, sshbed, tmp_path)
 
 
 def test_ctrl_z_waits_until_every_agent_has_heard_it(sshbed, tmp_path):
     # h2's agent cannot hear the Ctrl-Z for a while (stopped, as a starved one
     # is): the launcher does not stop before it has, and then h2's rank stops too.
-    home = sshbed.make_home(tmp_path / "home")
-    tag = new_tag()
-    script = ('echo $$ > "$0/up.$RANK"; while [ ! -e "$0/go" ]; do sleep 0.05; done; '
-              'echo "done $RANK"')
-    p = subprocess.Popen(cmd("-H", "h1:1,h2:1", "-n", "2", "-x", "MSL_TEST_TAG", "sh", "-c",
-                             script, str(tmp_path)),
-                         env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="1,20"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p, tag, pids = _pausable(sshbed, tmp_path, MSLAUNCH_HEARTBEAT="1,20")
     deaf = None
     try:
-        assert wait_for(lambda: all((tmp_path / f"up.{r}").exists() for r in (0, 1)), 90)
-        pids = {int((tmp_path / f"up.{r}").read_text()) for r in (0, 1)}
         deaf = _agent(sshbed, sshbed.hosts[1])
         os.kill(deaf, signal.SIGSTOP)
         p.send_signal(signal.SIGTSTP)
@@ -287,11 +293,7 @@ def test_ctrl_z_waits_until_every_agent_has_heard_it(sshbed, tmp_path):
     finally:
         if deaf is not None:
             os.kill(deaf, signal.SIGCONT)
-        (tmp_path / "go").touch()
-        p.send_signal(signal.SIGCONT)
-        code, out, err = _end(p, tag, sshbed)
-    assert code == 0, err
-    assert sorted(out.splitlines()) == ["done 0", "done 1"], (out, err)
+        _go_on(p, tag, sshbed, tmp_path)
 
 
 def _stopped(pid: int) -> bool:
