@@ -69,6 +69,12 @@ def parse_number(text: str) -> float:
 #: busy machine's own scheduling delays are a good part of a second.
 MIN_SILENCE = 0.5
 
+#: Seconds a launcher that stops (a Ctrl-Z) waits at most for its agents to say
+#: they heard it: what carries the message (the SSH link's thread) stops with
+#: it, and an agent that did not hear would take the silence for a loss.  They
+#: answer within milliseconds; one lost meanwhile never does.
+PAUSE_PATIENCE = 10.0
+
 
 def heartbeat(text: Optional[str]) -> Optional[Tuple[float, Optional[int]]]:
     """``MSLAUNCH_HEARTBEAT``'s ``INTERVAL[,MISSES]`` (seconds from 0.01 to 3600,

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ..backends.session import Session
 
 from ..core.errors import HOST_LOST_EXIT
+from ..core.switches import PAUSE_PATIENCE
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
@@ -60,9 +61,6 @@ from .lent import Lent, Served
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGTSTP)
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: Seconds a Ctrl-Z waits at most for the agents to say they heard it (they
-#: answer within milliseconds; one that was lost meanwhile never does).
-PAUSE_PATIENCE = 10.0
 
 _pending_stop: List[int] = []          # see _note_stop
 
@@ -432,8 +430,6 @@ class Supervisor(LookingInside):
         self._pausing = {name for name, host in self.hosts.items()
                          if host.hears_signals}
         if self._pausing:
-            # Not sooner: a frame still on its way out of this process (a thread
-            # of the SSH link's not yet run, under load) would wait with it.
             self._pause_cap = self.loop.call_later(PAUSE_PATIENCE, self._stop_self)
         else:
             self._stop_self()

@@ -22,6 +22,7 @@ import time
 from ...core import signal
 
 from ...core.errors import HostsFailed
+from ...core.switches import PAUSE_PATIENCE
 from ...wire import frames, link
 from ...machine import timeline
 from ...machine.osfiles import read_ready
@@ -151,12 +152,13 @@ class KeptAgents:
     def pause(self) -> None:
         """This launcher stops (a Ctrl-Z between two attempts): the waiting agents
         are told, so that they wait for it as long as a stopped launcher is waited
-        for; each answers (``PAUSED``) before this returns, or within a second:
-        what carries the frame (paramiko's thread) stops with this process."""
+        for; each answers (``PAUSED``) before this returns, or within
+        :data:`~mslaunch.core.switches.PAUSE_PATIENCE` s: what carries the frame
+        (paramiko's thread) stops with this process."""
         self._tell(signal.SIGTSTP)
         self._told = True
         waiting = {conn.fd: (name, link.Reader()) for name, conn in self.idle.items()}
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + PAUSE_PATIENCE
         poller = select.poll()
         for fd in waiting:
             poller.register(fd, select.POLLIN)

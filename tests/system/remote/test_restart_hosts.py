@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers import StderrLines, cmd, kill_tagged, new_tag, program, tagged_pids, wait_for
+from helpers import PY, StderrLines, cmd, kill_tagged, new_tag, program, tagged_pids, wait_for
 from remote import agents, renv, settle
 
 pytestmark = pytest.mark.remote
@@ -239,9 +239,16 @@ def _pausable(sshbed, tmp_path, **env):
     ranks are up: (the launcher, its tag, the ranks' pids)."""
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
-    script = ('echo $$ > "$0/up.$RANK.tmp" && mv "$0/up.$RANK.tmp" "$0/up.$RANK"; '
-              'while [ ! -e "$0/go" ]; do sleep 0.05; done; echo "done $RANK"')
-    p = subprocess.Popen(cmd("-H", "h1:1,h2:1", "-n", "2", "-x", "MSL_TEST_TAG", "sh", "-c",
+    # One process per rank, which a stop shows as such: a shell's loop would vfork
+    # its `sleep`, and a stop that came between the vfork and the exec leaves the
+    # shell waiting for its stopped child in state D, not T.
+    script = ("import os, sys, time\n"
+              "d, rank = sys.argv[1], os.environ['RANK']\n"
+              "with open(f'{d}/up.{rank}.tmp', 'w') as f: f.write(str(os.getpid()))\n"
+              "os.rename(f'{d}/up.{rank}.tmp', f'{d}/up.{rank}')\n"
+              "while not os.path.exists(f'{d}/go'): time.sleep(0.05)\n"
+              "print('done', rank)\n")
+    p = subprocess.Popen(cmd("-H", "h1:1,h2:1", "-n", "2", "-x", "MSL_TEST_TAG", PY, "-c",
                              script, str(tmp_path)),
                          env=renv(home, MSL_TEST_TAG=tag, **env), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
