@@ -28,8 +28,11 @@ def clean_env(**extra: str) -> Dict[str, str]:
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     # The test beds add and remove network interfaces in this namespace while other
     # workers' ranks start; UCX (MPICH's wheel) then writes errors about an interface
-    # gone between its listing and its query into the ranks' stdout.
+    # gone between its listing and its query into the ranks' stdout, and a worker
+    # that opened one as it went fails MPI_Init ("No such device").  Ranks of one
+    # machine need no network: jobs across the beds' hosts set tcp (remote.renv).
     env.setdefault("UCX_LOG_LEVEL", "fatal")
+    env.setdefault("UCX_TLS", "self,sm")
     env.update(extra)
     return env
 

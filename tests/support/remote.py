@@ -15,7 +15,8 @@ def renv(home: str, **extra: str):
     """The environment of a job run with HOME ``home`` (a test bed HOME: its ssh_config
     reaches the hosts), plus ``extra``."""
     env = clean_env(HOME=home, **extra)
-    env.setdefault("UCX_TLS", "tcp")         # MPI between namespace hosts goes over TCP
+    if "UCX_TLS" not in extra:
+        env["UCX_TLS"] = "tcp"                # MPI between namespace hosts goes over TCP
     for name, value in bed_mpi_network(home).items():
         env.setdefault(name, value)
     return env
