@@ -103,7 +103,6 @@ class Supervisor(LookingInside):
         self.inspector: Optional[Inspector] = None   # made on the first connection
         self.stall: Optional[StallWatch] = None      # --stall-report's watcher
         self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
-        self._pause_cap: Optional[Timer] = None
         self.events: RankEvents = Events(self)     # what the rank handles report to
 
     @property
@@ -430,7 +429,8 @@ class Supervisor(LookingInside):
         self._pausing = {name for name, host in self.hosts.items()
                          if host.hears_signals}
         if self._pausing:
-            self._pause_cap = self.loop.call_later(PAUSE_PATIENCE, self._stop_self)
+            pausing = self._pausing
+            self.loop.call_later(PAUSE_PATIENCE, lambda: self._stop_self(pausing))
         else:
             self._stop_self()
 
@@ -441,13 +441,11 @@ class Supervisor(LookingInside):
             if not self._pausing:
                 self._stop_self()
 
-    def _stop_self(self) -> None:
-        if self._pausing is None:
+    def _stop_self(self, pause: Optional[Set[str]] = None) -> None:
+        """Stop, unless ``pause`` (the hosts a cap's wait was for) is over."""
+        if self._pausing is None or (pause is not None and pause is not self._pausing):
             return
         self._pausing = None
-        if self._pause_cap is not None:
-            self._pause_cap.cancel()
-            self._pause_cap = None
         os.kill(os.getpid(), signal.SIGSTOP)
         self._signal_all(signal.SIGCONT)        # (here again after SIGCONT)
 
