@@ -98,8 +98,8 @@ class AgentPMI:
             universe_size=job["universe_size"], appnums=appnums,
             local_ranks=[s.rank for s in specs], send=self.up,
             hwloc_xml=xml_for_ranks(self.guard) if self.guard is not None else None)
-        pj = PMIJob(self, number=number, state=state, keys={s.rank: s.key for s in specs},
-                    spawner=spawner)
+        pj = PMIJob(self, number=number, kvsname=kvsname, size=size, state=state,
+                    keys={s.rank: s.key for s in specs}, spawner=spawner)
         pj.probe = self.probe
         pj.serve(self.loop, appnums, job["process_mapping"], tcp=job["pmi"] == "port",
                  trace=self.trace, port_range=self.port_range)

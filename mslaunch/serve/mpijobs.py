@@ -28,12 +28,12 @@ if TYPE_CHECKING:
     from ..mpi.pmi.server import PMIServer
     from ..core.spec import RankSpec, SpawnRequest
     from .pmixjobs import LauncherPMIx
+    from ..mpi.pmi.state import LocalJobState
     from ..seams import AgentHost, ServedJob
 
 from ..core.errors import LaunchError, PlanError
 from ..mpi.pmi.files import xml_for_ranks
 from ..mpi.pmi.job import PMIJob
-from ..mpi.pmi.state import LocalJobState
 
 #: Seconds between looks for Open MPI singletons among the ranks.
 SINGLETON_POLL = 0.5
@@ -97,10 +97,15 @@ class MPIJobs:
 
     def _new(self, number: int, kvsname: str, size: int, mapping: str, appnums,
              keys: Dict[int, int], spawner: Optional[str]) -> PMIJob:
-        state = LocalJobState(kvsname=kvsname, size=size, process_mapping=mapping,
-                              universe_size=self.universe(), appnums=appnums,
-                              names=self.names, hwloc_xml=self.hwloc_xml)
-        pj = PMIJob(self, number=number, state=state, keys=keys, spawner=spawner)
+        universe, hwloc_xml = self.universe(), self.hwloc_xml
+
+        def state() -> LocalJobState:
+            from ..mpi.pmi.state import LocalJobState
+            return LocalJobState(kvsname=kvsname, size=size, process_mapping=mapping,
+                                 universe_size=universe, appnums=appnums, names=self.names,
+                                 hwloc_xml=hwloc_xml)
+        pj = PMIJob(self, number=number, kvsname=kvsname, size=size, state=state, keys=keys,
+                    spawner=spawner)
         pj.probe = self.probe
         self.jobs[kvsname] = pj
         self.served.watchdog.keep(kvsname)
@@ -176,7 +181,7 @@ class MPIJobs:
                 and pj.left_pmix(spec.rank):
             end = r.end or time.time()
             r.pmi_lost = end if r.pmi_lost is None else min(r.pmi_lost, end)
-        if pj is None or pj.number == 1 or pj.server is None:
+        if pj is None or pj.number == 1 or not pj.serving:
             return
         if all(r.ended for r in self.served.ranks
                if r.spec.job == pj.number and r.spec.host.local):

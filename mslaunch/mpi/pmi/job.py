@@ -12,9 +12,13 @@ supervisor, or a remote host's agent) with the key of the rank concerned.
 
 from __future__ import annotations
 
+import os
+
+from ...core import socket
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple, Union
 
     from ...machine.loop import Loop
     from .singletons import SingletonProbe
@@ -37,13 +41,14 @@ if TYPE_CHECKING:
 class PMIJob:
     """See the module docstring; ``keys`` maps this host's ranks of the job to keys."""
 
-    def __init__(self, owner, *, number: int, state: JobState, keys: Mapping[int, int],
+    def __init__(self, owner, *, number: int, kvsname: str, size: int,
+                 state: Union[JobState, Callable[[], JobState]], keys: Mapping[int, int],
                  spawner: Optional[str] = None) -> None:
         self.owner = owner
         self.number = number
-        self.state = state
-        self.kvsname = state.kvsname
-        self.size = state.size
+        self._state = state             # or what makes it, at its first use
+        self.kvsname = kvsname
+        self.size = size
         self.keys: Dict[int, int] = dict(keys)
         self.spawner = spawner          # the kvsname of the job that spawned this one
         self.started: Set[int] = set()  # ranks (of the job) that initialized PMI
@@ -51,10 +56,21 @@ class PMIJob:
         self.probe: Optional[SingletonProbe] = None   # where Open MPI ranks report
         self.server: Optional[PMIServer] = None
         self.tcp = False
+        self._make: Optional[Callable[[], PMIServer]] = None   # the server, when needed
+        self._ours: Dict[int, socket.socket] = {}     # by rank, until the server takes them
+        self._theirs: Dict[int, socket.socket] = {}   # the ranks' ends, until spawned
+        self._loop: Optional[Loop] = None
         self._env: Optional[Callable[[int], Dict[str, str]]] = None
         self.pmix: Optional[Namespace] = None   # its PMIx namespace here, if served
         self.pmix_in: Set[int] = set()          # ranks connected to it (remote: reported)
         self.pmix_done: Set[int] = set()        # ... and finalized
+
+    @property
+    def state(self) -> JobState:
+        """The job's PMI state (made at its first use: most jobs never ask)."""
+        if callable(self._state):
+            self._state = self._state()
+        return self._state
 
     def serve(self, loop: Loop, appnums, process_mapping: str, tcp: bool,
               trace: bool = False, port_range: Optional[Tuple[int, int]] = None,
@@ -63,25 +79,85 @@ class PMIJob:
         """Serve PMI to this job's ranks on this host (inherited sockets or TCP on
         ``tcp_host``, on a port of ``port_range`` if given, to the peers ``admit``
         lets in); ``trace``: every message to the owner's log (``-v -v``)."""
-        from .server import PMIServer
-        state = self.state
-        self.server = server = PMIServer(
-            loop, kvsname=self.kvsname, size=self.size, process_mapping=process_mapping,
-            universe_size=state.universe_size, appnums=appnums,
-            listener=self, state=state,  # type: ignore[arg-type]
-            spawner=self.spawner)
-        server.trace = trace
+        def make() -> PMIServer:
+            from .server import PMIServer
+            state = self.state
+            self.server = server = PMIServer(
+                loop, kvsname=self.kvsname, size=self.size, process_mapping=process_mapping,
+                universe_size=state.universe_size, appnums=appnums,
+                listener=self, state=state,  # type: ignore[arg-type]
+                spawner=self.spawner)
+            server.trace = trace
+            return server
+
         self.tcp = tcp
         if tcp:
+            server = make()
             server.listen_tcp(tcp_host, port_range=port_range, admit=admit)
             self._env = server.tcp_env
         else:
-            self._env = lambda rank: {"PMI_FD": str(server.child_fd(rank))}
+            if not 0 < self.size == len(appnums):
+                raise ValueError(f"{len(appnums)} appnums for {self.size} ranks")
+            self._make, self._loop = make, loop
+            self._env = lambda rank: {"PMI_FD": str(self._pair(rank))}
+
+    def _pair(self, rank: int) -> int:
+        """Rank ``rank``'s socket pair; returns the end it inherits (``PMI_FD``)."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} outside 0..{self.size - 1}")
+        if rank in self._ours or rank in self._theirs or self.server is not None:
+            raise ValueError(f"rank {rank} already has a PMI socket")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        os.set_inheritable(theirs.fileno(), True)
+        ours.setblocking(False)
+        self._ours[rank], self._theirs[rank] = ours, theirs
+        assert self._loop is not None
+        self._loop.add_reader(ours.fileno(), lambda: self._knock(rank))
+        return theirs.fileno()
+
+    def _knock(self, rank: int) -> None:
+        """Rank ``rank``'s socket is readable: its first words (the server is made
+        and takes every socket) or its end without any."""
+        sock = self._ours[rank]
+        try:
+            first = sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError:
+            first = b""
+        if not first:
+            self._drop(rank)
+            return
+        assert self._make is not None and self._loop is not None
+        server = self._make()
+        for r, ours in self._ours.items():
+            server.adopt(r, ours, self._theirs.pop(r, None))
+        self._ours.clear()
+
+    def _drop(self, rank: int) -> None:
+        sock = self._ours.pop(rank)
+        assert self._loop is not None
+        self._loop.forget(sock.fileno())
+        sock.close()
 
     @property
-    def inherited(self):
-        """The server whose sockets ranks inherit (None over TCP, or without a server)."""
-        return None if self.tcp else self.server
+    def serving(self) -> bool:
+        """Whether this job's ranks here are served PMI (from :meth:`serve` to :meth:`close`)."""
+        return self._env is not None
+
+    @property
+    def inherited(self) -> Optional[PMIJob]:
+        """Whose sockets ranks inherit, to be released once they are spawned (None over TCP)."""
+        return None if self.tcp or self._make is None else self
+
+    def release_child_fds(self, rank: Optional[int] = None) -> None:
+        """Close the ranks' ends here (one rank's, or all) once spawned."""
+        if self.server is not None:
+            self.server.release_child_fds(rank)
+        for r in ([rank] if rank is not None else list(self._theirs)):
+            sock = self._theirs.pop(r, None)
+            if sock is not None:
+                sock.close()
 
     def env(self, rank: int, own: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         """The PMI variables of one of this job's ranks started here; ``own`` is the
@@ -168,6 +244,10 @@ class PMIJob:
         if self.pmix is not None:
             self.pmix.deregister()
             self.pmix = None
+        self._env = None
+        for rank in list(self._ours):
+            self._drop(rank)
+        self.release_child_fds()
         if self.server is not None:
             self.server.close()
             self.server = None

@@ -320,6 +320,18 @@ class PMIServer:
         self._conns[conn.fd] = conn
         return theirs.fileno()
 
+    def adopt(self, rank: int, ours: socket.socket, theirs: Optional[socket.socket]) -> None:
+        """Serve rank ``rank`` on a socket pair made before the server (``theirs``: its
+        end, if not yet released)."""
+        self._check_rank(rank)
+        if rank in self._socketpair_ranks:
+            raise ValueError(f"rank {rank} already has a PMI socket")
+        self._socketpair_ranks.add(rank)
+        if theirs is not None:
+            self._child_socks[rank] = theirs
+        conn = _Conn(self, ours, rank, tcp=False)
+        self._conns[conn.fd] = conn
+
     def release_child_fds(self, rank: Optional[int] = None) -> None:
         """Close the child ends in the launcher (one rank's, or all) after spawning."""
         for r in ([rank] if rank is not None else list(self._child_socks)):

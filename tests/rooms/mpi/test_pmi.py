@@ -387,6 +387,60 @@ def test_kvsname_and_shm(tmp_path):
     assert shm.shm_segments(a, str(tmp_path)) == [] and other.exists()
 
 
+def test_the_server_is_made_when_a_rank_first_speaks_and_serves_every_socket():
+    """Over inherited sockets a job holds its ranks' socket pairs until one speaks:
+    a rank that ends without a word needs no server; the first that speaks has
+    the server made, which then serves every other rank's socket too."""
+    from mslaunch.mpi.pmi.job import PMIJob
+    from mslaunch.mpi.pmi.state import LocalJobState
+
+    class Owner(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: List[int] = []
+
+        def pmi_started(self, job, rank: int) -> None:
+            self.started.append(rank)
+
+    class Pumped:
+        loop = Loop()
+
+    kvsname = shm.new_kvsname()
+    made: List[int] = []
+
+    def state() -> LocalJobState:
+        made.append(1)
+        return LocalJobState(kvsname=kvsname, size=3, process_mapping="", universe_size=3,
+                             appnums=[0, 0, 0])
+    owner = Owner()
+    pj = PMIJob(owner, number=1, kvsname=kvsname, size=3, state=state, keys={0: 0, 1: 1, 2: 2})
+    pj.serve(Pumped.loop, [0, 0, 0], "", tcp=False)
+    peers = [Peer(Pumped, socket.socket(fileno=os.dup(int(pj.env(r)["PMI_FD"]))))  # type: ignore[arg-type]
+             for r in range(3)]
+    assert pj.inherited is pj
+    pj.release_child_fds()
+    try:
+        peers[2].sock.close()                   # rank 2 ends without a word
+        for _ in range(5):
+            Pumped.loop.run_once(0.005)
+        assert pj.server is None and made == [] and pj.serving
+        assert peers[1].v1("cmd=init pmi_version=1 pmi_subversion=1")[1]["rc"] == "0"
+        assert pj.server is not None and made == [1]
+        assert peers[0].v1("cmd=init pmi_version=1 pmi_subversion=1")[1]["rc"] == "0"
+        assert peers[0].v1("cmd=get_my_kvsname") == ("my_kvsname", {"rc": "0", "kvsname": kvsname})
+        assert sorted(owner.started) == [0, 1]
+        peers[0].sock.close()                   # an initialized rank lost is reported
+        for _ in range(5):
+            Pumped.loop.run_once(0.005)
+        assert owner.lost == [0] and owner.logs == []
+    finally:
+        pj.close()
+        for peer in peers:
+            peer.sock.close()
+        Pumped.loop.close()
+    assert not pj.serving and pj.server is None
+
+
 def test_constructor_checks():
     loop = Loop()
     common = dict(size=2, process_mapping="(vector,(0,1,2))", universe_size=2, listener=Recorder())
