@@ -1,5 +1,4 @@
-"""The supervisor's bookkeeping of one rank: what it is, how it ended, when it wrote;
-and what the rank handles report to (:class:`Events`)."""
+"""The supervisor's bookkeeping of one rank: what it is, how it ended, when it wrote."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ if TYPE_CHECKING:
     from typing import List, Optional
 
     from .machine.output import RankOutput
-    from .seams import JobView
 
 from .core.spec import RankResult, RankSpec
 
@@ -52,22 +50,3 @@ class Rank:
                           signal=self.signal, reason=self.reason, stderr_tail=self.tail,
                           name=s.label or f"rank {s.rank}", job=s.job, start=self.start,
                           end=self.end, restarts=self.restarts)
-
-
-class Events:
-    """The supervisor's side of the rank-handle seam (:class:`~mslaunch.seams.RankEvents`):
-    its rank events and what it lends, and nothing else of it."""
-
-    __slots__ = ("loop", "watchdog", "rank_started", "rank_exited", "ranks_lost",
-                 "make_sinks", "log", "say", "_sup")
-
-    def __init__(self, sup: JobView) -> None:
-        self.loop, self.watchdog = sup.loop, sup.watchdog
-        self.rank_started, self.rank_exited = sup.rank_started, sup.rank_exited
-        self.ranks_lost, self.make_sinks = sup.ranks_lost, sup.make_sinks
-        self.log, self.say = sup.log, sup.console.message
-        self._sup = sup
-
-    def rank_refused(self, key: int, reason: str) -> None:
-        sup = self._sup
-        sup.fail(sup.ranks[key], reason, 1, abort=True)

@@ -134,7 +134,7 @@ class Looker(Protocol):
     host's agent, or srun's step (a step of its own that reads every node's)."""
 
     @property
-    def ranks(self) -> Container[int]:
+    def ranks(self) -> Collection[int]:
         """The keys of the ranks it answers for."""
 
     def look(self, kind: int, body: Dict[str, Any], done: Any) -> bool:
@@ -275,73 +275,47 @@ class ServedJob(Protocol):
                     pmi_env: Optional[PMIEnv]) -> None: ...
 
 
-class JobView(Protocol):
-    """What the looks inside the job, the reports and the lending to backends and
-    to the MPI services (:mod:`mslaunch.run.lent`) use of the supervisor."""
-
-    job: JobSpec
-    plan: Plan
-    console: Console
-    loop: Loop
-    ending: Optional[Ending]
-    launched: bool
-    stop_signal: Optional[int]
-    watchdog: Watchdog
-    mpi_jobs: Any
-    failures: Any           # .failures.Failures: the cause, and what followed
-    control: Optional[Tuple[Any, str]]    # the control socket and its path, if any
-    events: RankEvents      # what the rank handles report to
+class LookedAt(Protocol):
+    """What the looks inside a running job (:mod:`mslaunch.inspect`: the control
+    socket, the stall watch, the stacks at a timeout) are lent of it, through
+    :class:`mslaunch.run.lent.Looked`: the job, its plan, ranks and lookers as
+    they stand, how it is ending, and the two things only the supervisor does."""
 
     @property
-    def session(self) -> SharedByAttempts: ...
+    def job(self) -> JobSpec: ...
 
     @property
-    def restarts(self) -> int: ...
+    def plan(self) -> Plan: ...
+
+    @property
+    def loop(self) -> Loop: ...
+
+    @property
+    def console(self) -> Console: ...
+
+    @property
+    def ending(self) -> Optional[Ending]: ...
+
+    @property
+    def started(self) -> float:
+        """When the job started (``time.monotonic()``)."""
+
+    @property
+    def dumps(self) -> Optional[str]:
+        """Where this machine's Python ranks write their stacks (see mslaunch.machine.pydump)."""
 
     @property
     def ranks(self) -> Sequence[RankState]: ...
 
     @property
-    def hosts(self) -> Dict[str, Any]: ...
+    def lookers(self) -> Mapping[str, Looker]: ...
 
     @property
-    def lookers(self) -> Dict[str, Any]: ...
+    def spoken_for(self) -> Set[int]:
+        """The ranks that a looker speaks for (not read on this machine)."""
 
-    @property
-    def spoken_for(self) -> Set[int]: ...
+    def elsewhere(self, timeout: float, reply: Callable[[List[Dict[str, Any]]], None]) -> bool:
+        """Ask the job's other nodes for their ranks' stacks; False if it has none."""
 
-    def elsewhere(self, timeout: float, reply: Callable[[List[Any]], None]) -> bool: ...
-
-    def log(self, message: str) -> None: ...
-
-    def make_sinks(self, spec: RankSpec) -> Any: ...
-
-    def replanned(self, plan: Plan) -> None: ...
-
-    def answer_while_starting(self, status: Any) -> Optional[Closable]: ...
-
-    def stop_requested(self) -> bool: ...
-
-    def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
-             at: Optional[float] = None, mpi_abort: bool = False,
-             lost: bool = False) -> None: ...
-
-    def rank_started(self, key: int, pid: int) -> None: ...
-
-    def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
-                    at: Optional[float] = None) -> None: ...
-
-    def ranks_lost(self, keys: Any, reason: str, at: Optional[float] = None,
-                   blameless: bool = False) -> None: ...
-
-    def host_paused(self, name: str) -> None: ...
-
-    def add_ranks(self, specs: Sequence[RankSpec]) -> None: ...
-
-    def abandon(self, keys: Sequence[int]) -> None: ...
-
-    def start_local(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any) -> None: ...
-
-    def local_ranks(self, specs: Sequence[RankSpec], pmi: Any, pmi_env: Any,
-                    stdin_fd: Optional[int]) -> Any: ...
-
+    def end_stalled(self) -> None:
+        """``--stall-exit``: end the job as stalled."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from .stacktree import RankStacks, Report
-    from ..seams import JobView, RankState
+    from ..seams import LookedAt, RankState
 
 from ..mpi.pmi.files import public_id
 from ..wire import link
@@ -41,16 +41,16 @@ MAX_REQUEST = 64 << 10
 MAX_TIMEOUT = 60.0
 
 
-def title(sup: JobView, what: str, stacks: Optional[List[RankStacks]] = None) -> str:
+def title(view: LookedAt, what: str, stacks: Optional[List[RankStacks]] = None) -> str:
     """The report's first line; with ``stacks``, of those ranks (other nodes' too)."""
-    live = [r for r in sup.ranks if r.pid and not r.ended and r.spec.job == 1]
+    live = [r for r in view.ranks if r.pid and not r.ended and r.spec.job == 1]
     count = len(live) if stacks is None else len(stacks)
     hosts = len({r.spec.host.name for r in live} if stacks is None else {s.host for s in stacks})
     return (f"mslaunch: {what} of {count} running rank(s) on {hosts} host(s), job "
-            f"{public_id(sup.plan.kvsname)} (launcher pid {os.getpid()}), innermost frames last")
+            f"{public_id(view.plan.kvsname)} (launcher pid {os.getpid()}), innermost frames last")
 
 
-def gather(sup: JobView, timeout: float, dumps: Optional[str],
+def gather(view: LookedAt, timeout: float, dumps: Optional[str],
            done: Callable[[List[RankStacks]], None], here_only: bool = False,
            main_only: bool = False) -> None:
     """Read every running rank's stacks, here and on every host, and (unless
@@ -58,14 +58,14 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
     ``timeout`` seconds; ``done(stacks)`` on the loop, once.  ``main_only``:
     a Python rank's main thread alone writes its frames (see
     :mod:`mslaunch.machine.pydump`)."""
-    live = [r for r in sup.ranks if r.pid and not r.ended and r.spec.job == 1]
+    live = [r for r in view.ranks if r.pid and not r.ended and r.spec.job == 1]
     by_key = {r.spec.key: r for r in live}
     got: Dict[int, Dict[str, Any]] = {}
-    lookers = sup.lookers
+    lookers = view.lookers
     # what each place may speak for: its own ranks (an agent never for another host's);
     # this machine's ranks are read here unless a looker speaks for them (srun's)
     allowed = {name: set(host.ranks) for name, host in lookers.items()}
-    covered = sup.spoken_for
+    covered = view.spoken_for
     allowed["local"] = {k for k, r in by_key.items() if r.spec.host.local and k not in covered}
     waiting = {"local"} if allowed["local"] else set()
     finished: List[bool] = []
@@ -112,11 +112,11 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
         if not waiting:
             finish()
 
-    asked = not here_only and sup.elsewhere(timeout, from_nodes)
+    asked = not here_only and view.elsewhere(timeout, from_nodes)
     if asked:
         waiting.add("nodes")
     # (the node service waits its nodes' answers 2 s past the timeout)
-    timer = sup.loop.call_later(timeout + (3.0 if asked else 2.0), finish)
+    timer = view.loop.call_later(timeout + (3.0 if asked else 2.0), finish)
     for name, host in lookers.items():
         waiting.add(name)
         if not host.look(link.STACKS, {"timeout": timeout, "main": main_only},
@@ -125,7 +125,7 @@ def gather(sup: JobView, timeout: float, dumps: Optional[str],
     if "local" in waiting:
         from ..machine.stacks import read_in_background
         pids = {r.spec.key: r.pid for r in live if r.spec.key in allowed["local"]}
-        read_in_background(sup.loop, pids, dumps, timeout, lambda res: arrived("local", res),
+        read_in_background(view.loop, pids, dumps, timeout, lambda res: arrived("local", res),
                            main_only)
     if not waiting:
         finish()
@@ -166,9 +166,9 @@ def last_line(r: RankState) -> str:
     return ""
 
 
-def top_rows(sup: JobView, usage: Dict[int, Dict[str, Any]], now: float) -> List[Dict[str, Any]]:
+def top_rows(view: LookedAt, usage: Dict[int, Dict[str, Any]], now: float) -> List[Dict[str, Any]]:
     rows = []
-    for r in sup.ranks:
+    for r in view.ranks:
         spec = r.spec
         u = usage.get(spec.key) or {}
         state = u.get("state") or ("ended" if r.ended else ("starting" if not r.pid else "?"))
@@ -182,21 +182,21 @@ def top_rows(sup: JobView, usage: Dict[int, Dict[str, Any]], now: float) -> List
     return rows
 
 
-def timeline(sup: JobView) -> List[Tuple[float, str]]:
+def timeline(view: LookedAt) -> List[Tuple[float, str]]:
     """The job's events so far, in seconds since it started: ranks started, failed."""
-    start: float = getattr(sup, "started", 0.0)
+    start: float = view.started
     events: List[Tuple[float, str]] = []
     import sys
     marks = sys.modules.get("mslaunch.machine.timeline")
     for when, event, host in getattr(marks, "_marks", None) or []:
         events.append((when - start, f"{event}{' (' + host + ')' if host else ''}"))
-    started = sorted(r.started_at for r in sup.ranks if r.started_at)
+    started = sorted(r.started_at for r in view.ranks if r.started_at)
     if started:
         first, last = started[0], started[-1]
         events.append((first - start, "first rank started"))
         if len(started) > 1:
             events.append((last - start, f"{len(started)} ranks started"))
-    for r in sup.ranks:
+    for r in view.ranks:
         ended = r.ended_at
         if ended and r.failed:
             from ..machine.spawn import how_ended
@@ -221,26 +221,26 @@ def admitted(conn: Any) -> bool:
     return False
 
 
-def job_info(sup: JobView) -> Dict[str, Any]:
+def job_info(view: LookedAt) -> Dict[str, Any]:
     """The answer to ``info``."""
-    return {"kvsname": public_id(sup.plan.kvsname), "pid": os.getpid(), "size": len(sup.plan.ranks),
-            "hosts": list(dict.fromkeys(r.spec.host.name for r in sup.ranks)),
-            "argv": list(sup.plan.ranks[0].argv) if sup.plan.ranks else [],
-            "uptime": round(time.monotonic() - getattr(sup, "started", time.monotonic()), 1),
-            "ending": sup.ending}
+    return {"kvsname": public_id(view.plan.kvsname), "pid": os.getpid(), "size": len(view.plan.ranks),
+            "hosts": list(dict.fromkeys(r.spec.host.name for r in view.ranks)),
+            "argv": list(view.plan.ranks[0].argv) if view.plan.ranks else [],
+            "uptime": round(time.monotonic() - view.started, 1),
+            "ending": view.ending}
 
 
 class Inspector:
     """Serves the job's control socket; see the module docstring."""
 
-    def __init__(self, sup: JobView, sock: Any, dumps: Optional[str]) -> None:
-        self.sup = sup
+    def __init__(self, view: LookedAt, sock: Any, dumps: Optional[str]) -> None:
+        self.view = view
         self.sock = sock
         self.dumps = dumps
         self.cpu: Dict[int, Tuple[float, int]] = {}
         self.clients: Dict[int, Any] = {}
         # From now on the ranks' last lines are kept for the live view.
-        for r in sup.ranks:
+        for r in view.ranks:
             for out in r.outputs:
                 out.keep_tail = True
 
@@ -258,7 +258,7 @@ class Inspector:
 
     def handle(self, request: Any, reply: Callable[[Dict[str, Any]], None]) -> None:
         op = request.get("op") if isinstance(request, dict) else None
-        sup = self.sup
+        view = self.view
         if op == "info":
             reply(self.info())
         elif op == "stacks":
@@ -270,22 +270,22 @@ class Inspector:
 
             def done(stacks: List[RankStacks]) -> None:
                 from .stacktree import merge, to_json
-                reply(to_json(merge(stacks, title(sup, "stacks", stacks))))
-            gather(sup, float(timeout), self.dumps, done)
+                reply(to_json(merge(stacks, title(view, "stacks", stacks))))
+            gather(view, float(timeout), self.dumps, done)
         elif op == "top":
             self.top(reply)
         else:
             reply({"error": "unknown request (info, stacks, top)"})
 
     def info(self) -> Dict[str, Any]:
-        return job_info(self.sup)
+        return job_info(self.view)
 
     def top(self, reply: Callable[[Dict[str, Any]], None]) -> None:
         from ..machine.stacks import usage
-        sup = self.sup
-        lookers = sup.lookers
-        covered = sup.spoken_for
-        here = {r.spec.key: r.pid for r in sup.ranks if r.pid and not r.ended
+        view = self.view
+        lookers = view.lookers
+        covered = view.spoken_for
+        here = {r.spec.key: r.pid for r in view.ranks if r.pid and not r.ended
                 and r.spec.host.local and r.spec.key not in covered}
         rows: Dict[int, Dict[str, Any]] = usage(here, self.cpu)
         waiting = set()
@@ -296,13 +296,13 @@ class Inspector:
                 return
             sent.append(True)
             now = time.monotonic()
-            for r in sup.ranks:          # when each rank last wrote, to this look
+            for r in view.ranks:          # when each rank last wrote, to this look
                 written = sum(o.written for o in r.outputs)
                 if written != r.written:  # type: ignore[attr-defined]
                     r.written, r.last_output = written, now  # type: ignore[attr-defined]
-            start = getattr(sup, "started", now)
-            reply({"job": self.info(), "rows": top_rows(sup, rows, now),
-                   "events": [[round(t, 3), text] for t, text in timeline(sup)],
+            start = view.started
+            reply({"job": self.info(), "rows": top_rows(view, rows, now),
+                   "events": [[round(t, 3), text] for t, text in timeline(view)],
                    "now": round(now - start, 1)})
 
         def arrived(name: str, ranks: Optional[Dict[Any, Any]]) -> None:
@@ -326,7 +326,7 @@ class Inspector:
         if not waiting:
             finish()
         else:
-            sup.loop.call_later(3.0, finish)
+            view.loop.call_later(3.0, finish)
 
     def close(self) -> None:
         for client in list(self.clients.values()):
@@ -338,7 +338,7 @@ class _Client:
 
     def __init__(self, inspector: Inspector, conn: Any) -> None:
         self.inspector = inspector
-        self.loop = inspector.sup.loop
+        self.loop = inspector.view.loop
         self.conn = conn
         self.fd = conn.fileno()
         self.buf = b""
@@ -402,8 +402,8 @@ class _Client:
         self.conn.close()
 
 
-def report_text(stacks: List[RankStacks], sup: JobView, what: str) -> Tuple[Report, str]:
+def report_text(stacks: List[RankStacks], view: LookedAt, what: str) -> Tuple[Report, str]:
     """The merged report of ``stacks`` and its text, for mslaunch's own messages."""
     from .stacktree import merge, render
-    report = merge(stacks, title(sup, what))
+    report = merge(stacks, title(view, what))
     return report, render(report)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
     from .stacktree import RankStacks
-    from ..seams import JobView
+    from ..seams import LookedAt
 
 from ..core.errors import STALL_EXIT
 #: A rank using more of a CPU than this between samples, outside a
@@ -63,10 +63,10 @@ def interval(seconds: float) -> float:
 
 
 class StallWatch:
-    """See the module docstring; ``sup`` is the job's supervisor."""
+    """See the module docstring; ``view`` is what it sees of the job."""
 
-    def __init__(self, sup: JobView, seconds: float, end_job: bool = False) -> None:
-        self.sup = sup
+    def __init__(self, view: LookedAt, seconds: float, end_job: bool = False) -> None:
+        self.view = view
         self.seconds = seconds
         self.end_job = end_job
         self.every = interval(seconds)
@@ -82,14 +82,14 @@ class StallWatch:
         self._tick()       # made one interval into the job (see Supervisor._watch_stall)
 
     def _tick(self) -> None:
-        sup = self.sup
-        if sup.ending is not None:
+        view = self.view
+        if view.ending is not None:
             return
         now = time.monotonic()
         # A sample falls due when S have passed since the output stopped, not at
         # the next interval: the report comes within S and one interval of it.
         due = self.quiet_since + self.seconds - now
-        sup.loop.call_later(due if 0.05 < due < self.every else self.every, self._tick)
+        view.loop.call_later(due if 0.05 < due < self.every else self.every, self._tick)
         written = self._written()
         if written != self.written:
             self.written, self.quiet_since = written, now
@@ -98,7 +98,7 @@ class StallWatch:
             return
         if self.sampling or now - self.quiet_since < self.every:
             return
-        if not any(r.pid and not r.ended for r in sup.ranks):
+        if not any(r.pid and not r.ended for r in view.ranks):
             return
         self.sampling = True
         from .control import gather
@@ -106,12 +106,12 @@ class StallWatch:
         # Samples read each Python rank's main thread alone: a dump of every
         # thread, taken every few seconds of a job that runs for days, would
         # crash a rank whose threads run Python (see machine.pydump).
-        gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
+        gather(view, min(SAMPLE_TIMEOUT, self.seconds), view.dumps,
                lambda stacks: self._sampled(stacks, written), here_only=True, main_only=True)
 
     def _written(self) -> int:
         """Bytes the ranks have written so far, all streams."""
-        return sum(o.written for r in self.sup.ranks for o in r.outputs)
+        return sum(o.written for r in self.view.ranks for o in r.outputs)
 
     def _computing(self, stacks: List[RankStacks], now: float) -> bool:
         """Whether a rank used most of a CPU since the last sample outside a
@@ -141,9 +141,9 @@ class StallWatch:
     def _sampled(self, stacks: List[RankStacks], written: int) -> None:
         from .stacktree import merge, signature
         self.sampling = False
-        sup = self.sup
+        view = self.view
         now = time.monotonic()
-        if sup.ending is not None or written != self._written():
+        if view.ending is not None or written != self._written():
             return
         report = merge(stacks)
         sig = signature(report)
@@ -162,40 +162,39 @@ class StallWatch:
         # sample, for days, would in time crash a rank whose threads run Python.
         self.sampling = True
         from .control import gather
-        gather(sup, min(SAMPLE_TIMEOUT, self.seconds), getattr(sup, "dumps", None),
+        gather(view, min(SAMPLE_TIMEOUT, self.seconds), view.dumps,
                lambda stacks: self._report(stacks, quiet, written), here_only=True)
 
     def _report(self, stacks: List[RankStacks], quiet: float, written: int) -> None:
         from .control import report_text
         self.sampling = False
-        sup = self.sup
-        if sup.ending is not None:
+        view = self.view
+        if view.ending is not None:
             return
         if written != self._written():
             self.reported = None             # it wrote meanwhile: not stalled after all
             return
-        _, text = report_text(stacks, sup, f"stalled for {quiet:.0f} s or more (no output, no "
+        _, text = report_text(stacks, view, f"stalled for {quiet:.0f} s or more (no output, no "
                                            f"stack changed, no data moved; --stall-report "
                                            f"{self.seconds:g}): stacks")
-        sup.console.message(text.rstrip("\n"))
+        view.console.message(text.rstrip("\n"))
         self.report = text
         if self.end_job:
-            sup.console.message(f"mslaunch: ending the stalled job (--stall-exit); "
+            view.console.message(f"mslaunch: ending the stalled job (--stall-exit); "
                                 f"exit status {STALL_EXIT}")
-            end: Callable[[], None] = sup.end_stalled  # type: ignore[attr-defined]
-            end()
-        elif not sup.job.quiet:
-            sup.console.message("mslaunch: the job goes on; this report comes again if the "
+            view.end_stalled()
+        elif not view.job.quiet:
+            view.console.message("mslaunch: the job goes on; this report comes again if the "
                                 "picture changes (end it with Ctrl-C, or run with --stall-exit)")
 
 
-def timeout_stacks(sup: JobView, then: Callable[[], None]) -> None:
+def timeout_stacks(view: LookedAt, then: Callable[[], None]) -> None:
     """``--get-stack-traces`` on ``--timeout``: print the merged report, then ``then()``."""
     from .control import gather, report_text
 
     def done(stacks: List[RankStacks]) -> None:
-        _, text = report_text(stacks, sup, "stacks at the timeout")
-        sup.console.message(text.rstrip("\n"))
+        _, text = report_text(stacks, view, "stacks at the timeout")
+        view.console.message(text.rstrip("\n"))
         then()
-    sup.console.message("mslaunch: reading every rank's stacks (the ranks keep running)...")
-    gather(sup, SAMPLE_TIMEOUT, getattr(sup, "dumps", None), done)
+    view.console.message("mslaunch: reading every rank's stacks (the ranks keep running)...")
+    gather(view, SAMPLE_TIMEOUT, view.dumps, done)

@@ -4,7 +4,10 @@ plan as they stand, how it is ending, where the rank handles report, and the
 few things only the supervisor does (the plan made again, the answers while
 the places are reached, this machine's ranks' handle); to the job's MPI
 services (:class:`Served`, a :class:`~mslaunch.seams.ServedJob`) the job, its
-ranks and hosts, and what they ask the supervisor to do."""
+ranks and hosts, and what they ask the supervisor to do; to the rank handles
+(:class:`Events`, a :class:`~mslaunch.seams.RankEvents`) where they report; to
+the looks inside the job (:class:`Looked`, a :class:`~mslaunch.seams.LookedAt`)
+its ranks and lookers; to the reports (:class:`Reported`) what they tell."""
 
 from __future__ import annotations
 
@@ -12,12 +15,94 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence, Set
 
+    from typing import Any, Callable, Collection, Dict, List, Protocol, Tuple
+
     from ..core.spec import JobSpec, Plan, RankSpec
     from ..core.states import Ending
     from ..machine.guard import Watchdog
     from ..machine.local import LocalRanks, PMIEnv
+    from ..machine.loop import Loop
+    from ..machine.output import RankOutput
+    from ..machine.terminal import Console
     from ..serve.mpijobs import MPIJobs
-    from ..seams import AgentHost, JobView, Looker, RankState, SharedByAttempts
+    from ..seams import (AgentHost, Closable, Looker, RankEvents, RankState,
+                         SharedByAttempts)
+    from .failures import Failures
+
+    class Lender(Protocol):
+        """What the views read of :class:`~.supervise.Supervisor` (which imports
+        this module: named here, its type is checked where each view is made)."""
+
+        job: JobSpec
+        plan: Plan
+        loop: Loop
+        console: Console
+        ending: Optional[Ending]
+        stop_signal: Optional[int]
+        launched: bool
+        mpi_jobs: Optional[MPIJobs]
+        watchdog: Watchdog
+        events: RankEvents
+        failures: Failures
+        started: float
+        dumps: Optional[str]
+
+        @property
+        def session(self) -> SharedByAttempts: ...
+
+        @property
+        def ranks(self) -> Sequence[RankState]: ...
+
+        @property
+        def hosts(self) -> Mapping[str, AgentHost]: ...
+
+        @property
+        def lookers(self) -> Mapping[str, Looker]: ...
+
+        @property
+        def spoken_for(self) -> Set[int]: ...
+
+        @property
+        def restarts(self) -> int: ...
+
+        def elsewhere(self, timeout: float,
+                      reply: Callable[[List[Dict[str, Any]]], None]) -> bool: ...
+
+        def end_stalled(self) -> None: ...
+
+        def stop_requested(self) -> bool: ...
+
+        def answer_while_starting(self, status: Callable[[], str]) -> Optional[Closable]: ...
+
+        def host_paused(self, name: str) -> None: ...
+
+        def replanned(self, plan: Plan) -> None: ...
+
+        def local_ranks(self, specs: Sequence[RankSpec], pmi: object,
+                        pmi_env: Optional[PMIEnv], stdin_fd: Optional[int]) -> LocalRanks: ...
+
+        def log(self, message: str) -> None: ...
+
+        def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
+                 at: Optional[float] = None, mpi_abort: bool = False,
+                 lost: bool = False) -> None: ...
+
+        def add_ranks(self, specs: Sequence[RankSpec]) -> None: ...
+
+        def abandon(self, keys: Sequence[int]) -> None: ...
+
+        def start_local(self, specs: Sequence[RankSpec], pmi: object,
+                        pmi_env: Optional[PMIEnv]) -> None: ...
+
+        def rank_started(self, key: int, pid: int) -> None: ...
+
+        def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
+                        at: Optional[float] = None) -> None: ...
+
+        def ranks_lost(self, keys: Collection[int], reason: str, at: Optional[float] = None,
+                       blameless: bool = False) -> None: ...
+
+        def make_sinks(self, spec: RankSpec) -> Tuple[RankOutput, Optional[RankOutput]]: ...
 
 
 class _View:
@@ -26,7 +111,7 @@ class _View:
 
     __slots__ = ("job", "loop", "console", "session", "_sup")
 
-    def __init__(self, sup: JobView) -> None:
+    def __init__(self, sup: Lender) -> None:
         self.job: JobSpec = sup.job
         self.loop, self.console = sup.loop, sup.console
         self.session: SharedByAttempts = sup.session
@@ -46,7 +131,7 @@ class Lent(_View):
 
     __slots__ = ("events", "stop_requested", "answer_while_starting", "host_paused")
 
-    def __init__(self, sup: JobView) -> None:
+    def __init__(self, sup: Lender) -> None:
         super().__init__(sup)
         self.events = sup.events
         self.stop_requested = sup.stop_requested
@@ -78,7 +163,7 @@ class Served(_View):
 
     __slots__ = ("watchdog", "log", "fail", "add_ranks", "abandon", "start_local")
 
-    def __init__(self, sup: JobView) -> None:
+    def __init__(self, sup: Lender) -> None:
         super().__init__(sup)
         self.watchdog: Watchdog = sup.watchdog
         self.log, self.fail = sup.log, sup.fail
@@ -102,4 +187,77 @@ class Served(_View):
         return self._sup.spoken_for
 
 
-__all__ = ["Lent", "Served"]
+class Looked(_View):
+    """What the looks inside the job see of it (see the module docstring)."""
+
+    __slots__ = ("elsewhere", "end_stalled")
+
+    def __init__(self, sup: Lender) -> None:
+        super().__init__(sup)
+        self.elsewhere: Callable[[float, Callable[[List[Dict[str, Any]]], None]], bool] = \
+            sup.elsewhere
+        self.end_stalled: Callable[[], None] = sup.end_stalled
+
+    @property
+    def started(self) -> float:
+        return self._sup.started
+
+    @property
+    def dumps(self) -> Optional[str]:
+        return self._sup.dumps
+
+    @property
+    def ranks(self) -> Sequence[RankState]:
+        return self._sup.ranks
+
+    @property
+    def lookers(self) -> Mapping[str, Looker]:
+        return self._sup.lookers
+
+    @property
+    def spoken_for(self) -> Set[int]:
+        return self._sup.spoken_for
+
+
+class Reported(_View):
+    """What the reports of a job (:mod:`.report`) tell of it."""
+
+    __slots__ = ()
+
+    @property
+    def ranks(self) -> Sequence[RankState]:
+        return self._sup.ranks
+
+    @property
+    def restarts(self) -> int:
+        return self._sup.restarts
+
+    @property
+    def failures(self) -> Failures:
+        return self._sup.failures
+
+    @property
+    def mpi_jobs(self) -> Optional[MPIJobs]:
+        return self._sup.mpi_jobs
+
+
+class Events:
+    """The supervisor's side of the rank-handle seam (:class:`~mslaunch.seams.RankEvents`):
+    its rank events and what it lends, and nothing else of it."""
+
+    __slots__ = ("loop", "watchdog", "rank_started", "rank_exited", "ranks_lost",
+                 "make_sinks", "log", "say", "_sup")
+
+    def __init__(self, sup: Lender) -> None:
+        self.loop, self.watchdog = sup.loop, sup.watchdog
+        self.rank_started, self.rank_exited = sup.rank_started, sup.rank_exited
+        self.ranks_lost, self.make_sinks = sup.ranks_lost, sup.make_sinks
+        self.log, self.say = sup.log, sup.console.message
+        self._sup = sup
+
+    def rank_refused(self, key: int, reason: str) -> None:
+        sup = self._sup
+        sup.fail(sup.ranks[key], reason, 1, abort=True)
+
+
+__all__ = ["Events", "Lent", "Looked", "Reported", "Served"]

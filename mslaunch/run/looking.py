@@ -1,9 +1,10 @@
 """Looking inside a running job, as the supervisor does it: the control socket
 (``mslaunch-stacks``, ``mslaunch-top``; see :mod:`mslaunch.inspect.control`), the stall watch
-(``--stall-report``; see :mod:`.stall`) and when each rank last wrote output.
+(``--stall-report``; see :mod:`mslaunch.inspect.stall`) and when each rank last wrote output.
 
-A base class of :class:`~mslaunch.run.supervise.Supervisor`, which owns the state it uses;
-the modules behind it are imported only when a job is looked at.
+A base class of :class:`~.supervise.Supervisor`, which owns the state it uses.  The
+looks see the job through :class:`~.lent.Looked` alone; :mod:`mslaunch.inspect` is
+imported only when a job is looked at.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ if TYPE_CHECKING:
     from ..machine.loop import Loop
     from ..core.spec import JobSpec
     from ..core.states import Ending
-    from .control import Inspector
+    from ..inspect.control import Inspector
+    from ..inspect.stall import StallWatch
     from ..rankbook import Rank
-    from .stall import StallWatch
 
 from ..core.states import STALL
 from ..machine.procs import remove_private
@@ -43,14 +44,16 @@ class LookingInside:
 
     def _control_ready(self) -> None:
         if self.inspector is None:
-            from .control import Inspector
-            self.inspector = Inspector(self, self.control[0], self.dumps)  # type: ignore[index, arg-type]
+            from ..inspect.control import Inspector
+            from .lent import Looked
+            self.inspector = Inspector(Looked(self), self.control[0], self.dumps)  # type: ignore[index, arg-type]
         self.inspector.accept()
 
     def _watch_stall(self) -> None:
         if self.ending is None:
-            from .stall import StallWatch
-            self.stall = StallWatch(self, self.job.stall_report,  # type: ignore[arg-type]
+            from ..inspect.stall import StallWatch
+            from .lent import Looked
+            self.stall = StallWatch(Looked(self), self.job.stall_report,  # type: ignore[arg-type]
                                     self.job.stall_exit)
 
     def _note_output(self) -> None:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
     from ..machine.local import LocalRanks
     from ..core.spec import RankResult
-    from ..seams import JobView, RankState
+    from ..seams import RankState
+    from .lent import Reported
 
 from ..core.errors import TIMEOUT_EXIT, LaunchError
 from ..machine.spawn import how_ended
@@ -32,10 +33,10 @@ from ..core.states import FAILURE
 FAILED_LINES = 20
 
 
-def told(sup: JobView, rank: RankState) -> str:
+def told(view: Reported, rank: RankState) -> str:
     """The root cause in one line, for the job's other nodes: the summary's
     first line, and what the rank's error file says, if it wrote one."""
-    line = summary(sup, rank).split("\n", 1)[0][len("mslaunch: "):]
+    line = summary(view, rank).split("\n", 1)[0][len("mslaunch: "):]
     from .errorfiles import read_error
     said = read_error(rank.spec.error_file)
     if said is not None and said[0]:
@@ -50,25 +51,25 @@ def _where(rank: RankState) -> str:
     return f"pid {rank.pid} on {host}" if rank.pid else f"on {host}, its start not reported"
 
 
-def summary(sup: JobView, rank: RankState) -> str:
+def summary(view: Reported, rank: RankState) -> str:
     """The lines that name the root cause of a failed job."""
     spec = rank.spec
     job = f" of spawned job {spec.job}" if spec.job != 1 else ""
     name = spec.label or f"rank {spec.rank}{job}"
     who = f"{name} ({_where(rank)})"
     what = rank.reason or how_ended(rank.code, rank.signal)
-    if sup.job.keep_going and sup.ending != FAILURE:
-        failed = [r for r in sup.ranks if r.failed]
-        head = (f"mslaunch: {len(failed)} of {len(sup.ranks)} rank(s) failed; "
+    if view.job.keep_going and view.ending != FAILURE:
+        failed = [r for r in view.ranks if r.failed]
+        head = (f"mslaunch: {len(failed)} of {len(view.ranks)} rank(s) failed; "
                 f"first: {who} {what}")
         if len(failed) > 1:
-            head += "\n" + failed_ranks(failed, bool(sup.job.report_json))
+            head += "\n" + failed_ranks(failed, bool(view.job.report_json))
     else:
-        others = sum(1 for r in sup.ranks if r is not rank and r.pid)
+        others = sum(1 for r in view.ranks if r is not rank and r.pid)
         kind = "process(es)" if spec.label else "rank(s)"
         head = f"mslaunch: {who} {what}; terminated the job" + \
             (f" ({others} other {kind})" if others else "")
-        head += _followed(sup, rank)
+        head += _followed(view, rank)
     tail = rank.tail
     from .errorfiles import read_error
     said = read_error(spec.error_file)
@@ -81,35 +82,37 @@ def summary(sup: JobView, rank: RankState) -> str:
         # (a tail that is the last thing on the terminal is right above: not again)
         from .tails import shown_tail
         lines = shown_tail(tail.decode("utf-8", "replace"))
-        stream = "stdout+stderr" if sup.job.output.merge_stderr else "stderr"
+        stream = "stdout+stderr" if view.job.output.merge_stderr else "stderr"
         whose = f"{spec.label}'s log" if spec.label else f"rank {spec.rank}'s {stream}"
         head += f"\nmslaunch: last lines of {whose}:\n" + \
             "\n".join("    " + line for line in lines)
     if said is None and not spec.label and MINDSPORE_WANTS_MPIRUN in tail:
         # (whether or not the tail was shown again above)
-        head += "\n" + msrun_hint([r.spec.host.name for r in sup.ranks], spec.argv)
+        head += "\n" + msrun_hint([r.spec.host.name for r in view.ranks], spec.argv)
     return head
 
 
-def failed_result(sup: JobView, results: Sequence[RankResult]) -> JobResult:
+def failed_result(view: Reported, results: Sequence[RankResult]) -> JobResult:
     """The result of a job that failed: its cause's code, the summary, the failures."""
     from ..core import signal
-    f = sup.failures
+    f = view.failures
+    cause = f.root
+    assert cause is not None, "a failed job has its cause"
     results = [_with_error(r, state.spec.error_file) if r.returncode or r.signal else r
-               for r, state in zip(results, sup.ranks)]
-    root = results[f.root.spec.key]
+               for r, state in zip(results, view.ranks)]
+    root = results[cause.spec.key]
     # A rank stopped by a broken pipe because mslaunch's own reader went away
     # (``| head``) is the shell's quiet SIGPIPE, not news; so is one that exited
     # of the write error instead (Python ignores SIGPIPE: on its pseudo-terminal
     # it meets EIO), where no file took its output: the job ends 141 as a
     # shell pipeline's writer does.
-    closed = not sup.console.is_open(1)
+    closed = not view.console.is_open(1)
     quiet = closed and (root.signal == signal.SIGPIPE or (
-        not root.signal and sup.job.output.directory is None and not f.root.spec.label))
+        not root.signal and view.job.output.directory is None and not cause.spec.label))
     return JobResult(exit_code=128 + signal.SIGPIPE if quiet else f.root_code,
                      ranks=tuple(results), root_cause=root,
-                     message="" if quiet else summary(sup, f.root),
-                     ending=sup.ending or FAILURE, failures=(
+                     message="" if quiet else summary(view, cause),
+                     ending=view.ending or FAILURE, failures=(
                          (f.root_at, root), *((f.root_at + after, results[r.spec.key])
                                               for after, r in f.followed())))
 
@@ -125,14 +128,14 @@ def _with_error(result: RankResult, path: Optional[str]) -> RankResult:
     return replace(result, error=said[0], error_traceback=said[1], error_file=path)
 
 
-def _followed(sup: JobView, root: RankState) -> str:
+def _followed(view: Reported, root: RankState) -> str:
     """Lines naming the failures that followed the cause (see :mod:`.failures`);
     those that failed as the cause did (every singleton of a job) add nothing."""
     from .failures import FOLLOWED_SHOWN
-    if sup.failures.root is not root:
+    if view.failures.root is not root:
         return ""
     what = root.reason or how_ended(root.code, root.signal)
-    followed = [(after, r) for after, r in sup.failures.followed()
+    followed = [(after, r) for after, r in view.failures.followed()
                 if (r.reason or how_ended(r.code, r.signal)) != what]
     lines = []
     for after, r in followed[:FOLLOWED_SHOWN]:
@@ -206,11 +209,11 @@ def msrun_hint(hosts: Sequence[str], argv: Sequence[str]) -> str:
     return line
 
 
-def report_pid(sup: JobView, where: str) -> None:
+def report_pid(view: Reported, where: str) -> None:
     """--report-pid: ``-`` stdout, ``+`` stderr, else a file."""
     text = f"{os.getpid()}\n"
     if where in ("-", "+"):
-        sup.console.write(1 if where == "-" else 2, sup, text.encode())
+        view.console.write(1 if where == "-" else 2, view, text.encode())
         return
     try:
         with open(where, "w") as f:
@@ -219,69 +222,69 @@ def report_pid(sup: JobView, where: str) -> None:
         raise LaunchError(f"--report-pid {where}: {err.strerror}") from None
 
 
-def timed_out(sup: JobView, live: List[RankState]) -> None:
+def timed_out(view: Reported, live: List[RankState]) -> None:
     """What is said when ``--timeout`` ends the job (the stacks of
     ``--get-stack-traces`` are :mod:`mslaunch.inspect.stall`'s, printed after it)."""
     # One process with a name of its own (the Open MPI mode's mpirun) is named.
     what = live[0].spec.label if len(live) == 1 and live[0].spec.label else \
         f"{len(live)} rank(s)"
-    if sup.job.is_check:
-        if sup.job.timeout_left is None:       # (else the job's --timeout, said after)
+    if view.job.is_check:
+        if view.job.timeout_left is None:       # (else the job's --timeout, said after)
             hosts = ", ".join(dict.fromkeys(r.spec.host.name for r in live))
-            sup.console.message(f"mslaunch: --health-check did not end within "
-                                f"{sup.job.timeout:g} s on {hosts}; stopping it there")
+            view.console.message(f"mslaunch: --health-check did not end within "
+                                f"{view.job.timeout:g} s on {hosts}; stopping it there")
         return
-    sup.console.message(f"mslaunch: job timed out after {sup.job.timeout:g} s (--timeout); "
+    view.console.message(f"mslaunch: job timed out after {view.job.timeout:g} s (--timeout); "
                         f"terminating {what}; exit status {TIMEOUT_EXIT}")
-    for line in sup.mpi_jobs.hang_report() if sup.mpi_jobs is not None else []:
-        sup.console.message(f"mslaunch: PMI: {line}")
-    if sup.job.report_state:
-        _report_state(sup)
+    for line in view.mpi_jobs.hang_report() if view.mpi_jobs is not None else []:
+        view.console.message(f"mslaunch: PMI: {line}")
+    if view.job.report_state:
+        _report_state(view)
 
 
-def _report_state(sup: JobView) -> None:
+def _report_state(view: Reported) -> None:
     from ..machine.stacks import state_report
     from ..plan.display import job_id
     rows = []
-    for r in sup.ranks:
+    for r in view.ranks:
         state = "RUNNING" if r.pid and not r.ended else ("TERMINATED" if r.ended
                                                          else "NOT STARTED")
         rows.append((r.spec.rank, r.spec.host.name, r.pid, state, r.code or 0))
-    sup.console.message(state_report(job_id(), rows, len(sup.job.apps),
-                                     sup.mpi_jobs.reported() if sup.mpi_jobs
+    view.console.message(state_report(job_id(), rows, len(view.job.apps),
+                                     view.mpi_jobs.reported() if view.mpi_jobs
                                      else 0).rstrip("\n"))
 
 
-def rank_started(sup: JobView, r: RankState) -> None:
+def rank_started(view: Reported, r: RankState) -> None:
     """--report-bindings (Open MPI's line, with the launcher's pid; none for a
     rank of --bind-to none) and -v's line for a rank that started."""
-    spec, job = r.spec, sup.job
+    spec, job = r.spec, view.job
     if job.report_bindings and (spec.cpus or job.bind_to != "none" or job.report_unbound):
         from ..plan.bindings import report_binding
         from ..core.cputopo import Topology
-        topo = sup.plan.topologies[spec.host.node_id] if sup.plan.topologies else None
+        topo = view.plan.topologies[spec.host.node_id] if view.plan.topologies else None
         text = report_binding(spec.rank, topo, spec.cpus) if isinstance(topo, Topology) else \
             f"MCW rank {spec.rank} bound to cpus {spec.cpus}"
-        sup.console.message(f"[{spec.host.name}:{os.getpid():05d}] {text}")
+        view.console.message(f"[{spec.host.name}:{os.getpid():05d}] {text}")
     if job.verbose:
         of_job = f" of job {spec.job}" if spec.job != 1 else ""
         who = spec.label or f"rank {spec.rank}{of_job}"
-        sup.console.message(f"mslaunch: started {who} (pid {r.pid}) "
+        view.console.message(f"mslaunch: started {who} (pid {r.pid}) "
                             f"on {spec.host.name}: {' '.join(spec.argv)}")
 
 
-def restart(sup: JobView, local: LocalRanks, r: RankState) -> bool:
+def restart(view: Reported, local: LocalRanks, r: RankState) -> bool:
     """msrun's recovery: start a failed process again, while restarts are left
-    (``sup.restarts`` per process); False when it is not."""
-    if r.restarts >= sup.restarts:
+    (``view.restarts`` per process); False when it is not."""
+    if r.restarts >= view.restarts:
         r.reason = f"{how_ended(r.code, r.signal)}, after {r.restarts} restart(s) (the limit, --max_restarts)"
         return False
     r.restarts += 1
     r.last_end = how_ended(r.code, r.signal)
-    if not sup.job.quiet:
-        sup.console.message(f"mslaunch: {r.spec.label or 'rank ' + str(r.spec.rank)} "
+    if not view.job.quiet:
+        view.console.message(f"mslaunch: {r.spec.label or 'rank ' + str(r.spec.rank)} "
                             f"{r.last_end}; starting it again ({r.restarts} of "
-                            f"{sup.restarts} restarts)")
+                            f"{view.restarts} restarts)")
     r.outputs = []
     r.code = r.signal = r.pmi_lost = None
     r.ended = False

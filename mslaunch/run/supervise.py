@@ -54,9 +54,9 @@ from ..core.states import (FAILURE, OUTPUT, PMI, REMOTE, RESTARTED_ENDINGS, SIGN
                            TIMEOUT)
 from ..core.spec import JobResult, JobSpec, Plan, RankSpec, replace
 from .failures import Failures, ended_result
-from ..inspect.lookin import OUTPUT_EVERY, LookingInside
-from ..rankbook import Events, Rank as _Rank
-from .lent import Lent, Served
+from ..rankbook import Rank as _Rank
+from .lent import Events, Lent, Looked, Reported, Served
+from .looking import OUTPUT_EVERY, LookingInside
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGTSTP)
@@ -98,6 +98,7 @@ class Supervisor(LookingInside):
         self.handles: List[RankHandle] = []
         self.stdin_fanout: Optional[StdinFanout] = None   # stdin, relayed to remote ranks too
         self.launched = False
+        self.started = time.monotonic()      # (again as it runs)
         self.control = control     # (socket, path): mslaunch-stacks and mslaunch-top
         self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
         self.inspector: Optional[Inspector] = None   # made on the first connection
@@ -131,7 +132,7 @@ class Supervisor(LookingInside):
         """This node's workers' stacks as rows, for another node that asked."""
         from ..inspect.control import gather
         from ..inspect.stacktree import row
-        gather(self, timeout, None, lambda stacks: reply([row(s) for s in stacks]),
+        gather(Looked(self), timeout, None, lambda stacks: reply([row(s) for s in stacks]),
                here_only=True)
 
     @property
@@ -160,7 +161,7 @@ class Supervisor(LookingInside):
             self.console.write(1, self, b"<mpirun>\n")
         if self.job.report_pid:
             from .report import report_pid
-            report_pid(self, self.job.report_pid)
+            report_pid(Reported(self), self.job.report_pid)
         try:
             if self.job.verbose:
                 self.console.message(f"mslaunch: orphan guard: {self.watchdog.mechanism}")
@@ -270,7 +271,7 @@ class Supervisor(LookingInside):
             return None
         from ..inspect.control import job_info
         from ..inspect.startup import StartupAnswers
-        return StartupAnswers(self.control[0], status, lambda: job_info(self))
+        return StartupAnswers(self.control[0], status, lambda: job_info(Looked(self)))
 
     @staticmethod
     def stop_requested() -> bool:
@@ -352,7 +353,7 @@ class Supervisor(LookingInside):
         r.started_at = time.monotonic()
         if self.job.verbose or self.job.report_bindings:
             from .report import rank_started
-            rank_started(self, r)
+            rank_started(Reported(self), r)
 
     def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
                     at: Optional[float] = None) -> None:
@@ -371,7 +372,7 @@ class Supervisor(LookingInside):
         if (sig is not None or code) and self.restarts and self.ending is None \
                 and r.spec.host.local and self.local is not None:
             from .report import restart
-            if restart(self, self.local, r):
+            if restart(Reported(self), self.local, r):
                 return
         if sig is not None or code:
             self.fail(r, "", 128 + sig if sig is not None else code or 1,
@@ -454,10 +455,10 @@ class Supervisor(LookingInside):
             return
         from .report import timed_out
         live = self._live()
-        timed_out(self, live)
+        timed_out(Reported(self), live)
         if self.job.stack_traces and live:
             from ..inspect.stall import timeout_stacks
-            timeout_stacks(self, self._terminate)    # stops the ranks once printed
+            timeout_stacks(Looked(self), self._terminate)    # stops the ranks once printed
         else:
             self._terminate()
 
@@ -506,7 +507,7 @@ class Supervisor(LookingInside):
         if abort and self._end_as(FAILURE):
             self.failures.stopped(time.time())
             from .report import told
-            self._tell_cluster(code, told(self, rank))
+            self._tell_cluster(code, told(Reported(self), rank))
             self._terminate()
 
     def _tell_cluster(self, code: int, message: str) -> None:
@@ -585,7 +586,7 @@ class Supervisor(LookingInside):
         results = tuple(r.result() for r in self.ranks)
         if self.failures.root is not None:
             from .report import failed_result
-            result = failed_result(self, results)
+            result = failed_result(Reported(self), results)
         else:
             result = ended_result(self.ending, self.stop_signal, self.remote, results)
         if self.ending == STALL and self.stall is not None:

@@ -5,7 +5,8 @@ no supervisor (docs/design.md, "The seams, as protocols"), held on the
 package's source.  A handle that named ``sup`` or ``JobView`` would have its
 way back into the supervisor's policy again.  No module of the backends names
 it either: they are lent a ``LaunchView`` (mslaunch.backends.backend); nor does
-any of the job's MPI services (``mslaunch/serve``), lent a ``seams.ServedJob``."""
+any of the job's MPI services (``mslaunch/serve``), lent a ``seams.ServedJob``,
+nor any look inside the job (``mslaunch/inspect``), lent a ``seams.LookedAt``."""
 
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ def test_no_backend_module_names_the_supervisor():
 
 def test_no_module_of_the_mpi_services_names_the_supervisor():
     assert _modules_name_no_supervisor("serve") >= 5
+
+
+def test_no_look_inside_the_job_names_the_supervisor():
+    assert _modules_name_no_supervisor("inspect") >= 5
 
 
 def test_the_check_finds_a_supervisor_in_a_module():
