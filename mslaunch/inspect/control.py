@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .stacktree import RankStacks, Report
     from ..seams import LookedAt, RankState
 
+from . import admitted, job_info
 from ..mpi.pmi.files import public_id
 from ..wire import link
 from ..machine.osfiles import read_ready
@@ -203,31 +204,6 @@ def timeline(view: LookedAt) -> List[Tuple[float, str]]:
             events.append((ended - start, f"rank {r.spec.rank} on {r.spec.host.name} "
                                           f"{r.reason or how_ended(r.code, r.signal)}"))
     return sorted(events)
-
-
-def admitted(conn: Any) -> bool:
-    """Whether the peer of a control connection may ask: the job's own user, and
-    root (who may trace any process anyway); a root job lets in root alone.  A
-    refused peer is told why in one line (never waited for), and closed."""
-    from ..machine.peers import judge
-    if judge(conn) == "ours":
-        return True
-    try:
-        conn.setblocking(False)
-        conn.send(b'{"error": "it is another user\'s job"}\n')
-    except OSError:
-        pass
-    conn.close()
-    return False
-
-
-def job_info(view: LookedAt) -> Dict[str, Any]:
-    """The answer to ``info``."""
-    return {"kvsname": public_id(view.plan.kvsname), "pid": os.getpid(), "size": len(view.plan.ranks),
-            "hosts": list(dict.fromkeys(r.spec.host.name for r in view.ranks)),
-            "argv": list(view.plan.ranks[0].argv) if view.plan.ranks else [],
-            "uptime": round(time.monotonic() - view.started, 1),
-            "ending": view.ending}
 
 
 class Inspector:

@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Optional
 
-from .control import admitted
+from . import admitted
 
 #: Seconds a client has to send its request line.
 READ_TIMEOUT = 2.0

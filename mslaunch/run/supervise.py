@@ -269,7 +269,7 @@ class Supervisor(LookingInside):
         socket: ``status()`` and the job's description; None without a socket."""
         if self.control is None:
             return None
-        from ..inspect.control import job_info
+        from ..inspect import job_info
         from ..inspect.startup import StartupAnswers
         return StartupAnswers(self.control[0], status, lambda: job_info(Looked(self)))
 

@@ -48,7 +48,7 @@ def _warm_up(pmi: bool) -> None:
     from ...plan import display  # noqa: F401
     if pmi:
         from ...serve import mpijobs  # noqa: F401
-        from ...mpi.pmi import server, singletons  # noqa: F401
+        from ...mpi.pmi import singletons  # noqa: F401
 
 
 class Fleet:
