@@ -106,8 +106,8 @@ if TYPE_CHECKING:
 
 
 class _View:
-    """What both views hold: the job, its loop, console and session, and its plan and
-    ending as they stand."""
+    """What every view holds: the job, its loop, console and session, and its plan,
+    ending and ranks as they stand."""
 
     __slots__ = ("job", "loop", "console", "session", "_sup")
 
@@ -124,6 +124,24 @@ class _View:
     @property
     def ending(self) -> Optional[Ending]:
         return self._sup.ending
+
+    @property
+    def ranks(self) -> Sequence[RankState]:
+        return self._sup.ranks
+
+
+class _Lookers(_View):
+    """A view that also holds who answers looks inside the job, and for which ranks."""
+
+    __slots__ = ()
+
+    @property
+    def lookers(self) -> Mapping[str, Looker]:
+        return self._sup.lookers
+
+    @property
+    def spoken_for(self) -> Set[int]:
+        return self._sup.spoken_for
 
 
 class Lent(_View):
@@ -158,7 +176,7 @@ class Lent(_View):
         return self._sup.local_ranks(specs, pmi, pmi_env, stdin_fd)
 
 
-class Served(_View):
+class Served(_Lookers):
     """The MPI services' view of one supervisor (see the module docstring)."""
 
     __slots__ = ("watchdog", "log", "fail", "add_ranks", "abandon", "start_local")
@@ -171,23 +189,11 @@ class Served(_View):
             sup.add_ranks, sup.abandon, sup.start_local
 
     @property
-    def ranks(self) -> Sequence[RankState]:
-        return self._sup.ranks
-
-    @property
     def hosts(self) -> Mapping[str, AgentHost]:
         return self._sup.hosts
 
-    @property
-    def lookers(self) -> Mapping[str, Looker]:
-        return self._sup.lookers
 
-    @property
-    def spoken_for(self) -> Set[int]:
-        return self._sup.spoken_for
-
-
-class Looked(_View):
+class Looked(_Lookers):
     """What the looks inside the job see of it (see the module docstring)."""
 
     __slots__ = ("elsewhere", "end_stalled")
@@ -206,27 +212,11 @@ class Looked(_View):
     def dumps(self) -> Optional[str]:
         return self._sup.dumps
 
-    @property
-    def ranks(self) -> Sequence[RankState]:
-        return self._sup.ranks
-
-    @property
-    def lookers(self) -> Mapping[str, Looker]:
-        return self._sup.lookers
-
-    @property
-    def spoken_for(self) -> Set[int]:
-        return self._sup.spoken_for
-
 
 class Reported(_View):
     """What the reports of a job (:mod:`.report`) tell of it."""
 
     __slots__ = ()
-
-    @property
-    def ranks(self) -> Sequence[RankState]:
-        return self._sup.ranks
 
     @property
     def restarts(self) -> int:
