@@ -57,8 +57,12 @@ class SSHAgentConnection:
                              name=f"ssh-up-{name}"),
             threading.Thread(target=self._down, daemon=True, name=f"ssh-down-{name}"),
             threading.Thread(target=self._stderr, daemon=True, name=f"ssh-err-{name}")]
-        for thread in self._threads:
-            thread.start()
+        # Each thread joins another (the copy up waits for the stderr tail, the
+        # copy down for the copy up), and a join before that one's start raises
+        # RuntimeError: a link that ends at once (an agent gone after its HELLO)
+        # reached the join first.  So each is started after the one it joins.
+        for index in (2, 0, 1):
+            self._threads[index].start()
 
     def _up(self, leftover: bytes) -> None:
         try:
