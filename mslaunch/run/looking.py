@@ -14,7 +14,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, List, Optional, Tuple
+    from typing import Any, Callable, List, Optional, Tuple
 
     from ..machine.loop import Loop
     from ..core.spec import JobSpec
@@ -64,6 +64,14 @@ class LookingInside:
             if written != r.written or r.last_output is None:
                 r.written, r.last_output = written, now
         self.loop.call_later(OUTPUT_EVERY, self._note_output)
+
+    def look_here(self, timeout: float, reply: Callable[[List[Any]], None]) -> None:
+        """This node's workers' stacks as rows, for another node that asked."""
+        from ..inspect.control import gather
+        from ..inspect.stacktree import row
+        from .lent import Looked
+        gather(Looked(self), timeout, None,  # type: ignore[arg-type]
+               lambda stacks: reply([row(s) for s in stacks]), here_only=True)
 
     def _terminate(self) -> None:
         raise NotImplementedError      # the supervisor's

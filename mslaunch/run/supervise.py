@@ -128,13 +128,6 @@ class Supervisor(LookingInside):
         nodes = self.backend.other_nodes
         return nodes is not None and nodes.ask_look(timeout, reply)
 
-    def look_here(self, timeout: float, reply: Callable[[List[Any]], None]) -> None:
-        """This node's workers' stacks as rows, for another node that asked."""
-        from ..inspect.control import gather
-        from ..inspect.stacktree import row
-        gather(Looked(self), timeout, None, lambda stacks: reply([row(s) for s in stacks]),
-               here_only=True)
-
     @property
     def spoken_for(self) -> Set[int]:
         """The keys of the ranks the lookers answer for (the rest are read here)."""

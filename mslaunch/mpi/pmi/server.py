@@ -314,10 +314,7 @@ class PMIServer:
             raise ValueError(f"rank {rank} already has a PMI socket")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         os.set_inheritable(theirs.fileno(), True)
-        self._socketpair_ranks.add(rank)
-        self._child_socks[rank] = theirs
-        conn = _Conn(self, ours, rank, tcp=False)
-        self._conns[conn.fd] = conn
+        self.adopt(rank, ours, theirs)
         return theirs.fileno()
 
     def adopt(self, rank: int, ours: socket.socket, theirs: Optional[socket.socket]) -> None:
