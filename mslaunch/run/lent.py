@@ -13,62 +13,32 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Sequence, Set
-
-    from typing import Any, Callable, Collection, Dict, List, Protocol, Tuple
+    from typing import (Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol,
+                        Sequence, Set, Tuple)
 
     from ..core.spec import JobSpec, Plan, RankSpec
     from ..core.states import Ending
     from ..machine.guard import Watchdog
     from ..machine.local import LocalRanks, PMIEnv
-    from ..machine.loop import Loop
     from ..machine.output import RankOutput
-    from ..machine.terminal import Console
     from ..serve.mpijobs import MPIJobs
-    from ..seams import (AgentHost, Closable, Looker, RankEvents, RankState,
-                         SharedByAttempts)
+    from ..seams import (AgentHost, Closable, LookedAt, Looker, RankEvents, RankState,
+                         ServedJob, SharedByAttempts)
     from .failures import Failures
 
-    class Lender(Protocol):
+    class Lender(ServedJob, LookedAt, Protocol):
         """What the views read of :class:`~.supervise.Supervisor` (which imports
-        this module: named here, its type is checked where each view is made)."""
+        this module: named here, its type is checked where each view is made):
+        what the MPI services and the looks are lent, and what the others are."""
 
-        job: JobSpec
-        plan: Plan
-        loop: Loop
-        console: Console
-        ending: Optional[Ending]
         stop_signal: Optional[int]
         launched: bool
         mpi_jobs: Optional[MPIJobs]
-        watchdog: Watchdog
         events: RankEvents
         failures: Failures
-        started: float
-        dumps: Optional[str]
-
-        @property
-        def session(self) -> SharedByAttempts: ...
-
-        @property
-        def ranks(self) -> Sequence[RankState]: ...
-
-        @property
-        def hosts(self) -> Mapping[str, AgentHost]: ...
-
-        @property
-        def lookers(self) -> Mapping[str, Looker]: ...
-
-        @property
-        def spoken_for(self) -> Set[int]: ...
 
         @property
         def restarts(self) -> int: ...
-
-        def elsewhere(self, timeout: float,
-                      reply: Callable[[List[Dict[str, Any]]], None]) -> bool: ...
-
-        def end_stalled(self) -> None: ...
 
         def stop_requested(self) -> bool: ...
 
@@ -80,19 +50,6 @@ if TYPE_CHECKING:
 
         def local_ranks(self, specs: Sequence[RankSpec], pmi: object,
                         pmi_env: Optional[PMIEnv], stdin_fd: Optional[int]) -> LocalRanks: ...
-
-        def log(self, message: str) -> None: ...
-
-        def fail(self, rank: RankState, reason: str, code: int, *, abort: bool,
-                 at: Optional[float] = None, mpi_abort: bool = False,
-                 lost: bool = False) -> None: ...
-
-        def add_ranks(self, specs: Sequence[RankSpec]) -> None: ...
-
-        def abandon(self, keys: Sequence[int]) -> None: ...
-
-        def start_local(self, specs: Sequence[RankSpec], pmi: object,
-                        pmi_env: Optional[PMIEnv]) -> None: ...
 
         def rank_started(self, key: int, pid: int) -> None: ...
 
