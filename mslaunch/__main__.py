@@ -74,7 +74,7 @@ def main() -> int:
     from .machine.loop import hold_collector
     hold_collector()
     from .cli import main as run
-    code = run()
+    code = run(command=True)
     # Tearing the interpreter down (every module, every object) costs more
     # than a small job's whole run, and nothing is left for it to do.
     for stream in (sys.stdout, sys.stderr):

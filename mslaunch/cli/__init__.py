@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from typing import Callable, Optional, Sequence, Tuple, Union
 
     from ..core.spec import JobSpec
+    from ..machine.guard import Watchdog
+
+    #: A job's name and its orphan guard, made before its command line was read.
+    Guarded = Tuple[str, Watchdog]
 
 from ..core.errors import LaunchError, one_line, os_error_reason
 from .common import Exit, is_deepspeed, is_msrun, is_torchrun_like
@@ -60,35 +64,58 @@ def _torchrun(argv: Sequence[str]) -> bool:
 
 
 #: The dialects, asked in this order whether a command line is theirs:
-#: (name, whose, module).  Each module has ``command(argv)``: the job to run,
-#: or the exit status of a job it ran itself; it is imported only when chosen.
-#: A new dialect is one module and its line here.
-DIALECTS: Tuple[Tuple[str, Callable[[Sequence[str]], bool], str], ...] = (
-    ("deepspeed", is_deepspeed, "mslaunch.cli.deepspeed"),
-    ("torchrun", _torchrun, "mslaunch.cli.torchrun"),
-    ("msrun", is_msrun, "mslaunch.cli.msrun"),
-    ("mpirun", _anything, "mslaunch.cli.mpirun"),
+#: (name, whose, module, always a job).  Each module has ``command(argv)``: the
+#: job to run, or the exit status of a job it ran itself; it is imported only
+#: when chosen.  "Always a job": it never runs one itself, so the command's
+#: orphan guard may start before the line is read (:func:`_guard_first`).  A
+#: new dialect is one module and its line here.
+DIALECTS: Tuple[Tuple[str, Callable[[Sequence[str]], bool], str, bool], ...] = (
+    ("deepspeed", is_deepspeed, "mslaunch.cli.deepspeed", False),
+    ("torchrun", _torchrun, "mslaunch.cli.torchrun", False),
+    ("msrun", is_msrun, "mslaunch.cli.msrun", False),
+    ("mpirun", _anything, "mslaunch.cli.mpirun", True),
 )
 
 
-def _read(argv: Sequence[str]) -> Union[JobSpec, int]:
-    """The first dialect that takes the command line reads it (and may run it)."""
-    module = next(module for _name, whose, module in DIALECTS if whose(argv))
+def _dialect(argv: Sequence[str]) -> Tuple[str, bool]:
+    """The module of the first dialect that takes the command line, and whether it
+    always gives a job to run."""
+    return next((module, job) for _name, whose, module, job in DIALECTS if whose(argv))
+
+
+def _read(module: str, argv: Sequence[str]) -> Union[JobSpec, int]:
+    """The dialect's ``module`` reads the command line (and may run its job)."""
     command: Callable[[Sequence[str]], Union[JobSpec, int]] = __import__(
         module, fromlist=["command"]).command
     return command(argv)
 
 
+def _guard_first() -> Guarded:
+    """The job's name and its orphan guard, started before the command line is read:
+    the guard's watchdog moves this process into the job's cgroup, which waits for
+    the kernel (an RCU grace period: 1 to 30 ms, more with more CPUs), while the
+    line is read and the job planned, rather than after."""
+    from ..mpi.pmi.files import job_guard, new_kvsname, public_id
+    kvsname = new_kvsname()
+    # (the grace is the job's once its line is read, before anything starts)
+    return kvsname, job_guard(public_id(kvsname), 0.0)
+
+
 def main(argv: Optional[Sequence[str]] = None,
-         run: Optional[Callable[[JobSpec], int]] = None) -> int:
-    """Entry point of the ``mslaunch`` command; returns the exit status."""
+         run: Optional[Callable[[JobSpec], int]] = None, command: bool = False) -> int:
+    """Entry point of the ``mslaunch`` command; returns the exit status.  ``command``:
+    called as the command itself, which exits once this returns."""
     argv = sys.argv[1:] if argv is None else argv
     _ensure_std_fds()
+    early: Optional[Guarded] = None
     try:
         try:
             from ..core.switches import check_switches
             check_switches(os.environ)
-            job = _read(argv)
+            module, always_a_job = _dialect(argv)
+            if command and always_a_job and run is None:
+                early = _guard_first()
+            job = _read(module, argv)
             if isinstance(job, int):
                 return job
         except Exit as done:
@@ -99,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None,
             set_verbosity(job.verbose)
         if run is None:
             from ..run.launch import run_job
-            return run_job(job)
+            return run_job(job, early)
         return run(job)
     except LaunchError as err:
         _print_error(str(err))
@@ -119,3 +146,7 @@ def main(argv: Optional[Sequence[str]] = None,
         _print_error(f"internal error: {type(err).__name__}: {err} (a bug in mslaunch; "
                      f"MSLAUNCH_TRACEBACK=1 shows where)")
         return 1
+    finally:
+        if early is not None:
+            # (closed if its job ran; else the line asked for none: the command exits)
+            early[1].forgo()

@@ -397,6 +397,23 @@ class Watchdog:
             for each in (pid, *descendants([pid])):
                 self.cgroup.leave(each)
 
+    def forgo(self) -> None:
+        """No job runs under this guard, and this process is about to exit
+        (a guard started before the command line was read, which then asked for
+        no job): the watchdog removes the cgroup once this process is gone.
+        Nothing is waited for here, where :meth:`close` would wait for both moves."""
+        if self._fd < 0:
+            return
+        try:
+            os.write(self._fd, b"done\n")
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = -1
+        if self._answer >= 0:
+            os.close(self._answer)
+            self._answer = -1
+
     def close(self) -> None:
         """Normal end: this process leaves the job's cgroup and removes it, or the
         watchdog empties it of what is left and removes it.

@@ -14,9 +14,10 @@ import os
 import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Mapping, Optional
+    from typing import Callable, List, Mapping, Optional, Tuple
 
     from ..backends.allocationend import AllocationEnd
+    from ..machine.guard import Watchdog
     from ..machine.terminal import Console
     from ..core.spec import HostEntry, JobResult, Plan
 
@@ -35,19 +36,22 @@ def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
                              f"not exported\n")
 
 
-def run_job(job: JobSpec) -> int:
-    """Run ``job`` and return mslaunch's exit status (and write its report, if asked)."""
+def run_job(job: JobSpec, early: Optional[Tuple[str, Watchdog]] = None) -> int:
+    """Run ``job`` and return mslaunch's exit status (and write its report, if asked).
+    ``early``: the job's name and its orphan guard, if the command started them
+    before it read the job's line: a job run closes the guard at its end; one that
+    never ran (a dry run, an error first) leaves it to the caller to forgo."""
     watch = None
     if not (job.quiet or job.dry_run) and os.environ.get("SLURM_JOB_ID"):
         from ..backends.allocationend import allocation_end
         watch = allocation_end(os.environ)
     if watch is None:
-        return _reported(job, None)
+        return _reported(job, None, early)
     # A stop the job's supervisor saw has asked already; one between two
     # attempts, or for want of hosts, ends in an error: it asks at the end.
     stopped = True
     try:
-        code = _reported(job, watch)
+        code = _reported(job, watch, early)
         stopped = False
         return code
     except LaunchError as err:
@@ -59,16 +63,17 @@ def run_job(job: JobSpec) -> int:
         watch.finish(stopped)
 
 
-def _reported(job: JobSpec, watch: Optional[AllocationEnd]) -> int:
+def _reported(job: JobSpec, watch: Optional[AllocationEnd],
+              early: Optional[Tuple[str, Watchdog]]) -> int:
     """Run ``job``; its report written, whatever its end."""
     if job.report_json is None or job.dry_run:
-        return _run_job(job, watch)
+        return _run_job(job, watch, early)
     import time
     from . import jobreport
     jobreport.check_writable(job.report_json)
     started = time.time()
     try:
-        return _run_job(job, watch, started)
+        return _run_job(job, watch, early, started)
     except LaunchError as err:
         try:
             jobreport.write(job.report_json, jobreport.build(None, started, error=str(err),
@@ -78,9 +83,10 @@ def _reported(job: JobSpec, watch: Optional[AllocationEnd]) -> int:
         raise
 
 
-def _run_job(job: JobSpec, watch: Optional[AllocationEnd], started: float = 0.0) -> int:
+def _run_job(job: JobSpec, watch: Optional[AllocationEnd],
+             early: Optional[Tuple[str, Watchdog]], started: float = 0.0) -> int:
     environ = os.environ
-    kvsname = new_kvsname()
+    kvsname = new_kvsname() if early is None else early[0]
     hosts = _hosts_of(job, environ)
     if job.dry_run:
         from typing import cast
@@ -95,7 +101,11 @@ def _run_job(job: JobSpec, watch: Optional[AllocationEnd], started: float = 0.0)
         return 0
     # The orphan guard first (a small fork, before more is imported), so that
     # it settles into the job's cgroup while the job is planned.
-    guard = job_guard(public_id(kvsname), job.grace)
+    if early is None:
+        guard = job_guard(public_id(kvsname), job.grace)
+    else:
+        guard = early[1]
+        guard.set_grace(job.grace)
     try:
         if job.mpi != OPENMPI:     # (mpirun says itself what it does not export)
             _warn_missing_exports(job, environ)

@@ -46,3 +46,32 @@ def test_a_local_job_imports_its_budget_and_nothing_of_other_jobs(tmp_path):
     assert ours and len(ours) <= BUDGET, (len(ours), ours)
     found = [n for n in names if n.split(".")[0] in FORBIDDEN or n.startswith(FORBIDDEN)]
     assert found == [], found
+
+
+#: Runs ``mslaunch -n 1 true`` in this interpreter, noting in the file ``argv[1]``
+#: the launcher's forks and its import of the dialect that reads the line.
+_ORDER = r"""
+import os, sys
+me, out = os.getpid(), open(sys.argv[1], "w")
+def note(event, args):
+    if os.getpid() == me and (event == "os.fork" or event == "import" and
+                              args[0] in ("mslaunch.cli.mpirun", "mslaunch.plan")):
+        out.write(f"{event} {args[0] if event == 'import' else ''}\n")
+        out.flush()
+sys.addaudithook(note)
+sys.argv = ["mslaunch", "-n", "1", "true"]
+from mslaunch.__main__ import main
+main()
+"""
+
+
+def test_the_orphan_guard_is_forked_before_the_command_line_is_read(tmp_path):
+    # Its watchdog moves the launcher into the job's cgroup, which waits for the
+    # kernel: that wait overlaps the reading of the line and the planning.
+    notes = tmp_path / "notes"
+    r = subprocess.run([PY, "-c", _ORDER, str(notes)], capture_output=True,
+                       env=clean_env(), timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    events = notes.read_text().split()
+    assert events[:3] == ["os.fork", "import", "mslaunch.cli.mpirun"], events
+    assert "mslaunch.plan" in events, events

@@ -18,7 +18,7 @@ from requires import require
 
 
 def _dialect(argv):
-    return next(name for name, whose, _ in DIALECTS if whose(argv))
+    return next(name for name, whose, *_ in DIALECTS if whose(argv))
 
 
 @pytest.mark.parametrize("argv, expected", [

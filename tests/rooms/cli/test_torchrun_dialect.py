@@ -23,7 +23,7 @@ def _dialect(argv, environ=None):
     try:
         os.environ.clear()
         os.environ.update(environ or {})
-        return next(name for name, whose, _ in DIALECTS if whose(argv))
+        return next(name for name, whose, *_ in DIALECTS if whose(argv))
     finally:
         os.environ.clear()
         os.environ.update(saved)
