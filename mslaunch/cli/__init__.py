@@ -70,7 +70,7 @@ def _torchrun(argv: Sequence[str]) -> bool:
 #: orphan guard may start before the line is read (:func:`_guard_first`).  A
 #: new dialect is one module and its line here.
 DIALECTS: Tuple[Tuple[str, Callable[[Sequence[str]], bool], str, bool], ...] = (
-    ("deepspeed", is_deepspeed, "mslaunch.cli.deepspeed", False),
+    ("deepspeed", is_deepspeed, "mslaunch.cli.deepspeed", True),
     ("torchrun", _torchrun, "mslaunch.cli.torchrun", False),
     ("msrun", is_msrun, "mslaunch.cli.msrun", False),
     ("mpirun", _anything, "mslaunch.cli.mpirun", True),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import subprocess
 from typing import List
 
+import pytest
+
 from helpers import PY, clean_env
 
 #: The package's modules a job of one local rank imports.  A new one on that
@@ -48,30 +50,35 @@ def test_a_local_job_imports_its_budget_and_nothing_of_other_jobs(tmp_path):
     assert found == [], found
 
 
-#: Runs ``mslaunch -n 1 true`` in this interpreter, noting in the file ``argv[1]``
-#: the launcher's forks and its import of the dialect that reads the line.
+#: Runs mslaunch with the words ``argv[2:]`` in this interpreter, noting in the
+#: file ``argv[1]`` the launcher's forks and its import of the dialect ``argv[2]``
+#: (the module that reads the line).
 _ORDER = r"""
 import os, sys
-me, out = os.getpid(), open(sys.argv[1], "w")
+me, out, dialect = os.getpid(), open(sys.argv[1], "w"), sys.argv[2]
 def note(event, args):
     if os.getpid() == me and (event == "os.fork" or event == "import" and
-                              args[0] in ("mslaunch.cli.mpirun", "mslaunch.plan")):
+                              args[0] in (dialect, "mslaunch.plan")):
         out.write(f"{event} {args[0] if event == 'import' else ''}\n")
         out.flush()
 sys.addaudithook(note)
-sys.argv = ["mslaunch", "-n", "1", "true"]
+sys.argv = ["mslaunch", *sys.argv[3:]]
 from mslaunch.__main__ import main
 main()
 """
 
 
-def test_the_orphan_guard_is_forked_before_the_command_line_is_read(tmp_path):
+@pytest.mark.parametrize("dialect, words", [
+    ("mslaunch.cli.mpirun", ["-n", "1", "true"]),
+    ("mslaunch.cli.deepspeed", ["--num_gpus", "1", "--no_python", "true"]),
+])
+def test_the_orphan_guard_is_forked_before_the_command_line_is_read(tmp_path, dialect, words):
     # Its watchdog moves the launcher into the job's cgroup, which waits for the
     # kernel: that wait overlaps the reading of the line and the planning.
     notes = tmp_path / "notes"
-    r = subprocess.run([PY, "-c", _ORDER, str(notes)], capture_output=True,
+    r = subprocess.run([PY, "-c", _ORDER, str(notes), dialect, *words], capture_output=True,
                        env=clean_env(), timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
     events = notes.read_text().split()
-    assert events[:3] == ["os.fork", "import", "mslaunch.cli.mpirun"], events
+    assert events[:3] == ["os.fork", "import", dialect], events
     assert "mslaunch.plan" in events, events
