@@ -30,7 +30,8 @@ def _ensure_std_fds() -> None:
     """Open /dev/null on any of fds 0-2 that mslaunch was started without.
 
     Otherwise the first pipe mslaunch creates would land on, say, fd 1, and
-    its output or a rank's stdin would go to the wrong place.
+    its output or a rank's stdin would go to the wrong place.  Python, started
+    so, has no ``sys.stdout`` (or ``sys.stderr``): it gets one, on /dev/null.
     """
     for fd in (0, 1, 2):
         try:
@@ -40,6 +41,23 @@ def _ensure_std_fds() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)
+
+
+def _say(done: Exit) -> int:
+    """What a line that asks for no job prints (its help, the version) and its
+    status.  Into a closed pipe (``mslaunch --help | true``) it ends quietly, as
+    a process that SIGPIPE ended would."""
+    try:
+        sys.stdout.write(done.text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        from ..core import signal
+        return 128 + signal.SIGPIPE
+    return done.status
 
 
 def _print_error(message: str) -> None:
@@ -90,15 +108,18 @@ def _read(module: str, argv: Sequence[str]) -> Union[JobSpec, int]:
     return command(argv)
 
 
-def _guard_first() -> Guarded:
+def _guard_first() -> Optional[Guarded]:
     """The job's name and its orphan guard, started before the command line is read:
     the guard's watchdog moves this process into the job's cgroup, which waits for
     the kernel (an RCU grace period: 1 to 30 ms, more with more CPUs), while the
     line is read and the job planned, rather than after."""
     from ..mpi.pmi.files import job_guard, new_kvsname, public_id
     kvsname = new_kvsname()
-    # (the grace is the job's once its line is read, before anything starts)
-    return kvsname, job_guard(public_id(kvsname), 0.0)
+    try:
+        # (the grace is the job's once its line is read, before anything starts)
+        return kvsname, job_guard(public_id(kvsname), 0.0)
+    except OSError:
+        return None        # (no process to be had now: a job's own start says so)
 
 
 def main(argv: Optional[Sequence[str]] = None,
@@ -119,8 +140,7 @@ def main(argv: Optional[Sequence[str]] = None,
             if isinstance(job, int):
                 return job
         except Exit as done:
-            sys.stdout.write(done.text)
-            return done.status
+            return _say(done)
         if job.verbose >= 2 or "mslaunch.core.liblogs" in sys.modules:   # (a job run before)
             from ..core.liblogs import set_verbosity
             set_verbosity(job.verbose)

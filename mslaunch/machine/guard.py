@@ -96,6 +96,11 @@ def _settle(parent: int, marker: str, answer_fd: int) -> Optional[JobCgroup]:
     before its first rank starts.
     """
     cgroup = JobCgroup.create(marker, parent, os.getpid())
+    if cgroup is not None and os.getppid() != parent:
+        # The launcher is gone already (a line that asked for no job): its pid
+        # could name another process by now, which must not be moved.
+        cgroup.remove()
+        cgroup = None
     if cgroup is not None and not cgroup.enter(parent):
         cgroup = None
     try:
@@ -116,14 +121,19 @@ def _collector_back() -> None:
 def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
            tasks: Tasks, on_death: Optional[OnDeath], on_stop: Optional[OnStop]) -> None:
     os.setsid()
-    cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
-    for name in _IGNORED:
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    # The launcher's descriptors go first: a reader of its output (``$(mslaunch
+    # --version)``) waits for the end of every copy, and the move below waits
+    # for the kernel.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.closerange(3, read_fd)
-    os.closerange(read_fd + 1, 1 << 16)
+    for low, high in sorted(((3, min(read_fd, answer_fd)),
+                             (min(read_fd, answer_fd) + 1, max(read_fd, answer_fd)),
+                             (max(read_fd, answer_fd) + 1, 1 << 16))):
+        os.closerange(low, high)
+    cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
+    for name in _IGNORED:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     import select
     poll_children = False
     groups: Set[int] = set()

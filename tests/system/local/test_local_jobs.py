@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import (PY, all_gone, clean_env, cmdline, kill_tagged, new_tag, one_error_line, program,
+from helpers import (PY, all_gone, clean_env, cmd, cmdline, kill_tagged, new_tag, one_error_line, program,
                      run, start, tagged_pids, wait_for, wait_lines)
 
 
@@ -804,6 +804,34 @@ def test_help_and_version():
     assert r.returncode == 0 and b"--output-filename" in r.stdout
     r = run("-V")
     assert r.returncode == 0 and r.stdout.startswith(b"mslaunch ")
+
+
+def test_help_into_a_closed_pipe_ends_quietly_as_sigpipe_would():
+    # ``mslaunch --help | true``: the reader is gone before the text is written
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(cmd("--help"), stdout=write, stderr=subprocess.PIPE, timeout=60,
+                           env=clean_env())
+    finally:
+        os.close(write)
+    assert r.returncode == 128 + signal.SIGPIPE and r.stderr == b"", r.stderr
+
+
+@pytest.mark.parametrize("args, code", [(["--version"], 0), (["--bogus"], 2),
+                                        (["--dry-run", "-n", "2", "true"], 0),
+                                        (["-n", "1", "true"], 0)])
+def test_a_command_started_with_stdout_and_stderr_closed_says_nothing_and_ends_as_told(
+        args, code):
+    # (Python, started so, has no sys.stdout: it writes to /dev/null instead)
+    r = subprocess.run(["sh", "-c", '"$@" >&- 2>&-; echo $?', "sh", *cmd(*args)],
+                       capture_output=True, timeout=60, env=clean_env())
+    assert r.stdout == f"{code}\n".encode(), (r.stdout, r.stderr)
+    # and with stdout closed alone, stderr says no error
+    r = subprocess.run(["sh", "-c", '"$@" >&-; echo $?', "sh", *cmd(*args)],
+                       capture_output=True, timeout=60, env=clean_env())
+    assert r.stdout == f"{code}\n".encode(), (r.stdout, r.stderr)
+    assert (r.stderr == b"") == (code == 0), r.stderr
 
 
 TTY_RANK = r"""
