@@ -5,7 +5,9 @@ The notes (seconds since the epoch) go to OUT as lines ``TIME WHAT DETAIL``,
 written when mslaunch exits: ``main`` once this interpreter (and ``site``)
 has started; ``import`` for each of mslaunch's modules, when it starts to be
 imported; ``fork`` and ``spawn`` (``posix_spawn``, ``fork_exec``) for each
-child, with the program; ``exit``.  An audit hook takes them: it costs a
+child, with the program; ``wait``, when the launcher waits for its
+watchdog's move into the job's cgroup (its orphan guard's ``ready``,
+wrapped here once that module is loaded), with how long in ms; ``exit``.  An audit hook takes them: it costs a
 Python call per audited event, a few microseconds, the same for every tree.
 """
 
@@ -24,7 +26,27 @@ notes = [(MAIN, "main", "")]
 me = os.getpid()
 
 
+def _waits(ready):
+    """The guard's ``ready`` of this tree, noting how long the launcher waited there
+    for its watchdog's move into the job's cgroup (``wait`` notes: its start, and
+    its length in the detail)."""
+    def noted(self):
+        if self._answer < 0 or os.getpid() != me:
+            return ready(self)
+        begun = time.time()
+        try:
+            return ready(self)
+        finally:
+            notes.append((begun, "wait", f"{(time.time() - begun) * 1000:.3f}"))
+    return noted
+
+
 def _note(event, args):
+    guard = sys.modules.get("mslaunch.machine.guard")
+    if guard is not None and hasattr(guard, "Watchdog") and \
+            not getattr(guard.Watchdog, "_noted", False):
+        guard.Watchdog.ready = _waits(guard.Watchdog.ready)
+        guard.Watchdog._noted = True
     if event == "import":
         if args[0].startswith("mslaunch"):
             notes.append((time.time(), "import", args[0]))

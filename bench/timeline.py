@@ -11,8 +11,11 @@ spawns each rank.  Each phase is measured from just before the launcher's
 ``Popen``; the table gives medians, in ms:
 
 - ``interpreter``: Python and ``site`` up, before mslaunch's first import;
-- ``guard fork``: the orphan guard's watchdog forked (its modules imported,
-  the command line read);
+- ``guard fork``: the orphan guard's watchdog forked (its modules imported;
+  for an mpirun-style line, before it is read);
+- ``cgroup wait``: not a moment but a length, the time the launcher spent
+  waiting for the watchdog's move of it into the job's cgroup (an RCU grace
+  period) before its first spawn;
 - ``first spawn`` / ``last spawn``: ``posix_spawn`` of the first and last
   rank; ``modules``: how many of mslaunch's were imported before the first;
 - ``first rank``, ``last rank``: the ranks' own clocks, once exec'd;
@@ -48,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 
-PHASES = ("interpreter", "guard fork", "first spawn", "last spawn", "modules", "first rank",
-          "last rank", "exit")
+PHASES = ("interpreter", "guard fork", "cgroup wait", "first spawn", "last spawn", "modules",
+          "first rank", "last rank", "exit")
 
 
 def _tree(commit: Optional[str]) -> Path:
@@ -83,13 +86,14 @@ def _mslaunch(tree: Path, ranks: int, env: Dict[str, str], date: str) -> Dict[st
         raise SystemExit(f"mslaunch failed ({run.returncode}): {run.stderr.decode(errors='replace')}")
     said = [line.split(" ", 2) for line in notes.read_text().splitlines()]
     forks = [float(at) for at, what, _ in said if what == "fork"]
+    waited = sum(float(ms) for at, what, ms in said if what == "wait") / 1000
     spawns = [float(at) for at, what, _ in said if what == "spawn"]
     first = spawns[0] if spawns else end
     clocks = _clocks(run.stdout)
     steps = _steps([(float(at), f"{what} {detail}".strip()) for at, what, detail in said
-                    if float(at) <= first])
+                    if float(at) <= first and what != "wait"])
     return {**steps, "interpreter": float(said[0][0]) - start,
-            "guard fork": (forks[0] if forks else end) - start,
+            "guard fork": (forks[0] if forks else end) - start, "cgroup wait": waited,
             "first spawn": first - start, "last spawn": (spawns[-1] if spawns else end) - start,
             "modules": sum(1 for at, what, _ in said if what == "import" and float(at) < first),
             "first rank": clocks[0] - start, "last rank": clocks[-1] - start,
