@@ -405,6 +405,10 @@ def how_ended(code: Optional[int], sig: Optional[int]) -> str:
 
 def raise_fd_limit(needed: int) -> None:
     """Lift the soft open-file limit towards ``needed`` (each rank holds ~5 fds)."""
+    # sysconf says the soft limit (-1: none) without the resource module, a C
+    # module of its own to load: most jobs need no more than they have.
+    if not 0 <= os.sysconf("SC_OPEN_MAX") < needed:
+        return
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:

@@ -20,14 +20,15 @@ from helpers import PY, clean_env
 BUDGET = 60
 #: What a local job must not import: the SSH starter and paramiko, the agents'
 #: backend, the PMI server and the PMIx server's library (loaded when a rank
-#: speaks PMI or PMIx), the frameworks, and the Python modules the package uses
-#: the C modules of.
+#: speaks PMI or PMIx), the frameworks, the Python modules the package uses
+#: the C modules of, and ``resource`` (the soft limit of open files is read
+#: with ``os.sysconf``; the module is loaded only to raise it).
 FORBIDDEN = ("paramiko", "cryptography", "mslaunch.backends.agents", "mslaunch.agent",
              "mslaunch.wire", "mslaunch.mpi.pmi.server", "mslaunch.mpi.pmi.state",
              "mslaunch.mpi.pmi.wire", "mslaunch.mpi.pmix.lib", "mslaunch.mpi.pmix.server",
              "torch",
              "jax", "mindspore", "socket", "signal", "subprocess", "selectors", "ssl",
-             "asyncio", "logging", "json", "ctypes")
+             "asyncio", "logging", "json", "ctypes", "resource")
 
 
 def _imported(env) -> List[str]:
