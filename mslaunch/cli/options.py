@@ -34,7 +34,9 @@ if TYPE_CHECKING:
         @property
         def name(self) -> str: ...
 else:
-    from operator import itemgetter
+    # (operator's own C module: the Python module around it costs every launch
+    # half a millisecond, for this one name)
+    from _operator import itemgetter
 
     class Option(tuple):
         """One option of the mpirun dialect (a frozen record)."""

@@ -21,24 +21,28 @@ BUDGET = 60
 #: What a local job must not import: the SSH starter and paramiko, the agents'
 #: backend, the PMI server and the PMIx server's library (loaded when a rank
 #: speaks PMI or PMIx), the frameworks, the Python modules the package uses
-#: the C modules of, and ``resource`` (the soft limit of open files is read
-#: with ``os.sysconf``; the module is loaded only to raise it).
+#: the C modules of (``operator``'s among them), and ``resource`` (the soft limit
+#: of open files is read with ``os.sysconf``; the module is loaded only to raise it).
 FORBIDDEN = ("paramiko", "cryptography", "mslaunch.backends.agents", "mslaunch.agent",
              "mslaunch.wire", "mslaunch.mpi.pmi.server", "mslaunch.mpi.pmi.state",
              "mslaunch.mpi.pmi.wire", "mslaunch.mpi.pmix.lib", "mslaunch.mpi.pmix.server",
              "torch",
              "jax", "mindspore", "socket", "signal", "subprocess", "selectors", "ssl",
-             "asyncio", "logging", "json", "ctypes", "resource")
+             "asyncio", "logging", "json", "ctypes", "resource", "operator")
+
+
+#: The command's own start: Python without ``site`` (as the installed command
+#: runs it), and without ``runpy`` (``-m``), which imports some of what is
+#: forbidden (``operator``) before mslaunch does.
+_COMMAND = "from mslaunch.__main__ import main; main()"
 
 
 def _imported(env) -> List[str]:
-    r = subprocess.run([PY, "-X", "importtime", "-m", "mslaunch", "-n", "1", "true"],
+    r = subprocess.run([PY, "-S", "-X", "importtime", "-c", _COMMAND, "-n", "1", "true"],
                        capture_output=True, env=env, timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
-    names = [line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
-             if line.startswith("import time:") and "|" in line]
-    # What the interpreter and site imported before mslaunch is not the package's.
-    return names[names.index("runpy") + 1:] if "runpy" in names else names
+    return [line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
+            if line.startswith("import time:") and "|" in line]
 
 
 def test_a_local_job_imports_its_budget_and_nothing_of_other_jobs(tmp_path):
