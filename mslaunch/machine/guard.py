@@ -212,10 +212,13 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         # together, as a scheduler kills a whole step) go too, as a new job's
         # guard removes them when it makes its own.
         remove_stale(cgroup.home)
-    if done:
-        return
+    # The job's control socket and its Python ranks' dumps go at its end too,
+    # here rather than on the launcher's way out: removing a directory can wait
+    # for the disk (2 to 4 ms where the file system discards what it frees).
     for path in private:
         remove_private(path)
+    if done:
+        return
     if on_death is not None:
         on_death(kept, marker)
 
@@ -308,8 +311,9 @@ class Watchdog:
         self._pending.append(f"k{item}\n")
 
     def private(self, path: str) -> None:
-        """Remove ``path`` (a socket, or a directory of this user's) should the
-        launcher die (see :func:`mslaunch.run.attempt.open_control`)."""
+        """Have the watchdog remove ``path`` (a socket, or a directory of this
+        user's) once the job is over, or should the launcher die (see
+        :func:`mslaunch.run.attempt.open_control`)."""
         # Written at once: a launcher may die before its first flush.
         if self._fd >= 0:
             try:

@@ -132,8 +132,8 @@ def _compiled(source: bytes, magic: bytes, cache_from_source) -> bytes:
 
 def make_dir(guard: Watchdog) -> Optional[str]:
     """This process's private directory for its Python ranks' dumps, with the
-    hook in it (removed at the end, and by ``guard`` should this process die);
-    None if it cannot be made."""
+    hook in it (removed by ``guard``'s watchdog at the end, or should this
+    process die); None if it cannot be made."""
     from .procs import in_private, sweep_private
 
     def made(base: str) -> Optional[str]:
@@ -175,6 +175,23 @@ def armed(pid: int, signum: int = SIGNAL) -> bool:
 
 def dump_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{pid}.txt")
+
+
+def forget_dumps(directory: str) -> None:
+    """Remove the dump files of ranks that have ended (every ``PID.txt``): the
+    directory and its hook stay for the ranks of a next attempt; the guard's
+    watchdog removes them once the job is over (a directory's removal can wait
+    for the disk)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".txt") and name[:-4].isdigit():
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
 
 
 #: Ranks that did not dump when last sent a signal, by (pid, signal), with

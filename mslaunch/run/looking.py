@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ..rankbook import Rank
 
 from ..core.states import STALL
-from ..machine.procs import remove_private
 
 #: Seconds between looks at how much each rank has written (see _note_output).
 OUTPUT_EVERY = 2.0
@@ -97,6 +96,12 @@ class LookingInside:
             if self.inspector is not None:
                 self.inspector.close()
             self.control[0].close()
-        for path in (self.control[1] if self.control else None, self.dumps):
-            if path is not None:
-                remove_private(path)
+            try:
+                # (its directory, and the ranks' dumps', the guard's watchdog removes
+                # once the job is over: see Watchdog.private)
+                os.unlink(self.control[1])
+            except OSError:
+                pass
+        if self.dumps is not None:
+            from ..machine.pydump import forget_dumps
+            forget_dumps(self.dumps)

@@ -53,6 +53,40 @@ def test_a_leftover_of_one_attempt_is_gone_before_the_next_starts(tmp_path):
         kill_tagged(tag)
 
 
+#: A rank that fails in the first attempt and, in the next, notes its pid and waits.
+_SECOND_WAITS = ("import os, sys, time\n"
+                 "if os.environ['MSLAUNCH_RESTART_COUNT'] == '0':\n"
+                 "    sys.exit(3)\n"
+                 "with open(os.path.join(sys.argv[1], 'pid.' + os.environ['RANK']), 'w') as f:\n"
+                 "    f.write(str(os.getpid()))\n"
+                 "time.sleep(60)\n")
+
+
+def test_the_dumps_of_one_attempt_are_gone_when_the_next_runs_and_their_folder_at_the_end(
+        tmp_path):
+    # Each Python rank's hook opens its dump file (PID.txt) in the launcher's
+    # dumps folder; the folder stays for the next attempt's ranks, its guard's
+    # watchdog removes it once the job is over.
+    from mslaunch.machine.procs import private_dir
+    tag = new_tag()
+    p = start("--max-restarts", "1", "-n", "2", PY, "-c", _SECOND_WAITS, str(tmp_path),
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: all((tmp_path / f"pid.{r}").exists() and
+                                    (tmp_path / f"pid.{r}").read_text() for r in range(2)), 60)
+        base = private_dir()
+        assert base is not None
+        dumps = os.path.join(base, f"{os.uname().nodename}.{p.pid}.py")
+        pids = sorted(f"{(tmp_path / f'pid.{r}').read_text()}.txt" for r in range(2))
+        assert sorted(n for n in os.listdir(dumps) if n.endswith(".txt")) == pids
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        assert wait_for(lambda: not os.path.exists(dumps), 15), os.listdir(dumps)
+    finally:
+        p.kill()
+        kill_tagged(tag)
+
+
 # -- bad input ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("value", [" 3", "+3", "3 ", "\u0663", "1_0", "0x3", ""])
