@@ -213,8 +213,8 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         # guard removes them when it makes its own.
         remove_stale(cgroup.home)
     # The job's control socket and its Python ranks' dumps go at its end too,
-    # here rather than on the launcher's way out: removing a directory can wait
-    # for the disk (2 to 4 ms where the file system discards what it frees).
+    # here rather than on the launcher's way out: removing a directory waits for
+    # the file system (milliseconds while another process writes to the disk).
     for path in private:
         remove_private(path)
     if done:

@@ -180,8 +180,8 @@ def dump_path(directory: str, pid: int) -> str:
 def forget_dumps(directory: str) -> None:
     """Remove the dump files of ranks that have ended (every ``PID.txt``): the
     directory and its hook stay for the ranks of a next attempt; the guard's
-    watchdog removes them once the job is over (a directory's removal can wait
-    for the disk)."""
+    watchdog removes them once the job is over (a directory's removal waits for
+    the file system)."""
     try:
         names = os.listdir(directory)
     except OSError:
