@@ -7,6 +7,7 @@ cannot join thread before it is started" (seen once in the suite)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import List
 
 from mslaunch.backends.agents.starters.ssh import channel
@@ -53,7 +54,7 @@ def test_a_link_that_ends_at_once_joins_no_thread_before_its_start(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", start)
     conn = channel.SSHAgentConnection("x", _Transport(), _EndedChannel(), b"", {})
     try:
-        assert conn.wait_exit(10)
+        assert conn.wait_exit(time.monotonic() + 10)      # (a deadline, not a timeout)
     finally:
         conn.close(wait=5)
     assert raised == [], raised

@@ -179,6 +179,8 @@ def test_refused_singletons_leave_nothing_in_dev_shm(ompi5, tmp_path, own_tmpdir
             check_refused(r)
             files = held_files(out)
             assert still_there(files) == []
+            # (the job's folders in TMPDIR its watchdog removes, once mslaunch is gone)
+            assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
             assert [str(p) for p in own_tmpdir.rglob("*")] == []
         finally:
             kill_tagged(tag)

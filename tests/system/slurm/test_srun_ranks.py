@@ -338,6 +338,8 @@ def test_refused_open_mpi_5_singletons_leave_nothing_on_the_nodes(slurmbed, ompi
             assert wait_for(lambda: not left_on_nodes(slurmbed, tag), 15)
             files = held_files(out)
             assert still_there(files) == []
+            # (the job's folders in TMPDIR its watchdog removes, once mslaunch is gone)
+            assert wait_for(lambda: tagged_pids(tag) == [], 30), tagged_pids(tag)
             assert [str(q) for q in own_tmpdir.rglob("*")] == []
         finally:
             kill_tagged(tag)
