@@ -103,7 +103,10 @@ def one_line(text: object, limit: int = 500) -> str:
 
 
 def os_error_reason(err: OSError) -> str:
-    """A short reason for an OSError, with a hint when descriptors ran out."""
+    """A short reason for an OSError, with a hint when descriptors or processes ran out."""
     if err.errno in (24, 23):          # EMFILE, ENFILE (no import: no descriptor needed)
         return "too many open files (raise the limit: ulimit -n)"
+    if err.errno == 11:                # EAGAIN, as fork and posix_spawn say it
+        return "no process can be started now (a limit on processes: ulimit -u, a cgroup's " \
+               "pids.max)"
     return err.strerror or str(err)

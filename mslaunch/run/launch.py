@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from ..machine.terminal import Console
     from ..core.spec import HostEntry, JobResult, Plan
 
-from ..core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError, NoHostLeft, Stopped
+from ..core.errors import HOST_LOST_EXIT, HostsFailed, LaunchError, NoHostLeft, Stopped, \
+    os_error_reason
 from ..mpi.pmi.files import job_guard, new_kvsname, public_id
 from ..core.spec import JobSpec
 from ..core.states import OPENMPI
@@ -102,7 +103,11 @@ def _run_job(job: JobSpec, watch: Optional[AllocationEnd],
     # The orphan guard first (a small fork, before more is imported), so that
     # it settles into the job's cgroup while the job is planned.
     if early is None:
-        guard = job_guard(public_id(kvsname), job.grace)
+        try:
+            guard = job_guard(public_id(kvsname), job.grace)
+        except OSError as err:
+            raise LaunchError(f"cannot start the job's orphan guard: "
+                              f"{os_error_reason(err)}") from None
     else:
         guard = early[1]
         guard.set_grace(job.grace)

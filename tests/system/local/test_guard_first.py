@@ -90,3 +90,79 @@ def test_the_jobs_grace_holds_when_the_launcher_is_killed(tmp_path):
     finally:
         p.kill()
         kill_tagged(tag)
+
+
+def _pids_home():
+    """Where a cgroup with a limit on processes can be made: cgroup v2's root when
+    its pids controller is on for its children, else cgroup v1's pids hierarchy."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            kind, point = right.split(" ", 1)[0], left.split()[4]
+            if kind == "cgroup2":
+                try:
+                    with open(os.path.join(point, "cgroup.subtree_control")) as g:
+                        if "pids" in g.read().split():
+                            return point
+                except OSError:
+                    continue
+            elif kind == "cgroup" and "pids" in right.split()[-1].split(","):
+                return point
+    return None
+
+
+@pytest.fixture
+def one_process():
+    """A cgroup of this test's own in which no second process can be started."""
+    home = _pids_home()
+    require(home is not None and os.access(home, os.W_OK),
+            "a pids controller of cgroups this user may write")
+    path = os.path.join(home, f"msl-test-{new_tag()}")
+    os.mkdir(path)
+    try:
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write("1")
+        yield path
+    finally:
+        def removed() -> bool:
+            try:
+                os.rmdir(path)       # EBUSY until its process is reaped
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+            return True
+        assert wait_for(removed, 10), path
+
+
+def _confined(path, *args):
+    """mslaunch run as the one process of cgroup ``path``."""
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', path, *cmd(*args)]
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--version"], 0),
+    (["--help"], 0),
+    (["--dry-run", "-n", "2", "true"], 0),
+    (["--bogus-option", "-n", "1", "true"], 2),
+])
+def test_a_line_that_runs_no_job_works_where_no_process_can_be_started(one_process, args,
+                                                                        code):
+    # The guard's fork fails first (EAGAIN): such a line needs no guard.
+    p = subprocess.run(_confined(one_process, *args), capture_output=True, timeout=60,
+                       env=clean_env())
+    assert p.returncode == code, p.stderr
+    if code:
+        assert p.stderr.startswith(b"mslaunch: error: unknown option '--bogus-option'") \
+            and len(p.stderr.splitlines()) == 1, p.stderr
+    else:
+        assert p.stdout and not p.stderr, p.stderr
+
+
+def test_a_job_where_no_process_can_be_started_says_so_in_one_line(one_process):
+    p = subprocess.run(_confined(one_process, "-n", "1", "true"), capture_output=True,
+                       timeout=60, env=clean_env())
+    assert p.returncode == 1, p.stderr
+    assert p.stderr == (b"mslaunch: error: cannot start the job's orphan guard: no process "
+                        b"can be started now (a limit on processes: ulimit -u, a cgroup's "
+                        b"pids.max)\n"), p.stderr
