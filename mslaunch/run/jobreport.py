@@ -130,6 +130,10 @@ def check_writable(path: str, flag: str = "--report-json") -> None:
     if not os.path.isdir(directory):
         raise UsageError(f"{flag} {path}: no directory {directory}")
     mode = _mode(path)
+    if stat.S_ISREG(mode) and os.path.realpath(path).startswith(("/proc/", "/sys/")):
+        # (root's os.access says yes to /proc/version, whose write then fails)
+        raise UsageError(f"{flag} {path}: a file of the kernel's, not one a report can be "
+                         f"written to")
     if stat.S_ISDIR(mode):
         ok = False
     elif _in_place(path, mode):

@@ -345,6 +345,28 @@ def test_a_report_to_a_device_needs_no_writable_directory(monkeypatch):
         check_writable("/dev/report.json")
 
 
+def test_a_report_into_a_file_of_the_kernels_is_refused_before_the_job(tmp_path):
+    # Even for root, whom os.access lets write /proc/version: the job does not run
+    # only to fail its report at the end.
+    from mslaunch.core.errors import UsageError
+    from mslaunch.run.jobreport import check_writable
+    for path in ("/proc/version", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled"):
+        if os.path.isfile(path):
+            with pytest.raises(UsageError, match="a file of the kernel's"):
+                check_writable(path)
+    link = tmp_path / "r.json"
+    link.symlink_to("/proc/version")
+    with pytest.raises(UsageError, match="a file of the kernel's"):
+        check_writable(str(link))
+    out = tmp_path / "out.json"
+    with open(out, "w") as f:        # a descriptor's file is the file's, not the kernel's
+        check_writable(f"/proc/self/fd/{f.fileno()}")
+    r = run("--report-json", "/proc/version", "-n", "1", "true")
+    assert r.returncode == 2 and r.stderr == (
+        b"mslaunch: error: --report-json /proc/version: a file of the kernel's, not one a "
+        b"report can be written to\n"), r.stderr
+
+
 def test_a_report_into_a_fifo_or_through_a_symlink_is_written_there_not_replaced(tmp_path):
     # A FIFO (a tool reading the report as it comes, like `--report-json >(jq .)`),
     # /dev/stdout or a device is written in place: replacing it with a file would
