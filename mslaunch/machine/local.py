@@ -147,13 +147,21 @@ class LocalRanks:
             self.guard.flush()
 
     def _session_dir(self, rank: int) -> str:
-        """``--set-cwd-to-session-dir``: a fresh directory per rank, removed at the end."""
+        """``--set-cwd-to-session-dir``: a fresh directory per rank, removed at the end,
+        in this user's ``mslaunch.<host>.<uid>`` -- unless another user made that
+        name first (it is no secret), when the job's own goes beside it."""
         import tempfile
+
+        from .trees import private_dir
         if self._session_root is None:
             top = os.path.join(tempfile.gettempdir(),
                                f"mslaunch.{os.uname().nodename}.{os.getuid()}")
-            os.makedirs(top, mode=0o700, exist_ok=True)
-            self._session_root = tempfile.mkdtemp(prefix=f"{self.guard.marker}.", dir=top)
+            prefix = f"{self.guard.marker}."
+            try:
+                private_dir(top)
+            except OSError:
+                top, prefix = os.path.dirname(top), f"{os.path.basename(top)}.{prefix}"
+            self._session_root = tempfile.mkdtemp(prefix=prefix, dir=top)
         path = os.path.join(self._session_root, str(rank))
         os.makedirs(path, exist_ok=True)
         return path

@@ -1,35 +1,65 @@
 """Directories of a job's own: made private (:func:`private_dir`), and removed
-with what they hold (:func:`remove_tree`: a symbolic link in it is removed and
-never followed, and what cannot be removed is left without a word)."""
+with what they hold (:func:`remove_tree`: only this user's, through descriptors,
+so that another user can neither have a directory of theirs removed nor
+redirect the removal elsewhere; what cannot be removed is left without a word)."""
 
 from __future__ import annotations
 
 import os
 import stat
 
+#: How a directory is opened for its removal: never through a symbolic link.
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 def remove_tree(path: str) -> None:
-    """Remove directory ``path`` and what is under it, as far as it can; a symbolic
-    link is removed, never followed.  (``shutil.rmtree``'s work, without the 10 ms
-    that importing it costs the end of every job.)"""
+    """Remove directory ``path`` and what is under it, as far as it can, if it is
+    this user's: a symbolic link is removed, never followed, and a directory of
+    another user's (inside, or ``path`` itself) is left as it is.  The walk
+    holds each directory open and names entries relative to it, so a directory
+    renamed or replaced by a link during the walk (by whoever may write its
+    parent) cannot send the removal elsewhere.  (``shutil.rmtree``'s work,
+    without the 10 ms that importing it costs the end of every job.)"""
     try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return
-        entries = list(os.scandir(path))
+        fd = os.open(path, _OPEN_DIR)
     except OSError:
         return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
     try:
-        os.rmdir(path)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            return
+        _empty(fd)
+        # Only the directory that was walked: what is at ``path`` now must be it.
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            os.rmdir(path)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+def _empty(fd: int) -> None:
+    """Remove what directory ``fd`` holds: this user's directories, emptied first,
+    and every other entry."""
+    me = os.geteuid()
+    with os.scandir(fd) as entries:
+        names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    for name, is_dir in names:
+        try:
+            if not is_dir:
+                os.unlink(name, dir_fd=fd)
+                continue
+            inner = os.open(name, _OPEN_DIR, dir_fd=fd)
+            try:
+                if os.fstat(inner).st_uid != me:
+                    continue
+                _empty(inner)
+            finally:
+                os.close(inner)
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass
 
 
 #: Descriptors of the directories this process holds (see :func:`hold`), kept open

@@ -87,13 +87,17 @@ def shm_segments(kvsname: str, shm_dir: str = "/dev/shm") -> List[str]:
 
 
 def remove_shm_segments(kvsname: str, shm_dir: str = "/dev/shm") -> int:
-    """Unlink the segments of :func:`shm_segments`; returns how many were removed."""
-    removed = 0
+    """Unlink the segments of :func:`shm_segments` that are this user's regular
+    files (another user may list /dev/shm and make anything of such a name);
+    returns how many were removed."""
+    removed, me = 0, os.geteuid()
     for path in shm_segments(kvsname, shm_dir):
         try:
-            os.unlink(path)
-            removed += 1
-        except FileNotFoundError:
+            st = os.lstat(path)
+            if st.st_uid == me and st.st_mode & 0o170000 == 0o100000:
+                os.unlink(path)
+                removed += 1
+        except OSError:
             pass
     return removed
 
@@ -126,7 +130,7 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     the directories of its marker (the singleton probe's, the segments', the
     PMIx server's) are removed."""
     from ...machine.trees import remove_tree
-    from .singletons import SingletonFiles, backing_path, probe_path
+    from .singletons import SHM_DIR, SingletonFiles
     files = SingletonFiles()
     for item in kept:
         if item.startswith("/"):
@@ -135,10 +139,18 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
             remove_shm_segments(item)
     files.remove()
     # By the marker, not by what was kept: the launcher may have died before it
-    # told the watchdog anything (no rank of its own had started yet).
-    remove_tree(probe_path(marker))
-    remove_tree(backing_path(marker))
-    remove_tree(pmix_dir(marker))
+    # told the watchdog anything (no rank of its own had started yet).  Only this
+    # user's directories are removed (remove_tree): another user may have made
+    # one of such a name.
+    for base in {os.environ.get("TMPDIR") or "/tmp", SHM_DIR}:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith((f"mslaunch-ompi-{marker[:120]}-",
+                                f"mslaunch-pmix-{marker[:120]}-")):
+                remove_tree(os.path.join(base, name))
 
 
 def sessions_at_death(pids: Set[int]) -> List[str]:
@@ -152,9 +164,11 @@ def sessions_at_death(pids: Set[int]) -> List[str]:
 
 
 def pmix_dir(marker: str) -> str:
-    """The directory of the PMIx server (and its ranks' Open MPI session
-    directories) of the launcher or agent whose guard has ``marker``."""
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"mslaunch-pmix-{marker[:120]}")
+    """A new path for the directory of the PMIx server (and its ranks' Open MPI
+    session directories) of the launcher or agent whose guard has ``marker``
+    (see :func:`~.singletons.marked_name`)."""
+    from .singletons import marked_name
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", marked_name("pmix", marker))
 
 
 # -- the hwloc topology file ------------------------------------------------------
@@ -226,9 +240,9 @@ def write_xml(path: str) -> bool:
 def sweep_leftovers(_arg: str = "") -> int:
     """Remove the directories that launchers and agents of this user left when
     their watchdog died with them (``kill -9`` of the whole job, a test harness
-    ending every process it started): ``mslaunch-ompi-<marker>`` and
-    ``mslaunch-pmix-<marker>`` in ``$TMPDIR``, ``mslaunch-ompi-<marker>`` in
-    /dev/shm, whose marker names a process that is gone (the launcher's pid,
+    ending every process it started): ``mslaunch-ompi-<marker>-<token>`` and
+    ``mslaunch-pmix-<marker>-<token>`` in ``$TMPDIR``, ``mslaunch-ompi-<marker>-<token>``
+    in /dev/shm, whose marker names a process that is gone (the launcher's pid,
     ``kvs_<pid>_<hex>``; an agent's, after the dot) and that no live process
     holds (:func:`mslaunch.machine.trees.hold`: a job in another pid namespace
     sharing this /dev/shm has a pid that is not seen here).  Run by a new job's
@@ -243,7 +257,7 @@ def sweep_leftovers(_arg: str = "") -> int:
         for name in names:
             if not name.startswith(("mslaunch-ompi-kvs_", "mslaunch-pmix-kvs_")):
                 continue
-            marker = name.split("-", 2)[2]
+            marker = name.split("-", 2)[2].partition("-")[0]     # (the token after it)
             pid = marker.rpartition(".")[2] if "." in marker else marker.split("_")[1]
             path = os.path.join(base, name)
             try:

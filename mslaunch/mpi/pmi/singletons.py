@@ -105,16 +105,27 @@ def runs_a_launcher(pid: int) -> bool:
     return False
 
 
+def marked_name(kind: str, marker: str) -> str:
+    """A new name for a directory of the launcher or agent whose guard has
+    ``marker``: ``mslaunch-KIND-MARKER-TOKEN``.  The marker says whose it is
+    (:func:`~mslaunch.mpi.pmi.files.sweep_leftovers` reads its pid) and is no
+    secret: it names the job's cgroup, which every user may list, before any
+    of these is made.  The token (48 random bits, never shown) keeps another
+    user from making the directory first, which would end the job or have
+    it use theirs."""
+    return f"mslaunch-{kind}-{marker[:120]}-{os.urandom(6).hex()}"
+
+
 def probe_path(marker: str) -> str:
-    """The probe directory of the launcher or agent whose guard has ``marker``."""
+    """A new probe directory's path, for the launcher or agent whose guard has ``marker``."""
     # Not tempfile: its import costs more than a small job's whole launch.
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"mslaunch-ompi-{marker[:120]}")
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", marked_name("ompi", marker))
 
 
 def backing_path(marker: str) -> str:
-    """The /dev/shm directory of the ranks' Open MPI segments, of the launcher or
-    agent whose guard has ``marker``."""
-    return os.path.join(SHM_DIR, f"mslaunch-ompi-{marker[:120]}")
+    """A new /dev/shm directory's path for the ranks' Open MPI segments, of the
+    launcher or agent whose guard has ``marker``."""
+    return os.path.join(SHM_DIR, marked_name("ompi", marker))
 
 
 #: Where Open MPI 5 (btl/sm) and 4 (btl/vader) put their shared-memory segments.
@@ -151,10 +162,11 @@ class SingletonProbe:
         self.backing: Optional[str] = None
         specs = list(specs)
         if specs and not any(backing_chosen(spec.env) for spec in specs):
+            backing = backing_path(marker)
             try:
-                os.mkdir(backing_path(marker), 0o700)
-                self.backing = backing_path(marker)
-                hold(self.backing)
+                os.mkdir(backing, 0o700)
+                self.backing = backing
+                hold(backing)
             except OSError:
                 pass
 

@@ -387,6 +387,65 @@ def test_kvsname_and_shm(tmp_path):
     assert shm.shm_segments(a, str(tmp_path)) == [] and other.exists()
 
 
+def test_only_the_users_own_segments_of_its_jobs_name_are_removed(tmp_path):
+    # Another user lists /dev/shm, sees a job's segment and makes anything of such
+    # a name: a directory once made the job's end fail ("Is a directory").
+    a = shm.new_kvsname()
+    h = f"{shm._fnv1a32(a.encode()):x}"
+    (tmp_path / f"mpich_shm_{h}_0").write_bytes(b"x")
+    (tmp_path / f"mpich_shm_{h}_dir").mkdir()
+    os.symlink(tmp_path / f"mpich_shm_{h}_dir", tmp_path / f"mpich_shm_{h}_link")
+    left = [f"mpich_shm_{h}_dir", f"mpich_shm_{h}_link"]
+    if os.geteuid() == 0:
+        theirs = tmp_path / f"mpich_shm_{h}_theirs"
+        theirs.write_bytes(b"y")
+        os.chown(theirs, 65534, 65534)
+        left.append(theirs.name)
+    assert shm.remove_shm_segments(a, str(tmp_path)) == 1
+    assert sorted(os.listdir(tmp_path)) == sorted(left)
+
+
+def test_the_directories_of_a_guard_have_names_no_other_user_can_know(tmp_path, monkeypatch):
+    # A guard's marker names its cgroup, which every user may list, before the job
+    # makes any directory: names made of it alone could be taken first.
+    from mslaunch.mpi.pmi.singletons import SingletonProbe, backing_path, probe_path
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    marker = f"kvs_{os.getpid()}_0123abcd"
+    for made in (probe_path, backing_path, shm.pmix_dir):
+        one, two = made(marker), made(marker)
+        assert one != two and os.path.basename(one).rpartition("-")[0] == \
+            os.path.basename(two).rpartition("-")[0]
+        assert len(os.path.basename(one).rpartition("-")[2]) == 12
+    (tmp_path / f"mslaunch-ompi-{marker}").mkdir()       # the name alone, taken: no matter
+    probe = SingletonProbe(marker)
+    try:
+        assert os.path.basename(probe.path).startswith(f"mslaunch-ompi-{marker}-")
+    finally:
+        probe.close()
+    assert not os.path.exists(probe.path)
+
+
+def test_a_dead_launchers_watchdog_removes_its_own_directories_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    marker = "kvs_4194000_0123abcd"
+    mine = [shm.pmix_dir(marker), os.path.join(tmp_path, f"mslaunch-ompi-{marker}-00aa11bb22cc")]
+    others = [os.path.join(tmp_path, f"mslaunch-ompi-{marker}.4194001-00aa11bb22cc"),  # an agent's
+              os.path.join(tmp_path, f"mslaunch-ompi-{marker}")]
+    for path in mine + others:
+        os.makedirs(os.path.join(path, "inner"))
+    if os.geteuid() == 0:
+        theirs = os.path.join(tmp_path, f"mslaunch-pmix-{marker}-ffffffffffff")
+        os.mkdir(theirs)
+        os.chown(theirs, 65534, 65534)
+        others.append(theirs)
+    shm.after_launcher_death([], marker)
+    assert not any(os.path.exists(p) for p in mine)
+    assert all(os.path.isdir(p) for p in others)
+    # ... and a later job's sweep removes those of dead processes, this user's only
+    shm.sweep_leftovers()
+    assert [p for p in others if os.path.exists(p)] == others[2:]
+
+
 def test_the_server_is_made_when_a_rank_first_speaks_and_serves_every_socket():
     """Over inherited sockets a job holds its ranks' socket pairs until one speaks:
     a rank that ends without a word needs no server; the first that speaks has

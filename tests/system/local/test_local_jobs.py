@@ -14,6 +14,7 @@ import pytest
 
 from helpers import (PY, all_gone, clean_env, cmd, cmdline, kill_tagged, new_tag, one_error_line, program,
                      run, start, tagged_pids, wait_for, wait_lines)
+from requires import require
 
 
 def env_of(out: bytes):
@@ -92,6 +93,40 @@ def test_a_missing_wdir_is_one_error_line_naming_it(tmp_path):
     r = run("-n", "2", "-wdir", gone, "true")
     assert r.returncode == 127, r.stderr
     assert f"working directory {gone!r} of rank 0 does not exist" in one_error_line(r.stderr)
+
+
+def _session_run(tmpdir):
+    """``--set-cwd-to-session-dir -n 2``: each rank's working directory, as it says it."""
+    r = run("--set-cwd-to-session-dir", "-n", "2", PY, "-c",
+            "import os; open('made', 'w').close(); print(os.getcwd())",
+            env=clean_env(TMPDIR=str(tmpdir)))
+    assert r.returncode == 0, r.stderr
+    return sorted(r.stdout.decode().split())
+
+
+def test_each_rank_runs_in_a_fresh_directory_of_its_own_removed_at_the_end(tmp_path):
+    top = tmp_path / f"mslaunch.{os.uname().nodename}.{os.getuid()}"
+    cwds = _session_run(tmp_path)
+    assert len(set(cwds)) == 2 and all(c.startswith(f"{top}/kvs_") for c in cwds), cwds
+    assert [os.path.basename(c) for c in cwds] == ["0", "1"]
+    assert os.stat(top).st_mode & 0o777 == 0o700
+    assert os.listdir(top) == []              # the job's own went with it
+
+
+def test_a_session_directory_made_first_by_another_user_is_not_used(tmp_path):
+    # Its name is no secret: another user who makes it first (open to all) would
+    # choose what the ranks find in their working directory.
+    require(os.geteuid() == 0, "root, to give a directory to another user")
+    top = tmp_path / f"mslaunch.{os.uname().nodename}.{os.getuid()}"
+    top.mkdir(mode=0o777)
+    (top / "planted").write_text("x")
+    os.chown(top, 65534, 65534)
+    tmp_path.chmod(0o755)
+    cwds = _session_run(tmp_path)
+    assert len(set(cwds)) == 2 and not any(c.startswith(f"{top}/") for c in cwds), cwds
+    assert all(c.startswith(f"{top}.kvs_") for c in cwds), cwds
+    assert os.listdir(top) == ["planted"]
+    assert sorted(os.listdir(tmp_path)) == [top.name]    # the job's own went with it
 
 
 # The ways a rank starts in a directory other than the launcher's: this C
