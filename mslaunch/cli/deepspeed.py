@@ -204,8 +204,13 @@ def deepspeed_env(environ: Mapping[str, str], cwd: str) -> List[Tuple[str, str]]
         path = os.path.join(where, name)
         if not os.path.isfile(path):
             continue
-        trusted(path)
-        with open(path, encoding="utf-8", errors="replace") as f:
+        try:
+            f = open(path, encoding="utf-8", errors="replace")
+        except OSError as err:
+            raise UsageError(f"{path}: {err.strerror}") from None
+        with f:
+            # judged by what was opened, not by the name (a link swapped meanwhile)
+            trusted(path, os.fstat(f.fileno()))
             for number, line in enumerate(f.read().splitlines(), 1):
                 if not line.strip():
                     continue
@@ -217,12 +222,13 @@ def deepspeed_env(environ: Mapping[str, str], cwd: str) -> List[Tuple[str, str]]
     return found
 
 
-def trusted(path: str) -> None:
-    """Refuse a file that another user wrote or may write: its lines would reach
-    every worker's environment (DeepSpeed takes it whoever wrote it)."""
+def trusted(path: str, info: os.stat_result) -> None:
+    """Refuse a file (``path``, whose status is ``info``) that another user wrote
+    or may write: its lines would reach every worker's environment (DeepSpeed
+    takes it whoever wrote it)."""
     import stat
-    info = os.stat(path)
-    if info.st_uid not in (os.getuid(), 0) or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if not stat.S_ISREG(info.st_mode) or info.st_uid not in (os.getuid(), 0) \
+            or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UsageError(f"{path}: not read: another user owns it or may write it (its lines "
                          f"would reach every worker); chmod go-w it or remove it")
 
@@ -252,7 +258,7 @@ def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str)
     _refuse(given)
     hostfile = given.get("hostfile", DEFAULT_HOSTFILE)
     if "hostfile" not in given and os.path.isfile(hostfile):
-        trusted(hostfile)
+        trusted(hostfile, os.stat(hostfile))
     pool = read_hostfile(hostfile) if "hostfile" in given or os.path.isfile(hostfile) \
         else None
     include, exclude = given.get("include", ""), given.get("exclude", "")

@@ -304,16 +304,20 @@ def _log_base(values: Mapping[str, Optional[str]], run_id: str
     given = values["log_dir"]
     if given is not None and given.strip() == "/dev/null":
         return None, None
-    temporary = None
+    temporary = base = None
     try:
         if given is None:
             base = temporary = tempfile.mkdtemp(prefix="torchelastic_")
         else:
+            from ..machine.osfiles import check_dirs
             base = os.path.abspath(given)
             os.makedirs(base, exist_ok=True)
+            check_dirs(base)      # (another user could swap the run's directory in it)
         return tempfile.mkdtemp(prefix=f"{run_id}_", dir=base), temporary
     except OSError as err:
-        raise UsageError(f"--log-dir={one_line(given or '', 60)}: {err.strerror}") from None
+        where = f" ({err.filename})" if err.filename and err.filename != base else ""
+        raise UsageError(f"--log-dir={one_line(given or '', 60)}: {err.strerror}{where}") \
+            from None
 
 
 def _console_ranks(text: Optional[str]) -> Optional[Tuple[int, ...]]:

@@ -1,5 +1,7 @@
 """Idioms of files, written once: a file replaced whole or left as it was, a
-name removed if it can be, and what a non-blocking descriptor has to read."""
+name removed if it can be, what a non-blocking descriptor has to read, and a
+file of this user's own written where another user could have made the name
+first (:func:`open_own`, :func:`check_dirs`)."""
 
 from __future__ import annotations
 
@@ -37,10 +39,68 @@ def write_whole(path: str, data: bytes, *, shared: bool = False) -> None:
     ``path``, which readers thus never see half written."""
     tmp = f"{path}.{os.uname().nodename[:64]}.{os.getpid()}" if shared else \
         f"{path}.{os.getpid()}.tmp"
+    unlink_quietly(tmp)                 # (a dead process's of this pid)
     try:
-        with open(tmp, "wb") as f:
+        # a new file, never through a link someone else left under that name
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        with open(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
         unlink_quietly(tmp)
         raise
+
+
+def open_own(path: str, append: bool = False, mode: int = 0o644) -> int:
+    """``path`` opened for writing (and reading) as a regular file of this user's:
+    made if new, emptied unless ``append``.  Never through a symbolic link, and never another
+    user's file (one made first under that name, to read what is written, or a
+    link to have it written elsewhere): OSError then, whose text says so."""
+    import errno
+    import stat
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | (os.O_APPEND if append else 0), mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise OSError(errno.EPERM, "a symbolic link: not followed", path) from None
+        if err.errno == errno.ENXIO:
+            raise OSError(errno.EPERM, "a FIFO, not a file", path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"not a file of this user's (owner uid {st.st_uid})",
+                          path)
+        if not append:
+            os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_dirs(path: str) -> None:
+    """OSError unless no other user can rename or replace what is in directory
+    ``path`` or in those above it that exist: each is this user's or root's
+    (a link too), and not writable by all but with the sticky bit (as /tmp)."""
+    import errno
+    import stat
+    me = os.geteuid()
+    parts = os.path.abspath(path).split(os.sep)[1:]
+    here = os.sep
+    for part in [""] + parts:
+        here = os.path.join(here, part) if part else here
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return
+        if st.st_uid not in (me, 0):
+            raise OSError(errno.EPERM, f"another user's (uid {st.st_uid}), who could put "
+                                       f"links or files of theirs in it", here)
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & 0o1000:
+            raise OSError(errno.EPERM, "writable by every user, without the sticky bit", here)
+        if stat.S_ISLNK(st.st_mode):
+            check_dirs(os.path.join(os.path.dirname(here), os.readlink(here)))

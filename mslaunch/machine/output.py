@@ -437,11 +437,17 @@ def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
 
 
 def _make_dir_of(path: str) -> None:
+    """The directory of ``path``, made if missing, where no other user may put
+    anything of theirs (:func:`~.osfiles.check_dirs`)."""
+    from .osfiles import check_dirs
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        check_dirs(os.path.dirname(path))
     except OSError as err:
         from ..core.errors import LaunchError
-        raise LaunchError(f"cannot create the directory of {path}: {err.strerror}") from None
+        where = f" ({err.filename})" if err.filename else ""
+        raise LaunchError(f"cannot use the directory of {path}: {err.strerror}{where}") \
+            from None
 
 
 def open_log(path: Optional[str], marker: str = "") -> Optional[int]:
@@ -449,17 +455,14 @@ def open_log(path: Optional[str], marker: str = "") -> Optional[int]:
     again), appended to after that line."""
     if path is None:
         return None
-    how = os.O_APPEND if marker else os.O_TRUNC
+    from .osfiles import open_own
+    _make_dir_of(path)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | how | os.O_CLOEXEC, 0o644)
+        fd = open_own(path, append=bool(marker))
         if marker:
             # Its own line, even when the last run ended mid-line.
-            lead = b""
-            if os.fstat(fd).st_size:
-                with open(path, "rb") as f:
-                    f.seek(-1, os.SEEK_END)
-                    lead = b"" if f.read(1) == b"\n" else b"\n"
+            size = os.fstat(fd).st_size
+            lead = b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b""
             os.write(fd, lead + marker.encode())
         return fd
     except OSError as err:

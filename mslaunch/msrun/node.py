@@ -117,6 +117,19 @@ def _job(spec: MsrunSpec, kvsname: str, procs: Sequence[RankSpec]) -> Tuple[JobS
     return job, plan
 
 
+def log_dir(path: str) -> None:
+    """``--log_dir``, made if missing, where no other user may put anything of
+    theirs (:func:`~mslaunch.machine.osfiles.check_dirs`): the job's logs and its
+    record go there, and ``--stop_job`` signals the pid its record names."""
+    from ..machine.osfiles import check_dirs
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        check_dirs(path)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename and err.filename != path else ""
+        raise LaunchError(f"--log_dir {path}: {err.strerror}{where}") from None
+
+
 def run_node(spec: MsrunSpec, announce: Optional[Announce] = None,
              on_result: Optional[OnResult] = None) -> int:
     """Run this node's part of the job to its end; the exit status.
@@ -168,10 +181,7 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
     loop = Loop()
     master, addresses = master_address(spec)
     multi = spec.worker_num > spec.local_worker_num
-    try:
-        os.makedirs(spec.log_dir, mode=0o700, exist_ok=True)
-    except OSError as err:
-        raise LaunchError(f"--log_dir {spec.log_dir}: {err.strerror}") from None
+    log_dir(spec.log_dir)
     link = service = None
     ranks: Optional[List[int]] = None
     from ..machine.rendezvous import free_port

@@ -31,6 +31,10 @@ from ..core.states import (LINK_CONNECTING, LINK_ENDED, LINK_HANDSHAKING, LINK_J
 from . import secret as auth
 from .service import HANDSHAKE_SECONDS, NODE_LOST_EXIT, PROTOCOL, encode, node_message
 
+#: Seconds the node service has, once connected, to prove it knows the job's
+#: secret (its side gives a node 5 s; this one waits for the loop of a busy master).
+PROOF_SECONDS = 15.0
+
 
 class NodeLink:
     """A node's connection to the service: rendezvous, then stop in both directions.
@@ -159,6 +163,16 @@ class NodeLink:
         self.state = LINK_PROVING
         self.endpoint = SocketEndpoint(self.loop, sock, on_frame=self._frame,
                                        on_closed=self._closed)
+        # Whatever listens there must prove it knows the job's secret, and soon: a
+        # program of another user's on the port would hold this node forever.
+        self._try = self.loop.call_later(PROOF_SECONDS, self._unproven)
+
+    def _unproven(self) -> None:
+        self._try = None
+        if self.state == LINK_PROVING:
+            self._end(1, f"the node service at {self.connected} did not prove within "
+                         f"{PROOF_SECONDS:g} s that it knows this job's secret: another "
+                         f"program on that port?")
 
     def _frame(self, kind: int, body: bytes) -> None:
         message = node_message(kind, body)
@@ -166,10 +180,20 @@ class NodeLink:
             return
         op = message.get("op")
         assert self.endpoint is not None
-        if op == "refuse":
+        if op == "refuse" and self.state == LINK_PROVING:
+            # (the service's only refusals before its proof: another protocol, or
+            # the wrong secret; anyone on the port may send this one)
             hint = f": {auth.mismatch_hint()}" if message.get("secret") is True else ""
+            self._end(1, f"the node service at {self.connected} refused this node before "
+                         f"proving it is this job's (it said "
+                         f"{one_line(message.get('message', ''), 200)!r}){hint}")
+        elif op in ("refuse", "stop") and self.state == LINK_PROVING:
+            self._end(1, f"the program at {self.connected} sent {op!r} before proving it "
+                         f"knows this job's secret (not taken as the job's): another "
+                         f"program on the node service's port?")
+        elif op == "refuse":
             self._end(1, f"the node service refused this node: "
-                         f"{one_line(message.get('message', ''))}{hint}")
+                         f"{one_line(message.get('message', ''))}")
         elif op == "stop":
             code = message.get("code")
             self._end(code if isinstance(code, int) and 0 < code < 256 else 1,
@@ -190,6 +214,9 @@ class NodeLink:
                              "job's service on that port?): " + auth.mismatch_hint())
                 return
             self.state = LINK_REGISTERING
+            if self._try is not None:
+                self._try.cancel()
+                self._try = None
             self.endpoint.start_heartbeat(*self.heartbeat)
             if self.store[1]:
                 self.register["store"] = list(self.store)

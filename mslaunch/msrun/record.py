@@ -48,26 +48,33 @@ def _write(log_dir: str, record: Dict[str, Any]) -> None:
 
 
 def read(log_dir: str) -> Dict[str, Any]:
+    """The record in ``log_dir``: a file of this user's, not a link (``--stop_job``
+    signals the pid it names)."""
+    import stat
     path = os.path.join(log_dir, RECORD)
     try:
-        with open(path) as f:
-            record = json.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise LaunchError(f"{path}: {err.strerror} (no detached job there?)") from None
-    except ValueError:
-        raise LaunchError(f"{path}: not a job record") from None
-    if not isinstance(record, dict) or not isinstance(record.get("supervisor"), int):
+    with open(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise LaunchError(f"{path}: not a job record of this user's (owner uid "
+                              f"{info.st_uid})")
+        try:
+            record = json.loads(f.read(1 << 24))
+        except ValueError:
+            raise LaunchError(f"{path}: not a job record") from None
+    pid = record.get("supervisor") if isinstance(record, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         raise LaunchError(f"{path}: not a job record")
     return record
 
 
 def detach(spec: MsrunSpec) -> int:
     """Start the detached supervisor; return 0 once the job runs (or the error's code)."""
-    from .node import run_node
-    try:
-        os.makedirs(spec.log_dir, mode=0o700, exist_ok=True)
-    except OSError as err:
-        raise LaunchError(f"--log_dir {spec.log_dir}: {err.strerror}") from None
+    from .node import log_dir, run_node
+    log_dir(spec.log_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     read_fd, write_fd = os.pipe()
@@ -112,8 +119,8 @@ def _supervise(spec: MsrunSpec, news_fd: int, run_node) -> int:
     """The detached child: a session of its own, messages to the log, the record kept."""
     os.setsid()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    log = os.open(os.path.join(spec.log_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                  0o600)
+    from ..machine.osfiles import open_own
+    log = open_own(os.path.join(spec.log_dir, LOG), append=True, mode=0o600)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -170,7 +177,7 @@ def wait_job(log_dir: str, stop: bool = False) -> int:
     record = read(log_dir)
     pid = record["supervisor"]
     if record.get("state") != "ended":
-        if stop:
+        if stop and _alive(pid, record):
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -186,15 +193,29 @@ def wait_job(log_dir: str, stop: bool = False) -> int:
 
 
 def _alive(pid: int, record: Dict[str, Any]) -> bool:
-    """Whether the job's supervisor still runs (a reused pid is someone else)."""
+    """Whether the job's supervisor still runs: an mslaunch of this user's, started
+    when the record says (a reused pid is someone else)."""
     try:
+        owner = os.stat(f"/proc/{pid}").st_uid
         with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
+            fields = f.read().rsplit(b")", 1)[1].split()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             mine = b"mslaunch" in f.read()
-    except OSError:
+    except (OSError, IndexError):
         return False
-    return mine and state != b"Z" and read_state(record) != "ended"
+    started = record.get("started")
+    if isinstance(started, float) and abs(_started_at(int(fields[19])) - started) > 5.0:
+        return False                   # (its clock's start, against the record's)
+    return mine and owner == os.geteuid() and fields[0] != b"Z" and \
+        read_state(record) != "ended"
+
+
+def _started_at(ticks: int) -> float:
+    """When a process started, in seconds since the epoch, from its start in clock
+    ticks after the boot (``/proc/PID/stat``)."""
+    with open("/proc/stat", "rb") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def read_state(record: Dict[str, Any]) -> Optional[str]:

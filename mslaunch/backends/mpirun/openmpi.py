@@ -30,6 +30,7 @@ from ...plan import log_paths
 from ...machine.child import ProcessHandle
 from ...machine.output import RankPipe, line_prefix
 from ...machine.spawn import exec_path
+from ...machine.osfiles import check_dirs, open_own
 from ...machine.trees import remove_tree
 from ...mpi.pmi.singletons import probe_path
 from ...core.spec import Host, JobResult, JobSpec, Plan, RankSpec
@@ -83,7 +84,8 @@ class _Demux:
             path = paths[0] if key[1] == 1 else paths[1]
             assert path is not None           # a directory was given: both are paths
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            self.files[key] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            check_dirs(os.path.dirname(path))
+            self.files[key] = open_own(path)
         return self.files[key]
 
     def line(self, stream: int, raw: bytes) -> None:

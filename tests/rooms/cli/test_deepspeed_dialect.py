@@ -5,7 +5,9 @@ own functions on any pool and filter), each bad value one error line."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -85,6 +87,48 @@ def test_one_remote_host_gets_what_deepspeed_exports_to_nodes(tmp_path):
                             {"PYTHONFOO": "1", "HOME": str(tmp_path)}, str(tmp_path))
     env = _env_of(words)
     assert env["PYTHONFOO"] == "1" and env["PYTHONPATH"] == str(tmp_path)
+
+
+def test_a_deepspeed_env_file_is_judged_by_what_was_opened_not_by_its_name(tmp_path):
+    # Another user swaps the launch directory's .deepspeed_env between a link to a
+    # trusted (empty) file and a link to theirs while it is judged and read: what
+    # is read is what was judged, never their LD_PRELOAD.
+    import threading
+    import mslaunch.cli.deepspeed as ds
+    require(os.geteuid() == 0, "root, to give a file to another user")
+    theirs = tmp_path / "theirs"
+    theirs.write_text("LD_PRELOAD=/tmp/x.so\n")
+    os.chown(theirs, 65534, 65534)
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    launch = tmp_path / "launch"
+    launch.mkdir()
+    name = launch / ".deepspeed_env"
+    name.symlink_to(empty)
+    done = threading.Event()
+
+    def swap() -> None:
+        while not done.is_set():
+            for target in (theirs, empty):
+                (launch / "next").symlink_to(target)
+                os.rename(launch / "next", name)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    seen = {"refused": 0, "empty": 0, "theirs": 0}
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                got = ds.deepspeed_env({"HOME": str(tmp_path / "nohome")}, str(launch))
+            except UsageError:
+                seen["refused"] += 1
+                continue
+            seen["theirs" if got else "empty"] += 1
+    finally:
+        done.set()
+        swapper.join(10)
+    assert seen["theirs"] == 0 and seen["refused"] and seen["empty"], seen
 
 
 def test_a_deepspeed_env_file_another_user_may_write_is_refused(tmp_path):

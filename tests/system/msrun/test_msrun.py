@@ -431,6 +431,73 @@ def test_a_detached_job_can_be_stopped(bin_dir, tmp_path):
     assert all_gone(tag), tagged_pids(tag)
 
 
+def _record(log_dir, pid: int, started: float) -> None:
+    log_dir.mkdir()
+    (log_dir / "mslaunch_job.json").write_text(json.dumps(
+        {"supervisor": pid, "state": "running", "exit_code": None, "log_dir": str(log_dir),
+         "processes": [], "started": started}))
+
+
+def test_stop_job_signals_nothing_but_the_jobs_own_supervisor(tmp_path):
+    # --stop_job sends SIGTERM to the pid the record names: a record another user
+    # wrote (in a directory of theirs), or one naming a process that is no
+    # supervisor of this user's (a reused pid), must not end that process.
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        mine = tmp_path / "mine"
+        _record(mine, victim.pid, time.time())
+        s = subprocess.run(cmd(f"--stop_job={mine}"), capture_output=True, timeout=60)
+        assert s.returncode == 1 and b"gone without a status" in s.stderr, s.stderr
+        assert victim.poll() is None
+        if os.geteuid() == 0:
+            theirs = tmp_path / "theirs"
+            _record(theirs, victim.pid, time.time())
+            os.chown(theirs / "mslaunch_job.json", 65534, 65534)
+            s = subprocess.run(cmd(f"--stop_job={theirs}"), capture_output=True, timeout=60)
+            assert s.returncode == 1 and b"not a job record of this user's" in s.stderr, \
+                s.stderr
+            assert victim.poll() is None
+        for pid in (1, 0, -1, True):
+            _record(tmp_path / f"pid{pid}", pid, time.time())       # type: ignore[arg-type]
+            s = subprocess.run(cmd(f"--stop_job={tmp_path / f'pid{pid}'}"),
+                               capture_output=True, timeout=60)
+            assert s.returncode == 1 and b"not a job record" in s.stderr, s.stderr
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_log_dir_another_user_may_write_into_is_refused(bin_dir, tmp_path):
+    # Its owner could put links there under the logs' names, and have the job
+    # write (as its user) wherever they point.
+    require(os.geteuid() == 0, "root, to give a directory to another user")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chown(shared, 65534, 65534)
+    tmp_path.chmod(0o755)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, shared / "worker_0.log")
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={shared}", "--join=True",
+               TASK], ms_env(bin_dir), tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.decode().count("\n") == 1 and "another user's (uid 65534)" in \
+        r.stderr.decode(), r.stderr
+    assert victim.read_text() == "precious"
+
+
+def test_a_log_file_that_is_a_link_is_not_followed(bin_dir, tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, log_dir / "worker_0.log")
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={log_dir}", "--join=True",
+               TASK], ms_env(bin_dir), tmp_path)
+    assert r.returncode != 0 and "a symbolic link: not followed" in r.stderr.decode(), r.stderr
+    assert victim.read_text() == "precious"
+
+
 @pytest.mark.parametrize("args", [["--help", "all"], ["--worker_num=2", "-h"]])
 def test_help_shows_every_msrun_option(args):
     r = subprocess.run(cmd(*args), capture_output=True, text=True, timeout=30)
