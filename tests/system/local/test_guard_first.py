@@ -104,6 +104,13 @@ def _pids_home():
                     with open(os.path.join(point, "cgroup.subtree_control")) as g:
                         if "pids" in g.read().split():
                             return point
+                    with open(os.path.join(point, "cgroup.controllers")) as g:
+                        if "pids" not in g.read().split():
+                            continue
+                    # (a root without it for its children: turned on, as systemd does)
+                    with open(os.path.join(point, "cgroup.subtree_control"), "w") as g:
+                        g.write("+pids")
+                    return point
                 except OSError:
                     continue
             elif kind == "cgroup" and "pids" in right.split()[-1].split(","):
