@@ -83,24 +83,27 @@ def open_own(path: str, append: bool = False, mode: int = 0o644) -> int:
 
 
 def check_dirs(path: str) -> None:
-    """OSError unless no other user can rename or replace what is in directory
-    ``path`` or in those above it that exist: each is this user's or root's
-    (a link too), and not writable by all but with the sticky bit (as /tmp)."""
+    """OSError unless no other user can put a link or a directory of theirs in the
+    way of what is made in directory ``path``: no directory on the way there
+    (``path`` and those above it that exist) is writable by every user without
+    the sticky bit (as /tmp has), and no link on it is another user's but
+    root's.  (A directory that another user owns is allowed: a workspace of
+    the host's user mounted in a container, written by root.)"""
     import errno
     import stat
     me = os.geteuid()
-    parts = os.path.abspath(path).split(os.sep)[1:]
     here = os.sep
-    for part in [""] + parts:
-        here = os.path.join(here, part) if part else here
+    for part in os.path.abspath(path).split(os.sep)[1:]:
+        here = os.path.join(here, part)
         try:
             st = os.lstat(here)
         except FileNotFoundError:
             return
-        if st.st_uid not in (me, 0):
-            raise OSError(errno.EPERM, f"another user's (uid {st.st_uid}), who could put "
-                                       f"links or files of theirs in it", here)
-        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & 0o1000:
-            raise OSError(errno.EPERM, "writable by every user, without the sticky bit", here)
         if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (me, 0):
+                raise OSError(errno.EPERM, f"a link of another user's (uid {st.st_uid})",
+                              here)
             check_dirs(os.path.join(os.path.dirname(here), os.readlink(here)))
+        elif stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & 0o1000:
+            raise OSError(errno.EPERM, "writable by every user, without the sticky bit: "
+                                       "another user could put links of theirs in it", here)
