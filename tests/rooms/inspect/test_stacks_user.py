@@ -188,7 +188,9 @@ def test_stacks_and_top_as_a_user_and_refused_to_another(users):
     out, err = job.communicate(timeout=60)
     assert job.returncode == 0, err
     assert out.count(b"ready") == 2
-    # the owner's private directory went with the job
+    # the owner's private directory went with the job: its watchdog removes it once
+    # the launcher is gone, so its end is waited for (it carries the job's tag)
+    assert wait_for(lambda: not tagged_pids(owner.tag), 30), tagged_pids(owner.tag)
     assert not [n for n in os.listdir(owner.home) if n.startswith("mslaunch")]
 
 
