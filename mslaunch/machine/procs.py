@@ -261,14 +261,17 @@ def private_dir() -> Optional[str]:
 
 
 #: Candidates of :func:`private_dir` refused because someone else made them, or
-#: made them open to others (said once by the job, see :func:`refused_private`).
+#: made them open to others (said once by the job, see :func:`refused_private`),
+#: and those already said.
 _REFUSED: List[str] = []
+_SAID: Set[str] = set()
 
 
 def refused_private() -> List[str]:
-    """The candidate directories refused since the last call, each with why (a
-    warning's words)."""
-    refused = list(_REFUSED)
+    """The candidate directories refused since the last call and not told of
+    before (a job's restarts look again), each with why (a warning's words)."""
+    refused = [why for why in _REFUSED if why not in _SAID]
+    _SAID.update(_REFUSED)
     _REFUSED.clear()
     return refused
 

@@ -304,8 +304,13 @@ def test_a_private_directory_another_user_made_first_is_said_and_avoided(tmp_pat
     tag = new_tag()
     env = clean_env(MSL_TEST_TAG=tag, HOME=str(home), TMPDIR=str(own_tmpdir))
     env.pop("XDG_RUNTIME_DIR", None)
-    p = start("-n", "1", PY, "-c", "import sys, time\nprint('up', flush=True)\n"
-              "time.sleep(60)", env=env)
+    # The first attempt fails (once its rank has noted it ran): the warning is
+    # said once for the job, not again by its second attempt.
+    first = own_tmpdir / "first"
+    p = start("--max-restarts", "1", "-n", "1", PY, "-c",
+              "import os, sys, time\nif not os.path.exists(sys.argv[1]):\n"
+              "    open(sys.argv[1], 'w').close()\n    sys.exit(3)\n"
+              "print('up', flush=True)\ntime.sleep(60)", str(first), env=env)
     try:
         assert p.stdout.readline() == b"up\n"
         stacks = subprocess.run([PY, "-c", "import sys; from mslaunch.cli.stacks import main; "
@@ -317,5 +322,7 @@ def test_a_private_directory_another_user_made_first_is_said_and_avoided(tmp_pat
         p.terminate()
         _, err = p.communicate(timeout=60)
         kill_tagged(tag)
-    assert (f"mslaunch: warning: {taken} is not this user's alone (owner uid 65534, mode 0777): "
-            f"this job's control socket is in {home}/.cache/mslaunch/").encode() in err, err
+    warning = (f"mslaunch: warning: {taken} is not this user's alone (owner uid 65534, mode "
+               f"0777): this job's control socket is in {home}/.cache/mslaunch/").encode()
+    assert err.count(warning) == 1, err
+    assert b"restart" in err, err
