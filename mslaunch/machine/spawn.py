@@ -195,15 +195,17 @@ def exec_path(name: str, env: Mapping[str, str]) -> Optional[str]:
 
 class Helper:
     """A process that works for the launcher (srun, an rsh command), in a session
-    of its own: stdin from /dev/null, stdout and stderr into one pipe, whose
-    read end is :attr:`stdout`.  Started with ``posix_spawn`` as the ranks are,
-    so the launcher imports no :mod:`subprocess` before it.
+    of its own: stdin from /dev/null (or a pipe that gives ``stdin``, then its
+    end), stdout and stderr into one pipe, whose read end is :attr:`stdout`.
+    Started with ``posix_spawn`` as the ranks are, so the launcher imports no
+    :mod:`subprocess` before it.
 
     One thread waits for it (:meth:`wait`, which reaps it); :meth:`poll` only
     tells what that thread saw.  ``env`` None is this process's environment.
     """
 
-    def __init__(self, argv: Sequence[str], env: Optional[Mapping[str, str]]) -> None:
+    def __init__(self, argv: Sequence[str], env: Optional[Mapping[str, str]],
+                 stdin: bytes = b"") -> None:
         global _sealed
         env = os.environ if env is None else env
         path = exec_path(argv[0], env) if argv else None
@@ -215,7 +217,10 @@ class Helper:
             seal_inherited_fds()
             _sealed = True
         r, w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        if stdin:
+            null, feed = os.pipe()
+        else:
+            null, feed = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
         try:
             from .cgroups import starting
             with starting():          # (a spare host's agent starts on a thread of its own)
@@ -226,10 +231,18 @@ class Helper:
                                               (os.POSIX_SPAWN_DUP2, w, 2)])
         except BaseException:
             os.close(r)
+            if feed >= 0:
+                os.close(feed)
             raise
         finally:
             os.close(w)
             os.close(null)
+        if feed >= 0:
+            try:
+                os.write(feed, stdin)      # (a few bytes: within the pipe's buffer)
+            except OSError:
+                pass                       # it ended already: its end tells why
+            os.close(feed)
         self.stdout = open(r, "rb")
         self.returncode: Optional[int] = None
         _helpers.add(self.pid)

@@ -7,14 +7,18 @@ under Slurm, where ``srun`` gives no stdin to its tasks, the whole link
 goes that way.
 
 The launcher listens only on the addresses given (those the hosts route to
-it), and every connection must prove itself within :data:`AUTH_SECONDS`: it
-sends one line, ``mslaunch-dial <token>``, where the token is a random
-secret the agent got over a trusted path (the SSH link, or the Slurm step's
-environment) and is used once.  With TLS, the launcher's certificate is a
-fresh self-signed one whose PEM the agent also gets over that path and
-pins, so the connection is encrypted and each side knows the other.
-Anything else -- a wrong token, junk, silence -- is closed, and at most a
-few lines a window report it.
+it), and every connection must prove itself within :data:`AUTH_SECONDS`.
+An agent's token is a random secret it got over a trusted path (the SSH
+link, the Slurm step's environment, an rsh command's environment or stdin)
+and is used once; the agent never sends it, but proves it knows it, after
+the launcher has proved the same (:mod:`.dialproof`): whoever else answers
+on an address the agent dials is given nothing and runs nothing.  The
+tasks of ``--launcher srun``, plain shells, present their token itself
+(``mslaunch-dial <token>``, :meth:`Listener.expect` with ``plain``).  With
+TLS, the launcher's certificate is a fresh self-signed one whose PEM the
+agent also gets over that path and pins, so the connection is encrypted and
+each side knows the other.  Anything else -- a wrong token or proof, junk,
+silence -- is closed, and at most a few lines a window report it.
 """
 
 from __future__ import annotations
@@ -181,11 +185,11 @@ def _server_context(key_pem: bytes, cert_pem: bytes):
     return context
 
 
-def read_token(buf: bytes) -> Optional[Tuple[str, str, bytes]]:
-    """The token of a dialling connection's first line (``mslaunch-dial TOKEN
-    [ABOUT]``), what the line says after it, and what came after the line;
-    None until the line is whole, ValueError past 200 bytes without one.  A line
-    of another form gives the empty token, which no one expects."""
+def read_hello(buf: bytes) -> Optional[Tuple[str, str, bytes]]:
+    """A dialling connection's first line (``mslaunch-dial WORD [MORE]``): its
+    word, what the line says after it, and what came after the line; None
+    until the line is whole, ValueError past 200 bytes without one.  A line
+    of another form gives the empty word, which no one expects."""
     if b"\n" not in buf:
         if len(buf) > 200:
             raise ValueError("no token line")
@@ -193,12 +197,12 @@ def read_token(buf: bytes) -> Optional[Tuple[str, str, bytes]]:
     line, _, rest = buf.partition(b"\n")
     if not line.startswith(_HELLO):
         return "", "", rest
-    token, _, about = line[len(_HELLO):].decode("ascii", "replace").partition(" ")
-    return token, about, rest
+    word, _, more = line[len(_HELLO):].decode("ascii", "replace").partition(" ")
+    return word, more, rest
 
 
 class _Pending:
-    __slots__ = ("sock", "buf", "timer", "handshaking", "accepted")
+    __slots__ = ("sock", "buf", "timer", "handshaking", "accepted", "proving")
 
     def __init__(self, sock) -> None:
         self.sock = sock
@@ -206,6 +210,9 @@ class _Pending:
         self.timer: Optional[Timer] = None
         self.handshaking = False
         self.accepted = time.monotonic()
+        #: Once the launcher has proved itself: (tag, the agent's proof due, what
+        #: its hello said after the nonce).
+        self.proving: Optional[Tuple[str, str, str]] = None
 
 
 class Listener:
@@ -216,7 +223,9 @@ class Listener:
                  port_range: Optional[Tuple[int, int]] = None) -> None:
         self.loop = loop
         self.log = log
-        self.expected: Dict[str, Callable[[object, bytes, str], None]] = {}
+        #: By the word a dial line presents (a token's tag, or a plain token):
+        #: the token ("" for a plain one) and what takes the connection.
+        self.expected: Dict[str, Tuple[str, Callable[[object, bytes, str], None]]] = {}
         self.socks: List[CListener] = []
         self.pending: Dict[int, _Pending] = {}
         self.cert_pem: Optional[bytes] = None
@@ -270,14 +279,21 @@ class Listener:
                 return sock.getsockname()[1]
         return None
 
-    def expect(self, token: str, on_connection: Callable[[object, bytes, str], None]) -> None:
-        """Call ``on_connection(sock, first_bytes, about)`` when a connection presents
-        ``token``.
+    def expect(self, token: str, on_connection: Callable[[object, bytes, str], None],
+               plain: bool = False) -> None:
+        """Call ``on_connection(sock, first_bytes, about)`` when a connection proves
+        it knows ``token`` (:mod:`.dialproof`), or, ``plain``, presents it.
 
-        ``first_bytes`` is what came after the token line in the same read,
-        ``about`` what the line said after the token.  A token is used once.
+        ``first_bytes`` is what came after the last line of that in the same
+        read, ``about`` what the dial line said after the nonce (the token, if
+        plain).  A token is used once.
         """
-        self.expected[token] = on_connection
+        if plain:
+            self.expected[token] = ("", on_connection)
+        else:
+            from .dialproof import tag_of
+            assert len(token) <= 64           # (see dialproof.AGENT_HANDSHAKE)
+            self.expected[tag_of(token)] = (token, on_connection)
 
     # -- accepting ------------------------------------------------------------
     def _accept(self, lsock: CListener) -> None:
@@ -315,20 +331,60 @@ class Listener:
             self._drop(entry, "closed before presenting a token")
             return
         entry.buf += data
+        if entry.proving is not None:
+            self._proved(entry)
+            return
         try:
-            found = read_token(entry.buf)
+            found = read_hello(entry.buf)
         except ValueError:
             self._drop(entry, "sent junk")
             return
         if found is None:
             return
-        token, about, rest = found
-        owner = self.expected.pop(token, None)
+        word, more, rest = found
+        token, owner = self.expected.get(word, ("", None))
         if owner is None:
             self._drop(entry, "presented a wrong token")
             return
+        if not token:                   # a plain token: the connection is its owner's
+            del self.expected[word]
+            self._release(entry)
+            owner(sock, rest, more)
+            return
+        from .dialproof import is_nonce, new_nonce, proof
+        nonce, _, about = more.partition(" ")
+        if not is_nonce(nonce) or rest:
+            self._drop(entry, "sent junk")
+            return
+        ours = new_nonce()
+        answer = f"{ours} {proof(token, 'launcher', nonce, ours)}\n".encode()
+        try:
+            sent = sock.send(answer)
+        except (OSError, ValueError):
+            sent = 0
+        if sent != len(answer):          # (a few bytes into an empty buffer)
+            self._drop(entry, "broke off")
+            return
+        entry.buf = b""
+        entry.proving = (word, proof(token, "agent", nonce, ours), about)
+
+    def _proved(self, entry: _Pending) -> None:
+        """The agent's proof, once its line is whole."""
+        if b"\n" not in entry.buf:
+            if len(entry.buf) > 200:
+                self._drop(entry, "sent junk")
+            return
+        from _operator import _compare_digest
+        assert entry.proving is not None
+        word, due, about = entry.proving
+        line, _, rest = entry.buf.partition(b"\n")
+        _, owner = self.expected.get(word, ("", None))
+        if owner is None or not _compare_digest(line, due.encode()):
+            self._drop(entry, "gave a wrong proof")
+            return
+        del self.expected[word]
         self._release(entry)
-        owner(sock, rest, about)
+        owner(entry.sock, rest, about)
 
     def _release(self, entry: _Pending) -> None:
         self.pending.pop(entry.sock.fileno(), None)
@@ -395,11 +451,12 @@ def _connect(addr: str, port: int, timeout: float, tls: bool):
 
 def dial(addresses: Sequence[str], port: int, token: str, cert_pem: Optional[str],
          timeout: float = 3.0):
-    """The agent's side: connect, check the launcher's certificate, send the token.
+    """The agent's side: connect, check the launcher's certificate, prove the
+    token both ways (:mod:`.dialproof`).
 
-    Returns a connected socket (TLS when ``cert_pem`` is given), or None
-    when no address answers; never raises for network trouble (ValueError
-    for a certificate that is not one).
+    Returns a connected socket (TLS when ``cert_pem`` is given) to the first
+    address whose far end proved itself, or None when none did; never
+    raises for network trouble (ValueError for a certificate that is not one).
     """
     context = None
     if cert_pem:
@@ -414,11 +471,15 @@ def dial(addresses: Sequence[str], port: int, token: str, cert_pem: Optional[str
     for addr in addresses:
         try:
             sock = _connect(addr, port, timeout, context is not None)
+        except OSError:
+            continue
+        try:
             if context is not None:
                 sock = context.wrap_socket(sock)
-            sock.sendall(_HELLO + token.encode("ascii") + b"\n")
+            from .dialproof import prove
+            prove(sock, token, timeout)
             sock.settimeout(None)
             return sock
         except (OSError, ValueError):
-            continue
+            sock.close()
     return None

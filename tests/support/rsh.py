@@ -30,6 +30,8 @@ def kubexec(bed, directory) -> str:
                 "  *) echo \"Error from server (NotFound): pods \\\"$pod\\\" not found\" >&2;"
                 " exit 1;;\nesac\n"
                 # The remote side outlives a dropped kubectl exec, as in Kubernetes.
-                "nsenter -t $pid -n -u -m -- /bin/sh -c \"$*\" </dev/null &\nwait $!\n")
+                # Neither the environment nor stdin reaches the pod.
+                "env -i PATH=\"$PATH\" nsenter -t $pid -n -u -m -- /bin/sh -c \"$*\" "
+                "</dev/null &\nwait $!\n")
     os.chmod(path, 0o755)
     return path

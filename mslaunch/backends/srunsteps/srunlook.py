@@ -104,7 +104,7 @@ class Look:
         self.pipes: List[RankPipe] = []
         self.token = os.urandom(12).hex()
         for node in by_node:
-            listener.expect(f"{self.token}-{node}", self._connected(node))
+            listener.expect(f"{self.token}-{node}", self._connected(node), plain=True)
         self.timer = loop.call_later(timeout, self.finish)
 
     def _connected(self, node: str):

@@ -153,7 +153,8 @@ class SrunRanks(ProcessHandle):
                                             spec.cwd, pmi_port, spec.label or
                                             f"rank {spec.rank}"))
             for stream in ("o",) if merged else ("o", "e"):
-                listener.expect(f"{secret}{task}{stream}", self._dialled(task, stream))
+                listener.expect(f"{secret}{task}{stream}", self._dialled(task, stream),
+                                plain=True)
         env[TASK_VARIABLE] = task_program(secret, port, merged)
         stdin = self._stdin()
         argv = srun_argv([s.host.name for s in specs], len(specs), stdin,

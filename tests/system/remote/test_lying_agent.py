@@ -74,7 +74,17 @@ for i, path in enumerate({parts!r}):
             context.check_hostname = False
             context.load_verify_locations(cadata=data["cert"])
             conn = context.wrap_socket(conn)
-        conn.sendall(b"mslaunch-dial " + data["token"].encode() + b"\\n")
+        # (the two-way proof of mslaunch/wire/dialproof.py, the agent's side)
+        import hashlib, hmac, os
+        tok, ours = data["token"], os.urandom(16).hex()
+        tag = hashlib.sha256(("mslaunch-dial " + tok).encode()).hexdigest()[:32]
+        conn.sendall(("mslaunch-dial %s %s\\n" % (tag, ours)).encode())
+        said = b""
+        while not said.endswith(b"\\n"):
+            said += conn.recv(1)
+        theirs = said.split()[0].decode()
+        conn.sendall(hmac.new(tok.encode(), ("agent %s %s" % (ours, theirs)).encode(),
+                              hashlib.sha256).hexdigest().encode() + b"\\n")
         with open({dial!r}, "rb") as f:
             conn.sendall(f.read())
 if {linger!r}:

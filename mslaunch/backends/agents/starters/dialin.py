@@ -38,29 +38,29 @@ from ....wire import link
 from ....machine import timeline
 
 
-def dial_program(prelude: str, token: str) -> str:
+def dial_program(prelude: str, token: str,
+                 missing: str = "this host is not one the launcher started an agent for") -> str:
     """The one-line program an agent runs: ``prelude`` (Python statements, each
-    ending in ``;``), then it takes its token (the Python expression ``token``)
-    and ``MSLAUNCH_DIAL`` (``ADDR:PORT[,ADDR:PORT...]``, tried in turn) out of
-    the environment, connects, presents the token, makes the connection its stdin and stdout
-    and reads the bootstrap as over SSH.  Single quotes only, for the ``sh
-    -c`` double quotes around it."""
+    ending in ``;``), then it takes its token (the Python expression ``token``;
+    empty: it says ``missing``) and ``MSLAUNCH_DIAL`` (``ADDR:PORT[,ADDR:PORT...]``,
+    tried in turn) out of the environment, connects to the first address whose
+    far end proves it knows the token (:mod:`mslaunch.wire.dialproof`), proves
+    it knows it too, makes the connection its stdin and stdout and reads the
+    bootstrap as over SSH.  Single quotes only, for the ``sh -c`` double quotes
+    around it (and none in ``missing``)."""
+    assert "'" not in missing and '"' not in missing
+    from ....wire.dialproof import AGENT_HANDSHAKE, HELLO
     # ``_socket``, the C module: ``socket`` would cost the agent's start 10 ms.
     # sys.exit: under -S there is no exit() builtin.
     return ("import io,os,sys,_socket as socket;e=os.environ;" + prelude + "t=" + token + ";"
-            "a=e.pop('MSLAUNCH_DIAL');A=[x.rsplit(':',1) for x in a.split(',')];"
-            "t or sys.exit('mslaunch: this host is not one the launcher started an agent for');"
-            "c=[socket.socket(socket.AF_INET6 if ':' in x else socket.AF_INET) for x,q in A];"
-            "s=next((k for k,(x,q) in zip(c,A) if not(k.settimeout(10) or "
-            "k.connect_ex((x,int(q))))),None);"
-            "s or sys.exit('mslaunch: cannot reach the launcher at '+a);"
-            # TCP_NODELAY (6, 1): the agent's hello follows the bootstrap's answer
-            # at once, and would otherwise wait for the launcher's delayed ACK.
-            "s.settimeout(None);s.setsockopt(6,1,1);"
-            # After the token, the interpreter's bytecode version: an agent of the
+            "a=e.pop('MSLAUNCH_DIAL');"
+            "t or sys.exit('mslaunch: " + missing + "');"
+            # After the nonce, the interpreter's bytecode version: an agent of the
             # launcher's is sent the bootstrap compiled (see bootstrap.Handshake).
-            "s.sendall(('mslaunch-dial '+t+' '+getattr(sys.modules.get("
-            "'_frozen_importlib_external'),'MAGIC_NUMBER',b'').hex()+chr(10)).encode());"
+            "m=getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',b'').hex();"
+            "h='" + HELLO + "';"
+            "exec(bytes.fromhex('" + AGENT_HANDSHAKE.encode().hex() + "').decode());"
+            "s or sys.exit('mslaunch: cannot reach the launcher at '+a);"
             "os.dup2(s.fileno(),0);os.dup2(s.fileno(),1);s.close();"
             "b=io.BufferedReader(io.FileIO(0,closefd=False),1);"
             "exec(b.read(int(b.readline())))")
@@ -73,11 +73,12 @@ class StartingProcess:
     ran = "agent"             # what it ran, as its end is reported
     several = False           # it runs the agents of several hosts (srun)
 
-    def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]], what: str) -> None:
+    def __init__(self, argv: Sequence[str], env: Optional[Dict[str, str]], what: str,
+                 stdin: bytes = b"") -> None:
         from ....machine.spawn import Helper
         self.what = what
         try:
-            self.proc = Helper(argv, env)
+            self.proc = Helper(argv, env, stdin)
         except OSError as err:
             raise LaunchError(f"cannot run {what}: {err.strerror}") from None
         import threading          # after the start: srun's step waits for nothing here

@@ -9,12 +9,20 @@ The last word is one command line, which the remote side runs through a
 shell; it needs nothing on the host but ``/bin/sh`` and Python 3.8.
 
 Such a command need not forward stdin, so the agent dials back, as under
-srun (:mod:`.dialin`): the command line carries the launcher's addresses
-and a one-time token in the agent's environment (``env`` in front of the
-interpreter, so no token is left in the agent's argv); the launcher sends
-the bootstrap on the connection the token opens.  A host the launcher cannot
-resolve (a pod's name, an alias of ``ssh_config``) is given every address of
-this machine, tried in turn.
+srun (:mod:`.dialin`): the command line carries the launcher's addresses;
+the launcher sends the bootstrap on the connection a one-time token opens.
+A host the launcher cannot resolve (a pod's name, an alias of
+``ssh_config``) is given every address of this machine, tried in turn.
+
+The token never goes into a command line, which every user of either host
+may read (``ps``) while the agent starts, and could then dial back first in
+the agent's place.  It goes both ways that only the job's user can see: in
+the command's environment (``qrsh -V`` and ``blaunch`` carry it to the
+host) and as the first line of its stdin (``ssh`` and ``rsh`` forward it);
+the agent takes the one that arrived.  Only ``kubectl exec`` without
+``-i`` (the MPI Operator v1's ``kubexec.sh``) carries neither: an rsh agent
+named ``kube*`` gets the token in the command line, as before, where each
+pod is one tenant's.
 
 Each host has its own command process, in a session of its own.  When it
 ends before its agent dialled back, or the agent does not dial back in
@@ -51,7 +59,14 @@ DEFAULT_AGENT = "ssh : rsh"
 #: Seconds the other hosts are given to fail too, once one host's start failed.
 FAILURE_SETTLE = 2.0
 
-_DIAL = dial_program("", "e.pop('MSLAUNCH_DIAL_TOKEN','')")
+#: The token: from the environment if the command carried it there, else the
+#: first line of stdin (EOF: none came, and the program says so).
+_DIAL = dial_program("", "e.pop('MSLAUNCH_DIAL_TOKEN','') or "
+                     "io.FileIO(0,closefd=False).readline().strip().decode('latin-1')",
+                     "no token of the launcher came to this host, neither in the "
+                     "environment nor on stdin (the rsh agent passes on neither)")
+#: The token's variable, in the rsh command's own environment.
+TOKEN_VARIABLE = "MSLAUNCH_DIAL_TOKEN"
 
 
 def agent_words(agent: str, args: str, environ: Mapping[str, str],
@@ -98,15 +113,24 @@ def engine_agent(environ: Mapping[str, str]) -> Tuple[str, str]:
     return shlex.quote(blaunch), "inside an LSF job"
 
 
-def remote_command(pythons: Sequence[str], dial: str, token: str,
+def remote_command(pythons: Sequence[str], dial: str, token: str = "",
                    wrapper: Sequence[str] = ()) -> str:
     """The command line an agent's host runs: the interpreter search of
-    :mod:`mslaunch.backends.agents.bootstrap`, running the dial program with ``dial`` and ``token``
-    (set inside ``wrapper``, which need not pass its environment on)."""
+    :mod:`mslaunch.backends.agents.bootstrap`, running the dial program with ``dial``
+    (set inside ``wrapper``, which need not pass its environment on), and
+    ``token`` only for an rsh agent that carries it no other way."""
     words = bootstrap.agent_argv(_DIAL, pythons)
     return " ".join(["exec", *(bootstrap.shell_quote(w) for w in wrapper), "env",
-                     f"MSLAUNCH_DIAL={dial}", f"MSLAUNCH_DIAL_TOKEN={token}",
+                     f"MSLAUNCH_DIAL={dial}",
+                     *([f"{TOKEN_VARIABLE}={token}"] if token else []),
                      *(bootstrap.shell_quote(w) for w in words)])
+
+
+def token_in_command(words: Sequence[str]) -> bool:
+    """Whether the rsh agent ``words`` passes on neither its environment nor its
+    stdin (``kubectl exec`` without ``-i``: the MPI Operator v1's ``kubexec.sh``),
+    so that the token must go in the command line."""
+    return bool(words) and os.path.basename(words[0]).startswith("kube")
 
 
 def dial_addresses(names: Sequence[str]) -> List[str]:
@@ -145,6 +169,7 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
     outlast one timeout for all on a launcher that cannot run them together."""
     from ....wire.dialback import new_token
     tokens = {name: new_token() for name in names}
+    in_command = token_in_command(words)
     shown = " ".join(words)
     queue = list(names)
     began: Dict[str, float] = {}
@@ -153,8 +178,14 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
     def launch(procs: Dict[str, StartingProcess], room: int) -> None:
         while queue and room > 0:
             name = queue.pop(0)
-            argv = list(words) + [name, remote_command(pythons, dial[0], tokens[name], wrapper)]
-            procs[name] = StartingProcess(argv, None, os.path.basename(words[0]))
+            token = tokens[name]
+            argv = list(words) + [name, remote_command(
+                pythons, dial[0], token if in_command else "", wrapper)]
+            # (the agent takes the token from its environment or its stdin,
+            # whichever the rsh agent carried: see the module docstring)
+            procs[name] = StartingProcess(argv, {**os.environ, TOKEN_VARIABLE: token},
+                                          os.path.basename(words[0]),
+                                          stdin=f"{token}\n".encode())
             began[name] = time.monotonic()
             room -= 1
 

@@ -1,0 +1,226 @@
+"""The dial-back's two-way proof: an agent runs nothing and sends nothing of its
+token to a far end that has not proved it knows the token (another user listening
+first on an address the agent dials: the host's own loopback, a bridge's address
+both machines have), and the launcher takes no connection that has not proved it.
+
+The impostors here listen on 127.0.0.2 at the launcher's port, the first address
+the agents are given; the launcher listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import List
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mslaunch.machine.loop import Loop
+from mslaunch.wire import dialback, dialproof
+
+HEX = "0123456789abcdef"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=HEX, min_size=1, max_size=64), st.sampled_from(["launcher", "agent"]),
+       st.text(alphabet=HEX, min_size=32, max_size=32),
+       st.text(alphabet=HEX, min_size=32, max_size=32))
+def test_a_proof_is_rfc_2104_hmac_sha256_on_both_sides(token, who, ours, theirs):
+    want = hmac.new(token.encode(), f"{who} {ours} {theirs}".encode(), hashlib.sha256).hexdigest()
+    assert dialproof.proof(token, who, ours, theirs) == want
+    # the agents' one-line program computes the same (no address: it dials nothing)
+    space = {"h": dialproof.HELLO, "t": token, "a": "", "m": "", "socket": socket}
+    exec(dialproof.AGENT_HANDSHAKE, space)
+    assert space["s"] is None and space["mac"](who, ours, theirs) == want
+    assert dialproof.tag_of(token) == hashlib.sha256(
+        f"mslaunch-dial {token}".encode()).hexdigest()[:32]
+
+
+class Impostor:
+    """Listens on 127.0.0.2:``port`` and answers each connection with ``answer``
+    (then a "bootstrap" that would note it ran); keeps what it was sent."""
+
+    def __init__(self, port: int, answer: bytes, ran: str) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.2", port))
+        self.sock.listen(8)
+        self.heard = b""
+        self.answer = answer
+        code = f"open({ran!r}, 'w').close()\n".encode()
+        self.bootstrap = str(len(code)).encode() + b"\n" + code
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.heard += conn.recv(4096)
+                    conn.sendall(self.answer + self.bootstrap)
+                    while True:
+                        more = conn.recv(4096)
+                        if not more:
+                            break
+                        self.heard += more
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def launcher():
+    loop = Loop()
+    lines: List[str] = []
+    listener = dialback.Listener(loop, ["127.0.0.1"], tls=False, log=lines.append)
+    yield loop, listener, lines
+    listener.close()
+    loop.close()
+
+
+def _answers():
+    nonce = "ab" * 16
+    return [b"", b"junk\n", f"{nonce} {'0' * 64}\n".encode(),
+            f"{nonce} {dialproof.proof('not-the-token', 'launcher', 'x', nonce)}\n".encode()]
+
+
+@pytest.mark.parametrize("answer", _answers())
+def test_the_dial_program_runs_nothing_an_impostor_sends_and_tells_it_nothing(
+        tmp_path, launcher, answer):
+    from mslaunch.backends.agents.starters.rsh import _DIAL
+    loop, listener, _ = launcher
+    token = dialback.new_token()
+    got: List[bytes] = []
+    listener.expect(token, lambda sock, first, about: (got.append(first), sock.close()))
+    port = listener.port_of("127.0.0.1")
+    ran = str(tmp_path / "impostor-ran")
+    impostor = Impostor(port, answer, ran)
+    try:
+        env = dict(os.environ, MSLAUNCH_DIAL=f"127.0.0.2:{port},127.0.0.1:{port}",
+                   MSLAUNCH_DIAL_TOKEN=token)
+        agent = subprocess.Popen([sys.executable, "-S", "-c", _DIAL], env=env,
+                                 stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        # the agent passed the impostor by and proved itself to the launcher,
+        # which closed it (no bootstrap here): it never ran the impostor's code
+        assert got == [b""]
+        agent.wait(timeout=30)
+    finally:
+        impostor.close()
+    assert not os.path.exists(ran)
+    assert token.encode() not in impostor.heard
+    assert impostor.heard.startswith(b"mslaunch-dial " + dialproof.tag_of(token).encode())
+
+
+def test_the_dial_program_alone_with_an_impostor_says_so_in_one_line(tmp_path):
+    from mslaunch.backends.agents.starters.rsh import _DIAL
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]          # held, never listened on: refused
+    ran = str(tmp_path / "impostor-ran")
+    token = dialback.new_token()
+    impostor = Impostor(port, b"", ran)
+    impostor.answer = f"{'ab' * 16} {'0' * 64}\n".encode()
+    try:
+        env = dict(os.environ, MSLAUNCH_DIAL=f"127.0.0.2:{port},127.0.0.1:{port}",
+                   MSLAUNCH_DIAL_TOKEN=token)
+        r = subprocess.run([sys.executable, "-S", "-c", _DIAL], env=env, timeout=60,
+                           stdin=subprocess.DEVNULL, capture_output=True)
+    finally:
+        impostor.close()
+        probe.close()
+    assert r.returncode == 1
+    assert r.stderr.decode().splitlines() == [
+        f"mslaunch: cannot reach the launcher at 127.0.0.2:{port},127.0.0.1:{port}"]
+    assert not os.path.exists(ran) and token.encode() not in impostor.heard
+
+
+@pytest.mark.parametrize("answer", _answers())
+def test_an_agent_s_output_connection_passes_an_impostor_by(tmp_path, launcher, answer):
+    loop, listener, _ = launcher
+    token = dialback.new_token()
+    got: List[bytes] = []
+    listener.expect(token, lambda sock, first, about: got.append(first))
+    port = listener.port_of("127.0.0.1")
+    impostor = Impostor(port, answer, str(tmp_path / "ran"))
+    result: List[object] = []
+    dialer = threading.Thread(target=lambda: result.append(
+        dialback.dial(["127.0.0.2", "127.0.0.1"], port, token, None, timeout=3.0)))
+    try:
+        dialer.start()
+        deadline = time.monotonic() + 30
+        while dialer.is_alive() and time.monotonic() < deadline:
+            loop.run_once(0.02)
+        dialer.join()
+        sock = result[0]
+        assert sock is not None and sock.getpeername()[0] == "127.0.0.1"
+        sock.sendall(b"output")
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            loop.run_once(0.02)
+        sock.close()
+    finally:
+        impostor.close()
+    assert got in ([b""], [b"output"])
+    assert token.encode() not in impostor.heard
+
+
+def test_the_launcher_takes_no_connection_without_the_agent_s_proof(launcher):
+    # Another user who learnt the tag (it answered an agent's dial in the
+    # launcher's place) connects to the launcher with it: the launcher proves
+    # itself, which tells nothing of the token; a wrong proof back is closed,
+    # and the real agent's place is still kept.
+    loop, listener, lines = launcher
+    token = dialback.new_token()
+    got: List[bytes] = []
+    listener.expect(token, lambda sock, first, about: got.append(first))
+    port = listener.port_of("127.0.0.1")
+    tag = dialproof.tag_of(token).encode()
+    thief = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        thief.sendall(b"mslaunch-dial " + tag + b" " + b"cd" * 16 + b"\n")
+        answer = b""
+        deadline = time.monotonic() + 10
+        while not answer.endswith(b"\n") and time.monotonic() < deadline:
+            loop.run_once(0.02)
+            try:
+                thief.settimeout(0.05)
+                answer += thief.recv(200)
+            except socket.timeout:
+                pass
+        assert answer.endswith(b"\n") and token.encode() not in answer
+        thief.settimeout(5)
+        thief.sendall(b"0" * 64 + b"\n")
+        deadline = time.monotonic() + 5
+        while not lines and time.monotonic() < deadline:
+            loop.run_once(0.02)
+        assert lines == ["link listener: closed a connection that gave a wrong proof"], lines
+        assert thief.recv(10) == b""
+    finally:
+        thief.close()
+    result: List[object] = []
+    dialer = threading.Thread(target=lambda: result.append(
+        dialback.dial(["127.0.0.1"], port, token, None)))
+    dialer.start()
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        loop.run_once(0.02)
+    dialer.join()
+    assert got == [b""] and result[0] is not None
+    result[0].close()
