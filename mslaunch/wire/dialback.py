@@ -351,22 +351,24 @@ class Listener:
             self._release(entry)
             owner(sock, rest, more)
             return
-        from .dialproof import is_nonce, new_nonce, proof
+        from .dialproof import address, is_nonce, new_nonce, proof
         nonce, _, about = more.partition(" ")
         if not is_nonce(nonce) or rest:
             self._drop(entry, "sent junk")
             return
         ours = new_nonce()
-        answer = f"{ours} {proof(token, 'launcher', nonce, ours)}\n".encode()
+        where, answer = "", b""
         try:
+            where = address(sock.getsockname()[0])
+            answer = f"{ours} {proof(token, 'launcher', nonce, ours, where)}\n".encode()
             sent = sock.send(answer)
         except (OSError, ValueError):
-            sent = 0
+            sent = -1
         if sent != len(answer):          # (a few bytes into an empty buffer)
             self._drop(entry, "broke off")
             return
         entry.buf = b""
-        entry.proving = (word, proof(token, "agent", nonce, ours), about)
+        entry.proving = (word, proof(token, "agent", nonce, ours, where), about)
 
     def _proved(self, entry: _Pending) -> None:
         """The agent's proof, once its line is whole."""

@@ -15,6 +15,11 @@ has shown that it knows the token:
    the proof of ``agent`` for the same nonces, which the launcher checks
    before it sends the bootstrap or takes any output.
 
+Each proof also covers the launcher's address on that connection
+(:func:`address`), as each end's socket has it: one who answered the agent at another address and relayed both
+ways to the launcher would pass on a proof for the launcher's own address,
+which the agent, having dialled another, refuses.
+
 A proof is HMAC-SHA256 (RFC 2104), made with the interpreter's own SHA-256
 module, as the agents' one-line dial program also makes it
 (:data:`AGENT_HANDSHAKE`): no OpenSSL is loaded for it.
@@ -25,6 +30,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from _socket import AF_INET, AF_INET6, inet_ntop, inet_pton
 
 #: The dial line's first word.
 HELLO = "mslaunch-dial"
@@ -43,14 +49,30 @@ def new_nonce() -> str:
     return os.urandom(16).hex()
 
 
-def proof(token: str, who: str, agent_nonce: str, launcher_nonce: str) -> str:
-    """``who``'s proof (``launcher`` or ``agent``) for this pair of nonces."""
+def address(addr: str) -> str:
+    """An IP address in one spelling: IPv6 compressed, without a zone, an
+    IPv4-mapped one as IPv4 (a dual-stack socket's view of an IPv4 peer)."""
+    addr = addr.split("%")[0]
+    if ":" not in addr:
+        return addr
+    try:
+        packed = inet_pton(AF_INET6, addr)
+    except OSError:
+        return addr
+    if packed[:12] == bytes(10) + b"\xff\xff":
+        return inet_ntop(AF_INET, packed[12:])
+    return inet_ntop(AF_INET6, packed)
+
+
+def proof(token: str, who: str, agent_nonce: str, launcher_nonce: str, where: str) -> str:
+    """``who``'s proof (``launcher`` or ``agent``) for this pair of nonces, on a
+    connection to the launcher's address ``where`` (see :func:`address`)."""
     sha = _sha256()
     key = token.encode()
     if len(key) > 64:                      # (a key longer than SHA-256's block)
         key = sha(key).digest()
     key = key.ljust(64, b"\0")
-    message = f"{who} {agent_nonce} {launcher_nonce}".encode()
+    message = f"{who} {agent_nonce} {launcher_nonce} {where}".encode()
     inner = sha(bytes(x ^ 0x36 for x in key) + message).digest()
     return sha(bytes(x ^ 0x5C for x in key) + inner).hexdigest()
 
@@ -62,6 +84,7 @@ def is_nonce(word: str) -> bool:
 def prove(sock, token: str, timeout: float) -> None:
     """The agent's side on ``sock`` (a connected socket, Python's): ValueError (or
     OSError) if the far end does not prove it knows ``token`` within ``timeout``."""
+    where = address(sock.getpeername()[0])
     ours = new_nonce()
     sock.sendall(f"{HELLO} {tag_of(token)} {ours}\n".encode())
     line = b""
@@ -77,9 +100,9 @@ def prove(sock, token: str, timeout: float) -> None:
         line += chunk
     words = line.decode("ascii", "replace").split()
     if len(words) != 2 or not is_nonce(words[0]) or \
-            words[1] != proof(token, "launcher", ours, words[0]):
+            words[1] != proof(token, "launcher", ours, words[0], where):
         raise ValueError("not the launcher")
-    sock.sendall(f"{proof(token, 'agent', ours, words[0])}\n".encode())
+    sock.sendall(f"{proof(token, 'agent', ours, words[0], where)}\n".encode())
 
 
 #: The agents' side, as the one-line dial program runs it (hex-encoded: any
@@ -92,9 +115,17 @@ AGENT_HANDSHAKE = """
 import os, sys
 S = __import__('_sha2' if sys.version_info >= (3, 12) else '_sha256').sha256
 k = t.encode().ljust(64, bytes(1))
-def mac(who, n, ln):
-    inner = S(bytes(x ^ 54 for x in k) + ('%s %s %s' % (who, n, ln)).encode()).digest()
+def mac(who, n, ln, w):
+    inner = S(bytes(x ^ 54 for x in k) + ('%s %s %s %s' % (who, n, ln, w)).encode()).digest()
     return S(bytes(x ^ 92 for x in k) + inner).hexdigest()
+def where(x):
+    x = x.split('%')[0]
+    if ':' not in x:
+        return x
+    p = socket.inet_pton(socket.AF_INET6, x)
+    if p[:12] == bytes(10) + bytes([255, 255]):
+        return socket.inet_ntop(socket.AF_INET, p[12:])
+    return socket.inet_ntop(socket.AF_INET6, p)
 def line(c):
     r = b''
     while not r.endswith(bytes([10])) and len(r) < 200:
@@ -116,9 +147,10 @@ for y in a.split(','):
         c.setsockopt(6, 1, 1)
         c.sendall(('%s %s %s %s' % (h, g, n, m)).rstrip().encode() + bytes([10]))
         ln, pr = line(c)
-        if pr != mac('launcher', n, ln):
+        w = where(c.getpeername()[0])
+        if pr != mac('launcher', n, ln, w):
             raise ValueError('not the launcher')
-        c.sendall(mac('agent', n, ln).encode() + bytes([10]))
+        c.sendall(mac('agent', n, ln, w).encode() + bytes([10]))
         c.settimeout(None)
         s = c
         break

@@ -28,17 +28,31 @@ from mslaunch.wire import dialback, dialproof
 HEX = "0123456789abcdef"
 
 
+ADDRESSES = st.one_of(st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str),
+                      st.ip_addresses(v=6).map(lambda a: a.exploded),
+                      st.ip_addresses(v=4).map(lambda a: f"::ffff:{a}"))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=HEX, min_size=1, max_size=64), st.sampled_from(["launcher", "agent"]),
        st.text(alphabet=HEX, min_size=32, max_size=32),
-       st.text(alphabet=HEX, min_size=32, max_size=32))
-def test_a_proof_is_rfc_2104_hmac_sha256_on_both_sides(token, who, ours, theirs):
-    want = hmac.new(token.encode(), f"{who} {ours} {theirs}".encode(), hashlib.sha256).hexdigest()
-    assert dialproof.proof(token, who, ours, theirs) == want
+       st.text(alphabet=HEX, min_size=32, max_size=32), ADDRESSES)
+def test_a_proof_is_rfc_2104_hmac_sha256_on_both_sides(token, who, ours, theirs, addr):
+    import ipaddress
+    where = dialproof.address(addr)
+    # one spelling: what the address is, IPv4-mapped IPv6 as IPv4
+    parsed = ipaddress.ip_address(addr)
+    mapped = getattr(parsed, "ipv4_mapped", None)
+    assert ipaddress.ip_address(where) == (mapped or parsed)
+    assert dialproof.address(where) == where
+    want = hmac.new(token.encode(), f"{who} {ours} {theirs} {where}".encode(),
+                    hashlib.sha256).hexdigest()
+    assert dialproof.proof(token, who, ours, theirs, where) == want
     # the agents' one-line program computes the same (no address: it dials nothing)
     space = {"h": dialproof.HELLO, "t": token, "a": "", "m": "", "socket": socket}
     exec(dialproof.AGENT_HANDSHAKE, space)
-    assert space["s"] is None and space["mac"](who, ours, theirs) == want
+    assert space["s"] is None and space["where"](addr) == where
+    assert space["mac"](who, ours, theirs, where) == want
     assert dialproof.tag_of(token) == hashlib.sha256(
         f"mslaunch-dial {token}".encode()).hexdigest()[:32]
 
@@ -95,7 +109,7 @@ def launcher():
 def _answers():
     nonce = "ab" * 16
     return [b"", b"junk\n", f"{nonce} {'0' * 64}\n".encode(),
-            f"{nonce} {dialproof.proof('not-the-token', 'launcher', 'x', nonce)}\n".encode()]
+            f"{nonce} {dialproof.proof('not-the-token', 'launcher', 'x', nonce, 'y')}\n".encode()]
 
 
 @pytest.mark.parametrize("answer", _answers())
@@ -224,3 +238,103 @@ def test_the_launcher_takes_no_connection_without_the_agent_s_proof(launcher):
     dialer.join()
     assert got == [b""] and result[0] is not None
     result[0].close()
+
+
+class Relay:
+    """Listens on 127.0.0.2:``port`` and relays each connection both ways to the
+    launcher at 127.0.0.1:``port``, byte for byte."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.2", port))
+        self.sock.listen(8)
+        self.port = port
+        self.relayed = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                near, _ = self.sock.accept()
+            except OSError:
+                return
+            far = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            self.relayed += 1
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while True:
+                data = src.recv(4096)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_one_who_relays_both_ways_is_not_taken_for_the_launcher(launcher):
+    # The relay passes the launcher's proof on unchanged: it is for the
+    # launcher's address, 127.0.0.1, and the agent reached 127.0.0.2.
+    loop, listener, _ = launcher
+    token = dialback.new_token()
+    got: List[bytes] = []
+    listener.expect(token, lambda sock, first, about: got.append(first))
+    port = listener.port_of("127.0.0.1")
+    relay = Relay(port)
+    result: List[object] = []
+    dialer = threading.Thread(target=lambda: result.append(
+        dialback.dial(["127.0.0.2"], port, token, None, timeout=3.0)))
+    try:
+        dialer.start()
+        deadline = time.monotonic() + 30
+        while dialer.is_alive() and time.monotonic() < deadline:
+            loop.run_once(0.02)
+        dialer.join()
+    finally:
+        relay.close()
+    assert relay.relayed == 1 and result == [None] and got == []
+    # the same agent, told the launcher's own address, is taken
+    dialer = threading.Thread(target=lambda: result.append(
+        dialback.dial(["127.0.0.1"], port, token, None, timeout=3.0)))
+    dialer.start()
+    deadline = time.monotonic() + 30
+    while (dialer.is_alive() or not got) and time.monotonic() < deadline:
+        loop.run_once(0.02)
+    dialer.join()
+    assert got == [b""] and result[1] is not None
+    result[1].close()
+
+
+def test_the_dial_program_is_not_taken_in_by_a_relay(launcher):
+    from mslaunch.backends.agents.starters.rsh import _DIAL
+    loop, listener, _ = launcher
+    token = dialback.new_token()
+    got: List[bytes] = []
+    listener.expect(token, lambda sock, first, about: got.append(first))
+    port = listener.port_of("127.0.0.1")
+    relay = Relay(port)
+    try:
+        env = dict(os.environ, MSLAUNCH_DIAL=f"127.0.0.2:{port}", MSLAUNCH_DIAL_TOKEN=token)
+        agent = subprocess.Popen([sys.executable, "-S", "-c", _DIAL], env=env,
+                                 stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while agent.poll() is None and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        _, err = agent.communicate(timeout=30)
+    finally:
+        relay.close()
+    assert relay.relayed == 1 and got == []
+    assert agent.returncode == 1 and err.decode().splitlines() == [
+        f"mslaunch: cannot reach the launcher at 127.0.0.2:{port}"], err

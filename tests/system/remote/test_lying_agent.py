@@ -82,8 +82,8 @@ for i, path in enumerate({parts!r}):
         said = b""
         while not said.endswith(b"\\n"):
             said += conn.recv(1)
-        theirs = said.split()[0].decode()
-        conn.sendall(hmac.new(tok.encode(), ("agent %s %s" % (ours, theirs)).encode(),
+        theirs, where = said.split()[0].decode(), conn.getpeername()[0]
+        conn.sendall(hmac.new(tok.encode(), ("agent %s %s %s" % (ours, theirs, where)).encode(),
                               hashlib.sha256).hexdigest().encode() + b"\\n")
         with open({dial!r}, "rb") as f:
             conn.sendall(f.read())
