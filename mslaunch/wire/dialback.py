@@ -292,7 +292,8 @@ class Listener:
             self.expected[token] = ("", on_connection)
         else:
             from .dialproof import tag_of
-            assert len(token) <= 64           # (see dialproof.AGENT_HANDSHAKE)
+            if len(token) > 64:           # (see dialproof.AGENT_HANDSHAKE)
+                raise ValueError("a dial-back token is 64 characters at most")
             self.expected[tag_of(token)] = (token, on_connection)
 
     # -- accepting ------------------------------------------------------------

@@ -37,7 +37,13 @@ HELLO = "mslaunch-dial"
 
 
 def _sha256():
-    return __import__("_sha2" if sys.version_info >= (3, 12) else "_sha256").sha256
+    try:
+        return __import__("_sha2" if sys.version_info >= (3, 12) else "_sha256").sha256
+    except ImportError:
+        # An interpreter built without its own SHA-256 (a FIPS build's
+        # --with-builtin-hashlib-hashes): OpenSSL's, as hashlib has it.
+        from _hashlib import openssl_sha256
+        return openssl_sha256
 
 
 def tag_of(token: str) -> str:
@@ -105,15 +111,24 @@ def prove(sock, token: str, timeout: float) -> None:
     sock.sendall(f"{proof(token, 'agent', ours, words[0], where)}\n".encode())
 
 
+#: Seconds an agent waits for the far end's proof, at each address: longer than
+#: any launcher waits for its agents (an agent started early, under Slurm, waits
+#: while the launcher plans), and no longer however slowly the far end speaks.
+AGENT_WAIT = 120.0
+
 #: The agents' side, as the one-line dial program runs it (hex-encoded: any
 #: shell passes it through untouched).  It is given ``h`` (:data:`HELLO`, left
 #: readable in the agent's command line), ``t`` (the token, at most 64
 #: characters), ``a`` (``ADDR:PORT[,ADDR:PORT...]``), ``m`` (what follows the
 #: nonce on the dial line) and ``socket`` (the C module), and leaves ``s``, the
 #: first connection whose far end proved itself, or None.
-AGENT_HANDSHAKE = """
-import os, sys
-S = __import__('_sha2' if sys.version_info >= (3, 12) else '_sha256').sha256
+AGENT_HANDSHAKE = f"""
+import os, sys, time
+WAIT = {AGENT_WAIT!r}
+try:
+    S = __import__('_sha2' if sys.version_info >= (3, 12) else '_sha256').sha256
+except ImportError:
+    from _hashlib import openssl_sha256 as S
 k = t.encode().ljust(64, bytes(1))
 def mac(who, n, ln, w):
     inner = S(bytes(x ^ 54 for x in k) + ('%s %s %s %s' % (who, n, ln, w)).encode()).digest()
@@ -128,7 +143,9 @@ def where(x):
     return socket.inet_ntop(socket.AF_INET6, p)
 def line(c):
     r = b''
+    end = time.monotonic() + WAIT
     while not r.endswith(bytes([10])) and len(r) < 200:
+        c.settimeout(max(0.01, end - time.monotonic()))
         d = c.recv(1)
         if not d:
             break

@@ -338,3 +338,87 @@ def test_the_dial_program_is_not_taken_in_by_a_relay(launcher):
     assert relay.relayed == 1 and got == []
     assert agent.returncode == 1 and err.decode().splitlines() == [
         f"mslaunch: cannot reach the launcher at 127.0.0.2:{port}"], err
+
+
+def test_an_agent_started_early_waits_for_the_launcher_to_answer(launcher):
+    # Under Slurm the agents are started while the launcher still plans: their
+    # connections wait in the kernel's queue, unanswered, longer than a read's
+    # timeout of 10 s (the planning is the sleep here: nothing runs the loop).
+    from mslaunch.backends.agents.starters.rsh import _DIAL
+    loop, listener, _ = launcher
+    token = dialback.new_token()
+    got: List[bytes] = []
+    listener.expect(token, lambda sock, first, about: (got.append(first), sock.close()))
+    port = listener.port_of("127.0.0.1")
+    env = dict(os.environ, MSLAUNCH_DIAL=f"127.0.0.1:{port}", MSLAUNCH_DIAL_TOKEN=token)
+    agent = subprocess.Popen([sys.executable, "-S", "-c", _DIAL], env=env,
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(12)
+        assert agent.poll() is None, agent.stderr.read()
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        assert got == [b""]
+    finally:
+        agent.kill()
+        agent.communicate()
+
+
+def test_an_impostor_that_answers_slowly_holds_an_agent_no_longer_than_its_wait(
+        tmp_path, launcher, monkeypatch):
+    # One byte at a time, each within a read's timeout: the agent's wait for a
+    # proof is one deadline per address (here 2 s), not a timeout per byte.
+    from mslaunch.backends.agents.starters.dialin import dial_program
+    monkeypatch.setattr(dialproof, "AGENT_HANDSHAKE",
+                        dialproof.AGENT_HANDSHAKE.replace("WAIT = 120.0", "WAIT = 2.0"))
+    program = dial_program("", "e.pop('MSLAUNCH_DIAL_TOKEN')")
+    loop, listener, _ = launcher
+    token = dialback.new_token()
+    got: List[bytes] = []
+    listener.expect(token, lambda sock, first, about: (got.append(first), sock.close()))
+    port = listener.port_of("127.0.0.1")
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    slow.bind(("127.0.0.2", port))
+    slow.listen(1)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = slow.accept()
+        with conn:
+            while not stop.wait(0.2):
+                try:
+                    conn.sendall(b"a")
+                except OSError:
+                    return
+    threading.Thread(target=trickle, daemon=True).start()
+    env = dict(os.environ, MSLAUNCH_DIAL=f"127.0.0.2:{port},127.0.0.1:{port}",
+               MSLAUNCH_DIAL_TOKEN=token)
+    agent = subprocess.Popen([sys.executable, "-S", "-c", program], env=env,
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        assert got == [b""]
+    finally:
+        stop.set()
+        slow.close()
+        agent.kill()
+        agent.communicate()
+
+
+def test_an_interpreter_without_its_own_sha256_proves_with_openssl_s():
+    # (a FIPS build: --with-builtin-hashlib-hashes without sha256)
+    code = ("import sys; sys.modules['_sha256'] = sys.modules['_sha2'] = None\n"
+            "from mslaunch.wire import dialproof\n"
+            "print(dialproof.proof('t', 'agent', 'a', 'b', 'c'))\n"
+            "space = {'h': 'mslaunch-dial', 't': 't', 'a': '', 'm': '', 'socket': None}\n"
+            "exec(dialproof.AGENT_HANDSHAKE, space)\n"
+            "print(space['mac']('agent', 'a', 'b', 'c'))\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(dialproof.__file__))))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, cwd=root)
+    assert r.returncode == 0, r.stderr
+    want = hmac.new(b"t", b"agent a b c", hashlib.sha256).hexdigest()
+    assert r.stdout.decode().split() == [want, want]

@@ -21,8 +21,8 @@ the command's environment (``qrsh -V`` and ``blaunch`` carry it to the
 host) and as the first line of its stdin (``ssh`` and ``rsh`` forward it);
 the agent takes the one that arrived.  Only ``kubectl exec`` without
 ``-i`` (the MPI Operator v1's ``kubexec.sh``) carries neither: an rsh agent
-named ``kube*`` gets the token in the command line, as before, where each
-pod is one tenant's.
+named ``kube*`` (or ``oc``) gets the token in the command line, as before,
+where each pod is one tenant's.
 
 Each host has its own command process, in a session of its own.  When it
 ends before its agent dialled back, or the agent does not dial back in
@@ -128,9 +128,10 @@ def remote_command(pythons: Sequence[str], dial: str, token: str = "",
 
 def token_in_command(words: Sequence[str]) -> bool:
     """Whether the rsh agent ``words`` passes on neither its environment nor its
-    stdin (``kubectl exec`` without ``-i``: the MPI Operator v1's ``kubexec.sh``),
-    so that the token must go in the command line."""
-    return bool(words) and os.path.basename(words[0]).startswith("kube")
+    stdin (``kubectl exec`` without ``-i``: the MPI Operator v1's ``kubexec.sh``;
+    OpenShift's ``oc exec``), so that the token must go in the command line."""
+    name = os.path.basename(words[0]) if words else ""
+    return name.startswith("kube") or name == "oc"
 
 
 def dial_addresses(names: Sequence[str]) -> List[str]:
