@@ -27,6 +27,9 @@ SLEEPS: Dict[Tuple[str, str], Tuple[int, str]] = {
     ("test_hostile", "test_processes_that_clear_their_environment_do_not_escape"):
         (1, "WAITS FOR A PRODUCT CHANGE: without a cgroup the watchdog notes what the "
             "launcher adopted every 0.25 s and says nothing when it has"),
+    ("test_dialproof", "test_an_agent_started_early_waits_for_the_launcher_to_answer"):
+        (1, "the launcher busy planning for 12 s, longer than an agent's old read timeout: "
+            "the fault"),
     ("test_restart_hosts", "test_a_pause_of_the_launcher_is_not_blamed_on_the_hosts"):
         (1, "the launcher stopped for 2.5 s, longer than a restartable job's heartbeat: "
             "the fault"),
