@@ -309,8 +309,19 @@ def _flood(port: int, secret: int, count: int, seconds: float) -> List[float]:
             s.setblocking(False)
             began[s.fileno()] = time.monotonic()
             s.connect_ex(("127.0.0.1", port))
-            socks[s.fileno()] = (s, (secret + 1 + i) % (2**31 - 2) + 1)
-            poller.register(s.fileno(), select.EPOLLOUT)
+            guess = (secret + 1 + i) % (2**31 - 2) + 1
+            socks[s.fileno()] = (s, guess)
+            # The guess goes at once where the connection is made already (room in
+            # the listener's queue): on a busy machine, sent only once every
+            # connection is opened, the first ones' guesses came after the server
+            # had taken them, and made room (evicted them, unread) a second later.
+            try:
+                s.send(f"cmd=initack pmiid={guess}\n".encode())
+            except OSError:
+                poller.register(s.fileno(), select.EPOLLOUT)
+            else:
+                sent[s.fileno()] = time.monotonic()
+                poller.register(s.fileno(), select.EPOLLIN)
         deadline = time.monotonic() + seconds
         while socks and time.monotonic() < deadline:
             for fd, _mask in poller.poll(0.1):
