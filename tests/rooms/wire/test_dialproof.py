@@ -106,6 +106,34 @@ def launcher():
     loop.close()
 
 
+def _expect(listener, close: bool = False):
+    """A token the launcher expects: (the token, what each connection that proved
+    it brought with it, the launcher's port); ``close``: the connection is closed."""
+    token = dialback.new_token()
+    got: List[bytes] = []
+
+    def taken(sock, first, about) -> None:
+        got.append(first)
+        if close:
+            sock.close()
+    listener.expect(token, taken)
+    return token, got, listener.port_of("127.0.0.1")
+
+
+def _dial(loop, addresses, port: int, token: str, until=lambda: True):
+    """An agent's output connection (``dialback.dial``) made on a thread while the
+    launcher's loop runs (until ``until()`` too): its socket, or None."""
+    result: List[object] = []
+    dialer = threading.Thread(target=lambda: result.append(
+        dialback.dial(addresses, port, token, None, timeout=3.0)))
+    dialer.start()
+    deadline = time.monotonic() + 30
+    while (dialer.is_alive() or not until()) and time.monotonic() < deadline:
+        loop.run_once(0.02)
+    dialer.join()
+    return result[0]
+
+
 def _answers():
     nonce = "ab" * 16
     return [b"", b"junk\n", f"{nonce} {'0' * 64}\n".encode(),
@@ -117,10 +145,7 @@ def test_the_dial_program_runs_nothing_an_impostor_sends_and_tells_it_nothing(
         tmp_path, launcher, answer):
     from mslaunch.backends.agents.starters.rsh import _DIAL
     loop, listener, _ = launcher
-    token = dialback.new_token()
-    got: List[bytes] = []
-    listener.expect(token, lambda sock, first, about: (got.append(first), sock.close()))
-    port = listener.port_of("127.0.0.1")
+    token, got, port = _expect(listener, close=True)
     ran = str(tmp_path / "impostor-ran")
     impostor = Impostor(port, answer, ran)
     try:
@@ -168,21 +193,10 @@ def test_the_dial_program_alone_with_an_impostor_says_so_in_one_line(tmp_path):
 @pytest.mark.parametrize("answer", _answers())
 def test_an_agent_s_output_connection_passes_an_impostor_by(tmp_path, launcher, answer):
     loop, listener, _ = launcher
-    token = dialback.new_token()
-    got: List[bytes] = []
-    listener.expect(token, lambda sock, first, about: got.append(first))
-    port = listener.port_of("127.0.0.1")
+    token, got, port = _expect(listener)
     impostor = Impostor(port, answer, str(tmp_path / "ran"))
-    result: List[object] = []
-    dialer = threading.Thread(target=lambda: result.append(
-        dialback.dial(["127.0.0.2", "127.0.0.1"], port, token, None, timeout=3.0)))
     try:
-        dialer.start()
-        deadline = time.monotonic() + 30
-        while dialer.is_alive() and time.monotonic() < deadline:
-            loop.run_once(0.02)
-        dialer.join()
-        sock = result[0]
+        sock = _dial(loop, ["127.0.0.2", "127.0.0.1"], port, token)
         assert sock is not None and sock.getpeername()[0] == "127.0.0.1"
         sock.sendall(b"output")
         deadline = time.monotonic() + 10
@@ -201,10 +215,7 @@ def test_the_launcher_takes_no_connection_without_the_agent_s_proof(launcher):
     # itself, which tells nothing of the token; a wrong proof back is closed,
     # and the real agent's place is still kept.
     loop, listener, lines = launcher
-    token = dialback.new_token()
-    got: List[bytes] = []
-    listener.expect(token, lambda sock, first, about: got.append(first))
-    port = listener.port_of("127.0.0.1")
+    token, got, port = _expect(listener)
     tag = dialproof.tag_of(token).encode()
     thief = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
@@ -228,16 +239,9 @@ def test_the_launcher_takes_no_connection_without_the_agent_s_proof(launcher):
         assert thief.recv(10) == b""
     finally:
         thief.close()
-    result: List[object] = []
-    dialer = threading.Thread(target=lambda: result.append(
-        dialback.dial(["127.0.0.1"], port, token, None)))
-    dialer.start()
-    deadline = time.monotonic() + 30
-    while not got and time.monotonic() < deadline:
-        loop.run_once(0.02)
-    dialer.join()
-    assert got == [b""] and result[0] is not None
-    result[0].close()
+    sock = _dial(loop, ["127.0.0.1"], port, token, until=lambda: bool(got))
+    assert got == [b""] and sock is not None
+    sock.close()
 
 
 class Relay:
@@ -288,42 +292,23 @@ def test_one_who_relays_both_ways_is_not_taken_for_the_launcher(launcher):
     # The relay passes the launcher's proof on unchanged: it is for the
     # launcher's address, 127.0.0.1, and the agent reached 127.0.0.2.
     loop, listener, _ = launcher
-    token = dialback.new_token()
-    got: List[bytes] = []
-    listener.expect(token, lambda sock, first, about: got.append(first))
-    port = listener.port_of("127.0.0.1")
+    token, got, port = _expect(listener)
     relay = Relay(port)
-    result: List[object] = []
-    dialer = threading.Thread(target=lambda: result.append(
-        dialback.dial(["127.0.0.2"], port, token, None, timeout=3.0)))
     try:
-        dialer.start()
-        deadline = time.monotonic() + 30
-        while dialer.is_alive() and time.monotonic() < deadline:
-            loop.run_once(0.02)
-        dialer.join()
+        relayed = _dial(loop, ["127.0.0.2"], port, token)
     finally:
         relay.close()
-    assert relay.relayed == 1 and result == [None] and got == []
+    assert relay.relayed == 1 and relayed is None and got == []
     # the same agent, told the launcher's own address, is taken
-    dialer = threading.Thread(target=lambda: result.append(
-        dialback.dial(["127.0.0.1"], port, token, None, timeout=3.0)))
-    dialer.start()
-    deadline = time.monotonic() + 30
-    while (dialer.is_alive() or not got) and time.monotonic() < deadline:
-        loop.run_once(0.02)
-    dialer.join()
-    assert got == [b""] and result[1] is not None
-    result[1].close()
+    sock = _dial(loop, ["127.0.0.1"], port, token, until=lambda: bool(got))
+    assert got == [b""] and sock is not None
+    sock.close()
 
 
 def test_the_dial_program_is_not_taken_in_by_a_relay(launcher):
     from mslaunch.backends.agents.starters.rsh import _DIAL
     loop, listener, _ = launcher
-    token = dialback.new_token()
-    got: List[bytes] = []
-    listener.expect(token, lambda sock, first, about: got.append(first))
-    port = listener.port_of("127.0.0.1")
+    token, got, port = _expect(listener)
     relay = Relay(port)
     try:
         env = dict(os.environ, MSLAUNCH_DIAL=f"127.0.0.2:{port}", MSLAUNCH_DIAL_TOKEN=token)
@@ -346,10 +331,7 @@ def test_an_agent_started_early_waits_for_the_launcher_to_answer(launcher):
     # timeout of 10 s (the planning is the sleep here: nothing runs the loop).
     from mslaunch.backends.agents.starters.rsh import _DIAL
     loop, listener, _ = launcher
-    token = dialback.new_token()
-    got: List[bytes] = []
-    listener.expect(token, lambda sock, first, about: (got.append(first), sock.close()))
-    port = listener.port_of("127.0.0.1")
+    token, got, port = _expect(listener, close=True)
     env = dict(os.environ, MSLAUNCH_DIAL=f"127.0.0.1:{port}", MSLAUNCH_DIAL_TOKEN=token)
     agent = subprocess.Popen([sys.executable, "-S", "-c", _DIAL], env=env,
                              stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -374,10 +356,7 @@ def test_an_impostor_that_answers_slowly_holds_an_agent_no_longer_than_its_wait(
                         dialproof.AGENT_HANDSHAKE.replace("WAIT = 120.0", "WAIT = 2.0"))
     program = dial_program("", "e.pop('MSLAUNCH_DIAL_TOKEN')")
     loop, listener, _ = launcher
-    token = dialback.new_token()
-    got: List[bytes] = []
-    listener.expect(token, lambda sock, first, about: (got.append(first), sock.close()))
-    port = listener.port_of("127.0.0.1")
+    token, got, port = _expect(listener, close=True)
     slow = socket.socket()
     slow.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     slow.bind(("127.0.0.2", port))
