@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from dataclasses import dataclass, replace
     from typing import Dict, Mapping, Optional, Tuple
 
-    from .states import LauncherName
+    from .states import Ending, LauncherName
 else:
     _MISSING = object()
 
@@ -475,8 +475,8 @@ class JobResult:
     ranks: Tuple[RankResult, ...] = ()
     root_cause: Optional[RankResult] = None
     message: str = ""
-    # how the job ended: None (it ran to its end), failure, timeout, signal, output, remote
-    ending: Optional[str] = None
+    # how the job ended: None (it ran to its end), or one of core.states' endings
+    ending: Optional[Ending] = None
     # the failure that is the cause and those that followed, each with when it happened
     # (seconds since the epoch, the launcher's clock), in that order
     failures: Tuple[Tuple[float, RankResult], ...] = ()

@@ -203,7 +203,8 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
                 service.close()
             loop.close()
             from ..core.spec import JobResult
-            return code, JobResult(exit_code=code, message=text, ending="remote")
+            from ..core.states import REMOTE
+            return code, JobResult(exit_code=code, message=text, ending=REMOTE)
     from ..core.cputopo import objects
     from ..machine.topology import cached_topology
     topo = cached_topology()
@@ -359,6 +360,7 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
                     deadline=deadline, order=spec.order,
                     store=(spec.local_addr, free) if spec.order else ("", 0),
                     rounds=spec.rounds is not None,
+                    log=warn if spec.verbose else (lambda _text: None),
                     heartbeat=heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"),
                                                 RESTART_HEARTBEAT if spec.rounds else HEARTBEAT),
                     on_ranks=lambda ranks: state.setdefault("ranks", ranks),

@@ -48,7 +48,8 @@ class NodeLink:
                  tls=None, node_rank: int, workers: int, deadline: Optional[float],
                  heartbeat, on_ranks: Callable[[List[int]], None],
                  on_stop: Callable[[int, str], None], order: str = "",
-                 store: Tuple[str, int] = ("", 0), rounds: bool = False) -> None:
+                 store: Tuple[str, int] = ("", 0), rounds: bool = False,
+                 log: Callable[[str], None] = lambda _text: None) -> None:
         self.loop = loop
         self.addresses = addresses
         self.port = port
@@ -77,11 +78,19 @@ class NodeLink:
         self._asked: Dict[int, Callable[[List[Any]], None]] = {}
         self.endpoint: Optional[SocketEndpoint] = None
         self.nonce = auth.new_nonce()
-        self.state: LinkState = LINK_CONNECTING
+        self.state: LinkState = LINK_CONNECTING     # changed by _become alone
+        self.log = log
         self.last_error = ""
         self.connected = ""
         self._handshaking = None
         self._try: Optional[Timer] = loop.call_later(0, self._connect)
+
+    def _become(self, state: LinkState) -> None:
+        """Every change of the link's state (see :data:`~mslaunch.core.states.LinkState`),
+        said through ``log`` (``-v``)."""
+        if state != self.state:
+            self.log(f"node link: {self.state} -> {state}")
+            self.state = state
 
     def listen(self, stop: Callable[[int, str], None],
                look: Callable[[float, Callable[[List[Any]], None]], None]) -> None:
@@ -115,7 +124,7 @@ class NodeLink:
                 return
             # The TLS handshake is driven by the loop: on the master node the
             # other side of it is the service, served by this same loop.
-            self.state = LINK_HANDSHAKING
+            self._become(LINK_HANDSHAKING)
             tls = self._handshaking = self.tls.wrap_socket(sock, do_handshake_on_connect=False)
             self._try = self.loop.call_later(
                 HANDSHAKE_SECONDS, functools.partial(self._tls_failed, tls, "it timed out"))
@@ -160,7 +169,7 @@ class NodeLink:
                      f"do all nodes use the same --tls_config, with certificates from its CA?")
 
     def _open(self, sock) -> None:
-        self.state = LINK_PROVING
+        self._become(LINK_PROVING)
         self.endpoint = SocketEndpoint(self.loop, sock, on_frame=self._frame,
                                        on_closed=self._closed)
         # Whatever listens there must prove it knows the job's secret, and soon: a
@@ -213,7 +222,7 @@ class NodeLink:
                 self._end(1, "the node service does not know this job's secret (another "
                              "job's service on that port?): " + auth.mismatch_hint())
                 return
-            self.state = LINK_REGISTERING
+            self._become(LINK_REGISTERING)
             if self._try is not None:
                 self._try.cancel()
                 self._try = None
@@ -225,7 +234,7 @@ class NodeLink:
             ranks = message.get("ranks")
             if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
                 raise link.LinkError("ranks are not numbers")
-            self.state = LINK_JOINED
+            self._become(LINK_JOINED)
             port = message.get("master_port")
             if type(port) is int and 0 < port < 65536:
                 self.master_port = port
@@ -235,7 +244,7 @@ class NodeLink:
             self.round = message
             self.on_ranks(ranks)
         elif self.rounds and op == "restart" and self.state in (LINK_JOINED, LINK_WAITING):
-            self.state = LINK_WAITING
+            self._become(LINK_WAITING)
             self.restart = message
             self.on_restart(one_line(message.get("message", ""), 600))
         elif op == "look" and self.state != LINK_ENDED:
@@ -247,7 +256,7 @@ class NodeLink:
             if reply is not None:
                 reply(rows if isinstance(rows, list) else [])
         elif self.rounds and op == "over" and self.state in (LINK_JOINED, LINK_WAITING):
-            self.state = LINK_ENDED
+            self._become(LINK_ENDED)
             self.over = True
         else:
             raise link.LinkError(f"unexpected node message {str(op)[:20]!r}")
@@ -266,7 +275,7 @@ class NodeLink:
     def _end(self, code: int, text: str) -> None:
         if self.state == LINK_ENDED:
             return
-        self.state = LINK_ENDED
+        self._become(LINK_ENDED)
         self.ended_by = (code, text)
         if self._try is not None:
             self._try.cancel()
@@ -279,7 +288,7 @@ class NodeLink:
         if self.state in (LINK_ENDED, LINK_WAITING) or self.endpoint is None or self.endpoint.closed:
             return
         restart = restart and self.rounds
-        self.state = LINK_WAITING if restart else LINK_ENDED
+        self._become(LINK_WAITING if restart else LINK_ENDED)
         message: Dict[str, Any] = {"op": "stop", "code": code, "message": text[:500]}
         if restart:
             message["restart"] = True
@@ -290,7 +299,7 @@ class NodeLink:
         """Every process here ended well."""
         if self.state in (LINK_ENDED, LINK_WAITING) or self.endpoint is None or self.endpoint.closed:
             return
-        self.state = LINK_WAITING if self.rounds else LINK_ENDED
+        self._become(LINK_WAITING if self.rounds else LINK_ENDED)
         self.endpoint.send(encode({"op": "done"}))
         self.endpoint.flush(time.monotonic() + 2.0)
 
@@ -324,14 +333,14 @@ class NodeLink:
         ``port`` (if given) for the store should rank 0 be here."""
         if self.state != LINK_WAITING or self.restart is None or self.endpoint is None:
             return
-        self.state = LINK_REGISTERING
+        self._become(LINK_REGISTERING)
         if port and "store" in self.register:
             self.register["store"] = [self.register["store"][0], port]
         self.endpoint.send(encode({**self.register, "round": self.restart.get("round")}))
         self.restart = None
 
     def close(self) -> None:
-        self.state = LINK_ENDED
+        self._become(LINK_ENDED)
         if self._try is not None:
             self._try.cancel()
         if self._handshaking is not None:

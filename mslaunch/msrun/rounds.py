@@ -64,7 +64,7 @@ class Rounds:
 
     # -- what the nodes say -----------------------------------------------------------
     def register(self, peer: Any, message: Dict[str, Any]) -> None:
-        peer.state = NODE_HELD
+        peer.become(NODE_HELD)
         peer.rank_given = message.get("node_rank") if type(
             message.get("node_rank")) is int and message["node_rank"] >= 0 else None
         if any(p.rank_given is not None and p.rank_given == peer.rank_given
@@ -112,7 +112,7 @@ class Rounds:
         self.service.stop(exit_code, f"lost node {peer.name()}: {why}{below}")
 
     def done(self, peer: Any) -> None:
-        peer.state = NODE_DONE
+        peer.become(NODE_DONE)
         if self.phase == ROUND_RUNNING and all(p.state == NODE_DONE for p in self.members):
             self.phase = OVER
             for p in self.members + self.waiting:
@@ -151,7 +151,7 @@ class Rounds:
         first = 0
         for group, p in enumerate(self.members):
             workers = p.info["workers"]
-            p.state = NODE_JOINED
+            p.become(NODE_JOINED)
             p.ranks = list(range(first, first + workers))
             message: Dict[str, Any] = {
                 "op": "ranks", "ranks": p.ranks, "round": self.round, "group": group,
@@ -168,7 +168,7 @@ class Rounds:
         self.round += 1
         self.expected = list(self.members)
         for p in self.members:
-            p.state = NODE_HELD
+            p.become(NODE_HELD)
             self.service.send(p, {"op": "restart", "round": self.round, "message": cause,
                                   "counted": counted})
         self.members = []

@@ -111,7 +111,7 @@ class _Peer:
         self.accepted = time.monotonic()
         self.info: Dict[str, Any] = {}
         self.ranks: List[int] = []
-        self.state: NodeState = NODE_NEW
+        self.state: NodeState = NODE_NEW     # changed by become() alone
         self.order = ""               # the sort key a held node gave
         self.store: Optional[Tuple[str, int]] = None   # where its rank 0 would serve the store
         self.rank_given: Optional[int] = None          # (rounds) its --node-rank
@@ -119,6 +119,14 @@ class _Peer:
     def name(self) -> str:
         host = self.info.get("host") or self.address
         return f"{one_line(host, 64)} (pid {self.info.get('pid', '?')})"
+
+    def become(self, state: NodeState) -> None:
+        """Every change of the node's state (see :data:`~mslaunch.core.states.NodeState`),
+        said in ``-v`` (a node changes it only once it proved it knows the job's secret:
+        a stranger's coming and going is noted, rate-limited, where it is refused)."""
+        if state != self.state:
+            self.service.log(f"node service: node {self.name()}: {self.state} -> {state}")
+            self.state = state
 
 
 class NodeService:
@@ -277,7 +285,7 @@ class NodeService:
         elif op == "looked-here":
             self.looks.answered(peer, message)
         elif op == "done":
-            peer.state = NODE_DONE
+            peer.become(NODE_DONE)
             if self.rounds is not None:
                 self.rounds.done(peer)
         else:
@@ -360,11 +368,13 @@ class NodeService:
                                f"too many (check --worker_num and --local_worker_num)")
             return
         if node_rank < 0 and isinstance(order, str) and order:
-            peer.state, peer.order = NODE_HELD, order[:256]
+            peer.order = order[:256]
+            peer.become(NODE_HELD)
             peer.store = _store(message.get("store"))
         elif node_rank >= 0 and self.every_node_first:
             # Its ranks are its own already, kept for it until every node came.
-            peer.state, peer.ranks = NODE_HELD, wanted
+            peer.ranks = wanted
+            peer.become(NODE_HELD)
             for r in wanted:
                 self.taken[r] = peer
         else:
@@ -403,7 +413,7 @@ class NodeService:
     def _give(self, peer: _Peer, ranks: List[int],
               master: Optional[Tuple[str, int]] = None) -> None:
         peer.ranks = ranks
-        peer.state = NODE_JOINED
+        peer.become(NODE_JOINED)
         for r in ranks:
             self.taken[r] = peer
         assert peer.endpoint is not None
@@ -420,11 +430,11 @@ class NodeService:
         code = message.get("code")
         text = one_line(message.get("message", ""))
         if self.rounds is not None and message.get("restart") is True:
-            peer.state = NODE_HELD
+            peer.become(NODE_HELD)
             self.rounds.failed(peer, code if isinstance(code, int) and 0 < code < 256 else 1,
                                text or "its workers failed", True)
             return
-        peer.state = NODE_STOPPED
+        peer.become(NODE_STOPPED)
         if self.rounds is not None:
             self.rounds.phase = OVER
         self.stop(code if isinstance(code, int) and 0 < code < 256 else 1,
@@ -442,17 +452,17 @@ class NodeService:
         if self.rounds is not None:
             if self.stopped is None and self.rounds.phase != OVER:
                 self.rounds.lost(peer, why or "its link ended", NODE_LOST_EXIT)
-            peer.state = NODE_GONE
+            peer.become(NODE_GONE)
         elif peer.state == NODE_HELD:
             # torchrun's rendezvous forgets a node that leaves before it completes
-            peer.state = NODE_GONE
+            peer.become(NODE_GONE)
             for r in peer.ranks:
                 self.taken.pop(r, None)
             peer.ranks = []
             self._note(f"node {peer.name()} left before every worker came: "
                        f"{why or 'its link ended'}")
         elif peer.state in (NODE_JOINED, NODE_NEW) and self.stopped is None:
-            peer.state = NODE_GONE
+            peer.become(NODE_GONE)
             self.stop(NODE_LOST_EXIT, f"lost node {peer.name()}: {why or 'its link ended'}"
                       + (LOST_WITH_RECOVERY if self.recovery else ""))
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 from ..core.errors import TIMEOUT_EXIT, HostsFailed, LaunchError, Stopped, TimedOut
 from ..machine.spawn import signal_name
 from ..core.spec import Attempt, JobResult, replace
-from ..core.states import RESTARTED_ENDINGS, STALL
+from ..core.states import RESTARTED_ENDINGS, SIGNAL, STALL, TIMEOUT
 
 #: An attempt that fails within this many seconds of its start is a quick one.
 QUICK = 10.0
@@ -181,11 +181,11 @@ class _Attempts:
         the last failure (or the stop's code)."""
         if isinstance(err, Stopped):
             self.say(f"mslaunch: {err}; the job ends")
-            return JobResult(exit_code=err.exit_code, ending="signal", stop_signal=err.signal,
+            return JobResult(exit_code=err.exit_code, ending=SIGNAL, stop_signal=err.signal,
                              attempts=tuple(self.attempts))
         if isinstance(err, TimedOut):
             self.say(f"mslaunch: {err}; exit status {TIMEOUT_EXIT}")
-            return JobResult(exit_code=TIMEOUT_EXIT, ending="timeout",
+            return JobResult(exit_code=TIMEOUT_EXIT, ending=TIMEOUT,
                              attempts=tuple(self.attempts))
         if self.last is None:
             raise err
@@ -229,6 +229,6 @@ class _Attempts:
                 and time.monotonic() - self.began >= timeout:
             self.say(f"mslaunch: job timed out after {timeout:g} s (--timeout) before restart "
                      f"{self.number}; exit status {TIMEOUT_EXIT}")
-            return JobResult(exit_code=TIMEOUT_EXIT, ending="timeout",
+            return JobResult(exit_code=TIMEOUT_EXIT, ending=TIMEOUT,
                              attempts=tuple(self.attempts))
         return None

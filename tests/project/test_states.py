@@ -4,10 +4,12 @@ the package's source.
 - No ``.state``, ``.ending`` or ``.phase`` is compared with a word written out, nor
   set to one: the words are ``core/states.py``'s constants (a door's, a kernel
   letter's: their module's), whose ``Literal`` types the checker holds.
-- A remote host's state changes in ``RemoteHost._become`` alone, and a job's
-  ending in ``Supervisor._end_as`` alone (each says the change in ``-v``; the
-  supervisor's base, ``LookingInside``, calls it too), but for the first value
-  each is given in ``__init__``.
+- A remote host's state changes in ``RemoteHost._become`` alone, a node's (msrun's and
+  torchrun's nodes) in the node service's ``_Peer.become`` and ``NodeLink._become``,
+  and a job's ending in ``Supervisor._end_as`` alone (each says the change in
+  ``-v``; the supervisor's base, ``LookingInside``, calls it too), but for the
+  first value each is given in ``__init__``; no object's ``.state`` or
+  ``.ending`` is set from outside it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ PACKAGE = os.path.join(REPO, "mslaunch")
 NAMED = ("state", "ending", "phase")
 #: (attribute, the class whose objects carry it, the one method that changes it).
 ONE_WAY = (("state", "RemoteHost", "_become"), ("ending", "Supervisor", "_end_as"),
-           ("ending", "LookingInside", "_end_as"))
+           ("ending", "LookingInside", "_end_as"), ("state", "_Peer", "become"),
+           ("state", "NodeLink", "_become"))
 
 
 def _modules() -> Iterator[Tuple[str, ast.Module]]:
@@ -88,6 +91,21 @@ def changes_elsewhere(tree: ast.Module, attr: str, owner: str, method: str) -> L
     return lines
 
 
+def set_from_outside(tree: ast.Module, attrs=("state", "ending")) -> List[int]:
+    """The lines where another object's ``.state`` or ``.ending`` is set (``x.state =``,
+    ``x`` not ``self``)."""
+    lines = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        for t in targets:
+            for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(e, ast.Attribute) and e.attr in attrs and not (
+                        isinstance(e.value, ast.Name) and e.value.id == "self"):
+                    lines.append(node.lineno)
+    return lines
+
+
 def test_no_state_is_a_word_written_out():
     found = [f"{path}:{line}" for path, tree in _modules() for line in words_for_states(tree)]
     assert found == [], "compare and set states with core/states.py's constants: " + \
@@ -109,6 +127,11 @@ def test_a_host_s_state_and_a_job_s_ending_change_in_one_method_each():
     assert found == [], "outside the one method: " + ", ".join(found)
 
 
+def test_no_object_s_state_or_ending_is_set_from_outside_it():
+    found = [f"{path}:{line}" for path, tree in _modules() for line in set_from_outside(tree)]
+    assert found == [], "set through the object's one method: " + ", ".join(found)
+
+
 def test_the_checks_see_what_they_forbid():
     sample = ast.parse(
         "class RemoteHost:\n"
@@ -125,3 +148,8 @@ def test_the_checks_see_what_they_forbid():
         "            pass\n")
     assert words_for_states(sample) == [7, 9, 10]
     assert changes_elsewhere(sample, "state", "RemoteHost", "_become") == [8]
+    outside = ast.parse("peer.state = HELD\n"
+                        "self.state = HELD\n"
+                        "a, p.ending = 1, SIGNAL\n"
+                        "p.phase = OVER\n")
+    assert set_from_outside(outside) == [1, 3]

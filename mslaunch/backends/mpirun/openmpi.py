@@ -34,6 +34,7 @@ from ...machine.osfiles import check_dirs, open_own
 from ...machine.trees import remove_tree
 from ...mpi.pmi.singletons import probe_path
 from ...core.spec import Host, JobResult, JobSpec, Plan, RankSpec
+from ...core.states import SIGNAL
 from .ompiargs import build_command, rendezvous_env
 from .ompifind import OpenMPI, find_mpirun
 from .ompiworld import WorldProbe, world_probe
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from ...machine.terminal import Console
     from ...core.cputopo import Topology
     from ...core.spec import HostEntry
-    from ...core.states import BackendName
+    from ...core.states import BackendName, Ending
     from ..backend import Planning
     from ...machine.local import PMIEnv
     from ...seams import RankEvents, RankHandle
@@ -409,12 +410,12 @@ def mpirun_plan(job: JobSpec, environ, master_port: int, jobid: int,
                 universe_size=1, master_addr="", master_port=master_port, ompi_jobid=jobid)
 
 
-def exit_status(result: JobResult, ending: Optional[str]) -> int:
+def exit_status(result: JobResult, ending: Optional[Ending]) -> int:
     """mpirun's exit status is the job's -- but for ``--timeout``'s, and for a stop
     signal's 128+N when mpirun ends with a plain 0 or 1 (``ending``: the
     supervisor's)."""
     mpirun = result.ranks[0]
-    if ending == "signal" and (mpirun.signal is not None
+    if ending == SIGNAL and (mpirun.signal is not None
                                or mpirun.returncode not in (None, 0, 1)):
         return mpirun.exit_code
     return result.exit_code

@@ -140,7 +140,7 @@ hostile_bytes = st.one_of(
 
 
 def join(loop: Loop, port: int, workers: int = 1, order: str = "",
-         store: tuple = ("", 0)) -> dict:
+         store: tuple = ("", 0), log=lambda _line: None) -> dict:
     """A real node's link to the service on ``port``; its outcome lands in the dict."""
     state: dict = {}
     state["link"] = NodeLink(
@@ -148,8 +148,38 @@ def join(loop: Loop, port: int, workers: int = 1, order: str = "",
         workers=workers, deadline=time.monotonic() + 30, heartbeat=(1.0, 5),
         on_ranks=lambda ranks: state.setdefault("ranks", ranks),
         on_stop=lambda code, text: state.setdefault("stop", (code, text)), order=order,
-        store=store)
+        store=store, log=log)
     return state
+
+
+def test_every_change_of_a_node_s_state_is_said_at_both_ends():
+    # -v: the link says each of its steps, the service each node's; a node that
+    # leaves is said gone, and its link ended
+    loop = Loop()
+    said: list = []
+    service = svc.NodeService(loop, address="127.0.0.1", port=0, secret=SECRET,
+                              worker_num=3, time_out=-1, log=said.append)
+    port = service.sock.getsockname()[1]
+    first_link: list = []
+    first = join(loop, port, 2, log=first_link.append)
+    second = join(loop, port, 1)
+    try:
+        pump(loop, lambda: "ranks" in first and "ranks" in second, 10)
+        assert first_link == ["node link: connecting -> proving",
+                              "node link: proving -> registering",
+                              "node link: registering -> joined"]
+        nodes = [line for line in said if "node service: node " in line]
+        assert len(nodes) == 2 and all(line.endswith(": new -> joined") for line in nodes)
+        first["link"].close()
+        pump(loop, lambda: len([line for line in said if "-> gone" in line]) == 1, 10)
+        assert first_link[-1] == "node link: joined -> ended"
+        gone = [line for line in said if line.endswith(": joined -> gone")]
+        assert len(gone) == 1 and f"(pid {os.getpid()})" in gone[0]
+    finally:
+        for node in (first, second):
+            node["link"].close()
+        service.close()
+        loop.close()
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -243,7 +273,14 @@ def test_service_keeps_its_place_for_real_nodes_under_a_connection_flood():
         nodes = [join(loop, port), join(loop, port)]
         pump(loop, lambda: all("ranks" in n or "stop" in n for n in nodes), 5)
         assert sorted(r for n in nodes for r in n.get("ranks", [])) == [0, 1], nodes
-        assert len(lines) <= 5
+        # (beside the two nodes' own changes of state, said once they proved themselves)
+        joined = [line for line in lines if line.endswith(": new -> joined")]
+        assert len(joined) == 2 and len(lines) - len(joined) <= 5, lines
+        for s in rogues:
+            s.close()
+        pump(loop, lambda: len(service.peers) == 2, 5)
+        assert len(service.peers) == 2
+        assert not [line for line in lines if line.endswith("-> gone")], lines
     finally:
         for s in rogues:
             s.close()

@@ -56,8 +56,13 @@ class Service:
         pass
 
 
+class _Peer(SimpleNamespace):
+    def become(self, state: str) -> None:
+        self.state = state
+
+
 def _peer(i: int, workers: int):
-    return SimpleNamespace(info={"pid": 100 + i, "workers": workers, "host": f"n{i}"},
+    return _Peer(info={"pid": 100 + i, "workers": workers, "host": f"n{i}"},
                            order=f"10.0.0.{i}", store=(f"10.0.0.{i}", 6000 + i), state="new",
                            ranks=[], rank_given=None, name=lambda i=i: f"n{i}")
 
