@@ -325,18 +325,43 @@ def _home_dir() -> str:
     return path if len(path.encode()) + len("/4194304.sock") < 108 else ""
 
 
-def in_private(make: Callable[[str], Optional[T]]) -> Optional[T]:
+def in_private(make: Callable[[str], Optional[T]], made_at: Callable[[T], str],
+               drop: Callable[[T], None]) -> Optional[T]:
     """``make(directory)`` in this user's private directory, made first; tried again
     when another job of this user removed the directory, empty, meanwhile (see
-    :func:`remove_private`); None if it cannot be made."""
+    :func:`remove_private`); None if it cannot be made.  Once ``make`` has made
+    its entry there (at ``made_at(made)``), the directory is checked again: were
+    it removed between the check and the entry, and another user's made at once
+    under its name, the entry would be in their directory, theirs to rename or
+    replace.  It is then dropped (``drop(made)``) and the next candidate taken
+    (the other user's directory is refused, and said).  Checked once the entry is
+    in it, the directory stays this user's: no job removes it while not empty."""
     for _ in range(3):
         base = private_dir()
         if base is None:
             return None
         made = make(base)
-        if made is not None or os.path.isdir(base):
+        if made is None:
+            if os.path.isdir(base):
+                return None
+            continue
+        if _holds_own(base, made_at(made)):
             return made
+        drop(made)
     return None
+
+
+def _holds_own(base: str, entry: str) -> bool:
+    """Whether ``base`` is still a directory of this user's alone, holding ``entry``,
+    this user's."""
+    import stat as _stat
+    uid = os.getuid()
+    try:
+        st, inner = os.lstat(base), os.lstat(entry)
+    except OSError:
+        return False
+    return _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077 \
+        and inner.st_uid == uid
 
 
 def sweep_private(directory: str) -> None:
@@ -375,36 +400,24 @@ def _listening(path: str) -> bool:
         sock.close()
 
 
-def remove_private(path: str, depth: int = 2) -> None:
-    """Remove a control socket, or a directory of dumps (two levels at most: the
-    hook's bytecode cache), quietly; then this user's private directory itself
-    when that left it empty (no job of this user leaves it behind)."""
-    _remove_private(path, depth)
+def remove_private(path: str) -> None:
+    """Remove a control socket, or a directory of dumps with what it holds,
+    quietly and never through a link (see :func:`~.trees.remove_tree`); then this
+    user's private directory itself when that left it empty (no job of this user
+    leaves it behind)."""
+    import stat as _stat
+    try:
+        st = os.lstat(path)
+        if _stat.S_ISDIR(st.st_mode):
+            from .trees import remove_tree
+            remove_tree(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
     parent = os.path.dirname(path)
     if os.path.basename(parent).startswith("mslaunch"):
         try:
             os.rmdir(parent)           # fails, as it should, while not empty
         except OSError:
             pass
-
-
-def _remove_private(path: str, depth: int) -> None:
-    try:
-        names = os.listdir(path)
-    except NotADirectoryError:
-        names = None
-    except OSError:
-        return
-    try:
-        if names is None:
-            os.unlink(path)
-            return
-        for name in names:
-            inner = os.path.join(path, name)
-            if depth > 1 and os.path.isdir(inner) and not os.path.islink(inner):
-                _remove_private(inner, depth - 1)
-            else:
-                os.unlink(inner)
-        os.rmdir(path)
-    except OSError:
-        pass

@@ -148,7 +148,13 @@ def make_dir(guard: Watchdog) -> Optional[str]:
             return None
         return path
 
-    path = in_private(made)
+    def drop(path: str) -> None:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+    path = in_private(made, lambda path: path, drop)
     if path is None:
         return None
     return path if prepare(path) else None

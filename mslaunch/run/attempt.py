@@ -61,7 +61,11 @@ def open_control(watchdog) -> Optional[Tuple[object, str]]:
             watchdog.private(os.path.join(where, name))
         return control_listener(where, f"{os.getpid()}.sock")
 
-    return in_private(listen)
+    def drop(made: Tuple[object, str]) -> None:
+        made[0].close()          # type: ignore[attr-defined]
+        unlink_quietly(made[1])
+
+    return in_private(listen, lambda made: made[1], drop)
 
 
 def build_plan(job: JobSpec, environ: Optional[Mapping[str, str]] = None, *,
