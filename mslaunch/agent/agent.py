@@ -434,7 +434,13 @@ class Agent:
 
         if any(python_program(spec) for spec in self.specs):
             from ..machine.pydump import make_dir
+            from ..machine.procs import refused_private
             self.look.dumps = make_dir(self.guard)
+            dumps = self.look.dumps
+            for why in refused_private():
+                self.endpoint.send(frames.encode(frames.Log(message=f"warning: {why}: " + (
+                    f"the Python ranks' hook is in {os.path.dirname(dumps)}" if dumps else
+                    "its Python ranks are read without their hook"))))
         self.local = LocalRanks(self.loop, self.specs, self, sinks=sinks, guard=self.guard,
                                 grace=self.grace, merge_stderr=merge, pmi=pmi,
                                 pmi_env=pmi_env, stdin_fd=None, pty=job["pty"],

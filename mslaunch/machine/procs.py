@@ -282,12 +282,17 @@ def private_dirs(make: bool = False) -> List[str]:
     import stat as _stat
     uid = os.getuid()
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    tmp = os.path.join(os.environ.get("TMPDIR", "") or "/tmp", f"mslaunch-{uid}")
+    tmp = os.path.join(os.path.abspath(os.environ.get("TMPDIR", "") or "/tmp"), f"mslaunch-{uid}")
     home = _home_dir()
     found = []
     for base in ([os.path.join(runtime, "mslaunch")] if runtime.startswith("/") else []) \
             + [tmp, home]:
         if not base:
+            continue
+        above = _unsafe_above(base, missing=True)    # (nothing made where it is not safe)
+        if above is not None:
+            if make:
+                _refuse(f"{base} lies in {above}, which another user may rename or replace")
             continue
         try:
             if make:
@@ -302,16 +307,54 @@ def private_dirs(make: bool = False) -> List[str]:
             st = os.lstat(base)
         except OSError:
             continue
-        if _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+        above = _unsafe_above(base)
+        if _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077 \
+                and above is None:
             found.append(base)
             if make:
                 break
         elif make:
-            why = (f"{base} is not this user's alone (owner uid {st.st_uid}, mode "
-                   f"{_stat.S_IMODE(st.st_mode):04o}{', a link' if _stat.S_ISLNK(st.st_mode) else ''})")
-            if why not in _REFUSED:
-                _REFUSED.append(why)
+            _refuse(f"{base} is not this user's alone (owner uid {st.st_uid}, mode "
+                    f"{_stat.S_IMODE(st.st_mode):04o}{', a link' if _stat.S_ISLNK(st.st_mode) else ''})"
+                    if above is None else
+                    f"{base} lies in {above}, which another user may rename or replace")
     return found
+
+
+def _refuse(why: str) -> None:
+    if why not in _REFUSED:
+        _REFUSED.append(why)
+
+
+def _unsafe_above(path: str, missing: bool = False) -> Optional[str]:
+    """The first directory above ``path`` (as written, then as resolved) that a user
+    other than this one or root could rename, empty or replace: one of another user's,
+    or one others may write into without the sticky bit (a link on the way: one of
+    another user's); None if there is none, as under ``/tmp`` or a home directory.
+    ``missing``: directories not there yet pass (this user makes them)."""
+    import stat as _stat
+    uid = os.getuid()
+    for written in (path, os.path.realpath(path)):
+        above = os.path.dirname(written)
+        while True:
+            try:
+                st = os.lstat(above)
+            except FileNotFoundError:
+                if not missing:
+                    return above
+                above = os.path.dirname(above)
+                continue
+            except OSError:
+                return above
+            if st.st_uid not in (uid, 0) or not (
+                    _stat.S_ISLNK(st.st_mode) or _stat.S_ISDIR(st.st_mode)) or (
+                    _stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022
+                    and not st.st_mode & _stat.S_ISVTX):
+                return above
+            if os.path.dirname(above) == above:
+                break
+            above = os.path.dirname(above)
+    return None
 
 
 def _home_dir() -> str:
@@ -327,41 +370,51 @@ def _home_dir() -> str:
 
 def in_private(make: Callable[[str], Optional[T]], made_at: Callable[[T], str],
                drop: Callable[[T], None]) -> Optional[T]:
-    """``make(directory)`` in this user's private directory, made first; tried again
-    when another job of this user removed the directory, empty, meanwhile (see
-    :func:`remove_private`); None if it cannot be made.  Once ``make`` has made
-    its entry there (at ``made_at(made)``), the directory is checked again: were
-    it removed between the check and the entry, and another user's made at once
-    under its name, the entry would be in their directory, theirs to rename or
-    replace.  It is then dropped (``drop(made)``) and the next candidate taken
-    (the other user's directory is refused, and said).  Checked once the entry is
-    in it, the directory stays this user's: no job removes it while not empty."""
+    """``make(directory)`` in this user's private directory, made first; None if it
+    cannot be made.  Once ``make`` has made its entry there (at ``made_at(made)``),
+    the directory is checked again: removed by another job of this user, empty,
+    between the check and the entry, and made at once by another user, it would
+    hold the entry for them to rename or replace.  The entry is then dropped
+    (``drop(made)``), and the next candidate taken (the other user's directory is
+    refused, and said); so too when ``make`` failed there.  Checked once the entry
+    is in it, the directory stays this user's: no job removes it while not empty.
+    Only then are the leftovers of dead processes swept from it."""
     for _ in range(3):
         base = private_dir()
         if base is None:
             return None
         made = make(base)
-        if made is None:
-            if os.path.isdir(base):
-                return None
-            continue
-        if _holds_own(base, made_at(made)):
+        if made is not None and _holds_own(base, made_at(made)):
+            sweep_private(base)
             return made
-        drop(made)
+        if made is not None:
+            drop(made)
+        elif _holds_own(base, None):
+            return None           # this user's directory, and make failed in it
     return None
 
 
-def _holds_own(base: str, entry: str) -> bool:
-    """Whether ``base`` is still a directory of this user's alone, holding ``entry``,
-    this user's."""
-    import stat as _stat
+def _holds_own(base: str, entry: Optional[str]) -> bool:
+    """Whether ``base`` is a directory of this user's alone, holding ``entry`` (a
+    path in it) of this user's; both looked at through one descriptor of it."""
     uid = os.getuid()
     try:
-        st, inner = os.lstat(base), os.lstat(entry)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
-    return _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077 \
-        and inner.st_uid == uid
+    try:
+        st = os.fstat(fd)
+        if not (st.st_uid == uid and not st.st_mode & 0o077):
+            return False
+        if entry is None:
+            return True
+        if os.path.dirname(entry) != base:
+            return False
+        return os.stat(os.path.basename(entry), dir_fd=fd, follow_symlinks=False).st_uid == uid
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def sweep_private(directory: str) -> None:
@@ -380,7 +433,8 @@ def sweep_private(directory: str) -> None:
         else:
             continue
         path = os.path.join(directory, name)
-        if pid.isdigit() and not exists(int(pid)) and not _listening(path):
+        if 0 < len(pid) <= 7 and pid.isascii() and pid.isdigit() and not exists(int(pid)) \
+                and not _listening(path):
             remove_private(path)
 
 
@@ -389,11 +443,12 @@ def _listening(path: str) -> bool:
     PID namespace sharing this directory, say)."""
     if not path.endswith(".sock"):
         return False
+    import errno
     from ..core import socket
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)          # a full queue answers at once (EAGAIN), never blocks
     try:
-        sock.connect(path)
-        return True
+        return sock.connect_ex(path) in (0, errno.EAGAIN, errno.EINPROGRESS)
     except OSError:
         return False
     finally:
@@ -401,21 +456,25 @@ def _listening(path: str) -> bool:
 
 
 def remove_private(path: str) -> None:
-    """Remove a control socket, or a directory of dumps with what it holds,
-    quietly and never through a link (see :func:`~.trees.remove_tree`); then this
-    user's private directory itself when that left it empty (no job of this user
-    leaves it behind)."""
-    import stat as _stat
+    """Remove a control socket, or a directory of dumps with what it holds, quietly:
+    only from a directory of this user's alone, opened without following a link, and
+    named in it (see :func:`~.trees.remove_entry`); then this user's private
+    directory itself when that left it empty (no job of this user leaves it
+    behind)."""
+    from .trees import OPEN_DIR, remove_entry
+    parent, name = os.path.split(path)
     try:
-        st = os.lstat(path)
-        if _stat.S_ISDIR(st.st_mode):
-            from .trees import remove_tree
-            remove_tree(path)
-        else:
-            os.unlink(path)
+        fd = os.open(parent, OPEN_DIR)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            remove_entry(fd, name)
     except OSError:
         pass
-    parent = os.path.dirname(path)
+    finally:
+        os.close(fd)
     if os.path.basename(parent).startswith("mslaunch"):
         try:
             os.rmdir(parent)           # fails, as it should, while not empty

@@ -88,7 +88,7 @@ def prepare(directory: str) -> bool:
         source = globals()["__loader__"].get_data(HOOK_FILE)
         if not isinstance(source, bytes):
             return False
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as f:
             f.write(source)
     except (OSError, AttributeError):     # a loader that cannot read the package's files
@@ -104,7 +104,7 @@ def prepare(directory: str) -> bool:
             + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
         cached = cache_from_source(path)
         os.makedirs(os.path.dirname(cached), 0o700, exist_ok=True)
-        fd = os.open(cached, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = os.open(cached, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as f:
             f.write(head + _compiled(source, MAGIC_NUMBER, cache_from_source))
     except (OSError, ImportError, ValueError, SyntaxError):
@@ -134,10 +134,9 @@ def make_dir(guard: Watchdog) -> Optional[str]:
     """This process's private directory for its Python ranks' dumps, with the
     hook in it (removed by ``guard``'s watchdog at the end, or should this
     process die); None if it cannot be made."""
-    from .procs import in_private, sweep_private
+    from .procs import in_private
 
     def made(base: str) -> Optional[str]:
-        sweep_private(base)           # what agents of this host that are gone left
         path = os.path.join(base, f"{os.uname().nodename}.{os.getpid()}.py")
         guard.private(path)     # told before it exists: this process may be killed after
         try:

@@ -9,7 +9,7 @@ import os
 import stat
 
 #: How a directory is opened for its removal: never through a symbolic link.
-_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_tree(path: str) -> None:
@@ -21,7 +21,7 @@ def remove_tree(path: str) -> None:
     parent) cannot send the removal elsewhere.  (``shutil.rmtree``'s work,
     without the 10 ms that importing it costs the end of every job.)"""
     try:
-        fd = os.open(path, _OPEN_DIR)
+        fd = os.open(path, OPEN_DIR)
     except OSError:
         return
     try:
@@ -42,24 +42,35 @@ def remove_tree(path: str) -> None:
 def _empty(fd: int) -> None:
     """Remove what directory ``fd`` holds: this user's directories, emptied first,
     and every other entry."""
-    me = os.geteuid()
     with os.scandir(fd) as entries:
         names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
     for name, is_dir in names:
         try:
-            if not is_dir:
-                os.unlink(name, dir_fd=fd)
-                continue
-            inner = os.open(name, _OPEN_DIR, dir_fd=fd)
-            try:
-                if os.fstat(inner).st_uid != me:
-                    continue
-                _empty(inner)
-            finally:
-                os.close(inner)
-            os.rmdir(name, dir_fd=fd)
+            _remove(fd, name, is_dir)
         except OSError:
             pass
+
+
+def remove_entry(fd: int, name: str) -> None:
+    """Remove entry ``name`` of directory ``fd`` as :func:`remove_tree` would: a
+    directory of this user's with what it holds, any other entry but another
+    user's directory, a link never followed; OSError if it cannot."""
+    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    _remove(fd, name, stat.S_ISDIR(st.st_mode))
+
+
+def _remove(fd: int, name: str, is_dir: bool) -> None:
+    if not is_dir:
+        os.unlink(name, dir_fd=fd)
+        return
+    inner = os.open(name, OPEN_DIR, dir_fd=fd)
+    try:
+        if os.fstat(inner).st_uid != os.geteuid():
+            return
+        _empty(inner)
+    finally:
+        os.close(inner)
+    os.rmdir(name, dir_fd=fd)
 
 
 #: Descriptors of the directories this process holds (see :func:`hold`), kept open

@@ -52,10 +52,9 @@ def control_listener(directory: str, name: str):
 def open_control(watchdog) -> Optional[Tuple[object, str]]:
     """The job's control socket ``PID.sock`` (mslaunch-stacks, mslaunch-top), which
     the guard removes should this process die; None if it cannot be made."""
-    from ..machine.procs import in_private, sweep_private
+    from ..machine.procs import in_private
 
     def listen(where: str) -> Optional[Tuple[object, str]]:
-        sweep_private(where)
         # told before they exist: this process may be killed the moment after
         for name in (f"{os.getpid()}.sock", f"{os.getpid()}.sock.new"):
             watchdog.private(os.path.join(where, name))

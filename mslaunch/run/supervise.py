@@ -166,14 +166,9 @@ class Supervisor(LookingInside):
             elif self.job.verbose and self.session.wants_control:
                 self.log("no control socket (no private directory of this user's for it): "
                          "mslaunch-stacks and mslaunch-top cannot attach")
-            from ..machine.procs import refused_private
-            for why in refused_private():
-                # Someone else made this user's directory first: said, never silent.
-                self.log(f"warning: {why}: " + (
-                    f"this job's control socket is in {os.path.dirname(self.control[1])}"
-                    if self.control is not None else
-                    "mslaunch-stacks and mslaunch-top cannot attach to this job"))
+            self._say_refused()
             self._start_all()
+            self._say_refused()       # (the Python ranks' hook directory is made there)
             self.loop.call_later(OUTPUT_EVERY, self._note_output)
             if self.job.stall_report:
                 # The watch itself is imported at its first look: a short job never needs it.
@@ -192,6 +187,16 @@ class Supervisor(LookingInside):
             if self._own_loop:
                 self.loop.close()
         return self.backend.outcome(self._result())
+
+    def _say_refused(self) -> None:
+        """Someone else made (or may replace) a place of this user's private directory:
+        said, never silent, once."""
+        from ..machine.procs import refused_private
+        for why in refused_private():
+            self.log(f"warning: {why}: " + (
+                f"this job's control socket is in {os.path.dirname(self.control[1])}"
+                if self.control is not None else
+                "mslaunch-stacks and mslaunch-top cannot attach to this job"))
 
     def _start_all(self) -> None:
         job, backend = self.job, self.backend
