@@ -305,6 +305,27 @@ def answer(directory: str, pid: int, offset: int) -> Optional[str]:
     return data.decode("utf-8", "replace")
 
 
+#: Seconds a dump that has stopped growing is taken as whole although its rank's
+#: main thread still blocks :data:`MAIN_SIGNAL` (a program that blocks it itself).
+STEADY = 0.5
+
+
+def dumping(pid: int) -> bool:
+    """Whether ``pid``'s main thread is in the middle of a dump: it blocks
+    :data:`MAIN_SIGNAL` for the dump's whole length (the kernel does, while
+    faulthandler's handler of it runs; the hook does, around its dump of every
+    thread), and a dump is written in many small writes, between which a loaded
+    machine may leave it for milliseconds."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigBlk:"):
+                    return bool(int(line.split()[1], 16) >> (MAIN_SIGNAL - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def consumed(directory: str, pid: int) -> None:
     """Empty a dump file once read: a job sampled for days would fill the
     directory otherwise (the rank appends, so its next dump starts at 0)."""

@@ -174,12 +174,23 @@ class _Asked:
     """A Python rank's dump asked for: of its ``pid`` from ``offset`` in its file,
     by ``signum``; whether its main thread was then asked alone (``fell_back``)."""
 
-    __slots__ = ("pid", "offset", "signum", "at", "fell_back")
+    __slots__ = ("pid", "offset", "signum", "at", "fell_back", "seen", "since")
 
     def __init__(self, pid: int, offset: int, signum: int) -> None:
         self.pid, self.offset, self.signum = pid, offset, signum
         self.at = time.monotonic()
         self.fell_back = False
+        self.seen = -1                  # the length of the dump last read, and since when
+        self.since = self.at
+
+    def whole(self, text: str) -> bool:
+        """Whether ``text``, read of the dump, may be all of it: the rank's main thread
+        has left its dump (:func:`~.pydump.dumping`), or the text has not grown for
+        :data:`~.pydump.STEADY` seconds."""
+        now = time.monotonic()
+        if len(text) != self.seen:
+            self.seen, self.since = len(text), now
+        return not pydump.dumping(self.pid) or now - self.since >= pydump.STEADY
 
 
 def _poll_python(pending: Dict[int, _Asked], results: Dict[int, Dict[str, Any]],
@@ -189,8 +200,9 @@ def _poll_python(pending: Dict[int, _Asked], results: Dict[int, Dict[str, Any]],
     for rank, a in list(pending.items()):
         text = pydump.answer(dump_dir, a.pid, a.offset)  # type: ignore[arg-type]
         if text is not None:
-            time.sleep(0.005)          # a dump is written in one go: see it whole
-            if pydump.answer(dump_dir, a.pid, a.offset) == text:  # type: ignore[arg-type]
+            # Read again once the writer is seen out of its dump: unchanged, it is whole.
+            if a.whole(text) and \
+                    pydump.answer(dump_dir, a.pid, a.offset) == text:  # type: ignore[arg-type]
                 del pending[rank]
                 alone = a.fell_back and not pydump.every_thread(text)
                 pydump.done(dump_dir, a.pid, a.offset, True,  # type: ignore[arg-type]
