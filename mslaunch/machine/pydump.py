@@ -168,10 +168,16 @@ def rank_env(directory: str, env: Mapping[str, str], tracer: int) -> Dict[str, s
 
 def armed(pid: int, signum: int = SIGNAL) -> bool:
     """Whether ``pid`` catches ``signum`` (its hook ran): only then may it be sent."""
+    return _in_mask(f"/proc/{pid}/status", b"SigCgt:", signum)
+
+
+def _in_mask(status: str, field: bytes, signum: int) -> bool:
+    """Whether the signal set ``field`` of the ``status`` file of a process (or of
+    one of its threads) holds ``signum``."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
+        with open(status, "rb") as f:
             for line in f:
-                if line.startswith(b"SigCgt:"):
+                if line.startswith(field):
                     return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     except (OSError, ValueError):
         pass
@@ -316,14 +322,7 @@ def dumping(pid: int) -> bool:
     faulthandler's handler of it runs; the hook does, around its dump of every
     thread), and a dump is written in many small writes, between which a loaded
     machine may leave it for milliseconds."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"SigBlk:"):
-                    return bool(int(line.split()[1], 16) >> (MAIN_SIGNAL - 1) & 1)
-    except (OSError, ValueError):
-        pass
-    return False
+    return _in_mask(f"/proc/{pid}/task/{pid}/status", b"SigBlk:", MAIN_SIGNAL)
 
 
 def consumed(directory: str, pid: int) -> None:
