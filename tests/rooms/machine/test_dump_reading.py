@@ -4,7 +4,6 @@ of faulthandler's small writes) is read whole, never cut after its first line.""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
