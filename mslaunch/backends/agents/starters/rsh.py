@@ -56,7 +56,8 @@ from .dialin import DialedConnection, StartingProcess, dial_program, greet
 
 #: Open MPI's default ``plm_rsh_agent``: the first found on PATH is used.
 DEFAULT_AGENT = "ssh : rsh"
-#: Seconds the other hosts are given to fail too, once one host's start failed.
+#: Seconds the other hosts are given to fail too, once one host's start failed
+#: (at least; as long as that start took, if longer).
 FAILURE_SETTLE = 2.0
 
 #: The token: from the environment if the command carried it there, else the
@@ -203,10 +204,14 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
             now = time.monotonic()
             pending = [n for n in procs if n not in done and procs[n].proc.poll() is None]
             late = {n for n in pending if now > began[n] + timeout}
-            if settled is None and len(pending) < len(procs) - len(done):
+            ended = [n for n in procs if n not in done and n not in pending]
+            if settled is None and ended:
                 # A host failed: the others that fail alike (every host, often) are
-                # given a moment to say so, so that one report counts them all.
-                settled = now + FAILURE_SETTLE
+                # given a moment to say so, so that one report counts them all; as
+                # long again as its own start took, on a machine too busy to run
+                # their clients together.
+                settled = now + min(max(FAILURE_SETTLE, min(now - began[n] for n in ended)),
+                                    timeout)
             if late or settled is not None and (not pending or now > settled):
                 message, failed, unreachable = _failure(names, done, procs, shown, timeout,
                                                         late)
