@@ -197,7 +197,7 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
         raise HostFailure("agent start", f"cannot run a command: {short_reason(err)}") from None
     try:
         handshake = bootstrap.Handshake(name=name)
-        _send_parts(channel, handshake.take_parts())
+        sending = _send_unless_ended(channel, handshake.take_parts())
         deadline = time.monotonic() + AGENT_TIMEOUT
         greeted = None
         channel.settimeout(1.0)
@@ -211,7 +211,8 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
             if not data:
                 raise _start_failure(channel)
             greeted = handshake.feed(data)
-            _send_parts(channel, handshake.take_parts())
+            if sending:
+                sending = _send_unless_ended(channel, handshake.take_parts())
         channel.settimeout(None)
     except HostFailure:
         channel.close()
@@ -228,6 +229,19 @@ def start_agent(name: str, transport, command: str) -> SSHAgentConnection:
         raise failure from None
     hello, leftover = greeted
     return SSHAgentConnection(name, transport, channel, leftover, hello)
+
+
+def _send_unless_ended(channel, parts: List[bytes]) -> bool:
+    """:func:`_send_parts`; False, sending nothing more, when the command has ended
+    (the channel closed): what it wrote first is still read, and judged, the same
+    whether it ended before or after this side's bytes went out."""
+    try:
+        _send_parts(channel, parts)
+        return True
+    except Exception:
+        if channel.closed or channel.exit_status_ready():
+            return False
+        raise
 
 
 def _send_parts(channel, parts: List[bytes]) -> None:
