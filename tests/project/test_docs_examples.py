@@ -98,8 +98,8 @@ HOW = {
     # docs/guides/stacks.md
     "rm -f release\n"
     "mslaunch -n 4 -H h1:2,h2:2 python tests/programs/stuck_ranks.py stuck "
-    "release &\n"
-    "sleep 5\n"
+    "release > job.out &\n"
+    "while [ \"$(grep -c '^started' job.out)\" != 4 ] && kill -0 $!; do sleep 1; done\n"
     "mslaunch-stacks\n"
     "touch release; wait": "hosts",
     # docs/guides/torchrun.md

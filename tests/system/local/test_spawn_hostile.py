@@ -792,7 +792,7 @@ def test_a_spawn_of_a_program_missing_on_a_remote_host_fails_in_the_parent_only(
     p = _remote(home, raw, tag, steps, "localhost:1,h1:1")
     try:
         try:
-            out, err = p.communicate(timeout=6)
+            out, err = p.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()

@@ -175,12 +175,6 @@ def _slow_h2(bed, seconds: float):
 
 
 @pytest.fixture
-def slow_h2(sshbed):
-    """h2's logins take 5 s."""
-    yield from _slow_h2(sshbed, 5)
-
-
-@pytest.fixture
 def slower_h2(sshbed):
     """h2's logins take 20 s: long enough for the late hosts to be named twice
     even when a busy machine makes h1's start, and so the lateness, slow
@@ -211,10 +205,9 @@ def test_a_slow_host_is_named_while_it_starts(slower_h2, tmp_path):
     assert len(late) >= 2, err
     assert late[0][0] >= timeline.LATE_MIN, err
     assert all(b[0] - a[0] >= timeline.REPEAT - 1 for a, b in zip(late, late[1:])), err
-    for _, rest in late:
-        assert rest.startswith("h2 (") and rest.endswith(" of 2 hosts up"), err
-    assert late[-1][1] == "h2 (starting the agent (its bootstrap and package)); 1 of 2 hosts up" \
-        or "h1" not in late[-1][1], err
+    for _, rest in late:        # (h1 too, on a machine that slows its start past the first)
+        named = sum(len(part.split(" (", 1)[0].split(", ")) for part in rest.split("; ")[:-1])
+        assert "h2 (" in rest and rest.endswith(f"; {2 - named} of 2 hosts up"), err
     assert re.search(r"^mslaunch: every host up after \d+\.\d s$", err, re.M), err
     others = [line for line in err.splitlines() if not line.startswith(
         ("mslaunch: still starting after ", "mslaunch: every host up after "))]
@@ -239,9 +232,9 @@ def test_on_a_terminal_the_late_line_is_rewritten_in_place(slower_h2, tmp_path):
     assert shown[-1] == "", text
 
 
-def test_the_companion_commands_answer_while_the_hosts_start(slow_h2, tmp_path):
+def test_the_companion_commands_answer_while_the_hosts_start(slower_h2, tmp_path):
     from helpers import REPO, wait_for
-    home = slow_h2.make_home(tmp_path / "home")
+    home = slower_h2.make_home(tmp_path / "home")
     tag = new_tag()
     p = subprocess.Popen(cmd("-H", "h1,h2", "-n", "2", "-x", "MSL_TEST_TAG", "true"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -253,14 +246,14 @@ def test_the_companion_commands_answer_while_the_hosts_start(slow_h2, tmp_path):
                 r = subprocess.run([PY, os.path.join(REPO, "scripts", tool), str(p.pid)],
                                    capture_output=True, timeout=30, env=renv(home))
                 said[tool] = r
-                # h1 is up at once, h2 takes 5 s more
+                # h1 is up in seconds (more on a busy machine), h2 takes 20 s more
                 return b"remote hosts are starting: 1 of 2" in r.stderr
-            assert wait_for(asked, 4), said[tool].stderr
+            assert wait_for(asked, 15), said[tool].stderr
             err = said[tool].stderr.decode()
             assert r_one_line(err) and "h2: starting the agent (its bootstrap and package)" \
                 in err and "1 of 2 hosts up" in err, err
-        out, err = p.communicate(timeout=60)
-        settle(tag, slow_h2)
+        out, err = p.communicate(timeout=90)
+        settle(tag, slower_h2)
     finally:
         p.kill()
         p.wait()

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PY, clean_env, cmd, one_error_line, run, socket_inodes
+from helpers import PY, clean_env, cmd, error_lines, one_error_line, run, socket_inodes
 from ports import free_block
 from mslaunch.cli.hydraenv import port_range
 from mslaunch.core.errors import UsageError
@@ -207,7 +207,7 @@ def test_an_agent_with_no_free_port_of_the_range_is_one_error_line(sshbed, tmp_p
         taker.stdin.close()
         taker.wait(10)
     # As for any failure an agent reports: the host's line, then its ranks', 255.
-    lines = r.stderr.decode().splitlines()
+    lines = error_lines(r.stderr.decode())
     assert r.returncode == 255 and r.stdout == b"" and len(lines) == 2, r.stderr.decode()
     assert lines[0].startswith(f"mslaunch: lost host {h1.name}: the agent reported: no free ")
     assert lines[1].startswith("mslaunch: rank 0 ")
