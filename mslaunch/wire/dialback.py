@@ -43,8 +43,12 @@ def _bind(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
     return lambda: fn(*args)
 
 
-#: Seconds a new connection has to present its token.
-AUTH_SECONDS = 3.0
+#: Seconds a new connection has to present its token.  An agent, a Python just
+#: started on a machine that may be busy, takes its time between its connection
+#: and its proof; one cut off after it has sent the proof meets a reset reading
+#: its bootstrap, and its host is lost.  A stranger that says nothing holds one of
+#: :data:`MAX_PENDING` places meanwhile, and newer connections push it out.
+AUTH_SECONDS = 20.0
 #: Unauthenticated connections kept at once; a new one pushes out the oldest
 #: once that one has had a moment to present its token.
 MAX_PENDING = 64

@@ -3,6 +3,7 @@ agent dials back with, and the listener that waits for it."""
 
 from __future__ import annotations
 
+import select
 import subprocess
 import time
 from typing import List
@@ -122,14 +123,57 @@ def test_the_dial_listener_keeps_a_place_for_an_agent_slow_to_speak():
         loop.close()
 
 
+def test_an_agent_slow_to_prove_itself_is_let_in():
+    """An agent started on a busy machine may take seconds between its connection
+    and its proof: one that proved after 4 s was cut off, and, reading its
+    bootstrap, met a reset (its host lost as "ConnectionResetError")."""
+    import socket as socket_mod
+
+    from mslaunch.wire import dialback
+    from mslaunch.wire.dialproof import HELLO, address, new_nonce, proof, tag_of
+    from mslaunch.machine.loop import Loop
+    loop = Loop()
+    lines: List[str] = []
+    listener = dialback.Listener(loop, ["127.0.0.1"], tls=False, log=lines.append)
+    got: List[bytes] = []
+    token = dialback.new_token()
+    listener.expect(token, lambda sock, first, about: got.append(first))
+    port = listener.port_of("127.0.0.1")
+    assert port is not None
+    agent = socket_mod.create_connection(("127.0.0.1", port), timeout=2)
+
+    def run_until(done, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
+            loop.run_once(0.05)
+    try:
+        run_until(lambda: bool(lines), 4.0)           # the agent's Python starting
+        assert not lines, lines
+        ours = new_nonce()
+        agent.sendall(f"{HELLO} {tag_of(token)} {ours}\n".encode())
+        run_until(lambda: bool(select.select([agent], [], [], 0)[0]), 5.0)
+        theirs = agent.recv(256).decode().split()[0]
+        run_until(lambda: bool(lines), 2.0)           # the agent's proof being made
+        where = address(agent.getpeername()[0])
+        agent.sendall(f"{proof(token, 'agent', ours, theirs, where)}\n".encode())
+        run_until(lambda: bool(got), 5.0)
+        assert got == [b""], (got, lines)
+    finally:
+        agent.close()
+        listener.close()
+        loop.close()
+
+
 @pytest.mark.parametrize("tls", [False, True])
-def test_a_silent_peer_does_not_hold_the_listener_s_loop(tls):
+def test_a_silent_peer_does_not_hold_the_listener_s_loop(tls, monkeypatch):
     # A peer that connects and says nothing (no TLS handshake, no token) must
-    # leave the loop free: timers fire, and the peer is closed after its time.
+    # leave the loop free: timers fire, and the peer is closed after its time
+    # (here 2 s, not its 20).
     import socket as socket_mod
 
     from mslaunch.wire import dialback
     from mslaunch.machine.loop import Loop
+    monkeypatch.setattr(dialback, "AUTH_SECONDS", 2.0)
     loop = Loop()
     lines: List[str] = []
     listener = dialback.Listener(loop, ["127.0.0.1"], tls=tls, log=lines.append)
