@@ -377,6 +377,7 @@ def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, 
 
 
 @pytest.mark.remote
+@pytest.mark.timeout(600)         # two jobs of four torch ranks: torch's import alone takes seconds
 @pytest.mark.parametrize("fault", ["kill", "link", "stall"])
 def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed, tmp_path,
                                                                           fault):

@@ -84,6 +84,7 @@ def _run_pods(bed, launcher: List[str], elastic: bool, tmp_path) -> List[tuple]:
     return done
 
 
+@pytest.mark.timeout(600)         # torch ranks in pods, side by side with torchrun
 @pytest.mark.parametrize("elastic", [False, True], ids=["master-workers", "elastic"])
 def test_the_pods_run_the_job_as_under_torchrun(pods, tmp_path, elastic):
     theirs = _run_pods(pods, [PY, "-m", "torch.distributed.run"], elastic, tmp_path)

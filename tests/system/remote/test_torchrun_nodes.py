@@ -89,6 +89,7 @@ def _line(kind: str, nodes, port: int):
                       f"--local-addr={nodes[i].addr}"]
 
 
+@pytest.mark.timeout(600)         # three pairs of jobs of torch ranks, torchrun's and ours
 @pytest.mark.parametrize("kind", ["static", "c10d"])
 def test_the_nodes_form_one_job_as_torchrun_s_do(sshbed, nodes, tmp_path, kind):
     script = tmp_path / "allreduce.py"
