@@ -189,14 +189,12 @@ class Supervisor(LookingInside):
         return self.backend.outcome(self._result())
 
     def _say_refused(self) -> None:
-        """Someone else made (or may replace) a place of this user's private directory:
-        said, never silent, once."""
+        """Said once: a place of this user's private directory another user made or may replace."""
         from ..machine.procs import refused_private
+        where = (f"this job's control socket is in {os.path.dirname(self.control[1])}"
+                 if self.control is not None else "mslaunch-stacks and mslaunch-top cannot attach")
         for why in refused_private():
-            self.log(f"warning: {why}: " + (
-                f"this job's control socket is in {os.path.dirname(self.control[1])}"
-                if self.control is not None else
-                "mslaunch-stacks and mslaunch-top cannot attach to this job"))
+            self.log(f"warning: {why}: {where}")
 
     def _start_all(self) -> None:
         job, backend = self.job, self.backend
