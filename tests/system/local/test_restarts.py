@@ -235,7 +235,9 @@ def _remote_job(sshbed, tmp_path, which, fault, *extra, hosts="h1:2,h2:2,h3:2", 
                *[a for k in env for a in ("-x", k)], python, TRAIN, str(out), fault)
     if helpers:
         env = dict(env, MSLAUNCH_SSH_HELPERS=helpers)
-    p = subprocess.Popen(argv, env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="0.3,5",
+    # A host is lost after 6 s of silence: at 1.5 s, a busy machine's stall report
+    # (native unwinds on every host) once cost a restart both healthy hosts.
+    p = subprocess.Popen(argv, env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="0.3,20",
                                         **env),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return p, out, tag
