@@ -145,13 +145,19 @@ def ompi5():
 _SLURM_MODULES = ("test_slurm", "test_slurmbed", "test_host_package", "test_port_range",
                   "test_slurm_torchrun",
                   "test_srun_ranks")
-# (the soak tests run for minutes: they are handed out first)
-_LONGEST_FIRST = ("test_soak_long", "test_soak_remote", "test_torchrun_elastic", "test_soak_slurm",
-                  "test_soak_local",
-                  "test_msrun_mindspore", "test_remote", "test_msrun_nodes", "test_rsh", "slurm",
-                  "test_singletons", "test_frameworks", "test_hostile", "test_spawn_hostile",
-                  "test_ompi4", "test_msrun", "test_pmi", "test_lying_agent", "test_local_jobs",
-                  "test_msrun_wire", "test_spawn", "test_splice")
+# (the longest soak test first, then by the modules' times measured on a slow
+# 2-core machine, three workers)
+_LONGEST_FIRST = ("test_soak_long", "test_restarts", "slurm", "test_remote",
+                  "test_torchrun_elastic", "test_torchrun", "test_pmix", "test_torchrun_nodes",
+                  "test_pytorchjob", "test_rsh", "test_restart_hosts", "test_pmix_door",
+                  "test_slurm_spares", "test_command", "test_deepspeed", "test_soak_local",
+                  "test_soak_remote", "test_soak_slurm", "test_first_install",
+                  "test_frameworks", "test_docs_examples", "test_stall", "test_ssh_helpers",
+                  "test_launch_api", "test_spawn", "test_spawn_hostile", "test_same_python",
+                  "test_stacks", "test_lying_agent", "test_local_jobs", "test_singletons",
+                  "test_ompi4", "test_msrun_nodes", "test_newcomer", "test_shared_node",
+                  "test_ompimode", "test_mca", "test_restart_holds", "test_msrun_mindspore",
+                  "test_msrun", "test_pmi", "test_release", "test_hostile", "test_ompi_fabric")
 
 
 def _group(item) -> str:
@@ -161,7 +167,10 @@ def _group(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)     # before xdist reads the groups
 def pytest_collection_modifyitems(session, config, items) -> None:
-    if getattr(config.option, "dist", "no") != "loadgroup":
+    # (in xdist's workers, where the grouping happens, the option reads "no" and
+    # `loadgroup` says what the controller was asked for)
+    if not (getattr(config.option, "loadgroup", False)
+            or getattr(config.option, "dist", "no") == "loadgroup"):
         return
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
     groups = [_group(item) for item in items]
