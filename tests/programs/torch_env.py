@@ -1,15 +1,14 @@
 """A torchrun worker that writes its whole environment and arguments as JSON to
 ``$TORCH_ENV_DIR/<local rank>.json`` (when set), a line to each stream, and, with
-the arguments ``--fail RANK``, raises under torchrun's ``@record`` in that rank."""
+the arguments ``--fail RANK``, raises under torchrun's ``@record`` in that rank.
+(torch is imported for ``@record`` only: on a slow machine its import costs seconds
+of CPU in every worker, and a worker that only shows its environment needs none.)"""
 
 import json
 import os
 import sys
 
-from torch.distributed.elastic.multiprocessing.errors import record
 
-
-@record
 def main() -> None:
     args = sys.argv[1:]
     local = os.environ["LOCAL_RANK"]
@@ -23,4 +22,7 @@ def main() -> None:
         raise ValueError(f"boom from rank {os.environ['RANK']}")
 
 
+if "--fail" in sys.argv[1:]:
+    from torch.distributed.elastic.multiprocessing.errors import record
+    main = record(main)
 main()

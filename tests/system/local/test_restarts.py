@@ -378,58 +378,70 @@ def test_a_failed_rank_under_slurm_and_the_job_starts_again_with_srun(slurmbed, 
     assert err.count("remote host(s) with srun") == 1, err
 
 
+def _ddp_job(sshbed, home, out, case: str):
+    """train_ddp.py on h1:2,h2:2 (h3 spare) with one restart, ``case`` its fault:
+    (rank 0's weights lines, the launcher's stderr)."""
+    from remote import renv, settle
+    out.mkdir()
+    tag = new_tag()
+    extra = ("--stall-report", "1", "--stall-exit") if case == "stall" else ()
+    p = subprocess.Popen(cmd("--max-restarts", "1", "-H", "h1:2,h2:2,h3:2", "-n", "4",
+                             *extra, "-x", "MSL_TEST_TAG", PY, program("train_ddp.py"),
+                             str(out), {"none": "none", "kill": "kill"}.get(case, "hold")),
+                         env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="0.3,5"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        if case == "link":
+            assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)), 120)
+            sshbed.link_down("h2")
+        stdout, err_b = p.communicate(timeout=300)
+    finally:
+        if case == "link":
+            sshbed.link_up("h2")
+        p.kill()
+        p.communicate()
+    try:
+        settle(tag, sshbed, timeout=30)
+    finally:
+        kill_tagged(tag)
+    err = err_b.decode()
+    assert p.returncode == 0, err[-3000:]
+    assert ("restart 1 of 1" in err) == (case != "none"), err[-3000:]
+    assert sorted(_attempt_numbers(out)) == ([0, 1] if case != "none" else [0])
+    return [line for line in stdout.decode().splitlines() if line.startswith("weights ")], err
+
+
+@pytest.fixture(scope="module")
+def ddp_uninterrupted(sshbed, tmp_path_factory):
+    """The weights of train_ddp.py run once without a fault (one job of four torch
+    ranks, for every fault's comparison: torch's import alone takes seconds)."""
+    require(__import__("importlib").util.find_spec("torch") is not None, "torch")
+    base = tmp_path_factory.mktemp("ddp")
+    weights, _ = _ddp_job(sshbed, sshbed.make_home(base / "home"), base / "none", "none")
+    assert len(weights) == 1, weights
+    return weights
+
+
 @pytest.mark.remote
-@pytest.mark.timeout(600)         # two jobs of four torch ranks: torch's import alone takes seconds
+@pytest.mark.timeout(600)         # a job of four torch ranks, twice: torch's import takes seconds
 @pytest.mark.parametrize("fault", ["kill", "link", "stall"])
 def test_a_pytorch_ddp_loop_on_two_hosts_starts_again_from_its_checkpoint(sshbed, tmp_path,
-                                                                          fault):
+                                                                          fault,
+                                                                          ddp_uninterrupted):
     """torchrun's users' loop (gloo, TORCHELASTIC_RESTART_COUNT, torch.save): a rank
     killed, h2's link dropped, or every rank stalled (--stall-exit), it ends with the
     weights of a run that was never interrupted, the ranks of a lost h2 on h3."""
-    require(__import__("importlib").util.find_spec("torch") is not None, "torch")
     if fault == "stall":
         need_eu_stack()
     if fault == "link":
         sshbed.require_netns("a network partition")
-    from remote import renv, settle
-    home = sshbed.make_home(tmp_path / "home")
-    weights = []
-    for case in ("none", fault):
-        out = tmp_path / case
-        out.mkdir()
-        tag = new_tag()
-        extra = ("--stall-report", "1", "--stall-exit") if case == "stall" else ()
-        p = subprocess.Popen(cmd("--max-restarts", "1", "-H", "h1:2,h2:2,h3:2", "-n", "4",
-                                 *extra, "-x", "MSL_TEST_TAG", PY, program("train_ddp.py"),
-                                 str(out), {"none": "none", "kill": "kill"}.get(case, "hold")),
-                             env=renv(home, MSL_TEST_TAG=tag, MSLAUNCH_HEARTBEAT="0.3,5"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            if case == "link":
-                assert wait_for(lambda: all((out / f"held.{r}").exists() for r in range(4)),
-                                120)
-                sshbed.link_down("h2")
-            stdout, err_b = p.communicate(timeout=300)
-        finally:
-            if case == "link":
-                sshbed.link_up("h2")
-            p.kill()
-            p.communicate()
-        try:
-            settle(tag, sshbed, timeout=30)
-        finally:
-            kill_tagged(tag)
-        err = err_b.decode()
-        assert p.returncode == 0, err[-3000:]
-        assert ("restart 1 of 1" in err) == (case != "none"), err[-3000:]
-        weights.append([line for line in stdout.decode().splitlines()
-                        if line.startswith("weights ")])
-        assert sorted(_attempt_numbers(out)) == ([0, 1] if case != "none" else [0])
-        if case == "link":
-            assert "left out: h2 (lost)" in err, err[-3000:]
-            hosts = {(out / f"attempt.1.{r}").read_text().strip() for r in range(4)}
-            assert hosts == {"h1", "h3"}, hosts
-    assert len(weights[0]) == 1 and weights[0] == weights[1], weights
+    out = tmp_path / fault
+    weights, err = _ddp_job(sshbed, sshbed.make_home(tmp_path / "home"), out, fault)
+    if fault == "link":
+        assert "left out: h2 (lost)" in err, err[-3000:]
+        hosts = {(out / f"attempt.1.{r}").read_text().strip() for r in range(4)}
+        assert hosts == {"h1", "h3"}, hosts
+    assert weights == ddp_uninterrupted, (weights, err[-3000:])
 
 
 def _attempt_numbers(out) -> set:
