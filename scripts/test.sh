@@ -68,7 +68,9 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+# (editable as a plain path in a .pth file: setuptools' default import hook costs every
+# Python started in .venv, each mslaunch and each rank, about 0.07 s more on a slow machine)
+.venv/bin/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 # The package's bytecode, once: where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines), every mslaunch the tests start would compile it anew.
 .venv/bin/python -m compileall -q mslaunch
@@ -163,6 +165,13 @@ export MSLAUNCH_TEST_WHEELS
 # Three pytest workers, each module whole on one of them (see tests/conftest.py): most
 # of the suite waits on children, daemons and timeouts, not on the CPU.
 parallel="-n 3 --dist loadgroup --no-loadscope-reorder"
+# A run that goes on too long is stopped as Ctrl-C stops it (SIGINT), in time for
+# pytest to print what failed so far and the slowest tests: 80 minutes after this
+# script began, by default.
+budget=$(( ${MSLAUNCH_TEST_MINUTES:-80} * 60 - SECONDS ))
+[ "$budget" -gt 60 ] || budget=60
+stop="timeout --signal=INT --kill-after=120 $budget"
+report="--durations=30"
 # Tests make up host names; none may ever be looked up beyond this machine.
 # As root, the suite runs in a mount namespace of its own whose resolver is
 # loopback only (nothing listens there: lookups fail at once), and whose
@@ -173,6 +182,6 @@ if [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
         conf=$(mktemp) && printf "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n" > "$conf" &&
         mount --bind "$conf" /etc/resolv.conf && rm -f "$conf" &&
         mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm &&
-        MSL_TEST_OWN_SHM=1 exec "$@"' sh .venv/bin/python -m pytest -q $parallel "$@"
+        MSL_TEST_OWN_SHM=1 exec "$@"' sh $stop .venv/bin/python -m pytest -q $report $parallel "$@"
 fi
-exec .venv/bin/python -m pytest -q $parallel "$@"
+exec $stop .venv/bin/python -m pytest -q $report $parallel "$@"
