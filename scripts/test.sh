@@ -68,9 +68,11 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# (editable as a plain path in a .pth file: setuptools' default import hook costs every
-# Python started in .venv, each mslaunch and each rank, about 0.07 s more on a slow machine)
-.venv/bin/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+# (editable as a plain path in a .pth file where setuptools still offers it: its default
+# import hook costs every Python started in .venv, each mslaunch and each rank, about
+# 0.07 s more on a slow machine)
+.venv/bin/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat \
+    2>/dev/null || .venv/bin/python -m pip install -q -e '.[test]'
 # The package's bytecode, once: where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines), every mslaunch the tests start would compile it anew.
 .venv/bin/python -m compileall -q mslaunch
