@@ -10,7 +10,8 @@ import pytest
 from helpers import wait_for
 from torchnodes import Jobs, expected, torch_hosts
 
-pytestmark = pytest.mark.remote
+# (jobs of torch ranks started twice: on a slow machine each import of torch takes seconds)
+pytestmark = [pytest.mark.remote, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
