@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 from requires import require
-from helpers import clean_env, kill_tagged, new_tag, program, run
+from helpers import clean_env, kill_tagged, new_tag, program, run, wait_for
 
 from mslaunch.mpi.pmix.where import EMBEDDED, candidates
 
@@ -26,9 +26,30 @@ PREFIX = os.environ.get("MSLAUNCH_TEST_OMPI4_SOURCE") or os.path.join(
     "openmpi-4.1.4")
 
 
+# (the first test may wait for scripts/test.sh's build, which runs beside the suite)
+pytestmark = pytest.mark.timeout(3600)
+
+
+def _built_beside() -> None:
+    """Wait for the build scripts/test.sh started in the background, when it did
+    (``MSLAUNCH_TEST_OMPI4_BUILD_LOG``: its output; ``.rc`` beside it: its status,
+    written when it ends); fail with its log's end when it failed."""
+    log = os.environ.get("MSLAUNCH_TEST_OMPI4_BUILD_LOG")
+    if not log or os.path.exists(os.path.join(PREFIX, ".built")):
+        return
+    assert wait_for(lambda: os.path.exists(log + ".rc"), 3000, interval=1), \
+        f"scripts/build-openmpi4.sh still running after 50 minutes (its output: {log})"
+    with open(log + ".rc") as f:
+        status = f.read().strip()
+    if status != "0":
+        with open(log, errors="replace") as f:
+            pytest.fail(f"scripts/build-openmpi4.sh failed ({status}):\n{f.read()[-3000:]}")
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """(prefix, the compiled test program) of the source build."""
+    _built_beside()
     mpicc = os.path.join(PREFIX, "bin", "mpicc")
     require(os.access(mpicc, os.X_OK), f"Open MPI 4.1.4 built from source in {PREFIX} "
                                        "(bash scripts/build-openmpi4.sh)")
