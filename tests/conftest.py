@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 
 # The repository's own package first; then the tests' support modules (helpers, the test
@@ -23,6 +24,12 @@ settings.load_profile("suite")
 
 # The multi-host SSH test bed's fixtures (sshbed, sshbeds).
 pytest_plugins = ["sshbed", "slurmbed", "shmcheck", "cgroupcheck"]
+
+# A shell that starts a command in the background without job control starts it with
+# SIGINT ignored, and Python keeps it so: such a run could not be stopped as Ctrl-C
+# stops it (scripts/test.sh's time limit sends SIGINT, for pytest's summary).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
