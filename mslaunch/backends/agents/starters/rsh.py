@@ -57,7 +57,7 @@ from .dialin import DialedConnection, StartingProcess, dial_program, greet
 #: Open MPI's default ``plm_rsh_agent``: the first found on PATH is used.
 DEFAULT_AGENT = "ssh : rsh"
 #: Seconds the other hosts are given to fail too, once one host's start failed
-#: (at least; as long as that start took, if longer).
+#: (at least; twice as long as that start took, if longer), each from its own start.
 FAILURE_SETTLE = 2.0
 
 #: The token: from the environment if the command carried it there, else the
@@ -197,7 +197,7 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
 
     def wait(loop: Loop, done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess]) -> None:
-        settled: Optional[float] = None      # when the first failure's report is due
+        settled: Optional[float] = None      # how long each host is given, once one failed
         while len(done) < len(names):
             if cancelled is not None and cancelled():
                 raise LaunchError(f"stopped while starting the agents with {words[0]}", 130)
@@ -207,12 +207,12 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
             ended = [n for n in procs if n not in done and n not in pending]
             if settled is None and ended:
                 # A host failed: the others that fail alike (every host, often) are
-                # given a moment to say so, so that one report counts them all; as
-                # long again as its own start took, on a machine too busy to run
-                # their clients together.
-                settled = now + min(max(FAILURE_SETTLE, min(now - began[n] for n in ended)),
-                                    timeout)
-            if late or settled is not None and (not pending or now > settled):
+                # given a moment to say so, so that one report counts them all; each
+                # twice as long from its own start as the failed start took, on a
+                # machine too busy to run their clients together.
+                settled = min(max(FAILURE_SETTLE, 2 * min(now - began[n] for n in ended)),
+                              timeout)
+            if late or settled is not None and all(now > began[n] + settled for n in pending):
                 message, failed, unreachable = _failure(names, done, procs, shown, timeout,
                                                         late)
                 raise HostsFailed(message, failed, unreachable=unreachable)
