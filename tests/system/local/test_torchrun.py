@@ -19,6 +19,10 @@ from ports import free_block
 from torchenv import ENV, compare, workers
 from requires import require
 
+# (each test runs torch's own torchrun, which imports torch: seconds of CPU on a slow machine)
+pytestmark = pytest.mark.timeout(300)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def torch_ready():
     require(importlib.util.find_spec("torch") is not None, "torch (pip install torch==2.13.0)")
