@@ -73,8 +73,9 @@ fi
 # test module waits for it and fails, showing its log, when it failed.
 MSLAUNCH_TEST_OMPI4_BUILD_LOG=$(mktemp)
 export MSLAUNCH_TEST_OMPI4_BUILD_LOG
-( nice -n 10 bash scripts/build-openmpi4.sh > "$MSLAUNCH_TEST_OMPI4_BUILD_LOG" 2>&1
-  echo $? > "$MSLAUNCH_TEST_OMPI4_BUILD_LOG.rc" ) &
+( status=0
+  nice -n 10 bash scripts/build-openmpi4.sh > "$MSLAUNCH_TEST_OMPI4_BUILD_LOG" 2>&1 || status=$?
+  echo "$status" > "$MSLAUNCH_TEST_OMPI4_BUILD_LOG.rc" ) &
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
