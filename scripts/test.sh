@@ -170,7 +170,7 @@ parallel="-n 3 --dist loadgroup --no-loadscope-reorder"
 # script began, by default.
 budget=$(( ${MSLAUNCH_TEST_MINUTES:-80} * 60 - SECONDS ))
 [ "$budget" -gt 60 ] || budget=60
-stop="timeout --signal=INT --kill-after=120 $budget"
+stop="timeout --foreground --signal=INT --kill-after=120 $budget"
 report="--durations=30"
 # Tests make up host names; none may ever be looked up beyond this machine.
 # As root, the suite runs in a mount namespace of its own whose resolver is
