@@ -197,7 +197,8 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
 
     def wait(loop: Loop, done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess]) -> None:
-        settled: Optional[float] = None      # how long each host is given, once one failed
+        failed_at: Optional[float] = None    # when the first host's start failed
+        window = 0.0                         # how long each host is given from its own start
         while len(done) < len(names):
             if cancelled is not None and cancelled():
                 raise LaunchError(f"stopped while starting the agents with {words[0]}", 130)
@@ -205,18 +206,20 @@ def connect_all(names: Sequence[str], words: Sequence[str], pythons: Sequence[st
             pending = [n for n in procs if n not in done and procs[n].proc.poll() is None]
             late = {n for n in pending if now > began[n] + timeout}
             ended = [n for n in procs if n not in done and n not in pending]
-            if settled is None and ended:
+            if failed_at is None and ended:
                 # A host failed: the others that fail alike (every host, often) are
                 # given a moment to say so, so that one report counts them all; each
                 # twice as long from its own start as the failed start took, on a
                 # machine too busy to run their clients together.
-                settled = min(max(FAILURE_SETTLE, 2 * min(now - began[n] for n in ended)),
-                              timeout)
-            if late or settled is not None and all(now > began[n] + settled for n in pending):
+                failed_at = now
+                window = min(max(FAILURE_SETTLE, 2 * min(now - began[n] for n in ended)), timeout)
+            if late or failed_at is not None and (not pending or (
+                    now > failed_at + FAILURE_SETTLE
+                    and all(now > began[n] + window for n in pending))):
                 message, failed, unreachable = _failure(names, done, procs, shown, timeout,
                                                         late)
                 raise HostsFailed(message, failed, unreachable=unreachable)
-            if settled is None:
+            if failed_at is None:
                 launch(procs, concurrent - len(pending))
             loop.run_once(0.1)
             timeline.tick()
