@@ -152,6 +152,22 @@ def test_rekey_and_refused_logins_then_restore(sshbed: SSHBed, tmp_path):
         paramiko_connect(home, name).close()
 
 
+def test_a_host_whose_sshd_closes_each_connection_is_told_with_its_log(sshbed: SSHBed):
+    import sshprobe
+    sshbed.require_netns()
+    assert sshprobe.unanswered(sshbed) == []
+    # each connection's sshd loads the host key again: hidden, it closes at once
+    sshbed.hide_path("h3", sshbed.host("h3").host_key)
+    try:
+        bad = sshprobe.unanswered(sshbed)
+        assert len(bad) == 1 and bad[0].startswith("h3 ") and "closed" in bad[0], bad
+        said = sshprobe.diagnosis(sshbed, bad, ["tests/x.py::test_y"])
+        assert "no hostkeys available" in said and said.endswith("tests/x.py::test_y"), said
+    finally:
+        sshbed.restore()
+    assert sshprobe.unanswered(sshbed) == []
+
+
 def test_kill_host_processes_and_dropped_sessions(sshbed: SSHBed, tmp_path):
     home = sshbed.make_home(tmp_path / "home")
     client = paramiko_connect(home, "h2")

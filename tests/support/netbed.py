@@ -983,6 +983,10 @@ class BedPool:
     def beds(self) -> List[Bed]:
         return [b for b in list(self._shared.values()) + self._private if b.running]
 
+    def shared_beds(self) -> List[Bed]:
+        """The running beds :meth:`get` shares."""
+        return [b for b in self._shared.values() if b.running]
+
     def get(self, key: object, *args, **kw) -> Bed:
         if key in self._errors:
             # a copy without the first failure's frames (they would pile up)

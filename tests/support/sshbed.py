@@ -104,6 +104,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 import netbed  # noqa: E402
+import sshprobe  # noqa: E402
 from netbed import NetBed, NetBedError, NetHost  # noqa: E402
 
 SSHD = "/usr/sbin/sshd"
@@ -237,6 +238,7 @@ class SSHBed(netbed.Bed):
         self.dirty = False
         self._record: Optional[str] = None
         self._extra_conf: List[str] = []
+        self._penalties_checked = False
         self._hide_count = 0
         self._borrowed: Optional[NetBed] = None   # namespaces owned by another bed
 
@@ -437,21 +439,21 @@ class SSHBed(netbed.Bed):
         _write(h.conf, text)
 
     def _check_conf(self, h: SSHHost) -> None:
-        for attempt in range(2):
-            r = subprocess.run([SSHD, "-t", "-f", h.conf], stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True, timeout=30)
-            if r.returncode == 0:
-                return
-            if attempt == 0 and "PerSourcePenalties" not in "".join(self._extra_conf):
-                # OpenSSH >= 9.8 penalises sources with failed logins by default: refused
-                # logins in one test would then refuse connects in the next
-                probe = subprocess.run([SSHD, "-t", "-f", h.conf, "-o", "PerSourcePenalties=no"],
-                                       stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
-                if probe.returncode == 0:
-                    self._extra_conf.append("PerSourcePenalties no")
-                    for x in self.hosts:
-                        self._write_conf(x)
-                    continue
+        if not self._penalties_checked:
+            self._penalties_checked = True
+            # OpenSSH >= 9.8 penalises a source address after refused logins and
+            # connections that never log in (refusing it for up to 10 minutes): here
+            # every connection comes from the runner, so one test's refused logins would
+            # refuse the next test's connects.  Older sshds do not know the keyword.
+            probe = subprocess.run([SSHD, "-t", "-f", h.conf, "-o", "PerSourcePenalties=no"],
+                                   stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+            if probe.returncode == 0:
+                self._extra_conf.append("PerSourcePenalties no")
+                for x in self.hosts:
+                    self._write_conf(x)
+        r = subprocess.run([SSHD, "-t", "-f", h.conf], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
             raise SSHBedError(f"{SSHD} -t -f {h.conf} failed: {r.stderr.strip()}")
 
     def _spawn_sshd(self, h: SSHHost) -> None:
@@ -889,12 +891,36 @@ def sshbed(sshbeds: SSHBedPool) -> SSHBed:
     return sshbeds.get(DEFAULT_HOSTS)
 
 
+#: Tests this worker ran since its shared bed last answered (sshprobe's suspects).
+_SINCE_SOUND: List[str] = []
+_PROBE_ALL = os.environ.get("MSLAUNCH_TEST_PROBE_BEDS") == "1"
+
+
+def _check_shared(when: str, every: bool) -> None:
+    """Fail when a shared bed's hosts (``every`` bed's, else the ``sshbed``
+    fixture's) no longer greet a connection (sshprobe)."""
+    for bed in [b for pool in _POOLS for b in pool.shared_beds()
+                if every or len(b.hosts) == DEFAULT_HOSTS]:
+        bad = sshprobe.unanswered(bed)
+        if bad:
+            suspects = list(_SINCE_SOUND)
+            _SINCE_SOUND.clear()    # reported once; the next report names what came after
+            pytest.fail(f"{when}: " + sshprobe.diagnosis(bed, bad, suspects), pytrace=False)
+    _SINCE_SOUND.clear()
+
+
 @pytest.fixture(autouse=True)
 def _sshbed_restore(request):
-    """After each test, undo the faults a test left on a shared bed; remember log offsets."""
+    """After each test, undo the faults a test left on a shared bed; remember log offsets.
+    Before a test that asks for the shared bed, see that its hosts answer."""
+    if "sshbed" in request.fixturenames:
+        _check_shared("before this test", every=False)
     request.node._sshbed_log_sizes = netbed.log_offsets(_POOLS)
     yield
     netbed.restore_dirty(_POOLS)
+    _SINCE_SOUND.append(request.node.nodeid)
+    if _PROBE_ALL:
+        _check_shared("after this test", every=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
