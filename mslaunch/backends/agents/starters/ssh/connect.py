@@ -370,7 +370,8 @@ def handshake_reason(err: BaseException) -> str:
                 "not an SSH server: no SSH banner")
     if text.startswith("Error reading SSH protocol banner"):
         return ("no SSH banner: the other end closed or reset the connection without "
-                "speaking SSH (not an SSH server, or sshd's MaxStartups dropping connections)")
+                "speaking SSH (not an SSH server, or an sshd refusing new connections: its "
+                "MaxStartups or PerSourcePenalties, or a fault of its own that its log names)")
     if isinstance(err, (EOFError, ConnectionError)) or text == "Negotiation failed.":
         return "the connection was closed during the key exchange"
     return text
