@@ -99,16 +99,6 @@ python3 -m venv .venv
     'torch==2.13.0+cpu' 'deepspeed==0.19.8'
 export MSLAUNCH_TEST_REQUIRE_ALL=1   # tests fail instead of skipping when a piece is missing
 
-# The checks before the suite: the linter and the type checker with the
-# project's settings (pyproject.toml), and the docs, in which a broken link or
-# anchor fails the build (not with --quiet, which hides the warnings that
-# --strict counts).
-.venv/bin/ruff check mslaunch tests scripts
-.venv/bin/mypy
-site=$(mktemp -d)
-.venv/bin/mkdocs build --strict -d "$site" || { rm -rf "$site"; exit 1; }
-rm -rf "$site"
-
 # The Python versions the package promises (tests/support/pythons.py reads them from
 # setup.cfg and the agent's bootstrap): each interpreter must be found here, or
 # installed from Debian's packages, or the run fails.
@@ -136,21 +126,62 @@ need_python() {
 }
 claims=$(python3 tests/support/pythons.py claims)
 read -r oldest newest host_floor <<< "$claims"
-# A smoke subset of the suite on the oldest and the newest, with the package
-# installed from its wheel in a virtual environment of each.
-for version in "$oldest" "$newest"; do
-    python=$(need_python "$version")
-    venv=".venv-py$version"
-    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+# (found one after the other: apt-get installs one at a time)
+python_oldest=$(need_python "$oldest")
+python_newest=$(need_python "$newest")
+
+# The checks before the suite: the linter and the type checker with the
+# project's settings (pyproject.toml), and the docs, in which a broken link or
+# anchor fails the build (not with --quiet, which hides the warnings that
+# --strict counts).
+checks() {
+    .venv/bin/ruff check mslaunch tests scripts
+    .venv/bin/mypy
+    local site
+    site=$(mktemp -d)
+    .venv/bin/mkdocs build --strict -d "$site" || { rm -rf "$site"; return 1; }
+    rm -rf "$site"
+}
+# A smoke subset of the suite on the oldest and the newest Python, with the package
+# installed from its wheel (built once, here) in a virtual environment of each.
+wheel=$(mktemp -d)
+.venv/bin/python -m pip wheel -q --no-deps -w "$wheel" . >/dev/null
+smoke() {
+    local venv=".venv-py$1"
+    [ -x "$venv/bin/python" ] || "$2" -m venv "$venv"
     "$venv/bin/python" -m pip install -q 'pytest>=7' pytest-timeout 'hypothesis>=6' >/dev/null
-    "$venv/bin/python" -m pip install -q --force-reinstall --no-deps . >/dev/null
-    echo "scripts/test.sh: smoke tests on Python $version (at ${SECONDS} s)"
+    "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel"/*.whl >/dev/null
     "$venv/bin/python" -m pytest -q -p no:cacheprovider -m 'not remote' \
         tests/project/test_pythons.py::test_every_place_names_the_same_pythons \
         tests/rooms/hosts/test_hostfile.py tests/rooms/cli/test_options_table.py \
         tests/rooms/machine/test_loop.py tests/rooms/run/test_supervise.py \
         tests/system/local/test_local_jobs.py
+}
+# The three side by side (each keeps about one core busy), their outputs shown in turn.
+echo "scripts/test.sh: the checks, and smoke tests on Python $oldest and $newest (at ${SECONDS} s)"
+# (A part that fails ends its subshell through set -e before it writes its status.)
+side=$(mktemp -d)
+( checks > "$side/1" 2>&1; echo $? > "$side/1.rc" ) &
+parts=($!)
+( smoke "$oldest" "$python_oldest" > "$side/2" 2>&1; echo $? > "$side/2.rc" ) &
+parts+=($!)
+( smoke "$newest" "$python_newest" > "$side/3" 2>&1; echo $? > "$side/3.rc" ) &
+parts+=($!)
+for pid in "${parts[@]}"; do
+    wait "$pid" || true     # (not the Open MPI build's, still going)
 done
+rm -rf "$wheel"
+failed=
+for part in "1:the checks" "2:smoke tests on Python $oldest" "3:smoke tests on Python $newest"; do
+    echo "scripts/test.sh: ${part#*:}:"
+    cat "$side/${part%%:*}"
+    [ "$(cat "$side/${part%%:*}.rc" 2>/dev/null)" = 0 ] || failed="$failed, ${part#*:}"
+done
+rm -rf "$side"
+if [ -n "$failed" ]; then
+    echo "scripts/test.sh: failed: ${failed#, }" >&2
+    exit 1
+fi
 # ... and the oldest Python a remote host may have, for tests/project/test_pythons.py's agents
 MSLAUNCH_TEST_HOST_PYTHON=$(need_python "$host_floor")
 export MSLAUNCH_TEST_HOST_PYTHON
