@@ -197,9 +197,9 @@ echo "scripts/test.sh: the suite (at ${SECONDS} s)"
 # of the suite waits on children, daemons and timeouts, not on the CPU.
 parallel="-n 3 --dist loadgroup --no-loadscope-reorder"
 # A run that goes on too long is stopped as Ctrl-C stops it (SIGINT), in time for
-# pytest to print what failed so far and the slowest tests: 80 minutes after this
+# pytest to print what failed so far and the slowest tests: 85 minutes after this
 # script began, by default.
-budget=$(( ${MSLAUNCH_TEST_MINUTES:-80} * 60 - SECONDS ))
+budget=$(( ${MSLAUNCH_TEST_MINUTES:-85} * 60 - SECONDS ))
 [ "$budget" -gt 60 ] || budget=60
 stop="timeout --foreground --signal=INT --kill-after=120 $budget"
 report="--durations=30"
