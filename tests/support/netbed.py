@@ -861,13 +861,21 @@ _LIVE: List[Bed] = []
 _LIVE_LOCK = threading.Lock()
 
 
-@atexit.register
-def _stop_all_live() -> None:
-    for bed in reversed(list(_LIVE)):   # the last started first: it may use an earlier one's hosts
+def stop_live(beds: Iterable[Bed]) -> None:
+    """Stop those of ``beds`` still up, the last started first (it may use an earlier
+    one's hosts).  (A test of this must name its own beds: the process's others are
+    the session's shared beds.)"""
+    chosen = set(map(id, beds))
+    for bed in reversed([b for b in list(_LIVE) if id(b) in chosen]):
         try:
             bed.stop()
         except Exception as e:  # pragma: no cover - last resort at exit
             print(f"{type(bed).__name__}: cleanup of {bed.dir} failed: {e}", file=sys.stderr)
+
+
+@atexit.register
+def _stop_all_live() -> None:
+    stop_live(list(_LIVE))
 
 
 class Bed:
@@ -984,8 +992,9 @@ class BedPool:
         return [b for b in list(self._shared.values()) + self._private if b.running]
 
     def shared_beds(self) -> List[Bed]:
-        """The running beds :meth:`get` shares."""
-        return [b for b in self._shared.values() if b.running]
+        """The beds :meth:`get` shares, stopped ones too (none should be before
+        :meth:`close`)."""
+        return list(self._shared.values())
 
     def get(self, key: object, *args, **kw) -> Bed:
         if key in self._errors:

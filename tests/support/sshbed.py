@@ -901,7 +901,8 @@ def _check_shared(when: str, every: bool) -> None:
     fixture's) no longer greet a connection (sshprobe)."""
     for bed in [b for pool in _POOLS for b in pool.shared_beds()
                 if every or len(b.hosts) == DEFAULT_HOSTS]:
-        bad = sshprobe.unanswered(bed)
+        bad = sshprobe.unanswered(bed) if bed.running else [
+            "the bed itself was stopped (by a test: the session's shared beds stop at its end)"]
         if bad:
             suspects = list(_SINCE_SOUND)
             _SINCE_SOUND.clear()    # reported once; the next report names what came after

@@ -5,7 +5,7 @@ it in a way :meth:`sshbed.SSHBed.restore` does not undo, every later test of
 that worker that logs in fails with the same symptom (an sshd that closes
 each new connection, say), far from the cause.  So the plugin greets each
 host of the shared bed before every test that asks for it: a bed that no
-longer answers fails that test at once with what its sshds logged, a look at
+longer answers, or was stopped, fails that test at once with what its sshds logged, a look at
 what sshd needs for each new connection, and the tests this worker ran since
 the bed last answered (the suspects).  ``MSLAUNCH_TEST_PROBE_BEDS=1`` probes
 after every test instead, to catch the one that breaks it.
@@ -75,7 +75,7 @@ def _listener(pid) -> str:
 
 def diagnosis(bed, bad: List[str], suspects: List[str]) -> str:
     """Why the hosts in ``bad`` may not answer: a multi-line report."""
-    lines = ["the shared SSH bed's sshd did not greet a new connection:", *bad,
+    lines = ["the shared SSH bed's hosts did not greet a new connection:", *bad,
              *[_mode(p) for p in _NEEDS]]
     for h in bed.hosts:
         if any(line.startswith(h.name + " ") for line in bad):
