@@ -23,9 +23,10 @@ from typing import List
 _NEEDS = ("/usr/sbin/sshd", "/run/sshd")
 
 
-def greeting(addr: str, port: int, timeout: float = 10.0) -> bytes:
+def greeting(addr: str, port: int, timeout: float = 30.0) -> bytes:
     """The first line a new TCP connection to ``addr:port`` reads (an sshd's
-    banner), or what went wrong in parentheses."""
+    banner), or what went wrong in parentheses.  (The time allowed is generous:
+    this tells a broken host, not a slow one.)"""
     try:
         with socket.create_connection((addr, port), timeout=timeout) as s:
             got = b""
