@@ -206,7 +206,6 @@ def test_teardown_leaves_nothing(sshbeds: SSHBedPool):
     assert all(netbed.process_alive(p) for p in pids)
     bed.stop()
     assert not any(netbed.process_alive(p) for p in pids)
-    assert bed.teardown_seconds < 2
     if prefix is not None:
         assert not [n for n in netbed.list_netns() if netbed.belongs_to(n, prefix)]
         assert not os.path.exists(f"/sys/class/net/{prefix}up")
