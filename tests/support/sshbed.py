@@ -238,7 +238,6 @@ class SSHBed(netbed.Bed):
         self.dirty = False
         self._record: Optional[str] = None
         self._extra_conf: List[str] = []
-        self._penalties_checked = False
         self._hide_count = 0
         self._borrowed: Optional[NetBed] = None   # namespaces owned by another bed
 
@@ -439,18 +438,16 @@ class SSHBed(netbed.Bed):
         _write(h.conf, text)
 
     def _check_conf(self, h: SSHHost) -> None:
-        if not self._penalties_checked:
-            self._penalties_checked = True
-            # OpenSSH >= 9.8 penalises a source address after refused logins and
-            # connections that never log in (refusing it for up to 10 minutes): here
-            # every connection comes from the runner, so one test's refused logins would
-            # refuse the next test's connects.  Older sshds do not know the keyword.
-            probe = subprocess.run([SSHD, "-t", "-f", h.conf, "-o", "PerSourcePenalties=no"],
-                                   stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
-            if probe.returncode == 0:
-                self._extra_conf.append("PerSourcePenalties no")
-                for x in self.hosts:
-                    self._write_conf(x)
+        # (once, when the bed is built) OpenSSH >= 9.8 penalises a source address after
+        # refused logins and connections that never log in (refusing it for up to 10
+        # minutes): here every connection comes from the runner, so one test's refused
+        # logins would refuse the next test's connects.  Older sshds do not know the keyword.
+        probe = subprocess.run([SSHD, "-t", "-f", h.conf, "-o", "PerSourcePenalties=no"],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            self._extra_conf.append("PerSourcePenalties no")
+            for x in self.hosts:
+                self._write_conf(x)
         r = subprocess.run([SSHD, "-t", "-f", h.conf], stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=30)
         if r.returncode != 0:
