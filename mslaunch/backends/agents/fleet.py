@@ -270,6 +270,9 @@ class Fleet:
                 self._late.add(name)
                 self._hand(name, conn, [])
             else:
+                if self.kept is not None and self.view.job.verbose:
+                    self.view.console.message(f"mslaunch: {name}: agent started as the job "
+                                             f"stopped (a spare host: kept for the next attempt)")
                 self._let_go(conn)
         if spares.failed:
             self._leave_out(spares.failed)

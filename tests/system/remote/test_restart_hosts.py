@@ -169,6 +169,54 @@ def test_a_spare_that_does_not_answer_never_delays_the_start_and_joins_when_it_d
     assert attempts[-1]["hosts"] == ["h1", "h3"], attempts
 
 
+#: Rank 1 of the first attempt fails once every rank is up; the others take no
+#: SIGTERM in it until DIR/go is there.
+HOLD = r"""
+dir=$1
+echo $$ > "$dir/up.$RANK.$MSLAUNCH_RESTART_COUNT"
+if [ "$MSLAUNCH_RESTART_COUNT" = 0 ]; then
+    if [ "$RANK" = 1 ]; then
+        until [ "$(ls "$dir" | grep -c '^up\..\.0$')" = 4 ]; do sleep 0.05; done
+        exit 4
+    fi
+    trap '' TERM
+    until [ -e "$dir/go" ]; do sleep 0.05; done
+    exit 0
+fi
+echo "done $RANK $(hostname)"
+"""
+
+
+@pytest.mark.timeout(300)          # two waits of up to 90 s, each with its own message
+def test_a_spare_that_answers_while_the_job_stops_is_said_started_and_kept(sshbed, tmp_path):
+    # h3's sshd is stopped until the first attempt has failed; its agent answers
+    # while the ranks still hold the job's stop: said started (-v), kept, and in the
+    # next attempt at once.
+    sshd = sshbed.host("h3").pid
+    assert sshd
+    os.kill(sshd, signal.SIGSTOP)
+    try:
+        p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "--ssh-timeout", "300",
+                                     "--grace", "300", "-v", restarts="1", script=HOLD)
+        try:
+            assert wait_for(lambda: lines.said("mslaunch: the job ends: failure") or
+                            p.poll() is not None, 90), lines.text()
+        finally:
+            os.kill(sshd, signal.SIGCONT)
+        assert wait_for(lambda: lines.said("h3: agent started as the job stopped") or
+                        p.poll() is not None, 90), lines.text()
+        (tmp_path / "go").touch()
+    finally:
+        os.kill(sshd, signal.SIGCONT)
+        (tmp_path / "go").touch()
+        code, out, err = _finish_reading(p, tag, sshbed, lines)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == [f"done {r} h{1 + r // 2}" for r in range(4)], err
+    said = [line for line in err.splitlines() if line.startswith("mslaunch: h3: agent ")]
+    assert said == ["mslaunch: h3: agent started as the job stopped (a spare host: kept for "
+                    "the next attempt)", "mslaunch: h3: agent kept from the attempt before"], err
+
+
 @pytest.mark.parametrize("mpi", ["pmi", "none"])
 def test_a_hung_spare_is_left_out_and_the_job_starts_again_without_it(sshbed, tmp_path, mpi):
     # h3 is a spare: with MPI its agent stands by for spawned jobs, without it waits
@@ -470,6 +518,7 @@ def test_a_host_that_hangs_during_a_back_off_is_left_out_and_the_spare_takes_its
 UNTIL_GO = QUICK.replace('[ "$MSLAUNCH_RESTART_COUNT" -lt 2 ]', '[ ! -e "$dir/go" ]')
 
 
+@pytest.mark.timeout(400)          # two waits of up to 120 s, each with its own message
 def test_a_spare_lost_during_a_back_off_is_said(sshbed, tmp_path):
     p, tag, lines = _run_reading(sshbed, tmp_path, "h1:2,h2:2,h3:2", "-v", restarts="9",
                                  script=UNTIL_GO)
