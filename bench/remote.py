@@ -337,14 +337,6 @@ class Bed:
         return os.path.join(self.home, "bin", "ssh")
 
 
-def login_rc_files() -> List[str]:
-    """The files a non-interactive login shell of this user reads when sshd runs a
-    command (bash reads ``~/.bashrc`` then), from the password database's home."""
-    import pwd
-    home = pwd.getpwuid(os.getuid()).pw_dir
-    return [p for p in (os.path.join(home, ".bashrc"),) if os.path.isfile(p)]
-
-
 def start_beds(sizes: Sequence[int], root: str, plain_login: bool = False) -> Dict[int, Bed]:
     try:
         from sshbed import SSHBed  # type: ignore[import-not-found]  # tests/, imports pytest
@@ -353,14 +345,10 @@ def start_beds(sizes: Sequence[int], root: str, plain_login: bool = False) -> Di
     beds: Dict[int, Bed] = {}
     try:
         for n in sizes:
-            bed = SSHBed(os.path.join(root, f"bed{n}"))
+            bed = SSHBed(os.path.join(root, f"bed{n}"), login_rc=not plain_login)
             beds[n] = Bed(bed, "")   # registered first: stopped even if start fails
             bed.start(n)
             beds[n].home = bed.make_home(os.path.join(root, f"home{n}"))
-            if plain_login:
-                for h in bed.hosts:
-                    for path in login_rc_files():
-                        bed.hide_path(h, path)
     except BaseException:
         stop_beds(beds)
         raise
@@ -517,6 +505,7 @@ def main(argv: Sequence[str]) -> int:
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         t0 = time.perf_counter()
         beds = start_beds(bed_sizes, root, args.plain_login)
+        from sshbed import login_rc_files  # type: ignore[import-not-found]
         login = ("plain login shell (" + ", ".join(login_rc_files()) + " hidden)"
                  if args.plain_login else "login shell as this machine's ("
                  + (", ".join(login_rc_files()) or "no ~/.bashrc") + " read)")

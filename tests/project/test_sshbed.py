@@ -138,6 +138,23 @@ def test_hide_path_on_one_host_only(sshbed: SSHBed, tmp_path):
     assert visible("h2", conf) and not sshbed.host("h2").hidden
 
 
+def test_the_hosts_logins_read_none_of_this_machine_s_bashrc(sshbed: SSHBed):
+    # (what root's ~/.bashrc runs, pyenv init here, is this machine's set-up, not a
+    # host's: a second of CPU for every SSH command, and a lock they queue on)
+    from sshbed import login_rc_files
+    sshbed.require_netns()
+    files = [f for f in login_rc_files() if os.path.getsize(f)]
+    if not files:
+        pytest.skip("this user has no ~/.bashrc to hide")
+    sshbed.restore()            # (restore leaves it hidden: it is not a fault of a test)
+    for h in sshbed.hosts:
+        r = subprocess.run(sshbed.ssh_argv(h.name, "wc", "-c", *files), capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()[
+            :len(files)]] == ["0"] * len(files), (h.name, r.stdout, r.stderr)
+    assert all(os.path.getsize(f) for f in files)     # the machine's own, untouched
+
+
 def test_rekey_and_refused_logins_then_restore(sshbed: SSHBed, tmp_path):
     import paramiko
     home = sshbed.make_home(tmp_path / "home")

@@ -51,9 +51,15 @@ Things to know when writing tests on the bed:
   finds ``~/.ssh`` through the passwd entry and ignores ``$HOME``: run it as
   ``ssh -F HOME/.ssh/config`` or put ``HOME/bin`` (a wrapper doing that,
   written by make_home) first on PATH.
-* Remote commands run as root with root's login environment (PATH from
-  root's dotfiles, which may make each command noticeably slower); use
-  absolute interpreter paths (``sys.executable``).
+* Remote commands run as root through root's login shell, but (in network
+  namespaces) without this machine's ``~/.bashrc``, which each host sees
+  empty (:func:`login_rc_files`): what bash reads there for every SSH
+  command is the runner's own set-up, such as ``pyenv init``, which cost
+  about a second of CPU per command here and queued concurrent logins on
+  its lock.  PATH is sshd's default; use absolute interpreter paths
+  (``sys.executable``).  ``SSHBed(login_rc=True)`` keeps the file (the
+  benchmarks' hosts "as this machine's logins are"); a slow login on
+  purpose is :meth:`SSHBed.slow_logins`.
 * A process started over SSH on ``hI`` lives in ``hI``'s namespaces; it
   reaches the runner as ``198.18.K.1`` (:attr:`SSHBed.runner_addr`, or the
   runner's hostname, which the hosts resolve to that address), never as
@@ -210,6 +216,13 @@ def _tail(path: str, n: int = 20) -> str:
         return ""
 
 
+def login_rc_files() -> List[str]:
+    """The files a login shell of this user reads when sshd runs a command in it
+    (bash reads ``~/.bashrc`` then), from the password database's home."""
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    return [p for p in (os.path.join(home, ".bashrc"),) if os.path.isfile(p)]
+
+
 class SSHBed(netbed.Bed):
     """N sshd hosts; see the module docstring.
 
@@ -220,8 +233,10 @@ class SSHBed(netbed.Bed):
 
     prefix_base = PREFIX_BASE
 
-    def __init__(self, directory: Optional[str] = None, mode: Optional[str] = None) -> None:
+    def __init__(self, directory: Optional[str] = None, mode: Optional[str] = None,
+                 login_rc: bool = False) -> None:
         super().__init__()
+        self.login_rc = login_rc
         self.dir = os.path.abspath(str(directory) if directory else
                                    tempfile.mkdtemp(prefix="sshbed-"))
         self.mode = mode
@@ -293,6 +308,10 @@ class SSHBed(netbed.Bed):
         self.record_owner(netns=self.net.namespace_ids() if own else ())
         self._make_keys()
         self._write_client_files()
+        if not self.login_rc and self.net is not None:
+            for h in self.hosts:
+                for path in login_rc_files():
+                    self._cover(h, path)
         for h in self.hosts:
             self._write_conf(h)
         self._check_conf(self.hosts[0])
@@ -705,6 +724,11 @@ class SSHBed(netbed.Bed):
         h = self.host(host)
         self._net(h, "hide_path")
         path = os.path.abspath(path)
+        self.dirty = True
+        self._cover(h, path)
+        h.hidden.append(path)
+
+    def _cover(self, h: SSHHost, path: str) -> None:
         if not os.path.lexists(path):
             raise FileNotFoundError(path)
         if os.path.isdir(path):
@@ -713,11 +737,9 @@ class SSHBed(netbed.Bed):
             os.makedirs(source, mode=0o555)
         else:
             source = "/dev/null"
-        self.dirty = True
         r = self.run_in(h, ["mount", "--bind", "-o", "ro", source, path], timeout=30)
         if r.returncode != 0:
             raise SSHBedError(f"hide {path} on {h.name}: {r.stderr.strip()}")
-        h.hidden.append(path)
 
     def unhide_path(self, host: HostRef, path: str) -> None:
         """Undo :meth:`hide_path`."""
