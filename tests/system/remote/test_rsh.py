@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -475,8 +476,45 @@ def test_eight_hosts_failing_alike_are_one_line_naming_all_eight(sshbeds, tmp_pa
         r = run_rsh(home, *way, "-H", hosts, "-n", "8", "true")
         err = r.stderr.decode()
         assert r.returncode == 1 and len(error_lines(err)) == 1, err
-        assert "on 8 of 8 remote host(s)" in err and ": h1-h8 (" in err, err
+        given_up = re.search(r"; ([h0-9, -]+) still starting, given up$", err.rstrip("\n"))
+        if given_up is None:
+            assert "on 8 of 8 remote host(s)" in err and ": h1-h8 (" in err, err
+        else:
+            # A machine too busy to run eight ssh clients together: the hosts whose
+            # ssh had not yet failed when the others' time was up are named too.
+            failed = re.search(r"nothing was started: ([h0-9, -]+) \(", err)
+            assert failed is not None and " of 8 remote host(s)" in err, err
+            assert _numbers(failed.group(1)) | _numbers(given_up.group(1)) == set(range(1, 9)), err
     assert wait_for(lambda: no_agents(bed), 15)
+
+
+def test_a_host_still_starting_when_another_failed_is_named_given_up(sshbed, rsh_home, tmp_path):
+    # h1's rsh agent fails at once; h2's never ends: the start is given up once
+    # h2 has had its time to fail alike, and h2 is named with the failed h1.
+    tag = new_tag()
+    wrapper = tmp_path / "rsh"
+    wrapper.write_text('#!/bin/sh\n[ "$1" = h1 ] && { echo "h1 refuses" >&2; exit 255; }\n'
+                       'exec sleep 300\n')
+    wrapper.chmod(0o755)
+    r = run_rsh(rsh_home, "--mca", "plm_rsh_agent", str(wrapper), "-H", "h1,h2", "-n", "2",
+                "true", env=renv(rsh_home, MSL_TEST_TAG=tag))
+    err = r.stderr.decode()
+    try:
+        assert r.returncode == 1 and len(error_lines(err)) == 1, err
+        assert "on 1 of 2 remote host(s)" in err and \
+            "nothing was started: h1 (ended with status 255 before the agent dialled back: " \
+            "h1 refuses); h2 still starting, given up\n" in err, err
+        assert wait_for(lambda: tagged_pids(tag) == [], 15), tagged_pids(tag)   # h2's ended
+    finally:
+        kill_tagged(tag)
+
+
+def _numbers(ranges: str) -> set:
+    """The host numbers of ``h1-h4, h6``."""
+    out = set()
+    for first, last in re.findall(r"h(\d+)(?:-h(\d+))?", ranges):
+        out.update(range(int(first), int(last or first) + 1))
+    return out
 
 
 def test_at_most_plm_rsh_num_concurrent_hosts_start_at_once(sshbed, rsh_home, tmp_path):

@@ -85,6 +85,7 @@ def test_a_venvs_python_runs_on_every_host_without_x(sshbed, venv, tmp_path, age
 
 def test_a_host_without_the_venv_says_so_in_one_line(sshbed, tmp_path):
     # the launcher in a mount namespace of its own, the environment on a tmpfs there
+    # (python3: the hosts' PATH is sshd's, where Debian has no ``python``)
     home = sshbed.make_home(tmp_path / "home")
     hidden = tempfile.mkdtemp(prefix="msl-t-hidden-", dir="/tmp")
     tag = new_tag()
@@ -94,7 +95,7 @@ def test_a_host_without_the_venv_says_so_in_one_line(sshbed, tmp_path):
     try:
         r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
                             "sh", *cmd("-H", "h1,h2,h3", "-n", "3", "-x", "MSL_TEST_TAG",
-                                       "python", "-c", "import sys; print(sys.prefix)")],
+                                       "python3", "-c", "import sys; print(sys.prefix)")],
                            capture_output=True, timeout=180, env=env)
         settle(tag, sshbed)
     finally:
@@ -104,8 +105,8 @@ def test_a_host_without_the_venv_says_so_in_one_line(sshbed, tmp_path):
     assert f"{hidden}/venv" not in r.stdout.decode(), r.stdout   # it is not there
     lines = [line for line in r.stderr.decode().splitlines() if "as where mslaunch runs" in line]
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("mslaunch: h1-h3: python is ") and \
-        f"not {hidden}/venv/bin/python" in lines[0] and "which is not here" in lines[0], lines
+    assert lines[0].startswith("mslaunch: h1-h3: python3 is ") and \
+        f"not {hidden}/venv/bin/python3" in lines[0] and "which is not here" in lines[0], lines
 
 
 def test_hydras_spelling_passes_the_environment_as_hydra_does(sshbed, venv, tmp_path):

@@ -231,12 +231,14 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
              procs: Dict[str, StartingProcess], shown: str, timeout: float,
              late: Set[str]) -> Tuple[str, Dict[str, str], List[str]]:
     """One line: every host whose agent is not there, and why (those whose
-    command ended, and those ``late``: past their time); each of them with its
-    reason; and those that could not be reached (late, or the command's 255:
-    ssh's status for a connection that failed)."""
+    command ended, and those ``late``: past their time), those still starting
+    when the start was given up named last; each failed host with its reason;
+    and those that could not be reached (late, or the command's 255: ssh's
+    status for a connection that failed)."""
     groups: Dict[str, Tuple[List[str], str]] = {}   # why, names left out -> (hosts, the first why)
     failed: Dict[str, str] = {}
     unreachable: List[str] = []
+    given_up: List[str] = []                  # still starting, past the others' failure
     for name in names:
         if name in done or name not in procs:     # (not started: the start stopped)
             continue
@@ -244,6 +246,7 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
         code = proc.proc.poll()
         said = proc.last_line(wait=0.5)
         if code is None and name not in late:
+            given_up.append(name)
             continue
         if code is None:
             why = f"did not dial back within {timeout:g} s" + (f"; it said: {said}" if said else "")
@@ -265,7 +268,9 @@ def _failure(names: Sequence[str], done: Dict[str, DialedConnection],
     return (f"cannot start the job's agent on {missing} of {len(names)} remote host(s) "
             f"with '{one_line(shown, 200)} HOST ...'; nothing was started: "
             + "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more reasons"
-                                      if len(parts) > 6 else ""), failed, unreachable)
+                                      if len(parts) > 6 else "")
+            + (f"; {host_ranges(given_up)} still starting, given up" if given_up else ""),
+            failed, unreachable)
 
 
 def make(spec: SSHSpec, environ: Mapping[str, str], pythons: Sequence[str],
