@@ -52,7 +52,7 @@ Things to know when writing tests on the bed:
   ``ssh -F HOME/.ssh/config`` or put ``HOME/bin`` (a wrapper doing that,
   written by make_home) first on PATH.
 * Remote commands run as root through root's login shell, but (in network
-  namespaces) without this machine's ``~/.bashrc``, which each host sees
+  namespaces of the bed's own) without this machine's ``~/.bashrc``, which each host sees
   empty (:func:`login_rc_files`): what bash reads there for every SSH
   command is the runner's own set-up, such as ``pyenv init``, which cost
   about a second of CPU per command here and queued concurrent logins on
@@ -308,7 +308,8 @@ class SSHBed(netbed.Bed):
         self.record_owner(netns=self.net.namespace_ids() if own else ())
         self._make_keys()
         self._write_client_files()
-        if not self.login_rc and self.net is not None:
+        if not self.login_rc and self.net is not None and self._borrowed is None:
+            # (in namespaces of its own only: a cover would outlive it in borrowed ones)
             for h in self.hosts:
                 for path in login_rc_files():
                     self._cover(h, path)
