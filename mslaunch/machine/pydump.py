@@ -15,25 +15,28 @@ in the rank's environment turns that off).
 :data:`MAIN_SIGNAL` is faulthandler's own (``faulthandler.register(...,
 all_threads=False)``), sent to the main thread: its handler runs in C,
 inside the signal handler, so a main thread blocked in a C call (an MPI
-collective) still answers with its own stack; the dump costs microseconds,
-the rank is not stopped, and no ptrace right is needed, so it works in
-containers and under every Yama setting.  A thread's walk of its own frames
-has no race.
+collective) still answers with its own stack, and the dump costs
+microseconds.  That walk has a race of its own: a thread interrupted while
+it pushes or pops a frame is walked half-way through the change.  From
+CPython 3.11 on, that killed the rank with SIGSEGV.  So :data:`MAIN_SIGNAL`
+is sent only while the main thread stands where its frames are whole (see
+:mod:`.mainthread`); a main thread found running the interpreter's code is
+asked again later (:data:`RAN`).
 
-A walk of every thread's frames does, unless no other thread runs Python
-meanwhile: faulthandler's dump of every thread, from a signal handler,
-walks them without the GIL, and a thread that runs Python frees and reuses
-them under it -- the rank died of SIGSEGV in about one dump in five thousand
-with two threads running Python, one in ten when it started threads all the
-time (CPython 3.11).  So :data:`SIGNAL` has a Python handler of the hook's
-instead, which the main thread runs between two of its Python steps,
-holding the GIL, and which dumps every thread from there: it cannot fault.
-A main thread in native code does not run it until it returns; a rank that
-has not answered :data:`SIGNAL` within :data:`FALLBACK` seconds is asked
-for its main thread alone (its report says so), and is then asked that way
-only until the dump of every thread comes after all (see :data:`_deaf`).
-The stall watch, which samples a quiet job every few seconds for as long as
-it runs, reads the main threads alone.
+A walk of every thread's frames from a signal handler is worse, whatever the
+version: faulthandler's dump of every thread walks them without the GIL, and
+a thread that runs Python frees and reuses them under it -- the rank died of
+SIGSEGV in about one dump in five thousand with two threads running Python,
+one in ten when it started threads all the time (CPython 3.11). So
+:data:`SIGNAL` has a Python handler of the hook's instead, which the main
+thread runs between two of its Python steps, holding the GIL, and which
+dumps every thread from there: it cannot fault. A main thread in native code
+does not run it until it returns; a rank that has not answered
+:data:`SIGNAL` within :data:`FALLBACK` seconds is asked for its main thread
+alone (its report says so), and is then asked that way only until the dump
+of every thread comes after all (see :data:`_deaf`). The stall watch, which
+samples a quiet job every few seconds for as long as it runs, reads the main
+threads alone.
 
 A signal is sent only when the rank's ``SigCgt`` mask shows it is caught,
 since its default action would end the rank; the hook leaves both ignored
@@ -56,7 +59,7 @@ if TYPE_CHECKING:
 #: MPI library uses it already (SIGRTMAX - 7 on Linux).
 SIGNAL = 57
 #: The signal that dumps only the thread that takes it (sent to the main thread
-#: itself, see :func:`_to_main_thread`): the stall watch's samples, and the main
+#: itself, see :mod:`.mainthread`): the stall watch's samples, and the main
 #: thread read again when a rank has more threads than faulthandler writes
 #: (:data:`MAX_THREADS`), which it lists newest first.
 MAIN_SIGNAL = SIGNAL - 1
@@ -67,6 +70,14 @@ MAX_THREADS = 100
 FALLBACK = 0.5
 #: The hook's Python handler of :data:`SIGNAL`: its own frame is left out of dumps.
 HANDLER = "_mslaunch_dump"
+#: :func:`ask`'s answer when the rank's main thread was running the
+#: interpreter's code (see :mod:`.mainthread`), or the rank was held by a
+#: tracer: nothing was sent, and it may be asked again.
+RAN = -1
+#: :func:`ask`'s answer when this process may not read where the rank's main
+#: thread stands (the right to trace it), or not tell on this machine (x86_64
+#: and aarch64 only): nothing was sent.
+NOT_PERMITTED = -2
 #: The variable that arms the hook: ``DIR|SIGNAL|TRACER_PID|HAD_PYTHONPATH``.
 VARIABLE = "MSLAUNCH_STACKS"
 
@@ -255,8 +266,9 @@ def is_deaf(pid: int, signum: int = SIGNAL) -> bool:
 
 def ask(directory: str, pid: int, signum: int = SIGNAL, again: bool = False) -> Optional[int]:
     """Signal ``pid`` to dump; the dump file's size before, or None if not armed
-    (or it did not answer the last signal, see :data:`_deaf`); ``again``: within
-    a read already begun (see :func:`begin`)."""
+    (or it did not answer the last signal, see :data:`_deaf`), or, for
+    :data:`MAIN_SIGNAL`, :data:`RAN` or :data:`NOT_PERMITTED` (nothing sent);
+    ``again``: within a read already begun (see :func:`begin`)."""
     if not armed(pid, signum):
         return None
     try:
@@ -270,7 +282,10 @@ def ask(directory: str, pid: int, signum: int = SIGNAL, again: bool = False) -> 
         return None
     try:
         if signum == MAIN_SIGNAL:
-            _to_main_thread(pid, signum)
+            from .mainthread import to_main_thread
+            sent = to_main_thread(pid, signum)
+            if sent != "sent":
+                return {"ran": RAN, "not permitted": NOT_PERMITTED}.get(sent)
         else:
             os.kill(pid, signum)
     except OSError:
@@ -278,22 +293,6 @@ def ask(directory: str, pid: int, signum: int = SIGNAL, again: bool = False) -> 
     if not again:
         begin(pid)
     return size
-
-
-def _to_main_thread(pid: int, signum: int) -> None:
-    """Send ``signum`` to ``pid``'s main thread itself (tgkill).  A signal sent
-    to the process goes to another thread whenever the main thread cannot take
-    it at once, as while a native reader holds it stopped: that thread's stack
-    would then be read as the main one."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    tgkill = getattr(libc, "tgkill", None)
-    if tgkill is None:                  # (a C library older than glibc 2.30)
-        os.kill(pid, signum)
-        return
-    if tgkill(pid, pid, signum) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
 
 
 def answer(directory: str, pid: int, offset: int) -> Optional[str]:

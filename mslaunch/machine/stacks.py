@@ -4,12 +4,13 @@
 frame labels (outermost first) and a note on what is missing:
 
 * Python frames from the rank itself (:mod:`.pydump`: faulthandler armed on
-  a signal by mslaunch's hook; no ptrace right needed, the rank is not
-  stopped), or from ``py-spy dump`` when the rank has no hook and py-spy is
-  installed (the ``stacks`` extra; it needs the right to trace).  With
-  ``main_only`` (the stall watch's samples) only the main thread writes its
-  own: see :mod:`.pydump` for why a dump of every thread is kept for looks a
-  person asked for;
+  a signal by mslaunch's hook; the dump of every thread needs no ptrace
+  right and does not stop the rank; the main thread's own, the right to
+  trace it and a pause of a fraction of a millisecond), or from ``py-spy
+  dump`` when the rank has no hook and py-spy is installed (the ``stacks``
+  extra; it needs the right to trace). With ``main_only`` (the stall watch's
+  samples) only the main thread writes its own: see :mod:`.pydump` for why a
+  dump of every thread is kept for looks a person asked for;
 * native frames from ``eu-stack`` (or ``gdb``) for every rank, appended
   below a Python rank's innermost interpreter frame (the MPI call under
   ``allreduce``), and a rank's whole stack when it is not Python.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import native, pydump
+from . import mainthread, native, pydump
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -130,18 +131,21 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
             if ready is None:
                 break
             rank, kind, argv = queue.pop(ready)
+            mainthread.tracing(results[rank]["pid"], 1)
             try:
                 with starting():      # (this runs on a thread of its own)
                     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                             start_new_session=True)
             except OSError as err:
+                mainthread.tracing(results[rank]["pid"], -1)
                 results[rank]["notes"].append(f"{os.path.basename(argv[0])}: {err.strerror}")
                 continue
             running.append((rank, kind, proc))
         for item in list(running):
             rank, kind, proc = item
             if proc.poll() is not None:
+                mainthread.tracing(results[rank]["pid"], -1)
                 running.remove(item)
                 out = proc.stdout.read().decode("utf-8", "replace")
                 proc.stdout.close()
@@ -151,14 +155,20 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     for rank, kind, proc in running:
         proc.kill()
         proc.wait()
+        mainthread.tracing(results[rank]["pid"], -1)
         proc.stdout.close()
         results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
         results[rank]["late"] = True
     for rank, a in pending_py.items():
+        if a.offset < 0:            # never sent: its main thread ran code at every look
+            results[rank]["notes"].append(_RAN)
+            continue
         results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
         results[rank]["late"] = True
+        unanswered = (a.signum,) if a.signum == pydump.MAIN_SIGNAL else \
+            (pydump.SIGNAL, pydump.MAIN_SIGNAL) if a.main_sent else (pydump.SIGNAL,)
         pydump.done(dump_dir, a.pid, a.offset, False,  # type: ignore[arg-type]
-                    (pydump.SIGNAL, a.signum) if a.fell_back else (a.signum,))
+                    unanswered)
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
@@ -171,17 +181,31 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
 
 
 class _Asked:
-    """A Python rank's dump asked for: of its ``pid`` from ``offset`` in its file,
-    by ``signum``; whether its main thread was then asked alone (``fell_back``)."""
+    """A Python rank's dump asked for: of its ``pid`` from ``offset`` in its file
+    (below 0: its main thread, not asked yet, see :data:`~.pydump.RAN`), by
+    ``signum``; whether its main thread was then asked alone (``fell_back``), and
+    sent that signal (``main_sent``); when to ask it again (``due``, 0: not)."""
 
-    __slots__ = ("pid", "offset", "signum", "at", "fell_back", "seen", "since")
+    __slots__ = ("pid", "offset", "signum", "at", "fell_back", "main_sent", "due", "tries",
+                 "most", "seen", "since")
 
-    def __init__(self, pid: int, offset: int, signum: int) -> None:
+    def __init__(self, pid: int, offset: int, signum: int, most: int = 0) -> None:
         self.pid, self.offset, self.signum = pid, offset, signum
         self.at = time.monotonic()
         self.fell_back = False
+        self.main_sent = False
+        self.due = 0.0
+        self.tries = 0
+        self.most = most                # looks at a main thread that runs code (0: no limit)
         self.seen = -1                  # the length of the dump last read, and since when
         self.since = self.at
+        if offset == pydump.RAN:
+            self.later()
+
+    def later(self) -> None:
+        """Its main thread ran code: ask it again after a back-off."""
+        self.tries += 1
+        self.due = time.monotonic() + min(0.5, 0.005 * 2 ** self.tries)
 
     def whole(self, text: str) -> bool:
         """Whether ``text``, read of the dump, may be all of it: the rank's main thread
@@ -196,8 +220,13 @@ class _Asked:
 def _poll_python(pending: Dict[int, _Asked], results: Dict[int, Dict[str, Any]],
                  dump_dir: Optional[str]) -> None:
     """Take the Python dumps that are complete; ask a rank that has not dumped every
-    thread in time for its main thread alone (see :mod:`.pydump`)."""
+    thread in time for its main thread alone (see :mod:`.pydump`), and a main thread
+    that ran code at the last look again."""
     for rank, a in list(pending.items()):
+        if a.due and time.monotonic() >= a.due:
+            _ask_main_again(rank, a, pending, results, dump_dir)
+        if a.offset < 0:
+            continue
         text = pydump.answer(dump_dir, a.pid, a.offset)  # type: ignore[arg-type]
         if text is not None:
             # Read again once the writer is seen out of its dump: unchanged, it is whole.
@@ -213,7 +242,52 @@ def _poll_python(pending: Dict[int, _Asked], results: Dict[int, Dict[str, Any]],
         elif not a.fell_back and a.signum == pydump.SIGNAL and \
                 time.monotonic() - a.at >= pydump.FALLBACK:
             a.fell_back = True
-            pydump.ask(dump_dir, a.pid, pydump.MAIN_SIGNAL, again=True)  # type: ignore[arg-type]
+            _ask_main_again(rank, a, pending, results, dump_dir)
+
+
+def _ask_main_again(rank: int, a: _Asked, pending: Dict[int, _Asked],
+                    results: Dict[int, Dict[str, Any]], dump_dir: Optional[str]) -> None:
+    """Ask ``a``'s main thread for its own stack: at once, or again after it ran
+    code at the last look."""
+    a.due = 0.0
+    first = a.offset < 0                # its main thread alone is asked, not yet sent
+    offset = pydump.ask(dump_dir, a.pid, pydump.MAIN_SIGNAL, again=not first)  # type: ignore[arg-type]
+    if offset == pydump.RAN and a.most and a.tries >= a.most:
+        if first:
+            del pending[rank]
+            results[rank]["notes"].append(_RAN)
+    elif offset == pydump.RAN:
+        a.later()
+    elif offset is None or offset == pydump.NOT_PERMITTED:
+        if first:                       # nothing else was asked of it
+            del pending[rank]
+            results[rank]["notes"].append(_NOT_PERMITTED if offset is not None else
+                                          "no Python frames: its main thread's own dump "
+                                          "could not be asked")
+    elif first:
+        a.offset, a.at = offset, time.monotonic()
+    else:
+        a.main_sent = True
+
+
+#: Looks a stall sample takes at a main thread that runs the interpreter's code:
+#: such a rank computes (the watch counts its CPU), and each look stops it.
+SAMPLE_LOOKS = 4
+
+
+def _ask_main(rank: int, pid: int, r: Dict[str, Any], dump_dir: str,
+              pending: Dict[int, _Asked], most: int = 0) -> bool:
+    """Ask ``pid``'s main thread for its own stack, now or (it runs code) later, at
+    most ``most`` times (0: until the deadline); False if it cannot be asked (a note
+    says why where it matters)."""
+    offset = pydump.ask(dump_dir, pid, pydump.MAIN_SIGNAL)
+    if offset == pydump.NOT_PERMITTED:
+        r["notes"].append(_NOT_PERMITTED)
+        return False
+    if offset is None:
+        return False
+    pending[rank] = _Asked(pid, offset, pydump.MAIN_SIGNAL, most)
+    return True
 
 
 def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Optional[str],
@@ -222,17 +296,20 @@ def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Op
     """Ask a Python rank for its dump (its main thread's alone with ``main_only``),
     else queue py-spy, else say why there is none."""
     pid = r["pid"]
-    signum = pydump.MAIN_SIGNAL if main_only else pydump.SIGNAL
-    offset = pydump.ask(dump_dir, pid, signum) if dump_dir else None
-    if offset is None and dump_dir and signum == pydump.SIGNAL and pydump.is_deaf(pid):
+    offset = None
+    if dump_dir and main_only:
+        if _ask_main(rank, pid, r, dump_dir, pending, SAMPLE_LOOKS):
+            return
+    elif dump_dir:
+        offset = pydump.ask(dump_dir, pid, pydump.SIGNAL)
         # (deaf to SIGNAL: its main thread is asked for its own stack at once)
-        offset = pydump.ask(dump_dir, pid, pydump.MAIN_SIGNAL)
-        if offset is not None:
-            pending[rank] = _Asked(pid, offset, pydump.MAIN_SIGNAL)
+        if offset is None and pydump.is_deaf(pid) and _ask_main(rank, pid, r, dump_dir, pending):
             r["notes"].append(_MAIN_ALONE)
             return
     if offset is not None:
-        pending[rank] = _Asked(pid, offset, signum)
+        pending[rank] = _Asked(pid, offset, pydump.SIGNAL)
+    elif _NOT_PERMITTED in r["notes"]:
+        return
     elif pyspy:
         queue.append((rank, "pyspy", [pyspy, "dump", "--pid", str(pid)]))
     elif pydump.is_deaf(pid):
@@ -248,6 +325,11 @@ def _ask_python(rank: int, r: Dict[str, Any], dump_dir: Optional[str], pyspy: Op
 #: :data:`~.pydump.FALLBACK`, or had not answered :data:`~.pydump.SIGNAL` before.
 _NATIVE = (f"the main thread alone: it ran native code, where signal {pydump.SIGNAL}'s "
            f"dump of every thread waits for its next Python step")
+_RAN = ("no Python frames: its main thread ran the interpreter's code at each look (its "
+        "own dump is asked only where its frames are whole: see the stacks guide)")
+_NOT_PERMITTED = ("no Python frames of its main thread: its own dump waits for a look at "
+                  "its system call (/proc/PID/task/PID/syscall), which needs the right to "
+                  "trace it, on x86_64 or aarch64")
 _MAIN_ALONE = (f"the main thread alone: the rank did not answer signal {pydump.SIGNAL} before "
                f"(its main thread runs native code, or the program handles the signal "
                f"itself), which has every thread dumped between two Python steps")
@@ -279,11 +361,8 @@ def _python_dump(r: Dict[str, Any], text: str, dump_dir: Optional[str],
                           f"{pydump.MAX_THREADS} and the main thread read on its own")
         return
     r["py"] = text
-    if pydump.truncated(text) and dump_dir:
-        offset = pydump.ask(dump_dir, r["pid"], pydump.MAIN_SIGNAL)
-        if offset is not None:
-            pending[rank] = _Asked(r["pid"], offset, pydump.MAIN_SIGNAL)
-            return
+    if pydump.truncated(text) and dump_dir and _ask_main(rank, r["pid"], r, dump_dir, pending):
+        return
     if pydump.truncated(text):
         r["notes"].append(f"more than {pydump.MAX_THREADS} threads: the first "
                           f"{pydump.MAX_THREADS} only, perhaps not the main thread")

@@ -386,6 +386,112 @@ def test_the_hook_is_invisible_to_the_rank_and_a_sites_own_hook_still_runs(tmp_p
     assert under[4] is True and alone[4] is False      # armed under mslaunch only
 
 
+def _rank_and_dumps(tag: str):
+    """(pid, dump directory) of the tagged job's Python rank once its hook is armed."""
+    from mslaunch.machine.pydump import MAIN_SIGNAL, armed
+    for pid in tagged_pids(tag):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if b"MSLAUNCH_STACKS" in env and armed(pid, MAIN_SIGNAL):
+            return pid, env[b"MSLAUNCH_STACKS"].decode().split("|")[0]
+    return None
+
+
+def test_main_thread_dumps_come_only_from_a_system_call_and_leave_the_rank_alive():
+    """2,000 looks at the main thread of a rank that enters and leaves frames all the
+    time, between short system calls: every dump that comes shows a system call's line
+    (the rank was stopped there, where no frame is half-made), and the rank lives.
+    Sent whenever asked, faulthandler's own dump found it in the middle of a frame in
+    about one dump in two, and killed it with SIGSEGV within a few thousand (CPython
+    3.11 and later)."""
+    from mslaunch.machine import pydump
+    tag = new_tag()
+    p = start("-n", "1", PY, program("frame_churn.py"), "600", env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: _rank_and_dumps(tag) is not None, 60)
+        pid, dumps = _rank_and_dumps(tag)
+        lines: dict = {}
+        ran = 0
+        for _ in range(2000):
+            offset = pydump.ask(dumps, pid, pydump.MAIN_SIGNAL, again=True)
+            if offset == pydump.RAN:
+                ran += 1
+                continue
+            assert offset is not None and offset >= 0, offset
+            assert wait_for(lambda: pydump.answer(dumps, pid, offset) is not None
+                            and not pydump.dumping(pid), 30, 0.0001), p.poll()
+            text = pydump.answer(dumps, pid, offset)
+            innermost = next(line for line in text.splitlines() if line.startswith("  File"))
+            number = int(innermost.split(", line ")[1].split()[0])
+            lines[number] = lines.get(number, 0) + 1
+            pydump.consumed(dumps, pid)
+        assert p.poll() is None, p.communicate()
+        source = open(program("frame_churn.py")).read().splitlines()
+        calls = {n for n, text in enumerate(source, 1)
+                 if "os.getppid()" in text or "time.sleep(0)" in text}
+        sent = sum(lines.values())
+        # (a memory allocation inside a frame may make a system call of its own)
+        assert sent >= 100 and sum(lines.get(n, 0) for n in calls) >= 0.99 * sent, \
+            (lines, ran)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_a_main_thread_that_runs_python_at_each_look_is_not_signalled_and_said_so():
+    """A rank spinning in Python, without a system call: its main thread is never
+    signalled (it is always found running the interpreter's code); a stall sample
+    says so after a few looks, and the rank lives on."""
+    from mslaunch.machine.stacks import read
+    tag = new_tag()
+    code = "import sys\nprint('spinning', flush=True)\nwhile True:\n    pass\n"
+    p = start("-n", "1", PY, "-c", code, env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert p.stdout.readline() == b"spinning\n"
+        assert wait_for(lambda: _rank_and_dumps(tag) is not None, 60)
+        pid, dumps = _rank_and_dumps(tag)
+        t0 = time.monotonic()
+        got = read({0: pid}, dumps, 2, want_native=False, main_only=True)[0]
+        assert time.monotonic() - t0 < 30
+        assert not got["threads"] and "ran the interpreter's code at each look" in got["note"], got
+        assert os.stat(os.path.join(dumps, f"{pid}.txt")).st_size == 0
+        assert p.poll() is None
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+def test_a_rank_stopped_by_someone_else_is_left_stopped():
+    """A look does not continue a rank the user stopped: it is not signalled either."""
+    from mslaunch.machine import pydump
+    from mslaunch.machine.stacks import proc_state
+    tag = new_tag()
+    p = start("-n", "1", PY, "-c", "import time\nprint('up', flush=True)\ntime.sleep(120)\n",
+              env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert p.stdout.readline() == b"up\n"
+        assert wait_for(lambda: _rank_and_dumps(tag) is not None, 60)
+        pid, dumps = _rank_and_dumps(tag)
+        os.kill(pid, signal.SIGSTOP)
+        assert wait_for(lambda: proc_state(pid) == "T", 30)
+        assert pydump.ask(dumps, pid, pydump.MAIN_SIGNAL) is None
+        assert proc_state(pid) == "T"
+        os.kill(pid, signal.SIGCONT)
+        offset = pydump.ask(dumps, pid, pydump.MAIN_SIGNAL)
+        assert offset == 0
+        assert wait_for(lambda: pydump.answer(dumps, pid, 0) is not None, 30)
+        pydump.done(dumps, pid, 0, True)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
 @pytest.mark.parametrize("main_only", [True, False], ids=["main-thread", "every-thread"])
 def test_reads_leave_a_rank_whose_threads_run_python_alive(main_only):
     """Reads of a rank whose threads start, recurse and end all the time, 150 of
@@ -398,18 +504,8 @@ def test_reads_leave_a_rank_whose_threads_run_python_alive(main_only):
     tag = new_tag()
     p = start("-n", "1", PY, program("thread_churn.py"), "600", env=clean_env(MSL_TEST_TAG=tag))
     try:
-        def rank_and_dumps():
-            for pid in tagged_pids(tag):
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-                with open(f"/proc/{pid}/status", "rb") as f:
-                    armed = any(x.startswith(b"SigCgt:") and int(x.split()[1], 16) >> 55 & 1
-                                for x in f)
-                if b"MSLAUNCH_STACKS" in env and armed:
-                    return pid, env[b"MSLAUNCH_STACKS"].decode().split("|")[0]
-            return None
-        assert wait_for(lambda: rank_and_dumps() is not None, 60)
-        pid, dumps = rank_and_dumps()
+        assert wait_for(lambda: _rank_and_dumps(tag) is not None, 60)
+        pid, dumps = _rank_and_dumps(tag)
         others = 0
         for i in range(150):
             got = read({0: pid}, dumps, 10, want_native=False, main_only=main_only)[0]
@@ -611,12 +707,13 @@ def test_a_rank_with_hundreds_of_threads_keeps_its_main_thread(tmp_path):
         kill_tagged(tag)
 
 
-def test_the_main_threads_own_dump_is_taken_by_the_main_thread_while_a_tracer_holds_it(
-        tmp_path):
+def test_the_main_threads_own_dump_waits_for_a_tracer_and_is_the_main_threads(tmp_path):
     """The main thread held in a ptrace stop (as eu-stack holds it while it reads the
-    native frames, at the same time): a signal sent to the process would be taken by
-    another thread, whose stack would be read as the main one's.  The main-thread
-    dump waits for the main thread instead, and is its own."""
+    native frames, at the same time): the rank is not stopped for a look meanwhile
+    (elfutils would stop it again as it leaves), nothing is sent, and the workers run
+    on.  Once the tracer has left, the dump is the main thread's own: sent to the
+    process, it could be taken by another thread, whose stack would be read as the
+    main one's."""
     import ctypes
     from mslaunch.machine import pydump
     # Each worker writes its letter to stderr, again and again.
@@ -661,10 +758,11 @@ def test_the_main_threads_own_dump_is_taken_by_the_main_thread_while_a_tracer_ho
         assert libc.ptrace(seize, child.pid, None, None) == 0, os.strerror(ctypes.get_errno())
         assert libc.ptrace(interrupt, child.pid, None, None) == 0
         os.waitpid(child.pid, wall)                  # the main thread alone is stopped
+        assert pydump.ask(str(tmp_path), child.pid, pydump.MAIN_SIGNAL) == pydump.RAN
+        workers_ran_twice()            # the rank was not stopped: they write on
+        assert libc.ptrace(detach, child.pid, None, None) == 0
         offset = pydump.ask(str(tmp_path), child.pid, pydump.MAIN_SIGNAL)
         assert offset == 0
-        workers_ran_twice()            # another thread would have written meanwhile
-        assert libc.ptrace(detach, child.pid, None, None) == 0
         assert wait_for(lambda: pydump.answer(str(tmp_path), child.pid, 0) is not None, 30)
         text = pydump.answer(str(tmp_path), child.pid, 0)
         assert "main_4711" in text and "worker_4711" not in text, text
