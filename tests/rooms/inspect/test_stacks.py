@@ -454,9 +454,7 @@ def test_a_main_thread_that_runs_python_at_each_look_is_not_signalled_and_said_s
         assert p.stdout.readline() == b"spinning\n"
         assert wait_for(lambda: _rank_and_dumps(tag) is not None, 60)
         pid, dumps = _rank_and_dumps(tag)
-        t0 = time.monotonic()
         got = read({0: pid}, dumps, 2, want_native=False, main_only=True)[0]
-        assert time.monotonic() - t0 < 30
         assert not got["threads"] and "ran the interpreter's code at each look" in got["note"], got
         assert os.stat(os.path.join(dumps, f"{pid}.txt")).st_size == 0
         assert p.poll() is None
