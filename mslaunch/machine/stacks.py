@@ -160,7 +160,7 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
         results[rank]["notes"].append(f"the {kind} reader gave no answer in {timeout:g} s")
         results[rank]["late"] = True
     for rank, a in pending_py.items():
-        if a.offset < 0:            # never sent: its main thread ran code at every look
+        if a.offset < 0:            # never sent: its main thread ran Python at each look
             results[rank]["notes"].append(_RAN)
             continue
         results[rank]["notes"].append(f"no Python dump in {timeout:g} s")
