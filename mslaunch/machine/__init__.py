@@ -9,6 +9,7 @@ stderr, never blocking), :mod:`.output` (rank sinks, pipe readers),
 guard, and the job's private control socket; its MPI clean-up is a hook its
 owner passes in), :mod:`.procs` (finding and stopping processes),
 :mod:`.stacks` (every rank's stacks, read without stopping it: :mod:`.pydump`
-for Python frames, :mod:`.native` for native ones) and :mod:`.topology` (this
+for Python frames, :mod:`.mainthread` for a main thread's own, :mod:`.native`
+for native ones) and :mod:`.topology` (this
 machine's cores from sysfs, the per-user cache).
 """
