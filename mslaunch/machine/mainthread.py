@@ -25,9 +25,14 @@ from __future__ import annotations
 import _thread
 import os
 
+from .procs import proc_state
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional
+    from typing import Dict, List, Literal, Optional
+
+    #: What :func:`to_main_thread` did.
+    Sent = Literal["sent", "ran", "not permitted", "stopped", "gone"]
 
 #: Seconds a rank is given to stop (SIGSTOP) for a look at its main thread.
 STOP_WAIT = 0.1
@@ -60,7 +65,7 @@ def tracing(pid: int, more: int) -> None:
             _traced.pop(pid, None)
 
 
-def to_main_thread(pid: int, signum: int) -> str:
+def to_main_thread(pid: int, signum: int) -> Sent:
     """Send ``signum`` to ``pid``'s main thread itself, only where its frames are
     whole: "sent"; "ran" (it ran the interpreter's code, or a tracer holds the
     rank: ask again); "not permitted"; "stopped" (by someone else: left so); or
@@ -69,8 +74,10 @@ def to_main_thread(pid: int, signum: int) -> str:
     import signal
     with _lock:
         held = _held(pid)
-        if held != "running" or _traced.get(pid):
-            return "ran" if held in ("running", "traced") else held
+        if held in ("stopped", "gone"):
+            return held
+        if held == "traced" or _traced.get(pid):
+            return "ran"
         os.kill(pid, signal.SIGSTOP)
         try:
             if not _stopped(pid):
@@ -88,7 +95,7 @@ def to_main_thread(pid: int, signum: int) -> str:
             os.kill(pid, signal.SIGCONT)
 
 
-def _held(pid: int) -> str:
+def _held(pid: int) -> Literal["running", "traced", "stopped", "gone"]:
     """"running", "traced", "stopped" (state T or t, untraced) or "gone", from
     ``pid``'s status."""
     state, tracer = "", "0"
@@ -110,16 +117,14 @@ def _held(pid: int) -> str:
 
 
 def _stopped(pid: int) -> bool:
-    """Whether ``pid``'s main thread stops (state T) within :data:`STOP_WAIT`."""
+    """Whether ``pid``'s main thread (the process's own state) stops (T) within
+    :data:`STOP_WAIT`."""
     import time
     deadline = time.monotonic() + STOP_WAIT
     while True:
-        try:
-            with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"T":
-                    return True
-        except (OSError, IndexError):
-            return False
+        state = proc_state(pid)
+        if state in ("T", ""):
+            return state == "T"
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.0001)

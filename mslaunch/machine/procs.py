@@ -143,6 +143,15 @@ def exists(pid: int) -> bool:
         return True
 
 
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T, Z), or "" if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ""
+
+
 def alive(pid: int) -> bool:
     """True for a live process that is not a zombie."""
     try:

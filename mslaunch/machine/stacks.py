@@ -28,6 +28,7 @@ import os
 import time
 
 from . import mainthread, native, pydump
+from .procs import proc_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -73,15 +74,6 @@ def python_child(pid: int, depth: int = 3) -> Optional[int]:
         if found is not None:
             return found
     return None
-
-
-def proc_state(pid: int) -> str:
-    """The kernel's one-letter state of ``pid`` (R, S, D, T, Z), or "" if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return ""
 
 
 def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,

@@ -467,7 +467,7 @@ def test_a_main_thread_that_runs_python_at_each_look_is_not_signalled_and_said_s
 def test_a_rank_stopped_by_someone_else_is_left_stopped():
     """A look does not continue a rank the user stopped: it is not signalled either."""
     from mslaunch.machine import pydump
-    from mslaunch.machine.stacks import proc_state
+    from mslaunch.machine.procs import proc_state
     tag = new_tag()
     p = start("-n", "1", PY, "-c", "import time\nprint('up', flush=True)\ntime.sleep(120)\n",
               env=clean_env(MSL_TEST_TAG=tag))
