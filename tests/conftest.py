@@ -23,7 +23,7 @@ settings.register_profile("suite", deadline=None, suppress_health_check=[HealthC
 settings.load_profile("suite")
 
 # The multi-host SSH test bed's fixtures (sshbed, sshbeds).
-pytest_plugins = ["sshbed", "slurmbed", "shmcheck", "cgroupcheck"]
+pytest_plugins = ["sshbed", "slurmbed", "shmcheck", "cgroupcheck", "cpuacct"]
 
 # A shell that starts a command in the background without job control starts it with
 # SIGINT ignored, and Python keeps it so: such a run could not be stopped as Ctrl-C
