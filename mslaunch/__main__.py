@@ -71,8 +71,10 @@ def main() -> int:
     # (nothing has started yet) rather than raising KeyboardInterrupt in the
     # middle of an import, with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from .machine import codecache
+    codecache.start()
     from .machine.loop import hold_collector
-    hold_collector()
+    hold_collector(then=codecache.stop)
     from .cli import main as run
     code = run(command=True)
     # Tearing the interpreter down (every module, every object) costs more
@@ -83,6 +85,7 @@ def main() -> int:
                 stream.flush()
         except (OSError, ValueError):
             pass
+    codecache.save()
     import os
     os._exit(code)
 

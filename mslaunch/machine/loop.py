@@ -35,9 +35,11 @@ _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 
 #: Whether the garbage collector is held off until the first wait (hold_collector).
 _COLLECTOR_HELD = False
+#: What else ends at that first wait (hold_collector's ``then``).
+_THEN: List[Callable[[], None]] = []
 
 
-def hold_collector() -> None:
+def hold_collector(then: Optional[Callable[[], None]] = None) -> None:
     """Hold Python's garbage collector off until a loop first waits.
 
     The ``mslaunch`` command calls this first: a launch makes its objects (modules,
@@ -45,8 +47,11 @@ def hold_collector() -> None:
     a walk over every object, a millisecond or more -- only delays the ranks.
     Once a loop waits (the ranks, or the remote hosts, are on their way), the
     objects made so far are frozen out of later collections (``gc.freeze``) and
-    the collector runs again, as a process that runs for days needs."""
+    the collector runs again, as a process that runs for days needs; ``then`` is
+    called then too (the command's own ``import``, :mod:`mslaunch.machine.codecache`)."""
     global _COLLECTOR_HELD
+    if then is not None:
+        _THEN.append(then)
     import gc
     if gc.isenabled():
         gc.disable()
@@ -57,6 +62,8 @@ def release_collector() -> None:
     """Let the collector run again, if :func:`hold_collector` held it (the objects
     made meanwhile frozen out of later collections)."""
     global _COLLECTOR_HELD
+    while _THEN:
+        _THEN.pop()()
     if not _COLLECTOR_HELD:
         return
     import gc
