@@ -254,16 +254,15 @@ def save() -> None:
     global _stale
     if "importtime" in sys._xoptions:
         return
+    here = [n for n in list(sys.modules) if n == _NAME or n.startswith(_NAME + ".")]
+    if not _stale and not any(n not in _known and _compiled(n)[1] is not None for n in here):
+        return
+    _stale = False
     path = _path()
     if path is None:
         return
-    wanted = _known.union(n for n in list(sys.modules)
-                          if n == _NAME or n.startswith(_NAME + "."))
     try:
-        code = {n: c for n, c in map(_compiled, wanted) if c is not None}
-        if not _stale and code.keys() <= _known:
-            return
-        _stale = False
+        code = {n: c for n, c in map(_compiled, _known.union(here)) if c is not None}
         _write(path, code)
     except (OSError, ValueError):
         pass        # (a cache: the next launch imports as usual, and tries again)

@@ -74,13 +74,14 @@ def test_the_first_launch_writes_the_file_and_the_next_runs_its_modules_from_it(
     (made,) = _files(tmp_path)
     assert stat.S_IMODE(made.stat().st_mode) == 0o600
     assert f"-{sys.implementation.cache_tag}.bin" in made.name
+    written = made.stat().st_ino
     r, second = _launch(package, tmp_path, "-n", "2", "echo", "hi")
     assert r.stdout == b"hi\nhi\n"
     # the launch's own modules, the supervisor and the PMI services among them
     assert {"mslaunch.cli", "mslaunch.cli.mpirun", "mslaunch.run.supervise",
             "mslaunch.serve.mpijobs"} <= set(second["served"]), second
     assert second["own_import"]          # (given back once the launch waits)
-    assert _files(tmp_path) == [made]
+    assert _files(tmp_path) == [made] and made.stat().st_ino == written   # (not written again)
 
 
 def test_a_module_edited_after_the_file_was_written_runs_as_edited(package, tmp_path):
