@@ -2,7 +2,9 @@
 and nothing of what only other jobs need (SSH, the PMIx server's library,
 agents, frameworks), nor the Python modules whose C modules the package uses
 (``mslaunch.core``).  Start-up speed is bought by this one mechanism --
-a module imported where it is needed, held here -- not by hand at each site.
+a module imported where it is needed, held here -- not by hand at each site
+(what is imported then runs from the code cache: test_codecache.py; under
+``-X importtime``, as here, the cache stays out of the way).
 """
 
 from __future__ import annotations
