@@ -73,8 +73,9 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     from .machine import codecache
     codecache.start()
-    from .machine.loop import hold_collector
-    hold_collector(then=codecache.stop)
+    from .machine.loop import at_first_wait, hold_collector
+    hold_collector()
+    at_first_wait(codecache.stop)
     from .cli import main as run
     code = run(command=True)
     # Tearing the interpreter down (every module, every object) costs more

@@ -537,10 +537,12 @@ class Agent:
 
 
 def main(job: str, guard: Optional[Watchdog],
-         new_guard: Callable[[str, float], Watchdog]) -> int:
+         new_guard: Callable[[str, float], Watchdog],
+         at_end: Callable[[], None] = lambda: None) -> int:
     """Run the agent on this process's stdin and stdout (as the bootstrap does,
     through :func:`.agentmain.begin`); ``job`` is the job's name its greeting
-    gave, if any, ``guard`` its guard if begun."""
+    gave, if any, ``guard`` its guard if begun, ``at_end`` what runs once
+    everything is sent (the code cache written, if it should be)."""
     # Nothing else may write to the link: mslaunch's own output goes to stderr.
     link_out = os.dup(1)
     os.dup2(2, 1)
@@ -554,4 +556,5 @@ def main(job: str, guard: Optional[Watchdog],
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+    at_end()
     os._exit(code)

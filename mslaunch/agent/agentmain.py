@@ -5,7 +5,9 @@ The guard moves the agent into a cgroup of the job's own, whose first entry
 waits for the kernel (an RCU grace period: 5 to 20 ms, more on a busy host),
 and the ranks' start waits for that.  Begun before the agent's other modules
 are imported (some 5 ms of a host's CPU), it is ready that much sooner.  Only
-what the guard needs is imported here.
+what the guard needs is imported here; the rest of the agent, when it runs
+from the host's own copy of the package, from that copy's code cache
+(:mod:`mslaunch.machine.codecache`).
 """
 
 from __future__ import annotations
@@ -39,10 +41,16 @@ def begin(job: str, kept: List[Watchdog]) -> Callable[[str], int]:
     guard: Optional[Watchdog] = kept.pop() if kept else None
     if guard is None and is_kvsname(job):
         guard = new_guard(job, 5.0)
+    from ..machine import codecache
+    if os.path.isfile(codecache.__file__):     # (the host's copy, not the bundle in memory)
+        codecache.start()
     try:
         from .agent import main
+        from ..machine.loop import at_first_wait
     except BaseException:
+        codecache.stop()
         if guard is not None:
             kept.append(guard)
         raise
-    return lambda named: main(named, guard, new_guard)
+    at_first_wait(codecache.stop)
+    return lambda named: main(named, guard, new_guard, codecache.save)

@@ -1,30 +1,33 @@
 """The package's compiled modules in one file of the user's cache, loaded
-without the import system's search: the ``mslaunch`` command's start.
+without the import system's search: the ``mslaunch`` command's start, and an
+agent's started from its host's own copy of the package.
 
 A launch imports some sixty of the package's modules before its first rank
 starts. Through the import system each costs its search along the path, its
 file's checks and reads, its spec and its locks: about two thirds of the
 Python a launch runs before that rank, some 60 microseconds a module. With
-this cache, the command's ``import`` statements that name a module of the
-package take its code from one file (the compiled modules of the whole
-package, read on first use, each checked against its source's size and
+this cache, ``import`` statements that name a module of the package take its
+code from one file (the compiled modules this installation's launches
+imported, each read on first use and checked against its source's size and
 time) and run it: nothing is searched for, one file is open.
 
 - The file is ``mslaunch/code-<digest of the package's folder>-<interpreter
-  tag>.bin`` in the user's cache (``XDG_CACHE_HOME``, else ``~/.cache``), in
-  a folder of the user's alone; a file of another user's, or one others may
-  write, is not read.
-- It holds what the package's own bytecode holds (``__pycache__`` or the
+  tag>.bin`` in the user's cache (``XDG_CACHE_HOME``, else ``~/.cache``).
+  A file, or a folder, of another user's or that others may write is not
+  read.
+- It holds what the package's own bytecode holds (``__pycache__``, or the
   bytecode cache of :mod:`mslaunch.__main__`): a module without fresh
   bytecode is not in it, and is imported as usual.
 - A module whose source changed since the file was written (its size or
-  time) is imported as usual, and the file is written again when the
-  command exits; so is a missing or unreadable file (the first launch after
-  an install or an upgrade: a few milliseconds at its end).
-- It serves the command's start only: once the launch first waits (its
-  ranks on their way), ``import`` is the interpreter's own again.  Under
-  ``python -X importtime`` it stays out of the way, so that every import is
-  timed.
+  time) is imported as usual. The file is written again as the process
+  (the command, or an agent) ends, where it was missing, unreadable or
+  stale, or lacked a module imported here: a few milliseconds, once after
+  an install, an upgrade or an edit, and once for each kind of job. Files
+  of installations gone are removed then.
+- It serves a start only: once the process first waits (a launch's ranks
+  or agents on their way, an agent serving its link), ``import`` is the
+  interpreter's own again. Under ``python -X importtime`` it stays out of
+  the way, so that every import is timed.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ _plain = builtins.__import__
 #: The file should be written again when the command exits.
 _stale = False
 _serving = False
+_tried = False
 #: The modules the file holds, and those run from it in this process (in order).
 _known: Set[str] = set()
 served: List[str] = []
@@ -93,9 +97,10 @@ def _ours(st: os.stat_result) -> bool:
 def start() -> None:
     """Serve the package's modules from the file, if it can be read (and mark it
     to be written at the end if it cannot)."""
-    global _fd, _index, _base, _plain, _stale, _serving
+    global _fd, _index, _base, _plain, _stale, _serving, _tried
     if "importtime" in sys._xoptions or _serving:
         return
+    _tried = True
     path = _path()
     if path is None:
         return
@@ -252,7 +257,7 @@ def save() -> None:
     and those imported here, each whose bytecode is fresh (a few milliseconds,
     once for each kind of job)."""
     global _stale
-    if "importtime" in sys._xoptions:
+    if not _tried:
         return
     here = [n for n in list(sys.modules) if n == _NAME or n.startswith(_NAME + ".")]
     if not _stale and not any(n not in _known and _compiled(n)[1] is not None for n in here):
@@ -302,6 +307,7 @@ def _write(path: str, code: Dict[str, Tuple[bytes, int, int, bool]]) -> None:
     os.makedirs(folder, mode=0o700, exist_ok=True)
     if not _ours(os.stat(folder)):
         return
+    _prune(folder)
     tmp = f"{path}.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
@@ -315,3 +321,23 @@ def _write(path: str, code: Dict[str, Tuple[bytes, int, int, bool]]) -> None:
         except OSError:
             pass
         raise
+
+
+def _prune(folder: str) -> None:
+    """Remove the files of installations gone (a virtual environment removed,
+    a test's copy): each file names its package's folder."""
+    for entry in os.listdir(folder):
+        if not (entry.startswith("code-") and entry.endswith(".bin")):
+            continue
+        path = os.path.join(folder, entry)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(_MAGIC) + 8)
+                size = int.from_bytes(head[len(_MAGIC):], "little")
+                if head[:len(_MAGIC)] != _MAGIC or size > 1 << 20:
+                    continue
+                (_magic, package), _ = marshal.loads(f.read(size))
+            if isinstance(package, str) and not os.path.isdir(package):
+                os.unlink(path)
+        except (OSError, ValueError, EOFError, TypeError):
+            pass

@@ -35,11 +35,11 @@ _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 
 #: Whether the garbage collector is held off until the first wait (hold_collector).
 _COLLECTOR_HELD = False
-#: What else ends at that first wait (hold_collector's ``then``).
-_THEN: List[Callable[[], None]] = []
+#: What ends at that first wait besides (at_first_wait).
+_AT_FIRST_WAIT: List[Callable[[], None]] = []
 
 
-def hold_collector(then: Optional[Callable[[], None]] = None) -> None:
+def hold_collector() -> None:
     """Hold Python's garbage collector off until a loop first waits.
 
     The ``mslaunch`` command calls this first: a launch makes its objects (modules,
@@ -47,29 +47,35 @@ def hold_collector(then: Optional[Callable[[], None]] = None) -> None:
     a walk over every object, a millisecond or more -- only delays the ranks.
     Once a loop waits (the ranks, or the remote hosts, are on their way), the
     objects made so far are frozen out of later collections (``gc.freeze``) and
-    the collector runs again, as a process that runs for days needs; ``then`` is
-    called then too (the command's own ``import``, :mod:`mslaunch.machine.codecache`)."""
+    the collector runs again, as a process that runs for days needs."""
     global _COLLECTOR_HELD
-    if then is not None:
-        _THEN.append(then)
     import gc
     if gc.isenabled():
         gc.disable()
         _COLLECTOR_HELD = True
 
 
+def at_first_wait(then: Callable[[], None]) -> None:
+    """Call ``then`` when a loop of this process first waits (or a fork of it lets
+    the collector go): what serves only a start (:mod:`.codecache`'s ``import``)."""
+    _AT_FIRST_WAIT.append(then)
+
+
 def release_collector() -> None:
     """Let the collector run again, if :func:`hold_collector` held it (the objects
-    made meanwhile frozen out of later collections)."""
+    made meanwhile frozen out of later collections); what :func:`at_first_wait`
+    was given is called first."""
     global _COLLECTOR_HELD
-    while _THEN:
-        _THEN.pop()()
+    while _AT_FIRST_WAIT:
+        _AT_FIRST_WAIT.pop()()
     if not _COLLECTOR_HELD:
         return
     import gc
     _COLLECTOR_HELD = False
     gc.freeze()
     gc.enable()
+
+
 _WRITABLE = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 
 
@@ -224,7 +230,7 @@ class Loop:
     # -- running ----------------------------------------------------------
     def run_once(self, max_wait: Optional[float] = None) -> None:
         """Wait for one batch of events (or the next timer) and dispatch it."""
-        if _COLLECTOR_HELD:
+        if _COLLECTOR_HELD or _AT_FIRST_WAIT:
             release_collector()
         timeout = max_wait
         while self._timers and self._timers[0][2].cancelled:

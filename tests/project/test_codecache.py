@@ -127,3 +127,14 @@ def test_importtime_sees_every_import(package, tmp_path):
     timed = {line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
              if line.startswith("import time:")}
     assert {"mslaunch.cli.mpirun", "mslaunch.run.supervise"} <= timed
+
+
+def test_the_file_of_an_installation_gone_is_removed(package, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(package, other)
+    _launch(other, tmp_path)
+    (theirs,) = _files(tmp_path)
+    shutil.rmtree(other)
+    _launch(package, tmp_path)          # (writes its own, and looks at the others)
+    (ours,) = _files(tmp_path)
+    assert ours != theirs

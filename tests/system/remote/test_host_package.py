@@ -154,6 +154,28 @@ def test_ssh_the_hosts_digest_is_kept_and_an_edit_is_still_seen(sshbed, home, tm
     assert r.stderr.decode().count("agent started from the host's mslaunch") == 2, r.stderr
 
 
+def test_ssh_agents_run_the_hosts_copy_from_its_code_cache(sshbed, home, tmp_path):
+    """An agent started from the host's copy writes the copy's code cache as it
+    ends (mslaunch/machine/codecache.py), and the next agents run the agent's
+    modules from it: with the copy's compiled files removed, none is written
+    again, where an import of the agent module would write its own."""
+    installed = host_install(tmp_path)
+    wrapper = tmp_path / "python-with-cache"          # the hosts' cache: a directory of its own
+    wrapper.write_text(f"#!/bin/sh\nXDG_CACHE_HOME={tmp_path / 'cache'} exec {installed} \"$@\"\n")
+    wrapper.chmod(0o755)
+    r = ssh_run(home, wrapper, new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    assert imported_from(installed)
+    (made,) = (tmp_path / "cache" / "mslaunch").glob("code-*.bin")
+    assert b"mslaunch.agent.agent" in made.read_bytes()
+    for compiled in (tmp_path / "site" / "mslaunch").rglob("__pycache__"):
+        shutil.rmtree(compiled)
+    r = ssh_run(home, wrapper, new_tag())
+    assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
+    assert r.stderr.decode().count("agent started from the host's mslaunch") == 2, r.stderr
+    assert not imported_from(installed)
+
+
 def test_ssh_a_host_without_mslaunch_is_sent_the_package(sshbed, home, tmp_path):
     # A Python with nothing installed: a fresh virtual environment.
     subprocess.run([PY, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
