@@ -109,6 +109,14 @@ def start() -> None:
     except OSError:
         _stale = True
         return
+    # Started with stdin, stdout or stderr closed, the file would take its number
+    # (the command gives the ranks /dev/null there, and they would read the file).
+    low = []
+    while fd < 3:
+        low.append(fd)
+        fd = os.dup(fd)
+    for number in low:
+        os.close(number)
     try:
         head = os.pread(fd, len(_MAGIC) + 8, 0)
         size = int.from_bytes(head[len(_MAGIC):], "little")

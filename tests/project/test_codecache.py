@@ -138,3 +138,18 @@ def test_the_file_of_an_installation_gone_is_removed(package, tmp_path):
     _launch(package, tmp_path)          # (writes its own, and looks at the others)
     (ours,) = _files(tmp_path)
     assert ours != theirs
+
+
+@pytest.mark.parametrize("closed", ["<&-", "<&- >&- 2>&-"])
+def test_a_launch_with_its_standard_streams_closed_keeps_the_file_off_them(package,
+                                                                            tmp_path, closed):
+    """The file's descriptor is not 0, 1 or 2 of a command started without them:
+    its ranks get /dev/null there, as without the file."""
+    _launch(package, tmp_path)
+    out = tmp_path / "out"
+    env = clean_env(PYTHONPATH=str(package), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = subprocess.run(["sh", "-c", f'"$@" {closed}', "sh", PY, "-m", "mslaunch", "-n", "2",
+                        "--stdin", "all", "sh", "-c", f"wc -c >> {out}"],
+                       capture_output=True, env=env, timeout=60, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().split() == ["0", "0"]
