@@ -40,19 +40,28 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import ModuleType
-    from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+    from types import CodeType, ModuleType
+    from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type
 
-    #: name -> (offset, length, source's st_mtime_ns, source's size, is a package)
+    #: name -> (offset, length, source's st_mtime_ns, source's size, is a package);
+    #: offset -1: the module has no usable bytecode (not looked for again)
     Index = Dict[str, Tuple[int, int, int, int, bool]]
+    #: a module's bytecode with its source's time and size, and whether a package
+    Compiled = Tuple[bytes, int, int, bool]
 
-_MAGIC = b"mslaunch code 1\n"
+_MAGIC = b"mslaunch code 2\n"
+_HEAD = len(_MAGIC) + 8
 # The import system's own modules, loaded with the interpreter (no import of importlib's).
 _bootstrap = sys.modules["_frozen_importlib"]
 _external = sys.modules["_frozen_importlib_external"]
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = __name__.partition(".")[0]
-_CODE = type((lambda: None).__code__)
+_PREFIX = _NAME + "."
+_CODE: Type[CodeType] = type((lambda: None).__code__)
+# What the import system calls on code it loads: its file name made the source's.
+_fix_co_filename = _imp._fix_co_filename     # type: ignore[attr-defined]
+#: A file untouched this long, of an installation not seen here, is removed.
+_PRUNE_AFTER = 7 * 86400
 
 #: While serving: the open file, its index, where its modules start, and the
 #: import this replaced.
@@ -60,13 +69,25 @@ _fd = -1
 _index: Index = {}
 _base = 0
 _plain = builtins.__import__
-#: The file should be written again when the command exits.
-_stale = False
 _serving = False
+#: start() looked for the file; it should be written again when the process ends.
 _tried = False
-#: The modules the file holds, and those run from it in this process (in order).
+_stale = False
+#: The modules the file holds (or knows to have no bytecode), and those run from
+#: it in this process, in order.
 _known: Set[str] = set()
 served: List[str] = []
+
+
+def _ours(st: os.stat_result) -> bool:
+    """Owned by this user and writable by no one else."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _timed() -> bool:
+    """Imports are being timed (``-X importtime``, ``PYTHONPROFILEIMPORTTIME``)."""
+    return "importtime" in sys._xoptions or (
+        not sys.flags.ignore_environment and bool(os.environ.get("PYTHONPROFILEIMPORTTIME")))
 
 
 def _path() -> Optional[str]:
@@ -77,8 +98,9 @@ def _path() -> Optional[str]:
         if not os.path.isabs(home):
             return None
         base = os.path.join(home, ".cache")
-    key = _digest(_PACKAGE.encode())
-    return os.path.join(base, "mslaunch", f"code-{key}-{sys.implementation.cache_tag}.bin")
+    optimized = f"-o{sys.flags.optimize}" if sys.flags.optimize else ""
+    return os.path.join(base, "mslaunch", f"code-{_digest(_PACKAGE.encode())}-"
+                                          f"{sys.implementation.cache_tag}{optimized}.bin")
 
 
 def _digest(data: bytes) -> str:
@@ -89,16 +111,15 @@ def _digest(data: bytes) -> str:
     return f"{h:016x}"
 
 
-def _ours(st: os.stat_result) -> bool:
-    """Owned by this user and writable by no one else."""
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+def _meta() -> Tuple[bytes, str, int]:
+    return _external.MAGIC_NUMBER, _PACKAGE, sys.flags.optimize
 
 
 def start() -> None:
     """Serve the package's modules from the file, if it can be read (and mark it
     to be written at the end if it cannot)."""
     global _fd, _index, _base, _plain, _stale, _serving, _tried
-    if "importtime" in sys._xoptions or _serving:
+    if _serving or _timed():
         return
     _tried = True
     path = _path()
@@ -118,42 +139,61 @@ def start() -> None:
     for number in low:
         os.close(number)
     try:
-        head = os.pread(fd, len(_MAGIC) + 8, 0)
-        size = int.from_bytes(head[len(_MAGIC):], "little")
-        if head[:len(_MAGIC)] != _MAGIC or not _ours(os.fstat(fd)) \
-                or not _ours(os.stat(os.path.dirname(path))):
-            raise ValueError
-        st = os.fstat(fd)
-        meta, index = marshal.loads(os.pread(fd, size, len(_MAGIC) + 8))
-        end = max((entry[0] + entry[1] for entry in index.values()), default=0)
-        if meta != (_external.MAGIC_NUMBER, _PACKAGE) or len(_MAGIC) + 8 + size + end \
-                != st.st_size:
-            raise ValueError
-    except (OSError, ValueError, EOFError, TypeError):
+        index = _read_index(fd, path)
+    except Exception:           # (whatever a damaged file makes of the reading)
+        index = None
+    if index is None:
         os.close(fd)
         _stale = True
         return
-    _fd, _index, _base = fd, index, len(_MAGIC) + 8 + size
-    _known.update(index)
+    _fd, _base = fd, index[1]
+    _known.update(index[0])
+    _index = {n: e for n, e in index[0].items() if e[0] >= 0}
     _plain = builtins.__import__
     builtins.__import__ = _import
     _serving = True
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _read_index(fd: int, path: str) -> Optional[Tuple[Index, int]]:
+    """The file's index (modules without bytecode included) and where its modules
+    start; None if it is not this installation's, not well formed, or another
+    user's to write."""
+    st = os.fstat(fd)
+    head = os.pread(fd, _HEAD, 0)
+    size = int.from_bytes(head[len(_MAGIC):], "little")
+    if head[:len(_MAGIC)] != _MAGIC or not 0 < size <= st.st_size - _HEAD or not _ours(st) \
+            or not _ours(os.stat(os.path.dirname(path))):
+        return None
+    meta, index = marshal.loads(os.pread(fd, size, _HEAD))
+    end = _HEAD + size
+    if meta != _meta() or type(index) is not dict:
+        return None
+    for entry in index.values():
+        if type(entry) is not tuple or len(entry) != 5 or \
+                entry[0] >= 0 and end + entry[0] + entry[1] > st.st_size:
+            return None
+    return index, end
 
 
 def stop() -> None:
-    """``import`` as the interpreter's own again (the launch is under way)."""
+    """``import`` as it was again (the launch is under way)."""
     global _fd, _serving
     if not _serving:
         return
-    _imp.acquire_lock()
-    try:
+    _serving = False
+    if builtins.__import__ is _import:
         builtins.__import__ = _plain
-        _serving = False
-        os.close(_fd)
-        _fd = -1
-        _index.clear()
-    finally:
-        _imp.release_lock()
+    os.close(_fd)
+    _fd = -1
+
+
+def _forked() -> None:
+    """A child forked while serving imports as the interpreter does: the file is
+    its parent's business (the parent closes it, and writes it again)."""
+    global _tried
+    stop()
+    _tried = False
 
 
 def _import(name: str, globals: Optional[Mapping[str, object]] = None,
@@ -162,21 +202,20 @@ def _import(name: str, globals: Optional[Mapping[str, object]] = None,
     """``__import__``, with the package's modules from the file."""
     if level:
         package = globals.get("__package__") if globals else None
-        if not isinstance(package, str) or not package.startswith(_NAME):
+        if not isinstance(package, str) or not (package == _NAME
+                                                or package.startswith(_PREFIX)):
             return _plain(name, globals, locals, fromlist, level)
-        if level > 1:
-            package = package.rsplit(".", level - 1)[0]
-        full = f"{package}.{name}" if name else package
-    elif name.startswith(_NAME):
+        bits = package.rsplit(".", level - 1)
+        if len(bits) < level:           # (beyond the top: the import system says so)
+            return _plain(name, globals, locals, fromlist, level)
+        full = f"{bits[0]}.{name}" if name else bits[0]
+    elif name == _NAME or name.startswith(_PREFIX):
         full = name
     else:
         return _plain(name, globals, locals, fromlist, level)
-    modules = sys.modules
-    module = modules.get(full)
+    module = _load(full)
     if module is None:
-        module = _load(full)
-        if module is None:
-            return _plain(name, globals, locals, fromlist, level)
+        return _plain(name, globals, locals, fromlist, level)
     if fromlist:
         for item in fromlist:
             if not hasattr(module, item) and (
@@ -184,57 +223,73 @@ def _import(name: str, globals: Optional[Mapping[str, object]] = None,
                 # (a submodule the file has no code of, or a star: as the import system does)
                 return _plain(name, globals, locals, fromlist, level)
         return module
-    return module if level else modules[full.partition(".")[0]]
+    return module if level else sys.modules[full.partition(".")[0]]
 
 
 def _load(name: str) -> Optional[ModuleType]:
-    """The module ``name`` run from the file's code (its parents first); None
-    where the file has no fresh code of it (the import system's business)."""
-    global _stale
-    _imp.acquire_lock()
-    try:
+    """The module ``name`` (run from the file's code, its parents first, under
+    its module lock as the import system runs a module); None where the file
+    has no fresh code of it (the import system's business)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            _bootstrap._lock_unlock_module(name)   # (another thread's, still running)
+        return module
+    if name not in _index:
+        return None
+    parent, _, leaf = name.rpartition(".")
+    if parent and parent not in sys.modules:
+        if _load(parent) is None:
+            _plain(parent)
+        if name in sys.modules:         # (the parent's own import ran it)
+            return _load(name)
+    with _bootstrap._ModuleLockManager(name):
         module = sys.modules.get(name)
         if module is not None:
             return module
-        entry = _index.get(name) if _serving else None
-        if entry is None:
-            return None
-        offset, length, mtime, size, package = entry
-        origin = _origin(name, package)
-        try:
-            st = os.stat(origin)
-            fresh = st.st_mtime_ns == mtime and st.st_size == size
-        except OSError:
-            fresh = False
-        parent, _, leaf = name.rpartition(".")
-        if not fresh or (parent and sys.modules.get(parent) is None
-                         and _load(parent) is None and _plain(parent) is None):
-            _stale = True
-            del _index[name]
-            return None
-        try:
-            code = marshal.loads(os.pread(_fd, length, _base + offset))
-        except (OSError, EOFError, ValueError, TypeError):
-            code = None
-        if type(code) is not _CODE:
-            _stale = True
-            del _index[name]
+        code, origin, package = _code(name)
+        if code is None:
             return None
         sys.audit("import", name, None, sys.path, sys.meta_path, sys.path_hooks)
         module = _new_module(name, origin, package)
+        # (seen initializing, another thread's import waits for the module lock held here)
+        spec = module.__spec__
+        spec._initializing = True       # type: ignore[union-attr]
         sys.modules[name] = module
         try:
             exec(code, module.__dict__)
         except BaseException:
             sys.modules.pop(name, None)
             raise
+        finally:
+            spec._initializing = False      # type: ignore[union-attr]
         module = sys.modules[name]
-        if parent:
-            setattr(sys.modules[parent], leaf, module)
-        served.append(name)
-        return module
-    finally:
-        _imp.release_lock()
+    if parent:
+        setattr(sys.modules[parent], leaf, module)
+    served.append(name)
+    return module
+
+
+def _code(name: str) -> Tuple[Optional[CodeType], str, bool]:
+    """The file's code of ``name`` if its source is as it was (taken out of the
+    index: it runs once), its source's path, and whether it is a package."""
+    global _stale
+    entry = _index.pop(name, None)
+    if entry is None or not _serving:
+        return None, "", False
+    offset, length, mtime, size, package = entry
+    origin = _origin(name, package)
+    try:
+        st = os.stat(origin)
+        code = marshal.loads(os.pread(_fd, length, _base + offset)) \
+            if st.st_mtime_ns == mtime and st.st_size == size else None
+    except Exception:           # (a damaged file)
+        code = None
+    if not isinstance(code, _CODE):
+        _stale = True
+        return None, origin, package
+    _fix_co_filename(code, origin)      # (compiled elsewhere: its tracebacks name this file)
+    return code, origin, package
 
 
 def _origin(name: str, package: bool) -> str:
@@ -245,7 +300,8 @@ def _origin(name: str, package: bool) -> str:
 
 
 def _new_module(name: str, origin: str, package: bool) -> ModuleType:
-    """A module as the import system makes it: its spec, loader, file and path."""
+    """A module as the import system makes it: its spec, loader, file and path
+    (no ``__cached__``: the bytecode came from here)."""
     loader = _external.SourceFileLoader(name, origin)
     spec = _bootstrap.ModuleSpec(name, loader, origin=origin, is_package=package)
     spec.has_location = True
@@ -261,91 +317,118 @@ def _new_module(name: str, origin: str, package: bool) -> ModuleType:
 
 def save() -> None:
     """Write the file again where it was missing, unreadable or stale, or where
-    this process imported a module of the package it lacks: the modules it held
-    and those imported here, each whose bytecode is fresh (a few milliseconds,
-    once for each kind of job)."""
+    this process imported a module of the package it does not know: the modules
+    it held and those imported here, each with its bytecode where that is fresh
+    (a few milliseconds, once after an install, an upgrade or an edit, and once
+    for each kind of job)."""
     global _stale
     if not _tried:
         return
-    here = [n for n in list(sys.modules) if n == _NAME or n.startswith(_NAME + ".")]
-    if not _stale and not any(n not in _known and _compiled(n)[1] is not None for n in here):
+    here = [n for n in list(sys.modules) if n == _NAME or n.startswith(_PREFIX)]
+    if not _stale and all(n in _known for n in here):
         return
     _stale = False
     path = _path()
     if path is None:
         return
     try:
-        code = {n: c for n, c in map(_compiled, _known.union(here)) if c is not None}
-        _write(path, code)
+        _write(path, sorted(_known.union(here)))
     except (OSError, ValueError):
         pass        # (a cache: the next launch imports as usual, and tries again)
 
 
-def _compiled(name: str) -> Tuple[str, Optional[Tuple[bytes, int, int, bool]]]:
-    """A module's fresh bytecode (a timestamp-based pyc's, PEP 552: magic, flags
-    0, its source's time and size) with its source's time and size, and whether it
-    is a package; None where it has none."""
+def _write(path: str, names: Sequence[str]) -> None:
+    """Write the file of ``names`` through its folder's descriptor: a folder that
+    another user could rename or replace (or one above it) is not written in, a
+    link is not followed, and nothing there is overwritten but the file itself."""
+    from .procs import unsafe_above
+    folder, file = os.path.split(path)
+    if unsafe_above(os.path.join(folder, file), missing=True) is not None:
+        return
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not _ours(os.fstat(dfd)):
+            return
+        tmp = f".{file}.{os.getpid()}.{os.urandom(6).hex()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_file_bytes(names))
+            os.replace(tmp, file, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+        _prune(dfd, file)
+    finally:
+        os.close(dfd)
+
+
+def _file_bytes(names: Sequence[str]) -> bytes:
+    index: Index = {}
+    chunks = []
+    offset = 0
+    for name in names:
+        found = _compiled(name)
+        if found is None:
+            continue
+        blob, mtime, size, package = found
+        if blob:
+            index[name] = (offset, len(blob), mtime, size, package)
+            chunks.append(blob)
+            offset += len(blob)
+        else:
+            index[name] = (-1, 0, mtime, size, package)
+    head = marshal.dumps((_meta(), index))
+    return b"".join([_MAGIC, len(head).to_bytes(8, "little"), head, *chunks])
+
+
+def _compiled(name: str) -> Optional[Compiled]:
+    """A module's bytecode (empty where it has none usable: a timestamp-based pyc
+    (PEP 552) whose flags are 0 and whose time and size are its source's) with its
+    source's time and size, and whether it is a package; None without a source."""
     for package in (False, True):
         source = _origin(name, package)
         try:
             st = os.stat(source)
         except OSError:
             continue
+        data = b""
         try:
             with open(_external.cache_from_source(source), "rb") as f:
-                data = f.read()
-        except OSError:
-            return name, None
-        if data[:4] != _external.MAGIC_NUMBER or data[4:8] != bytes(4) \
-                or int.from_bytes(data[8:12], "little") != int(st.st_mtime) & 0xffffffff \
-                or int.from_bytes(data[12:16], "little") != st.st_size & 0xffffffff:
-            return name, None
-        return name, (data[16:], st.st_mtime_ns, st.st_size, package)
-    return name, None
-
-
-def _write(path: str, code: Dict[str, Tuple[bytes, int, int, bool]]) -> None:
-    index: Index = {}
-    offset = 0
-    for name, (blob, mtime, size, package) in code.items():
-        index[name] = (offset, len(blob), mtime, size, package)
-        offset += len(blob)
-    head = marshal.dumps(((_external.MAGIC_NUMBER, _PACKAGE), index))
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    if not _ours(os.stat(folder)):
-        return
-    _prune(folder)
-    tmp = f"{path}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + len(head).to_bytes(8, "little") + head)
-            f.writelines(c[0] for c in code.values())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
+                head = f.read(16)
+                if head[:4] == _external.MAGIC_NUMBER and head[4:8] == bytes(4) \
+                        and head[8:12] == (int(st.st_mtime) & 0xffffffff).to_bytes(4, "little") \
+                        and head[12:16] == (st.st_size & 0xffffffff).to_bytes(4, "little"):
+                    data = f.read()
         except OSError:
             pass
-        raise
+        return data, st.st_mtime_ns, st.st_size, package
+    return None
 
 
-def _prune(folder: str) -> None:
-    """Remove the files of installations gone (a virtual environment removed,
-    a test's copy): each file names its package's folder."""
-    for entry in os.listdir(folder):
-        if not (entry.startswith("code-") and entry.endswith(".bin")):
+def _prune(dfd: int, keep: str) -> None:
+    """Remove the files of installations gone (a virtual environment removed, a
+    test's copy) untouched for a week: each file names its package's folder
+    (which a home shared by hosts may hold for another host only)."""
+    import time
+    for entry in os.listdir(dfd):
+        if entry == keep or not (entry.startswith("code-") and entry.endswith(".bin")):
             continue
-        path = os.path.join(folder, entry)
         try:
-            with open(path, "rb") as f:
-                head = f.read(len(_MAGIC) + 8)
+            fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                st = os.fstat(fd)
+                head = os.pread(fd, _HEAD, 0)
                 size = int.from_bytes(head[len(_MAGIC):], "little")
-                if head[:len(_MAGIC)] != _MAGIC or size > 1 << 20:
+                if head[:len(_MAGIC)] != _MAGIC or not 0 < size <= st.st_size - _HEAD \
+                        or st.st_mtime > time.time() - _PRUNE_AFTER:
                     continue
-                (_magic, package), _ = marshal.loads(f.read(size))
+                (_, package, _), _ = marshal.loads(os.pread(fd, size, _HEAD))
+            finally:
+                os.close(fd)
             if isinstance(package, str) and not os.path.isdir(package):
-                os.unlink(path)
-        except (OSError, ValueError, EOFError, TypeError):
+                os.unlink(entry, dir_fd=dfd)
+        except Exception:       # (another's file, or a damaged one: left)
             pass

@@ -298,7 +298,7 @@ def private_dirs(make: bool = False) -> List[str]:
             + [tmp, home]:
         if not base:
             continue
-        above = _unsafe_above(base, missing=True)    # (nothing made where it is not safe)
+        above = unsafe_above(base, missing=True)    # (nothing made where it is not safe)
         if above is not None:
             if make:
                 _refuse(f"{base} lies in {above}, which another user may rename or replace")
@@ -316,7 +316,7 @@ def private_dirs(make: bool = False) -> List[str]:
             st = os.lstat(base)
         except OSError:
             continue
-        above = _unsafe_above(base)
+        above = unsafe_above(base)
         if _stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077 \
                 and above is None:
             found.append(base)
@@ -335,7 +335,7 @@ def _refuse(why: str) -> None:
         _REFUSED.append(why)
 
 
-def _unsafe_above(path: str, missing: bool = False) -> Optional[str]:
+def unsafe_above(path: str, missing: bool = False) -> Optional[str]:
     """The first directory above ``path`` (as written, then as resolved) that a user
     other than this one or root could rename, empty or replace: one of another user's,
     or one others may write into without the sticky bit (a link on the way: one of

@@ -70,7 +70,7 @@ def _files(tmp_path: Path) -> List[Path]:
 def test_the_first_launch_writes_the_file_and_the_next_runs_its_modules_from_it(
         package, tmp_path):
     _, first = _launch(package, tmp_path)
-    assert first["served"] == [] and first["own_import"]
+    assert first["served"] == []
     (made,) = _files(tmp_path)
     assert stat.S_IMODE(made.stat().st_mode) == 0o600
     assert f"-{sys.implementation.cache_tag}.bin" in made.name
@@ -96,15 +96,18 @@ def test_a_module_edited_after_the_file_was_written_runs_as_edited(package, tmp_
         assert "mslaunch.cli.mpirun" in notes["served"]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "writable", "foreign"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "sized", "writable", "foreign"])
 def test_a_damaged_file_or_one_another_user_could_write_is_not_read(package, tmp_path,
                                                                      damage):
     _launch(package, tmp_path)
     (made,) = _files(tmp_path)
+    damaged = made.stat().st_ino
     if damage == "truncated":
         made.write_bytes(made.read_bytes()[:made.stat().st_size // 2])
     elif damage == "garbage":
         made.write_bytes(b"\0" * 4096)
+    elif damage == "sized":          # (the right first line, then a size past the end)
+        made.write_bytes(made.read_bytes()[:16] + (1 << 62).to_bytes(8, "little"))
     elif damage == "writable":
         made.chmod(0o666)
     else:
@@ -115,6 +118,7 @@ def test_a_damaged_file_or_one_another_user_could_write_is_not_read(package, tmp
     assert notes["served"] == [], notes
     # ... and it is written again, as this user's own
     st = made.stat()
+    assert st.st_ino != damaged
     assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
     _, again = _launch(package, tmp_path)
     assert "mslaunch.run.supervise" in again["served"]
@@ -129,15 +133,19 @@ def test_importtime_sees_every_import(package, tmp_path):
     assert {"mslaunch.cli.mpirun", "mslaunch.run.supervise"} <= timed
 
 
-def test_the_file_of_an_installation_gone_is_removed(package, tmp_path):
-    other = tmp_path / "other"
-    shutil.copytree(package, other)
-    _launch(other, tmp_path)
-    (theirs,) = _files(tmp_path)
-    shutil.rmtree(other)
+def test_the_file_of_an_installation_gone_a_week_is_removed(package, tmp_path):
+    other, gone = tmp_path / "other", tmp_path / "gone"
+    for copy in (other, gone):
+        shutil.copytree(package, copy)
+        _launch(copy, tmp_path)
+    files = _files(tmp_path)
+    shutil.rmtree(gone)
+    for path in files:
+        os.utime(path, (path.stat().st_atime, path.stat().st_mtime - 8 * 86400))
     _launch(package, tmp_path)          # (writes its own, and looks at the others)
-    (ours,) = _files(tmp_path)
-    assert ours != theirs
+    left = _files(tmp_path)
+    # the other installation's, still there, stays; the one gone goes
+    assert len(left) == 2 and len(set(left) - set(files)) == 1, (files, left)
 
 
 @pytest.mark.parametrize("closed", ["<&-", "<&- >&- 2>&-"])
@@ -153,3 +161,77 @@ def test_a_launch_with_its_standard_streams_closed_keeps_the_file_off_them(packa
                        capture_output=True, env=env, timeout=60, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert out.read_text().split() == ["0", "0"]
+
+
+#: Runs ``import mslaunch.zz_probe`` from the file while another thread is in the
+#: middle of importing ``slowmod``, which the probe imports, and which imports
+#: another module once the probe has begun: the import system's module locks,
+#: not one lock over everything (which would hold both threads forever).
+_THREADS = """
+import sys, threading
+from mslaunch.machine import codecache
+codecache.start()
+import slowsync
+t = threading.Thread(target=lambda: __import__("slowmod"))
+t.start()
+slowsync.started.wait()
+import mslaunch.zz_probe
+t.join()
+print(mslaunch.zz_probe.Y, "mslaunch.zz_probe" in codecache.served)
+codecache.save()
+"""
+
+
+def test_a_module_run_from_the_file_waits_for_another_thread_s_import(package, tmp_path):
+    (tmp_path / "slowsync.py").write_text("import threading\nstarted, proceed = "
+                                          "threading.Event(), threading.Event()\n")
+    (tmp_path / "slowmod.py").write_text("import slowsync\nslowsync.started.set()\n"
+                                         "slowsync.proceed.wait()\nimport colorsys\nX = 1\n")
+    (package / "mslaunch" / "zz_probe.py").write_text(
+        "import slowsync\nslowsync.proceed.set()\nimport slowmod\nY = slowmod.X\n")
+    subprocess.run([PY, "-m", "compileall", "-q", str(package / "mslaunch")], check=True)
+    env = clean_env(PYTHONPATH=f"{package}:{tmp_path}", XDG_CACHE_HOME=str(tmp_path / "cache"),
+                    PYTHONDONTWRITEBYTECODE="1")
+    for served in ("False", "True"):        # (the first run writes the file)
+        r = subprocess.run([PY, "-S", "-c", _THREADS], capture_output=True, env=env,
+                           timeout=60, cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode().split() == ["1", served]
+
+
+def test_a_package_that_imports_its_module_runs_it_once(package, tmp_path):
+    """``import mslaunch.plan.place`` first: the package's ``__init__`` imports
+    ``.place`` itself (and binds the name to a function of it)."""
+    env = clean_env(PYTHONPATH=str(package), XDG_CACHE_HOME=str(tmp_path / "cache"),
+                    PYTHONDONTWRITEBYTECODE="1")
+    program = ("import sys\nfrom mslaunch.machine import codecache\ncodecache.start()\n"
+               "import mslaunch.plan.place\n"
+               "print(type(sys.modules['mslaunch.plan'].place).__name__, "
+               "codecache.served.count('mslaunch.plan.place'))\ncodecache.save()\n")
+    outs = []
+    for _ in range(2):
+        r = subprocess.run([PY, "-S", "-c", program], capture_output=True, env=env, timeout=60,
+                           cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.decode().split())
+    assert outs == [["function", "0"], ["function", "1"]]
+
+
+def test_optimized_runs_have_a_file_of_their_own(package, tmp_path):
+    subprocess.run([PY, "-O", "-m", "compileall", "-q", str(package / "mslaunch")], check=True)
+    _launch(package, tmp_path)
+    _launch(package, tmp_path, flags=("-O",))
+    assert sorted(f.name.endswith("-o1.bin") for f in _files(tmp_path)) == [False, True]
+    _, notes = _launch(package, tmp_path, flags=("-O",))
+    assert "mslaunch.run.supervise" in notes["served"]
+
+
+def test_hash_based_bytecode_is_not_served_and_not_looked_for_again(package, tmp_path):
+    subprocess.run([PY, "-m", "compileall", "-q", "-f", "--invalidation-mode",
+                    "checked-hash", str(package / "mslaunch")], check=True)
+    _launch(package, tmp_path)
+    (made,) = _files(tmp_path)
+    written = made.stat().st_ino
+    r, notes = _launch(package, tmp_path)
+    assert notes["served"] == []
+    assert made.stat().st_ino == written
