@@ -9,7 +9,8 @@ def _bytecode_cache() -> None:
     its compiled files (``pip install --no-compile``, as images often are) would
     be compiled again at every launch, a quarter of a second of CPU: this
     process keeps the bytecode of what it imports in the user's cache instead
-    (its ranks' environment is left as it is)."""
+    (its ranks' environment is left as it is), where no folder on the way is
+    another user's to rename or replace."""
     if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
         return
     import os
@@ -17,7 +18,11 @@ def _bytecode_cache() -> None:
     if not cached or os.path.exists(cached):
         return                          # compiled files came with the package
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    sys.pycache_prefix = os.path.join(base, "mslaunch", "bytecode")
+    prefix = os.path.join(base, "mslaunch", "bytecode")
+    from .machine.procs import unsafe_above
+    if unsafe_above(os.path.join(prefix, "-"), missing=True) is not None:
+        return      # (another user could put bytecode there: root with a user's HOME, say)
+    sys.pycache_prefix = prefix
     sys.dont_write_bytecode = False
 
 

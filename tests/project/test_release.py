@@ -262,3 +262,23 @@ def test_a_package_installed_without_bytecode_is_compiled_once_into_the_user_s_c
     r = subprocess.run(launch, capture_output=True, env=env, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert cached() == first          # read, not compiled and written again
+
+
+def test_bytecode_is_not_kept_in_a_cache_another_user_could_write(tmp_path):
+    """Root launching with a cache folder of another user's (a HOME kept by
+    ``sudo``, say) keeps no bytecode there: that user could replace it, and root
+    would run it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give the cache folder to another user")
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(REPO, "mslaunch"), site / "mslaunch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    env = clean_env(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(theirs))
+    r = subprocess.run([PY, "-c", "from mslaunch.__main__ import main; main()", "-n", "1",
+                        "true"], capture_output=True, env=env, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    kept = [p for p in theirs.rglob("*") if p.suffix == ".pyc" or p.name.startswith("code-")]
+    assert kept == []
