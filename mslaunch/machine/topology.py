@@ -94,10 +94,25 @@ def host_key() -> Optional[bytes]:
         return None
 
 
+#: Each cache folder looked at, and where its files are (see cache_path).
+_CACHE_FOLDERS: Dict[str, str] = {}
+
+
 def cache_path(name: str) -> str:
-    """``name`` in mslaunch's per-user cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    """``name`` in mslaunch's per-user cache directory (``$XDG_CACHE_HOME`` or
+    ``~/.cache``).  Where a folder on its way is another user's to rename or
+    replace (root run with a user's ``HOME``, say), a path under ``/dev/null``,
+    where nothing opens: every cache is then as if it were not there, for what it
+    holds (an agent's package, a library's path, the ranks' variables) would be
+    that user's to choose."""
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(home, "mslaunch", name)
+    folder = os.path.join(home, "mslaunch")
+    where = _CACHE_FOLDERS.get(folder)
+    if where is None:
+        from .procs import unsafe_above
+        where = _CACHE_FOLDERS[folder] = folder if unsafe_above(
+            os.path.join(folder, "-"), missing=True) is None else "/dev/null/mslaunch"
+    return os.path.join(where, name)
 
 
 def save_whole(path: str, data: bytes) -> None:
