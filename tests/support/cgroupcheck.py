@@ -17,7 +17,8 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 
-def _root() -> str:
+def cgroup2_root() -> str:
+    """Where the cgroup v2 tree is mounted ("" if nowhere)."""
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -31,7 +32,7 @@ def _root() -> str:
 
 def job_cgroups() -> Set[str]:
     """Every job cgroup of mslaunch's in the tree, nested ones too."""
-    root = _root()
+    root = cgroup2_root()
     found: Set[str] = set()
     for where, dirs, _ in os.walk(root) if root else ():
         found |= {os.path.join(where, d) for d in dirs if d.startswith("mslaunch-")}

@@ -16,21 +16,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import List, Optional
+from typing import List
+
+from cgroupcheck import cgroup2_root
 
 _state: dict = {}
-
-
-def _mount() -> Optional[str]:
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    return left.split()[4]
-    except OSError:
-        pass
-    return None
 
 
 def _usage(path: str) -> float:
@@ -52,8 +42,8 @@ def pytest_configure(config) -> None:
     if not out or (config.getoption("numprocesses", None) and
                    not hasattr(config, "workerinput")):
         return                          # (xdist's controller runs no test)
-    mount = _mount()
-    if mount is None or os.geteuid() != 0:
+    mount = cgroup2_root()
+    if not mount or os.geteuid() != 0:
         return
     with open("/proc/self/cgroup") as f:
         own = next((line[3:].strip() for line in f if line.startswith("0::")), "/")

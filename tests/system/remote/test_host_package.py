@@ -84,6 +84,14 @@ def host_install(tmp_path: Path, *, version: Optional[str] = None, broken: bool 
     return wrapper
 
 
+def with_cache(tmp_path: Path, installed: Path) -> Path:
+    """A wrapper of ``installed`` whose agents keep their cache in ``tmp_path/cache``."""
+    wrapper = tmp_path / "python-with-cache"
+    wrapper.write_text(f"#!/bin/sh\nXDG_CACHE_HOME={tmp_path / 'cache'} exec {installed} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def imported_from(wrapper: Path) -> bool:
     """Whether an agent imported the copy (its compiled agent module was written)."""
     cache = wrapper.parent / "site" / "mslaunch" / "agent" / "__pycache__"
@@ -129,9 +137,7 @@ def test_ssh_the_hosts_digest_is_kept_and_an_edit_is_still_seen(sshbed, home, tm
     sizes and times: the next job reads it instead of hashing every source,
     and an edit that keeps a file's size is still seen (its time changed)."""
     installed = host_install(tmp_path)
-    wrapper = tmp_path / "python-with-cache"          # the hosts' cache: a directory of its own
-    wrapper.write_text(f"#!/bin/sh\nXDG_CACHE_HOME={tmp_path / 'cache'} exec {installed} \"$@\"\n")
-    wrapper.chmod(0o755)
+    wrapper = with_cache(tmp_path, installed)
     r = ssh_run(home, wrapper, new_tag())
     assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
     kept = list((tmp_path / "cache" / "mslaunch").glob("host-digest-*"))
@@ -160,9 +166,7 @@ def test_ssh_agents_run_the_hosts_copy_from_its_code_cache(sshbed, home, tmp_pat
     modules from it: with the copy's compiled files removed, none is written
     again, where an import of the agent module would write its own."""
     installed = host_install(tmp_path)
-    wrapper = tmp_path / "python-with-cache"          # the hosts' cache: a directory of its own
-    wrapper.write_text(f"#!/bin/sh\nXDG_CACHE_HOME={tmp_path / 'cache'} exec {installed} \"$@\"\n")
-    wrapper.chmod(0o755)
+    wrapper = with_cache(tmp_path, installed)
     r = ssh_run(home, wrapper, new_tag())
     assert r.returncode == 0 and ranks_ran(r.stdout), r.stderr
     assert imported_from(installed)
