@@ -22,8 +22,12 @@ def rows(text: str) -> list:
 def mindspore_flake(console: str, logs: dict) -> bool:
     """A failure of MindSpore 2.10's own, seen now and then on a loaded 2-core
     machine: a worker that printed its result then crashed in MindSpore's
-    teardown (SIGSEGV at interpreter exit), or a worker whose registration
-    with the scheduler never went through (the cluster's formation timed out)."""
+    teardown (SIGSEGV at interpreter exit), a worker whose registration with
+    the scheduler never went through (the cluster's formation timed out), or a
+    worker whose window to reach the scheduler closed while the scheduler,
+    started beside it, was still importing MindSpore (its log still empty)."""
     printed = all(rows(logs.get(f"worker_{i}.log", "")) for i in range(2))
     return (printed and "(SIGSEGV)" in console) or \
-        "Failed to initialize distributed job cluster" in console
+        "Failed to initialize distributed job cluster" in console or \
+        ("Failed to connect to the meta server" in console
+         and not logs.get("scheduler.log", "").strip())
