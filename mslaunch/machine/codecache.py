@@ -3,9 +3,9 @@ without the import system's search: the ``mslaunch`` command's start, and an
 agent's started from its host's own copy of the package.
 
 A launch imports some sixty of the package's modules before its first rank
-starts. Through the import system each costs its search along the path, its
-file's checks and reads, its spec and its locks: about two thirds of the
-Python a launch runs before that rank, some 60 microseconds a module. With
+starts. Through the import system (itself Python) each costs its search
+along the path and its file's checks and reads: about two thirds of the
+bytecode a launch runs before that rank, some 40 microseconds a module. With
 this cache, ``import`` statements that name a module of the package take its
 code from one file (the compiled modules this installation's launches
 imported, each read on first use and checked against its source's size and
