@@ -104,7 +104,7 @@ def _path() -> Optional[str]:
 
 
 def _digest(data: bytes) -> str:
-    """A short digest (FNV-1a, 64 bits: hashlib's import would cost more than this file saves)."""
+    """A short digest (FNV-1a, 64 bits: hashlib's import costs a millisecond or more)."""
     h = 0xcbf29ce484222325
     for byte in data:
         h = ((h ^ byte) * 0x100000001b3) & 0xffffffffffffffff
