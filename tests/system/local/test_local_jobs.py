@@ -126,7 +126,10 @@ def test_a_session_directory_made_first_by_another_user_is_not_used(tmp_path):
     assert len(set(cwds)) == 2 and not any(c.startswith(f"{top}/") for c in cwds), cwds
     assert all(c.startswith(f"{top}.kvs_") for c in cwds), cwds
     assert os.listdir(top) == ["planted"]
-    assert sorted(os.listdir(tmp_path)) == [top.name]    # the job's own went with it
+    # the job's own went with it (its control socket's folder, $TMPDIR/mslaunch-UID,
+    # removed by the job's watchdog once mslaunch has exited)
+    assert wait_for(lambda: sorted(os.listdir(tmp_path)) == [top.name], 30), \
+        os.listdir(tmp_path)
 
 
 # The ways a rank starts in a directory other than the launcher's: this C
