@@ -17,12 +17,11 @@ def _bytecode_cache() -> None:
     cached = globals().get("__cached__")
     if not cached or os.path.exists(cached):
         return                          # compiled files came with the package
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    prefix = os.path.join(base, "mslaunch", "bytecode")
-    from .machine.procs import unsafe_above
-    if unsafe_above(os.path.join(prefix, "-"), missing=True) is not None:
+    from .machine.topology import cache_folder
+    folder = cache_folder()
+    if folder is None:
         return      # (another user could put bytecode there: root with a user's HOME, say)
-    sys.pycache_prefix = prefix
+    sys.pycache_prefix = os.path.join(folder, "bytecode")
     sys.dont_write_bytecode = False
 
 

@@ -341,9 +341,9 @@ def _write(path: str, names: Sequence[str]) -> None:
     """Write the file of ``names`` through its folder's descriptor: a folder that
     another user could rename or replace (or one above it) is not written in, a
     link is not followed, and nothing there is overwritten but the file itself."""
-    from .procs import unsafe_above
+    from .topology import cache_folder
     folder, file = os.path.split(path)
-    if unsafe_above(os.path.join(folder, file), missing=True) is not None:
+    if folder != cache_folder():        # (one another user could rename or replace)
         return
     os.makedirs(folder, mode=0o700, exist_ok=True)
     dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from ..core.cputopo import Topology
 
-__all__ = ["cache_path", "cached_topology", "host_key", "read_topology", "save_whole"]
+__all__ = ["cache_folder", "cache_path", "cached_topology", "host_key", "read_topology", "save_whole"]
 
 _OWN = object()      # key part: "this CPU is its own core"
 _ONE = object()      # key: "the one default object"
@@ -94,25 +94,30 @@ def host_key() -> Optional[bytes]:
         return None
 
 
-#: Each cache folder looked at, and where its files are (see cache_path).
-_CACHE_FOLDERS: Dict[str, str] = {}
+#: Each cache folder looked at, and whether it is safe (see cache_folder).
+_CACHE_FOLDERS: Dict[str, bool] = {}
+
+
+def cache_folder() -> Optional[str]:
+    """mslaunch's per-user cache directory (``$XDG_CACHE_HOME/mslaunch`` or
+    ``~/.cache/mslaunch``); None where a folder on its way is another user's to
+    rename or replace (root run with a user's ``HOME``, say): what a cache holds
+    (an agent's package, a library's path, the ranks' variables, bytecode) would
+    be that user's to choose."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(home, "mslaunch")
+    safe = _CACHE_FOLDERS.get(folder)
+    if safe is None:
+        from .procs import unsafe_above
+        safe = _CACHE_FOLDERS[folder] = unsafe_above(os.path.join(folder, "-"),
+                                                     missing=True) is None
+    return folder if safe else None
 
 
 def cache_path(name: str) -> str:
-    """``name`` in mslaunch's per-user cache directory (``$XDG_CACHE_HOME`` or
-    ``~/.cache``).  Where a folder on its way is another user's to rename or
-    replace (root run with a user's ``HOME``, say), a path under ``/dev/null``,
-    where nothing opens: every cache is then as if it were not there, for what it
-    holds (an agent's package, a library's path, the ranks' variables) would be
-    that user's to choose."""
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(home, "mslaunch")
-    where = _CACHE_FOLDERS.get(folder)
-    if where is None:
-        from .procs import unsafe_above
-        where = _CACHE_FOLDERS[folder] = folder if unsafe_above(
-            os.path.join(folder, "-"), missing=True) is None else "/dev/null/mslaunch"
-    return os.path.join(where, name)
+    """``name`` in :func:`cache_folder`; where that is not safe, a path under
+    ``/dev/null``, where nothing opens: every cache is then as if it were not there."""
+    return os.path.join(cache_folder() or "/dev/null/mslaunch", name)
 
 
 def save_whole(path: str, data: bytes) -> None:
