@@ -6,7 +6,9 @@ same way.  It reports to a listener:
 
 * ``rank_started(rank, pid)`` once a rank runs,
 * ``rank_exited(rank, code, signal, at)`` when its process ends (``at``: when,
-  on ``time.time()``'s clock, :meth:`~mslaunch.machine.loop.Loop.events_at`),
+  on ``time.time()``'s clock, :meth:`~mslaunch.machine.loop.Loop.events_at`,
+  its life pipe ended, or else its exit was seen; see
+  :func:`~mslaunch.machine.spawn.life_pipe`),
 
 and feeds each rank's output into the sinks its owner made (the
 launcher's :class:`~mslaunch.machine.output.RankOutput`, or the agent's link).
@@ -40,15 +42,22 @@ if TYPE_CHECKING:
 
 from ..core.errors import LaunchError
 from .output import RankPipe
-from .spawn import LocalProcess, os_error_reason
+from .spawn import LocalProcess, life_pipe, os_error_reason
 
 #: Seconds to wait after the last rank ended before a pipe still held open
 #: by something outside the ranks' groups counts as a leftover's.
 _LEFTOVER_DELAY = 0.2
 
 
+#: Seconds before a rank's exit was seen within which its life pipe's end dates
+#: its death (see :func:`~mslaunch.machine.spawn.life_pipe`); an end before
+#: that was the rank's own doing (it closed the descriptor) and dates nothing.
+LIFE_WINDOW = 1.0
+
+
 class _Local:
-    __slots__ = ("spec", "proc", "pipes", "ended", "code", "signal", "pmi", "pmi_env")
+    __slots__ = ("spec", "proc", "pipes", "ended", "code", "signal", "pmi", "pmi_env",
+                 "life", "life_end")
 
     def __init__(self, spec: RankSpec, pmi, pmi_env) -> None:
         self.spec = spec
@@ -59,6 +68,8 @@ class _Local:
         self.signal: Optional[int] = None
         self.pmi = pmi             # the PMI server of the rank's job (inherited socket)
         self.pmi_env = pmi_env     # the PMI variables of a rank: rank -> dict
+        self.life = -1             # the read end of the rank's life pipe (-1: none)
+        self.life_end: Optional[float] = None    # when it ended
 
 
 class LocalRanks:
@@ -199,10 +210,12 @@ class LocalRanks:
             stdin, stdin_w = os.pipe()
         else:
             stdin = devnull_fd()
+        life = life_pipe()
         try:
-            local.proc = LocalProcess(spec, env, stdin=stdin, stdout=out_w, stderr=err_w)
+            local.proc = LocalProcess(spec, env, stdin=stdin, stdout=out_w, stderr=err_w,
+                                      life=None if life is None else life[1])
         except LaunchError:
-            for fd in (out_r, err_r, stdin_w):
+            for fd in (out_r, err_r, stdin_w, None if life is None else life[0]):
                 if fd is not None:
                     os.close(fd)
             out_sink.finish()
@@ -217,6 +230,8 @@ class LocalRanks:
             os.close(out_w)
             if err_r is not None:
                 os.close(err_w)
+            if life is not None:
+                os.close(life[1])
             if how == "pipe":
                 os.close(stdin)
         if stdin_w is not None:
@@ -227,6 +242,9 @@ class LocalRanks:
                                     on_abandon=lambda: proc.signal(signal.SIGPIPE)))
         if err_r is not None:
             local.pipes.append(RankPipe(self.loop, err_r, err_sink))  # type: ignore[arg-type]
+        if life is not None:
+            local.life = life[0]
+            self.loop.add_reader(local.life, lambda: self._life_read(local))
         if local.proc.pidfd >= 0:
             self.loop.add_reader(local.proc.pidfd,
                                  lambda: self._on_exit(local, self.loop.events_at()))
@@ -254,11 +272,31 @@ class LocalRanks:
                 self._on_exit(local, self.loop.events_at() if woken else time.time())
 
     # -- events -------------------------------------------------------------
+    def _life_read(self, local: _Local) -> None:
+        try:
+            if os.read(local.life, 4096):
+                return                  # the rank wrote there: nothing to date
+        except OSError:
+            pass
+        local.life_end = self.loop.events_at()
+        self._life_close(local)
+
+    def _life_close(self, local: _Local) -> None:
+        if local.life >= 0:
+            self.loop.forget(local.life)
+            os.close(local.life)
+            local.life = -1
+
     def _on_exit(self, local: _Local, at: float) -> None:
         proc = local.proc
         assert proc is not None
         if proc.pidfd >= 0:
             self.loop.forget(proc.pidfd)
+        if local.life >= 0 and self.loop.woke_for(local.life):
+            self._life_read(local)      # its end came in the same wake-up, not read yet
+        self._life_close(local)
+        if local.life_end is not None and 0 <= at - local.life_end < LIFE_WINDOW:
+            at = local.life_end
         local.code, local.signal = proc.reap()
         local.ended = True
         if self.guard.subreaper:
@@ -391,6 +429,7 @@ class LocalRanks:
                 r.proc.signal(signal.SIGKILL)
                 r.code, r.signal = r.proc.reap()
                 r.ended = True
+            self._life_close(r)
             for pipe in r.pipes:
                 if not pipe.closed and not pipe.drain():
                     pipe.close()

@@ -16,7 +16,8 @@ short job's cost; a rank whose working directory is not the launcher's
 starts through :mod:`.spawndir`, which has the child change directory (the
 launcher never changes its own: its threads share it).  The child gets
 exactly stdin, stdout, stderr and the descriptors the caller made
-inheritable; everything else the launcher holds is close-on-exec (see
+inheritable, and the write end of its life pipe (:func:`life_pipe`) at
+:data:`LIFE_FD`; everything else the launcher holds is close-on-exec (see
 :func:`seal_inherited_fds`).
 """
 
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 # exec, so the ranks get the default actions back.
 RESET_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ", "SIGXFZ")
                        if hasattr(signal, n))
+
+#: The descriptor at which a rank holds its life pipe's write end (see
+#: :func:`life_pipe`): high, so that the kernel closes it first at the exit.
+LIFE_FD = 1023
 
 
 def find_program(name: str, env: Mapping[str, str], cwd: str,
@@ -265,18 +270,43 @@ class Helper:
         return self.returncode
 
 
+def life_pipe() -> Optional[Tuple[int, int]]:
+    """A pipe (read end, write end) whose write end a rank holds at :data:`LIFE_FD`;
+    None where the open-file limit is below it.
+
+    A dying process's descriptors are released after its memory, in the
+    reverse of their order (the kernel queues each last close and runs the
+    queue last first, yielding the CPU between two), and its parent hears of
+    its exit only after all of them: on a busy machine the sockets of a rank
+    that crashed may close milliseconds before its exit is seen, and a peer
+    on another host that died of it may be seen to die first.  The end of
+    this pipe, closed before the rank's sockets, dates its death."""
+    limit = os.sysconf("SC_OPEN_MAX")
+    if 0 <= limit <= LIFE_FD:
+        return None
+    r, w = os.pipe()
+    if w == LIFE_FD:             # the copy must be a new descriptor to lose close-on-exec
+        w, old = os.dup(w), w
+        os.close(old)
+    return r, w
+
+
 class LocalProcess:
     """One rank running on this machine."""
 
     def __init__(self, spec: RankSpec, env: Mapping[str, str], *, stdin: int, stdout: int,
-                 stderr: int) -> None:
+                 stderr: int, life: Optional[int] = None) -> None:
+        """``life``: the write end of the rank's :func:`life_pipe`, if any."""
         program = spec.program or spec.argv[0]
         path = find_program(program, env, spec.cwd, spec.search) or program
+        dup2s: Tuple[Tuple[int, int], ...] = ((stdin, 0), (stdout, 1), (stderr, 2))
+        if life is not None:
+            dup2s += ((life, LIFE_FD),)
         try:
             if spec.cpus:
-                self.pid = _spawn_bound(spec, path, env, stdin, stdout, stderr)
+                self.pid = _spawn_bound(spec, path, env, dup2s)
             else:
-                self.pid = _spawn(spec, path, env, stdin, stdout, stderr)
+                self.pid = _spawn(spec, path, env, dup2s)
         except OSError as err:
             if not os.path.isdir(spec.cwd):      # gone since check_startable
                 raise SpawnError(f"working directory {spec.cwd!r} of rank {spec.rank} "
@@ -340,9 +370,8 @@ def exit_of(status: int) -> Tuple[Optional[int], Optional[int]]:
     return os.WEXITSTATUS(status), None
 
 
-def _spawn(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int, stdout: int,
-           stderr: int) -> int:
-    dup2s = ((stdin, 0), (stdout, 1), (stderr, 2))
+def _spawn(spec: RankSpec, path: str, env: Mapping[str, str],
+           dup2s: Tuple[Tuple[int, int], ...]) -> int:
     if not is_launch_dir(spec.cwd):
         # os.posix_spawn cannot start a child elsewhere, and the launcher's own
         # directory is its threads' too: the child changes directory itself.
@@ -365,8 +394,8 @@ def is_launch_dir(cwd: str) -> bool:
         return False
 
 
-def _spawn_bound(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int,
-                 stdout: int, stderr: int) -> int:
+def _spawn_bound(spec: RankSpec, path: str, env: Mapping[str, str],
+                 dup2s: Tuple[Tuple[int, int], ...]) -> int:
     """Like :func:`_spawn`, with the rank's CPU affinity set before it runs.
 
     A child inherits the affinity of the thread that creates it, so the
@@ -376,7 +405,7 @@ def _spawn_bound(spec: RankSpec, path: str, env: Mapping[str, str], stdin: int,
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, spec.cpus)  # type: ignore[arg-type]
     try:
-        return _spawn(spec, path, env, stdin, stdout, stderr)
+        return _spawn(spec, path, env, dup2s)
     finally:
         os.sched_setaffinity(0, saved)
 
@@ -417,7 +446,7 @@ def how_ended(code: Optional[int], sig: Optional[int]) -> str:
 
 
 def raise_fd_limit(needed: int) -> None:
-    """Lift the soft open-file limit towards ``needed`` (each rank holds ~5 fds)."""
+    """Lift the soft open-file limit towards ``needed`` (each rank holds ~6 fds)."""
     # sysconf says the soft limit (-1: none) without the resource module, a C
     # module of its own to load: most jobs need no more than they have.
     if not 0 <= os.sysconf("SC_OPEN_MAX") < needed:

@@ -4,7 +4,9 @@ Every end of a rank that fails the job (a non-zero exit or a signal,
 ``MPI_Abort``, a rank gone without ``MPI_Finalize``, a lost host) comes with
 the time it happened: when the loop that watches it (here, or a remote
 host's agent) was woken by it, less the time the loop then waited for a CPU
-(:meth:`mslaunch.machine.loop.Loop.events_at`); an ``MPI_Abort`` of Open MPI
+(:meth:`mslaunch.machine.loop.Loop.events_at`), or when the rank's
+descriptors began to close, if that came first
+(:func:`mslaunch.machine.spawn.life_pipe`); an ``MPI_Abort`` of Open MPI
 when the PMIx library took it, before the rank could go.  A remote host's
 times are put on the launcher's clock with the offset read from the link
 (:func:`mslaunch.backends.agents.host.clock_offset`); a lost host's time is

@@ -518,6 +518,52 @@ def test_a_peer_s_death_is_the_cause_not_the_broken_pipe_it_leaves(tmp_path):
     assert re.search(r"mslaunch: rank 1 \(pid \d+ on \S+\) was killed by signal 11", err), err
 
 
+#: Rank 0 releases its descriptors half a second before its exit can be seen (its
+#: main thread ends alone; a thread with a table of its own exits later), as a
+#: crashed rank's sockets close before its exit on a busy machine; rank 1, its
+#: peer, exits 1 when rank 0's end of a FIFO closes, 0.2 s later.
+EARLY_CLOSE = """
+import ctypes, os, platform, signal, sys, threading, time
+if os.environ["RANK"] == "1":
+    f = os.open(sys.argv[1], os.O_RDONLY)
+    while os.read(f, 4096):
+        pass
+    time.sleep(0.2)
+    sys.exit(1)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)      # the stop rank 1's exit brings
+f = os.open(sys.argv[1], os.O_WRONLY)
+libc = ctypes.CDLL(None, use_errno=True)
+alone = threading.Event()
+
+def linger():
+    assert libc.unshare(0x400) == 0                 # CLONE_FILES
+    os.close(f)
+    try:
+        os.close(1023)                              # the life pipe's copy
+    except OSError:
+        pass
+    alone.set()
+    time.sleep(0.5)
+    os._exit(3)
+
+threading.Thread(target=linger).start()
+alone.wait()
+libc.syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)   # SYS_exit: this thread
+"""
+
+
+def test_a_rank_is_dated_by_its_descriptors_close_not_by_its_exit_seen_later(tmp_path):
+    """The peer that exits of rank 0's closed FIFO, after its close and before its
+    exit is seen, is what followed: rank 0 is the cause (machine.spawn.life_pipe)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = run("-n", "2", "--grace", "5", PY, "-c", EARLY_CLOSE, str(fifo))
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    assert re.search(r"mslaunch: rank 0 \(pid \d+ on \S+\) exited with code 3", err), err
+    assert re.search(r"then rank 1 \(pid \d+ on \S+\) exited with code 1, \d+ ms later", err), err
+
+
 @pytest.mark.parametrize("flags", [
     ["-mca", "orte_abort_on_non_zero_status", "0"],
     ["--mca", "orte_abort_on_non_zero_status", "false"],
