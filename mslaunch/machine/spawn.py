@@ -280,7 +280,8 @@ def life_pipe() -> Optional[Tuple[int, int]]:
     its exit only after all of them: on a busy machine the sockets of a rank
     that crashed may close milliseconds before its exit is seen, and a peer
     on another host that died of it may be seen to die first.  The end of
-    this pipe, closed before the rank's sockets, dates its death."""
+    this pipe, closed before every descriptor below it (all of a rank's but
+    for one that holds over a thousand), dates its death."""
     limit = os.sysconf("SC_OPEN_MAX")
     if 0 <= limit <= LIFE_FD:
         return None
