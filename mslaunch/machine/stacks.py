@@ -15,8 +15,11 @@ frame labels (outermost first) and a note on what is missing:
   below a Python rank's innermost interpreter frame (the MPI call under
   ``allreduce``), and a rank's whole stack when it is not Python.
 
-Every reader runs at once, each rank has the same deadline, and a rank that
-gives nothing by then is reported as such, never waited for.  It blocks: the
+The ranks are read at once, each with the same deadline, and a rank that
+gives nothing by then is reported as such, never waited for.  A Python rank
+is read natively first and asked for its dump after that read: the dump's
+signal interrupts what its main thread waits in, and a native read during the
+dump would show the dump's own writes in place of that wait.  It blocks: the
 launcher and the agents call it from a thread of its own.
 
 :func:`state_report` is ``--report-state-on-timeout``'s block.
@@ -91,25 +94,17 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     pyspy = _which("py-spy")
     reader = native.tool() if want_native else None
     queue: List[Tuple[int, str, List[str]]] = []     # (rank, kind, argv)
+    asked_after: List[int] = []     # Python ranks asked for their dump once read natively
+
+    def ask(rank: int) -> None:
+        if rank in asked_after:
+            asked_after.remove(rank)
+        _ask_python(rank, results[rank], dump_dir, pyspy, pending_py, queue, main_only)
+
     for rank, pid in ranks.items():
         results[rank] = _entry(pid)
-        pid, state, python = (results[rank][k] for k in ("pid", "state", "python"))
-        if not state or state == "Z":
-            results[rank]["notes"].append("the process has ended")
-            continue
-        if state == "T":
-            results[rank]["notes"].append("the process is stopped (SIGSTOP)")
-        if python:
-            _ask_python(rank, results[rank], dump_dir, pyspy, pending_py, queue, main_only)
-        if reader is not None and python and rank in pending_py and "gdb" in reader[0]:
-            # gdb would stop the rank for about a second; its Python frames suffice
-            results[rank]["notes"].append("no native frames under Python: install elfutils "
-                                          "(eu-stack), which stops a rank for milliseconds")
-        elif reader is not None:
-            # under a Python dump only the main thread's native frames are shown:
-            # the others are not walked (a rank of hundreds of threads takes seconds)
-            one = ["-1"] if rank in pending_py and reader[0].endswith("eu-stack") else []
-            queue.append((rank, "native", reader[:1] + one + reader[1:] + [str(pid)]))
+        if _queue_readers(rank, results[rank], reader, dump_dir, queue, asked_after):
+            ask(rank)
     if reader is None and want_native:
         for r in results.values():
             r["notes"].append("no native frames: neither eu-stack (elfutils) nor gdb is installed")
@@ -132,6 +127,8 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
             except OSError as err:
                 mainthread.tracing(results[rank]["pid"], -1)
                 results[rank]["notes"].append(f"{os.path.basename(argv[0])}: {err.strerror}")
+                if kind == "native" and rank in asked_after:
+                    ask(rank)
                 continue
             running.append((rank, kind, proc))
         for item in list(running):
@@ -142,6 +139,8 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                 out = proc.stdout.read().decode("utf-8", "replace")
                 proc.stdout.close()
                 results[rank][kind] = out
+                if kind == "native" and rank in asked_after:
+                    ask(rank)
         _poll_python(pending_py, results, dump_dir)
         time.sleep(0.005)
     for rank, kind, proc in running:
@@ -170,6 +169,39 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     for rank, r in results.items():
         out[rank].update(moved=counts.get(r["pid"], -1), stdin=reads_stdin(r["pid"]))
     return out
+
+
+def _queue_readers(rank: int, r: Dict[str, Any], reader: Optional[List[str]],
+                   dump_dir: Optional[str], queue: List[Tuple[int, str, List[str]]],
+                   asked_after: List[int]) -> bool:
+    """Queue the native reader of a rank that runs (``reader``: its command, if
+    any); True if its Python dump is to be asked now.  A Python rank that will
+    dump is read natively first, its main thread alone (the others are not
+    walked: a rank of hundreds of threads takes seconds), and asked for its dump
+    once that read is done (``asked_after``): a dump's signal interrupts what
+    the main thread waits in, and a read during the dump would show the dump's
+    own writes in its place."""
+    pid, state, python = r["pid"], r["state"], r["python"]
+    if not state or state == "Z":
+        r["notes"].append("the process has ended")
+        return False
+    if state == "T":
+        r["notes"].append("the process is stopped (SIGSTOP)")
+    dumps = python and dump_dir is not None and (
+        pydump.armed(pid, pydump.SIGNAL) or pydump.armed(pid, pydump.MAIN_SIGNAL))
+    if reader is None:
+        return python
+    if "gdb" in reader[0] and dumps:
+        # gdb would stop the rank for about a second; its Python frames suffice
+        r["notes"].append("no native frames under Python: install elfutils "
+                          "(eu-stack), which stops a rank for milliseconds")
+        return True
+    if dumps:
+        queue.append((rank, "native", reader[:1] + ["-1"] + reader[1:] + [str(pid)]))
+        asked_after.append(rank)
+        return False
+    queue.append((rank, "native", reader + [str(pid)]))
+    return python
 
 
 class _Asked:

@@ -165,9 +165,9 @@ def test_a_python_rank_of_debians_stripped_python_shows_the_libc_call_it_waits_i
               "import time\ndef nap():\n    time.sleep(60)\nnap()",
               env=clean_env(MSL_TEST_TAG=tag))
     try:
-        # A look whose native read came while the main thread ran mslaunch's own
-        # dump (its signal interrupts the sleep) has nothing below Python: the
-        # next look finds it back in the sleep.
+        # A look whose native read came before the main thread was in its sleep
+        # has nothing below Python (the interpreter's own frames are left out):
+        # the next look finds it there.
         data = until(p.pid, lambda d: len(d["ranks"]) == 1 and
                      (main_frames(d, 0) or [""])[-1:] != ["nap (<string>:3)"] and any(
                          "nap" in f for f in main_frames(d, 0)))
@@ -175,6 +175,41 @@ def test_a_python_rank_of_debians_stripped_python_shows_the_libc_call_it_waits_i
         assert frames[-1].startswith(("clock_nanosleep (libc", "__clock_nanosleep (libc")), \
             frames
         assert not any(f.startswith("?? (python") for f in frames), frames
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        kill_tagged(tag)
+
+
+MANY_THREADS = """
+import threading, time
+def deep(n):
+    time.sleep(600) if n == 0 else deep(n - 1)
+for _ in range(60):
+    threading.Thread(target=deep, args=(40,), daemon=True).start()
+def nap():
+    time.sleep(600)
+nap()
+"""
+
+
+def test_a_python_ranks_native_frames_are_of_its_own_wait_not_of_its_dump():
+    """The dump of a rank of many threads takes its main thread a while, in
+    writes; a native read taken then showed those writes under ``nap``.  The
+    native read comes first, so every look shows the sleep."""
+    tag = new_tag()
+    p = start("-n", "1", PY, "-c", MANY_THREADS, env=clean_env(MSL_TEST_TAG=tag))
+
+    def bottom(d: dict) -> list:
+        return (main_frames(d, 0) or [""])[-2:] if len(d["ranks"]) == 1 else []
+    try:
+        until(p.pid, lambda d: bottom(d)[:1] == ["nap (<string>:8)"] and
+              "nanosleep" in bottom(d)[-1])       # settled in its sleep
+        for _ in range(5):
+            data = stacks_json(p.pid)
+            assert len(data["ranks"][0]["threads"]) == 61, data
+            assert bottom(data)[0] == "nap (<string>:8)", bottom(data)
+            assert "nanosleep" in bottom(data)[1], main_frames(data, 0)
     finally:
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)
