@@ -58,6 +58,22 @@ def check_seconds(flag: str, text: str, allow_zero: bool = False) -> float:
     return value
 
 
+def job_timeout(flag: str, text: str) -> Optional[float]:
+    """A job's time limit: None for 0 or a negative number, which mean none to Open MPI
+    (``--timeout 0``) and to Hydra (``MPIEXEC_TIMEOUT=-1``)."""
+    try:
+        if parse_number(text) <= 0:
+            return None
+    except ValueError:
+        pass
+    return check_seconds(flag, text)
+
+
+def set_timeout(d: Draft, flag: str, values: Sequence[str]) -> None:
+    d.timeout = job_timeout(flag, values[0])
+    d.timeout_said = True
+
+
 def _env_name(flag: str, name: str) -> str:
     if not name or "=" in name or "\0" in name or name[0].isdigit():
         raise UsageError(f"{flag}: bad environment variable name {name!r}")
@@ -110,6 +126,7 @@ class Draft:
         self.output_filename: Optional[str] = None
         self.stdin = "0"
         self.timeout: Optional[float] = None
+        self.timeout_said = False                  # --timeout given (0: none)
         self.stall_report: Optional[float] = None   # --stall-report (None: the default)
         self.grace = 5.0
         self.mpi: Optional[str] = None

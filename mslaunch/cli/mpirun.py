@@ -23,7 +23,7 @@ from ..core.spec import STALL_SECONDS, AppContext, HostEntry, JobSpec, OutputSpe
 from ..core.switches import pty_wanted
 from ..core.states import OPENMPI, PMI
 from .common import Exit, launch_dir
-from .draft import RUNTIME_FRAMEWORKS, Context, Draft, check_int, check_seconds
+from .draft import RUNTIME_FRAMEWORKS, Context, Draft, check_int, job_timeout
 from .options import SPELLINGS, words_of
 from .rshagent import rsh_settings
 
@@ -281,8 +281,8 @@ def _build(d: Draft) -> JobSpec:
             name in ("npernode", "pernode", "ppn", "ppr", "npersocket") for name, _ in d.mapping):
         placement.update(per_node=d.perhost, per_node_wrap=True)
     timeout = d.timeout
-    if timeout is None and d.environ.get("MPIEXEC_TIMEOUT"):
-        timeout = check_seconds("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
+    if not d.timeout_said and d.environ.get("MPIEXEC_TIMEOUT"):
+        timeout = job_timeout("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
     if d.report_state and timeout is None:      # Open MPI 4 ignores it without a word
         d.warnings.append("--report-state-on-timeout acts on a timeout only, and none is set: "
                           "add --timeout SECONDS (or set MPIEXEC_TIMEOUT)")

@@ -203,9 +203,10 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "stdin (default rank 0)", note="also `all`: every rank reads a copy"),
     )),
     ("Lifecycle", (
-        Option(("timeout",), 1, D.seconds("timeout"), "--timeout SECONDS\tstop the job after "
+        Option(("timeout",), 1, D.set_timeout, "--timeout SECONDS\tstop the job after "
                "SECONDS (also MPIEXEC_TIMEOUT); exit 110", note="exit status 110, as Open MPI "
-               "4; ranks get SIGTERM, then SIGKILL after `--grace` seconds (Open MPI: 1 s)"),
+               "4; ranks get SIGTERM, then SIGKILL after `--grace` seconds (Open MPI: 1 s); "
+               "0 or below (Hydra's -1): no limit"),
         Option(("report-state-on-timeout",), 0, D.turn_on("report_state"),
                "--report-state-on-timeout   on timeout, print the state of every rank"),
         Option(("get-stack-traces",), 0, D.turn_on("stack_traces"),

@@ -104,6 +104,17 @@ def test_timeout_from_flag_or_environment():
         parse_args(["p"], environ={"MPIEXEC_TIMEOUT": "soon"}, cwd="/")
 
 
+@pytest.mark.parametrize("args, environ", [
+    (["--timeout", "0"], {}),                            # Open MPI: no limit
+    (["-timeout", "-1"], {}),
+    ([], {"MPIEXEC_TIMEOUT": "-1"}),                     # Hydra: -1 means infinite
+    ([], {"MPIEXEC_TIMEOUT": "0"}),
+    (["--timeout", "0"], {"MPIEXEC_TIMEOUT": "7"}),      # the command line wins
+])
+def test_a_timeout_of_zero_or_below_is_no_limit(args, environ):
+    assert parse_args([*args, "p"], environ=environ, cwd="/").timeout is None
+
+
 def test_help_and_version_raise_exit():
     for flag in ("-h", "--help"):
         with pytest.raises(_Exit):
