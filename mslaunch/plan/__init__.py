@@ -11,6 +11,8 @@ rule here is tested with tables and property tests.
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -196,14 +198,16 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
         if job.index_argv:
             # --index-argv-by-rank: argv[0] becomes NAME-RANK; the program is the same.
             argv, program = (f"{argv[0]}-{rank}",) + tuple(argv[1:]), argv[0]
+        cwd = context.wdir or job.launch_dir
         # As Open MPI 4's mpirun: 1 on a host with more ranks than slots, where
         # Open MPI's ranks then yield the processor while they wait.
         if not job.is_check:
             env.setdefault("OMPI_MCA_mpi_oversubscribe",
                            "1" if local_size[h] > host.slots else "0")
+            env.update(program_variables(argv, cwd))
         ranks.append(RankSpec(rank=rank, app=app_index, host=host, local_rank=local_rank,
                               local_size=local_size[h], argv=argv, env=env,
-                              cwd=context.wdir or job.launch_dir, stdout_path=stdout_path,
+                              cwd=cwd, stdout_path=stdout_path,
                               stderr_path=stderr_path, cpus=bound, stdin=_stdin_of(job, rank),
                               inherit="launcher" if host.local else remote_inherit,
                               path_prefix=None if host.local or remote_inherit != "remote"
@@ -329,6 +333,16 @@ def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, gr
     }
     if pmi:
         env.update({"PMI_RANK": str(rank), "PMI_SIZE": str(size), "PMI_HOSTNAME": host})
+    return env
+
+
+def program_variables(argv: Sequence[str], cwd: str) -> Dict[str, str]:
+    """What Open MPI's ``MPI_INFO_ENV`` reads of a rank's start ("command", "argv",
+    "wdir"), as Open MPI 4's mpirun sets it: the program's name, its arguments
+    joined by spaces (left out when there are none), its working directory."""
+    env = {"OMPI_COMMAND": os.path.basename(argv[0]), "OMPI_MCA_initial_wdir": cwd}
+    if len(argv) > 1:
+        env["OMPI_ARGV"] = " ".join(argv[1:])
     return env
 
 

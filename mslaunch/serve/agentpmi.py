@@ -112,7 +112,7 @@ class AgentPMI:
 
     def _serve_pmix(self, pj: PMIJob, job: Dict[str, Any], specs: List[RankSpec]) -> None:
         from ..mpi.pmix import oversubscribed
-        from ..mpi.pmix.layout import Layout
+        from ..mpi.pmix.layout import Layout, app_commands
         from ..core.procmap import parse_process_mapping
         nodes = job["pmix_nodes"]
         parent = job.get("pmix_parent")
@@ -128,7 +128,8 @@ class AgentPMI:
         if not 0 <= here < len(nodes) or any(not 0 <= n < len(nodes) for n in node_of):
             return
         layout = Layout(pj.kvsname, nodes, node_of, job["appnums"], job["pmix_universe"], here,
-                        oversubscribed(specs), parent=(parent[0], parent[1]) if parent else None)
+                        oversubscribed(specs), parent=(parent[0], parent[1]) if parent else None,
+                        commands=app_commands(specs))
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:

@@ -63,14 +63,15 @@ class LauncherPMIx:
         """PMIx for the first job's ranks on this machine."""
         from ..mpi.pmi.files import pmix_dir
         from ..mpi.pmix.host import PMIxHost
-        from ..mpi.pmix.layout import Layout
+        from ..mpi.pmix.layout import Layout, app_commands
         served = self.served
         plan = served.plan
         here = next(r.host.node_id for r in plan.ranks if r.host.local)
+        local = [r for r in plan.ranks if r.host.local]
         layout = Layout(pj.kvsname, [h.name for h in plan.hosts],
                         [r.host.node_id for r in plan.ranks], [r.app for r in plan.ranks],
-                        plan.universe_size, here, oversubscribed(
-                            [r for r in plan.ranks if r.host.local]))
+                        plan.universe_size, here, oversubscribed(local),
+                        commands=app_commands(local))
         marker = served.watchdog.marker
         log = served.log if served.job.verbose else (lambda message: None)
         # With --max-restarts, one server for every attempt (see PMIxServer.move_to).
@@ -106,16 +107,17 @@ class LauncherPMIx:
                       fields: Dict[str, Any]) -> None:
         """PMIx for a job an Open MPI rank spawned onto this machine; ``fields``
         are its :meth:`spawned_layout`."""
-        from ..mpi.pmix.layout import Layout
+        from ..mpi.pmix.layout import Layout, app_commands
         if self.host is None:
             return
         nodes = fields["pmix_nodes"]
         name, rank = fields["pmix_parent"]
+        local = [s for s in specs if s.host.local]
         layout = Layout(pj.kvsname, nodes, fields["pmix_node_of"], [s.app for s in specs],
                         fields["pmix_universe"],
                         nodes.index(next(s.host.name for s in specs if s.host.local)),
-                        oversubscribed([s for s in specs if s.host.local]),
-                        parent=(name, rank))
+                        oversubscribed(local), parent=(name, rank),
+                        commands=app_commands(local))
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:

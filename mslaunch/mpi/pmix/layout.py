@@ -7,19 +7,33 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, List, Optional, Sequence, Tuple
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+    from ...core.spec import RankSpec
+
+
+def app_commands(specs: Iterable[RankSpec]) -> Dict[int, str]:
+    """Each application's command line, by appnum (its first rank's of ``specs``,
+    its arguments joined by spaces): what Open MPI 5 reports as ``MPI_INFO_ENV``'s
+    "command" and "argv"."""
+    commands: Dict[int, str] = {}
+    for spec in specs:
+        commands.setdefault(spec.app, " ".join(spec.argv))
+    return commands
 
 
 class Layout:
     """Where a job's ranks are: host names by node id, each rank's node and appnum,
     and which node is this server's."""
 
-    __slots__ = ("appnums", "here", "node_of", "nodes", "nspace", "oversubscribed", "parent",
+    __slots__ = ("appnums", "commands", "here", "node_of", "nodes", "nspace", "oversubscribed", "parent",
                  "tmpdir", "topology", "universe")
 
     def __init__(self, nspace: str, nodes: Sequence[str], node_of: Sequence[int],
                  appnums: Sequence[int], universe: int, here: int,
-                 oversubscribed: bool = False, parent: Optional[Tuple[str, int]] = None) -> None:
+                 oversubscribed: bool = False, parent: Optional[Tuple[str, int]] = None,
+                 commands: Optional[Dict[int, str]] = None) -> None:
+        self.commands = dict(commands or {})   # of the applications with ranks here
         self.parent = parent                   # the spawning rank: (namespace, rank)
         self.oversubscribed = oversubscribed   # this node: more ranks than slots
         self.tmpdir = ""          # the server's, set as the namespace is registered
@@ -66,6 +80,9 @@ class Layout:
                      ("pmix.nsdir", L.STRING, os.path.join(self.tmpdir, self.nspace))]
         if apps == 1:
             info.append(("pmix.appnum", L.UINT32, self.appnums[0] if self.appnums else 0))
+        for app, command in sorted(self.commands.items()):
+            info.append(("pmix.app.arr", L.DATA_ARRAY, [
+                ("pmix.appnum", L.UINT32, app), ("pmix.app.argv", L.STRING, command)]))
         for rank, node in enumerate(self.node_of):
             index = per_node[node].index(rank)
             info.append(("pmix.pdata", L.DATA_ARRAY, [

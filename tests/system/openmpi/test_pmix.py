@@ -388,3 +388,33 @@ def test_a_stuck_pmix_library_does_not_hold_the_launcher(ompi, tmp_path):
         remove_tree(shm)
     words = r.stdout.decode().split()
     assert words[:2] == ["closed", "False"] and float(words[2]) < 5, (r.stdout, r.stderr)
+
+
+INFO_ENV = """import sys
+from mpi4py import MPI
+info = MPI.INFO_ENV
+print(MPI.COMM_WORLD.Get_rank(), sys.argv[1],
+      *(repr(info.Get(key)) for key in ("command", "argv", "wdir")), flush=True)
+"""
+
+
+def test_mpi_info_env_names_each_applications_command_and_directory(ompi, tmp_path):
+    """MPI_INFO_ENV's "command", "argv" and "wdir", as under Open MPI's own mpirun:
+    Open MPI 4 reads them from the environment (the program's name alone), 5 from
+    the PMIx server's data of each application (its argv[0] as given)."""
+    python, env, version = ompi
+    script = tmp_path / "info.py"
+    script.write_text(INFO_ENV)
+    (tmp_path / "w").mkdir()
+    tag = new_tag()
+    try:
+        r = run("-n", "1", python, str(script), "first", "x y", ":",
+                "-n", "1", "-wdir", str(tmp_path / "w"), python, str(script), "second",
+                timeout=120, env=clean_env(MSL_TEST_TAG=tag, **env), cwd=str(tmp_path))
+    finally:
+        kill_tagged(tag)
+    assert r.returncode == 0, r.stderr
+    command = repr(os.path.basename(python) if version.endswith("4.1.4") else python)
+    assert sorted(r.stdout.decode().splitlines()) == [
+        f"0 first {command} '{script} first x y' '{tmp_path}'",
+        f"1 second {command} '{script} second' '{tmp_path / 'w'}'"], r.stdout
