@@ -137,6 +137,10 @@ class RankOutput:
         self.pending = b""
         self.finished = False
         self.written = 0
+        # A stream given nowhere to go (torchrun's --local-ranks-filter leaves a
+        # rank off the terminal, with no file) is read and dropped: only a
+        # reader that leaves (``| head``) or a file that fails breaks its pipe.
+        self.nowhere = terminal is None and file_fd is None
 
     def splice_terminal(self) -> Optional[Terminal]:
         """The terminal this stream's whole lines may be spliced into unseen, or
@@ -149,8 +153,10 @@ class RankOutput:
 
     @property
     def wanted(self) -> bool:
-        """Whether anyone still takes this stream (a file, or an open terminal)."""
-        return self.file_fd is not None or (self.terminal is not None and self.terminal.open)
+        """Whether anyone still takes this stream (a file, or an open terminal), or
+        it was given nowhere to go."""
+        return self.nowhere or self.file_fd is not None or (
+            self.terminal is not None and self.terminal.open)
 
     @property
     def last_on_terminal(self) -> bool:

@@ -840,7 +840,7 @@ def test_pbs_nodefile_sizes_the_job(tmp_path):
     (["-n", "2"], "no program"),
     (["-n", "zero", "true"], "-n: expected a whole number"),
     (["-n", "-1", "true"], "-n: must be at least 0"),
-    (["--timeout", "-3", "true"], "--timeout"),
+    (["--timeout", "3 s", "true"], "--timeout"),
     (["--map-by", "diagonal", "true"], "--map-by diagonal"),
     (["--bind-to", "moon", "true"], "--bind-to moon"),
     (["-H", "a:x", "true"], "-H"),

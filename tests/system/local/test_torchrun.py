@@ -236,6 +236,34 @@ def test_the_same_log_files(tmp_path, streams):
             assert "out 0" not in text and "out 1" in text
 
 
+FILTERED = """import os, sys
+rank = os.environ["LOCAL_RANK"]
+for i in range(3000):
+    print(f"out {rank} {i}", flush=True)
+print(f"err {rank}", file=sys.stderr, flush=True)
+open(f"done.{rank}", "w").close()
+"""
+
+
+@pytest.mark.parametrize("streams", [[], ["-r", "1"]])
+def test_ranks_left_off_the_terminal_by_local_ranks_filter_run_to_their_end(tmp_path, streams):
+    """The ranks --local-ranks-filter leaves out write on: their output was
+    dropped by a closed pipe, which killed them (BrokenPipeError) and the job."""
+    (tmp_path / "filtered.py").write_text(FILTERED)
+    args = ["--nproc-per-node=3", "--local-ranks-filter", "1", *streams, "filtered.py"]
+    for who in ("t", "m"):
+        where = tmp_path / who
+        where.mkdir()
+        (where / "filtered.py").write_text(FILTERED)
+        out = _torchrun(*args, cwd=str(where)) if who == "t" else \
+            run(*args, env=_env(), cwd=str(where), timeout=120)
+        assert out.returncode == 0, (who, out.stderr.decode()[-2000:])
+        assert sorted(os.listdir(where)) == ["done.0", "done.1", "done.2", "filtered.py"]
+        lines = (out.stdout + out.stderr).decode().splitlines()
+        assert [x for x in lines if x.startswith(("out", "err"))] == \
+            ([] if streams else [f"out 1 {i}" for i in range(3000)]) + ["err 1"], who
+
+
 def test_a_failure_s_traceback_from_its_error_file(tmp_path):
     report = tmp_path / "report.json"
     ours = run("--nproc-per-node=2", "--report-json", str(report), ENV, "--fail", "1",
