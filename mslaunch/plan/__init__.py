@@ -11,8 +11,6 @@ rule here is tested with tables and property tests.
 
 from __future__ import annotations
 
-import os
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -337,10 +335,12 @@ def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, gr
 
 
 def program_variables(argv: Sequence[str], cwd: str) -> Dict[str, str]:
-    """What Open MPI's ``MPI_INFO_ENV`` reads of a rank's start ("command", "argv",
-    "wdir"), as Open MPI 4's mpirun sets it: the program's name, its arguments
-    joined by spaces (left out when there are none), its working directory."""
-    env = {"OMPI_COMMAND": os.path.basename(argv[0]), "OMPI_MCA_initial_wdir": cwd}
+    """What Open MPI 4's ``MPI_INFO_ENV`` reads of a rank's start ("argv", "wdir"),
+    as its mpirun sets it: the program's arguments joined by spaces (left out
+    when there are none), its working directory.  Not ``OMPI_COMMAND`` (the
+    program's name, "command"): with ``PMIX_RANK`` it tells frameworks that
+    Open MPI's own mpirun started them (MindSpore then takes its MPI path)."""
+    env = {"OMPI_MCA_initial_wdir": cwd}
     if len(argv) > 1:
         env["OMPI_ARGV"] = " ".join(argv[1:])
     return env
