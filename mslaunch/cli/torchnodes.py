@@ -4,7 +4,11 @@ job, through the node service msrun's dialect uses (:mod:`mslaunch.msrun.service
 The node whose addresses include the master (``--master-addr`` for the static
 rendezvous; ``--rdzv-endpoint``'s host for c10d) hosts the service: on
 ``--master-port`` + 1 for static (the workers' store keeps ``--master-port``,
-as under torchrun), on the endpoint's port for c10d.  Every node, that one
+as under torchrun), on the endpoint's port for c10d.  Where several nodes
+share that host (a job of several nodes tried on one machine), the first to
+take the port hosts it and the others join it, as torchrun's nodes there
+join the first one's store; a c10d service refuses a node of another
+``--rdzv-id``.  Every node, that one
 included, proves the job's secret (``MSLAUNCH_SECRET``, else
 ``~/.mslaunch/secret``: the same on every node) and registers its workers;
 their ranks are ``--node-rank`` x ``--nproc-per-node`` + i for static; for
@@ -60,6 +64,7 @@ def _service(values: Mapping[str, Optional[str]], count: int,
         host, port = endpoint(given, 29400)
         rank = -1
         service_port = port
+        job_name = (values["rdzv_id"] or "none").strip() or "none"
         import socket
         local = (values["local_addr"] or "").strip()
         order = local or socket.getfqdn()
@@ -76,7 +81,7 @@ def _service(values: Mapping[str, Optional[str]], count: int,
             port = _whole("master_port", values["master_port"] or "29500", 1, 65534)
         rank = _whole("node_rank", values["node_rank"], 0, high - 1)
         service_port = port + 1
-        order = local = ""
+        order = local = job_name = ""
     rounds = None
     if restarts or low < high:
         last = conf.get("last_call_timeout")
@@ -89,6 +94,7 @@ def _service(values: Mapping[str, Optional[str]], count: int,
                      local_addr=local, rounds=rounds,
                      master_flag="--rdzv-endpoint" if given else "--master-addr",
                      node_rank_flag="--node-rank", every_node_first=rounds is None,
+                     job_name=job_name, join_if_taken=True,
                      verbose=int(environ.get("LOGLEVEL", "").upper() in ("INFO", "DEBUG")))
 
 

@@ -306,6 +306,8 @@ class MsrunSpec:
     master_flag: str = "--master_addr"    # the option that named the master, for errors
     node_rank_flag: str = "--node_rank"   # and the one that gives a node's rank
     every_node_first: bool = False        # torchrun's static rendezvous: no worker before all
+    job_name: str = ""                    # torchrun's --rdzv-id: a node of another is refused
+    join_if_taken: bool = False           # c10d: the service's port taken here, join it
     secret_file: Optional[str] = None
     tls_config: Optional[str] = None      # msrun's config.json (cert paths, ciphers)
     max_restarts: int = 3                 # per process, with MS_ENABLE_RECOVERY=1

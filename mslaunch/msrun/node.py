@@ -316,6 +316,21 @@ def run_until_stopped(loop, until) -> Optional[int]:
     return stops[0] if stops else None
 
 
+def _service(spec: MsrunSpec, loop, address: str, port: int, free: int, secret: bytes,
+             config, warn: Callable[[str], None]):
+    """The node service this master node hosts on ``address``:``port``."""
+    from .service import NodeService
+    from .tls import context
+    return NodeService(loop, address=address, port=port, secret=secret,
+                       worker_num=spec.worker_num, time_out=spec.cluster_time_out,
+                       master_port=free, refused=warn,
+                       recovery=os.environ.get("MS_ENABLE_RECOVERY") == "1",
+                       rounds=spec.rounds, rank_flag=spec.node_rank_flag,
+                       every_node_first=spec.every_node_first, job_name=spec.job_name,
+                       tls=context(config, True, warn) if config else None,
+                       log=warn if spec.verbose else (lambda _text: None))
+
+
 def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: int):
     """Join the job: host the service if master, register, wait for this node's ranks.
 
@@ -330,7 +345,7 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
     from ..wire.endpoint import HEARTBEAT, RESTART_HEARTBEAT, heartbeat_setting
     from .secret import load_secret
     from .nodelink import NodeLink
-    from .service import NodeService
+    from .service import ServiceTaken
     from .tls import context, read_config
     secret = load_secret(spec.secret_file)
     tls_path = spec.tls_config or os.environ.get("MSLAUNCH_TLS_CONFIG")
@@ -342,16 +357,14 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
 
     free, port = port, spec.service_port or spec.master_port + 1
     service = None
-    if master:
-        service = NodeService(loop, address=addresses[0], port=port, secret=secret,
-                              worker_num=spec.worker_num, time_out=spec.cluster_time_out,
-                              master_port=free, refused=warn,
-                              recovery=os.environ.get("MS_ENABLE_RECOVERY") == "1",
-                              rounds=spec.rounds,
-                              rank_flag=spec.node_rank_flag,
-                              every_node_first=spec.every_node_first,
-                              tls=context(config, True, warn) if config else None,
-                              log=warn if spec.verbose else (lambda _text: None))
+    try:
+        service = _service(spec, loop, addresses[0], port, free, secret, config, warn) \
+            if master else None
+    except ServiceTaken:
+        if not spec.join_if_taken:
+            raise
+        # Another node of this host came first: it hosts the service (a node of
+        # another job refuses this one, by its --rdzv-id), as under torchrun's c10d.
     state: Dict[str, Any] = {}
     deadline = None if spec.cluster_time_out < 0 else time.monotonic() + spec.cluster_time_out
     link = NodeLink(loop, addresses=addresses, port=port, secret=secret,
@@ -359,7 +372,7 @@ def rendezvous(spec: MsrunSpec, loop, master: bool, addresses: List[str], port: 
                     node_rank=spec.node_rank, workers=spec.local_worker_num,
                     deadline=deadline, order=spec.order,
                     store=(spec.local_addr, free) if spec.order else ("", 0),
-                    rounds=spec.rounds is not None,
+                    rounds=spec.rounds is not None, job=spec.job_name,
                     log=warn if spec.verbose else (lambda _text: None),
                     heartbeat=heartbeat_setting(os.environ.get("MSLAUNCH_HEARTBEAT"),
                                                 RESTART_HEARTBEAT if spec.rounds else HEARTBEAT),

@@ -48,7 +48,7 @@ class NodeLink:
                  tls=None, node_rank: int, workers: int, deadline: Optional[float],
                  heartbeat, on_ranks: Callable[[List[int]], None],
                  on_stop: Callable[[int, str], None], order: str = "",
-                 store: Tuple[str, int] = ("", 0), rounds: bool = False,
+                 store: Tuple[str, int] = ("", 0), rounds: bool = False, job: str = "",
                  log: Callable[[str], None] = lambda _text: None) -> None:
         self.loop = loop
         self.addresses = addresses
@@ -59,6 +59,8 @@ class NodeLink:
                          "host": os.uname().nodename, "pid": os.getpid()}
         if order:
             self.register["order"] = order          # see the service: ranks by this key
+        if job:
+            self.register["job"] = job              # torchrun's --rdzv-id
         self.store = store           # where this node's rank 0 would serve the job's store
         self.deadline = deadline
         self.heartbeat = heartbeat

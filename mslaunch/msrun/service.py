@@ -28,6 +28,7 @@ a peer that breaks the protocol is cut off with one rate-limited log line.
 
 from __future__ import annotations
 
+import errno
 import functools
 import socket
 import time
@@ -45,7 +46,7 @@ from .looks import Looks
 from .rounds import GATHERING, OVER, Rounds
 from ..wire.endpoint import SocketEndpoint
 from ..machine.peers import accept_strangers
-from ..core.errors import one_line
+from ..core.errors import LaunchError, one_line
 from ..core.states import NODE_DONE, NODE_GONE, NODE_HELD, NODE_JOINED, NODE_NEW, NODE_STOPPED
 from . import secret as auth
 
@@ -129,6 +130,11 @@ class _Peer:
             self.state = state
 
 
+class ServiceTaken(LaunchError):
+    """The service's port is taken on its address: another node of the job, on
+    this host, hosts the service (torchrun's c10d rendezvous), or another job."""
+
+
 class NodeService:
     """The master node's service; see the module docstring."""
 
@@ -137,8 +143,10 @@ class NodeService:
                  log: Callable[[str], None], master_port: int = 0,
                  refused: Optional[Callable[[str], None]] = None,
                  recovery: bool = False, rounds: Optional[NodeRounds] = None,
-                 rank_flag: str = "--node_rank", every_node_first: bool = False) -> None:
+                 rank_flag: str = "--node_rank", every_node_first: bool = False,
+                 job_name: str = "") -> None:
         self.loop = loop
+        self.job_name = job_name                   # torchrun's --rdzv-id: others are refused
         self.rank_flag = rank_flag                 # the line's own spelling, for errors
         #: Nodes with a rank of their own get it once every node came (torchrun's
         #: static rendezvous); msrun's start their workers at once.
@@ -168,9 +176,12 @@ class NodeService:
         except OSError as err:
             self.sock.close()
             from ..core.errors import LaunchError
+            if err.errno == errno.EADDRINUSE:
+                raise ServiceTaken(f"the node service cannot listen on {address}:{port}: "
+                                   f"{err.strerror} (another job there? "
+                                   f"--node_service_port picks another port)") from None
             raise LaunchError(f"the node service cannot listen on {address}:{port}: "
-                              f"{err.strerror} (another job there? --node_service_port "
-                              f"picks another port)") from None
+                              f"{err.strerror}") from None
         self.sock.setblocking(False)
         loop.add_reader(self.sock.fileno(), self._accept)
         self.deadline: Optional[Timer] = None
@@ -336,6 +347,13 @@ class NodeService:
                      "workers": workers}
         if self.stopped is not None:
             self._refuse(peer, f"the job has already ended: {self.stopped['message']}")
+            return
+        job = message.get("job", "")
+        if job != self.job_name:
+            self._refuse(peer, f"the service here is --rdzv-id "
+                               f"{one_line(self.job_name, 60)!r}'s, not "
+                               f"{one_line(str(job), 60)!r}'s: give each job an endpoint "
+                               f"of its own")
             return
         if not 1 <= workers <= self.worker_num:
             self._refuse(peer, f"{workers} local workers is not within 1..{self.worker_num}")
