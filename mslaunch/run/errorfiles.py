@@ -7,6 +7,9 @@ exception that ends the worker, ``{"message": {"message": "ValueError: boom",
 nested launcher may write the message as a plain string.  What the rank wrote
 is its own business: a file that is not that shape, too large, or not a
 regular file is passed over, never an error of the job.
+
+A torchrun line's launcher copies its root cause's file to its own
+``TORCHELASTIC_ERROR_FILE``, as torchrun's does (:func:`copy_for_launcher`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple
+    from typing import Any, Dict, Mapping, Optional, Tuple
+
+    from ..core.spec import JobResult
 
 #: Bytes read of an error file at most (a traceback with its frames' locals is
 #: large; anything larger is not torchrun's format).
@@ -57,3 +62,49 @@ def read_error(path: Optional[str]) -> Optional[Tuple[str, str]]:
     message = message if isinstance(message, str) else ""
     stack = stack if isinstance(stack, str) else ""
     return (message, stack) if message or stack else None
+
+
+#: The launcher's own error file, as torchrun's (its ``main`` is under ``@record``).
+LAUNCHER_VARIABLE = "TORCHELASTIC_ERROR_FILE"
+
+
+def copy_for_launcher(result: JobResult, environ: Mapping[str, str]) -> None:
+    """As torchrun's launcher does when a worker fails: the root cause's error file,
+    if it wrote one, copied to the launcher's own ``TORCHELASTIC_ERROR_FILE`` (what
+    a scheduler that started the launcher reads), its ``errorCode`` the worker's
+    exit status; a file that cannot be written is said in one line, as torchrun
+    warns of it."""
+    target = environ.get(LAUNCHER_VARIABLE)
+    cause = result.root_cause
+    if not target or cause is None or not cause.error_file:
+        return
+    body = _error_body(cause.error_file)
+    if body is None:
+        return
+    code = cause.returncode if cause.signal is None else -cause.signal
+    said = body.get("message")
+    if isinstance(said, dict) and code:
+        said["errorCode"] = code
+    import json
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f)
+    except OSError as err:
+        import sys
+        sys.stderr.write(f"mslaunch: cannot write {LAUNCHER_VARIABLE} {target}: "
+                         f"{err.strerror}\n")
+
+
+def _error_body(path: str) -> Optional[Dict[str, Any]]:
+    """The JSON object of the error file at ``path`` (see :func:`read_error`), or None."""
+    if read_error(path) is None:
+        return None
+    import json
+    try:
+        with open(path, "rb") as f:
+            body = json.loads(f.read(MAX_BYTES).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None

@@ -183,6 +183,9 @@ def _xml_console(job: JobSpec) -> Optional[Console]:
 
 def _finish(job: JobSpec, result: JobResult, console: Console, started: float) -> int:
     """The job's exit status, once its report (if asked for) is written."""
+    if job.torch is not None and result.root_cause is not None:
+        from .errorfiles import copy_for_launcher
+        copy_for_launcher(result, os.environ)
     if job.report_json is not None:
         from . import jobreport
         try:

@@ -14,7 +14,7 @@ from typing import Dict
 
 import pytest
 
-from helpers import PY, clean_env, run
+from helpers import PY, StderrLines, clean_env, cmd, kill_tagged, new_tag, run, wait_for
 from ports import free_block
 from torchenv import ENV, compare, workers
 from requires import require
@@ -264,13 +264,93 @@ def test_ranks_left_off_the_terminal_by_local_ranks_filter_run_to_their_end(tmp_
             ([] if streams else [f"out 1 {i}" for i in range(3000)]) + ["err 1"], who
 
 
+IDENTITY = "import os\nprint(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['GROUP_RANK'])\n"
+
+
+def _two_launchers(tmp_path, lines, tag):
+    """Two launchers of one machine, the first waiting (its service says so) when the
+    second starts; their exit statuses and outputs."""
+    (tmp_path / "who.py").write_text(IDENTITY)
+    env = clean_env(MSL_TEST_TAG=tag, LOGLEVEL="INFO")
+    procs = []
+    try:
+        for line in lines:
+            procs.append(subprocess.Popen(cmd(*line, "--rdzv-conf=join_timeout=60", "who.py"),
+                                          cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))
+            said = StderrLines(procs[-1])
+            if len(procs) == 1:
+                assert wait_for(lambda: said.said("waits for every node: 1 of 2") or
+                                procs[0].poll() is not None, 60), said.lines
+        return [(p.wait(timeout=120), p.stdout.read().decode()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        kill_tagged(tag)
+
+
+@pytest.mark.parametrize("kind", ["static", "static, node 1 first", "c10d"])
+def test_two_nodes_of_one_job_on_one_machine_form_it(tmp_path, kind):
+    """A job of two nodes tried on one machine, as torchrun runs it: the first
+    launcher to take the service's port hosts it, the other joins (each used to
+    host it, and the second failed on the port in use)."""
+    port = free_block(2, ("127.0.0.1",))[0]
+    if kind == "c10d":
+        lines = [["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=job7"]] * 2
+    else:
+        lines = [["--nnodes=2", "--nproc-per-node=1", f"--node-rank={i}",
+                  "--master-addr=127.0.0.1", f"--master-port={port}"]
+                 for i in ((1, 0) if "first" in kind else (0, 1))]
+    done = _two_launchers(tmp_path, lines, new_tag())
+    assert [code for code, _ in done] == [0, 0], done
+    assert sorted(out.strip() for _, out in done) == ["0 2 0", "1 2 1"], done
+
+
+def test_a_node_of_another_rdzv_id_on_the_same_endpoint_is_refused_in_one_line(tmp_path):
+    port = free_block(1, ("127.0.0.1",))[0]
+    lines = [["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+              f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}"] for name in "AB"]
+    tag = new_tag()
+    (tmp_path / "who.py").write_text(IDENTITY)
+    env = clean_env(MSL_TEST_TAG=tag)
+    first = subprocess.Popen(cmd(*lines[0], "--rdzv-conf=join_timeout=60", "who.py"),
+                             cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    try:
+        said = StderrLines(first)
+        second = run(*lines[1], "who.py", env=env, cwd=str(tmp_path), timeout=60)
+        assert second.returncode == 1, second.stderr
+        errors = [x for x in second.stderr.decode().splitlines() if x.startswith("mslaunch:")]
+        assert errors == ["mslaunch: error: the node service refused this node: the service "
+                          "here is --rdzv-id 'A''s, not 'B''s: give each job an endpoint of "
+                          "its own"], second.stderr
+        assert wait_for(lambda: said.said("refused node"), 30), said.lines
+    finally:
+        first.kill()
+        first.wait()
+        kill_tagged(tag)
+
+
 def test_a_failure_s_traceback_from_its_error_file(tmp_path):
     report = tmp_path / "report.json"
+    env = _env()
+    env["TORCHELASTIC_ERROR_FILE"] = str(tmp_path / "ours.json")
     ours = run("--nproc-per-node=2", "--report-json", str(report), ENV, "--fail", "1",
-               env=_env(), cwd=str(tmp_path), timeout=120)
-    theirs = _torchrun("--nproc-per-node=2", ENV, "--fail", "1", cwd=str(tmp_path))
+               env=env, cwd=str(tmp_path), timeout=120)
+    theirs = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node=2", ENV,
+                             "--fail", "1"], capture_output=True, timeout=120, cwd=str(tmp_path),
+                            env={**env, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "theirs.json")})
     assert theirs.returncode == 1 and b"boom from rank 1" in theirs.stderr
     assert ours.returncode == 1
+    # the launcher's own error file: the root cause's, its errorCode the exit status
+    mine, torchrun_s = (json.loads((tmp_path / f"{who}.json").read_text())["message"]
+                        for who in ("ours", "theirs"))
+    for said in (mine, torchrun_s):
+        said["extraInfo"].pop("timestamp")
+    assert mine == torchrun_s and mine["errorCode"] == 1, (mine, torchrun_s)
     said = ours.stderr.decode()
     assert "mslaunch: rank 1 (pid" in said and "exited with code 1" in said
     assert re.search(r"rank 1's error file \(.*/attempt_0/1/error\.json\): "
