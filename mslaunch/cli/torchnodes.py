@@ -196,6 +196,9 @@ def _run(job: JobSpec, environ: Mapping[str, str], loop, link, node_service,
     try:
         result = run_attempt(job, environ, session, part.planning(plan)).result
         code = result.exit_code
+        if result.root_cause is not None:
+            from ..run.errorfiles import copy_for_launcher
+            copy_for_launcher(result, environ)
         if node_service is not None and code == 0:
             code = wait_for_the_others(node_service, loop, service, session.console.message)
     finally:

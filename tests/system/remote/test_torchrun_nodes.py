@@ -5,6 +5,7 @@ on any node ends both, named on both; bad lines are one error line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -140,16 +141,23 @@ def test_the_first_failure_ends_both_nodes_named_on_both(sshbed, nodes, tmp_path
     assert all_gone(tag, 15)
 
 
-def test_a_rank_that_raises_under_record_is_named_with_its_error_on_every_node(sshbed, nodes):
+def test_a_rank_that_raises_under_record_is_named_with_its_error_on_every_node(sshbed, nodes,
+                                                                              tmp_path):
     tag = new_tag()
     line = _line("static", nodes, _port())
-    done = _both(sshbed, MSLAUNCH, lambda i: [*line(i), ENV, "--fail", "2"], tag)
+    files = [tmp_path / f"node{i}.json" for i in (0, 1)]
+    done = _both(sshbed, MSLAUNCH, lambda i: [*line(i), ENV, "--fail", "2"], tag,
+                 env_for=lambda i: {"TORCHELASTIC_ERROR_FILE": str(files[i])})
     assert [code for code, _ in done] == [1, 1], done
     for _, text in done:
         assert "rank 2 (pid " in text and "ValueError: boom from rank 2" in text, text
     # its own node shows the traceback the rank's error file holds
     failing = done[1][1]
     assert "rank 2's error file (" in failing and 'raise ValueError(f"boom' in failing, failing
+    # and its launcher's own error file is that file, as torchrun's agent writes it
+    said = json.loads(files[1].read_text())["message"]
+    assert said["message"] == "ValueError: boom from rank 2" and said["errorCode"] == 1, said
+    assert not files[0].exists()
     assert all_gone(tag, 15)
 
 
