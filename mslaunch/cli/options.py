@@ -288,7 +288,8 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
     )),
     ("Other", (
         Option(("quiet", "q"), 0, D.turn_on("quiet"),
-               "-q, --quiet\tfewer messages    -v, --verbose   more messages"),
+               "-q, --quiet\tfewer messages    -v, --verbose   more messages",
+               note="nothing said of a failed job (no summary, no timeout line), as Open MPI's"),
         Option(("verbose", "v"), 0, D.count_verbose),
         Option(("version", "V"), 0, D.turn_on("version"),
                "-V, --version\tprint the version  -h, --help     this help"),

@@ -158,7 +158,7 @@ def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
         backend.close()
         raise
     result = supervisor.run()
-    if result.message and tell:
+    if result.message and tell and not job.quiet:     # (-q: none, as Open MPI's)
         session.console.message(result.message)
     return AttemptOutcome(
         result, tuple(dict.fromkeys(r.spec.host.name for r in supervisor.ranks)),

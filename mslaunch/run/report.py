@@ -234,8 +234,9 @@ def timed_out(view: Reported, live: List[RankState]) -> None:
             view.console.message(f"mslaunch: --health-check did not end within "
                                 f"{view.job.timeout:g} s on {hosts}; stopping it there")
         return
-    view.console.message(f"mslaunch: job timed out after {view.job.timeout:g} s (--timeout); "
-                        f"terminating {what}; exit status {TIMEOUT_EXIT}")
+    if not view.job.quiet:
+        view.console.message(f"mslaunch: job timed out after {view.job.timeout:g} s "
+                             f"(--timeout); terminating {what}; exit status {TIMEOUT_EXIT}")
     for line in view.mpi_jobs.hang_report() if view.mpi_jobs is not None else []:
         view.console.message(f"mslaunch: PMI: {line}")
     if view.job.report_state:

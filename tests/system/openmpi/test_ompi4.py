@@ -688,6 +688,22 @@ def test_exit_status_of_a_failing_rank(action, status):
     assert b.returncode == status, b.stderr
 
 
+@pytest.mark.parametrize("action, status", [("echo gone >&2; exit 3", 3),
+                                            ("kill -SEGV $$", 128 + 11)])
+def test_quiet_says_nothing_of_a_failing_rank(action, status):
+    # Open MPI 4.1.4 with -q: the rank's own output alone, whatever its end
+    a, b = both("-q", "-n", "2", "sh", "-c", FAIL_RANK_1.format(action))
+    assert a.returncode == b.returncode == status, (a.stderr, b.stderr)
+    assert a.stderr == b.stderr == (b"gone\n" if "gone" in action else b""), \
+        (a.stderr, b.stderr)
+
+
+def test_quiet_says_nothing_of_a_timeout():
+    a, b = both("-q", "--timeout", "1", "-n", "1", "sleep", "30")
+    assert a.returncode == b.returncode == 110 and a.stderr == b.stderr == b"", \
+        (a.stderr, b.stderr)
+
+
 def _sigterm_launcher(argv, tmp_path):
     tag = new_tag()
     p = subprocess.Popen([*argv, "-n", "2", "sh", "-c",
