@@ -95,6 +95,8 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     spare = tuple(Host(name=h.name, slots=h.slots, max_slots=h.max_slots, local=h.local,
                        node_id=len(used) + i)
                   for i, h in enumerate(h for j, h in enumerate(hosts) if j not in node_of_host))
+    if any(h.local for h in used):
+        _check_cpu_list(topology, job.cpu_list)
     universe = sum(h.slots for h in used)
     master_addr = "127.0.0.1" if all(h.local for h in used) else used[0].name
     mapping = ""
@@ -356,6 +358,18 @@ def _restricted(topology: Topology, cpu_set: Optional[Sequence[int]]) -> Topolog
         raise PlanError(f"--cpu-set {','.join(map(str, cpu_set))}: none of these cpus is "
                         f"usable here (usable: {','.join(map(str, topology.cpu_ids()))})")
     return make_topology(rows)
+
+
+def _check_cpu_list(topology: Topology, cpu_list: Optional[Sequence[int]]) -> None:
+    """Refuse ``--cpu-list`` cpus this machine does not have (or ``--cpu-set`` leaves
+    out), as Open MPI does, where it runs ranks, before one is bound to such a cpu
+    and fails to start."""
+    known = set(topology.cpu_ids())
+    missing = [c for c in cpu_list or () if c not in known]
+    if missing:
+        raise PlanError(f"--cpu-list {','.join(map(str, cpu_list or ()))}: cpu(s) "
+                        f"{','.join(map(str, missing))} not usable here (usable: "
+                        f"{','.join(map(str, topology.cpu_ids()))})")
 
 
 def _guess(slots: int) -> Topology:

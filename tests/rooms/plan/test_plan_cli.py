@@ -339,3 +339,19 @@ def test_a_switch_is_read_as_checked(name, value):
     word = value.strip().lower()
     assert switch(name, {name: value}) is (
         SWITCHES[name] if not word else word in ("1", "true", "yes", "on", "t", "y"))
+
+
+@pytest.mark.parametrize("argv, cpus", [
+    (["-n", "1", "--cpu-list", "99", "--bind-to", "cpu-list", "p"], "99"),
+    (["-n", "1", "--cpu-list", "0,5", "p"], "5"),
+    (["-n", "1", "--cpu-set", "0", "--cpu-list", "1", "p"], "1"),   # left out by --cpu-set
+])
+def test_a_cpu_list_cpu_this_machine_lacks_is_refused_by_name(argv, cpus):
+    with pytest.raises(PlanError, match=rf"--cpu-list .*: cpu\(s\) {cpus} not usable here"):
+        plan_for(argv)
+
+
+def test_a_cpu_list_is_not_checked_against_this_machine_for_remote_ranks():
+    plan = plan_for(["-n", "1", "--cpu-list", "7", "--bind-to", "cpu-list", "p"],
+                    entries=[HostEntry("h1", slots=1)], remote={"h1": machine(8)})
+    assert plan.ranks[0].cpus == (7,)
