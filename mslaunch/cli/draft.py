@@ -329,6 +329,12 @@ def set_prefix(d: Draft, flag: str, values: Sequence[str]) -> None:
 
 def preload_files(d: Draft, flag: str, values: Sequence[str]) -> None:
     d.preload_files = tuple(os.path.join(d.cwd, f) for f in values[0].split(",") if f)
+    for path in d.preload_files:       # (Open MPI refuses a file it cannot read, too)
+        why = ("no such file" if not os.path.lexists(path) else "not a file"
+               if not os.path.isfile(path) else "" if os.access(path, os.R_OK) else
+               "not readable")
+        if why:
+            raise UsageError(f"{flag} {one_line(path, 200)}: {why}")
 
 
 def read_options(name: str) -> Apply:

@@ -61,6 +61,11 @@ def find_program(name: str, env: Mapping[str, str], cwd: str,
     return None
 
 
+def _not_a_directory(path: str) -> str:
+    """Why ``path``, not a directory, cannot be a rank's working directory."""
+    return "is not a directory" if os.path.lexists(path) else "does not exist"
+
+
 def check_startable(ranks: Sequence[RankSpec]) -> None:
     """Fail before anything starts if a program or working directory is missing."""
     seen = set()
@@ -71,7 +76,8 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
             continue
         seen.add(key)
         if not r.session_dir and not os.path.isdir(r.cwd):
-            raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} does not exist")
+            raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} "
+                             f"{_not_a_directory(r.cwd)}")
         path = find_program(program, r.env, r.cwd, r.search)
         if path is None:
             raise SpawnError(f"program {program!r} of rank {r.rank} "
@@ -311,7 +317,7 @@ class LocalProcess:
         except OSError as err:
             if not os.path.isdir(spec.cwd):      # gone since check_startable
                 raise SpawnError(f"working directory {spec.cwd!r} of rank {spec.rank} "
-                                 f"does not exist") from None
+                                 f"{_not_a_directory(spec.cwd)}") from None
             raise SpawnError(f"cannot start rank {spec.rank} ({spec.argv[0]}): "
                              f"{os_error_reason(err)}") from None
         self.pgid = self.pid

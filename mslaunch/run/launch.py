@@ -33,7 +33,8 @@ def _warn_missing_exports(job: JobSpec, environ: Mapping[str, str]) -> None:
     pairs = list(job.global_env) + [p for app in job.apps for p in app.env]
     for name, value in pairs:
         if value is None and name not in environ and not job.quiet:
-            sys.stderr.write(f"mslaunch: warning: -x {name}: not set in the environment; "
+            # (named without its option: -x, -genvlist or -envlist, of either dialect)
+            sys.stderr.write(f"mslaunch: warning: {name} is not set in the environment: "
                              f"not exported\n")
 
 

@@ -88,11 +88,25 @@ def test_wdir_sets_the_working_directory(tmp_path):
     assert r.stdout.decode().strip() == str(tmp_path)
 
 
+@pytest.mark.parametrize("option", [["-x", "MSL_UNSET_VAR"], ["-envlist", "MSL_UNSET_VAR"],
+                                    ["-genvlist", "MSL_UNSET_VAR"]])
+def test_an_unset_variable_asked_for_is_one_warning_naming_it(option):
+    r = run(*option, "-n", "1", "true", env=clean_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().splitlines() == [
+        "mslaunch: warning: MSL_UNSET_VAR is not set in the environment: not exported"]
+
+
 def test_a_missing_wdir_is_one_error_line_naming_it(tmp_path):
     gone = str(tmp_path / "gone")
     r = run("-n", "2", "-wdir", gone, "true")
     assert r.returncode == 127, r.stderr
     assert f"working directory {gone!r} of rank 0 does not exist" in one_error_line(r.stderr)
+    (tmp_path / "file").write_text("")
+    r = run("-n", "2", "-wdir", str(tmp_path / "file"), "true")
+    assert r.returncode == 127, r.stderr
+    assert f"working directory {str(tmp_path / 'file')!r} of rank 0 is not a directory" in \
+        one_error_line(r.stderr)
 
 
 def _session_run(tmpdir):
@@ -853,6 +867,8 @@ def test_pbs_nodefile_sizes_the_job(tmp_path):
     (["-n", "99999999999", "--oversubscribe", "true"], "-n: at most"),
     (["-n", "2", "--stdin", "5", "true"], "--stdin 5"),
     (["-wdir", "", "true"], "empty directory"),
+    (["--preload-files", "/nonexistent/f", "true"], "--preload-files /nonexistent/f: no such file"),
+    (["--preload-files", "/", "true"], "--preload-files /: not a file"),
     (["-n", "1", "--"], "after '--'"),
 ])
 def test_bad_input_gives_one_error_line_and_status_2(args, words):
