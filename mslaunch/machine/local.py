@@ -159,20 +159,28 @@ class LocalRanks:
 
     def _session_dir(self, rank: int) -> str:
         """``--set-cwd-to-session-dir``: a fresh directory per rank, removed at the end,
-        in this user's ``mslaunch.<host>.<uid>`` -- unless another user made that
-        name first (it is no secret), when the job's own goes beside it."""
+        in this user's ``mslaunch.<host>.<uid>`` (removed too by the last job that
+        used it) -- unless another user made that name first (it is no secret),
+        when the job's own goes beside it."""
         import tempfile
 
         from .trees import private_dir
-        if self._session_root is None:
-            top = os.path.join(tempfile.gettempdir(),
-                               f"mslaunch.{os.uname().nodename}.{os.getuid()}")
-            prefix = f"{self.guard.marker}."
+        mine = os.path.join(tempfile.gettempdir(),
+                            f"mslaunch.{os.uname().nodename}.{os.getuid()}")
+        for _ in range(5):
+            if self._session_root is not None:
+                break
+            top, prefix = mine, f"{self.guard.marker}."
             try:
                 private_dir(top)
             except OSError:
                 top, prefix = os.path.dirname(top), f"{os.path.basename(top)}.{prefix}"
-            self._session_root = tempfile.mkdtemp(prefix=prefix, dir=top)
+            try:
+                self._session_root = tempfile.mkdtemp(prefix=prefix, dir=top)
+            except FileNotFoundError:
+                continue        # the last job that used it removed it meanwhile
+        if self._session_root is None:
+            raise FileNotFoundError(f"no session directory could be made in {mine}")
         path = os.path.join(self._session_root, str(rank))
         os.makedirs(path, exist_ok=True)
         return path
@@ -438,6 +446,12 @@ class LocalRanks:
         if self._session_root is not None:
             from .trees import remove_tree
             remove_tree(self._session_root)
+            top = os.path.dirname(self._session_root)
+            if os.path.basename(top) == f"mslaunch.{os.uname().nodename}.{os.getuid()}":
+                try:
+                    os.rmdir(top)       # (another job's directory in it keeps it)
+                except OSError:
+                    pass
 
 
 def open_pty() -> Tuple[int, int]:

@@ -120,11 +120,24 @@ def _session_run(tmpdir):
 
 def test_each_rank_runs_in_a_fresh_directory_of_its_own_removed_at_the_end(tmp_path):
     top = tmp_path / f"mslaunch.{os.uname().nodename}.{os.getuid()}"
-    cwds = _session_run(tmp_path)
+    r = run("--set-cwd-to-session-dir", "-n", "2", PY, "-c",
+            "import os; print(os.getcwd(), oct(os.stat('../..').st_mode & 0o777))",
+            env=clean_env(TMPDIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    cwds, modes = zip(*sorted(line.split() for line in r.stdout.decode().splitlines()))
     assert len(set(cwds)) == 2 and all(c.startswith(f"{top}/kvs_") for c in cwds), cwds
     assert [os.path.basename(c) for c in cwds] == ["0", "1"]
-    assert os.stat(top).st_mode & 0o777 == 0o700
-    assert os.listdir(top) == []              # the job's own went with it
+    assert modes == ("0o700", "0o700")
+    # the job's own went with it, and this user's folder of them with the last job
+    assert not top.exists(), os.listdir(top)
+
+
+def test_the_folder_of_session_directories_stays_for_a_job_still_in_it(tmp_path):
+    top = tmp_path / f"mslaunch.{os.uname().nodename}.{os.getuid()}"
+    top.mkdir(mode=0o700)
+    (top / "kvs_another_job").mkdir()
+    _session_run(tmp_path)
+    assert os.listdir(top) == ["kvs_another_job"]
 
 
 def test_a_session_directory_made_first_by_another_user_is_not_used(tmp_path):
