@@ -136,6 +136,10 @@ def _name_problem(name: str, bracketed: bool = False) -> Optional[str]:
             return f"invalid IPv6 address {_x('[' + name + ']')}"
         return None
     if not _is_hostname(name):
+        user, at, host = name.rpartition("@")
+        if at and user and _is_hostname(host):
+            return (f"{_x(name)}: a user in a host's name is not served; "
+                    f"{_HYDRA_HINTS['user']} (Host {_x(host)[1:-1]} / User ...)")
         return (
             f"invalid host name {_x(name)} "
             "(use letters, digits, '-', '_', '.', or [IPv6] in brackets)"

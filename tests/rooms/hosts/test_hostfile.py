@@ -166,8 +166,10 @@ ERRORS = [
     ("-oProxyCommand=x\n", "hosts.txt:1: expected a host name before '-oProxyCommand=x'"),
     ("-a\n", "hosts.txt:1: invalid host name '-a' "
              "(use letters, digits, '-', '_', '.', or [IPv6] in brackets)"),
-    ("user@a\n", "hosts.txt:1: invalid host name 'user@a' "
-                 "(use letters, digits, '-', '_', '.', or [IPv6] in brackets)"),
+    ("user@a\n", "hosts.txt:1: 'user@a': a user in a host's name is not served; set a "
+                 "per-host user in ~/.ssh/config (Host a / User ...)"),
+    ("@a\n", "hosts.txt:1: invalid host name '@a' "
+              "(use letters, digits, '-', '_', '.', or [IPv6] in brackets)"),
     ("h\u00e9\n", "hosts.txt:1: invalid host name 'h\u00e9' "
                   "(use letters, digits, '-', '_', '.', or [IPv6] in brackets)"),
     ("a\x00b\n", "hosts.txt:1: invalid host name 'a\\x00b' "
