@@ -126,6 +126,7 @@ class Draft:
         self.output_filename: Optional[str] = None
         self.stdin = "0"
         self.timeout: Optional[float] = None
+        self.prefix_pattern = self.stdout_pattern = self.stderr_pattern = ""
         self.timeout_said = False                  # --timeout given (0: none)
         self.stall_report: Optional[float] = None   # --stall-report (None: the default)
         self.grace = 5.0
@@ -191,6 +192,14 @@ def place(name: str) -> Apply:
     """A placement option: kept in order for :func:`.mapping.mapping_fields`."""
     def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
         d.mapping.append((name, values[0] if values else ""))
+    return apply
+
+
+def pattern(attr: str) -> Apply:
+    """A Hydra pattern (``-prepend-pattern``, ``-outfile-pattern``), checked."""
+    def apply(d: Draft, flag: str, values: Sequence[str]) -> None:
+        from ..plan.patterns import check_pattern
+        setattr(d, attr, check_pattern(flag, values[0]))
     return apply
 
 

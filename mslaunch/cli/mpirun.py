@@ -391,7 +391,15 @@ def _output(d: Draft) -> OutputSpec:
     pty = pty_wanted(d.environ, no_pty=d.no_pty, default=True)
     return replace(output, merge_stderr=d.merge_stderr, pty=pty, tag=d.tag_output,
                    timestamp=d.timestamp_output, rank_prefix=d.prepend_rank,
-                   xml=bool(d.xml or d.xml_file), xml_file=d.xml_file)
+                   xml=bool(d.xml or d.xml_file), xml_file=d.xml_file,
+                   prefix_pattern=d.prefix_pattern,
+                   stdout_pattern=_in(d.cwd, d.stdout_pattern),
+                   stderr_pattern=_in(d.cwd, d.stderr_pattern))
+
+
+def _in(cwd: str, pattern: str) -> str:
+    """A file pattern relative to the launch directory, made absolute (as Hydra's)."""
+    return os.path.join(cwd, pattern) if pattern else ""
 
 
 def _stdin(d: Draft) -> str:

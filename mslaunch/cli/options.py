@@ -197,6 +197,14 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         Option(("xml-file",), 1, D.file_name("xml_file")),
         Option(("prepend-rank", "l"), 0, D.turn_on("prepend_rank"),
                "-l, -prepend-rank\tprefix lines with [RANK] (Hydra)"),
+        Option(("prepend-pattern",), 1, D.pattern("prefix_pattern"),
+               "-prepend-pattern PAT\tprefix lines with PAT: %r rank, %h host,\n"
+               "%p host index, %g job (0) (Hydra)",
+               note="as Hydra's: the prefix goes into the files too"),
+        Option(("outfile-pattern",), 1, D.pattern("stdout_pattern"),
+               "-outfile-pattern PAT, -errfile-pattern PAT\tstdout, stderr to the files "
+               "PAT names,\nnot the terminal (Hydra)"),
+        Option(("errfile-pattern",), 1, D.pattern("stderr_pattern")),
         Option(("no-pty",), 0, D.turn_on("no_pty"),
                "--no-pty\trank stdout on a pipe, not a pseudo-terminal (as Hydra)"),
         Option(("stdin",), 1, D.keep("stdin"), "--stdin all|none|RANK\twho reads mslaunch's "

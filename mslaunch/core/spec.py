@@ -132,6 +132,9 @@ class OutputSpec:
     tag: bool = False                    # --tag-output
     timestamp: bool = False              # --timestamp-output
     rank_prefix: bool = False            # Hydra -l / -prepend-rank
+    prefix_pattern: str = ""             # Hydra -prepend-pattern (see plan.patterns)
+    stdout_pattern: str = ""             # Hydra -outfile-pattern: stdout to that file alone
+    stderr_pattern: str = ""             # Hydra -errfile-pattern
     xml: bool = False                    # --xml: Open MPI's XML on the terminal
     xml_file: Optional[str] = None       # --xml-file FILE: ... into FILE
     label_prefix: bool = False           # lines on the terminal start "[label] " (msrun)

@@ -22,7 +22,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional
+    from typing import Callable, Dict, List, Optional
 
     from ..core.spec import OutputSpec, RankSpec
     from typing import Protocol
@@ -401,13 +401,16 @@ class RankPipe:
 
 def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
                limit: int, last_end: str, on_error: Callable[[str], None],
-               marker: str = "") -> List[RankOutput]:
+               marker: str = "", shared: Optional[Dict[str, int]] = None) -> List[RankOutput]:
     """The sinks of one rank: stdout (with stderr when merged), then stderr.
 
     ``restarts`` is how often the process was started again (msrun's recovery,
     at most ``limit``); its files are then appended to, after a marker line
     saying how the last run ended (``last_end``).  A ``marker`` given (a later
-    attempt of the whole job) is that line."""
+    attempt of the whole job) is that line.  A stream that Hydra's
+    ``-outfile-pattern`` or ``-errfile-pattern`` sends to a file goes there
+    alone, with the line prefix, through one description of the file per path
+    for the whole job (``shared``, by path; the caller closes them)."""
     shown = out.copy_to_terminal if spec.console is None else spec.console
     terminal = console if shown else None
     opts = dict(tag=out.tag, timestamp=out.timestamp, rank_prefix=out.rank_prefix)
@@ -419,27 +422,51 @@ def rank_sinks(out: OutputSpec, spec: RankSpec, console: Console, restarts: int,
     sinks = []
     if spec.error_file is not None:
         _make_dir_of(spec.error_file)
+    pattern = _pattern_prefix(out, spec)
     for stream, name, path in ((1, "stdout", spec.stdout_path), (2, "stderr", spec.stderr_path)):
         if stream == 2 and out.merge_stderr:
             break
-        prefix = fixed_prefix(label) if label else line_prefix(
-            spec.rank, name, jobid=spec.job, **opts)
+        prefix = fixed_prefix(label) if label else fixed_prefix(pattern) if pattern else \
+            line_prefix(spec.rank, name, jobid=spec.job, **opts)
+        file_prefix = line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
+                                  rank_prefix=False, jobid=spec.job)
         shown_here = terminal
         if spec.streams is not None:        # (torchrun's -r, -t, --local-ranks-filter)
             given = spec.streams[stream - 1]
             shown_here = console if given is not None else None
             prefix = fixed_prefix(given) if given else None
+        hydra_file = path is not None and (out.stdout_pattern, out.stderr_pattern)[stream - 1]
+        if hydra_file:
+            shown_here, file_prefix = None, prefix
         sinks.append(RankOutput(
             # --xml: one document, on stdout
             terminal=shown_here.terminal(1 if out.xml else stream) if shown_here else None,
             # (torchrun's files are the attempt's own: no marker line)
-            file_fd=open_log(path, marker if spec.streams is None else ""),
-            file_name=path or "", prefix=prefix,
-            file_prefix=line_prefix(spec.rank, name, tag=out.tag, timestamp=out.timestamp,
-                                    rank_prefix=False, jobid=spec.job),
+            file_fd=_open_shared(path, shared) if hydra_file else  # type: ignore[arg-type]
+            open_log(path, marker if spec.streams is None else ""),
+            file_name=path or "", prefix=prefix, file_prefix=file_prefix,
             formatter=xml_element(name, spec.rank) if out.xml else None,
             keep_tail=(stream == 2 or out.merge_stderr), on_error=on_error))
     return sinks
+
+
+def _pattern_prefix(out: OutputSpec, spec: RankSpec) -> bytes:
+    """A rank's line prefix by Hydra's ``-prepend-pattern`` (empty without one)."""
+    if not out.prefix_pattern:
+        return b""
+    from ..plan.patterns import expand
+    return expand(out.prefix_pattern, rank=spec.rank, host=spec.host.name,
+                  node=spec.host.node_id, job=spec.job).encode("utf-8", "surrogateescape")
+
+
+def _open_shared(path: str, shared: Optional[Dict[str, int]]) -> int:
+    """A descriptor of the file at ``path``, made new the first time the job names
+    it and shared after that (Hydra sends every stream that names one file there)."""
+    if shared is None:
+        return open_log(path)  # type: ignore[return-value]
+    if path not in shared:
+        shared[path] = open_log(path)  # type: ignore[assignment]
+    return os.dup(shared[path])
 
 
 def _make_dir_of(path: str) -> None:

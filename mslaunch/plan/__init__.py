@@ -15,6 +15,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+    from ..core.spec import OutputSpec
+
 from ..core.errors import PlanError, UsageError
 from ..hosts import IMPLICIT_HOST
 from ..core.spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
@@ -182,6 +184,9 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
             env.update(restart_variables(job.attempt, job.max_job_restarts))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
+        if job.output.stdout_pattern or job.output.stderr_pattern:
+            stdout_path, stderr_path = _pattern_paths(job.output, stdout_path, stderr_path,
+                                                      rank, host)
         torch = _torch_worker(job, env, rank, size, local_rank, len(local_size)) \
             if job.torch is not None else None
         if torch is not None:
@@ -358,6 +363,17 @@ def _restricted(topology: Topology, cpu_set: Optional[Sequence[int]]) -> Topolog
         raise PlanError(f"--cpu-set {','.join(map(str, cpu_set))}: none of these cpus is "
                         f"usable here (usable: {','.join(map(str, topology.cpu_ids()))})")
     return make_topology(rows)
+
+
+def _pattern_paths(out: OutputSpec, stdout: Optional[str], stderr: Optional[str], rank: int,
+                   host: Host) -> Tuple[Optional[str], Optional[str]]:
+    """A rank's files where Hydra's ``-outfile-pattern``/``-errfile-pattern`` name them."""
+    from .patterns import expand
+
+    def path(pattern: str, otherwise: Optional[str]) -> Optional[str]:
+        return expand(pattern, rank=rank, host=host.name, node=host.node_id, job=1) \
+            if pattern else otherwise
+    return path(out.stdout_pattern, stdout), path(out.stderr_pattern, stderr)
 
 
 def _check_cpu_list(topology: Topology, cpu_list: Optional[Sequence[int]]) -> None:
