@@ -245,6 +245,11 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "it fails are left out"),
         Option(("report-pid",), 1, D.keep("report_pid"),
                "--report-pid -|+|FILE\tprint mslaunch's pid to stdout, stderr or FILE"),
+        Option(("print-all-exitcodes",), 0, D.turn_on("print_exit_codes"),
+               "-print-all-exitcodes\tat the end, every rank's wait status by host (Hydra)",
+               note="Hydra's line, after `mslaunch: `: `Exit codes: [h1] 0,256` (each a wait "
+               "status: the exit code times 256, or the signal), one line per host, on stderr "
+               "with mslaunch's other lines (Hydra writes it to stdout)"),
         Option(("report-json",), 1, D.file_name("report_json"), "--report-json FILE\twrite the "
                "job's report to FILE at its end: every\nrank's host, pid, start, end, exit "
                "code or signal\n(JSON; docs/reference/job-report.md)"),

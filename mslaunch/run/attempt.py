@@ -13,9 +13,9 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+    from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-    from ..core.spec import HostEntry
+    from ..core.spec import HostEntry, JobResult
     from ..backends.backend import Backend, Planning
     from ..backends.session import Session
 
@@ -139,6 +139,17 @@ def as_supervised(job: JobSpec, backend: Backend) -> Tuple[JobSpec, Plan]:
     return job, backend.planning.plan()
 
 
+def exit_codes(result: JobResult) -> List[str]:
+    """Hydra's ``-print-all-exitcodes`` lines: each host's ranks' wait statuses, in
+    rank order (the exit code times 256, or the signal; -1: never started)."""
+    hosts: Dict[str, List[str]] = {}
+    for r in sorted(result.ranks, key=lambda r: r.rank):
+        status = r.signal if r.signal is not None else \
+            -1 if r.returncode is None else r.returncode << 8
+        hosts.setdefault(r.host, []).append(str(status))
+    return [f"mslaunch: Exit codes: [{host}] {','.join(codes)}" for host, codes in hosts.items()]
+
+
 def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
                 planning: Planning, note: str = "",
                 launched: Optional[Callable[[], None]] = None,
@@ -160,6 +171,9 @@ def run_attempt(job: JobSpec, environ: Mapping[str, str], session: Session,
     result = supervisor.run()
     if result.message and tell and not job.quiet:     # (-q: none, as Open MPI's)
         session.console.message(result.message)
+    if job.print_exit_codes and tell:
+        for line in exit_codes(result):
+            session.console.message(line)
     return AttemptOutcome(
         result, tuple(dict.fromkeys(r.spec.host.name for r in supervisor.ranks)),
         tuple(name for name, host in supervisor.hosts.items()

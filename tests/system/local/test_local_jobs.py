@@ -386,6 +386,20 @@ def test_hydras_output_file_patterns(tmp_path, files):
         assert sorted(ours[2][name].splitlines()) == sorted(theirs[2][name].splitlines())
 
 
+def test_hydras_print_all_exitcodes():
+    # (keep going: every rank ends by itself, whichever ends first)
+    line = ["-disable-auto-cleanup", "-print-all-exitcodes", "-n", "3", "sh", "-c",
+            "[ $PMI_RANK = 2 ] && kill -USR1 $$; exit $PMI_RANK"]
+    require(os.access(HYDRA, os.X_OK), "MPICH's Hydra (pip install mpich)")
+    theirs = subprocess.run([HYDRA, *line], capture_output=True, timeout=60, env=clean_env())
+    ours = run(*line)
+    said = [x.split("Exit codes: ", 1)[1] for r in (theirs, ours)
+            for x in (r.stdout + r.stderr).decode().splitlines() if "Exit codes: " in x]
+    host = os.uname().nodename
+    assert said == [f"[{host}] 0,256,10"] * 2, (theirs.stderr, ours.stderr)
+    assert ours.stderr.decode().splitlines()[-1] == f"mslaunch: Exit codes: [{host}] 0,256,10"
+
+
 def test_an_unknown_pattern_is_one_error_line():
     r = run("-n", "1", "-outfile-pattern", "out.%x", "true")
     assert r.returncode == 2 and one_error_line(r.stderr).startswith(
