@@ -127,7 +127,7 @@ class Draft:
         self.stdin = "0"
         self.timeout: Optional[float] = None
         self.prefix_pattern = self.stdout_pattern = self.stderr_pattern = ""
-        self.print_exit_codes = False
+        self.print_exit_codes = self.no_hostname = False
         self.timeout_said = False                  # --timeout given (0: none)
         self.stall_report: Optional[float] = None   # --stall-report (None: the default)
         self.grace = 5.0

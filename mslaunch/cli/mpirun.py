@@ -305,7 +305,7 @@ def _build(d: Draft) -> JobSpec:
         display_allocation=display_allocation, display_diffable=d.display_diffable_map,
         display_topo=d.display_topo, index_argv=d.index_argv, report_state=d.report_state,
         stack_traces=d.stack_traces, report_pid=d.report_pid, exec_path=d.path,
-        print_exit_codes=d.print_exit_codes,
+        print_exit_codes=d.print_exit_codes, propagate_hostname=not d.no_hostname,
         report_json=d.report_json,
         stall_report=stall or None, stall_exit=d.stall_exit,
         max_job_restarts=d.max_job_restarts, health_check=d.health_check,

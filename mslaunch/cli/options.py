@@ -245,6 +245,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
                "it fails are left out"),
         Option(("report-pid",), 1, D.keep("report_pid"),
                "--report-pid -|+|FILE\tprint mslaunch's pid to stdout, stderr or FILE"),
+        Option(("disable-hostname-propagation",), 0, D.turn_on("no_hostname"),
+               note="no `PMI_HOSTNAME` in the ranks' environment: MPICH finds its host's name "
+               "itself, as under Hydra"),
         Option(("print-all-exitcodes",), 0, D.turn_on("print_exit_codes"),
                "-print-all-exitcodes\tat the end, every rank's wait status by host (Hydra)",
                note="Hydra's line, after `mslaunch: `: `Exit codes: [h1] 0,256` (each a wait "
@@ -335,10 +338,17 @@ SECTIONS: Tuple[Tuple[str, Tuple[Option, ...]], ...] = (
         _accepted(("disable-recovery",), 0, "failed ranks are never restarted in this mode"),
         _accepted(("dvm",), 0, "there is no persistent virtual machine: the job runs as usual"),
         _accepted(("allow-run-as-root-confirm",), 0, "mslaunch does not refuse root"),
+        _accepted(("nameserver",), 1, "published names are kept by mslaunch's own PMI "
+                  "service, for the job and those it spawns"),
         _accepted(("rmk",), 1,
                   "mslaunch finds Slurm, PBS, Grid Engine and LSF allocations by itself"),
     )),
     ("", (  # refused, with what to use instead
+        _refused(("iface",), 1, "set the MPI library's own interface setting instead "
+                 "(MPICH over UCX: -x UCX_NET_DEVICES=IFACE, over libfabric: -x "
+                 "FI_TCP_IFACE=IFACE; Open MPI: --mca btl_tcp_if_include IFACE)"),
+        _refused(("info",), 0, "mslaunch --version says mslaunch's; the MPI library's "
+                 "own tool says its build (mpichversion, ompi_info)"),
         _refused(("debug", "tv"), 0, "there is no parallel debugger interface; "
                  "`mslaunch-stacks` shows every rank's stacks of a running job, or attach "
                  "gdb -p to a rank (-v shows pids)"),

@@ -217,6 +217,7 @@ class JobSpec:
     stall_exit: bool = False              # --stall-exit: and end the job there
     report_pid: Optional[str] = None      # --report-pid -|+|FILE
     print_exit_codes: bool = False        # Hydra's -print-all-exitcodes
+    propagate_hostname: bool = True       # PMI_HOSTNAME (Hydra's -disable-hostname-propagation)
     report_json: Optional[str] = None     # --report-json FILE (see job.jobreport)
     exec_path: Tuple[str, ...] = ()       # -path DIR[:DIR]
     preload_binary: bool = False          # -s, --preload-binary

@@ -179,7 +179,8 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
             env.update(rank_variables(rank=rank, size=size, local_rank=local_rank,
                                       local_size=local_size[h], group=host.node_id,
                                       host=host.name, universe=universe, sizes=sizes,
-                                      kvsname=kvsname, pmi=job.mpi == PMI))
+                                      kvsname=kvsname, pmi=job.mpi == PMI,
+                                      hostname=job.propagate_hostname))
         if job.max_job_restarts:
             env.update(restart_variables(job.attempt, job.max_job_restarts))
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
@@ -313,7 +314,7 @@ def restart_variables(attempt: int, limit: int) -> Dict[str, str]:
 
 def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, group: int,
                    host: str, universe: int, sizes: Sequence[Optional[int]], kvsname: str,
-                   pmi: bool) -> Dict[str, str]:
+                   pmi: bool, hostname: bool = True) -> Dict[str, str]:
     """Every ecosystem's identity variables of one rank (Open MPI, PMI, MindSpore,
     PyTorch); ``sizes`` are the MPMD contexts' sizes (None: the whole job)."""
     first_rank = [0]
@@ -337,7 +338,9 @@ def rank_variables(*, rank: int, size: int, local_rank: int, local_size: int, gr
         "MSLAUNCH_JOB": kvsname,
     }
     if pmi:
-        env.update({"PMI_RANK": str(rank), "PMI_SIZE": str(size), "PMI_HOSTNAME": host})
+        env.update({"PMI_RANK": str(rank), "PMI_SIZE": str(size)})
+        if hostname:
+            env["PMI_HOSTNAME"] = host
     return env
 
 

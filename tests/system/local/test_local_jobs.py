@@ -400,6 +400,13 @@ def test_hydras_print_all_exitcodes():
     assert ours.stderr.decode().splitlines()[-1] == f"mslaunch: Exit codes: [{host}] 0,256,10"
 
 
+def test_hydras_disable_hostname_propagation():
+    line = ["-n", "1", "sh", "-c", "echo ${PMI_HOSTNAME-unset}"]
+    assert run(*line).stdout.decode().split() == [os.uname().nodename]
+    assert run("-disable-hostname-propagation", *line).stdout.decode().split() == ["unset"]
+    assert run("-nameserver", "localhost:1", *line).returncode == 0
+
+
 def test_an_unknown_pattern_is_one_error_line():
     r = run("-n", "1", "-outfile-pattern", "out.%x", "true")
     assert r.returncode == 2 and one_error_line(r.stderr).startswith(
@@ -946,6 +953,8 @@ def test_pbs_nodefile_sizes_the_job(tmp_path):
     (["-wdir", "", "true"], "empty directory"),
     (["--preload-files", "/nonexistent/f", "true"], "--preload-files /nonexistent/f: no such file"),
     (["--preload-files", "/", "true"], "--preload-files /: not a file"),
+    (["-iface", "eth0", "true"], "-iface: not supported by mslaunch: set the MPI library's"),
+    (["-info"], "-info: not supported by mslaunch"),
     (["-n", "1", "--"], "after '--'"),
 ])
 def test_bad_input_gives_one_error_line_and_status_2(args, words):
