@@ -22,7 +22,8 @@ from ..hosts import IMPLICIT_HOST
 from ..core.spec import AppContext, Host, HostEntry, JobSpec, Plan, RankSpec
 from ..core.spec import scrub_env  # the plan's rule; the agent's too
 from ..core.states import PMI
-from .place import binding, check_overload, locations, place, rank_order, resolve_hosts
+from .place import (binding, check_overload, check_pe, locations, place, rank_order,
+                    resolve_hosts)
 from ..core.cputopo import Topology, count, make_topology
 
 def _oversubscribe(job: JobSpec, entries: Sequence[HostEntry]) -> bool:
@@ -408,6 +409,10 @@ def _mapped(hosts: Sequence[Host], topos: Sequence[Topology], np: Optional[int],
     counts: Dict[int, int] = {}
     for h in where:
         counts[h] = counts.get(h, 0) + 1
+    if job.pe:
+        for h, n in counts.items():
+            if hosts[h].local:      # (another host's topology may be a guess yet)
+                check_pe(hosts[h].name, topos[h], n, job)
     at = {h: iter(locations(topos[h], n, job)) for h, n in counts.items()}
     locs = [next(at[h]) for h in where]
     order = rank_order(where, locs, topos, job)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -355,3 +357,24 @@ def test_a_cpu_list_is_not_checked_against_this_machine_for_remote_ranks():
     plan = plan_for(["-n", "1", "--cpu-list", "7", "--bind-to", "cpu-list", "p"],
                     entries=[HostEntry("h1", slots=1)], remote={"h1": machine(8)})
     assert plan.ranks[0].cpus == (7,)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["-n", "1", "--map-by", "slot:PE=3", "p"], "PE=3: a rank would need 3 cores, and vm has 2"),
+    (["-n", "1", "--cpus-per-proc", "3", "p"], "PE=3: a rank would need 3 cores"),
+    (["-n", "2", "--map-by", "slot:PE=2", "p"], "PE=2: 2 ranks on vm would need 4 cores, and "
+                                                "it has 2; give fewer ranks"),
+])
+def test_more_cpus_per_rank_than_this_machine_has_is_refused_as_by_open_mpi(argv, said):
+    with pytest.raises(PlanError, match=re.escape(said)):
+        plan_for(argv)
+
+
+def test_cpus_per_rank_shared_when_overload_is_allowed_or_on_another_host():
+    plan = plan_for(["-n", "2", "--map-by", "slot:PE=2", "--bind-to", "core:overload-allowed",
+                     "p"])
+    assert [r.cpus for r in plan.ranks] == [(0, 1), (0, 1)]
+    assert plan_for(["-n", "1", "--map-by", "slot:PE=1", "p"]).ranks[0].cpus == (0,)
+    plan = plan_for(["-n", "2", "--map-by", "slot:PE=4", "p"],
+                    entries=[HostEntry("h1", slots=2)], remote={"h1": machine(8)})
+    assert [r.cpus for r in plan.ranks] == [(0, 1, 2, 3), (4, 5, 6, 7)]
