@@ -469,9 +469,9 @@ def output(d: Draft, flag: str, values: Sequence[str]) -> None:
             d.tag_output = True
         elif word == "timestamp":
             d.timestamp_output = True
-        elif word in ("merge-stderr-to-stdout", "merge"):
-            d.merge_stderr = True
-        elif word in ("dir", "file") and arg:
+        elif len(word) >= 5 and "merge-stderr-to-stdout".startswith(word):
+            d.merge_stderr = True       # (Open MPI 5 takes any start of it, "merge" on)
+        elif word in ("dir", "directory", "file", "filename") and arg:
             d.output_filename = arg
         elif word == "xml":
             d.xml = True

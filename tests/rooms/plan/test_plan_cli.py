@@ -99,6 +99,20 @@ def test_output_filename_suffixes_and_relative_directory():
     assert (out.directory, out.copy_to_terminal, out.jobid_dir) == ("/w/d", False, False)
 
 
+@pytest.mark.parametrize("words, merged, directory", [
+    ("merge-stderr-to-stdout", True, None), ("merge", True, None), ("merge-stderr", True, None),
+    ("tag,directory=d", False, "/w/d"), ("dir=d,merge-std", True, "/w/d"),
+])
+def test_open_mpi_5s_output_words_and_their_starts(words, merged, directory):
+    out = parse_args(["--output", words, "p"], environ={}, cwd="/w").output
+    assert (out.merge_stderr, out.directory) == (merged, directory)
+
+
+def test_an_unknown_output_word_is_refused():
+    with pytest.raises(UsageError, match="unknown item 'mer'"):
+        parse_args(["--output", "mer", "p"], environ={}, cwd="/w")
+
+
 def test_timeout_from_flag_or_environment():
     assert parse_args(["--timeout", "2.5", "p"], environ={}, cwd="/").timeout == 2.5
     assert parse_args(["p"], environ={"MPIEXEC_TIMEOUT": "7"}, cwd="/").timeout == 7
