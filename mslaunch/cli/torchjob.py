@@ -248,8 +248,11 @@ def _module_file(name: str) -> Optional[str]:
 
 
 def nodes_of(values: Mapping[str, Optional[str]], script: Sequence[str]) -> int:
-    """How many nodes the job has at most (``--nnodes N`` or ``MIN:MAX``)."""
-    return nnodes(values["nnodes"])[1]
+    """How many nodes the job has at most (``--nnodes N`` or ``MIN:MAX``); one for
+    ``--standalone`` where MIN is 1, as torchrun runs it (its rendezvous is on
+    this host alone, and one node is enough)."""
+    low, high = nnodes(values["nnodes"])
+    return 1 if values["standalone"] == "1" and low <= 1 else high
 
 
 def run_torchrun(values: Mapping[str, Optional[str]], script: List[str],

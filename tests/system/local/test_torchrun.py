@@ -334,6 +334,15 @@ def test_a_node_of_another_rdzv_id_on_the_same_endpoint_is_refused_in_one_line(t
         kill_tagged(tag)
 
 
+def test_standalone_with_a_range_of_nodes_is_this_node_alone(tmp_path):
+    # (torchrun runs the same, after its last_call_timeout of 30 s)
+    (tmp_path / "who.py").write_text(IDENTITY)
+    r = run("--standalone", "--nnodes=1:2", "--nproc-per-node=2", "who.py", env=_env(),
+            cwd=str(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.decode().splitlines()) == ["0 2 0", "1 2 0"], r.stdout
+
+
 def test_a_failure_s_traceback_from_its_error_file(tmp_path):
     report = tmp_path / "report.json"
     env = _env()
