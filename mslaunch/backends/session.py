@@ -8,9 +8,11 @@ nodes of an msrun job, whose link to the other nodes is the session's.
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Literal, Optional
+    from typing import Any, Dict, Literal, Optional
 
     from ..machine.guard import Watchdog
     from ..machine.loop import Loop
@@ -50,6 +52,9 @@ class Session:
         #: Asks whether the job's allocation was ended by its workload manager
         #: (see .allocationend), at a lost host and at a stop signal.
         self.allocation_end = allocation_end
+        #: Hydra's -outfile-pattern/-errfile-pattern files by path, made new once for
+        #: the run and written by every attempt (see mslaunch.machine.output).
+        self.shared_files: Dict[str, int] = {}
 
     def keeps_agents(self, ending: Optional[Ending], stop_signal: Optional[int]) -> bool:
         """Whether an attempt that ended so is followed by another (the job after its
@@ -66,3 +71,6 @@ class Session:
         if self.pmix is not None:
             self.pmix.close()
             self.pmix = None
+        for fd in self.shared_files.values():
+            os.close(fd)
+        self.shared_files.clear()

@@ -70,8 +70,9 @@ def job_timeout(flag: str, text: str) -> Optional[float]:
 
 
 def set_timeout(d: Draft, flag: str, values: Sequence[str]) -> None:
+    # 0 or below: as if not given, as Open MPI has it (MPIEXEC_TIMEOUT may then set one)
     d.timeout = job_timeout(flag, values[0])
-    d.timeout_said = True
+    d.timeout_said = d.timeout is not None
 
 
 def _env_name(flag: str, name: str) -> str:
@@ -128,7 +129,7 @@ class Draft:
         self.timeout: Optional[float] = None
         self.prefix_pattern = self.stdout_pattern = self.stderr_pattern = ""
         self.print_exit_codes = self.no_hostname = False
-        self.timeout_said = False                  # --timeout given (0: none)
+        self.timeout_said = False                  # --timeout given, above 0
         self.stall_report: Optional[float] = None   # --stall-report (None: the default)
         self.grace = 5.0
         self.mpi: Optional[str] = None
@@ -340,7 +341,7 @@ def set_prefix(d: Draft, flag: str, values: Sequence[str]) -> None:
 def preload_files(d: Draft, flag: str, values: Sequence[str]) -> None:
     d.preload_files = tuple(os.path.join(d.cwd, f) for f in values[0].split(",") if f)
     for path in d.preload_files:       # (Open MPI refuses a file it cannot read, too)
-        why = ("no such file" if not os.path.lexists(path) else "not a file"
+        why = ("no such file" if not os.path.exists(path) else "not a file"
                if not os.path.isfile(path) else "" if os.access(path, os.R_OK) else
                "not readable")
         if why:

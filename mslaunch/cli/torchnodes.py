@@ -196,9 +196,7 @@ def _run(job: JobSpec, environ: Mapping[str, str], loop, link, node_service,
     try:
         result = run_attempt(job, environ, session, part.planning(plan)).result
         code = result.exit_code
-        if result.root_cause is not None:
-            from ..run.errorfiles import copy_for_launcher
-            copy_for_launcher(result, environ)
+        _error_file(result, environ)
         if node_service is not None and code == 0:
             code = wait_for_the_others(node_service, loop, service, session.console.message)
     finally:
@@ -206,6 +204,12 @@ def _run(job: JobSpec, environ: Mapping[str, str], loop, link, node_service,
         session.console.close()
     return code, result
 
+
+def _error_file(result: JobResult, environ: Mapping[str, str]) -> None:
+    """The launcher's ``TORCHELASTIC_ERROR_FILE``, where this node's worker failed first."""
+    if result.root_cause is not None:
+        from ..run.errorfiles import copy_for_launcher
+        copy_for_launcher(result, environ)
 
 
 def _rounds(job: JobSpec, environ: Mapping[str, str], loop, link, count: int,
@@ -243,6 +247,7 @@ def _rounds(job: JobSpec, environ: Mapping[str, str], loop, link, count: int,
                 return 0
             if link.ended_by is not None and result.ending != REMOTE:
                 _error(link.ended_by[1])
+            _error_file(result, environ)        # (the last round's, as torchrun's agent)
             return result.exit_code or (link.ended_by or (1, ""))[0]
     finally:
         guard.close()

@@ -217,6 +217,9 @@ class JobSpec:
     stall_exit: bool = False              # --stall-exit: and end the job there
     report_pid: Optional[str] = None      # --report-pid -|+|FILE
     print_exit_codes: bool = False        # Hydra's -print-all-exitcodes
+    # the line's own -q, where the job a supervisor sees is quiet whatever it said
+    # (Open MPI's mpirun reports the ranks: run.attempt.as_supervised)
+    line_quiet: Optional[bool] = None
     propagate_hostname: bool = True       # PMI_HOSTNAME (Hydra's -disable-hostname-propagation)
     report_json: Optional[str] = None     # --report-json FILE (see job.jobreport)
     exec_path: Tuple[str, ...] = ()       # -path DIR[:DIR]

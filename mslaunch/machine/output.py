@@ -463,10 +463,25 @@ def _open_shared(path: str, shared: Optional[Dict[str, int]]) -> int:
     """A descriptor of the file at ``path``, made new the first time the job names
     it and shared after that (Hydra sends every stream that names one file there)."""
     if shared is None:
-        return open_log(path)  # type: ignore[return-value]
+        return _open_pattern_file(path)
     if path not in shared:
-        shared[path] = open_log(path)  # type: ignore[assignment]
+        shared[path] = _open_pattern_file(path)
     return os.dup(shared[path])
+
+
+def _open_pattern_file(path: str) -> int:
+    """A file Hydra's patterns name: a device or FIFO that is there (``/dev/null``)
+    written as it is, else the rank file :func:`open_log` makes."""
+    import stat
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+            # (not blocking to open: a FIFO nobody reads fails, not hangs, the launch)
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            os.set_blocking(fd, True)
+            return fd
+    except OSError:
+        pass
+    return open_log(path)  # type: ignore[return-value]
 
 
 def _make_dir_of(path: str) -> None:

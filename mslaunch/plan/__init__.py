@@ -187,8 +187,8 @@ def _ranks(job: JobSpec, where: Sequence[int], host_of: Sequence[Host], locs, to
         stdout_path, stderr_path = log_paths(job.output.directory, job.output.jobid_dir,
                                              job.output.merge_stderr, rank, size)
         if job.output.stdout_pattern or job.output.stderr_pattern:
-            stdout_path, stderr_path = _pattern_paths(job.output, stdout_path, stderr_path,
-                                                      rank, host)
+            stdout_path, stderr_path = pattern_paths(job.output, stdout_path, stderr_path,
+                                                     rank, host)
         torch = _torch_worker(job, env, rank, size, local_rank, len(local_size)) \
             if job.torch is not None else None
         if torch is not None:
@@ -369,13 +369,14 @@ def _restricted(topology: Topology, cpu_set: Optional[Sequence[int]]) -> Topolog
     return make_topology(rows)
 
 
-def _pattern_paths(out: OutputSpec, stdout: Optional[str], stderr: Optional[str], rank: int,
-                   host: Host) -> Tuple[Optional[str], Optional[str]]:
-    """A rank's files where Hydra's ``-outfile-pattern``/``-errfile-pattern`` name them."""
+def pattern_paths(out: OutputSpec, stdout: Optional[str], stderr: Optional[str], rank: int,
+                  host: Host, job: int = 1) -> Tuple[Optional[str], Optional[str]]:
+    """A rank's files where Hydra's ``-outfile-pattern``/``-errfile-pattern`` name them
+    (``job``: its job's number, 1 for the first)."""
     from .patterns import expand
 
     def path(pattern: str, otherwise: Optional[str]) -> Optional[str]:
-        return expand(pattern, rank=rank, host=host.name, node=host.node_id, job=1) \
+        return expand(pattern, rank=rank, host=host.name, node=host.node_id, job=job) \
             if pattern else otherwise
     return path(out.stdout_pattern, stdout), path(out.stderr_pattern, stderr)
 
@@ -412,7 +413,7 @@ def _mapped(hosts: Sequence[Host], topos: Sequence[Topology], np: Optional[int],
     if job.pe:
         for h, n in counts.items():
             if hosts[h].local:      # (another host's topology may be a guess yet)
-                check_pe(hosts[h].name, topos[h], n, job)
+                check_pe(hosts[h].name, topos[h], n, job, oversubscribe)
     at = {h: iter(locations(topos[h], n, job)) for h, n in counts.items()}
     locs = [next(at[h]) for h in where]
     order = rank_order(where, locs, topos, job)

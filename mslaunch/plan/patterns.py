@@ -21,7 +21,10 @@ def check_pattern(flag: str, text: str) -> str:
         if at < 0:
             return text
         key = text[at + 1:at + 2]
-        if not key or key not in _KEYS:
+        if not key:
+            raise UsageError(f"{flag} {one_line(text, 80)!r}: a '%' ends it (a '%' of its "
+                             f"own is '%%')")
+        if key not in _KEYS:
             raise UsageError(f"{flag} {one_line(text, 80)!r}: unknown pattern "
                              f"'%{key}' (known: %r rank, %h host, %p host index, "
                              f"%g job, %% a '%')")

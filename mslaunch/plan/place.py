@@ -227,19 +227,21 @@ def locations(topo: Topology, count: int, job: JobSpec) -> List[Tuple[int, ...]]
     return [_take(list(pu), i * pe, pe) for i in range(count)]
 
 
-def check_pe(host: str, topo: Topology, count: int, job: JobSpec) -> None:
+def check_pe(host: str, topo: Topology, count: int, job: JobSpec,
+             oversubscribe: bool) -> None:
     """Refuse ``PE=N`` (cpus per rank) beyond what a host has, as Open MPI does:
-    more than its cpus for one rank, or, unless overload is allowed, for its ranks
-    together (they would share cpus, each bound to more than its own)."""
+    more than its cpus for one rank, or, unless overload is allowed (or the job
+    oversubscribes), for its ranks together (they would share cpus)."""
     have = len(units(topo, job.use_hwthreads))
     pe = job.pe or 1
     what = "hardware threads" if job.use_hwthreads else "cores"
     if pe > have:
         raise PlanError(f"PE={pe}: a rank would need {pe} {what}, and {host} has {have}")
-    if count * pe > have and not job.bind_overload:
+    if count * pe > have and not (job.bind_overload or oversubscribe):
+        unit = "hwthread" if job.use_hwthreads else "core"
         raise PlanError(f"PE={pe}: {count} ranks on {host} would need {count * pe} {what}, "
                         f"and it has {have}; give fewer ranks or fewer cpus each, or allow "
-                        f"it with --bind-to core:overload-allowed")
+                        f"it with --oversubscribe or --bind-to {unit}:overload-allowed")
 
 
 def _take(seq: List[Tuple[int, ...]], start: int, n: int) -> Tuple[int, ...]:

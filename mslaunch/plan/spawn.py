@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 from ..core.errors import PlanError
 from ..core.spec import Host, JobSpec, Plan, RankSpec, SpawnCommand, SpawnRequest
-from . import context_environment, log_paths, rank_variables
+from . import context_environment, log_paths, pattern_paths, rank_variables
 
 #: At most this many processes in one spawn (the first job's own cap).
 MAX_SPAWN = 100_000
@@ -149,12 +149,15 @@ def plan_spawn(job: JobSpec, plan: Plan, request: SpawnRequest, *, number: int,
             env.update(rank_variables(rank=rank, size=size, local_rank=local_rank,
                                       local_size=local_size[h], group=node_of[h],
                                       host=host.name, universe=universe, sizes=sizes,
-                                      kvsname=kvsname, pmi=True))
+                                      kvsname=kvsname, pmi=True,
+                                      hostname=job.propagate_hostname))
             env["PMI_SPAWNED"] = "1"
             # Without a job number of its own a spawned job's files would
             # overwrite the first job's (DIR:nojobid): they get one anyway.
             out, err = log_paths(job.output.directory, True, job.output.merge_stderr,
                                  rank, size, jobid=number)
+            if job.output.stdout_pattern or job.output.stderr_pattern:
+                out, err = pattern_paths(job.output, out, err, rank, host, job=number)
             specs.append(RankSpec(
                 rank=rank, app=app, host=host, local_rank=local_rank,
                 local_size=local_size[h], argv=(command.program,) + command.args, env=env,

@@ -135,7 +135,7 @@ def as_supervised(job: JobSpec, backend: Backend) -> Tuple[JobSpec, Plan]:
     ``--timeout`` and the grace period are all the supervisor keeps of the job."""
     if backend.reports_itself:
         job = JobSpec(apps=job.apps, mpi=job.mpi, timeout=job.timeout, grace=job.grace,
-                      quiet=True, launch_dir=job.launch_dir)
+                      quiet=True, line_quiet=job.quiet, launch_dir=job.launch_dir)
     return job, backend.planning.plan()
 
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 from ..core.errors import TIMEOUT_EXIT, LaunchError
 from ..machine.spawn import how_ended
 from ..core.spec import JobResult, replace
-from ..core.states import FAILURE, OPENMPI
+from ..core.states import FAILURE
 
 #: Lines listing the failed ranks of a keep-going job (grouped by host and end).
 FAILED_LINES = 20
@@ -236,7 +236,8 @@ def timed_out(view: Reported, live: List[RankState]) -> None:
         return
     # (-q: no line, as Open MPI's; under Open MPI's own mpirun, which says nothing
     # of mslaunch's timeout, the job the supervisor sees is always quiet)
-    if not view.job.quiet or view.job.mpi == OPENMPI:
+    quiet = view.job.quiet if view.job.line_quiet is None else view.job.line_quiet
+    if not quiet:
         view.console.message(f"mslaunch: job timed out after {view.job.timeout:g} s "
                              f"(--timeout); terminating {what}; exit status {TIMEOUT_EXIT}")
     for line in view.mpi_jobs.hang_report() if view.mpi_jobs is not None else []:

@@ -80,7 +80,6 @@ class Supervisor(LookingInside):
         # its ranks have all been started.
         self.note = note
         self.on_launched = on_launched
-        self.shared_files: Dict[str, int] = {}   # Hydra's pattern files, by path
         self.console = session.console
         self._own_loop = session.loop is None    # else the caller's, closed there
         self.loop = session.loop or Loop()
@@ -319,7 +318,7 @@ class Supervisor(LookingInside):
         rank = self.ranks[spec.key]
         rank.outputs.extend(rank_sinks(self.job.output, spec, self.console, rank.restarts,
                                        self.restarts, rank.last_end, self._output_failed,
-                                       marker=self.note, shared=self.shared_files))
+                                       marker=self.note, shared=self.session.shared_files))
         return rank.outputs[0], (rank.outputs[1] if len(rank.outputs) > 1 else None)
 
     # -- rank events --------------------------------------------------------
@@ -574,8 +573,6 @@ class Supervisor(LookingInside):
             self.mpi_jobs.close()
         if self.session.kept is not None:
             self.session.kept.unwatch()
-        for fd in self.shared_files.values():
-            os.close(fd)
         if self.console.dropped:
             self.console.message(f"mslaunch: {self.console.dropped} byte(s) of rank output were "
                                  f"not delivered: the terminal was not being read when the "

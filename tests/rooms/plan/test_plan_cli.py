@@ -125,10 +125,16 @@ def test_timeout_from_flag_or_environment():
     (["-timeout", "-1"], {}),
     ([], {"MPIEXEC_TIMEOUT": "-1"}),                     # Hydra: -1 means infinite
     ([], {"MPIEXEC_TIMEOUT": "0"}),
-    (["--timeout", "0"], {"MPIEXEC_TIMEOUT": "7"}),      # the command line wins
 ])
 def test_a_timeout_of_zero_or_below_is_no_limit(args, environ):
     assert parse_args([*args, "p"], environ=environ, cwd="/").timeout is None
+
+
+def test_the_command_lines_timeout_wins_unless_it_is_zero():
+    # Open MPI 4.1.4: --timeout 0 is as if not given, and MPIEXEC_TIMEOUT then counts
+    environ = {"MPIEXEC_TIMEOUT": "7"}
+    assert parse_args(["--timeout", "3", "p"], environ=environ, cwd="/").timeout == 3
+    assert parse_args(["--timeout", "0", "p"], environ=environ, cwd="/").timeout == 7
 
 
 def test_help_and_version_raise_exit():
@@ -376,8 +382,9 @@ def test_a_cpu_list_is_not_checked_against_this_machine_for_remote_ranks():
 @pytest.mark.parametrize("argv, said", [
     (["-n", "1", "--map-by", "slot:PE=3", "p"], "PE=3: a rank would need 3 cores, and vm has 2"),
     (["-n", "1", "--cpus-per-proc", "3", "p"], "PE=3: a rank would need 3 cores"),
-    (["-n", "2", "--map-by", "slot:PE=2", "p"], "PE=2: 2 ranks on vm would need 4 cores, and "
-                                                "it has 2; give fewer ranks"),
+    (["-n", "2", "--nooversubscribe", "--map-by", "slot:PE=2", "p"],
+     "PE=2: 2 ranks on vm would need 4 cores, and it has 2; give fewer ranks"),
+    (["-H", "vm:2", "-n", "2", "--map-by", "slot:PE=2", "p"], "PE=2: 2 ranks on vm would need"),
 ])
 def test_more_cpus_per_rank_than_this_machine_has_is_refused_as_by_open_mpi(argv, said):
     with pytest.raises(PlanError, match=re.escape(said)):
@@ -385,9 +392,10 @@ def test_more_cpus_per_rank_than_this_machine_has_is_refused_as_by_open_mpi(argv
 
 
 def test_cpus_per_rank_shared_when_overload_is_allowed_or_on_another_host():
-    plan = plan_for(["-n", "2", "--map-by", "slot:PE=2", "--bind-to", "core:overload-allowed",
-                     "p"])
-    assert [r.cpus for r in plan.ranks] == [(0, 1), (0, 1)]
+    for allowed in (["--bind-to", "core:overload-allowed"], ["--oversubscribe"], []):
+        # (without a host list this machine runs what -n asks: it oversubscribes)
+        plan = plan_for(["-n", "2", "--map-by", "slot:PE=2", *allowed, "p"])
+        assert [r.cpus for r in plan.ranks] == [(0, 1), (0, 1)]
     assert plan_for(["-n", "1", "--map-by", "slot:PE=1", "p"]).ranks[0].cpus == (0,)
     plan = plan_for(["-n", "2", "--map-by", "slot:PE=4", "p"],
                     entries=[HostEntry("h1", slots=2)], remote={"h1": machine(8)})

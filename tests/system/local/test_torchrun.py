@@ -267,20 +267,21 @@ def test_ranks_left_off_the_terminal_by_local_ranks_filter_run_to_their_end(tmp_
 IDENTITY = "import os\nprint(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['GROUP_RANK'])\n"
 
 
-def _two_launchers(tmp_path, lines, tag):
+def _two_launchers(tmp_path, lines, tag, script="who.py", env_for=lambda i: {}):
     """Two launchers of one machine, the first waiting (its service says so) when the
     second starts; their exit statuses and outputs."""
     (tmp_path / "who.py").write_text(IDENTITY)
-    env = clean_env(MSL_TEST_TAG=tag, LOGLEVEL="INFO")
     procs = []
     try:
-        for line in lines:
-            procs.append(subprocess.Popen(cmd(*line, "--rdzv-conf=join_timeout=60", "who.py"),
+        for i, line in enumerate(lines):
+            env = clean_env(MSL_TEST_TAG=tag, LOGLEVEL="INFO", **env_for(i))
+            procs.append(subprocess.Popen(cmd(*line, "--rdzv-conf=join_timeout=60", script),
                                           cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE))
             said = StderrLines(procs[-1])
             if len(procs) == 1:
-                assert wait_for(lambda: said.said("waits for every node: 1 of 2") or
+                # (its node registered with its own service: "new -> held")
+                assert wait_for(lambda: said.said("new -> held") or
                                 procs[0].poll() is not None, 60), said.lines
         return [(p.wait(timeout=120), p.stdout.read().decode()) for p in procs]
     finally:
@@ -309,6 +310,33 @@ def test_two_nodes_of_one_job_on_one_machine_form_it(tmp_path, kind):
     assert sorted(out.strip() for _, out in done) == ["0 2 0", "1 2 1"], done
 
 
+RECORDED_FAILURE = """import json, os, sys
+if os.environ["RANK"] == "1":
+    with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+        json.dump({"message": {"message": "ValueError: round " +
+                   os.environ["TORCHELASTIC_RESTART_COUNT"], "extraInfo": {
+                       "py_callstack": "Traceback", "timestamp": "0"}}}, f)
+    sys.exit(3)
+"""
+
+
+def test_the_last_rounds_failure_is_the_launchers_error_file(tmp_path):
+    """With --max-restarts the nodes start again in rounds: the launcher whose worker
+    failed first in the last round writes that worker's error file to its own
+    TORCHELASTIC_ERROR_FILE, as torchrun's agent does once its restarts are spent."""
+    (tmp_path / "fail.py").write_text(RECORDED_FAILURE)
+    port = free_block(2, ("127.0.0.1",))[0]
+    lines = [["--nnodes=2", "--nproc-per-node=1", f"--node-rank={i}", "--max-restarts=1",
+              "--master-addr=127.0.0.1", f"--master-port={port}"] for i in (0, 1)]
+    files = [tmp_path / f"node{i}.json" for i in (0, 1)]
+    done = _two_launchers(tmp_path, lines, new_tag(), script="fail.py",
+                          env_for=lambda i: {"TORCHELASTIC_ERROR_FILE": str(files[i])})
+    assert [code for code, _ in done] == [3, 3], done
+    said = json.loads(files[1].read_text())["message"]
+    assert said["message"] == "ValueError: round 1" and said["errorCode"] == 3, said
+    assert not files[0].exists()
+
+
 def test_a_node_of_another_rdzv_id_on_the_same_endpoint_is_refused_in_one_line(tmp_path):
     port = free_block(1, ("127.0.0.1",))[0]
     lines = [["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
@@ -317,10 +345,13 @@ def test_a_node_of_another_rdzv_id_on_the_same_endpoint_is_refused_in_one_line(t
     (tmp_path / "who.py").write_text(IDENTITY)
     env = clean_env(MSL_TEST_TAG=tag)
     first = subprocess.Popen(cmd(*lines[0], "--rdzv-conf=join_timeout=60", "who.py"),
-                             cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+                             cwd=str(tmp_path), env=clean_env(MSL_TEST_TAG=tag, LOGLEVEL="INFO"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         said = StderrLines(first)
+        # (A hosts the service before B comes)
+        assert wait_for(lambda: said.said("waits for every node: 1 of 2") or
+                        first.poll() is not None, 60), said.lines
         second = run(*lines[1], "who.py", env=env, cwd=str(tmp_path), timeout=60)
         assert second.returncode == 1, second.stderr
         errors = [x for x in second.stderr.decode().splitlines() if x.startswith("mslaunch:")]

@@ -342,6 +342,10 @@ def test_mpi_abort_and_timeout_under_open_mpi_4s_mpirun(ompi4_mpirun, tmp_path):
                 env=env4(tmp_path, MSL_TEST_TAG=tag), timeout=120)
         assert r.returncode == 110 and b"timed out" in r.stderr, r.stderr
         assert wait_for(lambda: tagged_pids(tag) == [], 10), tagged_pids(tag)
+        # -q: not a word of it, as Open MPI's own
+        r = run("--mpi", "openmpi", "-q", "--timeout", "1", "--grace", "2", "-n", "1", "sleep",
+                "30", env=env4(tmp_path, MSL_TEST_TAG=tag), timeout=120)
+        assert r.returncode == 110 and b"timed out" not in r.stderr, r.stderr
     finally:
         kill_tagged(tag)
 
