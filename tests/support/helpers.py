@@ -197,6 +197,16 @@ def bytes_written(pid: int) -> int:
     return 0
 
 
+def end_all(procs, tag: str) -> None:
+    """Nothing of a test's launchers (``procs``, Popen objects) outlives it, whatever
+    became of them: those still running are killed, then what carries ``tag``."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    kill_tagged(tag)
+
+
 def kill_tagged(tag: str) -> None:
     """Last-resort cleanup so a failing test leaves nothing behind.
 

@@ -14,7 +14,7 @@ from typing import Dict
 
 import pytest
 
-from helpers import PY, StderrLines, clean_env, cmd, kill_tagged, new_tag, run, wait_for
+from helpers import PY, StderrLines, clean_env, cmd, end_all, new_tag, run, wait_for
 from ports import free_block
 from torchenv import ENV, compare, workers
 from requires import require
@@ -285,11 +285,7 @@ def _two_launchers(tmp_path, lines, tag, script="who.py", env_for=lambda i: {}):
                                 procs[0].poll() is not None, 60), said.lines
         return [(p.wait(timeout=120), p.stdout.read().decode()) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        kill_tagged(tag)
+        end_all(procs, tag)
 
 
 @pytest.mark.parametrize("kind", ["static", "static, node 1 first", "c10d"])
@@ -360,9 +356,7 @@ def test_a_node_of_another_rdzv_id_on_the_same_endpoint_is_refused_in_one_line(t
                           "its own"], second.stderr
         assert wait_for(lambda: said.said("refused node"), 30), said.lines
     finally:
-        first.kill()
-        first.wait()
-        kill_tagged(tag)
+        end_all([first], tag)
 
 
 def test_standalone_with_a_range_of_nodes_is_this_node_alone(tmp_path):
