@@ -98,7 +98,7 @@ def make_plan(job: JobSpec, entries: Sequence[HostEntry], environ: Mapping[str, 
     spare = tuple(Host(name=h.name, slots=h.slots, max_slots=h.max_slots, local=h.local,
                        node_id=len(used) + i)
                   for i, h in enumerate(h for j, h in enumerate(hosts) if j not in node_of_host))
-    if any(h.local for h in used):
+    if job.cpu_list and any(h.local for h in used):
         _check_cpu_list(topology, job.cpu_list)
     universe = sum(h.slots for h in used)
     master_addr = "127.0.0.1" if all(h.local for h in used) else used[0].name
