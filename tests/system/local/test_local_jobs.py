@@ -342,65 +342,11 @@ def test_tag_output_timestamp_and_prepend_rank():
                         r.stdout.decode()), r.stdout
 
 
-HYDRA = os.path.join(os.path.dirname(PY), "mpiexec.hydra")
-
-
-def _hydra_and_ours(tmp_path, *args):
-    """The same line under Hydra's mpiexec (in t/) and mslaunch (in m/): their
-    outputs and the files each made."""
-    require(os.access(HYDRA, os.X_OK), "MPICH's Hydra (pip install mpich)")
-    done = []
-    for who in ("t", "m"):
-        where = tmp_path / who
-        where.mkdir()
-        argv = [HYDRA, *args] if who == "t" else cmd(*args)
-        r = subprocess.run(argv, capture_output=True, timeout=60, cwd=str(where),
-                           env=clean_env())
-        assert r.returncode == 0, (who, r.stderr)
-        files = {str(f.relative_to(where)): f.read_text() for f in sorted(where.rglob("*"))
-                 if f.is_file()}
-        done.append((sorted(r.stdout.decode().splitlines()),
-                     sorted(r.stderr.decode().splitlines()), files))
-    return done
-
-
-def test_hydras_prepend_pattern(tmp_path):
-    theirs, ours = _hydra_and_ours(tmp_path, "-n", "2", "-prepend-pattern", "<%r|%g|%p|%h> ",
-                                   "sh", "-c", "echo out; echo err >&2")
-    host = os.uname().nodename
-    assert ours == theirs, (ours, theirs)
-    assert ours[0] == [f"<0|0|0|{host}> out", f"<1|0|0|{host}> out"], ours
-
-
-@pytest.mark.parametrize("files", [
-    ["-outfile-pattern", "o.%r.%h", "-errfile-pattern", "e.%r"],
-    ["-outfile-pattern", "both.%r", "-errfile-pattern", "both.%r"],
-    ["-l", "-outfile-pattern", "all"],
-], ids=["out-and-err", "one-file-per-rank", "one-file-for-all"])
-def test_hydras_output_file_patterns(tmp_path, files):
-    line = "echo out$PMI_RANK; echo err$PMI_RANK >&2"
-    theirs, ours = _hydra_and_ours(tmp_path, *files, "-n", "2", "sh", "-c", line)
-    assert ours[:2] == theirs[:2], (ours, theirs)
-    assert sorted(ours[2]) == sorted(theirs[2]), (ours, theirs)
-    for name in ours[2]:          # (two ranks in one file: in any order)
-        assert sorted(ours[2][name].splitlines()) == sorted(theirs[2][name].splitlines())
-
-
-def test_hydras_print_all_exitcodes():
-    # (keep going: every rank ends by itself; Hydra kills the others with SIGKILL all the
-    # same when one dies of a signal, so only exits are held side by side)
-    line = ["-disable-auto-cleanup", "-print-all-exitcodes", "-n", "3", "sh", "-c",
-            "exit $PMI_RANK"]
-    require(os.access(HYDRA, os.X_OK), "MPICH's Hydra (pip install mpich)")
-    theirs = subprocess.run([HYDRA, *line], capture_output=True, timeout=60, env=clean_env())
-    ours = run(*line)
-    said = [x.split("Exit codes: ", 1)[1] for r in (theirs, ours)
-            for x in (r.stdout + r.stderr).decode().splitlines() if "Exit codes: " in x]
-    host = os.uname().nodename
-    assert said == [f"[{host}] 0,256,512"] * 2, (theirs.stderr, ours.stderr)
-    # a rank a signal ended: that signal, as Hydra's wait status says it
-    ours = run(*line[:-1], "[ $PMI_RANK = 2 ] && kill -USR1 $$; exit $PMI_RANK")
-    assert ours.stderr.decode().splitlines()[-1] == f"mslaunch: Exit codes: [{host}] 0,256,10"
+def test_hydras_disable_hostname_propagation():
+    line = ["-n", "1", "sh", "-c", "echo ${PMI_HOSTNAME-unset}"]
+    assert run(*line).stdout.decode().split() == [os.uname().nodename]
+    assert run("-disable-hostname-propagation", *line).stdout.decode().split() == ["unset"]
+    assert run("-nameserver", "localhost:1", *line).returncode == 0
 
 
 def test_a_pattern_file_may_be_a_device_and_runs_of_restarts_append(tmp_path):
