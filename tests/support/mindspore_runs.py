@@ -24,10 +24,13 @@ def mindspore_flake(console: str, logs: dict) -> bool:
     machine: a worker that printed its result then crashed in MindSpore's
     teardown (SIGSEGV at interpreter exit), a worker whose registration with
     the scheduler never went through (the cluster's formation timed out), or a
-    worker whose window to reach the scheduler closed while the scheduler,
-    started beside it, was still importing MindSpore (its log still empty)."""
+    worker whose window to reach or register with the scheduler closed while
+    the scheduler, started beside it, was still importing MindSpore (its log
+    still empty: "Failed to connect to the meta server", or "Failed to register
+    and try to reconnect to the meta server")."""
     printed = all(rows(logs.get(f"worker_{i}.log", "")) for i in range(2))
     return (printed and "(SIGSEGV)" in console) or \
         "Failed to initialize distributed job cluster" in console or \
-        ("Failed to connect to the meta server" in console
+        (("Failed to connect to the meta server" in console or
+          "Failed to register and try to reconnect to the meta server" in console)
          and not logs.get("scheduler.log", "").strip())
