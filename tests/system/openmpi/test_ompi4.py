@@ -45,9 +45,23 @@ def _run(argv, env, cwd, timeout, tag):
         raise
 
 
+#: The module's own temporary directory (see _private_tmp).
+_TMP = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_tmp(tmp_path_factory):
+    """Both launchers' temporary files in a directory of this module's: a run of
+    Open MPI's mpirun that a test's timeout ends leaves its session directory
+    (``ompi.<host>.<uid>/pid.N``), which would otherwise stay in the machine's /tmp."""
+    _TMP["dir"] = str(tmp_path_factory.mktemp("tmpdir"))
+    yield
+    _TMP.clear()
+
+
 def _env(tag, env):
     full = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                     MSL_TEST_TAG=tag)
+                     MSL_TEST_TAG=tag, TMPDIR=_TMP["dir"])
     full.update(env or {})
     return full
 
