@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from helpers import PY, StderrLines, all_gone, clean_env, cmd, kill_tagged, new_tag, wait_for
+from helpers import (PY, StderrLines, all_gone, clean_env, cmd, end_all, kill_tagged, new_tag,
+                     wait_for)
 from ports import spare_port
 from requires import require
 from torchenv import ENV, compare, workers
@@ -59,17 +60,8 @@ def _both(bed, launcher, per_node, tag: str, timeout: float = 180, env_for=None)
             text, _ = p.communicate(timeout=timeout)
             out.append((p.returncode, text.decode(errors="replace")))
     finally:
-        _end_all(procs, tag)
+        end_all(procs, tag)
     return out
-
-
-def _end_all(procs, tag: str) -> None:
-    """Nothing of a test's nodes outlives it, whatever became of them."""
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    kill_tagged(tag)
 
 
 MSLAUNCH = cmd()
@@ -284,7 +276,7 @@ def test_the_master_node_refused_keeps_its_service_for_the_nodes_it_took(sshbed,
         outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs[1:]]
         assert procs[0].wait(timeout=60) == 1, master.text()
     finally:
-        _end_all(procs, tag)
+        end_all(procs, tag)
     said = master.text()
     assert [p.returncode for p in procs] == [1, 0, 0], (said, outs)
     errors = [x for x in said.splitlines() if x.startswith("mslaunch: error:")]
