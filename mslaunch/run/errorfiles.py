@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 MAX_BYTES = 1 << 20
 
 
-def read_error(path: Optional[str]) -> Optional[Tuple[str, str]]:
-    """(message, traceback) of the error file at ``path``, or None."""
+def _error_body(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The JSON object of the error file at ``path``: a regular file (no link
+    followed) of at most :data:`MAX_BYTES`; else None."""
     if not path:
         return None
     try:
@@ -51,7 +52,18 @@ def read_error(path: Optional[str]) -> Optional[Tuple[str, str]]:
         body = json.loads(data.decode("utf-8", "replace"))
     except ValueError:
         return None
-    said = body.get("message") if isinstance(body, dict) else None
+    return body if isinstance(body, dict) else None
+
+
+def read_error(path: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(message, traceback) of the error file at ``path``, or None."""
+    body = _error_body(path)
+    return None if body is None else _said(body)
+
+
+def _said(body: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """(message, traceback) of an error file's JSON object, or None."""
+    said = body.get("message")
     if isinstance(said, str):
         return (said, "") if said else None
     if not isinstance(said, dict):
@@ -79,7 +91,7 @@ def copy_for_launcher(result: JobResult, environ: Mapping[str, str]) -> None:
     if not target or cause is None or not cause.error_file:
         return
     body = _error_body(cause.error_file)
-    if body is None:
+    if body is None or _said(body) is None:      # (not torchrun's shape)
         return
     code = cause.returncode if cause.signal is None else -cause.signal
     said = body.get("message")
@@ -95,16 +107,3 @@ def copy_for_launcher(result: JobResult, environ: Mapping[str, str]) -> None:
         import sys
         sys.stderr.write(f"mslaunch: cannot write {LAUNCHER_VARIABLE} {target}: "
                          f"{err.strerror}\n")
-
-
-def _error_body(path: str) -> Optional[Dict[str, Any]]:
-    """The JSON object of the error file at ``path`` (see :func:`read_error`), or None."""
-    if read_error(path) is None:
-        return None
-    import json
-    try:
-        with open(path, "rb") as f:
-            body = json.loads(f.read(MAX_BYTES).decode("utf-8", "replace"))
-    except (OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
