@@ -17,7 +17,9 @@ time) and run it: nothing is searched for, one file is open.
   read.
 - It holds what the package's own bytecode holds (``__pycache__``, or the
   bytecode cache of :mod:`mslaunch.__main__`): a module without fresh
-  bytecode is not in it, and is imported as usual.
+  bytecode is not in it, and is imported as usual; the file is written
+  again once its bytecode is there (a module edited while bytecode was not
+  written, say, and compiled since).
 - A module whose source changed since the file was written (its size or
   time) is imported as usual. The file is written again as the process
   (the command, or an agent) ends, where it was missing, unreadable or
@@ -44,12 +46,14 @@ if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type
 
     #: name -> (offset, length, source's st_mtime_ns, source's size, is a package);
-    #: offset -1: the module has no usable bytecode (not looked for again)
+    #: offset -1: the module had no fresh bytecode (looked for again where it is
+    #: imported), -2: its bytecode is of a kind not served (not looked for again)
     Index = Dict[str, Tuple[int, int, int, int, bool]]
-    #: a module's bytecode with its source's time and size, and whether a package
-    Compiled = Tuple[bytes, int, int, bool]
+    #: a module's bytecode (empty: none fresh) with its source's time and size,
+    #: whether a package, and whether its bytecode is of a kind not served
+    Compiled = Tuple[bytes, int, int, bool, bool]
 
-_MAGIC = b"mslaunch code 2\n"
+_MAGIC = b"mslaunch code 3\n"
 _HEAD = len(_MAGIC) + 8
 # The import system's own modules, loaded with the interpreter (no import of importlib's).
 _bootstrap = sys.modules["_frozen_importlib"]
@@ -73,9 +77,10 @@ _serving = False
 #: start() looked for the file; it should be written again when the process ends.
 _tried = False
 _stale = False
-#: The modules the file holds (or knows to have no bytecode), and those run from
-#: it in this process, in order.
+#: The modules the file holds (or knows to have no bytecode), those it knew
+#: without fresh bytecode, and those run from it in this process, in order.
 _known: Set[str] = set()
+_unfresh: Set[str] = set()
 served: List[str] = []
 
 
@@ -148,6 +153,7 @@ def start() -> None:
         return
     _fd, _base = fd, index[1]
     _known.update(index[0])
+    _unfresh.update(n for n, e in index[0].items() if e[0] == -1)
     _index = {n: e for n, e in index[0].items() if e[0] >= 0}
     _plain = builtins.__import__
     builtins.__import__ = _import
@@ -325,7 +331,11 @@ def save() -> None:
     if not _tried:
         return
     here = [n for n in list(sys.modules) if n == _NAME or n.startswith(_PREFIX)]
-    if not _stale and all(n in _known for n in here):
+    # (a module once without fresh bytecode, an edited one under
+    # PYTHONDONTWRITEBYTECODE say, is looked at again once imported: its bytecode
+    # may have been written since)
+    if not _stale and all(n in _known for n in here) and \
+            not any(n in _unfresh and _has_bytecode(n) for n in here):
         return
     _stale = False
     path = _path()
@@ -335,6 +345,11 @@ def save() -> None:
         _write(path, sorted(_known.union(here)))
     except (OSError, ValueError):
         pass        # (a cache: the next launch imports as usual, and tries again)
+
+
+def _has_bytecode(name: str) -> bool:
+    found = _compiled(name)
+    return found is not None and bool(found[0])
 
 
 def _write(path: str, names: Sequence[str]) -> None:
@@ -373,13 +388,13 @@ def _file_bytes(names: Sequence[str]) -> bytes:
         found = _compiled(name)
         if found is None:
             continue
-        blob, mtime, size, package = found
+        blob, mtime, size, package, foreign = found
         if blob:
             index[name] = (offset, len(blob), mtime, size, package)
             chunks.append(blob)
             offset += len(blob)
         else:
-            index[name] = (-1, 0, mtime, size, package)
+            index[name] = (-2 if foreign else -1, 0, mtime, size, package)
     head = marshal.dumps((_meta(), index))
     return b"".join([_MAGIC, len(head).to_bytes(8, "little"), head, *chunks])
 
@@ -387,7 +402,8 @@ def _file_bytes(names: Sequence[str]) -> bytes:
 def _compiled(name: str) -> Optional[Compiled]:
     """A module's bytecode (empty where it has none usable: a timestamp-based pyc
     (PEP 552) whose flags are 0 and whose time and size are its source's) with its
-    source's time and size, and whether it is a package; None without a source."""
+    source's time and size, whether it is a package, and whether its bytecode is
+    of another kind (hash-based); None without a source."""
     for package in (False, True):
         source = _origin(name, package)
         try:
@@ -395,16 +411,19 @@ def _compiled(name: str) -> Optional[Compiled]:
         except OSError:
             continue
         data = b""
+        foreign = False
         try:
             with open(_external.cache_from_source(source), "rb") as f:
                 head = f.read(16)
-                if head[:4] == _external.MAGIC_NUMBER and head[4:8] == bytes(4) \
+                ours = head[:4] == _external.MAGIC_NUMBER
+                foreign = ours and head[4:8] != bytes(4)
+                if ours and not foreign \
                         and head[8:12] == (int(st.st_mtime) & 0xffffffff).to_bytes(4, "little") \
                         and head[12:16] == (st.st_size & 0xffffffff).to_bytes(4, "little"):
                     data = f.read()
         except OSError:
             pass
-        return data, st.st_mtime_ns, st.st_size, package
+        return data, st.st_mtime_ns, st.st_size, package, foreign
     return None
 
 

@@ -96,6 +96,24 @@ def test_a_module_edited_after_the_file_was_written_runs_as_edited(package, tmp_
         assert "mslaunch.cli.mpirun" in notes["served"]
 
 
+def test_a_module_compiled_after_the_file_was_written_runs_from_it_again(package, tmp_path):
+    edited = package / "mslaunch" / "cli" / "options.py"
+    with open(edited, "a") as f:
+        f.write("\n_EDITED = True\n")
+    # (its bytecode stale, and not written under PYTHONDONTWRITEBYTECODE)
+    _, first = _launch(package, tmp_path)
+    _, second = _launch(package, tmp_path)
+    assert "mslaunch.cli.options" not in second["served"]
+    assert "mslaunch.cli.mpirun" in second["served"]
+    subprocess.run([PY, "-m", "compileall", "-q", str(edited)], check=True)
+    _launch(package, tmp_path)           # (the file written again, with it)
+    (made,) = _files(tmp_path)
+    written = made.stat().st_ino
+    _, fourth = _launch(package, tmp_path)
+    assert "mslaunch.cli.options" in fourth["served"], fourth
+    assert made.stat().st_ino == written
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "sized", "writable", "foreign"])
 def test_a_damaged_file_or_one_another_user_could_write_is_not_read(package, tmp_path,
                                                                      damage):
