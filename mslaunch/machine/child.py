@@ -4,7 +4,8 @@
 :class:`ProcessHandle` starts the process in a session of its own (a Ctrl-C
 at the terminal reaches only the launcher, which forwards it), hands its pid
 to the orphan guard before anything else can happen, watches its end through
-a pidfd in the loop, reaps it once (its wait status kept), signals it or its
+a pidfd in the loop (or, without one, looks for it every
+:data:`~.spawn.POLL_EXIT` seconds), reaps it once (its wait status kept), signals it or its
 process group while it is not reaped, ends it (SIGTERM, then SIGKILL to its
 group at a deadline) and finishes the pipes it feeds: each is read to its end
 if it can be, else closed, so that every output sink is finished and the job
@@ -20,7 +21,7 @@ import time
 
 from ..core import signal
 from .loop import wait_fd
-from .spawn import RESET_SIGNALS, exit_of, is_launch_dir
+from .spawn import POLL_EXIT, RESET_SIGNALS, exit_of, is_launch_dir, open_pidfd
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,12 +41,14 @@ class ProcessHandle:
         self.pid = 0
         self.status: Optional[int] = None      # its wait status, once reaped
         self.pidfd = -1
+        #: Its end is watched: from :meth:`_watch` until it is seen (:meth:`_forget_pidfd`).
+        self.watched = False
         self.pipes: List[RankPipe] = []
 
     @property
     def busy(self) -> bool:
         """The process runs, or output of its is still to come."""
-        return self.pidfd >= 0 or any(not p.closed for p in self.pipes)
+        return self.watched or any(not p.closed for p in self.pipes)
 
     # -- start --------------------------------------------------------------
     @staticmethod
@@ -71,8 +74,21 @@ class ProcessHandle:
         if guard is not None:
             guard.add(pid)
             guard.flush()
-        self.pidfd = os.pidfd_open(pid)
-        self.loop.add_reader(self.pidfd, self._on_exit)
+        self.watched = True
+        self.pidfd = open_pidfd(pid)
+        if self.pidfd >= 0:
+            self.loop.add_reader(self.pidfd, self._on_exit)
+        else:
+            self.loop.call_later(POLL_EXIT, self._poll_exit)
+
+    def _poll_exit(self) -> None:
+        """Without a pidfd: its end looked for now, and again later."""
+        if not self.watched:
+            return
+        if self._reap(block=False):
+            self._on_exit()
+        else:
+            self.loop.call_later(POLL_EXIT, self._poll_exit)
 
     def _on_exit(self) -> None:
         """The process ended (its pidfd is readable): the subclass's to say what it means."""
@@ -80,6 +96,7 @@ class ProcessHandle:
 
     # -- its end --------------------------------------------------------------
     def _forget_pidfd(self) -> None:
+        self.watched = False
         if self.pidfd >= 0:
             self.loop.forget(self.pidfd)
             os.close(self.pidfd)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 from ..core.errors import LaunchError
 from .output import RankPipe
-from .spawn import LocalProcess, life_pipe, os_error_reason
+from .spawn import POLL_EXIT, LocalProcess, life_pipe, os_error_reason
 
 #: Seconds to wait after the last rank ended before a pipe still held open
 #: by something outside the ranks' groups counts as a leftover's.
@@ -261,13 +261,14 @@ class LocalRanks:
         self.listener.rank_started(spec.key, local.proc.pid)
 
     def _poll_exit(self, local: _Local) -> None:
-        """Without pidfds (an agent on Python 3.8), look for the rank's exit every 50 ms."""
+        """Without a pidfd (see :func:`~.spawn.open_pidfd`), look for the rank's exit
+        every :data:`~.spawn.POLL_EXIT` seconds."""
         if local.ended:
             return
         if local.proc.exited():  # type: ignore[union-attr]
             self._on_exit(local, self.loop.events_at())
         else:
-            self.loop.call_later(0.05, lambda: self._poll_exit(local))
+            self.loop.call_later(POLL_EXIT, lambda: self._poll_exit(local))
 
     def catch_up(self) -> None:
         """Read now the ends of ranks that have exited but whose end the loop has not

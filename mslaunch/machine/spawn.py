@@ -8,7 +8,8 @@ of its own, which made MPI start-up of 16 ranks on 2 cores about 25% slower.
 As background process groups, ranks never read the terminal themselves: a
 terminal stdin is relayed through a pipe (see the supervisor).  Exits are
 watched through a pidfd, which the event loop polls like any other
-descriptor.
+descriptor; where there is none (:func:`open_pidfd`), the owner looks for
+the exit every :data:`POLL_EXIT` seconds.
 
 Ranks start with ``os.posix_spawn`` (vfork and exec in one call), which
 spares the launcher the import of :mod:`subprocess`, a large part of a
@@ -276,6 +277,24 @@ class Helper:
         return self.returncode
 
 
+#: Seconds between two looks for the exit of a process without a pidfd.
+POLL_EXIT = 0.05
+
+
+def open_pidfd(pid: int) -> int:
+    """A pidfd of ``pid``, a child of this process not yet reaped; -1 where there is
+    none to be had: Python 3.8 (an agent's), a kernel before 5.3 (ENOSYS), or a
+    sandbox whose system-call filter predates the call (EPERM, as older
+    container runtimes' default profiles answer). The child is still this
+    process's to wait for, so its owner then polls :func:`os.waitpid`."""
+    if not hasattr(os, "pidfd_open"):
+        return -1
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return -1
+
+
 def life_pipe() -> Optional[Tuple[int, int]]:
     """A pipe (read end, write end) whose write end a rank holds at :data:`LIFE_FD`;
     None where the open-file limit is below it.
@@ -322,16 +341,7 @@ class LocalProcess:
                              f"{os_error_reason(err)}") from None
         self.pgid = self.pid
         self._status: Optional[int] = None
-        if not hasattr(os, "pidfd_open"):
-            self.pidfd = -1      # an agent's Python 3.8: the owner polls exited()
-            return
-        try:
-            self.pidfd = os.pidfd_open(self.pid)
-        except OSError as err:
-            # Unwatchable, so it must not run: stop it before reporting.
-            self.signal(signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-            raise SpawnError(f"cannot watch rank {spec.rank}: {os_error_reason(err)}") from None
+        self.pidfd = open_pidfd(self.pid)     # (-1: the owner polls exited())
 
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to the rank's process group; False if the group is gone."""

@@ -218,7 +218,7 @@ class MpirunHandle(ProcessHandle):
 
     def _watch_world(self) -> None:
         probe = self.probe
-        if self.pidfd >= 0 and not self.stopping and probe is not None and not probe.done:
+        if self.watched and not self.stopping and probe is not None and not probe.done:
             self._check_world()
             self.loop.call_later(self.PROBE_EVERY, self._watch_world)
 

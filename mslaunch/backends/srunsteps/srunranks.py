@@ -353,7 +353,7 @@ class SrunRanks(ProcessHandle):
               ) -> Optional[Look]:
         from .srunlook import start_look
         listener = self.listener
-        if self.pidfd < 0 or listener is None:
+        if not self.watched or listener is None:
             return None
         by_node: Dict[str, Dict[int, int]] = {}
         for spec in self.specs:
