@@ -4,7 +4,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Optional, Tuple
 
 
 class Exit(Exception):
@@ -141,12 +141,26 @@ def is_deepspeed(argv) -> bool:
     return False
 
 
+def msrun_names(body: str) -> Tuple[str, ...]:
+    """The msrun options (or mslaunch's in that dialect) a ``--body`` may name, as
+    msrun's argparse reads it: the name itself, else every name it begins
+    (one: that option; more: ambiguous).  Written with '_' only, as msrun
+    spells them; a single letter (``--n``, mpirun's) begins none."""
+    every = MSRUN_OPTIONS + MSRUN_EXTRAS + ("help",)
+    if body in every:
+        return (body,)
+    if len(body) < 2 or "-" in body:
+        return ()
+    return tuple(name for name in every if name.startswith(body))
+
+
 def is_msrun(argv) -> bool:
     """Whether a command line is in msrun's dialect (its options come first)."""
     for word in argv:
         if not word.startswith("--"):
             return False
-        name = word[2:].split("=", 1)[0]
-        if name in MSRUN_OPTIONS or name in ("wait_job", "stop_job"):
+        found = msrun_names(word[2:].split("=", 1)[0])
+        if len(found) == 1 and (found[0] in MSRUN_OPTIONS or found[0] in ("wait_job",
+                                                                          "stop_job")):
             return True
     return False

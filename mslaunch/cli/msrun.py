@@ -2,9 +2,10 @@
 
 ``msrun --worker_num=8 --local_worker_num=8 --master_port=8118 --log_dir=msrun_log
 --join=True --cluster_time_out=300 net.py`` works with ``msrun`` replaced by
-``mslaunch``.  Options take ``--name=value`` or ``--name value``, as msrun's
-argparse does, with its defaults; the first word that is not an option is
-the task script and the rest its arguments.  Every problem msrun would only
+``mslaunch``.  Options take ``--name=value`` or ``--name value``, or a
+unique start of the name (``--worker_n=8``), as msrun's argparse does, with
+its defaults; the first word that is not an option is the task script and
+the rest its arguments.  Every problem msrun would only
 notice once its scheduler runs (a local worker count above the total, a bad
 port, a malformed binding map, a node rank out of range) is one error line
 here, before anything starts.
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 from ..core.errors import UsageError, one_line
 from ..core.spec import MsrunSpec
 from ..core.switches import pty_wanted
-from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, Exit, launch_dir
+from .common import MSRUN_EXTRAS, MSRUN_OPTIONS, Exit, launch_dir, msrun_names
 
 OPTIONS, EXTRAS = MSRUN_OPTIONS, MSRUN_EXTRAS
 
@@ -106,11 +107,19 @@ def _read_options(argv: Sequence[str]) -> Tuple[Dict[str, str], List[str]]:
         if not word.startswith("--"):
             break
         name, sep, value = word[2:].partition("=")
-        if name not in OPTIONS and name not in EXTRAS:
+        found = msrun_names(name)
+        if len(found) > 1:
+            raise UsageError(f"ambiguous option '--{one_line(name, 40)}': it could be "
+                             f"{', '.join('--' + n for n in found)}")
+        if not found:
             from .hints import unknown_option
             after = value if sep else (argv[i + 1] if i + 1 < len(argv) else None)
             raise UsageError("msrun dialect: " + unknown_option(
                 word, name, after, OPTIONS + EXTRAS, msrun=True))
+        name = found[0]         # (a unique start of a name is that option, as argparse has it)
+        if name == "help":
+            from .help import help_text
+            raise Exit(help_text("msrun"), 0)
         if not sep:
             if i + 1 >= len(argv):
                 raise UsageError(f"--{name}: missing value")
@@ -147,6 +156,8 @@ def _layout(values: Dict[str, str]) -> Tuple[int, int, int, int]:
         raise UsageError(f"{said_local} is more than {said_workers}{fix}")
     port = _int("master_port", values.get("master_port", "8118"), 1, 65535)
     node_rank = _int("node_rank", values.get("node_rank", "-1"), -1)
+    if local == worker_num and node_rank > 0:
+        return worker_num, local, port, -1      # (one node: msrun says so, and ignores it)
     if node_rank >= 0 and (node_rank + 1) * local > worker_num:
         raise UsageError(f"--node_rank={node_rank}: with {said_local} its "
                          f"workers would be ranks {node_rank * local}-"
@@ -168,6 +179,10 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
     values, rest = _read_options(argv)
     argv_out = _task_argv(rest)
     worker_num, local, port, node_rank = _layout(values)
+    warnings: Tuple[str, ...] = ()
+    if node_rank < 0 < _int("node_rank", values.get("node_rank", "-1"), -1):
+        warnings = (f"All workers will be spawned on this node, so 'node_rank': "
+                    f"[{values['node_rank']}] will be ignored.",)
     master = _master_addr(values)
     sim_level, sim_rank_id = _simulation(values, worker_num, local)
     cwd = launch_dir()
@@ -194,7 +209,7 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
         grace=float(_int("grace", values.get("grace", "5"), 0)),
         verbose=int(_bool("verbose", values.get("verbose", "0"))),
         quiet=_bool("quiet", values.get("quiet", "0")),
-        log_dir_given=values.get("log_dir", ""),
+        log_dir_given=values.get("log_dir", ""), warnings=warnings,
         pty=pty_wanted(os.environ, no_pty="no-pty" in values, default=False),
         report_json=os.path.join(cwd, values["report_json"]) if values.get("report_json")
         else None,

@@ -325,6 +325,7 @@ class MsrunSpec:
     log_dir_given: str = ""               # --log_dir as typed, for msrun's console lines
     pty: bool = False                     # processes' stdout a pty (msrun: its log files)
     report_json: Optional[str] = None     # --report_json FILE (see job.jobreport)
+    warnings: Tuple[str, ...] = ()        # msrun's own, said with its console lines
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,8 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
     job, plan = _job(spec, new_kvsname(), procs)
     lines = _messages(spec, procs)
     if announce is None and not spec.quiet:
+        for line in spec.warnings:
+            _say(f"mslaunch: warning: {line}", sys.stderr)
         for line in lines:
             _say(line)
         if spec.join:

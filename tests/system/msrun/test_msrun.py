@@ -104,6 +104,31 @@ def test_the_tutorials_command_line_runs_unchanged(bin_dir, tmp_path):
     assert all_gone(tag), tagged_pids(tag)
 
 
+def test_options_by_a_unique_start_of_their_names_as_msruns_argparse(bin_dir, tmp_path):
+    r = msrun(["--worker_n=2", "--local_w=2", "--master_p=8118", f"--log={tmp_path / 'l'}",
+               "--jo=True", "--cluster_t", "300", TASK], ms_env(bin_dir), tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = logs(tmp_path / "l")
+    assert sorted(got) == ["scheduler.log", "worker_0.log", "worker_1.log"]
+    assert env_of(got["worker_1.log"])["MS_TOPO_TIMEOUT"] == "300"
+    # a start of several is one line naming them (msrun: argparse's "ambiguous option")
+    r = msrun(["--worker_num=2", "--master=1", TASK], ms_env(bin_dir), tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.decode().splitlines() == [
+        "mslaunch: error: ambiguous option '--master': it could be --master_addr, "
+        "--master_port"]
+
+
+def test_a_node_rank_on_a_line_of_one_node_is_ignored_as_msrun_does(bin_dir, tmp_path):
+    r = msrun(["--worker_num=2", "--local_worker_num=2", "--node_rank=3",
+               f"--log_dir={tmp_path / 'l'}", "--join=True", TASK], ms_env(bin_dir), tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "mslaunch: warning: All workers will be spawned on this node, so 'node_rank': " \
+        "[3] will be ignored." in r.stderr.decode().splitlines()
+    got = logs(tmp_path / "l")
+    assert [env_of(got[f"worker_{i}.log"])["RANK_ID"] for i in range(2)] == ["0", "1"]
+
+
 def test_logs_are_truncated_each_run_and_named_by_worker_log_name(bin_dir, tmp_path):
     env = ms_env(bin_dir)
     log_dir = tmp_path / "logs"
