@@ -344,3 +344,14 @@ def test_node_refuses_a_service_without_the_secret():
 def test_nonces_of_the_wrong_form_are_refused(nonce):
     assert not auth.valid_nonce(nonce)
     assert auth.valid_nonce(auth.new_nonce())
+
+
+def test_no_option_of_mpiruns_dialect_is_taken_for_a_start_of_msruns():
+    # msrun's names are taken by a unique start (as its argparse does): none of the
+    # mpirun dialect's long spellings may begin one, or its lines would turn msrun's
+    from mslaunch.cli.common import is_msrun
+    from mslaunch.cli.options import SPELLINGS
+    for spelling in SPELLINGS:
+        assert not is_msrun([f"--{spelling}=1", "./a.out"]), spelling
+        assert not is_msrun([f"--{spelling}", "1", "./a.out"]), spelling
+    assert is_msrun(["--worker_n=2", "net.py"]) and is_msrun(["--local_w", "2", "net.py"])
