@@ -23,6 +23,8 @@ command -v ip >/dev/null 2>&1 || apt_needed+=(iproute2)
 [ -x /usr/bin/mpirun.openmpi ] || apt_needed+=(openmpi-bin)
 [ -e /usr/lib/python3/dist-packages/mpi4py/__init__.py ] || apt_needed+=(python3-mpi4py)
 command -v gdb >/dev/null 2>&1 || apt_needed+=(gdb)
+# msrun's --bind_numa file binds memory through numactl, as msrun does
+command -v numactl >/dev/null 2>&1 || apt_needed+=(numactl)
 # native frames of running ranks (mslaunch-stacks), and a real terminal for mslaunch-top's test
 command -v eu-stack >/dev/null 2>&1 || apt_needed+=(elfutils)
 command -v tmux >/dev/null 2>&1 || apt_needed+=(tmux)

@@ -80,7 +80,7 @@ msrun dialect (MindSpore's msrun command lines; --name=value or --name value):
   --cluster_time_out S     seconds for every worker to join (default 600; <0: for ever)
   --bind_core True|False|MAP   pin workers to CPUs: equal blocks, or
                            '{"device0":["0-3"],"scheduler":["4"]}'
-  --bind_numa True|False|MAP|FILE.json   pin workers to NUMA nodes' CPUs
+  --bind_numa True|False|MAP|FILE.json   pin workers to NUMA nodes' CPUs (the file: CPUs and memory)
   --sim_level N, --sim_rank_id N, --rank_table_file FILE
   --worker_log_name NAME   log name pattern ({ip}, {hostname} replaced)
   --tail_worker_log IDS    which workers' output --join=True shows (default all)

@@ -70,8 +70,11 @@ def _binding(flag: str, text: str):
         return "auto"
     if word in ("False", "false", "0", ""):
         return None
-    if flag == "bind_numa" and word.endswith(".json"):
-        return ("file", os.path.abspath(word))
+    if flag == "bind_numa":
+        from ..msrun.bindfile import read
+        found = read(word)
+        if found is not None:
+            return found
     import json
     try:
         value = json.loads(word)

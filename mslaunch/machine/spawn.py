@@ -76,16 +76,17 @@ def check_startable(ranks: Sequence[RankSpec]) -> None:
         if key in seen or not r.host.local:
             continue
         seen.add(key)
+        whose = r.label or f"rank {r.rank}"      # (msrun mode's: "scheduler", "worker N")
         if not r.session_dir and not os.path.isdir(r.cwd):
-            raise SpawnError(f"working directory {r.cwd!r} of rank {r.rank} "
+            raise SpawnError(f"working directory {r.cwd!r} of {whose} "
                              f"{_not_a_directory(r.cwd)}")
         path = find_program(program, r.env, r.cwd, r.search)
         if path is None:
-            raise SpawnError(f"program {program!r} of rank {r.rank} "
+            raise SpawnError(f"program {program!r} of {whose} "
                              f"{_why_not_found(program, r.cwd)}")
         problem = _interpreter_problem(path, program)
         if problem:
-            raise SpawnError(f"program {r.argv[0]!r} of rank {r.rank} {problem}")
+            raise SpawnError(f"program {r.argv[0]!r} of {whose} {problem}")
 
 
 def file_head(path: str) -> Optional[bytes]:

@@ -81,9 +81,9 @@ def shown_path(spec: MsrunSpec, path: Optional[str]) -> str:
 
 def _messages(spec: MsrunSpec, procs: Sequence[RankSpec]) -> List[str]:
     """msrun's own console lines for the processes started (users grep them)."""
-    command = " ".join(spec.argv)
     lines = []
     for p in procs:
+        command = " ".join(p.argv)     # (with numactl where --bind_numa's file binds memory)
         if p.label == "scheduler":
             lines.append(f"Start scheduler process, log file:{shown_path(spec, p.stdout_path)}. "
                          f"Execute command: {command}")
@@ -215,6 +215,7 @@ def _run_node(spec: MsrunSpec, announce: Optional[Announce]) -> Tuple[int, JobRe
                            hostname=os.uname().nodename, ip=addresses[0] if master else
                            _own_address(addresses), cpus=topo.cpu_ids(),
                            numa=objects(topo, "numa") if spec.bind_numa else ())
+    _check_numactl(spec, procs)
     job, plan = _job(spec, new_kvsname(), procs)
     lines = _messages(spec, procs)
     if announce is None and not spec.quiet:
@@ -286,6 +287,18 @@ def _own_address(addresses: Sequence[str]) -> str:
         if mine:
             return mine
     return "127.0.0.1"
+
+
+def _check_numactl(spec: MsrunSpec, procs: Sequence[RankSpec]) -> None:
+    """``--bind_numa``'s file binds memory through ``numactl``, as msrun does: one
+    error line before anything starts where there is none to run."""
+    from ..machine.spawn import exec_path
+    bound = [p for p in procs if p.argv[:2] == ("numactl", "--membind")]
+    if bound and exec_path("numactl", bound[0].env) is None:
+        from ..core.errors import PlanError
+        raise PlanError(f"--bind_numa: {getattr(spec.bind_numa, 'path', '')} binds memory "
+                        f"(bind_memory_mode \"numa\"), through numactl, which is not on "
+                        f"PATH (Debian and Ubuntu: apt install numactl)")
 
 
 def _say(line: str, stream=None) -> None:

@@ -21,8 +21,9 @@ into equal contiguous blocks per local worker, the last taking the
 remainder (the scheduler is not pinned), and the JSON map form gives
 ``deviceN`` (the N-th local worker) and ``scheduler`` their CPUs.
 ``--bind_numa`` does the same with NUMA nodes (True spreads the workers
-over the nodes; the map gives node numbers); its ``.json`` file form is
-passed on as ``MSRUN_BIND_FILE``.  As in msrun, the True forms tell each
+over the nodes; the map gives node numbers); its ``.json`` file form
+(:mod:`.bindfile`) binds each process's CPUs and, through ``numactl
+--membind`` as msrun does, its memory.  As in msrun, the True forms tell each
 worker its CPUs in ``MSRUN_CPU_LIST``, a Python list (``[0, 1]``: MindSpore
 reads it with ``ast.literal_eval``); the map forms leave it unset.
 ``--sim_level`` with ``--sim_rank_id`` dry-runs that one rank as the node's
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 from ..core.errors import PlanError
 from ..core.spec import Host, MsrunSpec, RankSpec
+from .bindfile import BindFile
 
 
 def worker_ids(spec: MsrunSpec, assigned: Optional[Sequence[int]]) -> List[Optional[int]]:
@@ -91,14 +93,18 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
     both are given, ``--bind_core`` decides.
     """
     local = spec.local_worker_num
-    flag, mode = "bind_core", spec.bind_core
-    if mode is None and spec.bind_numa not in (None,) and not (
-            isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file"):
-        flag, mode = "bind_numa", spec.bind_numa
-    if mode is None:
-        return None, [None] * local
     usable = set(cpus)
     nodes = [tuple(c for c in node if c in usable) for node in numa] or [tuple(sorted(cpus))]
+    numa_given = spec.bind_numa
+    if isinstance(numa_given, BindFile):
+        if numa_given.legacy is None:        # (the file decides, as in msrun)
+            return _file_cpus(numa_given, usable, nodes, scheduler, local)
+        numa_given = numa_given.legacy
+    flag, mode = "bind_core", spec.bind_core
+    if mode is None and numa_given is not None:
+        flag, mode = "bind_numa", numa_given
+    if mode is None:
+        return None, [None] * local
     if mode == "auto":
         if flag == "bind_core":
             return None, list(_blocks(sorted(cpus), local))
@@ -126,6 +132,53 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
     for i, (_, value) in enumerate(devices[:local]):
         workers[i] = value
     return (given.get("scheduler") if scheduler else None), workers
+
+
+def _node_cpus(bound: BindFile, key: str, nodes: Sequence[Tuple[int, ...]],
+               numbers: Sequence[int]) -> Tuple[int, ...]:
+    missing = [n for n in numbers if n >= len(nodes) or not nodes[n]]
+    if missing:
+        raise PlanError(f"--bind_numa: {bound.path}: {key} names NUMA node {missing[0]}, which "
+                        f"this node does not have (it has {len(nodes)})")
+    return tuple(sorted({c for n in numbers for c in nodes[n]}))
+
+
+def _file_cpus(bound: BindFile, usable, nodes: Sequence[Tuple[int, ...]], scheduler: bool,
+               local: int) -> Tuple[Optional[Tuple[int, ...]], List[Optional[Tuple[int, ...]]]]:
+    """CPUs of the scheduler and each worker from ``--bind_numa``'s file: its
+    ``main`` CPUs, or its NUMA nodes' (``deviceN`` is the N-th local worker)."""
+    def cpus_of(key: str) -> Optional[Tuple[int, ...]]:
+        numbers = bound.entry(bound.cpu, key)
+        if not numbers:
+            return None
+        if bound.cpu_mode == "numa":
+            return _node_cpus(bound, key, nodes, numbers)
+        missing = [c for c in numbers if c not in usable]
+        if missing:
+            raise PlanError(f"--bind_numa: {bound.path}: {key} names CPU {missing[0]}, which "
+                            f"this node does not have (usable: {_cpulist(sorted(usable))})")
+        return tuple(numbers)
+    return (cpus_of("scheduler") if scheduler else None), \
+        [cpus_of(f"device{i}") for i in range(local)]
+
+
+def memory_nodes(spec: MsrunSpec, scheduler: bool, numa: Sequence[Sequence[int]]
+                 ) -> Tuple[Optional[str], List[Optional[str]]]:
+    """The NUMA nodes (``numactl``'s list) the scheduler's and each worker's memory
+    is bound to by ``--bind_numa``'s file (None: not bound)."""
+    bound, local = spec.bind_numa, spec.local_worker_num
+    if not isinstance(bound, BindFile) or bound.memory_mode != "numa":
+        return None, [None] * local
+    nodes = [tuple(node) for node in numa]
+
+    def nodes_of(key: str) -> Optional[str]:
+        numbers = bound.entry(bound.memory, key)
+        if not numbers:
+            return None
+        _node_cpus(bound, key, nodes, numbers)
+        return ",".join(map(str, numbers))
+    return (nodes_of("scheduler") if scheduler else None), \
+        [nodes_of(f"device{i}") for i in range(local)]
 
 
 def mindspore_defaults(online_cpus: int) -> Dict[str, str]:
@@ -166,8 +219,9 @@ def _common_env(spec: MsrunSpec, sched_host: str) -> Dict[str, str]:
                        "MS_TOPO_TIMEOUT": str(spec.cluster_time_out)})
     if spec.rank_table_file:
         common["RANK_TABLE_FILE"] = spec.rank_table_file
-    if isinstance(spec.bind_numa, tuple) and spec.bind_numa[0] == "file":
-        common["MSRUN_BIND_FILE"] = spec.bind_numa[1]
+    if isinstance(spec.bind_numa, BindFile):
+        common["MSRUN_BIND_FILE"] = spec.bind_numa.path
+        common["MSRUN_BIND_FILE_HASH"] = spec.bind_numa.digest
     return common
 
 
@@ -197,6 +251,7 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
     sched_host = sched_host or spec.master_addr
     common = _common_env(spec, sched_host)
     sched_cpus, worker_cpus = bindings(spec, cpus, scheduler, numa)
+    sched_mem, worker_mem = memory_nodes(spec, scheduler and not sim, numa)
     single = sim and spec.sim_rank_id >= 0
     if single:    # msrun dry-runs that one rank as the only local worker
         from ..core.spec import replace
@@ -208,8 +263,10 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
     key = first_key
 
     def add(label: str, env: Dict[str, str], log: str, bound, local_rank: int,
-            rank: int, console: bool) -> None:
+            rank: int, console: bool, membind: Optional[str] = None) -> None:
         nonlocal key
+        # (memory bound as msrun binds it: its program run by numactl)
+        argv = ("numactl", "--membind", membind, *spec.argv) if membind else spec.argv
         if bound and auto and local_rank >= 0:
             # msrun's format, which MindSpore reads back with ast.literal_eval
             env["MSRUN_CPU_LIST"] = str(list(bound))
@@ -218,7 +275,7 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
         # MindSpore 2.10's connect race to the scheduler for tens of seconds.
         procs.append(RankSpec(
             rank=rank, app=0, host=host, local_rank=local_rank,
-            local_size=spec.local_worker_num, argv=spec.argv, env=env, cwd=spec.launch_dir,
+            local_size=spec.local_worker_num, argv=argv, env=env, cwd=spec.launch_dir,
             stdout_path=log, stderr_path=None, cpus=bound, stdin="null", index=key,
             label=label, console=console, session=local_rank >= 0))
         key += 1
@@ -226,7 +283,7 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
     if scheduler and not sim:
         env = dict(base, **common, MS_ROLE="MS_SCHED", RANK_ID="0")
         add("scheduler", env, os.path.join(spec.log_dir, "scheduler.log"), sched_cpus, -1, -1,
-            False)
+            False, sched_mem)
     tailed = None if spec.tail_worker_log == "-1" else \
         {int(x) for x in spec.tail_worker_log.split(",")}
     for i in range(1 if single else spec.local_worker_num):
@@ -246,5 +303,5 @@ def node_processes(spec: MsrunSpec, *, scheduler: bool, ranks: Optional[Sequence
         wid = node_id if node_id is not None else i
         console = spec.join and (tailed is None or wid in tailed)
         add(f"worker {wid}", env, log_name(spec, wid, hostname, ip), worker_cpus[i], i,
-            rank if rank is not None else i, console)
+            rank if rank is not None else i, console, worker_mem[i])
     return tuple(procs)

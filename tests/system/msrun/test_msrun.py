@@ -260,11 +260,14 @@ def test_bind_numa_on_this_machine_and_its_file_form(bin_dir, tmp_path):
     from mslaunch.core.cputopo import parse_cpulist
     assert env_of(logs(tmp_path / "a")["worker_0.log"])["MSRUN_CPU_LIST"] == \
         str(list(parse_cpulist(node0)))
+    # msrun's older file form: a map of NUMA nodes, named to the processes
+    (tmp_path / "bind.json").write_text('{"device0": ["0"]}')
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'b'}",
                "--join=True", "--bind_numa=bind.json", TASK], env, tmp_path)
     assert r.returncode == 0, r.stderr
     w = env_of(logs(tmp_path / "b")["worker_0.log"])
     assert w["MSRUN_BIND_FILE"] == str(tmp_path / "bind.json") and "MSRUN_CPU_LIST" not in w
+    assert w["affinity"] == list(parse_cpulist(node0))
     r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'c'}",
                "--join=True", '--bind_numa={"device0":["63"]}', TASK], env, tmp_path)
     assert r.returncode == 1 and r.stderr.count(b"\n") == 1, r.stderr
@@ -275,6 +278,92 @@ def test_bind_numa_on_this_machine_and_its_file_form(bin_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     w = env_of(logs(tmp_path / "d")["worker_0.log"])
     assert w["affinity"] == list(parse_cpulist(node0)) and "MSRUN_CPU_LIST" not in w
+
+
+#: A worker that says its CPUs, its memory policy (numactl's own words) and the bind
+#: file's variables, as one JSON line.
+POLICY = """import json, os, subprocess
+show = subprocess.run(["numactl", "--show"], capture_output=True, text=True).stdout
+print(json.dumps({"role": os.environ.get("MS_ROLE"), "cpus": sorted(os.sched_getaffinity(0)),
+                  "policy": show.splitlines()[0], "file": os.environ.get("MSRUN_BIND_FILE"),
+                  "hash": os.environ.get("MSRUN_BIND_FILE_HASH")}))
+"""
+
+
+def test_bind_numa_s_json_file_binds_cpus_and_memory_as_msrun_does(bin_dir, tmp_path):
+    import hashlib
+    require(os.path.exists("/usr/bin/numactl"), "numactl (apt install numactl)")
+    (tmp_path / "w.py").write_text(POLICY)
+    last = sorted(os.sched_getaffinity(0))[-1]
+    text = json.dumps({"bind_config": {"bind_cpu_mode": "cpu", "bind_memory_mode": "numa"},
+                       "bind_cpu": {"device0": {"main": "0"}, "device_1": {"main": str(last)},
+                                    "scheduler": {"main": str(last)}},
+                       "bind_memory": {"device0": 0, "scheduler": "0"}})
+    (tmp_path / "b.json").write_text(text)
+    r = msrun(["--worker_num=2", "--local_worker_num=2", f"--log_dir={tmp_path / 'l'}",
+               "--join=True", "--bind_numa=b.json", "w.py"], ms_env(bin_dir), tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = {name: json.loads(text) for name, text in logs(tmp_path / "l").items()}
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert {(g["file"], g["hash"]) for g in got.values()} == {(str(tmp_path / "b.json"), digest)}
+    assert (got["scheduler.log"]["cpus"], got["scheduler.log"]["policy"]) == ([last], "policy: bind")
+    assert (got["worker_0.log"]["cpus"], got["worker_0.log"]["policy"]) == ([0], "policy: bind")
+    assert (got["worker_1.log"]["cpus"], got["worker_1.log"]["policy"]) == \
+        ([last], "policy: default")
+    # msrun's console line names numactl where it binds memory (CPUs are bound without taskset)
+    assert "Execute command: numactl --membind 0 python w.py" in r.stdout.decode()
+    # bind_cpu_mode "numa": the CPUs of the node named
+    node0 = open("/sys/devices/system/node/node0/cpulist").read().strip()
+    (tmp_path / "n.json").write_text(json.dumps({"bind_config": {"bind_cpu_mode": "numa"},
+                                                 "bind_cpu": {"device0": 0}}))
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'n'}",
+               "--join=True", "--bind_numa=n.json", "w.py"], ms_env(bin_dir), tmp_path)
+    assert r.returncode == 0, r.stderr
+    from mslaunch.core.cputopo import parse_cpulist
+    w = json.loads(logs(tmp_path / "n")["worker_0.log"])
+    assert (w["cpus"], w["policy"]) == (list(parse_cpulist(node0)), "policy: default")
+
+
+@pytest.mark.parametrize("content, words, code", [
+    (None, "--bind_numa: the JSON file 'b.json' does not exist", 2),
+    ("[1]", "should hold a JSON object", 2),
+    ('{"bind_config": {"bind_cpu_mode": "bogus"}}', "'bind_cpu_mode' only supports", 2),
+    ('{"bind_config": {"bind_memory_mode": "cpu"}}', "'bind_memory_mode' only supports", 2),
+    ('{"bind_config": {"bind_cpu_mode": "cpu"}, "bind_cpu": {"gpu0": {"main": "0"}}}',
+     "invalid key 'gpu0'", 2),
+    ('{"bind_config": {"bind_cpu_mode": "cpu"}, "bind_cpu": {"device0": {"main": "9999"}}}',
+     "device0 names CPU 9999, which this node does not have", 1),
+    ('{"bind_config": {"bind_memory_mode": "numa"}, "bind_memory": {"device0": 63}}',
+     "device0 names NUMA node 63", 1),
+])
+def test_a_bad_bind_numa_file_is_one_line_and_starts_nothing(bin_dir, tmp_path, content,
+                                                              words, code):
+    tag = new_tag()
+    if content is not None:
+        (tmp_path / "b.json").write_text(content)
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'l'}",
+               "--join=True", "--bind_numa=b.json", TASK], ms_env(bin_dir, tag), tmp_path)
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mslaunch: error: --bind_numa: "), lines
+    assert words in lines[0], lines
+    assert tagged_pids(tag) == []
+
+
+def test_memory_bound_without_numactl_is_one_line(bin_dir, tmp_path):
+    tag = new_tag()
+    (tmp_path / "b.json").write_text('{"bind_config": {"bind_memory_mode": "numa"}, '
+                                     '"bind_memory": {"device0": 0}}')
+    env = ms_env(bin_dir, tag)
+    env["PATH"] = str(bin_dir)           # (python, and no numactl)
+    r = msrun(["--worker_num=1", "--local_worker_num=1", f"--log_dir={tmp_path / 'l'}",
+               "--join=True", "--bind_numa=b.json", TASK], env, tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.decode().splitlines() == [
+        f"mslaunch: error: --bind_numa: {tmp_path / 'b.json'} binds memory "
+        f"(bind_memory_mode \"numa\"), through numactl, which is not on PATH (Debian and "
+        f"Ubuntu: apt install numactl)"]
+    assert tagged_pids(tag) == []
 
 
 def _mindspores_concat():
