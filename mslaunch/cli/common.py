@@ -124,13 +124,25 @@ DEEPSPEED_VALUED = tuple(name for name, takes in DEEPSPEED_OPTIONS.items() if ta
     ("-H", "-i", "-e")
 
 
+def deepspeed_name(body: str) -> str:
+    """The DeepSpeed option a ``--body`` names: itself, or the one it is a unique
+    start of (as DeepSpeed's argparse takes it); else ``body``."""
+    if body in DEEPSPEED_OPTIONS or len(body) < 2:
+        return body
+    found = [name for name in DEEPSPEED_OPTIONS if name.startswith(body)]
+    return found[0] if len(found) == 1 else body
+
+
 def is_deepspeed(argv) -> bool:
     """Whether a line's options, before its script, name one only DeepSpeed's
-    launcher has (``--launcher`` with one of its values counts)."""
+    launcher has, whole or by a unique start (``--launcher`` with one of its
+    values counts)."""
     at = 0
     while at < len(argv) and argv[at].startswith("-"):
         word = argv[at]
         name, eq, value = (word[2:] if word.startswith("--") else word).partition("=")
+        if word.startswith("--"):
+            name = deepspeed_name(name)
         takes = not eq and name in DEEPSPEED_VALUED
         if takes:
             value = argv[at + 1] if at + 1 < len(argv) else ""

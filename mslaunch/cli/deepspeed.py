@@ -1,8 +1,8 @@
 """DeepSpeed's dialect: the ``deepspeed`` launcher replaced by ``mslaunch``.
 
 A line is DeepSpeed's (:func:`is_deepspeed`) when an option before its script
-is one only DeepSpeed's launcher has (``--num_gpus``, ``--include``,
-``--no_local_rank``, ``--launcher pdsh``...).  Its hosts are DeepSpeed's: the
+is one only DeepSpeed's launcher has, whole or by a unique start of its name
+(``--num_gpus``, ``--include``, ``--no_local_rank``, ``--launcher pdsh``...).  Its hosts are DeepSpeed's: the
 ``--hostfile`` (``HOST slots=N`` lines; ``/job/hostfile`` when there, as
 DeepSpeed reads it), narrowed by ``--include``/``--exclude``
 (``h1:0,1@h2``) or ``--num_nodes``/``--num_gpus``; without a hostfile this
@@ -19,7 +19,11 @@ export: the launcher's ``PYTHON*``, ``MLFLOW*``, ``MV2*``, ``UCX*`` and
 ``NCCL*`` variables, the lines of ``.deepspeed_env`` (in ``~`` and here;
 ``DS_ENV_FILE`` names another file) and ``PYTHONPATH`` with the launch
 directory first.  ``--launcher`` (pdsh, openmpi, mvapich, mpich, impi, slurm)
-names how DeepSpeed would start the nodes: mslaunch starts them itself.
+names how DeepSpeed would start the nodes: mslaunch starts them itself (the
+MPI ones and slurm, across nodes, without ``--local_rank``, as DeepSpeed's).
+Without a hostfile ``MASTER_ADDR`` is 127.0.0.1 whatever ``--master_addr``
+says, as DeepSpeed's runner has it; the workers' stdout is a terminal where
+DeepSpeed's would be (one node, mslaunch's own stdout one).
 
 The line becomes an mpirun-dialect job: one context per node, its hosts as
 ``-H`` with a slot per worker (see :func:`mpirun_words`), each worker's
@@ -255,6 +259,13 @@ def _refuse(given: Mapping[str, str]) -> None:
 def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str) -> List[str]:
     """The mpirun-dialect words of the job: its hosts, then a context per node
     with that node's variables (its program is put in by :func:`command`)."""
+    return _words(given, environ, cwd)[0]
+
+
+def _words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str
+           ) -> Tuple[List[str], bool]:
+    """:func:`mpirun_words`, and whether DeepSpeed would start the job through a
+    runner of several nodes (its ``--launcher``), not its one node's ``launch.py``."""
     _refuse(given)
     hostfile = given.get("hostfile", DEFAULT_HOSTFILE)
     if "hostfile" not in given and os.path.isfile(hostfile):
@@ -289,8 +300,9 @@ def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str)
     words = ["-H", ",".join(f"{host}:{len(slots)}" for host, slots in active)]
     if "ssh_port" in given:
         words += ["--ssh-port", str(_whole("ssh_port", given["ssh_port"], 1))]
-    addr = given.get("master_addr", "").strip() or ("127.0.0.1" if local else
-                                                     first_address([h for h, _ in active]))
+    # (without a hostfile DeepSpeed's runner puts 127.0.0.1 in place of --master_addr)
+    addr = "127.0.0.1" if local else given.get("master_addr", "").strip() or \
+        first_address([h for h, _ in active])
     shared = [("MASTER_PORT", str(port))] + ([("MASTER_ADDR", addr)] if addr else [])
     # (deepspeed's import sets it, unless set, in each node's launcher: its workers have it)
     shared.append(("PYTORCH_NVML_BASED_CUDA_CHECK",
@@ -310,7 +322,7 @@ def mpirun_words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str)
                            ("LOCAL_SIZE", str(len(slots)))]:
             contexts += ["-x", f"{key}={value}"]
         contexts.append(sys.executable)        # (the worker's command: see command())
-    return words + contexts
+    return words + contexts, many
 
 
 def first_address(hosts: Sequence[str]) -> str:
@@ -340,15 +352,23 @@ def first_address(hosts: Sequence[str]) -> str:
     return address(hosts[0])
 
 
-def worker_command(given: Mapping[str, str], script: Sequence[str]) -> Tuple[List[str], int]:
-    """What each worker runs, as DeepSpeed's launch.py runs it, and where its
-    ``--local_rank=N`` goes (-1: ``--no_local_rank``)."""
+#: DeepSpeed's runners of several nodes that start the workers through an MPI
+#: launcher or srun, without ``launch.py``: their workers get no ``--local_rank``.
+MPI_RUNNERS = ("openmpi", "mvapich", "mpich", "impi", "slurm")
+
+
+def worker_command(given: Mapping[str, str], script: Sequence[str], many: bool = False
+                   ) -> Tuple[List[str], int]:
+    """What each worker runs, as DeepSpeed's launch.py runs it (or, across nodes
+    with an MPI ``--launcher``, that launcher), and where its ``--local_rank=N``
+    goes (-1: none, ``--no_local_rank`` or such a launcher)."""
     module, no_python = "module" in given, "no_python" in given
     if module and no_python:
         raise UsageError("--module and --no_python cannot both be given (DeepSpeed refuses "
                          "them together too)")
     head = [] if no_python else [sys.executable, "-u"] + (["-m"] if module else [])
-    at = -1 if "no_local_rank" in given else len(head) + 1
+    runner = many and given.get("launcher", "pdsh").lower() in MPI_RUNNERS
+    at = -1 if "no_local_rank" in given or runner else len(head) + 1
     return head + list(script), at
 
 
@@ -359,11 +379,16 @@ def command(argv: Sequence[str]) -> JobSpec:
     from .mpirun import parse_args
     given, script = read_line(argv)
     cwd = launch_dir()
-    job = parse_args(mpirun_words(given, os.environ, cwd), cwd=cwd, defaults=False)
+    words, many = _words(given, os.environ, cwd)
+    job = parse_args(words, cwd=cwd, defaults=False)
     # The worker's command goes in whole: through the mpirun dialect a ':' among
     # the script's words would start another context.
-    command, at = worker_command(given, script)
+    command, at = worker_command(given, script, many)
     apps = tuple(replace(app, argv=tuple(command),
                          local_rank_arg=None if at < 0 else (at, "--local_rank="))
                  for app in job.apps)
-    return replace(job, apps=apps)
+    # DeepSpeed's workers write to its own stdout on one node (a terminal only where
+    # it is one), through pdsh's ssh across nodes (never one)
+    from ..core.switches import pty_wanted
+    pty = pty_wanted(os.environ, False, sys.stdout.isatty() and not many)
+    return replace(job, apps=apps, output=replace(job.output, pty=pty))

@@ -211,5 +211,5 @@ def _refuse_mixed(argv: Sequence[str]) -> None:
         shared = sorted({n for n, _ in options})
         raise UsageError(
             f"--{', --'.join(shared)}: both msrun's and torchrun's; say which: "
-            f"--nproc-per-node N (torchrun's workers on this node) or --worker_num N "
-            f"--local_worker_num N (msrun's)")
+            f"--nproc-per-node N (torchrun's workers on this node), --worker_num N "
+            f"--local_worker_num N (msrun's) or --num_gpus N (DeepSpeed's launcher's)")

@@ -36,6 +36,9 @@ def _dialect(argv):
     (["-n", "1", "true"], "mpirun"),
     (["-H", "hf", "-i", "h1@h2", "train.py"], "deepspeed"),
     (["-e", "h1:0", "train.py"], "deepspeed"),
+    (["--num_g", "2", "train.py"], "deepspeed"),              # (a unique start, as argparse)
+    (["--incl=localhost:0", "train.py"], "deepspeed"),
+    (["--no", "train.py"], "mpirun"),                         # (the start of several)
 ])
 def test_a_line_s_dialect(argv, expected):
     assert _dialect(argv) == expected
@@ -186,3 +189,33 @@ def test_any_hostfile_is_read_or_refused_in_one_line_naming_it(lines):
         assert str(err).startswith("hf") and "\n" not in str(err)
     else:
         assert pool and len({host for host, _ in pool}) == len(pool)
+
+
+def test_no_other_dialect_s_option_is_taken_for_a_start_of_a_deepspeed_one():
+    from mslaunch.cli.common import (DEEPSPEED_ONLY, MSRUN_EXTRAS, MSRUN_OPTIONS,
+                                     TORCHRUN_OPTIONS, deepspeed_name)
+    from mslaunch.cli.options import SPELLINGS
+    others = {s for s in SPELLINGS if len(s) > 1} | {n for n, _, _ in TORCHRUN_OPTIONS} | \
+        set(MSRUN_OPTIONS + MSRUN_EXTRAS)
+    assert not [o for o in others if deepspeed_name(o) in DEEPSPEED_ONLY]
+
+
+def test_without_a_hostfile_master_addr_is_this_machine_s_as_deepspeed_has_it(monkeypatch,
+                                                                              tmp_path):
+    import mslaunch.cli.deepspeed as ds
+    monkeypatch.setattr(ds, "local_devices", lambda: 2)
+    words = ds.mpirun_words({"master_addr": "10.1.2.3"}, {}, str(tmp_path))
+    assert _env_of(words)["MASTER_ADDR"] == "127.0.0.1"
+    (tmp_path / "hf").write_text("localhost slots=2\n")
+    words = ds.mpirun_words({"master_addr": "10.1.2.3", "hostfile": str(tmp_path / "hf")}, {},
+                            str(tmp_path))
+    assert _env_of(words)["MASTER_ADDR"] == "10.1.2.3"
+
+
+def test_mpi_runners_across_nodes_start_workers_without_local_rank():
+    from mslaunch.cli.deepspeed import MPI_RUNNERS, worker_command
+    for launcher in MPI_RUNNERS:
+        assert worker_command({"launcher": launcher}, ["t.py", "a"], many=True)[1] == -1
+        # on one node DeepSpeed's launch.py starts them, whatever --launcher says
+        assert worker_command({"launcher": launcher}, ["t.py", "a"], many=False)[1] == 3
+    assert worker_command({"launcher": "pdsh"}, ["t.py"], many=True)[1] == 3

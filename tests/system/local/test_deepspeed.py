@@ -54,7 +54,8 @@ def _both(deepspeed: str, line: List[str], tmp_path, env: Dict[str, str], timeou
     (["--num_gpus", "2"], 2),
     (["--num_gpus=3", "--master_port", "{port}", "--no_local_rank"], 3),
     (["--num_gpus", "2", "--module"], 2),
-], ids=["num_gpus", "no_local_rank", "include-module"])
+    (["--num_g", "2", "--master_addr", "10.1.2.3"], 2),    # (a start; its address replaced)
+], ids=["num_gpus", "no_local_rank", "include-module", "prefix-master_addr"])
 def test_one_node_s_workers_get_deepspeed_s_arguments_and_variables(deepspeed, tmp_path, line,
                                                                      count):
     port = str(_free_port())
@@ -70,6 +71,7 @@ def test_one_node_s_workers_get_deepspeed_s_arguments_and_variables(deepspeed, t
         for key in KEYS:
             assert o["env"].get(key) == t["env"].get(key), key
         assert o["cwd"] == t["cwd"]
+        assert o["isatty"] == t["isatty"] is False      # (both launchers' stdout a pipe)
 
 
 @pytest.mark.remote
