@@ -294,6 +294,12 @@ def _words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str
         active = [(host, list(range(gpus))) for host, _ in active]
     if not active:
         raise UsageError("no worker is left on any node (--include, --exclude, --num_gpus)")
+    here = [host for host, _ in active if is_local_host(host)]
+    if len(here) > 1:
+        # (one machine is one node here: its workers' LOCAL_RANK, CROSS_RANK and
+        # devices would not add up as two nodes')
+        raise UsageError(f"{', '.join(one_line(h, 30) for h in here)} are all this machine: "
+                         f"name it once in the hostfile, with all its slots")
     many = (len(active) > 1 or "force_multi" in given or
             not all(is_local_host(host) for host, _ in active)) and not local
     port = _whole("master_port", given.get("master_port", str(DEFAULT_PORT)), 0)

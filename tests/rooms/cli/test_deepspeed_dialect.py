@@ -219,3 +219,10 @@ def test_mpi_runners_across_nodes_start_workers_without_local_rank():
         # on one node DeepSpeed's launch.py starts them, whatever --launcher says
         assert worker_command({"launcher": launcher}, ["t.py", "a"], many=False)[1] == 3
     assert worker_command({"launcher": "pdsh"}, ["t.py"], many=True)[1] == 3
+
+
+def test_this_machine_named_twice_in_the_hostfile_is_one_error_line(tmp_path):
+    import mslaunch.cli.deepspeed as ds
+    (tmp_path / "hf").write_text("localhost slots=2\n127.0.0.1 slots=2\n")
+    with pytest.raises(UsageError, match="localhost, 127.0.0.1 are all this machine"):
+        ds.mpirun_words({"hostfile": str(tmp_path / "hf")}, {}, str(tmp_path))
