@@ -351,9 +351,30 @@ def preload_files(d: Draft, flag: str, values: Sequence[str]) -> None:
 def read_options(name: str) -> Apply:
     """``-tune FILE,...`` and ``-am FILE,...``: their words are read as if written here."""
     def apply(d: Draft, flag: str, values: Sequence[str]) -> List[str]:
-        paths = [os.path.join(d.cwd, f) for f in values[0].split(",") if f]
+        paths = [find_param_file(d, f) for f in values[0].split(",") if f]
         return d.option_file(d, name, flag, paths)
     return apply
+
+
+def find_param_file(d: Draft, name: str) -> str:
+    """A ``-tune`` or ``-am`` file as Open MPI finds it: a name with a ``/`` from
+    the launch directory; a bare name in the first folder of
+    ``mca_base_param_file_path`` that has it (``OMPI_MCA_mca_base_param_file_path``;
+    Open MPI's default: its ``amca-param-sets`` folder, then the launch
+    directory), else the launch directory's (which the error then names)."""
+    if "/" in name:
+        return os.path.join(d.cwd, name)
+    given = d.environ.get("OMPI_MCA_mca_base_param_file_path")
+    if given:
+        folders = given.split(":")
+    else:
+        prefix = d.environ.get("OPAL_PREFIX") or "/usr"
+        folders = [os.path.join(prefix, "share", "openmpi", "amca-param-sets"), d.cwd]
+    for folder in folders:
+        found = os.path.join(d.cwd, folder, name)
+        if folder and os.path.isfile(found):
+            return found
+    return os.path.join(d.cwd, name)
 
 
 # -- hosts ---------------------------------------------------------------------
@@ -391,8 +412,10 @@ def _launcher(word: str, flag: str, component_list: bool) -> LauncherName:
     names = [w.strip() for w in word.lstrip("^").split(",")] if component_list else [word]
     if not all(w in words for w in names):
         main = [w for w, name in words.items() if w == name and w != AUTO]
+        others = sorted(w for w, name in words.items() if w != name)
         raise UsageError(f"{flag} {one_line(word, 30)}: expected {', '.join(main)} or auto "
-                         f"(srun's agents inside a Slurm allocation, else ssh)"
+                         f"(srun's agents inside a Slurm allocation, else ssh; also "
+                         f"{', '.join(others)})"
                          + (", or ^ and a list of those to leave out" if component_list
                             else ""))
     chosen = {words[w] for w in names}

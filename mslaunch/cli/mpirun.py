@@ -160,8 +160,9 @@ def _tune_parameter(d: Draft, argv: Sequence[str]) -> List[str]:
     said = ("--mca mca_base_envar_file_prefix" if from_flag
             else "OMPI_MCA_mca_base_envar_file_prefix (environment)")
     try:
+        from .draft import find_param_file
         return d.option_file(d, "tune", said,
-                             [os.path.join(d.cwd, f) for f in value.split(",") if f])
+                             [find_param_file(d, f) for f in value.split(",") if f])
     except UsageError as err:      # a file that cannot be read names its file only
         raise UsageError(str(err) if said in str(err) else f"{said}: {err}") from None
 

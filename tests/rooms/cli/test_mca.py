@@ -269,7 +269,7 @@ def _side_by_side(tmp_path, args, env):
     "flag-over-tune", "env-over-tune", "env-over-tune-ranks", "gmca", "tune-in-env",
     "tune-flag-over-tune-in-env", "tune-word-of-the-program", "tune-by-mca", "empty-env",
     "empty-env-over-user-file", "default-slots",
-    "param-files", "user-file-x", "dash-host", "n-pernode"])
+    "param-files", "user-file-x", "dash-host", "n-pernode", "tune-on-the-search-path"])
 def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     one = tmp_path / "one"
     one.write_text("localhost slots=1\n")
@@ -335,6 +335,13 @@ def test_same_as_open_mpi_4(tmp_path, hostfile, case):
     elif case == "n-pernode":
         env = {"OMPI_MCA_rmaps_base_n_pernode": "1"}
         args = ["-H", "localhost:2", "hostname"]
+    elif case == "tune-on-the-search-path":
+        # a bare name is looked for along mca_base_param_file_path, as Open MPI does
+        sets = tmp_path / "sets"
+        sets.mkdir()
+        (sets / "ovs").write_text("rmaps_base_oversubscribe = 1\n")
+        env = {"OMPI_MCA_mca_base_param_file_path": str(sets)}
+        args = ["--tune", "ovs", "-H", "localhost:1", "-n", "2", "echo", "x"]
     elif case == "user-file-x":
         conf.write_text("-x FROM_CONF=5\n--mca orte_tag_output 1\n")
         args = ["-n", "1", "printenv", "FROM_CONF"]

@@ -144,7 +144,8 @@ def test_launcher_words_come_from_the_starters_and_backends_tables():
     # every launcher a table names is one of LauncherName's words, and each of those is named
     assert set(words.values()) == _literal_words("LauncherName")
     assert words == {"auto": "auto", "slurm": "slurm", "local": "local", "fork": "local",
-                     "isolated": "local", "ssh": "ssh", "rsh": "ssh", "srun": "srun"}
+                     "isolated": "local", "ssh": "ssh", "rsh": "ssh", "srun": "srun",
+                     "sge": "auto", "lsf": "auto"}
     assert "srun" not in launcher_words(starters_only=True)     # not an Open MPI plm
     for word, name in words.items():
         if name not in ("slurm", "srun"):            # (they need an allocation)
@@ -159,3 +160,4 @@ def test_a_launcher_word_of_no_table_is_refused_with_the_words_of_the_tables(arg
         parse_args([*argv, "-n", "1", "prog"], environ={})
     assert "expected slurm, local, ssh" in str(err.value)
     assert ("srun or auto" in str(err.value)) == (argv[0] == "--launcher")
+    assert "also fork, isolated, lsf, rsh, sge)" in str(err.value)

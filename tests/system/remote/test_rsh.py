@@ -324,9 +324,10 @@ def test_grid_engine_hosts_slots_and_qrsh_inherit(sshbed, tmp_path):
     pe.write_text("h1 2 all.q@h1 UNDEFINED\nh2 1 all.q@h2 UNDEFINED\n")
     env = renv(str(tmp_path), PE_HOSTFILE=str(pe), JOB_ID="42", SGE_ROOT=str(tmp_path / "sge"),
                ARC="lx-amd64")
-    r = run_rsh(str(tmp_path), "hostname", env=env)
-    assert r.returncode == 0, r.stderr
-    assert sorted(r.stdout.split()) == [b"h1", b"h1", b"h2"]
+    for line in (["hostname"], ["-launcher", "sge", "hostname"]):     # (Hydra's word for it)
+        r = run_rsh(str(tmp_path), *line, env=env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.split()) == [b"h1", b"h1", b"h2"]
     assert wait_for(lambda: no_agents(sshbed), 15)
 
 
@@ -338,7 +339,8 @@ def test_lsf_hosts_slots_and_blaunch(sshbed, tmp_path):
     for extra in ({"LSB_MCPU_HOSTS": "h3 1 h4 2"},
                   {"LSB_DJOB_HOSTFILE": str(tmp_path / "djob")}):
         (tmp_path / "djob").write_text("h3\nh4\nh4\n")
-        env = renv(str(tmp_path), LSB_JOBID="7", LSF_BINDIR=str(bindir), **extra)
+        env = renv(str(tmp_path), LSB_JOBID="7", LSF_BINDIR=str(bindir),
+                   I_MPI_HYDRA_BOOTSTRAP="lsf", **extra)      # (Intel MPI's word for it)
         r = run_rsh(str(tmp_path), "hostname", env=env)
         assert r.returncode == 0, r.stderr
         assert sorted(r.stdout.split()) == [b"h3", b"h4", b"h4"]

@@ -158,7 +158,8 @@ STARTERS: Tuple[Tuple[str, LauncherWords, Wanted, str], ...] = (
     ("srun", (SLURM, ()), _under_slurm, "mslaunch.backends.agents.starters.slurm"),
     ("none", (LOCAL_ONLY, ("fork", "isolated")), _nowhere,
      "mslaunch.backends.agents.starters.starter"),
-    ("rsh", None, _rsh, "mslaunch.backends.agents.starters.rsh"),
+    # (Hydra's sge and lsf: qrsh and blaunch, which "auto" takes inside those allocations)
+    ("rsh", (AUTO, ("sge", "lsf")), _rsh, "mslaunch.backends.agents.starters.rsh"),
     ("ssh", (SSH, ("rsh",)), _ssh, "mslaunch.backends.agents.starters.ssh.starter"),
 )
 
