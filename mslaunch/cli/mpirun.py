@@ -281,9 +281,13 @@ def _build(d: Draft) -> JobSpec:
     if d.perhost is not None and not any(
             name in ("npernode", "pernode", "ppn", "ppr", "npersocket") for name, _ in d.mapping):
         placement.update(per_node=d.perhost, per_node_wrap=True)
-    timeout = d.timeout
-    if not d.timeout_said and d.environ.get("MPIEXEC_TIMEOUT"):
-        timeout = job_timeout("MPIEXEC_TIMEOUT", d.environ["MPIEXEC_TIMEOUT"])
+    timeout, source = d.timeout, "--timeout"
+    if not d.timeout_said:
+        # (Intel MPI's name first: its mpiexec takes MPIEXEC_TIMEOUT as its older spelling)
+        for var in ("I_MPI_JOB_TIMEOUT", "MPIEXEC_TIMEOUT"):
+            if d.environ.get(var):
+                timeout, source = job_timeout(var, d.environ[var]), var
+                break
     if d.report_state and timeout is None:      # Open MPI 4 ignores it without a word
         d.warnings.append("--report-state-on-timeout acts on a timeout only, and none is set: "
                           "add --timeout SECONDS (or set MPIEXEC_TIMEOUT)")
@@ -315,7 +319,8 @@ def _build(d: Draft) -> JobSpec:
         **placement,  # type: ignore[arg-type]
         output=output, global_env=tuple(d.genv), inherit_env=d.inherit_env,
         forward_env=_forward_env(d), mca=tuple(d.mca), keep_going=keep_going, stdin=stdin,
-        timeout=timeout, grace=float(d.grace), quiet=d.quiet, verbose=d.verbose, mpi=mpi,
+        timeout=timeout, timeout_source=source, grace=float(d.grace), quiet=d.quiet,
+        verbose=d.verbose, mpi=mpi,
         pmi_port=d.pmi_port, prefix=d.prefix, launch_dir=d.cwd,
         ssh=SSHSpec(config=d.ssh_config, user=d.ssh_user, port=d.ssh_port,
                     identity=d.ssh_identity, accept_new=d.ssh_accept_new,

@@ -199,6 +199,7 @@ class JobSpec:
     keep_going: bool = False              # abort-on-non-zero disabled
     stdin: str = "0"                      # "all", "none" or a rank number
     timeout: Optional[float] = None
+    timeout_source: str = "--timeout"     # what set it, for the line that says it ended the job
     grace: float = 5.0
     quiet: bool = False
     verbose: int = 0

@@ -227,8 +227,8 @@ class _Attempts:
         timeout = self.job.timeout
         if timeout is not None and self.last is not None \
                 and time.monotonic() - self.began >= timeout:
-            self.say(f"mslaunch: job timed out after {timeout:g} s (--timeout) before restart "
-                     f"{self.number}; exit status {TIMEOUT_EXIT}")
+            self.say(f"mslaunch: job timed out after {timeout:g} s ({self.job.timeout_source}) "
+                     f"before restart {self.number}; exit status {TIMEOUT_EXIT}")
             return JobResult(exit_code=TIMEOUT_EXIT, ending=TIMEOUT,
                              attempts=tuple(self.attempts))
         return None

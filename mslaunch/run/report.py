@@ -239,7 +239,8 @@ def timed_out(view: Reported, live: List[RankState]) -> None:
     quiet = view.job.quiet if view.job.line_quiet is None else view.job.line_quiet
     if not quiet:
         view.console.message(f"mslaunch: job timed out after {view.job.timeout:g} s "
-                             f"(--timeout); terminating {what}; exit status {TIMEOUT_EXIT}")
+                             f"({view.job.timeout_source}); terminating {what}; exit status "
+                             f"{TIMEOUT_EXIT}")
     for line in view.mpi_jobs.hang_report() if view.mpi_jobs is not None else []:
         view.console.message(f"mslaunch: PMI: {line}")
     if view.job.report_state:

@@ -123,8 +123,8 @@ class _Attempts:
             raise Stopped(f"stopped by {signal_name(sig)} during the --health-check", sig)
         if by_job and outcome.result.ending == TIMEOUT:
             from ..core.errors import TimedOut
-            raise TimedOut(f"job timed out after {job.timeout:g} s (--timeout), during "
-                           f"the --health-check")
+            raise TimedOut(f"job timed out after {job.timeout:g} s ({job.timeout_source}), "
+                           f"during the --health-check")
         failed = failed_hosts(outcome.result)
         for host, how in failed:
             if host in outcome.lost:      # (its loss and why were said as it happened)

@@ -114,10 +114,15 @@ def test_an_unknown_output_word_is_refused():
 
 
 def test_timeout_from_flag_or_environment():
-    assert parse_args(["--timeout", "2.5", "p"], environ={}, cwd="/").timeout == 2.5
-    assert parse_args(["p"], environ={"MPIEXEC_TIMEOUT": "7"}, cwd="/").timeout == 7
+    job = parse_args(["--timeout", "2.5", "p"], environ={}, cwd="/")
+    assert (job.timeout, job.timeout_source) == (2.5, "--timeout")
+    job = parse_args(["p"], environ={"MPIEXEC_TIMEOUT": "7"}, cwd="/")
+    assert (job.timeout, job.timeout_source) == (7, "MPIEXEC_TIMEOUT")
     with pytest.raises(UsageError, match="MPIEXEC_TIMEOUT"):
         parse_args(["p"], environ={"MPIEXEC_TIMEOUT": "soon"}, cwd="/")
+    # Intel MPI's name, before its older spelling
+    job = parse_args(["p"], environ={"I_MPI_JOB_TIMEOUT": "5", "MPIEXEC_TIMEOUT": "7"}, cwd="/")
+    assert (job.timeout, job.timeout_source) == (5, "I_MPI_JOB_TIMEOUT")
 
 
 @pytest.mark.parametrize("args, environ", [
