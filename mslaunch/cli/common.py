@@ -126,11 +126,15 @@ DEEPSPEED_VALUED = tuple(name for name, takes in DEEPSPEED_OPTIONS.items() if ta
 
 def deepspeed_name(body: str) -> str:
     """The DeepSpeed option a ``--body`` names: itself, or the one it is a unique
-    start of (as DeepSpeed's argparse takes it); else ``body``."""
+    start of (as DeepSpeed's argparse takes it), unless it is a start of an
+    option of msrun's or torchrun's too (``--log``, ``--master_p``); else ``body``."""
     if body in DEEPSPEED_OPTIONS or len(body) < 2:
         return body
     found = [name for name in DEEPSPEED_OPTIONS if name.startswith(body)]
-    return found[0] if len(found) == 1 else body
+    if len(found) != 1 or any(name.startswith(body) for name in MSRUN_OPTIONS + MSRUN_EXTRAS) \
+            or any(name.startswith(body) for name, _, _ in TORCHRUN_OPTIONS):
+        return body
+    return found[0]
 
 
 def is_deepspeed(argv) -> bool:

@@ -205,6 +205,11 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         else:
             terminate((), marker, grace, cgroup, live, spare=(parent,))
     else:
+        # The pipe's end comes as the launcher's files close, before the kernel
+        # hands its children on; a rank stopped below before that would make its
+        # process group an orphaned one with a stopped member, which the kernel
+        # sends SIGHUP (and SIGCONT): wait until the launcher is gone.
+        wait_gone(parent, 5.0)
         terminate(groups, marker, grace, cgroup, live,
                   stopped=None if on_stop is None else lambda pids: kept.extend(on_stop(pids)))
     if cgroup is not None:

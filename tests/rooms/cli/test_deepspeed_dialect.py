@@ -198,6 +198,10 @@ def test_no_other_dialect_s_option_is_taken_for_a_start_of_a_deepspeed_one():
     others = {s for s in SPELLINGS if len(s) > 1} | {n for n, _, _ in TORCHRUN_OPTIONS} | \
         set(MSRUN_OPTIONS + MSRUN_EXTRAS)
     assert not [o for o in others if deepspeed_name(o) in DEEPSPEED_ONLY]
+    # nor any start of msrun's and torchrun's, which their dialects take by a start too
+    prefixed = {n for n, _, _ in TORCHRUN_OPTIONS} | set(MSRUN_OPTIONS + MSRUN_EXTRAS)
+    starts = {o[:k] for o in prefixed for k in range(2, len(o) + 1)}
+    assert not [o for o in starts if deepspeed_name(o) in DEEPSPEED_ONLY]
 
 
 def test_without_a_hostfile_master_addr_is_this_machine_s_as_deepspeed_has_it(monkeypatch,
