@@ -75,6 +75,11 @@ def main() -> int:
     # (nothing has started yet) rather than raising KeyboardInterrupt in the
     # middle of an import, with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    import os
+    caller = os.environ.pop("MSLAUNCH_CALLER", "")
+    if caller.isdigit():            # started by mslaunch.run() or launch(): ends with it
+        from .machine.guard import end_with
+        end_with(int(caller))
     from .machine import codecache
     codecache.start()
     from .machine.loop import at_first_wait, hold_collector

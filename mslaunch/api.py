@@ -50,8 +50,10 @@ def start(words: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
             pass
     begin = ("import sys; sys.argv[0] = 'mslaunch'; sys.path.insert(0, sys.argv.pop(1)); "
              "from mslaunch.__main__ import main; main()")
+    # (the command ends its job when this process dies: see mslaunch.__main__)
+    env = dict(popen.pop("env", None) or os.environ, MSLAUNCH_CALLER=str(os.getpid()))
     return subprocess.Popen([sys.executable, "-c", begin, _where(), *words], close_fds=True,
-                            **popen)
+                            env=env, **popen)
 
 
 def _where() -> str:
@@ -102,6 +104,15 @@ class RankFailed(Exception):
                  status: int, traceback: str = "") -> None:
         super().__init__(message)
         self.rank, self.host, self.status, self.traceback = rank, host, status, traceback
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        # (keyword-only fields: a nested launch's failure pickles whole)
+        return _rank_failed, (str(self), self.rank, self.host, self.status, self.traceback)
+
+
+def _rank_failed(message: str, rank: Optional[int], host: Optional[str], status: int,
+                 traceback: str) -> RankFailed:
+    return RankFailed(message, rank=rank, host=host, status=status, traceback=traceback)
 
 
 # --- the caller's end ---------------------------------------------------------------
@@ -170,10 +181,16 @@ def _call(fn: Callable[..., Any], args: Tuple[Any, ...]) -> bytes:
         arguments = pickle.dumps(args, protocol=4)
     except Exception as err:
         raise TypeError(f"mslaunch.launch: the arguments cannot be pickled: {err}") from None
-    in_main = bool(main_file) and not by_value and getattr(fn, "__module__", None) == "__main__"
-    # python -m pkg.mod: found again by that name (its relative imports need it)
+    # The caller's script runs on every rank, as multiprocessing's spawn runs it:
+    # what the function, its arguments (a partial, an instance) or a nested
+    # launch take from it is found there.  A package's __main__ (python -m pkg,
+    # pytest's) only when the function is its own, as spawn leaves it out.
     spec = getattr(getattr(main, "__spec__", None), "name", None)
-    main_name = spec if in_main and spec and not spec.endswith("__main__") else None
+    package_main = isinstance(spec, str) and spec.endswith("__main__")
+    in_main = bool(main_file) and not by_value and (
+        not package_main or getattr(fn, "__module__", None) == "__main__")
+    # python -m pkg.mod (or pkg): found again by that name (its relative imports need it)
+    main_name = spec if in_main and spec and spec != "__main__" else None
     main_path = os.path.abspath(str(main_file)) if in_main and main_name is None else None
     return pickle.dumps({"function": function, "args": arguments, "main": main_path,
                          "main_module": main_name,
@@ -223,6 +240,8 @@ def _sink(stream: Any) -> Callable[[bytes], None]:
     """Write bytes to a text stream (its buffer when it has one: a notebook's has
     none, and the ranks' output then shows in the cell)."""
     import codecs
+    if stream is None:          # (no stdout here, as under pythonw or with it closed)
+        return lambda data: None
     buffer = getattr(stream, "buffer", None)
     # (a character cut between two reads is decoded whole)
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
@@ -336,10 +355,20 @@ def _read_report(path: str) -> Dict[str, Any]:
 
 def outcome(status: int, frames: Frames, report: Dict[str, Any], nprocs: int) -> List[Any]:
     """The ranks' return values in rank order, or the first failure raised."""
+    # (a rank ran the caller's script as __mp_main__: its classes are found in
+    # __main__ here, while the values are unpickled)
+    alias = "__main__" in sys.modules and "__mp_main__" not in sys.modules
+    if alias:
+        sys.modules["__mp_main__"] = sys.modules["__main__"]
+    try:
+        return _outcome(status, frames, report, nprocs)
+    finally:
+        if alias:
+            sys.modules.pop("__mp_main__", None)
+
+
+def _outcome(status: int, frames: Frames, report: Dict[str, Any], nprocs: int) -> List[Any]:
     import pickle
-    # (a rank ran the caller's script as __mp_main__: its classes are found in __main__)
-    if "__main__" in sys.modules:
-        sys.modules.setdefault("__mp_main__", sys.modules["__main__"])
     attempts = report.get("attempts") or [{"attempt": 0}]
     last = int(attempts[-1].get("attempt", len(attempts) - 1))
     if status == 0:
@@ -392,8 +421,15 @@ def _exception(body: bytes) -> Tuple[Optional[BaseException], str]:
 
 
 def _first_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "an exception"
+    """The exception's own line of a traceback's text (``ValueError: ...``): the
+    first line at the margin after the last block of frames (its notes follow)."""
+    said, frames = "", False
+    for line in text.splitlines():
+        if line.startswith("Traceback ("):
+            frames = True
+        elif frames and line[:1] not in (" ", "\t"):
+            said, frames = line.strip(), False
+    return said or "an exception"
 
 
 # --- the rank's end -----------------------------------------------------------------
@@ -425,12 +461,12 @@ def rank_main() -> None:
     rank, attempt = int(env.get("RANK", "0")), int(env.get("MSLAUNCH_RESTART_COUNT", "0"))
     # The frames' own copy of stdout: the function may point descriptor 1 elsewhere.
     frames_fd = os.dup(1)
-    sys.path[:] = [p for p in call["path"] if not p or os.path.isdir(p)] + \
+    sys.path[:] = [p for p in call["path"] if not p or os.path.exists(p)] + \
         [p for p in sys.path if p not in call["path"]]
     sys.argv = list(call["argv"])
-    if call["main"] or call.get("main_module"):
-        _main_as_spawn_does(call["main"], call.get("main_module"))
     try:
+        if call["main"] or call.get("main_module"):
+            _main_as_spawn_does(call["main"], call.get("main_module"))
         value = pickle.loads(call["function"])(*pickle.loads(call["args"]))
         kind, body = "ok", pickle.dumps(value, protocol=4)
     except Exception as error:

@@ -83,6 +83,22 @@ def set_subreaper() -> bool:
         return False
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with(caller: int) -> None:
+    """This process gets SIGTERM when ``caller``, its parent, dies (the Python
+    API's caller: a job must not outlive it); at once if it has died already."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != caller:      # (gone before the call above could see it go)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 # ---------------------------------------------------------------------------
 # the watchdog process
 

@@ -65,3 +65,21 @@ def gloo_sum():
     dist.all_reduce(total)
     dist.destroy_process_group()
     return total.item()
+
+
+def echo(value):
+    """The argument itself, back (an instance of a class of the caller's script)."""
+    return value
+
+
+def noted():
+    err = ValueError("the real message")
+    err.add_note("a hint the function added")
+    raise err
+
+
+def sleeper(tagdir):
+    """Say it started (a file per rank in ``tagdir``), then sleep."""
+    import time
+    open(os.path.join(tagdir, os.environ["RANK"]), "w").close()
+    time.sleep(600)

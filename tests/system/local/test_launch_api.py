@@ -159,6 +159,111 @@ def test_a_script_s_own_classes_and_a_module_run_with_python_m(tmp_path):
     assert r.stdout.decode().splitlines()[-1] == "[Point(x=0.0), Point(x=0.5)]"
 
 
+def test_what_a_call_takes_from_the_script_is_found_there_as_spawn_finds_it(tmp_path):
+    """The caller's script runs on every rank even when the function is a module's:
+    an argument of the script's class, a partial of the script's function, and a
+    launch nested in a rank find it; python -m pkg with a function of its
+    __main__ (relative imports kept); a zip file on sys.path."""
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "deps.zip", "w") as z:
+        z.writestr("zmod.py", "import os\ndef f():\n    return 'zip ' + os.environ['RANK']\n")
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(f"""
+        import functools, os, sys
+        sys.path.insert(0, {PROGRAMS!r})
+        sys.path.insert(0, {str(tmp_path / "deps.zip")!r})
+        import mslaunch, fncalls, zmod
+        class Point:
+            def __init__(self, x):
+                self.x = x
+        def add(a, b):
+            return a + b
+        def inner():
+            return int(os.environ["RANK"]) * 10
+        def outer():
+            return mslaunch.launch(inner, nprocs=2)
+        if __name__ == "__main__":
+            print([p.x for p in mslaunch.launch(fncalls.echo, Point(3), nprocs=2)])
+            print(mslaunch.launch(functools.partial(add, 1), 2, nprocs=2))
+            print(mslaunch.launch(outer, nprocs=1))
+            print(mslaunch.launch(zmod.f, nprocs=2))
+            print("__mp_main__" in sys.modules)
+    """))
+    r = subprocess.run([PY, str(script)], capture_output=True, timeout=180, cwd=str(tmp_path),
+                       env=clean_env())
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert _lines(r)[-5:] == ["[3, 3]", "[3, 3]", "[[0, 10]]", "['zip 0', 'zip 1']", "False"]
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("")
+    (tmp_path / "app" / "util.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "app" / "__main__.py").write_text(textwrap.dedent("""
+        import os
+        import mslaunch
+        from .util import double
+        def job():
+            return double(int(os.environ["RANK"]))
+        if __name__ == "__main__":
+            print(mslaunch.launch(job, nprocs=2))
+    """))
+    r = subprocess.run([PY, "-m", "app"], capture_output=True, timeout=120, cwd=str(tmp_path),
+                       env=clean_env())
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert _lines(r)[-1] == "[0, 2]"
+
+
+def test_the_failure_s_line_is_the_exception_s_and_rank_failed_pickles(tmp_path):
+    r = _python("""
+        import pickle
+        try:
+            mslaunch.launch(fncalls.noted, nprocs=1)
+        except ValueError as err:
+            print("cause:", err.__cause__)
+        back = pickle.loads(pickle.dumps(mslaunch.RankFailed("x", rank=1, host="h", status=3)))
+        print("back:", back, back.rank, back.host, back.status)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr.decode()
+    assert _lines(r)[-2:] == ["cause: rank 0 on " + __import__("os").uname().nodename
+                              + " raised ValueError: the real message", "back: x 1 h 3"]
+
+
+def test_without_a_stdout_the_values_still_come_back(tmp_path):
+    r = subprocess.run([PY, "-c", f"import sys; sys.path.insert(0, {PROGRAMS!r})\n"
+                        "import mslaunch, fncalls\n"
+                        "sys.stderr.write(repr(mslaunch.launch(fncalls.times_ten, 1, nprocs=2)))"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120,
+                       cwd=str(tmp_path), env=clean_env(), pass_fds=(),
+                       preexec_fn=lambda: __import__("os").close(1))
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    assert r.stderr.decode().endswith("[10, 11]"), r.stderr.decode()[-3000:]
+
+
+@pytest.mark.parametrize("how", ["run", "launch"])
+def test_a_job_ends_with_its_caller_killed(tmp_path, how):
+    # (torch's workers die with their parent too: mslaunch's command ends its job)
+    import os
+    import signal
+    from helpers import wait_for
+    tag = new_tag()
+    (tmp_path / "up").mkdir()
+    call = (f"mslaunch.launch(fncalls.sleeper, {str(tmp_path / 'up')!r}, nprocs=2)"
+            if how == "launch" else
+            f"mslaunch.run(['-n', '2', 'sh', '-c', 'touch {tmp_path / 'up'}/$RANK; "
+            f"exec sleep 600'])")
+    p = subprocess.Popen([PY, "-c", f"import sys; sys.path.insert(0, {PROGRAMS!r})\n"
+                          f"import mslaunch, fncalls\n{call}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(tmp_path),
+                         env=clean_env(MSL_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: len(os.listdir(tmp_path / "up")) == 2, 120)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        assert all_gone(tag, 30), tagged_pids(tag)
+    finally:
+        p.kill()
+        from helpers import kill_tagged
+        kill_tagged(tag)
+
+
 def test_what_cannot_be_sent_is_one_clear_error_before_any_rank_starts(tmp_path):
     r = _python("""
         for call in (lambda: mslaunch.launch(lambda: 1, nprocs=2),
