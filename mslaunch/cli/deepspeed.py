@@ -300,8 +300,8 @@ def _words(given: Mapping[str, str], environ: Mapping[str, str], cwd: str
         # devices would not add up as two nodes')
         raise UsageError(f"{', '.join(one_line(h, 30) for h in here)} are all this machine: "
                          f"name it once in the hostfile, with all its slots")
-    many = (len(active) > 1 or "force_multi" in given or
-            not all(is_local_host(host) for host, _ in active)) and not local
+    many = (len(active) > 1 or "force_multi" in given or len(here) < len(active)) \
+        and not local
     port = _whole("master_port", given.get("master_port", str(DEFAULT_PORT)), 0)
     words = ["-H", ",".join(f"{host}:{len(slots)}" for host, slots in active)]
     if "ssh_port" in given:

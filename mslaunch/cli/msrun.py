@@ -72,7 +72,7 @@ def _binding(flag: str, text: str):
         return None
     if flag == "bind_numa":
         from ..msrun.bindfile import read
-        found = read(word)
+        found = read(word, lambda value: _map_form(flag, value))
         if found is not None:
             return found
     import json
@@ -81,6 +81,12 @@ def _binding(flag: str, text: str):
     except ValueError:
         raise UsageError(f"--{flag}: expected True, False or a JSON map such as "
                          f"'{{\"device0\":[\"0-3\"],\"scheduler\":[\"4\"]}}'") from None
+    return _map_form(flag, value)
+
+
+def _map_form(flag: str, value) -> Tuple[Tuple[str, str], ...]:
+    """The JSON map form's ``(key, cpu list)`` pairs (given on the line, or as
+    ``--bind_numa``'s older file form)."""
     if not isinstance(value, dict) or not value:
         raise UsageError(f"--{flag}: the JSON value must be a non-empty map")
     pairs: List[Tuple[str, str]] = []
@@ -143,8 +149,9 @@ def _task_argv(rest: List[str]) -> Tuple[str, ...]:
         else ("python", *rest)
 
 
-def _layout(values: Dict[str, str]) -> Tuple[int, int, int, int]:
-    """worker_num, local_worker_num, master_port and node_rank, checked together."""
+def _layout(values: Dict[str, str]) -> Tuple[int, int, int, int, Tuple[str, ...]]:
+    """worker_num, local_worker_num, master_port and node_rank, checked together,
+    and msrun's warnings of them."""
     worker_num = _int("worker_num", values.get("worker_num", "8"), 1)
     local = _int("local_worker_num", values.get("local_worker_num", "8"), 1)
     # A value the user never typed is named as msrun's default.
@@ -160,12 +167,15 @@ def _layout(values: Dict[str, str]) -> Tuple[int, int, int, int]:
     port = _int("master_port", values.get("master_port", "8118"), 1, 65535)
     node_rank = _int("node_rank", values.get("node_rank", "-1"), -1)
     if local == worker_num and node_rank > 0:
-        return worker_num, local, port, -1      # (one node: msrun says so, and ignores it)
+        # (one node: msrun says so, and ignores it)
+        return worker_num, local, port, -1, (
+            f"All workers will be spawned on this node, so 'node_rank': [{node_rank}] "
+            f"will be ignored.",)
     if node_rank >= 0 and (node_rank + 1) * local > worker_num:
         raise UsageError(f"--node_rank={node_rank}: with {said_local} its "
                          f"workers would be ranks {node_rank * local}-"
                          f"{(node_rank + 1) * local - 1}, beyond {said_workers}")
-    return worker_num, local, port, node_rank
+    return worker_num, local, port, node_rank, ()
 
 
 def _master_addr(values: Dict[str, str]) -> str:
@@ -181,11 +191,7 @@ def parse_msrun(argv: Sequence[str]) -> MsrunSpec:
     """msrun's command line to a :class:`MsrunSpec` (UsageError with one line if bad)."""
     values, rest = _read_options(argv)
     argv_out = _task_argv(rest)
-    worker_num, local, port, node_rank = _layout(values)
-    warnings: Tuple[str, ...] = ()
-    if node_rank < 0 < _int("node_rank", values.get("node_rank", "-1"), -1):
-        warnings = (f"All workers will be spawned on this node, so 'node_rank': "
-                    f"[{values['node_rank']}] will be ignored.",)
+    worker_num, local, port, node_rank, warnings = _layout(values)
     master = _master_addr(values)
     sim_level, sim_rank_id = _simulation(values, worker_num, local)
     cwd = launch_dir()

@@ -28,7 +28,7 @@ from ..core.errors import UsageError, one_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Literal, Optional, Tuple
+    from typing import Any, Callable, Dict, Literal, Optional, Tuple
 
     CpuMode = Literal["cpu", "numa", "none"]
     MemoryMode = Literal["numa", "none"]
@@ -57,10 +57,12 @@ class BindFile:
         return ()
 
 
-def read(word: str) -> Optional[BindFile]:
+def read(word: str, map_form: Callable[[Any], Tuple[Tuple[str, str], ...]]
+         ) -> Optional[BindFile]:
     """``--bind_numa``'s value as a file (None where it names none and does not
     end in ``.json``: another form of the option); UsageError, one line, for
-    what msrun refuses."""
+    what msrun refuses.  ``map_form`` reads the older form's object, as the
+    option's own JSON map is read."""
     shown = one_line(word, 80)
     is_json = word.lower().endswith(".json")
     if is_json and not os.path.exists(word):
@@ -83,7 +85,7 @@ def read(word: str) -> Optional[BindFile]:
         raise UsageError(f"--bind_numa: '{shown}' should hold a JSON object")
     digest = hashlib.sha256(raw.encode("utf-8")).hexdigest()
     if "bind_config" not in config:
-        return BindFile(path=path, digest=digest, legacy=_legacy(shown, config))
+        return BindFile(path=path, digest=digest, legacy=map_form(config))
     settings = config["bind_config"]
     if not isinstance(settings, dict):
         raise UsageError(f"--bind_numa: {shown}: bind_config must be a JSON object")
@@ -156,15 +158,3 @@ def _numbers(shown: str, where: str, item: Any) -> Tuple[int, ...]:
     except ValueError as err:
         raise UsageError(f"--bind_numa: {shown}: {where}: {err}") from None
 
-
-def _legacy(shown: str, config: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
-    """The older map form: each key's NUMA nodes, as ranges."""
-    if not config:
-        raise UsageError(f"--bind_numa: {shown}: the JSON object is empty")
-    pairs = []
-    for key, value in config.items():
-        name = _key(shown, key)
-        items = value if isinstance(value, list) else [value]
-        numbers = sorted({n for item in items for n in _numbers(shown, name, item)})
-        pairs.append((name, ",".join(map(str, numbers))))
-    return tuple(pairs)

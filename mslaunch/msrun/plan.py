@@ -115,18 +115,8 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
     assert isinstance(mode, tuple)    # the map form: (key, CPU list) pairs
     for key, text in mode:
         chosen = parse_cpulist(text)
-        if flag == "bind_numa":
-            missing = [n for n in chosen if n >= len(nodes) or not nodes[n]]
-            if missing:
-                raise PlanError(f"--bind_numa: {key} names NUMA node {missing[0]}, which this "
-                                f"node does not have (it has {len(nodes)})")
-            given[key] = tuple(sorted({c for n in chosen for c in nodes[n]}))
-            continue
-        missing = [c for c in chosen if c not in usable]
-        if missing:
-            raise PlanError(f"--bind_core: {key} names CPU {missing[0]}, which this node "
-                            f"does not have (usable: {_cpulist(cpus)})")
-        given[key] = tuple(chosen)
+        given[key] = _node_cpus(f"--{flag}", key, nodes, chosen) if flag == "bind_numa" \
+            else _cpus_here(f"--{flag}", key, usable, chosen)
     devices = sorted((int(k[6:]), v) for k, v in given.items() if k != "scheduler")
     workers: List[Optional[Tuple[int, ...]]] = [None] * local
     for i, (_, value) in enumerate(devices[:local]):
@@ -134,30 +124,39 @@ def bindings(spec: MsrunSpec, cpus: Sequence[int], scheduler: bool,
     return (given.get("scheduler") if scheduler else None), workers
 
 
-def _node_cpus(bound: BindFile, key: str, nodes: Sequence[Tuple[int, ...]],
+def _node_cpus(said: str, key: str, nodes: Sequence[Tuple[int, ...]],
                numbers: Sequence[int]) -> Tuple[int, ...]:
+    """The CPUs of the NUMA nodes ``numbers`` (by number); PlanError, ``said``
+    first, for a node this node does not have."""
     missing = [n for n in numbers if n >= len(nodes) or not nodes[n]]
     if missing:
-        raise PlanError(f"--bind_numa: {bound.path}: {key} names NUMA node {missing[0]}, which "
-                        f"this node does not have (it has {len(nodes)})")
+        raise PlanError(f"{said}: {key} names NUMA node {missing[0]}, which this node does "
+                        f"not have (it has {len(nodes)})")
     return tuple(sorted({c for n in numbers for c in nodes[n]}))
+
+
+def _cpus_here(said: str, key: str, usable, numbers: Sequence[int]) -> Tuple[int, ...]:
+    """``numbers``, CPUs this node has; PlanError, ``said`` first, for one it lacks."""
+    missing = [c for c in numbers if c not in usable]
+    if missing:
+        raise PlanError(f"{said}: {key} names CPU {missing[0]}, which this node does not "
+                        f"have (usable: {_cpulist(sorted(usable))})")
+    return tuple(numbers)
 
 
 def _file_cpus(bound: BindFile, usable, nodes: Sequence[Tuple[int, ...]], scheduler: bool,
                local: int) -> Tuple[Optional[Tuple[int, ...]], List[Optional[Tuple[int, ...]]]]:
     """CPUs of the scheduler and each worker from ``--bind_numa``'s file: its
     ``main`` CPUs, or its NUMA nodes' (``deviceN`` is the N-th local worker)."""
+    said = f"--bind_numa: {bound.path}"
+
     def cpus_of(key: str) -> Optional[Tuple[int, ...]]:
         numbers = bound.entry(bound.cpu, key)
         if not numbers:
             return None
         if bound.cpu_mode == "numa":
-            return _node_cpus(bound, key, nodes, numbers)
-        missing = [c for c in numbers if c not in usable]
-        if missing:
-            raise PlanError(f"--bind_numa: {bound.path}: {key} names CPU {missing[0]}, which "
-                            f"this node does not have (usable: {_cpulist(sorted(usable))})")
-        return tuple(numbers)
+            return _node_cpus(said, key, nodes, numbers)
+        return _cpus_here(said, key, usable, numbers)
     return (cpus_of("scheduler") if scheduler else None), \
         [cpus_of(f"device{i}") for i in range(local)]
 
@@ -175,7 +174,7 @@ def memory_nodes(spec: MsrunSpec, scheduler: bool, numa: Sequence[Sequence[int]]
         numbers = bound.entry(bound.memory, key)
         if not numbers:
             return None
-        _node_cpus(bound, key, nodes, numbers)
+        _node_cpus(f"--bind_numa: {bound.path}", key, nodes, numbers)   # (they must be here)
         return ",".join(map(str, numbers))
     return (nodes_of("scheduler") if scheduler else None), \
         [nodes_of(f"device{i}") for i in range(local)]

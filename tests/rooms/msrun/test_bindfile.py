@@ -10,8 +10,14 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mslaunch.cli.msrun import _map_form
 from mslaunch.core.errors import UsageError
-from mslaunch.msrun.bindfile import BindFile, read
+from mslaunch.msrun.bindfile import BindFile, read as read_file
+
+
+def read(word):
+    """The file as the msrun dialect reads it (its older form through the map form's parser)."""
+    return read_file(word, lambda value: _map_form("bind_numa", value))
 
 keys = st.sampled_from(["device0", "device_1", "device12", "scheduler", "gpu0", "device",
                         "device__2", "device-3", ""]) | st.text(max_size=8)

@@ -111,6 +111,16 @@ def test_two_hosts_as_deepspeed_s_pdsh_runner_starts_them(deepspeed, sshbed, tmp
         assert o["cwd"] == t["cwd"]
     assert [(w["env"]["CROSS_RANK"], w["env"]["CUDA_VISIBLE_DEVICES"]) for w in mine] == \
         [("0", "1,3"), ("0", "1,3"), ("1", "0,1"), ("1", "0,1")]
+    # DeepSpeed's MPI runners (mpirun ... python -u SCRIPT ARGS) give no --local_rank
+    (tmp_path / "two").write_text("h1 slots=1\nh2 slots=1\n")
+    (tmp_path / "mpi").mkdir()
+    (tmp_path / ".deepspeed_env").write_text(
+        f"MSL_TEST_TAG={tag}\nDS_ENV_DIR={tmp_path / 'mpi'}\n")
+    ours = subprocess.run(cmd("--hostfile", "two", "--launcher", "openmpi", "--master_port",
+                              port, WORKER, "--deepspeed_config", "a b"),
+                          capture_output=True, timeout=180, cwd=str(tmp_path), env=env)
+    assert ours.returncode == 0, ours.stderr.decode()[-3000:]
+    assert [w["argv"] for w in _workers(tmp_path / "mpi")] == [["--deepspeed_config", "a b"]] * 2
     assert all_gone(tag), tagged_pids(tag)
 
 
