@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..machine.guard import Watchdog
     from ..machine.local import LocalRanks, PMIEnv
     from ..machine.output import RankOutput
+    from ..mpi.early import Services
     from ..serve.mpijobs import MPIJobs
     from ..seams import (AgentHost, Closable, LookedAt, Looker, RankEvents, RankState,
                          ServedJob, SharedByAttempts)
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         stop_signal: Optional[int]
         launched: bool
         mpi_jobs: Optional[MPIJobs]
+        mpi: Optional[Services]
         events: RankEvents
         failures: Failures
 
@@ -184,8 +186,8 @@ class Reported(_View):
         return self._sup.failures
 
     @property
-    def mpi_jobs(self) -> Optional[MPIJobs]:
-        return self._sup.mpi_jobs
+    def mpi(self) -> Optional[Services]:
+        return self._sup.mpi
 
 
 class Events:

@@ -241,7 +241,7 @@ def timed_out(view: Reported, live: List[RankState]) -> None:
         view.console.message(f"mslaunch: job timed out after {view.job.timeout:g} s "
                              f"({view.job.timeout_source}); terminating {what}; exit status "
                              f"{TIMEOUT_EXIT}")
-    for line in view.mpi_jobs.hang_report() if view.mpi_jobs is not None else []:
+    for line in view.mpi.hang_report() if view.mpi is not None else []:
         view.console.message(f"mslaunch: PMI: {line}")
     if view.job.report_state:
         _report_state(view)
@@ -256,7 +256,7 @@ def _report_state(view: Reported) -> None:
                                                          else "NOT STARTED")
         rows.append((r.spec.rank, r.spec.host.name, r.pid, state, r.code or 0))
     view.console.message(state_report(job_id(), rows, len(view.job.apps),
-                                     view.mpi_jobs.reported() if view.mpi_jobs
+                                     view.mpi.reported() if view.mpi
                                      else 0).rstrip("\n"))
 
 

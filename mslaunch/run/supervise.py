@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..backends.backend import Backend
     from ..inspect.control import Inspector
     from ..inspect.stall import StallWatch
+    from ..mpi.early import EarlyMPI, Services
     from ..serve.mpijobs import MPIJobs
     from ..seams import Closable, RankEvents, RankHandle, RankState
     from ..backends.session import Session
@@ -92,6 +93,9 @@ class Supervisor(LookingInside):
         self.killing: Optional[Timer] = None
         self._give_up: Optional[Timer] = None
         self.mpi_jobs: Optional[MPIJobs] = None   # the PMI of this job and those it spawns
+        #: What the supervisor asks of them: they, or what stands for them until a
+        #: rank asks (see mslaunch.mpi.early).
+        self.mpi: Optional[Services] = None
         self.watchdog: Watchdog = session.guard
         self.local: Optional[LocalRanks] = None   # this machine's ranks, if any
         #: Every handle, as the backend gave them (the list grows by late spares).
@@ -215,7 +219,7 @@ class Supervisor(LookingInside):
             self.console.write(1, self, display(plan, job).encode())
         here = backend.here(plan)
         backend.check(plan)
-        if serve and self.mpi_jobs is None:
+        if serve and self.mpi is None:
             pmi, pmi_env = self._start_pmi()
         self.handles = backend.handles(lent, here, pmi, pmi_env)
         self.launched = True
@@ -231,15 +235,33 @@ class Supervisor(LookingInside):
 
     def _start_pmi(self):
         """The first job's PMI (see :class:`~mslaunch.serve.mpijobs.MPIJobs`), for the plan as it
-        stands; what its local ranks inherit."""
+        stands, or what stands for it until a rank asks (see :mod:`mslaunch.mpi.early`,
+        for a job whose ranks all run here); what its local ranks inherit."""
+        backend, job = self.backend, self.job
+        if backend.this_machine and backend.remote_hosts is None and backend.other_nodes is None \
+                and not job.pmi_port and not self.session.attempts \
+                and all(r.host.local for r in self.plan.ranks):
+            from ..mpi.early import early_mpi
+            early = early_mpi(Served(self), self._wake_mpi)
+            if early is not None:
+                self.mpi = early
+                early.watch_singletons()
+                return early, early.env
         from ..serve.mpijobs import MPIJobs
-        self.mpi_jobs = MPIJobs(Served(self))
+        self.mpi = self.mpi_jobs = MPIJobs(Served(self))
         # (srun's step serves its ranks' PMI itself: none is "local", and none may be
         # given this machine's topology)
-        pmi, pmi_env = self.mpi_jobs.start_first(bool(self.backend.here(self.plan)),
-                                                 topology=self.backend.this_machine)
+        pmi, pmi_env = self.mpi_jobs.start_first(bool(backend.here(self.plan)),
+                                                 topology=backend.this_machine)
         self.mpi_jobs.watch_singletons()
         return pmi, pmi_env
+
+    def _wake_mpi(self, early: EarlyMPI) -> MPIJobs:
+        """The first job's PMI, once a rank asks for it (see :mod:`mslaunch.mpi.early`)."""
+        from ..serve.mpijobs import MPIJobs
+        self.mpi_jobs = MPIJobs(Served(self))
+        self.mpi_jobs.start_first(True, early=early)
+        return self.mpi_jobs
 
     def local_ranks(self, specs: Sequence[RankSpec], pmi, pmi_env,
                     stdin_fd: Optional[int]) -> LocalRanks:
@@ -354,13 +376,13 @@ class Supervisor(LookingInside):
     def rank_exited(self, key: int, code: Optional[int], sig: Optional[int],
                     at: Optional[float] = None) -> None:
         """Rank ``key`` ended, at ``at`` (on this clock; now if None)."""
-        if self.mpi_jobs is not None:
-            self.mpi_jobs.check_singletons()
+        if self.mpi is not None:
+            self.mpi.check_singletons()
         r = self.ranks[key]
         r.code, r.signal, r.ended, r.end = code, sig, True, at or time.time()
         r.ended_at = time.monotonic()
-        if self.mpi_jobs is not None:
-            self.mpi_jobs.process_ended(r.spec)
+        if self.mpi is not None:
+            self.mpi.process_ended(r.spec)
         elif r.pid and r.start is not None and r.spec.host.local:
             remove_singleton_segment(r.pid, r.start)
         if r.discarded:
@@ -373,10 +395,10 @@ class Supervisor(LookingInside):
         if sig is not None or code:
             self.fail(r, "", 128 + sig if sig is not None else code or 1,
                       abort=not self.job.keep_going, at=r.end)
-        elif r.pmi_lost is not None and self.mpi_jobs is not None:
-            self.mpi_jobs.check_lost(r)
-        elif self.mpi_jobs is not None:
-            self.mpi_jobs.check_left_mpi(r)
+        elif r.pmi_lost is not None and self.mpi is not None:
+            self.mpi.check_lost(r)
+        elif self.mpi is not None:
+            self.mpi.check_left_mpi(r)
 
     def _live(self) -> List[RankState]:
         return [r for r in self.ranks if r.pid and not r.ended]
@@ -565,12 +587,12 @@ class Supervisor(LookingInside):
         for handle in [h for h in self._handles() if h is not self.local]:
             handle.close(deadline)
         self.backend.close()
-        if self.mpi_jobs is not None:
+        if self.mpi is not None:
             if os.environ.get("MSLAUNCH_PMI_STATS"):
                 self.console.message(
-                    f"mslaunch: PMI: {self.mpi_jobs.stats(len(self.ranks))} "
+                    f"mslaunch: PMI: {self.mpi.stats(len(self.ranks))} "
                     f"(job {time.monotonic() - self.started:.3f} s)")
-            self.mpi_jobs.close()
+            self.mpi.close()
         if self.session.kept is not None:
             self.session.kept.unwatch()
         if self.console.dropped:

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from ..machine.guard import Watchdog
     from ..machine.local import LocalRanks
     from ..machine.loop import Loop
-    from ..mpi.pmi.singletons import SingletonFiles, SingletonProbe
+    from ..mpi.early import SingletonProbe
+    from ..mpi.pmi.singletons import SingletonFiles
     from ..mpi.pmix.host import PMIxHost
     from ..core.spec import RankSpec
     from ..wire.endpoint import Endpoint
@@ -66,7 +67,7 @@ class AgentPMI:
 
     def start_probe(self, marker: str, specs: Sequence[RankSpec]) -> None:
         """Watch for ranks that start Open MPI alone (see :mod:`mslaunch.mpi.pmi.singletons`)."""
-        from ..mpi.pmi.singletons import SingletonProbe
+        from ..mpi.early import SingletonProbe
         try:
             self.probe = SingletonProbe(marker, specs)
         except OSError:

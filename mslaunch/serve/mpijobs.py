@@ -24,7 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    from ..mpi.pmi.singletons import SingletonFiles, SingletonProbe
+    from ..mpi.early import EarlyMPI, SingletonProbe
+    from ..mpi.pmi.singletons import SingletonFiles
     from ..mpi.pmi.server import PMIServer
     from ..core.spec import RankSpec, SpawnRequest
     from .pmixjobs import LauncherPMIx
@@ -33,10 +34,9 @@ if TYPE_CHECKING:
 
 from ..core.errors import LaunchError, PlanError
 from ..mpi.pmi.files import xml_for_ranks
+from ..mpi.early import SINGLETON_POLL
 from ..mpi.pmi.job import PMIJob
 
-#: Seconds between looks for Open MPI singletons among the ranks.
-SINGLETON_POLL = 0.5
 #: Seconds a closed PMI connection waits for its process's exit status (a crash
 #: and a rank that left MPI without finalizing look the same until then): the
 #: status follows at once, unless the process is slow to die (a busy machine,
@@ -53,7 +53,7 @@ class MPIJobs:
         self.jobs: Dict[str, PMIJob] = {}        # by kvsname
         self.first: Optional[PMIJob] = None
         self.names: Dict[str, str] = {}          # published names, of every job
-        self.probe: Optional[SingletonProbe] = None   # see mslaunch.mpi.pmi.singletons
+        self.probe: Optional[SingletonProbe] = None   # see mslaunch.mpi.early
         self.hwloc_xml: Optional[str] = None          # see mslaunch.mpi.pmi.files
         self.leftovers: Optional[SingletonFiles] = None   # of refused Open MPI singletons
         self.nested_said = False
@@ -61,19 +61,24 @@ class MPIJobs:
         self.naming: List[int] = []      # numbers of spawned jobs whose name is sought
 
     # -- the first job ------------------------------------------------------------
-    def start_first(self, local: bool, topology: bool = True):
+    def start_first(self, local: bool, topology: bool = True,
+                    early: Optional[EarlyMPI] = None):
         """The first job's PMI; returns (inherited server, env function) for its local
         ranks (``topology``: whether its ranks may read this machine's, see
-        :mod:`mslaunch.mpi.pmi.files`)."""
+        :mod:`mslaunch.mpi.pmi.files`).  With ``early``, its ranks here started
+        already with what it made (see :mod:`mslaunch.mpi.early`), which is taken over."""
         served = self.served
         plan, job = served.plan, served.job
-        from ..mpi.pmi.singletons import SingletonProbe
-        try:
-            self.probe = SingletonProbe(served.watchdog.marker,
-                                        [r for r in plan.ranks if r.host.local])
-        except OSError:
-            self.probe = None                    # no temporary directory: no check
-        self.hwloc_xml = xml_for_ranks(served.watchdog) if topology else None
+        if early is not None:
+            self.probe, self.hwloc_xml = early.probe, early.hwloc_xml
+        else:
+            from ..mpi.early import SingletonProbe
+            try:
+                self.probe = SingletonProbe(served.watchdog.marker,
+                                            [r for r in plan.ranks if r.host.local])
+            except OSError:
+                self.probe = None                    # no temporary directory: no check
+            self.hwloc_xml = xml_for_ranks(served.watchdog) if topology else None
         appnums = [r.app for r in plan.ranks]
         first = self._new(1, plan.kvsname, len(plan.ranks), plan.process_mapping, appnums,
                           {r.rank: r.key for r in plan.ranks}, None)
@@ -84,8 +89,12 @@ class MPIJobs:
             return None, None
         first.serve(served.loop, appnums, plan.process_mapping, tcp=job.pmi_port,
                     trace=job.verbose >= 2, port_range=job.port_range)
+        if early is not None:
+            first.adopt(early.ours, early.theirs)
+            # its kvsname kept for the watchdog now, before any rank can learn it
+            served.watchdog.flush()
         if self.pmix is not None:
-            self.pmix.serve_first(first)
+            self.pmix.serve_first(first, early)
         return first.inherited, first.env
 
     def universe(self) -> int:

@@ -16,6 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+    from ..mpi.early import EarlyMPI
     from ..mpi.pmi.job import PMIJob
     from ..mpi.pmix.exchange import FenceExchange
     from ..mpi.pmix.names import NameBoard
@@ -59,8 +60,9 @@ class LauncherPMIx:
             self._board = NameBoard()
         return self._board
 
-    def serve_first(self, pj: PMIJob) -> None:
-        """PMIx for the first job's ranks on this machine."""
+    def serve_first(self, pj: PMIJob, early: Optional[EarlyMPI] = None) -> None:
+        """PMIx for the first job's ranks on this machine (``early``: what they were
+        given before, see :mod:`mslaunch.mpi.early`)."""
         from ..mpi.pmi.files import pmix_dir
         from ..mpi.pmix.host import PMIxHost
         from ..mpi.pmix.layout import Layout, app_commands
@@ -83,14 +85,20 @@ class LauncherPMIx:
             session.pmix.adopt(served.loop, log, self.fetch, keepalive)
             self.host = session.pmix
         else:
-            self.host = PMIxHost(served.loop, pmix_dir(marker), log, self.fetch, keepalive)
+            self.host = PMIxHost(served.loop, early.directory if early is not None
+                                 else pmix_dir(marker), log, self.fetch, keepalive)
             if session.attempts:
                 session.pmix = self.host
+            if early is not None and early.door is not None and early.kept is not None:
+                self.host.open_door(early.door, *early.kept)
 
         def relay(signature: str, sequence: int, blob: bytes,
                   done: Callable[[bytes], None]) -> None:
             self.exchange.contribute(pj.kvsname, signature, sequence, HERE, blob, done)
         self.host.serve(pj, layout, relay)
+        waiting = self.host.pending.get(pj.kvsname)
+        if early is not None and waiting is not None:
+            waiting.ranks.update(early.pmix_ranks)
 
     @staticmethod
     def spawned_layout(specs: Sequence[RankSpec], universe: int,

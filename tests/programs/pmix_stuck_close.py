@@ -17,7 +17,7 @@ import time
 
 from mslaunch.machine.loop import Loop
 from mslaunch.mpi.pmix import lib as L
-from mslaunch.mpi.pmi.singletons import BACKING_VARIABLES, UCX_DIR_VARIABLE
+from mslaunch.mpi.early import BACKING_VARIABLES, UCX_DIR_VARIABLE
 from mslaunch.mpi.pmix.layout import Layout
 from mslaunch.mpi.pmix.server import PMIxServer
 

@@ -130,7 +130,8 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     the directories of its marker (the singleton probe's, the segments', the
     PMIx server's) are removed."""
     from ...machine.trees import remove_tree
-    from .singletons import SHM_DIR, SingletonFiles
+    from ..early import SHM_DIR
+    from .singletons import SingletonFiles
     files = SingletonFiles()
     for item in kept:
         if item.startswith("/"):
@@ -166,8 +167,8 @@ def sessions_at_death(pids: Set[int]) -> List[str]:
 def pmix_dir(marker: str) -> str:
     """A new path for the directory of the PMIx server (and its ranks' Open MPI
     session directories) of the launcher or agent whose guard has ``marker``
-    (see :func:`~.singletons.marked_name`)."""
-    from .singletons import marked_name
+    (see :func:`~mslaunch.mpi.early.marked_name`)."""
+    from ..early import marked_name
     return os.path.join(os.environ.get("TMPDIR") or "/tmp", marked_name("pmix", marker))
 
 

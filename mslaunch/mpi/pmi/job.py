@@ -15,13 +15,14 @@ from __future__ import annotations
 import os
 
 from ...core import socket
+from ..early import first_word
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple, Union
 
     from ...machine.loop import Loop
-    from .singletons import SingletonProbe
+    from ..early import SingletonProbe
     from ...core.spec import SpawnRequest
     from .server import PMIServer
     from .state import JobState
@@ -110,22 +111,31 @@ class PMIJob:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         os.set_inheritable(theirs.fileno(), True)
         ours.setblocking(False)
-        self._ours[rank], self._theirs[rank] = ours, theirs
+        self._theirs[rank] = theirs
+        self._watch(rank, ours)
+        return theirs.fileno()
+
+    def adopt(self, ours: Mapping[int, socket.socket],
+              theirs: Mapping[int, socket.socket]) -> None:
+        """Take over the socket pairs of ranks started before the job was served (see
+        :mod:`mslaunch.mpi.early`): ``ours`` read from now on, ``theirs`` the ranks'
+        ends still open."""
+        self._theirs.update(theirs)
+        for rank, sock in ours.items():
+            self._watch(rank, sock)
+
+    def _watch(self, rank: int, ours: socket.socket) -> None:
+        self._ours[rank] = ours
         assert self._loop is not None
         self._loop.add_reader(ours.fileno(), lambda: self._knock(rank))
-        return theirs.fileno()
 
     def _knock(self, rank: int) -> None:
         """Rank ``rank``'s socket is readable: its first words (the server is made
         and takes every socket) or its end without any."""
-        sock = self._ours[rank]
-        try:
-            first = sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
+        said = first_word(self._ours[rank])
+        if said is None:
             return
-        except OSError:
-            first = b""
-        if not first:
+        if not said:
             self._drop(rank)
             return
         assert self._make is not None and self._loop is not None

@@ -5,7 +5,8 @@ mslaunch serves the PMI wire of MPICH-ABI libraries.  An Open MPI program
 finds no PMIx server there, starts as a *singleton* -- rank 0 of 1 -- and,
 with N ranks, the job becomes N one-rank jobs that all "succeed".  To
 notice, every rank of a PMI job gets two of Open MPI's own parameters:
-``mpi_show_mca_params=enviro`` and ``mpi_show_mca_params_file=DIR/KEY``.
+``mpi_show_mca_params=enviro`` and ``mpi_show_mca_params_file=DIR/KEY``
+(the probe, :class:`~mslaunch.mpi.early.SingletonProbe`).
 Open MPI (4 and 5) then writes that file in ``MPI_Init``, from
 ``MPI_COMM_WORLD`` rank 0 only, with the world size in its header; MPICH
 ignores both.  A file that says "out of a total of 1" from a rank whose
@@ -40,43 +41,16 @@ from __future__ import annotations
 import os
 import time
 
+from ..early import SHM_DIR
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
     from ...machine.loop import Loop
-    from ...core.spec import RankSpec
 
 
 # -- Open MPI singletons ------------------------------------------------------------
-
-_TOTAL = b"out of a total of "
-
-
-def _world_size(head: bytes) -> Optional[int]:
-    at = head.find(_TOTAL)
-    if at < 0:
-        return None
-    digits = head[at + len(_TOTAL):].split(b")", 1)[0]
-    return int(digits) if digits.isdigit() else None
-
-
-def _read_regular(path: str) -> Optional[bytes]:
-    """The start of a regular file, without ever blocking (a rank could put a FIFO
-    or a device where Open MPI writes)."""
-    import stat
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 _LAUNCHERS = frozenset(("mpirun", "mpiexec", "orterun", "prterun", "prted", "orted",
@@ -105,122 +79,6 @@ def runs_a_launcher(pid: int) -> bool:
     return False
 
 
-def marked_name(kind: str, marker: str) -> str:
-    """A new name for a directory of the launcher or agent whose guard has
-    ``marker``: ``mslaunch-KIND-MARKER-TOKEN``.  The marker says whose it is
-    (:func:`~mslaunch.mpi.pmi.files.sweep_leftovers` reads its pid) and is no
-    secret: it names the job's cgroup, which every user may list, before any
-    of these is made.  The token (48 random bits, never shown) keeps another
-    user from making the directory first, which would end the job or have
-    it use theirs."""
-    return f"mslaunch-{kind}-{marker[:120]}-{os.urandom(6).hex()}"
-
-
-def probe_path(marker: str) -> str:
-    """A new probe directory's path, for the launcher or agent whose guard has ``marker``."""
-    # Not tempfile: its import costs more than a small job's whole launch.
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", marked_name("ompi", marker))
-
-
-def backing_path(marker: str) -> str:
-    """A new /dev/shm directory's path for the ranks' Open MPI segments, of the
-    launcher or agent whose guard has ``marker``."""
-    return os.path.join(SHM_DIR, marked_name("ompi", marker))
-
-
-#: Where Open MPI 5 (btl/sm) and 4 (btl/vader) put their shared-memory segments.
-BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory")
-
-
-#: Where UCX's posix transport makes its segments (default /dev/shm).
-UCX_DIR_VARIABLE = "UCX_POSIX_DIR"
-
-
-def backing_chosen(env: Mapping[str, str]) -> bool:
-    """Whether a rank's Open MPI would find a backing directory chosen for it:
-    in its environment, or in a parameter file it reads (see :mod:`.mcaparams`)."""
-    if any(name in env for name in BACKING_VARIABLES):
-        return True
-    from .mcaparams import names_set
-    wanted = {name[len("OMPI_MCA_"):] for name in BACKING_VARIABLES}
-    return any(name in wanted for name in names_set(env, mentioning="backing_directory"))
-
-
-class SingletonProbe:
-    """The directory Open MPI ranks write to, and what was found there."""
-
-    def __init__(self, marker: str, specs: Iterable[RankSpec] = ()) -> None:
-        from ...machine.trees import hold
-        self.path = probe_path(marker)
-        os.mkdir(self.path, 0o700)      # OSError if it exists: never someone else's
-        hold(self.path)
-        self.seen: Dict[int, int] = {}
-        self.certain: Set[int] = set()   # keys that are singletons whatever runs below them
-        # Open MPI's segments in a directory of the job's own (unless the user
-        # chose one): whatever a singleton leaves there goes with the directory,
-        # also from one that ended before it could be noted.
-        self.backing: Optional[str] = None
-        specs = list(specs)
-        if specs and not any(backing_chosen(spec.env) for spec in specs):
-            backing = backing_path(marker)
-            try:
-                os.mkdir(backing, 0o700)
-                self.backing = backing
-                hold(backing)
-            except OSError:
-                pass
-
-    def env(self, key: int, own: Mapping[str, str]) -> Dict[str, str]:
-        """The variables of rank ``key``, whose own environment is ``own``."""
-        env = {"OMPI_MCA_mpi_show_mca_params": "enviro",
-               "OMPI_MCA_mpi_show_mca_params_file": os.path.join(self.path, str(key))}
-        if "OMPI_MCA_orte_tmpdir_base" not in own:
-            # Open MPI 4 singletons of one job share $TMPDIR/ompi.<host>.<uid>: one
-            # removes it, empty, while another makes its own directory in it, which
-            # then fails MPI_Init ("A call to mkdir was unable to create the desired
-            # directory ... File exists").  Each gets a base of its own in the job's
-            # directory, gone with it; a rank served PMIx gets the server's instead.
-            env["OMPI_MCA_orte_tmpdir_base"] = os.path.join(self.path, f"s{key}")
-        if self.backing is not None:
-            env.update((name, self.backing) for name in BACKING_VARIABLES)
-            # UCX (under Open MPI, and in MPICH's wheel) makes its segments with
-            # shm_open and unlinks them once mapped: a rank killed in between
-            # would leave one in /dev/shm.
-            if UCX_DIR_VARIABLE not in own:
-                env[UCX_DIR_VARIABLE] = self.backing
-        return env
-
-    def check(self) -> List[Tuple[int, int]]:
-        """``(key, world size)`` of every rank that started Open MPI since the last check."""
-        found = []
-        try:
-            names = os.listdir(self.path)
-        except OSError:
-            return []
-        for name in names:
-            if not (name.isascii() and name.isdigit()) or len(name) > 9 \
-                    or int(name) in self.seen:
-                continue
-            head = _read_regular(os.path.join(self.path, name))
-            if head is None:
-                continue
-            size = _world_size(head)
-            if size is None:
-                continue          # still being written: the next check reads it
-            if b"ess=pmi " in head:
-                size = 0          # Open MPI 4 under its own mpirun (a rank's nested job)
-            elif b"ess=singleton " in head:
-                self.certain.add(int(name))   # Open MPI 4: its orted is no nested launcher
-            self.seen[int(name)] = size
-            found.append((int(name), size))
-        return found
-
-    def close(self) -> None:
-        from ...machine.trees import remove_tree
-        remove_tree(self.path)
-        if self.backing is not None:
-            remove_tree(self.backing)
-
 
 def singleton_message(library: str = "Open MPI", why: str = "", fix: str = "") -> str:
     """The refusal's words; ``why`` mslaunch could not serve the rank PMIx, and ``fix``."""
@@ -234,7 +92,6 @@ def singleton_message(library: str = "Open MPI", why: str = "", fix: str = "") -
 
 # -- what refused singletons leave in /dev/shm ----------------------------------------
 
-SHM_DIR = "/dev/shm"
 #: How often the files of stopped singletons that still run are noted again.
 RENOTE = 0.1
 _STATX_BTIME = 0x800

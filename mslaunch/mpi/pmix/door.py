@@ -25,6 +25,7 @@ import errno
 
 # the socket module's own import costs a millisecond a job, with or without PMIx
 from ...core import socket
+from ..early import listener
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -92,13 +93,14 @@ class _Pipe:
 
 class Door:
     """See the module docstring: a listening socket on ``host`` (the address the
-    server would have had); ``wake(answer)`` starts the server and calls
-    ``answer`` in the loop with its address, or None if it could not (the
-    knocking connections are then closed).  Connections made meanwhile wait,
-    unread, for the answer."""
+    server would have had), or ``sock``, one made before; ``wake(answer)``
+    starts the server and calls ``answer`` in the loop with its address, or
+    None if it could not (the knocking connections are then closed).
+    Connections made meanwhile wait, unread, for the answer."""
 
     def __init__(self, loop: Loop, host: str,
-                 wake: Callable[[Callable[[Optional[Tuple[str, int]]], None]], None]) -> None:
+                 wake: Callable[[Callable[[Optional[Tuple[str, int]]], None]], None],
+                 sock: Optional[socket.socket] = None) -> None:
         self.loop = loop
         self.wake = wake
         self.target: Optional[Tuple[str, int]] = None
@@ -108,14 +110,7 @@ class Door:
         #: The server's listener, filtered to take only the door's connections
         #: (set by the host once the server is up).
         self.admission: Optional[Admission] = None
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            self.sock.bind((host, 0))
-            self.sock.listen(128)
-        except OSError:
-            self.sock.close()
-            raise
-        self.sock.setblocking(False)
+        self.sock = sock if sock is not None else listener(host)
         self.port: int = self.sock.getsockname()[1]
         loop.add_reader(self.sock.fileno(), self._knock)
 

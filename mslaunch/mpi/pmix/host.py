@@ -26,6 +26,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
+    from ...core import socket
     from ...machine.loop import Loop
     from ...machine.peers import Admission
     from ..pmi.job import PMIJob
@@ -268,6 +269,14 @@ class PMIxHost:
         if self._cache is not None and layout.ranks_on(layout.here):
             self._keep(server, ns.name, layout.ranks_on(layout.here)[0])
         return True
+
+    def open_door(self, sock: socket.socket, template: Dict[str, str], key: str,
+                  cache: str) -> None:
+        """The door's listener made before this host (see :mod:`mslaunch.mpi.early`),
+        with the template its ranks were given, its key and its file."""
+        from .door import Door
+        self.door = Door(self.loop, "", self._wake, sock=sock)
+        self.template, self._key, self._cache = template, key, cache
 
     def _await(self, pj: PMIJob, layout: Layout, relay: Relay) -> bool:
         """Serve ``pj`` through the door, if the library's variables are known."""

@@ -621,7 +621,7 @@ def _probe_junk(name: str, hazard: str):
 
 
 @pytest.mark.parametrize("name", [
-    _probe_junk("\u00b2", "mpi/pmi/singletons.py SingletonProbe.check: name.isdigit() is true for "
+    _probe_junk("\u00b2", "mpi/early.py SingletonProbe.check: name.isdigit() is true for "
                 "'\u00b2' (superscript two) but int(name) raises ValueError"),
     _probe_junk("99999", "serve/mpijobs.py MPIJobs.singleton: self.sup.ranks[key] with the key "
                 "99999 taken from the file name raises IndexError (from_agent checks "

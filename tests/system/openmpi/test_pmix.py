@@ -180,18 +180,26 @@ def test_mslaunch_killed_leaves_no_process_segment_or_session_dir(ompi, tmp_path
     assert wait_for(lambda: os.listdir(tmp) == [], 10), os.listdir(tmp)
 
 
-def test_a_one_rank_job_loads_no_pmix(tmp_path):
-    # once the library's variables are known (the first job of a cache learns them)
-    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
-    assert run("-n", "1", "true", env=env).returncode == 0
-    r = subprocess.run([PY, "-X", "importtime", "-m", "mslaunch", "-n", "1", "true"],
+def _imported(env, *args):
+    r = subprocess.run([PY, "-X", "importtime", "-m", "mslaunch", *args],
                        capture_output=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
-    modules = [line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
-               if line.startswith("import time:")]
-    assert "mslaunch.serve.mpijobs" in modules   # the PMI job was there
-    assert not any(m.startswith(("mslaunch.mpi.pmix.lib", "mslaunch.mpi.pmix.server", "ctypes"))
-                   for m in modules), [m for m in modules if "pmix" in m or "ctypes" in m]
+    return [line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+            if line.startswith("import time:")]
+
+
+def test_a_job_without_mpi_loads_neither_pmix_nor_the_services(tmp_path):
+    # once the library's variables are known (the first job of a cache learns them)
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    first = _imported(env, "-n", "1", "true")
+    assert "mslaunch.serve.mpijobs" in first    # served before the ranks, to learn them
+    modules = _imported(env, "-n", "2", "true")
+    assert "mslaunch.mpi.early" in modules      # the ranks were given what reaches PMI(x)
+    assert not any(m.startswith(("mslaunch.serve", "mslaunch.mpi.pmix.lib",
+                                 "mslaunch.mpi.pmix.server", "mslaunch.mpi.pmix.door",
+                                 "mslaunch.mpi.pmi.server", "ctypes"))
+                   for m in modules), [m for m in modules if "serve" in m or "pmix" in m
+                                       or "ctypes" in m]
 
 
 # -- across hosts ----------------------------------------------------------------------
