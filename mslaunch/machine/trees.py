@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import stat
 
+#: Where POSIX shared memory lives (``shm_open``'s files): MPI libraries' segments,
+#: and the directories of a job's own made for them.
+SHM_DIR = "/dev/shm"
 #: How a directory is opened for its removal: never through a symbolic link.
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -70,8 +70,6 @@ if TYPE_CHECKING:
 
 #: Seconds between looks for Open MPI singletons among the ranks.
 SINGLETON_POLL = 0.5
-#: Where Open MPI 5 (btl/sm) and 4 (btl/vader) put their shared-memory segments.
-SHM_DIR = "/dev/shm"
 
 
 def listener(host: str) -> socket.socket:
@@ -129,29 +127,6 @@ def _read_regular(path: str) -> Optional[bytes]:
         os.close(fd)
 
 
-def marked_name(kind: str, marker: str) -> str:
-    """A new name for a directory of the launcher or agent whose guard has
-    ``marker``: ``mslaunch-KIND-MARKER-TOKEN``.  The marker says whose it is
-    (:func:`~mslaunch.mpi.pmi.files.sweep_leftovers` reads its pid) and is no
-    secret: it names the job's cgroup, which every user may list, before any
-    of these is made.  The token (48 random bits, never shown) keeps another
-    user from making the directory first, which would end the job or have
-    it use theirs."""
-    return f"mslaunch-{kind}-{marker[:120]}-{os.urandom(6).hex()}"
-
-
-def probe_path(marker: str) -> str:
-    """A new probe directory's path, for the launcher or agent whose guard has ``marker``."""
-    # Not tempfile: its import costs more than a small job's whole launch.
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", marked_name("ompi", marker))
-
-
-def backing_path(marker: str) -> str:
-    """A new /dev/shm directory's path for the ranks' Open MPI segments, of the
-    launcher or agent whose guard has ``marker``."""
-    return os.path.join(SHM_DIR, marked_name("ompi", marker))
-
-
 #: The variables that choose where Open MPI 5 (btl/sm) and 4 (btl/vader) put their
 #: shared-memory segments.
 BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_btl_vader_backing_directory")
@@ -176,6 +151,7 @@ class SingletonProbe:
 
     def __init__(self, marker: str, specs: Iterable[RankSpec] = ()) -> None:
         from ..machine.trees import hold
+        from .pmi.files import backing_path, probe_path
         self.path = probe_path(marker)
         os.mkdir(self.path, 0o700)      # OSError if it exists: never someone else's
         hold(self.path)

@@ -77,9 +77,9 @@ def test_the_first_launch_writes_the_file_and_the_next_runs_its_modules_from_it(
     written = made.stat().st_ino
     r, second = _launch(package, tmp_path, "-n", "2", "echo", "hi")
     assert r.stdout == b"hi\nhi\n"
-    # the launch's own modules, the supervisor and the PMI services among them
+    # the launch's own modules, the supervisor and what reaches the MPI services among them
     assert {"mslaunch.cli", "mslaunch.cli.mpirun", "mslaunch.run.supervise",
-            "mslaunch.serve.mpijobs"} <= set(second["served"]), second
+            "mslaunch.mpi.early"} <= set(second["served"]), second
     assert second["own_import"]          # (given back once the launch waits)
     assert _files(tmp_path) == [made] and made.stat().st_ino == written   # (not written again)
 

@@ -32,7 +32,7 @@ from ...machine.output import RankPipe, line_prefix
 from ...machine.spawn import exec_path
 from ...machine.osfiles import check_dirs, open_own
 from ...machine.trees import remove_tree
-from ...mpi.early import probe_path
+from ...mpi.pmi.files import probe_path
 from ...core.spec import Host, JobResult, JobSpec, Plan, RankSpec
 from ...core.states import SIGNAL
 from .ompiargs import build_command, rendezvous_env

@@ -129,8 +129,7 @@ def after_launcher_death(kept: Sequence[str], marker: str) -> None:
     it kept, the files of refused singletons (:class:`SingletonFiles`), and
     the directories of its marker (the singleton probe's, the segments', the
     PMIx server's) are removed."""
-    from ...machine.trees import remove_tree
-    from ..early import SHM_DIR
+    from ...machine.trees import SHM_DIR, remove_tree
     from .singletons import SingletonFiles
     files = SingletonFiles()
     for item in kept:
@@ -164,11 +163,34 @@ def sessions_at_death(pids: Set[int]) -> List[str]:
     return session_items(pids)
 
 
+def marked_name(kind: str, marker: str) -> str:
+    """A new name for a directory of the launcher or agent whose guard has
+    ``marker``: ``mslaunch-KIND-MARKER-TOKEN``.  The marker says whose it is
+    (:func:`sweep_leftovers` reads its pid) and is no
+    secret: it names the job's cgroup, which every user may list, before any
+    of these is made.  The token (48 random bits, never shown) keeps another
+    user from making the directory first, which would end the job or have
+    it use theirs."""
+    return f"mslaunch-{kind}-{marker[:120]}-{os.urandom(6).hex()}"
+
+
+def probe_path(marker: str) -> str:
+    """A new probe directory's path, for the launcher or agent whose guard has ``marker``."""
+    # Not tempfile: its import costs more than a small job's whole launch.
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", marked_name("ompi", marker))
+
+
+def backing_path(marker: str) -> str:
+    """A new /dev/shm directory's path for the ranks' Open MPI segments, of the
+    launcher or agent whose guard has ``marker``."""
+    from ...machine.trees import SHM_DIR
+    return os.path.join(SHM_DIR, marked_name("ompi", marker))
+
+
 def pmix_dir(marker: str) -> str:
     """A new path for the directory of the PMIx server (and its ranks' Open MPI
     session directories) of the launcher or agent whose guard has ``marker``
-    (see :func:`~mslaunch.mpi.early.marked_name`)."""
-    from ..early import marked_name
+    (see :func:`marked_name`)."""
     return os.path.join(os.environ.get("TMPDIR") or "/tmp", marked_name("pmix", marker))
 
 

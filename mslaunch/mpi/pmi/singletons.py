@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..early import SHM_DIR
+from ...machine.trees import SHM_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -408,7 +408,8 @@ def test_only_the_users_own_segments_of_its_jobs_name_are_removed(tmp_path):
 def test_the_directories_of_a_guard_have_names_no_other_user_can_know(tmp_path, monkeypatch):
     # A guard's marker names its cgroup, which every user may list, before the job
     # makes any directory: names made of it alone could be taken first.
-    from mslaunch.mpi.early import SingletonProbe, backing_path, probe_path
+    from mslaunch.mpi.early import SingletonProbe
+    from mslaunch.mpi.pmi.files import backing_path, probe_path
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     marker = f"kvs_{os.getpid()}_0123abcd"
     for made in (probe_path, backing_path, shm.pmix_dir):
