@@ -98,7 +98,6 @@ class JobCgroup:
             os.mkdir(path, 0o755)
         except OSError:
             return None
-        remove_stale(home)
         return cls(path, home)
 
     def move(self, pid: int, into: bool) -> bool:

@@ -136,7 +136,10 @@ def _collector_back() -> None:
 
 def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
            tasks: Tasks, on_death: Optional[OnDeath], on_stop: Optional[OnStop]) -> None:
-    os.setsid()
+    # Still in the launcher's process group until the setsid below: a ^C meant
+    # for the launcher must not end its watchdog meanwhile.
+    for name in _IGNORED:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     # The launcher's descriptors go first: a reader of its output (``$(mslaunch
     # --version)``) waits for the end of every copy, and the move below waits
     # for the kernel.
@@ -148,8 +151,12 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
                              (max(read_fd, answer_fd) + 1, 1 << 16))):
         os.closerange(low, high)
     cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
-    for name in _IGNORED:
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    # After the move, which the launcher waits for: where the scheduler groups
+    # each session of its own (autogroup), a new session waits for the kernel too
+    # (up to some milliseconds).
+    os.setsid()
+    if cgroup is not None:
+        remove_stale(cgroup.home)       # (of dead launchers: not on the launcher's way)
     import select
     poll_children = False
     groups: Set[int] = set()
