@@ -279,7 +279,9 @@ class EarlyMPI:
         self.theirs: Dict[int, socket.socket] = {}   # the ranks' ends, until spawned
         self.pmix_ranks: Set[int] = set()            # ranks given the door's address
         self.services: Optional[Woken] = None        # once a rank asked
+        self.port = 0
         if door is not None:
+            self.port = door.getsockname()[1]
             self.loop.add_reader(door.fileno(), self._knocked)
 
     def _knocked(self) -> None:
@@ -288,6 +290,8 @@ class EarlyMPI:
 
     def _wake(self) -> Woken:
         if self.services is None:
+            for sock in list(self.ours.values()) + ([self.door] if self.door else []):
+                self.loop.forget(sock.fileno())     # (the services read them from now on)
             self.services = self.wake(self)
             self.ours, self.theirs, self.door = {}, {}, None     # theirs now
         return self.services
@@ -304,8 +308,8 @@ class EarlyMPI:
             from .pmix import rank_extras
             from .pmix.template import fill
             self.pmix_ranks.add(rank)
-            env.update(fill(self.kept[0], self.directory, port=self.door.getsockname()[1],
-                            pid=os.getpid(), nspace=self.kvsname, rank=rank))
+            env.update(fill(self.kept[0], self.directory, port=self.port, pid=os.getpid(),
+                            nspace=self.kvsname, rank=rank))
             env.update(rank_extras(self.kvsname, self.directory, own))
         return env
 
