@@ -48,9 +48,9 @@ if TYPE_CHECKING:
 
         def process_ended(self, spec: RankSpec) -> None: ...
 
-        def check_lost(self, r, at: Optional[float] = None) -> None: ...
+        def left(self, r) -> None: ...
 
-        def check_left_mpi(self, r) -> None: ...
+        def watch_singletons(self) -> None: ...
 
         def singleton(self, key: int, size: int) -> None: ...
 
@@ -369,13 +369,9 @@ class EarlyMPI:
         if self.services is not None:
             self.services.process_ended(spec)
 
-    def check_lost(self, r, at: Optional[float] = None) -> None:
+    def left(self, r) -> None:
         if self.services is not None:
-            self.services.check_lost(r, at)
-
-    def check_left_mpi(self, r) -> None:
-        if self.services is not None:
-            self.services.check_left_mpi(r)
+            self.services.left(r)
 
     def singleton(self, key: int, size: int) -> None:
         self._wake().singleton(key, size)

@@ -38,12 +38,12 @@ if TYPE_CHECKING:
     from ..inspect.control import Inspector
     from ..inspect.stall import StallWatch
     from ..mpi.early import EarlyMPI, Services
+    from .pause import Pause
     from ..serve.mpijobs import MPIJobs
     from ..seams import Closable, RankEvents, RankHandle, RankState
     from ..backends.session import Session
 
 from ..core.errors import HOST_LOST_EXIT
-from ..core.switches import PAUSE_PATIENCE
 from ..machine.guard import Watchdog
 from ..machine.local import LocalRanks, python_program
 from ..machine.loop import Loop, Timer
@@ -107,7 +107,7 @@ class Supervisor(LookingInside):
         self.dumps: Optional[str] = None     # where local Python ranks dump their stacks
         self.inspector: Optional[Inspector] = None   # made on the first connection
         self.stall: Optional[StallWatch] = None      # --stall-report's watcher
-        self._pausing: Optional[Set[str]] = None     # Ctrl-Z: hosts yet to hear it
+        self._pausing: Optional[Pause] = None        # the last Ctrl-Z
         self.events: RankEvents = Events(self)     # what the rank handles report to
 
     @property
@@ -235,29 +235,26 @@ class Supervisor(LookingInside):
 
     def _start_pmi(self):
         """The first job's PMI (see :class:`~mslaunch.serve.mpijobs.MPIJobs`), for the plan as it
-        stands, or what stands for it until a rank asks (see :mod:`mslaunch.mpi.early`,
-        for a job whose ranks all run here); what its local ranks inherit."""
-        backend, job = self.backend, self.job
+        stands, or what stands for it until a rank asks (:mod:`mslaunch.mpi.early`); what its
+        local ranks inherit."""
+        backend, early = self.backend, None
         if backend.this_machine and backend.remote_hosts is None and backend.other_nodes is None \
-                and not job.pmi_port and not self.session.attempts \
-                and all(r.host.local for r in self.plan.ranks):
+                and not self.job.pmi_port and not self.session.attempts:
             from ..mpi.early import early_mpi
             early = early_mpi(Served(self), self._wake_mpi)
-            if early is not None:
-                self.mpi = early
-                early.watch_singletons()
-                return early, early.env
-        from ..serve.mpijobs import MPIJobs
-        self.mpi = self.mpi_jobs = MPIJobs(Served(self))
-        # (srun's step serves its ranks' PMI itself: none is "local", and none may be
-        # given this machine's topology)
-        pmi, pmi_env = self.mpi_jobs.start_first(bool(backend.here(self.plan)),
-                                                 topology=backend.this_machine)
-        self.mpi_jobs.watch_singletons()
+        if early is not None:
+            self.mpi, pmi, pmi_env = early, early, early.env
+        else:
+            from ..serve.mpijobs import MPIJobs
+            self.mpi = self.mpi_jobs = MPIJobs(Served(self))
+            # (srun's step serves its ranks' PMI itself: none is "local", and none may be
+            # given this machine's topology)
+            pmi, pmi_env = self.mpi_jobs.start_first(bool(backend.here(self.plan)),
+                                                     topology=backend.this_machine)
+        self.mpi.watch_singletons()
         return pmi, pmi_env
 
     def _wake_mpi(self, early: EarlyMPI) -> MPIJobs:
-        """The first job's PMI, once a rank asks for it (see :mod:`mslaunch.mpi.early`)."""
         from ..serve.mpijobs import MPIJobs
         self.mpi_jobs = MPIJobs(Served(self))
         self.mpi_jobs.start_first(True, early=early)
@@ -395,10 +392,8 @@ class Supervisor(LookingInside):
         if sig is not None or code:
             self.fail(r, "", 128 + sig if sig is not None else code or 1,
                       abort=not self.job.keep_going, at=r.end)
-        elif r.pmi_lost is not None and self.mpi is not None:
-            self.mpi.check_lost(r)
         elif self.mpi is not None:
-            self.mpi.check_left_mpi(r)
+            self.mpi.left(r)
 
     def _live(self) -> List[RankState]:
         return [r for r in self.ranks if r.pid and not r.ended]
@@ -437,36 +432,18 @@ class Supervisor(LookingInside):
             self._signal_all(sig)
 
     def _suspend(self) -> None:
-        """Ctrl-Z (SIGTSTP): the ranks get it too, as under mpirun and Hydra; the
-        agents hear it first, so that they take this launcher's silence for a
-        pause, not a loss, and mslaunch stops itself once each has answered (or
-        after :data:`PAUSE_PATIENCE` s: a net for a host that is lost meanwhile).
-        At SIGCONT (``fg``, ``bg``) the ranks are continued."""
-        if self._pausing is not None:
+        """Ctrl-Z (see :mod:`.pause`)."""
+        if self._pausing is not None and not self._pausing.done:
             return
         self._signal_all(signal.SIGTSTP)
-        self._pausing = {name for name, host in self.hosts.items()
-                         if host.hears_signals}
-        if self._pausing:
-            pausing = self._pausing
-            self.loop.call_later(PAUSE_PATIENCE, lambda: self._stop_self(pausing))
-        else:
-            self._stop_self()
+        from .pause import Pause
+        self._pausing = Pause(self.loop, {name for name, host in self.hosts.items()
+                                          if host.hears_signals}, self._signal_all)
 
     def host_paused(self, name: str) -> None:
         """A host's agent heard that this launcher stops (see :meth:`_suspend`)."""
         if self._pausing is not None:
-            self._pausing.discard(name)
-            if not self._pausing:
-                self._stop_self()
-
-    def _stop_self(self, pause: Optional[Set[str]] = None) -> None:
-        """Stop, unless ``pause`` (the hosts a cap's wait was for) is over."""
-        if self._pausing is None or (pause is not None and pause is not self._pausing):
-            return
-        self._pausing = None
-        os.kill(os.getpid(), signal.SIGSTOP)
-        self._signal_all(signal.SIGCONT)        # (here again after SIGCONT)
+            self._pausing.heard(name)
 
     def _on_timeout(self) -> None:
         if self._finished() or not self._end_as(TIMEOUT):

@@ -158,6 +158,14 @@ class MPIJobs:
             self.served.loop.call_later(LOST_PMI_SETTLE, lambda: self.check_lost(r, at)
                                      if r.restarts == run else None)   # (not a later run's)
 
+    def left(self, r) -> None:
+        """Rank ``r`` ended with status 0: a failure if it left PMI early, or without
+        joining the MPI the others of its job use."""
+        if r.pmi_lost is not None:
+            self.check_lost(r)
+        else:
+            self.check_left_mpi(r)
+
     def check_lost(self, r, at: Optional[float] = None) -> None:
         """Rank ``r``'s PMI connection closed (at the earliest of ``at``, when that
         was first seen and when it ended): a failure unless its exit is one already."""

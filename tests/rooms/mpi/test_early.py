@@ -123,7 +123,7 @@ def test_ranks_that_end_without_a_word_wake_nothing(job):
     probe = front.probe
     assert probe is not None and os.path.isdir(probe.path)
     front.process_ended(job.plan.ranks[0])
-    front.check_left_mpi(job.plan.ranks[0])
+    front.left(job.plan.ranks[0])
     front.close()
     assert job.woken == [] and not os.path.exists(probe.path)
     assert front.hang_report() == [] and front.reported() == 0
