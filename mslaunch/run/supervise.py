@@ -239,7 +239,9 @@ class Supervisor(LookingInside):
         local ranks inherit."""
         backend, early = self.backend, None
         if backend.this_machine and backend.remote_hosts is None and backend.other_nodes is None \
-                and not self.job.pmi_port and not self.session.attempts:
+                and not self.job.pmi_port and not self.session.attempts \
+                and all(r.host.local for r in self.plan.ranks):
+            # (before the agents backend connects, its remote_hosts is still None)
             from ..mpi.early import early_mpi
             early = early_mpi(Served(self), self._wake_mpi)
         if early is not None:
