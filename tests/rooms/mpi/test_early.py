@@ -31,6 +31,7 @@ class Services:
         self.ours = dict(front.ours)
         self.theirs = dict(front.theirs)
         self.door = front.door
+        self.probe = front.probe            # the services' own from now on, as the real ones take it
         self.singletons: List[tuple] = []
         self.closed = False
         self.first = None
@@ -43,6 +44,8 @@ class Services:
 
     def close(self) -> None:
         self.closed = True
+        if self.probe is not None:
+            self.probe.close()
 
 
 class Job:
@@ -110,6 +113,9 @@ def test_a_pmi_word_wakes_the_services_once_and_they_read_it(job):
     front.check_singletons()
     front.close()
     assert woken.closed
+    probe = woken.probe                 # its directories went with the services
+    assert probe.backing is not None and not os.path.exists(probe.backing)
+    assert not os.path.exists(probe.path)
 
 
 def test_ranks_that_end_without_a_word_wake_nothing(job):
@@ -176,5 +182,5 @@ def test_an_open_mpi_file_in_the_probe_wakes_the_services_with_the_singleton(job
     assert woken.singletons == [(1, 1)]
     front.check_singletons()            # (the services' own look from now on)
     assert woken.singletons == [(1, 1)]
-    front.probe.close()
     front.close()
+    assert woken.closed and not os.path.exists(front.probe.path)
