@@ -398,3 +398,8 @@ class EarlyMPI:
         self.release_child_fds()
         if self.probe is not None:
             self.probe.close()
+        if self.pmix_ranks:
+            # Given as the ranks' PMIx and Open MPI session base, it may have been
+            # made by one of them (a nested mpirun) though no server ever was.
+            from ..machine.trees import remove_tree
+            remove_tree(self.directory)

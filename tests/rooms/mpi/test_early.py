@@ -166,6 +166,20 @@ def test_a_connection_at_the_door_wakes_the_services_with_it_waiting(job):
     front.close()
 
 
+def test_the_session_base_a_rank_made_goes_though_nothing_woke(job):
+    environ = {"PATH": "/usr/bin"}
+    _known(environ)
+    front = early.early_mpi(job, job.wake, environ=environ)
+    assert front is not None and front.door is not None
+    env = front.env(0, {})
+    front.release_child_fds()
+    # what a nested Open MPI 4 mpirun makes under its inherited base
+    os.makedirs(os.path.join(env["OMPI_MCA_orte_tmpdir_base"], "ompi.h.0", "jf.1"))
+    _turns(job.loop)
+    front.close()
+    assert job.woken == [] and not os.path.exists(front.directory)
+
+
 def test_an_open_mpi_file_in_the_probe_wakes_the_services_with_the_singleton(job):
     front = early.early_mpi(job, job.wake, environ={"MSLAUNCH_PMIX_LIBRARY": "none"})
     assert front is not None and front.probe is not None
