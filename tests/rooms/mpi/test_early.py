@@ -144,11 +144,17 @@ def _closed(fd: int) -> bool:
     return False
 
 
-def test_a_connection_at_the_door_wakes_the_services_with_it_waiting(job):
+def _with_door(job) -> early.EarlyMPI:
+    """The front of a job whose PMIx library's variables were kept."""
     environ = {"PATH": "/usr/bin"}
     _known(environ)
     front = early.early_mpi(job, job.wake, environ=environ)
     assert front is not None and front.door is not None
+    return front
+
+
+def test_a_connection_at_the_door_wakes_the_services_with_it_waiting(job):
+    front = _with_door(job)
     env = front.env(2, {})
     assert env["PMIX_NAMESPACE"] == "kvs_1_0123abcd" and env["PMIX_RANK"] == "2"
     port = int(env["PMIX_SERVER_URI2"].rpartition(":")[2])
@@ -167,10 +173,7 @@ def test_a_connection_at_the_door_wakes_the_services_with_it_waiting(job):
 
 
 def test_the_session_base_a_rank_made_goes_though_nothing_woke(job):
-    environ = {"PATH": "/usr/bin"}
-    _known(environ)
-    front = early.early_mpi(job, job.wake, environ=environ)
-    assert front is not None and front.door is not None
+    front = _with_door(job)
     env = front.env(0, {})
     front.release_child_fds()
     # what a nested Open MPI 4 mpirun makes under its inherited base
