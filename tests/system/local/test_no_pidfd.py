@@ -37,8 +37,13 @@ def test_the_filter_refuses_pidfd_open(err):
 
 
 @ERRNOS
-def test_a_job_runs_and_says_its_exit_code(err):
-    r = _run(err, "-n", "2", "sh", "-c", 'echo "out $OMPI_COMM_WORLD_RANK"; echo err >&2; exit 3')
+def test_a_job_runs_and_says_its_exit_code(err, tmp_path):
+    # Each rank exits once both have written: the first to fail stops the other,
+    # which under load could otherwise not have written yet.
+    r = _run(err, "-n", "2", "sh", "-c",
+             'echo "out $OMPI_COMM_WORLD_RANK"; echo err >&2; : > "$D/$OMPI_COMM_WORLD_RANK"; '
+             'until [ -e "$D/0" ] && [ -e "$D/1" ]; do sleep 0.01; done; exit 3',
+             env=clean_env(D=str(tmp_path)))
     assert r.returncode == 3, r.stderr
     assert sorted(r.stdout.splitlines()) == [b"out 0", b"out 1"]
     assert r.stderr.startswith(b"err\nerr\nmslaunch: rank "), r.stderr
