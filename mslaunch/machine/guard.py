@@ -134,15 +134,15 @@ def _collector_back() -> None:
     release_collector()
 
 
-def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
-           tasks: Tasks, on_death: Optional[OnDeath], on_stop: Optional[OnStop]) -> None:
-    # Still in the launcher's process group until the setsid below: a ^C meant
-    # for the launcher must not end its watchdog meanwhile.
+def _detach(read_fd: int, answer_fd: int) -> None:
+    """The watchdog lets go of what it shares with the launcher, the pipes apart."""
+    # Still in the launcher's process group until the setsid that follows: a ^C
+    # meant for the launcher must not end its watchdog meanwhile.
     for name in _IGNORED:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     # The launcher's descriptors go first: a reader of its output (``$(mslaunch
-    # --version)``) waits for the end of every copy, and the move below waits
-    # for the kernel.
+    # --version)``) waits for the end of every copy, and the move into the
+    # cgroup waits for the kernel.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -150,28 +150,57 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
                              (min(read_fd, answer_fd) + 1, max(read_fd, answer_fd)),
                              (max(read_fd, answer_fd) + 1, 1 << 16))):
         os.closerange(low, high)
-    cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
-    # After the move, which the launcher waits for: where the scheduler groups
-    # each session of its own (autogroup), a new session waits for the kernel too
-    # (up to some milliseconds).
-    os.setsid()
-    if cgroup is not None:
-        remove_stale(cgroup.home)       # (of dead launchers: not on the launcher's way)
+
+
+class _Heard:
+    """What the launcher has told its watchdog so far, line by line."""
+
+    def __init__(self, grace: float, tasks: Tasks) -> None:
+        self.grace = grace
+        self.tasks = tasks
+        self.done = False
+        self.poll_children = False
+        self.groups: Set[int] = set()
+        self.kept: List[str] = []
+        self.private: List[str] = []    # the job's control socket and dump directories
+        self.adopted: Dict[int, Optional[int]] = {}   # pid -> start time, orphans adopted
+
+    def take(self, line: bytes) -> None:
+        kind, arg = line[:1], line[1:]
+        if line == b"done":
+            self.done = True
+        elif kind == b"+":
+            self.groups.add(int(arg))
+        elif kind == b"-":
+            self.groups.discard(int(arg))
+        elif kind == b"k":
+            self.kept.append(arg.decode())
+        elif kind == b"c":
+            self.private.append(arg.decode())
+        elif kind == b"g":
+            self.grace = float(arg)
+        elif kind == b"s":
+            self.poll_children = True
+        elif kind == b"t":
+            name, _, value = arg.decode().partition(" ")
+            if name in self.tasks:
+                self.tasks[name](value)
+        elif kind == b"p":
+            number, _, started = arg.partition(b" ")
+            self.adopted[int(number)] = int(started) if started.isdigit() else None
+
+
+def _listen(read_fd: int, parent: int, cgroup: Optional[JobCgroup], heard: _Heard) -> None:
+    """Read the launcher's lines until ``done`` or the pipe's end (the launcher died)."""
     import select
-    poll_children = False
-    groups: Set[int] = set()
-    kept: List[str] = []
-    private: List[str] = []       # the job's control socket and dump directories
-    adopted: Dict[int, Optional[int]] = {}   # pid -> start time, orphans the launcher adopted
     buf = b""
-    done = False
-    while not done:
-        if poll_children:
+    while not heard.done:
+        if heard.poll_children:
             # Without a cgroup, remember what the launcher adopted as a
             # subreaper, so that it can be found should the launcher die.
             for pid in children_of(parent):
-                if pid not in adopted and pid not in groups:
-                    adopted[pid] = start_time(pid)
+                if pid not in heard.adopted and pid not in heard.groups:
+                    heard.adopted[pid] = start_time(pid)
             ready, _, _ = select.select([read_fd], [], [], 0.25)
             if not ready:
                 continue
@@ -189,34 +218,27 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         except OSError:
             data = b""
         if not data:
-            break
+            return
         buf += data
         *lines, buf = buf.split(b"\n")
         for line in lines:
-            kind, arg = line[:1], line[1:]
-            if line == b"done":
-                done = True
-            elif kind == b"+":
-                groups.add(int(arg))
-            elif kind == b"-":
-                groups.discard(int(arg))
-            elif kind == b"k":
-                kept.append(arg.decode())
-            elif kind == b"c":
-                private.append(arg.decode())
-            elif kind == b"g":
-                grace = float(arg)
-            elif kind == b"s":
-                poll_children = True
-            elif kind == b"t":
-                name, _, value = arg.decode().partition(" ")
-                if name in tasks:
-                    tasks[name](value)
-            elif kind == b"p":
-                number, _, started = arg.partition(b" ")
-                adopted[int(number)] = int(started) if started.isdigit() else None
-    live = [pid for pid, started in adopted.items() if start_time(pid) == started]
-    if done:
+            heard.take(line)
+
+
+def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
+           tasks: Tasks, on_death: Optional[OnDeath], on_stop: Optional[OnStop]) -> None:
+    _detach(read_fd, answer_fd)
+    cgroup: Optional[JobCgroup] = _settle(parent, marker, answer_fd)
+    # After the move, which the launcher waits for: where the scheduler groups
+    # each session of its own (autogroup), a new session waits for the kernel too
+    # (up to some milliseconds).
+    os.setsid()
+    if cgroup is not None:
+        remove_stale(cgroup.home)       # (of dead launchers: not on the launcher's way)
+    heard = _Heard(grace, tasks)
+    _listen(read_fd, parent, cgroup, heard)
+    live = [pid for pid, started in heard.adopted.items() if start_time(pid) == started]
+    if heard.done:
         # The launcher saw every rank end; group ids may already name someone
         # else's group, so only the cgroup, the marker and the leftovers the
         # launcher handed over count now.  A launcher that could not leave the
@@ -226,14 +248,15 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
         if cgroup is not None and not cgroup.pids() - {parent}:
             cgroup.remove(wait=2.0)       # the usual end: nothing left inside
         else:
-            terminate((), marker, grace, cgroup, live, spare=(parent,))
+            terminate((), marker, heard.grace, cgroup, live, spare=(parent,))
     else:
         # The pipe's end comes as the launcher's files close, before the kernel
         # hands its children on; a rank stopped below before that would make its
         # process group an orphaned one with a stopped member, which the kernel
         # sends SIGHUP (and SIGCONT): wait until the launcher is gone.
         wait_gone(parent, 5.0)
-        terminate(groups, marker, grace, cgroup, live,
+        kept = heard.kept
+        terminate(heard.groups, marker, heard.grace, cgroup, live,
                   stopped=None if on_stop is None else lambda pids: kept.extend(on_stop(pids)))
     if cgroup is not None:
         # Job cgroups beside this one whose launcher and watchdog both died (killed
@@ -243,12 +266,10 @@ def _watch(read_fd: int, parent: int, marker: str, grace: float, answer_fd: int,
     # The job's control socket and its Python ranks' dumps go at its end too,
     # here rather than on the launcher's way out: removing a directory waits for
     # the file system (milliseconds while another process writes to the disk).
-    for path in private:
+    for path in heard.private:
         remove_private(path)
-    if done:
-        return
-    if on_death is not None:
-        on_death(kept, marker)
+    if not heard.done and on_death is not None:
+        on_death(heard.kept, marker)
 
 
 class Watchdog:

@@ -143,6 +143,20 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
                     ask(rank)
         _poll_python(pending_py, results, dump_dir)
         time.sleep(0.005)
+    _note_unanswered(results, running, pending_py, queue, dump_dir, timeout)
+    out = {rank: _combine(r) for rank, r in results.items()}
+    from .activity import moved, reads_stdin
+    counts = moved(r["pid"] for r in results.values())
+    for rank, r in results.items():
+        out[rank].update(moved=counts.get(r["pid"], -1), stdin=reads_stdin(r["pid"]))
+    return out
+
+
+def _note_unanswered(results: Dict[int, Dict[str, Any]], running: List[Tuple[int, str, Any]],
+                     pending_py: Dict[int, _Asked], queue: List[Tuple[int, str, List[str]]],
+                     dump_dir: Optional[str], timeout: float) -> None:
+    """At the deadline: end the readers still running and note, per rank, what
+    gave no answer (a Python rank's dump still due is given up on)."""
     for rank, kind, proc in running:
         proc.kill()
         proc.wait()
@@ -163,12 +177,6 @@ def read(ranks: Dict[int, int], dump_dir: Optional[str], timeout: float,
     for rank, kind, _ in queue:
         results[rank]["notes"].append(f"the {kind} reader did not start in {timeout:g} s")
         results[rank]["late"] = True
-    out = {rank: _combine(r) for rank, r in results.items()}
-    from .activity import moved, reads_stdin
-    counts = moved(r["pid"] for r in results.values())
-    for rank, r in results.items():
-        out[rank].update(moved=counts.get(r["pid"], -1), stdin=reads_stdin(r["pid"]))
-    return out
 
 
 def _queue_readers(rank: int, r: Dict[str, Any], reader: Optional[List[str]],
